@@ -1,0 +1,64 @@
+// Storage: the bytes behind one or more tensors, plus the version counter.
+//
+// Note [Version counter lives on Storage]
+// Every view of a tensor shares its Storage, and so shares one version
+// counter: an in-place op through any view bumps it, and autograd compares the
+// version it saved with the current one before using a saved tensor
+// (DESIGN.md §2-§3). Keeping the counter on Storage rather than in a separate
+// heap object saves an allocation per op output. `detach()` shares storage and
+// so shares the counter, as in PyTorch.
+#pragma once
+
+#include <atomic>
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+
+#include "kiln/core/allocator.h"
+#include "kiln/core/intrusive_ptr.h"
+
+namespace kiln {
+
+enum class DeviceType : uint8_t { CPU };
+
+struct Device {
+  DeviceType type = DeviceType::CPU;
+  int index = -1;
+  bool operator==(const Device&) const = default;
+  bool is_cpu() const { return type == DeviceType::CPU; }
+};
+inline constexpr Device kCPU{};
+
+class StorageImpl final : public RefCounted {
+ public:
+  /// Owning: bytes from the caching allocator, charged to `category`.
+  StorageImpl(size_t nbytes, MemoryCategory category);
+  /// Non-owning (from_blob): `deleter`, if set, runs when the last tensor goes.
+  StorageImpl(void* data, size_t nbytes, std::function<void(void*)> deleter);
+  ~StorageImpl() override;
+
+  void* data() const { return data_; }
+  size_t nbytes() const { return nbytes_; }
+  MemoryCategory category() const { return category_; }
+  bool owns_memory() const { return owned_; }
+  Device device() const { return kCPU; }
+
+  uint32_t version() const { return version_.load(std::memory_order_relaxed); }
+  void bump_version() { version_.fetch_add(1, std::memory_order_relaxed); }
+
+  /// Re-charges this storage to another category (e.g. a tensor registered as a
+  /// parameter after it was created as an activation).
+  void set_category(MemoryCategory c);
+
+ private:
+  void* data_ = nullptr;
+  size_t nbytes_ = 0;
+  MemoryCategory category_ = MemoryCategory::Activation;
+  bool owned_ = true;
+  std::atomic<uint32_t> version_{0};
+  std::function<void(void*)> deleter_;
+};
+
+using Storage = IntrusivePtr<StorageImpl>;
+
+}  // namespace kiln

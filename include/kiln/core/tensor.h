@@ -1,0 +1,311 @@
+// Tensor: the value handle users hold. Copying a Tensor copies a pointer
+// (one atomic increment); `b = a` aliases, `b = a.clone()` copies data.
+//
+// Methods mirror PyTorch's names and semantics. They are declared here and
+// defined in src/ops/ — the one sanctioned exception to the layering
+// (DESIGN.md §1), as in PyTorch. Core itself defines only the accessors and
+// the factory/copy functions in src/core/.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <ostream>
+#include <string>
+#include <string_view>
+#include <tuple>
+#include <utility>
+#include <vector>
+
+#include "kiln/core/dtype.h"
+#include "kiln/core/scalar.h"
+#include "kiln/core/shape.h"
+#include "kiln/core/tensor_impl.h"
+
+namespace kiln {
+
+/// Options for factories, in PyTorch's C++ style:
+///   zeros({2, 3}, kFloat64); zeros({2, 3}, TensorOptions().dtype(kInt64).requires_grad(false))
+class TensorOptions {
+ public:
+  TensorOptions() = default;
+  TensorOptions(DType d) : dtype_(d) {}  // NOLINT
+  TensorOptions dtype(DType d) const { auto o = *this; o.dtype_ = d; return o; }
+  TensorOptions requires_grad(bool r) const { auto o = *this; o.requires_grad_ = r; return o; }
+  TensorOptions device(Device d) const { auto o = *this; o.device_ = d; return o; }
+  TensorOptions category(MemoryCategory c) const { auto o = *this; o.category_ = c; return o; }
+
+  DType dtype_or_default() const { return dtype_ ? *dtype_ : default_dtype(); }
+  std::optional<DType> dtype_opt() const { return dtype_; }
+  bool requires_grad() const { return requires_grad_; }
+  Device device() const { return device_; }
+  /// The allocation category; unset means the thread's current one.
+  std::optional<MemoryCategory> category() const { return category_; }
+
+ private:
+  std::optional<DType> dtype_;
+  bool requires_grad_ = false;
+  Device device_{};
+  std::optional<MemoryCategory> category_;
+};
+
+class Tensor;
+using TensorList = std::vector<Tensor>;
+
+class Tensor {
+ public:
+  Tensor() = default;
+  explicit Tensor(IntrusivePtr<TensorImpl> impl) : impl_(std::move(impl)) {}
+
+  // ---- identity and metadata (src/core/tensor.cpp) ----
+  bool defined() const { return static_cast<bool>(impl_); }
+  TensorImpl* impl() const { return impl_.get(); }
+  const IntrusivePtr<TensorImpl>& impl_ptr() const { return impl_; }
+  bool is_same(const Tensor& o) const { return impl_ == o.impl_; }
+  int64_t use_count() const { return impl_.use_count(); }
+
+  int64_t dim() const { return impl_->dim(); }
+  int64_t ndimension() const { return dim(); }
+  int64_t numel() const { return impl_->numel(); }
+  IntArrayRef sizes() const { return impl_->sizes(); }
+  IntArrayRef strides() const { return impl_->strides(); }
+  IntArrayRef shape() const { return sizes(); }
+  /// size(-1) is the last dim; out of range raises IndexError.
+  int64_t size(int64_t dim) const;
+  int64_t stride(int64_t dim) const;
+  int64_t storage_offset() const { return impl_->storage_offset(); }
+  DType dtype() const { return impl_->dtype(); }
+  Device device() const { return impl_->device(); }
+  int64_t element_size() const { return kiln::element_size(dtype()); }
+  int64_t nbytes() const { return numel() * element_size(); }
+  bool is_contiguous() const { return impl_->is_contiguous(); }
+  bool is_floating_point() const { return kiln::is_floating_point(dtype()); }
+  const Storage& storage() const { return impl_->storage(); }
+  bool is_alias_of(const Tensor& o) const { return storage().get() == o.storage().get(); }
+  /// The shared version counter (Note [Version counter lives on Storage]).
+  uint32_t version() const { return storage()->version(); }
+  void bump_version() const { storage()->bump_version(); }
+
+  void* data_ptr() const { return impl_->data(); }
+  /// Typed pointer to element 0 of this view; T must match dtype() exactly.
+  template <typename T>
+  T* data_ptr() const {
+    check_dtype_for_access(dtype_of_v<T>, "data_ptr");
+    return static_cast<T*>(impl_->data());
+  }
+  /// The value of a one-element tensor, converted to T.
+  template <typename T = double>
+  T item() const {
+    Scalar s = item_scalar();
+    return s.to<T>();
+  }
+  Scalar item_scalar() const;
+
+  std::string to_string() const;
+  std::string shape_string() const { return shape_str(sizes()); }
+
+  // ---- autograd flags (full autograd lives in the autograd layer) ----
+  bool requires_grad() const { return impl_->requires_grad(); }
+
+  // ---- conversion and copy ----
+  Tensor to(DType dtype, bool copy = false) const;
+  Tensor contiguous() const;
+  Tensor clone() const;
+  Tensor& copy_(const Tensor& src);
+  Tensor& fill_(const Scalar& value);
+  Tensor& zero_();
+
+  // ---- views (share storage and version counter) ----
+  Tensor view(IntArrayRef sizes) const;
+  Tensor reshape(IntArrayRef sizes) const;
+  Tensor view_as(const Tensor& other) const { return view(other.sizes()); }
+  Tensor reshape_as(const Tensor& other) const { return reshape(other.sizes()); }
+  Tensor transpose(int64_t dim0, int64_t dim1) const;
+  Tensor permute(IntArrayRef dims) const;
+  Tensor t() const;
+  Tensor squeeze() const;
+  Tensor squeeze(int64_t dim) const;
+  Tensor unsqueeze(int64_t dim) const;
+  Tensor expand(IntArrayRef sizes) const;
+  Tensor expand_as(const Tensor& other) const { return expand(other.sizes()); }
+  Tensor narrow(int64_t dim, int64_t start, int64_t length) const;
+  /// x[start:end:step] along dim; end is clamped, negative start/end wrap.
+  Tensor slice(int64_t dim, std::optional<int64_t> start = std::nullopt,
+               std::optional<int64_t> end = std::nullopt, int64_t step = 1) const;
+  Tensor select(int64_t dim, int64_t index) const;
+  Tensor operator[](int64_t index) const { return select(0, index); }
+  Tensor flatten(int64_t start_dim = 0, int64_t end_dim = -1) const;
+  Tensor unflatten(int64_t dim, IntArrayRef sizes) const;
+  std::vector<Tensor> split(int64_t split_size, int64_t dim = 0) const;
+  std::vector<Tensor> split_with_sizes(IntArrayRef split_sizes, int64_t dim = 0) const;
+  std::vector<Tensor> chunk(int64_t chunks, int64_t dim = 0) const;
+  std::vector<Tensor> unbind(int64_t dim = 0) const;
+  Tensor as_strided(IntArrayRef sizes, IntArrayRef strides, std::optional<int64_t> storage_offset = std::nullopt) const;
+  Tensor diagonal(int64_t offset = 0, int64_t dim1 = 0, int64_t dim2 = 1) const;
+  /// Copies (unlike expand): tiles the tensor `repeats` times per dim.
+  Tensor repeat(IntArrayRef repeats) const;
+
+  // ---- indexing ----
+  Tensor index_select(int64_t dim, const Tensor& index) const;
+  Tensor gather(int64_t dim, const Tensor& index) const;
+  Tensor scatter(int64_t dim, const Tensor& index, const Tensor& src) const;
+  Tensor scatter(int64_t dim, const Tensor& index, const Scalar& value) const;
+  Tensor scatter_add(int64_t dim, const Tensor& index, const Tensor& src) const;
+  Tensor& scatter_(int64_t dim, const Tensor& index, const Tensor& src);
+  Tensor& scatter_(int64_t dim, const Tensor& index, const Scalar& value);
+  Tensor& scatter_add_(int64_t dim, const Tensor& index, const Tensor& src);
+  Tensor masked_fill(const Tensor& mask, const Scalar& value) const;
+  Tensor& masked_fill_(const Tensor& mask, const Scalar& value);
+
+  // ---- elementwise arithmetic (broadcasting, PyTorch promotion) ----
+  Tensor add(const Tensor& other, const Scalar& alpha = 1) const;
+  Tensor add(const Scalar& other, const Scalar& alpha = 1) const;
+  Tensor sub(const Tensor& other, const Scalar& alpha = 1) const;
+  Tensor sub(const Scalar& other, const Scalar& alpha = 1) const;
+  Tensor mul(const Tensor& other) const;
+  Tensor mul(const Scalar& other) const;
+  Tensor div(const Tensor& other) const;
+  Tensor div(const Scalar& other) const;
+  Tensor pow(const Tensor& exponent) const;
+  Tensor pow(const Scalar& exponent) const;
+  Tensor maximum(const Tensor& other) const;
+  Tensor minimum(const Tensor& other) const;
+  Tensor& add_(const Tensor& other, const Scalar& alpha = 1);
+  Tensor& add_(const Scalar& other, const Scalar& alpha = 1);
+  Tensor& sub_(const Tensor& other, const Scalar& alpha = 1);
+  Tensor& sub_(const Scalar& other, const Scalar& alpha = 1);
+  Tensor& mul_(const Tensor& other);
+  Tensor& mul_(const Scalar& other);
+  Tensor& div_(const Tensor& other);
+  Tensor& div_(const Scalar& other);
+  Tensor& pow_(const Scalar& exponent);
+
+  // ---- elementwise unary ----
+  Tensor neg() const;
+  Tensor abs() const;
+  Tensor exp() const;
+  Tensor log() const;
+  Tensor log1p() const;
+  Tensor sqrt() const;
+  Tensor rsqrt() const;
+  Tensor sin() const;
+  Tensor cos() const;
+  Tensor tanh() const;
+  Tensor sigmoid() const;
+  Tensor relu() const;
+  /// approximate: "none" (erf) or "tanh", as torch.nn.functional.gelu.
+  Tensor gelu(std::string_view approximate = "none") const;
+  Tensor silu() const;
+  Tensor clamp(std::optional<Scalar> min, std::optional<Scalar> max = std::nullopt) const;
+  Tensor& neg_();
+  Tensor& abs_();
+  Tensor& exp_();
+  Tensor& log_();
+  Tensor& sqrt_();
+  Tensor& tanh_();
+  Tensor& sigmoid_();
+  Tensor& relu_();
+  Tensor& clamp_(std::optional<Scalar> min, std::optional<Scalar> max = std::nullopt);
+
+  // ---- comparison and logic (results are bool) ----
+  Tensor eq(const Tensor& other) const;
+  Tensor eq(const Scalar& other) const;
+  Tensor ne(const Tensor& other) const;
+  Tensor ne(const Scalar& other) const;
+  Tensor lt(const Tensor& other) const;
+  Tensor lt(const Scalar& other) const;
+  Tensor le(const Tensor& other) const;
+  Tensor le(const Scalar& other) const;
+  Tensor gt(const Tensor& other) const;
+  Tensor gt(const Scalar& other) const;
+  Tensor ge(const Tensor& other) const;
+  Tensor ge(const Scalar& other) const;
+  Tensor logical_and(const Tensor& other) const;
+  Tensor logical_or(const Tensor& other) const;
+  Tensor logical_xor(const Tensor& other) const;
+  Tensor logical_not() const;
+  /// True when every element is equal and shapes match (torch.equal).
+  bool equal(const Tensor& other) const;
+  /// torch.allclose: |a - b| <= atol + rtol * |b| everywhere (NaNs unequal unless equal_nan).
+  bool allclose(const Tensor& other, double rtol = 1e-5, double atol = 1e-8, bool equal_nan = false) const;
+
+  // ---- reductions ----
+  Tensor sum(std::optional<DType> dtype = std::nullopt) const;
+  Tensor sum(IntArrayRef dims, bool keepdim = false, std::optional<DType> dtype = std::nullopt) const;
+  Tensor mean() const;
+  Tensor mean(IntArrayRef dims, bool keepdim = false) const;
+  Tensor prod() const;
+  Tensor prod(int64_t dim, bool keepdim = false) const;
+  /// correction = 1 is Bessel's (torch default); 0 is the population variance.
+  Tensor var(std::optional<IntArrayRef> dims = std::nullopt, int64_t correction = 1, bool keepdim = false) const;
+  Tensor std(std::optional<IntArrayRef> dims = std::nullopt, int64_t correction = 1, bool keepdim = false) const;
+  Tensor max() const;
+  Tensor min() const;
+  /// (values, indices) along dim; ties give the first index, as PyTorch on CPU.
+  std::tuple<Tensor, Tensor> max(int64_t dim, bool keepdim = false) const;
+  std::tuple<Tensor, Tensor> min(int64_t dim, bool keepdim = false) const;
+  Tensor amax(IntArrayRef dims, bool keepdim = false) const;
+  Tensor amin(IntArrayRef dims, bool keepdim = false) const;
+  Tensor argmax(std::optional<int64_t> dim = std::nullopt, bool keepdim = false) const;
+  Tensor argmin(std::optional<int64_t> dim = std::nullopt, bool keepdim = false) const;
+  Tensor logsumexp(IntArrayRef dims, bool keepdim = false) const;
+  /// p-norm over dims (all dims when empty); p = 2 by default, inf allowed.
+  Tensor norm(double p = 2.0, IntArrayRef dims = {}, bool keepdim = false) const;
+  Tensor softmax(int64_t dim) const;
+  Tensor log_softmax(int64_t dim) const;
+  Tensor all() const;
+  Tensor any() const;
+
+  // ---- dense math (oneDNN) ----
+  Tensor mm(const Tensor& other) const;
+  Tensor bmm(const Tensor& other) const;
+  Tensor matmul(const Tensor& other) const;
+
+ private:
+  void check_dtype_for_access(DType requested, const char* what) const;
+
+  IntrusivePtr<TensorImpl> impl_;
+};
+
+std::ostream& operator<<(std::ostream& os, const Tensor& t);
+
+// Operators follow PyTorch: comparisons return bool tensors.
+Tensor operator+(const Tensor& a, const Tensor& b);
+Tensor operator-(const Tensor& a, const Tensor& b);
+Tensor operator*(const Tensor& a, const Tensor& b);
+Tensor operator/(const Tensor& a, const Tensor& b);
+Tensor operator+(const Tensor& a, const Scalar& b);
+Tensor operator-(const Tensor& a, const Scalar& b);
+Tensor operator*(const Tensor& a, const Scalar& b);
+Tensor operator/(const Tensor& a, const Scalar& b);
+Tensor operator+(const Scalar& a, const Tensor& b);
+Tensor operator-(const Scalar& a, const Tensor& b);
+Tensor operator*(const Scalar& a, const Tensor& b);
+Tensor operator/(const Scalar& a, const Tensor& b);
+Tensor operator-(const Tensor& a);
+Tensor& operator+=(Tensor& a, const Tensor& b);
+Tensor& operator-=(Tensor& a, const Tensor& b);
+Tensor& operator*=(Tensor& a, const Tensor& b);
+Tensor& operator/=(Tensor& a, const Tensor& b);
+Tensor& operator+=(Tensor& a, const Scalar& b);
+Tensor& operator-=(Tensor& a, const Scalar& b);
+Tensor& operator*=(Tensor& a, const Scalar& b);
+Tensor& operator/=(Tensor& a, const Scalar& b);
+Tensor operator==(const Tensor& a, const Tensor& b);
+Tensor operator!=(const Tensor& a, const Tensor& b);
+Tensor operator<(const Tensor& a, const Tensor& b);
+Tensor operator<=(const Tensor& a, const Tensor& b);
+Tensor operator>(const Tensor& a, const Tensor& b);
+Tensor operator>=(const Tensor& a, const Tensor& b);
+Tensor operator==(const Tensor& a, const Scalar& b);
+Tensor operator!=(const Tensor& a, const Scalar& b);
+Tensor operator<(const Tensor& a, const Scalar& b);
+Tensor operator<=(const Tensor& a, const Scalar& b);
+Tensor operator>(const Tensor& a, const Scalar& b);
+Tensor operator>=(const Tensor& a, const Scalar& b);
+// On bool tensors these are the logical ops (torch's & | ^ ~).
+Tensor operator&(const Tensor& a, const Tensor& b);
+Tensor operator|(const Tensor& a, const Tensor& b);
+Tensor operator^(const Tensor& a, const Tensor& b);
+Tensor operator~(const Tensor& a);
+
+}  // namespace kiln

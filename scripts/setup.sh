@@ -1,0 +1,41 @@
+#!/usr/bin/env bash
+# Installs every dependency kiln needs, by Debian package name. Idempotent:
+# refreshes the apt lists only when they are missing or older than a day, and
+# installs only what is not already present.
+set -euo pipefail
+
+PACKAGES=(
+  build-essential cmake ninja-build ccache pkg-config git
+  libdnnl-dev ocl-icd-opencl-dev opencl-c-headers
+  libopenblas-openmp-dev
+  nlohmann-json3-dev libcli11-dev libfmt-dev libtomlplusplus-dev libzstd-dev
+  libgtest-dev libgmock-dev libbenchmark-dev
+  python3-torch python3-numpy
+)
+
+SUDO=""
+if [[ $(id -u) -ne 0 ]]; then SUDO="sudo"; fi
+
+missing=()
+for p in "${PACKAGES[@]}"; do
+  if ! dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed"; then
+    missing+=("$p")
+  fi
+done
+
+if ((${#missing[@]})); then
+  lists=/var/lib/apt/lists
+  stale=$(find "$lists" -maxdepth 1 -name '*_Packages*' -mmin -1440 2>/dev/null | head -n1)
+  if [[ -z $stale ]]; then
+    echo "setup: refreshing apt package lists"
+    $SUDO apt-get update -qq
+  fi
+  echo "setup: installing ${missing[*]}"
+  if ! DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}"; then
+    # The lists may be stale enough that a package version has gone: refresh once and retry.
+    $SUDO apt-get update -qq
+    DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}"
+  fi
+else
+  echo "setup: all dependencies present"
+fi

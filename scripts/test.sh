@@ -1,0 +1,26 @@
+#!/usr/bin/env bash
+# The one test command (README, .ci/run): installs dependencies, configures,
+# builds, and runs every test through CTest. Exits non-zero on any failure.
+#   KILN_SKIP_SETUP=1  skip scripts/setup.sh (dependencies already present)
+#   KILN_SKIP_ASAN=1   skip the AddressSanitizer+UBSan pass
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+[[ ${KILN_SKIP_SETUP:-0} == 1 ]] || ./scripts/setup.sh
+
+jobs=$(nproc)
+export CCACHE_DIR=${CCACHE_DIR:-$HOME/.cache/ccache}
+
+echo "== release build"
+cmake --preset release >/dev/null
+cmake --build build/release -j"$jobs"
+echo "== release tests"
+ctest --test-dir build/release --output-on-failure
+
+if [[ ${KILN_SKIP_ASAN:-0} != 1 ]]; then
+  echo "== asan-ubsan build"
+  cmake --preset asan-ubsan >/dev/null
+  cmake --build build/asan -j"$jobs" --target test_core test_io
+  echo "== asan-ubsan tests (core, io)"
+  ASAN_OPTIONS=detect_leaks=1 ctest --test-dir build/asan --output-on-failure -R '^(core|io)$'
+fi

@@ -1,0 +1,296 @@
+// The caching allocator. See include/kiln/core/allocator.h for the contract.
+//
+// Size classes: requests round up to 64 bytes, then to one of four steps per
+// power of two (waste <= 25%), and blocks of 1 MiB and more to a multiple of
+// 2 MiB so they can be backed by transparent huge pages. Freed blocks go to
+// an exact-class free list; a training step asks for the same sizes every
+// iteration, so after the first step every request is a cache hit and no
+// fresh page is touched.
+#include "kiln/core/allocator.h"
+
+#include <sys/mman.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cstdlib>
+#include <iomanip>
+#include <mutex>
+#include <new>
+#include <sstream>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include "kiln/core/error.h"
+
+namespace kiln {
+
+namespace {
+
+constexpr size_t kAlign = 64;
+constexpr size_t kHugePage = size_t{2} << 20;
+constexpr size_t kLargeThreshold = size_t{1} << 20;
+
+thread_local MemoryCategory t_category = MemoryCategory::Activation;
+
+int64_t parse_limit_env() {
+  const char* s = std::getenv("KILN_MEMORY_LIMIT");
+  if (!s || !*s) return 0;
+  char* end = nullptr;
+  double v = std::strtod(s, &end);
+  if (end == s || v < 0) return 0;
+  switch (*end) {
+    case 'k': case 'K': v *= 1024.0; break;
+    case 'm': case 'M': v *= 1024.0 * 1024.0; break;
+    case 'g': case 'G': v *= 1024.0 * 1024.0 * 1024.0; break;
+    default: break;
+  }
+  return static_cast<int64_t>(v);
+}
+
+struct CategoryCounters {
+  std::atomic<int64_t> live{0};
+  std::atomic<int64_t> peak{0};
+  std::atomic<int64_t> count{0};
+};
+
+void update_peak(std::atomic<int64_t>& peak, int64_t value) {
+  int64_t p = peak.load(std::memory_order_relaxed);
+  while (value > p && !peak.compare_exchange_weak(p, value, std::memory_order_relaxed)) {
+  }
+}
+
+std::string format_bytes(int64_t b) {
+  std::ostringstream os;
+  os << std::fixed << std::setprecision(1);
+  if (b >= (int64_t{1} << 30)) os << static_cast<double>(b) / (1 << 30) << " GiB";
+  else if (b >= (int64_t{1} << 20)) os << static_cast<double>(b) / (1 << 20) << " MiB";
+  else if (b >= 1024) os << static_cast<double>(b) / 1024 << " KiB";
+  else os << b << " B";
+  return os.str();
+}
+
+class CachingAllocator {
+ public:
+  CachingAllocator() : limit_(parse_limit_env()) {}
+  ~CachingAllocator() = default;  // cached blocks are left to the OS at exit
+
+  void* allocate(size_t nbytes, MemoryCategory cat) {
+    const size_t size = memory::rounded_size(nbytes);
+    auto& cc = cats_[static_cast<int>(cat)];
+    const int64_t lim = limit_.load(std::memory_order_relaxed);
+    if (lim > 0 && live_.load(std::memory_order_relaxed) + static_cast<int64_t>(size) > lim) {
+      throw_oom(nbytes, cat, "the memory limit");
+    }
+    void* p = take_cached(size);
+    if (!p) p = os_alloc(size);
+    if (!p) {
+      memory::empty_cache();
+      p = os_alloc(size);
+      if (!p) throw_oom(nbytes, cat, "the operating system (allocation failed)");
+    }
+    const int64_t s = static_cast<int64_t>(size);
+    update_peak(cc.peak, cc.live.fetch_add(s, std::memory_order_relaxed) + s);
+    cc.count.fetch_add(1, std::memory_order_relaxed);
+    update_peak(peak_, live_.fetch_add(s, std::memory_order_relaxed) + s);
+    return p;
+  }
+
+  void deallocate(void* p, size_t nbytes, MemoryCategory cat) {
+    if (!p) return;
+    const size_t size = memory::rounded_size(nbytes);
+    auto& cc = cats_[static_cast<int>(cat)];
+    cc.live.fetch_sub(static_cast<int64_t>(size), std::memory_order_relaxed);
+    cc.count.fetch_sub(1, std::memory_order_relaxed);
+    live_.fetch_sub(static_cast<int64_t>(size), std::memory_order_relaxed);
+    std::lock_guard<std::mutex> lock(mu_);
+    free_[size].push_back(p);
+    cached_ += static_cast<int64_t>(size);
+  }
+
+  void recharge(size_t nbytes, MemoryCategory from, MemoryCategory to) {
+    const int64_t s = static_cast<int64_t>(memory::rounded_size(nbytes));
+    auto& a = cats_[static_cast<int>(from)];
+    auto& b = cats_[static_cast<int>(to)];
+    a.live.fetch_sub(s, std::memory_order_relaxed);
+    a.count.fetch_sub(1, std::memory_order_relaxed);
+    update_peak(b.peak, b.live.fetch_add(s, std::memory_order_relaxed) + s);
+    b.count.fetch_add(1, std::memory_order_relaxed);
+  }
+
+  void empty_cache() {
+    std::unordered_map<size_t, std::vector<void*>> blocks;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      blocks.swap(free_);
+      reserved_ -= cached_;
+      cached_ = 0;
+    }
+    for (auto& [size, list] : blocks) {
+      for (void* p : list) os_free(p, size);
+    }
+  }
+
+  memory::Stats stats() {
+    memory::Stats s;
+    for (int i = 0; i < kNumMemoryCategories; ++i) {
+      s.by_category[i].live_bytes = cats_[i].live.load(std::memory_order_relaxed);
+      s.by_category[i].peak_bytes = cats_[i].peak.load(std::memory_order_relaxed);
+      s.by_category[i].allocations = cats_[i].count.load(std::memory_order_relaxed);
+    }
+    s.live_bytes = live_.load(std::memory_order_relaxed);
+    s.peak_bytes = peak_.load(std::memory_order_relaxed);
+    s.limit_bytes = limit_.load(std::memory_order_relaxed);
+    std::lock_guard<std::mutex> lock(mu_);
+    s.cached_bytes = cached_;
+    s.reserved_bytes = reserved_;
+    s.num_os_allocs = os_allocs_;
+    s.num_cache_hits = hits_;
+    return s;
+  }
+
+  void reset_peak() {
+    for (auto& c : cats_) c.peak.store(c.live.load(std::memory_order_relaxed), std::memory_order_relaxed);
+    peak_.store(live_.load(std::memory_order_relaxed), std::memory_order_relaxed);
+  }
+
+  void set_limit(int64_t b) { limit_.store(b, std::memory_order_relaxed); }
+  int64_t limit() const { return limit_.load(std::memory_order_relaxed); }
+
+ private:
+  void* take_cached(size_t size) {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto it = free_.find(size);
+    if (it == free_.end() || it->second.empty()) return nullptr;
+    void* p = it->second.back();
+    it->second.pop_back();
+    cached_ -= static_cast<int64_t>(size);
+    ++hits_;
+    return p;
+  }
+
+  void* os_alloc(size_t size) {
+    void* p = nullptr;
+    if (size >= kLargeThreshold) {
+      // Over-map by one huge page so the block can start on a 2 MiB boundary,
+      // then trim: THP can only back aligned 2 MiB extents.
+      const size_t span = size + kHugePage;
+      void* raw = mmap(nullptr, span, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+      if (raw == MAP_FAILED) return nullptr;
+      const auto addr = reinterpret_cast<uintptr_t>(raw);
+      const uintptr_t aligned = (addr + kHugePage - 1) & ~(kHugePage - 1);
+      if (aligned > addr) munmap(raw, aligned - addr);
+      const uintptr_t tail = addr + span - (aligned + size);
+      if (tail) munmap(reinterpret_cast<void*>(aligned + size), tail);
+      p = reinterpret_cast<void*>(aligned);
+      madvise(p, size, MADV_HUGEPAGE);
+    } else {
+      p = std::aligned_alloc(kAlign, size);
+      if (!p) return nullptr;
+    }
+    std::lock_guard<std::mutex> lock(mu_);
+    reserved_ += static_cast<int64_t>(size);
+    ++os_allocs_;
+    return p;
+  }
+
+  static void os_free(void* p, size_t size) {
+    if (size >= kLargeThreshold) munmap(p, size);
+    else std::free(p);
+  }
+
+  [[noreturn]] void throw_oom(size_t nbytes, MemoryCategory cat, const char* by) {
+    std::ostringstream os;
+    os << "out of memory: cannot allocate " << format_bytes(static_cast<int64_t>(nbytes)) << " for "
+       << memory_category_name(cat) << ": refused by " << by;
+    const int64_t lim = limit_.load(std::memory_order_relaxed);
+    if (lim > 0) os << " (limit " << format_bytes(lim) << ", in use " << format_bytes(live_.load()) << ")";
+    os << "\n" << memory::summary()
+       << "hint: reduce the batch size, free tensors you no longer need (the largest category above is the place "
+          "to look), or raise the limit with kiln::memory::set_limit / KILN_MEMORY_LIMIT";
+    throw OutOfMemory(os.str());
+  }
+
+  CategoryCounters cats_[kNumMemoryCategories];
+  std::atomic<int64_t> live_{0};
+  std::atomic<int64_t> peak_{0};
+  std::atomic<int64_t> limit_{0};
+  std::mutex mu_;
+  std::unordered_map<size_t, std::vector<void*>> free_;
+  int64_t cached_ = 0;
+  int64_t reserved_ = 0;
+  int64_t os_allocs_ = 0;
+  int64_t hits_ = 0;
+};
+
+CachingAllocator& allocator() {
+  // Leaked on purpose: tensors in static storage may be freed after main returns.
+  static auto* a = new CachingAllocator();
+  return *a;
+}
+
+}  // namespace
+
+const char* memory_category_name(MemoryCategory c) {
+  switch (c) {
+    case MemoryCategory::Parameter: return "parameter";
+    case MemoryCategory::Gradient: return "gradient";
+    case MemoryCategory::OptimizerState: return "optimizer_state";
+    case MemoryCategory::Activation: return "activation";
+    case MemoryCategory::Buffer: return "buffer";
+    case MemoryCategory::Data: return "data";
+    case MemoryCategory::Workspace: return "workspace";
+  }
+  return "?";
+}
+
+MemoryCategory current_memory_category() { return t_category; }
+
+MemoryCategoryGuard::MemoryCategoryGuard(MemoryCategory c) : prev_(t_category) { t_category = c; }
+MemoryCategoryGuard::~MemoryCategoryGuard() { t_category = prev_; }
+
+namespace memory {
+
+size_t rounded_size(size_t n) {
+  if (n <= kAlign) return kAlign;
+  n = (n + kAlign - 1) & ~(kAlign - 1);
+  if (n >= kLargeThreshold) return (n + kHugePage - 1) & ~(kHugePage - 1);
+  // Four classes per power of two.
+  const int lg = 63 - __builtin_clzll(n - 1);  // 2^lg < n <= 2^(lg+1)
+  const size_t step = std::max<size_t>(kAlign, (size_t{1} << lg) / 4);
+  return (n + step - 1) / step * step;
+}
+
+void* allocate(size_t nbytes, MemoryCategory category) { return allocator().allocate(nbytes, category); }
+void deallocate(void* p, size_t nbytes, MemoryCategory category) { allocator().deallocate(p, nbytes, category); }
+void recharge(size_t nbytes, MemoryCategory from, MemoryCategory to) { allocator().recharge(nbytes, from, to); }
+Stats stats() { return allocator().stats(); }
+void reset_peak_stats() { allocator().reset_peak(); }
+void empty_cache() { allocator().empty_cache(); }
+void set_limit(int64_t bytes) {
+  KILN_CHECK(bytes >= 0, ValueError, "memory::set_limit: expected a byte count >= 0 (0 = no limit), got ", bytes);
+  allocator().set_limit(bytes);
+}
+int64_t limit() { return allocator().limit(); }
+
+std::string summary() {
+  const Stats s = stats();
+  std::ostringstream os;
+  os << "memory by category:        live        peak   tensors\n";
+  for (int i = 0; i < kNumMemoryCategories; ++i) {
+    const auto& c = s.by_category[i];
+    os << "  " << std::left << std::setw(18) << memory_category_name(static_cast<MemoryCategory>(i)) << std::right
+       << std::setw(11) << format_bytes(c.live_bytes) << " " << std::setw(11) << format_bytes(c.peak_bytes) << " "
+       << std::setw(9) << c.allocations << "\n";
+  }
+  os << "  " << std::left << std::setw(18) << "total" << std::right << std::setw(11) << format_bytes(s.live_bytes)
+     << " " << std::setw(11) << format_bytes(s.peak_bytes) << "\n";
+  os << "  cached " << format_bytes(s.cached_bytes) << ", reserved " << format_bytes(s.reserved_bytes) << ", "
+     << s.num_os_allocs << " OS allocations, " << s.num_cache_hits << " cache hits";
+  if (s.limit_bytes > 0) os << ", limit " << format_bytes(s.limit_bytes);
+  os << "\n";
+  return os.str();
+}
+
+}  // namespace memory
+}  // namespace kiln

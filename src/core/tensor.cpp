@@ -1,0 +1,32 @@
+// The parts of Tensor that need no op: metadata accessors and element access.
+#include "kiln/core/tensor.h"
+
+namespace kiln {
+
+int64_t Tensor::size(int64_t d) const {
+  KILN_CHECK(defined(), ValueError, "size(): called on an undefined tensor");
+  KILN_CHECK(dim() > 0, IndexError, "size(", d, "): a 0-dim tensor has no dimensions");
+  return sizes()[wrap_dim(d, dim(), "size")];
+}
+
+int64_t Tensor::stride(int64_t d) const {
+  KILN_CHECK(defined(), ValueError, "stride(): called on an undefined tensor");
+  KILN_CHECK(dim() > 0, IndexError, "stride(", d, "): a 0-dim tensor has no dimensions");
+  return strides()[wrap_dim(d, dim(), "stride")];
+}
+
+void Tensor::check_dtype_for_access(DType requested, const char* what) const {
+  KILN_CHECK(defined(), ValueError, what, "(): called on an undefined tensor");
+  KILN_CHECK(requested == dtype(), DTypeError, what, "<", dtype_name(requested), ">(): the tensor's dtype is ",
+             dtype_name(dtype()), "; use data_ptr<", dtype_name(dtype()), "> or convert with .to(", 
+             dtype_name(requested), ") first");
+}
+
+Scalar Tensor::item_scalar() const {
+  KILN_CHECK(defined(), ValueError, "item(): called on an undefined tensor");
+  KILN_CHECK(numel() == 1, ValueError, "item(): expected a tensor with one element, got shape ", sizes(), " (",
+             numel(), " elements)");
+  return visit_dtype(dtype(), [&]<typename T>() -> Scalar { return Scalar(*static_cast<const T*>(data_ptr())); });
+}
+
+}  // namespace kiln

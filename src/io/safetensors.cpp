@@ -1,0 +1,2 @@
+// safetensors reader/writer (being written; see include/kiln/io/safetensors.h).
+namespace kiln::io {}

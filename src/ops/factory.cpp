@@ -1,0 +1,346 @@
+// Tensor factories (include/kiln/ops/factory.h).
+//
+// Random factories draw from Philox by element index: element i of a fresh
+// tensor uses block (offset + i / k) of the generator's stream, where k is
+// the number of elements one 128-bit block yields. The fill is therefore the
+// same whatever the thread count, and the generator advances by a known
+// number of blocks.
+#include "kiln/ops/factory.h"
+
+#include <cmath>
+#include <numbers>
+
+#include "iter.h"
+#include "kiln/core/guards.h"
+#include "kiln/kernels/copy.h"
+#include "kiln/kernels/loop.h"
+
+namespace kiln {
+
+namespace {
+
+void check_sizes(IntArrayRef sizes, const char* op) {
+  for (size_t i = 0; i < sizes.size(); ++i) {
+    KILN_CHECK(sizes[i] >= 0, ShapeError, op, ": expected non-negative sizes, got ", sizes, " (dim ", i, " is ",
+               sizes[i], ")");
+  }
+}
+
+Tensor make_tensor(IntArrayRef sizes, IntArrayRef strides, int64_t storage_elems, const TensorOptions& o) {
+  const DType dt = o.dtype_or_default();
+  const MemoryCategory cat = o.category().value_or(current_memory_category());
+  auto storage = make_intrusive<StorageImpl>(static_cast<size_t>(storage_elems * element_size(dt)), cat);
+  Tensor t(make_intrusive<TensorImpl>(std::move(storage), dt, sizes, strides, 0));
+  if (o.requires_grad()) {
+    KILN_CHECK(is_floating_point(dt), DTypeError,
+               "only floating-point tensors can require gradients, got dtype ", dtype_name(dt));
+    t.impl()->set_requires_grad_flag(true);
+  }
+  if (inference_mode_enabled()) t.impl()->set_inference(true);
+  return t;
+}
+
+Generator& gen_or_default(Generator* g) { return g ? *g : default_generator(); }
+
+// Fills contiguous `t` with f(block_words, lane) where each Philox block serves `per_block` elements.
+template <typename T, typename F>
+void fill_random(Tensor& t, Generator* gen, int64_t per_block, F f) {
+  const int64_t n = t.numel();
+  if (n == 0) return;
+  Generator& g = gen_or_default(gen);
+  const int64_t blocks = (n + per_block - 1) / per_block;
+  const uint64_t seed = g.get_state().seed;
+  const uint64_t first = g.reserve(static_cast<uint64_t>(blocks));
+  T* out = t.data_ptr<T>();
+  kernels::parallel_for(blocks, 4096, [&](int64_t b, int64_t e) {
+    for (int64_t blk = b; blk < e; ++blk) {
+      const auto w = philox4x32(seed, 0, first + static_cast<uint64_t>(blk));
+      for (int64_t lane = 0; lane < per_block; ++lane) {
+        const int64_t i = blk * per_block + lane;
+        if (i < n) out[i] = f(w, lane);
+      }
+    }
+  });
+}
+
+inline double u01_53(uint32_t hi, uint32_t lo) {
+  const uint64_t bits = ((static_cast<uint64_t>(hi) << 32) | lo) >> 11;
+  return static_cast<double>(bits) * (1.0 / 9007199254740992.0);
+}
+inline float u01_24(uint32_t w) { return static_cast<float>(w >> 8) * (1.0f / 16777216.0f); }
+
+// Writes the random values into a contiguous tensor of `dt`, generating in float/double first.
+template <typename Gen>
+void random_into(Tensor& t, Gen&& gen_float_or_double) {
+  if (t.dtype() == kFloat64 || t.dtype() == kFloat32) {
+    gen_float_or_double(t);
+    return;
+  }
+  Tensor tmp = empty(t.sizes(), kFloat32);
+  gen_float_or_double(tmp);
+  t.copy_(tmp);
+}
+
+void uniform_fill(Tensor& t, double from, double to, Generator* gen) {
+  if (t.dtype() == kFloat64) {
+    fill_random<double>(t, gen, 2, [&](const std::array<uint32_t, 4>& w, int64_t lane) {
+      return from + (to - from) * u01_53(w[2 * lane], w[2 * lane + 1]);
+    });
+  } else {
+    const float a = static_cast<float>(from), span = static_cast<float>(to - from);
+    fill_random<float>(t, gen, 4, [&](const std::array<uint32_t, 4>& w, int64_t lane) {
+      float v = a + span * u01_24(w[lane]);
+      return v;
+    });
+  }
+}
+
+void normal_fill(Tensor& t, double mean, double std, Generator* gen) {
+  // Box-Muller: one pair of uniforms yields two normals.
+  if (t.dtype() == kFloat64) {
+    fill_random<double>(t, gen, 2, [&](const std::array<uint32_t, 4>& w, int64_t lane) {
+      const double u1 = 1.0 - u01_53(w[0], w[1]);  // (0, 1]: log is finite
+      const double u2 = u01_53(w[2], w[3]);
+      const double r = std::sqrt(-2.0 * std::log(u1));
+      const double th = 2.0 * std::numbers::pi * u2;
+      return mean + std * r * (lane == 0 ? std::cos(th) : std::sin(th));
+    });
+  } else {
+    fill_random<float>(t, gen, 4, [&](const std::array<uint32_t, 4>& w, int64_t lane) {
+      const int64_t pair = lane / 2;
+      const double u1 = 1.0 - static_cast<double>(u01_24(w[2 * pair]));
+      const double u2 = static_cast<double>(u01_24(w[2 * pair + 1]));
+      const double r = std::sqrt(-2.0 * std::log(u1));
+      const double th = 2.0 * std::numbers::pi * u2;
+      return static_cast<float>(mean + std * r * ((lane & 1) == 0 ? std::cos(th) : std::sin(th)));
+    });
+  }
+}
+
+}  // namespace
+
+Tensor empty(IntArrayRef sizes, TensorOptions options) {
+  check_sizes(sizes, "empty");
+  return make_tensor(sizes, contiguous_strides(sizes), shape_numel(sizes), options);
+}
+
+Tensor empty_strided(IntArrayRef sizes, IntArrayRef strides, TensorOptions options) {
+  check_sizes(sizes, "empty_strided");
+  KILN_CHECK(sizes.size() == strides.size(), ShapeError, "empty_strided: sizes ", sizes, " and strides ", strides,
+             " must have the same length");
+  int64_t extent = shape_numel(sizes) == 0 ? 0 : 1;
+  for (size_t i = 0; i < sizes.size() && extent; ++i) {
+    KILN_CHECK(strides[i] >= 0, ShapeError, "empty_strided: negative strides are not supported, got ", strides);
+    extent += (sizes[i] - 1) * strides[i];
+  }
+  return make_tensor(sizes, strides, extent, options);
+}
+
+Tensor zeros(IntArrayRef sizes, TensorOptions options) {
+  Tensor t = empty(sizes, options);
+  t.zero_();
+  return t;
+}
+
+Tensor ones(IntArrayRef sizes, TensorOptions options) {
+  Tensor t = empty(sizes, options);
+  t.fill_(1);
+  return t;
+}
+
+Tensor full(IntArrayRef sizes, const Scalar& value, TensorOptions options) {
+  if (!options.dtype_opt()) options = options.dtype(value.natural_dtype());
+  Tensor t = empty(sizes, options);
+  t.fill_(value);
+  return t;
+}
+
+Tensor scalar_tensor(const Scalar& value, TensorOptions options) { return full({}, value, options); }
+
+namespace {
+TensorOptions like_options(const Tensor& t, const std::optional<TensorOptions>& o) {
+  if (o) return o->dtype_opt() ? *o : o->dtype(t.dtype());
+  return TensorOptions(t.dtype());
+}
+}  // namespace
+
+Tensor empty_like(const Tensor& t, std::optional<TensorOptions> o) { return empty(t.sizes(), like_options(t, o)); }
+Tensor zeros_like(const Tensor& t, std::optional<TensorOptions> o) { return zeros(t.sizes(), like_options(t, o)); }
+Tensor ones_like(const Tensor& t, std::optional<TensorOptions> o) { return ones(t.sizes(), like_options(t, o)); }
+Tensor full_like(const Tensor& t, const Scalar& v, std::optional<TensorOptions> o) {
+  return full(t.sizes(), v, like_options(t, o));
+}
+Tensor rand_like(const Tensor& t, Generator* gen) { return rand(t.sizes(), t.dtype(), gen); }
+Tensor randn_like(const Tensor& t, Generator* gen) { return randn(t.sizes(), t.dtype(), gen); }
+
+Tensor arange(const Scalar& end, TensorOptions options) { return arange(0, end, 1, options); }
+
+Tensor arange(const Scalar& start, const Scalar& end, const Scalar& step, TensorOptions options) {
+  const bool all_int = !start.is_floating_point() && !end.is_floating_point() && !step.is_floating_point();
+  if (!options.dtype_opt()) options = options.dtype(all_int ? kInt64 : default_dtype());
+  const double s = start.to_double(), e = end.to_double(), st = step.to_double();
+  KILN_CHECK(st != 0, ValueError, "arange: step must be nonzero");
+  KILN_CHECK((st > 0 && e >= s) || (st < 0 && e <= s), ValueError, "arange: upper bound and larger bound inconsistent "
+             "with step sign: start=", s, ", end=", e, ", step=", st);
+  int64_t n;
+  if (all_int) {
+    const int64_t si = start.to_int64(), ei = end.to_int64(), sti = step.to_int64();
+    n = sti > 0 ? (ei - si + sti - 1) / sti : (si - ei - sti - 1) / (-sti);
+  } else {
+    n = static_cast<int64_t>(std::ceil((e - s) / st));
+  }
+  Tensor t = empty({n}, options);
+  visit_dtype(t.dtype(), [&]<typename T>() {
+    T* p = t.data_ptr<T>();
+    if constexpr (std::is_same_v<T, bool>) {
+      for (int64_t i = 0; i < n; ++i) p[i] = (s + i * st) != 0;
+    } else if constexpr (std::is_integral_v<T>) {
+      for (int64_t i = 0; i < n; ++i) p[i] = static_cast<T>(start.to_int64() + i * step.to_int64());
+    } else {
+      for (int64_t i = 0; i < n; ++i) p[i] = T(static_cast<compute_t<T>>(s + static_cast<double>(i) * st));
+    }
+  });
+  return t;
+}
+
+Tensor linspace(double start, double end, int64_t steps, TensorOptions options) {
+  KILN_CHECK(steps >= 0, ValueError, "linspace: number of steps must be non-negative, got ", steps);
+  Tensor t = empty({steps}, options);
+  // As PyTorch: the first half counts up from start, the second half down from end, so both ends are exact.
+  const double step = steps > 1 ? (end - start) / static_cast<double>(steps - 1) : 0.0;
+  const int64_t half = steps / 2;
+  visit_dtype(t.dtype(), [&]<typename T>() {
+    T* p = t.data_ptr<T>();
+    for (int64_t i = 0; i < steps; ++i) {
+      const double v = i < half ? start + step * static_cast<double>(i)
+                                : end - step * static_cast<double>(steps - 1 - i);
+      if constexpr (std::is_same_v<T, bool>) p[i] = v != 0;
+      else if constexpr (std::is_integral_v<T>) p[i] = static_cast<T>(v);
+      else p[i] = T(static_cast<compute_t<T>>(v));
+    }
+  });
+  return t;
+}
+
+Tensor eye(int64_t n, std::optional<int64_t> m, TensorOptions options) {
+  const int64_t cols = m.value_or(n);
+  KILN_CHECK(n >= 0 && cols >= 0, ValueError, "eye: expected non-negative sizes, got n=", n, ", m=", cols);
+  Tensor t = zeros({n, cols}, options);
+  visit_dtype(t.dtype(), [&]<typename T>() {
+    T* p = t.data_ptr<T>();
+    for (int64_t i = 0; i < std::min(n, cols); ++i) p[i * cols + i] = T(1);
+  });
+  return t;
+}
+
+Tensor& uniform_(Tensor& t, double from, double to, Generator* gen) {
+  KILN_CHECK(t.is_floating_point(), DTypeError, "uniform_: expected a floating-point tensor, got ",
+             dtype_name(t.dtype()));
+  KILN_CHECK(from <= to, ValueError, "uniform_: expected from <= to, got from=", from, ", to=", to);
+  if (t.is_contiguous()) {
+    random_into(t, [&](Tensor& x) { uniform_fill(x, from, to, gen); });
+  } else {
+    Tensor tmp = empty(t.sizes(), t.dtype());
+    random_into(tmp, [&](Tensor& x) { uniform_fill(x, from, to, gen); });
+    t.copy_(tmp);
+  }
+  t.bump_version();
+  return t;
+}
+
+Tensor& normal_(Tensor& t, double mean, double std, Generator* gen) {
+  KILN_CHECK(t.is_floating_point(), DTypeError, "normal_: expected a floating-point tensor, got ",
+             dtype_name(t.dtype()));
+  KILN_CHECK(std >= 0, ValueError, "normal_: expected std >= 0, got ", std);
+  if (t.is_contiguous()) {
+    random_into(t, [&](Tensor& x) { normal_fill(x, mean, std, gen); });
+  } else {
+    Tensor tmp = empty(t.sizes(), t.dtype());
+    random_into(tmp, [&](Tensor& x) { normal_fill(x, mean, std, gen); });
+    t.copy_(tmp);
+  }
+  t.bump_version();
+  return t;
+}
+
+Tensor rand(IntArrayRef sizes, TensorOptions options, Generator* gen) {
+  Tensor t = empty(sizes, options.requires_grad(false));
+  uniform_(t, 0.0, 1.0, gen);
+  if (options.requires_grad()) t.impl()->set_requires_grad_flag(true);
+  return t;
+}
+
+Tensor randn(IntArrayRef sizes, TensorOptions options, Generator* gen) {
+  Tensor t = empty(sizes, options.requires_grad(false));
+  normal_(t, 0.0, 1.0, gen);
+  if (options.requires_grad()) t.impl()->set_requires_grad_flag(true);
+  return t;
+}
+
+Tensor randint(int64_t low, int64_t high, IntArrayRef sizes, TensorOptions options, Generator* gen) {
+  KILN_CHECK(low < high, ValueError, "randint: expected low < high, got low=", low, ", high=", high);
+  if (!options.dtype_opt()) options = options.dtype(kInt64);
+  Tensor idx = empty(sizes, kInt64);
+  const uint64_t range = static_cast<uint64_t>(high - low);
+  fill_random<int64_t>(idx, gen, 2, [&](const std::array<uint32_t, 4>& w, int64_t lane) {
+    const uint64_t r = (static_cast<uint64_t>(w[2 * lane]) << 32) | w[2 * lane + 1];
+    return low + static_cast<int64_t>(r % range);
+  });
+  return options.dtype_or_default() == kInt64 ? idx : idx.to(options.dtype_or_default());
+}
+
+Tensor randperm(int64_t n, Generator* gen) {
+  KILN_CHECK(n >= 0, ValueError, "randperm: expected n >= 0, got ", n);
+  Tensor t = arange(n);
+  int64_t* p = t.data_ptr<int64_t>();
+  Generator& g = gen_or_default(gen);
+  const uint64_t seed = g.get_state().seed;
+  const uint64_t first = g.reserve(static_cast<uint64_t>(n));
+  for (int64_t i = n - 1; i > 0; --i) {  // Fisher-Yates, one block per swap
+    const auto w = philox4x32(seed, 0, first + static_cast<uint64_t>(i));
+    const uint64_t r = (static_cast<uint64_t>(w[0]) << 32) | w[1];
+    std::swap(p[i], p[static_cast<int64_t>(r % static_cast<uint64_t>(i + 1))]);
+  }
+  return t;
+}
+
+template <typename T>
+Tensor tensor(const std::vector<T>& values, IntArrayRef sizes) {
+  DimVector shape = sizes.empty() ? DimVector{static_cast<int64_t>(values.size())} : DimVector(sizes);
+  KILN_CHECK(shape_numel(shape) == static_cast<int64_t>(values.size()), ShapeError, "tensor: shape ", shape,
+             " holds ", shape_numel(shape), " elements but ", values.size(), " values were given");
+  // Plain int literals give int64, as torch.tensor([1, 2]) does in Python.
+  using Stored = std::conditional_t<std::is_same_v<T, int>, int64_t, T>;
+  Tensor t = empty(shape, dtype_of_v<Stored>);
+  Stored* p = t.data_ptr<Stored>();
+  for (size_t i = 0; i < values.size(); ++i) p[i] = static_cast<Stored>(values[i]);
+  return t;
+}
+
+template Tensor tensor<float>(const std::vector<float>&, IntArrayRef);
+template Tensor tensor<double>(const std::vector<double>&, IntArrayRef);
+template Tensor tensor<int64_t>(const std::vector<int64_t>&, IntArrayRef);
+template Tensor tensor<int>(const std::vector<int>&, IntArrayRef);
+template Tensor tensor<uint8_t>(const std::vector<uint8_t>&, IntArrayRef);
+template Tensor tensor<bool>(const std::vector<bool>&, IntArrayRef);
+template Tensor tensor<BFloat16>(const std::vector<BFloat16>&, IntArrayRef);
+template Tensor tensor<Half>(const std::vector<Half>&, IntArrayRef);
+
+Tensor from_blob(void* data, IntArrayRef sizes, DType dtype, std::function<void(void*)> deleter) {
+  return from_blob(data, sizes, contiguous_strides(sizes), dtype, std::move(deleter));
+}
+
+Tensor from_blob(void* data, IntArrayRef sizes, IntArrayRef strides, DType dtype,
+                 std::function<void(void*)> deleter) {
+  check_sizes(sizes, "from_blob");
+  KILN_CHECK(sizes.size() == strides.size(), ShapeError, "from_blob: sizes ", sizes, " and strides ", strides,
+             " must have the same length");
+  KILN_CHECK(data != nullptr || shape_numel(sizes) == 0, ValueError, "from_blob: data is null");
+  int64_t extent = shape_numel(sizes) == 0 ? 0 : 1;
+  for (size_t i = 0; i < sizes.size() && extent; ++i) extent += (sizes[i] - 1) * strides[i];
+  auto storage = make_intrusive<StorageImpl>(data, static_cast<size_t>(extent * element_size(dtype)),
+                                             std::move(deleter));
+  return Tensor(make_intrusive<TensorImpl>(std::move(storage), dtype, sizes, strides, 0));
+}
+
+}  // namespace kiln

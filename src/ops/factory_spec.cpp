@@ -1,0 +1,8 @@
+// Op family: factory_spec (filled in by its owner; see include/kiln/ops/op_spec.h).
+#include "kiln/ops/op_spec.h"
+
+namespace kiln::ops {
+
+void register_factory_ops(std::vector<OpSpec>& r) { (void)r; }
+
+}  // namespace kiln::ops

@@ -1,0 +1,63 @@
+#include "iter.h"
+
+#include "kiln/core/guards.h"
+#include "kiln/ops/factory.h"
+
+namespace kiln::ops {
+
+kernels::LoopSpec make_loop(IntArrayRef shape, std::initializer_list<const Tensor*> operands) {
+  kernels::LoopSpec s;
+  const int nd = static_cast<int>(shape.size());
+  KILN_CHECK(nd <= kernels::kMaxLoopDims, ShapeError, "tensors of more than ", kernels::kMaxLoopDims,
+             " dims are not supported by elementwise kernels, got shape ", shape);
+  KILN_ASSERT(operands.size() <= static_cast<size_t>(kernels::kMaxOperands), "too many operands");
+  s.nops = static_cast<int>(operands.size());
+  int op = 0;
+  for (const Tensor* t : operands) {
+    s.data[op] = static_cast<char*>(t->data_ptr());
+    const int64_t es = t->element_size();
+    const int64_t td = t->dim();
+    KILN_ASSERT(td <= nd, "operand has more dims than the loop shape");
+    for (int d = 0; d < nd; ++d) {
+      const int64_t src_d = d - (nd - td);  // right-aligned
+      int64_t stride = 0;
+      if (src_d >= 0 && t->sizes()[src_d] != 1) stride = t->strides()[src_d] * es;
+      s.strides[op][nd - 1 - d] = stride;  // innermost first
+    }
+    ++op;
+  }
+  int out = 0;
+  for (int d = 0; d < nd; ++d) {
+    const int64_t size = shape[nd - 1 - d];
+    if (size == 1) continue;
+    if (out > 0) {
+      bool merge = true;
+      for (int o = 0; o < s.nops && merge; ++o) merge = s.strides[o][d] == s.strides[o][out - 1] * s.sizes[out - 1];
+      if (merge) {
+        s.sizes[out - 1] *= size;
+        continue;
+      }
+    }
+    s.sizes[out] = size;
+    for (int o = 0; o < s.nops; ++o) s.strides[o][out] = s.strides[o][d];
+    ++out;
+  }
+  s.ndim = out;
+  if (shape_numel(shape) == 0) {  // keep an empty loop empty
+    s.ndim = 1;
+    s.sizes[0] = 0;
+  }
+  return s;
+}
+
+Tensor new_output(IntArrayRef shape, DType dtype) {
+  Tensor t = empty(shape, dtype);
+  if (inference_mode_enabled()) t.impl()->set_inference(true);
+  return t;
+}
+
+void check_defined(const Tensor& t, const char* op, const char* arg) {
+  KILN_CHECK(t.defined(), ValueError, op, ": argument '", arg, "' is an undefined tensor");
+}
+
+}  // namespace kiln::ops

@@ -1,0 +1,24 @@
+// Internal to the ops layer: turns tensors into a kernels::LoopSpec.
+//
+// Operands are aligned to a common broadcast shape (missing or size-1 dims
+// get stride 0), dims are ordered innermost first, size-1 dims dropped and
+// adjacent dims merged where every operand is dense across them, so a
+// contiguous op becomes one flat row that the kernel vectorises.
+#pragma once
+
+#include <initializer_list>
+
+#include "kiln/core/tensor.h"
+#include "kiln/kernels/loop.h"
+
+namespace kiln::ops {
+
+kernels::LoopSpec make_loop(IntArrayRef shape, std::initializer_list<const Tensor*> operands);
+
+/// Allocates a contiguous tensor for an op's result (charged to the thread's category).
+Tensor new_output(IntArrayRef shape, DType dtype);
+
+/// Raises ShapeError unless `t` is defined; names the op and the argument.
+void check_defined(const Tensor& t, const char* op, const char* arg);
+
+}  // namespace kiln::ops
