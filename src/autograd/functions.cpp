@@ -104,10 +104,22 @@ void set_history(TensorList& outputs, const NodePtr& node, const TensorList& inp
   }
 }
 
+void set_view_history(Tensor& view, const NodePtr& node, const Tensor& base, CallSite site) {
+  set_history(view, node, {&base}, site);
+  AutogradMeta& m = materialize_meta(view);
+  m.is_view = true;
+  m.view_version = view.version();
+}
+
 void check_inplace(const Tensor& self, const char* op, CallSite site) {
   self.storage()->record_write(op, site.file, site.line);
   if (!grad_mode_enabled() || !self.requires_grad()) return;
   const AutogradMeta* m = get_meta(self);
+  KILN_CHECK(!m || !m->is_view, ValueError, op, ": ", describe(self),
+             " is a view of a tensor that requires grad; kiln does not rewrite the history of views modified "
+             "in place (it would give a wrong gradient)",
+             site.known() ? " (at " + site.str() + ")" : std::string(),
+             ". Clone the view first (v = v.clone()), or apply the op out of place");
   const bool leaf = !m || !m->grad_fn;
   KILN_CHECK(!leaf, ValueError, op, ": ", describe(self),
              " is a leaf that requires grad and cannot be modified in place while grad mode is on",

@@ -23,6 +23,10 @@ struct AutogradMeta final : AutogradMetaInterface {
   /// so leaf and graph do not keep each other alive.
   AccumulateGrad* grad_accumulator = nullptr;
   bool retains_grad = false;
+  /// A differentiable view of another tensor, and the storage version its
+  /// history is valid for (docs/autograd.md, "Views").
+  bool is_view = false;
+  uint32_t view_version = 0;
   std::string name;  // "layers.0.weight" once a module registers it
 
   struct Hook {

@@ -53,6 +53,10 @@ void set_history(Tensor& output, const NodePtr& node, std::initializer_list<cons
                  CallSite site = {});
 void set_history(TensorList& outputs, const NodePtr& node, const TensorList& inputs, CallSite site = {});
 
+/// For view ops: set_history, then marks `view` as a differentiable view so
+/// that in-place changes made through other aliases are caught on use.
+void set_view_history(Tensor& view, const NodePtr& node, const Tensor& base, CallSite site = {});
+
 /// Before an in-place op on `self`: raises the PyTorch error for a leaf that
 /// requires grad (naming it), and records the op and site on the storage so
 /// a later version-mismatch error can say who modified the tensor.
