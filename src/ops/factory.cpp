@@ -211,6 +211,9 @@ Tensor arange(const Scalar& start, const Scalar& end, const Scalar& step, Tensor
   visit_dtype(dt, [&]<typename T>() {
     if constexpr (!std::is_same_v<T, bool>) {
       using Acc = std::conditional_t<std::is_integral_v<T>, int64_t, std::conditional_t<is_reduced_float_v<T>, float, double>>;
+      if constexpr (std::is_integral_v<T>) {  // NaN, inf or > 2^63 would make the conversion undefined
+        for (const Scalar* v : {&start, &end, &step}) ops::check_scalar_fits(*v, kInt64, "arange");
+      }
       const Acc xs = start.to<Acc>(), xe = end.to<Acc>(), xst = step.to<Acc>();
       KILN_CHECK(xst > 0 || xst < 0, ValueError, "arange: step must be nonzero (got step=", step.to_double(),
                  ", which is 0 as ", dtype_name(dt), ")");

@@ -211,6 +211,7 @@ OpSpec arange_spec() {
         {"bool", [] { arange(0, 3, 1, kBool); }, "DTypeError", "bool"},
         {"infinite", [] { arange(0.0, std::numeric_limits<double>::infinity(), 1.0); }, "ValueError",
          "unsupported range"},
+        {"nan into int64", [] { arange(0.0, std::nan(""), 1.0, kInt64); }, "ValueError", "arange: value nan"},
     };
   };
   return s;
