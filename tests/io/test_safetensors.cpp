@@ -467,7 +467,7 @@ TEST(SafetensorsInterop, KilnReadsPythonFile) {
   test::TempDir dir;
   const std::string path = dir.file("py.safetensors");
   std::string out;
-  ASSERT_EQ(test::run_command(std::string(test::kPython) + " " + test::shell_quote(interop_script()) + " write " +
+  ASSERT_EQ(test::run_command(test::shell_quote(test::python()) + " " + test::shell_quote(interop_script()) + " write " +
                                   test::shell_quote(path), out),
             0)
       << out;
@@ -510,7 +510,7 @@ TEST(SafetensorsInterop, PythonReadsKilnFile) {
   meta["writer"] = "kiln";
   io::save_safetensors(path, interop_tensors(true), meta);
   std::string out;
-  EXPECT_EQ(test::run_command(std::string(test::kPython) + " " + test::shell_quote(interop_script()) + " check " +
+  EXPECT_EQ(test::run_command(test::shell_quote(test::python()) + " " + test::shell_quote(interop_script()) + " check " +
                                   test::shell_quote(path), out),
             0)
       << out;
