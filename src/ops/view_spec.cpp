@@ -115,7 +115,7 @@ void register_view_ops(std::vector<OpSpec>& r) {
             one("negative dims noncontig", {sample_noncontig({2, 3, 4}, dt, 13)},
                 [](const Inputs& x) { return x[0].permute({-1, 0, -2}); }, "x0.permute(-1, 0, -2)"),
             one("0-dim", {sample_tensor({}, dt, 14)}, [](const Inputs& x) { return x[0].permute({}); },
-                "x0.permute()"),
+                "x0.permute([])"),
         };
       },
       [] {
