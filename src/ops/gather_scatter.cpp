@@ -85,7 +85,9 @@ Tensor index_select_unchecked(const Tensor& self, int64_t dim, const Tensor& ind
   idx_strides[dim] = index_stride;
   const auto loop = kernels::make_strided_loop(
       out_sizes, {operand(out, out.strides()), operand(self, self_strides), operand(index, idx_strides)});
-  kernels::gather(loop, self.dtype(), index.dtype(), self.strides()[dim] * self.element_size());
+  const bool valid = kernels::gather(loop, self.dtype(), index.dtype(), self.strides()[dim] * self.element_size(),
+                                     self.sizes()[dim]);
+  KILN_ASSERT(valid, "index_select: indices were checked before the kernel");
   return out;
 }
 
@@ -140,11 +142,10 @@ void scatter_into(const Tensor& self, int64_t dim, const Tensor& index, const Te
     const Tensor source = src->is_alias_of(self) ? fresh_copy(*src) : *src;
     const NonemptyDims so = nonempty_dims(source);
     const auto loop = kernels::make_strided_loop(
-        ix.sizes, {operand(self, self_strides), operand(source, so.strides), operand(idx, ix.strides)}, dim);
+        ix.sizes, {operand(self, self_strides), operand(source, so.strides), operand(idx, ix.strides)});
     kernels::scatter(loop, self.dtype(), idx.dtype(), dim_stride, mode);
   } else {
-    const auto loop =
-        kernels::make_strided_loop(ix.sizes, {operand(self, self_strides), operand(idx, ix.strides)}, dim);
+    const auto loop = kernels::make_strided_loop(ix.sizes, {operand(self, self_strides), operand(idx, ix.strides)});
     kernels::scatter_value(loop, self.dtype(), idx.dtype(), dim_stride, *value);
   }
 }
@@ -183,14 +184,19 @@ Tensor Tensor::gather(int64_t d, const Tensor& index) const {
                ": expected index ", index.sizes(), " to be no larger than self ", sizes(), " apart from dimension ",
                d);
   }
+  // An empty dim makes every index bad, and the kernel's fallback read of
+  // index 0 would itself be out of bounds: report before reading.
+  if (s.sizes[d] == 0) check_index_values(index, ix.sizes, ix.strides, 0, "gather()", d);
   Tensor out = ops::new_output(index.sizes(), dtype());
-  check_index_values(index, ix.sizes, ix.strides, s.sizes[d], "gather()", d);
   DimVector self_strides = s.strides;
   self_strides[d] = 0;
   const DimVector out_strides = contiguous_strides(ix.sizes);
   const auto loop = kernels::make_strided_loop(
       ix.sizes, {operand(out, out_strides), operand(*this, self_strides), operand(index, ix.strides)});
-  kernels::gather(loop, dtype(), index.dtype(), s.strides[d] * element_size());
+  if (!kernels::gather(loop, dtype(), index.dtype(), s.strides[d] * element_size(), s.sizes[d])) {
+    check_index_values(index, ix.sizes, ix.strides, s.sizes[d], "gather()", d);  // raises with the first bad index
+    KILN_ASSERT(false, "gather: the kernel saw a bad index that the scan did not find");
+  }
   return out;
 }
 

@@ -5,9 +5,9 @@
 // [r0, s0, r1, s1, ...]: tile dims r_i advance the output by a whole tile and
 // the input not at all (stride 0), size dims s_i advance both as usual. One
 // strided copy then fills every tile, and dims that are dense in both merge,
-// so tiling along the outermost dim becomes a few large memcpys.
+// so tiling along the outermost dim becomes a few large memcpys and tiling a
+// single column becomes vectorised fills.
 #include "iter.h"
-#include "kiln/kernels/copy.h"
 #include "kiln/kernels/index.h"
 
 namespace kiln {
@@ -43,7 +43,7 @@ Tensor Tensor::repeat(IntArrayRef repeats) const {
   const auto loop = kernels::make_strided_loop(
       shape, {{static_cast<char*>(out.data_ptr()), out_st, element_size()},
               {static_cast<char*>(data_ptr()), in_st, element_size()}});
-  kernels::copy_cast(loop, dtype(), dtype());
+  kernels::tile_copy(loop, dtype());
   return out;
 }
 

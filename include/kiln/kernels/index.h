@@ -45,14 +45,9 @@ struct StridedOperand {
 };
 
 /// A LoopSpec over `shape` (outermost first): size-1 dims are dropped and
-/// adjacent dims merged where every operand is dense across them. When
-/// `innermost_dim` >= 0 and that dim has size > 1, it becomes the innermost
-/// loop dim and is never merged, so each row the body sees runs along it
-/// (scatter uses this: every write that can collide lands in one row, which
-/// a single thread handles in index order). Throws ShapeError if more than
-/// kMaxLoopDims dims remain.
-LoopSpec make_strided_loop(IntArrayRef shape, std::initializer_list<StridedOperand> operands,
-                           int64_t innermost_dim = -1);
+/// adjacent dims merged where every operand is dense across them. Throws
+/// ShapeError if more than kMaxLoopDims dims remain.
+LoopSpec make_strided_loop(IntArrayRef shape, std::initializer_list<StridedOperand> operands);
 
 /// Smallest and largest value of an int64/int32 index (operand 0 of `s`).
 /// An empty index gives min > max.
@@ -68,7 +63,10 @@ int64_t first_out_of_range(const LoopSpec& s, DType index_dt, int64_t lo, int64_
 
 /// Operands {out, src, index}, src restrided (Note above):
 /// out[i] = *(src[i] + index[i] * src_dim_stride) with the stride in bytes.
-void gather(const LoopSpec& s, DType dt, DType index_dt, int64_t src_dim_stride_bytes);
+/// Returns false if some index lies outside [0, dim_size); such an element
+/// reads index 0 instead (never out of bounds, given dim_size > 0) and the
+/// caller raises — gather checks indices in the same pass it copies them.
+bool gather(const LoopSpec& s, DType dt, DType index_dt, int64_t src_dim_stride_bytes, int64_t dim_size);
 
 /// index_select over contiguous memory: src is [outer, src_size, inner] and
 /// out [outer, k, inner] (both contiguous); out[o, j, :] = src[o, index[j], :].
@@ -78,10 +76,13 @@ void index_select_contiguous(char* out, const char* src, const void* index, DTyp
 
 enum class ScatterMode { Assign, Add };
 
-/// Operands {self, src, index}, self restrided, built with innermost_dim set
-/// to the scatter dim: *(self[i] + index[i] * self_dim_stride) = (or +=) src[i].
-/// Duplicate indices resolve in index order: the last write wins; Add sums
-/// in index order (bit-identical for any thread count).
+/// Operands {self, src, index}, self restrided (its stride 0 marks the
+/// scatter dim; self has no other stride-0 dim — the ops layer rejects
+/// self-overlapping outputs): *(self[i] + index[i] * self_dim_stride) = (or
+/// +=) src[i], indices already checked. Threads split the work along a dim
+/// other than the scatter dim, so duplicate indices resolve in index order —
+/// the last write wins, Add sums in index order — bit-identically for any
+/// thread count.
 void scatter(const LoopSpec& s, DType dt, DType index_dt, int64_t self_dim_stride_bytes, ScatterMode mode);
 /// As scatter with every src element equal to `value`; operands {self, index}.
 void scatter_value(const LoopSpec& s, DType dt, DType index_dt, int64_t self_dim_stride_bytes, const Scalar& value);
@@ -92,6 +93,11 @@ void masked_fill(const LoopSpec& s, DType dt, const Scalar& value);
 /// Operands {out, cond, a, b}: out = cond ? a : b. a, b and out share `dt`;
 /// cond is bool or uint8.
 void where(const LoopSpec& s, DType dt, DType cond_dt);
+
+/// Operands {out, src} of one dtype: out = src, elementwise. Unlike a byte
+/// copy, a row that reads one value (src stride 0, as when tiling) becomes a
+/// vectorised fill.
+void tile_copy(const LoopSpec& s, DType dt);
 
 /// out (n x num_classes int64, zeroed by the caller): out[i, index[i]] = 1 for
 /// a contiguous int64 index of n values already checked to lie in [0, num_classes).

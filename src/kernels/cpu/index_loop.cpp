@@ -29,7 +29,7 @@ void atomic_max(std::atomic<int64_t>& a, int64_t v) {
 
 }  // namespace
 
-LoopSpec make_strided_loop(IntArrayRef shape, std::initializer_list<StridedOperand> operands, int64_t innermost_dim) {
+LoopSpec make_strided_loop(IntArrayRef shape, std::initializer_list<StridedOperand> operands) {
   LoopSpec s;
   KILN_ASSERT(operands.size() <= static_cast<size_t>(kMaxOperands), "make_strided_loop: too many operands");
   s.nops = static_cast<int>(operands.size());
@@ -48,11 +48,10 @@ LoopSpec make_strided_loop(IntArrayRef shape, std::initializer_list<StridedOpera
   }
   const int64_t nd = static_cast<int64_t>(shape.size());
   int out = 0;
-  int pinned = -1;  // the slot holding innermost_dim, which never merges
-  auto add_dim = [&](int64_t d, bool mergeable) {
+  for (int64_t d = nd - 1; d >= 0; --d) {
     const int64_t size = shape[d];
-    if (size == 1) return;
-    if (mergeable && out > 0 && pinned != out - 1) {
+    if (size == 1) continue;
+    if (out > 0) {
       bool merge = true;
       int op = 0;
       for (const StridedOperand& o : operands) {
@@ -61,7 +60,7 @@ LoopSpec make_strided_loop(IntArrayRef shape, std::initializer_list<StridedOpera
       }
       if (merge) {
         s.sizes[out - 1] *= size;
-        return;
+        continue;
       }
     }
     KILN_CHECK(out < kMaxLoopDims, ShapeError, "index kernels support at most ", kMaxLoopDims,
@@ -73,14 +72,6 @@ LoopSpec make_strided_loop(IntArrayRef shape, std::initializer_list<StridedOpera
       ++op;
     }
     ++out;
-  };
-  if (innermost_dim >= 0 && innermost_dim < nd && shape[innermost_dim] != 1) {
-    add_dim(innermost_dim, false);
-    pinned = 0;
-  }
-  for (int64_t d = nd - 1; d >= 0; --d) {
-    if (pinned == 0 && d == innermost_dim) continue;
-    add_dim(d, true);
   }
   s.ndim = out;
   return s;
