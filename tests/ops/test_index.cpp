@@ -148,6 +148,18 @@ TEST(Gather, Errors) {
   expect_error<IndexError>([&] { x.gather(2, zeros({1, 1}, kInt64)); }, "gather");
 }
 
+TEST(Gather, LargeReportsTheFirstBadIndexInRowMajorOrder) {
+  // The bounds check runs inside the (parallel) copy; the message must still
+  // name the first bad value in index order, whatever thread saw which.
+  Tensor x = zeros({400, 300});
+  Tensor idx = zeros({400, 300}, kInt64);
+  idx.view({-1}).narrow(0, 100000, 1).fill_(999);
+  idx.view({-1}).narrow(0, 100, 1).fill_(-7);
+  expect_error<IndexError>([&] { x.gather(1, idx); }, "index -7 is out of bounds for dimension 1 with size 300");
+  expect_error<IndexError>([&] { zeros({4, 0}).gather(1, zeros({4, 2}, kInt64)); },
+                           "index 0 is out of bounds for dimension 1 with size 0");
+}
+
 TEST(Gather, LargeParallelMatchesNaive) {
   const int64_t r = 600, c = 200;
   Tensor x = arange(r * c, kFloat64).view({r, c});
