@@ -103,6 +103,7 @@ void scatter_into(const Tensor& self, int64_t dim, const Tensor& index, const Te
   }
   const int64_t nd = std::max<int64_t>(self.dim(), 1);
   dim = wrap_dim(dim, nd, op);
+  if (value) ops::check_scalar_fits(*value, self.dtype(), op);
   if (index.numel() == 0) return;  // torch skips the index checks for an empty index
   KILN_CHECK(index.dtype() == kInt64, DTypeError, op, ": Expected dtype int64 for index, got ",
              dtype_name(index.dtype()));

@@ -247,6 +247,8 @@ void register_masked_where(std::vector<OpSpec>& r) {
             err("mask shape", [] { x34().masked_fill(tensor<bool>({true, false}), 1.0); }, "ShapeError", "masked_fill"),
             err("value not 0-dim", [] { masked_fill(x34(), tensor<bool>({true}), tensor<float>({1.f})); }, "ShapeError",
                 "0-dimensional value tensor"),
+            err("value overflows uint8", [] { zeros({2}, kUInt8).masked_fill(tensor<bool>({true, false}), 300); },
+                "ValueError", "cannot be converted to dtype uint8"),
         };
       });
 

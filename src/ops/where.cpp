@@ -83,6 +83,7 @@ Tensor where(const Tensor& cond, const Scalar& a, const Tensor& b) {
   update(st, a);
   update(st, b);
   const DType dt = result_type(st);
+  ops::check_scalar_fits(a, dt, "where");
   return where_same_dtype(cond, scalar_tensor(a, dt), as_dtype(b, dt), dt);
 }
 
@@ -93,6 +94,7 @@ Tensor where(const Tensor& cond, const Tensor& a, const Scalar& b) {
   update(st, a);
   update(st, b);
   const DType dt = result_type(st);
+  ops::check_scalar_fits(b, dt, "where");
   return where_same_dtype(cond, as_dtype(a, dt), scalar_tensor(b, dt), dt);
 }
 
@@ -102,12 +104,15 @@ Tensor where(const Tensor& cond, const Scalar& a, const Scalar& b) {
   update(st, a);
   update(st, b);
   const DType dt = result_type(st);
+  ops::check_scalar_fits(a, dt, "where");
+  ops::check_scalar_fits(b, dt, "where");
   return where_same_dtype(cond, scalar_tensor(a, dt), scalar_tensor(b, dt), dt);
 }
 
 Tensor Tensor::masked_fill(const Tensor& mask, const Scalar& value) const {
   ops::check_defined(*this, "masked_fill", "self");
   check_mask(mask, "masked_fill");
+  ops::check_scalar_fits(value, dtype(), "masked_fill");
   const DimVector shape = broadcast_shapes(sizes(), mask.sizes(), "masked_fill");
   Tensor out = ops::new_output(shape, dtype());
   if (out.numel() == 0) return out;
@@ -119,6 +124,7 @@ Tensor Tensor::masked_fill(const Tensor& mask, const Scalar& value) const {
 Tensor& Tensor::masked_fill_(const Tensor& mask, const Scalar& value) {
   ops::check_defined(*this, "masked_fill_", "self");
   check_mask(mask, "masked_fill_");
+  ops::check_scalar_fits(value, dtype(), "masked_fill_");
   const DimVector shape = broadcast_shapes(sizes(), mask.sizes(), "masked_fill_");
   KILN_CHECK(shape.ref() == sizes(), ShapeError, "masked_fill_: a mask of shape ", mask.sizes(),
              " does not broadcast to self's shape ", sizes(), " (the broadcast shape is ", shape,

@@ -327,6 +327,19 @@ TEST(MaskedFill, Errors) {
   expect_error<ShapeError>([] { x34().masked_fill(tensor<bool>({true, false}), 1.0); }, "masked_fill");
   expect_error<ShapeError>([] { masked_fill(x34(), tensor<bool>({true}), tensor<float>({1.f})); },
                            "0-dimensional value tensor");
+  // Values must fit self's dtype, as torch's checked conversion (negatives wrap into uint8).
+  Tensor m = tensor<bool>({true, false});
+  expect_error<ValueError>([&] { zeros({2}, kUInt8).masked_fill(m, 300); }, "masked_fill: value 300");
+  expect_error<ValueError>([&] { zeros({2}, kInt64).masked_fill(m, INFINITY); }, "int64");
+  expect_error<ValueError>([&] { masked_fill(zeros({2}, kInt64), m, scalar_tensor(NAN, kFloat32)); }, "int64");
+  Tensor u = zeros({2}, kUInt8);
+  const uint32_t v0 = u.version();
+  expect_error<ValueError>([&] { u.masked_fill_(m, 256); }, "masked_fill_: value 256");
+  EXPECT_EQ(u.version(), v0);
+  expect_tensor(u.masked_fill(m, -1), {2}, kUInt8, {255, 0});
+  expect_error<ValueError>([&] { zeros({2}, kUInt8).scatter(0, tensor<int64_t>({0}), 300); }, "scatter: value 300");
+  expect_error<ValueError>([&] { where(m, zeros({2}, kFloat16), 1e10); }, "where: value");
+  expect_error<ValueError>([&] { where(m, zeros({2}, kInt32), int64_t{1} << 40); }, "dtype int32");
 }
 
 // ---- where ----
