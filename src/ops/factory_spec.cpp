@@ -442,6 +442,8 @@ OpSpec copy_spec() {
         {"not broadcastable", [] { zeros({2, 3}).copy_(zeros({4})); }, "ShapeError", "copy_"},
         {"source larger than destination", [] { zeros({3}).copy_(zeros({2, 3})); }, "ShapeError",
          "cannot be broadcast to the destination's shape [3]"},
+        {"expanded destination", [] { zeros({3, 1}).expand({3, 4}).copy_(ones({3, 4})); }, "ValueError",
+         "share one memory location"},
     };
   };
   return s;

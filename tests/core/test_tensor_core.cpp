@@ -84,6 +84,22 @@ TEST(Factories, LikeFormsAndOptions) {
   EXPECT_FALSE(zeros({1}).impl()->is_inference());
 }
 
+TEST(Factories, HugeSizesAreRefusedNotWrapped) {
+  const int64_t big = int64_t{1} << 40;
+  EXPECT_NE(error_of<ValueError>([&] { empty({big, big}); }).find("more elements than int64 can count"),
+            std::string::npos);
+  EXPECT_NE(error_of<ValueError>([&] { zeros({big, big, 0}); }).find("more elements than int64"), std::string::npos)
+      << "an empty tensor with huge other dims would still overflow its strides";
+  EXPECT_NE(error_of<ValueError>([] { empty({int64_t{1} << 62}, kFloat64); }).find("needs more bytes"),
+            std::string::npos);
+  EXPECT_NE(error_of<OutOfMemory>([] { empty({int64_t{1} << 58}, kUInt8); }).find("out of memory"), std::string::npos);
+  EXPECT_NE(error_of<ShapeError>([] { empty_strided({2, 2}, {2, -1}); }).find("negative strides"), std::string::npos);
+  int64_t data[4] = {};
+  EXPECT_THROW(from_blob(data, {2, 2}, {-1, 1}, kInt64), ShapeError);
+  EXPECT_THROW(from_blob(nullptr, {2}, kInt64), ValueError);
+  EXPECT_EQ(empty({big, 0}).numel(), 0);
+}
+
 TEST(Factories, FromValues) {
   EXPECT_EQ(tensor<int>({1, 2}).dtype(), kInt64);  // torch.tensor([1, 2])
   EXPECT_EQ(tensor<float>({1.0f}).dtype(), kFloat32);
