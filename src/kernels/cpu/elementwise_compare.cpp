@@ -67,8 +67,10 @@ bool all_close(const LoopSpec& s, DType dt, double rtol, double atol, bool equal
         }
         if (!close) {
           C diff;
-          if constexpr (std::is_integral_v<T> && !std::is_same_v<T, bool>) {
-            // |a - b| is taken in the integer type (exact), then compared in float.
+          if constexpr (std::is_unsigned_v<T> && !std::is_same_v<T, bool>) {
+            // torch takes |a - b| in the tensor's dtype: for uint8, 3 - 5 wraps to 254.
+            diff = static_cast<C>(static_cast<T>(xt - yt));
+          } else if constexpr (std::is_integral_v<T> && !std::is_same_v<T, bool>) {
             const int64_t d = static_cast<int64_t>(xt) - static_cast<int64_t>(yt);
             diff = static_cast<C>(d < 0 ? -static_cast<double>(d) : static_cast<double>(d));
           } else {
