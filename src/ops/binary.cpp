@@ -223,6 +223,8 @@ Scalar negate(const Scalar& s) {
 
 // a + alpha * b, or a - alpha * b when `subtract` (alpha is checked before negation, as torch).
 Tensor add_impl(const char* name, Arg a, Arg b, const Scalar& alpha, bool subtract = false) {
+  if (a.tensor) ops::check_defined(*a.tensor, name, "self");
+  if (b.tensor) ops::check_defined(*b.tensor, name, "other");
   const DType rt = ops::ew::result_type(a, b);
   check_alpha(name, rt, alpha);
   alignas(8) unsigned char buf[8];
@@ -231,6 +233,7 @@ Tensor add_impl(const char* name, Arg a, Arg b, const Scalar& alpha, bool subtra
 
 Tensor& add_inplace_impl(const char* name, Tensor& self, Arg b, const Scalar& alpha, bool subtract = false) {
   ops::check_defined(self, name, "self");
+  if (b.tensor) ops::check_defined(*b.tensor, name, "other");
   const DType rt = ops::ew::result_type(Arg(self), b);
   check_alpha(name, rt, alpha);
   alignas(8) unsigned char buf[8];

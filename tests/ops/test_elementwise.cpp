@@ -438,6 +438,30 @@ TEST(ElementwiseValues, ReducedPrecisionRoundsLikeTorch) {
   }
 }
 
+TEST(ElementwiseValues, Float16RoundingAtTheEdges) {
+  // Overflow to inf (65504 + 16 ties to even: inf), subnormals, NaN, ties, signed zeros.
+  // Tiled 5 times so the 16- and 8-wide conversions and the scalar tail all see every value.
+  const std::vector<float> xs = {65504.0f, 6e-8f, 1e-5f, -3e-7f, NAN, 1.0009765625f, 2049.0f, -0.0f};
+  const std::vector<float> ys = {16.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.00048828125f, 1.0f, 0.0f};
+  const std::vector<double> sum = {kInf, 5.960464477539063e-08, 1.0013580322265625e-05, -2.980232238769531e-07, kNaN,
+                                   1.001953125, 2048.0, 0.0};
+  const std::vector<double> half = {32752.0, 0.0, 5.0067901611328125e-06, -1.1920928955078125e-07, kNaN,
+                                    0.50048828125, 1024.0, -0.0};
+  auto tile = [](const std::vector<float>& v) {
+    return f32(v).unsqueeze(0).expand({5, static_cast<int64_t>(v.size())}).contiguous().view({-1});
+  };
+  auto tiled = [](const std::vector<double>& v) {
+    std::vector<double> out;
+    for (int r = 0; r < 5; ++r) out.insert(out.end(), v.begin(), v.end());
+    return out;
+  };
+  const Tensor x = tile(xs).to(kFloat16), y = tile(ys).to(kFloat16);
+  expect_values(x + y, tiled(sum), 0, 0, "float16 add");
+  expect_values(x * 0.5, tiled(half), 0, 0, "float16 mul");
+  const Tensor strided = x.unsqueeze(1).expand({x.numel(), 2}).contiguous().select(1, 0);
+  expect_values(strided * 0.5, tiled(half), 0, 0, "float16 mul (strided)");
+}
+
 // ---- IEEE corner cases, as torch ----
 
 TEST(ElementwiseSemantics, NaNPropagationAndSignedZeros) {
@@ -577,7 +601,7 @@ TEST(ElementwiseErrors, MessagesNameOpAndShapes) {
   expect_throws<ValueError>([] { (void)ones({1}).clamp(std::nullopt, std::nullopt); }, "at least one of 'min' or 'max'");
   expect_throws<DTypeError>([] { (void)boolean({true}).clamp(false); }, "bool");
   expect_throws<DTypeError>([] { (void)ones({1}).allclose(i64({1})); }, "same dtype");
-  expect_throws<ValueError>([] { (void)Tensor().add(ones({1})); }, "undefined");
+  expect_throws<ValueError>([] { (void)Tensor().add(ones({1})); }, "add: argument 'self' is an undefined tensor");
 }
 
 // ---- operators, logic, equal/allclose ----

@@ -23,6 +23,7 @@
 #include "kiln/core/dtype.h"
 #include "kiln/core/threads.h"
 #include "kiln/kernels/loop.h"
+#include "elementwise_math.h"
 
 namespace kiln::kernels::ew {
 
@@ -76,6 +77,9 @@ void elementwise_for(const LoopSpec& s, Body&& body) {
 /// dst[0..n) = src elements (type T, byte stride `st`; 0 broadcasts one value) as C.
 template <typename C, typename T>
 inline void load_block(C* dst, const char* src, int64_t st, int64_t n) {
+  if constexpr (std::is_same_v<T, Half> && std::is_same_v<C, float>) {
+    if (st == static_cast<int64_t>(sizeof(T))) return vm::half_to_float_row(dst, reinterpret_cast<const Half*>(src), n);
+  }
   if (st == static_cast<int64_t>(sizeof(T))) {
     const T* s = reinterpret_cast<const T*>(src);
     for (int64_t i = 0; i < n; ++i) dst[i] = cast<C>(s[i]);
@@ -90,6 +94,9 @@ inline void load_block(C* dst, const char* src, int64_t st, int64_t n) {
 /// dst elements (type O, byte stride `st`) = src[0..n) converted from C.
 template <typename O, typename C>
 inline void store_block(char* dst, int64_t st, const C* src, int64_t n) {
+  if constexpr (std::is_same_v<O, Half> && std::is_same_v<C, float>) {
+    if (st == static_cast<int64_t>(sizeof(O))) return vm::float_to_half_row(reinterpret_cast<Half*>(dst), src, n);
+  }
   if (st == static_cast<int64_t>(sizeof(O))) {
     O* d = reinterpret_cast<O*>(dst);
     for (int64_t i = 0; i < n; ++i) d[i] = cast<O>(src[i]);

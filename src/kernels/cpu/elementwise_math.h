@@ -21,7 +21,9 @@
 #include <cstdint>
 #include <type_traits>
 
-#if defined(__AVX512F__) || defined(__AVX__)
+#include "kiln/core/half.h"
+
+#if defined(__AVX512F__) || defined(__AVX__) || defined(__F16C__)
 // GCC 12 warns (falsely) about _mm512_undefined_ps() inside the AVX-512 sqrt intrinsics.
 #pragma GCC diagnostic push
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
@@ -116,6 +118,41 @@ inline void rsqrt_row(C* out, const C* in, int64_t n) {
     C* o = out + i0;
     for (int64_t i = 0; i < m; ++i) o[i] = C(1) / o[i];
   }
+}
+
+/// float16 <-> float rows. Half's scalar conversions branch (subnormals, NaN)
+/// and do not vectorise; F16C converts 8 or 16 at a time with the same
+/// round-to-nearest-even, so results are identical (NaN stays NaN).
+inline void half_to_float_row(float* dst, const Half* src, int64_t n) {
+  int64_t i = 0;
+#if defined(__AVX512F__)
+  for (; i + 16 <= n; i += 16) {
+    _mm512_storeu_ps(dst + i, _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(src + i))));
+  }
+#endif
+#if defined(__F16C__)
+  for (; i + 8 <= n; i += 8) {
+    _mm256_storeu_ps(dst + i, _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(src + i))));
+  }
+#endif
+  for (; i < n; ++i) dst[i] = static_cast<float>(src[i]);
+}
+
+inline void float_to_half_row(Half* dst, const float* src, int64_t n) {
+  int64_t i = 0;
+#if defined(__AVX512F__)
+  for (; i + 16 <= n; i += 16) {
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(dst + i),
+                        _mm512_cvtps_ph(_mm512_loadu_ps(src + i), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+  }
+#endif
+#if defined(__F16C__)
+  for (; i + 8 <= n; i += 8) {
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(dst + i),
+                     _mm256_cvtps_ph(_mm256_loadu_ps(src + i), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+  }
+#endif
+  for (; i < n; ++i) dst[i] = Half(src[i]);
 }
 
 // Integer arithmetic that wraps modulo 2^bits, as torch's does, without the
