@@ -116,4 +116,36 @@ void BM_ElementwiseAddBF16(benchmark::State& state) {
 }
 BENCHMARK(BM_ElementwiseAddBF16)->Arg(1)->ArgName("threads")->UseRealTime()->Unit(benchmark::kMillisecond);
 
+void BM_ElementwiseAddF16(benchmark::State& state) {
+  const Tensor a = ones({kBig}, kFloat16), b = ones({kBig}, kFloat16);
+  for (auto _ : state) {
+    Tensor c = a + b;
+    benchmark::DoNotOptimize(c.data_ptr());
+  }
+  state.SetBytesProcessed(state.iterations() * 3 * kBig * 2);
+}
+BENCHMARK(BM_ElementwiseAddF16)->UseRealTime()->Unit(benchmark::kMillisecond);
+
+// A broadcast add over rows ([4096, 4096] + [4096]) and a transposed (strided) operand.
+void BM_ElementwiseAddBroadcastRows(benchmark::State& state) {
+  const Tensor a = ones({4096, 4096}), b = ones({4096});
+  for (auto _ : state) {
+    Tensor c = a + b;
+    benchmark::DoNotOptimize(c.data_ptr());
+  }
+  state.SetBytesProcessed(state.iterations() * 2 * 4096 * 4096 * 4);
+}
+BENCHMARK(BM_ElementwiseAddBroadcastRows)->UseRealTime()->Unit(benchmark::kMillisecond);
+
+void BM_ElementwiseAddTransposed(benchmark::State& state) {
+  const Tensor a = ones({4096, 4096}), b = ones({4096, 4096});
+  const Tensor bt = b.t();
+  for (auto _ : state) {
+    Tensor c = a + bt;
+    benchmark::DoNotOptimize(c.data_ptr());
+  }
+  state.SetBytesProcessed(state.iterations() * 3 * 4096 * 4096 * 4);
+}
+BENCHMARK(BM_ElementwiseAddTransposed)->UseRealTime()->Unit(benchmark::kMillisecond);
+
 }  // namespace
