@@ -158,7 +158,7 @@ void add_sum_mean_prod(std::vector<OpSpec>& r) {
 // var and std share samples; `name` is "var" or "std".
 OpSpec var_std_spec(const std::string& name) {
   const bool is_std = name == "std";
-  auto f = [is_std](const Tensor& x, std::optional<IntArrayRef> dims, int64_t correction, bool keepdim) {
+  auto f = [is_std](const Tensor& x, IntArrayRef dims, int64_t correction, bool keepdim) {
     return is_std ? x.std(dims, correction, keepdim) : x.var(dims, correction, keepdim);
   };
   return OpSpec{
@@ -167,30 +167,30 @@ OpSpec var_std_spec(const std::string& name) {
       [f, name](DType dt) {
         const std::string t = "torch." + name;
         return std::vector<OpSample>{
-            sample("all", sample_tensor({3, 4}, dt, 41), unary([f](const Tensor& x) { return f(x, std::nullopt, 1, false); }),
+            sample("all", sample_tensor({3, 4}, dt, 41), unary([f](const Tensor& x) { return f(x, {}, 1, false); }),
                    t + "(x0)"),
             sample("dims=[1] correction=0", sample_tensor({3, 4}, dt, 42),
-                   unary([f](const Tensor& x) { return f(x, IntArrayRef{1}, 0, false); }),
+                   unary([f](const Tensor& x) { return f(x, {1}, 0, false); }),
                    t + "(x0, dim=[1], correction=0)"),
             sample("dims=[0] keepdim", sample_tensor({3, 4}, dt, 43),
-                   unary([f](const Tensor& x) { return f(x, IntArrayRef{0}, 1, true); }),
+                   unary([f](const Tensor& x) { return f(x, {0}, 1, true); }),
                    t + "(x0, dim=[0], correction=1, keepdim=True)"),
             sample("dims=[0,-1] 3-d", sample_tensor({2, 3, 4}, dt, 44),
-                   unary([f](const Tensor& x) { return f(x, IntArrayRef{0, -1}, 1, false); }),
+                   unary([f](const Tensor& x) { return f(x, {0, -1}, 1, false); }),
                    t + "(x0, dim=[0, -1])"),
             sample("noncontig", sample_noncontig({5, 6}, dt, 45),
-                   unary([f](const Tensor& x) { return f(x, IntArrayRef{1}, 1, false); }), t + "(x0, dim=[1])"),
+                   unary([f](const Tensor& x) { return f(x, {1}, 1, false); }), t + "(x0, dim=[1])"),
             sample("large rows", sample_tensor({64, 1000}, dt, 46),
-                   unary([f](const Tensor& x) { return f(x, IntArrayRef{1}, 0, false); }),
+                   unary([f](const Tensor& x) { return f(x, {1}, 0, false); }),
                    t + "(x0, dim=[1], correction=0)"),
             sample("large columns", sample_tensor({64, 1000}, dt, 47),
-                   unary([f](const Tensor& x) { return f(x, IntArrayRef{0}, 1, false); }), t + "(x0, dim=[0])"),
+                   unary([f](const Tensor& x) { return f(x, {0}, 1, false); }), t + "(x0, dim=[0])"),
         };
       },
       nullptr,
       [f] {
         return std::vector<OpErrorCase>{
-            error("int64 input", [f] { return f(sample_tensor({2, 3}, kInt64, 1), std::nullopt, 1, false); },
+            error("int64 input", [f] { return f(sample_tensor({2, 3}, kInt64, 1), IntArrayRef{}, 1, false); },
                   "DTypeError", "only support floating point"),
         };
       }};

@@ -14,10 +14,10 @@ using ops::DimMask;
 
 namespace {
 
-Tensor var_std(const Tensor& self, std::optional<IntArrayRef> dims, int64_t correction, bool keepdim, bool take_sqrt) {
+Tensor var_std(const Tensor& self, IntArrayRef dims, int64_t correction, bool keepdim, bool take_sqrt) {
   const char* op = take_sqrt ? "std" : "var";
   ops::check_defined(self, op, "self");
-  const DimMask mask = dims ? ops::reduce_mask(self, *dims, op) : ops::all_dims_mask(self);
+  const DimMask mask = ops::reduce_mask(self, dims, op);
   KILN_CHECK(self.is_floating_point(), DTypeError, op,
              "(): std and var only support floating point dtypes, got ", dtype_name(self.dtype()));
   return ops::run_reduction(self, mask, keepdim, self.dtype(), [&](const kernels::ReduceLayout& l) {
@@ -27,11 +27,11 @@ Tensor var_std(const Tensor& self, std::optional<IntArrayRef> dims, int64_t corr
 
 }  // namespace
 
-Tensor Tensor::var(std::optional<IntArrayRef> dims, int64_t correction, bool keepdim) const {
+Tensor Tensor::var(IntArrayRef dims, int64_t correction, bool keepdim) const {
   return var_std(*this, dims, correction, keepdim, false);
 }
 
-Tensor Tensor::std(std::optional<IntArrayRef> dims, int64_t correction, bool keepdim) const {
+Tensor Tensor::std(IntArrayRef dims, int64_t correction, bool keepdim) const {
   return var_std(*this, dims, correction, keepdim, true);
 }
 
@@ -61,10 +61,10 @@ Tensor Tensor::logsumexp(IntArrayRef dims, bool keepdim) const {
 
 // ---- free functions ----
 
-Tensor var(const Tensor& x, std::optional<IntArrayRef> dims, int64_t correction, bool keepdim) {
+Tensor var(const Tensor& x, IntArrayRef dims, int64_t correction, bool keepdim) {
   return x.var(dims, correction, keepdim);
 }
-Tensor std(const Tensor& x, std::optional<IntArrayRef> dims, int64_t correction, bool keepdim) {
+Tensor std(const Tensor& x, IntArrayRef dims, int64_t correction, bool keepdim) {
   return x.std(dims, correction, keepdim);
 }
 Tensor norm(const Tensor& x, double p, IntArrayRef dims, bool keepdim) { return x.norm(p, dims, keepdim); }

@@ -29,11 +29,9 @@ Tensor mean(const Tensor& x, IntArrayRef dims, bool keepdim = false);
 Tensor prod(const Tensor& x);
 Tensor prod(const Tensor& x, int64_t dim, bool keepdim = false);
 /// correction = 1 is Bessel's (torch default), 0 the population variance;
-/// correction >= N gives inf (or NaN), as torch.
-Tensor var(const Tensor& x, std::optional<IntArrayRef> dims = std::nullopt, int64_t correction = 1,
-           bool keepdim = false);
-Tensor std(const Tensor& x, std::optional<IntArrayRef> dims = std::nullopt, int64_t correction = 1,
-           bool keepdim = false);
+/// correction >= N gives inf (or NaN), as torch. Empty dims: every dim.
+Tensor var(const Tensor& x, IntArrayRef dims = {}, int64_t correction = 1, bool keepdim = false);
+Tensor std(const Tensor& x, IntArrayRef dims = {}, int64_t correction = 1, bool keepdim = false);
 
 /// Over every element, as a 0-dim tensor; NaN propagates.
 Tensor max(const Tensor& x);
