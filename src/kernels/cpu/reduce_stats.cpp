@@ -107,7 +107,8 @@ void logsumexp(const ReduceLayout& l, DType dt) {
     OutputScratch<A> shifts(G);
     A* m = shifts.data();
     // An infinite max is not subtracted (as PyTorch): exp(-inf - -inf) would be NaN.
-    run_reduce(l, MaxOp<T, true>{}, nullptr, [m](int64_t o, A a) { m[o] = std::isinf(a) ? A(0) : a; });
+    // A NaN in the slice needs no care here: exp(NaN - m) makes the sum NaN.
+    run_reduce(l, FastMaxOp<T>{}, nullptr, [m](int64_t o, A a) { m[o] = std::isinf(a) ? A(0) : a; });
     T* dst = reinterpret_cast<T*>(l.out);
     run_reduce(l, ExpShiftOp<T>{}, m, [dst, m](int64_t o, A s) { dst[o] = static_cast<T>(std::log(s) + m[o]); });
   });

@@ -2,10 +2,13 @@
 //
 // Fused per row (or per block of columns): one pass for the max, one for the
 // sum of exp(x - max), one to write. The row stays in cache between passes,
-// so a large tensor is read from memory once. The write pass recomputes exp
-// instead of storing it in the second pass: exp is a few vector instructions,
-// and it spares 16-bit outputs a second rounding.
+// so a large tensor is read from memory once. float and double store exp in
+// the output during the second pass and scale it in the third (exp is the
+// costly part); 16-bit outputs recompute exp in the third pass instead, so
+// that they are rounded once. A NaN anywhere in a slice makes the whole slice
+// NaN (through the sum), as in PyTorch, so the max need not propagate it.
 #include <cmath>
+#include <type_traits>
 
 #include "kiln/kernels/reduce.h"
 #include "reduce_engine.h"
@@ -25,13 +28,16 @@ void softmax_rows(const DimLayout& l, const T* in, T* out, bool log) {
       const T* x = in + r * n;
       T* y = out + r * n;
       const char* xb = reinterpret_cast<const char*>(x);
-      const A m = run_value(MaxOp<T, true>{}, xb, n, sizeof(T), A(0));
-      const A s = run_value(ExpShiftOp<T>{}, xb, n, sizeof(T), m);
+      const A m = run_value(FastMaxOp<T>{}, xb, n, sizeof(T), A(0));
       if (log) {
-        const A ls = std::log(s);
+        const A ls = std::log(run_value(ExpShiftOp<T>{}, xb, n, sizeof(T), m));
         for (int64_t i = 0; i < n; ++i) y[i] = static_cast<T>((static_cast<A>(x[i]) - m) - ls);
+      } else if constexpr (std::is_same_v<T, A>) {
+        for (int64_t i = 0; i < n; ++i) y[i] = exp_vec(x[i] - m);
+        const A inv = A(1) / run_value(SumOp<T>{}, reinterpret_cast<const char*>(y), n, sizeof(T), A(0));
+        for (int64_t i = 0; i < n; ++i) y[i] *= inv;
       } else {
-        const A inv = A(1) / s;
+        const A inv = A(1) / run_value(ExpShiftOp<T>{}, xb, n, sizeof(T), m);
         for (int64_t i = 0; i < n; ++i) y[i] = static_cast<T>(exp_vec(static_cast<A>(x[i]) - m) * inv);
       }
     }
@@ -54,19 +60,33 @@ void softmax_cols(const DimLayout& l, const T* in, T* out, bool log) {
       const int64_t q = u / blocks, j0 = (u % blocks) * kColWidth, w = std::min(kColWidth, inner - j0);
       const int64_t off = q * n * inner + j0;
       const char* base = reinterpret_cast<const char*>(in + off);
-      col_value(MaxOp<T, true>{}, base, n, w, row_off, zeros, m);
-      col_value(ExpShiftOp<T>{}, base, n, w, row_off, m, s);
+      col_value(FastMaxOp<T>{}, base, n, w, row_off, zeros, m);
       if (log) {
+        col_value(ExpShiftOp<T>{}, base, n, w, row_off, m, s);
         for (int64_t j = 0; j < w; ++j) s[j] = std::log(s[j]);
-      } else {
-        for (int64_t j = 0; j < w; ++j) s[j] = A(1) / s[j];
-      }
-      for (int64_t r = 0; r < n; ++r) {
-        const T* x = in + off + r * inner;
-        T* y = out + off + r * inner;
-        if (log) {
+        for (int64_t r = 0; r < n; ++r) {
+          const T* x = in + off + r * inner;
+          T* y = out + off + r * inner;
           for (int64_t j = 0; j < w; ++j) y[j] = static_cast<T>((static_cast<A>(x[j]) - m[j]) - s[j]);
-        } else {
+        }
+      } else if constexpr (std::is_same_v<T, A>) {
+        for (int64_t r = 0; r < n; ++r) {
+          const T* x = in + off + r * inner;
+          T* y = out + off + r * inner;
+          for (int64_t j = 0; j < w; ++j) y[j] = exp_vec(x[j] - m[j]);
+        }
+        col_value(SumOp<T>{}, reinterpret_cast<const char*>(out + off), n, w, row_off, zeros, s);
+        for (int64_t j = 0; j < w; ++j) s[j] = A(1) / s[j];
+        for (int64_t r = 0; r < n; ++r) {
+          T* y = out + off + r * inner;
+          for (int64_t j = 0; j < w; ++j) y[j] *= s[j];
+        }
+      } else {
+        col_value(ExpShiftOp<T>{}, base, n, w, row_off, m, s);
+        for (int64_t j = 0; j < w; ++j) s[j] = A(1) / s[j];
+        for (int64_t r = 0; r < n; ++r) {
+          const T* x = in + off + r * inner;
+          T* y = out + off + r * inner;
           for (int64_t j = 0; j < w; ++j) y[j] = static_cast<T>(exp_vec(static_cast<A>(x[j]) - m[j]) * s[j]);
         }
       }
