@@ -22,20 +22,30 @@ inline bool better(A x, A v) {
   else return IsMax ? x > v : x < v;
 }
 
-// First index in [0, n) whose value equals m (or is NaN when m is NaN).
+// First index in [0, n) where pred(x[i]) holds; blocks of 64 are tested with
+// a vectorised OR before the scalar scan pins the position.
+template <typename T, typename Pred>
+int64_t find_first_if(const T* x, int64_t n, Pred pred) {
+  constexpr int64_t B = 64;
+  int64_t i = 0;
+  for (; i + B <= n; i += B) {
+    int hit = 0;
+    for (int64_t k = 0; k < B; ++k) hit |= pred(x[i + k]) ? 1 : 0;
+    if (hit) break;
+  }
+  for (; i < n; ++i)
+    if (pred(x[i])) return i;
+  return -1;
+}
+
+// First index whose value equals m (or is NaN when m is NaN).
 template <typename T>
 int64_t find_first(const T* x, int64_t n, compute_t<T> m) {
   using A = compute_t<T>;
   if constexpr (std::is_floating_point_v<A>) {
-    if (m != m) {
-      for (int64_t i = 0; i < n; ++i)
-        if (static_cast<A>(x[i]) != static_cast<A>(x[i])) return i;
-      return -1;
-    }
+    if (m != m) return find_first_if(x, n, [](T v) { return static_cast<A>(v) != static_cast<A>(v); });
   }
-  for (int64_t i = 0; i < n; ++i)
-    if (static_cast<A>(x[i]) == m) return i;
-  return -1;
+  return find_first_if(x, n, [m](T v) { return static_cast<A>(v) == m; });
 }
 
 // One row: the extreme value by the vectorised reduction, then its first position.
