@@ -18,7 +18,6 @@
 #include <limits>
 #include <memory>
 #include <type_traits>
-#include <vector>
 
 #include "kiln/core/dtype.h"
 #include "kiln/core/threads.h"
@@ -29,7 +28,7 @@ namespace kiln::kernels::detail {
 
 inline constexpr int kLanes = 64;          // independent partials in a leaf (vector registers' worth)
 inline constexpr int64_t kLeaf = 4096;      // elements reduced by one multi-lane pass
-inline constexpr int64_t kColWidth = 64;    // outputs per column block
+inline constexpr int64_t kColWidth = 256;   // outputs per column block (1 KiB row segments of float)
 inline constexpr int64_t kColLeaf = 16;     // rows accumulated sequentially in a column leaf
 
 /// The accumulator of a sum-like reduction over T: float for the 16-bit floats,
@@ -232,8 +231,9 @@ void col_leaf(const Op& op, const char* base, int64_t r0, int64_t r1, int64_t w,
               const typename Op::acc_t* param, typename Op::acc_t* acc) {
   using T = typename Op::in_t;
   using A = typename Op::acc_t;
-  // Blocks of one vector register's worth of outputs, held in a fixed-size
-  // local array that the compiler keeps in a register across the rows.
+  // Blocks of 256 bytes of outputs (four AVX-512 registers: four independent
+  // add chains) in a fixed-size local array the compiler keeps in registers
+  // across the rows.
   constexpr int64_t V = std::max<int64_t>(1, 256 / static_cast<int64_t>(sizeof(A)));
   int64_t j = 0;
   for (; j + V <= w; j += V) {
@@ -315,16 +315,18 @@ void run_rows(const ReduceLayout& l, const Op& op, const typename Op::acc_t* par
   } else if (P == 1 || G >= 4 * nthreads) {
     parallel_for(G, std::max<int64_t>(1, kGrainSize / R), [&](int64_t b, int64_t e) { outputs(b, e); });
   } else {
-    // Few outputs over long reductions: split each one into its pieces.
-    auto buf = std::make_unique<A[]>(static_cast<size_t>(P));
-    OutIter it(l, 0);
-    for (int64_t o = 0; o < G; ++o, it.next()) {
-      const char* base = l.in + it.offset;
-      const A p = param ? param[o] : A(0);
-      parallel_for(P, 1, [&](int64_t b, int64_t e) {
-        for (int64_t q = b; q < e; ++q) buf[q] = piece(base, q, p);
-      });
-      store(o, tree<A>(0, P, [&](int64_t q) { return buf[q]; }, comb));
+    // Few outputs over long reductions: every (output, piece) pair is a work item.
+    auto buf = std::make_unique<A[]>(static_cast<size_t>(G * P));
+    parallel_for(G * P, 1, [&](int64_t b, int64_t e) {
+      for (int64_t i = b; i < e; ++i) {
+        const int64_t o = i / P;
+        const char* base = l.in + offset_of(o, l.out_ndim, l.out_sizes, l.out_strides);
+        buf[i] = piece(base, i % P, param ? param[o] : A(0));
+      }
+    });
+    for (int64_t o = 0; o < G; ++o) {
+      const A* pieces = buf.get() + o * P;
+      store(o, tree<A>(0, P, [&](int64_t q) { return pieces[q]; }, comb));
     }
   }
 }
@@ -368,17 +370,20 @@ void run_cols(const ReduceLayout& l, const Op& op, const typename Op::acc_t* par
   } else if (P == 1 || U >= 4 * nthreads) {
     parallel_for(U, std::max<int64_t>(1, kGrainSize / (R * kColWidth)), [&](int64_t b, int64_t e) { units(b, e); });
   } else {
-    auto buf = std::make_unique<A[]>(static_cast<size_t>(P * kColWidth));
+    // Few column blocks over many rows: every (block, row piece) pair is a work item.
+    auto buf = std::make_unique<A[]>(static_cast<size_t>(U * P * kColWidth));
+    parallel_for(U * P, 1, [&](int64_t b, int64_t e) {
+      for (int64_t i = b; i < e; ++i) {
+        const Unit un = unit(i / P);
+        col_piece(op, un.base, i % P, R, un.w, row_off, param ? param + un.o0 : zeros, buf.get() + i * kColWidth);
+      }
+    });
     A acc[kColWidth];
     for (int64_t u = 0; u < U; ++u) {
       const Unit un = unit(u);
-      const A* pp = param ? param + un.o0 : zeros;
-      parallel_for(P, 1, [&](int64_t b, int64_t e) {
-        for (int64_t c = b; c < e; ++c) col_piece(op, un.base, c, R, un.w, row_off, pp, buf.get() + c * kColWidth);
-      });
+      const A* pieces = buf.get() + u * P * kColWidth;
       vec_tree<A>(
-          0, P, un.w,
-          [&](int64_t c, A* out) { std::copy_n(buf.get() + c * kColWidth, un.w, out); },
+          0, P, un.w, [&](int64_t c, A* out) { std::copy_n(pieces + c * kColWidth, un.w, out); },
           [&](A a, A b) { return op.combine(a, b); }, acc);
       for (int64_t j = 0; j < un.w; ++j) store(un.o0 + j, acc[j]);
     }
