@@ -58,7 +58,8 @@ struct ReduceLayout {
 
 // All reductions accept every dtype of their op (the ops layer checks which);
 // 16-bit floats accumulate in float, float32 in float, float64 in double,
-// integers and bool in int64. An empty reduction writes the op's identity.
+// integers and bool in int64 (var: double for every float type). An empty
+// reduction writes the op's identity.
 
 /// out = sum; `out` is `in` or int64 (integral/bool inputs).
 void sum(const ReduceLayout& l, DType in, DType out);
