@@ -30,6 +30,9 @@
 
 namespace kiln::autograd {
 
+template <typename Derived>
+struct Function;
+
 class AutogradContext {
  public:
   /// Saved with version checks, like a built-in op's saved tensors.
@@ -43,6 +46,8 @@ class AutogradContext {
  private:
   template <typename T>
   friend class CustomNode;
+  template <typename T>
+  friend struct Function;
   std::vector<SavedVariable> saved_;
   TensorList to_save_;
   std::vector<bool> needs_input_grad_;
