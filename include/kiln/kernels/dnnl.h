@@ -106,8 +106,10 @@ size_t pool2d_workspace_bytes(const Pool2dParams& p);
 /// by the window clipped to the padded input (so ceil_mode windows that run
 /// past the padding count fewer), max pooling propagates NaN. `workspace`,
 /// when not null, must hold pool2d_workspace_bytes(p) and receives oneDNN's
-/// max-pool workspace. Input and output are contiguous.
-void pool2d_forward(const Pool2dParams& p, const void* input, void* output, void* workspace = nullptr);
+/// max-pool workspace. Input and output are contiguous. Returns whether
+/// oneDNN ran (and so wrote the workspace): a NaN in a max pool's input, for
+/// one, sends it to our own loop, which does not.
+bool pool2d_forward(const Pool2dParams& p, const void* input, void* output, void* workspace = nullptr);
 
 /// Max pooling that also writes, per output element, the flat index
 /// (row * w + col) of the chosen input element in its plane, as torch's

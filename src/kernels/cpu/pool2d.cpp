@@ -142,7 +142,31 @@ void adaptive_avg_loop(int64_t planes, int64_t h, int64_t w, int64_t oh, int64_t
   });
 }
 
-// True when oneDNN computes exactly torch's result for p.
+// Any NaN among n elements? A branch-free count the compiler vectorises;
+// memory-bound like the pooling itself.
+bool has_nan(DType dt, const void* data, int64_t n) {
+  int64_t found = 0;
+  if (dt == DType::Float32) {
+    const float* x = static_cast<const float*>(data);
+    parallel_for(n, kGrainSize, [&](int64_t b, int64_t e) {
+      int32_t count = 0;
+      for (int64_t i = b; i < e; ++i) count += x[i] != x[i];
+      if (count) __atomic_fetch_add(&found, 1, __ATOMIC_RELAXED);
+    });
+  } else {
+    const uint16_t* x = static_cast<const uint16_t*>(data);  // bfloat16 bits
+    parallel_for(n, kGrainSize, [&](int64_t b, int64_t e) {
+      int32_t count = 0;
+      for (int64_t i = b; i < e; ++i) count += (x[i] & 0x7fff) > 0x7f80;
+      if (count) __atomic_fetch_add(&found, 1, __ATOMIC_RELAXED);
+    });
+  }
+  return found != 0;
+}
+
+// True when oneDNN computes exactly torch's result for p (max pooling also
+// needs a NaN-free input: oneDNN's max drops NaN, torch's propagates it, and
+// a swallowed NaN would hide the op that produced it).
 bool use_dnnl(const Pool2dParams& p) {
   if (p.dtype != DType::Float32 && p.dtype != DType::BFloat16) return false;
   if (p.divisor_override != 0) return false;
@@ -178,11 +202,11 @@ size_t pool2d_workspace_bytes(const Pool2dParams& p) {
   return (p.kind == PoolKind::Max && use_dnnl(p)) ? dnnl_pool2d_workspace_bytes(p) : 0;
 }
 
-void pool2d_forward(const Pool2dParams& p, const void* input, void* output, void* workspace) {
-  if (p.n * p.c * p.oh * p.ow == 0) return;
-  if (use_dnnl(p)) {
+bool pool2d_forward(const Pool2dParams& p, const void* input, void* output, void* workspace) {
+  if (p.n * p.c * p.oh * p.ow == 0) return false;
+  if (use_dnnl(p) && !(p.kind == PoolKind::Max && has_nan(p.dtype, input, p.n * p.c * p.h * p.w))) {
     dnnl_pool2d_forward(p, input, output, workspace);
-    return;
+    return true;
   }
   visit_pool_dtype(p.dtype, [&]<typename T>() {
     if (p.kind == PoolKind::Max) {
@@ -191,6 +215,7 @@ void pool2d_forward(const Pool2dParams& p, const void* input, void* output, void
       avg_pool_loop(p, static_cast<const T*>(input), static_cast<T*>(output));
     }
   });
+  return false;
 }
 
 void max_pool2d_with_indices(const Pool2dParams& p, const void* input, void* output, int64_t* indices) {
