@@ -192,9 +192,13 @@ Tensor linear(const Tensor& input, const Tensor& weight, const Tensor& bias) {
   // product; any other shape that broadcasts to the output is added after.
   Tensor fused, separate;
   if (bias.defined()) {
-    const DimVector bshape = broadcast_shapes(out_shape, bias.sizes(), "linear");
-    KILN_CHECK(bshape.ref() == out_shape.ref(), ShapeError, "linear: bias of shape ", bias.sizes(),
-               " does not broadcast to the output shape ", out_shape, " (expected [", out_features, "])");
+    bool broadcasts = bias.dim() <= static_cast<int64_t>(out_shape.size());
+    for (int64_t i = 1; broadcasts && i <= bias.dim(); ++i) {
+      const int64_t bs = bias.size(-i);
+      broadcasts = bs == 1 || bs == out_shape[out_shape.size() - static_cast<size_t>(i)];
+    }
+    KILN_CHECK(broadcasts, ShapeError, "linear: bias of shape ", bias.sizes(), " does not broadcast to the output shape ",
+               out_shape, " (expected [", out_features, "])");
     if (bias.dim() <= 1) {
       fused = bias.numel() == out_features ? bias.contiguous() : bias.reshape({1}).expand({out_features}).contiguous();
     } else {
