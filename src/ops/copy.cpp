@@ -43,6 +43,7 @@ Tensor& Tensor::copy_(const Tensor& src) {
 
 Tensor& Tensor::fill_(const Scalar& value) {
   ops::check_defined(*this, "fill_", "self");
+  ops::check_scalar_fits(value, dtype(), "fill_");
   const auto loop = ops::make_loop(sizes(), {this});
   kernels::fill(loop, dtype(), value);
   bump_version();

@@ -117,12 +117,14 @@ void normal_fill(Tensor& t, double mean, double std, Generator* gen) {
   }
 }
 
-}  // namespace
-
-Tensor empty(IntArrayRef sizes, TensorOptions options) {
-  check_sizes(sizes, "empty");
+Tensor empty_for(IntArrayRef sizes, const TensorOptions& options, const char* op) {
+  check_sizes(sizes, op);
   return make_tensor(sizes, contiguous_strides(sizes), shape_numel(sizes), options);
 }
+
+}  // namespace
+
+Tensor empty(IntArrayRef sizes, TensorOptions options) { return empty_for(sizes, options, "empty"); }
 
 Tensor empty_strided(IntArrayRef sizes, IntArrayRef strides, TensorOptions options) {
   check_sizes(sizes, "empty_strided");
@@ -137,20 +139,21 @@ Tensor empty_strided(IntArrayRef sizes, IntArrayRef strides, TensorOptions optio
 }
 
 Tensor zeros(IntArrayRef sizes, TensorOptions options) {
-  Tensor t = empty(sizes, options);
+  Tensor t = empty_for(sizes, options, "zeros");
   t.zero_();
   return t;
 }
 
 Tensor ones(IntArrayRef sizes, TensorOptions options) {
-  Tensor t = empty(sizes, options);
+  Tensor t = empty_for(sizes, options, "ones");
   t.fill_(1);
   return t;
 }
 
 Tensor full(IntArrayRef sizes, const Scalar& value, TensorOptions options) {
   if (!options.dtype_opt()) options = options.dtype(value.natural_dtype());
-  Tensor t = empty(sizes, options);
+  ops::check_scalar_fits(value, options.dtype_or_default(), "full");
+  Tensor t = empty_for(sizes, options, "full");
   t.fill_(value);
   return t;
 }
@@ -175,48 +178,89 @@ Tensor randn_like(const Tensor& t, Generator* gen) { return randn(t.sizes(), t.d
 
 Tensor arange(const Scalar& end, TensorOptions options) { return arange(0, end, 1, options); }
 
+// Note [arange and linspace follow ATen 1.13's CPU kernels]
+// PyTorch converts start/end/step to the output's accumulate type first
+// (int64 for integer outputs, float for bfloat16/float16, double otherwise),
+// so arange(0.5, 3.2, 0.7, dtype=int32) has step 0 and fails, and
+// arange(1.5, dtype=int64) has one element while int32 gets two (its size
+// comes from the unconverted doubles). linspace computes in the output type
+// itself (float arithmetic for float32, rounding every step for bfloat16),
+// counting up from start for the first half and down from end for the rest.
+// We follow the scalar path of those kernels.
 Tensor arange(const Scalar& start, const Scalar& end, const Scalar& step, TensorOptions options) {
   const bool all_int = !start.is_floating_point() && !end.is_floating_point() && !step.is_floating_point();
   if (!options.dtype_opt()) options = options.dtype(all_int ? kInt64 : default_dtype());
-  const double s = start.to_double(), e = end.to_double(), st = step.to_double();
-  KILN_CHECK(st != 0, ValueError, "arange: step must be nonzero");
-  KILN_CHECK((st > 0 && e >= s) || (st < 0 && e <= s), ValueError, "arange: upper bound and larger bound inconsistent "
-             "with step sign: start=", s, ", end=", e, ", step=", st);
-  int64_t n;
-  if (all_int) {
-    const int64_t si = start.to_int64(), ei = end.to_int64(), sti = step.to_int64();
-    n = sti > 0 ? (ei - si + sti - 1) / sti : (si - ei - sti - 1) / (-sti);
-  } else {
-    n = static_cast<int64_t>(std::ceil((e - s) / st));
-  }
-  Tensor t = empty({n}, options);
-  visit_dtype(t.dtype(), [&]<typename T>() {
-    T* p = t.data_ptr<T>();
-    if constexpr (std::is_same_v<T, bool>) {
-      for (int64_t i = 0; i < n; ++i) p[i] = (s + i * st) != 0;
-    } else if constexpr (std::is_integral_v<T>) {
-      for (int64_t i = 0; i < n; ++i) p[i] = static_cast<T>(start.to_int64() + i * step.to_int64());
-    } else {
-      for (int64_t i = 0; i < n; ++i) p[i] = T(static_cast<compute_t<T>>(s + static_cast<double>(i) * st));
+  const DType dt = options.dtype_or_default();
+  KILN_CHECK(dt != kBool, DTypeError, "arange: dtype bool is not supported (as in PyTorch); use arange(...).to(kBool)");
+  Tensor out;
+  visit_dtype(dt, [&]<typename T>() {
+    if constexpr (!std::is_same_v<T, bool>) {
+      using Acc = std::conditional_t<std::is_integral_v<T>, int64_t, std::conditional_t<is_reduced_float_v<T>, float, double>>;
+      const Acc xs = start.to<Acc>(), xe = end.to<Acc>(), xst = step.to<Acc>();
+      KILN_CHECK(xst > 0 || xst < 0, ValueError, "arange: step must be nonzero (got step=", step.to_double(),
+                 ", which is 0 as ", dtype_name(dt), ")");
+      KILN_CHECK(std::isfinite(static_cast<double>(xs)) && std::isfinite(static_cast<double>(xe)), ValueError,
+                 "arange: unsupported range ", static_cast<double>(xs), " -> ", static_cast<double>(xe));
+      KILN_CHECK((xst > 0 && xe >= xs) || (xst < 0 && xe <= xs), ValueError,
+                 "arange: upper bound and larger bound inconsistent with step sign: start=", start.to_double(),
+                 ", end=", end.to_double(), ", step=", step.to_double());
+      double size_d;
+      if constexpr (std::is_same_v<T, int64_t>) {
+        const __int128 sgn = xst > 0 ? 1 : -1;
+        size_d = static_cast<double>((static_cast<__int128>(xe) - xs + xst - sgn) / xst);
+      } else {
+        size_d = std::ceil((end.to_double() - start.to_double()) / step.to_double());
+      }
+      KILN_CHECK(size_d >= 0 && size_d <= 9.2e18, ValueError, "arange: invalid size ", size_d,
+                 " (possible overflow) for start=", start.to_double(), ", end=", end.to_double(), ", step=",
+                 step.to_double());
+      const int64_t n = static_cast<int64_t>(size_d);
+      out = empty_for({n}, options, "arange");
+      T* p = out.data_ptr<T>();
+      for (int64_t i = 0; i < n; ++i) {
+        if constexpr (std::is_integral_v<T>) {
+          // Wrapping (unsigned) arithmetic: a huge range into int32 wraps as in PyTorch, without UB.
+          p[i] = static_cast<T>(static_cast<int64_t>(static_cast<uint64_t>(xs) +
+                                                     static_cast<uint64_t>(xst) * static_cast<uint64_t>(i)));
+        } else {
+          p[i] = T(static_cast<compute_t<T>>(xs + xst * static_cast<Acc>(i)));
+        }
+      }
     }
   });
-  return t;
+  return out;
 }
 
-Tensor linspace(double start, double end, int64_t steps, TensorOptions options) {
+Tensor linspace(const Scalar& start, const Scalar& end, int64_t steps, TensorOptions options) {
   KILN_CHECK(steps >= 0, ValueError, "linspace: number of steps must be non-negative, got ", steps);
-  Tensor t = empty({steps}, options);
-  // As PyTorch: the first half counts up from start, the second half down from end, so both ends are exact.
-  const double step = steps > 1 ? (end - start) / static_cast<double>(steps - 1) : 0.0;
+  const DType dt = options.dtype_or_default();
+  KILN_CHECK(dt != kBool, DTypeError, "linspace: dtype bool is not supported (as in PyTorch)");
+  ops::check_scalar_fits(start, dt, "linspace");
+  ops::check_scalar_fits(end, dt, "linspace");
+  Tensor t = empty_for({steps}, options, "linspace");
+  if (steps == 0) return t;
+  if (steps == 1) return t.fill_(start);
   const int64_t half = steps / 2;
-  visit_dtype(t.dtype(), [&]<typename T>() {
+  visit_dtype(dt, [&]<typename T>() {
     T* p = t.data_ptr<T>();
-    for (int64_t i = 0; i < steps; ++i) {
-      const double v = i < half ? start + step * static_cast<double>(i)
-                                : end - step * static_cast<double>(steps - 1 - i);
-      if constexpr (std::is_same_v<T, bool>) p[i] = v != 0;
-      else if constexpr (std::is_integral_v<T>) p[i] = static_cast<T>(v);
-      else p[i] = T(static_cast<compute_t<T>>(v));
+    if constexpr (std::is_integral_v<T>) {
+      const T s = start.to<T>(), e = end.to<T>();
+      const double step = (static_cast<double>(e) - static_cast<double>(s)) / static_cast<double>(steps - 1);
+      for (int64_t i = 0; i < steps; ++i) {
+        const double v = i < half ? s + step * static_cast<double>(i) : e - step * static_cast<double>(steps - i - 1);
+        p[i] = static_cast<T>(v);
+      }
+    } else {
+      // Arithmetic in T: float for float32, double for float64, rounded after every operation for 16-bit floats.
+      using C = compute_t<T>;
+      auto r = [](C x) -> C { return static_cast<C>(T(x)); };
+      const C s = r(start.to<C>()), e = r(end.to<C>());
+      const C step = r(r(e - s) / r(static_cast<C>(steps - 1)));
+      for (int64_t i = 0; i < steps; ++i) {
+        const C v = i < half ? r(s + r(step * r(static_cast<C>(i))))
+                             : r(e - r(step * r(static_cast<C>(steps - i - 1))));
+        p[i] = T(v);
+      }
     }
   });
   return t;
@@ -224,8 +268,10 @@ Tensor linspace(double start, double end, int64_t steps, TensorOptions options) 
 
 Tensor eye(int64_t n, std::optional<int64_t> m, TensorOptions options) {
   const int64_t cols = m.value_or(n);
-  KILN_CHECK(n >= 0 && cols >= 0, ValueError, "eye: expected non-negative sizes, got n=", n, ", m=", cols);
-  Tensor t = zeros({n, cols}, options);
+  KILN_CHECK(n >= 0, ValueError, "eye: n must be greater or equal to 0, got ", n);
+  KILN_CHECK(cols >= 0, ValueError, "eye: m must be greater or equal to 0, got ", cols);
+  Tensor t = empty_for({n, cols}, options, "eye");
+  t.zero_();
   visit_dtype(t.dtype(), [&]<typename T>() {
     T* p = t.data_ptr<T>();
     for (int64_t i = 0; i < std::min(n, cols); ++i) p[i * cols + i] = T(1);
@@ -281,10 +327,10 @@ Tensor randint(int64_t low, int64_t high, IntArrayRef sizes, TensorOptions optio
   KILN_CHECK(low < high, ValueError, "randint: expected low < high, got low=", low, ", high=", high);
   if (!options.dtype_opt()) options = options.dtype(kInt64);
   Tensor idx = empty(sizes, kInt64);
-  const uint64_t range = static_cast<uint64_t>(high - low);
+  const uint64_t range = static_cast<uint64_t>(high) - static_cast<uint64_t>(low);  // no signed overflow
   fill_random<int64_t>(idx, gen, 2, [&](const std::array<uint32_t, 4>& w, int64_t lane) {
     const uint64_t r = (static_cast<uint64_t>(w[2 * lane]) << 32) | w[2 * lane + 1];
-    return low + static_cast<int64_t>(r % range);
+    return static_cast<int64_t>(static_cast<uint64_t>(low) + r % range);
   });
   return options.dtype_or_default() == kInt64 ? idx : idx.to(options.dtype_or_default());
 }

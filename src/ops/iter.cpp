@@ -1,5 +1,8 @@
 #include "iter.h"
 
+#include <cmath>
+#include <limits>
+
 #include "kiln/core/guards.h"
 #include "kiln/ops/factory.h"
 
@@ -54,6 +57,40 @@ Tensor new_output(IntArrayRef shape, DType dtype) {
   Tensor t = empty(shape, dtype);
   if (inference_mode_enabled()) t.impl()->set_inference(true);
   return t;
+}
+
+void check_scalar_fits(const Scalar& value, DType dt, const char* op) {
+  if (dt == kBool || value.is_bool()) return;
+  double lo = 0, hi = 0;
+  visit_dtype(dt, [&]<typename T>() {
+    if constexpr (std::is_same_v<T, BFloat16>) {
+      hi = 3.3895313892515355e38;  // (2 - 2^-7) * 2^127
+      lo = -hi;
+    } else if constexpr (std::is_same_v<T, Half>) {
+      hi = 65504.0;
+      lo = -hi;
+    } else if constexpr (!std::is_same_v<T, bool>) {
+      hi = static_cast<double>(std::numeric_limits<T>::max());
+      lo = static_cast<double>(std::numeric_limits<T>::lowest());
+    }
+  });
+  bool overflow;
+  if (value.is_integral()) {
+    const int64_t i = value.to_int64();
+    if (is_floating_point(dt)) overflow = std::fabs(static_cast<double>(i)) > hi;
+    else if (dt == kUInt8) overflow = i > 255 || i < -255;  // torch lets negatives wrap (-1 -> 255)
+    else if (dt == kInt32) overflow = i > std::numeric_limits<int32_t>::max() || i < std::numeric_limits<int32_t>::min();
+    else overflow = false;  // int64
+  } else {
+    const double d = value.to_double();
+    if (is_floating_point(dt)) overflow = std::isfinite(d) && (d < lo || d > hi);
+    else overflow = !std::isfinite(d) || d < lo || d > hi;
+  }
+  if (!overflow) return;
+  const std::string shown =
+      value.is_integral() ? std::to_string(value.to_int64()) : detail::concat(value.to_double());
+  throw ValueError(detail::concat(op, ": value ", shown, " cannot be converted to dtype ", dtype_name(dt),
+                                  " without overflow (finite range [", lo, ", ", hi, "])"));
 }
 
 void check_defined(const Tensor& t, const char* op, const char* arg) {

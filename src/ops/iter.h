@@ -18,6 +18,13 @@ kernels::LoopSpec make_loop(IntArrayRef shape, std::initializer_list<const Tenso
 /// Allocates a contiguous tensor for an op's result (charged to the thread's category).
 Tensor new_output(IntArrayRef shape, DType dtype);
 
+/// Raises ValueError when `value` cannot be stored in `dt` without overflow, as
+/// PyTorch's checked scalar conversion does for fill values (full, fill_):
+/// integers outside the type's range (negative integers may wrap into uint8
+/// down to -255), finite floats beyond the type's finite range, NaN or
+/// infinity into an integer type. Anything converts to bool.
+void check_scalar_fits(const Scalar& value, DType dt, const char* op);
+
 /// Raises ShapeError unless `t` is defined; names the op and the argument.
 void check_defined(const Tensor& t, const char* op, const char* arg);
 

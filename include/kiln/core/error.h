@@ -23,6 +23,8 @@ class ValueError : public Error { public: using Error::Error; };
 class IndexError : public Error { public: using Error::Error; };
 class OutOfMemory : public Error { public: using Error::Error; };
 class FormatError : public Error { public: using Error::Error; };
+/// The operating system refused a file operation (open, read, write, rename); the message holds errno's text.
+class IOError : public Error { public: using Error::Error; };
 class DistributedError : public Error { public: using Error::Error; };
 class InternalError : public Error { public: using Error::Error; };
 

@@ -30,9 +30,11 @@ Tensor rand_like(const Tensor& t, Generator* gen = nullptr);
 Tensor randn_like(const Tensor& t, Generator* gen = nullptr);
 
 /// [start, end) in steps of `step`; int64 when all three are integers, else the default float dtype.
+/// Integer outputs convert start/end/step to int64 first, as PyTorch (bool is not supported).
 Tensor arange(const Scalar& end, TensorOptions options = {});
 Tensor arange(const Scalar& start, const Scalar& end, const Scalar& step = 1, TensorOptions options = {});
-Tensor linspace(double start, double end, int64_t steps, TensorOptions options = {});
+/// `steps` values from start to end inclusive, in the default float dtype unless given.
+Tensor linspace(const Scalar& start, const Scalar& end, int64_t steps, TensorOptions options = {});
 Tensor eye(int64_t n, std::optional<int64_t> m = std::nullopt, TensorOptions options = {});
 
 /// Uniform on [0, 1).

@@ -1,0 +1,244 @@
+// The generic op test (DESIGN.md §4, §9): walks kiln::ops::op_registry() and,
+// for every OpSpec x dtype, runs each sample in kiln and compares it with the
+// sample's torch expression evaluated by the PyTorch oracle; then checks
+// every error case throws the named kiln::Error class with the named text.
+//
+// All samples of this binary go to the oracle in ONE batch, built lazily by
+// the first test that needs it (gtest instantiates the tests first, so the
+// registry is enumerated once for names and once for the batch).
+#include <gtest/gtest.h>
+
+#include <cctype>
+#include <map>
+#include <set>
+
+#include "kiln/kiln.h"
+#include "kiln/ops/op_spec.h"
+#include "support/compare.h"
+#include "support/oracle.h"
+
+using namespace kiln;
+using kiln::ops::OpSample;
+using kiln::ops::OpSpec;
+
+namespace {
+
+std::string sanitize(const std::string& s) {
+  std::string out;
+  for (char c : s) out += std::isalnum(static_cast<unsigned char>(c)) ? c : '_';
+  return out.empty() ? "_" : out;
+}
+
+struct ForwardParam {
+  size_t op;
+  DType dtype;
+  std::string name;  // "add_float32"
+};
+
+struct ErrorParam {
+  size_t op;
+  std::string name;  // "add"
+};
+
+// gtest prints parameters of failed tests; the name says it all.
+[[maybe_unused]] void PrintTo(const ForwardParam& p, std::ostream* os) { *os << p.name; }
+[[maybe_unused]] void PrintTo(const ErrorParam& p, std::ostream* os) { *os << p.name; }
+
+// gtest names must be unique; overloads registered under one op name get _2, _3...
+std::string unique_name(std::set<std::string>& used, const std::string& base) {
+  std::string n = base;
+  for (int k = 2; !used.insert(n).second; ++k) n = base + "_" + std::to_string(k);
+  return n;
+}
+
+std::vector<ForwardParam> forward_params() {
+  std::vector<ForwardParam> out;
+  std::set<std::string> used;
+  const auto& reg = ops::op_registry();
+  for (size_t i = 0; i < reg.size(); ++i) {
+    for (DType dt : reg[i].dtypes) {
+      out.push_back({i, dt, unique_name(used, sanitize(reg[i].name) + "_" + std::string(dtype_name(dt)))});
+    }
+  }
+  return out;
+}
+
+std::vector<ErrorParam> error_params() {
+  std::vector<ErrorParam> out;
+  std::set<std::string> used;
+  const auto& reg = ops::op_registry();
+  for (size_t i = 0; i < reg.size(); ++i) {
+    if (reg[i].errors && !reg[i].errors().empty()) out.push_back({i, unique_name(used, sanitize(reg[i].name))});
+  }
+  return out;
+}
+
+// Every sample of the registry and its oracle case; built once per process.
+struct RegistryBatch {
+  std::map<std::pair<size_t, DType>, std::vector<OpSample>> samples;
+  std::map<std::pair<size_t, DType>, std::vector<size_t>> cases;
+  std::map<std::pair<size_t, DType>, std::string> sample_errors;  // samples() itself threw
+  test::OracleBatch oracle;
+  std::string oracle_error;
+};
+
+const RegistryBatch& registry_batch() {
+  static RegistryBatch* batch = [] {
+    auto* b = new RegistryBatch();
+    const auto& reg = ops::op_registry();
+    for (size_t i = 0; i < reg.size(); ++i) {
+      for (DType dt : reg[i].dtypes) {
+        const auto key = std::make_pair(i, dt);
+        try {
+          b->samples[key] = reg[i].samples ? reg[i].samples(dt) : std::vector<OpSample>{};
+        } catch (const std::exception& e) {
+          b->sample_errors[key] = e.what();
+          continue;
+        }
+        for (const OpSample& s : b->samples[key]) {
+          b->cases[key].push_back(b->oracle.add(reg[i].name + "/" + std::string(dtype_name(dt)) + "/" + s.label,
+                                                s.torch, s.inputs));
+        }
+      }
+    }
+    try {
+      b->oracle.run();
+    } catch (const std::exception& e) {
+      b->oracle_error = e.what();
+    }
+    return b;
+  }();
+  return *batch;
+}
+
+bool is_error_class(const std::exception& e, const std::string& cls) {
+  if (cls == "ShapeError") return dynamic_cast<const ShapeError*>(&e) != nullptr;
+  if (cls == "DTypeError") return dynamic_cast<const DTypeError*>(&e) != nullptr;
+  if (cls == "ValueError") return dynamic_cast<const ValueError*>(&e) != nullptr;
+  if (cls == "IndexError") return dynamic_cast<const IndexError*>(&e) != nullptr;
+  if (cls == "OutOfMemory") return dynamic_cast<const OutOfMemory*>(&e) != nullptr;
+  if (cls == "FormatError") return dynamic_cast<const FormatError*>(&e) != nullptr;
+  if (cls == "IOError") return dynamic_cast<const IOError*>(&e) != nullptr;
+  if (cls == "Error") return dynamic_cast<const Error*>(&e) != nullptr;
+  return false;
+}
+
+std::string describe_inputs(const std::vector<Tensor>& inputs) {
+  std::string s;
+  for (size_t k = 0; k < inputs.size(); ++k) {
+    const Tensor& t = inputs[k];
+    s += (k ? ", x" : "x") + std::to_string(k) + ": " +
+         (t.defined() ? std::string(dtype_name(t.dtype())) + shape_str(t.sizes()) +
+                            (t.is_contiguous() ? "" : " strides " + shape_str(t.strides()))
+                      : "undefined");
+  }
+  return s.empty() ? "no inputs" : s;
+}
+
+class OpRegistryForward : public ::testing::TestWithParam<ForwardParam> {};
+class OpRegistryErrors : public ::testing::TestWithParam<ErrorParam> {};
+
+}  // namespace
+
+TEST_P(OpRegistryForward, MatchesTorch) {
+  const ForwardParam& p = GetParam();
+  const OpSpec& spec = ops::op_registry()[p.op];
+  const RegistryBatch& b = registry_batch();
+  const auto key = std::make_pair(p.op, p.dtype);
+  if (auto it = b.sample_errors.find(key); it != b.sample_errors.end()) {
+    FAIL() << spec.name << ": samples(" << dtype_name(p.dtype) << ") threw: " << it->second;
+  }
+  ASSERT_TRUE(b.oracle_error.empty()) << b.oracle_error;
+  const ops::Tolerance tol = spec.tolerance ? spec.tolerance(p.dtype) : ops::default_tolerance(p.dtype);
+  const auto& samples = b.samples.at(key);
+  ASSERT_FALSE(samples.empty()) << spec.name << " has no samples for " << dtype_name(p.dtype);
+  for (size_t s = 0; s < samples.size(); ++s) {
+    const OpSample& smp = samples[s];
+    const test::OracleOutcome& want = b.oracle.outcome(b.cases.at(key)[s]);
+    const std::string where = spec.name + " [" + smp.label + "] " + std::string(dtype_name(p.dtype)) + " (" +
+                              describe_inputs(smp.inputs) + "), torch: " + smp.torch;
+    std::vector<Tensor> got;
+    try {
+      got = smp.run(smp.inputs);
+    } catch (const std::exception& e) {
+      ADD_FAILURE() << where << "\n  kiln threw: " << e.what()
+                    << (want.ok ? "" : "\n  torch raised too: " + want.error);
+      continue;
+    }
+    if (!want.ok) {
+      ADD_FAILURE() << where << "\n  torch raised: " << want.error << "\n  (kiln returned " << got.size()
+                    << " outputs; fix the sample's torch expression or make it an error case)";
+      continue;
+    }
+    if (got.size() != want.outputs.size()) {
+      ADD_FAILURE() << where << "\n  kiln returned " << got.size() << " outputs, torch " << want.outputs.size();
+      continue;
+    }
+    for (size_t k = 0; k < got.size(); ++k) {
+      const bool number = want.is_number[k];
+      const auto c = test::compare_tensors(got[k], want.outputs[k], tol.rtol, tol.atol, !number);
+      if (!c.ok) {
+        ADD_FAILURE() << where << "\n  output " << k << ": " << c.message;
+      }
+    }
+  }
+}
+
+TEST_P(OpRegistryErrors, ThrowNamedErrors) {
+  const ErrorParam& p = GetParam();
+  const OpSpec& spec = ops::op_registry()[p.op];
+  for (const auto& ec : spec.errors()) {
+    const std::string where = spec.name + " [" + ec.label + "]";
+    try {
+      ec.run();
+      ADD_FAILURE() << where << ": expected " << ec.error_type << " containing '" << ec.message_contains
+                    << "', nothing was thrown";
+    } catch (const std::exception& e) {
+      EXPECT_TRUE(is_error_class(e, ec.error_type))
+          << where << ": expected a kiln::" << ec.error_type << ", got: " << e.what();
+      EXPECT_NE(std::string(e.what()).find(ec.message_contains), std::string::npos)
+          << where << ": the message should contain '" << ec.message_contains << "', got: " << e.what();
+    }
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Registry, OpRegistryForward, ::testing::ValuesIn(forward_params()),
+                         [](const auto& info) { return info.param.name; });
+INSTANTIATE_TEST_SUITE_P(Registry, OpRegistryErrors, ::testing::ValuesIn(error_params()),
+                         [](const auto& info) { return info.param.name; });
+GTEST_ALLOW_UNINSTANTIATED_PARAMETERIZED_TEST(OpRegistryForward);
+GTEST_ALLOW_UNINSTANTIATED_PARAMETERIZED_TEST(OpRegistryErrors);
+
+TEST(OpRegistrySanity, EveryOpHasSamplesPerDTypeAndTorchExpressions) {
+  const auto& reg = ops::op_registry();
+  ASSERT_FALSE(reg.empty()) << "the op registry is empty";
+  const RegistryBatch& b = registry_batch();
+  for (size_t i = 0; i < reg.size(); ++i) {
+    const OpSpec& spec = reg[i];
+    EXPECT_FALSE(spec.name.empty()) << "registry entry " << i << " has no name";
+    EXPECT_FALSE(spec.dtypes.empty()) << spec.name << " lists no dtypes";
+    EXPECT_TRUE(static_cast<bool>(spec.samples)) << spec.name << " has no sample generator";
+    std::set<DType> seen;
+    for (DType dt : spec.dtypes) {
+      EXPECT_TRUE(seen.insert(dt).second) << spec.name << " lists " << dtype_name(dt) << " twice";
+      const auto key = std::make_pair(i, dt);
+      if (b.sample_errors.count(key)) continue;  // reported by the forward test
+      const auto& samples = b.samples.at(key);
+      EXPECT_FALSE(samples.empty()) << spec.name << " has no samples for " << dtype_name(dt);
+      for (const auto& s : samples) {
+        EXPECT_FALSE(s.torch.empty()) << spec.name << " [" << s.label << "] has no torch expression";
+        EXPECT_TRUE(static_cast<bool>(s.run)) << spec.name << " [" << s.label << "] has no kiln function";
+        EXPECT_FALSE(s.label.empty()) << spec.name << " has a sample without a label";
+      }
+    }
+    if (spec.errors) {
+      for (const auto& ec : spec.errors()) {
+        static const std::set<std::string> known = {"ShapeError", "DTypeError", "ValueError", "IndexError",
+                                                    "OutOfMemory", "FormatError", "IOError", "Error"};
+        EXPECT_TRUE(known.count(ec.error_type))
+            << spec.name << " [" << ec.label << "]: unknown error_type '" << ec.error_type << "'";
+        EXPECT_FALSE(ec.message_contains.empty()) << spec.name << " [" << ec.label << "]: no message substring";
+      }
+    }
+  }
+}

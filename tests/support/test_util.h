@@ -1,0 +1,57 @@
+// Helpers shared by every test binary: running /usr/bin/python3 (the PyTorch
+// oracle's interpreter), temporary directories, and comparing tensors without
+// depending on the ops under test.
+#pragma once
+
+#include <filesystem>
+#include <string>
+#include <vector>
+
+#include "kiln/core/tensor.h"
+
+namespace kiln::test {
+
+/// The interpreter with torch 1.13 (Debian's python3-torch); NOT `python3` on PATH.
+inline constexpr const char* kPython = "/usr/bin/python3";
+
+/// The repository root (KILN_SOURCE_DIR, set by tests/CMakeLists.txt).
+std::string source_dir();
+
+/// Quotes `s` for /bin/sh.
+std::string shell_quote(const std::string& s);
+
+/// Runs `cmd` with /bin/sh; returns the exit status (-1 if it could not run)
+/// and puts stdout and stderr, interleaved, in `output`.
+int run_command(const std::string& cmd, std::string& output);
+
+/// Empty when kPython exists (and, if `need_torch`, imports torch and numpy);
+/// otherwise why not, with the fix: run scripts/setup.sh. Checked once per process.
+const std::string& python_problem(bool need_torch = true);
+
+/// A fresh directory under the system temp dir, removed with its contents on destruction.
+class TempDir {
+ public:
+  TempDir();
+  ~TempDir();
+  TempDir(const TempDir&) = delete;
+  TempDir& operator=(const TempDir&) = delete;
+  const std::filesystem::path& path() const { return path_; }
+  std::string file(const std::string& name) const { return (path_ / name).string(); }
+
+ private:
+  std::filesystem::path path_;
+};
+
+/// Same dtype, same shape, same bytes (NaN payloads included).
+bool bitwise_equal(const Tensor& a, const Tensor& b);
+
+/// The elements in row-major order as doubles (bool -> 0/1).
+std::vector<double> to_doubles(const Tensor& t);
+
+/// The raw bytes of `t` in row-major order.
+std::vector<uint8_t> contiguous_bytes(const Tensor& t);
+
+/// Reads a whole file (throws std::runtime_error if it cannot).
+std::string read_file(const std::string& path);
+
+}  // namespace kiln::test
