@@ -78,6 +78,17 @@ Tensor run_matmul(const Operand& a, const Operand& b, const Tensor& bias, int64_
 
 Tensor to_float32(const Tensor& t) { return t.defined() ? t.to(kFloat32) : t; }
 
+// True when all dims but the last of `t` can be viewed as one (evenly strided).
+bool rows_merge(const Tensor& t) {
+  int64_t expected = -1;  // stride the next outer dim must have
+  for (int64_t d = t.dim() - 2; d >= 0; --d) {
+    if (t.size(d) == 1) continue;
+    if (expected != -1 && t.stride(d) != expected) return false;
+    expected = t.stride(d) * t.size(d);
+  }
+  return true;
+}
+
 }  // namespace
 
 Tensor mm(const Tensor& self, const Tensor& mat2) {
@@ -149,9 +160,10 @@ Tensor matmul(const Tensor& self, const Tensor& other) {
   if (db >= 2) out_shape.push_back(n);
   const int64_t batch = shape_numel(batch_shape);
 
-  // [..., m, k] · [k, n]: fold the batch into the rows, one large product
-  // (reshape is a view whenever the leading dims are evenly strided).
-  if (db <= 2 && da >= 3) {
+  // [..., m, k] · [k, n]: fold the batch into the rows, one large product,
+  // when the leading dims merge into one without a copy (a transposed batch
+  // does not; it takes the batched path below, reading b as a batch of 1).
+  if (db <= 2 && da >= 3 && rows_merge(a)) {
     const Tensor a2 = a.reshape({batch * m, ka});
     return run_matmul(matrix_operand(a2, false), matrix_operand(b, false), Tensor(), 1, out_shape);
   }

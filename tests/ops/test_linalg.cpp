@@ -317,3 +317,13 @@ TEST(Linalg, ErrorsNameOpShapesAndDtypes) {
   EXPECT_THROW(linear(zeros({2, 3}), zeros({4, 3}), zeros({4}, kFloat64)), DTypeError);
   EXPECT_THROW(linear(zeros({2, 3}), zeros({3})), ShapeError);
 }
+
+TEST(Linalg, TransposedBatchTimesMatrixReadsInPlace) {
+  // [B, k, m] viewed as [B, m, k]: the batch does not fold into rows without a
+  // copy, so the product runs batched with the matrix broadcast.
+  Generator g(13);
+  const Tensor a = randn({3, 6, 5}, kFloat32, &g).transpose(1, 2);
+  const Tensor w = randn({6, 4}, kFloat32, &g);
+  expect_close(matmul(a, w), matmul(a.contiguous(), w), 1e-6, 1e-6, "transposed batch x matrix");
+  expect_close(matmul(a, w.t().contiguous().t()), matmul(a.contiguous(), w), 1e-6, 1e-6, "both transposed");
+}
