@@ -88,22 +88,21 @@ Tensor conv2d_impl(const Tensor& input, const Tensor& weight, const Tensor& bias
   p.kw = weight.size(3);
   p.groups = groups;
   const int64_t k[2] = {p.kh, p.kw}, in[2] = {p.h, p.w};
-  int64_t out[2];
+  int64_t out[2], padded[2], span[2];
   for (int d = 0; d < 2; ++d) {
     p.stride[d] = stride[d];
     p.dilation[d] = dilation[d];
     p.pad_l[d] = pad_l[d];
     p.pad_r[d] = pad_r[d];
-    const int64_t padded = in[d] + pad_l[d] + pad_r[d];
-    const int64_t span = dilation[d] * (k[d] - 1) + 1;
-    KILN_CHECK(padded >= span, ShapeError, op, ": input of shape ", input.sizes(), " padded to (",
-               p.h + pad_l[0] + pad_r[0], " x ", p.w + pad_l[1] + pad_r[1], ") is smaller than the kernel (",
-               p.kh, " x ", p.kw, ", dilated to ", dilation[0] * (p.kh - 1) + 1, " x ", dilation[1] * (p.kw - 1) + 1,
-               "): the computed output size would be (", (p.h + pad_l[0] + pad_r[0] - dilation[0] * (p.kh - 1) - 1),
-               " / ", stride[0], " + 1) x (", (p.w + pad_l[1] + pad_r[1] - dilation[1] * (p.kw - 1) - 1), " / ",
-               stride[1], " + 1) < 1");
-    out[d] = (padded - span) / stride[d] + 1;
+    padded[d] = in[d] + pad_l[d] + pad_r[d];
+    span[d] = dilation[d] * (k[d] - 1) + 1;
+    const int64_t num = padded[d] - span[d];  // floor division: a negative numerator means no output
+    out[d] = (num >= 0 ? num / stride[d] : -((-num + stride[d] - 1) / stride[d])) + 1;
   }
+  KILN_CHECK(out[0] >= 1 && out[1] >= 1, ShapeError, op, ": input of shape ", input.sizes(), " padded to ",
+             padded[0], " x ", padded[1], " is smaller than the kernel ", p.kh, " x ", p.kw, " (", span[0], " x ",
+             span[1], " with dilation ", pair_str(dilation), "): computed output size ", std::max<int64_t>(out[0], 0),
+             " x ", std::max<int64_t>(out[1], 0), "; use a smaller kernel or more padding");
   p.oh = out[0];
   p.ow = out[1];
 
