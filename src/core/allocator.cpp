@@ -30,6 +30,8 @@ namespace {
 constexpr size_t kAlign = 64;
 constexpr size_t kHugePage = size_t{2} << 20;
 constexpr size_t kLargeThreshold = size_t{1} << 20;
+// Requests above this cannot be served and would overflow the size-class rounding.
+constexpr size_t kMaxRequest = size_t{1} << 56;
 
 thread_local MemoryCategory t_category = MemoryCategory::Activation;
 
@@ -76,6 +78,7 @@ class CachingAllocator {
   ~CachingAllocator() = default;  // cached blocks are left to the OS at exit
 
   void* allocate(size_t nbytes, MemoryCategory cat) {
+    if (nbytes > kMaxRequest) throw_oom(nbytes, cat, "the address space (the request is larger than any machine)");
     const size_t size = memory::rounded_size(nbytes);
     auto& cc = cats_[static_cast<int>(cat)];
     const int64_t lim = limit_.load(std::memory_order_relaxed);
@@ -253,6 +256,7 @@ namespace memory {
 
 size_t rounded_size(size_t n) {
   if (n <= kAlign) return kAlign;
+  if (n > kMaxRequest) return n;  // refused by allocate(); never round into a wrap-around
   n = (n + kAlign - 1) & ~(kAlign - 1);
   if (n >= kLargeThreshold) return (n + kHugePage - 1) & ~(kHugePage - 1);
   // Four classes per power of two.

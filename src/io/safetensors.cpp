@@ -82,31 +82,54 @@ std::optional<uint64_t> as_count(const json& v) {
   return std::nullopt;
 }
 
-// Parses the JSON, refusing duplicate keys (nlohmann would keep the last) and
-// nesting deeper than a header has (a '[[[[...' header would otherwise cost
-// memory out of proportion to its size).
+// Parses the JSON, refusing what a safetensors header never holds before it
+// is built: duplicate keys (nlohmann would keep the last), nesting deeper than
+// header -> entry -> shape, arrays longer than kMaxDims, tensor entries with
+// many fields. A DOM costs ~16x its text per tiny value, so without these
+// limits a 100 MB header of "[0,0,0,..." would cost gigabytes.
 json parse_json(const char* text, size_t n, std::string_view source) {
-  std::vector<std::set<std::string>> keys;
+  struct Frame {
+    bool array;
+    bool metadata;  // the __metadata__ object: any number of string fields
+    size_t count = 0;
+    std::set<std::string> keys;
+  };
+  std::vector<Frame> stack;
+  std::string top_key;
+  auto count_in_array = [&] {
+    if (!stack.empty() && stack.back().array && ++stack.back().count > static_cast<size_t>(kMaxDims)) {
+      fail(source, concat("an array in the header of '", top_key, "' holds more than ", kMaxDims, " entries"));
+    }
+  };
   auto cb = [&](int depth, json::parse_event_t ev, json& parsed) {
     switch (ev) {
       case json::parse_event_t::object_start:
       case json::parse_event_t::array_start:
         // depth is that of the container's parent: header 0, tensor entry 1, shape 2.
         if (depth >= 3) fail(source, "the JSON header nests deeper than a safetensors header can");
-        if (ev == json::parse_event_t::object_start) keys.emplace_back();
+        count_in_array();
+        stack.push_back(Frame{ev == json::parse_event_t::array_start, depth == 1 && top_key == kMetadataKey, 0, {}});
         break;
       case json::parse_event_t::object_end:
-        if (!keys.empty()) keys.pop_back();
+      case json::parse_event_t::array_end:
+        if (!stack.empty()) stack.pop_back();
         break;
       case json::parse_event_t::key: {
         const auto& k = parsed.get_ref<const std::string&>();
-        if (!keys.back().insert(k).second) {
+        Frame& f = stack.back();
+        if (!f.keys.insert(k).second) {
           if (depth == 1) fail(source, concat("tensor name '", k, "' appears twice in the header"));
           fail(source, concat("key '", k, "' appears twice in one object of the header"));
         }
+        if (depth == 1) top_key = k;
+        if (depth >= 2 && !f.metadata && ++f.count > 16) {
+          fail(source, concat("the entry of '", top_key, "' has more than 16 fields"));
+        }
         break;
       }
-      default: break;
+      case json::parse_event_t::value:
+        count_in_array();
+        break;
     }
     return true;
   };

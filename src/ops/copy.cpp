@@ -34,6 +34,11 @@ Tensor& Tensor::copy_(const Tensor& src) {
   KILN_CHECK(shape.ref() == sizes(), ShapeError, "copy_: source of shape ", src.sizes(),
              " cannot be broadcast to the destination's shape ", sizes());
   if (numel() == 0) return *this;
+  for (int64_t d = 0; d < dim(); ++d) {
+    KILN_CHECK(strides()[d] != 0 || sizes()[d] == 1, ValueError, "copy_: the destination (shape ", sizes(),
+               ", strides ", strides(), ") has stride 0 in dim ", d,
+               ", so several of its elements share one memory location (an expand()ed tensor); clone() it first");
+  }
   Tensor source = may_overlap(*this, src) ? src.clone() : src;
   const auto loop = ops::make_loop(sizes(), {this, &source});
   kernels::copy_cast(loop, dtype(), source.dtype());

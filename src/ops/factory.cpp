@@ -19,25 +19,47 @@ namespace kiln {
 
 namespace {
 
+// Sizes must be non-negative and their product (ignoring zeros, which bounds
+// every stride too) must fit int64, so no size or stride computation overflows.
 void check_sizes(IntArrayRef sizes, const char* op) {
+  int64_t dense = 1;
   for (size_t i = 0; i < sizes.size(); ++i) {
     KILN_CHECK(sizes[i] >= 0, ShapeError, op, ": expected non-negative sizes, got ", sizes, " (dim ", i, " is ",
                sizes[i], ")");
+    KILN_CHECK(sizes[i] == 0 || !__builtin_mul_overflow(dense, sizes[i], &dense), ValueError, op, ": sizes ", sizes,
+               " hold more elements than int64 can count");
   }
 }
 
 Tensor make_tensor(IntArrayRef sizes, IntArrayRef strides, int64_t storage_elems, const TensorOptions& o) {
   const DType dt = o.dtype_or_default();
+  KILN_CHECK(!o.requires_grad() || is_floating_point(dt), DTypeError,
+             "only floating-point tensors can require gradients, got dtype ", dtype_name(dt));
+  int64_t nbytes = 0;
+  KILN_CHECK(!__builtin_mul_overflow(storage_elems, element_size(dt), &nbytes), ValueError, "a tensor of sizes ",
+             sizes, " and dtype ", dtype_name(dt), " needs more bytes than int64 can count");
   const MemoryCategory cat = o.category().value_or(current_memory_category());
-  auto storage = make_intrusive<StorageImpl>(static_cast<size_t>(storage_elems * element_size(dt)), cat);
+  auto storage = make_intrusive<StorageImpl>(static_cast<size_t>(nbytes), cat);
   Tensor t(make_intrusive<TensorImpl>(std::move(storage), dt, sizes, strides, 0));
-  if (o.requires_grad()) {
-    KILN_CHECK(is_floating_point(dt), DTypeError,
-               "only floating-point tensors can require gradients, got dtype ", dtype_name(dt));
-    t.impl()->set_requires_grad_flag(true);
-  }
+  if (o.requires_grad()) t.impl()->set_requires_grad_flag(true);
   if (inference_mode_enabled()) t.impl()->set_inference(true);
   return t;
+}
+
+// 1 + the largest element offset of a strided layout (0 when empty); strides must be >= 0.
+int64_t strided_extent(IntArrayRef sizes, IntArrayRef strides, const char* op) {
+  KILN_CHECK(sizes.size() == strides.size(), ShapeError, op, ": sizes ", sizes, " and strides ", strides,
+             " must have the same length");
+  if (shape_numel(sizes) == 0) return 0;
+  int64_t extent = 1;
+  for (size_t i = 0; i < sizes.size(); ++i) {
+    KILN_CHECK(strides[i] >= 0, ShapeError, op, ": negative strides are not supported, got ", strides);
+    int64_t span = 0;
+    KILN_CHECK(!__builtin_mul_overflow(sizes[i] - 1, strides[i], &span) &&
+                   !__builtin_add_overflow(extent, span, &extent),
+               ValueError, op, ": sizes ", sizes, " with strides ", strides, " span more elements than int64 can count");
+  }
+  return extent;
 }
 
 Generator& gen_or_default(Generator* g) { return g ? *g : default_generator(); }
@@ -128,14 +150,7 @@ Tensor empty(IntArrayRef sizes, TensorOptions options) { return empty_for(sizes,
 
 Tensor empty_strided(IntArrayRef sizes, IntArrayRef strides, TensorOptions options) {
   check_sizes(sizes, "empty_strided");
-  KILN_CHECK(sizes.size() == strides.size(), ShapeError, "empty_strided: sizes ", sizes, " and strides ", strides,
-             " must have the same length");
-  int64_t extent = shape_numel(sizes) == 0 ? 0 : 1;
-  for (size_t i = 0; i < sizes.size() && extent; ++i) {
-    KILN_CHECK(strides[i] >= 0, ShapeError, "empty_strided: negative strides are not supported, got ", strides);
-    extent += (sizes[i] - 1) * strides[i];
-  }
-  return make_tensor(sizes, strides, extent, options);
+  return make_tensor(sizes, strides, strided_extent(sizes, strides, "empty_strided"), options);
 }
 
 Tensor zeros(IntArrayRef sizes, TensorOptions options) {
@@ -196,6 +211,9 @@ Tensor arange(const Scalar& start, const Scalar& end, const Scalar& step, Tensor
   visit_dtype(dt, [&]<typename T>() {
     if constexpr (!std::is_same_v<T, bool>) {
       using Acc = std::conditional_t<std::is_integral_v<T>, int64_t, std::conditional_t<is_reduced_float_v<T>, float, double>>;
+      if constexpr (std::is_integral_v<T>) {  // NaN, inf or > 2^63 would make the conversion undefined
+        for (const Scalar* v : {&start, &end, &step}) ops::check_scalar_fits(*v, kInt64, "arange");
+      }
       const Acc xs = start.to<Acc>(), xe = end.to<Acc>(), xst = step.to<Acc>();
       KILN_CHECK(xst > 0 || xst < 0, ValueError, "arange: step must be nonzero (got step=", step.to_double(),
                  ", which is 0 as ", dtype_name(dt), ")");
@@ -379,11 +397,8 @@ Tensor from_blob(void* data, IntArrayRef sizes, DType dtype, std::function<void(
 Tensor from_blob(void* data, IntArrayRef sizes, IntArrayRef strides, DType dtype,
                  std::function<void(void*)> deleter) {
   check_sizes(sizes, "from_blob");
-  KILN_CHECK(sizes.size() == strides.size(), ShapeError, "from_blob: sizes ", sizes, " and strides ", strides,
-             " must have the same length");
   KILN_CHECK(data != nullptr || shape_numel(sizes) == 0, ValueError, "from_blob: data is null");
-  int64_t extent = shape_numel(sizes) == 0 ? 0 : 1;
-  for (size_t i = 0; i < sizes.size() && extent; ++i) extent += (sizes[i] - 1) * strides[i];
+  const int64_t extent = strided_extent(sizes, strides, "from_blob");
   auto storage = make_intrusive<StorageImpl>(data, static_cast<size_t>(extent * element_size(dtype)),
                                              std::move(deleter));
   return Tensor(make_intrusive<TensorImpl>(std::move(storage), dtype, sizes, strides, 0));

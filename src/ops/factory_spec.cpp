@@ -211,6 +211,7 @@ OpSpec arange_spec() {
         {"bool", [] { arange(0, 3, 1, kBool); }, "DTypeError", "bool"},
         {"infinite", [] { arange(0.0, std::numeric_limits<double>::infinity(), 1.0); }, "ValueError",
          "unsupported range"},
+        {"nan into int64", [] { arange(0.0, std::nan(""), 1.0, kInt64); }, "ValueError", "arange: value nan"},
     };
   };
   return s;
@@ -442,6 +443,8 @@ OpSpec copy_spec() {
         {"not broadcastable", [] { zeros({2, 3}).copy_(zeros({4})); }, "ShapeError", "copy_"},
         {"source larger than destination", [] { zeros({3}).copy_(zeros({2, 3})); }, "ShapeError",
          "cannot be broadcast to the destination's shape [3]"},
+        {"expanded destination", [] { zeros({3, 1}).expand({3, 4}).copy_(ones({3, 4})); }, "ValueError",
+         "share one memory location"},
     };
   };
   return s;

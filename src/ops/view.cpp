@@ -248,6 +248,7 @@ Tensor Tensor::flatten(int64_t start_dim, int64_t end_dim) const {
 
 Tensor Tensor::unflatten(int64_t d, IntArrayRef shape) const {
   ops::check_defined(*this, "unflatten", "self");
+  KILN_CHECK(dim() > 0, IndexError, "unflatten: dimension ", d, " specified but a 0-dim tensor has no dimensions");
   d = wrap_dim(d, dim(), "unflatten");
   KILN_CHECK(!shape.empty(), ShapeError, "unflatten: sizes must be non-empty");
   const DimVector inner = infer_size(shape, sizes()[d], "unflatten", sizes());
@@ -276,6 +277,7 @@ std::vector<Tensor> Tensor::split(int64_t split_size, int64_t d) const {
 
 std::vector<Tensor> Tensor::split_with_sizes(IntArrayRef split_sizes, int64_t d) const {
   ops::check_defined(*this, "split_with_sizes", "self");
+  KILN_CHECK(dim() > 0, ShapeError, "split_with_sizes: cannot split a 0-dim tensor");
   d = wrap_dim(d, dim(), "split_with_sizes");
   int64_t total = 0;
   for (int64_t s : split_sizes) {
@@ -295,6 +297,7 @@ std::vector<Tensor> Tensor::split_with_sizes(IntArrayRef split_sizes, int64_t d)
 
 std::vector<Tensor> Tensor::chunk(int64_t chunks, int64_t d) const {
   ops::check_defined(*this, "chunk", "self");
+  KILN_CHECK(dim() > 0, ShapeError, "chunk: cannot chunk a 0-dim tensor");
   KILN_CHECK(chunks > 0, ValueError, "chunk: number of chunks must be positive, got ", chunks);
   d = wrap_dim(d, dim(), "chunk");
   const int64_t n = sizes()[d];
@@ -309,6 +312,7 @@ std::vector<Tensor> Tensor::chunk(int64_t chunks, int64_t d) const {
 
 std::vector<Tensor> Tensor::unbind(int64_t d) const {
   ops::check_defined(*this, "unbind", "self");
+  KILN_CHECK(dim() > 0, IndexError, "unbind: dimension ", d, " specified but a 0-dim tensor has no dimensions");
   d = wrap_dim(d, dim(), "unbind");
   std::vector<Tensor> out;
   for (int64_t i = 0; i < sizes()[d]; ++i) out.push_back(select(d, i));

@@ -20,5 +20,5 @@ TEST(TensorBasics, Printing) {
   EXPECT_EQ(tensor<float>({1.0f, 2.5f}).to_string(), "tensor([1.0000, 2.5000])");
   EXPECT_EQ(tensor<float>({1.0f, 2.0f}).to_string(), "tensor([1., 2.])");
   EXPECT_EQ(arange(4).view({2, 2}).to_string(), "tensor([[0, 1],\n        [2, 3]])");
-  EXPECT_EQ(ones({2}, kFloat64).to_string(), "tensor([1., 1.], dtype=float64)");
+  EXPECT_EQ(ones({2}, kFloat64).to_string(), "tensor([1., 1.], dtype=torch.float64)");
 }

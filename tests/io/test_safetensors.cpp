@@ -230,6 +230,17 @@ TEST(SafetensorsHostile, Json) {
   expect_format_error(frame("{\"a\": {\"dtype\": \"F32\", \"shape\": [[[[1]]]]}}"), {"nests deeper"});
   expect_format_error(frame(std::string(5000, '[') + std::string(5000, ']')), {"nests deeper"});
   expect_format_error(frame("{\"a\": 3}"), {"tensor 'a'", "expected an object"});
+  // Long arrays and fat entries are refused while parsing, before a DOM is built.
+  std::string zeros_array = "[0";
+  for (int i = 0; i < 100000; ++i) zeros_array += ",0";
+  expect_format_error(frame("{\"a\": {\"shape\": " + zeros_array + "]}}"), {"holds more than 64 entries"});
+  expect_format_error(frame(zeros_array + "]"), {"holds more than 64 entries"});
+  std::string fat = "{\"a\": {";
+  for (int i = 0; i < 100; ++i) fat += (i ? ",\"k" : "\"k") + std::to_string(i) + "\": 0";
+  expect_format_error(frame(fat + "}}"), {"the entry of 'a' has more than 16 fields"});
+  std::string meta = "{\"__metadata__\": {";
+  for (int i = 0; i < 100; ++i) meta += (i ? ",\"k" : "\"k") + std::to_string(i) + "\": \"v\"";
+  EXPECT_EQ(io::parse_safetensors(frame(meta + "}}")).metadata.size(), 100u) << "metadata may hold many entries";
   expect_format_error(frame("{\"__metadata__\": {\"k\": 1}}"), {"__metadata__ value of 'k' must be a string"});
   expect_format_error(frame("{\"__metadata__\": [\"k\"]}"), {"__metadata__ must be an object"});
   expect_format_error(frame(R"({"a": {"dtype": "F32", "shape": [0], "data_offsets": [0, 0]},
@@ -274,7 +285,7 @@ TEST(SafetensorsHostile, Fields) {
   for (int i = 0; i < 65; ++i) many_dims += i ? ",1" : "1";
   expect_format_error(frame(R"({"w": {"dtype": "F32", "shape": )" + many_dims + R"(], "data_offsets": [0, 4]}})",
                             zeros_bytes(4)),
-                      {"65 dims"});
+                      {"of 'w' holds more than 64 entries"});
 }
 
 TEST(SafetensorsHostile, Offsets) {
@@ -456,7 +467,7 @@ TEST(SafetensorsInterop, KilnReadsPythonFile) {
   test::TempDir dir;
   const std::string path = dir.file("py.safetensors");
   std::string out;
-  ASSERT_EQ(test::run_command(std::string(test::kPython) + " " + test::shell_quote(interop_script()) + " write " +
+  ASSERT_EQ(test::run_command(test::shell_quote(test::python()) + " " + test::shell_quote(interop_script()) + " write " +
                                   test::shell_quote(path), out),
             0)
       << out;
@@ -499,7 +510,7 @@ TEST(SafetensorsInterop, PythonReadsKilnFile) {
   meta["writer"] = "kiln";
   io::save_safetensors(path, interop_tensors(true), meta);
   std::string out;
-  EXPECT_EQ(test::run_command(std::string(test::kPython) + " " + test::shell_quote(interop_script()) + " check " +
+  EXPECT_EQ(test::run_command(test::shell_quote(test::python()) + " " + test::shell_quote(interop_script()) + " check " +
                                   test::shell_quote(path), out),
             0)
       << out;

@@ -2,6 +2,8 @@
 // for every OpSpec x dtype, runs each sample in kiln and compares it with the
 // sample's torch expression evaluated by the PyTorch oracle; then checks
 // every error case throws the named kiln::Error class with the named text.
+// Tolerance: spec.tolerance(dtype) if set, else default_tolerance of each
+// result's dtype (so an integer op returning floats is not held to 0).
 //
 // All samples of this binary go to the oracle in ONE batch, built lazily by
 // the first test that needs it (gtest instantiates the tests first, so the
@@ -149,7 +151,6 @@ TEST_P(OpRegistryForward, MatchesTorch) {
     FAIL() << spec.name << ": samples(" << dtype_name(p.dtype) << ") threw: " << it->second;
   }
   ASSERT_TRUE(b.oracle_error.empty()) << b.oracle_error;
-  const ops::Tolerance tol = spec.tolerance ? spec.tolerance(p.dtype) : ops::default_tolerance(p.dtype);
   const auto& samples = b.samples.at(key);
   ASSERT_FALSE(samples.empty()) << spec.name << " has no samples for " << dtype_name(p.dtype);
   for (size_t s = 0; s < samples.size(); ++s) {
@@ -176,6 +177,10 @@ TEST_P(OpRegistryForward, MatchesTorch) {
     }
     for (size_t k = 0; k < got.size(); ++k) {
       const bool number = want.is_number[k];
+      // The spec's tolerance when it has one; else the default for the result's dtype (an int
+      // op may return floats), for a Python number the dtype kiln computed it in.
+      const DType result_dt = number && got[k].defined() ? got[k].dtype() : want.outputs[k].dtype();
+      const ops::Tolerance tol = spec.tolerance ? spec.tolerance(p.dtype) : ops::default_tolerance(result_dt);
       const auto c = test::compare_tensors(got[k], want.outputs[k], tol.rtol, tol.atol, !number);
       if (!c.ok) {
         ADD_FAILURE() << where << "\n  output " << k << ": " << c.message;

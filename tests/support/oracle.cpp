@@ -187,7 +187,7 @@ void OracleBatch::run() {
     f.write(reinterpret_cast<const char*>(inputs.data()), static_cast<std::streamsize>(inputs.size()));
     if (!f) throw std::runtime_error("oracle: cannot write inputs under " + work.string());
   }
-  const std::string cmd = "timeout 900 " + std::string(kPython) + " " + shell_quote(oracle_script()) + " " +
+  const std::string cmd = "timeout 900 " + shell_quote(python()) + " " + shell_quote(oracle_script()) + " " +
                           shell_quote(work.string());
   std::string output;
   const int rc = run_command(cmd, output);

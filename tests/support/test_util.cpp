@@ -5,6 +5,7 @@
 
 #include <atomic>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <fstream>
 #include <sstream>
@@ -44,10 +45,15 @@ int run_command(const std::string& cmd, std::string& output) {
   return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
 }
 
+std::string python() {
+  const char* env = std::getenv("KILN_TEST_PYTHON");
+  return env && *env ? env : kPython;
+}
+
 const std::string& python_problem(bool need_torch) {
   static const std::string no_python = [] {
-    if (::access(kPython, X_OK) != 0) {
-      return std::string(kPython) +
+    if (::access(python().c_str(), X_OK) != 0) {
+      return python() +
              " is missing: the PyTorch oracle needs Debian's python3 with python3-torch and python3-numpy; "
              "run scripts/setup.sh";
     }
@@ -56,9 +62,9 @@ const std::string& python_problem(bool need_torch) {
   if (!no_python.empty() || !need_torch) return no_python;
   static const std::string no_torch = [] {
     std::string out;
-    const int rc = run_command(std::string(kPython) + " -c 'import torch, numpy'", out);
+    const int rc = run_command(shell_quote(python()) + " -c 'import torch, numpy'", out);
     if (rc != 0) {
-      return std::string(kPython) + " cannot import torch and numpy (exit " + std::to_string(rc) + "): " + out +
+      return python() + " cannot import torch and numpy (exit " + std::to_string(rc) + "): " + out +
              "\nrun scripts/setup.sh to install python3-torch and python3-numpy";
     }
     return std::string();

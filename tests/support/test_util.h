@@ -14,6 +14,9 @@ namespace kiln::test {
 /// The interpreter with torch 1.13 (Debian's python3-torch); NOT `python3` on PATH.
 inline constexpr const char* kPython = "/usr/bin/python3";
 
+/// kPython, or $KILN_TEST_PYTHON when set (to check how tests fail without torch).
+std::string python();
+
 /// The repository root (KILN_SOURCE_DIR, set by tests/CMakeLists.txt).
 std::string source_dir();
 

@@ -68,7 +68,8 @@ inline float Half::to_float(uint16_t h) {
       u = sign | ((127 - 15 - e) << 23) | ((mant & 0x3ffu) << 13);
     }
   } else if (exp == 0x1f) {
-    u = sign | 0x7f800000u | (mant << 13);
+    // Inf, or NaN made quiet with its payload kept, as F16C's vcvtph2ps (and PyTorch) do.
+    u = sign | 0x7f800000u | (mant << 13) | (mant ? 0x400000u : 0u);
   } else {
     u = sign | ((exp + 127 - 15) << 23) | (mant << 13);
   }

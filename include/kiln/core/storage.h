@@ -46,6 +46,16 @@ class StorageImpl final : public RefCounted {
   uint32_t version() const { return version_.load(std::memory_order_relaxed); }
   void bump_version() { version_.fetch_add(1, std::memory_order_relaxed); }
 
+  /// The last in-place writer (op name and call site, when known), kept so
+  /// that autograd's version-mismatch error can say who modified a tensor.
+  struct WriteInfo {
+    const char* op = nullptr;
+    const char* file = nullptr;
+    uint32_t line = 0;
+  };
+  void record_write(const char* op, const char* file, uint32_t line) { last_write_ = {op, file, line}; }
+  WriteInfo last_write() const { return last_write_; }
+
   /// Re-charges this storage to another category (e.g. a tensor registered as a
   /// parameter after it was created as an activation).
   void set_category(MemoryCategory c);
@@ -56,6 +66,7 @@ class StorageImpl final : public RefCounted {
   MemoryCategory category_ = MemoryCategory::Activation;
   bool owned_ = true;
   std::atomic<uint32_t> version_{0};
+  WriteInfo last_write_;
   std::function<void(void*)> deleter_;
 };
 

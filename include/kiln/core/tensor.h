@@ -8,6 +8,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <optional>
 #include <ostream>
 #include <string>
@@ -22,6 +23,23 @@
 #include "kiln/core/tensor_impl.h"
 
 namespace kiln {
+
+namespace autograd {
+class Node;
+}
+
+/// Returned by hook registrations; remove() unregisters the hook (idempotent).
+class HookHandle {
+ public:
+  HookHandle() = default;
+  explicit HookHandle(std::function<void()> remover) : remover_(std::move(remover)) {}
+  void remove() {
+    if (remover_) std::exchange(remover_, nullptr)();
+  }
+
+ private:
+  std::function<void()> remover_;
+};
 
 /// Options for factories, in PyTorch's C++ style:
 ///   zeros({2, 3}, kFloat64); zeros({2, 3}, TensorOptions().dtype(kInt64).requires_grad(false))
@@ -103,8 +121,33 @@ class Tensor {
   std::string to_string() const;
   std::string shape_string() const { return shape_str(sizes()); }
 
-  // ---- autograd flags (full autograd lives in the autograd layer) ----
+  // ---- autograd (defined in src/autograd/tensor_autograd.cpp) ----
   bool requires_grad() const { return impl_->requires_grad(); }
+  /// Marks a leaf as requiring grad (floating dtypes only), as torch's requires_grad_().
+  Tensor& requires_grad_(bool requires_grad = true);
+  /// The accumulated gradient of a leaf (or of a non-leaf after retain_grad()); undefined if none.
+  const Tensor& grad() const;
+  /// Assignable gradient slot (x.mutable_grad() = {} clears it, as x.grad = None).
+  Tensor& mutable_grad() const;
+  /// The node that produced this tensor; null for leaves and tensors outside the graph.
+  autograd::Node* grad_fn() const;
+  bool is_leaf() const;
+  int64_t output_nr() const;
+  /// Accumulates gradients of this tensor into the leaves' .grad. `gradient` may be
+  /// omitted for a one-element tensor. retain_graph defaults to create_graph.
+  void backward(const Tensor& gradient = {}, std::optional<bool> retain_graph = std::nullopt,
+                bool create_graph = false) const;
+  /// A new tensor sharing data and version counter, outside the graph.
+  Tensor detach() const;
+  Tensor& detach_();
+  /// Keep .grad for a non-leaf after backward (no-op on leaves).
+  void retain_grad() const;
+  bool retains_grad() const;
+  /// hook(grad) runs when the gradient for this tensor is computed; a defined
+  /// return value replaces the gradient.
+  HookHandle register_hook(std::function<Tensor(const Tensor&)> hook) const;
+  /// Leaves only: hook(leaf) runs after the gradient was accumulated into leaf.grad().
+  HookHandle register_post_accumulate_grad_hook(std::function<void(Tensor&)> hook) const;
 
   // ---- conversion and copy ----
   Tensor to(DType dtype, bool copy = false) const;

@@ -1,0 +1,71 @@
+// Elementwise kernels (kernels layer: raw strided loops, no Tensor).
+//
+// Every entry takes a LoopSpec whose operand 0 is the output and whose other
+// operands all have one dtype `dt` (the ops layer promotes and converts
+// first). An operand with all-zero strides is a broadcast scalar; kernels
+// detect it and keep it in a register. Contiguous rows take loops the compiler
+// vectorises (transcendentals through glibc's libmvec); bfloat16/float16 rows
+// are converted to float in blocks, computed in float and rounded on store;
+// strided rows are gathered through the same blocks. Large loops run on
+// OpenMP threads above kGrainSize, split at sizes only (deterministic).
+#pragma once
+
+#include <cstdint>
+
+#include "kiln/core/dtype.h"
+#include "kiln/core/scalar.h"
+#include "kiln/kernels/loop.h"
+
+namespace kiln::kernels {
+
+enum class UnaryOp : uint8_t {
+  Neg, Abs, Relu, BitwiseNot,  // every dtype they are defined for (the ops layer checks)
+  Exp, Log, Log1p, Sqrt, Rsqrt, Sin, Cos, Tanh, Sigmoid, GeluErf, GeluTanh, Silu,  // floating only
+};
+
+/// Operand 0 = op(operand 1); both of dtype `dt`. The two may be the same memory.
+void unary(const LoopSpec& s, UnaryOp op, DType dt);
+
+/// Operand 0 = min(max(operand 1, lo), hi), both of dtype `dt`; `lo`/`hi` point
+/// at a value of dtype `dt`, or are null when that bound is absent. A NaN input
+/// stays NaN; a NaN bound is the caller's business (torch fills NaN).
+void clamp(const LoopSpec& s, DType dt, const void* lo, const void* hi);
+
+enum class BinaryOp : uint8_t {
+  Add,       // a + alpha * b (alpha optional); sub is add with -alpha
+  Mul, Div,  // Div: floating dtypes only (true division)
+  Pow,       // integers: exact, negative exponents give 0, 1 or -1 (torch's powi)
+  Maximum, Minimum,  // NaN-propagating on floats
+  BitwiseAnd, BitwiseOr, BitwiseXor,  // integral and bool only
+};
+
+/// Operand 0 = op(operand 1, operand 2), all of dtype `dt`. `alpha` (Add only)
+/// points at a value of dtype `dt`, or is null for 1.
+void binary(const LoopSpec& s, BinaryOp op, DType dt, const void* alpha = nullptr);
+
+/// Operand 0 = operand 1 ** exponent, dtype `dt`, with torch's special cases
+/// (2 and 3 multiply, 0.5 is sqrt, -0.5 rsqrt, -1 reciprocal, -2 1/(x*x)).
+/// The exponent is converted to `dt` first, as torch does.
+void pow_scalar(const LoopSpec& s, DType dt, const Scalar& exponent);
+
+enum class CompareOp : uint8_t { Eq, Ne, Lt, Le, Gt, Ge, LogicalAnd, LogicalOr, LogicalXor };
+
+/// Operand 0 (bool) = op(operand 1, operand 2); operands 1 and 2 of dtype `dt`.
+void compare(const LoopSpec& s, CompareOp op, DType dt);
+
+/// Operand 0 (bool) = (operand 1 == 0), operand 1 of dtype `dt`.
+void logical_not(const LoopSpec& s, DType dt);
+
+/// Whether every element pair of operands 0 and 1 (dtype `dt`) satisfies
+/// |a - b| <= atol + rtol * |b| (torch.isclose), or a == b, or both are NaN
+/// when equal_nan. Integers and bool compare in float, as torch does.
+bool all_close(const LoopSpec& s, DType dt, double rtol, double atol, bool equal_nan);
+
+/// Writes `value` converted to dtype `dt` (Scalar::to) into `dst`.
+void scalar_to_bytes(void* dst, DType dt, const Scalar& value);
+
+/// Writes the element at `src` (dtype `from`) converted to dtype `to` into `dst`,
+/// with the conversion copy_ uses.
+void convert_element(void* dst, DType to, const void* src, DType from);
+
+}  // namespace kiln::kernels

@@ -1,0 +1,125 @@
+#include "kiln/autograd/anomaly.h"
+
+#include <atomic>
+#include <cmath>
+#include <cstdlib>
+#include <limits>
+#include <sstream>
+
+namespace kiln::autograd {
+
+namespace {
+
+bool env_default() {
+  const char* s = std::getenv("KILN_DETECT_ANOMALY");
+  return s && *s && std::string(s) != "0";
+}
+
+// Process-wide, like torch.autograd.set_detect_anomaly, so worker threads see it.
+std::atomic<bool>& flag() {
+  static std::atomic<bool> f{env_default()};
+  return f;
+}
+
+struct Stats {
+  double min = std::numeric_limits<double>::infinity();
+  double max = -std::numeric_limits<double>::infinity();
+  int64_t nan = 0, inf = 0, n = 0;
+};
+
+Stats compute(const Tensor& t) {
+  Stats s;
+  if (!t.defined() || !t.is_floating_point()) return s;
+  Tensor c = t.contiguous();
+  s.n = c.numel();
+  visit_floating_dtype(c.dtype(), "anomaly check", [&]<typename T>() {
+    const T* p = static_cast<const T*>(c.data_ptr());
+    for (int64_t i = 0; i < s.n; ++i) {
+      const double v = static_cast<double>(static_cast<compute_t<T>>(p[i]));
+      if (std::isnan(v)) {
+        ++s.nan;
+      } else {
+        if (std::isinf(v)) ++s.inf;
+        s.min = std::min(s.min, v);
+        s.max = std::max(s.max, v);
+      }
+    }
+  });
+  return s;
+}
+
+std::string format(const Stats& s) {
+  std::ostringstream os;
+  if (s.n == 0) return "no elements";
+  if (s.nan == s.n) {
+    os << "all " << s.n << " elements NaN";
+    return os.str();
+  }
+  os << "min " << s.min << ", max " << s.max << ", " << s.nan << " NaN, " << s.inf << " Inf of " << s.n
+     << " elements";
+  return os.str();
+}
+
+}  // namespace
+
+bool anomaly_mode_enabled() { return flag().load(std::memory_order_relaxed); }
+void set_anomaly_mode_enabled(bool enabled) { flag().store(enabled, std::memory_order_relaxed); }
+
+std::string tensor_stats(const Tensor& t) { return format(compute(t)); }
+
+void count_nonfinite(const Tensor& t, int64_t& nan_count, int64_t& inf_count) {
+  const Stats s = compute(t);
+  nan_count = s.nan;
+  inf_count = s.inf;
+}
+
+void check_forward_outputs(const Node& node, const Tensor* const* outputs, size_t n_out,
+                           const std::vector<Tensor>& inputs) {
+  for (size_t i = 0; i < n_out; ++i) {
+    const Stats s = compute(*outputs[i]);
+    if (s.nan == 0 && s.inf == 0) continue;
+    // Non-finite outputs from non-finite inputs are not where the trouble started.
+    bool inputs_finite = true;
+    for (const Tensor& in : inputs) {
+      const Stats si = compute(in);
+      if (si.nan || si.inf) inputs_finite = false;
+    }
+    if (!inputs_finite) continue;
+    std::ostringstream os;
+    os << "anomaly mode: the forward of " << node.name() << " produced " << s.nan << " NaN and " << s.inf
+       << " Inf values in output " << i << " " << shape_str(outputs[i]->sizes());
+    if (node.site().known()) os << " at " << node.site().str();
+    os << " from finite inputs:";
+    for (size_t k = 0; k < inputs.size(); ++k) {
+      if (inputs[k].defined()) os << "\n  input " << k << " " << shape_str(inputs[k].sizes()) << ": " << tensor_stats(inputs[k]);
+    }
+    os << "\nhint: check the op's domain (log/sqrt of values <= 0, division by zero, exp overflow)";
+    throw AnomalyError(os.str());
+  }
+}
+
+void check_backward_outputs(const Node& node, const TensorList& grads_in, const TensorList& grads_out) {
+  for (size_t i = 0; i < grads_out.size(); ++i) {
+    const Stats s = compute(grads_out[i]);
+    if (s.nan == 0 && s.inf == 0) continue;
+    bool in_finite = true;
+    for (const Tensor& g : grads_in) {
+      const Stats si = compute(g);
+      if (si.nan || si.inf) in_finite = false;
+    }
+    if (!in_finite) continue;
+    std::ostringstream os;
+    os << "anomaly mode: the backward of " << node.name() << " returned " << s.nan << " NaN and " << s.inf
+       << " Inf values in the gradient for its input " << i << " " << shape_str(grads_out[i].sizes());
+    if (node.site().known()) os << " (forward at " << node.site().str() << ")";
+    os << " from finite incoming gradients:";
+    for (size_t k = 0; k < grads_in.size(); ++k) {
+      if (grads_in[k].defined()) os << "\n  grad of output " << k << ": " << tensor_stats(grads_in[k]);
+    }
+    os << "\nhint: the derivative is not finite at the forward's input values (sqrt or pow at 0, log at 0, "
+          "division by a tiny number)";
+    throw AnomalyError(os.str());
+  }
+}
+
+}  // namespace kiln::autograd

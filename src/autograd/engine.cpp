@@ -1,0 +1,270 @@
+// The backward engine. See include/kiln/autograd/engine.h.
+#include "kiln/autograd/engine.h"
+
+#include <algorithm>
+#include <queue>
+#include <unordered_map>
+#include <unordered_set>
+
+#include "kiln/autograd/anomaly.h"
+#include "kiln/autograd/autograd_meta.h"
+#include "kiln/autograd/functions.h"
+#include "kiln/core/guards.h"
+#include "kiln/ops/factory.h"
+
+namespace kiln::autograd {
+
+namespace {
+
+// Seeds the graph: its next edges are the roots' gradient edges.
+class GraphRoot final : public Node {
+ public:
+  GraphRoot(std::vector<Edge> edges, TensorList grads) : grads_(std::move(grads)) {
+    for (auto& e : edges) add_next_edge(std::move(e));
+  }
+  const char* name() const override { return "GraphRoot"; }
+  TensorList apply(TensorList&&) override { return grads_; }
+
+ private:
+  TensorList grads_;
+};
+
+// Sums the gradient of a broadcast input back to the input's shape.
+Tensor sum_to_shape(const Tensor& g, IntArrayRef shape) {
+  if (g.sizes() == shape) return g;
+  const int64_t lead = g.dim() - static_cast<int64_t>(shape.size());
+  DimVector dims;
+  for (int64_t d = 0; d < g.dim(); ++d) {
+    if (d < lead || (shape[d - lead] == 1 && g.sizes()[d] != 1)) dims.push_back(d);
+  }
+  Tensor r = dims.empty() ? g : g.sum(dims.ref(), /*keepdim=*/true);
+  return lead > 0 || !dims.empty() ? r.view(shape) : r;
+}
+
+bool broadcastable_to(IntArrayRef from, IntArrayRef to) {
+  if (from.size() < to.size()) return false;
+  const size_t lead = from.size() - to.size();
+  for (size_t i = 0; i < to.size(); ++i) {
+    if (to[i] != 1 && from[lead + i] != to[i]) return false;
+  }
+  return true;
+}
+
+Tensor validate_grad(const Node& node, size_t i, const Tensor& g, const InputMeta& meta) {
+  if (!g.defined()) return g;
+  Tensor out = g;
+  if (g.sizes() != meta.shape.ref()) {
+    KILN_CHECK(broadcastable_to(g.sizes(), meta.shape), ShapeError, "autograd: ", node.name(),
+               " returned a gradient of shape ", g.sizes(), " for output ", i, " of shape ", meta.shape,
+               " (", node.site().known() ? "forward at " + node.site().str() : std::string("forward site unknown"),
+               "); the shapes must match or the gradient must broadcast to the output");
+    out = sum_to_shape(g, meta.shape);
+  }
+  if (out.dtype() != meta.dtype) {
+    KILN_CHECK(out.is_floating_point() && is_floating_point(meta.dtype), DTypeError, "autograd: ", node.name(),
+               " returned a gradient of dtype ", dtype_name(out.dtype()), " for an input of dtype ",
+               dtype_name(meta.dtype));
+    out = out.to(meta.dtype);
+  }
+  return out;
+}
+
+void accumulate_into(Tensor& slot, const Tensor& g) {
+  if (!g.defined()) return;
+  slot = slot.defined() ? slot + g : g;
+}
+
+struct NodeTask {
+  Node* node;
+  bool operator<(const NodeTask& o) const { return node->sequence_nr() < o.node->sequence_nr(); }
+};
+
+class GraphTask {
+ public:
+  GraphTask(bool keep_graph, bool create_graph) : keep_graph_(keep_graph), create_graph_(create_graph) {}
+
+  // Capture mode (autograd::grad): gradients arriving at these (node, input) slots are returned.
+  void add_capture(Node* node, uint32_t input_nr, size_t out_index) {
+    captures_[node].push_back({input_nr, out_index});
+  }
+
+  TensorList run(GraphRoot& root, size_t num_captures) {
+    captured_.resize(num_captures);
+    count_dependencies(root);
+    if (!captures_.empty()) compute_needed(root);
+    std::priority_queue<NodeTask> ready;
+    process(root, TensorList{}, ready);
+    while (!ready.empty()) {
+      Node* n = ready.top().node;
+      ready.pop();
+      auto it = buffers_.find(n);
+      TensorList grads = it != buffers_.end() ? std::move(it->second) : TensorList(n->num_inputs());
+      if (it != buffers_.end()) buffers_.erase(it);
+      process(*n, std::move(grads), ready);
+    }
+    return std::move(captured_);
+  }
+
+ private:
+  struct Capture {
+    uint32_t input_nr;
+    size_t out_index;
+  };
+
+  void count_dependencies(Node& root) {
+    std::vector<Node*> stack{&root};
+    std::unordered_set<Node*> seen{&root};
+    while (!stack.empty()) {
+      Node* n = stack.back();
+      stack.pop_back();
+      for (const Edge& e : n->next_edges()) {
+        if (!e.is_valid()) continue;
+        Node* next = e.function.get();
+        ++deps_[next];
+        if (seen.insert(next).second) stack.push_back(next);
+      }
+    }
+  }
+
+  // A node is needed when a captured slot is reachable from it (inclusive).
+  void compute_needed(Node& root) {
+    // Iterative post-order DFS.
+    std::vector<std::pair<Node*, size_t>> stack{{&root, 0}};
+    std::unordered_set<Node*> visited{&root};
+    while (!stack.empty()) {
+      auto& [n, i] = stack.back();
+      const auto& edges = n->next_edges();
+      if (i < edges.size()) {
+        Node* next = edges[i++].function.get();
+        if (next && visited.insert(next).second) stack.push_back({next, 0});
+        continue;
+      }
+      bool need = captures_.count(n) > 0;
+      for (const Edge& e : edges) {
+        if (e.is_valid() && needed_.count(e.function.get())) need = true;
+      }
+      if (need) needed_.insert(n);
+      stack.pop_back();
+    }
+  }
+
+  void process(Node& n, TensorList grads, std::priority_queue<NodeTask>& ready) {
+    const bool capture_mode = !captures_.empty();
+    if (n.num_inputs() > 0) {
+      for (size_t i = 0; i < grads.size() && i < n.num_inputs(); ++i) {
+        grads[i] = validate_grad(n, i, grads[i], n.input_metadata()[i]);
+      }
+    }
+    n.run_pre_hooks(grads);
+    if (capture_mode) {
+      auto it = captures_.find(&n);
+      if (it != captures_.end()) {
+        for (const Capture& c : it->second) {
+          if (c.input_nr < grads.size()) accumulate_into(captured_[c.out_index], grads[c.input_nr]);
+        }
+      }
+    }
+    TensorList outputs;
+    const bool run_node = !capture_mode || (needed_.count(&n) && !is_accumulate_grad(n));
+    if (run_node) {
+      GradModeGuard mode(create_graph_);
+      const bool anomaly = anomaly_mode_enabled();
+      TensorList grads_in = anomaly ? grads : TensorList{};
+      outputs = n.apply(std::move(grads));
+      if (anomaly) check_backward_outputs(n, grads_in, outputs);
+      if (!keep_graph_) n.release_variables();
+      KILN_CHECK(outputs.size() == n.next_edges().size(), ValueError, "autograd: ", n.name(), " returned ",
+                 outputs.size(), " gradients but has ", n.next_edges().size(), " inputs");
+    }
+    const auto& edges = n.next_edges();
+    for (size_t i = 0; i < edges.size(); ++i) {
+      const Edge& e = edges[i];
+      if (!e.is_valid()) continue;
+      Node* next = e.function.get();
+      if (run_node && i < outputs.size() && outputs[i].defined()) {
+        TensorList& buf = buffers_[next];
+        if (buf.size() < next->num_inputs()) buf.resize(next->num_inputs());
+        if (e.input_nr >= buf.size()) buf.resize(e.input_nr + 1);
+        accumulate_into(buf[e.input_nr], outputs[i]);
+      }
+      if (--deps_[next] == 0) ready.push({next});
+    }
+  }
+
+  struct GradModeGuard {
+    explicit GradModeGuard(bool enabled) : prev(grad_mode_enabled()) { set_grad_mode_enabled(enabled); }
+    ~GradModeGuard() { set_grad_mode_enabled(prev); }
+    bool prev;
+  };
+
+  bool keep_graph_;
+  bool create_graph_;
+  std::unordered_map<Node*, int64_t> deps_;
+  std::unordered_map<Node*, TensorList> buffers_;
+  std::unordered_map<Node*, std::vector<Capture>> captures_;
+  std::unordered_set<Node*> needed_;
+  TensorList captured_;
+};
+
+TensorList make_root_grads(const TensorList& tensors, const TensorList& grad_tensors, const char* api) {
+  KILN_CHECK(grad_tensors.empty() || grad_tensors.size() == tensors.size(), ValueError, api, ": got ",
+             tensors.size(), " tensors but ", grad_tensors.size(), " gradients");
+  TensorList grads;
+  for (size_t i = 0; i < tensors.size(); ++i) {
+    const Tensor& t = tensors[i];
+    KILN_CHECK(t.defined(), ValueError, api, ": tensor ", i, " is undefined");
+    KILN_CHECK(t.requires_grad(), ValueError, api, ": tensor ", i, " (shape ", t.sizes(),
+               ") does not require grad and has no grad_fn; did you compute it under NoGradGuard, or forget "
+               "requires_grad_() on the leaves?");
+    if (i < grad_tensors.size() && grad_tensors[i].defined()) {
+      const Tensor& g = grad_tensors[i];
+      KILN_CHECK(g.sizes() == t.sizes(), ShapeError, api, ": gradient ", i, " has shape ", g.sizes(),
+                 " but its tensor has shape ", t.sizes());
+      grads.push_back(g);
+    } else {
+      KILN_CHECK(t.numel() == 1, ValueError, api, ": grad can be implicitly created only for scalar outputs; "
+                 "tensor ", i, " has shape ", t.sizes(), " — pass a gradient of that shape, or reduce it "
+                 "(e.g. loss.sum() or loss.mean()) first");
+      grads.push_back(ones_like(t));
+    }
+  }
+  return grads;
+}
+
+}  // namespace
+
+void backward(const TensorList& tensors, const TensorList& grad_tensors, bool retain_graph, bool create_graph) {
+  TensorList grads = make_root_grads(tensors, grad_tensors, "backward");
+  std::vector<Edge> edges;
+  for (const Tensor& t : tensors) edges.push_back(gradient_edge(t));
+  GraphRoot root(std::move(edges), std::move(grads));
+  root.retain();  // lives on the stack; keep intrusive counts from deleting it
+  GraphTask task(retain_graph || create_graph, create_graph);
+  task.run(root, 0);
+}
+
+TensorList grad(const TensorList& outputs, const TensorList& inputs, const TensorList& grad_outputs,
+                std::optional<bool> retain_graph, bool create_graph, bool allow_unused) {
+  TensorList grads = make_root_grads(outputs, grad_outputs, "grad");
+  std::vector<Edge> edges;
+  for (const Tensor& t : outputs) edges.push_back(gradient_edge(t));
+  GraphRoot root(std::move(edges), std::move(grads));
+  root.retain();
+  GraphTask task(retain_graph.value_or(create_graph), create_graph);
+  for (size_t i = 0; i < inputs.size(); ++i) {
+    const Tensor& in = inputs[i];
+    KILN_CHECK(in.defined() && in.requires_grad(), ValueError, "grad: input ", i,
+               " does not require grad; only tensors that require grad can be differentiated against");
+    Edge e = gradient_edge(in);
+    task.add_capture(e.function.get(), e.input_nr, i);
+  }
+  TensorList result = task.run(root, inputs.size());
+  for (size_t i = 0; i < result.size(); ++i) {
+    KILN_CHECK(allow_unused || result[i].defined(), ValueError, "grad: input ", i, " (", describe(inputs[i]),
+               ") is not reachable from the outputs (it was not used to compute them); pass allow_unused=true "
+               "if that is expected");
+  }
+  return result;
+}
+
+}  // namespace kiln::autograd

@@ -1,0 +1,140 @@
+#include "kiln/autograd/functions.h"
+
+#include "kiln/autograd/anomaly.h"
+#include "kiln/core/guards.h"
+
+namespace kiln::autograd {
+
+AccumulateGrad::AccumulateGrad(Tensor leaf) : leaf_(std::move(leaf)) { add_input_metadata(leaf_); }
+
+AccumulateGrad::~AccumulateGrad() {
+  if (AutogradMeta* m = get_meta(leaf_); m && m->grad_accumulator == this) m->grad_accumulator = nullptr;
+}
+
+bool is_accumulate_grad(const Node& n) { return dynamic_cast<const AccumulateGrad*>(&n) != nullptr; }
+
+TensorList AccumulateGrad::apply(TensorList&& grads) {
+  AutogradMeta& m = materialize_meta(leaf_);
+  Tensor g = grads.empty() ? Tensor() : grads[0];
+  if (!g.defined()) return {};
+  for (auto& h : m.leaf_hooks) {
+    Tensor r = h.fn(g);
+    if (r.defined()) g = r;
+  }
+  MemoryCategoryGuard category(MemoryCategory::Gradient);
+  if (!m.grad.defined()) {
+    // Take the incoming buffer when nothing else can see it; otherwise copy,
+    // so a later in-place accumulation cannot write into another tensor.
+    const bool exclusive = !grad_mode_enabled() && g.use_count() <= 2 && g.storage().use_count() == 1 &&
+                           g.is_contiguous() && g.storage()->owns_memory();
+    if (exclusive) {
+      m.grad = g.detach();
+      m.grad.storage()->set_category(MemoryCategory::Gradient);
+    } else {
+      m.grad = grad_mode_enabled() ? g : g.clone();
+    }
+  } else if (grad_mode_enabled()) {
+    m.grad = m.grad + g;  // create_graph: keep the accumulation differentiable
+  } else {
+    m.grad.add_(g);
+  }
+  for (auto& h : m.post_accumulate_hooks) h.fn(leaf_);
+  return {};
+}
+
+bool compute_requires_grad(std::initializer_list<const Tensor*> inputs) {
+  if (!grad_mode_enabled()) return false;
+  for (const Tensor* t : inputs) {
+    if (t && t->defined() && t->requires_grad()) return true;
+  }
+  return false;
+}
+
+bool compute_requires_grad(const TensorList& inputs) {
+  if (!grad_mode_enabled()) return false;
+  for (const Tensor& t : inputs) {
+    if (t.defined() && t.requires_grad()) return true;
+  }
+  return false;
+}
+
+namespace {
+
+void attach(Tensor& out, const NodePtr& node) {
+  const uint32_t nr = node->add_input_metadata(out);
+  AutogradMeta& m = materialize_meta(out);
+  m.grad_fn = node;
+  m.output_nr = nr;
+  out.impl()->set_requires_grad_flag(true);
+}
+
+}  // namespace
+
+void set_history(std::initializer_list<Tensor*> outputs, const NodePtr& node,
+                 std::initializer_list<const Tensor*> inputs, CallSite site) {
+  // Edges first: an in-place op passes the same tensor as input and output.
+  for (const Tensor* in : inputs) node->add_next_edge(in && in->defined() ? gradient_edge(*in) : Edge{});
+  node->set_site(site);
+  for (Tensor* out : outputs) {
+    if (out && out->defined()) attach(*out, node);
+  }
+  if (anomaly_mode_enabled()) {
+    std::vector<const Tensor*> outs;
+    for (Tensor* out : outputs) if (out && out->defined()) outs.push_back(out);
+    TensorList ins;
+    for (const Tensor* in : inputs) ins.push_back(in ? *in : Tensor());
+    check_forward_outputs(*node, outs.data(), outs.size(), ins);
+  }
+}
+
+void set_history(Tensor& output, const NodePtr& node, std::initializer_list<const Tensor*> inputs, CallSite site) {
+  set_history({&output}, node, inputs, site);
+}
+
+void set_history(TensorList& outputs, const NodePtr& node, const TensorList& inputs, CallSite site) {
+  for (const Tensor& in : inputs) node->add_next_edge(in.defined() ? gradient_edge(in) : Edge{});
+  node->set_site(site);
+  for (Tensor& out : outputs) {
+    if (out.defined()) attach(out, node);
+  }
+  if (anomaly_mode_enabled()) {
+    std::vector<const Tensor*> outs;
+    for (Tensor& out : outputs) if (out.defined()) outs.push_back(&out);
+    check_forward_outputs(*node, outs.data(), outs.size(), inputs);
+  }
+}
+
+void set_view_history(Tensor& view, const NodePtr& node, const Tensor& base, CallSite site) {
+  set_history(view, node, {&base}, site);
+  AutogradMeta& m = materialize_meta(view);
+  m.is_view = true;
+  m.view_version = view.version();
+}
+
+void check_inplace(const Tensor& self, const char* op, CallSite site) {
+  self.storage()->record_write(op, site.file, site.line);
+  if (!grad_mode_enabled() || !self.requires_grad()) return;
+  const AutogradMeta* m = get_meta(self);
+  KILN_CHECK(!m || !m->is_view, ValueError, op, ": ", describe(self),
+             " is a view of a tensor that requires grad; kiln does not rewrite the history of views modified "
+             "in place (it would give a wrong gradient)",
+             site.known() ? " (at " + site.str() + ")" : std::string(),
+             ". Clone the view first (v = v.clone()), or apply the op out of place");
+  const bool leaf = !m || !m->grad_fn;
+  KILN_CHECK(!leaf, ValueError, op, ": ", describe(self),
+             " is a leaf that requires grad and cannot be modified in place while grad mode is on",
+             site.known() ? " (at " + site.str() + ")" : std::string(),
+             "; update parameters under NoGradGuard (as optimizers do), or use the out-of-place op");
+}
+
+void rebase_history(Tensor& self, const NodePtr& node, std::initializer_list<const Tensor*> other_inputs,
+                    CallSite site) {
+  node->add_next_edge(gradient_edge(self));
+  for (const Tensor* in : other_inputs) node->add_next_edge(in && in->defined() ? gradient_edge(*in) : Edge{});
+  node->set_site(site);
+  attach(self, node);
+}
+
+void set_name(const Tensor& t, std::string name) { materialize_meta(t).name = std::move(name); }
+
+}  // namespace kiln::autograd

@@ -1,0 +1,47 @@
+#include "kiln/autograd/node.h"
+
+#include <algorithm>
+#include <atomic>
+
+namespace kiln::autograd {
+
+namespace {
+std::atomic<uint64_t> g_sequence{0};
+}
+
+std::string CallSite::str() const {
+  if (!file) return "<unknown>";
+  std::string f = file;
+  // Paths relative to the source tree read better than absolute build paths.
+  if (auto pos = f.rfind("/src/"); pos != std::string::npos) f = f.substr(pos + 1);
+  return f + ":" + std::to_string(line);
+}
+
+Node::Node() : sequence_nr_(g_sequence.fetch_add(1, std::memory_order_relaxed)) {}
+Node::~Node() = default;
+
+uint32_t Node::add_input_metadata(const Tensor& output) {
+  input_meta_.push_back({DimVector(output.sizes()), output.dtype()});
+  return static_cast<uint32_t>(input_meta_.size() - 1);
+}
+
+void Node::add_pre_hook(uint32_t output_nr, uint64_t id, PreHook h) {
+  pre_hooks_.push_back({output_nr, id, std::move(h)});
+}
+
+bool Node::remove_pre_hook(uint64_t id) {
+  auto it = std::find_if(pre_hooks_.begin(), pre_hooks_.end(), [&](const PreHookEntry& e) { return e.id == id; });
+  if (it == pre_hooks_.end()) return false;
+  pre_hooks_.erase(it);
+  return true;
+}
+
+void Node::run_pre_hooks(TensorList& grads) {
+  for (auto& h : pre_hooks_) {
+    if (h.output_nr >= grads.size() || !grads[h.output_nr].defined()) continue;
+    Tensor r = h.fn(grads[h.output_nr]);
+    if (r.defined()) grads[h.output_nr] = r;
+  }
+}
+
+}  // namespace kiln::autograd

@@ -1,0 +1,166 @@
+// Binary arithmetic kernels (add, mul, div, pow, maximum, minimum, bitwise)
+// and pow with a scalar exponent. Element functions work in compute_t<T>;
+// elementwise_loop.h supplies dtypes, strides, scalar operands and threads.
+#include <cmath>
+#include <limits>
+#include <type_traits>
+
+#include "elementwise_loop.h"
+#include "elementwise_math.h"
+#include "kiln/kernels/elementwise.h"
+
+namespace kiln::kernels {
+
+namespace {
+
+using ew::map;
+using ew::run_binary;
+using ew::run_unary;
+
+template <typename T>
+inline constexpr bool is_int_v = std::is_integral_v<T> && !std::is_same_v<T, bool>;
+
+// bool arithmetic is logical, as torch's (True + True is True, True * False is False).
+template <typename T>
+struct AddOp {
+  using C = compute_t<T>;
+  C operator()(C a, C b) const {
+    if constexpr (std::is_same_v<T, bool>) return a || b;
+    else if constexpr (is_int_v<T>) return vm::wrapping_add(a, b);
+    else return a + b;
+  }
+};
+
+template <typename T>
+struct AddAlphaOp {
+  using C = compute_t<T>;
+  C alpha;
+  C operator()(C a, C b) const {
+    if constexpr (std::is_same_v<T, bool>) return a || (alpha && b);
+    else if constexpr (is_int_v<T>) return vm::wrapping_add(a, vm::wrapping_mul(alpha, b));
+    else return a + alpha * b;
+  }
+};
+
+template <typename T>
+struct MulOp {
+  using C = compute_t<T>;
+  C operator()(C a, C b) const {
+    if constexpr (std::is_same_v<T, bool>) return a && b;
+    else if constexpr (is_int_v<T>) return vm::wrapping_mul(a, b);
+    else return a * b;
+  }
+};
+
+// NaN-propagating on floats, as torch.maximum/minimum; ties return `a`.
+template <typename T>
+struct MaxOp {
+  using C = compute_t<T>;
+  C operator()(C a, C b) const {
+    if constexpr (std::is_same_v<T, bool>) {
+      return a || b;
+    } else if constexpr (is_float_v<T>) {
+      return (a != a || b != b) ? std::numeric_limits<C>::quiet_NaN() : (a < b ? b : a);
+    } else {
+      return a < b ? b : a;
+    }
+  }
+};
+
+template <typename T>
+struct MinOp {
+  using C = compute_t<T>;
+  C operator()(C a, C b) const {
+    if constexpr (std::is_same_v<T, bool>) {
+      return a && b;
+    } else if constexpr (is_float_v<T>) {
+      return (a != a || b != b) ? std::numeric_limits<C>::quiet_NaN() : (b < a ? b : a);
+    } else {
+      return b < a ? b : a;
+    }
+  }
+};
+
+[[noreturn]] void undefined_op(const char* what, int op, DType dt) {
+  KILN_ASSERT(false, "elementwise ", what, " op #", op, " reached the kernel with dtype ", dtype_name(dt),
+              "; the ops layer should have rejected it");
+  __builtin_unreachable();
+}
+
+template <typename T>
+void binary_typed(const LoopSpec& s, BinaryOp op, const void* alpha) {
+  using C = compute_t<T>;
+  switch (op) {
+    case BinaryOp::Add:
+      if (alpha) return run_binary<T, T>(s, AddAlphaOp<T>{static_cast<C>(*static_cast<const T*>(alpha))});
+      return run_binary<T, T>(s, AddOp<T>{});
+    case BinaryOp::Mul: return run_binary<T, T>(s, MulOp<T>{});
+    case BinaryOp::Div:
+      if constexpr (is_float_v<T>) return run_binary<T, T>(s, [](C a, C b) { return a / b; });
+      break;
+    case BinaryOp::Pow:
+      if constexpr (is_float_v<T>) return run_binary<T, T, true>(s, [](C a, C b) { return vm::pow(a, b); });
+      else if constexpr (is_int_v<T>) return run_binary<T, T>(s, [](T a, T b) { return vm::int_pow(a, b); });
+      break;
+    case BinaryOp::Maximum: return run_binary<T, T>(s, MaxOp<T>{});
+    case BinaryOp::Minimum: return run_binary<T, T>(s, MinOp<T>{});
+    case BinaryOp::BitwiseAnd:
+      if constexpr (std::is_integral_v<T>) return run_binary<T, T>(s, [](T a, T b) { return static_cast<T>(a & b); });
+      break;
+    case BinaryOp::BitwiseOr:
+      if constexpr (std::is_integral_v<T>) return run_binary<T, T>(s, [](T a, T b) { return static_cast<T>(a | b); });
+      break;
+    case BinaryOp::BitwiseXor:
+      if constexpr (std::is_integral_v<T>) return run_binary<T, T>(s, [](T a, T b) { return static_cast<T>(a ^ b); });
+      break;
+  }
+  undefined_op("binary", static_cast<int>(op), dtype_of_v<T>);
+}
+
+// torch's pow_tensor_scalar_optimized_kernel: the common exponents avoid pow().
+template <typename T>
+void pow_scalar_floating(const LoopSpec& s, const Scalar& exponent) {
+  using C = compute_t<T>;
+  const double e = exponent.to_double();
+  if (e == 0.5) return run_unary<T, T>(s, [](C* o, const C* in, int64_t n) { vm::sqrt_row(o, in, n); });
+  if (e == -0.5) return run_unary<T, T>(s, [](C* o, const C* in, int64_t n) { vm::rsqrt_row(o, in, n); });
+  if (e == 2.0) return map<T>(s, [](C x) { return x * x; });
+  if (e == 3.0) return map<T>(s, [](C x) { return x * x * x; });
+  if (e == -1.0) return map<T>(s, [](C x) { return C(1) / x; });
+  if (e == -2.0) return map<T>(s, [](C x) { return C(1) / (x * x); });
+  const C ec = static_cast<C>(exponent.to<T>());  // rounded to the tensor's dtype first, as torch
+  ew::map_vm<T>(s, [ec](C x) { return vm::pow(x, ec); });
+}
+
+}  // namespace
+
+void binary(const LoopSpec& s, BinaryOp op, DType dt, const void* alpha) {
+  visit_dtype(dt, [&]<typename T>() { binary_typed<T>(s, op, alpha); });
+}
+
+void pow_scalar(const LoopSpec& s, DType dt, const Scalar& exponent) {
+  visit_dtype(dt, [&]<typename T>() {
+    if constexpr (is_float_v<T>) {
+      pow_scalar_floating<T>(s, exponent);
+    } else if constexpr (is_int_v<T>) {
+      const T e = exponent.to<T>();
+      if (e == 2) return map<T>(s, [](T x) { return vm::wrapping_mul(x, x); });
+      if (e == 3) return map<T>(s, [](T x) { return vm::wrapping_mul(vm::wrapping_mul(x, x), x); });
+      map<T>(s, [e](T x) { return vm::int_pow(x, e); });
+    } else {
+      undefined_op("pow_scalar", 0, dt);
+    }
+  });
+}
+
+void scalar_to_bytes(void* dst, DType dt, const Scalar& value) {
+  visit_dtype(dt, [&]<typename T>() { *static_cast<T*>(dst) = value.to<T>(); });
+}
+
+void convert_element(void* dst, DType to, const void* src, DType from) {
+  visit_dtype(to, [&]<typename O>() {
+    visit_dtype(from, [&]<typename I>() { *static_cast<O*>(dst) = ew::cast<O>(*static_cast<const I*>(src)); });
+  });
+}
+
+}  // namespace kiln::kernels

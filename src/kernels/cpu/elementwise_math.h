@@ -1,0 +1,198 @@
+// Internal to the elementwise kernels: math functions that vectorise.
+//
+// Note [Vectorised transcendentals through libmvec]
+// glibc ships SIMD versions of expf, logf, tanhf, erff... (libmvec, ≤ 4 ulp,
+// NaN/Inf handled as the scalar functions do), but <math.h> only declares
+// them to the compiler under -ffast-math, which we must not use (results stay
+// IEEE). Measured with GCC 12 -O3 -march=native: std::exp in a loop does not
+// vectorise, not even with -fno-math-errno set per file by pragma. So we
+// declare our own aliases of the scalar functions (same symbol, through an
+// asm label) carrying `simd` and `const`: the vectoriser then calls
+// _ZGVeN16v_expf (AVX-512), _ZGVdN8v_expf (AVX2)... from libmvec, which the
+// libm linker script pulls in as needed. `const` is safe because no kernel
+// reads errno. Elsewhere (no glibc, clang) the plain std:: functions are used.
+//
+// sqrt has no libmvec version and GCC will not vectorise std::sqrt while
+// errno is live (it keeps a branch to the library call), so sqrt rows use
+// intrinsics; IEEE sqrt is correctly rounded, so every path agrees bit for bit.
+#pragma once
+
+#include <cmath>
+#include <cstdint>
+#include <type_traits>
+
+#include "kiln/core/half.h"
+
+#if defined(__AVX512F__) || defined(__AVX__) || defined(__F16C__)
+// GCC 12 warns (falsely) about _mm512_undefined_ps() inside the AVX-512 sqrt intrinsics.
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#include <immintrin.h>
+#pragma GCC diagnostic pop
+#endif
+
+#if defined(__x86_64__) && defined(__GLIBC__) && defined(__GNUC__) && !defined(__clang__) && \
+    !defined(KILN_NO_LIBMVEC)
+#define KILN_HAVE_LIBMVEC 1
+#define KILN_MVEC __attribute__((simd("notinbranch"), const, nothrow, leaf))
+extern "C" {
+KILN_MVEC float kiln_mvec_expf(float) __asm__("expf");
+KILN_MVEC double kiln_mvec_exp(double) __asm__("exp");
+KILN_MVEC float kiln_mvec_logf(float) __asm__("logf");
+KILN_MVEC double kiln_mvec_log(double) __asm__("log");
+KILN_MVEC float kiln_mvec_log1pf(float) __asm__("log1pf");
+KILN_MVEC double kiln_mvec_log1p(double) __asm__("log1p");
+KILN_MVEC float kiln_mvec_sinf(float) __asm__("sinf");
+KILN_MVEC double kiln_mvec_sin(double) __asm__("sin");
+KILN_MVEC float kiln_mvec_cosf(float) __asm__("cosf");
+KILN_MVEC double kiln_mvec_cos(double) __asm__("cos");
+KILN_MVEC float kiln_mvec_tanhf(float) __asm__("tanhf");
+KILN_MVEC double kiln_mvec_tanh(double) __asm__("tanh");
+KILN_MVEC float kiln_mvec_erff(float) __asm__("erff");
+KILN_MVEC double kiln_mvec_erf(double) __asm__("erf");
+KILN_MVEC float kiln_mvec_powf(float, float) __asm__("powf");
+KILN_MVEC double kiln_mvec_pow(double, double) __asm__("pow");
+}
+#undef KILN_MVEC
+#endif
+
+namespace kiln::kernels::vm {
+
+#ifdef KILN_HAVE_LIBMVEC
+inline float exp(float x) { return kiln_mvec_expf(x); }
+inline double exp(double x) { return kiln_mvec_exp(x); }
+inline float log(float x) { return kiln_mvec_logf(x); }
+inline double log(double x) { return kiln_mvec_log(x); }
+inline float log1p(float x) { return kiln_mvec_log1pf(x); }
+inline double log1p(double x) { return kiln_mvec_log1p(x); }
+inline float sin(float x) { return kiln_mvec_sinf(x); }
+inline double sin(double x) { return kiln_mvec_sin(x); }
+inline float cos(float x) { return kiln_mvec_cosf(x); }
+inline double cos(double x) { return kiln_mvec_cos(x); }
+inline float tanh(float x) { return kiln_mvec_tanhf(x); }
+inline double tanh(double x) { return kiln_mvec_tanh(x); }
+inline float erf(float x) { return kiln_mvec_erff(x); }
+inline double erf(double x) { return kiln_mvec_erf(x); }
+inline float pow(float x, float y) { return kiln_mvec_powf(x, y); }
+inline double pow(double x, double y) { return kiln_mvec_pow(x, y); }
+#else
+template <typename C> inline C exp(C x) { return std::exp(x); }
+template <typename C> inline C log(C x) { return std::log(x); }
+template <typename C> inline C log1p(C x) { return std::log1p(x); }
+template <typename C> inline C sin(C x) { return std::sin(x); }
+template <typename C> inline C cos(C x) { return std::cos(x); }
+template <typename C> inline C tanh(C x) { return std::tanh(x); }
+template <typename C> inline C erf(C x) { return std::erf(x); }
+template <typename C> inline C pow(C x, C y) { return std::pow(x, y); }
+#endif
+
+/// out[i] = sqrt(in[i]) (out may equal in).
+inline void sqrt_row(float* out, const float* in, int64_t n) {
+  int64_t i = 0;
+#if defined(__AVX512F__)
+  for (; i + 16 <= n; i += 16) _mm512_storeu_ps(out + i, _mm512_sqrt_ps(_mm512_loadu_ps(in + i)));
+#elif defined(__AVX__)
+  for (; i + 8 <= n; i += 8) _mm256_storeu_ps(out + i, _mm256_sqrt_ps(_mm256_loadu_ps(in + i)));
+#endif
+  for (; i < n; ++i) out[i] = std::sqrt(in[i]);
+}
+
+inline void sqrt_row(double* out, const double* in, int64_t n) {
+  int64_t i = 0;
+#if defined(__AVX512F__)
+  for (; i + 8 <= n; i += 8) _mm512_storeu_pd(out + i, _mm512_sqrt_pd(_mm512_loadu_pd(in + i)));
+#elif defined(__AVX__)
+  for (; i + 4 <= n; i += 4) _mm256_storeu_pd(out + i, _mm256_sqrt_pd(_mm256_loadu_pd(in + i)));
+#endif
+  for (; i < n; ++i) out[i] = std::sqrt(in[i]);
+}
+
+/// out[i] = 1 / sqrt(in[i]): a true division, not the approximate rsqrt instruction (torch does the same).
+/// Works in L1-sized pieces so the division re-reads sqrt's results from cache.
+template <typename C>
+inline void rsqrt_row(C* out, const C* in, int64_t n) {
+  constexpr int64_t kPiece = 512;
+  for (int64_t i0 = 0; i0 < n; i0 += kPiece) {
+    const int64_t m = n - i0 < kPiece ? n - i0 : kPiece;
+    sqrt_row(out + i0, in + i0, m);
+    C* o = out + i0;
+    for (int64_t i = 0; i < m; ++i) o[i] = C(1) / o[i];
+  }
+}
+
+/// float16 <-> float rows. Half's scalar conversions branch (subnormals, NaN)
+/// and do not vectorise; F16C converts 8 or 16 at a time with the same
+/// round-to-nearest-even, so results are identical (NaN stays NaN).
+inline void half_to_float_row(float* dst, const Half* src, int64_t n) {
+  int64_t i = 0;
+#if defined(__AVX512F__)
+  for (; i + 16 <= n; i += 16) {
+    _mm512_storeu_ps(dst + i, _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(src + i))));
+  }
+#endif
+#if defined(__F16C__)
+  for (; i + 8 <= n; i += 8) {
+    _mm256_storeu_ps(dst + i, _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(src + i))));
+  }
+#endif
+  for (; i < n; ++i) dst[i] = static_cast<float>(src[i]);
+}
+
+inline void float_to_half_row(Half* dst, const float* src, int64_t n) {
+  int64_t i = 0;
+#if defined(__AVX512F__)
+  for (; i + 16 <= n; i += 16) {
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(dst + i),
+                        _mm512_cvtps_ph(_mm512_loadu_ps(src + i), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+  }
+#endif
+#if defined(__F16C__)
+  for (; i + 8 <= n; i += 8) {
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(dst + i),
+                     _mm256_cvtps_ph(_mm256_loadu_ps(src + i), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+  }
+#endif
+  for (; i < n; ++i) dst[i] = Half(src[i]);
+}
+
+// Integer arithmetic that wraps modulo 2^bits, as torch's does, without the
+// undefined behaviour of signed overflow in C++ (UBSan builds check this).
+template <typename T>
+inline T wrapping_add(T a, T b) {
+  using U = std::make_unsigned_t<T>;
+  return static_cast<T>(static_cast<U>(static_cast<U>(a) + static_cast<U>(b)));
+}
+template <typename T>
+inline T wrapping_mul(T a, T b) {
+  using U = std::make_unsigned_t<T>;
+  // uint8 * uint8 promotes to int: widen to unsigned first so it cannot overflow either.
+  using W = std::conditional_t<(sizeof(U) < sizeof(unsigned)), unsigned, U>;
+  return static_cast<T>(static_cast<U>(static_cast<W>(static_cast<U>(a)) * static_cast<W>(static_cast<U>(b))));
+}
+template <typename T>
+inline T wrapping_neg(T x) {
+  using U = std::make_unsigned_t<T>;
+  return static_cast<T>(static_cast<U>(U(0) - static_cast<U>(x)));
+}
+
+/// torch's powi: exact integer power by squaring (wrapping); a negative
+/// exponent gives 1 for base 1, +-1 for base -1, and 0 otherwise.
+template <typename T>
+inline T int_pow(T base, T exp) {
+  if constexpr (std::is_signed_v<T>) {
+    if (exp < 0) {
+      if (base == 1) return 1;
+      if (base == -1) return (exp % 2) != 0 ? T(-1) : T(1);
+      return 0;
+    }
+  }
+  T result = 1;
+  while (exp) {
+    if (exp & 1) result = wrapping_mul(result, base);
+    exp = static_cast<T>(exp / 2);
+    base = wrapping_mul(base, base);
+  }
+  return result;
+}
+
+}  // namespace kiln::kernels::vm

@@ -1,0 +1,305 @@
+// index_select, gather, scatter, scatter_add (Tensor methods and free forms),
+// embedding and one_hot. Backward formulas will sit beside each forward
+// (autograd issue): gather <-> scatter_add, index_select -> index_add.
+//
+// Shapes follow torch: a 0-dim self or index is treated as 1-D of one element
+// (torch's ensure_nonempty_dim), so gather(scalar, 0, [0, 0]) is legal.
+// Index values are checked before the kernel runs (kernels/index.h), so an
+// in-place scatter that raises leaves self unmodified.
+#include <algorithm>
+#include <cstring>
+
+#include "iter.h"
+#include "kiln/kernels/copy.h"
+#include "kiln/kernels/index.h"
+#include "kiln/ops/factory.h"
+#include "kiln/ops/index.h"
+
+namespace kiln {
+
+namespace {
+
+using kernels::ScatterMode;
+
+// Sizes and strides with 0-dim seen as [1] (torch's ensure_nonempty_*).
+struct NonemptyDims {
+  DimVector sizes;
+  DimVector strides;
+};
+NonemptyDims nonempty_dims(const Tensor& t) {
+  if (t.dim() == 0) return {DimVector{1}, DimVector{1}};
+  return {DimVector(t.sizes()), DimVector(t.strides())};
+}
+
+kernels::StridedOperand operand(const Tensor& t, IntArrayRef strides) {
+  return {static_cast<char*>(t.data_ptr()), strides, t.element_size()};
+}
+
+// A contiguous copy that, unlike clone(), leaves the new tensor at version 0.
+Tensor fresh_copy(const Tensor& t) {
+  Tensor out = ops::new_output(t.sizes(), t.dtype());
+  if (t.numel() > 0) kernels::copy_cast(ops::make_loop(out.sizes(), {&out, &t}), t.dtype(), t.dtype());
+  return out;
+}
+
+// The first index value outside [0, size), or nullopt; scans with a parallel
+// min/max first so the common all-valid case costs one read of the index.
+std::optional<int64_t> find_bad_index(const Tensor& index, IntArrayRef sizes, IntArrayRef strides, int64_t size) {
+  if (shape_numel(sizes) == 0) return std::nullopt;
+  const auto loop = kernels::make_strided_loop(sizes, {operand(index, strides)});
+  const auto r = kernels::index_min_max(loop, index.dtype());
+  if (r.min >= 0 && r.max < size) return std::nullopt;
+  return kernels::first_out_of_range(loop, index.dtype(), 0, size);
+}
+
+void check_index_values(const Tensor& index, IntArrayRef sizes, IntArrayRef strides, int64_t size, const char* op,
+                        int64_t dim) {
+  if (auto bad = find_bad_index(index, sizes, strides, size)) {
+    throw IndexError(detail::concat(op, ": index ", *bad, " is out of bounds for dimension ", dim, " with size ",
+                                    size));
+  }
+}
+
+// index_select on validated arguments (dim wrapped, index values in range).
+Tensor index_select_unchecked(const Tensor& self, int64_t dim, const Tensor& index) {
+  if (self.dim() == 0) return fresh_copy(self);
+  const int64_t k = index.numel();
+  DimVector out_sizes(self.sizes());
+  out_sizes[dim] = k;
+  Tensor out = ops::new_output(out_sizes, self.dtype());
+  if (out.numel() == 0) return out;
+  const int64_t index_stride = index.dim() == 0 ? 0 : index.stride(0);
+  if (self.is_contiguous()) {
+    int64_t outer = 1, inner = 1;
+    for (int64_t d = 0; d < dim; ++d) outer *= self.sizes()[d];
+    for (int64_t d = dim + 1; d < self.dim(); ++d) inner *= self.sizes()[d];
+    kernels::index_select_contiguous(static_cast<char*>(out.data_ptr()), static_cast<const char*>(self.data_ptr()),
+                                     index.data_ptr(), self.dtype(), index.dtype(), index_stride, outer,
+                                     self.sizes()[dim], k, inner);
+    return out;
+  }
+  // Note [Gather/scatter as a restrided loop]: gather with an index that
+  // varies only along dim.
+  DimVector self_strides(self.strides()), idx_strides(self.dim(), 0);
+  self_strides[dim] = 0;
+  idx_strides[dim] = index_stride;
+  const auto loop = kernels::make_strided_loop(
+      out_sizes, {operand(out, out.strides()), operand(self, self_strides), operand(index, idx_strides)});
+  const bool valid = kernels::gather(loop, self.dtype(), index.dtype(), self.strides()[dim] * self.element_size(),
+                                     self.sizes()[dim]);
+  KILN_ASSERT(valid, "index_select: indices were checked before the kernel");
+  return out;
+}
+
+// Shared checks and kernel call of scatter_, scatter_add_ and the value form.
+void scatter_into(const Tensor& self, int64_t dim, const Tensor& index, const Tensor* src, const Scalar* value,
+                  ScatterMode mode, const char* op) {
+  ops::check_defined(self, op, "self");
+  ops::check_defined(index, op, "index");
+  if (src) {
+    ops::check_defined(*src, op, "src");
+    KILN_CHECK(src->dtype() == self.dtype(), DTypeError, op, ": Expected self.dtype to be equal to src.dtype, got ",
+               dtype_name(self.dtype()), " and ", dtype_name(src->dtype()));
+  }
+  const int64_t nd = std::max<int64_t>(self.dim(), 1);
+  dim = wrap_dim(dim, nd, op);
+  if (value) ops::check_scalar_fits(*value, self.dtype(), op);
+  if (index.numel() == 0) return;  // torch skips the index checks for an empty index
+  KILN_CHECK(index.dtype() == kInt64, DTypeError, op, ": Expected dtype int64 for index, got ",
+             dtype_name(index.dtype()));
+  KILN_CHECK(std::max<int64_t>(index.dim(), 1) == nd, ShapeError, op,
+             ": index tensor must have the same number of dimensions as self tensor, got index shape ",
+             index.sizes(), " and self shape ", self.sizes());
+  if (src) {
+    KILN_CHECK(std::max<int64_t>(src->dim(), 1) == nd, ShapeError, op,
+               ": index tensor must have the same number of dimensions as src tensor, got index shape ",
+               index.sizes(), " and src shape ", src->sizes());
+  }
+  const NonemptyDims s = nonempty_dims(self), ix = nonempty_dims(index);
+  NonemptyDims sr;
+  if (src) sr = nonempty_dims(*src);
+  for (int64_t d = 0; d < nd; ++d) {
+    const bool ok = (d == dim || ix.sizes[d] <= s.sizes[d]) && (!src || ix.sizes[d] <= sr.sizes[d]);
+    if (!ok && src) {
+      throw ShapeError(detail::concat(op, ": expected index ", index.sizes(), " to be no larger than self ",
+                                      self.sizes(), " apart from dimension ", dim, " and no larger than src ",
+                                      src->sizes(), " (mismatch at dimension ", d, ")"));
+    }
+    KILN_CHECK(ok, ShapeError, op, ": expected index ", index.sizes(), " to be no larger than self ", self.sizes(),
+               " apart from dimension ", dim, " (mismatch at dimension ", d, ")");
+  }
+  for (int64_t d = 0; d < nd; ++d) {
+    KILN_CHECK(s.strides[d] != 0 || s.sizes[d] <= 1, ValueError, op,
+               ": more than one element of the written-to tensor (shape ", self.sizes(), ", strides ",
+               self.strides(), ") refers to a single memory location; clone() it first");
+  }
+  check_index_values(index, ix.sizes, ix.strides, s.sizes[dim], op, dim);
+  // Reads that alias the written tensor would see earlier writes: read a copy.
+  const Tensor idx = index.is_alias_of(self) ? fresh_copy(index) : index;
+  DimVector self_strides = s.strides;
+  self_strides[dim] = 0;
+  const int64_t dim_stride = s.strides[dim] * self.element_size();
+  if (src) {
+    const Tensor source = src->is_alias_of(self) ? fresh_copy(*src) : *src;
+    const NonemptyDims so = nonempty_dims(source);
+    const auto loop = kernels::make_strided_loop(
+        ix.sizes, {operand(self, self_strides), operand(source, so.strides), operand(idx, ix.strides)});
+    kernels::scatter(loop, self.dtype(), idx.dtype(), dim_stride, mode);
+  } else {
+    const auto loop = kernels::make_strided_loop(ix.sizes, {operand(self, self_strides), operand(idx, ix.strides)});
+    kernels::scatter_value(loop, self.dtype(), idx.dtype(), dim_stride, *value);
+  }
+}
+
+}  // namespace
+
+Tensor Tensor::index_select(int64_t d, const Tensor& index) const {
+  ops::check_defined(*this, "index_select", "self");
+  ops::check_defined(index, "index_select", "index");
+  KILN_CHECK(index.dtype() == kInt64 || index.dtype() == kInt32, DTypeError,
+             "index_select(): Expected dtype int32 or int64 for index, got ", dtype_name(index.dtype()));
+  KILN_CHECK(index.dim() <= 1, IndexError, "index_select(): index is supposed to be a vector (0-dim or 1-D), got shape ",
+             index.sizes());
+  d = wrap_dim(d, std::max<int64_t>(dim(), 1), "index_select");
+  const int64_t size = dim() == 0 ? 1 : sizes()[d];
+  const DimVector idx_sizes{index.numel()}, idx_strides{index.dim() == 0 ? 1 : index.stride(0)};
+  check_index_values(index, idx_sizes, idx_strides, size, "index_select()", d);
+  return index_select_unchecked(*this, d, index);
+}
+
+Tensor Tensor::gather(int64_t d, const Tensor& index) const {
+  ops::check_defined(*this, "gather", "self");
+  ops::check_defined(index, "gather", "index");
+  const int64_t nd = std::max<int64_t>(dim(), 1);
+  d = wrap_dim(d, nd, "gather");
+  // torch skips the index checks for an empty index.
+  if (index.numel() == 0) return ops::new_output(index.sizes(), dtype());
+  KILN_CHECK(index.dtype() == kInt64, DTypeError, "gather(): Expected dtype int64 for index, got ",
+             dtype_name(index.dtype()));
+  KILN_CHECK(std::max<int64_t>(index.dim(), 1) == nd, ShapeError,
+             "gather(): index tensor must have the same number of dimensions as input tensor, got index shape ",
+             index.sizes(), " and input shape ", sizes());
+  const NonemptyDims s = nonempty_dims(*this), ix = nonempty_dims(index);
+  for (int64_t i = 0; i < nd; ++i) {
+    KILN_CHECK(i == d || ix.sizes[i] <= s.sizes[i], ShapeError, "gather(): size does not match at dimension ", i,
+               ": expected index ", index.sizes(), " to be no larger than self ", sizes(), " apart from dimension ",
+               d);
+  }
+  // An empty dim makes every index bad, and the kernel's fallback read of
+  // index 0 would itself be out of bounds: report before reading.
+  if (s.sizes[d] == 0) check_index_values(index, ix.sizes, ix.strides, 0, "gather()", d);
+  Tensor out = ops::new_output(index.sizes(), dtype());
+  DimVector self_strides = s.strides;
+  self_strides[d] = 0;
+  const DimVector out_strides = contiguous_strides(ix.sizes);
+  const auto loop = kernels::make_strided_loop(
+      ix.sizes, {operand(out, out_strides), operand(*this, self_strides), operand(index, ix.strides)});
+  if (!kernels::gather(loop, dtype(), index.dtype(), s.strides[d] * element_size(), s.sizes[d])) {
+    check_index_values(index, ix.sizes, ix.strides, s.sizes[d], "gather()", d);  // raises with the first bad index
+    KILN_ASSERT(false, "gather: the kernel saw a bad index that the scan did not find");
+  }
+  return out;
+}
+
+Tensor& Tensor::scatter_(int64_t d, const Tensor& index, const Tensor& src) {
+  scatter_into(*this, d, index, &src, nullptr, ScatterMode::Assign, "scatter_");
+  bump_version();
+  return *this;
+}
+
+Tensor& Tensor::scatter_(int64_t d, const Tensor& index, const Scalar& value) {
+  scatter_into(*this, d, index, nullptr, &value, ScatterMode::Assign, "scatter_");
+  bump_version();
+  return *this;
+}
+
+Tensor& Tensor::scatter_add_(int64_t d, const Tensor& index, const Tensor& src) {
+  scatter_into(*this, d, index, &src, nullptr, ScatterMode::Add, "scatter_add_");
+  bump_version();
+  return *this;
+}
+
+Tensor Tensor::scatter(int64_t d, const Tensor& index, const Tensor& src) const {
+  ops::check_defined(*this, "scatter", "self");
+  Tensor out = fresh_copy(*this);
+  scatter_into(out, d, index, &src, nullptr, ScatterMode::Assign, "scatter");
+  return out;
+}
+
+Tensor Tensor::scatter(int64_t d, const Tensor& index, const Scalar& value) const {
+  ops::check_defined(*this, "scatter", "self");
+  Tensor out = fresh_copy(*this);
+  scatter_into(out, d, index, nullptr, &value, ScatterMode::Assign, "scatter");
+  return out;
+}
+
+Tensor Tensor::scatter_add(int64_t d, const Tensor& index, const Tensor& src) const {
+  ops::check_defined(*this, "scatter_add", "self");
+  Tensor out = fresh_copy(*this);
+  scatter_into(out, d, index, &src, nullptr, ScatterMode::Add, "scatter_add");
+  return out;
+}
+
+Tensor index_select(const Tensor& self, int64_t dim, const Tensor& index) { return self.index_select(dim, index); }
+Tensor gather(const Tensor& self, int64_t dim, const Tensor& index) { return self.gather(dim, index); }
+Tensor scatter(const Tensor& self, int64_t dim, const Tensor& index, const Tensor& src) {
+  return self.scatter(dim, index, src);
+}
+Tensor scatter(const Tensor& self, int64_t dim, const Tensor& index, const Scalar& value) {
+  return self.scatter(dim, index, value);
+}
+Tensor scatter_add(const Tensor& self, int64_t dim, const Tensor& index, const Tensor& src) {
+  return self.scatter_add(dim, index, src);
+}
+
+Tensor embedding(const Tensor& weight, const Tensor& indices) {
+  ops::check_defined(weight, "embedding", "weight");
+  ops::check_defined(indices, "embedding", "indices");
+  KILN_CHECK(weight.dim() == 2, ShapeError, "embedding: 'weight' must be 2-D [num_embeddings, embedding_dim], got shape ",
+             weight.sizes());
+  KILN_CHECK(indices.dtype() == kInt64 || indices.dtype() == kInt32, DTypeError,
+             "embedding: expected indices of dtype int64 or int32, got ", dtype_name(indices.dtype()));
+  const int64_t table = weight.sizes()[0];
+  const Tensor flat = indices.reshape({-1});
+  const DimVector idx_sizes{flat.numel()}, idx_strides{flat.stride(0)};
+  if (auto bad = find_bad_index(flat, idx_sizes, idx_strides, table)) {
+    throw IndexError(detail::concat("embedding: index ", *bad, " is out of range for an embedding table of ", table,
+                                    " entries (weight shape ", weight.sizes(), ", indices shape ", indices.sizes(),
+                                    ")"));
+  }
+  DimVector out_sizes(indices.sizes());
+  out_sizes.push_back(weight.sizes()[1]);
+  return index_select_unchecked(weight, 0, flat).view(out_sizes);
+}
+
+Tensor one_hot(const Tensor& indices, int64_t num_classes) {
+  ops::check_defined(indices, "one_hot", "indices");
+  KILN_CHECK(indices.dtype() == kInt64, DTypeError, "one_hot: is only applicable to index tensors of dtype int64, got ",
+             dtype_name(indices.dtype()));
+  DimVector out_sizes(indices.sizes());
+  if (indices.numel() == 0) {
+    KILN_CHECK(num_classes > 0, ValueError,
+               "one_hot: can not infer the number of classes from an empty tensor (shape ", indices.sizes(),
+               "); pass num_classes > 0");
+    out_sizes.push_back(num_classes);
+    return ops::new_output(out_sizes, kInt64);
+  }
+  const Tensor idx = indices.contiguous();
+  const DimVector flat_sizes{idx.numel()}, flat_strides{1};
+  const auto loop = kernels::make_strided_loop(flat_sizes, {operand(idx, flat_strides)});
+  const auto range = kernels::index_min_max(loop, kInt64);
+  KILN_CHECK(range.min >= 0, ValueError, "one_hot: class values must be non-negative, got ", range.min);
+  if (num_classes == -1) {
+    num_classes = range.max + 1;
+  } else {
+    KILN_CHECK(range.max < num_classes, ValueError, "one_hot: class values must be smaller than num_classes (",
+               num_classes, "), got ", range.max);
+  }
+  out_sizes.push_back(num_classes);
+  Tensor out = ops::new_output(out_sizes, kInt64);
+  std::memset(out.data_ptr(), 0, static_cast<size_t>(out.nbytes()));
+  kernels::one_hot(idx.data_ptr<int64_t>(), idx.numel(), num_classes, out.data_ptr<int64_t>());
+  return out;
+}
+
+}  // namespace kiln
