@@ -1,0 +1,86 @@
+// Dense math throughput through kiln's public ops (oneDNN underneath):
+// matmul 1024^3 in float32/bfloat16, conv2d N=64 C=32 14x14 K=64 3x3 pad 1,
+// at 1 and 2 threads, reported as GFLOP/s; plus the per-call cost of a tiny
+// matmul (framework overhead + cached primitive) and a max pool.
+//
+//   ./build/release/bench/micro/kiln_micro_bench --benchmark_filter=Dnnl --benchmark_min_time=0.3
+#include <benchmark/benchmark.h>
+
+#include "kiln/kiln.h"
+#include "kiln/ops/conv.h"
+#include "kiln/ops/linalg.h"
+
+namespace {
+
+using kiln::DType;
+using kiln::Tensor;
+
+// Sets kiln's (and so oneDNN's) thread count for one benchmark run.
+class ThreadScope {
+ public:
+  explicit ThreadScope(int n) : prev_(kiln::get_num_threads()) { kiln::set_num_threads(n); }
+  ~ThreadScope() { kiln::set_num_threads(prev_); }
+
+ private:
+  int prev_;
+};
+
+void set_gflops(benchmark::State& state, double flops_per_iter) {
+  state.counters["GFLOP/s"] = benchmark::Counter(flops_per_iter * 1e-9 * static_cast<double>(state.iterations()),
+                                                 benchmark::Counter::kIsRate);
+}
+
+void BM_DnnlMatmul(benchmark::State& state, DType dt) {
+  const ThreadScope threads(static_cast<int>(state.range(0)));
+  const int64_t n = 1024;
+  kiln::Generator g(1);
+  const Tensor a = kiln::randn({n, n}, kiln::kFloat32, &g).to(dt);
+  const Tensor b = kiln::randn({n, n}, kiln::kFloat32, &g).to(dt);
+  benchmark::DoNotOptimize(kiln::mm(a, b));  // warm: primitive creation and output block
+  for (auto _ : state) benchmark::DoNotOptimize(kiln::mm(a, b));
+  set_gflops(state, 2.0 * n * n * n);
+}
+
+void BM_DnnlConv2d(benchmark::State& state, DType dt) {
+  const ThreadScope threads(static_cast<int>(state.range(0)));
+  const int64_t N = 64, C = 32, H = 14, W = 14, K = 64, R = 3;
+  kiln::Generator g(2);
+  const Tensor x = kiln::randn({N, C, H, W}, kiln::kFloat32, &g).to(dt);
+  const Tensor w = kiln::randn({K, C, R, R}, kiln::kFloat32, &g).to(dt);
+  const Tensor b = kiln::randn({K}, kiln::kFloat32, &g).to(dt);
+  benchmark::DoNotOptimize(kiln::conv2d(x, w, b, 1, 1));
+  for (auto _ : state) benchmark::DoNotOptimize(kiln::conv2d(x, w, b, 1, 1));
+  set_gflops(state, 2.0 * N * K * C * R * R * H * W);
+}
+
+// Per-call cost on a tiny product: framework overhead plus the oneDNN call.
+void BM_DnnlSmallMatmul(benchmark::State& state) {
+  const ThreadScope threads(1);
+  const Tensor a = kiln::ones({8, 8}), b = kiln::ones({8, 8});
+  for (auto _ : state) benchmark::DoNotOptimize(kiln::mm(a, b));
+}
+
+void BM_DnnlSmallLinear(benchmark::State& state) {
+  const ThreadScope threads(1);
+  const Tensor x = kiln::ones({4, 32}), w = kiln::ones({16, 32}), bias = kiln::ones({16});
+  for (auto _ : state) benchmark::DoNotOptimize(kiln::linear(x, w, bias));
+}
+
+void BM_DnnlMaxPool(benchmark::State& state) {
+  const ThreadScope threads(static_cast<int>(state.range(0)));
+  kiln::Generator g(3);
+  const Tensor x = kiln::randn({32, 64, 56, 56}, kiln::kFloat32, &g);
+  benchmark::DoNotOptimize(kiln::max_pool2d(x, 3, 2, 1));
+  for (auto _ : state) benchmark::DoNotOptimize(kiln::max_pool2d(x, 3, 2, 1));
+  state.SetBytesProcessed(state.iterations() * x.nbytes() * 5 / 4);  // read input, write a quarter
+}
+
+}  // namespace
+
+BENCHMARK_CAPTURE(BM_DnnlMatmul, f32, kiln::kFloat32)->Arg(1)->Arg(2)->Unit(benchmark::kMillisecond)->UseRealTime();
+BENCHMARK_CAPTURE(BM_DnnlMatmul, bf16, kiln::kBFloat16)->Arg(1)->Arg(2)->Unit(benchmark::kMillisecond)->UseRealTime();
+BENCHMARK_CAPTURE(BM_DnnlConv2d, f32, kiln::kFloat32)->Arg(1)->Arg(2)->Unit(benchmark::kMillisecond)->UseRealTime();
+BENCHMARK_CAPTURE(BM_DnnlConv2d, bf16, kiln::kBFloat16)->Arg(1)->Arg(2)->Unit(benchmark::kMillisecond)->UseRealTime();
+BENCHMARK(BM_DnnlSmallMatmul);
+BENCHMARK(BM_DnnlSmallLinear);
+BENCHMARK(BM_DnnlMaxPool)->Arg(1)->Arg(2)->Unit(benchmark::kMillisecond)->UseRealTime();

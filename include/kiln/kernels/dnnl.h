@@ -1,0 +1,138 @@
+// Dense math kernels: matmul, 2-D convolution and 2-D pooling over raw
+// pointers (the kernels layer: no Tensor here). float32 and bfloat16 run on
+// oneDNN; float64 and integer types run on OpenBLAS or our own loops, since
+// oneDNN has no f64 (see kiln/kernels/blas.h). The ops layer checks shapes
+// and dtypes, allocates outputs and converts float16 to float32 before it
+// calls in here.
+//
+// oneDNN primitives are cached per thread, keyed by everything that shapes
+// the primitive (dims, strides, dtype, attributes, thread count), so a
+// repeated call costs a hash lookup; dnnl_primitives_created() counts cache
+// misses for tests. One engine and one stream serve the whole process, and
+// every scratchpad comes from kiln's allocator (MemoryCategory::Workspace).
+//
+// Note [Dense kernels and backward]: each forward takes a plain parameter
+// struct so backward kernels (convolution backward-data/weights, pooling
+// backward) can take the same struct and find the forward primitive they
+// need as a hint under the same cache key. Max pooling exposes both oneDNN's
+// opaque workspace (pool2d_workspace_bytes) and torch-style int64 indices
+// (max_pool2d_with_indices), so its backward can use either.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+#include "kiln/core/dtype.h"
+
+namespace kiln::kernels {
+
+// ---------------------------------------------------------------------------
+// Matmul: c[b] = a[b] · b[b] (+ bias), b in [0, batch).
+// ---------------------------------------------------------------------------
+
+/// One strided operand of a batched matmul. Strides are in elements:
+/// stride[0] steps the batch (0: the same matrix for every batch, i.e.
+/// broadcast), stride[1] the rows, stride[2] the columns. Each matrix must
+/// have a unit stride in one of its two dims and must not overlap itself
+/// (the ops layer copies anything else to contiguous first).
+struct MatrixOperand {
+  const void* data = nullptr;
+  int64_t stride[3] = {0, 0, 1};
+};
+
+struct MatmulArgs {
+  DType dtype = DType::Float32;  // a, b, bias and c all have this dtype
+  int64_t batch = 1;
+  int64_t m = 0, n = 0, k = 0;  // a is [m, k], b is [k, n], c is [m, n]
+  MatrixOperand a, b;
+  /// Optional bias of n contiguous elements, added to every row of c.
+  const void* bias = nullptr;
+  /// Contiguous [batch, m, n].
+  void* c = nullptr;
+};
+
+/// float32, bfloat16: oneDNN. float64: cblas_dgemm. int64, int32, uint8: a
+/// plain loop (torch supports integer mm on CPU). Other dtypes are a bug in
+/// the caller (KILN_ASSERT).
+void matmul(const MatmulArgs& args);
+
+// ---------------------------------------------------------------------------
+// 2-D convolution, NCHW.
+// ---------------------------------------------------------------------------
+
+struct Conv2dParams {
+  DType dtype = DType::Float32;
+  int64_t n = 0, c = 0, h = 0, w = 0;  // input [n, c, h, w]
+  int64_t o = 0, kh = 0, kw = 0;       // weight [o, c / groups, kh, kw]
+  int64_t groups = 1;
+  int64_t oh = 0, ow = 0;              // output [n, o, oh, ow]
+  int64_t stride[2] = {1, 1};
+  int64_t dilation[2] = {1, 1};        // torch's convention: 1 is a dense kernel
+  int64_t pad_l[2] = {0, 0};           // top, left
+  int64_t pad_r[2] = {0, 0};           // bottom, right (may differ: padding="same")
+};
+
+/// output = conv(input, weight) + bias. input, weight and output are
+/// contiguous; bias is null or o contiguous elements. float32/bfloat16 run on
+/// oneDNN (which picks its blocked layout and reorders around the call: that
+/// measured faster than plain NCHW even for single calls); float64 and
+/// integers run im2col + gemm.
+void conv2d_forward(const Conv2dParams& p, const void* input, const void* weight, const void* bias, void* output);
+
+// ---------------------------------------------------------------------------
+// 2-D pooling, NCHW.
+// ---------------------------------------------------------------------------
+
+enum class PoolKind : uint8_t { Max, AvgIncludePad, AvgExcludePad };
+
+struct Pool2dParams {
+  DType dtype = DType::Float32;
+  PoolKind kind = PoolKind::Max;
+  int64_t n = 0, c = 0, h = 0, w = 0;  // input [n, c, h, w]
+  int64_t oh = 0, ow = 0;              // output [n, c, oh, ow]
+  int64_t kernel[2] = {1, 1};
+  int64_t stride[2] = {1, 1};
+  int64_t pad[2] = {0, 0};             // torch's symmetric padding; windows may run past it (ceil_mode)
+  int64_t dilation[2] = {1, 1};        // torch's convention (max pooling only)
+  /// Average pooling divides by this instead of the window size when nonzero.
+  int64_t divisor_override = 0;
+};
+
+/// Bytes of oneDNN workspace a training-mode max pool writes for its backward
+/// (0 when the call would not run on oneDNN or needs none).
+size_t pool2d_workspace_bytes(const Pool2dParams& p);
+
+/// Torch semantics throughout: average pooling with count_include_pad divides
+/// by the window clipped to the padded input (so ceil_mode windows that run
+/// past the padding count fewer), max pooling propagates NaN. `workspace`,
+/// when not null, must hold pool2d_workspace_bytes(p) and receives oneDNN's
+/// max-pool workspace. Input and output are contiguous. Returns whether
+/// oneDNN ran (and so wrote the workspace): a NaN in a max pool's input, for
+/// one, sends it to our own loop, which does not.
+bool pool2d_forward(const Pool2dParams& p, const void* input, void* output, void* workspace = nullptr);
+
+/// Max pooling that also writes, per output element, the flat index
+/// (row * w + col) of the chosen input element in its plane, as torch's
+/// max_pool2d_with_indices. Floating dtypes.
+void max_pool2d_with_indices(const Pool2dParams& p, const void* input, void* output, int64_t* indices);
+
+/// Torch's adaptive average pooling: output cell i covers input rows
+/// [floor(i * h / oh), ceil((i + 1) * h / oh)) and likewise for columns.
+/// Uniform bins (h % oh == 0 and w % ow == 0) on float32/bfloat16 go to
+/// oneDNN; the rest run our own loop.
+void adaptive_avg_pool2d(DType dtype, int64_t planes, int64_t h, int64_t w, int64_t oh, int64_t ow, const void* input,
+                         void* output);
+
+// ---------------------------------------------------------------------------
+// Primitive cache introspection (tests, diagnostics).
+// ---------------------------------------------------------------------------
+
+/// oneDNN primitives (and reorders) created so far in this process, on any thread.
+int64_t dnnl_primitives_created();
+/// Drops this thread's cached primitives.
+void dnnl_clear_cache();
+/// True when oneDNN can run `dt` natively on this CPU (float32 always;
+/// bfloat16 with AVX512_BF16 or emulation; float16 not on CPUs without AVX512_FP16).
+bool dnnl_supports(DType dt);
+
+}  // namespace kiln::kernels

@@ -1,0 +1,31 @@
+// Matrix products with PyTorch's semantics: mm (2-D · 2-D), bmm (3-D · 3-D),
+// matmul (torch.matmul: dot, matrix-vector, and batched products that
+// broadcast the leading dims), and linear (x · Wᵀ + b, torch.nn.functional.linear).
+//
+// float32 and bfloat16 run on oneDNN, float64 on OpenBLAS, float16 computes
+// in float32 and rounds back, and int64/int32/uint8 use a plain loop (torch
+// multiplies integers on CPU; bool is rejected as in torch). Both operands
+// must have the same dtype (DTypeError otherwise, as torch). Transposed and
+// other strided operands with a unit stride in one of their last two dims are
+// read in place; anything else is copied to contiguous first.
+#pragma once
+
+#include "kiln/core/tensor.h"
+
+namespace kiln {
+
+/// [n, k] · [k, m] -> [n, m].
+Tensor mm(const Tensor& self, const Tensor& mat2);
+/// [b, n, k] · [b, k, m] -> [b, n, m]; the batch sizes must match (no broadcasting).
+Tensor bmm(const Tensor& self, const Tensor& mat2);
+/// torch.matmul: 1-D · 1-D is a dot product (0-dim result); a 1-D first
+/// operand gets a leading 1 prepended and a 1-D second operand a trailing 1
+/// appended, removed again from the result; leading (batch) dims broadcast.
+Tensor matmul(const Tensor& self, const Tensor& other);
+/// input [..., in_features] · weight[out_features, in_features]ᵀ + bias
+/// [out_features] -> [..., out_features]. The bias is fused into the product
+/// (any bias that broadcasts to the output is accepted, as torch); weight is
+/// read transposed in place, never copied.
+Tensor linear(const Tensor& input, const Tensor& weight, const Tensor& bias = {});
+
+}  // namespace kiln

@@ -1,0 +1,137 @@
+// conv2d_forward: oneDNN for float32/bfloat16 (dnnl_conv.cpp); im2col + gemm
+// for float64 (OpenBLAS dgemm) and integers (kernels::gemm's loop), the same
+// scheme as torch's slow_conv2d, which is what torch runs for these dtypes.
+// col2im for backward-data will sit beside im2col.
+#include <omp.h>
+
+#include <algorithm>
+#include <cstring>
+
+#include "dnnl_common.h"
+#include "kiln/kernels/blas.h"
+#include "kiln/kernels/dnnl.h"
+#include "kiln/kernels/loop.h"
+
+namespace kiln::kernels {
+
+void dnnl_conv2d_forward(const Conv2dParams& p, const void* input, const void* weight, const void* bias,
+                         void* output);
+
+namespace {
+
+// col[(ci * kh + ki) * kw + kj, oy * ow + ox] = img[ci, iy, ix] (0 in the padding),
+// iy = oy * sh - pad_top + ki * dh, ix likewise. img is [cg, h, w] contiguous.
+template <typename T>
+void im2col(const Conv2dParams& p, int64_t cg, const T* img, T* col) {
+  const int64_t ohw = p.oh * p.ow;
+  for (int64_t ci = 0; ci < cg; ++ci) {
+    const T* plane = img + ci * p.h * p.w;
+    for (int64_t ki = 0; ki < p.kh; ++ki) {
+      for (int64_t kj = 0; kj < p.kw; ++kj) {
+        T* row = col + ((ci * p.kh + ki) * p.kw + kj) * ohw;
+        for (int64_t oy = 0; oy < p.oh; ++oy) {
+          T* dst = row + oy * p.ow;
+          const int64_t iy = oy * p.stride[0] - p.pad_l[0] + ki * p.dilation[0];
+          if (iy < 0 || iy >= p.h) {
+            std::fill(dst, dst + p.ow, T{});
+            continue;
+          }
+          const T* src = plane + iy * p.w;
+          const int64_t x0 = kj * p.dilation[1] - p.pad_l[1];
+          if (p.stride[1] == 1 && x0 >= 0 && x0 + p.ow <= p.w) {
+            std::memcpy(dst, src + x0, static_cast<size_t>(p.ow) * sizeof(T));
+            continue;
+          }
+          for (int64_t ox = 0; ox < p.ow; ++ox) {
+            const int64_t ix = ox * p.stride[1] + x0;
+            dst[ox] = (ix >= 0 && ix < p.w) ? src[ix] : T{};
+          }
+        }
+      }
+    }
+  }
+}
+
+template <typename T>
+void conv2d_im2col(const Conv2dParams& p, const T* input, const T* weight, const T* bias, T* output) {
+  const int64_t cg = p.c / p.groups, og = p.o / p.groups;
+  const int64_t ohw = p.oh * p.ow, kdim = cg * p.kh * p.kw;
+  // A 1x1 kernel with unit stride and no padding reads the image as it is.
+  const bool direct = p.kh == 1 && p.kw == 1 && p.stride[0] == 1 && p.stride[1] == 1 && p.pad_l[0] == 0 &&
+                      p.pad_l[1] == 0 && p.pad_r[0] == 0 && p.pad_r[1] == 0;
+  const size_t col_bytes = direct ? 0 : static_cast<size_t>(kdim * ohw) * sizeof(T);
+
+  auto images = [&](int64_t n0, int64_t n1) {
+    dnnl_detail::ScratchBlock col_block(col_bytes);
+    T* col = reinterpret_cast<T*>(col_block.data());
+    for (int64_t ni = n0; ni < n1; ++ni) {
+      const T* img = input + ni * p.c * p.h * p.w;
+      T* out = output + ni * p.o * ohw;
+      if (bias) {
+        for (int64_t oc = 0; oc < p.o; ++oc) std::fill(out + oc * ohw, out + (oc + 1) * ohw, bias[oc]);
+      }
+      for (int64_t g = 0; g < p.groups; ++g) {
+        const T* img_g = img + g * cg * p.h * p.w;
+        if (!direct) im2col(p, cg, img_g, col);
+        // out_g [og, ohw] = W_g [og, kdim] · col [kdim, ohw]
+        gemm(dtype_of_v<T>, false, false, og, ohw, kdim, weight + g * og * kdim, kdim, direct ? img_g : col, ohw,
+             bias != nullptr, out + g * og * ohw, ohw);
+      }
+    }
+  };
+  // Enough images: one range per thread, single-threaded gemm inside (BLAS
+  // and our loops run serially inside an OpenMP region). Otherwise images in
+  // turn, each gemm threaded.
+  const int64_t per_image = p.o * ohw * std::max<int64_t>(kdim, 1);
+  if (p.n >= omp_get_max_threads() && p.n > 1) {
+    parallel_for(p.n, std::max<int64_t>(1, (int64_t{1} << 16) / std::max<int64_t>(per_image, 1)),
+                 [&](int64_t b, int64_t e) { images(b, e); });
+  } else {
+    images(0, p.n);
+  }
+}
+
+}  // namespace
+
+void conv2d_forward(const Conv2dParams& p, const void* input, const void* weight, const void* bias, void* output) {
+  if (p.n == 0 || p.o == 0 || p.oh == 0 || p.ow == 0) return;
+  switch (p.dtype) {
+    case DType::Float32:
+    case DType::BFloat16:
+      if (p.c == 0) break;  // oneDNN cannot take empty channels; the result is the bias
+      dnnl_conv2d_forward(p, input, weight, bias, output);
+      return;
+    case DType::Float64:
+      conv2d_im2col(p, static_cast<const double*>(input), static_cast<const double*>(weight),
+                    static_cast<const double*>(bias), static_cast<double*>(output));
+      return;
+    case DType::Int64:
+      conv2d_im2col(p, static_cast<const int64_t*>(input), static_cast<const int64_t*>(weight),
+                    static_cast<const int64_t*>(bias), static_cast<int64_t*>(output));
+      return;
+    case DType::Int32:
+      conv2d_im2col(p, static_cast<const int32_t*>(input), static_cast<const int32_t*>(weight),
+                    static_cast<const int32_t*>(bias), static_cast<int32_t*>(output));
+      return;
+    case DType::UInt8:
+      conv2d_im2col(p, static_cast<const uint8_t*>(input), static_cast<const uint8_t*>(weight),
+                    static_cast<const uint8_t*>(bias), static_cast<uint8_t*>(output));
+      return;
+    default: KILN_ASSERT(false, "conv2d_forward: unsupported dtype ", dtype_name(p.dtype));
+  }
+  // Empty channels on the oneDNN types: bias or zero.
+  const int64_t es = element_size(p.dtype), ohw = p.oh * p.ow;
+  char* out = static_cast<char*>(output);
+  for (int64_t ni = 0; ni < p.n; ++ni) {
+    for (int64_t oc = 0; oc < p.o; ++oc) {
+      char* plane = out + (ni * p.o + oc) * ohw * es;
+      if (!bias) {
+        std::memset(plane, 0, static_cast<size_t>(ohw * es));
+        continue;
+      }
+      for (int64_t i = 0; i < ohw; ++i) std::memcpy(plane + i * es, static_cast<const char*>(bias) + oc * es, es);
+    }
+  }
+}
+
+}  // namespace kiln::kernels

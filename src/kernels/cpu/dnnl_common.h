@@ -1,0 +1,135 @@
+// Internal to the kernels layer: the process-wide oneDNN engine, per-thread
+// streams and primitive caches, cache keys, scratch memory from kiln's
+// allocator, and allocation-free primitive execution.
+//
+// Note [oneDNN primitive cache]
+// Creating a oneDNN primitive descriptor costs 10–800 µs (it dispatches over
+// implementations and JIT-compiles), far more than running a small op. So
+// every kernel builds a Key from everything the primitive depends on — op
+// kind, dtype, dims, strides, attributes and the OpenMP thread count (oneDNN
+// sizes its per-thread scratch and work split at creation) — and keeps the
+// primitive with its dnnl::memory objects in a per-thread cache. A call then
+// only swaps data handles into those memory objects and executes through the
+// C API with a stack array of arguments: no heap allocation besides the
+// scratch block from kiln's caching allocator. Per-thread caches make the
+// memory objects safe to re-point without locks.
+#pragma once
+
+#include <oneapi/dnnl/dnnl.hpp>
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <unordered_map>
+
+#include "kiln/core/dtype.h"
+#include "kiln/core/error.h"
+
+namespace kiln::kernels::dnnl_detail {
+
+/// The one CPU engine of the process (never destroyed: thread-local caches
+/// holding primitives may outlive static destructors).
+const dnnl::engine& engine();
+/// This thread's stream on that engine (in-order; CPU execution is synchronous).
+const dnnl::stream& stream();
+
+dnnl::memory::data_type to_dnnl(DType dt);
+
+/// Counts a primitive (or reorder) creation for dnnl_primitives_created().
+void note_created();
+
+/// Op kinds, the first word of every key.
+enum class PrimKind : int64_t { Matmul = 1, ConvFwd, PoolFwd, PoolFwdTraining, Probe };
+
+struct Key {
+  static constexpr int kMax = 40;
+  int64_t v[kMax];
+  int n = 0;
+
+  explicit Key(PrimKind kind);
+  void add(int64_t x) {
+    KILN_ASSERT(n < kMax, "oneDNN cache key overflow");
+    v[n++] = x;
+  }
+  template <typename... T>
+  void add_all(T... xs) {
+    (add(static_cast<int64_t>(xs)), ...);
+  }
+  bool operator==(const Key& o) const;
+};
+
+struct KeyHash {
+  size_t operator()(const Key& k) const;
+};
+
+/// A per-thread map from Key to a kernel's cached state. Cleared wholesale
+/// when it grows past kMaxEntries (shape churn), which keeps it bounded
+/// without LRU bookkeeping on the hot path.
+template <typename Entry>
+class PrimCache {
+ public:
+  static constexpr size_t kMaxEntries = 2048;
+
+  Entry* find(const Key& k) {
+    auto it = map_.find(k);
+    return it == map_.end() ? nullptr : it->second.get();
+  }
+  Entry* insert(const Key& k, std::unique_ptr<Entry> e) {
+    if (map_.size() >= kMaxEntries) map_.clear();
+    Entry* raw = e.get();
+    map_.emplace(k, std::move(e));
+    return raw;
+  }
+  void clear() { map_.clear(); }
+  size_t size() const { return map_.size(); }
+
+ private:
+  std::unordered_map<Key, std::unique_ptr<Entry>, KeyHash> map_;
+};
+
+/// Registers a per-thread cache's clear() so dnnl_clear_cache() reaches it.
+void register_clear(void (*clear)());
+
+/// Bytes from kiln's allocator charged to MemoryCategory::Workspace, freed at
+/// scope exit (the caching allocator makes this cheap after the first call).
+class ScratchBlock {
+ public:
+  ScratchBlock() = default;
+  explicit ScratchBlock(size_t bytes) { reset(bytes); }
+  ~ScratchBlock();
+  ScratchBlock(const ScratchBlock&) = delete;
+  ScratchBlock& operator=(const ScratchBlock&) = delete;
+  void reset(size_t bytes);
+  char* data() const { return ptr_; }
+
+ private:
+  char* ptr_ = nullptr;
+  size_t bytes_ = 0;
+};
+
+/// Rounds up to 64 bytes (sub-buffers carved from one ScratchBlock stay aligned).
+inline size_t align64(size_t n) { return (n + 63) & ~size_t{63}; }
+
+/// A memory object with no buffer yet; handles are set per call.
+dnnl::memory make_memory(const dnnl::memory::desc& md);
+
+/// Attributes every kiln primitive uses: user-managed scratchpad.
+dnnl::primitive_attr default_attr();
+
+struct Arg {
+  int arg;
+  const dnnl::memory* mem;
+  const void* handle;
+};
+
+/// Points each memory at its handle and executes `p` on this thread's stream.
+/// Up to 8 arguments; no heap allocation.
+void execute(const dnnl::primitive& p, std::initializer_list<Arg> args);
+
+/// Turns a oneDNN failure at primitive creation into a kiln error naming the op.
+[[noreturn]] void rethrow(const dnnl::error& e, const char* what);
+
+/// OpenMP's current thread budget (part of every key).
+int64_t max_threads();
+
+}  // namespace kiln::kernels::dnnl_detail

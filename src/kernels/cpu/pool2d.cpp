@@ -1,0 +1,255 @@
+// 2-D pooling: dispatch between oneDNN (dnnl_pool.cpp) and our own loops,
+// which follow torch's CPU kernels exactly (window clipping, divisors, NaN
+// propagation, argmax ties) and serve float64, the cases oneDNN defines
+// differently, divisor_override, indices, and non-uniform adaptive bins.
+// Backward loops (scatter by indices, spread averages) will sit beside these.
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <type_traits>
+
+#include "kiln/kernels/dnnl.h"
+#include "kiln/kernels/loop.h"
+
+namespace kiln::kernels {
+
+size_t dnnl_pool2d_workspace_bytes(const Pool2dParams& p);
+void dnnl_pool2d_forward(const Pool2dParams& p, const void* input, void* output, void* workspace);
+
+namespace {
+
+// Accumulator type: float for 16-bit floats, int64 for integers (torch sums
+// uint8 averages in int64 too), T otherwise.
+template <typename T>
+using acc_t = std::conditional_t<std::is_integral_v<T>, int64_t, compute_t<T>>;
+
+template <typename C>
+bool is_nan(C v) {
+  if constexpr (std::is_floating_point_v<C>) {
+    return std::isnan(v);
+  } else {
+    return false;
+  }
+}
+
+template <typename C>
+C lowest() {
+  if constexpr (std::numeric_limits<C>::has_infinity) {
+    return -std::numeric_limits<C>::infinity();
+  } else {
+    return std::numeric_limits<C>::lowest();
+  }
+}
+
+// Runs plane_fn(plane) for every n * c plane, planes split across threads.
+template <typename F>
+void for_each_plane(int64_t planes, int64_t work_per_plane, F&& plane_fn) {
+  const int64_t grain = std::max<int64_t>(1, kGrainSize / std::max<int64_t>(1, work_per_plane));
+  parallel_for(planes, grain, [&](int64_t b, int64_t e) {
+    for (int64_t i = b; i < e; ++i) plane_fn(i);
+  });
+}
+
+template <typename T>
+void max_pool_loop(const Pool2dParams& p, const T* input, T* output, int64_t* indices) {
+  using C = acc_t<T>;
+  const int64_t kh = p.kernel[0], kw = p.kernel[1], sh = p.stride[0], sw = p.stride[1];
+  const int64_t dh = p.dilation[0], dw = p.dilation[1];
+  for_each_plane(p.n * p.c, p.oh * p.ow * kh * kw, [&](int64_t plane) {
+    const T* in = input + plane * p.h * p.w;
+    T* out = output + plane * p.oh * p.ow;
+    int64_t* idx = indices ? indices + plane * p.oh * p.ow : nullptr;
+    for (int64_t oy = 0; oy < p.oh; ++oy) {
+      int64_t y0 = oy * sh - p.pad[0];
+      const int64_t y1 = std::min(y0 + (kh - 1) * dh + 1, p.h);
+      while (y0 < 0) y0 += dh;
+      for (int64_t ox = 0; ox < p.ow; ++ox) {
+        int64_t x0 = ox * sw - p.pad[1];
+        const int64_t x1 = std::min(x0 + (kw - 1) * dw + 1, p.w);
+        while (x0 < 0) x0 += dw;
+        // As torch: start at -inf with the first position in the window; NaN wins.
+        C best = lowest<C>();
+        int64_t best_i = y0 * p.w + x0;
+        for (int64_t y = y0; y < y1; y += dh) {
+          for (int64_t x = x0; x < x1; x += dw) {
+            const C v = static_cast<C>(in[y * p.w + x]);
+            if (v > best || is_nan(v)) {
+              best = v;
+              best_i = y * p.w + x;
+            }
+          }
+        }
+        out[oy * p.ow + ox] = static_cast<T>(best);
+        if (idx) idx[oy * p.ow + ox] = best_i;
+      }
+    }
+  });
+}
+
+template <typename T>
+void avg_pool_loop(const Pool2dParams& p, const T* input, T* output) {
+  using C = acc_t<T>;
+  const int64_t kh = p.kernel[0], kw = p.kernel[1], sh = p.stride[0], sw = p.stride[1];
+  const bool include_pad = p.kind == PoolKind::AvgIncludePad;
+  for_each_plane(p.n * p.c, p.oh * p.ow * kh * kw, [&](int64_t plane) {
+    const T* in = input + plane * p.h * p.w;
+    T* out = output + plane * p.oh * p.ow;
+    for (int64_t oy = 0; oy < p.oh; ++oy) {
+      for (int64_t ox = 0; ox < p.ow; ++ox) {
+        // torch's window: clipped first to the padded input (that size is the
+        // count_include_pad divisor), then to the input itself.
+        int64_t y0 = oy * sh - p.pad[0], x0 = ox * sw - p.pad[1];
+        int64_t y1 = std::min(y0 + kh, p.h + p.pad[0]), x1 = std::min(x0 + kw, p.w + p.pad[1]);
+        const int64_t padded_size = (y1 - y0) * (x1 - x0);
+        y0 = std::max<int64_t>(y0, 0);
+        x0 = std::max<int64_t>(x0, 0);
+        y1 = std::min(y1, p.h);
+        x1 = std::min(x1, p.w);
+        if (y0 >= y1 || x0 >= x1) {
+          out[oy * p.ow + ox] = T{};
+          continue;
+        }
+        C sum = 0;
+        for (int64_t y = y0; y < y1; ++y) {
+          for (int64_t x = x0; x < x1; ++x) sum += static_cast<C>(in[y * p.w + x]);
+        }
+        const int64_t divisor = p.divisor_override != 0 ? p.divisor_override
+                                : include_pad          ? padded_size
+                                                       : (y1 - y0) * (x1 - x0);
+        out[oy * p.ow + ox] = static_cast<T>(sum / static_cast<C>(divisor));
+      }
+    }
+  });
+}
+
+template <typename T>
+void adaptive_avg_loop(int64_t planes, int64_t h, int64_t w, int64_t oh, int64_t ow, const T* input, T* output) {
+  using C = acc_t<T>;
+  for_each_plane(planes, h * w, [&](int64_t plane) {
+    const T* in = input + plane * h * w;
+    T* out = output + plane * oh * ow;
+    for (int64_t oy = 0; oy < oh; ++oy) {
+      const int64_t y0 = oy * h / oh, y1 = ((oy + 1) * h + oh - 1) / oh;
+      for (int64_t ox = 0; ox < ow; ++ox) {
+        const int64_t x0 = ox * w / ow, x1 = ((ox + 1) * w + ow - 1) / ow;
+        C sum = 0;
+        for (int64_t y = y0; y < y1; ++y) {
+          for (int64_t x = x0; x < x1; ++x) sum += static_cast<C>(in[y * w + x]);
+        }
+        out[oy * ow + ox] = static_cast<T>(sum / static_cast<C>((y1 - y0) * (x1 - x0)));
+      }
+    }
+  });
+}
+
+// Any NaN among n elements? A branch-free count the compiler vectorises;
+// memory-bound like the pooling itself.
+bool has_nan(DType dt, const void* data, int64_t n) {
+  int64_t found = 0;
+  if (dt == DType::Float32) {
+    const float* x = static_cast<const float*>(data);
+    parallel_for(n, kGrainSize, [&](int64_t b, int64_t e) {
+      int32_t count = 0;
+      for (int64_t i = b; i < e; ++i) count += x[i] != x[i];
+      if (count) __atomic_fetch_add(&found, 1, __ATOMIC_RELAXED);
+    });
+  } else {
+    const uint16_t* x = static_cast<const uint16_t*>(data);  // bfloat16 bits
+    parallel_for(n, kGrainSize, [&](int64_t b, int64_t e) {
+      int32_t count = 0;
+      for (int64_t i = b; i < e; ++i) count += (x[i] & 0x7fff) > 0x7f80;
+      if (count) __atomic_fetch_add(&found, 1, __ATOMIC_RELAXED);
+    });
+  }
+  return found != 0;
+}
+
+// True when oneDNN computes exactly torch's result for p (max pooling also
+// needs a NaN-free input: oneDNN's max drops NaN, torch's propagates it, and
+// a swallowed NaN would hide the op that produced it).
+bool use_dnnl(const Pool2dParams& p) {
+  if (p.dtype != DType::Float32 && p.dtype != DType::BFloat16) return false;
+  if (p.divisor_override != 0) return false;
+  // oneDNN 2.6 runs dilated pooling only in its reference implementation:
+  // our loop is as fast and needs no primitive.
+  if (p.dilation[0] != 1 || p.dilation[1] != 1) return false;
+  if (p.n * p.c * p.oh * p.ow == 0) return false;
+  if (p.kind == PoolKind::AvgIncludePad) {
+    // oneDNN divides by the whole kernel; torch by the window clipped to the
+    // padded input, smaller when a ceil_mode window runs past the padding.
+    for (int d = 0; d < 2; ++d) {
+      const int64_t in = d == 0 ? p.h : p.w, out = d == 0 ? p.oh : p.ow;
+      if ((out - 1) * p.stride[d] - p.pad[d] + p.kernel[d] > in + p.pad[d]) return false;
+    }
+  }
+  return true;
+}
+
+template <typename F>
+void visit_pool_dtype(DType dt, F&& f) {
+  switch (dt) {
+    case DType::Float32: f.template operator()<float>(); return;
+    case DType::Float64: f.template operator()<double>(); return;
+    case DType::BFloat16: f.template operator()<BFloat16>(); return;
+    case DType::Float16: f.template operator()<Half>(); return;
+    case DType::Int64: f.template operator()<int64_t>(); return;
+    case DType::Int32: f.template operator()<int32_t>(); return;
+    case DType::UInt8: f.template operator()<uint8_t>(); return;
+    default: KILN_ASSERT(false, "pooling: unsupported dtype ", dtype_name(dt));
+  }
+}
+
+}  // namespace
+
+size_t pool2d_workspace_bytes(const Pool2dParams& p) {
+  return (p.kind == PoolKind::Max && use_dnnl(p)) ? dnnl_pool2d_workspace_bytes(p) : 0;
+}
+
+bool pool2d_forward(const Pool2dParams& p, const void* input, void* output, void* workspace) {
+  if (p.n * p.c * p.oh * p.ow == 0) return false;
+  if (use_dnnl(p) && !(p.kind == PoolKind::Max && has_nan(p.dtype, input, p.n * p.c * p.h * p.w))) {
+    dnnl_pool2d_forward(p, input, output, workspace);
+    return true;
+  }
+  visit_pool_dtype(p.dtype, [&]<typename T>() {
+    if (p.kind == PoolKind::Max) {
+      max_pool_loop(p, static_cast<const T*>(input), static_cast<T*>(output), nullptr);
+    } else {
+      avg_pool_loop(p, static_cast<const T*>(input), static_cast<T*>(output));
+    }
+  });
+  return false;
+}
+
+void max_pool2d_with_indices(const Pool2dParams& p, const void* input, void* output, int64_t* indices) {
+  if (p.n * p.c * p.oh * p.ow == 0) return;
+  visit_pool_dtype(p.dtype, [&]<typename T>() {
+    max_pool_loop(p, static_cast<const T*>(input), static_cast<T*>(output), indices);
+  });
+}
+
+void adaptive_avg_pool2d(DType dtype, int64_t planes, int64_t h, int64_t w, int64_t oh, int64_t ow,
+                         const void* input, void* output) {
+  if (planes * oh * ow == 0) return;
+  if (h % oh == 0 && w % ow == 0 && (dtype == DType::Float32 || dtype == DType::BFloat16)) {
+    // Uniform bins are an ordinary average pool with kernel = stride = in / out.
+    Pool2dParams p;
+    p.dtype = dtype;
+    p.kind = PoolKind::AvgExcludePad;
+    p.n = 1;
+    p.c = planes;
+    p.h = h;
+    p.w = w;
+    p.oh = oh;
+    p.ow = ow;
+    p.kernel[0] = p.stride[0] = h / oh;
+    p.kernel[1] = p.stride[1] = w / ow;
+    dnnl_pool2d_forward(p, input, output, nullptr);
+    return;
+  }
+  visit_pool_dtype(dtype, [&]<typename T>() {
+    adaptive_avg_loop(planes, h, w, oh, ow, static_cast<const T*>(input), static_cast<T*>(output));
+  });
+}
+
+}  // namespace kiln::kernels

@@ -1,0 +1,329 @@
+// mm, bmm, matmul, linear: values against PyTorch 1.13, oneDNN against
+// OpenBLAS/float64, the float64/integer/float16 paths, the primitive cache,
+// and error messages.
+//
+// Pinned inputs are seq(shape, a, b)[i] = (((i * a + b) % 11) - 5) * 0.25 in
+// row-major order, built the same way in Python; the expected values below
+// were printed by /usr/bin/python3 with torch 1.13 (torch.set_num_threads(1))
+// from the torch expression named beside each case.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <string>
+#include <vector>
+
+#include "kiln/kernels/blas.h"
+#include "kiln/kernels/dnnl.h"
+#include "kiln/kiln.h"
+#include "kiln/ops/linalg.h"
+
+using namespace kiln;
+
+namespace {
+
+struct Expected {
+  std::vector<int64_t> shape;
+  std::vector<double> values;
+};
+
+// scale 1 gives the integers torch's (seq * 4).long() holds.
+Tensor seq(IntArrayRef shape, int a, int b, DType dt = kFloat32, double scale = 0.25) {
+  std::vector<double> v(static_cast<size_t>(shape_numel(shape)));
+  for (size_t i = 0; i < v.size(); ++i) v[i] = (static_cast<double>((i * a + b) % 11) - 5.0) * scale;
+  return tensor<double>(v).reshape(shape).to(dt);
+}
+
+std::vector<double> values_of(const Tensor& t) {
+  const Tensor c = t.to(kFloat64, /*copy=*/true).contiguous();
+  const double* p = c.data_ptr<double>();
+  return {p, p + c.numel()};
+}
+
+void expect_close(const Tensor& got, IntArrayRef shape, const std::vector<double>& want, double rtol, double atol,
+                  const std::string& what) {
+  ASSERT_EQ(got.sizes().vec(), shape.vec()) << what;
+  const auto v = values_of(got);
+  ASSERT_EQ(v.size(), want.size()) << what;
+  for (size_t i = 0; i < v.size(); ++i) {
+    ASSERT_LE(std::abs(v[i] - want[i]), atol + rtol * std::abs(want[i]))
+        << what << ": element " << i << " is " << v[i] << ", expected " << want[i];
+  }
+}
+
+void expect_close(const Tensor& got, const Expected& e, double rtol, double atol, const std::string& what) {
+  expect_close(got, e.shape, e.values, rtol, atol, what);
+}
+
+void expect_close(const Tensor& got, const Tensor& want, double rtol, double atol, const std::string& what) {
+  expect_close(got, want.sizes(), values_of(want), rtol, atol, what);
+}
+
+// Tolerances per dtype for these pinned cases (inputs are multiples of 1/4,
+// so float32/float64 are exact; bfloat16 rounds the result to 8 bits).
+double rtol_for(DType dt) { return dt == kBFloat16 ? 1.6e-2 : dt == kFloat16 ? 1e-3 : 1e-6; }
+double atol_for(DType dt) { return dt == kBFloat16 ? 2e-2 : dt == kFloat16 ? 1e-3 : 1e-6; }
+
+template <typename F>
+std::string error_message(F&& f) {
+  try {
+    f();
+  } catch (const Error& e) {
+    return e.what();
+  }
+  return "<no error>";
+}
+
+// clang-format off
+// Mm: shape [3, 2]
+const Expected kMm{{3, 2}, {1.9375, -0.875, -1.9375, -0.0625, -2.375, 0.0625}};
+// MmT: shape [3, 2]
+const Expected kMmT{{3, 2}, {0.6875, 2.125, 1.3125, -1.5, -0.125, -1}};
+// Dot: shape []
+const Expected kDot{{}, {1.375}};
+// VecMat: shape [3]
+const Expected kVecMat{{3}, {0.6875, 0.625, 0.5625}};
+// MatVec: shape [3]
+const Expected kMatVec{{3}, {0.4375, -0.5, -0.75}};
+// Bcast4d: shape [2, 5, 3, 2]
+const Expected kBcast4d{{2, 5, 3, 2},
+    {1.9375, -0.875, -1.9375, -0.0625, -2.375, 0.0625, -0.625, -1.375, -0.6875, 1.1875, -0.0625, 0.3125, -1.125, -0.5,
+     0.5625, -1, 0.1875, -0.125, 3.1875, -1, 0.4375, 0.25, 0.4375, 0.125, -0.75, 1.9375, -0.375, -1.9375, 0, -2.375,
+     -2.8125, 0.1875, 0.1875, 0.3125, -0.25, 0.4375, 0.5625, -0.5625, -0.1875, 1.3125, 0.4375, 0.4375, -0.1875, 0.75,
+     0.8125, -0.4375, 0.4375, 0.4375, 0.4375, 0, -3, 0.5625, -3, 0.4375, 0.375, -2.8125, 0.0625, 0.1875, 0.4375,
+     -0.25}};
+// VecBatch: shape [2, 3]
+const Expected kVecBatch{{2, 3}, {0.6875, 0.625, 0.5625, 0.625, 0.5625, -0.1875}};
+// BatchVec: shape [2, 3]
+const Expected kBatchVec{{2, 3}, {0.4375, -0.5, -0.75, -1, 1.5, 1.25}};
+// BatchMat: shape [2, 3, 2]
+const Expected kBatchMat{{2, 3, 2},
+    {1.9375, -0.875, -1.9375, -0.0625, -2.375, 0.0625, -2.8125, 0.1875, 0.1875, 0.3125, -0.25, 0.4375}};
+// MatBatch: shape [2, 3, 2]
+const Expected kMatBatch{{2, 3, 2},
+    {1.9375, -0.875, -1.9375, -0.0625, -2.375, 0.0625, -0.625, -1.375, -0.6875, 1.1875, -0.0625, 0.3125}};
+// Bmm: shape [2, 3, 2]
+const Expected kBmm{{2, 3, 2},
+    {1.9375, -0.875, -1.9375, -0.0625, -2.375, 0.0625, 0.5625, -0.5625, -0.1875, 1.3125, 0.4375, 0.4375}};
+// BmmT: shape [2, 3, 2]
+const Expected kBmmT{{2, 3, 2},
+    {0.6875, 2.125, 1.3125, -1.5, -0.125, -1, -1.5625, -0.9375, 0.875, 1.375, 1.25, 0.25}};
+// Linear3d: shape [2, 3, 5]
+const Expected kLinear3d{{2, 3, 5},
+    {-0.0625, 2.8125, -1.1875, -2.4375, 1.8125, -1, 3.4375, 1, 0.625, -0.4375, -1.25, 3.375, 1.125, 0.25, 0.0625,
+     -1.5, 3.3125, 1.25, -0.125, 0.5625, 1, -0.1875, -0.6875, -1.1875, 1.75, 0.75, -0.25, -0.5625, -1.5625, 2.25}};
+// LinearNoBias: shape [3, 5]
+const Expected kLinearNoBias{{3, 5},
+    {0.4375, 1.5625, -1.4375, -1.6875, 0.8125, -0.5, 2.1875, 0.75, 1.375, -1.4375, -0.75, 2.125, 0.875, 1, -0.9375}};
+// LinearVec: shape [5]
+const Expected kLinearVec{{5}, {-0.0625, 2.8125, -1.1875, -2.4375, 1.8125}};
+// Linear2dBias: shape [3, 5]
+const Expected kLinear2dBias{{3, 5},
+    {-0.0625, 2.8125, -1.1875, -2.4375, 1.8125, -0.5, 1.1875, 1.5, 1.125, -2.6875, -0.25, 1.625, 2.125, 1.25,
+     -1.6875}};
+// IntMm: shape [3, 2]
+const Expected kIntMm{{3, 2}, {31, -14, -31, -1, -38, 1}};
+// clang-format on
+
+const DType kFloatTypes[] = {kFloat32, kFloat64, kBFloat16, kFloat16};
+
+}  // namespace
+
+TEST(Linalg, MatchesTorchOnPinnedCases) {
+  for (DType dt : kFloatTypes) {
+    const std::string d(dtype_name(dt));
+    const double rt = rtol_for(dt), at = atol_for(dt);
+    auto s = [&](IntArrayRef shape, int a, int b) { return seq(shape, a, b, dt); };
+    // torch: seq([3,4],3,1) @ seq([4,2],5,2) and the transposed views of the same math.
+    expect_close(mm(s({3, 4}, 3, 1), s({4, 2}, 5, 2)), kMm, rt, at, "mm " + d);
+    expect_close(s({4, 3}, 3, 1).t().mm(s({2, 4}, 5, 2).t()), kMmT, rt, at, "mm transposed " + d);
+    expect_close(matmul(s({5}, 3, 1), s({5}, 5, 2)), kDot, rt, at, "dot " + d);
+    expect_close(matmul(s({4}, 3, 1), s({4, 3}, 5, 2)), kVecMat, rt, at, "vec-mat " + d);
+    expect_close(matmul(s({3, 4}, 3, 1), s({4}, 5, 2)), kMatVec, rt, at, "mat-vec " + d);
+    expect_close(matmul(s({2, 1, 3, 4}, 3, 1), s({5, 4, 2}, 5, 2)), kBcast4d, rt, at, "4-D broadcast " + d);
+    expect_close(matmul(s({4}, 3, 1), s({2, 4, 3}, 5, 2)), kVecBatch, rt, at, "vec-batch " + d);
+    expect_close(matmul(s({2, 3, 4}, 3, 1), s({4}, 5, 2)), kBatchVec, rt, at, "batch-vec " + d);
+    expect_close(matmul(s({2, 3, 4}, 3, 1), s({4, 2}, 5, 2)), kBatchMat, rt, at, "batch-mat " + d);
+    expect_close(s({3, 4}, 3, 1).matmul(s({2, 4, 2}, 5, 2)), kMatBatch, rt, at, "mat-batch " + d);
+    expect_close(bmm(s({2, 3, 4}, 3, 1), s({2, 4, 2}, 5, 2)), kBmm, rt, at, "bmm " + d);
+    expect_close(s({2, 4, 3}, 3, 1).transpose(1, 2).bmm(s({2, 2, 4}, 5, 2).transpose(1, 2)), kBmmT, rt, at,
+                 "bmm transposed " + d);
+    expect_close(linear(s({2, 3, 4}, 3, 1), s({5, 4}, 5, 2), s({5}, 7, 3)), kLinear3d, rt, at, "linear 3-D " + d);
+    expect_close(linear(s({3, 4}, 3, 1), s({5, 4}, 5, 2)), kLinearNoBias, rt, at, "linear no bias " + d);
+    expect_close(linear(s({4}, 3, 1), s({5, 4}, 5, 2), s({5}, 7, 3)), kLinearVec, rt, at, "linear 1-D " + d);
+    expect_close(linear(s({3, 4}, 3, 1), s({5, 4}, 5, 2), s({3, 5}, 7, 3)), kLinear2dBias, rt, at,
+                 "linear 2-D bias " + d);
+  }
+}
+
+TEST(Linalg, IntegerMatmul) {
+  // torch: (seq*4).long() @ (seq*4).long()
+  for (DType dt : {kInt64, kInt32}) {
+    const Tensor a = seq({3, 4}, 3, 1, dt, 1.0), b = seq({4, 2}, 5, 2, dt, 1.0);
+    const Tensor c = mm(a, b);
+    EXPECT_EQ(c.dtype(), dt);
+    expect_close(c, kIntMm, 0, 0, std::string("int mm ") + std::string(dtype_name(dt)));
+  }
+}
+
+// Random operands: oneDNN float32 against float64 (OpenBLAS dgemm) and
+// OpenBLAS float32, over layouts that take different kernel paths.
+TEST(Linalg, OneDnnMatchesBlasOnRandomOperands) {
+  Generator g(7);
+  const Tensor a = randn({2, 65, 130}, kFloat32, &g), b = randn({2, 130, 47}, kFloat32, &g);
+  const Tensor a64 = a.to(kFloat64), b64 = b.to(kFloat64);
+  // float32 with k = 130: summation order differs between libraries.
+  const double rt = 1e-4, at = 1e-4;
+  expect_close(bmm(a, b), bmm(a64, b64), rt, at, "bmm f32 vs f64");
+  expect_close(mm(a[0], b[1]), mm(a64[0], b64[1]), rt, at, "mm f32 vs f64");
+  // The same product read through transposed views (no copies).
+  const Tensor at_ = a.transpose(1, 2).contiguous().transpose(1, 2);
+  const Tensor bt_ = b.transpose(1, 2).contiguous().transpose(1, 2);
+  EXPECT_FALSE(at_.is_contiguous());
+  expect_close(bmm(at_, bt_), bmm(a64, b64), rt, at, "bmm transposed f32");
+  expect_close(bmm(at_.to(kFloat64), bt_.to(kFloat64)), bmm(a64, b64), 1e-12, 1e-12, "bmm transposed f64");
+  // Broadcast batch through oneDNN (batch of 1 on one side).
+  const Tensor w = randn({130, 47}, kFloat32, &g);
+  expect_close(matmul(a, w), matmul(a64, w.to(kFloat64)), rt, at, "batch x matrix");
+  expect_close(matmul(w.t(), a.transpose(1, 2)), matmul(w.t().to(kFloat64), a64.transpose(1, 2)), rt, at,
+               "matrix x batch");
+  // OpenBLAS float32 as an independent reference for oneDNN float32.
+  Tensor ref = empty({65, 47}, kFloat32);
+  const Tensor a0 = a[0].contiguous(), b1 = b[1].contiguous();
+  kernels::gemm(kFloat32, false, false, 65, 47, 130, a0.data_ptr(), 130, b1.data_ptr(), 47, false, ref.data_ptr(), 47);
+  expect_close(mm(a0, b1), ref, rt, at, "oneDNN vs OpenBLAS f32");
+  // bfloat16 against float32 on the same (bf16-rounded) inputs.
+  const Tensor ab = a.to(kBFloat16), bb = b.to(kBFloat16);
+  expect_close(bmm(ab, bb), bmm(ab.to(kFloat32), bb.to(kFloat32)), 1.6e-2, 5e-2, "bmm bf16 vs f32");
+}
+
+TEST(Linalg, LinearMatchesMatmulWithBias) {
+  Generator g(11);
+  for (DType dt : {kFloat32, kFloat64, kBFloat16}) {
+    const Tensor x = randn({4, 3, 33}, kFloat32, &g).to(dt), w = randn({17, 33}, kFloat32, &g).to(dt);
+    const Tensor bias = randn({17}, kFloat32, &g).to(dt);
+    const Tensor y = linear(x, w, bias);
+    ASSERT_EQ(y.sizes().vec(), (std::vector<int64_t>{4, 3, 17}));
+    ASSERT_EQ(y.dtype(), dt);
+    // Reference in float64: x · wᵀ, then + bias row by row.
+    const auto ref = values_of(matmul(x.to(kFloat64), w.to(kFloat64).t()));
+    const auto bv = values_of(bias);
+    std::vector<double> want(ref.size());
+    for (size_t i = 0; i < ref.size(); ++i) want[i] = ref[i] + bv[i % 17];
+    const double tol = dt == kBFloat16 ? 5e-2 : dt == kFloat32 ? 1e-4 : 1e-12;
+    expect_close(y, {4, 3, 17}, want, tol, tol, "linear " + std::string(dtype_name(dt)));
+    // A non-contiguous input (every other row) and a transposed-storage weight.
+    const Tensor xs = x.slice(0, 0, std::nullopt, 2);
+    const Tensor wt = w.t().contiguous().t();
+    expect_close(linear(xs, wt, bias), linear(xs.contiguous(), w, bias), 1e-6, 1e-6,
+                 "linear strided " + std::string(dtype_name(dt)));
+  }
+}
+
+TEST(Linalg, OperandsWithoutUnitStrideAreCopied) {
+  Generator g(3);
+  const Tensor big = randn({12, 18}, kFloat32, &g);
+  const Tensor a = big.slice(0, 0, std::nullopt, 2).slice(1, 0, std::nullopt, 3);  // [6, 6], strides (36, 3)
+  const Tensor b = big.slice(1, 1, 7).t();                                          // [6, 12] transposed view
+  expect_close(mm(a, b.slice(1, 0, 5)), mm(a.contiguous(), b.slice(1, 0, 5).contiguous()), 1e-6, 1e-6,
+               "strided mm");
+  // An expanded (stride 0) operand.
+  const Tensor row = randn({1, 6}, kFloat32, &g).expand({4, 6});
+  expect_close(mm(row, a), mm(row.contiguous(), a.contiguous()), 1e-6, 1e-6, "expanded mm");
+}
+
+TEST(Linalg, EmptyOperands) {
+  const Tensor z = mm(zeros({2, 0}), zeros({0, 3}));
+  expect_close(z, {2, 3}, std::vector<double>(6, 0.0), 0, 0, "k = 0");
+  EXPECT_EQ(mm(zeros({0, 3}), zeros({3, 4})).sizes().vec(), (std::vector<int64_t>{0, 4}));
+  EXPECT_EQ(matmul(zeros({2, 0, 3}), zeros({3, 5})).sizes().vec(), (std::vector<int64_t>{2, 0, 5}));
+  EXPECT_EQ(bmm(zeros({0, 2, 3}), zeros({0, 3, 4})).sizes().vec(), (std::vector<int64_t>{0, 2, 4}));
+  // torch: F.linear(x[2, 0], w[3, 0], b) is b on every row.
+  const Tensor b = seq({3}, 7, 3);
+  expect_close(linear(zeros({2, 0}), zeros({3, 0}), b), {2, 3}, [&] {
+    auto v = values_of(b);
+    v.insert(v.end(), v.begin(), v.end());
+    return v;
+  }(), 0, 0, "linear k = 0");
+  expect_close(matmul(zeros({0}), zeros({0})), {}, {0.0}, 0, 0, "empty dot");
+}
+
+TEST(Linalg, Float64UsesBlasAndIsExact) {
+  // 1/3 is not representable in float32: only a true float64 path gets this to 1e-15.
+  const Tensor a = full({2, 3}, 1.0 / 3.0, kFloat64), b = full({3, 2}, 3.0, kFloat64);
+  expect_close(mm(a, b), {2, 2}, std::vector<double>(4, 3.0), 1e-15, 1e-15, "f64 mm");
+  EXPECT_EQ(mm(a, b).dtype(), kFloat64);
+  EXPECT_TRUE(kernels::blas_uses_openmp());
+}
+
+TEST(Linalg, PrimitiveCacheReusesPrimitives) {
+  const Tensor a = seq({7, 9}, 3, 1), b = seq({9, 5}, 5, 2), bias = seq({5}, 7, 3);
+  const Tensor r1 = mm(a, b);
+  const int64_t after_first = kernels::dnnl_primitives_created();
+  const Tensor r2 = mm(a, b);
+  const Tensor r3 = mm(seq({7, 9}, 4, 2), seq({9, 5}, 6, 1));  // same shapes, other data
+  EXPECT_EQ(kernels::dnnl_primitives_created(), after_first) << "same shapes must reuse the cached primitive";
+  expect_close(r2, r1, 0, 0, "cached result");
+  (void)r3;
+  (void)mm(a, seq({9, 6}, 5, 2));  // new shape
+  EXPECT_EQ(kernels::dnnl_primitives_created(), after_first + 1);
+  (void)linear(a, b.t(), bias);  // linear with bias is a different primitive
+  const int64_t after_linear = kernels::dnnl_primitives_created();
+  EXPECT_EQ(after_linear, after_first + 2);
+  (void)linear(a, b.t(), bias);
+  EXPECT_EQ(kernels::dnnl_primitives_created(), after_linear);
+  // The thread count is part of the key: oneDNN plans its work split at creation.
+  const int threads = get_num_threads();
+  set_num_threads(1);
+  const Tensor r4 = mm(a, b);
+  set_num_threads(threads);
+  EXPECT_EQ(kernels::dnnl_primitives_created(), after_linear + 1);
+  expect_close(r4, r1, 0, 0, "one thread");
+  kernels::dnnl_clear_cache();
+  (void)mm(a, b);
+  EXPECT_EQ(kernels::dnnl_primitives_created(), after_linear + 2);
+}
+
+TEST(Linalg, Float16ComputesInFloat32) {
+  const Tensor a = seq({3, 4}, 3, 1, kFloat16), b = seq({4, 2}, 5, 2, kFloat16);
+  const Tensor c = mm(a, b);
+  EXPECT_EQ(c.dtype(), kFloat16);
+  expect_close(c, kMm, 1e-3, 1e-3, "f16 mm");
+  EXPECT_TRUE(kernels::dnnl_supports(kBFloat16));
+}
+
+TEST(Linalg, ErrorsNameOpShapesAndDtypes) {
+  const Tensor a = zeros({2, 3}), b = zeros({4, 5});
+  EXPECT_THROW(mm(a, b), ShapeError);
+  EXPECT_EQ(error_message([&] { mm(a, b); }), "mm: cannot multiply [2, 3] by [4, 5]: inner dims 3 and 4 differ");
+  EXPECT_NE(error_message([&] { mm(zeros({2, 3, 4}), b); }).find("expected two 2-D tensors"), std::string::npos);
+  EXPECT_THROW(bmm(zeros({2, 3, 4}), zeros({3, 4, 5})), ShapeError);
+  EXPECT_NE(error_message([&] { bmm(zeros({2, 3, 4}), zeros({3, 4, 5})); }).find("batch sizes differ: [2, 3, 4] and [3, 4, 5]"),
+            std::string::npos);
+  EXPECT_NE(error_message([&] { bmm(zeros({2, 3, 4}), zeros({2, 5, 5})); }).find("inner dims 4 and 5 differ"),
+            std::string::npos);
+  EXPECT_THROW(matmul(zeros({}), zeros({3})), ShapeError);
+  EXPECT_NE(error_message([&] { matmul(zeros({3}), zeros({5})); }).find("inner dims 3 and 5 differ"),
+            std::string::npos);
+  EXPECT_NE(error_message([&] { matmul(zeros({2, 2, 3, 4}), zeros({5, 4, 2})); }).find("do not broadcast: 2 vs 5"),
+            std::string::npos);
+  EXPECT_THROW(mm(zeros({2, 3}), zeros({3, 2}, kFloat64)), DTypeError);
+  EXPECT_NE(error_message([&] { mm(zeros({2, 3}), zeros({3, 2}, kFloat64)); }).find("float32 and float64"),
+            std::string::npos);
+  EXPECT_THROW(mm(zeros({2, 3}, kBool), zeros({3, 2}, kBool)), DTypeError);
+  EXPECT_THROW(linear(zeros({2, 3}), zeros({4, 5})), ShapeError);
+  EXPECT_NE(error_message([&] { linear(zeros({2, 3}), zeros({4, 5})); }).find("[out_features, in_features]"),
+            std::string::npos);
+  EXPECT_THROW(linear(zeros({2, 3}), zeros({4, 3}), zeros({5})), ShapeError);
+  EXPECT_THROW(linear(zeros({2, 3}), zeros({4, 3}), zeros({4}, kFloat64)), DTypeError);
+  EXPECT_THROW(linear(zeros({2, 3}), zeros({3})), ShapeError);
+}
+
+TEST(Linalg, TransposedBatchTimesMatrixReadsInPlace) {
+  // [B, k, m] viewed as [B, m, k]: the batch does not fold into rows without a
+  // copy, so the product runs batched with the matrix broadcast.
+  Generator g(13);
+  const Tensor a = randn({3, 6, 5}, kFloat32, &g).transpose(1, 2);
+  const Tensor w = randn({6, 4}, kFloat32, &g);
+  expect_close(matmul(a, w), matmul(a.contiguous(), w), 1e-6, 1e-6, "transposed batch x matrix");
+  expect_close(matmul(a, w.t().contiguous().t()), matmul(a.contiguous(), w), 1e-6, 1e-6, "both transposed");
+}
