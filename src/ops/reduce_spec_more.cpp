@@ -8,7 +8,7 @@
 #include <tuple>
 #include <type_traits>
 
-#include "kiln/ops/factory.h"
+#include "kiln/core/factory.h"
 #include "kiln/ops/op_spec.h"
 #include "kiln/ops/reduce.h"
 

@@ -4,7 +4,7 @@
 #include <cmath>
 
 #include "iter.h"
-#include "kiln/ops/factory.h"
+#include "kiln/core/factory.h"
 #include "kiln/ops/reduce.h"
 #include "reduce_util.h"
 

@@ -26,7 +26,7 @@
 
 #include "kiln/autograd/functions.h"
 #include "kiln/core/guards.h"
-#include "kiln/ops/factory.h"
+#include "kiln/core/factory.h"
 
 namespace kiln::autograd {
 
