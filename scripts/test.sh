@@ -19,6 +19,14 @@ cmake --build build/release -j"$jobs"
 echo "== release tests"
 ctest --test-dir build/release --output-on-failure
 
+echo "== install and build a find_package(kiln) consumer"
+prefix=$(mktemp -d)
+trap 'rm -rf "$prefix"' EXIT
+cmake --install build/release --prefix "$prefix/kiln" >/dev/null
+cmake -S tests/install -B "$prefix/consumer" -G Ninja -DCMAKE_PREFIX_PATH="$prefix/kiln" >/dev/null
+cmake --build "$prefix/consumer" >/dev/null
+"$prefix/consumer/app"
+
 if [[ ${KILN_SKIP_ASAN:-0} != 1 ]]; then
   echo "== asan-ubsan build"
   cmake --preset asan-ubsan >/dev/null
