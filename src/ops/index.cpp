@@ -49,6 +49,7 @@ std::function<std::vector<OpSample>(DType)> with_grad(std::function<std::vector<
     std::vector<OpSample> v = samples(dt);
     if (!is_floating_point(dt)) return v;
     for (OpSample& s : v) {
+      if (!s.grad_inputs.empty()) continue;  // chosen by the sample (self_grad_only)
       bool small = true;
       for (const Tensor& t : s.inputs) small &= t.numel() <= 200;
       if (!small) continue;
@@ -58,6 +59,15 @@ std::function<std::vector<OpSample>(DType)> with_grad(std::function<std::vector<
     }
     return v;
   };
+}
+
+// Samples whose src gradient is not checked: scatter with duplicate indices
+// ("last write wins" has no useful derivative in src; torch's formula,
+// gather, assumes distinct indices) and src larger than index (torch raises).
+// Only self's gradient is checked; floating samples only.
+OpSample self_grad_only(OpSample s, DType dt) {
+  if (is_floating_point(dt)) s.grad_inputs = {0};
+  return s;
 }
 
 void reg(std::vector<OpSpec>& r, std::string name, std::vector<DType> dtypes,
@@ -162,14 +172,24 @@ void register_scatter(std::vector<OpSpec>& r) {
       r, "scatter", kAll,
       [](DType dt) {
         return std::vector<OpSample>{
-            one("dim 0 duplicates", {sample_tensor({3, 4}, dt, 131), rand_index(3, {2, 4}, 132), sample_tensor({2, 4}, dt, 133)},
-                [](const Inputs& x) { return x[0].scatter(0, x[1], x[2]); }, "torch.scatter(x0, 0, x1, x2)"),
-            one("dim 1 src larger", {sample_tensor({3, 5}, dt, 134), idx({4, 0, 2, 1, 3, 0}, {2, 3}), sample_tensor({3, 4}, dt, 135)},
-                [](const Inputs& x) { return scatter(x[0], 1, x[1], x[2]); }, "torch.scatter(x0, 1, x1, x2)"),
+            self_grad_only(one("dim 0 duplicates", {sample_tensor({3, 4}, dt, 131), rand_index(3, {2, 4}, 132),
+                                                     sample_tensor({2, 4}, dt, 133)},
+                               [](const Inputs& x) { return x[0].scatter(0, x[1], x[2]); },
+                               "torch.scatter(x0, 0, x1, x2)"),
+                           dt),
+            // torch 1.13 cannot differentiate src when it is larger than index
+            // (tests/ops/test_index_grad.cpp checks kiln's zero-padded gradient).
+            self_grad_only(one("dim 1 src larger", {sample_tensor({3, 5}, dt, 134), idx({4, 0, 2, 1, 3, 0}, {2, 3}),
+                                                     sample_tensor({3, 4}, dt, 135)},
+                               [](const Inputs& x) { return scatter(x[0], 1, x[1], x[2]); },
+                               "torch.scatter(x0, 1, x1, x2)"),
+                           dt),
             one("noncontig", {sample_noncontig({4, 3}, dt, 136), idx({3, 0, 1, 2, 0, 3}, {3, 2}).t(), sample_noncontig({2, 3}, dt, 137)},
                 [](const Inputs& x) { return x[0].scatter(0, x[1], x[2]); }, "torch.scatter(x0, 0, x1, x2)"),
-            one("0-dim self", {sample_tensor({}, dt, 138), idx({0, 0}), sample_tensor({2}, dt, 139)},
-                [](const Inputs& x) { return x[0].scatter(0, x[1], x[2]); }, "torch.scatter(x0, 0, x1, x2)"),
+            self_grad_only(one("0-dim self", {sample_tensor({}, dt, 138), idx({0, 0}), sample_tensor({2}, dt, 139)},
+                               [](const Inputs& x) { return x[0].scatter(0, x[1], x[2]); },
+                               "torch.scatter(x0, 0, x1, x2)"),
+                           dt),
         };
       },
       [] { return scatter_errors(false); });
