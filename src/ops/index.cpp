@@ -2,6 +2,8 @@
 // index_select, gather, scatter(_add)(_), masked_fill(_), where, cat, stack,
 // repeat, embedding, one_hot. The ops live in gather_scatter.cpp, where.cpp,
 // join.cpp and repeat.cpp.
+#include <algorithm>
+
 #include "kiln/core/factory.h"
 #include "kiln/ops/index.h"
 #include "kiln/ops/op_spec.h"
@@ -76,6 +78,8 @@ void reg(std::vector<OpSpec>& r, std::string name, std::vector<DType> dtypes,
   s.name = std::move(name);
   s.dtypes = std::move(dtypes);
   s.samples = with_grad(std::move(samples));
+  // Differentiable wherever the op takes floating tensors (not one_hot, not where over Scalars).
+  s.differentiable = std::any_of(s.dtypes.begin(), s.dtypes.end(), [](DType d) { return is_floating_point(d); });
   s.errors = std::move(errors);
   r.push_back(std::move(s));
 }

@@ -51,6 +51,7 @@ void reg(std::vector<OpSpec>& r, std::string name, std::function<std::vector<OpS
   s.name = std::move(name);
   s.dtypes = kAll;
   s.samples = with_grad(std::move(samples));
+  s.differentiable = true;
   s.errors = errors ? std::move(errors) : [] { return std::vector<OpErrorCase>{}; };
   r.push_back(std::move(s));
 }
