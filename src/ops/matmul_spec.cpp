@@ -15,7 +15,11 @@ const std::vector<DType> kDenseDTypes = {kFloat32, kFloat64, kBFloat16};
 // looser rtol than the elementwise default once k reaches a few dozen.
 Tolerance dense_tolerance(DType dt) {
   if (dt == kFloat32) return {1e-4, 1e-5};
-  if (dt == kBFloat16) return {2e-2, 2e-2};  // one rounding of the result, plus torch's bias add in bf16
+  // oneDNN accumulates bf16 products in float32 and rounds once; torch 1.13's
+  // CPU bf16 mm on small or strided operands rounds partial sums (measured:
+  // torch -0.4453 vs float64 -0.4642 vs kiln -0.4648 on the noncontig sample),
+  // which exceeds default_tolerance(bfloat16) = {1.6e-2, 1e-2}.
+  if (dt == kBFloat16) return {2e-2, 2e-2};
   return default_tolerance(dt);
 }
 
