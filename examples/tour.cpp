@@ -70,7 +70,7 @@ int main() {
   const auto path = std::filesystem::temp_directory_path() / "kiln_tour.safetensors";
   io::save_safetensors(path.string(), {{"x", x}, {"out", out}});
   auto loaded = io::load_safetensors(path.string());
-  std::cout << "wrote and read back " << path.string() << ": out equal = " << loaded.tensors.at("out").equal(out)
+  std::cout << "wrote and read back " << path.string() << ": out equal = " << loaded.at("out").equal(out)
             << "\n";
   std::filesystem::remove(path);
 

@@ -10,6 +10,8 @@ cd "$(dirname "$0")/.."
 
 jobs=$(nproc)
 export CCACHE_DIR=${CCACHE_DIR:-$HOME/.cache/ccache}
+# Relative paths in the cache key: a fresh clone elsewhere still hits the cache.
+export CCACHE_BASEDIR=${CCACHE_BASEDIR:-$PWD}
 
 echo "== release build"
 cmake --preset release >/dev/null
@@ -20,7 +22,7 @@ ctest --test-dir build/release --output-on-failure
 if [[ ${KILN_SKIP_ASAN:-0} != 1 ]]; then
   echo "== asan-ubsan build"
   cmake --preset asan-ubsan >/dev/null
-  cmake --build build/asan -j"$jobs" --target test_core test_io
-  echo "== asan-ubsan tests (core, io)"
-  ASAN_OPTIONS=detect_leaks=1 ctest --test-dir build/asan --output-on-failure -R '^(core|io)$'
+  cmake --build build/asan -j"$jobs" --target test_core test_io test_autograd
+  echo "== asan-ubsan tests (core, io, autograd)"
+  ASAN_OPTIONS=detect_leaks=1 ctest --test-dir build/asan --output-on-failure -R '^(core|io|autograd)$'
 fi

@@ -10,7 +10,7 @@
 #include "kiln/autograd/autograd_meta.h"
 #include "kiln/autograd/functions.h"
 #include "kiln/core/guards.h"
-#include "kiln/ops/factory.h"
+#include "kiln/core/factory.h"
 
 namespace kiln::autograd {
 

@@ -5,7 +5,7 @@
 
 #include "kiln/autograd/engine.h"
 #include "kiln/core/guards.h"
-#include "kiln/ops/factory.h"
+#include "kiln/core/factory.h"
 
 namespace kiln::autograd {
 

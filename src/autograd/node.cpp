@@ -18,7 +18,25 @@ std::string CallSite::str() const {
 }
 
 Node::Node() : sequence_nr_(g_sequence.fetch_add(1, std::memory_order_relaxed)) {}
-Node::~Node() = default;
+Node::~Node() {
+  // Freeing a long chain would recurse once per node (each node drops the
+  // last reference to the next). Instead, the outermost destructor on this
+  // thread collects nodes that are about to die and frees them in a loop.
+  thread_local std::vector<NodePtr> pending;
+  thread_local bool draining = false;
+  for (Edge& e : next_edges_) {
+    if (e.function && e.function.use_count() == 1) pending.push_back(std::move(e.function));
+  }
+  next_edges_.clear();
+  if (draining) return;
+  draining = true;
+  while (!pending.empty()) {
+    NodePtr n = std::move(pending.back());
+    pending.pop_back();
+    n.reset();  // may push this node's children onto `pending`
+  }
+  draining = false;
+}
 
 uint32_t Node::add_input_metadata(const Tensor& output) {
   input_meta_.push_back({DimVector(output.sizes()), output.dtype()});

@@ -23,7 +23,7 @@
 #include <set>
 #include <system_error>
 
-#include "kiln/ops/factory.h"
+#include "kiln/core/factory.h"
 
 namespace kiln::io {
 

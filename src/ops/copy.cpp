@@ -1,7 +1,7 @@
 // copy_, to(dtype), contiguous, clone, fill_, zero_.
 #include "iter.h"
 #include "kiln/kernels/copy.h"
-#include "kiln/ops/factory.h"
+#include "kiln/core/factory.h"
 
 namespace kiln {
 

@@ -2,7 +2,7 @@
 // index_select, gather, scatter(_add)(_), masked_fill(_), where, cat, stack,
 // repeat, embedding, one_hot. The ops live in gather_scatter.cpp, where.cpp,
 // join.cpp and repeat.cpp.
-#include "kiln/ops/factory.h"
+#include "kiln/core/factory.h"
 #include "kiln/ops/index.h"
 #include "kiln/ops/op_spec.h"
 

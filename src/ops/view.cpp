@@ -4,7 +4,7 @@
 #include <optional>
 
 #include "iter.h"
-#include "kiln/ops/factory.h"
+#include "kiln/core/factory.h"
 
 namespace kiln {
 

@@ -2,7 +2,7 @@
 // src/ops/view.cpp plus contiguous and clone. Results are compared by value
 // with torch; that they are views (shared storage and version counter) is
 // checked directly in tests/ops/test_views.cpp.
-#include "kiln/ops/factory.h"
+#include "kiln/core/factory.h"
 #include "kiln/ops/op_spec.h"
 
 namespace kiln::ops {

@@ -26,9 +26,12 @@
 
 #include "kiln/autograd/functions.h"
 #include "kiln/core/guards.h"
-#include "kiln/ops/factory.h"
+#include "kiln/core/factory.h"
 
 namespace kiln::autograd {
+
+template <typename Derived>
+struct Function;
 
 class AutogradContext {
  public:
@@ -43,6 +46,8 @@ class AutogradContext {
  private:
   template <typename T>
   friend class CustomNode;
+  template <typename T>
+  friend struct Function;
   std::vector<SavedVariable> saved_;
   TensorList to_save_;
   std::vector<bool> needs_input_grad_;

@@ -279,8 +279,10 @@ class Tensor {
   Tensor prod() const;
   Tensor prod(int64_t dim, bool keepdim = false) const;
   /// correction = 1 is Bessel's (torch default); 0 is the population variance.
-  Tensor var(std::optional<IntArrayRef> dims = std::nullopt, int64_t correction = 1, bool keepdim = false) const;
-  Tensor std(std::optional<IntArrayRef> dims = std::nullopt, int64_t correction = 1, bool keepdim = false) const;
+  /// Empty dims reduce every dim, as torch.var(x, dim=[]). (Not optional<IntArrayRef>:
+  /// x.var({1}) would build the optional from the int and keep a dangling reference.)
+  Tensor var(IntArrayRef dims = {}, int64_t correction = 1, bool keepdim = false) const;
+  Tensor std(IntArrayRef dims = {}, int64_t correction = 1, bool keepdim = false) const;
   Tensor max() const;
   Tensor min() const;
   /// (values, indices) along dim; ties give the first index, as PyTorch on CPU.

@@ -12,6 +12,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <type_traits>
 #include <utility>
 
 #include "kiln/core/error.h"
@@ -44,8 +45,9 @@ void parallel_for(int64_t n, int64_t grain, void (*fn)(int64_t, int64_t, void*),
 
 template <typename F>
 void parallel_for(int64_t n, int64_t grain, F&& f) {
-  auto tramp = [](int64_t b, int64_t e, void* c) { (*static_cast<F*>(c))(b, e); };
-  parallel_for(n, grain, tramp, static_cast<void*>(&f));
+  using Fn = std::remove_reference_t<F>;
+  auto tramp = [](int64_t b, int64_t e, void* c) { (*static_cast<Fn*>(c))(b, e); };
+  parallel_for(n, grain, tramp, const_cast<void*>(static_cast<const void*>(&f)));
 }
 
 /// Calls body(char* const* ptrs, const int64_t* inner_strides, int64_t n) for

@@ -9,7 +9,7 @@ namespace kiln::kernels {
 
 void parallel_for(int64_t n, int64_t grain, void (*fn)(int64_t, int64_t, void*), void* ctx) {
   if (n <= 0) return;
-  const int max_threads = omp_get_max_threads();
+  const int max_threads = get_num_threads();
   const int64_t by_grain = grain > 0 ? (n + grain - 1) / grain : n;
   const int nthreads = static_cast<int>(std::min<int64_t>(max_threads, by_grain));
   if (nthreads <= 1 || omp_in_parallel()) {

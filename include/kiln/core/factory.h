@@ -1,6 +1,10 @@
 // Tensor factories, as in PyTorch: empty zeros ones full arange linspace eye
 // rand randn randint, their *_like forms, tensors from C++ values, and
 // from_blob over memory the caller owns.
+//
+// Declared in core so every layer can create tensors; defined in
+// src/ops/factory.cpp, the same sanctioned exception as Tensor's methods
+// (DESIGN.md §1).
 #pragma once
 
 #include <functional>
