@@ -11,6 +11,7 @@
 #include <functional>
 #include <optional>
 #include <ostream>
+#include <source_location>
 #include <string>
 #include <string_view>
 #include <tuple>
@@ -301,9 +302,9 @@ class Tensor {
   Tensor any() const;
 
   // ---- dense math (oneDNN) ----
-  Tensor mm(const Tensor& other) const;
-  Tensor bmm(const Tensor& other) const;
-  Tensor matmul(const Tensor& other) const;
+  Tensor mm(const Tensor& other, std::source_location loc = std::source_location::current()) const;
+  Tensor bmm(const Tensor& other, std::source_location loc = std::source_location::current()) const;
+  Tensor matmul(const Tensor& other, std::source_location loc = std::source_location::current()) const;
 
  private:
   void check_dtype_for_access(DType requested, const char* what) const;
