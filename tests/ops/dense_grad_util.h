@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "kiln/kiln.h"
+#include "support/oracle.h"
 
 namespace kiln::test {
 
@@ -104,6 +105,61 @@ inline void expect_grads_match_float64(const Fn& f, const TensorList& xs, uint64
       ASSERT_LE(std::abs(a[k] - b[k]), tol * scale)
           << what << " (" << dtype_name(dt) << "): gradient of input " << i << " element " << k << " is " << a[k]
           << ", float64 gives " << b[k];
+    }
+  }
+}
+
+/// One gradient comparison with PyTorch: kiln's f and torch's `expr` over
+/// x0, x1, ... (the same math), differentiated w.r.t. every input for the
+/// same random grad_output.
+struct TorchGradCase {
+  std::string label;
+  Fn f;
+  TensorList xs;
+  std::string expr;
+};
+
+/// Runs every case's torch gradients in one oracle batch and compares them
+/// with kiln's: |kiln - torch| <= atol + rtol * |torch| element by element.
+inline void expect_grads_match_torch(const std::vector<TorchGradCase>& cases, double rtol, double atol) {
+  OracleBatch batch;
+  std::vector<Tensor> gys;
+  uint64_t seed = 77;
+  for (const TorchGradCase& c : cases) {
+    TensorList probe;
+    for (const Tensor& x : c.xs) probe.push_back(x.detach());
+    Generator g(seed++);
+    Tensor gy;
+    {
+      const NoGradGuard ng;
+      const Tensor y = c.f(probe);
+      gy = randn(y.sizes(), y.dtype(), &g);
+    }
+    gys.push_back(gy);
+    // x0..x{n-1} become leaves that require grad (the same objects the tuple then names); x{n} is the grad_output.
+    std::string names;
+    for (size_t i = 0; i < c.xs.size(); ++i) names += (i ? ", x" : "x") + std::to_string(i);
+    const std::string expr = "torch.autograd.grad((lambda " + names + ": " + c.expr +
+                             ")(*[t.requires_grad_() for t in (" + names + ",)]), (" + names + ",), x" +
+                             std::to_string(c.xs.size()) + ")";
+    TensorList in = probe;
+    in.push_back(gy);
+    batch.add(c.label, expr, in);
+  }
+  batch.run();
+  for (size_t k = 0; k < cases.size(); ++k) {
+    const TorchGradCase& c = cases[k];
+    const OracleOutcome& r = batch.outcome(k);
+    ASSERT_TRUE(r.ok) << c.label << ": torch raised " << r.error;
+    const TensorList got = grads_in(c.f, c.xs, gys[k], c.xs[0].dtype());
+    ASSERT_EQ(got.size(), r.outputs.size()) << c.label;
+    for (size_t i = 0; i < got.size(); ++i) {
+      ASSERT_EQ(got[i].sizes().vec(), r.outputs[i].sizes().vec()) << c.label << " input " << i;
+      const auto a = values(got[i]), b = values(r.outputs[i]);
+      for (size_t e = 0; e < a.size(); ++e) {
+        ASSERT_LE(std::abs(a[e] - b[e]), atol + rtol * std::abs(b[e]))
+            << c.label << ": gradient of x" << i << " element " << e << " is " << a[e] << ", torch gives " << b[e];
+      }
     }
   }
 }

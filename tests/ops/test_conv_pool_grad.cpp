@@ -36,29 +36,38 @@ struct ConvCase {
   const char* label;
   std::vector<int64_t> x, w;
   bool bias;
-  Fn f;  // over (x, w[, b])
+  Fn f;               // over (x, w[, b])
+  const char* torch;  // the same over x0, x1[, x2]
 };
 
 std::vector<ConvCase> conv_cases() {
   return {
-      {"bias", {2, 3, 5, 6}, {4, 3, 3, 3}, true, [](const TensorList& t) { return conv2d(t[0], t[1], t[2]); }},
+      {"bias", {2, 3, 5, 6}, {4, 3, 3, 3}, true, [](const TensorList& t) { return conv2d(t[0], t[1], t[2]); },
+       "F.conv2d(x0, x1, x2)"},
       {"stride 2 padding 1", {2, 3, 6, 5}, {4, 3, 3, 3}, true,
-       [](const TensorList& t) { return conv2d(t[0], t[1], t[2], 2, 1); }},
+       [](const TensorList& t) { return conv2d(t[0], t[1], t[2], 2, 1); }, "F.conv2d(x0, x1, x2, stride=2, padding=1)"},
       {"dilation 2, rectangular padding and kernel", {1, 3, 8, 8}, {4, 3, 3, 2}, false,
-       [](const TensorList& t) { return conv2d(t[0], t[1], {}, 1, {2, 1}, 2); }},
+       [](const TensorList& t) { return conv2d(t[0], t[1], {}, 1, {2, 1}, 2); },
+       "F.conv2d(x0, x1, None, padding=(2, 1), dilation=2)"},
       {"groups 2", {1, 4, 6, 6}, {6, 2, 3, 3}, true,
-       [](const TensorList& t) { return conv2d(t[0], t[1], t[2], 1, 1, 1, 2); }},
+       [](const TensorList& t) { return conv2d(t[0], t[1], t[2], 1, 1, 1, 2); },
+       "F.conv2d(x0, x1, x2, padding=1, groups=2)"},
       {"depthwise, stride (2, 1)", {1, 4, 6, 6}, {4, 1, 3, 3}, false,
-       [](const TensorList& t) { return conv2d(t[0], t[1], {}, {2, 1}, 1, 1, 4); }},
-      {"unbatched", {3, 6, 6}, {2, 3, 3, 3}, true, [](const TensorList& t) { return conv2d(t[0], t[1], t[2]); }},
+       [](const TensorList& t) { return conv2d(t[0], t[1], {}, {2, 1}, 1, 1, 4); },
+       "F.conv2d(x0, x1, None, stride=(2, 1), padding=1, groups=4)"},
+      {"unbatched", {3, 6, 6}, {2, 3, 3, 3}, true, [](const TensorList& t) { return conv2d(t[0], t[1], t[2]); },
+       "F.conv2d(x0, x1, x2)"},
       {"padding same (odd total)", {1, 3, 6, 5}, {2, 3, 2, 3}, false,
-       [](const TensorList& t) { return conv2d(t[0], t[1], {}, 1, PaddingMode::Same); }},
+       [](const TensorList& t) { return conv2d(t[0], t[1], {}, 1, PaddingMode::Same); },
+       "F.conv2d(x0, x1, None, padding='same')"},
       {"1x1 stride (1, 2)", {2, 5, 4, 4}, {3, 5, 1, 1}, true,
-       [](const TensorList& t) { return conv2d(t[0], t[1], t[2], {1, 2}); }},
-      {"1x1 direct", {2, 5, 4, 4}, {3, 5, 1, 1}, true, [](const TensorList& t) { return conv2d(t[0], t[1], t[2]); }},
+       [](const TensorList& t) { return conv2d(t[0], t[1], t[2], {1, 2}); }, "F.conv2d(x0, x1, x2, stride=(1, 2))"},
+      {"1x1 direct", {2, 5, 4, 4}, {3, 5, 1, 1}, true, [](const TensorList& t) { return conv2d(t[0], t[1], t[2]); },
+       "F.conv2d(x0, x1, x2)"},
       {"stride 3 leaves rows unread", {1, 2, 8, 7}, {3, 2, 2, 2}, true,
-       [](const TensorList& t) { return conv2d(t[0], t[1], t[2], 3); }},
-      {"empty batch", {0, 3, 5, 5}, {2, 3, 3, 3}, true, [](const TensorList& t) { return conv2d(t[0], t[1], t[2]); }},
+       [](const TensorList& t) { return conv2d(t[0], t[1], t[2], 3); }, "F.conv2d(x0, x1, x2, stride=3)"},
+      {"empty batch", {0, 3, 5, 5}, {2, 3, 3, 3}, true, [](const TensorList& t) { return conv2d(t[0], t[1], t[2]); },
+       "F.conv2d(x0, x1, x2)"},
   };
 }
 
@@ -72,46 +81,67 @@ struct PoolCase {
   const char* label;
   std::vector<int64_t> x;
   Fn f;
+  const char* torch;
 };
 
 std::vector<PoolCase> max_pool_cases() {
   return {
-      {"kernel 2", {2, 2, 6, 6}, [](const TensorList& t) { return max_pool2d(t[0], 2); }},
-      {"kernel 3 stride 2 padding 1", {1, 2, 9, 8}, [](const TensorList& t) { return max_pool2d(t[0], 3, 2, 1); }},
-      {"overlapping, stride 1", {1, 2, 5, 6}, [](const TensorList& t) { return max_pool2d(t[0], 3, 1, 1); }},
-      {"dilation 2", {1, 2, 9, 9}, [](const TensorList& t) { return max_pool2d(t[0], 2, 1, 1, 2); }},
-      {"ceil_mode", {1, 2, 7, 6}, [](const TensorList& t) { return max_pool2d(t[0], 3, 2, 0, 1, true); }},
-      {"rectangular", {1, 2, 7, 8}, [](const TensorList& t) { return max_pool2d(t[0], {2, 3}, {1, 2}); }},
-      {"unbatched", {3, 6, 6}, [](const TensorList& t) { return max_pool2d(t[0], 3, 3); }},
+      {"kernel 2", {2, 2, 6, 6}, [](const TensorList& t) { return max_pool2d(t[0], 2); }, "F.max_pool2d(x0, 2)"},
+      {"kernel 3 stride 2 padding 1", {1, 2, 9, 8}, [](const TensorList& t) { return max_pool2d(t[0], 3, 2, 1); },
+       "F.max_pool2d(x0, 3, stride=2, padding=1)"},
+      {"overlapping, stride 1", {1, 2, 5, 6}, [](const TensorList& t) { return max_pool2d(t[0], 3, 1, 1); },
+       "F.max_pool2d(x0, 3, stride=1, padding=1)"},
+      {"dilation 2", {1, 2, 9, 9}, [](const TensorList& t) { return max_pool2d(t[0], 2, 1, 1, 2); },
+       "F.max_pool2d(x0, 2, stride=1, padding=1, dilation=2)"},
+      {"ceil_mode", {1, 2, 7, 6}, [](const TensorList& t) { return max_pool2d(t[0], 3, 2, 0, 1, true); },
+       "F.max_pool2d(x0, 3, stride=2, ceil_mode=True)"},
+      {"rectangular", {1, 2, 7, 8}, [](const TensorList& t) { return max_pool2d(t[0], {2, 3}, {1, 2}); },
+       "F.max_pool2d(x0, (2, 3), stride=(1, 2))"},
+      {"unbatched", {3, 6, 6}, [](const TensorList& t) { return max_pool2d(t[0], 3, 3); },
+       "F.max_pool2d(x0, 3, stride=3)"},
       {"with indices, ceil_mode padding", {1, 3, 7, 6},
-       [](const TensorList& t) { return std::get<0>(max_pool2d_with_indices(t[0], 3, 2, 1, 1, true)); }},
+       [](const TensorList& t) { return std::get<0>(max_pool2d_with_indices(t[0], 3, 2, 1, 1, true)); },
+       "F.max_pool2d(x0, 3, stride=2, padding=1, ceil_mode=True, return_indices=True)[0]"},
   };
 }
 
 std::vector<PoolCase> avg_pool_cases() {
   return {
-      {"kernel 2", {2, 2, 6, 6}, [](const TensorList& t) { return avg_pool2d(t[0], 2); }},
-      {"padding, count_include_pad", {1, 2, 7, 6}, [](const TensorList& t) { return avg_pool2d(t[0], 3, 2, 1); }},
+      {"kernel 2", {2, 2, 6, 6}, [](const TensorList& t) { return avg_pool2d(t[0], 2); }, "F.avg_pool2d(x0, 2)"},
+      {"padding, count_include_pad", {1, 2, 7, 6}, [](const TensorList& t) { return avg_pool2d(t[0], 3, 2, 1); },
+       "F.avg_pool2d(x0, 3, stride=2, padding=1)"},
       {"padding, exclude pad", {1, 2, 7, 6},
-       [](const TensorList& t) { return avg_pool2d(t[0], 3, 2, 1, false, false); }},
+       [](const TensorList& t) { return avg_pool2d(t[0], 3, 2, 1, false, false); },
+       "F.avg_pool2d(x0, 3, stride=2, padding=1, count_include_pad=False)"},
       {"ceil_mode, count_include_pad", {1, 2, 7, 6},
-       [](const TensorList& t) { return avg_pool2d(t[0], 2, 2, 1, true); }},
+       [](const TensorList& t) { return avg_pool2d(t[0], 2, 2, 1, true); },
+       "F.avg_pool2d(x0, 2, stride=2, padding=1, ceil_mode=True)"},
       {"ceil_mode, exclude pad", {1, 2, 7, 6},
-       [](const TensorList& t) { return avg_pool2d(t[0], 2, 2, 1, true, false); }},
-      {"ceil_mode past the input", {1, 2, 7, 6}, [](const TensorList& t) { return avg_pool2d(t[0], 3, 2, 0, true); }},
-      {"divisor_override", {1, 2, 6, 6}, [](const TensorList& t) { return avg_pool2d(t[0], 2, {}, 0, false, true, 3); }},
-      {"overlapping, stride 1", {1, 2, 5, 5}, [](const TensorList& t) { return avg_pool2d(t[0], 3, 1, 1); }},
-      {"unbatched", {3, 6, 6}, [](const TensorList& t) { return avg_pool2d(t[0], {3, 2}); }},
+       [](const TensorList& t) { return avg_pool2d(t[0], 2, 2, 1, true, false); },
+       "F.avg_pool2d(x0, 2, stride=2, padding=1, ceil_mode=True, count_include_pad=False)"},
+      {"ceil_mode past the input", {1, 2, 7, 6}, [](const TensorList& t) { return avg_pool2d(t[0], 3, 2, 0, true); },
+       "F.avg_pool2d(x0, 3, stride=2, ceil_mode=True)"},
+      {"divisor_override", {1, 2, 6, 6}, [](const TensorList& t) { return avg_pool2d(t[0], 2, {}, 0, false, true, 3); },
+       "F.avg_pool2d(x0, 2, divisor_override=3)"},
+      {"overlapping, stride 1", {1, 2, 5, 5}, [](const TensorList& t) { return avg_pool2d(t[0], 3, 1, 1); },
+       "F.avg_pool2d(x0, 3, stride=1, padding=1)"},
+      {"unbatched", {3, 6, 6}, [](const TensorList& t) { return avg_pool2d(t[0], {3, 2}); },
+       "F.avg_pool2d(x0, (3, 2))"},
   };
 }
 
 std::vector<PoolCase> adaptive_cases() {
   return {
-      {"uniform bins", {2, 3, 6, 4}, [](const TensorList& t) { return adaptive_avg_pool2d(t[0], {3, 2}); }},
-      {"non-uniform bins", {1, 2, 7, 6}, [](const TensorList& t) { return adaptive_avg_pool2d(t[0], {3, 4}); }},
-      {"global", {2, 3, 5, 5}, [](const TensorList& t) { return adaptive_avg_pool2d(t[0], 1); }},
-      {"larger than the input", {1, 2, 3, 3}, [](const TensorList& t) { return adaptive_avg_pool2d(t[0], {5, 4}); }},
-      {"unbatched", {3, 7, 7}, [](const TensorList& t) { return adaptive_avg_pool2d(t[0], 2); }},
+      {"uniform bins", {2, 3, 6, 4}, [](const TensorList& t) { return adaptive_avg_pool2d(t[0], {3, 2}); },
+       "F.adaptive_avg_pool2d(x0, (3, 2))"},
+      {"non-uniform bins", {1, 2, 7, 6}, [](const TensorList& t) { return adaptive_avg_pool2d(t[0], {3, 4}); },
+       "F.adaptive_avg_pool2d(x0, (3, 4))"},
+      {"global", {2, 3, 5, 5}, [](const TensorList& t) { return adaptive_avg_pool2d(t[0], 1); },
+       "F.adaptive_avg_pool2d(x0, 1)"},
+      {"larger than the input", {1, 2, 3, 3}, [](const TensorList& t) { return adaptive_avg_pool2d(t[0], {5, 4}); },
+       "F.adaptive_avg_pool2d(x0, (5, 4))"},
+      {"unbatched", {3, 7, 7}, [](const TensorList& t) { return adaptive_avg_pool2d(t[0], 2); },
+       "F.adaptive_avg_pool2d(x0, 2)"},
   };
 }
 
@@ -152,6 +182,23 @@ TEST(ConvPoolGrad, Conv2dGradcheck) {
   only_x[1] = only_x[1].detach();
   only_x[2] = only_x[2].detach();
   expect_gradcheck(plain.f, only_x, "input only");
+}
+
+TEST(ConvPoolGrad, GradientsMatchTorch) {
+  std::vector<kiln::test::TorchGradCase> cases;
+  uint64_t seed = 1000;
+  for (const ConvCase& c : conv_cases()) {
+    cases.push_back({c.label, c.f, conv_inputs(c, seed), c.torch});
+    seed += 3;
+  }
+  for (const auto& pools : {max_pool_cases(), avg_pool_cases(), adaptive_cases()}) {
+    for (const PoolCase& c : pools) cases.push_back({c.label, c.f, {leaf(c.x, seed++)}, c.torch});
+  }
+  cases.push_back({"conv2d noncontig", conv_cases()[0].f,
+                   {transposed_leaf({2, 3, 6, 5}, 1200, 2, 3), transposed_leaf({4, 3, 3, 3}, 1201, 2, 3),
+                    leaf({4}, 1202)},
+                   "F.conv2d(x0, x1, x2)"});
+  kiln::test::expect_grads_match_torch(cases, 1e-10, 1e-12);
 }
 
 TEST(ConvPoolGrad, Conv2dSecondDerivatives) {

@@ -70,7 +70,8 @@ TEST(LinalgGrad, MatmulGradcheckEveryShapeRule) {
   uint64_t seed = 20;
   for (const MatmulCase& c : kMatmulCases) {
     expect_gradcheck(matmul2, {leaf(c.a, seed), leaf(c.b, seed + 1)}, c.label);
-    expect_gradcheck(matmul2, {leaf(c.a, seed + 2), leaf(c.b, seed + 3).detach()}, std::string(c.label) + ", self only");
+    expect_gradcheck(matmul2, {leaf(c.a, seed + 2), leaf(c.b, seed + 3).detach()},
+                     std::string(c.label) + ", self only");
     expect_gradcheck(matmul2, {leaf(c.a, seed + 4).detach(), leaf(c.b, seed + 5)},
                      std::string(c.label) + ", other only");
     seed += 6;
@@ -107,6 +108,27 @@ TEST(LinalgGrad, LinearGradcheck) {
 // mm, bmm, 2-D matmul and 2-D linear without bias differentiate through
 // products alone (Note [Products with transposed operands]), so their
 // second derivatives need no other op's backward.
+TEST(LinalgGrad, GradientsMatchTorch) {
+  std::vector<kiln::test::TorchGradCase> cases;
+  uint64_t seed = 1000;
+  for (const MatmulCase& c : kMatmulCases) {
+    cases.push_back({c.label, matmul2, {leaf(c.a, seed), leaf(c.b, seed + 1)}, "torch.matmul(x0, x1)"});
+    seed += 2;
+  }
+  cases.push_back({"mm transposed", mm2, {transposed_leaf({4, 3}, 1100), transposed_leaf({5, 4}, 1101)},
+                   "torch.mm(x0, x1)"});
+  cases.push_back({"bmm", bmm2, {leaf({2, 3, 4}, 1102), leaf({2, 4, 5}, 1103)}, "torch.bmm(x0, x1)"});
+  cases.push_back({"linear", linear3, {leaf({3, 4}, 1104), leaf({5, 4}, 1105), leaf({5}, 1106)},
+                   "F.linear(x0, x1, x2)"});
+  cases.push_back({"linear 3-D", linear3, {leaf({2, 3, 4}, 1107), leaf({5, 4}, 1108), leaf({5}, 1109)},
+                   "F.linear(x0, x1, x2)"});
+  cases.push_back({"linear 1-D", linear3, {leaf({4}, 1110), leaf({5, 4}, 1111), leaf({5}, 1112)},
+                   "F.linear(x0, x1, x2)"});
+  cases.push_back({"linear 2-D bias", linear3, {leaf({3, 4}, 1113), leaf({5, 4}, 1114), leaf({3, 5}, 1115)},
+                   "F.linear(x0, x1, x2)"});
+  kiln::test::expect_grads_match_torch(cases, 1e-10, 1e-12);
+}
+
 TEST(LinalgGrad, SecondDerivativesOfProducts) {
   expect_gradgradcheck(mm2, {leaf({3, 4}, 301), leaf({4, 2}, 302)}, "mm");
   expect_gradgradcheck(mm2, {transposed_leaf({4, 3}, 303), transposed_leaf({2, 4}, 304)}, "mm transposed");
