@@ -116,7 +116,7 @@ Tensor argmax_indices(const Tensor& input, const Pool2dParams& p, bool unbatched
 }
 
 struct MaxPoolBackward final : autograd::Node {
-  SavedVariable input;    // for indices when a higher derivative needs them and only the workspace was kept
+  SavedVariable input;    // with the workspace only: a higher derivative recomputes the indices from it
   SavedVariable indices;  // torch-style argmax indices (our loop ran), or
   Tensor workspace;       // oneDNN's workspace (oneDNN ran); internal, never seen by the user
   Pool2dParams p;
@@ -259,7 +259,8 @@ Tensor max_pool2d(const Tensor& input, const Pool2dParams& p, CallSite site) {
     }
     out = in_dtype(out, input.dtype());
   }
-  node->input = SavedVariable(input, false);
+  // The input only serves a higher derivative that needs indices when only the workspace was kept.
+  if (node->workspace.defined()) node->input = SavedVariable(input, false);
   node->p = p;
   node->unbatched = unbatched;
   autograd::set_history(out, node, {&input}, site);
@@ -279,7 +280,6 @@ std::tuple<Tensor, Tensor> max_pool2d_with_indices(const Tensor& input, const Po
   }
   if (autograd::compute_requires_grad({&input})) {
     auto node = make_intrusive<MaxPoolBackward>();
-    node->input = SavedVariable(input, false);
     node->indices = SavedVariable(idx, false);  // the user's: an in-place change to them is caught
     node->p = p;
     node->unbatched = unbatched;
