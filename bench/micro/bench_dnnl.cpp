@@ -81,17 +81,18 @@ void BM_DnnlConv2dBackward(benchmark::State& state, DType dt, int which) {
   set_gflops(state, which == kBoth ? 2 * one : one);
 }
 
-void BM_DnnlLinearBackward(benchmark::State& state, DType dt) {
+void BM_DnnlLinearBackward(benchmark::State& state, DType dt, bool with_bias) {
   const ThreadScope threads(static_cast<int>(state.range(0)));
   const int64_t M = 128, IN = 784, OUT = 512;
   kiln::Generator g(4);
   const Tensor x = kiln::randn({M, IN}, kiln::kFloat32, &g).to(dt).requires_grad_();
   const Tensor w = kiln::randn({OUT, IN}, kiln::kFloat32, &g).to(dt).requires_grad_();
-  const Tensor b = kiln::randn({OUT}, kiln::kFloat32, &g).to(dt).requires_grad_();
+  const Tensor b = with_bias ? kiln::randn({OUT}, kiln::kFloat32, &g).to(dt).requires_grad_() : Tensor();
   const Tensor y = kiln::linear(x, w, b);
   const Tensor gy = kiln::randn(y.sizes(), kiln::kFloat32, &g).to(dt);
-  benchmark::DoNotOptimize(kiln::autograd::grad({y}, {x, w, b}, {gy}, true));
-  for (auto _ : state) benchmark::DoNotOptimize(kiln::autograd::grad({y}, {x, w, b}, {gy}, true));
+  const kiln::TensorList wrt = with_bias ? kiln::TensorList{x, w, b} : kiln::TensorList{x, w};
+  benchmark::DoNotOptimize(kiln::autograd::grad({y}, wrt, {gy}, true));
+  for (auto _ : state) benchmark::DoNotOptimize(kiln::autograd::grad({y}, wrt, {gy}, true));
   set_gflops(state, 2.0 * 2.0 * M * IN * OUT);  // grad_x = g · W and grad_W = gᵀ · x
 }
 
@@ -131,8 +132,12 @@ BENCHMARK_CAPTURE(BM_DnnlConv2dBackward, f32_both, kiln::kFloat32, kBoth)
     ->Arg(1)->Arg(2)->Unit(benchmark::kMillisecond)->UseRealTime();
 BENCHMARK_CAPTURE(BM_DnnlConv2dBackward, bf16_both, kiln::kBFloat16, kBoth)
     ->Arg(1)->Arg(2)->Unit(benchmark::kMillisecond)->UseRealTime();
-BENCHMARK_CAPTURE(BM_DnnlLinearBackward, f32, kiln::kFloat32)->Arg(1)->Arg(2)->Unit(benchmark::kMillisecond)->UseRealTime();
-BENCHMARK_CAPTURE(BM_DnnlLinearBackward, bf16, kiln::kBFloat16)->Arg(1)->Arg(2)->Unit(benchmark::kMillisecond)->UseRealTime();
+BENCHMARK_CAPTURE(BM_DnnlLinearBackward, f32, kiln::kFloat32, true)
+    ->Arg(1)->Arg(2)->Unit(benchmark::kMillisecond)->UseRealTime();
+BENCHMARK_CAPTURE(BM_DnnlLinearBackward, f32_no_bias, kiln::kFloat32, false)
+    ->Arg(1)->Arg(2)->Unit(benchmark::kMillisecond)->UseRealTime();
+BENCHMARK_CAPTURE(BM_DnnlLinearBackward, bf16, kiln::kBFloat16, true)
+    ->Arg(1)->Arg(2)->Unit(benchmark::kMillisecond)->UseRealTime();
 BENCHMARK(BM_DnnlSmallMatmul);
 BENCHMARK(BM_DnnlSmallLinear);
 BENCHMARK(BM_DnnlMaxPool)->Arg(1)->Arg(2)->Unit(benchmark::kMillisecond)->UseRealTime();

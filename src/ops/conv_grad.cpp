@@ -44,12 +44,20 @@ struct ConvolutionBackward final : autograd::Node {
     const Tensor& g = grads[0];
     TensorList out(3);
     if (!g.defined()) return out;
-    if (next_edges()[0].is_valid()) out[0] = conv2d_input_grad(g, weight.unpack(this), p, unbatched, site());
-    if (next_edges()[1].is_valid()) {
-      auto [gw, gb] = conv2d_weight_grad(g, input.unpack(this), p, unbatched, next_edges()[2].is_valid(), site());
-      out[1] = gw;
-      out[2] = gb;
-    } else if (next_edges()[2].is_valid()) {
+    const bool need_x = next_edges()[0].is_valid(), need_w = next_edges()[1].is_valid();
+    const bool need_b = next_edges()[2].is_valid();
+    if (need_x && need_w) {
+      const Tensor w = weight.unpack(this), x = input.unpack(this);
+      if (!autograd::compute_requires_grad({&g, &x, &w})) {
+        // No graph to record: both directions in one kernel call (oneDNN reorders g once).
+        std::tie(out[0], out[1], out[2]) = both_grads(g, x, w, need_b);
+        return out;
+      }
+    }
+    if (need_x) out[0] = conv2d_input_grad(g, weight.unpack(this), p, unbatched, site());
+    if (need_w) {
+      std::tie(out[1], out[2]) = conv2d_weight_grad(g, input.unpack(this), p, unbatched, need_b, site());
+    } else if (need_b) {
       // A frozen weight with a trainable bias: the bias gradient alone.
       out[2] = unbatched ? g.sum({1, 2}) : g.sum({0, 2, 3});
     }
@@ -58,6 +66,21 @@ struct ConvolutionBackward final : autograd::Node {
   void release_variables() override {
     input.reset();
     weight.reset();
+  }
+
+ private:
+  std::tuple<Tensor, Tensor, Tensor> both_grads(const Tensor& grad_output, const Tensor& x, const Tensor& w,
+                                                bool with_bias) const {
+    const NoGradGuard no_grad;
+    const Tensor g = kernel_operand(grad_output, p.dtype), xk = kernel_operand(x, p.dtype);
+    const Tensor wk = kernel_operand(w, p.dtype);
+    Tensor gi = new_output(input_shape(p, unbatched), p.dtype);
+    Tensor gw = new_output({p.o, p.c / p.groups, p.kh, p.kw}, p.dtype);
+    Tensor gb = with_bias ? new_output({p.o}, p.dtype) : Tensor();
+    kernels::conv2d_backward(p, g.data_ptr(), xk.data_ptr(), wk.data_ptr(), gi.data_ptr(), gw.data_ptr(),
+                             with_bias ? gb.data_ptr() : nullptr);
+    const DType dt = grad_output.dtype();
+    return {in_dtype(gi, dt), in_dtype(gw, dt), with_bias ? in_dtype(gb, dt) : gb};
   }
 };
 

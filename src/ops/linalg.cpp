@@ -240,6 +240,13 @@ void add_bias_in_place(Tensor& out, const Tensor& bias) {
 }
 
 // y = x · Wᵀ + b over x [..., in] flattened to [rows, in].
+//
+// grad_W and grad_b stay a product and a sum rather than oneDNN's
+// inner_product backward-weights, which computes both in one pass: for
+// x [128, 784], W [512, 784] (float32, 1 thread) the fused primitive took
+// 0.403-0.409 ms against 0.400 ms for the product alone, and the bias sum
+// adds about 5 us to the whole backward (0.792-0.798 ms with a bias,
+// 0.788-0.793 ms without), so fusing does not pay.
 struct LinearBackward final : autograd::Node {
   autograd::SavedVariable input, weight;  // input for grad_weight, weight for grad_input
   const char* name() const override { return "LinearBackward0"; }

@@ -93,6 +93,11 @@ void conv2d_backward_input(const Conv2dParams& p, const void* grad_output, const
 void conv2d_backward_weight(const Conv2dParams& p, const void* grad_output, const void* input, void* grad_weight,
                             void* grad_bias);
 
+/// Both of the above in one call: oneDNN then reorders grad_output into its
+/// blocked layout once for both primitives.
+void conv2d_backward(const Conv2dParams& p, const void* grad_output, const void* input, const void* weight,
+                     void* grad_input, void* grad_weight, void* grad_bias);
+
 // ---------------------------------------------------------------------------
 // 2-D pooling, NCHW.
 // ---------------------------------------------------------------------------

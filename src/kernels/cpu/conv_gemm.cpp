@@ -21,6 +21,8 @@ void dnnl_conv2d_backward_input(const Conv2dParams& p, const void* grad_output, 
                                 void* grad_input);
 void dnnl_conv2d_backward_weight(const Conv2dParams& p, const void* grad_output, const void* input,
                                  void* grad_weight, void* grad_bias);
+void dnnl_conv2d_backward(const Conv2dParams& p, const void* grad_output, const void* input, const void* weight,
+                          void* grad_input, void* grad_weight, void* grad_bias);
 
 namespace {
 
@@ -289,6 +291,17 @@ void conv2d_backward_weight(const Conv2dParams& p, const void* grad_output, cons
       return;
     default: KILN_ASSERT(false, "conv2d_backward_weight: unsupported dtype ", dtype_name(p.dtype));
   }
+}
+
+void conv2d_backward(const Conv2dParams& p, const void* grad_output, const void* input, const void* weight,
+                     void* grad_input, void* grad_weight, void* grad_bias) {
+  const bool dnnl = p.dtype == DType::Float32 || p.dtype == DType::BFloat16;
+  if (dnnl && p.n > 0 && p.c > 0 && p.o > 0) {
+    dnnl_conv2d_backward(p, grad_output, input, weight, grad_input, grad_weight, grad_bias);
+    return;
+  }
+  conv2d_backward_input(p, grad_output, weight, grad_input);
+  conv2d_backward_weight(p, grad_output, input, grad_weight, grad_bias);
 }
 
 }  // namespace kiln::kernels

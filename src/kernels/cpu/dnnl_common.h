@@ -48,7 +48,6 @@ enum class PrimKind : int64_t {
   ConvBwdData,
   ConvBwdWeights,
   PoolBwd,
-  InnerProductBwdWeights,
 };
 
 struct Key {
