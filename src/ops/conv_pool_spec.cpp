@@ -159,6 +159,7 @@ std::vector<OpErrorCase> pool_errors(const char* op, Tensor (*pool)(const Tensor
 }  // namespace
 
 void register_conv_pool_ops(std::vector<OpSpec>& r) {
+  const size_t first = r.size();
   r.push_back(OpSpec{"conv2d", kDenseDTypes, conv_samples, conv_tolerance, [] {
                        return std::vector<OpErrorCase>{
                            error_case("channels", [] { conv2d(zeros({1, 4, 5, 5}), zeros({8, 3, 3, 3})); }, "ShapeError",
@@ -229,6 +230,8 @@ void register_conv_pool_ops(std::vector<OpSpec>& r) {
                                       "DTypeError", "adaptive_avg_pool2d"),
                        };
                      }});
+  // Every entry has a backward (float dtypes only here): the registry driver checks it.
+  for (size_t i = first; i < r.size(); ++i) r[i].differentiable = true;
 }
 
 }  // namespace kiln::ops
