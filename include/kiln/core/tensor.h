@@ -11,6 +11,7 @@
 #include <functional>
 #include <optional>
 #include <ostream>
+#include <source_location>
 #include <string>
 #include <string_view>
 #include <tuple>
@@ -272,31 +273,41 @@ class Tensor {
   bool allclose(const Tensor& other, double rtol = 1e-5, double atol = 1e-8, bool equal_nan = false) const;
 
   // ---- reductions ----
-  Tensor sum(std::optional<DType> dtype = std::nullopt) const;
-  Tensor sum(IntArrayRef dims, bool keepdim = false, std::optional<DType> dtype = std::nullopt) const;
-  Tensor mean() const;
-  Tensor mean(IntArrayRef dims, bool keepdim = false) const;
-  Tensor prod() const;
-  Tensor prod(int64_t dim, bool keepdim = false) const;
+  // `loc` (left to its default) records the caller's file:line for autograd messages.
+  Tensor sum(std::optional<DType> dtype = std::nullopt,
+             std::source_location loc = std::source_location::current()) const;
+  Tensor sum(IntArrayRef dims, bool keepdim = false, std::optional<DType> dtype = std::nullopt,
+             std::source_location loc = std::source_location::current()) const;
+  Tensor mean(std::source_location loc = std::source_location::current()) const;
+  Tensor mean(IntArrayRef dims, bool keepdim = false, std::source_location loc = std::source_location::current()) const;
+  Tensor prod(std::source_location loc = std::source_location::current()) const;
+  Tensor prod(int64_t dim, bool keepdim = false, std::source_location loc = std::source_location::current()) const;
   /// correction = 1 is Bessel's (torch default); 0 is the population variance.
   /// Empty dims reduce every dim, as torch.var(x, dim=[]). (Not optional<IntArrayRef>:
   /// x.var({1}) would build the optional from the int and keep a dangling reference.)
-  Tensor var(IntArrayRef dims = {}, int64_t correction = 1, bool keepdim = false) const;
-  Tensor std(IntArrayRef dims = {}, int64_t correction = 1, bool keepdim = false) const;
-  Tensor max() const;
-  Tensor min() const;
+  Tensor var(IntArrayRef dims = {}, int64_t correction = 1, bool keepdim = false,
+             std::source_location loc = std::source_location::current()) const;
+  Tensor std(IntArrayRef dims = {}, int64_t correction = 1, bool keepdim = false,
+             std::source_location loc = std::source_location::current()) const;
+  Tensor max(std::source_location loc = std::source_location::current()) const;
+  Tensor min(std::source_location loc = std::source_location::current()) const;
   /// (values, indices) along dim; ties give the first index, as PyTorch on CPU.
-  std::tuple<Tensor, Tensor> max(int64_t dim, bool keepdim = false) const;
-  std::tuple<Tensor, Tensor> min(int64_t dim, bool keepdim = false) const;
-  Tensor amax(IntArrayRef dims, bool keepdim = false) const;
-  Tensor amin(IntArrayRef dims, bool keepdim = false) const;
+  std::tuple<Tensor, Tensor> max(int64_t dim, bool keepdim = false,
+                                 std::source_location loc = std::source_location::current()) const;
+  std::tuple<Tensor, Tensor> min(int64_t dim, bool keepdim = false,
+                                 std::source_location loc = std::source_location::current()) const;
+  Tensor amax(IntArrayRef dims, bool keepdim = false, std::source_location loc = std::source_location::current()) const;
+  Tensor amin(IntArrayRef dims, bool keepdim = false, std::source_location loc = std::source_location::current()) const;
+  /// Not differentiable (integer results): no call site to record.
   Tensor argmax(std::optional<int64_t> dim = std::nullopt, bool keepdim = false) const;
   Tensor argmin(std::optional<int64_t> dim = std::nullopt, bool keepdim = false) const;
-  Tensor logsumexp(IntArrayRef dims, bool keepdim = false) const;
+  Tensor logsumexp(IntArrayRef dims, bool keepdim = false,
+                   std::source_location loc = std::source_location::current()) const;
   /// p-norm over dims (all dims when empty); p = 2 by default, inf allowed.
-  Tensor norm(double p = 2.0, IntArrayRef dims = {}, bool keepdim = false) const;
-  Tensor softmax(int64_t dim) const;
-  Tensor log_softmax(int64_t dim) const;
+  Tensor norm(double p = 2.0, IntArrayRef dims = {}, bool keepdim = false,
+              std::source_location loc = std::source_location::current()) const;
+  Tensor softmax(int64_t dim, std::source_location loc = std::source_location::current()) const;
+  Tensor log_softmax(int64_t dim, std::source_location loc = std::source_location::current()) const;
   Tensor all() const;
   Tensor any() const;
 
