@@ -112,8 +112,8 @@ struct NormBackward final : autograd::Node {
     const Tensor x = self_.unpack(this);
     const int64_t nd = x.dim();
     const Tensor gk = ops::unsqueeze_reduced(g[0], mask, nd, keepdim);
-    const Tensor n = ops::unsqueeze_reduced(result_.unpack(this), mask, nd, keepdim);
     if (p == 1) return {ops::sign_of(x) * gk};
+    const Tensor n = ops::unsqueeze_reduced(result_.unpack(this), mask, nd, keepdim);
     if (p == 2) return {gk * (x / n).masked_fill(n.eq(0), 0)};
     if (std::isinf(p)) {
       const Tensor a = x.abs();
@@ -179,8 +179,9 @@ Tensor Tensor::norm(double p, IntArrayRef dims, bool keepdim, std::source_locati
   }
   if (autograd::compute_requires_grad({this})) {
     auto node = make_intrusive<NormBackward>();
-    node->self_ = SavedVariable(*this, false);
-    node->result_ = SavedVariable(out, true);
+    // p = 0 needs nothing, p = 1 only the input's sign.
+    if (p != 0) node->self_ = SavedVariable(*this, false);
+    if (p != 0 && p != 1) node->result_ = SavedVariable(out, true);
     node->p = p;
     node->mask = mask;
     node->keepdim = keepdim;
