@@ -270,3 +270,47 @@ TEST(Engine, GradcheckPassesForCorrectAndFailsForWrongGradient) {
   EXPECT_FALSE(autograd::gradcheck([](const TensorList& in) { return TensorList{WrongCube::apply(in[0])}; }, {x},
                                    quiet));
 }
+
+TEST(Engine, GradcheckFastModeComparesRandomProjections) {
+  // 2 x 40 inputs, 40 outputs: fast mode checks u^T J v per (output, input) pair.
+  Tensor a = randn({40}, kFloat64).requires_grad_();
+  Tensor b = randn({40}, kFloat64).requires_grad_();
+  autograd::GradcheckOptions fast;
+  fast.fast_mode = true;
+  auto mul = [](const TensorList& in) { return TensorList{Mul2::apply(in[0], in[1]), Cube::apply(in[0])}; };
+  EXPECT_TRUE(autograd::gradcheck(mul, {a, b}, fast));
+  // A backward that swaps the operands' gradients passes no projection.
+  struct SwappedMul : autograd::Function<SwappedMul> {
+    static Tensor forward(AutogradContext& ctx, const Tensor& x, const Tensor& y) {
+      ctx.save_for_backward({x, y});
+      return x * y;
+    }
+    static TensorList backward(AutogradContext& ctx, TensorList g) {
+      auto s = ctx.get_saved_variables();
+      return {g[0] * s[0], g[0] * s[1]};
+    }
+  };
+  try {
+    autograd::gradcheck([](const TensorList& in) { return TensorList{SwappedMul::apply(in[0], in[1])}; }, {a, b},
+                        fast);
+    FAIL() << "expected a mismatch";
+  } catch (const ValueError& e) {
+    const std::string m = e.what();
+    EXPECT_NE(m.find("gradcheck (fast mode): mismatch for output 0 w.r.t. input "), std::string::npos) << m;
+    EXPECT_NE(m.find("fast_mode=false"), std::string::npos) << m;
+  }
+  // An output that does not require grad but moves with the input is caught too.
+  fast.raise = false;
+  EXPECT_FALSE(autograd::gradcheck([](const TensorList& in) { return TensorList{in[0].detach() * 2}; }, {a}, fast));
+}
+
+TEST(Engine, GradcheckFastModeLeavesInputsUnchanged) {
+  Tensor x = randn({8, 9}, kFloat64).transpose(0, 1).requires_grad_();  // non-contiguous leaf
+  Tensor before = x.detach().clone();
+  const uint32_t version = x.version();
+  autograd::GradcheckOptions fast;
+  fast.fast_mode = true;
+  EXPECT_TRUE(autograd::gradcheck([](const TensorList& in) { return TensorList{Cube::apply(in[0])}; }, {x}, fast));
+  EXPECT_TRUE(x.detach().equal(before));
+  EXPECT_EQ(x.version(), version);
+}
