@@ -222,10 +222,16 @@ OpSpec var_std_spec(const std::string& name) {
 void register_reduction_stats_ops(std::vector<OpSpec>& r);  // reduce_spec_more.cpp
 
 void register_reduction_ops(std::vector<OpSpec>& r) {
+  const size_t first = r.size();
   add_sum_mean_prod(r);
   r.push_back(var_std_spec("var"));
   r.push_back(var_std_spec("std"));
   register_reduction_stats_ops(r);
+  // Every op of the family has a backward but those with integer or bool results.
+  for (size_t i = first; i < r.size(); ++i) {
+    const std::string& n = r[i].name;
+    r[i].differentiable = n != "argmax" && n != "argmin" && n != "all" && n != "any";
+  }
 }
 
 }  // namespace kiln::ops

@@ -388,42 +388,27 @@ TEST(ReduceGrad, SavedInputModifiedInPlaceIsAnError) {
 
 // ---- the registry's backward samples ----
 
-TEST(ReduceGrad, RegistrySamplesWithGradInputsPassGradcheck) {
-  const std::vector<std::string> differentiable = {"sum", "mean", "prod", "var", "std", "max", "min", "amax",
-                                                   "amin", "logsumexp", "norm", "softmax", "log_softmax"};
+// The registry driver checks every sample with grad_inputs against torch and
+// by gradcheck; here: which of this family's samples carry them.
+TEST(ReduceGrad, RegistryBackwardSamplesAreTheSmallFloatingOnes) {
+  const std::vector<std::string> family = {"sum",    "mean", "prod",      "var",  "std",     "max",
+                                           "min",    "amax", "amin",      "logsumexp", "norm", "softmax",
+                                           "log_softmax", "argmax", "argmin", "all", "any"};
+  int specs = 0;
   for (const ops::OpSpec& spec : ops::op_registry()) {
-    const bool ours = std::find(differentiable.begin(), differentiable.end(), spec.name) != differentiable.end();
-    const bool never = spec.name == "argmax" || spec.name == "argmin" || spec.name == "all" || spec.name == "any";
-    if (!ours && !never) continue;
-    int with_grad = 0;
+    if (std::find(family.begin(), family.end(), spec.name) == family.end()) continue;
+    ++specs;
+    const bool integer_result = spec.name == "argmax" || spec.name == "argmin" || spec.name == "all" ||
+                                spec.name == "any";
+    EXPECT_EQ(spec.differentiable, !integer_result) << spec.name;
     for (DType dt : spec.dtypes) {
       for (const ops::OpSample& s : spec.samples(dt)) {
-        if (s.grad_inputs.empty()) continue;
-        const std::string what = spec.name + " " + std::string(dtype_name(dt)) + " " + s.label;
-        EXPECT_TRUE(ours) << what << ": not differentiable, but has grad_inputs";
-        EXPECT_TRUE(is_floating_point(dt)) << what;
-        ++with_grad;
-        TensorList in;
-        for (const Tensor& t : s.inputs) in.push_back(t.to(kFloat64));
-        for (int i : s.grad_inputs) {
-          EXPECT_LE(in[i].numel(), 200) << what << ": too large for a numerical gradcheck";
-          in[i].requires_grad_();
-        }
-        try {
-          autograd::gradcheck([&](const TensorList& xs) {
-            TensorList out;
-            for (const Tensor& o : s.run(xs)) {
-              if (o.is_floating_point()) out.push_back(o);
-            }
-            return out;
-          }, in);
-        } catch (const Error& e) {
-          ADD_FAILURE() << what << ": " << e.what();
-        }
+        const std::string what = spec.name + " " + std::string(dtype_name(dt)) + " [" + s.label + "]";
+        const bool small = s.inputs[0].numel() <= 200;
+        const bool expected = !integer_result && is_floating_point(dt) && small && s.label != "p=0";
+        EXPECT_EQ(!s.grad_inputs.empty(), expected) << what;
       }
     }
-    if (ours) {
-      EXPECT_GT(with_grad, 0) << spec.name << " has no sample with grad_inputs";
-    }
   }
+  EXPECT_EQ(specs, static_cast<int>(family.size()));
 }
