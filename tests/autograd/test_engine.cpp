@@ -2,11 +2,15 @@
 // depend on any built-in op's backward.
 #include <gtest/gtest.h>
 
+#include <cstdlib>
+#include <filesystem>
+
 #include "kiln/autograd/anomaly.h"
 #include "kiln/autograd/custom_function.h"
 #include "kiln/autograd/engine.h"
 #include "kiln/autograd/gradcheck.h"
 #include "kiln/kiln.h"
+#include "support/test_util.h"
 
 using namespace kiln;
 using autograd::AutogradContext;
@@ -72,6 +76,15 @@ struct Sqrt : autograd::Function<Sqrt> {
   static TensorList backward(AutogradContext& ctx, TensorList g) {
     return {g[0] * 0.5 / ctx.get_saved_variables()[0]};
   }
+};
+
+// log with derivative 1 / x (NaN forward for x < 0).
+struct Log : autograd::Function<Log> {
+  static Tensor forward(AutogradContext& ctx, const Tensor& x) {
+    ctx.save_for_backward({x});
+    return x.log();
+  }
+  static TensorList backward(AutogradContext& ctx, TensorList g) { return {g[0] / ctx.get_saved_variables()[0]}; }
 };
 
 }  // namespace
@@ -313,4 +326,58 @@ TEST(Engine, GradcheckFastModeLeavesInputsUnchanged) {
   EXPECT_TRUE(autograd::gradcheck([](const TensorList& in) { return TensorList{Cube::apply(in[0])}; }, {x}, fast));
   EXPECT_TRUE(x.detach().equal(before));
   EXPECT_EQ(x.version(), version);
+}
+
+TEST(Engine, InferenceTensorsCannotBeSavedForBackward) {
+  Tensor w;
+  {
+    InferenceModeGuard inference;
+    w = tensor<float>({1, 2});
+  }
+  Tensor x = tensor<float>({3, 4}).requires_grad_();
+  // torch: "Inference tensors cannot be saved for backward. To work around you can make a clone to
+  // get a normal tensor and use it in autograd."
+  try {
+    (void)Mul2::apply(x, w);
+    FAIL() << "expected an error";
+  } catch (const ValueError& e) {
+    const std::string m = e.what();
+    EXPECT_NE(m.find("inference tensors cannot be saved for backward"), std::string::npos) << m;
+    EXPECT_NE(m.find("clone()"), std::string::npos) << m;
+  }
+  Tensor y = Mul2::apply(x, w.clone());  // a clone made outside inference mode is a normal tensor
+  Sum::apply(y).backward();
+  EXPECT_TRUE(x.grad().allclose(tensor<float>({1, 2})));
+}
+
+// Run in-process, this checks the default follows KILN_DETECT_ANOMALY (normally unset: off);
+// AnomalyEnv.VariableTurnsItOn runs it again in a child process with the variable set.
+TEST(AnomalyEnv, DefaultFollowsTheEnvironment) {
+  const char* env = std::getenv("KILN_DETECT_ANOMALY");
+  const bool on = env && *env && std::string(env) != "0";
+  EXPECT_EQ(autograd::anomaly_mode_enabled(), on);
+  Tensor x = tensor<double>({-1.0, 4.0}).requires_grad_();
+  if (!on) {
+    EXPECT_NO_THROW((void)Log::apply(x));  // a NaN goes unnoticed without anomaly mode
+    return;
+  }
+  try {
+    (void)Log::apply(x);
+    ADD_FAILURE() << "expected an anomaly";
+  } catch (const autograd::AnomalyError& e) {
+    std::cout << "child saw: " << e.what() << "\n";
+  }
+}
+
+TEST(AnomalyEnv, VariableTurnsItOn) {
+  const std::string self = std::filesystem::read_symlink("/proc/self/exe").string();
+  std::string out;
+  const int rc = test::run_command("KILN_DETECT_ANOMALY=1 " + test::shell_quote(self) +
+                                       " --gtest_filter=AnomalyEnv.DefaultFollowsTheEnvironment",
+                                   out);
+  EXPECT_EQ(rc, 0) << out;
+  EXPECT_NE(out.find("child saw: anomaly mode: the forward of LogBackward produced 1 NaN"), std::string::npos)
+      << out;
+  EXPECT_NE(out.find("input 0 [2]: min -1, max 4"), std::string::npos) << out;
+  EXPECT_NE(out.find("[  PASSED  ] 1 test"), std::string::npos) << out;
 }

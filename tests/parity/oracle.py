@@ -8,7 +8,8 @@ and inputs.safetensors. Each case's expression is evaluated with torch, F
 go to WORKDIR/outputs.safetensors (tensor k of case i is "c<i>.<k>") and
 WORKDIR/results.json (one {"ok", "kinds"} or {"ok": false, "error"} per case).
 An expression may return a tensor, a tuple/list of tensors or numbers, or a
-Python number or bool (sent back as a 0-dim tensor of kind "number").
+Python number or bool (sent back as a 0-dim tensor of kind "number"); None
+(in a tuple, or alone) comes back as kind "none" (an undefined kiln tensor).
 
 A gradient case also has "grad_inputs" (indices i of the x_i to differentiate)
 and "grad_outputs" (per output of the expression, the name of its gradient
@@ -107,9 +108,11 @@ def restride(t, strides):
 
 
 def as_outputs(v):
-    """[(tensor, kind)] for a tensor, a number, or a tuple/list of them."""
+    """[(tensor, kind)] for a tensor, a number, None, or a tuple/list of them."""
     if isinstance(v, torch.Tensor):
         return [(v, "tensor")]
+    if v is None:  # e.g. an unused input's gradient from torch.autograd.grad(..., allow_unused=True)
+        return [(None, "none")]
     if isinstance(v, bool):
         return [(torch.tensor(v, dtype=torch.bool), "number")]
     if isinstance(v, int):

@@ -25,7 +25,7 @@ namespace kiln::test {
 struct OracleOutcome {
   bool ok = false;
   std::string error;            // "RuntimeError: ..." when torch raised
-  std::vector<Tensor> outputs;  // one per returned tensor / tuple element / Python number
+  std::vector<Tensor> outputs;  // one per returned tensor / tuple element / Python number (undefined for None)
   std::vector<bool> is_number;  // true where Python returned an int, float or bool (a 0-dim tensor here)
   /// Gradient cases (add_grad): per output of the expression, whether it required grad in torch.
   std::vector<bool> output_requires_grad;
