@@ -16,10 +16,12 @@ Tensor alias_of(const Tensor& t) {
 
 SavedVariable::SavedVariable(const Tensor& t, bool is_output, uint32_t output_nr) {
   if (!t.defined()) return;
-  KILN_CHECK(!t.impl()->is_inference() || !t.requires_grad(), ValueError,
+  // As torch: any inference tensor, whether it requires grad or not (a weight made under
+  // InferenceModeGuard and multiplied by a tensor that requires grad is saved by MulBackward0).
+  KILN_CHECK(!t.impl()->is_inference(), ValueError,
              "inference tensors cannot be saved for backward: this tensor (", describe(t),
-             ") was created under InferenceModeGuard; clone() it outside inference mode, or run the whole "
-             "computation under NoGradGuard instead");
+             ") was created under InferenceModeGuard; clone() it outside inference mode to get a normal "
+             "tensor, or run the whole computation under NoGradGuard instead");
   defined_ = true;
   is_output_ = is_output;
   // An output is saved before set_history makes it require grad; it will.

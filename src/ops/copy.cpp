@@ -1,9 +1,17 @@
-// copy_, to(dtype), contiguous, clone, fill_, zero_.
+// copy_, to(dtype), contiguous, clone, fill_, zero_, with their backward.
+//
+// to/contiguous/clone copy through copy_into, which records nothing; the
+// public ops record their own node (ToCopyBackward0, CloneBackward0). copy_,
+// fill_ and zero_ are in-place: they check the target (check_inplace) before
+// writing and rewrite its history after (rebase_history).
+#include "grad_ops.h"
 #include "iter.h"
 #include "kiln/kernels/copy.h"
 #include "kiln/core/factory.h"
 
 namespace kiln {
+
+using autograd::CallSite;
 
 namespace {
 
@@ -25,56 +33,126 @@ bool may_overlap(const Tensor& dst, const Tensor& src) {
   return !(a0 == b0 && dst.sizes() == src.sizes() && dst.strides() == src.strides() && es_d == es_s);
 }
 
-}  // namespace
-
-Tensor& Tensor::copy_(const Tensor& src) {
-  ops::check_defined(*this, "copy_", "self");
+// The forward of copy_ without autograd: checks, overlap handling, kernel.
+void copy_into(const Tensor& dst, const Tensor& src) {
+  ops::check_defined(dst, "copy_", "self");
   ops::check_defined(src, "copy_", "src");
-  const DimVector shape = broadcast_shapes(sizes(), src.sizes(), "copy_");
-  KILN_CHECK(shape.ref() == sizes(), ShapeError, "copy_: source of shape ", src.sizes(),
-             " cannot be broadcast to the destination's shape ", sizes());
-  if (numel() == 0) return *this;
-  for (int64_t d = 0; d < dim(); ++d) {
-    KILN_CHECK(strides()[d] != 0 || sizes()[d] == 1, ValueError, "copy_: the destination (shape ", sizes(),
-               ", strides ", strides(), ") has stride 0 in dim ", d,
+  const DimVector shape = broadcast_shapes(dst.sizes(), src.sizes(), "copy_");
+  KILN_CHECK(shape.ref() == dst.sizes(), ShapeError, "copy_: source of shape ", src.sizes(),
+             " cannot be broadcast to the destination's shape ", dst.sizes());
+  if (dst.numel() == 0) return;
+  for (int64_t d = 0; d < dst.dim(); ++d) {
+    KILN_CHECK(dst.strides()[d] != 0 || dst.sizes()[d] == 1, ValueError, "copy_: the destination (shape ",
+               dst.sizes(), ", strides ", dst.strides(), ") has stride 0 in dim ", d,
                ", so several of its elements share one memory location (an expand()ed tensor); clone() it first");
   }
-  Tensor source = may_overlap(*this, src) ? src.clone() : src;
-  const auto loop = ops::make_loop(sizes(), {this, &source});
-  kernels::copy_cast(loop, dtype(), source.dtype());
-  bump_version();
-  return *this;
+  const Tensor source = may_overlap(dst, src) ? ops::copy_no_grad(src, src.dtype()) : src;
+  const auto loop = ops::make_loop(dst.sizes(), {&dst, &source});
+  kernels::copy_cast(loop, dst.dtype(), source.dtype());
 }
 
-Tensor& Tensor::fill_(const Scalar& value) {
-  ops::check_defined(*this, "fill_", "self");
-  ops::check_scalar_fits(value, dtype(), "fill_");
-  const auto loop = ops::make_loop(sizes(), {this});
-  kernels::fill(loop, dtype(), value);
-  bump_version();
-  return *this;
+// copy_: the old self is overwritten entirely (no gradient); src gets the
+// gradient, which the engine sums to src's broadcast shape and casts to its dtype.
+struct CopyBackwards final : autograd::Node {
+  const char* name() const override { return "CopyBackwards"; }
+  TensorList apply(TensorList&& g) override { return {Tensor(), g[0]}; }
+};
+
+// fill_ / zero_: the old self is overwritten, nothing flows back.
+struct FillBackward final : autograd::Node {
+  const char* node_name = "FillBackward2";
+  const char* name() const override { return node_name; }
+  TensorList apply(TensorList&&) override { return {Tensor()}; }
+};
+
+struct ToCopyBackward final : autograd::Node {
+  DType self_dtype = kFloat32;
+  const char* name() const override { return "ToCopyBackward0"; }
+  TensorList apply(TensorList&& g) override {
+    if (!g[0].defined()) return {Tensor()};
+    return {g[0].to(self_dtype)};
+  }
+};
+
+struct CloneBackward final : autograd::Node {
+  const char* name() const override { return "CloneBackward0"; }
+  TensorList apply(TensorList&& g) override { return {g[0]}; }
+};
+
+Tensor& fill_impl(Tensor& self, const Scalar& value, const char* op, const char* node_name, CallSite site) {
+  ops::check_defined(self, op, "self");
+  ops::check_scalar_fits(value, self.dtype(), op);
+  autograd::check_inplace(self, op, site);
+  const auto loop = ops::make_loop(self.sizes(), {&self});
+  kernels::fill(loop, self.dtype(), value);
+  self.bump_version();
+  // A tensor that required grad keeps requiring it (its new value is a
+  // constant): its history becomes the fill, through which nothing flows.
+  if (autograd::compute_requires_grad({&self})) {
+    auto node = make_intrusive<FillBackward>();
+    node->node_name = node_name;
+    autograd::rebase_history(self, node, {}, site);
+  }
+  return self;
 }
 
-Tensor& Tensor::zero_() { return fill_(0); }
+}  // namespace
 
-Tensor Tensor::to(DType dt, bool copy) const {
-  ops::check_defined(*this, "to", "self");
-  if (dt == dtype() && !copy) return *this;
-  Tensor out = ops::new_output(sizes(), dt);
-  out.copy_(*this);
+namespace ops {
+
+Tensor copy_no_grad(const Tensor& t, DType dt) {
+  Tensor out = new_output(t.sizes(), dt);
+  copy_into(out, t);
   return out;
 }
 
-Tensor Tensor::contiguous() const {
-  ops::check_defined(*this, "contiguous", "self");
-  if (is_contiguous()) return *this;
-  return clone();
+}  // namespace ops
+
+Tensor& Tensor::copy_(const Tensor& src, std::source_location loc) {
+  const CallSite site = CallSite::from(loc);
+  ops::check_defined(*this, "copy_", "self");
+  autograd::check_inplace(*this, "copy_", site);
+  // Only a floating destination can carry a gradient (torch: copying into an
+  // integer tensor leaves it outside the graph).
+  const bool record = is_floating_point() && autograd::compute_requires_grad({this, &src});
+  if (record && !requires_grad()) ops::check_no_untracked_base(*this, "copy_", site);
+  copy_into(*this, src);
+  bump_version();
+  if (record) autograd::rebase_history(*this, make_intrusive<CopyBackwards>(), {&src}, site);
+  return *this;
 }
 
-Tensor Tensor::clone() const {
+Tensor& Tensor::fill_(const Scalar& value, std::source_location loc) {
+  return fill_impl(*this, value, "fill_", "FillBackward2", CallSite::from(loc));
+}
+
+Tensor& Tensor::zero_(std::source_location loc) { return fill_impl(*this, 0, "zero_", "ZeroBackward0", CallSite::from(loc)); }
+
+Tensor Tensor::to(DType dt, bool copy, std::source_location loc) const {
+  ops::check_defined(*this, "to", "self");
+  if (dt == dtype() && !copy) return *this;
+  Tensor out = ops::copy_no_grad(*this, dt);
+  // A cast to an integer or bool dtype is not differentiable: the result stays outside the graph.
+  if (kiln::is_floating_point(dt) && autograd::compute_requires_grad({this})) {
+    auto node = make_intrusive<ToCopyBackward>();
+    node->self_dtype = dtype();
+    autograd::set_history(out, node, {this}, CallSite::from(loc));
+  }
+  return out;
+}
+
+Tensor Tensor::contiguous(std::source_location loc) const {
+  ops::check_defined(*this, "contiguous", "self");
+  if (is_contiguous()) return *this;
+  return clone(loc);
+}
+
+Tensor Tensor::clone(std::source_location loc) const {
   ops::check_defined(*this, "clone", "self");
-  Tensor out = ops::new_output(sizes(), dtype());
-  out.copy_(*this);
+  Tensor out = ops::copy_no_grad(*this, dtype());
+  if (autograd::compute_requires_grad({this})) {
+    autograd::set_history(out, make_intrusive<CloneBackward>(), {this}, CallSite::from(loc));
+  }
   return out;
 }
 

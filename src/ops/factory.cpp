@@ -153,14 +153,18 @@ Tensor empty_strided(IntArrayRef sizes, IntArrayRef strides, TensorOptions optio
   return make_tensor(sizes, strides, strided_extent(sizes, strides, "empty_strided"), options);
 }
 
+// The factories below fill a new tensor that may already require grad (a
+// leaf): the fill is its initial value, not an in-place op autograd sees.
 Tensor zeros(IntArrayRef sizes, TensorOptions options) {
   Tensor t = empty_for(sizes, options, "zeros");
+  NoGradGuard no_grad;
   t.zero_();
   return t;
 }
 
 Tensor ones(IntArrayRef sizes, TensorOptions options) {
   Tensor t = empty_for(sizes, options, "ones");
+  NoGradGuard no_grad;
   t.fill_(1);
   return t;
 }
@@ -169,6 +173,7 @@ Tensor full(IntArrayRef sizes, const Scalar& value, TensorOptions options) {
   if (!options.dtype_opt()) options = options.dtype(value.natural_dtype());
   ops::check_scalar_fits(value, options.dtype_or_default(), "full");
   Tensor t = empty_for(sizes, options, "full");
+  NoGradGuard no_grad;
   t.fill_(value);
   return t;
 }
@@ -257,7 +262,10 @@ Tensor linspace(const Scalar& start, const Scalar& end, int64_t steps, TensorOpt
   ops::check_scalar_fits(end, dt, "linspace");
   Tensor t = empty_for({steps}, options, "linspace");
   if (steps == 0) return t;
-  if (steps == 1) return t.fill_(start);
+  if (steps == 1) {
+    NoGradGuard no_grad;
+    return t.fill_(start);
+  }
   const int64_t half = steps / 2;
   visit_dtype(dt, [&]<typename T>() {
     T* p = t.data_ptr<T>();
@@ -289,7 +297,10 @@ Tensor eye(int64_t n, std::optional<int64_t> m, TensorOptions options) {
   KILN_CHECK(n >= 0, ValueError, "eye: n must be greater or equal to 0, got ", n);
   KILN_CHECK(cols >= 0, ValueError, "eye: m must be greater or equal to 0, got ", cols);
   Tensor t = empty_for({n, cols}, options, "eye");
-  t.zero_();
+  {
+    NoGradGuard no_grad;
+    t.zero_();
+  }
   visit_dtype(t.dtype(), [&]<typename T>() {
     T* p = t.data_ptr<T>();
     for (int64_t i = 0; i < std::min(n, cols); ++i) p[i * cols + i] = T(1);

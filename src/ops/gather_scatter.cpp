@@ -1,6 +1,8 @@
 // index_select, gather, scatter, scatter_add (Tensor methods and free forms),
-// embedding and one_hot. Backward formulas will sit beside each forward
-// (autograd issue): gather <-> scatter_add, index_select -> index_add.
+// embedding and one_hot, with their backward: gather <-> scatter_add,
+// index_select and embedding -> index_add (grad_ops.h), scatter's self ->
+// the gradient with the scattered positions zeroed. Gradients never flow to
+// indices; one_hot is not differentiable (integer result).
 //
 // Shapes follow torch: a 0-dim self or index is treated as 1-D of one element
 // (torch's ensure_nonempty_dim), so gather(scalar, 0, [0, 0]) is legal.
@@ -9,6 +11,7 @@
 #include <algorithm>
 #include <cstring>
 
+#include "grad_ops.h"
 #include "iter.h"
 #include "kiln/kernels/copy.h"
 #include "kiln/kernels/index.h"
@@ -16,6 +19,9 @@
 #include "kiln/ops/index.h"
 
 namespace kiln {
+
+using autograd::CallSite;
+using autograd::SavedVariable;
 
 namespace {
 
@@ -151,9 +157,140 @@ void scatter_into(const Tensor& self, int64_t dim, const Tensor& index, const Te
   }
 }
 
+// The gradient of scatter's src: grad gathered at the scattered positions,
+// padded with zeros where src is larger than index (those elements were not
+// used). torch 1.13 raises for that case; the padded gradient is the true one.
+Tensor src_gradient(const Tensor& g, int64_t dim, const Tensor& index, IntArrayRef src_sizes) {
+  Tensor picked = g.gather(dim, index);
+  if (index.sizes() == src_sizes) return picked;
+  const NonemptyDims ix = nonempty_dims(index);
+  const DimVector src_nd = src_sizes.empty() ? DimVector{1} : DimVector(src_sizes);
+  if (ix.sizes == src_nd) return picked.reshape(src_sizes);
+  return ops::view_scatter_zeros(picked.reshape(ix.sizes), src_nd, ix.sizes, contiguous_strides(src_nd), 0,
+                                 "GatherBackwardBackward0")
+      .reshape(src_sizes);
+}
+
+// scatter (src or value form, in place or not) and scatter_add: edges
+// {self, src} (src absent for the value form).
+struct ScatterBackward final : autograd::Node {
+  const char* node_name = "ScatterBackward0";
+  bool add = false;      // scatter_add: self's gradient passes unchanged
+  bool has_src = true;
+  int64_t dim = 0;
+  SavedVariable index;
+  DimVector src_sizes;
+  const char* name() const override { return node_name; }
+  TensorList apply(TensorList&& g) override {
+    const Tensor idx = index.unpack(this);
+    TensorList out(has_src ? 2 : 1);
+    if (!g[0].defined()) return out;
+    if (next_edges()[0].is_valid()) out[0] = add ? g[0] : g[0].scatter(dim, idx, 0);
+    if (has_src && next_edges()[1].is_valid()) out[1] = src_gradient(g[0], dim, idx, src_sizes);
+    return out;
+  }
+  void release_variables() override { index.reset(); }
+};
+
+struct IndexSelectBackward final : autograd::Node {
+  DimVector self_sizes;
+  int64_t dim = 0;
+  SavedVariable index;
+  const char* name() const override { return "IndexSelectBackward0"; }
+  TensorList apply(TensorList&& g) override {
+    const Tensor idx = index.unpack(this);
+    if (!g[0].defined()) return {Tensor()};
+    if (self_sizes.size() == 0) return {g[0].reshape(self_sizes)};
+    return {ops::index_add_zeros(self_sizes, dim, idx, g[0])};
+  }
+  void release_variables() override { index.reset(); }
+};
+
+struct GatherBackward final : autograd::Node {
+  DimVector self_sizes;
+  int64_t dim = 0;
+  SavedVariable index;
+  const char* name() const override { return "GatherBackward0"; }
+  TensorList apply(TensorList&& g) override {
+    const Tensor idx = index.unpack(this);
+    if (!g[0].defined()) return {Tensor()};
+    return {ops::scatter_add_zeros(self_sizes, dim, idx, g[0])};
+  }
+  void release_variables() override { index.reset(); }
+};
+
+// Backward of scatter_add_zeros (the double backward of gather).
+struct ScatterAddZerosBackward final : autograd::Node {
+  int64_t dim = 0;
+  SavedVariable index;
+  const char* name() const override { return "ScatterAddBackward0"; }
+  TensorList apply(TensorList&& g) override {
+    const Tensor idx = index.unpack(this);
+    if (!g[0].defined()) return {Tensor()};
+    return {g[0].gather(dim, idx)};
+  }
+  void release_variables() override { index.reset(); }
+};
+
+struct EmbeddingBackward final : autograd::Node {
+  int64_t num_weights = 0;
+  SavedVariable indices;
+  const char* name() const override { return "EmbeddingBackward0"; }
+  TensorList apply(TensorList&& g) override {
+    const Tensor idx = indices.unpack(this);
+    if (!g[0].defined()) return {Tensor()};
+    const int64_t width = g[0].sizes().back();
+    return {ops::index_add_zeros({num_weights, width}, 0, idx.reshape({-1}), g[0].reshape({-1, width}))};
+  }
+  void release_variables() override { indices.reset(); }
+};
+
+IntrusivePtr<ScatterBackward> scatter_node(const char* name, bool add, const Tensor* src, int64_t dim,
+                                           const Tensor& index) {
+  auto node = make_intrusive<ScatterBackward>();
+  node->node_name = name;
+  node->add = add;
+  node->has_src = src != nullptr;
+  node->dim = dim;
+  node->index = SavedVariable(index, false);
+  if (src) node->src_sizes = DimVector(src->sizes());
+  return node;
+}
+
+// An out-of-place scatter: a copy of self, scattered into, with its node.
+Tensor scatter_out_of_place(const Tensor& self, int64_t dim, const Tensor& index, const Tensor* src,
+                            const Scalar* value, ScatterMode mode, const char* op, const char* node_name,
+                            CallSite site) {
+  ops::check_defined(self, op, "self");
+  Tensor out = fresh_copy(self);
+  scatter_into(out, dim, index, src, value, mode, op);
+  if (self.is_floating_point() && autograd::compute_requires_grad({&self, src})) {
+    auto node = scatter_node(node_name, mode == ScatterMode::Add, src, dim, index);
+    if (src) autograd::set_history(out, node, {&self, src}, site);
+    else autograd::set_history(out, node, {&self}, site);
+  }
+  return out;
+}
+
+Tensor& scatter_in_place(Tensor& self, int64_t dim, const Tensor& index, const Tensor* src, const Scalar* value,
+                         ScatterMode mode, const char* op, const char* node_name, CallSite site) {
+  ops::check_defined(self, op, "self");
+  autograd::check_inplace(self, op, site);
+  const bool record = self.is_floating_point() && autograd::compute_requires_grad({&self, src});
+  if (record && !self.requires_grad()) ops::check_no_untracked_base(self, op, site);
+  scatter_into(self, dim, index, src, value, mode, op);
+  self.bump_version();
+  if (record) {
+    auto node = scatter_node(node_name, mode == ScatterMode::Add, src, dim, index);
+    if (src) autograd::rebase_history(self, node, {src}, site);
+    else autograd::rebase_history(self, node, {}, site);
+  }
+  return self;
+}
+
 }  // namespace
 
-Tensor Tensor::index_select(int64_t d, const Tensor& index) const {
+Tensor Tensor::index_select(int64_t d, const Tensor& index, std::source_location loc) const {
   ops::check_defined(*this, "index_select", "self");
   ops::check_defined(index, "index_select", "index");
   KILN_CHECK(index.dtype() == kInt64 || index.dtype() == kInt32, DTypeError,
@@ -164,16 +301,35 @@ Tensor Tensor::index_select(int64_t d, const Tensor& index) const {
   const int64_t size = dim() == 0 ? 1 : sizes()[d];
   const DimVector idx_sizes{index.numel()}, idx_strides{index.dim() == 0 ? 1 : index.stride(0)};
   check_index_values(index, idx_sizes, idx_strides, size, "index_select()", d);
-  return index_select_unchecked(*this, d, index);
+  Tensor out = index_select_unchecked(*this, d, index);
+  if (autograd::compute_requires_grad({this})) {
+    auto node = make_intrusive<IndexSelectBackward>();
+    node->self_sizes = DimVector(sizes());
+    node->dim = d;
+    node->index = SavedVariable(index, false);
+    autograd::set_history(out, node, {this}, CallSite::from(loc));
+  }
+  return out;
 }
 
-Tensor Tensor::gather(int64_t d, const Tensor& index) const {
+Tensor Tensor::gather(int64_t d, const Tensor& index, std::source_location loc) const {
   ops::check_defined(*this, "gather", "self");
   ops::check_defined(index, "gather", "index");
   const int64_t nd = std::max<int64_t>(dim(), 1);
   d = wrap_dim(d, nd, "gather");
+  Tensor out = ops::new_output(index.sizes(), dtype());
+  auto recorded = [&]() -> Tensor {
+    if (autograd::compute_requires_grad({this})) {
+      auto node = make_intrusive<GatherBackward>();
+      node->self_sizes = DimVector(sizes());
+      node->dim = d;
+      node->index = SavedVariable(index, false);
+      autograd::set_history(out, node, {this}, CallSite::from(loc));
+    }
+    return out;
+  };
   // torch skips the index checks for an empty index.
-  if (index.numel() == 0) return ops::new_output(index.sizes(), dtype());
+  if (index.numel() == 0) return recorded();
   KILN_CHECK(index.dtype() == kInt64, DTypeError, "gather(): Expected dtype int64 for index, got ",
              dtype_name(index.dtype()));
   KILN_CHECK(std::max<int64_t>(index.dim(), 1) == nd, ShapeError,
@@ -188,7 +344,6 @@ Tensor Tensor::gather(int64_t d, const Tensor& index) const {
   // An empty dim makes every index bad, and the kernel's fallback read of
   // index 0 would itself be out of bounds: report before reading.
   if (s.sizes[d] == 0) check_index_values(index, ix.sizes, ix.strides, 0, "gather()", d);
-  Tensor out = ops::new_output(index.sizes(), dtype());
   DimVector self_strides = s.strides;
   self_strides[d] = 0;
   const DimVector out_strides = contiguous_strides(ix.sizes);
@@ -198,61 +353,73 @@ Tensor Tensor::gather(int64_t d, const Tensor& index) const {
     check_index_values(index, ix.sizes, ix.strides, s.sizes[d], "gather()", d);  // raises with the first bad index
     KILN_ASSERT(false, "gather: the kernel saw a bad index that the scan did not find");
   }
+  return recorded();
+}
+
+Tensor& Tensor::scatter_(int64_t d, const Tensor& index, const Tensor& src, std::source_location loc) {
+  return scatter_in_place(*this, d, index, &src, nullptr, ScatterMode::Assign, "scatter_", "ScatterBackward0",
+                          CallSite::from(loc));
+}
+
+Tensor& Tensor::scatter_(int64_t d, const Tensor& index, const Scalar& value, std::source_location loc) {
+  return scatter_in_place(*this, d, index, nullptr, &value, ScatterMode::Assign, "scatter_", "ScatterBackward1",
+                          CallSite::from(loc));
+}
+
+Tensor& Tensor::scatter_add_(int64_t d, const Tensor& index, const Tensor& src, std::source_location loc) {
+  return scatter_in_place(*this, d, index, &src, nullptr, ScatterMode::Add, "scatter_add_", "ScatterAddBackward0",
+                          CallSite::from(loc));
+}
+
+Tensor Tensor::scatter(int64_t d, const Tensor& index, const Tensor& src, std::source_location loc) const {
+  return scatter_out_of_place(*this, d, index, &src, nullptr, ScatterMode::Assign, "scatter", "ScatterBackward0",
+                              CallSite::from(loc));
+}
+
+Tensor Tensor::scatter(int64_t d, const Tensor& index, const Scalar& value, std::source_location loc) const {
+  return scatter_out_of_place(*this, d, index, nullptr, &value, ScatterMode::Assign, "scatter", "ScatterBackward1",
+                              CallSite::from(loc));
+}
+
+Tensor Tensor::scatter_add(int64_t d, const Tensor& index, const Tensor& src, std::source_location loc) const {
+  return scatter_out_of_place(*this, d, index, &src, nullptr, ScatterMode::Add, "scatter_add", "ScatterAddBackward0",
+                              CallSite::from(loc));
+}
+
+Tensor index_select(const Tensor& self, int64_t dim, const Tensor& index, std::source_location loc) {
+  return self.index_select(dim, index, loc);
+}
+Tensor gather(const Tensor& self, int64_t dim, const Tensor& index, std::source_location loc) {
+  return self.gather(dim, index, loc);
+}
+Tensor scatter(const Tensor& self, int64_t dim, const Tensor& index, const Tensor& src, std::source_location loc) {
+  return self.scatter(dim, index, src, loc);
+}
+Tensor scatter(const Tensor& self, int64_t dim, const Tensor& index, const Scalar& value, std::source_location loc) {
+  return self.scatter(dim, index, value, loc);
+}
+Tensor scatter_add(const Tensor& self, int64_t dim, const Tensor& index, const Tensor& src,
+                   std::source_location loc) {
+  return self.scatter_add(dim, index, src, loc);
+}
+
+namespace ops {
+
+Tensor scatter_add_zeros(IntArrayRef sizes, int64_t dim, const Tensor& index, const Tensor& src) {
+  Tensor out = zeros(sizes, src.dtype());
+  scatter_into(out, dim, index, &src, nullptr, ScatterMode::Add, "scatter_add");
+  if (autograd::compute_requires_grad({&src})) {
+    auto node = make_intrusive<ScatterAddZerosBackward>();
+    node->dim = dim;
+    node->index = SavedVariable(index, false);
+    autograd::set_history(out, node, {&src});
+  }
   return out;
 }
 
-Tensor& Tensor::scatter_(int64_t d, const Tensor& index, const Tensor& src) {
-  scatter_into(*this, d, index, &src, nullptr, ScatterMode::Assign, "scatter_");
-  bump_version();
-  return *this;
-}
+}  // namespace ops
 
-Tensor& Tensor::scatter_(int64_t d, const Tensor& index, const Scalar& value) {
-  scatter_into(*this, d, index, nullptr, &value, ScatterMode::Assign, "scatter_");
-  bump_version();
-  return *this;
-}
-
-Tensor& Tensor::scatter_add_(int64_t d, const Tensor& index, const Tensor& src) {
-  scatter_into(*this, d, index, &src, nullptr, ScatterMode::Add, "scatter_add_");
-  bump_version();
-  return *this;
-}
-
-Tensor Tensor::scatter(int64_t d, const Tensor& index, const Tensor& src) const {
-  ops::check_defined(*this, "scatter", "self");
-  Tensor out = fresh_copy(*this);
-  scatter_into(out, d, index, &src, nullptr, ScatterMode::Assign, "scatter");
-  return out;
-}
-
-Tensor Tensor::scatter(int64_t d, const Tensor& index, const Scalar& value) const {
-  ops::check_defined(*this, "scatter", "self");
-  Tensor out = fresh_copy(*this);
-  scatter_into(out, d, index, nullptr, &value, ScatterMode::Assign, "scatter");
-  return out;
-}
-
-Tensor Tensor::scatter_add(int64_t d, const Tensor& index, const Tensor& src) const {
-  ops::check_defined(*this, "scatter_add", "self");
-  Tensor out = fresh_copy(*this);
-  scatter_into(out, d, index, &src, nullptr, ScatterMode::Add, "scatter_add");
-  return out;
-}
-
-Tensor index_select(const Tensor& self, int64_t dim, const Tensor& index) { return self.index_select(dim, index); }
-Tensor gather(const Tensor& self, int64_t dim, const Tensor& index) { return self.gather(dim, index); }
-Tensor scatter(const Tensor& self, int64_t dim, const Tensor& index, const Tensor& src) {
-  return self.scatter(dim, index, src);
-}
-Tensor scatter(const Tensor& self, int64_t dim, const Tensor& index, const Scalar& value) {
-  return self.scatter(dim, index, value);
-}
-Tensor scatter_add(const Tensor& self, int64_t dim, const Tensor& index, const Tensor& src) {
-  return self.scatter_add(dim, index, src);
-}
-
-Tensor embedding(const Tensor& weight, const Tensor& indices) {
+Tensor embedding(const Tensor& weight, const Tensor& indices, std::source_location loc) {
   ops::check_defined(weight, "embedding", "weight");
   ops::check_defined(indices, "embedding", "indices");
   KILN_CHECK(weight.dim() == 2, ShapeError, "embedding: 'weight' must be 2-D [num_embeddings, embedding_dim], got shape ",
@@ -269,10 +436,17 @@ Tensor embedding(const Tensor& weight, const Tensor& indices) {
   }
   DimVector out_sizes(indices.sizes());
   out_sizes.push_back(weight.sizes()[1]);
-  return index_select_unchecked(weight, 0, flat).view(out_sizes);
+  Tensor out = index_select_unchecked(weight, 0, flat).view(out_sizes);
+  if (autograd::compute_requires_grad({&weight})) {
+    auto node = make_intrusive<EmbeddingBackward>();
+    node->num_weights = table;
+    node->indices = SavedVariable(indices, false);
+    autograd::set_history(out, node, {&weight}, CallSite::from(loc));
+  }
+  return out;
 }
 
-Tensor one_hot(const Tensor& indices, int64_t num_classes) {
+Tensor one_hot(const Tensor& indices, int64_t num_classes, std::source_location) {
   ops::check_defined(indices, "one_hot", "indices");
   KILN_CHECK(indices.dtype() == kInt64, DTypeError, "one_hot: is only applicable to index tensors of dtype int64, got ",
              dtype_name(indices.dtype()));

@@ -1,7 +1,9 @@
 // cat and stack. Each input is copied (with dtype conversion) straight into
 // its slab of the output through a strided loop over the output's memory, so
-// no intermediate views or copies are made. Backward (autograd issue): each
-// input's gradient is the matching narrow/select of the output gradient.
+// no intermediate views or copies are made. Backward: each input's gradient
+// is the matching narrow (cat) or select (stack) of the output gradient; the
+// engine casts it back to the input's dtype.
+#include "kiln/autograd/functions.h"
 #include "iter.h"
 #include "kiln/kernels/copy.h"
 #include "kiln/kernels/index.h"
@@ -26,9 +28,42 @@ void copy_into(const Tensor& out, int64_t offset, IntArrayRef out_strides, const
   kernels::copy_cast(loop, out.dtype(), src.dtype());
 }
 
+// lengths[i]: input i's size along dim, -1 for a skipped legacy empty input.
+struct CatBackward final : autograd::Node {
+  int64_t dim = 0;
+  std::vector<int64_t> lengths;
+  const char* name() const override { return "CatBackward0"; }
+  TensorList apply(TensorList&& g) override {
+    TensorList out(lengths.size());
+    if (!g[0].defined()) return out;
+    int64_t offset = 0;
+    for (size_t i = 0; i < lengths.size(); ++i) {
+      if (lengths[i] < 0) continue;
+      if (next_edges()[i].is_valid()) out[i] = g[0].narrow(dim, offset, lengths[i]);
+      offset += lengths[i];
+    }
+    return out;
+  }
+};
+
+struct StackBackward final : autograd::Node {
+  int64_t dim = 0;
+  const char* name() const override { return "StackBackward0"; }
+  TensorList apply(TensorList&& g) override {
+    if (!g[0].defined()) return TensorList(next_edges().size());
+    return g[0].unbind(dim);
+  }
+};
+
+void record_join(Tensor& out, const autograd::NodePtr& node, const std::vector<Tensor>& inputs,
+                 std::source_location loc) {
+  TensorList outs{out};
+  autograd::set_history(outs, node, inputs, autograd::CallSite::from(loc));
+}
+
 }  // namespace
 
-Tensor cat(const std::vector<Tensor>& tensors, int64_t dim) {
+Tensor cat(const std::vector<Tensor>& tensors, int64_t dim, std::source_location loc) {
   KILN_CHECK(!tensors.empty(), ValueError, "cat: expected a non-empty list of tensors");
   DType dt = DType::Bool;
   const Tensor* ref = nullptr;
@@ -44,7 +79,15 @@ Tensor cat(const std::vector<Tensor>& tensors, int64_t dim) {
       ref_i = i;
     }
   }
-  if (!ref) return ops::new_output({0}, dt);
+  if (!ref) {
+    Tensor out = ops::new_output({0}, dt);
+    if (is_floating_point(dt) && autograd::compute_requires_grad(tensors)) {
+      auto node = make_intrusive<CatBackward>();
+      node->lengths.assign(tensors.size(), -1);
+      record_join(out, node, tensors, loc);
+    }
+    return out;
+  }
   const int64_t nd = ref->dim();
   const int64_t d = wrap_dim(dim, nd, "cat");
   int64_t total = 0;
@@ -65,18 +108,25 @@ Tensor cat(const std::vector<Tensor>& tensors, int64_t dim) {
   DimVector out_sizes(ref->sizes());
   out_sizes[d] = total;
   Tensor out = ops::new_output(out_sizes, dt);
-  if (out.numel() == 0) return out;
-  const int64_t slab = out.strides()[d] * out.element_size();
-  int64_t offset = 0;
-  for (const Tensor& t : tensors) {
-    if (is_legacy_empty(t)) continue;
-    copy_into(out, offset * slab, out.strides(), t);
-    offset += t.sizes()[d];
+  if (out.numel() > 0) {
+    const int64_t slab = out.strides()[d] * out.element_size();
+    int64_t offset = 0;
+    for (const Tensor& t : tensors) {
+      if (is_legacy_empty(t)) continue;
+      copy_into(out, offset * slab, out.strides(), t);
+      offset += t.sizes()[d];
+    }
+  }
+  if (is_floating_point(dt) && autograd::compute_requires_grad(tensors)) {
+    auto node = make_intrusive<CatBackward>();
+    node->dim = d;
+    for (const Tensor& t : tensors) node->lengths.push_back(is_legacy_empty(t) ? -1 : t.sizes()[d]);
+    record_join(out, node, tensors, loc);
   }
   return out;
 }
 
-Tensor stack(const std::vector<Tensor>& tensors, int64_t dim) {
+Tensor stack(const std::vector<Tensor>& tensors, int64_t dim, std::source_location loc) {
   KILN_CHECK(!tensors.empty(), ValueError, "stack: expected a non-empty list of tensors");
   for (size_t i = 0; i < tensors.size(); ++i) {
     KILN_CHECK(tensors[i].defined(), ValueError, "stack: tensor ", i, " in the list is undefined");
@@ -93,12 +143,20 @@ Tensor stack(const std::vector<Tensor>& tensors, int64_t dim) {
   DimVector out_sizes(ref.sizes());
   out_sizes.insert(static_cast<size_t>(d), static_cast<int64_t>(tensors.size()));
   Tensor out = ops::new_output(out_sizes, dt);
-  if (out.numel() == 0) return out;
-  // Entry i lands at index i along the new dim: out's strides without that dim.
-  DimVector sub_strides(out.strides());
-  sub_strides.erase(static_cast<size_t>(d));
-  const int64_t slab = out.strides()[d] * out.element_size();
-  for (size_t i = 0; i < tensors.size(); ++i) copy_into(out, static_cast<int64_t>(i) * slab, sub_strides, tensors[i]);
+  if (out.numel() > 0) {
+    // Entry i lands at index i along the new dim: out's strides without that dim.
+    DimVector sub_strides(out.strides());
+    sub_strides.erase(static_cast<size_t>(d));
+    const int64_t slab = out.strides()[d] * out.element_size();
+    for (size_t i = 0; i < tensors.size(); ++i) {
+      copy_into(out, static_cast<int64_t>(i) * slab, sub_strides, tensors[i]);
+    }
+  }
+  if (is_floating_point(dt) && autograd::compute_requires_grad(tensors)) {
+    auto node = make_intrusive<StackBackward>();
+    node->dim = d;
+    record_join(out, node, tensors, loc);
+  }
   return out;
 }
 

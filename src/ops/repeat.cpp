@@ -1,5 +1,6 @@
 // Tensor::repeat: tiles the tensor, copying (unlike expand, which is a view
-// with stride 0). Backward (autograd issue): sum the gradient over the tiles.
+// with stride 0). Backward: the gradient summed over the tiles — viewed as
+// [r0, s0, r1, s1, ...] and summed over the r dims.
 //
 // The output [r0*s0, r1*s1, ...] is walked as the 2n-dim shape
 // [r0, s0, r1, s1, ...]: tile dims r_i advance the output by a whole tile and
@@ -8,11 +9,53 @@
 // so tiling along the outermost dim becomes a few large memcpys and tiling a
 // single column becomes vectorised fills.
 #include "iter.h"
+#include "kiln/autograd/functions.h"
 #include "kiln/kernels/index.h"
 
 namespace kiln {
 
-Tensor Tensor::repeat(IntArrayRef repeats) const {
+namespace {
+
+struct RepeatBackward final : autograd::Node {
+  DimVector self_sizes, repeats;
+  const char* name() const override { return "RepeatBackward0"; }
+  TensorList apply(TensorList&& g) override {
+    if (!g[0].defined()) return {Tensor()};
+    const int64_t n = static_cast<int64_t>(repeats.size()), lead = n - static_cast<int64_t>(self_sizes.size());
+    DimVector split, dims;
+    for (int64_t i = 0; i < n; ++i) {
+      const int64_t s = i < lead ? 1 : self_sizes[i - lead];
+      split.push_back(repeats[i]);
+      split.push_back(s);
+      if (repeats[i] != 1) dims.push_back(2 * i);
+    }
+    if (dims.empty()) return {g[0].reshape(self_sizes)};
+    return {g[0].reshape(split).sum(dims.ref()).reshape(self_sizes)};
+  }
+};
+
+// Fills `out` with tiles of `self` (seen with `in_sizes`/`in_strides`, padded
+// to the repeat dims): one strided copy over [r0, s0, r1, s1, ...].
+void tile(const Tensor& out, const Tensor& self, IntArrayRef in_sizes, IntArrayRef in_strides, IntArrayRef repeats) {
+  const int64_t n = static_cast<int64_t>(repeats.size());
+  DimVector shape(2 * n), out_st(2 * n), in_st(2 * n);
+  for (int64_t i = 0; i < n; ++i) {
+    shape[2 * i] = repeats[i];
+    shape[2 * i + 1] = in_sizes[i];
+    out_st[2 * i] = in_sizes[i] * out.strides()[i];
+    out_st[2 * i + 1] = out.strides()[i];
+    in_st[2 * i] = 0;
+    in_st[2 * i + 1] = in_strides[i];
+  }
+  const auto loop = kernels::make_strided_loop(
+      shape, {{static_cast<char*>(out.data_ptr()), out_st, self.element_size()},
+              {static_cast<char*>(self.data_ptr()), in_st, self.element_size()}});
+  kernels::tile_copy(loop, self.dtype());
+}
+
+}  // namespace
+
+Tensor Tensor::repeat(IntArrayRef repeats, std::source_location loc) const {
   ops::check_defined(*this, "repeat", "self");
   const int64_t n = static_cast<int64_t>(repeats.size());
   KILN_CHECK(n >= dim(), ShapeError, "repeat: the number of repeat dims (", n,
@@ -30,20 +73,13 @@ Tensor Tensor::repeat(IntArrayRef repeats) const {
     out_sizes[i] = in_sizes[i] * repeats[i];
   }
   Tensor out = ops::new_output(out_sizes, dtype());
-  if (out.numel() == 0) return out;
-  DimVector shape(2 * n), out_st(2 * n), in_st(2 * n);
-  for (int64_t i = 0; i < n; ++i) {
-    shape[2 * i] = repeats[i];
-    shape[2 * i + 1] = in_sizes[i];
-    out_st[2 * i] = in_sizes[i] * out.strides()[i];
-    out_st[2 * i + 1] = out.strides()[i];
-    in_st[2 * i] = 0;
-    in_st[2 * i + 1] = in_strides[i];
+  if (out.numel() > 0) tile(out, *this, in_sizes, in_strides, repeats);
+  if (autograd::compute_requires_grad({this})) {
+    auto node = make_intrusive<RepeatBackward>();
+    node->self_sizes = DimVector(sizes());
+    node->repeats = DimVector(repeats);
+    autograd::set_history(out, node, {this}, autograd::CallSite::from(loc));
   }
-  const auto loop = kernels::make_strided_loop(
-      shape, {{static_cast<char*>(out.data_ptr()), out_st, element_size()},
-              {static_cast<char*>(data_ptr()), in_st, element_size()}});
-  kernels::tile_copy(loop, dtype());
   return out;
 }
 

@@ -1,12 +1,28 @@
 // View ops: results share storage (and so the version counter) with the input.
-// Backward formulas will sit beside each forward (autograd issue).
+//
+// Each op builds its result with make_view, which records nothing; when the
+// input requires grad (and grad mode is on) the op then records its backward
+// node with set_view_history, so in-place changes through other aliases are
+// caught (docs/autograd.md, "Views"). The inference path costs two flag tests.
+//
+// Backward: views that keep every element (view, transpose, permute, squeeze,
+// unsqueeze) map the gradient back with the inverse view; expand sums over
+// the expanded dims; slice/select/diagonal write the gradient into the same
+// view of a zeros tensor (view_scatter_zeros, grad_ops.h); split and unbind
+// are one multi-output node that joins their gradients with cat/stack;
+// as_strided has its own general backward (view_backward.cpp).
 #include <numeric>
 #include <optional>
 
+#include "grad_ops.h"
 #include "iter.h"
+#include "kiln/autograd/autograd_meta.h"
 #include "kiln/core/factory.h"
+#include "kiln/ops/index.h"
 
 namespace kiln {
+
+using autograd::CallSite;
 
 namespace {
 
@@ -77,41 +93,313 @@ std::optional<DimVector> compute_view_strides(IntArrayRef old_sizes, IntArrayRef
   return new_strides;
 }
 
+// Geometry (sizes, strides, offset) of slice/select/diagonal applied to a
+// tensor of `sizes`/`strides` at `offset`. The forwards use the input's
+// strides; the backwards the contiguous strides of the zeros they write into.
+struct Geometry {
+  DimVector sizes, strides;
+  int64_t offset = 0;
+};
+
+Geometry slice_geometry(IntArrayRef sizes, IntArrayRef strides, int64_t offset, int64_t d, int64_t start, int64_t len,
+                        int64_t step) {
+  Geometry g{DimVector(sizes), DimVector(strides), offset + start * strides[d]};
+  g.sizes[d] = len;
+  g.strides[d] = strides[d] * step;
+  return g;
+}
+
+Geometry select_geometry(IntArrayRef sizes, IntArrayRef strides, int64_t offset, int64_t d, int64_t index) {
+  Geometry g{DimVector(sizes), DimVector(strides), offset + index * strides[d]};
+  g.sizes.erase(d);
+  g.strides.erase(d);
+  return g;
+}
+
+Geometry diagonal_geometry(IntArrayRef sizes, IntArrayRef strides, int64_t offset, int64_t diag, int64_t d1,
+                           int64_t d2) {
+  Geometry g;
+  g.offset = offset;
+  int64_t len;
+  if (diag >= 0) {
+    len = std::max<int64_t>(std::min(sizes[d1], sizes[d2] - diag), 0);
+    if (len > 0) g.offset += diag * strides[d2];
+  } else {
+    len = std::max<int64_t>(std::min(sizes[d1] + diag, sizes[d2]), 0);
+    if (len > 0) g.offset -= diag * strides[d1];
+  }
+  for (size_t d = 0; d < sizes.size(); ++d) {
+    if (static_cast<int64_t>(d) == d1 || static_cast<int64_t>(d) == d2) continue;
+    g.sizes.push_back(sizes[d]);
+    g.strides.push_back(strides[d]);
+  }
+  g.sizes.push_back(len);
+  g.strides.push_back(strides[d1] + strides[d2]);
+  return g;
+}
+
+Tensor make_view(const Tensor& base, const Geometry& g) { return make_view(base, g.sizes, g.strides, g.offset); }
+
+// ---- backward nodes ----
+
+// view, reshape, squeeze: the gradient reshaped back to the input's shape.
+struct ReshapeBackward final : autograd::Node {
+  const char* node_name = "ViewBackward0";
+  DimVector self_sizes;
+  const char* name() const override { return node_name; }
+  TensorList apply(TensorList&& g) override {
+    if (!g[0].defined()) return {Tensor()};
+    return {g[0].reshape(self_sizes)};
+  }
+};
+
+struct TransposeBackward final : autograd::Node {
+  int64_t d0 = 0, d1 = 0;
+  const char* name() const override { return "TransposeBackward0"; }
+  TensorList apply(TensorList&& g) override {
+    if (!g[0].defined()) return {Tensor()};
+    return {g[0].transpose(d0, d1)};
+  }
+};
+
+struct TBackward final : autograd::Node {
+  const char* name() const override { return "TBackward0"; }
+  TensorList apply(TensorList&& g) override {
+    if (!g[0].defined()) return {Tensor()};
+    return {g[0].t()};
+  }
+};
+
+struct PermuteBackward final : autograd::Node {
+  DimVector inverse;
+  const char* name() const override { return "PermuteBackward0"; }
+  TensorList apply(TensorList&& g) override {
+    if (!g[0].defined()) return {Tensor()};
+    return {g[0].permute(inverse)};
+  }
+};
+
+struct UnsqueezeBackward final : autograd::Node {
+  int64_t dim = 0;
+  const char* name() const override { return "UnsqueezeBackward0"; }
+  TensorList apply(TensorList&& g) override {
+    if (!g[0].defined()) return {Tensor()};
+    return {g[0].squeeze(dim)};
+  }
+};
+
+struct ExpandBackward final : autograd::Node {
+  DimVector self_sizes;
+  const char* name() const override { return "ExpandBackward0"; }
+  TensorList apply(TensorList&& g) override {
+    if (!g[0].defined()) return {Tensor()};
+    return {ops::sum_to_size(g[0], self_sizes)};
+  }
+};
+
+// slice, select, diagonal: the gradient written into the same view of zeros
+// of the input's shape (geometry relative to those contiguous zeros).
+struct StridedViewBackward final : autograd::Node {
+  const char* node_name = "";
+  const char* backward_name = "";
+  DimVector self_sizes;
+  Geometry view;
+  const char* name() const override { return node_name; }
+  TensorList apply(TensorList&& g) override {
+    if (!g[0].defined()) return {Tensor()};
+    return {ops::view_scatter_zeros(g[0], self_sizes, view.sizes, view.strides, view.offset, backward_name)};
+  }
+};
+
+// split, split_with_sizes, chunk (one node, one output per piece): the
+// pieces' gradients joined along dim, zeros for pieces that got none.
+struct SplitBackward final : autograd::Node {
+  const char* node_name = "SplitBackward0";
+  DimVector self_sizes;
+  int64_t dim = 0;
+  DType dtype = kFloat32;
+  DimVector lengths;
+  const char* name() const override { return node_name; }
+  TensorList apply(TensorList&& g) override {
+    bool any = false;
+    for (const Tensor& t : g) any |= t.defined();
+    if (!any) return {Tensor()};
+    if (g.size() == 1) return {g[0]};
+    std::vector<Tensor> parts;
+    for (size_t i = 0; i < g.size(); ++i) {
+      if (g[i].defined()) {
+        parts.push_back(g[i]);
+      } else {
+        DimVector sz(self_sizes);
+        sz[dim] = lengths[i];
+        parts.push_back(zeros(sz, dtype));
+      }
+    }
+    return {cat(parts, dim)};
+  }
+};
+
+struct UnbindBackward final : autograd::Node {
+  DimVector self_sizes;
+  int64_t dim = 0;
+  DType dtype = kFloat32;
+  const char* name() const override { return "UnbindBackward0"; }
+  TensorList apply(TensorList&& g) override {
+    bool any = false;
+    for (const Tensor& t : g) any |= t.defined();
+    if (!any) return {Tensor()};
+    DimVector piece(self_sizes);
+    piece.erase(dim);
+    std::vector<Tensor> parts;
+    for (const Tensor& t : g) parts.push_back(t.defined() ? t : zeros(piece, dtype));
+    return {stack(parts, dim)};
+  }
+};
+
+struct AsStridedBackward final : autograd::Node {
+  ops::StridedGeometry input, output;
+  bool input_is_view = false;
+  const char* name() const override { return "AsStridedBackward0"; }
+  TensorList apply(TensorList&& g) override {
+    if (!g[0].defined()) return {Tensor()};
+    return {ops::as_strided_backward(g[0], input, output, input_is_view)};
+  }
+};
+
+// Records `node` (filled by `fill`) as the history of `out`, a view of `base`,
+// when base requires grad and grad mode is on; otherwise nothing is allocated.
+template <typename NodeT, typename Fill>
+Tensor record_view(Tensor out, const Tensor& base, const std::source_location& loc, Fill&& fill) {
+  if (autograd::compute_requires_grad({&base})) {
+    auto node = make_intrusive<NodeT>();
+    fill(*node);
+    autograd::set_view_history(out, node, base, CallSite::from(loc));
+  }
+  return out;
+}
+
+// The multi-output form: one node whose outputs are all views of `base`.
+void record_views(std::vector<Tensor>& views, const autograd::NodePtr& node, const Tensor& base,
+                  const std::source_location& loc) {
+  autograd::set_history(views, node, TensorList{base}, CallSite::from(loc));
+  for (Tensor& v : views) {
+    autograd::AutogradMeta& m = autograd::materialize_meta(v);
+    m.is_view = true;
+    m.view_version = v.version();
+  }
+}
+
+Tensor transpose_view(const Tensor& t, int64_t d0, int64_t d1) {
+  if (t.dim() == 0) return make_view(t, t.sizes(), t.strides(), t.storage_offset());
+  DimVector sz(t.sizes()), st(t.strides());
+  std::swap(sz[d0], sz[d1]);
+  std::swap(st[d0], st[d1]);
+  return make_view(t, sz, st, t.storage_offset());
+}
+
+// Normalises slice arguments: wrapped dim, clamped start, length.
+struct SliceArgs {
+  int64_t dim, start, length;
+};
+SliceArgs slice_args(const Tensor& t, int64_t d, std::optional<int64_t> start, std::optional<int64_t> end,
+                     int64_t step) {
+  KILN_CHECK(t.dim() > 0, ShapeError, "slice: cannot be applied to a 0-dim tensor");
+  KILN_CHECK(step > 0, ValueError, "slice: step must be positive, got ", step);
+  d = wrap_dim(d, t.dim(), "slice");
+  const int64_t n = t.sizes()[d];
+  int64_t s = start.value_or(0), e = end.value_or(n);
+  if (s < 0) s += n;
+  if (e < 0) e += n;
+  s = std::clamp<int64_t>(s, 0, n);
+  e = std::clamp<int64_t>(e, s, n);
+  return {d, s, (e - s + step - 1) / step};
+}
+
+Tensor record_slice(Tensor out, const Tensor& base, const SliceArgs& a, int64_t step,
+                    const std::source_location& loc) {
+  return record_view<StridedViewBackward>(std::move(out), base, loc, [&](StridedViewBackward& n) {
+    n.node_name = "SliceBackward0";
+    n.backward_name = "SliceBackwardBackward0";
+    n.self_sizes = DimVector(base.sizes());
+    n.view = slice_geometry(base.sizes(), contiguous_strides(base.sizes()), 0, a.dim, a.start, a.length, step);
+  });
+}
+
+// Pieces of `t` along dim d (lengths given), as views with no history.
+std::vector<Tensor> split_views(const Tensor& t, int64_t d, IntArrayRef lengths) {
+  std::vector<Tensor> out;
+  int64_t start = 0;
+  for (int64_t len : lengths) {
+    out.push_back(make_view(t, slice_geometry(t.sizes(), t.strides(), t.storage_offset(), d, start, len, 1)));
+    start += len;
+  }
+  return out;
+}
+
+std::vector<Tensor> record_split(std::vector<Tensor> views, const Tensor& base, int64_t d, IntArrayRef lengths,
+                                 const char* node_name, const std::source_location& loc) {
+  if (autograd::compute_requires_grad({&base})) {
+    auto node = make_intrusive<SplitBackward>();
+    node->node_name = node_name;
+    node->self_sizes = DimVector(base.sizes());
+    node->dim = d;
+    node->dtype = base.dtype();
+    node->lengths = DimVector(lengths);
+    record_views(views, node, base, loc);
+  }
+  return views;
+}
+
 }  // namespace
 
-Tensor Tensor::view(IntArrayRef shape) const {
+Tensor Tensor::view(IntArrayRef shape, std::source_location loc) const {
   ops::check_defined(*this, "view", "self");
   const DimVector sz = infer_size(shape, numel(), "view", sizes());
   auto st = compute_view_strides(sizes(), strides(), sz);
   KILN_CHECK(st.has_value(), ShapeError, "view: shape ", shape, " is not compatible with the input's size ", sizes(),
              " and stride ", strides(), " (at least one dimension spans across two contiguous subspaces); use "
              ".reshape(...) instead, which copies when it must");
-  return make_view(*this, sz, *st, storage_offset());
+  return record_view<ReshapeBackward>(make_view(*this, sz, *st, storage_offset()), *this, loc,
+                                      [&](ReshapeBackward& n) { n.self_sizes = DimVector(sizes()); });
 }
 
-Tensor Tensor::reshape(IntArrayRef shape) const {
+Tensor Tensor::reshape(IntArrayRef shape, std::source_location loc) const {
   ops::check_defined(*this, "reshape", "self");
   const DimVector sz = infer_size(shape, numel(), "reshape", sizes());
-  if (auto st = compute_view_strides(sizes(), strides(), sz)) return make_view(*this, sz, *st, storage_offset());
-  return clone().view(sz);
+  if (auto st = compute_view_strides(sizes(), strides(), sz)) {
+    return record_view<ReshapeBackward>(make_view(*this, sz, *st, storage_offset()), *this, loc,
+                                        [&](ReshapeBackward& n) {
+                                          n.node_name = "ReshapeAliasBackward0";
+                                          n.self_sizes = DimVector(sizes());
+                                        });
+  }
+  // The copy path: a new tensor, not a view of the input.
+  Tensor copy = ops::copy_no_grad(*this, dtype());
+  Tensor out = make_view(copy, sz, contiguous_strides(sz), 0);
+  if (autograd::compute_requires_grad({this})) {
+    auto node = make_intrusive<ReshapeBackward>();
+    node->node_name = "UnsafeViewBackward0";
+    node->self_sizes = DimVector(sizes());
+    autograd::set_history(out, node, {this}, CallSite::from(loc));
+  }
+  return out;
 }
 
-Tensor Tensor::transpose(int64_t d0, int64_t d1) const {
+Tensor Tensor::transpose(int64_t d0, int64_t d1, std::source_location loc) const {
   ops::check_defined(*this, "transpose", "self");
   d0 = wrap_dim(d0, dim(), "transpose");
   d1 = wrap_dim(d1, dim(), "transpose");
-  if (dim() == 0) return make_view(*this, sizes(), strides(), storage_offset());
-  DimVector sz(sizes()), st(strides());
-  std::swap(sz[d0], sz[d1]);
-  std::swap(st[d0], st[d1]);
-  return make_view(*this, sz, st, storage_offset());
+  return record_view<TransposeBackward>(transpose_view(*this, d0, d1), *this, loc, [&](TransposeBackward& n) {
+    n.d0 = d0;
+    n.d1 = d1;
+  });
 }
 
-Tensor Tensor::permute(IntArrayRef dims) const {
+Tensor Tensor::permute(IntArrayRef dims, std::source_location loc) const {
   ops::check_defined(*this, "permute", "self");
   KILN_CHECK(static_cast<int64_t>(dims.size()) == dim(), ShapeError, "permute: number of dims ", dims,
              " does not match the tensor's ", dim(), " dims (shape ", sizes(), ")");
-  DimVector sz(dims.size()), st(dims.size());
+  DimVector sz(dims.size()), st(dims.size()), inverse(dims.size());
   std::vector<bool> seen(dims.size(), false);
   for (size_t i = 0; i < dims.size(); ++i) {
     const int64_t d = wrap_dim(dims[i], dim(), "permute");
@@ -119,18 +407,21 @@ Tensor Tensor::permute(IntArrayRef dims) const {
     seen[d] = true;
     sz[i] = sizes()[d];
     st[i] = strides()[d];
+    inverse[d] = static_cast<int64_t>(i);
   }
-  return make_view(*this, sz, st, storage_offset());
+  return record_view<PermuteBackward>(make_view(*this, sz, st, storage_offset()), *this, loc,
+                                      [&](PermuteBackward& n) { n.inverse = inverse; });
 }
 
-Tensor Tensor::t() const {
+Tensor Tensor::t(std::source_location loc) const {
   ops::check_defined(*this, "t", "self");
   KILN_CHECK(dim() <= 2, ShapeError, "t: expects a tensor with <= 2 dimensions, got ", dim(), " (shape ", sizes(),
              "); use transpose(dim0, dim1) or mT");
-  return dim() < 2 ? transpose(0, 0) : transpose(0, 1);
+  Tensor out = dim() < 2 ? make_view(*this, sizes(), strides(), storage_offset()) : transpose_view(*this, 0, 1);
+  return record_view<TBackward>(std::move(out), *this, loc, [](TBackward&) {});
 }
 
-Tensor Tensor::squeeze() const {
+Tensor Tensor::squeeze(std::source_location loc) const {
   ops::check_defined(*this, "squeeze", "self");
   DimVector sz, st;
   for (int64_t d = 0; d < dim(); ++d) {
@@ -139,30 +430,40 @@ Tensor Tensor::squeeze() const {
       st.push_back(strides()[d]);
     }
   }
-  return make_view(*this, sz, st, storage_offset());
+  return record_view<ReshapeBackward>(make_view(*this, sz, st, storage_offset()), *this, loc,
+                                      [&](ReshapeBackward& n) {
+                                        n.node_name = "SqueezeBackward0";
+                                        n.self_sizes = DimVector(sizes());
+                                      });
 }
 
-Tensor Tensor::squeeze(int64_t d) const {
+Tensor Tensor::squeeze(int64_t d, std::source_location loc) const {
   ops::check_defined(*this, "squeeze", "self");
   d = wrap_dim(d, dim(), "squeeze");
-  if (dim() == 0 || sizes()[d] != 1) return make_view(*this, sizes(), strides(), storage_offset());
   DimVector sz(sizes()), st(strides());
-  sz.erase(d);
-  st.erase(d);
-  return make_view(*this, sz, st, storage_offset());
+  if (dim() > 0 && sizes()[d] == 1) {
+    sz.erase(d);
+    st.erase(d);
+  }
+  return record_view<ReshapeBackward>(make_view(*this, sz, st, storage_offset()), *this, loc,
+                                      [&](ReshapeBackward& n) {
+                                        n.node_name = "SqueezeBackward1";
+                                        n.self_sizes = DimVector(sizes());
+                                      });
 }
 
-Tensor Tensor::unsqueeze(int64_t d) const {
+Tensor Tensor::unsqueeze(int64_t d, std::source_location loc) const {
   ops::check_defined(*this, "unsqueeze", "self");
   d = wrap_dim(d, dim() + 1, "unsqueeze");
   DimVector sz(sizes()), st(strides());
   const int64_t new_stride = d >= dim() ? 1 : sizes()[d] * strides()[d];
   sz.insert(d, 1);
   st.insert(d, new_stride);
-  return make_view(*this, sz, st, storage_offset());
+  return record_view<UnsqueezeBackward>(make_view(*this, sz, st, storage_offset()), *this, loc,
+                                        [&](UnsqueezeBackward& n) { n.dim = d; });
 }
 
-Tensor Tensor::expand(IntArrayRef shape) const {
+Tensor Tensor::expand(IntArrayRef shape, std::source_location loc) const {
   ops::check_defined(*this, "expand", "self");
   KILN_CHECK(shape.size() >= static_cast<size_t>(dim()), ShapeError, "expand: the requested shape ", shape,
              " has fewer dims than the tensor's shape ", sizes());
@@ -185,10 +486,11 @@ Tensor Tensor::expand(IntArrayRef shape) const {
     sz[i] = want;
     st[i] = have == want ? strides()[src] : 0;
   }
-  return make_view(*this, sz, st, storage_offset());
+  return record_view<ExpandBackward>(make_view(*this, sz, st, storage_offset()), *this, loc,
+                                     [&](ExpandBackward& n) { n.self_sizes = DimVector(sizes()); });
 }
 
-Tensor Tensor::narrow(int64_t d, int64_t start, int64_t length) const {
+Tensor Tensor::narrow(int64_t d, int64_t start, int64_t length, std::source_location loc) const {
   ops::check_defined(*this, "narrow", "self");
   KILN_CHECK(dim() > 0, ShapeError, "narrow: cannot be applied to a 0-dim tensor");
   d = wrap_dim(d, dim(), "narrow");
@@ -196,27 +498,18 @@ Tensor Tensor::narrow(int64_t d, int64_t start, int64_t length) const {
   if (start < 0) start += n;
   KILN_CHECK(start >= 0 && length >= 0 && start + length <= n, IndexError, "narrow: start (", start,
              ") + length (", length, ") exceeds dimension ", d, " of size ", n, " (shape ", sizes(), ")");
-  return slice(d, start, start + length, 1);
+  return slice(d, start, start + length, 1, loc);
 }
 
-Tensor Tensor::slice(int64_t d, std::optional<int64_t> start, std::optional<int64_t> end, int64_t step) const {
+Tensor Tensor::slice(int64_t d, std::optional<int64_t> start, std::optional<int64_t> end, int64_t step,
+                     std::source_location loc) const {
   ops::check_defined(*this, "slice", "self");
-  KILN_CHECK(dim() > 0, ShapeError, "slice: cannot be applied to a 0-dim tensor");
-  KILN_CHECK(step > 0, ValueError, "slice: step must be positive, got ", step);
-  d = wrap_dim(d, dim(), "slice");
-  const int64_t n = sizes()[d];
-  int64_t s = start.value_or(0), e = end.value_or(n);
-  if (s < 0) s += n;
-  if (e < 0) e += n;
-  s = std::clamp<int64_t>(s, 0, n);
-  e = std::clamp<int64_t>(e, s, n);
-  DimVector sz(sizes()), st(strides());
-  sz[d] = (e - s + step - 1) / step;
-  st[d] = strides()[d] * step;
-  return make_view(*this, sz, st, storage_offset() + s * strides()[d]);
+  const SliceArgs a = slice_args(*this, d, start, end, step);
+  Tensor out = make_view(*this, slice_geometry(sizes(), strides(), storage_offset(), a.dim, a.start, a.length, step));
+  return record_slice(std::move(out), *this, a, step, loc);
 }
 
-Tensor Tensor::select(int64_t d, int64_t index) const {
+Tensor Tensor::select(int64_t d, int64_t index, std::source_location loc) const {
   ops::check_defined(*this, "select", "self");
   KILN_CHECK(dim() > 0, IndexError, "select: cannot index a 0-dim tensor");
   d = wrap_dim(d, dim(), "select");
@@ -224,15 +517,18 @@ Tensor Tensor::select(int64_t d, int64_t index) const {
   KILN_CHECK(index >= -n && index < n, IndexError, "select: index ", index, " is out of bounds for dimension ", d,
              " with size ", n);
   if (index < 0) index += n;
-  DimVector sz(sizes()), st(strides());
-  sz.erase(d);
-  st.erase(d);
-  return make_view(*this, sz, st, storage_offset() + index * strides()[d]);
+  Tensor out = make_view(*this, select_geometry(sizes(), strides(), storage_offset(), d, index));
+  return record_view<StridedViewBackward>(std::move(out), *this, loc, [&](StridedViewBackward& node) {
+    node.node_name = "SelectBackward0";
+    node.backward_name = "SelectBackwardBackward0";
+    node.self_sizes = DimVector(sizes());
+    node.view = select_geometry(sizes(), contiguous_strides(sizes()), 0, d, index);
+  });
 }
 
-Tensor Tensor::flatten(int64_t start_dim, int64_t end_dim) const {
+Tensor Tensor::flatten(int64_t start_dim, int64_t end_dim, std::source_location loc) const {
   ops::check_defined(*this, "flatten", "self");
-  if (dim() == 0) return reshape({1});
+  if (dim() == 0) return reshape({1}, loc);
   start_dim = wrap_dim(start_dim, dim(), "flatten");
   end_dim = wrap_dim(end_dim, dim(), "flatten");
   KILN_CHECK(start_dim <= end_dim, ValueError, "flatten: start_dim (", start_dim, ") must not come after end_dim (",
@@ -243,10 +539,10 @@ Tensor Tensor::flatten(int64_t start_dim, int64_t end_dim) const {
   for (int64_t d = start_dim; d <= end_dim; ++d) m *= sizes()[d];
   sz.push_back(m);
   for (int64_t d = end_dim + 1; d < dim(); ++d) sz.push_back(sizes()[d]);
-  return reshape(sz);
+  return reshape(sz, loc);
 }
 
-Tensor Tensor::unflatten(int64_t d, IntArrayRef shape) const {
+Tensor Tensor::unflatten(int64_t d, IntArrayRef shape, std::source_location loc) const {
   ops::check_defined(*this, "unflatten", "self");
   KILN_CHECK(dim() > 0, IndexError, "unflatten: dimension ", d, " specified but a 0-dim tensor has no dimensions");
   d = wrap_dim(d, dim(), "unflatten");
@@ -256,26 +552,23 @@ Tensor Tensor::unflatten(int64_t d, IntArrayRef shape) const {
   for (int64_t i = 0; i < d; ++i) sz.push_back(sizes()[i]);
   for (int64_t s : inner) sz.push_back(s);
   for (int64_t i = d + 1; i < dim(); ++i) sz.push_back(sizes()[i]);
-  return view(sz);
+  return view(sz, loc);
 }
 
-std::vector<Tensor> Tensor::split(int64_t split_size, int64_t d) const {
+std::vector<Tensor> Tensor::split(int64_t split_size, int64_t d, std::source_location loc) const {
   ops::check_defined(*this, "split", "self");
   KILN_CHECK(dim() > 0, ShapeError, "split: cannot split a 0-dim tensor");
   d = wrap_dim(d, dim(), "split");
   const int64_t n = sizes()[d];
   KILN_CHECK(split_size > 0 || (split_size == 0 && n == 0), ValueError, "split: split_size must be positive, got ",
              split_size);
-  std::vector<Tensor> out;
-  if (n == 0) {
-    out.push_back(*this);
-    return out;
-  }
-  for (int64_t s = 0; s < n; s += split_size) out.push_back(narrow(d, s, std::min(split_size, n - s)));
-  return out;
+  DimVector lengths;
+  if (n == 0) lengths.push_back(0);
+  for (int64_t s = 0; s < n; s += split_size) lengths.push_back(std::min(split_size, n - s));
+  return record_split(split_views(*this, d, lengths), *this, d, lengths, "SplitBackward0", loc);
 }
 
-std::vector<Tensor> Tensor::split_with_sizes(IntArrayRef split_sizes, int64_t d) const {
+std::vector<Tensor> Tensor::split_with_sizes(IntArrayRef split_sizes, int64_t d, std::source_location loc) const {
   ops::check_defined(*this, "split_with_sizes", "self");
   KILN_CHECK(dim() > 0, ShapeError, "split_with_sizes: cannot split a 0-dim tensor");
   d = wrap_dim(d, dim(), "split_with_sizes");
@@ -286,16 +579,10 @@ std::vector<Tensor> Tensor::split_with_sizes(IntArrayRef split_sizes, int64_t d)
   }
   KILN_CHECK(total == sizes()[d], ShapeError, "split_with_sizes: sizes ", split_sizes, " sum to ", total,
              " but dimension ", d, " has size ", sizes()[d]);
-  std::vector<Tensor> out;
-  int64_t start = 0;
-  for (int64_t s : split_sizes) {
-    out.push_back(narrow(d, start, s));
-    start += s;
-  }
-  return out;
+  return record_split(split_views(*this, d, split_sizes), *this, d, split_sizes, "SplitWithSizesBackward0", loc);
 }
 
-std::vector<Tensor> Tensor::chunk(int64_t chunks, int64_t d) const {
+std::vector<Tensor> Tensor::chunk(int64_t chunks, int64_t d, std::source_location loc) const {
   ops::check_defined(*this, "chunk", "self");
   KILN_CHECK(dim() > 0, ShapeError, "chunk: cannot chunk a 0-dim tensor");
   KILN_CHECK(chunks > 0, ValueError, "chunk: number of chunks must be positive, got ", chunks);
@@ -303,23 +590,32 @@ std::vector<Tensor> Tensor::chunk(int64_t chunks, int64_t d) const {
   const int64_t n = sizes()[d];
   const int64_t size = (n + chunks - 1) / chunks;
   if (size == 0) {  // torch.chunk of an empty dim: `chunks` empty pieces
-    std::vector<Tensor> out;
-    for (int64_t i = 0; i < chunks; ++i) out.push_back(narrow(d, 0, 0));
-    return out;
+    const DimVector lengths(static_cast<size_t>(chunks), 0);
+    return record_split(split_views(*this, d, lengths), *this, d, lengths, "SplitBackward0", loc);
   }
-  return split(size, d);
+  return split(size, d, loc);
 }
 
-std::vector<Tensor> Tensor::unbind(int64_t d) const {
+std::vector<Tensor> Tensor::unbind(int64_t d, std::source_location loc) const {
   ops::check_defined(*this, "unbind", "self");
   KILN_CHECK(dim() > 0, IndexError, "unbind: dimension ", d, " specified but a 0-dim tensor has no dimensions");
   d = wrap_dim(d, dim(), "unbind");
   std::vector<Tensor> out;
-  for (int64_t i = 0; i < sizes()[d]; ++i) out.push_back(select(d, i));
+  for (int64_t i = 0; i < sizes()[d]; ++i) {
+    out.push_back(make_view(*this, select_geometry(sizes(), strides(), storage_offset(), d, i)));
+  }
+  if (!out.empty() && autograd::compute_requires_grad({this})) {
+    auto node = make_intrusive<UnbindBackward>();
+    node->self_sizes = DimVector(sizes());
+    node->dim = d;
+    node->dtype = dtype();
+    record_views(out, node, *this, loc);
+  }
   return out;
 }
 
-Tensor Tensor::as_strided(IntArrayRef sz, IntArrayRef st, std::optional<int64_t> offset) const {
+Tensor Tensor::as_strided(IntArrayRef sz, IntArrayRef st, std::optional<int64_t> offset,
+                          std::source_location loc) const {
   ops::check_defined(*this, "as_strided", "self");
   KILN_CHECK(sz.size() == st.size(), ShapeError, "as_strided: sizes ", sz, " and strides ", st,
              " must have the same length");
@@ -337,32 +633,27 @@ Tensor Tensor::as_strided(IntArrayRef sz, IntArrayRef st, std::optional<int64_t>
   KILN_CHECK(empty_view || max_index < storage_elems, IndexError, "as_strided: sizes ", sz, ", strides ", st,
              " and offset ", off, " reach element ", max_index, ", beyond the storage's ", storage_elems,
              " elements");
-  return make_view(*this, sz, st, off);
+  return record_view<AsStridedBackward>(make_view(*this, sz, st, off), *this, loc, [&](AsStridedBackward& n) {
+    n.input = {DimVector(sizes()), DimVector(strides()), storage_offset()};
+    n.output = {DimVector(sz), DimVector(st), off};
+    const autograd::AutogradMeta* m = autograd::get_meta(*this);
+    n.input_is_view = m && m->is_view;
+  });
 }
 
-Tensor Tensor::diagonal(int64_t offset, int64_t d1, int64_t d2) const {
+Tensor Tensor::diagonal(int64_t offset, int64_t d1, int64_t d2, std::source_location loc) const {
   ops::check_defined(*this, "diagonal", "self");
   KILN_CHECK(dim() >= 2, ShapeError, "diagonal: expects a tensor of at least 2 dims, got shape ", sizes());
   d1 = wrap_dim(d1, dim(), "diagonal");
   d2 = wrap_dim(d2, dim(), "diagonal");
   KILN_CHECK(d1 != d2, ValueError, "diagonal: dim1 and dim2 cannot be identical, got ", d1, " and ", d2);
-  int64_t len, off = storage_offset();
-  if (offset >= 0) {
-    len = std::max<int64_t>(std::min(sizes()[d1], sizes()[d2] - offset), 0);
-    if (len > 0) off += offset * strides()[d2];
-  } else {
-    len = std::max<int64_t>(std::min(sizes()[d1] + offset, sizes()[d2]), 0);
-    if (len > 0) off -= offset * strides()[d1];
-  }
-  DimVector sz, st;
-  for (int64_t d = 0; d < dim(); ++d) {
-    if (d == d1 || d == d2) continue;
-    sz.push_back(sizes()[d]);
-    st.push_back(strides()[d]);
-  }
-  sz.push_back(len);
-  st.push_back(strides()[d1] + strides()[d2]);
-  return make_view(*this, sz, st, off);
+  Tensor out = make_view(*this, diagonal_geometry(sizes(), strides(), storage_offset(), offset, d1, d2));
+  return record_view<StridedViewBackward>(std::move(out), *this, loc, [&](StridedViewBackward& n) {
+    n.node_name = "DiagonalBackward0";
+    n.backward_name = "DiagonalBackwardBackward0";
+    n.self_sizes = DimVector(sizes());
+    n.view = diagonal_geometry(sizes(), contiguous_strides(sizes()), 0, offset, d1, d2);
+  });
 }
 
 }  // namespace kiln

@@ -1,7 +1,8 @@
 // Registry entries (include/kiln/ops/op_spec.h) for the view ops of
 // src/ops/view.cpp plus contiguous and clone. Results are compared by value
 // with torch; that they are views (shared storage and version counter) is
-// checked directly in tests/ops/test_views.cpp.
+// checked directly in tests/ops/test_views.cpp, their gradients (and the
+// view + in-place errors) in tests/ops/test_views_grad.cpp.
 #include "kiln/core/factory.h"
 #include "kiln/ops/op_spec.h"
 
@@ -32,12 +33,25 @@ const std::vector<DType> kAll = {kFloat32, kFloat64, kBFloat16, kInt64, kBool};
 
 Tensor a23() { return arange(6, kFloat32).view({2, 3}); }
 
+// Every op here is differentiable in its one input: floating samples check
+// backward on x0 (all samples are small enough for the numerical check).
+std::function<std::vector<OpSample>(DType)> with_grad(std::function<std::vector<OpSample>(DType)> samples) {
+  return [samples = std::move(samples)](DType dt) {
+    std::vector<OpSample> v = samples(dt);
+    if (is_floating_point(dt)) {
+      for (OpSample& s : v) s.grad_inputs = {0};
+    }
+    return v;
+  };
+}
+
 void reg(std::vector<OpSpec>& r, std::string name, std::function<std::vector<OpSample>(DType)> samples,
          std::function<std::vector<OpErrorCase>()> errors = nullptr) {
   OpSpec s;
   s.name = std::move(name);
   s.dtypes = kAll;
-  s.samples = std::move(samples);
+  s.samples = with_grad(std::move(samples));
+  s.differentiable = true;
   s.errors = errors ? std::move(errors) : [] { return std::vector<OpErrorCase>{}; };
   r.push_back(std::move(s));
 }

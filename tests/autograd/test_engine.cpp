@@ -2,11 +2,15 @@
 // depend on any built-in op's backward.
 #include <gtest/gtest.h>
 
+#include <cstdlib>
+#include <filesystem>
+
 #include "kiln/autograd/anomaly.h"
 #include "kiln/autograd/custom_function.h"
 #include "kiln/autograd/engine.h"
 #include "kiln/autograd/gradcheck.h"
 #include "kiln/kiln.h"
+#include "support/test_util.h"
 
 using namespace kiln;
 using autograd::AutogradContext;
@@ -72,6 +76,15 @@ struct Sqrt : autograd::Function<Sqrt> {
   static TensorList backward(AutogradContext& ctx, TensorList g) {
     return {g[0] * 0.5 / ctx.get_saved_variables()[0]};
   }
+};
+
+// log with derivative 1 / x (NaN forward for x < 0).
+struct Log : autograd::Function<Log> {
+  static Tensor forward(AutogradContext& ctx, const Tensor& x) {
+    ctx.save_for_backward({x});
+    return x.log();
+  }
+  static TensorList backward(AutogradContext& ctx, TensorList g) { return {g[0] / ctx.get_saved_variables()[0]}; }
 };
 
 }  // namespace
@@ -269,4 +282,102 @@ TEST(Engine, GradcheckPassesForCorrectAndFailsForWrongGradient) {
   quiet.raise = false;
   EXPECT_FALSE(autograd::gradcheck([](const TensorList& in) { return TensorList{WrongCube::apply(in[0])}; }, {x},
                                    quiet));
+}
+
+TEST(Engine, GradcheckFastModeComparesRandomProjections) {
+  // 2 x 40 inputs, 40 outputs: fast mode checks u^T J v per (output, input) pair.
+  Tensor a = randn({40}, kFloat64).requires_grad_();
+  Tensor b = randn({40}, kFloat64).requires_grad_();
+  autograd::GradcheckOptions fast;
+  fast.fast_mode = true;
+  auto mul = [](const TensorList& in) { return TensorList{Mul2::apply(in[0], in[1]), Cube::apply(in[0])}; };
+  EXPECT_TRUE(autograd::gradcheck(mul, {a, b}, fast));
+  // A backward that swaps the operands' gradients passes no projection.
+  struct SwappedMul : autograd::Function<SwappedMul> {
+    static Tensor forward(AutogradContext& ctx, const Tensor& x, const Tensor& y) {
+      ctx.save_for_backward({x, y});
+      return x * y;
+    }
+    static TensorList backward(AutogradContext& ctx, TensorList g) {
+      auto s = ctx.get_saved_variables();
+      return {g[0] * s[0], g[0] * s[1]};
+    }
+  };
+  try {
+    autograd::gradcheck([](const TensorList& in) { return TensorList{SwappedMul::apply(in[0], in[1])}; }, {a, b},
+                        fast);
+    FAIL() << "expected a mismatch";
+  } catch (const ValueError& e) {
+    const std::string m = e.what();
+    EXPECT_NE(m.find("gradcheck (fast mode): mismatch for output 0 w.r.t. input "), std::string::npos) << m;
+    EXPECT_NE(m.find("fast_mode=false"), std::string::npos) << m;
+  }
+  // An output that does not require grad but moves with the input is caught too.
+  fast.raise = false;
+  EXPECT_FALSE(autograd::gradcheck([](const TensorList& in) { return TensorList{in[0].detach() * 2}; }, {a}, fast));
+}
+
+TEST(Engine, GradcheckFastModeLeavesInputsUnchanged) {
+  Tensor x = randn({8, 9}, kFloat64).transpose(0, 1).requires_grad_();  // non-contiguous leaf
+  Tensor before = x.detach().clone();
+  const uint32_t version = x.version();
+  autograd::GradcheckOptions fast;
+  fast.fast_mode = true;
+  EXPECT_TRUE(autograd::gradcheck([](const TensorList& in) { return TensorList{Cube::apply(in[0])}; }, {x}, fast));
+  EXPECT_TRUE(x.detach().equal(before));
+  EXPECT_EQ(x.version(), version);
+}
+
+TEST(Engine, InferenceTensorsCannotBeSavedForBackward) {
+  Tensor w;
+  {
+    InferenceModeGuard inference;
+    w = tensor<float>({1, 2});
+  }
+  Tensor x = tensor<float>({3, 4}).requires_grad_();
+  // torch: "Inference tensors cannot be saved for backward. To work around you can make a clone to
+  // get a normal tensor and use it in autograd."
+  try {
+    (void)Mul2::apply(x, w);
+    FAIL() << "expected an error";
+  } catch (const ValueError& e) {
+    const std::string m = e.what();
+    EXPECT_NE(m.find("inference tensors cannot be saved for backward"), std::string::npos) << m;
+    EXPECT_NE(m.find("clone()"), std::string::npos) << m;
+  }
+  Tensor y = Mul2::apply(x, w.clone());  // a clone made outside inference mode is a normal tensor
+  Sum::apply(y).backward();
+  EXPECT_TRUE(x.grad().allclose(tensor<float>({1, 2})));
+}
+
+// Run in-process, this checks the default follows KILN_DETECT_ANOMALY (normally unset: off);
+// AnomalyEnv.VariableTurnsItOn runs it again in a child process with the variable set.
+TEST(AnomalyEnv, DefaultFollowsTheEnvironment) {
+  const char* env = std::getenv("KILN_DETECT_ANOMALY");
+  const bool on = env && *env && std::string(env) != "0";
+  EXPECT_EQ(autograd::anomaly_mode_enabled(), on);
+  Tensor x = tensor<double>({-1.0, 4.0}).requires_grad_();
+  if (!on) {
+    EXPECT_NO_THROW((void)Log::apply(x));  // a NaN goes unnoticed without anomaly mode
+    return;
+  }
+  try {
+    (void)Log::apply(x);
+    ADD_FAILURE() << "expected an anomaly";
+  } catch (const autograd::AnomalyError& e) {
+    std::cout << "child saw: " << e.what() << "\n";
+  }
+}
+
+TEST(AnomalyEnv, VariableTurnsItOn) {
+  const std::string self = std::filesystem::read_symlink("/proc/self/exe").string();
+  std::string out;
+  const int rc = test::run_command("KILN_DETECT_ANOMALY=1 " + test::shell_quote(self) +
+                                       " --gtest_filter=AnomalyEnv.DefaultFollowsTheEnvironment",
+                                   out);
+  EXPECT_EQ(rc, 0) << out;
+  EXPECT_NE(out.find("child saw: anomaly mode: the forward of LogBackward produced 1 NaN"), std::string::npos)
+      << out;
+  EXPECT_NE(out.find("input 0 [2]: min -1, max 4"), std::string::npos) << out;
+  EXPECT_NE(out.find("[  PASSED  ] 1 test"), std::string::npos) << out;
 }

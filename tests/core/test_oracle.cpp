@@ -91,6 +91,35 @@ TEST(Oracle, ValuesTuplesNumbersAndErrors) {
   EXPECT_TRUE(test::bitwise_equal(b.outcome(after).outputs[0], tensor<float>({1.0f, 0.0f, 3.5f})));
 }
 
+TEST(Oracle, NoneAndGradientCases) {
+  test::OracleBatch b;
+  const Tensor a = tensor<double>({1.0, -2.0, 3.0});
+  const Tensor c = tensor<double>({0.5, 0.5, 0.5});
+  const size_t none = b.add("none", "(x0, None)", {a});
+  // d(sum(g * x0 * x1))/dx0 = g * x1, /dx1 = g * x0; the int64 argmax output gets no grad_output.
+  const size_t grad = b.add_grad("grad", "(x0 * x1, x0.argmax())", {a, c}, {0, 1}, {tensor<double>({1.0, 2.0, 3.0}), {}});
+  const size_t unused = b.add_grad("unused", "x0 * 2", {a, c}, {0, 1}, {tensor<double>({1.0, 1.0, 1.0})});
+  b.run();
+  const auto& r_none = b.outcome(none);
+  ASSERT_TRUE(r_none.ok) << r_none.error;
+  ASSERT_EQ(r_none.outputs.size(), 2u);
+  EXPECT_TRUE(r_none.outputs[0].defined());
+  EXPECT_FALSE(r_none.outputs[1].defined());
+
+  const auto& r_grad = b.outcome(grad);
+  ASSERT_TRUE(r_grad.ok) << r_grad.error;
+  ASSERT_EQ(r_grad.outputs.size(), 2u);
+  EXPECT_TRUE(test::compare_tensors(r_grad.outputs[0], tensor<double>({0.5, 1.0, 1.5}), 0, 0).ok);
+  EXPECT_TRUE(test::compare_tensors(r_grad.outputs[1], tensor<double>({1.0, -4.0, 9.0}), 0, 0).ok);
+  EXPECT_EQ(r_grad.output_requires_grad, (std::vector<bool>{true, false}));
+
+  const auto& r_unused = b.outcome(unused);
+  ASSERT_TRUE(r_unused.ok) << r_unused.error;
+  ASSERT_EQ(r_unused.outputs.size(), 2u);
+  EXPECT_TRUE(test::compare_tensors(r_unused.outputs[0], tensor<double>({2.0, 2.0, 2.0}), 0, 0).ok);
+  EXPECT_FALSE(r_unused.outputs[1].defined()) << "torch returns None for an unused input";
+}
+
 TEST(Oracle, LayoutIsRebuilt) {
   const Tensor base = ops::sample_tensor({4, 6}, kFloat32, 5);
   const Tensor transposed = base.t();                          // strides [1, 6]

@@ -5,17 +5,27 @@
 // Tolerance: spec.tolerance(dtype) if set, else default_tolerance of each
 // result's dtype (so an integer op returning floats is not held to 0).
 //
-// All samples of this binary go to the oracle in ONE batch, built lazily by
-// the first test that needs it (gtest instantiates the tests first, so the
-// registry is enumerated once for names and once for the batch).
+// Backward ("<op>_<dtype>_grad", for specs marked differentiable): every
+// floating sample with grad_inputs is run with those inputs made leaves that
+// require grad (same layout), and kiln::autograd::grad of its floating outputs
+// for deterministic random grad_outputs is compared with torch.autograd.grad of
+// the sample's expression for the same grad_outputs; then a float64 gradcheck
+// (fast mode when the differentiated inputs or the outputs hold more than 64
+// elements) checks kiln's gradient against central differences.
+//
+// All samples of this binary (forward and gradient cases) go to the oracle in
+// ONE batch, built lazily by the first test that needs it. Test names come
+// from the samples alone (no python), so --gtest_list_tests stays fast.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cctype>
 #include <map>
 #include <set>
 
 #include "kiln/kiln.h"
 #include "kiln/ops/op_spec.h"
+#include "ops/registry_grad.h"
 #include "support/compare.h"
 #include "support/oracle.h"
 
@@ -53,13 +63,54 @@ std::string unique_name(std::set<std::string>& used, const std::string& base) {
   return n;
 }
 
-std::vector<ForwardParam> forward_params() {
+using Key = std::pair<size_t, DType>;
+
+// Every sample of the registry, built once per process without python (test names need them).
+struct RegistrySamples {
+  std::map<Key, std::vector<OpSample>> samples;
+  std::map<Key, std::string> errors;  // samples() itself threw
+};
+
+const RegistrySamples& registry_samples() {
+  static const RegistrySamples* all = [] {
+    auto* r = new RegistrySamples();
+    const auto& reg = ops::op_registry();
+    for (size_t i = 0; i < reg.size(); ++i) {
+      for (DType dt : reg[i].dtypes) {
+        try {
+          r->samples[{i, dt}] = reg[i].samples ? reg[i].samples(dt) : std::vector<OpSample>{};
+        } catch (const std::exception& e) {
+          r->errors[{i, dt}] = e.what();
+        }
+      }
+    }
+    return r;
+  }();
+  return *all;
+}
+
+bool has_grad_samples(const std::vector<OpSample>& samples) {
+  return std::any_of(samples.begin(), samples.end(), [](const OpSample& s) { return !s.grad_inputs.empty(); });
+}
+
+// The backward of a spec is checked at its floating dtypes whose samples list grad inputs.
+bool checks_backward(const OpSpec& spec, DType dt) {
+  if (!spec.differentiable || !is_floating_point(dt)) return false;
+  const auto& all = registry_samples().samples;
+  const auto it = all.find({static_cast<size_t>(&spec - ops::op_registry().data()), dt});
+  return it != all.end() && has_grad_samples(it->second);
+}
+
+// forward_params(true): one "<op>_<dtype>_grad" per (differentiable spec, dtype) with grad samples.
+std::vector<ForwardParam> forward_params(bool grad = false) {
   std::vector<ForwardParam> out;
   std::set<std::string> used;
   const auto& reg = ops::op_registry();
   for (size_t i = 0; i < reg.size(); ++i) {
     for (DType dt : reg[i].dtypes) {
-      out.push_back({i, dt, unique_name(used, sanitize(reg[i].name) + "_" + std::string(dtype_name(dt)))});
+      const std::string name = unique_name(used, sanitize(reg[i].name) + "_" + std::string(dtype_name(dt)));
+      if (!grad) out.push_back({i, dt, name});
+      else if (checks_backward(reg[i], dt)) out.push_back({i, dt, name + "_grad"});
     }
   }
   return out;
@@ -75,11 +126,10 @@ std::vector<ErrorParam> error_params() {
   return out;
 }
 
-// Every sample of the registry and its oracle case; built once per process.
+// Every sample's oracle cases (forward, and gradient where checked); one python run per process.
 struct RegistryBatch {
-  std::map<std::pair<size_t, DType>, std::vector<OpSample>> samples;
-  std::map<std::pair<size_t, DType>, std::vector<size_t>> cases;
-  std::map<std::pair<size_t, DType>, std::string> sample_errors;  // samples() itself threw
+  std::map<Key, std::vector<size_t>> cases;
+  std::map<Key, std::vector<test::GradCase>> grad_cases;  // per sample; default (no case) without grad_inputs
   test::OracleBatch oracle;
   std::string oracle_error;
 };
@@ -88,19 +138,15 @@ const RegistryBatch& registry_batch() {
   static RegistryBatch* batch = [] {
     auto* b = new RegistryBatch();
     const auto& reg = ops::op_registry();
-    for (size_t i = 0; i < reg.size(); ++i) {
-      for (DType dt : reg[i].dtypes) {
-        const auto key = std::make_pair(i, dt);
-        try {
-          b->samples[key] = reg[i].samples ? reg[i].samples(dt) : std::vector<OpSample>{};
-        } catch (const std::exception& e) {
-          b->sample_errors[key] = e.what();
-          continue;
-        }
-        for (const OpSample& s : b->samples[key]) {
-          b->cases[key].push_back(b->oracle.add(reg[i].name + "/" + std::string(dtype_name(dt)) + "/" + s.label,
-                                                s.torch, s.inputs));
-        }
+    for (const auto& [key, samples] : registry_samples().samples) {
+      const OpSpec& spec = reg[key.first];
+      const std::string id = spec.name + "/" + std::string(dtype_name(key.second)) + "/";
+      const bool grad = checks_backward(spec, key.second);
+      for (const OpSample& s : samples) {
+        b->cases[key].push_back(b->oracle.add(id + s.label, s.torch, s.inputs));
+        if (!grad) continue;
+        b->grad_cases[key].push_back(s.grad_inputs.empty() ? test::GradCase{}
+                                                           : test::add_grad_case(b->oracle, id + s.label + "/grad", s));
       }
     }
     try {
@@ -125,33 +171,24 @@ bool is_error_class(const std::exception& e, const std::string& cls) {
   return false;
 }
 
-std::string describe_inputs(const std::vector<Tensor>& inputs) {
-  std::string s;
-  for (size_t k = 0; k < inputs.size(); ++k) {
-    const Tensor& t = inputs[k];
-    s += (k ? ", x" : "x") + std::to_string(k) + ": " +
-         (t.defined() ? std::string(dtype_name(t.dtype())) + shape_str(t.sizes()) +
-                            (t.is_contiguous() ? "" : " strides " + shape_str(t.strides()))
-                      : "undefined");
-  }
-  return s.empty() ? "no inputs" : s;
-}
-
 class OpRegistryForward : public ::testing::TestWithParam<ForwardParam> {};
 class OpRegistryErrors : public ::testing::TestWithParam<ErrorParam> {};
+class OpRegistryBackward : public ::testing::TestWithParam<ForwardParam> {};
 
 }  // namespace
+
+using test::describe_inputs;
 
 TEST_P(OpRegistryForward, MatchesTorch) {
   const ForwardParam& p = GetParam();
   const OpSpec& spec = ops::op_registry()[p.op];
-  const RegistryBatch& b = registry_batch();
   const auto key = std::make_pair(p.op, p.dtype);
-  if (auto it = b.sample_errors.find(key); it != b.sample_errors.end()) {
+  if (auto it = registry_samples().errors.find(key); it != registry_samples().errors.end()) {
     FAIL() << spec.name << ": samples(" << dtype_name(p.dtype) << ") threw: " << it->second;
   }
+  const RegistryBatch& b = registry_batch();
   ASSERT_TRUE(b.oracle_error.empty()) << b.oracle_error;
-  const auto& samples = b.samples.at(key);
+  const auto& samples = registry_samples().samples.at(key);
   ASSERT_FALSE(samples.empty()) << spec.name << " has no samples for " << dtype_name(p.dtype);
   for (size_t s = 0; s < samples.size(); ++s) {
     const OpSample& smp = samples[s];
@@ -189,6 +226,43 @@ TEST_P(OpRegistryForward, MatchesTorch) {
   }
 }
 
+// Float64 gradcheck runs once per sample: in the float64 test, or in the float32 test of a
+// spec without float64 (the float32 sample converted); other dtypes only compare with torch.
+TEST_P(OpRegistryBackward, MatchesTorchAndGradcheck) {
+  const ForwardParam& p = GetParam();
+  const OpSpec& spec = ops::op_registry()[p.op];
+  const RegistryBatch& b = registry_batch();
+  ASSERT_TRUE(b.oracle_error.empty()) << b.oracle_error;
+  const auto key = std::make_pair(p.op, p.dtype);
+  const auto& samples = registry_samples().samples.at(key);
+  const auto& grad_cases = b.grad_cases.at(key);
+  const bool has_f64 = std::count(spec.dtypes.begin(), spec.dtypes.end(), kFloat64) > 0;
+  const bool run_gradcheck = p.dtype == kFloat64 || (p.dtype == kFloat32 && !has_f64);
+  const ops::Tolerance tol = test::grad_tolerance(spec, p.dtype);
+  for (size_t s = 0; s < samples.size(); ++s) {
+    const OpSample& smp = samples[s];
+    if (smp.grad_inputs.empty()) continue;
+    const test::GradCase& gc = grad_cases[s];
+    const std::string where = spec.name + " [" + smp.label + "] " + std::string(dtype_name(p.dtype)) + " (" +
+                              describe_inputs(smp.inputs) + "), grad w.r.t. x" +
+                              [&] {
+                                std::string l;
+                                for (int i : smp.grad_inputs) l += (l.empty() ? "" : ", x") + std::to_string(i);
+                                return l;
+                              }() +
+                              ", torch: " + smp.torch;
+    const test::OracleOutcome none;
+    const test::OracleOutcome& want = gc.error.empty() ? b.oracle.outcome(gc.oracle_case) : none;
+    bool missing_backward = false;
+    for (const std::string& f : test::check_grad_against_torch(spec.name, smp, gc, want, tol)) {
+      ADD_FAILURE() << where << "\n  " << f;
+      missing_backward |= f.find("backward not implemented") != std::string::npos;
+    }
+    if (!run_gradcheck || !smp.gradcheck || missing_backward) continue;  // gradcheck would only repeat it
+    for (const std::string& f : test::check_gradcheck(spec.name, smp)) ADD_FAILURE() << where << "\n  " << f;
+  }
+}
+
 TEST_P(OpRegistryErrors, ThrowNamedErrors) {
   const ErrorParam& p = GetParam();
   const OpSpec& spec = ops::op_registry()[p.op];
@@ -211,13 +285,16 @@ INSTANTIATE_TEST_SUITE_P(Registry, OpRegistryForward, ::testing::ValuesIn(forwar
                          [](const auto& info) { return info.param.name; });
 INSTANTIATE_TEST_SUITE_P(Registry, OpRegistryErrors, ::testing::ValuesIn(error_params()),
                          [](const auto& info) { return info.param.name; });
+INSTANTIATE_TEST_SUITE_P(Registry, OpRegistryBackward, ::testing::ValuesIn(forward_params(/*grad=*/true)),
+                         [](const auto& info) { return info.param.name; });
 GTEST_ALLOW_UNINSTANTIATED_PARAMETERIZED_TEST(OpRegistryForward);
 GTEST_ALLOW_UNINSTANTIATED_PARAMETERIZED_TEST(OpRegistryErrors);
+GTEST_ALLOW_UNINSTANTIATED_PARAMETERIZED_TEST(OpRegistryBackward);
 
 TEST(OpRegistrySanity, EveryOpHasSamplesPerDTypeAndTorchExpressions) {
   const auto& reg = ops::op_registry();
   ASSERT_FALSE(reg.empty()) << "the op registry is empty";
-  const RegistryBatch& b = registry_batch();
+  const RegistrySamples& all = registry_samples();
   for (size_t i = 0; i < reg.size(); ++i) {
     const OpSpec& spec = reg[i];
     EXPECT_FALSE(spec.name.empty()) << "registry entry " << i << " has no name";
@@ -227,14 +304,23 @@ TEST(OpRegistrySanity, EveryOpHasSamplesPerDTypeAndTorchExpressions) {
     for (DType dt : spec.dtypes) {
       EXPECT_TRUE(seen.insert(dt).second) << spec.name << " lists " << dtype_name(dt) << " twice";
       const auto key = std::make_pair(i, dt);
-      if (b.sample_errors.count(key)) continue;  // reported by the forward test
-      const auto& samples = b.samples.at(key);
+      if (all.errors.count(key)) continue;  // reported by the forward test
+      const auto& samples = all.samples.at(key);
       EXPECT_FALSE(samples.empty()) << spec.name << " has no samples for " << dtype_name(dt);
       for (const auto& s : samples) {
         EXPECT_FALSE(s.torch.empty()) << spec.name << " [" << s.label << "] has no torch expression";
         EXPECT_TRUE(static_cast<bool>(s.run)) << spec.name << " [" << s.label << "] has no kiln function";
         EXPECT_FALSE(s.label.empty()) << spec.name << " has a sample without a label";
+        for (const std::string& problem : test::grad_inputs_problems(s)) {
+          ADD_FAILURE() << spec.name << " [" << s.label << "] " << dtype_name(dt) << ": " << problem;
+        }
       }
+    }
+    if (spec.differentiable) {
+      bool any = false;
+      for (DType dt : spec.dtypes) any |= checks_backward(spec, dt);
+      EXPECT_TRUE(any) << spec.name << " is marked differentiable, but none of its floating samples lists "
+                       << "grad_inputs, so its backward is never checked";
     }
     if (spec.errors) {
       for (const auto& ec : spec.errors()) {

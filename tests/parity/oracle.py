@@ -8,7 +8,16 @@ and inputs.safetensors. Each case's expression is evaluated with torch, F
 go to WORKDIR/outputs.safetensors (tensor k of case i is "c<i>.<k>") and
 WORKDIR/results.json (one {"ok", "kinds"} or {"ok": false, "error"} per case).
 An expression may return a tensor, a tuple/list of tensors or numbers, or a
-Python number or bool (sent back as a 0-dim tensor of kind "number").
+Python number or bool (sent back as a 0-dim tensor of kind "number"); None
+(in a tuple, or alone) comes back as kind "none" (an undefined kiln tensor).
+
+A gradient case also has "grad_inputs" (indices i of the x_i to differentiate)
+and "grad_outputs" (per output of the expression, the name of its gradient
+tensor in inputs.safetensors, or null). The x_i are made leaves that require
+grad (same layout), the expression is evaluated, and the case returns
+torch.autograd.grad(outputs that require grad, x_i, their grad_outputs,
+allow_unused=True): one result per grad input, of kind "none" where torch
+returned None; "requires_grad" lists, per output, whether it required grad.
 
 safetensors is read and written with json + numpy (torch 1.13 has no
 safetensors module); bfloat16 travels as raw uint16 bits. Everything here
@@ -99,9 +108,11 @@ def restride(t, strides):
 
 
 def as_outputs(v):
-    """[(tensor, kind)] for a tensor, a number, or a tuple/list of them."""
+    """[(tensor, kind)] for a tensor, a number, None, or a tuple/list of them."""
     if isinstance(v, torch.Tensor):
         return [(v, "tensor")]
+    if v is None:  # e.g. an unused input's gradient from torch.autograd.grad(..., allow_unused=True)
+        return [(None, "none")]
     if isinstance(v, bool):
         return [(torch.tensor(v, dtype=torch.bool), "number")]
     if isinstance(v, int):
@@ -118,6 +129,25 @@ def as_outputs(v):
     raise TypeError(f"the expression returned {type(v).__name__}; expected a tensor, number or tuple of them")
 
 
+def gradients(case, scope, inputs, outs):
+    """torch.autograd.grad of the expression's outputs w.r.t. the grad inputs."""
+    xs = [scope[f"x{i}"] for i in case["grad_inputs"]]
+    names = case["grad_outputs"]
+    if len(names) != len(outs):
+        raise ValueError(f"the expression returned {len(outs)} outputs but kiln sent {len(names)} grad_outputs "
+                         "(kiln and torch disagree on the number of outputs)")
+    req = [kind == "tensor" and t.requires_grad for t, kind in outs]
+    used, grads = [], []
+    for (t, _), name, r in zip(outs, names, req):
+        if name is not None and r:
+            used.append(t)
+            grads.append(inputs[name].to(t.dtype))
+    if not used:
+        return [(None, "none") for _ in xs], req
+    gs = torch.autograd.grad(used, xs, grads, allow_unused=True)
+    return [(g, "tensor") if g is not None else (None, "none") for g in gs], req
+
+
 def main(workdir):
     with open(os.path.join(workdir, "manifest.json")) as f:
         cases = json.load(f)["cases"]
@@ -128,10 +158,20 @@ def main(workdir):
         try:
             for k, (name, strides) in enumerate(zip(case["inputs"], case["strides"])):
                 scope[f"x{k}"] = restride(inputs[name].clone(), strides)
+            grad_case = "grad_inputs" in case
+            if grad_case:
+                for k in case["grad_inputs"]:
+                    x = scope[f"x{k}"]
+                    if not x.is_floating_point():
+                        raise TypeError(f"grad input x{k} has dtype {x.dtype}; only floating inputs can require grad")
+                    scope[f"x{k}"] = x.detach().requires_grad_()
             outs = as_outputs(eval(case["expr"], scope))  # noqa: S307 - test expressions from our own registry
-            encoded = [encode(t) for t, _ in outs]
-            named.extend((f"c{i}.{k}", e) for k, e in enumerate(encoded))
-            results.append({"ok": True, "kinds": [kind for _, kind in outs]})
+            extra = {}
+            if grad_case:
+                outs, extra["requires_grad"] = gradients(case, scope, inputs, outs)
+            encoded = [encode(t) if t is not None else None for t, _ in outs]
+            named.extend((f"c{i}.{k}", e) for k, e in enumerate(encoded) if e is not None)
+            results.append({"ok": True, "kinds": [kind for _, kind in outs], **extra})
         except Exception as e:  # noqa: BLE001 - a failing case is reported, not fatal
             results.append({"ok": False, "error": f"{type(e).__name__}: {e}"})
     write_safetensors(os.path.join(workdir, "outputs.safetensors"), named)

@@ -94,7 +94,15 @@ bool read_results(const std::string& results_text, const std::string& outputs_pa
       continue;
     }
     const json& kinds = r.at("kinds");
+    if (r.contains("requires_grad")) {
+      for (const json& b : r.at("requires_grad")) o.output_requires_grad.push_back(b.get<bool>());
+    }
     for (size_t k = 0; k < kinds.size(); ++k) {
+      if (kinds[k].get<std::string>() == "none") {  // a gradient torch returned as None
+        o.outputs.emplace_back();
+        o.is_number.push_back(false);
+        continue;
+      }
       const std::string name = "c" + std::to_string(i) + "." + std::to_string(k);
       auto it = by_name.find(name);
       if (it == by_name.end()) {
@@ -133,10 +141,38 @@ size_t OracleBatch::add(std::string id, std::string torch_expr, const std::vecto
   return idx;
 }
 
+size_t OracleBatch::add_grad(std::string id, std::string torch_expr, const std::vector<Tensor>& inputs,
+                             const std::vector<int>& grad_inputs, const std::vector<Tensor>& grad_outputs) {
+  const size_t idx = add(std::move(id), std::move(torch_expr), inputs);
+  Case& c = cases_[idx];
+  c.grad = true;
+  c.grad_inputs = grad_inputs;
+  for (size_t k = 0; k < grad_outputs.size(); ++k) {
+    if (!grad_outputs[k].defined()) {
+      c.grad_output_names.emplace_back();
+      continue;
+    }
+    std::string name = "c";
+    name += std::to_string(idx);
+    name += ".g";
+    name += std::to_string(k);
+    c.grad_output_names.push_back(name);
+    inputs_.emplace_back(std::move(name), grad_outputs[k].contiguous().clone());
+  }
+  return idx;
+}
+
 std::string OracleBatch::manifest_json() const {
   json cases = json::array();
   for (const auto& c : cases_) {
-    cases.push_back({{"id", c.id}, {"expr", c.expr}, {"inputs", c.input_names}, {"strides", c.input_strides}});
+    json j = {{"id", c.id}, {"expr", c.expr}, {"inputs", c.input_names}, {"strides", c.input_strides}};
+    if (c.grad) {
+      json names = json::array();
+      for (const auto& n : c.grad_output_names) names.push_back(n.empty() ? json(nullptr) : json(n));
+      j["grad_inputs"] = c.grad_inputs;
+      j["grad_outputs"] = names;
+    }
+    cases.push_back(std::move(j));
   }
   return json{{"version", 1}, {"cases", cases}}.dump(1);
 }

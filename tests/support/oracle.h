@@ -25,14 +25,23 @@ namespace kiln::test {
 struct OracleOutcome {
   bool ok = false;
   std::string error;            // "RuntimeError: ..." when torch raised
-  std::vector<Tensor> outputs;  // one per returned tensor / tuple element / Python number
+  std::vector<Tensor> outputs;  // one per returned tensor / tuple element / Python number (undefined for None)
   std::vector<bool> is_number;  // true where Python returned an int, float or bool (a 0-dim tensor here)
+  /// Gradient cases (add_grad): per output of the expression, whether it required grad in torch.
+  std::vector<bool> output_requires_grad;
 };
 
 class OracleBatch {
  public:
   /// Adds a case over inputs x0, x1, ... (their values are copied now). Returns its index.
   size_t add(std::string id, std::string torch_expr, const std::vector<Tensor>& inputs);
+  /// Adds a gradient case: torch.autograd.grad of the expression's outputs with respect to
+  /// x_i for i in grad_inputs (made leaves that require grad, same layout), with
+  /// grad_outputs[k] as the gradient of output k (undefined: output k is not
+  /// differentiated), allow_unused=True. The outcome has one output per grad input,
+  /// undefined where torch returned None, and output_requires_grad per output.
+  size_t add_grad(std::string id, std::string torch_expr, const std::vector<Tensor>& inputs,
+                  const std::vector<int>& grad_inputs, const std::vector<Tensor>& grad_outputs);
   size_t size() const { return cases_.size(); }
 
   /// Evaluates every case: from the cache, or in one python run. Throws
@@ -47,6 +56,9 @@ class OracleBatch {
     std::string id, expr;
     std::vector<std::string> input_names;
     std::vector<std::vector<int64_t>> input_strides;
+    bool grad = false;
+    std::vector<int> grad_inputs;
+    std::vector<std::string> grad_output_names;  // "" where undefined
   };
   std::string manifest_json() const;
 

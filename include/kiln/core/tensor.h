@@ -151,54 +151,78 @@ class Tensor {
   HookHandle register_post_accumulate_grad_hook(std::function<void(Tensor&)> hook) const;
 
   // ---- conversion and copy ----
-  Tensor to(DType dtype, bool copy = false) const;
-  Tensor contiguous() const;
-  Tensor clone() const;
-  Tensor& copy_(const Tensor& src);
-  Tensor& fill_(const Scalar& value);
-  Tensor& zero_();
+  // `loc` (every method of this section and the next two) is the caller's
+  // file:line, recorded on the autograd node so errors can name it.
+  Tensor to(DType dtype, bool copy = false, std::source_location loc = std::source_location::current()) const;
+  Tensor contiguous(std::source_location loc = std::source_location::current()) const;
+  Tensor clone(std::source_location loc = std::source_location::current()) const;
+  Tensor& copy_(const Tensor& src, std::source_location loc = std::source_location::current());
+  Tensor& fill_(const Scalar& value, std::source_location loc = std::source_location::current());
+  Tensor& zero_(std::source_location loc = std::source_location::current());
 
   // ---- views (share storage and version counter) ----
-  Tensor view(IntArrayRef sizes) const;
-  Tensor reshape(IntArrayRef sizes) const;
-  Tensor view_as(const Tensor& other) const { return view(other.sizes()); }
-  Tensor reshape_as(const Tensor& other) const { return reshape(other.sizes()); }
-  Tensor transpose(int64_t dim0, int64_t dim1) const;
-  Tensor permute(IntArrayRef dims) const;
-  Tensor t() const;
-  Tensor squeeze() const;
-  Tensor squeeze(int64_t dim) const;
-  Tensor unsqueeze(int64_t dim) const;
-  Tensor expand(IntArrayRef sizes) const;
-  Tensor expand_as(const Tensor& other) const { return expand(other.sizes()); }
-  Tensor narrow(int64_t dim, int64_t start, int64_t length) const;
+  Tensor view(IntArrayRef sizes, std::source_location loc = std::source_location::current()) const;
+  Tensor reshape(IntArrayRef sizes, std::source_location loc = std::source_location::current()) const;
+  Tensor view_as(const Tensor& other, std::source_location loc = std::source_location::current()) const {
+    return view(other.sizes(), loc);
+  }
+  Tensor reshape_as(const Tensor& other, std::source_location loc = std::source_location::current()) const {
+    return reshape(other.sizes(), loc);
+  }
+  Tensor transpose(int64_t dim0, int64_t dim1, std::source_location loc = std::source_location::current()) const;
+  Tensor permute(IntArrayRef dims, std::source_location loc = std::source_location::current()) const;
+  Tensor t(std::source_location loc = std::source_location::current()) const;
+  Tensor squeeze(std::source_location loc = std::source_location::current()) const;
+  Tensor squeeze(int64_t dim, std::source_location loc = std::source_location::current()) const;
+  Tensor unsqueeze(int64_t dim, std::source_location loc = std::source_location::current()) const;
+  Tensor expand(IntArrayRef sizes, std::source_location loc = std::source_location::current()) const;
+  Tensor expand_as(const Tensor& other, std::source_location loc = std::source_location::current()) const {
+    return expand(other.sizes(), loc);
+  }
+  Tensor narrow(int64_t dim, int64_t start, int64_t length,
+                std::source_location loc = std::source_location::current()) const;
   /// x[start:end:step] along dim; end is clamped, negative start/end wrap.
-  Tensor slice(int64_t dim, std::optional<int64_t> start = std::nullopt,
-               std::optional<int64_t> end = std::nullopt, int64_t step = 1) const;
-  Tensor select(int64_t dim, int64_t index) const;
+  Tensor slice(int64_t dim, std::optional<int64_t> start = std::nullopt, std::optional<int64_t> end = std::nullopt,
+               int64_t step = 1, std::source_location loc = std::source_location::current()) const;
+  Tensor select(int64_t dim, int64_t index, std::source_location loc = std::source_location::current()) const;
   Tensor operator[](int64_t index) const { return select(0, index); }
-  Tensor flatten(int64_t start_dim = 0, int64_t end_dim = -1) const;
-  Tensor unflatten(int64_t dim, IntArrayRef sizes) const;
-  std::vector<Tensor> split(int64_t split_size, int64_t dim = 0) const;
-  std::vector<Tensor> split_with_sizes(IntArrayRef split_sizes, int64_t dim = 0) const;
-  std::vector<Tensor> chunk(int64_t chunks, int64_t dim = 0) const;
-  std::vector<Tensor> unbind(int64_t dim = 0) const;
-  Tensor as_strided(IntArrayRef sizes, IntArrayRef strides, std::optional<int64_t> storage_offset = std::nullopt) const;
-  Tensor diagonal(int64_t offset = 0, int64_t dim1 = 0, int64_t dim2 = 1) const;
+  Tensor flatten(int64_t start_dim = 0, int64_t end_dim = -1,
+                 std::source_location loc = std::source_location::current()) const;
+  Tensor unflatten(int64_t dim, IntArrayRef sizes, std::source_location loc = std::source_location::current()) const;
+  std::vector<Tensor> split(int64_t split_size, int64_t dim = 0,
+                            std::source_location loc = std::source_location::current()) const;
+  std::vector<Tensor> split_with_sizes(IntArrayRef split_sizes, int64_t dim = 0,
+                                       std::source_location loc = std::source_location::current()) const;
+  std::vector<Tensor> chunk(int64_t chunks, int64_t dim = 0,
+                            std::source_location loc = std::source_location::current()) const;
+  std::vector<Tensor> unbind(int64_t dim = 0, std::source_location loc = std::source_location::current()) const;
+  Tensor as_strided(IntArrayRef sizes, IntArrayRef strides, std::optional<int64_t> storage_offset = std::nullopt,
+                    std::source_location loc = std::source_location::current()) const;
+  Tensor diagonal(int64_t offset = 0, int64_t dim1 = 0, int64_t dim2 = 1,
+                  std::source_location loc = std::source_location::current()) const;
   /// Copies (unlike expand): tiles the tensor `repeats` times per dim.
-  Tensor repeat(IntArrayRef repeats) const;
+  Tensor repeat(IntArrayRef repeats, std::source_location loc = std::source_location::current()) const;
 
   // ---- indexing ----
-  Tensor index_select(int64_t dim, const Tensor& index) const;
-  Tensor gather(int64_t dim, const Tensor& index) const;
-  Tensor scatter(int64_t dim, const Tensor& index, const Tensor& src) const;
-  Tensor scatter(int64_t dim, const Tensor& index, const Scalar& value) const;
-  Tensor scatter_add(int64_t dim, const Tensor& index, const Tensor& src) const;
-  Tensor& scatter_(int64_t dim, const Tensor& index, const Tensor& src);
-  Tensor& scatter_(int64_t dim, const Tensor& index, const Scalar& value);
-  Tensor& scatter_add_(int64_t dim, const Tensor& index, const Tensor& src);
-  Tensor masked_fill(const Tensor& mask, const Scalar& value) const;
-  Tensor& masked_fill_(const Tensor& mask, const Scalar& value);
+  Tensor index_select(int64_t dim, const Tensor& index,
+                      std::source_location loc = std::source_location::current()) const;
+  Tensor gather(int64_t dim, const Tensor& index, std::source_location loc = std::source_location::current()) const;
+  Tensor scatter(int64_t dim, const Tensor& index, const Tensor& src,
+                 std::source_location loc = std::source_location::current()) const;
+  Tensor scatter(int64_t dim, const Tensor& index, const Scalar& value,
+                 std::source_location loc = std::source_location::current()) const;
+  Tensor scatter_add(int64_t dim, const Tensor& index, const Tensor& src,
+                     std::source_location loc = std::source_location::current()) const;
+  Tensor& scatter_(int64_t dim, const Tensor& index, const Tensor& src,
+                   std::source_location loc = std::source_location::current());
+  Tensor& scatter_(int64_t dim, const Tensor& index, const Scalar& value,
+                   std::source_location loc = std::source_location::current());
+  Tensor& scatter_add_(int64_t dim, const Tensor& index, const Tensor& src,
+                       std::source_location loc = std::source_location::current());
+  Tensor masked_fill(const Tensor& mask, const Scalar& value,
+                     std::source_location loc = std::source_location::current()) const;
+  Tensor& masked_fill_(const Tensor& mask, const Scalar& value,
+                       std::source_location loc = std::source_location::current());
 
   // ---- elementwise arithmetic (broadcasting, PyTorch promotion) ----
   // `loc` (this section and the next) is the caller's file:line, recorded on

@@ -1,5 +1,5 @@
 // Indexing kernels (kernels layer: raw pointers and strides, no Tensor):
-// gather / index_select, scatter / scatter_add, masked_fill, where, one_hot,
+// gather / index_select, index_add, scatter / scatter_add, masked_fill, where, one_hot,
 // index bounds scans, and the strided-loop builder their callers use.
 //
 // The ops layer checks shapes and dtypes and bounds-checks index values
@@ -73,6 +73,16 @@ bool gather(const LoopSpec& s, DType dt, DType index_dt, int64_t src_dim_stride_
 /// `index` holds k values of index_dt `index_stride` elements apart.
 void index_select_contiguous(char* out, const char* src, const void* index, DType dt, DType index_dt,
                              int64_t index_stride, int64_t outer, int64_t src_size, int64_t k, int64_t inner);
+
+/// index_add over contiguous memory, for floating dtypes: src is [outer, k,
+/// inner] and out [outer, out_size, inner] (both contiguous); out[o, index[j],
+/// :] += src[o, j, :]. The backward of index_select and embedding. Repeated
+/// indices are summed in ascending j, in compute precision, and each output
+/// row is rounded once; threads own disjoint output rows (a counting sort of
+/// `index` lists each row's j), so the result is bit-identical for any
+/// thread count. Indices must already lie in [0, out_size).
+void index_add_contiguous(char* out, const char* src, const void* index, DType dt, DType index_dt,
+                          int64_t index_stride, int64_t outer, int64_t out_size, int64_t k, int64_t inner);
 
 enum class ScatterMode { Assign, Add };
 

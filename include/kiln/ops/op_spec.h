@@ -22,8 +22,14 @@ struct OpSample {
   std::vector<Tensor> inputs;        // x0, x1, ...
   std::function<std::vector<Tensor>(const std::vector<Tensor>&)> run;  // kiln's result(s)
   std::string torch;                 // e.g. "torch.add(x0, x1, alpha=2)"; a tuple for several outputs
-  /// Inputs that backward checks differentiate (indices into inputs); empty: none.
+  /// Inputs that backward checks differentiate (indices into inputs, floating inputs only);
+  /// empty: none. Checked only when the spec is `differentiable` (see OpSpec).
   std::vector<int> grad_inputs;
+  /// false: skip the float64 gradcheck of this sample (the kiln-vs-PyTorch gradient
+  /// check still runs). A documented opt-out for points where the op is not
+  /// differentiable and torch's own gradcheck would fail too (a kink: relu at 0,
+  /// abs at 0, max with ties); say why in the sample's label or a comment.
+  bool gradcheck = true;
 };
 
 struct OpErrorCase {
@@ -46,6 +52,16 @@ struct OpSpec {
   /// Tolerance for comparing with PyTorch at a dtype (defaults by dtype if unset).
   std::function<Tolerance(DType)> tolerance;
   std::function<std::vector<OpErrorCase>()> errors;
+  /// The op has a backward: the registry driver (tests/ops/test_op_registry.cpp) then
+  /// checks, for every floating sample with grad_inputs, kiln's gradients against
+  /// torch.autograd.grad for the same random grad_outputs ("<op>_<dtype>_grad"), and
+  /// a float64 gradcheck (fast mode for large samples). false (the default until every
+  /// family has its backward): grad_inputs are not checked. The sanity test requires
+  /// every differentiable spec to have at least one sample with grad_inputs.
+  bool differentiable = false;
+  /// Tolerance for the gradient comparison with PyTorch (defaults: `tolerance`, or the
+  /// dtype's default, loosened for float32 to rtol 1e-4 / atol 1e-5).
+  std::function<Tolerance(DType)> grad_tolerance = {};
 };
 
 /// Default tolerances: exact for integers/bool, 1e-5/1e-6 float32, 1e-10 float64,

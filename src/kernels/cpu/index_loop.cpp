@@ -1,9 +1,11 @@
-// The strided-loop builder for index ops and the index bounds scans
-// (include/kiln/kernels/index.h).
+// The strided-loop builder for index ops, the index bounds scans and
+// index_add (include/kiln/kernels/index.h).
 #include <algorithm>
 #include <atomic>
 #include <cstdint>
 #include <limits>
+#include <type_traits>
+#include <vector>
 
 #include "kiln/kernels/index.h"
 
@@ -131,6 +133,46 @@ int64_t first_out_of_range(const LoopSpec& s, DType index_dt, int64_t lo, int64_
     for_each_row_range(s, 0, loop_rows(s), body);
     KILN_ASSERT(found, "first_out_of_range: every index lies in [", lo, ", ", hi, ")");
     return bad;
+  });
+}
+
+void index_add_contiguous(char* out, const char* src, const void* index, DType dt, DType index_dt,
+                          int64_t index_stride, int64_t outer, int64_t out_size, int64_t k, int64_t inner) {
+  if (outer == 0 || out_size == 0 || k == 0 || inner == 0) return;
+  KILN_ASSERT(is_floating_point(dt), "index_add_contiguous: floating dtypes only, got ", dtype_name(dt));
+  // Counting sort of j by index value: row r's contributions are
+  // order[start[r] .. start[r + 1]), in ascending j.
+  std::vector<int64_t> start(static_cast<size_t>(out_size) + 1, 0), order(static_cast<size_t>(k));
+  visit_index_dtype(index_dt, [&]<typename I>() {
+    const I* idx = static_cast<const I*>(index);
+    for (int64_t j = 0; j < k; ++j) ++start[static_cast<size_t>(idx[j * index_stride]) + 1];
+    for (int64_t r = 0; r < out_size; ++r) start[r + 1] += start[r];
+    std::vector<int64_t> fill(start.begin(), start.end() - 1);
+    for (int64_t j = 0; j < k; ++j) order[fill[static_cast<size_t>(idx[j * index_stride])]++] = j;
+  });
+  const int64_t rows = outer * out_size;
+  const int64_t per_row = std::max<int64_t>(1, (k / out_size + 1) * inner);
+  visit_dtype(dt, [&]<typename T>() {
+    if constexpr (std::is_floating_point_v<compute_t<T>>) {
+      using C = compute_t<T>;
+      T* o = reinterpret_cast<T*>(out);
+      const T* x = reinterpret_cast<const T*>(src);
+      parallel_for(rows, std::max<int64_t>(1, kGrainSize / per_row), [&](int64_t b, int64_t e) {
+        std::vector<C> acc(static_cast<size_t>(inner));
+        for (int64_t row = b; row < e; ++row) {
+          const int64_t oi = row / out_size, r = row % out_size;
+          const int64_t j0 = start[r], j1 = start[r + 1];
+          if (j0 == j1) continue;
+          T* orow = o + row * inner;
+          for (int64_t i = 0; i < inner; ++i) acc[i] = static_cast<C>(orow[i]);
+          for (int64_t p = j0; p < j1; ++p) {
+            const T* xrow = x + (oi * k + order[p]) * inner;
+            for (int64_t i = 0; i < inner; ++i) acc[i] += static_cast<C>(xrow[i]);
+          }
+          for (int64_t i = 0; i < inner; ++i) orow[i] = static_cast<T>(acc[i]);
+        }
+      });
+    }
   });
 }
 
