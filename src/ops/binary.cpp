@@ -13,6 +13,7 @@
 #include <optional>
 
 #include "elementwise_common.h"
+#include "grad_ops.h"
 #include "kiln/ops/elementwise.h"
 
 namespace kiln {
@@ -164,7 +165,7 @@ Tensor& add_inplace_impl(const char* name, const char* node_name, Tensor& self, 
   const Arg other = ops::ew::check_binary_inplace(name, self, b, rt, holder);
   autograd::check_inplace(self, name, site);
   const bool record = autograd::compute_requires_grad({&self, b.tensor});
-  if (record && !self.requires_grad()) ops::ew::check_untracked_alias(self, name, site);
+  if (record && !self.requires_grad()) ops::check_no_untracked_base(self, name, site);
   alignas(8) unsigned char buf[8];
   ops::ew::run_binary_inplace(name, BinaryOp::Add, self, other, rt,
                               alpha_arg(subtract ? negate(alpha) : alpha, rt, buf));
@@ -240,7 +241,7 @@ Tensor& mul_(Tensor& self, Arg b, CallSite site) {
   autograd::check_inplace(self, "mul_", site);
   IntrusivePtr<MulBackward> node;
   if (autograd::compute_requires_grad({&self, b.tensor})) {
-    if (!self.requires_grad()) check_untracked_alias(self, "mul_", site);
+    if (!self.requires_grad()) ops::check_no_untracked_base(self, "mul_", site);
     node = make_intrusive<MulBackward>();
     node->a_dtype = self.dtype();
     node->b_dtype = arg_dtype(b);
@@ -285,7 +286,7 @@ Tensor& div_(Tensor& self, Arg b, CallSite site) {
   autograd::check_inplace(self, "div_", site);
   IntrusivePtr<DivBackward> node;
   if (autograd::compute_requires_grad({&self, b.tensor})) {
-    if (!self.requires_grad()) check_untracked_alias(self, "div_", site);
+    if (!self.requires_grad()) ops::check_no_untracked_base(self, "div_", site);
     node = make_intrusive<DivBackward>();
     node->a_dtype = self.dtype();
     node->b_dtype = arg_dtype(b);

@@ -4,7 +4,7 @@
 #include <algorithm>
 
 #include "elementwise_common.h"
-#include "kiln/core/guards.h"
+#include "grad_ops.h"
 #include "kiln/kernels/copy.h"
 
 namespace kiln::ops::ew {
@@ -29,8 +29,7 @@ void prepare_operand(Operand& op, Arg arg, DType compute, const Tensor& out, boo
     out_free = false;
     return;
   }
-  NoGradGuard no_grad;  // a conversion inside the op: the op records its own node
-  op.converted = t.to(compute);
+  op.converted = copy_no_grad(t, compute);  // a conversion inside the op: the op records its own node
   op.tensor = &op.converted;
 }
 
@@ -171,16 +170,6 @@ void run_binary_inplace(const char* name, kernels::BinaryOp op, Tensor& self, Ar
     }
   }
   self.bump_version();
-}
-
-void check_untracked_alias(const Tensor& self, const char* op, autograd::CallSite site) {
-  if (self.storage().use_count() <= 1) return;
-  throw ValueError(detail::concat(
-      op, ": this in-place op would give a history to a tensor ", self.sizes(),
-      " that does not require grad but shares its memory with another tensor (a view of it, or its base)",
-      site.known() ? " (at " + site.str() + ")" : std::string(),
-      ". kiln cannot give that other tensor the new history (PyTorch's CopySlices), so its gradient would be "
-      "silently wrong. Use the out-of-place op, or write into a fresh tensor that nothing else aliases"));
 }
 
 }  // namespace kiln::ops::ew

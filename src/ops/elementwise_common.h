@@ -117,12 +117,6 @@ inline Tensor grad_as(const Tensor& g, DType input_dtype) {
   return g.dtype() == input_dtype || !is_floating_point(input_dtype) ? g : g.to(input_dtype);
 }
 
-/// Before an in-place op gives a history to `self`, which did not require
-/// grad: raises when self shares its memory with other tensors (a view, or
-/// the base of one). kiln cannot give those aliases the new history
-/// (PyTorch's CopySlices), so their gradients would be silently wrong.
-void check_untracked_alias(const Tensor& self, const char* op, autograd::CallSite site);
-
 /// A copy of `self`'s current value for a backward formula that needs it
 /// after an in-place op overwrites self (mul_'s d/dother, log_, pow_).
 /// Differentiable where clone is, so double backward sees the old history.
