@@ -302,6 +302,13 @@ TEST(ElementwiseGrad, GradGradCheck) {
       {"rsqrt", [](const TensorList& x) { return x[0].rsqrt(); }, {b}},
       {"sin * cos", [](const TensorList& x) { return x[0].sin() * x[0].cos(); }, {a}},
       {"log1p", [](const TensorList& x) { return x[0].log1p(); }, {b}},
+      // In-place forms: their saved copies of the old self keep its history.
+      {"mul_", [](const TensorList& x) { Tensor y = x[0] * 1; return y.mul_(x[1]); }, {a, b}},
+      {"div_", [](const TensorList& x) { Tensor y = x[0] * 1; return y.div_(x[1]); }, {a, b}},
+      {"pow_", [](const TensorList& x) { Tensor y = x[0] * 1; return y.pow_(2.5); }, {b}},
+      {"log_", [](const TensorList& x) { Tensor y = x[0] * 1; return y.log_(); }, {b}},
+      {"exp_", [](const TensorList& x) { Tensor y = x[0] * 1; return y.exp_(); }, {a}},
+      {"sigmoid_", [](const TensorList& x) { Tensor y = x[0] * 1; return y.sigmoid_(); }, {a}},
   };
   for (const auto& [name, f, inputs] : cases) {
     SCOPED_TRACE(name);
