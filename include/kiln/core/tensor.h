@@ -225,54 +225,66 @@ class Tensor {
                        std::source_location loc = std::source_location::current());
 
   // ---- elementwise arithmetic (broadcasting, PyTorch promotion) ----
-  Tensor add(const Tensor& other, const Scalar& alpha = 1) const;
-  Tensor add(const Scalar& other, const Scalar& alpha = 1) const;
-  Tensor sub(const Tensor& other, const Scalar& alpha = 1) const;
-  Tensor sub(const Scalar& other, const Scalar& alpha = 1) const;
-  Tensor mul(const Tensor& other) const;
-  Tensor mul(const Scalar& other) const;
-  Tensor div(const Tensor& other) const;
-  Tensor div(const Scalar& other) const;
-  Tensor pow(const Tensor& exponent) const;
-  Tensor pow(const Scalar& exponent) const;
-  Tensor maximum(const Tensor& other) const;
-  Tensor minimum(const Tensor& other) const;
-  Tensor& add_(const Tensor& other, const Scalar& alpha = 1);
-  Tensor& add_(const Scalar& other, const Scalar& alpha = 1);
-  Tensor& sub_(const Tensor& other, const Scalar& alpha = 1);
-  Tensor& sub_(const Scalar& other, const Scalar& alpha = 1);
-  Tensor& mul_(const Tensor& other);
-  Tensor& mul_(const Scalar& other);
-  Tensor& div_(const Tensor& other);
-  Tensor& div_(const Scalar& other);
-  Tensor& pow_(const Scalar& exponent);
+  // `loc` (this section and the next) is the caller's file:line, recorded on
+  // the autograd node (and, for in-place ops, on the storage) for error messages.
+  Tensor add(const Tensor& other, const Scalar& alpha = 1,
+             std::source_location loc = std::source_location::current()) const;
+  Tensor add(const Scalar& other, const Scalar& alpha = 1,
+             std::source_location loc = std::source_location::current()) const;
+  Tensor sub(const Tensor& other, const Scalar& alpha = 1,
+             std::source_location loc = std::source_location::current()) const;
+  Tensor sub(const Scalar& other, const Scalar& alpha = 1,
+             std::source_location loc = std::source_location::current()) const;
+  Tensor mul(const Tensor& other, std::source_location loc = std::source_location::current()) const;
+  Tensor mul(const Scalar& other, std::source_location loc = std::source_location::current()) const;
+  Tensor div(const Tensor& other, std::source_location loc = std::source_location::current()) const;
+  Tensor div(const Scalar& other, std::source_location loc = std::source_location::current()) const;
+  Tensor pow(const Tensor& exponent, std::source_location loc = std::source_location::current()) const;
+  Tensor pow(const Scalar& exponent, std::source_location loc = std::source_location::current()) const;
+  Tensor maximum(const Tensor& other, std::source_location loc = std::source_location::current()) const;
+  Tensor minimum(const Tensor& other, std::source_location loc = std::source_location::current()) const;
+  Tensor& add_(const Tensor& other, const Scalar& alpha = 1,
+               std::source_location loc = std::source_location::current());
+  Tensor& add_(const Scalar& other, const Scalar& alpha = 1,
+               std::source_location loc = std::source_location::current());
+  Tensor& sub_(const Tensor& other, const Scalar& alpha = 1,
+               std::source_location loc = std::source_location::current());
+  Tensor& sub_(const Scalar& other, const Scalar& alpha = 1,
+               std::source_location loc = std::source_location::current());
+  Tensor& mul_(const Tensor& other, std::source_location loc = std::source_location::current());
+  Tensor& mul_(const Scalar& other, std::source_location loc = std::source_location::current());
+  Tensor& div_(const Tensor& other, std::source_location loc = std::source_location::current());
+  Tensor& div_(const Scalar& other, std::source_location loc = std::source_location::current());
+  Tensor& pow_(const Scalar& exponent, std::source_location loc = std::source_location::current());
 
   // ---- elementwise unary ----
-  Tensor neg() const;
-  Tensor abs() const;
-  Tensor exp() const;
-  Tensor log() const;
-  Tensor log1p() const;
-  Tensor sqrt() const;
-  Tensor rsqrt() const;
-  Tensor sin() const;
-  Tensor cos() const;
-  Tensor tanh() const;
-  Tensor sigmoid() const;
-  Tensor relu() const;
+  Tensor neg(std::source_location loc = std::source_location::current()) const;
+  Tensor abs(std::source_location loc = std::source_location::current()) const;
+  Tensor exp(std::source_location loc = std::source_location::current()) const;
+  Tensor log(std::source_location loc = std::source_location::current()) const;
+  Tensor log1p(std::source_location loc = std::source_location::current()) const;
+  Tensor sqrt(std::source_location loc = std::source_location::current()) const;
+  Tensor rsqrt(std::source_location loc = std::source_location::current()) const;
+  Tensor sin(std::source_location loc = std::source_location::current()) const;
+  Tensor cos(std::source_location loc = std::source_location::current()) const;
+  Tensor tanh(std::source_location loc = std::source_location::current()) const;
+  Tensor sigmoid(std::source_location loc = std::source_location::current()) const;
+  Tensor relu(std::source_location loc = std::source_location::current()) const;
   /// approximate: "none" (erf) or "tanh", as torch.nn.functional.gelu.
-  Tensor gelu(std::string_view approximate = "none") const;
-  Tensor silu() const;
-  Tensor clamp(std::optional<Scalar> min, std::optional<Scalar> max = std::nullopt) const;
-  Tensor& neg_();
-  Tensor& abs_();
-  Tensor& exp_();
-  Tensor& log_();
-  Tensor& sqrt_();
-  Tensor& tanh_();
-  Tensor& sigmoid_();
-  Tensor& relu_();
-  Tensor& clamp_(std::optional<Scalar> min, std::optional<Scalar> max = std::nullopt);
+  Tensor gelu(std::string_view approximate = "none", std::source_location loc = std::source_location::current()) const;
+  Tensor silu(std::source_location loc = std::source_location::current()) const;
+  Tensor clamp(std::optional<Scalar> min, std::optional<Scalar> max = std::nullopt,
+               std::source_location loc = std::source_location::current()) const;
+  Tensor& neg_(std::source_location loc = std::source_location::current());
+  Tensor& abs_(std::source_location loc = std::source_location::current());
+  Tensor& exp_(std::source_location loc = std::source_location::current());
+  Tensor& log_(std::source_location loc = std::source_location::current());
+  Tensor& sqrt_(std::source_location loc = std::source_location::current());
+  Tensor& tanh_(std::source_location loc = std::source_location::current());
+  Tensor& sigmoid_(std::source_location loc = std::source_location::current());
+  Tensor& relu_(std::source_location loc = std::source_location::current());
+  Tensor& clamp_(std::optional<Scalar> min, std::optional<Scalar> max = std::nullopt,
+                 std::source_location loc = std::source_location::current());
 
   // ---- comparison and logic (results are bool) ----
   Tensor eq(const Tensor& other) const;
