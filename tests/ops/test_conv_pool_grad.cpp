@@ -182,6 +182,9 @@ TEST(ConvPoolGrad, Conv2dGradcheck) {
   only_x[1] = only_x[1].detach();
   only_x[2] = only_x[2].detach();
   expect_gradcheck(plain.f, only_x, "input only");
+  TensorList frozen_w = conv_inputs(plain, 59);
+  frozen_w[1] = frozen_w[1].detach();
+  expect_gradcheck(plain.f, frozen_w, "frozen weight (the bias gradient alone is a sum)");
 }
 
 TEST(ConvPoolGrad, GradientsMatchTorch) {
@@ -208,6 +211,9 @@ TEST(ConvPoolGrad, Conv2dSecondDerivatives) {
     expect_gradgradcheck(cases[i].f, conv_inputs(cases[i], seed), cases[i].label);
     seed += 3;
   }
+  TensorList frozen_w = conv_inputs(cases[0], seed);
+  frozen_w[1] = frozen_w[1].detach();
+  expect_gradgradcheck(cases[0].f, frozen_w, "frozen weight");
 }
 
 TEST(ConvPoolGrad, Conv2dFloat32AndBFloat16MatchFloat64) {
