@@ -1,11 +1,15 @@
 // Dense math throughput through kiln's public ops (oneDNN underneath):
-// matmul 1024^3 in float32/bfloat16, conv2d N=64 C=32 14x14 K=64 3x3 pad 1,
-// at 1 and 2 threads, reported as GFLOP/s; plus the per-call cost of a tiny
-// matmul (framework overhead + cached primitive) and a max pool.
+// matmul 1024^3 in float32/bfloat16, conv2d N=64 C=32 14x14 K=64 3x3 pad 1
+// forward and backward (data, weights + bias, both), linear backward for
+// x [128, 784] · W [512, 784]ᵀ, at 1 and 2 threads, reported as GFLOP/s;
+// plus the per-call cost of a tiny matmul (framework overhead + cached
+// primitive) and a max pool. Backward runs autograd::grad over a graph
+// recorded once (retain_graph), so it times the backward nodes and kernels.
 //
 //   ./build/release/bench/micro/kiln_micro_bench --benchmark_filter=Dnnl --benchmark_min_time=0.3
 #include <benchmark/benchmark.h>
 
+#include "kiln/autograd/engine.h"
 #include "kiln/kiln.h"
 #include "kiln/ops/conv.h"
 #include "kiln/ops/linalg.h"
@@ -53,6 +57,45 @@ void BM_DnnlConv2d(benchmark::State& state, DType dt) {
   set_gflops(state, 2.0 * N * K * C * R * R * H * W);
 }
 
+// What conv2d backward computes: the input gradient, the weight (and bias) gradient, or both.
+enum ConvGrad { kData = 1, kWeights = 2, kBoth = 3 };
+
+void BM_DnnlConv2dBackward(benchmark::State& state, DType dt, int which) {
+  const ThreadScope threads(static_cast<int>(state.range(0)));
+  const int64_t N = 64, C = 32, H = 14, W = 14, K = 64, R = 3;
+  kiln::Generator g(2);
+  Tensor x = kiln::randn({N, C, H, W}, kiln::kFloat32, &g).to(dt);
+  Tensor w = kiln::randn({K, C, R, R}, kiln::kFloat32, &g).to(dt);
+  Tensor b = kiln::randn({K}, kiln::kFloat32, &g).to(dt);
+  kiln::TensorList wrt;
+  if (which & kData) wrt.push_back(x.requires_grad_());
+  if (which & kWeights) {
+    wrt.push_back(w.requires_grad_());
+    wrt.push_back(b.requires_grad_());
+  }
+  const Tensor y = kiln::conv2d(x, w, b, 1, 1);
+  const Tensor gy = kiln::randn(y.sizes(), kiln::kFloat32, &g).to(dt);
+  benchmark::DoNotOptimize(kiln::autograd::grad({y}, wrt, {gy}, true));  // warm: primitives
+  for (auto _ : state) benchmark::DoNotOptimize(kiln::autograd::grad({y}, wrt, {gy}, true));
+  const double one = 2.0 * N * K * C * R * R * H * W;  // each direction costs one forward
+  set_gflops(state, which == kBoth ? 2 * one : one);
+}
+
+void BM_DnnlLinearBackward(benchmark::State& state, DType dt, bool with_bias) {
+  const ThreadScope threads(static_cast<int>(state.range(0)));
+  const int64_t M = 128, IN = 784, OUT = 512;
+  kiln::Generator g(4);
+  const Tensor x = kiln::randn({M, IN}, kiln::kFloat32, &g).to(dt).requires_grad_();
+  const Tensor w = kiln::randn({OUT, IN}, kiln::kFloat32, &g).to(dt).requires_grad_();
+  const Tensor b = with_bias ? kiln::randn({OUT}, kiln::kFloat32, &g).to(dt).requires_grad_() : Tensor();
+  const Tensor y = kiln::linear(x, w, b);
+  const Tensor gy = kiln::randn(y.sizes(), kiln::kFloat32, &g).to(dt);
+  const kiln::TensorList wrt = with_bias ? kiln::TensorList{x, w, b} : kiln::TensorList{x, w};
+  benchmark::DoNotOptimize(kiln::autograd::grad({y}, wrt, {gy}, true));
+  for (auto _ : state) benchmark::DoNotOptimize(kiln::autograd::grad({y}, wrt, {gy}, true));
+  set_gflops(state, 2.0 * 2.0 * M * IN * OUT);  // grad_x = g · W and grad_W = gᵀ · x
+}
+
 // Per-call cost on a tiny product: framework overhead plus the oneDNN call.
 void BM_DnnlSmallMatmul(benchmark::State& state) {
   const ThreadScope threads(1);
@@ -81,6 +124,20 @@ BENCHMARK_CAPTURE(BM_DnnlMatmul, f32, kiln::kFloat32)->Arg(1)->Arg(2)->Unit(benc
 BENCHMARK_CAPTURE(BM_DnnlMatmul, bf16, kiln::kBFloat16)->Arg(1)->Arg(2)->Unit(benchmark::kMillisecond)->UseRealTime();
 BENCHMARK_CAPTURE(BM_DnnlConv2d, f32, kiln::kFloat32)->Arg(1)->Arg(2)->Unit(benchmark::kMillisecond)->UseRealTime();
 BENCHMARK_CAPTURE(BM_DnnlConv2d, bf16, kiln::kBFloat16)->Arg(1)->Arg(2)->Unit(benchmark::kMillisecond)->UseRealTime();
+BENCHMARK_CAPTURE(BM_DnnlConv2dBackward, f32_data, kiln::kFloat32, kData)
+    ->Arg(1)->Arg(2)->Unit(benchmark::kMillisecond)->UseRealTime();
+BENCHMARK_CAPTURE(BM_DnnlConv2dBackward, f32_weights, kiln::kFloat32, kWeights)
+    ->Arg(1)->Arg(2)->Unit(benchmark::kMillisecond)->UseRealTime();
+BENCHMARK_CAPTURE(BM_DnnlConv2dBackward, f32_both, kiln::kFloat32, kBoth)
+    ->Arg(1)->Arg(2)->Unit(benchmark::kMillisecond)->UseRealTime();
+BENCHMARK_CAPTURE(BM_DnnlConv2dBackward, bf16_both, kiln::kBFloat16, kBoth)
+    ->Arg(1)->Arg(2)->Unit(benchmark::kMillisecond)->UseRealTime();
+BENCHMARK_CAPTURE(BM_DnnlLinearBackward, f32, kiln::kFloat32, true)
+    ->Arg(1)->Arg(2)->Unit(benchmark::kMillisecond)->UseRealTime();
+BENCHMARK_CAPTURE(BM_DnnlLinearBackward, f32_no_bias, kiln::kFloat32, false)
+    ->Arg(1)->Arg(2)->Unit(benchmark::kMillisecond)->UseRealTime();
+BENCHMARK_CAPTURE(BM_DnnlLinearBackward, bf16, kiln::kBFloat16, true)
+    ->Arg(1)->Arg(2)->Unit(benchmark::kMillisecond)->UseRealTime();
 BENCHMARK(BM_DnnlSmallMatmul);
 BENCHMARK(BM_DnnlSmallLinear);
 BENCHMARK(BM_DnnlMaxPool)->Arg(1)->Arg(2)->Unit(benchmark::kMillisecond)->UseRealTime();

@@ -1,6 +1,7 @@
 // Elementwise micro-benchmarks: memory bandwidth of a large add (bytes count
 // all three arrays: two reads and one write), the framework overhead of an op
-// on a one-element tensor, and the vectorised exp/gelu over a large tensor.
+// on a one-element tensor (without autograd, recording a node, and a whole
+// forward + backward), and the vectorised exp/gelu over a large tensor.
 //
 //   ./build/release/bench/micro/kiln_micro_bench --benchmark_filter=Elementwise
 #include <benchmark/benchmark.h>
@@ -76,6 +77,31 @@ void BM_ElementwiseAddInplaceOneElement(benchmark::State& state) {
   }
 }
 BENCHMARK(BM_ElementwiseAddInplaceOneElement)->Unit(benchmark::kNanosecond);
+
+// Autograd's cost per op on a one-element tensor: y = x * x recording
+// MulBackward0 (the node, its edges and saved tensors), without backward.
+void BM_ElementwiseMulRecordOneElement(benchmark::State& state) {
+  Tensor x = ones({1}).requires_grad_();
+  for (auto _ : state) {
+    Tensor y = x * x;
+    benchmark::DoNotOptimize(y.data_ptr());
+  }
+}
+BENCHMARK(BM_ElementwiseMulRecordOneElement)->Unit(benchmark::kNanosecond);
+
+// Forward and backward of a one-element mul: y = x * x; y.backward() (the
+// engine, MulBackward0's two products, AccumulateGrad), .grad reset each
+// time as zero_grad(set_to_none) does.
+void BM_ElementwiseMulForwardBackwardOneElement(benchmark::State& state) {
+  Tensor x = ones({1}).requires_grad_();
+  for (auto _ : state) {
+    Tensor y = x * x;
+    y.backward();
+    benchmark::DoNotOptimize(x.grad().data_ptr());
+    x.mutable_grad() = Tensor();
+  }
+}
+BENCHMARK(BM_ElementwiseMulForwardBackwardOneElement)->Unit(benchmark::kNanosecond);
 
 template <typename F>
 void unary_big(benchmark::State& state, F f, DType dt = kFloat32) {

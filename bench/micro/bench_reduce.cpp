@@ -2,10 +2,14 @@
 //   sum over 16M floats            (a loss, a norm of all gradients)
 //   softmax over [4096, 1024] rows (attention, classification heads)
 //   sum over dim 0 of [4096, 1024] (a bias gradient: the column kernel)
+//   softmax backward over [4096, 1024] rows: the fused kernel (through the
+//   engine, as loss.backward() runs it) and, for comparison, the same formula
+//   in tensor ops (what create_graph runs)
 // The argument is the thread count. Bytes are what the kernel must move at
 // least (input read, output written), so GB/s compares with memory bandwidth.
 #include <benchmark/benchmark.h>
 
+#include "kiln/autograd/engine.h"
 #include "kiln/kiln.h"
 #include "kiln/ops/reduce.h"
 
@@ -36,6 +40,27 @@ void BM_SoftmaxRows(benchmark::State& state) {
 void BM_LogSoftmaxRows(benchmark::State& state) {
   const Tensor x = randn({4096, 1024});
   run(state, 2 * x.nbytes(), [&] { return x.log_softmax(-1); });
+}
+
+void BM_SoftmaxBackwardRows(benchmark::State& state) {
+  Tensor x = randn({4096, 1024}).requires_grad_();
+  const Tensor y = x.softmax(-1);
+  const Tensor g = randn({4096, 1024});
+  // Reads y and g, writes the gradient.
+  run(state, 3 * x.nbytes(), [&] { return autograd::grad({y}, {x}, {g}, /*retain_graph=*/true)[0]; });
+}
+
+void BM_LogSoftmaxBackwardRows(benchmark::State& state) {
+  Tensor x = randn({4096, 1024}).requires_grad_();
+  const Tensor y = x.log_softmax(-1);
+  const Tensor g = randn({4096, 1024});
+  run(state, 3 * x.nbytes(), [&] { return autograd::grad({y}, {x}, {g}, /*retain_graph=*/true)[0]; });
+}
+
+void BM_SoftmaxBackwardRowsComposite(benchmark::State& state) {
+  const Tensor y = randn({4096, 1024}).softmax(-1);
+  const Tensor g = randn({4096, 1024});
+  run(state, 3 * y.nbytes(), [&] { return y * (g - (g * y).sum({1}, true)); });
 }
 
 void BM_SoftmaxDim0(benchmark::State& state) {
@@ -74,6 +99,9 @@ void BM_SumSmall(benchmark::State& state) {
 BENCHMARK(BM_SumAll16M)->Arg(1)->Arg(2)->MinTime(0.3)->UseRealTime();
 BENCHMARK(BM_SoftmaxRows)->Arg(1)->Arg(2)->MinTime(0.3)->UseRealTime();
 BENCHMARK(BM_LogSoftmaxRows)->Arg(1)->Arg(2)->MinTime(0.3)->UseRealTime();
+BENCHMARK(BM_SoftmaxBackwardRows)->Arg(1)->Arg(2)->MinTime(0.3)->UseRealTime();
+BENCHMARK(BM_LogSoftmaxBackwardRows)->Arg(1)->Arg(2)->MinTime(0.3)->UseRealTime();
+BENCHMARK(BM_SoftmaxBackwardRowsComposite)->Arg(1)->Arg(2)->MinTime(0.3)->UseRealTime();
 BENCHMARK(BM_SoftmaxDim0)->Arg(1)->Arg(2)->MinTime(0.3)->UseRealTime();
 BENCHMARK(BM_SumDim0)->Arg(1)->Arg(2)->MinTime(0.3)->UseRealTime();
 BENCHMARK(BM_SumDim1)->Arg(1)->Arg(2)->MinTime(0.3)->UseRealTime();

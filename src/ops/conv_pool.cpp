@@ -1,11 +1,10 @@
-// conv2d, max_pool2d, avg_pool2d, adaptive_avg_pool2d: argument parsing,
-// shape and dtype checks and output allocation; the arithmetic is in
-// kernels::conv2d_forward / pool2d_forward (oneDNN, BLAS, own loops).
-// Backward (conv backward-data/weights, pooling backward from indices or the
-// oneDNN workspace) will sit beside each forward (autograd issue); the
-// kernel parameter structs built here are what those kernels take too.
+// conv2d, max_pool2d, avg_pool2d, adaptive_avg_pool2d: argument parsing and
+// shape and dtype checks, into the kernel parameter structs; conv_grad.cpp
+// and pool_grad.cpp run the kernels (oneDNN, BLAS, own loops) and record the
+// backward nodes (conv_pool_internal.h).
 #include "kiln/ops/conv.h"
 
+#include "conv_pool_internal.h"
 #include "iter.h"
 #include "kiln/kernels/dnnl.h"
 
@@ -33,18 +32,13 @@ void check_input_4d(const Tensor& input, const char* op) {
              ": expected a 3-D [C, H, W] (unbatched) or 4-D [N, C, H, W] input, got shape ", input.sizes());
 }
 
-// [C, H, W] -> [1, C, H, W] contiguous; [N, C, H, W] -> contiguous.
-Tensor as_batched(const Tensor& input) {
-  const Tensor x = input.dim() == 3 ? input.unsqueeze(0) : input;
-  return x.contiguous();
-}
-
-Tensor unbatch_if(const Tensor& out, const Tensor& input) { return input.dim() == 3 ? out.squeeze(0) : out; }
+// float16 runs its kernels in float32 (oneDNN has no float16 on this CPU).
+DType kernel_dtype(DType dt) { return dt == kFloat16 ? kFloat32 : dt; }
 
 // ---- conv2d ----
 
 Tensor conv2d_impl(const Tensor& input, const Tensor& weight, const Tensor& bias, Pair stride, Pair pad_l,
-                   Pair pad_r, Pair dilation, int64_t groups) {
+                   Pair pad_r, Pair dilation, int64_t groups, autograd::CallSite site) {
   constexpr const char* op = "conv2d";
   check_input_4d(input, op);
   ops::check_defined(weight, op, "weight");
@@ -71,14 +65,8 @@ Tensor conv2d_impl(const Tensor& input, const Tensor& weight, const Tensor& bias
              weight.size(1) * groups, " channels, but input of shape ", input.sizes(), " has ", c);
   KILN_CHECK(!bias.defined() || (bias.dim() == 1 && bias.size(0) == o), ShapeError, op, ": expected bias of shape [",
              o, "] (one per out channel of weight ", weight.sizes(), "), got ", bias.sizes());
-  if (input.dtype() == kFloat16) {
-    const Tensor b32 = bias.defined() ? bias.to(kFloat32) : bias;
-    return conv2d_impl(input.to(kFloat32), weight.to(kFloat32), b32, stride, pad_l, pad_r, dilation, groups)
-        .to(kFloat16);
-  }
-
   kernels::Conv2dParams p;
-  p.dtype = input.dtype();
+  p.dtype = kernel_dtype(input.dtype());
   p.n = input.dim() == 4 ? input.size(0) : 1;
   p.c = c;
   p.h = input.size(-2);
@@ -105,13 +93,7 @@ Tensor conv2d_impl(const Tensor& input, const Tensor& weight, const Tensor& bias
              " x ", std::max<int64_t>(out[1], 0), "; use a smaller kernel or more padding");
   p.oh = out[0];
   p.ow = out[1];
-
-  const Tensor x = as_batched(input);
-  const Tensor w = weight.contiguous();
-  const Tensor b = bias.defined() ? bias.contiguous() : bias;
-  Tensor result = ops::new_output({p.n, p.o, p.oh, p.ow}, p.dtype);
-  kernels::conv2d_forward(p, x.data_ptr(), w.data_ptr(), b.defined() ? b.data_ptr() : nullptr, result.data_ptr());
-  return unbatch_if(result, input);
+  return ops::conv_detail::conv2d(input, weight, bias, p, site);
 }
 
 // ---- pooling ----
@@ -154,7 +136,7 @@ kernels::Pool2dParams pool_params(const char* op, const Tensor& input, const Poo
              ": expected non-empty channel and spatial dims (only the batch may be empty), got shape ",
              input.sizes());
   kernels::Pool2dParams p;
-  p.dtype = input.dtype();
+  p.dtype = kernel_dtype(input.dtype());
   p.kind = kind;
   p.n = input.dim() == 4 ? input.size(0) : 1;
   p.c = input.size(-3);
@@ -174,8 +156,6 @@ kernels::Pool2dParams pool_params(const char* op, const Tensor& input, const Poo
   return p;
 }
 
-Tensor pool_output(const kernels::Pool2dParams& p, DType dt) { return ops::new_output({p.n, p.c, p.oh, p.ow}, dt); }
-
 void check_pool_float(const Tensor& input, const char* op) {
   KILN_CHECK(is_floating_point(input.dtype()), DTypeError, op,
              ": expected a floating-point input (float32, float64, bfloat16, float16), got ",
@@ -185,16 +165,17 @@ void check_pool_float(const Tensor& input, const char* op) {
 }  // namespace
 
 Tensor conv2d(const Tensor& input, const Tensor& weight, const Tensor& bias, IntArrayRef stride, IntArrayRef padding,
-              IntArrayRef dilation, int64_t groups) {
+              IntArrayRef dilation, int64_t groups, std::source_location loc) {
   const Pair pad = pair_arg(padding, "conv2d", "padding");
   return conv2d_impl(input, weight, bias, pair_arg(stride, "conv2d", "stride"), pad, pad,
-                     pair_arg(dilation, "conv2d", "dilation"), groups);
+                     pair_arg(dilation, "conv2d", "dilation"), groups, autograd::CallSite::from(loc));
 }
 
 Tensor conv2d(const Tensor& input, const Tensor& weight, const Tensor& bias, IntArrayRef stride, PaddingMode padding,
-              IntArrayRef dilation, int64_t groups) {
+              IntArrayRef dilation, int64_t groups, std::source_location loc) {
+  const autograd::CallSite site = autograd::CallSite::from(loc);
   const Pair st = pair_arg(stride, "conv2d", "stride"), dil = pair_arg(dilation, "conv2d", "dilation");
-  if (padding == PaddingMode::Valid) return conv2d_impl(input, weight, bias, st, {{0, 0}}, {{0, 0}}, dil, groups);
+  if (padding == PaddingMode::Valid) return conv2d_impl(input, weight, bias, st, {{0, 0}}, {{0, 0}}, dil, groups, site);
   KILN_CHECK(st[0] == 1 && st[1] == 1, ValueError, "conv2d: padding=\"same\" is not supported for strided "
              "convolutions (stride ", pair_str(st), "), as in torch; pass explicit padding instead");
   ops::check_defined(weight, "conv2d", "weight");
@@ -208,39 +189,31 @@ Tensor conv2d(const Tensor& input, const Tensor& weight, const Tensor& bias, Int
     pl.v[d] = total / 2;
     pr.v[d] = total - pl.v[d];
   }
-  return conv2d_impl(input, weight, bias, st, pl, pr, dil, groups);
+  return conv2d_impl(input, weight, bias, st, pl, pr, dil, groups, site);
 }
 
 Tensor max_pool2d(const Tensor& input, IntArrayRef kernel_size, IntArrayRef stride, IntArrayRef padding,
-                  IntArrayRef dilation, bool ceil_mode) {
+                  IntArrayRef dilation, bool ceil_mode, std::source_location loc) {
   constexpr const char* op = "max_pool2d";
   const PoolArgs a = pool_args(op, kernel_size, stride, padding, dilation);
   const kernels::Pool2dParams p = pool_params(op, input, a, ceil_mode, kernels::PoolKind::Max);
   check_pool_float(input, op);
-  if (input.dtype() == kFloat16) {
-    return max_pool2d(input.to(kFloat32), kernel_size, stride, padding, dilation, ceil_mode).to(kFloat16);
-  }
-  const Tensor x = as_batched(input);
-  Tensor out = pool_output(p, p.dtype);
-  kernels::pool2d_forward(p, x.data_ptr(), out.data_ptr());
-  return unbatch_if(out, input);
+  return ops::conv_detail::max_pool2d(input, p, autograd::CallSite::from(loc));
 }
 
 std::tuple<Tensor, Tensor> max_pool2d_with_indices(const Tensor& input, IntArrayRef kernel_size, IntArrayRef stride,
-                                                   IntArrayRef padding, IntArrayRef dilation, bool ceil_mode) {
+                                                   IntArrayRef padding, IntArrayRef dilation, bool ceil_mode,
+                                                   std::source_location loc) {
   constexpr const char* op = "max_pool2d_with_indices";
   const PoolArgs a = pool_args(op, kernel_size, stride, padding, dilation);
   const kernels::Pool2dParams p = pool_params(op, input, a, ceil_mode, kernels::PoolKind::Max);
   check_pool_float(input, op);
-  const Tensor x = as_batched(input);
-  Tensor out = pool_output(p, p.dtype);
-  Tensor idx = pool_output(p, kInt64);
-  kernels::max_pool2d_with_indices(p, x.data_ptr(), out.data_ptr(), idx.data_ptr<int64_t>());
-  return {unbatch_if(out, input), unbatch_if(idx, input)};
+  return ops::conv_detail::max_pool2d_with_indices(input, p, autograd::CallSite::from(loc));
 }
 
 Tensor avg_pool2d(const Tensor& input, IntArrayRef kernel_size, IntArrayRef stride, IntArrayRef padding,
-                  bool ceil_mode, bool count_include_pad, std::optional<int64_t> divisor_override) {
+                  bool ceil_mode, bool count_include_pad, std::optional<int64_t> divisor_override,
+                  std::source_location loc) {
   constexpr const char* op = "avg_pool2d";
   const PoolArgs a = pool_args(op, kernel_size, stride, padding, 1);
   kernels::Pool2dParams p = pool_params(op, input, a, ceil_mode,
@@ -248,19 +221,11 @@ Tensor avg_pool2d(const Tensor& input, IntArrayRef kernel_size, IntArrayRef stri
                                                           : kernels::PoolKind::AvgExcludePad);
   KILN_CHECK(input.dtype() != kBool, DTypeError, op, ": bool tensors are not supported");
   KILN_CHECK(!divisor_override || *divisor_override != 0, ValueError, op, ": divisor_override must be nonzero");
-  if (input.dtype() == kFloat16) {
-    return avg_pool2d(input.to(kFloat32), kernel_size, stride, padding, ceil_mode, count_include_pad,
-                      divisor_override)
-        .to(kFloat16);
-  }
   p.divisor_override = divisor_override.value_or(0);
-  const Tensor x = as_batched(input);
-  Tensor out = pool_output(p, p.dtype);
-  kernels::pool2d_forward(p, x.data_ptr(), out.data_ptr());
-  return unbatch_if(out, input);
+  return ops::conv_detail::avg_pool2d(input, p, autograd::CallSite::from(loc));
 }
 
-Tensor adaptive_avg_pool2d(const Tensor& input, IntArrayRef output_size) {
+Tensor adaptive_avg_pool2d(const Tensor& input, IntArrayRef output_size, std::source_location loc) {
   constexpr const char* op = "adaptive_avg_pool2d";
   check_input_4d(input, op);
   const Pair os = pair_arg(output_size, op, "output_size");
@@ -269,12 +234,7 @@ Tensor adaptive_avg_pool2d(const Tensor& input, IntArrayRef output_size) {
              ": expected non-empty channel and spatial dims (only the batch may be empty), got shape ",
              input.sizes());
   check_pool_float(input, op);
-  if (input.dtype() == kFloat16) return adaptive_avg_pool2d(input.to(kFloat32), output_size).to(kFloat16);
-  const Tensor x = as_batched(input);
-  const int64_t n = x.size(0), c = x.size(1), h = x.size(2), w = x.size(3);
-  Tensor out = ops::new_output({n, c, os[0], os[1]}, input.dtype());
-  kernels::adaptive_avg_pool2d(input.dtype(), n * c, h, w, os[0], os[1], x.data_ptr(), out.data_ptr());
-  return unbatch_if(out, input);
+  return ops::conv_detail::adaptive_avg_pool2d(input, os[0], os[1], autograd::CallSite::from(loc));
 }
 
 }  // namespace kiln

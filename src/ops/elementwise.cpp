@@ -10,6 +10,7 @@
 // torch 1.13 has no CPU float16 kernels for most unary math; for those the
 // torch expression computes in float32 and rounds to float16, which is what
 // kiln (and newer torch) does.
+#include <algorithm>
 #include <cmath>
 #include <functional>
 #include <sstream>
@@ -45,11 +46,25 @@ std::string py_scalar(const Scalar& v) {
   return s;
 }
 
-// Same values, non-contiguous layout: the target of in-place samples, so they
-// write through strided memory.
+// Same values, non-contiguous layout (the last two dims column-major): the
+// target of in-place samples, so they write through strided memory. A fresh
+// tensor written by copy_, not a view: an in-place op on a view of a tensor
+// that requires grad is refused (docs/autograd.md), and backward checks run
+// these samples with x0 requiring grad.
 Tensor strided_copy(const Tensor& t) {
   if (t.dim() < 2) return t.clone();
-  return t.transpose(-1, -2).contiguous().transpose(-1, -2);
+  const int64_t nd = t.dim();
+  DimVector strides(static_cast<size_t>(nd));
+  strides[nd - 2] = 1;
+  strides[nd - 1] = std::max<int64_t>(t.size(-2), 1);
+  int64_t step = strides[nd - 1] * std::max<int64_t>(t.size(-1), 1);
+  for (int64_t d = nd - 3; d >= 0; --d) {
+    strides[d] = step;
+    step *= std::max<int64_t>(t.size(d), 1);
+  }
+  Tensor out = empty_strided(t.sizes(), strides.ref(), t.dtype());
+  out.copy_(t);
+  return out;
 }
 
 // An operand of `dt` for a sample; `positive` draws from [0.5, 2) for floats (log, pow bases).
@@ -98,6 +113,9 @@ struct BinaryDef {
   bool differentiable = true;   // floating samples list grad inputs
   bool inplace = false;         // writes a strided copy of x0; broadcasts only the right operand
   bool mixed = true;            // add a sample with an operand of another dtype
+  // torch 1.13 has no CPU float16 log, which pow's backward needs: float16 samples
+  // compare with the op computed in float32 and rounded to float16 (what kiln does).
+  bool half_via_float = false;
   std::vector<Scalar> extra_scalars;  // more scalar samples (pow's exponents)
 };
 
@@ -106,15 +124,21 @@ OpSpec binary_spec(const BinaryDef& d) {
   s.name = d.name;
   s.dtypes = d.dtypes;
   s.tolerance = result_tolerance;
+  s.differentiable = d.differentiable;
   s.samples = [d](DType dt) {
     std::vector<OpSample> out;
     const bool grad = d.differentiable && is_floating_point(dt);
+    auto expr = [&](const std::string& a, const std::string& b) {
+      if (!d.half_via_float || dt != kFloat16) return d.torch(a, b);
+      auto up = [](const std::string& e) { return e.rfind("x", 0) == 0 ? e + ".float()" : e; };
+      return "(" + d.torch(up(a), up(b)) + ").half()";
+    };
     auto run2 = [d](const std::vector<Tensor>& x) {
       return std::vector<Tensor>{d.fn(d.inplace ? strided_copy(x[0]) : x[0], x[1])};
     };
     auto add2 = [&](const std::string& label, Tensor a, Tensor b) {
       const bool g = grad && is_floating_point(b.dtype());
-      out.push_back(sample(label, {std::move(a), std::move(b)}, run2, d.torch("x0", "x1"),
+      out.push_back(sample(label, {std::move(a), std::move(b)}, run2, expr("x0", "x1"),
                            g ? std::vector<int>{0, 1} : std::vector<int>{0}));
       if (!grad) out.back().grad_inputs.clear();
     };
@@ -148,7 +172,7 @@ OpSpec binary_spec(const BinaryDef& d) {
                              [d, v](const std::vector<Tensor>& x) {
                                return std::vector<Tensor>{d.scalar_fn(d.inplace ? strided_copy(x[0]) : x[0], v)};
                              },
-                             d.torch("x0", py_scalar(v)), grad ? std::vector<int>{0} : std::vector<int>{}));
+                             expr("x0", py_scalar(v)), grad ? std::vector<int>{0} : std::vector<int>{}));
       }
     }
     return out;
@@ -200,6 +224,16 @@ Expr2 method2(const std::string& m) {
   return [m](const std::string& a, const std::string& b) { return a + ".clone()." + m + "(" + b + ")"; };
 }
 
+// pow's gradients chain a power, two products and (broadcast) a sum, each rounded to
+// float16 by kiln's float16 ops; the oracle computes them in float32 (torch 1.13 has no
+// CPU float16 log) and rounds once, so float16 needs a few float16 ulps. float32 keeps the
+// driver's default (rtol 1e-4, atol 1e-5).
+Tolerance pow_grad_tolerance(DType dt) {
+  if (dt == kFloat16) return {5e-3, 5e-3};
+  if (dt == kFloat32) return {1e-4, 1e-5};
+  return result_tolerance(dt);
+}
+
 void register_arithmetic(std::vector<OpSpec>& r) {
   BinaryDef add{"add", kAll, [](const Tensor& a, const Tensor& b) { return a.add(b); }, call2("torch.add"),
                 [](const Tensor& a, const Scalar& b) { return a.add(b); }};
@@ -236,7 +270,9 @@ void register_arithmetic(std::vector<OpSpec>& r) {
   BinaryDef pw{"pow", kNoBool, [](const Tensor& a, const Tensor& b) { return a.pow(b); }, call2("torch.pow"),
                [](const Tensor& a, const Scalar& b) { return a.pow(b); }, /*positive_lhs=*/true};
   pw.extra_scalars = {Scalar(2), Scalar(0), Scalar(1)};
+  pw.half_via_float = true;
   r.push_back(binary_spec(pw));
+  r.back().grad_tolerance = pow_grad_tolerance;
   add_error(r.back(), "int ** negative int", [] { (void)ones({2}, kInt64).pow(-1); }, "ValueError",
             "Integers to negative integer powers are not allowed");
   add_error(r.back(), "bool ** bool", [] { (void)ones({2}, kBool).pow(ones({2}, kBool)); }, "DTypeError", "bool");
@@ -246,6 +282,7 @@ void register_arithmetic(std::vector<OpSpec>& r) {
   pwf.dtypes = kFloats;
   pwf.extra_scalars = {Scalar(3), Scalar(0.5), Scalar(-0.5), Scalar(-1), Scalar(-2), Scalar(1.7), Scalar(0.0)};
   r.push_back(binary_spec(pwf));
+  r.back().grad_tolerance = pow_grad_tolerance;
 
   r.push_back(binary_spec(BinaryDef{"maximum", kAll, [](const Tensor& a, const Tensor& b) { return a.maximum(b); },
                            call2("torch.maximum")}));
@@ -351,6 +388,7 @@ OpSpec unary_spec(const UnaryDef& d) {
   s.name = d.name;
   s.dtypes = d.dtypes;
   s.tolerance = result_tolerance;
+  s.differentiable = d.differentiable;
   s.samples = [d](DType dt) {
     std::vector<OpSample> out;
     const std::string expr = d.half_via_float && dt == kFloat16 ? "(" + d.torch("x0.float()") + ").half()" : d.torch("x0");
@@ -362,7 +400,8 @@ OpSpec unary_spec(const UnaryDef& d) {
     out.push_back(sample("noncontig", {operand_noncontig({4, 5}, dt, 22, d.positive)}, run, expr, grad));
     out.push_back(sample("0-dim", {operand({}, dt, 23, d.positive)}, run, expr, grad));
     out.push_back(sample("empty", {operand({0, 3}, dt, 24, d.positive)}, run, expr, grad));
-    out.push_back(sample("several blocks", {operand({7, 77}, dt, 25, d.positive)}, run, expr, grad));
+    // Large: forward only (a numerical gradient costs two forwards per input element).
+    out.push_back(sample("several blocks", {operand({7, 77}, dt, 25, d.positive)}, run, expr, {}));
     return out;
   };
   s.errors = [] { return std::vector<OpErrorCase>{}; };
@@ -415,8 +454,9 @@ void register_unary(std::vector<OpSpec>& r) {
                           call1("torch.clamp", ", min=0.5")}));
   r.push_back(unary_spec(UnaryDef{"clamp(max)", kNoBool, [](const Tensor& x) { return x.clamp(std::nullopt, 2); },
                           call1("torch.clamp", ", max=2")}));
+  // The output is NaN whatever x is: no gradient sample (kiln and torch both give 0).
   r.push_back(unary_spec(UnaryDef{"clamp(nan bound)", kFloats, [](const Tensor& x) { return x.clamp(NAN, 1); },
-                          call1("torch.clamp", ", float('nan'), 1")}));
+                          call1("torch.clamp", ", float('nan'), 1"), false, true, /*diff=*/false}));
 
   r.push_back(unary_spec(UnaryDef{"logical_not", kAll, [](const Tensor& x) { return x.logical_not(); },
                           call1("torch.logical_not"), false, false, false}));

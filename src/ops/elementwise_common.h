@@ -1,9 +1,13 @@
-// Internal to the elementwise op family (binary.cpp, unary.cpp, compare.cpp):
-// operands that are a Tensor or a Scalar, their conversion to the compute
-// dtype, the loop over (out, a, b), and the in-place checks PyTorch makes.
+// Internal to the elementwise op family (binary.cpp, pow_minmax.cpp,
+// unary.cpp, compare.cpp, operators.cpp): operands that are a Tensor or a
+// Scalar, their conversion to the compute dtype, the loop over (out, a, b),
+// the in-place checks PyTorch makes, the autograd helpers the backward nodes
+// share, and the arithmetic entry points that take a CallSite (the operators
+// call them with none).
 #pragma once
 
 #include "iter.h"
+#include "kiln/autograd/functions.h"
 #include "kiln/core/tensor.h"
 #include "kiln/kernels/elementwise.h"
 #include "kiln/ops/promotion.h"
@@ -70,5 +74,56 @@ Tensor resolve_input_overlap(const char* op, const Tensor& self, const Tensor& i
 
 /// Scalar equality with a double, as c10's Scalar::equal (pow's fast paths).
 inline bool scalar_equals(const Scalar& s, double v) { return s.to_double() == v; }
+
+/// op(a, b) computed in `compute` into a new tensor. Records nothing.
+Tensor binary_out(const char* name, kernels::BinaryOp op, Arg a, Arg b, DType compute, const void* alpha = nullptr);
+
+/// The checks of self = op(self, b) computed in `compute` (cast, shape, overlap).
+/// Returns b, or a copy of b held in `holder` when b's memory overlaps self's
+/// in a way the loop cannot handle (resolve_input_overlap).
+Arg check_binary_inplace(const char* name, Tensor& self, Arg b, DType compute, Tensor& holder);
+
+/// self = op(self, b) in `compute`, written back in self's dtype; bumps self's
+/// version. Call after check_binary_inplace. Records nothing.
+void run_binary_inplace(const char* name, kernels::BinaryOp op, Tensor& self, Arg b, DType compute,
+                        const void* alpha = nullptr);
+
+// ---- arithmetic with autograd, for the Tensor methods and the operators ----
+
+Tensor add(Arg a, Arg b, const Scalar& alpha, autograd::CallSite site);
+Tensor sub(const Tensor& a, Arg b, const Scalar& alpha, autograd::CallSite site);
+/// other - alpha * self (`2 - x`).
+Tensor rsub(const Tensor& self, const Scalar& other, const Scalar& alpha, autograd::CallSite site);
+Tensor mul(const Tensor& a, Arg b, autograd::CallSite site);
+/// True division; `a` may be a Scalar (`2 / x`).
+Tensor div(Arg a, Arg b, autograd::CallSite site);
+Tensor& add_(Tensor& self, Arg b, const Scalar& alpha, autograd::CallSite site);
+Tensor& sub_(Tensor& self, Arg b, const Scalar& alpha, autograd::CallSite site);
+Tensor& mul_(Tensor& self, Arg b, autograd::CallSite site);
+Tensor& div_(Tensor& self, Arg b, autograd::CallSite site);
+Tensor neg(const Tensor& x, autograd::CallSite site);
+
+// ---- autograd helpers of the family ----
+
+/// Whether backward must compute the gradient for the node's input `i`
+/// (false for a Scalar operand or an input that needs no gradient).
+inline bool needs_grad(const autograd::Node& node, size_t i) {
+  return i < node.next_edges().size() && node.next_edges()[i].is_valid();
+}
+
+/// `g` in the dtype of the input it is for (torch's formulas cast before the
+/// engine sums broadcast dims, so a float64 input's gradient is summed in float64).
+inline Tensor grad_as(const Tensor& g, DType input_dtype) {
+  return g.dtype() == input_dtype || !is_floating_point(input_dtype) ? g : g.to(input_dtype);
+}
+
+/// A copy of `self`'s current value for a backward formula that needs it
+/// after an in-place op overwrites self (mul_'s d/dother, log_, pow_).
+/// Differentiable where clone is, so double backward sees the old history.
+inline Tensor old_value(const Tensor& self) { return self.clone(); }
+
+/// gelu's backward: grad * gelu'(self), "none" (erf) or "tanh" form. Records
+/// GeluBackwardBackward0 when an input requires grad (double backward).
+Tensor gelu_backward(const Tensor& grad, const Tensor& self, bool tanh_form);
 
 }  // namespace kiln::ops::ew

@@ -1,12 +1,40 @@
-// max/min along a dim with indices, and argmax/argmin. Backward (autograd
-// issue) scatters the gradient to the returned indices.
+// max/min along a dim with indices, and argmax/argmin. The backward of
+// max(dim)/min(dim) scatters the gradient to the returned indices (one per
+// slice, the first of tied extremes, as torch's value_selecting_reduction_backward);
+// the indices and argmax/argmin are integers and record nothing.
 #include "iter.h"
+#include "kiln/autograd/functions.h"
+#include "kiln/core/factory.h"
+#include "kiln/core/guards.h"
 #include "kiln/ops/reduce.h"
 #include "reduce_util.h"
 
 namespace kiln {
 
 namespace {
+
+struct MaxMinDimBackward final : autograd::Node {
+  autograd::SavedVariable indices_;
+  DimVector sizes;  // the input's
+  int64_t dim = 0;  // wrapped
+  bool keepdim = false;
+  bool is_max = true;
+  const char* name() const override { return is_max ? "MaxBackward0" : "MinBackward0"; }
+  TensorList apply(TensorList&& g) override {
+    if (!g[0].defined()) return {Tensor()};
+    if (sizes.size() == 0) return {g[0]};
+    Tensor gk = g[0], idx = indices_.unpack(this);
+    if (!keepdim) {
+      gk = gk.unsqueeze(dim);
+      idx = idx.unsqueeze(dim);
+    }
+    Tensor out = zeros(sizes, g[0].dtype());
+    // Without create_graph nothing needs the zeros: scatter into them.
+    if (!grad_mode_enabled()) return {out.scatter_(dim, idx, gk)};
+    return {out.scatter(dim, idx, gk)};
+  }
+  void release_variables() override { indices_.reset(); }
+};
 
 // (values, indices) of the max/min along `dim`; values is skipped for argmax/argmin.
 std::tuple<Tensor, Tensor> arg_reduce(const Tensor& self, int64_t dim, bool keepdim, bool is_max, bool want_values,
@@ -40,16 +68,31 @@ Tensor arg_flat(const Tensor& self, std::optional<int64_t> dim, bool keepdim, bo
   return indices;
 }
 
-}  // namespace
-
-std::tuple<Tensor, Tensor> Tensor::max(int64_t dim, bool keepdim) const {
-  ops::check_defined(*this, "max", "self");
-  return arg_reduce(*this, dim, keepdim, true, true, "max");
+std::tuple<Tensor, Tensor> max_min_dim(const Tensor& self, int64_t dim, bool keepdim, bool is_max,
+                                       autograd::CallSite site) {
+  const char* op = is_max ? "max" : "min";
+  ops::check_defined(self, op, "self");
+  auto [values, indices] = arg_reduce(self, dim, keepdim, is_max, true, op);
+  if (values.is_floating_point() && autograd::compute_requires_grad({&self})) {
+    auto node = make_intrusive<MaxMinDimBackward>();
+    node->indices_ = autograd::SavedVariable(indices, false);
+    node->sizes = self.sizes();
+    node->dim = wrap_dim(dim, self.dim(), op);
+    node->keepdim = keepdim;
+    node->is_max = is_max;
+    autograd::set_history(values, node, {&self}, site);
+  }
+  return {values, indices};
 }
 
-std::tuple<Tensor, Tensor> Tensor::min(int64_t dim, bool keepdim) const {
-  ops::check_defined(*this, "min", "self");
-  return arg_reduce(*this, dim, keepdim, false, true, "min");
+}  // namespace
+
+std::tuple<Tensor, Tensor> Tensor::max(int64_t dim, bool keepdim, std::source_location loc) const {
+  return max_min_dim(*this, dim, keepdim, true, autograd::CallSite::from(loc));
+}
+
+std::tuple<Tensor, Tensor> Tensor::min(int64_t dim, bool keepdim, std::source_location loc) const {
+  return max_min_dim(*this, dim, keepdim, false, autograd::CallSite::from(loc));
 }
 
 Tensor Tensor::argmax(std::optional<int64_t> dim, bool keepdim) const { return arg_flat(*this, dim, keepdim, true, "argmax"); }
@@ -57,8 +100,12 @@ Tensor Tensor::argmin(std::optional<int64_t> dim, bool keepdim) const { return a
 
 // ---- free functions ----
 
-std::tuple<Tensor, Tensor> max(const Tensor& x, int64_t dim, bool keepdim) { return x.max(dim, keepdim); }
-std::tuple<Tensor, Tensor> min(const Tensor& x, int64_t dim, bool keepdim) { return x.min(dim, keepdim); }
+std::tuple<Tensor, Tensor> max(const Tensor& x, int64_t dim, bool keepdim, std::source_location loc) {
+  return x.max(dim, keepdim, loc);
+}
+std::tuple<Tensor, Tensor> min(const Tensor& x, int64_t dim, bool keepdim, std::source_location loc) {
+  return x.min(dim, keepdim, loc);
+}
 Tensor argmax(const Tensor& x, std::optional<int64_t> dim, bool keepdim) { return x.argmax(dim, keepdim); }
 Tensor argmin(const Tensor& x, std::optional<int64_t> dim, bool keepdim) { return x.argmin(dim, keepdim); }
 

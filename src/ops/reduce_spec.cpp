@@ -8,7 +8,11 @@
 // parallel and vectorised row and column paths. Large sums use positive
 // inputs so that a sum is never close to zero, where float32 rounding of two
 // different (both correct) summation orders would exceed a relative tolerance.
+// Every floating sample of a differentiable op with at most 200 elements is
+// also a backward sample (grad_inputs); the [64, 1000] ones are forward-only.
+#include <algorithm>
 #include <optional>
+#include <string>
 #include <tuple>
 #include <type_traits>
 
@@ -35,6 +39,18 @@ Run unary(F f) {
 
 OpSample sample(std::string label, Tensor x, Run run, std::string torch) {
   return OpSample{std::move(label), {std::move(x)}, std::move(run), std::move(torch), {}};
+}
+
+// Marks the samples of a floating dtype as backward samples (grad_inputs = {0})
+// when their input is small enough for a numerical gradcheck (<= 200 elements:
+// the [64, 1000] samples stay forward-only), except the labels in `skip`.
+std::vector<OpSample> differentiable(std::vector<OpSample> s, DType dt, std::vector<std::string> skip = {}) {
+  if (!is_floating_point(dt)) return s;
+  for (OpSample& x : s) {
+    if (x.inputs[0].numel() > 200 || std::find(skip.begin(), skip.end(), x.label) != skip.end()) continue;
+    x.grad_inputs = {0};
+  }
+  return s;
 }
 
 template <typename F>
@@ -86,7 +102,7 @@ void add_sum_mean_prod(std::vector<OpSpec>& r) {
                              unary([](const Tensor& x) { return x.sum(kFloat32); }),
                              "torch.sum(x0, dtype=torch.float32)"));
         }
-        return s;
+        return differentiable(std::move(s), dt);
       },
       nullptr,
       [] {
@@ -102,7 +118,7 @@ void add_sum_mean_prod(std::vector<OpSpec>& r) {
       "mean",
       kFloats,
       [](DType dt) {
-        return std::vector<OpSample>{
+        return differentiable({
             sample("all", sample_tensor({3, 4}, dt, 21), unary([](const Tensor& x) { return x.mean(); }),
                    "torch.mean(x0)"),
             sample("dims=[0] keepdim", sample_tensor({3, 4}, dt, 22),
@@ -115,7 +131,7 @@ void add_sum_mean_prod(std::vector<OpSpec>& r) {
                    "torch.mean(x0, 1)"),
             sample("large columns", positive({64, 1000}, dt, 26),
                    unary([](const Tensor& x) { return x.mean({0}); }), "torch.mean(x0, 0)"),
-        };
+        }, dt);
       },
       nullptr,
       [] {
@@ -131,7 +147,7 @@ void add_sum_mean_prod(std::vector<OpSpec>& r) {
       "prod",
       {kFloat32, kFloat64, kInt64, kBool},
       [](DType dt) {
-        return std::vector<OpSample>{
+        return differentiable({
             sample("all", sample_tensor({3, 4}, dt, 31), unary([](const Tensor& x) { return x.prod(); }),
                    "torch.prod(x0)"),
             sample("dim=1 keepdim", sample_tensor({3, 4}, dt, 32),
@@ -144,7 +160,12 @@ void add_sum_mean_prod(std::vector<OpSpec>& r) {
                    "torch.prod(x0, 0)"),
             sample("large", sample_positive({64, 1000}, dt, 36, 0.999, 1.001),
                    unary([](const Tensor& x) { return x.prod(1); }), "torch.prod(x0, 1)"),
-        };
+            // One, two and no zeros per row; one zero in all (the gradient there is the others' product).
+            sample("zeros dim=1", tensor<double>({2, 0, 3, 0, 0, 1, 1, 2, 3}, {3, 3}).to(dt),
+                   unary([](const Tensor& x) { return x.prod(1); }), "torch.prod(x0, 1)"),
+            sample("one zero all", tensor<double>({2, 0, 3, 1.5, -1, 0.5}, {2, 3}).to(dt),
+                   unary([](const Tensor& x) { return x.prod(); }), "torch.prod(x0)"),
+        }, dt);
       },
       nullptr,
       [] {
@@ -166,7 +187,7 @@ OpSpec var_std_spec(const std::string& name) {
       kFloats,
       [f, name](DType dt) {
         const std::string t = "torch." + name;
-        return std::vector<OpSample>{
+        return differentiable({
             sample("all", sample_tensor({3, 4}, dt, 41), unary([f](const Tensor& x) { return f(x, {}, 1, false); }),
                    t + "(x0)"),
             sample("dims=[1] correction=0", sample_tensor({3, 4}, dt, 42),
@@ -185,7 +206,7 @@ OpSpec var_std_spec(const std::string& name) {
                    t + "(x0, dim=[1], correction=0)"),
             sample("large columns", sample_tensor({64, 1000}, dt, 47),
                    unary([f](const Tensor& x) { return f(x, {0}, 1, false); }), t + "(x0, dim=[0])"),
-        };
+        }, dt);
       },
       nullptr,
       [f] {
@@ -201,10 +222,16 @@ OpSpec var_std_spec(const std::string& name) {
 void register_reduction_stats_ops(std::vector<OpSpec>& r);  // reduce_spec_more.cpp
 
 void register_reduction_ops(std::vector<OpSpec>& r) {
+  const size_t first = r.size();
   add_sum_mean_prod(r);
   r.push_back(var_std_spec("var"));
   r.push_back(var_std_spec("std"));
   register_reduction_stats_ops(r);
+  // Every op of the family has a backward but those with integer or bool results.
+  for (size_t i = first; i < r.size(); ++i) {
+    const std::string& n = r[i].name;
+    r[i].differentiable = n != "argmax" && n != "argmin" && n != "all" && n != "any";
+  }
 }
 
 }  // namespace kiln::ops

@@ -114,4 +114,28 @@ void check_floating(const Tensor& self, const char* op) {
              "bfloat16, float16), got ", dtype_name(self.dtype()));
 }
 
+DimVector mask_dims(DimMask mask, int64_t ndim) {
+  DimVector dims;
+  for (int64_t d = 0; d < ndim; ++d) {
+    if (mask >> d & 1) dims.push_back(d);
+  }
+  return dims;
+}
+
+Tensor unsqueeze_reduced(const Tensor& t, DimMask mask, int64_t ndim, bool keepdim) {
+  if (keepdim) return t;
+  Tensor r = t;
+  // Ascending order: each unsqueeze puts dim d where the input has it.
+  for (int64_t d = 0; d < ndim; ++d) {
+    if (mask >> d & 1) r = r.unsqueeze(d);
+  }
+  return r;
+}
+
+Tensor expand_reduced(const Tensor& t, DimMask mask, IntArrayRef sizes, bool keepdim) {
+  return unsqueeze_reduced(t, mask, static_cast<int64_t>(sizes.size()), keepdim).expand(sizes);
+}
+
+Tensor sign_of(const Tensor& x) { return x.gt(0).to(x.dtype()) - x.lt(0).to(x.dtype()); }
+
 }  // namespace kiln::ops

@@ -40,6 +40,20 @@ kernels::DimLayout dim_layout(IntArrayRef sizes, int64_t dim);
 /// DTypeError unless `self` is floating point; the message follows PyTorch's for `op`.
 void check_floating(const Tensor& self, const char* op);
 
+// ---- backward helpers ----
+
+/// The reduced dims of `mask` as a list, ascending (to call the ops again in backward).
+DimVector mask_dims(DimMask mask, int64_t ndim);
+/// A reduction's output, or its gradient, shaped to broadcast against the
+/// input: with keepdim it already is; otherwise the reduced dims are
+/// unsqueezed back. A view, never a copy.
+Tensor unsqueeze_reduced(const Tensor& t, DimMask mask, int64_t ndim, bool keepdim);
+/// unsqueeze_reduced, then expanded to the input's sizes (stride 0 along the reduced dims).
+Tensor expand_reduced(const Tensor& t, DimMask mask, IntArrayRef sizes, bool keepdim);
+/// sign(x) in x's dtype: -1, 0 or 1, and 0 for NaN (as torch's sgn on real
+/// tensors). Built from comparisons, so it carries no gradient, which is its derivative.
+Tensor sign_of(const Tensor& x);
+
 }  // namespace kiln::ops
 
 // ---- template definitions ----

@@ -1,6 +1,7 @@
 // Unary elementwise ops: neg abs exp log log1p sqrt rsqrt sin cos tanh sigmoid
-// relu gelu silu clamp, and their in-place forms.
-// Backward formulas will sit beside each forward (autograd issue).
+// relu gelu silu clamp, and their in-place forms, with their backward node
+// (UnaryBackward: PyTorch 1.13's formulas, written with kiln ops so that
+// double backward works) and gelu's backward op with its own node.
 //
 // dtype rules, as torch 1.13: the floating functions promote integer and bool
 // tensors to the default float dtype (torch.exp(int tensor) is float32);
@@ -13,12 +14,189 @@
 
 #include "elementwise_common.h"
 #include "kiln/kernels/copy.h"
+#include "kiln/ops/elementwise.h"
+#include "kiln/ops/index.h"
 
 namespace kiln {
+
+using autograd::CallSite;
+using autograd::SavedVariable;
+using ops::ew::needs_grad;
 
 namespace {
 
 using kernels::UnaryOp;
+
+// ---- backward ----
+
+// sign(x) (0 at 0 and NaN), a constant of the graph: abs's d/dx.
+Tensor sign_of(const Tensor& x) {
+  Tensor out = ops::new_output(x.sizes(), x.dtype());
+  if (out.numel() > 0) kernels::unary(ops::ew::make_unary_loop(x.sizes(), out, x), UnaryOp::Sign, x.dtype());
+  return out;
+}
+
+enum class Formula : uint8_t { Neg, Abs, Exp, Log, Log1p, Sqrt, Rsqrt, Sin, Cos, Tanh, Sigmoid, Relu, Gelu, Silu, Clamp };
+
+// What a formula reads: the input (self), the output (result), or nothing.
+enum class Reads : uint8_t { Nothing, Self, Result };
+
+Reads reads(Formula f) {
+  switch (f) {
+    case Formula::Neg: return Reads::Nothing;
+    case Formula::Exp: case Formula::Sqrt: case Formula::Rsqrt: case Formula::Tanh: case Formula::Sigmoid:
+    case Formula::Relu: return Reads::Result;
+    default: return Reads::Self;
+  }
+}
+
+const char* node_name(Formula f) {
+  switch (f) {
+    case Formula::Neg: return "NegBackward0";
+    case Formula::Abs: return "AbsBackward0";
+    case Formula::Exp: return "ExpBackward0";
+    case Formula::Log: return "LogBackward0";
+    case Formula::Log1p: return "Log1PBackward0";
+    case Formula::Sqrt: return "SqrtBackward0";
+    case Formula::Rsqrt: return "RsqrtBackward0";
+    case Formula::Sin: return "SinBackward0";
+    case Formula::Cos: return "CosBackward0";
+    case Formula::Tanh: return "TanhBackward0";
+    case Formula::Sigmoid: return "SigmoidBackward0";
+    case Formula::Relu: return "ReluBackward0";
+    case Formula::Gelu: return "GeluBackward0";
+    case Formula::Silu: return "SiluBackward0";
+    case Formula::Clamp: return "ClampBackward1";
+  }
+  return "?";
+}
+
+// One node for every unary op: `saved` is self or the result (reads()); an
+// in-place op whose formula reads self saves what it needs before the write
+// (a copy of self, or just sign(self) / the clamp mask in `precomputed`).
+struct UnaryBackward final : autograd::Node {
+  Formula formula = Formula::Neg;
+  SavedVariable saved;
+  Tensor precomputed;                  // abs_: sign(old self); clamp_: the pass-through mask
+  std::optional<Scalar> lo, hi;        // clamp's bounds
+  bool gelu_tanh = false;
+
+  const char* name() const override { return node_name(formula); }
+
+  TensorList apply(TensorList&& grads) override {
+    const Tensor& g = grads[0];
+    if (!g.defined() || !needs_grad(*this, 0)) return {Tensor()};
+    const Tensor v = saved.defined() ? saved.unpack(this) : Tensor();
+    switch (formula) {
+      case Formula::Neg: return {-g};
+      case Formula::Abs: return {g * (precomputed.defined() ? precomputed : sign_of(v))};
+      case Formula::Exp: return {g * v};
+      case Formula::Log: return {g / v};
+      case Formula::Log1p: return {g / (v + 1)};
+      case Formula::Sqrt: return {g / (2 * v)};
+      case Formula::Rsqrt: return {-0.5 * g * v.pow(3)};
+      case Formula::Sin: return {g * v.cos()};
+      case Formula::Cos: return {g * -v.sin()};
+      case Formula::Tanh: return {g * (1 - v * v)};
+      case Formula::Sigmoid: return {g * (1 - v) * v};
+      case Formula::Relu: return {where(v <= 0, Scalar(0), g)};  // torch's threshold_backward: 0 at 0
+      case Formula::Gelu: return {ops::ew::gelu_backward(g, v, gelu_tanh)};
+      case Formula::Silu: {
+        const Tensor s = v.sigmoid();
+        return {g * s * (1 + v * (1 - s))};
+      }
+      case Formula::Clamp: {
+        // The gradient passes where lo <= x <= hi (both inclusive, as torch); a NaN bound passes nothing.
+        Tensor mask = precomputed;
+        if (!mask.defined()) {
+          if (lo && hi) mask = v.ge(*lo).logical_and(v.le(*hi));
+          else mask = lo ? v.ge(*lo) : v.le(*hi);
+        }
+        return {where(mask, g, Scalar(0))};
+      }
+    }
+    return {Tensor()};
+  }
+
+  void release_variables() override {
+    saved.reset();
+    precomputed = Tensor();
+  }
+};
+
+// Records the node of an out-of-place unary op.
+void record_unary(Tensor& out, const Tensor& x, Formula f, CallSite site, bool gelu_tanh = false,
+                  std::optional<Scalar> lo = std::nullopt, std::optional<Scalar> hi = std::nullopt) {
+  auto node = make_intrusive<UnaryBackward>();
+  node->formula = f;
+  node->gelu_tanh = gelu_tanh;
+  node->lo = lo;
+  node->hi = hi;
+  if (reads(f) == Reads::Self) node->saved = SavedVariable(x, false);
+  else if (reads(f) == Reads::Result) node->saved = SavedVariable(out, /*is_output=*/true);
+  autograd::set_history(out, node, {&x}, site);
+}
+
+// For an in-place unary op on `self` about to be overwritten: the node, with
+// what its formula needs from the old self; null when nothing is recorded.
+IntrusivePtr<UnaryBackward> inplace_node(const Tensor& self, Formula f) {
+  if (!autograd::compute_requires_grad({&self})) return {};
+  auto node = make_intrusive<UnaryBackward>();
+  node->formula = f;
+  if (f == Formula::Abs) node->precomputed = sign_of(self);
+  else if (reads(f) == Reads::Self) node->saved = SavedVariable(ops::ew::old_value(self), false);
+  return node;
+}
+
+// After the write: saves the result where the formula reads it, and rewrites self's history.
+void finish_inplace(Tensor& self, const IntrusivePtr<UnaryBackward>& node, CallSite site) {
+  if (!node) return;
+  if (reads(node->formula) == Reads::Result) node->saved = SavedVariable(self, /*is_output=*/true);
+  autograd::rebase_history(self, node, {}, site);
+}
+
+// GELU's backward as an op: records its own node so that double backward works.
+//   d/dgrad = gelu_backward(ggI, self); d/dself = ggI * grad * gelu''(self)  (torch's gelu_double_backward)
+struct GeluBackwardBackward final : autograd::Node {
+  SavedVariable grad, self;
+  bool tanh_form = false;
+  const char* name() const override { return "GeluBackwardBackward0"; }
+  TensorList apply(TensorList&& gg) override {
+    TensorList out(2);
+    if (!gg[0].defined()) return out;
+    const Tensor x = self.unpack(this);
+    if (needs_grad(*this, 0)) out[0] = ops::ew::gelu_backward(gg[0], x, tanh_form);
+    if (needs_grad(*this, 1)) {
+      Tensor second;
+      if (tanh_form) {
+        constexpr double kBeta = 0.79788456080286535588;  // sqrt(2/pi)
+        constexpr double kKappa = 0.044715;
+        const Tensor x_sq = x * x;
+        const Tensor t = (kBeta * (x + kKappa * x_sq * x)).tanh();
+        const Tensor f = 0.5 * x;
+        const Tensor sech_sq = 1 - t * t;
+        const Tensor h = kBeta * (1 + 3 * kKappa * x_sq);
+        const Tensor f_prime_gh = 0.5 * sech_sq * h;
+        const Tensor g_prime_fh = f * h * (-2 * sech_sq * t * h);
+        const Tensor h_prime_fg = f * sech_sq * (6 * kKappa * kBeta * x);
+        second = f_prime_gh + f_prime_gh + g_prime_fh + h_prime_fg;
+      } else {
+        constexpr double kAlpha = 0.39894228040143267794;  // 1/sqrt(2 pi)
+        const Tensor x_sq = x * x;
+        const Tensor pdf = kAlpha * (-0.5 * x_sq).exp();
+        second = 2 * pdf - x_sq * pdf;
+      }
+      out[1] = gg[0] * grad.unpack(this) * second;
+    }
+    return out;
+  }
+  void release_variables() override {
+    grad.reset();
+    self.reset();
+  }
+};
+
+// ---- forwards ----
 
 enum class Kind {
   Promote,    // integer/bool -> default float dtype (exp, log, sigmoid...)
@@ -55,14 +233,16 @@ Tensor unary_out(const char* name, UnaryOp op, const Tensor& x, Kind kind) {
   return out;
 }
 
-Tensor& unary_inplace(const char* name, UnaryOp op, Tensor& self, Kind kind) {
+void check_unary_inplace(const char* name, const Tensor& self, Kind kind) {
   ops::check_defined(self, name, "self");
   check_kind(name, kind, self.dtype());
   ops::ew::check_inplace_cast(name, result_dtype(kind, self.dtype()), self);
   ops::ew::check_no_internal_overlap(name, self);
+}
+
+void run_unary_inplace(UnaryOp op, Tensor& self) {
   if (self.numel() > 0) kernels::unary(ops::ew::make_unary_loop(self.sizes(), self, self), op, self.dtype());
   self.bump_version();
-  return self;
 }
 
 void check_relu(const char* name, const Tensor& x) {
@@ -115,68 +295,159 @@ void run_clamp(const kernels::LoopSpec& loop, DType rt, const std::optional<Scal
   kernels::clamp(loop, rt, lo ? lo_buf : nullptr, hi ? hi_buf : nullptr);
 }
 
+// An out-of-place op with its node.
+Tensor unary_op(const char* name, UnaryOp op, const Tensor& x, Kind kind, Formula f, CallSite site) {
+  Tensor out = unary_out(name, op, x, kind);
+  if (autograd::compute_requires_grad({&x})) record_unary(out, x, f, site);
+  return out;
+}
+
+// An in-place op with its node.
+Tensor& unary_op_(const char* name, UnaryOp op, Tensor& self, Kind kind, Formula f, CallSite site) {
+  check_unary_inplace(name, self, kind);
+  autograd::check_inplace(self, name, site);
+  auto node = inplace_node(self, f);
+  run_unary_inplace(op, self);
+  finish_inplace(self, node, site);
+  return self;
+}
+
 }  // namespace
 
-Tensor Tensor::neg() const {
-  check_neg("neg", *this);
-  return unary_out("neg", UnaryOp::Neg, *this, Kind::KeepType);
-}
-Tensor& Tensor::neg_() {
-  check_neg("neg_", *this);
-  return unary_inplace("neg_", UnaryOp::Neg, *this, Kind::KeepType);
-}
-Tensor Tensor::abs() const { return unary_out("abs", UnaryOp::Abs, *this, Kind::KeepType); }
-Tensor& Tensor::abs_() { return unary_inplace("abs_", UnaryOp::Abs, *this, Kind::KeepType); }
-Tensor Tensor::relu() const {
-  check_relu("relu", *this);
-  return unary_out("relu", UnaryOp::Relu, *this, Kind::KeepType);
-}
-Tensor& Tensor::relu_() {
-  check_relu("relu_", *this);
-  return unary_inplace("relu_", UnaryOp::Relu, *this, Kind::KeepType);
+namespace ops::ew {
+
+Tensor neg(const Tensor& x, CallSite site) {
+  check_neg("neg", x);
+  return unary_op("neg", UnaryOp::Neg, x, Kind::KeepType, Formula::Neg, site);
 }
 
-Tensor Tensor::exp() const { return unary_out("exp", UnaryOp::Exp, *this, Kind::Promote); }
-Tensor& Tensor::exp_() { return unary_inplace("exp_", UnaryOp::Exp, *this, Kind::Promote); }
-Tensor Tensor::log() const { return unary_out("log", UnaryOp::Log, *this, Kind::Promote); }
-Tensor& Tensor::log_() { return unary_inplace("log_", UnaryOp::Log, *this, Kind::Promote); }
-Tensor Tensor::log1p() const { return unary_out("log1p", UnaryOp::Log1p, *this, Kind::Promote); }
-Tensor Tensor::sqrt() const { return unary_out("sqrt", UnaryOp::Sqrt, *this, Kind::Promote); }
-Tensor& Tensor::sqrt_() { return unary_inplace("sqrt_", UnaryOp::Sqrt, *this, Kind::Promote); }
-Tensor Tensor::rsqrt() const { return unary_out("rsqrt", UnaryOp::Rsqrt, *this, Kind::Promote); }
-Tensor Tensor::sin() const { return unary_out("sin", UnaryOp::Sin, *this, Kind::Promote); }
-Tensor Tensor::cos() const { return unary_out("cos", UnaryOp::Cos, *this, Kind::Promote); }
-Tensor Tensor::tanh() const { return unary_out("tanh", UnaryOp::Tanh, *this, Kind::Promote); }
-Tensor& Tensor::tanh_() { return unary_inplace("tanh_", UnaryOp::Tanh, *this, Kind::Promote); }
-Tensor Tensor::sigmoid() const { return unary_out("sigmoid", UnaryOp::Sigmoid, *this, Kind::Promote); }
-Tensor& Tensor::sigmoid_() { return unary_inplace("sigmoid_", UnaryOp::Sigmoid, *this, Kind::Promote); }
-Tensor Tensor::silu() const { return unary_out("silu", UnaryOp::Silu, *this, Kind::FloatOnly); }
-Tensor Tensor::gelu(std::string_view approximate) const {
-  return unary_out("gelu", gelu_op(approximate), *this, Kind::FloatOnly);
-}
-
-Tensor Tensor::clamp(std::optional<Scalar> min, std::optional<Scalar> max) const {
-  const DType rt = clamp_type("clamp", *this, min, max);
-  Tensor out = ops::new_output(sizes(), rt);
-  if (out.numel() == 0) return out;
-  if (rt == dtype()) {
-    run_clamp(ops::make_loop(sizes(), {&out, this}), rt, min, max);
-  } else {  // int tensor clamped by a float bound: convert into out, clamp in place
-    kernels::copy_cast(ops::make_loop(sizes(), {&out, this}), rt, dtype());
-    run_clamp(ops::make_loop(sizes(), {&out, &out}), rt, min, max);
+Tensor gelu_backward(const Tensor& grad, const Tensor& self, bool tanh_form) {
+  Tensor out = binary_out("gelu_backward",
+                          tanh_form ? kernels::BinaryOp::GeluTanhBackward : kernels::BinaryOp::GeluErfBackward, grad,
+                          self, ops::result_type(grad, self));
+  if (autograd::compute_requires_grad({&grad, &self})) {
+    auto node = make_intrusive<GeluBackwardBackward>();
+    node->tanh_form = tanh_form;
+    node->self = SavedVariable(self, false);
+    if (self.requires_grad()) node->grad = SavedVariable(grad, false);
+    autograd::set_history(out, node, {&grad, &self});
   }
   return out;
 }
 
-Tensor& Tensor::clamp_(std::optional<Scalar> min, std::optional<Scalar> max) {
+}  // namespace ops::ew
+
+Tensor Tensor::neg(std::source_location loc) const { return ops::ew::neg(*this, CallSite::from(loc)); }
+Tensor& Tensor::neg_(std::source_location loc) {
+  check_neg("neg_", *this);
+  return unary_op_("neg_", UnaryOp::Neg, *this, Kind::KeepType, Formula::Neg, CallSite::from(loc));
+}
+Tensor Tensor::abs(std::source_location loc) const {
+  return unary_op("abs", UnaryOp::Abs, *this, Kind::KeepType, Formula::Abs, CallSite::from(loc));
+}
+Tensor& Tensor::abs_(std::source_location loc) {
+  return unary_op_("abs_", UnaryOp::Abs, *this, Kind::KeepType, Formula::Abs, CallSite::from(loc));
+}
+Tensor Tensor::relu(std::source_location loc) const {
+  check_relu("relu", *this);
+  return unary_op("relu", UnaryOp::Relu, *this, Kind::KeepType, Formula::Relu, CallSite::from(loc));
+}
+Tensor& Tensor::relu_(std::source_location loc) {
+  check_relu("relu_", *this);
+  return unary_op_("relu_", UnaryOp::Relu, *this, Kind::KeepType, Formula::Relu, CallSite::from(loc));
+}
+
+Tensor Tensor::exp(std::source_location loc) const {
+  return unary_op("exp", UnaryOp::Exp, *this, Kind::Promote, Formula::Exp, CallSite::from(loc));
+}
+Tensor& Tensor::exp_(std::source_location loc) {
+  return unary_op_("exp_", UnaryOp::Exp, *this, Kind::Promote, Formula::Exp, CallSite::from(loc));
+}
+Tensor Tensor::log(std::source_location loc) const {
+  return unary_op("log", UnaryOp::Log, *this, Kind::Promote, Formula::Log, CallSite::from(loc));
+}
+Tensor& Tensor::log_(std::source_location loc) {
+  return unary_op_("log_", UnaryOp::Log, *this, Kind::Promote, Formula::Log, CallSite::from(loc));
+}
+Tensor Tensor::log1p(std::source_location loc) const {
+  return unary_op("log1p", UnaryOp::Log1p, *this, Kind::Promote, Formula::Log1p, CallSite::from(loc));
+}
+Tensor Tensor::sqrt(std::source_location loc) const {
+  return unary_op("sqrt", UnaryOp::Sqrt, *this, Kind::Promote, Formula::Sqrt, CallSite::from(loc));
+}
+Tensor& Tensor::sqrt_(std::source_location loc) {
+  return unary_op_("sqrt_", UnaryOp::Sqrt, *this, Kind::Promote, Formula::Sqrt, CallSite::from(loc));
+}
+Tensor Tensor::rsqrt(std::source_location loc) const {
+  return unary_op("rsqrt", UnaryOp::Rsqrt, *this, Kind::Promote, Formula::Rsqrt, CallSite::from(loc));
+}
+Tensor Tensor::sin(std::source_location loc) const {
+  return unary_op("sin", UnaryOp::Sin, *this, Kind::Promote, Formula::Sin, CallSite::from(loc));
+}
+Tensor Tensor::cos(std::source_location loc) const {
+  return unary_op("cos", UnaryOp::Cos, *this, Kind::Promote, Formula::Cos, CallSite::from(loc));
+}
+Tensor Tensor::tanh(std::source_location loc) const {
+  return unary_op("tanh", UnaryOp::Tanh, *this, Kind::Promote, Formula::Tanh, CallSite::from(loc));
+}
+Tensor& Tensor::tanh_(std::source_location loc) {
+  return unary_op_("tanh_", UnaryOp::Tanh, *this, Kind::Promote, Formula::Tanh, CallSite::from(loc));
+}
+Tensor Tensor::sigmoid(std::source_location loc) const {
+  return unary_op("sigmoid", UnaryOp::Sigmoid, *this, Kind::Promote, Formula::Sigmoid, CallSite::from(loc));
+}
+Tensor& Tensor::sigmoid_(std::source_location loc) {
+  return unary_op_("sigmoid_", UnaryOp::Sigmoid, *this, Kind::Promote, Formula::Sigmoid, CallSite::from(loc));
+}
+Tensor Tensor::silu(std::source_location loc) const {
+  return unary_op("silu", UnaryOp::Silu, *this, Kind::FloatOnly, Formula::Silu, CallSite::from(loc));
+}
+Tensor Tensor::gelu(std::string_view approximate, std::source_location loc) const {
+  const UnaryOp op = gelu_op(approximate);
+  Tensor out = unary_out("gelu", op, *this, Kind::FloatOnly);
+  if (autograd::compute_requires_grad({this})) {
+    record_unary(out, *this, Formula::Gelu, CallSite::from(loc), op == UnaryOp::GeluTanh);
+  }
+  return out;
+}
+
+Tensor Tensor::clamp(std::optional<Scalar> min, std::optional<Scalar> max, std::source_location loc) const {
+  const DType rt = clamp_type("clamp", *this, min, max);
+  Tensor out = ops::new_output(sizes(), rt);
+  if (out.numel() > 0) {
+    if (rt == dtype()) {
+      run_clamp(ops::make_loop(sizes(), {&out, this}), rt, min, max);
+    } else {  // int tensor clamped by a float bound: convert into out, clamp in place
+      kernels::copy_cast(ops::make_loop(sizes(), {&out, this}), rt, dtype());
+      run_clamp(ops::make_loop(sizes(), {&out, &out}), rt, min, max);
+    }
+  }
+  if (autograd::compute_requires_grad({this})) {
+    record_unary(out, *this, Formula::Clamp, CallSite::from(loc), false, min, max);
+  }
+  return out;
+}
+
+Tensor& Tensor::clamp_(std::optional<Scalar> min, std::optional<Scalar> max, std::source_location loc) {
+  const CallSite site = CallSite::from(loc);
   const DType rt = clamp_type("clamp_", *this, min, max);
   // torch allows no promotion at all for in-place clamp (not even one can_cast permits).
   KILN_CHECK(rt == dtype(), DTypeError, "clamp_: result type ", dtype_name(rt),
              " can't be cast to the desired output type ", dtype_name(dtype()),
              " (the bounds promote the result; use clamp() for a ", dtype_name(rt), " result)");
   ops::ew::check_no_internal_overlap("clamp_", *this);
+  autograd::check_inplace(*this, "clamp_", site);
+  IntrusivePtr<UnaryBackward> node;
+  if (autograd::compute_requires_grad({this})) {
+    // The pass-through mask depends on the old value, which the write loses (x < lo and x == lo both give lo).
+    node = make_intrusive<UnaryBackward>();
+    node->formula = Formula::Clamp;
+    if (min && max) node->precomputed = ge(*min).logical_and(le(*max));
+    else node->precomputed = min ? ge(*min) : le(*max);
+  }
   if (numel() > 0) run_clamp(ops::make_loop(sizes(), {this, this}), rt, min, max);
   bump_version();
+  if (node) autograd::rebase_history(*this, node, {}, site);
   return *this;
 }
 

@@ -225,54 +225,66 @@ class Tensor {
                        std::source_location loc = std::source_location::current());
 
   // ---- elementwise arithmetic (broadcasting, PyTorch promotion) ----
-  Tensor add(const Tensor& other, const Scalar& alpha = 1) const;
-  Tensor add(const Scalar& other, const Scalar& alpha = 1) const;
-  Tensor sub(const Tensor& other, const Scalar& alpha = 1) const;
-  Tensor sub(const Scalar& other, const Scalar& alpha = 1) const;
-  Tensor mul(const Tensor& other) const;
-  Tensor mul(const Scalar& other) const;
-  Tensor div(const Tensor& other) const;
-  Tensor div(const Scalar& other) const;
-  Tensor pow(const Tensor& exponent) const;
-  Tensor pow(const Scalar& exponent) const;
-  Tensor maximum(const Tensor& other) const;
-  Tensor minimum(const Tensor& other) const;
-  Tensor& add_(const Tensor& other, const Scalar& alpha = 1);
-  Tensor& add_(const Scalar& other, const Scalar& alpha = 1);
-  Tensor& sub_(const Tensor& other, const Scalar& alpha = 1);
-  Tensor& sub_(const Scalar& other, const Scalar& alpha = 1);
-  Tensor& mul_(const Tensor& other);
-  Tensor& mul_(const Scalar& other);
-  Tensor& div_(const Tensor& other);
-  Tensor& div_(const Scalar& other);
-  Tensor& pow_(const Scalar& exponent);
+  // `loc` (this section and the next) is the caller's file:line, recorded on
+  // the autograd node (and, for in-place ops, on the storage) for error messages.
+  Tensor add(const Tensor& other, const Scalar& alpha = 1,
+             std::source_location loc = std::source_location::current()) const;
+  Tensor add(const Scalar& other, const Scalar& alpha = 1,
+             std::source_location loc = std::source_location::current()) const;
+  Tensor sub(const Tensor& other, const Scalar& alpha = 1,
+             std::source_location loc = std::source_location::current()) const;
+  Tensor sub(const Scalar& other, const Scalar& alpha = 1,
+             std::source_location loc = std::source_location::current()) const;
+  Tensor mul(const Tensor& other, std::source_location loc = std::source_location::current()) const;
+  Tensor mul(const Scalar& other, std::source_location loc = std::source_location::current()) const;
+  Tensor div(const Tensor& other, std::source_location loc = std::source_location::current()) const;
+  Tensor div(const Scalar& other, std::source_location loc = std::source_location::current()) const;
+  Tensor pow(const Tensor& exponent, std::source_location loc = std::source_location::current()) const;
+  Tensor pow(const Scalar& exponent, std::source_location loc = std::source_location::current()) const;
+  Tensor maximum(const Tensor& other, std::source_location loc = std::source_location::current()) const;
+  Tensor minimum(const Tensor& other, std::source_location loc = std::source_location::current()) const;
+  Tensor& add_(const Tensor& other, const Scalar& alpha = 1,
+               std::source_location loc = std::source_location::current());
+  Tensor& add_(const Scalar& other, const Scalar& alpha = 1,
+               std::source_location loc = std::source_location::current());
+  Tensor& sub_(const Tensor& other, const Scalar& alpha = 1,
+               std::source_location loc = std::source_location::current());
+  Tensor& sub_(const Scalar& other, const Scalar& alpha = 1,
+               std::source_location loc = std::source_location::current());
+  Tensor& mul_(const Tensor& other, std::source_location loc = std::source_location::current());
+  Tensor& mul_(const Scalar& other, std::source_location loc = std::source_location::current());
+  Tensor& div_(const Tensor& other, std::source_location loc = std::source_location::current());
+  Tensor& div_(const Scalar& other, std::source_location loc = std::source_location::current());
+  Tensor& pow_(const Scalar& exponent, std::source_location loc = std::source_location::current());
 
   // ---- elementwise unary ----
-  Tensor neg() const;
-  Tensor abs() const;
-  Tensor exp() const;
-  Tensor log() const;
-  Tensor log1p() const;
-  Tensor sqrt() const;
-  Tensor rsqrt() const;
-  Tensor sin() const;
-  Tensor cos() const;
-  Tensor tanh() const;
-  Tensor sigmoid() const;
-  Tensor relu() const;
+  Tensor neg(std::source_location loc = std::source_location::current()) const;
+  Tensor abs(std::source_location loc = std::source_location::current()) const;
+  Tensor exp(std::source_location loc = std::source_location::current()) const;
+  Tensor log(std::source_location loc = std::source_location::current()) const;
+  Tensor log1p(std::source_location loc = std::source_location::current()) const;
+  Tensor sqrt(std::source_location loc = std::source_location::current()) const;
+  Tensor rsqrt(std::source_location loc = std::source_location::current()) const;
+  Tensor sin(std::source_location loc = std::source_location::current()) const;
+  Tensor cos(std::source_location loc = std::source_location::current()) const;
+  Tensor tanh(std::source_location loc = std::source_location::current()) const;
+  Tensor sigmoid(std::source_location loc = std::source_location::current()) const;
+  Tensor relu(std::source_location loc = std::source_location::current()) const;
   /// approximate: "none" (erf) or "tanh", as torch.nn.functional.gelu.
-  Tensor gelu(std::string_view approximate = "none") const;
-  Tensor silu() const;
-  Tensor clamp(std::optional<Scalar> min, std::optional<Scalar> max = std::nullopt) const;
-  Tensor& neg_();
-  Tensor& abs_();
-  Tensor& exp_();
-  Tensor& log_();
-  Tensor& sqrt_();
-  Tensor& tanh_();
-  Tensor& sigmoid_();
-  Tensor& relu_();
-  Tensor& clamp_(std::optional<Scalar> min, std::optional<Scalar> max = std::nullopt);
+  Tensor gelu(std::string_view approximate = "none", std::source_location loc = std::source_location::current()) const;
+  Tensor silu(std::source_location loc = std::source_location::current()) const;
+  Tensor clamp(std::optional<Scalar> min, std::optional<Scalar> max = std::nullopt,
+               std::source_location loc = std::source_location::current()) const;
+  Tensor& neg_(std::source_location loc = std::source_location::current());
+  Tensor& abs_(std::source_location loc = std::source_location::current());
+  Tensor& exp_(std::source_location loc = std::source_location::current());
+  Tensor& log_(std::source_location loc = std::source_location::current());
+  Tensor& sqrt_(std::source_location loc = std::source_location::current());
+  Tensor& tanh_(std::source_location loc = std::source_location::current());
+  Tensor& sigmoid_(std::source_location loc = std::source_location::current());
+  Tensor& relu_(std::source_location loc = std::source_location::current());
+  Tensor& clamp_(std::optional<Scalar> min, std::optional<Scalar> max = std::nullopt,
+                 std::source_location loc = std::source_location::current());
 
   // ---- comparison and logic (results are bool) ----
   Tensor eq(const Tensor& other) const;
@@ -297,38 +309,48 @@ class Tensor {
   bool allclose(const Tensor& other, double rtol = 1e-5, double atol = 1e-8, bool equal_nan = false) const;
 
   // ---- reductions ----
-  Tensor sum(std::optional<DType> dtype = std::nullopt) const;
-  Tensor sum(IntArrayRef dims, bool keepdim = false, std::optional<DType> dtype = std::nullopt) const;
-  Tensor mean() const;
-  Tensor mean(IntArrayRef dims, bool keepdim = false) const;
-  Tensor prod() const;
-  Tensor prod(int64_t dim, bool keepdim = false) const;
+  // `loc` (left to its default) records the caller's file:line for autograd messages.
+  Tensor sum(std::optional<DType> dtype = std::nullopt,
+             std::source_location loc = std::source_location::current()) const;
+  Tensor sum(IntArrayRef dims, bool keepdim = false, std::optional<DType> dtype = std::nullopt,
+             std::source_location loc = std::source_location::current()) const;
+  Tensor mean(std::source_location loc = std::source_location::current()) const;
+  Tensor mean(IntArrayRef dims, bool keepdim = false, std::source_location loc = std::source_location::current()) const;
+  Tensor prod(std::source_location loc = std::source_location::current()) const;
+  Tensor prod(int64_t dim, bool keepdim = false, std::source_location loc = std::source_location::current()) const;
   /// correction = 1 is Bessel's (torch default); 0 is the population variance.
   /// Empty dims reduce every dim, as torch.var(x, dim=[]). (Not optional<IntArrayRef>:
   /// x.var({1}) would build the optional from the int and keep a dangling reference.)
-  Tensor var(IntArrayRef dims = {}, int64_t correction = 1, bool keepdim = false) const;
-  Tensor std(IntArrayRef dims = {}, int64_t correction = 1, bool keepdim = false) const;
-  Tensor max() const;
-  Tensor min() const;
+  Tensor var(IntArrayRef dims = {}, int64_t correction = 1, bool keepdim = false,
+             std::source_location loc = std::source_location::current()) const;
+  Tensor std(IntArrayRef dims = {}, int64_t correction = 1, bool keepdim = false,
+             std::source_location loc = std::source_location::current()) const;
+  Tensor max(std::source_location loc = std::source_location::current()) const;
+  Tensor min(std::source_location loc = std::source_location::current()) const;
   /// (values, indices) along dim; ties give the first index, as PyTorch on CPU.
-  std::tuple<Tensor, Tensor> max(int64_t dim, bool keepdim = false) const;
-  std::tuple<Tensor, Tensor> min(int64_t dim, bool keepdim = false) const;
-  Tensor amax(IntArrayRef dims, bool keepdim = false) const;
-  Tensor amin(IntArrayRef dims, bool keepdim = false) const;
+  std::tuple<Tensor, Tensor> max(int64_t dim, bool keepdim = false,
+                                 std::source_location loc = std::source_location::current()) const;
+  std::tuple<Tensor, Tensor> min(int64_t dim, bool keepdim = false,
+                                 std::source_location loc = std::source_location::current()) const;
+  Tensor amax(IntArrayRef dims, bool keepdim = false, std::source_location loc = std::source_location::current()) const;
+  Tensor amin(IntArrayRef dims, bool keepdim = false, std::source_location loc = std::source_location::current()) const;
+  /// Not differentiable (integer results): no call site to record.
   Tensor argmax(std::optional<int64_t> dim = std::nullopt, bool keepdim = false) const;
   Tensor argmin(std::optional<int64_t> dim = std::nullopt, bool keepdim = false) const;
-  Tensor logsumexp(IntArrayRef dims, bool keepdim = false) const;
+  Tensor logsumexp(IntArrayRef dims, bool keepdim = false,
+                   std::source_location loc = std::source_location::current()) const;
   /// p-norm over dims (all dims when empty); p = 2 by default, inf allowed.
-  Tensor norm(double p = 2.0, IntArrayRef dims = {}, bool keepdim = false) const;
-  Tensor softmax(int64_t dim) const;
-  Tensor log_softmax(int64_t dim) const;
+  Tensor norm(double p = 2.0, IntArrayRef dims = {}, bool keepdim = false,
+              std::source_location loc = std::source_location::current()) const;
+  Tensor softmax(int64_t dim, std::source_location loc = std::source_location::current()) const;
+  Tensor log_softmax(int64_t dim, std::source_location loc = std::source_location::current()) const;
   Tensor all() const;
   Tensor any() const;
 
   // ---- dense math (oneDNN) ----
-  Tensor mm(const Tensor& other) const;
-  Tensor bmm(const Tensor& other) const;
-  Tensor matmul(const Tensor& other) const;
+  Tensor mm(const Tensor& other, std::source_location loc = std::source_location::current()) const;
+  Tensor bmm(const Tensor& other, std::source_location loc = std::source_location::current()) const;
+  Tensor matmul(const Tensor& other, std::source_location loc = std::source_location::current()) const;
 
  private:
   void check_dtype_for_access(DType requested, const char* what) const;

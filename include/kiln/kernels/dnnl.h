@@ -12,11 +12,12 @@
 // every scratchpad comes from kiln's allocator (MemoryCategory::Workspace).
 //
 // Note [Dense kernels and backward]: each forward takes a plain parameter
-// struct so backward kernels (convolution backward-data/weights, pooling
-// backward) can take the same struct and find the forward primitive they
-// need as a hint under the same cache key. Max pooling exposes both oneDNN's
-// opaque workspace (pool2d_workspace_bytes) and torch-style int64 indices
-// (max_pool2d_with_indices), so its backward can use either.
+// struct, and its backward kernels (convolution backward-data/weights,
+// pooling backward) take the same struct and build the forward primitive
+// descriptor they need as a hint under the same cache key. Max pooling
+// exposes both oneDNN's opaque workspace (pool2d_workspace_bytes) and
+// torch-style int64 indices (max_pool2d_with_indices); its backward uses the
+// workspace when the forward ran on oneDNN and the indices otherwise.
 #pragma once
 
 #include <cstddef>
@@ -79,6 +80,24 @@ struct Conv2dParams {
 /// integers run im2col + gemm.
 void conv2d_forward(const Conv2dParams& p, const void* input, const void* weight, const void* bias, void* output);
 
+/// The gradient w.r.t. the input: grad_input [n, c, h, w] (overwritten; rows
+/// and columns no window reads get 0) from grad_output [n, o, oh, ow] and the
+/// weight. All contiguous. float32/bfloat16: oneDNN convolution_backward_data;
+/// float64: gemm + col2im.
+void conv2d_backward_input(const Conv2dParams& p, const void* grad_output, const void* weight, void* grad_input);
+
+/// The gradient w.r.t. the weight [o, c / groups, kh, kw] and, when grad_bias
+/// is not null, the bias [o] (both overwritten), from grad_output and the
+/// input. float32/bfloat16: oneDNN convolution_backward_weights, which sums the
+/// bias gradient in the same pass; float64: im2col + gemm.
+void conv2d_backward_weight(const Conv2dParams& p, const void* grad_output, const void* input, void* grad_weight,
+                            void* grad_bias);
+
+/// Both of the above in one call: oneDNN then reorders grad_output into its
+/// blocked layout once for both primitives.
+void conv2d_backward(const Conv2dParams& p, const void* grad_output, const void* input, const void* weight,
+                     void* grad_input, void* grad_weight, void* grad_bias);
+
 // ---------------------------------------------------------------------------
 // 2-D pooling, NCHW.
 // ---------------------------------------------------------------------------
@@ -122,6 +141,35 @@ void max_pool2d_with_indices(const Pool2dParams& p, const void* input, void* out
 /// oneDNN; the rest run our own loop.
 void adaptive_avg_pool2d(DType dtype, int64_t planes, int64_t h, int64_t w, int64_t oh, int64_t ow, const void* input,
                          void* output);
+
+// Pooling backward. grad_input [n, c, h, w] is overwritten; grad_output is
+// [n, c, oh, ow]; both contiguous; float32, float64, bfloat16 (16-bit types
+// accumulate in float32 and round once).
+
+/// The adjoint of average pooling (p.kind AvgIncludePad / AvgExcludePad,
+/// divisor_override as in the forward): oneDNN pooling backward wherever the
+/// forward runs on oneDNN, our loop otherwise.
+void avg_pool2d_backward(const Pool2dParams& p, const void* grad_output, void* grad_input);
+
+/// Max pooling backward from the oneDNN workspace that pool2d_forward wrote
+/// (only valid when it returned true).
+void max_pool2d_backward_workspace(const Pool2dParams& p, const void* grad_output, const void* workspace,
+                                   void* grad_input);
+
+/// Max pooling backward from max_pool2d_with_indices' indices: each
+/// grad_output element is added to grad_input at its index (overlapping
+/// windows that chose the same element add up).
+void max_pool2d_backward_indices(const Pool2dParams& p, const void* grad_output, const int64_t* indices,
+                                 void* grad_input);
+
+/// The adjoint of max_pool2d_backward_indices (double backward):
+/// out[plane, o] = src[plane, indices[plane, o]], src shaped like the input.
+void max_pool2d_gather(const Pool2dParams& p, const void* src, const int64_t* indices, void* out);
+
+/// The adjoint of adaptive_avg_pool2d: each output cell's gradient, divided
+/// by its bin's area, added over the bin (bins may overlap).
+void adaptive_avg_pool2d_backward(DType dtype, int64_t planes, int64_t h, int64_t w, int64_t oh, int64_t ow,
+                                  const void* grad_output, void* grad_input);
 
 // ---------------------------------------------------------------------------
 // Primitive cache introspection (tests, diagnostics).

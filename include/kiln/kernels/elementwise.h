@@ -21,6 +21,7 @@ namespace kiln::kernels {
 enum class UnaryOp : uint8_t {
   Neg, Abs, Relu, BitwiseNot,  // every dtype they are defined for (the ops layer checks)
   Exp, Log, Log1p, Sqrt, Rsqrt, Sin, Cos, Tanh, Sigmoid, GeluErf, GeluTanh, Silu,  // floating only
+  Sign,  // floating only: -1, 0 or 1; 0 for +-0 and NaN (torch.sign; abs's backward)
 };
 
 /// Operand 0 = op(operand 1); both of dtype `dt`. The two may be the same memory.
@@ -37,6 +38,8 @@ enum class BinaryOp : uint8_t {
   Pow,       // integers: exact, negative exponents give 0, 1 or -1 (torch's powi)
   Maximum, Minimum,  // NaN-propagating on floats
   BitwiseAnd, BitwiseOr, BitwiseXor,  // integral and bool only
+  // Floating only: operand 1 (the incoming gradient) * gelu'(operand 2), as torch's gelu_backward.
+  GeluErfBackward, GeluTanhBackward,
 };
 
 /// Operand 0 = op(operand 1, operand 2), all of dtype `dt`. `alpha` (Add only)

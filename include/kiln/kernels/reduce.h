@@ -95,4 +95,10 @@ void arg_reduce(const DimLayout& l, DType dt, const void* in, void* values, int6
 /// Three fused passes per row: max, sum of exp, write.
 void softmax(const DimLayout& l, DType dt, const void* in, void* out, bool log);
 
+/// The gradient of softmax along n from its output y and the output's gradient g:
+/// out = y * (g - sum(g * y)); with `log`, of log_softmax: out = g - exp(y) * sum(g).
+/// y, g and out are laid out as the forward's output; 16-bit floats compute in
+/// float and round once. One fused pass for the sum, one to write, per row.
+void softmax_backward(const DimLayout& l, DType dt, const void* y, const void* g, void* out, bool log);
+
 }  // namespace kiln::kernels

@@ -25,29 +25,35 @@ enum class PaddingMode { Valid, Same };
 /// bias [out_channels] or undefined -> [N, out_channels, H_out, W_out] with
 /// H_out = (H + 2 * padding - dilation * (kH - 1) - 1) / stride + 1.
 Tensor conv2d(const Tensor& input, const Tensor& weight, const Tensor& bias = {}, IntArrayRef stride = 1,
-              IntArrayRef padding = 0, IntArrayRef dilation = 1, int64_t groups = 1);
+              IntArrayRef padding = 0, IntArrayRef dilation = 1, int64_t groups = 1,
+              std::source_location loc = std::source_location::current());
 Tensor conv2d(const Tensor& input, const Tensor& weight, const Tensor& bias, IntArrayRef stride,
-              PaddingMode padding, IntArrayRef dilation = 1, int64_t groups = 1);
+              PaddingMode padding, IntArrayRef dilation = 1, int64_t groups = 1,
+              std::source_location loc = std::source_location::current());
 
 /// stride defaults to kernel_size (an empty stride means "default", as torch's
 /// stride=None). Padding is implicit -inf and may be at most half the kernel.
 Tensor max_pool2d(const Tensor& input, IntArrayRef kernel_size, IntArrayRef stride = {}, IntArrayRef padding = 0,
-                  IntArrayRef dilation = 1, bool ceil_mode = false);
+                  IntArrayRef dilation = 1, bool ceil_mode = false,
+                  std::source_location loc = std::source_location::current());
 /// As max_pool2d, plus int64 indices of each maximum, flattened over its
 /// input plane (row * W + col), as torch's return_indices=True.
 std::tuple<Tensor, Tensor> max_pool2d_with_indices(const Tensor& input, IntArrayRef kernel_size,
                                                    IntArrayRef stride = {}, IntArrayRef padding = 0,
-                                                   IntArrayRef dilation = 1, bool ceil_mode = false);
+                                                   IntArrayRef dilation = 1, bool ceil_mode = false,
+                                                   std::source_location loc = std::source_location::current());
 
 /// count_include_pad counts the zero padding in each window's divisor (but
 /// not the extra cells ceil_mode adds past it, as torch); divisor_override,
 /// when set, replaces the divisor. Also accepts integer tensors, as torch.
 Tensor avg_pool2d(const Tensor& input, IntArrayRef kernel_size, IntArrayRef stride = {}, IntArrayRef padding = 0,
                   bool ceil_mode = false, bool count_include_pad = true,
-                  std::optional<int64_t> divisor_override = std::nullopt);
+                  std::optional<int64_t> divisor_override = std::nullopt,
+                  std::source_location loc = std::source_location::current());
 
 /// Output [..., oH, oW]; cell i averages input rows [floor(i * H / oH),
 /// ceil((i + 1) * H / oH)) and likewise columns, so bins may overlap.
-Tensor adaptive_avg_pool2d(const Tensor& input, IntArrayRef output_size);
+Tensor adaptive_avg_pool2d(const Tensor& input, IntArrayRef output_size,
+                           std::source_location loc = std::source_location::current());
 
 }  // namespace kiln

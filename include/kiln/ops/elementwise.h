@@ -6,6 +6,7 @@
 #pragma once
 
 #include <optional>
+#include <source_location>
 #include <string_view>
 
 #include "kiln/core/tensor.h"
@@ -14,45 +15,76 @@
 namespace kiln {
 
 // ---- arithmetic ----
-inline Tensor add(const Tensor& a, const Tensor& b, const Scalar& alpha = 1) { return a.add(b, alpha); }
-inline Tensor add(const Tensor& a, const Scalar& b, const Scalar& alpha = 1) { return a.add(b, alpha); }
-inline Tensor sub(const Tensor& a, const Tensor& b, const Scalar& alpha = 1) { return a.sub(b, alpha); }
-inline Tensor sub(const Tensor& a, const Scalar& b, const Scalar& alpha = 1) { return a.sub(b, alpha); }
+// `loc` is the caller's file:line for autograd's messages (tensor.h).
+inline Tensor add(const Tensor& a, const Tensor& b, const Scalar& alpha = 1,
+                  std::source_location loc = std::source_location::current()) {
+  return a.add(b, alpha, loc);
+}
+inline Tensor add(const Tensor& a, const Scalar& b, const Scalar& alpha = 1,
+                  std::source_location loc = std::source_location::current()) {
+  return a.add(b, alpha, loc);
+}
+inline Tensor sub(const Tensor& a, const Tensor& b, const Scalar& alpha = 1,
+                  std::source_location loc = std::source_location::current()) {
+  return a.sub(b, alpha, loc);
+}
+inline Tensor sub(const Tensor& a, const Scalar& b, const Scalar& alpha = 1,
+                  std::source_location loc = std::source_location::current()) {
+  return a.sub(b, alpha, loc);
+}
 /// torch.rsub: other - alpha * self (what `2 - x` computes).
-Tensor rsub(const Tensor& self, const Scalar& other, const Scalar& alpha = 1);
-inline Tensor mul(const Tensor& a, const Tensor& b) { return a.mul(b); }
-inline Tensor mul(const Tensor& a, const Scalar& b) { return a.mul(b); }
+Tensor rsub(const Tensor& self, const Scalar& other, const Scalar& alpha = 1,
+            std::source_location loc = std::source_location::current());
+inline Tensor mul(const Tensor& a, const Tensor& b,
+                  std::source_location loc = std::source_location::current()) { return a.mul(b, loc); }
+inline Tensor mul(const Tensor& a, const Scalar& b,
+                  std::source_location loc = std::source_location::current()) { return a.mul(b, loc); }
 /// True division: integer and bool operands give the default float dtype.
-inline Tensor div(const Tensor& a, const Tensor& b) { return a.div(b); }
-inline Tensor div(const Tensor& a, const Scalar& b) { return a.div(b); }
+inline Tensor div(const Tensor& a, const Tensor& b,
+                  std::source_location loc = std::source_location::current()) { return a.div(b, loc); }
+inline Tensor div(const Tensor& a, const Scalar& b,
+                  std::source_location loc = std::source_location::current()) { return a.div(b, loc); }
 /// Scalar / tensor (what `2 / x` computes).
-Tensor div(const Scalar& a, const Tensor& b);
-inline Tensor pow(const Tensor& a, const Tensor& exponent) { return a.pow(exponent); }
-inline Tensor pow(const Tensor& a, const Scalar& exponent) { return a.pow(exponent); }
+Tensor div(const Scalar& a, const Tensor& b, std::source_location loc = std::source_location::current());
+inline Tensor pow(const Tensor& a, const Tensor& exponent, std::source_location loc = std::source_location::current()) {
+  return a.pow(exponent, loc);
+}
+inline Tensor pow(const Tensor& a, const Scalar& exponent, std::source_location loc = std::source_location::current()) {
+  return a.pow(exponent, loc);
+}
 /// Scalar ** tensor (torch.pow(2, x)).
-Tensor pow(const Scalar& self, const Tensor& exponent);
-/// NaN-propagating elementwise max/min (torch.maximum/minimum).
-inline Tensor maximum(const Tensor& a, const Tensor& b) { return a.maximum(b); }
-inline Tensor minimum(const Tensor& a, const Tensor& b) { return a.minimum(b); }
+Tensor pow(const Scalar& self, const Tensor& exponent, std::source_location loc = std::source_location::current());
+/// NaN-propagating elementwise max/min (torch.maximum/minimum); equal inputs share the gradient.
+inline Tensor maximum(const Tensor& a, const Tensor& b,
+                      std::source_location loc = std::source_location::current()) { return a.maximum(b, loc); }
+inline Tensor minimum(const Tensor& a, const Tensor& b,
+                      std::source_location loc = std::source_location::current()) { return a.minimum(b, loc); }
 
 // ---- unary ----
-inline Tensor neg(const Tensor& x) { return x.neg(); }
-inline Tensor abs(const Tensor& x) { return x.abs(); }
-inline Tensor exp(const Tensor& x) { return x.exp(); }
-inline Tensor log(const Tensor& x) { return x.log(); }
-inline Tensor log1p(const Tensor& x) { return x.log1p(); }
-inline Tensor sqrt(const Tensor& x) { return x.sqrt(); }
-inline Tensor rsqrt(const Tensor& x) { return x.rsqrt(); }
-inline Tensor sin(const Tensor& x) { return x.sin(); }
-inline Tensor cos(const Tensor& x) { return x.cos(); }
-inline Tensor tanh(const Tensor& x) { return x.tanh(); }
-inline Tensor sigmoid(const Tensor& x) { return x.sigmoid(); }
-inline Tensor relu(const Tensor& x) { return x.relu(); }
+inline Tensor neg(const Tensor& x, std::source_location loc = std::source_location::current()) { return x.neg(loc); }
+inline Tensor abs(const Tensor& x, std::source_location loc = std::source_location::current()) { return x.abs(loc); }
+inline Tensor exp(const Tensor& x, std::source_location loc = std::source_location::current()) { return x.exp(loc); }
+inline Tensor log(const Tensor& x, std::source_location loc = std::source_location::current()) { return x.log(loc); }
+inline Tensor log1p(const Tensor& x,
+                    std::source_location loc = std::source_location::current()) { return x.log1p(loc); }
+inline Tensor sqrt(const Tensor& x, std::source_location loc = std::source_location::current()) { return x.sqrt(loc); }
+inline Tensor rsqrt(const Tensor& x,
+                    std::source_location loc = std::source_location::current()) { return x.rsqrt(loc); }
+inline Tensor sin(const Tensor& x, std::source_location loc = std::source_location::current()) { return x.sin(loc); }
+inline Tensor cos(const Tensor& x, std::source_location loc = std::source_location::current()) { return x.cos(loc); }
+inline Tensor tanh(const Tensor& x, std::source_location loc = std::source_location::current()) { return x.tanh(loc); }
+inline Tensor sigmoid(const Tensor& x,
+                      std::source_location loc = std::source_location::current()) { return x.sigmoid(loc); }
+inline Tensor relu(const Tensor& x, std::source_location loc = std::source_location::current()) { return x.relu(loc); }
 /// approximate: "none" (erf form) or "tanh"; anything else raises ValueError.
-inline Tensor gelu(const Tensor& x, std::string_view approximate = "none") { return x.gelu(approximate); }
-inline Tensor silu(const Tensor& x) { return x.silu(); }
-inline Tensor clamp(const Tensor& x, std::optional<Scalar> min, std::optional<Scalar> max = std::nullopt) {
-  return x.clamp(min, max);
+inline Tensor gelu(const Tensor& x, std::string_view approximate = "none",
+                   std::source_location loc = std::source_location::current()) {
+  return x.gelu(approximate, loc);
+}
+inline Tensor silu(const Tensor& x, std::source_location loc = std::source_location::current()) { return x.silu(loc); }
+inline Tensor clamp(const Tensor& x, std::optional<Scalar> min, std::optional<Scalar> max = std::nullopt,
+                    std::source_location loc = std::source_location::current()) {
+  return x.clamp(min, max, loc);
 }
 
 // ---- comparison and logic ----

@@ -8,24 +8,34 @@
 // must have the same dtype (DTypeError otherwise, as torch). Transposed and
 // other strided operands with a unit stride in one of their last two dims are
 // read in place; anything else is copied to contiguous first.
+//
+// All four are differentiable (float types): grad_a = grad · bᵀ and grad_b =
+// aᵀ · grad are themselves products (transposed operands read in place), so
+// gradients of any order follow; matmul sums the gradient over the batch dims
+// an operand was broadcast over, and linear's bias gradient sums the rows.
+// The trailing `loc` records the call site for autograd's error messages.
 #pragma once
+
+#include <source_location>
 
 #include "kiln/core/tensor.h"
 
 namespace kiln {
 
 /// [n, k] · [k, m] -> [n, m].
-Tensor mm(const Tensor& self, const Tensor& mat2);
+Tensor mm(const Tensor& self, const Tensor& mat2, std::source_location loc = std::source_location::current());
 /// [b, n, k] · [b, k, m] -> [b, n, m]; the batch sizes must match (no broadcasting).
-Tensor bmm(const Tensor& self, const Tensor& mat2);
+Tensor bmm(const Tensor& self, const Tensor& mat2, std::source_location loc = std::source_location::current());
 /// torch.matmul: 1-D · 1-D is a dot product (0-dim result); a 1-D first
 /// operand gets a leading 1 prepended and a 1-D second operand a trailing 1
 /// appended, removed again from the result; leading (batch) dims broadcast.
-Tensor matmul(const Tensor& self, const Tensor& other);
+Tensor matmul(const Tensor& self, const Tensor& other,
+              std::source_location loc = std::source_location::current());
 /// input [..., in_features] · weight[out_features, in_features]ᵀ + bias
 /// [out_features] -> [..., out_features]. The bias is fused into the product
 /// (any bias that broadcasts to the output is accepted, as torch); weight is
 /// read transposed in place, never copied.
-Tensor linear(const Tensor& input, const Tensor& weight, const Tensor& bias = {});
+Tensor linear(const Tensor& input, const Tensor& weight, const Tensor& bias = {},
+              std::source_location loc = std::source_location::current());
 
 }  // namespace kiln

@@ -81,6 +81,31 @@ struct MinOp {
   }
 };
 
+// gelu's derivative times the incoming gradient, as torch's GeluBackward kernels:
+// erf form: dy * (cdf(x) + x * pdf(x)); tanh form: the derivative of
+// 0.5 * x * (1 + tanh(sqrt(2/pi) * (x + 0.044715 x^3))).
+constexpr double kSqrt1_2 = 0.70710678118654752440;      // 1/sqrt(2)
+constexpr double kInvSqrt2Pi = 0.39894228040143267794;   // 1/sqrt(2 pi)
+constexpr double kSqrt2OverPi = 0.79788456080286535588;  // sqrt(2/pi)
+constexpr double kGeluKappa = 0.044715;
+
+template <typename C>
+inline C gelu_erf_backward(C dy, C x) {
+  const C cdf = C(0.5) * (C(1) + vm::erf(x * C(kSqrt1_2)));
+  const C pdf = C(kInvSqrt2Pi) * vm::exp(C(-0.5) * x * x);
+  return dy * (cdf + x * pdf);
+}
+
+template <typename C>
+inline C gelu_tanh_backward(C dy, C x) {
+  const C x_sq = x * x;
+  const C inner = C(kSqrt2OverPi) * (x + C(kGeluKappa) * x_sq * x);
+  const C t = vm::tanh(inner);
+  const C left_derivative = C(0.5) * (C(1) + t);
+  const C right_derivative = C(0.5) * x * (C(1) - t * t) * C(kSqrt2OverPi) * (C(1) + C(3 * kGeluKappa) * x_sq);
+  return dy * (left_derivative + right_derivative);
+}
+
 [[noreturn]] void undefined_op(const char* what, int op, DType dt) {
   KILN_ASSERT(false, "elementwise ", what, " op #", op, " reached the kernel with dtype ", dtype_name(dt),
               "; the ops layer should have rejected it");
@@ -112,6 +137,12 @@ void binary_typed(const LoopSpec& s, BinaryOp op, const void* alpha) {
       break;
     case BinaryOp::BitwiseXor:
       if constexpr (std::is_integral_v<T>) return run_binary<T, T>(s, [](T a, T b) { return static_cast<T>(a ^ b); });
+      break;
+    case BinaryOp::GeluErfBackward:
+      if constexpr (is_float_v<T>) return run_binary<T, T, true>(s, [](C g, C x) { return gelu_erf_backward(g, x); });
+      break;
+    case BinaryOp::GeluTanhBackward:
+      if constexpr (is_float_v<T>) return run_binary<T, T, true>(s, [](C g, C x) { return gelu_tanh_backward(g, x); });
       break;
   }
   undefined_op("binary", static_cast<int>(op), dtype_of_v<T>);

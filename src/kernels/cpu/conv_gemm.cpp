@@ -1,7 +1,8 @@
-// conv2d_forward: oneDNN for float32/bfloat16 (dnnl_conv.cpp); im2col + gemm
-// for float64 (OpenBLAS dgemm) and integers (kernels::gemm's loop), the same
-// scheme as torch's slow_conv2d, which is what torch runs for these dtypes.
-// col2im for backward-data will sit beside im2col.
+// conv2d forward and backward: oneDNN for float32/bfloat16 (dnnl_conv.cpp);
+// im2col + gemm for float64 (OpenBLAS dgemm) and, forward only, integers
+// (kernels::gemm's loop), the same scheme as torch's slow_conv2d, which is
+// what torch runs for these dtypes. Backward-data is gemm + col2im (im2col's
+// adjoint); backward-weights is im2col + gemm accumulated over the batch.
 #include <omp.h>
 
 #include <algorithm>
@@ -16,6 +17,12 @@ namespace kiln::kernels {
 
 void dnnl_conv2d_forward(const Conv2dParams& p, const void* input, const void* weight, const void* bias,
                          void* output);
+void dnnl_conv2d_backward_input(const Conv2dParams& p, const void* grad_output, const void* weight,
+                                void* grad_input);
+void dnnl_conv2d_backward_weight(const Conv2dParams& p, const void* grad_output, const void* input,
+                                 void* grad_weight, void* grad_bias);
+void dnnl_conv2d_backward(const Conv2dParams& p, const void* grad_output, const void* input, const void* weight,
+                          void* grad_input, void* grad_weight, void* grad_bias);
 
 namespace {
 
@@ -52,13 +59,56 @@ void im2col(const Conv2dParams& p, int64_t cg, const T* img, T* col) {
   }
 }
 
+// The adjoint of im2col: img[ci, iy, ix] += every col entry im2col copied
+// from it. img is [cg, h, w] contiguous, zeroed by the caller.
+template <typename T>
+void col2im(const Conv2dParams& p, int64_t cg, const T* col, T* img) {
+  const int64_t ohw = p.oh * p.ow;
+  for (int64_t ci = 0; ci < cg; ++ci) {
+    T* plane = img + ci * p.h * p.w;
+    for (int64_t ki = 0; ki < p.kh; ++ki) {
+      for (int64_t kj = 0; kj < p.kw; ++kj) {
+        const T* row = col + ((ci * p.kh + ki) * p.kw + kj) * ohw;
+        for (int64_t oy = 0; oy < p.oh; ++oy) {
+          const int64_t iy = oy * p.stride[0] - p.pad_l[0] + ki * p.dilation[0];
+          if (iy < 0 || iy >= p.h) continue;
+          const T* src = row + oy * p.ow;
+          T* dst = plane + iy * p.w;
+          const int64_t x0 = kj * p.dilation[1] - p.pad_l[1];
+          for (int64_t ox = 0; ox < p.ow; ++ox) {
+            const int64_t ix = ox * p.stride[1] + x0;
+            if (ix >= 0 && ix < p.w) dst[ix] += src[ox];
+          }
+        }
+      }
+    }
+  }
+}
+
+// A 1x1 kernel with unit stride and no padding reads the image as it is.
+bool reads_image_directly(const Conv2dParams& p) {
+  return p.kh == 1 && p.kw == 1 && p.stride[0] == 1 && p.stride[1] == 1 && p.pad_l[0] == 0 && p.pad_l[1] == 0 &&
+         p.pad_r[0] == 0 && p.pad_r[1] == 0;
+}
+
+// Runs images(n0, n1) over the batch: one range per thread (single-threaded
+// gemm inside: BLAS and our loops run serially inside an OpenMP region) when
+// there are enough images, otherwise all images in turn, each gemm threaded.
+template <typename F>
+void for_image_ranges(const Conv2dParams& p, int64_t work_per_image, F&& images) {
+  if (p.n >= omp_get_max_threads() && p.n > 1) {
+    parallel_for(p.n, std::max<int64_t>(1, (int64_t{1} << 16) / std::max<int64_t>(work_per_image, 1)),
+                 [&](int64_t b, int64_t e) { images(b, e); });
+  } else {
+    images(0, p.n);
+  }
+}
+
 template <typename T>
 void conv2d_im2col(const Conv2dParams& p, const T* input, const T* weight, const T* bias, T* output) {
   const int64_t cg = p.c / p.groups, og = p.o / p.groups;
   const int64_t ohw = p.oh * p.ow, kdim = cg * p.kh * p.kw;
-  // A 1x1 kernel with unit stride and no padding reads the image as it is.
-  const bool direct = p.kh == 1 && p.kw == 1 && p.stride[0] == 1 && p.stride[1] == 1 && p.pad_l[0] == 0 &&
-                      p.pad_l[1] == 0 && p.pad_r[0] == 0 && p.pad_r[1] == 0;
+  const bool direct = reads_image_directly(p);
   const size_t col_bytes = direct ? 0 : static_cast<size_t>(kdim * ohw) * sizeof(T);
 
   auto images = [&](int64_t n0, int64_t n1) {
@@ -79,15 +129,87 @@ void conv2d_im2col(const Conv2dParams& p, const T* input, const T* weight, const
       }
     }
   };
-  // Enough images: one range per thread, single-threaded gemm inside (BLAS
-  // and our loops run serially inside an OpenMP region). Otherwise images in
-  // turn, each gemm threaded.
-  const int64_t per_image = p.o * ohw * std::max<int64_t>(kdim, 1);
-  if (p.n >= omp_get_max_threads() && p.n > 1) {
-    parallel_for(p.n, std::max<int64_t>(1, (int64_t{1} << 16) / std::max<int64_t>(per_image, 1)),
-                 [&](int64_t b, int64_t e) { images(b, e); });
-  } else {
-    images(0, p.n);
+  for_image_ranges(p, p.o * ohw * std::max<int64_t>(kdim, 1), images);
+}
+
+template <typename T>
+void conv2d_backward_input_gemm(const Conv2dParams& p, const T* grad_output, const T* weight, T* grad_input) {
+  const int64_t cg = p.c / p.groups, og = p.o / p.groups;
+  const int64_t ohw = p.oh * p.ow, kdim = cg * p.kh * p.kw, hw = p.h * p.w;
+  const bool direct = reads_image_directly(p);
+  const size_t col_bytes = direct ? 0 : static_cast<size_t>(kdim * ohw) * sizeof(T);
+  auto images = [&](int64_t n0, int64_t n1) {
+    dnnl_detail::ScratchBlock col_block(col_bytes);
+    T* col = reinterpret_cast<T*>(col_block.data());
+    for (int64_t ni = n0; ni < n1; ++ni) {
+      T* img = grad_input + ni * p.c * hw;
+      if (!direct) std::fill(img, img + p.c * hw, T{});
+      for (int64_t g = 0; g < p.groups; ++g) {
+        // col [kdim, ohw] = W_gᵀ [kdim, og] · grad_g [og, ohw]; a 1x1 kernel writes the image directly.
+        const T* go = grad_output + (ni * p.o + g * og) * ohw;
+        T* img_g = img + g * cg * hw;
+        gemm(dtype_of_v<T>, true, false, kdim, ohw, og, weight + g * og * kdim, kdim, go, ohw, false,
+             direct ? img_g : col, ohw);
+        if (!direct) col2im(p, cg, col, img_g);
+      }
+    }
+  };
+  for_image_ranges(p, p.o * ohw * std::max<int64_t>(kdim, 1), images);
+}
+
+template <typename T>
+void conv2d_backward_weight_gemm(const Conv2dParams& p, const T* grad_output, const T* input, T* grad_weight,
+                                 T* grad_bias) {
+  const int64_t cg = p.c / p.groups, og = p.o / p.groups;
+  const int64_t ohw = p.oh * p.ow, kdim = cg * p.kh * p.kw, hw = p.h * p.w;
+  const bool direct = reads_image_directly(p);
+  std::fill(grad_weight, grad_weight + p.o * kdim, T{});
+  dnnl_detail::ScratchBlock col_block(direct ? 0 : static_cast<size_t>(kdim * ohw) * sizeof(T));
+  T* col = reinterpret_cast<T*>(col_block.data());
+  // Images in turn, each gemm threaded: every image adds into the same grad_weight.
+  for (int64_t ni = 0; ni < p.n; ++ni) {
+    for (int64_t g = 0; g < p.groups; ++g) {
+      const T* img_g = input + (ni * p.c + g * cg) * hw;
+      if (!direct) im2col(p, cg, img_g, col);
+      // W_g [og, kdim] += grad_g [og, ohw] · colᵀ [ohw, kdim]
+      gemm(dtype_of_v<T>, false, true, og, kdim, ohw, grad_output + (ni * p.o + g * og) * ohw, ohw,
+           direct ? img_g : col, ohw, true, grad_weight + g * og * kdim, kdim);
+    }
+  }
+  if (!grad_bias) return;
+  parallel_for(p.o, std::max<int64_t>(1, kGrainSize / std::max<int64_t>(1, p.n * ohw)), [&](int64_t b, int64_t e) {
+    for (int64_t oc = b; oc < e; ++oc) {
+      T sum{};
+      for (int64_t ni = 0; ni < p.n; ++ni) {
+        const T* plane = grad_output + (ni * p.o + oc) * ohw;
+        for (int64_t i = 0; i < ohw; ++i) sum += plane[i];
+      }
+      grad_bias[oc] = sum;
+    }
+  });
+}
+
+// The bias gradient where no kernel runs (empty input channels): grad_output
+// summed over the batch and the plane, in float32 for bfloat16.
+void bias_grad_loop(const Conv2dParams& p, const void* grad_output, void* grad_bias) {
+  const int64_t ohw = p.oh * p.ow;
+  for (int64_t oc = 0; oc < p.o; ++oc) {
+    double sum = 0;
+    for (int64_t ni = 0; ni < p.n; ++ni) {
+      for (int64_t i = 0; i < ohw; ++i) {
+        const int64_t at = (ni * p.o + oc) * ohw + i;
+        switch (p.dtype) {
+          case DType::Float32: sum += static_cast<const float*>(grad_output)[at]; break;
+          case DType::Float64: sum += static_cast<const double*>(grad_output)[at]; break;
+          default: sum += static_cast<float>(static_cast<const BFloat16*>(grad_output)[at]); break;
+        }
+      }
+    }
+    switch (p.dtype) {
+      case DType::Float32: static_cast<float*>(grad_bias)[oc] = static_cast<float>(sum); break;
+      case DType::Float64: static_cast<double*>(grad_bias)[oc] = sum; break;
+      default: static_cast<BFloat16*>(grad_bias)[oc] = static_cast<BFloat16>(static_cast<float>(sum)); break;
+    }
   }
 }
 
@@ -132,6 +254,54 @@ void conv2d_forward(const Conv2dParams& p, const void* input, const void* weight
       for (int64_t i = 0; i < ohw; ++i) std::memcpy(plane + i * es, static_cast<const char*>(bias) + oc * es, es);
     }
   }
+}
+
+void conv2d_backward_input(const Conv2dParams& p, const void* grad_output, const void* weight, void* grad_input) {
+  const int64_t es = element_size(p.dtype);
+  if (p.n * p.c * p.h * p.w == 0) return;
+  if (p.o == 0) {  // no output channel reads the input
+    std::memset(grad_input, 0, static_cast<size_t>(p.n * p.c * p.h * p.w * es));
+    return;
+  }
+  switch (p.dtype) {
+    case DType::Float32:
+    case DType::BFloat16: dnnl_conv2d_backward_input(p, grad_output, weight, grad_input); return;
+    case DType::Float64:
+      conv2d_backward_input_gemm(p, static_cast<const double*>(grad_output), static_cast<const double*>(weight),
+                                 static_cast<double*>(grad_input));
+      return;
+    default: KILN_ASSERT(false, "conv2d_backward_input: unsupported dtype ", dtype_name(p.dtype));
+  }
+}
+
+void conv2d_backward_weight(const Conv2dParams& p, const void* grad_output, const void* input, void* grad_weight,
+                            void* grad_bias) {
+  const int64_t es = element_size(p.dtype);
+  if (p.n == 0 || p.c == 0 || p.o == 0) {  // nothing to multiply: zero weights, the bias sums what there is
+    std::memset(grad_weight, 0, static_cast<size_t>(p.o * (p.c / p.groups) * p.kh * p.kw * es));
+    if (grad_bias) bias_grad_loop(p, grad_output, grad_bias);
+    return;
+  }
+  switch (p.dtype) {
+    case DType::Float32:
+    case DType::BFloat16: dnnl_conv2d_backward_weight(p, grad_output, input, grad_weight, grad_bias); return;
+    case DType::Float64:
+      conv2d_backward_weight_gemm(p, static_cast<const double*>(grad_output), static_cast<const double*>(input),
+                                  static_cast<double*>(grad_weight), static_cast<double*>(grad_bias));
+      return;
+    default: KILN_ASSERT(false, "conv2d_backward_weight: unsupported dtype ", dtype_name(p.dtype));
+  }
+}
+
+void conv2d_backward(const Conv2dParams& p, const void* grad_output, const void* input, const void* weight,
+                     void* grad_input, void* grad_weight, void* grad_bias) {
+  const bool dnnl = p.dtype == DType::Float32 || p.dtype == DType::BFloat16;
+  if (dnnl && p.n > 0 && p.c > 0 && p.o > 0) {
+    dnnl_conv2d_backward(p, grad_output, input, weight, grad_input, grad_weight, grad_bias);
+    return;
+  }
+  conv2d_backward_input(p, grad_output, weight, grad_input);
+  conv2d_backward_weight(p, grad_output, input, grad_weight, grad_bias);
 }
 
 }  // namespace kiln::kernels

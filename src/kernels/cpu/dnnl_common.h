@@ -39,7 +39,16 @@ dnnl::memory::data_type to_dnnl(DType dt);
 void note_created();
 
 /// Op kinds, the first word of every key.
-enum class PrimKind : int64_t { Matmul = 1, ConvFwd, PoolFwd, PoolFwdTraining, Probe };
+enum class PrimKind : int64_t {
+  Matmul = 1,
+  ConvFwd,
+  PoolFwd,
+  PoolFwdTraining,
+  Probe,
+  ConvBwdData,
+  ConvBwdWeights,
+  PoolBwd,
+};
 
 struct Key {
   static constexpr int kMax = 40;

@@ -1,14 +1,18 @@
-// 2-D convolution forward on oneDNN (float32, bfloat16).
+// 2-D convolution on oneDNN (float32, bfloat16): forward, backward-data and
+// backward-weights (with the bias gradient in the same pass).
 //
-// The primitive is created with format_tag::any, so oneDNN picks its blocked
+// Primitives are created with format_tag::any, so oneDNN picks its blocked
 // layout (nChw16c and friends) and we reorder NCHW input and OIHW weights in,
-// and the output back, around each call. Measured on this machine (2 threads,
-// reorders included): N=64 C=32 14x14 K=64 3x3 f32 430 GFLOP/s blocked vs
-// 252 plain NCHW (gemm-based), bf16 765 vs 293; N=8 C=3 32x32 194 vs 120;
-// tiny 2x4x5x5 equal. So the blocked path is the default for every shape.
-// Backward-data/weights (autograd issue) will build their primitive
-// descriptors with this entry's forward pd as the hint, found under the same
-// key (Note [Dense kernels and backward] in kiln/kernels/dnnl.h).
+// and results back out, around each call. Measured on this machine (2
+// threads, reorders included): N=64 C=32 14x14 K=64 3x3 f32 forward 430
+// GFLOP/s blocked vs 252 plain NCHW (gemm-based), bf16 765 vs 293; N=8 C=3
+// 32x32 194 vs 120; tiny 2x4x5x5 equal. So the blocked path is the default for
+// every shape, in both directions.
+//
+// The backward primitives take the forward primitive descriptor as their
+// hint; it is the forward cache entry's, found under the same key (Note
+// [Dense kernels and backward] in kiln/kernels/dnnl.h). Each direction has
+// its own per-thread cache keyed by the same fields plus the direction.
 #include <algorithm>
 
 #include "dnnl_common.h"
@@ -22,150 +26,326 @@ using namespace dnnl_detail;
 using dims = dnnl::memory::dims;
 using tag = dnnl::memory::format_tag;
 
-struct ConvEntry {
-  dnnl::convolution_forward prim;
-  dnnl::memory::desc src_md, wei_md, dst_md;  // plain (user) layouts
-  // The primitive's own layout of each operand and the reorder into (out of)
-  // it; `reorder_*` false when oneDNN chose the plain layout itself.
-  dnnl::memory src_user, wei_user, dst_user, bias;
-  dnnl::memory src_prim, wei_prim, dst_prim;
-  dnnl::reorder r_src, r_wei, r_dst;
-  bool reorder_src = false, reorder_wei = false, reorder_dst = false;
-  // Scratchpads: one region shared by the primitive and the reorders, which run one after another.
-  dnnl::memory scratch, scratch_r_src, scratch_r_wei, scratch_r_dst;
-  size_t scratch_bytes = 0;
-  size_t off_src = 0, off_wei = 0, off_dst = 0, total_bytes = 0;
+// One operand of a convolution primitive: the memory in the user's plain
+// layout, the memory in the primitive's layout, and the reorder between the
+// two (user -> primitive for inputs, primitive -> user for outputs). When
+// oneDNN chose the plain layout itself there is no reorder and `prim` is `user`.
+struct Operand {
+  dnnl::memory user, prim, scratch;
+  dnnl::reorder reorder;
+  bool reordered = false;
+  size_t offset = 0;  // of the primitive-layout buffer inside the call's scratch block
 };
 
-PrimCache<ConvEntry>& cache() {
-  thread_local PrimCache<ConvEntry> c;
-  static const bool registered = (register_clear([] { cache().clear(); }), true);
+// Sizes of the one block each call borrows: the primitive-layout buffers of
+// the reordered operands, then one scratchpad region shared by the primitive
+// and the reorders (they run one after another).
+struct Block {
+  size_t buffers = 0;
+  size_t scratch = 0;
+  size_t total() const { return buffers + align64(scratch); }
+};
+
+void init_operand(Operand& op, const dnnl::memory::desc& user_md, const dnnl::memory::desc& prim_md, bool input,
+                  Block& block) {
+  op.user = make_memory(user_md);
+  op.reordered = prim_md != user_md;
+  if (!op.reordered) {
+    op.prim = op.user;
+    return;
+  }
+  op.prim = make_memory(prim_md);
+  op.offset = block.buffers;
+  block.buffers += align64(prim_md.get_size());
+  dnnl::reorder::primitive_desc pd = input ? dnnl::reorder::primitive_desc(engine(), user_md, engine(), prim_md,
+                                                                           default_attr())
+                                           : dnnl::reorder::primitive_desc(engine(), prim_md, engine(), user_md,
+                                                                           default_attr());
+  op.scratch = make_memory(pd.scratchpad_desc());
+  block.scratch = std::max(block.scratch, pd.scratchpad_desc().get_size());
+  op.reorder = dnnl::reorder(pd);
+  note_created();
+}
+
+// The scratch block of one call: operand buffers at their offsets, the shared scratchpad at the end.
+class CallBlock {
+ public:
+  explicit CallBlock(const Block& b) : block_(b.total()), scratch_(block_.data() + b.buffers) {}
+  char* base() const { return block_.data(); }
+  char* scratch() const { return scratch_; }
+
+  // The pointer the primitive reads an input operand from (reordered into the block when needed).
+  const void* input(const Operand& op, const void* user) const {
+    if (!op.reordered) return user;
+    void* dst = base() + op.offset;
+    execute(op.reorder, {{DNNL_ARG_FROM, &op.user, user},
+                         {DNNL_ARG_TO, &op.prim, dst},
+                         {DNNL_ARG_SCRATCHPAD, &op.scratch, scratch_}});
+    return dst;
+  }
+  // The pointer the primitive writes an output operand to.
+  void* output(const Operand& op, void* user) const { return op.reordered ? base() + op.offset : user; }
+  // Moves an output from the primitive's layout to the user's.
+  void finish(const Operand& op, void* user) const {
+    if (!op.reordered) return;
+    execute(op.reorder, {{DNNL_ARG_FROM, &op.prim, base() + op.offset},
+                         {DNNL_ARG_TO, &op.user, user},
+                         {DNNL_ARG_SCRATCHPAD, &op.scratch, scratch_}});
+  }
+
+ private:
+  ScratchBlock block_;
+  char* scratch_;
+};
+
+// Everything the descriptors of all three directions share.
+struct ConvShape {
+  dnnl::memory::data_type t;
+  dims src, wei, dst;
+  tag wei_tag;
+  dims strides, dil, pl, pr;
+};
+
+ConvShape conv_shape(const Conv2dParams& p) {
+  ConvShape s;
+  s.t = to_dnnl(p.dtype);
+  s.src = {p.n, p.c, p.h, p.w};
+  s.dst = {p.n, p.o, p.oh, p.ow};
+  // torch's [o, c/g, kh, kw] is, for groups > 1, exactly oneDNN's goihw.
+  s.wei = p.groups > 1 ? dims{p.groups, p.o / p.groups, p.c / p.groups, p.kh, p.kw} : dims{p.o, p.c, p.kh, p.kw};
+  s.wei_tag = p.groups > 1 ? tag::goihw : tag::oihw;
+  s.strides = {p.stride[0], p.stride[1]};
+  s.dil = {p.dilation[0] - 1, p.dilation[1] - 1};  // oneDNN counts the holes
+  s.pl = {p.pad_l[0], p.pad_l[1]};
+  s.pr = {p.pad_r[0], p.pad_r[1]};
+  return s;
+}
+
+Key conv_key(PrimKind kind, const Conv2dParams& p, bool has_bias) {
+  Key key(kind);
+  key.add_all(p.dtype, p.n, p.c, p.h, p.w, p.o, p.kh, p.kw, p.groups, p.oh, p.ow, has_bias, max_threads());
+  key.add_all(p.stride[0], p.stride[1], p.dilation[0], p.dilation[1], p.pad_l[0], p.pad_l[1], p.pad_r[0],
+              p.pad_r[1]);
+  return key;
+}
+
+template <typename Entry>
+PrimCache<Entry>& cache() {
+  thread_local PrimCache<Entry> c;
+  static const bool registered = (register_clear([] { cache<Entry>().clear(); }), true);
   (void)registered;
   return c;
 }
 
-// A reorder from `from` to `to`, with its scratchpad memory; grows the shared scratch size.
-dnnl::reorder make_reorder(const dnnl::memory::desc& from, const dnnl::memory::desc& to, dnnl::memory& scratch,
-                           size_t& scratch_bytes) {
-  dnnl::reorder::primitive_desc pd(engine(), from, engine(), to, default_attr());
-  scratch = make_memory(pd.scratchpad_desc());
-  scratch_bytes = std::max(scratch_bytes, pd.scratchpad_desc().get_size());
-  note_created();
-  return dnnl::reorder(pd);
-}
+// ---- forward ----
 
-ConvEntry* get_entry(const Conv2dParams& p, bool has_bias) {
-  Key key(PrimKind::ConvFwd);
-  key.add_all(p.dtype, p.n, p.c, p.h, p.w, p.o, p.kh, p.kw, p.groups, p.oh, p.ow, has_bias, max_threads());
-  key.add_all(p.stride[0], p.stride[1], p.dilation[0], p.dilation[1], p.pad_l[0], p.pad_l[1], p.pad_r[0],
-              p.pad_r[1]);
-  auto& c = cache();
-  if (ConvEntry* e = c.find(key)) return e;
+struct FwdEntry {
+  dnnl::convolution_forward::primitive_desc pd;  // the backward primitives' hint
+  dnnl::convolution_forward prim;
+  Operand src, wei, dst;
+  dnnl::memory bias, scratch;
+  Block block;
+};
 
-  const auto t = to_dnnl(p.dtype);
-  auto e = std::make_unique<ConvEntry>();
-  e->src_md = dnnl::memory::desc({p.n, p.c, p.h, p.w}, t, tag::nchw);
-  e->dst_md = dnnl::memory::desc({p.n, p.o, p.oh, p.ow}, t, tag::nchw);
-  // torch's [o, c/g, kh, kw] is, for groups > 1, exactly oneDNN's goihw.
-  const dims wdims = p.groups > 1 ? dims{p.groups, p.o / p.groups, p.c / p.groups, p.kh, p.kw}
-                                  : dims{p.o, p.c, p.kh, p.kw};
-  e->wei_md = dnnl::memory::desc(wdims, t, p.groups > 1 ? tag::goihw : tag::oihw);
-  const dnnl::memory::desc bias_md({p.o}, t, tag::x);
+FwdEntry* fwd_entry(const Conv2dParams& p, bool has_bias) {
+  const Key key = conv_key(PrimKind::ConvFwd, p, has_bias);
+  auto& c = cache<FwdEntry>();
+  if (FwdEntry* e = c.find(key)) return e;
+
+  const ConvShape s = conv_shape(p);
+  auto e = std::make_unique<FwdEntry>();
   try {
-    const dnnl::memory::desc src_any({p.n, p.c, p.h, p.w}, t, tag::any);
-    const dnnl::memory::desc dst_any({p.n, p.o, p.oh, p.ow}, t, tag::any);
-    const dnnl::memory::desc wei_any(wdims, t, tag::any);
-    const dims strides{p.stride[0], p.stride[1]};
-    const dims dil{p.dilation[0] - 1, p.dilation[1] - 1};  // oneDNN counts the holes
-    const dims pl{p.pad_l[0], p.pad_l[1]}, pr{p.pad_r[0], p.pad_r[1]};
-    const auto desc = has_bias ? dnnl::convolution_forward::desc(dnnl::prop_kind::forward_training,
-                                                                  dnnl::algorithm::convolution_direct, src_any,
-                                                                  wei_any, bias_md, dst_any, strides, dil, pl, pr)
-                               : dnnl::convolution_forward::desc(dnnl::prop_kind::forward_training,
-                                                                  dnnl::algorithm::convolution_direct, src_any,
-                                                                  wei_any, dst_any, strides, dil, pl, pr);
-    dnnl::convolution_forward::primitive_desc pd(desc, default_attr(), engine());
-    e->prim = dnnl::convolution_forward(pd);
+    const dnnl::memory::desc bias_md({p.o}, s.t, tag::x);
+    const dnnl::memory::desc src_any(s.src, s.t, tag::any), dst_any(s.dst, s.t, tag::any),
+        wei_any(s.wei, s.t, tag::any);
+    constexpr auto kTrain = dnnl::prop_kind::forward_training;
+    constexpr auto kDirect = dnnl::algorithm::convolution_direct;
+    const auto desc = has_bias ? dnnl::convolution_forward::desc(kTrain, kDirect, src_any, wei_any, bias_md, dst_any,
+                                                                  s.strides, s.dil, s.pl, s.pr)
+                               : dnnl::convolution_forward::desc(kTrain, kDirect, src_any, wei_any, dst_any,
+                                                                  s.strides, s.dil, s.pl, s.pr);
+    e->pd = dnnl::convolution_forward::primitive_desc(desc, default_attr(), engine());
+    e->prim = dnnl::convolution_forward(e->pd);
     note_created();
-    e->scratch = make_memory(pd.scratchpad_desc());
-    e->scratch_bytes = pd.scratchpad_desc().get_size();
-
-    e->src_user = make_memory(e->src_md);
-    e->wei_user = make_memory(e->wei_md);
-    e->dst_user = make_memory(e->dst_md);
+    e->scratch = make_memory(e->pd.scratchpad_desc());
+    e->block.scratch = e->pd.scratchpad_desc().get_size();
     if (has_bias) e->bias = make_memory(bias_md);
-    size_t off = 0;
-    auto place = [&](const dnnl::memory::desc& md, size_t& at) {
-      at = off;
-      off += align64(md.get_size());
-    };
-    e->reorder_src = pd.src_desc() != e->src_md;
-    e->reorder_wei = pd.weights_desc() != e->wei_md;
-    e->reorder_dst = pd.dst_desc() != e->dst_md;
-    e->src_prim = e->reorder_src ? make_memory(pd.src_desc()) : e->src_user;
-    e->wei_prim = e->reorder_wei ? make_memory(pd.weights_desc()) : e->wei_user;
-    e->dst_prim = e->reorder_dst ? make_memory(pd.dst_desc()) : e->dst_user;
-    if (e->reorder_src) {
-      place(pd.src_desc(), e->off_src);
-      e->r_src = make_reorder(e->src_md, pd.src_desc(), e->scratch_r_src, e->scratch_bytes);
-    }
-    if (e->reorder_wei) {
-      place(pd.weights_desc(), e->off_wei);
-      e->r_wei = make_reorder(e->wei_md, pd.weights_desc(), e->scratch_r_wei, e->scratch_bytes);
-    }
-    if (e->reorder_dst) {
-      place(pd.dst_desc(), e->off_dst);
-      e->r_dst = make_reorder(pd.dst_desc(), e->dst_md, e->scratch_r_dst, e->scratch_bytes);
-    }
-    e->total_bytes = off + align64(e->scratch_bytes);
+    init_operand(e->src, {s.src, s.t, tag::nchw}, e->pd.src_desc(), true, e->block);
+    init_operand(e->wei, {s.wei, s.t, s.wei_tag}, e->pd.weights_desc(), true, e->block);
+    init_operand(e->dst, {s.dst, s.t, tag::nchw}, e->pd.dst_desc(), false, e->block);
   } catch (const dnnl::error& err) {
     rethrow(err, "conv2d");
   }
   return c.insert(key, std::move(e));
 }
 
+// ---- backward data ----
+
+struct BwdDataEntry {
+  dnnl::convolution_backward_data prim;
+  Operand diff_dst, wei, diff_src;
+  dnnl::memory scratch;
+  Block block;
+};
+
+BwdDataEntry* bwd_data_entry(const Conv2dParams& p) {
+  const Key key = conv_key(PrimKind::ConvBwdData, p, false);
+  auto& c = cache<BwdDataEntry>();
+  if (BwdDataEntry* e = c.find(key)) return e;
+
+  const ConvShape s = conv_shape(p);
+  const FwdEntry* hint = fwd_entry(p, false);
+  auto e = std::make_unique<BwdDataEntry>();
+  try {
+    const dnnl::convolution_backward_data::desc desc(
+        dnnl::algorithm::convolution_direct, {s.src, s.t, tag::any}, {s.wei, s.t, tag::any}, {s.dst, s.t, tag::any},
+        s.strides, s.dil, s.pl, s.pr);
+    const dnnl::convolution_backward_data::primitive_desc pd(desc, default_attr(), engine(), hint->pd);
+    e->prim = dnnl::convolution_backward_data(pd);
+    note_created();
+    e->scratch = make_memory(pd.scratchpad_desc());
+    e->block.scratch = pd.scratchpad_desc().get_size();
+    init_operand(e->diff_dst, {s.dst, s.t, tag::nchw}, pd.diff_dst_desc(), true, e->block);
+    init_operand(e->wei, {s.wei, s.t, s.wei_tag}, pd.weights_desc(), true, e->block);
+    init_operand(e->diff_src, {s.src, s.t, tag::nchw}, pd.diff_src_desc(), false, e->block);
+  } catch (const dnnl::error& err) {
+    rethrow(err, "conv2d backward (data)");
+  }
+  return c.insert(key, std::move(e));
+}
+
+// ---- backward weights ----
+
+struct BwdWeightsEntry {
+  dnnl::convolution_backward_weights prim;
+  Operand src, diff_dst, diff_wei;
+  dnnl::memory diff_bias, scratch;
+  Block block;
+};
+
+BwdWeightsEntry* bwd_weights_entry(const Conv2dParams& p, bool has_bias) {
+  const Key key = conv_key(PrimKind::ConvBwdWeights, p, has_bias);
+  auto& c = cache<BwdWeightsEntry>();
+  if (BwdWeightsEntry* e = c.find(key)) return e;
+
+  const ConvShape s = conv_shape(p);
+  const FwdEntry* hint = fwd_entry(p, has_bias);
+  auto e = std::make_unique<BwdWeightsEntry>();
+  try {
+    const dnnl::memory::desc src_any(s.src, s.t, tag::any), dst_any(s.dst, s.t, tag::any),
+        wei_any(s.wei, s.t, tag::any), bias_md({p.o}, s.t, tag::x);
+    constexpr auto kDirect = dnnl::algorithm::convolution_direct;
+    const auto desc = has_bias ? dnnl::convolution_backward_weights::desc(kDirect, src_any, wei_any, bias_md,
+                                                                           dst_any, s.strides, s.dil, s.pl, s.pr)
+                               : dnnl::convolution_backward_weights::desc(kDirect, src_any, wei_any, dst_any,
+                                                                           s.strides, s.dil, s.pl, s.pr);
+    const dnnl::convolution_backward_weights::primitive_desc pd(desc, default_attr(), engine(), hint->pd);
+    e->prim = dnnl::convolution_backward_weights(pd);
+    note_created();
+    e->scratch = make_memory(pd.scratchpad_desc());
+    e->block.scratch = pd.scratchpad_desc().get_size();
+    if (has_bias) e->diff_bias = make_memory(bias_md);
+    init_operand(e->src, {s.src, s.t, tag::nchw}, pd.src_desc(), true, e->block);
+    init_operand(e->diff_dst, {s.dst, s.t, tag::nchw}, pd.diff_dst_desc(), true, e->block);
+    init_operand(e->diff_wei, {s.wei, s.t, s.wei_tag}, pd.diff_weights_desc(), false, e->block);
+  } catch (const dnnl::error& err) {
+    rethrow(err, "conv2d backward (weights)");
+  }
+  return c.insert(key, std::move(e));
+}
+
 }  // namespace
 
-// Called by conv2d_forward (conv_gemm.cpp) for float32/bfloat16.
+// Called by conv_gemm.cpp for float32/bfloat16 with non-empty channels.
 void dnnl_conv2d_forward(const Conv2dParams& p, const void* input, const void* weight, const void* bias,
                          void* output) {
-  ConvEntry* e = get_entry(p, bias != nullptr);
-  ScratchBlock block(e->total_bytes);
-  char* base = block.data();
-  char* scratch = base + (e->total_bytes - align64(e->scratch_bytes));
-  const void* src = input;
-  const void* wei = weight;
-  void* dst = output;
-  if (e->reorder_src) {
-    src = base + e->off_src;
-    execute(e->r_src, {{DNNL_ARG_FROM, &e->src_user, input},
-                       {DNNL_ARG_TO, &e->src_prim, src},
-                       {DNNL_ARG_SCRATCHPAD, &e->scratch_r_src, scratch}});
-  }
-  if (e->reorder_wei) {
-    wei = base + e->off_wei;
-    execute(e->r_wei, {{DNNL_ARG_FROM, &e->wei_user, weight},
-                       {DNNL_ARG_TO, &e->wei_prim, wei},
-                       {DNNL_ARG_SCRATCHPAD, &e->scratch_r_wei, scratch}});
-  }
-  if (e->reorder_dst) dst = base + e->off_dst;
+  FwdEntry* e = fwd_entry(p, bias != nullptr);
+  const CallBlock b(e->block);
+  const void* src = b.input(e->src, input);
+  const void* wei = b.input(e->wei, weight);
+  void* dst = b.output(e->dst, output);
   if (bias) {
-    execute(e->prim, {{DNNL_ARG_SRC, &e->src_prim, src},
-                      {DNNL_ARG_WEIGHTS, &e->wei_prim, wei},
+    execute(e->prim, {{DNNL_ARG_SRC, &e->src.prim, src},
+                      {DNNL_ARG_WEIGHTS, &e->wei.prim, wei},
                       {DNNL_ARG_BIAS, &e->bias, bias},
-                      {DNNL_ARG_DST, &e->dst_prim, dst},
-                      {DNNL_ARG_SCRATCHPAD, &e->scratch, scratch}});
+                      {DNNL_ARG_DST, &e->dst.prim, dst},
+                      {DNNL_ARG_SCRATCHPAD, &e->scratch, b.scratch()}});
   } else {
-    execute(e->prim, {{DNNL_ARG_SRC, &e->src_prim, src},
-                      {DNNL_ARG_WEIGHTS, &e->wei_prim, wei},
-                      {DNNL_ARG_DST, &e->dst_prim, dst},
-                      {DNNL_ARG_SCRATCHPAD, &e->scratch, scratch}});
+    execute(e->prim, {{DNNL_ARG_SRC, &e->src.prim, src},
+                      {DNNL_ARG_WEIGHTS, &e->wei.prim, wei},
+                      {DNNL_ARG_DST, &e->dst.prim, dst},
+                      {DNNL_ARG_SCRATCHPAD, &e->scratch, b.scratch()}});
   }
-  if (e->reorder_dst) {
-    execute(e->r_dst, {{DNNL_ARG_FROM, &e->dst_prim, dst},
-                       {DNNL_ARG_TO, &e->dst_user, output},
-                       {DNNL_ARG_SCRATCHPAD, &e->scratch_r_dst, scratch}});
+  b.finish(e->dst, output);
+}
+
+namespace {
+
+// The backward primitives' bodies. `diff_dst`, when not null, is grad_output
+// already in the primitive's layout (reordered once for both directions).
+void run_bwd_data(BwdDataEntry* e, const void* grad_output, const void* diff_dst, const void* weight,
+                  void* grad_input) {
+  const CallBlock b(e->block);
+  if (!diff_dst) diff_dst = b.input(e->diff_dst, grad_output);
+  const void* wei = b.input(e->wei, weight);
+  void* diff_src = b.output(e->diff_src, grad_input);
+  execute(e->prim, {{DNNL_ARG_DIFF_DST, &e->diff_dst.prim, diff_dst},
+                    {DNNL_ARG_WEIGHTS, &e->wei.prim, wei},
+                    {DNNL_ARG_DIFF_SRC, &e->diff_src.prim, diff_src},
+                    {DNNL_ARG_SCRATCHPAD, &e->scratch, b.scratch()}});
+  b.finish(e->diff_src, grad_input);
+}
+
+void run_bwd_weights(BwdWeightsEntry* e, const void* grad_output, const void* diff_dst, const void* input,
+                     void* grad_weight, void* grad_bias) {
+  const CallBlock b(e->block);
+  const void* src = b.input(e->src, input);
+  if (!diff_dst) diff_dst = b.input(e->diff_dst, grad_output);
+  void* diff_wei = b.output(e->diff_wei, grad_weight);
+  if (grad_bias) {
+    execute(e->prim, {{DNNL_ARG_SRC, &e->src.prim, src},
+                      {DNNL_ARG_DIFF_DST, &e->diff_dst.prim, diff_dst},
+                      {DNNL_ARG_DIFF_WEIGHTS, &e->diff_wei.prim, diff_wei},
+                      {DNNL_ARG_DIFF_BIAS, &e->diff_bias, grad_bias},
+                      {DNNL_ARG_SCRATCHPAD, &e->scratch, b.scratch()}});
+  } else {
+    execute(e->prim, {{DNNL_ARG_SRC, &e->src.prim, src},
+                      {DNNL_ARG_DIFF_DST, &e->diff_dst.prim, diff_dst},
+                      {DNNL_ARG_DIFF_WEIGHTS, &e->diff_wei.prim, diff_wei},
+                      {DNNL_ARG_SCRATCHPAD, &e->scratch, b.scratch()}});
   }
+  b.finish(e->diff_wei, grad_weight);
+}
+
+}  // namespace
+
+void dnnl_conv2d_backward_input(const Conv2dParams& p, const void* grad_output, const void* weight,
+                                void* grad_input) {
+  run_bwd_data(bwd_data_entry(p), grad_output, nullptr, weight, grad_input);
+}
+
+void dnnl_conv2d_backward_weight(const Conv2dParams& p, const void* grad_output, const void* input,
+                                 void* grad_weight, void* grad_bias) {
+  run_bwd_weights(bwd_weights_entry(p, grad_bias != nullptr), grad_output, nullptr, input, grad_weight, grad_bias);
+}
+
+// Both directions: when the two primitives read grad_output in the same
+// blocked layout, it is reordered once (measured N=64 C=32 14x14 K=64 3x3
+// f32, 1 thread: that reorder costs 0.1 ms of a 4.2 ms backward).
+void dnnl_conv2d_backward(const Conv2dParams& p, const void* grad_output, const void* input, const void* weight,
+                          void* grad_input, void* grad_weight, void* grad_bias) {
+  BwdDataEntry* d = bwd_data_entry(p);
+  BwdWeightsEntry* w = bwd_weights_entry(p, grad_bias != nullptr);
+  if (!d->diff_dst.reordered || !w->diff_dst.reordered ||
+      d->diff_dst.prim.get_desc() != w->diff_dst.prim.get_desc()) {
+    run_bwd_data(d, grad_output, nullptr, weight, grad_input);
+    run_bwd_weights(w, grad_output, nullptr, input, grad_weight, grad_bias);
+    return;
+  }
+  const CallBlock shared(d->block);  // holds the reordered grad_output for both
+  const void* diff_dst = shared.input(d->diff_dst, grad_output);
+  run_bwd_weights(w, grad_output, diff_dst, input, grad_weight, grad_bias);
+  run_bwd_data(d, grad_output, diff_dst, weight, grad_input);
 }
 
 }  // namespace kiln::kernels

@@ -1,7 +1,8 @@
-// 2-D pooling forward on oneDNN (float32, bfloat16, plain NCHW). pool2d.cpp
-// decides when oneDNN's semantics equal torch's and calls in here; otherwise
-// it runs its own loops. A training-mode max pool also writes oneDNN's
-// workspace (argmax positions in its own format) for a oneDNN backward.
+// 2-D pooling forward and backward on oneDNN (float32, bfloat16, plain
+// NCHW). pool2d.cpp decides when oneDNN's semantics equal torch's and calls
+// in here; otherwise it runs its own loops. A training-mode max pool also
+// writes oneDNN's workspace (argmax positions in its own format), which its
+// backward reads instead of searching the windows again.
 #include <algorithm>
 
 #include "dnnl_common.h"
@@ -16,16 +17,37 @@ using dims = dnnl::memory::dims;
 using tag = dnnl::memory::format_tag;
 
 struct PoolEntry {
+  dnnl::pooling_v2_forward::primitive_desc pd;  // the backward primitive's hint
   dnnl::pooling_v2_forward prim;
   dnnl::memory src, dst, workspace, scratch;
   size_t scratch_bytes = 0, workspace_bytes = 0;
 };
 
-PrimCache<PoolEntry>& cache() {
-  thread_local PrimCache<PoolEntry> c;
-  static const bool registered = (register_clear([] { cache().clear(); }), true);
+struct PoolBwdEntry {
+  dnnl::pooling_v2_backward prim;
+  dnnl::memory diff_dst, diff_src, workspace, scratch;
+  size_t scratch_bytes = 0;
+};
+
+template <typename Entry>
+PrimCache<Entry>& cache() {
+  thread_local PrimCache<Entry> c;
+  static const bool registered = (register_clear([] { cache<Entry>().clear(); }), true);
   (void)registered;
   return c;
+}
+
+dnnl::algorithm pool_algorithm(const Pool2dParams& p) {
+  return p.kind == PoolKind::Max             ? dnnl::algorithm::pooling_max
+         : p.kind == PoolKind::AvgIncludePad ? dnnl::algorithm::pooling_avg_include_padding
+                                             : dnnl::algorithm::pooling_avg_exclude_padding;
+}
+
+Key pool_key(PrimKind kind, const Pool2dParams& p) {
+  Key key(kind);
+  key.add_all(p.dtype, p.kind, p.n, p.c, p.h, p.w, p.oh, p.ow, max_threads());
+  key.add_all(p.kernel[0], p.kernel[1], p.stride[0], p.stride[1], p.pad[0], p.pad[1], p.dilation[0], p.dilation[1]);
+  return key;
 }
 
 // oneDNN wants the right/bottom padding that makes its output size formula
@@ -35,11 +57,15 @@ int64_t pad_right(int64_t in, int64_t out, int64_t k, int64_t s, int64_t d, int6
   return std::max<int64_t>(0, (out - 1) * s + (k - 1) * d + 1 - in - pad);
 }
 
+dims pads_right(const Pool2dParams& p) {
+  return {pad_right(p.h, p.oh, p.kernel[0], p.stride[0], p.dilation[0], p.pad[0]),
+          pad_right(p.w, p.ow, p.kernel[1], p.stride[1], p.dilation[1], p.pad[1])};
+}
+
+// Training entries (with a workspace for max pooling) also serve as the backward primitive's hint.
 PoolEntry* get_entry(const Pool2dParams& p, bool training) {
-  Key key(training ? PrimKind::PoolFwdTraining : PrimKind::PoolFwd);
-  key.add_all(p.dtype, p.kind, p.n, p.c, p.h, p.w, p.oh, p.ow, max_threads());
-  key.add_all(p.kernel[0], p.kernel[1], p.stride[0], p.stride[1], p.pad[0], p.pad[1], p.dilation[0], p.dilation[1]);
-  auto& c = cache();
+  const Key key = pool_key(training ? PrimKind::PoolFwdTraining : PrimKind::PoolFwd, p);
+  auto& c = cache<PoolEntry>();
   if (PoolEntry* e = c.find(key)) return e;
 
   const auto t = to_dnnl(p.dtype);
@@ -47,25 +73,49 @@ PoolEntry* get_entry(const Pool2dParams& p, bool training) {
   try {
     const dnnl::memory::desc src_md({p.n, p.c, p.h, p.w}, t, tag::nchw);
     const dnnl::memory::desc dst_md({p.n, p.c, p.oh, p.ow}, t, tag::nchw);
-    const dnnl::algorithm alg = p.kind == PoolKind::Max             ? dnnl::algorithm::pooling_max
-                                : p.kind == PoolKind::AvgIncludePad ? dnnl::algorithm::pooling_avg_include_padding
-                                                                    : dnnl::algorithm::pooling_avg_exclude_padding;
-    const dims pr{pad_right(p.h, p.oh, p.kernel[0], p.stride[0], p.dilation[0], p.pad[0]),
-                  pad_right(p.w, p.ow, p.kernel[1], p.stride[1], p.dilation[1], p.pad[1])};
     const dnnl::pooling_v2_forward::desc desc(
-        training ? dnnl::prop_kind::forward_training : dnnl::prop_kind::forward_inference, alg, src_md, dst_md,
-        dims{p.stride[0], p.stride[1]}, dims{p.kernel[0], p.kernel[1]},
-        dims{p.dilation[0] - 1, p.dilation[1] - 1}, dims{p.pad[0], p.pad[1]}, pr);
-    dnnl::pooling_v2_forward::primitive_desc pd(desc, default_attr(), engine());
-    e->prim = dnnl::pooling_v2_forward(pd);
+        training ? dnnl::prop_kind::forward_training : dnnl::prop_kind::forward_inference, pool_algorithm(p), src_md,
+        dst_md, dims{p.stride[0], p.stride[1]}, dims{p.kernel[0], p.kernel[1]},
+        dims{p.dilation[0] - 1, p.dilation[1] - 1}, dims{p.pad[0], p.pad[1]}, pads_right(p));
+    e->pd = dnnl::pooling_v2_forward::primitive_desc(desc, default_attr(), engine());
+    e->prim = dnnl::pooling_v2_forward(e->pd);
     e->src = make_memory(src_md);
     e->dst = make_memory(dst_md);
-    e->scratch = make_memory(pd.scratchpad_desc());
-    e->scratch_bytes = pd.scratchpad_desc().get_size();
-    e->workspace = make_memory(pd.workspace_desc());
-    e->workspace_bytes = pd.workspace_desc().get_size();
+    e->scratch = make_memory(e->pd.scratchpad_desc());
+    e->scratch_bytes = e->pd.scratchpad_desc().get_size();
+    e->workspace = make_memory(e->pd.workspace_desc());
+    e->workspace_bytes = e->pd.workspace_desc().get_size();
   } catch (const dnnl::error& err) {
     rethrow(err, "pool2d");
+  }
+  note_created();
+  return c.insert(key, std::move(e));
+}
+
+PoolBwdEntry* get_bwd_entry(const Pool2dParams& p) {
+  const Key key = pool_key(PrimKind::PoolBwd, p);
+  auto& c = cache<PoolBwdEntry>();
+  if (PoolBwdEntry* e = c.find(key)) return e;
+
+  const PoolEntry* hint = get_entry(p, true);
+  const auto t = to_dnnl(p.dtype);
+  auto e = std::make_unique<PoolBwdEntry>();
+  try {
+    const dnnl::memory::desc src_md({p.n, p.c, p.h, p.w}, t, tag::nchw);
+    const dnnl::memory::desc dst_md({p.n, p.c, p.oh, p.ow}, t, tag::nchw);
+    const dnnl::pooling_v2_backward::desc desc(pool_algorithm(p), src_md, dst_md, dims{p.stride[0], p.stride[1]},
+                                               dims{p.kernel[0], p.kernel[1]},
+                                               dims{p.dilation[0] - 1, p.dilation[1] - 1}, dims{p.pad[0], p.pad[1]},
+                                               pads_right(p));
+    dnnl::pooling_v2_backward::primitive_desc pd(desc, default_attr(), engine(), hint->pd);
+    e->prim = dnnl::pooling_v2_backward(pd);
+    e->diff_src = make_memory(src_md);
+    e->diff_dst = make_memory(dst_md);
+    e->workspace = make_memory(pd.workspace_desc());
+    e->scratch = make_memory(pd.scratchpad_desc());
+    e->scratch_bytes = pd.scratchpad_desc().get_size();
+  } catch (const dnnl::error& err) {
+    rethrow(err, "pool2d backward");
   }
   note_created();
   return c.insert(key, std::move(e));
@@ -89,6 +139,22 @@ void dnnl_pool2d_forward(const Pool2dParams& p, const void* input, void* output,
   } else {
     execute(e->prim, {{DNNL_ARG_SRC, &e->src, input},
                       {DNNL_ARG_DST, &e->dst, output},
+                      {DNNL_ARG_SCRATCHPAD, &e->scratch, scratch.data()}});
+  }
+}
+
+// grad_input from grad_output (and, for max pooling, the forward's workspace).
+void dnnl_pool2d_backward(const Pool2dParams& p, const void* grad_output, const void* workspace, void* grad_input) {
+  PoolBwdEntry* e = get_bwd_entry(p);
+  ScratchBlock scratch(e->scratch_bytes);
+  if (p.kind == PoolKind::Max) {
+    execute(e->prim, {{DNNL_ARG_DIFF_DST, &e->diff_dst, grad_output},
+                      {DNNL_ARG_WORKSPACE, &e->workspace, workspace},
+                      {DNNL_ARG_DIFF_SRC, &e->diff_src, grad_input},
+                      {DNNL_ARG_SCRATCHPAD, &e->scratch, scratch.data()}});
+  } else {
+    execute(e->prim, {{DNNL_ARG_DIFF_DST, &e->diff_dst, grad_output},
+                      {DNNL_ARG_DIFF_SRC, &e->diff_src, grad_input},
                       {DNNL_ARG_SCRATCHPAD, &e->scratch, scratch.data()}});
   }
 }

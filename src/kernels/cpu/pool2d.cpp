@@ -2,11 +2,14 @@
 // which follow torch's CPU kernels exactly (window clipping, divisors, NaN
 // propagation, argmax ties) and serve float64, the cases oneDNN defines
 // differently, divisor_override, indices, and non-uniform adaptive bins.
-// Backward loops (scatter by indices, spread averages) will sit beside these.
+// The backward loops beside them scatter by indices and spread averages over
+// the same windows, accumulating 16-bit types in float32.
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <limits>
 #include <type_traits>
+#include <vector>
 
 #include "kiln/kernels/dnnl.h"
 #include "kiln/kernels/loop.h"
@@ -15,6 +18,7 @@ namespace kiln::kernels {
 
 size_t dnnl_pool2d_workspace_bytes(const Pool2dParams& p);
 void dnnl_pool2d_forward(const Pool2dParams& p, const void* input, void* output, void* workspace);
+void dnnl_pool2d_backward(const Pool2dParams& p, const void* grad_output, const void* workspace, void* grad_input);
 
 namespace {
 
@@ -142,6 +146,101 @@ void adaptive_avg_loop(int64_t planes, int64_t h, int64_t w, int64_t oh, int64_t
   });
 }
 
+// torch's average-pooling window of output (oy, ox) clipped to the input,
+// and its divisor (the same rules as avg_pool_loop).
+struct AvgWindow {
+  int64_t y0, y1, x0, x1, divisor;
+};
+
+AvgWindow avg_window(const Pool2dParams& p, int64_t oy, int64_t ox) {
+  AvgWindow w;
+  w.y0 = oy * p.stride[0] - p.pad[0];
+  w.x0 = ox * p.stride[1] - p.pad[1];
+  w.y1 = std::min(w.y0 + p.kernel[0], p.h + p.pad[0]);
+  w.x1 = std::min(w.x0 + p.kernel[1], p.w + p.pad[1]);
+  const int64_t padded_size = (w.y1 - w.y0) * (w.x1 - w.x0);
+  w.y0 = std::max<int64_t>(w.y0, 0);
+  w.x0 = std::max<int64_t>(w.x0, 0);
+  w.y1 = std::min(w.y1, p.h);
+  w.x1 = std::min(w.x1, p.w);
+  w.divisor = p.divisor_override != 0          ? p.divisor_override
+              : p.kind == PoolKind::AvgIncludePad ? padded_size
+                                                  : (w.y1 - w.y0) * (w.x1 - w.x0);
+  return w;
+}
+
+// Runs body(plane, acc) for every plane, acc being a zeroed buffer of the
+// accumulator type with plane_size elements, then stores acc into `out`'s
+// plane (directly when T is its own accumulator type).
+template <typename T, typename Body>
+void accumulate_planes(int64_t planes, int64_t plane_size, int64_t work_per_plane, T* out, Body&& body) {
+  using C = acc_t<T>;
+  for_each_plane(planes, work_per_plane, [&](int64_t plane) {
+    T* dst = out + plane * plane_size;
+    if constexpr (std::is_same_v<T, C>) {
+      std::fill(dst, dst + plane_size, T{});
+      body(plane, dst);
+    } else {
+      thread_local std::vector<C> acc;
+      acc.assign(static_cast<size_t>(plane_size), C{});
+      body(plane, acc.data());
+      for (int64_t i = 0; i < plane_size; ++i) dst[i] = static_cast<T>(acc[i]);
+    }
+  });
+}
+
+template <typename T>
+void avg_pool_backward_loop(const Pool2dParams& p, const T* grad_output, T* grad_input) {
+  using C = acc_t<T>;
+  accumulate_planes(p.n * p.c, p.h * p.w, p.oh * p.ow * p.kernel[0] * p.kernel[1], grad_input,
+                    [&](int64_t plane, C* acc) {
+                      const T* go = grad_output + plane * p.oh * p.ow;
+                      for (int64_t oy = 0; oy < p.oh; ++oy) {
+                        for (int64_t ox = 0; ox < p.ow; ++ox) {
+                          const AvgWindow w = avg_window(p, oy, ox);
+                          if (w.y0 >= w.y1 || w.x0 >= w.x1) continue;
+                          const C g = static_cast<C>(go[oy * p.ow + ox]) / static_cast<C>(w.divisor);
+                          for (int64_t y = w.y0; y < w.y1; ++y) {
+                            for (int64_t x = w.x0; x < w.x1; ++x) acc[y * p.w + x] += g;
+                          }
+                        }
+                      }
+                    });
+}
+
+template <typename T>
+void max_pool_backward_loop(const Pool2dParams& p, const T* grad_output, const int64_t* indices, T* grad_input) {
+  using C = acc_t<T>;
+  const int64_t hw = p.h * p.w, ohw = p.oh * p.ow;
+  accumulate_planes(p.n * p.c, hw, ohw, grad_input, [&](int64_t plane, C* acc) {
+    const T* go = grad_output + plane * ohw;
+    const int64_t* idx = indices + plane * ohw;
+    for (int64_t o = 0; o < ohw; ++o) {
+      KILN_ASSERT(idx[o] >= 0 && idx[o] < hw, "max_pool2d backward: index ", idx[o], " outside a plane of ", hw);
+      acc[idx[o]] += static_cast<C>(go[o]);
+    }
+  });
+}
+
+template <typename T>
+void adaptive_avg_backward_loop(int64_t planes, int64_t h, int64_t w, int64_t oh, int64_t ow, const T* grad_output,
+                                T* grad_input) {
+  using C = acc_t<T>;
+  accumulate_planes(planes, h * w, h * w, grad_input, [&](int64_t plane, C* acc) {
+    const T* go = grad_output + plane * oh * ow;
+    for (int64_t oy = 0; oy < oh; ++oy) {
+      const int64_t y0 = oy * h / oh, y1 = ((oy + 1) * h + oh - 1) / oh;
+      for (int64_t ox = 0; ox < ow; ++ox) {
+        const int64_t x0 = ox * w / ow, x1 = ((ox + 1) * w + ow - 1) / ow;
+        const C g = static_cast<C>(go[oy * ow + ox]) / static_cast<C>((y1 - y0) * (x1 - x0));
+        for (int64_t y = y0; y < y1; ++y) {
+          for (int64_t x = x0; x < x1; ++x) acc[y * w + x] += g;
+        }
+      }
+    }
+  });
+}
+
 // Any NaN among n elements? A branch-free count the compiler vectorises;
 // memory-bound like the pooling itself.
 bool has_nan(DType dt, const void* data, int64_t n) {
@@ -185,6 +284,17 @@ bool use_dnnl(const Pool2dParams& p) {
   return true;
 }
 
+// The floating types the backward kernels take (the ops layer converts float16).
+template <typename F>
+void visit_grad_dtype(DType dt, F&& f) {
+  switch (dt) {
+    case DType::Float32: f.template operator()<float>(); return;
+    case DType::Float64: f.template operator()<double>(); return;
+    case DType::BFloat16: f.template operator()<BFloat16>(); return;
+    default: KILN_ASSERT(false, "pooling backward: unsupported dtype ", dtype_name(dt));
+  }
+}
+
 template <typename F>
 void visit_pool_dtype(DType dt, F&& f) {
   switch (dt) {
@@ -197,6 +307,22 @@ void visit_pool_dtype(DType dt, F&& f) {
     case DType::UInt8: f.template operator()<uint8_t>(); return;
     default: KILN_ASSERT(false, "pooling: unsupported dtype ", dtype_name(dt));
   }
+}
+
+// Uniform adaptive bins are an ordinary average pool with kernel = stride = in / out.
+Pool2dParams uniform_bins(DType dtype, int64_t planes, int64_t h, int64_t w, int64_t oh, int64_t ow) {
+  Pool2dParams p;
+  p.dtype = dtype;
+  p.kind = PoolKind::AvgExcludePad;
+  p.n = 1;
+  p.c = planes;
+  p.h = h;
+  p.w = w;
+  p.oh = oh;
+  p.ow = ow;
+  p.kernel[0] = p.stride[0] = h / oh;
+  p.kernel[1] = p.stride[1] = w / ow;
+  return p;
 }
 
 }  // namespace
@@ -232,23 +358,68 @@ void adaptive_avg_pool2d(DType dtype, int64_t planes, int64_t h, int64_t w, int6
                          const void* input, void* output) {
   if (planes * oh * ow == 0) return;
   if (h % oh == 0 && w % ow == 0 && (dtype == DType::Float32 || dtype == DType::BFloat16)) {
-    // Uniform bins are an ordinary average pool with kernel = stride = in / out.
-    Pool2dParams p;
-    p.dtype = dtype;
-    p.kind = PoolKind::AvgExcludePad;
-    p.n = 1;
-    p.c = planes;
-    p.h = h;
-    p.w = w;
-    p.oh = oh;
-    p.ow = ow;
-    p.kernel[0] = p.stride[0] = h / oh;
-    p.kernel[1] = p.stride[1] = w / ow;
-    dnnl_pool2d_forward(p, input, output, nullptr);
+    dnnl_pool2d_forward(uniform_bins(dtype, planes, h, w, oh, ow), input, output, nullptr);
     return;
   }
   visit_pool_dtype(dtype, [&]<typename T>() {
     adaptive_avg_loop(planes, h, w, oh, ow, static_cast<const T*>(input), static_cast<T*>(output));
+  });
+}
+
+void avg_pool2d_backward(const Pool2dParams& p, const void* grad_output, void* grad_input) {
+  if (p.n * p.c * p.h * p.w == 0) return;
+  if (use_dnnl(p)) {
+    dnnl_pool2d_backward(p, grad_output, nullptr, grad_input);
+    return;
+  }
+  visit_grad_dtype(p.dtype, [&]<typename T>() {
+    avg_pool_backward_loop(p, static_cast<const T*>(grad_output), static_cast<T*>(grad_input));
+  });
+}
+
+void max_pool2d_backward_workspace(const Pool2dParams& p, const void* grad_output, const void* workspace,
+                                   void* grad_input) {
+  if (p.n * p.c * p.h * p.w == 0) return;
+  KILN_ASSERT(use_dnnl(p), "max_pool2d backward: a workspace for a pool oneDNN does not run");
+  dnnl_pool2d_backward(p, grad_output, workspace, grad_input);
+}
+
+void max_pool2d_backward_indices(const Pool2dParams& p, const void* grad_output, const int64_t* indices,
+                                 void* grad_input) {
+  if (p.n * p.c * p.h * p.w == 0) return;
+  visit_grad_dtype(p.dtype, [&]<typename T>() {
+    max_pool_backward_loop(p, static_cast<const T*>(grad_output), indices, static_cast<T*>(grad_input));
+  });
+}
+
+void max_pool2d_gather(const Pool2dParams& p, const void* src, const int64_t* indices, void* out) {
+  const int64_t hw = p.h * p.w, ohw = p.oh * p.ow;
+  if (p.n * p.c * ohw == 0) return;
+  visit_grad_dtype(p.dtype, [&]<typename T>() {
+    const T* in = static_cast<const T*>(src);
+    T* o = static_cast<T*>(out);
+    for_each_plane(p.n * p.c, ohw, [&](int64_t plane) {
+      for (int64_t i = plane * ohw; i < (plane + 1) * ohw; ++i) {
+        KILN_ASSERT(indices[i] >= 0 && indices[i] < hw, "max_pool2d gather: index ", indices[i], " outside a plane");
+        o[i] = in[plane * hw + indices[i]];
+      }
+    });
+  });
+}
+
+void adaptive_avg_pool2d_backward(DType dtype, int64_t planes, int64_t h, int64_t w, int64_t oh, int64_t ow,
+                                  const void* grad_output, void* grad_input) {
+  if (planes * h * w == 0) return;
+  if (oh * ow == 0) {
+    std::memset(grad_input, 0, static_cast<size_t>(planes * h * w * element_size(dtype)));
+    return;
+  }
+  if (h % oh == 0 && w % ow == 0 && (dtype == DType::Float32 || dtype == DType::BFloat16)) {
+    dnnl_pool2d_backward(uniform_bins(dtype, planes, h, w, oh, ow), grad_output, nullptr, grad_input);
+    return;
+  }
+  visit_grad_dtype(dtype, [&]<typename T>() {
+    adaptive_avg_backward_loop(planes, h, w, oh, ow, static_cast<const T*>(grad_output), static_cast<T*>(grad_input));
   });
 }
 

@@ -7,6 +7,9 @@
 // costly part); 16-bit outputs recompute exp in the third pass instead, so
 // that they are rounded once. A NaN anywhere in a slice makes the whole slice
 // NaN (through the sum), as in PyTorch, so the max need not propagate it.
+//
+// Backward is fused the same way: one pass for the row's sum (of g * y, or of
+// g for log_softmax), one to write, the row in cache between them.
 #include <cmath>
 #include <type_traits>
 
@@ -97,6 +100,82 @@ void softmax_cols(const DimLayout& l, const T* in, T* out, bool log) {
   else parallel_for(units, std::max<int64_t>(1, kGrainSize / (n * kColWidth)), [&](int64_t b, int64_t e) { body(b, e); });
 }
 
+// Sum of f(0) .. f(n-1) in kLanes independent partials (vectorised), combined pairwise.
+template <typename A, typename F>
+A lane_sum(int64_t n, const F& f) {
+  A lanes[kLanes] = {};
+  int64_t i = 0;
+  for (; i + kLanes <= n; i += kLanes)
+    for (int k = 0; k < kLanes; ++k) lanes[k] += f(i + k);
+  for (int k = 0; i + k < n; ++k) lanes[k] += f(i + k);
+  for (int w = kLanes / 2; w > 0; w /= 2)
+    for (int k = 0; k < w; ++k) lanes[k] += lanes[k + w];
+  return lanes[0];
+}
+
+template <typename T>
+void softmax_backward_rows(const DimLayout& l, const T* y, const T* g, T* out, bool log) {
+  using A = compute_t<T>;
+  const int64_t n = l.n;
+  auto body = [&](int64_t b, int64_t e) {
+    for (int64_t r = b; r < e; ++r) {
+      const T* yr = y + r * n;
+      const T* gr = g + r * n;
+      T* o = out + r * n;
+      if (log) {
+        const A s = lane_sum<A>(n, [&](int64_t i) { return static_cast<A>(gr[i]); });
+        for (int64_t i = 0; i < n; ++i)
+          o[i] = static_cast<T>(static_cast<A>(gr[i]) - exp_vec(static_cast<A>(yr[i])) * s);
+      } else {
+        const A s = lane_sum<A>(n, [&](int64_t i) { return static_cast<A>(gr[i]) * static_cast<A>(yr[i]); });
+        for (int64_t i = 0; i < n; ++i)
+          o[i] = static_cast<T>(static_cast<A>(yr[i]) * (static_cast<A>(gr[i]) - s));
+      }
+    }
+  };
+  if (run_serial(l.outer * n)) body(0, l.outer);
+  else parallel_for(l.outer, std::max<int64_t>(1, kGrainSize / n), [&](int64_t b, int64_t e) { body(b, e); });
+}
+
+template <typename T>
+void softmax_backward_cols(const DimLayout& l, const T* y, const T* g, T* out, bool log) {
+  using A = compute_t<T>;
+  const int64_t n = l.n, inner = l.inner;
+  const int64_t blocks = (inner + kColWidth - 1) / kColWidth;
+  auto body = [&](int64_t b, int64_t e) {
+    A s[kColWidth];
+    for (int64_t u = b; u < e; ++u) {
+      const int64_t q = u / blocks, j0 = (u % blocks) * kColWidth, w = std::min(kColWidth, inner - j0);
+      const int64_t off = q * n * inner + j0;
+      for (int64_t j = 0; j < w; ++j) s[j] = A(0);
+      for (int64_t r = 0; r < n; ++r) {
+        const T* yr = y + off + r * inner;
+        const T* gr = g + off + r * inner;
+        if (log) {
+          for (int64_t j = 0; j < w; ++j) s[j] += static_cast<A>(gr[j]);
+        } else {
+          for (int64_t j = 0; j < w; ++j) s[j] += static_cast<A>(gr[j]) * static_cast<A>(yr[j]);
+        }
+      }
+      for (int64_t r = 0; r < n; ++r) {
+        const T* yr = y + off + r * inner;
+        const T* gr = g + off + r * inner;
+        T* o = out + off + r * inner;
+        if (log) {
+          for (int64_t j = 0; j < w; ++j)
+            o[j] = static_cast<T>(static_cast<A>(gr[j]) - exp_vec(static_cast<A>(yr[j])) * s[j]);
+        } else {
+          for (int64_t j = 0; j < w; ++j)
+            o[j] = static_cast<T>(static_cast<A>(yr[j]) * (static_cast<A>(gr[j]) - s[j]));
+        }
+      }
+    }
+  };
+  const int64_t units = l.outer * blocks;
+  if (run_serial(l.outer * n * inner)) body(0, units);
+  else parallel_for(units, std::max<int64_t>(1, kGrainSize / (n * kColWidth)), [&](int64_t b, int64_t e) { body(b, e); });
+}
+
 }  // namespace
 
 void softmax(const DimLayout& l, DType dt, const void* in, void* out, bool log) {
@@ -106,6 +185,17 @@ void softmax(const DimLayout& l, DType dt, const void* in, void* out, bool log) 
     T* y = static_cast<T*>(out);
     if (l.inner == 1) softmax_rows(l, x, y, log);
     else softmax_cols(l, x, y, log);
+  });
+}
+
+void softmax_backward(const DimLayout& l, DType dt, const void* y, const void* g, void* out, bool log) {
+  if (l.outer * l.n * l.inner == 0) return;
+  visit_floating_dtype(dt, log ? "log_softmax_backward" : "softmax_backward", [&]<typename T>() {
+    const T* yp = static_cast<const T*>(y);
+    const T* gp = static_cast<const T*>(g);
+    T* o = static_cast<T*>(out);
+    if (l.inner == 1) softmax_backward_rows(l, yp, gp, o, log);
+    else softmax_backward_cols(l, yp, gp, o, log);
   });
 }
 

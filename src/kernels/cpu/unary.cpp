@@ -71,6 +71,7 @@ void unary_floating(const LoopSpec& s, UnaryOp op) {
         return C(0.5) * x * (C(1) + vm::tanh(inner));
       });
     case UnaryOp::Silu: return map_vm<T>(s, [](C x) { return x / (C(1) + vm::exp(-x)); });
+    case UnaryOp::Sign: return map<T>(s, [](C x) { return C(x > C(0)) - C(x < C(0)); });
     case UnaryOp::BitwiseNot: break;
   }
   undefined_op(op, dtype_of_v<T>);
