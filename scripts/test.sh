@@ -23,9 +23,12 @@ echo "== install and build a find_package(kiln) consumer"
 prefix=$(mktemp -d)
 trap 'rm -rf "$prefix"' EXIT
 cmake --install build/release --prefix "$prefix/kiln" >/dev/null
-cmake -S tests/install -B "$prefix/consumer" -G Ninja -DCMAKE_PREFIX_PATH="$prefix/kiln" >/dev/null
+awk '/^```cpp/{f=1;next} /^```/{if(f){exit}} f' README.md > "$prefix/readme_example.cpp"
+cmake -S tests/install -B "$prefix/consumer" -G Ninja -DCMAKE_PREFIX_PATH="$prefix/kiln" \
+  -DREADME_EXAMPLE="$prefix/readme_example.cpp" >/dev/null
 cmake --build "$prefix/consumer" >/dev/null
 "$prefix/consumer/app"
+(cd "$prefix" && "$prefix/consumer/readme_example")
 
 if [[ ${KILN_SKIP_ASAN:-0} != 1 ]]; then
   echo "== asan-ubsan build"
