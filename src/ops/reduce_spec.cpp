@@ -19,46 +19,13 @@
 #include "kiln/core/factory.h"
 #include "kiln/ops/op_spec.h"
 #include "kiln/ops/reduce.h"
+#include "reduce_spec_util.h"
 
 namespace kiln::ops {
 
 namespace {
 
-using Inputs = std::vector<Tensor>;
-using Run = std::function<std::vector<Tensor>(const Inputs&)>;
-
-// Wraps f(x0) returning a Tensor or a (values, indices) tuple.
-template <typename F>
-Run unary(F f) {
-  return [f](const Inputs& x) -> std::vector<Tensor> {
-    auto r = f(x[0]);
-    if constexpr (std::is_same_v<decltype(r), Tensor>) return {r};
-    else return {std::get<0>(r), std::get<1>(r)};
-  };
-}
-
-OpSample sample(std::string label, Tensor x, Run run, std::string torch) {
-  return OpSample{std::move(label), {std::move(x)}, std::move(run), std::move(torch), {}};
-}
-
-// Marks the samples of a floating dtype as backward samples (grad_inputs = {0})
-// when their input is small enough for a numerical gradcheck (<= 200 elements:
-// the [64, 1000] samples stay forward-only), except the labels in `skip`.
-std::vector<OpSample> differentiable(std::vector<OpSample> s, DType dt, std::vector<std::string> skip = {}) {
-  if (!is_floating_point(dt)) return s;
-  for (OpSample& x : s) {
-    if (x.inputs[0].numel() > 200 || std::find(skip.begin(), skip.end(), x.label) != skip.end()) continue;
-    x.grad_inputs = {0};
-  }
-  return s;
-}
-
-template <typename F>
-OpErrorCase error(std::string label, F f, std::string type, std::string contains) {
-  return OpErrorCase{std::move(label), [f] { (void)f(); }, std::move(type), std::move(contains)};
-}
-
-const std::vector<DType> kFloats = {kFloat32, kFloat64, kBFloat16, kFloat16};
+using namespace reduce_spec;
 
 Tensor positive(IntArrayRef sizes, DType dt, uint64_t seed) { return sample_positive(sizes, dt, seed, 0.5, 2.0); }
 
