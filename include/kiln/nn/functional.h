@@ -13,7 +13,7 @@
 namespace kiln::nn::functional {
 
 struct CrossEntropyOptions {
-  Tensor weight;               // [C] class weights, or undefined
+  Tensor weight = {};               // [C] class weights, or undefined
   int64_t ignore_index = -100; // class-index targets equal to it contribute nothing
   std::string reduction = "mean";
   double label_smoothing = 0.0;
@@ -25,7 +25,7 @@ Tensor cross_entropy(const Tensor& input, const Tensor& target, const CrossEntro
                      std::source_location loc = std::source_location::current());
 
 struct NLLLossOptions {
-  Tensor weight;
+  Tensor weight = {};
   int64_t ignore_index = -100;
   std::string reduction = "mean";
 };
@@ -52,8 +52,8 @@ Tensor smooth_l1_loss(const Tensor& input, const Tensor& target, const SmoothL1L
                       std::source_location loc = std::source_location::current());
 
 struct BCEWithLogitsOptions {
-  Tensor weight;      // broadcast against input, or undefined
-  Tensor pos_weight;  // broadcast along the last dim (per class), or undefined
+  Tensor weight = {};      // broadcast against input, or undefined
+  Tensor pos_weight = {};  // broadcast along the last dim (per class), or undefined
   std::string reduction = "mean";
 };
 
