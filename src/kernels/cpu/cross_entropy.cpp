@@ -40,12 +40,11 @@ int64_t forward_impl(const CrossEntropyRows& a, const T* x_all, double* lse_out,
         continue;
       }
       const T* x = x_all + r * C;
-      A m = -std::numeric_limits<A>::infinity();
-      for (int64_t c = 0; c < C; ++c) m = std::max(m, static_cast<A>(x[c]));
+      // Multi-lane max and sum of exp(x - max) (the softmax kernels' reductions).
+      const char* xb = reinterpret_cast<const char*>(x);
+      A m = run_value(FastMaxOp<T>{}, xb, C, sizeof(T), A(0));
       if (!std::isfinite(m)) m = A(0);  // all -inf (or a NaN/inf row): let the sum carry it
-      A s = A(0);
-      for (int64_t c = 0; c < C; ++c) s += exp_vec(static_cast<A>(x[c]) - m);
-      const A lse = m + std::log(s);
+      const A lse = m + std::log(run_value(ExpShiftOp<T>{}, xb, C, sizeof(T), m));
       const A wt = w ? static_cast<A>(w[t]) : A(1);
       lse_out[r] = lse;
       nll[r] = -wt * (static_cast<A>(x[t]) - lse);
@@ -53,7 +52,7 @@ int64_t forward_impl(const CrossEntropyRows& a, const T* x_all, double* lse_out,
       if (smooth) {
         A sx = A(0);
         if (w) for (int64_t c = 0; c < C; ++c) sx += static_cast<A>(w[c]) * static_cast<A>(x[c]);
-        else for (int64_t c = 0; c < C; ++c) sx += static_cast<A>(x[c]);
+        else sx = run_value(SumOp<T>{}, xb, C, sizeof(T), A(0));
         smooth[r] = -(sx - wsum * lse);
       }
     }
