@@ -153,6 +153,52 @@ TEST(LossCases, DoubleBackwardMatchesTorch) {
   EXPECT_TRUE(c.ok) << c.message;
 }
 
+// The fused backward (create_graph=false) and the kiln-ops formula (create_graph=true)
+// agree for every option combination, K-dim and non-contiguous inputs included.
+TEST(LossCases, FusedAndComposedBackwardAgree) {
+  const Tensor x2 = rn({6, 5}, 20, kFloat64).t().t();
+  const Tensor xt = rn({5, 6}, 21, kFloat64).t();  // non-contiguous [6, 5]
+  const Tensor xk = rn({2, 5, 3}, 22, kFloat64);
+  const Tensor t2 = tensor<int64_t>({0, -100, 4, 2, 2, 1});
+  const Tensor tk = tensor<int64_t>({0, 1, -100, 4, 3, 2}).reshape({2, 3});
+  const Tensor w = rn({5}, 23, kFloat64).abs() + 0.5;
+  int checked = 0;
+  for (const auto& [x, t] : {std::pair{x2, t2}, std::pair{xt, t2}, std::pair{xk, tk}})
+    for (const std::string red : {"mean", "sum", "none"})
+      for (int wgt = 0; wgt < 2; ++wgt)
+        for (double ls : {0.0, 0.3}) {
+          const F::CrossEntropyOptions o{.weight = wgt ? w : Tensor(), .reduction = red, .label_smoothing = ls};
+          Tensor leaf = x.detach().requires_grad_();
+          Tensor loss = F::cross_entropy(leaf, t, o);
+          Tensor go = rn(loss.sizes(), 24, kFloat64);
+          Tensor fused = autograd::grad({loss}, {leaf}, {go}, true)[0];
+          Tensor composed = autograd::grad({loss}, {leaf}, {go}, true, /*create_graph=*/true)[0];
+          EXPECT_TRUE(composed.requires_grad());
+          const auto c = test::compare_tensors(fused, composed.detach(), 1e-12, 1e-14);
+          EXPECT_TRUE(c.ok) << red << " w" << wgt << " ls" << ls << ": " << c.message;
+          EXPECT_TRUE(fused.sizes().equals(x.sizes()));
+          ++checked;
+        }
+  EXPECT_EQ(checked, 36);
+}
+
+TEST(LossCases, NonContiguousInputMatchesTorch) {
+  const Tensor x = rn({5, 6}, 25).t();
+  const Tensor t = tensor<int64_t>({0, 4, 2, -100, 1, 3});
+  Tensor leaf = x.detach().requires_grad_();
+  Tensor loss = F::cross_entropy(leaf, t, {.label_smoothing = 0.1});
+  Tensor g = autograd::grad({loss}, {leaf})[0];
+  test::OracleBatch b;
+  const std::string expr = "F.cross_entropy(x0, x1, label_smoothing=0.1)";
+  const size_t v = b.add("nc", expr, {x, t});
+  const size_t gi = b.add_grad("nc_grad", expr, {x, t}, {0}, {ones({}, TensorOptions().dtype(kFloat32))});
+  b.run();
+  ASSERT_TRUE(b.outcome(v).ok && b.outcome(gi).ok);
+  EXPECT_TRUE(test::compare_tensors(loss, b.outcome(v).outputs[0], 1e-5, 1e-6).ok);
+  const auto c = test::compare_tensors(g, b.outcome(gi).outputs[0], 1e-4, 1e-6);
+  EXPECT_TRUE(c.ok) << c.message;
+}
+
 TEST(LossCases, ErrorTexts) {
   Tensor x = rn({3, 5}, 11);
   std::string m = error_of<IndexError>([&] { F::cross_entropy(x, tensor<int64_t>({0, 7, 1})); });
