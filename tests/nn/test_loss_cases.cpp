@@ -199,6 +199,36 @@ TEST(LossCases, NonContiguousInputMatchesTorch) {
   EXPECT_TRUE(c.ok) << c.message;
 }
 
+// binary_cross_entropy_with_logits at |x| = 200 (sigmoid saturates) and kl_div with zero
+// target entries (0 log 0 = 0): finite and equal to torch, gradients included.
+TEST(LossCases, SaturatedBceAndZeroTargetKlMatchTorch) {
+  const Tensor x = tensor<float>({200.f, -200.f, 30.f, -30.f, 0.5f, -0.5f}, {2, 3});
+  const Tensor y = tensor<float>({0.f, 1.f, 0.25f, 1.f, 0.f, 0.75f}, {2, 3});
+  const Tensor pw = tensor<float>({2.f, 0.5f, 1.5f});
+  const Tensor lp = rn({2, 3}, 30).log_softmax(1);
+  const Tensor p = tensor<float>({0.f, 0.4f, 0.6f, 1.f, 0.f, 0.f}, {2, 3});
+  test::OracleBatch b;
+  const std::string bce = "F.binary_cross_entropy_with_logits(x0, x1, pos_weight=x2, reduction='sum')";
+  const std::string kl = "F.kl_div(x0, x1, reduction='batchmean')";
+  const size_t bv = b.add("bce", bce, {x, y, pw});
+  const size_t bg = b.add_grad("bce_g", bce, {x, y, pw}, {0}, {ones({}, TensorOptions().dtype(kFloat32))});
+  const size_t kv = b.add("kl", kl, {lp, p});
+  const size_t kg = b.add_grad("kl_g", kl, {lp, p}, {0}, {ones({}, TensorOptions().dtype(kFloat32))});
+  b.run();
+  for (size_t i : {bv, bg, kv, kg}) ASSERT_TRUE(b.outcome(i).ok) << b.outcome(i).error;
+  Tensor xl = x.detach().requires_grad_();
+  Tensor l = F::binary_cross_entropy_with_logits(xl, y, {.pos_weight = pw, .reduction = "sum"});
+  EXPECT_TRUE(std::isfinite(l.item<float>()));
+  EXPECT_TRUE(test::compare_tensors(l, b.outcome(bv).outputs[0], 1e-6, 1e-5).ok);
+  auto c = test::compare_tensors(autograd::grad({l}, {xl})[0], b.outcome(bg).outputs[0], 1e-5, 1e-6);
+  EXPECT_TRUE(c.ok) << c.message;
+  Tensor ll = lp.detach().requires_grad_();
+  Tensor k = F::kl_div(ll, p, {.reduction = "batchmean"});
+  EXPECT_TRUE(test::compare_tensors(k, b.outcome(kv).outputs[0], 1e-5, 1e-6).ok);
+  c = test::compare_tensors(autograd::grad({k}, {ll})[0], b.outcome(kg).outputs[0], 1e-5, 1e-6);
+  EXPECT_TRUE(c.ok) << c.message;
+}
+
 TEST(LossCases, ErrorTexts) {
   Tensor x = rn({3, 5}, 11);
   std::string m = error_of<IndexError>([&] { F::cross_entropy(x, tensor<int64_t>({0, 7, 1})); });
