@@ -1,0 +1,234 @@
+// cross_entropy: class-index targets go through the fused kernel
+// (kiln/kernels/loss.h) with a CrossEntropyLossBackward0 node beside the
+// forward; class-probability targets are log_softmax composed with kiln ops.
+//
+// Reductions follow PyTorch 1.13 exactly, label smoothing included:
+//   loss = (1 - ls) * nll_loss(logp, target, weight) + (ls / C) * smooth,
+//   smooth_r = -sum_c w_c logp_rc (0 on ignored rows), and for "mean" nll is
+//   and smooth are both divided by the sum of the non-ignored targets' weights
+//   (their count when unweighted).
+#include <cmath>
+#include <vector>
+
+#include "kiln/autograd/functions.h"
+#include "kiln/core/factory.h"
+#include "kiln/core/guards.h"
+#include "kiln/kernels/loss.h"
+#include "kiln/nn/functional.h"
+#include "kiln/ops/index.h"
+#include "loss_common.h"
+
+namespace kiln::nn::functional {
+
+using detail::Reduction;
+
+namespace {
+
+// [N, C, d1, ...] -> [N * d1 * ..., C] (class dim last); [C] -> [1, C].
+Tensor to_rows(const Tensor& x, int64_t C) {
+  if (x.dim() <= 2) return x.reshape({-1, C});
+  std::vector<int64_t> perm{0};
+  for (int64_t d = 2; d < x.dim(); ++d) perm.push_back(d);
+  perm.push_back(1);
+  return x.permute(perm).reshape({-1, C});
+}
+
+// Inverse of to_rows for a [R, C] gradient.
+Tensor from_rows(const Tensor& g, const std::vector<int64_t>& in_sizes) {
+  const int64_t k = static_cast<int64_t>(in_sizes.size());
+  if (k == 1) return g.reshape({in_sizes[0]});
+  if (k == 2) return g;
+  std::vector<int64_t> sizes{in_sizes[0]};
+  for (int64_t d = 2; d < k; ++d) sizes.push_back(in_sizes[d]);
+  sizes.push_back(in_sizes[1]);
+  std::vector<int64_t> inv{0, k - 1};
+  for (int64_t d = 1; d < k - 1; ++d) inv.push_back(d);
+  return g.reshape(sizes).permute(inv);
+}
+
+struct CrossEntropyLossBackward final : autograd::Node {
+  autograd::SavedVariable input;
+  Tensor target;  // int64 [R], contiguous
+  Tensor weight;  // [C] in the input's dtype, contiguous, or undefined
+  Tensor lse;     // float64 [R]
+  std::vector<int64_t> in_sizes;
+  int64_t rows = 0, classes = 0, ignore_index = -100;
+  double ls = 0;
+  Reduction red = Reduction::Mean;
+  double scale_a = 1, scale_b = 0;  // per-row coefficients of the nll and smoothing terms, before g
+
+  const char* name() const override { return "CrossEntropyLossBackward0"; }
+  void release_variables() override {
+    input.reset();
+    lse = Tensor();
+  }
+
+  TensorList apply(TensorList&& grads) override {
+    if (!grads[0].defined()) return {Tensor()};
+    const Tensor x = input.unpack(this);
+    const Tensor& g = grads[0];
+    if (grad_mode_enabled()) return {composed(x, g)};
+    // Fused: per-row coefficients, then one pass per row.
+    Tensor gd = g.to(kFloat64).contiguous();
+    std::vector<double> ca(rows), cb(ls > 0 ? rows : 0);
+    const double* gp = gd.data_ptr<double>();
+    for (int64_t r = 0; r < rows; ++r) {
+      const double gr = red == Reduction::None ? gp[r] : gp[0];
+      ca[r] = gr * scale_a;
+      if (ls > 0) cb[r] = gr * scale_b;
+    }
+    Tensor xr = to_rows(x, classes).contiguous();
+    Tensor out = empty({rows, classes}, TensorOptions().dtype(x.dtype()));
+    kernels::CrossEntropyRows a{rows, classes, target.data_ptr<int64_t>(),
+                                weight.defined() ? weight.data_ptr() : nullptr, ignore_index};
+    kernels::cross_entropy_backward(x.dtype(), a, xr.data_ptr(), lse.data_ptr<double>(), ca.data(),
+                                    ls > 0 ? cb.data() : nullptr, out.data_ptr());
+    return {from_rows(out, in_sizes)};
+  }
+
+  // The same formula with kiln ops, so that create_graph=true can differentiate it again.
+  Tensor composed(const Tensor& x, const Tensor& g) {
+    const TensorOptions o = TensorOptions().dtype(x.dtype());
+    Tensor xr = to_rows(x, classes);
+    Tensor p = xr.softmax(1);
+    Tensor ignored = target.eq(ignore_index);
+    Tensor valid = ignored.logical_not().to(x.dtype());
+    Tensor tsafe = target.masked_fill(ignored, 0);
+    Tensor onehot = zeros({rows, classes}, o).scatter(1, tsafe.unsqueeze(1), 1.0);
+    Tensor w = weight.defined() ? weight : ones({classes}, o);
+    Tensor wt = w.index_select(0, tsafe) * valid;
+    Tensor gr = red == Reduction::None ? g.reshape({rows}) : g.reshape({1}).expand({rows});
+    Tensor grad = (gr * wt * scale_a).unsqueeze(1) * (p - onehot);
+    if (ls > 0) grad = grad + (gr * valid * scale_b).unsqueeze(1) * (p * w.sum() - w.unsqueeze(0));
+    return from_rows(grad, in_sizes);
+  }
+};
+
+Tensor cross_entropy_probs(const Tensor& input, const Tensor& target, const CrossEntropyOptions& o, Reduction red,
+                           int64_t C) {
+  const int64_t cdim = input.dim() == 1 ? 0 : 1;
+  Tensor t = target;
+  if (o.label_smoothing > 0) t = t * (1.0 - o.label_smoothing) + o.label_smoothing / static_cast<double>(C);
+  Tensor prod = input.log_softmax(cdim) * t;
+  if (o.weight.defined()) {
+    std::vector<int64_t> wshape(static_cast<size_t>(input.dim() - cdim), 1);
+    wshape[0] = C;
+    prod = prod * o.weight.reshape(wshape);
+  }
+  Tensor per = -prod.sum({cdim});
+  switch (red) {
+    case Reduction::None: return per;
+    case Reduction::Sum: return per.sum();
+    default: return per.sum() / static_cast<double>(input.numel() / std::max<int64_t>(C, 1));
+  }
+}
+
+}  // namespace
+
+Tensor cross_entropy(const Tensor& input, const Tensor& target, const CrossEntropyOptions& o, std::source_location loc) {
+  detail::check_floating("cross_entropy", "input", input);
+  KILN_CHECK(target.defined(), ValueError, "cross_entropy: expected a target tensor, got an undefined one");
+  const Reduction red = detail::parse_reduction("cross_entropy", o.reduction);
+  KILN_CHECK(input.dim() >= 1, ShapeError, "cross_entropy: expected input of shape [N, C], [N, C, d1, ...] or [C], got ",
+             input.sizes());
+  KILN_CHECK(o.label_smoothing >= 0.0 && o.label_smoothing <= 1.0, ValueError,
+             "cross_entropy: expected label_smoothing in [0, 1], got ", o.label_smoothing);
+  const int64_t C = input.dim() == 1 ? input.size(0) : input.size(1);
+  if (o.weight.defined()) {
+    KILN_CHECK(o.weight.dim() == 1 && o.weight.size(0) == C, ShapeError, "cross_entropy: expected weight of shape [", C,
+               "] (one per class), got ", o.weight.sizes());
+    detail::check_floating("cross_entropy", "weight", o.weight);
+  }
+  if (target.is_floating_point()) {
+    KILN_CHECK(target.sizes().equals(input.sizes()), ShapeError,
+               "cross_entropy: class-probability target must have the input's shape ", input.sizes(), ", got ",
+               target.sizes());
+    KILN_CHECK(target.dtype() == input.dtype(), DTypeError, "cross_entropy: expected a probability target of the input's dtype ",
+               dtype_name(input.dtype()), ", got ", dtype_name(target.dtype()));
+    return cross_entropy_probs(input, target, o, red, C);
+  }
+  KILN_CHECK(target.dtype() == kInt64, DTypeError,
+             "cross_entropy: expected target of dtype int64 (class indices) or the input's floating dtype "
+             "(class probabilities), got target ",
+             dtype_name(target.dtype()), " for input ", dtype_name(input.dtype()));
+  const DType dt = input.dtype();
+  KILN_CHECK(dt == kFloat32 || dt == kFloat64 || dt == kBFloat16, DTypeError,
+             "cross_entropy: expected input of dtype float32, float64 or bfloat16, got ", dtype_name(dt));
+  std::vector<int64_t> want;
+  if (input.dim() >= 2) {
+    want.push_back(input.size(0));
+    for (int64_t d = 2; d < input.dim(); ++d) want.push_back(input.size(d));
+  }
+  KILN_CHECK(target.sizes().equals(IntArrayRef(want)), ShapeError, "cross_entropy: expected target of shape ",
+             IntArrayRef(want), " for input of shape ", input.sizes(), ", got target of shape ", target.sizes());
+
+  const bool record = autograd::compute_requires_grad({&input});
+  const double ls = o.label_smoothing;
+  Tensor out, lse, trows, w;
+  double scale_a = 1, scale_b = 0;
+  int64_t R = 0;
+  {
+    NoGradGuard no_grad;
+    Tensor xr = to_rows(input, C).contiguous();
+    R = xr.size(0);
+    trows = target.reshape({-1}).contiguous();
+    if (o.weight.defined()) w = o.weight.to(dt).contiguous();
+    const TensorOptions f64 = TensorOptions().dtype(kFloat64);
+    lse = empty({R}, f64);
+    Tensor nll = empty({R}, f64), wrow = empty({R}, f64), smooth = empty({R}, f64);
+    kernels::CrossEntropyRows a{R, C, trows.data_ptr<int64_t>(), w.defined() ? w.data_ptr() : nullptr,
+                                o.ignore_index};
+    const int64_t bad = kernels::cross_entropy_forward(dt, a, xr.data_ptr(), lse.data_ptr<double>(),
+                                                       nll.data_ptr<double>(), wrow.data_ptr<double>(),
+                                                       ls > 0 ? smooth.data_ptr<double>() : nullptr);
+    KILN_CHECK(bad < 0, IndexError, "cross_entropy: target ", bad < 0 ? 0 : trows.data_ptr<int64_t>()[bad],
+               " (at flat position ", bad, ") is out of bounds for ", C, " classes: expected 0 <= target < ", C,
+               " or target == ignore_index (", o.ignore_index, ")");
+    const double* pn = nll.data_ptr<double>();
+    const double* pw = wrow.data_ptr<double>();
+    const double* ps = smooth.data_ptr<double>();
+    if (red == Reduction::None) {
+      Tensor per = ls > 0 ? nll * (1.0 - ls) + smooth * (ls / static_cast<double>(C)) : nll;
+      out = per.to(dt).reshape(want);
+      scale_a = 1.0 - ls;
+      scale_b = ls / static_cast<double>(C);
+    } else {
+      double sn = 0, sw = 0, ss = 0;
+      for (int64_t r = 0; r < R; ++r) {
+        sn += pn[r];
+        sw += pw[r];
+        if (ls > 0) ss += ps[r];
+      }
+      double den_a = 1, den_b = 1;
+      if (red == Reduction::Mean) {
+        den_a = sw;
+        den_b = sw;
+      }
+      double v = (1.0 - ls) * (sn / den_a);
+      if (ls > 0) v += ls / static_cast<double>(C) * (ss / den_b);
+      out = scalar_tensor(v, TensorOptions().dtype(dt));
+      // An all-ignored batch: the rows contribute nothing whatever the scale.
+      scale_a = den_a == 0 ? 0.0 : (1.0 - ls) / den_a;
+      scale_b = den_b == 0 ? 0.0 : ls / static_cast<double>(C) / den_b;
+    }
+  }
+  if (record) {
+    auto node = make_intrusive<CrossEntropyLossBackward>();
+    node->input = autograd::SavedVariable(input, false);
+    node->target = trows;
+    node->weight = w;
+    node->lse = lse;
+    node->in_sizes.assign(input.sizes().begin(), input.sizes().end());
+    node->rows = R;
+    node->classes = C;
+    node->ignore_index = o.ignore_index;
+    node->ls = ls;
+    node->red = red;
+    node->scale_a = scale_a;
+    node->scale_b = scale_b;
+    autograd::set_history(out, node, {&input}, autograd::CallSite::from(loc));
+  }
+  return out;
+}
+
+}  // namespace kiln::nn::functional
