@@ -25,3 +25,5 @@
 #include "kiln/ops/reduce.h"
 
 #include "kiln/io/safetensors.h"
+
+#include "kiln/nn/functional.h"
