@@ -39,7 +39,7 @@ Tensor& Module::register_parameter(const std::string& name, Tensor t, bool requi
   if (t.defined()) {
     KILN_CHECK(t.is_leaf(), ValueError, "parameter \"", name,
                "\" must be a leaf tensor (detach() it first); got one with a grad_fn");
-    if (requires_grad) t.requires_grad_(true);
+    if (requires_grad || t.requires_grad()) t.requires_grad_(requires_grad);
     t.storage()->set_category(MemoryCategory::Parameter);
     autograd::set_name(t, name);
   }

@@ -230,3 +230,25 @@ TEST(Module, PrintsLikePyTorch) {
   EXPECT_NE(s.find("layers.0.weight [8, 4] 32"), std::string::npos) << s;
   EXPECT_NE(s.find("Total params: 172"), std::string::npos) << s;
 }
+
+TEST(Module, TiedAndFrozenParameters) {
+  auto emb = std::make_shared<nn::Embedding>(nn::EmbeddingOptions{.num_embeddings = 5, .embedding_dim = 3});
+  auto out = std::make_shared<Linear>(nn::LinearOptions{.in_features = 3, .out_features = 5, .bias = false});
+  out->register_parameter("weight", emb->weight);  // weight tying: one tensor, listed once
+  nn::ModuleDict d({{"emb", emb}, {"out", out}});
+  EXPECT_EQ(names(d.named_parameters()), std::vector<std::string>{"emb.weight"});
+  EXPECT_TRUE(out->weight.is_same(emb->weight));
+  EXPECT_EQ(d.num_parameters(), 15);
+  nn::Module m;
+  m.register_parameter("frozen", ones({2, 2}), /*requires_grad=*/false);
+  m.register_parameter("absent", Tensor());
+  EXPECT_EQ(names(m.named_parameters()), std::vector<std::string>{"frozen"});
+  EXPECT_FALSE(m.parameters()[0].requires_grad());
+  EXPECT_EQ(m.num_parameters(), 4);
+  EXPECT_EQ(m.num_parameters(/*trainable_only=*/true), 0);
+  EXPECT_THROW(m.register_parameter("derived", ones({1}).requires_grad_().mul(2.0)), ValueError);
+  nn::Sequential s({std::make_shared<nn::ReLU>(), std::make_shared<nn::Tanh>()});
+  EXPECT_EQ(s[1]->type_name(), "Tanh");
+  EXPECT_THROW(s[2], IndexError);
+  EXPECT_TRUE(s(full({1}, -1.0f)).equal(zeros({1})));
+}
