@@ -96,8 +96,8 @@ Tensor BatchNorm::forward(const Tensor& x) {
     var = x.var(dims, 0);
     if (is_training() && options.track_running_stats) {
       NoGradGuard g;
-      const double m = options.momentum;
       num_batches_tracked.add_(1);
+      const double m = options.momentum ? *options.momentum : 1.0 / num_batches_tracked.item<double>();
       running_mean.mul_(1.0 - m).add_(mean.detach().to(running_mean.dtype()), m);
       Tensor unbiased = var.detach().to(running_var.dtype()) * (static_cast<double>(n) / static_cast<double>(n - 1));
       running_var.mul_(1.0 - m).add_(unbiased, m);
@@ -110,7 +110,7 @@ Tensor BatchNorm::forward(const Tensor& x) {
   return weight.defined() ? y * weight.view(cshape) + bias.view(cshape) : y;
 }
 std::string BatchNorm::extra_repr() const {
-  return std::to_string(options.num_features) + ", eps=" + num(options.eps) + ", momentum=" + num(options.momentum) +
+  return std::to_string(options.num_features) + ", eps=" + num(options.eps) + ", momentum=" + (options.momentum ? num(*options.momentum) : std::string("None")) +
          ", affine=" + tf(options.affine) + ", track_running_stats=" + tf(options.track_running_stats);
 }
 

@@ -89,6 +89,16 @@ std::vector<Case> layer_cases() {
   auto bn2 = perturb(std::make_shared<nn::BatchNorm2d>(nn::BatchNormOptions{.num_features = 3}));
   c.push_back({"batchnorm2d_train", bn2, img, "F.batch_norm(x0, x3.clone(), x4.clone(), x1, x2, True, 0.1, 1e-5)",
                true});
+  c.push_back({"layernorm_plain",
+               std::make_shared<nn::LayerNorm>(nn::LayerNormOptions{.normalized_shape = {6}, .elementwise_affine = false}),
+               img, "F.layer_norm(x0, (6,))"});
+  c.push_back({"groupnorm_plain",
+               std::make_shared<nn::GroupNorm>(nn::GroupNormOptions{.num_groups = 3, .num_channels = 3, .affine = false}),
+               img, "F.group_norm(x0, 3)"});
+  c.push_back({"batchnorm1d_nostats",
+               std::make_shared<nn::BatchNorm1d>(
+                   nn::BatchNormOptions{.num_features = 5, .affine = false, .track_running_stats = false}),
+               randn({6, 5}), "F.batch_norm(x0, None, None, training=True)"});
   return c;
 }
 
@@ -165,6 +175,25 @@ TEST(Layers, BatchNormRunningStatsMatchTorch) {
   for (auto& [n, t] : bn.state_dict()) keys.push_back(n);
   EXPECT_EQ(keys, (std::vector<std::string>{"weight", "bias", "running_mean", "running_var", "num_batches_tracked"}));
   EXPECT_THROW(bn(randn({2, 3})), ShapeError);
+}
+
+TEST(Layers, BatchNormCumulativeAverageWithoutMomentum) {
+  manual_seed(4);
+  nn::BatchNorm2d bn({.num_features = 2, .momentum = std::nullopt});
+  std::vector<Tensor> batches;
+  for (int i = 0; i < 3; ++i) batches.push_back(randn({3, 2, 2, 2}).add(static_cast<double>(i)));
+  for (auto& x : batches) bn(x);
+  test::OracleBatch b;
+  b.add("bn_cumulative",
+        "(lambda m: ([m(x) for x in (x0, x1, x2)], (m.running_mean, m.running_var))[1])"
+        "(torch.nn.BatchNorm2d(2, momentum=None))",
+        batches);
+  b.run();
+  const auto& r = b.outcome(0);
+  ASSERT_TRUE(r.ok) << r.error;
+  EXPECT_TRUE(bn.running_mean.allclose(r.outputs[0], 1e-5, 1e-6)) << bn.running_mean << r.outputs[0];
+  EXPECT_TRUE(bn.running_var.allclose(r.outputs[1], 1e-5, 1e-6)) << bn.running_var << r.outputs[1];
+  EXPECT_NE(bn.to_string().find("momentum=None"), std::string::npos) << bn.to_string();
 }
 
 TEST(Layers, DropoutTrainScalesAndEvalIsIdentity) {

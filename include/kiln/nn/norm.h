@@ -32,7 +32,8 @@ class LayerNorm : public Module {
 struct BatchNormOptions {
   int64_t num_features = 0;
   double eps = 1e-5;
-  double momentum = 0.1;
+  /// Unset: a cumulative average (factor 1 / num_batches_tracked), as torch's momentum=None.
+  std::optional<double> momentum = 0.1;
   bool affine = true;
   bool track_running_stats = true;
   std::optional<DType> dtype = std::nullopt;
