@@ -267,14 +267,16 @@ Tensor Module::forward(const Tensor&) {
 }
 
 Tensor Module::operator()(const Tensor& input) {
-  auto hooks = hooks_;  // hooks may remove themselves while running
+  // Copies: a hook may add or remove hooks (itself included) while running.
+  const auto pre = hooks_->pre;
   Tensor x = input;
-  for (auto [id, h] : hooks->pre) {
+  for (auto& [id, h] : pre) {
     Tensor r = h(*this, x);
     if (r.defined()) x = r;
   }
   Tensor y = forward(x);
-  for (auto [id, h] : hooks->post) {
+  const auto post = hooks_->post;
+  for (auto& [id, h] : post) {
     Tensor r = h(*this, x, y);
     if (r.defined()) y = r;
   }

@@ -184,6 +184,17 @@ TEST(Module, ForwardHooksAndRemovableHandles) {
   h2.remove();  // idempotent
   EXPECT_TRUE(lin(x).allclose(lin.forward(x)));
   EXPECT_EQ(calls.size(), 2u);
+  // A hook that removes itself runs once.
+  auto once = std::make_shared<HookHandle>();
+  int runs = 0;
+  *once = lin.register_forward_pre_hook([&runs, once](nn::Module&, const Tensor&) {
+    ++runs;
+    once->remove();
+    return Tensor();
+  });
+  lin(x);
+  lin(x);
+  EXPECT_EQ(runs, 1);
 }
 
 TEST(Module, ZeroGrad) {
