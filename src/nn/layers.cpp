@@ -7,6 +7,7 @@
 #include "kiln/core/factory.h"
 #include "kiln/nn/init.h"
 #include "kiln/ops/conv.h"
+#include "kiln/ops/index.h"
 
 namespace kiln::nn {
 
@@ -95,16 +96,28 @@ Embedding::Embedding(EmbeddingOptions o)
       options(o),
       weight(register_parameter("weight", empty({o.num_embeddings, o.embedding_dim}, dt(o.dtype)))) {
   init::normal_(weight, 0.0, 1.0);
+  if (o.padding_idx) {
+    int64_t p = *o.padding_idx < 0 ? *o.padding_idx + o.num_embeddings : *o.padding_idx;
+    KILN_CHECK(p >= 0 && p < o.num_embeddings, ValueError, "Embedding: padding_idx must be in [-", o.num_embeddings,
+               ", ", o.num_embeddings, "), got ", *o.padding_idx);
+    padding_idx_ = p;
+    Tensor row = weight.select(0, p);
+    init::zeros_(row);
+  }
 }
 Tensor Embedding::forward(const Tensor& indices) {
   KILN_CHECK(indices.dtype() == kInt64 || indices.dtype() == kInt32, DTypeError,
              "Embedding: expected int64 or int32 indices, got ", dtype_name(indices.dtype()));
   std::vector<int64_t> shape(indices.sizes().begin(), indices.sizes().end());
   shape.push_back(options.embedding_dim);
-  return weight.index_select(0, indices.reshape({-1})).view(shape);
+  Tensor out = weight.index_select(0, indices.reshape({-1})).view(shape);
+  if (!padding_idx_) return out;
+  // Same values; the padding positions take theirs from a detached copy, so no gradient reaches that row.
+  return where(indices.eq(*padding_idx_).unsqueeze(-1), out.detach(), out);
 }
 std::string Embedding::extra_repr() const {
-  return std::to_string(options.num_embeddings) + ", " + std::to_string(options.embedding_dim);
+  return std::to_string(options.num_embeddings) + ", " + std::to_string(options.embedding_dim) +
+         (padding_idx_ ? ", padding_idx=" + std::to_string(*padding_idx_) : std::string());
 }
 
 // ---- Dropout ----

@@ -62,6 +62,8 @@ class Conv2d : public Module {
 struct EmbeddingOptions {
   int64_t num_embeddings = 0;
   int64_t embedding_dim = 0;
+  /// This row starts at zeros and receives no gradient (negative counts from the end), as torch.
+  std::optional<int64_t> padding_idx = std::nullopt;
   std::optional<DType> dtype = std::nullopt;
 };
 /// Rows of weight [num_embeddings, embedding_dim] (N(0, 1)) picked by integer indices.
@@ -72,6 +74,9 @@ class Embedding : public Module {
   std::string extra_repr() const override;
   const EmbeddingOptions options;
   Tensor& weight;
+
+ private:
+  std::optional<int64_t> padding_idx_;  // normalised to [0, num_embeddings)
 };
 
 /// Zeroes each element with probability p in training (kiln::rand on the
