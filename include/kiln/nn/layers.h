@@ -1,0 +1,205 @@
+// nn layers, as torch.nn: Linear, Conv2d, Embedding, Dropout, pooling,
+// activations, Flatten/Identity and the containers Sequential, ModuleList,
+// ModuleDict. Options are structs with designated initialisers:
+//   auto fc = std::make_shared<nn::Linear>(nn::LinearOptions{.in_features = 784, .out_features = 512});
+// Default initialisation matches PyTorch's in distribution.
+#pragma once
+
+#include <cstdint>
+#include <initializer_list>
+#include <memory>
+#include <optional>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "kiln/nn/module.h"
+
+namespace kiln::nn {
+
+struct LinearOptions {
+  int64_t in_features = 0;
+  int64_t out_features = 0;
+  bool bias = true;
+  std::optional<DType> dtype = std::nullopt;
+};
+/// y = x W^T + b; weight [out, in] kaiming_uniform(a=sqrt(5)), bias U(-1/sqrt(in), 1/sqrt(in)).
+class Linear : public Module {
+ public:
+  explicit Linear(LinearOptions o);
+  Tensor forward(const Tensor& x) override;
+  std::string extra_repr() const override;
+  /// Re-draws weight and bias as at construction.
+  void reset_parameters();
+  const LinearOptions options;
+  Tensor& weight;
+  Tensor& bias;  // undefined when options.bias is false
+};
+
+struct Conv2dOptions {
+  int64_t in_channels = 0;
+  int64_t out_channels = 0;
+  std::vector<int64_t> kernel_size = {1, 1};  // one value for both dims, or {kH, kW}
+  std::vector<int64_t> stride = {1};
+  std::vector<int64_t> padding = {0};
+  std::vector<int64_t> dilation = {1};
+  int64_t groups = 1;
+  bool bias = true;
+  std::optional<DType> dtype = std::nullopt;
+};
+/// kiln::conv2d; weight [out, in / groups, kH, kW] initialised as torch's Conv2d.
+class Conv2d : public Module {
+ public:
+  explicit Conv2d(Conv2dOptions o);
+  Tensor forward(const Tensor& x) override;
+  std::string extra_repr() const override;
+  void reset_parameters();
+  const Conv2dOptions options;
+  Tensor& weight;
+  Tensor& bias;
+};
+
+struct EmbeddingOptions {
+  int64_t num_embeddings = 0;
+  int64_t embedding_dim = 0;
+  /// This row starts at zeros and receives no gradient (negative counts from the end), as torch.
+  std::optional<int64_t> padding_idx = std::nullopt;
+  std::optional<DType> dtype = std::nullopt;
+};
+/// Rows of weight [num_embeddings, embedding_dim] (N(0, 1)) picked by integer indices.
+class Embedding : public Module {
+ public:
+  explicit Embedding(EmbeddingOptions o);
+  Tensor forward(const Tensor& indices) override;
+  std::string extra_repr() const override;
+  const EmbeddingOptions options;
+  Tensor& weight;
+
+ private:
+  std::optional<int64_t> padding_idx_;  // normalised to [0, num_embeddings)
+};
+
+/// Zeroes each element with probability p in training (kiln::rand on the
+/// default generator) and scales the rest by 1/(1-p); identity in eval.
+class Dropout : public Module {
+ public:
+  explicit Dropout(double p = 0.5);
+  Tensor forward(const Tensor& x) override;
+  std::string extra_repr() const override;
+  const double p;
+};
+
+struct Pool2dOptions {
+  std::vector<int64_t> kernel_size = {1};
+  std::vector<int64_t> stride = {};  // empty: kernel_size
+  std::vector<int64_t> padding = {0};
+  std::vector<int64_t> dilation = {1};  // MaxPool2d only
+  bool ceil_mode = false;
+  bool count_include_pad = true;  // AvgPool2d only
+};
+class MaxPool2d : public Module {
+ public:
+  explicit MaxPool2d(Pool2dOptions o);
+  Tensor forward(const Tensor& x) override;
+  std::string extra_repr() const override;
+  const Pool2dOptions options;
+};
+class AvgPool2d : public Module {
+ public:
+  explicit AvgPool2d(Pool2dOptions o);
+  Tensor forward(const Tensor& x) override;
+  std::string extra_repr() const override;
+  const Pool2dOptions options;
+};
+class AdaptiveAvgPool2d : public Module {
+ public:
+  explicit AdaptiveAvgPool2d(std::vector<int64_t> output_size);
+  Tensor forward(const Tensor& x) override;
+  std::string extra_repr() const override;
+  const std::vector<int64_t> output_size;
+};
+
+/// x.flatten(start_dim, end_dim); defaults keep the batch dim, as torch.
+class Flatten : public Module {
+ public:
+  explicit Flatten(int64_t start_dim = 1, int64_t end_dim = -1);
+  Tensor forward(const Tensor& x) override;
+  std::string extra_repr() const override;
+  const int64_t start_dim, end_dim;
+};
+
+class Identity : public Module {
+ public:
+  Identity() : Module("Identity") {}
+  Tensor forward(const Tensor& x) override { return x; }
+};
+class ReLU : public Module {
+ public:
+  ReLU() : Module("ReLU") {}
+  Tensor forward(const Tensor& x) override { return x.relu(); }
+};
+/// approximate: "none" (erf) or "tanh".
+class GELU : public Module {
+ public:
+  explicit GELU(std::string approximate = "none");
+  Tensor forward(const Tensor& x) override { return x.gelu(approximate); }
+  std::string extra_repr() const override { return "approximate='" + approximate + "'"; }
+  const std::string approximate;
+};
+class SiLU : public Module {
+ public:
+  SiLU() : Module("SiLU") {}
+  Tensor forward(const Tensor& x) override { return x.silu(); }
+};
+class Tanh : public Module {
+ public:
+  Tanh() : Module("Tanh") {}
+  Tensor forward(const Tensor& x) override { return x.tanh(); }
+};
+class Sigmoid : public Module {
+ public:
+  Sigmoid() : Module("Sigmoid") {}
+  Tensor forward(const Tensor& x) override { return x.sigmoid(); }
+};
+class Softmax : public Module {
+ public:
+  explicit Softmax(int64_t dim) : Module("Softmax"), dim(dim) {}
+  Tensor forward(const Tensor& x) override { return x.softmax(dim); }
+  std::string extra_repr() const override { return "dim=" + std::to_string(dim); }
+  const int64_t dim;
+};
+
+/// Children named "0", "1", ...; forward feeds each one's output to the next.
+class Sequential : public Module {
+ public:
+  Sequential() : Module("Sequential") {}
+  Sequential(std::initializer_list<ModulePtr> modules);
+  Sequential& push_back(ModulePtr m);
+  Tensor forward(const Tensor& x) override;
+  size_t size() const { return children().size(); }
+  ModulePtr operator[](size_t i) const;
+};
+
+/// Holds modules under "0", "1", ... with no forward of its own.
+class ModuleList : public Module {
+ public:
+  ModuleList() : Module("ModuleList") {}
+  ModuleList(std::initializer_list<ModulePtr> modules);
+  ModuleList& push_back(ModulePtr m);
+  size_t size() const { return children().size(); }
+  ModulePtr operator[](size_t i) const;
+};
+
+/// Holds modules by name, in insertion order, with no forward of its own.
+class ModuleDict : public Module {
+ public:
+  ModuleDict() : Module("ModuleDict") {}
+  ModuleDict(std::initializer_list<std::pair<std::string, ModulePtr>> modules);
+  ModuleDict& insert(const std::string& name, ModulePtr m);
+  bool contains(const std::string& name) const;
+  /// The module called `name`; ValueError listing the names otherwise.
+  ModulePtr operator[](const std::string& name) const;
+  size_t size() const { return children().size(); }
+};
+
+}  // namespace kiln::nn

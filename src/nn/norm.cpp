@@ -1,0 +1,163 @@
+// Normalisation layers as composites of kiln ops.
+#include "kiln/nn/norm.h"
+
+#include <limits>
+#include <sstream>
+
+#include "kiln/core/error.h"
+#include "kiln/core/factory.h"
+#include "kiln/core/guards.h"
+
+namespace kiln::nn {
+
+namespace {
+TensorOptions dt(const std::optional<DType>& d) { return TensorOptions(d ? *d : default_dtype()); }
+std::string ints(const std::vector<int64_t>& v) {
+  std::string s = "(";
+  for (size_t i = 0; i < v.size(); ++i) s += (i ? ", " : "") + std::to_string(v[i]);
+  return s + (v.size() == 1 ? ",)" : ")");
+}
+const char* tf(bool b) { return b ? "True" : "False"; }
+std::string num(double v) {
+  std::ostringstream os;
+  os << v;
+  return os.str();
+}
+/// The trailing dims {-n, ..., -1} after checking x ends with `shape`.
+std::vector<int64_t> trailing_dims(const Tensor& x, const std::vector<int64_t>& shape, const char* who) {
+  const auto n = static_cast<int64_t>(shape.size());
+  bool ok = x.dim() >= n;
+  for (int64_t i = 0; ok && i < n; ++i) ok = x.size(x.dim() - n + i) == shape[static_cast<size_t>(i)];
+  KILN_CHECK(ok, ShapeError, who, ": expected input ending in normalized_shape ", ints(shape), ", got shape ",
+             x.shape_string());
+  std::vector<int64_t> dims;
+  for (int64_t i = -n; i < 0; ++i) dims.push_back(i);
+  return dims;
+}
+/// [1, C, 1, ...] for broadcasting a per-channel vector against x.
+std::vector<int64_t> channel_shape(const Tensor& x, int64_t c) {
+  std::vector<int64_t> s(static_cast<size_t>(x.dim()), 1);
+  s[1] = c;
+  return s;
+}
+}  // namespace
+
+// ---- LayerNorm ----
+LayerNorm::LayerNorm(LayerNormOptions o)
+    : Module("LayerNorm"),
+      options(std::move(o)),
+      weight(register_parameter("weight",
+                                options.elementwise_affine ? ones(options.normalized_shape, dt(options.dtype)) : Tensor())),
+      bias(register_parameter("bias",
+                              options.elementwise_affine ? zeros(options.normalized_shape, dt(options.dtype)) : Tensor())) {
+  KILN_CHECK(!options.normalized_shape.empty(), ValueError, "LayerNorm: normalized_shape must not be empty");
+}
+Tensor LayerNorm::forward(const Tensor& x) {
+  auto dims = trailing_dims(x, options.normalized_shape, "LayerNorm");
+  Tensor mean = x.mean(dims, true);
+  Tensor var = x.var(dims, 0, true);
+  Tensor y = (x - mean) * (var + options.eps).rsqrt();
+  return weight.defined() ? y * weight + bias : y;
+}
+std::string LayerNorm::extra_repr() const {
+  return ints(options.normalized_shape) + ", eps=" + num(options.eps) +
+         ", elementwise_affine=" + tf(options.elementwise_affine);
+}
+
+// ---- BatchNorm ----
+BatchNorm::BatchNorm(std::string type_name, BatchNormOptions o, int64_t min_dim, int64_t max_dim)
+    : Module(std::move(type_name)),
+      options(o),
+      weight(register_parameter("weight", o.affine ? ones({o.num_features}, dt(o.dtype)) : Tensor())),
+      bias(register_parameter("bias", o.affine ? zeros({o.num_features}, dt(o.dtype)) : Tensor())),
+      running_mean(register_buffer("running_mean",
+                                   o.track_running_stats ? zeros({o.num_features}, dt(o.dtype)) : Tensor())),
+      running_var(register_buffer("running_var",
+                                  o.track_running_stats ? ones({o.num_features}, dt(o.dtype)) : Tensor())),
+      num_batches_tracked(
+          register_buffer("num_batches_tracked", o.track_running_stats ? zeros({}, kInt64) : Tensor())),
+      min_dim_(min_dim),
+      max_dim_(max_dim) {
+  KILN_CHECK(o.num_features > 0, ValueError, "BatchNorm", ": num_features must be > 0, got ", o.num_features);
+}
+Tensor BatchNorm::forward(const Tensor& x) {
+  KILN_CHECK(x.dim() >= min_dim_ && x.dim() <= max_dim_ && x.size(1) == options.num_features, ShapeError,
+             type_name(), ": expected a ", min_dim_, (min_dim_ == max_dim_ ? "" : " or " + std::to_string(max_dim_)),
+             "-dim input with ", options.num_features, " channels in dim 1, got shape ", x.shape_string());
+  std::vector<int64_t> dims = {0};
+  for (int64_t d = 2; d < x.dim(); ++d) dims.push_back(d);
+  const auto cshape = channel_shape(x, options.num_features);
+  Tensor mean, var;
+  if (is_training() || !options.track_running_stats) {
+    const int64_t n = x.numel() / options.num_features;
+    KILN_CHECK(n > 1 || !is_training(), ValueError, type_name(),
+               ": expected more than 1 value per channel when training, got input shape ", x.shape_string());
+    mean = x.mean(dims);
+    var = x.var(dims, 0);
+    if (is_training() && options.track_running_stats) {
+      NoGradGuard g;
+      num_batches_tracked.add_(1);
+      const double m = options.momentum ? *options.momentum : 1.0 / num_batches_tracked.item<double>();
+      running_mean.mul_(1.0 - m).add_(mean.detach().to(running_mean.dtype()), m);
+      Tensor unbiased = var.detach().to(running_var.dtype()) * (static_cast<double>(n) / static_cast<double>(n - 1));
+      running_var.mul_(1.0 - m).add_(unbiased, m);
+    }
+  } else {
+    mean = running_mean;
+    var = running_var;
+  }
+  Tensor y = (x - mean.view(cshape)) * (var.view(cshape) + options.eps).rsqrt();
+  return weight.defined() ? y * weight.view(cshape) + bias.view(cshape) : y;
+}
+std::string BatchNorm::extra_repr() const {
+  return std::to_string(options.num_features) + ", eps=" + num(options.eps) + ", momentum=" + (options.momentum ? num(*options.momentum) : std::string("None")) +
+         ", affine=" + tf(options.affine) + ", track_running_stats=" + tf(options.track_running_stats);
+}
+
+// ---- RMSNorm ----
+RMSNorm::RMSNorm(RMSNormOptions o)
+    : Module("RMSNorm"),
+      options(std::move(o)),
+      weight(register_parameter("weight",
+                                options.elementwise_affine ? ones(options.normalized_shape, dt(options.dtype)) : Tensor())) {
+  KILN_CHECK(!options.normalized_shape.empty(), ValueError, "RMSNorm: normalized_shape must not be empty");
+}
+Tensor RMSNorm::forward(const Tensor& x) {
+  auto dims = trailing_dims(x, options.normalized_shape, "RMSNorm");
+  double eps = options.eps ? *options.eps
+               : x.dtype() == kFloat64 ? std::numeric_limits<double>::epsilon()
+                                       : static_cast<double>(std::numeric_limits<float>::epsilon());
+  Tensor y = x * (x.mul(x).mean(dims, true) + eps).rsqrt();
+  return weight.defined() ? y * weight : y;
+}
+std::string RMSNorm::extra_repr() const {
+  return ints(options.normalized_shape) + ", eps=" + (options.eps ? num(*options.eps) : std::string("None")) +
+         ", elementwise_affine=" + tf(options.elementwise_affine);
+}
+
+// ---- GroupNorm ----
+GroupNorm::GroupNorm(GroupNormOptions o)
+    : Module("GroupNorm"),
+      options(o),
+      weight(register_parameter("weight", o.affine ? ones({o.num_channels}, dt(o.dtype)) : Tensor())),
+      bias(register_parameter("bias", o.affine ? zeros({o.num_channels}, dt(o.dtype)) : Tensor())) {
+  KILN_CHECK(o.num_groups > 0 && o.num_channels % o.num_groups == 0, ValueError,
+             "GroupNorm: num_channels (", o.num_channels, ") must be divisible by num_groups (", o.num_groups, ")");
+}
+Tensor GroupNorm::forward(const Tensor& x) {
+  KILN_CHECK(x.dim() >= 2 && x.size(1) == options.num_channels, ShapeError, "GroupNorm: expected input [N, ",
+             options.num_channels, ", *], got shape ", x.shape_string());
+  Tensor xr = x.reshape({x.size(0), options.num_groups, -1});
+  Tensor mean = xr.mean({2}, true);
+  Tensor var = xr.var({2}, 0, true);
+  Tensor y = ((xr - mean) * (var + options.eps).rsqrt()).reshape(x.sizes());
+  if (!weight.defined()) return y;
+  const auto cshape = channel_shape(x, options.num_channels);
+  return y * weight.view(cshape) + bias.view(cshape);
+}
+std::string GroupNorm::extra_repr() const {
+  return std::to_string(options.num_groups) + ", " + std::to_string(options.num_channels) +
+         ", eps=" + num(options.eps) + ", affine=" + tf(options.affine);
+}
+
+}  // namespace kiln::nn
