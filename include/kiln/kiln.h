@@ -27,3 +27,7 @@
 #include "kiln/io/safetensors.h"
 
 #include "kiln/nn/functional.h"
+#include "kiln/nn/init.h"
+#include "kiln/nn/layers.h"
+#include "kiln/nn/module.h"
+#include "kiln/nn/norm.h"
