@@ -57,3 +57,40 @@ TEST(DataText, SmallFileWindowsAndStride) {
   EXPECT_TRUE(raw.text().starts_with("header\n*** START"));
   EXPECT_THROW(CharCorpus({.path = dir.file("none.txt")}), IOError);
 }
+
+TEST(DataText, TokenFileUint16AndUint32) {
+  test::TempDir dir;
+  for (int64_t width : {2, 4}) {
+    std::string bytes;
+    std::vector<int64_t> toks;
+    for (int64_t i = 0; i < 10; ++i) {
+      int64_t t = width == 2 ? 65000 - i * 7 : 3000000000LL + i;
+      toks.push_back(t);
+      for (int64_t b = 0; b < width; ++b) bytes.push_back(static_cast<char>((t >> (8 * b)) & 0xff));
+    }
+    std::string path = dir.file("tok" + std::to_string(width) + ".bin");
+    {
+      std::ofstream f(path, std::ios::binary);
+      f << bytes;
+    }
+    TokenFile tf({.path = path, .bytes_per_token = width, .context = 4});
+    EXPECT_EQ(tf.num_tokens(), 10);
+    EXPECT_EQ(tf.size(), 2);  // windows at 0 and 4; one at 8 would need tokens 8..12
+    Example e = tf.get(1);
+    EXPECT_EQ(test::to_doubles(e.data), (std::vector<double>{double(toks[4]), double(toks[5]), double(toks[6]),
+                                                             double(toks[7])}));
+    EXPECT_EQ(test::to_doubles(e.target).back(), double(toks[8]));
+    EXPECT_THROW(tf.get(2), IndexError);
+    {
+      std::ofstream f(path, std::ios::binary | std::ios::app);
+      f << 'x';
+    }
+    try {
+      TokenFile bad({.path = path, .bytes_per_token = width, .context = 4});
+      FAIL() << "no FormatError";
+    } catch (const FormatError& err) {
+      EXPECT_NE(std::string(err.what()).find(path), std::string::npos) << err.what();
+    }
+  }
+  EXPECT_THROW(TokenFile({.path = dir.file("tok2.bin"), .bytes_per_token = 3}), ValueError);
+}

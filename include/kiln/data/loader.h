@@ -11,7 +11,8 @@
 // the sample index. Leaving the loop early (or an exception) stops and joins
 // the workers. state()/load_state() save and restore (epoch, batches consumed,
 // seed), so a resumed loader yields exactly the remaining batches of the
-// epoch. stats() reports how long the consumer waited for data.
+// epoch. stats() reports how long the consumer waited for data. An iterator
+// must not outlive its loader, and one epoch is iterated at a time.
 #pragma once
 
 #include <chrono>

@@ -7,6 +7,9 @@
 // Sample i is the window starting at byte i * stride: data = the `context`
 // bytes there, target = the same window shifted by one (next-token targets),
 // both int64 tokens in [0, 256).
+//
+// TokenFile is the same over a memory-mapped file of little-endian uint16 or
+// uint32 token ids (nanoGPT's train.bin), for corpora too large to hold twice.
 #pragma once
 
 #include <string>
@@ -47,6 +50,36 @@ class CharCorpus : public Dataset<Example> {
   size_t map_size_ = 0;
   std::string copy_;  // used when the text needed CRLF normalisation
   std::string_view text_;
+  int64_t num_windows_ = 0;
+};
+
+struct TokenFileOptions {
+  std::string path;
+  /// 2 (uint16) or 4 (uint32) bytes per token.
+  int64_t bytes_per_token = 2;
+  int64_t context = 128;
+  /// Tokens between window starts; 0 means `context`.
+  int64_t stride = 0;
+};
+
+class TokenFile : public Dataset<Example> {
+ public:
+  explicit TokenFile(TokenFileOptions options);
+  ~TokenFile() override;
+  TokenFile(const TokenFile&) = delete;
+  TokenFile& operator=(const TokenFile&) = delete;
+
+  int64_t size() const override { return num_windows_; }
+  Example get(int64_t index) const override;
+  int64_t num_tokens() const { return num_tokens_; }
+  /// Token i of the file.
+  int64_t token(int64_t i) const;
+
+ private:
+  TokenFileOptions options_;
+  void* map_ = nullptr;
+  size_t map_size_ = 0;
+  int64_t num_tokens_ = 0;
   int64_t num_windows_ = 0;
 };
 
