@@ -22,6 +22,18 @@ namespace detail {
 void rethrow_with_context(const std::string& what) {
   try {
     throw;
+  } catch (const IndexError& e) {
+    throw IndexError(what + ": " + e.what());
+  } catch (const ValueError& e) {
+    throw ValueError(what + ": " + e.what());
+  } catch (const ShapeError& e) {
+    throw ShapeError(what + ": " + e.what());
+  } catch (const DTypeError& e) {
+    throw DTypeError(what + ": " + e.what());
+  } catch (const FormatError& e) {
+    throw FormatError(what + ": " + e.what());
+  } catch (const IOError& e) {
+    throw IOError(what + ": " + e.what());
   } catch (const std::exception& e) {
     throw Error(what + ": " + e.what());
   } catch (...) {

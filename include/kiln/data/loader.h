@@ -100,7 +100,8 @@ class WorkerPool {
   std::map<int64_t, std::pair<std::shared_ptr<void>, std::exception_ptr>> done_;
 };
 
-/// Runs fn, rethrowing anything it throws as a kiln::Error naming `what`.
+/// Rethrows the exception being handled with `what` prefixed to its message:
+/// kiln's Index/Value/Shape/DType/Format/IOError keep their type, anything else becomes kiln::Error.
 [[noreturn]] void rethrow_with_context(const std::string& what);
 
 }  // namespace detail
