@@ -175,6 +175,18 @@ TEST(DataLoader, EarlyBreakShutsDownInBoundedTime) {
   EXPECT_LT(s, 5.0) << "the full epoch would take ~20 s on 4 workers";
 }
 
+TEST(DataLoader, OneEpochAtATime) {
+  DataLoader<> loader(std::make_shared<NoisyIndexDataset>(20), {.batch_size = 4, .num_workers = 2});
+  {
+    auto it = loader.begin();
+    EXPECT_THROW(loader.begin(), ValueError);
+    ++it;
+    EXPECT_EQ(loader.state().position, 2);
+  }
+  EXPECT_EQ(run_epoch(loader).size(), 5u);  // the next epoch, in full
+  EXPECT_EQ(loader.state(), (LoaderState{.epoch = 2, .position = 0, .seed = 0}));
+}
+
 TEST(DataLoader, PersistentWorkersGiveTheSameBatches) {
   auto ds = std::make_shared<NoisyIndexDataset>(30);
   DataLoader<> a(ds, {.batch_size = 4, .shuffle = true, .num_workers = 2, .seed = 1, .persistent_workers = true});

@@ -236,6 +236,9 @@ class DataLoader {
   /// Starts an epoch: the next one, or the rest of the one a load_state() named.
   /// Only one epoch may be iterated at a time.
   Iterator begin() {
+    KILN_CHECK(live_.expired(), ValueError,
+               "DataLoader: expected one epoch at a time, got begin() while an iterator of the previous epoch "
+               "is still alive (destroy it, or finish or break out of its loop, first)");
     if (started_) {
       ++epoch_;
       position_ = 0;
@@ -251,7 +254,9 @@ class DataLoader {
       epoch_start_ = Clock::now();
       epoch_end_.reset();
     }
-    return Iterator(std::make_shared<Epoch>(this, std::move(batches), epoch_, position_));
+    auto live = std::make_shared<Epoch>(this, std::move(batches), epoch_, position_);
+    live_ = live;
+    return Iterator(std::move(live));
   }
   Iterator end() { return Iterator(); }
 
@@ -306,6 +311,7 @@ class DataLoader {
   bool owns_sampler_ = true;
   std::unique_ptr<BatchSampler> batch_sampler_;
   std::unique_ptr<detail::WorkerPool> pool_;
+  std::weak_ptr<Epoch> live_;
   int64_t epoch_ = 0, position_ = 0;
   bool started_ = false;
   mutable std::mutex stats_mu_;
