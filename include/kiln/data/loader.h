@@ -1,0 +1,323 @@
+// DataLoader: batches from a Dataset, fetched by worker threads (DESIGN.md §5).
+//
+// `DataLoader<Sample, Batch>` iterates a dataset in batches chosen by a
+// sampler (sequential, shuffled by (seed, epoch), or a user Sampler such as
+// DistributedSampler), and collates each batch (default: kiln::stack of the
+// Examples' data and targets). num_workers threads fill a bounded queue of
+// num_workers * prefetch_factor batches ahead; batches come out in order and,
+// because each sample's randomness comes from a Generator seeded by (seed,
+// epoch, rank, index) (see sample_generator()), they are bitwise the same for
+// any num_workers. An exception in get() or collate reaches the consumer with
+// the sample index. Leaving the loop early (or an exception) stops and joins
+// the workers. state()/load_state() save and restore (epoch, batches consumed,
+// seed), so a resumed loader yields exactly the remaining batches of the
+// epoch. stats() reports how long the consumer waited for data. An iterator
+// must not outlive its loader, and one epoch is iterated at a time.
+#pragma once
+
+#include <chrono>
+#include <condition_variable>
+#include <cstdint>
+#include <exception>
+#include <functional>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <thread>
+#include <vector>
+
+#include "kiln/data/dataset.h"
+#include "kiln/data/sampler.h"
+
+namespace kiln::data {
+
+/// The default collate for Examples: {stack(data), stack(target)}.
+Example collate_examples(std::vector<Example>&& samples);
+
+struct LoaderState {
+  int64_t epoch = 0;     // the epoch in progress (or next)
+  int64_t position = 0;  // batches of it already delivered
+  uint64_t seed = 0;     // the loader's generator seed (shuffle and per-sample randomness)
+  bool operator==(const LoaderState&) const = default;
+};
+
+struct LoaderStats {
+  int64_t batches = 0;             // delivered since the epoch (iteration) started
+  double wait_s = 0;               // total time the consumer waited for them
+  double wall_s = 0;               // wall time since the epoch started (until its last batch)
+  double wait_fraction = 0;        // wait_s / wall_s
+  double batches_per_s = 0;        // batches / wall_s
+  std::vector<double> batch_wait_s;  // the wait for each batch
+};
+
+template <typename Sample = Example, typename Batch = Example>
+struct LoaderOptions {
+  int64_t batch_size = 1;
+  bool shuffle = false;
+  /// A custom sampler (e.g. DistributedSampler); then `shuffle` must be false
+  /// and the caller calls sampler->set_epoch. Null: sequential or shuffled.
+  std::shared_ptr<Sampler> sampler = nullptr;
+  int64_t num_workers = 0;
+  int64_t prefetch_factor = 2;
+  bool drop_last = false;
+  uint64_t seed = 0;
+  /// Rank mixed into per-sample seeds (distributed training).
+  int64_t rank = 0;
+  /// Keep the worker threads between epochs instead of starting them per epoch.
+  bool persistent_workers = false;
+  /// Null: collate_examples (Sample = Batch = Example only).
+  std::function<Batch(std::vector<Sample>&&)> collate = nullptr;
+};
+
+namespace detail {
+
+/// The worker threads and the in-order result queue, independent of the
+/// sample and batch types: a job runs tasks 0..n-1 as fn(task).
+class WorkerPool {
+ public:
+  explicit WorkerPool(int64_t num_workers);
+  ~WorkerPool();
+  WorkerPool(const WorkerPool&) = delete;
+  WorkerPool& operator=(const WorkerPool&) = delete;
+
+  /// Starts tasks 0..num_tasks-1, at most `window` ahead of the consumer.
+  void start(int64_t num_tasks, int64_t window, std::function<std::shared_ptr<void>(int64_t)> fn);
+  /// Waits for task `k` (called with k = 0, 1, 2, ... in order); rethrows its exception.
+  std::shared_ptr<void> take(int64_t k);
+  /// Stops the current job and waits until no worker runs one of its tasks.
+  void stop();
+
+ private:
+  void loop();
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::vector<std::thread> threads_;
+  bool shutdown_ = false;
+  bool active_ = false;
+  int64_t num_tasks_ = 0, window_ = 0, next_ = 0, consumed_ = 0, running_ = 0;
+  std::function<std::shared_ptr<void>(int64_t)> fn_;
+  std::map<int64_t, std::pair<std::shared_ptr<void>, std::exception_ptr>> done_;
+};
+
+/// Rethrows the exception being handled with `what` prefixed to its message:
+/// kiln's Index/Value/Shape/DType/Format/IOError keep their type, anything else becomes kiln::Error.
+[[noreturn]] void rethrow_with_context(const std::string& what);
+
+}  // namespace detail
+
+template <typename Sample = Example, typename Batch = Example>
+class DataLoader {
+  using Clock = std::chrono::steady_clock;
+
+ public:
+  using Options = LoaderOptions<Sample, Batch>;
+
+  DataLoader(std::shared_ptr<const Dataset<Sample>> dataset, Options options)
+      : dataset_(std::move(dataset)), options_(std::move(options)) {
+    KILN_CHECK(dataset_ != nullptr, ValueError, "DataLoader: expected a dataset, got null");
+    KILN_CHECK(options_.num_workers >= 0, ValueError, "DataLoader: expected num_workers >= 0, got ",
+               options_.num_workers);
+    KILN_CHECK(options_.prefetch_factor >= 1, ValueError, "DataLoader: expected prefetch_factor >= 1, got ",
+               options_.prefetch_factor);
+    KILN_CHECK(!(options_.sampler && options_.shuffle), ValueError,
+               "DataLoader: expected either a sampler or shuffle=true, got both");
+    std::shared_ptr<Sampler> s = options_.sampler;
+    owns_sampler_ = (s == nullptr);
+    if (!s) {
+      if (options_.shuffle)
+        s = std::make_shared<RandomSampler>(dataset_->size(), Generator(options_.seed));
+      else
+        s = std::make_shared<SequentialSampler>(dataset_->size());
+    }
+    batch_sampler_ = std::make_unique<BatchSampler>(s, options_.batch_size, options_.drop_last);
+    if (!options_.collate) {
+      if constexpr (std::is_same_v<Sample, Example> && std::is_same_v<Batch, Example>) {
+        options_.collate = collate_examples;
+      } else {
+        KILN_CHECK(false, ValueError, "DataLoader: a custom Sample or Batch type needs options.collate");
+      }
+    }
+  }
+  ~DataLoader() = default;
+  DataLoader(const DataLoader&) = delete;
+  DataLoader& operator=(const DataLoader&) = delete;
+
+  /// Batches per epoch.
+  int64_t size() const { return batch_sampler_->size(); }
+
+  /// The live iteration of one epoch; shared by iterator copies.
+  class Epoch {
+   public:
+    Epoch(DataLoader* loader, std::vector<std::vector<int64_t>> batches, int64_t epoch, int64_t start)
+        : loader_(loader), batches_(std::move(batches)), epoch_(epoch), next_(start), start_(start) {
+      const int64_t n = static_cast<int64_t>(batches_.size()) - start_;
+      if (loader_->options_.num_workers > 0 && n > 0) {
+        auto& pool = loader_->pool_;
+        if (!pool) pool = std::make_unique<detail::WorkerPool>(loader_->options_.num_workers);
+        pool->start(n, loader_->options_.num_workers * loader_->options_.prefetch_factor,
+                    [this](int64_t k) { return std::static_pointer_cast<void>(std::make_shared<Batch>(fetch(start_ + k))); });
+        pooled_ = true;
+      }
+    }
+    ~Epoch() {
+      if (pooled_) {
+        loader_->pool_->stop();
+        if (!loader_->options_.persistent_workers) loader_->pool_.reset();
+      }
+    }
+    /// Fetches the next batch into `current`; false at the end.
+    bool advance() {
+      current_.reset();
+      if (next_ >= static_cast<int64_t>(batches_.size())) return false;
+      auto t0 = Clock::now();
+      if (pooled_) {
+        current_ = std::static_pointer_cast<Batch>(loader_->pool_->take(next_ - start_));
+      } else {
+        current_ = std::make_shared<Batch>(fetch(next_));
+      }
+      loader_->record(std::chrono::duration<double>(Clock::now() - t0).count());
+      ++next_;
+      loader_->delivered(epoch_, next_, next_ == static_cast<int64_t>(batches_.size()));
+      return true;
+    }
+    Batch& current() { return *current_; }
+
+   private:
+    Batch fetch(int64_t b) const {
+      const auto& idx = batches_[static_cast<size_t>(b)];
+      std::vector<Sample> samples;
+      samples.reserve(idx.size());
+      for (int64_t i : idx) {
+        Generator gen(sample_seed(loader_->options_.seed, epoch_, loader_->options_.rank, i));
+        SampleGeneratorGuard guard(&gen);
+        try {
+          samples.push_back(loader_->dataset_->get(i));
+        } catch (...) {
+          detail::rethrow_with_context("DataLoader: fetching sample " + std::to_string(i) + " (epoch " +
+                                       std::to_string(epoch_) + ", batch " + std::to_string(b) + ")");
+        }
+      }
+      try {
+        return loader_->options_.collate(std::move(samples));
+      } catch (...) {
+        detail::rethrow_with_context("DataLoader: collating batch " + std::to_string(b) + " (samples " +
+                                     std::to_string(idx.empty() ? -1 : idx.front()) + "..)");
+      }
+    }
+
+    DataLoader* loader_;
+    std::vector<std::vector<int64_t>> batches_;
+    int64_t epoch_, next_, start_;
+    bool pooled_ = false;
+    std::shared_ptr<Batch> current_;
+  };
+
+  class Iterator {
+   public:
+    using value_type = Batch;
+    using difference_type = std::ptrdiff_t;
+    Iterator() = default;
+    explicit Iterator(std::shared_ptr<Epoch> e) : epoch_(std::move(e)) {
+      if (epoch_ && !epoch_->advance()) epoch_.reset();
+    }
+    Batch& operator*() const { return epoch_->current(); }
+    Batch* operator->() const { return &epoch_->current(); }
+    Iterator& operator++() {
+      if (!epoch_->advance()) epoch_.reset();
+      return *this;
+    }
+    bool operator==(const Iterator& o) const { return epoch_ == o.epoch_; }
+
+   private:
+    std::shared_ptr<Epoch> epoch_;
+  };
+
+  /// Starts an epoch: the next one, or the rest of the one a load_state() named.
+  /// Only one epoch may be iterated at a time.
+  Iterator begin() {
+    KILN_CHECK(live_.expired(), ValueError,
+               "DataLoader: expected one epoch at a time, got begin() while an iterator of the previous epoch "
+               "is still alive (destroy it, or finish or break out of its loop, first)");
+    if (started_) {
+      ++epoch_;
+      position_ = 0;
+    }
+    started_ = true;
+    if (owns_sampler_) batch_sampler_->sampler().set_epoch(epoch_);
+    auto batches = batch_sampler_->batches();
+    KILN_CHECK(position_ <= static_cast<int64_t>(batches.size()), ValueError, "DataLoader: resume position ",
+               position_, " is past the epoch's ", batches.size(), " batches");
+    {
+      std::lock_guard<std::mutex> lock(stats_mu_);
+      stats_ = LoaderStats{};
+      epoch_start_ = Clock::now();
+      epoch_end_.reset();
+    }
+    auto live = std::make_shared<Epoch>(this, std::move(batches), epoch_, position_);
+    live_ = live;
+    return Iterator(std::move(live));
+  }
+  Iterator end() { return Iterator(); }
+
+  LoaderState state() const { return {epoch_, position_, options_.seed}; }
+  /// Restores a state(): the next begin() yields that epoch's remaining batches.
+  void load_state(const LoaderState& s) {
+    KILN_CHECK(s.seed == options_.seed, ValueError, "DataLoader: load_state expected seed ", options_.seed,
+               " (the loader's options.seed), got ", s.seed);
+    KILN_CHECK(s.epoch >= 0 && s.position >= 0, ValueError, "DataLoader: load_state expected epoch, position >= 0, got ",
+               s.epoch, ", ", s.position);
+    epoch_ = s.epoch;
+    position_ = s.position;
+    started_ = false;
+  }
+
+  LoaderStats stats() const {
+    std::lock_guard<std::mutex> lock(stats_mu_);
+    LoaderStats s = stats_;
+    auto end = epoch_end_ ? *epoch_end_ : Clock::now();
+    s.wall_s = std::chrono::duration<double>(end - epoch_start_).count();
+    if (s.wall_s > 0) {
+      s.wait_fraction = s.wait_s / s.wall_s;
+      s.batches_per_s = static_cast<double>(s.batches) / s.wall_s;
+    }
+    return s;
+  }
+
+ private:
+  void record(double wait) {
+    std::lock_guard<std::mutex> lock(stats_mu_);
+    stats_.batches += 1;
+    stats_.wait_s += wait;
+    stats_.batch_wait_s.push_back(wait);
+  }
+  void delivered(int64_t epoch, int64_t position, bool last) {
+    if (last) {
+      std::lock_guard<std::mutex> lock(stats_mu_);
+      epoch_end_ = Clock::now();
+    }
+    if (epoch != epoch_) return;
+    if (last) {
+      epoch_ = epoch + 1;
+      position_ = 0;
+      started_ = false;
+    } else {
+      position_ = position;
+    }
+  }
+
+  std::shared_ptr<const Dataset<Sample>> dataset_;
+  Options options_;
+  bool owns_sampler_ = true;
+  std::unique_ptr<BatchSampler> batch_sampler_;
+  std::unique_ptr<detail::WorkerPool> pool_;
+  std::weak_ptr<Epoch> live_;
+  int64_t epoch_ = 0, position_ = 0;
+  bool started_ = false;
+  mutable std::mutex stats_mu_;
+  LoaderStats stats_;
+  Clock::time_point epoch_start_ = Clock::now();
+  std::optional<Clock::time_point> epoch_end_;
+};
+
+}  // namespace kiln::data

@@ -1,0 +1,151 @@
+// idx parsing: facts of the real Fashion-MNIST files (expected values computed
+// with /usr/bin/python3 reading them with gzip + numpy), plain and gzipped
+// files written here, and FormatErrors for corrupted files.
+#include <gtest/gtest.h>
+
+#include <zlib.h>
+
+#include <fstream>
+
+#include "kiln/core/error.h"
+#include "kiln/data/idx.h"
+#include "kiln/data/loader.h"
+#include "support/test_util.h"
+
+using namespace kiln;
+using namespace kiln::data;
+
+namespace {
+
+void write(const std::string& path, const std::string& bytes) {
+  std::ofstream f(path, std::ios::binary);
+  f << bytes;
+}
+
+std::string be32(uint32_t v) {
+  return {char(v >> 24), char((v >> 16) & 0xff), char((v >> 8) & 0xff), char(v & 0xff)};
+}
+
+std::string idx_header(std::vector<uint32_t> dims) {
+  std::string s = {0, 0, 8, char(dims.size())};
+  for (auto d : dims) s += be32(d);
+  return s;
+}
+
+std::string gzip(const std::string& data) {
+  z_stream zs{};
+  deflateInit2(&zs, 6, Z_DEFLATED, 16 + MAX_WBITS, 8, Z_DEFAULT_STRATEGY);
+  std::string out(deflateBound(&zs, data.size()) + 64, '\0');
+  zs.next_in = reinterpret_cast<Bytef*>(const_cast<char*>(data.data()));
+  zs.avail_in = static_cast<uInt>(data.size());
+  zs.next_out = reinterpret_cast<Bytef*>(out.data());
+  zs.avail_out = static_cast<uInt>(out.size());
+  deflate(&zs, Z_FINISH);
+  out.resize(zs.total_out);
+  deflateEnd(&zs);
+  return out;
+}
+
+template <typename F>
+std::string format_error(F&& f) {
+  try {
+    f();
+  } catch (const FormatError& e) {
+    return e.what();
+  }
+  return "<no FormatError>";
+}
+
+}  // namespace
+
+TEST(DataIdx, RealFashionMnistFacts) {
+  FashionMNIST train({.train = true});
+  FashionMNIST test({.train = false});
+  ASSERT_EQ(train.size(), 60000);
+  ASSERT_EQ(test.size(), 10000);
+  EXPECT_EQ(train.images().shape_string(), "[60000, 28, 28]");
+  std::vector<double> first_train = {9, 0, 0, 3, 0, 2, 7, 2, 5, 5};
+  std::vector<double> first_test = {9, 2, 1, 1, 6, 1, 4, 6, 5, 7};
+  auto tl = test::to_doubles(train.labels()), vl = test::to_doubles(test.labels());
+  EXPECT_EQ(std::vector<double>(tl.begin(), tl.begin() + 10), first_train);
+  EXPECT_EQ(std::vector<double>(vl.begin(), vl.begin() + 10), first_test);
+  // Mean pixel value over all training images: 72.94035223214286 (numpy).
+  double sum = 0;
+  const uint8_t* p = train.images().data_ptr<uint8_t>();
+  for (int64_t i = 0; i < train.images().numel(); ++i) sum += p[i];
+  EXPECT_NEAR(sum / static_cast<double>(train.images().numel()), 72.94035223214286, 1e-9);
+  // Image 0: pixel sum 76247; row 14 as numpy prints it.
+  Example e = train.get(0);
+  EXPECT_EQ(e.data.shape_string(), "[1, 28, 28]");
+  EXPECT_EQ(e.target.item<int64_t>(), 9);
+  auto px = test::to_doubles(e.data);
+  double s0 = 0;
+  for (double v : px) s0 += v * 255.0;
+  EXPECT_NEAR(s0, 76247, 1e-2);
+  std::vector<int> row14 = {0, 0, 1, 4, 6, 7, 2, 0, 0, 0, 0, 0, 237, 226, 217, 223, 222, 219, 222, 221, 216, 223,
+                            229, 215, 218, 255, 77, 0};
+  for (int c = 0; c < 28; ++c) EXPECT_NEAR(px[static_cast<size_t>(14 * 28 + c)] * 255.0, row14[c], 1e-3) << c;
+  EXPECT_EQ(test.get(0).target.item<int64_t>(), 9);
+}
+
+TEST(DataIdx, PlainAndGzippedFilesParseAlike) {
+  test::TempDir dir;
+  std::string img = idx_header({3, 2, 2});
+  for (int i = 0; i < 12; ++i) img += char(i * 20);
+  std::string lab = idx_header({3}) + std::string{1, 2, 3};
+  write(dir.file("img"), img);
+  write(dir.file("img.gz"), gzip(img));
+  write(dir.file("lab"), lab);
+  Tensor a = read_idx(dir.file("img")), b = read_idx(dir.file("img.gz"));
+  EXPECT_TRUE(test::bitwise_equal(a, b));
+  EXPECT_EQ(a.shape_string(), "[3, 2, 2]");
+  EXPECT_EQ(test::to_doubles(a)[11], 220);
+  IdxClassificationDataset ds(dir.file("img.gz"), dir.file("lab"));
+  EXPECT_EQ(ds.size(), 3);
+  EXPECT_EQ(ds.get(2).target.item<int64_t>(), 3);
+  EXPECT_FLOAT_EQ(static_cast<float>(test::to_doubles(ds.get(1).data)[0]), 80.0f / 255.0f);
+}
+
+TEST(DataIdx, CorruptedFilesRaiseFormatErrorNamingFileAndProblem) {
+  test::TempDir dir;
+  std::string good = idx_header({2, 2, 2}) + std::string(8, '\x05');
+  write(dir.file("lab2"), idx_header({2}) + std::string{1, 2});
+
+  write(dir.file("magic"), std::string{1, 0, 8, 3} + good.substr(4));
+  std::string m = format_error([&] { read_idx(dir.file("magic")); });
+  EXPECT_NE(m.find("magic"), std::string::npos) << m;
+  EXPECT_NE(m.find(dir.file("magic")), std::string::npos) << m;
+
+  write(dir.file("type"), std::string{0, 0, 0x0d, 3} + good.substr(4));
+  m = format_error([&] { read_idx(dir.file("type")); });
+  EXPECT_NE(m.find("element type"), std::string::npos) << m;
+
+  write(dir.file("trunc"), good.substr(0, good.size() - 3));
+  m = format_error([&] { read_idx(dir.file("trunc")); });
+  EXPECT_NE(m.find("truncated"), std::string::npos) << m;
+  EXPECT_NE(m.find(dir.file("trunc")), std::string::npos) << m;
+
+  write(dir.file("header"), good.substr(0, 9));
+  m = format_error([&] { read_idx(dir.file("header")); });
+  EXPECT_NE(m.find("truncated header"), std::string::npos) << m;
+
+  write(dir.file("trail"), good + "xx");
+  m = format_error([&] { read_idx(dir.file("trail")); });
+  EXPECT_NE(m.find("trailing"), std::string::npos) << m;
+
+  std::string gz = gzip(good);
+  write(dir.file("trunc.gz"), gz.substr(0, gz.size() / 2));
+  m = format_error([&] { read_idx(dir.file("trunc.gz")); });
+  EXPECT_NE(m.find("gzip"), std::string::npos) << m;
+  EXPECT_NE(m.find(dir.file("trunc.gz")), std::string::npos) << m;
+
+  write(dir.file("img2"), good);
+  write(dir.file("lab3"), idx_header({3}) + std::string{1, 2, 3});
+  m = format_error([&] { IdxClassificationDataset(dir.file("img2"), dir.file("lab3")); });
+  EXPECT_NE(m.find("mismatched counts"), std::string::npos) << m;
+  EXPECT_NE(m.find(dir.file("lab3")), std::string::npos) << m;
+  EXPECT_NO_THROW(IdxClassificationDataset(dir.file("img2"), dir.file("lab2")));
+
+  EXPECT_THROW(read_idx(dir.file("missing")), IOError);
+  EXPECT_THROW(FashionMNIST({.root = dir.path().string()}), IOError);
+}
