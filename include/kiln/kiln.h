@@ -26,6 +26,13 @@
 
 #include "kiln/io/safetensors.h"
 
+#include "kiln/data/dataset.h"
+#include "kiln/data/idx.h"
+#include "kiln/data/loader.h"
+#include "kiln/data/sampler.h"
+#include "kiln/data/text.h"
+#include "kiln/data/transforms.h"
+
 #include "kiln/nn/functional.h"
 #include "kiln/nn/init.h"
 #include "kiln/nn/layers.h"
