@@ -11,7 +11,7 @@ PACKAGES=(
   nlohmann-json3-dev libcli11-dev libfmt-dev libtomlplusplus-dev libzstd-dev
   libgtest-dev libgmock-dev libbenchmark-dev
   python3-torch python3-numpy
-  zlib1g-dev dataset-fashion-mnist golang-github-colinmarc-hdfs-dev
+  zlib1g-dev dataset-fashion-mnist golang-github-colinmarc-hdfs-dev golang-github-jdkato-prose-dev
 )
 
 SUDO=""

@@ -40,6 +40,16 @@ TEST(DataText, MobyDickIsStrippedAndNormalised) {
   EXPECT_EQ(n, 3);
 }
 
+TEST(DataText, SherlockIsTheSecondCorpus) {
+  // Expected from /usr/bin/python3: bytes between the Gutenberg markers, CRLF -> LF, stripped.
+  CharCorpus c({.path = kSherlockPath, .context = 128});
+  EXPECT_EQ(c.text().size(), 562530u);
+  EXPECT_TRUE(c.text().starts_with("Produced by an anonymous Project Gutenbe"));
+  EXPECT_TRUE(c.text().ends_with(" Sherlock Holmes, by \nArthur Conan Doyle"));
+  EXPECT_EQ(c.text().find('\r'), std::string_view::npos);
+  EXPECT_EQ(c.size(), (562530 - 128 - 1) / 128 + 1);
+}
+
 TEST(DataText, SmallFileWindowsAndStride) {
   test::TempDir dir;
   {
