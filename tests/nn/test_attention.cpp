@@ -17,6 +17,7 @@
 #include "kiln/core/generator.h"
 #include "kiln/core/guards.h"
 #include "kiln/nn/attention.h"
+#include "kiln/nn/transformer.h"
 #include "support/oracle.h"
 #include "support/test_util.h"
 
@@ -243,4 +244,93 @@ TEST(Attention, MultiheadAttentionNamesAndInitAsTorch) {
   EXPECT_THROW(nn::MultiheadAttention({.embed_dim = 10, .num_heads = 4}), ValueError);
   EXPECT_THROW(mha(zeros({2, 3, 8})), ShapeError);
   EXPECT_THROW(mha.forward(zeros({2, 3, E}), zeros({2, 3, E}), zeros({2, 3, E}), ones({3, 2}, kBool)), ShapeError);
+}
+
+namespace {
+
+// nanoGPT's Block written out in torch ops over x0 = input, x1..x12 = the
+// block's parameters in state_dict order.
+std::string torch_block(int64_t B, int64_t T, int64_t C, int64_t nh) {
+  return "(lambda F, B, T, C, nh: (lambda att: (lambda h: h + F.linear(F.gelu(F.linear(F.layer_norm(h, (C,), x7, x8), "
+         "x9, x10), approximate='tanh'), x11, x12))(x0 + att(F.layer_norm(x0, (C,), x1, x2))))("
+         "lambda u: F.linear((lambda q, k, v: torch.softmax(q @ k.transpose(-2, -1) * (C // nh) ** -0.5 + "
+         "torch.full((T, T), float('-inf'), dtype=u.dtype).triu(1), -1) @ v)("
+         "*[t.view(B, T, nh, C // nh).transpose(1, 2) for t in F.linear(u, x3, x4).split(C, dim=2)])"
+         ".transpose(1, 2).reshape(B, T, C), x5, x6)))(torch.nn.functional, " +
+         std::to_string(B) + ", " + std::to_string(T) + ", " + std::to_string(C) + ", " + std::to_string(nh) + ")";
+}
+
+}  // namespace
+
+TEST(Attention, TransformerBlockMatchesTorch) {
+  manual_seed(44);
+  const int64_t B = 2, T = 5, C = 8, nh = 2;
+  nn::TransformerBlock blk({.d_model = C, .n_head = nh, .d_ff = 12});
+  perturb(blk);  // LayerNorm affines away from 1 and 0
+  Tensor x = randn({B, T, C});
+  std::vector<Tensor> in = {x};
+  for (auto& [n, t] : blk.state_dict()) in.push_back(t);
+  ASSERT_EQ(in.size(), 13u);
+  Tensor g = randn({B, T, C});
+  test::OracleBatch b;
+  b.add("block", torch_block(B, T, C, nh), in);
+  std::vector<int> wrt;
+  for (int i = 0; i < 13; ++i) wrt.push_back(i);
+  b.add_grad("block_grad", torch_block(B, T, C, nh), in, wrt, {g});
+  b.run();
+  const auto& r = b.outcome(0);
+  ASSERT_TRUE(r.ok) << r.error;
+  Tensor xg = x.clone().requires_grad_();
+  Tensor y = blk(xg);
+  EXPECT_TRUE(y.allclose(r.outputs[0], 1e-5, 1e-5)) << "kiln:\n" << y << "\ntorch:\n" << r.outputs[0];
+  y.backward(g);
+  const auto& rg = b.outcome(1);
+  ASSERT_TRUE(rg.ok) << rg.error;
+  EXPECT_TRUE(xg.grad().allclose(rg.outputs[0], 1e-4, 1e-5)) << "input grad";
+  auto params = blk.named_parameters();
+  ASSERT_EQ(params.size(), 12u);
+  for (size_t i = 0; i < params.size(); ++i) {
+    const Tensor& pg = params[i].second.grad();
+    ASSERT_TRUE(pg.defined()) << params[i].first;
+    EXPECT_TRUE(pg.allclose(rg.outputs[i + 1], 1e-4, 1e-5)) << params[i].first << "\nkiln:\n"
+                                                             << pg << "\ntorch:\n"
+                                                             << rg.outputs[i + 1];
+  }
+}
+
+TEST(Attention, TransformerBlockNamesCausalityAndGradcheck) {
+  manual_seed(45);
+  nn::TransformerBlock blk({.d_model = 8, .n_head = 2});
+  std::vector<std::string> keys;
+  for (auto& [n, t] : blk.state_dict()) keys.push_back(n);
+  EXPECT_EQ(keys, (std::vector<std::string>{"ln_1.weight", "ln_1.bias", "attn.c_attn.weight", "attn.c_attn.bias",
+                                            "attn.c_proj.weight", "attn.c_proj.bias", "ln_2.weight", "ln_2.bias",
+                                            "mlp.c_fc.weight", "mlp.c_fc.bias", "mlp.c_proj.weight",
+                                            "mlp.c_proj.bias"}));
+  EXPECT_EQ(blk.options.d_ff, 32);
+  EXPECT_EQ(blk.mlp->c_fc->weight.sizes(), (std::vector<int64_t>{32, 8}));
+  // Causal: changing the last position leaves earlier outputs unchanged.
+  Tensor x = randn({1, 4, 8});
+  Tensor x2 = x.clone();
+  {
+    NoGradGuard ng;
+    x2.narrow(1, 3, 1).add_(ones({1, 1, 8}));
+  }
+  Tensor y = blk(x), y2 = blk(x2);
+  EXPECT_TRUE(y.narrow(1, 0, 3).allclose(y2.narrow(1, 0, 3), 1e-6, 1e-6));
+  EXPECT_FALSE(y.narrow(1, 3, 1).allclose(y2.narrow(1, 3, 1), 1e-3, 1e-3));
+  // Dropout acts only in training; eval is deterministic.
+  nn::TransformerBlock drop({.d_model = 8, .n_head = 2, .dropout = 0.5});
+  EXPECT_FALSE(drop(x).allclose(drop(x), 1e-6, 1e-6));
+  drop.eval();
+  EXPECT_TRUE(drop(x).equal(drop(x)));
+  // gradcheck in float64 through the whole block.
+  blk.to(kFloat64);
+  Tensor xd = randn({1, 3, 8}, TensorOptions(kFloat64)).requires_grad_();
+  TensorList inputs = {xd};
+  for (auto& p : blk.parameters()) inputs.push_back(p);
+  EXPECT_TRUE(autograd::gradcheck([&blk, xd](const TensorList&) { return TensorList{blk(xd)}; }, inputs,
+                                  {.fast_mode = true}));
+  EXPECT_THROW(nn::TransformerBlock({.d_model = 8, .n_head = 3}), ValueError);
+  EXPECT_THROW(blk(zeros({2, 8}, TensorOptions(kFloat64))), ShapeError);
 }
