@@ -4,7 +4,8 @@
 // names, order and shapes match exactly) and returns its eval-mode output, its
 // train-mode output, the cross-entropy loss, every parameter's gradient and
 // the state_dict after the train step (BatchNorm running stats). kiln does the
-// same and compares.
+// same and compares; then it loads the state_dict of a torch-initialised twin
+// by name (strict) and checks the values arrive bit for bit.
 // Tolerance (float32): |kiln - torch| <= 1e-5 + 1e-4 * |torch| elementwise.
 #include <gtest/gtest.h>
 
@@ -95,6 +96,18 @@ void check_against_twin(nn::Module& model, const std::string& name, const std::s
     EXPECT_EQ(mismatch(p.grad(), ref.at("grad." + n)), "") << "gradient of " << n;
   }
   for (auto& [n, t] : model.state_dict()) EXPECT_EQ(mismatch(t, ref.at("state." + n)), "") << "state " << n;
+
+  // The other direction: torch-initialised weights load into kiln by name, strictly and exactly.
+  nn::NamedTensors torch_init;
+  const std::string prefix = "torch_init.";
+  for (auto& [n, t] : ref.tensors)
+    if (n.starts_with(prefix)) torch_init.emplace_back(n.substr(prefix.size()), t);
+  auto result = model.load_state_dict(torch_init, /*strict=*/true);
+  EXPECT_TRUE(result.missing_keys.empty() && result.unexpected_keys.empty());
+  auto loaded = model.state_dict();
+  ASSERT_EQ(keys(loaded), keys(torch_init));
+  for (size_t i = 0; i < loaded.size(); ++i)
+    EXPECT_TRUE(test::bitwise_equal(loaded[i].second, torch_init[i].second)) << loaded[i].first;
 }
 
 }  // namespace

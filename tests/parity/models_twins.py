@@ -13,7 +13,9 @@ and shapes must match exactly), then:
               loss.backward()
 and writes OUT (safetensors): eval_out, train_out, "loss", "grad.<name>" for
 each parameter and "state.<name>" for each state_dict entry after the train
-step (BatchNorm running statistics). Prints OK or why not.
+step (BatchNorm running statistics), and "torch_init.<name>" for the
+state_dict of a freshly built twin (torch's own initialisation, for kiln to
+load by name). Prints OK or why not.
 Reads and writes safetensors with json + numpy (torch 1.13 has no
 safetensors module).
 """
@@ -167,6 +169,10 @@ def main():
         out["grad." + name] = p.grad
     for name, v in model.state_dict().items():
         out["state." + name] = v
+    torch.manual_seed(0)
+    fresh = MODELS[meta["model"]](**json.loads(meta["config"]))
+    for name, v in fresh.state_dict().items():
+        out["torch_init." + name] = v
     write(sys.argv[2], out)
     print("OK")
     return 0
