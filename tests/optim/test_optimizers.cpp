@@ -116,8 +116,10 @@ void run_case(const std::string& name, DType dt, const Make& make) {
   }
   const auto got = pr.values();
   ASSERT_EQ(got.size(), expected.size());
-  // float32: ~1 ulp per op over 50 steps -> 2e-5 relative + 2e-6 absolute; float64: 1e-12.
-  const double rtol = dt == kFloat32 ? 2e-5 : 1e-12, atol = dt == kFloat32 ? 2e-6 : 1e-12;
+  // float32: 4e-6 relative + 1e-6 absolute (observed worst: 4.2e-7 absolute, AdamW); float64: 1e-12
+  // (observed 2e-16). The orders of operations match torch; FMA contraction and ATen's vectorised
+  // scalar ops round differently.
+  const double rtol = dt == kFloat32 ? 4e-6 : 1e-12, atol = dt == kFloat32 ? 1e-6 : 1e-12;
   for (size_t i = 0; i < got.size(); ++i)
     EXPECT_NEAR(got[i], expected[i], atol + rtol * std::abs(expected[i])) << "element " << i;
 }
