@@ -12,6 +12,7 @@
 #include "kiln/core/allocator.h"
 #include "kiln/core/factory.h"
 #include "kiln/core/guards.h"
+#include "kiln/io/safetensors.h"
 #include "kiln/optim/optimizer.h"
 #include "support/test_util.h"
 
@@ -284,4 +285,26 @@ TEST(Optimizers, ValidationErrorsSayExpectedAndGot) {
   expect_error([&] { SGD({{"i", zeros({2}, kInt64)}}); }, "expected float32 or float64, got int64");
   expect_error([&] { SGD(std::vector<ParamGroup>{{{{"w", w}}, {{"lrr", 0.1}}}}); }, "unknown hyperparameter 'lrr'");
   expect_error([&] { SGD(std::vector<ParamGroup>{{{{"w", w}}, {{"lr", -0.1}}}}); }, "invalid lr");
+}
+
+TEST(Optimizers, StateFileRoundTripContinuesBitwise) {
+  test::TempDir dir;
+  Problem a(kFloat32), b(kFloat32);
+  AdamW oa(split_decay(a.named(), 0.1), {.lr = 0.01, .amsgrad = true});
+  for (int s = 0; s < 10; ++s) { oa.zero_grad(); a.set_grads(s); oa.step(); }
+  save_optimizer_state(oa.state_dict(), dir.file("opt.safetensors"));
+  { NoGradGuard ng; b.w.copy_(a.w); b.b.copy_(a.b); }
+  AdamW ob(split_decay(b.named(), 0.5), {.lr = 0.5});  // hyperparameters come from the file
+  ob.load_state_dict(load_optimizer_state(dir.file("opt.safetensors")));
+  EXPECT_EQ(ob.param_groups()[0].options.at("weight_decay"), 0.1);
+  EXPECT_EQ(ob.param_groups()[1].options.at("lr"), 0.01);
+  EXPECT_EQ(ob.state().at("b").step, 10);
+  for (int s = 10; s < 30; ++s) {
+    oa.zero_grad(); a.set_grads(s); oa.step();
+    ob.zero_grad(); b.set_grads(s); ob.step();
+  }
+  EXPECT_TRUE(test::bitwise_equal(a.w.contiguous(), b.w.contiguous()));
+  EXPECT_TRUE(test::bitwise_equal(a.b, b.b));
+  io::save_safetensors(dir.file("other.safetensors"), io::NamedTensors{{"x", zeros({1})}});
+  EXPECT_THROW(load_optimizer_state(dir.file("other.safetensors")), FormatError);
 }

@@ -169,6 +169,13 @@ class RMSprop : public Optimizer {
   void update(Tensor& p, const Tensor& g, ParamState& st, const HyperParams& hp) override;
 };
 
+/// Writes a state_dict to a safetensors file (atomically): state tensors as
+/// "state.<param>.<key>", step counts and group hyperparameters in the metadata
+/// (17 significant digits, so doubles round-trip exactly).
+void save_optimizer_state(const OptimizerStateDict& sd, const std::string& path);
+/// Reads what save_optimizer_state wrote; FormatError when the metadata is not kiln's optimizer format.
+OptimizerStateDict load_optimizer_state(const std::string& path);
+
 /// The usual grouping: parameters with dim >= 2 (weights of Linear/Conv/Embedding)
 /// get `weight_decay`, the rest (biases, norm weights) get 0. Returns {decay, no_decay}.
 std::vector<ParamGroup> split_decay(const NamedParams& params, double weight_decay);
