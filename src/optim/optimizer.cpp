@@ -9,6 +9,8 @@
 #include "kiln/core/error.h"
 #include "kiln/core/factory.h"
 #include "kiln/core/guards.h"
+#include "kiln/core/threads.h"
+#include "kiln/kernels/loop.h"
 #include "kernels.h"
 
 namespace kiln::optim {
@@ -42,6 +44,19 @@ void dispatch_float(DType dt, Fn&& fn) {
   if (dt == kFloat32) fn(float{});
   else if (dt == kFloat64) fn(double{});
   else KILN_ASSERT(false, "optimizer kernel for dtype ", dtype_name(dt));
+}
+
+template <typename T>
+T* at(T* p, int64_t offset) {
+  return p ? p + offset : nullptr;
+}
+
+// Runs fn(begin, end) over [0, n) in chunks on kiln's threads (elementwise
+// updates: the result does not depend on the split).
+template <typename Fn>
+void chunked(int64_t n, Fn&& fn) {
+  if (n < kGrainSize) fn(int64_t{0}, n);
+  else ::kiln::kernels::parallel_for(n, kGrainSize, [&](int64_t b, int64_t e) { fn(b, e); });
 }
 
 }  // namespace
@@ -223,8 +238,12 @@ void SGD::update(Tensor& p, const Tensor& g, ParamState& st, const HyperParams& 
   }
   dispatch_float(p.dtype(), [&](auto tag) {
     using T = decltype(tag);
-    kernels::sgd<T>(p.data_ptr<T>(), g.data_ptr<T>(), buf.defined() ? buf.data_ptr<T>() : nullptr, p.numel(),
-                    hp.at("lr"), momentum, hp.at("dampening"), hp.at("weight_decay"), hp.at("nesterov") != 0, first);
+    T *pp = p.data_ptr<T>(), *bp = buf.defined() ? buf.data_ptr<T>() : nullptr;
+    const T* gp = g.data_ptr<T>();
+    chunked(p.numel(), [&](int64_t b, int64_t e) {
+      kernels::sgd<T>(pp + b, gp + b, at(bp, b), e - b, hp.at("lr"), momentum, hp.at("dampening"),
+                      hp.at("weight_decay"), hp.at("nesterov") != 0, first);
+    });
   });
 }
 
@@ -277,10 +296,13 @@ void Adam::update(Tensor& p, const Tensor& g, ParamState& st, const HyperParams&
   if (amsgrad && !st.tensors.count("max_exp_avg_sq")) st.tensors["max_exp_avg_sq"] = state_zeros(p);
   dispatch_float(p.dtype(), [&](auto tag) {
     using T = decltype(tag);
-    kernels::adam<T>(p.data_ptr<T>(), g.data_ptr<T>(), st.tensors["exp_avg"].data_ptr<T>(),
-                     st.tensors["exp_avg_sq"].data_ptr<T>(),
-                     amsgrad ? st.tensors["max_exp_avg_sq"].data_ptr<T>() : nullptr, p.numel(), st.step, hp.at("lr"),
-                     hp.at("beta1"), hp.at("beta2"), hp.at("eps"), hp.at("weight_decay"), decoupled_);
+    T *pp = p.data_ptr<T>(), *m = st.tensors["exp_avg"].data_ptr<T>(), *v = st.tensors["exp_avg_sq"].data_ptr<T>();
+    T* vmax = amsgrad ? st.tensors["max_exp_avg_sq"].data_ptr<T>() : nullptr;
+    const T* gp = g.data_ptr<T>();
+    chunked(p.numel(), [&](int64_t b, int64_t e) {
+      kernels::adam<T>(pp + b, gp + b, m + b, v + b, at(vmax, b), e - b, st.step, hp.at("lr"), hp.at("beta1"),
+                       hp.at("beta2"), hp.at("eps"), hp.at("weight_decay"), decoupled_);
+    });
   });
 }
 
@@ -313,10 +335,14 @@ void RMSprop::update(Tensor& p, const Tensor& g, ParamState& st, const HyperPara
   if (centered && !st.tensors.count("grad_avg")) st.tensors["grad_avg"] = state_zeros(p);
   dispatch_float(p.dtype(), [&](auto tag) {
     using T = decltype(tag);
-    kernels::rmsprop<T>(p.data_ptr<T>(), g.data_ptr<T>(), st.tensors["square_avg"].data_ptr<T>(),
-                        centered ? st.tensors["grad_avg"].data_ptr<T>() : nullptr,
-                        momentum > 0 ? st.tensors["momentum_buffer"].data_ptr<T>() : nullptr, p.numel(), hp.at("lr"),
-                        hp.at("alpha"), hp.at("eps"), hp.at("weight_decay"), momentum);
+    T *pp = p.data_ptr<T>(), *sq = st.tensors["square_avg"].data_ptr<T>();
+    T* gavg = centered ? st.tensors["grad_avg"].data_ptr<T>() : nullptr;
+    T* buf = momentum > 0 ? st.tensors["momentum_buffer"].data_ptr<T>() : nullptr;
+    const T* gp = g.data_ptr<T>();
+    chunked(p.numel(), [&](int64_t b, int64_t e) {
+      kernels::rmsprop<T>(pp + b, gp + b, sq + b, at(gavg, b), at(buf, b), e - b, hp.at("lr"), hp.at("alpha"),
+                          hp.at("eps"), hp.at("weight_decay"), momentum);
+    });
   });
 }
 

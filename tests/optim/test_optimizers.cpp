@@ -11,7 +11,9 @@
 
 #include "kiln/core/allocator.h"
 #include "kiln/core/factory.h"
+#include "kiln/core/generator.h"
 #include "kiln/core/guards.h"
+#include "kiln/core/threads.h"
 #include "kiln/io/safetensors.h"
 #include "kiln/optim/optimizer.h"
 #include "support/test_util.h"
@@ -307,4 +309,29 @@ TEST(Optimizers, StateFileRoundTripContinuesBitwise) {
   EXPECT_TRUE(test::bitwise_equal(a.b, b.b));
   io::save_safetensors(dir.file("other.safetensors"), io::NamedTensors{{"x", zeros({1})}});
   EXPECT_THROW(load_optimizer_state(dir.file("other.safetensors")), FormatError);
+}
+
+TEST(Optimizers, LargeParametersSplitAcrossThreadsGiveTheSameBits) {
+  // Above kGrainSize the fused kernels run in chunks on kiln's threads; elementwise
+  // updates must not depend on the split.
+  auto run = [](int threads) {
+    const int saved = get_num_threads();
+    set_num_threads(threads);
+    manual_seed(3);
+    Tensor w = randn({300001}).requires_grad_(), v = randn({300001}).requires_grad_();
+    std::vector<std::unique_ptr<Optimizer>> opts;
+    opts.push_back(std::make_unique<AdamW>(NamedParams{{"w", w}}, AdamWOptions{.lr = 0.01, .amsgrad = true}));
+    opts.push_back(std::make_unique<RMSprop>(NamedParams{{"v", v}}, RMSpropOptions{.lr = 0.01, .momentum = 0.5, .centered = true}));
+    for (int s = 0; s < 3; ++s) {
+      w.mutable_grad() = randn({300001});
+      v.mutable_grad() = randn({300001});
+      for (auto& o : opts) o->step();
+    }
+    set_num_threads(saved);
+    return std::make_pair(w, v);
+  };
+  auto [w1, v1] = run(1);
+  auto [w4, v4] = run(4);
+  EXPECT_TRUE(test::bitwise_equal(w1, w4));
+  EXPECT_TRUE(test::bitwise_equal(v1, v4));
 }
