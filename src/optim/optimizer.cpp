@@ -71,12 +71,19 @@ void Optimizer::add_param_group(ParamGroup group) {
   for (const auto& [k, v] : defaults_) group.options.emplace(k, v);
   validate(group.options);
   std::set<std::string> seen;
+  std::map<const void*, std::string> tensors;  // TensorImpl -> name
   for (const auto& g : groups_)
-    for (const auto& [n, _] : g.params) seen.insert(n);
+    for (const auto& [n, p] : g.params) {
+      seen.insert(n);
+      tensors.emplace(p.impl(), n);
+    }
   for (const auto& [n, p] : group.params) {
     KILN_CHECK(p.defined(), ValueError, name_, ": parameter '", n, "' is an undefined tensor");
     KILN_CHECK(seen.insert(n).second, ValueError, name_, ": parameter name '", n,
                "' appears in more than one place; expected each parameter once");
+    auto [it, fresh] = tensors.emplace(p.impl(), n);
+    KILN_CHECK(fresh, ValueError, name_, ": parameter '", n, "' is the same tensor as parameter '", it->second,
+               "'; expected each parameter once");
     KILN_CHECK(p.dtype() == kFloat32 || p.dtype() == kFloat64, ValueError, name_, ": parameter '", n,
                "': expected float32 or float64, got ", dtype_name(p.dtype()));
     KILN_CHECK(p.is_leaf(), ValueError, name_, ": parameter '", n, "' must be a leaf tensor, got one with a grad_fn");

@@ -284,6 +284,7 @@ TEST(Optimizers, ValidationErrorsSayExpectedAndGot) {
   expect_error([&] { Adam({{"w", w}}, {.eps = -1e-8}); }, "invalid eps");
   expect_error([&] { RMSprop({{"w", w}}, {.alpha = -0.5}); }, "RMSprop: invalid alpha");
   expect_error([&] { SGD({{"w", w}, {"w", w}}); }, "parameter name 'w' appears in more than one place");
+  expect_error([&] { SGD({{"w", w}, {"w_again", w}}); }, "parameter 'w_again' is the same tensor as parameter 'w'");
   expect_error([&] { SGD({{"i", zeros({2}, kInt64)}}); }, "expected float32 or float64, got int64");
   expect_error([&] { SGD(std::vector<ParamGroup>{{{{"w", w}}, {{"lrr", 0.1}}}}); }, "unknown hyperparameter 'lrr'");
   expect_error([&] { SGD(std::vector<ParamGroup>{{{{"w", w}}, {{"lr", -0.1}}}}); }, "invalid lr");
