@@ -97,8 +97,13 @@ void Optimizer::zero_grad(bool set_to_none) {
     for (auto& [n, p] : g.params) {
       Tensor& grad = p.mutable_grad();
       if (!grad.defined()) continue;
-      if (set_to_none) grad = Tensor();
-      else grad.zero_();
+      if (set_to_none) {
+        grad = Tensor();
+      } else {  // as torch: a gradient with history (create_graph) is detached first
+        if (grad.grad_fn()) grad.detach_();
+        else if (grad.requires_grad()) grad.requires_grad_(false);
+        grad.zero_();
+      }
     }
 }
 

@@ -251,6 +251,16 @@ TEST(Optimizers, ZeroGradAndSkipsParamsWithoutGrad) {
   for (double v : test::to_doubles(a.w.grad())) EXPECT_EQ(v, 0.0);
   opt.zero_grad();
   EXPECT_FALSE(a.w.grad().defined());
+  // A gradient with history (backward with create_graph) is detached, then zeroed.
+  Tensor x = ones({4}).requires_grad_();
+  a.b.mutable_grad() = x * 2.0;
+  ASSERT_TRUE(a.b.grad().grad_fn() != nullptr);
+  opt.zero_grad(false);
+  EXPECT_EQ(a.b.grad().grad_fn(), nullptr);
+  EXPECT_FALSE(a.b.grad().requires_grad());
+  EXPECT_EQ(test::to_doubles(a.b.grad()), (std::vector<double>{0, 0, 0, 0}));
+  EXPECT_EQ(test::to_doubles(x), (std::vector<double>{1, 1, 1, 1}));
+  opt.zero_grad();
   const auto before = a.values();
   opt.step();  // no gradients: nothing moves, no state
   EXPECT_EQ(a.values(), before);
