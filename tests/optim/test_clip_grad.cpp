@@ -22,7 +22,7 @@ const std::map<std::string, std::vector<double>>& torch_clip() {
   static std::map<std::string, std::vector<double>> cache;
   if (!cache.empty()) return cache;
   std::string out;
-  if (test::run_command(test::python() + " " + test::source_dir() + "/tests/parity/clip_grad.py", out) != 0)
+  if (test::run_command(test::shell_quote(test::python()) + " " + test::shell_quote(test::source_dir() + "/tests/parity/clip_grad.py"), out) != 0)
     throw std::runtime_error("clip_grad.py failed: " + out);
   std::istringstream is(out);
   std::string line;

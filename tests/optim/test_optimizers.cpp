@@ -27,7 +27,7 @@ const std::map<std::string, std::vector<double>>& torch_results() {
   static std::map<std::string, std::vector<double>> cache;
   if (!cache.empty()) return cache;
   std::string out;
-  const int rc = test::run_command(test::python() + " " + test::source_dir() + "/tests/parity/optim_trajectories.py", out);
+  const int rc = test::run_command(test::shell_quote(test::python()) + " " + test::shell_quote(test::source_dir() + "/tests/parity/optim_trajectories.py"), out);
   if (rc != 0) throw std::runtime_error("optim_trajectories.py failed: " + out);
   std::istringstream is(out);
   std::string line;

@@ -21,7 +21,7 @@ const std::map<std::string, std::vector<double>>& torch_lrs() {
   static std::map<std::string, std::vector<double>> cache;
   if (!cache.empty()) return cache;
   std::string out;
-  if (test::run_command(test::python() + " " + test::source_dir() + "/tests/parity/lr_schedules.py", out) != 0)
+  if (test::run_command(test::shell_quote(test::python()) + " " + test::shell_quote(test::source_dir() + "/tests/parity/lr_schedules.py"), out) != 0)
     throw std::runtime_error("lr_schedules.py failed: " + out);
   std::istringstream is(out);
   std::string line;
