@@ -2,6 +2,8 @@
 // AdamW, RMSprop over the fused kernels of kernels.h.
 #include "kiln/optim/optimizer.h"
 
+#include <cmath>
+#include <limits>
 #include <set>
 #include <sstream>
 
