@@ -1,6 +1,7 @@
 // clip_grad_norm_ and clip_grad_value_ with torch 1.13's semantics.
 #include "kiln/optim/clip_grad.h"
 
+#include <algorithm>
 #include <cmath>
 #include <sstream>
 
