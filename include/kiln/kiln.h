@@ -33,8 +33,18 @@
 #include "kiln/data/text.h"
 #include "kiln/data/transforms.h"
 
+#include "kiln/models/cnn.h"
+#include "kiln/models/mlp.h"
+#include "kiln/models/resnet.h"
+
+#include "kiln/nn/attention.h"
 #include "kiln/nn/functional.h"
 #include "kiln/nn/init.h"
 #include "kiln/nn/layers.h"
 #include "kiln/nn/module.h"
 #include "kiln/nn/norm.h"
+#include "kiln/nn/transformer.h"
+
+#include "kiln/optim/clip_grad.h"
+#include "kiln/optim/optimizer.h"
+#include "kiln/optim/scheduler.h"
