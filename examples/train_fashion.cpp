@@ -1,7 +1,7 @@
 // Trains the WORKLOADS.md CNN on Fashion-MNIST with the C++ API, as a user
 // would until the `kiln` command exists: DataLoader with worker threads and
 // random crops, Adam, cross-entropy, then test accuracy. scripts/demo.sh runs
-// it after the tour. Usage: train_fashion [epochs (default 2)]
+// it after the tour. Usage: train_fashion [epochs (default 5)]
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
@@ -45,7 +45,7 @@ double accuracy(nn::Module& model, data::DataLoader<>& loader) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  const int epochs = argc > 1 ? std::atoi(argv[1]) : 2;
+  const int epochs = argc > 1 ? std::atoi(argv[1]) : 5;
   manual_seed(0);
   auto train_set = std::make_shared<data::FashionMNIST>(data::FashionMNISTOptions{
       .train = true, .transform = data::transforms::random_crop(28, 2)});

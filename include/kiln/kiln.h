@@ -28,6 +28,7 @@
 
 #include "kiln/data/dataset.h"
 #include "kiln/data/idx.h"
+#include "kiln/data/iterable.h"
 #include "kiln/data/loader.h"
 #include "kiln/data/sampler.h"
 #include "kiln/data/text.h"
