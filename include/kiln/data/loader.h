@@ -27,6 +27,7 @@
 #include <thread>
 #include <vector>
 
+#include "kiln/data/epoch_iterator.h"
 #include "kiln/data/dataset.h"
 #include "kiln/data/sampler.h"
 
@@ -213,25 +214,7 @@ class DataLoader {
     std::shared_ptr<Batch> current_;
   };
 
-  class Iterator {
-   public:
-    using value_type = Batch;
-    using difference_type = std::ptrdiff_t;
-    Iterator() = default;
-    explicit Iterator(std::shared_ptr<Epoch> e) : epoch_(std::move(e)) {
-      if (epoch_ && !epoch_->advance()) epoch_.reset();
-    }
-    Batch& operator*() const { return epoch_->current(); }
-    Batch* operator->() const { return &epoch_->current(); }
-    Iterator& operator++() {
-      if (!epoch_->advance()) epoch_.reset();
-      return *this;
-    }
-    bool operator==(const Iterator& o) const { return epoch_ == o.epoch_; }
-
-   private:
-    std::shared_ptr<Epoch> epoch_;
-  };
+  using Iterator = detail::EpochIterator<Epoch, Batch>;
 
   /// Starts an epoch: the next one, or the rest of the one a load_state() named.
   /// Only one epoch may be iterated at a time.
