@@ -19,21 +19,8 @@ using namespace kiln::optim;
 namespace {
 
 const std::map<std::string, std::vector<double>>& torch_clip() {
-  static std::map<std::string, std::vector<double>> cache;
-  if (!cache.empty()) return cache;
-  std::string out;
-  if (test::run_command(test::shell_quote(test::python()) + " " + test::shell_quote(test::source_dir() + "/tests/parity/clip_grad.py"), out) != 0)
-    throw std::runtime_error("clip_grad.py failed: " + out);
-  std::istringstream is(out);
-  std::string line;
-  while (std::getline(is, line)) {
-    std::istringstream ls(line);
-    std::string name;
-    ls >> name;
-    double v;
-    while (ls >> v) cache[name].push_back(v);
-  }
-  return cache;
+  static const auto table = test::run_python_table("clip_grad.py");
+  return table;
 }
 
 NamedParams make_params(DType dt) {

@@ -18,21 +18,8 @@ using namespace kiln::optim;
 namespace {
 
 const std::map<std::string, std::vector<double>>& torch_lrs() {
-  static std::map<std::string, std::vector<double>> cache;
-  if (!cache.empty()) return cache;
-  std::string out;
-  if (test::run_command(test::shell_quote(test::python()) + " " + test::shell_quote(test::source_dir() + "/tests/parity/lr_schedules.py"), out) != 0)
-    throw std::runtime_error("lr_schedules.py failed: " + out);
-  std::istringstream is(out);
-  std::string line;
-  while (std::getline(is, line)) {
-    std::istringstream ls(line);
-    std::string name;
-    ls >> name;
-    double v;
-    while (ls >> v) cache[name].push_back(v);
-  }
-  return cache;
+  static const auto table = test::run_python_table("lr_schedules.py");
+  return table;
 }
 
 // Two groups (lr 0.1 and 0.05), as in lr_schedules.py; each parameter has a zero gradient so step() runs.

@@ -118,4 +118,22 @@ std::string read_file(const std::string& path) {
   return os.str();
 }
 
+std::map<std::string, std::vector<double>> run_python_table(const std::string& script) {
+  std::string out;
+  if (run_command(shell_quote(python()) + " " + shell_quote(source_dir() + "/tests/parity/" + script), out) != 0) {
+    throw std::runtime_error(script + " failed: " + out);
+  }
+  std::map<std::string, std::vector<double>> table;
+  std::istringstream is(out);
+  std::string line;
+  while (std::getline(is, line)) {
+    std::istringstream ls(line);
+    std::string name;
+    ls >> name;
+    double v;
+    while (ls >> v) table[name].push_back(v);
+  }
+  return table;
+}
+
 }  // namespace kiln::test

@@ -4,6 +4,7 @@
 #pragma once
 
 #include <filesystem>
+#include <map>
 #include <string>
 #include <vector>
 
@@ -30,6 +31,11 @@ int run_command(const std::string& cmd, std::string& output);
 /// Empty when kPython exists (and, if `need_torch`, imports torch and numpy);
 /// otherwise why not, with the fix: run scripts/setup.sh. Checked once per process.
 const std::string& python_problem(bool need_torch = true);
+
+/// Runs tests/parity/<script> with the oracle's interpreter and parses its
+/// output lines "name v1 v2 ..." into name -> values; throws with the output
+/// when the script fails.
+std::map<std::string, std::vector<double>> run_python_table(const std::string& script);
 
 /// A fresh directory under the system temp dir, removed with its contents on destruction.
 class TempDir {
