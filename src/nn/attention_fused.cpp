@@ -49,17 +49,19 @@ int64_t keys_visible(const FusedArgs& a, int64_t r0, int64_t n, int64_t S) {
 Tensor block_scores(const Tensor& q, const Tensor& k, const FusedArgs& a, double scale, int64_t r0, int64_t n,
                     int64_t kend) {
   const int64_t L = q.size(-2);
-  Tensor s = q.narrow(-2, r0, n).matmul(k.narrow(-2, 0, kend).transpose(-2, -1)).mul(scale);
+  // Scale the [n, E] query block rather than the [n, kend] scores.
+  Tensor s = q.narrow(-2, r0, n).mul(scale).matmul(k.narrow(-2, 0, kend).transpose(-2, -1));
+  // Grad mode is off here (forward of a Function, or backward without create_graph): mask in place.
   if (a.causal) {
     Tensor rows = arange(r0, r0 + n).unsqueeze(1);
     Tensor cols = arange(kend).unsqueeze(0);
-    s = s.masked_fill(cols.gt(rows), kNegInf);
+    s.masked_fill_(cols.gt(rows), kNegInf);
   }
   if (a.mask.defined()) {
     Tensor m = a.mask;
     if (m.dim() >= 2 && m.size(-2) == L && L > 1) m = m.narrow(-2, r0, n);
     if (kend < m.size(-1)) m = m.narrow(-1, 0, kend);
-    s = m.dtype() == kBool ? s.masked_fill(m.logical_not(), kNegInf) : s + m;
+    s = m.dtype() == kBool ? s.masked_fill(m.logical_not(), kNegInf) : s + m;  // may broadcast s: not in place
   }
   return s;
 }
@@ -73,11 +75,9 @@ struct FusedSdpa : autograd::Function<FusedSdpa> {
     for (int64_t r0 = 0; r0 < L; r0 += a.block_rows) {
       const int64_t n = std::min(a.block_rows, L - r0), kend = keys_visible(a, r0, n, S);
       Tensor s = block_scores(q, k, a, scale, r0, n, kend);
-      Tensor m = s.amax({-1}, /*keepdim=*/true);
-      Tensor p = (s - m).exp();
-      Tensor l = p.sum({-1}, /*keepdim=*/true);
-      outs.push_back(p.matmul(v.narrow(-2, 0, kend)) / l);
-      lses.push_back(m + l.log());
+      // softmax and logsumexp are single kiln kernels (row max, exp, row sum inside).
+      outs.push_back(s.softmax(-1).matmul(v.narrow(-2, 0, kend)));
+      lses.push_back(s.logsumexp({-1}, /*keepdim=*/true));
     }
     Tensor out = outs.size() == 1 ? outs[0] : cat(outs, -2);
     Tensor lse = lses.size() == 1 ? lses[0] : cat(lses, -2);
@@ -107,19 +107,30 @@ struct FusedSdpa : autograd::Function<FusedSdpa> {
       s.push_back(c);
       return s;
     };
-    Tensor dk = zeros(with_tail(S, k.size(-1)), TensorOptions(k.dtype()));
-    Tensor dv = zeros(with_tail(S, v.size(-1)), TensorOptions(v.dtype()));
+    const bool single = a.block_rows >= L;
+    Tensor dk, dv;
     std::vector<Tensor> dqs;
     for (int64_t r0 = 0; r0 < L; r0 += a.block_rows) {
       const int64_t n = std::min(a.block_rows, L - r0), kend = keys_visible(a, r0, n, S);
       Tensor s = block_scores(q, k, a, scale, r0, n, kend);
-      Tensor p = (s - lse.narrow(-2, r0, n)).exp();  // [..., n, kend]
+      Tensor p = s.sub_(lse.narrow(-2, r0, n)).exp_();  // [..., n, kend], in place: s is a fresh tensor
       Tensor dob = dout.narrow(-2, r0, n);
       Tensor kb = k.narrow(-2, 0, kend), vb = v.narrow(-2, 0, kend);
-      dv.narrow(-2, 0, kend).add_(p.transpose(-2, -1).matmul(dob));
-      Tensor ds = p * (dob.matmul(vb.transpose(-2, -1)) - D.narrow(-2, r0, n));
-      dqs.push_back(ds.matmul(kb).mul(scale));
-      dk.narrow(-2, 0, kend).add_(ds.transpose(-2, -1).matmul(q.narrow(-2, r0, n)).mul(scale));
+      Tensor dvb = p.transpose(-2, -1).matmul(dob);
+      Tensor ds = dob.matmul(vb.transpose(-2, -1)).sub_(D.narrow(-2, r0, n)).mul_(p);
+      dqs.push_back(ds.matmul(kb).mul_(scale));
+      Tensor dkb = ds.transpose(-2, -1).matmul(q.narrow(-2, r0, n)).mul_(scale);
+      if (single && kend == S) {  // one block sees every key: its products are the whole gradients
+        dv = dvb;
+        dk = dkb;
+      } else {
+        if (!dv.defined()) {
+          dv = zeros(with_tail(S, v.size(-1)), TensorOptions(v.dtype()));
+          dk = zeros(with_tail(S, k.size(-1)), TensorOptions(k.dtype()));
+        }
+        dv.narrow(-2, 0, kend).add_(dvb);
+        dk.narrow(-2, 0, kend).add_(dkb);
+      }
     }
     Tensor dq = dqs.size() == 1 ? dqs[0] : cat(dqs, -2);
     return {dq, dk, dv};

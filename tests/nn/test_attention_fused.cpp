@@ -41,6 +41,9 @@ std::vector<Case> cases(DType dt) {
   cs.push_back({"float_mask_batched", {2, 3, 45, 8}, {2, 3, 50, 8}, {2, 3, 50, 4}, randn({2, 1, 45, 50}, o), false, 32});
   cs.push_back({"float_mask_row", {3, 45, 8}, {3, 50, 8}, {3, 50, 4}, randn({1, 50}, o), false, 10});
   cs.push_back({"broadcast_kv", {2, 4, 30, 8}, {30, 8}, {30, 8}, {}, true, 8});
+  cs.push_back({"single_block", {2, 3, 40, 8}, {2, 3, 40, 8}, {2, 3, 40, 8}, {}, false, 64});
+  cs.push_back({"single_block_causal_broadcast", {2, 3, 40, 8}, {3, 40, 8}, {1, 40, 8}, {}, true, 40});
+  cs.push_back({"single_block_mask", {3, 40, 8}, {3, 50, 8}, {3, 50, 8}, randn({3, 40, 50}, o), false, 40});
   return cs;
 }
 
