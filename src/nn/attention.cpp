@@ -2,11 +2,11 @@
 // ops: autograd records matmul, softmax and masked_fill, so gradients of any
 // order follow without a hand-written backward.
 //
-// Memory: this reference form materialises the [..., L, S] score and weight
-// matrices and keeps them for backward (O(T^2) per head). The next step
-// (DESIGN.md §4) is a fused, FlashAttention-style kernel that streams over key
-// blocks with an online softmax, saves only the output and the per-row
-// log-sum-exp, and recomputes the weights blockwise in backward: O(T) memory.
+// Memory: this composite form materialises the [..., L, S] score and weight
+// matrices and keeps them for backward (O(T^2) per head). It runs only for
+// dropout in training or a floating mask that requires grad; otherwise
+// scaled_dot_product_attention dispatches to detail::sdpa_fused
+// (attention_fused.cpp), which keeps O(T) and recomputes the weights blockwise.
 #include "kiln/nn/attention.h"
 
 #include <cmath>
@@ -35,9 +35,21 @@ Tensor causal_hidden(int64_t L, int64_t S) {
 
 namespace functional {
 
+void check_sdpa_args(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& attn_mask, double dropout_p,
+                     bool is_causal);
+
 Tensor scaled_dot_product_attention(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& attn_mask,
                                     double dropout_p, bool is_causal, bool training, std::source_location loc) {
   (void)loc;
+  check_sdpa_args(q, k, v, attn_mask, dropout_p, is_causal);
+  const bool dropout_active = training && dropout_p > 0.0;
+  const bool mask_needs_grad = attn_mask.defined() && attn_mask.requires_grad() && grad_mode_enabled();
+  if (!dropout_active && !mask_needs_grad) return detail::sdpa_fused(q, k, v, attn_mask, is_causal);
+  return detail::sdpa_composite(q, k, v, attn_mask, dropout_p, is_causal, training);
+}
+
+void check_sdpa_args(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& attn_mask, double dropout_p,
+                     bool is_causal) {
   KILN_CHECK(q.dim() >= 2 && k.dim() >= 2 && v.dim() >= 2, ShapeError,
              "scaled_dot_product_attention: expected q [..., L, E], k [..., S, E], v [..., S, Ev] with at least "
              "2 dims, got q ",
@@ -55,6 +67,22 @@ Tensor scaled_dot_product_attention(const Tensor& q, const Tensor& k, const Tens
              "scaled_dot_product_attention: expected dropout_p in [0, 1], got ", dropout_p);
   KILN_CHECK(!(is_causal && attn_mask.defined()), ValueError,
              "scaled_dot_product_attention: expected either attn_mask or is_causal, got both");
+  if (attn_mask.defined()) {
+    const int64_t L = q.size(-2), S = k.size(-2);
+    KILN_CHECK(attn_mask.dim() >= 1 && attn_mask.size(-1) == S && (attn_mask.dim() < 2 || attn_mask.size(-2) == L ||
+                                                                   attn_mask.size(-2) == 1),
+               ShapeError, "scaled_dot_product_attention: expected attn_mask broadcastable to [..., ", L, ", ", S,
+               "], got ", attn_mask.shape_string());
+    KILN_CHECK(attn_mask.dtype() == kBool || attn_mask.is_floating_point(), DTypeError,
+               "scaled_dot_product_attention: expected a bool or floating attn_mask, got ",
+               dtype_name(attn_mask.dtype()));
+  }
+}
+
+namespace detail {
+
+Tensor sdpa_composite(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& attn_mask, double dropout_p,
+                      bool is_causal, bool training) {
   const int64_t L = q.size(-2), S = k.size(-2);
   const double scale = 1.0 / std::sqrt(static_cast<double>(q.size(-1)));
   const double neg_inf = -std::numeric_limits<double>::infinity();
@@ -87,6 +115,7 @@ Tensor scaled_dot_product_attention(const Tensor& q, const Tensor& k, const Tens
   return weights.matmul(v);
 }
 
+}  // namespace detail
 }  // namespace functional
 
 // ---- MultiheadAttention ----

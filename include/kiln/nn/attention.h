@@ -1,8 +1,13 @@
 // Attention, as PyTorch: nn::functional::scaled_dot_product_attention
 // (torch.nn.functional.scaled_dot_product_attention) and nn::MultiheadAttention
 // (torch.nn.MultiheadAttention, same parameter names and initialisation).
-// Both are composites of kiln ops (matmul, softmax, masked_fill), so autograd
-// differentiates them to any order.
+// Without active dropout, SDPA runs a fused, memory-efficient path: forward
+// walks query rows in blocks and keeps only q, k, v, the output and the per-row
+// log-sum-exp for backward (O(T) extra, no T x T matrix); backward recomputes
+// the weights block by block. With dropout in training, or a floating
+// attn_mask that requires grad, it runs the composite of kiln ops (matmul,
+// softmax, masked_fill). Both are differentiable to any order: under
+// create_graph the fused backward differentiates the composite instead.
 #pragma once
 
 #include <cstdint>
@@ -27,6 +32,16 @@ namespace kiln::nn::functional {
 Tensor scaled_dot_product_attention(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& attn_mask = {},
                                     double dropout_p = 0.0, bool is_causal = false, bool training = true,
                                     std::source_location loc = std::source_location::current());
+
+namespace detail {
+/// The composite form (matmul, softmax, masked_fill, dropout): T x T weights are kept for backward.
+Tensor sdpa_composite(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& attn_mask, double dropout_p,
+                      bool is_causal, bool training);
+/// The fused form (no dropout): query rows in blocks of block_rows, only the per-row
+/// log-sum-exp saved beyond q, k, v and the output. attn_mask must not require grad.
+Tensor sdpa_fused(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& attn_mask, bool is_causal,
+                  int64_t block_rows = 64);
+}  // namespace detail
 
 }  // namespace kiln::nn::functional
 

@@ -1,0 +1,156 @@
+// The fused, memory-efficient scaled_dot_product_attention (no dropout).
+//
+// Forward walks the query rows in blocks of `block_rows`: for each block it
+// forms S = q_blk kᵀ scale (+ mask, or the causal triangle), the row max m,
+// P = exp(S - m), the row sum l, out_blk = P v / l and the row log-sum-exp
+// lse = m + log l. Only q, k, v, out and lse [..., L, 1] are saved: O(T) beyond
+// the inputs and output, no [L, S] tensor outlives its block. Causal blocks
+// read only the keys a block can see (key j <= the block's last query row).
+//
+// Backward recomputes P = exp(S - lse) block by block:
+//   D = rowsum(dO ∘ out), dV += Pᵀ dO, dP = dO vᵀ, dS = P ∘ (dP - D),
+//   dQ = dS k scale, dK += dSᵀ q scale.
+// Under create_graph (grad mode on in backward) it instead differentiates the
+// composite form with autograd::grad, so double backward is exact.
+// The blocks use kiln ops (batched matmul through oneDNN) with grad mode off.
+#include <cmath>
+#include <limits>
+
+#include "kiln/autograd/custom_function.h"
+#include "kiln/autograd/engine.h"
+#include "kiln/core/error.h"
+#include "kiln/core/factory.h"
+#include "kiln/core/guards.h"
+#include "kiln/nn/attention.h"
+#include "kiln/ops/index.h"
+
+namespace kiln::nn::functional {
+
+void check_sdpa_args(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& attn_mask, double dropout_p,
+                     bool is_causal);
+
+namespace {
+
+constexpr double kNegInf = -std::numeric_limits<double>::infinity();
+
+// Carried by value through Function::apply (not a Tensor argument, so it gets no gradient).
+struct FusedArgs {
+  Tensor mask;  // undefined, bool (true = may attend) or floating (added); never requires grad here
+  bool causal = false;
+  int64_t block_rows = 64;
+};
+
+// Number of keys rows [r0, r0 + n) may see.
+int64_t keys_visible(const FusedArgs& a, int64_t r0, int64_t n, int64_t S) {
+  return a.causal ? std::min(S, r0 + n) : S;
+}
+
+// Scores of query rows [r0, r0 + n) against keys [0, kend): [..., n, kend], masked.
+Tensor block_scores(const Tensor& q, const Tensor& k, const FusedArgs& a, double scale, int64_t r0, int64_t n,
+                    int64_t kend) {
+  const int64_t L = q.size(-2);
+  // Scale the [n, E] query block rather than the [n, kend] scores.
+  Tensor s = q.narrow(-2, r0, n).mul(scale).matmul(k.narrow(-2, 0, kend).transpose(-2, -1));
+  // Grad mode is off here (forward of a Function, or backward without create_graph): mask in place.
+  if (a.causal) {
+    Tensor rows = arange(r0, r0 + n).unsqueeze(1);
+    Tensor cols = arange(kend).unsqueeze(0);
+    s.masked_fill_(cols.gt(rows), kNegInf);
+  }
+  if (a.mask.defined()) {
+    Tensor m = a.mask;
+    if (m.dim() >= 2 && m.size(-2) == L && L > 1) m = m.narrow(-2, r0, n);
+    if (kend < m.size(-1)) m = m.narrow(-1, 0, kend);
+    s = m.dtype() == kBool ? s.masked_fill(m.logical_not(), kNegInf) : s + m;  // may broadcast s: not in place
+  }
+  return s;
+}
+
+struct FusedSdpa : autograd::Function<FusedSdpa> {
+  static Tensor forward(autograd::AutogradContext& ctx, const Tensor& q, const Tensor& k, const Tensor& v,
+                        const FusedArgs& a) {
+    const int64_t L = q.size(-2), S = k.size(-2);
+    const double scale = 1.0 / std::sqrt(static_cast<double>(q.size(-1)));
+    std::vector<Tensor> outs, lses;
+    for (int64_t r0 = 0; r0 < L; r0 += a.block_rows) {
+      const int64_t n = std::min(a.block_rows, L - r0), kend = keys_visible(a, r0, n, S);
+      Tensor s = block_scores(q, k, a, scale, r0, n, kend);
+      // softmax and logsumexp are single kiln kernels (row max, exp, row sum inside).
+      outs.push_back(s.softmax(-1).matmul(v.narrow(-2, 0, kend)));
+      lses.push_back(s.logsumexp({-1}, /*keepdim=*/true));
+    }
+    Tensor out = outs.size() == 1 ? outs[0] : cat(outs, -2);
+    Tensor lse = lses.size() == 1 ? lses[0] : cat(lses, -2);
+    ctx.save_for_backward({q, k, v, out, lse});
+    ctx.saved_data["args"] = a;
+    return out;
+  }
+
+  static TensorList backward(autograd::AutogradContext& ctx, TensorList grads) {
+    TensorList saved = ctx.get_saved_variables();
+    const Tensor &q = saved[0], &k = saved[1], &v = saved[2], &out = saved[3], &lse = saved[4];
+    const auto a = std::any_cast<FusedArgs>(ctx.saved_data["args"]);
+    const Tensor& dout = grads[0];
+    if (grad_mode_enabled()) {
+      // create_graph: differentiate the composite so the returned gradients carry their own history.
+      Tensor o = detail::sdpa_composite(q, k, v, a.mask, 0.0, a.causal, false);
+      return autograd::grad({o}, {q, k, v}, {dout}, /*retain_graph=*/true, /*create_graph=*/true,
+                            /*allow_unused=*/true);
+    }
+    const int64_t L = q.size(-2), S = k.size(-2);
+    const double scale = 1.0 / std::sqrt(static_cast<double>(q.size(-1)));
+    Tensor D = (dout * out).sum({-1}, /*keepdim=*/true);  // [..., L, 1]
+    std::vector<int64_t> batch(out.sizes().begin(), out.sizes().end() - 2);
+    auto with_tail = [&](int64_t r, int64_t c) {
+      std::vector<int64_t> s = batch;
+      s.push_back(r);
+      s.push_back(c);
+      return s;
+    };
+    const bool single = a.block_rows >= L;
+    Tensor dk, dv;
+    std::vector<Tensor> dqs;
+    for (int64_t r0 = 0; r0 < L; r0 += a.block_rows) {
+      const int64_t n = std::min(a.block_rows, L - r0), kend = keys_visible(a, r0, n, S);
+      Tensor s = block_scores(q, k, a, scale, r0, n, kend);
+      Tensor p = s.sub_(lse.narrow(-2, r0, n)).exp_();  // [..., n, kend], in place: s is a fresh tensor
+      Tensor dob = dout.narrow(-2, r0, n);
+      Tensor kb = k.narrow(-2, 0, kend), vb = v.narrow(-2, 0, kend);
+      Tensor dvb = p.transpose(-2, -1).matmul(dob);
+      Tensor ds = dob.matmul(vb.transpose(-2, -1)).sub_(D.narrow(-2, r0, n)).mul_(p);
+      dqs.push_back(ds.matmul(kb).mul_(scale));
+      Tensor dkb = ds.transpose(-2, -1).matmul(q.narrow(-2, r0, n)).mul_(scale);
+      if (single && kend == S) {  // one block sees every key: its products are the whole gradients
+        dv = dvb;
+        dk = dkb;
+      } else {
+        if (!dv.defined()) {
+          dv = zeros(with_tail(S, v.size(-1)), TensorOptions(v.dtype()));
+          dk = zeros(with_tail(S, k.size(-1)), TensorOptions(k.dtype()));
+        }
+        dv.narrow(-2, 0, kend).add_(dvb);
+        dk.narrow(-2, 0, kend).add_(dkb);
+      }
+    }
+    Tensor dq = dqs.size() == 1 ? dqs[0] : cat(dqs, -2);
+    return {dq, dk, dv};
+  }
+};
+
+}  // namespace
+
+namespace detail {
+
+Tensor sdpa_fused(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& attn_mask, bool is_causal,
+                  int64_t block_rows) {
+  check_sdpa_args(q, k, v, attn_mask, 0.0, is_causal);
+  KILN_CHECK(block_rows > 0, ValueError, "sdpa_fused: expected block_rows > 0, got ", block_rows);
+  KILN_CHECK(!(attn_mask.defined() && attn_mask.requires_grad() && grad_mode_enabled()), ValueError,
+             "sdpa_fused: expected an attn_mask that does not require grad (the composite path differentiates "
+             "the mask), got one that does");
+  return FusedSdpa::apply(q, k, v, FusedArgs{.mask = attn_mask.defined() ? attn_mask.detach() : Tensor(),
+                                             .causal = is_causal, .block_rows = block_rows});
+}
+
+}  // namespace detail
+}  // namespace kiln::nn::functional

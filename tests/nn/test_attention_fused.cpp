@@ -1,0 +1,145 @@
+// The fused scaled_dot_product_attention against the composite form (values and
+// q/k/v gradients), float64 gradcheck, double backward, dispatch, and memory:
+// after forward the graph holds O(T) extra bytes, not a T x T matrix.
+#include <gtest/gtest.h>
+
+#include <string>
+#include <vector>
+
+#include "kiln/autograd/engine.h"
+#include "kiln/autograd/gradcheck.h"
+#include "kiln/autograd/node.h"
+#include "kiln/core/allocator.h"
+#include "kiln/core/factory.h"
+#include "kiln/core/generator.h"
+#include "kiln/core/guards.h"
+#include "kiln/nn/attention.h"
+
+using namespace kiln;
+namespace F = kiln::nn::functional;
+
+namespace {
+
+struct Case {
+  std::string id;
+  std::vector<int64_t> qs, ks, vs;
+  Tensor mask;
+  bool causal = false;
+  int64_t block = 64;
+};
+
+std::vector<Case> cases(DType dt) {
+  TensorOptions o(dt);
+  std::vector<Case> cs;
+  cs.push_back({"unmasked_batch_heads", {2, 3, 70, 8}, {2, 3, 70, 8}, {2, 3, 70, 5}, {}, false, 64});
+  cs.push_back({"causal_T_not_multiple", {2, 3, 70, 8}, {2, 3, 70, 8}, {2, 3, 70, 8}, {}, true, 16});
+  cs.push_back({"causal_L_lt_S", {2, 20, 4}, {2, 33, 4}, {2, 33, 6}, {}, true, 7});
+  cs.push_back({"causal_L_gt_S", {1, 2, 33, 4}, {1, 2, 20, 4}, {1, 2, 20, 4}, {}, true, 8});
+  Tensor b = rand({45, 50}, o).lt(0.7);
+  for (int64_t i = 0; i < 45; ++i) b.select(0, i).select(0, i % 50).fill_(true);  // no row fully masked
+  cs.push_back({"bool_mask", {2, 2, 45, 8}, {2, 2, 50, 8}, {2, 2, 50, 8}, b, false, 16});
+  cs.push_back({"float_mask_batched", {2, 3, 45, 8}, {2, 3, 50, 8}, {2, 3, 50, 4}, randn({2, 1, 45, 50}, o), false, 32});
+  cs.push_back({"float_mask_row", {3, 45, 8}, {3, 50, 8}, {3, 50, 4}, randn({1, 50}, o), false, 10});
+  cs.push_back({"broadcast_kv", {2, 4, 30, 8}, {30, 8}, {30, 8}, {}, true, 8});
+  cs.push_back({"single_block", {2, 3, 40, 8}, {2, 3, 40, 8}, {2, 3, 40, 8}, {}, false, 64});
+  cs.push_back({"single_block_causal_broadcast", {2, 3, 40, 8}, {3, 40, 8}, {1, 40, 8}, {}, true, 40});
+  cs.push_back({"single_block_mask", {3, 40, 8}, {3, 50, 8}, {3, 50, 8}, randn({3, 40, 50}, o), false, 40});
+  return cs;
+}
+
+void compare_paths(DType dt, double tol) {
+  manual_seed(11);
+  TensorOptions o(dt);
+  for (auto& c : cases(dt)) {
+    Tensor q0 = randn(c.qs, o), k0 = randn(c.ks, o), v0 = randn(c.vs, o);
+    Tensor q = q0.clone().requires_grad_(), k = k0.clone().requires_grad_(), v = v0.clone().requires_grad_();
+    Tensor qc = q0.clone().requires_grad_(), kc = k0.clone().requires_grad_(), vc = v0.clone().requires_grad_();
+    Tensor out = F::detail::sdpa_fused(q, k, v, c.mask, c.causal, c.block);
+    Tensor ref = F::detail::sdpa_composite(qc, kc, vc, c.mask, 0.0, c.causal, true);
+    ASSERT_EQ(out.sizes(), ref.sizes()) << c.id;
+    EXPECT_TRUE(out.allclose(ref, tol, tol)) << c.id;
+    EXPECT_STREQ(out.grad_fn()->name(), "FusedSdpaBackward") << c.id;
+    Tensor g = randn(out.sizes(), o);
+    out.backward(g);
+    ref.backward(g);
+    EXPECT_TRUE(q.grad().allclose(qc.grad(), tol, tol)) << c.id << " dq";
+    EXPECT_TRUE(k.grad().allclose(kc.grad(), tol, tol)) << c.id << " dk";
+    EXPECT_TRUE(v.grad().allclose(vc.grad(), tol, tol)) << c.id << " dv";
+  }
+}
+
+}  // namespace
+
+TEST(AttentionFused, MatchesCompositeFloat32) { compare_paths(kFloat32, 1e-5); }
+
+TEST(AttentionFused, MatchesCompositeFloat64) { compare_paths(kFloat64, 1e-10); }
+
+TEST(AttentionFused, GradcheckFloat64) {
+  manual_seed(5);
+  TensorOptions f64(kFloat64);
+  Tensor q = randn({2, 7, 3}, f64).requires_grad_(), k = randn({2, 9, 3}, f64).requires_grad_(),
+         v = randn({2, 9, 4}, f64).requires_grad_();
+  Tensor fmask = randn({7, 9}, f64);
+  Tensor bmask = rand({7, 9}, f64).lt(0.6);
+  for (int64_t i = 0; i < 7; ++i) bmask.select(0, i).select(0, i).fill_(true);
+  EXPECT_TRUE(autograd::gradcheck(
+      [](const TensorList& x) { return TensorList{F::detail::sdpa_fused(x[0], x[1], x[2], {}, false, 3)}; },
+      {q, k, v}));
+  EXPECT_TRUE(autograd::gradcheck(
+      [](const TensorList& x) { return TensorList{F::detail::sdpa_fused(x[0], x[1], x[2], {}, true, 3)}; }, {q, k, v}));
+  EXPECT_TRUE(autograd::gradcheck(
+      [bmask](const TensorList& x) { return TensorList{F::detail::sdpa_fused(x[0], x[1], x[2], bmask, false, 4)}; },
+      {q, k, v}));
+  EXPECT_TRUE(autograd::gradcheck(
+      [fmask](const TensorList& x) { return TensorList{F::detail::sdpa_fused(x[0], x[1], x[2], fmask, false, 2)}; },
+      {q, k, v}));
+}
+
+TEST(AttentionFused, DoubleBackwardMatchesComposite) {
+  manual_seed(6);
+  TensorOptions f64(kFloat64);
+  Tensor q0 = randn({2, 6, 3}, f64), k0 = randn({2, 6, 3}, f64), v0 = randn({2, 6, 3}, f64);
+  auto second = [&](bool fused) {
+    Tensor q = q0.clone().requires_grad_(), k = k0.clone().requires_grad_(), v = v0.clone().requires_grad_();
+    Tensor o = fused ? F::detail::sdpa_fused(q, k, v, {}, true, 4) : F::detail::sdpa_composite(q, k, v, {}, 0.0, true, true);
+    TensorList g = autograd::grad({o.pow(2).sum()}, {q, k, v}, {}, std::nullopt, /*create_graph=*/true);
+    (g[0].sum() + g[1].pow(2).sum() + g[2].sum()).backward();
+    return TensorList{q.grad(), k.grad(), v.grad()};
+  };
+  TensorList a = second(true), b = second(false);
+  for (int i = 0; i < 3; ++i) EXPECT_TRUE(a[i].allclose(b[i], 1e-10, 1e-10)) << i;
+}
+
+TEST(AttentionFused, DispatchSelectsPathAtCallTime) {
+  manual_seed(7);
+  Tensor q = randn({1, 5, 4}).requires_grad_(), k = randn({1, 5, 4}), v = randn({1, 5, 4});
+  EXPECT_STREQ(F::scaled_dot_product_attention(q, k, v).grad_fn()->name(), "FusedSdpaBackward");
+  EXPECT_STREQ(F::scaled_dot_product_attention(q, k, v, {}, 0.5, false, /*training=*/false).grad_fn()->name(),
+               "FusedSdpaBackward");
+  EXPECT_STRNE(F::scaled_dot_product_attention(q, k, v, {}, 0.5, false, /*training=*/true).grad_fn()->name(),
+               "FusedSdpaBackward");
+  Tensor fmask = randn({5, 5}).requires_grad_();
+  EXPECT_STRNE(F::scaled_dot_product_attention(q, k, v, fmask).grad_fn()->name(), "FusedSdpaBackward");
+  EXPECT_THROW(F::detail::sdpa_fused(q, k, v, fmask, false), ValueError);
+}
+
+TEST(AttentionFused, GraphHoldsOrderTNotTSquared) {
+  const int64_t T = 1024, E = 64;
+  manual_seed(8);
+  Tensor q = randn({1, 1, T, E}).requires_grad_(), k = randn({1, 1, T, E}).requires_grad_(),
+         v = randn({1, 1, T, E}).requires_grad_();
+  auto held_after_forward = [&](bool fused) {
+    const int64_t before = memory::stats()[MemoryCategory::Activation].live_bytes;
+    Tensor out = fused ? F::detail::sdpa_fused(q, k, v, {}, true) : F::detail::sdpa_composite(q, k, v, {}, 0.0, true, true);
+    const int64_t held = memory::stats()[MemoryCategory::Activation].live_bytes - before;
+    out.sum().backward();
+    return held;
+  };
+  const int64_t fused = held_after_forward(true), composite = held_after_forward(false);
+  // Output (T*E floats) and log-sum-exp (T floats) only: far below T*T floats.
+  EXPECT_LT(fused, T * T * 4 / 4) << "fused held " << fused << " bytes";
+  EXPECT_GE(composite, T * T * 4) << "composite held " << composite << " bytes";
+  EXPECT_GT(fused, 0);
+  RecordProperty("fused_bytes", std::to_string(fused));
+  RecordProperty("composite_bytes", std::to_string(composite));
+}
