@@ -148,6 +148,27 @@ def loss_of(kind, y, target):
     return F.cross_entropy(y, target)
 
 
+def train(model, kind, x, target, steps):
+    """The gpt workload's loop on one batch: AdamW(lr 3e-4, weight_decay 0.1) over
+    named_parameters (the tied weight once), train mode; writes "losses" [steps]
+    (the loss before each step) and "final.<name>" for the parameters after."""
+    opt = torch.optim.AdamW(model.parameters(), lr=3e-4, weight_decay=0.1)
+    model.train()
+    losses = []
+    for _ in range(steps):
+        opt.zero_grad(set_to_none=True)
+        loss = loss_of(kind, model(x), target)
+        loss.backward()
+        opt.step()
+        losses.append(loss.item())
+    out = {"losses": torch.tensor(losses, dtype=torch.float32)}
+    for name, p in model.named_parameters():
+        out["final." + name] = p
+    write(sys.argv[2], out)
+    print("OK")
+    return 0
+
+
 def main():
     torch.set_num_threads(1)
     t, meta = read(sys.argv[1])
@@ -160,6 +181,8 @@ def main():
         print("state_dict keys differ:\n torch: %s\n kiln:  %s" % (keys, list(t.keys())))
         return 1
     model.load_state_dict(t, strict=True)
+    if "steps" in meta:
+        return train(model, kind, x, target, int(meta["steps"]))
     out = {}
     model.eval()
     with torch.no_grad():
