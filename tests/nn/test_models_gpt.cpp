@@ -197,25 +197,20 @@ TEST(ModelsGPT, TiedWeightGetsTheSumOfBothGradients) {
   EXPECT_EQ(mismatch(tied, emb_grad + head_grad), "");
 }
 
-// The gpt workload's optimiser (AdamW lr 3e-4, weight decay 0.1) for 20 steps on one
-// batch of 2 x 32 tokens: the loss before each step agrees with torch's within the
-// float32 tolerance above (the final parameters within 1e-3, see below).
-TEST(ModelsGPT, TwentyAdamWStepsMatchTorch) {
+namespace {
+
+// The gpt workload's optimiser (AdamW lr 3e-4, weight decay 0.1) for `steps` steps on one
+// batch, in kiln and in the twin: the loss before each step agrees within the float32
+// tolerance above, and the final parameters within 1e-3 (see below).
+void check_training_against_twin(nn::Module& m, const std::string& name, const std::string& config, const Tensor& x,
+                                 const Tensor& target, const LossFn& loss_fn, int steps) {
   ASSERT_EQ(test::python_problem(), "");
-  manual_seed(25);
-  models::GPT m({.vocab_size = 256, .block_size = 128, .n_layer = 4, .n_head = 4, .n_embd = 256, .d_ff = 1024});
-  Tensor idx = randint(0, 256, {2, 32}, TensorOptions(kInt64));
-  Tensor targets = randint(0, 256, {2, 32}, TensorOptions(kInt64));
-  const int steps = 20;
   test::TempDir dir;
   auto sd = m.state_dict();
-  sd.emplace_back("__input__", idx);
-  sd.emplace_back("__target__", targets);
+  sd.emplace_back("__input__", x);
+  sd.emplace_back("__target__", target);
   io::save_safetensors(dir.file("in.safetensors"), sd,
-                       {{"model", "gpt"},
-                        {"config", R"({"vocab_size": 256, "block_size": 128, "n_layer": 4, "n_head": 4,
-                                       "n_embd": 256, "d_ff": 1024})"},
-                        {"steps", std::to_string(steps)}});
+                       {{"model", name}, {"config", config}, {"steps", std::to_string(steps)}});
   std::string out;
   int rc = test::run_command(test::shell_quote(test::python()) + " " +
                                  test::shell_quote(test::source_dir() + "/tests/parity/models_twins_gpt.py") + " " +
@@ -231,17 +226,17 @@ TEST(ModelsGPT, TwentyAdamWStepsMatchTorch) {
   std::vector<float> losses;
   for (int i = 0; i < steps; ++i) {
     opt.zero_grad();
-    Tensor loss = m.loss(idx, targets);
+    Tensor loss = loss_fn(m(x), target);
     loss.backward();
     opt.step();
     losses.push_back(static_cast<float>(test::to_doubles(loss.detach())[0]));
   }
   EXPECT_EQ(mismatch(tensor(losses), ref.at("losses")), "") << "per-step losses";
-  EXPECT_LT(losses.back(), losses.front() - 0.5f);  // it learns the batch
+  EXPECT_LT(losses.back(), losses.front() - 0.1f);  // it learns the batch
   // Parameters are compared loosely: Adam divides by sqrt(v), so an element whose true
   // gradient is ~0 (the key biases of c_attn: softmax ignores a per-row constant) moves
   // by up to lr per step in a direction set by float rounding, in torch as in kiln.
-  // Observed worst difference here: 2.5e-4 (steps * lr = 6e-3 bounds it); the check is 1e-3.
+  // Observed worst difference for gpt: 2.5e-4 (steps * lr = 6e-3 bounds it); the check is 1e-3.
   for (auto& [n, p] : m.named_parameters()) {
     auto a = test::to_doubles(p.detach()), b = test::to_doubles(ref.at("final." + n));
     ASSERT_EQ(a.size(), b.size()) << n;
@@ -249,6 +244,19 @@ TEST(ModelsGPT, TwentyAdamWStepsMatchTorch) {
     for (size_t i = 0; i < a.size(); ++i) worst = std::max(worst, std::abs(a[i] - b[i]));
     EXPECT_LE(worst, 1e-3) << "parameter " << n << " after training";
   }
+}
+
+}  // namespace
+
+// 20 steps of the gpt workload on one batch of 2 x 32 tokens.
+TEST(ModelsGPT, TwentyAdamWStepsMatchTorch) {
+  manual_seed(25);
+  models::GPT m({.vocab_size = 256, .block_size = 128, .n_layer = 4, .n_head = 4, .n_embd = 256, .d_ff = 1024});
+  Tensor idx = randint(0, 256, {2, 32}, TensorOptions(kInt64));
+  Tensor targets = randint(0, 256, {2, 32}, TensorOptions(kInt64));
+  check_training_against_twin(
+      m, "gpt", R"({"vocab_size": 256, "block_size": 128, "n_layer": 4, "n_head": 4, "n_embd": 256, "d_ff": 1024})",
+      idx, targets, gpt_loss, 20);
 }
 
 TEST(ModelsGPT, RejectsSequencesLongerThanBlockSize) {
@@ -304,4 +312,15 @@ TEST(ModelsViT, ConfiguredMatchesTorch) {
                      R"({"image_size": 8, "patch_size": 4, "in_channels": 3, "num_classes": 5, "dim": 12,
                          "depth": 3, "heads": 3, "mlp_dim": 20})",
                      randn({3, 3, 8, 8}), randint(0, 5, {3}, TensorOptions(kInt64)), class_loss);
+}
+
+// 20 AdamW steps of the default ViT on a batch of 8 images.
+TEST(ModelsViT, TwentyAdamWStepsMatchTorch) {
+  manual_seed(34);
+  models::ViT m({.image_size = 28, .patch_size = 7, .in_channels = 1, .num_classes = 10, .dim = 64, .depth = 2,
+                 .heads = 4, .mlp_dim = 128});
+  check_training_against_twin(m, "vit",
+                              R"({"image_size": 28, "patch_size": 7, "in_channels": 1, "num_classes": 10, "dim": 64,
+                                  "depth": 2, "heads": 4, "mlp_dim": 128})",
+                              randn({8, 1, 28, 28}), randint(0, 10, {8}, TensorOptions(kInt64)), class_loss, 20);
 }

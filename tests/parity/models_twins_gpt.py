@@ -149,7 +149,7 @@ def loss_of(kind, y, target):
 
 
 def train(model, kind, x, target, steps):
-    """The gpt workload's loop on one batch: AdamW(lr 3e-4, weight_decay 0.1) over
+    """The gpt workload's loop (used for vit too) on one batch: AdamW(lr 3e-4, weight_decay 0.1) over
     named_parameters (the tied weight once), train mode; writes "losses" [steps]
     (the loss before each step) and "final.<name>" for the parameters after."""
     opt = torch.optim.AdamW(model.parameters(), lr=3e-4, weight_decay=0.1)
