@@ -178,14 +178,21 @@ void Module::zero_grad(bool set_to_none) {
 
 Module& Module::to(DType dtype) {
   NoGradGuard g;
+  std::map<const TensorImpl*, Tensor> converted;  // a tied parameter stays one tensor
   for (auto* m : modules()) {
     for (auto& s : m->params_) {
       if (!s->tensor.defined() || !s->tensor.is_floating_point() || s->tensor.dtype() == dtype) continue;
+      if (auto it = converted.find(s->tensor.impl()); it != converted.end()) {
+        s->tensor = it->second;
+        continue;
+      }
+      const TensorImpl* old = s->tensor.impl();
       bool rg = s->tensor.requires_grad();
       Tensor t = s->tensor.to(dtype).detach();
       t.storage()->set_category(MemoryCategory::Parameter);
       if (rg) t.requires_grad_(true);
       s->tensor = t;
+      converted.emplace(old, t);
     }
     for (auto& s : m->buffers_)
       if (s->tensor.defined() && s->tensor.is_floating_point()) s->tensor = s->tensor.to(dtype).detach();
@@ -195,9 +202,10 @@ Module& Module::to(DType dtype) {
 
 NamedTensors Module::state_dict() const {
   std::vector<std::pair<std::string, Tensor*>> slots;
-  std::vector<const TensorImpl*> seen;
-  // Per module: parameters then persistent buffers (torch's order).
+  // Per module: parameters then persistent buffers (torch's order). As torch, a
+  // tensor shared by several modules (tied weights) is listed under each name.
   std::function<void(const Module&, const std::string&)> walk = [&](const Module& m, const std::string& p) {
+    std::vector<const TensorImpl*> seen;
     m.collect(p, false, false, false, slots, seen);
     m.collect(p, false, true, true, slots, seen);
     for (auto& [n, c] : m.children_) walk(*c, p + n + ".");
@@ -210,8 +218,9 @@ NamedTensors Module::state_dict() const {
 
 LoadStateDictResult Module::load_state_dict(const NamedTensors& dict, bool strict) {
   std::vector<std::pair<std::string, Tensor*>> slots;
-  std::vector<const TensorImpl*> seen;
+  // Every name state_dict() lists, tied weights under each of theirs (as torch).
   std::function<void(const Module&, const std::string&)> walk = [&](const Module& m, const std::string& p) {
+    std::vector<const TensorImpl*> seen;
     m.collect(p, false, false, false, slots, seen);
     m.collect(p, false, true, true, slots, seen);
     for (auto& [n, c] : m.children_) walk(*c, p + n + ".");

@@ -26,7 +26,7 @@ std::shared_ptr<Linear> linear(int64_t in, int64_t out, const std::optional<DTyp
 }  // namespace
 
 CausalSelfAttention::CausalSelfAttention(const TransformerBlockOptions& o)
-    : Module("CausalSelfAttention"), d_model(o.d_model), n_head(o.n_head), dropout(o.dropout) {
+    : Module("CausalSelfAttention"), d_model(o.d_model), n_head(o.n_head), dropout(o.dropout), causal(o.causal) {
   c_attn = register_module("c_attn", linear(o.d_model, 3 * o.d_model, o.dtype));
   c_proj = register_module("c_proj", linear(o.d_model, o.d_model, o.dtype));
   resid_dropout = register_module("resid_dropout", std::make_shared<Dropout>(o.dropout));
@@ -39,7 +39,7 @@ Tensor CausalSelfAttention::forward(const Tensor& x) {
   auto qkv = (*c_attn)(x).split(d_model, 2);
   auto heads = [&](const Tensor& t) { return t.view({B, T, n_head, hs}).transpose(1, 2); };  // [B, nh, T, hs]
   Tensor y = functional::scaled_dot_product_attention(heads(qkv[0]), heads(qkv[1]), heads(qkv[2]), {}, dropout,
-                                                      /*is_causal=*/true, is_training());
+                                                      /*is_causal=*/causal, is_training());
   y = y.transpose(1, 2).reshape({B, T, d_model});
   return (*resid_dropout)((*c_proj)(y));
 }

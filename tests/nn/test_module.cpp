@@ -250,6 +250,15 @@ TEST(Module, TiedAndFrozenParameters) {
   EXPECT_EQ(names(d.named_parameters()), std::vector<std::string>{"emb.weight"});
   EXPECT_TRUE(out->weight.is_same(emb->weight));
   EXPECT_EQ(d.num_parameters(), 15);
+  // As torch: state_dict lists a tied tensor under each name, and strict loading wants both.
+  auto sd = d.state_dict();
+  EXPECT_EQ(names(sd), (std::vector<std::string>{"emb.weight", "out.weight"}));
+  EXPECT_EQ(sd[0].second.data_ptr(), sd[1].second.data_ptr());
+  EXPECT_THROW(d.load_state_dict({sd[0]}, /*strict=*/true), ValueError);
+  d.load_state_dict(sd, /*strict=*/true);
+  d.to(kFloat64);  // stays tied
+  EXPECT_TRUE(out->weight.is_same(emb->weight));
+  EXPECT_EQ(out->weight.dtype(), kFloat64);
   nn::Module m;
   m.register_parameter("frozen", ones({2, 2}), /*requires_grad=*/false);
   m.register_parameter("absent", Tensor());

@@ -87,9 +87,12 @@ class Module {
   bool is_training() const { return training_; }
   /// Clears (set_to_none) or zeroes the gradient of every parameter.
   void zero_grad(bool set_to_none = true);
-  /// Casts floating-point parameters and buffers to `dtype` (others unchanged), as torch's to(dtype).
+  /// Casts floating-point parameters and buffers to `dtype` (others unchanged), as torch's to(dtype);
+  /// tied parameters stay tied.
   Module& to(DType dtype);
   /// Parameters and persistent buffers, in registration order, recursively (detached aliases).
+  /// As torch, a tensor registered in several modules (tied weights) appears under each
+  /// name (parameters() lists it once); load_state_dict expects every such name.
   NamedTensors state_dict() const;
   /// Copies `dict` into the parameters and buffers. Every problem (missing and
   /// unexpected keys when strict; shape and dtype mismatches always) is

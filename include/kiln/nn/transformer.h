@@ -25,15 +25,18 @@ struct TransformerBlockOptions {
   int64_t d_ff = 0;  // 0: 4 * d_model, as GPT
   double dropout = 0.0;
   std::optional<DType> dtype = std::nullopt;
+  bool causal = true;  // false: every position attends to every other (an encoder block, as ViT's)
 };
 
 /// nanoGPT's CausalSelfAttention: input [B, T, d_model] -> [B, T, d_model].
+/// With options.causal = false the same module attends without a mask.
 class CausalSelfAttention : public Module {
  public:
   explicit CausalSelfAttention(const TransformerBlockOptions& o);
   Tensor forward(const Tensor& x) override;
   const int64_t d_model, n_head;
   const double dropout;
+  const bool causal;
   std::shared_ptr<Linear> c_attn, c_proj;
   std::shared_ptr<Dropout> resid_dropout;
 };
