@@ -35,8 +35,10 @@
 #include "kiln/data/transforms.h"
 
 #include "kiln/models/cnn.h"
+#include "kiln/models/gpt.h"
 #include "kiln/models/mlp.h"
 #include "kiln/models/resnet.h"
+#include "kiln/models/vit.h"
 
 #include "kiln/nn/attention.h"
 #include "kiln/nn/functional.h"
