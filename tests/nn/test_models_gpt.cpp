@@ -25,93 +25,16 @@
 #include "kiln/nn/functional.h"
 #include "kiln/optim/optimizer.h"
 #include "support/test_util.h"
+#include "twin_check.h"
 
 using namespace kiln;
 
 namespace {
 
-constexpr double kRtol = 1e-4, kAtol = 1e-5;
-
-// Empty when a and b (torch) agree within tolerance; otherwise the worst element.
-std::string mismatch(const Tensor& a, const Tensor& b) {
-  if (a.sizes() != b.sizes()) return "shape " + a.shape_string() + " vs torch " + b.shape_string();
-  auto x = test::to_doubles(a), y = test::to_doubles(b);
-  double worst = 0;
-  size_t at = 0;
-  for (size_t i = 0; i < x.size(); ++i) {
-    double excess = std::abs(x[i] - y[i]) - (kAtol + kRtol * std::abs(y[i]));
-    if (!(excess <= worst)) {
-      worst = std::isnan(excess) ? INFINITY : excess;
-      at = i;
-    }
-  }
-  if (worst <= 0) return "";
-  std::ostringstream s;
-  s << "element " << at << ": kiln " << x[at] << " vs torch " << y[at];
-  return s.str();
-}
-
-std::vector<std::string> keys(const nn::NamedTensors& t) {
-  std::vector<std::string> k;
-  for (auto& [n, _] : t) k.push_back(n);
-  return k;
-}
-
-using LossFn = std::function<Tensor(const Tensor& out, const Tensor& target)>;
-
-void check_against_twin(nn::Module& model, const std::string& name, const std::string& config, const Tensor& x,
-                        const Tensor& target, const LossFn& loss_fn) {
-  ASSERT_EQ(test::python_problem(), "");
-  test::TempDir dir;
-  auto sd = model.state_dict();
-  sd.emplace_back("__input__", x);
-  sd.emplace_back("__target__", target);
-  io::save_safetensors(dir.file("in.safetensors"), sd, {{"model", name}, {"config", config}});
-  std::string out;
-  int rc = test::run_command(test::shell_quote(test::python()) + " " +
-                                 test::shell_quote(test::source_dir() + "/tests/parity/models_twins_gpt.py") + " " +
-                                 test::shell_quote(dir.file("in.safetensors")) + " " +
-                                 test::shell_quote(dir.file("out.safetensors")),
-                             out);
-  ASSERT_EQ(rc, 0) << out;
-  ASSERT_NE(out.find("OK"), std::string::npos) << out;
-  auto ref = io::load_safetensors(dir.file("out.safetensors"));
-
-  model.eval();
-  {
-    NoGradGuard g;
-    EXPECT_EQ(mismatch(model(x), ref.at("eval_out")), "") << "eval output";
-  }
-  model.train();
-  model.zero_grad();
-  Tensor y = model(x);
-  Tensor loss = loss_fn(y, target);
-  loss.backward();
-  EXPECT_EQ(mismatch(y.detach(), ref.at("train_out")), "") << "train output";
-  EXPECT_EQ(mismatch(loss.detach().reshape({1}), ref.at("loss")), "") << "loss";
-  auto params = model.named_parameters();
-  ASSERT_FALSE(params.empty());
-  size_t torch_grads = 0;
-  for (auto& [n, _] : ref.tensors) torch_grads += n.starts_with("grad.");
-  EXPECT_EQ(params.size(), torch_grads);  // tied weights: once on both sides
-  for (auto& [n, p] : params) {
-    ASSERT_TRUE(p.grad().defined()) << n;
-    EXPECT_EQ(mismatch(p.grad(), ref.at("grad." + n)), "") << "gradient of " << n;
-  }
-  for (auto& [n, t] : model.state_dict()) EXPECT_EQ(mismatch(t, ref.at("state." + n)), "") << "state " << n;
-
-  // The other direction: torch-initialised weights load into kiln by name, strictly and exactly.
-  nn::NamedTensors torch_init;
-  const std::string prefix = "torch_init.";
-  for (auto& [n, t] : ref.tensors)
-    if (n.starts_with(prefix)) torch_init.emplace_back(n.substr(prefix.size()), t);
-  auto result = model.load_state_dict(torch_init, /*strict=*/true);
-  EXPECT_TRUE(result.missing_keys.empty() && result.unexpected_keys.empty());
-  auto loaded = model.state_dict();
-  ASSERT_EQ(keys(loaded), keys(torch_init));
-  for (size_t i = 0; i < loaded.size(); ++i)
-    EXPECT_TRUE(test::bitwise_equal(loaded[i].second, torch_init[i].second)) << loaded[i].first;
-}
+using test::check_against_twin;
+using test::LossFn;
+using test::keys;
+using test::mismatch;
 
 Tensor gpt_loss(const Tensor& logits, const Tensor& targets) {
   return nn::functional::cross_entropy(logits.reshape({-1, logits.size(-1)}), targets.reshape({-1}));
@@ -161,7 +84,7 @@ TEST(ModelsGPT, WorkloadMatchesTorch) {
   models::GPT m({.vocab_size = 256, .block_size = 128, .n_layer = 4, .n_head = 4, .n_embd = 256, .d_ff = 1024});
   Tensor idx = randint(0, 256, {2, 24}, TensorOptions(kInt64));
   Tensor targets = randint(0, 256, {2, 24}, TensorOptions(kInt64));
-  check_against_twin(m, "gpt",
+  check_against_twin(m, "models_twins_gpt.py", "gpt",
                      R"({"vocab_size": 256, "block_size": 128, "n_layer": 4, "n_head": 4, "n_embd": 256, "d_ff": 1024})",
                      idx, targets, gpt_loss);
   // The loss helper is the same flattened cross-entropy.
@@ -173,7 +96,7 @@ TEST(ModelsGPT, WorkloadMatchesTorch) {
 TEST(ModelsGPT, SmallConfigurationAtFullContextMatchesTorch) {
   manual_seed(23);
   models::GPT m({.vocab_size = 11, .block_size = 8, .n_layer = 2, .n_head = 2, .n_embd = 12});
-  check_against_twin(m, "gpt", R"({"vocab_size": 11, "block_size": 8, "n_layer": 2, "n_head": 2, "n_embd": 12})",
+  check_against_twin(m, "models_twins_gpt.py", "gpt", R"({"vocab_size": 11, "block_size": 8, "n_layer": 2, "n_head": 2, "n_embd": 12})",
                      randint(0, 11, {3, 8}, TensorOptions(kInt64)), randint(0, 11, {3, 8}, TensorOptions(kInt64)),
                      gpt_loss);
 }
@@ -298,7 +221,7 @@ TEST(ModelsViT, DefaultMatchesTorch) {
   manual_seed(32);
   models::ViT m({.image_size = 28, .patch_size = 7, .in_channels = 1, .num_classes = 10, .dim = 64, .depth = 2,
                  .heads = 4, .mlp_dim = 128});
-  check_against_twin(m, "vit",
+  check_against_twin(m, "models_twins_gpt.py", "vit",
                      R"({"image_size": 28, "patch_size": 7, "in_channels": 1, "num_classes": 10, "dim": 64,
                          "depth": 2, "heads": 4, "mlp_dim": 128})",
                      randn({4, 1, 28, 28}), randint(0, 10, {4}, TensorOptions(kInt64)), class_loss);
@@ -308,7 +231,7 @@ TEST(ModelsViT, ConfiguredMatchesTorch) {
   manual_seed(33);
   models::ViT m({.image_size = 8, .patch_size = 4, .in_channels = 3, .num_classes = 5, .dim = 12, .depth = 3,
                  .heads = 3, .mlp_dim = 20});
-  check_against_twin(m, "vit",
+  check_against_twin(m, "models_twins_gpt.py", "vit",
                      R"({"image_size": 8, "patch_size": 4, "in_channels": 3, "num_classes": 5, "dim": 12,
                          "depth": 3, "heads": 3, "mlp_dim": 20})",
                      randn({3, 3, 8, 8}), randint(0, 5, {3}, TensorOptions(kInt64)), class_loss);
