@@ -1,6 +1,6 @@
 // Checkpoints: 2N steps straight equal N steps + save + load into fresh
 // objects + N steps, bitwise (losses and parameters), with a shuffled loader
-// (resumed mid-epoch), dropout and SGD momentum; a corrupted byte fails the
+// (resumed mid-epoch), dropout, SGD momentum and StepLR; a corrupted byte fails the
 // checksum; a different architecture is rejected by name and changes nothing.
 #include <gtest/gtest.h>
 
@@ -28,6 +28,7 @@ using data::SyntheticDataset;
 struct TrainRun {
   std::shared_ptr<nn::Module> model;
   std::unique_ptr<optim::SGD> opt;
+  std::unique_ptr<optim::StepLR> sched;
   std::unique_ptr<DataLoader<>> loader;
   DataLoader<>::Iterator it;
   bool started = false;  // `it` holds a delivered batch; advance before the next
@@ -47,6 +48,7 @@ void build(TrainRun& r, int64_t hidden = 16) {
   r.model = make_mlp(hidden);
   r.opt = std::make_unique<optim::SGD>(r.model->named_parameters(),
                                        optim::SGDOptions{.lr = 0.05, .momentum = 0.9, .weight_decay = 1e-4});
+  r.sched = std::make_unique<optim::StepLR>(*r.opt, optim::StepLROptions{.step_size = 4, .gamma = 0.5});
   auto ds = std::make_shared<SyntheticDataset>(
       data::SyntheticOptions{.size = 40, .sample_shape = {3, 4}, .num_classes = 3, .seed = 1});
   r.loader = std::make_unique<DataLoader<>>(ds, DataLoader<>::Options{.batch_size = 8, .shuffle = true, .seed = 3});
@@ -67,6 +69,7 @@ void train(TrainRun& r, int n, std::vector<float>& losses) {
     r.opt->zero_grad();
     loss.backward();
     r.opt->step();
+    r.sched->step();
     losses.push_back(loss.item<float>());
   }
 }
@@ -93,7 +96,7 @@ TEST(Checkpoint, ResumeMidEpochIsBitwiseIdentical) {
   std::vector<float> got;
   train(first, n, got);
   const std::string path = dir.file("ckpt.safetensors");
-  optim::save_checkpoint(path, {.model = first.model.get(), .optimizer = first.opt.get()},
+  optim::save_checkpoint(path, {.model = first.model.get(), .optimizer = first.opt.get(), .scheduler = first.sched.get()},
                          {.step = n, .loader = first.loader->state(), .config = "lr=0.05"});
   EXPECT_EQ(first.loader->state().epoch, 1);
   EXPECT_EQ(first.loader->state().position, 2);
@@ -102,7 +105,9 @@ TEST(Checkpoint, ResumeMidEpochIsBitwiseIdentical) {
   build(resumed);
   manual_seed(12345);  // the checkpoint must restore the default generator
   const optim::CheckpointInfo info =
-      optim::load_checkpoint(path, {.model = resumed.model.get(), .optimizer = resumed.opt.get()});
+      optim::load_checkpoint(path, {.model = resumed.model.get(), .optimizer = resumed.opt.get(), .scheduler = resumed.sched.get()});
+  EXPECT_EQ(resumed.sched->last_epoch(), first.sched->last_epoch());
+  EXPECT_EQ(resumed.sched->get_last_lr(), first.sched->get_last_lr());
   EXPECT_EQ(info.step, n);
   EXPECT_EQ(info.config, "lr=0.05");
   ASSERT_TRUE(info.loader.has_value());
@@ -122,7 +127,7 @@ TEST(Checkpoint, CorruptedByteFailsTheChecksum) {
   std::vector<float> losses;
   train(r, 3, losses);
   const std::string path = dir.file("ckpt.safetensors");
-  optim::save_checkpoint(path, {.model = r.model.get(), .optimizer = r.opt.get()}, {.step = 3, .loader = std::nullopt, .config = ""});
+  optim::save_checkpoint(path, {.model = r.model.get(), .optimizer = r.opt.get(), .scheduler = nullptr}, {.step = 3, .loader = std::nullopt, .config = ""});
   const io::SafetensorsHeader h = io::read_safetensors_header(path);
   {
     std::fstream f(path, std::ios::in | std::ios::out | std::ios::binary);
@@ -137,7 +142,7 @@ TEST(Checkpoint, CorruptedByteFailsTheChecksum) {
   build(fresh);
   const auto before = fresh.model->state_dict()[0].second.clone();
   try {
-    optim::load_checkpoint(path, {.model = fresh.model.get(), .optimizer = fresh.opt.get()});
+    optim::load_checkpoint(path, {.model = fresh.model.get(), .optimizer = fresh.opt.get(), .scheduler = nullptr});
     FAIL() << "expected FormatError";
   } catch (const FormatError& e) {
     EXPECT_NE(std::string(e.what()).find("checksum"), std::string::npos) << e.what();
@@ -150,7 +155,7 @@ TEST(Checkpoint, OtherArchitectureIsRejectedByNameAndChangesNothing) {
   TrainRun small;
   build(small, 16);
   const std::string path = dir.file("ckpt.safetensors");
-  optim::save_checkpoint(path, {.model = small.model.get()}, {.step = 0, .loader = std::nullopt, .config = ""});
+  optim::save_checkpoint(path, {.model = small.model.get(), .optimizer = nullptr, .scheduler = nullptr}, {.step = 0, .loader = std::nullopt, .config = ""});
 
   manual_seed(9);
   auto other = std::make_shared<nn::Sequential>(std::initializer_list<nn::ModulePtr>{
@@ -161,7 +166,7 @@ TEST(Checkpoint, OtherArchitectureIsRejectedByNameAndChangesNothing) {
   std::vector<Tensor> before;
   for (const auto& [name, t] : other->state_dict()) before.push_back(t.clone());
   try {
-    optim::load_checkpoint(path, {.model = other.get()});
+    optim::load_checkpoint(path, {.model = other.get(), .optimizer = nullptr, .scheduler = nullptr});
     FAIL() << "expected ValueError";
   } catch (const ValueError& e) {
     const std::string msg = e.what();
