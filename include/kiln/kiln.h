@@ -48,6 +48,7 @@
 #include "kiln/nn/norm.h"
 #include "kiln/nn/transformer.h"
 
+#include "kiln/optim/checkpoint.h"
 #include "kiln/optim/clip_grad.h"
 #include "kiln/optim/optimizer.h"
 #include "kiln/optim/scheduler.h"
