@@ -272,12 +272,7 @@ class IterableDataLoader {
       samples_ = 0;
     }
     started_ = true;
-    {
-      std::lock_guard<std::mutex> lock(stats_mu_);
-      stats_ = LoaderStats{};
-      epoch_start_ = Clock::now();
-      epoch_end_.reset();
-    }
+    meter_.start_epoch();
     auto live = std::make_shared<Epoch>(this, epoch_, samples_);
     live_ = live;
     return Iterator(std::move(live));
@@ -300,32 +295,16 @@ class IterableDataLoader {
 
   /// As DataLoader::stats(): the consumer's waits in the current epoch.
   LoaderStats stats() const {
-    std::lock_guard<std::mutex> lock(stats_mu_);
-    LoaderStats s = stats_;
-    auto end = epoch_end_ ? *epoch_end_ : Clock::now();
-    s.wall_s = std::chrono::duration<double>(end - epoch_start_).count();
-    if (s.wall_s > 0) {
-      s.wait_fraction = s.wait_s / s.wall_s;
-      s.batches_per_s = static_cast<double>(s.batches) / s.wall_s;
-    }
-    return s;
+    return meter_.stats();
   }
 
  private:
-  void record(double wait) {
-    std::lock_guard<std::mutex> lock(stats_mu_);
-    stats_.batches += 1;
-    stats_.wait_s += wait;
-    stats_.batch_wait_s.push_back(wait);
-  }
+  void record(double wait) { meter_.record(wait); }
   void delivered(int64_t epoch, int64_t samples) {
     if (epoch == epoch_) samples_ = samples;
   }
   void finished(int64_t epoch) {
-    {
-      std::lock_guard<std::mutex> lock(stats_mu_);
-      epoch_end_ = Clock::now();
-    }
+    meter_.end_epoch();
     if (epoch != epoch_) return;
     epoch_ = epoch + 1;
     samples_ = 0;
@@ -337,10 +316,7 @@ class IterableDataLoader {
   std::weak_ptr<Epoch> live_;
   int64_t epoch_ = 0, samples_ = 0;
   bool started_ = false;
-  mutable std::mutex stats_mu_;
-  LoaderStats stats_;
-  Clock::time_point epoch_start_ = Clock::now();
-  std::optional<Clock::time_point> epoch_end_;
+  detail::StallMeter meter_;
 };
 
 }  // namespace kiln::data

@@ -52,6 +52,49 @@ struct LoaderStats {
   std::vector<double> batch_wait_s;  // the wait for each batch
 };
 
+namespace detail {
+
+/// The stall accounting both loaders keep: the consumer's wait for each batch
+/// and the epoch's wall time, guarded so worker threads can end the epoch.
+class StallMeter {
+ public:
+  using Clock = std::chrono::steady_clock;
+  void start_epoch() {
+    std::lock_guard<std::mutex> lock(mu_);
+    stats_ = LoaderStats{};
+    start_ = Clock::now();
+    end_.reset();
+  }
+  void end_epoch() {
+    std::lock_guard<std::mutex> lock(mu_);
+    end_ = Clock::now();
+  }
+  void record(double wait) {
+    std::lock_guard<std::mutex> lock(mu_);
+    stats_.batches += 1;
+    stats_.wait_s += wait;
+    stats_.batch_wait_s.push_back(wait);
+  }
+  LoaderStats stats() const {
+    std::lock_guard<std::mutex> lock(mu_);
+    LoaderStats s = stats_;
+    s.wall_s = std::chrono::duration<double>((end_ ? *end_ : Clock::now()) - start_).count();
+    if (s.wall_s > 0) {
+      s.wait_fraction = s.wait_s / s.wall_s;
+      s.batches_per_s = static_cast<double>(s.batches) / s.wall_s;
+    }
+    return s;
+  }
+
+ private:
+  mutable std::mutex mu_;
+  LoaderStats stats_;
+  Clock::time_point start_ = Clock::now();
+  std::optional<Clock::time_point> end_;
+};
+
+}  // namespace detail
+
 template <typename Sample = Example, typename Batch = Example>
 struct LoaderOptions {
   int64_t batch_size = 1;
@@ -231,12 +274,7 @@ class DataLoader {
     auto batches = batch_sampler_->batches();
     KILN_CHECK(position_ <= static_cast<int64_t>(batches.size()), ValueError, "DataLoader: resume position ",
                position_, " is past the epoch's ", batches.size(), " batches");
-    {
-      std::lock_guard<std::mutex> lock(stats_mu_);
-      stats_ = LoaderStats{};
-      epoch_start_ = Clock::now();
-      epoch_end_.reset();
-    }
+    meter_.start_epoch();
     auto live = std::make_shared<Epoch>(this, std::move(batches), epoch_, position_);
     live_ = live;
     return Iterator(std::move(live));
@@ -256,29 +294,13 @@ class DataLoader {
   }
 
   LoaderStats stats() const {
-    std::lock_guard<std::mutex> lock(stats_mu_);
-    LoaderStats s = stats_;
-    auto end = epoch_end_ ? *epoch_end_ : Clock::now();
-    s.wall_s = std::chrono::duration<double>(end - epoch_start_).count();
-    if (s.wall_s > 0) {
-      s.wait_fraction = s.wait_s / s.wall_s;
-      s.batches_per_s = static_cast<double>(s.batches) / s.wall_s;
-    }
-    return s;
+    return meter_.stats();
   }
 
  private:
-  void record(double wait) {
-    std::lock_guard<std::mutex> lock(stats_mu_);
-    stats_.batches += 1;
-    stats_.wait_s += wait;
-    stats_.batch_wait_s.push_back(wait);
-  }
+  void record(double wait) { meter_.record(wait); }
   void delivered(int64_t epoch, int64_t position, bool last) {
-    if (last) {
-      std::lock_guard<std::mutex> lock(stats_mu_);
-      epoch_end_ = Clock::now();
-    }
+    if (last) meter_.end_epoch();
     if (epoch != epoch_) return;
     if (last) {
       epoch_ = epoch + 1;
@@ -297,10 +319,7 @@ class DataLoader {
   std::weak_ptr<Epoch> live_;
   int64_t epoch_ = 0, position_ = 0;
   bool started_ = false;
-  mutable std::mutex stats_mu_;
-  LoaderStats stats_;
-  Clock::time_point epoch_start_ = Clock::now();
-  std::optional<Clock::time_point> epoch_end_;
+  detail::StallMeter meter_;
 };
 
 }  // namespace kiln::data
