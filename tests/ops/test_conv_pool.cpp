@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "kiln/kernels/dnnl.h"
+#include "dense_test_util.h"
 #include "kiln/kiln.h"
 #include "kiln/ops/conv.h"
 
@@ -22,43 +23,11 @@ using namespace kiln;
 
 namespace {
 
-struct Expected {
-  std::vector<int64_t> shape;
-  std::vector<double> values;
-};
+using test::expect_close;
+using test::Expected;
+using test::seq;
+using test::to_doubles;
 
-// scale 1 gives the integers torch's (seq * 4).long() holds.
-Tensor seq(IntArrayRef shape, int a, int b, DType dt = kFloat32, double scale = 0.25) {
-  std::vector<double> v(static_cast<size_t>(shape_numel(shape)));
-  for (size_t i = 0; i < v.size(); ++i) v[i] = (static_cast<double>((i * a + b) % 11) - 5.0) * scale;
-  return tensor<double>(v).reshape(shape).to(dt);
-}
-
-std::vector<double> values_of(const Tensor& t) {
-  const Tensor c = t.to(kFloat64, /*copy=*/true).contiguous();
-  const double* p = c.data_ptr<double>();
-  return {p, p + c.numel()};
-}
-
-void expect_close(const Tensor& got, IntArrayRef shape, const std::vector<double>& want, double rtol, double atol,
-                  const std::string& what) {
-  ASSERT_EQ(got.sizes().vec(), shape.vec()) << what;
-  const auto v = values_of(got);
-  ASSERT_EQ(v.size(), want.size()) << what;
-  for (size_t i = 0; i < v.size(); ++i) {
-    const bool both_nan = std::isnan(v[i]) && std::isnan(want[i]);
-    ASSERT_TRUE(both_nan || std::abs(v[i] - want[i]) <= atol + rtol * std::abs(want[i]))
-        << what << ": element " << i << " is " << v[i] << ", expected " << want[i];
-  }
-}
-
-void expect_close(const Tensor& got, const Expected& e, double rtol, double atol, const std::string& what) {
-  expect_close(got, e.shape, e.values, rtol, atol, what);
-}
-
-void expect_close(const Tensor& got, const Tensor& want, double rtol, double atol, const std::string& what) {
-  expect_close(got, want.sizes(), values_of(want), rtol, atol, what);
-}
 
 template <typename F>
 std::string error_message(F&& f) {
@@ -294,7 +263,7 @@ TEST(Conv2d, MatchesDirectLoopOverParameterSweep) {
     for (DType dt : {kFloat64, kFloat32, kBFloat16}) {
       // The reference sees the inputs rounded to dt, so only the arithmetic differs.
       const Tensor xd = x.to(dt), wd = w.to(dt), bd = b.to(dt);
-      const auto want = reference_conv(k, values_of(xd), values_of(wd), values_of(bd), oh, ow);
+      const auto want = reference_conv(k, to_doubles(xd), to_doubles(wd), to_doubles(bd), oh, ow);
       const Tensor y = conv2d(xd, wd, k.bias ? bd : Tensor(), {k.sh, k.sw}, {k.ph, k.pw}, {k.dh, k.dw}, k.groups);
       ASSERT_EQ(y.dtype(), dt);
       const double tol = dt == kFloat64 ? 1e-12 : dt == kFloat32 ? 1e-4 : 2e-2;
@@ -411,7 +380,7 @@ TEST(Pool2d, MaxPoolPropagatesNaN) {
   for (DType dt : {kFloat32, kBFloat16, kFloat64}) {
     Tensor x = zeros({1, 16, 8, 8}, dt);
     x[0][3][2].narrow(0, 5, 1).fill_(std::numeric_limits<double>::quiet_NaN());
-    const auto v = values_of(max_pool2d(x, 2));
+    const auto v = to_doubles(max_pool2d(x, 2));
     int nans = 0;
     for (double e : v) nans += std::isnan(e);
     EXPECT_EQ(nans, 1) << dtype_name(dt);

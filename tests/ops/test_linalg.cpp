@@ -14,6 +14,7 @@
 
 #include "kiln/kernels/blas.h"
 #include "kiln/kernels/dnnl.h"
+#include "dense_test_util.h"
 #include "kiln/kiln.h"
 #include "kiln/ops/linalg.h"
 
@@ -21,42 +22,11 @@ using namespace kiln;
 
 namespace {
 
-struct Expected {
-  std::vector<int64_t> shape;
-  std::vector<double> values;
-};
+using test::expect_close;
+using test::Expected;
+using test::seq;
+using test::to_doubles;
 
-// scale 1 gives the integers torch's (seq * 4).long() holds.
-Tensor seq(IntArrayRef shape, int a, int b, DType dt = kFloat32, double scale = 0.25) {
-  std::vector<double> v(static_cast<size_t>(shape_numel(shape)));
-  for (size_t i = 0; i < v.size(); ++i) v[i] = (static_cast<double>((i * a + b) % 11) - 5.0) * scale;
-  return tensor<double>(v).reshape(shape).to(dt);
-}
-
-std::vector<double> values_of(const Tensor& t) {
-  const Tensor c = t.to(kFloat64, /*copy=*/true).contiguous();
-  const double* p = c.data_ptr<double>();
-  return {p, p + c.numel()};
-}
-
-void expect_close(const Tensor& got, IntArrayRef shape, const std::vector<double>& want, double rtol, double atol,
-                  const std::string& what) {
-  ASSERT_EQ(got.sizes().vec(), shape.vec()) << what;
-  const auto v = values_of(got);
-  ASSERT_EQ(v.size(), want.size()) << what;
-  for (size_t i = 0; i < v.size(); ++i) {
-    ASSERT_LE(std::abs(v[i] - want[i]), atol + rtol * std::abs(want[i]))
-        << what << ": element " << i << " is " << v[i] << ", expected " << want[i];
-  }
-}
-
-void expect_close(const Tensor& got, const Expected& e, double rtol, double atol, const std::string& what) {
-  expect_close(got, e.shape, e.values, rtol, atol, what);
-}
-
-void expect_close(const Tensor& got, const Tensor& want, double rtol, double atol, const std::string& what) {
-  expect_close(got, want.sizes(), values_of(want), rtol, atol, what);
-}
 
 // Tolerances per dtype for these pinned cases (inputs are multiples of 1/4,
 // so float32/float64 are exact; bfloat16 rounds the result to 8 bits).
@@ -205,8 +175,8 @@ TEST(Linalg, LinearMatchesMatmulWithBias) {
     ASSERT_EQ(y.sizes().vec(), (std::vector<int64_t>{4, 3, 17}));
     ASSERT_EQ(y.dtype(), dt);
     // Reference in float64: x · wᵀ, then + bias row by row.
-    const auto ref = values_of(matmul(x.to(kFloat64), w.to(kFloat64).t()));
-    const auto bv = values_of(bias);
+    const auto ref = to_doubles(matmul(x.to(kFloat64), w.to(kFloat64).t()));
+    const auto bv = to_doubles(bias);
     std::vector<double> want(ref.size());
     for (size_t i = 0; i < ref.size(); ++i) want[i] = ref[i] + bv[i % 17];
     const double tol = dt == kBFloat16 ? 5e-2 : dt == kFloat32 ? 1e-4 : 1e-12;
@@ -240,7 +210,7 @@ TEST(Linalg, EmptyOperands) {
   // torch: F.linear(x[2, 0], w[3, 0], b) is b on every row.
   const Tensor b = seq({3}, 7, 3);
   expect_close(linear(zeros({2, 0}), zeros({3, 0}), b), {2, 3}, [&] {
-    auto v = values_of(b);
+    auto v = to_doubles(b);
     v.insert(v.end(), v.begin(), v.end());
     return v;
   }(), 0, 0, "linear k = 0");
