@@ -12,9 +12,16 @@
 // name) — and only then restores model, optimizer, scheduler and the default
 // generator. The loader position comes back in CheckpointInfo::loader; pass it
 // to DataLoader::load_state.
+//
+// CheckpointManager keeps a directory of them for a run: ckpt-<step>.safetensors
+// files, a `latest` pointer updated only once the new file is complete, the
+// last K kept; resuming falls back past a damaged file to the newest good one.
+// docs/checkpoints.md describes the format and the guarantees.
 #include <cstdint>
+#include <filesystem>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "kiln/data/loader.h"
 #include "kiln/nn/module.h"
@@ -45,5 +52,45 @@ void save_checkpoint(const std::string& path, const CheckpointRefs& refs, const 
 /// default generator and returns the step, loader state and config. On any
 /// error nothing has been changed.
 CheckpointInfo load_checkpoint(const std::string& path, const CheckpointRefs& refs);
+
+struct CheckpointManagerOptions {
+  int keep_last = 3;  // complete checkpoints kept after each save (>= 1)
+};
+
+/// A run's checkpoint directory. One writer per directory at a time; any
+/// number of readers. Every method re-reads the directory, so a manager made
+/// after a crash sees what the killed process left.
+class CheckpointManager {
+ public:
+  /// Creates `dir` if needed (IOError if it cannot).
+  explicit CheckpointManager(std::filesystem::path dir, CheckpointManagerOptions opts = {});
+
+  /// Writes dir/ckpt-<step, 8 digits>.safetensors atomically, then points
+  /// dir/latest at it (itself written atomically), then deletes all but the
+  /// newest keep_last checkpoints (never the one `latest` names) and the
+  /// temporary files of writers that are no longer running. Returns the path.
+  std::filesystem::path save(const CheckpointRefs& refs, const CheckpointInfo& info);
+
+  /// The checkpoint `latest` names if that file exists and its header is a
+  /// kiln checkpoint's; otherwise the newest such file; nullopt if none.
+  /// Cheap (headers only); load_latest also verifies the checksum.
+  std::optional<std::filesystem::path> latest() const;
+
+  /// Loads what `latest` names; if the pointer is missing or damaged, or the
+  /// file fails validation (unreadable, bad format or checksum), loads the
+  /// newest file that validates instead and says so on stderr, naming both.
+  /// IOError if no checkpoint loads. A file that is fine but does not match
+  /// `refs` (ValueError) is not skipped: the error is raised as is.
+  CheckpointInfo load_latest(const CheckpointRefs& refs);
+
+  /// Complete checkpoints (final names only, never temporary files), oldest first by step.
+  std::vector<std::filesystem::path> list() const;
+
+  const std::filesystem::path& dir() const { return dir_; }
+
+ private:
+  std::filesystem::path dir_;
+  CheckpointManagerOptions opts_;
+};
 
 }  // namespace kiln::optim
