@@ -14,6 +14,7 @@
 #include "kiln/core/factory.h"
 #include "kiln/core/generator.h"
 #include "kiln/io/safetensors.h"
+#include "kiln/models/gpt.h"
 #include "kiln/nn/layers.h"
 #include "kiln/optim/checkpoint.h"
 #include "support/test_util.h"
@@ -202,6 +203,33 @@ TEST(CheckpointState, VersionOneFilesStillLoad) {
   EXPECT_TRUE(test::bitwise_equal(model2->weight, model->weight));
   Generator g;
   EXPECT_THROW(optim::load_checkpoint(path, {.model = model2.get(), .generators = {{"g", &g}}}), ValueError);
+}
+
+TEST(CheckpointState, GptWithTiedWeightsRoundTripsThroughTheManager) {
+  test::TempDir dir;
+  const models::GPTOptions o{.vocab_size = 32, .block_size = 8, .n_layer = 1, .n_head = 2, .n_embd = 16};
+  manual_seed(1);
+  auto a = std::make_shared<models::GPT>(o);
+  optim::AdamW opt_a(a->named_parameters(), {.lr = 1e-2, .weight_decay = 0.1});
+  const Tensor idx = randint(0, 32, {2, 8}, TensorOptions().dtype(kInt64));
+  a->loss(idx, idx).backward();
+  opt_a.step();
+  optim::CheckpointManager m(dir.path());
+  m.save({.model = a.get(), .optimizer = &opt_a}, {.step = 1});
+
+  manual_seed(2);
+  auto b = std::make_shared<models::GPT>(o);
+  optim::AdamW opt_b(b->named_parameters(), {.lr = 1e-2, .weight_decay = 0.1});
+  m.load_latest({.model = b.get(), .optimizer = &opt_b});
+  EXPECT_EQ(b->lm_head->weight.data_ptr(), b->wte->weight.data_ptr());  // still one tensor
+  EXPECT_TRUE(test::bitwise_equal((*b)(idx), (*a)(idx)));
+  // The same next step from both.
+  opt_a.zero_grad();
+  a->loss(idx, idx).backward();
+  opt_a.step();
+  b->loss(idx, idx).backward();
+  opt_b.step();
+  EXPECT_TRUE(test::bitwise_equal(b->wte->weight, a->wte->weight));
 }
 
 }  // namespace
