@@ -234,6 +234,21 @@ void compare_object(const std::string& name, const ObjectState& file, const Obje
     if (!now.values.count(k)) problems.push_back(detail::concat(o, ": unexpected value '", k, "'"));
 }
 
+// The scheduler's load_state_dict checks these only as it goes; checked here, nothing changes on a mismatch.
+void compare_scheduler(const SchedulerState& file, const SchedulerState& now, const std::string& what,
+                       std::vector<std::string>& problems) {
+  if (file.base_lrs.size() != now.base_lrs.size())
+    problems.push_back(detail::concat(what, ": ", file.base_lrs.size(), " base_lrs in the file, ", now.base_lrs.size(),
+                                      " param groups in the optimizer"));
+  if (file.children.size() != now.children.size()) {
+    problems.push_back(detail::concat(what, ": ", file.children.size(), " chained schedulers in the file, ",
+                                      now.children.size(), " given"));
+    return;
+  }
+  for (size_t i = 0; i < file.children.size(); ++i)
+    compare_scheduler(file.children[i], now.children[i], what + " " + std::to_string(i), problems);
+}
+
 }  // namespace
 
 void save_checkpoint(const std::string& path, const CheckpointRefs& refs, const CheckpointInfo& info) {
@@ -367,6 +382,11 @@ CheckpointInfo load_checkpoint(const std::string& path, const CheckpointRefs& re
     if (file_objects.count(n)) compare_object(n, file_objects[n], o->state_dict(), problems);
   }
   compare_sets(object_names, ref_objects, "object", problems);
+  std::optional<SchedulerState> ssd;
+  if (refs.scheduler) {
+    ssd = get_scheduler(r, "sched.");
+    compare_scheduler(*ssd, refs.scheduler->state_dict(), "scheduler", problems);
+  }
   if (!problems.empty()) {
     std::string msg;
     for (const auto& p : problems) msg += "\n  " + p;
@@ -397,8 +417,6 @@ CheckpointInfo load_checkpoint(const std::string& path, const CheckpointRefs& re
       osd.state[name.substr(0, dot)].tensors[name.substr(dot + 1)] = t;
     }
   }
-  std::optional<SchedulerState> ssd;
-  if (refs.scheduler) ssd = get_scheduler(r, "sched.");
   const GeneratorState gen{r.u64("rng.default.seed"), r.u64("rng.default.offset")};
   CheckpointInfo info;
   info.step = static_cast<int64_t>(r.number("step"));

@@ -205,6 +205,38 @@ TEST(CheckpointState, VersionOneFilesStillLoad) {
   EXPECT_THROW(optim::load_checkpoint(path, {.model = model2.get(), .generators = {{"g", &g}}}), ValueError);
 }
 
+TEST(CheckpointState, ASchedulerOfAnotherShapeIsRejectedBeforeTheOptimizerChanges) {
+  test::TempDir dir;
+  const std::string path = dir.file("c.safetensors");
+  auto model = linear(1);
+  optim::SGD opt(model->named_parameters(), {.lr = 0.1, .momentum = 0.9});
+  optim::StepLR sched(opt, {.step_size = 2});
+  model->weight.mutable_grad() = ones_like(model->weight);
+  model->bias.mutable_grad() = ones_like(model->bias);
+  opt.step();
+  sched.step();
+  optim::save_checkpoint(path, {.model = model.get(), .optimizer = &opt, .scheduler = &sched}, {});
+
+  // Same parameters and state layout, but a scheduler over a two-group optimizer.
+  auto model2 = linear(2);
+  optim::SGD opt2(model2->named_parameters(), {.lr = 0.1, .momentum = 0.9});
+  optim::SGD two_groups(std::vector<optim::ParamGroup>{{.params = {{"a", zeros({1}).requires_grad_()}}, .options = {}},
+                                                        {.params = {{"b", zeros({1}).requires_grad_()}}, .options = {}}},
+                        {.lr = 0.1});
+  optim::StepLR wrong(two_groups, {.step_size = 2});
+  const Tensor w_before = model2->weight.clone();
+  try {
+    optim::load_checkpoint(path, {.model = model2.get(), .optimizer = &opt2, .scheduler = &wrong});
+    FAIL() << "expected ValueError";
+  } catch (const ValueError& e) {
+    EXPECT_NE(std::string(e.what()).find("scheduler: 1 base_lrs in the file, 2 param groups"), std::string::npos)
+        << e.what();
+  }
+  EXPECT_TRUE(test::bitwise_equal(model2->weight, w_before));
+  EXPECT_TRUE(opt2.state_dict().state.empty());  // the optimizer was not restored either
+  EXPECT_EQ(wrong.last_epoch(), 0);
+}
+
 TEST(CheckpointState, GptWithTiedWeightsRoundTripsThroughTheManager) {
   test::TempDir dir;
   const models::GPTOptions o{.vocab_size = 32, .block_size = 8, .n_layer = 1, .n_head = 2, .n_embd = 16};
