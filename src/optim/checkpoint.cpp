@@ -77,6 +77,17 @@ struct Reader {
     }
     throw FormatError(detail::concat(path, ": checkpoint metadata '", key, "': expected a number, got '", s, "'"));
   }
+  // Integers through stoll, not a cast from double: a hostile "1e300" must be an error, not UB.
+  int64_t i64(const std::string& key) const { return parse_i64(key, get(key)); }
+  int64_t parse_i64(const std::string& key, const std::string& s) const {
+    try {
+      size_t used = 0;
+      const long long v = std::stoll(s, &used);
+      if (used == s.size()) return v;
+    } catch (const std::exception&) {
+    }
+    throw FormatError(detail::concat(path, ": checkpoint metadata '", key, "': expected an integer, got '", s, "'"));
+  }
   uint64_t u64(const std::string& key) const {
     const std::string& s = get(key);
     try {
@@ -100,17 +111,19 @@ void put_scheduler(io::Metadata& md, const std::string& prefix, const SchedulerS
     put_scheduler(md, prefix + "child." + std::to_string(i) + ".", s.children[i]);
 }
 
-SchedulerState get_scheduler(const Reader& r, const std::string& prefix) {
+SchedulerState get_scheduler(const Reader& r, const std::string& prefix, int depth = 0) {
+  // Real chains nest once or twice; a hostile file must not recurse the stack away.
+  KILN_CHECK(depth <= 16, FormatError, r.path, ": checkpoint scheduler states nest deeper than 16 levels");
   SchedulerState s;
-  s.last_epoch = static_cast<int64_t>(r.number(prefix + "last_epoch"));
-  s.step_count = static_cast<int64_t>(r.number(prefix + "step_count"));
+  s.last_epoch = r.i64(prefix + "last_epoch");
+  s.step_count = r.i64(prefix + "step_count");
   s.base_lrs = r.numbers(prefix + "base_lrs");
   s.last_lr = r.numbers(prefix + "last_lr");
   const std::string extra = prefix + "extra.";
   for (auto it = r.md.lower_bound(extra); it != r.md.end() && it->first.rfind(extra, 0) == 0; ++it)
     s.extra[it->first.substr(extra.size())] = r.number(it->first);
   const auto n = static_cast<size_t>(r.u64(prefix + "children"));
-  for (size_t i = 0; i < n; ++i) s.children.push_back(get_scheduler(r, prefix + "child." + std::to_string(i) + "."));
+  for (size_t i = 0; i < n; ++i) s.children.push_back(get_scheduler(r, prefix + "child." + std::to_string(i) + ".", depth + 1));
   return s;
 }
 
@@ -232,6 +245,40 @@ void compare_object(const std::string& name, const ObjectState& file, const Obje
   }
   for (const auto& [k, v] : file.values)
     if (!now.values.count(k)) problems.push_back(detail::concat(o, ": unexpected value '", k, "'"));
+}
+
+// What Optimizer::load_state_dict checks (it throws on its own too, before changing anything),
+// here so that its problems are reported with the model's, the scheduler's and the objects'.
+void compare_optimizer(const OptimizerStateDict& file, const Optimizer& opt, std::vector<std::string>& problems) {
+  const auto& groups = opt.param_groups();
+  std::map<std::string, const Tensor*> params;
+  for (const auto& g : groups)
+    for (const auto& [n, p] : g.params) params[n] = &p;
+  if (file.param_groups.size() != groups.size()) {
+    problems.push_back(detail::concat("optimizer: ", file.param_groups.size(), " param groups in the file, ",
+                                      groups.size(), " in the optimizer"));
+  } else {
+    for (size_t i = 0; i < groups.size(); ++i) {
+      std::vector<std::string> mine;
+      for (const auto& [n, p] : groups[i].params) mine.push_back(n);
+      if (mine != file.param_groups[i].param_names)
+        problems.push_back(detail::concat("optimizer: param group ", i, " has other parameters in the file (",
+                                          file.param_groups[i].param_names.size(), ") than in the optimizer (",
+                                          mine.size(), ")"));
+    }
+  }
+  for (const auto& [n, st] : file.state) {
+    auto it = params.find(n);
+    if (it == params.end()) {
+      problems.push_back(detail::concat("optimizer: state for '", n, "', which is not a parameter of the optimizer"));
+      continue;
+    }
+    for (const auto& [k, t] : st.tensors)
+      if (t.sizes() != it->second->sizes() || t.dtype() != it->second->dtype())
+        problems.push_back(detail::concat("optimizer: state '", n, ".", k, "': ", t.shape_string(), " ",
+                                          dtype_name(t.dtype()), " in the file, parameter ", it->second->shape_string(),
+                                          " ", dtype_name(it->second->dtype())));
+  }
 }
 
 // The scheduler's load_state_dict checks these only as it goes; checked here, nothing changes on a mismatch.
@@ -382,6 +429,32 @@ CheckpointInfo load_checkpoint(const std::string& path, const CheckpointRefs& re
     if (file_objects.count(n)) compare_object(n, file_objects[n], o->state_dict(), problems);
   }
   compare_sets(object_names, ref_objects, "object", problems);
+  OptimizerStateDict osd;
+  if (refs.optimizer) {  // parsed and checked here, so that its problems join the rest
+    const auto ngroups = static_cast<size_t>(r.u64("optim.param_groups"));
+    // Each group has a metadata key: no more groups than keys (a hostile count must not allocate).
+    KILN_CHECK(ngroups <= f.metadata.size(), FormatError, path, ": checkpoint metadata 'optim.param_groups' says ",
+               ngroups, " groups, but the file has only ", f.metadata.size(), " metadata keys");
+    osd.param_groups.resize(ngroups);
+    for (size_t i = 0; i < ngroups; ++i) {
+      const std::string p = "optim.group." + std::to_string(i) + ".";
+      std::istringstream is(r.get(p + "params"));
+      for (std::string line; std::getline(is, line);) osd.param_groups[i].param_names.push_back(line);
+      const std::string op = p + "option.";
+      for (auto it = f.metadata.lower_bound(op); it != f.metadata.end() && it->first.rfind(op, 0) == 0; ++it)
+        osd.param_groups[i].options[it->first.substr(op.size())] = r.number(it->first);
+    }
+    const std::string sp = "optim.step.";
+    for (auto it = f.metadata.lower_bound(sp); it != f.metadata.end() && it->first.rfind(sp, 0) == 0; ++it)
+      osd.state[it->first.substr(sp.size())].step = r.i64(it->first);
+    for (const auto& [name, t] : optim_tensors) {
+      const auto dot = name.rfind('.');
+      KILN_CHECK(dot != std::string::npos && osd.state.count(name.substr(0, dot)), FormatError, path,
+                 ": optimizer tensor 'optim.", name, "' has no step count in the metadata");
+      osd.state[name.substr(0, dot)].tensors[name.substr(dot + 1)] = t;
+    }
+    compare_optimizer(osd, *refs.optimizer, problems);
+  }
   std::optional<SchedulerState> ssd;
   if (refs.scheduler) {
     ssd = get_scheduler(r, "sched.");
@@ -394,36 +467,12 @@ CheckpointInfo load_checkpoint(const std::string& path, const CheckpointRefs& re
                                     " problems):", msg));
   }
 
-  // Parse the rest before changing anything.
-  OptimizerStateDict osd;
-  if (refs.optimizer) {
-    const auto ngroups = static_cast<size_t>(r.u64("optim.param_groups"));
-    osd.param_groups.resize(ngroups);
-    for (size_t i = 0; i < ngroups; ++i) {
-      const std::string p = "optim.group." + std::to_string(i) + ".";
-      std::istringstream is(r.get(p + "params"));
-      for (std::string line; std::getline(is, line);) osd.param_groups[i].param_names.push_back(line);
-      const std::string op = p + "option.";
-      for (auto it = f.metadata.lower_bound(op); it != f.metadata.end() && it->first.rfind(op, 0) == 0; ++it)
-        osd.param_groups[i].options[it->first.substr(op.size())] = r.number(it->first);
-    }
-    const std::string sp = "optim.step.";
-    for (auto it = f.metadata.lower_bound(sp); it != f.metadata.end() && it->first.rfind(sp, 0) == 0; ++it)
-      osd.state[it->first.substr(sp.size())].step = static_cast<int64_t>(r.number(it->first));
-    for (const auto& [name, t] : optim_tensors) {
-      const auto dot = name.rfind('.');
-      KILN_CHECK(dot != std::string::npos && osd.state.count(name.substr(0, dot)), FormatError, path,
-                 ": optimizer tensor 'optim.", name, "' has no step count in the metadata");
-      osd.state[name.substr(0, dot)].tensors[name.substr(dot + 1)] = t;
-    }
-  }
   const GeneratorState gen{r.u64("rng.default.seed"), r.u64("rng.default.offset")};
   CheckpointInfo info;
-  info.step = static_cast<int64_t>(r.number("step"));
+  info.step = r.i64("step");
   info.config = r.get("config");
   if (f.metadata.count("loader.epoch"))
-    info.loader = data::LoaderState{static_cast<int64_t>(r.number("loader.epoch")),
-                                    static_cast<int64_t>(r.number("loader.position")), r.u64("loader.seed")};
+    info.loader = data::LoaderState{r.i64("loader.epoch"), r.i64("loader.position"), r.u64("loader.seed")};
 
   // Restore: the optimizer first (it validates its own names and shapes), then the rest.
   if (refs.optimizer) refs.optimizer->load_state_dict(osd);

@@ -188,6 +188,66 @@ TEST(CheckpointState, MalformedValuesAreFormatErrors) {
   EXPECT_THROW(optim::load_checkpoint(path, {.model = model.get(), .objects = {{"t", &s}}}), FormatError);
 }
 
+TEST(CheckpointState, HostileCountsAndNumbersAreFormatErrors) {
+  test::TempDir dir;
+  const std::string path = dir.file("c.safetensors");
+  auto model = linear(1);
+  optim::SGD opt(model->named_parameters(), {.lr = 0.1});
+  optim::StepLR sched(opt, {.step_size = 2});
+  const optim::CheckpointRefs refs{.model = model.get(), .optimizer = &opt, .scheduler = &sched};
+  const std::vector<std::pair<std::string, std::string>> edits = {
+      {"step", "1e300"}, {"step", "99999999999999999999"}, {"loader.epoch", "1.5"},
+      {"optim.param_groups", "18446744073709551615"}, {"sched.children", "4000000000"}, {"sched.last_epoch", "-1e30"}};
+  for (const auto& [key, value] : edits) {
+    optim::save_checkpoint(path, refs, {.step = 1, .loader = data::LoaderState{.epoch = 0, .position = 0, .seed = 0}});
+    rewrite_metadata(path, [&](io::Metadata& md) { md[key] = value; });
+    EXPECT_THROW(optim::load_checkpoint(path, refs), FormatError) << key << " = " << value;
+  }
+  // Scheduler states nested without end.
+  optim::save_checkpoint(path, refs, {});
+  rewrite_metadata(path, [](io::Metadata& md) {
+    std::string p = "sched.";
+    for (int i = 0; i < 40; ++i, p.append("child.0.")) {
+      for (const auto& [k, v] : std::map<std::string, std::string>{
+               {"last_epoch", "0"}, {"step_count", "0"}, {"base_lrs", "0.1"}, {"last_lr", "0.1"}, {"children", "1"}})
+        md[std::string(p).append(k)] = v;
+    }
+  });
+  try {
+    optim::load_checkpoint(path, refs);
+    FAIL() << "expected FormatError";
+  } catch (const FormatError& e) {
+    EXPECT_NE(std::string(e.what()).find("nest deeper"), std::string::npos) << e.what();
+  }
+}
+
+TEST(CheckpointState, OptimizerMismatchesAreReportedWithTheModelsAndObjects) {
+  test::TempDir dir;
+  const std::string path = dir.file("c.safetensors");
+  auto model = linear(1);
+  optim::SGD opt(model->named_parameters(), {.lr = 0.1, .momentum = 0.9});
+  model->weight.mutable_grad() = ones_like(model->weight);
+  model->bias.mutable_grad() = ones_like(model->bias);
+  opt.step();
+  Scaler s;
+  optim::save_checkpoint(path, {.model = model.get(), .optimizer = &opt, .objects = {{"s", &s}}}, {});
+
+  manual_seed(3);
+  auto other = std::make_shared<nn::Linear>(nn::LinearOptions{.in_features = 5, .out_features = 2});
+  optim::SGD opt2(other->named_parameters(), {.lr = 0.1, .momentum = 0.9});
+  try {
+    optim::load_checkpoint(path, {.model = other.get(), .optimizer = &opt2});
+    FAIL() << "expected ValueError";
+  } catch (const ValueError& e) {
+    const std::string msg = e.what();
+    for (const char* want : {"'weight': shape [2, 3] in the file, [2, 5] in the model",
+                             "optimizer: state 'weight.momentum_buffer': [2, 3] float32 in the file, parameter [2, 5]",
+                             "unexpected object 's'"})
+      EXPECT_NE(msg.find(want), std::string::npos) << want << " not in: " << msg;
+  }
+  EXPECT_TRUE(opt2.state_dict().state.empty());
+}
+
 TEST(CheckpointState, VersionOneFilesStillLoad) {
   test::TempDir dir;
   const std::string path = dir.file("c.safetensors");
