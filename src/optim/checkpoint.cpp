@@ -1,5 +1,6 @@
-// Training checkpoints (see include/kiln/optim/checkpoint.h): tensors under
-// "model." and "optim.", everything else as flat string metadata, checksummed.
+// Training checkpoints (see include/kiln/optim/checkpoint.h and
+// docs/checkpoints.md): tensors under "model.", "optim." and "state.",
+// everything else as flat string metadata; both checksummed.
 #include "kiln/optim/checkpoint.h"
 
 #include <algorithm>
@@ -28,7 +29,10 @@ std::string num(double v) {
 
 std::string nums(const std::vector<double>& v) {
   std::string s;
-  for (size_t i = 0; i < v.size(); ++i) s += (i ? "," : "") + num(v[i]);
+  for (size_t i = 0; i < v.size(); ++i) {
+    if (i) s += ',';
+    s += num(v[i]);
+  }
   return s;
 }
 
@@ -51,6 +55,28 @@ uint64_t checksum(const io::NamedTensors& tensors) {
     mix(c.data_ptr(), static_cast<size_t>(c.nbytes()));
   }
   return h;
+}
+
+// FNV-1a 64 over every metadata key and value (NUL after each), in key order,
+// except the checksum keys themselves: the scalars are state too, and a flipped
+// digit in a step or a learning rate still parses.
+uint64_t metadata_checksum(const io::Metadata& md) {
+  uint64_t h = 0xcbf29ce484222325ULL;
+  auto mix = [&h](const std::string& s) {
+    for (size_t i = 0; i <= s.size(); ++i) h = (h ^ static_cast<unsigned char>(s.c_str()[i])) * 0x100000001b3ULL;
+  };
+  for (const auto& [k, v] : md) {
+    if (k.rfind("checksum.", 0) == 0) continue;
+    mix(k);
+    mix(v);
+  }
+  return h;
+}
+
+std::string hex16(uint64_t v) {
+  char hex[20];
+  std::snprintf(hex, sizeof hex, "%016llx", static_cast<unsigned long long>(v));
+  return hex;
 }
 
 struct Reader {
@@ -344,9 +370,8 @@ void save_checkpoint(const std::string& path, const CheckpointRefs& refs, const 
     md["loader.position"] = std::to_string(info.loader->position);
     md["loader.seed"] = std::to_string(info.loader->seed);
   }
-  char hex[20];
-  std::snprintf(hex, sizeof hex, "%016llx", static_cast<unsigned long long>(checksum(tensors)));
-  md["checksum.fnv1a64"] = hex;
+  md["checksum.fnv1a64"] = hex16(checksum(tensors));
+  md["checksum.metadata.fnv1a64"] = hex16(metadata_checksum(md));
   io::save_safetensors(path, tensors, md);
 }
 
@@ -356,10 +381,14 @@ CheckpointInfo load_checkpoint(const std::string& path, const CheckpointRefs& re
   const Reader r{f.metadata, path};
   KILN_CHECK(r.get(kFormatKey) == kFormatVersion || r.get(kFormatKey) == "1", FormatError, path,
              ": expected checkpoint format version 1 or ", kFormatVersion, ", got '", r.get(kFormatKey), "'");
-  char hex[20];
-  std::snprintf(hex, sizeof hex, "%016llx", static_cast<unsigned long long>(checksum(f.tensors)));
-  KILN_CHECK(r.get("checksum.fnv1a64") == hex, FormatError, path, ": checksum mismatch: metadata says ",
-             r.get("checksum.fnv1a64"), ", the tensor data hashes to ", hex, " (the file is corrupted)");
+  if (r.get(kFormatKey) != "1") {  // version 1 checksummed the tensors only
+    const std::string mh = hex16(metadata_checksum(f.metadata));
+    KILN_CHECK(r.get("checksum.metadata.fnv1a64") == mh, FormatError, path, ": metadata checksum mismatch: the file says ",
+               r.get("checksum.metadata.fnv1a64"), ", the metadata hashes to ", mh, " (the file is corrupted)");
+  }
+  const std::string th = hex16(checksum(f.tensors));
+  KILN_CHECK(r.get("checksum.fnv1a64") == th, FormatError, path, ": checksum mismatch: metadata says ",
+             r.get("checksum.fnv1a64"), ", the tensor data hashes to ", th, " (the file is corrupted)");
 
   // Split the tensors; check the model's keys, shapes and dtypes, all problems together.
   io::NamedTensors model_dict;

@@ -6,6 +6,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstdio>
 #include <cstring>
 #include <functional>
 #include <memory>
@@ -165,11 +166,42 @@ TEST(CheckpointState, BadNamesAreRejectedOnSave) {
                ValueError);
 }
 
-// Rewrites the checkpoint's metadata (the checksum covers tensors only, so it stays valid).
-void rewrite_metadata(const std::string& path, const std::function<void(io::Metadata&)>& edit) {
+// The metadata checksum as docs/checkpoints.md defines it (written here again, from the doc).
+std::string metadata_fnv1a64(const io::Metadata& md) {
+  uint64_t h = 0xcbf29ce484222325ULL;
+  for (const auto& [k, v] : md) {
+    if (k.rfind("checksum.", 0) == 0) continue;
+    for (const std::string* s : {&k, &v})
+      for (size_t i = 0; i <= s->size(); ++i) h = (h ^ static_cast<unsigned char>(s->c_str()[i])) * 0x100000001b3ULL;
+  }
+  char hex[20];
+  std::snprintf(hex, sizeof hex, "%016llx", static_cast<unsigned long long>(h));
+  return hex;
+}
+
+// Rewrites the checkpoint's metadata and, unless told not to, its metadata checksum (as a deliberate editor would).
+void rewrite_metadata(const std::string& path, const std::function<void(io::Metadata&)>& edit, bool fix_checksum = true) {
   io::SafetensorsFile f = io::load_safetensors(path);
   edit(f.metadata);
+  if (fix_checksum) f.metadata["checksum.metadata.fnv1a64"] = metadata_fnv1a64(f.metadata);
   io::save_safetensors(path, f.tensors, f.metadata);
+}
+
+TEST(CheckpointState, MetadataIsChecksummed) {
+  test::TempDir dir;
+  const std::string path = dir.file("c.safetensors");
+  auto model = linear(1);
+  Scaler s;
+  optim::save_checkpoint(path, {.model = model.get(), .objects = {{"s", &s}}}, {.step = 17});
+  rewrite_metadata(path, [](io::Metadata&) {});  // the doc's definition matches the writer's
+  EXPECT_EQ(optim::load_checkpoint(path, {.model = model.get(), .objects = {{"s", &s}}}).step, 17);
+  rewrite_metadata(path, [](io::Metadata& md) { md["step"] = "13"; }, /*fix_checksum=*/false);  // a flipped bit, say
+  try {
+    optim::load_checkpoint(path, {.model = model.get(), .objects = {{"s", &s}}});
+    FAIL() << "expected FormatError";
+  } catch (const FormatError& e) {
+    EXPECT_NE(std::string(e.what()).find("metadata checksum mismatch"), std::string::npos) << e.what();
+  }
 }
 
 TEST(CheckpointState, MalformedValuesAreFormatErrors) {
