@@ -559,8 +559,12 @@ void write_atomically(const fs::path& path, const std::string& data) {
 
 void write_report(const fs::path& run_dir) {
   std::error_code ec;
-  KILN_CHECK(fs::is_directory(run_dir, ec), IOError, "kiln report: expected a run directory, got ", run_dir.string(),
-             " (", ec ? ec.message() : fs::exists(run_dir, ec) ? "not a directory" : "does not exist", ")");
+  fs::file_status st = fs::status(run_dir, ec);
+  KILN_CHECK(fs::is_directory(st), IOError, "kiln report: expected a run directory, got ", run_dir.string(), " (",
+             st.type() == fs::file_type::not_found ? "does not exist"
+             : fs::exists(st)                      ? "not a directory"
+                                                   : ec.message(),
+             ")");
   write_atomically(run_dir / "report.html", render_html(read_run(run_dir)));
 }
 

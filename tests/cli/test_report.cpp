@@ -170,5 +170,138 @@ TEST(Report, TicksAreRoundAndLabelsReadable) {
   EXPECT_EQ(rd::format_value(0.91234), "0.912");
 }
 
+// ---- broken and unfinished runs: always a report, saying what is missing ----
+
+void append(const fs::path& file, const std::string& text) { std::ofstream(file, std::ios::app) << text; }
+
+TEST(Report, PartialLastLineIsIgnoredAndNoted) {
+  TempDir tmp;
+  write_synthetic_run(tmp.path());
+  append(tmp.path() / "metrics.jsonl", "{\"kind\":\"train\",\"step\":301,\"loss\":0.3");  // killed mid-write
+  const std::string html = report_of(tmp.path());
+  EXPECT_NE(html.find("the last line (311) is incomplete"), std::string::npos);
+  EXPECT_EQ(count(html, "<svg"), 7u);
+  EXPECT_EQ(polylines(figure(html, "chart-loss"))[0].size(), 300u);
+}
+
+TEST(Report, MalformedLinesAreSkippedWithTheirLineNumbers) {
+  TempDir tmp;
+  write_synthetic_run(tmp.path(), {.train_lines = 40, .eval_every = 20});
+  append(tmp.path() / "metrics.jsonl",
+         "not json at all\n[1, 2, 3]\n{\"kind\":\"train\",\"loss\":1}\n{\"kind\":\"profile\",\"step\":3}\n"
+         "{\"kind\":\"train\",\"step\":41,\"loss\":\"high\",\"lr\":0.001}\n\n" +
+             train_line({}, 42) + "\n");
+  const std::string html = report_of(tmp.path());
+  EXPECT_NE(html.find("2 malformed line(s) skipped (not a JSON object): line 43, 44."), std::string::npos) << html;
+  EXPECT_NE(html.find("without a numeric &quot;step&quot; skipped: line 45."), std::string::npos);
+  EXPECT_NE(html.find("of kind &quot;profile&quot; skipped"), std::string::npos);
+  EXPECT_NE(html.find("&quot;loss (not a number)&quot; missing from 1 of 42 train records"), std::string::npos);
+  EXPECT_EQ(count(html, "<svg"), 7u);
+  // Step 41's loss is a gap: the train line stops at step 40 (step 42 is a dot after the gap).
+  auto lines = polylines(figure(html, "chart-loss"));
+  ASSERT_EQ(lines.size(), 2u);
+  EXPECT_EQ(lines[0].size(), 40u);
+  EXPECT_EQ(lines[1].size(), 2u);  // eval
+}
+
+TEST(Report, NoEvalLinesStillGiveTheTrainCharts) {
+  TempDir tmp;
+  write_synthetic_run(tmp.path(), {.eval_every = 0, .with_summary = false});
+  const std::string html = report_of(tmp.path());
+  EXPECT_NE(html.find("no eval records: the run has not been evaluated."), std::string::npos);
+  EXPECT_NE(html.find("summary.json not found"), std::string::npos);
+  EXPECT_NE(figure(html, "chart-eval").find("class=\"chart missing\""), std::string::npos);
+  EXPECT_EQ(count(html, "<svg"), 6u);
+  EXPECT_EQ(polylines(figure(html, "chart-loss")).size(), 2u);  // raw and smoothed train loss
+  // Without a summary the header comes from the metrics: the last step and time_s.
+  EXPECT_NE(html.find(">300<"), std::string::npos);
+  EXPECT_NE(html.find("25.5 s"), std::string::npos);
+}
+
+TEST(Report, MissingOptionalFieldsAreNamed) {
+  TempDir tmp;
+  write_synthetic_run(tmp.path(), {.with_lr = false, .with_memory = false, .with_grad_norm = false});
+  const std::string html = report_of(tmp.path());
+  for (const char* field : {"lr", "memory", "grad_norm"})
+    EXPECT_NE(html.find(std::string("&quot;") + field + "&quot; missing from 300 of 300 train records"),
+              std::string::npos)
+        << field;
+  for (const char* id : {"chart-lr", "chart-memory", "chart-grad-norm"})
+    EXPECT_NE(figure(html, id).find("no data: no train record has"), std::string::npos) << id;
+  EXPECT_EQ(count(html, "<svg"), 4u);
+}
+
+TEST(Report, LanguageModelRunsChartBitsPerChar) {
+  TempDir tmp;
+  write_synthetic_run(tmp.path(), {.bits_per_char = true});
+  const std::string html = report_of(tmp.path());
+  EXPECT_NE(figure(html, "chart-eval").find(">Eval bits per character<"), std::string::npos);
+  EXPECT_EQ(polylines(figure(html, "chart-eval")).at(0).size(), 10u);
+  EXPECT_EQ(html.find("accuracy&quot; missing"), std::string::npos);
+}
+
+TEST(Report, NonFiniteLossBreaksTheLineAndIsNoted) {
+  TempDir tmp;
+  write_synthetic_run(tmp.path(), {.train_lines = 20, .eval_every = 0});
+  append(tmp.path() / "metrics.jsonl",
+         "{\"kind\":\"train\",\"step\":21,\"loss\":null}\n" + train_line({}, 22) + "\n" + train_line({}, 23) + "\n");
+  const std::string html = report_of(tmp.path());
+  EXPECT_NE(html.find("&quot;loss (null: not finite when written)&quot; missing from 1 of 23"), std::string::npos);
+  auto lines = polylines(figure(html, "chart-loss"));
+  ASSERT_EQ(lines.size(), 2u);
+  EXPECT_EQ(lines[0].size(), 20u);
+  EXPECT_EQ(lines[1].size(), 2u);
+}
+
+TEST(Report, RepeatedStepsOfAResumedRunShowTheLaterRecord) {
+  TempDir tmp;
+  write_synthetic_run(tmp.path(), {.train_lines = 30, .eval_every = 0});
+  append(tmp.path() / "metrics.jsonl", train_line({}, 29) + "\n" + train_line({}, 30) + "\n" + train_line({}, 31) + "\n");
+  const std::string html = report_of(tmp.path());
+  EXPECT_NE(html.find("2 step(s) logged more than once"), std::string::npos);
+  EXPECT_EQ(polylines(figure(html, "chart-lr")).at(0).size(), 31u);
+}
+
+TEST(Report, EmptyRunDirectoryGivesAReportOfWhatIsMissing) {
+  TempDir tmp;
+  const std::string html = report_of(tmp.path());
+  EXPECT_NE(html.find("config.toml not found"), std::string::npos);
+  EXPECT_NE(html.find("summary.json not found"), std::string::npos);
+  EXPECT_NE(html.find("metrics.jsonl not found"), std::string::npos);
+  EXPECT_EQ(count(html, "<svg"), 0u);
+  EXPECT_EQ(count(html, "class=\"chart missing\""), 7u);
+  EXPECT_NE(html.find("</html>"), std::string::npos);
+}
+
+TEST(Report, MalformedSummaryAndHostileTextAreHandled) {
+  TempDir tmp;
+  write_synthetic_run(tmp.path(), {.train_lines = 10, .eval_every = 5});
+  std::ofstream(tmp.path() / "summary.json") << "{\"name\": \"trunc";
+  std::ofstream(tmp.path() / "config.toml") << "name = \"</pre><script>alert(1)</script>\"\n";
+  const std::string html = report_of(tmp.path());
+  EXPECT_NE(html.find("summary.json is not a JSON object"), std::string::npos);
+  EXPECT_EQ(count(html, "<script"), 0u);
+  EXPECT_NE(html.find("&lt;/pre&gt;&lt;script&gt;"), std::string::npos);
+  // The header falls back to the last eval record.
+  EXPECT_NE(html.find("last eval accuracy"), std::string::npos);
+}
+
+TEST(Report, RewritesAnExistingReportAndRefusesAMissingDirectory) {
+  TempDir tmp;
+  write_synthetic_run(tmp.path(), {.train_lines = 10, .eval_every = 5});
+  std::ofstream(tmp.path() / "report.html") << "old";
+  const std::string html = report_of(tmp.path());
+  EXPECT_NE(html, "old");
+  for (auto& e : fs::directory_iterator(tmp.path()))
+    EXPECT_EQ(e.path().filename().string().find(".tmp"), std::string::npos) << e.path();
+  try {
+    write_report(tmp.path() / "no-such-run");
+    FAIL() << "expected IOError";
+  } catch (const IOError& e) {
+    EXPECT_NE(std::string(e.what()).find("no-such-run"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("does not exist"), std::string::npos) << e.what();
+  }
+}
+
 }  // namespace
 }  // namespace kiln::test
