@@ -44,7 +44,7 @@ inline std::string train_line(const SyntheticRun& o, int step) {
   if (o.with_grad_norm) s += ",\"grad_norm\":" + std::to_string(1.5 * std::exp(-t / 150.0) + 0.4 + noise);
   if (o.with_memory) {
     const double activation = 9.5e6 + 1.5e6 * std::sin(t / 5.0);
-    s += ",\"memory\":{\"parameter\":1200000,\"gradient\":1200000,\"optimizer_state\":2400000,\"activation\":" +
+    s += ",\"memory\":{\"parameter\":4800000,\"gradient\":1200000,\"optimizer_state\":2400000,\"activation\":" +
          std::to_string(static_cast<long>(activation)) + ",\"data\":600000}";
   }
   return s + "}";
