@@ -60,15 +60,34 @@ std::optional<std::string> slurp(const fs::path& path) {
   return s.str();
 }
 
-// The number at `key`, or NaN when absent, null or not a number; `missing` counts why.
-double number(const json& j, const char* key, std::map<std::string, size_t>& missing) {
+// A step number exactly (12345, not 12.3k).
+std::string format_step(double step) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, step == std::floor(step) && std::fabs(step) < 1e15 ? "%.0f" : "%g", step);
+  return buf;
+}
+
+// How often a field was absent (or null, or not a number), and the first step it was.
+struct Missing {
+  size_t count = 0;
+  double first_step = kNaN;
+};
+using MissingFields = std::map<std::string, Missing>;
+
+void note_missing(MissingFields& missing, const std::string& what, double step) {
+  Missing& m = missing[what];
+  if (m.count++ == 0) m.first_step = step;
+}
+
+// The number at `key`, or NaN when absent, null or not a number; `missing` keeps why.
+double number(const json& j, const char* key, double step, MissingFields& missing) {
   auto it = j.find(key);
   if (it == j.end()) {
-    ++missing[std::string(key)];
-  } else if (it->is_null()) {
-    ++missing[std::string(key) + " (null: not finite when written)"];
+    note_missing(missing, key, step);
+  } else if (it->is_null()) {  // nlohmann::json writes NaN and Inf as null
+    note_missing(missing, std::string(key) + " (null: not finite when written)", step);
   } else if (!it->is_number()) {
-    ++missing[std::string(key) + " (not a number)"];
+    note_missing(missing, std::string(key) + " (not a number)", step);
   } else {
     return it->get<double>();
   }
@@ -108,7 +127,7 @@ void read_metrics(const fs::path& path, RunData& run) {
   }
   std::vector<size_t> malformed, no_step;
   std::map<std::string, std::vector<size_t>> unknown_kind;
-  std::map<std::string, size_t> train_missing, eval_missing;
+  MissingFields train_missing, eval_missing;
   bool partial_last = false;
   size_t pos = 0, line_no = 0;
   while (pos < text->size()) {
@@ -139,33 +158,34 @@ void read_metrics(const fs::path& path, RunData& run) {
       continue;
     }
     if (kind == "train") {
-      std::map<std::string, size_t>& m = train_missing;
+      MissingFields& m = train_missing;
       TrainRecord r;
-      r.step = j["step"].get<double>();
-      r.epoch = number(j, "epoch", m);
-      r.loss = number(j, "loss", m);
-      r.lr = number(j, "lr", m);
-      r.grad_norm = number(j, "grad_norm", m);
-      r.samples_per_s = number(j, "samples_per_s", m);
-      r.data_wait = number(j, "data_wait", m);
-      r.time_s = number(j, "time_s", m);
+      const double step = r.step = j["step"].get<double>();
+      r.epoch = number(j, "epoch", step, m);
+      r.loss = number(j, "loss", step, m);
+      r.lr = number(j, "lr", step, m);
+      r.grad_norm = number(j, "grad_norm", step, m);
+      r.samples_per_s = number(j, "samples_per_s", step, m);
+      r.data_wait = number(j, "data_wait", step, m);
+      r.time_s = number(j, "time_s", step, m);
       auto mem = j.find("memory");
       if (mem != j.end() && mem->is_object()) {
         r.has_memory = true;
         for (auto& [category, bytes] : mem->items())
           if (bytes.is_number()) r.memory[category] = bytes.get<double>();
       } else {
-        ++m[mem == j.end() ? "memory" : "memory (not an object)"];
+        note_missing(m, mem == j.end() ? "memory" : "memory (not an object)", step);
       }
       run.train.push_back(std::move(r));
     } else {
-      std::map<std::string, size_t> m;
+      MissingFields either;  // an eval record has accuracy or bits_per_char, not both
       EvalRecord r;
-      r.step = j["step"].get<double>();
-      r.loss = number(j, "loss", eval_missing);
-      r.accuracy = number(j, "accuracy", m);
-      r.bits_per_char = number(j, "bits_per_char", m);
-      if (std::isnan(r.accuracy) && std::isnan(r.bits_per_char)) ++eval_missing["accuracy and bits_per_char"];
+      const double step = r.step = j["step"].get<double>();
+      r.loss = number(j, "loss", step, eval_missing);
+      r.accuracy = number(j, "accuracy", step, either);
+      r.bits_per_char = number(j, "bits_per_char", step, either);
+      if (std::isnan(r.accuracy) && std::isnan(r.bits_per_char))
+        note_missing(eval_missing, "accuracy and bits_per_char", step);
       run.eval.push_back(r);
     }
   }
@@ -180,13 +200,15 @@ void read_metrics(const fs::path& path, RunData& run) {
                         " record(s) without a numeric \"step\" skipped: line " + list_lines(no_step) + ".");
   for (auto& [kind, lines] : unknown_kind)
     run.notes.push_back("metrics.jsonl: " + std::to_string(lines.size()) + " record(s) of kind \"" + kind +
-                        "\" skipped (expected \"train\" or \"eval\"): line " + list_lines(lines) + ".");
-  for (auto& [field, count] : train_missing)
-    run.notes.push_back("metrics.jsonl: \"" + field + "\" missing from " + std::to_string(count) + " of " +
-                        std::to_string(run.train.size()) + " train records.");
-  for (auto& [field, count] : eval_missing)
-    run.notes.push_back("metrics.jsonl: \"" + field + "\" missing from " + std::to_string(count) + " of " +
-                        std::to_string(run.eval.size()) + " eval records.");
+                        "\" not charted (only \"train\" and \"eval\" are): line " + list_lines(lines) + ".");
+  auto missing_notes = [&](const MissingFields& fields, size_t records, const char* kind) {
+    for (auto& [field, m] : fields)
+      run.notes.push_back("metrics.jsonl: \"" + field + "\" missing from " + std::to_string(m.count) + " of " +
+                          std::to_string(records) + " " + kind + " records" +
+                          (m.count < records ? " (first at step " + format_step(m.first_step) + ")." : "."));
+  };
+  missing_notes(train_missing, run.train.size(), "train");
+  missing_notes(eval_missing, run.eval.size(), "eval");
   if (run.train.empty()) run.notes.push_back("metrics.jsonl has no train records.");
   if (run.eval.empty()) run.notes.push_back("metrics.jsonl has no eval records: the run has not been evaluated.");
   size_t dupes = sort_and_dedupe(run.train) + sort_and_dedupe(run.eval);
@@ -283,9 +305,9 @@ std::vector<Card> header_cards(const RunData& run) {
 
   double steps = summary_number(run, "steps");
   if (!std::isfinite(steps) && !run.train.empty()) steps = run.train.back().step;
-  cards.push_back({"steps", std::isfinite(steps) ? format_value(steps) : "n/a"});
+  cards.push_back({"steps", std::isfinite(steps) ? format_step(steps) : "n/a"});
   double wall = summary_number(run, "wall_s");
-  if (!std::isfinite(wall) && !run.train.empty()) wall = run.train.back().time_s;
+  for (auto r = run.train.rbegin(); !std::isfinite(wall) && r != run.train.rend(); ++r) wall = r->time_s;
   cards.push_back({"wall time", format_duration(wall)});
   std::vector<double> sps, wait;
   double peak = kNaN;
@@ -313,9 +335,10 @@ std::vector<Card> header_cards(const RunData& run) {
 // ---- charts ----------------------------------------------------------------
 
 // A centred moving average over the finite values, so a noisy loss shows its
-// trend without the lag of an exponential average.
+// trend without the lag of an exponential average; the window narrows near the
+// ends (staying centred) so the steep start of a loss curve is not flattened.
 std::vector<double> smooth(const std::vector<double>& y) {
-  const size_t n = y.size(), half = std::max<size_t>(1, n / 60);
+  const size_t n = y.size(), half = std::max<size_t>(1, n / 100);
   std::vector<double> sum(n + 1, 0.0), cnt(n + 1, 0.0), out(n, kNaN);
   for (size_t i = 0; i < n; ++i) {
     bool ok = std::isfinite(y[i]);
@@ -324,7 +347,8 @@ std::vector<double> smooth(const std::vector<double>& y) {
   }
   for (size_t i = 0; i < n; ++i) {
     if (!std::isfinite(y[i])) continue;
-    size_t lo = i >= half ? i - half : 0, hi = std::min(n, i + half + 1);
+    const size_t h = std::min({half, i, n - 1 - i});
+    const size_t lo = i - h, hi = i + h + 1;
     out[i] = (sum[hi] - sum[lo]) / (cnt[hi] - cnt[lo]);
   }
   return out;
@@ -384,10 +408,11 @@ std::vector<Figure> build_charts(const RunData& run) {
     add(Chart{.id = "chart-eval", .title = "Eval bits per character", .y_label = "bits/char", .series = {bpc}}, "");
   } else {
     acc.markers = true;
+    const bool fraction = std::all_of(acc.y.begin(), acc.y.end(), [](double v) { return !(v > 1); });
     add(Chart{.id = "chart-eval",
               .title = "Eval accuracy",
               .y_label = "accuracy",
-              .y_format = YFormat::percent,
+              .y_format = fraction ? YFormat::percent : YFormat::number,
               .series = {acc}},
         run.eval.empty() ? "no eval records." : "no eval record has \"accuracy\" or \"bits_per_char\".");
     if (any_finite(bpc)) {
