@@ -120,8 +120,8 @@ size_t sort_and_dedupe(std::vector<Record>& records) {
 }
 
 void read_metrics(const fs::path& path, RunData& run) {
-  std::optional<std::string> text = slurp(path);
-  if (!text) {
+  std::ifstream in(path, std::ios::binary);  // streamed: a long run's metrics can be large
+  if (!in) {
     run.notes.push_back("metrics.jsonl not found: there is nothing to chart.");
     return;
   }
@@ -129,13 +129,9 @@ void read_metrics(const fs::path& path, RunData& run) {
   std::map<std::string, std::vector<size_t>> unknown_kind;
   MissingFields train_missing, eval_missing;
   bool partial_last = false;
-  size_t pos = 0, line_no = 0;
-  while (pos < text->size()) {
-    size_t end = text->find('\n', pos);
-    bool terminated = end != std::string::npos;
-    if (!terminated) end = text->size();
-    std::string line = text->substr(pos, end - pos);
-    pos = end + 1;
+  size_t line_no = 0;
+  for (std::string line; std::getline(in, line);) {
+    const bool terminated = !in.eof();  // getline stopped at a '\n'
     ++line_no;
     while (!line.empty() && std::isspace(static_cast<unsigned char>(line.back()))) line.pop_back();
     if (line.find_first_not_of(" \t") == std::string::npos) continue;

@@ -144,6 +144,10 @@ std::vector<double> nice_ticks(double lo, double hi, int target) {
   double norm = raw / mag;
   double step = (norm < 1.5 ? 1 : norm < 3 ? 2 : norm < 7 ? 5 : 10) * mag;
   double start = std::floor(lo / step + 1e-9) * step, end = std::ceil(hi / step - 1e-9) * step;
+  // Ranges near the limits of double (1e308 wide, 1e-310 small) have no round ticks.
+  if (!std::isfinite(raw) || !(step > 0) || !std::isfinite(start) || !std::isfinite(end) || start == end ||
+      (end - start) / step > 100)
+    return {lo, hi};
   std::vector<double> ticks;
   for (int i = 0; start + i * step <= end + step * 1e-6 && i < 100; ++i) {
     double t = start + i * step;
@@ -161,6 +165,11 @@ std::string format_tick(double v, double spacing, YFormat format) {
   std::string suffix = format == YFormat::percent ? "%" : "";
   if (v == 0) return "0" + suffix;
   double av = std::fabs(v);
+  if (av >= 1e9) {
+    char buf[64];
+    std::snprintf(buf, sizeof buf, "%.*e", std::clamp(floor_log10(av) - floor_log10(spacing), 0, 6), v);
+    return buf + suffix;
+  }
   if (av >= 1e6 && spacing >= 1e5) return fmt_dec(v / 1e6, std::max(0, -floor_log10(spacing / 1e6))) + "M" + suffix;
   if (av >= 1e4 && spacing >= 100) return fmt_dec(v / 1e3, std::max(0, -floor_log10(spacing / 1e3))) + "k" + suffix;
   if (spacing >= 1e-4) return fmt_dec(v, std::max(0, -floor_log10(spacing))) + suffix;
@@ -247,12 +256,15 @@ std::string render_svg(const Chart& chart) {
     xspacing = 1;
   }
   // x keeps the data's own range (ticks inside it) so the lines reach both edges.
-  auto px = [&](double x) { return kLeft + (x - xlo) / (xhi - xlo) * kPlotWidth; };
-  auto py = [&](double y) { return plot_bottom - (y / y_scale - ylo) / (yhi - ylo) * kPlotHeight; };
-  auto pyt = [&](double t) { return plot_bottom - (t - ylo) / (yhi - ylo) * kPlotHeight; };
+  // Halved before subtracting so that ranges as wide as double's do not overflow.
+  auto frac = [](double v, double lo, double hi) { return (v / 2 - lo / 2) / (hi / 2 - lo / 2); };
+  auto px = [&](double x) { return kLeft + frac(x, xlo, xhi) * kPlotWidth; };
+  auto py = [&](double y) { return plot_bottom - frac(y / y_scale, ylo, yhi) * kPlotHeight; };
+  auto pyt = [&](double t) { return plot_bottom - frac(t, ylo, yhi) * kPlotHeight; };
 
   for (double t : yt) {
     double y = std::round(pyt(t)) + 0.5;
+    if (!std::isfinite(y)) continue;
     if (t != yt.front() && t != yt.back())
       o << "<line class=\"grid\" stroke=\"#eceff3\" x1=\"" << kLeft << "\" x2=\"" << plot_right << "\" y1=\"" << y << "\" y2=\"" << y
         << "\"/>";
@@ -276,6 +288,8 @@ std::string render_svg(const Chart& chart) {
   std::vector<double> dx, dy;
   for (const Series& s : chart.series) {
     downsample(s.x, s.y, kMaxPoints, dx, dy);
+    for (size_t k = 0; k < dx.size(); ++k)  // never a "nan" coordinate in the SVG
+      if (!std::isfinite(px(dx[k])) || !std::isfinite(py(dy[k]))) dy[k] = kNaN;
     std::string style = "fill=\"none\" stroke=\"" + s.colour + "\" stroke-width=\"" + fmt("%g", s.width) + "\"" +
                         (s.opacity < 1 ? " stroke-opacity=\"" + fmt("%g", s.opacity) + "\"" : "") +
                         (s.dashed ? " stroke-dasharray=\"6 4\"" : "") + " stroke-linejoin=\"round\"";

@@ -272,6 +272,22 @@ TEST(Report, RepeatedStepsOfAResumedRunShowTheLaterRecord) {
   EXPECT_EQ(polylines(figure(html, "chart-lr")).at(0).size(), 31u);
 }
 
+TEST(Report, ExtremeValuesDoNotBreakTheCharts) {
+  TempDir tmp;
+  std::ofstream(tmp.path() / "metrics.jsonl")
+      << "{\"kind\":\"train\",\"step\":0,\"loss\":1e308,\"lr\":1e-310,\"grad_norm\":-1e308,\"samples_per_s\":5,"
+         "\"data_wait\":0,\"memory\":{\"x\":0}}\n"
+      << "{\"kind\":\"train\",\"step\":1e15,\"loss\":-1e308,\"lr\":0,\"grad_norm\":1e308,\"samples_per_s\":5,"
+         "\"data_wait\":0,\"memory\":{\"x\":1e300}}\n"
+      << "{\"kind\":\"eval\",\"step\":-3,\"loss\":7,\"accuracy\":0.5}\n";
+  const std::string html = report_of(tmp.path());
+  EXPECT_EQ(count(html, "<svg"), 7u);
+  EXPECT_EQ(count(html, "</html>"), 1u);
+  for (const char* id : {"chart-lr", "chart-throughput", "chart-data-wait"})
+    EXPECT_FALSE(polylines(figure(html, id)).empty()) << id;
+  EXPECT_EQ(count(html, "nan") + count(html, "inf"), 0u) << "non-finite SVG coordinates";
+}
+
 TEST(Report, EmptyRunDirectoryGivesAReportOfWhatIsMissing) {
   TempDir tmp;
   const std::string html = report_of(tmp.path());
