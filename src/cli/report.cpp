@@ -33,8 +33,8 @@ namespace fs = std::filesystem;
 constexpr double kNaN = std::numeric_limits<double>::quiet_NaN();
 
 struct TrainRecord {
-  double step = kNaN, epoch = kNaN, loss = kNaN, lr = kNaN, grad_norm = kNaN, samples_per_s = kNaN,
-         data_wait = kNaN, time_s = kNaN;
+  double step = kNaN, epoch = kNaN, loss = kNaN, lr = kNaN, grad_norm = kNaN, samples_per_s = kNaN, data_wait = kNaN,
+         time_s = kNaN;
   bool has_memory = false;
   std::map<std::string, double> memory;
 };

@@ -78,11 +78,20 @@ std::string html_escape(const std::string& s) {
   out.reserve(s.size());
   for (char c : s) {
     switch (c) {
-      case '&': out += "&amp;"; break;
-      case '<': out += "&lt;"; break;
-      case '>': out += "&gt;"; break;
-      case '"': out += "&quot;"; break;
-      default: out += c;
+      case '&':
+        out += "&amp;";
+        break;
+      case '<':
+        out += "&lt;";
+        break;
+      case '>':
+        out += "&gt;";
+        break;
+      case '"':
+        out += "&quot;";
+        break;
+      default:
+        out += c;
     }
   }
   return out;
@@ -203,8 +212,8 @@ std::string render_svg(const Chart& chart) {
   int legend_rows = layout_legend(chart.series, legend);
   const int height = kTop + kPlotHeight + 46 + legend_rows * 18 + 6;
   std::ostringstream o;
-  o << "<svg class=\"chart\" width=\"" << kChartWidth << "\" height=\"" << height << "\" viewBox=\"0 0 "
-    << kChartWidth << ' ' << height << "\" role=\"img\" aria-label=\"" << html_escape(chart.title) << "\">\n";
+  o << "<svg class=\"chart\" width=\"" << kChartWidth << "\" height=\"" << height << "\" viewBox=\"0 0 " << kChartWidth
+    << ' ' << height << "\" role=\"img\" aria-label=\"" << html_escape(chart.title) << "\">\n";
   o << "<text class=\"title\" x=\"" << kLeft << "\" y=\"22\">" << html_escape(chart.title) << "</text>\n";
 
   // Bytes are plotted in the unit that fits the largest value.
@@ -234,7 +243,8 @@ std::string render_svg(const Chart& chart) {
     << "\" fill=\"#ffffff\"/>\n";
   if (!std::isfinite(xlo)) {
     o << "<text class=\"nodata\" x=\"" << kLeft + kPlotWidth / 2 << "\" y=\"" << kTop + kPlotHeight / 2
-      << "\" text-anchor=\"middle\">no data</text>\n" << frame.str() << "</svg>";
+      << "\" text-anchor=\"middle\">no data</text>\n"
+      << frame.str() << "</svg>";
     return o.str();
   }
   if (chart.y_from_zero) {
@@ -266,8 +276,8 @@ std::string render_svg(const Chart& chart) {
     double y = std::round(pyt(t)) + 0.5;
     if (!std::isfinite(y)) continue;
     if (t != yt.front() && t != yt.back())
-      o << "<line class=\"grid\" stroke=\"#eceff3\" x1=\"" << kLeft << "\" x2=\"" << plot_right << "\" y1=\"" << y << "\" y2=\"" << y
-        << "\"/>";
+      o << "<line class=\"grid\" stroke=\"#eceff3\" x1=\"" << kLeft << "\" x2=\"" << plot_right << "\" y1=\"" << y
+        << "\" y2=\"" << y << "\"/>";
     o << "<text class=\"tick\" x=\"" << kLeft - 6 << "\" y=\"" << y + 4 << "\" text-anchor=\"end\">"
       << format_tick(t, yspacing, chart.y_format) << "</text>\n";
   }
@@ -275,8 +285,8 @@ std::string render_svg(const Chart& chart) {
     if (t < xlo - 1e-9 * (xhi - xlo) || t > xhi + 1e-9 * (xhi - xlo)) continue;
     double x = std::round(px(t)) + 0.5;
     o << "<line class=\"grid\" stroke=\"#eceff3\" x1=\"" << x << "\" x2=\"" << x << "\" y1=\"" << kTop << "\" y2=\""
-      << plot_bottom << "\"/><line class=\"axis\" stroke=\"" << kFrameColour << "\" x1=\"" << x << "\" x2=\"" << x << "\" y1=\"" << plot_bottom << "\" y2=\""
-      << plot_bottom + 4 << "\"/>";
+      << plot_bottom << "\"/><line class=\"axis\" stroke=\"" << kFrameColour << "\" x1=\"" << x << "\" x2=\"" << x
+      << "\" y1=\"" << plot_bottom << "\" y2=\"" << plot_bottom + 4 << "\"/>";
     o << "<text class=\"tick\" x=\"" << x << "\" y=\"" << plot_bottom + 17 << "\" text-anchor=\"middle\">"
       << format_tick(t, xspacing, YFormat::number) << "</text>\n";
   }
@@ -299,11 +309,12 @@ std::string render_svg(const Chart& chart) {
       size_t j = i;
       while (j < dx.size() && std::isfinite(dy[j])) ++j;
       if (j - i == 1 && !s.markers) {
-        o << "<circle cx=\"" << fmt("%.1f", px(dx[i])) << "\" cy=\"" << fmt("%.1f", py(dy[i])) << "\" r=\""
-          << s.width << "\" fill=\"" << s.colour << "\"/>\n";
+        o << "<circle cx=\"" << fmt("%.1f", px(dx[i])) << "\" cy=\"" << fmt("%.1f", py(dy[i])) << "\" r=\"" << s.width
+          << "\" fill=\"" << s.colour << "\"/>\n";
       } else if (j > i) {
         o << "<polyline class=\"series\" data-series=\"" << html_escape(s.name) << "\" " << style << " points=\"";
-        for (size_t k = i; k < j; ++k) o << (k > i ? " " : "") << fmt("%.1f", px(dx[k])) << ',' << fmt("%.1f", py(dy[k]));
+        for (size_t k = i; k < j; ++k)
+          o << (k > i ? " " : "") << fmt("%.1f", px(dx[k])) << ',' << fmt("%.1f", py(dy[k]));
         o << "\"/>\n";
       }
       i = j;

@@ -14,21 +14,21 @@ enum class YFormat { number, percent, bytes };
 
 struct Series {
   std::string name = {};
-  std::string colour;             // "#rrggbb"
+  std::string colour;                  // "#rrggbb"
   std::vector<double> x = {}, y = {};  // same length; a non-finite y breaks the line
   double width = 2.0;
   double opacity = 1.0;
-  bool markers = false;           // circles at the points (drawn when few)
+  bool markers = false;  // circles at the points (drawn when few)
   bool dashed = false;
 };
 
 struct Chart {
-  std::string id;                 // the <figure> id, e.g. "chart-loss"
+  std::string id;  // the <figure> id, e.g. "chart-loss"
   std::string title;
   std::string y_label;
   std::string x_label = "step";
   YFormat y_format = YFormat::number;
-  bool y_from_zero = false;       // include 0 in the y range
+  bool y_from_zero = false;  // include 0 in the y range
   std::vector<Series> series = {};
 };
 

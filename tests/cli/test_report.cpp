@@ -195,7 +195,8 @@ TEST(Report, MalformedLinesAreSkippedWithTheirLineNumbers) {
   EXPECT_NE(html.find("2 malformed line(s) skipped (not a JSON object): line 43, 44."), std::string::npos) << html;
   EXPECT_NE(html.find("without a numeric &quot;step&quot; skipped: line 45."), std::string::npos);
   EXPECT_NE(html.find("of kind &quot;profile&quot; not charted"), std::string::npos);
-  EXPECT_NE(html.find("&quot;loss (not a number)&quot; missing from 1 of 42 train records (first at step 41)."), std::string::npos);
+  EXPECT_NE(html.find("&quot;loss (not a number)&quot; missing from 1 of 42 train records (first at step 41)."),
+            std::string::npos);
   EXPECT_EQ(count(html, "<svg"), 7u);
   // Step 41's loss is a gap: the train line stops at step 40 (step 42 is a dot after the gap).
   auto lines = polylines(figure(html, "chart-loss"));
@@ -243,8 +244,9 @@ TEST(Report, LanguageModelRunsChartBitsPerChar) {
 TEST(Report, AccuracyLoggedInPercentIsNotScaledAgain) {
   TempDir tmp;
   write_synthetic_run(tmp.path(), {.train_lines = 10, .eval_every = 0});
-  append(tmp.path() / "metrics.jsonl", "{\"kind\":\"eval\",\"step\":5,\"loss\":0.5,\"accuracy\":85.5}\n"
-                                       "{\"kind\":\"eval\",\"step\":10,\"loss\":0.4,\"accuracy\":91.25}\n");
+  append(tmp.path() / "metrics.jsonl",
+         "{\"kind\":\"eval\",\"step\":5,\"loss\":0.5,\"accuracy\":85.5}\n"
+         "{\"kind\":\"eval\",\"step\":10,\"loss\":0.4,\"accuracy\":91.25}\n");
   const std::string eval = figure(report_of(tmp.path()), "chart-eval");
   EXPECT_EQ(eval.find("%</text>"), std::string::npos);
   EXPECT_NE(eval.find(">90</text>"), std::string::npos);
@@ -256,7 +258,10 @@ TEST(Report, NonFiniteLossBreaksTheLineAndIsNoted) {
   append(tmp.path() / "metrics.jsonl",
          "{\"kind\":\"train\",\"step\":21,\"loss\":null}\n" + train_line({}, 22) + "\n" + train_line({}, 23) + "\n");
   const std::string html = report_of(tmp.path());
-  EXPECT_NE(html.find("&quot;loss (null: not finite when written)&quot; missing from 1 of 23 train records (first at step 21)."), std::string::npos);
+  EXPECT_NE(
+      html.find(
+          "&quot;loss (null: not finite when written)&quot; missing from 1 of 23 train records (first at step 21)."),
+      std::string::npos);
   auto lines = polylines(figure(html, "chart-loss"));
   ASSERT_EQ(lines.size(), 2u);
   EXPECT_EQ(lines[0].size(), 20u);
@@ -266,7 +271,8 @@ TEST(Report, NonFiniteLossBreaksTheLineAndIsNoted) {
 TEST(Report, RepeatedStepsOfAResumedRunShowTheLaterRecord) {
   TempDir tmp;
   write_synthetic_run(tmp.path(), {.train_lines = 30, .eval_every = 0});
-  append(tmp.path() / "metrics.jsonl", train_line({}, 29) + "\n" + train_line({}, 30) + "\n" + train_line({}, 31) + "\n");
+  append(tmp.path() / "metrics.jsonl",
+         train_line({}, 29) + "\n" + train_line({}, 30) + "\n" + train_line({}, 31) + "\n");
   const std::string html = report_of(tmp.path());
   EXPECT_NE(html.find("2 step(s) logged more than once"), std::string::npos);
   EXPECT_EQ(polylines(figure(html, "chart-lr")).at(0).size(), 31u);

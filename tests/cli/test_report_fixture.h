@@ -11,7 +11,7 @@ namespace kiln::test {
 
 struct SyntheticRun {
   int train_lines = 300;
-  int eval_every = 30;       // 0: no eval lines
+  int eval_every = 30;  // 0: no eval lines
   bool with_lr = true;
   bool with_memory = true;
   bool with_grad_norm = true;

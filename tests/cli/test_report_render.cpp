@@ -82,8 +82,14 @@ Image decode_png(const std::string& png) {
     const uint8_t* line = &raw[y * (stride + 1)];
     int filter = line[0];
     for (size_t i = 0; i < stride; ++i) {
-      int a = i >= size_t(channels) ? cur[i - channels] : 0, b = prev[i], c = i >= size_t(channels) ? prev[i - channels] : 0;
-      int pred = filter == 0 ? 0 : filter == 1 ? a : filter == 2 ? b : filter == 3 ? (a + b) / 2 : filter == 4 ? paeth(a, b, c) : -1;
+      int a = i >= size_t(channels) ? cur[i - channels] : 0, b = prev[i],
+          c = i >= size_t(channels) ? prev[i - channels] : 0;
+      int pred = filter == 0   ? 0
+                 : filter == 1 ? a
+                 : filter == 2 ? b
+                 : filter == 3 ? (a + b) / 2
+                 : filter == 4 ? paeth(a, b, c)
+                               : -1;
       if (pred < 0) throw std::runtime_error("PNG row " + std::to_string(y) + " has filter " + std::to_string(filter));
       cur[i] = static_cast<uint8_t>(line[1 + i] + pred);
     }
@@ -109,7 +115,10 @@ std::string find_chromium() {
 struct Rgb {
   int r, g, b;
 };
-Rgb hex(const std::string& s) { return {std::stoi(s.substr(1, 2), nullptr, 16), std::stoi(s.substr(3, 2), nullptr, 16), std::stoi(s.substr(5, 2), nullptr, 16)}; }
+Rgb hex(const std::string& s) {
+  return {std::stoi(s.substr(1, 2), nullptr, 16), std::stoi(s.substr(3, 2), nullptr, 16),
+          std::stoi(s.substr(5, 2), nullptr, 16)};
+}
 
 struct Box {
   int x0, y0, x1, y1;  // the frame's outer pixels
@@ -130,8 +139,10 @@ std::vector<Box> find_frames(const Image& img) {
   std::vector<Box> boxes;
   for (auto& [xs, rows] : runs)
     for (int top : rows)
-      if (std::count(rows.begin(), rows.end(), top + rd::kPlotHeight + 1)) boxes.push_back({xs.first, top, xs.second, top + rd::kPlotHeight + 1});
-  std::sort(boxes.begin(), boxes.end(), [](const Box& a, const Box& b) { return std::tie(a.y0, a.x0) < std::tie(b.y0, b.x0); });
+      if (std::count(rows.begin(), rows.end(), top + rd::kPlotHeight + 1))
+        boxes.push_back({xs.first, top, xs.second, top + rd::kPlotHeight + 1});
+  std::sort(boxes.begin(), boxes.end(),
+            [](const Box& a, const Box& b) { return std::tie(a.y0, a.x0) < std::tie(b.y0, b.x0); });
   return boxes;
 }
 
@@ -155,11 +166,13 @@ TEST(ReportRender, HeadlessChromiumDrawsEveryChart) {
                           " --headless --no-sandbox --disable-gpu --disable-background-networking --hide-scrollbars"
                           " --force-device-scale-factor=1 --no-first-run --user-data-dir=" +
                           shell_quote(tmp.file("profile")) + " --screenshot=" + shell_quote(png_path) +
-                          " --window-size=1200,2400 " + shell_quote("file://" + fs::absolute(run / "report.html").string());
+                          " --window-size=1200,2400 " +
+                          shell_quote("file://" + fs::absolute(run / "report.html").string());
   std::string out;
   const int rc = run_command(cmd, out);
   ASSERT_EQ(rc, 0) << cmd << "\n" << out.substr(out.size() > 4000 ? out.size() - 4000 : 0);
-  ASSERT_TRUE(fs::exists(png_path)) << "chromium wrote no screenshot:\n" << out.substr(out.size() > 4000 ? out.size() - 4000 : 0);
+  ASSERT_TRUE(fs::exists(png_path)) << "chromium wrote no screenshot:\n"
+                                    << out.substr(out.size() > 4000 ? out.size() - 4000 : 0);
   const Image img = decode_png(read_file(png_path));
   ASSERT_EQ(img.width, 1200);
   ASSERT_EQ(img.height, 2400);
@@ -170,16 +183,17 @@ TEST(ReportRender, HeadlessChromiumDrawsEveryChart) {
   std::vector<int> columns;
   for (const Box& b : boxes) columns.push_back(b.x0);
   std::sort(columns.begin(), columns.end());
-  EXPECT_EQ(std::unique(columns.begin(), columns.end()) - columns.begin(), 2) << "expected a two-column layout at 1200 px";
+  EXPECT_EQ(std::unique(columns.begin(), columns.end()) - columns.begin(), 2)
+      << "expected a two-column layout at 1200 px";
 
   // Each chart's series colours (palette indices, see report.cpp) drawn inside its frame.
   const std::vector<std::vector<std::string>> colours = {
-      {rd::palette(0), rd::palette(1)},  // loss: train, eval
-      {rd::palette(3)},                  // eval accuracy
-      {rd::palette(2)},                  // learning rate
-      {rd::palette(4)},                  // throughput
-      {rd::palette(5)},                  // data wait
-      {rd::palette(7)},                  // grad norm
+      {rd::palette(0), rd::palette(1)},                                                             // loss: train, eval
+      {rd::palette(3)},                                                                             // eval accuracy
+      {rd::palette(2)},                                                                             // learning rate
+      {rd::palette(4)},                                                                             // throughput
+      {rd::palette(5)},                                                                             // data wait
+      {rd::palette(7)},                                                                             // grad norm
       {rd::palette(0), rd::palette(1), rd::palette(2), rd::palette(3), rd::palette(4), "#111827"},  // memory
   };
   const char* names[] = {"loss", "eval accuracy", "learning rate", "throughput", "data wait", "grad norm", "memory"};
