@@ -322,8 +322,13 @@ std::string render_svg(const Chart& chart) {
     if (s.markers && dx.size() <= 80) {
       for (size_t k = 0; k < dx.size(); ++k) {
         if (!std::isfinite(dy[k])) continue;
+        // A tooltip with the exact value: the browser shows <title> on hover, no script needed.
+        std::string value = chart.y_format == YFormat::percent ? fmt("%.2f%%", dy[k] * 100)
+                            : chart.y_format == YFormat::bytes ? format_bytes(dy[k])
+                                                               : fmt("%.4g", dy[k]);
         o << "<circle cx=\"" << fmt("%.1f", px(dx[k])) << "\" cy=\"" << fmt("%.1f", py(dy[k])) << "\" r=\"3\" fill=\""
-          << s.colour << "\"/>";
+          << s.colour << "\"><title>" << html_escape(s.name) << " at step " << fmt("%.0f", dx[k]) << ": " << value
+          << "</title></circle>";
       }
       o << '\n';
     }

@@ -96,6 +96,7 @@ TEST(Report, CompleteRunHasEveryChartTheSummaryAndTheConfig) {
   EXPECT_EQ(loss[0].size(), 300u);
   EXPECT_EQ(loss[2].size(), 10u);
   EXPECT_GE(count(figure(html, "chart-loss"), "<circle"), 10u);
+  EXPECT_NE(figure(html, "chart-eval").find("<title>eval accuracy at step 300: 91.13%</title>"), std::string::npos);
   // Memory: five categories and their total, bytes shown in MiB.
   std::string mem = figure(html, "chart-memory");
   EXPECT_EQ(polylines(mem).size(), 6u);
