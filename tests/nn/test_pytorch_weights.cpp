@@ -219,3 +219,214 @@ TEST(PyTorchWeightsErrors, WrongFileIsAFormatErrorAndMissingFileAnIOError) {
 }
 
 }  // namespace
+
+// ---- the loader's rules, on torch's files ----
+
+namespace {
+
+nn::NamedTensors torch_dict(const std::string& kind) {
+  return io::load_safetensors(exchange().torch_file(kind)).tensors;
+}
+
+Tensor torch_out_of(const std::string& kind, nn::Module& m) {
+  return eval_forward(m, exchange().outputs(kind).at("input"));
+}
+
+}  // namespace
+
+TEST(PyTorchWeightsRules, ATiedWeightUnderOneNameFillsTheOther) {
+  ASSERT_EQ(exchange().problem, "");
+  const Tensor want = exchange().outputs("gpt").at("torch_out");
+  // As safetensors.torch.save_model and Hugging Face write it: one of the two names.
+  for (const std::string dropped : {"lm_head.weight", "transformer.wte.weight"}) {
+    auto m = blank_model("gpt");
+    auto res = nn::load_pytorch_state_dict(*m, without(torch_dict("gpt"), dropped));
+    const std::string kept = dropped == "lm_head.weight" ? "transformer.wte.weight" : "lm_head.weight";
+    EXPECT_EQ(res.tied_filled, std::vector<std::string>{dropped + " <- " + kept});
+    EXPECT_EQ(test::mismatch(torch_out_of("gpt", *m), want), "") << "without " << dropped;
+    auto& gpt = static_cast<models::GPT&>(*m);
+    EXPECT_TRUE(gpt.lm_head->weight.is_alias_of(gpt.wte->weight));
+  }
+  // Both absent: both missing, by name.
+  auto m = blank_model("gpt");
+  std::string err = load_error(*m, without(without(torch_dict("gpt"), "lm_head.weight"), "transformer.wte.weight"));
+  EXPECT_NE(err.find("missing keys: \"transformer.wte.weight\", \"lm_head.weight\""), std::string::npos) << err;
+}
+
+TEST(PyTorchWeightsRules, TiedCopiesThatDifferAreAnErrorNotLastOneWins) {
+  ASSERT_EQ(exchange().problem, "");
+  auto m = blank_model("gpt");
+  auto before = snapshot(*m);
+  auto d = torch_dict("gpt");
+  for (auto& [n, t] : d)
+    if (n == "lm_head.weight") t = t * 2.0;
+  std::string err = load_error(*m, d);
+  EXPECT_NE(err.find("tied weights \"transformer.wte.weight\" and \"lm_head.weight\" differ"), std::string::npos)
+      << err;
+  expect_same_state(*m, before);
+}
+
+TEST(PyTorchWeightsRules, AbsentBatchCountersAreZeroAsTorchDoes) {
+  ASSERT_EQ(exchange().problem, "");
+  auto m = blank_model("resnet");
+  auto d = torch_dict("resnet");
+  std::vector<std::string> counters;
+  for (auto& [n, t] : d)
+    if (n.ends_with("num_batches_tracked")) counters.push_back(n);
+  ASSERT_EQ(counters.size(), 6u);  // stem, 2 per block, the downsample's BN
+  for (auto& c : counters) d = without(d, c);
+  auto res = nn::load_pytorch_state_dict(*m, d);
+  EXPECT_EQ(res.defaulted, counters);
+  EXPECT_EQ(static_cast<models::ResNet&>(*m).bn1->num_batches_tracked.item<int64_t>(), 0);
+  // The counter does not enter eval mode: outputs are torch's.
+  EXPECT_EQ(test::mismatch(torch_out_of("resnet", *m), exchange().outputs("resnet").at("torch_out")), "");
+}
+
+TEST(PyTorchWeightsRules, DTypesConvertOnlyOnRequest) {
+  ASSERT_EQ(exchange().problem, "");
+  auto m = blank_model("resnet");
+  auto before = snapshot(*m);
+  auto d64 = io::cast_floating(torch_dict("resnet"), kFloat64);  // a float64 file: counters stay int64
+  std::string err = load_error(*m, d64);
+  EXPECT_NE(err.find("dtype mismatch for \"conv1.weight\": the module has float32, the file float64 (pass "
+                     ".convert_dtype = true to cast)"),
+            std::string::npos)
+      << err;
+  EXPECT_NE(err.find("dtype mismatch for \"fc.bias\""), std::string::npos) << err;
+  EXPECT_EQ(err.find("num_batches_tracked"), std::string::npos) << err;
+  expect_same_state(*m, before);
+  auto res = nn::load_pytorch_state_dict(*m, d64, {.convert_dtype = true});
+  EXPECT_EQ(res.converted.size(), d64.size() - 6);
+  EXPECT_EQ(res.converted[0], "conv1.weight: float64 -> float32");
+  EXPECT_EQ(test::mismatch(torch_out_of("resnet", *m), exchange().outputs("resnet").at("torch_out")), "");
+  // Integer and floating point never convert into each other.
+  auto bad = torch_dict("resnet");
+  for (auto& [n, t] : bad)
+    if (n == "bn1.num_batches_tracked") t = t.to(kFloat32);
+  err = load_error(*m, bad, {.convert_dtype = true});
+  EXPECT_NE(err.find("\"bn1.num_batches_tracked\": the module has int64, the file float32 (not converted"),
+            std::string::npos)
+      << err;
+}
+
+TEST(PyTorchWeightsRules, ABFloat16ExportLoadsBackWithConversion) {
+  auto m = kiln_model("resnet");
+  test::TempDir dir;
+  nn::save_pytorch_weights(*m, dir.file("w.safetensors"), {.dtype = kBFloat16});
+  auto header = io::read_safetensors_header(dir.file("w.safetensors"));
+  for (auto& info : header.tensors)
+    EXPECT_EQ(info.dtype, info.name.ends_with("num_batches_tracked") ? kInt64 : kBFloat16) << info.name;
+  EXPECT_EQ(header.metadata.at("format"), "pt");
+  EXPECT_EQ(header.metadata.at("kiln.module"), "ResNet");
+  auto back = blank_model("resnet");
+  auto res = nn::load_pytorch_weights(*back, dir.file("w.safetensors"), {.convert_dtype = true});
+  EXPECT_FALSE(res.converted.empty());
+  auto want = m->state_dict();
+  auto got = back->state_dict();
+  for (size_t i = 0; i < want.size(); ++i) {
+    Tensor w = want[i].second.is_floating_point() ? want[i].second.to(kBFloat16).to(kFloat32) : want[i].second;
+    EXPECT_TRUE(test::bitwise_equal(got[i].second, w)) << want[i].first;
+  }
+}
+
+TEST(PyTorchWeightsRules, WrapperPrefixesRenamesAndIgnoredKeys) {
+  ASSERT_EQ(exchange().problem, "");
+  const Tensor want = exchange().outputs("gpt").at("torch_out");
+  // DDP's "module." and torch.compile's "_orig_mod." go without being asked.
+  auto wrapped = io::rename_keys(torch_dict("gpt"), {});
+  for (auto& [n, t] : wrapped) n = "module._orig_mod." + n;
+  auto m = blank_model("gpt");
+  nn::load_pytorch_state_dict(*m, wrapped);
+  EXPECT_EQ(test::mismatch(torch_out_of("gpt", *m), want), "");
+
+  // A model whose torch twin names its blocks "blocks": renames on load, the inverse on export.
+  const std::vector<io::KeyRename> rules = {{"transformer.h", "blocks"}};
+  auto renamed = io::rename_keys(torch_dict("gpt"), rules);
+  EXPECT_EQ(renamed[2].first, "blocks.0.ln_1.weight");
+  m = blank_model("gpt");
+  EXPECT_NE(load_error(*m, renamed).find("unexpected keys: \"blocks.0.ln_1.weight\""), std::string::npos);
+  nn::load_pytorch_state_dict(*m, renamed, {.renames = io::inverse(rules)});
+  EXPECT_EQ(test::mismatch(torch_out_of("gpt", *m), want), "");
+  EXPECT_EQ(test::keys(nn::pytorch_state_dict(*m, {.renames = rules})), test::keys(renamed));
+
+  // nanoGPT's persistent causal-mask buffers: unexpected, with a hint, unless ignored.
+  auto with_mask = torch_dict("gpt");
+  with_mask.emplace_back("transformer.h.0.attn.bias", zeros({1, 1, 16, 16}));
+  with_mask.emplace_back("transformer.h.1.attn.bias", zeros({1, 1, 16, 16}));
+  std::string err = load_error(*m, with_mask);
+  EXPECT_NE(err.find("unexpected keys: \"transformer.h.0.attn.bias\", \"transformer.h.1.attn.bias\""),
+            std::string::npos)
+      << err;
+  EXPECT_NE(err.find(".ignore = {\"*.attn.bias\"}"), std::string::npos) << err;
+  auto res = nn::load_pytorch_state_dict(*m, with_mask, {.ignore = {"*.attn.bias"}});
+  EXPECT_EQ(res.ignored_keys.size(), 2u);
+}
+
+// ---- kiln/io/state_dict.h ----
+
+TEST(StateDictIO, RenameKeyMatchesWholeSegments) {
+  const std::vector<io::KeyRename> r = {{"blocks", "h"}};
+  EXPECT_EQ(io::rename_key("blocks.0.w", r), "h.0.w");
+  EXPECT_EQ(io::rename_key("enc.blocks.1.w", r), "enc.h.1.w");
+  EXPECT_EQ(io::rename_key("myblocks.0.w", r), "myblocks.0.w");
+  EXPECT_EQ(io::rename_key("a.blocks", r), "a.h");
+  EXPECT_EQ(io::rename_key("x.x.x", {{"x", "y"}}), "y.y.y");
+  EXPECT_EQ(io::rename_key("module.fc.weight", {{"module", ""}}), "fc.weight");
+  EXPECT_EQ(io::rename_key("attn.qkv.weight", {{"attn.qkv", "attn.c_attn"}}), "attn.c_attn.weight");
+  EXPECT_THROW(io::rename_key("a", {{"", "b"}}), ValueError);
+  EXPECT_THROW(io::inverse({{"module", ""}}), ValueError);
+  auto inv = io::inverse({{"a", "b"}, {"c", "d"}});
+  ASSERT_EQ(inv.size(), 2u);
+  EXPECT_EQ(inv[0].from, "d");
+  EXPECT_EQ(inv[1].to, "a");
+}
+
+TEST(StateDictIO, RenameClashesAndPrefixes) {
+  nn::NamedTensors d = {{"a.w", zeros({1})}, {"b.w", zeros({1})}};
+  try {
+    io::rename_keys(d, {{"a", "b"}});
+    FAIL() << "expected a clash";
+  } catch (const ValueError& e) {
+    EXPECT_NE(std::string(e.what()).find("\"a.w\" and \"b.w\" both become \"b.w\""), std::string::npos) << e.what();
+  }
+  nn::NamedTensors p = {{"module.a", zeros({1})}, {"module.b", zeros({1})}, {"c", zeros({1})}};
+  EXPECT_EQ(io::consume_prefix_in_state_dict_if_present(p, "module."), 2u);
+  EXPECT_EQ(test::keys(p), (std::vector<std::string>{"a", "b", "c"}));
+  nn::NamedTensors both = {{"module.a", zeros({1})}, {"a", zeros({1})}};
+  EXPECT_THROW(io::consume_prefix_in_state_dict_if_present(both, "module."), ValueError);
+}
+
+TEST(StateDictIO, SharedGroupsAndCastsKeepTies) {
+  models::GPT gpt(kGPT);
+  auto sd = gpt.state_dict();
+  auto groups = io::shared_groups(sd);
+  ASSERT_EQ(groups.size(), 1u);
+  EXPECT_EQ(groups[0], (std::vector<std::string>{"transformer.wte.weight", "lm_head.weight"}));
+  auto half = io::cast_floating(sd, kBFloat16);
+  EXPECT_EQ(io::shared_groups(half), groups);
+  EXPECT_EQ(half[0].second.dtype(), kBFloat16);
+  Tensor a = zeros({2, 3});
+  EXPECT_TRUE(io::shared_groups({{"a", a}, {"t", a.t()}}).empty());  // same storage, other layout
+  EXPECT_TRUE(io::equal_bytes(a, zeros({2, 3})));
+  EXPECT_FALSE(io::equal_bytes(a, zeros({3, 2})));
+  EXPECT_FALSE(io::equal_bytes(a, zeros({2, 3}, TensorOptions(kFloat64))));
+  EXPECT_THROW(io::cast_floating(sd, kInt64), DTypeError);
+}
+
+TEST(StateDictIO, WriteAndReadKeepOrderMetadataAndTies) {
+  test::TempDir dir;
+  models::GPT gpt(kGPT);
+  auto sd = gpt.state_dict();
+  io::write_state_dict(dir.file("g.safetensors"), sd, {.metadata = {{"step", "12"}}});
+  auto f = io::read_state_dict(dir.file("g.safetensors"));
+  EXPECT_EQ(test::keys(f.tensors), test::keys(sd));
+  EXPECT_EQ(f.metadata.at("format"), "pt");
+  EXPECT_EQ(f.metadata.at("step"), "12");
+  for (size_t i = 0; i < sd.size(); ++i) EXPECT_TRUE(test::bitwise_equal(f.tensors[i].second, sd[i].second));
+  EXPECT_TRUE(io::shared_groups(f.tensors).empty());  // each name has its own bytes on disk
+  auto g = io::read_state_dict(dir.file("g.safetensors"), {.dtype = kFloat64, .renames = {{"transformer", "t"}}});
+  EXPECT_EQ(g.tensors[0].first, "t.wte.weight");
+  EXPECT_EQ(g.tensors[0].second.dtype(), kFloat64);
+  nn::NamedTensors undefined = {{"x", Tensor()}};
+  EXPECT_THROW(io::write_state_dict(dir.file("u.safetensors"), undefined), ValueError);
+}
