@@ -84,7 +84,9 @@ const Exchange& exchange() {
     for (const auto& [kind, spec] : cases) {
       std::filesystem::create_directory(e->folder(kind));
       std::ofstream(e->folder(kind) + "/case.json") << spec;
-      nn::save_pytorch_weights(*kiln_model(kind), e->folder(kind) + "/kiln_model.safetensors");
+      auto m = kiln_model(kind);
+      nn::save_pytorch_weights(*m, e->folder(kind) + "/kiln_model.safetensors");
+      nn::save_pytorch_weights(*m, e->folder(kind) + "/kiln_model_bf16.safetensors", {.dtype = kBFloat16});
     }
     std::string out;
     int rc = test::run_command(test::shell_quote(test::python()) + " " +
@@ -165,6 +167,23 @@ TEST_P(PyTorchWeights, KilnExportLoadsStrictlyIntoTorchAndOutputsAgree) {
   EXPECT_EQ(test::mismatch(eval_forward(*m, ref.at("input")), ref.at("kiln_weights_out")), "");
   // What torch holds after load_state_dict(strict=True) is kiln's state, bit for bit.
   for (auto& [n, t] : nn::pytorch_state_dict(*m)) EXPECT_TRUE(test::bitwise_equal(t, ref.at("loaded." + n))) << n;
+}
+
+// Both ways again with bfloat16 files (the doc's Python writes and reads BF16 through int16).
+TEST_P(PyTorchWeights, BFloat16FilesBothWays) {
+  const std::string kind = GetParam();
+  auto ref = exchange().outputs(kind);
+  ASSERT_NE(test::mismatch(ref.at("torch_bf16_out"), ref.at("torch_out")), "") << "rounding must show";
+  auto m = blank_model(kind);
+  std::string file = exchange().folder(kind) + "/torch_model_bf16.safetensors";
+  EXPECT_NE(load_error(*m, io::load_safetensors(file).tensors).find("pass .convert_dtype = true"), std::string::npos);
+  auto res = nn::load_pytorch_weights(*m, file, {.convert_dtype = true});
+  EXPECT_FALSE(res.converted.empty());
+  EXPECT_EQ(test::mismatch(eval_forward(*m, ref.at("input")), ref.at("torch_bf16_out")), "");
+  // kiln's bfloat16 export, cast back by torch's load_state_dict: kiln's rounded weights.
+  auto k = kiln_model(kind);
+  k->to(kBFloat16).to(kFloat32);
+  EXPECT_EQ(test::mismatch(eval_forward(*k, ref.at("input")), ref.at("kiln_bf16_weights_out")), "");
 }
 
 INSTANTIATE_TEST_SUITE_P(Models, PyTorchWeights, ::testing::Values("gpt", "resnet"));

@@ -15,7 +15,11 @@ kiln_model.safetensors (kiln's export of its own model). For each case:
       the doc's "load" block (load_state_dict(strict=True)) and runs the same
       input in eval mode.
 It writes outputs.safetensors: "input", "torch_out" (a), "kiln_weights_out"
-(b) and "loaded.<name>" for the state_dict the twin holds after (b).
+(b) and "loaded.<name>" for the state_dict the twin holds after (b). The same
+both ways in bfloat16: torch_model_bf16.safetensors (a's weights rounded) with
+"torch_bf16_out" (the twin's output with the rounded weights), and
+"kiln_bf16_weights_out" from kiln_model_bf16.safetensors (kiln's export with
+dtype bfloat16, which case folders also hold).
 Prints OK, or fails with the reason.
 """
 import json
@@ -75,6 +79,20 @@ def run_case(folder, blocks, helpers):
     with torch.no_grad():
         kiln_out = fresh(x)
     out = {"input": x, "torch_out": torch_out, "kiln_weights_out": kiln_out}
+    # bfloat16 files both ways through the doc's helpers: torch's weights rounded
+    # for kiln to load with convert_dtype, and kiln's bfloat16 export into torch.
+    half = {k: v.to(torch.bfloat16) if v.is_floating_point() else v for k, v in model.state_dict().items()}
+    helpers["save_safetensors"](half, os.path.join(folder, "torch_model_bf16.safetensors"))
+    rounded = make(**config)
+    rounded.load_state_dict(half, strict=True)
+    rounded.eval()
+    kiln_half = make(**config)
+    kiln_half.load_state_dict(helpers["load_safetensors"](os.path.join(folder, "kiln_model_bf16.safetensors")),
+                              strict=True)
+    kiln_half.eval()
+    with torch.no_grad():
+        out["torch_bf16_out"] = rounded(x)
+        out["kiln_bf16_weights_out"] = kiln_half(x)
     for name, t in fresh.state_dict().items():
         out["loaded." + name] = t
     helpers["save_safetensors"](out, os.path.join(folder, "outputs.safetensors"))
