@@ -204,6 +204,18 @@ TEST(PyTorchWeightsErrors, MissingExtraAndWrongShapeReportedTogetherModelUnchang
       << err;
   EXPECT_NE(err.find("nothing was changed"), std::string::npos) << err;
   expect_same_state(*m, before);
+  // The same from a file: the message names it.
+  test::TempDir dir;
+  io::write_state_dict(dir.file("bad.safetensors"), d);
+  try {
+    nn::load_pytorch_weights(*m, dir.file("bad.safetensors"));
+    ADD_FAILURE() << "expected a ValueError";
+  } catch (const ValueError& e) {
+    EXPECT_NE(std::string(e.what()).find("'" + dir.file("bad.safetensors") + "' does not fit ResNet"),
+              std::string::npos)
+        << e.what();
+  }
+  expect_same_state(*m, before);
   // Not strict: the mismatched shape still stops everything.
   err = load_error(*m, d, {.strict = false});
   EXPECT_NE(err.find("layer1.0.conv1.weight"), std::string::npos) << err;
@@ -379,6 +391,40 @@ TEST(PyTorchWeightsRules, WrapperPrefixesRenamesAndIgnoredKeys) {
   EXPECT_NE(err.find(".ignore = {\"*.attn.bias\"}"), std::string::npos) << err;
   auto res = nn::load_pytorch_state_dict(*m, with_mask, {.ignore = {"*.attn.bias"}});
   EXPECT_EQ(res.ignored_keys.size(), 2u);
+}
+
+namespace {
+
+// Persistent and non-persistent buffers side by side (torch's register_buffer(persistent=False)).
+class WithBuffers : public nn::Module {
+ public:
+  WithBuffers()
+      : nn::Module("WithBuffers"),
+        w(register_parameter("w", zeros({3}))),
+        stat(register_buffer("stat", zeros({3}))),
+        mask(register_buffer("mask", zeros({3}), /*persistent=*/false)) {}
+  Tensor& w;
+  Tensor& stat;
+  Tensor& mask;
+};
+
+}  // namespace
+
+TEST(PyTorchWeightsRules, PersistentBuffersMoveNonPersistentOnesDoNot) {
+  WithBuffers a;
+  a.w.detach().fill_(1.0);
+  a.stat.fill_(2.0);
+  a.mask.fill_(3.0);
+  auto sd = nn::pytorch_state_dict(a);
+  EXPECT_EQ(test::keys(sd), (std::vector<std::string>{"w", "stat"}));
+  WithBuffers b;
+  nn::load_pytorch_state_dict(b, sd);
+  EXPECT_TRUE(test::bitwise_equal(b.stat, a.stat));
+  EXPECT_EQ(b.mask.sum().item<float>(), 0.0f);
+  // A file that has it anyway (torch with persistent=True): unexpected, or skipped on request.
+  sd.emplace_back("mask", a.mask);
+  EXPECT_NE(load_error(b, sd).find("unexpected keys: \"mask\""), std::string::npos);
+  EXPECT_EQ(nn::load_pytorch_state_dict(b, sd, {.ignore = {"mask"}}).ignored_keys, std::vector<std::string>{"mask"});
 }
 
 // ---- kiln/io/state_dict.h ----
