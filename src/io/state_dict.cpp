@@ -2,7 +2,6 @@
 
 #include <cstring>
 #include <map>
-#include <set>
 
 #include "kiln/core/error.h"
 #include "kiln/core/guards.h"
@@ -69,17 +68,23 @@ NamedTensors rename_keys(const NamedTensors& dict, const std::vector<KeyRename>&
 
 size_t consume_prefix_in_state_dict_if_present(NamedTensors& dict, std::string_view prefix) {
   if (prefix.empty()) return 0;
-  std::set<std::string> after;
+  // Checked before anything changes: stripping must not merge two keys into one.
+  std::map<std::string, std::string> origin;  // new name -> old name
+  std::string clashes;
   size_t changed = 0;
-  for (auto& [name, t] : dict) {
-    if (name.starts_with(prefix)) {
-      name.erase(0, prefix.size());
-      ++changed;
-    }
-    KILN_CHECK(!name.empty() && after.insert(name).second, ValueError,
-               "consume_prefix_in_state_dict_if_present: removing \"", prefix, "\" leaves the key \"", name,
-               "\" empty or twice; the state dict mixes prefixed and unprefixed copies of a name");
+  for (const auto& [name, t] : dict) {
+    const bool strip = name.starts_with(prefix);
+    changed += strip;
+    std::string n = strip ? name.substr(prefix.size()) : name;
+    if (n.empty()) clashes += concat("\n  \"", name, "\" would become empty");
+    auto [it, fresh] = origin.emplace(n, name);
+    if (!fresh && (strip || it->second != n))
+      clashes += concat("\n  \"", it->second, "\" and \"", name, "\" would both become \"", n, "\"");
   }
+  KILN_CHECK(clashes.empty(), ValueError, "consume_prefix_in_state_dict_if_present: removing \"", prefix,
+             "\" merges keys (the state dict mixes prefixed and unprefixed copies of a name):", clashes);
+  for (auto& [name, t] : dict)
+    if (name.starts_with(prefix)) name.erase(0, prefix.size());
   return changed;
 }
 

@@ -46,18 +46,18 @@ PyTorchLoadResult load_impl(Module& module, const NamedTensors& dict, const PyTo
   file = io::rename_keys(file, o.renames);
 
   PyTorchLoadResult res;
+  std::vector<std::string> problems;
   std::map<std::string, const Tensor*> given;
   for (const auto& [n, t] : file) {
     if (ignored(n, o.ignore)) {
       res.ignored_keys.push_back(n);
       continue;
     }
-    given.emplace(n, &t);
+    if (!given.emplace(n, &t).second) problems.push_back(concat("\"", n, "\" is given twice"));
   }
 
   // 2. Tied names: any one present supplies the others; present copies must agree.
   const NamedTensors expected = module.state_dict();
-  std::vector<std::string> problems;
   std::map<std::string, std::string> tied_source;  // absent name -> the present name it takes
   for (const auto& group : io::shared_groups(expected)) {
     std::vector<std::string> present;

@@ -133,6 +133,10 @@ std::string load_error(nn::Module& m, const nn::NamedTensors& d, const nn::PyTor
   return "";
 }
 
+nn::NamedTensors torch_dict(const std::string& kind) {
+  return io::load_safetensors(exchange().torch_file(kind)).tensors;
+}
+
 class PyTorchWeights : public ::testing::TestWithParam<std::string> {
  protected:
   void SetUp() override { ASSERT_EQ(exchange().problem, ""); }
@@ -199,7 +203,8 @@ TEST(PyTorchWeightsErrors, MissingExtraAndWrongShapeReportedTogetherModelUnchang
   std::string err = load_error(*m, d);
   EXPECT_NE(err.find("missing keys: \"fc.bias\""), std::string::npos) << err;
   EXPECT_NE(err.find("unexpected keys: \"fc.extra\""), std::string::npos) << err;
-  EXPECT_NE(err.find("shape mismatch for \"layer1.0.conv1.weight\": the module has [8, 8, 3, 3], the file [8, 8, 1, 1]"),
+  EXPECT_NE(err.find("shape mismatch for \"layer1.0.conv1.weight\": the module has [8, 8, 3, 3], "
+                     "the file [8, 8, 1, 1]"),
             std::string::npos)
       << err;
   EXPECT_NE(err.find("nothing was changed"), std::string::npos) << err;
@@ -215,6 +220,12 @@ TEST(PyTorchWeightsErrors, MissingExtraAndWrongShapeReportedTogetherModelUnchang
               std::string::npos)
         << e.what();
   }
+  expect_same_state(*m, before);
+  // A key twice (possible in memory, not in a file) is named too, not resolved silently.
+  auto twice = torch_dict("resnet");
+  twice.emplace_back("fc.bias", zeros({5}));
+  err = load_error(*m, twice);
+  EXPECT_NE(err.find("\"fc.bias\" is given twice"), std::string::npos) << err;
   expect_same_state(*m, before);
   // Not strict: the mismatched shape still stops everything.
   err = load_error(*m, d, {.strict = false});
@@ -254,10 +265,6 @@ TEST(PyTorchWeightsErrors, WrongFileIsAFormatErrorAndMissingFileAnIOError) {
 // ---- the loader's rules, on torch's files ----
 
 namespace {
-
-nn::NamedTensors torch_dict(const std::string& kind) {
-  return io::load_safetensors(exchange().torch_file(kind)).tensors;
-}
 
 Tensor torch_out_of(const std::string& kind, nn::Module& m) {
   return eval_forward(m, exchange().outputs(kind).at("input"));
@@ -459,6 +466,7 @@ TEST(StateDictIO, RenameClashesAndPrefixes) {
   EXPECT_EQ(test::keys(p), (std::vector<std::string>{"a", "b", "c"}));
   nn::NamedTensors both = {{"module.a", zeros({1})}, {"a", zeros({1})}};
   EXPECT_THROW(io::consume_prefix_in_state_dict_if_present(both, "module."), ValueError);
+  EXPECT_EQ(both[0].first, "module.a");  // unchanged after the error
 }
 
 TEST(StateDictIO, SharedGroupsAndCastsKeepTies) {
