@@ -3,7 +3,10 @@
 #include "kiln/optim/checkpoint.h"
 
 #include <algorithm>
+#include <cctype>
+#include <cerrno>
 #include <cstdio>
+#include <cstdlib>
 #include <sstream>
 
 #include "kiln/core/error.h"
@@ -15,7 +18,7 @@ namespace kiln::optim {
 namespace {
 
 constexpr const char* kFormatKey = "kiln.checkpoint";
-constexpr const char* kFormatVersion = "1";
+constexpr const char* kFormatVersion = "2";  // 2 added named generators and objects; 1 still loads
 
 std::string num(double v) {
   char buf[40];
@@ -117,6 +120,120 @@ std::string dims_str(IntArrayRef s) {
   return out + "]";
 }
 
+std::string join_lines(const std::vector<std::string>& names) {
+  std::string s;
+  for (size_t i = 0; i < names.size(); ++i) s += (i ? "\n" : "") + names[i];
+  return s;
+}
+
+std::vector<std::string> split_lines(const std::string& s) {
+  std::vector<std::string> out;
+  std::istringstream is(s);
+  for (std::string line; std::getline(is, line);) out.push_back(line);
+  return out;
+}
+
+template <typename Map>
+std::vector<std::string> checked_names(const Map& m, const char* what) {
+  std::vector<std::string> names;
+  for (const auto& [name, ptr] : m) {
+    KILN_CHECK(!name.empty() && name.find_first_of(".\n") == std::string::npos, ValueError, "save_checkpoint: expected ",
+               what, " names that are non-empty and without '.' or newlines, got '", name, "'");
+    KILN_CHECK(ptr != nullptr, ValueError, "save_checkpoint: ", what, " '", name, "' is null");
+    names.push_back(name);
+  }
+  return names;
+}
+
+// Scalars as "<kind>:<text>"; doubles in hex (%a) so that they come back bit for bit.
+std::string encode(const StateValue& v) {
+  if (const auto* b = std::get_if<bool>(&v)) return *b ? "b:1" : "b:0";
+  if (const auto* i = std::get_if<int64_t>(&v)) return "i:" + std::to_string(*i);
+  if (const auto* d = std::get_if<double>(&v)) {
+    char buf[48];
+    std::snprintf(buf, sizeof buf, "f:%a", *d);
+    return buf;
+  }
+  return "s:" + std::get<std::string>(v);
+}
+
+StateValue decode(const std::string& path, const std::string& key, const std::string& s) {
+  auto bad = [&]() {
+    return FormatError(detail::concat(path, ": checkpoint metadata '", key,
+                                      "': expected b:0|1, i:<integer>, f:<hex float> or s:<text>, got '", s, "'"));
+  };
+  if (s.size() < 2 || s[1] != ':') throw bad();
+  const std::string text = s.substr(2);
+  switch (s[0]) {
+    case 'b':
+      if (text != "0" && text != "1") throw bad();
+      return text == "1";
+    case 'i':
+    case 'f': {
+      if (text.empty() || std::isspace(static_cast<unsigned char>(text[0]))) throw bad();
+      char* end = nullptr;
+      errno = 0;
+      if (s[0] == 'i') {
+        const long long v = std::strtoll(text.c_str(), &end, 10);
+        if (errno != 0 || *end != '\0') throw bad();
+        return static_cast<int64_t>(v);
+      }
+      const double v = std::strtod(text.c_str(), &end);
+      if (*end != '\0') throw bad();
+      return v;
+    }
+    case 's':
+      return text;
+    default:
+      throw bad();
+  }
+}
+
+const char* kind_name(const StateValue& v) {
+  static constexpr const char* names[] = {"bool", "integer", "double", "string"};
+  return names[v.index()];
+}
+
+// Problems of `name` ("what" describes it) between the file's and the object's keys.
+void compare_sets(const std::vector<std::string>& in_file, const std::vector<std::string>& in_refs, const char* what,
+                  std::vector<std::string>& problems) {
+  for (const auto& n : in_refs)
+    if (std::find(in_file.begin(), in_file.end(), n) == in_file.end()) problems.push_back(detail::concat("missing ", what, " '", n, "'"));
+  for (const auto& n : in_file)
+    if (std::find(in_refs.begin(), in_refs.end(), n) == in_refs.end()) problems.push_back(detail::concat("unexpected ", what, " '", n, "'"));
+}
+
+// The object's saved state checked against its current one (the schema).
+void compare_object(const std::string& name, const ObjectState& file, const ObjectState& now,
+                    std::vector<std::string>& problems) {
+  const std::string o = "object '" + name + "'";
+  for (const auto& [k, t] : now.tensors) {
+    auto it = file.tensors.find(k);
+    if (it == file.tensors.end()) {
+      problems.push_back(detail::concat(o, ": missing tensor '", k, "'"));
+      continue;
+    }
+    if (dims_str(it->second.sizes()) != dims_str(t.sizes()))
+      problems.push_back(detail::concat(o, ": tensor '", k, "': shape ", dims_str(it->second.sizes()), " in the file, ",
+                                        dims_str(t.sizes()), " in the object"));
+    if (it->second.dtype() != t.dtype())
+      problems.push_back(detail::concat(o, ": tensor '", k, "': dtype ", dtype_name(it->second.dtype()), " in the file, ",
+                                        dtype_name(t.dtype()), " in the object"));
+  }
+  for (const auto& [k, t] : file.tensors)
+    if (!now.tensors.count(k)) problems.push_back(detail::concat(o, ": unexpected tensor '", k, "'"));
+  for (const auto& [k, v] : now.values) {
+    auto it = file.values.find(k);
+    if (it == file.values.end())
+      problems.push_back(detail::concat(o, ": missing value '", k, "'"));
+    else if (it->second.index() != v.index())
+      problems.push_back(detail::concat(o, ": value '", k, "': ", kind_name(it->second), " in the file, ", kind_name(v),
+                                        " in the object"));
+  }
+  for (const auto& [k, v] : file.values)
+    if (!now.values.count(k)) problems.push_back(detail::concat(o, ": unexpected value '", k, "'"));
+}
+
 }  // namespace
 
 void save_checkpoint(const std::string& path, const CheckpointRefs& refs, const CheckpointInfo& info) {
@@ -148,6 +265,18 @@ void save_checkpoint(const std::string& path, const CheckpointRefs& refs, const 
   const GeneratorState g = default_generator().get_state();
   md["rng.default.seed"] = std::to_string(g.seed);
   md["rng.default.offset"] = std::to_string(g.offset);
+  md["rng.generators"] = join_lines(checked_names(refs.generators, "generator"));
+  for (const auto& [name, gen] : refs.generators) {
+    const GeneratorState gs = gen->get_state();
+    md["rng.gen." + name + ".seed"] = std::to_string(gs.seed);
+    md["rng.gen." + name + ".offset"] = std::to_string(gs.offset);
+  }
+  md["state.objects"] = join_lines(checked_names(refs.objects, "object"));
+  for (const auto& [name, obj] : refs.objects) {
+    const ObjectState st = obj->state_dict();
+    for (const auto& [k, t] : st.tensors) tensors.emplace_back("state." + name + "." + k, t);
+    for (const auto& [k, v] : st.values) md["state." + name + "." + k] = encode(v);
+  }
   if (info.loader) {
     md["loader.epoch"] = std::to_string(info.loader->epoch);
     md["loader.position"] = std::to_string(info.loader->position);
@@ -163,8 +292,8 @@ CheckpointInfo load_checkpoint(const std::string& path, const CheckpointRefs& re
   KILN_CHECK(refs.model != nullptr, ValueError, "load_checkpoint: expected a model, got null");
   const io::SafetensorsFile f = io::load_safetensors(path);
   const Reader r{f.metadata, path};
-  KILN_CHECK(r.get(kFormatKey) == kFormatVersion, FormatError, path, ": expected checkpoint format version ",
-             kFormatVersion, ", got '", r.get(kFormatKey), "'");
+  KILN_CHECK(r.get(kFormatKey) == kFormatVersion || r.get(kFormatKey) == "1", FormatError, path,
+             ": expected checkpoint format version 1 or ", kFormatVersion, ", got '", r.get(kFormatKey), "'");
   char hex[20];
   std::snprintf(hex, sizeof hex, "%016llx", static_cast<unsigned long long>(checksum(f.tensors)));
   KILN_CHECK(r.get("checksum.fnv1a64") == hex, FormatError, path, ": checksum mismatch: metadata says ",
@@ -173,14 +302,40 @@ CheckpointInfo load_checkpoint(const std::string& path, const CheckpointRefs& re
   // Split the tensors; check the model's keys, shapes and dtypes, all problems together.
   io::NamedTensors model_dict;
   std::map<std::string, Tensor> optim_tensors;
+  std::map<std::string, ObjectState> file_objects;
+  const std::vector<std::string> object_names =
+      f.metadata.count("state.objects") ? split_lines(r.get("state.objects")) : std::vector<std::string>{};
+  for (const auto& n : object_names) file_objects[n];
+  auto object_key = [&](const std::string& rest) -> std::pair<std::string, std::string> {
+    const auto dot = rest.find('.');
+    if (dot == std::string::npos || dot + 1 == rest.size() || !file_objects.count(rest.substr(0, dot))) return {};
+    return {rest.substr(0, dot), rest.substr(dot + 1)};
+  };
   for (const auto& [name, t] : f.tensors) {
-    if (name.rfind("model.", 0) == 0)
+    if (name.rfind("model.", 0) == 0) {
       model_dict.emplace_back(name.substr(6), t);
-    else if (name.rfind("optim.", 0) == 0)
+    } else if (name.rfind("optim.", 0) == 0) {
       optim_tensors[name.substr(6)] = t;
-    else
+    } else if (name.rfind("state.", 0) == 0) {
+      const auto [obj, key] = object_key(name.substr(6));
+      KILN_CHECK(!obj.empty(), FormatError, path, ": checkpoint tensor '", name,
+                 "' belongs to no object listed in 'state.objects'");
+      file_objects[obj].tensors[key] = t;
+    } else {
       throw FormatError(detail::concat(path, ": unexpected checkpoint tensor '", name, "'"));
+    }
   }
+  for (auto it = f.metadata.lower_bound("state."); it != f.metadata.end() && it->first.rfind("state.", 0) == 0; ++it) {
+    if (it->first == "state.objects") continue;
+    const auto [obj, key] = object_key(it->first.substr(6));
+    KILN_CHECK(!obj.empty(), FormatError, path, ": checkpoint metadata '", it->first,
+               "' belongs to no object listed in 'state.objects'");
+    file_objects[obj].values[key] = decode(path, it->first, it->second);
+  }
+  const std::vector<std::string> gen_names =
+      f.metadata.count("rng.generators") ? split_lines(r.get("rng.generators")) : std::vector<std::string>{};
+  std::map<std::string, GeneratorState> file_gens;
+  for (const auto& n : gen_names) file_gens[n] = {r.u64("rng.gen." + n + ".seed"), r.u64("rng.gen." + n + ".offset")};
   std::vector<std::string> problems;
   std::map<std::string, Tensor> file_model(model_dict.begin(), model_dict.end());
   std::map<std::string, bool> seen;
@@ -200,10 +355,22 @@ CheckpointInfo load_checkpoint(const std::string& path, const CheckpointRefs& re
   }
   for (const auto& [name, t] : model_dict)
     if (!seen.count(name)) problems.push_back("unexpected key '" + name + "'");
+  std::vector<std::string> ref_gens, ref_objects;
+  for (const auto& [n, g] : refs.generators) {
+    KILN_CHECK(g != nullptr, ValueError, "load_checkpoint: generator '", n, "' is null");
+    ref_gens.push_back(n);
+  }
+  compare_sets(gen_names, ref_gens, "generator", problems);
+  for (const auto& [n, o] : refs.objects) {
+    KILN_CHECK(o != nullptr, ValueError, "load_checkpoint: object '", n, "' is null");
+    ref_objects.push_back(n);
+    if (file_objects.count(n)) compare_object(n, file_objects[n], o->state_dict(), problems);
+  }
+  compare_sets(object_names, ref_objects, "object", problems);
   if (!problems.empty()) {
     std::string msg;
     for (const auto& p : problems) msg += "\n  " + p;
-    throw ValueError(detail::concat("load_checkpoint: ", path, " does not match the model (", problems.size(),
+    throw ValueError(detail::concat("load_checkpoint: ", path, " does not match what it is loaded into (", problems.size(),
                                     " problems):", msg));
   }
 
@@ -245,6 +412,8 @@ CheckpointInfo load_checkpoint(const std::string& path, const CheckpointRefs& re
   if (refs.scheduler) refs.scheduler->load_state_dict(*ssd);
   refs.model->load_state_dict(model_dict, /*strict=*/true);
   default_generator().set_state(gen);
+  for (const auto& [n, g] : refs.generators) g->set_state(file_gens.at(n));
+  for (const auto& [n, o] : refs.objects) o->load_state_dict(file_objects.at(n));
   return info;
 }
 

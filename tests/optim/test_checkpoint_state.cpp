@@ -1,0 +1,236 @@
+// Checkpoints beyond model and optimizer: named generators and Stateful
+// objects round-trip exactly; mismatches (missing/unexpected generators and
+// objects, object keys, value kinds, shapes, dtypes) are reported together by
+// name and change nothing; malformed values are FormatErrors; version-1 files
+// (before generators and objects) still load.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstring>
+#include <functional>
+#include <memory>
+
+#include "kiln/core/error.h"
+#include "kiln/core/factory.h"
+#include "kiln/core/generator.h"
+#include "kiln/io/safetensors.h"
+#include "kiln/models/gpt.h"
+#include "kiln/nn/layers.h"
+#include "kiln/optim/checkpoint.h"
+#include "support/test_util.h"
+
+namespace kiln {
+namespace {
+
+using optim::ObjectState;
+using optim::StateValue;
+
+// A stand-in for AMP's GradScaler: a tensor and one scalar of each kind.
+class Scaler : public optim::Stateful {
+ public:
+  Tensor scale = ones({1});
+  int64_t growth_tracker = 0;
+  bool enabled = true;
+  double backoff = 0.5;
+  std::string note = "init";
+
+  ObjectState state_dict() const override {
+    return {.tensors = {{"scale", scale.clone()}},
+            .values = {{"growth_tracker", growth_tracker}, {"enabled", enabled}, {"backoff", backoff}, {"note", note}}};
+  }
+  void load_state_dict(const ObjectState& s) override {
+    scale = s.tensors.at("scale").clone();
+    growth_tracker = std::get<int64_t>(s.values.at("growth_tracker"));
+    enabled = std::get<bool>(s.values.at("enabled"));
+    backoff = std::get<double>(s.values.at("backoff"));
+    note = std::get<std::string>(s.values.at("note"));
+  }
+};
+
+// An object with another schema: "scale" of another shape, "growth_tracker" a double, an extra key.
+class OtherScaler : public optim::Stateful {
+ public:
+  ObjectState state_dict() const override {
+    return {.tensors = {{"scale", zeros({2})}, {"history", zeros({3})}},
+            .values = {{"growth_tracker", 1.5}, {"enabled", true}, {"backoff", 0.5}, {"note", std::string("x")}}};
+  }
+  void load_state_dict(const ObjectState&) override { loaded = true; }
+  bool loaded = false;
+};
+
+std::shared_ptr<nn::Linear> linear(uint64_t seed) {
+  manual_seed(seed);
+  return std::make_shared<nn::Linear>(nn::LinearOptions{.in_features = 3, .out_features = 2});
+}
+
+TEST(CheckpointState, GeneratorsAndObjectsRoundTripExactly) {
+  test::TempDir dir;
+  const std::string path = dir.file("c.safetensors");
+  auto model = linear(1);
+  Generator noise(42), augment(7);
+  noise.reserve(13);
+  augment.reserve(1000003);
+  Scaler scaler;
+  scaler.scale.fill_(65536.0);
+  scaler.growth_tracker = -1234567890123LL;
+  scaler.enabled = false;
+  scaler.backoff = 0.1 + 0.2;  // not a short decimal: must come back bit for bit
+  scaler.note = "dynamic, ünïcode";
+  optim::save_checkpoint(path,
+                         {.model = model.get(), .optimizer = nullptr, .scheduler = nullptr,
+                          .generators = {{"noise", &noise}, {"augment", &augment}}, .objects = {{"scaler", &scaler}}},
+                         {.step = 5, .loader = std::nullopt, .config = ""});
+  const io::SafetensorsFile f = io::load_safetensors(path);
+  EXPECT_TRUE(f.contains("state.scaler.scale"));
+
+  auto model2 = linear(2);
+  Generator noise2(1), augment2(2);
+  Scaler scaler2;
+  optim::load_checkpoint(path, {.model = model2.get(), .optimizer = nullptr, .scheduler = nullptr,
+                                .generators = {{"noise", &noise2}, {"augment", &augment2}}, .objects = {{"scaler", &scaler2}}});
+  EXPECT_EQ(noise2.get_state(), noise.get_state());
+  EXPECT_EQ(augment2.get_state(), augment.get_state());
+  EXPECT_TRUE(test::bitwise_equal(scaler2.scale, scaler.scale));
+  EXPECT_EQ(scaler2.growth_tracker, scaler.growth_tracker);
+  EXPECT_EQ(scaler2.enabled, false);
+  EXPECT_EQ(std::memcmp(&scaler2.backoff, &scaler.backoff, sizeof(double)), 0);
+  EXPECT_EQ(scaler2.note, scaler.note);
+  EXPECT_TRUE(test::bitwise_equal(model2->weight, model->weight));
+}
+
+TEST(CheckpointState, SpecialDoublesRoundTrip) {
+  test::TempDir dir;
+  const std::string path = dir.file("c.safetensors");
+  auto model = linear(1);
+  for (double v : std::initializer_list<double>{0.0, -0.0, 1e-310, -INFINITY, INFINITY, 1.7976931348623157e308}) {
+    Scaler s;
+    s.backoff = v;
+    optim::save_checkpoint(path, {.model = model.get(), .objects = {{"s", &s}}}, {});
+    Scaler back;
+    optim::load_checkpoint(path, {.model = model.get(), .objects = {{"s", &back}}});
+    EXPECT_EQ(std::memcmp(&back.backoff, &v, sizeof v), 0) << v;
+  }
+}
+
+TEST(CheckpointState, MismatchesAreReportedTogetherAndChangeNothing) {
+  test::TempDir dir;
+  const std::string path = dir.file("c.safetensors");
+  auto model = linear(1);
+  Generator noise(42), dropped(3);
+  Scaler scaler, gone;
+  optim::save_checkpoint(path,
+                         {.model = model.get(), .generators = {{"noise", &noise}, {"dropped", &dropped}},
+                          .objects = {{"scaler", &scaler}, {"gone", &gone}}},
+                         {.step = 1});
+
+  auto model2 = linear(2);
+  const Tensor w_before = model2->weight.clone();
+  Generator noise2(9), fresh(10);
+  noise2.reserve(4);
+  OtherScaler other;
+  Scaler extra;
+  manual_seed(31337);
+  const GeneratorState default_before = default_generator().get_state();
+  try {
+    optim::load_checkpoint(path, {.model = model2.get(), .generators = {{"noise", &noise2}, {"fresh", &fresh}},
+                                  .objects = {{"scaler", &other}, {"extra", &extra}}});
+    FAIL() << "expected ValueError";
+  } catch (const ValueError& e) {
+    const std::string msg = e.what();
+    for (const char* want : {"missing generator 'fresh'", "unexpected generator 'dropped'", "missing object 'extra'",
+                             "unexpected object 'gone'", "object 'scaler': tensor 'scale': shape [1] in the file, [2]",
+                             "object 'scaler': missing tensor 'history'",
+                             "object 'scaler': value 'growth_tracker': integer in the file, double in the object"})
+      EXPECT_NE(msg.find(want), std::string::npos) << want << " not in: " << msg;
+  }
+  EXPECT_TRUE(test::bitwise_equal(model2->weight, w_before));
+  EXPECT_EQ(noise2.get_state(), (GeneratorState{9, 4}));
+  EXPECT_EQ(fresh.get_state(), (GeneratorState{10, 0}));
+  EXPECT_FALSE(other.loaded);
+  EXPECT_EQ(default_generator().get_state(), default_before);
+}
+
+TEST(CheckpointState, BadNamesAreRejectedOnSave) {
+  test::TempDir dir;
+  auto model = linear(1);
+  Generator g;
+  Scaler s;
+  for (const char* bad : {"", "a.b", "a\nb"}) {
+    EXPECT_THROW(optim::save_checkpoint(dir.file("c.safetensors"), {.model = model.get(), .generators = {{bad, &g}}}, {}),
+                 ValueError);
+    EXPECT_THROW(optim::save_checkpoint(dir.file("c.safetensors"), {.model = model.get(), .objects = {{bad, &s}}}, {}),
+                 ValueError);
+  }
+  EXPECT_THROW(optim::save_checkpoint(dir.file("c.safetensors"), {.model = model.get(), .generators = {{"g", nullptr}}}, {}),
+               ValueError);
+}
+
+// Rewrites the checkpoint's metadata (the checksum covers tensors only, so it stays valid).
+void rewrite_metadata(const std::string& path, const std::function<void(io::Metadata&)>& edit) {
+  io::SafetensorsFile f = io::load_safetensors(path);
+  edit(f.metadata);
+  io::save_safetensors(path, f.tensors, f.metadata);
+}
+
+TEST(CheckpointState, MalformedValuesAreFormatErrors) {
+  test::TempDir dir;
+  const std::string path = dir.file("c.safetensors");
+  auto model = linear(1);
+  Scaler s;
+  for (const char* bad : {"", "i:", "i:12x", "i:99999999999999999999", "f:", "f:1.0junk", "b:2", "x:1", "i"}) {
+    optim::save_checkpoint(path, {.model = model.get(), .objects = {{"s", &s}}}, {});
+    rewrite_metadata(path, [&](io::Metadata& md) { md["state.s.growth_tracker"] = bad; });
+    EXPECT_THROW(optim::load_checkpoint(path, {.model = model.get(), .objects = {{"s", &s}}}), FormatError) << bad;
+  }
+  // A value or tensor for an object the file does not list.
+  optim::save_checkpoint(path, {.model = model.get(), .objects = {{"s", &s}}}, {});
+  rewrite_metadata(path, [](io::Metadata& md) { md["state.objects"] = "t"; });
+  EXPECT_THROW(optim::load_checkpoint(path, {.model = model.get(), .objects = {{"t", &s}}}), FormatError);
+}
+
+TEST(CheckpointState, VersionOneFilesStillLoad) {
+  test::TempDir dir;
+  const std::string path = dir.file("c.safetensors");
+  auto model = linear(1);
+  optim::save_checkpoint(path, {.model = model.get()}, {.step = 3});
+  rewrite_metadata(path, [](io::Metadata& md) {
+    md["kiln.checkpoint"] = "1";
+    md.erase("rng.generators");
+    md.erase("state.objects");
+  });
+  auto model2 = linear(2);
+  EXPECT_EQ(optim::load_checkpoint(path, {.model = model2.get()}).step, 3);
+  EXPECT_TRUE(test::bitwise_equal(model2->weight, model->weight));
+  Generator g;
+  EXPECT_THROW(optim::load_checkpoint(path, {.model = model2.get(), .generators = {{"g", &g}}}), ValueError);
+}
+
+TEST(CheckpointState, GptWithTiedWeightsRoundTripsThroughTheManager) {
+  test::TempDir dir;
+  const models::GPTOptions o{.vocab_size = 32, .block_size = 8, .n_layer = 1, .n_head = 2, .n_embd = 16};
+  manual_seed(1);
+  auto a = std::make_shared<models::GPT>(o);
+  optim::AdamW opt_a(a->named_parameters(), {.lr = 1e-2, .weight_decay = 0.1});
+  const Tensor idx = randint(0, 32, {2, 8}, TensorOptions().dtype(kInt64));
+  a->loss(idx, idx).backward();
+  opt_a.step();
+  optim::CheckpointManager m(dir.path());
+  m.save({.model = a.get(), .optimizer = &opt_a}, {.step = 1});
+
+  manual_seed(2);
+  auto b = std::make_shared<models::GPT>(o);
+  optim::AdamW opt_b(b->named_parameters(), {.lr = 1e-2, .weight_decay = 0.1});
+  m.load_latest({.model = b.get(), .optimizer = &opt_b});
+  EXPECT_EQ(b->lm_head->weight.data_ptr(), b->wte->weight.data_ptr());  // still one tensor
+  EXPECT_TRUE(test::bitwise_equal((*b)(idx), (*a)(idx)));
+  // The same next step from both.
+  opt_a.zero_grad();
+  a->loss(idx, idx).backward();
+  opt_a.step();
+  b->loss(idx, idx).backward();
+  opt_b.step();
+  EXPECT_TRUE(test::bitwise_equal(b->wte->weight, a->wte->weight));
+}
+
+}  // namespace
+}  // namespace kiln
