@@ -6,6 +6,8 @@
 #include <cmath>
 #include <iostream>
 #include <sstream>
+#include <type_traits>
+#include <variant>
 
 #include "kiln/autograd/anomaly.h"
 #include "kiln/core/autocast.h"
@@ -183,22 +185,22 @@ void GradScaler::note_streak() {
   }
 }
 
-GradScalerState GradScaler::state_dict() const {
+optim::ObjectState GradScaler::state_dict() const {
   if (!enabled_) return {};
-  GradScalerState s;
+  optim::ObjectState s;
   s.tensors["scale"] = scalar_tensor(static_cast<double>(scale_), TensorOptions(kFloat32));
   s.tensors["_growth_tracker"] = scalar_tensor(growth_tracker_, TensorOptions(kInt64));
-  s.scalars["growth_factor"] = options_.growth_factor;
-  s.scalars["backoff_factor"] = options_.backoff_factor;
-  s.scalars["growth_interval"] = static_cast<double>(options_.growth_interval);
-  s.scalars["steps"] = static_cast<double>(stats_.steps);
-  s.scalars["skipped_steps"] = static_cast<double>(stats_.skipped_steps);
+  s.values["growth_factor"] = options_.growth_factor;
+  s.values["backoff_factor"] = options_.backoff_factor;
+  s.values["growth_interval"] = options_.growth_interval;
+  s.values["steps"] = stats_.steps;
+  s.values["skipped_steps"] = stats_.skipped_steps;
   return s;
 }
 
-void GradScaler::load_state_dict(const GradScalerState& s) {
+void GradScaler::load_state_dict(const optim::ObjectState& s) {
   KILN_CHECK(enabled_, ValueError, "GradScaler::load_state_dict: this scaler is disabled (enabled = false)");
-  KILN_CHECK(!s.tensors.empty() || !s.scalars.empty(), ValueError,
+  KILN_CHECK(!s.tensors.empty() || !s.values.empty(), ValueError,
              "GradScaler::load_state_dict: the state is empty, possibly because it was saved from a disabled "
              "GradScaler");
   auto tensor_at = [&](const char* key, DType dt) -> const Tensor& {
@@ -210,30 +212,33 @@ void GradScaler::load_state_dict(const GradScalerState& s) {
                it->second.shape_string());
     return it->second;
   };
-  auto scalar_at = [&](const char* key) {
-    auto it = s.scalars.find(key);
-    KILN_CHECK(it != s.scalars.end(), ValueError, "GradScaler::load_state_dict: missing scalar '", key, "'");
-    return it->second;
+  auto value_at = [&]<typename T>(const char* key, T*) -> T {
+    auto it = s.values.find(key);
+    KILN_CHECK(it != s.values.end(), ValueError, "GradScaler::load_state_dict: missing value '", key, "'");
+    const T* v = std::get_if<T>(&it->second);
+    KILN_CHECK(v != nullptr, ValueError, "GradScaler::load_state_dict: '", key, "' must be ",
+               std::is_same_v<T, double> ? "a double" : "an int64");
+    return *v;
   };
   const float scale = tensor_at("scale", kFloat32).item<float>();
   const int64_t tracker = tensor_at("_growth_tracker", kInt64).item<int64_t>();
   GradScalerOptions o = options_;
-  o.growth_factor = scalar_at("growth_factor");
-  o.backoff_factor = scalar_at("backoff_factor");
-  o.growth_interval = static_cast<int64_t>(scalar_at("growth_interval"));
+  o.growth_factor = value_at("growth_factor", static_cast<double*>(nullptr));
+  o.backoff_factor = value_at("backoff_factor", static_cast<double*>(nullptr));
+  o.growth_interval = value_at("growth_interval", static_cast<int64_t*>(nullptr));
   o.init_scale = scale;
   const GradScaler check(o);  // validates the hyperparameters with the constructor's messages
   KILN_CHECK(tracker >= 0 && tracker < o.growth_interval, ValueError,
              "GradScaler::load_state_dict: '_growth_tracker' must be in [0, growth_interval = ", o.growth_interval,
              "), got ", tracker);
+  // The counters are telemetry: a state from torch (without them) starts them at 0.
+  GradScalerStats stats;
+  if (s.values.count("steps")) stats.steps = value_at("steps", static_cast<int64_t*>(nullptr));
+  if (s.values.count("skipped_steps")) stats.skipped_steps = value_at("skipped_steps", static_cast<int64_t*>(nullptr));
   options_ = o;
   scale_ = scale;
   growth_tracker_ = tracker;
-  // The counters are telemetry: a state from torch (no counters) starts them at 0.
-  stats_ = {};
-  if (auto it = s.scalars.find("steps"); it != s.scalars.end()) stats_.steps = static_cast<int64_t>(it->second);
-  if (auto it = s.scalars.find("skipped_steps"); it != s.scalars.end())
-    stats_.skipped_steps = static_cast<int64_t>(it->second);
+  stats_ = stats;
   per_optimizer_.clear();
 }
 

@@ -167,10 +167,10 @@ TEST(GradScalerState, RoundTripContinuesIdentically) {
                                           .growth_interval = 3});
   amp::GradScaler a(o);
   Tensor pa = run_steps(a, zeros({4}).requires_grad_(), "F F I F F F F N F");
-  const amp::GradScalerState sd = a.state_dict();
+  const optim::ObjectState sd = a.state_dict();
   EXPECT_EQ(sd.tensors.at("scale").item<double>(), a.get_scale());
   EXPECT_EQ(sd.tensors.at("_growth_tracker").item<int64_t>(), a.get_growth_tracker());
-  EXPECT_EQ(sd.scalars.at("skipped_steps"), 2.0);
+  EXPECT_EQ(std::get<int64_t>(sd.values.at("skipped_steps")), 2);
 
   amp::GradScaler b(quiet({}));  // different hyperparameters: the state brings its own
   b.load_state_dict(sd);
@@ -191,7 +191,7 @@ TEST(GradScalerState, RoundTripContinuesIdentically) {
 
 TEST(GradScalerState, LoadValidatesBeforeChangingAnything) {
   amp::GradScaler a(quiet({.init_scale = 8.0}));
-  amp::GradScalerState sd = a.state_dict();
+  optim::ObjectState sd = a.state_dict();
   amp::GradScaler b(quiet({.init_scale = 4.0}));
   EXPECT_THROW(b.load_state_dict({}), ValueError);  // as torch: empty = saved from a disabled scaler
   auto missing = sd;
@@ -204,6 +204,64 @@ TEST(GradScalerState, LoadValidatesBeforeChangingAnything) {
   bad_dtype.tensors["scale"] = scalar_tensor(8.0, TensorOptions(kFloat64));
   EXPECT_THROW(b.load_state_dict(bad_dtype), ValueError);
   EXPECT_EQ(b.get_scale(), 4.0);
+}
+
+TEST(GradScalerState, AValueOfTheWrongKindIsRejected) {
+  amp::GradScaler a(quiet({}));
+  optim::ObjectState sd = a.state_dict();
+  sd.values["growth_interval"] = 2000.0;  // a double where an int64 belongs
+  amp::GradScaler b(quiet({.init_scale = 4.0}));
+  EXPECT_THROW(b.load_state_dict(sd), ValueError);
+  EXPECT_EQ(b.get_scale(), 4.0);
+}
+
+// One float16 training step of y = x * w under the scaler; the huge target
+// makes the first steps overflow so the scale moves.
+void fp16_step(nn::Linear& model, optim::SGD& opt, amp::GradScaler& scaler, int k) {
+  Generator g(100 + k);
+  const Tensor x = randn({8, 4}, {}, &g), y = randn({8, 2}, {}, &g) * 1e3;
+  Tensor loss;
+  {
+    const AutocastGuard amp(kFloat16);
+    loss = nn::functional::mse_loss(model.forward(x), y);
+  }
+  opt.zero_grad();
+  scaler.scale(loss).backward();
+  scaler.step(opt);
+  scaler.update();
+}
+
+TEST(GradScalerState, CheckpointRoundTripResumesBitwise) {
+  manual_seed(7);
+  nn::Linear model({.in_features = 4, .out_features = 2});
+  optim::SGD opt(model.named_parameters(), {.lr = 1e-4, .momentum = 0.9});
+  amp::GradScaler scaler(quiet({.growth_interval = 2}));
+  for (int k = 0; k < 4; ++k) fp16_step(model, opt, scaler, k);
+  ASSERT_LT(scaler.get_scale(), 65536.0) << "the script should have overflowed at least once";
+  test::TempDir dir;
+  const std::string path = dir.file("ckpt.safetensors");
+  optim::save_checkpoint(path, {.model = &model, .optimizer = &opt, .objects = {{"scaler", &scaler}}}, {.step = 4});
+
+  manual_seed(99);
+  nn::Linear model2({.in_features = 4, .out_features = 2});
+  optim::SGD opt2(model2.named_parameters(), {.lr = 1e-4, .momentum = 0.9});
+  amp::GradScaler scaler2(quiet({.init_scale = 8.0, .growth_interval = 2}));
+  // One step first, so the optimizer has momentum state of the checkpoint's shape.
+  fp16_step(model2, opt2, scaler2, 0);
+  const optim::CheckpointInfo info =
+      optim::load_checkpoint(path, {.model = &model2, .optimizer = &opt2, .objects = {{"scaler", &scaler2}}});
+  EXPECT_EQ(info.step, 4);
+  EXPECT_EQ(scaler2.get_scale(), scaler.get_scale());
+  EXPECT_EQ(scaler2.get_growth_tracker(), scaler.get_growth_tracker());
+  EXPECT_EQ(scaler2.stats().skipped_steps, scaler.stats().skipped_steps);
+  for (int k = 4; k < 10; ++k) {
+    fp16_step(model, opt, scaler, k);
+    fp16_step(model2, opt2, scaler2, k);
+  }
+  EXPECT_EQ(scaler2.get_scale(), scaler.get_scale());
+  EXPECT_EQ(scaler2.stats().skipped_steps, scaler.stats().skipped_steps);
+  EXPECT_TRUE(test::bitwise_equal(model2.weight.detach(), model.weight.detach()));
+  EXPECT_TRUE(test::bitwise_equal(model2.bias.detach(), model.bias.detach()));
 }
 
 TEST(GradScalerTelemetry, RepeatedSkipsNameTheFirstNonFiniteParameter) {

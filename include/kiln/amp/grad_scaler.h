@@ -27,6 +27,7 @@
 #include <vector>
 
 #include "kiln/core/tensor.h"
+#include "kiln/optim/checkpoint.h"
 #include "kiln/optim/optimizer.h"
 
 namespace kiln::amp {
@@ -47,14 +48,6 @@ struct GradScalerOptions {
   bool print_messages = true;
 };
 
-/// What a checkpoint stores: tensors (0-dim "scale" float32, "_growth_tracker"
-/// int64) and scalars (growth_factor, backoff_factor, growth_interval, and the
-/// telemetry counters steps and skipped_steps). Keys follow torch's state_dict.
-struct GradScalerState {
-  std::map<std::string, Tensor> tensors;
-  std::map<std::string, double> scalars;
-};
-
 struct GradScalerStats {
   double scale = 0;
   int64_t steps = 0;              // update() calls that followed a step
@@ -68,7 +61,9 @@ struct GradScalerStats {
   int64_t first_nonfinite_inf = 0;
 };
 
-class GradScaler {
+/// A Stateful object, so a checkpoint carries it:
+///   optim::save_checkpoint(path, {.model = &model, .optimizer = &opt, .objects = {{"scaler", &scaler}}}, info);
+class GradScaler : public optim::Stateful {
  public:
   explicit GradScaler(GradScalerOptions options = {});
 
@@ -93,10 +88,14 @@ class GradScaler {
   int64_t get_growth_interval() const { return options_.growth_interval; }
   bool is_enabled() const { return enabled_; }
 
-  GradScalerState state_dict() const;
-  /// Validates keys, dtypes and values (ValueError naming the key) before
+  /// Tensors: 0-dim "scale" (float32) and "_growth_tracker" (int64); values:
+  /// growth_factor, backoff_factor (double), growth_interval, and the telemetry
+  /// counters steps and skipped_steps (int64). Keys follow torch's state_dict.
+  /// Empty for a disabled scaler, as torch.
+  optim::ObjectState state_dict() const override;
+  /// Validates keys, kinds, dtypes and values (ValueError naming the key) before
   /// changing anything. An empty state (from a disabled scaler) is an error, as torch.
-  void load_state_dict(const GradScalerState& state);
+  void load_state_dict(const optim::ObjectState& state) override;
 
   GradScalerStats stats() const;
   /// The per-step numbers for metrics.jsonl: amp_scale, amp_skipped_steps,
