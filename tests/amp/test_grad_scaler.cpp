@@ -7,6 +7,7 @@
 #include <sstream>
 
 #include "kiln/amp/grad_scaler.h"
+#include "kiln/amp/mode.h"
 #include "kiln/core/autocast.h"
 #include "kiln/kiln.h"
 #include "support/test_util.h"
@@ -326,6 +327,22 @@ TEST(GradScalerTelemetry, Bfloat16IsLoggedOnceAsUnnecessary) {
   scaler.scale(loss);
   ASSERT_EQ(scaler.messages().size(), 1u);
   EXPECT_NE(scaler.messages()[0].find("unnecessary"), std::string::npos);
+}
+
+TEST(AmpMode, ParsesTheConfigNames) {
+  EXPECT_EQ(amp::parse_amp_mode("bf16").dtype, kBFloat16);
+  EXPECT_EQ(amp::parse_amp_mode("fp16").dtype, kFloat16);
+  EXPECT_FALSE(amp::parse_amp_mode("off").dtype.has_value());
+  EXPECT_TRUE(amp::parse_amp_mode("half").needs_scaler());
+  EXPECT_FALSE(amp::parse_amp_mode("bfloat16").needs_scaler());
+  for (const char* n : {"bf16", "fp16", "off"}) EXPECT_EQ(amp::parse_amp_mode(n).name(), n);
+  try {
+    amp::parse_amp_mode("int8");
+    FAIL() << "int8 is not a mode";
+  } catch (const ValueError& e) {
+    EXPECT_NE(std::string(e.what()).find("expected bf16, fp16 or off"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("\"int8\""), std::string::npos) << e.what();
+  }
 }
 
 }  // namespace
