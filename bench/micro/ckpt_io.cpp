@@ -9,10 +9,11 @@
 // load includes reading, checksumming and validating before the state is
 // restored. The file_bytes counter is the checkpoint's size on disk.
 //
-// Measured 2026-11-29 (OMP_NUM_THREADS=1, 2 shared cores under load ~11, /tmp
-// on a virtual disk; 3 repetitions, means): 39.4 MB file (3.3M parameters and
-// two AdamW moments in float32, the tied lm_head weight listed twice as in
-// torch's state_dict); save 193 ms real / 54 ms CPU, load 118 ms real / 44 ms CPU.
+// Measured 2026-11-29 (OMP_NUM_THREADS=1, 2 shared cores under load 11-13, /tmp
+// on a virtual disk; two runs of 3 repetitions, means): 39.4 MB file (3.3M
+// parameters and two AdamW moments in float32, the tied lm_head weight listed
+// twice as in torch's state_dict); save 193-241 ms real / 54-61 ms CPU, load
+// 118-133 ms real / 44 ms CPU (read, both checksums, validation, restore).
 #include <benchmark/benchmark.h>
 #include <unistd.h>
 

@@ -1,5 +1,6 @@
-// Training checkpoints (see include/kiln/optim/checkpoint.h): tensors under
-// "model." and "optim.", everything else as flat string metadata, checksummed.
+// Training checkpoints (see include/kiln/optim/checkpoint.h and
+// docs/checkpoints.md): tensors under "model.", "optim." and "state.",
+// everything else as flat string metadata; both checksummed.
 #include "kiln/optim/checkpoint.h"
 
 #include <algorithm>
@@ -28,7 +29,10 @@ std::string num(double v) {
 
 std::string nums(const std::vector<double>& v) {
   std::string s;
-  for (size_t i = 0; i < v.size(); ++i) s += (i ? "," : "") + num(v[i]);
+  for (size_t i = 0; i < v.size(); ++i) {
+    if (i) s += ',';
+    s += num(v[i]);
+  }
   return s;
 }
 
@@ -51,6 +55,28 @@ uint64_t checksum(const io::NamedTensors& tensors) {
     mix(c.data_ptr(), static_cast<size_t>(c.nbytes()));
   }
   return h;
+}
+
+// FNV-1a 64 over every metadata key and value (NUL after each), in key order,
+// except the checksum keys themselves: the scalars are state too, and a flipped
+// digit in a step or a learning rate still parses.
+uint64_t metadata_checksum(const io::Metadata& md) {
+  uint64_t h = 0xcbf29ce484222325ULL;
+  auto mix = [&h](const std::string& s) {
+    for (size_t i = 0; i <= s.size(); ++i) h = (h ^ static_cast<unsigned char>(s.c_str()[i])) * 0x100000001b3ULL;
+  };
+  for (const auto& [k, v] : md) {
+    if (k.rfind("checksum.", 0) == 0) continue;
+    mix(k);
+    mix(v);
+  }
+  return h;
+}
+
+std::string hex16(uint64_t v) {
+  char hex[20];
+  std::snprintf(hex, sizeof hex, "%016llx", static_cast<unsigned long long>(v));
+  return hex;
 }
 
 struct Reader {
@@ -77,6 +103,17 @@ struct Reader {
     }
     throw FormatError(detail::concat(path, ": checkpoint metadata '", key, "': expected a number, got '", s, "'"));
   }
+  // Integers through stoll, not a cast from double: a hostile "1e300" must be an error, not UB.
+  int64_t i64(const std::string& key) const { return parse_i64(key, get(key)); }
+  int64_t parse_i64(const std::string& key, const std::string& s) const {
+    try {
+      size_t used = 0;
+      const long long v = std::stoll(s, &used);
+      if (used == s.size()) return v;
+    } catch (const std::exception&) {
+    }
+    throw FormatError(detail::concat(path, ": checkpoint metadata '", key, "': expected an integer, got '", s, "'"));
+  }
   uint64_t u64(const std::string& key) const {
     const std::string& s = get(key);
     try {
@@ -100,17 +137,19 @@ void put_scheduler(io::Metadata& md, const std::string& prefix, const SchedulerS
     put_scheduler(md, prefix + "child." + std::to_string(i) + ".", s.children[i]);
 }
 
-SchedulerState get_scheduler(const Reader& r, const std::string& prefix) {
+SchedulerState get_scheduler(const Reader& r, const std::string& prefix, int depth = 0) {
+  // Real chains nest once or twice; a hostile file must not recurse the stack away.
+  KILN_CHECK(depth <= 16, FormatError, r.path, ": checkpoint scheduler states nest deeper than 16 levels");
   SchedulerState s;
-  s.last_epoch = static_cast<int64_t>(r.number(prefix + "last_epoch"));
-  s.step_count = static_cast<int64_t>(r.number(prefix + "step_count"));
+  s.last_epoch = r.i64(prefix + "last_epoch");
+  s.step_count = r.i64(prefix + "step_count");
   s.base_lrs = r.numbers(prefix + "base_lrs");
   s.last_lr = r.numbers(prefix + "last_lr");
   const std::string extra = prefix + "extra.";
   for (auto it = r.md.lower_bound(extra); it != r.md.end() && it->first.rfind(extra, 0) == 0; ++it)
     s.extra[it->first.substr(extra.size())] = r.number(it->first);
   const auto n = static_cast<size_t>(r.u64(prefix + "children"));
-  for (size_t i = 0; i < n; ++i) s.children.push_back(get_scheduler(r, prefix + "child." + std::to_string(i) + "."));
+  for (size_t i = 0; i < n; ++i) s.children.push_back(get_scheduler(r, prefix + "child." + std::to_string(i) + ".", depth + 1));
   return s;
 }
 
@@ -234,6 +273,55 @@ void compare_object(const std::string& name, const ObjectState& file, const Obje
     if (!now.values.count(k)) problems.push_back(detail::concat(o, ": unexpected value '", k, "'"));
 }
 
+// What Optimizer::load_state_dict checks (it throws on its own too, before changing anything),
+// here so that its problems are reported with the model's, the scheduler's and the objects'.
+void compare_optimizer(const OptimizerStateDict& file, const Optimizer& opt, std::vector<std::string>& problems) {
+  const auto& groups = opt.param_groups();
+  std::map<std::string, const Tensor*> params;
+  for (const auto& g : groups)
+    for (const auto& [n, p] : g.params) params[n] = &p;
+  if (file.param_groups.size() != groups.size()) {
+    problems.push_back(detail::concat("optimizer: ", file.param_groups.size(), " param groups in the file, ",
+                                      groups.size(), " in the optimizer"));
+  } else {
+    for (size_t i = 0; i < groups.size(); ++i) {
+      std::vector<std::string> mine;
+      for (const auto& [n, p] : groups[i].params) mine.push_back(n);
+      if (mine != file.param_groups[i].param_names)
+        problems.push_back(detail::concat("optimizer: param group ", i, " has other parameters in the file (",
+                                          file.param_groups[i].param_names.size(), ") than in the optimizer (",
+                                          mine.size(), ")"));
+    }
+  }
+  for (const auto& [n, st] : file.state) {
+    auto it = params.find(n);
+    if (it == params.end()) {
+      problems.push_back(detail::concat("optimizer: state for '", n, "', which is not a parameter of the optimizer"));
+      continue;
+    }
+    for (const auto& [k, t] : st.tensors)
+      if (t.sizes() != it->second->sizes() || t.dtype() != it->second->dtype())
+        problems.push_back(detail::concat("optimizer: state '", n, ".", k, "': ", t.shape_string(), " ",
+                                          dtype_name(t.dtype()), " in the file, parameter ", it->second->shape_string(),
+                                          " ", dtype_name(it->second->dtype())));
+  }
+}
+
+// The scheduler's load_state_dict checks these only as it goes; checked here, nothing changes on a mismatch.
+void compare_scheduler(const SchedulerState& file, const SchedulerState& now, const std::string& what,
+                       std::vector<std::string>& problems) {
+  if (file.base_lrs.size() != now.base_lrs.size())
+    problems.push_back(detail::concat(what, ": ", file.base_lrs.size(), " base_lrs in the file, ", now.base_lrs.size(),
+                                      " param groups in the optimizer"));
+  if (file.children.size() != now.children.size()) {
+    problems.push_back(detail::concat(what, ": ", file.children.size(), " chained schedulers in the file, ",
+                                      now.children.size(), " given"));
+    return;
+  }
+  for (size_t i = 0; i < file.children.size(); ++i)
+    compare_scheduler(file.children[i], now.children[i], what + " " + std::to_string(i), problems);
+}
+
 }  // namespace
 
 void save_checkpoint(const std::string& path, const CheckpointRefs& refs, const CheckpointInfo& info) {
@@ -282,9 +370,8 @@ void save_checkpoint(const std::string& path, const CheckpointRefs& refs, const 
     md["loader.position"] = std::to_string(info.loader->position);
     md["loader.seed"] = std::to_string(info.loader->seed);
   }
-  char hex[20];
-  std::snprintf(hex, sizeof hex, "%016llx", static_cast<unsigned long long>(checksum(tensors)));
-  md["checksum.fnv1a64"] = hex;
+  md["checksum.fnv1a64"] = hex16(checksum(tensors));
+  md["checksum.metadata.fnv1a64"] = hex16(metadata_checksum(md));
   io::save_safetensors(path, tensors, md);
 }
 
@@ -294,10 +381,14 @@ CheckpointInfo load_checkpoint(const std::string& path, const CheckpointRefs& re
   const Reader r{f.metadata, path};
   KILN_CHECK(r.get(kFormatKey) == kFormatVersion || r.get(kFormatKey) == "1", FormatError, path,
              ": expected checkpoint format version 1 or ", kFormatVersion, ", got '", r.get(kFormatKey), "'");
-  char hex[20];
-  std::snprintf(hex, sizeof hex, "%016llx", static_cast<unsigned long long>(checksum(f.tensors)));
-  KILN_CHECK(r.get("checksum.fnv1a64") == hex, FormatError, path, ": checksum mismatch: metadata says ",
-             r.get("checksum.fnv1a64"), ", the tensor data hashes to ", hex, " (the file is corrupted)");
+  if (r.get(kFormatKey) != "1") {  // version 1 checksummed the tensors only
+    const std::string mh = hex16(metadata_checksum(f.metadata));
+    KILN_CHECK(r.get("checksum.metadata.fnv1a64") == mh, FormatError, path, ": metadata checksum mismatch: the file says ",
+               r.get("checksum.metadata.fnv1a64"), ", the metadata hashes to ", mh, " (the file is corrupted)");
+  }
+  const std::string th = hex16(checksum(f.tensors));
+  KILN_CHECK(r.get("checksum.fnv1a64") == th, FormatError, path, ": checksum mismatch: metadata says ",
+             r.get("checksum.fnv1a64"), ", the tensor data hashes to ", th, " (the file is corrupted)");
 
   // Split the tensors; check the model's keys, shapes and dtypes, all problems together.
   io::NamedTensors model_dict;
@@ -367,17 +458,12 @@ CheckpointInfo load_checkpoint(const std::string& path, const CheckpointRefs& re
     if (file_objects.count(n)) compare_object(n, file_objects[n], o->state_dict(), problems);
   }
   compare_sets(object_names, ref_objects, "object", problems);
-  if (!problems.empty()) {
-    std::string msg;
-    for (const auto& p : problems) msg += "\n  " + p;
-    throw ValueError(detail::concat("load_checkpoint: ", path, " does not match what it is loaded into (", problems.size(),
-                                    " problems):", msg));
-  }
-
-  // Parse the rest before changing anything.
   OptimizerStateDict osd;
-  if (refs.optimizer) {
+  if (refs.optimizer) {  // parsed and checked here, so that its problems join the rest
     const auto ngroups = static_cast<size_t>(r.u64("optim.param_groups"));
+    // Each group has a metadata key: no more groups than keys (a hostile count must not allocate).
+    KILN_CHECK(ngroups <= f.metadata.size(), FormatError, path, ": checkpoint metadata 'optim.param_groups' says ",
+               ngroups, " groups, but the file has only ", f.metadata.size(), " metadata keys");
     osd.param_groups.resize(ngroups);
     for (size_t i = 0; i < ngroups; ++i) {
       const std::string p = "optim.group." + std::to_string(i) + ".";
@@ -389,23 +475,33 @@ CheckpointInfo load_checkpoint(const std::string& path, const CheckpointRefs& re
     }
     const std::string sp = "optim.step.";
     for (auto it = f.metadata.lower_bound(sp); it != f.metadata.end() && it->first.rfind(sp, 0) == 0; ++it)
-      osd.state[it->first.substr(sp.size())].step = static_cast<int64_t>(r.number(it->first));
+      osd.state[it->first.substr(sp.size())].step = r.i64(it->first);
     for (const auto& [name, t] : optim_tensors) {
       const auto dot = name.rfind('.');
       KILN_CHECK(dot != std::string::npos && osd.state.count(name.substr(0, dot)), FormatError, path,
                  ": optimizer tensor 'optim.", name, "' has no step count in the metadata");
       osd.state[name.substr(0, dot)].tensors[name.substr(dot + 1)] = t;
     }
+    compare_optimizer(osd, *refs.optimizer, problems);
   }
   std::optional<SchedulerState> ssd;
-  if (refs.scheduler) ssd = get_scheduler(r, "sched.");
+  if (refs.scheduler) {
+    ssd = get_scheduler(r, "sched.");
+    compare_scheduler(*ssd, refs.scheduler->state_dict(), "scheduler", problems);
+  }
+  if (!problems.empty()) {
+    std::string msg;
+    for (const auto& p : problems) msg += "\n  " + p;
+    throw ValueError(detail::concat("load_checkpoint: ", path, " does not match what it is loaded into (", problems.size(),
+                                    " problems):", msg));
+  }
+
   const GeneratorState gen{r.u64("rng.default.seed"), r.u64("rng.default.offset")};
   CheckpointInfo info;
-  info.step = static_cast<int64_t>(r.number("step"));
+  info.step = r.i64("step");
   info.config = r.get("config");
   if (f.metadata.count("loader.epoch"))
-    info.loader = data::LoaderState{static_cast<int64_t>(r.number("loader.epoch")),
-                                    static_cast<int64_t>(r.number("loader.position")), r.u64("loader.seed")};
+    info.loader = data::LoaderState{r.i64("loader.epoch"), r.i64("loader.position"), r.u64("loader.seed")};
 
   // Restore: the optimizer first (it validates its own names and shapes), then the rest.
   if (refs.optimizer) refs.optimizer->load_state_dict(osd);

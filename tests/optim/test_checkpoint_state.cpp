@@ -6,6 +6,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstdio>
 #include <cstring>
 #include <functional>
 #include <memory>
@@ -165,11 +166,42 @@ TEST(CheckpointState, BadNamesAreRejectedOnSave) {
                ValueError);
 }
 
-// Rewrites the checkpoint's metadata (the checksum covers tensors only, so it stays valid).
-void rewrite_metadata(const std::string& path, const std::function<void(io::Metadata&)>& edit) {
+// The metadata checksum as docs/checkpoints.md defines it (written here again, from the doc).
+std::string metadata_fnv1a64(const io::Metadata& md) {
+  uint64_t h = 0xcbf29ce484222325ULL;
+  for (const auto& [k, v] : md) {
+    if (k.rfind("checksum.", 0) == 0) continue;
+    for (const std::string* s : {&k, &v})
+      for (size_t i = 0; i <= s->size(); ++i) h = (h ^ static_cast<unsigned char>(s->c_str()[i])) * 0x100000001b3ULL;
+  }
+  char hex[20];
+  std::snprintf(hex, sizeof hex, "%016llx", static_cast<unsigned long long>(h));
+  return hex;
+}
+
+// Rewrites the checkpoint's metadata and, unless told not to, its metadata checksum (as a deliberate editor would).
+void rewrite_metadata(const std::string& path, const std::function<void(io::Metadata&)>& edit, bool fix_checksum = true) {
   io::SafetensorsFile f = io::load_safetensors(path);
   edit(f.metadata);
+  if (fix_checksum) f.metadata["checksum.metadata.fnv1a64"] = metadata_fnv1a64(f.metadata);
   io::save_safetensors(path, f.tensors, f.metadata);
+}
+
+TEST(CheckpointState, MetadataIsChecksummed) {
+  test::TempDir dir;
+  const std::string path = dir.file("c.safetensors");
+  auto model = linear(1);
+  Scaler s;
+  optim::save_checkpoint(path, {.model = model.get(), .objects = {{"s", &s}}}, {.step = 17});
+  rewrite_metadata(path, [](io::Metadata&) {});  // the doc's definition matches the writer's
+  EXPECT_EQ(optim::load_checkpoint(path, {.model = model.get(), .objects = {{"s", &s}}}).step, 17);
+  rewrite_metadata(path, [](io::Metadata& md) { md["step"] = "13"; }, /*fix_checksum=*/false);  // a flipped bit, say
+  try {
+    optim::load_checkpoint(path, {.model = model.get(), .objects = {{"s", &s}}});
+    FAIL() << "expected FormatError";
+  } catch (const FormatError& e) {
+    EXPECT_NE(std::string(e.what()).find("metadata checksum mismatch"), std::string::npos) << e.what();
+  }
 }
 
 TEST(CheckpointState, MalformedValuesAreFormatErrors) {
@@ -188,6 +220,66 @@ TEST(CheckpointState, MalformedValuesAreFormatErrors) {
   EXPECT_THROW(optim::load_checkpoint(path, {.model = model.get(), .objects = {{"t", &s}}}), FormatError);
 }
 
+TEST(CheckpointState, HostileCountsAndNumbersAreFormatErrors) {
+  test::TempDir dir;
+  const std::string path = dir.file("c.safetensors");
+  auto model = linear(1);
+  optim::SGD opt(model->named_parameters(), {.lr = 0.1});
+  optim::StepLR sched(opt, {.step_size = 2});
+  const optim::CheckpointRefs refs{.model = model.get(), .optimizer = &opt, .scheduler = &sched};
+  const std::vector<std::pair<std::string, std::string>> edits = {
+      {"step", "1e300"}, {"step", "99999999999999999999"}, {"loader.epoch", "1.5"},
+      {"optim.param_groups", "18446744073709551615"}, {"sched.children", "4000000000"}, {"sched.last_epoch", "-1e30"}};
+  for (const auto& [key, value] : edits) {
+    optim::save_checkpoint(path, refs, {.step = 1, .loader = data::LoaderState{.epoch = 0, .position = 0, .seed = 0}});
+    rewrite_metadata(path, [&](io::Metadata& md) { md[key] = value; });
+    EXPECT_THROW(optim::load_checkpoint(path, refs), FormatError) << key << " = " << value;
+  }
+  // Scheduler states nested without end.
+  optim::save_checkpoint(path, refs, {});
+  rewrite_metadata(path, [](io::Metadata& md) {
+    std::string p = "sched.";
+    for (int i = 0; i < 40; ++i, p.append("child.0.")) {
+      for (const auto& [k, v] : std::map<std::string, std::string>{
+               {"last_epoch", "0"}, {"step_count", "0"}, {"base_lrs", "0.1"}, {"last_lr", "0.1"}, {"children", "1"}})
+        md[std::string(p).append(k)] = v;
+    }
+  });
+  try {
+    optim::load_checkpoint(path, refs);
+    FAIL() << "expected FormatError";
+  } catch (const FormatError& e) {
+    EXPECT_NE(std::string(e.what()).find("nest deeper"), std::string::npos) << e.what();
+  }
+}
+
+TEST(CheckpointState, OptimizerMismatchesAreReportedWithTheModelsAndObjects) {
+  test::TempDir dir;
+  const std::string path = dir.file("c.safetensors");
+  auto model = linear(1);
+  optim::SGD opt(model->named_parameters(), {.lr = 0.1, .momentum = 0.9});
+  model->weight.mutable_grad() = ones_like(model->weight);
+  model->bias.mutable_grad() = ones_like(model->bias);
+  opt.step();
+  Scaler s;
+  optim::save_checkpoint(path, {.model = model.get(), .optimizer = &opt, .objects = {{"s", &s}}}, {});
+
+  manual_seed(3);
+  auto other = std::make_shared<nn::Linear>(nn::LinearOptions{.in_features = 5, .out_features = 2});
+  optim::SGD opt2(other->named_parameters(), {.lr = 0.1, .momentum = 0.9});
+  try {
+    optim::load_checkpoint(path, {.model = other.get(), .optimizer = &opt2});
+    FAIL() << "expected ValueError";
+  } catch (const ValueError& e) {
+    const std::string msg = e.what();
+    for (const char* want : {"'weight': shape [2, 3] in the file, [2, 5] in the model",
+                             "optimizer: state 'weight.momentum_buffer': [2, 3] float32 in the file, parameter [2, 5]",
+                             "unexpected object 's'"})
+      EXPECT_NE(msg.find(want), std::string::npos) << want << " not in: " << msg;
+  }
+  EXPECT_TRUE(opt2.state_dict().state.empty());
+}
+
 TEST(CheckpointState, VersionOneFilesStillLoad) {
   test::TempDir dir;
   const std::string path = dir.file("c.safetensors");
@@ -203,6 +295,38 @@ TEST(CheckpointState, VersionOneFilesStillLoad) {
   EXPECT_TRUE(test::bitwise_equal(model2->weight, model->weight));
   Generator g;
   EXPECT_THROW(optim::load_checkpoint(path, {.model = model2.get(), .generators = {{"g", &g}}}), ValueError);
+}
+
+TEST(CheckpointState, ASchedulerOfAnotherShapeIsRejectedBeforeTheOptimizerChanges) {
+  test::TempDir dir;
+  const std::string path = dir.file("c.safetensors");
+  auto model = linear(1);
+  optim::SGD opt(model->named_parameters(), {.lr = 0.1, .momentum = 0.9});
+  optim::StepLR sched(opt, {.step_size = 2});
+  model->weight.mutable_grad() = ones_like(model->weight);
+  model->bias.mutable_grad() = ones_like(model->bias);
+  opt.step();
+  sched.step();
+  optim::save_checkpoint(path, {.model = model.get(), .optimizer = &opt, .scheduler = &sched}, {});
+
+  // Same parameters and state layout, but a scheduler over a two-group optimizer.
+  auto model2 = linear(2);
+  optim::SGD opt2(model2->named_parameters(), {.lr = 0.1, .momentum = 0.9});
+  optim::SGD two_groups(std::vector<optim::ParamGroup>{{.params = {{"a", zeros({1}).requires_grad_()}}, .options = {}},
+                                                        {.params = {{"b", zeros({1}).requires_grad_()}}, .options = {}}},
+                        {.lr = 0.1});
+  optim::StepLR wrong(two_groups, {.step_size = 2});
+  const Tensor w_before = model2->weight.clone();
+  try {
+    optim::load_checkpoint(path, {.model = model2.get(), .optimizer = &opt2, .scheduler = &wrong});
+    FAIL() << "expected ValueError";
+  } catch (const ValueError& e) {
+    EXPECT_NE(std::string(e.what()).find("scheduler: 1 base_lrs in the file, 2 param groups"), std::string::npos)
+        << e.what();
+  }
+  EXPECT_TRUE(test::bitwise_equal(model2->weight, w_before));
+  EXPECT_TRUE(opt2.state_dict().state.empty());  // the optimizer was not restored either
+  EXPECT_EQ(wrong.last_epoch(), 0);
 }
 
 TEST(CheckpointState, GptWithTiedWeightsRoundTripsThroughTheManager) {

@@ -4,17 +4,16 @@
 // and in the file's string metadata (the safetensors __metadata__ JSON object,
 // flat keys) the format version, step, scheduler state, the default generator's
 // (seed, offset), the data loader's (epoch, position, seed), a free-form config
-// string and an FNV-1a 64 checksum of every tensor's name and bytes. Named
-// extra generators ("rng.<name>.*") and any other stateful object through the
-// Stateful interface ("state.<name>.<key>": tensors in the file, values in the
-// metadata) ride along.
+// string and FNV-1a 64 checksums of the tensors and of the metadata. Named
+// extra generators ("rng.gen.<name>.*") and any other stateful object through
+// the Stateful interface ("state.<name>.<key>": tensors in the file, values in
+// the metadata) ride along.
 //
 // save_checkpoint writes atomically (io::save_safetensors: temp file, fsync,
-// rename, fsync of the directory). load_checkpoint validates everything first — checksum, format,
-// missing/unexpected keys and shape/dtype mismatches (all reported together by
-// name) — and only then restores model, optimizer, scheduler and the default
-// generator. The loader position comes back in CheckpointInfo::loader; pass it
-// to DataLoader::load_state.
+// rename, fsync of the directory). load_checkpoint validates everything first —
+// checksums, format, then every mismatch with the objects it loads into, all
+// reported together by name — and only then restores anything. The loader
+// position comes back in CheckpointInfo::loader; pass it to DataLoader::load_state.
 //
 // CheckpointManager keeps a directory of them for a run: ckpt-<step>.safetensors
 // files, a `latest` pointer updated only once the new file is complete, the
