@@ -17,6 +17,7 @@
 #include "kiln/core/factory.h"
 #include "kiln/core/guards.h"
 #include "kiln/nn/init.h"
+#include "kiln/ops/autocast.h"
 #include "kiln/ops/linalg.h"
 
 namespace kiln::nn {
@@ -40,7 +41,7 @@ void check_sdpa_args(const Tensor& q, const Tensor& k, const Tensor& v, const Te
 
 Tensor scaled_dot_product_attention(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& attn_mask,
                                     double dropout_p, bool is_causal, bool training, std::source_location loc) {
-  (void)loc;
+  if (autocast_enabled()) return ops::autocast_call(AutocastOp::scaled_dot_product_attention, [&](const Tensor& q2, const Tensor& k2, const Tensor& v2, const Tensor& m2) { return scaled_dot_product_attention(q2, k2, v2, m2, dropout_p, is_causal, training, loc); }, q, k, v, attn_mask);
   check_sdpa_args(q, k, v, attn_mask, dropout_p, is_causal);
   const bool dropout_active = training && dropout_p > 0.0;
   const bool mask_needs_grad = attn_mask.defined() && attn_mask.requires_grad() && grad_mode_enabled();

@@ -5,6 +5,7 @@
 
 #include "kiln/core/factory.h"
 #include "kiln/nn/functional.h"
+#include "kiln/ops/autocast.h"
 #include "kiln/ops/index.h"
 #include "loss_common.h"
 
@@ -25,6 +26,7 @@ void check_same_shape(const char* fn, const Tensor& input, const Tensor& target)
 }  // namespace
 
 Tensor nll_loss(const Tensor& input, const Tensor& target, const NLLLossOptions& o, std::source_location loc) {
+  if (autocast_enabled()) return ops::autocast_call(AutocastOp::nll_loss, [&](const Tensor& x, const Tensor& t) { return nll_loss(x, t, o, loc); }, input, target);
   detail::check_floating("nll_loss", "input", input);
   const Reduction red = parse_reduction("nll_loss", o.reduction);
   KILN_CHECK(input.dim() >= 1, ShapeError, "nll_loss: expected input of shape [N, C], [N, C, d1, ...] or [C], got ",
@@ -67,6 +69,7 @@ Tensor nll_loss(const Tensor& input, const Tensor& target, const NLLLossOptions&
 }
 
 Tensor mse_loss(const Tensor& input, const Tensor& target, const LossOptions& o, std::source_location loc) {
+  if (autocast_enabled()) return ops::autocast_call(AutocastOp::mse_loss, [&](const Tensor& x, const Tensor& t) { return mse_loss(x, t, o, loc); }, input, target);
   detail::check_floating("mse_loss", "input", input);
   check_same_shape("mse_loss", input, target);
   const Tensor d = input.sub(target, 1, loc);
@@ -74,6 +77,7 @@ Tensor mse_loss(const Tensor& input, const Tensor& target, const LossOptions& o,
 }
 
 Tensor l1_loss(const Tensor& input, const Tensor& target, const LossOptions& o, std::source_location loc) {
+  if (autocast_enabled()) return ops::autocast_call(AutocastOp::l1_loss, [&](const Tensor& x, const Tensor& t) { return l1_loss(x, t, o, loc); }, input, target);
   detail::check_floating("l1_loss", "input", input);
   check_same_shape("l1_loss", input, target);
   return apply_reduction(input.sub(target, 1, loc).abs(), parse_reduction("l1_loss", o.reduction));
@@ -81,6 +85,7 @@ Tensor l1_loss(const Tensor& input, const Tensor& target, const LossOptions& o, 
 
 Tensor smooth_l1_loss(const Tensor& input, const Tensor& target, const SmoothL1LossOptions& o,
                       std::source_location loc) {
+  if (autocast_enabled()) return ops::autocast_call(AutocastOp::smooth_l1_loss, [&](const Tensor& x, const Tensor& t) { return smooth_l1_loss(x, t, o, loc); }, input, target);
   detail::check_floating("smooth_l1_loss", "input", input);
   check_same_shape("smooth_l1_loss", input, target);
   KILN_CHECK(o.beta >= 0, ValueError, "smooth_l1_loss: expected beta >= 0, got ", o.beta);
@@ -93,6 +98,7 @@ Tensor smooth_l1_loss(const Tensor& input, const Tensor& target, const SmoothL1L
 
 Tensor binary_cross_entropy_with_logits(const Tensor& input, const Tensor& target, const BCEWithLogitsOptions& o,
                                         std::source_location loc) {
+  if (autocast_enabled()) return ops::autocast_call(AutocastOp::binary_cross_entropy_with_logits, [&](const Tensor& x, const Tensor& t) { return binary_cross_entropy_with_logits(x, t, o, loc); }, input, target);
   detail::check_floating("binary_cross_entropy_with_logits", "input", input);
   check_same_shape("binary_cross_entropy_with_logits", input, target);
   const Reduction red = parse_reduction("binary_cross_entropy_with_logits", o.reduction);
@@ -111,6 +117,7 @@ Tensor binary_cross_entropy_with_logits(const Tensor& input, const Tensor& targe
 }
 
 Tensor kl_div(const Tensor& input, const Tensor& target, const KLDivOptions& o, std::source_location loc) {
+  if (autocast_enabled()) return ops::autocast_call(AutocastOp::kl_div, [&](const Tensor& x, const Tensor& t) { return kl_div(x, t, o, loc); }, input, target);
   detail::check_floating("kl_div", "input", input);
   check_same_shape("kl_div", input, target);
   const Reduction red = parse_reduction("kl_div", o.reduction, /*allow_batchmean=*/true);

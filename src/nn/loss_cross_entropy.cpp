@@ -15,6 +15,7 @@
 #include "kiln/core/guards.h"
 #include "kiln/kernels/loss.h"
 #include "kiln/nn/functional.h"
+#include "kiln/ops/autocast.h"
 #include "kiln/ops/index.h"
 #include "loss_common.h"
 
@@ -126,6 +127,7 @@ Tensor cross_entropy_probs(const Tensor& input, const Tensor& target, const Cros
 }  // namespace
 
 Tensor cross_entropy(const Tensor& input, const Tensor& target, const CrossEntropyOptions& o, std::source_location loc) {
+  if (autocast_enabled()) return ops::autocast_call(AutocastOp::cross_entropy, [&](const Tensor& x, const Tensor& t) { return cross_entropy(x, t, o, loc); }, input, target);
   detail::check_floating("cross_entropy", "input", input);
   KILN_CHECK(target.defined(), ValueError, "cross_entropy: expected a target tensor, got an undefined one");
   const Reduction red = detail::parse_reduction("cross_entropy", o.reduction);

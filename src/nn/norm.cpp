@@ -7,6 +7,7 @@
 #include "kiln/core/error.h"
 #include "kiln/core/factory.h"
 #include "kiln/core/guards.h"
+#include "kiln/ops/autocast.h"
 
 namespace kiln::nn {
 
@@ -53,6 +54,7 @@ LayerNorm::LayerNorm(LayerNormOptions o)
   KILN_CHECK(!options.normalized_shape.empty(), ValueError, "LayerNorm: normalized_shape must not be empty");
 }
 Tensor LayerNorm::forward(const Tensor& x) {
+  if (autocast_enabled()) return ops::autocast_call(AutocastOp::layer_norm, [&](const Tensor& xx) { return forward(xx); }, x);
   auto dims = trailing_dims(x, options.normalized_shape, "LayerNorm");
   Tensor mean = x.mean(dims, true);
   Tensor var = x.var(dims, 0, true);
@@ -81,6 +83,7 @@ BatchNorm::BatchNorm(std::string type_name, BatchNormOptions o, int64_t min_dim,
   KILN_CHECK(o.num_features > 0, ValueError, "BatchNorm", ": num_features must be > 0, got ", o.num_features);
 }
 Tensor BatchNorm::forward(const Tensor& x) {
+  if (autocast_enabled()) return ops::autocast_call(AutocastOp::batch_norm, [&](const Tensor& xx) { return forward(xx); }, x);
   KILN_CHECK(x.dim() >= min_dim_ && x.dim() <= max_dim_ && x.size(1) == options.num_features, ShapeError,
              type_name(), ": expected a ", min_dim_, (min_dim_ == max_dim_ ? "" : " or " + std::to_string(max_dim_)),
              "-dim input with ", options.num_features, " channels in dim 1, got shape ", x.shape_string());
@@ -123,6 +126,7 @@ RMSNorm::RMSNorm(RMSNormOptions o)
   KILN_CHECK(!options.normalized_shape.empty(), ValueError, "RMSNorm: normalized_shape must not be empty");
 }
 Tensor RMSNorm::forward(const Tensor& x) {
+  if (autocast_enabled()) return ops::autocast_call(AutocastOp::rms_norm, [&](const Tensor& xx) { return forward(xx); }, x);
   auto dims = trailing_dims(x, options.normalized_shape, "RMSNorm");
   double eps = options.eps ? *options.eps
                : x.dtype() == kFloat64 ? std::numeric_limits<double>::epsilon()
@@ -145,6 +149,7 @@ GroupNorm::GroupNorm(GroupNormOptions o)
              "GroupNorm: num_channels (", o.num_channels, ") must be divisible by num_groups (", o.num_groups, ")");
 }
 Tensor GroupNorm::forward(const Tensor& x) {
+  if (autocast_enabled()) return ops::autocast_call(AutocastOp::group_norm, [&](const Tensor& xx) { return forward(xx); }, x);
   KILN_CHECK(x.dim() >= 2 && x.size(1) == options.num_channels, ShapeError, "GroupNorm: expected input [N, ",
              options.num_channels, ", *], got shape ", x.shape_string());
   Tensor xr = x.reshape({x.size(0), options.num_groups, -1});

@@ -7,6 +7,7 @@
 #include "conv_pool_internal.h"
 #include "iter.h"
 #include "kiln/kernels/dnnl.h"
+#include "kiln/ops/autocast.h"
 
 namespace kiln {
 
@@ -39,6 +40,7 @@ DType kernel_dtype(DType dt) { return dt == kFloat16 ? kFloat32 : dt; }
 
 Tensor conv2d_impl(const Tensor& input, const Tensor& weight, const Tensor& bias, Pair stride, Pair pad_l,
                    Pair pad_r, Pair dilation, int64_t groups, autograd::CallSite site) {
+  if (autocast_enabled()) return ops::autocast_call(AutocastOp::conv2d, [&](const Tensor& x, const Tensor& w, const Tensor& b) { return conv2d_impl(x, w, b, stride, pad_l, pad_r, dilation, groups, site); }, input, weight, bias);
   constexpr const char* op = "conv2d";
   check_input_4d(input, op);
   ops::check_defined(weight, op, "weight");

@@ -5,6 +5,7 @@
 // engine casts it back to the input's dtype.
 #include "kiln/autograd/functions.h"
 #include "iter.h"
+#include "kiln/ops/autocast.h"
 #include "kiln/kernels/copy.h"
 #include "kiln/kernels/index.h"
 #include "kiln/ops/index.h"
@@ -64,6 +65,7 @@ void record_join(Tensor& out, const autograd::NodePtr& node, const std::vector<T
 }  // namespace
 
 Tensor cat(const std::vector<Tensor>& tensors, int64_t dim, std::source_location loc) {
+  if (autocast_enabled()) return ops::autocast_call(AutocastOp::cat, [&](const std::vector<Tensor>& ts) { return cat(ts, dim, loc); }, tensors);
   KILN_CHECK(!tensors.empty(), ValueError, "cat: expected a non-empty list of tensors");
   DType dt = DType::Bool;
   const Tensor* ref = nullptr;
@@ -127,6 +129,7 @@ Tensor cat(const std::vector<Tensor>& tensors, int64_t dim, std::source_location
 }
 
 Tensor stack(const std::vector<Tensor>& tensors, int64_t dim, std::source_location loc) {
+  if (autocast_enabled()) return ops::autocast_call(AutocastOp::stack, [&](const std::vector<Tensor>& ts) { return stack(ts, dim, loc); }, tensors);
   KILN_CHECK(!tensors.empty(), ValueError, "stack: expected a non-empty list of tensors");
   for (size_t i = 0; i < tensors.size(); ++i) {
     KILN_CHECK(tensors[i].defined(), ValueError, "stack: tensor ", i, " in the list is undefined");

@@ -22,6 +22,7 @@
 #include "kiln/core/guards.h"
 #include "kiln/kernels/blas.h"
 #include "kiln/kernels/dnnl.h"
+#include "kiln/ops/autocast.h"
 
 namespace kiln {
 
@@ -384,10 +385,12 @@ Tensor matmul_impl(const Tensor& self, const Tensor& other, autograd::CallSite s
 }  // namespace
 
 Tensor mm(const Tensor& self, const Tensor& mat2, std::source_location loc) {
+  if (autocast_enabled()) return ops::autocast_call(AutocastOp::mm, [&](const Tensor& a, const Tensor& b) { return mm(a, b, loc); }, self, mat2);
   return mm_impl(self, mat2, autograd::CallSite::from(loc));
 }
 
 Tensor bmm(const Tensor& self, const Tensor& mat2, std::source_location loc) {
+  if (autocast_enabled()) return ops::autocast_call(AutocastOp::bmm, [&](const Tensor& a, const Tensor& b) { return bmm(a, b, loc); }, self, mat2);
   ops::check_defined(self, "bmm", "self");
   ops::check_defined(mat2, "bmm", "mat2");
   KILN_CHECK(self.dim() == 3 && mat2.dim() == 3, ShapeError, "bmm: expected two 3-D tensors, got shapes ",
@@ -401,10 +404,12 @@ Tensor bmm(const Tensor& self, const Tensor& mat2, std::source_location loc) {
 }
 
 Tensor matmul(const Tensor& self, const Tensor& other, std::source_location loc) {
+  if (autocast_enabled()) return ops::autocast_call(AutocastOp::matmul, [&](const Tensor& a, const Tensor& b) { return matmul(a, b, loc); }, self, other);
   return matmul_impl(self, other, autograd::CallSite::from(loc));
 }
 
 Tensor linear(const Tensor& input, const Tensor& weight, const Tensor& bias, std::source_location loc) {
+  if (autocast_enabled()) return ops::autocast_call(AutocastOp::linear, [&](const Tensor& x, const Tensor& w, const Tensor& b) { return linear(x, w, b, loc); }, input, weight, bias);
   ops::check_defined(input, "linear", "input");
   ops::check_defined(weight, "linear", "weight");
   KILN_CHECK(weight.dim() == 2, ShapeError, "linear: expected weight of shape [out_features, in_features], got ",

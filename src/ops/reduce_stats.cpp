@@ -10,6 +10,7 @@
 #include "kiln/autograd/functions.h"
 #include "kiln/core/factory.h"
 #include "kiln/ops/index.h"
+#include "kiln/ops/autocast.h"
 #include "kiln/ops/reduce.h"
 #include "reduce_util.h"
 
@@ -165,6 +166,7 @@ Tensor Tensor::std(IntArrayRef dims, int64_t correction, bool keepdim, std::sour
 }
 
 Tensor Tensor::norm(double p, IntArrayRef dims, bool keepdim, std::source_location loc) const {
+  if (autocast_enabled()) return ops::autocast_call(AutocastOp::norm, [&](const Tensor& x) { return x.norm(p, dims, keepdim, loc); }, *this);
   ops::check_defined(*this, "norm", "self");
   const DimMask mask = ops::reduce_mask(*this, dims, "norm");
   KILN_CHECK(is_floating_point(), DTypeError, "norm(): input dtype should be floating point, got ",
@@ -191,6 +193,7 @@ Tensor Tensor::norm(double p, IntArrayRef dims, bool keepdim, std::source_locati
 }
 
 Tensor Tensor::logsumexp(IntArrayRef dims, bool keepdim, std::source_location loc) const {
+  if (autocast_enabled()) return ops::autocast_call(AutocastOp::logsumexp, [&](const Tensor& x) { return x.logsumexp(dims, keepdim, loc); }, *this);
   ops::check_defined(*this, "logsumexp", "self");
   const DimMask mask = ops::reduce_mask(*this, dims, "logsumexp");
   // As torch: integer and bool inputs are computed in the default float dtype.

@@ -7,6 +7,7 @@
 #include "iter.h"
 #include "kiln/autograd/functions.h"
 #include "kiln/core/guards.h"
+#include "kiln/ops/autocast.h"
 #include "kiln/ops/reduce.h"
 #include "reduce_util.h"
 
@@ -61,9 +62,11 @@ Tensor softmax_impl(const Tensor& self, int64_t dim, bool log, autograd::CallSit
 }  // namespace
 
 Tensor Tensor::softmax(int64_t dim, std::source_location loc) const {
+  if (autocast_enabled()) return ops::autocast_call(AutocastOp::softmax, [&](const Tensor& x) { return x.softmax(dim, loc); }, *this);
   return softmax_impl(*this, dim, false, autograd::CallSite::from(loc));
 }
 Tensor Tensor::log_softmax(int64_t dim, std::source_location loc) const {
+  if (autocast_enabled()) return ops::autocast_call(AutocastOp::log_softmax, [&](const Tensor& x) { return x.log_softmax(dim, loc); }, *this);
   return softmax_impl(*this, dim, true, autograd::CallSite::from(loc));
 }
 

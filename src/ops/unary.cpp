@@ -14,6 +14,7 @@
 
 #include "elementwise_common.h"
 #include "kiln/kernels/copy.h"
+#include "kiln/ops/autocast.h"
 #include "kiln/ops/elementwise.h"
 #include "kiln/ops/index.h"
 
@@ -358,12 +359,14 @@ Tensor& Tensor::relu_(std::source_location loc) {
 }
 
 Tensor Tensor::exp(std::source_location loc) const {
+  if (autocast_enabled()) return ops::autocast_call(AutocastOp::exp, [&](const Tensor& x) { return x.exp(loc); }, *this);
   return unary_op("exp", UnaryOp::Exp, *this, Kind::Promote, Formula::Exp, CallSite::from(loc));
 }
 Tensor& Tensor::exp_(std::source_location loc) {
   return unary_op_("exp_", UnaryOp::Exp, *this, Kind::Promote, Formula::Exp, CallSite::from(loc));
 }
 Tensor Tensor::log(std::source_location loc) const {
+  if (autocast_enabled()) return ops::autocast_call(AutocastOp::log, [&](const Tensor& x) { return x.log(loc); }, *this);
   return unary_op("log", UnaryOp::Log, *this, Kind::Promote, Formula::Log, CallSite::from(loc));
 }
 Tensor& Tensor::log_(std::source_location loc) {

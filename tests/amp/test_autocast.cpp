@@ -1,0 +1,230 @@
+// Autocast: every row of the policy table gives the output dtype its class
+// promises, guards nest and disable, parameter casts are cached per region,
+// gradients reach float32 parameters, and docs/amp.md lists the same table.
+#include <gtest/gtest.h>
+
+#include <functional>
+#include <map>
+#include <string>
+
+#include "kiln/kiln.h"
+#include "kiln/ops/autocast.h"
+#include "support/test_util.h"
+
+namespace kiln {
+namespace {
+
+namespace F = nn::functional;
+
+Tensor param(IntArrayRef shape, uint64_t seed) {
+  Generator g(seed);
+  return randn(shape, {}, &g).requires_grad_();
+}
+Tensor data(IntArrayRef shape, uint64_t seed, DType dt = kFloat32) {
+  Generator g(seed);
+  return randn(shape, {}, &g).to(dt);
+}
+
+// One runner per policy row: builds float32 inputs for lower-precision ops
+// (what a model feeds them), bf16 inputs for float32 ops (what a preceding
+// lower-precision op hands them) and mixed inputs for promote ops.
+using Runner = std::function<Tensor()>;
+std::map<std::string, Runner> runners() {
+  const DType lp = kBFloat16;
+  std::map<std::string, Runner> r;
+  r["mm"] = [] { return mm(data({3, 4}, 1), param({4, 5}, 2)); };
+  r["bmm"] = [] { return bmm(data({2, 3, 4}, 1), data({2, 4, 5}, 2)); };
+  r["matmul"] = [] { return matmul(data({2, 3, 4}, 1), param({4, 5}, 2)); };
+  r["linear"] = [] { return linear(data({3, 4}, 1), param({5, 4}, 2), param({5}, 3)); };
+  r["conv2d"] = [] { return conv2d(data({1, 2, 5, 5}, 1), param({3, 2, 3, 3}, 2), param({3}, 3)); };
+  r["scaled_dot_product_attention"] = [] {
+    return nn::functional::scaled_dot_product_attention(data({1, 2, 4, 8}, 1), data({1, 2, 4, 8}, 2),
+                                                        data({1, 2, 4, 8}, 3));
+  };
+  r["softmax"] = [lp] { return data({3, 4}, 1, lp).softmax(1); };
+  r["log_softmax"] = [lp] { return data({3, 4}, 1, lp).log_softmax(1); };
+  r["logsumexp"] = [lp] { return data({3, 4}, 1, lp).logsumexp({1}); };
+  r["norm"] = [lp] { return data({3, 4}, 1, lp).norm(); };
+  r["exp"] = [lp] { return data({3, 4}, 1, lp).exp(); };
+  r["log"] = [lp] { return data({3, 4}, 1, lp).abs().log(); };
+  r["layer_norm"] = [lp] { return nn::LayerNorm({.normalized_shape = {4}}).forward(data({3, 4}, 1, lp)); };
+  r["batch_norm"] = [lp] { return nn::BatchNorm2d({.num_features = 2}).forward(data({2, 2, 3, 3}, 1, lp)); };
+  r["rms_norm"] = [lp] { return nn::RMSNorm({.normalized_shape = {4}}).forward(data({3, 4}, 1, lp)); };
+  r["group_norm"] = [lp] {
+    return nn::GroupNorm({.num_groups = 2, .num_channels = 4}).forward(data({2, 4, 3}, 1, lp));
+  };
+  const auto classes = [] { return tensor<int64_t>({0, 2, 1}); };
+  r["cross_entropy"] = [=] { return F::cross_entropy(data({3, 4}, 1, lp), classes()); };
+  r["nll_loss"] = [=] { return F::nll_loss(data({3, 4}, 1, lp).log_softmax(1), classes()); };
+  r["mse_loss"] = [lp] { return F::mse_loss(data({3, 4}, 1, lp), data({3, 4}, 2)); };
+  r["l1_loss"] = [lp] { return F::l1_loss(data({3, 4}, 1, lp), data({3, 4}, 2)); };
+  r["smooth_l1_loss"] = [lp] { return F::smooth_l1_loss(data({3, 4}, 1, lp), data({3, 4}, 2)); };
+  r["binary_cross_entropy_with_logits"] = [lp] {
+    return F::binary_cross_entropy_with_logits(data({3, 4}, 1, lp), rand({3, 4}));
+  };
+  r["kl_div"] = [lp] { return F::kl_div(data({3, 4}, 1, lp).log_softmax(1), rand({3, 4})); };
+  r["cat"] = [lp] { return cat({data({2, 3}, 1, lp), data({2, 3}, 2)}); };
+  r["stack"] = [lp] { return stack({data({2, 3}, 1, lp), data({2, 3}, 2)}); };
+  return r;
+}
+
+TEST(AutocastPolicy, EveryRowGivesItsClassDtype) {
+  const auto r = runners();
+  for (DType lp : {kBFloat16, kFloat16}) {
+    for (const AutocastRule& rule : kAutocastPolicy) {
+      SCOPED_TRACE(std::string(rule.name) + " under " + std::string(dtype_name(lp)));
+      ASSERT_TRUE(r.count(std::string(rule.name))) << "a policy row without a test runner";
+      const AutocastGuard amp(lp);
+      const Tensor out = r.at(std::string(rule.name))();
+      const DType want = rule.policy == AutocastPolicy::LowerPrecision ? lp : kFloat32;
+      EXPECT_EQ(out.dtype(), want);
+    }
+  }
+  EXPECT_EQ(r.size(), kAutocastPolicy.size());
+}
+
+TEST(AutocastPolicy, OutsideARegionNothingIsCast) {
+  EXPECT_FALSE(autocast_enabled());
+  EXPECT_EQ(linear(data({3, 4}, 1), param({5, 4}, 2)).dtype(), kFloat32);
+  EXPECT_EQ(data({3, 4}, 1, kBFloat16).softmax(1).dtype(), kBFloat16);
+}
+
+TEST(AutocastPolicy, Float64IsNeverNarrowed) {
+  const AutocastGuard amp(kBFloat16);
+  EXPECT_EQ(mm(data({3, 4}, 1, kFloat64), data({4, 2}, 2, kFloat64)).dtype(), kFloat64);
+  EXPECT_EQ(data({3, 4}, 1, kFloat64).softmax(1).dtype(), kFloat64);
+}
+
+TEST(AutocastPolicy, MixedLowerPrecisionTypesPromoteToFloat32) {
+  const AutocastGuard amp(kBFloat16);
+  EXPECT_EQ(cat({data({2}, 1, kBFloat16), data({2}, 2, kFloat16)}).dtype(), kFloat32);
+  EXPECT_EQ(cat({data({2}, 1, kBFloat16), data({2}, 2, kBFloat16)}).dtype(), kBFloat16);
+}
+
+TEST(AutocastGuard, NestsAndDisablesInARegion) {
+  const Tensor x = data({3, 4}, 1), w = param({5, 4}, 2);
+  {
+    const AutocastGuard outer(kBFloat16);
+    EXPECT_EQ(linear(x, w).dtype(), kBFloat16);
+    {
+      const AutocastGuard off(false);
+      EXPECT_FALSE(autocast_enabled());
+      EXPECT_EQ(linear(x, w).dtype(), kFloat32);
+      {
+        const AutocastGuard fp16(kFloat16);
+        EXPECT_EQ(linear(x, w).dtype(), kFloat16);
+      }
+      EXPECT_EQ(linear(x, w).dtype(), kFloat32);
+    }
+    EXPECT_EQ(autocast_dtype(), kBFloat16);
+    EXPECT_EQ(linear(x, w).dtype(), kBFloat16);
+  }
+  EXPECT_FALSE(autocast_enabled());
+  EXPECT_EQ(linear(x, w).dtype(), kFloat32);
+}
+
+TEST(AutocastGuard, RejectsAFullPrecisionDtype) {
+  EXPECT_THROW({ const AutocastGuard bad(kFloat32); }, DTypeError);
+  EXPECT_FALSE(autocast_enabled());
+}
+
+TEST(AutocastCache, AWeightUsedTwiceIsCastOnce) {
+  const Tensor x = data({3, 4}, 1), w = param({4, 4}, 2);
+  reset_autocast_counters();
+  {
+    const AutocastGuard amp(kBFloat16);
+    const Tensor y = linear(linear(x, w), w);
+    EXPECT_EQ(autocast_counters().param_casts, 1);
+    EXPECT_EQ(autocast_counters().cache_hits, 1);
+    // The activation x (no grad) is cast on each use, never cached.
+    linear(x, w);
+    EXPECT_EQ(autocast_counters().param_casts, 1);
+    EXPECT_EQ(autocast_counters().cache_hits, 2);
+    {
+      const AutocastGuard off(false);  // a nested region keeps the cache
+      const AutocastGuard again(kBFloat16);
+      linear(x, w);
+      EXPECT_EQ(autocast_counters().param_casts, 1);
+    }
+  }
+  // The outermost exit cleared the cache: a new region casts afresh.
+  {
+    const AutocastGuard amp(kBFloat16);
+    linear(x, w);
+    EXPECT_EQ(autocast_counters().param_casts, 2);
+  }
+}
+
+TEST(AutocastCache, AnInPlaceUpdateInvalidatesTheCast) {
+  Tensor w = param({4, 4}, 2);
+  const Tensor x = data({3, 4}, 1);
+  reset_autocast_counters();
+  const AutocastGuard amp(kBFloat16);
+  const Tensor before = linear(x, w).to(kFloat32);
+  {
+    const NoGradGuard ng;
+    w.mul_(2.0);  // e.g. an optimizer step inside the region bumps the version
+  }
+  const Tensor after = linear(x, w).to(kFloat32);
+  EXPECT_EQ(autocast_counters().param_casts, 2);
+  EXPECT_EQ(autocast_counters().cache_hits, 0);
+  // Doubling is exact in bf16, so the recast weight gives exactly twice the output.
+  EXPECT_TRUE(test::bitwise_equal(after, before * 2.0));
+}
+
+TEST(AutocastCache, ANoGradCastDoesNotServeADifferentiableUse) {
+  const Tensor x = data({3, 4}, 1), w = param({4, 4}, 2);
+  const AutocastGuard amp(kBFloat16);
+  {
+    const NoGradGuard ng;
+    EXPECT_FALSE(linear(x, w).requires_grad());
+  }
+  const Tensor y = linear(x, w);
+  EXPECT_TRUE(y.requires_grad());
+  y.sum().backward();
+  ASSERT_TRUE(w.grad().defined());
+}
+
+TEST(AutocastGrad, GradientsReachFloat32ParametersAndMatchFloat32) {
+  const Tensor x = data({8, 16}, 1);
+  Tensor w1 = param({32, 16}, 2), w2 = param({4, 32}, 3);
+  const Tensor target = tensor<int64_t>({0, 1, 2, 3, 0, 1, 2, 3});
+  auto loss_of = [&] { return F::cross_entropy(linear(linear(x, w1).relu(), w2), target); };
+  Tensor ref_loss = loss_of();
+  ref_loss.backward();
+  const Tensor g1 = w1.grad().clone(), g2 = w2.grad().clone();
+  w1.mutable_grad() = {};
+  w2.mutable_grad() = {};
+  Tensor loss;
+  {
+    const AutocastGuard amp(kBFloat16);
+    loss = loss_of();
+  }
+  EXPECT_EQ(loss.dtype(), kFloat32);
+  loss.backward();
+  ASSERT_EQ(w1.grad().dtype(), kFloat32);
+  ASSERT_EQ(w2.grad().dtype(), kFloat32);
+  // bf16 keeps 8 mantissa bits: relative error ~2^-8 per rounding, a few roundings deep.
+  EXPECT_NEAR(loss.item<double>(), ref_loss.item<double>(), 0.02 * std::abs(ref_loss.item<double>()));
+  const double rel1 = (w1.grad() - g1).norm().item<double>() / g1.norm().item<double>();
+  const double rel2 = (w2.grad() - g2).norm().item<double>() / g2.norm().item<double>();
+  EXPECT_LT(rel1, 0.03);
+  EXPECT_LT(rel2, 0.03);
+  EXPECT_GT(rel1 + rel2, 0.0);  // the bf16 path really ran (it rounds)
+}
+
+TEST(AutocastDocs, DocsAmpMdListsThePolicyTable) {
+  const std::string doc = test::read_file(test::source_dir() + "/docs/amp.md");
+  for (const AutocastRule& rule : kAutocastPolicy) {
+    const std::string row = "| `" + std::string(rule.name) + "` | " + std::string(autocast_policy_name(rule.policy)) + " |";
+    EXPECT_NE(doc.find(row), std::string::npos) << "docs/amp.md lacks the row " << row;
+  }
+  // No stale rows: as many policy rows in the doc as in the table.
+  size_t rows = 0;
+  for (size_t at = doc.find("| `"); at != std::string::npos; at = doc.find("| `", at + 1))
+    if (at == 0 || doc[at - 1] == '\n') ++rows;
+  EXPECT_EQ(rows, kAutocastPolicy.size());
+}
+
+}  // namespace
+}  // namespace kiln
