@@ -2,6 +2,7 @@
 #pragma once
 
 #include "kiln/core/allocator.h"
+#include "kiln/core/autocast.h"
 #include "kiln/core/dtype.h"
 #include "kiln/core/error.h"
 #include "kiln/core/factory.h"
@@ -18,6 +19,7 @@
 #include "kiln/autograd/gradcheck.h"
 
 #include "kiln/ops/conv.h"
+#include "kiln/ops/autocast.h"
 #include "kiln/ops/elementwise.h"
 #include "kiln/ops/index.h"
 #include "kiln/ops/linalg.h"
@@ -25,6 +27,7 @@
 #include "kiln/ops/reduce.h"
 
 #include "kiln/io/safetensors.h"
+#include "kiln/io/state_dict.h"
 
 #include "kiln/data/dataset.h"
 #include "kiln/data/idx.h"
@@ -46,9 +49,13 @@
 #include "kiln/nn/layers.h"
 #include "kiln/nn/module.h"
 #include "kiln/nn/norm.h"
+#include "kiln/nn/pytorch_weights.h"
 #include "kiln/nn/transformer.h"
 
 #include "kiln/optim/checkpoint.h"
 #include "kiln/optim/clip_grad.h"
 #include "kiln/optim/optimizer.h"
 #include "kiln/optim/scheduler.h"
+
+#include "kiln/amp/grad_scaler.h"
+#include "kiln/amp/mode.h"
