@@ -12,6 +12,7 @@ PACKAGES=(
   libgtest-dev libgmock-dev libbenchmark-dev
   python3-torch python3-numpy
   zlib1g-dev dataset-fashion-mnist golang-github-colinmarc-hdfs-dev golang-github-jdkato-prose-dev
+  chromium fonts-dejavu-core  # the report test renders report.html headless (DejaVu: its fonts)
 )
 
 SUDO=""
