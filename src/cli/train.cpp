@@ -21,6 +21,7 @@
 #include <sstream>
 
 #include "cli/progress.h"
+#include "cli/report.h"
 #include "cli/task.h"
 #include "kiln/autograd/anomaly.h"
 #include "kiln/core/allocator.h"
@@ -145,6 +146,8 @@ struct Loop {
 void save_checkpoint(Loop& L) {
   optim::CheckpointRefs refs{L.task.model.get(), L.task.optimizer.get(), L.task.scheduler.get()};
   L.ckpts.save(refs, {.step = L.step, .loader = L.task.train_loader->state(), .config = L.config.to_toml()});
+  // The report of a run in progress, so a long run can be looked at while it trains (a few ms).
+  write_report(L.run_dir);
 }
 
 int run_loop(Loop& L) {
@@ -286,6 +289,7 @@ int run_loop(Loop& L) {
                   {"total_steps", total},      {"wall_s", elapsed()},          {"status", status_name(status)},
                   {"final", final_metrics}};
   write_text(L.run_dir / "summary.json", summary.dump(2) + "\n");
+  write_report(L.run_dir);
   std::printf("%s at step %lld of %lld in %s", status_name(status), static_cast<long long>(L.step),
               static_cast<long long>(total), format_duration(elapsed()).c_str());
   if (final_metrics.contains("accuracy"))
@@ -293,7 +297,7 @@ int run_loop(Loop& L) {
   if (final_metrics.contains("bits_per_char"))
     std::printf(": eval loss %.4f, %.3f bits/char", final_metrics["eval_loss"].get<double>(),
                 final_metrics["bits_per_char"].get<double>());
-  std::printf("\n");
+  std::printf("\nreport: %s\n", (L.run_dir / "report.html").string().c_str());
   if (status == Status::Interrupted || status == Status::Stopped)
     std::printf("continue with: kiln resume %s\n", L.run_dir.string().c_str());
   std::fflush(stdout);

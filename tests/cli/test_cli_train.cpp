@@ -24,7 +24,7 @@ TEST(CliTrain, RunDirectoryHoldsConfigMetricsCheckpointsAndSummary) {
   auto r = kiln_cli("train " + dir.file("tiny.toml") + " --out " + run.string());
   ASSERT_EQ(r.rc, 0) << r.output;
   EXPECT_NE(r.output.find("completed at step 40 of 40"), std::string::npos) << r.output;
-  for (const char* f : {"config.toml", "metrics.jsonl", "summary.json", "checkpoints/latest",
+  for (const char* f : {"config.toml", "metrics.jsonl", "summary.json", "report.html", "checkpoints/latest",
                         "checkpoints/ckpt-00000020.safetensors", "checkpoints/ckpt-00000040.safetensors"})
     EXPECT_TRUE(fs::exists(run / f)) << f;
 
