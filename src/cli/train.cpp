@@ -194,7 +194,9 @@ int run_loop(Loop& L) {
   };
 
   if (L.step >= stop_at) {
-    progress.message("nothing to do: the run is at step " + std::to_string(L.step) + " of " + std::to_string(stop_at));
+    progress.message("nothing to do: the run is at step " + std::to_string(L.step) + " of " + std::to_string(stop_at) +
+                     " (to train longer, start a new run with a larger train.steps)");
+    return 0;
   }
   while (L.step < stop_at && status == Status::Completed) {
     const int64_t epoch = t.train_loader->state().epoch;

@@ -110,6 +110,13 @@ TEST(CliTrain, ResumeAfterMaxStepsContinuesBitwise) {
     EXPECT_EQ(ea[i]["bits_per_char"], eb[i]["bits_per_char"]);
   }
   EXPECT_EQ(read_json(split / "summary.json")["status"], "completed");
+
+  // Resuming a finished run changes nothing.
+  const std::string before = read_file((split / "metrics.jsonl").string());
+  auto d = kiln_cli("resume " + split.string());
+  EXPECT_EQ(d.rc, 0) << d.output;
+  EXPECT_NE(d.output.find("nothing to do"), std::string::npos) << d.output;
+  EXPECT_EQ(read_file((split / "metrics.jsonl").string()), before);
 }
 
 /// Starts `kiln args...` with its output in `log`; returns the pid.
