@@ -3,6 +3,8 @@
 // values; docs/config.md documents the same table for people.
 #include "cli/config.h"
 
+#include <charconv>
+#include <cmath>
 #include <fstream>
 #include <map>
 #include <sstream>
@@ -182,6 +184,23 @@ std::string known_keys(const std::string& section) {
   return out;
 }
 
+/// TOML text of a value; floats in their shortest round-trip form (0.9, not 0.90000000000000002).
+std::string value_text(const toml::node& n) {
+  if (const auto* f = n.as_floating_point()) {
+    const double d = f->get();
+    if (std::isfinite(d)) {
+      char buf[64];
+      auto res = std::to_chars(buf, buf + sizeof buf, d);
+      std::string t(buf, res.ptr);
+      if (t.find_first_of(".e") == std::string::npos) t += ".0";
+      return t;
+    }
+  }
+  std::ostringstream s;
+  n.visit([&](const auto& v) { s << toml::toml_formatter(v); });
+  return s.str();
+}
+
 }  // namespace
 
 Config Config::from_file(const std::filesystem::path& path) {
@@ -342,9 +361,7 @@ std::string Config::to_toml() const {
   for (const auto& k : kSchema) {
     const std::string key = k.name;
     if (!section_of(key).empty()) continue;
-    std::ostringstream s;
-    table_.get(key)->visit([&](const auto& v) { s << toml::toml_formatter(v); });
-    os << key << " = " << s.str() << "\n";
+    os << key << " = " << value_text(*table_.get(key)) << "\n";
   }
   std::string current;
   for (const auto& k : kSchema) {
@@ -357,9 +374,7 @@ std::string Config::to_toml() const {
       os << "\n[" << sec << "]\n";
       current = sec;
     }
-    std::ostringstream s;
-    n->visit([&](const auto& v) { s << toml::toml_formatter(v); });
-    os << key.substr(sec.size() + 1) << " = " << s.str() << "\n";
+    os << key.substr(sec.size() + 1) << " = " << value_text(*n) << "\n";
   }
   return os.str();
 }

@@ -262,7 +262,10 @@ int run_loop(Loop& L) {
       const auto pause_start = Clock::now();
       if (eval_every > 0 && L.step % eval_every == 0 && L.step < total && !signals.requested()) run_eval();
       if ((ckpt_every > 0 && L.step % ckpt_every == 0) || stop_now) save_checkpoint(L);
-      window_start += Clock::now() - pause_start;  // throughput and data wait count training time only
+      if (Clock::now() - pause_start > std::chrono::milliseconds(1)) {
+        window_start += Clock::now() - pause_start;  // throughput and data wait count training time only
+        memory::reset_peak_stats();                  // and memory peaks the training steps' (not eval's)
+      }
       if (signals.requested()) status = Status::Interrupted;
       if (stop_now) break;
       prev_end = Clock::now();
