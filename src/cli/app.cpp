@@ -46,7 +46,7 @@ int dispatch(int argc, char** argv) {
 
   auto* sample = app.add_subcommand("sample", "Text from a trained character-level GPT");
   sample->add_option("target", target, "Run directory or checkpoint file")->required();
-  sample->add_option("--prompt", so.prompt, "Text to continue")->capture_default_str();
+  sample->add_option("--prompt", so.prompt, "Text to continue (empty: start after a newline)")->capture_default_str();
   sample->add_option("--tokens", so.tokens, "Bytes to generate")->capture_default_str();
   sample->add_option("--temperature", so.temperature, "Softmax temperature (0: greedy)")->capture_default_str();
   sample->add_option("--top-k", so.top_k, "Sample among the k most likely bytes (0: all)")->capture_default_str();
@@ -58,7 +58,9 @@ int dispatch(int argc, char** argv) {
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
-    return app.exit(e);
+    if (e.get_exit_code() == 0) return app.exit(e);  // --help, --version
+    std::fprintf(stderr, "kiln: error: %s (see kiln --help, or kiln COMMAND --help)\n", e.what());
+    return 2;
   }
   if (train->parsed()) {
     Config config = Config::from_file(config_path);

@@ -12,7 +12,7 @@ namespace kiln::cli {
 int evaluate_command(const std::filesystem::path& target, const std::string& split, int64_t max_batches);
 
 struct SampleOptions {
-  std::string prompt = "\n";
+  std::string prompt;  // empty: start from a newline
   int64_t tokens = 200;
   double temperature = 0.8;  // 0: always the most likely byte
   int64_t top_k = 0;         // 0: all bytes

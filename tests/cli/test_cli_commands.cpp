@@ -177,12 +177,12 @@ TEST(CliErrors, HelpVersionAndUsage) {
   auto sh = kiln_cli("sample --help");
   EXPECT_EQ(sh.rc, 0);
   EXPECT_NE(sh.output.find("--top-k"), std::string::npos) << sh.output;
-  auto none = kiln_cli("");
-  EXPECT_NE(none.rc, 0);
-  EXPECT_LT(none.rc, 128);  // an error exit, not a signal
-  auto unknown = kiln_cli("fly");
-  EXPECT_NE(unknown.rc, 0);
-  EXPECT_LT(unknown.rc, 128);
+  for (const char* args : {"", "fly", "train", "train a.toml b.toml", "sample run --tokens many"}) {
+    auto r = kiln_cli(args);
+    EXPECT_EQ(r.rc, 2) << args << ": " << r.output;
+    EXPECT_EQ(count_lines(r.output), 1) << args << ": " << r.output;
+    EXPECT_EQ(r.output.rfind("kiln: error: ", 0), 0u) << args << ": " << r.output;
+  }
 }
 
 TEST(CliConfig, SetOverridesAndResolvedTextRoundTrips) {
