@@ -3,7 +3,7 @@
 # (examples/tour.cpp), then trains the CNN of configs/fashion_cnn.toml on
 # Fashion-MNIST with the `kiln` command — progress bar, periodic evaluation,
 # checkpoints — and points at the run's report.
-#   KILN_DEMO_EPOCHS=N   train N epochs instead of the config's 4
+#   KILN_DEMO_EPOCHS=N   train N epochs instead of the config's 8
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ./scripts/setup.sh
