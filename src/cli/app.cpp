@@ -1,0 +1,94 @@
+// Argument parsing (CLI11) and the error boundary of the `kiln` command.
+#include "cli/app.h"
+
+#include <CLI/CLI.hpp>
+#include <cstdio>
+#include <filesystem>
+
+#include "cli/commands.h"
+#include "cli/config.h"
+#include "cli/train.h"
+#include "kiln/core/error.h"
+
+#ifndef KILN_VERSION
+#define KILN_VERSION "unknown"
+#endif
+
+namespace kiln::cli {
+namespace fs = std::filesystem;
+
+namespace {
+
+int dispatch(int argc, char** argv) {
+  CLI::App app{"kiln: train, resume, evaluate, sample and inspect deep-learning runs (configs/*.toml, docs/config.md)",
+               "kiln"};
+  app.set_version_flag("--version", std::string("kiln ") + KILN_VERSION);
+  app.require_subcommand(1);
+
+  std::string config_path, out_dir, run_dir, target, split = "test";
+  std::vector<std::string> sets;
+  int64_t batches = 0;
+  SampleOptions so;
+
+  auto* train = app.add_subcommand("train", "Train the run a config describes into a run directory");
+  train->add_option("config", config_path, "The run's config (TOML, see docs/config.md)")->required();
+  train->add_option("--out", out_dir, "Run directory (default: runs/<config name>)");
+  train->add_option("--set", sets, "Override a config key: --set optim.lr=3e-4 (repeatable)")->take_all();
+
+  auto* resume = app.add_subcommand("resume", "Continue a run from its latest checkpoint, with the identical future");
+  resume->add_option("run_dir", run_dir, "The run directory")->required();
+  resume->add_option("--set", sets, "Override a key, e.g. train.max_steps=2000 (repeatable)")->take_all();
+
+  auto* eval = app.add_subcommand("eval", "Loss and accuracy (or bits/char) of a run's latest checkpoint or of a checkpoint file");
+  eval->add_option("target", target, "Run directory or checkpoint file")->required();
+  eval->add_option("--split", split, "test (held out) or train")->capture_default_str();
+  eval->add_option("--batches", batches, "Evaluate at most this many batches (0: all)")->capture_default_str();
+
+  auto* sample = app.add_subcommand("sample", "Text from a trained character-level GPT");
+  sample->add_option("target", target, "Run directory or checkpoint file")->required();
+  sample->add_option("--prompt", so.prompt, "Text to continue (empty: start after a newline)")->capture_default_str();
+  sample->add_option("--tokens", so.tokens, "Bytes to generate")->capture_default_str();
+  sample->add_option("--temperature", so.temperature, "Softmax temperature (0: greedy)")->capture_default_str();
+  sample->add_option("--top-k", so.top_k, "Sample among the k most likely bytes (0: all)")->capture_default_str();
+  sample->add_option("--seed", so.seed, "Sampling seed (same seed, same text)")->capture_default_str();
+
+  auto* inspect = app.add_subcommand("inspect", "Show a safetensors file, a checkpoint or a run directory");
+  inspect->add_option("target", target, "File or run directory")->required();
+
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    if (e.get_exit_code() == 0) return app.exit(e);  // --help, --version
+    std::fprintf(stderr, "kiln: error: %s (see kiln --help, or kiln COMMAND --help)\n", e.what());
+    return 2;
+  }
+  if (train->parsed()) {
+    Config config = Config::from_file(config_path);
+    for (const auto& s : sets) config.set(s);
+    const fs::path dir = out_dir.empty() ? fs::path("runs") / config.name() : fs::path(out_dir);
+    return cli::train(config, dir, config_path);
+  }
+  if (resume->parsed()) return cli::resume(run_dir, sets);
+  if (eval->parsed()) return evaluate_command(target, split, batches);
+  if (sample->parsed()) return sample_command(target, so);
+  return inspect_command(target);
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  try {
+    return dispatch(argc, argv);
+  } catch (const ConfigError& e) {
+    std::fprintf(stderr, "kiln: error: %s\n", e.what());
+    return 2;
+  } catch (const kiln::Error& e) {
+    std::fprintf(stderr, "kiln: error: %s\n", e.what());
+    return 1;
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "kiln: error: %s\n", e.what());
+    return 1;
+  }
+}
+
+}  // namespace kiln::cli

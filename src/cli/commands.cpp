@@ -1,0 +1,223 @@
+// eval, sample and inspect.
+#include "cli/commands.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <numeric>
+
+#include "cli/progress.h"
+#include "cli/task.h"
+#include "kiln/core/factory.h"
+#include "kiln/core/guards.h"
+#include "kiln/io/safetensors.h"
+#include "kiln/optim/checkpoint.h"
+
+namespace kiln::cli {
+namespace fs = std::filesystem;
+using json = nlohmann::json;
+
+namespace {
+
+/// The checkpoint a target names: a file as given, a run directory's latest.
+fs::path checkpoint_of(const fs::path& target) {
+  if (fs::is_regular_file(target)) return target;
+  if (!fs::exists(target)) throw ConfigError(target.string() + ": no such file or run directory");
+  const fs::path dir = target / "checkpoints";
+  auto latest = fs::is_directory(dir) ? optim::CheckpointManager(dir).latest() : std::nullopt;
+  if (!latest) throw ConfigError(target.string() + ": no checkpoint under checkpoints/ (has the run saved one yet?)");
+  return *latest;
+}
+
+/// The model (in eval mode, by construction) and data of a checkpoint, with its weights loaded.
+std::pair<Config, Task> load_for_eval(const fs::path& ckpt) {
+  const auto file = io::load_safetensors(ckpt.string());
+  auto it = file.metadata.find("config");
+  if (it == file.metadata.end() || it->second.empty())
+    throw ConfigError(ckpt.string() + ": not a kiln training checkpoint (no config in its metadata); "
+                      "`kiln inspect` shows what it holds");
+  Config config = Config::from_string(it->second, ckpt.string() + " (its config)");
+  Task task = build_task(config, Purpose::Evaluate);
+  io::NamedTensors weights;
+  for (const auto& [name, t] : file.tensors)
+    if (name.rfind("model.", 0) == 0) weights.emplace_back(name.substr(6), t);
+  task.model->load_state_dict(weights);
+  return {std::move(config), std::move(task)};
+}
+
+uint64_t splitmix64(uint64_t& s) {
+  uint64_t z = (s += 0x9E3779B97F4A7C15ULL);
+  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ULL;
+  z = (z ^ (z >> 27)) * 0x94D049BB133111EBULL;
+  return z ^ (z >> 31);
+}
+
+}  // namespace
+
+int evaluate_command(const fs::path& target, const std::string& split, int64_t max_batches) {
+  if (split != "test" && split != "train")
+    throw ConfigError("--split expects test or train, got \"" + split + "\"");
+  const fs::path ckpt = checkpoint_of(target);
+  auto [config, task] = load_for_eval(ckpt);
+  const EvalResult r = evaluate(task, config, split, max_batches);
+  const auto header = io::read_safetensors_header(ckpt.string());
+  const std::string step = header.metadata.count("step") ? header.metadata.at("step") : "?";
+  std::printf("%s (step %s), %s split, %lld %s\n", ckpt.string().c_str(), step.c_str(), split.c_str(),
+              static_cast<long long>(r.samples), task.gpt ? "tokens" : "samples");
+  if (task.gpt)
+    std::printf("loss %.4f  bits/char %.4f\n", r.loss, r.bits_per_char);
+  else
+    std::printf("loss %.4f  accuracy %.2f%%\n", r.loss, 100 * r.accuracy);
+  return 0;
+}
+
+int sample_command(const fs::path& target, const SampleOptions& o) {
+  if (o.tokens < 0) throw ConfigError("--tokens expects a count >= 0, got " + std::to_string(o.tokens));
+  if (o.temperature < 0) throw ConfigError("--temperature expects a value >= 0, got " + std::to_string(o.temperature));
+  auto [config, task] = load_for_eval(checkpoint_of(target));
+  if (!task.gpt)
+    throw ConfigError(target.string() + ": `kiln sample` needs a language model (model.type = \"gpt\"), this run has \"" +
+                      config.string("model.type") + "\"");
+  NoGradGuard no_grad;
+  const int64_t block = task.gpt->options.block_size, vocab = task.gpt->options.vocab_size;
+  std::vector<int64_t> ids;
+  for (unsigned char ch : o.prompt) ids.push_back(ch);
+  if (ids.empty()) ids.push_back('\n');
+  std::fwrite(o.prompt.data(), 1, o.prompt.size(), stdout);
+  uint64_t rng = o.seed;
+  std::vector<double> p(static_cast<size_t>(vocab));
+  for (int64_t n = 0; n < o.tokens; ++n) {
+    const size_t from = ids.size() > static_cast<size_t>(block) ? ids.size() - static_cast<size_t>(block) : 0;
+    std::vector<int64_t> window(ids.begin() + static_cast<std::ptrdiff_t>(from), ids.end());
+    const auto len = static_cast<int64_t>(window.size());
+    Tensor logits = (*task.model)(tensor(window, {1, len})).select(1, len - 1).reshape({vocab}).to(kFloat64).contiguous();
+    const double* l = logits.data_ptr<double>();
+    int64_t next = 0;
+    if (o.temperature == 0) {
+      next = std::max_element(l, l + vocab) - l;
+    } else {
+      double cutoff = -INFINITY;
+      if (o.top_k > 0 && o.top_k < vocab) {
+        std::vector<double> sorted(l, l + vocab);
+        std::nth_element(sorted.begin(), sorted.begin() + (o.top_k - 1), sorted.end(), std::greater<>());
+        cutoff = sorted[static_cast<size_t>(o.top_k - 1)];
+      }
+      const double mx = *std::max_element(l, l + vocab);
+      double sum = 0;
+      for (int64_t v = 0; v < vocab; ++v) {
+        p[static_cast<size_t>(v)] = l[v] < cutoff ? 0 : std::exp((l[v] - mx) / o.temperature);
+        sum += p[static_cast<size_t>(v)];
+      }
+      double u = static_cast<double>(splitmix64(rng) >> 11) * 0x1.0p-53 * sum;
+      next = vocab - 1;
+      for (int64_t v = 0; v < vocab; ++v) {
+        u -= p[static_cast<size_t>(v)];
+        if (u < 0 && p[static_cast<size_t>(v)] > 0) {
+          next = v;
+          break;
+        }
+      }
+    }
+    ids.push_back(next);
+    std::fputc(static_cast<int>(next), stdout);
+    std::fflush(stdout);
+  }
+  std::printf("\n");
+  return 0;
+}
+
+namespace {
+
+void inspect_file(const fs::path& path) {
+  const auto header = io::read_safetensors_header(path.string());
+  const auto file = io::load_safetensors(path.string());
+  const bool ckpt = header.metadata.count("kiln.checkpoint") > 0;
+  std::printf("%s: %s, %zu tensors, %s of data\n", path.string().c_str(),
+              ckpt ? "kiln training checkpoint" : "safetensors file", file.tensors.size(),
+              format_bytes(static_cast<int64_t>(header.data_size)).c_str());
+  std::printf("%-48s %-9s %-18s %10s %12s %12s %12s %12s\n", "name", "dtype", "shape", "bytes", "min", "max", "mean",
+              "std");
+  int64_t params = 0;
+  for (const auto& [name, t] : file.tensors) {
+    std::string shape = "[";
+    for (int64_t i = 0; i < t.dim(); ++i) shape += (i ? ", " : "") + std::to_string(t.size(i));
+    shape += "]";
+    if (name.rfind("model.", 0) == 0) params += t.numel();
+    const auto bytes = static_cast<long long>(t.numel() * static_cast<int64_t>(t.element_size()));
+    std::printf("%-48s %-9s %-18s %10lld", name.c_str(), std::string(dtype_name(t.dtype())).c_str(), shape.c_str(), bytes);
+    if (t.numel() > 0 && t.dtype() != kBool) {
+      Tensor d = t.to(kFloat64).contiguous();
+      const double* x = d.data_ptr<double>();
+      const auto n = static_cast<size_t>(d.numel());
+      double mn = x[0], mx = x[0], sum = 0;
+      for (size_t i = 0; i < n; ++i) {
+        mn = std::min(mn, x[i]);
+        mx = std::max(mx, x[i]);
+        sum += x[i];
+      }
+      const double mean = sum / static_cast<double>(n);
+      double var = 0;
+      for (size_t i = 0; i < n; ++i) var += (x[i] - mean) * (x[i] - mean);
+      std::printf(" %12.4g %12.4g %12.4g %12.4g", mn, mx, mean, n > 1 ? std::sqrt(var / static_cast<double>(n - 1)) : 0.0);
+    }
+    std::printf("\n");
+  }
+  if (ckpt) std::printf("model parameters: %lld\n", static_cast<long long>(params));
+  std::printf("metadata (%zu keys):\n", header.metadata.size());
+  for (const auto& [k, v] : header.metadata) {
+    if (k == "config") continue;
+    std::string shown = v;
+    std::replace(shown.begin(), shown.end(), '\n', ' ');
+    if (shown.size() > 100) shown = shown.substr(0, 97) + "...";
+    std::printf("  %s = %s\n", k.c_str(), shown.c_str());
+  }
+  if (header.metadata.count("config")) std::printf("config:\n%s", header.metadata.at("config").c_str());
+}
+
+void inspect_run(const fs::path& dir) {
+  std::ifstream in(dir / "summary.json");
+  if (in) {
+    json s = json::parse(in, nullptr, false);
+    if (s.is_discarded()) throw ConfigError((dir / "summary.json").string() + ": not valid JSON");
+    std::printf("run %s: %s\n", dir.string().c_str(), s.value("name", std::string("?")).c_str());
+    std::printf("  status   %s at step %lld of %lld\n", s.value("status", std::string("?")).c_str(),
+                static_cast<long long>(s.value("steps", int64_t{0})), static_cast<long long>(s.value("total_steps", int64_t{0})));
+    std::printf("  config   %s\n", s.value("config_path", std::string("?")).c_str());
+    std::printf("  wall     %s\n", format_duration(s.value("wall_s", 0.0)).c_str());
+    if (s.contains("final"))
+      for (const auto& [k, v] : s["final"].items()) std::printf("  %-16s %s\n", k.c_str(), v.dump().c_str());
+  } else {
+    std::printf("run %s: no summary.json yet (the run is in progress or was killed)\n", dir.string().c_str());
+  }
+  int64_t lines = 0;
+  std::string last;
+  std::ifstream m(dir / "metrics.jsonl");
+  for (std::string line; std::getline(m, line);)
+    if (!line.empty()) ++lines, last = line;
+  std::printf("  metrics  %lld lines in metrics.jsonl%s%s\n", static_cast<long long>(lines), lines ? ", last: " : "",
+              last.c_str());
+  if (fs::is_directory(dir / "checkpoints")) {
+    optim::CheckpointManager mgr(dir / "checkpoints");
+    const auto list = mgr.list();
+    std::printf("  checkpoints (%zu):", list.size());
+    for (const auto& p : list) std::printf(" %s", p.filename().string().c_str());
+    std::printf("\n");
+  }
+  if (fs::exists(dir / "report.html")) std::printf("  report   %s\n", (dir / "report.html").string().c_str());
+}
+
+}  // namespace
+
+int inspect_command(const fs::path& target) {
+  if (fs::is_directory(target)) {
+    inspect_run(target);
+    return 0;
+  }
+  if (!fs::exists(target)) throw ConfigError(target.string() + ": no such file or run directory");
+  inspect_file(target);
+  return 0;
+}
+
+}  // namespace kiln::cli

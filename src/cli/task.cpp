@@ -1,0 +1,242 @@
+// Builds models, datasets, optimizers and schedules from a Config.
+#include "cli/task.h"
+
+#include <cmath>
+
+#include "kiln/core/generator.h"
+#include "kiln/core/guards.h"
+#include "kiln/core/threads.h"
+#include "kiln/data/idx.h"
+#include "kiln/data/text.h"
+#include "kiln/data/transforms.h"
+#include "kiln/models/cnn.h"
+#include "kiln/models/mlp.h"
+#include "kiln/models/resnet.h"
+#include "kiln/models/vit.h"
+#include "kiln/nn/functional.h"
+
+namespace kiln::cli {
+namespace {
+
+/// Samples [begin, begin + count) of another dataset: the first N of a split,
+/// or the language model's train/validation cut of one corpus.
+class Slice : public data::Dataset<> {
+ public:
+  Slice(std::shared_ptr<const data::Dataset<>> base, int64_t begin, int64_t count)
+      : base_(std::move(base)), begin_(begin), count_(count) {}
+  int64_t size() const override { return count_; }
+  data::Example get(int64_t i) const override { return base_->get(begin_ + i); }
+
+ private:
+  std::shared_ptr<const data::Dataset<>> base_;
+  int64_t begin_, count_;
+};
+
+std::shared_ptr<const data::Dataset<>> first(std::shared_ptr<const data::Dataset<>> d, int64_t n) {
+  if (n <= 0 || n >= d->size()) return d;
+  return std::make_shared<Slice>(std::move(d), 0, n);
+}
+
+struct ImageShape {
+  int64_t channels = 1, size = 28, classes = 10;
+};
+
+ImageShape image_shape(const Config& c) {
+  if (c.string("data.dataset") == "synthetic")
+    return {1, c.integer("data.image_size"), c.integer("data.num_classes")};
+  return {};
+}
+
+void make_datasets(const Config& c, Task& t) {
+  const std::string ds = c.string("data.dataset");
+  if (ds == "text") {
+    const std::string path = c.string("data.path");
+    auto corpus = std::make_shared<data::CharCorpus>(data::CharCorpusOptions{
+        .path = path.empty() ? std::string(data::kMobyDickPath) : path, .context = c.integer("data.context")});
+    const int64_t n = corpus->size();
+    const int64_t n_val = std::max<int64_t>(1, static_cast<int64_t>(std::llround(c.number("data.val_fraction") * n)));
+    if (n_val >= n)
+      throw ConfigError(c.source() + ": the text has " + std::to_string(n) + " windows of data.context = " +
+                        std::to_string(c.integer("data.context")) + " bytes, too few to hold out data.val_fraction = " +
+                        std::to_string(c.number("data.val_fraction")) + " for evaluation");
+    t.train_set = first(std::make_shared<Slice>(corpus, 0, n - n_val), c.integer("data.train_size"));
+    t.eval_set = first(std::make_shared<Slice>(corpus, n - n_val, n_val), c.integer("data.eval_size"));
+    return;
+  }
+  if (ds == "synthetic") {
+    const ImageShape s = image_shape(c);
+    const auto seed = static_cast<uint64_t>(c.integer("seed"));
+    const int64_t n_train = c.integer("data.train_size") > 0 ? c.integer("data.train_size") : 1024;
+    const int64_t n_eval = c.integer("data.eval_size") > 0 ? c.integer("data.eval_size") : 256;
+    t.train_set = std::make_shared<data::SyntheticDataset>(data::SyntheticOptions{
+        .size = n_train, .sample_shape = {s.channels, s.size, s.size}, .num_classes = s.classes, .seed = seed});
+    t.eval_set = std::make_shared<data::SyntheticDataset>(data::SyntheticOptions{
+        .size = n_eval, .sample_shape = {s.channels, s.size, s.size}, .num_classes = s.classes, .seed = seed + 1});
+    return;
+  }
+  std::vector<data::Transform> aug;
+  if (c.integer("data.random_crop") > 0) aug.push_back(data::transforms::random_crop(28, c.integer("data.random_crop")));
+  if (c.boolean("data.hflip")) aug.push_back(data::transforms::random_horizontal_flip());
+  data::Transform train_tf = aug.empty() ? nullptr : data::transforms::compose(aug);
+  const std::string root = c.string("data.root");
+  std::shared_ptr<const data::Dataset<>> train, test;
+  if (ds == "fashion_mnist") {
+    const std::string r = root.empty() ? data::kFashionMnistRoot : root;
+    train = std::make_shared<data::FashionMNIST>(data::FashionMNISTOptions{.root = r, .train = true, .transform = train_tf});
+    test = std::make_shared<data::FashionMNIST>(data::FashionMNISTOptions{.root = r, .train = false});
+  } else {
+    const std::string r = root.empty() ? data::kMnistRoot : root;
+    train = std::make_shared<data::MNIST>(data::MNISTOptions{.root = r, .train = true, .transform = train_tf});
+    test = std::make_shared<data::MNIST>(data::MNISTOptions{.root = r, .train = false});
+  }
+  t.train_set = first(train, c.integer("data.train_size"));
+  t.eval_set = first(test, c.integer("data.eval_size"));
+}
+
+std::shared_ptr<nn::Module> make_model(const Config& c, Task& t) {
+  const std::string type = c.string("model.type");
+  if (type == "gpt") {
+    auto m = std::make_shared<models::GPT>(models::GPTOptions{
+        .vocab_size = data::CharCorpus::vocab_size(), .block_size = c.integer("data.context"),
+        .n_layer = c.integer("model.n_layer"), .n_head = c.integer("model.n_head"),
+        .n_embd = c.integer("model.n_embd"), .dropout = c.number("model.dropout")});
+    t.gpt = m.get();
+    return m;
+  }
+  if (c.is_language_model())
+    throw ConfigError(c.source() + ": data.dataset = \"text\" needs model.type = \"gpt\", got \"" + type + "\"");
+  const ImageShape s = image_shape(c);
+  if (type == "mlp")
+    return std::make_shared<models::MLP>(models::MLPOptions{
+        .in_features = s.channels * s.size * s.size, .hidden = c.integers("model.hidden"), .out_features = s.classes});
+  if (type == "cnn")
+    return std::make_shared<models::CNN>(models::CNNOptions{
+        .in_channels = s.channels, .channels1 = c.integer("model.channels1"), .channels2 = c.integer("model.channels2"),
+        .hidden = c.integer("model.fc_hidden"), .num_classes = s.classes, .input_size = {s.size, s.size}});
+  if (type == "resnet")
+    return std::make_shared<models::ResNet>(models::ResNetOptions{
+        .in_channels = s.channels, .stem_channels = c.integer("model.stem_channels"),
+        .widths = c.integers("model.widths"), .blocks = c.integers("model.blocks"), .num_classes = s.classes});
+  return std::make_shared<models::ViT>(models::ViTOptions{
+      .image_size = s.size, .patch_size = c.integer("model.patch_size"), .in_channels = s.channels,
+      .num_classes = s.classes, .dim = c.integer("model.dim"), .depth = c.integer("model.depth"),
+      .heads = c.integer("model.heads"), .mlp_dim = c.integer("model.mlp_dim"), .dropout = c.number("model.dropout")});
+}
+
+std::unique_ptr<optim::Optimizer> make_optimizer(const Config& c, nn::Module& model) {
+  const std::string name = c.string("optim.name");
+  const double lr = c.number("optim.lr"), wd = c.number("optim.weight_decay");
+  auto params = model.named_parameters();
+  if (name == "sgd")
+    return std::make_unique<optim::SGD>(params, optim::SGDOptions{.lr = lr, .momentum = c.number("optim.momentum"),
+                                                                 .weight_decay = wd,
+                                                                 .nesterov = c.boolean("optim.nesterov")});
+  if (name == "rmsprop")
+    return std::make_unique<optim::RMSprop>(params, optim::RMSpropOptions{.lr = lr, .eps = c.number("optim.eps"),
+                                                                         .weight_decay = wd,
+                                                                         .momentum = c.number("optim.momentum")});
+  if (name == "adamw")
+    // Decoupled decay on weight matrices only, as nanoGPT does: biases and norm gains keep their scale.
+    return std::make_unique<optim::AdamW>(optim::split_decay(params, wd),
+                                          optim::AdamWOptions{.lr = lr, .beta1 = c.number("optim.beta1"),
+                                                              .beta2 = c.number("optim.beta2"),
+                                                              .eps = c.number("optim.eps"), .weight_decay = wd});
+  return std::make_unique<optim::Adam>(params, optim::AdamOptions{.lr = lr, .beta1 = c.number("optim.beta1"),
+                                                                  .beta2 = c.number("optim.beta2"),
+                                                                  .eps = c.number("optim.eps"), .weight_decay = wd});
+}
+
+std::shared_ptr<optim::LRScheduler> make_scheduler(const Config& c, optim::Optimizer& opt, int64_t total) {
+  const std::string type = c.string("schedule.type");
+  const int64_t warmup = std::min(c.integer("schedule.warmup_steps"), total);
+  std::shared_ptr<optim::LRScheduler> main;
+  if (type == "cosine")
+    main = std::make_shared<optim::CosineAnnealingLR>(
+        opt, optim::CosineAnnealingLROptions{.T_max = std::max<int64_t>(1, total - warmup),
+                                              .eta_min = c.number("schedule.min_lr")});
+  else if (type == "step")
+    main = std::make_shared<optim::StepLR>(
+        opt, optim::StepLROptions{.step_size = c.integer("schedule.step_size"), .gamma = c.number("schedule.gamma")});
+  if (warmup <= 0) return main;
+  auto warm = std::make_shared<optim::LinearLR>(
+      opt, optim::LinearLROptions{.start_factor = 1.0 / static_cast<double>(warmup), .end_factor = 1.0,
+                                  .total_iters = warmup});
+  if (!main) return warm;
+  return std::make_shared<optim::SequentialLR>(opt, std::vector<std::shared_ptr<optim::LRScheduler>>{warm, main},
+                                               std::vector<int64_t>{warmup});
+}
+
+void check_positive(const Config& c, const char* key) {
+  if (c.integer(key) <= 0)
+    throw ConfigError(c.source() + ": '" + key + "' expects a positive integer, got " + std::to_string(c.integer(key)));
+}
+
+}  // namespace
+
+Task build_task(const Config& c, Purpose purpose) {
+  check_positive(c, "data.batch_size");
+  check_positive(c, "data.eval_batch_size");
+  if (c.integer("threads") > 0) set_num_threads(static_cast<int>(c.integer("threads")));
+  manual_seed(static_cast<uint64_t>(c.integer("seed")));
+  Task t;
+  make_datasets(c, t);
+  t.model = make_model(c, t);
+  if (purpose == Purpose::Evaluate) {
+    t.model->eval();
+    return t;
+  }
+  t.train_loader = std::make_unique<data::DataLoader<>>(
+      t.train_set, data::DataLoader<>::Options{.batch_size = c.integer("data.batch_size"), .shuffle = true,
+                                               .num_workers = c.integer("data.num_workers"), .drop_last = true,
+                                               .seed = static_cast<uint64_t>(c.integer("seed"))});
+  if (t.train_loader->size() == 0)
+    throw ConfigError(c.source() + ": the training set has " + std::to_string(t.train_set->size()) +
+                      " samples, fewer than one batch of data.batch_size = " +
+                      std::to_string(c.integer("data.batch_size")));
+  t.total_steps = c.integer("train.steps") > 0 ? c.integer("train.steps")
+                                                : c.integer("train.epochs") * t.train_loader->size();
+  t.optimizer = make_optimizer(c, *t.model);
+  t.scheduler = make_scheduler(c, *t.optimizer, t.total_steps);
+  return t;
+}
+
+Tensor batch_loss(Task& t, const data::Example& batch) {
+  if (t.gpt) return t.gpt->loss(batch.data, batch.target);
+  return nn::functional::cross_entropy((*t.model)(batch.data), batch.target);
+}
+
+EvalResult evaluate(Task& t, const Config& c, const std::string& split, int64_t max_batches) {
+  struct ModeRestore {
+    nn::Module& m;
+    bool was;
+    ~ModeRestore() { m.train(was); }
+  } restore{*t.model, t.model->is_training()};
+  t.model->eval();
+  NoGradGuard no_grad;
+  auto set = split == "train" ? t.train_set : t.eval_set;
+  data::DataLoader<> loader(set, {.batch_size = c.integer("data.eval_batch_size")});
+  EvalResult r;
+  double loss_sum = 0;
+  int64_t correct = 0, batches = 0;
+  for (auto& batch : loader) {
+    if (max_batches > 0 && batches++ >= max_batches) break;
+    const int64_t n = batch.target.numel();
+    if (t.gpt) {
+      loss_sum += t.gpt->loss(batch.data, batch.target).item<double>() * static_cast<double>(n);
+    } else {
+      Tensor logits = (*t.model)(batch.data);
+      loss_sum += nn::functional::cross_entropy(logits, batch.target).item<double>() * static_cast<double>(n);
+      correct += logits.argmax(1).eq(batch.target).sum().item<int64_t>();
+    }
+    r.samples += n;
+  }
+  if (r.samples == 0) return r;
+  r.loss = loss_sum / static_cast<double>(r.samples);
+  if (t.gpt)
+    r.bits_per_char = r.loss / std::log(2.0);
+  else
+    r.accuracy = static_cast<double>(correct) / static_cast<double>(r.samples);
+  return r;
+}
+
+}  // namespace kiln::cli

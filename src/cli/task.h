@@ -1,0 +1,51 @@
+#pragma once
+// What a config describes, built: the model, its data, and for training the
+// optimizer and schedule. train, resume, eval and sample all build through
+// here, so a run directory's config rebuilds exactly the objects its
+// checkpoints were saved from.
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "cli/config.h"
+#include "kiln/data/loader.h"
+#include "kiln/models/gpt.h"
+#include "kiln/nn/module.h"
+#include "kiln/optim/optimizer.h"
+#include "kiln/optim/scheduler.h"
+
+namespace kiln::cli {
+
+enum class Purpose { Train, Evaluate };
+
+struct Task {
+  std::shared_ptr<nn::Module> model;
+  models::GPT* gpt = nullptr;  // the model, when it is the language model
+  std::shared_ptr<const data::Dataset<>> train_set, eval_set;
+  std::unique_ptr<data::DataLoader<>> train_loader;  // Purpose::Train only
+  std::unique_ptr<optim::Optimizer> optimizer;       // Purpose::Train only
+  std::shared_ptr<optim::LRScheduler> scheduler;     // null for a constant lr without warmup
+  int64_t total_steps = 0;                           // the run's length (the schedule's horizon)
+};
+
+/// Seeds the default generator with config.seed, then builds the model (in
+/// eval mode for Purpose::Evaluate, and it is never switched back), the
+/// datasets and, for training, the loader, optimizer and scheduler.
+Task build_task(const Config& config, Purpose purpose);
+
+/// The training loss of one batch (cross-entropy; per token for the language model).
+Tensor batch_loss(Task& task, const data::Example& batch);
+
+struct EvalResult {
+  double loss = 0;
+  double accuracy = 0;       // classification
+  double bits_per_char = 0;  // language model
+  int64_t samples = 0;
+};
+
+/// Mean loss and accuracy (or bits/char) over `split` ("test" = the held-out
+/// set, "train"), at most max_batches batches (0: all). The model runs in eval
+/// mode under NoGradGuard; its previous mode is restored afterwards.
+EvalResult evaluate(Task& task, const Config& config, const std::string& split, int64_t max_batches);
+
+}  // namespace kiln::cli

@@ -1,0 +1,357 @@
+// The training loop behind `kiln train` and `kiln resume`.
+//
+// Note [Identical future]: everything a step depends on is either rebuilt from
+// the resolved config (model architecture, data, optimizer and schedule
+// hyperparameters, the schedule's horizon train.steps) or restored from the
+// checkpoint (weights, optimizer and scheduler state, the default generator,
+// the loader's epoch and position). train.max_steps only says where this
+// process stops, so a run stopped early and resumed computes the same losses,
+// bit for bit, as one that never stopped.
+#include "cli/train.h"
+
+#include <unistd.h>
+
+#include <atomic>
+#include <cmath>
+#include <csignal>
+#include <cstdio>
+#include <fstream>
+#include <limits>
+#include <nlohmann/json.hpp>
+#include <sstream>
+
+#include "cli/progress.h"
+#include "cli/report.h"
+#include "cli/task.h"
+#include "kiln/autograd/anomaly.h"
+#include "kiln/core/allocator.h"
+#include "kiln/io/safetensors.h"
+#include "kiln/optim/checkpoint.h"
+#include "kiln/optim/clip_grad.h"
+
+namespace kiln::cli {
+namespace fs = std::filesystem;
+using json = nlohmann::json;
+using Clock = std::chrono::steady_clock;
+
+namespace {
+
+// ---- signals: the first SIGINT/SIGTERM asks for a stop after the current step; a second aborts ----
+
+std::atomic<int> g_signals{0};
+
+extern "C" void on_stop_signal(int sig) {
+  if (g_signals.fetch_add(1) == 0) {
+    const char msg[] = "\nkiln: stopping after this step and saving a checkpoint (press Ctrl-C again to abort now)\n";
+    [[maybe_unused]] auto n = ::write(STDERR_FILENO, msg, sizeof msg - 1);
+  } else {
+    const char msg[] = "\nkiln: aborted\n";
+    [[maybe_unused]] auto n = ::write(STDERR_FILENO, msg, sizeof msg - 1);
+    std::_Exit(128 + sig);
+  }
+}
+
+class StopSignals {
+ public:
+  StopSignals() {
+    g_signals = 0;
+    struct sigaction sa {};
+    sa.sa_handler = on_stop_signal;
+    sigemptyset(&sa.sa_mask);
+    sigaction(SIGINT, &sa, &old_int_);
+    sigaction(SIGTERM, &sa, &old_term_);
+  }
+  ~StopSignals() {
+    sigaction(SIGINT, &old_int_, nullptr);
+    sigaction(SIGTERM, &old_term_, nullptr);
+  }
+  bool requested() const { return g_signals.load() > 0; }
+
+ private:
+  struct sigaction old_int_ {}, old_term_ {};
+};
+
+// ---- metrics.jsonl ----
+
+json memory_json(bool peak) {
+  const auto st = memory::stats();
+  json m = json::object();
+  for (int i = 0; i < kNumMemoryCategories; ++i) {
+    const auto& c = st.by_category[static_cast<size_t>(i)];
+    m[memory_category_name(static_cast<MemoryCategory>(i))] = peak ? c.peak_bytes : c.live_bytes;
+  }
+  return m;
+}
+
+/// Keeps the lines up to and including `step` (a resumed run rewrites what came after its checkpoint);
+/// returns the last kept line's time_s.
+double truncate_metrics(const fs::path& path, int64_t step) {
+  std::ifstream in(path);
+  std::vector<std::string> kept;
+  double time_s = 0;
+  for (std::string line; std::getline(in, line);) {
+    if (line.empty()) continue;
+    json j = json::parse(line, nullptr, false);
+    if (j.is_discarded() || !j.contains("step") || j["step"].get<int64_t>() > step) continue;
+    if (j.contains("time_s")) time_s = j["time_s"].get<double>();
+    kept.push_back(line);
+  }
+  in.close();
+  std::ofstream out(path, std::ios::trunc);
+  for (const auto& l : kept) out << l << "\n";
+  return time_s;
+}
+
+void write_text(const fs::path& path, const std::string& text) {
+  const fs::path tmp = path.string() + ".tmp";
+  {
+    std::ofstream out(tmp, std::ios::trunc | std::ios::binary);
+    if (!out) throw ConfigError(tmp.string() + ": cannot write (is the run directory writable?)");
+    out << text;
+  }
+  fs::rename(tmp, path);
+}
+
+std::string eval_line(const EvalResult& r, bool lm) {
+  char buf[160];
+  if (lm)
+    std::snprintf(buf, sizeof buf, "eval loss %.4f  bits/char %.4f", r.loss, r.bits_per_char);
+  else
+    std::snprintf(buf, sizeof buf, "eval loss %.4f  accuracy %.2f%%", r.loss, 100 * r.accuracy);
+  return buf;
+}
+
+enum class Status { Completed, Stopped, Interrupted, NonFinite };
+
+const char* status_name(Status s) {
+  switch (s) {
+    case Status::Completed: return "completed";
+    case Status::Stopped: return "stopped";  // train.max_steps reached before train.steps
+    case Status::Interrupted: return "interrupted";
+    case Status::NonFinite: return "nan";
+  }
+  return "?";
+}
+
+struct Loop {
+  const Config& config;
+  fs::path run_dir;
+  std::string config_path;
+  Task task;
+  optim::CheckpointManager ckpts;
+  int64_t step = 0;
+  double time_offset = 0;  // time_s of the run before this process (resume)
+};
+
+void save_checkpoint(Loop& L) {
+  optim::CheckpointRefs refs{L.task.model.get(), L.task.optimizer.get(), L.task.scheduler.get()};
+  L.ckpts.save(refs, {.step = L.step, .loader = L.task.train_loader->state(), .config = L.config.to_toml()});
+  // The report of a run in progress, so a long run can be looked at while it trains (a few ms).
+  write_report(L.run_dir);
+}
+
+int run_loop(Loop& L) {
+  const Config& c = L.config;
+  Task& t = L.task;
+  const bool lm = t.gpt != nullptr;
+  const int64_t total = t.total_steps;
+  const int64_t stop_at = c.integer("train.max_steps") > 0 ? std::min(c.integer("train.max_steps"), total) : total;
+  const int64_t log_every = std::max<int64_t>(1, c.integer("train.log_every"));
+  const int64_t eval_every = c.integer("train.eval_every"), ckpt_every = c.integer("train.ckpt_every");
+  const int64_t eval_batches = c.integer("train.eval_batches");
+  const double clip = c.number("optim.grad_clip");
+  const auto params = t.model->named_parameters();
+  std::ofstream metrics(L.run_dir / "metrics.jsonl", std::ios::app);
+  Progress progress(::isatty(STDOUT_FILENO) != 0, log_every);
+  StopSignals signals;
+  std::optional<autograd::AnomalyModeGuard> anomaly;
+  if (c.boolean("train.anomaly")) anomaly.emplace(true);
+
+  progress.message(std::string("training ") + c.name() + ": " + std::to_string(t.model->num_parameters()) +
+                   " parameters, " + std::to_string(t.train_loader->size()) + " batches of " +
+                   std::to_string(c.integer("data.batch_size")) + " per epoch, steps " + std::to_string(L.step) +
+                   " -> " + std::to_string(stop_at) + " of " + std::to_string(total) + ", run directory " +
+                   L.run_dir.string());
+  const auto t_start = Clock::now();
+  auto elapsed = [&] { return L.time_offset + std::chrono::duration<double>(Clock::now() - t_start).count(); };
+  auto window_start = Clock::now();
+  double window_wait = 0, steps_per_s = 0;
+  int64_t window_samples = 0;
+  memory::reset_peak_stats();
+  bool stall_warned = false;
+  Status status = Status::Completed;
+  json last_train, last_eval;
+  auto run_eval = [&] {
+    const EvalResult r = evaluate(t, c, "test", eval_batches);
+    json e = {{"kind", "eval"}, {"step", L.step}, {"loss", r.loss}};
+    if (lm)
+      e["bits_per_char"] = r.bits_per_char;
+    else
+      e["accuracy"] = r.accuracy;
+    metrics << e.dump() << "\n" << std::flush;
+    last_eval = e;
+    progress.message("step " + std::to_string(L.step) + "  " + eval_line(r, lm));
+  };
+
+  if (L.step >= stop_at) {
+    progress.message("nothing to do: the run is at step " + std::to_string(L.step) + " of " + std::to_string(stop_at) +
+                     " (to train longer, start a new run with a larger train.steps)");
+    return 0;
+  }
+  while (L.step < stop_at && status == Status::Completed) {
+    const int64_t epoch = t.train_loader->state().epoch;
+    auto prev_end = Clock::now();
+    for (auto& batch : *t.train_loader) {
+      const auto body_start = Clock::now();
+      window_wait += std::chrono::duration<double>(body_start - prev_end).count();
+      const double lr = t.optimizer->param_groups()[0].lr();
+      t.optimizer->zero_grad();
+      Tensor loss = batch_loss(t, batch);
+      const double loss_v = loss.item<double>();
+      if (!std::isfinite(loss_v)) {
+        progress.finish();
+        std::fprintf(stderr,
+                     "kiln: error: the loss became %s at step %lld (epoch %lld, lr %.3g); the run stops here and "
+                     "the last checkpoint is left as it was.\nhint: rerun with --set train.anomaly=true to find the "
+                     "op that first produced a NaN/Inf (kiln names it, with its inputs' statistics); a lower "
+                     "optim.lr or optim.grad_clip often cures it\n",
+                     std::isnan(loss_v) ? "NaN" : "Inf", static_cast<long long>(L.step + 1),
+                     static_cast<long long>(epoch), lr);
+        status = Status::NonFinite;
+        break;
+      }
+      loss.backward();
+      const double gnorm = optim::clip_grad_norm_(params, clip > 0 ? clip : optim::kInfNorm);
+      t.optimizer->step();
+      if (t.scheduler) t.scheduler->step();
+      ++L.step;
+      window_samples += batch.target.size(0);
+      const auto now = Clock::now();
+      const double window_s = std::chrono::duration<double>(now - window_start).count();
+      const double sps = window_s > 0 ? static_cast<double>(window_samples) / window_s : 0;
+      if (L.step % log_every == 0 || L.step == stop_at) {
+        const double wait_frac = window_s > 0 ? std::min(1.0, window_wait / window_s) : 0;
+        steps_per_s = window_s > 0 ? static_cast<double>(window_samples) / static_cast<double>(batch.target.size(0)) / window_s : 0;
+        json j = {{"kind", "train"},    {"step", L.step},         {"epoch", t.train_loader->state().epoch},
+                  {"loss", loss_v},     {"lr", lr},               {"grad_norm", gnorm},
+                  {"samples_per_s", sps}, {"data_wait", wait_frac}, {"memory", memory_json(true)},
+                  {"time_s", elapsed()}};
+        metrics << j.dump() << "\n" << std::flush;
+        last_train = j;
+        if (wait_frac > 0.25 && window_s > 1.0 && !stall_warned) {
+          stall_warned = true;
+          char buf[320];
+          std::snprintf(buf, sizeof buf,
+                        "warning: the training loop waited for data %.0f%% of the last %.1f s (data stall): the "
+                        "loader's %lld worker thread(s) cannot keep up. Raise data.num_workers, or make the "
+                        "per-sample transforms cheaper",
+                        100 * wait_frac, window_s, static_cast<long long>(c.integer("data.num_workers")));
+          progress.message(buf);
+        }
+        window_start = now;
+        window_wait = 0;
+        window_samples = 0;
+        memory::reset_peak_stats();
+      }
+      const double rate = steps_per_s > 0 ? steps_per_s : (window_s > 0 ? sps / static_cast<double>(batch.target.size(0)) : 0);
+      progress.update({.step = L.step, .total = stop_at, .epoch = epoch, .loss = loss_v, .lr = lr,
+                       .samples_per_s = sps,
+                       .eta_s = rate > 0 ? static_cast<double>(stop_at - L.step) / rate : -1,
+                       .memory_bytes = memory::stats().peak_bytes});
+      const bool stop_now = signals.requested() || L.step >= stop_at;
+      const auto pause_start = Clock::now();
+      if (eval_every > 0 && L.step % eval_every == 0 && L.step < total && !signals.requested()) run_eval();
+      if ((ckpt_every > 0 && L.step % ckpt_every == 0) || stop_now) save_checkpoint(L);
+      if (Clock::now() - pause_start > std::chrono::milliseconds(1)) {
+        window_start += Clock::now() - pause_start;  // throughput and data wait count training time only
+        memory::reset_peak_stats();                  // and memory peaks the training steps' (not eval's)
+      }
+      if (signals.requested()) status = Status::Interrupted;
+      if (stop_now) break;
+      prev_end = Clock::now();
+    }
+    if (status == Status::Completed && L.step < stop_at) {
+      const auto st = t.train_loader->stats();
+      char buf[160];
+      std::snprintf(buf, sizeof buf, "epoch %lld done at step %lld: data wait %.1f%% of the epoch's %.1f s",
+                    static_cast<long long>(epoch), static_cast<long long>(L.step), 100 * st.wait_fraction, st.wall_s);
+      progress.message(buf);
+    }
+  }
+  progress.finish();
+  if (status == Status::Completed && L.step < total) status = Status::Stopped;
+  if (status == Status::Completed && (last_eval.is_null() || last_eval["step"] != L.step)) run_eval();
+  // summary.json: what the report and `kiln inspect RUN_DIR` read.
+  json final_metrics = json::object();
+  if (!last_train.is_null())
+    for (const char* k : {"loss", "lr", "grad_norm", "samples_per_s", "data_wait"}) final_metrics[k] = last_train[k];
+  if (!last_eval.is_null()) {
+    final_metrics["eval_loss"] = last_eval["loss"];
+    for (const char* k : {"accuracy", "bits_per_char"})
+      if (last_eval.contains(k)) final_metrics[k] = last_eval[k];
+  }
+  json summary = {{"name", c.name()},          {"config_path", L.config_path}, {"steps", L.step},
+                  {"total_steps", total},      {"wall_s", elapsed()},          {"status", status_name(status)},
+                  {"final", final_metrics}};
+  write_text(L.run_dir / "summary.json", summary.dump(2) + "\n");
+  write_report(L.run_dir);
+  std::printf("%s at step %lld of %lld in %s", status_name(status), static_cast<long long>(L.step),
+              static_cast<long long>(total), format_duration(elapsed()).c_str());
+  if (final_metrics.contains("accuracy"))
+    std::printf(": test accuracy %.2f%%", 100 * final_metrics["accuracy"].get<double>());
+  if (final_metrics.contains("bits_per_char"))
+    std::printf(": eval loss %.4f, %.3f bits/char", final_metrics["eval_loss"].get<double>(),
+                final_metrics["bits_per_char"].get<double>());
+  std::printf("\nreport: %s\n", (L.run_dir / "report.html").string().c_str());
+  if (status == Status::Interrupted || status == Status::Stopped)
+    std::printf("continue with: kiln resume %s\n", L.run_dir.string().c_str());
+  std::fflush(stdout);
+  return status == Status::NonFinite ? 3 : 0;
+}
+
+}  // namespace
+
+int train(const Config& config, const fs::path& run_dir, const std::string& config_path) {
+  if (fs::exists(run_dir / "metrics.jsonl") || fs::exists(run_dir / "checkpoints"))
+    throw ConfigError(run_dir.string() + " already holds a run; continue it with `kiln resume " + run_dir.string() +
+                      "`, or pass another --out DIR");
+  fs::create_directories(run_dir);
+  write_text(run_dir / "config.toml", config.to_toml());
+  Loop L{config, run_dir, config_path, build_task(config, Purpose::Train),
+         optim::CheckpointManager(run_dir / "checkpoints",
+                                  {.keep_last = static_cast<int>(std::max<int64_t>(1, config.integer("train.keep_last")))})};
+  std::ofstream(run_dir / "metrics.jsonl", std::ios::trunc).close();
+  return run_loop(L);
+}
+
+int resume(const fs::path& run_dir, const std::vector<std::string>& sets) {
+  if (!fs::is_directory(run_dir)) throw ConfigError(run_dir.string() + ": no such run directory");
+  const fs::path ckdir = run_dir / "checkpoints";
+  auto latest = fs::is_directory(ckdir) ? optim::CheckpointManager(ckdir).latest() : std::nullopt;
+  if (!latest) throw ConfigError(run_dir.string() + ": no checkpoint under checkpoints/, nothing to resume from");
+  // The checkpoint's own config, so the rebuilt objects are the ones it was saved from.
+  const auto header = io::read_safetensors_header(latest->string());
+  auto it = header.metadata.find("config");
+  Config config = it != header.metadata.end() && !it->second.empty()
+                      ? Config::from_string(it->second, latest->string() + " (its config)")
+                      : Config::from_file(run_dir / "config.toml");
+  config.set("train.max_steps=0");
+  for (const auto& s : sets) config.set(s);
+  std::string config_path = (run_dir / "config.toml").string();
+  if (auto in = std::ifstream(run_dir / "summary.json")) {
+    json s = json::parse(in, nullptr, false);
+    if (!s.is_discarded() && s.contains("config_path")) config_path = s["config_path"].get<std::string>();
+  }
+  Loop L{config, run_dir, config_path, build_task(config, Purpose::Train),
+         optim::CheckpointManager(ckdir, {.keep_last = static_cast<int>(
+                                              std::max<int64_t>(1, config.integer("train.keep_last")))})};
+  optim::CheckpointRefs refs{L.task.model.get(), L.task.optimizer.get(), L.task.scheduler.get()};
+  const auto info = L.ckpts.load_latest(refs);
+  L.step = info.step;
+  if (info.loader) L.task.train_loader->load_state(*info.loader);
+  L.time_offset = truncate_metrics(run_dir / "metrics.jsonl", L.step);
+  std::printf("resuming %s from step %lld\n", run_dir.string().c_str(), static_cast<long long>(L.step));
+  return run_loop(L);
+}
+
+}  // namespace kiln::cli

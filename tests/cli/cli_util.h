@@ -1,0 +1,135 @@
+#pragma once
+// Helpers for the CLI tests: run the built `kiln` executable, write small
+// configs, read metrics.jsonl.
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
+
+#include "support/test_util.h"
+
+namespace kiln::test {
+
+struct CliResult {
+  int rc = -1;
+  std::string output;  // stdout and stderr, interleaved
+};
+
+inline CliResult kiln_cli(const std::string& args) {
+  CliResult r;
+  r.rc = run_command(std::string("OMP_NUM_THREADS=2 ") + KILN_CLI_BINARY + " " + args, r.output);
+  return r;
+}
+
+inline void write_text(const std::filesystem::path& p, const std::string& text) {
+  std::ofstream out(p, std::ios::binary);
+  out << text;
+}
+
+/// A tiny classifier run: an MLP on 8x8 synthetic images, a few dozen steps.
+inline std::string tiny_mlp_config(const std::string& extra_train = "") {
+  return R"(name = "tiny"
+seed = 3
+
+[model]
+type = "mlp"
+hidden = [32]
+
+[data]
+dataset = "synthetic"
+image_size = 8
+train_size = 256
+eval_size = 64
+batch_size = 16
+num_workers = 2
+
+[optim]
+name = "adamw"
+lr = 3e-3
+weight_decay = 0.1
+
+[schedule]
+type = "cosine"
+warmup_steps = 4
+
+[train]
+steps = 40
+eval_every = 10
+ckpt_every = 20
+log_every = 1
+)" + extra_train;
+}
+
+/// English-ish text for the character-level GPT (a few KB, repeated phrases so it learns quickly).
+inline std::string tiny_text() {
+  std::string t;
+  const char* lines[] = {"Call me Ishmael. Some years ago, never mind how long precisely, ",
+                         "having little or no money in my purse, and nothing particular to interest me on shore, ",
+                         "I thought I would sail about a little and see the watery part of the world.\n"};
+  for (int i = 0; i < 40; ++i)
+    for (const char* l : lines) t += l;
+  return t;
+}
+
+/// A tiny GPT (one layer, dropout on, so the resumed generator state matters) on `text_path`.
+inline std::string tiny_gpt_config(const std::string& text_path) {
+  return R"(name = "tiny_gpt"
+seed = 1
+
+[model]
+type = "gpt"
+n_layer = 1
+n_head = 2
+n_embd = 32
+dropout = 0.1
+
+[data]
+dataset = "text"
+path = ")" + text_path + R"("
+context = 32
+val_fraction = 0.1
+batch_size = 16
+eval_batch_size = 16
+num_workers = 1
+
+[optim]
+name = "adamw"
+lr = 3e-3
+grad_clip = 1.0
+
+[schedule]
+type = "cosine"
+warmup_steps = 3
+
+[train]
+steps = 30
+eval_every = 10
+ckpt_every = 100
+log_every = 1
+)";
+}
+
+inline std::vector<nlohmann::json> metrics_lines(const std::filesystem::path& run_dir, const std::string& kind) {
+  std::vector<nlohmann::json> out;
+  std::ifstream in(run_dir / "metrics.jsonl");
+  for (std::string line; std::getline(in, line);) {
+    if (line.empty()) continue;
+    auto j = nlohmann::json::parse(line);
+    if (j["kind"] == kind) out.push_back(j);
+  }
+  return out;
+}
+
+inline nlohmann::json read_json(const std::filesystem::path& p) {
+  std::ifstream in(p);
+  return nlohmann::json::parse(in);
+}
+
+inline int count_lines(const std::string& s) {
+  int n = 0;
+  for (char c : s) n += c == '\n';
+  return n;
+}
+
+}  // namespace kiln::test
