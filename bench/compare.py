@@ -28,6 +28,7 @@ import datetime
 import json
 import os
 import platform
+import signal
 import statistics
 import subprocess
 import sys
@@ -67,13 +68,22 @@ def env_for(framework, config, threads):
     return env
 
 
+def interrupt(signum, frame):
+    raise KeyboardInterrupt
+
+
 def run_process(cmd, env):
     """Runs cmd, returns (JSON records it printed, peak RSS in KiB from wait4)."""
     with tempfile.TemporaryFile() as err:
         p = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=err, cwd=ROOT)
-        out = p.stdout.read()
-        p.stdout.close()
-        _, status, ru = os.wait4(p.pid, 0)
+        try:
+            out = p.stdout.read()
+            p.stdout.close()
+            _, status, ru = os.wait4(p.pid, 0)
+        except BaseException:
+            p.kill()  # interrupted: the child must not outlive the run
+            p.wait()
+            raise
         p.returncode = os.waitstatus_to_exitcode(status)
         if p.returncode != 0:
             err.seek(0)
@@ -120,10 +130,10 @@ class Cell:
                 "loss_first": self.loss_first, "loss_last": self.loss_last, "params": self.params}
 
 
-def measure(a, kiln_bin):
-    """Runs everything; returns {threads: {"peak": [...], workload: {name: Cell}}}."""
+def measure(a, kiln_bin, results, on_progress):
+    """Fills results = {threads: {"peak": [GFLOP/s...], "cells": {workload: {config: Cell}}}}; a
+    workload's cells appear once all its rounds are done, and on_progress() runs after each."""
     warmup = 1 if a.quick else 10
-    results = {}
     for t in a.threads:
         res = {"peak": [], "cells": {}}
         results[t] = res
@@ -147,18 +157,20 @@ def measure(a, kiln_bin):
                 log("[threads %d] %s done" % (t, cfg or "kiln"))
         else:
             for w in a.workloads:
+                cells = {}
                 for r in range(a.pairs):
                     if w == "gpt":
                         peak("gpt round %d" % (r + 1))  # the ceiling sampled next to what it judges
                     for fw, cfg in [("kiln", None)] + [("torch", c) for c in a.torch_configs]:
                         recs, rss = run_process(command(fw, kiln_bin, [w], t, warmup, STEPS[w]),
                                                 env_for(fw, cfg, t))
-                        cell = res["cells"].setdefault(w, {}).setdefault(cfg or "kiln", Cell())
-                        cell.add(recs[0], rss)
+                        cells.setdefault(cfg or "kiln", Cell()).add(recs[0], rss)
                         log("[threads %d] %-9s round %d/%d  %-9s %9.3f ms/step" %
                             (t, w, r + 1, a.pairs, cfg or "kiln", recs[0]["median_ms"]))
+                res["cells"][w] = cells
+                on_progress()
         peak("after")
-    return results
+        on_progress()
 
 
 def fmt_time(ms):
@@ -195,9 +207,13 @@ def machine():
 def build_report(a, results, info):
     rows, mismatches = [], []
     for t in a.threads:
-        res = results[t]
+        res = results.get(t)
+        if not res or not res["peak"]:
+            continue
         peak = max(res["peak"])
         for w in a.workloads:
+            if w not in res["cells"]:
+                continue
             cells = res["cells"][w]
             kiln = cells["kiln"]
             torch = {c: cells[c] for c in a.torch_configs}
@@ -237,6 +253,11 @@ def markdown(a, rows, results, info):
     out.append("Mode: %s." % mode)
     if a.note:
         out.append("Note: %s" % a.note)
+    done = {(r["workload"], r["threads"]) for r in rows}
+    missing = ["%s/%d" % (w, t) for t in a.threads for w in a.workloads if (w, t) not in done]
+    if missing:
+        out.append("PARTIAL: the run %s before these workload/threads finished: %s." %
+                   ("was interrupted" if info.get("interrupted") else "is still going", ", ".join(missing)))
     out.append("")
     out.append("Medians per step; ratio = kiln / fastest PyTorch configuration (lower is better); "
                "RSS = peak resident set of the process (PyTorch's includes ~230 MiB of `import torch`)%s." %
@@ -279,7 +300,8 @@ def markdown(a, rows, results, info):
     else:
         out.append("")
         out.append("f32 matmul peak (kiln sgemm probe): " + ", ".join(
-            "%.1f GFLOP/s at %d thread(s)" % (max(results[t]["peak"]), t) for t in a.threads))
+            "%.1f GFLOP/s at %d thread(s)" % (max(results[t]["peak"]), t) for t in a.threads
+            if t in results and results[t]["peak"]))
     return "\n".join(out) + "\n"
 
 
@@ -313,20 +335,36 @@ def main():
 
     info = machine()
     info["date"] = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
-    results = measure(a, os.path.abspath(a.kiln))
-    rows, mismatches = build_report(a, results, info)
-    text = markdown(a, rows, results, info)
-    print(text, end="")
     os.makedirs(os.path.dirname(os.path.abspath(out_path)), exist_ok=True)
-    with open(out_path, "w") as f:
-        json.dump({"machine": info, "quick": a.quick, "pairs": a.pairs, "threads": a.threads,
-                   "torch_configs": {c: CONFIG_LABEL[c] for c in a.torch_configs},
-                   "f32_matmul_peak_gflops": {str(t): max(results[t]["peak"]) for t in a.threads},
-                   "note": a.note, "rows": rows}, f, indent=1)
-        f.write("\n")
-    with open(os.path.splitext(out_path)[0] + ".md", "w") as f:
-        f.write(text)
+    results = {}
+
+    def save(final):
+        """Writes the JSON and the table for what has finished (all of it when final)."""
+        rows, mismatches = build_report(a, results, info)
+        text = markdown(a, rows, results, info)
+        with open(out_path, "w") as f:
+            json.dump({"machine": info, "quick": a.quick, "pairs": a.pairs, "threads": a.threads,
+                       "complete": final and not info.get("interrupted"),
+                       "torch_configs": {c: CONFIG_LABEL[c] for c in a.torch_configs},
+                       "f32_matmul_peak_gflops": {str(t): max(r["peak"]) for t, r in results.items() if r["peak"]},
+                       "note": a.note, "rows": rows}, f, indent=1)
+            f.write("\n")
+        with open(os.path.splitext(out_path)[0] + ".md", "w") as f:
+            f.write(text)
+        return text, mismatches
+
+    # A long run stopped with Ctrl-C or SIGTERM still leaves every finished workload on disk.
+    signal.signal(signal.SIGTERM, interrupt)
+    try:
+        measure(a, os.path.abspath(a.kiln), results, lambda: save(False))
+    except KeyboardInterrupt:
+        info["interrupted"] = True
+        log("compare.py: interrupted; writing what finished")
+    text, mismatches = save(True)
+    print(text, end="")
     log("wrote %s and %s" % (out_path, os.path.splitext(out_path)[0] + ".md"))
+    if info.get("interrupted"):
+        return 130
     if mismatches:
         log("compare.py: first-step losses disagree (the twins compute different models):\n  " +
             "\n  ".join(mismatches))
