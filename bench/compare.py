@@ -1,0 +1,376 @@
+"""kiln against PyTorch, workload by workload, in one run (scripts/bench.sh calls this).
+
+For each thread count and workload it runs kiln_bench and the PyTorch twin
+(bench/torch/workloads.py) alternately, kiln then each PyTorch configuration,
+for --pairs rounds (A B A B ...), so drift in the machine's load hits both
+alike. Medians pool every timed step of every round. Peak RSS is the child's
+own (wait4's ru_maxrss), so it includes `import torch` for PyTorch.
+
+PyTorch runs in the three configurations of WORKLOADS.md and the ratio is
+against the fastest:
+  installed  the environment as given
+  tunables   + GLIBC_TUNABLES that spare glibc malloc's fresh-page faults
+  avx512     + tunables, and OPENBLAS_CORETYPE / OPENBLAS_L2_SIZE unset for
+             that command only (OpenBLAS then picks its AVX-512 kernels)
+kiln always runs in the environment as given (OMP_NUM_THREADS set to the
+thread count, nothing else). The f32 matmul peak (kiln_bench --workload peak,
+oneDNN sgemm) is measured per thread count before and after the workloads and
+before every gpt round; the highest figure is the machine's ceiling for the gpt
+row (a busy machine can only lower a sample, never raise it).
+
+Both sides start from the same synthetic weights and batch (workloads.h), so
+their first-step losses must agree: a disagreement beyond 1e-3 relative means
+the two sides compute different models, and the run exits 1 (times are never
+judged).
+"""
+import argparse
+import datetime
+import json
+import os
+import platform
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(HERE)
+TWIN = os.path.join(HERE, "torch", "workloads.py")
+WORKLOADS = ["tiny", "mlp", "cnn", "resnet", "gpt", "gpt_infer"]
+# Timed steps per process (after 10 warm-up steps); at least 50, more where a step is short.
+STEPS = {"tiny": 500, "mlp": 100, "cnn": 60, "resnet": 60, "gpt": 50, "gpt_infer": 100}
+QUICK_STEPS = 3  # per workload, all in one process per framework
+TARGETS = {"tiny": 0.2, "mlp": 0.7, "cnn": 0.6, "resnet": 0.6, "gpt": 0.55, "gpt_infer": 0.5}
+GPT_PEAK_TARGET = 0.65
+TUNABLES = ("glibc.malloc.hugetlb=1:glibc.malloc.mmap_threshold=4294967296:"
+            "glibc.malloc.trim_threshold=4294967296")
+TORCH_CONFIGS = ["installed", "tunables", "avx512"]
+CONFIG_LABEL = {"installed": "as installed", "tunables": "+tunables", "avx512": "+tunables, AVX-512 BLAS"}
+LOSS_RTOL = 1e-3
+
+
+def log(msg):
+    print(msg, file=sys.stderr, flush=True)
+
+
+def env_for(framework, config, threads):
+    env = dict(os.environ)
+    env["OMP_NUM_THREADS"] = str(threads)
+    if framework == "torch":
+        env["OPENBLAS_NUM_THREADS"] = str(threads)
+        env["MKL_NUM_THREADS"] = str(threads)
+        if config in ("tunables", "avx512"):
+            env["GLIBC_TUNABLES"] = TUNABLES
+        if config == "avx512":
+            env.pop("OPENBLAS_CORETYPE", None)
+            env.pop("OPENBLAS_L2_SIZE", None)
+    return env
+
+
+def interrupt(signum, frame):
+    raise KeyboardInterrupt
+
+
+def run_process(cmd, env):
+    """Runs cmd, returns (JSON records it printed, peak RSS in KiB from wait4)."""
+    with tempfile.TemporaryFile() as err:
+        p = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=err, cwd=ROOT)
+        try:
+            out = p.stdout.read()
+            p.stdout.close()
+            _, status, ru = os.wait4(p.pid, 0)
+        except BaseException:
+            p.kill()  # interrupted: the child must not outlive the run
+            p.wait()
+            raise
+        p.returncode = os.waitstatus_to_exitcode(status)
+        if p.returncode != 0:
+            err.seek(0)
+            tail = err.read().decode(errors="replace")[-3000:]
+            raise SystemExit("compare.py: %s exited %d\n%s" % (" ".join(cmd), p.returncode, tail))
+    records = [json.loads(line) for line in out.decode().splitlines() if line.startswith("{")]
+    return records, ru.ru_maxrss
+
+
+def command(framework, kiln_bin, workloads, threads, warmup, steps):
+    args = ["--workload", ",".join(workloads), "--threads", str(threads), "--warmup", str(warmup),
+            "--steps", str(steps)]
+    if framework == "kiln":
+        return [kiln_bin] + args
+    return ["/usr/bin/python3", TWIN] + args
+
+
+class Cell:
+    """Every timed step of one (framework/config, workload, threads) over all rounds."""
+
+    def __init__(self):
+        self.steps, self.round_medians, self.rss_kib = [], [], 0
+        self.loss_first = self.loss_last = None
+        self.params = 0
+        self.flops = 0.0
+
+    def add(self, rec, rss_kib):
+        self.steps += rec["step_ms"]
+        self.round_medians.append(rec["median_ms"])
+        self.rss_kib = max(self.rss_kib, rss_kib)
+        if self.loss_first is None:
+            self.loss_first = rec["loss_first"]
+        self.loss_last = rec["loss_last"]
+        self.params = rec["params"]
+        self.flops = rec["flops_per_step"] or 0.0
+
+    def median(self):
+        return statistics.median(self.steps)
+
+    def summary(self):
+        q = statistics.quantiles(self.steps, n=4) if len(self.steps) > 1 else [self.steps[0]] * 3
+        return {"median_ms": self.median(), "p25_ms": q[0], "p75_ms": q[2], "timed_steps": len(self.steps),
+                "round_medians_ms": self.round_medians, "peak_rss_mib": self.rss_kib / 1024.0,
+                "loss_first": self.loss_first, "loss_last": self.loss_last, "params": self.params}
+
+
+def measure(a, kiln_bin, results, on_progress):
+    """Fills results = {threads: {"peak": [GFLOP/s...], "cells": {workload: {config: Cell}}}}; a
+    workload's cells appear once all its rounds are done, and on_progress() runs after each."""
+    warmup = 1 if a.quick else 10
+    for t in a.threads:
+        res = {"peak": [], "cells": {}}
+        results[t] = res
+
+        def peak(when):
+            recs, _ = run_process([kiln_bin, "--workload", "peak", "--threads", str(t), "--steps",
+                                   "3" if a.quick else "10", "--size", "1024" if a.quick else "2048"],
+                                  env_for("kiln", None, t))
+            res["peak"].append(recs[0]["gflops_best"])
+            log("[threads %d] f32 matmul peak (%s): %.1f GFLOP/s" % (t, when, recs[0]["gflops_best"]))
+
+        peak("before")
+        if a.quick:
+            # One process per framework/config runs every workload: a smoke test of the whole
+            # pipeline in seconds (peak RSS is then that process's, over all workloads).
+            for fw, cfg in [("kiln", None)] + [("torch", c) for c in a.torch_configs]:
+                recs, rss = run_process(command(fw, kiln_bin, a.workloads, t, warmup, QUICK_STEPS),
+                                        env_for(fw, cfg, t))
+                for rec in recs:
+                    res["cells"].setdefault(rec["workload"], {}).setdefault(cfg or "kiln", Cell()).add(rec, rss)
+                log("[threads %d] %s done" % (t, cfg or "kiln"))
+        else:
+            for w in a.workloads:
+                cells = {}
+                for r in range(a.pairs):
+                    if w == "gpt":
+                        peak("gpt round %d" % (r + 1))  # the ceiling sampled next to what it judges
+                    for fw, cfg in [("kiln", None)] + [("torch", c) for c in a.torch_configs]:
+                        recs, rss = run_process(command(fw, kiln_bin, [w], t, warmup, STEPS[w]),
+                                                env_for(fw, cfg, t))
+                        cells.setdefault(cfg or "kiln", Cell()).add(recs[0], rss)
+                        log("[threads %d] %-9s round %d/%d  %-9s %9.3f ms/step" %
+                            (t, w, r + 1, a.pairs, cfg or "kiln", recs[0]["median_ms"]))
+                res["cells"][w] = cells
+                on_progress()
+        peak("after")
+        on_progress()
+
+
+def fmt_time(ms):
+    return "%.1f µs" % (ms * 1e3) if ms < 1 else "%.2f ms" % ms
+
+
+def machine():
+    model, family, number = "unknown CPU", "?", "?"
+    try:
+        for line in open("/proc/cpuinfo"):
+            key, _, value = line.partition(":")
+            key, value = key.strip(), value.strip()
+            if key == "model name" and model == "unknown CPU":
+                model = value
+            elif key == "cpu family" and family == "?":
+                family = value
+            elif key == "model" and number == "?":
+                number = value
+        model = "%s (family %s, model %s)" % (model, family, number)
+        mem = next(int(l.split()[1]) for l in open("/proc/meminfo") if l.startswith("MemTotal"))
+    except (OSError, StopIteration):
+        mem = 0
+    flags = open("/proc/cpuinfo").read()
+    isa = [x for x in ("avx2", "avx512f", "avx512_bf16", "amx_tile") if (" %s " % x) in flags]
+    torch_version = subprocess.run(["/usr/bin/python3", "-c", "import torch; print(torch.__version__)"],
+                                   capture_output=True, text=True).stdout.strip()
+    commit = subprocess.run(["git", "-C", ROOT, "describe", "--always", "--dirty"], capture_output=True,
+                            text=True).stdout.strip()
+    return {"cpu": model, "cores": os.cpu_count(), "isa": isa, "memory_gib": round(mem / 2**20, 1),
+            "kernel": platform.release(), "torch": torch_version, "kiln_commit": commit,
+            "loadavg_start": os.getloadavg()}
+
+
+def build_report(a, results, info):
+    rows, mismatches = [], []
+    for t in a.threads:
+        res = results.get(t)
+        if not res or not res["peak"]:
+            continue
+        peak = max(res["peak"])
+        for w in a.workloads:
+            if w not in res["cells"]:
+                continue
+            cells = res["cells"][w]
+            kiln = cells["kiln"]
+            torch = {c: cells[c] for c in a.torch_configs}
+            best = min(torch, key=lambda c: torch[c].median())
+            ratio = kiln.median() / torch[best].median()
+            row = {"workload": w, "threads": t, "kiln": kiln.summary(),
+                   "torch": {c: torch[c].summary() for c in torch}, "torch_best": best, "ratio": ratio,
+                   "target_ratio": TARGETS[w], "f32_matmul_peak_gflops": peak}
+            if kiln.flops:
+                row["flops_per_step"] = kiln.flops
+                row["kiln_gflops"] = kiln.flops / kiln.median() / 1e6
+                row["torch_gflops"] = kiln.flops / torch[best].median() / 1e6
+                row["kiln_fraction_of_peak"] = row["kiln_gflops"] / peak
+                row["torch_fraction_of_peak"] = row["torch_gflops"] / peak
+            lk, lt = kiln.loss_first, torch[best].loss_first
+            row["loss_first_agree"] = abs(lk - lt) <= LOSS_RTOL * max(abs(lt), 1e-6)
+            if not row["loss_first_agree"]:
+                mismatches.append("%s (threads %d): kiln %.6g, torch %.6g" % (w, t, lk, lt))
+            rows.append(row)
+    info["loadavg_end"] = os.getloadavg()
+    return rows, mismatches
+
+
+def markdown(a, rows, results, info):
+    out = []
+    mode = ("QUICK (smoke test: 1 warm-up step, %d timed steps, one process per framework for all "
+            "workloads, one round; not a measurement)" % QUICK_STEPS
+            if a.quick else
+            "full: %d rounds of kiln then PyTorch per workload, 10 warm-up steps, timed steps per process %s"
+            % (a.pairs, ", ".join("%s %d" % (w, STEPS[w]) for w in a.workloads)))
+    out.append("## kiln vs PyTorch — %s" % info["date"])
+    out.append("")
+    out.append("Machine: %s, %d cores (%s), %.1f GiB, Linux %s; PyTorch %s; kiln %s; load average %.2f at start, "
+               "%.2f at end." % (info["cpu"], info["cores"], " ".join(info["isa"]), info["memory_gib"],
+                                 info["kernel"], info["torch"], info["kiln_commit"], info["loadavg_start"][0],
+                                 info["loadavg_end"][0]))
+    out.append("Mode: %s." % mode)
+    if a.note:
+        out.append("Note: %s" % a.note)
+    done = {(r["workload"], r["threads"]) for r in rows}
+    missing = ["%s/%d" % (w, t) for t in a.threads for w in a.workloads if (w, t) not in done]
+    if missing:
+        out.append("PARTIAL: the run %s before these workload/threads finished: %s." %
+                   ("was interrupted" if info.get("interrupted") else "is still going", ", ".join(missing)))
+    out.append("")
+    out.append("Medians per step; ratio = kiln / fastest PyTorch configuration (lower is better); "
+               "RSS = peak resident set of the process (PyTorch's includes ~230 MiB of `import torch`)%s." %
+               ("; quick mode ran every workload in one process, so RSS is that process's peak over all of them"
+                if a.quick else ""))
+    out.append("")
+    out.append("| workload | threads | kiln | PyTorch (best) | best config | ratio | target | kiln RSS MiB | "
+               "PyTorch RSS MiB | first loss kiln / PyTorch |")
+    out.append("|---|---|---|---|---|---|---|---|---|---|")
+    for r in rows:
+        best = r["torch"][r["torch_best"]]
+        out.append("| %s | %d | %s | %s | %s | %.2f | ≤ %.2f | %.0f | %.0f | %.5f / %.5f%s |" % (
+            r["workload"], r["threads"], fmt_time(r["kiln"]["median_ms"]), fmt_time(best["median_ms"]),
+            CONFIG_LABEL[r["torch_best"]], r["ratio"], r["target_ratio"], r["kiln"]["peak_rss_mib"],
+            best["peak_rss_mib"], r["kiln"]["loss_first"], best["loss_first"],
+            "" if r["loss_first_agree"] else " **MISMATCH**"))
+    out.append("")
+    out.append("PyTorch per configuration (median per step):")
+    out.append("")
+    out.append("| workload | threads | " + " | ".join(CONFIG_LABEL[c] for c in a.torch_configs) + " |")
+    out.append("|---|---|" + "---|" * len(a.torch_configs))
+    for r in rows:
+        out.append("| %s | %d | %s |" % (r["workload"], r["threads"],
+                                         " | ".join(fmt_time(r["torch"][c]["median_ms"]) for c in a.torch_configs)))
+    gpt = [r for r in rows if "kiln_gflops" in r]
+    if gpt:
+        out.append("")
+        out.append("gpt model FLOPs: %.2f GFLOP per step (6 × %d parameters × %d tokens + attention "
+                   "12 × 4 layers × 128² × 256 × 16 sequences); peak = kiln's f32 matmul probe in this run "
+                   "(target: kiln ≥ %d%% of peak)." % (gpt[0]["flops_per_step"] / 1e9, gpt[0]["kiln"]["params"],
+                                                       16 * 128, GPT_PEAK_TARGET * 100))
+        out.append("")
+        out.append("| threads | f32 matmul peak GFLOP/s | kiln GFLOP/s | kiln % of peak | PyTorch GFLOP/s | "
+                   "PyTorch % of peak |")
+        out.append("|---|---|---|---|---|---|")
+        for r in gpt:
+            out.append("| %d | %.1f | %.1f | %.0f%% | %.1f | %.0f%% |" % (
+                r["threads"], r["f32_matmul_peak_gflops"], r["kiln_gflops"], 100 * r["kiln_fraction_of_peak"],
+                r["torch_gflops"], 100 * r["torch_fraction_of_peak"]))
+    else:
+        out.append("")
+        out.append("f32 matmul peak (kiln sgemm probe): " + ", ".join(
+            "%.1f GFLOP/s at %d thread(s)" % (max(results[t]["peak"]), t) for t in a.threads
+            if t in results and results[t]["peak"]))
+    return "\n".join(out) + "\n"
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--kiln", required=True, help="path to kiln_bench")
+    ap.add_argument("--workloads", default=",".join(WORKLOADS))
+    ap.add_argument("--threads", default=None, help="comma-separated thread counts (default 1,2; --quick: 1)")
+    ap.add_argument("--quick", action="store_true", help="a few steps, one round: proves the harness works")
+    ap.add_argument("--pairs", type=int, default=3, help="rounds of kiln then PyTorch (at least 3 unless --quick)")
+    ap.add_argument("--torch-configs", default=",".join(TORCH_CONFIGS))
+    ap.add_argument("--out", default=None, help="JSON results (default bench/results/latest.json; "
+                                                "--quick: bench/results/quick.json)")
+    ap.add_argument("--note", default="", help="a line printed under the machine line (e.g. 'busy machine')")
+    a = ap.parse_args()
+    a.workloads = [w for w in a.workloads.split(",") if w]
+    unknown = [w for w in a.workloads if w not in WORKLOADS]
+    if unknown:
+        ap.error("unknown workload(s) %s; expected some of %s" % (", ".join(unknown), ", ".join(WORKLOADS)))
+    a.threads = [int(x) for x in (a.threads or ("1" if a.quick else "1,2")).split(",") if x]
+    if not a.threads or min(a.threads) < 1:
+        ap.error("--threads expects positive integers")
+    a.torch_configs = [c for c in a.torch_configs.split(",") if c]
+    if not a.torch_configs or any(c not in TORCH_CONFIGS for c in a.torch_configs):
+        ap.error("--torch-configs expects some of %s" % ", ".join(TORCH_CONFIGS))
+    if a.quick:
+        a.pairs = 1
+    elif a.pairs < 3:
+        ap.error("--pairs must be at least 3 for a measurement (use --quick for a smoke test)")
+    out_path = a.out or os.path.join(HERE, "results", "quick.json" if a.quick else "latest.json")
+
+    info = machine()
+    info["date"] = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+    os.makedirs(os.path.dirname(os.path.abspath(out_path)), exist_ok=True)
+    results = {}
+
+    def save(final):
+        """Writes the JSON and the table for what has finished (all of it when final)."""
+        rows, mismatches = build_report(a, results, info)
+        text = markdown(a, rows, results, info)
+        with open(out_path, "w") as f:
+            json.dump({"machine": info, "quick": a.quick, "pairs": a.pairs, "threads": a.threads,
+                       "complete": final and not info.get("interrupted"),
+                       "torch_configs": {c: CONFIG_LABEL[c] for c in a.torch_configs},
+                       "f32_matmul_peak_gflops": {str(t): max(r["peak"]) for t, r in results.items() if r["peak"]},
+                       "note": a.note, "rows": rows}, f, indent=1)
+            f.write("\n")
+        with open(os.path.splitext(out_path)[0] + ".md", "w") as f:
+            f.write(text)
+        return text, mismatches
+
+    # A long run stopped with Ctrl-C or SIGTERM still leaves every finished workload on disk.
+    signal.signal(signal.SIGTERM, interrupt)
+    try:
+        measure(a, os.path.abspath(a.kiln), results, lambda: save(False))
+    except KeyboardInterrupt:
+        info["interrupted"] = True
+        log("compare.py: interrupted; writing what finished")
+    text, mismatches = save(True)
+    print(text, end="")
+    log("wrote %s and %s" % (out_path, os.path.splitext(out_path)[0] + ".md"))
+    if info.get("interrupted"):
+        return 130
+    if mismatches:
+        log("compare.py: first-step losses disagree (the twins compute different models):\n  " +
+            "\n  ".join(mismatches))
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,59 @@
+// Activations forward + backward at the workloads' shapes, through the engine
+// as loss.backward() runs them (the backward pass is where profiles of the
+// cnn, resnet and mlp steps spend a quarter of their time, in ReLU's backward):
+//   ReLU over [64, 32, 28, 28]   the cnn workload's conv1 output (1.6M values)
+//   GELU(tanh) over [16, 128, 1024]  the gpt workload's MLP hidden layer (2.1M values)
+// Bytes are the least a fused kernel moves (forward: x read, y written;
+// backward: grad and x read, grad_input written), so GB/s compares with memory
+// bandwidth. The argument is the thread count.
+//
+//   ./build/release/bench/micro/kiln_micro_bench --benchmark_filter=Activation
+#include <benchmark/benchmark.h>
+
+#include "kiln/autograd/engine.h"
+#include "kiln/kiln.h"
+
+namespace {
+
+using namespace kiln;
+
+class ThreadScope {
+ public:
+  explicit ThreadScope(int n) : prev_(get_num_threads()) { set_num_threads(n); }
+  ~ThreadScope() { set_num_threads(prev_); }
+
+ private:
+  int prev_;
+};
+
+template <typename F>
+void run_forward_backward(benchmark::State& state, IntArrayRef shape, F f) {
+  const ThreadScope threads(static_cast<int>(state.range(0)));
+  const Tensor x = randn(shape).requires_grad_();
+  const Tensor g = randn(shape);
+  for (auto _ : state) {
+    Tensor y = f(x);
+    benchmark::DoNotOptimize(autograd::grad({y}, {x}, {g}));
+  }
+  state.SetBytesProcessed(state.iterations() * x.numel() * 4 * 5);
+}
+
+void BM_ActivationReluForwardBackward(benchmark::State& state) {
+  run_forward_backward(state, {64, 32, 28, 28}, [](const Tensor& x) { return x.relu(); });
+}
+BENCHMARK(BM_ActivationReluForwardBackward)->Arg(1)->Arg(2)->ArgName("threads")->UseRealTime()->Unit(benchmark::kMicrosecond);
+
+void BM_ActivationGeluTanhForwardBackward(benchmark::State& state) {
+  run_forward_backward(state, {16, 128, 1024}, [](const Tensor& x) { return x.gelu("tanh"); });
+}
+BENCHMARK(BM_ActivationGeluTanhForwardBackward)->Arg(1)->Arg(2)->ArgName("threads")->UseRealTime()->Unit(benchmark::kMicrosecond);
+
+void BM_ActivationReluForward(benchmark::State& state) {
+  const ThreadScope threads(static_cast<int>(state.range(0)));
+  const Tensor x = randn({64, 32, 28, 28});
+  for (auto _ : state) benchmark::DoNotOptimize(x.relu());
+  state.SetBytesProcessed(state.iterations() * x.numel() * 4 * 2);
+}
+BENCHMARK(BM_ActivationReluForward)->Arg(1)->Arg(2)->ArgName("threads")->UseRealTime()->Unit(benchmark::kMicrosecond);
+
+}  // namespace

@@ -1,0 +1,65 @@
+// Normalisation layers at the workloads' shapes, forward and forward + backward
+// (input and affine gradients through the engine, as loss.backward() runs them):
+//   LayerNorm(256) over [16, 128, 256]   the gpt workload's ln_1/ln_2/ln_f (9 per step)
+//   BatchNorm2d(16) over [32, 16, 32, 32] the resnet workload's first stage, train mode
+// Bytes are what the kernel must move at least (input read, output written;
+// backward: grad_output and input read, grad_input written), so GB/s compares
+// with memory bandwidth. The argument is the thread count.
+//
+//   ./build/release/bench/micro/kiln_micro_bench --benchmark_filter=Norm
+#include <benchmark/benchmark.h>
+
+#include "kiln/autograd/engine.h"
+#include "kiln/kiln.h"
+#include "kiln/nn/norm.h"
+
+namespace {
+
+using namespace kiln;
+
+class ThreadScope {
+ public:
+  explicit ThreadScope(int n) : prev_(get_num_threads()) { set_num_threads(n); }
+  ~ThreadScope() { set_num_threads(prev_); }
+
+ private:
+  int prev_;
+};
+
+void BM_NormLayerNormForward(benchmark::State& state) {
+  const ThreadScope threads(static_cast<int>(state.range(0)));
+  nn::LayerNorm ln({.normalized_shape = {256}});
+  const Tensor x = randn({16, 128, 256});
+  const NoGradGuard no_grad;
+  for (auto _ : state) benchmark::DoNotOptimize(ln(x));
+  state.SetBytesProcessed(state.iterations() * x.numel() * 4 * 2);
+}
+BENCHMARK(BM_NormLayerNormForward)->Arg(1)->Arg(2)->ArgName("threads")->UseRealTime()->Unit(benchmark::kMicrosecond);
+
+void BM_NormLayerNormForwardBackward(benchmark::State& state) {
+  const ThreadScope threads(static_cast<int>(state.range(0)));
+  nn::LayerNorm ln({.normalized_shape = {256}});
+  const Tensor x = randn({16, 128, 256}).requires_grad_();
+  const Tensor g = randn({16, 128, 256});
+  for (auto _ : state) {
+    Tensor y = ln(x);
+    benchmark::DoNotOptimize(autograd::grad({y}, {x, ln.weight, ln.bias}, {g}));
+  }
+  state.SetBytesProcessed(state.iterations() * x.numel() * 4 * 5);
+}
+BENCHMARK(BM_NormLayerNormForwardBackward)->Arg(1)->Arg(2)->ArgName("threads")->UseRealTime()->Unit(benchmark::kMicrosecond);
+
+void BM_NormBatchNorm2dTrainForwardBackward(benchmark::State& state) {
+  const ThreadScope threads(static_cast<int>(state.range(0)));
+  nn::BatchNorm2d bn({.num_features = 16});
+  const Tensor x = randn({32, 16, 32, 32}).requires_grad_();
+  const Tensor g = randn({32, 16, 32, 32});
+  for (auto _ : state) {
+    Tensor y = bn(x);
+    benchmark::DoNotOptimize(autograd::grad({y}, {x, bn.weight, bn.bias}, {g}));
+  }
+  state.SetBytesProcessed(state.iterations() * x.numel() * 4 * 5);
+}
+BENCHMARK(BM_NormBatchNorm2dTrainForwardBackward)->Arg(1)->Arg(2)->ArgName("threads")->UseRealTime()->Unit(benchmark::kMicrosecond);
+
+}  // namespace

@@ -1,0 +1,157 @@
+// kiln_bench: runs benchmark workloads (workloads.h) and prints one JSON line
+// per workload with every step's time, so scripts/bench.sh (bench/compare.py)
+// can take medians and compare with the PyTorch twin, which prints the same
+// lines (bench/torch/workloads.py).
+//
+//   kiln_bench --workload gpt[,mlp,...] [--threads N] [--warmup 10] [--steps 50]
+//   kiln_bench --workload peak [--threads N] [--size 2048] [--steps 10]
+//
+// "peak" is the f32 matmul ceiling probe: kiln::mm of two size x size float32
+// matrices (oneDNN sgemm underneath), GFLOP/s of the best and the median call.
+// A workload's first step is a warm-up step and reports the loss before any
+// update ("loss_first"); after the timed steps one more untimed step reports
+// "loss_last". maxrss_kib is this process's peak resident set so far.
+#include <sys/resource.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <iostream>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "kiln/kiln.h"
+#include "workloads.h"
+
+namespace {
+
+struct Args {
+  std::vector<std::string> workloads;
+  int threads = 0;  // 0: kiln's default (OMP_NUM_THREADS or the core count)
+  int warmup = 10;
+  int steps = 50;
+  int64_t size = 2048;
+};
+
+[[noreturn]] void usage(const std::string& why) {
+  std::cerr << "kiln_bench: " << why
+            << "\nusage: kiln_bench --workload NAME[,NAME...] [--threads N] [--warmup N] [--steps N] [--size N]\n"
+               "workloads: tiny mlp cnn resnet gpt gpt_infer, and peak (f32 matmul probe)\n";
+  std::exit(2);
+}
+
+std::vector<std::string> split(const std::string& s) {
+  std::vector<std::string> out;
+  std::stringstream ss(s);
+  for (std::string part; std::getline(ss, part, ',');)
+    if (!part.empty()) out.push_back(part);
+  return out;
+}
+
+int to_int(const std::string& flag, const std::string& v, int min) {
+  char* end = nullptr;
+  const long x = std::strtol(v.c_str(), &end, 10);
+  if (end == v.c_str() || *end != '\0' || x < min) usage(flag + " expects an integer >= " + std::to_string(min) + ", got '" + v + "'");
+  return static_cast<int>(x);
+}
+
+Args parse(int argc, char** argv) {
+  Args a;
+  for (int i = 1; i < argc; ++i) {
+    const std::string flag = argv[i];
+    if (flag == "-h" || flag == "--help") usage("help");
+    if (i + 1 >= argc) usage(flag + " needs a value");
+    const std::string v = argv[++i];
+    if (flag == "--workload") a.workloads = split(v);
+    else if (flag == "--threads") a.threads = to_int(flag, v, 1);
+    else if (flag == "--warmup") a.warmup = to_int(flag, v, 1);
+    else if (flag == "--steps") a.steps = to_int(flag, v, 1);
+    else if (flag == "--size") a.size = to_int(flag, v, 16);
+    else usage("unknown flag " + flag);
+  }
+  if (a.workloads.empty()) usage("--workload is required");
+  return a;
+}
+
+long maxrss_kib() {
+  rusage ru{};
+  getrusage(RUSAGE_SELF, &ru);
+  return ru.ru_maxrss;  // KiB on Linux
+}
+
+std::string num(double x) {
+  if (!std::isfinite(x)) return "null";
+  char buf[40];
+  std::snprintf(buf, sizeof buf, "%.9g", x);
+  return buf;
+}
+
+double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  const size_t n = v.size();
+  return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+}
+
+using Clock = std::chrono::steady_clock;
+double ms_since(Clock::time_point t0) { return std::chrono::duration<double, std::milli>(Clock::now() - t0).count(); }
+
+void run_peak(const Args& a) {
+  kiln::Generator g(7);
+  const int64_t n = a.size;
+  const kiln::Tensor x = kiln::randn({n, n}, kiln::kFloat32, &g), y = kiln::randn({n, n}, kiln::kFloat32, &g);
+  for (int i = 0; i < 2; ++i) kiln::mm(x, y);  // primitive creation, output blocks, first touch
+  std::vector<double> gflops;
+  for (int i = 0; i < a.steps; ++i) {
+    const auto t0 = Clock::now();
+    kiln::Tensor z = kiln::mm(x, y);
+    gflops.push_back(2.0 * n * n * n / (ms_since(t0) * 1e6));
+  }
+  std::printf("{\"framework\": \"kiln\", \"workload\": \"peak\", \"threads\": %d, \"size\": %lld, "
+              "\"gflops_best\": %s, \"gflops_median\": %s, \"maxrss_kib\": %ld}\n",
+              kiln::get_num_threads(), static_cast<long long>(n), num(*std::max_element(gflops.begin(), gflops.end())).c_str(),
+              num(median(gflops)).c_str(), maxrss_kib());
+  std::fflush(stdout);
+}
+
+void run_workload(const std::string& name, const Args& a) {
+  auto w = kiln_bench::make_workload(name);
+  const double loss_first = w->step(true);
+  for (int i = 1; i < a.warmup; ++i) w->step(false);
+  std::vector<double> ms;
+  ms.reserve(static_cast<size_t>(a.steps));
+  for (int i = 0; i < a.steps; ++i) {
+    const auto t0 = Clock::now();
+    w->step(false);
+    ms.push_back(ms_since(t0));
+  }
+  const double loss_last = w->step(true);
+  std::ostringstream steps;
+  for (size_t i = 0; i < ms.size(); ++i) steps << (i ? ", " : "") << num(ms[i]);
+  std::printf("{\"framework\": \"kiln\", \"workload\": \"%s\", \"threads\": %d, \"warmup\": %d, \"steps\": %d, "
+              "\"median_ms\": %s, \"loss_first\": %s, \"loss_last\": %s, \"params\": %lld, \"flops_per_step\": %s, "
+              "\"maxrss_kib\": %ld, \"step_ms\": [%s]}\n",
+              name.c_str(), kiln::get_num_threads(), a.warmup, a.steps, num(median(ms)).c_str(), num(loss_first).c_str(),
+              num(loss_last).c_str(), static_cast<long long>(w->num_parameters()), num(w->flops_per_step()).c_str(),
+              maxrss_kib(), steps.str().c_str());
+  std::fflush(stdout);
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  const Args a = parse(argc, argv);
+  if (a.threads > 0) kiln::set_num_threads(a.threads);
+  try {
+    for (const auto& name : a.workloads) {
+      if (name == "peak") run_peak(a);
+      else run_workload(name, a);
+    }
+  } catch (const kiln::Error& e) {
+    std::cerr << "kiln_bench: " << e.what() << "\n";
+    return 1;
+  }
+  return 0;
+}

@@ -1,0 +1,61 @@
+// The benchmark workloads of ../shared/bench/WORKLOADS.md in kiln, written with
+// the public API as a user would (models from include/kiln/models, optimizers
+// from kiln::optim). bench/torch/workloads.py holds their PyTorch twins.
+//
+// Data and initial parameters are "seed-free synthetic": every value is a
+// closed-form hash of (tensor name, element index), computed in integers and
+// double and rounded once to float32, so the kiln process and its PyTorch twin
+// start from bitwise-identical weights and batches without exchanging files.
+// That makes the first-step loss of both frameworks comparable in every run
+// (the harness prints both), a cheap check that the twins compute the same
+// model.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "kiln/kiln.h"
+
+namespace kiln_bench {
+
+/// The hash behind every synthetic value (murmur3's fmix32 over i * golden ratio + salt):
+/// element i of the tensor named `name` is fmix32((i * 0x9E3779B1 + fnv1a(name)) mod 2^32).
+uint32_t fnv1a(const std::string& s);
+uint32_t mix(uint64_t i, uint32_t salt);
+
+/// Uniform values in [-scale, scale): (2 * mix(i, fnv1a(name)) / 2^32 - 1) * scale in double, then float32.
+kiln::Tensor synthetic_uniform(const std::string& name, kiln::IntArrayRef sizes, double scale);
+/// Integers mix(i, fnv1a(name)) mod n, int64 (class labels and token ids).
+kiln::Tensor synthetic_classes(const std::string& name, kiln::IntArrayRef sizes, int64_t n);
+
+/// Overwrites every parameter with the synthetic init both twins share:
+///   dim >= 2 ("weight" of Linear/Conv/Embedding): uniform, scale 1/sqrt(fan_in), fan_in = numel / size(0)
+///   1-d named "*weight" (norm scales): 1 + uniform(0.1);  other 1-d (biases): uniform(0.02)
+void synthetic_init(kiln::nn::Module& model);
+
+/// One workload: built once, then step() is what is timed.
+class Workload {
+ public:
+  virtual ~Workload() = default;
+  /// One training step (zero_grad, forward, loss, backward, optimizer step) or,
+  /// for inference workloads, one forward pass. Returns the loss when
+  /// `want_loss` (reading it back costs a sync that timed steps skip), else NaN.
+  virtual double step(bool want_loss) = 0;
+  /// Parameters of the model (what the table's notes quote).
+  virtual int64_t num_parameters() const = 0;
+  /// Model FLOPs per step when known (gpt: 6 N D + attention), else 0.
+  virtual double flops_per_step() const { return 0; }
+};
+
+/// The names make_workload accepts, in the table's order.
+const std::vector<std::string>& workload_names();
+/// Builds a workload by name; throws kiln::ValueError for an unknown name.
+std::unique_ptr<Workload> make_workload(const std::string& name);
+
+/// Model FLOPs of one gpt training step (WORKLOADS.md): 6 * parameters * tokens
+/// + 12 * layers * T^2 * d_model per sequence (attention, forward + backward).
+double gpt_train_flops(int64_t params, int64_t batch, int64_t seq, int64_t layers, int64_t d_model);
+
+}  // namespace kiln_bench

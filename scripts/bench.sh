@@ -1,0 +1,38 @@
+#!/usr/bin/env bash
+# kiln against PyTorch on the workloads of bench/ (docs/benchmarks.md): builds
+# kiln_bench (release preset), then runs each workload in kiln and in its
+# PyTorch twin alternately and prints a Markdown table; results also go to
+# bench/results/latest.json and latest.md (--quick: quick.json and quick.md).
+#
+#   scripts/bench.sh [--workloads tiny,mlp,cnn,resnet,gpt,gpt_infer] [--threads 1,2]
+#                    [--quick] [--pairs 3] [--torch-configs installed,tunables,avx512]
+#                    [--out FILE.json] [--note TEXT]
+#
+# --quick: one round of a few steps, every workload of a framework in one
+# process, 1 thread unless --threads: proves the harness works in seconds; its
+# figures are not a measurement. Benchmarks never fail on a time; the run exits
+# non-zero only when something breaks or the two sides' first-step losses
+# disagree (they would be computing different models).
+#   KILN_BENCH_BIN=path  use this kiln_bench instead of building build/release's
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+for arg in "$@"; do
+  if [[ $arg == -h || $arg == --help ]]; then
+    sed -n '2,16p' "$0" | sed 's/^# \{0,1\}//'
+    exit 0
+  fi
+done
+
+bin=${KILN_BENCH_BIN:-}
+if [[ -z $bin ]]; then
+  export CCACHE_BASEDIR=${CCACHE_BASEDIR:-$PWD}
+  if [[ ! -f build/release/build.ninja ]]; then
+    cmake --preset release >/dev/null
+  fi
+  cmake --build build/release --target kiln_bench >&2
+  bin=build/release/bench/kiln_bench
+fi
+[[ -x $bin ]] || { echo "bench.sh: no kiln_bench at $bin" >&2; exit 1; }
+
+exec /usr/bin/python3 bench/compare.py --kiln "$bin" "$@"
