@@ -8,6 +8,7 @@
 #include <iostream>
 #include <limits>
 #include <optional>
+#include <thread>
 
 #include "kiln/amp/grad_scaler.h"
 #include "kiln/autograd/anomaly.h"
@@ -116,6 +117,26 @@ TEST(OverflowRecord, Float16WithoutAScalerStillThrows) {
     const std::string m = err.what();
     EXPECT_NE(m.find("float16 overflows"), std::string::npos) << m;
   }
+}
+
+TEST(OverflowRecord, TheScopeIsPerThreadAndClosedByTheScaler) {
+  {
+    amp::GradScaler scaler({.print_messages = false});
+    const Tensor p = ones({2}).requires_grad_();
+    (void)scaler.scale(p.sum());
+    EXPECT_TRUE(autograd::overflow_expected());
+    (void)scaler.scale(p.sum());  // a second loss in the same iteration: still one scope
+    bool other_thread_sees_it = true;
+    std::thread([&] { other_thread_sees_it = autograd::overflow_expected(); }).join();
+    EXPECT_FALSE(other_thread_sees_it);
+    amp::GradScaler copy = scaler;  // a copy does not own the scope
+    (void)copy;
+  }
+  // Destroyed without update(): the scaler closed its scope.
+  EXPECT_FALSE(autograd::overflow_expected());
+  amp::GradScaler disabled({.enabled = false, .print_messages = false});
+  (void)disabled.scale(ones({1}));
+  EXPECT_FALSE(autograd::overflow_expected()) << "a disabled scaler expects nothing";
 }
 
 TEST(OverflowTraining, Float16HugeLossWithAnomalyModeSkipsNamesTheOpAndRecovers) {
