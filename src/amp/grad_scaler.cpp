@@ -54,6 +54,12 @@ Tensor GradScaler::scale(const Tensor& loss) {
          "underflow and loss scaling is unnecessary (harmless: it only costs a pass over the gradients). "
          "Drop the scaler or construct it with enabled = false.");
   }
+  if (!overflow_scope_.open) {
+    // A new iteration: a record left from an unscaled backward is not ours.
+    autograd::clear_overflow_record();
+    autograd::begin_expected_overflow();
+    overflow_scope_.open = true;
+  }
   return loss * scalar_tensor(static_cast<double>(scale_), TensorOptions(kFloat32));
 }
 
@@ -87,6 +93,9 @@ void GradScaler::unscale_(optim::Optimizer& opt) {
       g.mul_(inv_scale);
     }
   }
+  // The record belongs to the backward, not to one optimizer: the first
+  // optimizer that finds a non-finite gradient takes it.
+  if (found && !pending_overflow_) pending_overflow_ = autograd::take_overflow_record();
   st.found_inf = found;
   st.checked = true;
   st.stage = Stage::Unscaled;
@@ -146,6 +155,7 @@ void GradScaler::update(std::optional<double> new_scale) {
       stats_.first_nonfinite_param = pending_param_;
       stats_.first_nonfinite_nan = pending_nan_;
       stats_.first_nonfinite_inf = pending_inf_;
+      stats_.first_overflow = pending_overflow_;
       note_streak();
     } else {
       stats_.consecutive_skips = 0;
@@ -153,9 +163,16 @@ void GradScaler::update(std::optional<double> new_scale) {
     }
   }
   if (scale_ >= options_.collapse_threshold) warned_collapse_ = false;
+  close_iteration();
+}
+
+void GradScaler::close_iteration() {
   per_optimizer_.clear();
   pending_param_.clear();
   pending_nan_ = pending_inf_ = 0;
+  pending_overflow_.reset();
+  autograd::clear_overflow_record();
+  overflow_scope_.close();
 }
 
 void GradScaler::note_streak() {
@@ -164,11 +181,13 @@ void GradScaler::note_streak() {
                               : "'" + stats_.first_nonfinite_param + "' (" + std::to_string(stats_.first_nonfinite_nan) +
                                     " NaN, " + std::to_string(stats_.first_nonfinite_inf) + " Inf)";
   const std::string anomaly =
-      autograd::anomaly_mode_enabled()
-          ? " Anomaly mode is on and did not stop at an op, so the values entered from non-finite inputs "
-            "or from work outside the graph (data, an in-place update under no_grad)."
-          : " Rerun with anomaly mode (KILN_DETECT_ANOMALY=1 or autograd::AnomalyModeGuard) to stop at the op "
-            "that produced it.";
+      stats_.first_overflow
+          ? " Anomaly mode found where float16 first overflowed in backward: " + stats_.first_overflow->str() + "."
+      : autograd::anomaly_mode_enabled()
+          ? " Anomaly mode is on and recorded no float16 overflow in backward, so the values entered from "
+            "non-finite inputs or from work outside the graph (data, an in-place update under no_grad)."
+          : " Rerun with anomaly mode (KILN_DETECT_ANOMALY=1 or autograd::AnomalyModeGuard) to name the op "
+            "that produced it (float16 overflow in backward is recorded, not thrown, while a scaler is active).";
   if (!warned_streak_ && stats_.consecutive_skips >= options_.warn_after_skips) {
     warned_streak_ = true;
     emit("GradScaler: " + std::to_string(stats_.consecutive_skips) +

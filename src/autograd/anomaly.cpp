@@ -5,6 +5,9 @@
 #include <cstdlib>
 #include <limits>
 #include <sstream>
+#include <string_view>
+
+#include "kiln/core/error.h"
 
 namespace kiln::autograd {
 
@@ -60,7 +63,42 @@ std::string format(const Stats& s) {
   return os.str();
 }
 
+// Per thread: a scaler's iteration (scale .. update) runs on one thread, and
+// two threads training two models must not see each other's overflow.
+thread_local int t_expected_depth = 0;
+thread_local std::optional<OverflowRecord> t_record;
+
 }  // namespace
+
+bool overflow_expected() { return t_expected_depth > 0; }
+void begin_expected_overflow() { ++t_expected_depth; }
+// Tolerates an unmatched end (a scaler destroyed on another thread than the
+// one that scaled): throwing from a destructor would terminate the program.
+void end_expected_overflow() {
+  if (t_expected_depth > 0) --t_expected_depth;
+}
+
+std::optional<OverflowRecord> take_overflow_record() {
+  std::optional<OverflowRecord> r = std::move(t_record);
+  t_record.reset();
+  return r;
+}
+void clear_overflow_record() { t_record.reset(); }
+
+std::string OverflowRecord::str() const {
+  std::ostringstream os;
+  os << node;
+  if (site.known()) os << " (forward at " << site.str() << ")";
+  os << " returned " << nan << " NaN and " << inf << " Inf in the float16 gradient for its input " << input_index
+     << " " << shape;
+  if (!input_node.empty()) {
+    os << ", the gradient of the output of " << input_node;
+    if (input_site.known()) os << " (forward at " << input_site.str() << ")";
+    os << ",";
+  }
+  os << " from finite incoming gradients (" << incoming << ")";
+  return os.str();
+}
 
 bool anomaly_mode_enabled() { return flag().load(std::memory_order_relaxed); }
 void set_anomaly_mode_enabled(bool enabled) { flag().store(enabled, std::memory_order_relaxed); }
@@ -108,6 +146,33 @@ void check_backward_outputs(const Node& node, const TensorList& grads_in, const 
       if (si.nan || si.inf) in_finite = false;
     }
     if (!in_finite) continue;
+    // float16 overflow under a loss scaler is the scaler's business (it skips
+    // the step and backs off); keep where it happened for its message.
+    if (overflow_expected() && grads_out[i].dtype() == kFloat16) {
+      if (!t_record) {
+        OverflowRecord r;
+        r.node = node.name();
+        r.site = node.site();
+        r.input_index = i;
+        r.shape = shape_str(grads_out[i].sizes());
+        r.nan = s.nan;
+        r.inf = s.inf;
+        if (i < node.next_edges().size() && node.next_edges()[i].is_valid()) {
+          const Node& producer = *node.next_edges()[i].function;
+          if (std::string_view(producer.name()) != "AccumulateGrad") {
+            r.input_node = producer.name();
+            r.input_site = producer.site();
+          }
+        }
+        for (size_t k = 0; k < grads_in.size(); ++k) {
+          if (!grads_in[k].defined()) continue;
+          if (!r.incoming.empty()) r.incoming += "; ";
+          r.incoming += "grad of output " + std::to_string(k) + ": " + tensor_stats(grads_in[k]);
+        }
+        t_record = std::move(r);
+      }
+      continue;
+    }
     std::ostringstream os;
     os << "anomaly mode: the backward of " << node.name() << " returned " << s.nan << " NaN and " << s.inf
        << " Inf values in the gradient for its input " << i << " " << shape_str(grads_out[i].sizes());
@@ -116,6 +181,10 @@ void check_backward_outputs(const Node& node, const TensorList& grads_in, const 
     for (size_t k = 0; k < grads_in.size(); ++k) {
       if (grads_in[k].defined()) os << "\n  grad of output " << k << ": " << tensor_stats(grads_in[k]);
     }
+    if (grads_out[i].dtype() == kFloat16)
+      os << "\nhint: float16 overflows above 65504; scale the loss with amp::GradScaler, which expects such "
+            "overflow in backward, skips the step and backs off (anomaly mode then records it instead of "
+            "throwing)";
     os << "\nhint: the derivative is not finite at the forward's input values (sqrt or pow at 0, log at 0, "
           "division by a tiny number)";
     throw AnomalyError(os.str());

@@ -14,7 +14,8 @@
 //   scaler.update();
 //
 // Telemetry: stats() and metrics() give the scale, the skipped-step count and
-// the first parameter whose gradient was non-finite; messages() (also printed
+// the first parameter whose gradient was non-finite (and, with anomaly mode,
+// the backward op where float16 first overflowed); messages() (also printed
 // to stderr unless turned off) explain repeated skips, name that parameter,
 // flag a collapsing scale as a likely real divergence, and note once that a
 // scaler is unnecessary beside bfloat16 autocast.
@@ -26,6 +27,7 @@
 #include <string>
 #include <vector>
 
+#include "kiln/autograd/anomaly.h"
 #include "kiln/core/tensor.h"
 #include "kiln/optim/checkpoint.h"
 #include "kiln/optim/optimizer.h"
@@ -59,6 +61,12 @@ struct GradScalerStats {
   std::string first_nonfinite_param;
   int64_t first_nonfinite_nan = 0;
   int64_t first_nonfinite_inf = 0;
+  /// With anomaly mode on: where the backward of the most recent skipped step
+  /// first produced a non-finite float16 gradient from finite ones (the op's
+  /// node, its forward call site, the gradient's shape and counts). Empty
+  /// without anomaly mode, or when the non-finite values did not come from a
+  /// float16 backward (they came from the forward, float32 ops, or the data).
+  std::optional<autograd::OverflowRecord> first_overflow;
 };
 
 /// A Stateful object, so a checkpoint carries it:
@@ -68,6 +76,9 @@ class GradScaler : public optim::Stateful {
   explicit GradScaler(GradScalerOptions options = {});
 
   /// loss * scale (a float32 0-dim factor, so a float32 loss stays float32).
+  /// Also opens, on this thread until update(), the autograd "overflow is
+  /// expected" scope: anomaly mode then records float16 overflow in backward
+  /// for this scaler's skip message instead of throwing (autograd/anomaly.h).
   Tensor scale(const Tensor& loss);
   /// Divides every gradient of `opt` by the scale in place and records whether
   /// any is inf/NaN. At most once per optimizer between update() calls, and not
@@ -114,6 +125,21 @@ class GradScaler : public optim::Stateful {
 
   void emit(std::string message);
   void note_streak();
+  void close_iteration();
+
+  // The open ExpectedOverflowScope of this scaler's iteration. A copy of the
+  // scaler does not inherit it (only the scaler that opened it closes it).
+  struct OverflowScope {
+    bool open = false;
+    OverflowScope() = default;
+    OverflowScope(const OverflowScope&) {}
+    OverflowScope& operator=(const OverflowScope&) { return *this; }
+    ~OverflowScope() { close(); }
+    void close() {
+      if (open) autograd::end_expected_overflow();
+      open = false;
+    }
+  };
 
   GradScalerOptions options_;
   bool enabled_;
@@ -123,6 +149,8 @@ class GradScaler : public optim::Stateful {
   GradScalerStats stats_;
   std::string pending_param_;  // first non-finite gradient of this iteration
   int64_t pending_nan_ = 0, pending_inf_ = 0;
+  std::optional<autograd::OverflowRecord> pending_overflow_;  // anomaly mode's record of this iteration
+  OverflowScope overflow_scope_;
   bool warned_streak_ = false;
   bool warned_collapse_ = false;
   bool warned_bf16_ = false;
