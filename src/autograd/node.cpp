@@ -14,6 +14,8 @@ std::string CallSite::str() const {
   std::string f = file;
   // Paths relative to the source tree read better than absolute build paths.
   if (auto pos = f.rfind("/src/"); pos != std::string::npos) f = f.substr(pos + 1);
+  // Builds with relative paths (ccache's base_dir) give "../../tests/x.cpp": drop the climb.
+  while (f.starts_with("../") || f.starts_with("./")) f.erase(0, f.find('/') + 1);
   return f + ":" + std::to_string(line);
 }
 
