@@ -386,7 +386,9 @@ TEST(SafetensorsFiles, HostileFilesFailBeforeAllocating) {
   auto put = [&](const std::vector<uint8_t>& b) {
     std::FILE* f = std::fopen(path.c_str(), "wb");
     ASSERT_NE(f, nullptr);
-    if (!b.empty()) ASSERT_EQ(std::fwrite(b.data(), 1, b.size(), f), b.size());
+    if (!b.empty()) {
+      ASSERT_EQ(std::fwrite(b.data(), 1, b.size(), f), b.size());
+    }
     std::fclose(f);
   };
   auto expect = [&](std::initializer_list<std::string> parts) {
