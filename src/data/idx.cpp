@@ -194,16 +194,20 @@ Tensor read_idx(const std::string& path) {
   KILN_CHECK(got_dims == 4 * ndim, FormatError, "'", path, "': truncated header: expected ", header, " bytes, got ",
              4 + got_dims);
   std::vector<int64_t> dims(ndim);
-  uint64_t count = 1;
-  bool overflow = false;
+  // `dense`, the product of the non-zero dims, bounds the tensor's strides: it
+  // must fit int64 even when a zero dim makes the tensor empty.
+  uint64_t dense = 1;
+  bool overflow = false, has_zero = false;
   for (size_t d = 0; d < ndim; ++d) {
     const uint8_t* p = head + 4 + 4 * d;
     dims[d] = (int64_t(p[0]) << 24) | (int64_t(p[1]) << 16) | (int64_t(p[2]) << 8) | int64_t(p[3]);
-    overflow = overflow || __builtin_mul_overflow(count, static_cast<uint64_t>(dims[d]), &count);
+    if (dims[d] == 0) has_zero = true;
+    else overflow = overflow || __builtin_mul_overflow(dense, static_cast<uint64_t>(dims[d]), &dense);
   }
   const std::string shape = shape_str(dims);
-  KILN_CHECK(!overflow, FormatError, "'", path, "': the header's shape ", shape,
-             " has more elements than any file can hold");
+  KILN_CHECK(!overflow && dense <= static_cast<uint64_t>(std::numeric_limits<int64_t>::max()), FormatError, "'",
+             path, "': the header's shape ", shape, " has more elements than any file can hold");
+  const uint64_t count = has_zero ? 0 : dense;
   // Refuse before allocating: the data cannot be longer than the file allows.
   const uint64_t room = src.max_bytes() - std::min<uint64_t>(src.max_bytes(), header);
   if (count > room) {

@@ -74,6 +74,14 @@ struct Reader {
     }
     throw FormatError(detail::concat(path, ": checkpoint metadata '", key, "': expected a number, got '", s, "'"));
   }
+  // A number that must be a whole int64: casting a larger double (1e300, nan) is undefined behaviour.
+  int64_t i64(const std::string& key) const {
+    const double v = number(key);
+    if (!(v >= -9223372036854775808.0 && v < 9223372036854775808.0) || v != static_cast<double>(static_cast<int64_t>(v))) {
+      throw FormatError(detail::concat(path, ": checkpoint metadata '", key, "': expected an int64, got '", get(key), "'"));
+    }
+    return static_cast<int64_t>(v);
+  }
   uint64_t u64(const std::string& key) const {
     const std::string& s = get(key);
     try {
@@ -99,8 +107,8 @@ void put_scheduler(io::Metadata& md, const std::string& prefix, const SchedulerS
 
 SchedulerState get_scheduler(const Reader& r, const std::string& prefix) {
   SchedulerState s;
-  s.last_epoch = static_cast<int64_t>(r.number(prefix + "last_epoch"));
-  s.step_count = static_cast<int64_t>(r.number(prefix + "step_count"));
+  s.last_epoch = r.i64(prefix + "last_epoch");
+  s.step_count = r.i64(prefix + "step_count");
   s.base_lrs = r.numbers(prefix + "base_lrs");
   s.last_lr = r.numbers(prefix + "last_lr");
   const std::string extra = prefix + "extra.";
@@ -211,6 +219,9 @@ CheckpointInfo load_checkpoint(const std::string& path, const CheckpointRefs& re
   OptimizerStateDict osd;
   if (refs.optimizer) {
     const auto ngroups = static_cast<size_t>(r.u64("optim.param_groups"));
+    // Each group has its own metadata keys: more groups than keys is a hostile count, not an allocation.
+    KILN_CHECK(ngroups <= f.metadata.size(), FormatError, path, ": checkpoint metadata 'optim.param_groups' says ",
+               ngroups, " groups, but the file has only ", f.metadata.size(), " metadata keys");
     osd.param_groups.resize(ngroups);
     for (size_t i = 0; i < ngroups; ++i) {
       const std::string p = "optim.group." + std::to_string(i) + ".";
@@ -222,7 +233,7 @@ CheckpointInfo load_checkpoint(const std::string& path, const CheckpointRefs& re
     }
     const std::string sp = "optim.step.";
     for (auto it = f.metadata.lower_bound(sp); it != f.metadata.end() && it->first.rfind(sp, 0) == 0; ++it)
-      osd.state[it->first.substr(sp.size())].step = static_cast<int64_t>(r.number(it->first));
+      osd.state[it->first.substr(sp.size())].step = r.i64(it->first);
     for (const auto& [name, t] : optim_tensors) {
       const auto dot = name.rfind('.');
       KILN_CHECK(dot != std::string::npos && osd.state.count(name.substr(0, dot)), FormatError, path,
@@ -234,11 +245,11 @@ CheckpointInfo load_checkpoint(const std::string& path, const CheckpointRefs& re
   if (refs.scheduler) ssd = get_scheduler(r, "sched.");
   const GeneratorState gen{r.u64("rng.default.seed"), r.u64("rng.default.offset")};
   CheckpointInfo info;
-  info.step = static_cast<int64_t>(r.number("step"));
+  info.step = r.i64("step");
   info.config = r.get("config");
   if (f.metadata.count("loader.epoch"))
-    info.loader = data::LoaderState{static_cast<int64_t>(r.number("loader.epoch")),
-                                    static_cast<int64_t>(r.number("loader.position")), r.u64("loader.seed")};
+    info.loader = data::LoaderState{r.i64("loader.epoch"),
+                                    r.i64("loader.position"), r.u64("loader.seed")};
 
   // Restore: the optimizer first (it validates its own names and shapes), then the rest.
   if (refs.optimizer) refs.optimizer->load_state_dict(osd);

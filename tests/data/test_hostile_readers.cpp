@@ -81,13 +81,19 @@ TEST(HostileIdx, ShapeWhoseElementCountOverflows) {
   expect_error([&] { read_idx(p); }, p, {"more elements than any file can hold"});
   write(p, gzip(idx_header({65536, 65536, 65536, 65536})));
   expect_error([&] { read_idx(p); }, p, {"more elements than any file can hold"});
+  // Found by fuzz_idx (tests/fuzz/corpus/idx/empty-shape-overflow): a zero dim makes the
+  // count 0, but the other dims' product still overflows int64 strides; it was a ValueError from empty().
+  write(p, idx_header({0, 838860800, 16777216, 50331648}));
+  expect_error([&] { read_idx(p); }, p, {"more elements than any file can hold"});
 }
 
 TEST(HostileIdx, AbsurdShapesFailBeforeAllocating) {
   test::TempDir dir;
   const std::string p = dir.file("big.idx");
-  write(p, idx_header({0xffffffffu, 0xffffffffu}) + "abc");
-  expect_error([&] { read_idx(p); }, p, {"truncated", "promises 18446744065119617025 bytes", "the file has 3"});
+  write(p, idx_header({0xffffffffu, 0x10000u}) + "abc");  // 256 TiB promised
+  expect_error([&] { read_idx(p); }, p, {"truncated", "promises 281474976645120 bytes", "the file has 3"});
+  write(p, idx_header({0xffffffffu, 0xffffffffu}) + "abc");  // more than int64 can count
+  expect_error([&] { read_idx(p); }, p, {"more elements than any file can hold"});
   // Behind gzip the data's size is unknown until inflated; deflate's 1032:1 bound refuses it up front.
   const std::string g = dir.file("big.idx.gz");
   write(g, gzip(idx_header({60000, 28, 28})));
