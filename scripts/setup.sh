@@ -10,6 +10,7 @@ PACKAGES=(
   libopenblas-openmp-dev
   nlohmann-json3-dev libcli11-dev libfmt-dev libtomlplusplus-dev libzstd-dev
   libgtest-dev libgmock-dev libbenchmark-dev
+  clang libclang-rt-14-dev libomp-dev
   python3-torch python3-numpy
   zlib1g-dev dataset-fashion-mnist golang-github-colinmarc-hdfs-dev golang-github-jdkato-prose-dev
   chromium fonts-dejavu-core  # the report test renders report.html headless (DejaVu: its fonts)

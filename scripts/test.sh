@@ -3,6 +3,8 @@
 # builds, and runs every test through CTest. Exits non-zero on any failure.
 #   KILN_SKIP_SETUP=1  skip scripts/setup.sh (dependencies already present)
 #   KILN_SKIP_ASAN=1   skip the AddressSanitizer+UBSan pass
+#   KILN_SKIP_FUZZ=1   skip the bounded fuzzing of the readers
+#   KILN_FUZZ_SECONDS  seconds per fuzz target (default 20)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -38,7 +40,17 @@ cmake --build "$prefix/consumer" >/dev/null
 if [[ ${KILN_SKIP_ASAN:-0} != 1 ]]; then
   echo "== asan-ubsan build"
   cmake --preset asan-ubsan >/dev/null
-  cmake --build build/asan -j"$jobs" --target test_core test_io test_autograd
+  cmake --build build/asan -j"$jobs" --target test_core test_io test_autograd test_data
   echo "== asan-ubsan tests (core, io, autograd)"
   ASAN_OPTIONS=detect_leaks=1 ctest --test-dir build/asan --output-on-failure -R '^(core|io|autograd)$'
+  # The data readers on small and hostile files (the real datasets' tests would only add time).
+  echo "== asan-ubsan tests (data readers)"
+  ASAN_OPTIONS=detect_leaks=1 OMP_NUM_THREADS=2 build/asan/tests/test_data \
+    --gtest_filter='HostileIdx.*:HostileText.*:DataIdx.PlainAndGzipped*:DataIdx.Corrupted*:DataText.SmallFile*:DataText.TokenFile*'
+fi
+
+if [[ ${KILN_SKIP_FUZZ:-0} != 1 ]]; then
+  # Each reader's libFuzzer target for a bounded time (clang build in build/fuzz); a crash fails CI.
+  echo "== fuzz the readers"
+  ./scripts/fuzz.sh "${KILN_FUZZ_SECONDS:-20}"
 fi

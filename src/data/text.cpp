@@ -24,13 +24,18 @@ std::string_view trim(std::string_view s) {
 
 /// Maps `path` read-only; null for an empty file.
 void* map_file(const std::string& path, const char* who, size_t& size) {
-  int fd = ::open(path.c_str(), O_RDONLY);
+  int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
   KILN_CHECK(fd >= 0, IOError, who, ": cannot open '", path, "': ", std::strerror(errno));
   struct stat st {};
   if (::fstat(fd, &st) != 0) {
     int err = errno;
     ::close(fd);
     throw IOError(std::string(who) + ": cannot stat '" + path + "': " + std::strerror(err));
+  }
+  if (!S_ISREG(st.st_mode)) {
+    // A device such as /dev/zero maps as endless data, a directory or pipe not at all.
+    ::close(fd);
+    throw IOError(std::string(who) + ": '" + path + "' is not a regular file (a directory, device or pipe)");
   }
   size = static_cast<size_t>(st.st_size);
   void* map = nullptr;

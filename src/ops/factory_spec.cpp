@@ -142,7 +142,8 @@ OpSpec eye_spec() {
   s.dtypes.assign(std::begin(kAll), std::end(kAll));
   s.samples = [](DType dt) {
     std::vector<OpSample> out;
-    for (auto [n, m] : {std::pair<int64_t, int64_t>{3, -1}, {2, 4}, {4, 2}, {0, -1}, {3, 0}, {1, -1}}) {
+    for (const auto& nm : {std::pair<int64_t, int64_t>{3, -1}, {2, 4}, {4, 2}, {0, -1}, {3, 0}, {1, -1}}) {
+      const int64_t n = nm.first, m = nm.second;  // not a structured binding: the lambda below captures n
       const std::optional<int64_t> mm = m < 0 ? std::nullopt : std::optional<int64_t>(m);
       // torch 1.13 has no bfloat16 eye; kiln does, and must equal float32's converted.
       const std::string args = std::to_string(n) + (mm ? ", " + std::to_string(m) : "");

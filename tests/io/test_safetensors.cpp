@@ -378,6 +378,70 @@ TEST(SafetensorsFiles, LoadErrors) {
   }
 }
 
+// Files on disk: the same checks as in memory, each naming the path, each
+// refused from the header alone — before a byte of tensor memory is taken.
+TEST(SafetensorsFiles, HostileFilesFailBeforeAllocating) {
+  test::TempDir dir;
+  const std::string path = dir.file("hostile.safetensors");
+  auto put = [&](const std::vector<uint8_t>& b) {
+    std::FILE* f = std::fopen(path.c_str(), "wb");
+    ASSERT_NE(f, nullptr);
+    if (!b.empty()) {
+      ASSERT_EQ(std::fwrite(b.data(), 1, b.size(), f), b.size());
+    }
+    std::fclose(f);
+  };
+  auto expect = [&](std::initializer_list<std::string> parts) {
+    const int64_t live = memory::stats().live_bytes;
+    memory::reset_peak_stats();
+    for (int header_only = 0; header_only < 2; ++header_only) {
+      try {
+        if (header_only) {
+          io::read_safetensors_header(path);
+        } else {
+          io::load_safetensors(path);
+        }
+        ADD_FAILURE() << "expected a FormatError containing '" << *parts.begin() << "'";
+      } catch (const FormatError& e) {
+        const std::string msg = e.what();
+        EXPECT_NE(msg.find(path), std::string::npos) << msg;
+        for (const auto& p : parts) EXPECT_NE(msg.find(p), std::string::npos) << "missing '" << p << "' in: " << msg;
+      }
+    }
+    EXPECT_EQ(memory::stats().peak_bytes, live) << "no tensor memory may be taken for a file that fails its header";
+  };
+  auto b = frame("{}");
+  const uint64_t long_header = 1 << 20;
+  std::memcpy(b.data(), &long_header, 8);
+  put(b);
+  expect({"header length 1048576 runs past the end of the file (10 bytes)"});
+  // 2^40 float32 elements (4 TiB) claimed, against a 4-byte buffer.
+  put(frame(R"({"w": {"dtype": "F32", "shape": [1099511627776], "data_offsets": [0, 4398046511104]}})", zeros_bytes(4)));
+  expect({"tensor 'w'", "run past the end of the data buffer (4 bytes)"});
+  put(frame(R"({"w": {"dtype": "F32", "shape": [1024, 1024, 1024, 1024], "data_offsets": [0, 4]}})", zeros_bytes(4)));
+  expect({"tensor 'w'", "needs 4398046511104"});
+  put(frame(R"({"w": {"dtype": "Q4", "shape": [1], "data_offsets": [0, 1]}})", zeros_bytes(1)));
+  expect({"unsupported dtype 'Q4'"});
+  // A truncated data buffer: the header is valid JSON but the tensors outrun the file.
+  auto good = io::serialize_safetensors({{"a", ones({8})}, {"b", ones({8})}});
+  good.resize(good.size() - 5);
+  put(good);
+  expect({"tensor 'b'", "run past the end of the data buffer"});
+}
+
+TEST(SafetensorsFiles, PathsThatAreNotRegularFiles) {
+  // /dev/zero claims size 0 but reads forever; a directory opens but cannot be read.
+  for (const std::string& p : {std::string("/dev/zero"), fs::temp_directory_path().string()}) {
+    EXPECT_THROW(io::load_safetensors(p), IOError) << p;
+    try {
+      io::read_safetensors_header(p);
+      ADD_FAILURE() << "expected IOError for " << p;
+    } catch (const IOError& e) {
+      EXPECT_NE(std::string(e.what()).find("not a regular file"), std::string::npos) << e.what();
+    }
+  }
+}
+
 class SafetensorsAtomic : public ::testing::Test {
  protected:
   void SetUp() override {

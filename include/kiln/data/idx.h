@@ -20,7 +20,10 @@
 namespace kiln::data {
 
 /// The bytes of `path`, gunzipped when they start with the gzip magic.
-/// Throws IOError if it cannot be read, FormatError for a corrupt gzip stream.
+/// Throws IOError if it cannot be read or is not a regular file, FormatError
+/// for a corrupt or truncated gzip stream. Output is bounded by deflate's
+/// 1032:1 limit on the file's size; read_idx inflates no further than its
+/// header declares and refuses a header the file cannot hold before allocating.
 std::string read_maybe_gzipped(const std::string& path);
 
 /// An idx file of unsigned bytes (type 0x08) as a uint8 tensor of its shape.

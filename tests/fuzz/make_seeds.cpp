@@ -1,0 +1,124 @@
+// Writes the seed corpora of the fuzz targets: kiln_fuzz_seeds <dir> fills
+// <dir>/{safetensors,idx,text,checkpoint} with small valid (and a few nearly
+// valid) inputs made by kiln's own writers, so the seeds follow the formats as
+// they evolve. scripts/fuzz.sh runs it before fuzzing; the committed
+// regressions under tests/fuzz/corpus/ are added to the same runs.
+#include <zlib.h>
+
+#include <cstdio>
+#include <filesystem>
+
+#include "checkpoint_fixture.h"
+#include "kiln/core/factory.h"
+
+namespace fs = std::filesystem;
+using namespace kiln;
+
+namespace {
+
+fs::path g_root;
+
+void put(const std::string& target, const std::string& name, const std::string& bytes) {
+  fs::create_directories(g_root / target);
+  std::FILE* f = std::fopen((g_root / target / name).c_str(), "wb");
+  if (!f || std::fwrite(bytes.data(), 1, bytes.size(), f) != bytes.size() || std::fclose(f) != 0) {
+    fuzz::die("cannot write seed " + target + "/" + name);
+  }
+}
+
+std::string str(const std::vector<uint8_t>& v) { return {v.begin(), v.end()}; }
+
+std::string gzip(const std::string& data) {
+  z_stream zs{};
+  deflateInit2(&zs, 9, Z_DEFLATED, 16 + MAX_WBITS, 8, Z_DEFAULT_STRATEGY);
+  std::string out(deflateBound(&zs, data.size()) + 64, '\0');
+  zs.next_in = reinterpret_cast<Bytef*>(const_cast<char*>(data.data()));
+  zs.avail_in = static_cast<uInt>(data.size());
+  zs.next_out = reinterpret_cast<Bytef*>(out.data());
+  zs.avail_out = static_cast<uInt>(out.size());
+  deflate(&zs, Z_FINISH);
+  out.resize(zs.total_out);
+  deflateEnd(&zs);
+  return out;
+}
+
+std::string idx(std::vector<uint32_t> dims) {
+  std::string s = {0, 0, 8, static_cast<char>(dims.size())};
+  size_t count = 1;
+  for (uint32_t d : dims) {
+    s += {static_cast<char>(d >> 24), static_cast<char>(d >> 16), static_cast<char>(d >> 8), static_cast<char>(d)};
+    count *= d;
+  }
+  for (size_t i = 0; i < count; ++i) s += static_cast<char>(i * 37);
+  return s;
+}
+
+void safetensors_seeds() {
+  const DType all[] = {kFloat32, kFloat64, kBFloat16, kFloat16, kInt64, kInt32, kUInt8, kBool};
+  io::NamedTensors every;
+  for (DType dt : all) every.emplace_back(std::string(dtype_safetensors_name(dt)), ones({2, 3}, TensorOptions(dt)));
+  put("safetensors", "every-dtype", str(io::serialize_safetensors(every, {{"format", "pt"}})));
+  put("safetensors", "empty-and-scalar",
+      str(io::serialize_safetensors({{"e", empty({0, 4})}, {"s", scalar_tensor(2.5)}, {"b", zeros({3}, TensorOptions(kBool))}})));
+  put("safetensors", "no-tensors", str(io::serialize_safetensors({}, {{"k", "v"}})));
+  put("safetensors", "one-f32", str(io::serialize_safetensors({{"w", arange(6).to(kFloat32).reshape({2, 3})}})));
+}
+
+void idx_seeds() {
+  // Mode byte, then the file (mode 0), the file to gzip (mode 1), or a split point and two files (mode 2).
+  const std::string images = idx({3, 2, 2}), labels = idx({3});
+  put("idx", "plain-images", std::string(1, '\0') + images);
+  put("idx", "plain-labels", std::string(1, '\0') + labels);
+  put("idx", "gzip-images", std::string(1, '\0') + gzip(images));
+  put("idx", "gzip-4d", std::string(1, '\0') + gzip(idx({2, 1, 3, 2})));
+  put("idx", "to-gzip", "\x01" + images);
+  // The split byte b cuts the m bytes after it at m*b/255.
+  const std::string pair = images + labels;
+  const size_t m = pair.size();
+  const auto b = static_cast<uint8_t>((images.size() * 255 + m - 1) / m);
+  std::string joined = "\x02";
+  joined += static_cast<char>(b);
+  joined += pair;
+  put("idx", "dataset", joined);
+}
+
+void text_seeds() {
+  put("text", "char-gutenberg",
+      std::string("\x02\x07\x00", 3) + "header\r\n*** START OF THIS BOOK ***\r\nCall me Ishmael.\r\n*** END OF IT\r\n");
+  put("text", "char-plain", std::string("\x00\x03\x02", 3) + "  some text to cut into windows\n");
+  std::string tok16 = std::string("\x01\x04\x01", 3), tok32 = std::string("\x05\x04\x00", 3);
+  for (int i = 0; i < 24; ++i) {
+    tok16 += {static_cast<char>(i * 11), static_cast<char>(i)};
+    tok32 += {static_cast<char>(i), static_cast<char>(i * 3), static_cast<char>(0), static_cast<char>(i & 1)};
+  }
+  put("text", "tokens-u16", tok16);
+  put("text", "tokens-u32", tok32);
+}
+
+void checkpoint_seeds() {
+  fuzz::CheckpointFixture fx;
+  put("checkpoint", "valid", std::string(1, '\0') + fuzz::slurp(fx.base_file.path()));
+  put("checkpoint", "edit-step", "\x01step=7\nconfig=x=1");
+  put("checkpoint", "edit-groups", "\x01optim.param_groups=2\nsched.children=1");
+  put("checkpoint", "edit-loader", "\x01loader.epoch=1e3\nloader.seed");
+  std::string keys = "\x01";
+  for (const auto& [k, v] : fx.base.metadata) {
+    if (k != "checksum.fnv1a64") keys += k + "=" + v + "\n";
+  }
+  put("checkpoint", "all-keys", keys);
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  if (argc != 2) {
+    std::fprintf(stderr, "usage: %s <corpus dir>\n", argv[0]);
+    return 2;
+  }
+  g_root = argv[1];
+  safetensors_seeds();
+  idx_seeds();
+  text_seeds();
+  checkpoint_seeds();
+  return 0;
+}
