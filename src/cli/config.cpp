@@ -27,6 +27,7 @@ constexpr Key kSchema[] = {
     {"name", Kind::String, "\"run\"", "", ""},
     {"seed", Kind::Int, "0", "", ""},
     {"threads", Kind::Int, "0", "", ""},
+    {"amp", Kind::String, "\"off\"", "", "off|bf16|fp16"},
 
     {"model.type", Kind::String, nullptr, "", "mlp|cnn|resnet|vit|gpt"},
     {"model.hidden", Kind::IntArray, "[512, 512]", "model.type=mlp", ""},

@@ -2,7 +2,9 @@
 #include "cli/task.h"
 
 #include <cmath>
+#include <optional>
 
+#include "kiln/core/autocast.h"
 #include "kiln/core/generator.h"
 #include "kiln/core/guards.h"
 #include "kiln/core/threads.h"
@@ -179,6 +181,7 @@ Task build_task(const Config& c, Purpose purpose) {
   if (c.integer("threads") > 0) set_num_threads(static_cast<int>(c.integer("threads")));
   manual_seed(static_cast<uint64_t>(c.integer("seed")));
   Task t;
+  t.amp = amp::parse_amp_mode(c.string("amp"));
   make_datasets(c, t);
   t.model = make_model(c, t);
   if (purpose == Purpose::Evaluate) {
@@ -197,10 +200,14 @@ Task build_task(const Config& c, Purpose purpose) {
                                                 : c.integer("train.epochs") * t.train_loader->size();
   t.optimizer = make_optimizer(c, *t.model);
   t.scheduler = make_scheduler(c, *t.optimizer, t.total_steps);
+  // float16's narrow range needs loss scaling; bfloat16 has float32's range and does not.
+  if (t.amp.needs_scaler()) t.scaler = std::make_unique<amp::GradScaler>(amp::GradScalerOptions{.enabled = true});
   return t;
 }
 
 Tensor batch_loss(Task& t, const data::Example& batch) {
+  std::optional<AutocastGuard> autocast;
+  if (t.amp.dtype) autocast.emplace(*t.amp.dtype);
   if (t.gpt) return t.gpt->loss(batch.data, batch.target);
   return nn::functional::cross_entropy((*t.model)(batch.data), batch.target);
 }
@@ -213,6 +220,8 @@ EvalResult evaluate(Task& t, const Config& c, const std::string& split, int64_t 
   } restore{*t.model, t.model->is_training()};
   t.model->eval();
   NoGradGuard no_grad;
+  std::optional<AutocastGuard> autocast;
+  if (t.amp.dtype) autocast.emplace(*t.amp.dtype);
   auto set = split == "train" ? t.train_set : t.eval_set;
   data::DataLoader<> loader(set, {.batch_size = c.integer("data.eval_batch_size")});
   EvalResult r;

@@ -8,6 +8,8 @@
 #include <string>
 
 #include "cli/config.h"
+#include "kiln/amp/grad_scaler.h"
+#include "kiln/amp/mode.h"
 #include "kiln/data/loader.h"
 #include "kiln/models/gpt.h"
 #include "kiln/nn/module.h"
@@ -26,6 +28,8 @@ struct Task {
   std::unique_ptr<optim::Optimizer> optimizer;       // Purpose::Train only
   std::shared_ptr<optim::LRScheduler> scheduler;     // null for a constant lr without warmup
   int64_t total_steps = 0;                           // the run's length (the schedule's horizon)
+  amp::AmpMode amp;                                  // config `amp`: autocast dtype of forward and loss
+  std::unique_ptr<amp::GradScaler> scaler;           // Purpose::Train with amp = "fp16" only
 };
 
 /// Seeds the default generator with config.seed, then builds the model (in

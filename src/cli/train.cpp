@@ -143,8 +143,15 @@ struct Loop {
   double time_offset = 0;  // time_s of the run before this process (resume)
 };
 
+// The GradScaler (amp = "fp16") travels in the checkpoint's object slot.
+optim::CheckpointRefs checkpoint_refs(Task& t) {
+  optim::CheckpointRefs refs{t.model.get(), t.optimizer.get(), t.scheduler.get()};
+  if (t.scaler) refs.objects = {{"scaler", t.scaler.get()}};
+  return refs;
+}
+
 void save_checkpoint(Loop& L) {
-  optim::CheckpointRefs refs{L.task.model.get(), L.task.optimizer.get(), L.task.scheduler.get()};
+  optim::CheckpointRefs refs = checkpoint_refs(L.task);
   L.ckpts.save(refs, {.step = L.step, .loader = L.task.train_loader->state(), .config = L.config.to_toml()});
   // The report of a run in progress, so a long run can be looked at while it trains (a few ms).
   write_report(L.run_dir);
@@ -220,9 +227,20 @@ int run_loop(Loop& L) {
         status = Status::NonFinite;
         break;
       }
-      loss.backward();
-      const double gnorm = optim::clip_grad_norm_(params, clip > 0 ? clip : optim::kInfNorm);
-      t.optimizer->step();
+      double gnorm = 0;
+      if (t.scaler) {
+        // Unscale before clipping so the clip sees true gradients; a step whose
+        // gradients overflowed is skipped and the scale backs off.
+        t.scaler->scale(loss).backward();
+        t.scaler->unscale_(*t.optimizer);
+        gnorm = optim::clip_grad_norm_(params, clip > 0 ? clip : optim::kInfNorm);
+        t.scaler->step(*t.optimizer);
+        t.scaler->update();
+      } else {
+        loss.backward();
+        gnorm = optim::clip_grad_norm_(params, clip > 0 ? clip : optim::kInfNorm);
+        t.optimizer->step();
+      }
       if (t.scheduler) t.scheduler->step();
       ++L.step;
       window_samples += batch.target.size(0);
@@ -236,6 +254,8 @@ int run_loop(Loop& L) {
                   {"loss", loss_v},     {"lr", lr},               {"grad_norm", gnorm},
                   {"samples_per_s", sps}, {"data_wait", wait_frac}, {"memory", memory_json(true)},
                   {"time_s", elapsed()}};
+        if (t.scaler)
+          for (const auto& [k, v] : t.scaler->metrics()) j[k] = v;
         metrics << j.dump() << "\n" << std::flush;
         last_train = j;
         if (wait_frac > 0.25 && window_s > 1.0 && !stall_warned) {
@@ -345,7 +365,7 @@ int resume(const fs::path& run_dir, const std::vector<std::string>& sets) {
   Loop L{config, run_dir, config_path, build_task(config, Purpose::Train),
          optim::CheckpointManager(ckdir, {.keep_last = static_cast<int>(
                                               std::max<int64_t>(1, config.integer("train.keep_last")))})};
-  optim::CheckpointRefs refs{L.task.model.get(), L.task.optimizer.get(), L.task.scheduler.get()};
+  optim::CheckpointRefs refs = checkpoint_refs(L.task);
   const auto info = L.ckpts.load_latest(refs);
   L.step = info.step;
   if (info.loader) L.task.train_loader->load_state(*info.loader);
