@@ -5,6 +5,7 @@
 
 #include <set>
 
+#include "dist/ddp_nets.h"
 #include "dist/fake_group.h"
 #include "kiln/autograd/engine.h"
 #include "kiln/core/factory.h"
@@ -21,59 +22,13 @@ using dist::DDPOptions;
 using dist::DistributedDataParallel;
 using test::FakeGroup;
 using test::FakeWorld;
-
-// Parameters of chosen sizes; the loss touches each one unless it is skipped.
-class Blocks : public nn::Module {
- public:
-  explicit Blocks(std::vector<int64_t> sizes) : nn::Module("Blocks") {
-    for (size_t i = 0; i < sizes.size(); ++i) register_parameter("p" + std::to_string(i), ones({sizes[i]}));
-  }
-  Tensor forward(const Tensor& x) override {
-    Tensor loss = zeros({});
-    auto ps = parameters();
-    for (size_t i = 0; i < ps.size(); ++i) {
-      if (!skip.count(i)) loss = loss + (ps[i] * ps[i]).sum() * x.mean();
-    }
-    return loss;
-  }
-  std::set<size_t> skip;
-};
-
-// A small MLP; `extra` is used only when use_extra, `never` never.
-class Net : public nn::Module {
- public:
-  Net() : nn::Module("Net") {
-    fc1 = register_module("fc1", std::make_shared<nn::Linear>(nn::LinearOptions{.in_features = 6, .out_features = 16}));
-    fc2 = register_module("fc2", std::make_shared<nn::Linear>(nn::LinearOptions{.in_features = 16, .out_features = 16}));
-    extra = register_module("extra", std::make_shared<nn::Linear>(nn::LinearOptions{.in_features = 16, .out_features = 16}));
-    never = register_module("never", std::make_shared<nn::Linear>(nn::LinearOptions{.in_features = 16, .out_features = 3}));
-    fc3 = register_module("fc3", std::make_shared<nn::Linear>(nn::LinearOptions{.in_features = 16, .out_features = 3}));
-    register_buffer("step", zeros({2}));
-  }
-  Tensor forward(const Tensor& x) override {
-    Tensor h = (*fc1)(x).tanh();
-    h = (*fc2)(h).tanh();
-    if (use_extra) h = (*extra)(h).tanh();
-    return (*fc3)(h);
-  }
-  std::shared_ptr<nn::Linear> fc1, fc2, extra, never, fc3;
-  bool use_extra = true;
-};
-
-std::shared_ptr<Net> make_net(uint64_t seed) {
-  manual_seed(seed);
-  return std::make_shared<Net>();
-}
-
-Tensor mse(const Tensor& out, const Tensor& y) {
-  Tensor d = out - y;
-  return (d * d).mean();
-}
-
-void expect_close(const Tensor& got, const Tensor& want, double rtol, double atol, const std::string& what) {
-  auto c = test::compare_tensors(got, want, rtol, atol);
-  EXPECT_TRUE(c.ok) << what << ": " << c.message;
-}
+using test::Blocks;
+using test::Net;
+using test::make_net;
+using test::mse;
+using test::expect_close;
+using test::kRtol;
+using test::kAtol;
 
 std::vector<std::shared_ptr<FakeGroup>> groups(int n) {
   auto world = std::make_shared<FakeWorld>(n);
@@ -81,12 +36,6 @@ std::vector<std::shared_ptr<FakeGroup>> groups(int n) {
   for (int r = 0; r < n; ++r) gs.push_back(std::make_shared<FakeGroup>(world, r));
   return gs;
 }
-
-// The float32 tolerance of the equivalence tests: the per-rank means and the
-// allreduce sum the same numbers in another order than one process does, so
-// results agree to rounding, |got - want| <= 1e-6 + 1e-5 |want|, after K steps.
-constexpr double kRtol = 1e-5;
-constexpr double kAtol = 1e-6;
 
 TEST(DDP, BucketsInReverseOrderWithinTheCap) {
   auto gs = groups(1);
@@ -143,43 +92,22 @@ TEST(DDP, FirstAllreduceStartsBeforeBackwardEnds) {
 // N ranks with per-rank batch B, K SGD steps == one process with batch N*B.
 void check_equivalence(int n) {
   const int64_t B = 3, K = 4;
-  manual_seed(42);
-  std::vector<Tensor> xs, ys;
-  for (int k = 0; k < K; ++k) {
-    xs.push_back(randn({n * B, 6}));
-    ys.push_back(randn({n * B, 3}));
-  }
+  auto batches = test::make_batches(n * B, K, 42);
   auto ref = make_net(7);
   ref->use_extra = false;
-  optim::SGD ref_opt(ref->named_parameters(), {.lr = 0.1});
-  for (int k = 0; k < K; ++k) {
-    ref_opt.zero_grad();
-    mse((*ref)(xs[k]), ys[k]).backward();
-    ref_opt.step();
-  }
+  test::train_reference(*ref, batches);
   // Rank 0 starts from the reference's initial weights, the others from other draws: the broadcast fixes them.
   std::vector<std::shared_ptr<Net>> nets;
-  for (int r = 0; r < n; ++r) nets.push_back(make_net(r == 0 ? 7 : 100 + r));
+  for (int r = 0; r < n; ++r) {
+    nets.push_back(make_net(r == 0 ? 7 : 100 + r));
+    nets.back()->use_extra = false;
+  }
   auto gs = groups(n);
   FakeWorld(n).run([&](int r) {
-    nets[r]->use_extra = false;
-    DistributedDataParallel ddp(nets[r], gs[r], {.bucket_cap_mb = 1024.0 / (1024 * 1024),
-                                                 .find_unused_parameters = true});
-    optim::SGD opt(nets[r]->named_parameters(), {.lr = 0.1});
-    for (int k = 0; k < K; ++k) {
-      opt.zero_grad();
-      mse(ddp(xs[k].narrow(0, r * B, B)), ys[k].narrow(0, r * B, B)).backward();
-      opt.step();
-    }
+    test::train_rank(nets[r], gs[r], batches, B,
+                     {.bucket_cap_mb = 1024.0 / (1024 * 1024), .find_unused_parameters = true});
   });
-  auto want = ref->named_parameters();
-  for (int r = 0; r < n; ++r) {
-    auto got = nets[r]->named_parameters();
-    for (size_t i = 0; i < want.size(); ++i) {
-      expect_close(got[i].second, want[i].second, kRtol, kAtol,
-                   "rank " + std::to_string(r) + " of " + std::to_string(n) + ": " + want[i].first);
-    }
-  }
+  for (int r = 0; r < n; ++r) test::expect_same_parameters(*nets[r], *ref, "rank " + std::to_string(r) + " of " + std::to_string(n));
 }
 
 TEST(DDP, TwoRanksMatchOneProcessOnTheWholeBatch) { check_equivalence(2); }
