@@ -3,6 +3,7 @@
 
 #include <map>
 #include <sstream>
+#include <utility>
 #include <unordered_map>
 #include <unordered_set>
 
@@ -115,6 +116,14 @@ void DistributedDataParallel::assign_buckets() {
 }
 
 Tensor DistributedDataParallel::forward(const Tensor& input) {
+  if (in_backward_) {
+    // The last backward ended in an error before our callback ran: drain what
+    // it started so the buckets can be reused.
+    in_backward_ = false;
+    for (auto& b : state_) {
+      if (b->work) std::exchange(b->work, nullptr)->wait();
+    }
+  }
   if (sync_ && options_.broadcast_buffers) broadcast_state(/*params=*/false);
   Tensor out = (*module_)(input);
   unused_in_forward_.clear();

@@ -179,6 +179,12 @@ TEST(DDP, UnusedParametersAreAnErrorNamingThem) {
     EXPECT_EQ(msg.find("fc1"), std::string::npos) << msg;
     EXPECT_NE(msg.find("find_unused_parameters = true"), std::string::npos) << msg;
   }
+  // The next iteration, with every parameter used, averages as usual.
+  net->use_extra = true;
+  net->use_never = true;
+  ddp(ones({2, 6})).sum().backward();
+  EXPECT_EQ(ddp.stats().allreduces, static_cast<int64_t>(ddp.buckets().size()));
+  EXPECT_TRUE(net->never->weight.grad().defined());
 }
 
 TEST(DDP, FindUnusedParametersTakesTheirGradientAsZero) {
