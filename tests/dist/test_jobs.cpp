@@ -3,9 +3,16 @@
 // job's time with timeout(1), and checks the exit code and the report on
 // stderr. Also the mpirun command line `kiln launch` runs. Run without mpirun
 // (ctest dist_jobs).
+#include <fcntl.h>
 #include <gtest/gtest.h>
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
+#include <chrono>
+#include <cstdlib>
 #include <fstream>
+#include <thread>
 #include <string>
 #include <vector>
 
@@ -116,6 +123,45 @@ TEST(DistLaunch, HostfileAndBadArguments) {
   EXPECT_THROW(dist::launch_command(0, {"kiln"}), ValueError);
   EXPECT_THROW(dist::launch_command(2, {}), ValueError);
   EXPECT_THROW(dist::launch_command(2, {"kiln"}, {.env = {"NOEQUALS"}}), ValueError);
+}
+
+// What `kiln launch -n 2 -- kiln_dist_child bw 1 2` does: exec mpirun with the
+// environment set by exec_launch itself (the test's own run-as-root variables
+// are removed first), in a forked child whose time this test bounds.
+TEST(DistLaunch, ExecLaunchRunsAJob) {
+  test::TempDir dir;
+  const auto log = dir.file("out.txt");
+  const pid_t pid = ::fork();
+  ASSERT_GE(pid, 0);
+  if (pid == 0) {
+    const int fd = ::open(log.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    ::dup2(fd, 1);
+    ::dup2(fd, 2);
+    for (const char* v : {"OMPI_ALLOW_RUN_AS_ROOT", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "OMPI_MCA_rmaps_base_oversubscribe"}) {
+      ::unsetenv(v);
+    }
+    try {
+      dist::exec_launch(2, {KILN_DIST_CHILD, "bw", "1", "2"}, {.mpirun = KILN_MPIRUN});
+    } catch (const std::exception& e) {
+      std::fprintf(stderr, "exec_launch threw: %s\n", e.what());
+    }
+    std::_Exit(99);
+  }
+  int status = 0;
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(kJobLimitS);
+  pid_t done = 0;
+  while ((done = ::waitpid(pid, &status, WNOHANG)) == 0 && std::chrono::steady_clock::now() < deadline) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  if (done == 0) {
+    ::kill(pid, SIGKILL);
+    ::waitpid(pid, &status, 0);
+  }
+  const std::string out = test::read_file(log);
+  ASSERT_NE(done, 0) << "the launched job hung:\n" << out;
+  ASSERT_TRUE(WIFEXITED(status)) << out;
+  EXPECT_EQ(WEXITSTATUS(status), 0) << out;
+  EXPECT_TRUE(has(out, "allreduce float32 1.0 MB, 2 ranks: ")) << out;
 }
 
 }  // namespace
