@@ -76,13 +76,13 @@ void init() {
              "dist::init: kiln's MPI backend needs MPI_THREAD_MULTIPLE (a communication thread and a watchdog call MPI "
              "beside the caller), but this MPI provides level ",
              provided, "; use Open MPI built with thread support (Debian's openmpi-bin is)");
-  g_world = std::make_shared<detail::MPIProcessGroup>(MPI_COMM_WORLD);
   static bool registered = false;
   if (!registered) {
     std::atexit(finalize_at_exit);
     std::set_terminate(on_terminate);
     registered = true;
   }
+  g_world = std::make_shared<detail::MPIProcessGroup>(MPI_COMM_WORLD);
 }
 
 bool is_initialized() {

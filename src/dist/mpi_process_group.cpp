@@ -157,6 +157,13 @@ MPIProcessGroup::MPIProcessGroup(MPI_Comm comm) {
                t, "'");
     timeout_s_ = v;
   }
+  // Debug mode adds an allgather before each collective: every rank must agree
+  // on it, or the first collective would pair an allgather with something else.
+  int flags[2] = {debug_ ? 1 : 0, debug_ ? -1 : 0};
+  check_mpi(MPI_Allreduce(MPI_IN_PLACE, flags, 2, MPI_INT, MPI_MAX, comm_), "MPI_Allreduce (KILN_DIST_DEBUG check)");
+  KILN_CHECK(flags[0] == -flags[1], DistributedError,
+             "KILN_DIST_DEBUG must be set alike on every rank, but some ranks have it on and some off (rank ", rank_,
+             " has it ", debug_ ? "on" : "off", "); launch with `kiln launch` or mpirun -x KILN_DIST_DEBUG");
   comm_thread_ = std::thread([this] { comm_loop(); });
   watch_thread_ = std::thread([this] { watchdog_loop(); });
 }

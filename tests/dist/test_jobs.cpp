@@ -88,6 +88,15 @@ TEST(DistJob, AnUncaughtExceptionEndsTheJob) {
   EXPECT_TRUE(has(out, "kiln: rank 1 failed: uncaught exception: deliberate failure on rank 1")) << out;
 }
 
+TEST(DistJob, DebugModeMustBeOnForEveryRankOrNone) {
+  std::string out;
+  const int rc = run_job("debug-on-rank-0", {}, out);
+  EXPECT_NE(rc, 0) << out;
+  EXPECT_NE(rc, 137) << "the job hung until timeout(1) killed it:\n" << out;
+  EXPECT_TRUE(has(out, "KILN_DIST_DEBUG must be set alike on every rank, but some ranks have it on and some off"))
+      << out;
+}
+
 TEST(DistLaunch, BuildsTheMpirunCommandLine) {
   const auto argv = dist::launch_command(4, {"kiln", "train", "cfg.toml"}, {.env = {"FOO=bar baz"}});
   std::vector<std::string> want{"mpirun", "-np", "4",

@@ -1,7 +1,7 @@
 // A small MPI program that test_dist's DistJob cases launch with mpirun to
 // check how jobs fail (a skipped collective, a throwing rank), and that
 // measures allreduce bus bandwidth for docs/distributed.md.
-//   kiln_dist_child skip-debug | skip-hang | throw | uncaught | bw [MB] [iters]
+//   kiln_dist_child skip-debug | skip-hang | throw | uncaught | debug-on-rank-0 | bw [MB] [iters]
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
@@ -90,6 +90,13 @@ void bandwidth(double mb, int iters) {
 
 int main(int argc, char** argv) {
   const std::string mode = argc > 1 ? argv[1] : "";
+  if (mode == "debug-on-rank-0") {
+    // Debug mode on one rank only: init() must refuse on every rank.
+    const char* r = std::getenv("OMPI_COMM_WORLD_RANK");
+    if (r && std::string(r) == "0") ::setenv("KILN_DIST_DEBUG", "1", 1);
+    dist::init();
+    return 2;
+  }
   dist::init();
   if (mode == "skip-debug") return skip_debug();
   if (mode == "skip-hang") return skip_hang();
