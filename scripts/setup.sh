@@ -11,6 +11,7 @@ PACKAGES=(
   nlohmann-json3-dev libcli11-dev libfmt-dev libtomlplusplus-dev libzstd-dev
   libgtest-dev libgmock-dev libbenchmark-dev
   python3-torch python3-numpy
+  openmpi-bin libopenmpi-dev  # dist (issue 10): mpirun and the MPI headers and libraries
   zlib1g-dev dataset-fashion-mnist golang-github-colinmarc-hdfs-dev golang-github-jdkato-prose-dev
   chromium fonts-dejavu-core  # the report test renders report.html headless (DejaVu: its fonts)
 )
