@@ -70,7 +70,7 @@ int main(int argc, char** argv) {
     Tensor x = tokens.narrow(1, 0, T).contiguous();
     Tensor y = tokens.narrow(1, 1, T).contiguous();
 
-    std::vector<double> step_s, backward_s, first_start_s, exposed_s;
+    std::vector<double> step_s, backward_s, first_start_s, tail_s;
     double loss_value = 0;
     for (int s = 0; s < warmup + steps; ++s) {
       pg->barrier()->wait();  // every rank's step starts together
@@ -87,7 +87,9 @@ int main(int argc, char** argv) {
       step_s.push_back(dt);
       backward_s.push_back(st.last_gradient_ready);
       first_start_s.push_back(st.first_allreduce_start);
-      exposed_s.push_back(st.exposed_comm_seconds);
+      // From the last gradient to every gradient averaged: the communication
+      // (and the bucket's division) that backward's compute did not cover.
+      tail_s.push_back(st.backward_end + st.exposed_comm_seconds - st.last_gradient_ready);
     }
 
     // The same buckets' allreduces alone, one after another: the communication
@@ -105,18 +107,26 @@ int main(int argc, char** argv) {
     }
     // The rank that reaches the last allreduce last waits only for the
     // communication; the others also wait for it (skew, large on a busy machine).
-    Tensor lo = full({1}, median(exposed_s)), hi = full({1}, median(exposed_s));
+    Tensor lo = full({1}, median(tail_s)), hi = full({1}, median(tail_s));
     pg->allreduce(lo, dist::ReduceOp::Min)->wait();
     pg->allreduce(hi, dist::ReduceOp::Max)->wait();
+    // The replicas must still be identical after training: compare a checksum.
+    Tensor sum_lo = zeros({1}), sum_hi;
+    for (const Tensor& p : model->parameters()) sum_lo.add_(p.abs().sum().view({1}));
+    sum_hi = sum_lo.clone();
+    pg->allreduce(sum_lo, dist::ReduceOp::Min)->wait();
+    pg->allreduce(sum_hi, dist::ReduceOp::Max)->wait();
+    const bool identical = sum_lo.item<float>() == sum_hi.item<float>();
     if (rank == 0) {
-      const double comm = median(comm_s), exposed = lo.item<float>(), with_skew = hi.item<float>();
+      const double comm = median(comm_s), tail = lo.item<float>(), with_skew = hi.item<float>();
       std::printf("ranks %d  threads/rank %d  batch/rank %lld  buckets %zu (cap %.1f MB)  params %lld\n", n,
                   get_num_threads(), static_cast<long long>(B), ddp.buckets().size(), bucket_mb,
                   static_cast<long long>(model->num_parameters()));
-      std::printf("step_ms %.1f  backward_ms %.1f  first_allreduce_start_ms %.1f  exposed_comm_ms %.2f "
-                  "(with skew %.2f)  comm_alone_ms %.2f  not_hidden %.2f  loss %.4f\n",
-                  1e3 * median(step_s), 1e3 * median(backward_s), 1e3 * median(first_start_s), 1e3 * exposed,
-                  1e3 * with_skew, 1e3 * comm, comm > 0 ? exposed / comm : 0.0, loss_value);
+      std::printf("step_ms %.1f  backward_compute_ms %.1f  first_allreduce_start_ms %.1f  tail_ms %.2f "
+                  "(with skew %.2f)  comm_alone_ms %.2f  not_hidden %.2f  loss %.4f  replicas_identical %s\n",
+                  1e3 * median(step_s), 1e3 * median(backward_s), 1e3 * median(first_start_s), 1e3 * tail,
+                  1e3 * with_skew, 1e3 * comm, comm > 0 ? tail / comm : 0.0, loss_value,
+                  identical ? "yes" : "NO");
     }
   });
 }

@@ -222,9 +222,12 @@ void DistributedDataParallel::launch_ready_buckets() {
   NoGradGuard no_grad;
   while (next_launch_ < state_.size() && state_[next_launch_]->pending == 0) {
     Bucket& b = *state_[next_launch_];
-    // Divided first, as torch: the sum over ranks is then the average.
-    if (group_->size() > 1) b.flat.div_(static_cast<double>(group_->size()));
-    b.work = group_->allreduce(b.flat, ReduceOp::Sum);
+    // Divided first, as torch: the sum over ranks is then the average. A world
+    // of one has nothing to exchange.
+    if (group_->size() > 1) {
+      b.flat.div_(static_cast<double>(group_->size()));
+      b.work = group_->allreduce(b.flat, ReduceOp::Sum);
+    }
     if (stats_.allreduces == 0) {
       stats_.first_allreduce_start = now();
       stats_.pending_at_first_allreduce = static_cast<int64_t>(params_.size()) - num_ready_;
@@ -273,7 +276,7 @@ void DistributedDataParallel::finalize_backward() {
     used = empty({static_cast<int64_t>(params_.size())}, kInt64);
     int64_t* u = used.data_ptr<int64_t>();
     for (size_t i = 0; i < params_.size(); ++i) u[i] = had_grad_[i];
-    used_work = group_->allreduce(used, ReduceOp::Sum);
+    if (group_->size() > 1) used_work = group_->allreduce(used, ReduceOp::Sum);
   }
   wait_all();
   if (used_work) used_work->wait();
