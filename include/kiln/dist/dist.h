@@ -8,7 +8,8 @@
 //   KILN_DIST_DEBUG=1      cross-check every collective's signature across ranks
 //                          before running it; a mismatch raises on every rank.
 //   KILN_DIST_TIMEOUT=S    seconds a collective may take before the watchdog
-//                          reports who is stuck where and aborts (default 300).
+//                          reports who is stuck where and aborts (default 300;
+//                          0 turns the watchdog off).
 #include <functional>
 #include <string>
 #include <vector>
