@@ -30,8 +30,9 @@ ProcessGroupPtr world();
 /// This process's rank and the number of processes, from the world group.
 int rank();
 int world_size();
-/// The rank among the processes on this machine (OMPI_COMM_WORLD_LOCAL_RANK),
-/// 0 when not launched by Open MPI.
+/// The rank among the processes on this machine: OMPI_COMM_WORLD_LOCAL_RANK
+/// under Open MPI; otherwise computed once with MPI_Comm_split_type (a
+/// collective: the first call must come from every rank); 0 without MPI.
 int local_rank();
 /// True when this process was started by mpirun (Open MPI's environment is set).
 bool launched_by_mpi();
