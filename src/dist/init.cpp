@@ -100,8 +100,18 @@ int rank() { return world()->rank(); }
 int world_size() { return world()->size(); }
 
 int local_rank() {
-  const char* s = std::getenv("OMPI_COMM_WORLD_LOCAL_RANK");
-  return s ? std::atoi(s) : 0;
+  if (const char* s = std::getenv("OMPI_COMM_WORLD_LOCAL_RANK")) return std::atoi(s);
+  // Another launcher: the rank among the processes that share this machine's memory.
+  static const int from_mpi = [] {
+    if (world_rank_or_minus_one() < 0) return 0;
+    MPI_Comm node;
+    MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, 0, MPI_INFO_NULL, &node);
+    int r = 0;
+    MPI_Comm_rank(node, &r);
+    MPI_Comm_free(&node);
+    return r;
+  }();
+  return from_mpi;
 }
 
 void abort_job(const std::string& why, int code) {

@@ -37,8 +37,11 @@ std::vector<std::string> launch_command(int nprocs, const std::vector<std::strin
   }
   for (const auto& kv : launch_environment()) argv.insert(argv.end(), {"-x", kv});
   // kiln's own settings travel to remote ranks too when the launcher has them.
+  // (Unless options.env sets them: one -x per name, so which value wins is clear.)
   for (const char* name : {"KILN_DIST_DEBUG", "KILN_DIST_TIMEOUT", "OMP_NUM_THREADS"}) {
-    if (std::getenv(name)) argv.insert(argv.end(), {"-x", name});
+    bool overridden = false;
+    for (const auto& kv : options.env) overridden = overridden || kv.rfind(std::string(name) + "=", 0) == 0;
+    if (std::getenv(name) && !overridden) argv.insert(argv.end(), {"-x", name});
   }
   for (const auto& kv : options.env) {
     KILN_CHECK(kv.find('=') != std::string::npos && kv.front() != '=', ValueError,

@@ -153,8 +153,8 @@ MPIProcessGroup::MPIProcessGroup(MPI_Comm comm) {
   if (const char* t = std::getenv("KILN_DIST_TIMEOUT"); t && *t) {
     char* end = nullptr;
     const double v = std::strtod(t, &end);
-    KILN_CHECK(end && *end == '\0' && v > 0, ValueError, "KILN_DIST_TIMEOUT: expected a positive number of seconds, got '",
-               t, "'");
+    KILN_CHECK(end && *end == '\0' && v >= 0, ValueError,
+               "KILN_DIST_TIMEOUT: expected a number of seconds (0 turns the watchdog off), got '", t, "'");
     timeout_s_ = v;
   }
   // Debug mode adds an allgather before each collective: every rank must agree

@@ -55,7 +55,7 @@ void MPIProcessGroup::watchdog_loop() {
         stuck = progress_.current;
       }
     }
-    if (waited > timeout_s_) report_timeout(stuck, waited);
+    if (timeout_s_ > 0 && waited > timeout_s_) report_timeout(stuck, waited);
     std::this_thread::sleep_for(std::chrono::milliseconds(20));
   }
   if (query_req_ != MPI_REQUEST_NULL) {

@@ -9,6 +9,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdlib>
 #include <fstream>
@@ -129,6 +130,11 @@ TEST(DistLaunch, HostfileAndBadArguments) {
   } catch (const IOError& e) {
     EXPECT_TRUE(has(e.what(), "cannot read hostfile '" + dir.file("missing") + "'")) << e.what();
   }
+  // A variable given in env is not also forwarded from the launcher's environment.
+  ::setenv("KILN_DIST_TIMEOUT", "120", 1);
+  const auto own = dist::launch_command(2, {"kiln"}, {.env = {"KILN_DIST_TIMEOUT=3"}});
+  EXPECT_EQ(std::count(own.begin(), own.end(), "KILN_DIST_TIMEOUT"), 0);
+  EXPECT_EQ(std::count(own.begin(), own.end(), "KILN_DIST_TIMEOUT=3"), 1);
   EXPECT_THROW(dist::launch_command(0, {"kiln"}), ValueError);
   EXPECT_THROW(dist::launch_command(2, {}), ValueError);
   EXPECT_THROW(dist::launch_command(2, {"kiln"}, {.env = {"NOEQUALS"}}), ValueError);

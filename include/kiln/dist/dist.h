@@ -8,7 +8,8 @@
 //   KILN_DIST_DEBUG=1      cross-check every collective's signature across ranks
 //                          before running it; a mismatch raises on every rank.
 //   KILN_DIST_TIMEOUT=S    seconds a collective may take before the watchdog
-//                          reports who is stuck where and aborts (default 300).
+//                          reports who is stuck where and aborts (default 300;
+//                          0 turns the watchdog off).
 #include <functional>
 #include <string>
 #include <vector>
@@ -29,8 +30,9 @@ ProcessGroupPtr world();
 /// This process's rank and the number of processes, from the world group.
 int rank();
 int world_size();
-/// The rank among the processes on this machine (OMPI_COMM_WORLD_LOCAL_RANK),
-/// 0 when not launched by Open MPI.
+/// The rank among the processes on this machine: OMPI_COMM_WORLD_LOCAL_RANK
+/// under Open MPI; otherwise computed once with MPI_Comm_split_type (a
+/// collective: the first call must come from every rank); 0 without MPI.
 int local_rank();
 /// True when this process was started by mpirun (Open MPI's environment is set).
 bool launched_by_mpi();

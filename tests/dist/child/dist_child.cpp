@@ -2,12 +2,15 @@
 // check how jobs fail (a skipped collective, a throwing rank), and that
 // measures allreduce bus bandwidth for docs/distributed.md.
 //   kiln_dist_child skip-debug | skip-hang | throw | uncaught | debug-on-rank-0 | bw [MB] [iters]
+#include <mpi.h>
+
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <stdexcept>
 #include <string>
 #include <thread>
+#include <vector>
 
 #include "kiln/core/factory.h"
 #include "kiln/dist/dist.h"
@@ -80,9 +83,21 @@ void bandwidth(double mb, int iters) {
   const double s = secs.data_ptr<float>()[0];
   const double bytes = static_cast<double>(n) * 4;
   const double busbw = 2.0 * (pg->size() - 1) / pg->size() * bytes / s / 1e9;
+  // The same allreduce straight through MPI on this thread: what the
+  // communication thread and the Work handles cost, if anything.
+  std::vector<float> raw(static_cast<size_t>(n), 1.0f);
+  MPI_Barrier(MPI_COMM_WORLD);
+  const auto r0 = std::chrono::steady_clock::now();
+  for (int i = 0; i < iters; ++i) {
+    MPI_Allreduce(MPI_IN_PLACE, raw.data(), static_cast<int>(n), MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD);
+  }
+  double raw_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - r0).count() / iters;
+  MPI_Allreduce(MPI_IN_PLACE, &raw_s, 1, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
   if (pg->rank() == 0) {
-    std::printf("allreduce float32 %.1f MB, %d ranks: %.2f ms per call, algbw %.2f GB/s, busbw %.2f GB/s\n", mb,
-                pg->size(), s * 1e3, bytes / s / 1e9, busbw);
+    std::printf("allreduce float32 %.1f MB, %d ranks: %.2f ms per call, algbw %.2f GB/s, busbw %.2f GB/s"
+                " (plain MPI_Allreduce: %.2f ms, busbw %.2f GB/s)\n",
+                mb, pg->size(), s * 1e3, bytes / s / 1e9, busbw, raw_s * 1e3,
+                2.0 * (pg->size() - 1) / pg->size() * bytes / raw_s / 1e9);
   }
 }
 
