@@ -12,6 +12,7 @@ PACKAGES=(
   libgtest-dev libgmock-dev libbenchmark-dev
   clang libclang-rt-14-dev libomp-dev
   python3-torch python3-numpy
+  openmpi-bin libopenmpi-dev  # dist (issue 10): mpirun and the MPI headers and libraries
   zlib1g-dev dataset-fashion-mnist golang-github-colinmarc-hdfs-dev golang-github-jdkato-prose-dev
   chromium fonts-dejavu-core  # the report test renders report.html headless (DejaVu: its fonts)
 )

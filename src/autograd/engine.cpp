@@ -231,7 +231,37 @@ TensorList make_root_grads(const TensorList& tensors, const TensorList& grad_ten
   return grads;
 }
 
+// The callbacks of the backward pass running on this thread (null outside one);
+// a hook may start a nested backward, which gets its own list.
+thread_local std::vector<std::function<void()>>* t_callbacks = nullptr;
+
+// Runs `task` with a fresh callback list, then the callbacks it queued.
+template <typename F>
+auto with_callbacks(F&& task) {
+  std::vector<std::function<void()>> callbacks;
+  auto* prev = t_callbacks;
+  t_callbacks = &callbacks;
+  struct Restore {
+    std::vector<std::function<void()>>*& slot;
+    std::vector<std::function<void()>>* prev;
+    ~Restore() { slot = prev; }
+  } restore{t_callbacks, prev};
+  auto result = task();
+  // Index loop: a callback may queue another.
+  for (size_t i = 0; i < callbacks.size(); ++i) {
+    auto fn = std::move(callbacks[i]);
+    fn();
+  }
+  return result;
+}
+
 }  // namespace
+
+void queue_callback(std::function<void()> fn) {
+  KILN_CHECK(t_callbacks != nullptr, ValueError, "queue_callback: no backward pass is running on this thread; "
+             "callbacks can only be queued from inside backward (e.g. from a gradient hook)");
+  t_callbacks->push_back(std::move(fn));
+}
 
 void backward(const TensorList& tensors, const TensorList& grad_tensors, bool retain_graph, bool create_graph) {
   TensorList grads = make_root_grads(tensors, grad_tensors, "backward");
@@ -240,7 +270,7 @@ void backward(const TensorList& tensors, const TensorList& grad_tensors, bool re
   GraphRoot root(std::move(edges), std::move(grads));
   root.retain();  // lives on the stack; keep intrusive counts from deleting it
   GraphTask task(retain_graph || create_graph, create_graph);
-  task.run(root, 0);
+  with_callbacks([&] { return task.run(root, 0); });
 }
 
 TensorList grad(const TensorList& outputs, const TensorList& inputs, const TensorList& grad_outputs,
@@ -258,7 +288,7 @@ TensorList grad(const TensorList& outputs, const TensorList& inputs, const Tenso
     Edge e = gradient_edge(in);
     task.add_capture(e.function.get(), e.input_nr, i);
   }
-  TensorList result = task.run(root, inputs.size());
+  TensorList result = with_callbacks([&] { return task.run(root, inputs.size()); });
   for (size_t i = 0; i < result.size(); ++i) {
     KILN_CHECK(allow_unused || result[i].defined(), ValueError, "grad: input ", i, " (", describe(inputs[i]),
                ") is not reachable from the outputs (it was not used to compute them); pass allow_unused=true "

@@ -7,6 +7,7 @@
 // belongs to, summing broadcast dims, and names the node on a mismatch.
 #pragma once
 
+#include <functional>
 #include <optional>
 #include <vector>
 
@@ -25,5 +26,13 @@ void backward(const TensorList& tensors, const TensorList& grad_tensors = {}, bo
 TensorList grad(const TensorList& outputs, const TensorList& inputs, const TensorList& grad_outputs = {},
                 std::optional<bool> retain_graph = std::nullopt, bool create_graph = false,
                 bool allow_unused = false);
+
+/// Queues `fn` to run on this thread once the current backward()/grad() has
+/// finished, after every gradient was accumulated (torch's
+/// Variable._execution_engine.queue_callback). Only valid while a backward
+/// pass runs, e.g. from a hook: DDP uses it to wait for its allreduces.
+/// Callbacks run in the order queued; one that throws ends backward() with
+/// its error and the remaining callbacks are dropped.
+void queue_callback(std::function<void()> fn);
 
 }  // namespace kiln::autograd

@@ -1,0 +1,124 @@
+#pragma once
+// DistributedDataParallel: data-parallel training over a ProcessGroup, as
+// torch.nn.parallel.DistributedDataParallel (DESIGN.md §6).
+//
+// Each rank holds a full replica of the module and runs forward and backward
+// on its own share of the batch. The wrapper keeps the replicas identical:
+// parameters and buffers are broadcast from rank 0 when it is built; during
+// backward, gradients are packed into flat buckets (reverse registration
+// order, about the order backward produces them) and each bucket's allreduce
+// starts as soon as its last gradient is accumulated, so communication
+// overlaps the rest of backward; when backward ends every allreduce is waited
+// and each .grad holds the average over ranks. The optimizer is then stepped
+// on every rank alike.
+#include <chrono>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "kiln/dist/process_group.h"
+#include "kiln/nn/module.h"
+
+namespace kiln::dist {
+
+struct DDPOptions {
+  /// A bucket holds parameters while their gradients fit in this many MiB; a
+  /// single larger parameter gets a bucket of its own.
+  double bucket_cap_mb = 25;
+  /// Parameters that got no gradient in a backward pass are treated as having
+  /// a zero one (they then take part in the average); off, they are an error.
+  bool find_unused_parameters = false;
+  /// Each .grad is a view into its bucket, so no copy in or out of it.
+  bool gradient_as_bucket_view = true;
+  /// Broadcast buffers (BatchNorm's running statistics) from rank 0 before each forward.
+  bool broadcast_buffers = true;
+};
+
+/// Parameters in one bucket: indices into parameters() order, in the order
+/// they are laid out in the bucket.
+struct BucketInfo {
+  std::vector<size_t> params;
+  int64_t bytes = 0;
+  DType dtype = DType::Float32;
+};
+
+/// What the last backward pass did, for figures and tests. Times are seconds
+/// since the forward that preceded it ended.
+struct DDPStats {
+  int64_t allreduces = 0;               // buckets launched
+  double first_allreduce_start = -1;    // first bucket launched
+  double last_gradient_ready = -1;      // the last hook: backward's compute has ended
+  double backward_end = -1;             // the end-of-backward callback began
+  double exposed_comm_seconds = 0;      // time the callback spent waiting on allreduces
+  /// Parameters whose gradients were still pending when the first bucket
+  /// launched: > 0 means that allreduce overlapped the rest of backward.
+  int64_t pending_at_first_allreduce = 0;
+  /// Bucket indices in launch order (always 0, 1, 2 ...: every rank issues them alike).
+  std::vector<size_t> launch_order;
+};
+
+class DistributedDataParallel : public nn::Module {
+ public:
+  DistributedDataParallel(std::shared_ptr<nn::Module> module, ProcessGroupPtr group, DDPOptions options = {});
+  ~DistributedDataParallel() override;
+
+  /// Broadcasts buffers (if broadcast_buffers) and runs the wrapped module.
+  Tensor forward(const Tensor& input) override;
+
+  const std::shared_ptr<nn::Module>& module() const { return module_; }
+  const ProcessGroupPtr& process_group() const { return group_; }
+  const DDPOptions& options() const { return options_; }
+  const std::vector<BucketInfo>& buckets() const { return buckets_; }
+  /// The wrapped module's parameter names in parameters() order (BucketInfo indexes them).
+  const std::vector<std::string>& parameter_names() const { return names_; }
+  const DDPStats& stats() const { return stats_; }
+
+  /// While a NoSync guard lives, backward only accumulates gradients locally;
+  /// the first backward after it averages everything accumulated.
+  class NoSync {
+   public:
+    explicit NoSync(DistributedDataParallel& ddp);
+    ~NoSync();
+    NoSync(const NoSync&) = delete;
+    NoSync& operator=(const NoSync&) = delete;
+
+   private:
+    DistributedDataParallel& ddp_;
+    bool prev_;
+  };
+  [[nodiscard]] NoSync no_sync() { return NoSync(*this); }
+
+ private:
+  struct Bucket;
+  void assign_buckets();
+  void broadcast_state(bool params);
+  void on_gradient_ready(size_t index);
+  void launch_ready_buckets();
+  void find_unused(const Tensor& out);
+  void mark_unused_ready(size_t index);
+  void finalize_backward();
+  double now() const;
+
+  std::shared_ptr<nn::Module> module_;
+  ProcessGroupPtr group_;
+  DDPOptions options_;
+  std::vector<Tensor> params_;
+  std::vector<std::string> names_;
+  std::vector<BucketInfo> buckets_;
+  std::vector<std::unique_ptr<Bucket>> state_;
+  std::vector<size_t> bucket_of_;  // param index -> bucket
+  std::vector<size_t> slot_of_;    // param index -> position within its bucket
+  std::vector<char> ready_;
+  std::vector<int64_t> had_grad_;         // 0: unused and without a gradient (for the global usage map)
+  std::vector<size_t> unused_in_forward_;  // find_unused_parameters: not reached by the last forward
+  std::vector<HookHandle> hooks_;
+  size_t next_launch_ = 0;
+  int64_t num_ready_ = 0;
+  bool in_backward_ = false;
+  bool sync_ = true;
+  std::chrono::steady_clock::time_point epoch_;
+  DDPStats stats_;
+};
+
+}  // namespace kiln::dist

@@ -1,0 +1,306 @@
+// DistributedDataParallel. See include/kiln/dist/ddp.h.
+#include "kiln/dist/ddp.h"
+
+#include <map>
+#include <sstream>
+#include <utility>
+#include <unordered_map>
+#include <unordered_set>
+
+#include "kiln/autograd/engine.h"
+#include "kiln/autograd/functions.h"
+#include "kiln/autograd/node.h"
+#include "kiln/core/error.h"
+#include "kiln/core/factory.h"
+#include "kiln/core/guards.h"
+
+namespace kiln::dist {
+
+// A bucket's flat gradient buffer, the views of it that stand for each
+// parameter's gradient, and its in-flight allreduce.
+struct DistributedDataParallel::Bucket {
+  Tensor flat;
+  std::vector<Tensor> views;  // parameter-shaped, in BucketInfo::params order
+  int64_t pending = 0;        // gradients not yet ready in this backward
+  WorkPtr work;
+};
+
+DistributedDataParallel::DistributedDataParallel(std::shared_ptr<nn::Module> module, ProcessGroupPtr group,
+                                                 DDPOptions options)
+    : nn::Module("DistributedDataParallel"),
+      module_(std::move(module)),
+      group_(std::move(group)),
+      options_(options),
+      epoch_(std::chrono::steady_clock::now()) {
+  KILN_CHECK(module_ != nullptr, ValueError, "DistributedDataParallel: expected a module, got a null pointer");
+  KILN_CHECK(group_ != nullptr, ValueError, "DistributedDataParallel: expected a process group, got a null pointer");
+  KILN_CHECK(options_.bucket_cap_mb > 0, ValueError, "DistributedDataParallel: bucket_cap_mb must be > 0, got ",
+             options_.bucket_cap_mb);
+  // As torch: state_dict() keys of the wrapper start with "module.".
+  register_module("module", module_);
+  for (auto& [name, p] : module_->named_parameters()) {
+    if (!p.requires_grad()) continue;
+    KILN_CHECK(p.dtype() == kFloat32 || p.dtype() == kBFloat16, DTypeError, "DistributedDataParallel: parameter '",
+               name, "' is ", dtype_name(p.dtype()), "; gradients can be averaged for float32 and bfloat16 only");
+    KILN_CHECK(p.is_contiguous(), ValueError, "DistributedDataParallel: parameter '", name,
+               "' is not contiguous (shape ", p.sizes(), ")");
+    params_.push_back(p);
+    names_.push_back(name);
+  }
+  KILN_CHECK(!params_.empty(), ValueError, "DistributedDataParallel: the module has no parameter that requires a "
+             "gradient, so there is nothing to average; DDP is not needed for it");
+  broadcast_state(/*params=*/true);
+  assign_buckets();
+  ready_.assign(params_.size(), 0);
+  had_grad_.assign(params_.size(), 1);
+  for (size_t i = 0; i < params_.size(); ++i) {
+    hooks_.push_back(params_[i].register_post_accumulate_grad_hook([this, i](Tensor&) { on_gradient_ready(i); }));
+  }
+}
+
+DistributedDataParallel::~DistributedDataParallel() {
+  for (auto& h : hooks_) h.remove();
+}
+
+double DistributedDataParallel::now() const {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - epoch_).count();
+}
+
+void DistributedDataParallel::broadcast_state(bool params) {
+  if (group_->size() == 1) return;
+  NoGradGuard no_grad;
+  if (params) {
+    for (Tensor& p : params_) group_->broadcast(p, 0)->wait();
+  }
+  for (auto& [name, b] : module_->named_buffers()) {
+    KILN_CHECK(b.is_contiguous(), ValueError, "DistributedDataParallel: buffer '", name,
+               "' is not contiguous; it cannot be broadcast from rank 0");
+    group_->broadcast(b, 0)->wait();
+  }
+}
+
+// Backward produces gradients roughly in reverse registration order, so
+// buckets filled in that order become ready one after another while backward
+// still runs. Parameters of different dtypes never share a bucket.
+void DistributedDataParallel::assign_buckets() {
+  const auto cap = static_cast<int64_t>(options_.bucket_cap_mb * 1024.0 * 1024.0);
+  std::map<DType, size_t> open;  // dtype -> bucket still taking parameters
+  for (size_t k = params_.size(); k-- > 0;) {
+    const Tensor& p = params_[k];
+    auto it = open.find(p.dtype());
+    if (it == open.end() || buckets_[it->second].bytes + p.nbytes() > cap) {
+      buckets_.push_back(BucketInfo{.params = {}, .bytes = 0, .dtype = p.dtype()});
+      open[p.dtype()] = buckets_.size() - 1;
+      it = open.find(p.dtype());
+    }
+    buckets_[it->second].params.push_back(k);
+    buckets_[it->second].bytes += p.nbytes();
+  }
+  bucket_of_.assign(params_.size(), 0);
+  slot_of_.assign(params_.size(), 0);
+  for (size_t b = 0; b < buckets_.size(); ++b) {
+    auto st = std::make_unique<Bucket>();
+    const BucketInfo& info = buckets_[b];
+    st->flat = zeros({info.bytes / element_size(info.dtype)},
+                     TensorOptions().dtype(info.dtype).category(MemoryCategory::Gradient));
+    int64_t offset = 0;
+    for (size_t s = 0; s < info.params.size(); ++s) {
+      const Tensor& p = params_[info.params[s]];
+      st->views.push_back(st->flat.narrow(0, offset, p.numel()).view(p.sizes()));
+      offset += p.numel();
+      bucket_of_[info.params[s]] = b;
+      slot_of_[info.params[s]] = s;
+    }
+    state_.push_back(std::move(st));
+  }
+}
+
+Tensor DistributedDataParallel::forward(const Tensor& input) {
+  if (in_backward_) {
+    // The last backward ended in an error before our callback ran: drain what
+    // it started so the buckets can be reused.
+    in_backward_ = false;
+    for (auto& b : state_) {
+      if (b->work) std::exchange(b->work, nullptr)->wait();
+    }
+  }
+  if (sync_ && options_.broadcast_buffers) broadcast_state(/*params=*/false);
+  Tensor out = (*module_)(input);
+  unused_in_forward_.clear();
+  if (sync_ && options_.find_unused_parameters && out.requires_grad()) find_unused(out);
+  epoch_ = std::chrono::steady_clock::now();
+  return out;
+}
+
+// As torch: parameters the output's graph does not reach will get no
+// gradient, so they are marked ready as soon as backward starts and their
+// buckets need not wait for the end of backward.
+void DistributedDataParallel::find_unused(const Tensor& out) {
+  std::unordered_map<const void*, size_t> index;
+  for (size_t i = 0; i < params_.size(); ++i) index[params_[i].data_ptr()] = i;
+  std::vector<char> reached(params_.size(), 0);
+  std::unordered_set<const autograd::Node*> seen;
+  std::vector<autograd::Node*> stack;
+  if (out.grad_fn()) stack.push_back(out.grad_fn());
+  while (!stack.empty()) {
+    autograd::Node* n = stack.back();
+    stack.pop_back();
+    if (!seen.insert(n).second) continue;
+    if (auto* acc = dynamic_cast<autograd::AccumulateGrad*>(n)) {
+      if (auto it = index.find(acc->leaf().data_ptr()); it != index.end()) reached[it->second] = 1;
+    }
+    for (const auto& e : n->next_edges()) {
+      if (e.is_valid()) stack.push_back(e.function.get());
+    }
+  }
+  for (size_t i = 0; i < params_.size(); ++i) {
+    if (!reached[i]) unused_in_forward_.push_back(i);
+  }
+}
+
+// find_unused_parameters: an unused parameter contributes what it has (a
+// gradient kept from no_sync steps) or zero.
+void DistributedDataParallel::mark_unused_ready(size_t i) {
+  NoGradGuard no_grad;
+  Bucket& b = *state_[bucket_of_[i]];
+  Tensor& view = b.views[slot_of_[i]];
+  const Tensor& grad = params_[i].grad();
+  had_grad_[i] = grad.defined() ? 1 : 0;
+  if (!grad.defined()) {
+    view.zero_();
+  } else if (grad.data_ptr() != view.data_ptr()) {
+    view.copy_(grad);
+  }
+  ready_[i] = 1;
+  ++num_ready_;
+  --b.pending;
+}
+
+void DistributedDataParallel::on_gradient_ready(size_t index) {
+  if (!sync_) return;  // no_sync: the gradient just accumulates in .grad
+  if (!in_backward_) {
+    // The first gradient of a backward pass: start its bookkeeping and ask the
+    // engine to call back once every gradient has been accumulated.
+    in_backward_ = true;
+    std::fill(ready_.begin(), ready_.end(), 0);
+    num_ready_ = 0;
+    next_launch_ = 0;
+    for (size_t b = 0; b < state_.size(); ++b) {
+      state_[b]->pending = static_cast<int64_t>(buckets_[b].params.size());
+      state_[b]->work.reset();
+    }
+    stats_ = DDPStats{};
+    std::fill(had_grad_.begin(), had_grad_.end(), 1);
+    autograd::queue_callback([this] { finalize_backward(); });
+    for (size_t i : unused_in_forward_) {
+      if (i != index) mark_unused_ready(i);
+    }
+    unused_in_forward_.clear();
+  }
+  KILN_CHECK(!ready_[index], ValueError, "DistributedDataParallel: parameter '", names_[index],
+             "' received its gradient twice in one backward pass; a parameter shared by several modules must be "
+             "registered once, and each backward needs its own forward");
+  Tensor& grad = params_[index].mutable_grad();
+  Tensor& view = state_[bucket_of_[index]]->views[slot_of_[index]];
+  {
+    NoGradGuard no_grad;
+    if (grad.data_ptr() != view.data_ptr()) {
+      view.copy_(grad);
+      if (options_.gradient_as_bucket_view) grad = view;
+    }
+  }
+  ready_[index] = 1;
+  ++num_ready_;
+  stats_.last_gradient_ready = now();
+  --state_[bucket_of_[index]]->pending;
+  launch_ready_buckets();
+}
+
+// Buckets are launched strictly in index order, so every rank issues the same
+// sequence of allreduces even when its gradients arrive in another order.
+void DistributedDataParallel::launch_ready_buckets() {
+  NoGradGuard no_grad;
+  while (next_launch_ < state_.size() && state_[next_launch_]->pending == 0) {
+    Bucket& b = *state_[next_launch_];
+    // Divided first, as torch: the sum over ranks is then the average. A world
+    // of one has nothing to exchange.
+    if (group_->size() > 1) {
+      b.flat.div_(static_cast<double>(group_->size()));
+      b.work = group_->allreduce(b.flat, ReduceOp::Sum);
+    }
+    if (stats_.allreduces == 0) {
+      stats_.first_allreduce_start = now();
+      stats_.pending_at_first_allreduce = static_cast<int64_t>(params_.size()) - num_ready_;
+    }
+    ++stats_.allreduces;
+    stats_.launch_order.push_back(next_launch_);
+    ++next_launch_;
+  }
+}
+
+void DistributedDataParallel::finalize_backward() {
+  in_backward_ = false;
+  stats_.backward_end = now();
+  std::vector<size_t> unused;
+  for (size_t i = 0; i < params_.size(); ++i) {
+    if (!ready_[i]) unused.push_back(i);
+  }
+  auto wait_all = [&] {
+    const double t0 = now();
+    for (auto& b : state_) {
+      if (b->work) b->work->wait();
+    }
+    stats_.exposed_comm_seconds = now() - t0;
+  };
+  if (!unused.empty() && !options_.find_unused_parameters) {
+    wait_all();  // leave no collective of ours in flight
+    std::ostringstream os;
+    os << "DistributedDataParallel: " << unused.size() << " of " << params_.size()
+       << " parameters got no gradient in this backward pass, so their gradients cannot be averaged across "
+          "ranks: ";
+    for (size_t k = 0; k < unused.size(); ++k) os << (k ? ", " : "") << "'" << names_[unused[k]] << "'";
+    os << ". If parts of the model are legitimately unused in some iterations, construct DDP with "
+          "find_unused_parameters = true (their gradients are then taken as zero); otherwise make sure every "
+          "parameter takes part in computing the loss";
+    throw ValueError(os.str());
+  }
+  if (!unused.empty()) {
+    for (size_t i : unused) mark_unused_ready(i);
+    launch_ready_buckets();
+  }
+  Tensor used;
+  WorkPtr used_work;
+  if (options_.find_unused_parameters) {
+    // Every rank issues this collective, whether or not it found unused
+    // parameters, so that the sequences of collectives stay alike.
+    used = empty({static_cast<int64_t>(params_.size())}, kInt64);
+    int64_t* u = used.data_ptr<int64_t>();
+    for (size_t i = 0; i < params_.size(); ++i) u[i] = had_grad_[i];
+    if (group_->size() > 1) used_work = group_->allreduce(used, ReduceOp::Sum);
+  }
+  wait_all();
+  if (used_work) used_work->wait();
+  NoGradGuard no_grad;
+  for (size_t i = 0; i < params_.size(); ++i) {
+    Tensor& grad = params_[i].mutable_grad();
+    const Tensor& view = state_[bucket_of_[i]]->views[slot_of_[i]];
+    if (used.defined() && used.data_ptr<int64_t>()[i] == 0) {
+      continue;  // no rank has a gradient for it: leave .grad undefined, as torch
+    }
+    if (options_.gradient_as_bucket_view) {
+      if (!grad.defined() || grad.data_ptr() != view.data_ptr()) grad = view;
+    } else if (grad.defined()) {
+      grad.copy_(view);
+    } else {
+      grad = view.clone();
+    }
+  }
+}
+
+DistributedDataParallel::NoSync::NoSync(DistributedDataParallel& ddp) : ddp_(ddp), prev_(ddp.sync_) {
+  ddp_.sync_ = false;
+}
+
+DistributedDataParallel::NoSync::~NoSync() { ddp_.sync_ = prev_; }
+
+}  // namespace kiln::dist

@@ -1,0 +1,136 @@
+#pragma once
+// The MPI backend of ProcessGroup (internal to src/dist). Collectives are
+// queued to one communication thread per group, which runs them in issue
+// order on a duplicate of the group's communicator, so they progress while the
+// caller computes. A watchdog thread times the running collective and answers
+// peers' questions about this rank's progress on a second duplicate, which
+// stays usable while the first is stuck.
+#include <mpi.h>
+
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <cstdint>
+#include <deque>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+
+#include "kiln/dist/process_group.h"
+
+namespace kiln::dist::detail {
+
+enum class OpKind : int32_t { AllReduce, Broadcast, AllGather, ReduceScatter, Barrier, Send, Recv };
+
+/// What a rank called: fixed-size so that ranks can exchange it with one
+/// MPI_Allgather (debug mode) or one message (watchdog).
+struct Signature {
+  uint64_t seq = 0;       // per group, every operation
+  uint64_t coll_no = 0;   // per group, collectives only (0 for send/recv): what ranks must agree on
+  int32_t kind = 0;       // OpKind
+  int32_t reduce = -1;    // ReduceOp, or -1
+  int32_t dtype = -1;     // DType, or -1 (barrier)
+  int32_t peer = -1;      // root, dst or src
+  int64_t count = 0;      // elements per rank
+  char site[176] = {};    // file:line of the call
+
+  bool same_call(const Signature& o) const {
+    return coll_no == o.coll_no && kind == o.kind && reduce == o.reduce && dtype == o.dtype &&
+           peer == o.peer && count == o.count;
+  }
+  /// "#3 allreduce(sum) float32[1024] at file.cpp:42"
+  std::string describe() const;
+};
+
+/// A rank's progress, as the watchdog reports it to a peer that asks.
+struct Progress {
+  uint64_t started_seq = 0, completed_seq = 0;
+  uint64_t colls_started = 0, colls_completed = 0;
+  int32_t in_flight = 0;
+  int32_t pad = 0;
+  Signature current;  // the running (or last started) operation
+};
+
+class MPIWork final : public Work {
+ public:
+  explicit MPIWork(uint64_t seq) : seq_(seq) {}
+  void wait() override;
+  bool is_completed() override;
+  uint64_t sequence() const override { return seq_; }
+  void finish(std::exception_ptr err);
+
+ private:
+  uint64_t seq_;
+  std::mutex mu_;
+  std::condition_variable cv_;
+  bool done_ = false;
+  std::exception_ptr err_;
+};
+
+class MPIProcessGroup final : public ProcessGroup {
+ public:
+  /// Duplicates `comm` (twice: collectives, watchdog) and starts both threads.
+  explicit MPIProcessGroup(MPI_Comm comm);
+  ~MPIProcessGroup() override;
+  /// Stops the threads and frees the communicators; must run before MPI_Finalize.
+  void shutdown();
+
+  int rank() const override { return rank_; }
+  int size() const override { return size_; }
+  std::string backend() const override { return "mpi"; }
+
+  WorkPtr allreduce(Tensor& t, ReduceOp op, Loc loc) override;
+  WorkPtr broadcast(Tensor& t, int root, Loc loc) override;
+  WorkPtr allgather(std::vector<Tensor>& out, const Tensor& in, Loc loc) override;
+  WorkPtr reduce_scatter(Tensor& out, const std::vector<Tensor>& in, ReduceOp op, Loc loc) override;
+  WorkPtr barrier(Loc loc) override;
+  WorkPtr send(const Tensor& t, int dst, int tag, Loc loc) override;
+  WorkPtr recv(Tensor& t, int src, int tag, Loc loc) override;
+
+ private:
+  struct Task {
+    Signature sig;
+    std::function<void()> run;
+    std::shared_ptr<MPIWork> work;
+  };
+  WorkPtr enqueue(Signature sig, std::function<void()> run);
+  Signature make_signature(OpKind kind, int reduce, int dtype, int peer, int64_t count, const Loc& loc);
+  void comm_loop();
+  void check_signatures(const Signature& mine);
+  void watchdog_loop();
+  void serve_queries();
+  [[noreturn]] void report_timeout(const Signature& stuck, double seconds);
+
+  int rank_ = 0, size_ = 1;
+  MPI_Comm comm_ = MPI_COMM_NULL;   // collectives, send/recv and debug signature exchange
+  MPI_Comm watch_ = MPI_COMM_NULL;  // watchdog queries and answers
+  bool debug_ = false;
+  double timeout_s_ = 300;
+
+  // Issue side (caller threads).
+  std::mutex issue_mu_;
+  uint64_t next_seq_ = 0, next_coll_ = 0;
+
+  // The queue to the communication thread.
+  std::mutex q_mu_;
+  std::condition_variable q_cv_;
+  std::deque<Task> queue_;
+  bool stop_ = false;
+
+  // Progress, written by the communication thread, read by the watchdog.
+  mutable std::mutex state_mu_;
+  Progress progress_;
+  std::chrono::steady_clock::time_point started_at_;
+  std::deque<Signature> history_;  // the last few started operations, newest last
+  std::string poisoned_;           // set after a failed collective: later ones fail at once
+
+  std::atomic<bool> watch_stop_{false};
+  MPI_Request query_req_ = MPI_REQUEST_NULL;
+  int query_buf_ = 0;
+  std::thread comm_thread_, watch_thread_;
+  bool shut_down_ = false;
+};
+
+}  // namespace kiln::dist::detail

@@ -1,0 +1,153 @@
+// The watchdog of an MPI process group. It times the collective the
+// communication thread is running; past KILN_DIST_TIMEOUT it asks every peer,
+// on its own communicator (usable while the stuck one is not), how far it has
+// got, prints which ranks reached the collective and which did not, with this
+// rank's last few operations, and aborts the job instead of hanging. Between
+// checks it answers the same question from peers that time out.
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <deque>
+#include <sstream>
+#include <thread>
+#include <vector>
+
+#include "mpi_process_group.h"
+
+namespace kiln::dist::detail {
+namespace {
+
+constexpr int kTagQuery = 1;
+constexpr int kTagAnswer = 2;
+// How long a timed-out rank waits for its peers' answers before reporting without them.
+constexpr double kAnswerWaitS = 5.0;
+
+}  // namespace
+
+void MPIProcessGroup::serve_queries() {
+  for (;;) {
+    if (query_req_ == MPI_REQUEST_NULL) {
+      MPI_Irecv(&query_buf_, 1, MPI_INT, MPI_ANY_SOURCE, kTagQuery, watch_, &query_req_);
+    }
+    int flag = 0;
+    MPI_Status st;
+    MPI_Test(&query_req_, &flag, &st);
+    if (!flag) return;
+    Progress p;
+    {
+      std::lock_guard lock(state_mu_);
+      p = progress_;
+    }
+    MPI_Send(&p, sizeof p, MPI_BYTE, st.MPI_SOURCE, kTagAnswer, watch_);
+  }
+}
+
+void MPIProcessGroup::watchdog_loop() {
+  using clock = std::chrono::steady_clock;
+  while (!watch_stop_) {
+    serve_queries();
+    Signature stuck;
+    double waited = 0;
+    {
+      std::lock_guard lock(state_mu_);
+      if (progress_.in_flight) {
+        waited = std::chrono::duration<double>(clock::now() - started_at_).count();
+        stuck = progress_.current;
+      }
+    }
+    if (timeout_s_ > 0 && waited > timeout_s_) report_timeout(stuck, waited);
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  if (query_req_ != MPI_REQUEST_NULL) {
+    MPI_Cancel(&query_req_);
+    MPI_Wait(&query_req_, MPI_STATUS_IGNORE);
+  }
+}
+
+void MPIProcessGroup::report_timeout(const Signature& stuck, double seconds) {
+  using clock = std::chrono::steady_clock;
+  // Ask every peer for its progress; keep answering theirs meanwhile, since
+  // they may be timing out too.
+  std::vector<Progress> answers(static_cast<size_t>(size_));
+  std::vector<MPI_Request> reqs;
+  std::vector<int> peers;
+  int query = 0;
+  for (int r = 0; r < size_; ++r) {
+    if (r == rank_) continue;
+    MPI_Request rq;
+    MPI_Irecv(&answers[static_cast<size_t>(r)], sizeof(Progress), MPI_BYTE, r, kTagAnswer, watch_, &rq);
+    reqs.push_back(rq);
+    peers.push_back(r);
+    MPI_Request sq;
+    MPI_Isend(&query, 1, MPI_INT, r, kTagQuery, watch_, &sq);
+    MPI_Request_free(&sq);
+  }
+  std::vector<bool> answered(static_cast<size_t>(size_), false);
+  const auto deadline = clock::now() + std::chrono::duration<double>(kAnswerWaitS);
+  size_t pending = reqs.size();
+  while (pending > 0 && clock::now() < deadline) {
+    serve_queries();
+    for (size_t i = 0; i < reqs.size(); ++i) {
+      if (reqs[i] == MPI_REQUEST_NULL) continue;
+      int flag = 0;
+      MPI_Test(&reqs[i], &flag, MPI_STATUS_IGNORE);
+      if (flag) {
+        answered[static_cast<size_t>(peers[i])] = true;
+        --pending;
+      }
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+
+  Progress mine;
+  std::deque<Signature> history;
+  {
+    std::lock_guard lock(state_mu_);
+    mine = progress_;
+    history = history_;
+  }
+  std::ostringstream os;
+  char secs[32];
+  std::snprintf(secs, sizeof secs, "%.1f", seconds);
+  os << "\nkiln dist watchdog: rank " << rank_ << " of " << size_ << " waited " << secs << " s (KILN_DIST_TIMEOUT="
+     << timeout_s_ << ") in " << stuck.describe() << "\n";
+  std::vector<int> reached, missing;
+  std::ostringstream table;
+  table << "  rank | reached | last started / last completed (sequence numbers) | running\n";
+  for (int r = 0; r < size_; ++r) {
+    const Progress& p = r == rank_ ? mine : answers[static_cast<size_t>(r)];
+    if (r != rank_ && !answered[static_cast<size_t>(r)]) {
+      table << "  " << r << " | ?   | no answer within " << kAnswerWaitS
+            << " s (finished and in MPI_Finalize, or its process is stuck outside kiln)\n";
+      missing.push_back(r);
+      continue;
+    }
+    // Send/recv are counted apart from collectives (only some ranks take part),
+    // so whether a rank reached this collective is judged by its collective count.
+    const bool got_there = stuck.coll_no == 0 ? (r == rank_) : p.colls_started >= stuck.coll_no;
+    (got_there ? reached : missing).push_back(r);
+    table << "  " << r << " | " << (got_there ? "yes" : "NO ") << " | #" << p.started_seq << " / #"
+          << p.completed_seq << " | " << (p.in_flight ? p.current.describe() : std::string("(idle)")) << "\n";
+  }
+  auto list = [](const std::vector<int>& v) {
+    std::string s;
+    for (int r : v) s += (s.empty() ? "" : ", ") + std::to_string(r);
+    return s.empty() ? std::string("none") : s;
+  };
+  if (stuck.coll_no != 0) {
+    os << "ranks that reached collective number " << stuck.coll_no << " of the group (#" << stuck.seq
+       << " on this rank, counting send/recv): " << list(reached) << "\n"
+       << "ranks that had NOT reached it: " << list(missing) << "\n";
+  }
+  os << table.str() << "last operations of rank " << rank_ << " (oldest first):\n";
+  for (const auto& s : history) os << "    " << s.describe() << "\n";
+  os << "aborting the job (MPI_Abort) so that it does not hang; set KILN_DIST_DEBUG=1 to check every "
+        "collective's signature across ranks\n";
+  const std::string text = os.str();
+  std::fwrite(text.data(), 1, text.size(), stderr);
+  std::fflush(stderr);
+  MPI_Abort(MPI_COMM_WORLD, 3);
+  std::_Exit(3);
+}
+
+}  // namespace kiln::dist::detail

@@ -1,0 +1,128 @@
+// A small MPI program that test_dist's DistJob cases launch with mpirun to
+// check how jobs fail (a skipped collective, a throwing rank), and that
+// measures allreduce bus bandwidth for docs/distributed.md.
+//   kiln_dist_child skip-debug | skip-hang | throw | uncaught | debug-on-rank-0 | bw [MB] [iters]
+#include <mpi.h>
+
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <stdexcept>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "kiln/core/factory.h"
+#include "kiln/dist/dist.h"
+
+using namespace kiln;
+
+namespace {
+
+// Two collectives every rank runs, so that the failure comes at number 3.
+void warm_up(dist::ProcessGroup& pg) {
+  Tensor a = full({16}, 1.0);
+  pg.allreduce(a)->wait();
+  Tensor b = full({8}, static_cast<double>(pg.rank()));
+  pg.broadcast(b, 0)->wait();
+}
+
+// Rank 1 skips an allreduce and goes on to the next collective, a broadcast.
+// In debug mode every rank must raise at collective 3 with the table.
+int skip_debug() {
+  auto pg = dist::world();
+  warm_up(*pg);
+  try {
+    Tensor c = full({1000}, 2.0);
+    if (pg->rank() != 1) pg->allreduce(c)->wait();  // the collective rank 1 skips
+    Tensor d = full({10}, 3.0);
+    pg->broadcast(d, 0)->wait();
+  } catch (const DistributedError& e) {
+    std::fprintf(stderr, "rank %d raised: %s\n", pg->rank(), e.what());
+    return 0;
+  }
+  std::fprintf(stderr, "rank %d: no error raised\n", pg->rank());
+  return 2;
+}
+
+// Rank 1 skips an allreduce and then computes (sleeps) for far longer than the
+// watchdog's timeout: rank 0's watchdog must report and abort.
+int skip_hang() {
+  auto pg = dist::world();
+  warm_up(*pg);
+  Tensor c = full({1000}, 2.0);
+  if (pg->rank() != 1) {
+    pg->allreduce(c)->wait();
+  } else {
+    std::this_thread::sleep_for(std::chrono::seconds(100));
+  }
+  std::fprintf(stderr, "rank %d: finished, but the watchdog should have ended the job\n", pg->rank());
+  return 2;
+}
+
+void throw_on_rank_1() {
+  auto pg = dist::world();
+  warm_up(*pg);
+  if (pg->rank() == 1) throw std::runtime_error("deliberate failure on rank 1");
+  Tensor c = full({1000}, 2.0);
+  pg->allreduce(c)->wait();  // never completes: rank 1 is gone
+}
+
+// Bus bandwidth as nccl-tests defines it for allreduce: 2(n-1)/n x bytes / time,
+// the time being the slowest rank's mean over `iters` after warm-up.
+void bandwidth(double mb, int iters) {
+  auto pg = dist::world();
+  const int64_t n = static_cast<int64_t>(mb * 1024 * 1024 / 4);
+  Tensor t = full({n}, 1.0);
+  for (int i = 0; i < 3; ++i) pg->allreduce(t)->wait();
+  pg->barrier()->wait();
+  const auto t0 = std::chrono::steady_clock::now();
+  for (int i = 0; i < iters; ++i) pg->allreduce(t)->wait();
+  Tensor secs = full({1}, std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() / iters);
+  pg->allreduce(secs, dist::ReduceOp::Max)->wait();
+  const double s = secs.data_ptr<float>()[0];
+  const double bytes = static_cast<double>(n) * 4;
+  const double busbw = 2.0 * (pg->size() - 1) / pg->size() * bytes / s / 1e9;
+  // The same allreduce straight through MPI on this thread: what the
+  // communication thread and the Work handles cost, if anything.
+  std::vector<float> raw(static_cast<size_t>(n), 1.0f);
+  MPI_Barrier(MPI_COMM_WORLD);
+  const auto r0 = std::chrono::steady_clock::now();
+  for (int i = 0; i < iters; ++i) {
+    MPI_Allreduce(MPI_IN_PLACE, raw.data(), static_cast<int>(n), MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD);
+  }
+  double raw_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - r0).count() / iters;
+  MPI_Allreduce(MPI_IN_PLACE, &raw_s, 1, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
+  if (pg->rank() == 0) {
+    std::printf("allreduce float32 %.1f MB, %d ranks: %.2f ms per call, algbw %.2f GB/s, busbw %.2f GB/s"
+                " (plain MPI_Allreduce: %.2f ms, busbw %.2f GB/s)\n",
+                mb, pg->size(), s * 1e3, bytes / s / 1e9, busbw, raw_s * 1e3,
+                2.0 * (pg->size() - 1) / pg->size() * bytes / raw_s / 1e9);
+  }
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  const std::string mode = argc > 1 ? argv[1] : "";
+  if (mode == "debug-on-rank-0") {
+    // Debug mode on one rank only: init() must refuse on every rank.
+    const char* r = std::getenv("OMPI_COMM_WORLD_RANK");
+    if (r && std::string(r) == "0") ::setenv("KILN_DIST_DEBUG", "1", 1);
+    dist::init();
+    return 2;
+  }
+  dist::init();
+  if (mode == "skip-debug") return skip_debug();
+  if (mode == "skip-hang") return skip_hang();
+  if (mode == "throw") return dist::run_or_abort(throw_on_rank_1);
+  if (mode == "uncaught") {
+    throw_on_rank_1();  // std::terminate -> dist's handler
+    return 0;
+  }
+  if (mode == "bw") {
+    return dist::run_or_abort([&] { bandwidth(argc > 2 ? std::atof(argv[2]) : 32, argc > 3 ? std::atoi(argv[3]) : 20); });
+  }
+  std::fprintf(stderr, "usage: kiln_dist_child skip-debug|skip-hang|throw|uncaught|bw [MB] [iters]\n");
+  return 64;
+}

@@ -1,0 +1,182 @@
+// Whole jobs that must fail loudly rather than hang: each case starts
+// kiln_dist_child under mpirun (built with dist::launch_command), bounds the
+// job's time with timeout(1), and checks the exit code and the report on
+// stderr. Also the mpirun command line `kiln launch` runs. Run without mpirun
+// (ctest dist_jobs).
+#include <fcntl.h>
+#include <gtest/gtest.h>
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdlib>
+#include <fstream>
+#include <thread>
+#include <string>
+#include <vector>
+
+#include "kiln/core/error.h"
+#include "kiln/dist/launch.h"
+#include "support/test_util.h"
+
+using namespace kiln;
+
+namespace {
+
+// Generous: jobs that work end in seconds; a hang would end here, with exit 137.
+constexpr int kJobLimitS = 120;
+
+int run_job(const std::string& mode, const std::vector<std::string>& env, std::string& out) {
+  const auto argv = dist::launch_command(2, {KILN_DIST_CHILD, mode}, {.mpirun = KILN_MPIRUN, .env = env});
+  std::string cmd = "env";
+  auto add = [&](const std::string& word) {
+    cmd += ' ';
+    cmd += test::shell_quote(word);
+  };
+  for (const auto& kv : dist::launch_environment()) add(kv);
+  for (const auto& w : {std::string("timeout"), std::string("-s"), std::string("KILL"), std::to_string(kJobLimitS)}) add(w);
+  for (const auto& a : argv) add(a);
+  return test::run_command(cmd, out);
+}
+
+bool has(const std::string& out, const std::string& s) { return out.find(s) != std::string::npos; }
+
+TEST(DistJob, DebugModeRaisesASkippedCollectiveOnEveryRank) {
+  std::string out;
+  const int rc = run_job("skip-debug", {"KILN_DIST_DEBUG=1", "KILN_DIST_TIMEOUT=100"}, out);
+  EXPECT_EQ(rc, 0) << out;  // the child returns 0 only when it caught the error
+  for (const char* r : {"rank 0 raised: ", "rank 1 raised: "}) EXPECT_TRUE(has(out, r)) << r << "\n" << out;
+  EXPECT_TRUE(has(out, "collective mismatch at collective number 3")) << out;
+  EXPECT_TRUE(has(out, "   0 | #3 allreduce(sum) float32[1000] at tests/dist/child/dist_child.cpp:")) << out;
+  EXPECT_TRUE(has(out, "   1 | #3 broadcast float32[10] root=0 at tests/dist/child/dist_child.cpp:")) << out;
+  EXPECT_TRUE(has(out, "<-- differs from rank 0")) << out;
+  EXPECT_FALSE(has(out, "no error raised")) << out;
+}
+
+TEST(DistJob, WatchdogNamesTheCollectiveAndTheMissingRank) {
+  std::string out;
+  const int rc = run_job("skip-hang", {"KILN_DIST_TIMEOUT=3"}, out);
+  EXPECT_NE(rc, 0) << out;
+  EXPECT_NE(rc, 137) << "the job hung until timeout(1) killed it:\n" << out;
+  EXPECT_TRUE(has(out, "kiln dist watchdog: rank 0 of 2 waited")) << out;
+  EXPECT_TRUE(has(out, "(KILN_DIST_TIMEOUT=3) in #3 allreduce(sum) float32[1000] at tests/dist/child/dist_child.cpp:"))
+      << out;
+  EXPECT_TRUE(has(out, "ranks that reached collective number 3 of the group (#3 on this rank, counting send/recv): 0\n")) << out;
+  EXPECT_TRUE(has(out, "ranks that had NOT reached it: 1\n")) << out;
+  // Rank 1 answered on the watchdog's communicator: it had completed #2 and runs nothing.
+  EXPECT_TRUE(has(out, "  1 | NO  | #2 / #2 | (idle)")) << out;
+  EXPECT_TRUE(has(out, "last operations of rank 0 (oldest first):\n    #1 allreduce(sum) float32[16]")) << out;
+  EXPECT_TRUE(has(out, "aborting the job (MPI_Abort)")) << out;
+  EXPECT_FALSE(has(out, "finished, but the watchdog")) << out;
+}
+
+TEST(DistJob, ARankThatThrowsEndsTheJob) {
+  std::string out;
+  const int rc = run_job("throw", {}, out);  // default timeout (300 s): the abort, not the watchdog, ends it
+  EXPECT_NE(rc, 0) << out;
+  EXPECT_NE(rc, 137) << "the job hung until timeout(1) killed it:\n" << out;
+  EXPECT_TRUE(has(out, "kiln: rank 1 failed: deliberate failure on rank 1")) << out;
+  EXPECT_FALSE(has(out, "watchdog")) << out;
+}
+
+TEST(DistJob, AnUncaughtExceptionEndsTheJob) {
+  std::string out;
+  const int rc = run_job("uncaught", {}, out);
+  EXPECT_NE(rc, 0) << out;
+  EXPECT_NE(rc, 137) << "the job hung until timeout(1) killed it:\n" << out;
+  EXPECT_TRUE(has(out, "kiln: rank 1 failed: uncaught exception: deliberate failure on rank 1")) << out;
+}
+
+TEST(DistJob, DebugModeMustBeOnForEveryRankOrNone) {
+  std::string out;
+  const int rc = run_job("debug-on-rank-0", {}, out);
+  EXPECT_NE(rc, 0) << out;
+  EXPECT_NE(rc, 137) << "the job hung until timeout(1) killed it:\n" << out;
+  EXPECT_TRUE(has(out, "KILN_DIST_DEBUG must be set alike on every rank, but some ranks have it on and some off"))
+      << out;
+}
+
+TEST(DistLaunch, BuildsTheMpirunCommandLine) {
+  const auto argv = dist::launch_command(4, {"kiln", "train", "cfg.toml"}, {.env = {"FOO=bar baz"}});
+  std::vector<std::string> want{"mpirun", "-np", "4",
+                                "-x", "OMPI_ALLOW_RUN_AS_ROOT=1",
+                                "-x", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1",
+                                "-x", "OMPI_MCA_rmaps_base_oversubscribe=1",
+                                "-x", "GLIBC_TUNABLES=glibc.malloc.hugetlb=1:glibc.malloc.mmap_threshold=4294967296:"
+                                      "glibc.malloc.trim_threshold=4294967296"};
+  // ctest sets OMP_NUM_THREADS and KILN_DIST_TIMEOUT: they are forwarded by name.
+  for (const char* name : {"KILN_DIST_DEBUG", "KILN_DIST_TIMEOUT", "OMP_NUM_THREADS"}) {
+    if (std::getenv(name)) want.insert(want.end(), {"-x", name});
+  }
+  want.insert(want.end(), {"-x", "FOO=bar baz", "kiln", "train", "cfg.toml"});
+  EXPECT_EQ(argv, want);
+}
+
+TEST(DistLaunch, HostfileAndBadArguments) {
+  test::TempDir dir;
+  const auto hosts = dir.file("hosts");
+  std::ofstream(hosts) << "node1 slots=2\nnode2 slots=2\n";
+  const auto argv = dist::launch_command(4, {"kiln"}, {.hostfile = hosts, .mpirun = "/opt/ompi/bin/mpirun"});
+  ASSERT_GE(argv.size(), 6u);
+  EXPECT_EQ(argv[0], "/opt/ompi/bin/mpirun");
+  EXPECT_EQ(argv[3], "--hostfile");
+  EXPECT_EQ(argv[4], hosts);
+  EXPECT_EQ(argv.back(), "kiln");
+  try {
+    dist::launch_command(2, {"kiln"}, {.hostfile = dir.file("missing")});
+    FAIL() << "expected an IOError";
+  } catch (const IOError& e) {
+    EXPECT_TRUE(has(e.what(), "cannot read hostfile '" + dir.file("missing") + "'")) << e.what();
+  }
+  // A variable given in env is not also forwarded from the launcher's environment.
+  ::setenv("KILN_DIST_TIMEOUT", "120", 1);
+  const auto own = dist::launch_command(2, {"kiln"}, {.env = {"KILN_DIST_TIMEOUT=3"}});
+  EXPECT_EQ(std::count(own.begin(), own.end(), "KILN_DIST_TIMEOUT"), 0);
+  EXPECT_EQ(std::count(own.begin(), own.end(), "KILN_DIST_TIMEOUT=3"), 1);
+  EXPECT_THROW(dist::launch_command(0, {"kiln"}), ValueError);
+  EXPECT_THROW(dist::launch_command(2, {}), ValueError);
+  EXPECT_THROW(dist::launch_command(2, {"kiln"}, {.env = {"NOEQUALS"}}), ValueError);
+}
+
+// What `kiln launch -n 2 -- kiln_dist_child bw 1 2` does: exec mpirun with the
+// environment set by exec_launch itself (the test's own run-as-root variables
+// are removed first), in a forked child whose time this test bounds.
+TEST(DistLaunch, ExecLaunchRunsAJob) {
+  test::TempDir dir;
+  const auto log = dir.file("out.txt");
+  const pid_t pid = ::fork();
+  ASSERT_GE(pid, 0);
+  if (pid == 0) {
+    const int fd = ::open(log.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    ::dup2(fd, 1);
+    ::dup2(fd, 2);
+    for (const char* v : {"OMPI_ALLOW_RUN_AS_ROOT", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "OMPI_MCA_rmaps_base_oversubscribe"}) {
+      ::unsetenv(v);
+    }
+    try {
+      dist::exec_launch(2, {KILN_DIST_CHILD, "bw", "1", "2"}, {.mpirun = KILN_MPIRUN});
+    } catch (const std::exception& e) {
+      std::fprintf(stderr, "exec_launch threw: %s\n", e.what());
+    }
+    std::_Exit(99);
+  }
+  int status = 0;
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(kJobLimitS);
+  pid_t done = 0;
+  while ((done = ::waitpid(pid, &status, WNOHANG)) == 0 && std::chrono::steady_clock::now() < deadline) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  if (done == 0) {
+    ::kill(pid, SIGKILL);
+    ::waitpid(pid, &status, 0);
+  }
+  const std::string out = test::read_file(log);
+  ASSERT_NE(done, 0) << "the launched job hung:\n" << out;
+  ASSERT_TRUE(WIFEXITED(status)) << out;
+  EXPECT_EQ(WEXITSTATUS(status), 0) << out;
+  EXPECT_TRUE(has(out, "allreduce float32 1.0 MB, 2 ranks: ")) << out;
+}
+
+}  // namespace
