@@ -59,3 +59,8 @@
 
 #include "kiln/amp/grad_scaler.h"
 #include "kiln/amp/mode.h"
+
+#include "kiln/dist/ddp.h"
+#include "kiln/dist/dist.h"
+#include "kiln/dist/launch.h"
+#include "kiln/dist/process_group.h"
