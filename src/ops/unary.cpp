@@ -11,6 +11,7 @@
 #include <limits>
 #include <optional>
 #include <string_view>
+#include <utility>
 
 #include "elementwise_common.h"
 #include "kiln/core/factory.h"
@@ -44,6 +45,9 @@ Tensor sign_of(const Tensor& x) {
 // threshold itself). One kernel pass; records ThresholdBackwardBackward0 when
 // the gradient requires grad (create_graph), so double backward works.
 Tensor threshold_backward(const Tensor& grad, const Tensor& self, const Scalar& threshold);
+// The same, written into `grad` itself when nothing else refers to it (the
+// engine hands each node its own incoming buffer), sparing a fresh output.
+Tensor threshold_backward(Tensor&& grad, const Tensor& self, const Scalar& threshold);
 
 enum class Formula : uint8_t { Neg, Abs, Exp, Log, Log1p, Sqrt, Rsqrt, Sin, Cos, Tanh, Sigmoid, Relu, Gelu, Silu, Clamp };
 
@@ -108,7 +112,7 @@ struct UnaryBackward final : autograd::Node {
       case Formula::Cos: return {g * -v.sin()};
       case Formula::Tanh: return {g * (1 - v * v)};
       case Formula::Sigmoid: return {g * (1 - v) * v};
-      case Formula::Relu: return {threshold_backward(g, v, Scalar(0))};
+      case Formula::Relu: return {threshold_backward(std::move(grads[0]), v, Scalar(0))};
       case Formula::Gelu: return {ops::ew::gelu_backward(g, v, gelu_tanh)};
       case Formula::Silu: {
         const Tensor s = v.sigmoid();
@@ -240,6 +244,21 @@ Tensor threshold_backward(const Tensor& grad, const Tensor& self, const Scalar& 
     node->threshold = threshold;
     autograd::set_history(out, node, {&grad, &self});
   }
+  return out;
+}
+
+Tensor threshold_backward(Tensor&& grad, const Tensor& self, const Scalar& threshold) {
+  const bool reuse = !grad_mode_enabled() && grad.use_count() == 1 && grad.storage().use_count() == 1 &&
+                     grad.is_contiguous() && grad.storage()->owns_memory() && grad.dtype() == self.dtype() &&
+                     grad.dtype() != kBool && grad.sizes() == self.sizes() && !grad.is_alias_of(self);
+  if (!reuse) return threshold_backward(static_cast<const Tensor&>(grad), self, threshold);
+  Tensor out = std::move(grad);
+  if (out.numel() > 0) {
+    alignas(8) unsigned char thr[8];
+    kernels::scalar_to_bytes(thr, out.dtype(), threshold);
+    kernels::threshold_backward(ops::make_loop(out.sizes(), {&out, &out, &self}), out.dtype(), thr);
+  }
+  out.bump_version();
   return out;
 }
 

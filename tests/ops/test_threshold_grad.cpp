@@ -96,6 +96,49 @@ TEST(ThresholdBackward, ThreadCountDoesNotChangeTheResult) {
   EXPECT_TRUE(one.equal(reference(x, g)));
 }
 
+// The data pointer of the gradient arriving at `t`'s node (or AccumulateGrad), seen by a hook that keeps no reference.
+struct ArrivalProbe {
+  const void* ptr = nullptr;
+  HookHandle handle;
+  explicit ArrivalProbe(const Tensor& t)
+      : handle(t.register_hook([this](const Tensor& g) {
+          ptr = g.data_ptr();
+          return Tensor();
+        })) {}
+};
+
+TEST(ThresholdBackward, WritesIntoASoleOwnedIncomingGradient) {
+  Tensor x = values(64, 51, kFloat32).requires_grad_();
+  Tensor w = values(64, 52, kFloat32);
+  Tensor y = x.relu();
+  ArrivalProbe at_relu(y), at_leaf(x);
+  (y * w).sum().backward();  // MulBackward's g * w is the relu node's own buffer
+  ASSERT_NE(at_relu.ptr, nullptr);
+  EXPECT_EQ(at_leaf.ptr, at_relu.ptr) << "relu's backward allocated instead of reusing its incoming buffer";
+  EXPECT_TRUE(x.grad().equal(reference(x, w)));
+}
+
+TEST(ThresholdBackward, SharedOrKeptIncomingGradientIsLeftAlone) {
+  // AddBackward hands the same buffer to both relu nodes: the first may not overwrite it.
+  Tensor x1 = values(40, 61, kFloat32).requires_grad_(), x2 = values(40, 62, kFloat32).requires_grad_();
+  Tensor w = values(40, 63, kFloat32);
+  ((x1.relu() + x2.relu()) * w).sum().backward();
+  EXPECT_TRUE(x1.grad().equal(reference(x1, w)));
+  EXPECT_TRUE(x2.grad().equal(reference(x2, w)));
+
+  // A hook that keeps the incoming gradient sees it unchanged.
+  Tensor x = values(40, 64, kFloat32).requires_grad_();
+  Tensor y = x.relu();
+  Tensor kept;
+  HookHandle h = y.register_hook([&kept](const Tensor& g) {
+    kept = g;
+    return Tensor();
+  });
+  (y * w).sum().backward();
+  EXPECT_TRUE(kept.equal(w));
+  EXPECT_TRUE(x.grad().equal(reference(x, w)));
+}
+
 TEST(ThresholdBackward, DoubleBackward) {
   Generator gen(5);
   // Values away from the kink, where the finite differences would straddle it.
