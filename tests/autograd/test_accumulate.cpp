@@ -6,6 +6,7 @@
 // these tests check: the values are checked everywhere else.
 #include <gtest/gtest.h>
 
+#include "kiln/autograd/custom_function.h"
 #include "kiln/autograd/engine.h"
 #include "kiln/autograd/gradcheck.h"
 #include "kiln/kiln.h"
@@ -85,6 +86,41 @@ TEST(AccumulateGrad, ColumnMajorOperandsDifferentiateTwice) {
   // C = aᵀ bᵀ: d aᵀ = g · b, so d a = (g · b)ᵀ; d bᵀ = a · g, so d b = (a · g)ᵀ.
   EXPECT_TRUE(got[0].allclose(g.mm(b.detach()).t()));
   EXPECT_TRUE(got[1].allclose(a.detach().mm(g).t()));
+}
+
+// y = 2x; its backward records where each gradient it returns lives.
+std::vector<const void*> scale2_outputs;
+struct Scale2 : autograd::Function<Scale2> {
+  static Tensor forward(autograd::AutogradContext&, const Tensor& x) { return x * 2; }
+  static TensorList backward(autograd::AutogradContext&, TensorList g) {
+    Tensor r = g[0] * 2;
+    scale2_outputs.push_back(r.data_ptr());
+    return {r};
+  }
+};
+
+TEST(EngineBuffer, SecondGradientIsSummedInPlace) {
+  // h feeds two nodes (a residual-style fan-out): the engine sums their
+  // gradients for h's node into the first one's buffer, no fresh tensor.
+  scale2_outputs.clear();
+  Tensor x = leaf({8});
+  Tensor c = leaf({8}, -1.0).detach(), w = leaf({8}, 0.5).detach();
+  Tensor h = x * c;
+  ArrivalProbe at_h(h);
+  ((Scale2::apply(h) + Scale2::apply(h)) * w).sum().backward();
+  ASSERT_EQ(scale2_outputs.size(), 2u);
+  EXPECT_TRUE(at_h.ptr == scale2_outputs[0] || at_h.ptr == scale2_outputs[1]);
+  EXPECT_TRUE(x.grad().allclose(w * c * 4));
+}
+
+TEST(EngineBuffer, SummedOutOfPlaceUnderCreateGraph) {
+  Tensor x = leaf({5});
+  Tensor h = x * x;
+  Tensor y = (h * 3 + h * 2).sum();  // dy/dx = 10x, d2y/dx2 = 10
+  TensorList g = autograd::grad({y}, {x}, {}, std::nullopt, /*create_graph=*/true);
+  EXPECT_TRUE(g[0].allclose(x.detach() * 10));
+  TensorList gg = autograd::grad({g[0].sum()}, {x});
+  EXPECT_TRUE(gg[0].allclose(full({5}, 10.0)));
 }
 
 TEST(AccumulateGrad, SharedGradientIsNotStolen) {
