@@ -126,6 +126,13 @@ TEST(ThresholdBackward, SharedOrKeptIncomingGradientIsLeftAlone) {
   EXPECT_TRUE(x1.grad().equal(reference(x1, w)));
   EXPECT_TRUE(x2.grad().equal(reference(x2, w)));
 
+  // The caller's gradient (held by the graph root) is never written.
+  Tensor xr = values(40, 65, kFloat32).requires_grad_();
+  Tensor user_grad = w.clone();
+  xr.relu().backward(user_grad);
+  EXPECT_TRUE(user_grad.equal(w));
+  EXPECT_TRUE(xr.grad().equal(reference(xr, w)));
+
   // A hook that keeps the incoming gradient sees it unchanged.
   Tensor x = values(40, 64, kFloat32).requires_grad_();
   Tensor y = x.relu();
