@@ -74,6 +74,26 @@ void accumulate_into(Tensor& slot, const Tensor& g) {
   slot = slot.defined() ? slot + g : g;
 }
 
+// A node's input buffer receiving a second gradient: summed in place when the
+// buffer is the only reference to its tensor (torch's InputBuffer::accumulate),
+// so a tensor used twice (a residual connection) costs no fresh tensor per sum.
+// Not under create_graph, where the sum must be recorded; never into a tensor
+// another output, hook or saved variable can see (use counts), a view, or a
+// broadcast (the shapes must match already: validation comes later).
+void accumulate_into_buffer(Tensor& slot, const Tensor& g, bool create_graph) {
+  if (!g.defined()) return;
+  const bool in_place = !create_graph && slot.defined() && slot.use_count() == 1 && slot.storage().use_count() == 1 &&
+                        slot.is_contiguous() && slot.storage()->owns_memory() && !slot.requires_grad() &&
+                        !g.requires_grad() && slot.dtype() == g.dtype() && slot.sizes() == g.sizes() &&
+                        !slot.is_alias_of(g);
+  if (in_place) {
+    const NoGradGuard no_grad;
+    slot.add_(g);
+  } else {
+    accumulate_into(slot, g);
+  }
+}
+
 struct NodeTask {
   Node* node;
   bool operator<(const NodeTask& o) const { return node->sequence_nr() < o.node->sequence_nr(); }
@@ -185,7 +205,7 @@ class GraphTask {
         TensorList& buf = buffers_[next];
         if (buf.size() < next->num_inputs()) buf.resize(next->num_inputs());
         if (e.input_nr >= buf.size()) buf.resize(e.input_nr + 1);
-        accumulate_into(buf[e.input_nr], outputs[i]);
+        accumulate_into_buffer(buf[e.input_nr], outputs[i], create_graph_);
       }
       if (--deps_[next] == 0) ready.push({next});
     }

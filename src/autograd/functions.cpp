@@ -1,5 +1,7 @@
 #include "kiln/autograd/functions.h"
 
+#include <utility>
+
 #include "kiln/autograd/anomaly.h"
 #include "kiln/core/guards.h"
 
@@ -15,7 +17,9 @@ bool is_accumulate_grad(const Node& n) { return dynamic_cast<const AccumulateGra
 
 TensorList AccumulateGrad::apply(TensorList&& grads) {
   AutogradMeta& m = materialize_meta(leaf_);
-  Tensor g = grads.empty() ? Tensor() : grads[0];
+  // Moved out of the list, so use_count() below counts only references held
+  // elsewhere (another leaf's buffer, a hook that kept it).
+  Tensor g = grads.empty() ? Tensor() : std::move(grads[0]);
   if (!g.defined()) return {};
   for (auto& h : m.leaf_hooks) {
     Tensor r = h.fn(g);
@@ -23,9 +27,13 @@ TensorList AccumulateGrad::apply(TensorList&& grads) {
   }
   MemoryCategoryGuard category(MemoryCategory::Gradient);
   if (!m.grad.defined()) {
-    // Take the incoming buffer when nothing else can see it; otherwise copy,
-    // so a later in-place accumulation cannot write into another tensor.
-    const bool exclusive = !grad_mode_enabled() && g.use_count() <= 2 && g.storage().use_count() == 1 &&
+    // Take the incoming buffer when nothing else can see it (torch's
+    // AccumulateGrad steals it too); otherwise copy, so that a later in-place
+    // accumulation cannot write into another tensor. Not under create_graph,
+    // where .grad must keep its history. A gradient in another layout (a
+    // transposed view) is copied contiguous: optimizers and DDP's buckets
+    // expect .grad laid out as the parameter.
+    const bool exclusive = !grad_mode_enabled() && g.use_count() == 1 && g.storage().use_count() == 1 &&
                            g.is_contiguous() && g.storage()->owns_memory();
     if (exclusive) {
       m.grad = g.detach();
@@ -36,7 +44,7 @@ TensorList AccumulateGrad::apply(TensorList&& grads) {
   } else if (grad_mode_enabled()) {
     m.grad = m.grad + g;  // create_graph: keep the accumulation differentiable
   } else {
-    m.grad.add_(g);
+    m.grad.add_(g);  // in place: a .grad that is a view into a bucket (DDP) keeps receiving
   }
   for (auto& h : m.post_accumulate_hooks) h.fn(leaf_);
   return {};

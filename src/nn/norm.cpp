@@ -8,6 +8,7 @@
 #include "kiln/core/factory.h"
 #include "kiln/core/guards.h"
 #include "kiln/ops/autocast.h"
+#include "kiln/ops/batch_norm.h"
 
 namespace kiln::nn {
 
@@ -95,8 +96,17 @@ Tensor BatchNorm::forward(const Tensor& x) {
     const int64_t n = x.numel() / options.num_features;
     KILN_CHECK(n > 1 || !is_training(), ValueError, type_name(),
                ": expected more than 1 value per channel when training, got input shape ", x.shape_string());
-    mean = x.mean(dims);
-    var = x.var(dims, 0);
+    // float32/float64: the fused two-pass op (ops/batch_norm.h); other dtypes: the composite below.
+    Tensor fused_out;
+    if (ops::batch_norm_train_supported(x, weight, bias)) {
+      ops::BatchNormResult r = ops::batch_norm_train(x, weight, bias, options.eps);
+      fused_out = std::move(r.output);
+      mean = std::move(r.mean);
+      var = std::move(r.var);
+    } else {
+      mean = x.mean(dims);
+      var = x.var(dims, 0);
+    }
     if (is_training() && options.track_running_stats) {
       NoGradGuard g;
       num_batches_tracked.add_(1);
@@ -105,6 +115,7 @@ Tensor BatchNorm::forward(const Tensor& x) {
       Tensor unbiased = var.detach().to(running_var.dtype()) * (static_cast<double>(n) / static_cast<double>(n - 1));
       running_var.mul_(1.0 - m).add_(unbiased, m);
     }
+    if (fused_out.defined()) return fused_out;
   } else {
     mean = running_mean;
     var = running_var;

@@ -108,6 +108,11 @@ Tensor product(const Tensor& a, const Tensor& b, bool ta, bool tb, autograd::Cal
 struct MmBackward final : autograd::Node {
   autograd::SavedVariable a, b;  // each saved only when the other operand's gradient needs it
   bool ta = false, tb = false, batched = false;
+  // An operand read as stored that is a column-major matrix (W.t() of a
+  // row-major W, as in x.matmul(W.t())) gets its gradient column-major too,
+  // as torch's mm_mat1/mat2_backward: then t()'s backward hands the leaf a
+  // contiguous gradient that AccumulateGrad takes without a strided copy.
+  bool a_col_major = false, b_col_major = false;
   const char* name() const override { return batched ? "BmmBackward0" : "MmBackward0"; }
   TensorList apply(TensorList&& grads) override {
     const Tensor& g = grads[0];
@@ -116,11 +121,15 @@ struct MmBackward final : autograd::Node {
     // d op(a) = g · op(b)ᵀ and d op(b) = op(a)ᵀ · g, transposed back where a or b was read transposed.
     if (next_edges()[0].is_valid()) {
       const Tensor bv = b.unpack(this);
-      out[0] = ta ? product(bv, g, tb, true, site()) : product(g, bv, false, !tb, site());
+      if (ta) out[0] = product(bv, g, tb, true, site());
+      else if (a_col_major) out[0] = product(bv, g, tb, true, site()).t();
+      else out[0] = product(g, bv, false, !tb, site());
     }
     if (next_edges()[1].is_valid()) {
       const Tensor av = a.unpack(this);
-      out[1] = tb ? product(g, av, true, ta, site()) : product(av, g, !ta, false, site());
+      if (tb) out[1] = product(g, av, true, ta, site());
+      else if (b_col_major) out[1] = product(g, av, true, ta, site()).t();
+      else out[1] = product(av, g, !ta, false, site());
     }
     return out;
   }
@@ -153,6 +162,11 @@ Tensor product(const Tensor& a, const Tensor& b, bool ta, bool tb, autograd::Cal
     node->ta = ta;
     node->tb = tb;
     node->batched = batched;
+    const auto col_major = [batched](const Tensor& t) {
+      return !batched && t.size(0) > 1 && t.size(1) > 1 && t.stride(0) == 1 && t.stride(1) == t.size(0);
+    };
+    node->a_col_major = !ta && col_major(a);
+    node->b_col_major = !tb && col_major(b);
     if (b.requires_grad()) node->a = autograd::SavedVariable(a, false);
     if (a.requires_grad()) node->b = autograd::SavedVariable(b, false);
     autograd::set_history(out, node, {&a, &b}, site);

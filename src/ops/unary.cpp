@@ -11,9 +11,13 @@
 #include <limits>
 #include <optional>
 #include <string_view>
+#include <utility>
 
 #include "elementwise_common.h"
+#include "kiln/core/factory.h"
+#include "kiln/core/guards.h"
 #include "kiln/kernels/copy.h"
+#include "kiln/kernels/threshold.h"
 #include "kiln/ops/autocast.h"
 #include "kiln/ops/elementwise.h"
 #include "kiln/ops/index.h"
@@ -36,6 +40,14 @@ Tensor sign_of(const Tensor& x) {
   if (out.numel() > 0) kernels::unary(ops::ew::make_unary_loop(x.sizes(), out, x), UnaryOp::Sign, x.dtype());
   return out;
 }
+
+// torch's threshold_backward: grad where self > threshold, else 0 (0 at the
+// threshold itself). One kernel pass; records ThresholdBackwardBackward0 when
+// the gradient requires grad (create_graph), so double backward works.
+Tensor threshold_backward(const Tensor& grad, const Tensor& self, const Scalar& threshold);
+// The same, written into `grad` itself when nothing else refers to it (the
+// engine hands each node its own incoming buffer), sparing a fresh output.
+Tensor threshold_backward(Tensor&& grad, const Tensor& self, const Scalar& threshold);
 
 enum class Formula : uint8_t { Neg, Abs, Exp, Log, Log1p, Sqrt, Rsqrt, Sin, Cos, Tanh, Sigmoid, Relu, Gelu, Silu, Clamp };
 
@@ -100,7 +112,7 @@ struct UnaryBackward final : autograd::Node {
       case Formula::Cos: return {g * -v.sin()};
       case Formula::Tanh: return {g * (1 - v * v)};
       case Formula::Sigmoid: return {g * (1 - v) * v};
-      case Formula::Relu: return {where(v <= 0, Scalar(0), g)};  // torch's threshold_backward: 0 at 0
+      case Formula::Relu: return {threshold_backward(std::move(grads[0]), v, Scalar(0))};
       case Formula::Gelu: return {ops::ew::gelu_backward(g, v, gelu_tanh)};
       case Formula::Silu: {
         const Tensor s = v.sigmoid();
@@ -196,6 +208,59 @@ struct GeluBackwardBackward final : autograd::Node {
     self.reset();
   }
 };
+
+// threshold_backward's own backward (torch's derivatives.yaml):
+//   d/dgrad = threshold_backward(ggI, self, threshold); d/dself = 0.
+struct ThresholdBackwardBackward final : autograd::Node {
+  SavedVariable self;
+  Scalar threshold{0};
+  const char* name() const override { return "ThresholdBackwardBackward0"; }
+  TensorList apply(TensorList&& gg) override {
+    TensorList out(2);
+    if (!gg[0].defined()) return out;
+    if (needs_grad(*this, 0)) out[0] = threshold_backward(gg[0], self.unpack(this), threshold);
+    if (needs_grad(*this, 1)) out[1] = zeros_like(gg[0]);
+    return out;
+  }
+  void release_variables() override { self.reset(); }
+};
+
+Tensor threshold_backward(const Tensor& grad, const Tensor& self, const Scalar& threshold) {
+  Tensor out;
+  if (grad.dtype() == self.dtype() && grad.dtype() != kBool && grad.sizes() == self.sizes()) {
+    out = ops::new_output(grad.sizes(), grad.dtype());
+    if (out.numel() > 0) {
+      alignas(8) unsigned char thr[8];
+      kernels::scalar_to_bytes(thr, grad.dtype(), threshold);
+      kernels::threshold_backward(ops::make_loop(grad.sizes(), {&out, &grad, &self}), grad.dtype(), thr);
+    }
+  } else {  // mixed dtypes or a broadcast: the general composition (rare; a custom caller)
+    const NoGradGuard no_grad;
+    out = where(self <= threshold, Scalar(0), grad);
+  }
+  if (autograd::compute_requires_grad({&grad, &self})) {
+    auto node = make_intrusive<ThresholdBackwardBackward>();
+    node->self = SavedVariable(self, false);
+    node->threshold = threshold;
+    autograd::set_history(out, node, {&grad, &self});
+  }
+  return out;
+}
+
+Tensor threshold_backward(Tensor&& grad, const Tensor& self, const Scalar& threshold) {
+  const bool reuse = !grad_mode_enabled() && grad.use_count() == 1 && grad.storage().use_count() == 1 &&
+                     grad.is_contiguous() && grad.storage()->owns_memory() && grad.dtype() == self.dtype() &&
+                     grad.dtype() != kBool && grad.sizes() == self.sizes() && !grad.is_alias_of(self);
+  if (!reuse) return threshold_backward(static_cast<const Tensor&>(grad), self, threshold);
+  Tensor out = std::move(grad);
+  if (out.numel() > 0) {
+    alignas(8) unsigned char thr[8];
+    kernels::scalar_to_bytes(thr, out.dtype(), threshold);
+    kernels::threshold_backward(ops::make_loop(out.sizes(), {&out, &out, &self}), out.dtype(), thr);
+  }
+  out.bump_version();
+  return out;
+}
 
 // ---- forwards ----
 

@@ -1,0 +1,31 @@
+// BatchNorm's training-mode kernels (kernels layer): the forward in two
+// passes over x (per-channel statistics, then normalise), the backward in two
+// passes (per-channel sums of dy and dy * (x - mean), then dx), instead of
+// the composite's dozen full-size elementwise and reduction passes.
+#pragma once
+
+#include <cstdint>
+
+#include "kiln/core/dtype.h"
+
+namespace kiln::kernels {
+
+/// x viewed as [n, c, inner]: dim 0, the channel dim 1, and the rest.
+struct BatchNormShape {
+  int64_t n = 0, c = 0, inner = 0;
+};
+
+/// Float32 and float64 (dtype `dt`); every array contiguous, all of dtype `dt`.
+/// In: x [n, c, inner]; weight, bias [c] or null (1 and 0). Out: y [n, c, inner];
+/// mean, invstd = 1 / sqrt(var + eps) and the biased variance var, each [c].
+/// Sums accumulate in double; y = (x - mean) * (invstd * weight) + bias.
+void batch_norm_train_forward(DType dt, BatchNormShape s, const void* x, const void* weight, const void* bias,
+                              double eps, void* y, void* mean, void* invstd, void* var);
+
+/// In: dy and x [n, c, inner]; mean, invstd (the forward's) and weight [c]
+/// (null: 1). Out, each optional (null: not wanted): dx [n, c, inner],
+/// dweight = sum(dy * xhat) and dbias = sum(dy), each [c].
+void batch_norm_train_backward(DType dt, BatchNormShape s, const void* dy, const void* x, const void* mean,
+                               const void* invstd, const void* weight, void* dx, void* dweight, void* dbias);
+
+}  // namespace kiln::kernels

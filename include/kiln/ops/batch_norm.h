@@ -1,0 +1,32 @@
+// Training-mode batch normalisation as one op (torch's native_batch_norm with
+// training=True): per-channel statistics over every dim but 1, normalise,
+// scale and shift, with a backward node of two passes. nn::BatchNorm1d/2d use
+// it in training mode for float32 and float64; other dtypes keep the
+// composite of elementwise ops and reductions.
+#pragma once
+
+#include <source_location>
+
+#include "kiln/core/tensor.h"
+
+namespace kiln::ops {
+
+/// What batch_norm_train returns: the output, and the batch's per-channel
+/// mean and biased variance (no gradient; for the running statistics).
+struct BatchNormResult {
+  Tensor output, mean, var;
+};
+
+/// Whether batch_norm_train takes these operands: x float32 or float64 with
+/// at least 2 dims and a value per channel, weight and bias undefined or [C]
+/// of x's dtype.
+bool batch_norm_train_supported(const Tensor& x, const Tensor& weight, const Tensor& bias);
+
+/// y = (x - mean) / sqrt(var + eps) * weight + bias over channel dim 1, mean
+/// and var (biased) taken over the other dims. Differentiable in x, weight and
+/// bias (NativeBatchNormBackward0); double backward goes through the
+/// composite formula, so gradients of any order follow.
+BatchNormResult batch_norm_train(const Tensor& x, const Tensor& weight, const Tensor& bias, double eps,
+                                 std::source_location loc = std::source_location::current());
+
+}  // namespace kiln::ops

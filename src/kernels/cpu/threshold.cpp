@@ -1,0 +1,25 @@
+// ReLU's backward (torch's threshold_backward) as one elementwise pass: the
+// compare and the select are a vector compare and a blend, and the driver of
+// elementwise_loop.h supplies dtypes, strides, broadcasts and threads.
+#include "kiln/kernels/threshold.h"
+
+#include <type_traits>
+
+#include "elementwise_loop.h"
+
+namespace kiln::kernels {
+
+void threshold_backward(const LoopSpec& s, DType dt, const void* threshold) {
+  KILN_ASSERT(dt != kBool, "threshold_backward kernel called with bool; the ops layer should have rejected it");
+  visit_dtype(dt, [&]<typename T>() {
+    if constexpr (!std::is_same_v<T, bool>) {
+      using C = compute_t<T>;
+      const C t = static_cast<C>(*static_cast<const T*>(threshold));
+      // `v <= t ? 0 : g` rather than `v > t ? g : 0`: a NaN v compares false
+      // and passes g, as torch's kernel does.
+      ew::run_binary<T, T>(s, [t](C g, C v) { return v <= t ? C(0) : g; });
+    }
+  });
+}
+
+}  // namespace kiln::kernels

@@ -1,0 +1,144 @@
+// Training-mode batch norm (include/kiln/ops/batch_norm.h): shape and dtype
+// checks, the two-pass kernels of kernels/cpu/batch_norm.cpp, and the backward
+// node. The node runs the fused backward kernel; under create_graph it
+// computes the same formula with kiln ops instead, recomputing the
+// statistics from the saved input, so that double backward sees how mean and
+// variance depend on x.
+#include "kiln/ops/batch_norm.h"
+
+#include <vector>
+
+#include "iter.h"
+#include "kiln/autograd/functions.h"
+#include "kiln/core/error.h"
+#include "kiln/core/guards.h"
+#include "kiln/kernels/batch_norm.h"
+
+namespace kiln::ops {
+
+namespace {
+
+using autograd::SavedVariable;
+
+kernels::BatchNormShape bn_shape(const Tensor& x) {
+  kernels::BatchNormShape s;
+  s.n = x.size(0);
+  s.c = x.size(1);
+  s.inner = 1;
+  for (int64_t d = 2; d < x.dim(); ++d) s.inner *= x.size(d);
+  return s;
+}
+
+std::vector<int64_t> reduce_dims(const Tensor& x) {
+  std::vector<int64_t> dims = {0};
+  for (int64_t d = 2; d < x.dim(); ++d) dims.push_back(d);
+  return dims;
+}
+
+std::vector<int64_t> channel_shape(const Tensor& x) {
+  std::vector<int64_t> s(static_cast<size_t>(x.dim()), 1);
+  s[1] = x.size(1);
+  return s;
+}
+
+const void* data_or_null(const Tensor& t) { return t.defined() ? t.data_ptr() : nullptr; }
+
+struct NativeBatchNormBackward final : autograd::Node {
+  SavedVariable x, weight;
+  Tensor mean, invstd;  // the forward's statistics, [C], outside the graph
+  double eps = 1e-5;
+  const char* name() const override { return "NativeBatchNormBackward0"; }
+
+  TensorList apply(TensorList&& grads) override {
+    TensorList out(3);
+    const Tensor& g = grads[0];
+    if (!g.defined()) return out;
+    const bool want_x = next_edges()[0].is_valid(), want_w = next_edges()[1].is_valid(),
+               want_b = next_edges()[2].is_valid();
+    const Tensor xv = x.unpack(this);
+    const Tensor wv = weight.defined() ? weight.unpack(this) : Tensor();
+    if (grad_mode_enabled()) return differentiable(g, xv, wv, want_x, want_w, want_b);
+    const Tensor gc = g.contiguous();
+    const DType dt = xv.dtype();
+    if (want_x) out[0] = new_output(xv.sizes(), dt);
+    if (want_w) out[1] = new_output({xv.size(1)}, dt);
+    if (want_b) out[2] = new_output({xv.size(1)}, dt);
+    if (xv.numel() > 0) {
+      kernels::batch_norm_train_backward(dt, bn_shape(xv), gc.data_ptr(), xv.data_ptr(), mean.data_ptr(),
+                                         invstd.data_ptr(), data_or_null(wv), want_x ? out[0].data_ptr() : nullptr,
+                                         want_w ? out[1].data_ptr() : nullptr, want_b ? out[2].data_ptr() : nullptr);
+    }
+    return out;
+  }
+
+  // The same gradients as kiln ops (create_graph): differentiable again.
+  TensorList differentiable(const Tensor& g, const Tensor& xv, const Tensor& wv, bool want_x, bool want_w,
+                            bool want_b) const {
+    TensorList out(3);
+    const auto dims = reduce_dims(xv);
+    const auto cs = channel_shape(xv);
+    const Tensor mu = xv.mean(dims, true);
+    const Tensor is = (xv.var(dims, 0, true) + eps).rsqrt();
+    const Tensor xhat = (xv - mu) * is;
+    if (want_x) {
+      const Tensor dxhat = wv.defined() ? g * wv.view(cs) : g;
+      out[0] = is * (dxhat - dxhat.mean(dims, true) - xhat * (dxhat * xhat).mean(dims, true));
+    }
+    if (want_w) out[1] = (g * xhat).sum(dims);
+    if (want_b) out[2] = g.sum(dims);
+    return out;
+  }
+
+  void release_variables() override {
+    x.reset();
+    weight.reset();
+    mean = Tensor();
+    invstd = Tensor();
+  }
+};
+
+}  // namespace
+
+bool batch_norm_train_supported(const Tensor& x, const Tensor& weight, const Tensor& bias) {
+  if (!x.defined() || x.dim() < 2 || (x.dtype() != kFloat32 && x.dtype() != kFloat64)) return false;
+  for (const Tensor* p : {&weight, &bias}) {
+    if (p->defined() && (p->dtype() != x.dtype() || p->dim() != 1 || p->size(0) != x.size(1))) return false;
+  }
+  return true;
+}
+
+BatchNormResult batch_norm_train(const Tensor& x, const Tensor& weight, const Tensor& bias, double eps,
+                                 std::source_location loc) {
+  check_defined(x, "batch_norm", "input");
+  KILN_CHECK(batch_norm_train_supported(x, weight, bias), DTypeError,
+             "batch_norm: expected a float32 or float64 input of at least 2 dims with weight and bias of its "
+             "dtype and shape [C], got input ", dtype_name(x.dtype()), " ", x.shape_string(),
+             weight.defined() ? ", weight " + weight.shape_string() : std::string(),
+             bias.defined() ? ", bias " + bias.shape_string() : std::string());
+  const DType dt = x.dtype();
+  const int64_t c = x.size(1);
+  KILN_CHECK(x.numel() / std::max<int64_t>(c, 1) > 1, ValueError,
+             "batch_norm: expected more than 1 value per channel when training, got input shape ", x.shape_string());
+  const Tensor xc = x.contiguous();
+  const Tensor wc = weight.defined() ? weight.contiguous() : Tensor();
+  const Tensor bc = bias.defined() ? bias.contiguous() : Tensor();
+  BatchNormResult r;
+  r.output = new_output(x.sizes(), dt);
+  r.mean = new_output({c}, dt);
+  r.var = new_output({c}, dt);
+  Tensor invstd = new_output({c}, dt);
+  kernels::batch_norm_train_forward(dt, bn_shape(xc), xc.data_ptr(), data_or_null(wc), data_or_null(bc), eps,
+                                    r.output.data_ptr(), r.mean.data_ptr(), invstd.data_ptr(), r.var.data_ptr());
+  if (autograd::compute_requires_grad({&x, &weight, &bias})) {
+    auto node = make_intrusive<NativeBatchNormBackward>();
+    node->x = SavedVariable(xc, false);
+    if (weight.defined()) node->weight = SavedVariable(wc, false);
+    node->mean = r.mean.clone();  // its own: a caller may update r.mean in place
+    node->invstd = invstd;
+    node->eps = eps;
+    autograd::set_history(r.output, node, {&x, &weight, &bias}, autograd::CallSite::from(loc));
+  }
+  return r;
+}
+
+}  // namespace kiln::ops
