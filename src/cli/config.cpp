@@ -90,6 +90,31 @@ constexpr Key kSchema[] = {
 };
 // clang-format on
 
+/// The offset of the first byte that breaks UTF-8 (overlong forms, surrogates and
+/// code points above U+10FFFF included), or npos when `s` is valid.
+size_t invalid_utf8_at(const std::string& s) {
+  const auto* p = reinterpret_cast<const unsigned char*>(s.data());
+  const size_t n = s.size();
+  for (size_t i = 0; i < n;) {
+    const unsigned c = p[i];
+    size_t len = 0;
+    uint32_t cp = 0, min = 0;
+    if (c < 0x80) { ++i; continue; }
+    if ((c & 0xE0) == 0xC0) { len = 2; cp = c & 0x1F; min = 0x80; }
+    else if ((c & 0xF0) == 0xE0) { len = 3; cp = c & 0x0F; min = 0x800; }
+    else if ((c & 0xF8) == 0xF0) { len = 4; cp = c & 0x07; min = 0x10000; }
+    else return i;
+    if (i + len > n) return i;
+    for (size_t k = 1; k < len; ++k) {
+      if ((p[i + k] & 0xC0) != 0x80) return i;
+      cp = (cp << 6) | (p[i + k] & 0x3F);
+    }
+    if (cp < min || cp > 0x10FFFF || (cp >= 0xD800 && cp <= 0xDFFF)) return i;
+    i += len;
+  }
+  return std::string::npos;
+}
+
 const char* kind_name(Kind k) {
   switch (k) {
     case Kind::Int: return "an integer";
@@ -306,6 +331,11 @@ void Config::validate_and_fill() {
 }
 
 void Config::set(const std::string& assignment) {
+  // A bare word becomes a string as given; TOML strings are UTF-8, and a value
+  // that is not would be written to config.toml as something else.
+  if (const size_t bad = invalid_utf8_at(assignment); bad != std::string::npos)
+    throw ConfigError("--set: the assignment is not valid UTF-8 (byte " + std::to_string(bad + 1) + " of " +
+                      std::to_string(assignment.size()) + ")");
   const auto eq = assignment.find('=');
   if (eq == std::string::npos || eq == 0)
     throw ConfigError("--set " + assignment + ": expected key=value (e.g. --set optim.lr=3e-4)");

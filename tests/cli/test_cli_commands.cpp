@@ -203,5 +203,23 @@ TEST(CliConfig, SetOverridesAndResolvedTextRoundTrips) {
   EXPECT_THROW(c.set("optim.beta1=0.5"), cli::ConfigError);
 }
 
+// Found by fuzz_config: a bare-word value that is not UTF-8 was taken as a string and
+// written to config.toml as different text. It is refused; valid UTF-8 round-trips.
+TEST(CliConfig, SetRefusesInvalidUtf8AndKeepsUnicode) {
+  auto c = cli::Config::from_string(tiny_mlp_config(), "tiny");
+  for (const std::string bad : {"name=\xC5\xDC", "name=a\xFF", "name=\xED\xA0\x80", "name=\xC0\xAF", "name=\xE2\x82"}) {
+    try {
+      c.set(bad);
+      ADD_FAILURE() << "accepted " << bad;
+    } catch (const cli::ConfigError& e) {
+      EXPECT_NE(std::string(e.what()).find("not valid UTF-8"), std::string::npos) << e.what();
+    }
+  }
+  EXPECT_EQ(c.name(), "tiny");  // unchanged by the refused assignments
+  c.set("name=caf\xC3\xA9-\xF0\x9F\x94\xA5");
+  EXPECT_EQ(c.name(), "caf\xC3\xA9-\xF0\x9F\x94\xA5");
+  EXPECT_EQ(cli::Config::from_string(c.to_toml(), "resolved").to_toml(), c.to_toml());
+}
+
 }  // namespace
 }  // namespace kiln::test
