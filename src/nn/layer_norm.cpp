@@ -8,9 +8,10 @@
 // Backward, with xhat = (x - mean) * rstd and dxhat = g * w:
 //   grad_x = rstd * (dxhat - mean(dxhat) - xhat * mean(dxhat * xhat)),
 //   grad_w = Σ_rows g * xhat, grad_b = Σ_rows g.
-// Row statistics accumulate in double. The weight and bias gradients are
-// summed per fixed chunk of rows and then over chunks, so the result does not
-// depend on the thread count. Under create_graph (grad mode on in backward) it
+// Row sums run over 16 independent lanes in the input's dtype (vectorised;
+// pairwise at the end). The weight and bias gradients are summed per fixed
+// chunk of rows (at most 64 chunks) and then over chunks in double, so the
+// result does not depend on the thread count. Under create_graph (grad mode on in backward) it
 // differentiates the composite form instead, so higher orders stay exact.
 #include <algorithm>
 #include <cmath>
@@ -49,6 +50,25 @@ int64_t chunk_rows(int64_t rows, int64_t n) {
   return std::max<int64_t>(per, (rows + 63) / 64);
 }
 
+// Row sums over kLanes independent partial sums: the compiler vectorises the
+// lanes (one serial chain of adds would be latency-bound), and pairing the
+// lanes at the end keeps float32 rounding close to a tree sum.
+constexpr int64_t kLanes = 16;
+
+template <typename T, typename F>
+T lane_sum(int64_t n, F&& term) {
+  T acc[kLanes] = {};
+  int64_t j = 0;
+  for (; j + kLanes <= n; j += kLanes) {
+    for (int64_t u = 0; u < kLanes; ++u) acc[u] += term(j + u);
+  }
+  for (int64_t u = 0; j < n; ++j, ++u) acc[u] += term(j);
+  for (int64_t w = kLanes / 2; w > 0; w /= 2) {
+    for (int64_t u = 0; u < w; ++u) acc[u] += acc[u + w];
+  }
+  return acc[0];
+}
+
 template <typename T>
 void ln_forward(const T* x, const T* w, const T* b, T* y, T* mean_out, T* rstd_out, int64_t rows, int64_t n,
                 double eps) {
@@ -56,16 +76,9 @@ void ln_forward(const T* x, const T* w, const T* b, T* y, T* mean_out, T* rstd_o
     for (int64_t r = r0; r < r1; ++r) {
       const T* xr = x + r * n;
       T* yr = y + r * n;
-      double s = 0;
-      for (int64_t j = 0; j < n; ++j) s += static_cast<double>(xr[j]);
-      const double mean = s / static_cast<double>(n);
-      double ss = 0;
-      for (int64_t j = 0; j < n; ++j) {
-        const double d = static_cast<double>(xr[j]) - mean;
-        ss += d * d;
-      }
-      const double rstd = 1.0 / std::sqrt(ss / static_cast<double>(n) + eps);
-      const T m = static_cast<T>(mean), rs = static_cast<T>(rstd);
+      const T m = lane_sum<T>(n, [&](int64_t j) { return xr[j]; }) / static_cast<T>(n);
+      const T var = lane_sum<T>(n, [&](int64_t j) { return (xr[j] - m) * (xr[j] - m); }) / static_cast<T>(n);
+      const T rs = static_cast<T>(1.0 / std::sqrt(static_cast<double>(var) + eps));
       for (int64_t j = 0; j < n; ++j) yr[j] = (xr[j] - m) * rs * w[j] + b[j];
       mean_out[r] = m;
       rstd_out[r] = rs;
@@ -78,32 +91,29 @@ void ln_backward(const T* g, const T* x, const T* w, const T* mean, const T* rst
                  int64_t n) {
   const int64_t per = chunk_rows(rows, n), chunks = (rows + per - 1) / per;
   const bool want_wb = gw != nullptr;
-  std::vector<double> part(want_wb ? static_cast<size_t>(chunks * 2 * n) : 0, 0.0);
+  std::vector<T> part(want_wb ? static_cast<size_t>(chunks * 2 * n) : 0, T(0));
   kernels::parallel_for(chunks, 1, [&](int64_t c0, int64_t c1) {
     std::vector<T> xhat(static_cast<size_t>(n)), dxhat(static_cast<size_t>(n));
     for (int64_t c = c0; c < c1; ++c) {
-      double* pw = want_wb ? part.data() + c * 2 * n : nullptr;
-      double* pb = want_wb ? pw + n : nullptr;
+      T* pw = want_wb ? part.data() + c * 2 * n : nullptr;
+      T* pb = want_wb ? pw + n : nullptr;
       for (int64_t r = c * per, re = std::min(rows, (c + 1) * per); r < re; ++r) {
         const T* gr = g + r * n;
         const T* xr = x + r * n;
         const T m = mean[r], rs = rstd[r];
-        double a = 0, bsum = 0;
         for (int64_t j = 0; j < n; ++j) {
-          const T xh = (xr[j] - m) * rs, dxh = gr[j] * w[j];
-          xhat[j] = xh;
-          dxhat[j] = dxh;
-          a += static_cast<double>(dxh);
-          bsum += static_cast<double>(dxh) * static_cast<double>(xh);
+          xhat[j] = (xr[j] - m) * rs;
+          dxhat[j] = gr[j] * w[j];
         }
         if (want_wb) {
           for (int64_t j = 0; j < n; ++j) {
-            pw[j] += static_cast<double>(gr[j]) * static_cast<double>(xhat[j]);
-            pb[j] += static_cast<double>(gr[j]);
+            pw[j] += gr[j] * xhat[j];
+            pb[j] += gr[j];
           }
         }
         if (gx != nullptr) {
-          const T ma = static_cast<T>(a / static_cast<double>(n)), mb = static_cast<T>(bsum / static_cast<double>(n));
+          const T ma = lane_sum<T>(n, [&](int64_t j) { return dxhat[j]; }) / static_cast<T>(n);
+          const T mb = lane_sum<T>(n, [&](int64_t j) { return dxhat[j] * xhat[j]; }) / static_cast<T>(n);
           T* out = gx + r * n;
           for (int64_t j = 0; j < n; ++j) out[j] = rs * (dxhat[j] - ma - xhat[j] * mb);
         }
@@ -114,8 +124,8 @@ void ln_backward(const T* g, const T* x, const T* w, const T* mean, const T* rst
   for (int64_t j = 0; j < n; ++j) {
     double sw = 0, sb = 0;
     for (int64_t c = 0; c < chunks; ++c) {
-      sw += part[static_cast<size_t>(c * 2 * n + j)];
-      sb += part[static_cast<size_t>(c * 2 * n + n + j)];
+      sw += static_cast<double>(part[static_cast<size_t>(c * 2 * n + j)]);
+      sb += static_cast<double>(part[static_cast<size_t>(c * 2 * n + n + j)]);
     }
     gw[j] = static_cast<T>(sw);
     gb[j] = static_cast<T>(sb);
