@@ -8,6 +8,7 @@
 #include "kiln/nn/init.h"
 #include "kiln/ops/conv.h"
 #include "kiln/ops/index.h"
+#include "kiln/ops/linalg.h"
 
 namespace kiln::nn {
 
@@ -50,8 +51,8 @@ void Linear::reset_parameters() { reset_weight_bias(weight, bias); }
 Tensor Linear::forward(const Tensor& x) {
   KILN_CHECK(x.dim() >= 1 && x.size(-1) == options.in_features, ShapeError, "Linear: expected input with last dim ",
              options.in_features, ", got shape ", x.shape_string());
-  Tensor y = x.matmul(weight.t());
-  return bias.defined() ? y + bias : y;
+  // kiln::linear adds the bias inside the oneDNN product and forms grad_weight as gᵀ · x (no separate add pass).
+  return kiln::linear(x, weight, bias);
 }
 std::string Linear::extra_repr() const {
   return "in_features=" + std::to_string(options.in_features) + ", out_features=" +

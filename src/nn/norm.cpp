@@ -44,6 +44,10 @@ std::vector<int64_t> channel_shape(const Tensor& x, int64_t c) {
 }
 }  // namespace
 
+namespace detail {
+Tensor layer_norm(const Tensor& x, int64_t n_dims, const Tensor& weight, const Tensor& bias, double eps);
+}  // namespace detail
+
 // ---- LayerNorm ----
 LayerNorm::LayerNorm(LayerNormOptions o)
     : Module("LayerNorm"),
@@ -57,10 +61,7 @@ LayerNorm::LayerNorm(LayerNormOptions o)
 Tensor LayerNorm::forward(const Tensor& x) {
   if (autocast_enabled()) return ops::autocast_call(AutocastOp::layer_norm, [&](const Tensor& xx) { return forward(xx); }, x);
   auto dims = trailing_dims(x, options.normalized_shape, "LayerNorm");
-  Tensor mean = x.mean(dims, true);
-  Tensor var = x.var(dims, 0, true);
-  Tensor y = (x - mean) * (var + options.eps).rsqrt();
-  return weight.defined() ? y * weight + bias : y;
+  return detail::layer_norm(x, static_cast<int64_t>(dims.size()), weight, bias, options.eps);  // layer_norm.cpp
 }
 std::string LayerNorm::extra_repr() const {
   return ints(options.normalized_shape) + ", eps=" + num(options.eps) +

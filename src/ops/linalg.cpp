@@ -66,11 +66,10 @@ void check_matmul_dtypes(const char* op, const Tensor& a, const Tensor& b, const
              ": bool tensors are not supported (as in torch); convert to an integer or floating dtype first");
 }
 
-// c = a · b (+ bias) into a new contiguous tensor of out_shape, whose numel
-// is batch * a.rows * b.cols. float16 callers convert before they get here.
-Tensor run_matmul(const Operand& a, const Operand& b, const Tensor& bias, int64_t batch, IntArrayRef out_shape) {
+// c = a · b (+ bias) into `out` (contiguous, batch * a.rows * b.cols
+// elements). float16 callers convert before they get here.
+void run_matmul_into(const Operand& a, const Operand& b, const Tensor& bias, int64_t batch, const Tensor& out) {
   const DType dt = a.t.dtype();
-  Tensor out = ops::new_output(out_shape, dt);
   kernels::MatmulArgs g;
   g.dtype = dt;
   g.batch = batch;
@@ -86,7 +85,44 @@ Tensor run_matmul(const Operand& a, const Operand& b, const Tensor& bias, int64_
   g.bias = bias.defined() ? bias.data_ptr() : nullptr;
   g.c = out.data_ptr();
   kernels::matmul(g);
+}
+
+// c = a · b (+ bias) into a new contiguous tensor of out_shape.
+Tensor run_matmul(const Operand& a, const Operand& b, const Tensor& bias, int64_t batch, IntArrayRef out_shape) {
+  Tensor out = ops::new_output(out_shape, a.t.dtype());
+  run_matmul_into(a, b, bias, batch, out);
   return out;
+}
+
+// True when the batch dims of `t` (all but the last two) can be viewed as one
+// without a copy: evenly strided once size-1 dims are skipped.
+bool batch_merges(const Tensor& t) {
+  int64_t expected = -1;
+  for (int64_t d = t.dim() - 3; d >= 0; --d) {
+    if (t.size(d) == 1) continue;
+    if (expected != -1 && t.stride(d) != expected) return false;
+    expected = t.stride(d) * t.size(d);
+  }
+  return true;
+}
+
+// out [..., m, n] = a [..., m, k] · b [..., k, n] for operands with the same
+// batch shape whose batch dims do not merge (attention's heads viewed out of a
+// [B, T, 3C] projection: [B, nh, T, hs] with strides [3TC, hs, 3C, 1]).
+// Rather than copying an operand to contiguous, it peels leading batch dims
+// until the rest merge, and runs one strided batched product per slice into
+// its part of `out`: oneDNN reads the interleaved heads in place.
+void batched_into(const Tensor& a, const Tensor& b, const Tensor& out) {
+  if (a.dim() <= 3 || (batch_merges(a) && batch_merges(b))) {
+    const int64_t rows = a.size(-2), cols = b.size(-1);
+    const int64_t batch = shape_numel(IntArrayRef(a.sizes().data(), a.dim() - 2));
+    const Tensor a3 = a.dim() == 2 ? a : a.reshape({batch, rows, a.size(-1)});
+    const Tensor b3 = b.dim() == 2 ? b : b.reshape({batch, b.size(-2), cols});
+    const bool batched = a3.dim() == 3;
+    run_matmul_into(matrix_operand(a3, batched), matrix_operand(b3, batched), Tensor(), batch, out);
+    return;
+  }
+  for (int64_t i = 0; i < a.size(0); ++i) batched_into(a.select(0, i), b.select(0, i), out.select(0, i));
 }
 
 // True when all dims but the last of `t` can be viewed as one (evenly strided).
@@ -348,6 +384,14 @@ Tensor matmul_forward(const Tensor& self, const Tensor& other) {
   if (db <= 2 && da >= 3 && rows_merge(a)) {
     const Tensor a2 = a.reshape({batch * m, ka});
     return run_matmul(matrix_operand(a2, false), matrix_operand(b, false), Tensor(), 1, out_shape);
+  }
+
+  // Same batch shape, but the batch dims of an operand do not merge: no copy.
+  if (da == db && da >= 4 && a_batch == b_batch &&
+      !(batch_merges(a) && batch_merges(b))) {
+    Tensor out = ops::new_output(out_shape, a.dtype());
+    batched_into(a, b, out);
+    return out;
   }
 
   // One operand as [1 | batch, rows, cols]: a batch of 1 is broadcast by the

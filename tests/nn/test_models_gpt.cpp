@@ -160,12 +160,21 @@ void check_training_against_twin(nn::Module& m, const std::string& name, const s
   // gradient is ~0 (the key biases of c_attn: softmax ignores a per-row constant) moves
   // by up to lr per step in a direction set by float rounding, in torch as in kiln.
   // Observed worst difference for gpt: 2.5e-4 (steps * lr = 6e-3 bounds it); the check is 1e-3.
+  // Those key-bias elements (the middle third of c_attn.bias) are held to that bound
+  // itself: their direction is rounding noise, so any change of summation order moves them
+  // (1.04e-3 seen for vit once LayerNorm and Linear's bias became fused kernels).
+  const double noise_bound = steps * 3e-4;
   for (auto& [n, p] : m.named_parameters()) {
     auto a = test::to_doubles(p.detach()), b = test::to_doubles(ref.at("final." + n));
     ASSERT_EQ(a.size(), b.size()) << n;
-    double worst = 0;
-    for (size_t i = 0; i < a.size(); ++i) worst = std::max(worst, std::abs(a[i] - b[i]));
+    const bool qkv_bias = n.size() >= 16 && n.compare(n.size() - 16, 16, "attn.c_attn.bias") == 0;
+    double worst = 0, worst_key = 0;
+    for (size_t i = 0; i < a.size(); ++i) {
+      const bool key = qkv_bias && i >= a.size() / 3 && i < 2 * a.size() / 3;
+      (key ? worst_key : worst) = std::max(key ? worst_key : worst, std::abs(a[i] - b[i]));
+    }
     EXPECT_LE(worst, 1e-3) << "parameter " << n << " after training";
+    EXPECT_LE(worst_key, noise_bound) << "key bias of " << n << " after training";
   }
 }
 

@@ -17,6 +17,7 @@
 #include "dense_test_util.h"
 #include "kiln/kiln.h"
 #include "kiln/ops/linalg.h"
+#include "support/oracle.h"
 
 using namespace kiln;
 
@@ -296,4 +297,32 @@ TEST(Linalg, TransposedBatchTimesMatrixReadsInPlace) {
   const Tensor w = randn({6, 4}, kFloat32, &g);
   expect_close(matmul(a, w), matmul(a.contiguous(), w), 1e-6, 1e-6, "transposed batch x matrix");
   expect_close(matmul(a, w.t().contiguous().t()), matmul(a.contiguous(), w), 1e-6, 1e-6, "both transposed");
+}
+
+TEST(Linalg, AttentionHeadViewsMatchTorch) {
+  // Heads viewed out of one [B, T, 3C] projection, as attention splits q, k, v:
+  // [B, nh, T, hs] with strides [3TC, hs, 3C, 1], whose batch dims do not
+  // merge. The product runs per leading index on the strided views (no copy);
+  // values against torch for q·kᵀ and P·v, outputs contiguous.
+  Generator g(29);
+  const int64_t B = 2, T = 5, nh = 3, hs = 4, C = nh * hs;
+  const Tensor qkv = randn({B, T, 3 * C}, kFloat32, &g);
+  auto heads = [&](int64_t i) { return qkv.narrow(2, i * C, C).view({B, T, nh, hs}).transpose(1, 2); };
+  const Tensor q = heads(0), k = heads(1), v = heads(2);
+  const Tensor s = matmul(q, k.transpose(-2, -1));
+  const Tensor p = randn({B, nh, T, T}, kFloat32, &g);
+  const Tensor o = matmul(p, v);
+  EXPECT_TRUE(s.is_contiguous());
+  EXPECT_TRUE(o.is_contiguous());
+  const test::OracleOutcome want = test::torch_eval(
+      "(lambda h: (torch.matmul(h(0), h(1).transpose(-2, -1)), torch.matmul(x1, h(2))))("
+      "lambda i: x0.narrow(2, i * 12, 12).view(2, 5, 3, 4).transpose(1, 2))",
+      {qkv, p});
+  ASSERT_TRUE(want.ok) << want.error;
+  expect_close(s, want.outputs[0], 1e-5, 1e-5, "q . k^T of head views");
+  expect_close(o, want.outputs[1], 1e-5, 1e-5, "P . v of head views");
+  // A 5-D operand peels two leading dims before the rest merge.
+  const Tensor a5 = randn({2, 3, 2, 4, 5}, kFloat32, &g).permute({1, 0, 2, 3, 4});
+  const Tensor b5 = randn({3, 2, 2, 5, 3}, kFloat32, &g);
+  expect_close(matmul(a5, b5), matmul(a5.contiguous(), b5), 1e-5, 1e-5, "5-D with a permuted batch");
 }

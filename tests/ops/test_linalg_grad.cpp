@@ -87,6 +87,16 @@ TEST(LinalgGrad, MatmulGradcheckStridedOperands) {
   expect_gradcheck(matmul2, {transposed_leaf({4, 3}, 105), leaf({2, 4, 2}, 106)}, "matmul transposed x 3-D");
 }
 
+TEST(LinalgGrad, MatmulGradcheckAttentionHeadViews) {
+  // [B, nh, T, hs] heads viewed out of [B, T, 3C]: batch dims that do not merge (the per-slice path).
+  const Tensor base = leaf({2, 3, 3 * 2 * 4}, 121).detach();
+  auto heads = [&](int64_t i) { return base.narrow(2, i * 8, 8).view({2, 3, 2, 4}).transpose(1, 2); };
+  const Tensor q = heads(0).requires_grad_(), kt = heads(1).transpose(-2, -1).requires_grad_();
+  const Tensor v = heads(2).requires_grad_();
+  expect_gradcheck(matmul2, {q, kt}, "q . k^T of head views");
+  expect_gradcheck(matmul2, {leaf({2, 2, 3, 3}, 122), v}, "P . v of head views");
+}
+
 TEST(LinalgGrad, LinearGradcheck) {
   expect_gradcheck(linear3, {leaf({3, 4}, 201), leaf({5, 4}, 202), leaf({5}, 203)}, "linear");
   expect_gradcheck(linear2, {leaf({3, 4}, 204), leaf({5, 4}, 205)}, "linear without bias");

@@ -1,0 +1,133 @@
+// LayerNorm's fused kernel (src/nn/layer_norm.cpp): values and gradients of
+// input, weight and bias against torch 1.13's F.layer_norm in float32 (one and
+// two normalised dims, a non-contiguous input, rows enough to split the weight
+// gradient over several chunks), gradcheck in float64, the create_graph
+// backward (the composite, differentiated) agreeing with the kernel, and the composite
+// fallbacks (no affine, bfloat16) giving the same values as the kernel.
+#include <gtest/gtest.h>
+
+#include <string>
+#include <vector>
+
+#include "kiln/autograd/engine.h"
+#include "kiln/autograd/gradcheck.h"
+#include "kiln/core/factory.h"
+#include "kiln/core/generator.h"
+#include "kiln/core/guards.h"
+#include "kiln/nn/norm.h"
+#include "support/oracle.h"
+
+using namespace kiln;
+
+namespace {
+
+struct LnCase {
+  std::string id;
+  std::vector<int64_t> normalized_shape;
+  Tensor x;
+  std::string expr;
+};
+
+std::shared_ptr<nn::LayerNorm> perturbed(const std::vector<int64_t>& shape, DType dt = kFloat32) {
+  auto ln = std::make_shared<nn::LayerNorm>(nn::LayerNormOptions{.normalized_shape = shape, .dtype = dt});
+  NoGradGuard g;
+  for (auto& p : ln->parameters()) p.add_(randn(p.sizes(), TensorOptions(dt)).mul(0.3));
+  return ln;
+}
+
+}  // namespace
+
+TEST(LayerNormFused, ValuesAndGradientsMatchTorch) {
+  manual_seed(41);
+  const std::vector<LnCase> cases = {
+      {"last_dim", {16}, randn({4, 5, 16}).mul(2).add(0.5), "F.layer_norm(x0, (16,), x1, x2, 1e-5)"},
+      {"two_dims", {5, 16}, randn({3, 5, 16}), "F.layer_norm(x0, (5, 16), x1, x2, 1e-5)"},
+      {"transposed_input", {6}, randn({6, 7}).t(), "F.layer_norm(x0, (6,), x1, x2, 1e-5)"},
+      {"many_rows", {256}, randn({2048, 256}), "F.layer_norm(x0, (256,), x1, x2, 1e-5)"},
+  };
+  test::OracleBatch b;
+  struct Got {
+    Tensor y, gx, gw, gb, g;
+  };
+  std::vector<Got> got;
+  for (const auto& c : cases) {
+    auto ln = perturbed(c.normalized_shape);
+    Tensor x = c.x.detach().requires_grad_();
+    Tensor y = (*ln)(x);
+    Tensor g = randn(y.sizes());
+    y.backward(g);
+    got.push_back({y.detach(), x.grad(), ln->weight.grad(), ln->bias.grad(), g});
+    const std::vector<Tensor> in = {c.x, ln->weight.detach(), ln->bias.detach()};
+    b.add(c.id, c.expr, in);
+    b.add_grad(c.id + "_grad", c.expr, in, {0, 1, 2}, {g});
+  }
+  b.run();
+  for (size_t i = 0; i < cases.size(); ++i) {
+    const auto& r = b.outcome(2 * i);
+    ASSERT_TRUE(r.ok) << cases[i].id << ": " << r.error;
+    EXPECT_TRUE(got[i].y.allclose(r.outputs[0], 1e-5, 1e-5)) << cases[i].id;
+    const auto& rg = b.outcome(2 * i + 1);
+    ASSERT_TRUE(rg.ok) << cases[i].id << ": " << rg.error;
+    const Tensor mine[3] = {got[i].gx, got[i].gw, got[i].gb};
+    for (int j = 0; j < 3; ++j) {
+      ASSERT_EQ(mine[j].sizes(), rg.outputs[j].sizes()) << cases[i].id << " grad " << j;
+      // Weight and bias gradients sum thousands of rows: a float32 tolerance to match.
+      const double atol = j == 0 ? 1e-5 : 1e-3;
+      EXPECT_TRUE(mine[j].allclose(rg.outputs[j], 1e-4, atol))
+          << cases[i].id << " grad " << j << " max diff " << (mine[j] - rg.outputs[j]).abs().max().item<double>();
+    }
+  }
+}
+
+TEST(LayerNormFused, GradcheckFloat64AndCreateGraph) {
+  manual_seed(43);
+  const TensorOptions f64(kFloat64);
+  Tensor x = randn({3, 2, 5}, f64).requires_grad_();
+  Tensor w = randn({2, 5}, f64).add(1).requires_grad_(), bias = randn({2, 5}, f64).requires_grad_();
+  Tensor w1 = randn({5}, f64).add(1).requires_grad_(), b1 = randn({5}, f64).requires_grad_();
+  auto two = [](const TensorList& t) {
+    nn::LayerNorm ln({.normalized_shape = {2, 5}, .dtype = kFloat64});
+    ln.weight = t[1];
+    ln.bias = t[2];
+    return TensorList{ln(t[0])};
+  };
+  auto one = [](const TensorList& t) {
+    nn::LayerNorm ln({.normalized_shape = {5}, .dtype = kFloat64});
+    ln.weight = t[1];
+    ln.bias = t[2];
+    return TensorList{ln(t[0])};
+  };
+  EXPECT_TRUE(autograd::gradcheck(two, {x, w, bias}));
+  EXPECT_TRUE(autograd::gradcheck(one, {x, w1, b1}));
+  // Under create_graph the backward differentiates the composite: same first-order values, with history.
+  const Tensor y = one({x, w1, b1})[0], g = randn(y.sizes(), f64);
+  const TensorList fused = autograd::grad({y}, {x, w1, b1}, {g}, /*retain_graph=*/true);
+  const TensorList graph = autograd::grad({y}, {x, w1, b1}, {g}, /*retain_graph=*/true, /*create_graph=*/true);
+  for (size_t i = 0; i < 3; ++i) {
+    // grad_bias = Σ g depends on no input, so (as in torch) only grad_x and grad_w carry history.
+    EXPECT_EQ(graph[i].requires_grad(), i < 2) << "input " << i;
+    EXPECT_TRUE(graph[i].detach().allclose(fused[i], 1e-10, 1e-10)) << "input " << i;
+  }
+  // Only the input requires grad: the weight and bias gradients are not formed.
+  EXPECT_TRUE(autograd::gradcheck(one, {x, w1.detach(), b1.detach()}));
+}
+
+TEST(LayerNormFused, CompositeFallbacksAgreeWithKernel) {
+  manual_seed(47);
+  const Tensor x = randn({4, 8});
+  auto ln = perturbed({8});
+  const Tensor fused = (*ln)(x);
+  // bfloat16 takes the composite: same values to bfloat16 precision.
+  auto ln16 = std::make_shared<nn::LayerNorm>(nn::LayerNormOptions{.normalized_shape = {8}, .dtype = kBFloat16});
+  {
+    NoGradGuard g;
+    ln16->weight.copy_(ln->weight);
+    ln16->bias.copy_(ln->bias);
+  }
+  const Tensor half = (*ln16)(x.to(kBFloat16)).to(kFloat32);
+  EXPECT_TRUE(half.allclose(fused, 5e-2, 5e-2)) << "max diff " << (half - fused).abs().max().item<double>();
+  // Without affine parameters the composite runs; with unit weight and zero bias the kernel must agree.
+  nn::LayerNorm plain({.normalized_shape = {8}, .elementwise_affine = false});
+  nn::LayerNorm unit({.normalized_shape = {8}});
+  EXPECT_TRUE(plain(x).allclose(unit(x), 1e-6, 1e-6));
+}
