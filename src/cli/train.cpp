@@ -186,7 +186,9 @@ int run_loop(Loop& L) {
   const bool lead = !L.group || L.group->rank() == 0;  // Note [Data-parallel runs]
   std::ofstream metrics;
   if (lead) metrics.open(L.run_dir / "metrics.jsonl", std::ios::app);
-  Progress progress(::isatty(STDOUT_FILENO) != 0, log_every, !lead);
+  // mpirun gives ranks a pseudo-terminal even when its own output goes to a
+  // file, so a data-parallel run prints plain lines.
+  Progress progress(world == 1 && ::isatty(STDOUT_FILENO) != 0, log_every, !lead);
   StopSignals signals;
   std::optional<autograd::AnomalyModeGuard> anomaly;
   if (c.boolean("train.anomaly")) anomaly.emplace(true);
@@ -249,6 +251,9 @@ int run_loop(Loop& L) {
         nonfinite = f[0] > 0;
         stop_requested = f[1] > 0;
         loss_v = static_cast<double>(f[2]) / world;  // the global batch's loss: the mean of the ranks'
+        if (stop_requested && !signals.requested())
+          progress.message("kiln: another rank was asked to stop (SIGINT/SIGTERM): every rank stops after this "
+                           "step and a checkpoint is saved");
       }
       if (nonfinite) {
         progress.finish();
@@ -339,7 +344,16 @@ int run_loop(Loop& L) {
   progress.finish();
   if (status == Status::Completed && L.step < total) status = Status::Stopped;
   if (status == Status::Completed && (last_eval.is_null() || last_eval["step"] != L.step)) run_eval();
-  if (!lead) return status == Status::NonFinite ? 3 : 0;
+  const int rc = status == Status::NonFinite ? 3 : 0;
+  // mpirun ends the job when a rank exits non-zero: the others wait here until
+  // rank 0 has written the summary and report.
+  auto final_barrier = [&] {
+    if (world > 1) L.group->barrier()->wait();
+  };
+  if (!lead) {
+    final_barrier();
+    return rc;
+  }
   // summary.json: what the report and `kiln inspect RUN_DIR` read.
   json final_metrics = json::object();
   if (!last_train.is_null())
@@ -365,7 +379,8 @@ int run_loop(Loop& L) {
   if (status == Status::Interrupted || status == Status::Stopped)
     std::printf("continue with: kiln resume %s\n", L.run_dir.string().c_str());
   std::fflush(stdout);
-  return status == Status::NonFinite ? 3 : 0;
+  final_barrier();
+  return rc;
 }
 
 }  // namespace
