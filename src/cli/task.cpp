@@ -217,8 +217,7 @@ Tensor batch_loss(Task& t, const data::Example& batch) {
   std::optional<AutocastGuard> autocast;
   if (t.amp.dtype) autocast.emplace(*t.amp.dtype);
   // GPT::loss runs the module itself, past DDP's forward: that only broadcasts
-  // buffers, which the GPT has none of that change; its gradients are averaged
-  // by DDP's hooks all the same.
+  // buffers, and the GPT has none; its gradients are averaged by DDP's hooks.
   if (t.gpt) return t.gpt->loss(batch.data, batch.target);
   nn::Module& m = t.ddp ? static_cast<nn::Module&>(*t.ddp) : *t.model;
   return nn::functional::cross_entropy(m(batch.data), batch.target);
