@@ -93,9 +93,10 @@ TEST(CliDist, TwoRanksWriteOneRunDirectoryThatSingleProcessCommandsRead) {
   EXPECT_EQ(in.output.find("module."), std::string::npos) << in.output;
 }
 
-TEST(CliDist, ResumedTwoRankRunComputesTheStraightRunsLossesBitwise) {
+/// Train to 10 with max_steps and resume to 20 on 2 ranks; a straight 2-rank run to 20 computes the same losses.
+void expect_resume_continuity(const std::string& config) {
   TempDir dir;
-  write_text(dir.path() / "tiny.toml", tiny_mlp_config());
+  write_text(dir.path() / "tiny.toml", config);
   const fs::path straight = dir.path() / "straight", stopped = dir.path() / "stopped";
   // The straight run through plain mpirun: kiln detects the launch by itself.
   auto s = mpirun2("train " + dir.file("tiny.toml") + " --out " + straight.string() + " --set train.steps=20");
@@ -115,6 +116,18 @@ TEST(CliDist, ResumedTwoRankRunComputesTheStraightRunsLossesBitwise) {
   for (size_t i = 0; i < ls.size(); ++i) EXPECT_EQ(ls[i], lr[i]) << "step " << i + 1;
   EXPECT_EQ(read_json(stopped / "summary.json")["final"]["accuracy"],
             read_json(straight / "summary.json")["final"]["accuracy"]);
+}
+
+TEST(CliDist, ResumedTwoRankRunComputesTheStraightRunsLossesBitwise) { expect_resume_continuity(tiny_mlp_config()); }
+
+// BatchNorm: DDP's forward broadcasts rank 0's running statistics, which the checkpoint holds.
+TEST(CliDist, ResumedTwoRankResNetComputesTheStraightRunsLossesBitwise) {
+  std::string config = tiny_mlp_config();
+  const std::string mlp = "type = \"mlp\"\nhidden = [32]\n";
+  ASSERT_NE(config.find(mlp), std::string::npos);
+  config.replace(config.find(mlp), mlp.size(),
+                 "type = \"resnet\"\nstem_channels = 4\nwidths = [4, 8]\nblocks = [1, 1]\n");
+  expect_resume_continuity(config);
 }
 
 /// Pids of the processes whose parent is `parent`.
