@@ -41,7 +41,11 @@ int launch_command(int nprocs, const std::string& hostfile, std::vector<std::str
     const fs::path self = fs::read_symlink("/proc/self/exe", ec);
     if (!ec) command[0] = self.string();
   }
-  dist::exec_launch(nprocs, command, {.hostfile = hostfile});
+  try {
+    dist::exec_launch(nprocs, command, {.hostfile = hostfile});
+  } catch (const ValueError& e) {
+    throw ConfigError(e.what());  // a usage error: exit status 2
+  }
 }
 
 int dispatch(int argc, char** argv) {

@@ -242,16 +242,18 @@ TEST(CliDist, AFailingRankEndsTheJob) {
 TEST(CliLaunch, BadArgumentsGiveOneClearLine) {
   struct Case {
     std::string args, expect;
+    int rc;
   };
   const std::vector<Case> cases = {
-      {"launch -n 0 -- kiln train x.toml", "expected -n N with N >= 1, got 0"},
-      {"launch -n 2", "command is required"},
-      {"launch -- kiln train x.toml", "--nprocs is required"},
-      {"launch -n 2 --hostfile /nonexistent/hosts -- kiln train x.toml", "cannot read hostfile '/nonexistent/hosts'"},
+      {"launch -n 0 -- kiln train x.toml", "kiln: error: kiln launch: expected -n N with N >= 1, got 0", 2},
+      {"launch -n 2", "kiln: error: command is required", 2},
+      {"launch -- kiln train x.toml", "kiln: error: --nprocs is required", 2},
+      {"launch -n 2 --hostfile /nonexistent/hosts -- kiln train x.toml",
+       "kiln: error: kiln launch: cannot read hostfile '/nonexistent/hosts'", 1},
   };
   for (const auto& c : cases) {
     auto r = kiln_cli(c.args);
-    EXPECT_NE(r.rc, 0) << c.args << "\n" << r.output;
+    EXPECT_EQ(r.rc, c.rc) << c.args << "\n" << r.output;
     EXPECT_EQ(count_lines(r.output), 1) << c.args << "\n" << r.output;
     EXPECT_NE(r.output.find(c.expect), std::string::npos) << c.args << "\n" << r.output;
   }
