@@ -259,12 +259,12 @@ int run_loop(Loop& L) {
         progress.finish();
         if (lead)
           std::fprintf(stderr,
-                     "kiln: error: the loss became %s at step %lld (epoch %lld, lr %.3g); the run stops here and "
-                     "the last checkpoint is left as it was.\nhint: rerun with --set train.anomaly=true to find the "
-                     "op that first produced a NaN/Inf (kiln names it, with its inputs' statistics); a lower "
-                     "optim.lr or optim.grad_clip often cures it\n",
-                     std::isnan(loss_v) ? "NaN" : "Inf", static_cast<long long>(L.step + 1),
-                     static_cast<long long>(epoch), lr);
+                       "kiln: error: the loss became %s at step %lld (epoch %lld, lr %.3g); the run stops here and "
+                       "the last checkpoint is left as it was.\nhint: rerun with --set train.anomaly=true to find the "
+                       "op that first produced a NaN/Inf (kiln names it, with its inputs' statistics); a lower "
+                       "optim.lr or optim.grad_clip often cures it\n",
+                       std::isnan(loss_v) ? "NaN" : "Inf", static_cast<long long>(L.step + 1),
+                       static_cast<long long>(epoch), lr);
         status = Status::NonFinite;
         break;
       }
