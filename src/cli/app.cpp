@@ -4,11 +4,15 @@
 #include <CLI/CLI.hpp>
 #include <cstdio>
 #include <filesystem>
+#include <functional>
+#include <unistd.h>
 
 #include "cli/commands.h"
 #include "cli/config.h"
 #include "cli/train.h"
 #include "kiln/core/error.h"
+#include "kiln/dist/dist.h"
+#include "kiln/dist/launch.h"
 
 #ifndef KILN_VERSION
 #define KILN_VERSION "unknown"
@@ -18,6 +22,31 @@ namespace kiln::cli {
 namespace fs = std::filesystem;
 
 namespace {
+
+/// Under mpirun every rank runs `fn` in the world group; a rank that throws
+/// ends the whole job (rather than leaving the others in a collective).
+int run_maybe_distributed(const std::function<int(dist::ProcessGroupPtr)>& fn) {
+  if (!dist::launched_by_mpi()) return fn(nullptr);
+  dist::init();
+  int rc = 0;
+  dist::run_or_abort([&] { rc = fn(dist::world()); });
+  return rc;
+}
+
+/// `kiln launch`: mpirun with kiln's environment, replacing this process.
+int launch_command(int nprocs, const std::string& hostfile, std::vector<std::string> command) {
+  // `kiln` names this very executable, which need not be on PATH (build/release/bin/kiln).
+  if (!command.empty() && command[0] == "kiln") {
+    std::error_code ec;
+    const fs::path self = fs::read_symlink("/proc/self/exe", ec);
+    if (!ec) command[0] = self.string();
+  }
+  try {
+    dist::exec_launch(nprocs, command, {.hostfile = hostfile});
+  } catch (const ValueError& e) {
+    throw ConfigError(e.what());  // a usage error: exit status 2
+  }
+}
 
 int dispatch(int argc, char** argv) {
   CLI::App app{"kiln: train, resume, evaluate, sample and inspect deep-learning runs (configs/*.toml, docs/config.md)",
@@ -55,6 +84,15 @@ int dispatch(int argc, char** argv) {
   auto* inspect = app.add_subcommand("inspect", "Show a safetensors file, a checkpoint or a run directory");
   inspect->add_option("target", target, "File or run directory")->required();
 
+  int nprocs = 0;
+  std::string hostfile;
+  std::vector<std::string> command;
+  auto* launch = app.add_subcommand(
+      "launch", "Run a command on N processes through mpirun: kiln launch -n 2 -- kiln train CONFIG (docs/distributed.md)");
+  launch->add_option("-n,--nprocs", nprocs, "Number of processes (ranks), >= 1")->required();
+  launch->add_option("--hostfile", hostfile, "Open MPI hostfile for a multi-machine job (lines: HOST slots=N)");
+  launch->add_option("command", command, "The command every rank runs, after --")->required();
+
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
@@ -66,9 +104,11 @@ int dispatch(int argc, char** argv) {
     Config config = Config::from_file(config_path);
     for (const auto& s : sets) config.set(s);
     const fs::path dir = out_dir.empty() ? fs::path("runs") / config.name() : fs::path(out_dir);
-    return cli::train(config, dir, config_path);
+    return run_maybe_distributed([&](dist::ProcessGroupPtr g) { return cli::train(config, dir, config_path, g); });
   }
-  if (resume->parsed()) return cli::resume(run_dir, sets);
+  if (resume->parsed())
+    return run_maybe_distributed([&](dist::ProcessGroupPtr g) { return cli::resume(run_dir, sets, g); });
+  if (launch->parsed()) return launch_command(nprocs, hostfile, command);
   if (eval->parsed()) return evaluate_command(target, split, batches);
   if (sample->parsed()) return sample_command(target, so);
   return inspect_command(target);

@@ -30,6 +30,7 @@ std::string format_duration(double s) {
 }
 
 void Progress::update(const StepView& v) {
+  if (quiet_) return;
   if (!tty_) {
     if (v.step % log_every_ != 0 && v.step != v.total) return;
     std::printf("step %lld/%lld  epoch %lld  loss %.4f  lr %.3g  %.0f samples/s  ETA %s  mem %s\n",
@@ -55,6 +56,7 @@ void Progress::update(const StepView& v) {
 }
 
 void Progress::message(const std::string& line) {
+  if (quiet_) return;
   if (tty_ && bar_shown_) std::printf("\r\033[K");
   std::printf("%s\n", line.c_str());
   std::fflush(stdout);

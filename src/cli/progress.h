@@ -17,7 +17,8 @@ struct StepView {
 class Progress {
  public:
   /// tty: redraw a bar; otherwise print a line every `log_every` steps.
-  Progress(bool tty, int64_t log_every) : tty_(tty), log_every_(log_every) {}
+  /// quiet: print nothing (a data-parallel rank other than 0).
+  Progress(bool tty, int64_t log_every, bool quiet = false) : tty_(tty), quiet_(quiet), log_every_(log_every) {}
   /// Called after every step.
   void update(const StepView& v);
   /// Prints a message on its own line (clearing the bar first on a terminal).
@@ -27,6 +28,7 @@ class Progress {
 
  private:
   bool tty_;
+  bool quiet_;
   int64_t log_every_;
   bool bar_shown_ = false;
   std::chrono::steady_clock::time_point last_draw_{};

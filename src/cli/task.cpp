@@ -175,7 +175,7 @@ void check_positive(const Config& c, const char* key) {
 
 }  // namespace
 
-Task build_task(const Config& c, Purpose purpose) {
+Task build_task(const Config& c, Purpose purpose, dist::ProcessGroupPtr group) {
   check_positive(c, "data.batch_size");
   check_positive(c, "data.eval_batch_size");
   if (c.integer("threads") > 0) set_num_threads(static_cast<int>(c.integer("threads")));
@@ -188,16 +188,24 @@ Task build_task(const Config& c, Purpose purpose) {
     t.model->eval();
     return t;
   }
+  const bool distributed = group && group->size() > 1;
+  if (distributed)
+    t.sampler = std::make_shared<data::DistributedSampler>(
+        t.train_set->size(), data::DistributedSamplerOptions{.num_replicas = group->size(), .rank = group->rank(),
+                                                             .shuffle = true,
+                                                             .seed = static_cast<uint64_t>(c.integer("seed"))});
   t.train_loader = std::make_unique<data::DataLoader<>>(
-      t.train_set, data::DataLoader<>::Options{.batch_size = c.integer("data.batch_size"), .shuffle = true,
-                                               .num_workers = c.integer("data.num_workers"), .drop_last = true,
-                                               .seed = static_cast<uint64_t>(c.integer("seed"))});
+      t.train_set, data::DataLoader<>::Options{.batch_size = c.integer("data.batch_size"), .shuffle = !distributed,
+                                               .sampler = t.sampler, .num_workers = c.integer("data.num_workers"),
+                                               .drop_last = true, .seed = static_cast<uint64_t>(c.integer("seed")),
+                                               .rank = distributed ? group->rank() : 0});
   if (t.train_loader->size() == 0)
     throw ConfigError(c.source() + ": the training set has " + std::to_string(t.train_set->size()) +
                       " samples, fewer than one batch of data.batch_size = " +
                       std::to_string(c.integer("data.batch_size")));
   t.total_steps = c.integer("train.steps") > 0 ? c.integer("train.steps")
                                                 : c.integer("train.epochs") * t.train_loader->size();
+  if (distributed) t.ddp = std::make_shared<dist::DistributedDataParallel>(t.model, group);
   t.optimizer = make_optimizer(c, *t.model);
   t.scheduler = make_scheduler(c, *t.optimizer, t.total_steps);
   // float16's narrow range needs loss scaling; bfloat16 has float32's range and does not.
@@ -208,8 +216,11 @@ Task build_task(const Config& c, Purpose purpose) {
 Tensor batch_loss(Task& t, const data::Example& batch) {
   std::optional<AutocastGuard> autocast;
   if (t.amp.dtype) autocast.emplace(*t.amp.dtype);
+  // GPT::loss runs the module itself, past DDP's forward: that only broadcasts
+  // buffers, and the GPT has none; its gradients are averaged by DDP's hooks.
   if (t.gpt) return t.gpt->loss(batch.data, batch.target);
-  return nn::functional::cross_entropy((*t.model)(batch.data), batch.target);
+  nn::Module& m = t.ddp ? static_cast<nn::Module&>(*t.ddp) : *t.model;
+  return nn::functional::cross_entropy(m(batch.data), batch.target);
 }
 
 EvalResult evaluate(Task& t, const Config& c, const std::string& split, int64_t max_batches) {

@@ -11,6 +11,9 @@
 #include "kiln/amp/grad_scaler.h"
 #include "kiln/amp/mode.h"
 #include "kiln/data/loader.h"
+#include "kiln/data/sampler.h"
+#include "kiln/dist/ddp.h"
+#include "kiln/dist/process_group.h"
 #include "kiln/models/gpt.h"
 #include "kiln/nn/module.h"
 #include "kiln/optim/optimizer.h"
@@ -30,12 +33,21 @@ struct Task {
   int64_t total_steps = 0;                           // the run's length (the schedule's horizon)
   amp::AmpMode amp;                                  // config `amp`: autocast dtype of forward and loss
   std::unique_ptr<amp::GradScaler> scaler;           // Purpose::Train with amp = "fp16" only
+  // Data-parallel training (a group of more than one rank): the model wrapped
+  // for gradient averaging, and this rank's share of the training set. `model`
+  // stays the unwrapped module, so checkpoints hold its names.
+  std::shared_ptr<dist::DistributedDataParallel> ddp;
+  std::shared_ptr<data::DistributedSampler> sampler;
 };
 
 /// Seeds the default generator with config.seed, then builds the model (in
 /// eval mode for Purpose::Evaluate, and it is never switched back), the
-/// datasets and, for training, the loader, optimizer and scheduler.
-Task build_task(const Config& config, Purpose purpose);
+/// datasets and, for training, the loader, optimizer and scheduler. With a
+/// `group` of more than one rank (Purpose::Train), the loader reads this rank's
+/// DistributedSampler share in batches of data.batch_size (per rank, as in
+/// PyTorch) and the model is wrapped in DistributedDataParallel (a collective:
+/// every rank builds its task at the same point).
+Task build_task(const Config& config, Purpose purpose, dist::ProcessGroupPtr group = nullptr);
 
 /// The training loss of one batch (cross-entropy; per token for the language model).
 Tensor batch_loss(Task& task, const data::Example& batch);

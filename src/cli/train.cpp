@@ -7,6 +7,15 @@
 // the loader's epoch and position). train.max_steps only says where this
 // process stops, so a run stopped early and resumed computes the same losses,
 // bit for bit, as one that never stopped.
+//
+// Note [Data-parallel runs]: under mpirun (or `kiln launch`) every rank runs
+// this loop on its DistributedSampler share, with the model wrapped in DDP.
+// Rank 0 alone writes the run directory (metrics, checkpoints, report,
+// summary), evaluates and prints; the others only train. Whatever decides
+// when a rank stops (a signal, a non-finite loss) is agreed by one small
+// allreduce per step, taken after forward and before backward, so every rank
+// leaves at the same step and none waits in a collective the others skipped.
+// A resume loads on every rank the checkpoint rank 0 chose.
 #include "cli/train.h"
 
 #include <unistd.h>
@@ -25,6 +34,8 @@
 #include "cli/task.h"
 #include "kiln/autograd/anomaly.h"
 #include "kiln/core/allocator.h"
+#include "kiln/core/factory.h"
+#include "kiln/dist/dist.h"
 #include "kiln/io/safetensors.h"
 #include "kiln/optim/checkpoint.h"
 #include "kiln/optim/clip_grad.h"
@@ -39,9 +50,11 @@ namespace {
 // ---- signals: the first SIGINT/SIGTERM asks for a stop after the current step; a second aborts ----
 
 std::atomic<int> g_signals{0};
+std::atomic<bool> g_quiet{false};  // a data-parallel rank other than 0: rank 0 speaks for the job
 
 extern "C" void on_stop_signal(int sig) {
   if (g_signals.fetch_add(1) == 0) {
+    if (g_quiet.load()) return;
     const char msg[] = "\nkiln: stopping after this step and saving a checkpoint (press Ctrl-C again to abort now)\n";
     [[maybe_unused]] auto n = ::write(STDERR_FILENO, msg, sizeof msg - 1);
   } else {
@@ -138,7 +151,8 @@ struct Loop {
   fs::path run_dir;
   std::string config_path;
   Task task;
-  optim::CheckpointManager ckpts;
+  std::optional<optim::CheckpointManager> ckpts;  // rank 0 only
+  dist::ProcessGroupPtr group;                    // null: a single process
   int64_t step = 0;
   double time_offset = 0;  // time_s of the run before this process (resume)
 };
@@ -152,7 +166,7 @@ optim::CheckpointRefs checkpoint_refs(Task& t) {
 
 void save_checkpoint(Loop& L) {
   optim::CheckpointRefs refs = checkpoint_refs(L.task);
-  L.ckpts.save(refs, {.step = L.step, .loader = L.task.train_loader->state(), .config = L.config.to_toml()});
+  L.ckpts->save(refs, {.step = L.step, .loader = L.task.train_loader->state(), .config = L.config.to_toml()});
   // The report of a run in progress, so a long run can be looked at while it trains (a few ms).
   write_report(L.run_dir);
 }
@@ -168,15 +182,24 @@ int run_loop(Loop& L) {
   const int64_t eval_batches = c.integer("train.eval_batches");
   const double clip = c.number("optim.grad_clip");
   const auto params = t.model->named_parameters();
-  std::ofstream metrics(L.run_dir / "metrics.jsonl", std::ios::app);
-  Progress progress(::isatty(STDOUT_FILENO) != 0, log_every);
+  const int world = L.group ? L.group->size() : 1;
+  const bool lead = !L.group || L.group->rank() == 0;  // Note [Data-parallel runs]
+  std::ofstream metrics;
+  if (lead) metrics.open(L.run_dir / "metrics.jsonl", std::ios::app);
+  // mpirun gives ranks a pseudo-terminal even when its own output goes to a
+  // file, so a data-parallel run prints plain lines.
+  Progress progress(world == 1 && ::isatty(STDOUT_FILENO) != 0, log_every, !lead);
   StopSignals signals;
   std::optional<autograd::AnomalyModeGuard> anomaly;
   if (c.boolean("train.anomaly")) anomaly.emplace(true);
 
   progress.message(std::string("training ") + c.name() + ": " + std::to_string(t.model->num_parameters()) +
                    " parameters, " + std::to_string(t.train_loader->size()) + " batches of " +
-                   std::to_string(c.integer("data.batch_size")) + " per epoch, steps " + std::to_string(L.step) +
+                   std::to_string(c.integer("data.batch_size")) +
+                   (world > 1 ? " per rank on " + std::to_string(world) + " ranks (global batch " +
+                                    std::to_string(world * c.integer("data.batch_size")) + ")"
+                              : std::string()) +
+                   " per epoch, steps " + std::to_string(L.step) +
                    " -> " + std::to_string(stop_at) + " of " + std::to_string(total) + ", run directory " +
                    L.run_dir.string());
   const auto t_start = Clock::now();
@@ -189,6 +212,7 @@ int run_loop(Loop& L) {
   Status status = Status::Completed;
   json last_train, last_eval;
   auto run_eval = [&] {
+    if (!lead) return;  // evaluation is rank 0's, on the whole held-out set
     const EvalResult r = evaluate(t, c, "test", eval_batches);
     json e = {{"kind", "eval"}, {"step", L.step}, {"loss", r.loss}};
     if (lm)
@@ -206,7 +230,9 @@ int run_loop(Loop& L) {
     return 0;
   }
   while (L.step < stop_at && status == Status::Completed) {
+    // The epoch begin() starts (a finished epoch's last batch moves the state on).
     const int64_t epoch = t.train_loader->state().epoch;
+    if (t.sampler) t.sampler->set_epoch(epoch);
     auto prev_end = Clock::now();
     for (auto& batch : *t.train_loader) {
       const auto body_start = Clock::now();
@@ -214,16 +240,31 @@ int run_loop(Loop& L) {
       const double lr = t.optimizer->param_groups()[0].lr();
       t.optimizer->zero_grad();
       Tensor loss = batch_loss(t, batch);
-      const double loss_v = loss.item<double>();
-      if (!std::isfinite(loss_v)) {
+      double loss_v = loss.item<double>();
+      bool nonfinite = !std::isfinite(loss_v);
+      bool stop_requested = false;  // data-parallel: agreed now, acted on after this step
+      if (world > 1) {
+        // Before backward, whose collectives a rank that stops here would skip.
+        Tensor flags = tensor<float>({nonfinite ? 1.f : 0.f, signals.requested() ? 1.f : 0.f, static_cast<float>(loss_v)});
+        L.group->allreduce(flags, dist::ReduceOp::Sum)->wait();
+        const float* f = flags.data_ptr<float>();
+        nonfinite = f[0] > 0;
+        stop_requested = f[1] > 0;
+        loss_v = static_cast<double>(f[2]) / world;  // the global batch's loss: the mean of the ranks'
+        if (stop_requested && !signals.requested())
+          progress.message("kiln: another rank was asked to stop (SIGINT/SIGTERM): every rank stops after this "
+                           "step and a checkpoint is saved");
+      }
+      if (nonfinite) {
         progress.finish();
-        std::fprintf(stderr,
-                     "kiln: error: the loss became %s at step %lld (epoch %lld, lr %.3g); the run stops here and "
-                     "the last checkpoint is left as it was.\nhint: rerun with --set train.anomaly=true to find the "
-                     "op that first produced a NaN/Inf (kiln names it, with its inputs' statistics); a lower "
-                     "optim.lr or optim.grad_clip often cures it\n",
-                     std::isnan(loss_v) ? "NaN" : "Inf", static_cast<long long>(L.step + 1),
-                     static_cast<long long>(epoch), lr);
+        if (lead)
+          std::fprintf(stderr,
+                       "kiln: error: the loss became %s at step %lld (epoch %lld, lr %.3g); the run stops here and "
+                       "the last checkpoint is left as it was.\nhint: rerun with --set train.anomaly=true to find the "
+                       "op that first produced a NaN/Inf (kiln names it, with its inputs' statistics); a lower "
+                       "optim.lr or optim.grad_clip often cures it\n",
+                       std::isnan(loss_v) ? "NaN" : "Inf", static_cast<long long>(L.step + 1),
+                       static_cast<long long>(epoch), lr);
         status = Status::NonFinite;
         break;
       }
@@ -243,13 +284,15 @@ int run_loop(Loop& L) {
       }
       if (t.scheduler) t.scheduler->step();
       ++L.step;
-      window_samples += batch.target.size(0);
+      if (world == 1) stop_requested = signals.requested();
+      const int64_t global_batch = batch.target.size(0) * world;
+      window_samples += global_batch;
       const auto now = Clock::now();
       const double window_s = std::chrono::duration<double>(now - window_start).count();
       const double sps = window_s > 0 ? static_cast<double>(window_samples) / window_s : 0;
       if (L.step % log_every == 0 || L.step == stop_at) {
         const double wait_frac = window_s > 0 ? std::min(1.0, window_wait / window_s) : 0;
-        steps_per_s = window_s > 0 ? static_cast<double>(window_samples) / static_cast<double>(batch.target.size(0)) / window_s : 0;
+        steps_per_s = window_s > 0 ? static_cast<double>(window_samples) / static_cast<double>(global_batch) / window_s : 0;
         json j = {{"kind", "train"},    {"step", L.step},         {"epoch", t.train_loader->state().epoch},
                   {"loss", loss_v},     {"lr", lr},               {"grad_norm", gnorm},
                   {"samples_per_s", sps}, {"data_wait", wait_frac}, {"memory", memory_json(true)},
@@ -273,20 +316,20 @@ int run_loop(Loop& L) {
         window_samples = 0;
         memory::reset_peak_stats();
       }
-      const double rate = steps_per_s > 0 ? steps_per_s : (window_s > 0 ? sps / static_cast<double>(batch.target.size(0)) : 0);
+      const double rate = steps_per_s > 0 ? steps_per_s : (window_s > 0 ? sps / static_cast<double>(global_batch) : 0);
       progress.update({.step = L.step, .total = stop_at, .epoch = epoch, .loss = loss_v, .lr = lr,
                        .samples_per_s = sps,
                        .eta_s = rate > 0 ? static_cast<double>(stop_at - L.step) / rate : -1,
                        .memory_bytes = memory::stats().peak_bytes});
-      const bool stop_now = signals.requested() || L.step >= stop_at;
+      const bool stop_now = stop_requested || L.step >= stop_at;
       const auto pause_start = Clock::now();
-      if (eval_every > 0 && L.step % eval_every == 0 && L.step < total && !signals.requested()) run_eval();
-      if ((ckpt_every > 0 && L.step % ckpt_every == 0) || stop_now) save_checkpoint(L);
+      if (eval_every > 0 && L.step % eval_every == 0 && L.step < total && !stop_requested) run_eval();
+      if (lead && ((ckpt_every > 0 && L.step % ckpt_every == 0) || stop_now)) save_checkpoint(L);
       if (Clock::now() - pause_start > std::chrono::milliseconds(1)) {
         window_start += Clock::now() - pause_start;  // throughput and data wait count training time only
         memory::reset_peak_stats();                  // and memory peaks the training steps' (not eval's)
       }
-      if (signals.requested()) status = Status::Interrupted;
+      if (stop_requested) status = Status::Interrupted;
       if (stop_now) break;
       prev_end = Clock::now();
     }
@@ -301,6 +344,16 @@ int run_loop(Loop& L) {
   progress.finish();
   if (status == Status::Completed && L.step < total) status = Status::Stopped;
   if (status == Status::Completed && (last_eval.is_null() || last_eval["step"] != L.step)) run_eval();
+  const int rc = status == Status::NonFinite ? 3 : 0;
+  // mpirun ends the job when a rank exits non-zero: the others wait here until
+  // rank 0 has written the summary and report.
+  auto final_barrier = [&] {
+    if (world > 1) L.group->barrier()->wait();
+  };
+  if (!lead) {
+    final_barrier();
+    return rc;
+  }
   // summary.json: what the report and `kiln inspect RUN_DIR` read.
   json final_metrics = json::object();
   if (!last_train.is_null())
@@ -326,34 +379,79 @@ int run_loop(Loop& L) {
   if (status == Status::Interrupted || status == Status::Stopped)
     std::printf("continue with: kiln resume %s\n", L.run_dir.string().c_str());
   std::fflush(stdout);
-  return status == Status::NonFinite ? 3 : 0;
+  final_barrier();
+  return rc;
 }
 
 }  // namespace
 
-int train(const Config& config, const fs::path& run_dir, const std::string& config_path) {
-  if (fs::exists(run_dir / "metrics.jsonl") || fs::exists(run_dir / "checkpoints"))
-    throw ConfigError(run_dir.string() + " already holds a run; continue it with `kiln resume " + run_dir.string() +
-                      "`, or pass another --out DIR");
-  fs::create_directories(run_dir);
-  write_text(run_dir / "config.toml", config.to_toml());
-  Loop L{config, run_dir, config_path, build_task(config, Purpose::Train),
-         optim::CheckpointManager(run_dir / "checkpoints",
-                                  {.keep_last = static_cast<int>(std::max<int64_t>(1, config.integer("train.keep_last")))})};
-  std::ofstream(run_dir / "metrics.jsonl", std::ios::trunc).close();
+namespace {
+
+bool is_lead(const dist::ProcessGroupPtr& group) { return !group || group->rank() == 0; }
+bool is_parallel(const dist::ProcessGroupPtr& group) { return group && group->size() > 1; }
+
+optim::CheckpointManager checkpoint_manager(const fs::path& dir, const Config& config) {
+  return optim::CheckpointManager(
+      dir, {.keep_last = static_cast<int>(std::max<int64_t>(1, config.integer("train.keep_last")))});
+}
+
+/// Rank 0's `s` on every rank.
+std::string broadcast_string(dist::ProcessGroup& group, const std::string& s) {
+  Tensor n = tensor<int64_t>({static_cast<int64_t>(s.size())});
+  group.broadcast(n)->wait();
+  const int64_t len = n.item<int64_t>();
+  if (len == 0) return {};
+  std::vector<int64_t> codes(static_cast<size_t>(len), 0);
+  if (group.rank() == 0)
+    for (size_t i = 0; i < s.size(); ++i) codes[i] = static_cast<unsigned char>(s[i]);
+  Tensor chars = tensor<int64_t>(codes);
+  group.broadcast(chars)->wait();
+  std::string out(static_cast<size_t>(len), '\0');
+  const int64_t* p = chars.data_ptr<int64_t>();
+  for (size_t i = 0; i < out.size(); ++i) out[i] = static_cast<char>(p[i]);
+  return out;
+}
+
+}  // namespace
+
+int train(const Config& config, const fs::path& run_dir, const std::string& config_path,
+          dist::ProcessGroupPtr group) {
+  const bool lead = is_lead(group);
+  g_quiet = !lead;
+  if (lead) {
+    if (fs::exists(run_dir / "metrics.jsonl") || fs::exists(run_dir / "checkpoints"))
+      throw ConfigError(run_dir.string() + " already holds a run; continue it with `kiln resume " + run_dir.string() +
+                        "`, or pass another --out DIR");
+    fs::create_directories(run_dir);
+    write_text(run_dir / "config.toml", config.to_toml());
+  }
+  Loop L{config, run_dir, config_path, build_task(config, Purpose::Train, group), std::nullopt, group};
+  if (lead) {
+    L.ckpts.emplace(checkpoint_manager(run_dir / "checkpoints", config));
+    std::ofstream(run_dir / "metrics.jsonl", std::ios::trunc).close();
+  }
   return run_loop(L);
 }
 
-int resume(const fs::path& run_dir, const std::vector<std::string>& sets) {
-  if (!fs::is_directory(run_dir)) throw ConfigError(run_dir.string() + ": no such run directory");
+int resume(const fs::path& run_dir, const std::vector<std::string>& sets, dist::ProcessGroupPtr group) {
+  const bool lead = is_lead(group);
+  g_quiet = !lead;
   const fs::path ckdir = run_dir / "checkpoints";
-  auto latest = fs::is_directory(ckdir) ? optim::CheckpointManager(ckdir).latest() : std::nullopt;
-  if (!latest) throw ConfigError(run_dir.string() + ": no checkpoint under checkpoints/, nothing to resume from");
+  // Rank 0 chooses the checkpoint (every rank reads the run directory: for a
+  // multi-machine job it lies on a shared file system).
+  std::string latest;
+  if (lead) {
+    if (!fs::is_directory(run_dir)) throw ConfigError(run_dir.string() + ": no such run directory");
+    auto found = fs::is_directory(ckdir) ? optim::CheckpointManager(ckdir).latest() : std::nullopt;
+    if (!found) throw ConfigError(run_dir.string() + ": no checkpoint under checkpoints/, nothing to resume from");
+    latest = found->string();
+  }
+  if (is_parallel(group)) latest = broadcast_string(*group, latest);
   // The checkpoint's own config, so the rebuilt objects are the ones it was saved from.
-  const auto header = io::read_safetensors_header(latest->string());
+  const auto header = io::read_safetensors_header(latest);
   auto it = header.metadata.find("config");
   Config config = it != header.metadata.end() && !it->second.empty()
-                      ? Config::from_string(it->second, latest->string() + " (its config)")
+                      ? Config::from_string(it->second, latest + " (its config)")
                       : Config::from_file(run_dir / "config.toml");
   config.set("train.max_steps=0");
   for (const auto& s : sets) config.set(s);
@@ -362,15 +460,29 @@ int resume(const fs::path& run_dir, const std::vector<std::string>& sets) {
     json s = json::parse(in, nullptr, false);
     if (!s.is_discarded() && s.contains("config_path")) config_path = s["config_path"].get<std::string>();
   }
-  Loop L{config, run_dir, config_path, build_task(config, Purpose::Train),
-         optim::CheckpointManager(ckdir, {.keep_last = static_cast<int>(
-                                              std::max<int64_t>(1, config.integer("train.keep_last")))})};
+  Loop L{config, run_dir, config_path, build_task(config, Purpose::Train, group), std::nullopt, group};
   optim::CheckpointRefs refs = checkpoint_refs(L.task);
-  const auto info = L.ckpts.load_latest(refs);
+  optim::CheckpointInfo info;
+  if (lead) {
+    L.ckpts.emplace(checkpoint_manager(ckdir, config));
+    info = L.ckpts->load_latest(refs);  // verified, or the newest that verifies (it says so)
+  }
+  if (is_parallel(group)) {
+    // The step rank 0 loaded names the file every other rank loads.
+    Tensor step = tensor<int64_t>({info.step});
+    group->broadcast(step)->wait();
+    if (!lead) {
+      char name[64];
+      std::snprintf(name, sizeof name, "ckpt-%08lld.safetensors", static_cast<long long>(step.item<int64_t>()));
+      info = optim::load_checkpoint((ckdir / name).string(), refs);
+    }
+  }
   L.step = info.step;
   if (info.loader) L.task.train_loader->load_state(*info.loader);
-  L.time_offset = truncate_metrics(run_dir / "metrics.jsonl", L.step);
-  std::printf("resuming %s from step %lld\n", run_dir.string().c_str(), static_cast<long long>(L.step));
+  if (lead) {
+    L.time_offset = truncate_metrics(run_dir / "metrics.jsonl", L.step);
+    std::printf("resuming %s from step %lld\n", run_dir.string().c_str(), static_cast<long long>(L.step));
+  }
   return run_loop(L);
 }
 

@@ -6,15 +6,22 @@
 #include <filesystem>
 
 #include "cli/config.h"
+#include "kiln/dist/process_group.h"
 
 namespace kiln::cli {
 
-/// Trains `config` into `run_dir` (which must not already hold a run). Returns the exit code.
-int train(const Config& config, const std::filesystem::path& run_dir, const std::string& config_path);
+/// Trains `config` into `run_dir` (which must not already hold a run). Returns
+/// the exit code. With a `group` (an MPI launch, dist::world()) every rank of
+/// it calls this: data-parallel training, rank 0 writing the run directory
+/// (Note [Data-parallel runs] in train.cpp, docs/distributed.md).
+int train(const Config& config, const std::filesystem::path& run_dir, const std::string& config_path,
+          dist::ProcessGroupPtr group = nullptr);
 
 /// Continues the run in `run_dir` from its latest checkpoint with the same
 /// future it would have had uninterrupted. `sets` are --set overrides (e.g.
 /// train.max_steps); train.max_steps is cleared unless set again. Returns the exit code.
-int resume(const std::filesystem::path& run_dir, const std::vector<std::string>& sets);
+/// With a `group`, every rank loads the checkpoint rank 0 chose.
+int resume(const std::filesystem::path& run_dir, const std::vector<std::string>& sets,
+           dist::ProcessGroupPtr group = nullptr);
 
 }  // namespace kiln::cli

@@ -1,0 +1,263 @@
+// Data-parallel `kiln train` and `kiln resume` on 2 ranks, started through
+// `kiln launch -n 2` (and once through plain mpirun): one run directory written
+// by rank 0, checkpoints that single-process commands read, resume continuity,
+// stops that every rank agrees on, and `kiln launch`'s argument errors. Every
+// job's time is bounded by timeout(1) (exit 137 means it hung), and
+// KILN_DIST_TIMEOUT makes a stuck collective report itself well before that.
+#include <fcntl.h>
+#include <gtest/gtest.h>
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <thread>
+
+#include "cli/cli_util.h"
+#include "kiln/dist/launch.h"
+
+namespace kiln::test {
+namespace {
+namespace fs = std::filesystem;
+
+// Jobs here end in about a second; a hang ends at this bound with exit 137.
+constexpr int kJobLimitS = 60;
+const std::string kRankEnv = "OMP_NUM_THREADS=1 KILN_DIST_TIMEOUT=20 ";
+
+/// `kiln launch -n 2 -- kiln ARGS`, bounded.
+CliResult launch2(const std::string& args) {
+  CliResult r;
+  r.rc = run_command(kRankEnv + "timeout -s KILL " + std::to_string(kJobLimitS) + " " + KILN_CLI_BINARY +
+                         " launch -n 2 -- kiln " + args,
+                     r.output);
+  return r;
+}
+
+/// `mpirun -np 2 kiln ARGS` with only the environment a user would export (no kiln launch).
+CliResult mpirun2(const std::string& args) {
+  std::string env;
+  for (const auto& kv : dist::launch_environment()) env += shell_quote(kv) + " ";
+  CliResult r;
+  r.rc = run_command("env " + env + kRankEnv + "timeout -s KILL " + std::to_string(kJobLimitS) + " mpirun -np 2 " +
+                         KILN_CLI_BINARY + " " + args,
+                     r.output);
+  return r;
+}
+
+std::vector<double> losses(const fs::path& run) {
+  std::vector<double> out;
+  for (const auto& j : metrics_lines(run, "train")) out.push_back(j["loss"].get<double>());
+  return out;
+}
+
+size_t occurrences(const std::string& text, const std::string& what) {
+  size_t n = 0;
+  for (size_t at = text.find(what); at != std::string::npos; at = text.find(what, at + 1)) ++n;
+  return n;
+}
+
+TEST(CliDist, TwoRanksWriteOneRunDirectoryThatSingleProcessCommandsRead) {
+  TempDir dir;
+  write_text(dir.path() / "tiny.toml", tiny_mlp_config());
+  const fs::path run = dir.path() / "run";
+  auto r = launch2("train " + dir.file("tiny.toml") + " --out " + run.string() + " --set train.steps=20");
+  ASSERT_EQ(r.rc, 0) << r.output;
+  EXPECT_NE(r.output.find("per rank on 2 ranks (global batch 32)"), std::string::npos) << r.output;
+  EXPECT_EQ(occurrences(r.output, "completed at step 20 of 20"), 1u) << r.output;  // rank 0 alone prints
+
+  // Rank 0 alone writes metrics: one line per step and eval, not one per rank.
+  const auto train = metrics_lines(run, "train");
+  ASSERT_EQ(train.size(), 20u);
+  for (size_t i = 0; i < train.size(); ++i) EXPECT_EQ(train[i]["step"].get<int64_t>(), static_cast<int64_t>(i + 1));
+  // Each rank reads half of the 256 samples, 16 a batch: 8 steps an epoch (16 on one process).
+  // (An epoch's last step already logs the next epoch, as on one process.)
+  EXPECT_EQ(train[6]["epoch"].get<int64_t>(), 0);
+  EXPECT_EQ(train[14]["epoch"].get<int64_t>(), 1);
+  EXPECT_EQ(train[19]["epoch"].get<int64_t>(), 2);
+  const auto eval = metrics_lines(run, "eval");
+  ASSERT_EQ(eval.size(), 2u);  // steps 10 and 20
+  for (const char* f : {"summary.json", "report.html", "checkpoints/ckpt-00000020.safetensors"})
+    EXPECT_TRUE(fs::exists(run / f)) << f;
+  EXPECT_EQ(read_json(run / "summary.json")["status"], "completed");
+
+  // The checkpoint holds the unwrapped model's names: single-process eval
+  // loads it and computes what rank 0 evaluated at the end of training.
+  auto e = kiln_cli("eval " + run.string());
+  ASSERT_EQ(e.rc, 0) << e.output;
+  char acc[64];
+  std::snprintf(acc, sizeof acc, "accuracy %.2f%%", 100 * eval.back()["accuracy"].get<double>());
+  EXPECT_NE(e.output.find(acc), std::string::npos) << acc << "\n" << e.output;
+  auto in = kiln_cli("inspect " + (run / "checkpoints" / "ckpt-00000020.safetensors").string());
+  ASSERT_EQ(in.rc, 0) << in.output;
+  EXPECT_NE(in.output.find("model.layers.0.weight"), std::string::npos) << in.output;
+  EXPECT_EQ(in.output.find("module."), std::string::npos) << in.output;
+}
+
+/// Train to 10 with max_steps and resume to 20 on 2 ranks; a straight 2-rank run to 20 computes the same losses.
+void expect_resume_continuity(const std::string& config) {
+  TempDir dir;
+  write_text(dir.path() / "tiny.toml", config);
+  const fs::path straight = dir.path() / "straight", stopped = dir.path() / "stopped";
+  // The straight run through plain mpirun: kiln detects the launch by itself.
+  auto s = mpirun2("train " + dir.file("tiny.toml") + " --out " + straight.string() + " --set train.steps=20");
+  ASSERT_EQ(s.rc, 0) << s.output;
+  auto a = launch2("train " + dir.file("tiny.toml") + " --out " + stopped.string() +
+                   " --set train.steps=20 --set train.max_steps=10");
+  ASSERT_EQ(a.rc, 0) << a.output;
+  EXPECT_EQ(read_json(stopped / "summary.json")["status"], "stopped");
+  EXPECT_EQ(losses(stopped).size(), 10u);
+  auto b = launch2("resume " + stopped.string());
+  ASSERT_EQ(b.rc, 0) << b.output;
+  EXPECT_NE(b.output.find("resuming " + stopped.string() + " from step 10"), std::string::npos) << b.output;
+  EXPECT_EQ(occurrences(b.output, "resuming "), 1u) << b.output;
+  const auto ls = losses(straight), lr = losses(stopped);
+  ASSERT_EQ(ls.size(), 20u);
+  ASSERT_EQ(lr.size(), 20u);
+  for (size_t i = 0; i < ls.size(); ++i) EXPECT_EQ(ls[i], lr[i]) << "step " << i + 1;
+  EXPECT_EQ(read_json(stopped / "summary.json")["final"]["accuracy"],
+            read_json(straight / "summary.json")["final"]["accuracy"]);
+}
+
+TEST(CliDist, ResumedTwoRankRunComputesTheStraightRunsLossesBitwise) { expect_resume_continuity(tiny_mlp_config()); }
+
+// BatchNorm: DDP's forward broadcasts rank 0's running statistics, which the checkpoint holds.
+TEST(CliDist, ResumedTwoRankResNetComputesTheStraightRunsLossesBitwise) {
+  std::string config = tiny_mlp_config();
+  const std::string mlp = "type = \"mlp\"\nhidden = [32]\n";
+  ASSERT_NE(config.find(mlp), std::string::npos);
+  config.replace(config.find(mlp), mlp.size(),
+                 "type = \"resnet\"\nstem_channels = 4\nwidths = [4, 8]\nblocks = [1, 1]\n");
+  expect_resume_continuity(config);
+}
+
+/// Pids of the processes whose parent is `parent`.
+std::vector<pid_t> children_of(pid_t parent) {
+  std::vector<pid_t> out;
+  for (const auto& e : fs::directory_iterator("/proc")) {
+    const std::string name = e.path().filename().string();
+    if (name.find_first_not_of("0123456789") != std::string::npos) continue;
+    std::ifstream stat(e.path() / "stat");
+    std::string text((std::istreambuf_iterator<char>(stat)), std::istreambuf_iterator<char>());
+    const auto close = text.rfind(')');
+    if (close == std::string::npos) continue;
+    char state = 0;
+    int ppid = 0;
+    if (std::sscanf(text.c_str() + close + 1, " %c %d", &state, &ppid) == 2 && ppid == parent)
+      out.push_back(static_cast<pid_t>(std::stoi(name)));
+  }
+  return out;
+}
+
+/// The rank `rank` among mpirun's children (by OMPI_COMM_WORLD_RANK in its environment); -1 if not found.
+pid_t rank_pid(pid_t mpirun, int rank) {
+  const std::string want = "OMPI_COMM_WORLD_RANK=" + std::to_string(rank);
+  for (pid_t c : children_of(mpirun)) {
+    std::ifstream env("/proc/" + std::to_string(c) + "/environ", std::ios::binary);
+    for (std::string kv; std::getline(env, kv, '\0');)
+      if (kv == want) return c;
+  }
+  return -1;
+}
+
+TEST(CliDist, SigintToOneRankStopsEveryRankAtTheSameStep) {
+  TempDir dir;
+  write_text(dir.path() / "tiny.toml", tiny_mlp_config());
+  const fs::path run = dir.path() / "run";
+  const std::string log = dir.file("log.txt");
+  const pid_t pid = ::fork();
+  if (pid == 0) {
+    const int fd = ::open(log.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    ::dup2(fd, STDOUT_FILENO);
+    ::dup2(fd, STDERR_FILENO);
+    ::setenv("OMP_NUM_THREADS", "1", 1);
+    ::setenv("KILN_DIST_TIMEOUT", "20", 1);
+    const std::string out = run.string(), cfg = dir.file("tiny.toml");
+    ::execl(KILN_CLI_BINARY, KILN_CLI_BINARY, "launch", "-n", "2", "--", "kiln", "train", cfg.c_str(), "--out",
+            out.c_str(), "--set", "train.steps=200000", "--set", "train.ckpt_every=0", "--set", "train.eval_every=0",
+            static_cast<char*>(nullptr));
+    ::_exit(127);
+  }
+  ASSERT_GT(pid, 0);
+  // `kiln launch` became mpirun (same pid); its children are the ranks.
+  auto logged = [&] {
+    std::ifstream in(run / "metrics.jsonl");
+    std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    return count_lines(text);
+  };
+  for (int i = 0; i < 3000 && logged() < 5; ++i) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  const pid_t rank1 = rank_pid(pid, 1);
+  if (logged() < 5 || rank1 <= 0) ::kill(pid, SIGKILL);
+  ASSERT_GE(logged(), 5) << read_file(log);
+  ASSERT_GT(rank1, 0) << "no rank 1 among mpirun's children";
+  ASSERT_EQ(::kill(rank1, SIGINT), 0);  // rank 1 alone: rank 0 learns of it through the per-step agreement
+  int status = 0;
+  bool ended = false;
+  for (int i = 0; i < kJobLimitS * 100 && !ended; ++i) {
+    ended = ::waitpid(pid, &status, WNOHANG) == pid;
+    if (!ended) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  if (!ended) {
+    ::kill(pid, SIGKILL);
+    ::waitpid(pid, &status, 0);
+  }
+  const std::string text = read_file(log);
+  ASSERT_TRUE(ended) << "the job did not end after rank 1's SIGINT:\n" << text;
+  ASSERT_TRUE(WIFEXITED(status)) << text;
+  EXPECT_EQ(WEXITSTATUS(status), 0) << text;
+  EXPECT_NE(text.find("another rank was asked to stop"), std::string::npos) << text;
+  const auto summary = read_json(run / "summary.json");
+  EXPECT_EQ(summary["status"], "interrupted");
+  const int64_t k = summary["steps"].get<int64_t>();
+  ASSERT_GT(k, 0);
+  char name[64];
+  std::snprintf(name, sizeof name, "ckpt-%08lld.safetensors", static_cast<long long>(k));
+  EXPECT_TRUE(fs::exists(run / "checkpoints" / name)) << name;
+  // Both ranks left at step k: a resume on 2 ranks runs on from there.
+  auto r = launch2("resume " + run.string() + " --set train.max_steps=" + std::to_string(k + 2));
+  ASSERT_EQ(r.rc, 0) << r.output;
+  EXPECT_EQ(losses(run).size(), static_cast<size_t>(k + 2));
+}
+
+TEST(CliDist, NonFiniteLossStopsEveryRankOnce) {
+  TempDir dir;
+  write_text(dir.path() / "tiny.toml", tiny_mlp_config());
+  auto r = launch2("train " + dir.file("tiny.toml") + " --out " + dir.file("run") +
+                   " --set optim.name=sgd --set optim.lr=1e30 --set schedule.warmup_steps=0");
+  EXPECT_EQ(r.rc, 3) << r.output;
+  EXPECT_EQ(occurrences(r.output, "the loss became"), 1u) << r.output;
+  EXPECT_EQ(read_json(dir.path() / "run" / "summary.json")["status"], "nan");
+}
+
+TEST(CliDist, AFailingRankEndsTheJob) {
+  TempDir dir;
+  // Rank 0 finds no run to resume; rank 1 waits for its choice, and is ended with it.
+  auto r = launch2("resume " + dir.file("nothing"));
+  EXPECT_NE(r.rc, 0) << r.output;
+  EXPECT_NE(r.rc, 137) << "the job hung until timeout(1) killed it:\n" << r.output;
+  EXPECT_NE(r.output.find("kiln: rank 0 failed: " + dir.file("nothing") + ": no such run directory"),
+            std::string::npos)
+      << r.output;
+}
+
+TEST(CliLaunch, BadArgumentsGiveOneClearLine) {
+  struct Case {
+    std::string args, expect;
+    int rc;
+  };
+  const std::vector<Case> cases = {
+      {"launch -n 0 -- kiln train x.toml", "kiln: error: kiln launch: expected -n N with N >= 1, got 0", 2},
+      {"launch -n 2", "kiln: error: command is required", 2},
+      {"launch -- kiln train x.toml", "kiln: error: --nprocs is required", 2},
+      {"launch -n 2 --hostfile /nonexistent/hosts -- kiln train x.toml",
+       "kiln: error: kiln launch: cannot read hostfile '/nonexistent/hosts'", 1},
+  };
+  for (const auto& c : cases) {
+    auto r = kiln_cli(c.args);
+    EXPECT_EQ(r.rc, c.rc) << c.args << "\n" << r.output;
+    EXPECT_EQ(count_lines(r.output), 1) << c.args << "\n" << r.output;
+    EXPECT_NE(r.output.find(c.expect), std::string::npos) << c.args << "\n" << r.output;
+  }
+}
+
+}  // namespace
+}  // namespace kiln::test
