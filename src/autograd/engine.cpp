@@ -1,6 +1,8 @@
 // The backward engine. See include/kiln/autograd/engine.h.
 #include "kiln/autograd/engine.h"
 
+#include "kiln/core/autocast.h"
+
 #include <algorithm>
 #include <queue>
 #include <unordered_map>
@@ -9,6 +11,7 @@
 #include "kiln/autograd/anomaly.h"
 #include "kiln/autograd/autograd_meta.h"
 #include "kiln/autograd/functions.h"
+#include "kiln/core/autocast.h"
 #include "kiln/core/guards.h"
 #include "kiln/core/factory.h"
 
@@ -109,6 +112,9 @@ class GraphTask {
   }
 
   TensorList run(GraphRoot& root, size_t num_captures) {
+    // Backward formulas run in the dtypes the forward recorded, as in PyTorch: an
+    // autocast region around backward() must not recast the gradients' products.
+    autocast_detail::SuspendGuard no_autocast;
     captured_.resize(num_captures);
     count_dependencies(root);
     if (!captures_.empty()) compute_needed(root);

@@ -213,6 +213,32 @@ TEST(AutocastGrad, GradientsReachFloat32ParametersAndMatchFloat32) {
   EXPECT_GT(rel1 + rel2, 0.0);  // the bf16 path really ran (it rounds)
 }
 
+// Calling backward() inside the autocast region (a common PyTorch habit) must not
+// change the gradients: backward runs in the dtypes the forward recorded.
+TEST(AutocastGrad, BackwardInsideTheRegionEqualsBackwardOutside) {
+  const Tensor x = data({8, 16}, 1);
+  Tensor w1 = param({32, 16}, 2), w2 = param({4, 32}, 3);
+  const Tensor target = tensor<int64_t>({0, 1, 2, 3, 0, 1, 2, 3});
+  auto loss_of = [&] { return F::cross_entropy(linear(linear(x, w1).relu(), w2), target); };
+  {
+    const AutocastGuard amp(kBFloat16);
+    Tensor loss = loss_of();
+    loss.backward();  // inside
+  }
+  const Tensor g1 = w1.grad().clone(), g2 = w2.grad().clone();
+  w1.mutable_grad() = {};
+  w2.mutable_grad() = {};
+  Tensor loss;
+  {
+    const AutocastGuard amp(kBFloat16);
+    loss = loss_of();
+  }
+  loss.backward();  // outside
+  ASSERT_EQ(g1.dtype(), kFloat32);
+  EXPECT_TRUE(w1.grad().equal(g1));
+  EXPECT_TRUE(w2.grad().equal(g2));
+}
+
 TEST(AutocastDocs, DocsAmpMdListsThePolicyTable) {
   const std::string doc = test::read_file(test::source_dir() + "/docs/amp.md");
   for (const AutocastRule& rule : kAutocastPolicy) {
