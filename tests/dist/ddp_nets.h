@@ -22,7 +22,11 @@ namespace kiln::test {
 class Blocks : public nn::Module {
  public:
   explicit Blocks(std::vector<int64_t> sizes) : nn::Module("Blocks") {
-    for (size_t i = 0; i < sizes.size(); ++i) register_parameter("p" + std::to_string(i), ones({sizes[i]}));
+    for (size_t i = 0; i < sizes.size(); ++i) {
+      std::string name = "p";  // not "p" + to_string(i): g++ 12 warns falsely (-Wrestrict) on that
+      name += std::to_string(i);
+      register_parameter(name, ones({sizes[i]}));
+    }
   }
   Tensor forward(const Tensor& x) override {
     Tensor loss = zeros({});
