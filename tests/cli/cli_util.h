@@ -121,6 +121,13 @@ inline std::vector<nlohmann::json> metrics_lines(const std::filesystem::path& ru
   return out;
 }
 
+/// The loss of every train line of a run, in order.
+inline std::vector<double> train_losses(const std::filesystem::path& run_dir) {
+  std::vector<double> out;
+  for (const auto& j : metrics_lines(run_dir, "train")) out.push_back(j["loss"].get<double>());
+  return out;
+}
+
 inline nlohmann::json read_json(const std::filesystem::path& p) {
   std::ifstream in(p);
   return nlohmann::json::parse(in);

@@ -12,11 +12,6 @@ namespace {
 
 namespace fs = std::filesystem;
 
-std::vector<double> train_losses(const fs::path& run) {
-  std::vector<double> out;
-  for (const auto& j : metrics_lines(run, "train")) out.push_back(j["loss"].get<double>());
-  return out;
-}
 
 TEST(CliAmp, Fp16RunLogsTheScalerAndResumesBitwise) {
   TempDir dir;

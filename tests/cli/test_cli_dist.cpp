@@ -44,12 +44,6 @@ CliResult mpirun2(const std::string& args) {
   return r;
 }
 
-std::vector<double> losses(const fs::path& run) {
-  std::vector<double> out;
-  for (const auto& j : metrics_lines(run, "train")) out.push_back(j["loss"].get<double>());
-  return out;
-}
-
 size_t occurrences(const std::string& text, const std::string& what) {
   size_t n = 0;
   for (size_t at = text.find(what); at != std::string::npos; at = text.find(what, at + 1)) ++n;
@@ -105,12 +99,12 @@ void expect_resume_continuity(const std::string& config) {
                    " --set train.steps=20 --set train.max_steps=10");
   ASSERT_EQ(a.rc, 0) << a.output;
   EXPECT_EQ(read_json(stopped / "summary.json")["status"], "stopped");
-  EXPECT_EQ(losses(stopped).size(), 10u);
+  EXPECT_EQ(train_losses(stopped).size(), 10u);
   auto b = launch2("resume " + stopped.string());
   ASSERT_EQ(b.rc, 0) << b.output;
   EXPECT_NE(b.output.find("resuming " + stopped.string() + " from step 10"), std::string::npos) << b.output;
   EXPECT_EQ(occurrences(b.output, "resuming "), 1u) << b.output;
-  const auto ls = losses(straight), lr = losses(stopped);
+  const auto ls = train_losses(straight), lr = train_losses(stopped);
   ASSERT_EQ(ls.size(), 20u);
   ASSERT_EQ(lr.size(), 20u);
   for (size_t i = 0; i < ls.size(); ++i) EXPECT_EQ(ls[i], lr[i]) << "step " << i + 1;
@@ -215,7 +209,7 @@ TEST(CliDist, SigintToOneRankStopsEveryRankAtTheSameStep) {
   // Both ranks left at step k: a resume on 2 ranks runs on from there.
   auto r = launch2("resume " + run.string() + " --set train.max_steps=" + std::to_string(k + 2));
   ASSERT_EQ(r.rc, 0) << r.output;
-  EXPECT_EQ(losses(run).size(), static_cast<size_t>(k + 2));
+  EXPECT_EQ(train_losses(run).size(), static_cast<size_t>(k + 2));
 }
 
 TEST(CliDist, NonFiniteLossStopsEveryRankOnce) {

@@ -78,11 +78,6 @@ TEST(CliTrain, RunDirectoryHoldsConfigMetricsCheckpointsAndSummary) {
   EXPECT_NE(again.output.find("kiln resume"), std::string::npos) << again.output;
 }
 
-std::vector<double> losses(const fs::path& run) {
-  std::vector<double> out;
-  for (const auto& j : metrics_lines(run, "train")) out.push_back(j["loss"].get<double>());
-  return out;
-}
 
 TEST(CliTrain, ResumeAfterMaxStepsContinuesBitwise) {
   TempDir dir;
@@ -94,12 +89,12 @@ TEST(CliTrain, ResumeAfterMaxStepsContinuesBitwise) {
   auto b = kiln_cli("train " + dir.file("gpt.toml") + " --out " + split.string() + " --set train.max_steps=13");
   ASSERT_EQ(b.rc, 0) << b.output;
   EXPECT_EQ(read_json(split / "summary.json")["status"], "stopped");
-  EXPECT_EQ(losses(split).size(), 13u);
+  EXPECT_EQ(train_losses(split).size(), 13u);
   auto c = kiln_cli("resume " + split.string());
   ASSERT_EQ(c.rc, 0) << c.output;
   EXPECT_NE(c.output.find("resuming"), std::string::npos);
 
-  const auto la = losses(straight), lb = losses(split);
+  const auto la = train_losses(straight), lb = train_losses(split);
   ASSERT_EQ(la.size(), 30u);
   ASSERT_EQ(lb.size(), 30u);
   for (size_t i = 0; i < la.size(); ++i) EXPECT_EQ(la[i], lb[i]) << "step " << i + 1;  // bitwise: same doubles
@@ -176,7 +171,7 @@ TEST(CliTrain, SigintFinishesTheStepSavesAndResumesIdentically) {
   auto s = kiln_cli("train " + dir.file("tiny.toml") + " --out " + straight.string() +
                     " --set train.steps=200000 --set train.ckpt_every=0 --set " + until);
   ASSERT_EQ(s.rc, 0) << s.output;
-  const auto la = losses(straight), lb = losses(run);
+  const auto la = train_losses(straight), lb = train_losses(run);
   ASSERT_EQ(la.size(), static_cast<size_t>(k + 7));
   ASSERT_EQ(lb.size(), la.size());
   for (size_t i = 0; i < la.size(); ++i) EXPECT_EQ(la[i], lb[i]) << "step " << i + 1;

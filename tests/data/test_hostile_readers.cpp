@@ -15,6 +15,7 @@
 #include "kiln/core/error.h"
 #include "kiln/data/idx.h"
 #include "kiln/data/text.h"
+#include "support/idx_bytes.h"
 #include "support/test_util.h"
 
 using namespace kiln;
@@ -22,34 +23,13 @@ using namespace kiln::data;
 
 namespace {
 
-void write(const std::string& path, const std::string& bytes) {
-  std::ofstream f(path, std::ios::binary);
-  f << bytes;
-}
+using test::be32;
+using test::idx_header;
+using test::write_bytes;
 
-std::string be32(uint32_t v) {
-  return {char(v >> 24), char((v >> 16) & 0xff), char((v >> 8) & 0xff), char(v & 0xff)};
-}
+std::string gzip(const std::string& data) { return test::gzip_bytes(data, 9); }
 
-std::string idx_header(std::vector<uint32_t> dims) {
-  std::string s = {0, 0, 8, char(dims.size())};
-  for (auto d : dims) s += be32(d);
-  return s;
-}
-
-std::string gzip(const std::string& data) {
-  z_stream zs{};
-  deflateInit2(&zs, 9, Z_DEFLATED, 16 + MAX_WBITS, 8, Z_DEFAULT_STRATEGY);
-  std::string out(deflateBound(&zs, data.size()) + 64, '\0');
-  zs.next_in = reinterpret_cast<Bytef*>(const_cast<char*>(data.data()));
-  zs.avail_in = static_cast<uInt>(data.size());
-  zs.next_out = reinterpret_cast<Bytef*>(out.data());
-  zs.avail_out = static_cast<uInt>(out.size());
-  deflate(&zs, Z_FINISH);
-  out.resize(zs.total_out);
-  deflateEnd(&zs);
-  return out;
-}
+void write(const std::string& path, const std::string& bytes) { write_bytes(path, bytes); }
 
 // Runs f, expecting ErrorT whose message names `path` and holds each of `parts`;
 // also checks no tensor outlives the call and the peak stays within `budget` bytes.

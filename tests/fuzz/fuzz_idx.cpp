@@ -9,24 +9,13 @@
 
 #include <algorithm>
 
+#include "../support/idx_bytes.h"
 #include "fuzz_util.h"
 #include "kiln/data/idx.h"
 
 namespace {
 
-std::string gzip(const uint8_t* data, size_t size) {
-  z_stream zs{};
-  if (deflateInit2(&zs, 6, Z_DEFLATED, 16 + MAX_WBITS, 8, Z_DEFAULT_STRATEGY) != Z_OK) kiln::fuzz::die("deflateInit2");
-  std::string out(deflateBound(&zs, size) + 64, '\0');
-  zs.next_in = const_cast<Bytef*>(data);
-  zs.avail_in = static_cast<uInt>(size);
-  zs.next_out = reinterpret_cast<Bytef*>(out.data());
-  zs.avail_out = static_cast<uInt>(out.size());
-  if (deflate(&zs, Z_FINISH) != Z_STREAM_END) kiln::fuzz::die("deflate did not finish");
-  out.resize(zs.total_out);
-  deflateEnd(&zs);
-  return out;
-}
+std::string gzip(const uint8_t* data, size_t size) { return kiln::test::gzip_bytes(data, size); }
 
 bool is_gzip(const std::string& s) {
   return s.size() >= 2 && static_cast<uint8_t>(s[0]) == 0x1f && static_cast<uint8_t>(s[1]) == 0x8b;

@@ -8,6 +8,7 @@
 #include <cstdio>
 #include <filesystem>
 
+#include "../support/idx_bytes.h"
 #include "checkpoint_fixture.h"
 #include "kiln/core/factory.h"
 
@@ -28,27 +29,12 @@ void put(const std::string& target, const std::string& name, const std::string& 
 
 std::string str(const std::vector<uint8_t>& v) { return {v.begin(), v.end()}; }
 
-std::string gzip(const std::string& data) {
-  z_stream zs{};
-  deflateInit2(&zs, 9, Z_DEFLATED, 16 + MAX_WBITS, 8, Z_DEFAULT_STRATEGY);
-  std::string out(deflateBound(&zs, data.size()) + 64, '\0');
-  zs.next_in = reinterpret_cast<Bytef*>(const_cast<char*>(data.data()));
-  zs.avail_in = static_cast<uInt>(data.size());
-  zs.next_out = reinterpret_cast<Bytef*>(out.data());
-  zs.avail_out = static_cast<uInt>(out.size());
-  deflate(&zs, Z_FINISH);
-  out.resize(zs.total_out);
-  deflateEnd(&zs);
-  return out;
-}
+std::string gzip(const std::string& data) { return kiln::test::gzip_bytes(data, 9); }
 
 std::string idx(std::vector<uint32_t> dims) {
-  std::string s = {0, 0, 8, static_cast<char>(dims.size())};
+  std::string s = kiln::test::idx_header(dims);
   size_t count = 1;
-  for (uint32_t d : dims) {
-    s += {static_cast<char>(d >> 24), static_cast<char>(d >> 16), static_cast<char>(d >> 8), static_cast<char>(d)};
-    count *= d;
-  }
+  for (uint32_t d : dims) count *= d;
   for (size_t i = 0; i < count; ++i) s += static_cast<char>(i * 37);
   return s;
 }
