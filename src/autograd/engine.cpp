@@ -82,7 +82,7 @@ void accumulate_into(Tensor& slot, const Tensor& g) {
 // so a tensor used twice (a residual connection) costs no fresh tensor per sum.
 // Not under create_graph, where the sum must be recorded; never into a tensor
 // another output, hook or saved variable can see (use counts), a view, or a
-// broadcast (the shapes must match already: validation comes later).
+// broadcast (each gradient is reduced to the input's shape before it gets here).
 void accumulate_into_buffer(Tensor& slot, const Tensor& g, bool create_graph) {
   if (!g.defined()) return;
   const bool in_place = !create_graph && slot.defined() && slot.use_count() == 1 && slot.storage().use_count() == 1 &&
@@ -211,7 +211,16 @@ class GraphTask {
         TensorList& buf = buffers_[next];
         if (buf.size() < next->num_inputs()) buf.resize(next->num_inputs());
         if (e.input_nr >= buf.size()) buf.resize(e.input_nr + 1);
-        accumulate_into_buffer(buf[e.input_nr], outputs[i], create_graph_);
+        // Reduce a broadcast gradient to the input's shape before summing it with
+        // the others: [3,1] + [3,5] would broadcast first and count the [3,1]
+        // part five times (x * exp(x.sum(-1, true)) under create_graph reaches
+        // ExpBackward with both shapes: its saved output and mul's other operand).
+        Tensor g = outputs[i];
+        if (e.input_nr < next->num_inputs()) {
+          GradModeGuard mode(create_graph_);
+          g = validate_grad(*next, e.input_nr, g, next->input_metadata()[e.input_nr]);
+        }
+        accumulate_into_buffer(buf[e.input_nr], g, create_graph_);
       }
       if (--deps_[next] == 0) ready.push({next});
     }
