@@ -161,13 +161,27 @@ struct FusedLayerNorm : autograd::Function<FusedLayerNorm> {
     TensorList saved = ctx.get_saved_variables();
     const Tensor &x = saved[0], &w = saved[1], &b = saved[2], &mean = saved[3], &rstd = saved[4];
     const auto a = std::any_cast<LnArgs>(ctx.saved_data["args"]);
-    if (grad_mode_enabled()) {
-      // create_graph: differentiate the composite so the gradients carry their own history.
-      Tensor y = layer_norm_composite(x, a.n_dims, w, b, a.eps);
-      return autograd::grad({y}, {x, w, b}, {grads[0]}, /*retain_graph=*/true, /*create_graph=*/true,
-                            /*allow_unused=*/true);
-    }
     const auto& need = ctx.needs_input_grad();
+    if (grad_mode_enabled()) {
+      // create_graph: differentiate the composite so the gradients carry their own history,
+      // with respect to only the inputs that want one (a frozen weight or bias has no grad).
+      Tensor y = layer_norm_composite(x, a.n_dims, w, b, a.eps);
+      const Tensor* all[3] = {&x, &w, &b};
+      TensorList inputs;
+      std::vector<size_t> slots;
+      for (size_t i = 0; i < 3; ++i) {
+        if (need[i] && all[i]->requires_grad()) {
+          inputs.push_back(*all[i]);
+          slots.push_back(i);
+        }
+      }
+      TensorList out(3);
+      if (inputs.empty()) return out;
+      TensorList g = autograd::grad({y}, inputs, {grads[0]}, /*retain_graph=*/true, /*create_graph=*/true,
+                                    /*allow_unused=*/true);
+      for (size_t k = 0; k < slots.size(); ++k) out[slots[k]] = g[k];
+      return out;
+    }
     const Tensor g = grads[0].contiguous();
     const int64_t n = w.numel(), rows = x.numel() / n;
     Tensor gx = need[0] ? empty(x.sizes(), TensorOptions(x.dtype())) : Tensor();

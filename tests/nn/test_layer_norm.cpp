@@ -112,6 +112,25 @@ TEST(LayerNormFused, GradcheckFloat64AndCreateGraph) {
   EXPECT_TRUE(autograd::gradcheck(one, {x, w1.detach(), b1.detach()}));
 }
 
+// Frozen affine parameters (fine-tuning with a frozen norm) under create_graph:
+// only x wants a gradient, and its second order must still be right.
+TEST(LayerNormFused, CreateGraphWithFrozenWeightAndBias) {
+  manual_seed(44);
+  const TensorOptions f64(kFloat64);
+  Tensor x = randn({4, 6}, f64).requires_grad_();
+  const Tensor w = randn({6}, f64).add(1), b = randn({6}, f64);
+  auto f = [&](const TensorList& t) {
+    nn::LayerNorm ln({.normalized_shape = {6}, .dtype = kFloat64});
+    ln.weight = w;
+    ln.bias = b;
+    return TensorList{ln(t[0]).pow(2)};
+  };
+  const Tensor y = f({x})[0];
+  const TensorList g = autograd::grad({y.sum()}, {x}, {}, /*retain_graph=*/true, /*create_graph=*/true);
+  ASSERT_TRUE(g[0].requires_grad());
+  EXPECT_TRUE(autograd::gradgradcheck(f, {x}));
+}
+
 TEST(LayerNormFused, CompositeFallbacksAgreeWithKernel) {
   manual_seed(47);
   const Tensor x = randn({4, 8});
