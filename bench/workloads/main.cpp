@@ -34,11 +34,12 @@ struct Args {
   int warmup = 10;
   int steps = 50;
   int64_t size = 2048;
+  std::string amp = "off";  // --amp bf16: forward and loss under bf16 autocast
 };
 
 [[noreturn]] void usage(const std::string& why) {
   std::cerr << "kiln_bench: " << why
-            << "\nusage: kiln_bench --workload NAME[,NAME...] [--threads N] [--warmup N] [--steps N] [--size N]\n"
+            << "\nusage: kiln_bench --workload NAME[,NAME...] [--threads N] [--warmup N] [--steps N] [--size N] [--amp bf16|off]\n"
                "workloads: tiny mlp cnn resnet gpt gpt_infer, and peak (f32 matmul probe)\n";
   std::exit(2);
 }
@@ -70,6 +71,10 @@ Args parse(int argc, char** argv) {
     else if (flag == "--warmup") a.warmup = to_int(flag, v, 1);
     else if (flag == "--steps") a.steps = to_int(flag, v, 1);
     else if (flag == "--size") a.size = to_int(flag, v, 16);
+    else if (flag == "--amp") {
+      if (v != "bf16" && v != "off") usage("--amp expects bf16 or off (fp16 needs a GradScaler), got '" + v + "'");
+      a.amp = v;
+    }
     else usage("unknown flag " + flag);
   }
   if (a.workloads.empty()) usage("--workload is required");
@@ -130,10 +135,10 @@ void run_workload(const std::string& name, const Args& a) {
   const double loss_last = w->step(true);
   std::ostringstream steps;
   for (size_t i = 0; i < ms.size(); ++i) steps << (i ? ", " : "") << num(ms[i]);
-  std::printf("{\"framework\": \"kiln\", \"workload\": \"%s\", \"threads\": %d, \"warmup\": %d, \"steps\": %d, "
+  std::printf("{\"framework\": \"kiln\", \"workload\": \"%s\", \"amp\": \"%s\", \"threads\": %d, \"warmup\": %d, \"steps\": %d, "
               "\"median_ms\": %s, \"loss_first\": %s, \"loss_last\": %s, \"params\": %lld, \"flops_per_step\": %s, "
               "\"maxrss_kib\": %ld, \"step_ms\": [%s]}\n",
-              name.c_str(), kiln::get_num_threads(), a.warmup, a.steps, num(median(ms)).c_str(), num(loss_first).c_str(),
+              name.c_str(), a.amp.c_str(), kiln::get_num_threads(), a.warmup, a.steps, num(median(ms)).c_str(), num(loss_first).c_str(),
               num(loss_last).c_str(), static_cast<long long>(w->num_parameters()), num(w->flops_per_step()).c_str(),
               maxrss_kib(), steps.str().c_str());
   std::fflush(stdout);
@@ -144,6 +149,7 @@ void run_workload(const std::string& name, const Args& a) {
 int main(int argc, char** argv) {
   const Args a = parse(argc, argv);
   if (a.threads > 0) kiln::set_num_threads(a.threads);
+  if (a.amp == "bf16") kiln_bench::set_autocast(kiln::kBFloat16);
   try {
     for (const auto& name : a.workloads) {
       if (name == "peak") run_peak(a);

@@ -76,6 +76,14 @@ constexpr double kNaN = std::numeric_limits<double>::quiet_NaN();
 
 double read_loss(const Tensor& loss, bool want) { return want ? loss.item<float>() : kNaN; }
 
+std::optional<kiln::DType> g_autocast;  // --amp bf16: forward and loss under autocast
+
+}  // namespace
+
+void set_autocast(std::optional<kiln::DType> dtype) { g_autocast = dtype; }
+
+namespace {
+
 /// A classifier trained with cross-entropy on one fixed synthetic batch.
 template <typename Model>
 class Classifier : public Workload {
@@ -89,7 +97,12 @@ class Classifier : public Workload {
 
   double step(bool want_loss) override {
     opt_->zero_grad(/*set_to_none=*/true);
-    Tensor loss = F::cross_entropy((*model_)(x_), y_);
+    Tensor loss;
+    {
+      std::optional<kiln::AutocastGuard> amp;
+      if (g_autocast) amp.emplace(*g_autocast);
+      loss = F::cross_entropy((*model_)(x_), y_);
+    }
     loss.backward();
     opt_->step();
     return read_loss(loss, want_loss);
@@ -124,7 +137,12 @@ class GptTrain : public Workload {
   }
   double step(bool want_loss) override {
     opt_->zero_grad(true);
-    Tensor loss = model_->loss(idx_, targets_);
+    Tensor loss;
+    {
+      std::optional<kiln::AutocastGuard> amp;
+      if (g_autocast) amp.emplace(*g_autocast);
+      loss = model_->loss(idx_, targets_);
+    }
     loss.backward();
     opt_->step();
     return read_loss(loss, want_loss);
@@ -153,6 +171,8 @@ class GptInfer : public Workload {
   }
   double step(bool want_loss) override {
     const kiln::NoGradGuard no_grad;
+    std::optional<kiln::AutocastGuard> amp;
+    if (g_autocast) amp.emplace(*g_autocast);
     Tensor logits = (*model_)(idx_);
     if (!want_loss) return kNaN;
     return F::cross_entropy(logits.view({-1, model_->options.vocab_size}), targets_.view({-1})).item<float>();

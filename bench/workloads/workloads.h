@@ -13,6 +13,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -48,6 +49,10 @@ class Workload {
   /// Model FLOPs per step when known (gpt: 6 N D + attention), else 0.
   virtual double flops_per_step() const { return 0; }
 };
+
+/// Runs the workloads' forward and loss under autocast to `dtype` (bf16 mixed
+/// precision; parameters and optimizer stay float32), or in float32 when empty.
+void set_autocast(std::optional<kiln::DType> dtype);
 
 /// The names make_workload accepts, in the table's order.
 const std::vector<std::string>& workload_names();
