@@ -239,6 +239,21 @@ TEST(AutocastGrad, BackwardInsideTheRegionEqualsBackwardOutside) {
   EXPECT_TRUE(w2.grad().equal(g2));
 }
 
+// What the engine itself runs (here a gradient hook that calls matmul) is not autocast
+// either: without the engine's suspension the hook's product would round to bf16.
+TEST(AutocastGrad, GradientHooksRunInFloat32InsideTheRegion) {
+  Tensor x = data({4, 8}, 5).requires_grad_();
+  const Tensor eye = kiln::eye(8);
+  x.register_hook([eye](const Tensor& g) { return g.matmul(eye); });
+  {
+    const AutocastGuard amp(kBFloat16);
+    Tensor loss = (x * x).sum();  // float32: mul and sum are not lower-precision ops
+    loss.backward();
+  }
+  ASSERT_EQ(x.grad().dtype(), kFloat32);
+  EXPECT_TRUE(x.grad().equal(x.detach() * 2));  // exact: g·I in float32
+}
+
 TEST(AutocastDocs, DocsAmpMdListsThePolicyTable) {
   const std::string doc = test::read_file(test::source_dir() + "/docs/amp.md");
   for (const AutocastRule& rule : kAutocastPolicy) {
