@@ -20,14 +20,20 @@ namespace {
 
 using autograd::SavedVariable;
 
+// x is contiguous or (4-D) channels-last: the kernels take either.
 kernels::BatchNormShape bn_shape(const Tensor& x) {
   kernels::BatchNormShape s;
   s.n = x.size(0);
   s.c = x.size(1);
   s.inner = 1;
   for (int64_t d = 2; d < x.dim(); ++d) s.inner *= x.size(d);
+  s.channels_last = !x.is_contiguous();
   return s;
 }
+
+// The layout the kernels run in: channels-last stays so (a conv's output),
+// anything else becomes contiguous.
+MemoryFormat bn_format(const Tensor& x) { return suggest_memory_format(x); }
 
 std::vector<int64_t> reduce_dims(const Tensor& x) {
   std::vector<int64_t> dims = {0};
@@ -58,9 +64,10 @@ struct NativeBatchNormBackward final : autograd::Node {
     const Tensor xv = x.unpack(this);
     const Tensor wv = weight.defined() ? weight.unpack(this) : Tensor();
     if (grad_mode_enabled()) return differentiable(g, xv, wv, want_x, want_w, want_b);
-    const Tensor gc = g.contiguous();
+    const MemoryFormat fmt = bn_format(xv);
+    const Tensor gc = contiguous(g, fmt);
     const DType dt = xv.dtype();
-    if (want_x) out[0] = new_output(xv.sizes(), dt);
+    if (want_x) out[0] = new_output(xv.sizes(), dt, fmt);
     if (want_w) out[1] = new_output({xv.size(1)}, dt);
     if (want_b) out[2] = new_output({xv.size(1)}, dt);
     if (xv.numel() > 0) {
@@ -119,11 +126,12 @@ BatchNormResult batch_norm_train(const Tensor& x, const Tensor& weight, const Te
   const int64_t c = x.size(1);
   KILN_CHECK(x.numel() / std::max<int64_t>(c, 1) > 1, ValueError,
              "batch_norm: expected more than 1 value per channel when training, got input shape ", x.shape_string());
-  const Tensor xc = x.contiguous();
+  const MemoryFormat fmt = bn_format(x);
+  const Tensor xc = contiguous(x, fmt);
   const Tensor wc = weight.defined() ? weight.contiguous() : Tensor();
   const Tensor bc = bias.defined() ? bias.contiguous() : Tensor();
   BatchNormResult r;
-  r.output = new_output(x.sizes(), dt);
+  r.output = new_output(x.sizes(), dt, fmt);
   r.mean = new_output({c}, dt);
   r.var = new_output({c}, dt);
   Tensor invstd = new_output({c}, dt);

@@ -35,6 +35,23 @@ DimVector output_shape(const Conv2dParams& p, bool unbatched) {
 // A result computed in the kernel dtype, returned in the dtype of the op's tensors.
 Tensor in_dtype(const Tensor& t, DType dt) { return t.dtype() == dt ? t : t.to(dt); }
 
+// Whether the call runs on oneDNN with NHWC activations: float32/bfloat16,
+// batched, nothing empty (the empty-channel paths of conv_gemm.cpp write NCHW).
+bool nhwc_path(const Conv2dParams& p, bool unbatched) {
+  const bool dnnl = p.dtype == kFloat32 || p.dtype == kBFloat16;
+  return dnnl && !unbatched && p.n > 0 && p.c > 0 && p.o > 0 && p.oh > 0 && p.ow > 0;
+}
+
+// An activation in the kernel dtype: kept as it is when channels-last on the
+// NHWC path (no reorder), else made contiguous NCHW. `nhwc` says which.
+Tensor activation_operand(const Tensor& t, DType kernel_dtype, bool path_nhwc, bool& nhwc) {
+  const Tensor k = t.dtype() == kernel_dtype ? t : t.to(kernel_dtype);
+  nhwc = path_nhwc && is_contiguous(k, MemoryFormat::ChannelsLast);
+  return nhwc ? k : k.contiguous();
+}
+
+MemoryFormat result_format(bool nhwc) { return nhwc ? MemoryFormat::ChannelsLast : MemoryFormat::Contiguous; }
+
 struct ConvolutionBackward final : autograd::Node {
   SavedVariable input, weight;  // input for the weight gradient, weight for the input gradient
   Conv2dParams p;
@@ -72,12 +89,15 @@ struct ConvolutionBackward final : autograd::Node {
   std::tuple<Tensor, Tensor, Tensor> both_grads(const Tensor& grad_output, const Tensor& x, const Tensor& w,
                                                 bool with_bias) const {
     const NoGradGuard no_grad;
-    const Tensor g = kernel_operand(grad_output, p.dtype), xk = kernel_operand(x, p.dtype);
+    Conv2dParams q = p;
+    const bool path = nhwc_path(p, unbatched);
+    const Tensor g = activation_operand(grad_output, p.dtype, path, q.output_nhwc);
+    const Tensor xk = activation_operand(x, p.dtype, path, q.input_nhwc);
     const Tensor wk = kernel_operand(w, p.dtype);
-    Tensor gi = new_output(input_shape(p, unbatched), p.dtype);
+    Tensor gi = new_output(input_shape(p, unbatched), p.dtype, result_format(q.input_nhwc));  // x's layout
     Tensor gw = new_output({p.o, p.c / p.groups, p.kh, p.kw}, p.dtype);
     Tensor gb = with_bias ? new_output({p.o}, p.dtype) : Tensor();
-    kernels::conv2d_backward(p, g.data_ptr(), xk.data_ptr(), wk.data_ptr(), gi.data_ptr(), gw.data_ptr(),
+    kernels::conv2d_backward(q, g.data_ptr(), xk.data_ptr(), wk.data_ptr(), gi.data_ptr(), gw.data_ptr(),
                              with_bias ? gb.data_ptr() : nullptr);
     const DType dt = grad_output.dtype();
     return {in_dtype(gi, dt), in_dtype(gw, dt), with_bias ? in_dtype(gb, dt) : gb};
@@ -138,9 +158,13 @@ Tensor conv2d_input_grad(const Tensor& grad_output, const Tensor& weight, const 
   Tensor gi;
   {
     const NoGradGuard no_grad;
-    const Tensor g = kernel_operand(grad_output, p.dtype), w = kernel_operand(weight, p.dtype);
-    gi = new_output(input_shape(p, unbatched), p.dtype);
-    kernels::conv2d_backward_input(p, g.data_ptr(), w.data_ptr(), gi.data_ptr());
+    Conv2dParams q = p;
+    const bool path = nhwc_path(p, unbatched);
+    const Tensor g = activation_operand(grad_output, p.dtype, path, q.output_nhwc);
+    const Tensor w = kernel_operand(weight, p.dtype);
+    q.input_nhwc = path;  // the input's layout is not known here: channels-last, as conv2d's results
+    gi = new_output(input_shape(p, unbatched), p.dtype, result_format(q.input_nhwc));
+    kernels::conv2d_backward_input(q, g.data_ptr(), w.data_ptr(), gi.data_ptr());
     gi = in_dtype(gi, grad_output.dtype());
   }
   if (autograd::compute_requires_grad({&grad_output, &weight})) {
@@ -159,10 +183,13 @@ std::tuple<Tensor, Tensor> conv2d_weight_grad(const Tensor& grad_output, const T
   Tensor gw, gb;
   {
     const NoGradGuard no_grad;
-    const Tensor g = kernel_operand(grad_output, p.dtype), x = kernel_operand(input, p.dtype);
+    Conv2dParams q = p;
+    const bool path = nhwc_path(p, unbatched);
+    const Tensor g = activation_operand(grad_output, p.dtype, path, q.output_nhwc);
+    const Tensor x = activation_operand(input, p.dtype, path, q.input_nhwc);
     gw = new_output({p.o, p.c / p.groups, p.kh, p.kw}, p.dtype);
     if (with_bias) gb = new_output({p.o}, p.dtype);
-    kernels::conv2d_backward_weight(p, g.data_ptr(), x.data_ptr(), gw.data_ptr(),
+    kernels::conv2d_backward_weight(q, g.data_ptr(), x.data_ptr(), gw.data_ptr(),
                                     with_bias ? gb.data_ptr() : nullptr);
     gw = in_dtype(gw, grad_output.dtype());
     if (with_bias) gb = in_dtype(gb, grad_output.dtype());
@@ -190,10 +217,14 @@ Tensor conv2d(const Tensor& input, const Tensor& weight, const Tensor& bias, con
   Tensor out;
   {
     const NoGradGuard no_grad;
-    const Tensor x = kernel_operand(input, p.dtype), w = kernel_operand(weight, p.dtype);
+    Conv2dParams q = p;
+    const bool path = nhwc_path(p, unbatched);
+    const Tensor x = activation_operand(input, p.dtype, path, q.input_nhwc);
+    const Tensor w = kernel_operand(weight, p.dtype);
     const Tensor b = bias.defined() ? kernel_operand(bias, p.dtype) : Tensor();
-    out = new_output(output_shape(p, unbatched), p.dtype);
-    kernels::conv2d_forward(p, x.data_ptr(), w.data_ptr(), b.defined() ? b.data_ptr() : nullptr, out.data_ptr());
+    q.output_nhwc = path;  // docs/decisions.md: conv2d returns channels-last
+    out = new_output(output_shape(p, unbatched), p.dtype, result_format(q.output_nhwc));
+    kernels::conv2d_forward(q, x.data_ptr(), w.data_ptr(), b.defined() ? b.data_ptr() : nullptr, out.data_ptr());
     out = in_dtype(out, input.dtype());
   }
   if (autograd::compute_requires_grad({&input, &weight, &bias})) {

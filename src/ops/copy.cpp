@@ -101,7 +101,13 @@ Tensor& fill_impl(Tensor& self, const Scalar& value, const char* op, const char*
 namespace ops {
 
 Tensor copy_no_grad(const Tensor& t, DType dt) {
-  Tensor out = new_output(t.sizes(), dt);
+  Tensor out = new_output_like(t.sizes(), dt, {&t});  // torch's preserve_format
+  copy_into(out, t);
+  return out;
+}
+
+Tensor copy_no_grad(const Tensor& t, DType dt, MemoryFormat f) {
+  Tensor out = new_output(t.sizes(), dt, f);
   copy_into(out, t);
   return out;
 }
@@ -144,7 +150,20 @@ Tensor Tensor::to(DType dt, bool copy, std::source_location loc) const {
 Tensor Tensor::contiguous(std::source_location loc) const {
   ops::check_defined(*this, "contiguous", "self");
   if (is_contiguous()) return *this;
-  return clone(loc);
+  return kiln::contiguous(*this, MemoryFormat::Contiguous, loc);
+}
+
+Tensor contiguous(const Tensor& t, MemoryFormat f, std::source_location loc) {
+  ops::check_defined(t, "contiguous", "self");
+  if (f == MemoryFormat::Preserve) f = suggest_memory_format(t);
+  KILN_CHECK(f != MemoryFormat::ChannelsLast || t.dim() == 4, ShapeError,
+             "contiguous: channels_last needs a 4-D tensor [N, C, H, W], got shape ", t.sizes());
+  if (is_contiguous(t, f)) return t;
+  Tensor out = ops::copy_no_grad(t, t.dtype(), f);
+  if (autograd::compute_requires_grad({&t})) {
+    autograd::set_history(out, make_intrusive<CloneBackward>(), {&t}, CallSite::from(loc));
+  }
+  return out;
 }
 
 Tensor Tensor::clone(std::source_location loc) const {

@@ -133,7 +133,7 @@ Tensor binary_out(const char* name, kernels::BinaryOp op, Arg a, Arg b, DType co
   if (a.tensor) ops::check_defined(*a.tensor, name, "self");
   if (b.tensor) ops::check_defined(*b.tensor, name, "other");
   const DimVector shape = broadcast_shapes(a.sizes(), b.sizes(), name);
-  Tensor out = ops::new_output(shape, compute);
+  Tensor out = ops::new_output_like(shape, compute, {a.tensor, b.tensor});
   if (out.numel() == 0) return out;
   Operand oa, ob;
   bool out_free = true;

@@ -72,7 +72,7 @@ Tensor index_add_zeros(IntArrayRef sizes, int64_t dim, const Tensor& index, cons
   KILN_ASSERT(src.numel() == outer * k * inner, "index_add_zeros: source of shape ", src.sizes(),
               " does not hold ", k, " slices of the output ", sizes, " along dim ", dim);
   if (out.numel() > 0 && k > 0) {
-    const Tensor s = src.is_contiguous() ? src : copy_no_grad(src, src.dtype());
+    const Tensor s = src.is_contiguous() ? src : copy_no_grad(src, src.dtype(), MemoryFormat::Contiguous);
     const int64_t index_stride = index.dim() == 0 ? 1 : index.stride(0);
     kernels::index_add_contiguous(static_cast<char*>(out.data_ptr()), static_cast<const char*>(s.data_ptr()),
                                   index.data_ptr(), out.dtype(), index.dtype(), index_stride, outer, sizes[dim], k,

@@ -9,13 +9,17 @@
 #pragma once
 
 #include "kiln/autograd/functions.h"
+#include "kiln/core/memory_format.h"
 #include "kiln/core/tensor.h"
 
 namespace kiln::ops {
 
 /// A contiguous copy of `t` converted to `dt`, recording nothing (for use
 /// inside forwards, which record their own node).
+/// A copy in dtype `dt`, in `t`'s memory format (channels-last stays so), recording nothing.
 Tensor copy_no_grad(const Tensor& t, DType dt);
+/// The same in memory format `f`.
+Tensor copy_no_grad(const Tensor& t, DType dt, MemoryFormat f);
 
 /// zeros(base_sizes) with `grad` written into its view of geometry (sizes,
 /// strides, offset), strides and offset counted in elements of the contiguous

@@ -29,9 +29,23 @@ kernels::LoopSpec make_loop(IntArrayRef shape, std::initializer_list<const Tenso
     }
     ++op;
   }
+  // Loop dim i (innermost first) visits shape dim nd - 1 - order[i].
+  int order[kernels::kMaxLoopDims];
+  for (int d = 0; d < nd; ++d) order[d] = d;
+  const Tensor* first = *operands.begin();
+  if (nd == 4 && first->dim() == 4 && suggest_memory_format(*first) == MemoryFormat::ChannelsLast) {
+    // Innermost first in NHWC: C (shape dim 1 = loop dim 2), W, H, N.
+    const int nhwc[4] = {2, 0, 1, 3};
+    int64_t permuted[kernels::kMaxOperands][4];
+    for (int o = 0; o < s.nops; ++o) {
+      for (int d = 0; d < 4; ++d) permuted[o][d] = s.strides[o][nhwc[d]];
+      for (int d = 0; d < 4; ++d) s.strides[o][d] = permuted[o][d];
+    }
+    for (int d = 0; d < 4; ++d) order[d] = nhwc[d];
+  }
   int out = 0;
   for (int d = 0; d < nd; ++d) {
-    const int64_t size = shape[nd - 1 - d];
+    const int64_t size = shape[nd - 1 - order[d]];
     if (size == 1) continue;
     if (out > 0) {
       bool merge = true;
@@ -57,6 +71,24 @@ Tensor new_output(IntArrayRef shape, DType dtype) {
   Tensor t = empty(shape, dtype);
   if (inference_mode_enabled()) t.impl()->set_inference(true);
   return t;
+}
+
+Tensor new_output(IntArrayRef shape, DType dtype, MemoryFormat f) {
+  Tensor t = empty(shape, TensorOptions(dtype), f);
+  if (inference_mode_enabled()) t.impl()->set_inference(true);
+  return t;
+}
+
+Tensor new_output_like(IntArrayRef shape, DType dtype, std::initializer_list<const Tensor*> operands) {
+  if (shape.size() == 4) {
+    for (const Tensor* t : operands) {
+      if (t && t->defined() && t->sizes() == shape &&
+          suggest_memory_format(*t) == MemoryFormat::ChannelsLast) {
+        return new_output(shape, dtype, MemoryFormat::ChannelsLast);
+      }
+    }
+  }
+  return new_output(shape, dtype);
 }
 
 void check_scalar_fits(const Scalar& value, DType dt, const char* op) {

@@ -3,11 +3,15 @@
 // Operands are aligned to a common broadcast shape (missing or size-1 dims
 // get stride 0), dims are ordered innermost first, size-1 dims dropped and
 // adjacent dims merged where every operand is dense across them, so a
-// contiguous op becomes one flat row that the kernel vectorises.
+// contiguous op becomes one flat row that the kernel vectorises. When the
+// first operand (the output, by convention) is a channels-last 4-D tensor,
+// the dims are taken in its memory order (C innermost), so channels-last
+// operands also merge into one flat row.
 #pragma once
 
 #include <initializer_list>
 
+#include "kiln/core/memory_format.h"
 #include "kiln/core/tensor.h"
 #include "kiln/kernels/loop.h"
 
@@ -17,6 +21,12 @@ kernels::LoopSpec make_loop(IntArrayRef shape, std::initializer_list<const Tenso
 
 /// Allocates a contiguous tensor for an op's result (charged to the thread's category).
 Tensor new_output(IntArrayRef shape, DType dtype);
+/// The same in memory format `f` (ChannelsLast needs a 4-D shape).
+Tensor new_output(IntArrayRef shape, DType dtype, MemoryFormat f);
+/// An elementwise result: channels-last when some operand of exactly `shape`
+/// is channels-last (torch's rule that a result follows its inputs' layout,
+/// kept to the one non-contiguous format kiln produces itself), else contiguous.
+Tensor new_output_like(IntArrayRef shape, DType dtype, std::initializer_list<const Tensor*> operands);
 
 /// Raises ValueError when `value` cannot be stored in `dt` without overflow, as
 /// PyTorch's checked scalar conversion does for fill values (full, fill_):

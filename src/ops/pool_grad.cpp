@@ -119,7 +119,8 @@ struct MaxPoolBackward final : autograd::Node {
   SavedVariable input;    // with the workspace only: a higher derivative recomputes the indices from it
   SavedVariable indices;  // torch-style argmax indices (our loop ran), or
   Tensor workspace;       // oneDNN's workspace (oneDNN ran); internal, never seen by the user
-  Pool2dParams p;
+  Pool2dParams p;         // NCHW, for the index paths
+  bool nhwc = false;      // the workspace belongs to a channels-last run
   bool unbatched = false;
   const char* name() const override { return "MaxPool2DWithIndicesBackward0"; }
   TensorList apply(TensorList&& grads) override {
@@ -131,9 +132,12 @@ struct MaxPoolBackward final : autograd::Node {
       return {max_pool_scatter(g, idx, p, unbatched, site())};
     }
     const NoGradGuard no_grad;
-    const Tensor gk = kernel_operand(g, p.dtype);
-    Tensor gi = new_output(input_shape(p, unbatched), p.dtype);
-    kernels::max_pool2d_backward_workspace(p, gk.data_ptr(), workspace.data_ptr(), gi.data_ptr());
+    Pool2dParams q = p;
+    q.nhwc = nhwc;
+    const MemoryFormat fmt = nhwc ? MemoryFormat::ChannelsLast : MemoryFormat::Contiguous;
+    const Tensor gk = contiguous(g.dtype() == p.dtype ? g : g.to(p.dtype), fmt);
+    Tensor gi = new_output(input_shape(p, unbatched), p.dtype, fmt);
+    kernels::max_pool2d_backward_workspace(q, gk.data_ptr(), workspace.data_ptr(), gi.data_ptr());
     return {in_dtype(gi, g.dtype())};
   }
   void release_variables() override {
@@ -228,10 +232,24 @@ DType kernel_dtype(DType dt) { return dt == kFloat16 ? kFloat32 : dt; }
 
 }  // namespace
 
+// A channels-last input stays channels-last (a conv's output on its way to
+// the next conv) where oneDNN pools it; our own loops, and so a NaN input,
+// run NCHW.
+bool pool_nhwc(const Tensor& input, const Pool2dParams& p, bool unbatched) {
+  return !unbatched && suggest_memory_format(input) == MemoryFormat::ChannelsLast && kernels::pool2d_uses_dnnl(p);
+}
+
 Tensor max_pool2d(const Tensor& input, const Pool2dParams& p, CallSite site) {
   const bool unbatched = input.dim() == 3;
+  Pool2dParams q = p;
+  q.nhwc = pool_nhwc(input, p, unbatched);
   if (!autograd::compute_requires_grad({&input})) {
     const NoGradGuard no_grad;
+    if (q.nhwc) {
+      const Tensor x = input.dtype() == p.dtype ? input : input.to(p.dtype);
+      Tensor out = new_output(output_shape(p, unbatched), p.dtype, MemoryFormat::ChannelsLast);
+      if (kernels::pool2d_forward(q, x.data_ptr(), out.data_ptr())) return in_dtype(out, input.dtype());
+    }
     const Tensor x = kernel_operand(input, p.dtype);
     Tensor out = new_output(output_shape(p, unbatched), p.dtype);
     kernels::pool2d_forward(p, x.data_ptr(), out.data_ptr());
@@ -241,13 +259,23 @@ Tensor max_pool2d(const Tensor& input, const Pool2dParams& p, CallSite site) {
   Tensor out;
   {
     const NoGradGuard no_grad;
-    const Tensor x = kernel_operand(input, p.dtype);
-    out = new_output(output_shape(p, unbatched), p.dtype);
     // oneDNN writes its workspace for the backward; when it declines (NaN input) or cannot run, our loop
     // writes torch's indices instead.
-    const size_t ws_bytes = kernels::pool2d_workspace_bytes(p);
     bool ran_dnnl = false;
-    if (ws_bytes > 0) {
+    Tensor x;
+    if (q.nhwc) {
+      x = input.dtype() == p.dtype ? input : input.to(p.dtype);
+      out = new_output(output_shape(p, unbatched), p.dtype, MemoryFormat::ChannelsLast);
+      node->workspace = new_output({static_cast<int64_t>(kernels::pool2d_workspace_bytes(q))}, kUInt8);
+      ran_dnnl = kernels::pool2d_forward(q, x.data_ptr(), out.data_ptr(), node->workspace.data_ptr());
+      node->nhwc = ran_dnnl;
+    }
+    const size_t ws_bytes = kernels::pool2d_workspace_bytes(p);
+    if (!ran_dnnl) {
+      x = kernel_operand(input, p.dtype);
+      out = new_output(output_shape(p, unbatched), p.dtype);
+    }
+    if (!ran_dnnl && !q.nhwc && ws_bytes > 0) {
       node->workspace = new_output({static_cast<int64_t>(ws_bytes)}, kUInt8);
       ran_dnnl = kernels::pool2d_forward(p, x.data_ptr(), out.data_ptr(), node->workspace.data_ptr());
     }

@@ -133,7 +133,7 @@ void check_int_pow_exponent(const char* name, const Tensor& self, const Scalar& 
 
 // self ** exponent in dtype rt, into a new tensor; records nothing.
 Tensor pow_scalar_out(const Tensor& self, const Scalar& exponent, DType rt) {
-  Tensor out = ops::new_output(self.sizes(), rt);
+  Tensor out = ops::new_output_like(self.sizes(), rt, {&self});
   if (out.numel() == 0) return out;
   const auto loop = ops::make_loop(self.sizes(), {&out, &self});
   if (ops::ew::scalar_equals(exponent, 0.0)) {  // x ** 0 is 1, even for NaN (torch fills)

@@ -36,7 +36,7 @@ using kernels::UnaryOp;
 
 // sign(x) (0 at 0 and NaN), a constant of the graph: abs's d/dx.
 Tensor sign_of(const Tensor& x) {
-  Tensor out = ops::new_output(x.sizes(), x.dtype());
+  Tensor out = ops::new_output_like(x.sizes(), x.dtype(), {&x});
   if (out.numel() > 0) kernels::unary(ops::ew::make_unary_loop(x.sizes(), out, x), UnaryOp::Sign, x.dtype());
   return out;
 }
@@ -228,7 +228,7 @@ struct ThresholdBackwardBackward final : autograd::Node {
 Tensor threshold_backward(const Tensor& grad, const Tensor& self, const Scalar& threshold) {
   Tensor out;
   if (grad.dtype() == self.dtype() && grad.dtype() != kBool && grad.sizes() == self.sizes()) {
-    out = ops::new_output(grad.sizes(), grad.dtype());
+    out = ops::new_output_like(grad.sizes(), grad.dtype(), {&self, &grad});
     if (out.numel() > 0) {
       alignas(8) unsigned char thr[8];
       kernels::scalar_to_bytes(thr, grad.dtype(), threshold);
@@ -288,7 +288,7 @@ Tensor unary_out(const char* name, UnaryOp op, const Tensor& x, Kind kind) {
   ops::check_defined(x, name, "self");
   check_kind(name, kind, x.dtype());
   const DType rt = result_dtype(kind, x.dtype());
-  Tensor out = ops::new_output(x.sizes(), rt);
+  Tensor out = ops::new_output_like(x.sizes(), rt, {&x});
   if (out.numel() == 0) return out;
   if (rt == x.dtype()) {
     kernels::unary(ops::ew::make_unary_loop(x.sizes(), out, x), op, rt);
@@ -481,7 +481,7 @@ Tensor Tensor::gelu(std::string_view approximate, std::source_location loc) cons
 
 Tensor Tensor::clamp(std::optional<Scalar> min, std::optional<Scalar> max, std::source_location loc) const {
   const DType rt = clamp_type("clamp", *this, min, max);
-  Tensor out = ops::new_output(sizes(), rt);
+  Tensor out = ops::new_output_like(sizes(), rt, {this});
   if (out.numel() > 0) {
     if (rt == dtype()) {
       run_clamp(ops::make_loop(sizes(), {&out, this}), rt, min, max);

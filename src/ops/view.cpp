@@ -18,6 +18,7 @@
 #include "iter.h"
 #include "kiln/autograd/autograd_meta.h"
 #include "kiln/core/factory.h"
+#include "kiln/core/memory_format.h"
 #include "kiln/ops/index.h"
 
 namespace kiln {
@@ -357,8 +358,12 @@ Tensor Tensor::view(IntArrayRef shape, std::source_location loc) const {
   const DimVector sz = infer_size(shape, numel(), "view", sizes());
   auto st = compute_view_strides(sizes(), strides(), sz);
   KILN_CHECK(st.has_value(), ShapeError, "view: shape ", shape, " is not compatible with the input's size ", sizes(),
-             " and stride ", strides(), " (at least one dimension spans across two contiguous subspaces); use "
-             ".reshape(...) instead, which copies when it must");
+             " and stride ", strides(), " (at least one dimension spans across two contiguous subspaces)",
+             suggest_memory_format(*this) == MemoryFormat::ChannelsLast
+                 ? ": the tensor is channels-last in memory, as kiln's conv2d, batch norm and max pooling return "
+                   "their results (docs/decisions.md); use .reshape(...) or .flatten(...), which copy when they "
+                   "must, or .contiguous() first"
+                 : "; use .reshape(...) instead, which copies when it must");
   return record_view<ReshapeBackward>(make_view(*this, sz, *st, storage_offset()), *this, loc,
                                       [&](ReshapeBackward& n) { n.self_sizes = DimVector(sizes()); });
 }
@@ -374,7 +379,7 @@ Tensor Tensor::reshape(IntArrayRef shape, std::source_location loc) const {
                                         });
   }
   // The copy path: a new tensor, not a view of the input.
-  Tensor copy = ops::copy_no_grad(*this, dtype());
+  Tensor copy = ops::copy_no_grad(*this, dtype(), MemoryFormat::Contiguous);
   Tensor out = make_view(copy, sz, contiguous_strides(sz), 0);
   if (autograd::compute_requires_grad({this})) {
     auto node = make_intrusive<ReshapeBackward>();

@@ -54,7 +54,7 @@ void check_cond(const Tensor& cond) {
 Tensor where_same_dtype(const Tensor& cond, const Tensor& a, const Tensor& b, DType dt) {
   const DimVector ab = broadcast_shapes(a.sizes(), b.sizes(), "where");
   const DimVector shape = broadcast_shapes(cond.sizes(), ab, "where");
-  Tensor out = ops::new_output(shape, dt);
+  Tensor out = ops::new_output_like(shape, dt, {&a, &b, &cond});
   if (out.numel() == 0) return out;
   const auto loop = ops::make_loop(shape, {&out, &cond, &a, &b});
   kernels::where(loop, dt, cond.dtype());
@@ -124,7 +124,7 @@ Tensor masked_fill_out(const Tensor& self, const Tensor& mask, const Scalar& val
   check_mask(mask, "masked_fill");
   ops::check_scalar_fits(value, self.dtype(), "masked_fill");
   const DimVector shape = broadcast_shapes(self.sizes(), mask.sizes(), "masked_fill");
-  Tensor out = ops::new_output(shape, self.dtype());
+  Tensor out = ops::new_output_like(shape, self.dtype(), {&self});
   if (out.numel() == 0) return out;
   const auto loop = ops::make_loop(shape, {&out, &self, &mask});
   kernels::masked_fill(loop, self.dtype(), value);

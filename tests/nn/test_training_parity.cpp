@@ -44,6 +44,22 @@ namespace {
 constexpr double kLossRtol = 1e-4, kLrRtol = 1e-12, kRtol = 1e-4;
 
 // Empty when a and b (torch) agree within atol + kRtol * |b|; otherwise the worst element.
+// Like mismatch, but an element also passes when |kiln - torch64| is within
+// |torch32 - torch64| + atol + kRtol * |torch64|.
+std::string mismatch_or_float64(const Tensor& a, const Tensor& b, const Tensor& b64, double atol) {
+  if (a.sizes() != b.sizes() || a.sizes() != b64.sizes()) return "shape " + a.shape_string() + " vs torch " + b.shape_string();
+  auto x = test::to_doubles(a), y = test::to_doubles(b), z = test::to_doubles(b64);
+  for (size_t i = 0; i < x.size(); ++i) {
+    if (std::abs(x[i] - y[i]) <= atol + kRtol * std::abs(y[i])) continue;
+    if (std::abs(x[i] - z[i]) <= std::abs(y[i] - z[i]) + atol + kRtol * std::abs(z[i])) continue;
+    std::ostringstream s;
+    s << "element " << i << " of " << x.size() << ": kiln " << x[i] << " vs torch " << y[i] << " (float64 " << z[i]
+      << ")";
+    return s.str();
+  }
+  return "";
+}
+
 std::string mismatch(const Tensor& a, const Tensor& b, double atol) {
   if (a.sizes() != b.sizes()) return "shape " + a.shape_string() + " vs torch " + b.shape_string();
   auto x = test::to_doubles(a), y = test::to_doubles(b);
@@ -77,6 +93,11 @@ struct TrainRun {
   int64_t strict_steps = 1 << 30;
   double late_loss_rtol = kLossRtol;
   bool compare_state = true;  // final state_dict and eval output
+  // The twin also trains in float64; a state element off torch's float32 value
+  // still passes when kiln is no further from the float64 result than torch's
+  // float32 is (plus the tolerance): Adam runs whose few noise-level
+  // gradients decide some weights (see training_twins.py).
+  bool float64_reference = false;
 };
 
 struct Measured {
@@ -101,7 +122,8 @@ Measured train_against_twin(nn::Module& model, const TrainRun& r, const Tensor& 
                         {"optimizer", r.optimizer},
                         {"scheduler", r.scheduler},
                         {"steps", std::to_string(r.steps)},
-                        {"batch", std::to_string(r.batch)}});
+                        {"batch", std::to_string(r.batch)},
+                        {"reference64", r.float64_reference ? "1" : "0"}});
   std::string out;
   int rc = test::run_command(test::shell_quote(test::python()) + " " +
                                  test::shell_quote(test::source_dir() + "/tests/parity/training_twins.py") + " " +
@@ -143,7 +165,9 @@ Measured train_against_twin(nn::Module& model, const TrainRun& r, const Tensor& 
   for (auto& [n, t] : model.state_dict()) {
     auto a = test::to_doubles(t), b = test::to_doubles(ref.at("state." + n));
     for (size_t i = 0; i < std::min(a.size(), b.size()); ++i) state_diff = std::max(state_diff, std::abs(a[i] - b[i]));
-    if (r.compare_state) {
+    if (r.compare_state && r.float64_reference) {
+      EXPECT_EQ(mismatch_or_float64(t, ref.at("state." + n), ref.at("state64." + n), r.atol), "") << "state " << n;
+    } else if (r.compare_state) {
       EXPECT_EQ(mismatch(t, ref.at("state." + n), r.atol), "") << "state " << n;
     }
   }
@@ -197,6 +221,11 @@ TEST(TrainingParity, CNNWorkloadAdam) {
         .make_optimizer = [](optim::NamedParams p) {
           return std::make_unique<optim::Adam>(std::move(p), optim::AdamOptions{.lr = 1e-3});
         }};
+  // fc1.weight element 75712 gets one gradient, at step 0, of -1.3e-9 in torch
+  // float32 and -1.8e-9 in float64 (a cancellation), then 0: Adam's steps make
+  // it 0.011640 (torch float32) or 0.011761 (float64), a difference that only
+  // the summation order decides.
+  r.float64_reference = true;
   Tensor x = randn({r.steps * r.batch, 1, 28, 28});
   train_against_twin(m, r, x, labels_for(r.steps * r.batch, 10), randn({16, 1, 28, 28}));
 }

@@ -18,7 +18,11 @@ backward, optimizer.step(), scheduler.step(), where x_i, y_i are rows
 and "lrs" [steps] (float64; lrs[i] is the learning rate step i used),
 "state.<name>" for every state_dict entry after training (BatchNorm running
 statistics included) and "eval_out" = model(__eval_input__) in eval mode.
-Prints OK or why not.
+With metadata "reference64" = "1" the same run is repeated in float64 from
+the same start and its final state is added as "state64.<name>": the rounding
+noise of float32 itself, for elements that a noise-level gradient decides
+(Adam turns a gradient of 1e-9 into a step of lr times a ratio that the
+gradient's last bits set). Prints OK or why not.
 """
 import json
 import os
@@ -60,7 +64,23 @@ def main():
     if keys != list(t.keys()):
         print("state_dict keys differ:\n torch: %s\n kiln:  %s" % (keys, list(t.keys())))
         return 1
+    out = train(model, t, meta, xs, ys, eval_x, steps, batch, torch.float32)
+    if meta.get("reference64") == "1":
+        model64 = MODELS[meta["model"]](**json.loads(meta["config"]))
+        ref = train(model64, t, meta, xs, ys, eval_x, steps, batch, torch.float64)
+        for name in list(ref):
+            if name.startswith("state."):
+                out["state64." + name[len("state."):]] = ref[name]
+    write(sys.argv[2], out)
+    print("OK")
+    return 0
+
+
+def train(model, t, meta, xs, ys, eval_x, steps, batch, dtype):
     model.load_state_dict(t, strict=True)
+    model.to(dtype)
+    xs = xs.to(dtype) if xs.is_floating_point() else xs
+    eval_x = eval_x.to(dtype) if eval_x.is_floating_point() else eval_x
     ospec = json.loads(meta["optimizer"])
     oname = ospec.pop("name")
     opt = OPTIMIZERS[oname](model.parameters(), **ospec)
@@ -84,9 +104,7 @@ def main():
     model.eval()
     with torch.no_grad():
         out["eval_out"] = model(eval_x)
-    write(sys.argv[2], out)
-    print("OK")
-    return 0
+    return out
 
 
 if __name__ == "__main__":

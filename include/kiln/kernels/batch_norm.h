@@ -13,6 +13,8 @@ namespace kiln::kernels {
 /// x viewed as [n, c, inner]: dim 0, the channel dim 1, and the rest.
 struct BatchNormShape {
   int64_t n = 0, c = 0, inner = 0;
+  /// The arrays are [n, inner, c] in memory (channels-last) instead of [n, c, inner].
+  bool channels_last = false;
 };
 
 /// Float32 and float64 (dtype `dt`); every array contiguous, all of dtype `dt`.

@@ -71,13 +71,18 @@ struct Conv2dParams {
   int64_t dilation[2] = {1, 1};        // torch's convention: 1 is a dense kernel
   int64_t pad_l[2] = {0, 0};           // top, left
   int64_t pad_r[2] = {0, 0};           // bottom, right (may differ: padding="same")
+  // Memory layout of the activation buffers of a call (oneDNN types only;
+  // float64 and integers are always NCHW): true means NHWC (channels-last).
+  bool input_nhwc = false;   // input, grad_input
+  bool output_nhwc = false;  // output, grad_output
 };
 
-/// output = conv(input, weight) + bias. input, weight and output are
-/// contiguous; bias is null or o contiguous elements. float32/bfloat16 run on
-/// oneDNN (which picks its blocked layout and reorders around the call: that
-/// measured faster than plain NCHW even for single calls); float64 and
-/// integers run im2col + gemm.
+/// output = conv(input, weight) + bias. Activations are dense NCHW, or NHWC
+/// where p.input_nhwc / p.output_nhwc say so; weight is contiguous OIHW; bias
+/// is null or o contiguous elements. float32/bfloat16 run on oneDNN, whose
+/// primitives take NHWC activations (measured faster here than its blocked
+/// nChw16c, and no reorder when the tensors are channels-last already);
+/// float64 and integers run im2col + gemm.
 void conv2d_forward(const Conv2dParams& p, const void* input, const void* weight, const void* bias, void* output);
 
 /// The gradient w.r.t. the input: grad_input [n, c, h, w] (overwritten; rows
@@ -94,7 +99,7 @@ void conv2d_backward_weight(const Conv2dParams& p, const void* grad_output, cons
                             void* grad_bias);
 
 /// Both of the above in one call: oneDNN then reorders grad_output into its
-/// blocked layout once for both primitives.
+/// layout once for both primitives (when it needs reordering at all).
 void conv2d_backward(const Conv2dParams& p, const void* grad_output, const void* input, const void* weight,
                      void* grad_input, void* grad_weight, void* grad_bias);
 
@@ -115,7 +120,14 @@ struct Pool2dParams {
   int64_t dilation[2] = {1, 1};        // torch's convention (max pooling only)
   /// Average pooling divides by this instead of the window size when nonzero.
   int64_t divisor_override = 0;
+  /// Input, output and their gradients are NHWC (channels-last) in memory.
+  /// Only where pool2d_uses_dnnl(p): our own loops are NCHW.
+  bool nhwc = false;
 };
+
+/// Whether pooling p runs on oneDNN (float32/bfloat16 with torch's semantics;
+/// a max pool's input must also be free of NaN, checked per call).
+bool pool2d_uses_dnnl(const Pool2dParams& p);
 
 /// Bytes of oneDNN workspace a training-mode max pool writes for its backward
 /// (0 when the call would not run on oneDNN or needs none).
@@ -127,7 +139,9 @@ size_t pool2d_workspace_bytes(const Pool2dParams& p);
 /// when not null, must hold pool2d_workspace_bytes(p) and receives oneDNN's
 /// max-pool workspace. Input and output are contiguous. Returns whether
 /// oneDNN ran (and so wrote the workspace): a NaN in a max pool's input, for
-/// one, sends it to our own loop, which does not.
+/// one, sends it to our own loop, which does not. With p.nhwc the loop cannot
+/// run: a NaN input then returns false having written nothing, and the
+/// caller retries in NCHW.
 bool pool2d_forward(const Pool2dParams& p, const void* input, void* output, void* workspace = nullptr);
 
 /// Max pooling that also writes, per output element, the flat index

@@ -1,12 +1,21 @@
-// BatchNorm training kernels (include/kiln/kernels/batch_norm.h). A channel's
-// values are n strips of `inner` contiguous elements; channels run on
-// separate threads. Strip sums accumulate in vectors of the element type,
-// folded into a double per strip, so long channels lose no accuracy.
+// BatchNorm training kernels (include/kiln/kernels/batch_norm.h).
+//
+// NCHW: a channel's values are n strips of `inner` contiguous elements;
+// channels run on separate threads. Strip sums accumulate in vectors of the
+// element type, folded into a double per strip, so long channels lose no
+// accuracy.
+//
+// Channels-last (NHWC, s.channels_last): the values are n * inner rows of c
+// contiguous channels. Rows are cut into fixed blocks of kRowBlock; each
+// block sums all channels at once (a vector across channels, in the element
+// type) and folds them into doubles, and the blocks' partial sums are added
+// in block order, so the result does not depend on the thread count.
 #include "kiln/kernels/batch_norm.h"
 
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <vector>
 
 #include "kiln/core/error.h"
 #include "kiln/core/threads.h"
@@ -172,17 +181,240 @@ void backward_impl(BatchNormShape s, const T* dy, const T* x, const T* mean, con
   });
 }
 
+// ---- channels-last ----
+
+constexpr int64_t kRowBlock = 64;
+
+// Sums over all rows, block by block: block_sum(r0, r1, acc) adds rows
+// [r0, r1) into `acc` (`width` zeroed elements of T: one or more sums per
+// channel); the blocks fold into `out` (`width` doubles) in block order.
+template <typename T, typename BlockSum>
+void cl_block_sums(int64_t rows, int64_t width, double* out, BlockSum&& block_sum) {
+  const int64_t blocks = (rows + kRowBlock - 1) / kRowBlock;
+  std::vector<double> partial(static_cast<size_t>(blocks * width));
+  const int64_t grain = std::max<int64_t>(1, kGrainSize / std::max<int64_t>(1, kRowBlock * width));
+  parallel_for(blocks, grain, [&](int64_t b0, int64_t b1) {
+    std::vector<T> acc(static_cast<size_t>(width));
+    for (int64_t b = b0; b < b1; ++b) {
+      std::fill(acc.begin(), acc.end(), T(0));
+      const int64_t r0 = b * kRowBlock, r1 = std::min(rows, r0 + kRowBlock);
+      block_sum(r0, r1, acc.data());
+      double* pb = partial.data() + b * width;
+      for (int64_t k = 0; k < width; ++k) pb[k] = static_cast<double>(acc[k]);
+    }
+  });
+  std::fill(out, out + width, 0.0);
+  for (int64_t b = 0; b < blocks; ++b) {
+    const double* pb = partial.data() + b * width;
+    for (int64_t k = 0; k < width; ++k) out[k] += pb[k];
+  }
+}
+
+// row(r) for every row, rows split over threads.
+template <typename F>
+void cl_rows(int64_t rows, int64_t c, F&& row) {
+  parallel_for(rows, std::max<int64_t>(1, kGrainSize / std::max<int64_t>(1, c)), [&](int64_t r0, int64_t r1) {
+    for (int64_t r = r0; r < r1; ++r) row(r);
+  });
+}
+
+// Per channel chunk of one vector (c a multiple of the vector width) or per
+// channel: each helper below has both forms, the vector one keeping its
+// accumulators in registers.
+template <typename T>
+void store(T* p, typename Lanes<T>::V v) {
+  std::memcpy(p, &v, sizeof(v));
+}
+
+// acc[k] += sum over rows of x[r, k].
+template <typename T>
+void cl_sum(const T* x, int64_t c, int64_t r0, int64_t r1, T* acc) {
+  using L = Lanes<T>;
+  constexpr int64_t W = L::kWidth;
+  if (c % W == 0) {
+    for (int64_t j = 0; j < c; j += W) {
+      typename L::V a0 = {}, a1 = {};
+      int64_t r = r0;
+      for (; r + 1 < r1; r += 2) {
+        a0 += L::load(x + r * c + j);
+        a1 += L::load(x + (r + 1) * c + j);
+      }
+      if (r < r1) a0 += L::load(x + r * c + j);
+      store(acc + j, a0 + a1);
+    }
+    return;
+  }
+  for (int64_t r = r0; r < r1; ++r) {
+    for (int64_t k = 0; k < c; ++k) acc[k] += x[r * c + k];
+  }
+}
+
+// acc[k] += sum over rows of (x[r, k] - m[k])^2.
+template <typename T>
+void cl_sqdev(const T* x, const T* m, int64_t c, int64_t r0, int64_t r1, T* acc) {
+  using L = Lanes<T>;
+  constexpr int64_t W = L::kWidth;
+  if (c % W == 0) {
+    for (int64_t j = 0; j < c; j += W) {
+      const typename L::V mv = L::load(m + j);
+      typename L::V a0 = {}, a1 = {};
+      int64_t r = r0;
+      for (; r + 1 < r1; r += 2) {
+        const typename L::V d0 = L::load(x + r * c + j) - mv, d1 = L::load(x + (r + 1) * c + j) - mv;
+        a0 += d0 * d0;
+        a1 += d1 * d1;
+      }
+      if (r < r1) {
+        const typename L::V d = L::load(x + r * c + j) - mv;
+        a0 += d * d;
+      }
+      store(acc + j, a0 + a1);
+    }
+    return;
+  }
+  for (int64_t r = r0; r < r1; ++r) {
+    for (int64_t k = 0; k < c; ++k) {
+      const T d = x[r * c + k] - m[k];
+      acc[k] += d * d;
+    }
+  }
+}
+
+// acc[k] += sum dy[r, k], acc[c + k] += sum dy[r, k] * (x[r, k] - m[k]).
+template <typename T>
+void cl_dy_sums(const T* dy, const T* x, const T* m, int64_t c, int64_t r0, int64_t r1, T* acc) {
+  using L = Lanes<T>;
+  constexpr int64_t W = L::kWidth;
+  if (c % W == 0) {
+    for (int64_t j = 0; j < c; j += W) {
+      const typename L::V mv = L::load(m + j);
+      typename L::V a = {}, b = {};
+      for (int64_t r = r0; r < r1; ++r) {
+        const typename L::V g = L::load(dy + r * c + j);
+        a += g;
+        b += g * (L::load(x + r * c + j) - mv);
+      }
+      store(acc + j, a);
+      store(acc + c + j, b);
+    }
+    return;
+  }
+  for (int64_t r = r0; r < r1; ++r) {
+    for (int64_t k = 0; k < c; ++k) {
+      const T g = dy[r * c + k];
+      acc[k] += g;
+      acc[c + k] += g * (x[r * c + k] - m[k]);
+    }
+  }
+}
+
+// out[k] = (a[k] - m[k]) * p[k] + q[k] (forward), or with b: a * p + (b - m) * q + s (backward).
+template <typename T>
+void cl_affine(const T* a, const T* m, const T* p, const T* q, int64_t c, T* out) {
+  using L = Lanes<T>;
+  constexpr int64_t W = L::kWidth;
+  int64_t k = 0;
+  if (c % W == 0) {
+    for (; k < c; k += W) store(out + k, (L::load(a + k) - L::load(m + k)) * L::load(p + k) + L::load(q + k));
+    return;
+  }
+  for (; k < c; ++k) out[k] = (a[k] - m[k]) * p[k] + q[k];
+}
+
+template <typename T>
+void cl_dx(const T* g, const T* x, const T* m, const T* k1, const T* k2, const T* k3, int64_t c, T* out) {
+  using L = Lanes<T>;
+  constexpr int64_t W = L::kWidth;
+  if (c % W == 0) {
+    for (int64_t k = 0; k < c; k += W) {
+      store(out + k, L::load(g + k) * L::load(k1 + k) + (L::load(x + k) - L::load(m + k)) * L::load(k2 + k) +
+                         L::load(k3 + k));
+    }
+    return;
+  }
+  for (int64_t k = 0; k < c; ++k) out[k] = g[k] * k1[k] + (x[k] - m[k]) * k2[k] + k3[k];
+}
+
+template <typename T>
+void forward_cl(BatchNormShape s, const T* x, const T* w, const T* b, double eps, T* y, T* mean, T* invstd,
+                T* var) {
+  const int64_t rows = s.n * s.inner, c = s.c;
+  const double count = static_cast<double>(rows);
+  std::vector<double> sum(static_cast<size_t>(c)), sq(static_cast<size_t>(c));
+  cl_block_sums<T>(rows, c, sum.data(), [&](int64_t r0, int64_t r1, T* acc) { cl_sum(x, c, r0, r1, acc); });
+  std::vector<T> m(static_cast<size_t>(c)), scale(static_cast<size_t>(c)), shift(static_cast<size_t>(c));
+  for (int64_t k = 0; k < c; ++k) m[k] = static_cast<T>(sum[k] / count);
+  cl_block_sums<T>(rows, c, sq.data(),
+                   [&](int64_t r0, int64_t r1, T* acc) { cl_sqdev(x, m.data(), c, r0, r1, acc); });
+  for (int64_t k = 0; k < c; ++k) {
+    const double v = sq[k] / count;
+    const double is = 1.0 / std::sqrt(v + eps);
+    mean[k] = m[k];
+    var[k] = static_cast<T>(v);
+    invstd[k] = static_cast<T>(is);
+    scale[k] = static_cast<T>(w ? is * static_cast<double>(w[k]) : is);
+    shift[k] = b ? b[k] : T(0);
+  }
+  cl_rows(rows, c, [&](int64_t r) { cl_affine(x + r * c, m.data(), scale.data(), shift.data(), c, y + r * c); });
+}
+
+template <typename T>
+void backward_cl(BatchNormShape s, const T* dy, const T* x, const T* mean, const T* invstd, const T* w, T* dx,
+                 T* dw, T* db) {
+  const int64_t rows = s.n * s.inner, c = s.c;
+  const double count = static_cast<double>(rows);
+  // sums[k] = sum(dy), sums[c + k] = sum(dy * (x - mean)): one read of dy and x.
+  std::vector<double> sums(static_cast<size_t>(2 * c));
+  cl_block_sums<T>(rows, 2 * c, sums.data(),
+                   [&](int64_t r0, int64_t r1, T* acc) { cl_dy_sums(dy, x, mean, c, r0, r1, acc); });
+  const double* sdy = sums.data();
+  const double* sdyx = sums.data() + c;
+  std::vector<T> k1(static_cast<size_t>(c)), k2(static_cast<size_t>(c)), k3(static_cast<size_t>(c));
+  for (int64_t k = 0; k < c; ++k) {
+    const double is = static_cast<double>(invstd[k]);
+    if (db) db[k] = static_cast<T>(sdy[k]);
+    if (dw) dw[k] = static_cast<T>(sdyx[k] * is);
+    const double wc = w ? static_cast<double>(w[k]) : 1.0;
+    k1[k] = static_cast<T>(wc * is);
+    k2[k] = static_cast<T>(-wc * is * is * is * sdyx[k] / count);
+    k3[k] = static_cast<T>(-wc * is * sdy[k] / count);
+  }
+  if (!dx) return;
+  cl_rows(rows, c, [&](int64_t r) {
+    cl_dx(dy + r * c, x + r * c, mean, k1.data(), k2.data(), k3.data(), c, dx + r * c);
+  });
+}
+
+template <typename T>
+void forward_any(BatchNormShape s, const T* x, const T* w, const T* b, double eps, T* y, T* mean, T* invstd, T* var) {
+  if (s.channels_last) {
+    forward_cl(s, x, w, b, eps, y, mean, invstd, var);
+  } else {
+    forward_impl(s, x, w, b, eps, y, mean, invstd, var);
+  }
+}
+
+template <typename T>
+void backward_any(BatchNormShape s, const T* dy, const T* x, const T* mean, const T* invstd, const T* w, T* dx, T* dw,
+                  T* db) {
+  if (s.channels_last) {
+    backward_cl(s, dy, x, mean, invstd, w, dx, dw, db);
+  } else {
+    backward_impl(s, dy, x, mean, invstd, w, dx, dw, db);
+  }
+}
+
 }  // namespace
 
 void batch_norm_train_forward(DType dt, BatchNormShape s, const void* x, const void* weight, const void* bias,
                               double eps, void* y, void* mean, void* invstd, void* var) {
   KILN_ASSERT(dt == kFloat32 || dt == kFloat64, "batch_norm kernel called with dtype ", dtype_name(dt));
   if (dt == kFloat32) {
-    forward_impl(s, static_cast<const float*>(x), static_cast<const float*>(weight), static_cast<const float*>(bias),
+    forward_any(s, static_cast<const float*>(x), static_cast<const float*>(weight), static_cast<const float*>(bias),
                  eps, static_cast<float*>(y), static_cast<float*>(mean), static_cast<float*>(invstd),
                  static_cast<float*>(var));
   } else {
-    forward_impl(s, static_cast<const double*>(x), static_cast<const double*>(weight),
+    forward_any(s, static_cast<const double*>(x), static_cast<const double*>(weight),
                  static_cast<const double*>(bias), eps, static_cast<double*>(y), static_cast<double*>(mean),
                  static_cast<double*>(invstd), static_cast<double*>(var));
   }
@@ -192,11 +424,11 @@ void batch_norm_train_backward(DType dt, BatchNormShape s, const void* dy, const
                                const void* invstd, const void* weight, void* dx, void* dweight, void* dbias) {
   KILN_ASSERT(dt == kFloat32 || dt == kFloat64, "batch_norm backward kernel called with dtype ", dtype_name(dt));
   if (dt == kFloat32) {
-    backward_impl(s, static_cast<const float*>(dy), static_cast<const float*>(x), static_cast<const float*>(mean),
+    backward_any(s, static_cast<const float*>(dy), static_cast<const float*>(x), static_cast<const float*>(mean),
                   static_cast<const float*>(invstd), static_cast<const float*>(weight), static_cast<float*>(dx),
                   static_cast<float*>(dweight), static_cast<float*>(dbias));
   } else {
-    backward_impl(s, static_cast<const double*>(dy), static_cast<const double*>(x), static_cast<const double*>(mean),
+    backward_any(s, static_cast<const double*>(dy), static_cast<const double*>(x), static_cast<const double*>(mean),
                   static_cast<const double*>(invstd), static_cast<const double*>(weight), static_cast<double*>(dx),
                   static_cast<double*>(dweight), static_cast<double*>(dbias));
   }

@@ -1,19 +1,25 @@
 // 2-D convolution on oneDNN (float32, bfloat16): forward, backward-data and
 // backward-weights (with the bias gradient in the same pass).
 //
-// Primitives are created with format_tag::any, so oneDNN picks its blocked
-// layout (nChw16c and friends) and we reorder NCHW input and OIHW weights in,
-// and results back out, around each call. Measured on this machine (2
-// threads, reorders included): N=64 C=32 14x14 K=64 3x3 f32 forward 430
-// GFLOP/s blocked vs 252 plain NCHW (gemm-based), bf16 765 vs 293; N=8 C=3
-// 32x32 194 vs 120; tiny 2x4x5x5 equal. So the blocked path is the default for
-// every shape, in both directions.
+// Primitives take NHWC activations and weights in the layout oneDNN picks
+// (format_tag::any; OIHW weights are reordered in, their gradients out). The
+// ops layer hands over channels-last tensors and allocates channels-last
+// results (include/kiln/core/memory_format.h), so inside a network no
+// activation is reordered; an NCHW operand (the images of a first layer, a
+// user's own tensor) is reordered into the primitive's NHWC on the way in.
+// Measured on this machine, 1 thread, N=32, f32, forward + backward-data +
+// backward-weights: NHWC 1.83 ms vs blocked nChw16c 1.94 (C=K=16, 32x32),
+// 1.66 vs 1.77 (32, 16x16), 1.52 vs 1.75 (64, 8x8), 2.53 vs 2.71 (32->64,
+// 14x14); plain NCHW primitives are gemm-based and far slower (430 vs 252
+// GFLOP/s at N=64 C=32 14x14). Where oneDNN has no NHWC kernel but a
+// reference one, the activations fall back to its own choice (any).
 //
 // The backward primitives take the forward primitive descriptor as their
 // hint; it is the forward cache entry's, found under the same key (Note
 // [Dense kernels and backward] in kiln/kernels/dnnl.h). Each direction has
 // its own per-thread cache keyed by the same fields plus the direction.
 #include <algorithm>
+#include <string_view>
 
 #include "dnnl_common.h"
 #include "kiln/kernels/dnnl.h"
@@ -125,8 +131,41 @@ Key conv_key(PrimKind kind, const Conv2dParams& p, bool has_bias) {
   Key key(kind);
   key.add_all(p.dtype, p.n, p.c, p.h, p.w, p.o, p.kh, p.kw, p.groups, p.oh, p.ow, has_bias, max_threads());
   key.add_all(p.stride[0], p.stride[1], p.dilation[0], p.dilation[1], p.pad_l[0], p.pad_l[1], p.pad_r[0],
-              p.pad_r[1]);
+              p.pad_r[1], p.input_nhwc, p.output_nhwc);
   return key;
+}
+
+tag input_tag(const Conv2dParams& p) { return p.input_nhwc ? tag::nhwc : tag::nchw; }
+tag output_tag(const Conv2dParams& p) { return p.output_nhwc ? tag::nhwc : tag::nchw; }
+
+// oneDNN's reference kernels are orders of magnitude slower than its jit ones.
+bool is_reference(const char* impl) { return std::string_view(impl).substr(0, 3) == "ref"; }
+
+// oneDNN's 1x1 backward-weights kernels (jit_avx512_common_1x1 for fewer
+// than 16 input channels, jit_avx2_1x1 for fewer than 8) write past their
+// scratchpad when the source is NHWC and the conv is strided or padded (their
+// reduce-to-unit-stride buffer is booked for ic, addressed by ic_block;
+// uxlfoundation/oneDNN#6035): found here as heap corruption at 2 threads with
+// a 4->8 channel stride-2 shortcut. Such a primitive takes oneDNN's blocked
+// layout instead (a small reorder of a few channels).
+bool nhwc_bwd_weights_safe(const Conv2dParams& p) {
+  const bool one_by_one = p.kh == 1 && p.kw == 1;
+  const bool unit = p.stride[0] == 1 && p.stride[1] == 1 && p.pad_l[0] == 0 && p.pad_l[1] == 0 &&
+                    p.pad_r[0] == 0 && p.pad_r[1] == 0;
+  return !one_by_one || unit || p.c / p.groups >= 16;
+}
+
+// Creates a primitive descriptor with NHWC activations, or with oneDNN's own
+// choice when NHWC would only get a reference kernel (or is not safe).
+template <typename Pd, typename Make>
+Pd make_pd(Make&& make, bool nhwc_ok = true) {
+  if (!nhwc_ok) return make(tag::any);
+  Pd pd = make(tag::nhwc);
+  if (is_reference(pd.impl_info_str())) {
+    Pd any = make(tag::any);
+    if (!is_reference(any.impl_info_str())) return any;
+  }
+  return pd;
 }
 
 template <typename Entry>
@@ -156,23 +195,26 @@ FwdEntry* fwd_entry(const Conv2dParams& p, bool has_bias) {
   auto e = std::make_unique<FwdEntry>();
   try {
     const dnnl::memory::desc bias_md({p.o}, s.t, tag::x);
-    const dnnl::memory::desc src_any(s.src, s.t, tag::any), dst_any(s.dst, s.t, tag::any),
-        wei_any(s.wei, s.t, tag::any);
+    const dnnl::memory::desc wei_any(s.wei, s.t, tag::any);
     constexpr auto kTrain = dnnl::prop_kind::forward_training;
     constexpr auto kDirect = dnnl::algorithm::convolution_direct;
-    const auto desc = has_bias ? dnnl::convolution_forward::desc(kTrain, kDirect, src_any, wei_any, bias_md, dst_any,
-                                                                  s.strides, s.dil, s.pl, s.pr)
-                               : dnnl::convolution_forward::desc(kTrain, kDirect, src_any, wei_any, dst_any,
-                                                                  s.strides, s.dil, s.pl, s.pr);
-    e->pd = dnnl::convolution_forward::primitive_desc(desc, default_attr(), engine());
+    using Pd = dnnl::convolution_forward::primitive_desc;
+    e->pd = make_pd<Pd>([&](tag act) {
+      const dnnl::memory::desc src_md(s.src, s.t, act), dst_md(s.dst, s.t, act);
+      const auto desc = has_bias ? dnnl::convolution_forward::desc(kTrain, kDirect, src_md, wei_any, bias_md, dst_md,
+                                                                    s.strides, s.dil, s.pl, s.pr)
+                                 : dnnl::convolution_forward::desc(kTrain, kDirect, src_md, wei_any, dst_md,
+                                                                    s.strides, s.dil, s.pl, s.pr);
+      return Pd(desc, default_attr(), engine());
+    });
     e->prim = dnnl::convolution_forward(e->pd);
     note_created();
     e->scratch = make_memory(e->pd.scratchpad_desc());
     e->block.scratch = e->pd.scratchpad_desc().get_size();
     if (has_bias) e->bias = make_memory(bias_md);
-    init_operand(e->src, {s.src, s.t, tag::nchw}, e->pd.src_desc(), true, e->block);
+    init_operand(e->src, {s.src, s.t, input_tag(p)}, e->pd.src_desc(), true, e->block);
     init_operand(e->wei, {s.wei, s.t, s.wei_tag}, e->pd.weights_desc(), true, e->block);
-    init_operand(e->dst, {s.dst, s.t, tag::nchw}, e->pd.dst_desc(), false, e->block);
+    init_operand(e->dst, {s.dst, s.t, output_tag(p)}, e->pd.dst_desc(), false, e->block);
   } catch (const dnnl::error& err) {
     rethrow(err, "conv2d");
   }
@@ -197,17 +239,20 @@ BwdDataEntry* bwd_data_entry(const Conv2dParams& p) {
   const FwdEntry* hint = fwd_entry(p, false);
   auto e = std::make_unique<BwdDataEntry>();
   try {
-    const dnnl::convolution_backward_data::desc desc(
-        dnnl::algorithm::convolution_direct, {s.src, s.t, tag::any}, {s.wei, s.t, tag::any}, {s.dst, s.t, tag::any},
-        s.strides, s.dil, s.pl, s.pr);
-    const dnnl::convolution_backward_data::primitive_desc pd(desc, default_attr(), engine(), hint->pd);
+    using Pd = dnnl::convolution_backward_data::primitive_desc;
+    const Pd pd = make_pd<Pd>([&](tag act) {
+      const dnnl::convolution_backward_data::desc desc(dnnl::algorithm::convolution_direct, {s.src, s.t, act},
+                                                       {s.wei, s.t, tag::any}, {s.dst, s.t, act}, s.strides, s.dil,
+                                                       s.pl, s.pr);
+      return Pd(desc, default_attr(), engine(), hint->pd);
+    });
     e->prim = dnnl::convolution_backward_data(pd);
     note_created();
     e->scratch = make_memory(pd.scratchpad_desc());
     e->block.scratch = pd.scratchpad_desc().get_size();
-    init_operand(e->diff_dst, {s.dst, s.t, tag::nchw}, pd.diff_dst_desc(), true, e->block);
+    init_operand(e->diff_dst, {s.dst, s.t, output_tag(p)}, pd.diff_dst_desc(), true, e->block);
     init_operand(e->wei, {s.wei, s.t, s.wei_tag}, pd.weights_desc(), true, e->block);
-    init_operand(e->diff_src, {s.src, s.t, tag::nchw}, pd.diff_src_desc(), false, e->block);
+    init_operand(e->diff_src, {s.src, s.t, input_tag(p)}, pd.diff_src_desc(), false, e->block);
   } catch (const dnnl::error& err) {
     rethrow(err, "conv2d backward (data)");
   }
@@ -232,21 +277,24 @@ BwdWeightsEntry* bwd_weights_entry(const Conv2dParams& p, bool has_bias) {
   const FwdEntry* hint = fwd_entry(p, has_bias);
   auto e = std::make_unique<BwdWeightsEntry>();
   try {
-    const dnnl::memory::desc src_any(s.src, s.t, tag::any), dst_any(s.dst, s.t, tag::any),
-        wei_any(s.wei, s.t, tag::any), bias_md({p.o}, s.t, tag::x);
+    const dnnl::memory::desc wei_any(s.wei, s.t, tag::any), bias_md({p.o}, s.t, tag::x);
     constexpr auto kDirect = dnnl::algorithm::convolution_direct;
-    const auto desc = has_bias ? dnnl::convolution_backward_weights::desc(kDirect, src_any, wei_any, bias_md,
-                                                                           dst_any, s.strides, s.dil, s.pl, s.pr)
-                               : dnnl::convolution_backward_weights::desc(kDirect, src_any, wei_any, dst_any,
-                                                                           s.strides, s.dil, s.pl, s.pr);
-    const dnnl::convolution_backward_weights::primitive_desc pd(desc, default_attr(), engine(), hint->pd);
+    using Pd = dnnl::convolution_backward_weights::primitive_desc;
+    const Pd pd = make_pd<Pd>([&](tag act) {
+      const dnnl::memory::desc src_md(s.src, s.t, act), dst_md(s.dst, s.t, act);
+      const auto desc = has_bias ? dnnl::convolution_backward_weights::desc(kDirect, src_md, wei_any, bias_md,
+                                                                             dst_md, s.strides, s.dil, s.pl, s.pr)
+                                 : dnnl::convolution_backward_weights::desc(kDirect, src_md, wei_any, dst_md,
+                                                                             s.strides, s.dil, s.pl, s.pr);
+      return Pd(desc, default_attr(), engine(), hint->pd);
+    }, nhwc_bwd_weights_safe(p));
     e->prim = dnnl::convolution_backward_weights(pd);
     note_created();
     e->scratch = make_memory(pd.scratchpad_desc());
     e->block.scratch = pd.scratchpad_desc().get_size();
     if (has_bias) e->diff_bias = make_memory(bias_md);
-    init_operand(e->src, {s.src, s.t, tag::nchw}, pd.src_desc(), true, e->block);
-    init_operand(e->diff_dst, {s.dst, s.t, tag::nchw}, pd.diff_dst_desc(), true, e->block);
+    init_operand(e->src, {s.src, s.t, input_tag(p)}, pd.src_desc(), true, e->block);
+    init_operand(e->diff_dst, {s.dst, s.t, output_tag(p)}, pd.diff_dst_desc(), true, e->block);
     init_operand(e->diff_wei, {s.wei, s.t, s.wei_tag}, pd.diff_weights_desc(), false, e->block);
   } catch (const dnnl::error& err) {
     rethrow(err, "conv2d backward (weights)");

@@ -1,5 +1,5 @@
-// 2-D pooling forward and backward on oneDNN (float32, bfloat16, plain
-// NCHW). pool2d.cpp decides when oneDNN's semantics equal torch's and calls
+// 2-D pooling forward and backward on oneDNN (float32, bfloat16, NCHW or,
+// with p.nhwc, channels-last). pool2d.cpp decides when oneDNN's semantics equal torch's and calls
 // in here; otherwise it runs its own loops. A training-mode max pool also
 // writes oneDNN's workspace (argmax positions in its own format), which its
 // backward reads instead of searching the windows again.
@@ -45,7 +45,7 @@ dnnl::algorithm pool_algorithm(const Pool2dParams& p) {
 
 Key pool_key(PrimKind kind, const Pool2dParams& p) {
   Key key(kind);
-  key.add_all(p.dtype, p.kind, p.n, p.c, p.h, p.w, p.oh, p.ow, max_threads());
+  key.add_all(p.dtype, p.kind, p.n, p.c, p.h, p.w, p.oh, p.ow, max_threads(), p.nhwc);
   key.add_all(p.kernel[0], p.kernel[1], p.stride[0], p.stride[1], p.pad[0], p.pad[1], p.dilation[0], p.dilation[1]);
   return key;
 }
@@ -71,8 +71,9 @@ PoolEntry* get_entry(const Pool2dParams& p, bool training) {
   const auto t = to_dnnl(p.dtype);
   auto e = std::make_unique<PoolEntry>();
   try {
-    const dnnl::memory::desc src_md({p.n, p.c, p.h, p.w}, t, tag::nchw);
-    const dnnl::memory::desc dst_md({p.n, p.c, p.oh, p.ow}, t, tag::nchw);
+    const tag layout = p.nhwc ? tag::nhwc : tag::nchw;
+    const dnnl::memory::desc src_md({p.n, p.c, p.h, p.w}, t, layout);
+    const dnnl::memory::desc dst_md({p.n, p.c, p.oh, p.ow}, t, layout);
     const dnnl::pooling_v2_forward::desc desc(
         training ? dnnl::prop_kind::forward_training : dnnl::prop_kind::forward_inference, pool_algorithm(p), src_md,
         dst_md, dims{p.stride[0], p.stride[1]}, dims{p.kernel[0], p.kernel[1]},
@@ -101,8 +102,9 @@ PoolBwdEntry* get_bwd_entry(const Pool2dParams& p) {
   const auto t = to_dnnl(p.dtype);
   auto e = std::make_unique<PoolBwdEntry>();
   try {
-    const dnnl::memory::desc src_md({p.n, p.c, p.h, p.w}, t, tag::nchw);
-    const dnnl::memory::desc dst_md({p.n, p.c, p.oh, p.ow}, t, tag::nchw);
+    const tag layout = p.nhwc ? tag::nhwc : tag::nchw;
+    const dnnl::memory::desc src_md({p.n, p.c, p.h, p.w}, t, layout);
+    const dnnl::memory::desc dst_md({p.n, p.c, p.oh, p.ow}, t, layout);
     const dnnl::pooling_v2_backward::desc desc(pool_algorithm(p), src_md, dst_md, dims{p.stride[0], p.stride[1]},
                                                dims{p.kernel[0], p.kernel[1]},
                                                dims{p.dilation[0] - 1, p.dilation[1] - 1}, dims{p.pad[0], p.pad[1]},

@@ -267,6 +267,7 @@ bool has_nan(DType dt, const void* data, int64_t n) {
 // needs a NaN-free input: oneDNN's max drops NaN, torch's propagates it, and
 // a swallowed NaN would hide the op that produced it).
 bool use_dnnl(const Pool2dParams& p) {
+  KILN_ASSERT(!p.nhwc || (p.dtype == DType::Float32 || p.dtype == DType::BFloat16), "pool2d: NHWC needs oneDNN");
   if (p.dtype != DType::Float32 && p.dtype != DType::BFloat16) return false;
   if (p.divisor_override != 0) return false;
   // oneDNN 2.6 runs dilated pooling only in its reference implementation:
@@ -331,12 +332,15 @@ size_t pool2d_workspace_bytes(const Pool2dParams& p) {
   return (p.kind == PoolKind::Max && use_dnnl(p)) ? dnnl_pool2d_workspace_bytes(p) : 0;
 }
 
+bool pool2d_uses_dnnl(const Pool2dParams& p) { return use_dnnl(p); }
+
 bool pool2d_forward(const Pool2dParams& p, const void* input, void* output, void* workspace) {
   if (p.n * p.c * p.oh * p.ow == 0) return false;
   if (use_dnnl(p) && !(p.kind == PoolKind::Max && has_nan(p.dtype, input, p.n * p.c * p.h * p.w))) {
     dnnl_pool2d_forward(p, input, output, workspace);
     return true;
   }
+  if (p.nhwc) return false;  // our loops are NCHW: the caller retries so
   visit_pool_dtype(p.dtype, [&]<typename T>() {
     if (p.kind == PoolKind::Max) {
       max_pool_loop(p, static_cast<const T*>(input), static_cast<T*>(output), nullptr);

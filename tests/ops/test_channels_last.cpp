@@ -1,0 +1,277 @@
+// Channels-last (NHWC) tensors: the memory_format predicates and copies,
+// conv2d's channels-last results, and the ops that keep that layout
+// (elementwise, batch norm, max pooling). Values are checked against the same
+// computation on NCHW tensors (identical arithmetic where the kernels are the
+// same: exact; a different summation order: stated tolerance), against
+// PyTorch for conv2d, and by float64 central differences for the batch norm
+// kernel's channels-last backward.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <limits>
+#include <string>
+
+#include "kiln/autograd/gradcheck.h"
+#include "kiln/core/memory_format.h"
+#include "kiln/kiln.h"
+#include "kiln/ops/batch_norm.h"
+#include "support/compare.h"
+#include "support/oracle.h"
+#include "support/test_util.h"
+
+using namespace kiln;
+
+namespace {
+
+Tensor to_cl(const Tensor& t) { return contiguous(t, MemoryFormat::ChannelsLast); }
+
+bool is_cl(const Tensor& t) { return suggest_memory_format(t) == MemoryFormat::ChannelsLast; }
+
+void expect_equal(const Tensor& got, const Tensor& want, double tol = 0, const std::string& what = "") {
+  const test::Comparison c = test::compare_tensors(got, want, tol, tol);
+  EXPECT_TRUE(c.ok) << what << ": " << c.message;
+}
+
+template <typename F>
+std::string error_message(F&& f) {
+  try {
+    f();
+  } catch (const Error& e) {
+    return e.what();
+  }
+  return "<no error>";
+}
+
+TEST(MemoryFormat, PredicatesFollowTorch) {
+  const Tensor x = randn({2, 3, 4, 5});
+  EXPECT_TRUE(is_contiguous(x, MemoryFormat::Contiguous));
+  EXPECT_FALSE(is_contiguous(x, MemoryFormat::ChannelsLast));
+  EXPECT_EQ(suggest_memory_format(x), MemoryFormat::Contiguous);
+  const Tensor cl = to_cl(x);
+  EXPECT_EQ(cl.strides(), (std::vector<int64_t>{60, 1, 15, 3}));
+  EXPECT_FALSE(cl.is_contiguous());
+  EXPECT_TRUE(is_contiguous(cl, MemoryFormat::ChannelsLast));
+  EXPECT_EQ(suggest_memory_format(cl), MemoryFormat::ChannelsLast);
+  // The same permutation torch users write by hand.
+  EXPECT_TRUE(is_contiguous(x.permute({0, 2, 3, 1}).contiguous().permute({0, 3, 1, 2}), MemoryFormat::ChannelsLast));
+  // Size-1 dims do not count: [N, C, 1, 1] and [N, 1, H, W] are both formats at once.
+  const Tensor pooled = to_cl(randn({2, 8, 1, 1}));
+  EXPECT_TRUE(pooled.is_contiguous());
+  EXPECT_EQ(suggest_memory_format(pooled), MemoryFormat::Contiguous);
+  EXPECT_TRUE(is_contiguous(randn({2, 1, 3, 3}), MemoryFormat::ChannelsLast));
+  EXPECT_FALSE(is_contiguous(randn({2, 3, 4}), MemoryFormat::ChannelsLast));
+  EXPECT_TRUE(contiguous(cl, MemoryFormat::Preserve).is_same(cl));
+  EXPECT_TRUE(contiguous(x, MemoryFormat::Preserve).is_same(x));
+  EXPECT_NE(error_message([] { (void)contiguous(randn({3, 4}), MemoryFormat::ChannelsLast); }).find("4-D"),
+            std::string::npos);
+  EXPECT_NE(error_message([] { (void)empty({3, 4}, TensorOptions(kFloat32), MemoryFormat::ChannelsLast); })
+                .find("4-D"),
+            std::string::npos);
+}
+
+TEST(MemoryFormat, ConversionsKeepValuesAndGradients) {
+  const Tensor x = randn({2, 3, 4, 5}, TensorOptions(kFloat64).requires_grad(true));
+  const Tensor cl = to_cl(x);
+  expect_equal(cl, x, 0, "values");
+  const Tensor back = cl.contiguous();
+  EXPECT_TRUE(back.is_contiguous());
+  expect_equal(back, x, 0, "round trip");
+  // clone and .to keep the format (torch's preserve_format); contiguous() does not.
+  EXPECT_TRUE(is_cl(cl.clone()));
+  EXPECT_TRUE(is_cl(cl.to(kFloat32)));
+  const Tensor w = randn({2, 3, 4, 5}, kFloat64);
+  (cl * w).sum().backward();
+  expect_equal(x.grad(), w, 0, "gradient through contiguous(channels_last)");
+}
+
+TEST(ChannelsLast, Conv2dReturnsChannelsLastAndMatchesTorch) {
+  manual_seed(7);
+  const Tensor x = randn({4, 3, 9, 9}), w = randn({8, 3, 3, 3}), b = randn({8});
+  const Tensor y = conv2d(x, w, b, {1, 1}, {1, 1});
+  EXPECT_TRUE(is_cl(y)) << "strides " << y.strides();
+  auto r = test::torch_eval("torch.nn.functional.conv2d(x0, x1, x2, padding=1)", {x, w, b});
+  ASSERT_TRUE(r.ok) << r.error;
+  expect_equal(y, r.outputs[0], 1e-5, "conv2d vs torch");
+  // A channels-last input gives the same result (the primitive sees the same NHWC data).
+  expect_equal(conv2d(to_cl(x), w, b, {1, 1}, {1, 1}), y, 0, "channels-last input");
+  // float64 runs im2col + gemm, NCHW as before; unbatched inputs have no channels-last form.
+  EXPECT_TRUE(conv2d(x.to(kFloat64), w.to(kFloat64), b.to(kFloat64), {1, 1}, {1, 1}).is_contiguous());
+  EXPECT_TRUE(conv2d(x.select(0, 0), w, b, {1, 1}, {1, 1}).is_contiguous());
+}
+
+TEST(ChannelsLast, Conv2dGradientsDoNotDependOnLayouts) {
+  manual_seed(8);
+  const Tensor x0 = randn({3, 16, 8, 8}), w0 = randn({32, 16, 3, 3}), g = randn({3, 32, 4, 4});
+  Tensor grads[2][2];
+  for (int cl = 0; cl < 2; ++cl) {
+    const Tensor x = (cl ? to_cl(x0) : x0).detach().requires_grad_(true);
+    const Tensor w = w0.detach().requires_grad_(true);
+    const Tensor y = conv2d(x, w, Tensor(), {2, 2}, {1, 1});
+    EXPECT_TRUE(is_cl(y));
+    y.backward(cl ? to_cl(g) : g);
+    EXPECT_EQ(is_cl(x.grad()), cl == 1) << "grad_input takes the input's layout";
+    grads[cl][0] = x.grad();
+    grads[cl][1] = w.grad();
+  }
+  expect_equal(grads[1][0], grads[0][0], 0, "grad input");
+  expect_equal(grads[1][1], grads[0][1], 0, "grad weight");
+  auto r = test::OracleBatch();
+  const size_t i = r.add_grad("conv", "torch.nn.functional.conv2d(x0, x1, stride=2, padding=1)", {x0, w0}, {0, 1},
+                              {g});
+  r.run();
+  const auto& o = r.outcome(i);
+  ASSERT_TRUE(o.ok) << o.error;
+  expect_equal(grads[1][0], o.outputs[0], 1e-4, "grad input vs torch");
+  expect_equal(grads[1][1], o.outputs[1], 1e-4, "grad weight vs torch");
+}
+
+// oneDNN's 1x1 backward-weights kernel writes past its scratchpad for a
+// strided conv with an NHWC source of fewer than 16 channels (dnnl_conv.cpp,
+// nhwc_bwd_weights_safe): with 2 threads this corrupted the heap (the resnet
+// shortcut 4 -> 8, stride 2). Repeated, then compared with torch.
+TEST(ChannelsLast, StridedOneByOneWeightGradientWithFewChannels) {
+  const int saved = get_num_threads();
+  set_num_threads(2);
+  manual_seed(13);
+  for (int64_t c : {4, 8}) {
+    const Tensor x0 = to_cl(randn({3, c, 10, 10})), w0 = randn({2 * c, c, 1, 1}), g = to_cl(randn({3, 2 * c, 5, 5}));
+    Tensor gw;
+    for (int rep = 0; rep < 20; ++rep) {
+      const Tensor x = x0.detach().requires_grad_(true), w = w0.detach().requires_grad_(true);
+      conv2d(x, w, Tensor(), {2, 2}).backward(g);
+      gw = w.grad();
+    }
+    auto r = test::OracleBatch();
+    const size_t i = r.add_grad("conv1x1", "torch.nn.functional.conv2d(x0, x1, stride=2)", {x0, w0}, {1}, {g});
+    r.run();
+    ASSERT_TRUE(r.outcome(i).ok) << r.outcome(i).error;
+    expect_equal(gw, r.outcome(i).outputs[0], 1e-4, "grad weight, c=" + std::to_string(c));
+  }
+  set_num_threads(saved);
+}
+
+TEST(ChannelsLast, ElementwiseResultsFollowTheInputLayout) {
+  manual_seed(9);
+  const Tensor a = randn({2, 5, 3, 4}), b = randn({2, 5, 3, 4}), bias = randn({5, 1, 1});
+  const Tensor acl = to_cl(a), bcl = to_cl(b);
+  const struct {
+    const char* name;
+    Tensor got, want;
+  } cases[] = {
+      {"relu", acl.relu(), a.relu()},
+      {"add", acl + bcl, a + b},
+      {"add mixed layouts", acl + b, a + b},
+      {"mul by a channel vector", acl * bias, a * bias},
+      {"scalar", acl * 3.0, a * 3.0},
+      {"exp", acl.exp(), a.exp()},
+      {"where", where(acl > 0, acl, bcl), where(a > 0, a, b)},
+      {"clamp", acl.clamp(-0.5, 0.5), a.clamp(-0.5, 0.5)},
+  };
+  for (const auto& c : cases) {
+    EXPECT_TRUE(is_cl(c.got)) << c.name << ": strides " << c.got.strides();
+    expect_equal(c.got, c.want, 0, c.name);
+  }
+  // NCHW operands give NCHW results, as before.
+  EXPECT_TRUE((a + bcl.contiguous()).is_contiguous());
+  // In place on a channels-last tensor with an NCHW operand.
+  Tensor t = acl.clone();
+  t.add_(b);
+  EXPECT_TRUE(is_cl(t));
+  expect_equal(t, a + b, 0, "add_");
+}
+
+TEST(ChannelsLast, ViewExplainsAndReshapeCopiesInLogicalOrder) {
+  const Tensor x = randn({2, 4, 3, 3});
+  const Tensor y = conv2d(x, randn({6, 4, 1, 1}), Tensor());
+  ASSERT_TRUE(is_cl(y));
+  const std::string msg = error_message([&] { (void)y.view({2, -1}); });
+  EXPECT_NE(msg.find("channels-last"), std::string::npos) << msg;
+  EXPECT_NE(msg.find(".reshape"), std::string::npos) << msg;
+  expect_equal(y.reshape({2, -1}), y.contiguous().view({2, -1}), 0, "reshape");
+  expect_equal(y.flatten(1), y.contiguous().view({2, -1}), 0, "flatten");
+}
+
+TEST(ChannelsLast, BatchNormTrainKernelMatchesNchw) {
+  // Channel counts on and off the vector width (16 floats, 8 doubles).
+  for (int64_t c : {3, 8, 16, 20, 32}) {
+    for (DType dt : {kFloat32, kFloat64}) {
+      manual_seed(10 + c);
+      const Tensor x0 = randn({4, c, 5, 7}, dt).mul(2).add(1), w = randn({c}, dt), b = randn({c}, dt);
+      const Tensor g = randn({4, c, 5, 7}, dt);
+      Tensor out[2], gx[2], gw[2], gb[2], mean[2], var[2];
+      for (int cl = 0; cl < 2; ++cl) {
+        const Tensor x = (cl ? to_cl(x0) : x0).detach().requires_grad_(true);
+        const Tensor wl = w.detach().requires_grad_(true), bl = b.detach().requires_grad_(true);
+        ops::BatchNormResult r = ops::batch_norm_train(x, wl, bl, 1e-5);
+        EXPECT_EQ(is_cl(r.output), cl == 1);
+        r.output.backward(g);
+        EXPECT_EQ(is_cl(x.grad()), cl == 1);
+        out[cl] = r.output;
+        mean[cl] = r.mean;
+        var[cl] = r.var;
+        gx[cl] = x.grad();
+        gw[cl] = wl.grad();
+        gb[cl] = bl.grad();
+      }
+      // Same formula, another summation order: float32 within a few ulps of the values' scale.
+      const double tol = dt == kFloat32 ? 2e-5 : 1e-12;
+      const std::string what = "c=" + std::to_string(c) + " " + std::string(dtype_name(dt));
+      expect_equal(out[1], out[0], tol, what + " output");
+      expect_equal(mean[1], mean[0], tol, what + " mean");
+      expect_equal(var[1], var[0], tol, what + " var");
+      expect_equal(gx[1], gx[0], tol, what + " grad x");
+      expect_equal(gw[1], gw[0], tol * 10, what + " grad weight");
+      expect_equal(gb[1], gb[0], tol * 10, what + " grad bias");
+    }
+  }
+}
+
+TEST(ChannelsLast, BatchNormTrainChannelsLastGradcheck) {
+  manual_seed(11);
+  const Tensor x = to_cl(randn({3, 8, 2, 3}, kFloat64)).requires_grad_(true);
+  const Tensor w = randn({8}, TensorOptions(kFloat64).requires_grad(true));
+  const Tensor b = randn({8}, TensorOptions(kFloat64).requires_grad(true));
+  EXPECT_TRUE(autograd::gradcheck(
+      [](const TensorList& in) {
+        EXPECT_TRUE(is_cl(in[0]));
+        return TensorList{ops::batch_norm_train(in[0], in[1], in[2], 1e-5).output};
+      },
+      {x, w, b}));
+}
+
+TEST(ChannelsLast, MaxPoolKeepsTheLayoutAndFallsBackForNaN) {
+  manual_seed(12);
+  const Tensor x0 = randn({2, 16, 6, 6});
+  const Tensor g = randn({2, 16, 3, 3});
+  Tensor out[2], gx[2];
+  for (int cl = 0; cl < 2; ++cl) {
+    const Tensor x = (cl ? to_cl(x0) : x0).detach().requires_grad_(true);
+    const Tensor y = max_pool2d(x, {2, 2});
+    EXPECT_EQ(is_cl(y), cl == 1);
+    y.backward(g);
+    EXPECT_EQ(is_cl(x.grad()), cl == 1);
+    out[cl] = y;
+    gx[cl] = x.grad();
+  }
+  expect_equal(out[1], out[0], 0, "max_pool2d");
+  expect_equal(gx[1], gx[0], 0, "max_pool2d backward");
+  {
+    const NoGradGuard no_grad;
+    const Tensor y = max_pool2d(to_cl(x0), {2, 2});
+    EXPECT_TRUE(is_cl(y));
+    expect_equal(y, out[0], 0, "max_pool2d without grad");
+  }
+  // A NaN sends pooling to our NCHW loop (oneDNN would drop it): it must still propagate.
+  Tensor xn = x0.clone();
+  xn.select(0, 1).select(0, 3).select(0, 2).select(0, 2).fill_(std::numeric_limits<float>::quiet_NaN());
+  const Tensor xcl = to_cl(xn).requires_grad_(true);
+  const Tensor y = max_pool2d(xcl, {2, 2});
+  EXPECT_TRUE(std::isnan(y.select(0, 1).select(0, 3).select(0, 1).select(0, 1).item<float>()));
+  expect_equal(y, max_pool2d(xn, {2, 2}), 0, "NaN input");
+  y.backward(g);
+  const Tensor xr = xn.detach().requires_grad_(true);
+  max_pool2d(xr, {2, 2}).backward(g);
+  expect_equal(xcl.grad(), xr.grad(), 0, "NaN input backward");
+}
+
+}  // namespace
