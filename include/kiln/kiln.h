@@ -8,6 +8,7 @@
 #include "kiln/core/factory.h"
 #include "kiln/core/generator.h"
 #include "kiln/core/guards.h"
+#include "kiln/core/memory_format.h"
 #include "kiln/core/scalar.h"
 #include "kiln/core/shape.h"
 #include "kiln/core/tensor.h"

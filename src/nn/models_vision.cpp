@@ -104,7 +104,7 @@ BasicBlock::BasicBlock(BasicBlockOptions o) : nn::Module("BasicBlock"), options(
 }
 
 Tensor BasicBlock::forward(const Tensor& x) {
-  Tensor y = (*bn1)((*conv1)(x)).relu();
+  Tensor y = bn1->forward_relu((*conv1)(x));
   y = (*bn2)((*conv2)(y));
   return (y + (downsample ? (*downsample)(x) : x)).relu();
 }
@@ -139,7 +139,7 @@ ResNet::ResNet(ResNetOptions o) : nn::Module("ResNet"), options(std::move(o)) {
 Tensor ResNet::forward(const Tensor& x) {
   KILN_CHECK(x.dim() == 4 && x.size(1) == options.in_channels, ShapeError, "ResNet: expected input [N, ",
              options.in_channels, ", H, W], got shape ", x.shape_string());
-  Tensor y = (*bn1)((*conv1)(x)).relu();
+  Tensor y = bn1->forward_relu((*conv1)(x));
   for (auto& s : stages) y = (*s)(y);
   return (*fc)(y.mean({2, 3}));
 }

@@ -84,8 +84,17 @@ BatchNorm::BatchNorm(std::string type_name, BatchNormOptions o, int64_t min_dim,
       max_dim_(max_dim) {
   KILN_CHECK(o.num_features > 0, ValueError, "BatchNorm", ": num_features must be > 0, got ", o.num_features);
 }
-Tensor BatchNorm::forward(const Tensor& x) {
-  if (autocast_enabled()) return ops::autocast_call(AutocastOp::batch_norm, [&](const Tensor& xx) { return forward(xx); }, x);
+Tensor BatchNorm::forward(const Tensor& x) { return forward_impl(x, false); }
+
+Tensor BatchNorm::forward_relu(const Tensor& x) {
+  if (has_forward_hooks()) return (*this)(x).relu();  // hooks see this module's own output
+  return forward_impl(x, true);
+}
+
+Tensor BatchNorm::forward_impl(const Tensor& x, bool relu) {
+  if (autocast_enabled()) {
+    return ops::autocast_call(AutocastOp::batch_norm, [&](const Tensor& xx) { return forward_impl(xx, relu); }, x);
+  }
   KILN_CHECK(x.dim() >= min_dim_ && x.dim() <= max_dim_ && x.size(1) == options.num_features, ShapeError,
              type_name(), ": expected a ", min_dim_, (min_dim_ == max_dim_ ? "" : " or " + std::to_string(max_dim_)),
              "-dim input with ", options.num_features, " channels in dim 1, got shape ", x.shape_string());
@@ -100,7 +109,8 @@ Tensor BatchNorm::forward(const Tensor& x) {
     // float32/float64: the fused two-pass op (ops/batch_norm.h); other dtypes: the composite below.
     Tensor fused_out;
     if (ops::batch_norm_train_supported(x, weight, bias)) {
-      ops::BatchNormResult r = ops::batch_norm_train(x, weight, bias, options.eps);
+      ops::BatchNormResult r = relu ? ops::batch_norm_relu_train(x, weight, bias, options.eps)
+                                    : ops::batch_norm_train(x, weight, bias, options.eps);
       fused_out = std::move(r.output);
       mean = std::move(r.mean);
       var = std::move(r.var);
@@ -122,7 +132,8 @@ Tensor BatchNorm::forward(const Tensor& x) {
     var = running_var;
   }
   Tensor y = (x - mean.view(cshape)) * (var.view(cshape) + options.eps).rsqrt();
-  return weight.defined() ? y * weight.view(cshape) + bias.view(cshape) : y;
+  if (weight.defined()) y = y * weight.view(cshape) + bias.view(cshape);
+  return relu ? y.relu() : y;
 }
 std::string BatchNorm::extra_repr() const {
   return std::to_string(options.num_features) + ", eps=" + num(options.eps) + ", momentum=" + (options.momentum ? num(*options.momentum) : std::string("None")) +

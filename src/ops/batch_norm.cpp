@@ -50,10 +50,11 @@ std::vector<int64_t> channel_shape(const Tensor& x) {
 const void* data_or_null(const Tensor& t) { return t.defined() ? t.data_ptr() : nullptr; }
 
 struct NativeBatchNormBackward final : autograd::Node {
-  SavedVariable x, weight;
+  SavedVariable x, weight, bias;  // bias only with the fused ReLU (its mask is recomputed)
   Tensor mean, invstd;  // the forward's statistics, [C], outside the graph
   double eps = 1e-5;
-  const char* name() const override { return "NativeBatchNormBackward0"; }
+  bool relu = false;  // relu(batch_norm(x)) in one node: grads arrive for the ReLU's output
+  const char* name() const override { return relu ? "NativeBatchNormReluBackward0" : "NativeBatchNormBackward0"; }
 
   TensorList apply(TensorList&& grads) override {
     TensorList out(3);
@@ -63,7 +64,8 @@ struct NativeBatchNormBackward final : autograd::Node {
                want_b = next_edges()[2].is_valid();
     const Tensor xv = x.unpack(this);
     const Tensor wv = weight.defined() ? weight.unpack(this) : Tensor();
-    if (grad_mode_enabled()) return differentiable(g, xv, wv, want_x, want_w, want_b);
+    const Tensor bv = bias.defined() ? bias.unpack(this) : Tensor();
+    if (grad_mode_enabled()) return differentiable(relu ? relu_masked(g, xv, wv, bv) : g, xv, wv, want_x, want_w, want_b);
     const MemoryFormat fmt = bn_format(xv);
     const Tensor gc = contiguous(g, fmt);
     const DType dt = xv.dtype();
@@ -71,11 +73,30 @@ struct NativeBatchNormBackward final : autograd::Node {
     if (want_w) out[1] = new_output({xv.size(1)}, dt);
     if (want_b) out[2] = new_output({xv.size(1)}, dt);
     if (xv.numel() > 0) {
-      kernels::batch_norm_train_backward(dt, bn_shape(xv), gc.data_ptr(), xv.data_ptr(), mean.data_ptr(),
-                                         invstd.data_ptr(), data_or_null(wv), want_x ? out[0].data_ptr() : nullptr,
-                                         want_w ? out[1].data_ptr() : nullptr, want_b ? out[2].data_ptr() : nullptr);
+      kernels::BatchNormShape s = bn_shape(xv);
+      s.relu = relu;
+      kernels::batch_norm_train_backward(dt, s, gc.data_ptr(), xv.data_ptr(), mean.data_ptr(), invstd.data_ptr(),
+                                         data_or_null(wv), want_x ? out[0].data_ptr() : nullptr,
+                                         want_w ? out[1].data_ptr() : nullptr, want_b ? out[2].data_ptr() : nullptr,
+                                         data_or_null(bv));
     }
     return out;
+  }
+
+  // The ReLU's backward under create_graph: g where the forward's pre-ReLU
+  // value was positive (the kernel's own formula, so the same mask), else 0;
+  // the mask is a constant of the graph, as torch's threshold_backward.
+  Tensor relu_masked(const Tensor& g, const Tensor& xv, const Tensor& wv, const Tensor& bv) const {
+    Tensor mask;
+    {
+      const NoGradGuard no_grad;
+      const auto cs = channel_shape(xv);
+      const Tensor scale = wv.defined() ? (invstd.to(kFloat64) * wv.to(kFloat64)).to(xv.dtype()) : invstd;
+      Tensor v = (xv - mean.view(cs)) * scale.view(cs);
+      if (bv.defined()) v = v + bv.view(cs);
+      mask = (v > 0).to(g.dtype());
+    }
+    return g * mask;
   }
 
   // The same gradients as kiln ops (create_graph): differentiable again.
@@ -99,6 +120,7 @@ struct NativeBatchNormBackward final : autograd::Node {
   void release_variables() override {
     x.reset();
     weight.reset();
+    bias.reset();
     mean = Tensor();
     invstd = Tensor();
   }
@@ -114,8 +136,10 @@ bool batch_norm_train_supported(const Tensor& x, const Tensor& weight, const Ten
   return true;
 }
 
-BatchNormResult batch_norm_train(const Tensor& x, const Tensor& weight, const Tensor& bias, double eps,
-                                 std::source_location loc) {
+namespace {
+
+BatchNormResult batch_norm_train_impl(const Tensor& x, const Tensor& weight, const Tensor& bias, double eps,
+                                      bool relu, std::source_location loc) {
   check_defined(x, "batch_norm", "input");
   KILN_CHECK(batch_norm_train_supported(x, weight, bias), DTypeError,
              "batch_norm: expected a float32 or float64 input of at least 2 dims with weight and bias of its "
@@ -135,7 +159,9 @@ BatchNormResult batch_norm_train(const Tensor& x, const Tensor& weight, const Te
   r.mean = new_output({c}, dt);
   r.var = new_output({c}, dt);
   Tensor invstd = new_output({c}, dt);
-  kernels::batch_norm_train_forward(dt, bn_shape(xc), xc.data_ptr(), data_or_null(wc), data_or_null(bc), eps,
+  kernels::BatchNormShape s = bn_shape(xc);
+  s.relu = relu;
+  kernels::batch_norm_train_forward(dt, s, xc.data_ptr(), data_or_null(wc), data_or_null(bc), eps,
                                     r.output.data_ptr(), r.mean.data_ptr(), invstd.data_ptr(), r.var.data_ptr());
   if (autograd::compute_requires_grad({&x, &weight, &bias})) {
     auto node = make_intrusive<NativeBatchNormBackward>();
@@ -144,8 +170,28 @@ BatchNormResult batch_norm_train(const Tensor& x, const Tensor& weight, const Te
     node->mean = r.mean.clone();  // its own: a caller may update r.mean in place
     node->invstd = invstd;
     node->eps = eps;
+    node->relu = relu;
+    if (relu && bias.defined()) node->bias = SavedVariable(bc, false);
     autograd::set_history(r.output, node, {&x, &weight, &bias}, autograd::CallSite::from(loc));
   }
+  return r;
+}
+
+}  // namespace
+
+BatchNormResult batch_norm_train(const Tensor& x, const Tensor& weight, const Tensor& bias, double eps,
+                                 std::source_location loc) {
+  return batch_norm_train_impl(x, weight, bias, eps, false, loc);
+}
+
+BatchNormResult batch_norm_relu_train(const Tensor& x, const Tensor& weight, const Tensor& bias, double eps,
+                                      std::source_location loc) {
+  // The fused kernel walks channels-last rows (a conv's output); other layouts run the two ops.
+  if (x.defined() && x.dim() == 4 && suggest_memory_format(x) == MemoryFormat::ChannelsLast) {
+    return batch_norm_train_impl(x, weight, bias, eps, true, loc);
+  }
+  BatchNormResult r = batch_norm_train_impl(x, weight, bias, eps, false, loc);
+  r.output = r.output.relu(loc);
   return r;
 }
 

@@ -239,6 +239,75 @@ TEST(ChannelsLast, BatchNormTrainChannelsLastGradcheck) {
       {x, w, b}));
 }
 
+TEST(ChannelsLast, FusedBatchNormReluMatchesTheTwoOps) {
+  for (int64_t c : {5, 16, 32}) {
+    for (DType dt : {kFloat32, kFloat64}) {
+      manual_seed(20 + c);
+      const Tensor x0 = to_cl(randn({4, c, 5, 6}, dt)), w = randn({c}, dt), b = randn({c}, dt);
+      const Tensor g = randn({4, c, 5, 6}, dt);
+      Tensor out[2], gx[2], gw[2], gb[2];
+      for (int fused = 0; fused < 2; ++fused) {
+        const Tensor x = x0.detach().requires_grad_(true);
+        const Tensor wl = w.detach().requires_grad_(true), bl = b.detach().requires_grad_(true);
+        const Tensor y = fused ? ops::batch_norm_relu_train(x, wl, bl, 1e-5).output
+                               : ops::batch_norm_train(x, wl, bl, 1e-5).output.relu();
+        EXPECT_TRUE(is_cl(y));
+        if (fused) {
+          EXPECT_STREQ(y.grad_fn()->name(), "NativeBatchNormReluBackward0");
+        }
+        y.backward(g);
+        out[fused] = y;
+        gx[fused] = x.grad();
+        gw[fused] = wl.grad();
+        gb[fused] = bl.grad();
+      }
+      // The fused kernel recomputes the pre-ReLU value with the forward's rounding: the same mask.
+      const double tol = dt == kFloat32 ? 2e-5 : 1e-12;
+      const std::string what = "c=" + std::to_string(c) + " " + std::string(dtype_name(dt));
+      expect_equal(out[1], out[0], tol, what + " output");
+      EXPECT_EQ((out[1] > 0).sum().item<int64_t>(), (out[0] > 0).sum().item<int64_t>()) << what;
+      expect_equal(gx[1], gx[0], tol, what + " grad x");
+      expect_equal(gw[1], gw[0], tol * 10, what + " grad weight");
+      expect_equal(gb[1], gb[0], tol * 10, what + " grad bias");
+    }
+  }
+  // NCHW input: the two ops, same result.
+  const Tensor x = randn({2, 3, 4, 4});
+  expect_equal(ops::batch_norm_relu_train(x, Tensor(), Tensor(), 1e-5).output,
+               ops::batch_norm_train(x, Tensor(), Tensor(), 1e-5).output.relu(), 0, "NCHW");
+}
+
+TEST(ChannelsLast, FusedBatchNormReluGradcheckAndGradgradcheck) {
+  manual_seed(21);
+  // Shifted so that some pre-ReLU values are negative and some positive in every channel.
+  const Tensor x = to_cl(randn({3, 8, 2, 3}, kFloat64)).requires_grad_(true);
+  const Tensor w = randn({8}, TensorOptions(kFloat64).requires_grad(true));
+  const Tensor b = (randn({8}, kFloat64) * 0.3).requires_grad_(true);
+  auto fn = [](const TensorList& in) {
+    return TensorList{ops::batch_norm_relu_train(in[0], in[1], in[2], 1e-5).output};
+  };
+  EXPECT_TRUE(autograd::gradcheck(fn, {x, w, b}));
+  EXPECT_TRUE(autograd::gradgradcheck(fn, {x, w, b}));
+}
+
+TEST(ChannelsLast, BatchNormForwardReluKeepsHooks) {
+  nn::BatchNorm2d bn(nn::BatchNormOptions{.num_features = 16});
+  const Tensor x = conv2d(randn({2, 3, 6, 6}), randn({16, 3, 3, 3}), Tensor(), {1, 1}, {1, 1});
+  ASSERT_TRUE(is_cl(x));
+  const Tensor plain = bn(x).relu();
+  const Tensor fused = bn.forward_relu(x);
+  expect_equal(fused, plain, 2e-5, "forward_relu");
+  Tensor seen;
+  const auto handle = bn.register_forward_hook([&](nn::Module&, const Tensor&, const Tensor& out) {
+    seen = out;
+    return Tensor();
+  });
+  const Tensor hooked = bn.forward_relu(x);
+  ASSERT_TRUE(seen.defined());
+  EXPECT_GT((seen < 0).sum().item<int64_t>(), 0) << "the hook sees batch norm's output, before the ReLU";
+  expect_equal(hooked, seen.relu(), 0, "hooked");
+}
+
 TEST(ChannelsLast, MaxPoolKeepsTheLayoutAndFallsBackForNaN) {
   manual_seed(12);
   const Tensor x0 = randn({2, 16, 6, 6});

@@ -15,6 +15,11 @@ struct BatchNormShape {
   int64_t n = 0, c = 0, inner = 0;
   /// The arrays are [n, inner, c] in memory (channels-last) instead of [n, c, inner].
   bool channels_last = false;
+  /// A ReLU fused after the affine step (channels-last only): the forward
+  /// writes relu(y); the backward takes dy of that ReLU's output and masks it
+  /// by recomputing y > 0 from x (the same rounding as the forward), so the
+  /// ReLU costs no pass of its own either way.
+  bool relu = false;
 };
 
 /// Float32 and float64 (dtype `dt`); every array contiguous, all of dtype `dt`.
@@ -25,9 +30,11 @@ void batch_norm_train_forward(DType dt, BatchNormShape s, const void* x, const v
                               double eps, void* y, void* mean, void* invstd, void* var);
 
 /// In: dy and x [n, c, inner]; mean, invstd (the forward's) and weight [c]
-/// (null: 1). Out, each optional (null: not wanted): dx [n, c, inner],
-/// dweight = sum(dy * xhat) and dbias = sum(dy), each [c].
+/// (null: 1); bias [c] (null: 0), read only with s.relu. Out, each optional
+/// (null: not wanted): dx [n, c, inner], dweight = sum(dy * xhat) and
+/// dbias = sum(dy), each [c].
 void batch_norm_train_backward(DType dt, BatchNormShape s, const void* dy, const void* x, const void* mean,
-                               const void* invstd, const void* weight, void* dx, void* dweight, void* dbias);
+                               const void* invstd, const void* weight, void* dx, void* dweight, void* dbias,
+                               const void* bias = nullptr);
 
 }  // namespace kiln::kernels

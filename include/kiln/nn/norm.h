@@ -44,6 +44,11 @@ struct BatchNormOptions {
 class BatchNorm : public Module {
  public:
   Tensor forward(const Tensor& x) override;
+  /// relu(forward(x)), the same values and gradients, with the ReLU inside
+  /// batch norm's own passes in training on a channels-last input (a conv's
+  /// output): the zoo's conv -> BN -> ReLU. With a forward hook on this
+  /// module it runs (*this)(x).relu(), so the hook sees the module's output.
+  Tensor forward_relu(const Tensor& x);
   std::string extra_repr() const override;
   const BatchNormOptions options;
   Tensor& weight;
@@ -56,6 +61,7 @@ class BatchNorm : public Module {
   BatchNorm(std::string type_name, BatchNormOptions o, int64_t min_dim, int64_t max_dim);
 
  private:
+  Tensor forward_impl(const Tensor& x, bool relu);
   int64_t min_dim_, max_dim_;
 };
 /// Input [N, C] or [N, C, L].

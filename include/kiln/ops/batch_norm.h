@@ -29,4 +29,11 @@ bool batch_norm_train_supported(const Tensor& x, const Tensor& weight, const Ten
 BatchNormResult batch_norm_train(const Tensor& x, const Tensor& weight, const Tensor& bias, double eps,
                                  std::source_location loc = std::source_location::current());
 
+/// relu(batch_norm_train(x, ...).output) with the same values and gradients
+/// (mean and var as batch_norm_train's). For a channels-last x (a conv's
+/// output) the ReLU runs inside the batch norm's passes, forward and backward
+/// (one node, NativeBatchNormReluBackward0); other layouts run the two ops.
+BatchNormResult batch_norm_relu_train(const Tensor& x, const Tensor& weight, const Tensor& bias, double eps,
+                                      std::source_location loc = std::source_location::current());
+
 }  // namespace kiln::ops

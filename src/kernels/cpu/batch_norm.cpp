@@ -280,19 +280,37 @@ void cl_sqdev(const T* x, const T* m, int64_t c, int64_t r0, int64_t r1, T* acc)
   }
 }
 
-// acc[k] += sum dy[r, k], acc[c + k] += sum dy[r, k] * (x[r, k] - m[k]).
-template <typename T>
-void cl_dy_sums(const T* dy, const T* x, const T* m, int64_t c, int64_t r0, int64_t r1, T* acc) {
+// The fused ReLU's mask: y = (x - m) * scale + shift before the ReLU, written
+// once here and used by the forward and by the backward's recomputation, so
+// both round alike and the backward's mask is exactly the forward's y > 0.
+template <typename V>
+inline V pre_relu(V x, V m, V scale, V shift) {
+  return (x - m) * scale + shift;
+}
+
+// acc[k] += sum g[r, k], acc[c + k] += sum g[r, k] * (x[r, k] - m[k]), where g is
+// dy, or with `relu` (scale and shift given) dy where pre_relu(x) > 0, else 0.
+template <typename T, bool Relu>
+void cl_dy_sums(const T* dy, const T* x, const T* m, const T* scale, const T* shift, int64_t c, int64_t r0,
+                int64_t r1, T* acc) {
   using L = Lanes<T>;
+  using V = typename L::V;
   constexpr int64_t W = L::kWidth;
   if (c % W == 0) {
     for (int64_t j = 0; j < c; j += W) {
-      const typename L::V mv = L::load(m + j);
-      typename L::V a = {}, b = {};
+      const V mv = L::load(m + j);
+      V sc = {}, sh = {};
+      if constexpr (Relu) {
+        sc = L::load(scale + j);
+        sh = L::load(shift + j);
+      }
+      V a = {}, b = {};
       for (int64_t r = r0; r < r1; ++r) {
-        const typename L::V g = L::load(dy + r * c + j);
+        const V xv = L::load(x + r * c + j);
+        V g = L::load(dy + r * c + j);
+        if constexpr (Relu) g = pre_relu(xv, mv, sc, sh) > 0 ? g : V{};
         a += g;
-        b += g * (L::load(x + r * c + j) - mv);
+        b += g * (xv - mv);
       }
       store(acc + j, a);
       store(acc + c + j, b);
@@ -301,38 +319,63 @@ void cl_dy_sums(const T* dy, const T* x, const T* m, int64_t c, int64_t r0, int6
   }
   for (int64_t r = r0; r < r1; ++r) {
     for (int64_t k = 0; k < c; ++k) {
-      const T g = dy[r * c + k];
+      const T xv = x[r * c + k];
+      T g = dy[r * c + k];
+      if constexpr (Relu) g = pre_relu(xv, m[k], scale[k], shift[k]) > 0 ? g : T(0);
       acc[k] += g;
-      acc[c + k] += g * (x[r * c + k] - m[k]);
+      acc[c + k] += g * (xv - m[k]);
     }
   }
 }
 
-// out[k] = (a[k] - m[k]) * p[k] + q[k] (forward), or with b: a * p + (b - m) * q + s (backward).
-template <typename T>
-void cl_affine(const T* a, const T* m, const T* p, const T* q, int64_t c, T* out) {
+// out[k] = pre_relu(x[k]), or its ReLU.
+template <typename T, bool Relu>
+void cl_affine(const T* x, const T* m, const T* scale, const T* shift, int64_t c, T* out) {
   using L = Lanes<T>;
-  constexpr int64_t W = L::kWidth;
-  int64_t k = 0;
-  if (c % W == 0) {
-    for (; k < c; k += W) store(out + k, (L::load(a + k) - L::load(m + k)) * L::load(p + k) + L::load(q + k));
-    return;
-  }
-  for (; k < c; ++k) out[k] = (a[k] - m[k]) * p[k] + q[k];
-}
-
-template <typename T>
-void cl_dx(const T* g, const T* x, const T* m, const T* k1, const T* k2, const T* k3, int64_t c, T* out) {
-  using L = Lanes<T>;
+  using V = typename L::V;
   constexpr int64_t W = L::kWidth;
   if (c % W == 0) {
     for (int64_t k = 0; k < c; k += W) {
-      store(out + k, L::load(g + k) * L::load(k1 + k) + (L::load(x + k) - L::load(m + k)) * L::load(k2 + k) +
-                         L::load(k3 + k));
+      V y = pre_relu(L::load(x + k), L::load(m + k), L::load(scale + k), L::load(shift + k));
+      if constexpr (Relu) y = y > 0 ? y : V{};
+      store(out + k, y);
     }
     return;
   }
-  for (int64_t k = 0; k < c; ++k) out[k] = g[k] * k1[k] + (x[k] - m[k]) * k2[k] + k3[k];
+  for (int64_t k = 0; k < c; ++k) {
+    const T y = pre_relu(x[k], m[k], scale[k], shift[k]);
+    out[k] = Relu ? (y > 0 ? y : T(0)) : y;
+  }
+}
+
+// dx[k] = g[k] * k1[k] + (x[k] - m[k]) * k2[k] + k3[k], g masked as in cl_dy_sums.
+template <typename T, bool Relu>
+void cl_dx(const T* dy, const T* x, const T* m, const T* scale, const T* shift, const T* k1, const T* k2,
+           const T* k3, int64_t c, T* out) {
+  using L = Lanes<T>;
+  using V = typename L::V;
+  constexpr int64_t W = L::kWidth;
+  if (c % W == 0) {
+    for (int64_t k = 0; k < c; k += W) {
+      const V xv = L::load(x + k), mv = L::load(m + k);
+      V g = L::load(dy + k);
+      if constexpr (Relu) g = pre_relu(xv, mv, L::load(scale + k), L::load(shift + k)) > 0 ? g : V{};
+      store(out + k, g * L::load(k1 + k) + (xv - mv) * L::load(k2 + k) + L::load(k3 + k));
+    }
+    return;
+  }
+  for (int64_t k = 0; k < c; ++k) {
+    T g = dy[k];
+    if constexpr (Relu) g = pre_relu(x[k], m[k], scale[k], shift[k]) > 0 ? g : T(0);
+    out[k] = g * k1[k] + (x[k] - m[k]) * k2[k] + k3[k];
+  }
+}
+
+// The forward's scale, from the stored (rounded) invstd so that the backward
+// recomputes it exactly: invstd * weight in double, rounded once.
+template <typename T>
+T bn_scale(T invstd, const T* w, int64_t k) {
+  return static_cast<T>(w ? static_cast<double>(invstd) * static_cast<double>(w[k]) : static_cast<double>(invstd));
 }
 
 template <typename T>
@@ -348,25 +391,36 @@ void forward_cl(BatchNormShape s, const T* x, const T* w, const T* b, double eps
                    [&](int64_t r0, int64_t r1, T* acc) { cl_sqdev(x, m.data(), c, r0, r1, acc); });
   for (int64_t k = 0; k < c; ++k) {
     const double v = sq[k] / count;
-    const double is = 1.0 / std::sqrt(v + eps);
     mean[k] = m[k];
     var[k] = static_cast<T>(v);
-    invstd[k] = static_cast<T>(is);
-    scale[k] = static_cast<T>(w ? is * static_cast<double>(w[k]) : is);
+    invstd[k] = static_cast<T>(1.0 / std::sqrt(v + eps));
+    scale[k] = bn_scale(invstd[k], w, k);
     shift[k] = b ? b[k] : T(0);
   }
-  cl_rows(rows, c, [&](int64_t r) { cl_affine(x + r * c, m.data(), scale.data(), shift.data(), c, y + r * c); });
+  const T *mp = m.data(), *sp = scale.data(), *hp = shift.data();
+  if (s.relu) {
+    cl_rows(rows, c, [&](int64_t r) { cl_affine<T, true>(x + r * c, mp, sp, hp, c, y + r * c); });
+  } else {
+    cl_rows(rows, c, [&](int64_t r) { cl_affine<T, false>(x + r * c, mp, sp, hp, c, y + r * c); });
+  }
 }
 
-template <typename T>
-void backward_cl(BatchNormShape s, const T* dy, const T* x, const T* mean, const T* invstd, const T* w, T* dx,
-                 T* dw, T* db) {
+template <typename T, bool Relu>
+void backward_cl_impl(BatchNormShape s, const T* dy, const T* x, const T* mean, const T* invstd, const T* w,
+                      const T* b, T* dx, T* dw, T* db) {
   const int64_t rows = s.n * s.inner, c = s.c;
   const double count = static_cast<double>(rows);
-  // sums[k] = sum(dy), sums[c + k] = sum(dy * (x - mean)): one read of dy and x.
+  std::vector<T> scale(static_cast<size_t>(c)), shift(static_cast<size_t>(c));
+  for (int64_t k = 0; k < c; ++k) {
+    scale[k] = bn_scale(invstd[k], w, k);
+    shift[k] = b ? b[k] : T(0);
+  }
+  const T *sp = scale.data(), *hp = shift.data();
+  // sums[k] = sum(g), sums[c + k] = sum(g * (x - mean)): one read of dy and x.
   std::vector<double> sums(static_cast<size_t>(2 * c));
-  cl_block_sums<T>(rows, 2 * c, sums.data(),
-                   [&](int64_t r0, int64_t r1, T* acc) { cl_dy_sums(dy, x, mean, c, r0, r1, acc); });
+  cl_block_sums<T>(rows, 2 * c, sums.data(), [&](int64_t r0, int64_t r1, T* acc) {
+    cl_dy_sums<T, Relu>(dy, x, mean, sp, hp, c, r0, r1, acc);
+  });
   const double* sdy = sums.data();
   const double* sdyx = sums.data() + c;
   std::vector<T> k1(static_cast<size_t>(c)), k2(static_cast<size_t>(c)), k3(static_cast<size_t>(c));
@@ -381,8 +435,18 @@ void backward_cl(BatchNormShape s, const T* dy, const T* x, const T* mean, const
   }
   if (!dx) return;
   cl_rows(rows, c, [&](int64_t r) {
-    cl_dx(dy + r * c, x + r * c, mean, k1.data(), k2.data(), k3.data(), c, dx + r * c);
+    cl_dx<T, Relu>(dy + r * c, x + r * c, mean, sp, hp, k1.data(), k2.data(), k3.data(), c, dx + r * c);
   });
+}
+
+template <typename T>
+void backward_cl(BatchNormShape s, const T* dy, const T* x, const T* mean, const T* invstd, const T* w, const T* b,
+                 T* dx, T* dw, T* db) {
+  if (s.relu) {
+    backward_cl_impl<T, true>(s, dy, x, mean, invstd, w, b, dx, dw, db);
+  } else {
+    backward_cl_impl<T, false>(s, dy, x, mean, invstd, w, b, dx, dw, db);
+  }
 }
 
 template <typename T>
@@ -395,10 +459,10 @@ void forward_any(BatchNormShape s, const T* x, const T* w, const T* b, double ep
 }
 
 template <typename T>
-void backward_any(BatchNormShape s, const T* dy, const T* x, const T* mean, const T* invstd, const T* w, T* dx, T* dw,
-                  T* db) {
+void backward_any(BatchNormShape s, const T* dy, const T* x, const T* mean, const T* invstd, const T* w, const T* b,
+                  T* dx, T* dw, T* db) {
   if (s.channels_last) {
-    backward_cl(s, dy, x, mean, invstd, w, dx, dw, db);
+    backward_cl(s, dy, x, mean, invstd, w, b, dx, dw, db);
   } else {
     backward_impl(s, dy, x, mean, invstd, w, dx, dw, db);
   }
@@ -409,6 +473,7 @@ void backward_any(BatchNormShape s, const T* dy, const T* x, const T* mean, cons
 void batch_norm_train_forward(DType dt, BatchNormShape s, const void* x, const void* weight, const void* bias,
                               double eps, void* y, void* mean, void* invstd, void* var) {
   KILN_ASSERT(dt == kFloat32 || dt == kFloat64, "batch_norm kernel called with dtype ", dtype_name(dt));
+  KILN_ASSERT(s.channels_last || !s.relu, "batch_norm kernel: the fused ReLU is channels-last only");
   if (dt == kFloat32) {
     forward_any(s, static_cast<const float*>(x), static_cast<const float*>(weight), static_cast<const float*>(bias),
                  eps, static_cast<float*>(y), static_cast<float*>(mean), static_cast<float*>(invstd),
@@ -421,16 +486,20 @@ void batch_norm_train_forward(DType dt, BatchNormShape s, const void* x, const v
 }
 
 void batch_norm_train_backward(DType dt, BatchNormShape s, const void* dy, const void* x, const void* mean,
-                               const void* invstd, const void* weight, void* dx, void* dweight, void* dbias) {
+                               const void* invstd, const void* weight, void* dx, void* dweight, void* dbias,
+                               const void* bias) {
   KILN_ASSERT(dt == kFloat32 || dt == kFloat64, "batch_norm backward kernel called with dtype ", dtype_name(dt));
+  KILN_ASSERT(s.channels_last || !s.relu, "batch_norm backward kernel: the fused ReLU is channels-last only");
   if (dt == kFloat32) {
     backward_any(s, static_cast<const float*>(dy), static_cast<const float*>(x), static_cast<const float*>(mean),
-                  static_cast<const float*>(invstd), static_cast<const float*>(weight), static_cast<float*>(dx),
-                  static_cast<float*>(dweight), static_cast<float*>(dbias));
+                 static_cast<const float*>(invstd), static_cast<const float*>(weight),
+                 static_cast<const float*>(bias), static_cast<float*>(dx), static_cast<float*>(dweight),
+                 static_cast<float*>(dbias));
   } else {
     backward_any(s, static_cast<const double*>(dy), static_cast<const double*>(x), static_cast<const double*>(mean),
-                  static_cast<const double*>(invstd), static_cast<const double*>(weight), static_cast<double*>(dx),
-                  static_cast<double*>(dweight), static_cast<double*>(dbias));
+                 static_cast<const double*>(invstd), static_cast<const double*>(weight),
+                 static_cast<const double*>(bias), static_cast<double*>(dx), static_cast<double*>(dweight),
+                 static_cast<double*>(dbias));
   }
 }
 
