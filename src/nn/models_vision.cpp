@@ -105,8 +105,7 @@ BasicBlock::BasicBlock(BasicBlockOptions o) : nn::Module("BasicBlock"), options(
 
 Tensor BasicBlock::forward(const Tensor& x) {
   Tensor y = bn1->forward_relu((*conv1)(x));
-  y = (*bn2)((*conv2)(y));
-  return (y + (downsample ? (*downsample)(x) : x)).relu();
+  return bn2->forward_add_relu((*conv2)(y), downsample ? (*downsample)(x) : x);
 }
 
 ResNet::ResNet(ResNetOptions o) : nn::Module("ResNet"), options(std::move(o)) {

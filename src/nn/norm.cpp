@@ -84,16 +84,24 @@ BatchNorm::BatchNorm(std::string type_name, BatchNormOptions o, int64_t min_dim,
       max_dim_(max_dim) {
   KILN_CHECK(o.num_features > 0, ValueError, "BatchNorm", ": num_features must be > 0, got ", o.num_features);
 }
-Tensor BatchNorm::forward(const Tensor& x) { return forward_impl(x, false); }
+Tensor BatchNorm::forward(const Tensor& x) { return forward_impl(x, false, Tensor()); }
 
 Tensor BatchNorm::forward_relu(const Tensor& x) {
   if (has_forward_hooks()) return (*this)(x).relu();  // hooks see this module's own output
-  return forward_impl(x, true);
+  return forward_impl(x, true, Tensor());
 }
 
-Tensor BatchNorm::forward_impl(const Tensor& x, bool relu) {
+Tensor BatchNorm::forward_add_relu(const Tensor& x, const Tensor& residual) {
+  if (has_forward_hooks()) return ((*this)(x) + residual).relu();
+  return forward_impl(x, true, residual);
+}
+
+Tensor BatchNorm::forward_impl(const Tensor& x, bool relu, const Tensor& residual) {
   if (autocast_enabled()) {
-    return ops::autocast_call(AutocastOp::batch_norm, [&](const Tensor& xx) { return forward_impl(xx, relu); }, x);
+    // Under autocast batch norm runs in float32: the residual then joins the float32 result.
+    const Tensor y = ops::autocast_call(AutocastOp::batch_norm, [&](const Tensor& xx) { return forward_impl(xx, false, Tensor()); }, x);
+    if (!relu) return y;
+    return (residual.defined() ? y + residual : y).relu();
   }
   KILN_CHECK(x.dim() >= min_dim_ && x.dim() <= max_dim_ && x.size(1) == options.num_features, ShapeError,
              type_name(), ": expected a ", min_dim_, (min_dim_ == max_dim_ ? "" : " or " + std::to_string(max_dim_)),
@@ -109,8 +117,9 @@ Tensor BatchNorm::forward_impl(const Tensor& x, bool relu) {
     // float32/float64: the fused two-pass op (ops/batch_norm.h); other dtypes: the composite below.
     Tensor fused_out;
     if (ops::batch_norm_train_supported(x, weight, bias)) {
-      ops::BatchNormResult r = relu ? ops::batch_norm_relu_train(x, weight, bias, options.eps)
-                                    : ops::batch_norm_train(x, weight, bias, options.eps);
+      ops::BatchNormResult r = !relu                ? ops::batch_norm_train(x, weight, bias, options.eps)
+                               : residual.defined() ? ops::batch_norm_add_relu_train(x, weight, bias, residual, options.eps)
+                                                    : ops::batch_norm_relu_train(x, weight, bias, options.eps);
       fused_out = std::move(r.output);
       mean = std::move(r.mean);
       var = std::move(r.var);
@@ -133,6 +142,7 @@ Tensor BatchNorm::forward_impl(const Tensor& x, bool relu) {
   }
   Tensor y = (x - mean.view(cshape)) * (var.view(cshape) + options.eps).rsqrt();
   if (weight.defined()) y = y * weight.view(cshape) + bias.view(cshape);
+  if (residual.defined()) y = y + residual;
   return relu ? y.relu() : y;
 }
 std::string BatchNorm::extra_repr() const {

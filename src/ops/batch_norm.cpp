@@ -50,35 +50,48 @@ std::vector<int64_t> channel_shape(const Tensor& x) {
 const void* data_or_null(const Tensor& t) { return t.defined() ? t.data_ptr() : nullptr; }
 
 struct NativeBatchNormBackward final : autograd::Node {
-  SavedVariable x, weight, bias;  // bias only with the fused ReLU (its mask is recomputed)
+  // bias and residual only with the fused ReLU (its mask is recomputed from them)
+  SavedVariable x, weight, bias, residual;
   Tensor mean, invstd;  // the forward's statistics, [C], outside the graph
   double eps = 1e-5;
-  bool relu = false;  // relu(batch_norm(x)) in one node: grads arrive for the ReLU's output
-  const char* name() const override { return relu ? "NativeBatchNormReluBackward0" : "NativeBatchNormBackward0"; }
+  bool relu = false;          // relu(batch_norm(x) [+ residual]) in one node: grads arrive for the ReLU's output
+  bool has_residual = false;  // a fourth input, the residual
+  const char* name() const override {
+    return has_residual ? "NativeBatchNormAddReluBackward0"
+                        : (relu ? "NativeBatchNormReluBackward0" : "NativeBatchNormBackward0");
+  }
 
   TensorList apply(TensorList&& grads) override {
-    TensorList out(3);
+    TensorList out(has_residual ? 4 : 3);
     const Tensor& g = grads[0];
     if (!g.defined()) return out;
     const bool want_x = next_edges()[0].is_valid(), want_w = next_edges()[1].is_valid(),
-               want_b = next_edges()[2].is_valid();
+               want_b = next_edges()[2].is_valid(), want_r = has_residual && next_edges()[3].is_valid();
     const Tensor xv = x.unpack(this);
     const Tensor wv = weight.defined() ? weight.unpack(this) : Tensor();
     const Tensor bv = bias.defined() ? bias.unpack(this) : Tensor();
-    if (grad_mode_enabled()) return differentiable(relu ? relu_masked(g, xv, wv, bv) : g, xv, wv, want_x, want_w, want_b);
+    const Tensor rv = residual.defined() ? residual.unpack(this) : Tensor();
+    if (grad_mode_enabled()) {
+      const Tensor ge = relu ? relu_masked(g, xv, wv, bv, rv) : g;
+      TensorList d = differentiable(ge, xv, wv, want_x, want_w, want_b);
+      for (size_t i = 0; i < d.size(); ++i) out[i] = std::move(d[i]);
+      if (want_r) out[3] = ge;
+      return out;
+    }
     const MemoryFormat fmt = bn_format(xv);
     const Tensor gc = contiguous(g, fmt);
     const DType dt = xv.dtype();
     if (want_x) out[0] = new_output(xv.sizes(), dt, fmt);
     if (want_w) out[1] = new_output({xv.size(1)}, dt);
     if (want_b) out[2] = new_output({xv.size(1)}, dt);
+    if (want_r) out[3] = new_output(xv.sizes(), dt, fmt);
     if (xv.numel() > 0) {
       kernels::BatchNormShape s = bn_shape(xv);
       s.relu = relu;
       kernels::batch_norm_train_backward(dt, s, gc.data_ptr(), xv.data_ptr(), mean.data_ptr(), invstd.data_ptr(),
                                          data_or_null(wv), want_x ? out[0].data_ptr() : nullptr,
                                          want_w ? out[1].data_ptr() : nullptr, want_b ? out[2].data_ptr() : nullptr,
-                                         data_or_null(bv));
+                                         data_or_null(bv), data_or_null(rv), want_r ? out[3].data_ptr() : nullptr);
     }
     return out;
   }
@@ -86,7 +99,7 @@ struct NativeBatchNormBackward final : autograd::Node {
   // The ReLU's backward under create_graph: g where the forward's pre-ReLU
   // value was positive (the kernel's own formula, so the same mask), else 0;
   // the mask is a constant of the graph, as torch's threshold_backward.
-  Tensor relu_masked(const Tensor& g, const Tensor& xv, const Tensor& wv, const Tensor& bv) const {
+  Tensor relu_masked(const Tensor& g, const Tensor& xv, const Tensor& wv, const Tensor& bv, const Tensor& rv) const {
     Tensor mask;
     {
       const NoGradGuard no_grad;
@@ -94,6 +107,7 @@ struct NativeBatchNormBackward final : autograd::Node {
       const Tensor scale = wv.defined() ? (invstd.to(kFloat64) * wv.to(kFloat64)).to(xv.dtype()) : invstd;
       Tensor v = (xv - mean.view(cs)) * scale.view(cs);
       if (bv.defined()) v = v + bv.view(cs);
+      if (rv.defined()) v = v + rv;
       mask = (v > 0).to(g.dtype());
     }
     return g * mask;
@@ -121,6 +135,7 @@ struct NativeBatchNormBackward final : autograd::Node {
     x.reset();
     weight.reset();
     bias.reset();
+    residual.reset();
     mean = Tensor();
     invstd = Tensor();
   }
@@ -138,8 +153,10 @@ bool batch_norm_train_supported(const Tensor& x, const Tensor& weight, const Ten
 
 namespace {
 
+// relu: the fused ReLU (x channels-last); residual (defined only with relu):
+// added before it, in x's layout.
 BatchNormResult batch_norm_train_impl(const Tensor& x, const Tensor& weight, const Tensor& bias, double eps,
-                                      bool relu, std::source_location loc) {
+                                      bool relu, const Tensor& residual, std::source_location loc) {
   check_defined(x, "batch_norm", "input");
   KILN_CHECK(batch_norm_train_supported(x, weight, bias), DTypeError,
              "batch_norm: expected a float32 or float64 input of at least 2 dims with weight and bias of its "
@@ -162,8 +179,9 @@ BatchNormResult batch_norm_train_impl(const Tensor& x, const Tensor& weight, con
   kernels::BatchNormShape s = bn_shape(xc);
   s.relu = relu;
   kernels::batch_norm_train_forward(dt, s, xc.data_ptr(), data_or_null(wc), data_or_null(bc), eps,
-                                    r.output.data_ptr(), r.mean.data_ptr(), invstd.data_ptr(), r.var.data_ptr());
-  if (autograd::compute_requires_grad({&x, &weight, &bias})) {
+                                    r.output.data_ptr(), r.mean.data_ptr(), invstd.data_ptr(), r.var.data_ptr(),
+                                    data_or_null(residual));
+  if (autograd::compute_requires_grad({&x, &weight, &bias, &residual})) {
     auto node = make_intrusive<NativeBatchNormBackward>();
     node->x = SavedVariable(xc, false);
     if (weight.defined()) node->weight = SavedVariable(wc, false);
@@ -172,7 +190,14 @@ BatchNormResult batch_norm_train_impl(const Tensor& x, const Tensor& weight, con
     node->eps = eps;
     node->relu = relu;
     if (relu && bias.defined()) node->bias = SavedVariable(bc, false);
-    autograd::set_history(r.output, node, {&x, &weight, &bias}, autograd::CallSite::from(loc));
+    const autograd::CallSite site = autograd::CallSite::from(loc);
+    if (residual.defined()) {
+      node->has_residual = true;
+      node->residual = SavedVariable(residual, false);
+      autograd::set_history(r.output, node, {&x, &weight, &bias, &residual}, site);
+    } else {
+      autograd::set_history(r.output, node, {&x, &weight, &bias}, site);
+    }
   }
   return r;
 }
@@ -181,17 +206,31 @@ BatchNormResult batch_norm_train_impl(const Tensor& x, const Tensor& weight, con
 
 BatchNormResult batch_norm_train(const Tensor& x, const Tensor& weight, const Tensor& bias, double eps,
                                  std::source_location loc) {
-  return batch_norm_train_impl(x, weight, bias, eps, false, loc);
+  return batch_norm_train_impl(x, weight, bias, eps, false, Tensor(), loc);
 }
 
 BatchNormResult batch_norm_relu_train(const Tensor& x, const Tensor& weight, const Tensor& bias, double eps,
                                       std::source_location loc) {
   // The fused kernel walks channels-last rows (a conv's output); other layouts run the two ops.
   if (x.defined() && x.dim() == 4 && suggest_memory_format(x) == MemoryFormat::ChannelsLast) {
-    return batch_norm_train_impl(x, weight, bias, eps, true, loc);
+    return batch_norm_train_impl(x, weight, bias, eps, true, Tensor(), loc);
   }
-  BatchNormResult r = batch_norm_train_impl(x, weight, bias, eps, false, loc);
+  BatchNormResult r = batch_norm_train_impl(x, weight, bias, eps, false, Tensor(), loc);
   r.output = r.output.relu(loc);
+  return r;
+}
+
+BatchNormResult batch_norm_add_relu_train(const Tensor& x, const Tensor& weight, const Tensor& bias,
+                                          const Tensor& residual, double eps, std::source_location loc) {
+  check_defined(residual, "batch_norm_add_relu", "residual");
+  // Fused when both are channels-last of one shape and dtype (the end of a residual block); else three ops.
+  if (x.defined() && x.dim() == 4 && residual.sizes() == x.sizes() && residual.dtype() == x.dtype() &&
+      suggest_memory_format(x) == MemoryFormat::ChannelsLast &&
+      suggest_memory_format(residual) == MemoryFormat::ChannelsLast) {
+    return batch_norm_train_impl(x, weight, bias, eps, true, residual, loc);
+  }
+  BatchNormResult r = batch_norm_train_impl(x, weight, bias, eps, false, Tensor(), loc);
+  r.output = r.output.add(residual, 1, loc).relu(loc);
   return r;
 }
 

@@ -290,6 +290,57 @@ TEST(ChannelsLast, FusedBatchNormReluGradcheckAndGradgradcheck) {
   EXPECT_TRUE(autograd::gradgradcheck(fn, {x, w, b}));
 }
 
+TEST(ChannelsLast, FusedBatchNormAddReluMatchesTheThreeOps) {
+  for (int64_t c : {5, 16}) {
+    for (DType dt : {kFloat32, kFloat64}) {
+      manual_seed(30 + c);
+      const Tensor x0 = to_cl(randn({4, c, 5, 6}, dt)), w = randn({c}, dt), b = randn({c}, dt);
+      const Tensor r0 = to_cl(randn({4, c, 5, 6}, dt)), g = randn({4, c, 5, 6}, dt);
+      Tensor out[2], gx[2], gw[2], gb[2], gr[2];
+      for (int fused = 0; fused < 2; ++fused) {
+        const Tensor x = x0.detach().requires_grad_(true), r = r0.detach().requires_grad_(true);
+        const Tensor wl = w.detach().requires_grad_(true), bl = b.detach().requires_grad_(true);
+        const Tensor y = fused ? ops::batch_norm_add_relu_train(x, wl, bl, r, 1e-5).output
+                               : (ops::batch_norm_train(x, wl, bl, 1e-5).output + r).relu();
+        EXPECT_TRUE(is_cl(y));
+        if (fused) {
+          EXPECT_STREQ(y.grad_fn()->name(), "NativeBatchNormAddReluBackward0");
+        }
+        y.backward(g);
+        out[fused] = y;
+        gx[fused] = x.grad();
+        gw[fused] = wl.grad();
+        gb[fused] = bl.grad();
+        gr[fused] = r.grad();
+      }
+      const double tol = dt == kFloat32 ? 2e-5 : 1e-12;
+      const std::string what = "c=" + std::to_string(c) + " " + std::string(dtype_name(dt));
+      expect_equal(out[1], out[0], tol, what + " output");
+      expect_equal(gr[1], gr[0], 0, what + " grad residual (the same mask)");
+      expect_equal(gx[1], gx[0], tol, what + " grad x");
+      expect_equal(gw[1], gw[0], tol * 10, what + " grad weight");
+      expect_equal(gb[1], gb[0], tol * 10, what + " grad bias");
+    }
+  }
+  // A residual that is not channels-last: the three ops.
+  const Tensor x = to_cl(randn({2, 3, 4, 4})), r = randn({2, 3, 4, 4});
+  expect_equal(ops::batch_norm_add_relu_train(x, Tensor(), Tensor(), r, 1e-5).output,
+               (ops::batch_norm_train(x, Tensor(), Tensor(), 1e-5).output + r).relu(), 0, "NCHW residual");
+}
+
+TEST(ChannelsLast, FusedBatchNormAddReluGradcheckAndGradgradcheck) {
+  manual_seed(31);
+  const Tensor x = to_cl(randn({3, 8, 2, 3}, kFloat64)).requires_grad_(true);
+  const Tensor r = to_cl(randn({3, 8, 2, 3}, kFloat64)).requires_grad_(true);
+  const Tensor w = randn({8}, TensorOptions(kFloat64).requires_grad(true));
+  const Tensor b = (randn({8}, kFloat64) * 0.3).requires_grad_(true);
+  auto fn = [](const TensorList& in) {
+    return TensorList{ops::batch_norm_add_relu_train(in[0], in[1], in[2], in[3], 1e-5).output};
+  };
+  EXPECT_TRUE(autograd::gradcheck(fn, {x, w, b, r}));
+  EXPECT_TRUE(autograd::gradgradcheck(fn, {x, w, b, r}));
+}
+
 TEST(ChannelsLast, BatchNormForwardReluKeepsHooks) {
   nn::BatchNorm2d bn(nn::BatchNormOptions{.num_features = 16});
   const Tensor x = conv2d(randn({2, 3, 6, 6}), randn({16, 3, 3, 3}), Tensor(), {1, 1}, {1, 1});

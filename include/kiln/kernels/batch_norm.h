@@ -26,15 +26,21 @@ struct BatchNormShape {
 /// In: x [n, c, inner]; weight, bias [c] or null (1 and 0). Out: y [n, c, inner];
 /// mean, invstd = 1 / sqrt(var + eps) and the biased variance var, each [c].
 /// Sums accumulate in double; y = (x - mean) * (invstd * weight) + bias.
+/// With s.relu, `residual` (null, or [n, c, inner] in x's layout) is added
+/// before the ReLU: y = relu(batch_norm(x) + residual), a residual block's end.
 void batch_norm_train_forward(DType dt, BatchNormShape s, const void* x, const void* weight, const void* bias,
-                              double eps, void* y, void* mean, void* invstd, void* var);
+                              double eps, void* y, void* mean, void* invstd, void* var,
+                              const void* residual = nullptr);
 
 /// In: dy and x [n, c, inner]; mean, invstd (the forward's) and weight [c]
 /// (null: 1); bias [c] (null: 0), read only with s.relu. Out, each optional
 /// (null: not wanted): dx [n, c, inner], dweight = sum(dy * xhat) and
 /// dbias = sum(dy), each [c].
+/// With a residual (s.relu), dresidual (optional) receives the gradient that
+/// reaches it: dy where the forward's relu input was positive, else 0.
 void batch_norm_train_backward(DType dt, BatchNormShape s, const void* dy, const void* x, const void* mean,
                                const void* invstd, const void* weight, void* dx, void* dweight, void* dbias,
-                               const void* bias = nullptr);
+                               const void* bias = nullptr, const void* residual = nullptr,
+                               void* dresidual = nullptr);
 
 }  // namespace kiln::kernels

@@ -49,6 +49,9 @@ class BatchNorm : public Module {
   /// output): the zoo's conv -> BN -> ReLU. With a forward hook on this
   /// module it runs (*this)(x).relu(), so the hook sees the module's output.
   Tensor forward_relu(const Tensor& x);
+  /// relu(forward(x) + residual), a residual block's end, fused the same way
+  /// when x and residual are channels-last (hooks: as forward_relu).
+  Tensor forward_add_relu(const Tensor& x, const Tensor& residual);
   std::string extra_repr() const override;
   const BatchNormOptions options;
   Tensor& weight;
@@ -61,7 +64,7 @@ class BatchNorm : public Module {
   BatchNorm(std::string type_name, BatchNormOptions o, int64_t min_dim, int64_t max_dim);
 
  private:
-  Tensor forward_impl(const Tensor& x, bool relu);
+  Tensor forward_impl(const Tensor& x, bool relu, const Tensor& residual);
   int64_t min_dim_, max_dim_;
 };
 /// Input [N, C] or [N, C, L].

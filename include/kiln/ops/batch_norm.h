@@ -36,4 +36,12 @@ BatchNormResult batch_norm_train(const Tensor& x, const Tensor& weight, const Te
 BatchNormResult batch_norm_relu_train(const Tensor& x, const Tensor& weight, const Tensor& bias, double eps,
                                       std::source_location loc = std::source_location::current());
 
+/// relu(batch_norm_train(x, ...).output + residual), a residual block's end,
+/// the same values and gradients (residual's gradient too). Fused into the
+/// batch norm's passes (NativeBatchNormAddReluBackward0) when x and residual
+/// are channels-last of one shape and dtype; otherwise the three ops.
+BatchNormResult batch_norm_add_relu_train(const Tensor& x, const Tensor& weight, const Tensor& bias,
+                                          const Tensor& residual, double eps,
+                                          std::source_location loc = std::source_location::current());
+
 }  // namespace kiln::ops

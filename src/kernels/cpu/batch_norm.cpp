@@ -289,10 +289,11 @@ inline V pre_relu(V x, V m, V scale, V shift) {
 }
 
 // acc[k] += sum g[r, k], acc[c + k] += sum g[r, k] * (x[r, k] - m[k]), where g is
-// dy, or with `relu` (scale and shift given) dy where pre_relu(x) > 0, else 0.
+// dy, or with `relu` (scale and shift given) dy where pre_relu(x) (+ res, the
+// residual added before the ReLU, when not null) > 0, else 0.
 template <typename T, bool Relu>
-void cl_dy_sums(const T* dy, const T* x, const T* m, const T* scale, const T* shift, int64_t c, int64_t r0,
-                int64_t r1, T* acc) {
+void cl_dy_sums(const T* dy, const T* x, const T* m, const T* scale, const T* shift, const T* res, int64_t c,
+                int64_t r0, int64_t r1, T* acc) {
   using L = Lanes<T>;
   using V = typename L::V;
   constexpr int64_t W = L::kWidth;
@@ -308,7 +309,11 @@ void cl_dy_sums(const T* dy, const T* x, const T* m, const T* scale, const T* sh
       for (int64_t r = r0; r < r1; ++r) {
         const V xv = L::load(x + r * c + j);
         V g = L::load(dy + r * c + j);
-        if constexpr (Relu) g = pre_relu(xv, mv, sc, sh) > 0 ? g : V{};
+        if constexpr (Relu) {
+          V pre = pre_relu(xv, mv, sc, sh);
+          if (res) pre += L::load(res + r * c + j);
+          g = pre > 0 ? g : V{};
+        }
         a += g;
         b += g * (xv - mv);
       }
@@ -321,37 +326,49 @@ void cl_dy_sums(const T* dy, const T* x, const T* m, const T* scale, const T* sh
     for (int64_t k = 0; k < c; ++k) {
       const T xv = x[r * c + k];
       T g = dy[r * c + k];
-      if constexpr (Relu) g = pre_relu(xv, m[k], scale[k], shift[k]) > 0 ? g : T(0);
+      if constexpr (Relu) {
+        T pre = pre_relu(xv, m[k], scale[k], shift[k]);
+        if (res) pre += res[r * c + k];
+        g = pre > 0 ? g : T(0);
+      }
       acc[k] += g;
       acc[c + k] += g * (xv - m[k]);
     }
   }
 }
 
-// out[k] = pre_relu(x[k]), or its ReLU.
+// out[k] = pre_relu(x[k]), or with Relu relu(pre_relu(x[k]) + res[k]) (res may be null).
 template <typename T, bool Relu>
-void cl_affine(const T* x, const T* m, const T* scale, const T* shift, int64_t c, T* out) {
+void cl_affine(const T* x, const T* m, const T* scale, const T* shift, const T* res, int64_t c, T* out) {
   using L = Lanes<T>;
   using V = typename L::V;
   constexpr int64_t W = L::kWidth;
   if (c % W == 0) {
     for (int64_t k = 0; k < c; k += W) {
       V y = pre_relu(L::load(x + k), L::load(m + k), L::load(scale + k), L::load(shift + k));
-      if constexpr (Relu) y = y > 0 ? y : V{};
+      if constexpr (Relu) {
+        if (res) y += L::load(res + k);
+        y = y > 0 ? y : V{};
+      }
       store(out + k, y);
     }
     return;
   }
   for (int64_t k = 0; k < c; ++k) {
-    const T y = pre_relu(x[k], m[k], scale[k], shift[k]);
-    out[k] = Relu ? (y > 0 ? y : T(0)) : y;
+    T y = pre_relu(x[k], m[k], scale[k], shift[k]);
+    if constexpr (Relu) {
+      if (res) y += res[k];
+      y = y > 0 ? y : T(0);
+    }
+    out[k] = y;
   }
 }
 
-// dx[k] = g[k] * k1[k] + (x[k] - m[k]) * k2[k] + k3[k], g masked as in cl_dy_sums.
+// dx[k] = g[k] * k1[k] + (x[k] - m[k]) * k2[k] + k3[k] and dres[k] = g[k], g
+// masked as in cl_dy_sums; dx and dres may each be null (not wanted).
 template <typename T, bool Relu>
-void cl_dx(const T* dy, const T* x, const T* m, const T* scale, const T* shift, const T* k1, const T* k2,
-           const T* k3, int64_t c, T* out) {
+void cl_dx(const T* dy, const T* x, const T* m, const T* scale, const T* shift, const T* res, const T* k1,
+           const T* k2, const T* k3, int64_t c, T* out, T* dres) {
   using L = Lanes<T>;
   using V = typename L::V;
   constexpr int64_t W = L::kWidth;
@@ -359,15 +376,25 @@ void cl_dx(const T* dy, const T* x, const T* m, const T* scale, const T* shift, 
     for (int64_t k = 0; k < c; k += W) {
       const V xv = L::load(x + k), mv = L::load(m + k);
       V g = L::load(dy + k);
-      if constexpr (Relu) g = pre_relu(xv, mv, L::load(scale + k), L::load(shift + k)) > 0 ? g : V{};
-      store(out + k, g * L::load(k1 + k) + (xv - mv) * L::load(k2 + k) + L::load(k3 + k));
+      if constexpr (Relu) {
+        V pre = pre_relu(xv, mv, L::load(scale + k), L::load(shift + k));
+        if (res) pre += L::load(res + k);
+        g = pre > 0 ? g : V{};
+      }
+      if (dres) store(dres + k, g);
+      if (out) store(out + k, g * L::load(k1 + k) + (xv - mv) * L::load(k2 + k) + L::load(k3 + k));
     }
     return;
   }
   for (int64_t k = 0; k < c; ++k) {
     T g = dy[k];
-    if constexpr (Relu) g = pre_relu(x[k], m[k], scale[k], shift[k]) > 0 ? g : T(0);
-    out[k] = g * k1[k] + (x[k] - m[k]) * k2[k] + k3[k];
+    if constexpr (Relu) {
+      T pre = pre_relu(x[k], m[k], scale[k], shift[k]);
+      if (res) pre += res[k];
+      g = pre > 0 ? g : T(0);
+    }
+    if (dres) dres[k] = g;
+    if (out) out[k] = g * k1[k] + (x[k] - m[k]) * k2[k] + k3[k];
   }
 }
 
@@ -379,8 +406,8 @@ T bn_scale(T invstd, const T* w, int64_t k) {
 }
 
 template <typename T>
-void forward_cl(BatchNormShape s, const T* x, const T* w, const T* b, double eps, T* y, T* mean, T* invstd,
-                T* var) {
+void forward_cl(BatchNormShape s, const T* x, const T* w, const T* b, const T* res, double eps, T* y, T* mean,
+                T* invstd, T* var) {
   const int64_t rows = s.n * s.inner, c = s.c;
   const double count = static_cast<double>(rows);
   std::vector<double> sum(static_cast<size_t>(c)), sq(static_cast<size_t>(c));
@@ -399,15 +426,17 @@ void forward_cl(BatchNormShape s, const T* x, const T* w, const T* b, double eps
   }
   const T *mp = m.data(), *sp = scale.data(), *hp = shift.data();
   if (s.relu) {
-    cl_rows(rows, c, [&](int64_t r) { cl_affine<T, true>(x + r * c, mp, sp, hp, c, y + r * c); });
+    cl_rows(rows, c, [&](int64_t r) {
+      cl_affine<T, true>(x + r * c, mp, sp, hp, res ? res + r * c : nullptr, c, y + r * c);
+    });
   } else {
-    cl_rows(rows, c, [&](int64_t r) { cl_affine<T, false>(x + r * c, mp, sp, hp, c, y + r * c); });
+    cl_rows(rows, c, [&](int64_t r) { cl_affine<T, false>(x + r * c, mp, sp, hp, nullptr, c, y + r * c); });
   }
 }
 
 template <typename T, bool Relu>
 void backward_cl_impl(BatchNormShape s, const T* dy, const T* x, const T* mean, const T* invstd, const T* w,
-                      const T* b, T* dx, T* dw, T* db) {
+                      const T* b, const T* res, T* dx, T* dw, T* db, T* dres) {
   const int64_t rows = s.n * s.inner, c = s.c;
   const double count = static_cast<double>(rows);
   std::vector<T> scale(static_cast<size_t>(c)), shift(static_cast<size_t>(c));
@@ -419,7 +448,7 @@ void backward_cl_impl(BatchNormShape s, const T* dy, const T* x, const T* mean, 
   // sums[k] = sum(g), sums[c + k] = sum(g * (x - mean)): one read of dy and x.
   std::vector<double> sums(static_cast<size_t>(2 * c));
   cl_block_sums<T>(rows, 2 * c, sums.data(), [&](int64_t r0, int64_t r1, T* acc) {
-    cl_dy_sums<T, Relu>(dy, x, mean, sp, hp, c, r0, r1, acc);
+    cl_dy_sums<T, Relu>(dy, x, mean, sp, hp, res, c, r0, r1, acc);
   });
   const double* sdy = sums.data();
   const double* sdyx = sums.data() + c;
@@ -433,26 +462,28 @@ void backward_cl_impl(BatchNormShape s, const T* dy, const T* x, const T* mean, 
     k2[k] = static_cast<T>(-wc * is * is * is * sdyx[k] / count);
     k3[k] = static_cast<T>(-wc * is * sdy[k] / count);
   }
-  if (!dx) return;
+  if (!dx && !dres) return;
   cl_rows(rows, c, [&](int64_t r) {
-    cl_dx<T, Relu>(dy + r * c, x + r * c, mean, sp, hp, k1.data(), k2.data(), k3.data(), c, dx + r * c);
+    cl_dx<T, Relu>(dy + r * c, x + r * c, mean, sp, hp, res ? res + r * c : nullptr, k1.data(), k2.data(),
+                   k3.data(), c, dx ? dx + r * c : nullptr, dres ? dres + r * c : nullptr);
   });
 }
 
 template <typename T>
 void backward_cl(BatchNormShape s, const T* dy, const T* x, const T* mean, const T* invstd, const T* w, const T* b,
-                 T* dx, T* dw, T* db) {
+                 const T* res, T* dx, T* dw, T* db, T* dres) {
   if (s.relu) {
-    backward_cl_impl<T, true>(s, dy, x, mean, invstd, w, b, dx, dw, db);
+    backward_cl_impl<T, true>(s, dy, x, mean, invstd, w, b, res, dx, dw, db, dres);
   } else {
-    backward_cl_impl<T, false>(s, dy, x, mean, invstd, w, b, dx, dw, db);
+    backward_cl_impl<T, false>(s, dy, x, mean, invstd, w, b, res, dx, dw, db, dres);
   }
 }
 
 template <typename T>
-void forward_any(BatchNormShape s, const T* x, const T* w, const T* b, double eps, T* y, T* mean, T* invstd, T* var) {
+void forward_any(BatchNormShape s, const T* x, const T* w, const T* b, const T* res, double eps, T* y, T* mean,
+                 T* invstd, T* var) {
   if (s.channels_last) {
-    forward_cl(s, x, w, b, eps, y, mean, invstd, var);
+    forward_cl(s, x, w, b, res, eps, y, mean, invstd, var);
   } else {
     forward_impl(s, x, w, b, eps, y, mean, invstd, var);
   }
@@ -460,9 +491,9 @@ void forward_any(BatchNormShape s, const T* x, const T* w, const T* b, double ep
 
 template <typename T>
 void backward_any(BatchNormShape s, const T* dy, const T* x, const T* mean, const T* invstd, const T* w, const T* b,
-                  T* dx, T* dw, T* db) {
+                  const T* res, T* dx, T* dw, T* db, T* dres) {
   if (s.channels_last) {
-    backward_cl(s, dy, x, mean, invstd, w, b, dx, dw, db);
+    backward_cl(s, dy, x, mean, invstd, w, b, res, dx, dw, db, dres);
   } else {
     backward_impl(s, dy, x, mean, invstd, w, dx, dw, db);
   }
@@ -471,35 +502,38 @@ void backward_any(BatchNormShape s, const T* dy, const T* x, const T* mean, cons
 }  // namespace
 
 void batch_norm_train_forward(DType dt, BatchNormShape s, const void* x, const void* weight, const void* bias,
-                              double eps, void* y, void* mean, void* invstd, void* var) {
+                              double eps, void* y, void* mean, void* invstd, void* var, const void* residual) {
   KILN_ASSERT(dt == kFloat32 || dt == kFloat64, "batch_norm kernel called with dtype ", dtype_name(dt));
   KILN_ASSERT(s.channels_last || !s.relu, "batch_norm kernel: the fused ReLU is channels-last only");
+  KILN_ASSERT(s.relu || !residual, "batch_norm kernel: a residual comes with the ReLU");
   if (dt == kFloat32) {
     forward_any(s, static_cast<const float*>(x), static_cast<const float*>(weight), static_cast<const float*>(bias),
-                 eps, static_cast<float*>(y), static_cast<float*>(mean), static_cast<float*>(invstd),
-                 static_cast<float*>(var));
+                static_cast<const float*>(residual), eps, static_cast<float*>(y), static_cast<float*>(mean),
+                static_cast<float*>(invstd), static_cast<float*>(var));
   } else {
     forward_any(s, static_cast<const double*>(x), static_cast<const double*>(weight),
-                 static_cast<const double*>(bias), eps, static_cast<double*>(y), static_cast<double*>(mean),
-                 static_cast<double*>(invstd), static_cast<double*>(var));
+                static_cast<const double*>(bias), static_cast<const double*>(residual), eps,
+                static_cast<double*>(y), static_cast<double*>(mean), static_cast<double*>(invstd),
+                static_cast<double*>(var));
   }
 }
 
 void batch_norm_train_backward(DType dt, BatchNormShape s, const void* dy, const void* x, const void* mean,
                                const void* invstd, const void* weight, void* dx, void* dweight, void* dbias,
-                               const void* bias) {
+                               const void* bias, const void* residual, void* dresidual) {
   KILN_ASSERT(dt == kFloat32 || dt == kFloat64, "batch_norm backward kernel called with dtype ", dtype_name(dt));
   KILN_ASSERT(s.channels_last || !s.relu, "batch_norm backward kernel: the fused ReLU is channels-last only");
+  KILN_ASSERT(s.relu || (!residual && !dresidual), "batch_norm backward kernel: a residual comes with the ReLU");
   if (dt == kFloat32) {
     backward_any(s, static_cast<const float*>(dy), static_cast<const float*>(x), static_cast<const float*>(mean),
                  static_cast<const float*>(invstd), static_cast<const float*>(weight),
-                 static_cast<const float*>(bias), static_cast<float*>(dx), static_cast<float*>(dweight),
-                 static_cast<float*>(dbias));
+                 static_cast<const float*>(bias), static_cast<const float*>(residual), static_cast<float*>(dx),
+                 static_cast<float*>(dweight), static_cast<float*>(dbias), static_cast<float*>(dresidual));
   } else {
     backward_any(s, static_cast<const double*>(dy), static_cast<const double*>(x), static_cast<const double*>(mean),
                  static_cast<const double*>(invstd), static_cast<const double*>(weight),
-                 static_cast<const double*>(bias), static_cast<double*>(dx), static_cast<double*>(dweight),
-                 static_cast<double*>(dbias));
+                 static_cast<const double*>(bias), static_cast<const double*>(residual), static_cast<double*>(dx),
+                 static_cast<double*>(dweight), static_cast<double*>(dbias), static_cast<double*>(dresidual));
   }
 }
 
