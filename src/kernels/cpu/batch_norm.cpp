@@ -210,11 +210,15 @@ void cl_block_sums(int64_t rows, int64_t width, double* out, BlockSum&& block_su
   }
 }
 
-// row(r) for every row, rows split over threads.
+// f(r0, r1) over blocks of kRowBlock rows, split over threads: the
+// elementwise passes walk a block channel vector by channel vector, keeping
+// that vector's per-channel constants in registers.
 template <typename F>
-void cl_rows(int64_t rows, int64_t c, F&& row) {
-  parallel_for(rows, std::max<int64_t>(1, kGrainSize / std::max<int64_t>(1, c)), [&](int64_t r0, int64_t r1) {
-    for (int64_t r = r0; r < r1; ++r) row(r);
+void cl_row_blocks(int64_t rows, int64_t c, F&& f) {
+  const int64_t blocks = (rows + kRowBlock - 1) / kRowBlock;
+  const int64_t grain = std::max<int64_t>(1, kGrainSize / std::max<int64_t>(1, kRowBlock * c));
+  parallel_for(blocks, grain, [&](int64_t b0, int64_t b1) {
+    for (int64_t b = b0; b < b1; ++b) f(b * kRowBlock, std::min(rows, (b + 1) * kRowBlock));
   });
 }
 
@@ -337,30 +341,38 @@ void cl_dy_sums(const T* dy, const T* x, const T* m, const T* scale, const T* sh
   }
 }
 
-// out[k] = pre_relu(x[k]), or with Relu relu(pre_relu(x[k]) + res[k]) (res may be null).
+// Rows [r0, r1): out = pre_relu(x), or with Relu relu(pre_relu(x) + res) (res may be null).
 template <typename T, bool Relu>
-void cl_affine(const T* x, const T* m, const T* scale, const T* shift, const T* res, int64_t c, T* out) {
+void cl_affine(const T* x, const T* m, const T* scale, const T* shift, const T* res, int64_t c, int64_t r0,
+               int64_t r1, T* out) {
   using L = Lanes<T>;
   using V = typename L::V;
   constexpr int64_t W = L::kWidth;
   if (c % W == 0) {
     for (int64_t k = 0; k < c; k += W) {
-      V y = pre_relu(L::load(x + k), L::load(m + k), L::load(scale + k), L::load(shift + k));
-      if constexpr (Relu) {
-        if (res) y += L::load(res + k);
-        y = y > 0 ? y : V{};
+      const V mv = L::load(m + k), sv = L::load(scale + k), hv = L::load(shift + k);
+      for (int64_t r = r0; r < r1; ++r) {
+        const int64_t i = r * c + k;
+        V y = pre_relu(L::load(x + i), mv, sv, hv);
+        if constexpr (Relu) {
+          if (res) y += L::load(res + i);
+          y = y > 0 ? y : V{};
+        }
+        store(out + i, y);
       }
-      store(out + k, y);
     }
     return;
   }
-  for (int64_t k = 0; k < c; ++k) {
-    T y = pre_relu(x[k], m[k], scale[k], shift[k]);
-    if constexpr (Relu) {
-      if (res) y += res[k];
-      y = y > 0 ? y : T(0);
+  for (int64_t r = r0; r < r1; ++r) {
+    for (int64_t k = 0; k < c; ++k) {
+      const int64_t i = r * c + k;
+      T y = pre_relu(x[i], m[k], scale[k], shift[k]);
+      if constexpr (Relu) {
+        if (res) y += res[i];
+        y = y > 0 ? y : T(0);
+      }
+      out[i] = y;
     }
-    out[k] = y;
   }
 }
 
@@ -368,33 +380,45 @@ void cl_affine(const T* x, const T* m, const T* scale, const T* shift, const T* 
 // masked as in cl_dy_sums; dx and dres may each be null (not wanted).
 template <typename T, bool Relu>
 void cl_dx(const T* dy, const T* x, const T* m, const T* scale, const T* shift, const T* res, const T* k1,
-           const T* k2, const T* k3, int64_t c, T* out, T* dres) {
+           const T* k2, const T* k3, int64_t c, int64_t r0, int64_t r1, T* out, T* dres) {
   using L = Lanes<T>;
   using V = typename L::V;
   constexpr int64_t W = L::kWidth;
   if (c % W == 0) {
     for (int64_t k = 0; k < c; k += W) {
-      const V xv = L::load(x + k), mv = L::load(m + k);
-      V g = L::load(dy + k);
+      const V mv = L::load(m + k), k1v = L::load(k1 + k), k2v = L::load(k2 + k), k3v = L::load(k3 + k);
+      V sv = {}, hv = {};
       if constexpr (Relu) {
-        V pre = pre_relu(xv, mv, L::load(scale + k), L::load(shift + k));
-        if (res) pre += L::load(res + k);
-        g = pre > 0 ? g : V{};
+        sv = L::load(scale + k);
+        hv = L::load(shift + k);
       }
-      if (dres) store(dres + k, g);
-      if (out) store(out + k, g * L::load(k1 + k) + (xv - mv) * L::load(k2 + k) + L::load(k3 + k));
+      for (int64_t r = r0; r < r1; ++r) {
+        const int64_t i = r * c + k;
+        const V xv = L::load(x + i);
+        V g = L::load(dy + i);
+        if constexpr (Relu) {
+          V pre = pre_relu(xv, mv, sv, hv);
+          if (res) pre += L::load(res + i);
+          g = pre > 0 ? g : V{};
+        }
+        if (dres) store(dres + i, g);
+        if (out) store(out + i, g * k1v + (xv - mv) * k2v + k3v);
+      }
     }
     return;
   }
-  for (int64_t k = 0; k < c; ++k) {
-    T g = dy[k];
-    if constexpr (Relu) {
-      T pre = pre_relu(x[k], m[k], scale[k], shift[k]);
-      if (res) pre += res[k];
-      g = pre > 0 ? g : T(0);
+  for (int64_t r = r0; r < r1; ++r) {
+    for (int64_t k = 0; k < c; ++k) {
+      const int64_t i = r * c + k;
+      T g = dy[i];
+      if constexpr (Relu) {
+        T pre = pre_relu(x[i], m[k], scale[k], shift[k]);
+        if (res) pre += res[i];
+        g = pre > 0 ? g : T(0);
+      }
+      if (dres) dres[i] = g;
+      if (out) out[i] = g * k1[k] + (x[i] - m[k]) * k2[k] + k3[k];
     }
-    if (dres) dres[k] = g;
-    if (out) out[k] = g * k1[k] + (x[k] - m[k]) * k2[k] + k3[k];
   }
 }
 
@@ -426,11 +450,9 @@ void forward_cl(BatchNormShape s, const T* x, const T* w, const T* b, const T* r
   }
   const T *mp = m.data(), *sp = scale.data(), *hp = shift.data();
   if (s.relu) {
-    cl_rows(rows, c, [&](int64_t r) {
-      cl_affine<T, true>(x + r * c, mp, sp, hp, res ? res + r * c : nullptr, c, y + r * c);
-    });
+    cl_row_blocks(rows, c, [&](int64_t r0, int64_t r1) { cl_affine<T, true>(x, mp, sp, hp, res, c, r0, r1, y); });
   } else {
-    cl_rows(rows, c, [&](int64_t r) { cl_affine<T, false>(x + r * c, mp, sp, hp, nullptr, c, y + r * c); });
+    cl_row_blocks(rows, c, [&](int64_t r0, int64_t r1) { cl_affine<T, false>(x, mp, sp, hp, nullptr, c, r0, r1, y); });
   }
 }
 
@@ -463,9 +485,8 @@ void backward_cl_impl(BatchNormShape s, const T* dy, const T* x, const T* mean, 
     k3[k] = static_cast<T>(-wc * is * sdy[k] / count);
   }
   if (!dx && !dres) return;
-  cl_rows(rows, c, [&](int64_t r) {
-    cl_dx<T, Relu>(dy + r * c, x + r * c, mean, sp, hp, res ? res + r * c : nullptr, k1.data(), k2.data(),
-                   k3.data(), c, dx ? dx + r * c : nullptr, dres ? dres + r * c : nullptr);
+  cl_row_blocks(rows, c, [&](int64_t r0, int64_t r1) {
+    cl_dx<T, Relu>(dy, x, mean, sp, hp, res, k1.data(), k2.data(), k3.data(), c, r0, r1, dx, dres);
   });
 }
 
