@@ -226,6 +226,21 @@ TEST(ChannelsLast, BatchNormTrainKernelMatchesNchw) {
   }
 }
 
+// A large mean and a small spread: the one-pass block moments (each block
+// centred on its own mean, combined exactly in double) keep float32 variance
+// as accurate as the NCHW kernel's two global passes.
+TEST(ChannelsLast, BatchNormTrainVarianceWithALargeMean) {
+  manual_seed(14);
+  const Tensor x64 = randn({8, 16, 20, 20}, kFloat64) * 0.01 + 1000.0;
+  const Tensor x = x64.to(kFloat32);
+  const Tensor want = x.to(kFloat64).var({0, 2, 3}, 0);  // the float32 data's exact variance
+  for (int cl = 0; cl < 2; ++cl) {
+    const ops::BatchNormResult r = ops::batch_norm_train(cl ? to_cl(x) : x, Tensor(), Tensor(), 1e-5);
+    const test::Comparison c = test::compare_tensors(r.var.to(kFloat64), want, 1e-4, 0);
+    EXPECT_TRUE(c.ok) << (cl ? "channels-last: " : "NCHW: ") << c.message;
+  }
+}
+
 TEST(ChannelsLast, BatchNormTrainChannelsLastGradcheck) {
   manual_seed(11);
   const Tensor x = to_cl(randn({3, 8, 2, 3}, kFloat64)).requires_grad_(true);

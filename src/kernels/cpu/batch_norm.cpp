@@ -253,37 +253,6 @@ void cl_sum(const T* x, int64_t c, int64_t r0, int64_t r1, T* acc) {
   }
 }
 
-// acc[k] += sum over rows of (x[r, k] - m[k])^2.
-template <typename T>
-void cl_sqdev(const T* x, const T* m, int64_t c, int64_t r0, int64_t r1, T* acc) {
-  using L = Lanes<T>;
-  constexpr int64_t W = L::kWidth;
-  if (c % W == 0) {
-    for (int64_t j = 0; j < c; j += W) {
-      const typename L::V mv = L::load(m + j);
-      typename L::V a0 = {}, a1 = {};
-      int64_t r = r0;
-      for (; r + 1 < r1; r += 2) {
-        const typename L::V d0 = L::load(x + r * c + j) - mv, d1 = L::load(x + (r + 1) * c + j) - mv;
-        a0 += d0 * d0;
-        a1 += d1 * d1;
-      }
-      if (r < r1) {
-        const typename L::V d = L::load(x + r * c + j) - mv;
-        a0 += d * d;
-      }
-      store(acc + j, a0 + a1);
-    }
-    return;
-  }
-  for (int64_t r = r0; r < r1; ++r) {
-    for (int64_t k = 0; k < c; ++k) {
-      const T d = x[r * c + k] - m[k];
-      acc[k] += d * d;
-    }
-  }
-}
-
 // The fused ReLU's mask: y = (x - m) * scale + shift before the ReLU, written
 // once here and used by the forward and by the backward's recomputation, so
 // both round alike and the backward's mask is exactly the forward's y > 0.
@@ -429,17 +398,95 @@ T bn_scale(T invstd, const T* w, int64_t k) {
   return static_cast<T>(w ? static_cast<double>(invstd) * static_cast<double>(w[k]) : static_cast<double>(invstd));
 }
 
+// acc[k] += sum (x[r, k] - m[k]), acc[c + k] += sum (x[r, k] - m[k])^2.
+template <typename T>
+void cl_dev_moments(const T* x, const T* m, int64_t c, int64_t r0, int64_t r1, T* acc) {
+  using L = Lanes<T>;
+  constexpr int64_t W = L::kWidth;
+  if (c % W == 0) {
+    for (int64_t j = 0; j < c; j += W) {
+      const typename L::V mv = L::load(m + j);
+      typename L::V d1 = {}, d2 = {};
+      for (int64_t r = r0; r < r1; ++r) {
+        const typename L::V d = L::load(x + r * c + j) - mv;
+        d1 += d;
+        d2 += d * d;
+      }
+      store(acc + j, d1);
+      store(acc + c + j, d2);
+    }
+    return;
+  }
+  for (int64_t r = r0; r < r1; ++r) {
+    for (int64_t k = 0; k < c; ++k) {
+      const T d = x[r * c + k] - m[k];
+      acc[k] += d;
+      acc[c + k] += d * d;
+    }
+  }
+}
+
+// Per-channel mean and sum of squared deviations (M2) over all rows in one
+// pass over memory: each block of kRowBlock rows is summed for a provisional
+// centre m_b (its mean, rounded to T), then (in L1 by now) its deviations
+// from m_b give D_b = sum (x - m_b) and Q_b = sum (x - m_b)^2, small numbers
+// that float arithmetic keeps accurate however large the mean. The blocks
+// combine in double, in block order: mu = sum_b (n_b m_b + D_b) / n and
+//   M2 = sum_b [Q_b + 2 (m_b - mu) D_b + n_b (m_b - mu)^2],
+// the exact expansion of sum (x - mu)^2 over block b. Two global passes (the
+// NCHW kernel's) would read x twice.
+template <typename T>
+void cl_moments(const T* x, int64_t rows, int64_t c, double* mu, double* m2) {
+  const int64_t blocks = (rows + kRowBlock - 1) / kRowBlock;
+  std::vector<double> part(static_cast<size_t>(blocks * 3 * c));  // per block: m_b, D_b, Q_b
+  const int64_t grain = std::max<int64_t>(1, kGrainSize / std::max<int64_t>(1, kRowBlock * c));
+  parallel_for(blocks, grain, [&](int64_t b0, int64_t b1) {
+    std::vector<T> acc(static_cast<size_t>(2 * c)), bm(static_cast<size_t>(c));
+    for (int64_t b = b0; b < b1; ++b) {
+      std::fill(acc.begin(), acc.end(), T(0));
+      const int64_t r0 = b * kRowBlock, r1 = std::min(rows, r0 + kRowBlock);
+      const double nb = static_cast<double>(r1 - r0);
+      cl_sum(x, c, r0, r1, acc.data());
+      for (int64_t k = 0; k < c; ++k) bm[k] = static_cast<T>(static_cast<double>(acc[k]) / nb);
+      std::fill(acc.begin(), acc.end(), T(0));
+      cl_dev_moments(x, bm.data(), c, r0, r1, acc.data());
+      double* pb = part.data() + b * 3 * c;
+      for (int64_t k = 0; k < c; ++k) {
+        pb[k] = static_cast<double>(bm[k]);
+        pb[c + k] = static_cast<double>(acc[k]);
+        pb[2 * c + k] = static_cast<double>(acc[c + k]);
+      }
+    }
+  });
+  const double n = static_cast<double>(rows);
+  for (int64_t k = 0; k < c; ++k) {
+    double sum = 0;
+    for (int64_t b = 0; b < blocks; ++b) {
+      const double* pb = part.data() + b * 3 * c;
+      const double nb = static_cast<double>(std::min(rows, (b + 1) * kRowBlock) - b * kRowBlock);
+      sum += nb * pb[k] + pb[c + k];
+    }
+    mu[k] = sum / n;
+    double q = 0;
+    for (int64_t b = 0; b < blocks; ++b) {
+      const double* pb = part.data() + b * 3 * c;
+      const double nb = static_cast<double>(std::min(rows, (b + 1) * kRowBlock) - b * kRowBlock);
+      const double d = pb[k] - mu[k];
+      q += pb[2 * c + k] + 2 * d * pb[c + k] + nb * d * d;
+    }
+    m2[k] = std::max(q, 0.0);
+  }
+}
+
 template <typename T>
 void forward_cl(BatchNormShape s, const T* x, const T* w, const T* b, const T* res, double eps, T* y, T* mean,
                 T* invstd, T* var) {
   const int64_t rows = s.n * s.inner, c = s.c;
   const double count = static_cast<double>(rows);
-  std::vector<double> sum(static_cast<size_t>(c)), sq(static_cast<size_t>(c));
-  cl_block_sums<T>(rows, c, sum.data(), [&](int64_t r0, int64_t r1, T* acc) { cl_sum(x, c, r0, r1, acc); });
+  std::vector<double> mu(static_cast<size_t>(c)), sq(static_cast<size_t>(c));
+  cl_moments(x, rows, c, mu.data(), sq.data());
   std::vector<T> m(static_cast<size_t>(c)), scale(static_cast<size_t>(c)), shift(static_cast<size_t>(c));
-  for (int64_t k = 0; k < c; ++k) m[k] = static_cast<T>(sum[k] / count);
-  cl_block_sums<T>(rows, c, sq.data(),
-                   [&](int64_t r0, int64_t r1, T* acc) { cl_sqdev(x, m.data(), c, r0, r1, acc); });
+  for (int64_t k = 0; k < c; ++k) m[k] = static_cast<T>(mu[k]);
   for (int64_t k = 0; k < c; ++k) {
     const double v = sq[k] / count;
     mean[k] = m[k];
