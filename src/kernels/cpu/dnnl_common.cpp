@@ -113,6 +113,18 @@ void rethrow(const dnnl::error& e, const char* what) {
 
 int64_t max_threads() { return omp_get_max_threads(); }
 
+SerialScope::SerialScope(bool serial) {
+  if (!serial || omp_in_parallel()) return;
+  const int n = omp_get_max_threads();
+  if (n <= 1) return;
+  saved_ = n;
+  omp_set_num_threads(1);
+}
+
+SerialScope::~SerialScope() {
+  if (saved_) omp_set_num_threads(saved_);
+}
+
 }  // namespace kiln::kernels::dnnl_detail
 
 namespace kiln::kernels {

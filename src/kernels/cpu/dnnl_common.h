@@ -141,4 +141,23 @@ void execute(const dnnl::primitive& p, std::initializer_list<Arg> args);
 /// OpenMP's current thread budget (part of every key).
 int64_t max_threads();
 
+/// Runs the oneDNN calls inside it on the calling thread alone when `serial`:
+/// for problems of a few microseconds, where an OpenMP fork and join costs
+/// more than a second thread saves (the tiny workload took 16.7 us a step at
+/// 2 threads against 14.4 at 1). Primitives created inside plan for one
+/// thread and are cached under max_threads() = 1, apart from the others.
+class SerialScope {
+ public:
+  explicit SerialScope(bool serial);
+  ~SerialScope();
+  SerialScope(const SerialScope&) = delete;
+  SerialScope& operator=(const SerialScope&) = delete;
+
+ private:
+  int saved_ = 0;  // the thread budget to restore; 0 when nothing changed
+};
+
+/// Multiply-adds below which a matmul or convolution runs serially.
+inline constexpr int64_t kSerialMacs = int64_t{1} << 17;
+
 }  // namespace kiln::kernels::dnnl_detail

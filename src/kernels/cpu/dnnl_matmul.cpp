@@ -92,6 +92,7 @@ MatmulEntry* get_entry(const MatmulArgs& g, const OperandLayout& la, const Opera
 }
 
 void dnnl_matmul(const MatmulArgs& g) {
+  const SerialScope serial(g.batch * g.m * g.n * g.k < kSerialMacs);
   const OperandLayout la = operand_layout(g.a, g.batch, g.m, g.k);
   const OperandLayout lb = operand_layout(g.b, g.batch, g.k, g.n);
   MatmulEntry* e = get_entry(g, la, lb);
