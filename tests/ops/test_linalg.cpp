@@ -243,15 +243,26 @@ TEST(Linalg, PrimitiveCacheReusesPrimitives) {
   (void)linear(a, b.t(), bias);
   EXPECT_EQ(kernels::dnnl_primitives_created(), after_linear);
   // The thread count is part of the key: oneDNN plans its work split at creation.
+  // A product under 2^17 multiply-adds runs on one thread whatever the
+  // setting (no OpenMP fork for microseconds of work), so its primitive is shared.
   const int threads = get_num_threads();
+  const Tensor big_a = seq({64, 64}, 3, 1), big_b = seq({64, 48}, 5, 2);  // 196608 multiply-adds
+  set_num_threads(2);
+  const Tensor r5 = mm(big_a, big_b);
+  (void)mm(a, b);
+  const int64_t at_two = kernels::dnnl_primitives_created();
   set_num_threads(1);
   const Tensor r4 = mm(a, b);
+  EXPECT_EQ(kernels::dnnl_primitives_created(), at_two) << "a small product is serial at any thread count";
+  const Tensor r6 = mm(big_a, big_b);
+  EXPECT_EQ(kernels::dnnl_primitives_created(), at_two + 1) << "a larger one plans per thread count";
   set_num_threads(threads);
-  EXPECT_EQ(kernels::dnnl_primitives_created(), after_linear + 1);
   expect_close(r4, r1, 0, 0, "one thread");
+  expect_close(r6, r5, 1e-6, 1e-6, "one thread, larger");
   kernels::dnnl_clear_cache();
+  const int64_t cleared = kernels::dnnl_primitives_created();
   (void)mm(a, b);
-  EXPECT_EQ(kernels::dnnl_primitives_created(), after_linear + 2);
+  EXPECT_EQ(kernels::dnnl_primitives_created(), cleared + 1);
 }
 
 TEST(Linalg, Float16ComputesInFloat32) {
