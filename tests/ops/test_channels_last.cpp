@@ -8,6 +8,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <functional>
 #include <limits>
 #include <string>
 
@@ -372,6 +373,63 @@ TEST(ChannelsLast, BatchNormForwardReluKeepsHooks) {
   ASSERT_TRUE(seen.defined());
   EXPECT_GT((seen < 0).sum().item<int64_t>(), 0) << "the hook sees batch norm's output, before the ReLU";
   expect_equal(hooked, seen.relu(), 0, "hooked");
+}
+
+// The ops a conv net puts after a conv, given the channels-last tensor a conv
+// now returns: the same values and gradients as from the NCHW tensor (any
+// kernel that read its input as row-major without asking would differ).
+TEST(ChannelsLast, FollowUpOpsAgreeWithNchwInputs) {
+  manual_seed(15);
+  const Tensor x0 = randn({2, 16, 5, 6});
+  const Tensor target = randint(0, 16, {2, 5, 6}, TensorOptions(kInt64));
+  const Tensor index = randint(0, 16, {2, 3, 5, 6}, TensorOptions(kInt64));
+  const Tensor pick = tensor(std::vector<int64_t>{3, 0, 15});
+  nn::GroupNorm gn(nn::GroupNormOptions{.num_groups = 4, .num_channels = 16});
+  nn::LayerNorm ln(nn::LayerNormOptions{.normalized_shape = {5, 6}});
+  const struct {
+    const char* name;
+    std::function<Tensor(const Tensor&)> f;
+  } cases[] = {
+      {"softmax(1)", [](const Tensor& x) { return x.softmax(1); }},
+      {"log_softmax(1)", [](const Tensor& x) { return x.log_softmax(1); }},
+      {"softmax(-1)", [](const Tensor& x) { return x.softmax(-1); }},
+      {"sum(1)", [](const Tensor& x) { return x.sum({1}); }},
+      {"mean(2,3)", [](const Tensor& x) { return x.mean({2, 3}); }},
+      {"var(0,2,3)", [](const Tensor& x) { return x.var({0, 2, 3}); }},
+      {"amax(1)", [](const Tensor& x) { return x.amax({1}); }},
+      {"max_pool2d", [](const Tensor& x) { return max_pool2d(x, {2, 2}); }},
+      {"avg_pool2d", [](const Tensor& x) { return avg_pool2d(x, {2, 2}); }},
+      {"adaptive_avg_pool2d", [](const Tensor& x) { return adaptive_avg_pool2d(x, {2, 3}); }},
+      {"cross_entropy (spatial)", [&](const Tensor& x) { return nn::F::cross_entropy(x, target); }},
+      {"nll_loss (spatial)", [&](const Tensor& x) { return nn::F::nll_loss(x.log_softmax(1), target); }},
+      {"mse_loss", [](const Tensor& x) { return nn::F::mse_loss(x, x.detach() * 0.5); }},
+      {"group_norm", [&](const Tensor& x) { return gn(x); }},
+      {"layer_norm", [&](const Tensor& x) { return ln(x); }},
+      {"cat(1)", [](const Tensor& x) { return cat({x, x * 2}, 1); }},
+      {"stack", [](const Tensor& x) { return stack({x, x}, 0); }},
+      {"flatten(1)", [](const Tensor& x) { return x.flatten(1); }},
+      {"gelu", [](const Tensor& x) { return x.gelu("tanh"); }},
+      {"sigmoid", [](const Tensor& x) { return x.sigmoid(); }},
+      {"silu", [](const Tensor& x) { return x.silu(); }},
+      {"gather(1)", [&](const Tensor& x) { return x.gather(1, index); }},
+      {"index_select(1)", [&](const Tensor& x) { return x.index_select(1, pick); }},
+      {"matmul", [](const Tensor& x) { return matmul(x, x.transpose(-1, -2)); }},
+      {"linear over W", [](const Tensor& x) { return linear(x, x.select(0, 0).select(0, 0), Tensor()); }},
+  };
+  for (const auto& c : cases) {
+    Tensor out[2], grad[2];
+    for (int cl = 0; cl < 2; ++cl) {
+      const Tensor x = (cl ? to_cl(x0) : x0).detach().requires_grad_(true);
+      const Tensor y = c.f(x);
+      manual_seed(16);
+      const Tensor g = randn(y.sizes());
+      (y * g).sum().backward();
+      out[cl] = y;
+      grad[cl] = x.grad();
+    }
+    expect_equal(out[1], out[0], 1e-5, std::string(c.name) + " value");
+    expect_equal(grad[1], grad[0], 1e-5, std::string(c.name) + " gradient");
+  }
 }
 
 TEST(ChannelsLast, MaxPoolKeepsTheLayoutAndFallsBackForNaN) {
