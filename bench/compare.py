@@ -43,6 +43,31 @@ STEPS = {"tiny": 500, "mlp": 100, "cnn": 60, "resnet": 60, "gpt": 50, "gpt_infer
 QUICK_STEPS = 3  # per workload, all in one process per framework
 TARGETS = {"tiny": 0.2, "mlp": 0.7, "cnn": 0.6, "resnet": 0.6, "gpt": 0.55, "gpt_infer": 0.5}
 GPT_PEAK_TARGET = 0.65
+
+
+def _mlp_matmul_flops(batch, sizes):
+    # forward and weight gradients of every layer; input gradients of all but the first
+    # (the batch needs none)
+    pairs = list(zip(sizes[:-1], sizes[1:]))
+    fwd = sum(2 * batch * i * o for i, o in pairs)
+    return 2 * fwd + sum(2 * batch * i * o for i, o in pairs[1:])
+
+
+def _gpt_forward_matmul_flops(tokens, seq, layers=4, d=256, d_ff=1024, vocab=256):
+    # per layer: qkv, attention projection, the MLP's two linears; then the LM head; attention
+    # QK^T and AV over the full T x T (as credited; a causal kernel skips about half)
+    linears = 2 * tokens * (d * 3 * d + d * d + 2 * d * d_ff)
+    attention = 2 * 2 * tokens * seq * d
+    return layers * (linears + attention) + 2 * tokens * d * vocab
+
+
+# Multiply-add FLOPs of the matmuls one step does: the float32 floor is these at the
+# run's measured matmul peak. A target below its floor cannot be met in float32.
+MATMUL_FLOPS = {
+    "mlp": _mlp_matmul_flops(128, [784, 512, 512, 10]),
+    "gpt": 3 * _gpt_forward_matmul_flops(16 * 128, 128),
+    "gpt_infer": _gpt_forward_matmul_flops(128, 128),
+}
 TUNABLES = ("glibc.malloc.hugetlb=1:glibc.malloc.mmap_threshold=4294967296:"
             "glibc.malloc.trim_threshold=4294967296")
 TORCH_CONFIGS = ["installed", "tunables", "avx512"]
@@ -228,6 +253,10 @@ def build_report(a, results, info):
                 row["torch_gflops"] = kiln.flops / torch[best].median() / 1e6
                 row["kiln_fraction_of_peak"] = row["kiln_gflops"] / peak
                 row["torch_fraction_of_peak"] = row["torch_gflops"] / peak
+            if w in MATMUL_FLOPS:
+                row["matmul_flops_per_step"] = MATMUL_FLOPS[w]
+                row["f32_floor_ms"] = MATMUL_FLOPS[w] / peak / 1e6
+                row["target_ms"] = TARGETS[w] * torch[best].median()
             lk, lt = kiln.loss_first, torch[best].loss_first
             row["loss_first_agree"] = abs(lk - lt) <= LOSS_RTOL * max(abs(lt), 1e-6)
             if not row["loss_first_agree"]:
@@ -297,7 +326,20 @@ def markdown(a, rows, results, info):
             out.append("| %d | %.1f | %.1f | %.0f%% | %.1f | %.0f%% |" % (
                 r["threads"], r["f32_matmul_peak_gflops"], r["kiln_gflops"], 100 * r["kiln_fraction_of_peak"],
                 r["torch_gflops"], 100 * r["torch_fraction_of_peak"]))
-    else:
+    floor = [r for r in rows if "f32_floor_ms" in r]
+    if floor:
+        out.append("")
+        out.append("float32 floor: the time the matmul FLOPs of a step take at this run's measured f32 matmul "
+                   "peak (a float32 step cannot be much faster); target time = target ratio × PyTorch's best.")
+        out.append("")
+        out.append("| workload | threads | matmul GFLOP / step | f32 floor | target time | kiln | kiln / floor |")
+        out.append("|---|---|---|---|---|---|---|")
+        for r in floor:
+            out.append("| %s | %d | %.3f | %s | %s%s | %s | %.2f |" % (
+                r["workload"], r["threads"], r["matmul_flops_per_step"] / 1e9, fmt_time(r["f32_floor_ms"]),
+                fmt_time(r["target_ms"]), " (below the floor)" if r["target_ms"] < r["f32_floor_ms"] else "",
+                fmt_time(r["kiln"]["median_ms"]), r["kiln"]["median_ms"] / r["f32_floor_ms"]))
+    if not gpt:
         out.append("")
         out.append("f32 matmul peak (kiln sgemm probe): " + ", ".join(
             "%.1f GFLOP/s at %d thread(s)" % (max(results[t]["peak"]), t) for t in a.threads
