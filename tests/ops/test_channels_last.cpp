@@ -33,15 +33,7 @@ void expect_equal(const Tensor& got, const Tensor& want, double tol = 0, const s
   EXPECT_TRUE(c.ok) << what << ": " << c.message;
 }
 
-template <typename F>
-std::string error_message(F&& f) {
-  try {
-    f();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "<no error>";
-}
+using test::error_message;
 
 TEST(MemoryFormat, PredicatesFollowTorch) {
   const Tensor x = randn({2, 3, 4, 5});

@@ -16,6 +16,7 @@
 
 #include "kiln/kernels/dnnl.h"
 #include "dense_test_util.h"
+#include "support/test_util.h"
 #include "kiln/kiln.h"
 #include "kiln/ops/conv.h"
 
@@ -29,15 +30,7 @@ using test::seq;
 using test::to_doubles;
 
 
-template <typename F>
-std::string error_message(F&& f) {
-  try {
-    f();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "<no error>";
-}
+using test::error_message;
 
 bool contains(const std::string& s, const std::string& part) { return s.find(part) != std::string::npos; }
 

@@ -15,6 +15,7 @@
 #include "kiln/kernels/blas.h"
 #include "kiln/kernels/dnnl.h"
 #include "dense_test_util.h"
+#include "support/test_util.h"
 #include "kiln/kiln.h"
 #include "kiln/ops/linalg.h"
 #include "support/oracle.h"
@@ -34,15 +35,7 @@ using test::to_doubles;
 double rtol_for(DType dt) { return dt == kBFloat16 ? 1.6e-2 : dt == kFloat16 ? 1e-3 : 1e-6; }
 double atol_for(DType dt) { return dt == kBFloat16 ? 2e-2 : dt == kFloat16 ? 1e-3 : 1e-6; }
 
-template <typename F>
-std::string error_message(F&& f) {
-  try {
-    f();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "<no error>";
-}
+using test::error_message;
 
 // clang-format off
 // Mm: shape [3, 2]

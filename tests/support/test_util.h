@@ -8,9 +8,21 @@
 #include <string>
 #include <vector>
 
+#include "kiln/core/error.h"
 #include "kiln/core/tensor.h"
 
 namespace kiln::test {
+
+/// The message of the kiln::Error that f() throws, or "<no error>".
+template <typename F>
+std::string error_message(F&& f) {
+  try {
+    f();
+  } catch (const Error& e) {
+    return e.what();
+  }
+  return "<no error>";
+}
 
 /// The interpreter with torch 1.13 (Debian's python3-torch); NOT `python3` on PATH.
 inline constexpr const char* kPython = "/usr/bin/python3";
