@@ -32,8 +32,8 @@ kernels::LoopSpec make_loop(IntArrayRef shape, std::initializer_list<const Tenso
   // Loop dim i (innermost first) visits shape dim nd - 1 - order[i].
   int order[kernels::kMaxLoopDims];
   for (int d = 0; d < nd; ++d) order[d] = d;
-  const Tensor* first = *operands.begin();
-  if (nd == 4 && first->dim() == 4 && suggest_memory_format(*first) == MemoryFormat::ChannelsLast) {
+  const Tensor* first = operands.size() > 0 ? *operands.begin() : nullptr;
+  if (nd == 4 && first && first->dim() == 4 && suggest_memory_format(*first) == MemoryFormat::ChannelsLast) {
     // Innermost first in NHWC: C (shape dim 1 = loop dim 2), W, H, N.
     const int nhwc[4] = {2, 0, 1, 3};
     int64_t permuted[kernels::kMaxOperands][4];
