@@ -131,9 +131,7 @@ Tensor BatchNorm::forward_impl(const Tensor& x, bool relu, const Tensor& residua
       NoGradGuard g;
       num_batches_tracked.add_(1);
       const double m = options.momentum ? *options.momentum : 1.0 / num_batches_tracked.item<double>();
-      running_mean.mul_(1.0 - m).add_(mean.detach().to(running_mean.dtype()), m);
-      Tensor unbiased = var.detach().to(running_var.dtype()) * (static_cast<double>(n) / static_cast<double>(n - 1));
-      running_var.mul_(1.0 - m).add_(unbiased, m);
+      ops::batch_norm_update_running_stats(running_mean, running_var, mean, var, m, n);
     }
     if (fused_out.defined()) return fused_out;
   } else {

@@ -220,6 +220,48 @@ BatchNormResult batch_norm_relu_train(const Tensor& x, const Tensor& weight, con
   return r;
 }
 
+namespace {
+
+template <typename T>
+void update_stats(T* rm, T* rv, const T* mean, const T* var, int64_t c, double momentum, double ratio) {
+  const T keep = static_cast<T>(1.0 - momentum), m = static_cast<T>(momentum), r = static_cast<T>(ratio);
+  for (int64_t k = 0; k < c; ++k) {
+    const T a = rm[k] * keep, b = rv[k] * keep, unbiased = var[k] * r;
+    rm[k] = a + m * mean[k];
+    rv[k] = b + m * unbiased;
+  }
+}
+
+}  // namespace
+
+void batch_norm_update_running_stats(Tensor& running_mean, Tensor& running_var, const Tensor& mean,
+                                     const Tensor& var, double momentum, int64_t n) {
+  const NoGradGuard no_grad;
+  const double ratio = static_cast<double>(n) / static_cast<double>(n - 1);
+  const DType dt = running_mean.dtype();
+  const bool direct = (dt == kFloat32 || dt == kFloat64) && running_var.dtype() == dt && mean.dtype() == dt &&
+                      var.dtype() == dt && running_mean.is_contiguous() && running_var.is_contiguous() &&
+                      mean.is_contiguous() && var.is_contiguous() && running_mean.numel() == mean.numel() &&
+                      running_var.numel() == var.numel() && mean.numel() == var.numel();
+  if (!direct) {  // other dtypes or layouts: the same arithmetic as ops
+    running_mean.mul_(1.0 - momentum).add_(mean.detach().to(dt), momentum);
+    const Tensor unbiased = var.detach().to(running_var.dtype()) * ratio;
+    running_var.mul_(1.0 - momentum).add_(unbiased, momentum);
+    return;
+  }
+  autograd::check_inplace(running_mean, "batch_norm (running_mean)", autograd::CallSite{});
+  autograd::check_inplace(running_var, "batch_norm (running_var)", autograd::CallSite{});
+  if (dt == kFloat32) {
+    update_stats(running_mean.data_ptr<float>(), running_var.data_ptr<float>(), mean.data_ptr<float>(),
+                 var.data_ptr<float>(), mean.numel(), momentum, ratio);
+  } else {
+    update_stats(running_mean.data_ptr<double>(), running_var.data_ptr<double>(), mean.data_ptr<double>(),
+                 var.data_ptr<double>(), mean.numel(), momentum, ratio);
+  }
+  running_mean.bump_version();
+  running_var.bump_version();
+}
+
 BatchNormResult batch_norm_add_relu_train(const Tensor& x, const Tensor& weight, const Tensor& bias,
                                           const Tensor& residual, double eps, std::source_location loc) {
   check_defined(residual, "batch_norm_add_relu", "residual");

@@ -349,6 +349,26 @@ TEST(ChannelsLast, FusedBatchNormAddReluGradcheckAndGradgradcheck) {
   EXPECT_TRUE(autograd::gradgradcheck(fn, {x, w, b, r}));
 }
 
+// The running statistics' update in one pass agrees with the op sequence it
+// replaced to the last bit or two (the ops' kernels order the rounding of
+// a * keep + m * x their own way).
+TEST(ChannelsLast, BatchNormRunningStatsUpdateEqualsTheOps) {
+  manual_seed(17);
+  for (DType dt : {kFloat32, kFloat64}) {
+    Tensor rm = randn({16}, dt), rv = randn({16}, dt).abs();
+    const Tensor mean = randn({16}, dt), var = randn({16}, dt).abs();
+    Tensor want_m = rm.clone(), want_v = rv.clone();
+    want_m.mul_(1.0 - 0.1).add_(mean, 0.1);
+    want_v.mul_(1.0 - 0.1).add_(var * (600.0 / 599.0), 0.1);
+    const int64_t version = rm.version();
+    ops::batch_norm_update_running_stats(rm, rv, mean, var, 0.1, 600);
+    const double ulps = dt == kFloat32 ? 2.5e-7 : 5e-16;
+    expect_equal(rm, want_m, ulps, "running_mean");
+    expect_equal(rv, want_v, ulps, "running_var");
+    EXPECT_GT(rm.version(), version) << "an in-place update bumps the version";
+  }
+}
+
 TEST(ChannelsLast, BatchNormForwardReluKeepsHooks) {
   nn::BatchNorm2d bn(nn::BatchNormOptions{.num_features = 16});
   const Tensor x = conv2d(randn({2, 3, 6, 6}), randn({16, 3, 3, 3}), Tensor(), {1, 1}, {1, 1});

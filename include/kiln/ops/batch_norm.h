@@ -40,6 +40,15 @@ BatchNormResult batch_norm_relu_train(const Tensor& x, const Tensor& weight, con
 /// the same values and gradients (residual's gradient too). Fused into the
 /// batch norm's passes (NativeBatchNormAddReluBackward0) when x and residual
 /// are channels-last of one shape and dtype; otherwise the three ops.
+/// The running statistics' update of a training step, in place and outside
+/// the graph: running_mean = (1 - momentum) * running_mean + momentum * mean
+/// and running_var likewise with var * n / (n - 1) (torch's unbiased
+/// estimate; n values per channel), the arithmetic of `mul_(1 - momentum)
+/// .add_(x, momentum)` (equal to its last bit or two). One pass over the [C]
+/// vectors instead of seven ops per layer.
+void batch_norm_update_running_stats(Tensor& running_mean, Tensor& running_var, const Tensor& mean,
+                                     const Tensor& var, double momentum, int64_t n);
+
 BatchNormResult batch_norm_add_relu_train(const Tensor& x, const Tensor& weight, const Tensor& bias,
                                           const Tensor& residual, double eps,
                                           std::source_location loc = std::source_location::current());
