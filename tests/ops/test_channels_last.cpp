@@ -219,6 +219,31 @@ TEST(ChannelsLast, BatchNormTrainKernelMatchesNchw) {
   }
 }
 
+// Fixed row blocks combined in block order: the same bits at any thread count.
+TEST(ChannelsLast, BatchNormKernelsDoNotDependOnTheThreadCount) {
+  manual_seed(18);
+  const Tensor x0 = to_cl(randn({8, 32, 12, 12})), r0 = to_cl(randn({8, 32, 12, 12}));
+  const Tensor w = randn({32}), b = randn({32}), g = randn({8, 32, 12, 12});
+  const int saved = get_num_threads();
+  Tensor out[2], gx[2], gw[2], gr[2];
+  for (int i = 0; i < 2; ++i) {
+    set_num_threads(i + 1);
+    const Tensor x = x0.detach().requires_grad_(true), r = r0.detach().requires_grad_(true);
+    const Tensor wl = w.detach().requires_grad_(true);
+    const Tensor y = ops::batch_norm_add_relu_train(x, wl, b, r, 1e-5).output;
+    y.backward(g);
+    out[i] = y;
+    gx[i] = x.grad();
+    gw[i] = wl.grad();
+    gr[i] = r.grad();
+  }
+  set_num_threads(saved);
+  expect_equal(out[1], out[0], 0, "output");
+  expect_equal(gx[1], gx[0], 0, "grad x");
+  expect_equal(gw[1], gw[0], 0, "grad weight");
+  expect_equal(gr[1], gr[0], 0, "grad residual");
+}
+
 // A large mean and a small spread: the one-pass block moments (each block
 // centred on its own mean, combined exactly in double) keep float32 variance
 // as accurate as the NCHW kernel's two global passes.
