@@ -4,6 +4,7 @@
 
 #include "kiln/core/error.h"
 #include "kiln/nn/attention.h"
+#include "kiln/ops/linalg.h"
 
 namespace kiln::nn {
 namespace {
@@ -51,7 +52,14 @@ TransformerMLP::TransformerMLP(const TransformerBlockOptions& o) : Module("MLP")
   dropout = register_module("dropout", std::make_shared<Dropout>(o.dropout));
 }
 
-Tensor TransformerMLP::forward(const Tensor& x) { return (*dropout)((*c_proj)((*gelu)((*c_fc)(x)))); }
+Tensor TransformerMLP::forward(const Tensor& x) {
+  // linear_gelu runs GELU inside c_fc's product when nothing is differentiated
+  // (inference); hooks on either module need the modules called one by one.
+  Tensor h = c_fc->has_forward_hooks() || gelu->has_forward_hooks()
+                 ? (*gelu)((*c_fc)(x))
+                 : linear_gelu(x, c_fc->weight, c_fc->bias, gelu->approximate);
+  return (*dropout)((*c_proj)(h));
+}
 
 TransformerBlock::TransformerBlock(TransformerBlockOptions o) : Module("Block"), options(resolved(o)) {
   ln_1 = register_module("ln_1", std::make_shared<LayerNorm>(

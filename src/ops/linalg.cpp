@@ -68,7 +68,8 @@ void check_matmul_dtypes(const char* op, const Tensor& a, const Tensor& b, const
 
 // c = a · b (+ bias) into `out` (contiguous, batch * a.rows * b.cols
 // elements). float16 callers convert before they get here.
-void run_matmul_into(const Operand& a, const Operand& b, const Tensor& bias, int64_t batch, const Tensor& out) {
+void run_matmul_into(const Operand& a, const Operand& b, const Tensor& bias, int64_t batch, const Tensor& out,
+                     kernels::MatmulEpilogue epilogue = kernels::MatmulEpilogue::None) {
   const DType dt = a.t.dtype();
   kernels::MatmulArgs g;
   g.dtype = dt;
@@ -84,6 +85,7 @@ void run_matmul_into(const Operand& a, const Operand& b, const Tensor& bias, int
   }
   g.bias = bias.defined() ? bias.data_ptr() : nullptr;
   g.c = out.data_ptr();
+  g.epilogue = epilogue;
   kernels::matmul(g);
 }
 
@@ -505,6 +507,29 @@ Tensor linear(const Tensor& input, const Tensor& weight, const Tensor& bias, std
     if (input.requires_grad()) node->weight = autograd::SavedVariable(weight, false);
     autograd::set_history(out, node, {&input, &weight, &bias}, autograd::CallSite::from(loc));
   }
+  return out;
+}
+
+Tensor linear_gelu(const Tensor& input, const Tensor& weight, const Tensor& bias, std::string_view approximate,
+                   std::source_location loc) {
+  const DType dt = input.dtype();
+  const bool fusable =
+      !autocast_enabled() && input.defined() && weight.defined() && (dt == kFloat32 || dt == kBFloat16) &&
+      weight.dtype() == dt && weight.dim() == 2 && input.dim() >= 1 && input.size(-1) == weight.size(1) &&
+      weight.size(1) > 0 &&
+      (!bias.defined() || (bias.dtype() == dt && bias.dim() == 1 && bias.numel() == weight.size(0))) &&
+      (approximate == "tanh" || approximate == "none") &&
+      !autograd::compute_requires_grad({&input, &weight, &bias});
+  if (!fusable) return linear(input, weight, bias, loc).gelu(approximate, loc);
+  const NoGradGuard no_grad;
+  const int64_t in = weight.size(1);
+  DimVector out_shape(input.sizes());
+  out_shape.back() = weight.size(0);
+  const Tensor x2 = input.reshape({shape_numel(IntArrayRef(input.sizes().data(), input.dim() - 1)), in});
+  Tensor out = ops::new_output(out_shape, dt);
+  run_matmul_into(matrix_operand(x2, false), transposed(matrix_operand(weight, false)),
+                  bias.defined() ? bias.contiguous() : Tensor(), 1, out,
+                  approximate == "tanh" ? kernels::MatmulEpilogue::GeluTanh : kernels::MatmulEpilogue::GeluErf);
   return out;
 }
 

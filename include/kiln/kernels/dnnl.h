@@ -41,6 +41,11 @@ struct MatrixOperand {
   int64_t stride[3] = {0, 0, 1};
 };
 
+/// An activation applied to c (after the bias) inside the product, while each
+/// tile of c is still in registers: oneDNN eltwise post-ops. float32 and
+/// bfloat16 only (the oneDNN path).
+enum class MatmulEpilogue : uint8_t { None, GeluTanh, GeluErf };
+
 struct MatmulArgs {
   DType dtype = DType::Float32;  // a, b, bias and c all have this dtype
   int64_t batch = 1;
@@ -50,6 +55,7 @@ struct MatmulArgs {
   const void* bias = nullptr;
   /// Contiguous [batch, m, n].
   void* c = nullptr;
+  MatmulEpilogue epilogue = MatmulEpilogue::None;
 };
 
 /// float32, bfloat16: oneDNN. float64: cblas_dgemm. int64, int32, uint8: a

@@ -108,6 +108,9 @@ class Module {
   Tensor operator()(const Tensor& input);
   HookHandle register_forward_pre_hook(ForwardPreHook hook);
   HookHandle register_forward_hook(ForwardHook hook);
+  /// True when a forward pre- or post-hook is registered on this module (a
+  /// parent that fuses this module's work with another's must then call it).
+  bool has_forward_hooks() const { return !hooks_->pre.empty() || !hooks_->post.empty(); }
 
   // ---- printing ----
   /// The text inside the parentheses of this module's line ("in_features=4, ...").

@@ -17,6 +17,7 @@
 #pragma once
 
 #include <source_location>
+#include <string_view>
 
 #include "kiln/core/tensor.h"
 
@@ -37,5 +38,12 @@ Tensor matmul(const Tensor& self, const Tensor& other,
 /// read transposed in place, never copied.
 Tensor linear(const Tensor& input, const Tensor& weight, const Tensor& bias = {},
               std::source_location loc = std::source_location::current());
+/// linear(input, weight, bias).gelu(approximate), the same function. When
+/// nothing needs a gradient (inference), outside autocast, for float32 and
+/// bfloat16 with an [out_features] bias (or none), GELU runs inside the
+/// product on each tile of the output (a oneDNN post-op) rather than as a
+/// second pass over it; otherwise it is exactly the two ops.
+Tensor linear_gelu(const Tensor& input, const Tensor& weight, const Tensor& bias, std::string_view approximate,
+                   std::source_location loc = std::source_location::current());
 
 }  // namespace kiln

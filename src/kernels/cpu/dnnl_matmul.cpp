@@ -56,7 +56,7 @@ OperandLayout operand_layout(const MatrixOperand& op, int64_t batch, int64_t row
 
 MatmulEntry* get_entry(const MatmulArgs& g, const OperandLayout& la, const OperandLayout& lb) {
   Key key(PrimKind::Matmul);
-  key.add_all(g.dtype, g.batch, g.m, g.n, g.k, g.bias != nullptr, max_threads());
+  key.add_all(g.dtype, g.batch, g.m, g.n, g.k, g.bias != nullptr, max_threads(), static_cast<int>(g.epilogue));
   key.add_all(la.l.trans, la.l.ld, la.batch, la.batch_stride, lb.l.trans, lb.l.ld, lb.batch, lb.batch_stride);
   auto& c = cache();
   if (MatmulEntry* e = c.find(key)) return e;
@@ -69,14 +69,23 @@ MatmulEntry* get_entry(const MatmulArgs& g, const OperandLayout& la, const Opera
                                           : dnnl::memory::desc({g.m, g.n}, t, dims{g.n, 1});
   auto e = std::make_unique<MatmulEntry>();
   try {
+    dnnl::primitive_attr attr = default_attr();
+    if (g.epilogue != MatmulEpilogue::None) {
+      dnnl::post_ops po;
+      po.append_eltwise(1.0f,
+                        g.epilogue == MatmulEpilogue::GeluTanh ? dnnl::algorithm::eltwise_gelu_tanh
+                                                              : dnnl::algorithm::eltwise_gelu_erf,
+                        0.0f, 0.0f);
+      attr.set_post_ops(po);
+    }
     dnnl::matmul::primitive_desc pd;
     if (g.bias) {
       const dnnl::memory::desc bias_md = batched ? dnnl::memory::desc({1, 1, g.n}, t, dims{g.n, g.n, 1})
                                                  : dnnl::memory::desc({1, g.n}, t, dims{g.n, 1});
-      pd = dnnl::matmul::primitive_desc(dnnl::matmul::desc(a_md, b_md, bias_md, c_md), default_attr(), engine());
+      pd = dnnl::matmul::primitive_desc(dnnl::matmul::desc(a_md, b_md, bias_md, c_md), attr, engine());
       e->bias = make_memory(bias_md);
     } else {
-      pd = dnnl::matmul::primitive_desc(dnnl::matmul::desc(a_md, b_md, c_md), default_attr(), engine());
+      pd = dnnl::matmul::primitive_desc(dnnl::matmul::desc(a_md, b_md, c_md), attr, engine());
     }
     e->prim = dnnl::matmul(pd);
     e->src = make_memory(a_md);
@@ -133,7 +142,10 @@ void matmul(const MatmulArgs& g) {
     case DType::Float64:
     case DType::Int64:
     case DType::Int32:
-    case DType::UInt8: blas_matmul(g); return;
+    case DType::UInt8:
+      KILN_ASSERT(g.epilogue == MatmulEpilogue::None, "kernels::matmul: an epilogue needs float32 or bfloat16");
+      blas_matmul(g);
+      return;
     default: KILN_ASSERT(false, "kernels::matmul: unsupported dtype ", dtype_name(g.dtype));
   }
 }
