@@ -51,8 +51,9 @@ void Linear::reset_parameters() { reset_weight_bias(weight, bias); }
 Tensor Linear::forward(const Tensor& x) {
   KILN_CHECK(x.dim() >= 1 && x.size(-1) == options.in_features, ShapeError, "Linear: expected input with last dim ",
              options.in_features, ", got shape ", x.shape_string());
-  // kiln::linear adds the bias inside the oneDNN product and forms grad_weight as gᵀ · x (no separate add pass).
-  return kiln::linear(x, weight, bias);
+  // kiln::linear adds the bias inside the oneDNN product and forms grad_weight as gᵀ · x (no separate add pass);
+  // without gradients it reads the weight packed in oneDNN's layout.
+  return kiln::linear(x, weight, bias, weight_pack);
 }
 std::string Linear::extra_repr() const {
   return "in_features=" + std::to_string(options.in_features) + ", out_features=" +

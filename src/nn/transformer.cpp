@@ -57,7 +57,7 @@ Tensor TransformerMLP::forward(const Tensor& x) {
   // (inference); hooks on either module need the modules called one by one.
   Tensor h = c_fc->has_forward_hooks() || gelu->has_forward_hooks()
                  ? (*gelu)((*c_fc)(x))
-                 : linear_gelu(x, c_fc->weight, c_fc->bias, gelu->approximate);
+                 : linear_gelu(x, c_fc->weight, c_fc->bias, gelu->approximate, &c_fc->weight_pack);
   return (*dropout)((*c_proj)(h));
 }
 

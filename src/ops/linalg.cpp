@@ -15,10 +15,13 @@
 // reduction ops' own backward.
 #include "kiln/ops/linalg.h"
 
+#include <mutex>
 #include <type_traits>
 
 #include "iter.h"
 #include "kiln/autograd/functions.h"
+#include "kiln/core/allocator.h"
+#include "kiln/core/factory.h"
 #include "kiln/core/guards.h"
 #include "kiln/kernels/blas.h"
 #include "kiln/kernels/dnnl.h"
@@ -510,27 +513,101 @@ Tensor linear(const Tensor& input, const Tensor& weight, const Tensor& bias, std
   return out;
 }
 
-Tensor linear_gelu(const Tensor& input, const Tensor& weight, const Tensor& bias, std::string_view approximate,
-                   std::source_location loc) {
+// ---- inference products: GELU epilogue, packed weights ----
+
+struct WeightPack::State {
+  std::mutex mu;
+  Tensor source;  // the weight packed (kept alive, so its storage cannot be reused meanwhile)
+  uint32_t version = 0;
+  uint64_t layout = 0;
+  Tensor packed;  // uint8 bytes in oneDNN's layout
+};
+
+WeightPack::WeightPack() : state_(std::make_shared<State>()) {}
+
+struct WeightPackAccess {
+  static WeightPack::State& state(WeightPack& p) { return *p.state_; }
+};
+
+namespace {
+
+// True when y = act(x · Wᵀ + b) may run as one oneDNN product with nothing recorded for autograd.
+bool inference_product(const Tensor& input, const Tensor& weight, const Tensor& bias) {
   const DType dt = input.dtype();
-  const bool fusable =
-      !autocast_enabled() && input.defined() && weight.defined() && (dt == kFloat32 || dt == kBFloat16) &&
-      weight.dtype() == dt && weight.dim() == 2 && input.dim() >= 1 && input.size(-1) == weight.size(1) &&
-      weight.size(1) > 0 &&
-      (!bias.defined() || (bias.dtype() == dt && bias.dim() == 1 && bias.numel() == weight.size(0))) &&
-      (approximate == "tanh" || approximate == "none") &&
-      !autograd::compute_requires_grad({&input, &weight, &bias});
-  if (!fusable) return linear(input, weight, bias, loc).gelu(approximate, loc);
+  return !autocast_enabled() && input.defined() && weight.defined() && (dt == kFloat32 || dt == kBFloat16) &&
+         weight.dtype() == dt && weight.dim() == 2 && input.dim() >= 1 && input.size(-1) == weight.size(1) &&
+         weight.size(1) > 0 &&
+         (!bias.defined() || (bias.dtype() == dt && bias.dim() == 1 && bias.numel() == weight.size(0))) &&
+         !autograd::compute_requires_grad({&input, &weight, &bias});
+}
+
+Tensor inference_linear(const Tensor& input, const Tensor& weight, const Tensor& bias,
+                        kernels::MatmulEpilogue epilogue, WeightPack* pack) {
   const NoGradGuard no_grad;
+  const DType dt = input.dtype();
   const int64_t in = weight.size(1);
   DimVector out_shape(input.sizes());
   out_shape.back() = weight.size(0);
   const Tensor x2 = input.reshape({shape_numel(IntArrayRef(input.sizes().data(), input.dim() - 1)), in});
+  const Operand a = matrix_operand(x2, false), b = transposed(matrix_operand(weight, false));
+  const Tensor fused_bias = bias.defined() ? bias.contiguous() : Tensor();
   Tensor out = ops::new_output(out_shape, dt);
-  run_matmul_into(matrix_operand(x2, false), transposed(matrix_operand(weight, false)),
-                  bias.defined() ? bias.contiguous() : Tensor(), 1, out,
-                  approximate == "tanh" ? kernels::MatmulEpilogue::GeluTanh : kernels::MatmulEpilogue::GeluErf);
+  if (pack == nullptr || x2.size(0) == 0) {
+    run_matmul_into(a, b, fused_bias, 1, out, epilogue);
+    return out;
+  }
+  kernels::MatmulArgs g;
+  g.dtype = dt;
+  g.m = a.rows;
+  g.k = a.cols;
+  g.n = b.cols;
+  g.a.data = a.t.data_ptr();
+  g.b.data = b.t.data_ptr();
+  for (int i = 0; i < 3; ++i) {
+    g.a.stride[i] = a.stride[i];
+    g.b.stride[i] = b.stride[i];
+  }
+  g.bias = fused_bias.defined() ? fused_bias.data_ptr() : nullptr;
+  g.c = out.data_ptr();
+  g.epilogue = epilogue;
+  const kernels::PackedLayout layout = kernels::matmul_packed_layout(g);
+  if (layout.bytes == 0) {
+    kernels::matmul(g);
+    return out;
+  }
+  WeightPack::State& st = WeightPackAccess::state(*pack);
+  const std::lock_guard<std::mutex> lock(st.mu);
+  const bool fresh = st.packed.defined() && st.layout == layout.id && st.source.is_alias_of(weight) &&
+                     st.source.data_ptr() == weight.data_ptr() && st.source.sizes() == weight.sizes() &&
+                     st.source.strides() == weight.strides() && st.version == weight.version();
+  if (!fresh) {
+    const MemoryCategoryGuard category(MemoryCategory::Buffer);
+    if (!st.packed.defined() || st.packed.numel() != static_cast<int64_t>(layout.bytes))
+      st.packed = empty({static_cast<int64_t>(layout.bytes)}, TensorOptions(kUInt8));
+    kernels::matmul_pack_b(g, st.packed.data_ptr());
+    st.source = weight.detach();
+    st.version = weight.version();
+    st.layout = layout.id;
+  }
+  kernels::matmul_with_packed_b(g, st.packed.data_ptr());
   return out;
+}
+
+}  // namespace
+
+Tensor linear(const Tensor& input, const Tensor& weight, const Tensor& bias, WeightPack& pack,
+              std::source_location loc) {
+  if (!inference_product(input, weight, bias)) return linear(input, weight, bias, loc);
+  return inference_linear(input, weight, bias, kernels::MatmulEpilogue::None, &pack);
+}
+
+Tensor linear_gelu(const Tensor& input, const Tensor& weight, const Tensor& bias, std::string_view approximate,
+                   WeightPack* pack, std::source_location loc) {
+  if (!inference_product(input, weight, bias) || (approximate != "tanh" && approximate != "none"))
+    return linear(input, weight, bias, loc).gelu(approximate, loc);
+  return inference_linear(input, weight, bias,
+                          approximate == "tanh" ? kernels::MatmulEpilogue::GeluTanh : kernels::MatmulEpilogue::GeluErf,
+                          pack);
 }
 
 // ---- Tensor methods ----

@@ -1,11 +1,16 @@
-// linear_gelu: GELU inside the product (oneDNN post-op) when nothing is
-// differentiated, against the two ops it stands for; and the cases that must
-// run as the two ops (gradients, float64, a broadcast bias, autocast).
+// The inference forms of linear (kiln/ops/linalg.h): linear_gelu (GELU
+// inside the product, a oneDNN post-op, when nothing is differentiated)
+// against the two ops it stands for, and the cases that must run as the two
+// ops; WeightPack (the weight kept in oneDNN's layout) against plain linear,
+// and its repacking when the weight changes.
 #include <gtest/gtest.h>
 
 #include <string>
 
+#include "kiln/core/allocator.h"
+#include "kiln/kernels/dnnl.h"
 #include "kiln/kiln.h"
+#include "kiln/nn/layers.h"
 #include "kiln/nn/transformer.h"
 #include "kiln/ops/linalg.h"
 
@@ -91,4 +96,82 @@ TEST(LinearGelu, MlpHooksStillRun) {
   const Tensor hooked = mlp(x);
   EXPECT_EQ(calls, 1);
   EXPECT_TRUE(fused.allclose(hooked, 1e-5, 1e-6));
+}
+
+// ---- WeightPack: linear reading the weight in oneDNN's own layout ----
+
+TEST(WeightPack, InferenceMatchesPlainLinear) {
+  manual_seed(41);
+  struct Shape {
+    int64_t rows, in, out;
+  };
+  for (const Shape s : {Shape{128, 256, 768}, Shape{128, 1024, 256}, Shape{7, 33, 65}, Shape{1, 256, 256}}) {
+    for (bool with_bias : {true, false}) {
+      const Tensor x = randn({s.rows, s.in}), w = randn({s.out, s.in}) * 0.1;
+      const Tensor b = with_bias ? randn({s.out}) : Tensor();
+      WeightPack pack;
+      const NoGradGuard no_grad;
+      const Tensor ref = linear(x, w, b);
+      // Whether oneDNN wants b in a layout of its own here (it does for the first
+      // shapes on AVX-512 machines); if so, the pack must hold that many bytes.
+      kernels::MatmulArgs g;
+      g.m = s.rows;
+      g.k = s.in;
+      g.n = s.out;
+      g.a.stride[1] = s.in;
+      g.b.stride[1] = 1;
+      g.b.stride[2] = s.in;  // Wᵀ read in place
+      g.bias = with_bias ? b.data_ptr() : nullptr;
+      const size_t packed_bytes = kernels::matmul_packed_layout(g).bytes;
+      const int64_t buffers = memory::stats()[MemoryCategory::Buffer].live_bytes;
+      for (int call = 0; call < 2; ++call) {  // packs on the first call, reuses on the second
+        const Tensor y = linear(x, w, b, pack);
+        EXPECT_TRUE(y.allclose(ref, 1e-5, 1e-5)) << s.rows << "x" << s.in << "->" << s.out << " call " << call;
+        EXPECT_GE(memory::stats()[MemoryCategory::Buffer].live_bytes - buffers, static_cast<int64_t>(packed_bytes));
+      }
+      const Tensor y3 = linear(x.view({1, s.rows, s.in}), w, b, pack);  // leading dims
+      EXPECT_TRUE(y3.view({s.rows, s.out}).allclose(ref, 1e-5, 1e-5));
+    }
+  }
+}
+
+TEST(WeightPack, FollowsTheWeightWhenItChanges) {
+  manual_seed(42);
+  const Tensor x = randn({128, 64});
+  Tensor w = randn({96, 64}) * 0.1;
+  const Tensor b = randn({96});
+  WeightPack pack;
+  const NoGradGuard no_grad;
+  const Tensor before = linear(x, w, b, pack);
+  w.mul_(2.0);  // in place: a new version of the same tensor
+  EXPECT_TRUE(linear(x, w, b, pack).allclose(linear(x, w, b), 1e-5, 1e-5));
+  EXPECT_FALSE(linear(x, w, b, pack).allclose(before, 1e-5, 1e-5));
+  const Tensor w2 = randn({96, 64}) * 0.1;  // another tensor of the same shape
+  EXPECT_TRUE(linear(x, w2, b, pack).allclose(linear(x, w2, b), 1e-5, 1e-5));
+  EXPECT_TRUE(linear(x, w, b, pack).allclose(linear(x, w, b), 1e-5, 1e-5));  // and back
+  const int before_threads = get_num_threads();
+  set_num_threads(before_threads == 1 ? 2 : 1);  // oneDNN may choose another layout
+  EXPECT_TRUE(linear(x, w, b, pack).allclose(linear(x, w, b), 1e-5, 1e-5));
+  set_num_threads(before_threads);
+}
+
+TEST(WeightPack, GradientsTakeThePlainPath) {
+  manual_seed(43);
+  const Tensor x = randn({16, 8}), w = randn({4, 8}).requires_grad_(), b = randn({4});
+  WeightPack pack;
+  const Tensor y = linear(x, w, b, pack);
+  ASSERT_TRUE(y.grad_fn());
+  EXPECT_STREQ(y.grad_fn()->name(), "LinearBackward0");
+  EXPECT_TRUE(y.equal(linear(x, w, b)));
+}
+
+TEST(WeightPack, LinearModuleRepacksAfterLoadStateDict) {
+  manual_seed(44);
+  nn::Linear a({.in_features = 32, .out_features = 48}), b({.in_features = 32, .out_features = 48});
+  const Tensor x = randn({128, 32});
+  const NoGradGuard no_grad;
+  const Tensor ya = a(x);
+  EXPECT_TRUE(ya.allclose(linear(x, a.weight, a.bias), 1e-5, 1e-5));
+  a.load_state_dict(b.state_dict());
+  EXPECT_TRUE(a(x).allclose(linear(x, b.weight, b.bias), 1e-5, 1e-5));
 }
