@@ -15,6 +15,7 @@
 // reduction ops' own backward.
 #include "kiln/ops/linalg.h"
 
+#include <algorithm>
 #include <mutex>
 #include <type_traits>
 
@@ -542,7 +543,7 @@ bool inference_product(const Tensor& input, const Tensor& weight, const Tensor& 
 }
 
 Tensor inference_linear(const Tensor& input, const Tensor& weight, const Tensor& bias,
-                        kernels::MatmulEpilogue epilogue, WeightPack* pack) {
+                        kernels::MatmulEpilogue epilogue, WeightPack* pack, const Tensor& addend = {}) {
   const NoGradGuard no_grad;
   const DType dt = input.dtype();
   const int64_t in = weight.size(1);
@@ -552,10 +553,6 @@ Tensor inference_linear(const Tensor& input, const Tensor& weight, const Tensor&
   const Operand a = matrix_operand(x2, false), b = transposed(matrix_operand(weight, false));
   const Tensor fused_bias = bias.defined() ? bias.contiguous() : Tensor();
   Tensor out = ops::new_output(out_shape, dt);
-  if (pack == nullptr || x2.size(0) == 0) {
-    run_matmul_into(a, b, fused_bias, 1, out, epilogue);
-    return out;
-  }
   kernels::MatmulArgs g;
   g.dtype = dt;
   g.m = a.rows;
@@ -570,6 +567,11 @@ Tensor inference_linear(const Tensor& input, const Tensor& weight, const Tensor&
   g.bias = fused_bias.defined() ? fused_bias.data_ptr() : nullptr;
   g.c = out.data_ptr();
   g.epilogue = epilogue;
+  g.addend = addend.defined() ? addend.data_ptr() : nullptr;
+  if (pack == nullptr || x2.size(0) == 0) {
+    kernels::matmul(g);
+    return out;
+  }
   const kernels::PackedLayout layout = kernels::matmul_packed_layout(g);
   if (layout.bytes == 0) {
     kernels::matmul(g);
@@ -599,6 +601,16 @@ Tensor linear(const Tensor& input, const Tensor& weight, const Tensor& bias, Wei
               std::source_location loc) {
   if (!inference_product(input, weight, bias)) return linear(input, weight, bias, loc);
   return inference_linear(input, weight, bias, kernels::MatmulEpilogue::None, &pack);
+}
+
+Tensor linear_add(const Tensor& input, const Tensor& weight, const Tensor& bias, const Tensor& addend,
+                  WeightPack* pack, std::source_location loc) {
+  if (!inference_product(input, weight, bias) || !addend.defined() || addend.dtype() != input.dtype() ||
+      !addend.is_contiguous() || autograd::compute_requires_grad({&addend}) || addend.dim() != input.dim() ||
+      addend.size(-1) != weight.size(0) ||
+      !std::equal(input.sizes().begin(), input.sizes().end() - 1, addend.sizes().begin()))
+    return addend + (pack ? linear(input, weight, bias, *pack, loc) : linear(input, weight, bias, loc));
+  return inference_linear(input, weight, bias, kernels::MatmulEpilogue::None, pack, addend);
 }
 
 Tensor linear_gelu(const Tensor& input, const Tensor& weight, const Tensor& bias, std::string_view approximate,

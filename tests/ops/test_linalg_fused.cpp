@@ -175,3 +175,51 @@ TEST(WeightPack, LinearModuleRepacksAfterLoadStateDict) {
   a.load_state_dict(b.state_dict());
   EXPECT_TRUE(a(x).allclose(linear(x, b.weight, b.bias), 1e-5, 1e-5));
 }
+
+// ---- linear_add: a residual added inside the product ----
+
+TEST(LinearAdd, InferenceMatchesAddendPlusLinear) {
+  manual_seed(51);
+  const Tensor x = randn({1, 128, 256}), w = randn({256, 256}) * 0.05, b = randn({256}), r = randn({1, 128, 256});
+  const NoGradGuard no_grad;
+  const Tensor ref = r + linear(x, w, b);
+  // Each element is (x·w + b) rounded, then + r rounded: the same two roundings as the two ops.
+  EXPECT_TRUE(linear_add(x, w, b, r).allclose(ref, 1e-6, 1e-6));
+  WeightPack pack;
+  EXPECT_TRUE(linear_add(x, w, b, r, &pack).allclose(ref, 1e-5, 1e-5));
+  EXPECT_TRUE(linear_add(x, w, {}, r, &pack).allclose(r + linear(x, w), 1e-5, 1e-5));
+}
+
+TEST(LinearAdd, OtherCasesAreTheTwoOps) {
+  manual_seed(52);
+  const Tensor x = randn({6, 8}), w = randn({5, 8}), b = randn({5});
+  {
+    const NoGradGuard no_grad;
+    const Tensor row = randn({5});  // broadcasts: not the output's shape
+    EXPECT_TRUE(linear_add(x, w, b, row).equal(row + linear(x, w, b)));
+    const Tensor strided = randn({5, 6}).t();  // the output's shape, not contiguous
+    EXPECT_TRUE(linear_add(x, w, b, strided).equal(strided + linear(x, w, b)));
+  }
+  const Tensor r = randn({6, 5}).requires_grad_();
+  const Tensor y = linear_add(x, w, b, r);
+  ASSERT_TRUE(y.grad_fn());
+  y.sum().backward();
+  EXPECT_TRUE(r.grad().equal(ones({6, 5})));
+}
+
+// The block's inference path (residuals inside c_proj, GELU inside c_fc, packed
+// weights) against the same block run module by module (a hook on each forces that).
+TEST(LinearAdd, TransformerBlockInferenceMatchesModuleByModule) {
+  manual_seed(53);
+  nn::TransformerBlock block({.d_model = 64, .n_head = 4});
+  block.eval();
+  const Tensor x = randn({2, 40, 64});
+  const NoGradGuard no_grad;
+  const Tensor fused = block(x);
+  auto keep = [](nn::Module&, const Tensor&, const Tensor& out) { return out; };
+  auto h1 = block.attn->register_forward_hook(keep);
+  auto h2 = block.mlp->register_forward_hook(keep);
+  auto h3 = block.mlp->gelu->register_forward_hook(keep);
+  const Tensor plain = block(x);
+  EXPECT_TRUE(fused.allclose(plain, 1e-5, 1e-5)) << (fused - plain).abs().max().item<float>();
+}

@@ -56,6 +56,10 @@ struct MatmulArgs {
   /// Contiguous [batch, m, n].
   void* c = nullptr;
   MatmulEpilogue epilogue = MatmulEpilogue::None;
+  /// Optional contiguous [m, n] (batch 1 only) added to c after the bias and
+  /// the epilogue, inside the product (a oneDNN binary post-op): a residual
+  /// connection without a separate pass. float32/bfloat16 only.
+  const void* addend = nullptr;
 };
 
 /// float32, bfloat16: oneDNN. float64: cblas_dgemm. int64, int32, uint8: a

@@ -63,6 +63,15 @@ class WeightPack {
 Tensor linear(const Tensor& input, const Tensor& weight, const Tensor& bias, WeightPack& pack,
               std::source_location loc = std::source_location::current());
 
+/// addend + linear(input, weight, bias) (a residual connection), the same
+/// function. When nothing needs a gradient, outside autocast, for
+/// float32/bfloat16 with an [out_features] bias (or none) and a contiguous
+/// addend of the output's shape, the add runs inside the product on each
+/// tile of the output (a oneDNN post-op) and the weight is read from `pack`
+/// when given; otherwise it is exactly the two ops.
+Tensor linear_add(const Tensor& input, const Tensor& weight, const Tensor& bias, const Tensor& addend,
+                  WeightPack* pack = nullptr, std::source_location loc = std::source_location::current());
+
 /// linear(input, weight, bias).gelu(approximate), the same function. When
 /// nothing needs a gradient (inference), outside autocast, for float32 and
 /// bfloat16 with an [out_features] bias (or none), GELU runs inside the
