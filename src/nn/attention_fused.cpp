@@ -31,6 +31,7 @@
 #include "kiln/kernels/attention.h"
 #include "kiln/nn/attention.h"
 #include "kiln/ops/index.h"
+#include "kiln/ops/linalg.h"
 
 namespace kiln::nn::functional {
 
@@ -104,6 +105,16 @@ Tensor attention_forward(const Tensor& q, const Tensor& k, const Tensor& v, cons
   const double scale = 1.0 / std::sqrt(static_cast<double>(q.size(-1)));
   std::vector<Tensor> outs, lses;
   Tensor lse_all;
+  // Heads [B, H, L, E] (attention inside a transformer): the output is
+  // allocated as [B, L, H, Ev] and returned as its [B, H, L, Ev] view, so the
+  // caller's head merge (transpose(1, 2).reshape([B, L, H * Ev])) is a view,
+  // and each block's product writes its rows in place (matmul_into) rather
+  // than into pieces that a cat then copies.
+  const bool heads = q.dim() == 4 && k.dim() == 4 && v.dim() == 4 && S > 0 && !a.mask.defined() &&
+                     q.size(0) == k.size(0) && q.size(0) == v.size(0) && q.size(1) == k.size(1) &&
+                     q.size(1) == v.size(1);
+  Tensor out_heads;
+  if (heads) out_heads = empty({q.size(0), L, q.size(1), v.size(-1)}, TensorOptions(q.dtype())).transpose(1, 2);
   for (int64_t r0 = 0; r0 < L; r0 += a.block_rows) {
     const int64_t n = std::min(a.block_rows, L - r0), kend = keys_visible(a, r0, n, S);
     if (row_kernels(a, kend)) {
@@ -111,7 +122,8 @@ Tensor attention_forward(const Tensor& q, const Tensor& k, const Tensor& v, cons
       if (lse && !lse_all.defined()) lse_all = empty(with_tail(s, L, 1), TensorOptions(s.dtype()));
       kernels::attention_weights(block_of(s, a, scale, r0, n, kend, L), s.data_ptr(),
                                  lse ? row_ptr(lse_all, r0) : nullptr);
-      outs.push_back(s.matmul(v.narrow(-2, 0, kend)));
+      if (heads) matmul_into(s, v.narrow(-2, 0, kend), out_heads.narrow(-2, r0, n));
+      else outs.push_back(s.matmul(v.narrow(-2, 0, kend)));
     } else {
       Tensor s = block_scores(q, k, a, scale, r0, n, kend);
       // softmax and logsumexp are single kiln kernels (row max, exp, row sum inside).
@@ -120,6 +132,7 @@ Tensor attention_forward(const Tensor& q, const Tensor& k, const Tensor& v, cons
     }
   }
   if (lse) *lse = lse_all.defined() ? lse_all : (lses.size() == 1 ? lses[0] : cat(lses, -2));
+  if (heads) return out_heads;
   return outs.size() == 1 ? outs[0] : cat(outs, -2);
 }
 

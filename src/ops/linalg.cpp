@@ -73,7 +73,8 @@ void check_matmul_dtypes(const char* op, const Tensor& a, const Tensor& b, const
 // c = a · b (+ bias) into `out` (contiguous, batch * a.rows * b.cols
 // elements). float16 callers convert before they get here.
 void run_matmul_into(const Operand& a, const Operand& b, const Tensor& bias, int64_t batch, const Tensor& out,
-                     kernels::MatmulEpilogue epilogue = kernels::MatmulEpilogue::None) {
+                     kernels::MatmulEpilogue epilogue = kernels::MatmulEpilogue::None, int64_t c_batch_stride = 0,
+                     int64_t c_row_stride = 0) {
   const DType dt = a.t.dtype();
   kernels::MatmulArgs g;
   g.dtype = dt;
@@ -89,6 +90,8 @@ void run_matmul_into(const Operand& a, const Operand& b, const Tensor& bias, int
   }
   g.bias = bias.defined() ? bias.data_ptr() : nullptr;
   g.c = out.data_ptr();
+  g.c_stride[0] = c_batch_stride;
+  g.c_stride[1] = c_row_stride;
   g.epilogue = epilogue;
   kernels::matmul(g);
 }
@@ -512,6 +515,55 @@ Tensor linear(const Tensor& input, const Tensor& weight, const Tensor& bias, std
     autograd::set_history(out, node, {&input, &weight, &bias}, autograd::CallSite::from(loc));
   }
   return out;
+}
+
+namespace {
+
+// The stride that steps the merged batch dims of `t` (all but the last two;
+// batch_merges(t) holds): that of the innermost one with more than one element.
+int64_t merged_batch_stride(const Tensor& t) {
+  for (int64_t d = t.dim() - 3; d >= 0; --d)
+    if (t.size(d) != 1) return t.stride(d);
+  return 0;
+}
+
+}  // namespace
+
+void matmul_into(const Tensor& self, const Tensor& other, const Tensor& out, std::source_location loc) {
+  ops::check_defined(self, "matmul_into", "self");
+  ops::check_defined(other, "matmul_into", "other");
+  ops::check_defined(out, "matmul_into", "out");
+  KILN_CHECK(self.dim() >= 2 && other.dim() == self.dim() && out.dim() == self.dim(), ShapeError,
+             "matmul_into: expected self, other and out with the same number of dims (at least 2), got ",
+             self.sizes(), ", ", other.sizes(), " and ", out.sizes());
+  const int64_t d = self.dim(), m = self.size(-2), k = self.size(-1), n = other.size(-1);
+  DimVector want(self.sizes());
+  want[d - 1] = n;
+  KILN_CHECK(other.size(-2) == k && IntArrayRef(self.sizes().data(), d - 2) == IntArrayRef(other.sizes().data(), d - 2) &&
+                 out.sizes() == IntArrayRef(want),
+             ShapeError, "matmul_into: expected [..., m, k] · [..., k, n] into [..., m, n] with equal batch dims, got ",
+             self.sizes(), " · ", other.sizes(), " into ", out.sizes());
+  check_matmul_dtypes("matmul_into", self, other, "self", "other");
+  check_matmul_dtypes("matmul_into", self, out, "self", "out");
+  KILN_CHECK(!autograd::compute_requires_grad({&self, &other}), ValueError,
+             "matmul_into: writes into an existing tensor and records no gradient, but an operand requires grad "
+             "(use matmul)");
+  const NoGradGuard no_grad;
+  const int64_t batch = shape_numel(IntArrayRef(self.sizes().data(), d - 2));
+  const bool direct = self.dtype() != kFloat16 && out.stride(-1) == 1 && (m == 1 || out.stride(-2) >= n) &&
+                      batch_merges(self) && batch_merges(other) && batch_merges(out) &&
+                      (batch == 1 || merged_batch_stride(out) > 0);
+  if (!direct || self.numel() == 0 || out.numel() == 0) {
+    Tensor o = out;
+    o.copy_(matmul_impl(self, other, autograd::CallSite::from(loc)));
+    return;
+  }
+  const bool batched = d > 2;
+  const Tensor a3 = batched ? self.reshape({batch, m, k}) : self;
+  const Tensor b3 = batched ? other.reshape({batch, k, n}) : other;
+  run_matmul_into(matrix_operand(a3, batched), matrix_operand(b3, batched), Tensor(), batch, out,
+                  kernels::MatmulEpilogue::None, batch > 1 ? merged_batch_stride(out) : 0, m > 1 ? out.stride(-2) : 0);
+  out.bump_version();
 }
 
 // ---- inference products: GELU epilogue, packed weights ----

@@ -223,3 +223,46 @@ TEST(LinearAdd, TransformerBlockInferenceMatchesModuleByModule) {
   const Tensor plain = block(x);
   EXPECT_TRUE(fused.allclose(plain, 1e-5, 1e-5)) << (fused - plain).abs().max().item<float>();
 }
+
+// ---- matmul_into: a product written into a strided view ----
+
+TEST(MatmulInto, WritesRowsOfALargerTensorInPlace) {
+  manual_seed(61);
+  for (DType dt : {kFloat32, kFloat64}) {
+    const double tol = dt == kFloat32 ? 1e-5 : 1e-12;
+    // [1, H, n, E] rows r0.. of a [1, L, H, E] buffer seen as [1, H, L, E] (attention's heads).
+    const int64_t H = 3, L = 10, E = 5, K = 7, r0 = 4, n = 5;
+    const Tensor a = randn({1, H, n, K}, TensorOptions(dt)), b = randn({1, H, K, E}, TensorOptions(dt));
+    const Tensor buf = zeros({1, L, H, E}, TensorOptions(dt));
+    const Tensor view = buf.transpose(1, 2).narrow(2, r0, n);
+    const uint32_t version = buf.version();
+    matmul_into(a, b, view);
+    EXPECT_GT(buf.version(), version);
+    EXPECT_TRUE(view.allclose(a.matmul(b), tol, tol));
+    EXPECT_EQ(buf.transpose(1, 2).narrow(2, 0, r0).abs().sum().item<double>(), 0.0);  // other rows untouched
+    EXPECT_EQ(buf.transpose(1, 2).narrow(2, r0 + n, L - r0 - n).abs().sum().item<double>(), 0.0);
+    // 2-D into a column block of a wider matrix.
+    const Tensor a2 = randn({4, K}, TensorOptions(dt)), b2 = randn({K, 3}, TensorOptions(dt));
+    const Tensor wide = zeros({4, 9}, TensorOptions(dt));
+    matmul_into(a2, b2, wide.narrow(1, 2, 3));
+    EXPECT_TRUE(wide.narrow(1, 2, 3).allclose(a2.matmul(b2), tol, tol));
+    EXPECT_EQ(wide.narrow(1, 0, 2).abs().sum().item<double>(), 0.0);
+  }
+}
+
+TEST(MatmulInto, BatchDimsThatDoNotMergeAreCopied) {
+  manual_seed(62);
+  const Tensor a = randn({2, 3, 4, 5}), b = randn({2, 3, 5, 6});
+  const Tensor buf = zeros({2, 4, 3, 6});
+  const Tensor out = buf.transpose(1, 2);  // batch dims [2, 3] with strides that do not merge
+  matmul_into(a, b, out);
+  EXPECT_TRUE(out.allclose(a.matmul(b), 1e-5, 1e-5));
+}
+
+TEST(MatmulInto, ErrorsNameTheProblem) {
+  const Tensor a = randn({2, 4, 5}), b = randn({2, 5, 6});
+  EXPECT_THROW(matmul_into(a, b, zeros({2, 4, 7})), ShapeError);
+  EXPECT_THROW(matmul_into(a, randn({3, 5, 6}), zeros({2, 4, 6})), ShapeError);
+  EXPECT_THROW(matmul_into(a, b, zeros({2, 4, 6}, TensorOptions(kFloat64))), DTypeError);
+  EXPECT_THROW(matmul_into(a.clone().requires_grad_(), b, zeros({2, 4, 6})), ValueError);
+}

@@ -53,8 +53,13 @@ struct MatmulArgs {
   MatrixOperand a, b;
   /// Optional bias of n contiguous elements, added to every row of c.
   const void* bias = nullptr;
-  /// Contiguous [batch, m, n].
+  /// [batch, m, n] with unit column stride: contiguous unless c_stride says
+  /// otherwise. A product can so fill rows of a larger tensor in place.
   void* c = nullptr;
+  /// Batch and row strides of c in elements; 0 means contiguous (m * n, n).
+  int64_t c_stride[2] = {0, 0};
+  int64_t c_batch_stride() const { return c_stride[0] ? c_stride[0] : m * n; }
+  int64_t c_row_stride() const { return c_stride[1] ? c_stride[1] : n; }
   MatmulEpilogue epilogue = MatmulEpilogue::None;
   /// Optional contiguous [m, n] (batch 1 only) added to c after the bias and
   /// the epilogue, inside the product (a oneDNN binary post-op): a residual

@@ -39,6 +39,14 @@ Tensor matmul(const Tensor& self, const Tensor& other,
 /// read transposed in place, never copied.
 Tensor linear(const Tensor& input, const Tensor& weight, const Tensor& bias = {},
               std::source_location loc = std::source_location::current());
+/// out = self · other written into `out`, which may be a strided view (unit
+/// stride in the last dim, batch dims that merge into one stride, rows that do
+/// not overlap): a product fills part of a larger tensor without a copy. The
+/// operands are [..., m, k] and [..., k, n] with equal batch dims; anything the
+/// kernel cannot write in place is computed and copied. Records no gradient
+/// (ValueError when an operand requires one), as torch's out= variants.
+void matmul_into(const Tensor& self, const Tensor& other, const Tensor& out,
+                 std::source_location loc = std::source_location::current());
 
 /// A weight matrix kept packed in the layout oneDNN's matmul reads fastest
 /// (Note [Packed weights] in kiln/kernels/dnnl.h), for the inference forms of

@@ -59,6 +59,7 @@ Key matmul_key(const MatmulArgs& g, const OperandLayout& la, const OperandLayout
   key.add_all(g.dtype, g.batch, g.m, g.n, g.k, g.bias != nullptr, max_threads(), static_cast<int>(g.epilogue), packed,
               g.addend != nullptr);
   key.add_all(la.l.trans, la.l.ld, la.batch, la.batch_stride, lb.l.trans, lb.l.ld, lb.batch, lb.batch_stride);
+  key.add_all(g.c_batch_stride(), g.c_row_stride());
   return key;
 }
 
@@ -119,8 +120,9 @@ MatmulEntry* get_entry(const MatmulArgs& g, const OperandLayout& la, const Opera
   const bool batched = g.batch > 1;
   const dnnl::memory::desc a_md = matrix_md(t, g.m, g.k, la);
   const dnnl::memory::desc b_md = matrix_md(t, g.k, g.n, lb);
-  const dnnl::memory::desc c_md = batched ? dnnl::memory::desc({g.batch, g.m, g.n}, t, dims{g.m * g.n, g.n, 1})
-                                          : dnnl::memory::desc({g.m, g.n}, t, dims{g.n, 1});
+  const dnnl::memory::desc c_md =
+      batched ? dnnl::memory::desc({g.batch, g.m, g.n}, t, dims{g.c_batch_stride(), g.c_row_stride(), 1})
+              : dnnl::memory::desc({g.m, g.n}, t, dims{g.c_row_stride(), 1});
   auto e = std::make_unique<MatmulEntry>();
   try {
     const dnnl::matmul::primitive_desc pd = matmul_pd(g, a_md, b_md, c_md);
@@ -183,7 +185,7 @@ PackedEntry* get_packed_entry(const MatmulArgs& g) {
   const dnnl::memory::desc a_md = matrix_md(t, g.m, g.k, la);
   const dnnl::memory::desc b_plain = matrix_md(t, g.k, g.n, lb);
   const dnnl::memory::desc b_any({g.k, g.n}, t, dnnl::memory::format_tag::any);
-  const dnnl::memory::desc c_md({g.m, g.n}, t, dims{g.n, 1});
+  const dnnl::memory::desc c_md({g.m, g.n}, t, dims{g.c_row_stride(), 1});
   auto e = std::make_unique<PackedEntry>();
   try {
     const dnnl::matmul::primitive_desc pd = matmul_pd(g, a_md, b_any, c_md);
@@ -233,12 +235,15 @@ void matmul(const MatmulArgs& g) {
     // An empty sum: the bias (or zero) everywhere. oneDNN cannot take k = 0.
     KILN_ASSERT(g.epilogue == MatmulEpilogue::None && !g.addend, "kernels::matmul: k = 0 with an epilogue or addend");
     const size_t row = static_cast<size_t>(g.n * element_size(g.dtype));
-    char* c = static_cast<char*>(g.c);
-    for (int64_t r = 0; r < g.batch * g.m; ++r) {
-      if (g.bias) {
-        std::memcpy(c + r * row, g.bias, row);
-      } else {
-        std::memset(c + r * row, 0, row);
+    const int64_t es = element_size(g.dtype);
+    for (int64_t bi = 0; bi < g.batch; ++bi) {
+      for (int64_t i = 0; i < g.m; ++i) {
+        char* c = static_cast<char*>(g.c) + (bi * g.c_batch_stride() + i * g.c_row_stride()) * es;
+        if (g.bias) {
+          std::memcpy(c, g.bias, row);
+        } else {
+          std::memset(c, 0, row);
+        }
       }
     }
     return;
