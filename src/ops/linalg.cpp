@@ -651,7 +651,9 @@ Tensor inference_linear(const Tensor& input, const Tensor& weight, const Tensor&
 
 Tensor linear(const Tensor& input, const Tensor& weight, const Tensor& bias, WeightPack& pack,
               std::source_location loc) {
-  if (!inference_product(input, weight, bias)) return linear(input, weight, bias, loc);
+  // Training (the common case for a Linear) leaves at the first test.
+  if (autograd::compute_requires_grad({&input, &weight, &bias}) || !inference_product(input, weight, bias))
+    return linear(input, weight, bias, loc);
   return inference_linear(input, weight, bias, kernels::MatmulEpilogue::None, &pack);
 }
 
