@@ -20,6 +20,7 @@
 // general ops instead (it may broadcast in any way).
 // Without anything to differentiate (inference) no node is recorded and no
 // lse is computed.
+#include <algorithm>
 #include <cmath>
 #include <limits>
 
@@ -160,10 +161,13 @@ struct FusedSdpa : autograd::Function<FusedSdpa> {
     const int64_t L = q.size(-2), S = k.size(-2);
     const double scale = 1.0 / std::sqrt(static_cast<double>(q.size(-1)));
     Tensor D = (dout * out).sum({-1}, /*keepdim=*/true);  // [..., L, 1]
-    const bool single = a.block_rows >= L;
     Tensor dk, dv;
     std::vector<Tensor> dqs;
-    for (int64_t r0 = 0; r0 < L; r0 += a.block_rows) {
+    // Last block first: it sees every key (causal or not), so its products
+    // become dk and dv as they are and the earlier blocks add into their
+    // leading rows: no zero-filled accumulators, no full-size add.
+    const int64_t last = (L - 1) / a.block_rows * a.block_rows;
+    for (int64_t r0 = last; r0 >= 0; r0 -= a.block_rows) {
       const int64_t n = std::min(a.block_rows, L - r0), kend = keys_visible(a, r0, n, S);
       Tensor dob = dout.narrow(-2, r0, n);
       Tensor kb = k.narrow(-2, 0, kend), vb = v.narrow(-2, 0, kend), qb = q.narrow(-2, r0, n);
@@ -192,7 +196,8 @@ struct FusedSdpa : autograd::Function<FusedSdpa> {
         dkb = ds.transpose(-2, -1).matmul(qb).mul_(scale);
       }
       dqs.push_back(dqb);
-      if (single && kend == S) {  // one block sees every key: its products are the whole gradients
+      if (!dv.defined() && kend == S && dvb.sizes() == IntArrayRef(with_tail(out, S, v.size(-1))) &&
+          dkb.sizes() == IntArrayRef(with_tail(out, S, k.size(-1)))) {
         dv = dvb;
         dk = dkb;
       } else {
@@ -204,6 +209,7 @@ struct FusedSdpa : autograd::Function<FusedSdpa> {
         dk.narrow(-2, 0, kend).add_(dkb);
       }
     }
+    std::reverse(dqs.begin(), dqs.end());
     Tensor dq = dqs.size() == 1 ? dqs[0] : cat(dqs, -2);
     return {dq, dk, dv};
   }
