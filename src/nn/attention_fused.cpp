@@ -12,7 +12,15 @@
 //   dQ = dS k scale, dK += dSᵀ q scale.
 // Under create_graph (grad mode on in backward) it instead differentiates the
 // composite form with autograd::grad, so double backward is exact.
-// The blocks use kiln ops (batched matmul through oneDNN) with grad mode off.
+// The products are kiln matmuls (batched, oneDNN) with grad mode off. Without
+// a mask everything between them is one row kernel per block
+// (kiln/kernels/attention.h): the raw scores q kᵀ become P with the scale,
+// the causal triangle, softmax and lse in one sweep, and in backward P and
+// dS (with the scale folded in) are one sweep each. A mask takes kiln's
+// general ops instead (it may broadcast in any way).
+// Without anything to differentiate (inference) no node is recorded and no
+// lse is computed.
+#include <algorithm>
 #include <cmath>
 #include <limits>
 
@@ -21,8 +29,10 @@
 #include "kiln/core/error.h"
 #include "kiln/core/factory.h"
 #include "kiln/core/guards.h"
+#include "kiln/kernels/attention.h"
 #include "kiln/nn/attention.h"
 #include "kiln/ops/index.h"
+#include "kiln/ops/linalg.h"
 
 namespace kiln::nn::functional {
 
@@ -66,21 +76,72 @@ Tensor block_scores(const Tensor& q, const Tensor& k, const FusedArgs& a, double
   return s;
 }
 
-struct FusedSdpa : autograd::Function<FusedSdpa> {
-  static Tensor forward(autograd::AutogradContext& ctx, const Tensor& q, const Tensor& k, const Tensor& v,
-                        const FusedArgs& a) {
-    const int64_t L = q.size(-2), S = k.size(-2);
-    const double scale = 1.0 / std::sqrt(static_cast<double>(q.size(-1)));
-    std::vector<Tensor> outs, lses;
-    for (int64_t r0 = 0; r0 < L; r0 += a.block_rows) {
-      const int64_t n = std::min(a.block_rows, L - r0), kend = keys_visible(a, r0, n, S);
+// The batch dims of `t` (all but the last two) followed by (r, c).
+DimVector with_tail(const Tensor& t, int64_t r, int64_t c) {
+  DimVector s(IntArrayRef(t.sizes().data(), t.dim() - 2));
+  s.push_back(r);
+  s.push_back(c);
+  return s;
+}
+
+// Without a mask a block runs on the row kernels of kiln/kernels/attention.h
+// (scale, causal triangle, softmax and log-sum-exp in one sweep); a mask,
+// which may broadcast in any way, takes the general ops.
+bool row_kernels(const FusedArgs& a, int64_t kend) { return !a.mask.defined() && kend > 0; }
+
+kernels::AttentionBlock block_of(const Tensor& s, const FusedArgs& a, double scale, int64_t r0, int64_t n,
+                                 int64_t kend, int64_t L) {
+  KILN_ASSERT(s.is_contiguous(), "sdpa_fused: a score block must be contiguous");
+  return {.dtype = s.dtype(), .batch = s.numel() / (n * kend), .rows = n, .cols = kend, .scale = scale,
+          .causal = a.causal, .row0 = r0, .row_batch_stride = L};
+}
+
+// Row r0 of a contiguous per-row tensor [..., L, 1].
+void* row_ptr(const Tensor& t, int64_t r0) { return static_cast<char*>(t.data_ptr()) + r0 * t.element_size(); }
+
+// The attention output, query rows in blocks; `lse`, when not null, gets the
+// per-row log-sum-exp [..., L, 1] that backward recomputes the weights from.
+Tensor attention_forward(const Tensor& q, const Tensor& k, const Tensor& v, const FusedArgs& a, Tensor* lse) {
+  const int64_t L = q.size(-2), S = k.size(-2);
+  const double scale = 1.0 / std::sqrt(static_cast<double>(q.size(-1)));
+  std::vector<Tensor> outs, lses;
+  Tensor lse_all;
+  // Heads [B, H, L, E] (attention inside a transformer): the output is
+  // allocated as [B, L, H, Ev] and returned as its [B, H, L, Ev] view, so the
+  // caller's head merge (transpose(1, 2).reshape([B, L, H * Ev])) is a view,
+  // and each block's product writes its rows in place (matmul_into) rather
+  // than into pieces that a cat then copies.
+  const bool heads = q.dim() == 4 && k.dim() == 4 && v.dim() == 4 && S > 0 && !a.mask.defined() &&
+                     q.size(0) == k.size(0) && q.size(0) == v.size(0) && q.size(1) == k.size(1) &&
+                     q.size(1) == v.size(1);
+  Tensor out_heads;
+  if (heads) out_heads = empty({q.size(0), L, q.size(1), v.size(-1)}, TensorOptions(q.dtype())).transpose(1, 2);
+  for (int64_t r0 = 0; r0 < L; r0 += a.block_rows) {
+    const int64_t n = std::min(a.block_rows, L - r0), kend = keys_visible(a, r0, n, S);
+    if (row_kernels(a, kend)) {
+      Tensor s = q.narrow(-2, r0, n).matmul(k.narrow(-2, 0, kend).transpose(-2, -1));  // raw scores
+      if (lse && !lse_all.defined()) lse_all = empty(with_tail(s, L, 1), TensorOptions(s.dtype()));
+      kernels::attention_weights(block_of(s, a, scale, r0, n, kend, L), s.data_ptr(),
+                                 lse ? row_ptr(lse_all, r0) : nullptr);
+      if (heads) matmul_into(s, v.narrow(-2, 0, kend), out_heads.narrow(-2, r0, n));
+      else outs.push_back(s.matmul(v.narrow(-2, 0, kend)));
+    } else {
       Tensor s = block_scores(q, k, a, scale, r0, n, kend);
       // softmax and logsumexp are single kiln kernels (row max, exp, row sum inside).
       outs.push_back(s.softmax(-1).matmul(v.narrow(-2, 0, kend)));
-      lses.push_back(s.logsumexp({-1}, /*keepdim=*/true));
+      if (lse) lses.push_back(s.logsumexp({-1}, /*keepdim=*/true));
     }
-    Tensor out = outs.size() == 1 ? outs[0] : cat(outs, -2);
-    Tensor lse = lses.size() == 1 ? lses[0] : cat(lses, -2);
+  }
+  if (lse) *lse = lse_all.defined() ? lse_all : (lses.size() == 1 ? lses[0] : cat(lses, -2));
+  if (heads) return out_heads;
+  return outs.size() == 1 ? outs[0] : cat(outs, -2);
+}
+
+struct FusedSdpa : autograd::Function<FusedSdpa> {
+  static Tensor forward(autograd::AutogradContext& ctx, const Tensor& q, const Tensor& k, const Tensor& v,
+                        const FusedArgs& a) {
+    Tensor lse;
+    Tensor out = attention_forward(q, k, v, a, &lse);
     ctx.save_for_backward({q, k, v, out, lse});
     ctx.saved_data["args"] = a;
     return out;
@@ -100,38 +161,55 @@ struct FusedSdpa : autograd::Function<FusedSdpa> {
     const int64_t L = q.size(-2), S = k.size(-2);
     const double scale = 1.0 / std::sqrt(static_cast<double>(q.size(-1)));
     Tensor D = (dout * out).sum({-1}, /*keepdim=*/true);  // [..., L, 1]
-    std::vector<int64_t> batch(out.sizes().begin(), out.sizes().end() - 2);
-    auto with_tail = [&](int64_t r, int64_t c) {
-      std::vector<int64_t> s = batch;
-      s.push_back(r);
-      s.push_back(c);
-      return s;
-    };
-    const bool single = a.block_rows >= L;
     Tensor dk, dv;
     std::vector<Tensor> dqs;
-    for (int64_t r0 = 0; r0 < L; r0 += a.block_rows) {
+    // Last block first: it sees every key (causal or not), so its products
+    // become dk and dv as they are and the earlier blocks add into their
+    // leading rows: no zero-filled accumulators, no full-size add.
+    const int64_t last = (L - 1) / a.block_rows * a.block_rows;
+    for (int64_t r0 = last; r0 >= 0; r0 -= a.block_rows) {
       const int64_t n = std::min(a.block_rows, L - r0), kend = keys_visible(a, r0, n, S);
-      Tensor s = block_scores(q, k, a, scale, r0, n, kend);
-      Tensor p = s.sub_(lse.narrow(-2, r0, n)).exp_();  // [..., n, kend], in place: s is a fresh tensor
       Tensor dob = dout.narrow(-2, r0, n);
-      Tensor kb = k.narrow(-2, 0, kend), vb = v.narrow(-2, 0, kend);
-      Tensor dvb = p.transpose(-2, -1).matmul(dob);
-      Tensor ds = dob.matmul(vb.transpose(-2, -1)).sub_(D.narrow(-2, r0, n)).mul_(p);
-      dqs.push_back(ds.matmul(kb).mul_(scale));
-      Tensor dkb = ds.transpose(-2, -1).matmul(q.narrow(-2, r0, n)).mul_(scale);
-      if (single && kend == S) {  // one block sees every key: its products are the whole gradients
+      Tensor kb = k.narrow(-2, 0, kend), vb = v.narrow(-2, 0, kend), qb = q.narrow(-2, r0, n);
+      Tensor p, dqb, dkb, dvb;
+      if (row_kernels(a, kend)) {
+        p = qb.matmul(kb.transpose(-2, -1));  // raw scores, then the weights in place
+        const kernels::AttentionBlock blk = block_of(p, a, scale, r0, n, kend, L);
+        kernels::attention_recompute_weights(blk, p.data_ptr(), row_ptr(lse, r0));
+        dvb = p.transpose(-2, -1).matmul(dob);
+        Tensor dp = dob.matmul(vb.transpose(-2, -1));
+        if (dp.sizes() == p.sizes() && D.numel() == blk.batch * L) {
+          kernels::attention_scores_grad(blk, dp.data_ptr(), p.data_ptr(), row_ptr(D, r0));  // dS, scaled
+          dqb = dp.matmul(kb);
+          dkb = dp.transpose(-2, -1).matmul(qb);
+        } else {  // p broadcasts against dO's batch: the general ops
+          Tensor ds = dp.sub_(D.narrow(-2, r0, n)).mul_(p);
+          dqb = ds.matmul(kb).mul_(scale);
+          dkb = ds.transpose(-2, -1).matmul(qb).mul_(scale);
+        }
+      } else {
+        Tensor s = block_scores(q, k, a, scale, r0, n, kend);
+        p = s.sub_(lse.narrow(-2, r0, n)).exp_();  // [..., n, kend], in place: s is a fresh tensor
+        dvb = p.transpose(-2, -1).matmul(dob);
+        Tensor ds = dob.matmul(vb.transpose(-2, -1)).sub_(D.narrow(-2, r0, n)).mul_(p);
+        dqb = ds.matmul(kb).mul_(scale);
+        dkb = ds.transpose(-2, -1).matmul(qb).mul_(scale);
+      }
+      dqs.push_back(dqb);
+      if (!dv.defined() && kend == S && dvb.sizes() == IntArrayRef(with_tail(out, S, v.size(-1))) &&
+          dkb.sizes() == IntArrayRef(with_tail(out, S, k.size(-1)))) {
         dv = dvb;
         dk = dkb;
       } else {
         if (!dv.defined()) {
-          dv = zeros(with_tail(S, v.size(-1)), TensorOptions(v.dtype()));
-          dk = zeros(with_tail(S, k.size(-1)), TensorOptions(k.dtype()));
+          dv = zeros(with_tail(out, S, v.size(-1)), TensorOptions(v.dtype()));
+          dk = zeros(with_tail(out, S, k.size(-1)), TensorOptions(k.dtype()));
         }
         dv.narrow(-2, 0, kend).add_(dvb);
         dk.narrow(-2, 0, kend).add_(dkb);
       }
     }
+    std::reverse(dqs.begin(), dqs.end());
     Tensor dq = dqs.size() == 1 ? dqs[0] : cat(dqs, -2);
     return {dq, dk, dv};
   }
@@ -148,8 +226,12 @@ Tensor sdpa_fused(const Tensor& q, const Tensor& k, const Tensor& v, const Tenso
   KILN_CHECK(!(attn_mask.defined() && attn_mask.requires_grad() && grad_mode_enabled()), ValueError,
              "sdpa_fused: expected an attn_mask that does not require grad (the composite path differentiates "
              "the mask), got one that does");
-  return FusedSdpa::apply(q, k, v, FusedArgs{.mask = attn_mask.defined() ? attn_mask.detach() : Tensor(),
-                                             .causal = is_causal, .block_rows = block_rows});
+  const FusedArgs args{.mask = attn_mask.defined() ? attn_mask.detach() : Tensor(), .causal = is_causal,
+                       .block_rows = block_rows};
+  // Nothing to differentiate (inference): no graph node, no log-sum-exp.
+  if (!grad_mode_enabled() || !(q.requires_grad() || k.requires_grad() || v.requires_grad()))
+    return attention_forward(q, k, v, args, nullptr);
+  return FusedSdpa::apply(q, k, v, args);
 }
 
 }  // namespace detail

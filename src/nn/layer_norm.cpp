@@ -72,7 +72,11 @@ T lane_sum(int64_t n, F&& term) {
 template <typename T>
 void ln_forward(const T* x, const T* w, const T* b, T* y, T* mean_out, T* rstd_out, int64_t rows, int64_t n,
                 double eps) {
-  kernels::parallel_for(rows, std::max<int64_t>(1, kGrainSize / n), [&](int64_t r0, int64_t r1) {
+  // Half the usual grain: with two passes per element (sums, then the write) a
+  // [128, 256] block (gpt_infer's) is worth two threads, and its input is
+  // usually a product's output that both threads wrote (half of it in the
+  // other core's cache when one thread reads it all).
+  kernels::parallel_for(rows, std::max<int64_t>(1, kGrainSize / (2 * n)), [&](int64_t r0, int64_t r1) {
     for (int64_t r = r0; r < r1; ++r) {
       const T* xr = x + r * n;
       T* yr = y + r * n;

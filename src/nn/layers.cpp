@@ -5,6 +5,7 @@
 
 #include "kiln/core/error.h"
 #include "kiln/core/factory.h"
+#include "kiln/core/guards.h"
 #include "kiln/nn/init.h"
 #include "kiln/ops/conv.h"
 #include "kiln/ops/index.h"
@@ -51,8 +52,10 @@ void Linear::reset_parameters() { reset_weight_bias(weight, bias); }
 Tensor Linear::forward(const Tensor& x) {
   KILN_CHECK(x.dim() >= 1 && x.size(-1) == options.in_features, ShapeError, "Linear: expected input with last dim ",
              options.in_features, ", got shape ", x.shape_string());
-  // kiln::linear adds the bias inside the oneDNN product and forms grad_weight as gᵀ · x (no separate add pass).
-  return kiln::linear(x, weight, bias);
+  // kiln::linear adds the bias inside the oneDNN product and forms grad_weight as gᵀ · x (no separate add pass);
+  // without gradients it reads the weight packed in oneDNN's layout (a training step skips even the check).
+  if (grad_mode_enabled() && weight.requires_grad()) return kiln::linear(x, weight, bias);
+  return kiln::linear(x, weight, bias, weight_pack);
 }
 std::string Linear::extra_repr() const {
   return "in_features=" + std::to_string(options.in_features) + ", out_features=" +

@@ -4,6 +4,7 @@
 
 #include "kiln/core/error.h"
 #include "kiln/nn/attention.h"
+#include "kiln/ops/linalg.h"
 
 namespace kiln::nn {
 namespace {
@@ -32,7 +33,8 @@ CausalSelfAttention::CausalSelfAttention(const TransformerBlockOptions& o)
   resid_dropout = register_module("resid_dropout", std::make_shared<Dropout>(o.dropout));
 }
 
-Tensor CausalSelfAttention::forward(const Tensor& x) {
+// The attention output before c_proj: [B, T, d_model].
+Tensor CausalSelfAttention::attend(const Tensor& x) {
   KILN_CHECK(x.dim() == 3 && x.size(2) == d_model, ShapeError, "CausalSelfAttention: expected input [B, T, ", d_model,
              "], got ", x.shape_string());
   const int64_t B = x.size(0), T = x.size(1), hs = d_model / n_head;
@@ -40,8 +42,13 @@ Tensor CausalSelfAttention::forward(const Tensor& x) {
   auto heads = [&](const Tensor& t) { return t.view({B, T, n_head, hs}).transpose(1, 2); };  // [B, nh, T, hs]
   Tensor y = functional::scaled_dot_product_attention(heads(qkv[0]), heads(qkv[1]), heads(qkv[2]), {}, dropout,
                                                       /*is_causal=*/causal, is_training());
-  y = y.transpose(1, 2).reshape({B, T, d_model});
-  return (*resid_dropout)((*c_proj)(y));
+  return y.transpose(1, 2).reshape({B, T, d_model});
+}
+
+Tensor CausalSelfAttention::forward(const Tensor& x) { return (*resid_dropout)((*c_proj)(attend(x))); }
+
+Tensor CausalSelfAttention::forward_add(const Tensor& x, const Tensor& residual) {
+  return linear_add(attend(x), c_proj->weight, c_proj->bias, residual, &c_proj->weight_pack);
 }
 
 TransformerMLP::TransformerMLP(const TransformerBlockOptions& o) : Module("MLP") {
@@ -51,7 +58,19 @@ TransformerMLP::TransformerMLP(const TransformerBlockOptions& o) : Module("MLP")
   dropout = register_module("dropout", std::make_shared<Dropout>(o.dropout));
 }
 
-Tensor TransformerMLP::forward(const Tensor& x) { return (*dropout)((*c_proj)((*gelu)((*c_fc)(x)))); }
+// GELU(c_fc(x)). linear_gelu runs GELU inside c_fc's product when nothing is
+// differentiated (inference); hooks on either module need them called one by one.
+Tensor TransformerMLP::hidden(const Tensor& x) {
+  return c_fc->has_forward_hooks() || gelu->has_forward_hooks()
+             ? (*gelu)((*c_fc)(x))
+             : linear_gelu(x, c_fc->weight, c_fc->bias, gelu->approximate, &c_fc->weight_pack);
+}
+
+Tensor TransformerMLP::forward(const Tensor& x) { return (*dropout)((*c_proj)(hidden(x))); }
+
+Tensor TransformerMLP::forward_add(const Tensor& x, const Tensor& residual) {
+  return linear_add(hidden(x), c_proj->weight, c_proj->bias, residual, &c_proj->weight_pack);
+}
 
 TransformerBlock::TransformerBlock(TransformerBlockOptions o) : Module("Block"), options(resolved(o)) {
   ln_1 = register_module("ln_1", std::make_shared<LayerNorm>(
@@ -62,9 +81,25 @@ TransformerBlock::TransformerBlock(TransformerBlockOptions o) : Module("Block"),
   mlp = register_module("mlp", std::make_shared<TransformerMLP>(options));
 }
 
+namespace {
+
+bool identity_dropout(const Dropout& d) { return d.p == 0.0 || !d.is_training(); }
+
+}  // namespace
+
 Tensor TransformerBlock::forward(const Tensor& x) {
-  Tensor h = x + (*attn)((*ln_1)(x));
-  return h + (*mlp)((*ln_2)(h));
+  // The residual adds go inside c_proj's products (forward_add) unless a hook
+  // must see the modules' own outputs or a dropout sits between.
+  const bool fuse_residuals = !attn->has_forward_hooks() && !attn->c_proj->has_forward_hooks() &&
+                              !attn->resid_dropout->has_forward_hooks() && identity_dropout(*attn->resid_dropout) &&
+                              !mlp->has_forward_hooks() && !mlp->c_proj->has_forward_hooks() &&
+                              !mlp->dropout->has_forward_hooks() && identity_dropout(*mlp->dropout);
+  if (!fuse_residuals) {
+    Tensor h = x + (*attn)((*ln_1)(x));
+    return h + (*mlp)((*ln_2)(h));
+  }
+  Tensor h = attn->forward_add((*ln_1)(x), x);
+  return mlp->forward_add((*ln_2)(h), h);
 }
 
 }  // namespace kiln::nn

@@ -15,10 +15,14 @@
 // reduction ops' own backward.
 #include "kiln/ops/linalg.h"
 
+#include <algorithm>
+#include <mutex>
 #include <type_traits>
 
 #include "iter.h"
 #include "kiln/autograd/functions.h"
+#include "kiln/core/allocator.h"
+#include "kiln/core/factory.h"
 #include "kiln/core/guards.h"
 #include "kiln/kernels/blas.h"
 #include "kiln/kernels/dnnl.h"
@@ -68,7 +72,9 @@ void check_matmul_dtypes(const char* op, const Tensor& a, const Tensor& b, const
 
 // c = a · b (+ bias) into `out` (contiguous, batch * a.rows * b.cols
 // elements). float16 callers convert before they get here.
-void run_matmul_into(const Operand& a, const Operand& b, const Tensor& bias, int64_t batch, const Tensor& out) {
+void run_matmul_into(const Operand& a, const Operand& b, const Tensor& bias, int64_t batch, const Tensor& out,
+                     kernels::MatmulEpilogue epilogue = kernels::MatmulEpilogue::None, int64_t c_batch_stride = 0,
+                     int64_t c_row_stride = 0) {
   const DType dt = a.t.dtype();
   kernels::MatmulArgs g;
   g.dtype = dt;
@@ -84,6 +90,9 @@ void run_matmul_into(const Operand& a, const Operand& b, const Tensor& bias, int
   }
   g.bias = bias.defined() ? bias.data_ptr() : nullptr;
   g.c = out.data_ptr();
+  g.c_stride[0] = c_batch_stride;
+  g.c_stride[1] = c_row_stride;
+  g.epilogue = epilogue;
   kernels::matmul(g);
 }
 
@@ -506,6 +515,165 @@ Tensor linear(const Tensor& input, const Tensor& weight, const Tensor& bias, std
     autograd::set_history(out, node, {&input, &weight, &bias}, autograd::CallSite::from(loc));
   }
   return out;
+}
+
+namespace {
+
+// The stride that steps the merged batch dims of `t` (all but the last two;
+// batch_merges(t) holds): that of the innermost one with more than one element.
+int64_t merged_batch_stride(const Tensor& t) {
+  for (int64_t d = t.dim() - 3; d >= 0; --d)
+    if (t.size(d) != 1) return t.stride(d);
+  return 0;
+}
+
+}  // namespace
+
+void matmul_into(const Tensor& self, const Tensor& other, const Tensor& out, std::source_location loc) {
+  ops::check_defined(self, "matmul_into", "self");
+  ops::check_defined(other, "matmul_into", "other");
+  ops::check_defined(out, "matmul_into", "out");
+  KILN_CHECK(self.dim() >= 2 && other.dim() == self.dim() && out.dim() == self.dim(), ShapeError,
+             "matmul_into: expected self, other and out with the same number of dims (at least 2), got ",
+             self.sizes(), ", ", other.sizes(), " and ", out.sizes());
+  const int64_t d = self.dim(), m = self.size(-2), k = self.size(-1), n = other.size(-1);
+  DimVector want(self.sizes());
+  want[d - 1] = n;
+  KILN_CHECK(other.size(-2) == k && IntArrayRef(self.sizes().data(), d - 2) == IntArrayRef(other.sizes().data(), d - 2) &&
+                 out.sizes() == IntArrayRef(want),
+             ShapeError, "matmul_into: expected [..., m, k] · [..., k, n] into [..., m, n] with equal batch dims, got ",
+             self.sizes(), " · ", other.sizes(), " into ", out.sizes());
+  check_matmul_dtypes("matmul_into", self, other, "self", "other");
+  check_matmul_dtypes("matmul_into", self, out, "self", "out");
+  KILN_CHECK(!autograd::compute_requires_grad({&self, &other}), ValueError,
+             "matmul_into: writes into an existing tensor and records no gradient, but an operand requires grad "
+             "(use matmul)");
+  const NoGradGuard no_grad;
+  const int64_t batch = shape_numel(IntArrayRef(self.sizes().data(), d - 2));
+  const bool direct = self.dtype() != kFloat16 && out.stride(-1) == 1 && (m == 1 || out.stride(-2) >= n) &&
+                      batch_merges(self) && batch_merges(other) && batch_merges(out) &&
+                      (batch == 1 || merged_batch_stride(out) > 0);
+  if (!direct || self.numel() == 0 || out.numel() == 0) {
+    Tensor o = out;
+    o.copy_(matmul_impl(self, other, autograd::CallSite::from(loc)));
+    return;
+  }
+  const bool batched = d > 2;
+  const Tensor a3 = batched ? self.reshape({batch, m, k}) : self;
+  const Tensor b3 = batched ? other.reshape({batch, k, n}) : other;
+  run_matmul_into(matrix_operand(a3, batched), matrix_operand(b3, batched), Tensor(), batch, out,
+                  kernels::MatmulEpilogue::None, batch > 1 ? merged_batch_stride(out) : 0, m > 1 ? out.stride(-2) : 0);
+  out.bump_version();
+}
+
+// ---- inference products: GELU epilogue, packed weights ----
+
+struct WeightPack::State {
+  std::mutex mu;
+  Tensor source;  // the weight packed (kept alive, so its storage cannot be reused meanwhile)
+  uint32_t version = 0;
+  uint64_t layout = 0;
+  Tensor packed;  // uint8 bytes in oneDNN's layout
+};
+
+WeightPack::WeightPack() : state_(std::make_shared<State>()) {}
+
+struct WeightPackAccess {
+  static WeightPack::State& state(WeightPack& p) { return *p.state_; }
+};
+
+namespace {
+
+// True when y = act(x · Wᵀ + b) may run as one oneDNN product with nothing recorded for autograd.
+bool inference_product(const Tensor& input, const Tensor& weight, const Tensor& bias) {
+  const DType dt = input.dtype();
+  return !autocast_enabled() && input.defined() && weight.defined() && (dt == kFloat32 || dt == kBFloat16) &&
+         weight.dtype() == dt && weight.dim() == 2 && input.dim() >= 1 && input.size(-1) == weight.size(1) &&
+         weight.size(1) > 0 &&
+         (!bias.defined() || (bias.dtype() == dt && bias.dim() == 1 && bias.numel() == weight.size(0))) &&
+         !autograd::compute_requires_grad({&input, &weight, &bias});
+}
+
+Tensor inference_linear(const Tensor& input, const Tensor& weight, const Tensor& bias,
+                        kernels::MatmulEpilogue epilogue, WeightPack* pack, const Tensor& addend = {}) {
+  const NoGradGuard no_grad;
+  const DType dt = input.dtype();
+  const int64_t in = weight.size(1);
+  DimVector out_shape(input.sizes());
+  out_shape.back() = weight.size(0);
+  const Tensor x2 = input.reshape({shape_numel(IntArrayRef(input.sizes().data(), input.dim() - 1)), in});
+  const Operand a = matrix_operand(x2, false), b = transposed(matrix_operand(weight, false));
+  const Tensor fused_bias = bias.defined() ? bias.contiguous() : Tensor();
+  Tensor out = ops::new_output(out_shape, dt);
+  kernels::MatmulArgs g;
+  g.dtype = dt;
+  g.m = a.rows;
+  g.k = a.cols;
+  g.n = b.cols;
+  g.a.data = a.t.data_ptr();
+  g.b.data = b.t.data_ptr();
+  for (int i = 0; i < 3; ++i) {
+    g.a.stride[i] = a.stride[i];
+    g.b.stride[i] = b.stride[i];
+  }
+  g.bias = fused_bias.defined() ? fused_bias.data_ptr() : nullptr;
+  g.c = out.data_ptr();
+  g.epilogue = epilogue;
+  g.addend = addend.defined() ? addend.data_ptr() : nullptr;
+  if (pack == nullptr || x2.size(0) == 0) {
+    kernels::matmul(g);
+    return out;
+  }
+  const kernels::PackedLayout layout = kernels::matmul_packed_layout(g);
+  if (layout.bytes == 0) {
+    kernels::matmul(g);
+    return out;
+  }
+  WeightPack::State& st = WeightPackAccess::state(*pack);
+  const std::lock_guard<std::mutex> lock(st.mu);
+  const bool fresh = st.packed.defined() && st.layout == layout.id && st.source.is_alias_of(weight) &&
+                     st.source.data_ptr() == weight.data_ptr() && st.source.sizes() == weight.sizes() &&
+                     st.source.strides() == weight.strides() && st.version == weight.version();
+  if (!fresh) {
+    const MemoryCategoryGuard category(MemoryCategory::Buffer);
+    if (!st.packed.defined() || st.packed.numel() != static_cast<int64_t>(layout.bytes))
+      st.packed = empty({static_cast<int64_t>(layout.bytes)}, TensorOptions(kUInt8));
+    kernels::matmul_pack_b(g, st.packed.data_ptr());
+    st.source = weight.detach();
+    st.version = weight.version();
+    st.layout = layout.id;
+  }
+  kernels::matmul_with_packed_b(g, st.packed.data_ptr());
+  return out;
+}
+
+}  // namespace
+
+Tensor linear(const Tensor& input, const Tensor& weight, const Tensor& bias, WeightPack& pack,
+              std::source_location loc) {
+  // Training (the common case for a Linear) leaves at the first test.
+  if (autograd::compute_requires_grad({&input, &weight, &bias}) || !inference_product(input, weight, bias))
+    return linear(input, weight, bias, loc);
+  return inference_linear(input, weight, bias, kernels::MatmulEpilogue::None, &pack);
+}
+
+Tensor linear_add(const Tensor& input, const Tensor& weight, const Tensor& bias, const Tensor& addend,
+                  WeightPack* pack, std::source_location loc) {
+  if (!inference_product(input, weight, bias) || !addend.defined() || addend.dtype() != input.dtype() ||
+      !addend.is_contiguous() || autograd::compute_requires_grad({&addend}) || addend.dim() != input.dim() ||
+      addend.size(-1) != weight.size(0) ||
+      !std::equal(input.sizes().begin(), input.sizes().end() - 1, addend.sizes().begin()))
+    return addend + (pack ? linear(input, weight, bias, *pack, loc) : linear(input, weight, bias, loc));
+  return inference_linear(input, weight, bias, kernels::MatmulEpilogue::None, pack, addend);
+}
+
+Tensor linear_gelu(const Tensor& input, const Tensor& weight, const Tensor& bias, std::string_view approximate,
+                   WeightPack* pack, std::source_location loc) {
+  if (!inference_product(input, weight, bias) || (approximate != "tanh" && approximate != "none"))
+    return linear(input, weight, bias, loc).gelu(approximate, loc);
+  return inference_linear(input, weight, bias,
+                          approximate == "tanh" ? kernels::MatmulEpilogue::GeluTanh : kernels::MatmulEpilogue::GeluErf,
+                          pack);
 }
 
 // ---- Tensor methods ----

@@ -33,6 +33,8 @@ std::vector<Case> cases(DType dt) {
   std::vector<Case> cs;
   cs.push_back({"unmasked_batch_heads", {2, 3, 70, 8}, {2, 3, 70, 8}, {2, 3, 70, 5}, {}, false, 64});
   cs.push_back({"causal_T_not_multiple", {2, 3, 70, 8}, {2, 3, 70, 8}, {2, 3, 70, 8}, {}, true, 16});
+  // One sequence: the blocks' products write the heads-major output in place (matmul_into).
+  cs.push_back({"causal_one_sequence_heads", {1, 3, 70, 8}, {1, 3, 70, 8}, {1, 3, 70, 6}, {}, true, 16});
   cs.push_back({"causal_L_lt_S", {2, 20, 4}, {2, 33, 4}, {2, 33, 6}, {}, true, 7});
   cs.push_back({"causal_L_gt_S", {1, 2, 33, 4}, {1, 2, 20, 4}, {1, 2, 20, 4}, {}, true, 8});
   Tensor b = rand({45, 50}, o).lt(0.7);
@@ -87,6 +89,12 @@ TEST(AttentionFused, GradcheckFloat64) {
       {q, k, v}));
   EXPECT_TRUE(autograd::gradcheck(
       [](const TensorList& x) { return TensorList{F::detail::sdpa_fused(x[0], x[1], x[2], {}, true, 3)}; }, {q, k, v}));
+  // 4-D heads of one sequence: the output is written heads-major in place.
+  Tensor q4 = randn({1, 2, 7, 3}, f64).requires_grad_(), k4 = randn({1, 2, 7, 3}, f64).requires_grad_(),
+         v4 = randn({1, 2, 7, 4}, f64).requires_grad_();
+  EXPECT_TRUE(autograd::gradcheck(
+      [](const TensorList& x) { return TensorList{F::detail::sdpa_fused(x[0], x[1], x[2], {}, true, 3)}; },
+      {q4, k4, v4}));
   EXPECT_TRUE(autograd::gradcheck(
       [bmask](const TensorList& x) { return TensorList{F::detail::sdpa_fused(x[0], x[1], x[2], bmask, false, 4)}; },
       {q, k, v}));

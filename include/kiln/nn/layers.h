@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "kiln/nn/module.h"
+#include "kiln/ops/linalg.h"
 
 namespace kiln::nn {
 
@@ -34,6 +35,9 @@ class Linear : public Module {
   const LinearOptions options;
   Tensor& weight;
   Tensor& bias;  // undefined when options.bias is false
+  /// Inference (nothing to differentiate) reads the weight packed for oneDNN
+  /// from here; it follows weight by identity and version (kiln::WeightPack).
+  WeightPack weight_pack;
 };
 
 struct Conv2dOptions {

@@ -34,11 +34,18 @@ class CausalSelfAttention : public Module {
  public:
   explicit CausalSelfAttention(const TransformerBlockOptions& o);
   Tensor forward(const Tensor& x) override;
+  /// residual + forward(x), with the add inside c_proj's product when nothing
+  /// is differentiated (kiln::linear_add); call it only while resid_dropout is
+  /// the identity and no hook is on this module or its c_proj, resid_dropout.
+  Tensor forward_add(const Tensor& x, const Tensor& residual);
   const int64_t d_model, n_head;
   const double dropout;
   const bool causal;
   std::shared_ptr<Linear> c_attn, c_proj;
   std::shared_ptr<Dropout> resid_dropout;
+
+ private:
+  Tensor attend(const Tensor& x);
 };
 
 /// nanoGPT's MLP: c_fc, GELU(approximate='tanh'), c_proj, dropout.
@@ -46,10 +53,16 @@ class TransformerMLP : public Module {
  public:
   explicit TransformerMLP(const TransformerBlockOptions& o);
   Tensor forward(const Tensor& x) override;
+  /// residual + forward(x), as CausalSelfAttention::forward_add (dropout the
+  /// identity, no hook on this module or its c_proj, dropout).
+  Tensor forward_add(const Tensor& x, const Tensor& residual);
   std::shared_ptr<Linear> c_fc;
   std::shared_ptr<GELU> gelu;
   std::shared_ptr<Linear> c_proj;
   std::shared_ptr<Dropout> dropout;
+
+ private:
+  Tensor hidden(const Tensor& x);
 };
 
 /// nanoGPT's Block: children ln_1, attn, ln_2, mlp.

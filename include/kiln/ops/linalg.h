@@ -16,7 +16,9 @@
 // The trailing `loc` records the call site for autograd's error messages.
 #pragma once
 
+#include <memory>
 #include <source_location>
+#include <string_view>
 
 #include "kiln/core/tensor.h"
 
@@ -37,5 +39,54 @@ Tensor matmul(const Tensor& self, const Tensor& other,
 /// read transposed in place, never copied.
 Tensor linear(const Tensor& input, const Tensor& weight, const Tensor& bias = {},
               std::source_location loc = std::source_location::current());
+/// out = self · other written into `out`, which may be a strided view (unit
+/// stride in the last dim, batch dims that merge into one stride, rows that do
+/// not overlap): a product fills part of a larger tensor without a copy. The
+/// operands are [..., m, k] and [..., k, n] with equal batch dims; anything the
+/// kernel cannot write in place is computed and copied. Records no gradient
+/// (ValueError when an operand requires one), as torch's out= variants.
+void matmul_into(const Tensor& self, const Tensor& other, const Tensor& out,
+                 std::source_location loc = std::source_location::current());
+
+/// A weight matrix kept packed in the layout oneDNN's matmul reads fastest
+/// (Note [Packed weights] in kiln/kernels/dnnl.h), for the inference forms of
+/// linear and linear_gelu below. It remembers which tensor it packed and that
+/// tensor's version, and packs again when given another tensor or the same
+/// one modified in place (an optimizer step, load_state_dict). It holds a
+/// reference to the packed tensor until then. nn::Linear keeps one per
+/// layer. Copies share the same pack; use from several threads is serialised.
+class WeightPack {
+ public:
+  WeightPack();
+  struct State;
+
+ private:
+  friend struct WeightPackAccess;
+  std::shared_ptr<State> state_;
+};
+
+/// linear(input, weight, bias) that, when nothing needs a gradient
+/// (inference), outside autocast, for float32/bfloat16 with an [out_features]
+/// bias (or none), reads the weight from `pack`. Otherwise exactly linear().
+Tensor linear(const Tensor& input, const Tensor& weight, const Tensor& bias, WeightPack& pack,
+              std::source_location loc = std::source_location::current());
+
+/// addend + linear(input, weight, bias) (a residual connection), the same
+/// function. When nothing needs a gradient, outside autocast, for
+/// float32/bfloat16 with an [out_features] bias (or none) and a contiguous
+/// addend of the output's shape, the add runs inside the product on each
+/// tile of the output (a oneDNN post-op) and the weight is read from `pack`
+/// when given; otherwise it is exactly the two ops.
+Tensor linear_add(const Tensor& input, const Tensor& weight, const Tensor& bias, const Tensor& addend,
+                  WeightPack* pack = nullptr, std::source_location loc = std::source_location::current());
+
+/// linear(input, weight, bias).gelu(approximate), the same function. When
+/// nothing needs a gradient (inference), outside autocast, for float32 and
+/// bfloat16 with an [out_features] bias (or none), GELU runs inside the
+/// product on each tile of the output (a oneDNN post-op) rather than as a
+/// second pass over it, and the weight is read from `pack` when given;
+/// otherwise it is exactly the two ops.
+Tensor linear_gelu(const Tensor& input, const Tensor& weight, const Tensor& bias, std::string_view approximate,
+                   WeightPack* pack = nullptr, std::source_location loc = std::source_location::current());
 
 }  // namespace kiln

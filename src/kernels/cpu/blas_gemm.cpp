@@ -86,15 +86,15 @@ void blas_matmul(const MatmulArgs& g) {
   const BlasLayout la = blas_layout(g.m, g.k, g.a.stride[1], g.a.stride[2]);
   const BlasLayout lb = blas_layout(g.k, g.n, g.b.stride[1], g.b.stride[2]);
   KILN_ASSERT(la.ok && lb.ok, "blas_matmul: operands need a unit stride (the ops layer copies them)");
-  const int64_t mn = g.m * g.n;
+  const int64_t mn = g.m * g.n, ldc = g.c_row_stride();
   auto one = [&](int64_t bi) {
     const char* a = static_cast<const char*>(g.a.data) + bi * g.a.stride[0] * es;
     const char* b = static_cast<const char*>(g.b.data) + bi * g.b.stride[0] * es;
-    char* c = static_cast<char*>(g.c) + bi * mn * es;
+    char* c = static_cast<char*>(g.c) + bi * g.c_batch_stride() * es;
     if (g.bias) {
-      for (int64_t i = 0; i < g.m; ++i) std::memcpy(c + i * g.n * es, g.bias, static_cast<size_t>(g.n * es));
+      for (int64_t i = 0; i < g.m; ++i) std::memcpy(c + i * ldc * es, g.bias, static_cast<size_t>(g.n * es));
     }
-    gemm(g.dtype, la.trans, lb.trans, g.m, g.n, g.k, a, la.ld, b, lb.ld, g.bias != nullptr, c, g.n);
+    gemm(g.dtype, la.trans, lb.trans, g.m, g.n, g.k, a, la.ld, b, lb.ld, g.bias != nullptr, c, ldc);
   };
   // Many small matrices: one per thread (BLAS runs single-threaded inside an
   // OpenMP region). Few large ones: one after another, each threaded by BLAS.

@@ -16,7 +16,7 @@ using dims = dnnl::memory::dims;
 
 struct MatmulEntry {
   dnnl::matmul prim;
-  dnnl::memory src, wei, bias, dst, scratch;
+  dnnl::memory src, wei, bias, dst, scratch, addend;
   size_t scratch_bytes = 0;
 };
 
@@ -54,10 +54,65 @@ OperandLayout operand_layout(const MatrixOperand& op, int64_t batch, int64_t row
   return o;
 }
 
-MatmulEntry* get_entry(const MatmulArgs& g, const OperandLayout& la, const OperandLayout& lb) {
+Key matmul_key(const MatmulArgs& g, const OperandLayout& la, const OperandLayout& lb, bool packed) {
   Key key(PrimKind::Matmul);
-  key.add_all(g.dtype, g.batch, g.m, g.n, g.k, g.bias != nullptr, max_threads());
+  key.add_all(g.dtype, g.batch, g.m, g.n, g.k, g.bias != nullptr, max_threads(), static_cast<int>(g.epilogue), packed,
+              g.addend != nullptr);
   key.add_all(la.l.trans, la.l.ld, la.batch, la.batch_stride, lb.l.trans, lb.l.ld, lb.batch, lb.batch_stride);
+  key.add_all(g.c_batch_stride(), g.c_row_stride());
+  return key;
+}
+
+// The [m, n] addend's descriptor (contiguous, batch 1).
+dnnl::memory::desc addend_md(const MatmulArgs& g) { return {{g.m, g.n}, to_dnnl(g.dtype), dims{g.n, 1}}; }
+
+// Post-ops in order: the epilogue's eltwise, then the addend's binary add.
+dnnl::primitive_attr matmul_attr(const MatmulArgs& g) {
+  dnnl::primitive_attr attr = default_attr();
+  dnnl::post_ops po;
+  if (g.epilogue != MatmulEpilogue::None) {
+    po.append_eltwise(1.0f,
+                      g.epilogue == MatmulEpilogue::GeluTanh ? dnnl::algorithm::eltwise_gelu_tanh
+                                                            : dnnl::algorithm::eltwise_gelu_erf,
+                      0.0f, 0.0f);
+  }
+  if (g.addend) {
+    KILN_ASSERT(g.batch == 1, "kernels::matmul: an addend needs batch 1");
+    po.append_binary(dnnl::algorithm::binary_add, addend_md(g));
+  }
+  if (po.len() > 0) attr.set_post_ops(po);
+  return attr;
+}
+
+// Runs a matmul primitive with whichever of bias and addend g has; b is read
+// through `wei` (the plain or the packed descriptor).
+void run_matmul_prim(const dnnl::matmul& prim, const MatmulArgs& g, const dnnl::memory& src, const dnnl::memory& wei,
+                     const void* b, const dnnl::memory& bias, const dnnl::memory& addend, const dnnl::memory& dst,
+                     const dnnl::memory& scratch, size_t scratch_bytes) {
+  ScratchBlock block(scratch_bytes);
+  const int addend_index = g.epilogue != MatmulEpilogue::None ? 1 : 0;
+  const Arg a_src{DNNL_ARG_SRC, &src, g.a.data}, a_wei{DNNL_ARG_WEIGHTS, &wei, b}, a_dst{DNNL_ARG_DST, &dst, g.c},
+      a_scr{DNNL_ARG_SCRATCHPAD, &scratch, block.data()}, a_bias{DNNL_ARG_BIAS, &bias, g.bias},
+      a_add{DNNL_ARG_ATTR_MULTIPLE_POST_OP(addend_index) | DNNL_ARG_SRC_1, &addend, g.addend};
+  if (g.bias && g.addend) execute(prim, {a_src, a_wei, a_bias, a_add, a_dst, a_scr});
+  else if (g.bias) execute(prim, {a_src, a_wei, a_bias, a_dst, a_scr});
+  else if (g.addend) execute(prim, {a_src, a_wei, a_add, a_dst, a_scr});
+  else execute(prim, {a_src, a_wei, a_dst, a_scr});
+}
+
+// The primitive for g with b described by b_md (its plain strides, or
+// format any for a packed b).
+dnnl::matmul::primitive_desc matmul_pd(const MatmulArgs& g, const dnnl::memory::desc& a_md,
+                                       const dnnl::memory::desc& b_md, const dnnl::memory::desc& c_md) {
+  const auto t = to_dnnl(g.dtype);
+  if (!g.bias) return {dnnl::matmul::desc(a_md, b_md, c_md), matmul_attr(g), engine()};
+  const dnnl::memory::desc bias_md = g.batch > 1 ? dnnl::memory::desc({1, 1, g.n}, t, dims{g.n, g.n, 1})
+                                                 : dnnl::memory::desc({1, g.n}, t, dims{g.n, 1});
+  return {dnnl::matmul::desc(a_md, b_md, bias_md, c_md), matmul_attr(g), engine()};
+}
+
+MatmulEntry* get_entry(const MatmulArgs& g, const OperandLayout& la, const OperandLayout& lb) {
+  const Key key = matmul_key(g, la, lb, false);
   auto& c = cache();
   if (MatmulEntry* e = c.find(key)) return e;
 
@@ -65,19 +120,14 @@ MatmulEntry* get_entry(const MatmulArgs& g, const OperandLayout& la, const Opera
   const bool batched = g.batch > 1;
   const dnnl::memory::desc a_md = matrix_md(t, g.m, g.k, la);
   const dnnl::memory::desc b_md = matrix_md(t, g.k, g.n, lb);
-  const dnnl::memory::desc c_md = batched ? dnnl::memory::desc({g.batch, g.m, g.n}, t, dims{g.m * g.n, g.n, 1})
-                                          : dnnl::memory::desc({g.m, g.n}, t, dims{g.n, 1});
+  const dnnl::memory::desc c_md =
+      batched ? dnnl::memory::desc({g.batch, g.m, g.n}, t, dims{g.c_batch_stride(), g.c_row_stride(), 1})
+              : dnnl::memory::desc({g.m, g.n}, t, dims{g.c_row_stride(), 1});
   auto e = std::make_unique<MatmulEntry>();
   try {
-    dnnl::matmul::primitive_desc pd;
-    if (g.bias) {
-      const dnnl::memory::desc bias_md = batched ? dnnl::memory::desc({1, 1, g.n}, t, dims{g.n, g.n, 1})
-                                                 : dnnl::memory::desc({1, g.n}, t, dims{g.n, 1});
-      pd = dnnl::matmul::primitive_desc(dnnl::matmul::desc(a_md, b_md, bias_md, c_md), default_attr(), engine());
-      e->bias = make_memory(bias_md);
-    } else {
-      pd = dnnl::matmul::primitive_desc(dnnl::matmul::desc(a_md, b_md, c_md), default_attr(), engine());
-    }
+    const dnnl::matmul::primitive_desc pd = matmul_pd(g, a_md, b_md, c_md);
+    if (g.bias) e->bias = make_memory(pd.bias_desc());
+    if (g.addend) e->addend = make_memory(addend_md(g));
     e->prim = dnnl::matmul(pd);
     e->src = make_memory(a_md);
     e->wei = make_memory(b_md);
@@ -96,34 +146,105 @@ void dnnl_matmul(const MatmulArgs& g) {
   const OperandLayout la = operand_layout(g.a, g.batch, g.m, g.k);
   const OperandLayout lb = operand_layout(g.b, g.batch, g.k, g.n);
   MatmulEntry* e = get_entry(g, la, lb);
-  ScratchBlock scratch(e->scratch_bytes);
-  if (g.bias) {
-    execute(e->prim, {{DNNL_ARG_SRC, &e->src, g.a.data},
-                      {DNNL_ARG_WEIGHTS, &e->wei, g.b.data},
-                      {DNNL_ARG_BIAS, &e->bias, g.bias},
-                      {DNNL_ARG_DST, &e->dst, g.c},
-                      {DNNL_ARG_SCRATCHPAD, &e->scratch, scratch.data()}});
-  } else {
-    execute(e->prim, {{DNNL_ARG_SRC, &e->src, g.a.data},
-                      {DNNL_ARG_WEIGHTS, &e->wei, g.b.data},
-                      {DNNL_ARG_DST, &e->dst, g.c},
-                      {DNNL_ARG_SCRATCHPAD, &e->scratch, scratch.data()}});
+  run_matmul_prim(e->prim, g, e->src, e->wei, g.b.data, e->bias, e->addend, e->dst, e->scratch, e->scratch_bytes);
+}
+
+// ---- packed b (Note [Packed weights] in kiln/kernels/dnnl.h) ----
+
+struct PackedEntry {
+  dnnl::matmul prim;       // reads b in oneDNN's layout
+  dnnl::reorder pack;      // plain b -> that layout (unset when layout.bytes == 0)
+  dnnl::memory src, wei_plain, wei_packed, bias, dst, scratch, addend;
+  size_t scratch_bytes = 0;
+  PackedLayout layout;
+};
+
+PrimCache<PackedEntry>& packed_cache() {
+  thread_local PrimCache<PackedEntry> c;
+  static const bool registered = (register_clear([] { packed_cache().clear(); }), true);
+  (void)registered;
+  return c;
+}
+
+uint64_t fnv1a(const void* p, size_t n) {
+  uint64_t h = 0xcbf29ce484222325ull;
+  const auto* b = static_cast<const unsigned char*>(p);
+  for (size_t i = 0; i < n; ++i) h = (h ^ b[i]) * 0x100000001b3ull;
+  return h;
+}
+
+PackedEntry* get_packed_entry(const MatmulArgs& g) {
+  KILN_ASSERT(g.batch == 1 && (g.dtype == DType::Float32 || g.dtype == DType::BFloat16) && g.k > 0,
+              "matmul with a packed b: expected a 2-D float32/bfloat16 product with k > 0");
+  const OperandLayout la = operand_layout(g.a, 1, g.m, g.k);
+  const OperandLayout lb = operand_layout(g.b, 1, g.k, g.n);
+  const Key key = matmul_key(g, la, lb, true);
+  auto& c = packed_cache();
+  if (PackedEntry* e = c.find(key)) return e;
+
+  const auto t = to_dnnl(g.dtype);
+  const dnnl::memory::desc a_md = matrix_md(t, g.m, g.k, la);
+  const dnnl::memory::desc b_plain = matrix_md(t, g.k, g.n, lb);
+  const dnnl::memory::desc b_any({g.k, g.n}, t, dnnl::memory::format_tag::any);
+  const dnnl::memory::desc c_md({g.m, g.n}, t, dims{g.c_row_stride(), 1});
+  auto e = std::make_unique<PackedEntry>();
+  try {
+    const dnnl::matmul::primitive_desc pd = matmul_pd(g, a_md, b_any, c_md);
+    const dnnl::memory::desc b_packed = pd.weights_desc();
+    e->prim = dnnl::matmul(pd);
+    e->src = make_memory(a_md);
+    e->wei_plain = make_memory(b_plain);
+    e->wei_packed = make_memory(b_packed);
+    e->dst = make_memory(c_md);
+    if (g.bias) e->bias = make_memory(pd.bias_desc());
+    if (g.addend) e->addend = make_memory(addend_md(g));
+    e->scratch_bytes = pd.scratchpad_desc().get_size();
+    e->scratch = make_memory(pd.scratchpad_desc());
+    if (b_packed != b_plain) {
+      e->layout.bytes = b_packed.get_size();
+      e->layout.id = fnv1a(&b_packed.data, sizeof(b_packed.data));
+      e->pack = dnnl::reorder(dnnl::reorder::primitive_desc(engine(), b_plain, engine(), b_packed));
+      note_created();
+    }
+  } catch (const dnnl::error& err) {
+    rethrow(err, "matmul with a packed b");
   }
+  note_created();
+  return c.insert(key, std::move(e));
 }
 
 }  // namespace
+
+PackedLayout matmul_packed_layout(const MatmulArgs& g) { return get_packed_entry(g)->layout; }
+
+void matmul_pack_b(const MatmulArgs& g, void* packed) {
+  PackedEntry* e = get_packed_entry(g);
+  KILN_ASSERT(e->layout.bytes > 0, "matmul_pack_b: this problem reads b as given");
+  execute(e->pack, {{DNNL_ARG_FROM, &e->wei_plain, g.b.data}, {DNNL_ARG_TO, &e->wei_packed, packed}});
+}
+
+void matmul_with_packed_b(const MatmulArgs& g, const void* packed) {
+  PackedEntry* e = get_packed_entry(g);
+  KILN_ASSERT(e->layout.bytes > 0, "matmul_with_packed_b: this problem reads b as given");
+  run_matmul_prim(e->prim, g, e->src, e->wei_packed, packed, e->bias, e->addend, e->dst, e->scratch,
+                  e->scratch_bytes);
+}
 
 void matmul(const MatmulArgs& g) {
   if (g.batch <= 0 || g.m <= 0 || g.n <= 0) return;
   if (g.k == 0) {
     // An empty sum: the bias (or zero) everywhere. oneDNN cannot take k = 0.
+    KILN_ASSERT(g.epilogue == MatmulEpilogue::None && !g.addend, "kernels::matmul: k = 0 with an epilogue or addend");
     const size_t row = static_cast<size_t>(g.n * element_size(g.dtype));
-    char* c = static_cast<char*>(g.c);
-    for (int64_t r = 0; r < g.batch * g.m; ++r) {
-      if (g.bias) {
-        std::memcpy(c + r * row, g.bias, row);
-      } else {
-        std::memset(c + r * row, 0, row);
+    const int64_t es = element_size(g.dtype);
+    for (int64_t bi = 0; bi < g.batch; ++bi) {
+      for (int64_t i = 0; i < g.m; ++i) {
+        char* c = static_cast<char*>(g.c) + (bi * g.c_batch_stride() + i * g.c_row_stride()) * es;
+        if (g.bias) {
+          std::memcpy(c, g.bias, row);
+        } else {
+          std::memset(c, 0, row);
+        }
       }
     }
     return;
@@ -134,7 +255,11 @@ void matmul(const MatmulArgs& g) {
     case DType::Float64:
     case DType::Int64:
     case DType::Int32:
-    case DType::UInt8: blas_matmul(g); return;
+    case DType::UInt8:
+      KILN_ASSERT(g.epilogue == MatmulEpilogue::None && !g.addend,
+                  "kernels::matmul: an epilogue or addend needs float32 or bfloat16");
+      blas_matmul(g);
+      return;
     default: KILN_ASSERT(false, "kernels::matmul: unsupported dtype ", dtype_name(g.dtype));
   }
 }

@@ -1,0 +1,272 @@
+// The fused attention's row kernels (kiln/kernels/attention.h).
+//
+// Each row is swept while it stays in L1 (a row of 128 float scores is 512
+// bytes): float/double rows keep exp in the row itself between passes;
+// 16-bit rows compute in float and round once at the end, recomputing exp
+// rather than storing an unrounded intermediate. Sums and maxima use kW
+// independent partials combined pairwise, so a row's result depends only on
+// its length, never on the thread count.
+//
+// Rows are independent; the threads split them in contiguous ranges once a
+// call holds enough elements (kRowGrain) that a second thread pays for its
+// start (~1 µs). At the gpt_infer shape (4 heads × 64 rows × 128 keys per
+// block) a call is 32K elements: two threads.
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <tuple>
+#include <type_traits>
+#include <utility>
+
+#include "kiln/kernels/attention.h"
+#include "reduce_engine.h"
+
+namespace kiln::kernels {
+
+using namespace detail;
+
+namespace {
+
+constexpr int64_t kRowGrain = 8192;  // elements per thread at least
+
+// Rows are short (the keys of one block: 64..128 at the gpt shapes), so a
+// float row runs on 16-lane vectors (GCC/Clang vector extensions, AVX-512
+// under -march=native) end to end: its max, exp with the running sum in the
+// same sweep, the scaling. A row's last partial vector is computed whole
+// with its lanes past n masked to 0 (they are hidden keys, which get 0
+// anyway). Other types, and rows shorter than a vector, take plain loops.
+constexpr int kW = 16;
+using VecF = float __attribute__((vector_size(kW * sizeof(float))));
+using VecI = int32_t __attribute__((vector_size(kW * sizeof(int32_t))));
+
+// Inlined by force: out of line, GCC passes each 64-byte vector through memory.
+#define KILN_VEC_INLINE inline __attribute__((always_inline))
+
+KILN_VEC_INLINE VecF splat(float x) { return VecF{} + x; }
+
+KILN_VEC_INLINE VecF load(const float* y) {
+  VecF v;
+  std::memcpy(&v, y, sizeof(v));
+  return v;
+}
+
+KILN_VEC_INLINE void store(float* y, VecF v) { std::memcpy(y, &v, sizeof(v)); }
+
+// Lanes k < n of a vector (n < kW).
+KILN_VEC_INLINE VecI lanes_below(int64_t n) {
+  VecI lane;
+  for (int k = 0; k < kW; ++k) lane[k] = k;
+  return lane < static_cast<int32_t>(n);
+}
+
+template <typename A, typename Comb>
+A fold(A* acc, const Comb& comb) {
+  for (int w = kW / 2; w > 0; w /= 2)
+    for (int k = 0; k < w; ++k) acc[k] = comb(acc[k], acc[k + w]);
+  return acc[0];
+}
+
+KILN_VEC_INLINE float hsum(VecF v) {
+  float a[kW];
+  std::memcpy(a, &v, sizeof(a));
+  return fold(a, [](float x, float z) { return x + z; });
+}
+
+// NaN need not win a max here: it reaches the row through the sum of exp,
+// which the max only shifts.
+KILN_VEC_INLINE float hmax(VecF v) {
+  float a[kW];
+  std::memcpy(a, &v, sizeof(a));
+  return fold(a, [](float x, float z) { return z > x ? z : x; });
+}
+
+// exp_vec (reduce_engine.h) on a vector, the same steps lane by lane.
+KILN_VEC_INLINE VecF exp_v(VecF x) {
+  const VecF hi = splat(88.7228317f), lo = splat(-103.972084f);
+  const VecF xc = x < lo ? lo : (x > hi ? hi : x);
+  constexpr float kRound = 12582912.0f;
+  const VecF fn = (xc * 1.44269504088896341f + kRound) - kRound;
+  VecF r = xc - fn * 0.693359375f;
+  r = r - fn * -2.12194440e-4f;
+  const VecF r2 = r * r;
+  VecF y = splat(1.9875691500e-4f);
+  y = y * r + 1.3981999507e-3f;
+  y = y * r + 8.3334519073e-3f;
+  y = y * r + 4.1665795894e-2f;
+  y = y * r + 1.6666665459e-1f;
+  y = y * r + 5.0000001201e-1f;
+  y = y * r2 + r + 1.0f;
+  const VecI n = __builtin_convertvector(fn, VecI);
+  const VecI n1 = n >> 1;
+  const VecI n2 = n - n1;
+  const VecF s1 = reinterpret_cast<const VecF&>(static_cast<const VecI&>((n1 + 127) << 23));
+  const VecF s2 = reinterpret_cast<const VecF&>(static_cast<const VecI&>((n2 + 127) << 23));
+  VecF res = y * s1 * s2;
+  res = x > hi ? splat(std::numeric_limits<float>::infinity()) : res;
+  res = x < lo ? splat(0.0f) : res;
+  return x != x ? x : res;
+}
+
+// One float row of n >= kW visible keys out of cols, in place: the weights,
+// 0 on the hidden keys. Returns the scaled max and the sum of exp.
+std::pair<float, float> softmax_row(float* y, int64_t n, int64_t cols, float scale) {
+  VecF mx = load(y);
+  for (int64_t i = kW; i + kW <= n; i += kW) mx = load(y + i) > mx ? load(y + i) : mx;
+  if (n % kW) mx = load(y + n - kW) > mx ? load(y + n - kW) : mx;  // overlaps: a max is idempotent
+  const float m = hmax(mx) * scale;  // scale > 0 keeps the order
+  const VecF vs = splat(scale), vm = splat(m);
+  VecF acc = splat(0.0f);
+  int64_t i = 0;
+  for (; i + kW <= n; i += kW) {
+    const VecF e = exp_v(load(y + i) * vs - vm);
+    store(y + i, e);
+    acc += e;
+  }
+  if (i < n) {
+    const VecI keep = lanes_below(n - i);
+    if (i + kW <= cols) {  // the lanes past n are hidden keys of this row
+      const VecF e = keep ? exp_v(load(y + i) * vs - vm) : splat(0.0f);
+      store(y + i, e);
+      acc += e;
+      i += kW;
+    } else {  // the row ends inside this vector
+      float buf[kW] = {};
+      for (int64_t k = 0; k < n - i; ++k) buf[k] = y[i + k];
+      const VecF e = keep ? exp_v(load(buf) * vs - vm) : splat(0.0f);
+      acc += e;
+      for (int64_t k = 0; k < n - i; ++k) y[i + k] = e[k];
+      i = n;
+    }
+  }
+  for (int64_t j = i; j < cols; ++j) y[j] = 0.0f;
+  const float sum = hsum(acc), inv = 1.0f / sum;
+  for (int64_t j = 0; j < n; ++j) y[j] *= inv;
+  return {m, sum};
+}
+
+// The plain forms: f(0) .. f(n-1) in kW partials, combined pairwise.
+template <typename A, typename F>
+A row_sum(int64_t n, const F& f) {
+  A acc[kW] = {};
+  for (int64_t i = 0; i < n; ++i) acc[i % kW] += f(i);
+  return fold(acc, [](A x, A z) { return x + z; });
+}
+
+template <typename A, typename F>
+A row_max(int64_t n, const F& f) {
+  A acc[kW];
+  for (int k = 0; k < kW; ++k) acc[k] = -std::numeric_limits<A>::infinity();
+  for (int64_t i = 0; i < n; ++i) {
+    const A v = f(i);
+    acc[i % kW] = v > acc[i % kW] ? v : acc[i % kW];
+  }
+  return fold(acc, [](A x, A z) { return z > x ? z : x; });
+}
+
+// Keys row i of a block sees.
+int64_t visible(const AttentionBlock& a, int64_t i) {
+  return a.causal ? std::min(a.cols, a.row0 + i + 1) : a.cols;
+}
+
+// body(b, i, row) over every row (b, i) of the call, split across threads.
+template <typename Body>
+void for_rows(const AttentionBlock& a, const Body& body) {
+  const int64_t total = a.batch * a.rows;
+  auto range = [&](int64_t r0, int64_t r1) {
+    for (int64_t r = r0; r < r1; ++r) body(r / a.rows, r % a.rows, r);
+  };
+  if (get_num_threads() == 1 || total * a.cols < 2 * kRowGrain) {
+    range(0, total);
+    return;
+  }
+  parallel_for(total, std::max<int64_t>(1, kRowGrain / std::max<int64_t>(a.cols, 1)), range);
+}
+
+template <typename T>
+void weights(const AttentionBlock& a, T* s, T* lse) {
+  using A = compute_t<T>;
+  // Everything the row loops read is a local of the row body: a store through
+  // y could otherwise alias a captured value, which the loop would then reload
+  // every element (and not vectorise).
+  for_rows(a, [&](int64_t b, int64_t i, int64_t r) {
+    const A scale = static_cast<A>(a.scale);
+    T* y = s + r * a.cols;
+    const int64_t n = visible(a, i), cols = a.cols;
+    A m, sum;
+    if constexpr (std::is_same_v<T, float>) {
+      if (n >= kW) {
+        std::tie(m, sum) = softmax_row(y, n, cols, scale);
+        if (lse) lse[b * a.row_batch_stride + i] = m + std::log(sum);
+        return;
+      }
+    }
+    // The max of the raw scores, scaled: scale > 0 keeps the order.
+    if constexpr (std::is_same_v<T, A>) {
+      m = row_max<A>(n, [&](int64_t j) { return y[j]; }) * scale;
+      for (int64_t j = 0; j < n; ++j) y[j] = exp_vec(y[j] * scale - m);
+      sum = row_sum<A>(n, [&](int64_t j) { return y[j]; });
+      const A inv = A(1) / sum;
+      for (int64_t j = 0; j < n; ++j) y[j] *= inv;
+    } else {
+      m = row_max<A>(n, [&](int64_t j) { return static_cast<A>(y[j]); }) * scale;
+      sum = row_sum<A>(n, [&](int64_t j) { return exp_vec(static_cast<A>(y[j]) * scale - m); });
+      const A inv = A(1) / sum;
+      for (int64_t j = 0; j < n; ++j) y[j] = static_cast<T>(exp_vec(static_cast<A>(y[j]) * scale - m) * inv);
+    }
+    for (int64_t j = n; j < cols; ++j) y[j] = T(0);
+    if (lse) lse[b * a.row_batch_stride + i] = static_cast<T>(m + std::log(sum));
+  });
+}
+
+template <typename T>
+void recompute(const AttentionBlock& a, T* s, const T* lse) {
+  using A = compute_t<T>;
+  for_rows(a, [&](int64_t b, int64_t i, int64_t r) {
+    const A scale = static_cast<A>(a.scale);
+    T* y = s + r * a.cols;
+    const int64_t n = visible(a, i), cols = a.cols;
+    const A l = static_cast<A>(lse[b * a.row_batch_stride + i]);
+    for (int64_t j = 0; j < n; ++j) y[j] = static_cast<T>(exp_vec(static_cast<A>(y[j]) * scale - l));
+    for (int64_t j = n; j < cols; ++j) y[j] = T(0);
+  });
+}
+
+template <typename T>
+void scores_grad(const AttentionBlock& a, T* dp, const T* p, const T* D) {
+  using A = compute_t<T>;
+  for_rows(a, [&](int64_t b, int64_t i, int64_t r) {
+    const A scale = static_cast<A>(a.scale);
+    T* g = dp + r * a.cols;
+    const T* pr = p + r * a.cols;
+    const int64_t n = visible(a, i), cols = a.cols;
+    const A d = static_cast<A>(D[b * a.row_batch_stride + i]);
+    for (int64_t j = 0; j < n; ++j)
+      g[j] = static_cast<T>(static_cast<A>(pr[j]) * (static_cast<A>(g[j]) - d) * scale);
+    for (int64_t j = n; j < cols; ++j) g[j] = T(0);
+  });
+}
+
+}  // namespace
+
+void attention_weights(const AttentionBlock& a, void* scores, void* lse) {
+  if (a.batch * a.rows * a.cols == 0) return;
+  visit_floating_dtype(a.dtype, "attention_weights", [&]<typename T>() {
+    weights(a, static_cast<T*>(scores), static_cast<T*>(lse));
+  });
+}
+
+void attention_recompute_weights(const AttentionBlock& a, void* scores, const void* lse) {
+  if (a.batch * a.rows * a.cols == 0) return;
+  visit_floating_dtype(a.dtype, "attention_recompute_weights", [&]<typename T>() {
+    recompute(a, static_cast<T*>(scores), static_cast<const T*>(lse));
+  });
+}
+
+void attention_scores_grad(const AttentionBlock& a, void* dp, const void* p, const void* D) {
+  if (a.batch * a.rows * a.cols == 0) return;
+  visit_floating_dtype(a.dtype, "attention_scores_grad", [&]<typename T>() {
+    scores_grad(a, static_cast<T*>(dp), static_cast<const T*>(p), static_cast<const T*>(D));
+  });
+}
+
+}  // namespace kiln::kernels
