@@ -12,19 +12,13 @@
 
 #include "kiln/autograd/engine.h"
 #include "kiln/kiln.h"
+#include "bench_threads.h"
 
 namespace {
 
 using namespace kiln;
 
-class ThreadScope {
- public:
-  explicit ThreadScope(int n) : prev_(get_num_threads()) { set_num_threads(n); }
-  ~ThreadScope() { set_num_threads(prev_); }
-
- private:
-  int prev_;
-};
+using kiln_micro::ThreadScope;
 
 template <typename F>
 void run_forward_backward(benchmark::State& state, IntArrayRef shape, F f) {

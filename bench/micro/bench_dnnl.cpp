@@ -13,6 +13,7 @@
 #include "kiln/kiln.h"
 #include "kiln/ops/conv.h"
 #include "kiln/ops/linalg.h"
+#include "bench_threads.h"
 
 namespace {
 
@@ -20,14 +21,7 @@ using kiln::DType;
 using kiln::Tensor;
 
 // Sets kiln's (and so oneDNN's) thread count for one benchmark run.
-class ThreadScope {
- public:
-  explicit ThreadScope(int n) : prev_(kiln::get_num_threads()) { kiln::set_num_threads(n); }
-  ~ThreadScope() { kiln::set_num_threads(prev_); }
-
- private:
-  int prev_;
-};
+using kiln_micro::ThreadScope;
 
 void set_gflops(benchmark::State& state, double flops_per_iter) {
   state.counters["GFLOP/s"] = benchmark::Counter(flops_per_iter * 1e-9 * static_cast<double>(state.iterations()),

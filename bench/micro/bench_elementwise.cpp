@@ -8,6 +8,7 @@
 
 #include "kiln/kiln.h"
 #include "kiln/ops/elementwise.h"
+#include "bench_threads.h"
 
 namespace {
 
@@ -16,14 +17,7 @@ using namespace kiln;
 constexpr int64_t kBig = int64_t{1} << 24;  // 16M floats: 64 MiB per array, far beyond the caches
 
 // Restores the thread setting after a benchmark that changes it.
-class ThreadScope {
- public:
-  explicit ThreadScope(int n) : saved_(get_num_threads()) { set_num_threads(n); }
-  ~ThreadScope() { set_num_threads(saved_); }
-
- private:
-  int saved_;
-};
+using kiln_micro::ThreadScope;
 
 void BM_ElementwiseAddF32(benchmark::State& state) {
   ThreadScope threads(static_cast<int>(state.range(0)));

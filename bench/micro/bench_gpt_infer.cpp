@@ -15,19 +15,13 @@
 #include "kiln/kiln.h"
 #include "kiln/models/gpt.h"
 #include "kiln/nn/attention.h"
+#include "bench_threads.h"
 
 namespace {
 
 using namespace kiln;
 
-class ThreadScope {
- public:
-  explicit ThreadScope(int n) : prev_(get_num_threads()) { set_num_threads(n); }
-  ~ThreadScope() { set_num_threads(prev_); }
-
- private:
-  int prev_;
-};
+using kiln_micro::ThreadScope;
 
 void BM_InferPart(benchmark::State& state) {
   const ThreadScope threads(static_cast<int>(state.range(1)));

@@ -21,19 +21,13 @@
 #include "kiln/autograd/engine.h"
 #include "kiln/kiln.h"
 #include "kiln/optim/optimizer.h"
+#include "bench_threads.h"
 
 namespace {
 
 using namespace kiln;
 
-class ThreadScope {
- public:
-  explicit ThreadScope(int n) : prev_(get_num_threads()) { set_num_threads(n); }
-  ~ThreadScope() { set_num_threads(prev_); }
-
- private:
-  int prev_;
-};
+using kiln_micro::ThreadScope;
 
 void BM_PartsGptLinear(benchmark::State& state) {
   struct Shape {

@@ -72,13 +72,10 @@ void check_matmul_dtypes(const char* op, const Tensor& a, const Tensor& b, const
 
 // c = a · b (+ bias) into `out` (contiguous, batch * a.rows * b.cols
 // elements). float16 callers convert before they get here.
-void run_matmul_into(const Operand& a, const Operand& b, const Tensor& bias, int64_t batch, const Tensor& out,
-                     kernels::MatmulEpilogue epilogue = kernels::MatmulEpilogue::None, int64_t c_batch_stride = 0,
-                     int64_t c_row_stride = 0) {
-  const DType dt = a.t.dtype();
+// The product a @ b for the kernel: dtype, shape and both operands (batch 1, no bias, no output yet).
+kernels::MatmulArgs product_args(const Operand& a, const Operand& b) {
   kernels::MatmulArgs g;
-  g.dtype = dt;
-  g.batch = batch;
+  g.dtype = a.t.dtype();
   g.m = a.rows;
   g.k = a.cols;
   g.n = b.cols;
@@ -88,6 +85,14 @@ void run_matmul_into(const Operand& a, const Operand& b, const Tensor& bias, int
     g.a.stride[i] = a.stride[i];
     g.b.stride[i] = b.stride[i];
   }
+  return g;
+}
+
+void run_matmul_into(const Operand& a, const Operand& b, const Tensor& bias, int64_t batch, const Tensor& out,
+                     kernels::MatmulEpilogue epilogue = kernels::MatmulEpilogue::None, int64_t c_batch_stride = 0,
+                     int64_t c_row_stride = 0) {
+  kernels::MatmulArgs g = product_args(a, b);
+  g.batch = batch;
   g.bias = bias.defined() ? bias.data_ptr() : nullptr;
   g.c = out.data_ptr();
   g.c_stride[0] = c_batch_stride;
@@ -605,17 +610,7 @@ Tensor inference_linear(const Tensor& input, const Tensor& weight, const Tensor&
   const Operand a = matrix_operand(x2, false), b = transposed(matrix_operand(weight, false));
   const Tensor fused_bias = bias.defined() ? bias.contiguous() : Tensor();
   Tensor out = ops::new_output(out_shape, dt);
-  kernels::MatmulArgs g;
-  g.dtype = dt;
-  g.m = a.rows;
-  g.k = a.cols;
-  g.n = b.cols;
-  g.a.data = a.t.data_ptr();
-  g.b.data = b.t.data_ptr();
-  for (int i = 0; i < 3; ++i) {
-    g.a.stride[i] = a.stride[i];
-    g.b.stride[i] = b.stride[i];
-  }
+  kernels::MatmulArgs g = product_args(a, b);
   g.bias = fused_bias.defined() ? fused_bias.data_ptr() : nullptr;
   g.c = out.data_ptr();
   g.epilogue = epilogue;
