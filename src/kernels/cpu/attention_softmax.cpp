@@ -83,19 +83,8 @@ KILN_VEC_INLINE float hmax(VecF v) {
 // exp_vec (reduce_engine.h) on a vector, the same steps lane by lane.
 KILN_VEC_INLINE VecF exp_v(VecF x) {
   const VecF hi = splat(88.7228317f), lo = splat(-103.972084f);
-  const VecF xc = x < lo ? lo : (x > hi ? hi : x);
-  constexpr float kRound = 12582912.0f;
-  const VecF fn = (xc * 1.44269504088896341f + kRound) - kRound;
-  VecF r = xc - fn * 0.693359375f;
-  r = r - fn * -2.12194440e-4f;
-  const VecF r2 = r * r;
-  VecF y = splat(1.9875691500e-4f);
-  y = y * r + 1.3981999507e-3f;
-  y = y * r + 8.3334519073e-3f;
-  y = y * r + 4.1665795894e-2f;
-  y = y * r + 1.6666665459e-1f;
-  y = y * r + 5.0000001201e-1f;
-  y = y * r2 + r + 1.0f;
+  VecF fn;
+  const VecF y = exp_reduced(x, fn);
   const VecI n = __builtin_convertvector(fn, VecI);
   const VecI n1 = n >> 1;
   const VecI n2 = n - n1;

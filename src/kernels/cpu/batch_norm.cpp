@@ -45,9 +45,10 @@ struct Lanes {
   }
 };
 
-// sum(p[i]) over a strip.
-template <typename T>
-double strip_sum(const T* p, int64_t n) {
+// sum(f(p[i])) over a strip: f takes a vector of T (the lanes) or a double
+// (the tail), e.g. the identity for a sum, (v - m)^2 for squared deviations.
+template <typename T, typename F>
+double strip_reduce(const T* p, int64_t n, F f) {
   using L = Lanes<T>;
   constexpr int64_t W = L::kWidth;
   int64_t i = 0;
@@ -55,41 +56,27 @@ double strip_sum(const T* p, int64_t n) {
   if (n >= W) {
     typename L::V a0 = {}, a1 = {};
     for (; i + 2 * W <= n; i += 2 * W) {
-      a0 += L::load(p + i);
-      a1 += L::load(p + i + W);
+      a0 += f(L::load(p + i));
+      a1 += f(L::load(p + i + W));
     }
-    for (; i + W <= n; i += W) a0 += L::load(p + i);
+    for (; i + W <= n; i += W) a0 += f(L::load(p + i));
     s = L::fold(a0 + a1);
   }
-  for (; i < n; ++i) s += static_cast<double>(p[i]);
+  for (; i < n; ++i) s += f(static_cast<double>(p[i]));
   return s;
 }
 
-// sum((p[i] - m)^2) over a strip.
+template <typename T>
+double strip_sum(const T* p, int64_t n) {
+  return strip_reduce(p, n, [](auto v) { return v; });
+}
+
 template <typename T>
 double strip_sqdev(const T* p, int64_t n, T m) {
-  using L = Lanes<T>;
-  constexpr int64_t W = L::kWidth;
-  int64_t i = 0;
-  double s = 0;
-  if (n >= W) {
-    typename L::V a0 = {}, a1 = {};
-    for (; i + 2 * W <= n; i += 2 * W) {
-      const typename L::V d0 = L::load(p + i) - m, d1 = L::load(p + i + W) - m;
-      a0 += d0 * d0;
-      a1 += d1 * d1;
-    }
-    for (; i + W <= n; i += W) {
-      const typename L::V d = L::load(p + i) - m;
-      a0 += d * d;
-    }
-    s = L::fold(a0 + a1);
-  }
-  for (; i < n; ++i) {
-    const double d = static_cast<double>(p[i]) - static_cast<double>(m);
-    s += d * d;
-  }
-  return s;
+  return strip_reduce(p, n, [m](auto v) {
+    const auto d = v - m;
+    return d * d;
+  });
 }
 
 // sum(dy[i]) and sum(dy[i] * (x[i] - m)) over a strip, in one read.

@@ -79,26 +79,37 @@ constexpr A highest_value() {
   else return std::numeric_limits<A>::max();
 }
 
-/// exp(x) for float in a branch-free form the compiler vectorises: x = n ln2 + r,
-/// |r| <= ln2/2 + rounding, exp(r) by Cephes' degree-6 polynomial (about 1 ulp), 2^n built
-/// in two halves so that results down to the subnormals stay exact in range.
-inline float exp_vec(float x) {
-  constexpr float kHi = 88.7228317f;   // just below log(FLT_MAX)
-  constexpr float kLo = -103.972084f;  // exp rounds to 0 below this
-  const float xc = x < kLo ? kLo : (x > kHi ? kHi : x);
+/// The shared steps of exp for a float or a vector of floats (GCC vector
+/// extensions; exp_vec below and the attention kernel's vector form): clamp
+/// x, fn = round(x / ln2) as a float, r = x - fn ln2 in two steps, and exp(r)
+/// by Cephes' degree-6 polynomial. The caller scales by 2^fn in its own type.
+template <typename V>
+[[gnu::always_inline]] inline V exp_reduced(V x, V& fn) {
+  const V hi = V{} + 88.7228317f;   // just below log(FLT_MAX)
+  const V lo = V{} + -103.972084f;  // exp rounds to 0 below this
+  const V xc = x < lo ? lo : (x > hi ? hi : x);
   // Round to nearest by adding 1.5 * 2^23 (std::floor does not vectorise here).
   constexpr float kRound = 12582912.0f;
-  const float fn = (xc * 1.44269504088896341f + kRound) - kRound;
-  float r = xc - fn * 0.693359375f;
+  fn = (xc * 1.44269504088896341f + kRound) - kRound;
+  V r = xc - fn * 0.693359375f;
   r = r - fn * -2.12194440e-4f;
-  const float r2 = r * r;
-  float y = 1.9875691500e-4f;
+  const V r2 = r * r;
+  V y = V{} + 1.9875691500e-4f;
   y = y * r + 1.3981999507e-3f;
   y = y * r + 8.3334519073e-3f;
   y = y * r + 4.1665795894e-2f;
   y = y * r + 1.6666665459e-1f;
   y = y * r + 5.0000001201e-1f;
-  y = y * r2 + r + 1.0f;
+  return y * r2 + r + 1.0f;
+}
+
+/// exp(x) for float in a branch-free form the compiler vectorises: x = n ln2 + r,
+/// |r| <= ln2/2 + rounding, exp(r) by Cephes' degree-6 polynomial (about 1 ulp), 2^n built
+/// in two halves so that results down to the subnormals stay exact in range.
+inline float exp_vec(float x) {
+  constexpr float kHi = 88.7228317f, kLo = -103.972084f;
+  float fn;
+  const float y = exp_reduced(x, fn);
   const int32_t n = static_cast<int32_t>(fn);
   const int32_t n1 = n >> 1;
   const int32_t n2 = n - n1;
