@@ -270,12 +270,13 @@ Tensor max_pool2d(const Tensor& input, const Pool2dParams& p, CallSite site) {
       ran_dnnl = kernels::pool2d_forward(q, x.data_ptr(), out.data_ptr(), node->workspace.data_ptr());
       node->nhwc = ran_dnnl;
     }
-    const size_t ws_bytes = kernels::pool2d_workspace_bytes(p);
     if (!ran_dnnl) {
       x = kernel_operand(input, p.dtype);
       out = new_output(output_shape(p, unbatched), p.dtype);
     }
-    if (!ran_dnnl && !q.nhwc && ws_bytes > 0) {
+    // NCHW on oneDNN; not after a channels-last try, which declined for a NaN that oneDNN would drop here too.
+    const size_t ws_bytes = ran_dnnl || q.nhwc ? 0 : kernels::pool2d_workspace_bytes(p);
+    if (ws_bytes > 0) {
       node->workspace = new_output({static_cast<int64_t>(ws_bytes)}, kUInt8);
       ran_dnnl = kernels::pool2d_forward(p, x.data_ptr(), out.data_ptr(), node->workspace.data_ptr());
     }
