@@ -10,6 +10,7 @@
 #include "kiln/autograd/engine.h"
 #include "kiln/autograd/gradcheck.h"
 #include "kiln/kiln.h"
+#include "support/test_util.h"
 
 using namespace kiln;
 
@@ -23,17 +24,7 @@ Tensor leaf(IntArrayRef sizes, double start = 1.0) {
   return t;
 }
 
-// The data pointer of the gradient as it reaches the leaf's AccumulateGrad,
-// seen through a leaf hook that keeps no reference to it.
-struct ArrivalProbe {
-  const void* ptr = nullptr;
-  HookHandle handle;
-  explicit ArrivalProbe(const Tensor& t)
-      : handle(t.register_hook([this](const Tensor& g) {
-          ptr = g.data_ptr();
-          return Tensor();
-        })) {}
-};
+using test::ArrivalProbe;
 
 TEST(AccumulateGrad, StealsASoleOwnedGradient) {
   Tensor x = leaf({4, 3});

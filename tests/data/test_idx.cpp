@@ -26,15 +26,6 @@ std::string gzip(const std::string& data) { return test::gzip_bytes(data, 6); }
 
 void write(const std::string& path, const std::string& bytes) { write_bytes(path, bytes); }
 
-template <typename F>
-std::string format_error(F&& f) {
-  try {
-    f();
-  } catch (const FormatError& e) {
-    return e.what();
-  }
-  return "<no FormatError>";
-}
 
 }  // namespace
 
@@ -92,36 +83,36 @@ TEST(DataIdx, CorruptedFilesRaiseFormatErrorNamingFileAndProblem) {
   write(dir.file("lab2"), idx_header({2}) + std::string{1, 2});
 
   write(dir.file("magic"), std::string{1, 0, 8, 3} + good.substr(4));
-  std::string m = format_error([&] { read_idx(dir.file("magic")); });
+  std::string m = test::error_message<FormatError>([&] { read_idx(dir.file("magic")); });
   EXPECT_NE(m.find("magic"), std::string::npos) << m;
   EXPECT_NE(m.find(dir.file("magic")), std::string::npos) << m;
 
   write(dir.file("type"), std::string{0, 0, 0x0d, 3} + good.substr(4));
-  m = format_error([&] { read_idx(dir.file("type")); });
+  m = test::error_message<FormatError>([&] { read_idx(dir.file("type")); });
   EXPECT_NE(m.find("element type"), std::string::npos) << m;
 
   write(dir.file("trunc"), good.substr(0, good.size() - 3));
-  m = format_error([&] { read_idx(dir.file("trunc")); });
+  m = test::error_message<FormatError>([&] { read_idx(dir.file("trunc")); });
   EXPECT_NE(m.find("truncated"), std::string::npos) << m;
   EXPECT_NE(m.find(dir.file("trunc")), std::string::npos) << m;
 
   write(dir.file("header"), good.substr(0, 9));
-  m = format_error([&] { read_idx(dir.file("header")); });
+  m = test::error_message<FormatError>([&] { read_idx(dir.file("header")); });
   EXPECT_NE(m.find("truncated header"), std::string::npos) << m;
 
   write(dir.file("trail"), good + "xx");
-  m = format_error([&] { read_idx(dir.file("trail")); });
+  m = test::error_message<FormatError>([&] { read_idx(dir.file("trail")); });
   EXPECT_NE(m.find("trailing"), std::string::npos) << m;
 
   std::string gz = gzip(good);
   write(dir.file("trunc.gz"), gz.substr(0, gz.size() / 2));
-  m = format_error([&] { read_idx(dir.file("trunc.gz")); });
+  m = test::error_message<FormatError>([&] { read_idx(dir.file("trunc.gz")); });
   EXPECT_NE(m.find("gzip"), std::string::npos) << m;
   EXPECT_NE(m.find(dir.file("trunc.gz")), std::string::npos) << m;
 
   write(dir.file("img2"), good);
   write(dir.file("lab3"), idx_header({3}) + std::string{1, 2, 3});
-  m = format_error([&] { IdxClassificationDataset(dir.file("img2"), dir.file("lab3")); });
+  m = test::error_message<FormatError>([&] { IdxClassificationDataset(dir.file("img2"), dir.file("lab3")); });
   EXPECT_NE(m.find("mismatched counts"), std::string::npos) << m;
   EXPECT_NE(m.find(dir.file("lab3")), std::string::npos) << m;
   EXPECT_NO_THROW(IdxClassificationDataset(dir.file("img2"), dir.file("lab2")));

@@ -20,6 +20,7 @@
 #include "kiln/autograd/node.h"
 #include "kiln/core/threads.h"
 #include "kiln/kiln.h"
+#include "support/test_util.h"
 
 using namespace kiln;
 
@@ -96,16 +97,7 @@ TEST(ThresholdBackward, ThreadCountDoesNotChangeTheResult) {
   EXPECT_TRUE(one.equal(reference(x, g)));
 }
 
-// The data pointer of the gradient arriving at `t`'s node (or AccumulateGrad), seen by a hook that keeps no reference.
-struct ArrivalProbe {
-  const void* ptr = nullptr;
-  HookHandle handle;
-  explicit ArrivalProbe(const Tensor& t)
-      : handle(t.register_hook([this](const Tensor& g) {
-          ptr = g.data_ptr();
-          return Tensor();
-        })) {}
-};
+using test::ArrivalProbe;
 
 TEST(ThresholdBackward, WritesIntoASoleOwnedIncomingGradient) {
   Tensor x = values(64, 51, kFloat32).requires_grad_();

@@ -13,16 +13,31 @@
 
 namespace kiln::test {
 
-/// The message of the kiln::Error that f() throws, or "<no error>".
-template <typename F>
+/// The message of the E (any kiln::Error by default) that f() throws, or "<no error>".
+template <typename E = Error, typename F>
 std::string error_message(F&& f) {
   try {
     f();
-  } catch (const Error& e) {
+  } catch (const E& e) {
     return e.what();
   }
   return "<no error>";
 }
+
+/// The data pointer of the gradient as it arrives at `t` (its node, or a
+/// leaf's AccumulateGrad), seen through a hook that keeps no reference to it:
+/// how tests see whether a backward wrote into the buffer it was handed.
+struct ArrivalProbe {
+  const void* ptr = nullptr;
+  HookHandle handle;
+  explicit ArrivalProbe(const Tensor& t)
+      : handle(t.register_hook([this](const Tensor& g) {
+          ptr = g.data_ptr();
+          return Tensor();
+        })) {}
+  ArrivalProbe(const ArrivalProbe&) = delete;  // the hook holds `this`
+  ArrivalProbe& operator=(const ArrivalProbe&) = delete;
+};
 
 /// The interpreter with torch 1.13 (Debian's python3-torch); NOT `python3` on PATH.
 inline constexpr const char* kPython = "/usr/bin/python3";
