@@ -18,6 +18,7 @@ environment (bench/compare.py does) and --threads calls torch.set_num_threads.
 import argparse
 import json
 import math
+import os
 import resource
 import statistics
 import sys
@@ -75,68 +76,10 @@ def synthetic_init(model):
 
 # ---- models (include/kiln/models, twins as in tests/parity) ----
 
-class MLP(nn.Module):
-    def __init__(self, in_features=784, hidden=(512, 512), out_features=10):
-        super().__init__()
-        mods, d = [], in_features
-        for h in hidden:
-            mods += [nn.Linear(d, h), nn.ReLU()]
-            d = h
-        mods.append(nn.Linear(d, out_features))
-        self.layers = nn.Sequential(*mods)
-
-    def forward(self, x):
-        return self.layers(torch.flatten(x, 1))
-
-
-class CNN(nn.Module):
-    def __init__(self):
-        super().__init__()
-        self.conv1 = nn.Conv2d(1, 32, 3, padding=1)
-        self.conv2 = nn.Conv2d(32, 64, 3, padding=1)
-        self.fc1 = nn.Linear(64 * 7 * 7, 128)
-        self.fc2 = nn.Linear(128, 10)
-
-    def forward(self, x):
-        x = F.max_pool2d(F.relu(self.conv1(x)), 2)
-        x = F.max_pool2d(F.relu(self.conv2(x)), 2)
-        return self.fc2(F.relu(self.fc1(torch.flatten(x, 1))))
-
-
-class BasicBlock(nn.Module):
-    def __init__(self, cin, cout, stride=1):
-        super().__init__()
-        self.conv1 = nn.Conv2d(cin, cout, 3, stride=stride, padding=1, bias=False)
-        self.bn1 = nn.BatchNorm2d(cout)
-        self.relu = nn.ReLU(inplace=True)
-        self.conv2 = nn.Conv2d(cout, cout, 3, padding=1, bias=False)
-        self.bn2 = nn.BatchNorm2d(cout)
-        self.downsample = None
-        if stride != 1 or cin != cout:
-            self.downsample = nn.Sequential(nn.Conv2d(cin, cout, 1, stride=stride, bias=False), nn.BatchNorm2d(cout))
-
-    def forward(self, x):
-        identity = x if self.downsample is None else self.downsample(x)
-        out = self.relu(self.bn1(self.conv1(x)))
-        out = self.bn2(self.conv2(out))
-        return self.relu(out + identity)
-
-
-class ResNet(nn.Module):
-    def __init__(self):
-        super().__init__()
-        self.conv1 = nn.Conv2d(3, 16, 3, padding=1, bias=False)
-        self.bn1 = nn.BatchNorm2d(16)
-        self.relu = nn.ReLU(inplace=True)
-        self.layer1 = nn.Sequential(BasicBlock(16, 16))
-        self.layer2 = nn.Sequential(BasicBlock(16, 32, 2))
-        self.layer3 = nn.Sequential(BasicBlock(32, 64, 2))
-        self.fc = nn.Linear(64, 10)
-
-    def forward(self, x):
-        x = self.relu(self.bn1(self.conv1(x)))
-        x = self.layer3(self.layer2(self.layer1(x)))
-        return self.fc(torch.flatten(F.adaptive_avg_pool2d(x, 1), 1))
+# MLP, CNN and ResNet are the parity tests' twins of the zoo models (their defaults are the workloads'
+# shapes); the GPT below is nanoGPT's model.py without dropout.
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "tests", "parity"))
+from models_twins import CNN, MLP, ResNet  # noqa: E402
 
 
 class CausalSelfAttention(nn.Module):
