@@ -34,6 +34,8 @@ import subprocess
 import sys
 import tempfile
 
+import under_load
+
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 TWIN = os.path.join(HERE, "torch", "workloads.py")
@@ -344,7 +346,10 @@ def markdown(a, rows, results, info):
         out.append("f32 matmul peak (kiln sgemm probe): " + ", ".join(
             "%.1f GFLOP/s at %d thread(s)" % (max(results[t]["peak"]), t) for t in a.threads
             if t in results and results[t]["peak"]))
-    return "\n".join(out) + "\n"
+    text = "\n".join(out) + "\n"
+    if "under_load" in info:
+        text += under_load.markdown(info["under_load"], fmt_time, CONFIG_LABEL)
+    return text
 
 
 def main():
@@ -358,6 +363,8 @@ def main():
     ap.add_argument("--out", default=None, help="JSON results (default bench/results/latest.json; "
                                                 "--quick: bench/results/quick.json)")
     ap.add_argument("--note", default="", help="a line printed under the machine line (e.g. 'busy machine')")
+    ap.add_argument("--no-under-load", action="store_true",
+                    help="skip the under-load rows (mlp at 2+ threads next to busy processes)")
     a = ap.parse_args()
     a.workloads = [w for w in a.workloads.split(",") if w]
     unknown = [w for w in a.workloads if w not in WORKLOADS]
@@ -399,6 +406,12 @@ def main():
     signal.signal(signal.SIGTERM, interrupt)
     try:
         measure(a, os.path.abspath(a.kiln), results, lambda: save(False))
+        if not a.no_under_load:
+            threads = max(2, max(a.threads))
+            cfg = "tunables" if "tunables" in a.torch_configs else a.torch_configs[0]
+            info["under_load"] = under_load.measure(
+                run_process, command, env_for, os.path.abspath(a.kiln), threads,
+                QUICK_STEPS if a.quick else STEPS[under_load.WORKLOAD], 1 if a.quick else a.pairs, cfg)
     except KeyboardInterrupt:
         info["interrupted"] = True
         log("compare.py: interrupted; writing what finished")

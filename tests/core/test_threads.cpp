@@ -1,0 +1,55 @@
+// OpenMP's waiting policy (Note [OpenMP waiting under load] in
+// src/core/threads.cpp): a program linked with kiln bounds the spin of idle
+// OpenMP threads unless the user chose a policy, keeps its arguments across
+// the re-execution that applies it, and can opt out.
+#include <gtest/gtest.h>
+
+#include <cstdio>
+#include <string>
+
+#include "kiln/core/threads.h"
+#include "kiln/core/openmp_policy.h"
+
+namespace {
+
+std::string run_child(const std::string& env) {
+  // `env -u` clears what the developer's shell may have set, so each case starts alike.
+  const std::string cmd = "env -u OMP_WAIT_POLICY -u GOMP_SPINCOUNT -u KMP_BLOCKTIME -u KILN_OMP_DEFAULTS "
+                          "-u KILN_OMP_DEFAULTS_APPLIED " + env + " " KILN_THREADS_CHILD
+                          " 'two words' --flag= '' 2>&1";
+  std::string out;
+  FILE* p = ::popen(cmd.c_str(), "r");
+  if (!p) return "popen failed";
+  char buf[512];
+  while (std::fgets(buf, sizeof buf, p)) out += buf;
+  const int status = ::pclose(p);
+  if (status != 0) out += "\nexit status " + std::to_string(status);
+  return out;
+}
+
+}  // namespace
+
+TEST(OpenMPDefaults, ProgramsGetABoundedSpinAndKeepTheirArguments) {
+  const std::string out = run_child("");
+  EXPECT_NE(out.find("policy: GOMP_SPINCOUNT=10000 (kiln's default)"), std::string::npos) << out;
+  EXPECT_NE(out.find("arg: two words\narg: --flag=\narg: \n"), std::string::npos) << out;
+}
+
+TEST(OpenMPDefaults, TheUsersSettingWins) {
+  std::string out = run_child("OMP_WAIT_POLICY=passive");
+  EXPECT_NE(out.find("policy: OMP_WAIT_POLICY=passive (set by the user)"), std::string::npos) << out;
+  out = run_child("GOMP_SPINCOUNT=123");
+  EXPECT_NE(out.find("policy: GOMP_SPINCOUNT=123 (set by the user)"), std::string::npos) << out;
+}
+
+TEST(OpenMPDefaults, CanBeTurnedOff) {
+  const std::string out = run_child("KILN_OMP_DEFAULTS=0");
+  EXPECT_NE(out.find("policy: spin ~3 ms before sleeping (the OpenMP runtime's default)"), std::string::npos) << out;
+  EXPECT_NE(out.find("arg: two words"), std::string::npos) << out;
+}
+
+TEST(OpenMPDefaults, ThisTestProgramRunsUnderABoundedSpin) {
+  // ctest sets no policy, so the test binaries themselves run as users' programs do.
+  const std::string p = kiln::openmp_wait_policy();
+  EXPECT_EQ(p.find("the OpenMP runtime's default"), std::string::npos) << p;
+}
