@@ -33,7 +33,7 @@ int run_maybe_distributed(const std::function<int(dist::ProcessGroupPtr)>& fn) {
   return rc;
 }
 
-/// `kiln launch`: mpirun with kiln's environment, replacing this process.
+/// `kiln launch`: mpirun with kiln's environment; when the job fails, which rank died, where.
 int launch_command(int nprocs, const std::string& hostfile, std::vector<std::string> command) {
   // `kiln` names this very executable, which need not be on PATH (build/release/bin/kiln).
   if (!command.empty() && command[0] == "kiln") {
@@ -41,11 +41,14 @@ int launch_command(int nprocs, const std::string& hostfile, std::vector<std::str
     const fs::path self = fs::read_symlink("/proc/self/exe", ec);
     if (!ec) command[0] = self.string();
   }
+  dist::LaunchResult r;
   try {
-    dist::exec_launch(nprocs, command, {.hostfile = hostfile});
+    r = dist::run_launch(nprocs, command, {.hostfile = hostfile});
   } catch (const ValueError& e) {
     throw ConfigError(e.what());  // a usage error: exit status 2
   }
+  if (!r.report.empty()) std::fputs(r.report.c_str(), stderr);
+  return r.exit_code;
 }
 
 int dispatch(int argc, char** argv) {

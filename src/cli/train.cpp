@@ -53,6 +53,7 @@ std::atomic<int> g_signals{0};
 std::atomic<bool> g_quiet{false};  // a data-parallel rank other than 0: rank 0 speaks for the job
 
 extern "C" void on_stop_signal(int sig) {
+  dist::record_signal(sig);  // `kiln launch` then knows this rank was asked to stop, not that it failed
   if (g_signals.fetch_add(1) == 0) {
     if (g_quiet.load()) return;
     const char msg[] = "\nkiln: stopping after this step and saving a checkpoint (press Ctrl-C again to abort now)\n";
@@ -237,6 +238,7 @@ int run_loop(Loop& L) {
     for (auto& batch : *t.train_loader) {
       const auto body_start = Clock::now();
       window_wait += std::chrono::duration<double>(body_start - prev_end).count();
+      dist::set_step(L.step + 1);  // for `kiln launch`'s report if this rank dies now
       const double lr = t.optimizer->param_groups()[0].lr();
       t.optimizer->zero_grad();
       Tensor loss = batch_loss(t, batch);

@@ -13,6 +13,7 @@
 #include "kiln/core/error.h"
 #include "kiln/core/factory.h"
 #include "kiln/core/guards.h"
+#include "ddp_verify.h"
 
 namespace kiln::dist {
 
@@ -49,6 +50,12 @@ DistributedDataParallel::DistributedDataParallel(std::shared_ptr<nn::Module> mod
   }
   KILN_CHECK(!params_.empty(), ValueError, "DistributedDataParallel: the module has no parameter that requires a "
              "gradient, so there is nothing to average; DDP is not needed for it");
+  {
+    std::vector<std::pair<std::string, Tensor>> params, buffers;
+    for (size_t i = 0; i < params_.size(); ++i) params.emplace_back(names_[i], params_[i]);
+    for (auto& nb : module_->named_buffers()) buffers.emplace_back(nb.first, nb.second);
+    detail::verify_same_model(*group_, params, buffers);
+  }
   broadcast_state(/*params=*/true);
   assign_buckets();
   ready_.assign(params_.size(), 0);

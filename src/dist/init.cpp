@@ -10,6 +10,7 @@
 #include "kiln/core/error.h"
 #include "kiln/dist/dist.h"
 #include "mpi_process_group.h"
+#include "rank_status.h"
 
 namespace kiln::dist {
 namespace {
@@ -83,6 +84,7 @@ void init() {
     registered = true;
   }
   g_world = std::make_shared<detail::MPIProcessGroup>(MPI_COMM_WORLD);
+  detail::open_rank_status(g_world->rank());
 }
 
 bool is_initialized() {
@@ -121,6 +123,7 @@ void abort_job(const std::string& why, int code) {
              : "kiln: failed: " + why + "\n";
   std::fwrite(text.data(), 1, text.size(), stderr);
   std::fflush(stderr);
+  detail::status_failed(why);
   if (r >= 0) MPI_Abort(MPI_COMM_WORLD, code);
   std::_Exit(code);
 }

@@ -2,6 +2,7 @@
 // themselves on the communication thread, and debug-mode signature checks.
 // The watchdog is in watchdog.cpp.
 #include "mpi_process_group.h"
+#include "rank_status.h"
 
 #include <climits>
 #include <cstdio>
@@ -113,7 +114,12 @@ std::string Signature::describe() const {
   std::ostringstream os;
   os << "#" << seq << " " << kind_name(kind);
   if (reduce >= 0) os << "(" << reduce_name(static_cast<ReduceOp>(reduce)) << ")";
-  if (dtype >= 0) os << " " << dtype_name(static_cast<DType>(dtype)) << "[" << count << "]";
+  if (dtype >= 0) {
+    os << " " << dtype_name(static_cast<DType>(dtype)) << "[";
+    for (int d = 0; d < std::min<int>(ndim, kShapeDims); ++d) os << (d ? ", " : "") << shape[d];
+    if (ndim > kShapeDims) os << ", ... (" << count << " elements)";
+    os << "]";
+  }
   const auto k = static_cast<OpKind>(kind);
   if (k == OpKind::Broadcast) os << " root=" << peer;
   if (k == OpKind::Send) os << " to=" << peer;
@@ -191,14 +197,17 @@ void MPIProcessGroup::shutdown() {
   }
 }
 
-Signature MPIProcessGroup::make_signature(OpKind kind, int reduce, int dtype, int peer, int64_t count,
-                                          const Loc& loc) {
+Signature MPIProcessGroup::make_signature(OpKind kind, int reduce, int peer, const Tensor* t, const Loc& loc) {
   Signature s;
   s.kind = static_cast<int32_t>(kind);
   s.reduce = reduce;
-  s.dtype = dtype;
   s.peer = peer;
-  s.count = count;
+  if (t) {
+    s.dtype = static_cast<int32_t>(t->dtype());
+    s.count = t->numel();
+    s.ndim = static_cast<int32_t>(t->dim());
+    for (int d = 0; d < std::min<int>(s.ndim, Signature::kShapeDims); ++d) s.shape[d] = t->size(d);
+  }
   std::snprintf(s.site, sizeof s.site, "%s", short_site(loc).c_str());
   return s;
 }
@@ -245,6 +254,7 @@ void MPIProcessGroup::comm_loop() {
       if (history_.size() > 8) history_.pop_front();
       poisoned = poisoned_;
     }
+    if (rank_status_enabled()) status_collective(task.sig.describe(), true);
     std::exception_ptr err;
     try {
       KILN_CHECK(poisoned.empty(), DistributedError, "dist: ", task.sig.describe(),
@@ -270,6 +280,7 @@ void MPIProcessGroup::comm_loop() {
       if (collective) progress_.colls_completed = task.sig.coll_no;
       progress_.in_flight = 0;
     }
+    status_collective({}, false);
     task.work->finish(err);
   }
 }
@@ -290,7 +301,7 @@ void MPIProcessGroup::check_signatures(const Signature& mine) {
     os << "  " << (r < 10 ? "   " : r < 100 ? "  " : " ") << r << " | " << s.describe()
        << (s.same_call(all[0]) ? "" : "   <-- differs from rank 0") << "\n";
   }
-  os << "every rank must issue the same collectives (op, dtype, element count, root) in the same order";
+  os << "every rank must issue the same collectives (op, dtype, shape, root) in the same order";
   throw DistributedError(os.str());
 }
 
@@ -298,7 +309,7 @@ WorkPtr MPIProcessGroup::allreduce(Tensor& t, ReduceOp op, Loc loc) {
   check_tensor(t, "allreduce", "tensor");
   KILN_CHECK(op != ReduceOp::Avg || t.dtype() != DType::Int64, DTypeError,
              "dist::allreduce: ReduceOp::Avg needs a float32 or bfloat16 tensor, got int64 (use Sum and divide)");
-  auto sig = make_signature(OpKind::AllReduce, static_cast<int>(op), static_cast<int>(t.dtype()), -1, t.numel(), loc);
+  auto sig = make_signature(OpKind::AllReduce, static_cast<int>(op), -1, &t, loc);
   Tensor keep = t;
   return enqueue(sig, [this, keep, op] {
     const int n = static_cast<int>(keep.numel());
@@ -320,7 +331,7 @@ WorkPtr MPIProcessGroup::broadcast(Tensor& t, int root, Loc loc) {
   check_tensor(t, "broadcast", "tensor");
   KILN_CHECK(root >= 0 && root < size_, ValueError, "dist::broadcast: root must be a rank in [0, ", size_, "), got ",
              root);
-  auto sig = make_signature(OpKind::Broadcast, -1, static_cast<int>(t.dtype()), root, t.numel(), loc);
+  auto sig = make_signature(OpKind::Broadcast, -1, root, &t, loc);
   Tensor keep = t;
   return enqueue(sig, [this, keep, root] {
     check_mpi(MPI_Bcast(keep.data_ptr(), static_cast<int>(keep.numel()), mpi_type(keep.dtype()), root, comm_),
@@ -338,7 +349,7 @@ WorkPtr MPIProcessGroup::allgather(std::vector<Tensor>& out, const Tensor& in, L
                "dist::allgather: output ", r, " must match the input (", dtype_name(in.dtype()), " ",
                in.shape_string(), "), got ", dtype_name(out[r].dtype()), " ", out[r].shape_string());
   }
-  auto sig = make_signature(OpKind::AllGather, -1, static_cast<int>(in.dtype()), -1, in.numel(), loc);
+  auto sig = make_signature(OpKind::AllGather, -1, -1, &in, loc);
   std::vector<Tensor> outs = out;
   Tensor keep = in;
   return enqueue(sig, [this, outs, keep] {
@@ -364,7 +375,7 @@ WorkPtr MPIProcessGroup::reduce_scatter(Tensor& out, const std::vector<Tensor>& 
   KILN_CHECK(op != ReduceOp::Avg || out.dtype() != DType::Int64, DTypeError,
              "dist::reduce_scatter: ReduceOp::Avg needs a float32 or bfloat16 tensor, got int64");
   auto sig =
-      make_signature(OpKind::ReduceScatter, static_cast<int>(op), static_cast<int>(out.dtype()), -1, out.numel(), loc);
+      make_signature(OpKind::ReduceScatter, static_cast<int>(op), -1, &out, loc);
   Tensor keep = out;
   std::vector<Tensor> ins = in;
   return enqueue(sig, [this, keep, ins, op] {
@@ -392,7 +403,7 @@ WorkPtr MPIProcessGroup::reduce_scatter(Tensor& out, const std::vector<Tensor>& 
 }
 
 WorkPtr MPIProcessGroup::barrier(Loc loc) {
-  auto sig = make_signature(OpKind::Barrier, -1, -1, -1, 0, loc);
+  auto sig = make_signature(OpKind::Barrier, -1, -1, nullptr, loc);
   return enqueue(sig, [this] { check_mpi(MPI_Barrier(comm_), "MPI_Barrier"); });
 }
 
@@ -401,7 +412,7 @@ WorkPtr MPIProcessGroup::send(const Tensor& t, int dst, int tag, Loc loc) {
   KILN_CHECK(dst >= 0 && dst < size_ && dst != rank_, ValueError, "dist::send: dst must be another rank in [0, ",
              size_, "), got ", dst, " on rank ", rank_);
   KILN_CHECK(tag >= 0, ValueError, "dist::send: tag must be >= 0, got ", tag);
-  auto sig = make_signature(OpKind::Send, -1, static_cast<int>(t.dtype()), dst, t.numel(), loc);
+  auto sig = make_signature(OpKind::Send, -1, dst, &t, loc);
   Tensor keep = t;
   return enqueue(sig, [this, keep, dst, tag] {
     check_mpi(MPI_Send(keep.data_ptr(), static_cast<int>(keep.numel()), mpi_type(keep.dtype()), dst, tag, comm_),
@@ -414,7 +425,7 @@ WorkPtr MPIProcessGroup::recv(Tensor& t, int src, int tag, Loc loc) {
   KILN_CHECK(src >= 0 && src < size_ && src != rank_, ValueError, "dist::recv: src must be another rank in [0, ",
              size_, "), got ", src, " on rank ", rank_);
   KILN_CHECK(tag >= 0, ValueError, "dist::recv: tag must be >= 0, got ", tag);
-  auto sig = make_signature(OpKind::Recv, -1, static_cast<int>(t.dtype()), src, t.numel(), loc);
+  auto sig = make_signature(OpKind::Recv, -1, src, &t, loc);
   Tensor keep = t;
   return enqueue(sig, [this, keep, src, tag] {
     MPI_Status st;

@@ -34,13 +34,25 @@ struct Signature {
   int32_t dtype = -1;     // DType, or -1 (barrier)
   int32_t peer = -1;      // root, dst or src
   int64_t count = 0;      // elements per rank
+  // The full shape (up to kShapeDims dimensions; the count covers the rest):
+  // an allreduce of [3, 4] against [4, 3] moves the same bytes but is a bug.
+  static constexpr int kShapeDims = 8;
+  int32_t ndim = 0;
+  int32_t pad = 0;
+  int64_t shape[kShapeDims] = {};
   char site[176] = {};    // file:line of the call
 
   bool same_call(const Signature& o) const {
-    return coll_no == o.coll_no && kind == o.kind && reduce == o.reduce && dtype == o.dtype &&
-           peer == o.peer && count == o.count;
+    if (!(coll_no == o.coll_no && kind == o.kind && reduce == o.reduce && dtype == o.dtype && peer == o.peer &&
+          count == o.count && ndim == o.ndim)) {
+      return false;
+    }
+    for (int d = 0; d < kShapeDims; ++d) {
+      if (shape[d] != o.shape[d]) return false;
+    }
+    return true;
   }
-  /// "#3 allreduce(sum) float32[1024] at file.cpp:42"
+  /// "#3 allreduce(sum) float32[32, 32] at file.cpp:42"
   std::string describe() const;
 };
 
@@ -96,7 +108,8 @@ class MPIProcessGroup final : public ProcessGroup {
     std::shared_ptr<MPIWork> work;
   };
   WorkPtr enqueue(Signature sig, std::function<void()> run);
-  Signature make_signature(OpKind kind, int reduce, int dtype, int peer, int64_t count, const Loc& loc);
+  /// `t`: the tensor whose dtype and shape the ranks must agree on (null for a barrier).
+  Signature make_signature(OpKind kind, int reduce, int peer, const Tensor* t, const Loc& loc);
   void comm_loop();
   void check_signatures(const Signature& mine);
   void watchdog_loop();

@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "mpi_process_group.h"
+#include "rank_status.h"
 
 namespace kiln::dist::detail {
 namespace {
@@ -111,7 +112,11 @@ void MPIProcessGroup::report_timeout(const Signature& stuck, double seconds) {
   std::snprintf(secs, sizeof secs, "%.1f", seconds);
   os << "\nkiln dist watchdog: rank " << rank_ << " of " << size_ << " waited " << secs << " s (KILN_DIST_TIMEOUT="
      << timeout_s_ << ") in " << stuck.describe() << "\n";
-  std::vector<int> reached, missing;
+  // A rank that started collective number coll_no may be in the same call
+  // (then it is stuck inside it too) or in another one at that position (a
+  // barrier where this rank does an allreduce): the mismatch is the bug.
+  std::vector<int> reached, elsewhere, missing;
+  std::vector<std::string> elsewhere_what;
   std::ostringstream table;
   table << "  rank | reached | last started / last completed (sequence numbers) | running\n";
   for (int r = 0; r < size_; ++r) {
@@ -125,9 +130,19 @@ void MPIProcessGroup::report_timeout(const Signature& stuck, double seconds) {
     // Send/recv are counted apart from collectives (only some ranks take part),
     // so whether a rank reached this collective is judged by its collective count.
     const bool got_there = stuck.coll_no == 0 ? (r == rank_) : p.colls_started >= stuck.coll_no;
-    (got_there ? reached : missing).push_back(r);
-    table << "  " << r << " | " << (got_there ? "yes" : "NO ") << " | #" << p.started_seq << " / #"
-          << p.completed_seq << " | " << (p.in_flight ? p.current.describe() : std::string("(idle)")) << "\n";
+    const bool other_call = got_there && r != rank_ && p.in_flight && p.current.coll_no == stuck.coll_no &&
+                            !p.current.same_call(stuck);
+    const char* mark = !got_there ? "NO " : other_call ? "ELSEWHERE" : "yes";
+    if (!got_there) {
+      missing.push_back(r);
+    } else if (other_call) {
+      elsewhere.push_back(r);
+      elsewhere_what.push_back(p.current.describe());
+    } else {
+      reached.push_back(r);
+    }
+    table << "  " << r << " | " << mark << " | #" << p.started_seq << " / #" << p.completed_seq << " | "
+          << (p.in_flight ? p.current.describe() : std::string("(idle)")) << "\n";
   }
   auto list = [](const std::vector<int>& v) {
     std::string s;
@@ -135,14 +150,29 @@ void MPIProcessGroup::report_timeout(const Signature& stuck, double seconds) {
     return s.empty() ? std::string("none") : s;
   };
   if (stuck.coll_no != 0) {
-    os << "ranks that reached collective number " << stuck.coll_no << " of the group (#" << stuck.seq
-       << " on this rank, counting send/recv): " << list(reached) << "\n"
-       << "ranks that had NOT reached it: " << list(missing) << "\n";
+    os << "ranks in this collective, number " << stuck.coll_no << " of the group (#" << stuck.seq
+       << " on this rank, counting send/recv): " << list(reached) << "\n";
+    if (!elsewhere.empty()) {
+      os << "ranks in a DIFFERENT collective at the same position:";
+      for (size_t i = 0; i < elsewhere.size(); ++i)
+        os << (i ? ";" : "") << " rank " << elsewhere[i] << " in " << elsewhere_what[i];
+      os << "\n";
+    }
+    os << "ranks that had NOT reached it: " << list(missing) << "\n";
   }
   os << table.str() << "last operations of rank " << rank_ << " (oldest first):\n";
   for (const auto& s : history) os << "    " << s.describe() << "\n";
-  os << "aborting the job (MPI_Abort) so that it does not hang; set KILN_DIST_DEBUG=1 to check every "
-        "collective's signature across ranks\n";
+  os << "aborting the job (MPI_Abort) so that it does not hang";
+  if (!elsewhere.empty()) {
+    os << "; every rank must issue the same collectives in the same order: look at the call sites above";
+  } else if (!debug_) {
+    os << "; set KILN_DIST_DEBUG=1 to check every collective's signature across ranks";
+  } else {
+    os << " (KILN_DIST_DEBUG is on and found no mismatch before this collective: a rank is stuck in its own "
+          "code, or inside this collective)";
+  }
+  os << "\n";
+  status_failed(std::string("the watchdog ended the job: waited ") + secs + " s in " + stuck.describe());
   const std::string text = os.str();
   std::fwrite(text.data(), 1, text.size(), stderr);
   std::fflush(stderr);

@@ -112,6 +112,47 @@ TEST_F(DDPMpi, UnusedParametersRaiseOnEveryRank) {
   EXPECT_EQ(t.data_ptr<float>()[0], static_cast<float>(n));
 }
 
+// torch checks at construction that every rank wraps the same model; without
+// the check, the first broadcast failed with only MPI_ERR_TRUNCATE, and a
+// transposed shape ([3, 4] against [4, 3]) was not noticed at all.
+TEST_F(DDPMpi, DifferentModelsAcrossRanksAreRefusedAtWrapNamingTheTensor) {
+  auto expect_refused = [&](std::vector<int64_t> rank0_sizes, std::vector<int64_t> last_sizes,
+                            const std::string& want) {
+    auto m = std::make_shared<test::Blocks>(rank == n - 1 ? last_sizes : rank0_sizes);
+    try {
+      DistributedDataParallel ddp(m, pg);
+      FAIL() << "expected the ranks' different models to be refused";
+    } catch (const DistributedError& e) {
+      const std::string msg = e.what();
+      EXPECT_NE(msg.find(want), std::string::npos) << msg;
+      EXPECT_NE(msg.find("on rank " + std::to_string(n - 1)), std::string::npos) << msg;
+    }
+  };
+  expect_refused({4, 5, 6}, {4, 7, 6}, "parameter 'p1' float32 [5]; on rank");
+  expect_refused({4, 5}, {4, 5, 6}, "is, on rank 0, absent");
+
+  // Same element count, other shape: a transposed weight.
+  struct Mat : nn::Module {
+    explicit Mat(bool transposed) : nn::Module("Mat") {
+      register_parameter("w", transposed ? ones({4, 3}) : ones({3, 4}));
+    }
+    Tensor forward(const Tensor& x) override { return x; }
+  };
+  try {
+    DistributedDataParallel ddp(std::make_shared<Mat>(rank == n - 1), pg);
+    FAIL() << "expected [3, 4] against [4, 3] to be refused";
+  } catch (const DistributedError& e) {
+    EXPECT_NE(std::string(e.what()).find("'w' float32 [3, 4]; on rank " + std::to_string(n - 1) +
+                                         ", parameter 'w' float32 [4, 3]"),
+              std::string::npos)
+        << e.what();
+  }
+  // Every rank threw at the same point, so the group is still in step.
+  Tensor t = full({1}, 1.0);
+  pg->allreduce(t)->wait();
+  EXPECT_EQ(t.data_ptr<float>()[0], static_cast<float>(n));
+}
+
 TEST_F(DDPMpi, ParameterUsedOnOneRankIsAveragedWithZeros) {
   Tensor x = [&] {
     manual_seed(9);

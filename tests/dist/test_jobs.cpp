@@ -55,6 +55,16 @@ TEST(DistJob, DebugModeRaisesASkippedCollectiveOnEveryRank) {
   EXPECT_FALSE(has(out, "no error raised")) << out;
 }
 
+// Debug mode compared element counts only: [3, 4] against [4, 3] passed.
+TEST(DistJob, DebugModeComparesFullShapes) {
+  std::string out;
+  const int rc = run_job("transposed-debug", {"KILN_DIST_DEBUG=1", "KILN_DIST_TIMEOUT=100"}, out);
+  EXPECT_EQ(rc, 0) << out;  // the child returns 0 only when it caught the error
+  EXPECT_TRUE(has(out, "   0 | #3 allreduce(sum) float32[3, 4] at tests/dist/child/dist_child.cpp:")) << out;
+  EXPECT_TRUE(has(out, "   1 | #3 allreduce(sum) float32[4, 3] at tests/dist/child/dist_child.cpp:")) << out;
+  EXPECT_TRUE(has(out, "<-- differs from rank 0")) << out;
+}
+
 TEST(DistJob, WatchdogNamesTheCollectiveAndTheMissingRank) {
   std::string out;
   const int rc = run_job("skip-hang", {"KILN_DIST_TIMEOUT=3"}, out);
@@ -63,13 +73,41 @@ TEST(DistJob, WatchdogNamesTheCollectiveAndTheMissingRank) {
   EXPECT_TRUE(has(out, "kiln dist watchdog: rank 0 of 2 waited")) << out;
   EXPECT_TRUE(has(out, "(KILN_DIST_TIMEOUT=3) in #3 allreduce(sum) float32[1000] at tests/dist/child/dist_child.cpp:"))
       << out;
-  EXPECT_TRUE(has(out, "ranks that reached collective number 3 of the group (#3 on this rank, counting send/recv): 0\n")) << out;
+  EXPECT_TRUE(has(out, "ranks in this collective, number 3 of the group (#3 on this rank, counting send/recv): 0\n")) << out;
   EXPECT_TRUE(has(out, "ranks that had NOT reached it: 1\n")) << out;
   // Rank 1 answered on the watchdog's communicator: it had completed #2 and runs nothing.
   EXPECT_TRUE(has(out, "  1 | NO  | #2 / #2 | (idle)")) << out;
   EXPECT_TRUE(has(out, "last operations of rank 0 (oldest first):\n    #1 allreduce(sum) float32[16]")) << out;
   EXPECT_TRUE(has(out, "aborting the job (MPI_Abort)")) << out;
+  EXPECT_TRUE(has(out, "set KILN_DIST_DEBUG=1 to check")) << out;
   EXPECT_FALSE(has(out, "finished, but the watchdog")) << out;
+}
+
+// The headline used to say "NOT reached it: none" here: rank 1 had started
+// collective 3 too, only a barrier instead of the allreduce.
+TEST(DistJob, WatchdogNamesARankInADifferentCollective) {
+  std::string out;
+  const int rc = run_job("barrier-vs-allreduce", {"KILN_DIST_TIMEOUT=3"}, out);
+  EXPECT_NE(rc, 0) << out;
+  EXPECT_NE(rc, 137) << "the job hung until timeout(1) killed it:\n" << out;
+  EXPECT_TRUE(has(out, "ranks in a DIFFERENT collective at the same position: rank 1 in #3 barrier at "
+                       "tests/dist/child/dist_child.cpp:") ||
+              has(out, "ranks in a DIFFERENT collective at the same position: rank 0 in #3 allreduce(sum) "
+                       "float32[1000] at tests/dist/child/dist_child.cpp:"))
+      << out;
+  EXPECT_TRUE(has(out, "every rank must issue the same collectives in the same order")) << out;
+  EXPECT_FALSE(has(out, "ranks that had NOT reached it: none\nranks")) << out;
+}
+
+// With debug mode on, the report does not advise turning it on.
+TEST(DistJob, WatchdogDoesNotAdviseDebugModeWhenItIsOn) {
+  std::string out;
+  const int rc = run_job("skip-hang", {"KILN_DIST_TIMEOUT=3", "KILN_DIST_DEBUG=1"}, out);
+  EXPECT_NE(rc, 0) << out;
+  EXPECT_NE(rc, 137) << "the job hung until timeout(1) killed it:\n" << out;
+  EXPECT_TRUE(has(out, "kiln dist watchdog: rank 0 of 2 waited")) << out;
+  EXPECT_FALSE(has(out, "set KILN_DIST_DEBUG=1")) << out;
+  EXPECT_TRUE(has(out, "KILN_DIST_DEBUG is on")) << out;
 }
 
 TEST(DistJob, ARankThatThrowsEndsTheJob) {
@@ -87,6 +125,38 @@ TEST(DistJob, AnUncaughtExceptionEndsTheJob) {
   EXPECT_NE(rc, 0) << out;
   EXPECT_NE(rc, 137) << "the job hung until timeout(1) killed it:\n" << out;
   EXPECT_TRUE(has(out, "kiln: rank 1 failed: uncaught exception: deliberate failure on rank 1")) << out;
+}
+
+// `kiln launch` (dist::run_launch) names the rank that died, its step and
+// collective, where mpirun alone says only that a process was killed.
+TEST(DistJob, LaunchNamesARankKilledWithoutAWord) {
+  const auto r = dist::run_launch(2, {KILN_DIST_CHILD, "sigkill"}, {.mpirun = KILN_MPIRUN});
+  EXPECT_NE(r.exit_code, 0) << r.report;
+  EXPECT_TRUE(has(r.report, "kiln launch: the job failed because rank 1 (pid ")) << r.report;
+  EXPECT_TRUE(has(r.report, "died without a word — killed by SIGKILL, most likely the kernel's out-of-memory "
+                            "killer (see `dmesg`) or a kill -9 — at step 7, computing after #2 broadcast "
+                            "float32[8] root=0 at tests/dist/child/dist_child.cpp:"))
+      << r.report;
+  EXPECT_TRUE(has(r.report, "The other ranks:\n  rank 0 (pid ")) << r.report;
+  EXPECT_TRUE(has(r.report, "at step 7, in #3 allreduce(sum) float32[1000]")) << r.report;
+}
+
+TEST(DistJob, LaunchNamesARankThatCrashed) {
+  testing::internal::CaptureStderr();
+  const auto r = dist::run_launch(2, {KILN_DIST_CHILD, "sigsegv"}, {.mpirun = KILN_MPIRUN});
+  const std::string err = testing::internal::GetCapturedStderr();
+  EXPECT_NE(r.exit_code, 0) << r.report;
+  EXPECT_TRUE(has(r.report, "kiln launch: the job failed because rank 1 (pid ")) << r.report;
+  EXPECT_TRUE(has(r.report, "died of SIGSEGV (segmentation fault) at step 7, computing after #2 broadcast")) << r.report;
+  // The rank says so itself, too, on its way out.
+  EXPECT_TRUE(has(err, "kiln: rank 1 died of SIGSEGV (segmentation fault) at step 7, computing after #2 broadcast"))
+      << err;
+}
+
+TEST(DistJob, LaunchOfAJobThatSucceedsReportsNothing) {
+  const auto r = dist::run_launch(2, {KILN_DIST_CHILD, "bw", "1", "2"}, {.mpirun = KILN_MPIRUN});
+  EXPECT_EQ(r.exit_code, 0);
+  EXPECT_EQ(r.report, "");
 }
 
 TEST(DistJob, DebugModeMustBeOnForEveryRankOrNone) {

@@ -10,6 +10,7 @@
 //   KILN_DIST_TIMEOUT=S    seconds a collective may take before the watchdog
 //                          reports who is stuck where and aborts (default 300;
 //                          0 turns the watchdog off).
+#include <cstdint>
 #include <functional>
 #include <string>
 #include <vector>
@@ -41,6 +42,14 @@ bool launched_by_mpi();
 /// aborts the whole job (MPI_Abort with exit code 1). Returns 0 otherwise, so
 /// that main() can `return dist::run_or_abort(...)`.
 int run_or_abort(const std::function<void()>& fn);
+
+/// The training step this rank is at, for the report `kiln launch` prints when
+/// a rank dies (which rank, at which step, in which collective). A plain store:
+/// call it every step.
+void set_step(int64_t step);
+/// Records that this rank got `sig` (SIGTERM/SIGINT) for that report; for a
+/// program that installs its own stop handler. Async-signal-safe.
+void record_signal(int sig) noexcept;
 
 /// Prints `why` prefixed with this rank on stderr and aborts every process of
 /// the job with `code`. Without MPI initialised it exits the process.

@@ -27,8 +27,23 @@ std::vector<std::string> launch_environment();
 std::vector<std::string> launch_command(int nprocs, const std::vector<std::string>& command,
                                         const LaunchOptions& options = {});
 
+/// How a job run by run_launch() ended: mpirun's exit code (128 + signal when
+/// it was killed) and, when the job failed, which rank died first, at which
+/// step (dist::set_step) and in which collective, and where the others were.
+struct LaunchResult {
+  int exit_code = 0;
+  std::string report;  // empty when the job succeeded
+};
+
+/// Runs launch_command() as a child and waits for it (what `kiln launch` does).
+/// Every rank keeps a small status record in a temporary directory of the
+/// launcher's (KILN_LAUNCH_STATUS_DIR), so that a rank killed without a word
+/// (SIGKILL, the out-of-memory killer) is still named afterwards. SIGTERM to the
+/// launcher is passed on to mpirun; SIGINT (Ctrl-C) reaches mpirun directly.
+LaunchResult run_launch(int nprocs, const std::vector<std::string>& command, const LaunchOptions& options = {});
+
 /// Runs launch_command() with execvp, replacing this process; returns only by
-/// throwing (the launcher could not be started).
+/// throwing (the launcher could not be started). No failure report: see run_launch().
 [[noreturn]] void exec_launch(int nprocs, const std::vector<std::string>& command,
                               const LaunchOptions& options = {});
 

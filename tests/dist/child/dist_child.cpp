@@ -5,6 +5,7 @@
 #include <mpi.h>
 
 #include <chrono>
+#include <csignal>
 #include <cstdio>
 #include <cstdlib>
 #include <stdexcept>
@@ -45,6 +46,22 @@ int skip_debug() {
   return 2;
 }
 
+// The ranks allreduce [3, 4] and [4, 3]: the same bytes, a different call.
+// In debug mode every rank must raise at collective 3, showing both shapes.
+int transposed_debug() {
+  auto pg = dist::world();
+  warm_up(*pg);
+  try {
+    Tensor c = pg->rank() == 1 ? full({4, 3}, 1.0) : full({3, 4}, 1.0);
+    pg->allreduce(c)->wait();
+  } catch (const DistributedError& e) {
+    std::fprintf(stderr, "rank %d raised: %s\n", pg->rank(), e.what());
+    return 0;
+  }
+  std::fprintf(stderr, "rank %d: no error raised\n", pg->rank());
+  return 2;
+}
+
 // Rank 1 skips an allreduce and then computes (sleeps) for far longer than the
 // watchdog's timeout: rank 0's watchdog must report and abort.
 int skip_hang() {
@@ -57,6 +74,34 @@ int skip_hang() {
     std::this_thread::sleep_for(std::chrono::seconds(100));
   }
   std::fprintf(stderr, "rank %d: finished, but the watchdog should have ended the job\n", pg->rank());
+  return 2;
+}
+
+// Rank 1 waits in a barrier where rank 0 runs an allreduce: both have "reached"
+// collective 3, and the report must say that rank 1 is in another collective.
+int barrier_vs_allreduce() {
+  auto pg = dist::world();
+  warm_up(*pg);
+  Tensor c = full({1000}, 2.0);
+  if (pg->rank() != 1) {
+    pg->allreduce(c)->wait();
+  } else {
+    pg->barrier()->wait();
+  }
+  std::fprintf(stderr, "rank %d: finished, but the watchdog should have ended the job\n", pg->rank());
+  return 2;
+}
+
+// Rank 1 dies at step 7 while rank 0 waits in an allreduce: by SIGKILL, which
+// it cannot report itself, or by SIGSEGV, which it reports on its way out.
+int die_on_rank_1(int sig) {
+  auto pg = dist::world();
+  warm_up(*pg);
+  dist::set_step(7);
+  if (pg->rank() == 1) ::raise(sig);
+  Tensor c = full({1000}, 2.0);
+  pg->allreduce(c)->wait();
+  std::fprintf(stderr, "rank %d: finished, but rank 1 should have died\n", pg->rank());
   return 2;
 }
 
@@ -115,6 +160,10 @@ int main(int argc, char** argv) {
   dist::init();
   if (mode == "skip-debug") return skip_debug();
   if (mode == "skip-hang") return skip_hang();
+  if (mode == "transposed-debug") return transposed_debug();
+  if (mode == "barrier-vs-allreduce") return barrier_vs_allreduce();
+  if (mode == "sigkill") return die_on_rank_1(SIGKILL);
+  if (mode == "sigsegv") return die_on_rank_1(SIGSEGV);
   if (mode == "throw") return dist::run_or_abort(throw_on_rank_1);
   if (mode == "uncaught") {
     throw_on_rank_1();  // std::terminate -> dist's handler
