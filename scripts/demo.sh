@@ -13,6 +13,8 @@ export OMP_WAIT_POLICY=${OMP_WAIT_POLICY:-passive}
 ./scripts/setup.sh
 cmake --preset release >/dev/null
 cmake --build build/release -j"$(nproc)" --target tour kiln_cmd
+./scripts/link_kiln.sh  # `kiln` on PATH (or the line that puts it there)
+export PATH="$PWD/build/release/bin:$PATH"  # for the rest of this script either way
 ./build/release/examples/tour
 echo
 echo "== kiln train configs/fashion_cnn.toml"
@@ -20,7 +22,7 @@ run_dir=runs/fashion_cnn
 rm -rf "$run_dir"  # a fresh run each time (`kiln train` refuses to overwrite one)
 extra=()
 if [[ -n "${KILN_DEMO_EPOCHS:-}" ]]; then extra=(--set "train.epochs=$KILN_DEMO_EPOCHS"); fi
-./build/release/bin/kiln train configs/fashion_cnn.toml --out "$run_dir" "${extra[@]}"
+kiln train configs/fashion_cnn.toml --out "$run_dir" "${extra[@]}"
 echo
 /usr/bin/python3 - "$run_dir/summary.json" <<'PY'
 import json, sys
@@ -31,4 +33,4 @@ print(f"demo: {s['name']} {s['status']}, {s['steps']} steps in {s['wall_s']:.0f}
       f"{acc}{f.get('samples_per_s', 0):.0f} samples/s")
 PY
 echo "report: $PWD/$run_dir/report.html (self-contained: open it in any browser, e.g. xdg-open, or copy it off the machine)"
-echo "more:   ./build/release/bin/kiln inspect $run_dir   |   kiln eval $run_dir   |   kiln --help"
+echo "more:   kiln inspect $run_dir   |   kiln eval $run_dir   |   kiln --help"

@@ -18,6 +18,7 @@ export CCACHE_BASEDIR=${CCACHE_BASEDIR:-$PWD}
 echo "== release build"
 cmake --preset release >/dev/null
 cmake --build build/release -j"$jobs"
+./scripts/link_kiln.sh  # `kiln` on PATH (or the line that puts it there), as the README's commands expect
 echo "== release tests"
 ctest --test-dir build/release --output-on-failure
 

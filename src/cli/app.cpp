@@ -5,6 +5,7 @@
 #include <cstdio>
 #include <filesystem>
 #include <functional>
+#include <string>
 #include <unistd.h>
 
 #include "cli/commands.h"
@@ -67,9 +68,16 @@ int dispatch(int argc, char** argv) {
   train->add_option("--out", out_dir, "Run directory (default: runs/<config name>)");
   train->add_option("--set", sets, "Override a config key: --set optim.lr=3e-4 (repeatable)")->take_all();
 
+  ResumeOptions ro;
   auto* resume = app.add_subcommand("resume", "Continue a run from its latest checkpoint, with the identical future");
   resume->add_option("run_dir", run_dir, "The run directory")->required();
-  resume->add_option("--set", sets, "Override a key, e.g. train.max_steps=2000 (repeatable)")->take_all();
+  resume->add_option("--set", ro.sets,
+                     "Change a key from this step on, e.g. train.max_steps=2000 or optim.lr=1e-4 (repeatable; keys "
+                     "that cannot change are refused: docs/config.md)")
+      ->take_all();
+  resume->add_flag("--allow-world-size-change", ro.allow_world_size_change,
+                   "Continue on another number of processes than the run was trained on (a different future)");
+
 
   auto* eval = app.add_subcommand("eval", "Loss and accuracy (or bits/char) of a run's latest checkpoint or of a checkpoint file");
   eval->add_option("target", target, "Run directory or checkpoint file")->required();
@@ -96,21 +104,32 @@ int dispatch(int argc, char** argv) {
   launch->add_option("--hostfile", hostfile, "Open MPI hostfile for a multi-machine job (lines: HOST slots=N)");
   launch->add_option("command", command, "The command every rank runs, after --")->required();
 
+  if (argc <= 1) {  // `kiln` alone: what it can do, as `kiln --help` prints it
+    std::fputs(app.help().c_str(), stdout);
+    return 0;
+  }
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
     if (e.get_exit_code() == 0) return app.exit(e);  // --help, --version
+    // `kiln launch -n 2 kiln train CONFIG --out DIR`: without `--`, launch takes the command's options as its own.
+    bool launch_without_dashes = argc > 1 && std::string(argv[1]) == "launch";
+    for (int i = 2; i < argc; ++i) launch_without_dashes = launch_without_dashes && std::string(argv[i]) != "--";
+    if (launch_without_dashes && dynamic_cast<const CLI::ExtrasError*>(&e)) {
+      std::fprintf(stderr, "kiln: error: kiln launch: %s; put `--` between launch's options and the command, e.g. "
+                   "kiln launch -n 2 -- kiln train CONFIG --out DIR\n", e.what());
+      return 2;
+    }
     std::fprintf(stderr, "kiln: error: %s (see kiln --help, or kiln COMMAND --help)\n", e.what());
     return 2;
   }
   if (train->parsed()) {
-    Config config = Config::from_file(config_path);
-    for (const auto& s : sets) config.set(s);
+    Config config = Config::from_file(config_path, sets);
     const fs::path dir = out_dir.empty() ? fs::path("runs") / config.name() : fs::path(out_dir);
     return run_maybe_distributed([&](dist::ProcessGroupPtr g) { return cli::train(config, dir, config_path, g); });
   }
   if (resume->parsed())
-    return run_maybe_distributed([&](dist::ProcessGroupPtr g) { return cli::resume(run_dir, sets, g); });
+    return run_maybe_distributed([&](dist::ProcessGroupPtr g) { return cli::resume(run_dir, ro, g); });
   if (launch->parsed()) return launch_command(nprocs, hostfile, command);
   if (eval->parsed()) return evaluate_command(target, split, batches);
   if (sample->parsed()) return sample_command(target, so);

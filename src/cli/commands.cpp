@@ -21,14 +21,32 @@ using json = nlohmann::json;
 
 namespace {
 
-/// The checkpoint a target names: a file as given, a run directory's latest.
+/// The checkpoint a target names: a file as given, a run directory's newest
+/// usable one. Passing over a newer file that is unusable is said, with why.
 fs::path checkpoint_of(const fs::path& target) {
   if (fs::is_regular_file(target)) return target;
   if (!fs::exists(target)) throw ConfigError(target.string() + ": no such file or run directory");
   const fs::path dir = target / "checkpoints";
-  auto latest = fs::is_directory(dir) ? optim::CheckpointManager(dir).latest() : std::nullopt;
-  if (!latest) throw ConfigError(target.string() + ": no checkpoint under checkpoints/ (has the run saved one yet?)");
-  return *latest;
+  if (!fs::is_directory(dir))
+    throw ConfigError(target.string() + ": no checkpoint under checkpoints/ (has the run saved one yet?)");
+  optim::CheckpointManager mgr(dir);
+  const auto files = mgr.list();
+  std::vector<std::string> skipped;
+  for (auto it = files.rbegin(); it != files.rend(); ++it) {
+    const std::string why = checkpoint_problem(*it);
+    if (why.empty()) {
+      for (const auto& s : skipped)
+        std::fprintf(stderr, "kiln: warning: %s; using the older %s instead\n", s.c_str(),
+                     it->filename().string().c_str());
+      return *it;
+    }
+    skipped.push_back(it->string() + " is unusable (" + why + ")");
+  }
+  if (files.empty())
+    throw ConfigError(target.string() + ": no checkpoint under checkpoints/ (has the run saved one yet?)");
+  std::string msg = target.string() + ": no usable checkpoint under checkpoints/:";
+  for (const auto& s : skipped) msg += "\n  " + s;
+  throw ConfigError(msg);
 }
 
 /// The model (in eval mode, by construction) and data of a checkpoint, with its weights loaded.
@@ -55,6 +73,20 @@ uint64_t splitmix64(uint64_t& s) {
 }
 
 }  // namespace
+
+std::string checkpoint_problem(const fs::path& path) {
+  try {
+    const auto header = io::read_safetensors_header(path.string());
+    if (!header.metadata.count("kiln.checkpoint")) return "not a kiln training checkpoint";
+    io::load_safetensors(path.string());  // every byte: a truncated file fails here
+    return {};
+  } catch (const std::exception& e) {
+    const std::string what = e.what();
+    if (what.find("run past the end") != std::string::npos || what.find("runs past the end") != std::string::npos)
+      return "truncated: " + what;
+    return what;
+  }
+}
 
 int evaluate_command(const fs::path& target, const std::string& split, int64_t max_batches) {
   if (split != "test" && split != "train")
@@ -202,8 +234,14 @@ void inspect_run(const fs::path& dir) {
     optim::CheckpointManager mgr(dir / "checkpoints");
     const auto list = mgr.list();
     std::printf("  checkpoints (%zu):", list.size());
-    for (const auto& p : list) std::printf(" %s", p.filename().string().c_str());
+    std::vector<std::string> bad;
+    for (const auto& p : list) {
+      const std::string why = checkpoint_problem(p);
+      std::printf(" %s%s", p.filename().string().c_str(), why.empty() ? "" : " (UNUSABLE)");
+      if (!why.empty()) bad.push_back(p.filename().string() + ": " + why);
+    }
     std::printf("\n");
+    for (const auto& b : bad) std::printf("  unusable %s\n", b.c_str());
   }
   if (fs::exists(dir / "report.html")) std::printf("  report   %s\n", (dir / "report.html").string().c_str());
 }

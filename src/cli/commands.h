@@ -7,6 +7,10 @@
 
 namespace kiln::cli {
 
+/// Why a checkpoint file cannot be used ("" when it can): unreadable,
+/// truncated, not safetensors, or not a kiln training checkpoint. Reads the whole file.
+std::string checkpoint_problem(const std::filesystem::path& path);
+
 /// Loss and accuracy (or bits/char) of the latest checkpoint of a run
 /// directory, or of one checkpoint file, on `split` ("test" or "train").
 int evaluate_command(const std::filesystem::path& target, const std::string& split, int64_t max_batches);

@@ -6,6 +6,7 @@
 #include <charconv>
 #include <cmath>
 #include <fstream>
+#include <limits>
 #include <map>
 #include <sstream>
 
@@ -87,6 +88,96 @@ constexpr Key kSchema[] = {
     {"train.keep_last", Kind::Int, "3", "", ""},
     {"train.log_every", Kind::Int, "50", "", ""},
     {"train.anomaly", Kind::Bool, "false", "", ""},
+};
+
+// Allowed values, checked once on the final config (file and --set together) so
+// that one message lists every bad key. Integers a kiln type narrows (threads
+// and keep_last become int) have that type's upper bound.
+struct Range {
+  const char* key;
+  double lo, hi;
+  bool lo_open, hi_open;  // (lo, ...) / (..., hi)
+};
+constexpr double kNoMax = std::numeric_limits<double>::infinity();
+constexpr double kIntMax = 2147483647.0;
+constexpr Range kRanges[] = {
+    {"threads", 0, kIntMax, false, false},
+    {"model.hidden", 1, kNoMax, false, false},
+    {"model.channels1", 1, kNoMax, false, false},
+    {"model.channels2", 1, kNoMax, false, false},
+    {"model.fc_hidden", 1, kNoMax, false, false},
+    {"model.stem_channels", 1, kNoMax, false, false},
+    {"model.widths", 1, kNoMax, false, false},
+    {"model.blocks", 1, kNoMax, false, false},
+    {"model.patch_size", 1, kNoMax, false, false},
+    {"model.dim", 1, kNoMax, false, false},
+    {"model.depth", 1, kNoMax, false, false},
+    {"model.heads", 1, kNoMax, false, false},
+    {"model.mlp_dim", 1, kNoMax, false, false},
+    {"model.n_layer", 1, kNoMax, false, false},
+    {"model.n_head", 1, kNoMax, false, false},
+    {"model.n_embd", 1, kNoMax, false, false},
+    {"model.dropout", 0, 1, false, true},
+    {"data.context", 1, kNoMax, false, false},
+    {"data.val_fraction", 0, 1, true, true},
+    {"data.image_size", 1, kNoMax, false, false},
+    {"data.num_classes", 1, kNoMax, false, false},
+    {"data.batch_size", 1, kNoMax, false, false},
+    {"data.eval_batch_size", 1, kNoMax, false, false},
+    {"data.num_workers", 0, kNoMax, false, false},
+    {"data.train_size", 0, kNoMax, false, false},
+    {"data.eval_size", 0, kNoMax, false, false},
+    {"data.random_crop", 0, kNoMax, false, false},
+    {"optim.lr", 0, kNoMax, false, false},
+    {"optim.weight_decay", 0, kNoMax, false, false},
+    {"optim.momentum", 0, kNoMax, false, false},
+    {"optim.beta1", 0, 1, false, true},
+    {"optim.beta2", 0, 1, false, true},
+    {"optim.eps", 0, kNoMax, false, false},
+    {"optim.grad_clip", 0, kNoMax, false, false},
+    {"schedule.warmup_steps", 0, kNoMax, false, false},
+    {"schedule.min_lr", 0, kNoMax, false, false},
+    {"schedule.step_size", 1, kNoMax, false, false},
+    {"schedule.gamma", 0, kNoMax, false, false},
+    {"train.epochs", 1, kNoMax, false, false},
+    {"train.steps", 0, kNoMax, false, false},
+    {"train.max_steps", 0, kNoMax, false, false},
+    {"train.eval_every", 0, kNoMax, false, false},
+    {"train.eval_batches", 0, kNoMax, false, false},
+    {"train.ckpt_every", 0, kNoMax, false, false},
+    {"train.keep_last", 1, kIntMax, false, false},
+    {"train.log_every", 1, kNoMax, false, false},
+};
+
+// What `kiln resume --set KEY=...` does with each key (docs/config.md keeps the same table).
+// Refused keys shaped the state the checkpoint holds (weights, optimizer moments,
+// generator, loader position) or what a step means; a new value could not take effect.
+struct ResumeRule {
+  const char* key;  // a key, or "section." for every key of a section
+  OnResume rule;
+  const char* why;  // for Refused
+};
+constexpr ResumeRule kResume[] = {
+    {"name", OnResume::Applies, ""},
+    {"seed", OnResume::Refused, "the generator state comes from the checkpoint, so a new seed would not be used"},
+    {"threads", OnResume::Applies, ""},
+    {"amp", OnResume::Refused, "the precision (and the GradScaler's state) is part of the checkpoint"},
+    {"model.", OnResume::Refused, "the architecture is fixed by the checkpoint's weights"},
+    {"data.root", OnResume::Applies, ""},
+    {"data.path", OnResume::Applies, ""},
+    {"data.eval_batch_size", OnResume::Applies, ""},
+    {"data.eval_size", OnResume::Applies, ""},
+    {"data.num_workers", OnResume::Applies, ""},
+    {"data.", OnResume::Refused,
+     "the training set, its batches and the loader's saved position were made with the old value"},
+    {"optim.name", OnResume::Refused, "the optimizer's state in the checkpoint belongs to the old optimizer"},
+    {"optim.lr", OnResume::Schedule, ""},
+    {"optim.grad_clip", OnResume::Applies, ""},
+    {"optim.", OnResume::Optimizer, ""},
+    {"schedule.", OnResume::Schedule, ""},
+    {"train.epochs", OnResume::Schedule, ""},
+    {"train.steps", OnResume::Schedule, ""},
+    {"train.", OnResume::Applies, ""},
 };
 // clang-format on
 
@@ -184,13 +275,43 @@ bool matches(const Key& k, const toml::node& n) {
   return false;
 }
 
+constexpr const char* kInt64Range = "integers are 64-bit: -9223372036854775808 to 9223372036854775807";
+
+bool int64_overflow(const toml::parse_error& e) {
+  return e.description().find("is not representable in 64 bits") != std::string_view::npos;
+}
+
 toml::table parse_text(const std::string& text, const std::string& source) {
   try {
     return toml::parse(text, source);
   } catch (const toml::parse_error& e) {
-    throw ConfigError(source + ":" + std::to_string(e.source().begin.line) + ": invalid TOML: " +
-                      std::string(e.description()));
+    const std::string at = source + ":" + std::to_string(e.source().begin.line) + ": ";
+    if (int64_overflow(e))
+      throw ConfigError(at + "an integer out of range: " + std::string(e.description()) + " (" + kInt64Range + ")");
+    throw ConfigError(at + "invalid TOML: " + std::string(e.description()));
   }
+}
+
+std::string number_text(double v) {
+  if (std::isinf(v)) return v > 0 ? "inf" : "-inf";
+  char buf[64];
+  auto res = std::to_chars(buf, buf + sizeof buf, v);
+  return std::string(buf, res.ptr);
+}
+
+/// "an integer >= 1", "a number in [0, 1)", "an integer in [0, 2147483647]".
+std::string range_text(const Range& r, bool integer) {
+  const std::string what = integer ? "an integer" : "a number";
+  if (r.hi == kNoMax) return what + (r.lo_open ? " > " : " >= ") + number_text(r.lo);
+  return what + " in " + (r.lo_open ? "(" : "[") + number_text(r.lo) + ", " + number_text(r.hi) +
+         (r.hi_open ? ")" : "]");
+}
+
+bool in_range(const Range& r, double v) {
+  if (!std::isfinite(v)) return false;
+  if (r.lo_open ? v <= r.lo : v < r.lo) return false;
+  if (r.hi != kNoMax && (r.hi_open ? v >= r.hi : v > r.hi)) return false;
+  return true;
 }
 
 std::string section_of(const std::string& key) {
@@ -211,7 +332,7 @@ std::string known_keys(const std::string& section) {
 }
 
 /// TOML text of a value; floats in their shortest round-trip form (0.9, not 0.90000000000000002).
-std::string value_text(const toml::node& n) {
+std::string node_text(const toml::node& n) {
   if (const auto* f = n.as_floating_point()) {
     const double d = f->get();
     if (std::isfinite(d)) {
@@ -229,19 +350,20 @@ std::string value_text(const toml::node& n) {
 
 }  // namespace
 
-Config Config::from_file(const std::filesystem::path& path) {
+Config Config::from_file(const std::filesystem::path& path, const std::vector<std::string>& sets) {
   std::ifstream in(path, std::ios::binary);
   if (!in) throw ConfigError(path.string() + ": cannot read the config file (does it exist?)");
   std::stringstream ss;
   ss << in.rdbuf();
-  return from_string(ss.str(), path.string());
+  return from_string(ss.str(), path.string(), sets);
 }
 
-Config Config::from_string(const std::string& text, const std::string& source) {
+Config Config::from_string(const std::string& text, const std::string& source, const std::vector<std::string>& sets) {
   Config c;
   c.source_ = source;
   c.user_ = parse_text(text, source);
   c.validate_and_fill();
+  c.set_all(sets);
   return c;
 }
 
@@ -271,10 +393,14 @@ void Config::validate_and_fill() {
       given[top] = &v1;
     }
   }
+  auto from = [&](const std::string& key, const toml::node& node) {
+    auto it = origin_.find(key);
+    return it != origin_.end() ? it->second : where(source_, node);
+  };
   for (const auto& [key, node] : given) {
     const Key& k = *find_key(key);
     if (!matches(k, *node))
-      throw ConfigError(where(source_, *node) + ": '" + key + "' expects " + kind_name(k.kind) + ", got " +
+      throw ConfigError(from(key, *node) + ": '" + key + "' expects " + kind_name(k.kind) + ", got " +
                         describe(*node));
     if (*k.choices) {
       const std::string v = node->as_string()->get();
@@ -300,11 +426,14 @@ void Config::validate_and_fill() {
     const Key& k = *find_key(key);
     if (!applies(k)) {
       const auto cond = split(k.when, '=');
-      throw ConfigError(where(source_, *node) + ": '" + key + "' applies only when " + cond[0] + " is one of " +
+      throw ConfigError(from(key, *node) + ": '" + key + "' applies only when " + cond[0] + " is one of " +
                         cond[1] + " (this config has " + cond[0] + " = \"" +
                         table_.at_path(cond[0]).value_or(std::string()) + "\")");
     }
   }
+  for (const auto& [key, node] : given)
+    if (!origin_.count(key)) origin_[key] = where(source_, *node);
+  for (auto it = origin_.begin(); it != origin_.end();) it = given.count(it->first) ? std::next(it) : origin_.erase(it);
   for (const auto& k : kSchema) {
     if (given.count(k.name) || !applies(k)) continue;
     toml::table d = toml::parse(std::string("v = ") + k.def);
@@ -330,7 +459,14 @@ void Config::validate_and_fill() {
   }
 }
 
-void Config::set(const std::string& assignment) {
+void Config::set(const std::string& assignment) { set_all({assignment}); }
+
+void Config::set_all(const std::vector<std::string>& assignments) {
+  for (const auto& a : assignments) apply(a);
+  check_ranges();
+}
+
+void Config::apply(const std::string& assignment) {
   // A bare word becomes a string as given; TOML strings are UTF-8, and a value
   // that is not would be written to config.toml as something else.
   if (const size_t bad = invalid_utf8_at(assignment); bad != std::string::npos)
@@ -349,7 +485,9 @@ void Config::set(const std::string& assignment) {
   toml::table parsed;
   try {
     parsed = toml::parse("v = " + value);
-  } catch (const toml::parse_error&) {
+  } catch (const toml::parse_error& e) {
+    if (int64_overflow(e))
+      throw ConfigError("--set " + assignment + ": '" + key + "' = " + value + " is out of range (" + kInt64Range + ")");
     parsed = toml::table{{"v", value}};  // a bare word: a string
   }
   const std::string sec = section_of(key);
@@ -365,9 +503,67 @@ void Config::set(const std::string& assignment) {
   Config c;
   c.source_ = "--set " + assignment;
   c.user_ = std::move(next);
+  c.origin_ = origin_;
+  c.origin_[key] = "--set " + assignment;
   c.validate_and_fill();
   user_ = std::move(c.user_);
   table_ = std::move(c.table_);
+  origin_ = std::move(c.origin_);
+}
+
+void Config::check_ranges() const {
+  std::vector<std::string> problems;
+  for (const auto& r : kRanges) {
+    const toml::node* n = table_.at_path(r.key).node();
+    if (!n) continue;  // does not apply to this config
+    const bool integer = find_key(r.key)->kind != Kind::Float;
+    std::vector<const toml::node*> values;
+    if (const auto* a = n->as_array())
+      for (const auto& e : *a) values.push_back(&e);
+    else
+      values.push_back(n);
+    for (const toml::node* v : values) {
+      const double d = v->is_integer() ? static_cast<double>(v->value_or(int64_t{0})) : v->value_or(0.0);
+      if (in_range(r, d)) continue;
+      problems.push_back(origin(r.key) + ": '" + r.key + "'" + (n->is_array() ? " holds " : " = ") + node_text(*v) +
+                         ", out of range (expects " + range_text(r, integer) + (n->is_array() ? " in every entry)" : ")"));
+      break;
+    }
+  }
+  if (problems.empty()) return;
+  if (problems.size() == 1) throw ConfigError(problems[0]);
+  std::string msg = std::to_string(problems.size()) + " config values are out of range:";
+  for (const auto& p : problems) msg += "\n  " + p;
+  throw ConfigError(msg);
+}
+
+std::string Config::origin(const std::string& key) const {
+  auto it = origin_.find(key);
+  return it != origin_.end() ? it->second : source_ + " (the default)";
+}
+
+std::vector<std::string> Config::keys() const {
+  std::vector<std::string> out;
+  for (const auto& k : kSchema)
+    if (table_.at_path(k.name).node()) out.emplace_back(k.name);
+  return out;
+}
+
+std::string Config::value_text(const std::string& key) const {
+  const toml::node* n = table_.at_path(key).node();
+  return n ? node_text(*n) : std::string();
+}
+
+OnResume Config::on_resume(const std::string& key, std::string* why) {
+  for (const auto& r : kResume) {
+    const std::string k = r.key;
+    const bool match = k.back() == '.' ? key.rfind(k, 0) == 0 : key == k;
+    if (!match) continue;
+    if (why) *why = r.why;
+    return r.rule;
+  }
+  if (why) *why = "it is not known to kiln resume";
+  return OnResume::Refused;
 }
 
 const toml::node& Config::at(const std::string& key) const {
@@ -392,7 +588,7 @@ std::string Config::to_toml() const {
   for (const auto& k : kSchema) {
     const std::string key = k.name;
     if (!section_of(key).empty()) continue;
-    os << key << " = " << value_text(*table_.get(key)) << "\n";
+    os << key << " = " << node_text(*table_.get(key)) << "\n";
   }
   std::string current;
   for (const auto& k : kSchema) {
@@ -405,7 +601,7 @@ std::string Config::to_toml() const {
       os << "\n[" << sec << "]\n";
       current = sec;
     }
-    os << key.substr(sec.size() + 1) << " = " << value_text(*n) << "\n";
+    os << key.substr(sec.size() + 1) << " = " << node_text(*n) << "\n";
   }
   return os.str();
 }

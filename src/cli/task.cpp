@@ -5,6 +5,7 @@
 #include <optional>
 
 #include "kiln/core/autocast.h"
+#include "kiln/core/error.h"
 #include "kiln/core/generator.h"
 #include "kiln/core/guards.h"
 #include "kiln/core/threads.h"
@@ -82,14 +83,25 @@ void make_datasets(const Config& c, Task& t) {
   data::Transform train_tf = aug.empty() ? nullptr : data::transforms::compose(aug);
   const std::string root = c.string("data.root");
   std::shared_ptr<const data::Dataset<>> train, test;
-  if (ds == "fashion_mnist") {
-    const std::string r = root.empty() ? data::kFashionMnistRoot : root;
-    train = std::make_shared<data::FashionMNIST>(data::FashionMNISTOptions{.root = r, .train = true, .transform = train_tf});
-    test = std::make_shared<data::FashionMNIST>(data::FashionMNISTOptions{.root = r, .train = false});
-  } else {
-    const std::string r = root.empty() ? data::kMnistRoot : root;
-    train = std::make_shared<data::MNIST>(data::MNISTOptions{.root = r, .train = true, .transform = train_tf});
-    test = std::make_shared<data::MNIST>(data::MNISTOptions{.root = r, .train = false});
+  try {
+    if (ds == "fashion_mnist") {
+      const std::string r = root.empty() ? data::kFashionMnistRoot : root;
+      train = std::make_shared<data::FashionMNIST>(data::FashionMNISTOptions{.root = r, .train = true, .transform = train_tf});
+      test = std::make_shared<data::FashionMNIST>(data::FashionMNISTOptions{.root = r, .train = false});
+    } else {
+      const std::string r = root.empty() ? data::kMnistRoot : root;
+      train = std::make_shared<data::MNIST>(data::MNISTOptions{.root = r, .train = true, .transform = train_tf});
+      test = std::make_shared<data::MNIST>(data::MNISTOptions{.root = r, .train = false});
+    }
+  } catch (const IOError& e) {
+    if (root.empty()) throw;  // the installed copy is missing: the reader's hint (scripts/setup.sh) is the cure
+    // A directory the user chose: scripts/setup.sh installs elsewhere, so its hint would mislead.
+    std::string what = e.what();
+    if (const auto cut = what.find(" exists ("); cut != std::string::npos) what = what.substr(0, cut + 7);
+    throw ConfigError(c.origin("data.root") + ": data.root = \"" + root + "\": " + what +
+                      "; data.root names the directory holding the idx files (train-images-idx3-ubyte[.gz] and "
+                      "the other three), or leave it out to read the copy scripts/setup.sh installs (" +
+                      (ds == "fashion_mnist" ? data::kFashionMnistRoot : data::kMnistRoot) + ")");
   }
   t.train_set = first(train, c.integer("data.train_size"));
   t.eval_set = first(test, c.integer("data.eval_size"));
@@ -168,16 +180,9 @@ std::shared_ptr<optim::LRScheduler> make_scheduler(const Config& c, optim::Optim
                                                std::vector<int64_t>{warmup});
 }
 
-void check_positive(const Config& c, const char* key) {
-  if (c.integer(key) <= 0)
-    throw ConfigError(c.source() + ": '" + key + "' expects a positive integer, got " + std::to_string(c.integer(key)));
-}
-
 }  // namespace
 
 Task build_task(const Config& c, Purpose purpose, dist::ProcessGroupPtr group) {
-  check_positive(c, "data.batch_size");
-  check_positive(c, "data.eval_batch_size");
   if (c.integer("threads") > 0) set_num_threads(static_cast<int>(c.integer("threads")));
   manual_seed(static_cast<uint64_t>(c.integer("seed")));
   Task t;
@@ -200,7 +205,7 @@ Task build_task(const Config& c, Purpose purpose, dist::ProcessGroupPtr group) {
                                                .drop_last = true, .seed = static_cast<uint64_t>(c.integer("seed")),
                                                .rank = distributed ? group->rank() : 0});
   if (t.train_loader->size() == 0)
-    throw ConfigError(c.source() + ": the training set has " + std::to_string(t.train_set->size()) +
+    throw ConfigError(c.origin("data.batch_size") + ": the training set has " + std::to_string(t.train_set->size()) +
                       " samples, fewer than one batch of data.batch_size = " +
                       std::to_string(c.integer("data.batch_size")));
   t.total_steps = c.integer("train.steps") > 0 ? c.integer("train.steps")
@@ -211,6 +216,20 @@ Task build_task(const Config& c, Purpose purpose, dist::ProcessGroupPtr group) {
   // float16's narrow range needs loss scaling; bfloat16 has float32's range and does not.
   if (t.amp.needs_scaler()) t.scaler = std::make_unique<amp::GradScaler>(amp::GradScalerOptions{.enabled = true});
   return t;
+}
+
+void replay_schedule(Task& t, const Config& c, int64_t step) {
+  auto opt = make_optimizer(c, *t.model);
+  auto sched = make_scheduler(c, *opt, t.total_steps);
+  for (int64_t i = 0; i < step; ++i) {
+    opt->step();  // no parameter has a gradient: only the step count moves, as the scheduler expects
+    if (sched) sched->step();
+  }
+  auto& groups = t.optimizer->param_groups();
+  const auto& fresh = opt->param_groups();
+  KILN_ASSERT(groups.size() == fresh.size());
+  for (size_t g = 0; g < groups.size(); ++g) groups[g].options = fresh[g].options;
+  if (t.scheduler) t.scheduler->load_state_dict(sched->state_dict());
 }
 
 Tensor batch_loss(Task& t, const data::Example& batch) {

@@ -49,6 +49,15 @@ struct Task {
 /// every rank builds its task at the same point).
 Task build_task(const Config& config, Purpose purpose, dist::ProcessGroupPtr group = nullptr);
 
+/// For a resume whose settings changed the optimizer's hyperparameters or the
+/// learning-rate schedule (optim.lr, schedule.*, train.steps, ...): the param
+/// groups' hyperparameters and the scheduler's state are those a run started
+/// with `config` has after `step` steps. A fresh optimizer and scheduler are
+/// stepped that far (the optimizer without gradients: no parameter moves) and
+/// copied in, so from the resume step on the rates are bitwise the ones that
+/// run would use. Call after loading the checkpoint (its optimizer state stays).
+void replay_schedule(Task& task, const Config& config, int64_t step);
+
 /// The training loss of one batch (cross-entropy; per token for the language model).
 Tensor batch_loss(Task& task, const data::Example& batch);
 

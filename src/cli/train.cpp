@@ -20,6 +20,7 @@
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cmath>
 #include <csignal>
@@ -29,12 +30,14 @@
 #include <nlohmann/json.hpp>
 #include <sstream>
 
+#include "cli/commands.h"
 #include "cli/progress.h"
 #include "cli/report.h"
 #include "cli/task.h"
 #include "kiln/autograd/anomaly.h"
 #include "kiln/core/allocator.h"
 #include "kiln/core/factory.h"
+#include "kiln/core/threads.h"
 #include "kiln/dist/dist.h"
 #include "kiln/io/safetensors.h"
 #include "kiln/optim/checkpoint.h"
@@ -147,6 +150,22 @@ const char* status_name(Status s) {
   return "?";
 }
 
+/// What a run's future depends on besides its config and state: the process
+/// count (each rank's share of the data) and the thread count per process
+/// (DESIGN.md §2: same seed, same thread count, same bits). Saved in every
+/// checkpoint as object "run" (metadata state.run.*); `kiln resume` compares.
+class RunFacts : public optim::Stateful {
+ public:
+  int64_t world_size = 1, threads = 1;
+  optim::ObjectState state_dict() const override {
+    return {{}, {{"world_size", world_size}, {"threads", threads}}};
+  }
+  void load_state_dict(const optim::ObjectState& s) override {
+    world_size = std::get<int64_t>(s.values.at("world_size"));
+    threads = std::get<int64_t>(s.values.at("threads"));
+  }
+};
+
 struct Loop {
   const Config& config;
   fs::path run_dir;
@@ -156,20 +175,101 @@ struct Loop {
   dist::ProcessGroupPtr group;                    // null: a single process
   int64_t step = 0;
   double time_offset = 0;  // time_s of the run before this process (resume)
+  RunFacts facts;
 };
 
-// The GradScaler (amp = "fp16") travels in the checkpoint's object slot.
-optim::CheckpointRefs checkpoint_refs(Task& t) {
+// The GradScaler (amp = "fp16") and the run's facts travel in the checkpoint's object slot
+// (checkpoints written before the facts were recorded load without them).
+optim::CheckpointRefs checkpoint_refs(Loop& L, bool with_facts = true) {
+  Task& t = L.task;
   optim::CheckpointRefs refs{t.model.get(), t.optimizer.get(), t.scheduler.get()};
-  if (t.scaler) refs.objects = {{"scaler", t.scaler.get()}};
+  if (t.scaler) refs.objects["scaler"] = t.scaler.get();
+  if (with_facts) refs.objects["run"] = &L.facts;
   return refs;
 }
 
 void save_checkpoint(Loop& L) {
-  optim::CheckpointRefs refs = checkpoint_refs(L.task);
+  optim::CheckpointRefs refs = checkpoint_refs(L);
   L.ckpts->save(refs, {.step = L.step, .loader = L.task.train_loader->state(), .config = L.config.to_toml()});
   // The report of a run in progress, so a long run can be looked at while it trains (a few ms).
   write_report(L.run_dir);
+}
+
+/// Anomaly mode's report names the module (its path in the model, "layers.2")
+/// rather than the library line of the op inside it. Forward hooks keep the
+/// stack of modules whose forward is running (an op that throws leaves it as
+/// it was); a hook on each module's output gradient marks the module whose
+/// backward is running. Hooks turn off some fusions, so they are only set in
+/// anomaly mode, a debugging mode anyway.
+class ModuleTrail {
+ public:
+  explicit ModuleTrail(nn::Module& root) {
+    for (auto& [name, m] : root.named_modules()) {
+      if (name.empty()) continue;
+      m->register_forward_pre_hook([this, name](nn::Module&, const Tensor&) {
+        forward_.push_back(name);
+        return Tensor();
+      });
+      m->register_forward_hook([this, name](nn::Module&, const Tensor&, const Tensor& out) {
+        if (!forward_.empty()) forward_.pop_back();
+        if (out.requires_grad())
+          out.register_hook([this, name](const Tensor&) {
+            // A parent whose output is its last child's keeps the child's (deeper) name.
+            if (backward_.rfind(name + ".", 0) != 0) backward_ = name;
+            return Tensor();
+          });
+        return Tensor();
+      });
+    }
+  }
+  void start_step() {
+    forward_.clear();
+    backward_.clear();
+  }
+  /// The innermost module running when the error was thrown ("" if none).
+  std::string module(bool in_backward) const {
+    if (in_backward) return backward_;
+    return forward_.empty() ? std::string() : forward_.back();
+  }
+
+ private:
+  std::vector<std::string> forward_;
+  std::string backward_;
+};
+
+/// The type of the module at `path` ("Linear"), or "" if there is none.
+std::string type_of(nn::Module& root, const std::string& path) {
+  for (auto& [name, m] : root.named_modules())
+    if (name == path) return m->type_name();
+  return {};
+}
+
+/// "the last checkpoint (step 20) is left as it was" or why there is none.
+std::string checkpoint_left(Loop& L) {
+  const auto latest = L.ckpts ? L.ckpts->latest() : std::nullopt;
+  if (!latest) {
+    const int64_t every = L.config.integer("train.ckpt_every");
+    return "no checkpoint was saved before it (train.ckpt_every = " + std::to_string(every) +
+           (every > 0 ? ": the first is at step " + std::to_string(every) : std::string(": only at the end")) + ")";
+  }
+  return "the last checkpoint, " + latest->filename().string() + ", is left as it was";
+}
+
+std::string resume_command(const Loop& L);
+
+/// After an anomaly stop: what is left and how to go on once the cause is fixed.
+std::string next_step_hint(Loop& L, bool lead) {
+  if (!lead) return "rank 0 says what is left of the run";
+  const bool any = L.ckpts && L.ckpts->latest();
+  return checkpoint_left(L) + (any ? "; once the cause is fixed, continue from it with " + resume_command(L)
+                                   : std::string("; once the cause is fixed, start again with kiln train"));
+}
+
+/// The command that continues this run: with `kiln launch -n N --` for a data-parallel run.
+std::string resume_command(const Loop& L) {
+  const int world = L.group ? L.group->size() : 1;
+  std::string cmd = world > 1 ? "kiln launch -n " + std::to_string(world) + " -- kiln resume " : "kiln resume ";
+  return cmd + L.run_dir.string();
 }
 
 int run_loop(Loop& L) {
@@ -192,7 +292,24 @@ int run_loop(Loop& L) {
   Progress progress(world == 1 && ::isatty(STDOUT_FILENO) != 0, log_every, !lead);
   StopSignals signals;
   std::optional<autograd::AnomalyModeGuard> anomaly;
-  if (c.boolean("train.anomaly")) anomaly.emplace(true);
+  std::optional<ModuleTrail> trail;
+  if (c.boolean("train.anomaly")) {
+    anomaly.emplace(true);
+    trail.emplace(*t.model);
+  }
+  // Anomaly mode found a NaN/Inf: the same stop as a non-finite loss (exit 3, status "nan").
+  auto report_anomaly = [&](const autograd::AnomalyError& e, bool in_backward, int64_t epoch) {
+    progress.finish();
+    const std::string module = trail ? trail->module(in_backward) : std::string();
+    const std::string who = world > 1 ? "rank " + std::to_string(L.group->rank()) + ": " : std::string();
+    std::fprintf(stderr, "kiln: error: %sanomaly mode stopped the run at step %lld (epoch %lld) in the %s of %s%s:\n%s\n"
+                 "%s\n", who.c_str(),
+                 static_cast<long long>(L.step + 1), static_cast<long long>(epoch),
+                 in_backward ? "backward" : "forward",
+                 module.empty() ? "the loss" : ("module " + module).c_str(),
+                 module.empty() ? "" : (" (" + type_of(*t.model, module) + ")").c_str(), e.what(),
+                 next_step_hint(L, lead).c_str());
+  };
 
   progress.message(std::string("training ") + c.name() + ": " + std::to_string(t.model->num_parameters()) +
                    " parameters, " + std::to_string(t.train_loader->size()) + " batches of " +
@@ -241,8 +358,16 @@ int run_loop(Loop& L) {
       dist::set_step(L.step + 1);  // for `kiln launch`'s report if this rank dies now
       const double lr = t.optimizer->param_groups()[0].lr();
       t.optimizer->zero_grad();
-      Tensor loss = batch_loss(t, batch);
-      double loss_v = loss.item<double>();
+      if (trail) trail->start_step();
+      Tensor loss;
+      bool anomalous = false;
+      try {
+        loss = batch_loss(t, batch);
+      } catch (const autograd::AnomalyError& e) {
+        report_anomaly(e, /*in_backward=*/false, epoch);
+        anomalous = true;  // data-parallel: the other ranks learn of it through the agreement below
+      }
+      double loss_v = anomalous ? std::nan("") : loss.item<double>();
       bool nonfinite = !std::isfinite(loss_v);
       bool stop_requested = false;  // data-parallel: agreed now, acted on after this step
       if (world > 1) {
@@ -259,14 +384,14 @@ int run_loop(Loop& L) {
       }
       if (nonfinite) {
         progress.finish();
-        if (lead)
+        if (lead && !anomalous)
           std::fprintf(stderr,
                        "kiln: error: the loss became %s at step %lld (epoch %lld, lr %.3g); the run stops here and "
-                       "the last checkpoint is left as it was.\nhint: rerun with --set train.anomaly=true to find the "
-                       "op that first produced a NaN/Inf (kiln names it, with its inputs' statistics); a lower "
-                       "optim.lr or optim.grad_clip often cures it\n",
+                       "%s.\nhint: rerun with --set train.anomaly=true to find the op that first produced a NaN/Inf "
+                       "(kiln names it and its module, with its inputs' statistics); a lower optim.lr or "
+                       "optim.grad_clip often cures it\n",
                        std::isnan(loss_v) ? "NaN" : "Inf", static_cast<long long>(L.step + 1),
-                       static_cast<long long>(epoch), lr);
+                       static_cast<long long>(epoch), lr, checkpoint_left(L).c_str());
         status = Status::NonFinite;
         break;
       }
@@ -280,7 +405,15 @@ int run_loop(Loop& L) {
         t.scaler->step(*t.optimizer);
         t.scaler->update();
       } else {
-        loss.backward();
+        try {
+          loss.backward();
+        } catch (const autograd::AnomalyError& e) {
+          // Data-parallel ranks are inside DDP's collectives here: the error ends the job (run_or_abort).
+          if (world > 1) throw;
+          report_anomaly(e, /*in_backward=*/true, epoch);
+          status = Status::NonFinite;
+          break;
+        }
         gnorm = optim::clip_grad_norm_(params, clip > 0 ? clip : optim::kInfNorm);
         t.optimizer->step();
       }
@@ -372,14 +505,18 @@ int run_loop(Loop& L) {
   write_report(L.run_dir);
   std::printf("%s at step %lld of %lld in %s", status_name(status), static_cast<long long>(L.step),
               static_cast<long long>(total), format_duration(elapsed()).c_str());
+  // An evaluation from before the last step says which step it is from.
+  std::string eval_at;
+  if (!last_eval.is_null() && last_eval["step"].get<int64_t>() != L.step)
+    eval_at = " (at step " + std::to_string(last_eval["step"].get<int64_t>()) + ")";
   if (final_metrics.contains("accuracy"))
-    std::printf(": test accuracy %.2f%%", 100 * final_metrics["accuracy"].get<double>());
+    std::printf(": test accuracy %.2f%%%s", 100 * final_metrics["accuracy"].get<double>(), eval_at.c_str());
   if (final_metrics.contains("bits_per_char"))
-    std::printf(": eval loss %.4f, %.3f bits/char", final_metrics["eval_loss"].get<double>(),
-                final_metrics["bits_per_char"].get<double>());
+    std::printf(": eval loss %.4f, %.3f bits/char%s", final_metrics["eval_loss"].get<double>(),
+                final_metrics["bits_per_char"].get<double>(), eval_at.c_str());
   std::printf("\nreport: %s\n", (L.run_dir / "report.html").string().c_str());
   if (status == Status::Interrupted || status == Status::Stopped)
-    std::printf("continue with: kiln resume %s\n", L.run_dir.string().c_str());
+    std::printf("continue with: %s\n", resume_command(L).c_str());
   std::fflush(stdout);
   final_barrier();
   return rc;
@@ -420,50 +557,192 @@ int train(const Config& config, const fs::path& run_dir, const std::string& conf
           dist::ProcessGroupPtr group) {
   const bool lead = is_lead(group);
   g_quiet = !lead;
+  if (lead && (fs::exists(run_dir / "metrics.jsonl") || fs::exists(run_dir / "checkpoints"))) {
+    const int world = group ? group->size() : 1;
+    const std::string resume = world > 1 ? "kiln launch -n " + std::to_string(world) + " -- kiln resume " : "kiln resume ";
+    throw ConfigError(run_dir.string() + " already holds a run; continue it with `" + resume + run_dir.string() +
+                      "`, or pass another --out DIR");
+  }
+  // Built before the run directory exists: a config or data problem leaves nothing behind.
+  Loop L{config, run_dir, config_path, build_task(config, Purpose::Train, group), std::nullopt, group, 0, 0, RunFacts{}};
+  L.facts.world_size = group ? group->size() : 1;
+  L.facts.threads = get_num_threads();
   if (lead) {
-    if (fs::exists(run_dir / "metrics.jsonl") || fs::exists(run_dir / "checkpoints"))
-      throw ConfigError(run_dir.string() + " already holds a run; continue it with `kiln resume " + run_dir.string() +
-                        "`, or pass another --out DIR");
     fs::create_directories(run_dir);
     write_text(run_dir / "config.toml", config.to_toml());
-  }
-  Loop L{config, run_dir, config_path, build_task(config, Purpose::Train, group), std::nullopt, group};
-  if (lead) {
     L.ckpts.emplace(checkpoint_manager(run_dir / "checkpoints", config));
     std::ofstream(run_dir / "metrics.jsonl", std::ios::trunc).close();
   }
   return run_loop(L);
 }
 
-int resume(const fs::path& run_dir, const std::vector<std::string>& sets, dist::ProcessGroupPtr group) {
+namespace {
+
+/// The checkpoint to resume from, or a ConfigError naming every file there and why it is unusable.
+fs::path checkpoint_to_resume(const fs::path& run_dir) {
+  if (!fs::is_directory(run_dir)) throw ConfigError(run_dir.string() + ": no such run directory");
+  const fs::path ckdir = run_dir / "checkpoints";
+  if (!fs::is_directory(ckdir))
+    throw ConfigError(run_dir.string() + ": no checkpoints/ directory, nothing to resume from");
+  optim::CheckpointManager mgr(ckdir);
+  if (auto found = mgr.latest()) return *found;
+  const auto files = mgr.list();
+  if (files.empty())
+    throw ConfigError(run_dir.string() + ": no checkpoint under checkpoints/ (the run stopped before its first one), "
+                      "nothing to resume from");
+  std::string msg = run_dir.string() + ": no usable checkpoint under checkpoints/:";
+  for (const auto& f : files) msg += "\n  " + f.filename().string() + ": " + checkpoint_problem(f);
+  throw ConfigError(msg + "\nhint: a file cut short by a full disk or a copy cannot be repaired; start again with "
+                          "`kiln train`");
+}
+
+/// The facts (world size, threads) a checkpoint recorded, if it recorded them.
+std::optional<RunFacts> facts_of(const io::Metadata& md) {
+  auto w = md.find("state.run.world_size"), th = md.find("state.run.threads");
+  if (w == md.end() || th == md.end()) return std::nullopt;
+  RunFacts f;
+  try {
+    // Stateful integers are stored as "i:<value>" (checkpoint.cpp's encoding); accept a bare number too.
+    auto num = [](const std::string& v) { return std::stoll(v.rfind("i:", 0) == 0 ? v.substr(2) : v); };
+    f.world_size = num(w->second);
+    f.threads = num(th->second);
+  } catch (const std::exception&) {
+    return std::nullopt;  // load_checkpoint reports a malformed value
+  }
+  return f;
+}
+
+/// Refuses (or, when allowed, warns about) a resume whose process count differs
+/// from the checkpoint's: the future would not be the uninterrupted run's.
+void check_facts(const RunFacts& then, const RunFacts& now, const fs::path& run_dir, const fs::path& ckpt,
+                 const ResumeOptions& o) {
+  const std::string run = run_dir.string();
+  if (then.world_size != now.world_size) {
+    const std::string same = then.world_size > 1
+                                 ? "kiln launch -n " + std::to_string(then.world_size) + " -- kiln resume " + run
+                                 : "kiln resume " + run + " (one process, without kiln launch or mpirun)";
+    const std::string what = run + " was trained on " + std::to_string(then.world_size) + " process(es) (" +
+                             ckpt.filename().string() + "); resuming on " + std::to_string(now.world_size) +
+                             " would change its future: each rank's share of the data and the batches' "
+                             "composition depend on the process count";
+    if (!o.allow_world_size_change)
+      throw ConfigError(what + ". Resume with `" + same + "` for the identical future, or pass "
+                        "--allow-world-size-change to continue on " + std::to_string(now.world_size) + " anyway");
+    std::fprintf(stderr, "kiln: warning: %s; continuing (--allow-world-size-change): the run no longer reproduces "
+                 "an uninterrupted one\n", what.c_str());
+  }
+  // Not refused: kiln's parallel loops and reductions are meant to give the same bits at any
+  // thread count in practice (measured: MLP, ResNet and GPT runs at 1, 2, 5 and 7 threads agree
+  // bit for bit), but only the same count is guaranteed (DESIGN.md §2), so it is said.
+  if (then.threads != now.threads)
+    std::fprintf(stderr, "kiln: note: %s was trained with %lld thread(s) per process, this resume uses %lld; bitwise "
+                 "reproduction of an uninterrupted run is guaranteed only with the same count (OMP_NUM_THREADS=%lld "
+                 "or --set threads=%lld)\n", run.c_str(), static_cast<long long>(then.threads),
+                 static_cast<long long>(now.threads), static_cast<long long>(then.threads),
+                 static_cast<long long>(then.threads));
+}
+
+std::string refusal(const std::string& origin, const std::string& key, const std::string& why,
+                    const std::string& saved_value, const fs::path& ckpt) {
+  return origin + ": '" + key + "' cannot change when a run resumes (" + why + "; it is " +
+         (saved_value.empty() ? std::string("not set") : saved_value) + " in " + ckpt.filename().string() + ")";
+}
+
+void throw_if_refused(const std::vector<std::string>& refused) {
+  if (refused.size() == 1) throw ConfigError(refused[0] + "; start a new run with `kiln train` to use it");
+  if (refused.empty()) return;
+  std::string msg = std::to_string(refused.size()) + " settings cannot change when a run resumes:";
+  for (const auto& r : refused) msg += "\n  " + r;
+  throw ConfigError(msg + "\nstart a new run with `kiln train` to use them");
+}
+
+struct Changes {
+  std::vector<std::string> lines;  // "optim.lr 0.003 -> 0.5"
+  bool replay = false;             // an optimizer hyperparameter or the schedule changed
+};
+
+/// Compares the checkpoint's config with the one resumed with: every changed
+/// key either takes effect (Config::on_resume) or is refused, all refusals in one message.
+Changes compare_configs(const Config& then, const Config& now, const fs::path& ckpt) {
+  std::vector<std::string> keys = then.keys();
+  for (const auto& k : now.keys())
+    if (std::find(keys.begin(), keys.end(), k) == keys.end()) keys.push_back(k);
+  Changes ch;
+  std::vector<std::string> refused;
+  for (const auto& k : keys) {
+    if (k == "train.max_steps") continue;  // cleared on every resume: where this process stops
+    const std::string a = then.value_text(k), b = now.value_text(k);
+    if (a == b) continue;
+    std::string why;
+    const OnResume rule = Config::on_resume(k, &why);
+    if (rule == OnResume::Refused) {
+      refused.push_back(refusal(now.origin(k), k, why, a, ckpt));
+      continue;
+    }
+    ch.replay = ch.replay || rule == OnResume::Optimizer || rule == OnResume::Schedule;
+    ch.lines.push_back(k + " " + (a.empty() ? "(unset)" : a) + " -> " + (b.empty() ? "(unset)" : b));
+  }
+  throw_if_refused(refused);
+  return ch;
+}
+
+}  // namespace
+
+int resume(const fs::path& run_dir, const ResumeOptions& o, dist::ProcessGroupPtr group) {
   const bool lead = is_lead(group);
   g_quiet = !lead;
   const fs::path ckdir = run_dir / "checkpoints";
   // Rank 0 chooses the checkpoint (every rank reads the run directory: for a
   // multi-machine job it lies on a shared file system).
   std::string latest;
-  if (lead) {
-    if (!fs::is_directory(run_dir)) throw ConfigError(run_dir.string() + ": no such run directory");
-    auto found = fs::is_directory(ckdir) ? optim::CheckpointManager(ckdir).latest() : std::nullopt;
-    if (!found) throw ConfigError(run_dir.string() + ": no checkpoint under checkpoints/, nothing to resume from");
-    latest = found->string();
-  }
+  if (lead) latest = checkpoint_to_resume(run_dir).string();
   if (is_parallel(group)) latest = broadcast_string(*group, latest);
   // The checkpoint's own config, so the rebuilt objects are the ones it was saved from.
   const auto header = io::read_safetensors_header(latest);
   auto it = header.metadata.find("config");
-  Config config = it != header.metadata.end() && !it->second.empty()
-                      ? Config::from_string(it->second, latest + " (its config)")
-                      : Config::from_file(run_dir / "config.toml");
-  config.set("train.max_steps=0");
-  for (const auto& s : sets) config.set(s);
+  const Config saved = it != header.metadata.end() && !it->second.empty()
+                           ? Config::from_string(it->second, latest + " (its config)")
+                           : Config::from_file(run_dir / "config.toml");
+  // A refused key is named before its value is applied: applying it may itself fail
+  // (--set optim.name=sgd meets the checkpoint's Adam keys) with a less useful message.
+  std::vector<std::string> refused;
+  for (const auto& a : o.sets) {
+    const std::string key = a.substr(0, a.find('='));
+    std::string why;
+    if (Config::on_resume(key, &why) != OnResume::Refused) continue;
+    bool same = false;
+    try {
+      Config probe = saved;
+      probe.set(a);
+      same = probe.value_text(key) == saved.value_text(key);
+    } catch (const ConfigError&) {
+    }
+    if (!same) refused.push_back(refusal("--set " + a, key, why, saved.value_text(key), latest));
+  }
+  throw_if_refused(refused);
+  Config config = saved;
+  std::vector<std::string> sets{"train.max_steps=0"};
+  sets.insert(sets.end(), o.sets.begin(), o.sets.end());
+  config.set_all(sets);
+  const Changes changes = compare_configs(saved, config, latest);
+  const auto then = facts_of(header.metadata);
+  RunFacts now;
+  now.world_size = group ? group->size() : 1;
+  now.threads = config.integer("threads") > 0 ? config.integer("threads") : get_num_threads();
+  if (lead && then) check_facts(*then, now, run_dir, latest, o);
+
   std::string config_path = (run_dir / "config.toml").string();
   if (auto in = std::ifstream(run_dir / "summary.json")) {
     json s = json::parse(in, nullptr, false);
     if (!s.is_discarded() && s.contains("config_path")) config_path = s["config_path"].get<std::string>();
   }
-  Loop L{config, run_dir, config_path, build_task(config, Purpose::Train, group), std::nullopt, group};
-  optim::CheckpointRefs refs = checkpoint_refs(L.task);
+  Loop L{config, run_dir, config_path, build_task(config, Purpose::Train, group), std::nullopt, group, 0, 0, RunFacts{}};
+  L.facts = now;
+  RunFacts loaded;  // what the file holds; `now` is what later checkpoints record
+  optim::CheckpointRefs refs = checkpoint_refs(L, /*with_facts=*/false);
+  if (then) refs.objects["run"] = &loaded;
+  // A changed schedule is recomputed (replay_schedule), so the file's scheduler state is not loaded.
+  if (changes.replay) refs.scheduler = nullptr;
   optim::CheckpointInfo info;
   if (lead) {
     L.ckpts.emplace(checkpoint_manager(ckdir, config));
@@ -481,9 +760,19 @@ int resume(const fs::path& run_dir, const std::vector<std::string>& sets, dist::
   }
   L.step = info.step;
   if (info.loader) L.task.train_loader->load_state(*info.loader);
+  if (changes.replay) replay_schedule(L.task, config, L.step);
   if (lead) {
     L.time_offset = truncate_metrics(run_dir / "metrics.jsonl", L.step);
     std::printf("resuming %s from step %lld\n", run_dir.string().c_str(), static_cast<long long>(L.step));
+    if (!changes.lines.empty()) {
+      std::string list;
+      for (const auto& l : changes.lines) list += (list.empty() ? "" : ", ") + l;
+      std::printf("changed on resume: %s%s\n", list.c_str(),
+                  changes.replay ? " (the optimizer's hyperparameters and the learning-rate schedule are those of a "
+                                   "run started with these settings, from this step on)"
+                                 : "");
+      write_text(run_dir / "config.toml", config.to_toml());  // the config the next checkpoints carry
+    }
   }
   return run_loop(L);
 }

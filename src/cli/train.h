@@ -4,6 +4,8 @@
 // progress display, periodic evaluation and checkpoints, and the graceful stop
 // on SIGINT/SIGTERM.
 #include <filesystem>
+#include <string>
+#include <vector>
 
 #include "cli/config.h"
 #include "kiln/dist/process_group.h"
@@ -17,11 +19,20 @@ namespace kiln::cli {
 int train(const Config& config, const std::filesystem::path& run_dir, const std::string& config_path,
           dist::ProcessGroupPtr group = nullptr);
 
+struct ResumeOptions {
+  /// --set overrides; each takes effect or is refused (Config::on_resume,
+  /// docs/config.md). train.max_steps is cleared unless set again.
+  std::vector<std::string> sets;
+  /// Continue although the process count differs from the one the checkpoint
+  /// was trained with: the future then differs from the uninterrupted run's,
+  /// and a warning says so. (A different thread count is only noted.)
+  bool allow_world_size_change = false;
+};
+
 /// Continues the run in `run_dir` from its latest checkpoint with the same
-/// future it would have had uninterrupted. `sets` are --set overrides (e.g.
-/// train.max_steps); train.max_steps is cleared unless set again. Returns the exit code.
-/// With a `group`, every rank loads the checkpoint rank 0 chose.
-int resume(const std::filesystem::path& run_dir, const std::vector<std::string>& sets,
-           dist::ProcessGroupPtr group = nullptr);
+/// future it would have had uninterrupted (unless a --set changes it on
+/// purpose). Returns the exit code. With a `group`, every rank loads the
+/// checkpoint rank 0 chose.
+int resume(const std::filesystem::path& run_dir, const ResumeOptions& options, dist::ProcessGroupPtr group = nullptr);
 
 }  // namespace kiln::cli

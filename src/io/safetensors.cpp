@@ -252,11 +252,14 @@ SafetensorsHeader parse_header(const char* text, size_t n, uint64_t data_start, 
 uint64_t check_framing(const uint8_t* first8, uint64_t total, std::string_view source) {
   if (total < 8) fail(source, concat("the file holds ", total, " bytes; a safetensors file starts with an 8-byte header length"));
   const uint64_t n = read_le64(first8);
+  // The verdict first: text or another format read as a length is an absurd number.
   if (n > kMaxHeaderBytes) {
-    fail(source, concat("header length ", n, " exceeds the 100 MB limit (not a safetensors file, or corrupt)"));
+    fail(source, concat("not a safetensors file (or a corrupt one): its first 8 bytes, read as the header length, "
+                        "give ", n, ", which exceeds the 100 MB limit"));
   }
   if (n > total - 8) {
-    fail(source, concat("header length ", n, " runs past the end of the file (", total, " bytes)"));
+    fail(source, concat("not a complete safetensors file (truncated, or another format): header length ", n,
+                        " runs past the end of the file (", total, " bytes)"));
   }
   return n;
 }

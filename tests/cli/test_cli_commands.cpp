@@ -177,12 +177,103 @@ TEST(CliErrors, HelpVersionAndUsage) {
   auto sh = kiln_cli("sample --help");
   EXPECT_EQ(sh.rc, 0);
   EXPECT_NE(sh.output.find("--top-k"), std::string::npos) << sh.output;
-  for (const char* args : {"", "fly", "train", "train a.toml b.toml", "sample run --tokens many"}) {
+  // `kiln` alone prints the help, as --help does (issue 15).
+  auto bare = kiln_cli("");
+  EXPECT_EQ(bare.rc, 0) << bare.output;
+  EXPECT_EQ(bare.output, h.output);
+  for (const char* args : {"fly", "train", "train a.toml b.toml", "sample run --tokens many"}) {
     auto r = kiln_cli(args);
     EXPECT_EQ(r.rc, 2) << args << ": " << r.output;
     EXPECT_EQ(count_lines(r.output), 1) << args << ": " << r.output;
     EXPECT_EQ(r.output.rfind("kiln: error: ", 0), 0u) << args << ": " << r.output;
   }
+}
+
+// Issue 15: values out of range are reported together when the config is read,
+// each with where it came from (the file's line or the --set), and nothing is created.
+TEST(CliErrors, OutOfRangeValuesAreReportedTogetherWithTheirOrigin) {
+  TempDir dir;
+  std::string text = tiny_mlp_config();
+  text.replace(text.find("steps = 40"), 10, "steps = -5");
+  text.replace(text.find("log_every = 1"), 13, "log_every = -1");
+  write_text(dir.path() / "bad.toml", text);
+  auto r = kiln_cli("train " + dir.file("bad.toml") + " --out " + dir.file("never") +
+                    " --set optim.lr=-0.1 --set optim.beta1=1 --set schedule.warmup_steps=-2"
+                    " --set data.num_workers=-1 --set data.batch_size=0");
+  EXPECT_EQ(r.rc, 2) << r.output;
+  EXPECT_EQ(r.output.rfind("kiln: error: 7 config values are out of range:", 0), 0u) << r.output;
+  for (const std::string s : {"bad.toml:26: 'train.steps' = -5, out of range (expects an integer >= 0)",
+                              "bad.toml:29: 'train.log_every' = -1, out of range (expects an integer >= 1)",
+                              "--set optim.lr=-0.1: 'optim.lr' = -0.1, out of range",
+                              "--set optim.beta1=1: 'optim.beta1' = 1.0, out of range (expects a number in [0, 1))",
+                              "--set schedule.warmup_steps=-2: 'schedule.warmup_steps'",
+                              "--set data.num_workers=-1: 'data.num_workers'",
+                              "--set data.batch_size=0: 'data.batch_size' = 0, out of range (expects an integer >= 1)"})
+    EXPECT_NE(r.output.find(s), std::string::npos) << s << "\n" << r.output;
+  EXPECT_FALSE(fs::exists(dir.path() / "never"));
+  // A --set can repair the file's value: only the final config is checked.
+  auto fixed = kiln_cli("train " + dir.file("bad.toml") + " --out " + dir.file("fixed") +
+                        " --set train.steps=2 --set train.log_every=1");
+  EXPECT_EQ(fixed.rc, 0) << fixed.output;
+
+  // Too large for the type: out of range, not "expects an integer".
+  write_text(dir.path() / "ok.toml", tiny_mlp_config());
+  for (const std::string& set : {std::string("train.steps=99999999999999999999"), std::string("threads=3000000000")}) {
+    auto big = kiln_cli("train " + dir.file("ok.toml") + " --out " + dir.file("never") + " --set " + set);
+    EXPECT_EQ(big.rc, 2) << big.output;
+    EXPECT_EQ(count_lines(big.output), 1) << big.output;
+    EXPECT_NE(big.output.find("--set " + set + ": "), std::string::npos) << big.output;
+    EXPECT_NE(big.output.find("out of range"), std::string::npos) << big.output;
+    EXPECT_EQ(big.output.find("expects an integer,"), std::string::npos) << big.output;
+  }
+  text = tiny_mlp_config();
+  text.replace(text.find("steps = 40"), 10, "steps = 99999999999999999999");
+  write_text(dir.path() / "big.toml", text);
+  auto file_big = kiln_cli("train " + dir.file("big.toml") + " --out " + dir.file("never"));
+  EXPECT_EQ(file_big.rc, 2) << file_big.output;
+  EXPECT_NE(file_big.output.find("big.toml:26: an integer out of range"), std::string::npos) << file_big.output;
+  EXPECT_FALSE(fs::exists(dir.path() / "never"));
+}
+
+// Issue 15: a data.root the user chose is blamed, not the installation (scripts/setup.sh installs elsewhere).
+TEST(CliErrors, MissingUserDataRootNamesTheSettingNotSetup) {
+  TempDir dir;
+  write_text(dir.path() / "m.toml", "[model]\ntype = \"mlp\"\n[data]\ndataset = \"mnist\"\nroot = \"" +
+                                        dir.file("nowhere") + "\"\n");
+  auto r = kiln_cli("train " + dir.file("m.toml") + " --out " + dir.file("run"));
+  EXPECT_EQ(r.rc, 2) << r.output;
+  EXPECT_NE(r.output.find("m.toml:5: data.root = \"" + dir.file("nowhere") + "\": MNIST: neither"), std::string::npos)
+      << r.output;
+  EXPECT_EQ(r.output.find("run scripts/setup.sh"), std::string::npos) << r.output;
+  EXPECT_FALSE(fs::exists(dir.path() / "run"));  // no run directory left behind
+}
+
+// Issue 15: `kiln inspect` of a file that is not safetensors says so first.
+TEST(CliErrors, InspectOfATextFileSaysItIsNotSafetensors) {
+  TempDir dir;
+  write_text(dir.path() / "README.md", "# kiln\n\nA C++20 deep-learning training framework.\n");
+  auto r = kiln_cli("inspect " + dir.file("README.md"));
+  EXPECT_EQ(r.rc, 1) << r.output;
+  EXPECT_NE(r.output.find("README.md': not a safetensors file"), std::string::npos) << r.output;
+}
+
+// Issue 15: the README's commands say `kiln ...`; scripts/link_kiln.sh (run by demo.sh and
+// test.sh) links the built executable into a writable bin directory, or prints the PATH line.
+TEST(CliScripts, LinkKilnLinksTheExecutableOrPrintsThePathLine) {
+  TempDir dir;
+  const std::string script = std::string(KILN_SOURCE_DIR) + "/scripts/link_kiln.sh";
+  const std::string env = std::string("KILN_BIN=") + KILN_CLI_BINARY + " ";
+  fs::create_directories(dir.path() / "bin");
+  std::string out;
+  ASSERT_EQ(run_command(env + "KILN_LINK_DIR=" + dir.file("bin") + " " + script, out), 0) << out;
+  ASSERT_TRUE(fs::is_symlink(dir.path() / "bin" / "kiln")) << out;
+  std::string version;
+  EXPECT_EQ(run_command("PATH=" + dir.file("bin") + ":/usr/bin:/bin kiln --version", version), 0) << version;
+  EXPECT_NE(version.find("kiln 0."), std::string::npos) << version;
+  ASSERT_EQ(run_command(env + "KILN_LINK_DIR=" + dir.file("missing") + " " + script, out), 0) << out;
+  EXPECT_NE(out.find(std::string("export PATH=\"") + fs::path(KILN_CLI_BINARY).parent_path().string() + ":$PATH\""),
+            std::string::npos)
+      << out;
 }
 
 TEST(CliConfig, SetOverridesAndResolvedTextRoundTrips) {

@@ -212,6 +212,28 @@ TEST(CliDist, SigintToOneRankStopsEveryRankAtTheSameStep) {
   EXPECT_EQ(train_losses(run).size(), static_cast<size_t>(k + 2));
 }
 
+// Issue 15: the process count is in the checkpoint; a resume on another count is refused
+// (the future would differ) unless asked for, and the stop message says how to resume.
+TEST(CliDist, ResumeOnAnotherProcessCountIsRefusedUnlessAllowed) {
+  TempDir dir;
+  write_text(dir.path() / "tiny.toml", tiny_mlp_config());
+  const fs::path run = dir.path() / "run";
+  auto a = launch2("train " + dir.file("tiny.toml") + " --out " + run.string() +
+                   " --set train.steps=20 --set train.max_steps=4 --set train.eval_every=0");
+  ASSERT_EQ(a.rc, 0) << a.output;
+  EXPECT_NE(a.output.find("continue with: kiln launch -n 2 -- kiln resume " + run.string()), std::string::npos)
+      << a.output;
+  auto one = kiln_cli("resume " + run.string());
+  EXPECT_EQ(one.rc, 2) << one.output;
+  EXPECT_NE(one.output.find("was trained on 2 process(es)"), std::string::npos) << one.output;
+  EXPECT_NE(one.output.find("`kiln launch -n 2 -- kiln resume " + run.string() + "`"), std::string::npos) << one.output;
+  EXPECT_EQ(train_losses(run).size(), 4u);  // nothing ran
+  auto allowed = kiln_cli("resume " + run.string() + " --allow-world-size-change --set train.max_steps=6");
+  EXPECT_EQ(allowed.rc, 0) << allowed.output;
+  EXPECT_NE(allowed.output.find("warning:"), std::string::npos) << allowed.output;
+  EXPECT_EQ(train_losses(run).size(), 6u);
+}
+
 TEST(CliDist, NonFiniteLossStopsEveryRankOnce) {
   TempDir dir;
   write_text(dir.path() / "tiny.toml", tiny_mlp_config());
@@ -241,6 +263,8 @@ TEST(CliLaunch, BadArgumentsGiveOneClearLine) {
   const std::vector<Case> cases = {
       {"launch -n 0 -- kiln train x.toml", "kiln: error: kiln launch: expected -n N with N >= 1, got 0", 2},
       {"launch -n 2", "kiln: error: command is required", 2},
+      // Without `--` the command's options look like launch's: a hint says where `--` goes (issue 15).
+      {"launch -n 2 kiln train x.toml --out y", "put `--` between launch's options and the command", 2},
       {"launch -- kiln train x.toml", "kiln: error: --nprocs is required", 2},
       {"launch -n 2 --hostfile /nonexistent/hosts -- kiln train x.toml",
        "kiln: error: kiln launch: cannot read hostfile '/nonexistent/hosts'", 1},

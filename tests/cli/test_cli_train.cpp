@@ -90,6 +90,8 @@ TEST(CliTrain, ResumeAfterMaxStepsContinuesBitwise) {
   ASSERT_EQ(b.rc, 0) << b.output;
   EXPECT_EQ(read_json(split / "summary.json")["status"], "stopped");
   EXPECT_EQ(train_losses(split).size(), 13u);
+  // The stop quotes the last evaluation, from step 10, and says so (issue 15).
+  EXPECT_NE(b.output.find("bits/char (at step 10)"), std::string::npos) << b.output;
   auto c = kiln_cli("resume " + split.string());
   ASSERT_EQ(c.rc, 0) << c.output;
   EXPECT_NE(c.output.find("resuming"), std::string::npos);
@@ -121,6 +123,7 @@ pid_t spawn_kiln(const std::vector<std::string>& args, const std::string& log) {
     const int fd = ::open(log.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
     ::dup2(fd, STDOUT_FILENO);
     ::dup2(fd, STDERR_FILENO);
+    ::setenv("OMP_NUM_THREADS", "2", 1);  // as kiln_cli's resumes
     std::vector<char*> argv{const_cast<char*>(KILN_CLI_BINARY)};
     for (const auto& a : args) argv.push_back(const_cast<char*>(a.c_str()));
     argv.push_back(nullptr);
@@ -186,6 +189,23 @@ TEST(CliTrain, NonFiniteLossStopsNamingTheStepAndAnomalyMode) {
   EXPECT_NE(r.output.find("the loss became"), std::string::npos) << r.output;
   EXPECT_NE(r.output.find("at step "), std::string::npos) << r.output;
   EXPECT_NE(r.output.find("--set train.anomaly=true"), std::string::npos) << r.output;
+  // No checkpoint exists yet (the first is at step 20): none is claimed (issue 15).
+  EXPECT_EQ(r.output.find("left as it was"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("no checkpoint was saved before it"), std::string::npos) << r.output;
+  EXPECT_EQ(read_json(dir.path() / "run" / "summary.json")["status"], "nan");
+}
+
+// Issue 15: anomaly mode names the module (its path in the model), and stops like a NaN loss: exit 3, status nan.
+TEST(CliTrain, AnomalyModeNamesTheModuleAndStopsLikeANonFiniteLoss) {
+  TempDir dir;
+  write_text(dir.path() / "tiny.toml", tiny_mlp_config());
+  auto r = kiln_cli("train " + dir.file("tiny.toml") + " --out " + dir.file("run") +
+                    " --set optim.name=sgd --set optim.lr=1e30 --set schedule.warmup_steps=0 --set train.anomaly=true");
+  EXPECT_EQ(r.rc, 3) << r.output;
+  EXPECT_NE(r.output.find("anomaly mode stopped the run at step 2 (epoch 0) in the forward of module layers.2 (Linear)"),
+            std::string::npos)
+      << r.output;
+  EXPECT_NE(r.output.find("start again with kiln train"), std::string::npos) << r.output;
   EXPECT_EQ(read_json(dir.path() / "run" / "summary.json")["status"], "nan");
 }
 

@@ -223,6 +223,16 @@ TEST(SafetensorsHostile, Framing) {
   expect_format_error(frame(""), {"not valid JSON"});
 }
 
+// Issue 15: a text file (`kiln inspect README.md`) is called what it is, first,
+// not described by the absurd header length its first 8 bytes make.
+TEST(SafetensorsHostile, TextFileIsNotASafetensorsFile) {
+  const std::string text = "# kiln\n\nkiln is a C++20 deep-learning training framework.\n";
+  expect_format_error(std::vector<uint8_t>(text.begin(), text.end()), {"': not a safetensors file"});
+  auto cut = frame("{}");
+  cut[0] = 50;  // a header longer than the file: cut short
+  expect_format_error(cut, {"': not a complete safetensors file (truncated"});
+}
+
 TEST(SafetensorsHostile, Json) {
   expect_format_error(frame("{\"a\": "), {"not valid JSON"});
   expect_format_error(frame("{\"\xff\xfe\": 1}"), {"not valid JSON", "UTF-8"});
