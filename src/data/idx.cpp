@@ -219,7 +219,8 @@ Tensor read_idx(const std::string& path) {
     throw FormatError(concat("'", path, "': truncated: the header promises ", count, " bytes of data, the file has ",
                              room));
   }
-  Tensor t = empty(dims, TensorOptions().dtype(kUInt8));
+  // The dataset itself: charged to Data, not to whatever the caller computes.
+  Tensor t = empty(dims, TensorOptions().dtype(kUInt8).category(MemoryCategory::Data));
   const size_t have = count ? src.read(static_cast<char*>(t.data_ptr()), static_cast<size_t>(count)) : 0;
   KILN_CHECK(have == count, FormatError, "'", path, "': truncated: the header promises ", count,
              " bytes of data, the file has ", have);

@@ -64,6 +64,8 @@ Tensor& Module::register_buffer(const std::string& name, Tensor t, bool persiste
   }
   s->tensor = std::move(t);
   s->persistent = persistent;
+  // Running statistics and masks are the model's state, not the activations of whatever step made them.
+  if (s->tensor.defined()) s->tensor.storage()->set_category(MemoryCategory::Buffer);
   return s->tensor;
 }
 

@@ -77,6 +77,24 @@ TEST(DataIdx, PlainAndGzippedFilesParseAlike) {
   EXPECT_FLOAT_EQ(static_cast<float>(test::to_doubles(ds.get(1).data)[0]), 80.0f / 255.0f);
 }
 
+// A dataset's bytes are the input pipeline's memory: they were charged to
+// activation before, so memory reports showed data = 0 for MNIST.
+TEST(DataIdx, DatasetMemoryIsChargedToData) {
+  test::TempDir dir;
+  std::string img = idx_header({50, 28, 28}) + std::string(50 * 28 * 28, char(7));
+  std::string lab = idx_header({50}) + std::string(50, char(1));
+  write(dir.file("img"), img);
+  write(dir.file("lab"), lab);
+  const int64_t before = memory::stats()[MemoryCategory::Data].live_bytes;
+  const int64_t act_before = memory::stats()[MemoryCategory::Activation].live_bytes;
+  Tensor a = read_idx(dir.file("img"));
+  EXPECT_EQ(a.storage()->category(), MemoryCategory::Data);
+  EXPECT_GE(memory::stats()[MemoryCategory::Data].live_bytes - before, 50 * 28 * 28);
+  EXPECT_EQ(memory::stats()[MemoryCategory::Activation].live_bytes, act_before);
+  IdxClassificationDataset ds(dir.file("img"), dir.file("lab"));
+  EXPECT_GE(memory::stats()[MemoryCategory::Data].live_bytes - before, 2 * (50 * 28 * 28 + 50));
+}
+
 TEST(DataIdx, CorruptedFilesRaiseFormatErrorNamingFileAndProblem) {
   test::TempDir dir;
   std::string good = idx_header({2, 2, 2}) + std::string(8, '\x05');

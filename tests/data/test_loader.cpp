@@ -77,6 +77,19 @@ TEST(DataLoader, EveryIndexOncePerEpochInOrderBatches) {
   for (int64_t i = 0; i < 100; ++i) EXPECT_EQ(t[static_cast<size_t>(i)], i) << "delivered out of order";
 }
 
+// Batches are data until the model computes on them, whichever thread made them.
+TEST(DataLoader, BatchesAreChargedToData) {
+  auto ds = std::make_shared<NoisyIndexDataset>(20);
+  for (int64_t workers : {0, 2}) {
+    DataLoader<> loader(ds, {.batch_size = 4, .num_workers = workers});
+    for (auto& b : loader) {
+      EXPECT_EQ(b.data.storage()->category(), MemoryCategory::Data) << "num_workers " << workers;
+      EXPECT_EQ(b.target.storage()->category(), MemoryCategory::Data) << "num_workers " << workers;
+    }
+  }
+  EXPECT_EQ(current_memory_category(), MemoryCategory::Activation) << "the guard must not outlive the fetch";
+}
+
 TEST(DataLoader, BitwiseIdenticalAcrossNumWorkers) {
   auto ds = std::make_shared<NoisyIndexDataset>(77);
   std::vector<std::vector<Example>> ref;

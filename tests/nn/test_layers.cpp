@@ -204,6 +204,16 @@ TEST(Layers, BatchNormCumulativeAverageWithoutMomentum) {
   EXPECT_NE(bn.to_string().find("momentum=None"), std::string::npos) << bn.to_string();
 }
 
+// Memory reports split a model into parameters and buffers (running statistics),
+// not parameters and "activations".
+TEST(Layers, BuffersAndParametersAreChargedToTheirCategories) {
+  nn::BatchNorm2d bn({.num_features = 3});
+  for (auto& [name, b] : bn.named_buffers())
+    EXPECT_EQ(b.storage()->category(), MemoryCategory::Buffer) << name;
+  for (auto& [name, p] : bn.named_parameters())
+    EXPECT_EQ(p.storage()->category(), MemoryCategory::Parameter) << name;
+}
+
 TEST(Layers, DropoutTrainScalesAndEvalIsIdentity) {
   manual_seed(11);
   nn::Dropout d(0.25);

@@ -27,6 +27,7 @@
 #include <thread>
 #include <vector>
 
+#include "kiln/core/allocator.h"
 #include "kiln/data/epoch_iterator.h"
 #include "kiln/data/dataset.h"
 #include "kiln/data/sampler.h"
@@ -229,6 +230,9 @@ class DataLoader {
 
    private:
     Batch fetch(int64_t b) const {
+      // Samples and the batch are the input pipeline's memory until the model
+      // computes on them, on a worker thread or on this one.
+      MemoryCategoryGuard data_memory(MemoryCategory::Data);
       const auto& idx = batches_[static_cast<size_t>(b)];
       std::vector<Sample> samples;
       samples.reserve(idx.size());
