@@ -157,6 +157,44 @@ bool fast_gradcheck(const DifferentiableFn& fn, const TensorList& inputs, const 
   return true;
 }
 
+// gradcheck of the first-order function checks only its derivatives: a
+// create_graph backward that returns a wrong (say undefined, read as absent)
+// gradient at every point passes it. So the create_graph gradients must also
+// equal the plain backward's, defined wherever those are.
+bool first_order_agrees(const DifferentiableFn& fn, const TensorList& inputs, const TensorList& vs,
+                        const std::vector<size_t>& diff, const TensorList& graph, const GradcheckOptions& opts) {
+  const TensorList outs = fn(inputs);
+  TensorList used_out, used_v, diff_inputs;
+  for (size_t k = 0; k < outs.size(); ++k) {
+    if (outs[k].defined() && outs[k].requires_grad()) {
+      used_out.push_back(outs[k]);
+      used_v.push_back(vs[k].detach());
+    }
+  }
+  for (size_t i : diff) diff_inputs.push_back(inputs[i]);
+  const TensorList plain = grad(used_out, diff_inputs, used_v, /*retain_graph=*/false, false, /*allow_unused=*/true);
+  for (size_t k = 0; k < diff.size(); ++k) {
+    std::ostringstream os;
+    if (plain[k].defined() && !graph[k].defined()) {
+      os << "gradgradcheck: the create_graph=true gradient w.r.t. input " << diff[k]
+         << " is undefined, but the plain backward gives one; a backward's create_graph branch lost the input "
+            "(a tensor saved without history?)";
+    } else if (plain[k].defined()) {
+      const std::vector<double> a = values(graph[k]), b = values(plain[k]);
+      for (size_t e = 0; e < a.size() && os.tellp() == 0; ++e) {
+        if (std::fabs(a[e] - b[e]) > opts.atol + opts.rtol * std::fabs(b[e])) {
+          os << "gradgradcheck: the create_graph=true gradient w.r.t. input " << diff[k] << " element " << e
+             << " is " << a[e] << ", the plain backward's " << b[e];
+        }
+      }
+    }
+    if (os.tellp() == 0) continue;
+    KILN_CHECK(!opts.raise, ValueError, os.str());
+    return false;
+  }
+  return true;
+}
+
 }  // namespace
 
 bool gradcheck(const DifferentiableFn& fn, const TensorList& inputs, const GradcheckOptions& opts) {
@@ -283,6 +321,7 @@ bool gradgradcheck(const DifferentiableFn& fn, const TensorList& inputs, const G
   };
   TensorList all = inputs;
   for (const Tensor& v : vs) all.push_back(v);
+  if (!first_order_agrees(fn, inputs, vs, diff, first_order(all), opts)) return false;
   return gradcheck(first_order, all, opts);
 }
 

@@ -153,10 +153,12 @@ struct FusedSdpa : autograd::Function<FusedSdpa> {
     const auto a = std::any_cast<FusedArgs>(ctx.saved_data["args"]);
     const Tensor& dout = grads[0];
     if (grad_mode_enabled()) {
-      // create_graph: differentiate the composite so the returned gradients carry their own history.
-      Tensor o = detail::sdpa_composite(q, k, v, a.mask, 0.0, a.causal, false);
-      return autograd::grad({o}, {q, k, v}, {dout}, /*retain_graph=*/true, /*create_graph=*/true,
-                            /*allow_unused=*/true);
+      // create_graph: differentiate the composite so the returned gradients
+      // carry their own history, for only the arguments that want one, and
+      // through an alias each (self-attention passes one tensor as q, k, v).
+      return ctx.differentiate_composite({q, k, v}, grads, [&](const TensorList& in) {
+        return TensorList{detail::sdpa_composite(in[0], in[1], in[2], a.mask, 0.0, a.causal, false)};
+      });
     }
     const int64_t L = q.size(-2), S = k.size(-2);
     const double scale = 1.0 / std::sqrt(static_cast<double>(q.size(-1)));

@@ -4,7 +4,8 @@
 // normalised, scaled and shifted row while it is still in cache) and backward
 // one pass per row that forms grad_input and the weight and bias gradients.
 //
-// Forward saves x, weight, and per-row mean and rstd = 1 / sqrt(var + eps).
+// Forward saves x, weight, bias (the arguments, for create_graph), and per-row
+// mean and rstd = 1 / sqrt(var + eps).
 // Backward, with xhat = (x - mean) * rstd and dxhat = g * w:
 //   grad_x = rstd * (dxhat - mean(dxhat) - xhat * mean(dxhat * xhat)),
 //   grad_w = Σ_rows g * xhat, grad_b = Σ_rows g.
@@ -156,36 +157,27 @@ struct FusedLayerNorm : autograd::Function<FusedLayerNorm> {
       ln_forward<T>(xc.data_ptr<T>(), wc.data_ptr<T>(), bc.data_ptr<T>(), y.data_ptr<T>(), mean.data_ptr<T>(),
                     rstd.data_ptr<T>(), rows, n, a.eps);
     });
-    ctx.save_for_backward({xc, wc, bc, mean, rstd});
+    // The arguments themselves, not xc/wc/bc: those copies (of a transposed,
+    // sliced or expanded argument) are made under the no-grad guard, and the
+    // create_graph branch would see them as constants without a gradient.
+    // Backward makes them contiguous again (free when they already are).
+    ctx.save_for_backward({x, weight, bias, mean, rstd});
     ctx.saved_data["args"] = a;
     return y;
   }
 
   static TensorList backward(autograd::AutogradContext& ctx, TensorList grads) {
     TensorList saved = ctx.get_saved_variables();
-    const Tensor &x = saved[0], &w = saved[1], &b = saved[2], &mean = saved[3], &rstd = saved[4];
     const auto a = std::any_cast<LnArgs>(ctx.saved_data["args"]);
-    const auto& need = ctx.needs_input_grad();
     if (grad_mode_enabled()) {
-      // create_graph: differentiate the composite so the gradients carry their own history,
-      // with respect to only the inputs that want one (a frozen weight or bias has no grad).
-      Tensor y = layer_norm_composite(x, a.n_dims, w, b, a.eps);
-      const Tensor* all[3] = {&x, &w, &b};
-      TensorList inputs;
-      std::vector<size_t> slots;
-      for (size_t i = 0; i < 3; ++i) {
-        if (need[i] && all[i]->requires_grad()) {
-          inputs.push_back(*all[i]);
-          slots.push_back(i);
-        }
-      }
-      TensorList out(3);
-      if (inputs.empty()) return out;
-      TensorList g = autograd::grad({y}, inputs, {grads[0]}, /*retain_graph=*/true, /*create_graph=*/true,
-                                    /*allow_unused=*/true);
-      for (size_t k = 0; k < slots.size(); ++k) out[slots[k]] = g[k];
-      return out;
+      // create_graph: differentiate the composite so the gradients carry their own history.
+      return ctx.differentiate_composite({saved[0], saved[1], saved[2]}, grads, [&](const TensorList& in) {
+        return TensorList{layer_norm_composite(in[0], a.n_dims, in[1], in[2], a.eps)};
+      });
     }
+    const auto& need = ctx.needs_input_grad();
+    const Tensor x = saved[0].contiguous(), w = saved[1].contiguous(), b = saved[2];
+    const Tensor &mean = saved[3], &rstd = saved[4];
     const Tensor g = grads[0].contiguous();
     const int64_t n = w.numel(), rows = x.numel() / n;
     Tensor gx = need[0] ? empty(x.sizes(), TensorOptions(x.dtype())) : Tensor();

@@ -1,6 +1,10 @@
 // cross_entropy: class-index targets go through the fused kernel
 // (kiln/kernels/loss.h) with a CrossEntropyLossBackward0 node beside the
 // forward; class-probability targets are log_softmax composed with kiln ops.
+// The node saves the input itself (not the [rows, C] copy the kernel reads),
+// so its create_graph branch differentiates through the caller's layout; the
+// class weight is a constant of the fused path (a weight that requires grad is
+// refused, as torch's nll_loss does).
 //
 // Reductions follow PyTorch 1.13 exactly, label smoothing included:
 //   loss = (1 - ls) * nll_loss(logp, target, weight) + (ls / C) * smooth,
@@ -153,6 +157,13 @@ Tensor cross_entropy(const Tensor& input, const Tensor& target, const CrossEntro
              "cross_entropy: expected target of dtype int64 (class indices) or the input's floating dtype "
              "(class probabilities), got target ",
              dtype_name(target.dtype()), " for input ", dtype_name(input.dtype()));
+  // The fused kernel's gradient is for the input only; a class weight that
+  // requires grad would silently get none (torch refuses it the same way).
+  KILN_CHECK(!(o.weight.defined() && o.weight.requires_grad() && grad_mode_enabled()), ValueError,
+             "cross_entropy: expected a class weight that does not require grad with class-index targets (the "
+             "fused loss is not differentiable with respect to weight), got ",
+             autograd::describe(o.weight),
+             "; hint: pass weight.detach(), or class-probability targets, whose path differentiates the weight");
   const DType dt = input.dtype();
   KILN_CHECK(dt == kFloat32 || dt == kFloat64 || dt == kBFloat16, DTypeError,
              "cross_entropy: expected input of dtype float32, float64 or bfloat16, got ", dtype_name(dt));

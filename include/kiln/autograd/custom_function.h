@@ -15,9 +15,18 @@
 // forward runs with grad mode off; backward returns one gradient per Tensor
 // argument of forward (undefined for those that need none). Non-tensor
 // arguments are passed through and get no gradient.
+//
+// Double backward: under create_graph backward runs with grad mode on, and its
+// gradients are differentiated again only through the tensors they were
+// computed from. A tensor forward derives (x.contiguous(), x.to(dtype), a
+// statistic) is made under the no-grad guard and has no history, so a
+// create_graph backward built on it treats it as a constant: save forward's
+// arguments themselves (or its outputs) for that branch. A fused backward that
+// is not itself differentiable can use differentiate_composite below.
 #pragma once
 
 #include <any>
+#include <functional>
 #include <string>
 #include <tuple>
 #include <type_traits>
@@ -42,6 +51,18 @@ class AutogradContext {
   std::unordered_map<std::string, std::any> saved_data;
   /// Which Tensor arguments of forward required grad.
   const std::vector<bool>& needs_input_grad() const { return needs_input_grad_; }
+
+  /// For the create_graph branch of a backward whose fast path is a fused,
+  /// non-differentiable kernel: the gradients of `composite(inputs)` (the
+  /// same function as kiln ops) with grad_outputs `grads`, one per forward
+  /// Tensor argument, each with its own history. `inputs` are forward's
+  /// Tensor arguments as saved. An input that needs a gradient but was saved
+  /// without history (a copy forward made) is an error naming the Function,
+  /// not a silently missing gradient. Each input is differentiated through
+  /// its own alias, so one tensor passed as several arguments (attention's
+  /// q = k = v) gets each argument's share, not the total once per argument.
+  TensorList differentiate_composite(const TensorList& inputs, const TensorList& grads,
+                                     const std::function<TensorList(const TensorList&)>& composite) const;
 
  private:
   template <typename T>

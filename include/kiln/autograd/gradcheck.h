@@ -39,6 +39,9 @@ using DifferentiableFn = std::function<TensorList(const TensorList&)>;
 bool gradcheck(const DifferentiableFn& fn, const TensorList& inputs, const GradcheckOptions& opts = {});
 
 /// Checks second derivatives: gradcheck of (inputs, v) -> grad(fn(inputs), inputs, v, create_graph).
+/// First checks that those create_graph gradients equal the plain backward's (within atol/rtol), and are
+/// defined wherever the plain ones are: the gradcheck alone sees only their derivatives, so a
+/// create_graph branch that drops an input's gradient at every point would pass it.
 bool gradgradcheck(const DifferentiableFn& fn, const TensorList& inputs, const GradcheckOptions& opts = {},
                    uint64_t seed = 0);
 
