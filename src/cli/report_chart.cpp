@@ -367,7 +367,7 @@ std::string render_svg(const Chart& chart) {
       << "\" stroke=\"" << m.colour << "\" stroke-width=\"1.5\" stroke-dasharray=\"4 3\"/>";
     const bool left = x > plot_right - 90 || x - last_label_x < 90;
     o << "<text class=\"mark-label\" x=\"" << (left ? x - 4 : x + 4) << "\" y=\"" << kTop + 12 << "\" text-anchor=\""
-      << (left ? "end" : "start") << "\" fill=\"" << m.colour << "\">" << html_escape(m.label) << "</text><title>"
+      << (left ? "end" : "start") << "\" style=\"fill:" << m.colour << "\">" << html_escape(m.label) << "</text><title>"
       << html_escape(m.label) << " at step " << fmt("%.0f", m.x) << "</title></g>\n";
     last_label_x = x;
   }
