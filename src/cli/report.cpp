@@ -670,7 +670,7 @@ figure.missing figcaption{font-weight:600;color:#111827}
 svg.chart text{font:11px "DejaVu Sans",sans-serif;fill:#4b5563}
 svg.chart text.title{font-size:14px;font-weight:600;fill:#111827}
 svg.chart text.label{font-size:12px;fill:#374151}
-svg.chart text.mark-label{font-size:11px;font-weight:600}
+svg.chart text.mark-label{font-size:11px;font-weight:600;paint-order:stroke;stroke:#fff;stroke-width:3px;stroke-linejoin:round}
 pre.config{background:#f8fafc;border:1px solid #e5e7eb;border-radius:8px;padding:10px 14px;overflow:auto;font:12px/1.45 "DejaVu Sans Mono",monospace}
 )";
 
