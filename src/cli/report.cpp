@@ -341,9 +341,10 @@ RunStatus run_status(const RunData& run) {
     } else {
       what += "NaN or Inf at step " + format_step(st.nan_step);
     }
-    st.details.push_back(what + "; the run stopped before that step's update, and the charts end there. Rerun with "
-                                "--set train.anomaly=true to find the op that first produced it; a lower optim.lr "
-                                "or optim.grad_clip often cures it.");
+    st.details.push_back(what +
+                         "; the run stopped before that step's update, and the charts end there. Rerun with "
+                         "--set train.anomaly=true to find the op that first produced it; a lower optim.lr "
+                         "or optim.grad_clip often cures it.");
   } else if (st.key == "unfinished") {
     st.headline = "In progress, or ended without a word (killed)" +
                   (std::isfinite(st.step) ? ": last logged step " + format_step(st.step) + of_total : "");
@@ -355,53 +356,19 @@ RunStatus run_status(const RunData& run) {
     st.headline = "Ended with status \"" + st.key + "\"" + at;
   }
   if (!st.resumes.empty())
-    st.details.push_back(st.resumes.size() == 1
-                             ? "Resumed at step " + step_list(st.resumes) + "."
-                             : "Resumed " + std::to_string(st.resumes.size()) + " times, at steps " +
-                                   step_list(st.resumes) + ".");
+    st.details.push_back(st.resumes.size() == 1 ? "Resumed at step " + step_list(st.resumes) + "."
+                                                : "Resumed " + std::to_string(st.resumes.size()) + " times, at steps " +
+                                                      step_list(st.resumes) + ".");
   return st;
 }
 
 // ---- figures for the header ----------------------------------------------
-
-std::string format_duration(double s) {
-  if (!std::isfinite(s)) return "n/a";
-  char buf[64];
-  if (s < 60) {
-    std::snprintf(buf, sizeof buf, "%.1f s", s);
-  } else if (s < 3600) {
-    std::snprintf(buf, sizeof buf, "%d min %02d s", static_cast<int>(s) / 60, static_cast<int>(s) % 60);
-  } else {
-    std::snprintf(buf, sizeof buf, "%d h %02d min", static_cast<int>(s) / 3600, static_cast<int>(s) % 3600 / 60);
-  }
-  return buf;
-}
 
 double median(std::vector<double> v) {
   v.erase(std::remove_if(v.begin(), v.end(), [](double x) { return !std::isfinite(x); }), v.end());
   if (v.empty()) return kNaN;
   std::nth_element(v.begin(), v.begin() + static_cast<std::ptrdiff_t>(v.size() / 2), v.end());
   return v[v.size() / 2];
-}
-
-// What a person calls a metrics or summary key.
-std::string label(const std::string& key) {
-  static const std::map<std::string, std::string> labels = {
-      {"loss", "train loss"},
-      {"lr", "learning rate"},
-      {"grad_norm", "gradient norm"},
-      {"samples_per_s", "samples/s"},
-      {"data_wait", "data wait"},
-      {"eval_loss", "test loss"},
-      {"accuracy", "test accuracy"},
-      {"bits_per_char", "test bits/char"},
-      {"optimizer_state", "optimizer state"},
-  };
-  auto it = labels.find(key);
-  if (it != labels.end()) return it->second;
-  std::string s = key;
-  std::replace(s.begin(), s.end(), '_', ' ');
-  return s;
 }
 
 // An accuracy in [0, 1] reads as a percentage.
@@ -438,15 +405,18 @@ std::vector<Card> header_cards(const RunData& run, const RunStatus& st) {
   static const std::set<std::string> train_keys = {"loss", "lr", "grad_norm", "samples_per_s", "data_wait"};
   if (final_metrics) {
     for (const char* key : {"accuracy", "bits_per_char", "eval_loss"})
-      if (final_metrics->contains(key)) cards.push_back({label(key), format_metric(key, (*final_metrics)[key]), eval_note});
+      if (final_metrics->contains(key))
+        cards.push_back({label(key), format_metric(key, (*final_metrics)[key]), eval_note});
     for (auto& [key, v] : final_metrics->items())
       if ((v.is_number() || v.is_string()) && !train_keys.count(key) && key != "accuracy" && key != "bits_per_char" &&
           key != "eval_loss")
         cards.push_back({label(key), format_metric(key, v)});
   } else if (!run.eval.empty()) {
     const EvalRecord& e = run.eval.back();
-    if (std::isfinite(e.accuracy)) cards.push_back({label("accuracy"), format_metric("accuracy", e.accuracy), eval_note});
-    if (std::isfinite(e.bits_per_char)) cards.push_back({label("bits_per_char"), format_value(e.bits_per_char), eval_note});
+    if (std::isfinite(e.accuracy))
+      cards.push_back({label("accuracy"), format_metric("accuracy", e.accuracy), eval_note});
+    if (std::isfinite(e.bits_per_char))
+      cards.push_back({label("bits_per_char"), format_value(e.bits_per_char), eval_note});
     if (std::isfinite(e.loss)) cards.push_back({label("eval_loss"), format_value(e.loss), eval_note});
   }
   for (auto r = run.train.rbegin(); r != run.train.rend(); ++r)
@@ -462,7 +432,7 @@ std::vector<Card> header_cards(const RunData& run, const RunStatus& st) {
                    std::isfinite(total) ? "of " + format_step(total) : ""});
   double wall = st.summary_current && run.summary ? json_number(*run.summary, "wall_s") : kNaN;
   for (auto r = run.train.rbegin(); !std::isfinite(wall) && r != run.train.rend(); ++r) wall = r->time_s;
-  cards.push_back({"wall time", format_duration(wall)});
+  cards.push_back({"wall time", format_wall_time(wall)});
   std::vector<double> sps, wait;
   double peak = kNaN;
   for (const TrainRecord& r : run.train) {
@@ -721,8 +691,8 @@ std::string render_html(const RunData& run) {
   o << "<div class=\"cards\" id=\"summary\">\n";
   for (const Card& c : header_cards(run, st))
     o << "<div class=\"card\"><div class=\"v\">" << html_escape(c.value) << "</div><div class=\"k\">"
-      << html_escape(c.label) << "</div>" << (c.note.empty() ? "" : "<div class=\"n\">" + html_escape(c.note) + "</div>")
-      << "</div>\n";
+      << html_escape(c.label) << "</div>"
+      << (c.note.empty() ? "" : "<div class=\"n\">" + html_escape(c.note) + "</div>") << "</div>\n";
   o << "</div>\n";
   std::vector<std::string> notes = run.notes;
   if (!st.summary_current && run.summary)

@@ -5,6 +5,7 @@
 #include <cmath>
 #include <cstdio>
 #include <limits>
+#include <map>
 #include <sstream>
 
 namespace kiln::cli::report_detail {
@@ -217,6 +218,38 @@ std::string format_bytes(double bytes) {
   return (u == 0 ? fmt("%.0f", bytes) : fmt("%.3g", bytes)) + " " + units[u];
 }
 
+std::string format_wall_time(double s) {
+  if (!std::isfinite(s)) return "n/a";
+  char buf[64];
+  if (s < 60) {
+    std::snprintf(buf, sizeof buf, "%.1f s", s);
+  } else if (s < 3600) {
+    std::snprintf(buf, sizeof buf, "%d min %02d s", static_cast<int>(s) / 60, static_cast<int>(s) % 60);
+  } else {
+    std::snprintf(buf, sizeof buf, "%d h %02d min", static_cast<int>(s) / 3600, static_cast<int>(s) % 3600 / 60);
+  }
+  return buf;
+}
+
+std::string label(const std::string& key) {
+  static const std::map<std::string, std::string> labels = {
+      {"loss", "train loss"},
+      {"lr", "learning rate"},
+      {"grad_norm", "gradient norm"},
+      {"samples_per_s", "samples/s"},
+      {"data_wait", "data wait"},
+      {"eval_loss", "test loss"},
+      {"accuracy", "test accuracy"},
+      {"bits_per_char", "test bits/char"},
+      {"optimizer_state", "optimizer state"},
+  };
+  auto it = labels.find(key);
+  if (it != labels.end()) return it->second;
+  std::string s = key;
+  std::replace(s.begin(), s.end(), '_', ' ');
+  return s;
+}
+
 std::string render_svg(const Chart& chart) {
   std::vector<LegendItem> legend;
   int legend_rows = layout_legend(chart.series, legend);
@@ -340,8 +373,8 @@ std::string render_svg(const Chart& chart) {
                             : chart.y_format == YFormat::bytes ? format_bytes(dy[k])
                                                                : fmt("%.4g", dy[k]);
         o << "<circle class=\"marker\" cx=\"" << fmt("%.1f", px(dx[k])) << "\" cy=\"" << fmt("%.1f", py(dy[k]))
-          << "\" r=\"" << r << "\" fill=\"" << s.colour << "\" stroke=\"#ffffff\" stroke-width=\"1\"><title>" << html_escape(s.name) << " at step " << fmt("%.0f", dx[k]) << ": " << value
-          << "</title></circle>";
+          << "\" r=\"" << r << "\" fill=\"" << s.colour << "\" stroke=\"#ffffff\" stroke-width=\"1\"><title>"
+          << html_escape(s.name) << " at step " << fmt("%.0f", dx[k]) << ": " << value << "</title></circle>";
       }
       o << '\n';
     }
@@ -353,7 +386,8 @@ std::string render_svg(const Chart& chart) {
     o << "<g class=\"legend\"><line x1=\"" << x << "\" x2=\"" << x + 22 << "\" y1=\"" << y - 4 << "\" y2=\"" << y - 4
       << "\" stroke=\"" << s.colour << "\" stroke-width=\"3\"" << (s.dashed ? " stroke-dasharray=\"6 4\"" : "")
       << (s.opacity < 1 ? " stroke-opacity=\"" + fmt("%g", s.opacity) + "\"" : "") << "/>";
-    if (s.markers) o << "<circle cx=\"" << x + 11 << "\" cy=\"" << y - 4 << "\" r=\"3.5\" fill=\"" << s.colour << "\"/>";
+    if (s.markers)
+      o << "<circle cx=\"" << x + 11 << "\" cy=\"" << y - 4 << "\" r=\"3.5\" fill=\"" << s.colour << "\"/>";
     o << "<text x=\"" << x + 28 << "\" y=\"" << y << "\">" << html_escape(s.name) << "</text></g>\n";
   }
   o << frame.str();
@@ -363,8 +397,8 @@ std::string render_svg(const Chart& chart) {
   for (const Mark& m : chart.marks) {
     const double x = std::round(px(m.x)) + 0.5;
     if (!std::isfinite(x)) continue;
-    o << "<g class=\"mark\"><line x1=\"" << x << "\" x2=\"" << x << "\" y1=\"" << kTop + 1 << "\" y2=\"" << plot_bottom - 1
-      << "\" stroke=\"" << m.colour << "\" stroke-width=\"1.5\" stroke-dasharray=\"4 3\"/>";
+    o << "<g class=\"mark\"><line x1=\"" << x << "\" x2=\"" << x << "\" y1=\"" << kTop + 1 << "\" y2=\""
+      << plot_bottom - 1 << "\" stroke=\"" << m.colour << "\" stroke-width=\"1.5\" stroke-dasharray=\"4 3\"/>";
     const bool left = x > plot_right - 90 || x - last_label_x < 90;
     o << "<text class=\"mark-label\" x=\"" << (left ? x - 4 : x + 4) << "\" y=\"" << kTop + 12 << "\" text-anchor=\""
       << (left ? "end" : "start") << "\" style=\"fill:" << m.colour << "\">" << html_escape(m.label) << "</text><title>"

@@ -1,7 +1,8 @@
-// Line charts as inline SVG for report.html (internal to kiln_cli): axes with
-// nice tick labels, a title, a legend, step on x. Series longer than a bound
-// are downsampled (min and max per bucket, so spikes stay visible) to keep the
-// report small for long runs.
+// Line charts as inline SVG for report.html (internal to kiln_cli), and the
+// report's formatting of values and names. Charts have axes with nice tick
+// labels, a title, a legend, step on x, and labelled marks at run events.
+// Series longer than a bound are downsampled (min and max per bucket, so
+// spikes stay visible) to keep the report small for long runs.
 #pragma once
 
 #include <string>
@@ -68,6 +69,13 @@ std::string format_value(double v);
 
 /// "1.5 GiB", "312 KiB".
 std::string format_bytes(double bytes);
+
+/// "28.7 s", "3 min 05 s", "2 h 10 min"; "n/a" when not finite.
+std::string format_wall_time(double seconds);
+
+/// What a person calls a metrics.jsonl or summary.json key ("lr": "learning
+/// rate", "accuracy": "test accuracy"); unknown keys with spaces for '_'.
+std::string label(const std::string& key);
 
 /// The chart as an <svg> element: a viewBox of kChartWidth user units, which
 /// the page's CSS scales to its column's width (no xmlns needed inline).

@@ -86,8 +86,7 @@ std::string status_text(const std::string& html) {
 std::vector<std::pair<std::string, std::string>> summary_cards(const std::string& html) {
   std::vector<std::pair<std::string, std::string>> out;
   static const std::regex re("<div class=\"card\"><div class=\"v\">([^<]*)</div><div class=\"k\">([^<]*)</div>");
-  for (std::sregex_iterator it(html.begin(), html.end(), re), end; it != end; ++it)
-    out.push_back({(*it)[2], (*it)[1]});
+  for (std::sregex_iterator it(html.begin(), html.end(), re), end; it != end; ++it) out.push_back({(*it)[2], (*it)[1]});
   return out;
 }
 
@@ -139,8 +138,8 @@ TEST(Report, CompleteRunHasEveryChartTheSummaryAndTheConfig) {
   // Human labels, not the metrics' keys.
   for (const char* key : {"samples_per_s", "data_wait", "grad_norm", "eval_loss", "optimizer_state", ">lr<"})
     EXPECT_EQ(html.find(key), std::string::npos) << key;
-  for (const char* name : {">train loss<", ">test loss (eval)<", ">learning rate<", ">gradient norm<", ">samples/s<",
-                           ">data wait<"})
+  for (const char* name :
+       {">train loss<", ">test loss (eval)<", ">learning rate<", ">gradient norm<", ">samples/s<", ">data wait<"})
     EXPECT_NE(html.find(name), std::string::npos) << name;
   // Memory: five categories and their total, bytes shown in MiB.
   std::string mem = figure(html, "chart-memory");
@@ -164,7 +163,7 @@ TEST(Report, CompleteRunHasEveryChartTheSummaryAndTheConfig) {
   EXPECT_EQ(card("test accuracy"), "91.23%");
   EXPECT_EQ(card("test loss"), "0.2841");
   EXPECT_EQ(card("steps"), "300");
-  EXPECT_EQ(card("wall time"), "28.7 s");  // wall_s = 300 * 0.085 + 3.2
+  EXPECT_EQ(card("wall time"), "28.7 s");             // wall_s = 300 * 0.085 + 3.2
   EXPECT_EQ(card("throughput (samples/s)"), "1512");  // the median of 1500 + 120 sin(t / 9) over t = 1..300
   EXPECT_EQ(card("data wait"), "3.3%");               // of 0.03 + 0.025 sin(t / 17)
   size_t throughput = 0, wait = 0;
@@ -236,6 +235,13 @@ TEST(Report, TicksAreRoundAndLabelsReadable) {
   EXPECT_EQ(rd::format_bytes(512), "512 B");
   EXPECT_EQ(rd::format_value(1523.4), "1523");
   EXPECT_EQ(rd::format_value(0.91234), "0.912");
+  EXPECT_EQ(rd::format_wall_time(28.74), "28.7 s");
+  EXPECT_EQ(rd::format_wall_time(185), "3 min 05 s");
+  EXPECT_EQ(rd::label("lr"), "learning rate");
+  EXPECT_EQ(rd::label("samples_per_s"), "samples/s");
+  EXPECT_EQ(rd::label("accuracy"), "test accuracy");
+  EXPECT_EQ(rd::label("optimizer_state"), "optimizer state");
+  EXPECT_EQ(rd::label("some_new_key"), "some new key");
 }
 
 // ---- broken and unfinished runs: always a report, saying what is missing ----
@@ -496,8 +502,7 @@ TEST(ReportStatus, RunWithoutAnEndRecordIsInProgressOrKilled) {
   const std::string html = report_of(tmp.path());
   EXPECT_EQ(status_of(html), "unfinished");
   const std::string text = status_text(html);
-  EXPECT_NE(text.find("In progress, or ended without a word (killed): last logged step 180 of 300"),
-            std::string::npos)
+  EXPECT_NE(text.find("In progress, or ended without a word (killed): last logged step 180 of 300"), std::string::npos)
       << text;
   EXPECT_NE(text.find("Resumed at step 100."), std::string::npos) << text;
   EXPECT_NE(html.find("summary.json is from an earlier process of this run"), std::string::npos);

@@ -22,10 +22,10 @@ struct SyntheticRun {
   // The run's story (Note [Run story] in src/cli/train.cpp): start, resume,
   // nonfinite and end records. Off: a run written before kiln recorded them.
   bool with_events = true;
-  std::vector<int> resumes = {};      // interrupted at, and resumed from, these steps
-  std::string end = "completed";      // the last process's end status; "": no end record (running or killed)
-  bool nan_after = false;             // the loss of step train_lines + 1 was NaN (end becomes "nan")
-  int total_steps = 0;                // 0: train_lines
+  std::vector<int> resumes = {};  // interrupted at, and resumed from, these steps
+  std::string end = "completed";  // the last process's end status; "": no end record (running or killed)
+  bool nan_after = false;         // the loss of step train_lines + 1 was NaN (end becomes "nan")
+  int total_steps = 0;            // 0: train_lines
 };
 
 inline constexpr const char* kSyntheticConfig =

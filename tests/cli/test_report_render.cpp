@@ -185,11 +185,12 @@ class Browser {
 
   Image screenshot(const fs::path& html, int width, int height) {
     const std::string png = tmp_.file("shot-" + std::to_string(++runs_) + ".png");
-    const std::string cmd = base() + " --hide-scrollbars --screenshot=" + shell_quote(png) + " --window-size=" +
-                            std::to_string(width) + "," + std::to_string(height) + " " + url(html);
+    const std::string cmd = base() + " --hide-scrollbars --screenshot=" + shell_quote(png) +
+                            " --window-size=" + std::to_string(width) + "," + std::to_string(height) + " " + url(html);
     std::string out;
     const int rc = run_command(cmd, out);
-    if (rc != 0 || !fs::exists(png)) throw std::runtime_error(cmd + " failed (rc " + std::to_string(rc) + "):\n" + tail(out));
+    if (rc != 0 || !fs::exists(png))
+      throw std::runtime_error(cmd + " failed (rc " + std::to_string(rc) + "):\n" + tail(out));
     return decode_png(read_file(png));
   }
 
@@ -232,7 +233,7 @@ class Browser {
   int runs_ = 0;
 };
 
-#define ASSERT_CHROMIUM(browser)                                                                                 \
+#define ASSERT_CHROMIUM(browser)                                                                                     \
   ASSERT_TRUE((browser).found()) << "chromium not found on PATH (as chromium or chromium-browser): the report test " \
                                     "renders report.html in headless Chromium; run scripts/setup.sh to install it"
 
@@ -295,7 +296,8 @@ TEST(ReportRender, HeadlessChromiumDrawsEveryChartInAGridAsWideAsThePage) {
   std::vector<int> columns;
   for (const Box& b : boxes) columns.push_back(b.x0);
   std::sort(columns.begin(), columns.end());
-  EXPECT_EQ(std::unique(columns.begin(), columns.end()) - columns.begin(), 2) << "expected a two-column layout at 1200 px";
+  EXPECT_EQ(std::unique(columns.begin(), columns.end()) - columns.begin(), 2)
+      << "expected a two-column layout at 1200 px";
   expect_charts_drawn(narrow, boxes);
 
   // 1700 px: three columns reaching the right of the page (charts of a fixed
@@ -347,7 +349,8 @@ TEST(ReportRender, ScriptRunsWithoutErrorsAndTheStatusShows) {
   std::ofstream(tmp.path() / "broken.html") << broken;
   browser.dom(tmp.path() / "broken.html", console);
   EXPECT_NE(console.find("Uncaught ReferenceError: no_such_function is not defined"), std::string::npos)
-      << "chromium's log:\n" << tail(browser.last_log_);
+      << "chromium's log:\n"
+      << tail(browser.last_log_);
 
   // Drawn: the status banner in its red above the charts, and the NaN marked on every chart.
   const Image img = browser.screenshot(run / "report.html", 1200, 2400);
