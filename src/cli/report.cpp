@@ -1,6 +1,7 @@
 // report.html for a run directory (see report.h): reads the run's files
 // forgivingly (a report of a broken run is when it is needed most), then lays
-// out a header summary, notes about what was missing, the charts and the config.
+// out the run's status, a summary block, notes about what was missing, the
+// charts and the config.
 #include "cli/report.h"
 
 #include <fcntl.h>
