@@ -1,6 +1,7 @@
 // report.html for a run directory (see report.h): reads the run's files
 // forgivingly (a report of a broken run is when it is needed most), then lays
-// out a header summary, notes about what was missing, the charts and the config.
+// out the run's status, a summary block, notes about what was missing, the
+// charts and the config.
 #include "cli/report.h"
 
 #include <fcntl.h>
@@ -10,6 +11,7 @@
 #include <cerrno>
 #include <cmath>
 #include <cstring>
+#include <ctime>
 #include <fstream>
 #include <limits>
 #include <map>
@@ -43,8 +45,17 @@ struct EvalRecord {
   double step = kNaN, loss = kNaN, accuracy = kNaN, bits_per_char = kNaN;
 };
 
+// A start, resume, nonfinite or end record (Note [Run story] in train.cpp), in file order.
+struct Event {
+  std::string kind;
+  double step;
+  json j;
+};
+
 struct RunData {
+  fs::path dir;  // as given, for the `kiln resume` hint
   std::string name;
+  std::vector<Event> events;
   std::optional<std::string> config;
   std::vector<TrainRecord> train;
   std::vector<EvalRecord> eval;
@@ -145,7 +156,8 @@ void read_metrics(const fs::path& path, RunData& run) {
       continue;
     }
     std::string kind = j.contains("kind") && j["kind"].is_string() ? j["kind"].get<std::string>() : "";
-    if (kind != "train" && kind != "eval") {
+    const bool event = kind == "start" || kind == "resume" || kind == "nonfinite" || kind == "end";
+    if (kind != "train" && kind != "eval" && !event) {
       unknown_kind[kind.empty() ? "(none)" : kind].push_back(line_no);
       continue;
     }
@@ -153,7 +165,9 @@ void read_metrics(const fs::path& path, RunData& run) {
       no_step.push_back(line_no);
       continue;
     }
-    if (kind == "train") {
+    if (event) {
+      run.events.push_back({kind, j["step"].get<double>(), std::move(j)});
+    } else if (kind == "train") {
       MissingFields& m = train_missing;
       TrainRecord r;
       const double step = r.step = j["step"].get<double>();
@@ -196,7 +210,8 @@ void read_metrics(const fs::path& path, RunData& run) {
                         " record(s) without a numeric \"step\" skipped: line " + list_lines(no_step) + ".");
   for (auto& [kind, lines] : unknown_kind)
     run.notes.push_back("metrics.jsonl: " + std::to_string(lines.size()) + " record(s) of kind \"" + kind +
-                        "\" not charted (only \"train\" and \"eval\" are): line " + list_lines(lines) + ".");
+                        "\" not shown (only train, eval and the run's start, resume, nonfinite and end are): line " +
+                        list_lines(lines) + ".");
   auto missing_notes = [&](const MissingFields& fields, size_t records, const char* kind) {
     for (auto& [field, m] : fields)
       run.notes.push_back("metrics.jsonl: \"" + field + "\" missing from " + std::to_string(m.count) + " of " +
@@ -215,6 +230,7 @@ void read_metrics(const fs::path& path, RunData& run) {
 
 RunData read_run(const fs::path& dir) {
   RunData run;
+  run.dir = dir;
   run.name = fs::absolute(dir).lexically_normal().filename().string();
   if (run.name.empty()) run.name = fs::absolute(dir).lexically_normal().parent_path().filename().string();
   run.config = slurp(dir / "config.toml");
@@ -235,32 +251,125 @@ RunData read_run(const fs::path& dir) {
   return run;
 }
 
-// ---- figures for the header ----------------------------------------------
+// ---- the run's story: how it ended, where it was resumed ---------------------
 
-std::string format_duration(double s) {
-  if (!std::isfinite(s)) return "n/a";
-  char buf[64];
-  if (s < 60) {
-    std::snprintf(buf, sizeof buf, "%.1f s", s);
-  } else if (s < 3600) {
-    std::snprintf(buf, sizeof buf, "%d min %02d s", static_cast<int>(s) / 60, static_cast<int>(s) % 60);
-  } else {
-    std::snprintf(buf, sizeof buf, "%d h %02d min", static_cast<int>(s) / 3600, static_cast<int>(s) % 3600 / 60);
-  }
+double json_number(const json& j, const char* key) {
+  auto it = j.find(key);
+  return it != j.end() && it->is_number() ? it->get<double>() : kNaN;
+}
+
+std::string format_lr(double lr) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%.3g", lr);
   return buf;
 }
+
+struct RunStatus {
+  std::string key;  // completed, stopped, interrupted, nan, unfinished, none
+  std::string headline;
+  std::vector<std::string> details;
+  std::vector<double> resumes;  // steps, in order
+  double step = kNaN;           // where the run is now (the last finished step)
+  double nan_step = kNaN;       // the step whose loss was not finite
+  bool summary_current = true;  // summary.json was written by the latest process
+};
+
+std::string step_list(const std::vector<double>& steps) {
+  std::string s;
+  for (size_t i = 0; i < steps.size(); ++i)
+    s += (i == 0 ? "" : i + 1 == steps.size() ? " and " : ", ") + format_step(steps[i]);
+  return s;
+}
+
+// From the start/resume/nonfinite/end records when the run has them (the last
+// process's end, if it wrote one); from summary.json for runs written before them.
+RunStatus run_status(const RunData& run) {
+  RunStatus st;
+  const json* end = nullptr;
+  const json* nonfinite = nullptr;
+  double total = kNaN, started = kNaN;
+  for (const Event& e : run.events) {
+    if (std::isfinite(json_number(e.j, "total_steps"))) total = json_number(e.j, "total_steps");
+    if (e.kind == "start" || e.kind == "resume") {
+      end = nonfinite = nullptr;
+      started = e.step;
+      if (e.kind == "resume") st.resumes.push_back(e.step);
+    } else if (e.kind == "nonfinite") {
+      nonfinite = &e.j;
+    } else {
+      end = &e.j;
+    }
+  }
+  const double last_logged = run.train.empty() ? kNaN : run.train.back().step;
+  const json* summary = run.summary ? &*run.summary : nullptr;
+  if (!std::isfinite(total) && summary) total = json_number(*summary, "total_steps");
+  if (end) {
+    st.key = end->contains("status") && (*end)["status"].is_string() ? (*end)["status"].get<std::string>() : "";
+    st.step = json_number(*end, "step");
+  } else if (!run.events.empty()) {
+    st.key = "unfinished";
+    st.summary_current = false;
+    st.step = std::isfinite(last_logged) ? std::max(last_logged, started) : started;
+  } else if (summary && summary->contains("status") && (*summary)["status"].is_string()) {
+    st.key = (*summary)["status"].get<std::string>();
+    st.step = json_number(*summary, "steps");
+  } else {
+    st.key = run.train.empty() ? "none" : "unfinished";
+    st.step = last_logged;
+  }
+  if (!std::isfinite(st.step)) st.step = last_logged;
+
+  const std::string of_total = std::isfinite(total) ? " of " + format_step(total) : "";
+  const std::string at = std::isfinite(st.step) ? " at step " + format_step(st.step) + of_total : "";
+  const std::string resume_hint = "Continue with: kiln resume " + run.dir.string();
+  if (st.key == "completed") {
+    st.headline = "Completed: " + (std::isfinite(st.step) ? format_step(st.step) + of_total : "all") + " steps";
+  } else if (st.key == "stopped") {
+    st.headline = "Paused" + at + " (train.max_steps)";
+    st.details.push_back("A checkpoint was saved. " + resume_hint);
+  } else if (st.key == "interrupted") {
+    st.headline = "Interrupted" + at + " (Ctrl-C or SIGTERM)";
+    st.details.push_back("A checkpoint was saved at step " + format_step(st.step) + ". " + resume_hint);
+  } else if (st.key == "nan") {
+    st.nan_step = nonfinite ? json_number(*nonfinite, "step") : st.step + 1;
+    st.headline = "Stopped on NaN at step " + format_step(st.nan_step) + of_total;
+    std::string what = "The loss became ";
+    if (nonfinite && nonfinite->contains("loss") && (*nonfinite)["loss"].is_string()) {
+      what += (*nonfinite)["loss"].get<std::string>() + " at step " + format_step(st.nan_step);
+      const double epoch = json_number(*nonfinite, "epoch"), lr = json_number(*nonfinite, "lr");
+      if (std::isfinite(epoch) && std::isfinite(lr))
+        what += " (epoch " + format_step(epoch) + ", learning rate " + format_lr(lr) + ")";
+    } else {
+      what += "NaN or Inf at step " + format_step(st.nan_step);
+    }
+    st.details.push_back(what +
+                         "; the run stopped before that step's update, and the charts end there. Rerun with "
+                         "--set train.anomaly=true to find the op that first produced it; a lower optim.lr "
+                         "or optim.grad_clip often cures it.");
+  } else if (st.key == "unfinished") {
+    st.headline = "In progress, or ended without a word (killed)" +
+                  (std::isfinite(st.step) ? ": last logged step " + format_step(st.step) + of_total : "");
+    st.details.push_back("While it trains, the run rewrites this report at every checkpoint. A killed run: " +
+                         resume_hint + " (from its last checkpoint).");
+  } else if (st.key == "none") {
+    st.headline = "No training recorded";
+  } else {
+    st.headline = "Ended with status \"" + st.key + "\"" + at;
+  }
+  if (!st.resumes.empty())
+    st.details.push_back(st.resumes.size() == 1 ? "Resumed at step " + step_list(st.resumes) + "."
+                                                : "Resumed " + std::to_string(st.resumes.size()) + " times, at steps " +
+                                                      step_list(st.resumes) + ".");
+  return st;
+}
+
+// ---- figures for the header ----------------------------------------------
 
 double median(std::vector<double> v) {
   v.erase(std::remove_if(v.begin(), v.end(), [](double x) { return !std::isfinite(x); }), v.end());
   if (v.empty()) return kNaN;
   std::nth_element(v.begin(), v.begin() + static_cast<std::ptrdiff_t>(v.size() / 2), v.end());
   return v[v.size() / 2];
-}
-
-double summary_number(const RunData& run, const char* key) {
-  if (!run.summary) return kNaN;
-  auto it = run.summary->find(key);
-  return it != run.summary->end() && it->is_number() ? it->get<double>() : kNaN;
 }
 
 // An accuracy in [0, 1] reads as a percentage.
@@ -281,50 +390,68 @@ std::string format_metric(const std::string& key, const json& v) {
 }
 
 struct Card {
-  std::string label, value;
+  std::string label, value, note = "";
 };
 
-std::vector<Card> header_cards(const RunData& run) {
+// The summary block: the eval figures, the last train loss, how far the run
+// got and how fast: one throughput and one data-wait figure, each the median
+// over the logged windows (the last window alone is noisy).
+std::vector<Card> header_cards(const RunData& run, const RunStatus& st) {
   std::vector<Card> cards;
-  // Final metrics first: the figure a person opened the report for.
-  json final_metrics = json::object();
-  if (run.summary && run.summary->contains("final") && (*run.summary)["final"].is_object()) {
-    final_metrics = (*run.summary)["final"];
+  const json* final_metrics = nullptr;
+  if (st.summary_current && run.summary && run.summary->contains("final") && (*run.summary)["final"].is_object())
+    final_metrics = &(*run.summary)["final"];
+  const std::string eval_note = run.eval.empty() ? "" : "at step " + format_step(run.eval.back().step);
+  // Train-window figures of summary.final are covered by the cards below.
+  static const std::set<std::string> train_keys = {"loss", "lr", "grad_norm", "samples_per_s", "data_wait"};
+  if (final_metrics) {
+    for (const char* key : {"accuracy", "bits_per_char", "eval_loss"})
+      if (final_metrics->contains(key))
+        cards.push_back({label(key), format_metric(key, (*final_metrics)[key]), eval_note});
+    for (auto& [key, v] : final_metrics->items())
+      if ((v.is_number() || v.is_string()) && !train_keys.count(key) && key != "accuracy" && key != "bits_per_char" &&
+          key != "eval_loss")
+        cards.push_back({label(key), format_metric(key, v)});
   } else if (!run.eval.empty()) {
     const EvalRecord& e = run.eval.back();
-    if (std::isfinite(e.accuracy)) final_metrics["last eval accuracy"] = e.accuracy;
-    if (std::isfinite(e.bits_per_char)) final_metrics["last eval bits_per_char"] = e.bits_per_char;
-    if (std::isfinite(e.loss)) final_metrics["last eval loss"] = e.loss;
+    if (std::isfinite(e.accuracy))
+      cards.push_back({label("accuracy"), format_metric("accuracy", e.accuracy), eval_note});
+    if (std::isfinite(e.bits_per_char))
+      cards.push_back({label("bits_per_char"), format_value(e.bits_per_char), eval_note});
+    if (std::isfinite(e.loss)) cards.push_back({label("eval_loss"), format_value(e.loss), eval_note});
   }
-  for (auto& [key, v] : final_metrics.items())
-    if (v.is_number() || v.is_string()) cards.push_back({key, format_metric(key, v)});
+  for (auto r = run.train.rbegin(); r != run.train.rend(); ++r)
+    if (std::isfinite(r->loss)) {
+      cards.push_back({label("loss"), format_metric("loss", r->loss), "at step " + format_step(r->step)});
+      break;
+    }
 
-  double steps = summary_number(run, "steps");
-  if (!std::isfinite(steps) && !run.train.empty()) steps = run.train.back().step;
-  cards.push_back({"steps", std::isfinite(steps) ? format_step(steps) : "n/a"});
-  double wall = summary_number(run, "wall_s");
+  double total = run.summary && st.summary_current ? json_number(*run.summary, "total_steps") : kNaN;
+  for (const Event& e : run.events)
+    if (std::isfinite(json_number(e.j, "total_steps"))) total = json_number(e.j, "total_steps");
+  cards.push_back({"steps", std::isfinite(st.step) ? format_step(st.step) : "n/a",
+                   std::isfinite(total) ? "of " + format_step(total) : ""});
+  double wall = st.summary_current && run.summary ? json_number(*run.summary, "wall_s") : kNaN;
   for (auto r = run.train.rbegin(); !std::isfinite(wall) && r != run.train.rend(); ++r) wall = r->time_s;
-  cards.push_back({"wall time", format_duration(wall)});
+  cards.push_back({"wall time", format_wall_time(wall)});
   std::vector<double> sps, wait;
   double peak = kNaN;
   for (const TrainRecord& r : run.train) {
     sps.push_back(r.samples_per_s);
     wait.push_back(r.data_wait);
     if (r.has_memory) {
-      double total = 0;
-      for (auto& [c, b] : r.memory) total += b;
-      peak = std::isfinite(peak) ? std::max(peak, total) : total;
+      double total_bytes = 0;
+      for (auto& [c, b] : r.memory) total_bytes += b;
+      peak = std::isfinite(peak) ? std::max(peak, total_bytes) : total_bytes;
     }
   }
-  double m = median(sps);
-  cards.push_back({"throughput (median)", std::isfinite(m) ? format_value(m) + " samples/s" : "n/a"});
-  double w = median(wait);
-  if (std::isfinite(w)) {
-    char buf[32];
-    std::snprintf(buf, sizeof buf, "%.1f%%", w * 100);
-    cards.push_back({"data wait (median)", buf});
-  }
-  if (std::isfinite(peak)) cards.push_back({"peak memory (logged)", format_bytes(peak)});
+  const double m = median(sps);
+  cards.push_back({"throughput (samples/s)", format_value(m), "median"});
+  const double w = median(wait);
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%.1f%%", w * 100);
+  cards.push_back({"data wait", std::isfinite(w) ? buf : "n/a", "median share of step time"});
+  if (std::isfinite(peak)) cards.push_back({"peak memory", format_bytes(peak), "logged"});
   return cards;
 }
 
@@ -370,21 +497,32 @@ struct Figure {
   std::string missing;  // non-empty: no chart, this explains why
 };
 
-std::vector<Figure> build_charts(const RunData& run) {
+inline constexpr const char* kResumeColour = "#6b7280";
+inline constexpr const char* kNaNColour = "#dc2626";
+
+std::vector<Figure> build_charts(const RunData& run, const RunStatus& st) {
+  // Every chart marks the resumes and the NaN stop, at the steps they happened.
+  std::vector<Mark> marks;
+  for (double s : st.resumes) marks.push_back({s, "resumed", kResumeColour});
+  if (std::isfinite(st.nan_step)) marks.push_back({st.nan_step, "loss NaN", kNaNColour});
+  const std::string before_nan =
+      std::isfinite(st.nan_step) && run.train.empty()
+          ? " (the loss was not finite at step " + format_step(st.nan_step) + ", before any step was logged)"
+          : "";
   std::vector<Figure> figs;
   auto add = [&](Chart c, const std::string& why_missing) {
     std::erase_if(c.series, [](const Series& s) { return !any_finite(s); });
+    c.marks = marks;
     figs.push_back({std::move(c), ""});
-    if (figs.back().chart.series.empty()) figs.back().missing = why_missing;
+    if (figs.back().chart.series.empty()) figs.back().missing = why_missing + before_nan;
   };
 
   Chart loss{.id = "chart-loss", .title = "Loss", .y_label = "loss"};
-  Series train = column(run.train, &TrainRecord::loss, "train", palette(0));
+  Series train = column(run.train, &TrainRecord::loss, "train loss", palette(0));
   if (train.y.size() >= 50) {
     Series smoothed = train;
     smoothed.y = smooth(train.y);
-    smoothed.name = "train (smoothed)";
-    train.name = "train";
+    smoothed.name = "train loss (smoothed)";
     train.opacity = 0.3;
     train.width = 1.2;
     loss.series.push_back(std::move(train));
@@ -392,36 +530,33 @@ std::vector<Figure> build_charts(const RunData& run) {
   } else {
     loss.series.push_back(std::move(train));
   }
-  Series eval_loss = column(run.eval, &EvalRecord::loss, "eval", palette(1));
+  Series eval_loss = column(run.eval, &EvalRecord::loss, "test loss (eval)", palette(1));
   eval_loss.markers = true;
   loss.series.push_back(std::move(eval_loss));
   add(std::move(loss), "no train or eval record has a \"loss\".");
 
-  Series acc = column(run.eval, &EvalRecord::accuracy, "eval accuracy", palette(3));
-  Series bpc = column(run.eval, &EvalRecord::bits_per_char, "eval bits/char", palette(3));
+  Series acc = column(run.eval, &EvalRecord::accuracy, "test accuracy (eval)", palette(3));
+  Series bpc = column(run.eval, &EvalRecord::bits_per_char, "test bits/char (eval)", palette(3));
+  acc.markers = bpc.markers = true;
   if (any_finite(bpc) && !any_finite(acc)) {
-    bpc.markers = true;
-    add(Chart{.id = "chart-eval", .title = "Eval bits per character", .y_label = "bits/char", .series = {bpc}}, "");
+    add(Chart{.id = "chart-eval", .title = "Test bits per character", .y_label = "bits/char", .series = {bpc}}, "");
   } else {
-    acc.markers = true;
     const bool fraction = std::all_of(acc.y.begin(), acc.y.end(), [](double v) { return !(v > 1); });
     add(Chart{.id = "chart-eval",
-              .title = "Eval accuracy",
+              .title = "Test accuracy",
               .y_label = "accuracy",
               .y_format = fraction ? YFormat::percent : YFormat::number,
               .series = {acc}},
         run.eval.empty() ? "no eval records." : "no eval record has \"accuracy\" or \"bits_per_char\".");
-    if (any_finite(bpc)) {
-      bpc.markers = true;
-      add(Chart{.id = "chart-bpc", .title = "Eval bits per character", .y_label = "bits/char", .series = {bpc}}, "");
-    }
+    if (any_finite(bpc))
+      add(Chart{.id = "chart-bpc", .title = "Test bits per character", .y_label = "bits/char", .series = {bpc}}, "");
   }
 
   add(Chart{.id = "chart-lr",
             .title = "Learning rate",
-            .y_label = "lr",
+            .y_label = "learning rate",
             .y_from_zero = true,
-            .series = {column(run.train, &TrainRecord::lr, "lr", palette(2))}},
+            .series = {column(run.train, &TrainRecord::lr, "learning rate", palette(2))}},
       "no train record has \"lr\".");
   add(Chart{.id = "chart-throughput",
             .title = "Throughput",
@@ -430,17 +565,17 @@ std::vector<Figure> build_charts(const RunData& run) {
             .series = {column(run.train, &TrainRecord::samples_per_s, "samples/s", palette(4))}},
       "no train record has \"samples_per_s\".");
   add(Chart{.id = "chart-data-wait",
-            .title = "Data-wait fraction",
-            .y_label = "time waiting for data",
+            .title = "Data wait",
+            .y_label = "share of time waiting for data",
             .y_format = YFormat::percent,
             .y_from_zero = true,
             .series = {column(run.train, &TrainRecord::data_wait, "data wait", palette(5))}},
       "no train record has \"data_wait\".");
   add(Chart{.id = "chart-grad-norm",
             .title = "Gradient norm",
-            .y_label = "grad norm",
+            .y_label = "gradient norm",
             .y_from_zero = true,
-            .series = {column(run.train, &TrainRecord::grad_norm, "grad norm", palette(7))}},
+            .series = {column(run.train, &TrainRecord::grad_norm, "gradient norm", palette(7))}},
       "no train record has \"grad_norm\".");
 
   // One line per memory category (absent from a record means none of it), and their total.
@@ -448,13 +583,13 @@ std::vector<Figure> build_charts(const RunData& run) {
   for (const TrainRecord& r : run.train)
     for (auto& [c, b] : r.memory) categories.insert(c);
   Chart mem{.id = "chart-memory",
-            .title = "Memory by category",
+            .title = "Memory by category (peak per window)",
             .y_label = "bytes",
             .y_format = YFormat::bytes,
             .y_from_zero = true};
   size_t k = 0;
   for (const std::string& c : categories) {
-    Series s{.name = c, .colour = palette(k++)};
+    Series s{.name = label(c), .colour = palette(k++)};
     for (const TrainRecord& r : run.train) {
       s.x.push_back(r.step);
       auto it = r.memory.find(c);
@@ -478,50 +613,98 @@ std::vector<Figure> build_charts(const RunData& run) {
 
 // ---- the page ----------------------------------------------------------------
 
+// The charts fill the page in as many columns of at least 520 px as fit; an
+// SVG scales to its column through its viewBox.
 const char* kStyle = R"(
 body{font:14px/1.45 "DejaVu Sans",system-ui,sans-serif;margin:0;padding:14px 12px;color:#1f2937;background:#fff}
 h1{font-size:22px;margin:0}
 h2{font-size:16px;margin:22px 0 8px}
 .sub{color:#6b7280;font-size:13px;margin-top:2px}
-.cards{display:flex;flex-wrap:wrap;gap:10px;margin:14px 0 4px}
-.card{border:1px solid #e5e7eb;border-radius:8px;padding:6px 14px;min-width:110px}
+.status{border-radius:8px;padding:8px 14px;margin:12px 0 4px;border:1px solid;border-left-width:6px}
+.status .headline{font-size:18px;font-weight:600}
+.status .detail{font-size:13px;margin-top:2px}
+.status-completed{background:#f0fdf4;border-color:#16a34a;color:#14532d}
+.status-stopped,.status-interrupted,.status-unfinished{background:#fffbeb;border-color:#d97706;color:#78350f}
+.status-nan{background:#fef2f2;border-color:#dc2626;color:#7f1d1d}
+.status-none{background:#f8fafc;border-color:#94a3b8;color:#334155}
+.cards{display:grid;grid-template-columns:repeat(auto-fill,minmax(150px,1fr));gap:10px;margin:12px 0 4px}
+.card{border:1px solid #e5e7eb;border-radius:8px;padding:6px 14px}
 .card .v{font-size:19px;font-weight:600}
-.card .k{font-size:12px;color:#6b7280}
+.card .k{font-size:12px;color:#374151}
+.card .n{font-size:11px;color:#6b7280}
 .notes{background:#fffbeb;border:1px solid #fcd34d;border-radius:8px;padding:6px 14px 6px 30px;margin:12px 0;font-size:13px}
-.charts{display:flex;flex-wrap:wrap;gap:12px}
-figure.chart{margin:0;border:1px solid #e5e7eb;border-radius:8px;padding:4px}
-figure.missing{width:560px;height:120px;display:flex;flex-direction:column;justify-content:center;align-items:center;color:#6b7280}
+.charts{display:grid;grid-template-columns:repeat(auto-fill,minmax(min(100%,520px),1fr));gap:12px}
+figure.chart{margin:0;border:1px solid #e5e7eb;border-radius:8px;padding:4px;min-width:0}
+svg.chart{display:block;width:100%;height:auto}
+figure.missing{min-height:120px;display:flex;flex-direction:column;justify-content:center;align-items:center;color:#6b7280;text-align:center}
 figure.missing figcaption{font-weight:600;color:#111827}
 svg.chart text{font:11px "DejaVu Sans",sans-serif;fill:#4b5563}
 svg.chart text.title{font-size:14px;font-weight:600;fill:#111827}
 svg.chart text.label{font-size:12px;fill:#374151}
-table.final{border-collapse:collapse;font-size:13px}
-table.final td{border-bottom:1px solid #eef0f3;padding:3px 14px 3px 0}
+svg.chart text.mark-label{font-size:11px;font-weight:600;paint-order:stroke;stroke:#fff;stroke-width:3px;stroke-linejoin:round}
 pre.config{background:#f8fafc;border:1px solid #e5e7eb;border-radius:8px;padding:10px 14px;overflow:auto;font:12px/1.45 "DejaVu Sans Mono",monospace}
 )";
 
+// The page's one script: while a run is in progress its report is rewritten at
+// every checkpoint, so a fresh report of an unfinished run reloads itself every
+// 30 s (keeping the scroll position); one older than an hour is a killed run's
+// and stays put. It marks <html data-script="ran"> when it ran to the end,
+// which the rendering test checks.
+const char* kScript = R"(
+(function () {
+  var status = document.getElementById('status');
+  var written = Number(document.documentElement.getAttribute('data-written'));
+  var live = status && status.getAttribute('data-status') === 'unfinished' && Date.now() / 1000 - written < 3600;
+  var key = 'kiln-report-scroll:' + location.pathname;
+  var store = null;
+  try { store = window.sessionStorage; } catch (e) { store = null; }
+  if (live) {
+    if (store && store.getItem(key)) window.scrollTo(0, Number(store.getItem(key)));
+    setTimeout(function () {
+      if (store) store.setItem(key, String(window.scrollY));
+      location.reload();
+    }, 30000);
+  }
+  document.documentElement.setAttribute('data-refresh', live ? 'on' : 'off');
+  document.documentElement.setAttribute('data-script', 'ran');
+})();
+)";
+
 std::string render_html(const RunData& run) {
+  const RunStatus st = run_status(run);
   std::ostringstream o;
-  o << "<!DOCTYPE html>\n<html lang=\"en\">\n<head>\n<meta charset=\"utf-8\">\n<title>kiln run "
-    << html_escape(run.name) << "</title>\n<style>" << kStyle << "</style>\n</head>\n<body>\n";
+  o << "<!DOCTYPE html>\n<html lang=\"en\" data-written=\"" << static_cast<long long>(std::time(nullptr))
+    << "\">\n<head>\n<meta charset=\"utf-8\">\n<meta name=\"viewport\" content=\"width=device-width, "
+       "initial-scale=1\">\n<title>kiln run "
+    << html_escape(run.name) << ": " << html_escape(st.headline) << "</title>\n<style>" << kStyle
+    << "</style>\n</head>\n<body>\n";
   o << "<h1>kiln run: " << html_escape(run.name) << "</h1>\n";
+  o << "<div class=\"status status-" << html_escape(st.key) << "\" id=\"status\" data-status=\"" << html_escape(st.key)
+    << "\"" << (std::isfinite(st.step) ? " data-step=\"" + format_step(st.step) + "\"" : "") << ">\n"
+    << "<div class=\"headline\">" << html_escape(st.headline) << "</div>\n";
+  for (const std::string& d : st.details) o << "<div class=\"detail\">" << html_escape(d) << "</div>\n";
+  o << "</div>\n";
   std::string config_path;
   if (run.summary && run.summary->contains("config_path") && (*run.summary)["config_path"].is_string())
     config_path = (*run.summary)["config_path"].get<std::string>();
   o << "<div class=\"sub\">" << run.train.size() << " train records, " << run.eval.size() << " eval records"
     << (config_path.empty() ? "" : ", config " + html_escape(config_path)) << "</div>\n";
   o << "<div class=\"cards\" id=\"summary\">\n";
-  for (const Card& c : header_cards(run))
+  for (const Card& c : header_cards(run, st))
     o << "<div class=\"card\"><div class=\"v\">" << html_escape(c.value) << "</div><div class=\"k\">"
-      << html_escape(c.label) << "</div></div>\n";
+      << html_escape(c.label) << "</div>"
+      << (c.note.empty() ? "" : "<div class=\"n\">" + html_escape(c.note) + "</div>") << "</div>\n";
   o << "</div>\n";
-  if (!run.notes.empty()) {
+  std::vector<std::string> notes = run.notes;
+  if (!st.summary_current && run.summary)
+    notes.push_back("summary.json is from an earlier process of this run; the figures above come from metrics.jsonl.");
+  if (!notes.empty()) {
     o << "<ul class=\"notes\" id=\"notes\">\n";
-    for (const std::string& n : run.notes) o << "<li>" << html_escape(n) << "</li>\n";
+    for (const std::string& n : notes) o << "<li>" << html_escape(n) << "</li>\n";
     o << "</ul>\n";
   }
   o << "<h2>Charts</h2>\n<div class=\"charts\">\n";
-  for (const Figure& f : build_charts(run)) {
+  for (const Figure& f : build_charts(run, st)) {
     if (f.missing.empty()) {
       o << "<figure class=\"chart\" id=\"" << f.chart.id << "\">\n" << render_svg(f.chart) << "\n</figure>\n";
     } else {
@@ -530,19 +713,13 @@ std::string render_html(const RunData& run) {
     }
   }
   o << "</div>\n";
-  if (run.summary && run.summary->contains("final") && (*run.summary)["final"].is_object()) {
-    o << "<h2>Final metrics</h2>\n<table class=\"final\" id=\"final\">\n";
-    for (auto& [key, v] : (*run.summary)["final"].items())
-      o << "<tr><td>" << html_escape(key) << "</td><td>" << html_escape(format_metric(key, v)) << "</td></tr>\n";
-    o << "</table>\n";
-  }
   o << "<h2>Config</h2>\n";
   if (run.config) {
     o << "<pre class=\"config\" id=\"config\">" << html_escape(*run.config) << "</pre>\n";
   } else {
     o << "<p>config.toml not found.</p>\n";
   }
-  o << "</body>\n</html>\n";
+  o << "<script>" << kScript << "</script>\n</body>\n</html>\n";
   return o.str();
 }
 

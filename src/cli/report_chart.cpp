@@ -5,6 +5,7 @@
 #include <cmath>
 #include <cstdio>
 #include <limits>
+#include <map>
 #include <sstream>
 
 namespace kiln::cli::report_detail {
@@ -43,6 +44,16 @@ void extent(const std::vector<Series>& series, bool of_x, double& lo, double& hi
     }
   }
   if (lo > hi) lo = hi = kNaN;
+}
+
+// Marks widen the x range of a chart that has data (a NaN one step after the last record).
+void widen_for_marks(const std::vector<Mark>& marks, double& lo, double& hi) {
+  if (!std::isfinite(lo)) return;
+  for (const Mark& m : marks)
+    if (std::isfinite(m.x)) {
+      lo = std::min(lo, m.x);
+      hi = std::max(hi, m.x);
+    }
 }
 
 // Legend entries laid out in rows that fit the chart width; returns the rows' count.
@@ -207,6 +218,38 @@ std::string format_bytes(double bytes) {
   return (u == 0 ? fmt("%.0f", bytes) : fmt("%.3g", bytes)) + " " + units[u];
 }
 
+std::string format_wall_time(double s) {
+  if (!std::isfinite(s)) return "n/a";
+  char buf[64];
+  if (s < 60) {
+    std::snprintf(buf, sizeof buf, "%.1f s", s);
+  } else if (s < 3600) {
+    std::snprintf(buf, sizeof buf, "%d min %02d s", static_cast<int>(s) / 60, static_cast<int>(s) % 60);
+  } else {
+    std::snprintf(buf, sizeof buf, "%d h %02d min", static_cast<int>(s) / 3600, static_cast<int>(s) % 3600 / 60);
+  }
+  return buf;
+}
+
+std::string label(const std::string& key) {
+  static const std::map<std::string, std::string> labels = {
+      {"loss", "train loss"},
+      {"lr", "learning rate"},
+      {"grad_norm", "gradient norm"},
+      {"samples_per_s", "samples/s"},
+      {"data_wait", "data wait"},
+      {"eval_loss", "test loss"},
+      {"accuracy", "test accuracy"},
+      {"bits_per_char", "test bits/char"},
+      {"optimizer_state", "optimizer state"},
+  };
+  auto it = labels.find(key);
+  if (it != labels.end()) return it->second;
+  std::string s = key;
+  std::replace(s.begin(), s.end(), '_', ' ');
+  return s;
+}
+
 std::string render_svg(const Chart& chart) {
   std::vector<LegendItem> legend;
   int legend_rows = layout_legend(chart.series, legend);
@@ -222,6 +265,7 @@ std::string render_svg(const Chart& chart) {
   double xlo, xhi, ylo, yhi;
   extent(chart.series, true, xlo, xhi);
   extent(chart.series, false, ylo, yhi);
+  widen_for_marks(chart.marks, xlo, xhi);
   if (chart.y_format == YFormat::bytes && std::isfinite(yhi)) {
     static const char* const units[] = {"B", "KiB", "MiB", "GiB", "TiB"};
     int u = 0;
@@ -234,11 +278,12 @@ std::string render_svg(const Chart& chart) {
     yhi /= y_scale;
   }
   const int plot_bottom = kTop + kPlotHeight, plot_right = kLeft + kPlotWidth;
-  // The frame goes on last, over lines that touch the plot's edges (a data-wait of 0).
+  // The frame goes on last, over lines that touch the plot's edges (a data-wait of 0); one device pixel
+  // wide in its exact colour however the page scales the chart (the rendering test finds frames by it).
   std::ostringstream frame;
   frame << "<rect class=\"frame\" x=\"" << kLeft - 0.5 << "\" y=\"" << kTop - 0.5 << "\" width=\"" << kPlotWidth + 1
         << "\" height=\"" << kPlotHeight + 1 << "\" fill=\"none\" stroke=\"" << kFrameColour
-        << "\" shape-rendering=\"crispEdges\"/>\n";
+        << "\" shape-rendering=\"crispEdges\" vector-effect=\"non-scaling-stroke\"/>\n";
   o << "<rect x=\"" << kLeft << "\" y=\"" << kTop << "\" width=\"" << kPlotWidth << "\" height=\"" << kPlotHeight
     << "\" fill=\"#ffffff\"/>\n";
   if (!std::isfinite(xlo)) {
@@ -309,8 +354,8 @@ std::string render_svg(const Chart& chart) {
       size_t j = i;
       while (j < dx.size() && std::isfinite(dy[j])) ++j;
       if (j - i == 1 && !s.markers) {
-        o << "<circle cx=\"" << fmt("%.1f", px(dx[i])) << "\" cy=\"" << fmt("%.1f", py(dy[i])) << "\" r=\"" << s.width
-          << "\" fill=\"" << s.colour << "\"/>\n";
+        o << "<circle cx=\"" << fmt("%.1f", px(dx[i])) << "\" cy=\"" << fmt("%.1f", py(dy[i])) << "\" r=\""
+          << std::max(3.0, s.width) << "\" fill=\"" << s.colour << "\"/>\n";
       } else if (j > i) {
         o << "<polyline class=\"series\" data-series=\"" << html_escape(s.name) << "\" " << style << " points=\"";
         for (size_t k = i; k < j; ++k)
@@ -319,16 +364,17 @@ std::string render_svg(const Chart& chart) {
       }
       i = j;
     }
-    if (s.markers && dx.size() <= 80) {
+    if (s.markers && dx.size() <= kMaxMarkers) {
+      const double r = dx.size() <= 60 ? 3.5 : 2.5;
       for (size_t k = 0; k < dx.size(); ++k) {
         if (!std::isfinite(dy[k])) continue;
         // A tooltip with the exact value: the browser shows <title> on hover, no script needed.
         std::string value = chart.y_format == YFormat::percent ? fmt("%.2f%%", dy[k] * 100)
                             : chart.y_format == YFormat::bytes ? format_bytes(dy[k])
                                                                : fmt("%.4g", dy[k]);
-        o << "<circle cx=\"" << fmt("%.1f", px(dx[k])) << "\" cy=\"" << fmt("%.1f", py(dy[k])) << "\" r=\"3\" fill=\""
-          << s.colour << "\"><title>" << html_escape(s.name) << " at step " << fmt("%.0f", dx[k]) << ": " << value
-          << "</title></circle>";
+        o << "<circle class=\"marker\" cx=\"" << fmt("%.1f", px(dx[k])) << "\" cy=\"" << fmt("%.1f", py(dy[k]))
+          << "\" r=\"" << r << "\" fill=\"" << s.colour << "\" stroke=\"#ffffff\" stroke-width=\"1\"><title>"
+          << html_escape(s.name) << " at step " << fmt("%.0f", dx[k]) << ": " << value << "</title></circle>";
       }
       o << '\n';
     }
@@ -339,10 +385,28 @@ std::string render_svg(const Chart& chart) {
     double x = legend[k].x, y = plot_bottom + 56 + legend[k].row * 18;
     o << "<g class=\"legend\"><line x1=\"" << x << "\" x2=\"" << x + 22 << "\" y1=\"" << y - 4 << "\" y2=\"" << y - 4
       << "\" stroke=\"" << s.colour << "\" stroke-width=\"3\"" << (s.dashed ? " stroke-dasharray=\"6 4\"" : "")
-      << (s.opacity < 1 ? " stroke-opacity=\"" + fmt("%g", s.opacity) + "\"" : "") << "/><text x=\"" << x + 28
-      << "\" y=\"" << y << "\">" << html_escape(s.name) << "</text></g>\n";
+      << (s.opacity < 1 ? " stroke-opacity=\"" + fmt("%g", s.opacity) + "\"" : "") << "/>";
+    if (s.markers)
+      o << "<circle cx=\"" << x + 11 << "\" cy=\"" << y - 4 << "\" r=\"3.5\" fill=\"" << s.colour << "\"/>";
+    o << "<text x=\"" << x + 28 << "\" y=\"" << y << "\">" << html_escape(s.name) << "</text></g>\n";
   }
-  o << frame.str() << "</svg>";
+  o << frame.str();
+  // Marks over the lines and the frame (a NaN at the last step sits on its edge), their labels at the
+  // top of the plot, on the other side when crowded.
+  double last_label_x = -1e9;
+  for (const Mark& m : chart.marks) {
+    const double x = std::round(px(m.x)) + 0.5;
+    if (!std::isfinite(x)) continue;
+    o << "<g class=\"mark\"><line x1=\"" << x << "\" x2=\"" << x << "\" y1=\"" << kTop + 1 << "\" y2=\""
+      << plot_bottom - 1 << "\" stroke=\"" << m.colour << "\" stroke-width=\"1.5\" stroke-dasharray=\"4 3\"/>";
+    const bool left = x > plot_right - 90 || x - last_label_x < 90;
+    o << "<text class=\"mark-label\" x=\"" << (left ? x - 4 : x + 4) << "\" y=\"" << kTop + 12 << "\" text-anchor=\""
+      << (left ? "end" : "start") << "\" style=\"fill:" << m.colour << "\">" << html_escape(m.label) << "</text><title>"
+      << html_escape(m.label) << " at step " << fmt("%.0f", m.x) << "</title></g>\n";
+    last_label_x = x;
+  }
+
+  o << "</svg>";
   return o.str();
 }
 

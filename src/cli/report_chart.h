@@ -1,7 +1,8 @@
-// Line charts as inline SVG for report.html (internal to kiln_cli): axes with
-// nice tick labels, a title, a legend, step on x. Series longer than a bound
-// are downsampled (min and max per bucket, so spikes stay visible) to keep the
-// report small for long runs.
+// Line charts as inline SVG for report.html (internal to kiln_cli), and the
+// report's formatting of values and names. Charts have axes with nice tick
+// labels, a title, a legend, step on x, and labelled marks at run events.
+// Series longer than a bound are downsampled (min and max per bucket, so
+// spikes stay visible) to keep the report small for long runs.
 #pragma once
 
 #include <string>
@@ -18,8 +19,15 @@ struct Series {
   std::vector<double> x = {}, y = {};  // same length; a non-finite y breaks the line
   double width = 2.0;
   double opacity = 1.0;
-  bool markers = false;  // circles at the points (drawn when few)
+  bool markers = false;  // circles at the points (drawn when at most kMaxMarkers)
   bool dashed = false;
+};
+
+/// A run event at a step (a resume, the NaN stop): a labelled vertical line.
+struct Mark {
+  double x;
+  std::string label;
+  std::string colour;
 };
 
 struct Chart {
@@ -30,6 +38,7 @@ struct Chart {
   YFormat y_format = YFormat::number;
   bool y_from_zero = false;  // include 0 in the y range
   std::vector<Series> series = {};
+  std::vector<Mark> marks = {};  // drawn only when some series has data; widen the x range to reach them
 };
 
 /// The colour of series i in a categorical palette (tab10).
@@ -41,6 +50,8 @@ inline constexpr int kPlotHeight = 200;
 inline constexpr const char* kFrameColour = "#8a94a6";
 /// Points per series at most after downsampling.
 inline constexpr size_t kMaxPoints = 600;
+/// A series with markers shows them up to this many points (eval points stay visible on long runs).
+inline constexpr size_t kMaxMarkers = 250;
 
 /// At most max_points points, keeping the first and last and, per bucket, the
 /// lowest and highest y in step order; non-finite y stay as line breaks.
@@ -59,7 +70,15 @@ std::string format_value(double v);
 /// "1.5 GiB", "312 KiB".
 std::string format_bytes(double bytes);
 
-/// The chart as an <svg> element (fixed pixel size, no xmlns needed inline).
+/// "28.7 s", "3 min 05 s", "2 h 10 min"; "n/a" when not finite.
+std::string format_wall_time(double seconds);
+
+/// What a person calls a metrics.jsonl or summary.json key ("lr": "learning
+/// rate", "accuracy": "test accuracy"); unknown keys with spaces for '_'.
+std::string label(const std::string& key);
+
+/// The chart as an <svg> element: a viewBox of kChartWidth user units, which
+/// the page's CSS scales to its column's width (no xmlns needed inline).
 std::string render_svg(const Chart& chart);
 
 /// &, <, >, " escaped for HTML text and attributes.

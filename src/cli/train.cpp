@@ -16,6 +16,13 @@
 // allreduce per step, taken after forward and before backward, so every rank
 // leaves at the same step and none waits in a collective the others skipped.
 // A resume loads on every rank the checkpoint rank 0 chose.
+//
+// Note [Run story]: besides its train and eval lines, metrics.jsonl records
+// what happened to the run, for report.html: {"kind":"start"} or
+// {"kind":"resume"} when a process begins training (with its step and
+// total_steps), {"kind":"nonfinite"} at a NaN/Inf loss (preceded by train lines
+// for the steps since the last logged one, so the charts reach the NaN), and
+// {"kind":"end","status"} when a process ends (a killed one leaves none).
 #include "cli/train.h"
 
 #include <unistd.h>
@@ -176,6 +183,13 @@ struct Loop {
   int64_t step = 0;
   double time_offset = 0;  // time_s of the run before this process (resume)
   RunFacts facts;
+  bool resumed = false;
+};
+
+// A step's own values, kept until a train line is written (Note [Run story]).
+struct StepValues {
+  int64_t step, epoch;
+  double loss, lr, grad_norm, time_s;
 };
 
 // The GradScaler (amp = "fp16") and the run's facts travel in the checkpoint's object slot
@@ -347,6 +361,11 @@ int run_loop(Loop& L) {
                      " (to train longer, start a new run with a larger train.steps)");
     return 0;
   }
+  if (lead)  // Note [Run story]
+    metrics << json{{"kind", L.resumed ? "resume" : "start"}, {"step", L.step}, {"total_steps", total},
+                    {"world_size", world}, {"time_s", L.time_offset}}.dump()
+            << "\n" << std::flush;
+  std::vector<StepValues> unlogged;
   while (L.step < stop_at && status == Status::Completed) {
     // The epoch begin() starts (a finished epoch's last batch moves the state on).
     const int64_t epoch = t.train_loader->state().epoch;
@@ -392,6 +411,19 @@ int run_loop(Loop& L) {
                        "optim.grad_clip often cures it\n",
                        std::isnan(loss_v) ? "NaN" : "Inf", static_cast<long long>(L.step + 1),
                        static_cast<long long>(epoch), lr, checkpoint_left(L).c_str());
+        if (lead) {  // Note [Run story]: the unlogged steps, averaged over the window like a train line
+          const double window_s = std::chrono::duration<double>(Clock::now() - window_start).count();
+          for (const StepValues& v : unlogged)
+            metrics << json{{"kind", "train"}, {"step", v.step}, {"epoch", v.epoch}, {"loss", v.loss}, {"lr", v.lr},
+                            {"grad_norm", v.grad_norm},
+                            {"samples_per_s", window_s > 0 ? static_cast<double>(window_samples) / window_s : 0.0},
+                            {"data_wait", window_s > 0 ? std::min(1.0, window_wait / window_s) : 0.0},
+                            {"memory", memory_json(true)}, {"time_s", v.time_s}}.dump()
+                    << "\n";
+          metrics << json{{"kind", "nonfinite"}, {"step", L.step + 1}, {"epoch", epoch}, {"lr", lr},
+                          {"loss", std::isnan(loss_v) ? "NaN" : loss_v > 0 ? "Inf" : "-Inf"}}.dump()
+                  << "\n" << std::flush;
+        }
         status = Status::NonFinite;
         break;
       }
@@ -419,6 +451,7 @@ int run_loop(Loop& L) {
       }
       if (t.scheduler) t.scheduler->step();
       ++L.step;
+      unlogged.push_back({L.step, t.train_loader->state().epoch, loss_v, lr, gnorm, elapsed()});
       if (world == 1) stop_requested = signals.requested();
       const int64_t global_batch = batch.target.size(0) * world;
       window_samples += global_batch;
@@ -436,6 +469,7 @@ int run_loop(Loop& L) {
           for (const auto& [k, v] : t.scaler->metrics()) j[k] = v;
         metrics << j.dump() << "\n" << std::flush;
         last_train = j;
+        unlogged.clear();
         if (wait_frac > 0.25 && window_s > 1.0 && !stall_warned) {
           stall_warned = true;
           char buf[320];
@@ -489,6 +523,9 @@ int run_loop(Loop& L) {
     final_barrier();
     return rc;
   }
+  metrics << json{{"kind", "end"}, {"status", status_name(status)}, {"step", L.step}, {"total_steps", total},
+                  {"time_s", elapsed()}}.dump()
+          << "\n" << std::flush;  // Note [Run story]
   // summary.json: what the report and `kiln inspect RUN_DIR` read.
   json final_metrics = json::object();
   if (!last_train.is_null())
@@ -759,6 +796,7 @@ int resume(const fs::path& run_dir, const ResumeOptions& o, dist::ProcessGroupPt
     }
   }
   L.step = info.step;
+  L.resumed = true;
   if (info.loader) L.task.train_loader->load_state(*info.loader);
   if (changes.replay) replay_schedule(L.task, config, L.step);
   if (lead) {

@@ -1,5 +1,7 @@
 // report.html from a run directory: the expected elements for a complete run,
-// bounded size for long runs, and a report (never a crash) for broken runs.
+// the run's status (completed, paused, interrupted, resumed, stopped on NaN,
+// unfinished), bounded size for long runs, and a report (never a crash) for
+// broken runs.
 #include <gtest/gtest.h>
 
 #include <filesystem>
@@ -8,6 +10,7 @@
 #include <string>
 #include <vector>
 
+#include "cli/cli_util.h"
 #include "cli/report.h"
 #include "cli/report_chart.h"
 #include "kiln/core/error.h"
@@ -54,6 +57,39 @@ std::string report_of(const fs::path& dir) {
   return read_file((dir / "report.html").string());
 }
 
+// <div id="status" data-status="..."> of the page.
+std::string status_of(const std::string& html) {
+  static const std::regex re("id=\"status\" data-status=\"([a-z]+)\"");
+  std::smatch m;
+  return std::regex_search(html, m, re) ? m[1].str() : "(no status)";
+}
+
+// The text of the status block (its headline and details, tags dropped).
+std::string status_text(const std::string& html) {
+  size_t b = html.find("id=\"status\"");
+  if (b == std::string::npos) return "";
+  size_t e = html.find("<div class=\"sub\"", b);
+  std::string text;
+  bool tag = false;
+  for (char c : html.substr(b, e - b)) {
+    if (c == '<') tag = true;
+    if (!tag) text += c;
+    if (c == '>') {
+      tag = false;
+      text += ' ';
+    }
+  }
+  return text;
+}
+
+// The summary block's (label, value) cards.
+std::vector<std::pair<std::string, std::string>> summary_cards(const std::string& html) {
+  std::vector<std::pair<std::string, std::string>> out;
+  static const std::regex re("<div class=\"card\"><div class=\"v\">([^<]*)</div><div class=\"k\">([^<]*)</div>");
+  for (std::sregex_iterator it(html.begin(), html.end(), re), end; it != end; ++it) out.push_back({(*it)[2], (*it)[1]});
+  return out;
+}
+
 const char* const kChartIds[] = {"chart-loss",      "chart-eval",      "chart-lr",    "chart-throughput",
                                  "chart-data-wait", "chart-grad-norm", "chart-memory"};
 
@@ -64,11 +100,11 @@ TEST(Report, CompleteRunHasEveryChartTheSummaryAndTheConfig) {
 
   EXPECT_EQ(html.rfind("<!DOCTYPE html>", 0), 0u);
   EXPECT_EQ(count(html, "http://") + count(html, "https://"), 0u) << "the report must not reference the network";
-  EXPECT_EQ(count(html, "<script"), 0u);
+  EXPECT_EQ(count(html, "<script"), 1u) << "the page's own script only";
   EXPECT_EQ(count(html, "<svg"), 7u);
   EXPECT_EQ(count(html, "</svg>"), 7u);
-  for (const char* title : {">Loss<", ">Eval accuracy<", ">Learning rate<", ">Throughput<", ">Data-wait fraction<",
-                            ">Gradient norm<", ">Memory by category<"})
+  for (const char* title : {">Loss<", ">Test accuracy<", ">Learning rate<", ">Throughput<", ">Data wait<",
+                            ">Gradient norm<", ">Memory by category (peak per window)<"})
     EXPECT_NE(html.find(title), std::string::npos) << title;
   for (const char* id : kChartIds) {
     std::string fig = figure(html, id);
@@ -90,31 +126,61 @@ TEST(Report, CompleteRunHasEveryChartTheSummaryAndTheConfig) {
     EXPECT_GE(count(fig, "class=\"tick\""), 6u) << id << ": axes need tick labels";
     EXPECT_GE(count(fig, "class=\"legend\""), 1u) << id;
   }
-  // The loss chart: raw and smoothed train loss, eval loss with markers at its 10 points.
+  // The loss chart: raw and smoothed train loss, eval loss with a marker at each of its 10 points.
   auto loss = polylines(figure(html, "chart-loss"));
   ASSERT_EQ(loss.size(), 3u);
   EXPECT_EQ(loss[0].size(), 300u);
   EXPECT_EQ(loss[2].size(), 10u);
-  EXPECT_GE(count(figure(html, "chart-loss"), "<circle"), 10u);
-  EXPECT_NE(figure(html, "chart-eval").find("<title>eval accuracy at step 300: 91.13%</title>"), std::string::npos);
+  EXPECT_EQ(count(figure(html, "chart-loss"), "class=\"marker\""), 10u);
+  EXPECT_EQ(count(figure(html, "chart-eval"), "class=\"marker\""), 10u);
+  EXPECT_NE(figure(html, "chart-eval").find("<title>test accuracy (eval) at step 300: 91.13%</title>"),
+            std::string::npos);
+  // Human labels, not the metrics' keys.
+  for (const char* key : {"samples_per_s", "data_wait", "grad_norm", "eval_loss", "optimizer_state", ">lr<"})
+    EXPECT_EQ(html.find(key), std::string::npos) << key;
+  for (const char* name :
+       {">train loss<", ">test loss (eval)<", ">learning rate<", ">gradient norm<", ">samples/s<", ">data wait<"})
+    EXPECT_NE(html.find(name), std::string::npos) << name;
   // Memory: five categories and their total, bytes shown in MiB.
   std::string mem = figure(html, "chart-memory");
   EXPECT_EQ(polylines(mem).size(), 6u);
-  for (const char* c : {">activation<", ">optimizer_state<", ">parameter<", ">gradient<", ">data<", ">total<"})
+  for (const char* c : {">activation<", ">optimizer state<", ">parameter<", ">gradient<", ">data<", ">total<"})
     EXPECT_NE(mem.find(c), std::string::npos) << c;
   EXPECT_NE(mem.find("bytes (MiB)"), std::string::npos);
   EXPECT_NE(figure(html, "chart-data-wait").find("%</text>"), std::string::npos);
 
-  // Header: final metrics, steps, wall time, throughput; the config verbatim (escaped).
+  // Status, then the summary block: test figures (and their step), the last
+  // train loss, steps, wall time, one throughput and one data-wait figure.
   EXPECT_NE(html.find("kiln run: fashion_cnn"), std::string::npos);
-  EXPECT_NE(html.find("91.23%"), std::string::npos);
-  EXPECT_NE(html.find("test_loss"), std::string::npos);
-  EXPECT_NE(html.find(">300<"), std::string::npos);
-  EXPECT_NE(html.find("28.7 s"), std::string::npos);  // wall_s = 300 * 0.085 + 3.2
-  EXPECT_NE(html.find("samples/s"), std::string::npos);
+  EXPECT_EQ(status_of(html), "completed");
+  EXPECT_NE(html.find(">Completed: 300 of 300 steps<"), std::string::npos);
+  const std::vector<std::pair<std::string, std::string>> cards = summary_cards(html);
+  auto card = [&](const std::string& label) {
+    for (auto& [l, v] : cards)
+      if (l == label) return v;
+    return std::string("(no card \"" + label + "\")");
+  };
+  EXPECT_EQ(card("test accuracy"), "91.23%");
+  EXPECT_EQ(card("test loss"), "0.2841");
+  EXPECT_EQ(card("steps"), "300");
+  EXPECT_EQ(card("wall time"), "28.7 s");             // wall_s = 300 * 0.085 + 3.2
+  EXPECT_EQ(card("throughput (samples/s)"), "1512");  // the median of 1500 + 120 sin(t / 9) over t = 1..300
+  EXPECT_EQ(card("data wait"), "3.3%");               // of 0.03 + 0.025 sin(t / 17)
+  size_t throughput = 0, wait = 0;
+  for (auto& [l, v] : cards) {
+    throughput += l.find("throughput") != std::string::npos || l.find("samples") != std::string::npos;
+    wait += l.find("wait") != std::string::npos;
+  }
+  EXPECT_EQ(throughput, 1u);
+  EXPECT_EQ(wait, 1u);
+  EXPECT_NE(html.find("at step 300"), std::string::npos) << "the test figures say which step they are from";
   EXPECT_NE(html.find(rd::html_escape(kSyntheticConfig)), std::string::npos);
   EXPECT_NE(html.find("configs/fashion_cnn.toml"), std::string::npos);
   EXPECT_EQ(html.find("id=\"notes\""), std::string::npos) << "a complete run has nothing to note";
+  EXPECT_EQ(count(html, "class=\"mark\""), 0u) << "no resume, no NaN: nothing to mark";
+  // The charts fill the page in a grid of as many columns as fit; SVGs scale to their column.
+  EXPECT_NE(html.find(".charts{display:grid;grid-template-columns:repeat(auto-fill"), std::string::npos);
+  EXPECT_NE(html.find("svg.chart{display:block;width:100%;height:auto}"), std::string::npos);
 
   // Atomic: the only file added is report.html.
   size_t files = 0;
@@ -169,6 +235,13 @@ TEST(Report, TicksAreRoundAndLabelsReadable) {
   EXPECT_EQ(rd::format_bytes(512), "512 B");
   EXPECT_EQ(rd::format_value(1523.4), "1523");
   EXPECT_EQ(rd::format_value(0.91234), "0.912");
+  EXPECT_EQ(rd::format_wall_time(28.74), "28.7 s");
+  EXPECT_EQ(rd::format_wall_time(185), "3 min 05 s");
+  EXPECT_EQ(rd::label("lr"), "learning rate");
+  EXPECT_EQ(rd::label("samples_per_s"), "samples/s");
+  EXPECT_EQ(rd::label("accuracy"), "test accuracy");
+  EXPECT_EQ(rd::label("optimizer_state"), "optimizer state");
+  EXPECT_EQ(rd::label("some_new_key"), "some new key");
 }
 
 // ---- broken and unfinished runs: always a report, saying what is missing ----
@@ -180,7 +253,7 @@ TEST(Report, PartialLastLineIsIgnoredAndNoted) {
   write_synthetic_run(tmp.path());
   append(tmp.path() / "metrics.jsonl", "{\"kind\":\"train\",\"step\":301,\"loss\":0.3");  // killed mid-write
   const std::string html = report_of(tmp.path());
-  EXPECT_NE(html.find("the last line (311) is incomplete"), std::string::npos);
+  EXPECT_NE(html.find("the last line (313) is incomplete"), std::string::npos);
   EXPECT_EQ(count(html, "<svg"), 7u);
   EXPECT_EQ(polylines(figure(html, "chart-loss"))[0].size(), 300u);
 }
@@ -193,9 +266,9 @@ TEST(Report, MalformedLinesAreSkippedWithTheirLineNumbers) {
          "{\"kind\":\"train\",\"step\":41,\"loss\":\"high\",\"lr\":0.001}\n\n" +
              train_line({}, 42) + "\n");
   const std::string html = report_of(tmp.path());
-  EXPECT_NE(html.find("2 malformed line(s) skipped (not a JSON object): line 43, 44."), std::string::npos) << html;
-  EXPECT_NE(html.find("without a numeric &quot;step&quot; skipped: line 45."), std::string::npos);
-  EXPECT_NE(html.find("of kind &quot;profile&quot; not charted"), std::string::npos);
+  EXPECT_NE(html.find("2 malformed line(s) skipped (not a JSON object): line 45, 46."), std::string::npos) << html;
+  EXPECT_NE(html.find("without a numeric &quot;step&quot; skipped: line 47."), std::string::npos);
+  EXPECT_NE(html.find("of kind &quot;profile&quot; not shown"), std::string::npos);
   EXPECT_NE(html.find("&quot;loss (not a number)&quot; missing from 1 of 42 train records (first at step 41)."),
             std::string::npos);
   EXPECT_EQ(count(html, "<svg"), 7u);
@@ -237,7 +310,7 @@ TEST(Report, LanguageModelRunsChartBitsPerChar) {
   TempDir tmp;
   write_synthetic_run(tmp.path(), {.bits_per_char = true});
   const std::string html = report_of(tmp.path());
-  EXPECT_NE(figure(html, "chart-eval").find(">Eval bits per character<"), std::string::npos);
+  EXPECT_NE(figure(html, "chart-eval").find(">Test bits per character<"), std::string::npos);
   EXPECT_EQ(polylines(figure(html, "chart-eval")).at(0).size(), 10u);
   EXPECT_EQ(html.find("accuracy&quot; missing"), std::string::npos);
 }
@@ -292,7 +365,10 @@ TEST(Report, ExtremeValuesDoNotBreakTheCharts) {
   EXPECT_EQ(count(html, "</html>"), 1u);
   for (const char* id : {"chart-lr", "chart-throughput", "chart-data-wait"})
     EXPECT_FALSE(polylines(figure(html, id)).empty()) << id;
-  EXPECT_EQ(count(html, "nan") + count(html, "inf"), 0u) << "non-finite SVG coordinates";
+  const size_t charts = html.find("<div class=\"charts\">");
+  ASSERT_NE(charts, std::string::npos);
+  const std::string svgs = html.substr(charts, html.find("<h2>Config", charts) - charts);
+  EXPECT_EQ(count(svgs, "nan") + count(svgs, "inf"), 0u) << "non-finite SVG coordinates";
 }
 
 TEST(Report, EmptyRunDirectoryGivesAReportOfWhatIsMissing) {
@@ -313,10 +389,11 @@ TEST(Report, MalformedSummaryAndHostileTextAreHandled) {
   std::ofstream(tmp.path() / "config.toml") << "name = \"</pre><script>alert(1)</script>\"\n";
   const std::string html = report_of(tmp.path());
   EXPECT_NE(html.find("summary.json is not a JSON object"), std::string::npos);
-  EXPECT_EQ(count(html, "<script"), 0u);
+  EXPECT_EQ(count(html, "<script"), 1u) << "the page's own script only";
+  EXPECT_EQ(count(html, "<script>alert"), 0u);
   EXPECT_NE(html.find("&lt;/pre&gt;&lt;script&gt;"), std::string::npos);
   // The header falls back to the last eval record.
-  EXPECT_NE(html.find("last eval accuracy"), std::string::npos);
+  EXPECT_EQ(summary_cards(html).at(0).first, "test accuracy");
 }
 
 TEST(Report, RewritesAnExistingReportAndRefusesAMissingDirectory) {
@@ -334,6 +411,168 @@ TEST(Report, RewritesAnExistingReportAndRefusesAMissingDirectory) {
     EXPECT_NE(std::string(e.what()).find("no-such-run"), std::string::npos) << e.what();
     EXPECT_NE(std::string(e.what()).find("does not exist"), std::string::npos) << e.what();
   }
+}
+
+// ---- the run's status: how it ended, where it was resumed ----
+
+TEST(ReportStatus, InterruptedRunSaysWhereAndHowToContinue) {
+  TempDir tmp;
+  write_synthetic_run(tmp.path(), {.train_lines = 120, .end = "interrupted", .total_steps = 300});
+  const std::string html = report_of(tmp.path());
+  EXPECT_EQ(status_of(html), "interrupted");
+  const std::string text = status_text(html);
+  EXPECT_NE(text.find("Interrupted at step 120 of 300 (Ctrl-C or SIGTERM)"), std::string::npos) << text;
+  EXPECT_NE(text.find("kiln resume " + tmp.path().string()), std::string::npos) << text;
+  EXPECT_EQ(text.find("Resumed"), std::string::npos) << text;
+  EXPECT_NE(html.find("<title>kiln run fashion_cnn: Interrupted at step 120 of 300"), std::string::npos);
+}
+
+TEST(ReportStatus, PausedByMaxStepsSaysSo) {
+  TempDir tmp;
+  write_synthetic_run(tmp.path(), {.train_lines = 150, .end = "stopped", .total_steps = 300});
+  const std::string html = report_of(tmp.path());
+  EXPECT_EQ(status_of(html), "stopped");
+  EXPECT_NE(status_text(html).find("Paused at step 150 of 300 (train.max_steps)"), std::string::npos);
+}
+
+TEST(ReportStatus, ResumedRunNamesEveryResumeAndMarksThemOnTheCharts) {
+  TempDir tmp;
+  write_synthetic_run(tmp.path(), {.resumes = {100, 240}});
+  const std::string html = report_of(tmp.path());
+  EXPECT_EQ(status_of(html), "completed");
+  const std::string text = status_text(html);
+  EXPECT_NE(text.find("Completed: 300 of 300 steps"), std::string::npos) << text;
+  EXPECT_NE(text.find("Resumed 2 times, at steps 100 and 240."), std::string::npos) << text;
+  for (const char* id : kChartIds) {
+    const std::string fig = figure(html, id);
+    EXPECT_EQ(count(fig, "class=\"mark\""), 2u) << id;
+    EXPECT_NE(fig.find("<title>resumed at step 100</title>"), std::string::npos) << id;
+    EXPECT_NE(fig.find("<title>resumed at step 240</title>"), std::string::npos) << id;
+  }
+  // The mark sits at step 100 of the 1..300 x axis (72..542 in the SVG's pixels).
+  static const std::regex line_re("<g class=\"mark\"><line x1=\"([0-9.]+)\"");
+  std::smatch m;
+  const std::string lr = figure(html, "chart-lr");
+  ASSERT_TRUE(std::regex_search(lr, m, line_re));
+  EXPECT_NEAR(std::stod(m[1]), 72 + 470.0 * 99 / 299, 1.0);
+
+  write_synthetic_run(tmp.path(), {.resumes = {200}});
+  EXPECT_NE(status_text(report_of(tmp.path())).find("Resumed at step 200."), std::string::npos);
+}
+
+TEST(ReportStatus, NaNStopShowsTheChartsUpToTheNaNAndItsDetails) {
+  TempDir tmp;
+  write_synthetic_run(tmp.path(), {.train_lines = 137, .eval_every = 30, .nan_after = true, .total_steps = 300});
+  const std::string html = report_of(tmp.path());
+  EXPECT_EQ(status_of(html), "nan");
+  const std::string text = status_text(html);
+  EXPECT_NE(text.find("Stopped on NaN at step 138 of 300"), std::string::npos) << text;
+  EXPECT_NE(text.find("The loss became NaN at step 138 (epoch 1, learning rate 0.003)"), std::string::npos) << text;
+  EXPECT_NE(text.find("--set train.anomaly=true"), std::string::npos) << text;
+  EXPECT_EQ(html.find("no data"), std::string::npos) << "a NaN run charts what came before the NaN";
+  EXPECT_EQ(count(html, "<svg"), 7u);
+  auto loss = polylines(figure(html, "chart-loss"));
+  ASSERT_FALSE(loss.empty());
+  EXPECT_EQ(loss[0].size(), 137u);
+  for (const char* id : kChartIds) {
+    const std::string fig = figure(html, id);
+    EXPECT_NE(fig.find("<title>loss NaN at step 138</title>"), std::string::npos) << id;
+    // The x axis reaches the NaN's step: its mark is at the plot's right edge.
+    static const std::regex line_re("<g class=\"mark\"><line x1=\"([0-9.]+)\"");
+    std::smatch m;
+    ASSERT_TRUE(std::regex_search(fig, m, line_re)) << id;
+    EXPECT_NEAR(std::stod(m[1]), 542.5, 1.0) << id;
+  }
+}
+
+TEST(ReportStatus, NaNAtTheFirstStepSaysWhyThereIsNoData) {
+  TempDir tmp;
+  write_synthetic_run(tmp.path(), {.train_lines = 0, .eval_every = 0, .nan_after = true, .total_steps = 300});
+  const std::string html = report_of(tmp.path());
+  EXPECT_EQ(status_of(html), "nan");
+  EXPECT_NE(status_text(html).find("Stopped on NaN at step 1 of 300"), std::string::npos);
+  EXPECT_NE(figure(html, "chart-loss").find("the loss was not finite at step 1, before any step was logged"),
+            std::string::npos);
+}
+
+TEST(ReportStatus, RunWithoutAnEndRecordIsInProgressOrKilled) {
+  TempDir tmp;
+  // Resumed at 100, then killed (or still training) at 180: summary.json is the first process's.
+  write_synthetic_run(tmp.path(), {.train_lines = 180, .resumes = {100}, .end = "", .total_steps = 300});
+  const std::string html = report_of(tmp.path());
+  EXPECT_EQ(status_of(html), "unfinished");
+  const std::string text = status_text(html);
+  EXPECT_NE(text.find("In progress, or ended without a word (killed): last logged step 180 of 300"), std::string::npos)
+      << text;
+  EXPECT_NE(text.find("Resumed at step 100."), std::string::npos) << text;
+  EXPECT_NE(html.find("summary.json is from an earlier process of this run"), std::string::npos);
+  // The summary block does not quote the earlier process's figures.
+  for (auto& [label, value] : summary_cards(html)) {
+    if (label == "steps") EXPECT_EQ(value, "180");
+    if (label == "wall time") EXPECT_EQ(value, "15.3 s");  // time_s of step 180, not the old summary's wall_s
+  }
+  EXPECT_EQ(count(html, "<svg"), 7u);
+}
+
+TEST(ReportStatus, RunsWithoutTheRecordsFallBackToTheSummary) {
+  TempDir tmp;
+  write_synthetic_run(tmp.path(), {.with_events = false, .end = "interrupted", .total_steps = 300});
+  std::string html = report_of(tmp.path());
+  EXPECT_EQ(status_of(html), "interrupted");
+  EXPECT_NE(status_text(html).find("Interrupted at step 300 of 300"), std::string::npos);
+  write_synthetic_run(tmp.path(), {.with_events = false, .nan_after = true, .total_steps = 400});
+  html = report_of(tmp.path());
+  EXPECT_EQ(status_of(html), "nan");
+  EXPECT_NE(status_text(html).find("Stopped on NaN at step 301 of 400"), std::string::npos) << status_text(html);
+  fs::remove(tmp.path() / "summary.json");
+  EXPECT_EQ(status_of(report_of(tmp.path())), "unfinished");
+}
+
+// ---- the records come from a real `kiln train` and `kiln resume` ----
+
+TEST(ReportOfARealRun, NaNStopChartsTheStepsBeforeIt) {
+  TempDir dir;
+  write_text(dir.path() / "tiny.toml", tiny_mlp_config());
+  const fs::path run = dir.path() / "run";
+  // Diverges after a dozen steps, before the first train line (log_every 50).
+  auto r = kiln_cli("train " + dir.file("tiny.toml") + " --out " + run.string() +
+                    " --set optim.name=sgd --set optim.lr=100 --set schedule.warmup_steps=0 --set train.log_every=50");
+  ASSERT_EQ(r.rc, 3) << r.output;
+  const auto nonfinite = metrics_lines(run, "nonfinite");
+  ASSERT_EQ(nonfinite.size(), 1u);
+  const int64_t nan_step = nonfinite[0]["step"].get<int64_t>();
+  ASSERT_GT(nan_step, 2);
+  EXPECT_NE(r.output.find("the loss became NaN at step " + std::to_string(nan_step)), std::string::npos) << r.output;
+  EXPECT_EQ(metrics_lines(run, "train").size(), static_cast<size_t>(nan_step - 1)) << "every step before the NaN";
+  const std::string html = read_file((run / "report.html").string());
+  EXPECT_EQ(status_of(html), "nan");
+  EXPECT_NE(status_text(html).find("Stopped on NaN at step " + std::to_string(nan_step) + " of 40"), std::string::npos)
+      << status_text(html);
+  auto loss = polylines(figure(html, "chart-loss"));
+  ASSERT_FALSE(loss.empty()) << "the loss chart shows no data";
+  EXPECT_EQ(loss[0].size(), static_cast<size_t>(nan_step - 1));
+}
+
+TEST(ReportOfARealRun, PausedThenResumedRunTellsItsStory) {
+  TempDir dir;
+  write_text(dir.path() / "tiny.toml", tiny_mlp_config());
+  const fs::path run = dir.path() / "run";
+  auto a = kiln_cli("train " + dir.file("tiny.toml") + " --out " + run.string() + " --set train.max_steps=15");
+  ASSERT_EQ(a.rc, 0) << a.output;
+  std::string html = read_file((run / "report.html").string());
+  EXPECT_EQ(status_of(html), "stopped");
+  EXPECT_NE(status_text(html).find("Paused at step 15 of 40"), std::string::npos) << status_text(html);
+  auto b = kiln_cli("resume " + run.string());
+  ASSERT_EQ(b.rc, 0) << b.output;
+  html = read_file((run / "report.html").string());
+  EXPECT_EQ(status_of(html), "completed");
+  EXPECT_NE(status_text(html).find("Completed: 40 of 40 steps"), std::string::npos) << status_text(html);
+  EXPECT_NE(status_text(html).find("Resumed at step 15."), std::string::npos) << status_text(html);
+  EXPECT_EQ(polylines(figure(html, "chart-loss")).at(0).size(), 40u);
+  const auto resumes = metrics_lines(run, "resume");
+  ASSERT_EQ(resumes.size(), 1u);
+  EXPECT_EQ(resumes[0]["step"], 15);
+  EXPECT_EQ(metrics_lines(run, "end").size(), 2u);
 }
 
 }  // namespace

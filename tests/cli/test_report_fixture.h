@@ -6,6 +6,7 @@
 #include <filesystem>
 #include <fstream>
 #include <string>
+#include <vector>
 
 namespace kiln::test {
 
@@ -18,6 +19,13 @@ struct SyntheticRun {
   bool with_summary = true;
   bool with_config = true;
   bool bits_per_char = false;  // eval lines carry bits_per_char instead of accuracy
+  // The run's story (Note [Run story] in src/cli/train.cpp): start, resume,
+  // nonfinite and end records. Off: a run written before kiln recorded them.
+  bool with_events = true;
+  std::vector<int> resumes = {};  // interrupted at, and resumed from, these steps
+  std::string end = "completed";  // the last process's end status; "": no end record (running or killed)
+  bool nan_after = false;         // the loss of step train_lines + 1 was NaN (end becomes "nan")
+  int total_steps = 0;            // 0: train_lines
 };
 
 inline constexpr const char* kSyntheticConfig =
@@ -62,20 +70,42 @@ inline std::string eval_line(const SyntheticRun& o, int step) {
   return buf;
 }
 
-/// Writes config.toml, metrics.jsonl and summary.json (as chosen) into dir.
+/// A start, resume or end record.
+inline std::string event_line(const char* kind, int step, int total, const std::string& status = "") {
+  return std::string("{\"kind\":\"") + kind + "\",\"step\":" + std::to_string(step) +
+         (status.empty() ? "" : ",\"status\":\"" + status + "\"") + ",\"total_steps\":" + std::to_string(total) +
+         ",\"time_s\":" + std::to_string(step * 0.085) + "}";
+}
+
+/// Writes config.toml, metrics.jsonl and summary.json (as chosen) into dir, as
+/// `kiln train` and `kiln resume` do: the summary is the last process's.
 inline void write_synthetic_run(const std::filesystem::path& dir, const SyntheticRun& o = {}) {
   std::filesystem::create_directories(dir);
   if (o.with_config) std::ofstream(dir / "config.toml") << kSyntheticConfig;
+  const int total = o.total_steps > 0 ? o.total_steps : o.train_lines;
+  const std::string end = o.nan_after ? "nan" : o.end;
   std::ofstream m(dir / "metrics.jsonl");
+  if (o.with_events) m << event_line("start", 0, total) << '\n';
   for (int step = 1; step <= o.train_lines; ++step) {
+    for (int r : o.resumes)
+      if (o.with_events && r == step - 1)
+        m << event_line("end", r, total, "interrupted") << '\n' << event_line("resume", r, total) << '\n';
     m << train_line(o, step) << '\n';
     if (o.eval_every > 0 && step % o.eval_every == 0) m << eval_line(o, step) << '\n';
   }
-  if (o.with_summary)
+  if (o.with_events && o.nan_after)
+    m << "{\"kind\":\"nonfinite\",\"step\":" << o.train_lines + 1 << ",\"epoch\":" << o.train_lines / 100
+      << ",\"lr\":0.003,\"loss\":\"NaN\"}\n";
+  if (o.with_events && !end.empty()) m << event_line("end", o.train_lines, total, end) << '\n';
+  // What src/cli/train.cpp writes when a process ends: a killed one leaves the previous process's, if any.
+  const int summary_steps = !end.empty() ? o.train_lines : o.resumes.empty() ? -1 : o.resumes.back();
+  if (o.with_summary && summary_steps >= 0)
     std::ofstream(dir / "summary.json")
-        << "{\"name\":\"fashion_cnn\",\"config_path\":\"configs/fashion_cnn.toml\",\"steps\":" << o.train_lines
-        << ",\"wall_s\":" << o.train_lines * 0.085 + 3.2
-        << ",\"final\":{\"test_accuracy\":0.9123,\"test_loss\":0.2841}}";
+        << "{\"name\":\"fashion_cnn\",\"config_path\":\"configs/fashion_cnn.toml\",\"steps\":" << summary_steps
+        << ",\"total_steps\":" << total << ",\"status\":\"" << (end.empty() ? "interrupted" : end)
+        << "\",\"wall_s\":" << o.train_lines * 0.085 + 3.2
+        << ",\"final\":{\"loss\":0.35,\"lr\":1e-05,\"grad_norm\":0.61,\"samples_per_s\":1499.5,\"data_wait\":0.041,"
+           "\"eval_loss\":0.2841,\"accuracy\":0.9123}}";
 }
 
 }  // namespace kiln::test

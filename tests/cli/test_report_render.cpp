@@ -1,8 +1,10 @@
 // report.html as a browser draws it: headless Chromium renders the report of a
 // synthetic run to a PNG, which is decoded here (zlib; the 8-bit RGB/RGBA,
 // non-interlaced PNGs Chromium writes) to check that every chart's plot frame
-// is on the page and holds its lines, in their colours, with a title and
-// tick labels beside it.
+// is on the page, in a grid as wide as the page, and holds its lines, in their
+// colours, with a title and tick labels beside it; and it dumps the DOM after
+// the page's script ran, to check that the script raised nothing and that the
+// run's status is shown.
 #include <gtest/gtest.h>
 #include <unistd.h>
 #include <zlib.h>
@@ -11,6 +13,7 @@
 #include <cstdint>
 #include <cstdlib>
 #include <filesystem>
+#include <fstream>
 #include <map>
 #include <sstream>
 #include <stdexcept>
@@ -124,23 +127,40 @@ struct Box {
   int x0, y0, x1, y1;  // the frame's outer pixels
 };
 
-// Plot frames: exact-colour horizontal runs as wide as a plot, paired top and bottom.
+bool is_colour(const uint8_t* p, Rgb c) { return p[0] == c.r && p[1] == c.g && p[2] == c.b; }
+
+// Plot frames: exact-colour horizontal runs (the frame is drawn with crisp
+// edges at any scale), paired top and bottom by a frame-coloured left edge.
 std::vector<Box> find_frames(const Image& img) {
   const Rgb f = hex(rd::kFrameColour);
-  std::map<std::pair<int, int>, std::vector<int>> runs;  // (x0, x1) -> rows
+  struct Run {
+    int y, x0, x1;
+  };
+  std::vector<Run> runs;
   for (int y = 0; y < img.height; ++y) {
     for (int x = 0; x < img.width;) {
       int x0 = x;
-      while (x < img.width && img.at(x, y)[0] == f.r && img.at(x, y)[1] == f.g && img.at(x, y)[2] == f.b) ++x;
-      if (x - x0 >= 400) runs[{x0, x - 1}].push_back(y);
+      while (x < img.width && is_colour(img.at(x, y), f)) ++x;
+      if (x - x0 >= 300) runs.push_back({y, x0, x - 1});
       x = std::max(x, x0 + 1);
     }
   }
   std::vector<Box> boxes;
-  for (auto& [xs, rows] : runs)
-    for (int top : rows)
-      if (std::count(rows.begin(), rows.end(), top + rd::kPlotHeight + 1))
-        boxes.push_back({xs.first, top, xs.second, top + rd::kPlotHeight + 1});
+  std::vector<bool> used(runs.size(), false);
+  for (size_t a = 0; a < runs.size(); ++a) {
+    if (used[a]) continue;
+    for (size_t b = a + 1; b < runs.size(); ++b) {
+      if (used[b] || runs[b].y < runs[a].y + 100 || std::abs(runs[b].x0 - runs[a].x0) > 1 ||
+          std::abs(runs[b].x1 - runs[a].x1) > 1)
+        continue;
+      bool edge = true;
+      for (int y = runs[a].y; y <= runs[b].y && edge; ++y) edge = is_colour(img.at(runs[a].x0, y), f);
+      if (!edge) continue;
+      boxes.push_back({runs[a].x0, runs[a].y, runs[a].x1, runs[b].y});
+      used[a] = used[b] = true;
+      break;
+    }
+  }
   std::sort(boxes.begin(), boxes.end(),
             [](const Box& a, const Box& b) { return std::tie(a.y0, a.x0) < std::tie(b.y0, b.x0); });
   return boxes;
@@ -153,53 +173,91 @@ int count_pixels(const Image& img, int x0, int y0, int x1, int y1, auto pred) {
   return n;
 }
 
-TEST(ReportRender, HeadlessChromiumDrawsEveryChart) {
-  const std::string chromium = find_chromium();
-  ASSERT_FALSE(chromium.empty()) << "chromium not found on PATH (as chromium or chromium-browser): the report test "
-                                    "renders report.html in headless Chromium; run scripts/setup.sh to install it";
-  TempDir tmp;
-  const fs::path run = tmp.path() / "run";
-  write_synthetic_run(run);
-  cli::write_report(run);
-  const std::string png_path = tmp.file("report.png");
-  const std::string cmd = "timeout 120 " + shell_quote(chromium) +
-                          " --headless --no-sandbox --disable-gpu --disable-background-networking --hide-scrollbars"
-                          " --force-device-scale-factor=1 --no-first-run --user-data-dir=" +
-                          shell_quote(tmp.file("profile")) + " --screenshot=" + shell_quote(png_path) +
-                          " --window-size=1200,2400 " +
-                          shell_quote("file://" + fs::absolute(run / "report.html").string());
-  std::string out;
-  const int rc = run_command(cmd, out);
-  ASSERT_EQ(rc, 0) << cmd << "\n" << out.substr(out.size() > 4000 ? out.size() - 4000 : 0);
-  ASSERT_TRUE(fs::exists(png_path)) << "chromium wrote no screenshot:\n"
-                                    << out.substr(out.size() > 4000 ? out.size() - 4000 : 0);
-  const Image img = decode_png(read_file(png_path));
-  ASSERT_EQ(img.width, 1200);
-  ASSERT_EQ(img.height, 2400);
+std::string tail(const std::string& s) { return s.substr(s.size() > 4000 ? s.size() - 4000 : 0); }
 
-  // Seven plot frames in two columns, in the report's order.
-  const std::vector<Box> boxes = find_frames(img);
-  ASSERT_EQ(boxes.size(), 7u) << "plot frames found in the rendering";
-  std::vector<int> columns;
-  for (const Box& b : boxes) columns.push_back(b.x0);
-  std::sort(columns.begin(), columns.end());
-  EXPECT_EQ(std::unique(columns.begin(), columns.end()) - columns.begin(), 2)
-      << "expected a two-column layout at 1200 px";
+// Headless Chromium on a report: a screenshot, or the DOM after the page's
+// script ran with the console's messages (--enable-logging=stderr prints each
+// as a ":CONSOLE" line, an uncaught exception as "Uncaught ...").
+class Browser {
+ public:
+  explicit Browser(const TempDir& tmp) : tmp_(tmp), chromium_(find_chromium()) {}
+  bool found() const { return !chromium_.empty(); }
 
-  // Each chart's series colours (palette indices, see report.cpp) drawn inside its frame.
+  Image screenshot(const fs::path& html, int width, int height) {
+    const std::string png = tmp_.file("shot-" + std::to_string(++runs_) + ".png");
+    const std::string cmd = base() + " --hide-scrollbars --screenshot=" + shell_quote(png) +
+                            " --window-size=" + std::to_string(width) + "," + std::to_string(height) + " " + url(html);
+    std::string out;
+    const int rc = run_command(cmd, out);
+    if (rc != 0 || !fs::exists(png))
+      throw std::runtime_error(cmd + " failed (rc " + std::to_string(rc) + "):\n" + tail(out));
+    return decode_png(read_file(png));
+  }
+
+  // The serialized DOM; `console` gets the page's console lines.
+  std::string dom(const fs::path& html, std::string& console) {
+    const std::string dom = tmp_.file("dom-" + std::to_string(++runs_) + ".html");
+    // The DOM to a file, stderr (run_command's 2>&1 applies to the group) to `log`.
+    const std::string cmd =
+        "{ " + base() + " --enable-logging=stderr --v=0 --dump-dom " + url(html) + " >" + shell_quote(dom) + "; }";
+    std::string log;  // chromium's stderr
+    const int rc = run_command(cmd, log);
+    if (rc != 0) throw std::runtime_error(cmd + " failed (rc " + std::to_string(rc) + "):\n" + tail(log));
+    console.clear();
+    last_log_ = log;
+    std::istringstream lines(log);
+    for (std::string line; std::getline(lines, line);)
+      if (line.find(":CONSOLE") != std::string::npos || line.find("Uncaught") != std::string::npos)
+        console += line + "\n";
+    return read_file(dom);
+  }
+
+ private:
+  // A fresh profile each time: one still held by a previous run's lingering
+  // processes would hand the page to that browser instead.
+  std::string base() const {
+    return "timeout 120 " + shell_quote(chromium_) +
+           " --headless --no-sandbox --disable-gpu --disable-background-networking --force-device-scale-factor=1"
+           " --no-first-run --user-data-dir=" +
+           shell_quote(tmp_.file("profile-" + std::to_string(runs_)));
+  }
+  static std::string url(const fs::path& html) { return shell_quote("file://" + fs::absolute(html).string()); }
+
+  const TempDir& tmp_;
+
+ public:
+  std::string last_log_;  // chromium's stderr of the last dom()
+
+ private:
+  std::string chromium_;
+  int runs_ = 0;
+};
+
+#define ASSERT_CHROMIUM(browser)                                                                                     \
+  ASSERT_TRUE((browser).found()) << "chromium not found on PATH (as chromium or chromium-browser): the report test " \
+                                    "renders report.html in headless Chromium; run scripts/setup.sh to install it"
+
+// Every chart's frame holds its lines in their colours, with a title, tick
+// labels and a legend beside it; `scale` is the page's scale of the SVGs.
+void expect_charts_drawn(const Image& img, const std::vector<Box>& boxes) {
   const std::vector<std::vector<std::string>> colours = {
       {rd::palette(0), rd::palette(1)},                                                             // loss: train, eval
-      {rd::palette(3)},                                                                             // eval accuracy
+      {rd::palette(3)},                                                                             // test accuracy
       {rd::palette(2)},                                                                             // learning rate
       {rd::palette(4)},                                                                             // throughput
       {rd::palette(5)},                                                                             // data wait
       {rd::palette(7)},                                                                             // grad norm
       {rd::palette(0), rd::palette(1), rd::palette(2), rd::palette(3), rd::palette(4), "#111827"},  // memory
   };
-  const char* names[] = {"loss", "eval accuracy", "learning rate", "throughput", "data wait", "grad norm", "memory"};
+  const char* names[] = {"loss", "test accuracy", "learning rate", "throughput", "data wait", "grad norm", "memory"};
+  ASSERT_EQ(boxes.size(), 7u);
   for (size_t i = 0; i < boxes.size(); ++i) {
     const Box& b = boxes[i];
     SCOPED_TRACE(std::string("chart ") + names[i] + " at (" + std::to_string(b.x0) + ", " + std::to_string(b.y0) + ")");
+    // The SVG scales as a whole: the frame keeps the plot's aspect ratio.
+    const double scale = (b.x1 - b.x0) / (rd::kChartWidth - 72.0 - 18.0 + 1);
+    EXPECT_NEAR((b.y1 - b.y0) / scale, rd::kPlotHeight + 1, 3.0);
+    auto s = [&](double px) { return static_cast<int>(px * scale); };
     const int inside = (b.x1 - b.x0 - 1) * (b.y1 - b.y0 - 1);
     const int ink = count_pixels(img, b.x0 + 1, b.y0 + 1, b.x1 - 1, b.y1 - 1, [](const uint8_t* p) {
       return std::max({p[0], p[1], p[2]}) - std::min({p[0], p[1], p[2]}) >= 60;
@@ -214,11 +272,98 @@ TEST(ReportRender, HeadlessChromiumDrawsEveryChart) {
       EXPECT_GE(n, 40) << "series colour " << c << " barely present";
     }
     auto dark = [](const uint8_t* p) { return std::max({p[0], p[1], p[2]}) < 140; };
-    EXPECT_GE(count_pixels(img, b.x0, b.y0 - 30, b.x0 + 200, b.y0 - 6, dark), 30) << "no title above the plot";
-    EXPECT_GE(count_pixels(img, b.x0 - 50, b.y0, b.x0 - 4, b.y1, dark), 60) << "no y tick labels";
-    EXPECT_GE(count_pixels(img, b.x0, b.y1 + 4, b.x1, b.y1 + 22, dark), 60) << "no x tick labels";
-    EXPECT_GE(count_pixels(img, b.x0, b.y1 + 40, b.x1, b.y1 + 64, dark), 10) << "no legend";
+    EXPECT_GE(count_pixels(img, b.x0, b.y0 - s(30), b.x0 + s(200), b.y0 - s(6), dark), 30) << "no title above the plot";
+    EXPECT_GE(count_pixels(img, b.x0 - s(50), b.y0, b.x0 - s(4), b.y1, dark), 60) << "no y tick labels";
+    EXPECT_GE(count_pixels(img, b.x0, b.y1 + s(4), b.x1, b.y1 + s(22), dark), 60) << "no x tick labels";
+    EXPECT_GE(count_pixels(img, b.x0, b.y1 + s(40), b.x1, b.y1 + s(64), dark), 10) << "no legend";
   }
+}
+
+TEST(ReportRender, HeadlessChromiumDrawsEveryChartInAGridAsWideAsThePage) {
+  TempDir tmp;
+  Browser browser(tmp);
+  ASSERT_CHROMIUM(browser);
+  const fs::path run = tmp.path() / "run";
+  write_synthetic_run(run);
+  cli::write_report(run);
+
+  // 1200 px: two columns.
+  const Image narrow = browser.screenshot(run / "report.html", 1200, 2400);
+  ASSERT_EQ(narrow.width, 1200);
+  ASSERT_EQ(narrow.height, 2400);
+  const std::vector<Box> boxes = find_frames(narrow);
+  ASSERT_EQ(boxes.size(), 7u) << "plot frames found in the rendering";
+  std::vector<int> columns;
+  for (const Box& b : boxes) columns.push_back(b.x0);
+  std::sort(columns.begin(), columns.end());
+  EXPECT_EQ(std::unique(columns.begin(), columns.end()) - columns.begin(), 2)
+      << "expected a two-column layout at 1200 px";
+  expect_charts_drawn(narrow, boxes);
+
+  // 1700 px: three columns reaching the right of the page (charts of a fixed
+  // width left its right third empty).
+  const Image wide = browser.screenshot(run / "report.html", 1700, 3000);
+  const std::vector<Box> wide_boxes = find_frames(wide);
+  ASSERT_EQ(wide_boxes.size(), 7u) << "plot frames found in the rendering at 1700 px";
+  columns.clear();
+  int right = 0;
+  for (const Box& b : wide_boxes) {
+    columns.push_back(b.x0);
+    right = std::max(right, b.x1);
+  }
+  std::sort(columns.begin(), columns.end());
+  EXPECT_EQ(std::unique(columns.begin(), columns.end()) - columns.begin(), 3) << "expected three columns at 1700 px";
+  EXPECT_GT(right, wide.width * 9 / 10) << "the charts end at x = " << right << " of " << wide.width;
+  expect_charts_drawn(wide, wide_boxes);
+}
+
+TEST(ReportRender, ScriptRunsWithoutErrorsAndTheStatusShows) {
+  TempDir tmp;
+  Browser browser(tmp);
+  ASSERT_CHROMIUM(browser);
+  const fs::path run = tmp.path() / "run";
+  write_synthetic_run(run, {.train_lines = 137, .eval_every = 30, .nan_after = true, .total_steps = 300});
+  cli::write_report(run);
+
+  std::string console;
+  const std::string dom = browser.dom(run / "report.html", console);
+  EXPECT_EQ(console, "") << "the page logged to the console";
+  EXPECT_NE(dom.find("data-script=\"ran\""), std::string::npos) << "the page's script did not run to its end:\n"
+                                                                << dom.substr(0, 400);
+  EXPECT_NE(dom.find("data-refresh=\"off\""), std::string::npos) << "a finished run's report must not reload itself";
+  EXPECT_NE(dom.find("id=\"status\" data-status=\"nan\""), std::string::npos);
+  EXPECT_NE(dom.find(">Stopped on NaN at step 138 of 300<"), std::string::npos);
+
+  // The report of a run in progress reloads itself.
+  const fs::path live = tmp.path() / "live";
+  write_synthetic_run(live, {.train_lines = 50, .end = ""});
+  cli::write_report(live);
+  const std::string live_dom = browser.dom(live / "report.html", console);
+  EXPECT_EQ(console, "");
+  EXPECT_NE(live_dom.find("data-refresh=\"on\""), std::string::npos);
+  EXPECT_NE(live_dom.find("data-status=\"unfinished\""), std::string::npos);
+
+  // The check sees a script error when there is one.
+  std::string broken = read_file((run / "report.html").string());
+  broken.replace(broken.find("<script>"), 8, "<script>no_such_function();</script><script>");
+  std::ofstream(tmp.path() / "broken.html") << broken;
+  browser.dom(tmp.path() / "broken.html", console);
+  EXPECT_NE(console.find("Uncaught ReferenceError: no_such_function is not defined"), std::string::npos)
+      << "chromium's log:\n"
+      << tail(browser.last_log_);
+
+  // Drawn: the status banner in its red above the charts, and the NaN marked on every chart.
+  const Image img = browser.screenshot(run / "report.html", 1200, 2400);
+  const std::vector<Box> boxes = find_frames(img);
+  ASSERT_EQ(boxes.size(), 7u);
+  const Rgb red = hex("#dc2626");
+  auto is_red = [&](const uint8_t* p) {
+    return std::abs(p[0] - red.r) <= 20 && std::abs(p[1] - red.g) <= 20 && std::abs(p[2] - red.b) <= 20;
+  };
+  EXPECT_GE(count_pixels(img, 0, 0, img.width - 1, boxes[0].y0 - 40, is_red), 200) << "no red status banner";
+  for (const Box& b : boxes)
+    EXPECT_GE(count_pixels(img, b.x1 - 3, b.y0, b.x1 + 1, b.y1, is_red), (b.y1 - b.y0) / 3)
+        << "no NaN mark at the right edge of the chart at (" << b.x0 << ", " << b.y0 << ")";
 }
 
 }  // namespace
