@@ -142,10 +142,24 @@ std::vector<pid_t> children_of(pid_t parent) {
   return out;
 }
 
-/// The rank `rank` among mpirun's children (by OMPI_COMM_WORLD_RANK in its environment); -1 if not found.
-pid_t rank_pid(pid_t mpirun, int rank) {
+/// Every process below `pid` (`kiln launch` runs mpirun as its child, whose children are the ranks).
+std::vector<pid_t> descendants_of(pid_t pid) {
+  std::vector<pid_t> out, todo{pid};
+  while (!todo.empty()) {
+    const pid_t p = todo.back();
+    todo.pop_back();
+    for (pid_t c : children_of(p)) {
+      out.push_back(c);
+      todo.push_back(c);
+    }
+  }
+  return out;
+}
+
+/// The rank `rank` below the launcher (by OMPI_COMM_WORLD_RANK in its environment); -1 if not found.
+pid_t rank_pid(pid_t launcher, int rank) {
   const std::string want = "OMPI_COMM_WORLD_RANK=" + std::to_string(rank);
-  for (pid_t c : children_of(mpirun)) {
+  for (pid_t c : descendants_of(launcher)) {
     std::ifstream env("/proc/" + std::to_string(c) + "/environ", std::ios::binary);
     for (std::string kv; std::getline(env, kv, '\0');)
       if (kv == want) return c;
@@ -172,7 +186,7 @@ TEST(CliDist, SigintToOneRankStopsEveryRankAtTheSameStep) {
     ::_exit(127);
   }
   ASSERT_GT(pid, 0);
-  // `kiln launch` became mpirun (same pid); its children are the ranks.
+  // `kiln launch` runs mpirun as its child; the ranks are below it.
   auto logged = [&] {
     std::ifstream in(run / "metrics.jsonl");
     std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
@@ -180,9 +194,12 @@ TEST(CliDist, SigintToOneRankStopsEveryRankAtTheSameStep) {
   };
   for (int i = 0; i < 3000 && logged() < 5; ++i) std::this_thread::sleep_for(std::chrono::milliseconds(10));
   const pid_t rank1 = rank_pid(pid, 1);
-  if (logged() < 5 || rank1 <= 0) ::kill(pid, SIGKILL);
+  if (logged() < 5 || rank1 <= 0) {
+    for (pid_t d : descendants_of(pid)) ::kill(d, SIGKILL);
+    ::kill(pid, SIGKILL);
+  }
   ASSERT_GE(logged(), 5) << read_file(log);
-  ASSERT_GT(rank1, 0) << "no rank 1 among mpirun's children";
+  ASSERT_GT(rank1, 0) << "no rank 1 below kiln launch";
   ASSERT_EQ(::kill(rank1, SIGINT), 0);  // rank 1 alone: rank 0 learns of it through the per-step agreement
   int status = 0;
   bool ended = false;
@@ -191,6 +208,7 @@ TEST(CliDist, SigintToOneRankStopsEveryRankAtTheSameStep) {
     if (!ended) std::this_thread::sleep_for(std::chrono::milliseconds(10));
   }
   if (!ended) {
+    for (pid_t d : descendants_of(pid)) ::kill(d, SIGKILL);
     ::kill(pid, SIGKILL);
     ::waitpid(pid, &status, 0);
   }
