@@ -94,6 +94,7 @@ constexpr Key kSchema[] = {
     {"train.eval_batches", Kind::Int, "0", "", ""},
     {"train.ckpt_every", Kind::Int, "1000", "", ""},
     {"train.keep_last", Kind::Int, "3", "", ""},
+    {"train.keep_best", Kind::String, "\"off\"", "", "off|accuracy|loss|bits_per_char"},
     {"train.log_every", Kind::Int, "50", "", ""},
     {"train.anomaly", Kind::Bool, "false", "", ""},
 };
