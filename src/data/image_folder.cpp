@@ -51,6 +51,7 @@ std::span<const uint8_t> as_bytes(const std::string& s) { return {reinterpret_ca
 ImageFolder::ImageFolder(ImageFolderOptions o) {
   KILN_CHECK(o.channels == 0 || o.channels == 1 || o.channels == 3, ValueError,
              "ImageFolder: expected channels 0 (as the images), 1 or 3, got ", o.channels);
+  KILN_CHECK(o.max_pixels > 0, ValueError, "ImageFolder: expected max_pixels > 0, got ", o.max_pixels);
   KILN_CHECK(o.size.empty() || ((o.size.size() == 1 || o.size.size() == 2) &&
                                 std::all_of(o.size.begin(), o.size.end(), [](int64_t s) { return s > 0; })),
              ValueError, "ImageFolder: expected size {H, W} or {S} with positive values, or empty, got ",

@@ -5,8 +5,11 @@
 // channels are converted as PIL's Image.convert does, which is what a
 // torchvision pipeline sees: an alpha channel is dropped (not composited),
 // grayscale becomes RGB by repetition, and RGB becomes grayscale by ITU-R
-// 601-2 luma, L = (19595 R + 38470 G + 7471 B + 2^15) >> 16. 16-bit PNGs are
-// reduced to 8 bits. CMYK JPEGs are refused.
+// 601-2 luma, L = (19595 R + 38470 G + 7471 B + 2^15) >> 16. PNG colours are
+// what libpng's simplified reader gives as 8-bit sRGB: 16-bit samples are
+// reduced to 8 bits, and a file whose gAMA chunk differs from sRGB's may come
+// out gamma corrected where PIL ignores gAMA (such files are rare). CMYK JPEGs
+// are refused.
 //
 // Every file is hostile input: the format is taken from the file's first bytes
 // (not its name), the image's size is checked against `max_pixels` before any
