@@ -13,7 +13,8 @@ PACKAGES=(
   clang libclang-rt-14-dev libomp-dev
   python3-torch python3-numpy
   openmpi-bin libopenmpi-dev  # dist (issue 10): mpirun and the MPI headers and libraries
-  zlib1g-dev dataset-fashion-mnist golang-github-colinmarc-hdfs-dev golang-github-jdkato-prose-dev
+  zlib1g-dev libpng-dev libjpeg-dev  # libpng/libjpeg: the data layer's image-folder datasets
+  dataset-fashion-mnist golang-github-colinmarc-hdfs-dev golang-github-jdkato-prose-dev
   chromium fonts-dejavu-core  # the report test renders report.html headless (DejaVu: its fonts)
 )
 

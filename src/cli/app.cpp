@@ -53,7 +53,7 @@ int launch_command(int nprocs, const std::string& hostfile, std::vector<std::str
 }
 
 int dispatch(int argc, char** argv) {
-  CLI::App app{"kiln: train, resume, evaluate, sample and inspect deep-learning runs (configs/*.toml, docs/config.md)",
+  CLI::App app{"kiln: train, resume, evaluate, export, sample and inspect deep-learning runs (configs/*.toml, docs/config.md)",
                "kiln"};
   app.set_version_flag("--version", std::string("kiln ") + KILN_VERSION);
   app.require_subcommand(1);
@@ -83,6 +83,16 @@ int dispatch(int argc, char** argv) {
   eval->add_option("target", target, "Run directory or checkpoint file")->required();
   eval->add_option("--split", split, "test (held out) or train")->capture_default_str();
   eval->add_option("--batches", batches, "Evaluate at most this many batches (0: all)")->capture_default_str();
+  std::string which;
+  eval->add_option("--checkpoint", which, "Of a run directory: latest (default), best (train.keep_best) or a step");
+
+  ExportOptions xo;
+  auto* exp = app.add_subcommand("export", "Write a run's model weights for another framework: --format pytorch");
+  exp->add_option("target", target, "Run directory or checkpoint file")->required();
+  exp->add_option("--format", xo.format, "pytorch: a safetensors state dict with PyTorch's names")->capture_default_str();
+  exp->add_option("--out", xo.out, "Output file (default: RUN/model.safetensors)");
+  exp->add_option("--checkpoint", xo.checkpoint, "Of a run directory: latest (default), best or a step");
+  exp->add_option("--dtype", xo.dtype, "float32 (default), bfloat16 or float16");
 
   auto* sample = app.add_subcommand("sample", "Text from a trained character-level GPT");
   sample->add_option("target", target, "Run directory or checkpoint file")->required();
@@ -131,7 +141,8 @@ int dispatch(int argc, char** argv) {
   if (resume->parsed())
     return run_maybe_distributed([&](dist::ProcessGroupPtr g) { return cli::resume(run_dir, ro, g); });
   if (launch->parsed()) return launch_command(nprocs, hostfile, command);
-  if (eval->parsed()) return evaluate_command(target, split, batches);
+  if (eval->parsed()) return evaluate_command(target, split, batches, which);
+  if (exp->parsed()) return export_command(target, xo);
   if (sample->parsed()) return sample_command(target, so);
   return inspect_command(target);
 }

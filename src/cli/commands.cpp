@@ -7,12 +7,14 @@
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <numeric>
+#include <optional>
 
 #include "cli/progress.h"
 #include "cli/task.h"
 #include "kiln/core/factory.h"
 #include "kiln/core/guards.h"
 #include "kiln/io/safetensors.h"
+#include "kiln/nn/pytorch_weights.h"
 #include "kiln/optim/checkpoint.h"
 
 namespace kiln::cli {
@@ -22,11 +24,42 @@ using json = nlohmann::json;
 namespace {
 
 /// The checkpoint a target names: a file as given, a run directory's newest
-/// usable one. Passing over a newer file that is unusable is said, with why.
-fs::path checkpoint_of(const fs::path& target) {
-  if (fs::is_regular_file(target)) return target;
+/// usable one (passing over a newer file that is unusable is said, with why),
+/// or with `which`, a run directory's "best" (train.keep_best), "latest" or
+/// step N (ckpt-<N>.safetensors).
+fs::path checkpoint_of(const fs::path& target, const std::string& which = "") {
+  if (fs::is_regular_file(target)) {
+    if (!which.empty())
+      throw ConfigError("--checkpoint " + which + ": " + target.string() +
+                        " is a checkpoint file already; --checkpoint picks one of a run directory's");
+    return target;
+  }
   if (!fs::exists(target)) throw ConfigError(target.string() + ": no such file or run directory");
   const fs::path dir = target / "checkpoints";
+  if (which == "best") {
+    const fs::path best = dir / kBestCheckpoint;
+    if (!fs::is_regular_file(best))
+      throw ConfigError(target.string() + ": no " + kBestCheckpoint +
+                        " under checkpoints/ (the run needs train.keep_best and at least one evaluation)");
+    return best;
+  }
+  if (!which.empty() && which != "latest") {
+    const bool digits = which.find_first_not_of("0123456789") == std::string::npos && which.size() <= 18;
+    if (!digits) throw ConfigError("--checkpoint expects latest, best or a step number, got \"" + which + "\"");
+    char name[64];
+    std::snprintf(name, sizeof name, "ckpt-%08lld.safetensors", std::stoll(which));
+    if (!fs::is_regular_file(dir / name)) {
+      std::string have;
+      if (fs::is_directory(dir))
+        for (const auto& p : optim::CheckpointManager(dir).list()) {
+          have += ' ';
+          have += p.filename().string();
+        }
+      throw ConfigError(target.string() + ": no checkpoint of step " + which + " (checkpoints/ holds:" +
+                        (have.empty() ? " none" : have) + ")");
+    }
+    return dir / name;
+  }
   if (!fs::is_directory(dir))
     throw ConfigError(target.string() + ": no checkpoint under checkpoints/ (has the run saved one yet?)");
   optim::CheckpointManager mgr(dir);
@@ -88,10 +121,11 @@ std::string checkpoint_problem(const fs::path& path) {
   }
 }
 
-int evaluate_command(const fs::path& target, const std::string& split, int64_t max_batches) {
+int evaluate_command(const fs::path& target, const std::string& split, int64_t max_batches,
+                     const std::string& which) {
   if (split != "test" && split != "train")
     throw ConfigError("--split expects test or train, got \"" + split + "\"");
-  const fs::path ckpt = checkpoint_of(target);
+  const fs::path ckpt = checkpoint_of(target, which);
   auto [config, task] = load_for_eval(ckpt);
   const EvalResult r = evaluate(task, config, split, max_batches);
   const auto header = io::read_safetensors_header(ckpt.string());
@@ -102,6 +136,35 @@ int evaluate_command(const fs::path& target, const std::string& split, int64_t m
     std::printf("loss %.4f  bits/char %.4f\n", r.loss, r.bits_per_char);
   else
     std::printf("loss %.4f  accuracy %.2f%%\n", r.loss, 100 * r.accuracy);
+  return 0;
+}
+
+int export_command(const fs::path& target, const ExportOptions& o) {
+  if (o.format != "pytorch")
+    throw ConfigError("--format expects pytorch (a state dict with PyTorch's names, as safetensors), got \"" +
+                      o.format + "\"");
+  std::optional<DType> dtype;
+  if (o.dtype == "bfloat16" || o.dtype == "bf16") dtype = kBFloat16;
+  else if (o.dtype == "float16" || o.dtype == "fp16") dtype = kFloat16;
+  else if (o.dtype != "float32" && o.dtype != "fp32" && !o.dtype.empty())
+    throw ConfigError("--dtype expects float32, bfloat16 or float16, got \"" + o.dtype + "\"");
+  const fs::path ckpt = checkpoint_of(target, o.checkpoint);
+  auto [config, task] = load_for_eval(ckpt);
+  const auto header = io::read_safetensors_header(ckpt.string());
+  const std::string step = header.metadata.count("step") ? header.metadata.at("step") : "?";
+  fs::path out = o.out;
+  if (out.empty())
+    out = fs::is_directory(target) ? target / "model.safetensors"
+                                   : ckpt.parent_path() / (ckpt.stem().string() + ".pytorch.safetensors");
+  nn::PyTorchExportOptions eo{.dtype = dtype};
+  eo.metadata = {{"kiln.step", step}, {"kiln.config", config.to_toml()}, {"kiln.source_checkpoint", ckpt.string()}};
+  const io::NamedTensors dict = nn::pytorch_state_dict(*task.model, eo);
+  nn::save_pytorch_weights(*task.model, out.string(), eo);
+  int64_t params = 0;
+  for (const auto& [name, p] : task.model->named_parameters()) params += p.numel();
+  std::printf("wrote %s: %zu tensors (%lld parameters), the model of %s (step %s) with PyTorch's state_dict names\n",
+              out.string().c_str(), dict.size(), static_cast<long long>(params), ckpt.string().c_str(), step.c_str());
+  std::printf("load it into the same architecture in PyTorch with load_state_dict(strict=True) (docs/interop.md)\n");
   return 0;
 }
 

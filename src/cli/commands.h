@@ -1,6 +1,6 @@
 #pragma once
-// `kiln eval`, `kiln sample` and `kiln inspect`: the commands that read a run
-// directory or a checkpoint without training.
+// `kiln eval`, `kiln export`, `kiln sample` and `kiln inspect`: the commands
+// that read a run directory or a checkpoint without training.
 #include <cstdint>
 #include <filesystem>
 #include <string>
@@ -10,10 +10,26 @@ namespace kiln::cli {
 /// Why a checkpoint file cannot be used ("" when it can): unreadable,
 /// truncated, not safetensors, or not a kiln training checkpoint. Reads the whole file.
 std::string checkpoint_problem(const std::filesystem::path& path);
+/// A run directory's best checkpoint (train.keep_best), beside ckpt-<step> and latest.
+inline constexpr const char* kBestCheckpoint = "best.safetensors";
 
 /// Loss and accuracy (or bits/char) of the latest checkpoint of a run
-/// directory, or of one checkpoint file, on `split` ("test" or "train").
-int evaluate_command(const std::filesystem::path& target, const std::string& split, int64_t max_batches);
+/// directory (or the one `which` names: "latest", "best" or a step), or of one
+/// checkpoint file, on `split` ("test" or "train").
+int evaluate_command(const std::filesystem::path& target, const std::string& split, int64_t max_batches,
+                     const std::string& which = "");
+
+struct ExportOptions {
+  std::string format = "pytorch";
+  std::filesystem::path out;  // empty: RUN/model.safetensors (or <checkpoint>.pytorch.safetensors)
+  std::string checkpoint;     // latest (empty), best, or a step
+  std::string dtype;          // float32 (empty), bfloat16 or float16
+};
+
+/// `kiln export`: a checkpoint's model as a safetensors state dict with
+/// PyTorch's names (nn::save_pytorch_weights), which torch's twin of the
+/// architecture loads with load_state_dict(strict=True).
+int export_command(const std::filesystem::path& target, const ExportOptions& options);
 
 struct SampleOptions {
   std::string prompt;  // empty: start from a newline

@@ -2,8 +2,11 @@
 #include "cli/task.h"
 
 #include <cmath>
+#include <functional>
+#include <numeric>
 #include <optional>
 
+#include "cli/task_data.h"
 #include "kiln/core/autocast.h"
 #include "kiln/core/error.h"
 #include "kiln/core/generator.h"
@@ -40,18 +43,20 @@ std::shared_ptr<const data::Dataset<>> first(std::shared_ptr<const data::Dataset
   return std::make_shared<Slice>(std::move(d), 0, n);
 }
 
-struct ImageShape {
-  int64_t channels = 1, size = 28, classes = 10;
+/// What the classifier is built for: one input's shape and the class count.
+struct DataShape {
+  std::vector<int64_t> sample = {1, 28, 28};
+  int64_t classes = 10;
 };
 
-ImageShape image_shape(const Config& c) {
-  if (c.string("data.dataset") == "synthetic")
-    return {1, c.integer("data.image_size"), c.integer("data.num_classes")};
-  return {};
-}
-
-void make_datasets(const Config& c, Task& t) {
+DataShape make_datasets(const Config& c, Task& t) {
   const std::string ds = c.string("data.dataset");
+  if (is_user_data(c)) {
+    UserData u = make_user_data(c);
+    t.train_set = first(std::move(u.train), c.integer("data.train_size"));
+    t.eval_set = first(std::move(u.eval), c.integer("data.eval_size"));
+    return {u.sample_shape, u.num_classes};
+  }
   if (ds == "text") {
     const std::string path = c.string("data.path");
     auto corpus = std::make_shared<data::CharCorpus>(data::CharCorpusOptions{
@@ -64,18 +69,19 @@ void make_datasets(const Config& c, Task& t) {
                         std::to_string(c.number("data.val_fraction")) + " for evaluation");
     t.train_set = first(std::make_shared<Slice>(corpus, 0, n - n_val), c.integer("data.train_size"));
     t.eval_set = first(std::make_shared<Slice>(corpus, n - n_val, n_val), c.integer("data.eval_size"));
-    return;
+    return {};
   }
   if (ds == "synthetic") {
-    const ImageShape s = image_shape(c);
+    const int64_t size = c.integer("data.image_size");
+    const DataShape s{{1, size, size}, c.integer("data.num_classes")};
     const auto seed = static_cast<uint64_t>(c.integer("seed"));
     const int64_t n_train = c.integer("data.train_size") > 0 ? c.integer("data.train_size") : 1024;
     const int64_t n_eval = c.integer("data.eval_size") > 0 ? c.integer("data.eval_size") : 256;
     t.train_set = std::make_shared<data::SyntheticDataset>(data::SyntheticOptions{
-        .size = n_train, .sample_shape = {s.channels, s.size, s.size}, .num_classes = s.classes, .seed = seed});
+        .size = n_train, .sample_shape = s.sample, .num_classes = s.classes, .seed = seed});
     t.eval_set = std::make_shared<data::SyntheticDataset>(data::SyntheticOptions{
-        .size = n_eval, .sample_shape = {s.channels, s.size, s.size}, .num_classes = s.classes, .seed = seed + 1});
-    return;
+        .size = n_eval, .sample_shape = s.sample, .num_classes = s.classes, .seed = seed + 1});
+    return s;
   }
   std::vector<data::Transform> aug;
   if (c.integer("data.random_crop") > 0) aug.push_back(data::transforms::random_crop(28, c.integer("data.random_crop")));
@@ -105,11 +111,15 @@ void make_datasets(const Config& c, Task& t) {
   }
   t.train_set = first(train, c.integer("data.train_size"));
   t.eval_set = first(test, c.integer("data.eval_size"));
+  return {};
 }
 
-std::shared_ptr<nn::Module> make_model(const Config& c, Task& t) {
+std::shared_ptr<nn::Module> make_model(const Config& c, Task& t, const DataShape& s) {
   const std::string type = c.string("model.type");
   if (type == "gpt") {
+    if (!c.is_language_model())
+      throw ConfigError(c.source() + ": model.type = \"gpt\" needs data.dataset = \"text\", got \"" +
+                        c.string("data.dataset") + "\"");
     auto m = std::make_shared<models::GPT>(models::GPTOptions{
         .vocab_size = data::CharCorpus::vocab_size(), .block_size = c.integer("data.context"),
         .n_layer = c.integer("model.n_layer"), .n_head = c.integer("model.n_head"),
@@ -119,20 +129,28 @@ std::shared_ptr<nn::Module> make_model(const Config& c, Task& t) {
   }
   if (c.is_language_model())
     throw ConfigError(c.source() + ": data.dataset = \"text\" needs model.type = \"gpt\", got \"" + type + "\"");
-  const ImageShape s = image_shape(c);
-  if (type == "mlp")
+  if (type == "mlp") {
+    const int64_t in = std::accumulate(s.sample.begin(), s.sample.end(), int64_t{1}, std::multiplies<>());
     return std::make_shared<models::MLP>(models::MLPOptions{
-        .in_features = s.channels * s.size * s.size, .hidden = c.integers("model.hidden"), .out_features = s.classes});
+        .in_features = in, .hidden = c.integers("model.hidden"), .out_features = s.classes});
+  }
+  if (s.sample.size() != 3)
+    throw ConfigError(c.source() + ": model.type = \"" + type + "\" needs image samples [C, H, W], and data.path gives " +
+                      shape_str(s.sample) + " (use model.type = \"mlp\" for a table, or save images as [N, C, H, W])");
+  const int64_t channels = s.sample[0], height = s.sample[1], width = s.sample[2];
   if (type == "cnn")
     return std::make_shared<models::CNN>(models::CNNOptions{
-        .in_channels = s.channels, .channels1 = c.integer("model.channels1"), .channels2 = c.integer("model.channels2"),
-        .hidden = c.integer("model.fc_hidden"), .num_classes = s.classes, .input_size = {s.size, s.size}});
+        .in_channels = channels, .channels1 = c.integer("model.channels1"), .channels2 = c.integer("model.channels2"),
+        .hidden = c.integer("model.fc_hidden"), .num_classes = s.classes, .input_size = {height, width}});
   if (type == "resnet")
     return std::make_shared<models::ResNet>(models::ResNetOptions{
-        .in_channels = s.channels, .stem_channels = c.integer("model.stem_channels"),
+        .in_channels = channels, .stem_channels = c.integer("model.stem_channels"),
         .widths = c.integers("model.widths"), .blocks = c.integers("model.blocks"), .num_classes = s.classes});
+  if (height != width)
+    throw ConfigError(c.source() + ": model.type = \"vit\" needs square images, the data's are " +
+                      std::to_string(height) + "x" + std::to_string(width) + " (H x W; data.resize makes them square)");
   return std::make_shared<models::ViT>(models::ViTOptions{
-      .image_size = s.size, .patch_size = c.integer("model.patch_size"), .in_channels = s.channels,
+      .image_size = height, .patch_size = c.integer("model.patch_size"), .in_channels = channels,
       .num_classes = s.classes, .dim = c.integer("model.dim"), .depth = c.integer("model.depth"),
       .heads = c.integer("model.heads"), .mlp_dim = c.integer("model.mlp_dim"), .dropout = c.number("model.dropout")});
 }
@@ -187,8 +205,8 @@ Task build_task(const Config& c, Purpose purpose, dist::ProcessGroupPtr group) {
   manual_seed(static_cast<uint64_t>(c.integer("seed")));
   Task t;
   t.amp = amp::parse_amp_mode(c.string("amp"));
-  make_datasets(c, t);
-  t.model = make_model(c, t);
+  const DataShape shape = make_datasets(c, t);
+  t.model = make_model(c, t, shape);
   if (purpose == Purpose::Evaluate) {
     t.model->eval();
     return t;

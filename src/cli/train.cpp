@@ -286,6 +286,74 @@ std::string resume_command(const Loop& L) {
   return cmd + L.run_dir.string();
 }
 
+// ---- train.keep_best: checkpoints/best.safetensors, the checkpoint of the best evaluation so far ----
+
+/// The metric and value a best checkpoint was kept for, saved in it as the
+/// object "best" (checksummed with the rest), so a resumed run compares
+/// against what is on disk rather than forgetting it.
+class BestMark : public optim::Stateful {
+ public:
+  BestMark(std::string metric, double value, int64_t step) : metric_(std::move(metric)), value_(value), step_(step) {}
+  optim::ObjectState state_dict() const override { return {{}, {{"metric", metric_}, {"value", value_}, {"step", step_}}}; }
+  void load_state_dict(const optim::ObjectState&) override {}
+
+ private:
+  std::string metric_;
+  double value_;
+  int64_t step_;
+};
+
+class KeepBest {
+ public:
+  /// Off (nullopt) unless train.keep_best names a metric this run evaluates.
+  static std::optional<KeepBest> from(const Config& c, bool lm, const fs::path& dir) {
+    const std::string metric = c.string("train.keep_best");
+    if (metric == "off") return std::nullopt;
+    if (metric == (lm ? "accuracy" : "bits_per_char"))
+      throw ConfigError(c.source() + ": train.keep_best = \"" + metric + "\" is not a metric of " +
+                        (lm ? "a language model (it has loss and bits_per_char)" : "a classifier (it has loss and accuracy)"));
+    KeepBest k;
+    k.metric_ = metric;
+    k.path_ = dir / kBestCheckpoint;
+    // The value a best checkpoint on disk was kept for, when it was kept for this metric.
+    try {
+      if (fs::exists(k.path_)) {
+        const auto md = io::read_safetensors_header(k.path_.string()).metadata;
+        auto m = md.find("state.best.metric"), v = md.find("state.best.value");
+        if (m != md.end() && v != md.end() && m->second == "s:" + metric && v->second.rfind("f:", 0) == 0)
+          k.best_ = std::strtod(v->second.c_str() + 2, nullptr);
+      }
+    } catch (const Error&) {
+      // Unreadable: the next evaluation replaces it.
+    }
+    return k;
+  }
+
+  /// After an evaluation: keeps the state as the best checkpoint when `eval` improves on the best so far.
+  void update(Loop& L, const json& eval, Progress& progress) {
+    const double v = eval[metric_].get<double>();
+    const bool better = !best_ || (metric_ == "accuracy" ? v > *best_ : v < *best_);
+    if (!better || !std::isfinite(v)) return;
+    BestMark mark(metric_, v, L.step);
+    optim::CheckpointRefs refs = checkpoint_refs(L);
+    refs.objects["best"] = &mark;
+    optim::save_checkpoint(path_.string(), refs,
+                           {.step = L.step, .loader = L.task.train_loader->state(), .config = L.config.to_toml()});
+    char was[64] = "";
+    if (best_) std::snprintf(was, sizeof was, " (was %.6g)", *best_);
+    char buf[200];
+    std::snprintf(buf, sizeof buf, "step %lld  best %s so far: %.6g%s, kept as checkpoints/%s",
+                  static_cast<long long>(L.step), metric_.c_str(), v, was, kBestCheckpoint);
+    progress.message(buf);
+    best_ = v;
+  }
+
+ private:
+  std::string metric_;
+  fs::path path_;
+  std::optional<double> best_;
+};
+
 int run_loop(Loop& L) {
   const Config& c = L.config;
   Task& t = L.task;
@@ -343,6 +411,7 @@ int run_loop(Loop& L) {
   bool stall_warned = false;
   Status status = Status::Completed;
   json last_train, last_eval;
+  std::optional<KeepBest> keep_best = lead ? KeepBest::from(c, lm, L.run_dir / "checkpoints") : std::nullopt;
   auto run_eval = [&] {
     if (!lead) return;  // evaluation is rank 0's, on the whole held-out set
     const EvalResult r = evaluate(t, c, "test", eval_batches);
@@ -354,6 +423,7 @@ int run_loop(Loop& L) {
     metrics << e.dump() << "\n" << std::flush;
     last_eval = e;
     progress.message("step " + std::to_string(L.step) + "  " + eval_line(r, lm));
+    if (keep_best) keep_best->update(L, e, progress);
   };
 
   if (L.step >= stop_at) {

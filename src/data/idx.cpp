@@ -23,44 +23,18 @@
 
 #include "kiln/core/error.h"
 #include "kiln/core/factory.h"
+#include "file_io.h"
 
 namespace kiln::data {
 
 namespace {
 
-using detail::concat;
+using kiln::detail::concat;
+using kiln::data::detail::Fd;
+using kiln::data::detail::pread_some;
 
 // The most a deflate stream can expand: a 258-byte match coded in 2 bits.
 constexpr uint64_t kMaxDeflateRatio = 1032;
-
-class Fd {
- public:
-  explicit Fd(int fd) : fd_(fd) {}
-  ~Fd() {
-    if (fd_ >= 0) ::close(fd_);
-  }
-  Fd(const Fd&) = delete;
-  Fd& operator=(const Fd&) = delete;
-  int get() const { return fd_; }
-
- private:
-  int fd_;
-};
-
-// Reads up to n bytes at offset; fewer only at the end of the file.
-size_t pread_some(int fd, char* dst, size_t n, uint64_t offset, const std::string& path) {
-  size_t got = 0;
-  while (got < n) {
-    const ssize_t r = ::pread(fd, dst + got, n - got, static_cast<off_t>(offset + got));
-    if (r < 0) {
-      if (errno == EINTR) continue;
-      throw IOError(concat("'", path, "': read failed at offset ", offset + got, ": ", std::strerror(errno)));
-    }
-    if (r == 0) break;
-    got += static_cast<size_t>(r);
-  }
-  return got;
-}
 
 // The bytes of a plain or gzipped file, read in order. For a gzip file the
 // compressed bytes are held in memory (no more than the file's size) and

@@ -15,6 +15,7 @@
 #include "kiln/core/error.h"
 #include "kiln/data/idx.h"
 #include "kiln/data/text.h"
+#include "support/hostile.h"
 #include "support/idx_bytes.h"
 #include "support/test_util.h"
 
@@ -24,30 +25,13 @@ using namespace kiln::data;
 namespace {
 
 using test::be32;
+using test::expect_error;
 using test::idx_header;
 using test::write_bytes;
 
 std::string gzip(const std::string& data) { return test::gzip_bytes(data, 9); }
 
 void write(const std::string& path, const std::string& bytes) { write_bytes(path, bytes); }
-
-// Runs f, expecting ErrorT whose message names `path` and holds each of `parts`;
-// also checks no tensor outlives the call and the peak stays within `budget` bytes.
-template <typename ErrorT = FormatError, typename F>
-void expect_error(F&& f, const std::string& path, std::initializer_list<std::string> parts, int64_t budget = 4096) {
-  const int64_t live = memory::stats().live_bytes;
-  memory::reset_peak_stats();
-  try {
-    f();
-    ADD_FAILURE() << "expected an error containing '" << *parts.begin() << "' for " << path;
-  } catch (const ErrorT& e) {
-    const std::string msg = e.what();
-    EXPECT_NE(msg.find(path), std::string::npos) << "the message should name the file: " << msg;
-    for (const auto& p : parts) EXPECT_NE(msg.find(p), std::string::npos) << "missing '" << p << "' in: " << msg;
-  }
-  EXPECT_EQ(memory::stats().live_bytes, live) << "a failed read left tensors alive";
-  EXPECT_LE(memory::stats().peak_bytes - live, budget) << "allocated more than the file justifies";
-}
 
 }  // namespace
 

@@ -8,6 +8,7 @@
 #include <cstdio>
 #include <filesystem>
 
+#include "../support/byod_bytes.h"
 #include "../support/idx_bytes.h"
 #include "checkpoint_fixture.h"
 #include "kiln/core/factory.h"
@@ -96,6 +97,28 @@ void checkpoint_seeds() {
 
 }  // namespace
 
+void byod_seeds() {
+  using kiln::test::npy_bytes;
+  using kiln::test::raw_bytes;
+  // npy: mode byte 0 (one file) or 1 (a split byte, then features and labels).
+  put("npy", "f4", std::string(1, '\0') + npy_bytes("<f4", {2, 3}, std::string(24, '\x3f')));
+  put("npy", "fortran-be", std::string(1, '\0') + npy_bytes(">i2", {3, 2}, std::string(12, '\x01'), true));
+  put("npy", "v2-bool", std::string(1, '\0') + npy_bytes("|b1", {4}, std::string("\x01\x00\x01\x00", 4), false, 2));
+  const std::string x = npy_bytes("|u1", {3, 2}, "abcdef"), y = npy_bytes("<i8", {3}, raw_bytes(std::vector<int64_t>{0, 2, 1}));
+  const size_t total = x.size() + y.size();
+  put("npy", "pair", "\x01" + std::string(1, static_cast<char>((x.size() * 255 + total - 1) / total)) + x + y);
+  // image: an option byte, then the image.
+  std::vector<uint8_t> px(6 * 4 * 4);
+  for (size_t i = 0; i < px.size(); ++i) px[i] = static_cast<uint8_t>(i * 13);
+  put("image", "png-rgba", std::string(1, '\0') + kiln::test::png_bytes(6, 4, 4, px));
+  put("image", "png-gray", "\x02" + kiln::test::png_bytes(6, 4, 1, std::vector<uint8_t>(px.begin(), px.begin() + 24)));
+  put("image", "jpeg-rgb", "\x03" + kiln::test::jpeg_bytes(6, 4, 3, std::vector<uint8_t>(px.begin(), px.begin() + 72)));
+  put("image", "jpeg-gray", std::string(1, '\0') + kiln::test::jpeg_bytes(6, 4, 1, std::vector<uint8_t>(24, 200)));
+  // csv: an option byte, then the table.
+  put("csv", "named", "\x01x,y,label\n1.5,2,cat\n3,\"4,5\",dog\r\n");
+  put("csv", "indexed", std::string(1, '\x06') + "0.5,1,2\n3,4,0\n");
+}
+
 int main(int argc, char** argv) {
   if (argc != 2) {
     std::fprintf(stderr, "usage: %s <corpus dir>\n", argv[0]);
@@ -106,5 +129,6 @@ int main(int argc, char** argv) {
   idx_seeds();
   text_seeds();
   checkpoint_seeds();
+  byod_seeds();
   return 0;
 }
