@@ -4,12 +4,14 @@
 
 #include <memory>
 
+#include "kiln/autograd/autograd_meta.h"
 #include "kiln/autograd/functions.h"
 #include "kiln/core/error.h"
 #include "kiln/core/factory.h"
 #include "kiln/io/safetensors.h"
 #include "kiln/nn/layers.h"
 #include "kiln/nn/module.h"
+#include "kiln/optim/optimizer.h"
 #include "support/test_util.h"
 
 using namespace kiln;
@@ -220,6 +222,56 @@ TEST(Module, ToDtypeCastsFloatingTensorsOnly) {
   EXPECT_EQ(net.head->children()[0]->named_parameters()[0].second.dtype(), kFloat64);
   auto* lin = dynamic_cast<Linear*>(net.head->children()[0].get());
   EXPECT_EQ(lin->weight.dtype(), kFloat64);  // the member reference follows
+}
+
+// Issue 27: the libtorch habit of keeping a parameter as a Tensor member (a copy
+// of the handle, not a reference to the slot). to(dtype) must convert it in
+// place so that member, an optimizer built before to() and tensor hooks still
+// see the tensor the module computes with.
+struct Gain : nn::Module {
+  Gain() : Module("Gain") {
+    gain = register_parameter("gain", ones({3}));
+    running = register_buffer("running", full({3}, 0.5f));
+  }
+  Tensor forward(const Tensor& x) override { return x * gain + running; }
+  Tensor gain;
+  Tensor running;
+};
+
+TEST(Module, ToDtypeKeepsParameterIdentity) {
+  Gain m;
+  optim::SGD opt(m.named_parameters(), {.lr = 0.5});
+  int hook_runs = 0, post_runs = 0;
+  auto h1 = m.gain.register_hook([&](const Tensor& g) {
+    ++hook_runs;
+    EXPECT_EQ(g.dtype(), kFloat64);
+    return Tensor();
+  });
+  auto h2 = m.gain.register_post_accumulate_grad_hook([&](Tensor&) { ++post_runs; });
+  const TensorImpl* before = m.gain.impl();
+  m.to(kFloat64);
+  // The member, the registered slot and the optimizer's handle are one tensor, now float64.
+  EXPECT_EQ(m.gain.impl(), before);
+  EXPECT_EQ(m.gain.dtype(), kFloat64);
+  EXPECT_TRUE(m.named_parameters()[0].second.is_same(m.gain));
+  EXPECT_TRUE(opt.param_groups()[0].params[0].second.is_same(m.gain));
+  EXPECT_TRUE(m.gain.requires_grad() && m.gain.is_leaf());
+  EXPECT_EQ(m.running.dtype(), kFloat64);  // the buffer member follows too
+  EXPECT_TRUE(m.named_buffers()[0].second.is_same(m.running));
+  EXPECT_EQ(m.gain.storage()->category(), MemoryCategory::Parameter);
+  // Training through the optimizer built before to() moves what forward uses:
+  // d/dgain sum(x * gain + running) over two rows of ones = 2, so gain = 1 - 0.5 * 2.
+  Tensor x = ones({2, 3}, kFloat64);
+  m(x).sum().backward();
+  EXPECT_EQ(hook_runs, 1);
+  EXPECT_EQ(post_runs, 1);
+  opt.step();
+  EXPECT_TRUE(m.gain.equal(full({3}, 0.0, kFloat64))) << m.gain.to_string();
+  EXPECT_TRUE(m.named_parameters()[0].second.equal(m.gain));
+  // An existing gradient is converted with its parameter, and the name stays.
+  m.to(kFloat32);
+  EXPECT_EQ(m.gain.grad().dtype(), kFloat32);
+  EXPECT_NE(autograd::describe(m.gain).find("gain"), std::string::npos) << autograd::describe(m.gain);
 }
 
 TEST(Module, PrintsLikePyTorch) {

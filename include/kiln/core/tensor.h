@@ -103,6 +103,10 @@ class Tensor {
   /// The shared version counter (Note [Version counter lives on Storage]).
   uint32_t version() const { return storage()->version(); }
   void bump_version() const { storage()->bump_version(); }
+  /// Makes this tensor use `new_data`'s storage, dtype and shape while staying
+  /// the same tensor (every handle, its grad, hooks and name follow), as torch's
+  /// `t.data = new_data` / set_data. The autograd history is not touched.
+  void set_data(const Tensor& new_data) const;
 
   void* data_ptr() const { return impl_->data(); }
   /// Typed pointer to element 0 of this view; T must match dtype() exactly.

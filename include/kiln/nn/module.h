@@ -9,7 +9,9 @@
 //
 // Registered tensors live in stable slots: register_parameter/register_buffer
 // return a reference that stays valid for the module's life, so layers keep
-// `Tensor& weight` members that follow to(dtype) and load_state_dict.
+// `Tensor& weight` members that follow to(dtype) and load_state_dict; to(dtype)
+// converts in place, so a Tensor member copied from register_parameter's result,
+// an optimizer built before to() and tensor hooks keep following it too.
 #pragma once
 
 #include <cstdint>
