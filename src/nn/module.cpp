@@ -275,7 +275,18 @@ Tensor Module::forward(const Tensor&) {
   return {};
 }
 
-Tensor Module::operator()(const Tensor& input) {
+Tensor Module::forward(const Tensor&, const Tensor&) {
+  KILN_CHECK(false, ValueError, type_name_,
+             " was called with two inputs, but it has no two-input forward; call it with one input, or override "
+             "Tensor forward(const Tensor&, const Tensor&) in it");
+  return {};
+}
+
+Tensor Module::operator()(const Tensor& input) { return call_with_hooks(input, nullptr); }
+
+Tensor Module::operator()(const Tensor& input, const Tensor& other) { return call_with_hooks(input, &other); }
+
+Tensor Module::call_with_hooks(const Tensor& input, const Tensor* other) {
   // Copies: a hook may add or remove hooks (itself included) while running.
   const auto pre = hooks_->pre;
   Tensor x = input;
@@ -283,7 +294,7 @@ Tensor Module::operator()(const Tensor& input) {
     Tensor r = h(*this, x);
     if (r.defined()) x = r;
   }
-  Tensor y = forward(x);
+  Tensor y = other ? forward(x, *other) : forward(x);
   const auto post = hooks_->post;
   for (auto& [id, h] : post) {
     Tensor r = h(*this, x, y);

@@ -199,6 +199,38 @@ TEST(Module, ForwardHooksAndRemovableHandles) {
   EXPECT_EQ(runs, 1);
 }
 
+// Issue 27: a two-input module is called the same way as a one-input one, and
+// that call runs the hooks (forward(x, mask) itself is the bare computation).
+struct Masked : nn::Module {
+  Masked() : Module("Masked") { scale = register_parameter("scale", full({1}, 3.0f)); }
+  Tensor forward(const Tensor& x, const Tensor& mask) override { return x * mask * scale; }
+  Tensor scale;
+};
+
+TEST(Module, TwoInputForwardRunsThroughTheCallWithHooks) {
+  auto m = std::make_shared<Masked>();
+  std::vector<std::string> calls;
+  auto pre = m->register_forward_pre_hook([&](nn::Module&, const Tensor& x) {
+    calls.push_back("pre");
+    return x + 1.0;
+  });
+  auto post = m->register_forward_hook([&](nn::Module& mod, const Tensor& in, const Tensor& y) {
+    calls.push_back("post:" + mod.type_name());
+    EXPECT_TRUE(in.equal(full({2}, 2.0f)));  // the input after the pre-hook
+    return y * 2.0;
+  });
+  Tensor x = ones({2}), mask = tensor<float>({1.0f, 0.0f});
+  Tensor y = (*m)(x, mask);  // (x + 1) * mask * 3, then * 2
+  EXPECT_TRUE(y.equal(tensor<float>({12.0f, 0.0f}))) << y.to_string();
+  EXPECT_EQ(calls, (std::vector<std::string>{"pre", "post:Masked"}));
+  nn::Module& base = *m;  // through the base class as well (a ModuleList element, say)
+  EXPECT_TRUE(base(x, mask).equal(y));
+  // A one-input module called with two inputs says so, naming it.
+  Linear lin({.in_features = 2, .out_features = 2});
+  const std::string msg = test::error_message<ValueError>([&] { lin(x, mask); });
+  EXPECT_NE(msg.find("Linear was called with two inputs, but it has no two-input forward"), std::string::npos) << msg;
+}
+
 TEST(Module, ZeroGrad) {
   Linear lin({.in_features = 3, .out_features = 2});
   lin(ones({4, 3})).sum().backward();
