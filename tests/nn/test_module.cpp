@@ -231,6 +231,31 @@ TEST(Module, TwoInputForwardRunsThroughTheCallWithHooks) {
   EXPECT_NE(msg.find("Linear was called with two inputs, but it has no two-input forward"), std::string::npos) << msg;
 }
 
+// Issue 27: containers in range-for, typed element access, and a Sequential
+// that std::make_shared can build from the modules themselves.
+TEST(Module, ContainersIterateAndIndexByType) {
+  auto l1 = std::make_shared<Linear>(nn::LinearOptions{.in_features = 2, .out_features = 3});
+  auto act = std::make_shared<nn::ReLU>();
+  auto l2 = std::make_shared<Linear>(nn::LinearOptions{.in_features = 3, .out_features = 1});
+  auto seq = std::make_shared<nn::Sequential>(l1, act, l2);
+  ASSERT_EQ(seq->size(), 3u);
+  std::vector<std::string> types;
+  for (const nn::ModulePtr& m : *seq) types.push_back(m->type_name());
+  EXPECT_EQ(types, (std::vector<std::string>{"Linear", "ReLU", "Linear"}));
+  EXPECT_TRUE(seq->at<Linear>(2)->weight.is_same(l2->weight));
+  const std::string msg = test::error_message<ValueError>([&] { seq->at<Linear>(1); });
+  EXPECT_NE(msg.find("Sequential element 1 is a ReLU (kiln::nn::ReLU), not a kiln::nn::Linear"), std::string::npos)
+      << msg;
+  Tensor x = ones({4, 2});
+  EXPECT_TRUE((*seq)(x).equal((*l2)((*l1)(x).relu())));
+  nn::ModuleList list(l1, l2);
+  int64_t n = 0;
+  for (const auto& m : list) n += m->num_parameters();
+  EXPECT_EQ(n, 9 + 4);
+  EXPECT_EQ(names(list.named_parameters()).front(), "0.weight");
+  EXPECT_THROW(list[2], IndexError);
+}
+
 TEST(Module, ZeroGrad) {
   Linear lin({.in_features = 3, .out_features = 2});
   lin(ones({4, 3})).sum().backward();

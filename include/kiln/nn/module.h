@@ -135,6 +135,9 @@ class Module {
   std::string summary() const;
 
  protected:
+  /// The registered children in order (name, module), without a copy.
+  const std::vector<std::pair<std::string, ModulePtr>>& child_entries() const { return children_; }
+
   bool training_ = true;
 
  private:
