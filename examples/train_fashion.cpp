@@ -65,7 +65,7 @@ int main(int argc, char** argv) {
     int64_t n = 0;
     for (auto& batch : train) {
       opt.zero_grad();
-      Tensor loss = nn::functional::cross_entropy(model->forward(batch.data), batch.target);
+      Tensor loss = nn::functional::cross_entropy((*model)(batch.data), batch.target);
       loss.backward();
       opt.step();
       running += loss.item<double>();

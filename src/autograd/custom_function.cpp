@@ -50,6 +50,62 @@ TensorList AutogradContext::differentiate_composite(
   return out;
 }
 
+std::any& SavedData::operator[](const std::string& key) {
+  if (!closed_) return values_[key];
+  auto it = values_.find(key);
+  if (it == values_.end()) {
+    std::string keys;
+    for (const auto& [k, v] : values_) keys += (keys.empty() ? "" : ", ") + describe(k);
+    throw ValueError(::kiln::detail::concat("ctx.saved_data[\"", key, "\"]: forward saved no value under this key (saved: ",
+                                    keys.empty() ? std::string("none") : keys, ")"));
+  }
+  last_key_ = key;
+  return it->second;
+}
+
+std::string SavedData::describe(const std::string& key) const {
+  auto it = values_.find(key);
+  if (it == values_.end()) return "'" + key + "' (absent)";
+  return "'" + key + "' (" + (it->second.has_value() ? demangle(it->second.type().name()) : std::string("empty")) +
+         ")";
+}
+
+void SavedData::type_mismatch(const std::string& key, const std::any& v, const std::type_info& want) const {
+  throw ValueError(::kiln::detail::concat("ctx.saved_data[\"", key, "\"]: expected a value of type ", demangle(want.name()),
+                                  ", got one of type ",
+                                  v.has_value() ? demangle(v.type().name()) : std::string("<empty>"),
+                                  " (what forward stored there)"));
+}
+
+TensorList accept_custom_grads(const std::string& name, TensorList&& out, const std::vector<bool>& slot_is_tensor,
+                               size_t tensor_inputs) {
+  if (out.size() == tensor_inputs) return std::move(out);
+  KILN_CHECK(out.size() == slot_is_tensor.size(), ValueError, name, ".backward returned ", out.size(),
+             " gradients; expected ", tensor_inputs,
+             " (one per tensor input of forward, std::vector<Tensor> elements one by one) or ", slot_is_tensor.size(),
+             " (one per argument, undefined for the non-tensor ones)");
+  TensorList kept;
+  kept.reserve(tensor_inputs);
+  for (size_t i = 0; i < out.size(); ++i) {
+    if (slot_is_tensor[i]) {
+      kept.push_back(std::move(out[i]));
+      continue;
+    }
+    KILN_CHECK(!out[i].defined(), ValueError, name, ".backward returned a defined gradient at position ", i,
+               ", which is a non-tensor argument of forward; expected an undefined Tensor() there");
+  }
+  return kept;
+}
+
+void rethrow_bad_any_cast(const std::string& name, const SavedData& data) {
+  const std::string& key = data.last_key();
+  throw ValueError(::kiln::detail::concat(name, ".backward: std::any_cast failed",
+                                  key.empty() ? std::string(" (no saved_data key was read)")
+                                              : " on the value last read from ctx.saved_data, " + data.describe(key),
+                                  "; hint: ctx.saved_data.get<T>(\"", key.empty() ? "key" : key,
+                                  "\") names the requested type as well"));
+}
+
 std::string demangle(const char* mangled) {
   int status = 0;
   std::unique_ptr<char, void (*)(void*)> p(abi::__cxa_demangle(mangled, nullptr, nullptr, &status), std::free);

@@ -33,7 +33,7 @@ Tensor& Tensor::requires_grad_(bool r) {
   return *this;
 }
 
-const Tensor& Tensor::grad() const {
+Tensor Tensor::grad() const {
   const AutogradMeta* m = get_meta(*this);
   return m ? m->grad : undefined_tensor();
 }

@@ -271,7 +271,9 @@ EvalResult evaluate(Task& t, const Config& c, const std::string& split, int64_t 
   std::optional<AutocastGuard> autocast;
   if (t.amp.dtype) autocast.emplace(*t.amp.dtype);
   auto set = split == "train" ? t.train_set : t.eval_set;
-  data::DataLoader<> loader(set, {.batch_size = c.integer("data.eval_batch_size")});
+  // An explicit seed: a loader without one draws it from the global generator,
+  // which would shift the training RNG stream after every evaluation.
+  data::DataLoader<> loader(set, {.batch_size = c.integer("data.eval_batch_size"), .seed = 0});
   EvalResult r;
   double loss_sum = 0;
   int64_t correct = 0, batches = 0;

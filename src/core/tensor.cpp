@@ -22,6 +22,16 @@ void Tensor::check_dtype_for_access(DType requested, const char* what) const {
              dtype_name(requested), ") first");
 }
 
+void Tensor::set_data(const Tensor& new_data) const {
+  KILN_CHECK(defined(), ValueError, "set_data(): called on an undefined tensor");
+  KILN_CHECK(new_data.defined(), ValueError, "set_data(): expected a defined tensor as the new data, got an undefined one");
+  KILN_CHECK(new_data.device() == device(), ValueError, "set_data(): the new data must be on the same device");
+  // Self-assignment would hand set_data views of the very metadata it overwrites.
+  if (new_data.impl() == impl()) return;
+  impl_->set_data(new_data.storage(), new_data.dtype(), new_data.sizes(), new_data.strides(),
+                  new_data.storage_offset());
+}
+
 Scalar Tensor::item_scalar() const {
   KILN_CHECK(defined(), ValueError, "item(): called on an undefined tensor");
   KILN_CHECK(numel() == 1, ValueError, "item(): expected a tensor with one element, got shape ", sizes(), " (",

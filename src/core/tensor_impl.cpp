@@ -14,6 +14,12 @@ void TensorImpl::set_sizes_and_strides(IntArrayRef sizes, IntArrayRef strides, i
   refresh();
 }
 
+void TensorImpl::set_data(Storage storage, DType dtype, IntArrayRef sizes, IntArrayRef strides, int64_t offset) {
+  storage_ = std::move(storage);
+  dtype_ = dtype;
+  set_sizes_and_strides(sizes, strides, offset);
+}
+
 void TensorImpl::refresh() {
   KILN_ASSERT(sizes_.size() == strides_.size(), "sizes ", sizes_, " vs strides ", strides_);
   numel_ = 1;

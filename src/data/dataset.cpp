@@ -17,6 +17,12 @@ uint64_t sample_seed(uint64_t seed, int64_t epoch, int64_t rank, int64_t index) 
   return (static_cast<uint64_t>(w[1]) << 32) | w[0];
 }
 
+uint64_t draw_seed(Generator& gen) {
+  const uint64_t key = gen.get_state().seed;
+  const auto w = philox4x32(key, 0, gen.reserve(1));
+  return (static_cast<uint64_t>(w[1]) << 32) | w[0];
+}
+
 Generator& sample_generator() {
   return tls_sample_generator ? *tls_sample_generator : default_generator();
 }

@@ -3,9 +3,11 @@
 
 #include <cmath>
 
+#include "kiln/autograd/custom_function.h"
 #include "kiln/core/error.h"
 #include "kiln/core/factory.h"
 #include "kiln/core/guards.h"
+#include "kiln/nn/functional.h"
 #include "kiln/nn/init.h"
 #include "kiln/ops/conv.h"
 #include "kiln/ops/index.h"
@@ -128,12 +130,15 @@ std::string Embedding::extra_repr() const {
 Dropout::Dropout(double p) : Module("Dropout"), p(p) {
   KILN_CHECK(p >= 0.0 && p <= 1.0, ValueError, "Dropout: p must be in [0, 1], got ", p);
 }
-Tensor Dropout::forward(const Tensor& x) {
-  if (!is_training() || p == 0.0) return x;
+Tensor functional::dropout(const Tensor& x, double p, bool training) {
+  KILN_CHECK(p >= 0.0 && p <= 1.0, ValueError, "dropout: expected a probability p in [0, 1], got ", p);
+  if (!training || p == 0.0) return x;
   if (p == 1.0) return x * zeros_like(x);
   Tensor keep = rand(x.sizes(), TensorOptions(x.dtype())).lt(1.0 - p).to(x.dtype());
   return x * keep.mul(1.0 / (1.0 - p));
 }
+
+Tensor Dropout::forward(const Tensor& x) { return functional::dropout(x, p, is_training()); }
 std::string Dropout::extra_repr() const {
   std::string s = std::to_string(p);
   s.erase(s.find_last_not_of('0') + 1);
@@ -179,11 +184,25 @@ GELU::GELU(std::string approximate) : Module("GELU"), approximate(std::move(appr
 }
 
 // ---- containers ----
-Sequential::Sequential(std::initializer_list<ModulePtr> modules) : Module("Sequential") {
+namespace detail {
+ModulePtr ModuleSeq::operator[](size_t i) const {
+  const auto& c = child_entries();
+  KILN_CHECK(i < c.size(), IndexError, type_name(), " index ", i, " out of range for size ", c.size());
+  return c[i].second;
+}
+void ModuleSeq::append(ModulePtr m) { register_module(std::to_string(size()), std::move(m)); }
+void ModuleSeq::wrong_type(size_t i, const Module& m, const std::type_info& want) const {
+  throw ValueError(::kiln::detail::concat(type_name(), " element ", i, " is a ", m.type_name(), " (",
+                                          autograd::demangle(typeid(m).name()), "), not a ",
+                                          autograd::demangle(want.name())));
+}
+}  // namespace detail
+
+Sequential::Sequential(std::initializer_list<ModulePtr> modules) : ModuleSeq("Sequential") {
   for (auto& m : modules) push_back(m);
 }
 Sequential& Sequential::push_back(ModulePtr m) {
-  register_module(std::to_string(size()), std::move(m));
+  append(std::move(m));
   return *this;
 }
 Tensor Sequential::forward(const Tensor& x) {
@@ -191,23 +210,12 @@ Tensor Sequential::forward(const Tensor& x) {
   for (auto& m : children()) y = (*m)(y);
   return y;
 }
-ModulePtr Sequential::operator[](size_t i) const {
-  auto c = children();
-  KILN_CHECK(i < c.size(), IndexError, "Sequential index ", i, " out of range for size ", c.size());
-  return c[i];
-}
-
-ModuleList::ModuleList(std::initializer_list<ModulePtr> modules) : Module("ModuleList") {
+ModuleList::ModuleList(std::initializer_list<ModulePtr> modules) : ModuleSeq("ModuleList") {
   for (auto& m : modules) push_back(m);
 }
 ModuleList& ModuleList::push_back(ModulePtr m) {
-  register_module(std::to_string(size()), std::move(m));
+  append(std::move(m));
   return *this;
-}
-ModulePtr ModuleList::operator[](size_t i) const {
-  auto c = children();
-  KILN_CHECK(i < c.size(), IndexError, "ModuleList index ", i, " out of range for size ", c.size());
-  return c[i];
 }
 
 ModuleDict::ModuleDict(std::initializer_list<std::pair<std::string, ModulePtr>> modules) : Module("ModuleDict") {

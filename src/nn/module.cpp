@@ -180,24 +180,24 @@ void Module::zero_grad(bool set_to_none) {
 
 Module& Module::to(DType dtype) {
   NoGradGuard g;
-  std::map<const TensorImpl*, Tensor> converted;  // a tied parameter stays one tensor
-  for (auto* m : modules()) {
-    for (auto& s : m->params_) {
-      if (!s->tensor.defined() || !s->tensor.is_floating_point() || s->tensor.dtype() == dtype) continue;
-      if (auto it = converted.find(s->tensor.impl()); it != converted.end()) {
-        s->tensor = it->second;
-        continue;
-      }
-      const TensorImpl* old = s->tensor.impl();
-      bool rg = s->tensor.requires_grad();
-      Tensor t = s->tensor.to(dtype).detach();
-      t.storage()->set_category(MemoryCategory::Parameter);
-      if (rg) t.requires_grad_(true);
-      s->tensor = t;
-      converted.emplace(old, t);
+  // In place, as torch's module._apply: each parameter and buffer keeps its
+  // TensorImpl and only its data changes, so a member holding the Tensor, an
+  // optimizer built before to(), hooks and autograd names all follow. A tied
+  // tensor is converted once; later slots see the new dtype and skip it.
+  auto convert = [&](const Tensor& t) {
+    if (!t.defined() || !t.is_floating_point() || t.dtype() == dtype) return;
+    Tensor data = t.detach().to(dtype);
+    data.storage()->set_category(t.storage()->category());
+    t.set_data(data);
+    if (const Tensor& grad = t.grad(); grad.defined() && grad.dtype() != dtype) {
+      Tensor gdata = grad.to(dtype);
+      gdata.storage()->set_category(grad.storage()->category());
+      grad.set_data(gdata);
     }
-    for (auto& s : m->buffers_)
-      if (s->tensor.defined() && s->tensor.is_floating_point()) s->tensor = s->tensor.to(dtype).detach();
+  };
+  for (auto* m : modules()) {
+    for (auto& s : m->params_) convert(s->tensor);
+    for (auto& s : m->buffers_) convert(s->tensor);
   }
   return *this;
 }
@@ -277,7 +277,18 @@ Tensor Module::forward(const Tensor&) {
   return {};
 }
 
-Tensor Module::operator()(const Tensor& input) {
+Tensor Module::forward(const Tensor&, const Tensor&) {
+  KILN_CHECK(false, ValueError, type_name_,
+             " was called with two inputs, but it has no two-input forward; call it with one input, or override "
+             "Tensor forward(const Tensor&, const Tensor&) in it");
+  return {};
+}
+
+Tensor Module::operator()(const Tensor& input) { return call_with_hooks(input, nullptr); }
+
+Tensor Module::operator()(const Tensor& input, const Tensor& other) { return call_with_hooks(input, &other); }
+
+Tensor Module::call_with_hooks(const Tensor& input, const Tensor* other) {
   // Copies: a hook may add or remove hooks (itself included) while running.
   const auto pre = hooks_->pre;
   Tensor x = input;
@@ -285,7 +296,7 @@ Tensor Module::operator()(const Tensor& input) {
     Tensor r = h(*this, x);
     if (r.defined()) x = r;
   }
-  Tensor y = forward(x);
+  Tensor y = other ? forward(x, *other) : forward(x);
   const auto post = hooks_->post;
   for (auto& [id, h] : post) {
     Tensor r = h(*this, x, y);

@@ -132,6 +132,8 @@ void put_scheduler(io::Metadata& md, const std::string& prefix, const SchedulerS
   md[prefix + "base_lrs"] = nums(s.base_lrs);
   md[prefix + "last_lr"] = nums(s.last_lr);
   for (const auto& [k, v] : s.extra) md[prefix + "extra." + k] = num(v);
+  if (!s.type.empty()) md[prefix + "type"] = s.type;
+  for (const auto& [k, v] : s.settings) md[prefix + "setting." + k] = num(v);
   md[prefix + "children"] = std::to_string(s.children.size());
   for (size_t i = 0; i < s.children.size(); ++i)
     put_scheduler(md, prefix + "child." + std::to_string(i) + ".", s.children[i]);
@@ -148,6 +150,12 @@ SchedulerState get_scheduler(const Reader& r, const std::string& prefix, int dep
   const std::string extra = prefix + "extra.";
   for (auto it = r.md.lower_bound(extra); it != r.md.end() && it->first.rfind(extra, 0) == 0; ++it)
     s.extra[it->first.substr(extra.size())] = r.number(it->first);
+  // Type and settings are absent from checkpoints written before they were
+  // recorded; the scheduler then loads them unchecked, as it did.
+  if (auto it = r.md.find(prefix + "type"); it != r.md.end()) s.type = it->second;
+  const std::string setting = prefix + "setting.";
+  for (auto it = r.md.lower_bound(setting); it != r.md.end() && it->first.rfind(setting, 0) == 0; ++it)
+    s.settings[it->first.substr(setting.size())] = r.number(it->first);
   const auto n = static_cast<size_t>(r.u64(prefix + "children"));
   for (size_t i = 0; i < n; ++i) s.children.push_back(get_scheduler(r, prefix + "child." + std::to_string(i) + ".", depth + 1));
   return s;
@@ -322,6 +330,12 @@ void compare_scheduler(const SchedulerState& file, const SchedulerState& now, co
     compare_scheduler(file.children[i], now.children[i], what + " " + std::to_string(i), problems);
 }
 
+// Called once at the top: schedule_mismatches walks the chained schedulers itself.
+void compare_schedule_settings(const SchedulerState& file, const SchedulerState& now,
+                               std::vector<std::string>& problems) {
+  for (auto& m : schedule_mismatches(file, now, "scheduler")) problems.push_back(std::move(m));
+}
+
 }  // namespace
 
 void save_checkpoint(const std::string& path, const CheckpointRefs& refs, const CheckpointInfo& info) {
@@ -487,7 +501,9 @@ CheckpointInfo load_checkpoint(const std::string& path, const CheckpointRefs& re
   std::optional<SchedulerState> ssd;
   if (refs.scheduler) {
     ssd = get_scheduler(r, "sched.");
-    compare_scheduler(*ssd, refs.scheduler->state_dict(), "scheduler", problems);
+    const SchedulerState now = refs.scheduler->state_dict();
+    compare_scheduler(*ssd, now, "scheduler", problems);
+    compare_schedule_settings(*ssd, now, problems);
   }
   if (!problems.empty()) {
     std::string msg;

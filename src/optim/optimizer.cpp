@@ -3,6 +3,7 @@
 #include "kiln/optim/optimizer.h"
 
 #include <cmath>
+#include <functional>
 #include <limits>
 #include <set>
 #include <sstream>
@@ -64,6 +65,40 @@ void chunked(int64_t n, Fn&& fn) {
 }  // namespace
 
 void Optimizer::init_groups(NamedParams params) { add_param_group(ParamGroup{std::move(params), {}}); }
+
+namespace {
+const char* kRegisterHint =
+    "hint: a tensor becomes a parameter through register_parameter(name, tensor), and a member module "
+    "contributes its parameters only once passed to register_module(name, module)";
+}
+
+void Optimizer::require_parameters() const {
+  for (const auto& g : groups_)
+    if (!g.params.empty()) return;
+  KILN_CHECK(false, ValueError, name_, ": optimizer got an empty parameter list (", groups_.size(),
+             " param groups, none with a parameter); expected at least one parameter. If the list came from "
+             "module.named_parameters(), the module registered none: ",
+             kRegisterHint);
+}
+
+NamedParams Optimizer::module_parameters(const nn::Module& model, const std::string& optimizer) {
+  NamedParams params = model.named_parameters();
+  if (!params.empty()) return params;
+  // Every module of the tree, to show which ones were expected to hold parameters.
+  std::vector<std::string> mods;
+  std::function<void(const nn::Module&, const std::string&)> walk = [&](const nn::Module& m, const std::string& path) {
+    mods.push_back((path.empty() ? std::string("(root)") : "'" + path + "'") + " " + m.type_name());
+    for (const auto& [n, c] : m.named_children()) walk(*c, path.empty() ? n : path + "." + n);
+  };
+  walk(model, "");
+  std::string list;
+  for (size_t i = 0; i < mods.size() && i < 12; ++i) list += (i ? ", " : "") + mods[i];
+  if (mods.size() > 12) list += ", ... (" + std::to_string(mods.size() - 12) + " more)";
+  KILN_CHECK(false, ValueError, optimizer, ": optimizer got an empty parameter list: the module ", model.type_name(),
+             " holds no registered parameters, in any of its ", mods.size(), " module(s): ", list, ". ",
+             mods.size() == 1 ? "It has no registered submodules either. " : "", kRegisterHint);
+  return params;
+}
 
 void Optimizer::add_param_group(ParamGroup group) {
   for (const auto& [k, v] : group.options) {
@@ -212,6 +247,8 @@ void Optimizer::load_state_dict(const OptimizerStateDict& sd) {
 
 SGD::SGD(NamedParams params, SGDOptions o) : SGD(std::vector<ParamGroup>{ParamGroup{std::move(params), {}}}, o) {}
 
+SGD::SGD(const nn::Module& model, SGDOptions o) : SGD(module_parameters(model, "SGD"), o) {}
+
 SGD::SGD(std::vector<ParamGroup> groups, SGDOptions o)
     : Optimizer({{"lr", o.lr},
                  {"momentum", o.momentum},
@@ -221,6 +258,7 @@ SGD::SGD(std::vector<ParamGroup> groups, SGDOptions o)
                 "SGD") {
   validate(defaults_);
   for (auto& g : groups) add_param_group(std::move(g));
+  require_parameters();
 }
 
 void SGD::validate(const HyperParams& hp) const {
@@ -275,7 +313,12 @@ Adam::Adam(std::vector<ParamGroup> groups, AdamOptions o)
                 "Adam") {
   validate(defaults_);
   for (auto& g : groups) add_param_group(std::move(g));
+  require_parameters();
 }
+
+Adam::Adam(const nn::Module& model, AdamOptions o) : Adam(module_parameters(model, "Adam"), o) {}
+
+AdamW::AdamW(const nn::Module& model, AdamWOptions o) : AdamW(module_parameters(model, "AdamW"), o) {}
 
 AdamW::AdamW(NamedParams params, AdamWOptions o)
     : AdamW(std::vector<ParamGroup>{ParamGroup{std::move(params), {}}}, o) {}
@@ -291,6 +334,7 @@ AdamW::AdamW(std::vector<ParamGroup> groups, AdamWOptions o)
   decoupled_ = true;
   validate(defaults_);
   for (auto& g : groups) add_param_group(std::move(g));
+  require_parameters();
 }
 
 void Adam::validate(const HyperParams& hp) const {
@@ -325,6 +369,8 @@ void Adam::update(Tensor& p, const Tensor& g, ParamState& st, const HyperParams&
 RMSprop::RMSprop(NamedParams params, RMSpropOptions o)
     : RMSprop(std::vector<ParamGroup>{ParamGroup{std::move(params), {}}}, o) {}
 
+RMSprop::RMSprop(const nn::Module& model, RMSpropOptions o) : RMSprop(module_parameters(model, "RMSprop"), o) {}
+
 RMSprop::RMSprop(std::vector<ParamGroup> groups, RMSpropOptions o)
     : Optimizer({{"lr", o.lr},
                  {"alpha", o.alpha},
@@ -335,6 +381,7 @@ RMSprop::RMSprop(std::vector<ParamGroup> groups, RMSpropOptions o)
                 "RMSprop") {
   validate(defaults_);
   for (auto& g : groups) add_param_group(std::move(g));
+  require_parameters();
 }
 
 void RMSprop::validate(const HyperParams& hp) const {

@@ -3,6 +3,7 @@
 #include "kiln/optim/scheduler.h"
 
 #include <algorithm>
+#include <charconv>
 #include <cmath>
 #include <iostream>
 #include <numbers>
@@ -19,7 +20,48 @@ int64_t py_floordiv(int64_t a, int64_t b) {
   if ((a % b != 0) && ((a < 0) != (b < 0))) --q;
   return q;
 }
+// Shortest text that reads back as `v`: 0.1 stays "0.1", 100 prints as "100".
+std::string shortest(double v) {
+  char buf[64];
+  auto r = std::to_chars(buf, buf + sizeof buf, v);
+  return std::string(buf, r.ptr);
+}
+void put_list(HyperParams& s, const std::string& name, const std::vector<int64_t>& v) {
+  s[name] = static_cast<double>(v.size());
+  for (size_t i = 0; i < v.size(); ++i) s[name + "." + std::to_string(i)] = static_cast<double>(v[i]);
+}
 }  // namespace
+
+std::vector<std::string> schedule_mismatches(const SchedulerState& saved, const SchedulerState& now,
+                                             const std::string& what) {
+  std::vector<std::string> out;
+  if (!saved.type.empty() && !now.type.empty() && saved.type != now.type) {
+    out.push_back(what + ": the saved state is of a " + saved.type + ", this scheduler is a " + now.type);
+    return out;  // another scheduler's settings would only add noise
+  }
+  // A key only one side has is a mismatch too (e.g. a different milestone count).
+  auto show = [](const HyperParams& s, const std::string& k) {
+    auto it = s.find(k);
+    return it == s.end() ? std::string("absent") : shortest(it->second);
+  };
+  if (!saved.settings.empty()) {
+    std::vector<std::string> keys;
+    for (const auto& [k, v] : saved.settings) keys.push_back(k);
+    for (const auto& [k, v] : now.settings)
+      if (!saved.settings.count(k)) keys.push_back(k);
+    for (const auto& k : keys) {
+      auto a = saved.settings.find(k), b = now.settings.find(k);
+      if (a != saved.settings.end() && b != now.settings.end() && a->second == b->second) continue;
+      out.push_back(what + ": " + k + " is " + show(saved.settings, k) + " in the saved state, " +
+                    show(now.settings, k) + " in this scheduler");
+    }
+  }
+  if (saved.children.size() == now.children.size())
+    for (size_t i = 0; i < saved.children.size(); ++i)
+      for (auto& m : schedule_mismatches(saved.children[i], now.children[i], what + " " + std::to_string(i)))
+        out.push_back(std::move(m));
+  return out;
+}
 
 // ---- base ----
 
@@ -78,12 +120,24 @@ SchedulerState LRScheduler::state_dict() const {
   s.step_count = step_count_;
   s.base_lrs = base_lrs_;
   s.last_lr = last_lr_;
+  s.type = type_name();
+  s.settings = settings();
   return s;
+}
+
+void LRScheduler::check_schedule(const SchedulerState& s) const {
+  const auto problems = schedule_mismatches(s, state_dict(), type_name());
+  std::string msg;
+  for (const auto& p : problems) msg += "\n  " + p;
+  KILN_CHECK(problems.empty(), ValueError, type_name(),
+             " load_state_dict: the state was saved by a scheduler with other settings (nothing was changed):", msg,
+             "\n  hint: build the scheduler with the settings of the run that saved it");
 }
 
 void LRScheduler::load_state_dict(const SchedulerState& s) {
   KILN_CHECK(s.base_lrs.size() == base_lrs_.size(), ValueError, "LR scheduler load_state_dict: expected ",
              base_lrs_.size(), " base_lrs (one per param group), got ", s.base_lrs.size());
+  check_schedule(s);
   last_epoch_ = s.last_epoch;
   step_count_ = s.step_count;
   base_lrs_ = s.base_lrs;
@@ -102,6 +156,9 @@ std::vector<double> StepLR::get_lr() {
   for (auto& lr : lrs) lr = lr * o_.gamma;
   return lrs;
 }
+HyperParams StepLR::settings() const {
+  return {{"step_size", static_cast<double>(o_.step_size)}, {"gamma", o_.gamma}};
+}
 std::vector<double> StepLR::closed_form_lr() {
   std::vector<double> v;
   for (double b : base_lrs_) v.push_back(b * std::pow(o_.gamma, static_cast<double>(py_floordiv(last_epoch_, o_.step_size))));
@@ -119,6 +176,11 @@ std::vector<double> MultiStepLR::get_lr() {
   for (auto& lr : lrs) lr = lr * std::pow(o_.gamma, static_cast<double>(n));
   return lrs;
 }
+HyperParams MultiStepLR::settings() const {
+  HyperParams s{{"gamma", o_.gamma}};
+  put_list(s, "milestones", o_.milestones);
+  return s;
+}
 std::vector<double> MultiStepLR::closed_form_lr() {
   const auto n = std::upper_bound(o_.milestones.begin(), o_.milestones.end(), last_epoch_) - o_.milestones.begin();
   std::vector<double> v;
@@ -133,6 +195,7 @@ std::vector<double> ExponentialLR::get_lr() {
   for (auto& lr : lrs) lr = lr * o_.gamma;
   return lrs;
 }
+HyperParams ExponentialLR::settings() const { return {{"gamma", o_.gamma}}; }
 std::vector<double> ExponentialLR::closed_form_lr() {
   std::vector<double> v;
   for (double b : base_lrs_) v.push_back(b * std::pow(o_.gamma, static_cast<double>(last_epoch_)));
@@ -159,6 +222,9 @@ std::vector<double> CosineAnnealingLR::get_lr() {
   }
   for (auto& lr : lrs) lr = (1 + std::cos(kPi * e / T)) / (1 + std::cos(kPi * (e - 1) / T)) * (lr - m) + m;
   return lrs;
+}
+HyperParams CosineAnnealingLR::settings() const {
+  return {{"T_max", static_cast<double>(o_.T_max)}, {"eta_min", o_.eta_min}};
 }
 std::vector<double> CosineAnnealingLR::closed_form_lr() {
   const double T = static_cast<double>(o_.T_max), e = static_cast<double>(last_epoch_), m = o_.eta_min;
@@ -188,6 +254,11 @@ std::vector<double> LinearLR::get_lr() {
   for (auto& lr : lrs)
     lr = lr * (1. + (f - s) / (static_cast<double>(o_.total_iters) * s + static_cast<double>(last_epoch_ - 1) * (f - s)));
   return lrs;
+}
+HyperParams LinearLR::settings() const {
+  return {{"start_factor", o_.start_factor},
+          {"end_factor", o_.end_factor},
+          {"total_iters", static_cast<double>(o_.total_iters)}};
 }
 std::vector<double> LinearLR::closed_form_lr() {
   const double s = o_.start_factor, f = o_.end_factor;
@@ -246,9 +317,16 @@ SchedulerState SequentialLR::state_dict() const {
   return st;
 }
 
+HyperParams SequentialLR::settings() const {
+  HyperParams s;
+  put_list(s, "milestones", milestones_);
+  return s;
+}
+
 void SequentialLR::load_state_dict(const SchedulerState& st) {
   KILN_CHECK(st.children.size() == schedulers_.size(), ValueError, "SequentialLR load_state_dict: expected ",
              schedulers_.size(), " scheduler states, got ", st.children.size());
+  check_schedule(st);  // the chained schedulers too, before any of them changes
   LRScheduler::load_state_dict(st);
   for (size_t i = 0; i < schedulers_.size(); ++i) schedulers_[i]->load_state_dict(st.children[i]);
 }
@@ -295,6 +373,19 @@ OneCycleLR::OneCycleLR(Optimizer& opt, OneCycleLROptions o) : LRScheduler(opt), 
     }
   }
   initial_step();
+}
+
+HyperParams OneCycleLR::settings() const {
+  return {{"max_lr", o_.max_lr},
+          {"total_steps", static_cast<double>(o_.total_steps)},
+          {"pct_start", o_.pct_start},
+          {"anneal_strategy", o_.anneal_strategy == "cos" ? 0.0 : 1.0},
+          {"cycle_momentum", o_.cycle_momentum ? 1.0 : 0.0},
+          {"base_momentum", o_.base_momentum},
+          {"max_momentum", o_.max_momentum},
+          {"div_factor", o_.div_factor},
+          {"final_div_factor", o_.final_div_factor},
+          {"three_phase", o_.three_phase ? 1.0 : 0.0}};
 }
 
 double OneCycleLR::anneal(double start, double end, double pct) const {
@@ -372,8 +463,21 @@ void ReduceLROnPlateau::step(double metric) {
   for (const auto& g : opt_.param_groups()) last_lr_.push_back(g.options.at("lr"));
 }
 
+HyperParams ReduceLROnPlateau::settings() const {
+  return {{"mode", o_.mode == "min" ? 0.0 : 1.0},
+          {"factor", o_.factor},
+          {"patience", static_cast<double>(o_.patience)},
+          {"threshold", o_.threshold},
+          {"threshold_mode", o_.threshold_mode == "rel" ? 0.0 : 1.0},
+          {"cooldown", static_cast<double>(o_.cooldown)},
+          {"min_lr", o_.min_lr},
+          {"eps", o_.eps}};
+}
+
 SchedulerState ReduceLROnPlateau::state_dict() const {
   SchedulerState s;
+  s.type = "ReduceLROnPlateau";
+  s.settings = settings();
   s.last_epoch = last_epoch_;
   s.last_lr = last_lr_;
   s.extra = {{"best", best_},
@@ -386,6 +490,13 @@ void ReduceLROnPlateau::load_state_dict(const SchedulerState& s) {
   for (const char* k : {"best", "num_bad_epochs", "cooldown_counter"})
     KILN_CHECK(s.extra.count(k), ValueError, "ReduceLROnPlateau load_state_dict: expected key '", k,
                "' in extra, got a state without it");
+  const auto problems = schedule_mismatches(s, state_dict(), "ReduceLROnPlateau");
+  std::string msg;
+  for (const auto& p : problems) msg += "\n  " + p;
+  KILN_CHECK(problems.empty(), ValueError,
+             "ReduceLROnPlateau load_state_dict: the state was saved by a scheduler with other settings (nothing was "
+             "changed):",
+             msg, "\n  hint: build the scheduler with the settings of the run that saved it");
   last_epoch_ = s.last_epoch;
   last_lr_ = s.last_lr;
   best_ = s.extra.at("best");

@@ -197,3 +197,16 @@ TEST(AccumulateGrad, CreateGraphKeepsTheGradientDifferentiable) {
 }
 
 }  // namespace
+
+// Issue 27: grad() is a handle, so libtorch's in-place use of it works and
+// changes the stored gradient (it was a const reference: mul_ did not compile).
+TEST(AccumulateGrad, InPlaceOpsOnGradScaleTheStoredGradient) {
+  Tensor w = ones({3}).requires_grad_();
+  (w * 2.0).sum().backward();
+  const Tensor& p = w;  // as an optimizer or a clipping loop sees its parameters
+  p.grad().mul_(0.5);
+  EXPECT_TRUE(w.grad().equal(ones({3})));
+  p.grad().zero_();
+  EXPECT_TRUE(w.grad().equal(zeros({3})));
+  EXPECT_FALSE(Tensor(ones({1})).grad().defined());
+}

@@ -306,3 +306,17 @@ TEST(Printing, SummarisedThreeDims) {
   ASSERT_GT(s.size(), tail.size());
   EXPECT_EQ(s.substr(s.size() - tail.size()), tail);
 }
+
+// Issue 27: sizes() of a temporary is an owning copy, so a variable made from
+// it does not point into a freed TensorImpl (it did, under ASan).
+TEST(TensorCore, SizesOfATemporaryOwnTheirValues) {
+  static_assert(std::is_same_v<decltype(kiln::ones({2, 3}).sizes()), kiln::DimVector>);
+  static_assert(std::is_same_v<decltype(kiln::ones({2, 3}).strides()), kiln::DimVector>);
+  kiln::Tensor named = kiln::ones({4});
+  static_assert(std::is_same_v<decltype(named.sizes()), kiln::IntArrayRef>, "a named tensor's sizes stay a view");
+  auto s = kiln::ones({2, 3}).sizes();
+  auto st = kiln::ones({2, 3}).t().strides();
+  for (int i = 0; i < 8; ++i) (void)kiln::zeros({7, 7, 7, 7});  // reuse whatever the temporaries freed
+  EXPECT_EQ(s.vec(), (std::vector<int64_t>{2, 3}));
+  EXPECT_EQ(st.vec(), (std::vector<int64_t>{1, 3}));
+}

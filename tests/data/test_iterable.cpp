@@ -82,7 +82,7 @@ TEST(IterableDataLoader, StreamOrderBatchingAndDropLast) {
     auto e1 = run_epoch(keep);  // reset(1): the stream's epoch-1 values
     EXPECT_EQ(targets(e1), iota(1000, 23));
     EXPECT_EQ(ds->resets.load(), 2);
-    EXPECT_EQ(keep.state(), (StreamLoaderState{.epoch = 2, .samples = 0, .seed = 0}));
+    EXPECT_EQ(keep.state(), (StreamLoaderState{.epoch = 2, .samples = 0, .seed = keep.seed()}));
 
     Loader drop(std::make_shared<CountingStream>(23), {.batch_size = 5, .num_workers = workers, .drop_last = true});
     auto d = run_epoch(drop);
@@ -186,7 +186,7 @@ TEST(IterableDataLoader, ExceptionSurfacesWithTheSampleIndex) {
       EXPECT_NE(msg.find("bad stream record on purpose"), std::string::npos) << msg;
     }
     EXPECT_EQ(batches, 4) << "batches before the failing one are delivered";
-    EXPECT_EQ(loader.state(), (StreamLoaderState{.epoch = 0, .samples = 16, .seed = 0}));
+    EXPECT_EQ(loader.state(), (StreamLoaderState{.epoch = 0, .samples = 16, .seed = loader.seed()}));
   }
   // A collate error names the samples of the batch.
   IterableDataLoader<Example, Example> bad(
@@ -212,7 +212,7 @@ TEST(IterableDataLoader, EarlyBreakShutsDownInBoundedTime) {
       (void)b;
       if (++n == 3) break;
     }
-    EXPECT_EQ(loader.state(), (StreamLoaderState{.epoch = 0, .samples = 48, .seed = 0}));
+    EXPECT_EQ(loader.state(), (StreamLoaderState{.epoch = 0, .samples = 48, .seed = loader.seed()}));
     n = 0;
     for (auto& b : loader) {  // a second, new epoch after the break
       EXPECT_EQ(static_cast<int64_t>(test::to_doubles(b.target)[0]), 1000 + 16 * n);

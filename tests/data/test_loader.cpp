@@ -143,6 +143,60 @@ TEST(DataLoader, ResumeMidEpochYieldsTheRemainingBatches) {
   EXPECT_THROW(resumed.load_state({.epoch = 0, .position = 0, .seed = 6}), ValueError);
 }
 
+// Issue 27: without options.seed the order follows manual_seed (torch draws
+// its loader base seed from the global generator); an explicit seed ignores it.
+TEST(DataLoader, DefaultSeedFollowsManualSeed) {
+  auto ds = std::make_shared<NoisyIndexDataset>(40);
+  auto order = [&](std::optional<uint64_t> global, std::optional<uint64_t> seed) {
+    if (global) manual_seed(*global);
+    DataLoader<> loader(ds, {.batch_size = 8, .shuffle = true, .seed = seed});
+    return targets(run_epoch(loader));
+  };
+  const auto a0 = order(0, std::nullopt), a1 = order(1, std::nullopt), b0 = order(0, std::nullopt);
+  EXPECT_NE(a0, a1) << "manual_seed(0) and manual_seed(1) gave the same shuffle";
+  EXPECT_EQ(a0, b0) << "the same manual_seed gave different shuffles";
+  EXPECT_EQ(order(0, 5), order(1, 5)) << "an explicit seed must not depend on the global generator";
+  // Two loaders built one after the other draw different seeds, as torch's do.
+  manual_seed(0);
+  DataLoader<> x(ds, {.batch_size = 8, .shuffle = true}), y(ds, {.batch_size = 8, .shuffle = true});
+  EXPECT_NE(x.seed(), y.seed());
+}
+
+// A drawn seed is replaced by the saved one on load_state, so a resumed run
+// continues the saved order even when its global RNG was at another point.
+TEST(DataLoader, ResumeWithADrawnSeedAdoptsTheSavedSeed) {
+  auto ds = std::make_shared<NoisyIndexDataset>(40);
+  manual_seed(11);
+  DataLoader<> first(ds, {.batch_size = 4, .shuffle = true, .num_workers = 2});
+  auto expected = run_epoch(first);
+  DataLoader<> cut(ds, {.batch_size = 4, .shuffle = true, .seed = first.seed()});
+  LoaderState saved;
+  int64_t seen = 0;
+  for (auto& b : cut) {
+    (void)b;
+    if (++seen == 3) {
+      saved = cut.state();
+      break;
+    }
+  }
+  manual_seed(99);
+  DataLoader<> resumed(ds, {.batch_size = 4, .shuffle = true});
+  ASSERT_NE(resumed.seed(), saved.seed);
+  resumed.load_state(saved);
+  EXPECT_EQ(resumed.seed(), saved.seed);
+  auto rest = run_epoch(resumed);
+  ASSERT_EQ(rest.size(), expected.size() - 3);
+  for (size_t i = 0; i < rest.size(); ++i) {
+    EXPECT_TRUE(test::bitwise_equal(rest[i].data, expected[i + 3].data)) << i;
+    EXPECT_TRUE(test::bitwise_equal(rest[i].target, expected[i + 3].target)) << i;
+  }
+  // An explicit seed still has to match the saved one, and the error names both.
+  DataLoader<> pinned(ds, {.batch_size = 4, .shuffle = true, .seed = saved.seed + 1});
+  const std::string msg = test::error_message<ValueError>([&] { pinned.load_state(saved); });
+  EXPECT_NE(msg.find("expected seed " + std::to_string(saved.seed + 1)), std::string::npos) << msg;
+  EXPECT_NE(msg.find("got " + std::to_string(saved.seed)), std::string::npos) << msg;
+}
+
 TEST(DataLoader, WorkerExceptionSurfacesWithTheSampleIndex) {
   auto ds = std::make_shared<NoisyIndexDataset>(40, /*throw_at=*/17);
   for (int64_t workers : {0, 2}) {
@@ -197,7 +251,7 @@ TEST(DataLoader, OneEpochAtATime) {
     EXPECT_EQ(loader.state().position, 2);
   }
   EXPECT_EQ(run_epoch(loader).size(), 5u);  // the next epoch, in full
-  EXPECT_EQ(loader.state(), (LoaderState{.epoch = 2, .position = 0, .seed = 0}));
+  EXPECT_EQ(loader.state(), (LoaderState{.epoch = 2, .position = 0, .seed = loader.seed()}));
 }
 
 TEST(DataLoader, PersistentWorkersGiveTheSameBatches) {

@@ -12,6 +12,7 @@
 #include "kiln/core/factory.h"
 #include "kiln/core/generator.h"
 #include "kiln/core/guards.h"
+#include "kiln/nn/functional.h"
 #include "kiln/nn/layers.h"
 #include "kiln/nn/norm.h"
 #include "support/oracle.h"
@@ -239,6 +240,27 @@ TEST(Layers, DropoutTrainScalesAndEvalIsIdentity) {
   d.eval();
   EXPECT_TRUE(d(x).is_same(x));
   EXPECT_THROW(nn::Dropout(1.5), ValueError);
+}
+
+// Issue 27: nn::functional has the activations and dropout under torch's names;
+// F::dropout draws the same mask as nn::Dropout for the same generator state.
+TEST(Layers, FunctionalActivationsAndDropout) {
+  Tensor x = tensor<float>({-2.0f, -0.5f, 0.0f, 1.5f});
+  EXPECT_TRUE(nn::F::relu(x).equal(x.relu()));
+  EXPECT_TRUE(nn::F::gelu(x, "tanh").equal(x.gelu("tanh")));
+  EXPECT_TRUE(nn::F::silu(x).equal(x.silu()));
+  EXPECT_TRUE(nn::F::sigmoid(x).equal(x.sigmoid()));
+  EXPECT_TRUE(nn::F::tanh(x).equal(x.tanh()));
+  EXPECT_TRUE(nn::F::softmax(x, 0).equal(x.softmax(0)));
+  EXPECT_TRUE(nn::F::log_softmax(x, 0).equal(x.log_softmax(0)));
+  Tensor big = ones({64, 64});
+  manual_seed(5);
+  Tensor a = nn::F::dropout(big, 0.25);
+  manual_seed(5);
+  nn::Dropout d(0.25);
+  EXPECT_TRUE(a.equal(d(big)));
+  EXPECT_TRUE(nn::F::dropout(big, 0.25, /*training=*/false).equal(big));
+  EXPECT_THROW(nn::F::dropout(big, 1.5), ValueError);
 }
 
 TEST(Layers, EmbeddingPaddingRowGetsNoGradient) {

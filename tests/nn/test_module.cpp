@@ -4,12 +4,14 @@
 
 #include <memory>
 
+#include "kiln/autograd/autograd_meta.h"
 #include "kiln/autograd/functions.h"
 #include "kiln/core/error.h"
 #include "kiln/core/factory.h"
 #include "kiln/io/safetensors.h"
 #include "kiln/nn/layers.h"
 #include "kiln/nn/module.h"
+#include "kiln/optim/optimizer.h"
 #include "support/test_util.h"
 
 using namespace kiln;
@@ -197,6 +199,63 @@ TEST(Module, ForwardHooksAndRemovableHandles) {
   EXPECT_EQ(runs, 1);
 }
 
+// Issue 27: a two-input module is called the same way as a one-input one, and
+// that call runs the hooks (forward(x, mask) itself is the bare computation).
+struct Masked : nn::Module {
+  Masked() : Module("Masked") { scale = register_parameter("scale", full({1}, 3.0f)); }
+  Tensor forward(const Tensor& x, const Tensor& mask) override { return x * mask * scale; }
+  Tensor scale;
+};
+
+TEST(Module, TwoInputForwardRunsThroughTheCallWithHooks) {
+  auto m = std::make_shared<Masked>();
+  std::vector<std::string> calls;
+  auto pre = m->register_forward_pre_hook([&](nn::Module&, const Tensor& x) {
+    calls.push_back("pre");
+    return x + 1.0;
+  });
+  auto post = m->register_forward_hook([&](nn::Module& mod, const Tensor& in, const Tensor& y) {
+    calls.push_back("post:" + mod.type_name());
+    EXPECT_TRUE(in.equal(full({2}, 2.0f)));  // the input after the pre-hook
+    return y * 2.0;
+  });
+  Tensor x = ones({2}), mask = tensor<float>({1.0f, 0.0f});
+  Tensor y = (*m)(x, mask);  // (x + 1) * mask * 3, then * 2
+  EXPECT_TRUE(y.equal(tensor<float>({12.0f, 0.0f}))) << y.to_string();
+  EXPECT_EQ(calls, (std::vector<std::string>{"pre", "post:Masked"}));
+  nn::Module& base = *m;  // through the base class as well (a ModuleList element, say)
+  EXPECT_TRUE(base(x, mask).equal(y));
+  // A one-input module called with two inputs says so, naming it.
+  Linear lin({.in_features = 2, .out_features = 2});
+  const std::string msg = test::error_message<ValueError>([&] { lin(x, mask); });
+  EXPECT_NE(msg.find("Linear was called with two inputs, but it has no two-input forward"), std::string::npos) << msg;
+}
+
+// Issue 27: containers in range-for, typed element access, and a Sequential
+// that std::make_shared can build from the modules themselves.
+TEST(Module, ContainersIterateAndIndexByType) {
+  auto l1 = std::make_shared<Linear>(nn::LinearOptions{.in_features = 2, .out_features = 3});
+  auto act = std::make_shared<nn::ReLU>();
+  auto l2 = std::make_shared<Linear>(nn::LinearOptions{.in_features = 3, .out_features = 1});
+  auto seq = std::make_shared<nn::Sequential>(l1, act, l2);
+  ASSERT_EQ(seq->size(), 3u);
+  std::vector<std::string> types;
+  for (const nn::ModulePtr& m : *seq) types.push_back(m->type_name());
+  EXPECT_EQ(types, (std::vector<std::string>{"Linear", "ReLU", "Linear"}));
+  EXPECT_TRUE(seq->at<Linear>(2)->weight.is_same(l2->weight));
+  const std::string msg = test::error_message<ValueError>([&] { seq->at<Linear>(1); });
+  EXPECT_NE(msg.find("Sequential element 1 is a ReLU (kiln::nn::ReLU), not a kiln::nn::Linear"), std::string::npos)
+      << msg;
+  Tensor x = ones({4, 2});
+  EXPECT_TRUE((*seq)(x).equal((*l2)((*l1)(x).relu())));
+  nn::ModuleList list(l1, l2);
+  int64_t n = 0;
+  for (const auto& m : list) n += m->num_parameters();
+  EXPECT_EQ(n, 9 + 4);
+  EXPECT_EQ(names(list.named_parameters()).front(), "0.weight");
+  EXPECT_THROW(list[2], IndexError);
+}
+
 TEST(Module, ZeroGrad) {
   Linear lin({.in_features = 3, .out_features = 2});
   lin(ones({4, 3})).sum().backward();
@@ -220,6 +279,56 @@ TEST(Module, ToDtypeCastsFloatingTensorsOnly) {
   EXPECT_EQ(net.head->children()[0]->named_parameters()[0].second.dtype(), kFloat64);
   auto* lin = dynamic_cast<Linear*>(net.head->children()[0].get());
   EXPECT_EQ(lin->weight.dtype(), kFloat64);  // the member reference follows
+}
+
+// Issue 27: the libtorch habit of keeping a parameter as a Tensor member (a copy
+// of the handle, not a reference to the slot). to(dtype) must convert it in
+// place so that member, an optimizer built before to() and tensor hooks still
+// see the tensor the module computes with.
+struct Gain : nn::Module {
+  Gain() : Module("Gain") {
+    gain = register_parameter("gain", ones({3}));
+    running = register_buffer("running", full({3}, 0.5f));
+  }
+  Tensor forward(const Tensor& x) override { return x * gain + running; }
+  Tensor gain;
+  Tensor running;
+};
+
+TEST(Module, ToDtypeKeepsParameterIdentity) {
+  Gain m;
+  optim::SGD opt(m.named_parameters(), {.lr = 0.5});
+  int hook_runs = 0, post_runs = 0;
+  auto h1 = m.gain.register_hook([&](const Tensor& g) {
+    ++hook_runs;
+    EXPECT_EQ(g.dtype(), kFloat64);
+    return Tensor();
+  });
+  auto h2 = m.gain.register_post_accumulate_grad_hook([&](Tensor&) { ++post_runs; });
+  const TensorImpl* before = m.gain.impl();
+  m.to(kFloat64);
+  // The member, the registered slot and the optimizer's handle are one tensor, now float64.
+  EXPECT_EQ(m.gain.impl(), before);
+  EXPECT_EQ(m.gain.dtype(), kFloat64);
+  EXPECT_TRUE(m.named_parameters()[0].second.is_same(m.gain));
+  EXPECT_TRUE(opt.param_groups()[0].params[0].second.is_same(m.gain));
+  EXPECT_TRUE(m.gain.requires_grad() && m.gain.is_leaf());
+  EXPECT_EQ(m.running.dtype(), kFloat64);  // the buffer member follows too
+  EXPECT_TRUE(m.named_buffers()[0].second.is_same(m.running));
+  EXPECT_EQ(m.gain.storage()->category(), MemoryCategory::Parameter);
+  // Training through the optimizer built before to() moves what forward uses:
+  // d/dgain sum(x * gain + running) over two rows of ones = 2, so gain = 1 - 0.5 * 2.
+  Tensor x = ones({2, 3}, kFloat64);
+  m(x).sum().backward();
+  EXPECT_EQ(hook_runs, 1);
+  EXPECT_EQ(post_runs, 1);
+  opt.step();
+  EXPECT_TRUE(m.gain.equal(full({3}, 0.0, kFloat64))) << m.gain.to_string();
+  EXPECT_TRUE(m.named_parameters()[0].second.equal(m.gain));
+  // An existing gradient is converted with its parameter, and the name stays.
+  m.to(kFloat32);
+  EXPECT_EQ(m.gain.grad().dtype(), kFloat32);
+  EXPECT_NE(autograd::describe(m.gain).find("gain"), std::string::npos) << autograd::describe(m.gain);
 }
 
 TEST(Module, PrintsLikePyTorch) {

@@ -358,3 +358,55 @@ TEST(CheckpointState, GptWithTiedWeightsRoundTripsThroughTheManager) {
 
 }  // namespace
 }  // namespace kiln
+
+namespace kiln {
+namespace {
+
+// Issue 27: warm-up + cosine saved with T_max = 100 and loaded into T_max = 50
+// is one of the problems load_checkpoint reports before changing anything;
+// checkpoints written before schedulers recorded their settings still load.
+TEST(CheckpointState, ASchedulerWithOtherSettingsIsNamedAndOldFilesStillLoad) {
+  test::TempDir dir;
+  const std::string path = dir.file("c.safetensors");
+  auto make = [](optim::Optimizer& o, int64_t t_max) {
+    auto w = std::make_shared<optim::LinearLR>(o, optim::LinearLROptions{.start_factor = 0.5, .total_iters = 2});
+    auto c = std::make_shared<optim::CosineAnnealingLR>(o, optim::CosineAnnealingLROptions{.T_max = t_max});
+    return std::make_unique<optim::SequentialLR>(o, std::vector<std::shared_ptr<optim::LRScheduler>>{w, c},
+                                                 std::vector<int64_t>{2});
+  };
+  auto model = linear(1);
+  optim::SGD opt(model->named_parameters(), {.lr = 0.1});
+  auto sched = make(opt, 100);
+  model->weight.mutable_grad() = ones_like(model->weight);
+  model->bias.mutable_grad() = ones_like(model->bias);
+  for (int i = 0; i < 4; ++i) {
+    opt.step();
+    sched->step();
+  }
+  optim::save_checkpoint(path, {.model = model.get(), .optimizer = &opt, .scheduler = sched.get()}, {});
+
+  auto model2 = linear(2);
+  optim::SGD opt2(model2->named_parameters(), {.lr = 0.1});
+  auto other = make(opt2, 50);
+  const Tensor w_before = model2->weight.clone();
+  const std::string msg = test::error_message<ValueError>(
+      [&] { optim::load_checkpoint(path, {.model = model2.get(), .optimizer = &opt2, .scheduler = other.get()}); });
+  EXPECT_NE(msg.find("scheduler 1: T_max is 100 in the saved state, 50 in this scheduler"), std::string::npos) << msg;
+  EXPECT_TRUE(test::bitwise_equal(model2->weight, w_before));
+  EXPECT_EQ(other->last_epoch(), 0);
+
+  // The same file without the type and settings keys, as kiln wrote it before.
+  rewrite_metadata(path, [](io::Metadata& md) {
+    for (auto it = md.begin(); it != md.end();) {
+      const bool recorded = it->first.rfind("sched.", 0) == 0 &&
+                            (it->first.find(".setting.") != std::string::npos || it->first.ends_with(".type"));
+      it = recorded ? md.erase(it) : std::next(it);
+    }
+  });
+  optim::load_checkpoint(path, {.model = model2.get(), .optimizer = &opt2, .scheduler = other.get()});
+  EXPECT_EQ(other->last_epoch(), 4);
+  EXPECT_EQ(other->get_last_lr(), sched->get_last_lr());
+}
+
+}  // namespace
+}  // namespace kiln

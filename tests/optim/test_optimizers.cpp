@@ -15,6 +15,7 @@
 #include "kiln/core/guards.h"
 #include "kiln/core/threads.h"
 #include "kiln/io/safetensors.h"
+#include "kiln/nn/layers.h"
 #include "kiln/optim/optimizer.h"
 #include "support/test_util.h"
 
@@ -298,6 +299,39 @@ TEST(Optimizers, ValidationErrorsSayExpectedAndGot) {
   expect_error([&] { SGD({{"i", zeros({2}, kInt64)}}); }, "expected float32 or float64, got int64");
   expect_error([&] { SGD(std::vector<ParamGroup>{{{{"w", w}}, {{"lrr", 0.1}}}}); }, "unknown hyperparameter 'lrr'");
   expect_error([&] { SGD(std::vector<ParamGroup>{{{{"w", w}}, {{"lr", -0.1}}}}); }, "invalid lr");
+}
+
+// Issue 27: a submodule that was never registered leaves the optimizer with
+// nothing to train; as torch, an empty parameter list is refused, and when the
+// optimizer is built from the module the error names what the module holds.
+TEST(Optimizers, AnEmptyParameterListIsRefused) {
+  std::string msg = test::error_message<ValueError>([] { AdamW(NamedParams{}, {}); });
+  EXPECT_NE(msg.find("AdamW: optimizer got an empty parameter list"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("register_module"), std::string::npos) << msg;
+  msg = test::error_message<ValueError>([] { SGD(split_decay(NamedParams{}, 0.1), {}); });
+  EXPECT_NE(msg.find("SGD: optimizer got an empty parameter list (2 param groups"), std::string::npos) << msg;
+  // One empty group next to a non-empty one is fine (split_decay of a model without biases).
+  Tensor w = zeros({2, 2}).requires_grad_();
+  EXPECT_NO_THROW(SGD(split_decay({{"w", w}}, 0.1), {}));
+
+  struct Block : nn::Module {
+    Block() : Module("Block") {
+      act = register_module("act", std::make_shared<nn::ReLU>());
+      fc = std::make_shared<nn::Linear>(nn::LinearOptions{.in_features = 2, .out_features = 2});  // never registered
+    }
+    std::shared_ptr<nn::ReLU> act;
+    std::shared_ptr<nn::Linear> fc;
+  };
+  Block block;
+  msg = test::error_message<ValueError>([&] { Adam(block, {}); });
+  EXPECT_NE(msg.find("Adam: optimizer got an empty parameter list: the module Block holds no registered parameters"),
+            std::string::npos) << msg;
+  EXPECT_NE(msg.find("(root) Block, 'act' ReLU"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("register_parameter"), std::string::npos) << msg;
+  block.register_module("fc", block.fc);
+  RMSprop ok(block, {});
+  EXPECT_EQ(ok.param_groups()[0].params.size(), 2u);
+  EXPECT_EQ(ok.param_groups()[0].params[0].first, "fc.weight");
 }
 
 TEST(Optimizers, StateFileRoundTripContinuesBitwise) {

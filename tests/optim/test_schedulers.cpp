@@ -160,6 +160,67 @@ TEST(Schedulers, StateDictRoundTripContinuesIdentically) {
   EXPECT_EQ(pd.best(), pc.best());
 }
 
+// Issue 27: a state saved by a scheduler with other settings is refused, the
+// setting named with both values, and nothing changes; a state without
+// recorded settings (saved before they were) still loads.
+TEST(Schedulers, LoadingAStateOfOtherSettingsNamesTheSetting) {
+  auto error_of = [](const std::function<void()>& f) { return test::error_message<ValueError>(f); };
+  TwoGroups a, b;
+  CosineAnnealingLR long_run(*a.opt, {.T_max = 100});
+  for (int i = 0; i < 7; ++i) { a.opt->step(); long_run.step(); }
+  const SchedulerState saved = long_run.state_dict();
+  EXPECT_EQ(saved.type, "CosineAnnealingLR");
+  EXPECT_EQ(saved.settings.at("T_max"), 100.0);
+  CosineAnnealingLR short_run(*b.opt, {.T_max = 50});
+  std::string msg = error_of([&] { short_run.load_state_dict(saved); });
+  EXPECT_NE(msg.find("CosineAnnealingLR load_state_dict"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("T_max is 100 in the saved state, 50 in this scheduler"), std::string::npos) << msg;
+  EXPECT_EQ(msg.find("eta_min"), std::string::npos) << "only differing settings are listed: " << msg;
+  EXPECT_EQ(short_run.last_epoch(), 0) << "nothing may change on a mismatch";
+
+  StepLR step(*b.opt, {.step_size = 3});
+  msg = error_of([&] { step.load_state_dict(saved); });
+  EXPECT_NE(msg.find("the saved state is of a CosineAnnealingLR, this scheduler is a StepLR"), std::string::npos) << msg;
+
+  // A milestone list of another length names the extra entry.
+  MultiStepLR m2(*b.opt, {.milestones = {10, 20}});
+  MultiStepLR m3(*b.opt, {.milestones = {10, 20, 30}});
+  msg = error_of([&] { m3.load_state_dict(m2.state_dict()); });
+  EXPECT_NE(msg.find("milestones is 2 in the saved state, 3 in this scheduler"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("milestones.2 is absent in the saved state, 30 in this scheduler"), std::string::npos) << msg;
+
+  // Warm-up + cosine: a chained scheduler's setting is named with its index, before any part loads.
+  auto make_seq = [](Optimizer& o, int64_t warmup, int64_t t_max) {
+    auto w = std::make_shared<LinearLR>(o, LinearLROptions{.start_factor = 0.1, .total_iters = warmup});
+    auto c = std::make_shared<CosineAnnealingLR>(o, CosineAnnealingLROptions{.T_max = t_max});
+    return std::make_unique<SequentialLR>(o, std::vector<std::shared_ptr<LRScheduler>>{w, c},
+                                          std::vector<int64_t>{warmup});
+  };
+  TwoGroups c, d;
+  auto sc = make_seq(*c.opt, 5, 100);
+  for (int i = 0; i < 9; ++i) { c.opt->step(); sc->step(); }
+  auto sd = make_seq(*d.opt, 5, 60);
+  msg = error_of([&] { sd->load_state_dict(sc->state_dict()); });
+  EXPECT_NE(msg.find("SequentialLR 1: T_max is 100 in the saved state, 60 in this scheduler"), std::string::npos) << msg;
+  EXPECT_EQ(sd->last_epoch(), 0);
+  auto se = make_seq(*d.opt, 8, 100);
+  msg = error_of([&] { se->load_state_dict(sc->state_dict()); });
+  EXPECT_NE(msg.find("SequentialLR: milestones.0 is 5 in the saved state, 8 in this scheduler"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("SequentialLR 0: total_iters is 5 in the saved state, 8 in this scheduler"), std::string::npos) << msg;
+
+  // A state saved before settings were recorded loads as it always did.
+  SchedulerState old = saved;
+  old.type.clear();
+  old.settings.clear();
+  short_run.load_state_dict(old);
+  EXPECT_EQ(short_run.last_epoch(), 7);
+
+  TwoGroups p;
+  ReduceLROnPlateau patient(*p.opt, {.patience = 3}), impatient(*p.opt, {.patience = 1});
+  msg = error_of([&] { impatient.load_state_dict(patient.state_dict()); });
+  EXPECT_NE(msg.find("patience is 3 in the saved state, 1 in this scheduler"), std::string::npos) << msg;
+}
+
 TEST(Schedulers, WarnsWhenSteppedBeforeOptimizer) {
   const std::string text = "Detected call of `lr_scheduler.step()` before `optimizer.step()`";
   {

@@ -85,9 +85,17 @@ class Tensor {
   int64_t dim() const { return impl_->dim(); }
   int64_t ndimension() const { return dim(); }
   int64_t numel() const { return impl_->numel(); }
-  IntArrayRef sizes() const { return impl_->sizes(); }
-  IntArrayRef strides() const { return impl_->strides(); }
-  IntArrayRef shape() const { return sizes(); }
+  // Note [sizes() of a temporary]: on a named tensor sizes() is a view of its
+  // metadata; on a temporary (f(x).sizes()) the tensor may die at the end of
+  // the full expression, so it returns an owning DimVector instead and
+  // `auto s = f(x).sizes();` cannot dangle. (An IntArrayRef variable, like
+  // c10::ArrayRef, must still never be initialised from a temporary.)
+  IntArrayRef sizes() const& { return impl_->sizes(); }
+  DimVector sizes() const&& { return DimVector(impl_->sizes()); }
+  IntArrayRef strides() const& { return impl_->strides(); }
+  DimVector strides() const&& { return DimVector(impl_->strides()); }
+  IntArrayRef shape() const& { return sizes(); }
+  DimVector shape() const&& { return DimVector(impl_->sizes()); }
   /// size(-1) is the last dim; out of range raises IndexError.
   int64_t size(int64_t dim) const;
   int64_t stride(int64_t dim) const;
@@ -103,6 +111,10 @@ class Tensor {
   /// The shared version counter (Note [Version counter lives on Storage]).
   uint32_t version() const { return storage()->version(); }
   void bump_version() const { storage()->bump_version(); }
+  /// Makes this tensor use `new_data`'s storage, dtype and shape while staying
+  /// the same tensor (every handle, its grad, hooks and name follow), as torch's
+  /// `t.data = new_data` / set_data. The autograd history is not touched.
+  void set_data(const Tensor& new_data) const;
 
   void* data_ptr() const { return impl_->data(); }
   /// Typed pointer to element 0 of this view; T must match dtype() exactly.
@@ -127,7 +139,9 @@ class Tensor {
   /// Marks a leaf as requiring grad (floating dtypes only), as torch's requires_grad_().
   Tensor& requires_grad_(bool requires_grad = true);
   /// The accumulated gradient of a leaf (or of a non-leaf after retain_grad()); undefined if none.
-  const Tensor& grad() const;
+  /// A handle (not a reference to the slot), so in-place ops work on it as in
+  /// libtorch: p.grad().mul_(s) scales the stored gradient.
+  Tensor grad() const;
   /// Assignable gradient slot (x.mutable_grad() = {} clears it, as x.grad = None).
   Tensor& mutable_grad() const;
   /// The node that produced this tensor; null for leaves and tensors outside the graph.

@@ -42,6 +42,10 @@ class TensorImpl final : public RefCounted {
   /// Replaces the view metadata in place (used by in-place view ops such as
   /// squeeze_ and by as_strided_); recomputes numel and contiguity.
   void set_sizes_and_strides(IntArrayRef sizes, IntArrayRef strides, int64_t offset);
+  /// Points this impl at other data (storage, dtype and view metadata) while
+  /// keeping its identity, autograd meta and flags: how Module::to(dtype)
+  /// converts a parameter that members, optimizers and hooks already hold.
+  void set_data(Storage storage, DType dtype, IntArrayRef sizes, IntArrayRef strides, int64_t offset);
 
   bool requires_grad() const { return requires_grad_; }
   void set_requires_grad_flag(bool r) { requires_grad_ = r; }

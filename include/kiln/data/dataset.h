@@ -39,6 +39,11 @@ class Dataset {
 /// hash, so neighbouring indices get unrelated streams.
 uint64_t sample_seed(uint64_t seed, int64_t epoch, int64_t rank, int64_t index);
 
+/// A fresh 64-bit seed drawn from `gen` (one Philox block), as torch draws a
+/// loader's base seed with torch.empty((), dtype=int64).random_(): it follows
+/// manual_seed and advances the generator.
+uint64_t draw_seed(Generator& gen = default_generator());
+
 /// The generator of the sample being fetched on this thread (set by the
 /// DataLoader, see SampleGeneratorGuard); the default generator otherwise.
 Generator& sample_generator();

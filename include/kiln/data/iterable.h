@@ -78,7 +78,7 @@ class IterableDataLoader {
   using Options = LoaderOptions<Sample, Batch>;
 
   IterableDataLoader(std::shared_ptr<IterableDataset<Sample>> dataset, Options options)
-      : dataset_(std::move(dataset)), options_(std::move(options)) {
+      : dataset_(std::move(dataset)), options_(std::move(options)), seed_(options_.seed) {
     KILN_CHECK(dataset_ != nullptr, ValueError, "IterableDataLoader: expected a dataset, got null");
     KILN_CHECK(options_.batch_size >= 1, ValueError, "IterableDataLoader: expected batch_size >= 1, got ",
                options_.batch_size);
@@ -174,7 +174,7 @@ class IterableDataLoader {
     std::optional<Sample> read() {
       if (ended_) return std::nullopt;
       const auto& o = loader_->options_;
-      Generator gen(sample_seed(o.seed, epoch_, o.rank, index_));
+      Generator gen(sample_seed(loader_->seed_.value(), epoch_, o.rank, index_));
       SampleGeneratorGuard guard(&gen);
       std::optional<Sample> s;
       try {
@@ -279,15 +279,17 @@ class IterableDataLoader {
   }
   Iterator end() { return Iterator(); }
 
-  StreamLoaderState state() const { return {epoch_, samples_, options_.seed}; }
+  /// The seed in use: options.seed, or the one drawn at construction (or adopted by load_state).
+  uint64_t seed() const { return seed_.value(); }
+
+  StreamLoaderState state() const { return {epoch_, samples_, seed_.value()}; }
   /// Restores a state(): the next begin() resets the stream to that epoch,
   /// skips the samples consumed, and yields the epoch's remaining batches.
   void load_state(const StreamLoaderState& s) {
-    KILN_CHECK(s.seed == options_.seed, ValueError, "IterableDataLoader: load_state expected seed ", options_.seed,
-               " (the loader's options.seed), got ", s.seed);
     KILN_CHECK(s.epoch >= 0 && s.samples >= 0, ValueError,
                "IterableDataLoader: load_state expected epoch, samples >= 0, got ", s.epoch, ", ", s.samples);
     KILN_CHECK(live_.expired(), ValueError, "IterableDataLoader: load_state while an epoch is being iterated");
+    seed_.restore(s.seed, "IterableDataLoader");
     epoch_ = s.epoch;
     samples_ = s.samples;
     started_ = false;
@@ -313,6 +315,7 @@ class IterableDataLoader {
 
   std::shared_ptr<IterableDataset<Sample>> dataset_;
   Options options_;
+  detail::LoaderSeed seed_;
   std::weak_ptr<Epoch> live_;
   int64_t epoch_ = 0, samples_ = 0;
   bool started_ = false;

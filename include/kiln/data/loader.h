@@ -94,6 +94,30 @@ class StallMeter {
   std::optional<Clock::time_point> end_;
 };
 
+/// A loader's seed: the one the options gave, or one drawn at construction.
+/// load_state() of a drawn seed adopts the saved one (a resumed run continues
+/// the saved order whatever the global RNG did before); an explicit seed must
+/// match the saved one.
+class LoaderSeed {
+ public:
+  explicit LoaderSeed(std::optional<uint64_t> given) : value_(given ? *given : draw_seed()), drawn_(!given) {}
+  uint64_t value() const { return value_; }
+  /// True when `saved` was taken over (the caller then rebuilds what depends on the seed).
+  bool restore(uint64_t saved, const char* loader) {
+    KILN_CHECK(drawn_ || saved == value_, ValueError, loader, ": load_state expected seed ", value_,
+               " (the loader's options.seed), got ", saved,
+               "; hint: build the loader with the seed of the run that saved the state, or leave options.seed "
+               "unset to take the saved one");
+    const bool changed = saved != value_;
+    value_ = saved;
+    return changed;
+  }
+
+ private:
+  uint64_t value_;
+  bool drawn_;
+};
+
 }  // namespace detail
 
 template <typename Sample = Example, typename Batch = Example>
@@ -106,7 +130,11 @@ struct LoaderOptions {
   int64_t num_workers = 0;
   int64_t prefetch_factor = 2;
   bool drop_last = false;
-  uint64_t seed = 0;
+  /// Seeds the shuffle order and per-sample randomness. Unset: drawn from the
+  /// default generator when the loader is built (torch's base seed), so
+  /// manual_seed decides the order; set it for an order independent of
+  /// the global RNG (the CLI passes its config seed).
+  std::optional<uint64_t> seed = std::nullopt;
   /// Rank mixed into per-sample seeds (distributed training).
   int64_t rank = 0;
   /// Keep the worker threads between epochs instead of starting them per epoch.
@@ -159,7 +187,7 @@ class DataLoader {
   using Options = LoaderOptions<Sample, Batch>;
 
   DataLoader(std::shared_ptr<const Dataset<Sample>> dataset, Options options)
-      : dataset_(std::move(dataset)), options_(std::move(options)) {
+      : dataset_(std::move(dataset)), options_(std::move(options)), seed_(options_.seed) {
     KILN_CHECK(dataset_ != nullptr, ValueError, "DataLoader: expected a dataset, got null");
     KILN_CHECK(options_.num_workers >= 0, ValueError, "DataLoader: expected num_workers >= 0, got ",
                options_.num_workers);
@@ -167,15 +195,8 @@ class DataLoader {
                options_.prefetch_factor);
     KILN_CHECK(!(options_.sampler && options_.shuffle), ValueError,
                "DataLoader: expected either a sampler or shuffle=true, got both");
-    std::shared_ptr<Sampler> s = options_.sampler;
-    owns_sampler_ = (s == nullptr);
-    if (!s) {
-      if (options_.shuffle)
-        s = std::make_shared<RandomSampler>(dataset_->size(), Generator(options_.seed));
-      else
-        s = std::make_shared<SequentialSampler>(dataset_->size());
-    }
-    batch_sampler_ = std::make_unique<BatchSampler>(s, options_.batch_size, options_.drop_last);
+    owns_sampler_ = (options_.sampler == nullptr);
+    make_batch_sampler();
     if (!options_.collate) {
       if constexpr (std::is_same_v<Sample, Example> && std::is_same_v<Batch, Example>) {
         options_.collate = collate_examples;
@@ -237,7 +258,7 @@ class DataLoader {
       std::vector<Sample> samples;
       samples.reserve(idx.size());
       for (int64_t i : idx) {
-        Generator gen(sample_seed(loader_->options_.seed, epoch_, loader_->options_.rank, i));
+        Generator gen(sample_seed(loader_->seed_.value(), epoch_, loader_->options_.rank, i));
         SampleGeneratorGuard guard(&gen);
         try {
           samples.push_back(loader_->dataset_->get(i));
@@ -285,13 +306,15 @@ class DataLoader {
   }
   Iterator end() { return Iterator(); }
 
-  LoaderState state() const { return {epoch_, position_, options_.seed}; }
+  /// The seed in use: options.seed, or the one drawn at construction (or adopted by load_state).
+  uint64_t seed() const { return seed_.value(); }
+
+  LoaderState state() const { return {epoch_, position_, seed_.value()}; }
   /// Restores a state(): the next begin() yields that epoch's remaining batches.
   void load_state(const LoaderState& s) {
-    KILN_CHECK(s.seed == options_.seed, ValueError, "DataLoader: load_state expected seed ", options_.seed,
-               " (the loader's options.seed), got ", s.seed);
     KILN_CHECK(s.epoch >= 0 && s.position >= 0, ValueError, "DataLoader: load_state expected epoch, position >= 0, got ",
                s.epoch, ", ", s.position);
+    if (seed_.restore(s.seed, "DataLoader")) make_batch_sampler();
     epoch_ = s.epoch;
     position_ = s.position;
     started_ = false;
@@ -302,6 +325,16 @@ class DataLoader {
   }
 
  private:
+  void make_batch_sampler() {
+    std::shared_ptr<Sampler> s = options_.sampler;
+    if (!s) {
+      if (options_.shuffle)
+        s = std::make_shared<RandomSampler>(dataset_->size(), Generator(seed_.value()));
+      else
+        s = std::make_shared<SequentialSampler>(dataset_->size());
+    }
+    batch_sampler_ = std::make_unique<BatchSampler>(s, options_.batch_size, options_.drop_last);
+  }
   void record(double wait) { meter_.record(wait); }
   void delivered(int64_t epoch, int64_t position, bool last) {
     if (last) meter_.end_epoch();
@@ -317,6 +350,7 @@ class DataLoader {
 
   std::shared_ptr<const Dataset<Sample>> dataset_;
   Options options_;
+  detail::LoaderSeed seed_;
   bool owns_sampler_ = true;
   std::unique_ptr<BatchSampler> batch_sampler_;
   std::unique_ptr<detail::WorkerPool> pool_;

@@ -1,5 +1,5 @@
-// kiln::nn::functional (alias kiln::nn::F): stateless loss functions with
-// PyTorch's names, options and semantics (torch.nn.functional). Each returns
+// kiln::nn::functional (alias kiln::nn::F): stateless activations, dropout and
+// loss functions with PyTorch's names, options and semantics (torch.nn.functional). Each returns
 // a tensor recorded by autograd; backward formulas are written with kiln ops
 // (or a fused kernel when no higher derivative is being built), so double
 // backward works where PyTorch's does. `reduction` is "mean", "sum" or "none".
@@ -7,10 +7,34 @@
 
 #include <source_location>
 #include <string>
+#include <string_view>
 
 #include "kiln/core/tensor.h"
 
 namespace kiln::nn::functional {
+
+// ---- activations: the Tensor methods under torch.nn.functional's names ----
+inline Tensor relu(const Tensor& x, std::source_location loc = std::source_location::current()) { return x.relu(loc); }
+/// approximate: "none" (erf) or "tanh".
+inline Tensor gelu(const Tensor& x, std::string_view approximate = "none",
+                   std::source_location loc = std::source_location::current()) {
+  return x.gelu(approximate, loc);
+}
+inline Tensor silu(const Tensor& x, std::source_location loc = std::source_location::current()) { return x.silu(loc); }
+inline Tensor sigmoid(const Tensor& x, std::source_location loc = std::source_location::current()) {
+  return x.sigmoid(loc);
+}
+inline Tensor tanh(const Tensor& x, std::source_location loc = std::source_location::current()) { return x.tanh(loc); }
+inline Tensor softmax(const Tensor& x, int64_t dim, std::source_location loc = std::source_location::current()) {
+  return x.softmax(dim, loc);
+}
+inline Tensor log_softmax(const Tensor& x, int64_t dim, std::source_location loc = std::source_location::current()) {
+  return x.log_softmax(dim, loc);
+}
+/// Zeroes each element with probability p and scales the rest by 1 / (1 - p)
+/// when `training` (torch's default is training=true; pass module.is_training()).
+/// The mask comes from the default generator, as nn::Dropout's.
+Tensor dropout(const Tensor& x, double p = 0.5, bool training = true);
 
 struct CrossEntropyOptions {
   Tensor weight = {};               // [C] class weights, or undefined

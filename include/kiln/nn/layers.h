@@ -10,6 +10,8 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <type_traits>
+#include <typeinfo>
 #include <utility>
 #include <vector>
 
@@ -174,24 +176,80 @@ class Softmax : public Module {
 };
 
 /// Children named "0", "1", ...; forward feeds each one's output to the next.
-class Sequential : public Module {
+namespace detail {
+
+/// The elements of a Sequential or ModuleList, for range-for and typed access.
+class ModuleSeq : public Module {
  public:
-  Sequential() : Module("Sequential") {}
-  Sequential(std::initializer_list<ModulePtr> modules);
-  Sequential& push_back(ModulePtr m);
-  Tensor forward(const Tensor& x) override;
-  size_t size() const { return children().size(); }
+  using Module::Module;
+  /// Iterates the elements in order: for (const ModulePtr& m : *list).
+  class iterator {
+   public:
+    using Base = std::vector<std::pair<std::string, ModulePtr>>::const_iterator;
+    explicit iterator(Base it) : it_(it) {}
+    const ModulePtr& operator*() const { return it_->second; }
+    const ModulePtr* operator->() const { return &it_->second; }
+    iterator& operator++() {
+      ++it_;
+      return *this;
+    }
+    bool operator==(const iterator&) const = default;
+
+   private:
+    Base it_;
+  };
+  iterator begin() const { return iterator(child_entries().begin()); }
+  iterator end() const { return iterator(child_entries().end()); }
+  size_t size() const { return child_entries().size(); }
+  bool empty() const { return child_entries().empty(); }
+  /// Element i; IndexError past the end.
   ModulePtr operator[](size_t i) const;
+  /// Element i as its own type (list->at<Linear>(0)->weight); ValueError naming
+  /// the element's type when it is another.
+  template <typename M>
+  std::shared_ptr<M> at(size_t i) const {
+    ModulePtr m = (*this)[i];
+    auto typed = std::dynamic_pointer_cast<M>(m);
+    if (!typed) wrong_type(i, *m, typeid(M));
+    return typed;
+  }
+  /// Appends `m` under the next index.
+  void append(ModulePtr m);
+
+ private:
+  [[noreturn]] void wrong_type(size_t i, const Module& m, const std::type_info& want) const;
 };
 
-/// Holds modules under "0", "1", ... with no forward of its own.
-class ModuleList : public Module {
+}  // namespace detail
+
+/// Runs its modules in order. Build it from a brace list,
+/// Sequential({a, b}), or from the modules themselves, which std::make_shared
+/// can forward: std::make_shared<Sequential>(a, b, c).
+class Sequential : public detail::ModuleSeq {
  public:
-  ModuleList() : Module("ModuleList") {}
+  Sequential() : ModuleSeq("Sequential") {}
+  Sequential(std::initializer_list<ModulePtr> modules);
+  template <typename... M>
+    requires(sizeof...(M) > 0 && (std::is_base_of_v<Module, M> && ...))
+  explicit Sequential(std::shared_ptr<M>... modules) : Sequential() {
+    (append(std::move(modules)), ...);
+  }
+  Sequential& push_back(ModulePtr m);
+  Tensor forward(const Tensor& x) override;
+};
+
+/// Holds modules under "0", "1", ... with no forward of its own; range-for
+/// gives the elements, at<M>(i) one as its type.
+class ModuleList : public detail::ModuleSeq {
+ public:
+  ModuleList() : ModuleSeq("ModuleList") {}
   ModuleList(std::initializer_list<ModulePtr> modules);
+  template <typename... M>
+    requires(sizeof...(M) > 0 && (std::is_base_of_v<Module, M> && ...))
+  explicit ModuleList(std::shared_ptr<M>... modules) : ModuleList() {
+    (append(std::move(modules)), ...);
+  }
   ModuleList& push_back(ModulePtr m);
-  size_t size() const { return children().size(); }
-  ModulePtr operator[](size_t i) const;
 };
 
 /// Holds modules by name, in insertion order, with no forward of its own.

@@ -9,7 +9,14 @@
 //
 // Registered tensors live in stable slots: register_parameter/register_buffer
 // return a reference that stays valid for the module's life, so layers keep
-// `Tensor& weight` members that follow to(dtype) and load_state_dict.
+// `Tensor& weight` members that follow to(dtype) and load_state_dict; to(dtype)
+// converts in place, so a Tensor member copied from register_parameter's result,
+// an optimizer built before to() and tensor hooks keep following it too.
+//
+// Calling: model(x), or (*ptr)(x) through a pointer, runs the forward hooks
+// around forward(); forward(x) itself is the bare computation and skips them,
+// exactly as PyTorch's module.forward(x) (docs/decisions.md, "Calling a module").
+// A two-input module overrides forward(x, other) and is called as (*ptr)(x, mask).
 #pragma once
 
 #include <cstdint>
@@ -103,9 +110,16 @@ class Module {
 
   // ---- forward ----
   /// The computation; the base class raises (ModuleList, ModuleDict have none).
+  /// Call the module instead (model(x), (*ptr)(x)) to run its forward hooks:
+  /// as PyTorch's module.forward(x), a direct forward(x) skips them.
   virtual Tensor forward(const Tensor& input);
+  /// The computation of a two-input module (forward(x, mask)): override this
+  /// one and call the module as (*ptr)(x, mask). The base class raises.
+  virtual Tensor forward(const Tensor& input, const Tensor& other);
   /// Runs pre-hooks, forward(), then post-hooks.
   Tensor operator()(const Tensor& input);
+  /// The same for forward(input, other); hooks see (and pre-hooks may replace) the first input.
+  Tensor operator()(const Tensor& input, const Tensor& other);
   HookHandle register_forward_pre_hook(ForwardPreHook hook);
   HookHandle register_forward_hook(ForwardHook hook);
   /// True when a forward pre- or post-hook is registered on this module (a
@@ -121,6 +135,9 @@ class Module {
   std::string summary() const;
 
  protected:
+  /// The registered children in order (name, module), without a copy.
+  const std::vector<std::pair<std::string, ModulePtr>>& child_entries() const { return children_; }
+
   bool training_ = true;
 
  private:
@@ -135,6 +152,7 @@ class Module {
                std::vector<std::pair<std::string, Tensor*>>& out,
                std::vector<const TensorImpl*>& seen) const;
   void repr_into(std::string& out, int indent) const;
+  Tensor call_with_hooks(const Tensor& input, const Tensor* other);
 
   std::string type_name_;
   std::vector<std::unique_ptr<Slot>> params_;

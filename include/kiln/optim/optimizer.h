@@ -7,7 +7,9 @@
 //   opt.zero_grad(); loss.backward(); opt.step();
 //
 // Parameters are named tensors (what Module::named_parameters() returns), so
-// plain leaf tensors work too: {{"w", w}, {"b", b}}.
+// plain leaf tensors work too: {{"w", w}, {"b", b}}; or the module itself:
+// optim::AdamW opt(model, {...}). As torch, an optimizer over no parameters is
+// refused ("optimizer got an empty parameter list").
 #pragma once
 
 #include <map>
@@ -16,6 +18,7 @@
 #include <vector>
 
 #include "kiln/core/tensor.h"
+#include "kiln/nn/module.h"
 
 namespace kiln::optim {
 
@@ -82,6 +85,10 @@ class Optimizer {
 
  protected:
   Optimizer(HyperParams defaults, std::string name) : defaults_(std::move(defaults)), name_(std::move(name)) {}
+  /// Throws ValueError when no group holds a parameter (torch: "optimizer got an empty parameter list").
+  void require_parameters() const;
+  /// model.named_parameters(), or a ValueError naming the modules of `model` when it has none.
+  static NamedParams module_parameters(const nn::Module& model, const std::string& optimizer);
   /// Throws ValueError when a hyperparameter of a group is out of range.
   virtual void validate(const HyperParams& hp) const = 0;
   /// Updates one parameter (contiguous `p` and `g` of one dtype) with its state.
@@ -108,6 +115,8 @@ class SGD : public Optimizer {
  public:
   SGD(NamedParams params, SGDOptions options = {});
   SGD(std::vector<ParamGroup> groups, SGDOptions options = {});
+  /// Over every parameter of `model` (one group); names its modules when it has none.
+  SGD(const nn::Module& model, SGDOptions options = {});
 
  protected:
   void validate(const HyperParams& hp) const override;
@@ -127,6 +136,8 @@ class Adam : public Optimizer {
  public:
   Adam(NamedParams params, AdamOptions options = {});
   Adam(std::vector<ParamGroup> groups, AdamOptions options = {});
+  /// Over every parameter of `model` (one group); names its modules when it has none.
+  Adam(const nn::Module& model, AdamOptions options = {});
 
  protected:
   Adam(HyperParams defaults, std::string name) : Optimizer(std::move(defaults), std::move(name)) {}
@@ -148,6 +159,8 @@ class AdamW : public Adam {
  public:
   AdamW(NamedParams params, AdamWOptions options = {});
   AdamW(std::vector<ParamGroup> groups, AdamWOptions options = {});
+  /// Over every parameter of `model` (one group); names its modules when it has none.
+  AdamW(const nn::Module& model, AdamWOptions options = {});
 };
 
 struct RMSpropOptions {
@@ -163,6 +176,8 @@ class RMSprop : public Optimizer {
  public:
   RMSprop(NamedParams params, RMSpropOptions options = {});
   RMSprop(std::vector<ParamGroup> groups, RMSpropOptions options = {});
+  /// Over every parameter of `model` (one group); names its modules when it has none.
+  RMSprop(const nn::Module& model, RMSpropOptions options = {});
 
  protected:
   void validate(const HyperParams& hp) const override;

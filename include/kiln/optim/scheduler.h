@@ -21,7 +21,10 @@
 
 namespace kiln::optim {
 
-/// A scheduler's counters and learning rates (configuration comes from its constructor).
+/// A scheduler's counters and learning rates, and the settings that define its
+/// schedule. The configuration itself comes from the constructor: load_state_dict
+/// refuses a state whose type or settings differ from the scheduler's, naming the
+/// setting and both values.
 struct SchedulerState {
   int64_t last_epoch = 0;
   int64_t step_count = 0;
@@ -29,7 +32,19 @@ struct SchedulerState {
   std::vector<double> last_lr;
   HyperParams extra;                    // ReduceLROnPlateau: best, num_bad_epochs, cooldown_counter
   std::vector<SchedulerState> children;  // SequentialLR: its schedulers
+  /// "CosineAnnealingLR", ...; empty in states saved before kiln recorded it (then not checked).
+  std::string type;
+  /// The options that shape the schedule by torch's names (T_max, eta_min, total_iters,
+  /// milestones as "milestones.<i>" plus their count, strings as an index: anneal_strategy
+  /// cos=0 linear=1). Empty in older states: then nothing is checked.
+  HyperParams settings;
 };
+
+/// Every difference between the type and settings `saved` was made with and
+/// `now`'s, recursively through chained schedulers ("<what>: T_max is 100 in the
+/// saved state, 50 in this scheduler"); empty when they agree or `saved` has none.
+std::vector<std::string> schedule_mismatches(const SchedulerState& saved, const SchedulerState& now,
+                                             const std::string& what);
 
 class LRScheduler {
  public:
@@ -44,10 +59,17 @@ class LRScheduler {
   Optimizer& optimizer() const { return opt_; }
 
   virtual SchedulerState state_dict() const;
-  /// Throws ValueError when the group count differs from this scheduler's.
+  /// Throws ValueError when the group count, the type or a schedule setting
+  /// (see SchedulerState::settings) differs from this scheduler's.
   virtual void load_state_dict(const SchedulerState& s);
+  /// "StepLR", "CosineAnnealingLR", ... (what state_dict() records as its type).
+  virtual const char* type_name() const { return "LRScheduler"; }
 
  protected:
+  /// The options that define the schedule (none by default: LambdaLR's lambdas cannot be compared).
+  virtual HyperParams settings() const { return {}; }
+  /// Throws ValueError naming every mismatch of schedule_mismatches(s, state_dict()).
+  void check_schedule(const SchedulerState& s) const;
   /// Sets each group's "initial_lr" (if absent) and base_lrs from it.
   explicit LRScheduler(Optimizer& opt);
   /// torch's _initial_step: resets the step counters and steps once. Derived constructors call it last.
@@ -79,11 +101,13 @@ struct StepLROptions {
 class StepLR : public LRScheduler {
  public:
   StepLR(Optimizer& opt, StepLROptions o);
+  const char* type_name() const override { return "StepLR"; }
 
  protected:
   std::vector<double> get_lr() override;
   bool has_closed_form() const override { return true; }
   std::vector<double> closed_form_lr() override;
+  HyperParams settings() const override;
   StepLROptions o_;
 };
 
@@ -95,11 +119,13 @@ struct MultiStepLROptions {
 class MultiStepLR : public LRScheduler {
  public:
   MultiStepLR(Optimizer& opt, MultiStepLROptions o);
+  const char* type_name() const override { return "MultiStepLR"; }
 
  protected:
   std::vector<double> get_lr() override;
   bool has_closed_form() const override { return true; }
   std::vector<double> closed_form_lr() override;
+  HyperParams settings() const override;
   MultiStepLROptions o_;
 };
 
@@ -109,11 +135,13 @@ struct ExponentialLROptions {
 class ExponentialLR : public LRScheduler {
  public:
   ExponentialLR(Optimizer& opt, ExponentialLROptions o);
+  const char* type_name() const override { return "ExponentialLR"; }
 
  protected:
   std::vector<double> get_lr() override;
   bool has_closed_form() const override { return true; }
   std::vector<double> closed_form_lr() override;
+  HyperParams settings() const override;
   ExponentialLROptions o_;
 };
 
@@ -125,11 +153,13 @@ struct CosineAnnealingLROptions {
 class CosineAnnealingLR : public LRScheduler {
  public:
   CosineAnnealingLR(Optimizer& opt, CosineAnnealingLROptions o);
+  const char* type_name() const override { return "CosineAnnealingLR"; }
 
  protected:
   std::vector<double> get_lr() override;
   bool has_closed_form() const override { return true; }
   std::vector<double> closed_form_lr() override;
+  HyperParams settings() const override;
   CosineAnnealingLROptions o_;
 };
 
@@ -142,11 +172,13 @@ struct LinearLROptions {
 class LinearLR : public LRScheduler {
  public:
   LinearLR(Optimizer& opt, LinearLROptions o);
+  const char* type_name() const override { return "LinearLR"; }
 
  protected:
   std::vector<double> get_lr() override;
   bool has_closed_form() const override { return true; }
   std::vector<double> closed_form_lr() override;
+  HyperParams settings() const override;
   LinearLROptions o_;
 };
 
@@ -156,6 +188,7 @@ class LambdaLR : public LRScheduler {
   using Lambda = std::function<double(int64_t)>;
   LambdaLR(Optimizer& opt, Lambda lr_lambda);
   LambdaLR(Optimizer& opt, std::vector<Lambda> lr_lambdas);
+  const char* type_name() const override { return "LambdaLR"; }
 
  protected:
   std::vector<double> get_lr() override;
@@ -170,9 +203,11 @@ class SequentialLR : public LRScheduler {
   void step() override;
   SchedulerState state_dict() const override;
   void load_state_dict(const SchedulerState& s) override;
+  const char* type_name() const override { return "SequentialLR"; }
 
  protected:
   std::vector<double> get_lr() override { return group_lrs(); }
+  HyperParams settings() const override;
   std::vector<std::shared_ptr<LRScheduler>> schedulers_;
   std::vector<int64_t> milestones_;
 };
@@ -195,9 +230,11 @@ struct OneCycleLROptions {
 class OneCycleLR : public LRScheduler {
  public:
   OneCycleLR(Optimizer& opt, OneCycleLROptions o);
+  const char* type_name() const override { return "OneCycleLR"; }
 
  protected:
   std::vector<double> get_lr() override;
+  HyperParams settings() const override;
   double anneal(double start, double end, double pct) const;
   struct Phase {
     double end_step;
@@ -231,6 +268,7 @@ class ReduceLROnPlateau {
 
  private:
   bool is_better(double a, double best) const;
+  HyperParams settings() const;
   Optimizer& opt_;
   ReduceLROnPlateauOptions o_;
   double best_;
