@@ -296,6 +296,18 @@ TEST(Module, TypeNameDefaultsToTheClassAndUnregisteredMembersAreReported) {
   EXPECT_EQ(names(fixed.named_parameters()), std::vector<std::string>{"inner.w"});
 }
 
+// Issue 27: a lambda as a module inside a Sequential, printed with its name.
+TEST(Module, FunctionalWrapsALambda) {
+  auto seq = std::make_shared<nn::Sequential>(
+      std::make_shared<nn::Functional>([](const Tensor& x) { return x.flatten(1); }, "flatten"),
+      std::make_shared<Linear>(nn::LinearOptions{.in_features = 6, .out_features = 2}));
+  Tensor x = ones({4, 2, 3});
+  EXPECT_EQ((*seq)(x).shape_string(), "[4, 2]");
+  EXPECT_EQ(seq->to_string(),
+            "Sequential(\n  (0): Functional(flatten)\n  (1): Linear(in_features=6, out_features=2, bias=True)\n)");
+  EXPECT_THROW(nn::Functional(nn::Functional::Fn()), ValueError);
+}
+
 TEST(Module, ZeroGrad) {
   Linear lin({.in_features = 3, .out_features = 2});
   lin(ones({4, 3})).sum().backward();
