@@ -184,6 +184,10 @@ GELU::GELU(std::string approximate) : Module("GELU"), approximate(std::move(appr
 }
 
 // ---- containers ----
+Functional::Functional(Fn fn, std::string name) : Module("Functional"), fn_(std::move(fn)), name_(std::move(name)) {
+  KILN_CHECK(static_cast<bool>(fn_), ValueError, "Functional: expected a function, got an empty std::function");
+}
+
 namespace detail {
 ModulePtr ModuleSeq::operator[](size_t i) const {
   const auto& c = child_entries();

@@ -2,9 +2,12 @@
 #include "kiln/nn/module.h"
 
 #include <algorithm>
+#include <iostream>
+#include <typeinfo>
 #include <set>
 #include <sstream>
 
+#include "kiln/autograd/custom_function.h"
 #include "kiln/autograd/functions.h"
 #include "kiln/core/allocator.h"
 #include "kiln/core/error.h"
@@ -26,6 +29,44 @@ std::string join(const std::vector<std::string>& v) {
 }  // namespace
 
 Module::Module(std::string type_name) : type_name_(std::move(type_name)) {}
+
+std::string Module::type_name() const {
+  if (!type_name_.empty()) return type_name_;
+  // The dynamic type is only known after construction, so it is looked up here, not in the constructor.
+  std::string n = autograd::demangle(typeid(*this).name());
+  if (auto pos = n.rfind("::"); pos != std::string::npos) n = n.substr(pos + 2);
+  return n;
+}
+
+namespace {
+// The modules whose call operator is running on this thread, outermost first.
+thread_local std::vector<Module*> t_call_stack;
+struct CallFrame {
+  explicit CallFrame(Module* m) { t_call_stack.push_back(m); }
+  ~CallFrame() { t_call_stack.pop_back(); }
+  CallFrame(const CallFrame&) = delete;
+  CallFrame& operator=(const CallFrame&) = delete;
+};
+}  // namespace
+
+// A module with trainable parameters called inside another module's forward
+// but registered nowhere under the outermost one: the libtorch slip of a
+// member never passed to register_module. Its parameters reach no optimizer
+// built from the model and no state_dict, so say so (once per module).
+void Module::check_registered_in(Module& root, const Module& caller) {
+  checked_root_ = &root;
+  if (warned_unregistered_) return;
+  for (Module* m : root.modules())
+    if (m == this) return;
+  const int64_t trainable = num_parameters(/*trainable_only=*/true);
+  if (trainable == 0) return;
+  warned_unregistered_ = true;
+  std::cerr << "kiln warning: " << type_name() << " (" << trainable
+            << " trainable parameters) was called inside " << caller.type_name() << "'s forward, but it is not "
+            << "registered in " << root.type_name() << ": its parameters are missing from parameters(), "
+            << "state_dict() and any optimizer built from them, so they are never trained or saved. Register it: "
+            << "member = register_module(\"name\", member).\n";
+}
 
 Module::Slot* Module::find_slot(std::vector<std::unique_ptr<Slot>>& slots, const std::string& name) {
   for (auto& s : slots)
@@ -258,7 +299,7 @@ LoadStateDictResult Module::load_state_dict(const NamedTensors& dict, bool stric
   if (strict && !res.missing_keys.empty()) msg += "\n  missing keys: " + join(res.missing_keys);
   if (strict && !res.unexpected_keys.empty()) msg += "\n  unexpected keys: " + join(res.unexpected_keys);
   for (auto& m : mismatches) msg += "\n  size/dtype mismatch for " + m;
-  KILN_CHECK(msg.empty(), ValueError, "error(s) in load_state_dict for ", type_name_,
+  KILN_CHECK(msg.empty(), ValueError, "error(s) in load_state_dict for ", type_name(),
              " (nothing was changed):", msg);
   NoGradGuard g;
   for (auto& [dst, src] : copies) dst->copy_(*src);
@@ -273,12 +314,12 @@ int64_t Module::num_parameters(bool trainable_only) const {
 }
 
 Tensor Module::forward(const Tensor&) {
-  KILN_CHECK(false, ValueError, type_name_, " has no forward(); call its submodules instead");
+  KILN_CHECK(false, ValueError, type_name(), " has no forward(); call its submodules instead");
   return {};
 }
 
 Tensor Module::forward(const Tensor&, const Tensor&) {
-  KILN_CHECK(false, ValueError, type_name_,
+  KILN_CHECK(false, ValueError, type_name(),
              " was called with two inputs, but it has no two-input forward; call it with one input, or override "
              "Tensor forward(const Tensor&, const Tensor&) in it");
   return {};
@@ -289,6 +330,9 @@ Tensor Module::operator()(const Tensor& input) { return call_with_hooks(input, n
 Tensor Module::operator()(const Tensor& input, const Tensor& other) { return call_with_hooks(input, &other); }
 
 Tensor Module::call_with_hooks(const Tensor& input, const Tensor* other) {
+  if (!t_call_stack.empty() && checked_root_ != t_call_stack.front())
+    check_registered_in(*t_call_stack.front(), *t_call_stack.back());
+  CallFrame frame(this);
   // Copies: a hook may add or remove hooks (itself included) while running.
   const auto pre = hooks_->pre;
   Tensor x = input;
@@ -324,7 +368,7 @@ HookHandle Module::register_forward_hook(ForwardHook hook) {
 }
 
 void Module::repr_into(std::string& out, int indent) const {
-  out += type_name_ + "(" + extra_repr();
+  out += type_name() + "(" + extra_repr();
   if (children_.empty()) {
     out += ")";
     return;

@@ -197,6 +197,31 @@ TEST(DataLoader, ResumeWithADrawnSeedAdoptsTheSavedSeed) {
   EXPECT_NE(msg.find("got " + std::to_string(saved.seed)), std::string::npos) << msg;
 }
 
+// Issue 27: a loader moves between epochs (out of a factory, into a member),
+// carrying its seed and position; not while an epoch's iterator is alive.
+TEST(DataLoader, MovesBetweenEpochsButNotDuringOne) {
+  auto ds = std::make_shared<NoisyIndexDataset>(24);
+  DataLoader<> ref(ds, {.batch_size = 4, .shuffle = true, .num_workers = 2, .seed = 8});
+  run_epoch(ref);
+  const auto expected = run_epoch(ref);
+  auto make = [&] { return DataLoader<>(ds, {.batch_size = 4, .shuffle = true, .num_workers = 2, .seed = 8}); };
+  DataLoader<> first = make();
+  run_epoch(first);
+  DataLoader<> moved(std::move(first));
+  EXPECT_EQ(moved.state(), (LoaderState{.epoch = 1, .position = 0, .seed = 8}));
+  const auto got = run_epoch(moved);
+  ASSERT_EQ(got.size(), expected.size());
+  for (size_t i = 0; i < got.size(); ++i) EXPECT_TRUE(test::bitwise_equal(got[i].data, expected[i].data)) << i;
+  {
+    auto it = moved.begin();
+    EXPECT_THROW(DataLoader<>(std::move(moved)), ValueError);
+  }
+  DataLoader<> assigned = make();
+  assigned = std::move(moved);
+  // Where the interrupted epoch left off: epoch 2, its first batch delivered.
+  EXPECT_EQ(assigned.state(), (LoaderState{.epoch = 2, .position = 1, .seed = 8}));
+}
+
 TEST(DataLoader, WorkerExceptionSurfacesWithTheSampleIndex) {
   auto ds = std::make_shared<NoisyIndexDataset>(40, /*throw_at=*/17);
   for (int64_t workers : {0, 2}) {

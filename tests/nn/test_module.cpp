@@ -256,6 +256,58 @@ TEST(Module, ContainersIterateAndIndexByType) {
   EXPECT_THROW(list[2], IndexError);
 }
 
+// Issue 27: a module's type name defaults to its class name, and a module with
+// parameters called inside a model but never registered in it is reported.
+TEST(Module, TypeNameDefaultsToTheClassAndUnregisteredMembersAreReported) {
+  struct Inner : nn::Module {
+    Inner() { w = register_parameter("w", ones({2})); }
+    Tensor forward(const Tensor& x) override { return x * w; }
+    Tensor w;
+  };
+  struct Outer : nn::Module {
+    Outer() {
+      inner = std::make_shared<Inner>();  // forgotten: register_module("inner", inner)
+      act = register_module("act", std::make_shared<nn::ReLU>());
+    }
+    Tensor forward(const Tensor& x) override { return (*act)((*inner)(x)); }
+    std::shared_ptr<Inner> inner;
+    std::shared_ptr<nn::ReLU> act;
+  };
+  Outer outer;
+  EXPECT_EQ(outer.type_name(), "Outer");
+  EXPECT_EQ(outer.inner->type_name(), "Inner");
+  EXPECT_EQ(nn::Module().type_name(), "Module");
+  EXPECT_EQ(outer.to_string(), "Outer(\n  (act): ReLU()\n)");
+  testing::internal::CaptureStderr();
+  outer(ones({2}));
+  outer(ones({2}));
+  std::string err = testing::internal::GetCapturedStderr();
+  EXPECT_NE(err.find("Inner (2 trainable parameters) was called inside Outer's forward, but it is not registered "
+                     "in Outer"),
+            std::string::npos)
+      << err;
+  EXPECT_EQ(err.find("kiln warning"), err.rfind("kiln warning")) << "warned more than once: " << err;
+  // Registered, it is part of the model and nothing is reported.
+  Outer fixed;
+  fixed.register_module("inner", fixed.inner);
+  testing::internal::CaptureStderr();
+  fixed(ones({2}));
+  EXPECT_EQ(testing::internal::GetCapturedStderr(), "");
+  EXPECT_EQ(names(fixed.named_parameters()), std::vector<std::string>{"inner.w"});
+}
+
+// Issue 27: a lambda as a module inside a Sequential, printed with its name.
+TEST(Module, FunctionalWrapsALambda) {
+  auto seq = std::make_shared<nn::Sequential>(
+      std::make_shared<nn::Functional>([](const Tensor& x) { return x.flatten(1); }, "flatten"),
+      std::make_shared<Linear>(nn::LinearOptions{.in_features = 6, .out_features = 2}));
+  Tensor x = ones({4, 2, 3});
+  EXPECT_EQ((*seq)(x).shape_string(), "[4, 2]");
+  EXPECT_EQ(seq->to_string(),
+            "Sequential(\n  (0): Functional(flatten)\n  (1): Linear(in_features=6, out_features=2, bias=True)\n)");
+  EXPECT_THROW(nn::Functional(nn::Functional::Fn()), ValueError);
+}
+
 TEST(Module, ZeroGrad) {
   Linear lin({.in_features = 3, .out_features = 2});
   lin(ones({4, 3})).sum().backward();

@@ -334,6 +334,21 @@ TEST(Optimizers, AnEmptyParameterListIsRefused) {
   EXPECT_EQ(ok.param_groups()[0].params[0].first, "fc.weight");
 }
 
+// Issue 27: optimizers move (into containers, out of factories) with their state.
+TEST(Optimizers, MoveKeepsParametersAndState) {
+  Tensor w = ones({3}).requires_grad_();
+  std::vector<AdamW> opts;
+  opts.push_back(AdamW({{"w", w}}, {.lr = 0.1}));
+  w.mutable_grad() = ones({3});
+  opts[0].step();
+  AdamW moved = std::move(opts[0]);
+  EXPECT_EQ(moved.state().at("w").step, 1);
+  const Tensor before = w.detach().clone();
+  moved.step();
+  EXPECT_FALSE(w.equal(before)) << "the moved optimizer still updates the same parameter";
+  EXPECT_EQ(moved.state().at("w").step, 2);
+}
+
 TEST(Optimizers, StateFileRoundTripContinuesBitwise) {
   test::TempDir dir;
   Problem a(kFloat32), b(kFloat32);

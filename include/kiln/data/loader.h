@@ -208,11 +208,40 @@ class DataLoader {
   ~DataLoader() = default;
   DataLoader(const DataLoader&) = delete;
   DataLoader& operator=(const DataLoader&) = delete;
+  /// Movable between epochs (into a member, out of a factory); moving while an
+  /// iterator of an epoch is alive is a ValueError, since that epoch refers to
+  /// this loader. The stall statistics start afresh.
+  DataLoader(DataLoader&& o)
+      : dataset_((o.check_movable(), std::move(o.dataset_))),
+        options_(std::move(o.options_)),
+        seed_(o.seed_),
+        owns_sampler_(o.owns_sampler_),
+        batch_sampler_(std::move(o.batch_sampler_)),
+        pool_(std::move(o.pool_)),
+        epoch_(o.epoch_),
+        position_(o.position_),
+        started_(o.started_) {}
+  DataLoader& operator=(DataLoader&& o) {
+    if (this == &o) return *this;
+    check_movable();
+    o.check_movable();
+    dataset_ = std::move(o.dataset_);
+    options_ = std::move(o.options_);
+    seed_ = o.seed_;
+    owns_sampler_ = o.owns_sampler_;
+    batch_sampler_ = std::move(o.batch_sampler_);
+    pool_ = std::move(o.pool_);
+    epoch_ = o.epoch_;
+    position_ = o.position_;
+    started_ = o.started_;
+    return *this;
+  }
 
   /// Batches per epoch.
   int64_t size() const { return batch_sampler_->size(); }
 
-  /// The live iteration of one epoch; shared by iterator copies.
+  /// The live iteration of one epoch; shared by iterator copies. It refers to
+  /// its loader, which must outlive it (and not move while it lives).
   class Epoch {
    public:
     Epoch(DataLoader* loader, std::vector<std::vector<int64_t>> batches, int64_t epoch, int64_t start)
@@ -325,6 +354,11 @@ class DataLoader {
   }
 
  private:
+  void check_movable() const {
+    KILN_CHECK(live_.expired(), ValueError,
+               "DataLoader: cannot move a loader while an iterator of its epoch is alive (finish or leave the "
+               "loop first)");
+  }
   void make_batch_sampler() {
     std::shared_ptr<Sampler> s = options_.sampler;
     if (!s) {

@@ -6,6 +6,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <initializer_list>
 #include <memory>
 #include <optional>
@@ -138,6 +139,23 @@ class Identity : public Module {
  public:
   Identity() : Module("Identity") {}
   Tensor forward(const Tensor& x) override { return x; }
+};
+
+/// A function as a module, for a step that has no module of its own inside a
+/// Sequential (libtorch's nn::Functional):
+///   std::make_shared<nn::Functional>([](const Tensor& x) { return x.flatten(1); }, "flatten")
+/// It holds no parameters; its hooks run like any module's.
+class Functional : public Module {
+ public:
+  using Fn = std::function<Tensor(const Tensor&)>;
+  /// `name` is shown in the printed model: Functional(flatten).
+  explicit Functional(Fn fn, std::string name = {});
+  Tensor forward(const Tensor& x) override { return fn_(x); }
+  std::string extra_repr() const override { return name_; }
+
+ private:
+  Fn fn_;
+  std::string name_;
 };
 class ReLU : public Module {
  public:

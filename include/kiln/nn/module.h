@@ -51,13 +51,14 @@ class Module {
   /// Receives module, input and output; a defined return value replaces the output.
   using ForwardHook = std::function<Tensor(Module&, const Tensor& input, const Tensor& output)>;
 
-  /// `type_name` is what the printed summary shows ("Linear").
-  explicit Module(std::string type_name = "Module");
+  /// `type_name` is what the printed summary shows ("Linear"); left empty, it
+  /// is the class's own name (a `class Block : public Module` prints "Block").
+  explicit Module(std::string type_name = {});
   virtual ~Module() = default;
   Module(const Module&) = delete;
   Module& operator=(const Module&) = delete;
 
-  const std::string& type_name() const { return type_name_; }
+  std::string type_name() const;
 
   // ---- registration ----
   /// Adds (or replaces) a parameter. An undefined tensor registers an absent
@@ -153,6 +154,7 @@ class Module {
                std::vector<const TensorImpl*>& seen) const;
   void repr_into(std::string& out, int indent) const;
   Tensor call_with_hooks(const Tensor& input, const Tensor* other);
+  void check_registered_in(Module& root, const Module& caller);
 
   std::string type_name_;
   std::vector<std::unique_ptr<Slot>> params_;
@@ -164,6 +166,10 @@ class Module {
     std::map<int64_t, ForwardHook> post;
   };
   std::shared_ptr<Hooks> hooks_ = std::make_shared<Hooks>();
+  // The outermost module this one was last found registered under when called
+  // inside another module's call, and whether its "not registered" warning was given.
+  const Module* checked_root_ = nullptr;
+  bool warned_unregistered_ = false;
 };
 
 std::ostream& operator<<(std::ostream& os, const Module& m);

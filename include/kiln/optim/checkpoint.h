@@ -59,6 +59,9 @@ class Stateful {
 };
 
 /// What a checkpoint covers. model is required; the rest may be null/empty.
+/// Non-owning: the pointers are used only during the save_checkpoint /
+/// load_checkpoint call they are passed to, so a CheckpointRefs is best made
+/// at the call (refs() returning {.model = model.get(), ...}) rather than kept.
 /// Names of generators and objects: non-empty, without '.' or newlines.
 struct CheckpointRefs {
   nn::Module* model = nullptr;

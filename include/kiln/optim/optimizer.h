@@ -58,6 +58,10 @@ class Optimizer {
   virtual ~Optimizer() = default;
   Optimizer(const Optimizer&) = delete;
   Optimizer& operator=(const Optimizer&) = delete;
+  /// Movable (into a member, a container, out of a factory). Schedulers keep a
+  /// reference to the optimizer they were built with: build them after the move.
+  Optimizer(Optimizer&&) = default;
+  Optimizer& operator=(Optimizer&&) = default;
 
   /// Adds a group; its options override the defaults. Throws ValueError for an
   /// invalid hyperparameter, a parameter name already in the optimizer, a

@@ -46,6 +46,9 @@ struct SchedulerState {
 std::vector<std::string> schedule_mismatches(const SchedulerState& saved, const SchedulerState& now,
                                              const std::string& what);
 
+/// Lifetime: a scheduler refers to its optimizer (it does not own it); the
+/// optimizer must outlive the scheduler and must not be moved after the
+/// scheduler is built.
 class LRScheduler {
  public:
   virtual ~LRScheduler() = default;
