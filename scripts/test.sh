@@ -36,6 +36,13 @@ cmake -S tests/install -B "$prefix/consumer" -G Ninja -DCMAKE_PREFIX_PATH="$pref
   -DREADME_EXAMPLE="$prefix/readme_example.cpp" >/dev/null
 cmake --build "$prefix/consumer" >/dev/null
 "$prefix/consumer/app"
+"$prefix/consumer/dist_app"
+# kiln::kiln alone puts no MPI on a single-process program's compile or link line.
+if grep '"file": ".*/main.cpp"' -B3 "$prefix/consumer/compile_commands.json" | grep -qi 'openmpi\|libmpi\|mpi_cxx' \
+   || ldd "$prefix/consumer/app" | grep -qi libmpi; then
+  echo "test.sh: the single-process consumer (kiln::kiln) was built or linked with MPI" >&2
+  exit 1
+fi
 (cd "$prefix" && "$prefix/consumer/readme_example")
 
 if [[ ${KILN_SKIP_ASAN:-0} != 1 ]]; then

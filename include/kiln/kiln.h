@@ -51,6 +51,7 @@
 #include "kiln/nn/attention.h"
 #include "kiln/nn/functional.h"
 #include "kiln/nn/init.h"
+#include "kiln/nn/holder.h"
 #include "kiln/nn/layers.h"
 #include "kiln/nn/module.h"
 #include "kiln/nn/norm.h"

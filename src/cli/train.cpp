@@ -218,7 +218,10 @@ void save_checkpoint(Loop& L) {
 class ModuleTrail {
  public:
   explicit ModuleTrail(nn::Module& root) {
-    for (auto& [name, m] : root.named_modules()) {
+    for (auto& entry : root.named_modules()) {
+      // A copy, not a structured binding: lambdas capture it (clang 14 cannot capture bindings).
+      const std::string name = entry.first;
+      const auto& m = entry.second;
       if (name.empty()) continue;
       m->register_forward_pre_hook([this, name](nn::Module&, const Tensor&) {
         forward_.push_back(name);

@@ -9,6 +9,7 @@
 #include "kiln/core/error.h"
 #include "kiln/core/factory.h"
 #include "kiln/io/safetensors.h"
+#include "kiln/nn/holder.h"
 #include "kiln/nn/layers.h"
 #include "kiln/nn/module.h"
 #include "kiln/optim/optimizer.h"
@@ -381,6 +382,29 @@ TEST(Module, ToDtypeKeepsParameterIdentity) {
   m.to(kFloat32);
   EXPECT_EQ(m.gain.grad().dtype(), kFloat32);
   EXPECT_NE(autograd::describe(m.gain).find("gain"), std::string::npos) << autograd::describe(m.gain);
+}
+
+// libtorch users write model(x); a holder from nn::make_module calls the module
+// with its hooks, and is a shared_ptr everywhere else.
+TEST(Module, HolderIsCalledLikeTheModule) {
+  manual_seed(3);
+  auto fc = nn::make_module<nn::Linear>(nn::LinearOptions{.in_features = 4, .out_features = 2});
+  int hooked = 0;
+  fc->register_forward_hook([&](nn::Module&, const Tensor&, const Tensor&) {
+    ++hooked;
+    return Tensor();
+  });
+  Tensor x = randn({3, 4});
+  Tensor y = fc(x);
+  EXPECT_EQ(hooked, 1);
+  EXPECT_TRUE(y.equal((*fc)(x)));
+  EXPECT_EQ(hooked, 2);
+  nn::Sequential seq;
+  std::shared_ptr<nn::Linear> inner = seq.register_module("fc", fc);  // converts like any shared_ptr
+  EXPECT_EQ(inner.get(), fc.get());
+  EXPECT_EQ(seq.named_parameters().size(), 2u);
+  nn::ModuleHolder<nn::Linear> empty;
+  EXPECT_THROW(empty(x), ValueError);
 }
 
 TEST(Module, PrintsLikePyTorch) {
