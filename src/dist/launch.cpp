@@ -8,6 +8,7 @@
 #include <cstring>
 
 #include "kiln/core/error.h"
+#include "launch_exec.h"
 
 namespace kiln::dist {
 
@@ -52,9 +53,7 @@ std::vector<std::string> launch_command(int nprocs, const std::vector<std::strin
   return argv;
 }
 
-void exec_launch(int nprocs, const std::vector<std::string>& command, const LaunchOptions& options) {
-  const auto argv = launch_command(nprocs, command, options);
-  // mpirun itself reads the run-as-root and mapping settings from its environment.
+void detail::exec_with_launch_environment(const std::vector<std::string>& argv) {
   for (const auto& kv : launch_environment()) {
     const auto eq = kv.find('=');
     ::setenv(kv.substr(0, eq).c_str(), kv.substr(eq + 1).c_str(), 1);
@@ -63,6 +62,10 @@ void exec_launch(int nprocs, const std::vector<std::string>& command, const Laun
   for (const auto& a : argv) cargv.push_back(const_cast<char*>(a.c_str()));
   cargv.push_back(nullptr);
   ::execvp(cargv[0], cargv.data());
+}
+
+void exec_launch(int nprocs, const std::vector<std::string>& command, const LaunchOptions& options) {
+  detail::exec_with_launch_environment(launch_command(nprocs, command, options));
   throw IOError("kiln launch: cannot run '" + options.mpirun + "': " + std::strerror(errno) +
                 " (install Open MPI: scripts/setup.sh installs openmpi-bin)");
 }

@@ -13,6 +13,7 @@
 
 #include "kiln/core/error.h"
 #include "kiln/dist/launch.h"
+#include "launch_exec.h"
 #include "rank_status.h"
 
 namespace kiln::dist {
@@ -44,15 +45,7 @@ LaunchResult run_launch(int nprocs, const std::vector<std::string>& command, con
     throw IOError(std::string("kiln launch: fork failed: ") + std::strerror(errno));
   }
   if (pid == 0) {
-    // mpirun itself reads the run-as-root and mapping settings from its environment.
-    for (const auto& kv : launch_environment()) {
-      const auto eq = kv.find('=');
-      ::setenv(kv.substr(0, eq).c_str(), kv.substr(eq + 1).c_str(), 1);
-    }
-    std::vector<char*> cargv;
-    for (const auto& a : argv) cargv.push_back(const_cast<char*>(a.c_str()));
-    cargv.push_back(nullptr);
-    ::execvp(cargv[0], cargv.data());
+    detail::exec_with_launch_environment(argv);
     const std::string msg = "kiln launch: cannot run '" + options.mpirun + "': " + std::strerror(errno) +
                             " (install Open MPI: scripts/setup.sh installs openmpi-bin)\n";
     ssize_t w = ::write(2, msg.data(), msg.size());

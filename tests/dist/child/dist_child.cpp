@@ -8,6 +8,7 @@
 #include <csignal>
 #include <cstdio>
 #include <cstdlib>
+#include <functional>
 #include <stdexcept>
 #include <string>
 #include <thread>
@@ -28,16 +29,13 @@ void warm_up(dist::ProcessGroup& pg) {
   pg.broadcast(b, 0)->wait();
 }
 
-// Rank 1 skips an allreduce and goes on to the next collective, a broadcast.
-// In debug mode every rank must raise at collective 3 with the table.
-int skip_debug() {
+// Runs `body` after the warm-up; in debug mode every rank must raise from it
+// (exit 0 after printing what it raised), anything else exits 2.
+int expect_raise(const std::function<void(dist::ProcessGroup&)>& body) {
   auto pg = dist::world();
   warm_up(*pg);
   try {
-    Tensor c = full({1000}, 2.0);
-    if (pg->rank() != 1) pg->allreduce(c)->wait();  // the collective rank 1 skips
-    Tensor d = full({10}, 3.0);
-    pg->broadcast(d, 0)->wait();
+    body(*pg);
   } catch (const DistributedError& e) {
     std::fprintf(stderr, "rank %d raised: %s\n", pg->rank(), e.what());
     return 0;
@@ -46,20 +44,24 @@ int skip_debug() {
   return 2;
 }
 
+// Rank 1 skips an allreduce and goes on to the next collective, a broadcast.
+// In debug mode every rank must raise at collective 3 with the table.
+int skip_debug() {
+  return expect_raise([](dist::ProcessGroup& pg) {
+    Tensor c = full({1000}, 2.0);
+    if (pg.rank() != 1) pg.allreduce(c)->wait();  // the collective rank 1 skips
+    Tensor d = full({10}, 3.0);
+    pg.broadcast(d, 0)->wait();
+  });
+}
+
 // The ranks allreduce [3, 4] and [4, 3]: the same bytes, a different call.
 // In debug mode every rank must raise at collective 3, showing both shapes.
 int transposed_debug() {
-  auto pg = dist::world();
-  warm_up(*pg);
-  try {
-    Tensor c = pg->rank() == 1 ? full({4, 3}, 1.0) : full({3, 4}, 1.0);
-    pg->allreduce(c)->wait();
-  } catch (const DistributedError& e) {
-    std::fprintf(stderr, "rank %d raised: %s\n", pg->rank(), e.what());
-    return 0;
-  }
-  std::fprintf(stderr, "rank %d: no error raised\n", pg->rank());
-  return 2;
+  return expect_raise([](dist::ProcessGroup& pg) {
+    Tensor c = pg.rank() == 1 ? full({4, 3}, 1.0) : full({3, 4}, 1.0);
+    pg.allreduce(c)->wait();
+  });
 }
 
 // Rank 1 skips an allreduce and then computes (sleeps) for far longer than the
