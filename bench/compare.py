@@ -363,6 +363,7 @@ def main():
     ap.add_argument("--out", default=None, help="JSON results (default bench/results/latest.json; "
                                                 "--quick: bench/results/quick.json)")
     ap.add_argument("--note", default="", help="a line printed under the machine line (e.g. 'busy machine')")
+    ap.add_argument("--under-load-only", action="store_true", help="only the under-load rows")
     ap.add_argument("--no-under-load", action="store_true",
                     help="skip the under-load rows (mlp at 2+ threads next to busy processes)")
     a = ap.parse_args()
@@ -405,7 +406,8 @@ def main():
     # A long run stopped with Ctrl-C or SIGTERM still leaves every finished workload on disk.
     signal.signal(signal.SIGTERM, interrupt)
     try:
-        measure(a, os.path.abspath(a.kiln), results, lambda: save(False))
+        if not a.under_load_only:
+            measure(a, os.path.abspath(a.kiln), results, lambda: save(False))
         if not a.no_under_load:
             threads = max(2, max(a.threads))
             cfg = "tunables" if "tunables" in a.torch_configs else a.torch_configs[0]
