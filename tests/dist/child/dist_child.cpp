@@ -64,34 +64,30 @@ int transposed_debug() {
   });
 }
 
-// Rank 1 skips an allreduce and then computes (sleeps) for far longer than the
-// watchdog's timeout: rank 0's watchdog must report and abort.
-int skip_hang() {
+// Rank 0 runs an allreduce while rank 1 does `rank1` instead: the watchdog
+// must report and abort (exit 2 if the job ends any other way).
+int hang_with_rank_1(const std::function<void(dist::ProcessGroup&)>& rank1) {
   auto pg = dist::world();
   warm_up(*pg);
   Tensor c = full({1000}, 2.0);
   if (pg->rank() != 1) {
     pg->allreduce(c)->wait();
   } else {
-    std::this_thread::sleep_for(std::chrono::seconds(100));
+    rank1(*pg);
   }
   std::fprintf(stderr, "rank %d: finished, but the watchdog should have ended the job\n", pg->rank());
   return 2;
 }
 
+// Rank 1 skips the allreduce and computes (sleeps) for far longer than the timeout.
+int skip_hang() {
+  return hang_with_rank_1([](dist::ProcessGroup&) { std::this_thread::sleep_for(std::chrono::seconds(100)); });
+}
+
 // Rank 1 waits in a barrier where rank 0 runs an allreduce: both have "reached"
 // collective 3, and the report must say that rank 1 is in another collective.
 int barrier_vs_allreduce() {
-  auto pg = dist::world();
-  warm_up(*pg);
-  Tensor c = full({1000}, 2.0);
-  if (pg->rank() != 1) {
-    pg->allreduce(c)->wait();
-  } else {
-    pg->barrier()->wait();
-  }
-  std::fprintf(stderr, "rank %d: finished, but the watchdog should have ended the job\n", pg->rank());
-  return 2;
+  return hang_with_rank_1([](dist::ProcessGroup& pg) { pg.barrier()->wait(); });
 }
 
 // Rank 1 dies at step 7 while rank 0 waits in an allreduce: by SIGKILL, which
