@@ -15,7 +15,7 @@
 #include <string>
 #include <vector>
 
-#include "kiln/core/factory.h"
+#include "kiln/ops/factory.h"
 #include "kiln/core/generator.h"
 #include "kiln/core/threads.h"
 #include "kiln/dist/ddp.h"

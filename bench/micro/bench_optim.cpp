@@ -13,7 +13,7 @@
 
 #include <memory>
 
-#include "kiln/core/factory.h"
+#include "kiln/ops/factory.h"
 #include "kiln/optim/optimizer.h"
 
 namespace {

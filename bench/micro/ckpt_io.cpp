@@ -20,7 +20,7 @@
 #include <filesystem>
 #include <memory>
 
-#include "kiln/core/factory.h"
+#include "kiln/ops/factory.h"
 #include "kiln/models/gpt.h"
 #include "kiln/optim/checkpoint.h"
 

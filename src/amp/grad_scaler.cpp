@@ -12,7 +12,7 @@
 #include "kiln/autograd/anomaly.h"
 #include "kiln/core/autocast.h"
 #include "kiln/core/error.h"
-#include "kiln/core/factory.h"
+#include "kiln/ops/factory.h"
 #include "kiln/core/guards.h"
 
 namespace kiln::amp {

@@ -13,7 +13,7 @@
 #include "kiln/autograd/functions.h"
 #include "kiln/core/autocast.h"
 #include "kiln/core/guards.h"
-#include "kiln/core/factory.h"
+#include "kiln/ops/factory.h"
 
 namespace kiln::autograd {
 

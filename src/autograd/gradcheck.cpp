@@ -6,7 +6,7 @@
 
 #include "kiln/autograd/engine.h"
 #include "kiln/core/guards.h"
-#include "kiln/core/factory.h"
+#include "kiln/ops/factory.h"
 
 namespace kiln::autograd {
 

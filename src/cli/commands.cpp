@@ -11,7 +11,7 @@
 
 #include "cli/progress.h"
 #include "cli/task.h"
-#include "kiln/core/factory.h"
+#include "kiln/ops/factory.h"
 #include "kiln/core/guards.h"
 #include "kiln/io/safetensors.h"
 #include "kiln/nn/pytorch_weights.h"

@@ -6,7 +6,7 @@
 
 #include "kiln/core/allocator.h"
 #include "kiln/core/error.h"
-#include "kiln/core/factory.h"
+#include "kiln/ops/factory.h"
 #include "kiln/data/npy.h"
 #include "kiln/io/safetensors.h"
 

@@ -11,7 +11,7 @@
 #include "file_io.h"
 #include "kiln/core/allocator.h"
 #include "kiln/core/error.h"
-#include "kiln/core/factory.h"
+#include "kiln/ops/factory.h"
 
 namespace kiln::data {
 

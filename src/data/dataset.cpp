@@ -1,7 +1,7 @@
 #include "kiln/data/dataset.h"
 
 #include "kiln/core/error.h"
-#include "kiln/core/factory.h"
+#include "kiln/ops/factory.h"
 
 namespace kiln::data {
 

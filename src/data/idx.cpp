@@ -22,7 +22,7 @@
 #include <limits>
 
 #include "kiln/core/error.h"
-#include "kiln/core/factory.h"
+#include "kiln/ops/factory.h"
 #include "file_io.h"
 
 namespace kiln::data {

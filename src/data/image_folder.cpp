@@ -12,7 +12,7 @@
 #include "file_io.h"
 #include "kiln/core/allocator.h"
 #include "kiln/core/error.h"
-#include "kiln/core/factory.h"
+#include "kiln/ops/factory.h"
 #include "kiln/data/image.h"
 
 namespace kiln::data {

@@ -3,7 +3,7 @@
 #include <iostream>
 
 #include "kiln/core/error.h"
-#include "kiln/core/factory.h"
+#include "kiln/ops/factory.h"
 #include "kiln/data/dataset.h"
 
 namespace kiln::data {

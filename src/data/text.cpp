@@ -9,7 +9,7 @@
 #include <cstring>
 
 #include "kiln/core/error.h"
-#include "kiln/core/factory.h"
+#include "kiln/ops/factory.h"
 
 namespace kiln::data {
 

@@ -11,7 +11,7 @@
 #include "kiln/autograd/functions.h"
 #include "kiln/autograd/node.h"
 #include "kiln/core/error.h"
-#include "kiln/core/factory.h"
+#include "kiln/ops/factory.h"
 #include "kiln/core/guards.h"
 #include "ddp_verify.h"
 

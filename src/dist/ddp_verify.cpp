@@ -11,7 +11,7 @@
 #include <sstream>
 
 #include "kiln/core/error.h"
-#include "kiln/core/factory.h"
+#include "kiln/ops/factory.h"
 
 namespace kiln::dist::detail {
 namespace {

@@ -23,7 +23,7 @@
 #include <set>
 #include <system_error>
 
-#include "kiln/core/factory.h"
+#include "kiln/ops/factory.h"
 
 namespace kiln::io {
 

@@ -14,7 +14,7 @@
 #include <sstream>
 
 #include "kiln/core/error.h"
-#include "kiln/core/factory.h"
+#include "kiln/ops/factory.h"
 #include "kiln/core/guards.h"
 #include "kiln/nn/init.h"
 #include "kiln/ops/autocast.h"

@@ -27,7 +27,7 @@
 #include "kiln/autograd/custom_function.h"
 #include "kiln/autograd/engine.h"
 #include "kiln/core/error.h"
-#include "kiln/core/factory.h"
+#include "kiln/ops/factory.h"
 #include "kiln/core/guards.h"
 #include "kiln/kernels/attention.h"
 #include "kiln/nn/attention.h"

@@ -5,7 +5,7 @@
 #include <vector>
 
 #include "kiln/core/error.h"
-#include "kiln/core/factory.h"
+#include "kiln/ops/factory.h"
 #include "kiln/core/guards.h"
 
 namespace kiln::nn::init {

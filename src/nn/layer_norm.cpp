@@ -21,7 +21,7 @@
 #include "kiln/autograd/custom_function.h"
 #include "kiln/autograd/engine.h"
 #include "kiln/core/error.h"
-#include "kiln/core/factory.h"
+#include "kiln/ops/factory.h"
 #include "kiln/core/guards.h"
 #include "kiln/core/threads.h"
 #include "kiln/kernels/loop.h"

@@ -5,7 +5,7 @@
 
 #include "kiln/autograd/custom_function.h"
 #include "kiln/core/error.h"
-#include "kiln/core/factory.h"
+#include "kiln/ops/factory.h"
 #include "kiln/core/guards.h"
 #include "kiln/nn/functional.h"
 #include "kiln/nn/init.h"

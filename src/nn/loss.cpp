@@ -3,7 +3,7 @@
 // so their gradients (and second derivatives) are the ops' own.
 #include <vector>
 
-#include "kiln/core/factory.h"
+#include "kiln/ops/factory.h"
 #include "kiln/nn/functional.h"
 #include "kiln/ops/autocast.h"
 #include "kiln/ops/index.h"

@@ -15,7 +15,7 @@
 #include <vector>
 
 #include "kiln/autograd/functions.h"
-#include "kiln/core/factory.h"
+#include "kiln/ops/factory.h"
 #include "kiln/core/guards.h"
 #include "kiln/kernels/loss.h"
 #include "kiln/nn/functional.h"

@@ -8,7 +8,7 @@
 #include <string>
 
 #include "kiln/core/error.h"
-#include "kiln/core/factory.h"
+#include "kiln/ops/factory.h"
 #include "kiln/core/guards.h"
 #include "kiln/nn/functional.h"
 #include "kiln/nn/init.h"

@@ -5,7 +5,7 @@
 #include "kiln/models/vit.h"
 
 #include "kiln/core/error.h"
-#include "kiln/core/factory.h"
+#include "kiln/ops/factory.h"
 #include "kiln/core/guards.h"
 #include "kiln/nn/init.h"
 #include "kiln/ops/index.h"

@@ -6,7 +6,7 @@
 #include <set>
 
 #include "kiln/core/error.h"
-#include "kiln/core/factory.h"
+#include "kiln/ops/factory.h"
 #include "kiln/core/guards.h"
 
 namespace kiln::nn {

@@ -8,7 +8,7 @@
 
 #include "iter.h"
 #include "kiln/autograd/functions.h"
-#include "kiln/core/factory.h"
+#include "kiln/ops/factory.h"
 #include "kiln/core/guards.h"
 
 namespace kiln::ops::conv_detail {

@@ -7,7 +7,7 @@
 #include "grad_ops.h"
 #include "iter.h"
 #include "kiln/kernels/copy.h"
-#include "kiln/core/factory.h"
+#include "kiln/ops/factory.h"
 
 namespace kiln {
 

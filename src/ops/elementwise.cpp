@@ -17,7 +17,7 @@
 #include <string>
 
 #include "kiln/ops/elementwise.h"
-#include "kiln/core/factory.h"
+#include "kiln/ops/factory.h"
 #include "kiln/ops/op_spec.h"
 
 namespace kiln::ops {

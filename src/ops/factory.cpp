@@ -1,11 +1,11 @@
-// Tensor factories (include/kiln/core/factory.h).
+// Tensor factories (include/kiln/ops/factory.h).
 //
 // Random factories draw from Philox by element index: element i of a fresh
 // tensor uses block (offset + i / k) of the generator's stream, where k is
 // the number of elements one 128-bit block yields. The fill is therefore the
 // same whatever the thread count, and the generator advances by a known
 // number of blocks.
-#include "kiln/core/factory.h"
+#include "kiln/ops/factory.h"
 
 #include <cmath>
 #include <numbers>

@@ -8,7 +8,7 @@
 #include <optional>
 #include <sstream>
 
-#include "kiln/core/factory.h"
+#include "kiln/ops/factory.h"
 #include "kiln/ops/op_spec.h"
 
 namespace kiln::ops {

@@ -15,7 +15,7 @@
 #include "iter.h"
 #include "kiln/kernels/copy.h"
 #include "kiln/kernels/index.h"
-#include "kiln/core/factory.h"
+#include "kiln/ops/factory.h"
 #include "kiln/ops/index.h"
 
 namespace kiln {

@@ -5,7 +5,7 @@
 #include <vector>
 
 #include "iter.h"
-#include "kiln/core/factory.h"
+#include "kiln/ops/factory.h"
 #include "kiln/kernels/copy.h"
 #include "kiln/kernels/index.h"
 

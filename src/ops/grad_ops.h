@@ -9,7 +9,7 @@
 #pragma once
 
 #include "kiln/autograd/functions.h"
-#include "kiln/core/memory_format.h"
+#include "kiln/ops/memory_format.h"
 #include "kiln/core/tensor.h"
 
 namespace kiln::ops {

@@ -4,7 +4,7 @@
 // join.cpp and repeat.cpp.
 #include <algorithm>
 
-#include "kiln/core/factory.h"
+#include "kiln/ops/factory.h"
 #include "kiln/ops/index.h"
 #include "kiln/ops/op_spec.h"
 

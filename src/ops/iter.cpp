@@ -4,7 +4,7 @@
 #include <limits>
 
 #include "kiln/core/guards.h"
-#include "kiln/core/factory.h"
+#include "kiln/ops/factory.h"
 
 namespace kiln::ops {
 

@@ -11,7 +11,7 @@
 
 #include <initializer_list>
 
-#include "kiln/core/memory_format.h"
+#include "kiln/ops/memory_format.h"
 #include "kiln/core/tensor.h"
 #include "kiln/kernels/loop.h"
 

@@ -22,7 +22,7 @@
 #include "iter.h"
 #include "kiln/autograd/functions.h"
 #include "kiln/core/allocator.h"
-#include "kiln/core/factory.h"
+#include "kiln/ops/factory.h"
 #include "kiln/core/guards.h"
 #include "kiln/kernels/blas.h"
 #include "kiln/kernels/dnnl.h"

@@ -2,7 +2,7 @@
 // (include/kiln/ops/op_spec.h). Each sample names the torch expression the
 // oracle evaluates over x0, x1, ...
 #include "kiln/ops/linalg.h"
-#include "kiln/core/factory.h"
+#include "kiln/ops/factory.h"
 #include "kiln/ops/op_spec.h"
 
 namespace kiln::ops {

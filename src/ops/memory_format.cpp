@@ -1,8 +1,8 @@
-// Channels-last predicates and allocation (include/kiln/core/memory_format.h).
-#include "kiln/core/memory_format.h"
+// Channels-last predicates and allocation (include/kiln/ops/memory_format.h).
+#include "kiln/ops/memory_format.h"
 
 #include "kiln/core/error.h"
-#include "kiln/core/factory.h"
+#include "kiln/ops/factory.h"
 
 namespace kiln {
 

@@ -6,7 +6,7 @@
 #include <optional>
 
 #include "elementwise_common.h"
-#include "kiln/core/factory.h"
+#include "kiln/ops/factory.h"
 #include "kiln/kernels/copy.h"
 #include "kiln/ops/elementwise.h"
 #include "kiln/ops/index.h"

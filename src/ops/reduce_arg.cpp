@@ -4,7 +4,7 @@
 // the indices and argmax/argmin are integers and record nothing.
 #include "iter.h"
 #include "kiln/autograd/functions.h"
-#include "kiln/core/factory.h"
+#include "kiln/ops/factory.h"
 #include "kiln/core/guards.h"
 #include "kiln/ops/reduce.h"
 #include "reduce_util.h"

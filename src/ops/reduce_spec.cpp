@@ -16,7 +16,7 @@
 #include <tuple>
 #include <type_traits>
 
-#include "kiln/core/factory.h"
+#include "kiln/ops/factory.h"
 #include "kiln/ops/op_spec.h"
 #include "kiln/ops/reduce.h"
 #include "reduce_spec_util.h"

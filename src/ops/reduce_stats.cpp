@@ -8,7 +8,7 @@
 
 #include "iter.h"
 #include "kiln/autograd/functions.h"
-#include "kiln/core/factory.h"
+#include "kiln/ops/factory.h"
 #include "kiln/ops/index.h"
 #include "kiln/ops/autocast.h"
 #include "kiln/ops/reduce.h"

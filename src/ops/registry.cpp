@@ -1,6 +1,6 @@
 #include "kiln/ops/op_spec.h"
 
-#include "kiln/core/factory.h"
+#include "kiln/ops/factory.h"
 
 namespace kiln::ops {
 

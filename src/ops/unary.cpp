@@ -14,7 +14,7 @@
 #include <utility>
 
 #include "elementwise_common.h"
-#include "kiln/core/factory.h"
+#include "kiln/ops/factory.h"
 #include "kiln/core/guards.h"
 #include "kiln/kernels/copy.h"
 #include "kiln/kernels/threshold.h"

@@ -17,8 +17,8 @@
 #include "grad_ops.h"
 #include "iter.h"
 #include "kiln/autograd/autograd_meta.h"
-#include "kiln/core/factory.h"
-#include "kiln/core/memory_format.h"
+#include "kiln/ops/factory.h"
+#include "kiln/ops/memory_format.h"
 #include "kiln/ops/index.h"
 
 namespace kiln {

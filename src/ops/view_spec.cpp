@@ -3,7 +3,7 @@
 // with torch; that they are views (shared storage and version counter) is
 // checked directly in tests/ops/test_views.cpp, their gradients (and the
 // view + in-place errors) in tests/ops/test_views_grad.cpp.
-#include "kiln/core/factory.h"
+#include "kiln/ops/factory.h"
 #include "kiln/ops/op_spec.h"
 
 namespace kiln::ops {

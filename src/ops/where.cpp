@@ -8,7 +8,7 @@
 #include "grad_ops.h"
 #include "iter.h"
 #include "kiln/kernels/index.h"
-#include "kiln/core/factory.h"
+#include "kiln/ops/factory.h"
 #include "kiln/ops/index.h"
 
 namespace kiln {

@@ -10,7 +10,7 @@
 
 #include "kiln/core/allocator.h"
 #include "kiln/core/error.h"
-#include "kiln/core/factory.h"
+#include "kiln/ops/factory.h"
 #include "kiln/core/guards.h"
 #include "kiln/core/threads.h"
 #include "kiln/kernels/loop.h"

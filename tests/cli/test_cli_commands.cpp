@@ -6,7 +6,7 @@
 
 #include "cli/cli_util.h"
 #include "cli/config.h"
-#include "kiln/core/factory.h"
+#include "kiln/ops/factory.h"
 #include "kiln/io/safetensors.h"
 
 namespace kiln::test {

@@ -6,7 +6,7 @@
 #include <gtest/gtest.h>
 
 #include "cli/cli_util.h"
-#include "kiln/core/factory.h"
+#include "kiln/ops/factory.h"
 #include "kiln/io/safetensors.h"
 #include "support/byod_bytes.h"
 #include "support/idx_bytes.h"

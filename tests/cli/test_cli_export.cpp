@@ -5,7 +5,7 @@
 #include <gtest/gtest.h>
 
 #include "cli/cli_util.h"
-#include "kiln/core/factory.h"
+#include "kiln/ops/factory.h"
 #include "kiln/core/guards.h"
 #include "kiln/io/safetensors.h"
 #include "kiln/models/mlp.h"

@@ -7,7 +7,7 @@
 #include <sstream>
 
 #include "kiln/core/allocator.h"
-#include "kiln/core/factory.h"
+#include "kiln/ops/factory.h"
 #include "kiln/data/csv.h"
 #include "kiln/data/image.h"
 #include "support/byod_bytes.h"

@@ -9,7 +9,7 @@
 #include <thread>
 
 #include "kiln/core/error.h"
-#include "kiln/core/factory.h"
+#include "kiln/ops/factory.h"
 #include "kiln/data/iterable.h"
 #include "kiln/ops/elementwise.h"
 #include "support/test_util.h"

@@ -8,7 +8,7 @@
 #include <sstream>
 
 #include "kiln/core/allocator.h"
-#include "kiln/core/factory.h"
+#include "kiln/ops/factory.h"
 #include "kiln/data/arrays.h"
 #include "kiln/data/npy.h"
 #include "kiln/io/safetensors.h"

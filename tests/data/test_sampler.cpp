@@ -6,7 +6,7 @@
 #include <set>
 
 #include "kiln/core/error.h"
-#include "kiln/core/factory.h"
+#include "kiln/ops/factory.h"
 #include "kiln/data/dataset.h"
 #include "kiln/data/sampler.h"
 #include "support/test_util.h"

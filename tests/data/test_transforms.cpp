@@ -7,7 +7,7 @@
 #include <set>
 
 #include "kiln/core/error.h"
-#include "kiln/core/factory.h"
+#include "kiln/ops/factory.h"
 #include "kiln/data/loader.h"
 #include "kiln/data/transforms.h"
 #include "support/test_util.h"

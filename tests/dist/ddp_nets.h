@@ -9,7 +9,7 @@
 #include <string>
 #include <vector>
 
-#include "kiln/core/factory.h"
+#include "kiln/ops/factory.h"
 #include "kiln/core/generator.h"
 #include "kiln/dist/ddp.h"
 #include "kiln/nn/layers.h"

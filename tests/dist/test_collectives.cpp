@@ -10,7 +10,7 @@
 #include <cstdio>
 #include <vector>
 
-#include "kiln/core/factory.h"
+#include "kiln/ops/factory.h"
 #include "kiln/core/half.h"
 #include "kiln/dist/dist.h"
 

@@ -8,7 +8,7 @@
 #include "dist/ddp_nets.h"
 #include "dist/fake_group.h"
 #include "kiln/autograd/engine.h"
-#include "kiln/core/factory.h"
+#include "kiln/ops/factory.h"
 #include "kiln/core/generator.h"
 #include "kiln/dist/ddp.h"
 #include "kiln/nn/layers.h"

@@ -7,7 +7,7 @@
 #include <memory>
 
 #include "fuzz_util.h"
-#include "kiln/core/factory.h"
+#include "kiln/ops/factory.h"
 #include "kiln/core/generator.h"
 #include "kiln/io/safetensors.h"
 #include "kiln/nn/layers.h"

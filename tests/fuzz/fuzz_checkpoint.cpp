@@ -16,7 +16,7 @@
 
 #include "checkpoint_fixture.h"
 #include "fuzz_util.h"
-#include "kiln/core/factory.h"
+#include "kiln/ops/factory.h"
 #include "kiln/core/generator.h"
 #include "kiln/io/safetensors.h"
 #include "kiln/nn/layers.h"

@@ -11,7 +11,7 @@
 #include "../support/byod_bytes.h"
 #include "../support/idx_bytes.h"
 #include "checkpoint_fixture.h"
-#include "kiln/core/factory.h"
+#include "kiln/ops/factory.h"
 
 namespace fs = std::filesystem;
 using namespace kiln;

@@ -10,7 +10,7 @@
 #include "kiln/autograd/gradcheck.h"
 #include "kiln/autograd/node.h"
 #include "kiln/core/allocator.h"
-#include "kiln/core/factory.h"
+#include "kiln/ops/factory.h"
 #include "kiln/core/generator.h"
 #include "kiln/core/guards.h"
 #include "kiln/nn/attention.h"

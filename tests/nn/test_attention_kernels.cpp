@@ -9,7 +9,7 @@
 #include <cmath>
 #include <vector>
 
-#include "kiln/core/factory.h"
+#include "kiln/ops/factory.h"
 #include "kiln/core/generator.h"
 #include "kiln/core/guards.h"
 #include "kiln/core/threads.h"

@@ -6,7 +6,7 @@
 #include <cmath>
 
 #include "kiln/core/error.h"
-#include "kiln/core/factory.h"
+#include "kiln/ops/factory.h"
 #include "kiln/core/generator.h"
 #include "kiln/nn/init.h"
 #include "kiln/nn/layers.h"

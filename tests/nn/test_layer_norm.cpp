@@ -11,7 +11,7 @@
 
 #include "kiln/autograd/engine.h"
 #include "kiln/autograd/gradcheck.h"
-#include "kiln/core/factory.h"
+#include "kiln/ops/factory.h"
 #include "kiln/core/generator.h"
 #include "kiln/core/guards.h"
 #include "kiln/nn/norm.h"

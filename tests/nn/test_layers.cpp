@@ -9,7 +9,7 @@
 
 #include "kiln/autograd/gradcheck.h"
 #include "kiln/core/error.h"
-#include "kiln/core/factory.h"
+#include "kiln/ops/factory.h"
 #include "kiln/core/generator.h"
 #include "kiln/core/guards.h"
 #include "kiln/nn/functional.h"

@@ -7,7 +7,7 @@
 #include "kiln/autograd/autograd_meta.h"
 #include "kiln/autograd/functions.h"
 #include "kiln/core/error.h"
-#include "kiln/core/factory.h"
+#include "kiln/ops/factory.h"
 #include "kiln/io/safetensors.h"
 #include "kiln/nn/holder.h"
 #include "kiln/nn/layers.h"

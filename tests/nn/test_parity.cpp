@@ -5,7 +5,7 @@
 
 #include <memory>
 
-#include "kiln/core/factory.h"
+#include "kiln/ops/factory.h"
 #include "kiln/core/generator.h"
 #include "kiln/core/guards.h"
 #include "kiln/io/safetensors.h"

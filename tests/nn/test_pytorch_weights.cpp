@@ -18,7 +18,7 @@
 #include <memory>
 
 #include "kiln/core/error.h"
-#include "kiln/core/factory.h"
+#include "kiln/ops/factory.h"
 #include "kiln/core/generator.h"
 #include "kiln/core/guards.h"
 #include "kiln/io/state_dict.h"

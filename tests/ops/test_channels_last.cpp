@@ -13,7 +13,7 @@
 #include <string>
 
 #include "kiln/autograd/gradcheck.h"
-#include "kiln/core/memory_format.h"
+#include "kiln/ops/memory_format.h"
 #include "kiln/kiln.h"
 #include "kiln/ops/batch_norm.h"
 #include "support/compare.h"

@@ -10,7 +10,7 @@
 #include <memory>
 
 #include "kiln/core/error.h"
-#include "kiln/core/factory.h"
+#include "kiln/ops/factory.h"
 #include "kiln/core/generator.h"
 #include "kiln/io/safetensors.h"
 #include "kiln/nn/layers.h"

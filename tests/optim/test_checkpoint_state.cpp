@@ -12,7 +12,7 @@
 #include <memory>
 
 #include "kiln/core/error.h"
-#include "kiln/core/factory.h"
+#include "kiln/ops/factory.h"
 #include "kiln/core/generator.h"
 #include "kiln/io/safetensors.h"
 #include "kiln/models/gpt.h"

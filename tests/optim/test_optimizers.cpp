@@ -10,7 +10,7 @@
 #include <sstream>
 
 #include "kiln/core/allocator.h"
-#include "kiln/core/factory.h"
+#include "kiln/ops/factory.h"
 #include "kiln/core/generator.h"
 #include "kiln/core/guards.h"
 #include "kiln/core/threads.h"

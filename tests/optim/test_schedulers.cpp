@@ -9,7 +9,7 @@
 #include <map>
 #include <sstream>
 
-#include "kiln/core/factory.h"
+#include "kiln/ops/factory.h"
 #include "support/test_util.h"
 
 using namespace kiln;

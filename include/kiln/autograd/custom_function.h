@@ -50,7 +50,7 @@
 #include "kiln/autograd/functions.h"
 #include "kiln/core/error.h"
 #include "kiln/core/guards.h"
-#include "kiln/core/factory.h"
+#include "kiln/ops/factory.h"
 
 namespace kiln::autograd {
 

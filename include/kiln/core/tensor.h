@@ -3,8 +3,8 @@
 //
 // Methods mirror PyTorch's names and semantics. They are declared here and
 // defined in src/ops/ — the one sanctioned exception to the layering
-// (DESIGN.md §1), as in PyTorch. Core itself defines only the accessors and
-// the factory/copy functions in src/core/.
+// (DESIGN.md §1), as in PyTorch. Core defines the handle and its accessors;
+// the factories (empty, zeros, randn, ...) are ops, in kiln/ops/factory.h.
 #pragma once
 
 #include <cstdint>

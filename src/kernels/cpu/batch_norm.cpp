@@ -1,4 +1,4 @@
-// BatchNorm training kernels (include/kiln/kernels/batch_norm.h).
+// BatchNorm training kernels (src/kernels/include/kiln/kernels/batch_norm.h).
 //
 // NCHW: a channel's values are n strips of `inner` contiguous elements;
 // channels run on separate threads. Strip sums accumulate in vectors of the

@@ -4,7 +4,7 @@
 // Primitives take NHWC activations and weights in the layout oneDNN picks
 // (format_tag::any; OIHW weights are reordered in, their gradients out). The
 // ops layer hands over channels-last tensors and allocates channels-last
-// results (include/kiln/core/memory_format.h), so inside a network no
+// results (include/kiln/ops/memory_format.h), so inside a network no
 // activation is reordered; an NCHW operand (the images of a first layer, a
 // user's own tensor) is reordered into the primitive's NHWC on the way in.
 // Measured on this machine, 1 thread, N=32, f32, forward + backward-data +

@@ -1,5 +1,5 @@
 // gather / index_select / scatter / masked_fill / where / tile-copy kernels
-// (include/kiln/kernels/index.h).
+// (src/kernels/include/kiln/kernels/index.h).
 //
 // Pure data movement (gather, masked_fill, where, tile copies) moves values
 // as unsigned integers of the element's size: the select in masked_fill and

@@ -1,5 +1,5 @@
 // The strided-loop builder for index ops, the index bounds scans and
-// index_add (include/kiln/kernels/index.h).
+// index_add (src/kernels/include/kiln/kernels/index.h).
 #include <algorithm>
 #include <atomic>
 #include <cstdint>

@@ -1,5 +1,5 @@
 // Internal to the CPU kernels: the reduction engine behind
-// include/kiln/kernels/reduce.h (see Note [Deterministic reductions] there).
+// src/kernels/include/kiln/kernels/reduce.h (see Note [Deterministic reductions] there).
 //
 // An Op describes one reduction elementwise:
 //   using in_t, acc_t;  acc_t identity() const;

@@ -14,7 +14,7 @@
 #include <thread>
 #include <vector>
 
-#include "kiln/core/factory.h"
+#include "kiln/ops/factory.h"
 #include "kiln/dist/dist.h"
 
 using namespace kiln;

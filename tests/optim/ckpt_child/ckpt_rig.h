@@ -9,7 +9,7 @@
 #include <cstdint>
 #include <memory>
 
-#include "kiln/core/factory.h"
+#include "kiln/ops/factory.h"
 #include "kiln/core/generator.h"
 #include "kiln/data/dataset.h"
 #include "kiln/data/loader.h"

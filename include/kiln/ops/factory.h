@@ -2,9 +2,9 @@
 // rand randn randint, their *_like forms, tensors from C++ values, and
 // from_blob over memory the caller owns.
 //
-// Declared in core so every layer can create tensors; defined in
-// src/ops/factory.cpp, the same sanctioned exception as Tensor's methods
-// (DESIGN.md §1).
+// Declared and defined in the ops layer (src/ops/factory.cpp): layers above
+// ops create tensors through these; core and autograd, below, never do
+// (autograd's engine reaches tensor arithmetic through autograd/grad_math.h).
 #pragma once
 
 #include <functional>

@@ -11,7 +11,7 @@
 // conv → BN → ReLU → conv chain runs without a single reorder. See
 // docs/decisions.md ("conv2d returns channels-last").
 //
-// Declared in core, defined in src/ops (like factory.h).
+// Declared and defined in the ops layer (src/ops/memory_format.cpp).
 #pragma once
 
 #include <cstdint>
