@@ -13,7 +13,7 @@
 #include <string>
 
 #include "kiln/kiln.h"
-#include "kiln/optim/checkpoint.h"
+#include "kiln/train/checkpoint.h"
 #include "kiln/optim/clip_grad.h"
 #include "kiln/optim/scheduler.h"
 
@@ -108,7 +108,7 @@ struct Run {
     loader = std::make_unique<data::DataLoader<>>(
         train, data::DataLoader<>::Options{.batch_size = 32, .shuffle = true, .num_workers = 1, .drop_last = true});
   }
-  optim::CheckpointRefs refs() { return {.model = model.get(), .optimizer = opt.get(), .scheduler = sched.get()}; }
+  train::CheckpointRefs refs() { return {.model = model.get(), .optimizer = opt.get(), .scheduler = sched.get()}; }
   // One optimisation step on a batch; returns the loss.
   double step(const data::Example& batch) {
     opt->zero_grad();
@@ -151,7 +151,7 @@ int main(int argc, char** argv) {
   for (int epoch = 0; epoch < 2; ++epoch)
     for (auto& batch : *run.loader) last_loss = run.step(batch), ++step;
   const auto ckpt = out / "custom_model.ckpt.safetensors";
-  optim::save_checkpoint(ckpt.string(), run.refs(), {.step = step, .loader = run.loader->state()});
+  train::save_checkpoint(ckpt.string(), run.refs(), {.step = step, .loader = run.loader->state()});
   std::vector<double> continued;
   for (int epoch = 2; epoch < epochs; ++epoch)
     for (auto& batch : *run.loader) continued.push_back(run.step(batch));
@@ -162,7 +162,7 @@ int main(int argc, char** argv) {
   // Reload into fresh objects (as a new process would) and continue: the same losses, bit for bit.
   manual_seed(123);  // whatever the new process did before loading
   Run fresh(train, steps_per_epoch * epochs);
-  const auto info = optim::load_checkpoint(ckpt.string(), fresh.refs());
+  const auto info = train::load_checkpoint(ckpt.string(), fresh.refs());
   fresh.loader->load_state(*info.loader);
   size_t k = 0;
   bool same = true;

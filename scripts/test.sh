@@ -19,6 +19,8 @@ echo "== release build"
 cmake --preset release >/dev/null
 cmake --build build/release -j"$jobs"
 ./scripts/link_kiln.sh  # `kiln` on PATH (or the line that puts it there), as the README's commands expect
+echo "== layer check (docs/architecture.md)"
+/usr/bin/python3 scripts/check_layers.py build/release
 echo "== release tests"
 ctest --test-dir build/release --output-on-failure
 
@@ -31,6 +33,12 @@ echo "== install and build a find_package(kiln) consumer"
 prefix=$(mktemp -d)
 trap 'rm -rf "$prefix"' EXIT
 cmake --install build/release --prefix "$prefix/kiln" >/dev/null
+# The installed API is backend-neutral: no kernel header, no oneDNN or BLAS type or header.
+if [[ -e "$prefix/kiln/include/kiln/kernels" ]] \
+   || grep -rlE 'dnnl|cblas|openblas|kiln/kernels/' "$prefix/kiln/include"; then
+  echo "test.sh: the installed headers expose kernels or a backend (above)" >&2
+  exit 1
+fi
 awk '/^```cpp/{f=1;next} /^```/{if(f){exit}} f' README.md > "$prefix/readme_example.cpp"
 cmake -S tests/install -B "$prefix/consumer" -G Ninja -DCMAKE_PREFIX_PATH="$prefix/kiln" \
   -DREADME_EXAMPLE="$prefix/readme_example.cpp" >/dev/null

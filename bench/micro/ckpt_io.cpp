@@ -22,7 +22,7 @@
 
 #include "kiln/ops/factory.h"
 #include "kiln/models/gpt.h"
-#include "kiln/optim/checkpoint.h"
+#include "kiln/train/checkpoint.h"
 
 namespace {
 
@@ -33,7 +33,7 @@ struct GptState {
   std::shared_ptr<models::GPT> model;
   std::unique_ptr<optim::AdamW> opt;
   fs::path dir;
-  std::unique_ptr<optim::CheckpointManager> manager;
+  std::unique_ptr<train::CheckpointManager> manager;
 
   GptState() {
     manual_seed(0);
@@ -44,13 +44,13 @@ struct GptState {
     model->loss(idx, targets).backward();
     opt->step();
     dir = fs::temp_directory_path() / ("kiln-bench-ckpt-" + std::to_string(::getpid()));
-    manager = std::make_unique<optim::CheckpointManager>(dir, optim::CheckpointManagerOptions{.keep_last = 2});
+    manager = std::make_unique<train::CheckpointManager>(dir, train::CheckpointManagerOptions{.keep_last = 2});
   }
   ~GptState() {
     std::error_code ec;
     fs::remove_all(dir, ec);
   }
-  optim::CheckpointRefs refs() { return {.model = model.get(), .optimizer = opt.get(), .scheduler = nullptr}; }
+  train::CheckpointRefs refs() { return {.model = model.get(), .optimizer = opt.get(), .scheduler = nullptr}; }
 };
 
 GptState& gpt_state() {

@@ -17,7 +17,7 @@
 #include "kiln/autograd/anomaly.h"
 #include "kiln/autograd/custom_function.h"
 #include "kiln/autograd/engine.h"
-#include "kiln/autograd/gradcheck.h"
+#include "kiln/ops/gradcheck.h"
 
 #include "kiln/ops/conv.h"
 #include "kiln/ops/autocast.h"
@@ -58,7 +58,7 @@
 #include "kiln/nn/pytorch_weights.h"
 #include "kiln/nn/transformer.h"
 
-#include "kiln/optim/checkpoint.h"
+#include "kiln/train/checkpoint.h"
 #include "kiln/optim/clip_grad.h"
 #include "kiln/optim/optimizer.h"
 #include "kiln/optim/scheduler.h"

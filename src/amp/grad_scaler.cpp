@@ -204,9 +204,9 @@ void GradScaler::note_streak() {
   }
 }
 
-optim::ObjectState GradScaler::state_dict() const {
+io::ObjectState GradScaler::state_dict() const {
   if (!enabled_) return {};
-  optim::ObjectState s;
+  io::ObjectState s;
   s.tensors["scale"] = scalar_tensor(static_cast<double>(scale_), TensorOptions(kFloat32));
   s.tensors["_growth_tracker"] = scalar_tensor(growth_tracker_, TensorOptions(kInt64));
   s.values["growth_factor"] = options_.growth_factor;
@@ -217,7 +217,7 @@ optim::ObjectState GradScaler::state_dict() const {
   return s;
 }
 
-void GradScaler::load_state_dict(const optim::ObjectState& s) {
+void GradScaler::load_state_dict(const io::ObjectState& s) {
   KILN_CHECK(enabled_, ValueError, "GradScaler::load_state_dict: this scaler is disabled (enabled = false)");
   KILN_CHECK(!s.tensors.empty() || !s.values.empty(), ValueError,
              "GradScaler::load_state_dict: the state is empty, possibly because it was saved from a disabled "

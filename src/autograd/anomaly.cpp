@@ -1,3 +1,4 @@
+#include "kiln/autograd/grad_math.h"
 #include "kiln/autograd/anomaly.h"
 
 #include <atomic>
@@ -33,7 +34,7 @@ struct Stats {
 Stats compute(const Tensor& t) {
   Stats s;
   if (!t.defined() || !t.is_floating_point()) return s;
-  Tensor c = t.contiguous();
+  Tensor c = grad_math().contiguous(t);
   s.n = c.numel();
   visit_floating_dtype(c.dtype(), "anomaly check", [&]<typename T>() {
     const T* p = static_cast<const T*>(c.data_ptr());

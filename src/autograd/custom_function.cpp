@@ -6,6 +6,7 @@
 #include <memory>
 #include <string>
 
+#include "kiln/autograd/grad_math.h"
 #include "kiln/autograd/engine.h"
 #include "kiln/core/error.h"
 
@@ -39,7 +40,7 @@ TensorList AutogradContext::differentiate_composite(
                describe(t), "); hint: forward runs under no-grad, so a copy it makes (x.contiguous(), x.to(...)) "
                "is a constant to double backward: save forward's argument itself");
     // A view per argument: the composite's graph then tells the arguments apart even when they alias.
-    args[i] = t.view_as(t);
+    args[i] = grad_math().view(t, t.sizes());
     wrt.push_back(args[i]);
     slots.push_back(i);
   }

@@ -1,4 +1,5 @@
 // The backward engine. See include/kiln/autograd/engine.h.
+#include "kiln/autograd/grad_math.h"
 #include "kiln/autograd/engine.h"
 
 #include "kiln/core/autocast.h"
@@ -13,7 +14,6 @@
 #include "kiln/autograd/functions.h"
 #include "kiln/core/autocast.h"
 #include "kiln/core/guards.h"
-#include "kiln/ops/factory.h"
 
 namespace kiln::autograd {
 
@@ -40,8 +40,8 @@ Tensor sum_to_shape(const Tensor& g, IntArrayRef shape) {
   for (int64_t d = 0; d < g.dim(); ++d) {
     if (d < lead || (shape[d - lead] == 1 && g.sizes()[d] != 1)) dims.push_back(d);
   }
-  Tensor r = dims.empty() ? g : g.sum(dims.ref(), /*keepdim=*/true);
-  return lead > 0 || !dims.empty() ? r.view(shape) : r;
+  Tensor r = dims.empty() ? g : grad_math().sum(g, dims.ref(), /*keepdim=*/true);
+  return lead > 0 || !dims.empty() ? grad_math().view(r, shape) : r;
 }
 
 bool broadcastable_to(IntArrayRef from, IntArrayRef to) {
@@ -67,14 +67,14 @@ Tensor validate_grad(const Node& node, size_t i, const Tensor& g, const InputMet
     KILN_CHECK(out.is_floating_point() && is_floating_point(meta.dtype), DTypeError, "autograd: ", node.name(),
                " returned a gradient of dtype ", dtype_name(out.dtype()), " for an input of dtype ",
                dtype_name(meta.dtype));
-    out = out.to(meta.dtype);
+    out = grad_math().to(out, meta.dtype);
   }
   return out;
 }
 
 void accumulate_into(Tensor& slot, const Tensor& g) {
   if (!g.defined()) return;
-  slot = slot.defined() ? slot + g : g;
+  slot = slot.defined() ? grad_math().add(slot, g) : g;
 }
 
 // A node's input buffer receiving a second gradient: summed in place when the
@@ -91,7 +91,7 @@ void accumulate_into_buffer(Tensor& slot, const Tensor& g, bool create_graph) {
                         !slot.is_alias_of(g);
   if (in_place) {
     const NoGradGuard no_grad;
-    slot.add_(g);
+    grad_math().add_(slot, g);
   } else {
     accumulate_into(slot, g);
   }
@@ -260,7 +260,7 @@ TensorList make_root_grads(const TensorList& tensors, const TensorList& grad_ten
       KILN_CHECK(t.numel() == 1, ValueError, api, ": grad can be implicitly created only for scalar outputs; "
                  "tensor ", i, " has shape ", t.sizes(), " — pass a gradient of that shape, or reduce it "
                  "(e.g. loss.sum() or loss.mean()) first");
-      grads.push_back(ones_like(t));
+      grads.push_back(grad_math().ones_like(t));
     }
   }
   return grads;

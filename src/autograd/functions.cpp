@@ -1,3 +1,4 @@
+#include "kiln/autograd/grad_math.h"
 #include "kiln/autograd/functions.h"
 
 #include <utility>
@@ -39,12 +40,12 @@ TensorList AccumulateGrad::apply(TensorList&& grads) {
       m.grad = g.detach();
       m.grad.storage()->set_category(MemoryCategory::Gradient);
     } else {
-      m.grad = grad_mode_enabled() ? g : g.clone();
+      m.grad = grad_mode_enabled() ? g : grad_math().clone(g);
     }
   } else if (grad_mode_enabled()) {
-    m.grad = m.grad + g;  // create_graph: keep the accumulation differentiable
+    m.grad = grad_math().add(m.grad, g);  // create_graph: keep the accumulation differentiable
   } else {
-    m.grad.add_(g);  // in place: a .grad that is a view into a bucket (DDP) keeps receiving
+    grad_math().add_(m.grad, g);  // in place: a .grad that is a view into a bucket (DDP) keeps receiving
   }
   for (auto& h : m.post_accumulate_hooks) h.fn(leaf_);
   return {};

@@ -1,6 +1,7 @@
 // Tensor's autograd methods (declared in include/kiln/core/tensor.h).
 #include <algorithm>
 
+#include "kiln/autograd/grad_math.h"
 #include "kiln/autograd/engine.h"
 #include "kiln/autograd/functions.h"
 
@@ -87,7 +88,7 @@ void Tensor::retain_grad() const {
   m.retain_grad_hook_id = id;
   m.grad_fn->add_pre_hook(m.output_nr, id, [self](const Tensor& g) {
     auto* meta = static_cast<AutogradMeta*>(self->autograd_meta());
-    if (meta) meta->grad = meta->grad.defined() ? meta->grad + g : g.detach().clone();
+    if (meta) meta->grad = meta->grad.defined() ? autograd::grad_math().add(meta->grad, g) : autograd::grad_math().clone(g.detach());
     return Tensor();
   });
 }

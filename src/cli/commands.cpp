@@ -15,7 +15,7 @@
 #include "kiln/core/guards.h"
 #include "kiln/io/safetensors.h"
 #include "kiln/nn/pytorch_weights.h"
-#include "kiln/optim/checkpoint.h"
+#include "kiln/train/checkpoint.h"
 
 namespace kiln::cli {
 namespace fs = std::filesystem;
@@ -51,7 +51,7 @@ fs::path checkpoint_of(const fs::path& target, const std::string& which = "") {
     if (!fs::is_regular_file(dir / name)) {
       std::string have;
       if (fs::is_directory(dir))
-        for (const auto& p : optim::CheckpointManager(dir).list()) {
+        for (const auto& p : train::CheckpointManager(dir).list()) {
           have += ' ';
           have += p.filename().string();
         }
@@ -62,7 +62,7 @@ fs::path checkpoint_of(const fs::path& target, const std::string& which = "") {
   }
   if (!fs::is_directory(dir))
     throw ConfigError(target.string() + ": no checkpoint under checkpoints/ (has the run saved one yet?)");
-  optim::CheckpointManager mgr(dir);
+  train::CheckpointManager mgr(dir);
   const auto files = mgr.list();
   std::vector<std::string> skipped;
   for (auto it = files.rbegin(); it != files.rend(); ++it) {
@@ -294,7 +294,7 @@ void inspect_run(const fs::path& dir) {
   std::printf("  metrics  %lld lines in metrics.jsonl%s%s\n", static_cast<long long>(lines), lines ? ", last: " : "",
               last.c_str());
   if (fs::is_directory(dir / "checkpoints")) {
-    optim::CheckpointManager mgr(dir / "checkpoints");
+    train::CheckpointManager mgr(dir / "checkpoints");
     const auto list = mgr.list();
     std::printf("  checkpoints (%zu):", list.size());
     std::vector<std::string> bad;

@@ -47,7 +47,7 @@
 #include "kiln/core/threads.h"
 #include "kiln/dist/dist.h"
 #include "kiln/io/safetensors.h"
-#include "kiln/optim/checkpoint.h"
+#include "kiln/train/checkpoint.h"
 #include "kiln/optim/clip_grad.h"
 
 namespace kiln::cli {
@@ -161,13 +161,13 @@ const char* status_name(Status s) {
 /// count (each rank's share of the data) and the thread count per process
 /// (DESIGN.md §2: same seed, same thread count, same bits). Saved in every
 /// checkpoint as object "run" (metadata state.run.*); `kiln resume` compares.
-class RunFacts : public optim::Stateful {
+class RunFacts : public io::Stateful {
  public:
   int64_t world_size = 1, threads = 1;
-  optim::ObjectState state_dict() const override {
+  io::ObjectState state_dict() const override {
     return {{}, {{"world_size", world_size}, {"threads", threads}}};
   }
-  void load_state_dict(const optim::ObjectState& s) override {
+  void load_state_dict(const io::ObjectState& s) override {
     world_size = std::get<int64_t>(s.values.at("world_size"));
     threads = std::get<int64_t>(s.values.at("threads"));
   }
@@ -178,7 +178,7 @@ struct Loop {
   fs::path run_dir;
   std::string config_path;
   Task task;
-  std::optional<optim::CheckpointManager> ckpts;  // rank 0 only
+  std::optional<train::CheckpointManager> ckpts;  // rank 0 only
   dist::ProcessGroupPtr group;                    // null: a single process
   int64_t step = 0;
   double time_offset = 0;  // time_s of the run before this process (resume)
@@ -194,16 +194,16 @@ struct StepValues {
 
 // The GradScaler (amp = "fp16") and the run's facts travel in the checkpoint's object slot
 // (checkpoints written before the facts were recorded load without them).
-optim::CheckpointRefs checkpoint_refs(Loop& L, bool with_facts = true) {
+train::CheckpointRefs checkpoint_refs(Loop& L, bool with_facts = true) {
   Task& t = L.task;
-  optim::CheckpointRefs refs{t.model.get(), t.optimizer.get(), t.scheduler.get()};
+  train::CheckpointRefs refs{t.model.get(), t.optimizer.get(), t.scheduler.get()};
   if (t.scaler) refs.objects["scaler"] = t.scaler.get();
   if (with_facts) refs.objects["run"] = &L.facts;
   return refs;
 }
 
 void save_checkpoint(Loop& L) {
-  optim::CheckpointRefs refs = checkpoint_refs(L);
+  train::CheckpointRefs refs = checkpoint_refs(L);
   L.ckpts->save(refs, {.step = L.step, .loader = L.task.train_loader->state(), .config = L.config.to_toml()});
   // The report of a run in progress, so a long run can be looked at while it trains (a few ms).
   write_report(L.run_dir);
@@ -294,11 +294,11 @@ std::string resume_command(const Loop& L) {
 /// The metric and value a best checkpoint was kept for, saved in it as the
 /// object "best" (checksummed with the rest), so a resumed run compares
 /// against what is on disk rather than forgetting it.
-class BestMark : public optim::Stateful {
+class BestMark : public io::Stateful {
  public:
   BestMark(std::string metric, double value, int64_t step) : metric_(std::move(metric)), value_(value), step_(step) {}
-  optim::ObjectState state_dict() const override { return {{}, {{"metric", metric_}, {"value", value_}, {"step", step_}}}; }
-  void load_state_dict(const optim::ObjectState&) override {}
+  io::ObjectState state_dict() const override { return {{}, {{"metric", metric_}, {"value", value_}, {"step", step_}}}; }
+  void load_state_dict(const io::ObjectState&) override {}
 
  private:
   std::string metric_;
@@ -338,9 +338,9 @@ class KeepBest {
     const bool better = !best_ || (metric_ == "accuracy" ? v > *best_ : v < *best_);
     if (!better || !std::isfinite(v)) return;
     BestMark mark(metric_, v, L.step);
-    optim::CheckpointRefs refs = checkpoint_refs(L);
+    train::CheckpointRefs refs = checkpoint_refs(L);
     refs.objects["best"] = &mark;
-    optim::save_checkpoint(path_.string(), refs,
+    train::save_checkpoint(path_.string(), refs,
                            {.step = L.step, .loader = L.task.train_loader->state(), .config = L.config.to_toml()});
     char was[64] = "";
     if (best_) std::snprintf(was, sizeof was, " (was %.6g)", *best_);
@@ -639,8 +639,8 @@ namespace {
 bool is_lead(const dist::ProcessGroupPtr& group) { return !group || group->rank() == 0; }
 bool is_parallel(const dist::ProcessGroupPtr& group) { return group && group->size() > 1; }
 
-optim::CheckpointManager checkpoint_manager(const fs::path& dir, const Config& config) {
-  return optim::CheckpointManager(
+train::CheckpointManager checkpoint_manager(const fs::path& dir, const Config& config) {
+  return train::CheckpointManager(
       dir, {.keep_last = static_cast<int>(std::max<int64_t>(1, config.integer("train.keep_last")))});
 }
 
@@ -694,7 +694,7 @@ fs::path checkpoint_to_resume(const fs::path& run_dir) {
   const fs::path ckdir = run_dir / "checkpoints";
   if (!fs::is_directory(ckdir))
     throw ConfigError(run_dir.string() + ": no checkpoints/ directory, nothing to resume from");
-  optim::CheckpointManager mgr(ckdir);
+  train::CheckpointManager mgr(ckdir);
   if (auto found = mgr.latest()) return *found;
   const auto files = mgr.list();
   if (files.empty())
@@ -849,11 +849,11 @@ int resume(const fs::path& run_dir, const ResumeOptions& o, dist::ProcessGroupPt
   Loop L{config, run_dir, config_path, build_task(config, Purpose::Train, group), std::nullopt, group, 0, 0, RunFacts{}};
   L.facts = now;
   RunFacts loaded;  // what the file holds; `now` is what later checkpoints record
-  optim::CheckpointRefs refs = checkpoint_refs(L, /*with_facts=*/false);
+  train::CheckpointRefs refs = checkpoint_refs(L, /*with_facts=*/false);
   if (then) refs.objects["run"] = &loaded;
   // A changed schedule is recomputed (replay_schedule), so the file's scheduler state is not loaded.
   if (changes.replay) refs.scheduler = nullptr;
-  optim::CheckpointInfo info;
+  train::CheckpointInfo info;
   if (lead) {
     L.ckpts.emplace(checkpoint_manager(ckdir, config));
     info = L.ckpts->load_latest(refs);  // verified, or the newest that verifies (it says so)
@@ -865,7 +865,7 @@ int resume(const fs::path& run_dir, const ResumeOptions& o, dist::ProcessGroupPt
     if (!lead) {
       char name[64];
       std::snprintf(name, sizeof name, "ckpt-%08lld.safetensors", static_cast<long long>(step.item<int64_t>()));
-      info = optim::load_checkpoint((ckdir / name).string(), refs);
+      info = train::load_checkpoint((ckdir / name).string(), refs);
     }
   }
   L.step = info.step;

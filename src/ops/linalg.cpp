@@ -624,7 +624,7 @@ Tensor inference_linear(const Tensor& input, const Tensor& weight, const Tensor&
     kernels::matmul(g);
     return out;
   }
-  WeightPack::State& st = WeightPackAccess::state(*pack);
+  auto& st = WeightPackAccess::state(*pack);
   const std::lock_guard<std::mutex> lock(st.mu);
   const bool fresh = st.packed.defined() && st.layout == layout.id && st.source.is_alias_of(weight) &&
                      st.source.data_ptr() == weight.data_ptr() && st.source.sizes() == weight.sizes() &&

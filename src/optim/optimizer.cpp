@@ -12,8 +12,8 @@
 #include "kiln/core/error.h"
 #include "kiln/ops/factory.h"
 #include "kiln/core/guards.h"
+#include "kiln/core/parallel.h"
 #include "kiln/core/threads.h"
-#include "kiln/kernels/loop.h"
 #include "kernels.h"
 
 namespace kiln::optim {
@@ -59,7 +59,7 @@ T* at(T* p, int64_t offset) {
 template <typename Fn>
 void chunked(int64_t n, Fn&& fn) {
   if (n < kGrainSize) fn(int64_t{0}, n);
-  else ::kiln::kernels::parallel_for(n, kGrainSize, [&](int64_t b, int64_t e) { fn(b, e); });
+  else ::kiln::parallel_for(n, kGrainSize, [&](int64_t b, int64_t e) { fn(b, e); });
 }
 
 }  // namespace

@@ -168,7 +168,7 @@ TEST(GradScalerState, RoundTripContinuesIdentically) {
                                           .growth_interval = 3});
   amp::GradScaler a(o);
   Tensor pa = run_steps(a, zeros({4}).requires_grad_(), "F F I F F F F N F");
-  const optim::ObjectState sd = a.state_dict();
+  const io::ObjectState sd = a.state_dict();
   EXPECT_EQ(sd.tensors.at("scale").item<double>(), a.get_scale());
   EXPECT_EQ(sd.tensors.at("_growth_tracker").item<int64_t>(), a.get_growth_tracker());
   EXPECT_EQ(std::get<int64_t>(sd.values.at("skipped_steps")), 2);
@@ -192,7 +192,7 @@ TEST(GradScalerState, RoundTripContinuesIdentically) {
 
 TEST(GradScalerState, LoadValidatesBeforeChangingAnything) {
   amp::GradScaler a(quiet({.init_scale = 8.0}));
-  optim::ObjectState sd = a.state_dict();
+  io::ObjectState sd = a.state_dict();
   amp::GradScaler b(quiet({.init_scale = 4.0}));
   EXPECT_THROW(b.load_state_dict({}), ValueError);  // as torch: empty = saved from a disabled scaler
   auto missing = sd;
@@ -209,7 +209,7 @@ TEST(GradScalerState, LoadValidatesBeforeChangingAnything) {
 
 TEST(GradScalerState, AValueOfTheWrongKindIsRejected) {
   amp::GradScaler a(quiet({}));
-  optim::ObjectState sd = a.state_dict();
+  io::ObjectState sd = a.state_dict();
   sd.values["growth_interval"] = 2000.0;  // a double where an int64 belongs
   amp::GradScaler b(quiet({.init_scale = 4.0}));
   EXPECT_THROW(b.load_state_dict(sd), ValueError);
@@ -241,7 +241,7 @@ TEST(GradScalerState, CheckpointRoundTripResumesBitwise) {
   ASSERT_LT(scaler.get_scale(), 65536.0) << "the script should have overflowed at least once";
   test::TempDir dir;
   const std::string path = dir.file("ckpt.safetensors");
-  optim::save_checkpoint(path, {.model = &model, .optimizer = &opt, .objects = {{"scaler", &scaler}}}, {.step = 4});
+  train::save_checkpoint(path, {.model = &model, .optimizer = &opt, .objects = {{"scaler", &scaler}}}, {.step = 4});
 
   manual_seed(99);
   nn::Linear model2({.in_features = 4, .out_features = 2});
@@ -249,8 +249,8 @@ TEST(GradScalerState, CheckpointRoundTripResumesBitwise) {
   amp::GradScaler scaler2(quiet({.init_scale = 8.0, .growth_interval = 2}));
   // One step first, so the optimizer has momentum state of the checkpoint's shape.
   fp16_step(model2, opt2, scaler2, 0);
-  const optim::CheckpointInfo info =
-      optim::load_checkpoint(path, {.model = &model2, .optimizer = &opt2, .objects = {{"scaler", &scaler2}}});
+  const train::CheckpointInfo info =
+      train::load_checkpoint(path, {.model = &model2, .optimizer = &opt2, .objects = {{"scaler", &scaler2}}});
   EXPECT_EQ(info.step, 4);
   EXPECT_EQ(scaler2.get_scale(), scaler.get_scale());
   EXPECT_EQ(scaler2.get_growth_tracker(), scaler.get_growth_tracker());

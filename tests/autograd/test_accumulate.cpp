@@ -8,7 +8,7 @@
 
 #include "kiln/autograd/custom_function.h"
 #include "kiln/autograd/engine.h"
-#include "kiln/autograd/gradcheck.h"
+#include "kiln/ops/gradcheck.h"
 #include "kiln/kiln.h"
 #include "support/test_util.h"
 

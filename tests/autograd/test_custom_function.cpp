@@ -12,7 +12,7 @@
 #include <vector>
 
 #include "kiln/autograd/custom_function.h"
-#include "kiln/autograd/gradcheck.h"
+#include "kiln/ops/gradcheck.h"
 #include "kiln/kiln.h"
 #include "support/test_util.h"
 

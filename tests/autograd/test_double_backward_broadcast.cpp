@@ -15,7 +15,7 @@
 #include <vector>
 
 #include "kiln/autograd/engine.h"
-#include "kiln/autograd/gradcheck.h"
+#include "kiln/ops/gradcheck.h"
 #include "kiln/kiln.h"
 #include "support/compare.h"
 #include "support/oracle.h"

@@ -11,7 +11,7 @@
 #include "kiln/core/generator.h"
 #include "kiln/io/safetensors.h"
 #include "kiln/nn/layers.h"
-#include "kiln/optim/checkpoint.h"
+#include "kiln/train/checkpoint.h"
 
 namespace kiln::fuzz {
 
@@ -37,12 +37,12 @@ struct CheckpointFixture {
     loss.backward();
     opt->step();
     sched->step();
-    optim::save_checkpoint(base_file.path(), refs(), {.step = 1, .loader = data::LoaderState{1, 2, 3}, .config = "lr=0.01"});
+    train::save_checkpoint(base_file.path(), refs(), {.step = 1, .loader = data::LoaderState{1, 2, 3}, .config = "lr=0.01"});
     base = io::load_safetensors(base_file.path());
   }
-  optim::CheckpointRefs refs() { return {.model = model.get(), .optimizer = opt.get(), .scheduler = sched.get()}; }
+  train::CheckpointRefs refs() { return {.model = model.get(), .optimizer = opt.get(), .scheduler = sched.get()}; }
   std::string snapshot() {
-    optim::save_checkpoint(snapshot_file.path(), refs(), {.step = 0});
+    train::save_checkpoint(snapshot_file.path(), refs(), {.step = 0});
     return slurp(snapshot_file.path());
   }
 };

@@ -1,5 +1,5 @@
 // libFuzzer target: training checkpoints through the public API
-// (kiln::optim::load_checkpoint) with a small fixed model (Linear 3 -> 2),
+// (kiln::train::load_checkpoint) with a small fixed model (Linear 3 -> 2),
 // Adam after one step, and StepLR. Each input is written to a file under
 // /dev/shm and loaded. The first byte picks a mode:
 //   0: the rest is the checkpoint file as it is;
@@ -20,7 +20,7 @@
 #include "kiln/core/generator.h"
 #include "kiln/io/safetensors.h"
 #include "kiln/nn/layers.h"
-#include "kiln/optim/checkpoint.h"
+#include "kiln/train/checkpoint.h"
 
 namespace {
 
@@ -61,12 +61,12 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   const auto budget = static_cast<int64_t>(4 * file.size() + 4096);
   fuzz::check_reader<ValueError>("load_checkpoint", budget, [&] {
     try {
-      optim::load_checkpoint(path, fx.refs());
+      train::load_checkpoint(path, fx.refs());
     } catch (const Error&) {
       if (fx.snapshot() != before) fuzz::die("a failed load_checkpoint changed the objects");
       throw;
     }
-    optim::load_checkpoint(fx.base_file.path(), fx.refs());  // back to the fixed state
+    train::load_checkpoint(fx.base_file.path(), fx.refs());  // back to the fixed state
   });
   return 0;
 }

@@ -11,7 +11,7 @@
 #include <string>
 #include <vector>
 
-#include "kiln/autograd/gradcheck.h"
+#include "kiln/ops/gradcheck.h"
 #include "kiln/core/error.h"
 #include "kiln/ops/factory.h"
 #include "kiln/core/generator.h"

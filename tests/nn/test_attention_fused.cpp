@@ -7,7 +7,7 @@
 #include <vector>
 
 #include "kiln/autograd/engine.h"
-#include "kiln/autograd/gradcheck.h"
+#include "kiln/ops/gradcheck.h"
 #include "kiln/autograd/node.h"
 #include "kiln/core/allocator.h"
 #include "kiln/ops/factory.h"

@@ -10,7 +10,7 @@
 #include <vector>
 
 #include "kiln/autograd/engine.h"
-#include "kiln/autograd/gradcheck.h"
+#include "kiln/ops/gradcheck.h"
 #include "kiln/core/threads.h"
 #include "kiln/kiln.h"
 #include "kiln/ops/batch_norm.h"

@@ -10,7 +10,7 @@
 #include <vector>
 
 #include "kiln/autograd/engine.h"
-#include "kiln/autograd/gradcheck.h"
+#include "kiln/ops/gradcheck.h"
 #include "kiln/ops/factory.h"
 #include "kiln/core/generator.h"
 #include "kiln/core/guards.h"

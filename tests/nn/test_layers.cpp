@@ -7,7 +7,7 @@
 #include <functional>
 #include <memory>
 
-#include "kiln/autograd/gradcheck.h"
+#include "kiln/ops/gradcheck.h"
 #include "kiln/core/error.h"
 #include "kiln/ops/factory.h"
 #include "kiln/core/generator.h"

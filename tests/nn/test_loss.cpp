@@ -10,7 +10,7 @@
 #include <memory>
 
 #include "kiln/autograd/engine.h"
-#include "kiln/autograd/gradcheck.h"
+#include "kiln/ops/gradcheck.h"
 #include "kiln/kiln.h"
 #include "kiln/nn/functional.h"
 #include "support/compare.h"

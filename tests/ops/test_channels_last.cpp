@@ -12,7 +12,7 @@
 #include <limits>
 #include <string>
 
-#include "kiln/autograd/gradcheck.h"
+#include "kiln/ops/gradcheck.h"
 #include "kiln/ops/memory_format.h"
 #include "kiln/kiln.h"
 #include "kiln/ops/batch_norm.h"

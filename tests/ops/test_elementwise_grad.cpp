@@ -15,7 +15,7 @@
 #include <tuple>
 #include <vector>
 
-#include "kiln/autograd/gradcheck.h"
+#include "kiln/ops/gradcheck.h"
 #include "kiln/kiln.h"
 #include "kiln/ops/elementwise.h"
 #include "support/test_util.h"

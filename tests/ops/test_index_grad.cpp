@@ -10,7 +10,7 @@
 #include <string>
 #include <vector>
 
-#include "kiln/autograd/gradcheck.h"
+#include "kiln/ops/gradcheck.h"
 #include "kiln/kiln.h"
 #include "support/test_util.h"
 

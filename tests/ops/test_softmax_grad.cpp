@@ -9,7 +9,7 @@
 #include <vector>
 
 #include "kiln/autograd/engine.h"
-#include "kiln/autograd/gradcheck.h"
+#include "kiln/ops/gradcheck.h"
 #include "kiln/kiln.h"
 #include "kiln/ops/op_spec.h"
 #include "kiln/ops/reduce.h"

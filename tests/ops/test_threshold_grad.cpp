@@ -16,7 +16,7 @@
 #include <vector>
 
 #include "kiln/autograd/engine.h"
-#include "kiln/autograd/gradcheck.h"
+#include "kiln/ops/gradcheck.h"
 #include "kiln/autograd/node.h"
 #include "kiln/core/threads.h"
 #include "kiln/kiln.h"

@@ -11,7 +11,7 @@
 #include <vector>
 
 #include "kiln/autograd/autograd_meta.h"
-#include "kiln/autograd/gradcheck.h"
+#include "kiln/ops/gradcheck.h"
 #include "kiln/kiln.h"
 
 using namespace kiln;

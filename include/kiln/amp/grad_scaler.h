@@ -29,7 +29,7 @@
 
 #include "kiln/autograd/anomaly.h"
 #include "kiln/core/tensor.h"
-#include "kiln/optim/checkpoint.h"
+#include "kiln/io/stateful.h"
 #include "kiln/optim/optimizer.h"
 
 namespace kiln::amp {
@@ -70,8 +70,8 @@ struct GradScalerStats {
 };
 
 /// A Stateful object, so a checkpoint carries it:
-///   optim::save_checkpoint(path, {.model = &model, .optimizer = &opt, .objects = {{"scaler", &scaler}}}, info);
-class GradScaler : public optim::Stateful {
+///   train::save_checkpoint(path, {.model = &model, .optimizer = &opt, .objects = {{"scaler", &scaler}}}, info);
+class GradScaler : public io::Stateful {
  public:
   explicit GradScaler(GradScalerOptions options = {});
 
@@ -103,10 +103,10 @@ class GradScaler : public optim::Stateful {
   /// growth_factor, backoff_factor (double), growth_interval, and the telemetry
   /// counters steps and skipped_steps (int64). Keys follow torch's state_dict.
   /// Empty for a disabled scaler, as torch.
-  optim::ObjectState state_dict() const override;
+  io::ObjectState state_dict() const override;
   /// Validates keys, kinds, dtypes and values (ValueError naming the key) before
   /// changing anything. An empty state (from a disabled scaler) is an error, as torch.
-  void load_state_dict(const optim::ObjectState& state) override;
+  void load_state_dict(const io::ObjectState& state) override;
 
   GradScalerStats stats() const;
   /// The per-step numbers for metrics.jsonl: amp_scale, amp_skipped_steps,

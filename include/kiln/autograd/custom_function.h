@@ -48,9 +48,9 @@
 #include <vector>
 
 #include "kiln/autograd/functions.h"
+#include "kiln/autograd/grad_math.h"
 #include "kiln/core/error.h"
 #include "kiln/core/guards.h"
-#include "kiln/ops/factory.h"
 
 namespace kiln::autograd {
 
@@ -191,7 +191,7 @@ class CustomNode final : public Node {
     ctx.owner_ = this;
     // Undefined incoming gradients become zeros, as PyTorch materialises them.
     for (size_t i = 0; i < grads.size(); ++i) {
-      if (!grads[i].defined()) grads[i] = zeros(input_metadata()[i].shape, input_metadata()[i].dtype);
+      if (!grads[i].defined()) grads[i] = grad_math().zeros(input_metadata()[i].shape, input_metadata()[i].dtype);
     }
     TensorList out;
     try {

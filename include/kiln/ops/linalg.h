@@ -48,8 +48,8 @@ Tensor linear(const Tensor& input, const Tensor& weight, const Tensor& bias = {}
 void matmul_into(const Tensor& self, const Tensor& other, const Tensor& out,
                  std::source_location loc = std::source_location::current());
 
-/// A weight matrix kept packed in the layout oneDNN's matmul reads fastest
-/// (Note [Packed weights] in kiln/kernels/dnnl.h), for the inference forms of
+/// A weight matrix kept packed in the layout the matrix-product backend reads
+/// fastest (the layout itself is the backend's business), for the inference forms of
 /// linear and linear_gelu below. It remembers which tensor it packed and that
 /// tensor's version, and packs again when given another tensor or the same
 /// one modified in place (an optimizer step, load_state_dict). It holds a
@@ -58,9 +58,9 @@ void matmul_into(const Tensor& self, const Tensor& other, const Tensor& out,
 class WeightPack {
  public:
   WeightPack();
-  struct State;
 
  private:
+  struct State;  // defined by the ops layer; opaque to users
   friend struct WeightPackAccess;
   std::shared_ptr<State> state_;
 };

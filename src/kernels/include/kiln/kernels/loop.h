@@ -16,6 +16,7 @@
 #include <utility>
 
 #include "kiln/core/error.h"
+#include "kiln/core/parallel.h"
 #include "kiln/core/threads.h"
 
 namespace kiln::kernels {
@@ -39,16 +40,7 @@ struct LoopSpec {
   int64_t inner_stride(int op) const { return ndim ? strides[op][0] : 0; }
 };
 
-/// Runs fn(begin, end) over [0, n) split into contiguous ranges, one per
-/// thread, in parallel when n >= grain. Exceptions from fn propagate.
-void parallel_for(int64_t n, int64_t grain, void (*fn)(int64_t, int64_t, void*), void* ctx);
-
-template <typename F>
-void parallel_for(int64_t n, int64_t grain, F&& f) {
-  using Fn = std::remove_reference_t<F>;
-  auto tramp = [](int64_t b, int64_t e, void* c) { (*static_cast<Fn*>(c))(b, e); };
-  parallel_for(n, grain, tramp, const_cast<void*>(static_cast<const void*>(&f)));
-}
+using ::kiln::parallel_for;  // kiln/core/parallel.h
 
 /// Calls body(char* const* ptrs, const int64_t* inner_strides, int64_t n) for
 /// each innermost row of `s`, rows [row_begin, row_end).

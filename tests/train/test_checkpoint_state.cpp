@@ -17,17 +17,17 @@
 #include "kiln/io/safetensors.h"
 #include "kiln/models/gpt.h"
 #include "kiln/nn/layers.h"
-#include "kiln/optim/checkpoint.h"
+#include "kiln/train/checkpoint.h"
 #include "support/test_util.h"
 
 namespace kiln {
 namespace {
 
-using optim::ObjectState;
-using optim::StateValue;
+using io::ObjectState;
+using io::StateValue;
 
 // A stand-in for AMP's GradScaler: a tensor and one scalar of each kind.
-class Scaler : public optim::Stateful {
+class Scaler : public io::Stateful {
  public:
   Tensor scale = ones({1});
   int64_t growth_tracker = 0;
@@ -49,7 +49,7 @@ class Scaler : public optim::Stateful {
 };
 
 // An object with another schema: "scale" of another shape, "growth_tracker" a double, an extra key.
-class OtherScaler : public optim::Stateful {
+class OtherScaler : public io::Stateful {
  public:
   ObjectState state_dict() const override {
     return {.tensors = {{"scale", zeros({2})}, {"history", zeros({3})}},
@@ -77,7 +77,7 @@ TEST(CheckpointState, GeneratorsAndObjectsRoundTripExactly) {
   scaler.enabled = false;
   scaler.backoff = 0.1 + 0.2;  // not a short decimal: must come back bit for bit
   scaler.note = "dynamic, ünïcode";
-  optim::save_checkpoint(path,
+  train::save_checkpoint(path,
                          {.model = model.get(), .optimizer = nullptr, .scheduler = nullptr,
                           .generators = {{"noise", &noise}, {"augment", &augment}}, .objects = {{"scaler", &scaler}}},
                          {.step = 5, .loader = std::nullopt, .config = ""});
@@ -87,7 +87,7 @@ TEST(CheckpointState, GeneratorsAndObjectsRoundTripExactly) {
   auto model2 = linear(2);
   Generator noise2(1), augment2(2);
   Scaler scaler2;
-  optim::load_checkpoint(path, {.model = model2.get(), .optimizer = nullptr, .scheduler = nullptr,
+  train::load_checkpoint(path, {.model = model2.get(), .optimizer = nullptr, .scheduler = nullptr,
                                 .generators = {{"noise", &noise2}, {"augment", &augment2}}, .objects = {{"scaler", &scaler2}}});
   EXPECT_EQ(noise2.get_state(), noise.get_state());
   EXPECT_EQ(augment2.get_state(), augment.get_state());
@@ -106,9 +106,9 @@ TEST(CheckpointState, SpecialDoublesRoundTrip) {
   for (double v : std::initializer_list<double>{0.0, -0.0, 1e-310, -INFINITY, INFINITY, 1.7976931348623157e308}) {
     Scaler s;
     s.backoff = v;
-    optim::save_checkpoint(path, {.model = model.get(), .objects = {{"s", &s}}}, {});
+    train::save_checkpoint(path, {.model = model.get(), .objects = {{"s", &s}}}, {});
     Scaler back;
-    optim::load_checkpoint(path, {.model = model.get(), .objects = {{"s", &back}}});
+    train::load_checkpoint(path, {.model = model.get(), .objects = {{"s", &back}}});
     EXPECT_EQ(std::memcmp(&back.backoff, &v, sizeof v), 0) << v;
   }
 }
@@ -119,7 +119,7 @@ TEST(CheckpointState, MismatchesAreReportedTogetherAndChangeNothing) {
   auto model = linear(1);
   Generator noise(42), dropped(3);
   Scaler scaler, gone;
-  optim::save_checkpoint(path,
+  train::save_checkpoint(path,
                          {.model = model.get(), .generators = {{"noise", &noise}, {"dropped", &dropped}},
                           .objects = {{"scaler", &scaler}, {"gone", &gone}}},
                          {.step = 1});
@@ -133,7 +133,7 @@ TEST(CheckpointState, MismatchesAreReportedTogetherAndChangeNothing) {
   manual_seed(31337);
   const GeneratorState default_before = default_generator().get_state();
   try {
-    optim::load_checkpoint(path, {.model = model2.get(), .generators = {{"noise", &noise2}, {"fresh", &fresh}},
+    train::load_checkpoint(path, {.model = model2.get(), .generators = {{"noise", &noise2}, {"fresh", &fresh}},
                                   .objects = {{"scaler", &other}, {"extra", &extra}}});
     FAIL() << "expected ValueError";
   } catch (const ValueError& e) {
@@ -157,12 +157,12 @@ TEST(CheckpointState, BadNamesAreRejectedOnSave) {
   Generator g;
   Scaler s;
   for (const char* bad : {"", "a.b", "a\nb"}) {
-    EXPECT_THROW(optim::save_checkpoint(dir.file("c.safetensors"), {.model = model.get(), .generators = {{bad, &g}}}, {}),
+    EXPECT_THROW(train::save_checkpoint(dir.file("c.safetensors"), {.model = model.get(), .generators = {{bad, &g}}}, {}),
                  ValueError);
-    EXPECT_THROW(optim::save_checkpoint(dir.file("c.safetensors"), {.model = model.get(), .objects = {{bad, &s}}}, {}),
+    EXPECT_THROW(train::save_checkpoint(dir.file("c.safetensors"), {.model = model.get(), .objects = {{bad, &s}}}, {}),
                  ValueError);
   }
-  EXPECT_THROW(optim::save_checkpoint(dir.file("c.safetensors"), {.model = model.get(), .generators = {{"g", nullptr}}}, {}),
+  EXPECT_THROW(train::save_checkpoint(dir.file("c.safetensors"), {.model = model.get(), .generators = {{"g", nullptr}}}, {}),
                ValueError);
 }
 
@@ -192,12 +192,12 @@ TEST(CheckpointState, MetadataIsChecksummed) {
   const std::string path = dir.file("c.safetensors");
   auto model = linear(1);
   Scaler s;
-  optim::save_checkpoint(path, {.model = model.get(), .objects = {{"s", &s}}}, {.step = 17});
+  train::save_checkpoint(path, {.model = model.get(), .objects = {{"s", &s}}}, {.step = 17});
   rewrite_metadata(path, [](io::Metadata&) {});  // the doc's definition matches the writer's
-  EXPECT_EQ(optim::load_checkpoint(path, {.model = model.get(), .objects = {{"s", &s}}}).step, 17);
+  EXPECT_EQ(train::load_checkpoint(path, {.model = model.get(), .objects = {{"s", &s}}}).step, 17);
   rewrite_metadata(path, [](io::Metadata& md) { md["step"] = "13"; }, /*fix_checksum=*/false);  // a flipped bit, say
   try {
-    optim::load_checkpoint(path, {.model = model.get(), .objects = {{"s", &s}}});
+    train::load_checkpoint(path, {.model = model.get(), .objects = {{"s", &s}}});
     FAIL() << "expected FormatError";
   } catch (const FormatError& e) {
     EXPECT_NE(std::string(e.what()).find("metadata checksum mismatch"), std::string::npos) << e.what();
@@ -210,14 +210,14 @@ TEST(CheckpointState, MalformedValuesAreFormatErrors) {
   auto model = linear(1);
   Scaler s;
   for (const char* bad : {"", "i:", "i:12x", "i:99999999999999999999", "f:", "f:1.0junk", "b:2", "x:1", "i"}) {
-    optim::save_checkpoint(path, {.model = model.get(), .objects = {{"s", &s}}}, {});
+    train::save_checkpoint(path, {.model = model.get(), .objects = {{"s", &s}}}, {});
     rewrite_metadata(path, [&](io::Metadata& md) { md["state.s.growth_tracker"] = bad; });
-    EXPECT_THROW(optim::load_checkpoint(path, {.model = model.get(), .objects = {{"s", &s}}}), FormatError) << bad;
+    EXPECT_THROW(train::load_checkpoint(path, {.model = model.get(), .objects = {{"s", &s}}}), FormatError) << bad;
   }
   // A value or tensor for an object the file does not list.
-  optim::save_checkpoint(path, {.model = model.get(), .objects = {{"s", &s}}}, {});
+  train::save_checkpoint(path, {.model = model.get(), .objects = {{"s", &s}}}, {});
   rewrite_metadata(path, [](io::Metadata& md) { md["state.objects"] = "t"; });
-  EXPECT_THROW(optim::load_checkpoint(path, {.model = model.get(), .objects = {{"t", &s}}}), FormatError);
+  EXPECT_THROW(train::load_checkpoint(path, {.model = model.get(), .objects = {{"t", &s}}}), FormatError);
 }
 
 TEST(CheckpointState, HostileCountsAndNumbersAreFormatErrors) {
@@ -226,17 +226,17 @@ TEST(CheckpointState, HostileCountsAndNumbersAreFormatErrors) {
   auto model = linear(1);
   optim::SGD opt(model->named_parameters(), {.lr = 0.1});
   optim::StepLR sched(opt, {.step_size = 2});
-  const optim::CheckpointRefs refs{.model = model.get(), .optimizer = &opt, .scheduler = &sched};
+  const train::CheckpointRefs refs{.model = model.get(), .optimizer = &opt, .scheduler = &sched};
   const std::vector<std::pair<std::string, std::string>> edits = {
       {"step", "1e300"}, {"step", "99999999999999999999"}, {"loader.epoch", "1.5"},
       {"optim.param_groups", "18446744073709551615"}, {"sched.children", "4000000000"}, {"sched.last_epoch", "-1e30"}};
   for (const auto& [key, value] : edits) {
-    optim::save_checkpoint(path, refs, {.step = 1, .loader = data::LoaderState{.epoch = 0, .position = 0, .seed = 0}});
+    train::save_checkpoint(path, refs, {.step = 1, .loader = data::LoaderState{.epoch = 0, .position = 0, .seed = 0}});
     rewrite_metadata(path, [&](io::Metadata& md) { md[key] = value; });
-    EXPECT_THROW(optim::load_checkpoint(path, refs), FormatError) << key << " = " << value;
+    EXPECT_THROW(train::load_checkpoint(path, refs), FormatError) << key << " = " << value;
   }
   // Scheduler states nested without end.
-  optim::save_checkpoint(path, refs, {});
+  train::save_checkpoint(path, refs, {});
   rewrite_metadata(path, [](io::Metadata& md) {
     std::string p = "sched.";
     for (int i = 0; i < 40; ++i, p.append("child.0.")) {
@@ -246,7 +246,7 @@ TEST(CheckpointState, HostileCountsAndNumbersAreFormatErrors) {
     }
   });
   try {
-    optim::load_checkpoint(path, refs);
+    train::load_checkpoint(path, refs);
     FAIL() << "expected FormatError";
   } catch (const FormatError& e) {
     EXPECT_NE(std::string(e.what()).find("nest deeper"), std::string::npos) << e.what();
@@ -262,13 +262,13 @@ TEST(CheckpointState, OptimizerMismatchesAreReportedWithTheModelsAndObjects) {
   model->bias.mutable_grad() = ones_like(model->bias);
   opt.step();
   Scaler s;
-  optim::save_checkpoint(path, {.model = model.get(), .optimizer = &opt, .objects = {{"s", &s}}}, {});
+  train::save_checkpoint(path, {.model = model.get(), .optimizer = &opt, .objects = {{"s", &s}}}, {});
 
   manual_seed(3);
   auto other = std::make_shared<nn::Linear>(nn::LinearOptions{.in_features = 5, .out_features = 2});
   optim::SGD opt2(other->named_parameters(), {.lr = 0.1, .momentum = 0.9});
   try {
-    optim::load_checkpoint(path, {.model = other.get(), .optimizer = &opt2});
+    train::load_checkpoint(path, {.model = other.get(), .optimizer = &opt2});
     FAIL() << "expected ValueError";
   } catch (const ValueError& e) {
     const std::string msg = e.what();
@@ -284,17 +284,17 @@ TEST(CheckpointState, VersionOneFilesStillLoad) {
   test::TempDir dir;
   const std::string path = dir.file("c.safetensors");
   auto model = linear(1);
-  optim::save_checkpoint(path, {.model = model.get()}, {.step = 3});
+  train::save_checkpoint(path, {.model = model.get()}, {.step = 3});
   rewrite_metadata(path, [](io::Metadata& md) {
     md["kiln.checkpoint"] = "1";
     md.erase("rng.generators");
     md.erase("state.objects");
   });
   auto model2 = linear(2);
-  EXPECT_EQ(optim::load_checkpoint(path, {.model = model2.get()}).step, 3);
+  EXPECT_EQ(train::load_checkpoint(path, {.model = model2.get()}).step, 3);
   EXPECT_TRUE(test::bitwise_equal(model2->weight, model->weight));
   Generator g;
-  EXPECT_THROW(optim::load_checkpoint(path, {.model = model2.get(), .generators = {{"g", &g}}}), ValueError);
+  EXPECT_THROW(train::load_checkpoint(path, {.model = model2.get(), .generators = {{"g", &g}}}), ValueError);
 }
 
 TEST(CheckpointState, ASchedulerOfAnotherShapeIsRejectedBeforeTheOptimizerChanges) {
@@ -307,7 +307,7 @@ TEST(CheckpointState, ASchedulerOfAnotherShapeIsRejectedBeforeTheOptimizerChange
   model->bias.mutable_grad() = ones_like(model->bias);
   opt.step();
   sched.step();
-  optim::save_checkpoint(path, {.model = model.get(), .optimizer = &opt, .scheduler = &sched}, {});
+  train::save_checkpoint(path, {.model = model.get(), .optimizer = &opt, .scheduler = &sched}, {});
 
   // Same parameters and state layout, but a scheduler over a two-group optimizer.
   auto model2 = linear(2);
@@ -318,7 +318,7 @@ TEST(CheckpointState, ASchedulerOfAnotherShapeIsRejectedBeforeTheOptimizerChange
   optim::StepLR wrong(two_groups, {.step_size = 2});
   const Tensor w_before = model2->weight.clone();
   try {
-    optim::load_checkpoint(path, {.model = model2.get(), .optimizer = &opt2, .scheduler = &wrong});
+    train::load_checkpoint(path, {.model = model2.get(), .optimizer = &opt2, .scheduler = &wrong});
     FAIL() << "expected ValueError";
   } catch (const ValueError& e) {
     EXPECT_NE(std::string(e.what()).find("scheduler: 1 base_lrs in the file, 2 param groups"), std::string::npos)
@@ -338,7 +338,7 @@ TEST(CheckpointState, GptWithTiedWeightsRoundTripsThroughTheManager) {
   const Tensor idx = randint(0, 32, {2, 8}, TensorOptions().dtype(kInt64));
   a->loss(idx, idx).backward();
   opt_a.step();
-  optim::CheckpointManager m(dir.path());
+  train::CheckpointManager m(dir.path());
   m.save({.model = a.get(), .optimizer = &opt_a}, {.step = 1});
 
   manual_seed(2);
@@ -383,14 +383,14 @@ TEST(CheckpointState, ASchedulerWithOtherSettingsIsNamedAndOldFilesStillLoad) {
     opt.step();
     sched->step();
   }
-  optim::save_checkpoint(path, {.model = model.get(), .optimizer = &opt, .scheduler = sched.get()}, {});
+  train::save_checkpoint(path, {.model = model.get(), .optimizer = &opt, .scheduler = sched.get()}, {});
 
   auto model2 = linear(2);
   optim::SGD opt2(model2->named_parameters(), {.lr = 0.1});
   auto other = make(opt2, 50);
   const Tensor w_before = model2->weight.clone();
   const std::string msg = test::error_message<ValueError>(
-      [&] { optim::load_checkpoint(path, {.model = model2.get(), .optimizer = &opt2, .scheduler = other.get()}); });
+      [&] { train::load_checkpoint(path, {.model = model2.get(), .optimizer = &opt2, .scheduler = other.get()}); });
   EXPECT_NE(msg.find("scheduler 1: T_max is 100 in the saved state, 50 in this scheduler"), std::string::npos) << msg;
   EXPECT_TRUE(test::bitwise_equal(model2->weight, w_before));
   EXPECT_EQ(other->last_epoch(), 0);
@@ -403,7 +403,7 @@ TEST(CheckpointState, ASchedulerWithOtherSettingsIsNamedAndOldFilesStillLoad) {
       it = recorded ? md.erase(it) : std::next(it);
     }
   });
-  optim::load_checkpoint(path, {.model = model2.get(), .optimizer = &opt2, .scheduler = other.get()});
+  train::load_checkpoint(path, {.model = model2.get(), .optimizer = &opt2, .scheduler = other.get()});
   EXPECT_EQ(other->last_epoch(), 4);
   EXPECT_EQ(other->get_last_lr(), sched->get_last_lr());
 }

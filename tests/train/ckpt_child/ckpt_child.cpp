@@ -1,5 +1,5 @@
 // A training process for test_optim's separate-process checkpoint tests
-// (tests/optim/test_checkpoint_process.cpp). Prints "loss <step> <%a>" per
+// (tests/train/test_checkpoint_process.cpp). Prints "loss <step> <%a>" per
 // step, so that losses compare exactly as text.
 //
 //   ckpt_child straight <steps> <params.safetensors>   train from scratch, write the final state
@@ -42,15 +42,15 @@ int run(int argc, char** argv) {
     kiln::io::save_safetensors(argv[3], rig.final_state());
   } else if (mode == "first" && argc == 4) {
     train(rig, std::atoll(argv[2]));
-    kiln::optim::CheckpointManager(argv[3]).save(rig.refs(), rig.info());
+    kiln::train::CheckpointManager(argv[3]).save(rig.refs(), rig.info());
   } else if (mode == "resume" && argc == 5) {
-    kiln::optim::CheckpointManager m(argv[3]);
+    kiln::train::CheckpointManager m(argv[3]);
     rig.resume(m.load_latest(rig.refs()));
     std::printf("resumed %lld\n", static_cast<long long>(rig.step));
     train(rig, std::atoll(argv[2]));
     kiln::io::save_safetensors(argv[4], rig.final_state());
   } else if (mode == "loop" && argc == 3) {
-    kiln::optim::CheckpointManager m(argv[2]);
+    kiln::train::CheckpointManager m(argv[2]);
     if (m.latest()) rig.resume(m.load_latest(rig.refs()));
     const pid_t parent = ::getppid();
     // Until killed; an orphan (the test died) stops by itself.

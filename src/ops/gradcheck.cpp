@@ -1,4 +1,4 @@
-#include "kiln/autograd/gradcheck.h"
+#include "kiln/ops/gradcheck.h"
 
 #include <algorithm>
 #include <cmath>

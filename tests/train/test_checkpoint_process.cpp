@@ -1,5 +1,5 @@
 // Checkpoints across processes, with the child program ckpt_child (see
-// tests/optim/ckpt_child/): 2N steps straight equal N steps, save, exit, and N
+// tests/train/ckpt_child/): 2N steps straight equal N steps, save, exit, and N
 // more in a fresh process that resumes from the directory, bitwise (per-step
 // losses as %a text, final parameters); and a child saving every step, killed
 // with SIGKILL at random moments, always leaves a checkpoint that loads (with
@@ -19,8 +19,8 @@
 #include <thread>
 
 #include "kiln/io/safetensors.h"
-#include "kiln/optim/checkpoint.h"
-#include "optim/ckpt_child/ckpt_rig.h"
+#include "kiln/train/checkpoint.h"
+#include "train/ckpt_child/ckpt_rig.h"
 #include "support/test_util.h"
 
 namespace kiln {
@@ -63,7 +63,7 @@ TEST(CheckpointProcess, ResumeInAFreshProcessIsBitwiseIdentical) {
   ASSERT_EQ(got.size(), static_cast<size_t>(n));
 
   // The saved state is mid-epoch.
-  const auto latest = optim::CheckpointManager(dir).latest();
+  const auto latest = train::CheckpointManager(dir).latest();
   ASSERT_TRUE(latest.has_value());
   const io::SafetensorsHeader h = io::read_safetensors_header(latest->string());
   EXPECT_EQ(h.metadata.at("loader.epoch"), "1");
@@ -129,7 +129,7 @@ TEST(CheckpointProcess, SigkillAtRandomMomentsAlwaysLeavesALoadableCheckpoint) {
 
     for (const auto& e : fs::directory_iterator(dir))
       if (e.path().filename().string().find(".tmp.") != std::string::npos) ++mid_write;
-    optim::CheckpointManager m(dir);
+    train::CheckpointManager m(dir);
     const std::vector<fs::path> listed = m.list();
     ASSERT_FALSE(listed.empty()) << "kill " << kill_no;
     for (const auto& p : listed)
@@ -138,7 +138,7 @@ TEST(CheckpointProcess, SigkillAtRandomMomentsAlwaysLeavesALoadableCheckpoint) {
 
     ckpt_test::Rig rig;
     testing::internal::CaptureStderr();
-    const optim::CheckpointInfo info = m.load_latest(rig.refs());
+    const train::CheckpointInfo info = m.load_latest(rig.refs());
     // `latest` must name a complete, valid file after any kill: no fallback, nothing said.
     EXPECT_EQ(testing::internal::GetCapturedStderr(), "") << "kill " << kill_no;
     EXPECT_GE(info.step, last_step) << "kill " << kill_no;

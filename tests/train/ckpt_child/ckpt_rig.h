@@ -15,14 +15,14 @@
 #include "kiln/data/loader.h"
 #include "kiln/nn/functional.h"
 #include "kiln/nn/layers.h"
-#include "kiln/optim/checkpoint.h"
+#include "kiln/train/checkpoint.h"
 #include "kiln/optim/optimizer.h"
 #include "kiln/optim/scheduler.h"
 
 namespace kiln::ckpt_test {
 
 // An exponential average of the loss: a non-module, non-optimizer piece of state.
-class LossAverage : public optim::Stateful {
+class LossAverage : public io::Stateful {
  public:
   Tensor value = zeros({1});
   int64_t count = 0;
@@ -32,10 +32,10 @@ class LossAverage : public optim::Stateful {
     value = value * decay + loss.detach().reshape({1}) * (1.0 - decay);
     ++count;
   }
-  optim::ObjectState state_dict() const override {
+  io::ObjectState state_dict() const override {
     return {.tensors = {{"value", value.clone()}}, .values = {{"count", count}, {"decay", decay}}};
   }
-  void load_state_dict(const optim::ObjectState& s) override {
+  void load_state_dict(const io::ObjectState& s) override {
     value = s.tensors.at("value").clone();
     count = std::get<int64_t>(s.values.at("count"));
     decay = std::get<double>(s.values.at("decay"));
@@ -69,12 +69,12 @@ struct Rig {
     manual_seed(77);
   }
 
-  optim::CheckpointRefs refs() {
+  train::CheckpointRefs refs() {
     return {.model = model.get(), .optimizer = opt.get(), .scheduler = sched.get(),
             .generators = {{"noise", &noise}}, .objects = {{"loss_average", &average}}};
   }
-  optim::CheckpointInfo info() const { return {.step = step, .loader = loader->state(), .config = "ckpt_rig v1"}; }
-  void resume(const optim::CheckpointInfo& i) {
+  train::CheckpointInfo info() const { return {.step = step, .loader = loader->state(), .config = "ckpt_rig v1"}; }
+  void resume(const train::CheckpointInfo& i) {
     loader->load_state(*i.loader);
     step = i.step;
   }

@@ -1,11 +1,14 @@
+#include "kiln/core/parallel.h"
+
 #include <omp.h>
 
+#include <algorithm>
 #include <exception>
 #include <mutex>
 
-#include "kiln/kernels/loop.h"
+#include "kiln/core/threads.h"
 
-namespace kiln::kernels {
+namespace kiln {
 
 void parallel_for(int64_t n, int64_t grain, void (*fn)(int64_t, int64_t, void*), void* ctx) {
   if (n <= 0) return;
@@ -37,4 +40,4 @@ void parallel_for(int64_t n, int64_t grain, void (*fn)(int64_t, int64_t, void*),
   if (error) std::rethrow_exception(error);
 }
 
-}  // namespace kiln::kernels
+}  // namespace kiln

@@ -14,19 +14,19 @@
 #include "kiln/core/generator.h"
 #include "kiln/io/safetensors.h"
 #include "kiln/nn/layers.h"
-#include "kiln/optim/checkpoint.h"
+#include "kiln/train/checkpoint.h"
 #include "support/test_util.h"
 
 namespace kiln {
 namespace {
 
 namespace fs = std::filesystem;
-using optim::CheckpointManager;
+using train::CheckpointManager;
 
 struct Rig {
   std::shared_ptr<nn::Linear> model;
   std::unique_ptr<optim::SGD> opt;
-  optim::CheckpointRefs refs() { return {.model = model.get(), .optimizer = opt.get(), .scheduler = nullptr}; }
+  train::CheckpointRefs refs() { return {.model = model.get(), .optimizer = opt.get(), .scheduler = nullptr}; }
 };
 
 Rig make_rig(uint64_t seed) {
@@ -92,7 +92,7 @@ TEST(CheckpointManager, LoadLatestRestoresTheNewestState) {
   save_steps(m, r, {1, 2, 3});
   Rig fresh = make_rig(2);
   testing::internal::CaptureStderr();
-  const optim::CheckpointInfo info = CheckpointManager(tmp.path()).load_latest(fresh.refs());
+  const train::CheckpointInfo info = CheckpointManager(tmp.path()).load_latest(fresh.refs());
   EXPECT_EQ(testing::internal::GetCapturedStderr(), "");  // nothing to say when `latest` is good
   EXPECT_EQ(info.step, 3);
   EXPECT_EQ(info.config, "step 3");
@@ -122,7 +122,7 @@ TEST(CheckpointManager, CorruptedLatestFileFallsBackToTheNewestGoodOneAndSaysSo)
   EXPECT_EQ(m.latest(), tmp.path() / "ckpt-00000003.safetensors");
   Rig fresh = make_rig(2);
   testing::internal::CaptureStderr();
-  const optim::CheckpointInfo info = m.load_latest(fresh.refs());
+  const train::CheckpointInfo info = m.load_latest(fresh.refs());
   const std::string err = testing::internal::GetCapturedStderr();
   EXPECT_EQ(info.step, 2);
   EXPECT_EQ(weight0(fresh), 2.0f);

@@ -16,7 +16,7 @@
 #include "kiln/io/safetensors.h"
 #include "kiln/nn/functional.h"
 #include "kiln/nn/layers.h"
-#include "kiln/optim/checkpoint.h"
+#include "kiln/train/checkpoint.h"
 #include "support/test_util.h"
 
 namespace kiln {
@@ -96,7 +96,7 @@ TEST(Checkpoint, ResumeMidEpochIsBitwiseIdentical) {
   std::vector<float> got;
   train(first, n, got);
   const std::string path = dir.file("ckpt.safetensors");
-  optim::save_checkpoint(path, {.model = first.model.get(), .optimizer = first.opt.get(), .scheduler = first.sched.get()},
+  train::save_checkpoint(path, {.model = first.model.get(), .optimizer = first.opt.get(), .scheduler = first.sched.get()},
                          {.step = n, .loader = first.loader->state(), .config = "lr=0.05"});
   EXPECT_EQ(first.loader->state().epoch, 1);
   EXPECT_EQ(first.loader->state().position, 2);
@@ -104,8 +104,8 @@ TEST(Checkpoint, ResumeMidEpochIsBitwiseIdentical) {
   TrainRun resumed;
   build(resumed);
   manual_seed(12345);  // the checkpoint must restore the default generator
-  const optim::CheckpointInfo info =
-      optim::load_checkpoint(path, {.model = resumed.model.get(), .optimizer = resumed.opt.get(), .scheduler = resumed.sched.get()});
+  const train::CheckpointInfo info =
+      train::load_checkpoint(path, {.model = resumed.model.get(), .optimizer = resumed.opt.get(), .scheduler = resumed.sched.get()});
   EXPECT_EQ(resumed.sched->last_epoch(), first.sched->last_epoch());
   EXPECT_EQ(resumed.sched->get_last_lr(), first.sched->get_last_lr());
   EXPECT_EQ(info.step, n);
@@ -127,7 +127,7 @@ TEST(Checkpoint, CorruptedByteFailsTheChecksum) {
   std::vector<float> losses;
   train(r, 3, losses);
   const std::string path = dir.file("ckpt.safetensors");
-  optim::save_checkpoint(path, {.model = r.model.get(), .optimizer = r.opt.get(), .scheduler = nullptr}, {.step = 3, .loader = std::nullopt, .config = ""});
+  train::save_checkpoint(path, {.model = r.model.get(), .optimizer = r.opt.get(), .scheduler = nullptr}, {.step = 3, .loader = std::nullopt, .config = ""});
   const io::SafetensorsHeader h = io::read_safetensors_header(path);
   {
     std::fstream f(path, std::ios::in | std::ios::out | std::ios::binary);
@@ -142,7 +142,7 @@ TEST(Checkpoint, CorruptedByteFailsTheChecksum) {
   build(fresh);
   const auto before = fresh.model->state_dict()[0].second.clone();
   try {
-    optim::load_checkpoint(path, {.model = fresh.model.get(), .optimizer = fresh.opt.get(), .scheduler = nullptr});
+    train::load_checkpoint(path, {.model = fresh.model.get(), .optimizer = fresh.opt.get(), .scheduler = nullptr});
     FAIL() << "expected FormatError";
   } catch (const FormatError& e) {
     EXPECT_NE(std::string(e.what()).find("checksum"), std::string::npos) << e.what();
@@ -155,7 +155,7 @@ TEST(Checkpoint, OtherArchitectureIsRejectedByNameAndChangesNothing) {
   TrainRun small;
   build(small, 16);
   const std::string path = dir.file("ckpt.safetensors");
-  optim::save_checkpoint(path, {.model = small.model.get(), .optimizer = nullptr, .scheduler = nullptr}, {.step = 0, .loader = std::nullopt, .config = ""});
+  train::save_checkpoint(path, {.model = small.model.get(), .optimizer = nullptr, .scheduler = nullptr}, {.step = 0, .loader = std::nullopt, .config = ""});
 
   manual_seed(9);
   auto other = std::make_shared<nn::Sequential>(std::initializer_list<nn::ModulePtr>{
@@ -166,7 +166,7 @@ TEST(Checkpoint, OtherArchitectureIsRejectedByNameAndChangesNothing) {
   std::vector<Tensor> before;
   for (const auto& [name, t] : other->state_dict()) before.push_back(t.clone());
   try {
-    optim::load_checkpoint(path, {.model = other.get(), .optimizer = nullptr, .scheduler = nullptr});
+    train::load_checkpoint(path, {.model = other.get(), .optimizer = nullptr, .scheduler = nullptr});
     FAIL() << "expected ValueError";
   } catch (const ValueError& e) {
     const std::string msg = e.what();

@@ -12,6 +12,10 @@
 // from one backward with grad_outputs u dotted with v. Cost: 2 forwards per
 // input and 1 backward per output, whatever their sizes. The atol is scaled
 // by sum(u) * sum(v), as torch does, since the scalar sums that many entries.
+//
+// It keeps torch's name (kiln::autograd::gradcheck) but lives in the ops
+// layer: it draws random inputs and perturbs them with ops, which autograd,
+// below ops, cannot call (docs/architecture.md).
 #pragma once
 
 #include <functional>

@@ -1,4 +1,4 @@
-// CheckpointManager (see include/kiln/optim/checkpoint.h): a directory of
+// CheckpointManager (see include/kiln/train/checkpoint.h): a directory of
 // ckpt-<step>.safetensors files and a `latest` pointer. The pointer is only
 // rewritten after the checkpoint it names has been renamed into place and the
 // directory synced, so a crash at any moment leaves `latest` naming a complete
@@ -17,9 +17,9 @@
 
 #include "kiln/core/error.h"
 #include "kiln/io/safetensors.h"
-#include "kiln/optim/checkpoint.h"
+#include "kiln/train/checkpoint.h"
 
-namespace kiln::optim {
+namespace kiln::train {
 
 namespace fs = std::filesystem;
 
@@ -220,4 +220,4 @@ CheckpointInfo CheckpointManager::load_latest(const CheckpointRefs& refs) {
                                order.size(), " tried)", msg));
 }
 
-}  // namespace kiln::optim
+}  // namespace kiln::train

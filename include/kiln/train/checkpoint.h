@@ -18,45 +18,24 @@
 // CheckpointManager keeps a directory of them for a run: ckpt-<step>.safetensors
 // files, a `latest` pointer updated only once the new file is complete, the
 // last K kept; resuming falls back past a damaged file to the newest good one.
-// docs/checkpoints.md describes the format and the guarantees.
+// docs/checkpoints.md describes the format and the guarantees. This is the
+// train layer (DESIGN.md §1): it sits above nn, optim and data, whose state it
+// gathers; objects of any layer join through io::Stateful.
 #include <cstdint>
 #include <filesystem>
 #include <map>
 #include <optional>
 #include <string>
-#include <variant>
 #include <vector>
 
 #include "kiln/core/generator.h"
-
 #include "kiln/data/loader.h"
+#include "kiln/io/stateful.h"
 #include "kiln/nn/module.h"
 #include "kiln/optim/optimizer.h"
 #include "kiln/optim/scheduler.h"
 
-namespace kiln::optim {
-
-/// A JSON-able scalar of an object's state; saved exactly (doubles bit for bit).
-using StateValue = std::variant<bool, int64_t, double, std::string>;
-
-/// The state of a Stateful object: tensors (stored in the file, checksummed)
-/// and scalars (stored in the metadata), each by key.
-struct ObjectState {
-  std::map<std::string, Tensor> tensors;
-  std::map<std::string, StateValue> values;
-};
-
-/// Anything with state that is neither a module nor an optimizer (AMP's
-/// GradScaler, a curriculum, an EMA of the loss). The current state_dict() is
-/// the schema a checkpoint is validated against: the same keys, the same
-/// value kinds, tensors of the same shape and dtype. load_state_dict is called
-/// only with a state that passed that check and should not fail on one.
-class Stateful {
- public:
-  virtual ~Stateful() = default;
-  virtual ObjectState state_dict() const = 0;
-  virtual void load_state_dict(const ObjectState& state) = 0;
-};
+namespace kiln::train {
 
 /// What a checkpoint covers. model is required; the rest may be null/empty.
 /// Non-owning: the pointers are used only during the save_checkpoint /
@@ -65,10 +44,10 @@ class Stateful {
 /// Names of generators and objects: non-empty, without '.' or newlines.
 struct CheckpointRefs {
   nn::Module* model = nullptr;
-  Optimizer* optimizer = nullptr;
-  LRScheduler* scheduler = nullptr;
+  optim::Optimizer* optimizer = nullptr;
+  optim::LRScheduler* scheduler = nullptr;
   std::map<std::string, Generator*> generators = {};  // besides the default generator, always saved
-  std::map<std::string, Stateful*> objects = {};
+  std::map<std::string, io::Stateful*> objects = {};
 };
 
 /// The non-object part of a checkpoint.
@@ -128,4 +107,4 @@ class CheckpointManager {
   CheckpointManagerOptions opts_;
 };
 
-}  // namespace kiln::optim
+}  // namespace kiln::train

@@ -1,7 +1,7 @@
-// Training checkpoints (see include/kiln/optim/checkpoint.h and
+// Training checkpoints (see include/kiln/train/checkpoint.h and
 // docs/checkpoints.md): tensors under "model.", "optim." and "state.",
 // everything else as flat string metadata; both checksummed.
-#include "kiln/optim/checkpoint.h"
+#include "kiln/train/checkpoint.h"
 
 #include <algorithm>
 #include <cctype>
@@ -14,7 +14,14 @@
 #include "kiln/core/generator.h"
 #include "kiln/io/safetensors.h"
 
-namespace kiln::optim {
+namespace kiln::train {
+
+using io::ObjectState;
+using io::StateValue;
+using optim::Optimizer;
+using optim::OptimizerStateDict;
+using optim::schedule_mismatches;
+using optim::SchedulerState;
 
 namespace {
 
@@ -529,4 +536,4 @@ CheckpointInfo load_checkpoint(const std::string& path, const CheckpointRefs& re
   return info;
 }
 
-}  // namespace kiln::optim
+}  // namespace kiln::train
