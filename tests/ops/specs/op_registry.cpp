@@ -1,4 +1,6 @@
-#include "kiln/ops/op_spec.h"
+// The registry (tests/ops/specs/op_spec.h): every family's entries in order, and the
+// sample-data helpers the families share.
+#include "ops/specs/op_spec.h"
 
 #include "kiln/ops/factory.h"
 
