@@ -26,6 +26,7 @@ const std::vector<OpSpec>& op_registry() {
     register_reduction_ops(r);
     register_linalg_ops(r);
     register_conv_pool_ops(r);
+    register_norm_loss_attention_ops(r);
     return r;
   }();
   return registry;

@@ -85,6 +85,7 @@ void register_elementwise_ops(std::vector<OpSpec>& r);
 void register_reduction_ops(std::vector<OpSpec>& r);
 void register_linalg_ops(std::vector<OpSpec>& r);
 void register_conv_pool_ops(std::vector<OpSpec>& r);
+void register_norm_loss_attention_ops(std::vector<OpSpec>& r);
 
 /// Deterministic sample data: a tensor of `sizes` in `dt` from a fixed-seed
 /// generator keyed by `seed`, values normal(0,1) for floats, [-5, 5) for ints.
