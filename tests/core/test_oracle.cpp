@@ -8,7 +8,7 @@
 #include <cmath>
 
 #include "kiln/kiln.h"
-#include "kiln/ops/op_spec.h"
+#include "ops/specs/op_spec.h"
 #include "support/compare.h"
 #include "support/test_util.h"
 

@@ -14,7 +14,7 @@
 #include <random>
 
 #include "kiln/kiln.h"
-#include "kiln/ops/op_spec.h"
+#include "ops/specs/op_spec.h"
 #include "support/test_util.h"
 
 namespace fs = std::filesystem;

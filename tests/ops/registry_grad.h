@@ -20,7 +20,7 @@
 #include <string>
 #include <vector>
 
-#include "kiln/ops/op_spec.h"
+#include "ops/specs/op_spec.h"
 #include "support/oracle.h"
 
 namespace kiln::test {

@@ -24,7 +24,7 @@
 #include <set>
 
 #include "kiln/kiln.h"
-#include "kiln/ops/op_spec.h"
+#include "ops/specs/op_spec.h"
 #include "ops/registry_grad.h"
 #include "support/compare.h"
 #include "support/oracle.h"

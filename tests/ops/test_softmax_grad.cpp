@@ -11,7 +11,7 @@
 #include "kiln/autograd/engine.h"
 #include "kiln/ops/gradcheck.h"
 #include "kiln/kiln.h"
-#include "kiln/ops/op_spec.h"
+#include "ops/specs/op_spec.h"
 #include "kiln/ops/reduce.h"
 #include "support/test_util.h"
 

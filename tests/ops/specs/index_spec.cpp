@@ -1,4 +1,4 @@
-// Registry entries (include/kiln/ops/op_spec.h) for the index family:
+// Registry entries (tests/ops/specs/op_spec.h) for the index family:
 // index_select, gather, scatter(_add)(_), masked_fill(_), where, cat, stack,
 // repeat, embedding, one_hot. The ops live in gather_scatter.cpp, where.cpp,
 // join.cpp and repeat.cpp.
@@ -6,7 +6,7 @@
 
 #include "kiln/ops/factory.h"
 #include "kiln/ops/index.h"
-#include "kiln/ops/op_spec.h"
+#include "ops/specs/op_spec.h"
 
 namespace kiln::ops {
 

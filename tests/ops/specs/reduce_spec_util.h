@@ -1,5 +1,5 @@
 // Helpers shared by the reduction family's registry files (reduce_spec.cpp,
-// reduce_spec_more.cpp): sample constructors and the backward-sample rule.
+// reduce_more_spec.cpp): sample constructors and the backward-sample rule.
 #pragma once
 
 #include <algorithm>
@@ -9,7 +9,7 @@
 #include <type_traits>
 #include <vector>
 
-#include "kiln/ops/op_spec.h"
+#include "ops/specs/op_spec.h"
 
 namespace kiln::ops::reduce_spec {
 

@@ -1,10 +1,10 @@
 // Registry entries for the conv_pool family: conv2d, max_pool2d,
 // max_pool2d_with_indices, avg_pool2d, adaptive_avg_pool2d
-// (include/kiln/ops/op_spec.h). Each sample names the torch expression the
+// (tests/ops/specs/op_spec.h). Each sample names the torch expression the
 // oracle evaluates over x0, x1, ... (F is torch.nn.functional).
 #include "kiln/ops/conv.h"
 #include "kiln/ops/factory.h"
-#include "kiln/ops/op_spec.h"
+#include "ops/specs/op_spec.h"
 
 namespace kiln::ops {
 

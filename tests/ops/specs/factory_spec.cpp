@@ -1,4 +1,4 @@
-// Registry entries (include/kiln/ops/op_spec.h) for the factories and the
+// Registry entries (tests/ops/specs/op_spec.h) for the factories and the
 // copy/conversion ops: zeros ones full scalar_tensor arange linspace eye,
 // the *_like forms, to(dtype) over the whole 8x8 conversion matrix, clone,
 // contiguous, copy_, fill_, zero_. Random factories cannot match torch's RNG;
@@ -9,7 +9,7 @@
 #include <sstream>
 
 #include "kiln/ops/factory.h"
-#include "kiln/ops/op_spec.h"
+#include "ops/specs/op_spec.h"
 
 namespace kiln::ops {
 

@@ -1,7 +1,13 @@
-// The op registry (DESIGN.md §4, §9): one declarative entry per op, written
-// beside the op in its family file, drives every generic op test — forward
-// against the PyTorch oracle, (with autograd) backward against float64
-// central differences, non-contiguous and broadcast inputs, error inputs.
+// The op registry (DESIGN.md §4, §9): one declarative entry per op drives
+// every generic op test — forward against the PyTorch oracle, (with autograd)
+// backward against float64 central differences, non-contiguous and broadcast
+// inputs, error inputs.
+//
+// The entries live with the tests, one file per op family
+// (tests/ops/specs/<family>_spec.cpp), and are built into the static library kiln_op_specs that only the test
+// binaries link: they are test data, not library code, so they are neither
+// compiled into kiln_ops nor installed, and they may use any public header
+// (nn included) to reach the op under test.
 //
 // A sample is self-contained: its input tensors, how kiln computes the
 // result, and the same computation as a Python expression over `x0, x1, ...`
@@ -71,7 +77,7 @@ Tolerance default_tolerance(DType dt);
 /// Every registered op, in family order. Built on first use.
 const std::vector<OpSpec>& op_registry();
 
-// Each op family file defines its entries through one of these.
+// Each tests/ops/specs/<family>_spec.cpp defines its entries through one of these.
 void register_factory_ops(std::vector<OpSpec>& r);
 void register_view_ops(std::vector<OpSpec>& r);
 void register_index_ops(std::vector<OpSpec>& r);
@@ -79,6 +85,7 @@ void register_elementwise_ops(std::vector<OpSpec>& r);
 void register_reduction_ops(std::vector<OpSpec>& r);
 void register_linalg_ops(std::vector<OpSpec>& r);
 void register_conv_pool_ops(std::vector<OpSpec>& r);
+void register_norm_loss_attention_ops(std::vector<OpSpec>& r);
 
 /// Deterministic sample data: a tensor of `sizes` in `dt` from a fixed-seed
 /// generator keyed by `seed`, values normal(0,1) for floats, [-5, 5) for ints.

@@ -1,4 +1,4 @@
-// Registry entries (include/kiln/ops/op_spec.h) for the elementwise family:
+// Registry entries (tests/ops/specs/op_spec.h) for the elementwise family:
 // arithmetic (add sub mul div pow maximum minimum and their in-place forms),
 // unary math (neg ... clamp, in-place forms), comparisons, logical and
 // bitwise ops, equal and allclose.
@@ -18,7 +18,7 @@
 
 #include "kiln/ops/elementwise.h"
 #include "kiln/ops/factory.h"
-#include "kiln/ops/op_spec.h"
+#include "ops/specs/op_spec.h"
 
 namespace kiln::ops {
 

@@ -10,9 +10,9 @@
 #include <type_traits>
 
 #include "kiln/ops/factory.h"
-#include "kiln/ops/op_spec.h"
+#include "ops/specs/op_spec.h"
 #include "kiln/ops/reduce.h"
-#include "reduce_spec_util.h"
+#include "ops/specs/reduce_spec_util.h"
 
 namespace kiln::ops {
 

@@ -1,10 +1,10 @@
-// Registry entries (include/kiln/ops/op_spec.h) for the view ops of
+// Registry entries (tests/ops/specs/op_spec.h) for the view ops of
 // src/ops/view.cpp plus contiguous and clone. Results are compared by value
 // with torch; that they are views (shared storage and version counter) is
 // checked directly in tests/ops/test_views.cpp, their gradients (and the
 // view + in-place errors) in tests/ops/test_views_grad.cpp.
 #include "kiln/ops/factory.h"
-#include "kiln/ops/op_spec.h"
+#include "ops/specs/op_spec.h"
 
 namespace kiln::ops {
 

@@ -1,9 +1,9 @@
 // Registry entries for the linalg family: mm, bmm, matmul, linear
-// (include/kiln/ops/op_spec.h). Each sample names the torch expression the
+// (tests/ops/specs/op_spec.h). Each sample names the torch expression the
 // oracle evaluates over x0, x1, ...
 #include "kiln/ops/linalg.h"
 #include "kiln/ops/factory.h"
-#include "kiln/ops/op_spec.h"
+#include "ops/specs/op_spec.h"
 
 namespace kiln::ops {
 

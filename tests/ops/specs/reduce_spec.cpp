@@ -1,4 +1,4 @@
-// Registry entries for the reduction family (include/kiln/ops/op_spec.h):
+// Registry entries for the reduction family (tests/ops/specs/op_spec.h):
 // sum mean prod var std max min amax amin argmax argmin logsumexp norm
 // softmax log_softmax all any.
 //
@@ -17,9 +17,9 @@
 #include <type_traits>
 
 #include "kiln/ops/factory.h"
-#include "kiln/ops/op_spec.h"
+#include "ops/specs/op_spec.h"
 #include "kiln/ops/reduce.h"
-#include "reduce_spec_util.h"
+#include "ops/specs/reduce_spec_util.h"
 
 namespace kiln::ops {
 
@@ -186,7 +186,7 @@ OpSpec var_std_spec(const std::string& name) {
 
 }  // namespace
 
-void register_reduction_stats_ops(std::vector<OpSpec>& r);  // reduce_spec_more.cpp
+void register_reduction_stats_ops(std::vector<OpSpec>& r);  // reduce_more_spec.cpp
 
 void register_reduction_ops(std::vector<OpSpec>& r) {
   const size_t first = r.size();

@@ -1,4 +1,6 @@
-#include "kiln/ops/op_spec.h"
+// The registry (tests/ops/specs/op_spec.h): every family's entries in order, and the
+// sample-data helpers the families share.
+#include "ops/specs/op_spec.h"
 
 #include "kiln/ops/factory.h"
 
@@ -24,6 +26,7 @@ const std::vector<OpSpec>& op_registry() {
     register_reduction_ops(r);
     register_linalg_ops(r);
     register_conv_pool_ops(r);
+    register_norm_loss_attention_ops(r);
     return r;
   }();
   return registry;
