@@ -20,10 +20,14 @@
 #include "kiln/ops/gradcheck.h"
 
 #include "kiln/ops/conv.h"
+#include "kiln/ops/attention.h"
 #include "kiln/ops/autocast.h"
+#include "kiln/ops/batch_norm.h"
 #include "kiln/ops/elementwise.h"
 #include "kiln/ops/index.h"
+#include "kiln/ops/layer_norm.h"
 #include "kiln/ops/linalg.h"
+#include "kiln/ops/loss.h"
 #include "kiln/ops/promotion.h"
 #include "kiln/ops/reduce.h"
 

@@ -12,22 +12,19 @@
 #include "kiln/ops/conv.h"
 #include "kiln/ops/index.h"
 #include "kiln/ops/linalg.h"
+#include "nn_util.h"
 
 namespace kiln::nn {
 
 namespace {
-std::string ints(const std::vector<int64_t>& v) {
-  if (v.size() == 1) return std::to_string(v[0]);
-  std::string s = "(";
-  for (size_t i = 0; i < v.size(); ++i) s += (i ? ", " : "") + std::to_string(v[i]);
-  return s + ")";
-}
+using util::dtype_or_default;
+using util::int_or_tuple;
+using util::py_bool;
+
 std::vector<int64_t> pair2(const std::vector<int64_t>& v, const char* what) {
   KILN_CHECK(v.size() == 1 || v.size() == 2, ValueError, what, " expects 1 or 2 values, got ", v.size());
   return v.size() == 1 ? std::vector<int64_t>{v[0], v[0]} : v;
 }
-TensorOptions dt(const std::optional<DType>& d) { return TensorOptions(d ? *d : default_dtype()); }
-const char* tf(bool b) { return b ? "True" : "False"; }
 
 // torch's reset_parameters for Linear and Conv: kaiming_uniform_(a=sqrt(5)), bias U(-1/sqrt(fan_in), ..).
 void reset_weight_bias(Tensor& weight, Tensor& bias) {
@@ -44,8 +41,8 @@ void reset_weight_bias(Tensor& weight, Tensor& bias) {
 Linear::Linear(LinearOptions o)
     : Module("Linear"),
       options(o),
-      weight(register_parameter("weight", empty({o.out_features, o.in_features}, dt(o.dtype)))),
-      bias(register_parameter("bias", o.bias ? empty({o.out_features}, dt(o.dtype)) : Tensor())) {
+      weight(register_parameter("weight", empty({o.out_features, o.in_features}, dtype_or_default(o.dtype)))),
+      bias(register_parameter("bias", o.bias ? empty({o.out_features}, dtype_or_default(o.dtype)) : Tensor())) {
   KILN_CHECK(o.in_features >= 0 && o.out_features >= 0, ValueError,
              "Linear: in_features and out_features must be >= 0, got ", o.in_features, " and ", o.out_features);
   reset_parameters();
@@ -61,7 +58,7 @@ Tensor Linear::forward(const Tensor& x) {
 }
 std::string Linear::extra_repr() const {
   return "in_features=" + std::to_string(options.in_features) + ", out_features=" +
-         std::to_string(options.out_features) + ", bias=" + tf(options.bias);
+         std::to_string(options.out_features) + ", bias=" + py_bool(options.bias);
 }
 
 // ---- Conv2d ----
@@ -75,8 +72,8 @@ static std::vector<int64_t> conv_weight_shape(const Conv2dOptions& o) {
 Conv2d::Conv2d(Conv2dOptions o)
     : Module("Conv2d"),
       options(std::move(o)),
-      weight(register_parameter("weight", empty(conv_weight_shape(options), dt(options.dtype)))),
-      bias(register_parameter("bias", options.bias ? empty({options.out_channels}, dt(options.dtype)) : Tensor())) {
+      weight(register_parameter("weight", empty(conv_weight_shape(options), dtype_or_default(options.dtype)))),
+      bias(register_parameter("bias", options.bias ? empty({options.out_channels}, dtype_or_default(options.dtype)) : Tensor())) {
   reset_parameters();
 }
 void Conv2d::reset_parameters() { reset_weight_bias(weight, bias); }
@@ -85,12 +82,12 @@ Tensor Conv2d::forward(const Tensor& x) {
 }
 std::string Conv2d::extra_repr() const {
   std::string s = std::to_string(options.in_channels) + ", " + std::to_string(options.out_channels) +
-                  ", kernel_size=" + ints(pair2(options.kernel_size, "kernel_size")) +
-                  ", stride=" + ints(pair2(options.stride, "stride"));
+                  ", kernel_size=" + int_or_tuple(pair2(options.kernel_size, "kernel_size")) +
+                  ", stride=" + int_or_tuple(pair2(options.stride, "stride"));
   if (pair2(options.padding, "padding") != std::vector<int64_t>{0, 0})
-    s += ", padding=" + ints(pair2(options.padding, "padding"));
+    s += ", padding=" + int_or_tuple(pair2(options.padding, "padding"));
   if (pair2(options.dilation, "dilation") != std::vector<int64_t>{1, 1})
-    s += ", dilation=" + ints(pair2(options.dilation, "dilation"));
+    s += ", dilation=" + int_or_tuple(pair2(options.dilation, "dilation"));
   if (options.groups != 1) s += ", groups=" + std::to_string(options.groups);
   if (!options.bias) s += ", bias=False";
   return s;
@@ -100,7 +97,7 @@ std::string Conv2d::extra_repr() const {
 Embedding::Embedding(EmbeddingOptions o)
     : Module("Embedding"),
       options(o),
-      weight(register_parameter("weight", empty({o.num_embeddings, o.embedding_dim}, dt(o.dtype)))) {
+      weight(register_parameter("weight", empty({o.num_embeddings, o.embedding_dim}, dtype_or_default(o.dtype)))) {
   init::normal_(weight, 0.0, 1.0);
   if (o.padding_idx) {
     int64_t p = *o.padding_idx < 0 ? *o.padding_idx + o.num_embeddings : *o.padding_idx;
@@ -152,10 +149,10 @@ Tensor MaxPool2d::forward(const Tensor& x) {
   return max_pool2d(x, options.kernel_size, options.stride, options.padding, options.dilation, options.ceil_mode);
 }
 std::string MaxPool2d::extra_repr() const {
-  return "kernel_size=" + ints(options.kernel_size) +
-         ", stride=" + ints(options.stride.empty() ? options.kernel_size : options.stride) +
-         ", padding=" + ints(options.padding) + ", dilation=" + ints(options.dilation) +
-         ", ceil_mode=" + tf(options.ceil_mode);
+  return "kernel_size=" + int_or_tuple(options.kernel_size) +
+         ", stride=" + int_or_tuple(options.stride.empty() ? options.kernel_size : options.stride) +
+         ", padding=" + int_or_tuple(options.padding) + ", dilation=" + int_or_tuple(options.dilation) +
+         ", ceil_mode=" + py_bool(options.ceil_mode);
 }
 AvgPool2d::AvgPool2d(Pool2dOptions o) : Module("AvgPool2d"), options(std::move(o)) {}
 Tensor AvgPool2d::forward(const Tensor& x) {
@@ -163,14 +160,14 @@ Tensor AvgPool2d::forward(const Tensor& x) {
                     options.count_include_pad);
 }
 std::string AvgPool2d::extra_repr() const {
-  return "kernel_size=" + ints(options.kernel_size) +
-         ", stride=" + ints(options.stride.empty() ? options.kernel_size : options.stride) +
-         ", padding=" + ints(options.padding);
+  return "kernel_size=" + int_or_tuple(options.kernel_size) +
+         ", stride=" + int_or_tuple(options.stride.empty() ? options.kernel_size : options.stride) +
+         ", padding=" + int_or_tuple(options.padding);
 }
 AdaptiveAvgPool2d::AdaptiveAvgPool2d(std::vector<int64_t> output_size)
     : Module("AdaptiveAvgPool2d"), output_size(pair2(output_size, "AdaptiveAvgPool2d output_size")) {}
 Tensor AdaptiveAvgPool2d::forward(const Tensor& x) { return adaptive_avg_pool2d(x, output_size); }
-std::string AdaptiveAvgPool2d::extra_repr() const { return "output_size=" + ints(output_size); }
+std::string AdaptiveAvgPool2d::extra_repr() const { return "output_size=" + int_or_tuple(output_size); }
 
 // ---- Flatten, GELU ----
 Flatten::Flatten(int64_t start_dim, int64_t end_dim) : Module("Flatten"), start_dim(start_dim), end_dim(end_dim) {}

@@ -1,12 +1,17 @@
-// nll_loss, mse_loss, l1_loss, smooth_l1_loss, binary_cross_entropy_with_logits
-// and kl_div, composed of differentiable kiln ops with PyTorch 1.13's formulas,
-// so their gradients (and second derivatives) are the ops' own.
+// The loss functions, with PyTorch 1.13's formulas. cross_entropy with
+// class-index targets is the fused op of kiln/ops/loss.h (its kernel and
+// backward node live there); with class-probability targets it is log_softmax
+// composed with kiln ops here. nll_loss, mse_loss, l1_loss, smooth_l1_loss,
+// binary_cross_entropy_with_logits and kl_div are composed of differentiable
+// kiln ops, so their gradients (and second derivatives) are the ops' own.
+#include <algorithm>
 #include <vector>
 
 #include "kiln/ops/factory.h"
 #include "kiln/nn/functional.h"
 #include "kiln/ops/autocast.h"
 #include "kiln/ops/index.h"
+#include "kiln/ops/loss.h"
 #include "loss_common.h"
 
 namespace kiln::nn::functional {
@@ -21,6 +26,26 @@ void check_same_shape(const char* fn, const Tensor& input, const Tensor& target)
   KILN_CHECK(target.defined() && target.sizes().equals(input.sizes()), ShapeError, fn,
              ": expected target of the input's shape ", input.sizes(), ", got ",
              target.defined() ? shape_str(target.sizes()) : std::string("an undefined tensor"));
+}
+
+// Cross-entropy against class probabilities [N, C, ...] of the input's shape.
+Tensor cross_entropy_probs(const Tensor& input, const Tensor& target, const CrossEntropyOptions& o, Reduction red,
+                           int64_t C) {
+  const int64_t cdim = input.dim() == 1 ? 0 : 1;
+  Tensor t = target;
+  if (o.label_smoothing > 0) t = t * (1.0 - o.label_smoothing) + o.label_smoothing / static_cast<double>(C);
+  Tensor prod = input.log_softmax(cdim) * t;
+  if (o.weight.defined()) {
+    std::vector<int64_t> wshape(static_cast<size_t>(input.dim() - cdim), 1);
+    wshape[0] = C;
+    prod = prod * o.weight.reshape(wshape);
+  }
+  Tensor per = -prod.sum({cdim});
+  switch (red) {
+    case Reduction::None: return per;
+    case Reduction::Sum: return per.sum();
+    default: return per.sum() / static_cast<double>(input.numel() / std::max<int64_t>(C, 1));
+  }
 }
 
 }  // namespace
@@ -131,6 +156,39 @@ Tensor kl_div(const Tensor& input, const Tensor& target, const KLDivOptions& o, 
     loss = target * tsafe.log() - target * input;
   }
   return apply_reduction(loss, red);
+}
+
+Tensor cross_entropy(const Tensor& input, const Tensor& target, const CrossEntropyOptions& o, std::source_location loc) {
+  if (autocast_enabled()) return ops::autocast_call(AutocastOp::cross_entropy, [&](const Tensor& x, const Tensor& t) { return cross_entropy(x, t, o, loc); }, input, target);
+  detail::check_floating("cross_entropy", "input", input);
+  KILN_CHECK(target.defined(), ValueError, "cross_entropy: expected a target tensor, got an undefined one");
+  const Reduction red = detail::parse_reduction("cross_entropy", o.reduction);
+  KILN_CHECK(input.dim() >= 1, ShapeError, "cross_entropy: expected input of shape [N, C], [N, C, d1, ...] or [C], got ",
+             input.sizes());
+  KILN_CHECK(o.label_smoothing >= 0.0 && o.label_smoothing <= 1.0, ValueError,
+             "cross_entropy: expected label_smoothing in [0, 1], got ", o.label_smoothing);
+  const int64_t C = input.dim() == 1 ? input.size(0) : input.size(1);
+  if (o.weight.defined()) {
+    KILN_CHECK(o.weight.dim() == 1 && o.weight.size(0) == C, ShapeError, "cross_entropy: expected weight of shape [", C,
+               "] (one per class), got ", o.weight.sizes());
+    detail::check_floating("cross_entropy", "weight", o.weight);
+  }
+  if (target.is_floating_point()) {
+    KILN_CHECK(target.sizes().equals(input.sizes()), ShapeError,
+               "cross_entropy: class-probability target must have the input's shape ", input.sizes(), ", got ",
+               target.sizes());
+    KILN_CHECK(target.dtype() == input.dtype(), DTypeError, "cross_entropy: expected a probability target of the input's dtype ",
+               dtype_name(input.dtype()), ", got ", dtype_name(target.dtype()));
+    return cross_entropy_probs(input, target, o, red, C);
+  }
+  KILN_CHECK(target.dtype() == kInt64, DTypeError,
+             "cross_entropy: expected target of dtype int64 (class indices) or the input's floating dtype "
+             "(class probabilities), got target ",
+             dtype_name(target.dtype()), " for input ", dtype_name(input.dtype()));
+  const ops::LossReduction r = red == Reduction::None  ? ops::LossReduction::None
+                              : red == Reduction::Sum ? ops::LossReduction::Sum
+                                                      : ops::LossReduction::Mean;
+  return ops::cross_entropy(input, target, o.weight, o.ignore_index, r, o.label_smoothing, loc);
 }
 
 }  // namespace kiln::nn::functional

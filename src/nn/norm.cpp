@@ -2,35 +2,29 @@
 #include "kiln/nn/norm.h"
 
 #include <limits>
-#include <sstream>
 
 #include "kiln/core/error.h"
 #include "kiln/ops/factory.h"
 #include "kiln/core/guards.h"
 #include "kiln/ops/autocast.h"
 #include "kiln/ops/batch_norm.h"
+#include "kiln/ops/layer_norm.h"
+#include "nn_util.h"
 
 namespace kiln::nn {
 
 namespace {
-TensorOptions dt(const std::optional<DType>& d) { return TensorOptions(d ? *d : default_dtype()); }
-std::string ints(const std::vector<int64_t>& v) {
-  std::string s = "(";
-  for (size_t i = 0; i < v.size(); ++i) s += (i ? ", " : "") + std::to_string(v[i]);
-  return s + (v.size() == 1 ? ",)" : ")");
-}
-const char* tf(bool b) { return b ? "True" : "False"; }
-std::string num(double v) {
-  std::ostringstream os;
-  os << v;
-  return os.str();
-}
+using util::dtype_or_default;
+using util::int_tuple;
+using util::num;
+using util::py_bool;
+
 /// The trailing dims {-n, ..., -1} after checking x ends with `shape`.
 std::vector<int64_t> trailing_dims(const Tensor& x, const std::vector<int64_t>& shape, const char* who) {
   const auto n = static_cast<int64_t>(shape.size());
   bool ok = x.dim() >= n;
   for (int64_t i = 0; ok && i < n; ++i) ok = x.size(x.dim() - n + i) == shape[static_cast<size_t>(i)];
-  KILN_CHECK(ok, ShapeError, who, ": expected input ending in normalized_shape ", ints(shape), ", got shape ",
+  KILN_CHECK(ok, ShapeError, who, ": expected input ending in normalized_shape ", int_tuple(shape), ", got shape ",
              x.shape_string());
   std::vector<int64_t> dims;
   for (int64_t i = -n; i < 0; ++i) dims.push_back(i);
@@ -44,40 +38,36 @@ std::vector<int64_t> channel_shape(const Tensor& x, int64_t c) {
 }
 }  // namespace
 
-namespace detail {
-Tensor layer_norm(const Tensor& x, int64_t n_dims, const Tensor& weight, const Tensor& bias, double eps);
-}  // namespace detail
-
 // ---- LayerNorm ----
 LayerNorm::LayerNorm(LayerNormOptions o)
     : Module("LayerNorm"),
       options(std::move(o)),
       weight(register_parameter("weight",
-                                options.elementwise_affine ? ones(options.normalized_shape, dt(options.dtype)) : Tensor())),
+                                options.elementwise_affine ? ones(options.normalized_shape, dtype_or_default(options.dtype)) : Tensor())),
       bias(register_parameter("bias",
-                              options.elementwise_affine ? zeros(options.normalized_shape, dt(options.dtype)) : Tensor())) {
+                              options.elementwise_affine ? zeros(options.normalized_shape, dtype_or_default(options.dtype)) : Tensor())) {
   KILN_CHECK(!options.normalized_shape.empty(), ValueError, "LayerNorm: normalized_shape must not be empty");
 }
 Tensor LayerNorm::forward(const Tensor& x) {
   if (autocast_enabled()) return ops::autocast_call(AutocastOp::layer_norm, [&](const Tensor& xx) { return forward(xx); }, x);
-  auto dims = trailing_dims(x, options.normalized_shape, "LayerNorm");
-  return detail::layer_norm(x, static_cast<int64_t>(dims.size()), weight, bias, options.eps);  // layer_norm.cpp
+  trailing_dims(x, options.normalized_shape, "LayerNorm");
+  return ops::layer_norm(x, options.normalized_shape, weight, bias, options.eps);
 }
 std::string LayerNorm::extra_repr() const {
-  return ints(options.normalized_shape) + ", eps=" + num(options.eps) +
-         ", elementwise_affine=" + tf(options.elementwise_affine);
+  return int_tuple(options.normalized_shape) + ", eps=" + num(options.eps) +
+         ", elementwise_affine=" + py_bool(options.elementwise_affine);
 }
 
 // ---- BatchNorm ----
 BatchNorm::BatchNorm(std::string type_name, BatchNormOptions o, int64_t min_dim, int64_t max_dim)
     : Module(std::move(type_name)),
       options(o),
-      weight(register_parameter("weight", o.affine ? ones({o.num_features}, dt(o.dtype)) : Tensor())),
-      bias(register_parameter("bias", o.affine ? zeros({o.num_features}, dt(o.dtype)) : Tensor())),
+      weight(register_parameter("weight", o.affine ? ones({o.num_features}, dtype_or_default(o.dtype)) : Tensor())),
+      bias(register_parameter("bias", o.affine ? zeros({o.num_features}, dtype_or_default(o.dtype)) : Tensor())),
       running_mean(register_buffer("running_mean",
-                                   o.track_running_stats ? zeros({o.num_features}, dt(o.dtype)) : Tensor())),
+                                   o.track_running_stats ? zeros({o.num_features}, dtype_or_default(o.dtype)) : Tensor())),
       running_var(register_buffer("running_var",
-                                  o.track_running_stats ? ones({o.num_features}, dt(o.dtype)) : Tensor())),
+                                  o.track_running_stats ? ones({o.num_features}, dtype_or_default(o.dtype)) : Tensor())),
       num_batches_tracked(
           register_buffer("num_batches_tracked", o.track_running_stats ? zeros({}, kInt64) : Tensor())),
       min_dim_(min_dim),
@@ -145,7 +135,7 @@ Tensor BatchNorm::forward_impl(const Tensor& x, bool relu, const Tensor& residua
 }
 std::string BatchNorm::extra_repr() const {
   return std::to_string(options.num_features) + ", eps=" + num(options.eps) + ", momentum=" + (options.momentum ? num(*options.momentum) : std::string("None")) +
-         ", affine=" + tf(options.affine) + ", track_running_stats=" + tf(options.track_running_stats);
+         ", affine=" + py_bool(options.affine) + ", track_running_stats=" + py_bool(options.track_running_stats);
 }
 
 // ---- RMSNorm ----
@@ -153,7 +143,7 @@ RMSNorm::RMSNorm(RMSNormOptions o)
     : Module("RMSNorm"),
       options(std::move(o)),
       weight(register_parameter("weight",
-                                options.elementwise_affine ? ones(options.normalized_shape, dt(options.dtype)) : Tensor())) {
+                                options.elementwise_affine ? ones(options.normalized_shape, dtype_or_default(options.dtype)) : Tensor())) {
   KILN_CHECK(!options.normalized_shape.empty(), ValueError, "RMSNorm: normalized_shape must not be empty");
 }
 Tensor RMSNorm::forward(const Tensor& x) {
@@ -166,16 +156,16 @@ Tensor RMSNorm::forward(const Tensor& x) {
   return weight.defined() ? y * weight : y;
 }
 std::string RMSNorm::extra_repr() const {
-  return ints(options.normalized_shape) + ", eps=" + (options.eps ? num(*options.eps) : std::string("None")) +
-         ", elementwise_affine=" + tf(options.elementwise_affine);
+  return int_tuple(options.normalized_shape) + ", eps=" + (options.eps ? num(*options.eps) : std::string("None")) +
+         ", elementwise_affine=" + py_bool(options.elementwise_affine);
 }
 
 // ---- GroupNorm ----
 GroupNorm::GroupNorm(GroupNormOptions o)
     : Module("GroupNorm"),
       options(o),
-      weight(register_parameter("weight", o.affine ? ones({o.num_channels}, dt(o.dtype)) : Tensor())),
-      bias(register_parameter("bias", o.affine ? zeros({o.num_channels}, dt(o.dtype)) : Tensor())) {
+      weight(register_parameter("weight", o.affine ? ones({o.num_channels}, dtype_or_default(o.dtype)) : Tensor())),
+      bias(register_parameter("bias", o.affine ? zeros({o.num_channels}, dtype_or_default(o.dtype)) : Tensor())) {
   KILN_CHECK(o.num_groups > 0 && o.num_channels % o.num_groups == 0, ValueError,
              "GroupNorm: num_channels (", o.num_channels, ") must be divisible by num_groups (", o.num_groups, ")");
 }
@@ -193,7 +183,7 @@ Tensor GroupNorm::forward(const Tensor& x) {
 }
 std::string GroupNorm::extra_repr() const {
   return std::to_string(options.num_groups) + ", " + std::to_string(options.num_channels) +
-         ", eps=" + num(options.eps) + ", affine=" + tf(options.affine);
+         ", eps=" + num(options.eps) + ", affine=" + py_bool(options.affine);
 }
 
 }  // namespace kiln::nn

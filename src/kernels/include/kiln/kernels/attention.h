@@ -1,4 +1,4 @@
-// Row kernels of the fused scaled_dot_product_attention (nn/attention_fused.cpp)
+// Row kernels of the fused scaled_dot_product_attention (src/ops/attention.cpp)
 // over raw pointers (the kernels layer: no Tensor here).
 //
 // The fused attention computes its query rows in blocks: per block the raw

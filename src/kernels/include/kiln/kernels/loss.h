@@ -1,6 +1,6 @@
 // Fused cross-entropy kernels (the kernels layer: raw pointers, no Tensor).
 //
-// The loss functions of kiln::nn::functional call these for class-index
+// ops::cross_entropy (src/ops/loss.cpp) calls these for class-index
 // targets. Logits are a contiguous [rows, classes] block of float32, float64
 // or bfloat16 (computed in float, or double for float64). One pass per row
 // finds the max and the sum of exp(x - max) (the row stays in cache), from

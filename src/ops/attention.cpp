@@ -1,4 +1,6 @@
-// The fused, memory-efficient scaled_dot_product_attention (no dropout).
+// Scaled dot-product attention (include/kiln/ops/attention.h): the argument
+// checks, the composite form, and the fused, memory-efficient form (no
+// dropout) with its backward beside the forward.
 //
 // Forward walks the query rows in blocks of `block_rows`: for each block it
 // forms S = q_blk kᵀ scale (+ mask, or the causal triangle), the row max m,
@@ -20,26 +22,63 @@
 // general ops instead (it may broadcast in any way).
 // Without anything to differentiate (inference) no node is recorded and no
 // lse is computed.
+#include "kiln/ops/attention.h"
+
 #include <algorithm>
 #include <cmath>
 #include <limits>
+#include <vector>
 
 #include "kiln/autograd/custom_function.h"
-#include "kiln/autograd/engine.h"
 #include "kiln/core/error.h"
-#include "kiln/ops/factory.h"
 #include "kiln/core/guards.h"
 #include "kiln/kernels/attention.h"
-#include "kiln/nn/attention.h"
+#include "kiln/ops/factory.h"
 #include "kiln/ops/index.h"
 #include "kiln/ops/linalg.h"
 
-namespace kiln::nn::functional {
-
-void check_sdpa_args(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& attn_mask, double dropout_p,
-                     bool is_causal);
+namespace kiln::ops {
 
 namespace {
+
+// The shapes, dtypes and flags every form of the op takes.
+void check_args(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& attn_mask, double dropout_p,
+                bool is_causal) {
+  KILN_CHECK(q.dim() >= 2 && k.dim() >= 2 && v.dim() >= 2, ShapeError,
+             "scaled_dot_product_attention: expected q [..., L, E], k [..., S, E], v [..., S, Ev] with at least "
+             "2 dims, got q ",
+             q.shape_string(), ", k ", k.shape_string(), ", v ", v.shape_string());
+  KILN_CHECK(q.is_floating_point() && k.is_floating_point() && v.is_floating_point(), DTypeError,
+             "scaled_dot_product_attention: expected floating-point q, k, v, got ", dtype_name(q.dtype()), ", ",
+             dtype_name(k.dtype()), ", ", dtype_name(v.dtype()));
+  KILN_CHECK(q.size(-1) == k.size(-1), ShapeError,
+             "scaled_dot_product_attention: expected q and k to share the last dim E, got q ", q.shape_string(),
+             " and k ", k.shape_string());
+  KILN_CHECK(k.size(-2) == v.size(-2), ShapeError,
+             "scaled_dot_product_attention: expected k and v to share the sequence dim S, got k ", k.shape_string(),
+             " and v ", v.shape_string());
+  KILN_CHECK(dropout_p >= 0.0 && dropout_p <= 1.0, ValueError,
+             "scaled_dot_product_attention: expected dropout_p in [0, 1], got ", dropout_p);
+  KILN_CHECK(!(is_causal && attn_mask.defined()), ValueError,
+             "scaled_dot_product_attention: expected either attn_mask or is_causal, got both");
+  if (attn_mask.defined()) {
+    const int64_t L = q.size(-2), S = k.size(-2);
+    KILN_CHECK(attn_mask.dim() >= 1 && attn_mask.size(-1) == S && (attn_mask.dim() < 2 || attn_mask.size(-2) == L ||
+                                                                   attn_mask.size(-2) == 1),
+               ShapeError, "scaled_dot_product_attention: expected attn_mask broadcastable to [..., ", L, ", ", S,
+               "], got ", attn_mask.shape_string());
+    KILN_CHECK(attn_mask.dtype() == kBool || attn_mask.is_floating_point(), DTypeError,
+               "scaled_dot_product_attention: expected a bool or floating attn_mask, got ",
+               dtype_name(attn_mask.dtype()));
+  }
+}
+
+// [L, S] bool, true where key j lies after query i (the positions causal attention hides).
+Tensor causal_hidden(int64_t L, int64_t S) {
+  Tensor rows = arange(L).unsqueeze(1);
+  Tensor cols = arange(S).unsqueeze(0);
+  return cols.gt(rows);
+}
 
 constexpr double kNegInf = -std::numeric_limits<double>::infinity();
 
@@ -157,7 +196,7 @@ struct FusedSdpa : autograd::Function<FusedSdpa> {
       // carry their own history, for only the arguments that want one, and
       // through an alias each (self-attention passes one tensor as q, k, v).
       return ctx.differentiate_composite({q, k, v}, grads, [&](const TensorList& in) {
-        return TensorList{detail::sdpa_composite(in[0], in[1], in[2], a.mask, 0.0, a.causal, false)};
+        return TensorList{attention_composite(in[0], in[1], in[2], a.mask, 0.0, a.causal, false)};
       });
     }
     const int64_t L = q.size(-2), S = k.size(-2);
@@ -219,11 +258,55 @@ struct FusedSdpa : autograd::Function<FusedSdpa> {
 
 }  // namespace
 
-namespace detail {
+Tensor scaled_dot_product_attention(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& attn_mask,
+                                    double dropout_p, bool is_causal, bool training) {
+  check_args(q, k, v, attn_mask, dropout_p, is_causal);
+  const bool dropout_active = training && dropout_p > 0.0;
+  const bool mask_needs_grad = attn_mask.defined() && attn_mask.requires_grad() && grad_mode_enabled();
+  if (!dropout_active && !mask_needs_grad) return attention_fused(q, k, v, attn_mask, is_causal);
+  return attention_composite(q, k, v, attn_mask, dropout_p, is_causal, training);
+}
 
-Tensor sdpa_fused(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& attn_mask, bool is_causal,
-                  int64_t block_rows) {
-  check_sdpa_args(q, k, v, attn_mask, 0.0, is_causal);
+// The composite form: autograd records matmul, softmax and masked_fill, so
+// gradients of any order follow without a hand-written backward; it keeps the
+// [..., L, S] scores and weights for backward (O(T^2) per head).
+Tensor attention_composite(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& attn_mask,
+                           double dropout_p, bool is_causal, bool training) {
+  const int64_t L = q.size(-2), S = k.size(-2);
+  const double scale = 1.0 / std::sqrt(static_cast<double>(q.size(-1)));
+  const double neg_inf = -std::numeric_limits<double>::infinity();
+
+  Tensor scores = q.matmul(k.transpose(-2, -1)).mul(scale);  // [..., L, S]
+  if (is_causal) scores = scores.masked_fill(causal_hidden(L, S), neg_inf);
+  if (attn_mask.defined()) {
+    KILN_CHECK(attn_mask.dim() >= 1 && attn_mask.size(-1) == S && (attn_mask.dim() < 2 || attn_mask.size(-2) == L ||
+                                                                   attn_mask.size(-2) == 1),
+               ShapeError, "scaled_dot_product_attention: expected attn_mask broadcastable to [..., ", L, ", ", S,
+               "], got ", attn_mask.shape_string());
+    if (attn_mask.dtype() == kBool) {
+      scores = scores.masked_fill(attn_mask.logical_not(), neg_inf);
+    } else {
+      KILN_CHECK(attn_mask.is_floating_point(), DTypeError,
+                 "scaled_dot_product_attention: expected a bool or floating attn_mask, got ",
+                 dtype_name(attn_mask.dtype()));
+      scores = scores + attn_mask;
+    }
+  }
+  Tensor weights = scores.softmax(-1);
+  if (training && dropout_p > 0.0) {
+    if (dropout_p == 1.0) {
+      weights = weights * zeros_like(weights);
+    } else {
+      Tensor keep = rand(weights.sizes(), TensorOptions(weights.dtype())).lt(1.0 - dropout_p).to(weights.dtype());
+      weights = weights * keep.mul(1.0 / (1.0 - dropout_p));
+    }
+  }
+  return weights.matmul(v);
+}
+
+Tensor attention_fused(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& attn_mask, bool is_causal,
+                       int64_t block_rows) {
+  check_args(q, k, v, attn_mask, 0.0, is_causal);
   KILN_CHECK(block_rows > 0, ValueError, "sdpa_fused: expected block_rows > 0, got ", block_rows);
   KILN_CHECK(!(attn_mask.defined() && attn_mask.requires_grad() && grad_mode_enabled()), ValueError,
              "sdpa_fused: expected an attn_mask that does not require grad (the composite path differentiates "
@@ -236,5 +319,4 @@ Tensor sdpa_fused(const Tensor& q, const Tensor& k, const Tensor& v, const Tenso
   return FusedSdpa::apply(q, k, v, args);
 }
 
-}  // namespace detail
-}  // namespace kiln::nn::functional
+}  // namespace kiln::ops

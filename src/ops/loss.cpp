@@ -1,31 +1,29 @@
-// cross_entropy: class-index targets go through the fused kernel
-// (kiln/kernels/loss.h) with a CrossEntropyLossBackward0 node beside the
-// forward; class-probability targets are log_softmax composed with kiln ops.
-// The node saves the input itself (not the [rows, C] copy the kernel reads),
-// so its create_graph branch differentiates through the caller's layout; the
-// class weight is a constant of the fused path (a weight that requires grad is
-// refused, as torch's nll_loss does).
+// Cross-entropy with class-index targets (include/kiln/ops/loss.h): the
+// checks, the fused kernel of kernels/cpu/cross_entropy.cpp (kiln/kernels/
+// loss.h) and the CrossEntropyLossBackward0 node beside the forward. The node
+// saves the input itself (not the [rows, C] copy the kernel reads), so its
+// create_graph branch differentiates through the caller's layout; the class
+// weight is a constant (a weight that requires grad is refused, as torch's
+// nll_loss does).
 //
 // Reductions follow PyTorch 1.13 exactly, label smoothing included:
 //   loss = (1 - ls) * nll_loss(logp, target, weight) + (ls / C) * smooth,
-//   smooth_r = -sum_c w_c logp_rc (0 on ignored rows), and for "mean" nll is
+//   smooth_r = -sum_c w_c logp_rc (0 on ignored rows), and for "mean" nll
 //   and smooth are both divided by the sum of the non-ignored targets' weights
 //   (their count when unweighted).
+#include "kiln/ops/loss.h"
+
 #include <cmath>
 #include <vector>
 
 #include "kiln/autograd/functions.h"
-#include "kiln/ops/factory.h"
+#include "kiln/core/error.h"
 #include "kiln/core/guards.h"
 #include "kiln/kernels/loss.h"
-#include "kiln/nn/functional.h"
-#include "kiln/ops/autocast.h"
+#include "kiln/ops/factory.h"
 #include "kiln/ops/index.h"
-#include "loss_common.h"
 
-namespace kiln::nn::functional {
-
-using detail::Reduction;
+namespace kiln::ops {
 
 namespace {
 
@@ -59,7 +57,7 @@ struct CrossEntropyLossBackward final : autograd::Node {
   std::vector<int64_t> in_sizes;
   int64_t rows = 0, classes = 0, ignore_index = -100;
   double ls = 0;
-  Reduction red = Reduction::Mean;
+  LossReduction red = LossReduction::Mean;
   double scale_a = 1, scale_b = 0;  // per-row coefficients of the nll and smoothing terms, before g
 
   const char* name() const override { return "CrossEntropyLossBackward0"; }
@@ -78,7 +76,7 @@ struct CrossEntropyLossBackward final : autograd::Node {
     std::vector<double> ca(rows), cb(ls > 0 ? rows : 0);
     const double* gp = gd.data_ptr<double>();
     for (int64_t r = 0; r < rows; ++r) {
-      const double gr = red == Reduction::None ? gp[r] : gp[0];
+      const double gr = red == LossReduction::None ? gp[r] : gp[0];
       ca[r] = gr * scale_a;
       if (ls > 0) cb[r] = gr * scale_b;
     }
@@ -102,67 +100,36 @@ struct CrossEntropyLossBackward final : autograd::Node {
     Tensor onehot = zeros({rows, classes}, o).scatter(1, tsafe.unsqueeze(1), 1.0);
     Tensor w = weight.defined() ? weight : ones({classes}, o);
     Tensor wt = w.index_select(0, tsafe) * valid;
-    Tensor gr = red == Reduction::None ? g.reshape({rows}) : g.reshape({1}).expand({rows});
+    Tensor gr = red == LossReduction::None ? g.reshape({rows}) : g.reshape({1}).expand({rows});
     Tensor grad = (gr * wt * scale_a).unsqueeze(1) * (p - onehot);
     if (ls > 0) grad = grad + (gr * valid * scale_b).unsqueeze(1) * (p * w.sum() - w.unsqueeze(0));
     return from_rows(grad, in_sizes);
   }
 };
 
-Tensor cross_entropy_probs(const Tensor& input, const Tensor& target, const CrossEntropyOptions& o, Reduction red,
-                           int64_t C) {
-  const int64_t cdim = input.dim() == 1 ? 0 : 1;
-  Tensor t = target;
-  if (o.label_smoothing > 0) t = t * (1.0 - o.label_smoothing) + o.label_smoothing / static_cast<double>(C);
-  Tensor prod = input.log_softmax(cdim) * t;
-  if (o.weight.defined()) {
-    std::vector<int64_t> wshape(static_cast<size_t>(input.dim() - cdim), 1);
-    wshape[0] = C;
-    prod = prod * o.weight.reshape(wshape);
-  }
-  Tensor per = -prod.sum({cdim});
-  switch (red) {
-    case Reduction::None: return per;
-    case Reduction::Sum: return per.sum();
-    default: return per.sum() / static_cast<double>(input.numel() / std::max<int64_t>(C, 1));
-  }
-}
-
 }  // namespace
 
-Tensor cross_entropy(const Tensor& input, const Tensor& target, const CrossEntropyOptions& o, std::source_location loc) {
-  if (autocast_enabled()) return ops::autocast_call(AutocastOp::cross_entropy, [&](const Tensor& x, const Tensor& t) { return cross_entropy(x, t, o, loc); }, input, target);
-  detail::check_floating("cross_entropy", "input", input);
-  KILN_CHECK(target.defined(), ValueError, "cross_entropy: expected a target tensor, got an undefined one");
-  const Reduction red = detail::parse_reduction("cross_entropy", o.reduction);
+Tensor cross_entropy(const Tensor& input, const Tensor& target, const Tensor& weight, int64_t ignore_index,
+                     LossReduction red, double label_smoothing, std::source_location loc) {
+  KILN_CHECK(input.defined() && target.defined(), ValueError,
+             "cross_entropy: expected defined input and target tensors");
   KILN_CHECK(input.dim() >= 1, ShapeError, "cross_entropy: expected input of shape [N, C], [N, C, d1, ...] or [C], got ",
              input.sizes());
-  KILN_CHECK(o.label_smoothing >= 0.0 && o.label_smoothing <= 1.0, ValueError,
-             "cross_entropy: expected label_smoothing in [0, 1], got ", o.label_smoothing);
+  KILN_CHECK(label_smoothing >= 0.0 && label_smoothing <= 1.0, ValueError,
+             "cross_entropy: expected label_smoothing in [0, 1], got ", label_smoothing);
   const int64_t C = input.dim() == 1 ? input.size(0) : input.size(1);
-  if (o.weight.defined()) {
-    KILN_CHECK(o.weight.dim() == 1 && o.weight.size(0) == C, ShapeError, "cross_entropy: expected weight of shape [", C,
-               "] (one per class), got ", o.weight.sizes());
-    detail::check_floating("cross_entropy", "weight", o.weight);
-  }
-  if (target.is_floating_point()) {
-    KILN_CHECK(target.sizes().equals(input.sizes()), ShapeError,
-               "cross_entropy: class-probability target must have the input's shape ", input.sizes(), ", got ",
-               target.sizes());
-    KILN_CHECK(target.dtype() == input.dtype(), DTypeError, "cross_entropy: expected a probability target of the input's dtype ",
-               dtype_name(input.dtype()), ", got ", dtype_name(target.dtype()));
-    return cross_entropy_probs(input, target, o, red, C);
-  }
+  KILN_CHECK(!weight.defined() || (weight.dim() == 1 && weight.size(0) == C), ShapeError,
+             "cross_entropy: expected weight of shape [", C, "] (one per class), got ", weight.sizes());
+  KILN_CHECK(!weight.defined() || weight.is_floating_point(), DTypeError,
+             "cross_entropy: expected weight of a floating dtype, got ", dtype_name(weight.dtype()));
   KILN_CHECK(target.dtype() == kInt64, DTypeError,
-             "cross_entropy: expected target of dtype int64 (class indices) or the input's floating dtype "
-             "(class probabilities), got target ",
-             dtype_name(target.dtype()), " for input ", dtype_name(input.dtype()));
+             "cross_entropy: expected class-index targets of dtype int64, got ", dtype_name(target.dtype()));
   // The fused kernel's gradient is for the input only; a class weight that
   // requires grad would silently get none (torch refuses it the same way).
-  KILN_CHECK(!(o.weight.defined() && o.weight.requires_grad() && grad_mode_enabled()), ValueError,
+  KILN_CHECK(!(weight.defined() && weight.requires_grad() && grad_mode_enabled()), ValueError,
              "cross_entropy: expected a class weight that does not require grad with class-index targets (the "
              "fused loss is not differentiable with respect to weight), got ",
-             autograd::describe(o.weight),
+             autograd::describe(weight),
              "; hint: pass weight.detach(), or class-probability targets, whose path differentiates the weight");
   const DType dt = input.dtype();
   KILN_CHECK(dt == kFloat32 || dt == kFloat64 || dt == kBFloat16, DTypeError,
@@ -176,7 +143,7 @@ Tensor cross_entropy(const Tensor& input, const Tensor& target, const CrossEntro
              IntArrayRef(want), " for input of shape ", input.sizes(), ", got target of shape ", target.sizes());
 
   const bool record = autograd::compute_requires_grad({&input});
-  const double ls = o.label_smoothing;
+  const double ls = label_smoothing;
   Tensor out, lse, trows, w;
   double scale_a = 1, scale_b = 0;
   int64_t R = 0;
@@ -185,22 +152,22 @@ Tensor cross_entropy(const Tensor& input, const Tensor& target, const CrossEntro
     Tensor xr = to_rows(input, C).contiguous();
     R = xr.size(0);
     trows = target.reshape({-1}).contiguous();
-    if (o.weight.defined()) w = o.weight.to(dt).contiguous();
+    if (weight.defined()) w = weight.to(dt).contiguous();
     const TensorOptions f64 = TensorOptions().dtype(kFloat64);
     lse = empty({R}, f64);
     Tensor nll = empty({R}, f64), wrow = empty({R}, f64), smooth = empty({R}, f64);
     kernels::CrossEntropyRows a{R, C, trows.data_ptr<int64_t>(), w.defined() ? w.data_ptr() : nullptr,
-                                o.ignore_index};
+                                ignore_index};
     const int64_t bad = kernels::cross_entropy_forward(dt, a, xr.data_ptr(), lse.data_ptr<double>(),
                                                        nll.data_ptr<double>(), wrow.data_ptr<double>(),
                                                        ls > 0 ? smooth.data_ptr<double>() : nullptr);
     KILN_CHECK(bad < 0, IndexError, "cross_entropy: target ", bad < 0 ? 0 : trows.data_ptr<int64_t>()[bad],
                " (at flat position ", bad, ") is out of bounds for ", C, " classes: expected 0 <= target < ", C,
-               " or target == ignore_index (", o.ignore_index, ")");
+               " or target == ignore_index (", ignore_index, ")");
     const double* pn = nll.data_ptr<double>();
     const double* pw = wrow.data_ptr<double>();
     const double* ps = smooth.data_ptr<double>();
-    if (red == Reduction::None) {
+    if (red == LossReduction::None) {
       Tensor per = ls > 0 ? nll * (1.0 - ls) + smooth * (ls / static_cast<double>(C)) : nll;
       out = per.to(dt).reshape(want);
       scale_a = 1.0 - ls;
@@ -213,7 +180,7 @@ Tensor cross_entropy(const Tensor& input, const Tensor& target, const CrossEntro
         if (ls > 0) ss += ps[r];
       }
       double den_a = 1, den_b = 1;
-      if (red == Reduction::Mean) {
+      if (red == LossReduction::Mean) {
         den_a = sw;
         den_b = sw;
       }
@@ -234,7 +201,7 @@ Tensor cross_entropy(const Tensor& input, const Tensor& target, const CrossEntro
     node->in_sizes.assign(input.sizes().begin(), input.sizes().end());
     node->rows = R;
     node->classes = C;
-    node->ignore_index = o.ignore_index;
+    node->ignore_index = ignore_index;
     node->ls = ls;
     node->red = red;
     node->scale_a = scale_a;
@@ -244,4 +211,4 @@ Tensor cross_entropy(const Tensor& input, const Tensor& target, const CrossEntro
   return out;
 }
 
-}  // namespace kiln::nn::functional
+}  // namespace kiln::ops

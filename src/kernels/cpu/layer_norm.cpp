@@ -1,0 +1,136 @@
+// LayerNorm's fused kernels (src/kernels/include/kiln/kernels/layer_norm.h):
+// one pass per row forward, one pass per row backward (see the header).
+#include "kiln/kernels/layer_norm.h"
+
+#include <algorithm>
+#include <cmath>
+#include <vector>
+
+#include "kiln/core/threads.h"
+#include "kiln/kernels/loop.h"
+
+namespace kiln::kernels {
+
+namespace {
+
+// Rows per chunk of the weight/bias gradient sums: a fixed split, so sums do not depend on threads.
+int64_t chunk_rows(int64_t rows, int64_t n) {
+  const int64_t per = std::max<int64_t>(1, kGrainSize / std::max<int64_t>(1, n));
+  return std::max<int64_t>(per, (rows + 63) / 64);
+}
+
+// Row sums over kLanes independent partial sums: the compiler vectorises the
+// lanes (one serial chain of adds would be latency-bound), and pairing the
+// lanes at the end keeps float32 rounding close to a tree sum.
+constexpr int64_t kLanes = 16;
+
+template <typename T, typename F>
+T lane_sum(int64_t n, F&& term) {
+  T acc[kLanes] = {};
+  int64_t j = 0;
+  for (; j + kLanes <= n; j += kLanes) {
+    for (int64_t u = 0; u < kLanes; ++u) acc[u] += term(j + u);
+  }
+  for (int64_t u = 0; j < n; ++j, ++u) acc[u] += term(j);
+  for (int64_t w = kLanes / 2; w > 0; w /= 2) {
+    for (int64_t u = 0; u < w; ++u) acc[u] += acc[u + w];
+  }
+  return acc[0];
+}
+
+template <typename T>
+void ln_forward(const T* x, const T* w, const T* b, T* y, T* mean_out, T* rstd_out, int64_t rows, int64_t n,
+                double eps) {
+  // Half the usual grain: with two passes per element (sums, then the write) a
+  // [128, 256] block (gpt_infer's) is worth two threads, and its input is
+  // usually a product's output that both threads wrote (half of it in the
+  // other core's cache when one thread reads it all).
+  parallel_for(rows, std::max<int64_t>(1, kGrainSize / (2 * n)), [&](int64_t r0, int64_t r1) {
+    for (int64_t r = r0; r < r1; ++r) {
+      const T* xr = x + r * n;
+      T* yr = y + r * n;
+      const T m = lane_sum<T>(n, [&](int64_t j) { return xr[j]; }) / static_cast<T>(n);
+      const T var = lane_sum<T>(n, [&](int64_t j) { return (xr[j] - m) * (xr[j] - m); }) / static_cast<T>(n);
+      const T rs = static_cast<T>(1.0 / std::sqrt(static_cast<double>(var) + eps));
+      for (int64_t j = 0; j < n; ++j) yr[j] = (xr[j] - m) * rs * w[j] + b[j];
+      mean_out[r] = m;
+      rstd_out[r] = rs;
+    }
+  });
+}
+
+template <typename T>
+void ln_backward(const T* g, const T* x, const T* w, const T* mean, const T* rstd, T* gx, T* gw, T* gb, int64_t rows,
+                 int64_t n) {
+  const int64_t per = chunk_rows(rows, n), chunks = (rows + per - 1) / per;
+  const bool want_wb = gw != nullptr;
+  std::vector<T> part(want_wb ? static_cast<size_t>(chunks * 2 * n) : 0, T(0));
+  parallel_for(chunks, 1, [&](int64_t c0, int64_t c1) {
+    std::vector<T> xhat(static_cast<size_t>(n)), dxhat(static_cast<size_t>(n));
+    for (int64_t c = c0; c < c1; ++c) {
+      T* pw = want_wb ? part.data() + c * 2 * n : nullptr;
+      T* pb = want_wb ? pw + n : nullptr;
+      for (int64_t r = c * per, re = std::min(rows, (c + 1) * per); r < re; ++r) {
+        const T* gr = g + r * n;
+        const T* xr = x + r * n;
+        const T m = mean[r], rs = rstd[r];
+        for (int64_t j = 0; j < n; ++j) {
+          xhat[j] = (xr[j] - m) * rs;
+          dxhat[j] = gr[j] * w[j];
+        }
+        if (want_wb) {
+          for (int64_t j = 0; j < n; ++j) {
+            pw[j] += gr[j] * xhat[j];
+            pb[j] += gr[j];
+          }
+        }
+        if (gx != nullptr) {
+          const T ma = lane_sum<T>(n, [&](int64_t j) { return dxhat[j]; }) / static_cast<T>(n);
+          const T mb = lane_sum<T>(n, [&](int64_t j) { return dxhat[j] * xhat[j]; }) / static_cast<T>(n);
+          T* out = gx + r * n;
+          for (int64_t j = 0; j < n; ++j) out[j] = rs * (dxhat[j] - ma - xhat[j] * mb);
+        }
+      }
+    }
+  });
+  if (!want_wb) return;
+  for (int64_t j = 0; j < n; ++j) {
+    double sw = 0, sb = 0;
+    for (int64_t c = 0; c < chunks; ++c) {
+      sw += static_cast<double>(part[static_cast<size_t>(c * 2 * n + j)]);
+      sb += static_cast<double>(part[static_cast<size_t>(c * 2 * n + n + j)]);
+    }
+    gw[j] = static_cast<T>(sw);
+    gb[j] = static_cast<T>(sb);
+  }
+}
+
+template <typename F>
+void visit_float(DType dt, F&& f) {
+  if (dt == kFloat32) {
+    f.template operator()<float>();
+  } else {
+    f.template operator()<double>();
+  }
+}
+
+}  // namespace
+
+void layer_norm_forward(DType dt, int64_t rows, int64_t n, const void* x, const void* weight, const void* bias,
+                        double eps, void* y, void* mean, void* rstd) {
+  visit_float(dt, [&]<typename T>() {
+    ln_forward<T>(static_cast<const T*>(x), static_cast<const T*>(weight), static_cast<const T*>(bias),
+                  static_cast<T*>(y), static_cast<T*>(mean), static_cast<T*>(rstd), rows, n, eps);
+  });
+}
+
+void layer_norm_backward(DType dt, int64_t rows, int64_t n, const void* g, const void* x, const void* weight,
+                         const void* mean, const void* rstd, void* gx, void* gw, void* gb) {
+  visit_float(dt, [&]<typename T>() {
+    ln_backward<T>(static_cast<const T*>(g), static_cast<const T*>(x), static_cast<const T*>(weight),
+                   static_cast<const T*>(mean), static_cast<const T*>(rstd), static_cast<T*>(gx),
+                   static_cast<T*>(gw), static_cast<T*>(gb), rows, n);
+  });
+}
+
+}  // namespace kiln::kernels

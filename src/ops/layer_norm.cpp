@@ -1,0 +1,108 @@
+// Layer norm (include/kiln/ops/layer_norm.h): shape checks, the fused
+// one-pass-per-row kernels of kernels/cpu/layer_norm.cpp, and the backward
+// beside the forward.
+//
+// Forward saves x, weight, bias (the arguments, for create_graph), and per-row
+// mean and rstd = 1 / sqrt(var + eps). Backward runs the fused kernel
+// (grad_x, and the weight and bias gradients summed independently of the
+// thread count). Under create_graph (grad mode on in backward) it
+// differentiates the composite form instead, so higher orders stay exact.
+// The composite also serves every case the kernels do not take (other
+// dtypes, no affine step, an empty input).
+#include "kiln/ops/layer_norm.h"
+
+#include <vector>
+
+#include "kiln/autograd/custom_function.h"
+#include "kiln/core/error.h"
+#include "kiln/core/guards.h"
+#include "kiln/kernels/layer_norm.h"
+#include "kiln/ops/factory.h"
+
+namespace kiln::ops {
+
+namespace {
+
+// y = (x - mean) / sqrt(var + eps) [* w] [+ b] over the last `n_dims` dims, as kiln ops.
+Tensor layer_norm_composite(const Tensor& x, int64_t n_dims, const Tensor& weight, const Tensor& bias, double eps) {
+  std::vector<int64_t> dims;
+  for (int64_t i = -n_dims; i < 0; ++i) dims.push_back(i);
+  Tensor mean = x.mean(dims, true);
+  Tensor var = x.var(dims, 0, true);
+  Tensor y = (x - mean) * (var + eps).rsqrt();
+  if (weight.defined()) y = y * weight;
+  return bias.defined() ? y + bias : y;
+}
+
+struct LnArgs {
+  int64_t n_dims = 1;
+  double eps = 1e-5;
+};
+
+struct FusedLayerNorm : autograd::Function<FusedLayerNorm> {
+  static Tensor forward(autograd::AutogradContext& ctx, const Tensor& x, const Tensor& weight, const Tensor& bias,
+                        const LnArgs& a) {
+    const Tensor xc = x.contiguous(), wc = weight.contiguous(), bc = bias.contiguous();
+    const int64_t n = wc.numel(), rows = xc.numel() / n;
+    Tensor y = empty(xc.sizes(), TensorOptions(xc.dtype()));
+    Tensor mean = empty({rows}, TensorOptions(xc.dtype())), rstd = empty({rows}, TensorOptions(xc.dtype()));
+    kernels::layer_norm_forward(xc.dtype(), rows, n, xc.data_ptr(), wc.data_ptr(), bc.data_ptr(), a.eps,
+                                y.data_ptr(), mean.data_ptr(), rstd.data_ptr());
+    // The arguments themselves, not xc/wc/bc: those copies (of a transposed,
+    // sliced or expanded argument) are made under the no-grad guard, and the
+    // create_graph branch would see them as constants without a gradient.
+    // Backward makes them contiguous again (free when they already are).
+    ctx.save_for_backward({x, weight, bias, mean, rstd});
+    ctx.saved_data["args"] = a;
+    return y;
+  }
+
+  static TensorList backward(autograd::AutogradContext& ctx, TensorList grads) {
+    TensorList saved = ctx.get_saved_variables();
+    const auto a = std::any_cast<LnArgs>(ctx.saved_data["args"]);
+    if (grad_mode_enabled()) {
+      // create_graph: differentiate the composite so the gradients carry their own history.
+      return ctx.differentiate_composite({saved[0], saved[1], saved[2]}, grads, [&](const TensorList& in) {
+        return TensorList{layer_norm_composite(in[0], a.n_dims, in[1], in[2], a.eps)};
+      });
+    }
+    const auto& need = ctx.needs_input_grad();
+    const Tensor x = saved[0].contiguous(), w = saved[1].contiguous(), b = saved[2];
+    const Tensor &mean = saved[3], &rstd = saved[4];
+    const Tensor g = grads[0].contiguous();
+    const int64_t n = w.numel(), rows = x.numel() / n;
+    Tensor gx = need[0] ? empty(x.sizes(), TensorOptions(x.dtype())) : Tensor();
+    const bool want_wb = need[1] || need[2];
+    Tensor gw = want_wb ? empty(w.sizes(), TensorOptions(w.dtype())) : Tensor();
+    Tensor gb = want_wb ? empty(b.sizes(), TensorOptions(b.dtype())) : Tensor();
+    kernels::layer_norm_backward(x.dtype(), rows, n, g.data_ptr(), x.data_ptr(), w.data_ptr(), mean.data_ptr(),
+                                 rstd.data_ptr(), need[0] ? gx.data_ptr() : nullptr,
+                                 want_wb ? gw.data_ptr() : nullptr, want_wb ? gb.data_ptr() : nullptr);
+    return {gx, need[1] ? gw : Tensor(), need[2] ? gb : Tensor()};
+  }
+};
+
+}  // namespace
+
+Tensor layer_norm(const Tensor& x, IntArrayRef normalized_shape, const Tensor& weight, const Tensor& bias,
+                  double eps) {
+  const auto n_dims = static_cast<int64_t>(normalized_shape.size());
+  KILN_CHECK(n_dims > 0, ValueError, "layer_norm: expected a non-empty normalized_shape");
+  bool ends = x.dim() >= n_dims;
+  for (int64_t i = 0; ends && i < n_dims; ++i)
+    ends = x.size(x.dim() - n_dims + i) == normalized_shape[static_cast<size_t>(i)];
+  KILN_CHECK(ends, ShapeError, "layer_norm: expected input ending in normalized_shape ", normalized_shape,
+             ", got shape ", x.shape_string());
+  KILN_CHECK(!weight.defined() || weight.sizes() == normalized_shape, ShapeError,
+             "layer_norm: expected weight of normalized_shape ", normalized_shape, ", got ", weight.sizes());
+  KILN_CHECK(!bias.defined() || bias.sizes() == normalized_shape, ShapeError,
+             "layer_norm: expected bias of normalized_shape ", normalized_shape, ", got ", bias.sizes());
+  // The fused kernel covers the affine float32/float64 case with a non-empty input; the rest is the composite.
+  const bool fused = weight.defined() && bias.defined() && (x.dtype() == kFloat32 || x.dtype() == kFloat64) &&
+                     weight.dtype() == x.dtype() && bias.dtype() == x.dtype() && x.numel() > 0 &&
+                     weight.numel() > 0;
+  if (!fused) return layer_norm_composite(x, n_dims, weight, bias, eps);
+  return FusedLayerNorm::apply(x, weight, bias, LnArgs{.n_dims = n_dims, .eps = eps});
+}
+
+}  // namespace kiln::ops
