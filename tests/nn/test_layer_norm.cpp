@@ -1,4 +1,4 @@
-// LayerNorm's fused kernel (src/nn/layer_norm.cpp): values and gradients of
+// LayerNorm's fused kernel (src/ops/layer_norm.cpp): values and gradients of
 // input, weight and bias against torch 1.13's F.layer_norm in float32 (one and
 // two normalised dims, a non-contiguous input, rows enough to split the weight
 // gradient over several chunks), gradcheck in float64, the create_graph
