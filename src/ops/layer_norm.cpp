@@ -21,7 +21,7 @@
 
 namespace kiln::ops {
 
-namespace {
+namespace detail {
 
 // y = (x - mean) / sqrt(var + eps) [* w] [+ b] over the last `n_dims` dims, as kiln ops.
 Tensor layer_norm_composite(const Tensor& x, int64_t n_dims, const Tensor& weight, const Tensor& bias, double eps) {
@@ -33,6 +33,12 @@ Tensor layer_norm_composite(const Tensor& x, int64_t n_dims, const Tensor& weigh
   if (weight.defined()) y = y * weight;
   return bias.defined() ? y + bias : y;
 }
+
+}  // namespace detail
+
+namespace {
+
+using detail::layer_norm_composite;
 
 struct LnArgs {
   int64_t n_dims = 1;

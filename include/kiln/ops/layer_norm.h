@@ -5,6 +5,8 @@
 // for a layer norm outside a module.
 #pragma once
 
+#include <cstdint>
+
 #include "kiln/core/tensor.h"
 
 namespace kiln::ops {
@@ -18,5 +20,12 @@ namespace kiln::ops {
 /// differentiates the composite), everything else the composite of kiln ops.
 Tensor layer_norm(const Tensor& x, IntArrayRef normalized_shape, const Tensor& weight = {}, const Tensor& bias = {},
                   double eps = 1e-5);
+
+namespace detail {
+/// The composite of kiln ops that layer_norm takes for every case the fused
+/// kernels do not, over the last n_dims dims; exposed for the tests that
+/// check both paths against each other and to second order.
+Tensor layer_norm_composite(const Tensor& x, int64_t n_dims, const Tensor& weight, const Tensor& bias, double eps);
+}  // namespace detail
 
 }  // namespace kiln::ops
