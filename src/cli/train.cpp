@@ -43,6 +43,7 @@
 #include "cli/task.h"
 #include "kiln/autograd/anomaly.h"
 #include "kiln/core/allocator.h"
+#include "kiln/core/format.h"
 #include "kiln/ops/factory.h"
 #include "kiln/core/threads.h"
 #include "kiln/dist/dist.h"
