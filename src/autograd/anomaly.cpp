@@ -36,7 +36,7 @@ Stats compute(const Tensor& t) {
   if (!t.defined() || !t.is_floating_point()) return s;
   Tensor c = grad_math().contiguous(t);
   s.n = c.numel();
-  visit_floating_dtype(c.dtype(), "anomaly check", [&]<typename T>() {
+  visit_dtype<kFloatingTypes>(c.dtype(), "anomaly check", [&]<typename T>() {
     const T* p = static_cast<const T*>(c.data_ptr());
     for (int64_t i = 0; i < s.n; ++i) {
       const double v = static_cast<double>(static_cast<compute_t<T>>(p[i]));

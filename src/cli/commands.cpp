@@ -9,10 +9,10 @@
 #include <numeric>
 #include <optional>
 
-#include "cli/progress.h"
 #include "cli/task.h"
 #include "kiln/ops/factory.h"
 #include "kiln/core/guards.h"
+#include "kiln/core/format.h"
 #include "kiln/io/safetensors.h"
 #include "kiln/nn/pytorch_weights.h"
 #include "kiln/train/checkpoint.h"

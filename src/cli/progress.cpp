@@ -4,30 +4,9 @@
 #include <cmath>
 #include <cstdio>
 
+#include "kiln/core/format.h"
+
 namespace kiln::cli {
-
-std::string format_bytes(int64_t bytes) {
-  char buf[32];
-  const double b = static_cast<double>(bytes);
-  if (b >= 1024.0 * 1024 * 1024)
-    std::snprintf(buf, sizeof buf, "%.1f GiB", b / (1024.0 * 1024 * 1024));
-  else if (b >= 1024.0 * 1024)
-    std::snprintf(buf, sizeof buf, "%.0f MiB", b / (1024.0 * 1024));
-  else
-    std::snprintf(buf, sizeof buf, "%.0f KiB", b / 1024.0);
-  return buf;
-}
-
-std::string format_duration(double s) {
-  if (!std::isfinite(s) || s < 0) return "--:--";
-  const auto t = static_cast<long long>(s + 0.5);
-  char buf[32];
-  if (t >= 3600)
-    std::snprintf(buf, sizeof buf, "%lld:%02lld:%02lld", t / 3600, t / 60 % 60, t % 60);
-  else
-    std::snprintf(buf, sizeof buf, "%lld:%02lld", t / 60, t % 60);
-  return buf;
-}
 
 void Progress::update(const StepView& v) {
   if (quiet_) return;

@@ -34,7 +34,4 @@ class Progress {
   std::chrono::steady_clock::time_point last_draw_{};
 };
 
-std::string format_bytes(int64_t bytes);
-std::string format_duration(double seconds);
-
 }  // namespace kiln::cli

@@ -24,6 +24,7 @@
 
 #include "cli/report_chart.h"
 #include "kiln/core/error.h"
+#include "kiln/core/format.h"
 
 namespace kiln::cli {
 namespace {
@@ -433,7 +434,7 @@ std::vector<Card> header_cards(const RunData& run, const RunStatus& st) {
                    std::isfinite(total) ? "of " + format_step(total) : ""});
   double wall = st.summary_current && run.summary ? json_number(*run.summary, "wall_s") : kNaN;
   for (auto r = run.train.rbegin(); !std::isfinite(wall) && r != run.train.rend(); ++r) wall = r->time_s;
-  cards.push_back({"wall time", format_wall_time(wall)});
+  cards.push_back({"wall time", format_duration(wall)});
   std::vector<double> sps, wait;
   double peak = kNaN;
   for (const TrainRecord& r : run.train) {

@@ -8,6 +8,8 @@
 #include <map>
 #include <sstream>
 
+#include "kiln/core/format.h"
+
 namespace kiln::cli::report_detail {
 namespace {
 
@@ -206,29 +208,6 @@ std::string format_value(double v) {
   if (av >= 1e4) return fmt("%.3g", v / 1e3) + "k";
   if (av >= 1000) return fmt("%.0f", v);
   return fmt("%.3g", v);
-}
-
-std::string format_bytes(double bytes) {
-  static const char* const units[] = {"B", "KiB", "MiB", "GiB", "TiB"};
-  int u = 0;
-  while (std::fabs(bytes) >= 1024 && u < 4) {
-    bytes /= 1024;
-    ++u;
-  }
-  return (u == 0 ? fmt("%.0f", bytes) : fmt("%.3g", bytes)) + " " + units[u];
-}
-
-std::string format_wall_time(double s) {
-  if (!std::isfinite(s)) return "n/a";
-  char buf[64];
-  if (s < 60) {
-    std::snprintf(buf, sizeof buf, "%.1f s", s);
-  } else if (s < 3600) {
-    std::snprintf(buf, sizeof buf, "%d min %02d s", static_cast<int>(s) / 60, static_cast<int>(s) % 60);
-  } else {
-    std::snprintf(buf, sizeof buf, "%d h %02d min", static_cast<int>(s) / 3600, static_cast<int>(s) % 3600 / 60);
-  }
-  return buf;
 }
 
 std::string label(const std::string& key) {

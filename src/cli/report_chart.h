@@ -67,12 +67,6 @@ std::string format_tick(double v, double spacing, YFormat format);
 /// `v` for a person: 3 significant digits, k/M suffixes for large numbers.
 std::string format_value(double v);
 
-/// "1.5 GiB", "312 KiB".
-std::string format_bytes(double bytes);
-
-/// "28.7 s", "3 min 05 s", "2 h 10 min"; "n/a" when not finite.
-std::string format_wall_time(double seconds);
-
 /// What a person calls a metrics.jsonl or summary.json key ("lr": "learning
 /// rate", "accuracy": "test accuracy"); unknown keys with spaces for '_'.
 std::string label(const std::string& key);

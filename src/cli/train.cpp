@@ -43,6 +43,7 @@
 #include "cli/task.h"
 #include "kiln/autograd/anomaly.h"
 #include "kiln/core/allocator.h"
+#include "kiln/core/format.h"
 #include "kiln/ops/factory.h"
 #include "kiln/core/threads.h"
 #include "kiln/dist/dist.h"
@@ -357,280 +358,381 @@ class KeepBest {
   std::optional<double> best_;
 };
 
-int run_loop(Loop& L) {
-  const Config& c = L.config;
-  Task& t = L.task;
-  const bool lm = t.gpt != nullptr;
-  const int64_t total = t.total_steps;
-  const int64_t stop_at = c.integer("train.max_steps") > 0 ? std::min(c.integer("train.max_steps"), total) : total;
-  const int64_t log_every = std::max<int64_t>(1, c.integer("train.log_every"));
-  const int64_t eval_every = c.integer("train.eval_every"), ckpt_every = c.integer("train.ckpt_every");
-  const int64_t eval_batches = c.integer("train.eval_batches");
-  const double clip = c.number("optim.grad_clip");
-  const auto params = t.model->named_parameters();
-  const int world = L.group ? L.group->size() : 1;
-  const bool lead = !L.group || L.group->rank() == 0;  // Note [Data-parallel runs]
-  std::ofstream metrics;
-  if (lead) metrics.open(L.run_dir / "metrics.jsonl", std::ios::app);
-  // mpirun gives ranks a pseudo-terminal even when its own output goes to a
-  // file, so a data-parallel run prints plain lines.
-  Progress progress(world == 1 && ::isatty(STDOUT_FILENO) != 0, log_every, !lead);
-  StopSignals signals;
-  std::optional<autograd::AnomalyModeGuard> anomaly;
-  std::optional<ModuleTrail> trail;
-  if (c.boolean("train.anomaly")) {
-    anomaly.emplace(true);
-    trail.emplace(*t.model);
+/// One process's training loop, from the first line it prints to the summary:
+/// the state it keeps across steps, and one member function per concern.
+///   run                      the epochs and their batches
+///   train_step               one step: forward, agreement, backward and update, logging, eval and checkpoint
+///   agree                    data-parallel: the ranks agree on a non-finite loss, a stop and the global loss
+///   stop_nonfinite           a NaN/Inf loss: the message, the unlogged steps and the "nonfinite" line
+///   backward_and_update      backward (scaled under amp), clipping and the optimizer step
+///   log_step                 the train line every train.log_every steps, the data-stall warning, the progress bar
+///   eval_and_checkpoint      the periodic evaluation and checkpoint, kept out of the throughput window
+///   finish                   the last evaluation, the "end" line, summary.json, the report and the last lines printed
+class TrainLoop {
+ public:
+  explicit TrainLoop(Loop& L)
+      : L_(L),
+        c_(L.config),
+        t_(L.task),
+        lm_(t_.gpt != nullptr),
+        total_(t_.total_steps),
+        stop_at_(c_.integer("train.max_steps") > 0 ? std::min(c_.integer("train.max_steps"), total_) : total_),
+        log_every_(std::max<int64_t>(1, c_.integer("train.log_every"))),
+        eval_every_(c_.integer("train.eval_every")),
+        ckpt_every_(c_.integer("train.ckpt_every")),
+        eval_batches_(c_.integer("train.eval_batches")),
+        clip_(c_.number("optim.grad_clip")),
+        params_(t_.model->named_parameters()),
+        world_(L.group ? L.group->size() : 1),
+        lead_(!L.group || L.group->rank() == 0),  // Note [Data-parallel runs]
+        metrics_(open_metrics(lead_, L.run_dir)),
+        // mpirun gives ranks a pseudo-terminal even when its own output goes to a
+        // file, so a data-parallel run prints plain lines.
+        progress_(world_ == 1 && ::isatty(STDOUT_FILENO) != 0, log_every_, !lead_) {
+    if (c_.boolean("train.anomaly")) {
+      anomaly_.emplace(true);
+      trail_.emplace(*t_.model);
+    }
   }
-  // Anomaly mode found a NaN/Inf: the same stop as a non-finite loss (exit 3, status "nan").
-  auto report_anomaly = [&](const autograd::AnomalyError& e, bool in_backward, int64_t epoch) {
-    progress.finish();
-    const std::string module = trail ? trail->module(in_backward) : std::string();
-    const std::string who = world > 1 ? "rank " + std::to_string(L.group->rank()) + ": " : std::string();
-    std::fprintf(stderr, "kiln: error: %sanomaly mode stopped the run at step %lld (epoch %lld) in the %s of %s%s:\n%s\n"
-                 "%s\n", who.c_str(),
-                 static_cast<long long>(L.step + 1), static_cast<long long>(epoch),
-                 in_backward ? "backward" : "forward",
-                 module.empty() ? "the loss" : ("module " + module).c_str(),
-                 module.empty() ? "" : (" (" + type_of(*t.model, module) + ")").c_str(), e.what(),
-                 next_step_hint(L, lead).c_str());
+  TrainLoop(const TrainLoop&) = delete;  // ModuleTrail's hooks hold its address
+  TrainLoop& operator=(const TrainLoop&) = delete;
+
+  int run() {
+    announce();
+    t_start_ = Clock::now();
+    window_start_ = Clock::now();
+    memory::reset_peak_stats();
+    keep_best_ = lead_ ? KeepBest::from(c_, lm_, L_.run_dir / "checkpoints") : std::nullopt;
+    if (L_.step >= stop_at_) {
+      progress_.message("nothing to do: the run is at step " + std::to_string(L_.step) + " of " +
+                        std::to_string(stop_at_) + " (to train longer, start a new run with a larger train.steps)");
+      return 0;
+    }
+    record_start();
+    while (L_.step < stop_at_ && status_ == Status::Completed) {
+      // The epoch begin() starts (a finished epoch's last batch moves the state on).
+      const int64_t epoch = t_.train_loader->state().epoch;
+      if (t_.sampler) t_.sampler->set_epoch(epoch);
+      auto prev_end = Clock::now();
+      for (auto& batch : *t_.train_loader) {
+        window_wait_ += std::chrono::duration<double>(Clock::now() - prev_end).count();
+        if (!train_step(batch, epoch)) break;
+        prev_end = Clock::now();
+      }
+      if (status_ == Status::Completed && L_.step < stop_at_) epoch_done(epoch);
+    }
+    return finish();
+  }
+
+ private:
+  static std::ofstream open_metrics(bool lead, const fs::path& run_dir) {
+    std::ofstream metrics;
+    if (lead) metrics.open(run_dir / "metrics.jsonl", std::ios::app);
+    return metrics;
+  }
+
+  double elapsed() const { return L_.time_offset + std::chrono::duration<double>(Clock::now() - t_start_).count(); }
+
+  void announce() {
+    progress_.message(std::string("training ") + c_.name() + ": " + std::to_string(t_.model->num_parameters()) +
+                      " parameters, " + std::to_string(t_.train_loader->size()) + " batches of " +
+                      std::to_string(c_.integer("data.batch_size")) +
+                      (world_ > 1 ? " per rank on " + std::to_string(world_) + " ranks (global batch " +
+                                        std::to_string(world_ * c_.integer("data.batch_size")) + ")"
+                                  : std::string()) +
+                      " per epoch, steps " + std::to_string(L_.step) + " -> " + std::to_string(stop_at_) + " of " +
+                      std::to_string(total_) + ", run directory " + L_.run_dir.string());
+  }
+
+  void record_start() {
+    if (lead_)  // Note [Run story]
+      metrics_ << json{{"kind", L_.resumed ? "resume" : "start"}, {"step", L_.step}, {"total_steps", total_},
+                       {"world_size", world_}, {"time_s", L_.time_offset}}.dump()
+               << "\n" << std::flush;
+  }
+
+  /// One step on `batch`; false when the loop stops after it (or instead of it).
+  bool train_step(const data::Example& batch, int64_t epoch) {
+    dist::set_step(L_.step + 1);  // for `kiln launch`'s report if this rank dies now
+    const double lr = t_.optimizer->param_groups()[0].lr();
+    t_.optimizer->zero_grad();
+    if (trail_) trail_->start_step();
+    Tensor loss;
+    bool anomalous = false;
+    try {
+      loss = batch_loss(t_, batch);
+    } catch (const autograd::AnomalyError& e) {
+      report_anomaly(e, /*in_backward=*/false, epoch);
+      anomalous = true;  // data-parallel: the other ranks learn of it through the agreement below
+    }
+    Agreement a{.nonfinite = false, .stop_requested = false, .loss = anomalous ? std::nan("") : loss.item<double>()};
+    a.nonfinite = !std::isfinite(a.loss);
+    if (world_ > 1) agree(a);
+    if (a.nonfinite) {
+      stop_nonfinite(a.loss, lr, epoch, anomalous);
+      return false;
+    }
+    const std::optional<double> gnorm = backward_and_update(loss, epoch);
+    if (!gnorm) return false;
+    if (t_.scheduler) t_.scheduler->step();
+    ++L_.step;
+    unlogged_.push_back({L_.step, t_.train_loader->state().epoch, a.loss, lr, *gnorm, elapsed()});
+    if (world_ == 1) a.stop_requested = signals_.requested();
+    log_step(batch.target.size(0) * world_, a.loss, lr, *gnorm, epoch);
+    const bool stop_now = a.stop_requested || L_.step >= stop_at_;
+    eval_and_checkpoint(a.stop_requested, stop_now);
+    if (a.stop_requested) status_ = Status::Interrupted;
+    return !stop_now;
+  }
+
+  // What the ranks agree on after forward (data-parallel: acted on after this step).
+  struct Agreement {
+    bool nonfinite, stop_requested;
+    double loss;
   };
 
-  progress.message(std::string("training ") + c.name() + ": " + std::to_string(t.model->num_parameters()) +
-                   " parameters, " + std::to_string(t.train_loader->size()) + " batches of " +
-                   std::to_string(c.integer("data.batch_size")) +
-                   (world > 1 ? " per rank on " + std::to_string(world) + " ranks (global batch " +
-                                    std::to_string(world * c.integer("data.batch_size")) + ")"
-                              : std::string()) +
-                   " per epoch, steps " + std::to_string(L.step) +
-                   " -> " + std::to_string(stop_at) + " of " + std::to_string(total) + ", run directory " +
-                   L.run_dir.string());
-  const auto t_start = Clock::now();
-  auto elapsed = [&] { return L.time_offset + std::chrono::duration<double>(Clock::now() - t_start).count(); };
-  auto window_start = Clock::now();
-  double window_wait = 0, steps_per_s = 0;
-  int64_t window_samples = 0;
-  memory::reset_peak_stats();
-  bool stall_warned = false;
-  Status status = Status::Completed;
-  json last_train, last_eval;
-  std::optional<KeepBest> keep_best = lead ? KeepBest::from(c, lm, L.run_dir / "checkpoints") : std::nullopt;
-  auto run_eval = [&] {
-    if (!lead) return;  // evaluation is rank 0's, on the whole held-out set
-    const EvalResult r = evaluate(t, c, "test", eval_batches);
-    json e = {{"kind", "eval"}, {"step", L.step}, {"loss", r.loss}};
-    if (lm)
+  /// Data-parallel: one allreduce, before backward, whose collectives a rank that stops here would skip.
+  void agree(Agreement& a) {
+    Tensor flags =
+        tensor<float>({a.nonfinite ? 1.f : 0.f, signals_.requested() ? 1.f : 0.f, static_cast<float>(a.loss)});
+    L_.group->allreduce(flags, dist::ReduceOp::Sum)->wait();
+    const float* f = flags.data_ptr<float>();
+    a.nonfinite = f[0] > 0;
+    a.stop_requested = f[1] > 0;
+    a.loss = static_cast<double>(f[2]) / world_;  // the global batch's loss: the mean of the ranks'
+    if (a.stop_requested && !signals_.requested())
+      progress_.message("kiln: another rank was asked to stop (SIGINT/SIGTERM): every rank stops after this "
+                        "step and a checkpoint is saved");
+  }
+
+  // Anomaly mode found a NaN/Inf: the same stop as a non-finite loss (exit 3, status "nan").
+  void report_anomaly(const autograd::AnomalyError& e, bool in_backward, int64_t epoch) {
+    progress_.finish();
+    const std::string module = trail_ ? trail_->module(in_backward) : std::string();
+    const std::string who = world_ > 1 ? "rank " + std::to_string(L_.group->rank()) + ": " : std::string();
+    std::fprintf(stderr, "kiln: error: %sanomaly mode stopped the run at step %lld (epoch %lld) in the %s of %s%s:\n%s\n"
+                 "%s\n", who.c_str(),
+                 static_cast<long long>(L_.step + 1), static_cast<long long>(epoch),
+                 in_backward ? "backward" : "forward",
+                 module.empty() ? "the loss" : ("module " + module).c_str(),
+                 module.empty() ? "" : (" (" + type_of(*t_.model, module) + ")").c_str(), e.what(),
+                 next_step_hint(L_, lead_).c_str());
+  }
+
+  void stop_nonfinite(double loss_v, double lr, int64_t epoch, bool anomalous) {
+    progress_.finish();
+    if (lead_ && !anomalous)
+      std::fprintf(stderr,
+                   "kiln: error: the loss became %s at step %lld (epoch %lld, lr %.3g); the run stops here and "
+                   "%s.\nhint: rerun with --set train.anomaly=true to find the op that first produced a NaN/Inf "
+                   "(kiln names it and its module, with its inputs' statistics); a lower optim.lr or "
+                   "optim.grad_clip often cures it\n",
+                   std::isnan(loss_v) ? "NaN" : "Inf", static_cast<long long>(L_.step + 1),
+                   static_cast<long long>(epoch), lr, checkpoint_left(L_).c_str());
+    if (lead_) {  // Note [Run story]: the unlogged steps, averaged over the window like a train line
+      const double window_s = std::chrono::duration<double>(Clock::now() - window_start_).count();
+      for (const StepValues& v : unlogged_)
+        metrics_ << json{{"kind", "train"}, {"step", v.step}, {"epoch", v.epoch}, {"loss", v.loss}, {"lr", v.lr},
+                         {"grad_norm", v.grad_norm},
+                         {"samples_per_s", window_s > 0 ? static_cast<double>(window_samples_) / window_s : 0.0},
+                         {"data_wait", window_s > 0 ? std::min(1.0, window_wait_ / window_s) : 0.0},
+                         {"memory", memory_json(true)}, {"time_s", v.time_s}}.dump()
+                 << "\n";
+      metrics_ << json{{"kind", "nonfinite"}, {"step", L_.step + 1}, {"epoch", epoch}, {"lr", lr},
+                       {"loss", std::isnan(loss_v) ? "NaN" : loss_v > 0 ? "Inf" : "-Inf"}}.dump()
+               << "\n" << std::flush;
+    }
+    status_ = Status::NonFinite;
+  }
+
+  /// Backward, clipping and the optimizer step; the gradient norm, or nullopt when anomaly mode stopped the
+  /// run in backward (status "nan").
+  std::optional<double> backward_and_update(Tensor& loss, int64_t epoch) {
+    double gnorm = 0;
+    if (t_.scaler) {
+      // Unscale before clipping so the clip sees true gradients; a step whose
+      // gradients overflowed is skipped and the scale backs off.
+      t_.scaler->scale(loss).backward();
+      t_.scaler->unscale_(*t_.optimizer);
+      gnorm = optim::clip_grad_norm_(params_, clip_ > 0 ? clip_ : optim::kInfNorm);
+      t_.scaler->step(*t_.optimizer);
+      t_.scaler->update();
+    } else {
+      try {
+        loss.backward();
+      } catch (const autograd::AnomalyError& e) {
+        // Data-parallel ranks are inside DDP's collectives here: the error ends the job (run_or_abort).
+        if (world_ > 1) throw;
+        report_anomaly(e, /*in_backward=*/true, epoch);
+        status_ = Status::NonFinite;
+        return std::nullopt;
+      }
+      gnorm = optim::clip_grad_norm_(params_, clip_ > 0 ? clip_ : optim::kInfNorm);
+      t_.optimizer->step();
+    }
+    return gnorm;
+  }
+
+  /// After a step: the throughput window, the train line when one is due, and the progress bar.
+  void log_step(int64_t global_batch, double loss_v, double lr, double gnorm, int64_t epoch) {
+    window_samples_ += global_batch;
+    const auto now = Clock::now();
+    const double window_s = std::chrono::duration<double>(now - window_start_).count();
+    const double sps = window_s > 0 ? static_cast<double>(window_samples_) / window_s : 0;
+    if (L_.step % log_every_ == 0 || L_.step == stop_at_) {
+      const double wait_frac = window_s > 0 ? std::min(1.0, window_wait_ / window_s) : 0;
+      steps_per_s_ =
+          window_s > 0 ? static_cast<double>(window_samples_) / static_cast<double>(global_batch) / window_s : 0;
+      write_train_line(loss_v, lr, gnorm, sps, wait_frac);
+      if (wait_frac > 0.25 && window_s > 1.0 && !stall_warned_) warn_stall(wait_frac, window_s);
+      window_start_ = now;
+      window_wait_ = 0;
+      window_samples_ = 0;
+      memory::reset_peak_stats();
+    }
+    const double rate = steps_per_s_ > 0 ? steps_per_s_ : (window_s > 0 ? sps / static_cast<double>(global_batch) : 0);
+    progress_.update({.step = L_.step, .total = stop_at_, .epoch = epoch, .loss = loss_v, .lr = lr,
+                      .samples_per_s = sps,
+                      .eta_s = rate > 0 ? static_cast<double>(stop_at_ - L_.step) / rate : -1,
+                      .memory_bytes = memory::stats().peak_bytes});
+  }
+
+  void write_train_line(double loss_v, double lr, double gnorm, double sps, double wait_frac) {
+    json j = {{"kind", "train"},      {"step", L_.step},          {"epoch", t_.train_loader->state().epoch},
+              {"loss", loss_v},       {"lr", lr},                 {"grad_norm", gnorm},
+              {"samples_per_s", sps}, {"data_wait", wait_frac},   {"memory", memory_json(true)},
+              {"time_s", elapsed()}};
+    if (t_.scaler)
+      for (const auto& [k, v] : t_.scaler->metrics()) j[k] = v;
+    metrics_ << j.dump() << "\n" << std::flush;
+    last_train_ = j;
+    unlogged_.clear();
+  }
+
+  /// Once per process: the loop waited for data more than a quarter of a logging window.
+  void warn_stall(double wait_frac, double window_s) {
+    stall_warned_ = true;
+    char buf[320];
+    std::snprintf(buf, sizeof buf,
+                  "warning: the training loop waited for data %.0f%% of the last %.1f s (data stall): the "
+                  "loader's %lld worker thread(s) cannot keep up. Raise data.num_workers, or make the "
+                  "per-sample transforms cheaper",
+                  100 * wait_frac, window_s, static_cast<long long>(c_.integer("data.num_workers")));
+    progress_.message(buf);
+  }
+
+  void eval_and_checkpoint(bool stop_requested, bool stop_now) {
+    const auto pause_start = Clock::now();
+    if (eval_every_ > 0 && L_.step % eval_every_ == 0 && L_.step < total_ && !stop_requested) run_eval();
+    if (lead_ && ((ckpt_every_ > 0 && L_.step % ckpt_every_ == 0) || stop_now)) save_checkpoint(L_);
+    if (Clock::now() - pause_start > std::chrono::milliseconds(1)) {
+      window_start_ += Clock::now() - pause_start;  // throughput and data wait count training time only
+      memory::reset_peak_stats();                   // and memory peaks the training steps' (not eval's)
+    }
+  }
+
+  void run_eval() {
+    if (!lead_) return;  // evaluation is rank 0's, on the whole held-out set
+    const EvalResult r = evaluate(t_, c_, "test", eval_batches_);
+    json e = {{"kind", "eval"}, {"step", L_.step}, {"loss", r.loss}};
+    if (lm_)
       e["bits_per_char"] = r.bits_per_char;
     else
       e["accuracy"] = r.accuracy;
-    metrics << e.dump() << "\n" << std::flush;
-    last_eval = e;
-    progress.message("step " + std::to_string(L.step) + "  " + eval_line(r, lm));
-    if (keep_best) keep_best->update(L, e, progress);
-  };
+    metrics_ << e.dump() << "\n" << std::flush;
+    last_eval_ = e;
+    progress_.message("step " + std::to_string(L_.step) + "  " + eval_line(r, lm_));
+    if (keep_best_) keep_best_->update(L_, e, progress_);
+  }
 
-  if (L.step >= stop_at) {
-    progress.message("nothing to do: the run is at step " + std::to_string(L.step) + " of " + std::to_string(stop_at) +
-                     " (to train longer, start a new run with a larger train.steps)");
-    return 0;
+  void epoch_done(int64_t epoch) {
+    const auto st = t_.train_loader->stats();
+    char buf[160];
+    std::snprintf(buf, sizeof buf, "epoch %lld done at step %lld: data wait %.1f%% of the epoch's %.1f s",
+                  static_cast<long long>(epoch), static_cast<long long>(L_.step), 100 * st.wait_fraction, st.wall_s);
+    progress_.message(buf);
   }
-  if (lead)  // Note [Run story]
-    metrics << json{{"kind", L.resumed ? "resume" : "start"}, {"step", L.step}, {"total_steps", total},
-                    {"world_size", world}, {"time_s", L.time_offset}}.dump()
-            << "\n" << std::flush;
-  std::vector<StepValues> unlogged;
-  while (L.step < stop_at && status == Status::Completed) {
-    // The epoch begin() starts (a finished epoch's last batch moves the state on).
-    const int64_t epoch = t.train_loader->state().epoch;
-    if (t.sampler) t.sampler->set_epoch(epoch);
-    auto prev_end = Clock::now();
-    for (auto& batch : *t.train_loader) {
-      const auto body_start = Clock::now();
-      window_wait += std::chrono::duration<double>(body_start - prev_end).count();
-      dist::set_step(L.step + 1);  // for `kiln launch`'s report if this rank dies now
-      const double lr = t.optimizer->param_groups()[0].lr();
-      t.optimizer->zero_grad();
-      if (trail) trail->start_step();
-      Tensor loss;
-      bool anomalous = false;
-      try {
-        loss = batch_loss(t, batch);
-      } catch (const autograd::AnomalyError& e) {
-        report_anomaly(e, /*in_backward=*/false, epoch);
-        anomalous = true;  // data-parallel: the other ranks learn of it through the agreement below
-      }
-      double loss_v = anomalous ? std::nan("") : loss.item<double>();
-      bool nonfinite = !std::isfinite(loss_v);
-      bool stop_requested = false;  // data-parallel: agreed now, acted on after this step
-      if (world > 1) {
-        // Before backward, whose collectives a rank that stops here would skip.
-        Tensor flags = tensor<float>({nonfinite ? 1.f : 0.f, signals.requested() ? 1.f : 0.f, static_cast<float>(loss_v)});
-        L.group->allreduce(flags, dist::ReduceOp::Sum)->wait();
-        const float* f = flags.data_ptr<float>();
-        nonfinite = f[0] > 0;
-        stop_requested = f[1] > 0;
-        loss_v = static_cast<double>(f[2]) / world;  // the global batch's loss: the mean of the ranks'
-        if (stop_requested && !signals.requested())
-          progress.message("kiln: another rank was asked to stop (SIGINT/SIGTERM): every rank stops after this "
-                           "step and a checkpoint is saved");
-      }
-      if (nonfinite) {
-        progress.finish();
-        if (lead && !anomalous)
-          std::fprintf(stderr,
-                       "kiln: error: the loss became %s at step %lld (epoch %lld, lr %.3g); the run stops here and "
-                       "%s.\nhint: rerun with --set train.anomaly=true to find the op that first produced a NaN/Inf "
-                       "(kiln names it and its module, with its inputs' statistics); a lower optim.lr or "
-                       "optim.grad_clip often cures it\n",
-                       std::isnan(loss_v) ? "NaN" : "Inf", static_cast<long long>(L.step + 1),
-                       static_cast<long long>(epoch), lr, checkpoint_left(L).c_str());
-        if (lead) {  // Note [Run story]: the unlogged steps, averaged over the window like a train line
-          const double window_s = std::chrono::duration<double>(Clock::now() - window_start).count();
-          for (const StepValues& v : unlogged)
-            metrics << json{{"kind", "train"}, {"step", v.step}, {"epoch", v.epoch}, {"loss", v.loss}, {"lr", v.lr},
-                            {"grad_norm", v.grad_norm},
-                            {"samples_per_s", window_s > 0 ? static_cast<double>(window_samples) / window_s : 0.0},
-                            {"data_wait", window_s > 0 ? std::min(1.0, window_wait / window_s) : 0.0},
-                            {"memory", memory_json(true)}, {"time_s", v.time_s}}.dump()
-                    << "\n";
-          metrics << json{{"kind", "nonfinite"}, {"step", L.step + 1}, {"epoch", epoch}, {"lr", lr},
-                          {"loss", std::isnan(loss_v) ? "NaN" : loss_v > 0 ? "Inf" : "-Inf"}}.dump()
-                  << "\n" << std::flush;
-        }
-        status = Status::NonFinite;
-        break;
-      }
-      double gnorm = 0;
-      if (t.scaler) {
-        // Unscale before clipping so the clip sees true gradients; a step whose
-        // gradients overflowed is skipped and the scale backs off.
-        t.scaler->scale(loss).backward();
-        t.scaler->unscale_(*t.optimizer);
-        gnorm = optim::clip_grad_norm_(params, clip > 0 ? clip : optim::kInfNorm);
-        t.scaler->step(*t.optimizer);
-        t.scaler->update();
-      } else {
-        try {
-          loss.backward();
-        } catch (const autograd::AnomalyError& e) {
-          // Data-parallel ranks are inside DDP's collectives here: the error ends the job (run_or_abort).
-          if (world > 1) throw;
-          report_anomaly(e, /*in_backward=*/true, epoch);
-          status = Status::NonFinite;
-          break;
-        }
-        gnorm = optim::clip_grad_norm_(params, clip > 0 ? clip : optim::kInfNorm);
-        t.optimizer->step();
-      }
-      if (t.scheduler) t.scheduler->step();
-      ++L.step;
-      unlogged.push_back({L.step, t.train_loader->state().epoch, loss_v, lr, gnorm, elapsed()});
-      if (world == 1) stop_requested = signals.requested();
-      const int64_t global_batch = batch.target.size(0) * world;
-      window_samples += global_batch;
-      const auto now = Clock::now();
-      const double window_s = std::chrono::duration<double>(now - window_start).count();
-      const double sps = window_s > 0 ? static_cast<double>(window_samples) / window_s : 0;
-      if (L.step % log_every == 0 || L.step == stop_at) {
-        const double wait_frac = window_s > 0 ? std::min(1.0, window_wait / window_s) : 0;
-        steps_per_s = window_s > 0 ? static_cast<double>(window_samples) / static_cast<double>(global_batch) / window_s : 0;
-        json j = {{"kind", "train"},    {"step", L.step},         {"epoch", t.train_loader->state().epoch},
-                  {"loss", loss_v},     {"lr", lr},               {"grad_norm", gnorm},
-                  {"samples_per_s", sps}, {"data_wait", wait_frac}, {"memory", memory_json(true)},
-                  {"time_s", elapsed()}};
-        if (t.scaler)
-          for (const auto& [k, v] : t.scaler->metrics()) j[k] = v;
-        metrics << j.dump() << "\n" << std::flush;
-        last_train = j;
-        unlogged.clear();
-        if (wait_frac > 0.25 && window_s > 1.0 && !stall_warned) {
-          stall_warned = true;
-          char buf[320];
-          std::snprintf(buf, sizeof buf,
-                        "warning: the training loop waited for data %.0f%% of the last %.1f s (data stall): the "
-                        "loader's %lld worker thread(s) cannot keep up. Raise data.num_workers, or make the "
-                        "per-sample transforms cheaper",
-                        100 * wait_frac, window_s, static_cast<long long>(c.integer("data.num_workers")));
-          progress.message(buf);
-        }
-        window_start = now;
-        window_wait = 0;
-        window_samples = 0;
-        memory::reset_peak_stats();
-      }
-      const double rate = steps_per_s > 0 ? steps_per_s : (window_s > 0 ? sps / static_cast<double>(global_batch) : 0);
-      progress.update({.step = L.step, .total = stop_at, .epoch = epoch, .loss = loss_v, .lr = lr,
-                       .samples_per_s = sps,
-                       .eta_s = rate > 0 ? static_cast<double>(stop_at - L.step) / rate : -1,
-                       .memory_bytes = memory::stats().peak_bytes});
-      const bool stop_now = stop_requested || L.step >= stop_at;
-      const auto pause_start = Clock::now();
-      if (eval_every > 0 && L.step % eval_every == 0 && L.step < total && !stop_requested) run_eval();
-      if (lead && ((ckpt_every > 0 && L.step % ckpt_every == 0) || stop_now)) save_checkpoint(L);
-      if (Clock::now() - pause_start > std::chrono::milliseconds(1)) {
-        window_start += Clock::now() - pause_start;  // throughput and data wait count training time only
-        memory::reset_peak_stats();                  // and memory peaks the training steps' (not eval's)
-      }
-      if (stop_requested) status = Status::Interrupted;
-      if (stop_now) break;
-      prev_end = Clock::now();
+
+  /// The end of the loop: the exit code (3 after a NaN/Inf).
+  int finish() {
+    progress_.finish();
+    if (status_ == Status::Completed && L_.step < total_) status_ = Status::Stopped;
+    if (status_ == Status::Completed && (last_eval_.is_null() || last_eval_["step"] != L_.step)) run_eval();
+    const int rc = status_ == Status::NonFinite ? 3 : 0;
+    if (lead_) {
+      metrics_ << json{{"kind", "end"}, {"status", status_name(status_)}, {"step", L_.step}, {"total_steps", total_},
+                       {"time_s", elapsed()}}.dump()
+               << "\n" << std::flush;  // Note [Run story]
+      print_summary(write_summary());
     }
-    if (status == Status::Completed && L.step < stop_at) {
-      const auto st = t.train_loader->stats();
-      char buf[160];
-      std::snprintf(buf, sizeof buf, "epoch %lld done at step %lld: data wait %.1f%% of the epoch's %.1f s",
-                    static_cast<long long>(epoch), static_cast<long long>(L.step), 100 * st.wait_fraction, st.wall_s);
-      progress.message(buf);
-    }
-  }
-  progress.finish();
-  if (status == Status::Completed && L.step < total) status = Status::Stopped;
-  if (status == Status::Completed && (last_eval.is_null() || last_eval["step"] != L.step)) run_eval();
-  const int rc = status == Status::NonFinite ? 3 : 0;
-  // mpirun ends the job when a rank exits non-zero: the others wait here until
-  // rank 0 has written the summary and report.
-  auto final_barrier = [&] {
-    if (world > 1) L.group->barrier()->wait();
-  };
-  if (!lead) {
-    final_barrier();
+    // mpirun ends the job when a rank exits non-zero: the others wait here until
+    // rank 0 has written the summary and report.
+    if (world_ > 1) L_.group->barrier()->wait();
     return rc;
   }
-  metrics << json{{"kind", "end"}, {"status", status_name(status)}, {"step", L.step}, {"total_steps", total},
-                  {"time_s", elapsed()}}.dump()
-          << "\n" << std::flush;  // Note [Run story]
-  // summary.json: what the report and `kiln inspect RUN_DIR` read.
-  json final_metrics = json::object();
-  if (!last_train.is_null())
-    for (const char* k : {"loss", "lr", "grad_norm", "samples_per_s", "data_wait"}) final_metrics[k] = last_train[k];
-  if (!last_eval.is_null()) {
-    final_metrics["eval_loss"] = last_eval["loss"];
-    for (const char* k : {"accuracy", "bits_per_char"})
-      if (last_eval.contains(k)) final_metrics[k] = last_eval[k];
+
+  /// summary.json (what the report and `kiln inspect RUN_DIR` read) and the report; returns its "final".
+  json write_summary() {
+    json final_metrics = json::object();
+    if (!last_train_.is_null())
+      for (const char* k : {"loss", "lr", "grad_norm", "samples_per_s", "data_wait"}) final_metrics[k] = last_train_[k];
+    if (!last_eval_.is_null()) {
+      final_metrics["eval_loss"] = last_eval_["loss"];
+      for (const char* k : {"accuracy", "bits_per_char"})
+        if (last_eval_.contains(k)) final_metrics[k] = last_eval_[k];
+    }
+    json summary = {{"name", c_.name()},          {"config_path", L_.config_path}, {"steps", L_.step},
+                    {"total_steps", total_},      {"wall_s", elapsed()},           {"status", status_name(status_)},
+                    {"final", final_metrics}};
+    write_text(L_.run_dir / "summary.json", summary.dump(2) + "\n");
+    write_report(L_.run_dir);
+    return final_metrics;
   }
-  json summary = {{"name", c.name()},          {"config_path", L.config_path}, {"steps", L.step},
-                  {"total_steps", total},      {"wall_s", elapsed()},          {"status", status_name(status)},
-                  {"final", final_metrics}};
-  write_text(L.run_dir / "summary.json", summary.dump(2) + "\n");
-  write_report(L.run_dir);
-  std::printf("%s at step %lld of %lld in %s", status_name(status), static_cast<long long>(L.step),
-              static_cast<long long>(total), format_duration(elapsed()).c_str());
-  // An evaluation from before the last step says which step it is from.
-  std::string eval_at;
-  if (!last_eval.is_null() && last_eval["step"].get<int64_t>() != L.step)
-    eval_at = " (at step " + std::to_string(last_eval["step"].get<int64_t>()) + ")";
-  if (final_metrics.contains("accuracy"))
-    std::printf(": test accuracy %.2f%%%s", 100 * final_metrics["accuracy"].get<double>(), eval_at.c_str());
-  if (final_metrics.contains("bits_per_char"))
-    std::printf(": eval loss %.4f, %.3f bits/char%s", final_metrics["eval_loss"].get<double>(),
-                final_metrics["bits_per_char"].get<double>(), eval_at.c_str());
-  std::printf("\nreport: %s\n", (L.run_dir / "report.html").string().c_str());
-  if (status == Status::Interrupted || status == Status::Stopped)
-    std::printf("continue with: %s\n", resume_command(L).c_str());
-  std::fflush(stdout);
-  final_barrier();
-  return rc;
-}
+
+  void print_summary(const json& final_metrics) {
+    std::printf("%s at step %lld of %lld in %s", status_name(status_), static_cast<long long>(L_.step),
+                static_cast<long long>(total_), format_duration(elapsed()).c_str());
+    // An evaluation from before the last step says which step it is from.
+    std::string eval_at;
+    if (!last_eval_.is_null() && last_eval_["step"].get<int64_t>() != L_.step)
+      eval_at = " (at step " + std::to_string(last_eval_["step"].get<int64_t>()) + ")";
+    if (final_metrics.contains("accuracy"))
+      std::printf(": test accuracy %.2f%%%s", 100 * final_metrics["accuracy"].get<double>(), eval_at.c_str());
+    if (final_metrics.contains("bits_per_char"))
+      std::printf(": eval loss %.4f, %.3f bits/char%s", final_metrics["eval_loss"].get<double>(),
+                  final_metrics["bits_per_char"].get<double>(), eval_at.c_str());
+    std::printf("\nreport: %s\n", (L_.run_dir / "report.html").string().c_str());
+    if (status_ == Status::Interrupted || status_ == Status::Stopped)
+      std::printf("continue with: %s\n", resume_command(L_).c_str());
+    std::fflush(stdout);
+  }
+
+  Loop& L_;
+  const Config& c_;
+  Task& t_;
+  const bool lm_;
+  const int64_t total_, stop_at_, log_every_, eval_every_, ckpt_every_, eval_batches_;
+  const double clip_;
+  const nn::NamedTensors params_;
+  const int world_;
+  const bool lead_;
+  std::ofstream metrics_;  // rank 0's metrics.jsonl
+  Progress progress_;
+  StopSignals signals_;
+  std::optional<autograd::AnomalyModeGuard> anomaly_;
+  std::optional<ModuleTrail> trail_;
+  // The throughput window: since the last train line, training time only.
+  Clock::time_point t_start_, window_start_;
+  double window_wait_ = 0, steps_per_s_ = 0;
+  int64_t window_samples_ = 0;
+  bool stall_warned_ = false;
+  Status status_ = Status::Completed;
+  json last_train_, last_eval_;
+  std::optional<KeepBest> keep_best_;
+  std::vector<StepValues> unlogged_;  // the steps since the last train line (Note [Run story])
+};
+
+int run_loop(Loop& L) { return TrainLoop(L).run(); }
 
 }  // namespace
 

@@ -22,6 +22,7 @@
 #include <vector>
 
 #include "kiln/core/error.h"
+#include "kiln/core/format.h"
 
 namespace kiln {
 
@@ -60,16 +61,6 @@ void update_peak(std::atomic<int64_t>& peak, int64_t value) {
   int64_t p = peak.load(std::memory_order_relaxed);
   while (value > p && !peak.compare_exchange_weak(p, value, std::memory_order_relaxed)) {
   }
-}
-
-std::string format_bytes(int64_t b) {
-  std::ostringstream os;
-  os << std::fixed << std::setprecision(1);
-  if (b >= (int64_t{1} << 30)) os << static_cast<double>(b) / (1 << 30) << " GiB";
-  else if (b >= (int64_t{1} << 20)) os << static_cast<double>(b) / (1 << 20) << " MiB";
-  else if (b >= 1024) os << static_cast<double>(b) / 1024 << " KiB";
-  else os << b << " B";
-  return os.str();
 }
 
 class CachingAllocator {

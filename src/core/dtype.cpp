@@ -70,6 +70,26 @@ DType promote_types(DType a, DType b) {
   return element_size(a) >= element_size(b) ? (a == kUInt8 ? b : a) : b;
 }
 
+namespace detail {
+
+void throw_dtype_not_in(std::string_view op, DTypeSet allowed, DType got) {
+  if (allowed == kFloatingTypes)
+    throw DTypeError(concat(op, ": expected a floating-point tensor (float32, float64, bfloat16, float16), got ",
+                            dtype_name(got)));
+  std::string names;
+  int listed = 0, count = 0;
+  for (int i = 0; i < kNumDTypes; ++i) count += allowed.contains(static_cast<DType>(i)) ? 1 : 0;
+  for (int i = 0; i < kNumDTypes; ++i) {
+    if (!allowed.contains(static_cast<DType>(i))) continue;
+    if (listed > 0) names += listed + 1 == count ? " or " : ", ";
+    names += dtype_name(static_cast<DType>(i));
+    ++listed;
+  }
+  throw DTypeError(concat(op, ": expected a ", names, " tensor, got ", dtype_name(got)));
+}
+
+}  // namespace detail
+
 DType default_dtype() { return g_default_dtype.load(std::memory_order_relaxed); }
 
 void set_default_dtype(DType t) {

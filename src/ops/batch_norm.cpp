@@ -251,13 +251,10 @@ void batch_norm_update_running_stats(Tensor& running_mean, Tensor& running_var, 
   }
   autograd::check_inplace(running_mean, "batch_norm (running_mean)", autograd::CallSite{});
   autograd::check_inplace(running_var, "batch_norm (running_var)", autograd::CallSite{});
-  if (dt == kFloat32) {
-    update_stats(running_mean.data_ptr<float>(), running_var.data_ptr<float>(), mean.data_ptr<float>(),
-                 var.data_ptr<float>(), mean.numel(), momentum, ratio);
-  } else {
-    update_stats(running_mean.data_ptr<double>(), running_var.data_ptr<double>(), mean.data_ptr<double>(),
-                 var.data_ptr<double>(), mean.numel(), momentum, ratio);
-  }
+  visit_dtype<DTypeSet{kFloat32, kFloat64}>(dt, "batch_norm (running stats)", [&]<typename T>() {
+    update_stats(running_mean.data_ptr<T>(), running_var.data_ptr<T>(), mean.data_ptr<T>(), var.data_ptr<T>(),
+                 mean.numel(), momentum, ratio);
+  });
   running_mean.bump_version();
   running_var.bump_version();
 }

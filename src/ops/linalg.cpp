@@ -70,8 +70,16 @@ void check_matmul_dtypes(const char* op, const Tensor& a, const Tensor& b, const
              ": bool tensors are not supported (as in torch); convert to an integer or floating dtype first");
 }
 
+// float16 has no product kernel: `compute` runs on float32 copies of the operands (detached; an undefined one,
+// such as an absent bias, stays undefined) and its result converts back to float16. Callers hold a NoGradGuard.
+template <typename F, typename... Operands>
+Tensor through_float32(F&& compute, const Operands&... operands) {
+  auto widen = [](const Tensor& t) { return t.defined() ? t.detach().to(kFloat32) : t; };
+  return compute(widen(operands)...).to(kFloat16);
+}
+
 // c = a · b (+ bias) into `out` (contiguous, batch * a.rows * b.cols
-// elements). float16 callers convert before they get here.
+// elements). float16 callers convert before they get here (through_float32).
 // The product a @ b for the kernel: dtype, shape and both operands (batch 1, no bias, no output yet).
 kernels::MatmulArgs product_args(const Operand& a, const Operand& b) {
   kernels::MatmulArgs g;
@@ -194,7 +202,7 @@ Tensor product(const Tensor& a, const Tensor& b, bool ta, bool tb, autograd::Cal
   Tensor out;
   if (a.dtype() == kFloat16) {
     const NoGradGuard no_grad;
-    out = product(a.detach().to(kFloat32), b.detach().to(kFloat32), ta, tb, site).to(kFloat16);
+    out = through_float32([&](const Tensor& a32, const Tensor& b32) { return product(a32, b32, ta, tb, site); }, a, b);
   } else {
     const NoGradGuard no_grad;  // only this op's own node is recorded (below)
     Operand oa = matrix_operand(a, batched), ob = matrix_operand(b, batched);
@@ -438,7 +446,8 @@ Tensor matmul_impl(const Tensor& self, const Tensor& other, autograd::CallSite s
   {
     const NoGradGuard no_grad;  // the views and copies below are internal; the node is recorded once, below
     if (self.dtype() == kFloat16) {
-      out = matmul_impl(self.detach().to(kFloat32), other.detach().to(kFloat32), site).to(kFloat16);
+      out = through_float32([&](const Tensor& s32, const Tensor& o32) { return matmul_impl(s32, o32, site); }, self,
+                            other);
     } else {
       out = matmul_forward(self, other);
     }
@@ -499,16 +508,15 @@ Tensor linear(const Tensor& input, const Tensor& weight, const Tensor& bias, std
   Tensor out;
   {
     const NoGradGuard no_grad;  // internal reshapes and conversions record nothing; the node is recorded below
-    const bool half = input.dtype() == kFloat16;
-    const Tensor x = half ? input.detach().to(kFloat32) : input;
-    const Tensor w = half ? weight.detach().to(kFloat32) : weight;
-    const Tensor b = half && bias.defined() ? bias.detach().to(kFloat32) : bias;
-    Tensor fused, separate;
-    split_bias(b, out_shape, out_features, fused, separate);
-    const Tensor x2 = x.reshape({shape_numel(IntArrayRef(x.sizes().data(), x.dim() - 1)), in});
-    out = run_matmul(matrix_operand(x2, false), transposed(matrix_operand(w, false)), fused, 1, out_shape);
-    if (separate.defined()) add_bias_in_place(out, separate);
-    if (half) out = out.to(kFloat16);
+    auto compute = [&](const Tensor& x, const Tensor& w, const Tensor& b) {
+      Tensor fused, separate;
+      split_bias(b, out_shape, out_features, fused, separate);
+      const Tensor x2 = x.reshape({shape_numel(IntArrayRef(x.sizes().data(), x.dim() - 1)), in});
+      Tensor o = run_matmul(matrix_operand(x2, false), transposed(matrix_operand(w, false)), fused, 1, out_shape);
+      if (separate.defined()) add_bias_in_place(o, separate);
+      return o;
+    };
+    out = input.dtype() == kFloat16 ? through_float32(compute, input, weight, bias) : compute(input, weight, bias);
   }
   if (autograd::compute_requires_grad({&input, &weight, &bias})) {
     auto node = make_intrusive<LinearBackward>();

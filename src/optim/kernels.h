@@ -72,17 +72,18 @@ void adam(T* __restrict p, const T* __restrict g, T* __restrict m, T* __restrict
   const T decay = static_cast<T>(1 - lr * weight_decay);
   const bool apply_decay = decoupled && weight_decay != 0, l2 = !decoupled && weight_decay != 0;
   const T wd = static_cast<T>(weight_decay);
-#define KILN_ADAM(A, L, D) adam_loop<T, A, L, D>(p, g, m, v, vmax, n, neg_step_size, bc2_sqrt, b1, omb1, b2, omb2, e, wd, decay)
+  auto loop = [&]<bool kAmsgrad, bool kL2, bool kDecay>() {
+    adam_loop<T, kAmsgrad, kL2, kDecay>(p, g, m, v, vmax, n, neg_step_size, bc2_sqrt, b1, omb1, b2, omb2, e, wd, decay);
+  };
   if (vmax) {
-    if (l2) KILN_ADAM(true, true, false);
-    else if (apply_decay) KILN_ADAM(true, false, true);
-    else KILN_ADAM(true, false, false);
+    if (l2) loop.template operator()<true, true, false>();
+    else if (apply_decay) loop.template operator()<true, false, true>();
+    else loop.template operator()<true, false, false>();
   } else {
-    if (l2) KILN_ADAM(false, true, false);
-    else if (apply_decay) KILN_ADAM(false, false, true);
-    else KILN_ADAM(false, false, false);
+    if (l2) loop.template operator()<false, true, false>();
+    else if (apply_decay) loop.template operator()<false, false, true>();
+    else loop.template operator()<false, false, false>();
   }
-#undef KILN_ADAM
 }
 
 // torch 1.13 _single_tensor_rmsprop. `gavg` null unless centered, `buf` null without momentum.
@@ -118,34 +119,32 @@ void rmsprop(T* __restrict p, const T* __restrict g, T* __restrict sq, T* __rest
   const T a = static_cast<T>(alpha), oma = static_cast<T>(1 - alpha), e = static_cast<T>(eps);
   const T wd = static_cast<T>(weight_decay), mom = static_cast<T>(momentum), neg_lr = static_cast<T>(-lr);
   const int which = (gavg ? 4 : 0) | (buf ? 2 : 0) | (weight_decay != 0 ? 1 : 0);
-#define KILN_RMS(C, M, L) rmsprop_loop<T, C, M, L>(p, g, sq, gavg, buf, n, a, oma, e, wd, mom, neg_lr)
+  auto loop = [&]<bool kCentered, bool kMomentum, bool kL2>() {
+    rmsprop_loop<T, kCentered, kMomentum, kL2>(p, g, sq, gavg, buf, n, a, oma, e, wd, mom, neg_lr);
+  };
   switch (which) {
-    case 0: KILN_RMS(false, false, false); break;
-    case 1: KILN_RMS(false, false, true); break;
-    case 2: KILN_RMS(false, true, false); break;
-    case 3: KILN_RMS(false, true, true); break;
-    case 4: KILN_RMS(true, false, false); break;
-    case 5: KILN_RMS(true, false, true); break;
-    case 6: KILN_RMS(true, true, false); break;
-    default: KILN_RMS(true, true, true); break;
+    case 0: loop.template operator()<false, false, false>(); break;
+    case 1: loop.template operator()<false, false, true>(); break;
+    case 2: loop.template operator()<false, true, false>(); break;
+    case 3: loop.template operator()<false, true, true>(); break;
+    case 4: loop.template operator()<true, false, false>(); break;
+    case 5: loop.template operator()<true, false, true>(); break;
+    case 6: loop.template operator()<true, true, false>(); break;
+    default: loop.template operator()<true, true, true>(); break;
   }
-#undef KILN_RMS
 }
 
-#ifndef KILN_OPTIM_KERNELS_INSTANTIATE
-#define KILN_OPTIM_EXTERN extern
-#else
-#define KILN_OPTIM_EXTERN
-#endif
-#define KILN_OPTIM_KERNELS_FOR(T)                                                                               \
-  KILN_OPTIM_EXTERN template void sgd<T>(T*, const T*, T*, int64_t, double, double, double, double, bool, bool); \
-  KILN_OPTIM_EXTERN template void adam<T>(T*, const T*, T*, T*, T*, int64_t, int64_t, double, double, double,    \
-                                          double, double, bool);                                                  \
-  KILN_OPTIM_EXTERN template void rmsprop<T>(T*, const T*, T*, T*, T*, int64_t, double, double, double, double,  \
-                                             double);
-KILN_OPTIM_KERNELS_FOR(float)
-KILN_OPTIM_KERNELS_FOR(double)
-#undef KILN_OPTIM_KERNELS_FOR
-#undef KILN_OPTIM_EXTERN
+// Instantiated for float and double in kernels.cpp alone (see the top of this file).
+extern template void sgd<float>(float*, const float*, float*, int64_t, double, double, double, double, bool, bool);
+extern template void sgd<double>(double*, const double*, double*, int64_t, double, double, double, double, bool,
+                                 bool);
+extern template void adam<float>(float*, const float*, float*, float*, float*, int64_t, int64_t, double, double,
+                                 double, double, double, bool);
+extern template void adam<double>(double*, const double*, double*, double*, double*, int64_t, int64_t, double,
+                                  double, double, double, double, bool);
+extern template void rmsprop<float>(float*, const float*, float*, float*, float*, int64_t, double, double, double,
+                                    double, double);
+extern template void rmsprop<double>(double*, const double*, double*, double*, double*, int64_t, double, double,
+                                     double, double, double);
 
 }  // namespace kiln::optim::kernels

@@ -42,12 +42,8 @@ Tensor state_clone(const Tensor& t) {
   return t.detach().clone();
 }
 
-template <typename Fn>
-void dispatch_float(DType dt, Fn&& fn) {
-  if (dt == kFloat32) fn(float{});
-  else if (dt == kFloat64) fn(double{});
-  else KILN_ASSERT(false, "optimizer kernel for dtype ", dtype_name(dt));
-}
+// The dtypes the update kernels take (add_param_group checks the parameters').
+constexpr DTypeSet kOptimTypes{kFloat32, kFloat64};
 
 template <typename T>
 T* at(T* p, int64_t offset) {
@@ -288,8 +284,7 @@ void SGD::update(Tensor& p, const Tensor& g, ParamState& st, const HyperParams& 
       buf = it->second;
     }
   }
-  dispatch_float(p.dtype(), [&](auto tag) {
-    using T = decltype(tag);
+  visit_dtype<kOptimTypes>(p.dtype(), name_, [&]<typename T>() {
     T *pp = p.data_ptr<T>(), *bp = buf.defined() ? buf.data_ptr<T>() : nullptr;
     const T* gp = g.data_ptr<T>();
     chunked(p.numel(), [&](int64_t b, int64_t e) {
@@ -352,8 +347,7 @@ void Adam::update(Tensor& p, const Tensor& g, ParamState& st, const HyperParams&
     st.tensors["exp_avg_sq"] = state_zeros(p);
   }
   if (amsgrad && !st.tensors.count("max_exp_avg_sq")) st.tensors["max_exp_avg_sq"] = state_zeros(p);
-  dispatch_float(p.dtype(), [&](auto tag) {
-    using T = decltype(tag);
+  visit_dtype<kOptimTypes>(p.dtype(), name_, [&]<typename T>() {
     T *pp = p.data_ptr<T>(), *m = st.tensors["exp_avg"].data_ptr<T>(), *v = st.tensors["exp_avg_sq"].data_ptr<T>();
     T* vmax = amsgrad ? st.tensors["max_exp_avg_sq"].data_ptr<T>() : nullptr;
     const T* gp = g.data_ptr<T>();
@@ -394,8 +388,7 @@ void RMSprop::update(Tensor& p, const Tensor& g, ParamState& st, const HyperPara
   if (!st.tensors.count("square_avg")) st.tensors["square_avg"] = state_zeros(p);
   if (momentum > 0 && !st.tensors.count("momentum_buffer")) st.tensors["momentum_buffer"] = state_zeros(p);
   if (centered && !st.tensors.count("grad_avg")) st.tensors["grad_avg"] = state_zeros(p);
-  dispatch_float(p.dtype(), [&](auto tag) {
-    using T = decltype(tag);
+  visit_dtype<kOptimTypes>(p.dtype(), name_, [&]<typename T>() {
     T *pp = p.data_ptr<T>(), *sq = st.tensors["square_avg"].data_ptr<T>();
     T* gavg = centered ? st.tensors["grad_avg"].data_ptr<T>() : nullptr;
     T* buf = momentum > 0 ? st.tensors["momentum_buffer"].data_ptr<T>() : nullptr;

@@ -14,6 +14,7 @@
 #include "cli/report.h"
 #include "cli/report_chart.h"
 #include "kiln/core/error.h"
+#include "kiln/core/format.h"
 #include "support/test_util.h"
 #include "test_report_fixture.h"
 
@@ -231,12 +232,12 @@ TEST(Report, TicksAreRoundAndLabelsReadable) {
   EXPECT_EQ(rd::format_tick(0.25, 0.05, rd::YFormat::percent), "25%");
   EXPECT_EQ(rd::format_tick(0.025, 0.005, rd::YFormat::percent), "2.5%");
   EXPECT_EQ(rd::format_tick(0, 0.2, rd::YFormat::number), "0");
-  EXPECT_EQ(rd::format_bytes(1.5 * 1024 * 1024), "1.5 MiB");
-  EXPECT_EQ(rd::format_bytes(512), "512 B");
+  EXPECT_EQ(format_bytes(1.5 * 1024 * 1024), "1.5 MiB");
+  EXPECT_EQ(format_bytes(512), "512 B");
   EXPECT_EQ(rd::format_value(1523.4), "1523");
   EXPECT_EQ(rd::format_value(0.91234), "0.912");
-  EXPECT_EQ(rd::format_wall_time(28.74), "28.7 s");
-  EXPECT_EQ(rd::format_wall_time(185), "3 min 05 s");
+  EXPECT_EQ(format_duration(28.74), "28.7 s");
+  EXPECT_EQ(format_duration(185), "3 min 05 s");
   EXPECT_EQ(rd::label("lr"), "learning rate");
   EXPECT_EQ(rd::label("samples_per_s"), "samples/s");
   EXPECT_EQ(rd::label("accuracy"), "test accuracy");

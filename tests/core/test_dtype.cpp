@@ -76,14 +76,39 @@ TEST(DType, DefaultDType) {
 }
 
 TEST(DType, VisitFloatingRejectsIntegers) {
-  EXPECT_EQ(visit_floating_dtype(kBFloat16, "op", []<typename T>() { return sizeof(T); }), 2u);
+  EXPECT_EQ(visit_dtype<kFloatingTypes>(kBFloat16, "op", []<typename T>() { return sizeof(T); }), 2u);
   try {
-    visit_floating_dtype(kInt32, "my_op", []<typename T>() { return 0; });
+    visit_dtype<kFloatingTypes>(kInt32, "my_op", []<typename T>() { return 0; });
     FAIL();
   } catch (const DTypeError& e) {
     EXPECT_NE(std::string(e.what()).find("my_op: expected a floating-point tensor"), std::string::npos);
     EXPECT_NE(std::string(e.what()).find("int32"), std::string::npos);
   }
+}
+
+TEST(DType, VisitAllowedSetInstantiatesOnlyItsTypes) {
+  constexpr DTypeSet kPair{kFloat32, kFloat64};
+  EXPECT_TRUE(kPair.contains(kFloat64));
+  EXPECT_FALSE(kPair.contains(kBFloat16));
+  EXPECT_EQ(visit_dtype<kPair>(kFloat64, "op", []<typename T>() { return sizeof(T); }), 8u);
+  // A body that would not compile for bool is fine: it is instantiated for float and double alone.
+  EXPECT_EQ(visit_dtype<kPair>(kFloat32, "op", []<typename T>() { return static_cast<int>(T(1.5) * 2); }), 3);
+  try {
+    visit_dtype<kPair>(kBFloat16, "sgd", []<typename T>() { return 0; });
+    FAIL();
+  } catch (const DTypeError& e) {
+    EXPECT_NE(std::string(e.what()).find("sgd: expected a float32 or float64 tensor, got bfloat16"), std::string::npos)
+        << e.what();
+  }
+  try {
+    visit_dtype<DTypeSet{kFloat32, kFloat64, kBFloat16}>(kInt64, "pooling", []<typename T>() { return 0; });
+    FAIL();
+  } catch (const DTypeError& e) {
+    EXPECT_NE(std::string(e.what()).find("pooling: expected a float32, float64 or bfloat16 tensor, got int64"),
+              std::string::npos)
+        << e.what();
+  }
+  EXPECT_EQ(visit_dtype<kAllTypes>(kBool, "op", []<typename T>() { return sizeof(T); }), 1u);
 }
 
 TEST(DType, PromoteTypesMatchesTorch) {

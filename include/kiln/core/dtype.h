@@ -1,8 +1,10 @@
 // Element types of tensors, their properties, PyTorch's promotion rules, and
-// visit_dtype: the one way kernels dispatch on a runtime dtype (no macros).
+// visit_dtype: the one way kernels dispatch on a runtime dtype (no macros), over every dtype or over a
+// DTypeSet of those the caller accepts.
 #pragma once
 
 #include <cstdint>
+#include <initializer_list>
 #include <string_view>
 #include <type_traits>
 
@@ -81,6 +83,27 @@ inline constexpr bool is_reduced_float_v = std::is_same_v<T, BFloat16> || std::i
 template <typename T>
 inline constexpr bool is_float_v = std::is_floating_point_v<T> || is_reduced_float_v<T>;
 
+/// A set of dtypes: those a dispatch accepts (visit_dtype<kFloatingTypes>(...)).
+struct DTypeSet {
+  uint8_t bits = 0;  // bit i: DType i (public: a DTypeSet is a template argument)
+
+  constexpr DTypeSet() = default;
+  constexpr DTypeSet(std::initializer_list<DType> types) {
+    for (DType t : types) bits = static_cast<uint8_t>(bits | (1u << static_cast<unsigned>(t)));
+  }
+  constexpr bool contains(DType t) const { return ((bits >> static_cast<unsigned>(t)) & 1u) != 0; }
+  constexpr bool operator==(const DTypeSet&) const = default;
+};
+
+inline constexpr DTypeSet kAllTypes{kFloat32, kFloat64, kBFloat16, kFloat16, kInt64, kInt32, kUInt8, kBool};
+inline constexpr DTypeSet kFloatingTypes{kFloat32, kFloat64, kBFloat16, kFloat16};
+
+namespace detail {
+/// "<op>: expected a floating-point tensor (float32, float64, bfloat16, float16), got int64", or for other sets
+/// "<op>: expected a float32, float64 or bfloat16 tensor, got int64".
+[[noreturn]] void throw_dtype_not_in(std::string_view op, DTypeSet allowed, DType got);
+}  // namespace detail
+
 /// Calls f.template operator()<T>() with the C++ type of `t`:
 ///   visit_dtype(x.dtype(), [&]<typename T>() { ... T ... });
 template <typename F>
@@ -99,18 +122,39 @@ decltype(auto) visit_dtype(DType t, F&& f) {
   return f.template operator()<float>();  // unreachable
 }
 
-/// As visit_dtype, restricted to floating types; others raise a DTypeError naming `op`.
-template <typename F>
-decltype(auto) visit_floating_dtype(DType t, std::string_view op, F&& f) {
+/// As visit_dtype, for the dtypes in `Allowed` only (f is instantiated for those alone); any other raises a
+/// DTypeError naming `op` and the allowed dtypes:
+///   visit_dtype<kFloatingTypes>(x.dtype(), "softmax", [&]<typename T>() { ... });
+///   visit_dtype<DTypeSet{kFloat32, kFloat64}>(p.dtype(), "sgd", [&]<typename T>() { ... });
+template <DTypeSet Allowed, typename F>
+decltype(auto) visit_dtype(DType t, std::string_view op, F&& f) {
   switch (t) {
-    case DType::Float32: return f.template operator()<float>();
-    case DType::Float64: return f.template operator()<double>();
-    case DType::BFloat16: return f.template operator()<BFloat16>();
-    case DType::Float16: return f.template operator()<Half>();
-    default: break;
+    case DType::Float32:
+      if constexpr (Allowed.contains(DType::Float32)) return f.template operator()<float>();
+      break;
+    case DType::Float64:
+      if constexpr (Allowed.contains(DType::Float64)) return f.template operator()<double>();
+      break;
+    case DType::BFloat16:
+      if constexpr (Allowed.contains(DType::BFloat16)) return f.template operator()<BFloat16>();
+      break;
+    case DType::Float16:
+      if constexpr (Allowed.contains(DType::Float16)) return f.template operator()<Half>();
+      break;
+    case DType::Int64:
+      if constexpr (Allowed.contains(DType::Int64)) return f.template operator()<int64_t>();
+      break;
+    case DType::Int32:
+      if constexpr (Allowed.contains(DType::Int32)) return f.template operator()<int32_t>();
+      break;
+    case DType::UInt8:
+      if constexpr (Allowed.contains(DType::UInt8)) return f.template operator()<uint8_t>();
+      break;
+    case DType::Bool:
+      if constexpr (Allowed.contains(DType::Bool)) return f.template operator()<bool>();
+      break;
   }
-  throw DTypeError(detail::concat(op, ": expected a floating-point tensor (float32, float64, bfloat16, float16), got ",
-                                  dtype_name(t)));
+  ::kiln::detail::throw_dtype_not_in(op, Allowed, t);
 }
 
 }  // namespace kiln

@@ -239,21 +239,21 @@ void scores_grad(const AttentionBlock& a, T* dp, const T* p, const T* D) {
 
 void attention_weights(const AttentionBlock& a, void* scores, void* lse) {
   if (a.batch * a.rows * a.cols == 0) return;
-  visit_floating_dtype(a.dtype, "attention_weights", [&]<typename T>() {
+  visit_dtype<kFloatingTypes>(a.dtype, "attention_weights", [&]<typename T>() {
     weights(a, static_cast<T*>(scores), static_cast<T*>(lse));
   });
 }
 
 void attention_recompute_weights(const AttentionBlock& a, void* scores, const void* lse) {
   if (a.batch * a.rows * a.cols == 0) return;
-  visit_floating_dtype(a.dtype, "attention_recompute_weights", [&]<typename T>() {
+  visit_dtype<kFloatingTypes>(a.dtype, "attention_recompute_weights", [&]<typename T>() {
     recompute(a, static_cast<T*>(scores), static_cast<const T*>(lse));
   });
 }
 
 void attention_scores_grad(const AttentionBlock& a, void* dp, const void* p, const void* D) {
   if (a.batch * a.rows * a.cols == 0) return;
-  visit_floating_dtype(a.dtype, "attention_scores_grad", [&]<typename T>() {
+  visit_dtype<kFloatingTypes>(a.dtype, "attention_scores_grad", [&]<typename T>() {
     scores_grad(a, static_cast<T*>(dp), static_cast<const T*>(p), static_cast<const T*>(D));
   });
 }

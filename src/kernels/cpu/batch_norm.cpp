@@ -554,42 +554,33 @@ void backward_any(BatchNormShape s, const T* dy, const T* x, const T* mean, cons
   }
 }
 
+// The dtypes the kernels take (ops computes the others with ordinary ops).
+constexpr DTypeSet kBatchNormTypes{kFloat32, kFloat64};
+
 }  // namespace
 
 void batch_norm_train_forward(DType dt, BatchNormShape s, const void* x, const void* weight, const void* bias,
                               double eps, void* y, void* mean, void* invstd, void* var, const void* residual) {
-  KILN_ASSERT(dt == kFloat32 || dt == kFloat64, "batch_norm kernel called with dtype ", dtype_name(dt));
   KILN_ASSERT(s.channels_last || !s.relu, "batch_norm kernel: the fused ReLU is channels-last only");
   KILN_ASSERT(s.relu || !residual, "batch_norm kernel: a residual comes with the ReLU");
-  if (dt == kFloat32) {
-    forward_any(s, static_cast<const float*>(x), static_cast<const float*>(weight), static_cast<const float*>(bias),
-                static_cast<const float*>(residual), eps, static_cast<float*>(y), static_cast<float*>(mean),
-                static_cast<float*>(invstd), static_cast<float*>(var));
-  } else {
-    forward_any(s, static_cast<const double*>(x), static_cast<const double*>(weight),
-                static_cast<const double*>(bias), static_cast<const double*>(residual), eps,
-                static_cast<double*>(y), static_cast<double*>(mean), static_cast<double*>(invstd),
-                static_cast<double*>(var));
-  }
+  visit_dtype<kBatchNormTypes>(dt, "batch_norm kernel", [&]<typename T>() {
+    forward_any(s, static_cast<const T*>(x), static_cast<const T*>(weight), static_cast<const T*>(bias),
+                static_cast<const T*>(residual), eps, static_cast<T*>(y), static_cast<T*>(mean),
+                static_cast<T*>(invstd), static_cast<T*>(var));
+  });
 }
 
 void batch_norm_train_backward(DType dt, BatchNormShape s, const void* dy, const void* x, const void* mean,
                                const void* invstd, const void* weight, void* dx, void* dweight, void* dbias,
                                const void* bias, const void* residual, void* dresidual) {
-  KILN_ASSERT(dt == kFloat32 || dt == kFloat64, "batch_norm backward kernel called with dtype ", dtype_name(dt));
   KILN_ASSERT(s.channels_last || !s.relu, "batch_norm backward kernel: the fused ReLU is channels-last only");
   KILN_ASSERT(s.relu || (!residual && !dresidual), "batch_norm backward kernel: a residual comes with the ReLU");
-  if (dt == kFloat32) {
-    backward_any(s, static_cast<const float*>(dy), static_cast<const float*>(x), static_cast<const float*>(mean),
-                 static_cast<const float*>(invstd), static_cast<const float*>(weight),
-                 static_cast<const float*>(bias), static_cast<const float*>(residual), static_cast<float*>(dx),
-                 static_cast<float*>(dweight), static_cast<float*>(dbias), static_cast<float*>(dresidual));
-  } else {
-    backward_any(s, static_cast<const double*>(dy), static_cast<const double*>(x), static_cast<const double*>(mean),
-                 static_cast<const double*>(invstd), static_cast<const double*>(weight),
-                 static_cast<const double*>(bias), static_cast<const double*>(residual), static_cast<double*>(dx),
-                 static_cast<double*>(dweight), static_cast<double*>(dbias), static_cast<double*>(dresidual));
-  }
+  visit_dtype<kBatchNormTypes>(dt, "batch_norm backward kernel", [&]<typename T>() {
+    backward_any(s, static_cast<const T*>(dy), static_cast<const T*>(x), static_cast<const T*>(mean),
+                 static_cast<const T*>(invstd), static_cast<const T*>(weight), static_cast<const T*>(bias),
+                 static_cast<const T*>(residual), static_cast<T*>(dx), static_cast<T*>(dweight),
+                 static_cast<T*>(dbias), static_cast<T*>(dresidual));
+  });
 }
 
 }  // namespace kiln::kernels

@@ -38,6 +38,9 @@ void int_gemm(bool ta, bool tb, int64_t m, int64_t n, int64_t k, const T* a, int
   });
 }
 
+// OpenBLAS runs float32 and float64; int_gemm the integers.
+constexpr DTypeSet kGemmTypes{kFloat32, kFloat64, kInt64, kInt32, kUInt8};
+
 }  // namespace
 
 void gemm(DType dtype, bool ta, bool tb, int64_t m, int64_t n, int64_t k, const void* a, int64_t lda, const void* b,
@@ -45,35 +48,26 @@ void gemm(DType dtype, bool ta, bool tb, int64_t m, int64_t n, int64_t k, const 
   if (m <= 0 || n <= 0) return;
   const auto cta = ta ? CblasTrans : CblasNoTrans;
   const auto ctb = tb ? CblasTrans : CblasNoTrans;
-  switch (dtype) {
-    case DType::Float32:
-      if (k == 0) break;
+  const bool done = visit_dtype<kGemmTypes>(dtype, "gemm", [&]<typename T>() {
+    if constexpr (std::is_same_v<T, float>) {
+      if (k == 0) return false;
       cblas_sgemm(CblasRowMajor, cta, ctb, static_cast<blasint>(m), static_cast<blasint>(n), static_cast<blasint>(k),
                   1.0f, static_cast<const float*>(a), static_cast<blasint>(lda), static_cast<const float*>(b),
                   static_cast<blasint>(ldb), accumulate ? 1.0f : 0.0f, static_cast<float*>(c),
                   static_cast<blasint>(ldc));
-      return;
-    case DType::Float64:
-      if (k == 0) break;
+    } else if constexpr (std::is_same_v<T, double>) {
+      if (k == 0) return false;
       cblas_dgemm(CblasRowMajor, cta, ctb, static_cast<blasint>(m), static_cast<blasint>(n), static_cast<blasint>(k),
                   1.0, static_cast<const double*>(a), static_cast<blasint>(lda), static_cast<const double*>(b),
                   static_cast<blasint>(ldb), accumulate ? 1.0 : 0.0, static_cast<double*>(c),
                   static_cast<blasint>(ldc));
-      return;
-    case DType::Int64:
-      int_gemm(ta, tb, m, n, k, static_cast<const int64_t*>(a), lda, static_cast<const int64_t*>(b), ldb, accumulate,
-               static_cast<int64_t*>(c), ldc);
-      return;
-    case DType::Int32:
-      int_gemm(ta, tb, m, n, k, static_cast<const int32_t*>(a), lda, static_cast<const int32_t*>(b), ldb, accumulate,
-               static_cast<int32_t*>(c), ldc);
-      return;
-    case DType::UInt8:
-      int_gemm(ta, tb, m, n, k, static_cast<const uint8_t*>(a), lda, static_cast<const uint8_t*>(b), ldb, accumulate,
-               static_cast<uint8_t*>(c), ldc);
-      return;
-    default: KILN_ASSERT(false, "gemm: unsupported dtype ", dtype_name(dtype));
-  }
+    } else {
+      int_gemm(ta, tb, m, n, k, static_cast<const T*>(a), lda, static_cast<const T*>(b), ldb, accumulate,
+               static_cast<T*>(c), ldc);
+    }
+    return true;
+  });
+  if (done) return;
   // k == 0 on the BLAS types: BLAS may skip touching c at all; make the result explicit.
   if (!accumulate) {
     const int64_t es = element_size(dtype);

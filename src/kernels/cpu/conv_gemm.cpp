@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <type_traits>
 
 #include "dnnl_common.h"
 #include "kiln/kernels/blas.h"
@@ -25,6 +26,12 @@ void dnnl_conv2d_backward(const Conv2dParams& p, const void* grad_output, const 
                           void* grad_input, void* grad_weight, void* grad_bias);
 
 namespace {
+
+// oneDNN runs float32 and bfloat16; im2col + gemm the others: float64 and, forward only, the integers.
+constexpr DTypeSet kConvTypes{kFloat32, kFloat64, kBFloat16, kInt64, kInt32, kUInt8};
+constexpr DTypeSet kConvGradTypes{kFloat32, kFloat64, kBFloat16};
+template <typename T>
+constexpr bool on_dnnl = std::is_same_v<T, float> || std::is_same_v<T, BFloat16>;
 
 // col[(ci * kh + ki) * kw + kj, oy * ow + ox] = img[ci, iy, ix] (0 in the padding),
 // iy = oy * sh - pad_top + ki * dh, ix likewise. img is [cg, h, w] contiguous.
@@ -192,55 +199,35 @@ void conv2d_backward_weight_gemm(const Conv2dParams& p, const T* grad_output, co
 // The bias gradient where no kernel runs (empty input channels): grad_output
 // summed over the batch and the plane, in float32 for bfloat16.
 void bias_grad_loop(const Conv2dParams& p, const void* grad_output, void* grad_bias) {
-  const int64_t ohw = p.oh * p.ow;
-  for (int64_t oc = 0; oc < p.o; ++oc) {
-    double sum = 0;
-    for (int64_t ni = 0; ni < p.n; ++ni) {
-      for (int64_t i = 0; i < ohw; ++i) {
-        const int64_t at = (ni * p.o + oc) * ohw + i;
-        switch (p.dtype) {
-          case DType::Float32: sum += static_cast<const float*>(grad_output)[at]; break;
-          case DType::Float64: sum += static_cast<const double*>(grad_output)[at]; break;
-          default: sum += static_cast<float>(static_cast<const BFloat16*>(grad_output)[at]); break;
-        }
+  visit_dtype<kConvGradTypes>(p.dtype, "conv2d_backward (bias)", [&]<typename T>() {
+    const T* go = static_cast<const T*>(grad_output);
+    T* gb = static_cast<T*>(grad_bias);
+    const int64_t ohw = p.oh * p.ow;
+    for (int64_t oc = 0; oc < p.o; ++oc) {
+      double sum = 0;
+      for (int64_t ni = 0; ni < p.n; ++ni) {
+        for (int64_t i = 0; i < ohw; ++i) sum += static_cast<compute_t<T>>(go[(ni * p.o + oc) * ohw + i]);
       }
+      gb[oc] = static_cast<T>(static_cast<compute_t<T>>(sum));
     }
-    switch (p.dtype) {
-      case DType::Float32: static_cast<float*>(grad_bias)[oc] = static_cast<float>(sum); break;
-      case DType::Float64: static_cast<double*>(grad_bias)[oc] = sum; break;
-      default: static_cast<BFloat16*>(grad_bias)[oc] = static_cast<BFloat16>(static_cast<float>(sum)); break;
-    }
-  }
+  });
 }
 
 }  // namespace
 
 void conv2d_forward(const Conv2dParams& p, const void* input, const void* weight, const void* bias, void* output) {
   if (p.n == 0 || p.o == 0 || p.oh == 0 || p.ow == 0) return;
-  switch (p.dtype) {
-    case DType::Float32:
-    case DType::BFloat16:
-      if (p.c == 0) break;  // oneDNN cannot take empty channels; the result is the bias
+  const bool done = visit_dtype<kConvTypes>(p.dtype, "conv2d_forward", [&]<typename T>() {
+    if constexpr (on_dnnl<T>) {
+      if (p.c == 0) return false;  // oneDNN cannot take empty channels; the result is the bias
       dnnl_conv2d_forward(p, input, weight, bias, output);
-      return;
-    case DType::Float64:
-      conv2d_im2col(p, static_cast<const double*>(input), static_cast<const double*>(weight),
-                    static_cast<const double*>(bias), static_cast<double*>(output));
-      return;
-    case DType::Int64:
-      conv2d_im2col(p, static_cast<const int64_t*>(input), static_cast<const int64_t*>(weight),
-                    static_cast<const int64_t*>(bias), static_cast<int64_t*>(output));
-      return;
-    case DType::Int32:
-      conv2d_im2col(p, static_cast<const int32_t*>(input), static_cast<const int32_t*>(weight),
-                    static_cast<const int32_t*>(bias), static_cast<int32_t*>(output));
-      return;
-    case DType::UInt8:
-      conv2d_im2col(p, static_cast<const uint8_t*>(input), static_cast<const uint8_t*>(weight),
-                    static_cast<const uint8_t*>(bias), static_cast<uint8_t*>(output));
-      return;
-    default: KILN_ASSERT(false, "conv2d_forward: unsupported dtype ", dtype_name(p.dtype));
-  }
+    } else {
+      conv2d_im2col(p, static_cast<const T*>(input), static_cast<const T*>(weight), static_cast<const T*>(bias),
+                    static_cast<T*>(output));
+    }
+    return true;
+  });
+  if (done) return;
   // Empty channels on the oneDNN types: bias or zero.
   const int64_t es = element_size(p.dtype), ohw = p.oh * p.ow;
   char* out = static_cast<char*>(output);
@@ -263,15 +250,13 @@ void conv2d_backward_input(const Conv2dParams& p, const void* grad_output, const
     std::memset(grad_input, 0, static_cast<size_t>(p.n * p.c * p.h * p.w * es));
     return;
   }
-  switch (p.dtype) {
-    case DType::Float32:
-    case DType::BFloat16: dnnl_conv2d_backward_input(p, grad_output, weight, grad_input); return;
-    case DType::Float64:
-      conv2d_backward_input_gemm(p, static_cast<const double*>(grad_output), static_cast<const double*>(weight),
-                                 static_cast<double*>(grad_input));
-      return;
-    default: KILN_ASSERT(false, "conv2d_backward_input: unsupported dtype ", dtype_name(p.dtype));
-  }
+  visit_dtype<kConvGradTypes>(p.dtype, "conv2d_backward_input", [&]<typename T>() {
+    if constexpr (on_dnnl<T>)
+      dnnl_conv2d_backward_input(p, grad_output, weight, grad_input);
+    else
+      conv2d_backward_input_gemm(p, static_cast<const T*>(grad_output), static_cast<const T*>(weight),
+                                 static_cast<T*>(grad_input));
+  });
 }
 
 void conv2d_backward_weight(const Conv2dParams& p, const void* grad_output, const void* input, void* grad_weight,
@@ -282,15 +267,13 @@ void conv2d_backward_weight(const Conv2dParams& p, const void* grad_output, cons
     if (grad_bias) bias_grad_loop(p, grad_output, grad_bias);
     return;
   }
-  switch (p.dtype) {
-    case DType::Float32:
-    case DType::BFloat16: dnnl_conv2d_backward_weight(p, grad_output, input, grad_weight, grad_bias); return;
-    case DType::Float64:
-      conv2d_backward_weight_gemm(p, static_cast<const double*>(grad_output), static_cast<const double*>(input),
-                                  static_cast<double*>(grad_weight), static_cast<double*>(grad_bias));
-      return;
-    default: KILN_ASSERT(false, "conv2d_backward_weight: unsupported dtype ", dtype_name(p.dtype));
-  }
+  visit_dtype<kConvGradTypes>(p.dtype, "conv2d_backward_weight", [&]<typename T>() {
+    if constexpr (on_dnnl<T>)
+      dnnl_conv2d_backward_weight(p, grad_output, input, grad_weight, grad_bias);
+    else
+      conv2d_backward_weight_gemm(p, static_cast<const T*>(grad_output), static_cast<const T*>(input),
+                                  static_cast<T*>(grad_weight), static_cast<T*>(grad_bias));
+  });
 }
 
 void conv2d_backward(const Conv2dParams& p, const void* grad_output, const void* input, const void* weight,

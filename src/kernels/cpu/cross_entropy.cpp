@@ -102,30 +102,23 @@ void backward_impl(const CrossEntropyRows& a, const T* x_all, const double* lse_
   else parallel_for(a.rows, std::max<int64_t>(1, kGrainSize / std::max<int64_t>(C, 1)), body);
 }
 
+// The dtypes the kernels take.
+constexpr DTypeSet kCrossEntropyTypes{kFloat32, kFloat64, kBFloat16};
+
 }  // namespace
 
 int64_t cross_entropy_forward(DType dtype, const CrossEntropyRows& a, const void* logits, double* lse,
                               double* nll, double* wrow, double* smooth) {
-  switch (dtype) {
-    case DType::Float32: return forward_impl(a, static_cast<const float*>(logits), lse, nll, wrow, smooth);
-    case DType::Float64: return forward_impl(a, static_cast<const double*>(logits), lse, nll, wrow, smooth);
-    case DType::BFloat16: return forward_impl(a, static_cast<const BFloat16*>(logits), lse, nll, wrow, smooth);
-    default: KILN_ASSERT(false, "cross_entropy_forward: unsupported dtype ", dtype_name(dtype));
-  }
-  return -1;
+  return visit_dtype<kCrossEntropyTypes>(dtype, "cross_entropy_forward", [&]<typename T>() {
+    return forward_impl(a, static_cast<const T*>(logits), lse, nll, wrow, smooth);
+  });
 }
 
 void cross_entropy_backward(DType dtype, const CrossEntropyRows& a, const void* logits, const double* lse,
                             const double* ca, const double* cb, void* grad) {
-  switch (dtype) {
-    case DType::Float32:
-      return backward_impl(a, static_cast<const float*>(logits), lse, ca, cb, static_cast<float*>(grad));
-    case DType::Float64:
-      return backward_impl(a, static_cast<const double*>(logits), lse, ca, cb, static_cast<double*>(grad));
-    case DType::BFloat16:
-      return backward_impl(a, static_cast<const BFloat16*>(logits), lse, ca, cb, static_cast<BFloat16*>(grad));
-    default: KILN_ASSERT(false, "cross_entropy_backward: unsupported dtype ", dtype_name(dtype));
-  }
+  visit_dtype<kCrossEntropyTypes>(dtype, "cross_entropy_backward", [&]<typename T>() {
+    backward_impl(a, static_cast<const T*>(logits), lse, ca, cb, static_cast<T*>(grad));
+  });
 }
 
 }  // namespace kiln::kernels

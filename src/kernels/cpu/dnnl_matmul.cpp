@@ -2,6 +2,7 @@
 // operands are passed as strided memory descriptors, so a transposed operand
 // such as linear's Wᵀ is read in place), BLAS or loops for the rest.
 #include <cstring>
+#include <type_traits>
 
 #include "dnnl_common.h"
 #include "kiln/kernels/blas.h"
@@ -249,19 +250,17 @@ void matmul(const MatmulArgs& g) {
     }
     return;
   }
-  switch (g.dtype) {
-    case DType::Float32:
-    case DType::BFloat16: dnnl_matmul(g); return;
-    case DType::Float64:
-    case DType::Int64:
-    case DType::Int32:
-    case DType::UInt8:
+  // oneDNN runs float32 and bfloat16; BLAS (or kernels::gemm's integer loop) the others.
+  constexpr DTypeSet kMatmulTypes{kFloat32, kFloat64, kBFloat16, kInt64, kInt32, kUInt8};
+  visit_dtype<kMatmulTypes>(g.dtype, "kernels::matmul", [&]<typename T>() {
+    if constexpr (std::is_same_v<T, float> || std::is_same_v<T, BFloat16>) {
+      dnnl_matmul(g);
+    } else {
       KILN_ASSERT(g.epilogue == MatmulEpilogue::None && !g.addend,
                   "kernels::matmul: an epilogue or addend needs float32 or bfloat16");
       blas_matmul(g);
-      return;
-    default: KILN_ASSERT(false, "kernels::matmul: unsupported dtype ", dtype_name(g.dtype));
-  }
+    }
+  });
 }
 
 }  // namespace kiln::kernels

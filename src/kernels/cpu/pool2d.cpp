@@ -286,29 +286,9 @@ bool use_dnnl(const Pool2dParams& p) {
 }
 
 // The floating types the backward kernels take (the ops layer converts float16).
-template <typename F>
-void visit_grad_dtype(DType dt, F&& f) {
-  switch (dt) {
-    case DType::Float32: f.template operator()<float>(); return;
-    case DType::Float64: f.template operator()<double>(); return;
-    case DType::BFloat16: f.template operator()<BFloat16>(); return;
-    default: KILN_ASSERT(false, "pooling backward: unsupported dtype ", dtype_name(dt));
-  }
-}
-
-template <typename F>
-void visit_pool_dtype(DType dt, F&& f) {
-  switch (dt) {
-    case DType::Float32: f.template operator()<float>(); return;
-    case DType::Float64: f.template operator()<double>(); return;
-    case DType::BFloat16: f.template operator()<BFloat16>(); return;
-    case DType::Float16: f.template operator()<Half>(); return;
-    case DType::Int64: f.template operator()<int64_t>(); return;
-    case DType::Int32: f.template operator()<int32_t>(); return;
-    case DType::UInt8: f.template operator()<uint8_t>(); return;
-    default: KILN_ASSERT(false, "pooling: unsupported dtype ", dtype_name(dt));
-  }
-}
+constexpr DTypeSet kPoolGradTypes{kFloat32, kFloat64, kBFloat16};
+// The forward kernels take every dtype but bool.
+constexpr DTypeSet kPoolTypes{kFloat32, kFloat64, kBFloat16, kFloat16, kInt64, kInt32, kUInt8};
 
 // Uniform adaptive bins are an ordinary average pool with kernel = stride = in / out.
 Pool2dParams uniform_bins(DType dtype, int64_t planes, int64_t h, int64_t w, int64_t oh, int64_t ow) {
@@ -341,7 +321,7 @@ bool pool2d_forward(const Pool2dParams& p, const void* input, void* output, void
     return true;
   }
   if (p.nhwc) return false;  // our loops are NCHW: the caller retries so
-  visit_pool_dtype(p.dtype, [&]<typename T>() {
+  visit_dtype<kPoolTypes>(p.dtype, "pooling", [&]<typename T>() {
     if (p.kind == PoolKind::Max) {
       max_pool_loop(p, static_cast<const T*>(input), static_cast<T*>(output), nullptr);
     } else {
@@ -353,7 +333,7 @@ bool pool2d_forward(const Pool2dParams& p, const void* input, void* output, void
 
 void max_pool2d_with_indices(const Pool2dParams& p, const void* input, void* output, int64_t* indices) {
   if (p.n * p.c * p.oh * p.ow == 0) return;
-  visit_pool_dtype(p.dtype, [&]<typename T>() {
+  visit_dtype<kPoolTypes>(p.dtype, "pooling", [&]<typename T>() {
     max_pool_loop(p, static_cast<const T*>(input), static_cast<T*>(output), indices);
   });
 }
@@ -365,7 +345,7 @@ void adaptive_avg_pool2d(DType dtype, int64_t planes, int64_t h, int64_t w, int6
     dnnl_pool2d_forward(uniform_bins(dtype, planes, h, w, oh, ow), input, output, nullptr);
     return;
   }
-  visit_pool_dtype(dtype, [&]<typename T>() {
+  visit_dtype<kPoolTypes>(dtype, "pooling", [&]<typename T>() {
     adaptive_avg_loop(planes, h, w, oh, ow, static_cast<const T*>(input), static_cast<T*>(output));
   });
 }
@@ -376,7 +356,7 @@ void avg_pool2d_backward(const Pool2dParams& p, const void* grad_output, void* g
     dnnl_pool2d_backward(p, grad_output, nullptr, grad_input);
     return;
   }
-  visit_grad_dtype(p.dtype, [&]<typename T>() {
+  visit_dtype<kPoolGradTypes>(p.dtype, "pooling backward", [&]<typename T>() {
     avg_pool_backward_loop(p, static_cast<const T*>(grad_output), static_cast<T*>(grad_input));
   });
 }
@@ -391,7 +371,7 @@ void max_pool2d_backward_workspace(const Pool2dParams& p, const void* grad_outpu
 void max_pool2d_backward_indices(const Pool2dParams& p, const void* grad_output, const int64_t* indices,
                                  void* grad_input) {
   if (p.n * p.c * p.h * p.w == 0) return;
-  visit_grad_dtype(p.dtype, [&]<typename T>() {
+  visit_dtype<kPoolGradTypes>(p.dtype, "pooling backward", [&]<typename T>() {
     max_pool_backward_loop(p, static_cast<const T*>(grad_output), indices, static_cast<T*>(grad_input));
   });
 }
@@ -399,7 +379,7 @@ void max_pool2d_backward_indices(const Pool2dParams& p, const void* grad_output,
 void max_pool2d_gather(const Pool2dParams& p, const void* src, const int64_t* indices, void* out) {
   const int64_t hw = p.h * p.w, ohw = p.oh * p.ow;
   if (p.n * p.c * ohw == 0) return;
-  visit_grad_dtype(p.dtype, [&]<typename T>() {
+  visit_dtype<kPoolGradTypes>(p.dtype, "pooling backward", [&]<typename T>() {
     const T* in = static_cast<const T*>(src);
     T* o = static_cast<T*>(out);
     for_each_plane(p.n * p.c, ohw, [&](int64_t plane) {
@@ -422,7 +402,7 @@ void adaptive_avg_pool2d_backward(DType dtype, int64_t planes, int64_t h, int64_
     dnnl_pool2d_backward(uniform_bins(dtype, planes, h, w, oh, ow), grad_output, nullptr, grad_input);
     return;
   }
-  visit_grad_dtype(dtype, [&]<typename T>() {
+  visit_dtype<kPoolGradTypes>(dtype, "pooling backward", [&]<typename T>() {
     adaptive_avg_backward_loop(planes, h, w, oh, ow, static_cast<const T*>(grad_output), static_cast<T*>(grad_input));
   });
 }

@@ -54,7 +54,7 @@ void prod(const ReduceLayout& l, DType in, DType out) {
 }
 
 void mean(const ReduceLayout& l, DType dt) {
-  visit_floating_dtype(dt, "mean", [&]<typename T>() {
+  visit_dtype<kFloatingTypes>(dt, "mean", [&]<typename T>() {
     using A = sum_acc_t<T>;
     const A count = static_cast<A>(l.reduce_numel());
     T* dst = reinterpret_cast<T*>(l.out);

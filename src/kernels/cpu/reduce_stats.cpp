@@ -73,7 +73,7 @@ void norm_impl(const ReduceLayout& l, double p) {
 }  // namespace
 
 void var(const ReduceLayout& l, DType dt, int64_t correction, bool take_sqrt) {
-  visit_floating_dtype(dt, take_sqrt ? "std" : "var", [&]<typename T>() {
+  visit_dtype<kFloatingTypes>(dt, take_sqrt ? "std" : "var", [&]<typename T>() {
     const int64_t G = l.num_outputs(), R = l.reduce_numel();
     OutputScratch<double> means(G);
     double* m = means.data();
@@ -90,7 +90,7 @@ void var(const ReduceLayout& l, DType dt, int64_t correction, bool take_sqrt) {
 }
 
 void norm(const ReduceLayout& l, DType dt, double p) {
-  visit_floating_dtype(dt, "norm", [&]<typename T>() {
+  visit_dtype<kFloatingTypes>(dt, "norm", [&]<typename T>() {
     if (p == 0.0) norm_impl<T, NormKind::Zero>(l, p);
     else if (p == 1.0) norm_impl<T, NormKind::One>(l, p);
     else if (p == 2.0) norm_impl<T, NormKind::Two>(l, p);
@@ -101,7 +101,7 @@ void norm(const ReduceLayout& l, DType dt, double p) {
 }
 
 void logsumexp(const ReduceLayout& l, DType dt) {
-  visit_floating_dtype(dt, "logsumexp", [&]<typename T>() {
+  visit_dtype<kFloatingTypes>(dt, "logsumexp", [&]<typename T>() {
     using A = compute_t<T>;
     const int64_t G = l.num_outputs();
     OutputScratch<A> shifts(G);

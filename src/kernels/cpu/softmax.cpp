@@ -180,7 +180,7 @@ void softmax_backward_cols(const DimLayout& l, const T* y, const T* g, T* out, b
 
 void softmax(const DimLayout& l, DType dt, const void* in, void* out, bool log) {
   if (l.outer * l.n * l.inner == 0) return;
-  visit_floating_dtype(dt, log ? "log_softmax" : "softmax", [&]<typename T>() {
+  visit_dtype<kFloatingTypes>(dt, log ? "log_softmax" : "softmax", [&]<typename T>() {
     const T* x = static_cast<const T*>(in);
     T* y = static_cast<T*>(out);
     if (l.inner == 1) softmax_rows(l, x, y, log);
@@ -190,7 +190,7 @@ void softmax(const DimLayout& l, DType dt, const void* in, void* out, bool log) 
 
 void softmax_backward(const DimLayout& l, DType dt, const void* y, const void* g, void* out, bool log) {
   if (l.outer * l.n * l.inner == 0) return;
-  visit_floating_dtype(dt, log ? "log_softmax_backward" : "softmax_backward", [&]<typename T>() {
+  visit_dtype<kFloatingTypes>(dt, log ? "log_softmax_backward" : "softmax_backward", [&]<typename T>() {
     const T* yp = static_cast<const T*>(y);
     const T* gp = static_cast<const T*>(g);
     T* o = static_cast<T*>(out);
