@@ -12,6 +12,7 @@
 
 #include "iter.h"
 #include "kiln/core/guards.h"
+#include "kiln/core/parallel.h"
 #include "kiln/kernels/copy.h"
 #include "kiln/kernels/loop.h"
 
@@ -74,7 +75,7 @@ void fill_random(Tensor& t, Generator* gen, int64_t per_block, F f) {
   const uint64_t seed = g.get_state().seed;
   const uint64_t first = g.reserve(static_cast<uint64_t>(blocks));
   T* out = t.data_ptr<T>();
-  kernels::parallel_for(blocks, 4096, [&](int64_t b, int64_t e) {
+  parallel_for(blocks, 4096, [&](int64_t b, int64_t e) {
     for (int64_t blk = b; blk < e; ++blk) {
       const auto w = philox4x32(seed, 0, first + static_cast<uint64_t>(blk));
       for (int64_t lane = 0; lane < per_block; ++lane) {

@@ -105,20 +105,11 @@ void ln_backward(const T* g, const T* x, const T* w, const T* mean, const T* rst
   }
 }
 
-template <typename F>
-void visit_float(DType dt, F&& f) {
-  if (dt == kFloat32) {
-    f.template operator()<float>();
-  } else {
-    f.template operator()<double>();
-  }
-}
-
 }  // namespace
 
 void layer_norm_forward(DType dt, int64_t rows, int64_t n, const void* x, const void* weight, const void* bias,
                         double eps, void* y, void* mean, void* rstd) {
-  visit_float(dt, [&]<typename T>() {
+  visit_dtype<DTypeSet{kFloat32, kFloat64}>(dt, "layer_norm", [&]<typename T>() {
     ln_forward<T>(static_cast<const T*>(x), static_cast<const T*>(weight), static_cast<const T*>(bias),
                   static_cast<T*>(y), static_cast<T*>(mean), static_cast<T*>(rstd), rows, n, eps);
   });
@@ -126,7 +117,7 @@ void layer_norm_forward(DType dt, int64_t rows, int64_t n, const void* x, const 
 
 void layer_norm_backward(DType dt, int64_t rows, int64_t n, const void* g, const void* x, const void* weight,
                          const void* mean, const void* rstd, void* gx, void* gw, void* gb) {
-  visit_float(dt, [&]<typename T>() {
+  visit_dtype<DTypeSet{kFloat32, kFloat64}>(dt, "layer_norm backward", [&]<typename T>() {
     ln_backward<T>(static_cast<const T*>(g), static_cast<const T*>(x), static_cast<const T*>(weight),
                    static_cast<const T*>(mean), static_cast<const T*>(rstd), static_cast<T*>(gx),
                    static_cast<T*>(gw), static_cast<T*>(gb), rows, n);
