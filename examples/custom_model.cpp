@@ -13,9 +13,9 @@
 #include <string>
 
 #include "kiln/kiln.h"
-#include "kiln/train/checkpoint.h"
 #include "kiln/optim/clip_grad.h"
 #include "kiln/optim/scheduler.h"
+#include "kiln/train/checkpoint.h"
 
 using namespace kiln;
 

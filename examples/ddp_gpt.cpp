@@ -15,13 +15,13 @@
 #include <string>
 #include <vector>
 
-#include "kiln/ops/factory.h"
 #include "kiln/core/generator.h"
 #include "kiln/core/threads.h"
 #include "kiln/dist/ddp.h"
 #include "kiln/dist/dist.h"
 #include "kiln/models/gpt.h"
 #include "kiln/nn/functional.h"
+#include "kiln/ops/factory.h"
 #include "kiln/optim/optimizer.h"
 
 using namespace kiln;
@@ -44,10 +44,14 @@ int main(int argc, char** argv) {
   double bucket_mb = 25;
   for (int i = 1; i + 1 < argc; i += 2) {
     const std::string a = argv[i];
-    if (a == "--steps") steps = std::atoi(argv[i + 1]);
-    else if (a == "--warmup") warmup = std::atoi(argv[i + 1]);
-    else if (a == "--batch") batch = std::atoi(argv[i + 1]);
-    else if (a == "--bucket-mb") bucket_mb = std::atof(argv[i + 1]);
+    if (a == "--steps")
+      steps = std::atoi(argv[i + 1]);
+    else if (a == "--warmup")
+      warmup = std::atoi(argv[i + 1]);
+    else if (a == "--batch")
+      batch = std::atoi(argv[i + 1]);
+    else if (a == "--bucket-mb")
+      bucket_mb = std::atof(argv[i + 1]);
     else {
       std::fprintf(stderr, "ddp_gpt: unknown option %s\n", a.c_str());
       return 2;
@@ -122,11 +126,11 @@ int main(int argc, char** argv) {
       std::printf("ranks %d  threads/rank %d  batch/rank %lld  buckets %zu (cap %.1f MB)  params %lld\n", n,
                   get_num_threads(), static_cast<long long>(B), ddp.buckets().size(), bucket_mb,
                   static_cast<long long>(model->num_parameters()));
-      std::printf("step_ms %.1f  backward_compute_ms %.1f  first_allreduce_start_ms %.1f  tail_ms %.2f "
-                  "(with skew %.2f)  comm_alone_ms %.2f  not_hidden %.2f  loss %.4f  replicas_identical %s\n",
-                  1e3 * median(step_s), 1e3 * median(backward_s), 1e3 * median(first_start_s), 1e3 * tail,
-                  1e3 * with_skew, 1e3 * comm, comm > 0 ? tail / comm : 0.0, loss_value,
-                  identical ? "yes" : "NO");
+      std::printf(
+          "step_ms %.1f  backward_compute_ms %.1f  first_allreduce_start_ms %.1f  tail_ms %.2f "
+          "(with skew %.2f)  comm_alone_ms %.2f  not_hidden %.2f  loss %.4f  replicas_identical %s\n",
+          1e3 * median(step_s), 1e3 * median(backward_s), 1e3 * median(first_start_s), 1e3 * tail, 1e3 * with_skew,
+          1e3 * comm, comm > 0 ? tail / comm : 0.0, loss_value, identical ? "yes" : "NO");
     }
   });
 }

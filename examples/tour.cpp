@@ -31,8 +31,9 @@ int main() {
   std::cout << "1. Tensors and views\n";
   Tensor x = arange(12, kFloat32).view({3, 4});
   Tensor xt = x.t();
-  std::cout << "x =\n" << x << "\nx.t() is a view: contiguous=" << xt.is_contiguous()
-            << ", shares storage=" << xt.is_alias_of(x) << ", strides=" << xt.strides() << "\n";
+  std::cout << "x =\n"
+            << x << "\nx.t() is a view: contiguous=" << xt.is_contiguous() << ", shares storage=" << xt.is_alias_of(x)
+            << ", strides=" << xt.strides() << "\n";
   xt.select(0, 1).fill_(-1);
   std::cout << "after x.t()[1].fill_(-1), x =\n" << x << "\nversion counter bumped to " << x.version() << "\n\n";
 
@@ -44,8 +45,8 @@ int main() {
 
   std::cout << "3. Reductions and softmax\n";
   Tensor logits = randn({2, 5});
-  std::cout << "softmax rows sum to " << logits.softmax(-1).sum(-1) << "\nargmax " << logits.argmax(1)
-            << ", logsumexp " << logits.logsumexp(1) << "\n\n";
+  std::cout << "softmax rows sum to " << logits.softmax(-1).sum(-1) << "\nargmax " << logits.argmax(1) << ", logsumexp "
+            << logits.logsumexp(1) << "\n\n";
 
   std::cout << "4. oneDNN: linear, conv2d, pooling\n";
   Tensor img = randn({8, 3, 32, 32});
@@ -53,8 +54,8 @@ int main() {
   Tensor feat = max_pool2d(conv2d(img, w, {}, {1, 1}, {1, 1}).relu(), {2, 2});
   Tensor pooled = adaptive_avg_pool2d(feat, {1, 1}).flatten(1);
   Tensor out = linear(pooled, randn({10, 16}), zeros({10}));
-  std::cout << "conv3x3 -> relu -> maxpool2 -> global avg pool -> linear: " << img.sizes() << " -> "
-            << feat.sizes() << " -> " << out.sizes() << "\n";
+  std::cout << "conv3x3 -> relu -> maxpool2 -> global avg pool -> linear: " << img.sizes() << " -> " << feat.sizes()
+            << " -> " << out.sizes() << "\n";
   std::cout << "matmul 512x512: " << static_cast<int>(gflops_matmul(512, kFloat32, 20)) << " GFLOP/s float32, "
             << static_cast<int>(gflops_matmul(512, kBFloat16, 20)) << " GFLOP/s bfloat16\n\n";
 
@@ -70,8 +71,7 @@ int main() {
   const auto path = std::filesystem::temp_directory_path() / "kiln_tour.safetensors";
   io::save_safetensors(path.string(), {{"x", x}, {"out", out}});
   auto loaded = io::load_safetensors(path.string());
-  std::cout << "wrote and read back " << path.string() << ": out equal = " << loaded.at("out").equal(out)
-            << "\n";
+  std::cout << "wrote and read back " << path.string() << ": out equal = " << loaded.at("out").equal(out) << "\n";
   std::filesystem::remove(path);
 
   std::cout << "\n7. Errors that say what was expected and what was got\n";

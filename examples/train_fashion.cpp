@@ -16,13 +16,12 @@ namespace {
 
 std::shared_ptr<nn::Sequential> make_cnn() {
   auto conv = [](int64_t in, int64_t out) {
-    return std::make_shared<nn::Conv2d>(nn::Conv2dOptions{.in_channels = in, .out_channels = out,
-                                                          .kernel_size = {3}, .padding = {1}});
+    return std::make_shared<nn::Conv2d>(
+        nn::Conv2dOptions{.in_channels = in, .out_channels = out, .kernel_size = {3}, .padding = {1}});
   };
   auto pool = [] { return std::make_shared<nn::MaxPool2d>(nn::Pool2dOptions{.kernel_size = {2}}); };
   return std::make_shared<nn::Sequential>(std::initializer_list<nn::ModulePtr>{
-      conv(1, 32), std::make_shared<nn::ReLU>(), pool(),
-      conv(32, 64), std::make_shared<nn::ReLU>(), pool(),
+      conv(1, 32), std::make_shared<nn::ReLU>(), pool(), conv(32, 64), std::make_shared<nn::ReLU>(), pool(),
       std::make_shared<nn::Flatten>(),
       std::make_shared<nn::Linear>(nn::LinearOptions{.in_features = 3136, .out_features = 128}),
       std::make_shared<nn::ReLU>(),
@@ -47,11 +46,11 @@ double accuracy(nn::Module& model, data::DataLoader<>& loader) {
 int main(int argc, char** argv) {
   const int epochs = argc > 1 ? std::atoi(argv[1]) : 5;
   manual_seed(0);
-  auto train_set = std::make_shared<data::FashionMNIST>(data::FashionMNISTOptions{
-      .train = true, .transform = data::transforms::random_crop(28, 2)});
+  auto train_set = std::make_shared<data::FashionMNIST>(
+      data::FashionMNISTOptions{.train = true, .transform = data::transforms::random_crop(28, 2)});
   auto test_set = std::make_shared<data::FashionMNIST>(data::FashionMNISTOptions{.train = false});
-  data::DataLoader<> train(train_set, {.batch_size = 64, .shuffle = true, .num_workers = 1, .drop_last = true,
-                                       .seed = 0});
+  data::DataLoader<> train(train_set,
+                           {.batch_size = 64, .shuffle = true, .num_workers = 1, .drop_last = true, .seed = 0});
   data::DataLoader<> test(test_set, {.batch_size = 500});
 
   auto model = make_cnn();

@@ -10,9 +10,9 @@
 //   ./build/release/bench/micro/kiln_micro_bench --benchmark_filter=Activation
 #include <benchmark/benchmark.h>
 
+#include "bench_threads.h"
 #include "kiln/autograd/engine.h"
 #include "kiln/kiln.h"
-#include "bench_threads.h"
 
 namespace {
 
@@ -35,12 +35,22 @@ void run_forward_backward(benchmark::State& state, IntArrayRef shape, F f) {
 void BM_ActivationReluForwardBackward(benchmark::State& state) {
   run_forward_backward(state, {64, 32, 28, 28}, [](const Tensor& x) { return x.relu(); });
 }
-BENCHMARK(BM_ActivationReluForwardBackward)->Arg(1)->Arg(2)->ArgName("threads")->UseRealTime()->Unit(benchmark::kMicrosecond);
+BENCHMARK(BM_ActivationReluForwardBackward)
+    ->Arg(1)
+    ->Arg(2)
+    ->ArgName("threads")
+    ->UseRealTime()
+    ->Unit(benchmark::kMicrosecond);
 
 void BM_ActivationGeluTanhForwardBackward(benchmark::State& state) {
   run_forward_backward(state, {16, 128, 1024}, [](const Tensor& x) { return x.gelu("tanh"); });
 }
-BENCHMARK(BM_ActivationGeluTanhForwardBackward)->Arg(1)->Arg(2)->ArgName("threads")->UseRealTime()->Unit(benchmark::kMicrosecond);
+BENCHMARK(BM_ActivationGeluTanhForwardBackward)
+    ->Arg(1)
+    ->Arg(2)
+    ->ArgName("threads")
+    ->UseRealTime()
+    ->Unit(benchmark::kMicrosecond);
 
 void BM_ActivationReluForward(benchmark::State& state) {
   const ThreadScope threads(static_cast<int>(state.range(0)));

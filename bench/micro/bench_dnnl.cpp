@@ -9,11 +9,11 @@
 //   ./build/release/bench/micro/kiln_micro_bench --benchmark_filter=Dnnl --benchmark_min_time=0.3
 #include <benchmark/benchmark.h>
 
+#include "bench_threads.h"
 #include "kiln/autograd/engine.h"
 #include "kiln/kiln.h"
 #include "kiln/ops/conv.h"
 #include "kiln/ops/linalg.h"
-#include "bench_threads.h"
 
 namespace {
 
@@ -24,8 +24,8 @@ using kiln::Tensor;
 using kiln_micro::ThreadScope;
 
 void set_gflops(benchmark::State& state, double flops_per_iter) {
-  state.counters["GFLOP/s"] = benchmark::Counter(flops_per_iter * 1e-9 * static_cast<double>(state.iterations()),
-                                                 benchmark::Counter::kIsRate);
+  state.counters["GFLOP/s"] =
+      benchmark::Counter(flops_per_iter * 1e-9 * static_cast<double>(state.iterations()), benchmark::Counter::kIsRate);
 }
 
 void BM_DnnlMatmul(benchmark::State& state, DType dt) {
@@ -119,19 +119,40 @@ BENCHMARK_CAPTURE(BM_DnnlMatmul, bf16, kiln::kBFloat16)->Arg(1)->Arg(2)->Unit(be
 BENCHMARK_CAPTURE(BM_DnnlConv2d, f32, kiln::kFloat32)->Arg(1)->Arg(2)->Unit(benchmark::kMillisecond)->UseRealTime();
 BENCHMARK_CAPTURE(BM_DnnlConv2d, bf16, kiln::kBFloat16)->Arg(1)->Arg(2)->Unit(benchmark::kMillisecond)->UseRealTime();
 BENCHMARK_CAPTURE(BM_DnnlConv2dBackward, f32_data, kiln::kFloat32, kData)
-    ->Arg(1)->Arg(2)->Unit(benchmark::kMillisecond)->UseRealTime();
+    ->Arg(1)
+    ->Arg(2)
+    ->Unit(benchmark::kMillisecond)
+    ->UseRealTime();
 BENCHMARK_CAPTURE(BM_DnnlConv2dBackward, f32_weights, kiln::kFloat32, kWeights)
-    ->Arg(1)->Arg(2)->Unit(benchmark::kMillisecond)->UseRealTime();
+    ->Arg(1)
+    ->Arg(2)
+    ->Unit(benchmark::kMillisecond)
+    ->UseRealTime();
 BENCHMARK_CAPTURE(BM_DnnlConv2dBackward, f32_both, kiln::kFloat32, kBoth)
-    ->Arg(1)->Arg(2)->Unit(benchmark::kMillisecond)->UseRealTime();
+    ->Arg(1)
+    ->Arg(2)
+    ->Unit(benchmark::kMillisecond)
+    ->UseRealTime();
 BENCHMARK_CAPTURE(BM_DnnlConv2dBackward, bf16_both, kiln::kBFloat16, kBoth)
-    ->Arg(1)->Arg(2)->Unit(benchmark::kMillisecond)->UseRealTime();
+    ->Arg(1)
+    ->Arg(2)
+    ->Unit(benchmark::kMillisecond)
+    ->UseRealTime();
 BENCHMARK_CAPTURE(BM_DnnlLinearBackward, f32, kiln::kFloat32, true)
-    ->Arg(1)->Arg(2)->Unit(benchmark::kMillisecond)->UseRealTime();
+    ->Arg(1)
+    ->Arg(2)
+    ->Unit(benchmark::kMillisecond)
+    ->UseRealTime();
 BENCHMARK_CAPTURE(BM_DnnlLinearBackward, f32_no_bias, kiln::kFloat32, false)
-    ->Arg(1)->Arg(2)->Unit(benchmark::kMillisecond)->UseRealTime();
+    ->Arg(1)
+    ->Arg(2)
+    ->Unit(benchmark::kMillisecond)
+    ->UseRealTime();
 BENCHMARK_CAPTURE(BM_DnnlLinearBackward, bf16, kiln::kBFloat16, true)
-    ->Arg(1)->Arg(2)->Unit(benchmark::kMillisecond)->UseRealTime();
+    ->Arg(1)
+    ->Arg(2)
+    ->Unit(benchmark::kMillisecond)
+    ->UseRealTime();
 BENCHMARK(BM_DnnlSmallMatmul);
 BENCHMARK(BM_DnnlSmallLinear);
 BENCHMARK(BM_DnnlMaxPool)->Arg(1)->Arg(2)->Unit(benchmark::kMillisecond)->UseRealTime();

@@ -6,9 +6,9 @@
 //   ./build/release/bench/micro/kiln_micro_bench --benchmark_filter=Elementwise
 #include <benchmark/benchmark.h>
 
+#include "bench_threads.h"
 #include "kiln/kiln.h"
 #include "kiln/ops/elementwise.h"
-#include "bench_threads.h"
 
 namespace {
 
@@ -40,7 +40,12 @@ void BM_ElementwiseAddInplaceF32(benchmark::State& state) {
   }
   state.SetBytesProcessed(state.iterations() * 3 * kBig * static_cast<int64_t>(sizeof(float)));
 }
-BENCHMARK(BM_ElementwiseAddInplaceF32)->Arg(1)->Arg(2)->ArgName("threads")->UseRealTime()->Unit(benchmark::kMillisecond);
+BENCHMARK(BM_ElementwiseAddInplaceF32)
+    ->Arg(1)
+    ->Arg(2)
+    ->ArgName("threads")
+    ->UseRealTime()
+    ->Unit(benchmark::kMillisecond);
 
 // Framework time per op: a 1-element add is all dispatch (promotion, shape,
 // output allocation, loop setup), no arithmetic to speak of.
@@ -121,7 +126,8 @@ void BM_ElementwiseGeluF32(benchmark::State& state) {
 BENCHMARK(BM_ElementwiseGeluF32)->Arg(1)->ArgName("threads")->UseRealTime()->Unit(benchmark::kMillisecond);
 
 void BM_ElementwiseSigmoidBF16(benchmark::State& state) {
-  unary_big(state, [](const Tensor& x) { return x.sigmoid(); }, kBFloat16);
+  unary_big(
+      state, [](const Tensor& x) { return x.sigmoid(); }, kBFloat16);
 }
 BENCHMARK(BM_ElementwiseSigmoidBF16)->Arg(1)->ArgName("threads")->UseRealTime()->Unit(benchmark::kMillisecond);
 

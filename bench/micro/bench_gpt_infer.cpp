@@ -12,10 +12,10 @@
 
 #include <memory>
 
+#include "bench_threads.h"
 #include "kiln/kiln.h"
 #include "kiln/models/gpt.h"
 #include "kiln/nn/attention.h"
-#include "bench_threads.h"
 
 namespace {
 
@@ -36,8 +36,8 @@ void BM_InferPart(benchmark::State& state) {
   auto attention = [&] {
     auto parts = qkv.split(C, 2);
     auto heads = [&](const Tensor& t) { return t.view({1, T, H, C / H}).transpose(1, 2); };
-    Tensor o = nn::functional::scaled_dot_product_attention(heads(parts[0]), heads(parts[1]), heads(parts[2]), {},
-                                                            0.0, true, false);
+    Tensor o = nn::functional::scaled_dot_product_attention(heads(parts[0]), heads(parts[1]), heads(parts[2]), {}, 0.0,
+                                                            true, false);
     return o.transpose(1, 2).reshape({1, T, C});
   };
   for (auto _ : state) {
@@ -56,8 +56,11 @@ void BM_InferPart(benchmark::State& state) {
     }
   }
 }
-BENCHMARK(BM_InferPart)->ArgsProduct({{0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10}, {1, 2}})->ArgNames({"which", "threads"})
-    ->UseRealTime()->Unit(benchmark::kMicrosecond);
+BENCHMARK(BM_InferPart)
+    ->ArgsProduct({{0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10}, {1, 2}})
+    ->ArgNames({"which", "threads"})
+    ->UseRealTime()
+    ->Unit(benchmark::kMicrosecond);
 
 void BM_InferModel(benchmark::State& state) {
   const ThreadScope threads(static_cast<int>(state.range(0)));

@@ -35,10 +35,10 @@ void run_loader(benchmark::State& state, data::Transform transform, int64_t batc
 }
 
 void BM_FashionCropFlip(benchmark::State& state) {
-  run_loader(state,
-             data::transforms::compose({data::transforms::random_crop(28, 2),
-                                        data::transforms::random_horizontal_flip()}),
-             150, 0.0);
+  run_loader(
+      state,
+      data::transforms::compose({data::transforms::random_crop(28, 2), data::transforms::random_horizontal_flip()}),
+      150, 0.0);
 }
 
 // 2 ms of "work" per sample in the transform against a 5 ms training step per batch of 64.

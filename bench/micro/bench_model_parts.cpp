@@ -18,10 +18,10 @@
 
 #include <memory>
 
+#include "bench_threads.h"
 #include "kiln/autograd/engine.h"
 #include "kiln/kiln.h"
 #include "kiln/optim/optimizer.h"
-#include "bench_threads.h"
 
 namespace {
 
@@ -34,8 +34,8 @@ void BM_PartsGptLinear(benchmark::State& state) {
     int64_t in, out;
     bool bias;
   };
-  static constexpr Shape shapes[] = {{256, 768, true}, {256, 256, true}, {256, 1024, true}, {1024, 256, true},
-                                     {256, 256, false}};
+  static constexpr Shape shapes[] = {
+      {256, 768, true}, {256, 256, true}, {256, 1024, true}, {1024, 256, true}, {256, 256, false}};
   const Shape s = shapes[state.range(0)];
   const ThreadScope threads(static_cast<int>(state.range(1)));
   const int64_t M = 16 * 128;
@@ -48,11 +48,14 @@ void BM_PartsGptLinear(benchmark::State& state) {
     Tensor y = linear(x, w, b);
     benchmark::DoNotOptimize(autograd::grad({y}, inputs, {g}));
   }
-  state.counters["GFLOP/s"] = benchmark::Counter(6.0 * M * s.in * s.out * 1e-9 * static_cast<double>(state.iterations()),
-                                                 benchmark::Counter::kIsRate);
+  state.counters["GFLOP/s"] = benchmark::Counter(
+      6.0 * M * s.in * s.out * 1e-9 * static_cast<double>(state.iterations()), benchmark::Counter::kIsRate);
 }
-BENCHMARK(BM_PartsGptLinear)->ArgsProduct({{0, 1, 2, 3, 4}, {1, 2}})->ArgNames({"which", "threads"})
-    ->UseRealTime()->Unit(benchmark::kMicrosecond);
+BENCHMARK(BM_PartsGptLinear)
+    ->ArgsProduct({{0, 1, 2, 3, 4}, {1, 2}})
+    ->ArgNames({"which", "threads"})
+    ->UseRealTime()
+    ->Unit(benchmark::kMicrosecond);
 
 void BM_PartsGptBlock(benchmark::State& state) {
   const ThreadScope threads(static_cast<int>(state.range(0)));
@@ -75,7 +78,8 @@ void BM_PartsOptimizerStep(benchmark::State& state) {
   switch (state.range(0)) {
     case 0:
       model = std::make_shared<models::GPT>();
-      opt = std::make_unique<optim::AdamW>(model->named_parameters(), optim::AdamWOptions{.lr = 3e-4, .weight_decay = 0.1});
+      opt = std::make_unique<optim::AdamW>(model->named_parameters(),
+                                           optim::AdamWOptions{.lr = 3e-4, .weight_decay = 0.1});
       break;
     case 1:
       model = std::make_shared<models::ResNet>();
@@ -97,7 +101,10 @@ void BM_PartsOptimizerStep(benchmark::State& state) {
   state.counters["params"] = static_cast<double>(n);
   state.counters["tensors"] = static_cast<double>(model->parameters().size());
 }
-BENCHMARK(BM_PartsOptimizerStep)->ArgsProduct({{0, 1, 2}, {1, 2}})->ArgNames({"model", "threads"})
-    ->UseRealTime()->Unit(benchmark::kMicrosecond);
+BENCHMARK(BM_PartsOptimizerStep)
+    ->ArgsProduct({{0, 1, 2}, {1, 2}})
+    ->ArgNames({"model", "threads"})
+    ->UseRealTime()
+    ->Unit(benchmark::kMicrosecond);
 
 }  // namespace

@@ -9,10 +9,10 @@
 //   ./build/release/bench/micro/kiln_micro_bench --benchmark_filter=Norm
 #include <benchmark/benchmark.h>
 
+#include "bench_threads.h"
 #include "kiln/autograd/engine.h"
 #include "kiln/kiln.h"
 #include "kiln/nn/norm.h"
-#include "bench_threads.h"
 
 namespace {
 
@@ -41,7 +41,12 @@ void BM_NormLayerNormForwardBackward(benchmark::State& state) {
   }
   state.SetBytesProcessed(state.iterations() * x.numel() * 4 * 5);
 }
-BENCHMARK(BM_NormLayerNormForwardBackward)->Arg(1)->Arg(2)->ArgName("threads")->UseRealTime()->Unit(benchmark::kMicrosecond);
+BENCHMARK(BM_NormLayerNormForwardBackward)
+    ->Arg(1)
+    ->Arg(2)
+    ->ArgName("threads")
+    ->UseRealTime()
+    ->Unit(benchmark::kMicrosecond);
 
 void BM_NormBatchNorm2dTrainForwardBackward(benchmark::State& state) {
   const ThreadScope threads(static_cast<int>(state.range(0)));
@@ -54,6 +59,11 @@ void BM_NormBatchNorm2dTrainForwardBackward(benchmark::State& state) {
   }
   state.SetBytesProcessed(state.iterations() * x.numel() * 4 * 5);
 }
-BENCHMARK(BM_NormBatchNorm2dTrainForwardBackward)->Arg(1)->Arg(2)->ArgName("threads")->UseRealTime()->Unit(benchmark::kMicrosecond);
+BENCHMARK(BM_NormBatchNorm2dTrainForwardBackward)
+    ->Arg(1)
+    ->Arg(2)
+    ->ArgName("threads")
+    ->UseRealTime()
+    ->Unit(benchmark::kMicrosecond);
 
 }  // namespace

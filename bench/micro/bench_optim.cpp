@@ -28,15 +28,31 @@ void BM_OptimStep(benchmark::State& state) {
   std::unique_ptr<optim::Optimizer> opt;
   int64_t arrays = 0;  // float arrays touched per step: read + written
   switch (kind) {
-    case 0: opt = std::make_unique<optim::SGD>(optim::NamedParams{{"w", w}}, optim::SGDOptions{.lr = 1e-3, .momentum = 0.9, .weight_decay = 1e-4}); arrays = 5; break;
-    case 1: opt = std::make_unique<optim::Adam>(optim::NamedParams{{"w", w}}, optim::AdamOptions{.lr = 1e-3}); arrays = 7; break;
-    case 2: opt = std::make_unique<optim::AdamW>(optim::NamedParams{{"w", w}}, optim::AdamWOptions{.lr = 1e-3}); arrays = 7; break;
-    default: opt = std::make_unique<optim::RMSprop>(optim::NamedParams{{"w", w}}, optim::RMSpropOptions{.lr = 1e-3}); arrays = 5; break;
+    case 0:
+      opt = std::make_unique<optim::SGD>(optim::NamedParams{{"w", w}},
+                                         optim::SGDOptions{.lr = 1e-3, .momentum = 0.9, .weight_decay = 1e-4});
+      arrays = 5;
+      break;
+    case 1:
+      opt = std::make_unique<optim::Adam>(optim::NamedParams{{"w", w}}, optim::AdamOptions{.lr = 1e-3});
+      arrays = 7;
+      break;
+    case 2:
+      opt = std::make_unique<optim::AdamW>(optim::NamedParams{{"w", w}}, optim::AdamWOptions{.lr = 1e-3});
+      arrays = 7;
+      break;
+    default:
+      opt = std::make_unique<optim::RMSprop>(optim::NamedParams{{"w", w}}, optim::RMSpropOptions{.lr = 1e-3});
+      arrays = 5;
+      break;
   }
   opt->step();  // allocates the state
   for (auto _ : state) opt->step();
   state.SetBytesProcessed(state.iterations() * n * arrays * 4);
 }
-BENCHMARK(BM_OptimStep)->ArgsProduct({{0, 1, 2, 3}, {64 * 1024, 4 * 1024 * 1024}})->ArgNames({"kind", "n"})->Unit(benchmark::kMillisecond);
+BENCHMARK(BM_OptimStep)
+    ->ArgsProduct({{0, 1, 2, 3}, {64 * 1024, 4 * 1024 * 1024}})
+    ->ArgNames({"kind", "n"})
+    ->Unit(benchmark::kMillisecond);
 
 }  // namespace

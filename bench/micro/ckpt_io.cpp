@@ -20,8 +20,8 @@
 #include <filesystem>
 #include <memory>
 
-#include "kiln/ops/factory.h"
 #include "kiln/models/gpt.h"
+#include "kiln/ops/factory.h"
 #include "kiln/train/checkpoint.h"
 
 namespace {
@@ -38,7 +38,8 @@ struct GptState {
   GptState() {
     manual_seed(0);
     model = std::make_shared<models::GPT>();
-    opt = std::make_unique<optim::AdamW>(model->named_parameters(), optim::AdamWOptions{.lr = 3e-4, .weight_decay = 0.1});
+    opt =
+        std::make_unique<optim::AdamW>(model->named_parameters(), optim::AdamWOptions{.lr = 3e-4, .weight_decay = 0.1});
     const Tensor idx = randint(0, 256, {16, 128}, TensorOptions().dtype(kInt64));
     const Tensor targets = randint(0, 256, {16, 128}, TensorOptions().dtype(kInt64));
     model->loss(idx, targets).backward();

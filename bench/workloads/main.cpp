@@ -39,7 +39,8 @@ struct Args {
 
 [[noreturn]] void usage(const std::string& why) {
   std::cerr << "kiln_bench: " << why
-            << "\nusage: kiln_bench --workload NAME[,NAME...] [--threads N] [--warmup N] [--steps N] [--size N] [--amp bf16|off]\n"
+            << "\nusage: kiln_bench --workload NAME[,NAME...] [--threads N] [--warmup N] [--steps N] [--size N] [--amp "
+               "bf16|off]\n"
                "workloads: tiny mlp cnn resnet gpt gpt_infer, and peak (f32 matmul probe)\n";
   std::exit(2);
 }
@@ -55,7 +56,8 @@ std::vector<std::string> split(const std::string& s) {
 int to_int(const std::string& flag, const std::string& v, int min) {
   char* end = nullptr;
   const long x = std::strtol(v.c_str(), &end, 10);
-  if (end == v.c_str() || *end != '\0' || x < min) usage(flag + " expects an integer >= " + std::to_string(min) + ", got '" + v + "'");
+  if (end == v.c_str() || *end != '\0' || x < min)
+    usage(flag + " expects an integer >= " + std::to_string(min) + ", got '" + v + "'");
   return static_cast<int>(x);
 }
 
@@ -66,16 +68,21 @@ Args parse(int argc, char** argv) {
     if (flag == "-h" || flag == "--help") usage("help");
     if (i + 1 >= argc) usage(flag + " needs a value");
     const std::string v = argv[++i];
-    if (flag == "--workload") a.workloads = split(v);
-    else if (flag == "--threads") a.threads = to_int(flag, v, 1);
-    else if (flag == "--warmup") a.warmup = to_int(flag, v, 1);
-    else if (flag == "--steps") a.steps = to_int(flag, v, 1);
-    else if (flag == "--size") a.size = to_int(flag, v, 16);
+    if (flag == "--workload")
+      a.workloads = split(v);
+    else if (flag == "--threads")
+      a.threads = to_int(flag, v, 1);
+    else if (flag == "--warmup")
+      a.warmup = to_int(flag, v, 1);
+    else if (flag == "--steps")
+      a.steps = to_int(flag, v, 1);
+    else if (flag == "--size")
+      a.size = to_int(flag, v, 16);
     else if (flag == "--amp") {
       if (v != "bf16" && v != "off") usage("--amp expects bf16 or off (fp16 needs a GradScaler), got '" + v + "'");
       a.amp = v;
-    }
-    else usage("unknown flag " + flag);
+    } else
+      usage("unknown flag " + flag);
   }
   if (a.workloads.empty()) usage("--workload is required");
   return a;
@@ -114,10 +121,11 @@ void run_peak(const Args& a) {
     kiln::Tensor z = kiln::mm(x, y);
     gflops.push_back(2.0 * n * n * n / (ms_since(t0) * 1e6));
   }
-  std::printf("{\"framework\": \"kiln\", \"workload\": \"peak\", \"threads\": %d, \"size\": %lld, "
-              "\"gflops_best\": %s, \"gflops_median\": %s, \"maxrss_kib\": %ld}\n",
-              kiln::get_num_threads(), static_cast<long long>(n), num(*std::max_element(gflops.begin(), gflops.end())).c_str(),
-              num(median(gflops)).c_str(), maxrss_kib());
+  std::printf(
+      "{\"framework\": \"kiln\", \"workload\": \"peak\", \"threads\": %d, \"size\": %lld, "
+      "\"gflops_best\": %s, \"gflops_median\": %s, \"maxrss_kib\": %ld}\n",
+      kiln::get_num_threads(), static_cast<long long>(n), num(*std::max_element(gflops.begin(), gflops.end())).c_str(),
+      num(median(gflops)).c_str(), maxrss_kib());
   std::fflush(stdout);
 }
 
@@ -135,12 +143,14 @@ void run_workload(const std::string& name, const Args& a) {
   const double loss_last = w->step(true);
   std::ostringstream steps;
   for (size_t i = 0; i < ms.size(); ++i) steps << (i ? ", " : "") << num(ms[i]);
-  std::printf("{\"framework\": \"kiln\", \"workload\": \"%s\", \"amp\": \"%s\", \"threads\": %d, \"warmup\": %d, \"steps\": %d, "
-              "\"median_ms\": %s, \"loss_first\": %s, \"loss_last\": %s, \"params\": %lld, \"flops_per_step\": %s, "
-              "\"maxrss_kib\": %ld, \"step_ms\": [%s]}\n",
-              name.c_str(), a.amp.c_str(), kiln::get_num_threads(), a.warmup, a.steps, num(median(ms)).c_str(), num(loss_first).c_str(),
-              num(loss_last).c_str(), static_cast<long long>(w->num_parameters()), num(w->flops_per_step()).c_str(),
-              maxrss_kib(), steps.str().c_str());
+  std::printf(
+      "{\"framework\": \"kiln\", \"workload\": \"%s\", \"amp\": \"%s\", \"threads\": %d, \"warmup\": %d, \"steps\": "
+      "%d, "
+      "\"median_ms\": %s, \"loss_first\": %s, \"loss_last\": %s, \"params\": %lld, \"flops_per_step\": %s, "
+      "\"maxrss_kib\": %ld, \"step_ms\": [%s]}\n",
+      name.c_str(), a.amp.c_str(), kiln::get_num_threads(), a.warmup, a.steps, num(median(ms)).c_str(),
+      num(loss_first).c_str(), num(loss_last).c_str(), static_cast<long long>(w->num_parameters()),
+      num(w->flops_per_step()).c_str(), maxrss_kib(), steps.str().c_str());
   std::fflush(stdout);
 }
 
@@ -152,8 +162,10 @@ int main(int argc, char** argv) {
   if (a.amp == "bf16") kiln_bench::set_autocast(kiln::kBFloat16);
   try {
     for (const auto& name : a.workloads) {
-      if (name == "peak") run_peak(a);
-      else run_workload(name, a);
+      if (name == "peak")
+        run_peak(a);
+      else
+        run_workload(name, a);
     }
   } catch (const kiln::Error& e) {
     std::cerr << "kiln_bench: " << e.what() << "\n";

@@ -36,7 +36,8 @@ Tensor synthetic_uniform(const std::string& name, kiln::IntArrayRef sizes, doubl
   const uint32_t salt = fnv1a(name);
   std::vector<float> v(static_cast<size_t>(n));
   for (int64_t i = 0; i < n; ++i)
-    v[static_cast<size_t>(i)] = static_cast<float>((2.0 * mix(static_cast<uint64_t>(i), salt) / 4294967296.0 - 1.0) * scale);
+    v[static_cast<size_t>(i)] =
+        static_cast<float>((2.0 * mix(static_cast<uint64_t>(i), salt) / 4294967296.0 - 1.0) * scale);
   return kiln::tensor(v, sizes);
 }
 
@@ -195,8 +196,8 @@ std::unique_ptr<Workload> make_workload(const std::string& name) {
   using namespace kiln;
   using optim::NamedParams;
   if (name == "tiny")
-    return classifier(std::make_shared<models::MLP>(models::MLPOptions{.in_features = 32, .hidden = {64, 64}}),
-                      {8, 32}, 10, [](NamedParams p) { return std::make_unique<optim::SGD>(p, optim::SGDOptions{.lr = 0.01}); });
+    return classifier(std::make_shared<models::MLP>(models::MLPOptions{.in_features = 32, .hidden = {64, 64}}), {8, 32},
+                      10, [](NamedParams p) { return std::make_unique<optim::SGD>(p, optim::SGDOptions{.lr = 0.01}); });
   if (name == "mlp")
     return classifier(std::make_shared<models::MLP>(), {128, 784}, 10, [](NamedParams p) {
       return std::make_unique<optim::SGD>(p, optim::SGDOptions{.lr = 0.01, .momentum = 0.9});

@@ -12,8 +12,8 @@
 #include "kiln/autograd/anomaly.h"
 #include "kiln/core/autocast.h"
 #include "kiln/core/error.h"
-#include "kiln/ops/factory.h"
 #include "kiln/core/guards.h"
+#include "kiln/ops/factory.h"
 
 namespace kiln::amp {
 
@@ -50,9 +50,10 @@ Tensor GradScaler::scale(const Tensor& loss) {
   const std::optional<DType> amp_dtype = autocast_enabled() ? autocast_dtype() : autocast_last_dtype();
   if (!warned_bf16_ && amp_dtype == kBFloat16) {
     warned_bf16_ = true;
-    emit("GradScaler: autocast runs in bfloat16, which has float32's exponent range, so gradients do not "
-         "underflow and loss scaling is unnecessary (harmless: it only costs a pass over the gradients). "
-         "Drop the scaler or construct it with enabled = false.");
+    emit(
+        "GradScaler: autocast runs in bfloat16, which has float32's exponent range, so gradients do not "
+        "underflow and loss scaling is unnecessary (harmless: it only costs a pass over the gradients). "
+        "Drop the scaler or construct it with enabled = false.");
   }
   if (!overflow_scope_.open) {
     // A new iteration: a record left from an unscaled backward is not ours.
@@ -178,8 +179,9 @@ void GradScaler::close_iteration() {
 void GradScaler::note_streak() {
   const std::string who = stats_.first_nonfinite_param.empty()
                               ? std::string("(no parameter named)")
-                              : "'" + stats_.first_nonfinite_param + "' (" + std::to_string(stats_.first_nonfinite_nan) +
-                                    " NaN, " + std::to_string(stats_.first_nonfinite_inf) + " Inf)";
+                              : "'" + stats_.first_nonfinite_param + "' (" +
+                                    std::to_string(stats_.first_nonfinite_nan) + " NaN, " +
+                                    std::to_string(stats_.first_nonfinite_inf) + " Inf)";
   const std::string anomaly =
       stats_.first_overflow
           ? " Anomaly mode found where float16 first overflowed in backward: " + stats_.first_overflow->str() + "."
@@ -200,7 +202,8 @@ void GradScaler::note_streak() {
          ") after " + std::to_string(stats_.consecutive_skips) +
          " consecutive skipped steps: the gradients are non-finite even barely scaled, so this is likely a real "
          "divergence (NaN/Inf in the model's forward or backward), not float16 overflow. First non-finite "
-         "gradient: " + who + "." + anomaly);
+         "gradient: " +
+         who + "." + anomaly);
   }
 }
 
@@ -226,8 +229,8 @@ void GradScaler::load_state_dict(const io::ObjectState& s) {
     auto it = s.tensors.find(key);
     KILN_CHECK(it != s.tensors.end() && it->second.defined(), ValueError,
                "GradScaler::load_state_dict: missing tensor '", key, "'");
-    KILN_CHECK(it->second.dtype() == dt && it->second.numel() == 1, ValueError, "GradScaler::load_state_dict: '",
-               key, "' must be one ", dtype_name(dt), " value, got ", dtype_name(it->second.dtype()), " of shape ",
+    KILN_CHECK(it->second.dtype() == dt && it->second.numel() == 1, ValueError, "GradScaler::load_state_dict: '", key,
+               "' must be one ", dtype_name(dt), " value, got ", dtype_name(it->second.dtype()), " of shape ",
                it->second.shape_string());
     return it->second;
   };

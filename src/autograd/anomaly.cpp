@@ -1,5 +1,5 @@
-#include "kiln/autograd/grad_math.h"
 #include "kiln/autograd/anomaly.h"
+#include "kiln/autograd/grad_math.h"
 
 #include <atomic>
 #include <cmath>
@@ -59,8 +59,7 @@ std::string format(const Stats& s) {
     os << "all " << s.n << " elements NaN";
     return os.str();
   }
-  os << "min " << s.min << ", max " << s.max << ", " << s.nan << " NaN, " << s.inf << " Inf of " << s.n
-     << " elements";
+  os << "min " << s.min << ", max " << s.max << ", " << s.nan << " NaN, " << s.inf << " Inf of " << s.n << " elements";
   return os.str();
 }
 
@@ -90,8 +89,8 @@ std::string OverflowRecord::str() const {
   std::ostringstream os;
   os << node;
   if (site.known()) os << " (forward at " << site.str() << ")";
-  os << " returned " << nan << " NaN and " << inf << " Inf in the float16 gradient for its input " << input_index
-     << " " << shape;
+  os << " returned " << nan << " NaN and " << inf << " Inf in the float16 gradient for its input " << input_index << " "
+     << shape;
   if (!input_node.empty()) {
     os << ", the gradient of the output of " << input_node;
     if (input_site.known()) os << " (forward at " << input_site.str() << ")";
@@ -130,7 +129,8 @@ void check_forward_outputs(const Node& node, const Tensor* const* outputs, size_
     if (node.site().known()) os << " at " << node.site().str();
     os << " from finite inputs:";
     for (size_t k = 0; k < inputs.size(); ++k) {
-      if (inputs[k].defined()) os << "\n  input " << k << " " << shape_str(inputs[k].sizes()) << ": " << tensor_stats(inputs[k]);
+      if (inputs[k].defined())
+        os << "\n  input " << k << " " << shape_str(inputs[k].sizes()) << ": " << tensor_stats(inputs[k]);
     }
     os << "\nhint: check the op's domain (log/sqrt of values <= 0, division by zero, exp overflow)";
     throw AnomalyError(os.str());

@@ -6,8 +6,8 @@
 #include <memory>
 #include <string>
 
-#include "kiln/autograd/grad_math.h"
 #include "kiln/autograd/engine.h"
+#include "kiln/autograd/grad_math.h"
 #include "kiln/core/error.h"
 
 namespace kiln::autograd {
@@ -25,8 +25,8 @@ TensorList AutogradContext::differentiate_composite(
     const std::function<TensorList(const TensorList&)>& composite) const {
   const char* fn = owner_ ? owner_->name() : "a custom Function";
   KILN_CHECK(inputs.size() == needs_input_grad_.size(), ValueError, fn,
-             ".differentiate_composite: expected one tensor per Tensor argument of forward (",
-             needs_input_grad_.size(), "), got ", inputs.size());
+             ".differentiate_composite: expected one tensor per Tensor argument of forward (", needs_input_grad_.size(),
+             "), got ", inputs.size());
   TensorList args(inputs.size()), wrt, out(inputs.size());
   std::vector<size_t> slots;
   for (size_t i = 0; i < inputs.size(); ++i) {
@@ -36,8 +36,8 @@ TensorList AutogradContext::differentiate_composite(
       continue;
     }
     KILN_CHECK(t.requires_grad(), ValueError, fn, ": input ", i,
-               " needs a gradient under create_graph, but the tensor saved for it has no history (got ",
-               describe(t), "); hint: forward runs under no-grad, so a copy it makes (x.contiguous(), x.to(...)) "
+               " needs a gradient under create_graph, but the tensor saved for it has no history (got ", describe(t),
+               "); hint: forward runs under no-grad, so a copy it makes (x.contiguous(), x.to(...)) "
                "is a constant to double backward: save forward's argument itself");
     // A view per argument: the composite's graph then tells the arguments apart even when they alias.
     args[i] = grad_math().view(t, t.sizes());
@@ -57,8 +57,9 @@ std::any& SavedData::operator[](const std::string& key) {
   if (it == values_.end()) {
     std::string keys;
     for (const auto& [k, v] : values_) keys += (keys.empty() ? "" : ", ") + describe(k);
-    throw ValueError(::kiln::detail::concat("ctx.saved_data[\"", key, "\"]: forward saved no value under this key (saved: ",
-                                    keys.empty() ? std::string("none") : keys, ")"));
+    throw ValueError(::kiln::detail::concat(
+        "ctx.saved_data[\"", key,
+        "\"]: forward saved no value under this key (saved: ", keys.empty() ? std::string("none") : keys, ")"));
   }
   last_key_ = key;
   return it->second;
@@ -67,15 +68,13 @@ std::any& SavedData::operator[](const std::string& key) {
 std::string SavedData::describe(const std::string& key) const {
   auto it = values_.find(key);
   if (it == values_.end()) return "'" + key + "' (absent)";
-  return "'" + key + "' (" + (it->second.has_value() ? demangle(it->second.type().name()) : std::string("empty")) +
-         ")";
+  return "'" + key + "' (" + (it->second.has_value() ? demangle(it->second.type().name()) : std::string("empty")) + ")";
 }
 
 void SavedData::type_mismatch(const std::string& key, const std::any& v, const std::type_info& want) const {
-  throw ValueError(::kiln::detail::concat("ctx.saved_data[\"", key, "\"]: expected a value of type ", demangle(want.name()),
-                                  ", got one of type ",
-                                  v.has_value() ? demangle(v.type().name()) : std::string("<empty>"),
-                                  " (what forward stored there)"));
+  throw ValueError(::kiln::detail::concat(
+      "ctx.saved_data[\"", key, "\"]: expected a value of type ", demangle(want.name()), ", got one of type ",
+      v.has_value() ? demangle(v.type().name()) : std::string("<empty>"), " (what forward stored there)"));
 }
 
 TensorList accept_custom_grads(const std::string& name, TensorList&& out, const std::vector<bool>& slot_is_tensor,
@@ -100,11 +99,11 @@ TensorList accept_custom_grads(const std::string& name, TensorList&& out, const 
 
 void rethrow_bad_any_cast(const std::string& name, const SavedData& data) {
   const std::string& key = data.last_key();
-  throw ValueError(::kiln::detail::concat(name, ".backward: std::any_cast failed",
-                                  key.empty() ? std::string(" (no saved_data key was read)")
-                                              : " on the value last read from ctx.saved_data, " + data.describe(key),
-                                  "; hint: ctx.saved_data.get<T>(\"", key.empty() ? "key" : key,
-                                  "\") names the requested type as well"));
+  throw ValueError(::kiln::detail::concat(
+      name, ".backward: std::any_cast failed",
+      key.empty() ? std::string(" (no saved_data key was read)")
+                  : " on the value last read from ctx.saved_data, " + data.describe(key),
+      "; hint: ctx.saved_data.get<T>(\"", key.empty() ? "key" : key, "\") names the requested type as well"));
 }
 
 std::string demangle(const char* mangled) {

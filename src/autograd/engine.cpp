@@ -1,6 +1,6 @@
 // The backward engine. See include/kiln/autograd/engine.h.
-#include "kiln/autograd/grad_math.h"
 #include "kiln/autograd/engine.h"
+#include "kiln/autograd/grad_math.h"
 
 #include "kiln/core/autocast.h"
 
@@ -58,8 +58,8 @@ Tensor validate_grad(const Node& node, size_t i, const Tensor& g, const InputMet
   Tensor out = g;
   if (g.sizes() != meta.shape.ref()) {
     KILN_CHECK(broadcastable_to(g.sizes(), meta.shape), ShapeError, "autograd: ", node.name(),
-               " returned a gradient of shape ", g.sizes(), " for output ", i, " of shape ", meta.shape,
-               " (", node.site().known() ? "forward at " + node.site().str() : std::string("forward site unknown"),
+               " returned a gradient of shape ", g.sizes(), " for output ", i, " of shape ", meta.shape, " (",
+               node.site().known() ? "forward at " + node.site().str() : std::string("forward site unknown"),
                "); the shapes must match or the gradient must broadcast to the output");
     out = sum_to_shape(g, meta.shape);
   }
@@ -242,8 +242,8 @@ class GraphTask {
 };
 
 TensorList make_root_grads(const TensorList& tensors, const TensorList& grad_tensors, const char* api) {
-  KILN_CHECK(grad_tensors.empty() || grad_tensors.size() == tensors.size(), ValueError, api, ": got ",
-             tensors.size(), " tensors but ", grad_tensors.size(), " gradients");
+  KILN_CHECK(grad_tensors.empty() || grad_tensors.size() == tensors.size(), ValueError, api, ": got ", tensors.size(),
+             " tensors but ", grad_tensors.size(), " gradients");
   TensorList grads;
   for (size_t i = 0; i < tensors.size(); ++i) {
     const Tensor& t = tensors[i];
@@ -257,8 +257,11 @@ TensorList make_root_grads(const TensorList& tensors, const TensorList& grad_ten
                  " but its tensor has shape ", t.sizes());
       grads.push_back(g);
     } else {
-      KILN_CHECK(t.numel() == 1, ValueError, api, ": grad can be implicitly created only for scalar outputs; "
-                 "tensor ", i, " has shape ", t.sizes(), " — pass a gradient of that shape, or reduce it "
+      KILN_CHECK(t.numel() == 1, ValueError, api,
+                 ": grad can be implicitly created only for scalar outputs; "
+                 "tensor ",
+                 i, " has shape ", t.sizes(),
+                 " — pass a gradient of that shape, or reduce it "
                  "(e.g. loss.sum() or loss.mean()) first");
       grads.push_back(grad_math().ones_like(t));
     }
@@ -293,7 +296,8 @@ auto with_callbacks(F&& task) {
 }  // namespace
 
 void queue_callback(std::function<void()> fn) {
-  KILN_CHECK(t_callbacks != nullptr, ValueError, "queue_callback: no backward pass is running on this thread; "
+  KILN_CHECK(t_callbacks != nullptr, ValueError,
+             "queue_callback: no backward pass is running on this thread; "
              "callbacks can only be queued from inside backward (e.g. from a gradient hook)");
   t_callbacks->push_back(std::move(fn));
 }

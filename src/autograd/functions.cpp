@@ -1,5 +1,5 @@
-#include "kiln/autograd/grad_math.h"
 #include "kiln/autograd/functions.h"
+#include "kiln/autograd/grad_math.h"
 
 #include <utility>
 
@@ -89,7 +89,8 @@ void set_history(std::initializer_list<Tensor*> outputs, const NodePtr& node,
   }
   if (anomaly_mode_enabled()) {
     std::vector<const Tensor*> outs;
-    for (Tensor* out : outputs) if (out && out->defined()) outs.push_back(out);
+    for (Tensor* out : outputs)
+      if (out && out->defined()) outs.push_back(out);
     TensorList ins;
     for (const Tensor* in : inputs) ins.push_back(in ? *in : Tensor());
     check_forward_outputs(*node, outs.data(), outs.size(), ins);
@@ -108,7 +109,8 @@ void set_history(TensorList& outputs, const NodePtr& node, const TensorList& inp
   }
   if (anomaly_mode_enabled()) {
     std::vector<const Tensor*> outs;
-    for (Tensor& out : outputs) if (out.defined()) outs.push_back(&out);
+    for (Tensor& out : outputs)
+      if (out.defined()) outs.push_back(&out);
     check_forward_outputs(*node, outs.data(), outs.size(), inputs);
   }
 }

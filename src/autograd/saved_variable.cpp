@@ -18,8 +18,8 @@ SavedVariable::SavedVariable(const Tensor& t, bool is_output, uint32_t output_nr
   if (!t.defined()) return;
   // As torch: any inference tensor, whether it requires grad or not (a weight made under
   // InferenceModeGuard and multiplied by a tensor that requires grad is saved by MulBackward0).
-  KILN_CHECK(!t.impl()->is_inference(), ValueError,
-             "inference tensors cannot be saved for backward: this tensor (", describe(t),
+  KILN_CHECK(!t.impl()->is_inference(), ValueError, "inference tensors cannot be saved for backward: this tensor (",
+             describe(t),
              ") was created under InferenceModeGuard; clone() it outside inference mode to get a normal "
              "tensor, or run the whole computation under NoGradGuard instead");
   defined_ = true;
@@ -51,9 +51,8 @@ Tensor SavedVariable::unpack(const Node* owner) const {
     const auto w = data_.storage()->last_write();
     os << "a tensor saved for backward was modified in place before backward ran.\n"
        << "  tensor:      "
-       << (is_output_ ? std::string("output ") + std::to_string(output_nr_) + " of " +
-                            (owner ? owner->name() : "?") + " " + shape_str(data_.sizes()) + " " +
-                            std::string(dtype_name(data_.dtype()))
+       << (is_output_ ? std::string("output ") + std::to_string(output_nr_) + " of " + (owner ? owner->name() : "?") +
+                            " " + shape_str(data_.sizes()) + " " + std::string(dtype_name(data_.dtype()))
                       : describe(data_))
        << "\n  saved by:    " << (owner ? owner->name() : "?");
     if (owner && owner->site().known()) os << " (forward at " << owner->site().str() << ")";

@@ -1,9 +1,9 @@
 // Tensor's autograd methods (declared in include/kiln/core/tensor.h).
 #include <algorithm>
 
-#include "kiln/autograd/grad_math.h"
 #include "kiln/autograd/engine.h"
 #include "kiln/autograd/functions.h"
+#include "kiln/autograd/grad_math.h"
 
 namespace kiln {
 
@@ -28,8 +28,7 @@ Tensor& Tensor::requires_grad_(bool r) {
     return *this;
   }
   KILN_CHECK(!r || is_floating_point(), DTypeError,
-             "requires_grad_: only tensors of floating point dtype can require gradients, got ",
-             dtype_name(dtype()));
+             "requires_grad_: only tensors of floating point dtype can require gradients, got ", dtype_name(dtype()));
   impl_->set_requires_grad_flag(r);
   return *this;
 }
@@ -76,8 +75,10 @@ Tensor& Tensor::detach_() {
 }
 
 void Tensor::retain_grad() const {
-  KILN_CHECK(requires_grad(), ValueError, "retain_grad: cannot retain the gradient of a tensor that does not "
-             "require grad (", autograd::describe(*this), ")");
+  KILN_CHECK(requires_grad(), ValueError,
+             "retain_grad: cannot retain the gradient of a tensor that does not "
+             "require grad (",
+             autograd::describe(*this), ")");
   AutogradMeta& m = materialize_meta(*this);
   if (!m.grad_fn || m.retains_grad) return;
   m.retains_grad = true;
@@ -88,7 +89,9 @@ void Tensor::retain_grad() const {
   m.retain_grad_hook_id = id;
   m.grad_fn->add_pre_hook(m.output_nr, id, [self](const Tensor& g) {
     auto* meta = static_cast<AutogradMeta*>(self->autograd_meta());
-    if (meta) meta->grad = meta->grad.defined() ? autograd::grad_math().add(meta->grad, g) : autograd::grad_math().clone(g.detach());
+    if (meta)
+      meta->grad =
+          meta->grad.defined() ? autograd::grad_math().add(meta->grad, g) : autograd::grad_math().clone(g.detach());
     return Tensor();
   });
 }
@@ -99,8 +102,10 @@ bool Tensor::retains_grad() const {
 }
 
 HookHandle Tensor::register_hook(std::function<Tensor(const Tensor&)> hook) const {
-  KILN_CHECK(requires_grad(), ValueError, "register_hook: cannot register a hook on a tensor that does not "
-             "require grad (", autograd::describe(*this), ")");
+  KILN_CHECK(requires_grad(), ValueError,
+             "register_hook: cannot register a hook on a tensor that does not "
+             "require grad (",
+             autograd::describe(*this), ")");
   AutogradMeta& m = materialize_meta(*this);
   const uint64_t id = autograd::next_hook_id();
   if (m.grad_fn) {
@@ -118,17 +123,18 @@ HookHandle Tensor::register_hook(std::function<Tensor(const Tensor&)> hook) cons
 }
 
 HookHandle Tensor::register_post_accumulate_grad_hook(std::function<void(Tensor&)> hook) const {
-  KILN_CHECK(requires_grad() && is_leaf(), ValueError, "register_post_accumulate_grad_hook: only leaf tensors "
-             "that require grad accumulate gradients; got ", autograd::describe(*this));
+  KILN_CHECK(requires_grad() && is_leaf(), ValueError,
+             "register_post_accumulate_grad_hook: only leaf tensors "
+             "that require grad accumulate gradients; got ",
+             autograd::describe(*this));
   AutogradMeta& m = materialize_meta(*this);
   const uint64_t id = autograd::next_hook_id();
   m.post_accumulate_hooks.push_back({id, std::move(hook)});
   IntrusivePtr<TensorImpl> impl = impl_;
   return HookHandle([impl, id] {
     if (auto* meta = static_cast<AutogradMeta*>(impl->autograd_meta())) {
-      std::erase_if(meta->post_accumulate_hooks, [id](const AutogradMeta::PostAccumulateHook& h) {
-        return h.id == id;
-      });
+      std::erase_if(meta->post_accumulate_hooks,
+                    [id](const AutogradMeta::PostAccumulateHook& h) { return h.id == id; });
     }
   });
 }

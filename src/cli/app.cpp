@@ -1,12 +1,12 @@
 // Argument parsing (CLI11) and the error boundary of the `kiln` command.
 #include "cli/app.h"
 
+#include <unistd.h>
 #include <CLI/CLI.hpp>
 #include <cstdio>
 #include <filesystem>
 #include <functional>
 #include <string>
-#include <unistd.h>
 
 #include "cli/commands.h"
 #include "cli/config.h"
@@ -53,8 +53,9 @@ int launch_command(int nprocs, const std::string& hostfile, std::vector<std::str
 }
 
 int dispatch(int argc, char** argv) {
-  CLI::App app{"kiln: train, resume, evaluate, export, sample and inspect deep-learning runs (configs/*.toml, docs/config.md)",
-               "kiln"};
+  CLI::App app{
+      "kiln: train, resume, evaluate, export, sample and inspect deep-learning runs (configs/*.toml, docs/config.md)",
+      "kiln"};
   app.set_version_flag("--version", std::string("kiln ") + KILN_VERSION);
   app.require_subcommand(1);
 
@@ -71,15 +72,16 @@ int dispatch(int argc, char** argv) {
   ResumeOptions ro;
   auto* resume = app.add_subcommand("resume", "Continue a run from its latest checkpoint, with the identical future");
   resume->add_option("run_dir", run_dir, "The run directory")->required();
-  resume->add_option("--set", ro.sets,
-                     "Change a key from this step on, e.g. train.max_steps=2000 or optim.lr=1e-4 (repeatable; keys "
-                     "that cannot change are refused: docs/config.md)")
+  resume
+      ->add_option("--set", ro.sets,
+                   "Change a key from this step on, e.g. train.max_steps=2000 or optim.lr=1e-4 (repeatable; keys "
+                   "that cannot change are refused: docs/config.md)")
       ->take_all();
   resume->add_flag("--allow-world-size-change", ro.allow_world_size_change,
                    "Continue on another number of processes than the run was trained on (a different future)");
 
-
-  auto* eval = app.add_subcommand("eval", "Loss and accuracy (or bits/char) of a run's latest checkpoint or of a checkpoint file");
+  auto* eval = app.add_subcommand(
+      "eval", "Loss and accuracy (or bits/char) of a run's latest checkpoint or of a checkpoint file");
   eval->add_option("target", target, "Run directory or checkpoint file")->required();
   eval->add_option("--split", split, "test (held out) or train")->capture_default_str();
   eval->add_option("--batches", batches, "Evaluate at most this many batches (0: all)")->capture_default_str();
@@ -89,7 +91,8 @@ int dispatch(int argc, char** argv) {
   ExportOptions xo;
   auto* exp = app.add_subcommand("export", "Write a run's model weights for another framework: --format pytorch");
   exp->add_option("target", target, "Run directory or checkpoint file")->required();
-  exp->add_option("--format", xo.format, "pytorch: a safetensors state dict with PyTorch's names")->capture_default_str();
+  exp->add_option("--format", xo.format, "pytorch: a safetensors state dict with PyTorch's names")
+      ->capture_default_str();
   exp->add_option("--out", xo.out, "Output file (default: RUN/model.safetensors)");
   exp->add_option("--checkpoint", xo.checkpoint, "Of a run directory: latest (default), best or a step");
   exp->add_option("--dtype", xo.dtype, "float32 (default), bfloat16 or float16");
@@ -109,7 +112,8 @@ int dispatch(int argc, char** argv) {
   std::string hostfile;
   std::vector<std::string> command;
   auto* launch = app.add_subcommand(
-      "launch", "Run a command on N processes through mpirun: kiln launch -n 2 -- kiln train CONFIG (docs/distributed.md)");
+      "launch",
+      "Run a command on N processes through mpirun: kiln launch -n 2 -- kiln train CONFIG (docs/distributed.md)");
   launch->add_option("-n,--nprocs", nprocs, "Number of processes (ranks), >= 1")->required();
   launch->add_option("--hostfile", hostfile, "Open MPI hostfile for a multi-machine job (lines: HOST slots=N)");
   launch->add_option("command", command, "The command every rank runs, after --")->required();
@@ -126,8 +130,10 @@ int dispatch(int argc, char** argv) {
     bool launch_without_dashes = argc > 1 && std::string(argv[1]) == "launch";
     for (int i = 2; i < argc; ++i) launch_without_dashes = launch_without_dashes && std::string(argv[i]) != "--";
     if (launch_without_dashes && dynamic_cast<const CLI::ExtrasError*>(&e)) {
-      std::fprintf(stderr, "kiln: error: kiln launch: %s; put `--` between launch's options and the command, e.g. "
-                   "kiln launch -n 2 -- kiln train CONFIG --out DIR\n", e.what());
+      std::fprintf(stderr,
+                   "kiln: error: kiln launch: %s; put `--` between launch's options and the command, e.g. "
+                   "kiln launch -n 2 -- kiln train CONFIG --out DIR\n",
+                   e.what());
       return 2;
     }
     std::fprintf(stderr, "kiln: error: %s (see kiln --help, or kiln COMMAND --help)\n", e.what());

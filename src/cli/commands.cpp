@@ -10,11 +10,11 @@
 #include <optional>
 
 #include "cli/task.h"
-#include "kiln/ops/factory.h"
-#include "kiln/core/guards.h"
 #include "kiln/core/format.h"
+#include "kiln/core/guards.h"
 #include "kiln/io/safetensors.h"
 #include "kiln/nn/pytorch_weights.h"
+#include "kiln/ops/factory.h"
 #include "kiln/train/checkpoint.h"
 
 namespace kiln::cli {
@@ -55,8 +55,8 @@ fs::path checkpoint_of(const fs::path& target, const std::string& which = "") {
           have += ' ';
           have += p.filename().string();
         }
-      throw ConfigError(target.string() + ": no checkpoint of step " + which + " (checkpoints/ holds:" +
-                        (have.empty() ? " none" : have) + ")");
+      throw ConfigError(target.string() + ": no checkpoint of step " + which +
+                        " (checkpoints/ holds:" + (have.empty() ? " none" : have) + ")");
     }
     return dir / name;
   }
@@ -87,7 +87,8 @@ std::pair<Config, Task> load_for_eval(const fs::path& ckpt) {
   const auto file = io::load_safetensors(ckpt.string());
   auto it = file.metadata.find("config");
   if (it == file.metadata.end() || it->second.empty())
-    throw ConfigError(ckpt.string() + ": not a kiln training checkpoint (no config in its metadata); "
+    throw ConfigError(ckpt.string() +
+                      ": not a kiln training checkpoint (no config in its metadata); "
                       "`kiln inspect` shows what it holds");
   Config config = Config::from_string(it->second, ckpt.string() + " (its config)");
   Task task = build_task(config, Purpose::Evaluate);
@@ -121,10 +122,8 @@ std::string checkpoint_problem(const fs::path& path) {
   }
 }
 
-int evaluate_command(const fs::path& target, const std::string& split, int64_t max_batches,
-                     const std::string& which) {
-  if (split != "test" && split != "train")
-    throw ConfigError("--split expects test or train, got \"" + split + "\"");
+int evaluate_command(const fs::path& target, const std::string& split, int64_t max_batches, const std::string& which) {
+  if (split != "test" && split != "train") throw ConfigError("--split expects test or train, got \"" + split + "\"");
   const fs::path ckpt = checkpoint_of(target, which);
   auto [config, task] = load_for_eval(ckpt);
   const EvalResult r = evaluate(task, config, split, max_batches);
@@ -144,8 +143,10 @@ int export_command(const fs::path& target, const ExportOptions& o) {
     throw ConfigError("--format expects pytorch (a state dict with PyTorch's names, as safetensors), got \"" +
                       o.format + "\"");
   std::optional<DType> dtype;
-  if (o.dtype == "bfloat16" || o.dtype == "bf16") dtype = kBFloat16;
-  else if (o.dtype == "float16" || o.dtype == "fp16") dtype = kFloat16;
+  if (o.dtype == "bfloat16" || o.dtype == "bf16")
+    dtype = kBFloat16;
+  else if (o.dtype == "float16" || o.dtype == "fp16")
+    dtype = kFloat16;
   else if (o.dtype != "float32" && o.dtype != "fp32" && !o.dtype.empty())
     throw ConfigError("--dtype expects float32, bfloat16 or float16, got \"" + o.dtype + "\"");
   const fs::path ckpt = checkpoint_of(target, o.checkpoint);
@@ -173,7 +174,8 @@ int sample_command(const fs::path& target, const SampleOptions& o) {
   if (o.temperature < 0) throw ConfigError("--temperature expects a value >= 0, got " + std::to_string(o.temperature));
   auto [config, task] = load_for_eval(checkpoint_of(target));
   if (!task.gpt)
-    throw ConfigError(target.string() + ": `kiln sample` needs a language model (model.type = \"gpt\"), this run has \"" +
+    throw ConfigError(target.string() +
+                      ": `kiln sample` needs a language model (model.type = \"gpt\"), this run has \"" +
                       config.string("model.type") + "\"");
   NoGradGuard no_grad;
   const int64_t block = task.gpt->options.block_size, vocab = task.gpt->options.vocab_size;
@@ -187,7 +189,8 @@ int sample_command(const fs::path& target, const SampleOptions& o) {
     const size_t from = ids.size() > static_cast<size_t>(block) ? ids.size() - static_cast<size_t>(block) : 0;
     std::vector<int64_t> window(ids.begin() + static_cast<std::ptrdiff_t>(from), ids.end());
     const auto len = static_cast<int64_t>(window.size());
-    Tensor logits = (*task.model)(tensor(window, {1, len})).select(1, len - 1).reshape({vocab}).to(kFloat64).contiguous();
+    Tensor logits =
+        (*task.model)(tensor(window, {1, len})).select(1, len - 1).reshape({vocab}).to(kFloat64).contiguous();
     const double* l = logits.data_ptr<double>();
     int64_t next = 0;
     if (o.temperature == 0) {
@@ -241,7 +244,8 @@ void inspect_file(const fs::path& path) {
     shape += "]";
     if (name.rfind("model.", 0) == 0) params += t.numel();
     const auto bytes = static_cast<long long>(t.numel() * static_cast<int64_t>(t.element_size()));
-    std::printf("%-48s %-9s %-18s %10lld", name.c_str(), std::string(dtype_name(t.dtype())).c_str(), shape.c_str(), bytes);
+    std::printf("%-48s %-9s %-18s %10lld", name.c_str(), std::string(dtype_name(t.dtype())).c_str(), shape.c_str(),
+                bytes);
     if (t.numel() > 0 && t.dtype() != kBool) {
       Tensor d = t.to(kFloat64).contiguous();
       const double* x = d.data_ptr<double>();
@@ -255,7 +259,8 @@ void inspect_file(const fs::path& path) {
       const double mean = sum / static_cast<double>(n);
       double var = 0;
       for (size_t i = 0; i < n; ++i) var += (x[i] - mean) * (x[i] - mean);
-      std::printf(" %12.4g %12.4g %12.4g %12.4g", mn, mx, mean, n > 1 ? std::sqrt(var / static_cast<double>(n - 1)) : 0.0);
+      std::printf(" %12.4g %12.4g %12.4g %12.4g", mn, mx, mean,
+                  n > 1 ? std::sqrt(var / static_cast<double>(n - 1)) : 0.0);
     }
     std::printf("\n");
   }
@@ -278,7 +283,8 @@ void inspect_run(const fs::path& dir) {
     if (s.is_discarded()) throw ConfigError((dir / "summary.json").string() + ": not valid JSON");
     std::printf("run %s: %s\n", dir.string().c_str(), s.value("name", std::string("?")).c_str());
     std::printf("  status   %s at step %lld of %lld\n", s.value("status", std::string("?")).c_str(),
-                static_cast<long long>(s.value("steps", int64_t{0})), static_cast<long long>(s.value("total_steps", int64_t{0})));
+                static_cast<long long>(s.value("steps", int64_t{0})),
+                static_cast<long long>(s.value("total_steps", int64_t{0})));
     std::printf("  config   %s\n", s.value("config_path", std::string("?")).c_str());
     std::printf("  wall     %s\n", format_duration(s.value("wall_s", 0.0)).c_str());
     if (s.contains("final"))

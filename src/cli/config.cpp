@@ -16,11 +16,11 @@ namespace {
 enum class Kind { Int, Float, Bool, String, IntArray };
 
 struct Key {
-  const char* name;      // "section.key" or a top-level "key"
+  const char* name;  // "section.key" or a top-level "key"
   Kind kind;
-  const char* def;       // default in TOML syntax; nullptr: required
-  const char* when;      // "" or "model.type=cnn|vit": the key applies only then
-  const char* choices;   // "" or "a|b|c" for strings
+  const char* def;      // default in TOML syntax; nullptr: required
+  const char* when;     // "" or "model.type=cnn|vit": the key applies only then
+  const char* choices;  // "" or "a|b|c" for strings
 };
 
 // clang-format off
@@ -200,11 +200,24 @@ size_t invalid_utf8_at(const std::string& s) {
     const unsigned c = p[i];
     size_t len = 0;
     uint32_t cp = 0, min = 0;
-    if (c < 0x80) { ++i; continue; }
-    if ((c & 0xE0) == 0xC0) { len = 2; cp = c & 0x1F; min = 0x80; }
-    else if ((c & 0xF0) == 0xE0) { len = 3; cp = c & 0x0F; min = 0x800; }
-    else if ((c & 0xF8) == 0xF0) { len = 4; cp = c & 0x07; min = 0x10000; }
-    else return i;
+    if (c < 0x80) {
+      ++i;
+      continue;
+    }
+    if ((c & 0xE0) == 0xC0) {
+      len = 2;
+      cp = c & 0x1F;
+      min = 0x80;
+    } else if ((c & 0xF0) == 0xE0) {
+      len = 3;
+      cp = c & 0x0F;
+      min = 0x800;
+    } else if ((c & 0xF8) == 0xF0) {
+      len = 4;
+      cp = c & 0x07;
+      min = 0x10000;
+    } else
+      return i;
     if (i + len > n) return i;
     for (size_t k = 1; k < len; ++k) {
       if ((p[i + k] & 0xC0) != 0x80) return i;
@@ -410,8 +423,7 @@ void Config::validate_and_fill() {
   for (const auto& [key, node] : given) {
     const Key& k = *find_key(key);
     if (!matches(k, *node))
-      throw ConfigError(from(key, *node) + ": '" + key + "' expects " + kind_name(k.kind) + ", got " +
-                        describe(*node));
+      throw ConfigError(from(key, *node) + ": '" + key + "' expects " + kind_name(k.kind) + ", got " + describe(*node));
     if (*k.choices) {
       const std::string v = node->as_string()->get();
       bool ok = false;
@@ -436,9 +448,9 @@ void Config::validate_and_fill() {
     const Key& k = *find_key(key);
     if (!applies(k)) {
       const auto cond = split(k.when, '=');
-      throw ConfigError(from(key, *node) + ": '" + key + "' applies only when " + cond[0] + " is one of " +
-                        cond[1] + " (this config has " + cond[0] + " = \"" +
-                        table_.at_path(cond[0]).value_or(std::string()) + "\")");
+      throw ConfigError(from(key, *node) + ": '" + key + "' applies only when " + cond[0] + " is one of " + cond[1] +
+                        " (this config has " + cond[0] + " = \"" + table_.at_path(cond[0]).value_or(std::string()) +
+                        "\")");
     }
   }
   for (const auto& [key, node] : given)
@@ -497,7 +509,8 @@ void Config::apply(const std::string& assignment) {
     parsed = toml::parse("v = " + value);
   } catch (const toml::parse_error& e) {
     if (int64_overflow(e))
-      throw ConfigError("--set " + assignment + ": '" + key + "' = " + value + " is out of range (" + kInt64Range + ")");
+      throw ConfigError("--set " + assignment + ": '" + key + "' = " + value + " is out of range (" + kInt64Range +
+                        ")");
     parsed = toml::table{{"v", value}};  // a bare word: a string
   }
   const std::string sec = section_of(key);
@@ -536,7 +549,8 @@ void Config::check_ranges() const {
       const double d = v->is_integer() ? static_cast<double>(v->value_or(int64_t{0})) : v->value_or(0.0);
       if (in_range(r, d)) continue;
       problems.push_back(origin(r.key) + ": '" + r.key + "'" + (n->is_array() ? " holds " : " = ") + node_text(*v) +
-                         ", out of range (expects " + range_text(r, integer) + (n->is_array() ? " in every entry)" : ")"));
+                         ", out of range (expects " + range_text(r, integer) +
+                         (n->is_array() ? " in every entry)" : ")"));
       break;
     }
   }

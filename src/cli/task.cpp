@@ -77,14 +77,15 @@ DataShape make_datasets(const Config& c, Task& t) {
     const auto seed = static_cast<uint64_t>(c.integer("seed"));
     const int64_t n_train = c.integer("data.train_size") > 0 ? c.integer("data.train_size") : 1024;
     const int64_t n_eval = c.integer("data.eval_size") > 0 ? c.integer("data.eval_size") : 256;
-    t.train_set = std::make_shared<data::SyntheticDataset>(data::SyntheticOptions{
-        .size = n_train, .sample_shape = s.sample, .num_classes = s.classes, .seed = seed});
-    t.eval_set = std::make_shared<data::SyntheticDataset>(data::SyntheticOptions{
-        .size = n_eval, .sample_shape = s.sample, .num_classes = s.classes, .seed = seed + 1});
+    t.train_set = std::make_shared<data::SyntheticDataset>(
+        data::SyntheticOptions{.size = n_train, .sample_shape = s.sample, .num_classes = s.classes, .seed = seed});
+    t.eval_set = std::make_shared<data::SyntheticDataset>(
+        data::SyntheticOptions{.size = n_eval, .sample_shape = s.sample, .num_classes = s.classes, .seed = seed + 1});
     return s;
   }
   std::vector<data::Transform> aug;
-  if (c.integer("data.random_crop") > 0) aug.push_back(data::transforms::random_crop(28, c.integer("data.random_crop")));
+  if (c.integer("data.random_crop") > 0)
+    aug.push_back(data::transforms::random_crop(28, c.integer("data.random_crop")));
   if (c.boolean("data.hflip")) aug.push_back(data::transforms::random_horizontal_flip());
   data::Transform train_tf = aug.empty() ? nullptr : data::transforms::compose(aug);
   const std::string root = c.string("data.root");
@@ -92,7 +93,8 @@ DataShape make_datasets(const Config& c, Task& t) {
   try {
     if (ds == "fashion_mnist") {
       const std::string r = root.empty() ? data::kFashionMnistRoot : root;
-      train = std::make_shared<data::FashionMNIST>(data::FashionMNISTOptions{.root = r, .train = true, .transform = train_tf});
+      train = std::make_shared<data::FashionMNIST>(
+          data::FashionMNISTOptions{.root = r, .train = true, .transform = train_tf});
       test = std::make_shared<data::FashionMNIST>(data::FashionMNISTOptions{.root = r, .train = false});
     } else {
       const std::string r = root.empty() ? data::kMnistRoot : root;
@@ -120,10 +122,12 @@ std::shared_ptr<nn::Module> make_model(const Config& c, Task& t, const DataShape
     if (!c.is_language_model())
       throw ConfigError(c.source() + ": model.type = \"gpt\" needs data.dataset = \"text\", got \"" +
                         c.string("data.dataset") + "\"");
-    auto m = std::make_shared<models::GPT>(models::GPTOptions{
-        .vocab_size = data::CharCorpus::vocab_size(), .block_size = c.integer("data.context"),
-        .n_layer = c.integer("model.n_layer"), .n_head = c.integer("model.n_head"),
-        .n_embd = c.integer("model.n_embd"), .dropout = c.number("model.dropout")});
+    auto m = std::make_shared<models::GPT>(models::GPTOptions{.vocab_size = data::CharCorpus::vocab_size(),
+                                                              .block_size = c.integer("data.context"),
+                                                              .n_layer = c.integer("model.n_layer"),
+                                                              .n_head = c.integer("model.n_head"),
+                                                              .n_embd = c.integer("model.n_embd"),
+                                                              .dropout = c.number("model.dropout")});
     t.gpt = m.get();
     return m;
   }
@@ -131,28 +135,39 @@ std::shared_ptr<nn::Module> make_model(const Config& c, Task& t, const DataShape
     throw ConfigError(c.source() + ": data.dataset = \"text\" needs model.type = \"gpt\", got \"" + type + "\"");
   if (type == "mlp") {
     const int64_t in = std::accumulate(s.sample.begin(), s.sample.end(), int64_t{1}, std::multiplies<>());
-    return std::make_shared<models::MLP>(models::MLPOptions{
-        .in_features = in, .hidden = c.integers("model.hidden"), .out_features = s.classes});
+    return std::make_shared<models::MLP>(
+        models::MLPOptions{.in_features = in, .hidden = c.integers("model.hidden"), .out_features = s.classes});
   }
   if (s.sample.size() != 3)
-    throw ConfigError(c.source() + ": model.type = \"" + type + "\" needs image samples [C, H, W], and data.path gives " +
-                      shape_str(s.sample) + " (use model.type = \"mlp\" for a table, or save images as [N, C, H, W])");
+    throw ConfigError(c.source() + ": model.type = \"" + type +
+                      "\" needs image samples [C, H, W], and data.path gives " + shape_str(s.sample) +
+                      " (use model.type = \"mlp\" for a table, or save images as [N, C, H, W])");
   const int64_t channels = s.sample[0], height = s.sample[1], width = s.sample[2];
   if (type == "cnn")
-    return std::make_shared<models::CNN>(models::CNNOptions{
-        .in_channels = channels, .channels1 = c.integer("model.channels1"), .channels2 = c.integer("model.channels2"),
-        .hidden = c.integer("model.fc_hidden"), .num_classes = s.classes, .input_size = {height, width}});
+    return std::make_shared<models::CNN>(models::CNNOptions{.in_channels = channels,
+                                                            .channels1 = c.integer("model.channels1"),
+                                                            .channels2 = c.integer("model.channels2"),
+                                                            .hidden = c.integer("model.fc_hidden"),
+                                                            .num_classes = s.classes,
+                                                            .input_size = {height, width}});
   if (type == "resnet")
-    return std::make_shared<models::ResNet>(models::ResNetOptions{
-        .in_channels = channels, .stem_channels = c.integer("model.stem_channels"),
-        .widths = c.integers("model.widths"), .blocks = c.integers("model.blocks"), .num_classes = s.classes});
+    return std::make_shared<models::ResNet>(models::ResNetOptions{.in_channels = channels,
+                                                                  .stem_channels = c.integer("model.stem_channels"),
+                                                                  .widths = c.integers("model.widths"),
+                                                                  .blocks = c.integers("model.blocks"),
+                                                                  .num_classes = s.classes});
   if (height != width)
     throw ConfigError(c.source() + ": model.type = \"vit\" needs square images, the data's are " +
                       std::to_string(height) + "x" + std::to_string(width) + " (H x W; data.resize makes them square)");
-  return std::make_shared<models::ViT>(models::ViTOptions{
-      .image_size = height, .patch_size = c.integer("model.patch_size"), .in_channels = channels,
-      .num_classes = s.classes, .dim = c.integer("model.dim"), .depth = c.integer("model.depth"),
-      .heads = c.integer("model.heads"), .mlp_dim = c.integer("model.mlp_dim"), .dropout = c.number("model.dropout")});
+  return std::make_shared<models::ViT>(models::ViTOptions{.image_size = height,
+                                                          .patch_size = c.integer("model.patch_size"),
+                                                          .in_channels = channels,
+                                                          .num_classes = s.classes,
+                                                          .dim = c.integer("model.dim"),
+                                                          .depth = c.integer("model.depth"),
+                                                          .heads = c.integer("model.heads"),
+                                                          .mlp_dim = c.integer("model.mlp_dim"),
+                                                          .dropout = c.number("model.dropout")});
 }
 
 std::unique_ptr<optim::Optimizer> make_optimizer(const Config& c, nn::Module& model) {
@@ -160,22 +175,28 @@ std::unique_ptr<optim::Optimizer> make_optimizer(const Config& c, nn::Module& mo
   const double lr = c.number("optim.lr"), wd = c.number("optim.weight_decay");
   auto params = model.named_parameters();
   if (name == "sgd")
-    return std::make_unique<optim::SGD>(params, optim::SGDOptions{.lr = lr, .momentum = c.number("optim.momentum"),
-                                                                 .weight_decay = wd,
-                                                                 .nesterov = c.boolean("optim.nesterov")});
+    return std::make_unique<optim::SGD>(params, optim::SGDOptions{.lr = lr,
+                                                                  .momentum = c.number("optim.momentum"),
+                                                                  .weight_decay = wd,
+                                                                  .nesterov = c.boolean("optim.nesterov")});
   if (name == "rmsprop")
-    return std::make_unique<optim::RMSprop>(params, optim::RMSpropOptions{.lr = lr, .eps = c.number("optim.eps"),
-                                                                         .weight_decay = wd,
-                                                                         .momentum = c.number("optim.momentum")});
+    return std::make_unique<optim::RMSprop>(
+        params,
+        optim::RMSpropOptions{
+            .lr = lr, .eps = c.number("optim.eps"), .weight_decay = wd, .momentum = c.number("optim.momentum")});
   if (name == "adamw")
     // Decoupled decay on weight matrices only, as nanoGPT does: biases and norm gains keep their scale.
     return std::make_unique<optim::AdamW>(optim::split_decay(params, wd),
-                                          optim::AdamWOptions{.lr = lr, .beta1 = c.number("optim.beta1"),
+                                          optim::AdamWOptions{.lr = lr,
+                                                              .beta1 = c.number("optim.beta1"),
                                                               .beta2 = c.number("optim.beta2"),
-                                                              .eps = c.number("optim.eps"), .weight_decay = wd});
-  return std::make_unique<optim::Adam>(params, optim::AdamOptions{.lr = lr, .beta1 = c.number("optim.beta1"),
+                                                              .eps = c.number("optim.eps"),
+                                                              .weight_decay = wd});
+  return std::make_unique<optim::Adam>(params, optim::AdamOptions{.lr = lr,
+                                                                  .beta1 = c.number("optim.beta1"),
                                                                   .beta2 = c.number("optim.beta2"),
-                                                                  .eps = c.number("optim.eps"), .weight_decay = wd});
+                                                                  .eps = c.number("optim.eps"),
+                                                                  .weight_decay = wd});
 }
 
 std::shared_ptr<optim::LRScheduler> make_scheduler(const Config& c, optim::Optimizer& opt, int64_t total) {
@@ -185,14 +206,14 @@ std::shared_ptr<optim::LRScheduler> make_scheduler(const Config& c, optim::Optim
   if (type == "cosine")
     main = std::make_shared<optim::CosineAnnealingLR>(
         opt, optim::CosineAnnealingLROptions{.T_max = std::max<int64_t>(1, total - warmup),
-                                              .eta_min = c.number("schedule.min_lr")});
+                                             .eta_min = c.number("schedule.min_lr")});
   else if (type == "step")
     main = std::make_shared<optim::StepLR>(
         opt, optim::StepLROptions{.step_size = c.integer("schedule.step_size"), .gamma = c.number("schedule.gamma")});
   if (warmup <= 0) return main;
   auto warm = std::make_shared<optim::LinearLR>(
-      opt, optim::LinearLROptions{.start_factor = 1.0 / static_cast<double>(warmup), .end_factor = 1.0,
-                                  .total_iters = warmup});
+      opt, optim::LinearLROptions{
+               .start_factor = 1.0 / static_cast<double>(warmup), .end_factor = 1.0, .total_iters = warmup});
   if (!main) return warm;
   return std::make_shared<optim::SequentialLR>(opt, std::vector<std::shared_ptr<optim::LRScheduler>>{warm, main},
                                                std::vector<int64_t>{warmup});
@@ -214,20 +235,24 @@ Task build_task(const Config& c, Purpose purpose, dist::ProcessGroupPtr group) {
   const bool distributed = group && group->size() > 1;
   if (distributed)
     t.sampler = std::make_shared<data::DistributedSampler>(
-        t.train_set->size(), data::DistributedSamplerOptions{.num_replicas = group->size(), .rank = group->rank(),
+        t.train_set->size(), data::DistributedSamplerOptions{.num_replicas = group->size(),
+                                                             .rank = group->rank(),
                                                              .shuffle = true,
                                                              .seed = static_cast<uint64_t>(c.integer("seed"))});
   t.train_loader = std::make_unique<data::DataLoader<>>(
-      t.train_set, data::DataLoader<>::Options{.batch_size = c.integer("data.batch_size"), .shuffle = !distributed,
-                                               .sampler = t.sampler, .num_workers = c.integer("data.num_workers"),
-                                               .drop_last = true, .seed = static_cast<uint64_t>(c.integer("seed")),
+      t.train_set, data::DataLoader<>::Options{.batch_size = c.integer("data.batch_size"),
+                                               .shuffle = !distributed,
+                                               .sampler = t.sampler,
+                                               .num_workers = c.integer("data.num_workers"),
+                                               .drop_last = true,
+                                               .seed = static_cast<uint64_t>(c.integer("seed")),
                                                .rank = distributed ? group->rank() : 0});
   if (t.train_loader->size() == 0)
-    throw ConfigError(c.origin("data.batch_size") + ": the training set has " + std::to_string(t.train_set->size()) +
-                      " samples, fewer than one batch of data.batch_size = " +
-                      std::to_string(c.integer("data.batch_size")));
-  t.total_steps = c.integer("train.steps") > 0 ? c.integer("train.steps")
-                                                : c.integer("train.epochs") * t.train_loader->size();
+    throw ConfigError(
+        c.origin("data.batch_size") + ": the training set has " + std::to_string(t.train_set->size()) +
+        " samples, fewer than one batch of data.batch_size = " + std::to_string(c.integer("data.batch_size")));
+  t.total_steps =
+      c.integer("train.steps") > 0 ? c.integer("train.steps") : c.integer("train.epochs") * t.train_loader->size();
   if (distributed) t.ddp = std::make_shared<dist::DistributedDataParallel>(t.model, group);
   t.optimizer = make_optimizer(c, *t.model);
   t.scheduler = make_scheduler(c, *t.optimizer, t.total_steps);

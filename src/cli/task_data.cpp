@@ -82,7 +82,8 @@ void from_arrays(const Config& c, const std::shared_ptr<const data::ArrayDataset
   if (eval) {
     const auto& g = eval->features();
     if (std::vector<int64_t>(g.sizes().begin() + 1, g.sizes().end()) != u.sample_shape)
-      throw ConfigError(c.source() + ": data.eval_path's samples are " + shape_str(std::vector<int64_t>(g.sizes().begin() + 1, g.sizes().end())) +
+      throw ConfigError(c.source() + ": data.eval_path's samples are " +
+                        shape_str(std::vector<int64_t>(g.sizes().begin() + 1, g.sizes().end())) +
                         " but data.path's are " + shape_str(u.sample_shape));
     u.train = train;
     u.eval = eval;
@@ -93,13 +94,17 @@ void from_arrays(const Config& c, const std::shared_ptr<const data::ArrayDataset
 
 void npy(const Config& c, UserData& u) {
   const std::string x = required_path(c, "data.path"), y = required_path(c, "data.labels_path");
-  auto train = read(c, "data.path", [&] { return std::make_shared<data::ArrayDataset>(data::ArrayDataset::from_npy(x, y)); });
+  auto train =
+      read(c, "data.path", [&] { return std::make_shared<data::ArrayDataset>(data::ArrayDataset::from_npy(x, y)); });
   std::shared_ptr<data::ArrayDataset> eval;
   const std::string ex = c.string("data.eval_path"), ey = c.string("data.eval_labels_path");
   if (ex.empty() != ey.empty())
-    throw ConfigError(c.source() + ": give both data.eval_path and data.eval_labels_path (the held-out features and labels), or neither");
+    throw ConfigError(
+        c.source() +
+        ": give both data.eval_path and data.eval_labels_path (the held-out features and labels), or neither");
   if (!ex.empty())
-    eval = read(c, "data.eval_path", [&] { return std::make_shared<data::ArrayDataset>(data::ArrayDataset::from_npy(ex, ey)); });
+    eval = read(c, "data.eval_path",
+                [&] { return std::make_shared<data::ArrayDataset>(data::ArrayDataset::from_npy(ex, ey)); });
   from_arrays(c, train, eval, u);
 }
 
@@ -111,9 +116,8 @@ void safetensors(const Config& c, UserData& u) {
   });
   std::shared_ptr<data::ArrayDataset> eval;
   if (!e.empty())
-    eval = read(c, "data.eval_path", [&] {
-      return std::make_shared<data::ArrayDataset>(data::ArrayDataset::from_safetensors(e, fk, lk));
-    });
+    eval = read(c, "data.eval_path",
+                [&] { return std::make_shared<data::ArrayDataset>(data::ArrayDataset::from_safetensors(e, fk, lk)); });
   from_arrays(c, train, eval, u);
 }
 
@@ -140,7 +144,8 @@ void image_folder(const Config& c, UserData& u) {
   const std::vector<int64_t> resize = c.integers("data.resize");
   const int64_t channels = c.integer("data.channels");
   if (channels != 0 && channels != 1 && channels != 3)
-    throw ConfigError(c.source() + ": 'data.channels' expects 0 (as the images), 1 or 3, got " + std::to_string(channels));
+    throw ConfigError(c.source() + ": 'data.channels' expects 0 (as the images), 1 or 3, got " +
+                      std::to_string(channels));
   if (!(resize.empty() || ((resize.size() == 1 || resize.size() == 2) &&
                            std::all_of(resize.begin(), resize.end(), [](int64_t s) { return s > 0; }))))
     throw ConfigError(c.source() + ": 'data.resize' expects [] (no resizing), [S] or [H, W] with positive sizes, got " +
@@ -171,10 +176,14 @@ bool is_user_data(const Config& c) {
 UserData make_user_data(const Config& c) {
   UserData u;
   const std::string d = c.string("data.dataset");
-  if (d == "npy") npy(c, u);
-  else if (d == "safetensors") safetensors(c, u);
-  else if (d == "csv") csv(c, u);
-  else image_folder(c, u);
+  if (d == "npy")
+    npy(c, u);
+  else if (d == "safetensors")
+    safetensors(c, u);
+  else if (d == "csv")
+    csv(c, u);
+  else
+    image_folder(c, u);
   return u;
 }
 

@@ -44,12 +44,12 @@
 #include "kiln/autograd/anomaly.h"
 #include "kiln/core/allocator.h"
 #include "kiln/core/format.h"
-#include "kiln/ops/factory.h"
 #include "kiln/core/threads.h"
 #include "kiln/dist/dist.h"
 #include "kiln/io/safetensors.h"
-#include "kiln/train/checkpoint.h"
+#include "kiln/ops/factory.h"
 #include "kiln/optim/clip_grad.h"
+#include "kiln/train/checkpoint.h"
 
 namespace kiln::cli {
 namespace fs = std::filesystem;
@@ -93,7 +93,8 @@ class StopSignals {
   bool requested() const { return g_signals.load() > 0; }
 
  private:
-  struct sigaction old_int_ {}, old_term_ {};
+  struct sigaction old_int_ {
+  }, old_term_{};
 };
 
 // ---- metrics.jsonl ----
@@ -165,9 +166,7 @@ const char* status_name(Status s) {
 class RunFacts : public io::Stateful {
  public:
   int64_t world_size = 1, threads = 1;
-  io::ObjectState state_dict() const override {
-    return {{}, {{"world_size", world_size}, {"threads", threads}}};
-  }
+  io::ObjectState state_dict() const override { return {{}, {{"world_size", world_size}, {"threads", threads}}}; }
   void load_state_dict(const io::ObjectState& s) override {
     world_size = std::get<int64_t>(s.values.at("world_size"));
     threads = std::get<int64_t>(s.values.at("threads"));
@@ -298,7 +297,9 @@ std::string resume_command(const Loop& L) {
 class BestMark : public io::Stateful {
  public:
   BestMark(std::string metric, double value, int64_t step) : metric_(std::move(metric)), value_(value), step_(step) {}
-  io::ObjectState state_dict() const override { return {{}, {{"metric", metric_}, {"value", value_}, {"step", step_}}}; }
+  io::ObjectState state_dict() const override {
+    return {{}, {{"metric", metric_}, {"value", value_}, {"step", step_}}};
+  }
   void load_state_dict(const io::ObjectState&) override {}
 
  private:
@@ -314,8 +315,9 @@ class KeepBest {
     const std::string metric = c.string("train.keep_best");
     if (metric == "off") return std::nullopt;
     if (metric == (lm ? "accuracy" : "bits_per_char"))
-      throw ConfigError(c.source() + ": train.keep_best = \"" + metric + "\" is not a metric of " +
-                        (lm ? "a language model (it has loss and bits_per_char)" : "a classifier (it has loss and accuracy)"));
+      throw ConfigError(
+          c.source() + ": train.keep_best = \"" + metric + "\" is not a metric of " +
+          (lm ? "a language model (it has loss and bits_per_char)" : "a classifier (it has loss and accuracy)"));
     KeepBest k;
     k.metric_ = metric;
     k.path_ = dir / kBestCheckpoint;
@@ -446,9 +448,14 @@ class TrainLoop {
 
   void record_start() {
     if (lead_)  // Note [Run story]
-      metrics_ << json{{"kind", L_.resumed ? "resume" : "start"}, {"step", L_.step}, {"total_steps", total_},
-                       {"world_size", world_}, {"time_s", L_.time_offset}}.dump()
-               << "\n" << std::flush;
+      metrics_ << json{{"kind", L_.resumed ? "resume" : "start"},
+                       {"step", L_.step},
+                       {"total_steps", total_},
+                       {"world_size", world_},
+                       {"time_s", L_.time_offset}}
+                      .dump()
+               << "\n"
+               << std::flush;
   }
 
   /// One step on `batch`; false when the loop stops after it (or instead of it).
@@ -501,8 +508,9 @@ class TrainLoop {
     a.stop_requested = f[1] > 0;
     a.loss = static_cast<double>(f[2]) / world_;  // the global batch's loss: the mean of the ranks'
     if (a.stop_requested && !signals_.requested())
-      progress_.message("kiln: another rank was asked to stop (SIGINT/SIGTERM): every rank stops after this "
-                        "step and a checkpoint is saved");
+      progress_.message(
+          "kiln: another rank was asked to stop (SIGINT/SIGTERM): every rank stops after this "
+          "step and a checkpoint is saved");
   }
 
   // Anomaly mode found a NaN/Inf: the same stop as a non-finite loss (exit 3, status "nan").
@@ -510,11 +518,11 @@ class TrainLoop {
     progress_.finish();
     const std::string module = trail_ ? trail_->module(in_backward) : std::string();
     const std::string who = world_ > 1 ? "rank " + std::to_string(L_.group->rank()) + ": " : std::string();
-    std::fprintf(stderr, "kiln: error: %sanomaly mode stopped the run at step %lld (epoch %lld) in the %s of %s%s:\n%s\n"
-                 "%s\n", who.c_str(),
-                 static_cast<long long>(L_.step + 1), static_cast<long long>(epoch),
-                 in_backward ? "backward" : "forward",
-                 module.empty() ? "the loss" : ("module " + module).c_str(),
+    std::fprintf(stderr,
+                 "kiln: error: %sanomaly mode stopped the run at step %lld (epoch %lld) in the %s of %s%s:\n%s\n"
+                 "%s\n",
+                 who.c_str(), static_cast<long long>(L_.step + 1), static_cast<long long>(epoch),
+                 in_backward ? "backward" : "forward", module.empty() ? "the loss" : ("module " + module).c_str(),
                  module.empty() ? "" : (" (" + type_of(*t_.model, module) + ")").c_str(), e.what(),
                  next_step_hint(L_, lead_).c_str());
   }
@@ -532,15 +540,28 @@ class TrainLoop {
     if (lead_) {  // Note [Run story]: the unlogged steps, averaged over the window like a train line
       const double window_s = std::chrono::duration<double>(Clock::now() - window_start_).count();
       for (const StepValues& v : unlogged_)
-        metrics_ << json{{"kind", "train"}, {"step", v.step}, {"epoch", v.epoch}, {"loss", v.loss}, {"lr", v.lr},
+        metrics_ << json{{"kind", "train"},
+                         {"step", v.step},
+                         {"epoch", v.epoch},
+                         {"loss", v.loss},
+                         {"lr", v.lr},
                          {"grad_norm", v.grad_norm},
                          {"samples_per_s", window_s > 0 ? static_cast<double>(window_samples_) / window_s : 0.0},
                          {"data_wait", window_s > 0 ? std::min(1.0, window_wait_ / window_s) : 0.0},
-                         {"memory", memory_json(true)}, {"time_s", v.time_s}}.dump()
+                         {"memory", memory_json(true)},
+                         {"time_s", v.time_s}}
+                        .dump()
                  << "\n";
-      metrics_ << json{{"kind", "nonfinite"}, {"step", L_.step + 1}, {"epoch", epoch}, {"lr", lr},
-                       {"loss", std::isnan(loss_v) ? "NaN" : loss_v > 0 ? "Inf" : "-Inf"}}.dump()
-               << "\n" << std::flush;
+      metrics_ << json{{"kind", "nonfinite"},
+                       {"step", L_.step + 1},
+                       {"epoch", epoch},
+                       {"lr", lr},
+                       {"loss", std::isnan(loss_v) ? "NaN"
+                                : loss_v > 0       ? "Inf"
+                                                   : "-Inf"}}
+                      .dump()
+               << "\n"
+               << std::flush;
     }
     status_ = Status::NonFinite;
   }
@@ -591,16 +612,26 @@ class TrainLoop {
       memory::reset_peak_stats();
     }
     const double rate = steps_per_s_ > 0 ? steps_per_s_ : (window_s > 0 ? sps / static_cast<double>(global_batch) : 0);
-    progress_.update({.step = L_.step, .total = stop_at_, .epoch = epoch, .loss = loss_v, .lr = lr,
+    progress_.update({.step = L_.step,
+                      .total = stop_at_,
+                      .epoch = epoch,
+                      .loss = loss_v,
+                      .lr = lr,
                       .samples_per_s = sps,
                       .eta_s = rate > 0 ? static_cast<double>(stop_at_ - L_.step) / rate : -1,
                       .memory_bytes = memory::stats().peak_bytes});
   }
 
   void write_train_line(double loss_v, double lr, double gnorm, double sps, double wait_frac) {
-    json j = {{"kind", "train"},      {"step", L_.step},          {"epoch", t_.train_loader->state().epoch},
-              {"loss", loss_v},       {"lr", lr},                 {"grad_norm", gnorm},
-              {"samples_per_s", sps}, {"data_wait", wait_frac},   {"memory", memory_json(true)},
+    json j = {{"kind", "train"},
+              {"step", L_.step},
+              {"epoch", t_.train_loader->state().epoch},
+              {"loss", loss_v},
+              {"lr", lr},
+              {"grad_norm", gnorm},
+              {"samples_per_s", sps},
+              {"data_wait", wait_frac},
+              {"memory", memory_json(true)},
               {"time_s", elapsed()}};
     if (t_.scaler)
       for (const auto& [k, v] : t_.scaler->metrics()) j[k] = v;
@@ -660,9 +691,14 @@ class TrainLoop {
     if (status_ == Status::Completed && (last_eval_.is_null() || last_eval_["step"] != L_.step)) run_eval();
     const int rc = status_ == Status::NonFinite ? 3 : 0;
     if (lead_) {
-      metrics_ << json{{"kind", "end"}, {"status", status_name(status_)}, {"step", L_.step}, {"total_steps", total_},
-                       {"time_s", elapsed()}}.dump()
-               << "\n" << std::flush;  // Note [Run story]
+      metrics_ << json{{"kind", "end"},
+                       {"status", status_name(status_)},
+                       {"step", L_.step},
+                       {"total_steps", total_},
+                       {"time_s", elapsed()}}
+                      .dump()
+               << "\n"
+               << std::flush;  // Note [Run story]
       print_summary(write_summary());
     }
     // mpirun ends the job when a rank exits non-zero: the others wait here until
@@ -681,8 +717,8 @@ class TrainLoop {
       for (const char* k : {"accuracy", "bits_per_char"})
         if (last_eval_.contains(k)) final_metrics[k] = last_eval_[k];
     }
-    json summary = {{"name", c_.name()},          {"config_path", L_.config_path}, {"steps", L_.step},
-                    {"total_steps", total_},      {"wall_s", elapsed()},           {"status", status_name(status_)},
+    json summary = {{"name", c_.name()},     {"config_path", L_.config_path}, {"steps", L_.step},
+                    {"total_steps", total_}, {"wall_s", elapsed()},           {"status", status_name(status_)},
                     {"final", final_metrics}};
     write_text(L_.run_dir / "summary.json", summary.dump(2) + "\n");
     write_report(L_.run_dir);
@@ -765,18 +801,19 @@ std::string broadcast_string(dist::ProcessGroup& group, const std::string& s) {
 
 }  // namespace
 
-int train(const Config& config, const fs::path& run_dir, const std::string& config_path,
-          dist::ProcessGroupPtr group) {
+int train(const Config& config, const fs::path& run_dir, const std::string& config_path, dist::ProcessGroupPtr group) {
   const bool lead = is_lead(group);
   g_quiet = !lead;
   if (lead && (fs::exists(run_dir / "metrics.jsonl") || fs::exists(run_dir / "checkpoints"))) {
     const int world = group ? group->size() : 1;
-    const std::string resume = world > 1 ? "kiln launch -n " + std::to_string(world) + " -- kiln resume " : "kiln resume ";
+    const std::string resume =
+        world > 1 ? "kiln launch -n " + std::to_string(world) + " -- kiln resume " : "kiln resume ";
     throw ConfigError(run_dir.string() + " already holds a run; continue it with `" + resume + run_dir.string() +
                       "`, or pass another --out DIR");
   }
   // Built before the run directory exists: a config or data problem leaves nothing behind.
-  Loop L{config, run_dir, config_path, build_task(config, Purpose::Train, group), std::nullopt, group, 0, 0, RunFacts{}};
+  Loop L{config, run_dir, config_path, build_task(config, Purpose::Train, group), std::nullopt, group,
+         0,      0,       RunFacts{}};
   L.facts.world_size = group ? group->size() : 1;
   L.facts.threads = get_num_threads();
   if (lead) {
@@ -800,12 +837,14 @@ fs::path checkpoint_to_resume(const fs::path& run_dir) {
   if (auto found = mgr.latest()) return *found;
   const auto files = mgr.list();
   if (files.empty())
-    throw ConfigError(run_dir.string() + ": no checkpoint under checkpoints/ (the run stopped before its first one), "
+    throw ConfigError(run_dir.string() +
+                      ": no checkpoint under checkpoints/ (the run stopped before its first one), "
                       "nothing to resume from");
   std::string msg = run_dir.string() + ": no usable checkpoint under checkpoints/:";
   for (const auto& f : files) msg += "\n  " + f.filename().string() + ": " + checkpoint_problem(f);
-  throw ConfigError(msg + "\nhint: a file cut short by a full disk or a copy cannot be repaired; start again with "
-                          "`kiln train`");
+  throw ConfigError(msg +
+                    "\nhint: a file cut short by a full disk or a copy cannot be repaired; start again with "
+                    "`kiln train`");
 }
 
 /// The facts (world size, threads) a checkpoint recorded, if it recorded them.
@@ -838,20 +877,25 @@ void check_facts(const RunFacts& then, const RunFacts& now, const fs::path& run_
                              " would change its future: each rank's share of the data and the batches' "
                              "composition depend on the process count";
     if (!o.allow_world_size_change)
-      throw ConfigError(what + ". Resume with `" + same + "` for the identical future, or pass "
-                        "--allow-world-size-change to continue on " + std::to_string(now.world_size) + " anyway");
-    std::fprintf(stderr, "kiln: warning: %s; continuing (--allow-world-size-change): the run no longer reproduces "
-                 "an uninterrupted one\n", what.c_str());
+      throw ConfigError(what + ". Resume with `" + same +
+                        "` for the identical future, or pass "
+                        "--allow-world-size-change to continue on " +
+                        std::to_string(now.world_size) + " anyway");
+    std::fprintf(stderr,
+                 "kiln: warning: %s; continuing (--allow-world-size-change): the run no longer reproduces "
+                 "an uninterrupted one\n",
+                 what.c_str());
   }
   // Not refused: kiln's parallel loops and reductions are meant to give the same bits at any
   // thread count in practice (measured: MLP, ResNet and GPT runs at 1, 2, 5 and 7 threads agree
   // bit for bit), but only the same count is guaranteed (DESIGN.md §2), so it is said.
   if (then.threads != now.threads)
-    std::fprintf(stderr, "kiln: note: %s was trained with %lld thread(s) per process, this resume uses %lld; bitwise "
+    std::fprintf(stderr,
+                 "kiln: note: %s was trained with %lld thread(s) per process, this resume uses %lld; bitwise "
                  "reproduction of an uninterrupted run is guaranteed only with the same count (OMP_NUM_THREADS=%lld "
-                 "or --set threads=%lld)\n", run.c_str(), static_cast<long long>(then.threads),
-                 static_cast<long long>(now.threads), static_cast<long long>(then.threads),
-                 static_cast<long long>(then.threads));
+                 "or --set threads=%lld)\n",
+                 run.c_str(), static_cast<long long>(then.threads), static_cast<long long>(now.threads),
+                 static_cast<long long>(then.threads), static_cast<long long>(then.threads));
 }
 
 std::string refusal(const std::string& origin, const std::string& key, const std::string& why,
@@ -948,7 +992,8 @@ int resume(const fs::path& run_dir, const ResumeOptions& o, dist::ProcessGroupPt
     json s = json::parse(in, nullptr, false);
     if (!s.is_discarded() && s.contains("config_path")) config_path = s["config_path"].get<std::string>();
   }
-  Loop L{config, run_dir, config_path, build_task(config, Purpose::Train, group), std::nullopt, group, 0, 0, RunFacts{}};
+  Loop L{config, run_dir, config_path, build_task(config, Purpose::Train, group), std::nullopt, group,
+         0,      0,       RunFacts{}};
   L.facts = now;
   RunFacts loaded;  // what the file holds; `now` is what later checkpoints record
   train::CheckpointRefs refs = checkpoint_refs(L, /*with_facts=*/false);

@@ -43,9 +43,12 @@ int64_t parse_limit_env() {
   double v = std::strtod(s, &end);
   if (end == s || v < 0) return 0;
   switch (*end) {
-    case 'k': case 'K': v *= 1024.0; break;
-    case 'm': case 'M': v *= 1024.0 * 1024.0; break;
-    case 'g': case 'G': v *= 1024.0 * 1024.0 * 1024.0; break;
+    case 'k':
+    case 'K': v *= 1024.0; break;
+    case 'm':
+    case 'M': v *= 1024.0 * 1024.0; break;
+    case 'g':
+    case 'G': v *= 1024.0 * 1024.0 * 1024.0; break;
     default: break;
   }
   return static_cast<int64_t>(v);
@@ -189,8 +192,10 @@ class CachingAllocator {
   }
 
   static void os_free(void* p, size_t size) {
-    if (size >= kLargeThreshold) munmap(p, size);
-    else std::free(p);
+    if (size >= kLargeThreshold)
+      munmap(p, size);
+    else
+      std::free(p);
   }
 
   [[noreturn]] void throw_oom(size_t nbytes, MemoryCategory cat, const char* by) {
@@ -199,7 +204,8 @@ class CachingAllocator {
        << memory_category_name(cat) << ": refused by " << by;
     const int64_t lim = limit_.load(std::memory_order_relaxed);
     if (lim > 0) os << " (limit " << format_bytes(lim) << ", in use " << format_bytes(live_.load()) << ")";
-    os << "\n" << memory::summary()
+    os << "\n"
+       << memory::summary()
        << "hint: reduce the batch size, free tensors you no longer need (the largest category above is the place "
           "to look), or raise the limit with kiln::memory::set_limit / KILN_MEMORY_LIMIT";
     throw OutOfMemory(os.str());

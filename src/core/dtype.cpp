@@ -40,13 +40,15 @@ std::string_view dtype_safetensors_name(DType t) {
 }
 
 DType dtype_from_name(std::string_view name) {
-  struct Alias { std::string_view name; DType t; };
+  struct Alias {
+    std::string_view name;
+    DType t;
+  };
   static constexpr Alias kAliases[] = {
-      {"float32", kFloat32}, {"float", kFloat32},    {"F32", kFloat32},     {"float64", kFloat64},
-      {"double", kFloat64},  {"F64", kFloat64},      {"bfloat16", kBFloat16}, {"BF16", kBFloat16},
-      {"float16", kFloat16}, {"half", kFloat16},     {"F16", kFloat16},     {"int64", kInt64},
-      {"long", kInt64},      {"I64", kInt64},        {"int32", kInt32},     {"int", kInt32},
-      {"I32", kInt32},       {"uint8", kUInt8},      {"U8", kUInt8},        {"bool", kBool},
+      {"float32", kFloat32}, {"float", kFloat32},     {"F32", kFloat32},   {"float64", kFloat64}, {"double", kFloat64},
+      {"F64", kFloat64},     {"bfloat16", kBFloat16}, {"BF16", kBFloat16}, {"float16", kFloat16}, {"half", kFloat16},
+      {"F16", kFloat16},     {"int64", kInt64},       {"long", kInt64},    {"I64", kInt64},       {"int32", kInt32},
+      {"int", kInt32},       {"I32", kInt32},         {"uint8", kUInt8},   {"U8", kUInt8},        {"bool", kBool},
       {"BOOL", kBool},
   };
   for (const auto& a : kAliases) {
@@ -74,8 +76,8 @@ namespace detail {
 
 void throw_dtype_not_in(std::string_view op, DTypeSet allowed, DType got) {
   if (allowed == kFloatingTypes)
-    throw DTypeError(concat(op, ": expected a floating-point tensor (float32, float64, bfloat16, float16), got ",
-                            dtype_name(got)));
+    throw DTypeError(
+        concat(op, ": expected a floating-point tensor (float32, float64, bfloat16, float16), got ", dtype_name(got)));
   std::string names;
   int listed = 0, count = 0;
   for (int i = 0; i < kNumDTypes; ++i) count += allowed.contains(static_cast<DType>(i)) ? 1 : 0;

@@ -44,8 +44,7 @@ class Formatter {
  public:
   enum class Kind { Int, Bool, Float };
 
-  explicit Formatter(DType dt)
-      : kind_(dt == kBool ? Kind::Bool : (is_floating_point(dt) ? Kind::Float : Kind::Int)) {}
+  explicit Formatter(DType dt) : kind_(dt == kBool ? Kind::Bool : (is_floating_point(dt) ? Kind::Float : Kind::Int)) {}
 
   // Feeds every element that will be printed.
   void observe(const Value& v) {
@@ -74,9 +73,12 @@ class Formatter {
     }
     for (double v : finite_) {
       int w;
-      if (sci_) w = static_cast<int>(printf_str("%.*e", kPrecision, v).size());
-      else if (int_mode_) w = static_cast<int>(printf_str("%.*f", 0, v).size()) + 1;
-      else w = static_cast<int>(printf_str("%.*f", kPrecision, v).size());
+      if (sci_)
+        w = static_cast<int>(printf_str("%.*e", kPrecision, v).size());
+      else if (int_mode_)
+        w = static_cast<int>(printf_str("%.*f", 0, v).size()) + 1;
+      else
+        w = static_cast<int>(printf_str("%.*f", kPrecision, v).size());
       width_ = std::max(width_, w);
     }
     finite_.clear();
@@ -128,8 +130,10 @@ class Printer {
   Value at(int64_t offset) const {
     return visit_dtype(t_.dtype(), [&]<typename T>() -> Value {
       const T v = static_cast<const T*>(t_.data_ptr())[offset];
-      if constexpr (is_float_v<T>) return {static_cast<double>(static_cast<compute_t<T>>(v)), 0};
-      else return {0, static_cast<int64_t>(v)};
+      if constexpr (is_float_v<T>)
+        return {static_cast<double>(static_cast<compute_t<T>>(v)), 0};
+      else
+        return {0, static_cast<int64_t>(v)};
     });
   }
 
@@ -155,7 +159,8 @@ class Printer {
   std::string vector_str(int64_t offset, int indent) const {
     const int64_t n = t_.sizes().back(), stride = t_.strides().back();
     const int element_length = fm_.width() + 2;
-    const int per_line = std::max(1, static_cast<int>(std::floor(static_cast<double>(kLineWidth - indent) / element_length)));
+    const int per_line =
+        std::max(1, static_cast<int>(std::floor(static_cast<double>(kLineWidth - indent) / element_length)));
     std::vector<std::string> data;
     for_printed(n, [&](int64_t i) {
       if (elided(n) && i == n - kEdgeItems) data.emplace_back(" ...");
@@ -204,7 +209,8 @@ std::string py_tuple(IntArrayRef s) {
 // torch's _add_suffixes: ", suffix" on the last line while it fits in 80 columns.
 std::string add_suffixes(std::string s, const std::vector<std::string>& suffixes, int indent) {
   const size_t nl = s.rfind('\n');
-  int64_t last_line_len = static_cast<int64_t>(s.size()) - (nl == std::string::npos ? -1 : static_cast<int64_t>(nl)) + 1;
+  int64_t last_line_len =
+      static_cast<int64_t>(s.size()) - (nl == std::string::npos ? -1 : static_cast<int64_t>(nl)) + 1;
   for (const auto& suffix : suffixes) {
     const int64_t len = static_cast<int64_t>(suffix.size());
     if (last_line_len + len + 2 > kLineWidth) {

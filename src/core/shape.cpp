@@ -36,8 +36,8 @@ DimVector contiguous_strides(IntArrayRef sizes) {
 
 int64_t wrap_dim(int64_t dim, int64_t ndim, const char* op) {
   const int64_t n = std::max<int64_t>(ndim, 1);  // a 0-d tensor accepts dim 0 and -1, as PyTorch
-  KILN_CHECK(dim >= -n && dim < n, IndexError, op, ": dimension out of range (expected to be in range of [", -n,
-             ", ", n - 1, "], but got ", dim, ")");
+  KILN_CHECK(dim >= -n && dim < n, IndexError, op, ": dimension out of range (expected to be in range of [", -n, ", ",
+             n - 1, "], but got ", dim, ")");
   return dim < 0 ? dim + n : dim;
 }
 
@@ -48,8 +48,8 @@ DimVector broadcast_shapes(IntArrayRef a, IntArrayRef b, const char* op) {
     const int64_t da = i < n - a.size() ? 1 : a[i - (n - a.size())];
     const int64_t db = i < n - b.size() ? 1 : b[i - (n - b.size())];
     KILN_CHECK(da == db || da == 1 || db == 1, ShapeError, op, ": shapes ", a, " and ", b,
-               " cannot be broadcast: dimension ", i, " (from the left of the broadcast shape) is ", da, " vs ",
-               db, "; sizes must match or one of them must be 1");
+               " cannot be broadcast: dimension ", i, " (from the left of the broadcast shape) is ", da, " vs ", db,
+               "; sizes must match or one of them must be 1");
     out[i] = da == 1 ? db : da;
   }
   return out;

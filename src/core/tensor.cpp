@@ -18,13 +18,14 @@ int64_t Tensor::stride(int64_t d) const {
 void Tensor::check_dtype_for_access(DType requested, const char* what) const {
   KILN_CHECK(defined(), ValueError, what, "(): called on an undefined tensor");
   KILN_CHECK(requested == dtype(), DTypeError, what, "<", dtype_name(requested), ">(): the tensor's dtype is ",
-             dtype_name(dtype()), "; use data_ptr<", dtype_name(dtype()), "> or convert with .to(", 
+             dtype_name(dtype()), "; use data_ptr<", dtype_name(dtype()), "> or convert with .to(",
              dtype_name(requested), ") first");
 }
 
 void Tensor::set_data(const Tensor& new_data) const {
   KILN_CHECK(defined(), ValueError, "set_data(): called on an undefined tensor");
-  KILN_CHECK(new_data.defined(), ValueError, "set_data(): expected a defined tensor as the new data, got an undefined one");
+  KILN_CHECK(new_data.defined(), ValueError,
+             "set_data(): expected a defined tensor as the new data, got an undefined one");
   KILN_CHECK(new_data.device() == device(), ValueError, "set_data(): the new data must be on the same device");
   // Self-assignment would hand set_data views of the very metadata it overwrites.
   if (new_data.impl() == impl()) return;
@@ -34,8 +35,8 @@ void Tensor::set_data(const Tensor& new_data) const {
 
 Scalar Tensor::item_scalar() const {
   KILN_CHECK(defined(), ValueError, "item(): called on an undefined tensor");
-  KILN_CHECK(numel() == 1, ValueError, "item(): expected a tensor with one element, got shape ", sizes(), " (",
-             numel(), " elements)");
+  KILN_CHECK(numel() == 1, ValueError, "item(): expected a tensor with one element, got shape ", sizes(), " (", numel(),
+             " elements)");
   return visit_dtype(dtype(), [&]<typename T>() -> Scalar { return Scalar(*static_cast<const T*>(data_ptr())); });
 }
 

@@ -6,9 +6,9 @@
 
 #include "kiln/core/allocator.h"
 #include "kiln/core/error.h"
-#include "kiln/ops/factory.h"
 #include "kiln/data/npy.h"
 #include "kiln/io/safetensors.h"
+#include "kiln/ops/factory.h"
 
 namespace kiln::data {
 
@@ -48,8 +48,9 @@ Tensor class_indices(const Tensor& labels, const std::string& source) {
 
 /// Features as float32, contiguous, every value finite.
 Tensor float_features(const Tensor& features, const std::string& source) {
-  KILN_CHECK(features.dim() >= 2, FormatError, "'", source, "': expected features of shape [N, ...] (2 or more dims), got ",
-             features.shape_string(), " (a single feature per sample is [N, 1])");
+  KILN_CHECK(features.dim() >= 2, FormatError, "'", source,
+             "': expected features of shape [N, ...] (2 or more dims), got ", features.shape_string(),
+             " (a single feature per sample is [N, 1])");
   KILN_CHECK(is_floating_point(features.dtype()) || is_integral(features.dtype(), /*include_bool=*/true), FormatError,
              "'", source, "': expected numeric features, got ", dtype_name(features.dtype()));
   MemoryCategoryGuard data_memory(MemoryCategory::Data);
@@ -87,11 +88,10 @@ ArrayDataset ArrayDataset::from_safetensors(const std::string& path, const std::
     if (file.contains(*key)) continue;
     std::string names;
     for (size_t i = 0; i < file.tensors.size() && i < 20; ++i) names += (i ? ", " : "") + file.tensors[i].first;
-    throw FormatError(concat("'", path, "': no tensor named '", *key, "' (it holds ", file.tensors.size(),
-                             " tensors", names.empty() ? "" : ": ", names, "); name them with features_key/labels_key"));
+    throw FormatError(concat("'", path, "': no tensor named '", *key, "' (it holds ", file.tensors.size(), " tensors",
+                             names.empty() ? "" : ": ", names, "); name them with features_key/labels_key"));
   }
-  return ArrayDataset(file.at(features_key), file.at(labels_key), path + ": " + features_key,
-                      path + ": " + labels_key);
+  return ArrayDataset(file.at(features_key), file.at(labels_key), path + ": " + features_key, path + ": " + labels_key);
 }
 
 Example ArrayDataset::get(int64_t index) const {

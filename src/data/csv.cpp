@@ -93,7 +93,8 @@ class RowReader {
   }
   static std::string printable(char c) {
     const auto u = static_cast<unsigned char>(c);
-    return u >= 0x20 && u < 0x7f ? std::string(1, c) : concat("\\x", "0123456789abcdef"[u >> 4], "0123456789abcdef"[u & 15]);
+    return u >= 0x20 && u < 0x7f ? std::string(1, c)
+                                 : concat("\\x", "0123456789abcdef"[u >> 4], "0123456789abcdef"[u & 15]);
   }
 
   std::string_view s_;
@@ -151,11 +152,13 @@ CsvDataset::Parsed CsvDataset::parse(const CsvOptions& o) {
     if (!o.label_name.empty() && std::find(first.begin(), first.end(), o.label_name) != first.end()) header = true;
     for (size_t j = 0; !header && have_second && j < std::min(first.size(), row.size()); ++j)
       header = !is_number(first[j]) && is_number(row[j]);
-    if (!have_second && !header) header = std::none_of(first.begin(), first.end(), [](const std::string& f) { return is_number(f); });
+    if (!have_second && !header)
+      header = std::none_of(first.begin(), first.end(), [](const std::string& f) { return is_number(f); });
   }
   const auto ncols = static_cast<int64_t>(first.size());
-  KILN_CHECK(ncols >= 2, FormatError, "'", o.path, "':", first_line, ": expected at least 2 columns (features and a label), got ",
-             ncols, o.delimiter == ',' ? " (is the file delimited by something other than ','?)" : "");
+  KILN_CHECK(ncols >= 2, FormatError, "'", o.path, "':", first_line,
+             ": expected at least 2 columns (features and a label), got ", ncols,
+             o.delimiter == ',' ? " (is the file delimited by something other than ','?)" : "");
 
   Parsed out;
   out.path = o.path;
@@ -165,9 +168,9 @@ CsvDataset::Parsed CsvDataset::parse(const CsvOptions& o) {
     if (it == first.end()) {
       std::string names;
       for (size_t j = 0; header && j < first.size() && j < 30; ++j) names += (j ? ", " : "") + shown(first[j]);
-      throw FormatError(concat("'", o.path, "': no column named '", o.label_name, "' for the labels (",
-                               header ? "the header has: " + names : "the file has no header row; give the column's index",
-                               ")"));
+      throw FormatError(
+          concat("'", o.path, "': no column named '", o.label_name, "' for the labels (",
+                 header ? "the header has: " + names : "the file has no header row; give the column's index", ")"));
     }
     label = it - first.begin();
   } else {
@@ -177,8 +180,10 @@ CsvDataset::Parsed CsvDataset::parse(const CsvOptions& o) {
   }
   for (int64_t j = 0; j < ncols; ++j) {
     const std::string name = header ? first[static_cast<size_t>(j)] : concat("column ", j + 1);
-    if (j == label) out.label_column = name;
-    else out.feature_names.push_back(name);
+    if (j == label)
+      out.label_column = name;
+    else
+      out.feature_names.push_back(name);
   }
 
   std::vector<float> values;
@@ -215,7 +220,8 @@ CsvDataset::Parsed CsvDataset::parse(const CsvOptions& o) {
 
   std::vector<int64_t> ids(static_cast<size_t>(n));
   bool integers = o.class_names.empty();
-  for (int64_t i = 0; integers && i < n; ++i) integers = parse_integer(label_text[static_cast<size_t>(i)], ids[static_cast<size_t>(i)]);
+  for (int64_t i = 0; integers && i < n; ++i)
+    integers = parse_integer(label_text[static_cast<size_t>(i)], ids[static_cast<size_t>(i)]);
   if (integers) {
     for (int64_t i = 0; i < n; ++i)
       KILN_CHECK(ids[static_cast<size_t>(i)] >= 0, FormatError, "'", o.path, "':", label_line[static_cast<size_t>(i)],

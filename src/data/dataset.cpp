@@ -23,13 +23,9 @@ uint64_t draw_seed(Generator& gen) {
   return (static_cast<uint64_t>(w[1]) << 32) | w[0];
 }
 
-Generator& sample_generator() {
-  return tls_sample_generator ? *tls_sample_generator : default_generator();
-}
+Generator& sample_generator() { return tls_sample_generator ? *tls_sample_generator : default_generator(); }
 
-SampleGeneratorGuard::SampleGeneratorGuard(Generator* gen) : prev_(tls_sample_generator) {
-  tls_sample_generator = gen;
-}
+SampleGeneratorGuard::SampleGeneratorGuard(Generator* gen) : prev_(tls_sample_generator) { tls_sample_generator = gen; }
 SampleGeneratorGuard::~SampleGeneratorGuard() { tls_sample_generator = prev_; }
 
 TensorDataset::TensorDataset(Tensor data, Tensor target) : data_(std::move(data)), target_(std::move(target)) {
@@ -55,8 +51,8 @@ SyntheticDataset::SyntheticDataset(SyntheticOptions options) : options_(std::mov
 }
 
 Example SyntheticDataset::get(int64_t index) const {
-  KILN_CHECK(index >= 0 && index < size(), IndexError, "SyntheticDataset: index ", index, " out of range [0, ",
-             size(), ")");
+  KILN_CHECK(index >= 0 && index < size(), IndexError, "SyntheticDataset: index ", index, " out of range [0, ", size(),
+             ")");
   Generator gen(sample_seed(options_.seed, 0, 0, index));
   Tensor x = randn(options_.sample_shape, TensorOptions().dtype(kFloat32), &gen);
   Tensor y = randint(0, options_.num_classes, {}, TensorOptions().dtype(kInt64), &gen);

@@ -21,7 +21,8 @@ size_t pread_some(int fd, char* dst, size_t n, uint64_t offset, const std::strin
     const ssize_t r = ::pread(fd, dst + got, n - got, static_cast<off_t>(offset + got));
     if (r < 0) {
       if (errno == EINTR) continue;
-      throw IOError(kiln::detail::concat("'", path, "': read failed at offset ", offset + got, ": ", std::strerror(errno)));
+      throw IOError(
+          kiln::detail::concat("'", path, "': read failed at offset ", offset + got, ": ", std::strerror(errno)));
     }
     if (r == 0) break;
     got += static_cast<size_t>(r);

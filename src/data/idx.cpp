@@ -21,17 +21,17 @@
 #include <filesystem>
 #include <limits>
 
+#include "file_io.h"
 #include "kiln/core/error.h"
 #include "kiln/ops/factory.h"
-#include "file_io.h"
 
 namespace kiln::data {
 
 namespace {
 
-using kiln::detail::concat;
 using kiln::data::detail::Fd;
 using kiln::data::detail::pread_some;
+using kiln::detail::concat;
 
 // The most a deflate stream can expand: a 258-byte match coded in 2 bits.
 constexpr uint64_t kMaxDeflateRatio = 1032;
@@ -143,7 +143,8 @@ std::string read_maybe_gzipped(const std::string& path) {
     len += src.read(out.data() + len, out.size() - len);
     if (len < out.size()) break;
     KILN_CHECK(out.size() < src.max_bytes(), FormatError, "'", path, "': the gzip stream inflates to more than ",
-               src.max_bytes(), " bytes, ", kMaxDeflateRatio, " times its compressed size, which deflate cannot produce");
+               src.max_bytes(), " bytes, ", kMaxDeflateRatio,
+               " times its compressed size, which deflate cannot produce");
     out.resize(std::min<uint64_t>(src.max_bytes(), out.size() * 2));
   }
   out.resize(len);
@@ -175,12 +176,14 @@ Tensor read_idx(const std::string& path) {
   for (size_t d = 0; d < ndim; ++d) {
     const uint8_t* p = head + 4 + 4 * d;
     dims[d] = (int64_t(p[0]) << 24) | (int64_t(p[1]) << 16) | (int64_t(p[2]) << 8) | int64_t(p[3]);
-    if (dims[d] == 0) has_zero = true;
-    else overflow = overflow || __builtin_mul_overflow(dense, static_cast<uint64_t>(dims[d]), &dense);
+    if (dims[d] == 0)
+      has_zero = true;
+    else
+      overflow = overflow || __builtin_mul_overflow(dense, static_cast<uint64_t>(dims[d]), &dense);
   }
   const std::string shape = shape_str(dims);
-  KILN_CHECK(!overflow && dense <= static_cast<uint64_t>(std::numeric_limits<int64_t>::max()), FormatError, "'",
-             path, "': the header's shape ", shape, " has more elements than any file can hold");
+  KILN_CHECK(!overflow && dense <= static_cast<uint64_t>(std::numeric_limits<int64_t>::max()), FormatError, "'", path,
+             "': the header's shape ", shape, " has more elements than any file can hold");
   const uint64_t count = has_zero ? 0 : dense;
   // Refuse before allocating: the data cannot be longer than the file allows.
   const uint64_t room = src.max_bytes() - std::min<uint64_t>(src.max_bytes(), header);
@@ -190,8 +193,8 @@ Tensor read_idx(const std::string& path) {
                                " bytes of data, more than a gzip file of ", src.file_size(),
                                " bytes can inflate to (at most ", kMaxDeflateRatio, " times its size)"));
     }
-    throw FormatError(concat("'", path, "': truncated: the header promises ", count, " bytes of data, the file has ",
-                             room));
+    throw FormatError(
+        concat("'", path, "': truncated: the header promises ", count, " bytes of data, the file has ", room));
   }
   // The dataset itself: charged to Data, not to whatever the caller computes.
   Tensor t = empty(dims, TensorOptions().dtype(kUInt8).category(MemoryCategory::Data));
@@ -222,8 +225,8 @@ IdxClassificationDataset::IdxClassificationDataset(const std::string& images_pat
 }
 
 Example IdxClassificationDataset::get(int64_t index) const {
-  KILN_CHECK(index >= 0 && index < size(), IndexError, "IdxClassificationDataset: index ", index,
-             " out of range [0, ", size(), ")");
+  KILN_CHECK(index >= 0 && index < size(), IndexError, "IdxClassificationDataset: index ", index, " out of range [0, ",
+             size(), ")");
   const int64_t h = images_.size(1), w = images_.size(2);
   Tensor x = empty({1, h, w}, TensorOptions().dtype(kFloat32));
   const uint8_t* src = images_.data_ptr<uint8_t>() + index * h * w;
@@ -251,10 +254,11 @@ constexpr const char* kMnistHint =
 }  // namespace
 
 FashionMNIST::FashionMNIST(const FashionMNISTOptions& o)
-    : IdxClassificationDataset(
-          find_file(o.root, std::string(o.train ? "train" : "t10k") + "-images-idx3-ubyte", "FashionMNIST", kFashionHint),
-          find_file(o.root, std::string(o.train ? "train" : "t10k") + "-labels-idx1-ubyte", "FashionMNIST", kFashionHint),
-          o.transform) {}
+    : IdxClassificationDataset(find_file(o.root, std::string(o.train ? "train" : "t10k") + "-images-idx3-ubyte",
+                                         "FashionMNIST", kFashionHint),
+                               find_file(o.root, std::string(o.train ? "train" : "t10k") + "-labels-idx1-ubyte",
+                                         "FashionMNIST", kFashionHint),
+                               o.transform) {}
 
 MNIST::MNIST(const MNISTOptions& o)
     : IdxClassificationDataset(

@@ -36,9 +36,8 @@ Codec codec_of(std::span<const uint8_t> b, std::string_view source) {
   static constexpr uint8_t kPng[8] = {0x89, 'P', 'N', 'G', '\r', '\n', 0x1a, '\n'};
   if (b.size() >= 8 && std::memcmp(b.data(), kPng, 8) == 0) return Codec::Png;
   if (b.size() >= 3 && b[0] == 0xff && b[1] == 0xd8 && b[2] == 0xff) return Codec::Jpeg;
-  throw FormatError(concat("'", source, "': not a PNG or JPEG image (", b.size() < 8 ? "too short for an image header"
-                                                                                    : "unknown signature",
-                           ")"));
+  throw FormatError(concat("'", source, "': not a PNG or JPEG image (",
+                           b.size() < 8 ? "too short for an image header" : "unknown signature", ")"));
 }
 
 void check_size(int64_t h, int64_t w, int64_t max_pixels, std::string_view source) {
@@ -148,7 +147,8 @@ struct PngImage {
 };
 
 [[noreturn]] void png_failed(const png_image& img, std::string_view source) {
-  throw FormatError(concat("'", source, "': corrupt or unsupported PNG: ", img.message[0] ? img.message : "libpng failed"));
+  throw FormatError(
+      concat("'", source, "': corrupt or unsupported PNG: ", img.message[0] ? img.message : "libpng failed"));
 }
 
 ImageInfo png_begin(PngImage& p, std::span<const uint8_t> b, std::string_view source) {
@@ -189,8 +189,8 @@ ImageInfo probe_image(std::span<const uint8_t> bytes, std::string_view source) {
 }
 
 Tensor decode_image(std::span<const uint8_t> bytes, std::string_view source, int64_t channels, int64_t max_pixels) {
-  KILN_CHECK(channels == 0 || channels == 1 || channels == 3, ValueError, "decode_image: expected channels 0, 1 or 3, got ",
-             channels);
+  KILN_CHECK(channels == 0 || channels == 1 || channels == 3, ValueError,
+             "decode_image: expected channels 0, 1 or 3, got ", channels);
   KILN_CHECK(max_pixels > 0, ValueError, "decode_image: expected max_pixels > 0, got ", max_pixels);
   if (codec_of(bytes, source) == Codec::Jpeg) {
     const JpegResult r = jpeg(bytes, source, /*header_only=*/false, max_pixels);
@@ -222,7 +222,8 @@ Tensor resize_bilinear(const Tensor& image, int64_t height, int64_t width) {
   Tensor out = empty({c, height, width}, TensorOptions().dtype(kUInt8).category(MemoryCategory::Data));
   // Source coordinate of an output pixel centre, clamped at 0 as torch does.
   auto source = [](int64_t i, int64_t in, int64_t n, int64_t& i0, int64_t& i1, double& frac) {
-    const double s = std::max(0.0, (static_cast<double>(i) + 0.5) * static_cast<double>(in) / static_cast<double>(n) - 0.5);
+    const double s =
+        std::max(0.0, (static_cast<double>(i) + 0.5) * static_cast<double>(in) / static_cast<double>(n) - 0.5);
     i0 = std::min(static_cast<int64_t>(s), in - 1);
     i1 = std::min(i0 + 1, in - 1);
     frac = s - static_cast<double>(i0);

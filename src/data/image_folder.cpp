@@ -12,8 +12,8 @@
 #include "file_io.h"
 #include "kiln/core/allocator.h"
 #include "kiln/core/error.h"
-#include "kiln/ops/factory.h"
 #include "kiln/data/image.h"
+#include "kiln/ops/factory.h"
 
 namespace kiln::data {
 
@@ -24,7 +24,8 @@ using kiln::detail::concat;
 
 bool is_image_name(const fs::path& p) {
   std::string ext = p.extension().string();
-  std::transform(ext.begin(), ext.end(), ext.begin(), [](unsigned char c) { return static_cast<char>(std::tolower(c)); });
+  std::transform(ext.begin(), ext.end(), ext.begin(),
+                 [](unsigned char c) { return static_cast<char>(std::tolower(c)); });
   return ext == ".png" || ext == ".jpg" || ext == ".jpeg";
 }
 
@@ -44,7 +45,9 @@ std::vector<std::string> images_under(const fs::path& dir) {
 
 std::string read_file(const std::string& path) { return detail::read_whole_file(path, "ImageFolder"); }
 
-std::span<const uint8_t> as_bytes(const std::string& s) { return {reinterpret_cast<const uint8_t*>(s.data()), s.size()}; }
+std::span<const uint8_t> as_bytes(const std::string& s) {
+  return {reinterpret_cast<const uint8_t*>(s.data()), s.size()};
+}
 
 }  // namespace
 
@@ -102,9 +105,10 @@ ImageFolder::ImageFolder(ImageFolderOptions o) {
                " pixels, more than the limit of ", o.max_pixels);
     any_color = any_color || im.channels == 3;
     if (o.size.empty())
-      KILN_CHECK(im.height == info[0].height && im.width == info[0].width, FormatError, "'", p, "' is ", im.width, "x",
-                 im.height, " but '", paths_[0], "' is ", info[0].width, "x", info[0].height,
-                 ": images of one dataset need one size (resize them: ImageFolderOptions::size, or data.resize in a config)");
+      KILN_CHECK(
+          im.height == info[0].height && im.width == info[0].width, FormatError, "'", p, "' is ", im.width, "x",
+          im.height, " but '", paths_[0], "' is ", info[0].width, "x", info[0].height,
+          ": images of one dataset need one size (resize them: ImageFolderOptions::size, or data.resize in a config)");
   }
   const int64_t c = o.channels ? o.channels : (any_color ? 3 : 1);
   const int64_t h = o.size.empty() ? info[0].height : o.size[0];

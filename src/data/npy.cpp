@@ -98,7 +98,8 @@ class Scanner {
       if (key == "descr") {
         dup(h.has_descr, key, key_at);
         if (peek() == '[')
-          fail("descr is a list: structured arrays (record dtypes) are not supported; save each field as its own array");
+          fail(
+              "descr is a list: structured arrays (record dtypes) are not supported; save each field as its own array");
         h.descr = quoted("descr as a quoted dtype string such as '<f4'");
       } else if (key == "fortran_order") {
         dup(h.has_fortran, key, key_at);
@@ -119,7 +120,9 @@ class Scanner {
     if (i_ != s_.size()) fail("unexpected text after the dict");
     if (!h.has_descr || !h.has_fortran || !h.has_shape)
       throw FormatError(concat("'", source_, "': the .npy header lacks ",
-                               !h.has_descr ? "'descr'" : !h.has_fortran ? "'fortran_order'" : "'shape'",
+                               !h.has_descr     ? "'descr'"
+                               : !h.has_fortran ? "'fortran_order'"
+                                                : "'shape'",
                                " (it must have descr, fortran_order and shape)"));
     return h;
   }
@@ -220,8 +223,11 @@ DType target_dtype(Header& h, const std::string& source) {
   switch (h.kind) {
     case 'O': throw unsupported("object arrays hold pickled Python objects, which kiln does not load");
     case 'c': throw unsupported("complex numbers are not supported");
-    case 'U': case 'S': case 'a': throw unsupported("string arrays are not supported; store numbers");
-    case 'M': case 'm': throw unsupported("datetime arrays are not supported");
+    case 'U':
+    case 'S':
+    case 'a': throw unsupported("string arrays are not supported; store numbers");
+    case 'M':
+    case 'm': throw unsupported("datetime arrays are not supported");
     case 'V': throw unsupported("void (raw record) arrays are not supported");
     default: break;
   }
@@ -282,8 +288,8 @@ Tensor parse(const Bytes& in) {
   uint8_t pre[12] = {};
   const size_t got = in.read(0, reinterpret_cast<char*>(pre), 10);
   KILN_CHECK(got >= 8 && std::memcmp(pre, kMagic, 6) == 0, FormatError, "'", src,
-             "': not a .npy file (expected it to start with \"\\x93NUMPY\"", got < 6 ? concat("; it has ", got, " bytes") : "",
-             ")");
+             "': not a .npy file (expected it to start with \"\\x93NUMPY\"",
+             got < 6 ? concat("; it has ", got, " bytes") : "", ")");
   const int major = pre[6], minor = pre[7];
   KILN_CHECK((major == 1 || major == 2 || major == 3) && minor == 0, FormatError, "'", src,
              "': unsupported .npy format version ", major, ".", minor, " (expected 1.0, 2.0 or 3.0)");
@@ -308,11 +314,14 @@ Tensor parse(const Bytes& in) {
   uint64_t dense = 1;
   bool overflow = false, has_zero = false;
   for (int64_t d : h.shape) {
-    if (d == 0) has_zero = true;
-    else overflow = overflow || __builtin_mul_overflow(dense, static_cast<uint64_t>(d), &dense);
+    if (d == 0)
+      has_zero = true;
+    else
+      overflow = overflow || __builtin_mul_overflow(dense, static_cast<uint64_t>(d), &dense);
   }
   uint64_t dense_bytes = 0;
-  overflow = overflow || __builtin_mul_overflow(dense, static_cast<uint64_t>(std::max<int64_t>(h.itemsize, 8)), &dense_bytes);
+  overflow =
+      overflow || __builtin_mul_overflow(dense, static_cast<uint64_t>(std::max<int64_t>(h.itemsize, 8)), &dense_bytes);
   KILN_CHECK(!overflow && dense_bytes <= static_cast<uint64_t>(std::numeric_limits<int64_t>::max()), FormatError, "'",
              src, "': the header's shape ", shape_str(h.shape), " has more elements than any file can hold");
   const uint64_t count = has_zero ? 0 : dense;
@@ -331,9 +340,9 @@ Tensor parse(const Bytes& in) {
   const uint64_t offset = preamble + header_len;
   // Read straight into the tensor where the bytes already are its elements:
   // bool, uint8, and little-endian types of kiln's width (uint64 needs a range check).
-  const bool direct = h.kind == 'b' || (h.kind == 'u' && h.itemsize == 1) ||
-                      (h.itemsize > 1 && h.order == '<' && h.kind != 'u' &&
-                       static_cast<int64_t>(out.element_size()) == h.itemsize);
+  const bool direct =
+      h.kind == 'b' || (h.kind == 'u' && h.itemsize == 1) ||
+      (h.itemsize > 1 && h.order == '<' && h.kind != 'u' && static_cast<int64_t>(out.element_size()) == h.itemsize);
   if (direct) {
     KILN_CHECK(in.read(offset, static_cast<char*>(out.data_ptr()), want) == want, FormatError, "'", src,
                "': truncated while reading the data (the file shrank)");

@@ -3,8 +3,8 @@
 #include <iostream>
 
 #include "kiln/core/error.h"
-#include "kiln/ops/factory.h"
 #include "kiln/data/dataset.h"
+#include "kiln/ops/factory.h"
 
 namespace kiln::data {
 

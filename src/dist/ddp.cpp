@@ -3,17 +3,17 @@
 
 #include <map>
 #include <sstream>
-#include <utility>
 #include <unordered_map>
 #include <unordered_set>
+#include <utility>
 
+#include "ddp_verify.h"
 #include "kiln/autograd/engine.h"
 #include "kiln/autograd/functions.h"
 #include "kiln/autograd/node.h"
 #include "kiln/core/error.h"
-#include "kiln/ops/factory.h"
 #include "kiln/core/guards.h"
-#include "ddp_verify.h"
+#include "kiln/ops/factory.h"
 
 namespace kiln::dist {
 
@@ -48,7 +48,8 @@ DistributedDataParallel::DistributedDataParallel(std::shared_ptr<nn::Module> mod
     params_.push_back(p);
     names_.push_back(name);
   }
-  KILN_CHECK(!params_.empty(), ValueError, "DistributedDataParallel: the module has no parameter that requires a "
+  KILN_CHECK(!params_.empty(), ValueError,
+             "DistributedDataParallel: the module has no parameter that requires a "
              "gradient, so there is nothing to average; DDP is not needed for it");
   {
     std::vector<std::pair<std::string, Tensor>> params, buffers;

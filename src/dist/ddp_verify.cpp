@@ -88,13 +88,13 @@ void verify_same_model(ProcessGroup& group, const std::vector<std::pair<std::str
     if (differ.empty()) continue;
     std::ostringstream os;
     os << "DistributedDataParallel: the ranks do not wrap the same model. Tensor #" << i
-       << " (parameters that require a gradient, then buffers, in registration order) is, on rank 0, "
-       << describe(ref);
+       << " (parameters that require a gradient, then buffers, in registration order) is, on rank 0, " << describe(ref);
     for (int r : differ) {
       os << "; on rank " << r << ", " << describe(all[static_cast<size_t>(r)].data_ptr<int64_t>() + i * kRecord);
     }
     os << ". Counts of such tensors per rank:";
-    for (int r = 0; r < world; ++r) os << " rank " << r << ": " << counts[static_cast<size_t>(r)].data_ptr<int64_t>()[0];
+    for (int r = 0; r < world; ++r)
+      os << " rank " << r << ": " << counts[static_cast<size_t>(r)].data_ptr<int64_t>()[0];
     os << ". Every rank must build the same architecture with the same settings before wrapping it "
           "(look for a config or a branch that depends on the rank)";
     throw DistributedError(os.str());

@@ -32,8 +32,8 @@ extern "C" void forward_to_child(int sig) {
 
 LaunchResult run_launch(int nprocs, const std::vector<std::string>& command, const LaunchOptions& options) {
   std::string tmpl = (std::filesystem::temp_directory_path() / "kiln-launch-XXXXXX").string();
-  KILN_CHECK(::mkdtemp(tmpl.data()) != nullptr, IOError, "kiln launch: cannot create a status directory from '",
-             tmpl, "': ", std::strerror(errno));
+  KILN_CHECK(::mkdtemp(tmpl.data()) != nullptr, IOError, "kiln launch: cannot create a status directory from '", tmpl,
+             "': ", std::strerror(errno));
   const std::string dir = tmpl;
   LaunchOptions opts = options;
   opts.env.push_back("KILN_LAUNCH_STATUS_DIR=" + dir);
@@ -53,7 +53,8 @@ LaunchResult run_launch(int nprocs, const std::vector<std::string>& command, con
     ::_exit(127);
   }
   g_child = pid;
-  struct sigaction fwd {}, ign {}, old_term {}, old_int {};
+  struct sigaction fwd {
+  }, ign{}, old_term{}, old_int{};
   fwd.sa_handler = forward_to_child;
   sigemptyset(&fwd.sa_mask);
   ign.sa_handler = SIG_IGN;
@@ -71,7 +72,8 @@ LaunchResult run_launch(int nprocs, const std::vector<std::string>& command, con
   result.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
   if (result.exit_code == 127 && WIFEXITED(status)) {
     std::filesystem::remove_all(dir);
-    throw IOError("kiln launch: cannot run '" + options.mpirun + "' (install Open MPI: scripts/setup.sh installs "
+    throw IOError("kiln launch: cannot run '" + options.mpirun +
+                  "' (install Open MPI: scripts/setup.sh installs "
                   "openmpi-bin)");
   }
   result.report = detail::describe_job_end(dir, nprocs, result.exit_code);

@@ -298,8 +298,11 @@ void MPIProcessGroup::check_signatures(const Signature& mine) {
      << "  rank | what it called\n";
   for (int r = 0; r < size_; ++r) {
     const auto& s = all[static_cast<size_t>(r)];
-    os << "  " << (r < 10 ? "   " : r < 100 ? "  " : " ") << r << " | " << s.describe()
-       << (s.same_call(all[0]) ? "" : "   <-- differs from rank 0") << "\n";
+    os << "  "
+       << (r < 10    ? "   "
+           : r < 100 ? "  "
+                     : " ")
+       << r << " | " << s.describe() << (s.same_call(all[0]) ? "" : "   <-- differs from rank 0") << "\n";
   }
   os << "every rank must issue the same collectives (op, dtype, shape, root) in the same order";
   throw DistributedError(os.str());
@@ -345,9 +348,9 @@ WorkPtr MPIProcessGroup::allgather(std::vector<Tensor>& out, const Tensor& in, L
              " output tensors (one per rank), got ", out.size());
   for (size_t r = 0; r < out.size(); ++r) {
     check_tensor(out[r], "allgather", "output");
-    KILN_CHECK(out[r].dtype() == in.dtype() && out[r].numel() == in.numel(), ShapeError,
-               "dist::allgather: output ", r, " must match the input (", dtype_name(in.dtype()), " ",
-               in.shape_string(), "), got ", dtype_name(out[r].dtype()), " ", out[r].shape_string());
+    KILN_CHECK(out[r].dtype() == in.dtype() && out[r].numel() == in.numel(), ShapeError, "dist::allgather: output ", r,
+               " must match the input (", dtype_name(in.dtype()), " ", in.shape_string(), "), got ",
+               dtype_name(out[r].dtype()), " ", out[r].shape_string());
   }
   auto sig = make_signature(OpKind::AllGather, -1, -1, &in, loc);
   std::vector<Tensor> outs = out;
@@ -368,14 +371,13 @@ WorkPtr MPIProcessGroup::reduce_scatter(Tensor& out, const std::vector<Tensor>& 
              " input tensors (one per rank), got ", in.size());
   for (size_t r = 0; r < in.size(); ++r) {
     check_tensor(in[r], "reduce_scatter", "input");
-    KILN_CHECK(in[r].dtype() == out.dtype() && in[r].numel() == out.numel(), ShapeError,
-               "dist::reduce_scatter: input ", r, " must match the output (", dtype_name(out.dtype()), " ",
-               out.shape_string(), "), got ", dtype_name(in[r].dtype()), " ", in[r].shape_string());
+    KILN_CHECK(in[r].dtype() == out.dtype() && in[r].numel() == out.numel(), ShapeError, "dist::reduce_scatter: input ",
+               r, " must match the output (", dtype_name(out.dtype()), " ", out.shape_string(), "), got ",
+               dtype_name(in[r].dtype()), " ", in[r].shape_string());
   }
   KILN_CHECK(op != ReduceOp::Avg || out.dtype() != DType::Int64, DTypeError,
              "dist::reduce_scatter: ReduceOp::Avg needs a float32 or bfloat16 tensor, got int64");
-  auto sig =
-      make_signature(OpKind::ReduceScatter, static_cast<int>(op), -1, &out, loc);
+  auto sig = make_signature(OpKind::ReduceScatter, static_cast<int>(op), -1, &out, loc);
   Tensor keep = out;
   std::vector<Tensor> ins = in;
   return enqueue(sig, [this, keep, ins, op] {
@@ -409,8 +411,8 @@ WorkPtr MPIProcessGroup::barrier(Loc loc) {
 
 WorkPtr MPIProcessGroup::send(const Tensor& t, int dst, int tag, Loc loc) {
   check_tensor(t, "send", "tensor");
-  KILN_CHECK(dst >= 0 && dst < size_ && dst != rank_, ValueError, "dist::send: dst must be another rank in [0, ",
-             size_, "), got ", dst, " on rank ", rank_);
+  KILN_CHECK(dst >= 0 && dst < size_ && dst != rank_, ValueError, "dist::send: dst must be another rank in [0, ", size_,
+             "), got ", dst, " on rank ", rank_);
   KILN_CHECK(tag >= 0, ValueError, "dist::send: tag must be >= 0, got ", tag);
   auto sig = make_signature(OpKind::Send, -1, dst, &t, loc);
   Tensor keep = t;
@@ -422,8 +424,8 @@ WorkPtr MPIProcessGroup::send(const Tensor& t, int dst, int tag, Loc loc) {
 
 WorkPtr MPIProcessGroup::recv(Tensor& t, int src, int tag, Loc loc) {
   check_tensor(t, "recv", "tensor");
-  KILN_CHECK(src >= 0 && src < size_ && src != rank_, ValueError, "dist::recv: src must be another rank in [0, ",
-             size_, "), got ", src, " on rank ", rank_);
+  KILN_CHECK(src >= 0 && src < size_ && src != rank_, ValueError, "dist::recv: src must be another rank in [0, ", size_,
+             "), got ", src, " on rank ", rank_);
   KILN_CHECK(tag >= 0, ValueError, "dist::recv: tag must be >= 0, got ", tag);
   auto sig = make_signature(OpKind::Recv, -1, src, &t, loc);
   Tensor keep = t;

@@ -27,20 +27,20 @@ enum class OpKind : int32_t { AllReduce, Broadcast, AllGather, ReduceScatter, Ba
 /// What a rank called: fixed-size so that ranks can exchange it with one
 /// MPI_Allgather (debug mode) or one message (watchdog).
 struct Signature {
-  uint64_t seq = 0;       // per group, every operation
-  uint64_t coll_no = 0;   // per group, collectives only (0 for send/recv): what ranks must agree on
-  int32_t kind = 0;       // OpKind
-  int32_t reduce = -1;    // ReduceOp, or -1
-  int32_t dtype = -1;     // DType, or -1 (barrier)
-  int32_t peer = -1;      // root, dst or src
-  int64_t count = 0;      // elements per rank
+  uint64_t seq = 0;      // per group, every operation
+  uint64_t coll_no = 0;  // per group, collectives only (0 for send/recv): what ranks must agree on
+  int32_t kind = 0;      // OpKind
+  int32_t reduce = -1;   // ReduceOp, or -1
+  int32_t dtype = -1;    // DType, or -1 (barrier)
+  int32_t peer = -1;     // root, dst or src
+  int64_t count = 0;     // elements per rank
   // The full shape (up to kShapeDims dimensions; the count covers the rest):
   // an allreduce of [3, 4] against [4, 3] moves the same bytes but is a bug.
   static constexpr int kShapeDims = 8;
   int32_t ndim = 0;
   int32_t pad = 0;
   int64_t shape[kShapeDims] = {};
-  char site[176] = {};    // file:line of the call
+  char site[176] = {};  // file:line of the call
 
   bool same_call(const Signature& o) const {
     if (!(coll_no == o.coll_no && kind == o.kind && reduce == o.reduce && dtype == o.dtype && peer == o.peer &&

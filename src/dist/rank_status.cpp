@@ -190,9 +190,12 @@ std::string describe_job_end(const std::string& dir, int nprocs, int mpirun_stat
   }
   auto where = [](const RankStatusRecord& rec) {
     std::string w = rec.step >= 0 ? " at step " + std::to_string(rec.step) : std::string();
-    if (rec.in_collective) w += ", in " + std::string(rec.op);
-    else if (rec.op[0]) w += ", computing after " + std::string(rec.op);
-    else w += ", before its first collective";
+    if (rec.in_collective)
+      w += ", in " + std::string(rec.op);
+    else if (rec.op[0])
+      w += ", computing after " + std::string(rec.op);
+    else
+      w += ", before its first collective";
     return w;
   };
   auto explicit_failure = [](const Seen& s) {
@@ -215,10 +218,13 @@ std::string describe_job_end(const std::string& dir, int nprocs, int mpirun_stat
     os << " (pid " << s.rec.pid << ")";
     switch (s.rec.state) {
       case RankState::Running:
-        if (s.alive) os << " is still running";
-        else if (any_explicit) os << " was ended without a word (mpirun kills the other ranks when one fails)";
-        else os << " died without a word — killed by SIGKILL, most likely the kernel's out-of-memory killer "
-                   "(see `dmesg`) or a kill -9 —";
+        if (s.alive)
+          os << " is still running";
+        else if (any_explicit)
+          os << " was ended without a word (mpirun kills the other ranks when one fails)";
+        else
+          os << " died without a word — killed by SIGKILL, most likely the kernel's out-of-memory killer "
+                "(see `dmesg`) or a kill -9 —";
         break;
       case RankState::Crashed: os << " died of " << signal_name(s.rec.signal); break;
       case RankState::Failed: os << " failed: " << s.rec.why << ";"; break;

@@ -20,10 +20,10 @@ namespace kiln::dist::detail {
 
 enum class RankState : int32_t {
   Running = 0,
-  Exited = 1,      // returned from main / exit(): exit_code is valid
-  Crashed = 2,     // a fatal signal (SIGSEGV, SIGABRT, ...) it caught and recorded
-  Signalled = 3,   // SIGTERM / SIGINT: asked to stop (by mpirun after another rank failed, or the user)
-  Failed = 4,      // abort_job: an exception; `why` holds its message
+  Exited = 1,     // returned from main / exit(): exit_code is valid
+  Crashed = 2,    // a fatal signal (SIGSEGV, SIGABRT, ...) it caught and recorded
+  Signalled = 3,  // SIGTERM / SIGINT: asked to stop (by mpirun after another rank failed, or the user)
+  Failed = 4,     // abort_job: an exception; `why` holds its message
 };
 
 struct RankStatusRecord {

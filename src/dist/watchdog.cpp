@@ -110,8 +110,8 @@ void MPIProcessGroup::report_timeout(const Signature& stuck, double seconds) {
   std::ostringstream os;
   char secs[32];
   std::snprintf(secs, sizeof secs, "%.1f", seconds);
-  os << "\nkiln dist watchdog: rank " << rank_ << " of " << size_ << " waited " << secs << " s (KILN_DIST_TIMEOUT="
-     << timeout_s_ << ") in " << stuck.describe() << "\n";
+  os << "\nkiln dist watchdog: rank " << rank_ << " of " << size_ << " waited " << secs
+     << " s (KILN_DIST_TIMEOUT=" << timeout_s_ << ") in " << stuck.describe() << "\n";
   // A rank that started collective number coll_no may be in the same call
   // (then it is stuck inside it too) or in another one at that position (a
   // barrier where this rank does an allreduce): the mismatch is the bug.
@@ -130,8 +130,8 @@ void MPIProcessGroup::report_timeout(const Signature& stuck, double seconds) {
     // Send/recv are counted apart from collectives (only some ranks take part),
     // so whether a rank reached this collective is judged by its collective count.
     const bool got_there = stuck.coll_no == 0 ? (r == rank_) : p.colls_started >= stuck.coll_no;
-    const bool other_call = got_there && r != rank_ && p.in_flight && p.current.coll_no == stuck.coll_no &&
-                            !p.current.same_call(stuck);
+    const bool other_call =
+        got_there && r != rank_ && p.in_flight && p.current.coll_no == stuck.coll_no && !p.current.same_call(stuck);
     const char* mark = !got_there ? "NO " : other_call ? "ELSEWHERE" : "yes";
     if (!got_there) {
       missing.push_back(r);

@@ -127,9 +127,7 @@ json parse_json(const char* text, size_t n, std::string_view source) {
         }
         break;
       }
-      case json::parse_event_t::value:
-        count_in_array();
-        break;
+      case json::parse_event_t::value: count_in_array(); break;
     }
     return true;
   };
@@ -141,7 +139,8 @@ json parse_json(const char* text, size_t n, std::string_view source) {
 }
 
 TensorInfo parse_entry(const std::string& name, const json& v, uint64_t buffer_size, std::string_view source) {
-  if (!v.is_object()) fail_tensor(source, name, concat("expected an object with dtype, shape and data_offsets, got ", v.type_name()));
+  if (!v.is_object())
+    fail_tensor(source, name, concat("expected an object with dtype, shape and data_offsets, got ", v.type_name()));
   TensorInfo info;
   info.name = name;
   auto field = [&](const char* key) -> const json& {
@@ -153,8 +152,9 @@ TensorInfo parse_entry(const std::string& name, const json& v, uint64_t buffer_s
   if (!dt.is_string()) fail_tensor(source, name, concat("dtype must be a string, got ", dt.type_name()));
   const auto parsed_dt = dtype_from_safetensors(dt.get_ref<const std::string&>());
   if (!parsed_dt) {
-    fail_tensor(source, name, concat("unsupported dtype '", dt.get_ref<const std::string&>(),
-                                     "'; kiln reads F32, F64, BF16, F16, I64, I32, U8 and BOOL"));
+    fail_tensor(source, name,
+                concat("unsupported dtype '", dt.get_ref<const std::string&>(),
+                       "'; kiln reads F32, F64, BF16, F16, I64, I32, U8 and BOOL"));
   }
   info.dtype = *parsed_dt;
 
@@ -171,13 +171,16 @@ TensorInfo parse_entry(const std::string& name, const json& v, uint64_t buffer_s
     const auto n = as_count(s);
     if (!n) fail_tensor(source, name, concat("shape entries must be non-negative integers, got ", brief(s)));
     info.shape.push_back(static_cast<int64_t>(*n));
-    if (*n == 0) has_zero = true;
-    else overflow = overflow || __builtin_mul_overflow(dense, *n, &dense);
+    if (*n == 0)
+      has_zero = true;
+    else
+      overflow = overflow || __builtin_mul_overflow(dense, *n, &dense);
   }
   uint64_t nbytes = 0;
   overflow = overflow || dense > static_cast<uint64_t>(std::numeric_limits<int64_t>::max()) ||
              __builtin_mul_overflow(dense, static_cast<uint64_t>(element_size(info.dtype)), &nbytes);
-  if (overflow) fail_tensor(source, name, concat("shape ", shape_str(info.shape), " has more elements than memory can hold"));
+  if (overflow)
+    fail_tensor(source, name, concat("shape ", shape_str(info.shape), " has more elements than memory can hold"));
   if (has_zero) nbytes = 0;
 
   const json& off = field("data_offsets");
@@ -189,13 +192,13 @@ TensorInfo parse_entry(const std::string& name, const json& v, uint64_t buffer_s
   const std::string span = concat("[", *b, ", ", *e, "]");
   if (*e < *b) fail_tensor(source, name, concat("data_offsets ", span, " end before they begin"));
   if (*e > buffer_size) {
-    fail_tensor(source, name, concat("data_offsets ", span, " run past the end of the data buffer (", buffer_size,
-                                     " bytes)"));
+    fail_tensor(source, name,
+                concat("data_offsets ", span, " run past the end of the data buffer (", buffer_size, " bytes)"));
   }
   if (*e - *b != nbytes) {
-    fail_tensor(source, name, concat("data_offsets ", span, " hold ", *e - *b, " bytes, but dtype ",
-                                     dtype_safetensors_name(info.dtype), " with shape ", shape_str(info.shape),
-                                     " needs ", nbytes));
+    fail_tensor(source, name,
+                concat("data_offsets ", span, " hold ", *e - *b, " bytes, but dtype ",
+                       dtype_safetensors_name(info.dtype), " with shape ", shape_str(info.shape), " needs ", nbytes));
   }
   info.data_begin = *b;
   info.data_end = *e;
@@ -212,7 +215,8 @@ SafetensorsHeader parse_header(const char* text, size_t n, uint64_t data_start, 
   h.data_size = buffer_size;
   for (const auto& [key, value] : root.items()) {
     if (key == kMetadataKey) {
-      if (!value.is_object()) fail(source, concat("__metadata__ must be an object of strings, got ", value.type_name()));
+      if (!value.is_object())
+        fail(source, concat("__metadata__ must be an object of strings, got ", value.type_name()));
       for (const auto& [mk, mv] : value.items()) {
         if (!mv.is_string()) fail(source, concat("__metadata__ value of '", mk, "' must be a string, got ", brief(mv)));
         h.metadata.emplace(mk, mv.get<std::string>());
@@ -229,12 +233,14 @@ SafetensorsHeader parse_header(const char* text, size_t n, uint64_t data_start, 
   const TensorInfo* prev = nullptr;
   for (const auto& t : h.tensors) {
     if (t.data_begin < cursor) {
-      fail_tensor(source, t.name, concat("data_offsets [", t.data_begin, ", ", t.data_end, "] overlap tensor '",
-                                         prev->name, "' at [", prev->data_begin, ", ", prev->data_end, "]"));
+      fail_tensor(source, t.name,
+                  concat("data_offsets [", t.data_begin, ", ", t.data_end, "] overlap tensor '", prev->name, "' at [",
+                         prev->data_begin, ", ", prev->data_end, "]"));
     }
     if (t.data_begin > cursor) {
-      fail_tensor(source, t.name, concat("data_offsets [", t.data_begin, ", ", t.data_end, "] leave bytes [",
-                                         cursor, ", ", t.data_begin, ") of the buffer unused; the format allows no holes"));
+      fail_tensor(source, t.name,
+                  concat("data_offsets [", t.data_begin, ", ", t.data_end, "] leave bytes [", cursor, ", ",
+                         t.data_begin, ") of the buffer unused; the format allows no holes"));
     }
     if (t.data_end > t.data_begin) {
       cursor = t.data_end;
@@ -250,12 +256,14 @@ SafetensorsHeader parse_header(const char* text, size_t n, uint64_t data_start, 
 
 // The 8-byte length prefix against the total size; returns the header length.
 uint64_t check_framing(const uint8_t* first8, uint64_t total, std::string_view source) {
-  if (total < 8) fail(source, concat("the file holds ", total, " bytes; a safetensors file starts with an 8-byte header length"));
+  if (total < 8)
+    fail(source, concat("the file holds ", total, " bytes; a safetensors file starts with an 8-byte header length"));
   const uint64_t n = read_le64(first8);
   // The verdict first: text or another format read as a length is an absurd number.
   if (n > kMaxHeaderBytes) {
     fail(source, concat("not a safetensors file (or a corrupt one): its first 8 bytes, read as the header length, "
-                        "give ", n, ", which exceeds the 100 MB limit"));
+                        "give ",
+                        n, ", which exceeds the 100 MB limit"));
   }
   if (n > total - 8) {
     fail(source, concat("not a complete safetensors file (truncated, or another format): header length ", n,
@@ -274,8 +282,8 @@ void check_bool_bytes(const Tensor& t, const TensorInfo& info, std::string_view 
   const auto* p = static_cast<const uint8_t*>(t.data_ptr());
   for (int64_t i = 0; i < t.numel(); ++i) {
     if (p[i] > 1) {
-      fail_tensor(source, info.name, concat("BOOL element ", i, " holds byte ", static_cast<int>(p[i]),
-                                            "; expected 0 or 1"));
+      fail_tensor(source, info.name,
+                  concat("BOOL element ", i, " holds byte ", static_cast<int>(p[i]), "; expected 0 or 1"));
     }
   }
 }
@@ -355,7 +363,7 @@ void write_all(int fd, const void* src, size_t n, const std::string& tmp) {
 // ---- writing ----
 
 struct Prepared {
-  std::string header;  // 8-byte length + JSON padded to a multiple of 8
+  std::string header;        // 8-byte length + JSON padded to a multiple of 8
   std::vector<Tensor> data;  // contiguous, in file order
   uint64_t data_bytes = 0;
 };
@@ -370,7 +378,8 @@ Prepared prepare(const NamedTensors& tensors, const Metadata& metadata) {
   }
   std::set<std::string_view> seen;
   for (const auto& [name, t] : tensors) {
-    KILN_CHECK(name != kMetadataKey, ValueError, "save_safetensors: '__metadata__' is reserved and cannot name a tensor");
+    KILN_CHECK(name != kMetadataKey, ValueError,
+               "save_safetensors: '__metadata__' is reserved and cannot name a tensor");
     KILN_CHECK(seen.insert(name).second, ValueError, "save_safetensors: tensor name '", name, "' is given twice");
     KILN_CHECK(t.defined(), ValueError, "save_safetensors: tensor '", name, "' is undefined");
     Tensor c = t.contiguous();
@@ -404,8 +413,8 @@ void fsync_directory(const std::string& path) {
   Fd fd(::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC));
   if (fd.get() < 0) return;  // the rename is done; some systems cannot open directories
   if (::fsync(fd.get()) != 0 && errno != EINVAL && errno != EROFS) {
-    throw IOError(concat("save_safetensors: '", path, "' was written, but syncing its directory failed: ",
-                         sys_error(errno)));
+    throw IOError(
+        concat("save_safetensors: '", path, "' was written, but syncing its directory failed: ", sys_error(errno)));
   }
 }
 
@@ -422,8 +431,8 @@ const Tensor& SafetensorsFile::at(std::string_view name) const {
   std::string names;
   for (size_t i = 0; i < tensors.size() && i < 20; ++i) names += (i ? ", " : "") + tensors[i].first;
   if (tensors.size() > 20) names += ", ...";
-  throw ValueError(concat("safetensors: no tensor named '", name, "'; the file holds ", tensors.size(),
-                          " tensors: ", names));
+  throw ValueError(
+      concat("safetensors: no tensor named '", name, "'; the file holds ", tensors.size(), " tensors: ", names));
 }
 
 std::vector<uint8_t> serialize_safetensors(const NamedTensors& tensors, const Metadata& metadata) {
@@ -479,13 +488,14 @@ void save_safetensors(const std::string& path, const NamedTensors& tensors, cons
   const std::string tmp = concat(path, ".tmp.", ::getpid());
   Fd fd(::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644));
   if (fd.get() < 0) {
-    throw IOError(concat("save_safetensors: cannot create '", tmp, "' (to be renamed to '", path,
-                         "'): ", sys_error(errno)));
+    throw IOError(
+        concat("save_safetensors: cannot create '", tmp, "' (to be renamed to '", path, "'): ", sys_error(errno)));
   }
   try {
     write_all(fd.get(), p.header.data(), p.header.size(), tmp);
     for (const Tensor& t : p.data) write_all(fd.get(), t.data_ptr(), static_cast<size_t>(t.nbytes()), tmp);
-    if (::fsync(fd.get()) != 0) throw IOError(concat("save_safetensors: fsync of '", tmp, "' failed: ", sys_error(errno)));
+    if (::fsync(fd.get()) != 0)
+      throw IOError(concat("save_safetensors: fsync of '", tmp, "' failed: ", sys_error(errno)));
     if (::close(fd.release()) != 0) {
       throw IOError(concat("save_safetensors: closing '", tmp, "' failed: ", sys_error(errno)));
     }

@@ -14,8 +14,8 @@ namespace {
 
 // Tensors that alias exactly: the same element at the same place for every index.
 bool same_memory(const Tensor& a, const Tensor& b) {
-  return a.storage().get() == b.storage().get() && a.storage_offset() == b.storage_offset() &&
-         a.dtype() == b.dtype() && a.sizes() == b.sizes() && a.strides() == b.strides();
+  return a.storage().get() == b.storage().get() && a.storage_offset() == b.storage_offset() && a.dtype() == b.dtype() &&
+         a.sizes() == b.sizes() && a.strides() == b.strides();
 }
 
 }  // namespace

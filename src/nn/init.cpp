@@ -5,8 +5,8 @@
 #include <vector>
 
 #include "kiln/core/error.h"
-#include "kiln/ops/factory.h"
 #include "kiln/core/guards.h"
+#include "kiln/ops/factory.h"
 
 namespace kiln::nn::init {
 
@@ -54,8 +54,8 @@ Tensor& trunc_normal_(Tensor& t, double mean, double std, double a, double b, Ge
       if (v >= a && v <= b) vals.push_back(v);
     }
   }
-  KILN_CHECK(static_cast<int64_t>(vals.size()) == n, ValueError,
-             "trunc_normal_: [a, b] = [", a, ", ", b, "] holds too little of Normal(", mean, ", ", std, ")");
+  KILN_CHECK(static_cast<int64_t>(vals.size()) == n, ValueError, "trunc_normal_: [a, b] = [", a, ", ", b,
+             "] holds too little of Normal(", mean, ", ", std, ")");
   Tensor src = kiln::tensor(vals).view(t.sizes());
   t.copy_(src);
   return t;

@@ -5,11 +5,11 @@
 
 #include "kiln/autograd/custom_function.h"
 #include "kiln/core/error.h"
-#include "kiln/ops/factory.h"
 #include "kiln/core/guards.h"
 #include "kiln/nn/functional.h"
 #include "kiln/nn/init.h"
 #include "kiln/ops/conv.h"
+#include "kiln/ops/factory.h"
 #include "kiln/ops/index.h"
 #include "kiln/ops/linalg.h"
 #include "nn_util.h"
@@ -57,8 +57,8 @@ Tensor Linear::forward(const Tensor& x) {
   return kiln::linear(x, weight, bias, weight_pack);
 }
 std::string Linear::extra_repr() const {
-  return "in_features=" + std::to_string(options.in_features) + ", out_features=" +
-         std::to_string(options.out_features) + ", bias=" + py_bool(options.bias);
+  return "in_features=" + std::to_string(options.in_features) +
+         ", out_features=" + std::to_string(options.out_features) + ", bias=" + py_bool(options.bias);
 }
 
 // ---- Conv2d ----
@@ -73,7 +73,8 @@ Conv2d::Conv2d(Conv2dOptions o)
     : Module("Conv2d"),
       options(std::move(o)),
       weight(register_parameter("weight", empty(conv_weight_shape(options), dtype_or_default(options.dtype)))),
-      bias(register_parameter("bias", options.bias ? empty({options.out_channels}, dtype_or_default(options.dtype)) : Tensor())) {
+      bias(register_parameter(
+          "bias", options.bias ? empty({options.out_channels}, dtype_or_default(options.dtype)) : Tensor())) {
   reset_parameters();
 }
 void Conv2d::reset_parameters() { reset_weight_bias(weight, bias); }

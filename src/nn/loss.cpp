@@ -7,9 +7,9 @@
 #include <algorithm>
 #include <vector>
 
-#include "kiln/ops/factory.h"
 #include "kiln/nn/functional.h"
 #include "kiln/ops/autocast.h"
+#include "kiln/ops/factory.h"
 #include "kiln/ops/index.h"
 #include "kiln/ops/loss.h"
 #include "loss_common.h"
@@ -51,7 +51,9 @@ Tensor cross_entropy_probs(const Tensor& input, const Tensor& target, const Cros
 }  // namespace
 
 Tensor nll_loss(const Tensor& input, const Tensor& target, const NLLLossOptions& o, std::source_location loc) {
-  if (autocast_enabled()) return ops::autocast_call(AutocastOp::nll_loss, [&](const Tensor& x, const Tensor& t) { return nll_loss(x, t, o, loc); }, input, target);
+  if (autocast_enabled())
+    return ops::autocast_call(
+        AutocastOp::nll_loss, [&](const Tensor& x, const Tensor& t) { return nll_loss(x, t, o, loc); }, input, target);
   detail::check_floating("nll_loss", "input", input);
   const Reduction red = parse_reduction("nll_loss", o.reduction);
   KILN_CHECK(input.dim() >= 1, ShapeError, "nll_loss: expected input of shape [N, C], [N, C, d1, ...] or [C], got ",
@@ -94,7 +96,9 @@ Tensor nll_loss(const Tensor& input, const Tensor& target, const NLLLossOptions&
 }
 
 Tensor mse_loss(const Tensor& input, const Tensor& target, const LossOptions& o, std::source_location loc) {
-  if (autocast_enabled()) return ops::autocast_call(AutocastOp::mse_loss, [&](const Tensor& x, const Tensor& t) { return mse_loss(x, t, o, loc); }, input, target);
+  if (autocast_enabled())
+    return ops::autocast_call(
+        AutocastOp::mse_loss, [&](const Tensor& x, const Tensor& t) { return mse_loss(x, t, o, loc); }, input, target);
   detail::check_floating("mse_loss", "input", input);
   check_same_shape("mse_loss", input, target);
   const Tensor d = input.sub(target, 1, loc);
@@ -102,7 +106,9 @@ Tensor mse_loss(const Tensor& input, const Tensor& target, const LossOptions& o,
 }
 
 Tensor l1_loss(const Tensor& input, const Tensor& target, const LossOptions& o, std::source_location loc) {
-  if (autocast_enabled()) return ops::autocast_call(AutocastOp::l1_loss, [&](const Tensor& x, const Tensor& t) { return l1_loss(x, t, o, loc); }, input, target);
+  if (autocast_enabled())
+    return ops::autocast_call(
+        AutocastOp::l1_loss, [&](const Tensor& x, const Tensor& t) { return l1_loss(x, t, o, loc); }, input, target);
   detail::check_floating("l1_loss", "input", input);
   check_same_shape("l1_loss", input, target);
   return apply_reduction(input.sub(target, 1, loc).abs(), parse_reduction("l1_loss", o.reduction));
@@ -110,7 +116,10 @@ Tensor l1_loss(const Tensor& input, const Tensor& target, const LossOptions& o, 
 
 Tensor smooth_l1_loss(const Tensor& input, const Tensor& target, const SmoothL1LossOptions& o,
                       std::source_location loc) {
-  if (autocast_enabled()) return ops::autocast_call(AutocastOp::smooth_l1_loss, [&](const Tensor& x, const Tensor& t) { return smooth_l1_loss(x, t, o, loc); }, input, target);
+  if (autocast_enabled())
+    return ops::autocast_call(
+        AutocastOp::smooth_l1_loss, [&](const Tensor& x, const Tensor& t) { return smooth_l1_loss(x, t, o, loc); },
+        input, target);
   detail::check_floating("smooth_l1_loss", "input", input);
   check_same_shape("smooth_l1_loss", input, target);
   KILN_CHECK(o.beta >= 0, ValueError, "smooth_l1_loss: expected beta >= 0, got ", o.beta);
@@ -123,7 +132,11 @@ Tensor smooth_l1_loss(const Tensor& input, const Tensor& target, const SmoothL1L
 
 Tensor binary_cross_entropy_with_logits(const Tensor& input, const Tensor& target, const BCEWithLogitsOptions& o,
                                         std::source_location loc) {
-  if (autocast_enabled()) return ops::autocast_call(AutocastOp::binary_cross_entropy_with_logits, [&](const Tensor& x, const Tensor& t) { return binary_cross_entropy_with_logits(x, t, o, loc); }, input, target);
+  if (autocast_enabled())
+    return ops::autocast_call(
+        AutocastOp::binary_cross_entropy_with_logits,
+        [&](const Tensor& x, const Tensor& t) { return binary_cross_entropy_with_logits(x, t, o, loc); }, input,
+        target);
   detail::check_floating("binary_cross_entropy_with_logits", "input", input);
   check_same_shape("binary_cross_entropy_with_logits", input, target);
   const Reduction red = parse_reduction("binary_cross_entropy_with_logits", o.reduction);
@@ -142,7 +155,9 @@ Tensor binary_cross_entropy_with_logits(const Tensor& input, const Tensor& targe
 }
 
 Tensor kl_div(const Tensor& input, const Tensor& target, const KLDivOptions& o, std::source_location loc) {
-  if (autocast_enabled()) return ops::autocast_call(AutocastOp::kl_div, [&](const Tensor& x, const Tensor& t) { return kl_div(x, t, o, loc); }, input, target);
+  if (autocast_enabled())
+    return ops::autocast_call(
+        AutocastOp::kl_div, [&](const Tensor& x, const Tensor& t) { return kl_div(x, t, o, loc); }, input, target);
   detail::check_floating("kl_div", "input", input);
   check_same_shape("kl_div", input, target);
   const Reduction red = parse_reduction("kl_div", o.reduction, /*allow_batchmean=*/true);
@@ -158,13 +173,17 @@ Tensor kl_div(const Tensor& input, const Tensor& target, const KLDivOptions& o, 
   return apply_reduction(loss, red);
 }
 
-Tensor cross_entropy(const Tensor& input, const Tensor& target, const CrossEntropyOptions& o, std::source_location loc) {
-  if (autocast_enabled()) return ops::autocast_call(AutocastOp::cross_entropy, [&](const Tensor& x, const Tensor& t) { return cross_entropy(x, t, o, loc); }, input, target);
+Tensor cross_entropy(const Tensor& input, const Tensor& target, const CrossEntropyOptions& o,
+                     std::source_location loc) {
+  if (autocast_enabled())
+    return ops::autocast_call(
+        AutocastOp::cross_entropy, [&](const Tensor& x, const Tensor& t) { return cross_entropy(x, t, o, loc); }, input,
+        target);
   detail::check_floating("cross_entropy", "input", input);
   KILN_CHECK(target.defined(), ValueError, "cross_entropy: expected a target tensor, got an undefined one");
   const Reduction red = detail::parse_reduction("cross_entropy", o.reduction);
-  KILN_CHECK(input.dim() >= 1, ShapeError, "cross_entropy: expected input of shape [N, C], [N, C, d1, ...] or [C], got ",
-             input.sizes());
+  KILN_CHECK(input.dim() >= 1, ShapeError,
+             "cross_entropy: expected input of shape [N, C], [N, C, d1, ...] or [C], got ", input.sizes());
   KILN_CHECK(o.label_smoothing >= 0.0 && o.label_smoothing <= 1.0, ValueError,
              "cross_entropy: expected label_smoothing in [0, 1], got ", o.label_smoothing);
   const int64_t C = input.dim() == 1 ? input.size(0) : input.size(1);
@@ -177,8 +196,9 @@ Tensor cross_entropy(const Tensor& input, const Tensor& target, const CrossEntro
     KILN_CHECK(target.sizes().equals(input.sizes()), ShapeError,
                "cross_entropy: class-probability target must have the input's shape ", input.sizes(), ", got ",
                target.sizes());
-    KILN_CHECK(target.dtype() == input.dtype(), DTypeError, "cross_entropy: expected a probability target of the input's dtype ",
-               dtype_name(input.dtype()), ", got ", dtype_name(target.dtype()));
+    KILN_CHECK(target.dtype() == input.dtype(), DTypeError,
+               "cross_entropy: expected a probability target of the input's dtype ", dtype_name(input.dtype()),
+               ", got ", dtype_name(target.dtype()));
     return cross_entropy_probs(input, target, o, red, C);
   }
   KILN_CHECK(target.dtype() == kInt64, DTypeError,
@@ -186,8 +206,8 @@ Tensor cross_entropy(const Tensor& input, const Tensor& target, const CrossEntro
              "(class probabilities), got target ",
              dtype_name(target.dtype()), " for input ", dtype_name(input.dtype()));
   const ops::LossReduction r = red == Reduction::None  ? ops::LossReduction::None
-                              : red == Reduction::Sum ? ops::LossReduction::Sum
-                                                      : ops::LossReduction::Mean;
+                               : red == Reduction::Sum ? ops::LossReduction::Sum
+                                                       : ops::LossReduction::Mean;
   return ops::cross_entropy(input, target, o.weight, o.ignore_index, r, o.label_smoothing, loc);
 }
 

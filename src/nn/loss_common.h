@@ -32,8 +32,8 @@ inline Tensor apply_reduction(const Tensor& loss, Reduction r) {
 }
 
 inline void check_floating(const char* fn, const char* what, const Tensor& t) {
-  KILN_CHECK(t.defined() && t.is_floating_point(), DTypeError, fn, ": expected ", what,
-             " of a floating dtype, got ", t.defined() ? std::string(dtype_name(t.dtype())) : "an undefined tensor");
+  KILN_CHECK(t.defined() && t.is_floating_point(), DTypeError, fn, ": expected ", what, " of a floating dtype, got ",
+             t.defined() ? std::string(dtype_name(t.dtype())) : "an undefined tensor");
 }
 
 }  // namespace kiln::nn::functional::detail

@@ -8,10 +8,10 @@
 #include <string>
 
 #include "kiln/core/error.h"
-#include "kiln/ops/factory.h"
 #include "kiln/core/guards.h"
 #include "kiln/nn/functional.h"
 #include "kiln/nn/init.h"
+#include "kiln/ops/factory.h"
 
 namespace kiln::models {
 
@@ -22,8 +22,10 @@ GPT::GPT(GPTOptions o) : nn::Module("GPT"), options(o) {
   KILN_CHECK(o.n_embd > 0 && o.n_head > 0 && o.n_embd % o.n_head == 0, ValueError,
              "GPT: expected n_embd > 0 divisible by n_head > 0, got n_embd ", o.n_embd, " and n_head ", o.n_head);
   transformer = register_module("transformer", std::make_shared<nn::ModuleDict>());
-  wte = std::make_shared<nn::Embedding>(nn::EmbeddingOptions{.num_embeddings = o.vocab_size, .embedding_dim = o.n_embd});
-  wpe = std::make_shared<nn::Embedding>(nn::EmbeddingOptions{.num_embeddings = o.block_size, .embedding_dim = o.n_embd});
+  wte =
+      std::make_shared<nn::Embedding>(nn::EmbeddingOptions{.num_embeddings = o.vocab_size, .embedding_dim = o.n_embd});
+  wpe =
+      std::make_shared<nn::Embedding>(nn::EmbeddingOptions{.num_embeddings = o.block_size, .embedding_dim = o.n_embd});
   drop = std::make_shared<nn::Dropout>(o.dropout);
   h = std::make_shared<nn::ModuleList>();
   for (int64_t i = 0; i < o.n_layer; ++i)

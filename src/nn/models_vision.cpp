@@ -22,13 +22,13 @@ std::vector<int64_t> hw(const std::vector<int64_t>& v) {
 // ---- MLP ----
 MLP::MLP(MLPOptions o) : nn::Module("MLP"), options(std::move(o)) {
   KILN_CHECK(options.in_features > 0 && options.out_features > 0, ValueError,
-             "MLP: in_features and out_features must be > 0, got ", options.in_features, " and ",
-             options.out_features);
+             "MLP: in_features and out_features must be > 0, got ", options.in_features, " and ", options.out_features);
   layers = register_module("layers", std::make_shared<nn::Sequential>());
   int64_t d = options.in_features;
   for (int64_t h : options.hidden) {
     KILN_CHECK(h > 0, ValueError, "MLP: hidden sizes must be > 0, got ", h);
-    layers->push_back(std::make_shared<nn::Linear>(nn::LinearOptions{.in_features = d, .out_features = h, .bias = options.bias}));
+    layers->push_back(
+        std::make_shared<nn::Linear>(nn::LinearOptions{.in_features = d, .out_features = h, .bias = options.bias}));
     layers->push_back(std::make_shared<nn::ReLU>());
     d = h;
   }
@@ -53,24 +53,26 @@ CNN::CNN(CNNOptions o) : nn::Module("CNN"), options(std::move(o)) {
   KILN_CHECK(options.in_channels > 0 && options.channels1 > 0 && options.channels2 > 0 && options.hidden > 0 &&
                  options.num_classes > 0,
              ValueError, "CNN: channel, hidden and class counts must be > 0");
-  conv1 = register_module("conv1", std::make_shared<nn::Conv2d>(nn::Conv2dOptions{
-                                       .in_channels = options.in_channels, .out_channels = options.channels1,
-                                       .kernel_size = {3}, .padding = {1}}));
-  conv2 = register_module("conv2", std::make_shared<nn::Conv2d>(nn::Conv2dOptions{
-                                       .in_channels = options.channels1, .out_channels = options.channels2,
-                                       .kernel_size = {3}, .padding = {1}}));
+  conv1 = register_module(
+      "conv1",
+      std::make_shared<nn::Conv2d>(nn::Conv2dOptions{
+          .in_channels = options.in_channels, .out_channels = options.channels1, .kernel_size = {3}, .padding = {1}}));
+  conv2 = register_module(
+      "conv2",
+      std::make_shared<nn::Conv2d>(nn::Conv2dOptions{
+          .in_channels = options.channels1, .out_channels = options.channels2, .kernel_size = {3}, .padding = {1}}));
   int64_t flat = options.channels2 * (size[0] / 4) * (size[1] / 4);
-  fc1 = register_module("fc1", std::make_shared<nn::Linear>(
-                                   nn::LinearOptions{.in_features = flat, .out_features = options.hidden}));
-  fc2 = register_module("fc2", std::make_shared<nn::Linear>(
-                                   nn::LinearOptions{.in_features = options.hidden, .out_features = options.num_classes}));
+  fc1 = register_module(
+      "fc1", std::make_shared<nn::Linear>(nn::LinearOptions{.in_features = flat, .out_features = options.hidden}));
+  fc2 = register_module("fc2", std::make_shared<nn::Linear>(nn::LinearOptions{.in_features = options.hidden,
+                                                                              .out_features = options.num_classes}));
 }
 
 Tensor CNN::forward(const Tensor& x) {
   auto size = hw(options.input_size);
   KILN_CHECK(x.dim() == 4 && x.size(1) == options.in_channels && x.size(2) == size[0] && x.size(3) == size[1],
-             ShapeError, "CNN: expected input [N, ", options.in_channels, ", ", size[0], ", ", size[1],
-             "], got shape ", x.shape_string());
+             ShapeError, "CNN: expected input [N, ", options.in_channels, ", ", size[0], ", ", size[1], "], got shape ",
+             x.shape_string());
   Tensor y = max_pool2d((*conv1)(x).relu(), 2);
   y = max_pool2d((*conv2)(y).relu(), 2);
   return (*fc2)((*fc1)(y.flatten(1)).relu());
@@ -82,24 +84,28 @@ BasicBlock::BasicBlock(BasicBlockOptions o) : nn::Module("BasicBlock"), options(
              "BasicBlock: channels and stride must be > 0, got in_channels=", o.in_channels,
              " out_channels=", o.out_channels, " stride=", o.stride);
   auto bn = [&] { return std::make_shared<nn::BatchNorm2d>(nn::BatchNormOptions{.num_features = o.out_channels}); };
-  conv1 = register_module("conv1", std::make_shared<nn::Conv2d>(nn::Conv2dOptions{
-                                       .in_channels = o.in_channels, .out_channels = o.out_channels,
-                                       .kernel_size = {3}, .stride = {o.stride}, .padding = {1}, .bias = false}));
+  conv1 = register_module("conv1", std::make_shared<nn::Conv2d>(nn::Conv2dOptions{.in_channels = o.in_channels,
+                                                                                  .out_channels = o.out_channels,
+                                                                                  .kernel_size = {3},
+                                                                                  .stride = {o.stride},
+                                                                                  .padding = {1},
+                                                                                  .bias = false}));
   bn1 = register_module("bn1", bn());
-  conv2 = register_module("conv2", std::make_shared<nn::Conv2d>(nn::Conv2dOptions{
-                                       .in_channels = o.out_channels, .out_channels = o.out_channels,
-                                       .kernel_size = {3}, .padding = {1}, .bias = false}));
+  conv2 = register_module("conv2", std::make_shared<nn::Conv2d>(nn::Conv2dOptions{.in_channels = o.out_channels,
+                                                                                  .out_channels = o.out_channels,
+                                                                                  .kernel_size = {3},
+                                                                                  .padding = {1},
+                                                                                  .bias = false}));
   bn2 = register_module("bn2", bn());
   if (o.stride != 1 || o.in_channels != o.out_channels) {
-    downsample = register_module(
-        "downsample",
-        std::make_shared<nn::Sequential>(std::initializer_list<nn::ModulePtr>{
-            std::make_shared<nn::Conv2d>(nn::Conv2dOptions{.in_channels = o.in_channels,
-                                                           .out_channels = o.out_channels,
-                                                           .kernel_size = {1},
-                                                           .stride = {o.stride},
-                                                           .bias = false}),
-            bn()}));
+    downsample =
+        register_module("downsample", std::make_shared<nn::Sequential>(std::initializer_list<nn::ModulePtr>{
+                                          std::make_shared<nn::Conv2d>(nn::Conv2dOptions{.in_channels = o.in_channels,
+                                                                                         .out_channels = o.out_channels,
+                                                                                         .kernel_size = {1},
+                                                                                         .stride = {o.stride},
+                                                                                         .bias = false}),
+                                          bn()}));
   }
 }
 
@@ -114,10 +120,13 @@ ResNet::ResNet(ResNetOptions o) : nn::Module("ResNet"), options(std::move(o)) {
              options.blocks.size());
   KILN_CHECK(options.in_channels > 0 && options.stem_channels > 0 && options.num_classes > 0, ValueError,
              "ResNet: in_channels, stem_channels and num_classes must be > 0");
-  conv1 = register_module("conv1", std::make_shared<nn::Conv2d>(nn::Conv2dOptions{
-                                       .in_channels = options.in_channels, .out_channels = options.stem_channels,
-                                       .kernel_size = {3}, .padding = {1}, .bias = false}));
-  bn1 = register_module("bn1", std::make_shared<nn::BatchNorm2d>(nn::BatchNormOptions{.num_features = options.stem_channels}));
+  conv1 = register_module("conv1", std::make_shared<nn::Conv2d>(nn::Conv2dOptions{.in_channels = options.in_channels,
+                                                                                  .out_channels = options.stem_channels,
+                                                                                  .kernel_size = {3},
+                                                                                  .padding = {1},
+                                                                                  .bias = false}));
+  bn1 = register_module("bn1",
+                        std::make_shared<nn::BatchNorm2d>(nn::BatchNormOptions{.num_features = options.stem_channels}));
   int64_t c = options.stem_channels;
   for (size_t i = 0; i < options.widths.size(); ++i) {
     KILN_CHECK(options.blocks[i] > 0, ValueError, "ResNet: blocks per stage must be > 0, got ", options.blocks[i],
@@ -131,8 +140,8 @@ ResNet::ResNet(ResNetOptions o) : nn::Module("ResNet"), options(std::move(o)) {
     }
     stages.push_back(register_module("layer" + std::to_string(i + 1), stage));
   }
-  fc = register_module("fc", std::make_shared<nn::Linear>(
-                                 nn::LinearOptions{.in_features = c, .out_features = options.num_classes}));
+  fc = register_module(
+      "fc", std::make_shared<nn::Linear>(nn::LinearOptions{.in_features = c, .out_features = options.num_classes}));
 }
 
 Tensor ResNet::forward(const Tensor& x) {

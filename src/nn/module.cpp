@@ -3,9 +3,9 @@
 
 #include <algorithm>
 #include <iostream>
-#include <typeinfo>
 #include <set>
 #include <sstream>
+#include <typeinfo>
 
 #include "kiln/autograd/custom_function.h"
 #include "kiln/autograd/functions.h"
@@ -18,8 +18,7 @@ namespace kiln::nn {
 namespace {
 void check_name(const std::string& name, const char* what) {
   KILN_CHECK(!name.empty(), ValueError, what, " name must not be empty");
-  KILN_CHECK(name.find('.') == std::string::npos, ValueError, what, " name must not contain '.', got \"", name,
-             "\"");
+  KILN_CHECK(name.find('.') == std::string::npos, ValueError, what, " name must not contain '.', got \"", name, "\"");
 }
 std::string join(const std::vector<std::string>& v) {
   std::string s;
@@ -61,8 +60,8 @@ void Module::check_registered_in(Module& root, const Module& caller) {
   const int64_t trainable = num_parameters(/*trainable_only=*/true);
   if (trainable == 0) return;
   warned_unregistered_ = true;
-  std::cerr << "kiln warning: " << type_name() << " (" << trainable
-            << " trainable parameters) was called inside " << caller.type_name() << "'s forward, but it is not "
+  std::cerr << "kiln warning: " << type_name() << " (" << trainable << " trainable parameters) was called inside "
+            << caller.type_name() << "'s forward, but it is not "
             << "registered in " << root.type_name() << ": its parameters are missing from parameters(), "
             << "state_dict() and any optimizer built from them, so they are never trained or saved. Register it: "
             << "member = register_module(\"name\", member).\n";
@@ -126,8 +125,7 @@ void Module::register_module_impl(const std::string& name, ModulePtr m) {
 }
 
 void Module::collect(const std::string& prefix, bool recurse, bool want_buffers, bool persistent_only,
-                     std::vector<std::pair<std::string, Tensor*>>& out,
-                     std::vector<const TensorImpl*>& seen) const {
+                     std::vector<std::pair<std::string, Tensor*>>& out, std::vector<const TensorImpl*>& seen) const {
   for (const auto& s : want_buffers ? buffers_ : params_) {
     if (!s->tensor.defined() || (persistent_only && !s->persistent)) continue;
     const TensorImpl* key = s->tensor.impl();
@@ -299,8 +297,7 @@ LoadStateDictResult Module::load_state_dict(const NamedTensors& dict, bool stric
   if (strict && !res.missing_keys.empty()) msg += "\n  missing keys: " + join(res.missing_keys);
   if (strict && !res.unexpected_keys.empty()) msg += "\n  unexpected keys: " + join(res.unexpected_keys);
   for (auto& m : mismatches) msg += "\n  size/dtype mismatch for " + m;
-  KILN_CHECK(msg.empty(), ValueError, "error(s) in load_state_dict for ", type_name(),
-             " (nothing was changed):", msg);
+  KILN_CHECK(msg.empty(), ValueError, "error(s) in load_state_dict for ", type_name(), " (nothing was changed):", msg);
   NoGradGuard g;
   for (auto& [dst, src] : copies) dst->copy_(*src);
   return res;

@@ -15,9 +15,7 @@
 namespace kiln::nn::util {
 
 /// Options of the given dtype, or of the default dtype when none is given.
-inline TensorOptions dtype_or_default(const std::optional<DType>& d) {
-  return TensorOptions(d ? *d : default_dtype());
-}
+inline TensorOptions dtype_or_default(const std::optional<DType>& d) { return TensorOptions(d ? *d : default_dtype()); }
 
 /// A Python tuple: (3,) for one value, (2, 3) for two.
 inline std::string int_tuple(const std::vector<int64_t>& v) {

@@ -4,10 +4,10 @@
 #include <limits>
 
 #include "kiln/core/error.h"
-#include "kiln/ops/factory.h"
 #include "kiln/core/guards.h"
 #include "kiln/ops/autocast.h"
 #include "kiln/ops/batch_norm.h"
+#include "kiln/ops/factory.h"
 #include "kiln/ops/layer_norm.h"
 #include "nn_util.h"
 
@@ -42,14 +42,18 @@ std::vector<int64_t> channel_shape(const Tensor& x, int64_t c) {
 LayerNorm::LayerNorm(LayerNormOptions o)
     : Module("LayerNorm"),
       options(std::move(o)),
-      weight(register_parameter("weight",
-                                options.elementwise_affine ? ones(options.normalized_shape, dtype_or_default(options.dtype)) : Tensor())),
-      bias(register_parameter("bias",
-                              options.elementwise_affine ? zeros(options.normalized_shape, dtype_or_default(options.dtype)) : Tensor())) {
+      weight(register_parameter("weight", options.elementwise_affine
+                                              ? ones(options.normalized_shape, dtype_or_default(options.dtype))
+                                              : Tensor())),
+      bias(register_parameter("bias", options.elementwise_affine
+                                          ? zeros(options.normalized_shape, dtype_or_default(options.dtype))
+                                          : Tensor())) {
   KILN_CHECK(!options.normalized_shape.empty(), ValueError, "LayerNorm: normalized_shape must not be empty");
 }
 Tensor LayerNorm::forward(const Tensor& x) {
-  if (autocast_enabled()) return ops::autocast_call(AutocastOp::layer_norm, [&](const Tensor& xx) { return forward(xx); }, x);
+  if (autocast_enabled())
+    return ops::autocast_call(
+        AutocastOp::layer_norm, [&](const Tensor& xx) { return forward(xx); }, x);
   trailing_dims(x, options.normalized_shape, "LayerNorm");
   return ops::layer_norm(x, options.normalized_shape, weight, bias, options.eps);
 }
@@ -64,12 +68,11 @@ BatchNorm::BatchNorm(std::string type_name, BatchNormOptions o, int64_t min_dim,
       options(o),
       weight(register_parameter("weight", o.affine ? ones({o.num_features}, dtype_or_default(o.dtype)) : Tensor())),
       bias(register_parameter("bias", o.affine ? zeros({o.num_features}, dtype_or_default(o.dtype)) : Tensor())),
-      running_mean(register_buffer("running_mean",
-                                   o.track_running_stats ? zeros({o.num_features}, dtype_or_default(o.dtype)) : Tensor())),
-      running_var(register_buffer("running_var",
-                                  o.track_running_stats ? ones({o.num_features}, dtype_or_default(o.dtype)) : Tensor())),
-      num_batches_tracked(
-          register_buffer("num_batches_tracked", o.track_running_stats ? zeros({}, kInt64) : Tensor())),
+      running_mean(register_buffer(
+          "running_mean", o.track_running_stats ? zeros({o.num_features}, dtype_or_default(o.dtype)) : Tensor())),
+      running_var(register_buffer(
+          "running_var", o.track_running_stats ? ones({o.num_features}, dtype_or_default(o.dtype)) : Tensor())),
+      num_batches_tracked(register_buffer("num_batches_tracked", o.track_running_stats ? zeros({}, kInt64) : Tensor())),
       min_dim_(min_dim),
       max_dim_(max_dim) {
   KILN_CHECK(o.num_features > 0, ValueError, "BatchNorm", ": num_features must be > 0, got ", o.num_features);
@@ -89,12 +92,13 @@ Tensor BatchNorm::forward_add_relu(const Tensor& x, const Tensor& residual) {
 Tensor BatchNorm::forward_impl(const Tensor& x, bool relu, const Tensor& residual) {
   if (autocast_enabled()) {
     // Under autocast batch norm runs in float32: the residual then joins the float32 result.
-    const Tensor y = ops::autocast_call(AutocastOp::batch_norm, [&](const Tensor& xx) { return forward_impl(xx, false, Tensor()); }, x);
+    const Tensor y = ops::autocast_call(
+        AutocastOp::batch_norm, [&](const Tensor& xx) { return forward_impl(xx, false, Tensor()); }, x);
     if (!relu) return y;
     return (residual.defined() ? y + residual : y).relu();
   }
-  KILN_CHECK(x.dim() >= min_dim_ && x.dim() <= max_dim_ && x.size(1) == options.num_features, ShapeError,
-             type_name(), ": expected a ", min_dim_, (min_dim_ == max_dim_ ? "" : " or " + std::to_string(max_dim_)),
+  KILN_CHECK(x.dim() >= min_dim_ && x.dim() <= max_dim_ && x.size(1) == options.num_features, ShapeError, type_name(),
+             ": expected a ", min_dim_, (min_dim_ == max_dim_ ? "" : " or " + std::to_string(max_dim_)),
              "-dim input with ", options.num_features, " channels in dim 1, got shape ", x.shape_string());
   std::vector<int64_t> dims = {0};
   for (int64_t d = 2; d < x.dim(); ++d) dims.push_back(d);
@@ -107,9 +111,10 @@ Tensor BatchNorm::forward_impl(const Tensor& x, bool relu, const Tensor& residua
     // float32/float64: the fused two-pass op (ops/batch_norm.h); other dtypes: the composite below.
     Tensor fused_out;
     if (ops::batch_norm_train_supported(x, weight, bias)) {
-      ops::BatchNormResult r = !relu                ? ops::batch_norm_train(x, weight, bias, options.eps)
-                               : residual.defined() ? ops::batch_norm_add_relu_train(x, weight, bias, residual, options.eps)
-                                                    : ops::batch_norm_relu_train(x, weight, bias, options.eps);
+      ops::BatchNormResult r = !relu ? ops::batch_norm_train(x, weight, bias, options.eps)
+                               : residual.defined()
+                                   ? ops::batch_norm_add_relu_train(x, weight, bias, residual, options.eps)
+                                   : ops::batch_norm_relu_train(x, weight, bias, options.eps);
       fused_out = std::move(r.output);
       mean = std::move(r.mean);
       var = std::move(r.var);
@@ -134,7 +139,8 @@ Tensor BatchNorm::forward_impl(const Tensor& x, bool relu, const Tensor& residua
   return relu ? y.relu() : y;
 }
 std::string BatchNorm::extra_repr() const {
-  return std::to_string(options.num_features) + ", eps=" + num(options.eps) + ", momentum=" + (options.momentum ? num(*options.momentum) : std::string("None")) +
+  return std::to_string(options.num_features) + ", eps=" + num(options.eps) +
+         ", momentum=" + (options.momentum ? num(*options.momentum) : std::string("None")) +
          ", affine=" + py_bool(options.affine) + ", track_running_stats=" + py_bool(options.track_running_stats);
 }
 
@@ -142,14 +148,17 @@ std::string BatchNorm::extra_repr() const {
 RMSNorm::RMSNorm(RMSNormOptions o)
     : Module("RMSNorm"),
       options(std::move(o)),
-      weight(register_parameter("weight",
-                                options.elementwise_affine ? ones(options.normalized_shape, dtype_or_default(options.dtype)) : Tensor())) {
+      weight(register_parameter("weight", options.elementwise_affine
+                                              ? ones(options.normalized_shape, dtype_or_default(options.dtype))
+                                              : Tensor())) {
   KILN_CHECK(!options.normalized_shape.empty(), ValueError, "RMSNorm: normalized_shape must not be empty");
 }
 Tensor RMSNorm::forward(const Tensor& x) {
-  if (autocast_enabled()) return ops::autocast_call(AutocastOp::rms_norm, [&](const Tensor& xx) { return forward(xx); }, x);
+  if (autocast_enabled())
+    return ops::autocast_call(
+        AutocastOp::rms_norm, [&](const Tensor& xx) { return forward(xx); }, x);
   auto dims = trailing_dims(x, options.normalized_shape, "RMSNorm");
-  double eps = options.eps ? *options.eps
+  double eps = options.eps             ? *options.eps
                : x.dtype() == kFloat64 ? std::numeric_limits<double>::epsilon()
                                        : static_cast<double>(std::numeric_limits<float>::epsilon());
   Tensor y = x * (x.mul(x).mean(dims, true) + eps).rsqrt();
@@ -166,11 +175,13 @@ GroupNorm::GroupNorm(GroupNormOptions o)
       options(o),
       weight(register_parameter("weight", o.affine ? ones({o.num_channels}, dtype_or_default(o.dtype)) : Tensor())),
       bias(register_parameter("bias", o.affine ? zeros({o.num_channels}, dtype_or_default(o.dtype)) : Tensor())) {
-  KILN_CHECK(o.num_groups > 0 && o.num_channels % o.num_groups == 0, ValueError,
-             "GroupNorm: num_channels (", o.num_channels, ") must be divisible by num_groups (", o.num_groups, ")");
+  KILN_CHECK(o.num_groups > 0 && o.num_channels % o.num_groups == 0, ValueError, "GroupNorm: num_channels (",
+             o.num_channels, ") must be divisible by num_groups (", o.num_groups, ")");
 }
 Tensor GroupNorm::forward(const Tensor& x) {
-  if (autocast_enabled()) return ops::autocast_call(AutocastOp::group_norm, [&](const Tensor& xx) { return forward(xx); }, x);
+  if (autocast_enabled())
+    return ops::autocast_call(
+        AutocastOp::group_norm, [&](const Tensor& xx) { return forward(xx); }, x);
   KILN_CHECK(x.dim() >= 2 && x.size(1) == options.num_channels, ShapeError, "GroupNorm: expected input [N, ",
              options.num_channels, ", *], got shape ", x.shape_string());
   Tensor xr = x.reshape({x.size(0), options.num_groups, -1});

@@ -6,8 +6,8 @@
 #include <set>
 
 #include "kiln/core/error.h"
-#include "kiln/ops/factory.h"
 #include "kiln/core/guards.h"
+#include "kiln/ops/factory.h"
 
 namespace kiln::nn {
 

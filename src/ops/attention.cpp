@@ -63,8 +63,8 @@ void check_args(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor&
              "scaled_dot_product_attention: expected either attn_mask or is_causal, got both");
   if (attn_mask.defined()) {
     const int64_t L = q.size(-2), S = k.size(-2);
-    KILN_CHECK(attn_mask.dim() >= 1 && attn_mask.size(-1) == S && (attn_mask.dim() < 2 || attn_mask.size(-2) == L ||
-                                                                   attn_mask.size(-2) == 1),
+    KILN_CHECK(attn_mask.dim() >= 1 && attn_mask.size(-1) == S &&
+                   (attn_mask.dim() < 2 || attn_mask.size(-2) == L || attn_mask.size(-2) == 1),
                ShapeError, "scaled_dot_product_attention: expected attn_mask broadcastable to [..., ", L, ", ", S,
                "], got ", attn_mask.shape_string());
     KILN_CHECK(attn_mask.dtype() == kBool || attn_mask.is_floating_point(), DTypeError,
@@ -128,11 +128,17 @@ DimVector with_tail(const Tensor& t, int64_t r, int64_t c) {
 // which may broadcast in any way, takes the general ops.
 bool row_kernels(const FusedArgs& a, int64_t kend) { return !a.mask.defined() && kend > 0; }
 
-kernels::AttentionBlock block_of(const Tensor& s, const FusedArgs& a, double scale, int64_t r0, int64_t n,
-                                 int64_t kend, int64_t L) {
+kernels::AttentionBlock block_of(const Tensor& s, const FusedArgs& a, double scale, int64_t r0, int64_t n, int64_t kend,
+                                 int64_t L) {
   KILN_ASSERT(s.is_contiguous(), "sdpa_fused: a score block must be contiguous");
-  return {.dtype = s.dtype(), .batch = s.numel() / (n * kend), .rows = n, .cols = kend, .scale = scale,
-          .causal = a.causal, .row0 = r0, .row_batch_stride = L};
+  return {.dtype = s.dtype(),
+          .batch = s.numel() / (n * kend),
+          .rows = n,
+          .cols = kend,
+          .scale = scale,
+          .causal = a.causal,
+          .row0 = r0,
+          .row_batch_stride = L};
 }
 
 // Row r0 of a contiguous per-row tensor [..., L, 1].
@@ -162,8 +168,10 @@ Tensor attention_forward(const Tensor& q, const Tensor& k, const Tensor& v, cons
       if (lse && !lse_all.defined()) lse_all = empty(with_tail(s, L, 1), TensorOptions(s.dtype()));
       kernels::attention_weights(block_of(s, a, scale, r0, n, kend, L), s.data_ptr(),
                                  lse ? row_ptr(lse_all, r0) : nullptr);
-      if (heads) matmul_into(s, v.narrow(-2, 0, kend), out_heads.narrow(-2, r0, n));
-      else outs.push_back(s.matmul(v.narrow(-2, 0, kend)));
+      if (heads)
+        matmul_into(s, v.narrow(-2, 0, kend), out_heads.narrow(-2, r0, n));
+      else
+        outs.push_back(s.matmul(v.narrow(-2, 0, kend)));
     } else {
       Tensor s = block_scores(q, k, a, scale, r0, n, kend);
       // softmax and logsumexp are single kiln kernels (row max, exp, row sum inside).
@@ -270,8 +278,8 @@ Tensor scaled_dot_product_attention(const Tensor& q, const Tensor& k, const Tens
 // The composite form: autograd records matmul, softmax and masked_fill, so
 // gradients of any order follow without a hand-written backward; it keeps the
 // [..., L, S] scores and weights for backward (O(T^2) per head).
-Tensor attention_composite(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& attn_mask,
-                           double dropout_p, bool is_causal, bool training) {
+Tensor attention_composite(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& attn_mask, double dropout_p,
+                           bool is_causal, bool training) {
   const int64_t L = q.size(-2), S = k.size(-2);
   const double scale = 1.0 / std::sqrt(static_cast<double>(q.size(-1)));
   const double neg_inf = -std::numeric_limits<double>::infinity();
@@ -279,8 +287,8 @@ Tensor attention_composite(const Tensor& q, const Tensor& k, const Tensor& v, co
   Tensor scores = q.matmul(k.transpose(-2, -1)).mul(scale);  // [..., L, S]
   if (is_causal) scores = scores.masked_fill(causal_hidden(L, S), neg_inf);
   if (attn_mask.defined()) {
-    KILN_CHECK(attn_mask.dim() >= 1 && attn_mask.size(-1) == S && (attn_mask.dim() < 2 || attn_mask.size(-2) == L ||
-                                                                   attn_mask.size(-2) == 1),
+    KILN_CHECK(attn_mask.dim() >= 1 && attn_mask.size(-1) == S &&
+                   (attn_mask.dim() < 2 || attn_mask.size(-2) == L || attn_mask.size(-2) == 1),
                ShapeError, "scaled_dot_product_attention: expected attn_mask broadcastable to [..., ", L, ", ", S,
                "], got ", attn_mask.shape_string());
     if (attn_mask.dtype() == kBool) {
@@ -311,8 +319,8 @@ Tensor attention_fused(const Tensor& q, const Tensor& k, const Tensor& v, const 
   KILN_CHECK(!(attn_mask.defined() && attn_mask.requires_grad() && grad_mode_enabled()), ValueError,
              "sdpa_fused: expected an attn_mask that does not require grad (the composite path differentiates "
              "the mask), got one that does");
-  const FusedArgs args{.mask = attn_mask.defined() ? attn_mask.detach() : Tensor(), .causal = is_causal,
-                       .block_rows = block_rows};
+  const FusedArgs args{
+      .mask = attn_mask.defined() ? attn_mask.detach() : Tensor(), .causal = is_causal, .block_rows = block_rows};
   // Nothing to differentiate (inference): no graph node, no log-sum-exp.
   if (!grad_mode_enabled() || !(q.requires_grad() || k.requires_grad() || v.requires_grad()))
     return attention_forward(q, k, v, args, nullptr);

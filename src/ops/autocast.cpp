@@ -18,11 +18,13 @@ std::string_view autocast_policy_name(AutocastPolicy p) {
 
 // The table is indexed by the enum: a row out of order would give an op
 // another op's policy, so the order is checked where it is written.
-static_assert([] {
-  for (int i = 0; i < kAutocastOpCount; ++i)
-    if (static_cast<int>(kAutocastPolicy[i].op) != i) return false;
-  return true;
-}(), "kAutocastPolicy rows must follow the AutocastOp order");
+static_assert(
+    [] {
+      for (int i = 0; i < kAutocastOpCount; ++i)
+        if (static_cast<int>(kAutocastPolicy[i].op) != i) return false;
+      return true;
+    }(),
+    "kAutocastPolicy rows must follow the AutocastOp order");
 
 namespace ops {
 

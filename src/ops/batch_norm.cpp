@@ -155,12 +155,13 @@ namespace {
 
 // relu: the fused ReLU (x channels-last); residual (defined only with relu):
 // added before it, in x's layout.
-BatchNormResult batch_norm_train_impl(const Tensor& x, const Tensor& weight, const Tensor& bias, double eps,
-                                      bool relu, const Tensor& residual, std::source_location loc) {
+BatchNormResult batch_norm_train_impl(const Tensor& x, const Tensor& weight, const Tensor& bias, double eps, bool relu,
+                                      const Tensor& residual, std::source_location loc) {
   check_defined(x, "batch_norm", "input");
   KILN_CHECK(batch_norm_train_supported(x, weight, bias), DTypeError,
              "batch_norm: expected a float32 or float64 input of at least 2 dims with weight and bias of its "
-             "dtype and shape [C], got input ", dtype_name(x.dtype()), " ", x.shape_string(),
+             "dtype and shape [C], got input ",
+             dtype_name(x.dtype()), " ", x.shape_string(),
              weight.defined() ? ", weight " + weight.shape_string() : std::string(),
              bias.defined() ? ", bias " + bias.shape_string() : std::string());
   const DType dt = x.dtype();
@@ -178,9 +179,8 @@ BatchNormResult batch_norm_train_impl(const Tensor& x, const Tensor& weight, con
   Tensor invstd = new_output({c}, dt);
   kernels::BatchNormShape s = bn_shape(xc);
   s.relu = relu;
-  kernels::batch_norm_train_forward(dt, s, xc.data_ptr(), data_or_null(wc), data_or_null(bc), eps,
-                                    r.output.data_ptr(), r.mean.data_ptr(), invstd.data_ptr(), r.var.data_ptr(),
-                                    data_or_null(residual));
+  kernels::batch_norm_train_forward(dt, s, xc.data_ptr(), data_or_null(wc), data_or_null(bc), eps, r.output.data_ptr(),
+                                    r.mean.data_ptr(), invstd.data_ptr(), r.var.data_ptr(), data_or_null(residual));
   if (autograd::compute_requires_grad({&x, &weight, &bias, &residual})) {
     auto node = make_intrusive<NativeBatchNormBackward>();
     node->x = SavedVariable(xc, false);
@@ -234,8 +234,8 @@ void update_stats(T* rm, T* rv, const T* mean, const T* var, int64_t c, double m
 
 }  // namespace
 
-void batch_norm_update_running_stats(Tensor& running_mean, Tensor& running_var, const Tensor& mean,
-                                     const Tensor& var, double momentum, int64_t n) {
+void batch_norm_update_running_stats(Tensor& running_mean, Tensor& running_var, const Tensor& mean, const Tensor& var,
+                                     double momentum, int64_t n) {
   const NoGradGuard no_grad;
   const double ratio = static_cast<double>(n) / static_cast<double>(n - 1);
   const DType dt = running_mean.dtype();

@@ -119,8 +119,8 @@ Tensor bitwise_xor(const Tensor& a, const Tensor& b) {
 
 Tensor bitwise_not(const Tensor& a) {
   ops::check_defined(a, "bitwise_not", "self");
-  KILN_CHECK(!a.is_floating_point(), DTypeError,
-             "bitwise_not: ~ is only implemented on integer and bool tensors, got ", dtype_name(a.dtype()));
+  KILN_CHECK(!a.is_floating_point(), DTypeError, "bitwise_not: ~ is only implemented on integer and bool tensors, got ",
+             dtype_name(a.dtype()));
   Tensor out = ops::new_output(a.sizes(), a.dtype());
   if (out.numel() > 0) kernels::unary(ops::make_loop(a.sizes(), {&out, &a}), kernels::UnaryOp::BitwiseNot, a.dtype());
   return out;

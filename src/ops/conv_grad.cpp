@@ -8,8 +8,8 @@
 
 #include "iter.h"
 #include "kiln/autograd/functions.h"
-#include "kiln/ops/factory.h"
 #include "kiln/core/guards.h"
+#include "kiln/ops/factory.h"
 
 namespace kiln::ops::conv_detail {
 
@@ -189,8 +189,7 @@ std::tuple<Tensor, Tensor> conv2d_weight_grad(const Tensor& grad_output, const T
     const Tensor x = activation_operand(input, p.dtype, path, q.input_nhwc);
     gw = new_output({p.o, p.c / p.groups, p.kh, p.kw}, p.dtype);
     if (with_bias) gb = new_output({p.o}, p.dtype);
-    kernels::conv2d_backward_weight(q, g.data_ptr(), x.data_ptr(), gw.data_ptr(),
-                                    with_bias ? gb.data_ptr() : nullptr);
+    kernels::conv2d_backward_weight(q, g.data_ptr(), x.data_ptr(), gw.data_ptr(), with_bias ? gb.data_ptr() : nullptr);
     gw = in_dtype(gw, grad_output.dtype());
     if (with_bias) gb = in_dtype(gb, grad_output.dtype());
   }

@@ -20,8 +20,8 @@ struct Pair {
 };
 
 Pair pair_arg(IntArrayRef a, const char* op, const char* name) {
-  KILN_CHECK(a.size() == 1 || a.size() == 2, ValueError, op, ": expected ", name,
-             " to be a single int or 2 ints, got ", a);
+  KILN_CHECK(a.size() == 1 || a.size() == 2, ValueError, op, ": expected ", name, " to be a single int or 2 ints, got ",
+             a);
   return a.size() == 1 ? Pair{{a[0], a[0]}} : Pair{{a[0], a[1]}};
 }
 
@@ -38,16 +38,23 @@ DType kernel_dtype(DType dt) { return dt == kFloat16 ? kFloat32 : dt; }
 
 // ---- conv2d ----
 
-Tensor conv2d_impl(const Tensor& input, const Tensor& weight, const Tensor& bias, Pair stride, Pair pad_l,
-                   Pair pad_r, Pair dilation, int64_t groups, autograd::CallSite site) {
-  if (autocast_enabled()) return ops::autocast_call(AutocastOp::conv2d, [&](const Tensor& x, const Tensor& w, const Tensor& b) { return conv2d_impl(x, w, b, stride, pad_l, pad_r, dilation, groups, site); }, input, weight, bias);
+Tensor conv2d_impl(const Tensor& input, const Tensor& weight, const Tensor& bias, Pair stride, Pair pad_l, Pair pad_r,
+                   Pair dilation, int64_t groups, autograd::CallSite site) {
+  if (autocast_enabled())
+    return ops::autocast_call(
+        AutocastOp::conv2d,
+        [&](const Tensor& x, const Tensor& w, const Tensor& b) {
+          return conv2d_impl(x, w, b, stride, pad_l, pad_r, dilation, groups, site);
+        },
+        input, weight, bias);
   constexpr const char* op = "conv2d";
   check_input_4d(input, op);
   ops::check_defined(weight, op, "weight");
   KILN_CHECK(weight.dim() == 4, ShapeError, op,
              ": expected weight of shape [out_channels, in_channels / groups, kH, kW] (4-D), got ", weight.sizes());
-  KILN_CHECK(input.dtype() == weight.dtype(), DTypeError, op, ": expected input and weight to have the same dtype, got ",
-             dtype_name(input.dtype()), " and ", dtype_name(weight.dtype()), " (convert one with .to(dtype))");
+  KILN_CHECK(input.dtype() == weight.dtype(), DTypeError, op,
+             ": expected input and weight to have the same dtype, got ", dtype_name(input.dtype()), " and ",
+             dtype_name(weight.dtype()), " (convert one with .to(dtype))");
   KILN_CHECK(!bias.defined() || bias.dtype() == input.dtype(), DTypeError, op,
              ": expected bias to have the input's dtype ", dtype_name(input.dtype()), ", got ",
              dtype_name(bias.dtype()));
@@ -56,8 +63,7 @@ Tensor conv2d_impl(const Tensor& input, const Tensor& weight, const Tensor& bias
   for (int d = 0; d < 2; ++d) {
     KILN_CHECK(stride[d] >= 1, ValueError, op, ": stride must be positive, got ", pair_str(stride));
     KILN_CHECK(dilation[d] >= 1, ValueError, op, ": dilation must be positive, got ", pair_str(dilation));
-    KILN_CHECK(pad_l[d] >= 0 && pad_r[d] >= 0, ValueError, op, ": padding must be non-negative, got ",
-               pair_str(pad_l));
+    KILN_CHECK(pad_l[d] >= 0 && pad_r[d] >= 0, ValueError, op, ": padding must be non-negative, got ", pair_str(pad_l));
   }
   const int64_t o = weight.size(0), c = input.size(-3);
   KILN_CHECK(o % groups == 0, ShapeError, op, ": groups=", groups, " must divide out_channels, but weight of shape ",
@@ -65,8 +71,8 @@ Tensor conv2d_impl(const Tensor& input, const Tensor& weight, const Tensor& bias
   KILN_CHECK(c == weight.size(1) * groups, ShapeError, op, ": with groups=", groups, ", weight of shape ",
              weight.sizes(), " (expected [out_channels, in_channels / groups, kH, kW]) expects input with ",
              weight.size(1) * groups, " channels, but input of shape ", input.sizes(), " has ", c);
-  KILN_CHECK(!bias.defined() || (bias.dim() == 1 && bias.size(0) == o), ShapeError, op, ": expected bias of shape [",
-             o, "] (one per out channel of weight ", weight.sizes(), "), got ", bias.sizes());
+  KILN_CHECK(!bias.defined() || (bias.dim() == 1 && bias.size(0) == o), ShapeError, op, ": expected bias of shape [", o,
+             "] (one per out channel of weight ", weight.sizes(), "), got ", bias.sizes());
   kernels::Conv2dParams p;
   p.dtype = kernel_dtype(input.dtype());
   p.n = input.dim() == 4 ? input.size(0) : 1;
@@ -89,10 +95,10 @@ Tensor conv2d_impl(const Tensor& input, const Tensor& weight, const Tensor& bias
     const int64_t num = padded[d] - span[d];  // floor division: a negative numerator means no output
     out[d] = (num >= 0 ? num / stride[d] : -((-num + stride[d] - 1) / stride[d])) + 1;
   }
-  KILN_CHECK(out[0] >= 1 && out[1] >= 1, ShapeError, op, ": input of shape ", input.sizes(), " padded to ",
-             padded[0], " x ", padded[1], " is smaller than the kernel ", p.kh, " x ", p.kw, " (", span[0], " x ",
-             span[1], " with dilation ", pair_str(dilation), "): computed output size ", std::max<int64_t>(out[0], 0),
-             " x ", std::max<int64_t>(out[1], 0), "; use a smaller kernel or more padding");
+  KILN_CHECK(out[0] >= 1 && out[1] >= 1, ShapeError, op, ": input of shape ", input.sizes(), " padded to ", padded[0],
+             " x ", padded[1], " is smaller than the kernel ", p.kh, " x ", p.kw, " (", span[0], " x ", span[1],
+             " with dilation ", pair_str(dilation), "): computed output size ", std::max<int64_t>(out[0], 0), " x ",
+             std::max<int64_t>(out[1], 0), "; use a smaller kernel or more padding");
   p.oh = out[0];
   p.ow = out[1];
   return ops::conv_detail::conv2d(input, weight, bias, p, site);
@@ -135,8 +141,7 @@ kernels::Pool2dParams pool_params(const char* op, const Tensor& input, const Poo
                                   kernels::PoolKind kind) {
   check_input_4d(input, op);
   KILN_CHECK(input.size(-3) > 0 && input.size(-2) > 0 && input.size(-1) > 0, ShapeError, op,
-             ": expected non-empty channel and spatial dims (only the batch may be empty), got shape ",
-             input.sizes());
+             ": expected non-empty channel and spatial dims (only the batch may be empty), got shape ", input.sizes());
   kernels::Pool2dParams p;
   p.dtype = kernel_dtype(input.dtype());
   p.kind = kind;
@@ -160,8 +165,8 @@ kernels::Pool2dParams pool_params(const char* op, const Tensor& input, const Poo
 
 void check_pool_float(const Tensor& input, const char* op) {
   KILN_CHECK(is_floating_point(input.dtype()), DTypeError, op,
-             ": expected a floating-point input (float32, float64, bfloat16, float16), got ",
-             dtype_name(input.dtype()), " (torch does not implement it for integers either)");
+             ": expected a floating-point input (float32, float64, bfloat16, float16), got ", dtype_name(input.dtype()),
+             " (torch does not implement it for integers either)");
 }
 
 }  // namespace
@@ -178,8 +183,10 @@ Tensor conv2d(const Tensor& input, const Tensor& weight, const Tensor& bias, Int
   const autograd::CallSite site = autograd::CallSite::from(loc);
   const Pair st = pair_arg(stride, "conv2d", "stride"), dil = pair_arg(dilation, "conv2d", "dilation");
   if (padding == PaddingMode::Valid) return conv2d_impl(input, weight, bias, st, {{0, 0}}, {{0, 0}}, dil, groups, site);
-  KILN_CHECK(st[0] == 1 && st[1] == 1, ValueError, "conv2d: padding=\"same\" is not supported for strided "
-             "convolutions (stride ", pair_str(st), "), as in torch; pass explicit padding instead");
+  KILN_CHECK(st[0] == 1 && st[1] == 1, ValueError,
+             "conv2d: padding=\"same\" is not supported for strided "
+             "convolutions (stride ",
+             pair_str(st), "), as in torch; pass explicit padding instead");
   ops::check_defined(weight, "conv2d", "weight");
   KILN_CHECK(weight.dim() == 4, ShapeError,
              "conv2d: expected weight of shape [out_channels, in_channels / groups, kH, kW] (4-D), got ",
@@ -213,14 +220,12 @@ std::tuple<Tensor, Tensor> max_pool2d_with_indices(const Tensor& input, IntArray
   return ops::conv_detail::max_pool2d_with_indices(input, p, autograd::CallSite::from(loc));
 }
 
-Tensor avg_pool2d(const Tensor& input, IntArrayRef kernel_size, IntArrayRef stride, IntArrayRef padding,
-                  bool ceil_mode, bool count_include_pad, std::optional<int64_t> divisor_override,
-                  std::source_location loc) {
+Tensor avg_pool2d(const Tensor& input, IntArrayRef kernel_size, IntArrayRef stride, IntArrayRef padding, bool ceil_mode,
+                  bool count_include_pad, std::optional<int64_t> divisor_override, std::source_location loc) {
   constexpr const char* op = "avg_pool2d";
   const PoolArgs a = pool_args(op, kernel_size, stride, padding, 1);
-  kernels::Pool2dParams p = pool_params(op, input, a, ceil_mode,
-                                        count_include_pad ? kernels::PoolKind::AvgIncludePad
-                                                          : kernels::PoolKind::AvgExcludePad);
+  kernels::Pool2dParams p = pool_params(
+      op, input, a, ceil_mode, count_include_pad ? kernels::PoolKind::AvgIncludePad : kernels::PoolKind::AvgExcludePad);
   KILN_CHECK(input.dtype() != kBool, DTypeError, op, ": bool tensors are not supported");
   KILN_CHECK(!divisor_override || *divisor_override != 0, ValueError, op, ": divisor_override must be nonzero");
   p.divisor_override = divisor_override.value_or(0);
@@ -233,8 +238,7 @@ Tensor adaptive_avg_pool2d(const Tensor& input, IntArrayRef output_size, std::so
   const Pair os = pair_arg(output_size, op, "output_size");
   KILN_CHECK(os[0] >= 0 && os[1] >= 0, ValueError, op, ": output_size must be non-negative, got ", pair_str(os));
   KILN_CHECK(input.size(-3) > 0 && input.size(-2) > 0 && input.size(-1) > 0, ShapeError, op,
-             ": expected non-empty channel and spatial dims (only the batch may be empty), got shape ",
-             input.sizes());
+             ": expected non-empty channel and spatial dims (only the batch may be empty), got shape ", input.sizes());
   check_pool_float(input, op);
   return ops::conv_detail::adaptive_avg_pool2d(input, os[0], os[1], autograd::CallSite::from(loc));
 }

@@ -4,9 +4,9 @@
 // public ops record their own node (ToCopyBackward0, CloneBackward0). copy_,
 // fill_ and zero_ are in-place: they check the target (check_inplace) before
 // writing and rewrite its history after (rebase_history).
+#include "kiln/kernels/copy.h"
 #include "grad_ops.h"
 #include "iter.h"
-#include "kiln/kernels/copy.h"
 #include "kiln/ops/factory.h"
 
 namespace kiln {
@@ -42,8 +42,8 @@ void copy_into(const Tensor& dst, const Tensor& src) {
              " cannot be broadcast to the destination's shape ", dst.sizes());
   if (dst.numel() == 0) return;
   for (int64_t d = 0; d < dst.dim(); ++d) {
-    KILN_CHECK(dst.strides()[d] != 0 || dst.sizes()[d] == 1, ValueError, "copy_: the destination (shape ",
-               dst.sizes(), ", strides ", dst.strides(), ") has stride 0 in dim ", d,
+    KILN_CHECK(dst.strides()[d] != 0 || dst.sizes()[d] == 1, ValueError, "copy_: the destination (shape ", dst.sizes(),
+               ", strides ", dst.strides(), ") has stride 0 in dim ", d,
                ", so several of its elements share one memory location (an expand()ed tensor); clone() it first");
   }
   const Tensor source = may_overlap(dst, src) ? ops::copy_no_grad(src, src.dtype()) : src;
@@ -132,7 +132,9 @@ Tensor& Tensor::fill_(const Scalar& value, std::source_location loc) {
   return fill_impl(*this, value, "fill_", "FillBackward2", CallSite::from(loc));
 }
 
-Tensor& Tensor::zero_(std::source_location loc) { return fill_impl(*this, 0, "zero_", "ZeroBackward0", CallSite::from(loc)); }
+Tensor& Tensor::zero_(std::source_location loc) {
+  return fill_impl(*this, 0, "zero_", "ZeroBackward0", CallSite::from(loc));
+}
 
 Tensor Tensor::to(DType dt, bool copy, std::source_location loc) const {
   ops::check_defined(*this, "to", "self");

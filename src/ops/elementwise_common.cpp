@@ -57,8 +57,7 @@ kernels::LoopSpec make_binary_loop(IntArrayRef shape, const Tensor& out, Operand
 void check_inplace_cast(const char* op, DType result, const Tensor& self) {
   KILN_CHECK(ops::can_cast(result, self.dtype()), DTypeError, op, ": result type ", dtype_name(result),
              " can't be cast to the desired output type ", dtype_name(self.dtype()),
-             " (an in-place op keeps self's dtype; use the out-of-place op to get a ", dtype_name(result),
-             " result)");
+             " (an in-place op keeps self's dtype; use the out-of-place op to get a ", dtype_name(result), " result)");
 }
 
 void check_inplace_shape(const char* op, const Tensor& self, IntArrayRef other_sizes) {
@@ -105,8 +104,11 @@ void check_no_internal_overlap(const char* op, const Tensor& self) {
   if (self.numel() <= 1 || is_non_overlapping_and_dense(self)) return;
   bool overlap = false;
   for (int64_t d = 0; d < self.dim(); ++d) overlap = overlap || (self.sizes()[d] > 1 && self.strides()[d] == 0);
-  KILN_CHECK(!overlap, ValueError, op, ": unsupported operation: more than one element of the written-to tensor "
-             "(shape ", self.sizes(), ", strides ", self.strides(), ") refers to a single memory location. "
+  KILN_CHECK(!overlap, ValueError, op,
+             ": unsupported operation: more than one element of the written-to tensor "
+             "(shape ",
+             self.sizes(), ", strides ", self.strides(),
+             ") refers to a single memory location. "
              "Please clone() the tensor before performing the operation.");
 }
 
@@ -154,8 +156,7 @@ Arg check_binary_inplace(const char* name, Tensor& self, Arg b, DType compute, T
   return Arg(holder);
 }
 
-void run_binary_inplace(const char* name, kernels::BinaryOp op, Tensor& self, Arg b, DType compute,
-                        const void* alpha) {
+void run_binary_inplace(const char* name, kernels::BinaryOp op, Tensor& self, Arg b, DType compute, const void* alpha) {
   if (self.numel() > 0) {
     if (self.dtype() == compute) {
       Operand oa, ob;

@@ -37,8 +37,8 @@ Tensor make_tensor(IntArrayRef sizes, IntArrayRef strides, int64_t storage_elems
   KILN_CHECK(!o.requires_grad() || is_floating_point(dt), DTypeError,
              "only floating-point tensors can require gradients, got dtype ", dtype_name(dt));
   int64_t nbytes = 0;
-  KILN_CHECK(!__builtin_mul_overflow(storage_elems, element_size(dt), &nbytes), ValueError, "a tensor of sizes ",
-             sizes, " and dtype ", dtype_name(dt), " needs more bytes than int64 can count");
+  KILN_CHECK(!__builtin_mul_overflow(storage_elems, element_size(dt), &nbytes), ValueError, "a tensor of sizes ", sizes,
+             " and dtype ", dtype_name(dt), " needs more bytes than int64 can count");
   const MemoryCategory cat = o.category().value_or(current_memory_category());
   auto storage = make_intrusive<StorageImpl>(static_cast<size_t>(nbytes), cat);
   Tensor t(make_intrusive<TensorImpl>(std::move(storage), dt, sizes, strides, 0));
@@ -56,9 +56,9 @@ int64_t strided_extent(IntArrayRef sizes, IntArrayRef strides, const char* op) {
   for (size_t i = 0; i < sizes.size(); ++i) {
     KILN_CHECK(strides[i] >= 0, ShapeError, op, ": negative strides are not supported, got ", strides);
     int64_t span = 0;
-    KILN_CHECK(!__builtin_mul_overflow(sizes[i] - 1, strides[i], &span) &&
-                   !__builtin_add_overflow(extent, span, &extent),
-               ValueError, op, ": sizes ", sizes, " with strides ", strides, " span more elements than int64 can count");
+    KILN_CHECK(
+        !__builtin_mul_overflow(sizes[i] - 1, strides[i], &span) && !__builtin_add_overflow(extent, span, &extent),
+        ValueError, op, ": sizes ", sizes, " with strides ", strides, " span more elements than int64 can count");
   }
   return extent;
 }
@@ -216,7 +216,8 @@ Tensor arange(const Scalar& start, const Scalar& end, const Scalar& step, Tensor
   Tensor out;
   visit_dtype(dt, [&]<typename T>() {
     if constexpr (!std::is_same_v<T, bool>) {
-      using Acc = std::conditional_t<std::is_integral_v<T>, int64_t, std::conditional_t<is_reduced_float_v<T>, float, double>>;
+      using Acc =
+          std::conditional_t<std::is_integral_v<T>, int64_t, std::conditional_t<is_reduced_float_v<T>, float, double>>;
       if constexpr (std::is_integral_v<T>) {  // NaN, inf or > 2^63 would make the conversion undefined
         for (const Scalar* v : {&start, &end, &step}) ops::check_scalar_fits(*v, kInt64, "arange");
       }
@@ -236,16 +237,16 @@ Tensor arange(const Scalar& start, const Scalar& end, const Scalar& step, Tensor
         size_d = std::ceil((end.to_double() - start.to_double()) / step.to_double());
       }
       KILN_CHECK(size_d >= 0 && size_d <= 9.2e18, ValueError, "arange: invalid size ", size_d,
-                 " (possible overflow) for start=", start.to_double(), ", end=", end.to_double(), ", step=",
-                 step.to_double());
+                 " (possible overflow) for start=", start.to_double(), ", end=", end.to_double(),
+                 ", step=", step.to_double());
       const int64_t n = static_cast<int64_t>(size_d);
       out = empty_for({n}, options, "arange");
       T* p = out.data_ptr<T>();
       for (int64_t i = 0; i < n; ++i) {
         if constexpr (std::is_integral_v<T>) {
           // Wrapping (unsigned) arithmetic: a huge range into int32 wraps as in PyTorch, without UB.
-          p[i] = static_cast<T>(static_cast<int64_t>(static_cast<uint64_t>(xs) +
-                                                     static_cast<uint64_t>(xst) * static_cast<uint64_t>(i)));
+          p[i] = static_cast<T>(
+              static_cast<int64_t>(static_cast<uint64_t>(xs) + static_cast<uint64_t>(xst) * static_cast<uint64_t>(i)));
         } else {
           p[i] = T(static_cast<compute_t<T>>(xs + xst * static_cast<Acc>(i)));
         }
@@ -284,8 +285,8 @@ Tensor linspace(const Scalar& start, const Scalar& end, int64_t steps, TensorOpt
       const C s = r(start.to<C>()), e = r(end.to<C>());
       const C step = r(r(e - s) / r(static_cast<C>(steps - 1)));
       for (int64_t i = 0; i < steps; ++i) {
-        const C v = i < half ? r(s + r(step * r(static_cast<C>(i))))
-                             : r(e - r(step * r(static_cast<C>(steps - i - 1))));
+        const C v =
+            i < half ? r(s + r(step * r(static_cast<C>(i)))) : r(e - r(step * r(static_cast<C>(steps - i - 1))));
         p[i] = T(v);
       }
     }
@@ -383,8 +384,8 @@ Tensor randperm(int64_t n, Generator* gen) {
 template <typename T>
 Tensor tensor(const std::vector<T>& values, IntArrayRef sizes) {
   DimVector shape = sizes.empty() ? DimVector{static_cast<int64_t>(values.size())} : DimVector(sizes);
-  KILN_CHECK(shape_numel(shape) == static_cast<int64_t>(values.size()), ShapeError, "tensor: shape ", shape,
-             " holds ", shape_numel(shape), " elements but ", values.size(), " values were given");
+  KILN_CHECK(shape_numel(shape) == static_cast<int64_t>(values.size()), ShapeError, "tensor: shape ", shape, " holds ",
+             shape_numel(shape), " elements but ", values.size(), " values were given");
   // Plain int literals give int64, as torch.tensor([1, 2]) does in Python.
   using Stored = std::conditional_t<std::is_same_v<T, int>, int64_t, T>;
   Tensor t = empty(shape, dtype_of_v<Stored>);
@@ -406,13 +407,12 @@ Tensor from_blob(void* data, IntArrayRef sizes, DType dtype, std::function<void(
   return from_blob(data, sizes, contiguous_strides(sizes), dtype, std::move(deleter));
 }
 
-Tensor from_blob(void* data, IntArrayRef sizes, IntArrayRef strides, DType dtype,
-                 std::function<void(void*)> deleter) {
+Tensor from_blob(void* data, IntArrayRef sizes, IntArrayRef strides, DType dtype, std::function<void(void*)> deleter) {
   check_sizes(sizes, "from_blob");
   KILN_CHECK(data != nullptr || shape_numel(sizes) == 0, ValueError, "from_blob: data is null");
   const int64_t extent = strided_extent(sizes, strides, "from_blob");
-  auto storage = make_intrusive<StorageImpl>(data, static_cast<size_t>(extent * element_size(dtype)),
-                                             std::move(deleter));
+  auto storage =
+      make_intrusive<StorageImpl>(data, static_cast<size_t>(extent * element_size(dtype)), std::move(deleter));
   return Tensor(make_intrusive<TensorImpl>(std::move(storage), dtype, sizes, strides, 0));
 }
 

@@ -61,8 +61,8 @@ std::optional<int64_t> find_bad_index(const Tensor& index, IntArrayRef sizes, In
 void check_index_values(const Tensor& index, IntArrayRef sizes, IntArrayRef strides, int64_t size, const char* op,
                         int64_t dim) {
   if (auto bad = find_bad_index(index, sizes, strides, size)) {
-    throw IndexError(detail::concat(op, ": index ", *bad, " is out of bounds for dimension ", dim, " with size ",
-                                    size));
+    throw IndexError(
+        detail::concat(op, ": index ", *bad, " is out of bounds for dimension ", dim, " with size ", size));
   }
 }
 
@@ -91,8 +91,8 @@ Tensor index_select_unchecked(const Tensor& self, int64_t dim, const Tensor& ind
   idx_strides[dim] = index_stride;
   const auto loop = kernels::make_strided_loop(
       out_sizes, {operand(out, out.strides()), operand(self, self_strides), operand(index, idx_strides)});
-  const bool valid = kernels::gather(loop, self.dtype(), index.dtype(), self.strides()[dim] * self.element_size(),
-                                     self.sizes()[dim]);
+  const bool valid =
+      kernels::gather(loop, self.dtype(), index.dtype(), self.strides()[dim] * self.element_size(), self.sizes()[dim]);
   KILN_ASSERT(valid, "index_select: indices were checked before the kernel");
   return out;
 }
@@ -114,12 +114,12 @@ void scatter_into(const Tensor& self, int64_t dim, const Tensor& index, const Te
   KILN_CHECK(index.dtype() == kInt64, DTypeError, op, ": Expected dtype int64 for index, got ",
              dtype_name(index.dtype()));
   KILN_CHECK(std::max<int64_t>(index.dim(), 1) == nd, ShapeError, op,
-             ": index tensor must have the same number of dimensions as self tensor, got index shape ",
-             index.sizes(), " and self shape ", self.sizes());
+             ": index tensor must have the same number of dimensions as self tensor, got index shape ", index.sizes(),
+             " and self shape ", self.sizes());
   if (src) {
     KILN_CHECK(std::max<int64_t>(src->dim(), 1) == nd, ShapeError, op,
-               ": index tensor must have the same number of dimensions as src tensor, got index shape ",
-               index.sizes(), " and src shape ", src->sizes());
+               ": index tensor must have the same number of dimensions as src tensor, got index shape ", index.sizes(),
+               " and src shape ", src->sizes());
   }
   const NonemptyDims s = nonempty_dims(self), ix = nonempty_dims(index);
   NonemptyDims sr;
@@ -136,8 +136,8 @@ void scatter_into(const Tensor& self, int64_t dim, const Tensor& index, const Te
   }
   for (int64_t d = 0; d < nd; ++d) {
     KILN_CHECK(s.strides[d] != 0 || s.sizes[d] <= 1, ValueError, op,
-               ": more than one element of the written-to tensor (shape ", self.sizes(), ", strides ",
-               self.strides(), ") refers to a single memory location; clone() it first");
+               ": more than one element of the written-to tensor (shape ", self.sizes(), ", strides ", self.strides(),
+               ") refers to a single memory location; clone() it first");
   }
   check_index_values(index, ix.sizes, ix.strides, s.sizes[dim], op, dim);
   // Reads that alias the written tensor would see earlier writes: read a copy.
@@ -175,7 +175,7 @@ Tensor src_gradient(const Tensor& g, int64_t dim, const Tensor& index, IntArrayR
 // {self, src} (src absent for the value form).
 struct ScatterBackward final : autograd::Node {
   const char* node_name = "ScatterBackward0";
-  bool add = false;      // scatter_add: self's gradient passes unchanged
+  bool add = false;  // scatter_add: self's gradient passes unchanged
   bool has_src = true;
   int64_t dim = 0;
   SavedVariable index;
@@ -266,8 +266,10 @@ Tensor scatter_out_of_place(const Tensor& self, int64_t dim, const Tensor& index
   scatter_into(out, dim, index, src, value, mode, op);
   if (self.is_floating_point() && autograd::compute_requires_grad({&self, src})) {
     auto node = scatter_node(node_name, mode == ScatterMode::Add, src, dim, index);
-    if (src) autograd::set_history(out, node, {&self, src}, site);
-    else autograd::set_history(out, node, {&self}, site);
+    if (src)
+      autograd::set_history(out, node, {&self, src}, site);
+    else
+      autograd::set_history(out, node, {&self}, site);
   }
   return out;
 }
@@ -282,8 +284,10 @@ Tensor& scatter_in_place(Tensor& self, int64_t dim, const Tensor& index, const T
   self.bump_version();
   if (record) {
     auto node = scatter_node(node_name, mode == ScatterMode::Add, src, dim, index);
-    if (src) autograd::rebase_history(self, node, {src}, site);
-    else autograd::rebase_history(self, node, {}, site);
+    if (src)
+      autograd::rebase_history(self, node, {src}, site);
+    else
+      autograd::rebase_history(self, node, {}, site);
   }
   return self;
 }
@@ -295,8 +299,8 @@ Tensor Tensor::index_select(int64_t d, const Tensor& index, std::source_location
   ops::check_defined(index, "index_select", "index");
   KILN_CHECK(index.dtype() == kInt64 || index.dtype() == kInt32, DTypeError,
              "index_select(): Expected dtype int32 or int64 for index, got ", dtype_name(index.dtype()));
-  KILN_CHECK(index.dim() <= 1, IndexError, "index_select(): index is supposed to be a vector (0-dim or 1-D), got shape ",
-             index.sizes());
+  KILN_CHECK(index.dim() <= 1, IndexError,
+             "index_select(): index is supposed to be a vector (0-dim or 1-D), got shape ", index.sizes());
   d = wrap_dim(d, std::max<int64_t>(dim(), 1), "index_select");
   const int64_t size = dim() == 0 ? 1 : sizes()[d];
   const DimVector idx_sizes{index.numel()}, idx_strides{index.dim() == 0 ? 1 : index.stride(0)};
@@ -338,8 +342,7 @@ Tensor Tensor::gather(int64_t d, const Tensor& index, std::source_location loc) 
   const NonemptyDims s = nonempty_dims(*this), ix = nonempty_dims(index);
   for (int64_t i = 0; i < nd; ++i) {
     KILN_CHECK(i == d || ix.sizes[i] <= s.sizes[i], ShapeError, "gather(): size does not match at dimension ", i,
-               ": expected index ", index.sizes(), " to be no larger than self ", sizes(), " apart from dimension ",
-               d);
+               ": expected index ", index.sizes(), " to be no larger than self ", sizes(), " apart from dimension ", d);
   }
   // An empty dim makes every index bad, and the kernel's fallback read of
   // index 0 would itself be out of bounds: report before reading.
@@ -398,8 +401,7 @@ Tensor scatter(const Tensor& self, int64_t dim, const Tensor& index, const Tenso
 Tensor scatter(const Tensor& self, int64_t dim, const Tensor& index, const Scalar& value, std::source_location loc) {
   return self.scatter(dim, index, value, loc);
 }
-Tensor scatter_add(const Tensor& self, int64_t dim, const Tensor& index, const Tensor& src,
-                   std::source_location loc) {
+Tensor scatter_add(const Tensor& self, int64_t dim, const Tensor& index, const Tensor& src, std::source_location loc) {
   return self.scatter_add(dim, index, src, loc);
 }
 
@@ -422,8 +424,8 @@ Tensor scatter_add_zeros(IntArrayRef sizes, int64_t dim, const Tensor& index, co
 Tensor embedding(const Tensor& weight, const Tensor& indices, std::source_location loc) {
   ops::check_defined(weight, "embedding", "weight");
   ops::check_defined(indices, "embedding", "indices");
-  KILN_CHECK(weight.dim() == 2, ShapeError, "embedding: 'weight' must be 2-D [num_embeddings, embedding_dim], got shape ",
-             weight.sizes());
+  KILN_CHECK(weight.dim() == 2, ShapeError,
+             "embedding: 'weight' must be 2-D [num_embeddings, embedding_dim], got shape ", weight.sizes());
   KILN_CHECK(indices.dtype() == kInt64 || indices.dtype() == kInt32, DTypeError,
              "embedding: expected indices of dtype int64 or int32, got ", dtype_name(indices.dtype()));
   const int64_t table = weight.sizes()[0];
@@ -452,9 +454,8 @@ Tensor one_hot(const Tensor& indices, int64_t num_classes, std::source_location)
              dtype_name(indices.dtype()));
   DimVector out_sizes(indices.sizes());
   if (indices.numel() == 0) {
-    KILN_CHECK(num_classes > 0, ValueError,
-               "one_hot: can not infer the number of classes from an empty tensor (shape ", indices.sizes(),
-               "); pass num_classes > 0");
+    KILN_CHECK(num_classes > 0, ValueError, "one_hot: can not infer the number of classes from an empty tensor (shape ",
+               indices.sizes(), "); pass num_classes > 0");
     out_sizes.push_back(num_classes);
     return ops::new_output(out_sizes, kInt64);
   }

@@ -5,9 +5,9 @@
 #include <vector>
 
 #include "iter.h"
-#include "kiln/ops/factory.h"
 #include "kiln/kernels/copy.h"
 #include "kiln/kernels/index.h"
+#include "kiln/ops/factory.h"
 
 namespace kiln::ops {
 
@@ -69,8 +69,8 @@ Tensor index_add_zeros(IntArrayRef sizes, int64_t dim, const Tensor& index, cons
   for (int64_t d = 0; d < dim; ++d) outer *= sizes[d];
   for (int64_t d = dim + 1; d < static_cast<int64_t>(sizes.size()); ++d) inner *= sizes[d];
   const int64_t k = index.numel();
-  KILN_ASSERT(src.numel() == outer * k * inner, "index_add_zeros: source of shape ", src.sizes(),
-              " does not hold ", k, " slices of the output ", sizes, " along dim ", dim);
+  KILN_ASSERT(src.numel() == outer * k * inner, "index_add_zeros: source of shape ", src.sizes(), " does not hold ", k,
+              " slices of the output ", sizes, " along dim ", dim);
   if (out.numel() > 0 && k > 0) {
     const Tensor s = src.is_contiguous() ? src : copy_no_grad(src, src.dtype(), MemoryFormat::Contiguous);
     const int64_t index_stride = index.dim() == 0 ? 1 : index.stride(0);
@@ -171,10 +171,9 @@ Tensor as_strided_backward(const Tensor& grad, const StridedGeometry& input, con
     for_each_location(input, in_off, [&](int64_t p) { ++count[static_cast<size_t>(p)]; });
     if (input_is_view) {
       for_each_location(output, out_off, [&](int64_t p) {
-        KILN_CHECK(count[static_cast<size_t>(p)] > 0, ValueError,
-                   "as_strided backward: the view (sizes ", output.sizes, ", strides ", output.strides, ", offset ",
-                   output.offset, ") reads memory outside its input (sizes ", input.sizes, ", strides ",
-                   input.strides, ", offset ", input.offset,
+        KILN_CHECK(count[static_cast<size_t>(p)] > 0, ValueError, "as_strided backward: the view (sizes ", output.sizes,
+                   ", strides ", output.strides, ", offset ", output.offset, ") reads memory outside its input (sizes ",
+                   input.sizes, ", strides ", input.strides, ", offset ", input.offset,
                    "), which is itself a view of a tensor that requires grad; the gradient for that memory would "
                    "belong to the base and be lost. Call as_strided on the base instead");
       });

@@ -9,8 +9,8 @@
 #pragma once
 
 #include "kiln/autograd/functions.h"
-#include "kiln/ops/memory_format.h"
 #include "kiln/core/tensor.h"
+#include "kiln/ops/memory_format.h"
 
 namespace kiln::ops {
 

@@ -183,8 +183,8 @@ bool first_order_agrees(const DifferentiableFn& fn, const TensorList& inputs, co
       const std::vector<double> a = values(graph[k]), b = values(plain[k]);
       for (size_t e = 0; e < a.size() && os.tellp() == 0; ++e) {
         if (std::fabs(a[e] - b[e]) > opts.atol + opts.rtol * std::fabs(b[e])) {
-          os << "gradgradcheck: the create_graph=true gradient w.r.t. input " << diff[k] << " element " << e
-             << " is " << a[e] << ", the plain backward's " << b[e];
+          os << "gradgradcheck: the create_graph=true gradient w.r.t. input " << diff[k] << " element " << e << " is "
+             << a[e] << ", the plain backward's " << b[e];
         }
       }
     }
@@ -201,9 +201,8 @@ bool gradcheck(const DifferentiableFn& fn, const TensorList& inputs, const Gradc
   std::vector<size_t> diff;
   for (size_t i = 0; i < inputs.size(); ++i) {
     if (!inputs[i].defined() || !inputs[i].requires_grad()) continue;
-    KILN_CHECK(inputs[i].dtype() == kFloat64, DTypeError, "gradcheck: input ", i,
-               " requires grad but is ", dtype_name(inputs[i].dtype()),
-               "; finite differences need float64 inputs (convert with .to(kFloat64))");
+    KILN_CHECK(inputs[i].dtype() == kFloat64, DTypeError, "gradcheck: input ", i, " requires grad but is ",
+               dtype_name(inputs[i].dtype()), "; finite differences need float64 inputs (convert with .to(kFloat64))");
     diff.push_back(i);
   }
   KILN_CHECK(!diff.empty(), ValueError, "gradcheck: no input requires grad");
@@ -264,9 +263,9 @@ bool gradcheck(const DifferentiableFn& fn, const TensorList& inputs, const Gradc
             if (err > allowed && err - allowed > worst) {
               worst = err - allowed;
               std::ostringstream os;
-              os << "gradcheck: Jacobian mismatch for output " << oi << " element " << m << " w.r.t. input "
-                 << diff[k] << " element " << e << ": analytical " << a << ", numerical " << n
-                 << " (|diff| " << err << " > atol " << opts.atol << " + rtol " << opts.rtol << " * |numerical|)";
+              os << "gradcheck: Jacobian mismatch for output " << oi << " element " << m << " w.r.t. input " << diff[k]
+                 << " element " << e << ": analytical " << a << ", numerical " << n << " (|diff| " << err << " > atol "
+                 << opts.atol << " + rtol " << opts.rtol << " * |numerical|)";
               worst_msg = os.str();
             }
           }
@@ -278,8 +277,7 @@ bool gradcheck(const DifferentiableFn& fn, const TensorList& inputs, const Gradc
             if (std::fabs(n) > opts.atol && std::fabs(n) - opts.atol > worst) {
               worst = std::fabs(n) - opts.atol;
               worst_msg = "gradcheck: output " + std::to_string(oi) +
-                          " does not require grad, but its numerical derivative is nonzero (" +
-                          std::to_string(n) + ")";
+                          " does not require grad, but its numerical derivative is nonzero (" + std::to_string(n) + ")";
             }
           }
         }
@@ -293,8 +291,7 @@ bool gradcheck(const DifferentiableFn& fn, const TensorList& inputs, const Gradc
   return true;
 }
 
-bool gradgradcheck(const DifferentiableFn& fn, const TensorList& inputs, const GradcheckOptions& opts,
-                   uint64_t seed) {
+bool gradgradcheck(const DifferentiableFn& fn, const TensorList& inputs, const GradcheckOptions& opts, uint64_t seed) {
   TensorList outs = fn(inputs);
   Generator gen(seed);
   TensorList vs;

@@ -82,8 +82,7 @@ Tensor new_output(IntArrayRef shape, DType dtype, MemoryFormat f) {
 Tensor new_output_like(IntArrayRef shape, DType dtype, std::initializer_list<const Tensor*> operands) {
   if (shape.size() == 4) {
     for (const Tensor* t : operands) {
-      if (t && t->defined() && t->sizes() == shape &&
-          suggest_memory_format(*t) == MemoryFormat::ChannelsLast) {
+      if (t && t->defined() && t->sizes() == shape && suggest_memory_format(*t) == MemoryFormat::ChannelsLast) {
         return new_output(shape, dtype, MemoryFormat::ChannelsLast);
       }
     }
@@ -109,18 +108,23 @@ void check_scalar_fits(const Scalar& value, DType dt, const char* op) {
   bool overflow;
   if (value.is_integral()) {
     const int64_t i = value.to_int64();
-    if (is_floating_point(dt)) overflow = std::fabs(static_cast<double>(i)) > hi;
-    else if (dt == kUInt8) overflow = i > 255 || i < -255;  // torch lets negatives wrap (-1 -> 255)
-    else if (dt == kInt32) overflow = i > std::numeric_limits<int32_t>::max() || i < std::numeric_limits<int32_t>::min();
-    else overflow = false;  // int64
+    if (is_floating_point(dt))
+      overflow = std::fabs(static_cast<double>(i)) > hi;
+    else if (dt == kUInt8)
+      overflow = i > 255 || i < -255;  // torch lets negatives wrap (-1 -> 255)
+    else if (dt == kInt32)
+      overflow = i > std::numeric_limits<int32_t>::max() || i < std::numeric_limits<int32_t>::min();
+    else
+      overflow = false;  // int64
   } else {
     const double d = value.to_double();
-    if (is_floating_point(dt)) overflow = std::isfinite(d) && (d < lo || d > hi);
-    else overflow = !std::isfinite(d) || d < lo || d > hi;
+    if (is_floating_point(dt))
+      overflow = std::isfinite(d) && (d < lo || d > hi);
+    else
+      overflow = !std::isfinite(d) || d < lo || d > hi;
   }
   if (!overflow) return;
-  const std::string shown =
-      value.is_integral() ? std::to_string(value.to_int64()) : detail::concat(value.to_double());
+  const std::string shown = value.is_integral() ? std::to_string(value.to_int64()) : detail::concat(value.to_double());
   throw ValueError(detail::concat(op, ": value ", shown, " cannot be converted to dtype ", dtype_name(dt),
                                   " without overflow (finite range [", lo, ", ", hi, "])"));
 }

@@ -11,9 +11,9 @@
 
 #include <initializer_list>
 
-#include "kiln/ops/memory_format.h"
 #include "kiln/core/tensor.h"
 #include "kiln/kernels/loop.h"
+#include "kiln/ops/memory_format.h"
 
 namespace kiln::ops {
 

@@ -3,11 +3,11 @@
 // no intermediate views or copies are made. Backward: each input's gradient
 // is the matching narrow (cat) or select (stack) of the output gradient; the
 // engine casts it back to the input's dtype.
-#include "kiln/autograd/functions.h"
 #include "iter.h"
-#include "kiln/ops/autocast.h"
+#include "kiln/autograd/functions.h"
 #include "kiln/kernels/copy.h"
 #include "kiln/kernels/index.h"
+#include "kiln/ops/autocast.h"
 #include "kiln/ops/index.h"
 
 namespace kiln {
@@ -24,8 +24,8 @@ void copy_into(const Tensor& out, int64_t offset, IntArrayRef out_strides, const
   if (src.numel() == 0) return;
   char* dst = static_cast<char*>(out.data_ptr()) + offset;
   const auto loop = kernels::make_strided_loop(
-      src.sizes(),
-      {{dst, out_strides, out.element_size()}, {static_cast<char*>(src.data_ptr()), src.strides(), src.element_size()}});
+      src.sizes(), {{dst, out_strides, out.element_size()},
+                    {static_cast<char*>(src.data_ptr()), src.strides(), src.element_size()}});
   kernels::copy_cast(loop, out.dtype(), src.dtype());
 }
 
@@ -65,7 +65,9 @@ void record_join(Tensor& out, const autograd::NodePtr& node, const std::vector<T
 }  // namespace
 
 Tensor cat(const std::vector<Tensor>& tensors, int64_t dim, std::source_location loc) {
-  if (autocast_enabled()) return ops::autocast_call(AutocastOp::cat, [&](const std::vector<Tensor>& ts) { return cat(ts, dim, loc); }, tensors);
+  if (autocast_enabled())
+    return ops::autocast_call(
+        AutocastOp::cat, [&](const std::vector<Tensor>& ts) { return cat(ts, dim, loc); }, tensors);
   KILN_CHECK(!tensors.empty(), ValueError, "cat: expected a non-empty list of tensors");
   DType dt = DType::Bool;
   const Tensor* ref = nullptr;
@@ -97,8 +99,8 @@ Tensor cat(const std::vector<Tensor>& tensors, int64_t dim, std::source_location
     const Tensor& t = tensors[i];
     if (is_legacy_empty(t)) continue;
     KILN_CHECK(t.dim() == nd, ShapeError, "cat: tensors must have the same number of dimensions: tensor ", ref_i,
-               " has shape ", ref->sizes(), " (", nd, " dims) but tensor ", i, " has shape ", t.sizes(), " (",
-               t.dim(), " dims)");
+               " has shape ", ref->sizes(), " (", nd, " dims) but tensor ", i, " has shape ", t.sizes(), " (", t.dim(),
+               " dims)");
     for (int64_t k = 0; k < nd; ++k) {
       KILN_CHECK(k == d || t.sizes()[k] == ref->sizes()[k], ShapeError,
                  "cat: sizes of tensors must match except in dimension ", d, ": tensor ", ref_i, " has shape ",
@@ -129,7 +131,9 @@ Tensor cat(const std::vector<Tensor>& tensors, int64_t dim, std::source_location
 }
 
 Tensor stack(const std::vector<Tensor>& tensors, int64_t dim, std::source_location loc) {
-  if (autocast_enabled()) return ops::autocast_call(AutocastOp::stack, [&](const std::vector<Tensor>& ts) { return stack(ts, dim, loc); }, tensors);
+  if (autocast_enabled())
+    return ops::autocast_call(
+        AutocastOp::stack, [&](const std::vector<Tensor>& ts) { return stack(ts, dim, loc); }, tensors);
   KILN_CHECK(!tensors.empty(), ValueError, "stack: expected a non-empty list of tensors");
   for (size_t i = 0; i < tensors.size(); ++i) {
     KILN_CHECK(tensors[i].defined(), ValueError, "stack: tensor ", i, " in the list is undefined");

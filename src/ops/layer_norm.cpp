@@ -52,8 +52,8 @@ struct FusedLayerNorm : autograd::Function<FusedLayerNorm> {
     const int64_t n = wc.numel(), rows = xc.numel() / n;
     Tensor y = empty(xc.sizes(), TensorOptions(xc.dtype()));
     Tensor mean = empty({rows}, TensorOptions(xc.dtype())), rstd = empty({rows}, TensorOptions(xc.dtype()));
-    kernels::layer_norm_forward(xc.dtype(), rows, n, xc.data_ptr(), wc.data_ptr(), bc.data_ptr(), a.eps,
-                                y.data_ptr(), mean.data_ptr(), rstd.data_ptr());
+    kernels::layer_norm_forward(xc.dtype(), rows, n, xc.data_ptr(), wc.data_ptr(), bc.data_ptr(), a.eps, y.data_ptr(),
+                                mean.data_ptr(), rstd.data_ptr());
     // The arguments themselves, not xc/wc/bc: those copies (of a transposed,
     // sliced or expanded argument) are made under the no-grad guard, and the
     // create_graph branch would see them as constants without a gradient.
@@ -82,16 +82,15 @@ struct FusedLayerNorm : autograd::Function<FusedLayerNorm> {
     Tensor gw = want_wb ? empty(w.sizes(), TensorOptions(w.dtype())) : Tensor();
     Tensor gb = want_wb ? empty(b.sizes(), TensorOptions(b.dtype())) : Tensor();
     kernels::layer_norm_backward(x.dtype(), rows, n, g.data_ptr(), x.data_ptr(), w.data_ptr(), mean.data_ptr(),
-                                 rstd.data_ptr(), need[0] ? gx.data_ptr() : nullptr,
-                                 want_wb ? gw.data_ptr() : nullptr, want_wb ? gb.data_ptr() : nullptr);
+                                 rstd.data_ptr(), need[0] ? gx.data_ptr() : nullptr, want_wb ? gw.data_ptr() : nullptr,
+                                 want_wb ? gb.data_ptr() : nullptr);
     return {gx, need[1] ? gw : Tensor(), need[2] ? gb : Tensor()};
   }
 };
 
 }  // namespace
 
-Tensor layer_norm(const Tensor& x, IntArrayRef normalized_shape, const Tensor& weight, const Tensor& bias,
-                  double eps) {
+Tensor layer_norm(const Tensor& x, IntArrayRef normalized_shape, const Tensor& weight, const Tensor& bias, double eps) {
   const auto n_dims = static_cast<int64_t>(normalized_shape.size());
   KILN_CHECK(n_dims > 0, ValueError, "layer_norm: expected a non-empty normalized_shape");
   bool ends = x.dim() >= n_dims;
@@ -105,8 +104,7 @@ Tensor layer_norm(const Tensor& x, IntArrayRef normalized_shape, const Tensor& w
              "layer_norm: expected bias of normalized_shape ", normalized_shape, ", got ", bias.sizes());
   // The fused kernel covers the affine float32/float64 case with a non-empty input; the rest is the composite.
   const bool fused = weight.defined() && bias.defined() && (x.dtype() == kFloat32 || x.dtype() == kFloat64) &&
-                     weight.dtype() == x.dtype() && bias.dtype() == x.dtype() && x.numel() > 0 &&
-                     weight.numel() > 0;
+                     weight.dtype() == x.dtype() && bias.dtype() == x.dtype() && x.numel() > 0 && weight.numel() > 0;
   if (!fused) return layer_norm_composite(x, n_dims, weight, bias, eps);
   return FusedLayerNorm::apply(x, weight, bias, LnArgs{.n_dims = n_dims, .eps = eps});
 }

@@ -22,11 +22,11 @@
 #include "iter.h"
 #include "kiln/autograd/functions.h"
 #include "kiln/core/allocator.h"
-#include "kiln/ops/factory.h"
 #include "kiln/core/guards.h"
 #include "kiln/kernels/blas.h"
 #include "kiln/kernels/dnnl.h"
 #include "kiln/ops/autocast.h"
+#include "kiln/ops/factory.h"
 
 namespace kiln {
 
@@ -179,15 +179,21 @@ struct MmBackward final : autograd::Node {
     // d op(a) = g · op(b)ᵀ and d op(b) = op(a)ᵀ · g, transposed back where a or b was read transposed.
     if (next_edges()[0].is_valid()) {
       const Tensor bv = b.unpack(this);
-      if (ta) out[0] = product(bv, g, tb, true, site());
-      else if (a_col_major) out[0] = product(bv, g, tb, true, site()).t();
-      else out[0] = product(g, bv, false, !tb, site());
+      if (ta)
+        out[0] = product(bv, g, tb, true, site());
+      else if (a_col_major)
+        out[0] = product(bv, g, tb, true, site()).t();
+      else
+        out[0] = product(g, bv, false, !tb, site());
     }
     if (next_edges()[1].is_valid()) {
       const Tensor av = a.unpack(this);
-      if (tb) out[1] = product(g, av, true, ta, site());
-      else if (b_col_major) out[1] = product(g, av, true, ta, site()).t();
-      else out[1] = product(av, g, !ta, false, site());
+      if (tb)
+        out[1] = product(g, av, true, ta, site());
+      else if (b_col_major)
+        out[1] = product(g, av, true, ta, site()).t();
+      else
+        out[1] = product(av, g, !ta, false, site());
     }
     return out;
   }
@@ -305,9 +311,8 @@ void add_bias_in_place(Tensor& out, const Tensor& bias) {
     if constexpr (std::is_same_v<T, bool>) {
       KILN_ASSERT(false, "linear: bool reached the bias add");
     } else {
-      kernels::map_elements<T, T, T>(loop, [](T a, T b) {
-        return static_cast<T>(static_cast<compute_t<T>>(a) + static_cast<compute_t<T>>(b));
-      });
+      kernels::map_elements<T, T, T>(
+          loop, [](T a, T b) { return static_cast<T>(static_cast<compute_t<T>>(a) + static_cast<compute_t<T>>(b)); });
     }
   });
 }
@@ -360,8 +365,8 @@ struct LinearBackward final : autograd::Node {
 Tensor mm_impl(const Tensor& self, const Tensor& mat2, autograd::CallSite site) {
   ops::check_defined(self, "mm", "self");
   ops::check_defined(mat2, "mm", "mat2");
-  KILN_CHECK(self.dim() == 2 && mat2.dim() == 2, ShapeError, "mm: expected two 2-D tensors, got shapes ",
-             self.sizes(), " and ", mat2.sizes(), " (use matmul for batched or vector products)");
+  KILN_CHECK(self.dim() == 2 && mat2.dim() == 2, ShapeError, "mm: expected two 2-D tensors, got shapes ", self.sizes(),
+             " and ", mat2.sizes(), " (use matmul for batched or vector products)");
   KILN_CHECK(self.size(1) == mat2.size(0), ShapeError, "mm: cannot multiply ", self.sizes(), " by ", mat2.sizes(),
              ": inner dims ", self.size(1), " and ", mat2.size(0), " differ");
   check_matmul_dtypes("mm", self, mat2, "self", "mat2");
@@ -409,8 +414,7 @@ Tensor matmul_forward(const Tensor& self, const Tensor& other) {
   }
 
   // Same batch shape, but the batch dims of an operand do not merge: no copy.
-  if (da == db && da >= 4 && a_batch == b_batch &&
-      !(batch_merges(a) && batch_merges(b))) {
+  if (da == db && da >= 4 && a_batch == b_batch && !(batch_merges(a) && batch_merges(b))) {
     Tensor out = ops::new_output(out_shape, a.dtype());
     batched_into(a, b, out);
     return out;
@@ -437,8 +441,8 @@ Tensor matmul_impl(const Tensor& self, const Tensor& other, autograd::CallSite s
   KILN_CHECK(da >= 1 && db >= 1, ShapeError, "matmul: both arguments need at least 1 dim, got shapes ", self.sizes(),
              " (", da, "-D) and ", other.sizes(), " (", db, "-D)");
   const int64_t ka = self.size(-1), kb = other.size(db >= 2 ? -2 : -1);
-  KILN_CHECK(ka == kb, ShapeError, "matmul: cannot multiply ", self.sizes(), " by ", other.sizes(), ": inner dims ",
-             ka, " and ", kb, " differ");
+  KILN_CHECK(ka == kb, ShapeError, "matmul: cannot multiply ", self.sizes(), " by ", other.sizes(), ": inner dims ", ka,
+             " and ", kb, " differ");
   check_matmul_dtypes("matmul", self, other, "self", "other");
   if (da == 2 && db == 2) return product(self, other, false, false, site);  // torch records MmBackward0 too
 
@@ -466,18 +470,22 @@ Tensor matmul_impl(const Tensor& self, const Tensor& other, autograd::CallSite s
 }  // namespace
 
 Tensor mm(const Tensor& self, const Tensor& mat2, std::source_location loc) {
-  if (autocast_enabled()) return ops::autocast_call(AutocastOp::mm, [&](const Tensor& a, const Tensor& b) { return mm(a, b, loc); }, self, mat2);
+  if (autocast_enabled())
+    return ops::autocast_call(
+        AutocastOp::mm, [&](const Tensor& a, const Tensor& b) { return mm(a, b, loc); }, self, mat2);
   return mm_impl(self, mat2, autograd::CallSite::from(loc));
 }
 
 Tensor bmm(const Tensor& self, const Tensor& mat2, std::source_location loc) {
-  if (autocast_enabled()) return ops::autocast_call(AutocastOp::bmm, [&](const Tensor& a, const Tensor& b) { return bmm(a, b, loc); }, self, mat2);
+  if (autocast_enabled())
+    return ops::autocast_call(
+        AutocastOp::bmm, [&](const Tensor& a, const Tensor& b) { return bmm(a, b, loc); }, self, mat2);
   ops::check_defined(self, "bmm", "self");
   ops::check_defined(mat2, "bmm", "mat2");
-  KILN_CHECK(self.dim() == 3 && mat2.dim() == 3, ShapeError, "bmm: expected two 3-D tensors, got shapes ",
-             self.sizes(), " and ", mat2.sizes(), " (use matmul to broadcast batch dims)");
-  KILN_CHECK(self.size(0) == mat2.size(0), ShapeError, "bmm: batch sizes differ: ", self.sizes(), " and ",
-             mat2.sizes(), " (", self.size(0), " vs ", mat2.size(0), "); use matmul to broadcast a batch of 1");
+  KILN_CHECK(self.dim() == 3 && mat2.dim() == 3, ShapeError, "bmm: expected two 3-D tensors, got shapes ", self.sizes(),
+             " and ", mat2.sizes(), " (use matmul to broadcast batch dims)");
+  KILN_CHECK(self.size(0) == mat2.size(0), ShapeError, "bmm: batch sizes differ: ", self.sizes(), " and ", mat2.sizes(),
+             " (", self.size(0), " vs ", mat2.size(0), "); use matmul to broadcast a batch of 1");
   KILN_CHECK(self.size(2) == mat2.size(1), ShapeError, "bmm: cannot multiply ", self.sizes(), " by ", mat2.sizes(),
              ": inner dims ", self.size(2), " and ", mat2.size(1), " differ");
   check_matmul_dtypes("bmm", self, mat2, "self", "mat2");
@@ -485,20 +493,25 @@ Tensor bmm(const Tensor& self, const Tensor& mat2, std::source_location loc) {
 }
 
 Tensor matmul(const Tensor& self, const Tensor& other, std::source_location loc) {
-  if (autocast_enabled()) return ops::autocast_call(AutocastOp::matmul, [&](const Tensor& a, const Tensor& b) { return matmul(a, b, loc); }, self, other);
+  if (autocast_enabled())
+    return ops::autocast_call(
+        AutocastOp::matmul, [&](const Tensor& a, const Tensor& b) { return matmul(a, b, loc); }, self, other);
   return matmul_impl(self, other, autograd::CallSite::from(loc));
 }
 
 Tensor linear(const Tensor& input, const Tensor& weight, const Tensor& bias, std::source_location loc) {
-  if (autocast_enabled()) return ops::autocast_call(AutocastOp::linear, [&](const Tensor& x, const Tensor& w, const Tensor& b) { return linear(x, w, b, loc); }, input, weight, bias);
+  if (autocast_enabled())
+    return ops::autocast_call(
+        AutocastOp::linear, [&](const Tensor& x, const Tensor& w, const Tensor& b) { return linear(x, w, b, loc); },
+        input, weight, bias);
   ops::check_defined(input, "linear", "input");
   ops::check_defined(weight, "linear", "weight");
   KILN_CHECK(weight.dim() == 2, ShapeError, "linear: expected weight of shape [out_features, in_features], got ",
              weight.sizes());
   KILN_CHECK(input.dim() >= 1, ShapeError, "linear: expected input of shape [..., in_features], got a 0-dim tensor");
   KILN_CHECK(input.size(-1) == weight.size(1), ShapeError, "linear: input of shape ", input.sizes(),
-             " has in_features ", input.size(-1), " but weight of shape ", weight.sizes(), " expects ",
-             weight.size(1), " (weight is [out_features, in_features])");
+             " has in_features ", input.size(-1), " but weight of shape ", weight.sizes(), " expects ", weight.size(1),
+             " (weight is [out_features, in_features])");
   check_matmul_dtypes("linear", input, weight, "input", "weight");
   if (bias.defined()) check_matmul_dtypes("linear", input, bias, "input", "bias");
   const int64_t in = weight.size(1), out_features = weight.size(0);
@@ -547,12 +560,13 @@ void matmul_into(const Tensor& self, const Tensor& other, const Tensor& out, std
   ops::check_defined(other, "matmul_into", "other");
   ops::check_defined(out, "matmul_into", "out");
   KILN_CHECK(self.dim() >= 2 && other.dim() == self.dim() && out.dim() == self.dim(), ShapeError,
-             "matmul_into: expected self, other and out with the same number of dims (at least 2), got ",
-             self.sizes(), ", ", other.sizes(), " and ", out.sizes());
+             "matmul_into: expected self, other and out with the same number of dims (at least 2), got ", self.sizes(),
+             ", ", other.sizes(), " and ", out.sizes());
   const int64_t d = self.dim(), m = self.size(-2), k = self.size(-1), n = other.size(-1);
   DimVector want(self.sizes());
   want[d - 1] = n;
-  KILN_CHECK(other.size(-2) == k && IntArrayRef(self.sizes().data(), d - 2) == IntArrayRef(other.sizes().data(), d - 2) &&
+  KILN_CHECK(other.size(-2) == k &&
+                 IntArrayRef(self.sizes().data(), d - 2) == IntArrayRef(other.sizes().data(), d - 2) &&
                  out.sizes() == IntArrayRef(want),
              ShapeError, "matmul_into: expected [..., m, k] · [..., k, n] into [..., m, n] with equal batch dims, got ",
              self.sizes(), " · ", other.sizes(), " into ", out.sizes());
@@ -607,8 +621,8 @@ bool inference_product(const Tensor& input, const Tensor& weight, const Tensor& 
          !autograd::compute_requires_grad({&input, &weight, &bias});
 }
 
-Tensor inference_linear(const Tensor& input, const Tensor& weight, const Tensor& bias,
-                        kernels::MatmulEpilogue epilogue, WeightPack* pack, const Tensor& addend = {}) {
+Tensor inference_linear(const Tensor& input, const Tensor& weight, const Tensor& bias, kernels::MatmulEpilogue epilogue,
+                        WeightPack* pack, const Tensor& addend = {}) {
   const NoGradGuard no_grad;
   const DType dt = input.dtype();
   const int64_t in = weight.size(1);
@@ -660,8 +674,8 @@ Tensor linear(const Tensor& input, const Tensor& weight, const Tensor& bias, Wei
   return inference_linear(input, weight, bias, kernels::MatmulEpilogue::None, &pack);
 }
 
-Tensor linear_add(const Tensor& input, const Tensor& weight, const Tensor& bias, const Tensor& addend,
-                  WeightPack* pack, std::source_location loc) {
+Tensor linear_add(const Tensor& input, const Tensor& weight, const Tensor& bias, const Tensor& addend, WeightPack* pack,
+                  std::source_location loc) {
   if (!inference_product(input, weight, bias) || !addend.defined() || addend.dtype() != input.dtype() ||
       !addend.is_contiguous() || autograd::compute_requires_grad({&addend}) || addend.dim() != input.dim() ||
       addend.size(-1) != weight.size(0) ||
@@ -683,8 +697,6 @@ Tensor linear_gelu(const Tensor& input, const Tensor& weight, const Tensor& bias
 
 Tensor Tensor::mm(const Tensor& other, std::source_location loc) const { return kiln::mm(*this, other, loc); }
 Tensor Tensor::bmm(const Tensor& other, std::source_location loc) const { return kiln::bmm(*this, other, loc); }
-Tensor Tensor::matmul(const Tensor& other, std::source_location loc) const {
-  return kiln::matmul(*this, other, loc);
-}
+Tensor Tensor::matmul(const Tensor& other, std::source_location loc) const { return kiln::matmul(*this, other, loc); }
 
 }  // namespace kiln

@@ -113,8 +113,8 @@ Tensor cross_entropy(const Tensor& input, const Tensor& target, const Tensor& we
                      LossReduction red, double label_smoothing, std::source_location loc) {
   KILN_CHECK(input.defined() && target.defined(), ValueError,
              "cross_entropy: expected defined input and target tensors");
-  KILN_CHECK(input.dim() >= 1, ShapeError, "cross_entropy: expected input of shape [N, C], [N, C, d1, ...] or [C], got ",
-             input.sizes());
+  KILN_CHECK(input.dim() >= 1, ShapeError,
+             "cross_entropy: expected input of shape [N, C], [N, C, d1, ...] or [C], got ", input.sizes());
   KILN_CHECK(label_smoothing >= 0.0 && label_smoothing <= 1.0, ValueError,
              "cross_entropy: expected label_smoothing in [0, 1], got ", label_smoothing);
   const int64_t C = input.dim() == 1 ? input.size(0) : input.size(1);
@@ -122,8 +122,8 @@ Tensor cross_entropy(const Tensor& input, const Tensor& target, const Tensor& we
              "cross_entropy: expected weight of shape [", C, "] (one per class), got ", weight.sizes());
   KILN_CHECK(!weight.defined() || weight.is_floating_point(), DTypeError,
              "cross_entropy: expected weight of a floating dtype, got ", dtype_name(weight.dtype()));
-  KILN_CHECK(target.dtype() == kInt64, DTypeError,
-             "cross_entropy: expected class-index targets of dtype int64, got ", dtype_name(target.dtype()));
+  KILN_CHECK(target.dtype() == kInt64, DTypeError, "cross_entropy: expected class-index targets of dtype int64, got ",
+             dtype_name(target.dtype()));
   // The fused kernel's gradient is for the input only; a class weight that
   // requires grad would silently get none (torch refuses it the same way).
   KILN_CHECK(!(weight.defined() && weight.requires_grad() && grad_mode_enabled()), ValueError,
@@ -156,11 +156,10 @@ Tensor cross_entropy(const Tensor& input, const Tensor& target, const Tensor& we
     const TensorOptions f64 = TensorOptions().dtype(kFloat64);
     lse = empty({R}, f64);
     Tensor nll = empty({R}, f64), wrow = empty({R}, f64), smooth = empty({R}, f64);
-    kernels::CrossEntropyRows a{R, C, trows.data_ptr<int64_t>(), w.defined() ? w.data_ptr() : nullptr,
-                                ignore_index};
-    const int64_t bad = kernels::cross_entropy_forward(dt, a, xr.data_ptr(), lse.data_ptr<double>(),
-                                                       nll.data_ptr<double>(), wrow.data_ptr<double>(),
-                                                       ls > 0 ? smooth.data_ptr<double>() : nullptr);
+    kernels::CrossEntropyRows a{R, C, trows.data_ptr<int64_t>(), w.defined() ? w.data_ptr() : nullptr, ignore_index};
+    const int64_t bad =
+        kernels::cross_entropy_forward(dt, a, xr.data_ptr(), lse.data_ptr<double>(), nll.data_ptr<double>(),
+                                       wrow.data_ptr<double>(), ls > 0 ? smooth.data_ptr<double>() : nullptr);
     KILN_CHECK(bad < 0, IndexError, "cross_entropy: target ", bad < 0 ? 0 : trows.data_ptr<int64_t>()[bad],
                " (at flat position ", bad, ") is out of bounds for ", C, " classes: expected 0 <= target < ", C,
                " or target == ignore_index (", ignore_index, ")");

@@ -35,8 +35,7 @@ Tensor in_dtype(const Tensor& t, DType dt) { return t.dtype() == dt ? t : t.to(d
 
 Tensor max_pool_scatter(const Tensor& grad_output, const Tensor& indices, const Pool2dParams& p, bool unbatched,
                         CallSite site);
-Tensor max_pool_gather(const Tensor& src, const Tensor& indices, const Pool2dParams& p, bool unbatched,
-                       CallSite site);
+Tensor max_pool_gather(const Tensor& src, const Tensor& indices, const Pool2dParams& p, bool unbatched, CallSite site);
 
 // Both directions keep the indices (max_pool2d_with_indices returns them to
 // the user, who might change them in place) with their version.
@@ -84,8 +83,7 @@ Tensor max_pool_scatter(const Tensor& grad_output, const Tensor& indices, const 
   return gi;
 }
 
-Tensor max_pool_gather(const Tensor& src, const Tensor& indices, const Pool2dParams& p, bool unbatched,
-                       CallSite site) {
+Tensor max_pool_gather(const Tensor& src, const Tensor& indices, const Pool2dParams& p, bool unbatched, CallSite site) {
   Tensor out;
   {
     const NoGradGuard no_grad;

@@ -6,9 +6,9 @@
 #include <optional>
 
 #include "elementwise_common.h"
-#include "kiln/ops/factory.h"
 #include "kiln/kernels/copy.h"
 #include "kiln/ops/elementwise.h"
+#include "kiln/ops/factory.h"
 #include "kiln/ops/index.h"
 
 namespace kiln {
@@ -33,8 +33,8 @@ struct PowBackward0 final : autograd::Node {
     if (!g[0].defined() || !needs_grad(*this, 0)) return {Tensor()};
     const Tensor x = self.unpack(this);
     if (ops::ew::scalar_equals(exponent, 0.0)) return {zeros(x.sizes(), x.dtype())};
-    const Scalar e_minus_1 = exponent.is_floating_point() ? Scalar(exponent.to_double() - 1.0)
-                                                          : Scalar(exponent.to_int64() - 1);
+    const Scalar e_minus_1 =
+        exponent.is_floating_point() ? Scalar(exponent.to_double() - 1.0) : Scalar(exponent.to_int64() - 1);
     return {grad_as(g[0] * (exponent * x.pow(e_minus_1)), x.dtype())};
   }
   void release_variables() override { self.reset(); }
@@ -119,16 +119,17 @@ struct MaxMinBackward final : autograd::Node {
 
 DType pow_type(const char* name, Arg a, Arg b) {
   const DType rt = ops::ew::result_type(a, b);
-  KILN_CHECK(rt != kBool, DTypeError, name, ": pow is not implemented for bool (the operands promote to bool); "
+  KILN_CHECK(rt != kBool, DTypeError, name,
+             ": pow is not implemented for bool (the operands promote to bool); "
              "convert to an integer or floating dtype first");
   return rt;
 }
 
 void check_int_pow_exponent(const char* name, const Tensor& self, const Scalar& exponent) {
-  KILN_CHECK(!(is_integral(self.dtype(), /*include_bool=*/true) && !exponent.is_floating_point() &&
-               exponent.to_int64() < 0),
-             ValueError, name, ": Integers to negative integer powers are not allowed (", dtype_name(self.dtype()),
-             " tensor ** ", exponent.to_int64(), "); use a floating-point tensor or exponent");
+  KILN_CHECK(
+      !(is_integral(self.dtype(), /*include_bool=*/true) && !exponent.is_floating_point() && exponent.to_int64() < 0),
+      ValueError, name, ": Integers to negative integer powers are not allowed (", dtype_name(self.dtype()),
+      " tensor ** ", exponent.to_int64(), "); use a floating-point tensor or exponent");
 }
 
 // self ** exponent in dtype rt, into a new tensor; records nothing.

@@ -191,9 +191,8 @@ struct ProdBackward final : autograd::Node {
 
 Tensor prod_impl(const Tensor& self, DimMask mask, bool keepdim, int64_t dim, CallSite site) {
   const DType out_dtype = is_integral(self.dtype(), true) ? kInt64 : self.dtype();
-  Tensor out = ops::run_reduction(self, mask, keepdim, out_dtype, [&](const kernels::ReduceLayout& l) {
-    kernels::prod(l, self.dtype(), out_dtype);
-  });
+  Tensor out = ops::run_reduction(self, mask, keepdim, out_dtype,
+                                  [&](const kernels::ReduceLayout& l) { kernels::prod(l, self.dtype(), out_dtype); });
   if (autograd::compute_requires_grad({&self})) {
     auto node = make_intrusive<ProdBackward>();
     node->self_ = SavedVariable(self, false);
@@ -263,9 +262,8 @@ struct MaxMinAllBackward final : autograd::Node {
 Tensor amax_amin(const Tensor& self, DimMask mask, bool keepdim, bool is_max, bool all_form, const char* op,
                  CallSite site) {
   ops::check_reduce_nonempty(self, mask, op);
-  Tensor out = ops::run_reduction(self, mask, keepdim, self.dtype(), [&](const kernels::ReduceLayout& l) {
-    kernels::amax_amin(l, self.dtype(), is_max);
-  });
+  Tensor out = ops::run_reduction(self, mask, keepdim, self.dtype(),
+                                  [&](const kernels::ReduceLayout& l) { kernels::amax_amin(l, self.dtype(), is_max); });
   if (autograd::compute_requires_grad({&self})) {
     if (all_form) {
       auto node = make_intrusive<MaxMinAllBackward>();
@@ -336,9 +334,7 @@ Tensor mean(const Tensor& x, IntArrayRef dims, bool keepdim, std::source_locatio
   return x.mean(dims, keepdim, loc);
 }
 Tensor prod(const Tensor& x, std::source_location loc) { return x.prod(loc); }
-Tensor prod(const Tensor& x, int64_t dim, bool keepdim, std::source_location loc) {
-  return x.prod(dim, keepdim, loc);
-}
+Tensor prod(const Tensor& x, int64_t dim, bool keepdim, std::source_location loc) { return x.prod(dim, keepdim, loc); }
 Tensor max(const Tensor& x, std::source_location loc) { return x.max(loc); }
 Tensor min(const Tensor& x, std::source_location loc) { return x.min(loc); }
 Tensor amax(const Tensor& x, IntArrayRef dims, bool keepdim, std::source_location loc) {

@@ -4,8 +4,8 @@
 // the indices and argmax/argmin are integers and record nothing.
 #include "iter.h"
 #include "kiln/autograd/functions.h"
-#include "kiln/ops/factory.h"
 #include "kiln/core/guards.h"
+#include "kiln/ops/factory.h"
 #include "kiln/ops/reduce.h"
 #include "reduce_util.h"
 
@@ -95,8 +95,12 @@ std::tuple<Tensor, Tensor> Tensor::min(int64_t dim, bool keepdim, std::source_lo
   return max_min_dim(*this, dim, keepdim, false, autograd::CallSite::from(loc));
 }
 
-Tensor Tensor::argmax(std::optional<int64_t> dim, bool keepdim) const { return arg_flat(*this, dim, keepdim, true, "argmax"); }
-Tensor Tensor::argmin(std::optional<int64_t> dim, bool keepdim) const { return arg_flat(*this, dim, keepdim, false, "argmin"); }
+Tensor Tensor::argmax(std::optional<int64_t> dim, bool keepdim) const {
+  return arg_flat(*this, dim, keepdim, true, "argmax");
+}
+Tensor Tensor::argmin(std::optional<int64_t> dim, bool keepdim) const {
+  return arg_flat(*this, dim, keepdim, false, "argmin");
+}
 
 // ---- free functions ----
 

@@ -8,9 +8,9 @@
 
 #include "iter.h"
 #include "kiln/autograd/functions.h"
+#include "kiln/ops/autocast.h"
 #include "kiln/ops/factory.h"
 #include "kiln/ops/index.h"
-#include "kiln/ops/autocast.h"
 #include "kiln/ops/reduce.h"
 #include "reduce_util.h"
 
@@ -53,9 +53,9 @@ struct VarStdBackward final : autograd::Node {
     if (no_dims && dof <= 0) {
       // As torch: 2 / 0 is infinite, times (x - mean) gives NaN where x equals
       // the mean and +inf elsewhere.
-      const Tensor c = where(x.eq(mean), std::numeric_limits<double>::quiet_NaN(),
-                             std::numeric_limits<double>::infinity())
-                           .to(x.dtype());
+      const Tensor c =
+          where(x.eq(mean), std::numeric_limits<double>::quiet_NaN(), std::numeric_limits<double>::infinity())
+              .to(x.dtype());
       return {gk * c};
     }
     // torch keeps 2 / dof as is for explicit dims (infinite at 0, negative below).
@@ -67,13 +67,12 @@ struct VarStdBackward final : autograd::Node {
   }
 };
 
-Tensor var_std(const Tensor& self, IntArrayRef dims, int64_t correction, bool keepdim, bool take_sqrt,
-               CallSite site) {
+Tensor var_std(const Tensor& self, IntArrayRef dims, int64_t correction, bool keepdim, bool take_sqrt, CallSite site) {
   const char* op = take_sqrt ? "std" : "var";
   ops::check_defined(self, op, "self");
   const DimMask mask = ops::reduce_mask(self, dims, op);
-  KILN_CHECK(self.is_floating_point(), DTypeError, op,
-             "(): std and var only support floating point dtypes, got ", dtype_name(self.dtype()));
+  KILN_CHECK(self.is_floating_point(), DTypeError, op, "(): std and var only support floating point dtypes, got ",
+             dtype_name(self.dtype()));
   Tensor out = ops::run_reduction(self, mask, keepdim, self.dtype(), [&](const kernels::ReduceLayout& l) {
     kernels::var(l, self.dtype(), correction, take_sqrt);
   });
@@ -166,18 +165,22 @@ Tensor Tensor::std(IntArrayRef dims, int64_t correction, bool keepdim, std::sour
 }
 
 Tensor Tensor::norm(double p, IntArrayRef dims, bool keepdim, std::source_location loc) const {
-  if (autocast_enabled()) return ops::autocast_call(AutocastOp::norm, [&](const Tensor& x) { return x.norm(p, dims, keepdim, loc); }, *this);
+  if (autocast_enabled())
+    return ops::autocast_call(
+        AutocastOp::norm, [&](const Tensor& x) { return x.norm(p, dims, keepdim, loc); }, *this);
   ops::check_defined(*this, "norm", "self");
   const DimMask mask = ops::reduce_mask(*this, dims, "norm");
-  KILN_CHECK(is_floating_point(), DTypeError, "norm(): input dtype should be floating point, got ",
-             dtype_name(dtype()), " (convert with .to(kFloat32) first)");
+  KILN_CHECK(is_floating_point(), DTypeError, "norm(): input dtype should be floating point, got ", dtype_name(dtype()),
+             " (convert with .to(kFloat32) first)");
   KILN_CHECK(!std::isnan(p), ValueError, "norm(): expected a number or +-inf for p, got nan");
   Tensor out = ops::new_output(ops::reduced_shape(sizes(), mask, keepdim), dtype());
   if (out.numel() != 0) {
     const kernels::ReduceLayout l = ops::make_reduce_layout(*this, mask, out);
     // Tensor.norm gives 0 over an empty slice for every p (inf and -inf included).
-    if (l.reduce_numel() == 0) out.zero_();
-    else kernels::norm(l, dtype(), p);
+    if (l.reduce_numel() == 0)
+      out.zero_();
+    else
+      kernels::norm(l, dtype(), p);
   }
   if (autograd::compute_requires_grad({this})) {
     auto node = make_intrusive<NormBackward>();
@@ -193,7 +196,9 @@ Tensor Tensor::norm(double p, IntArrayRef dims, bool keepdim, std::source_locati
 }
 
 Tensor Tensor::logsumexp(IntArrayRef dims, bool keepdim, std::source_location loc) const {
-  if (autocast_enabled()) return ops::autocast_call(AutocastOp::logsumexp, [&](const Tensor& x) { return x.logsumexp(dims, keepdim, loc); }, *this);
+  if (autocast_enabled())
+    return ops::autocast_call(
+        AutocastOp::logsumexp, [&](const Tensor& x) { return x.logsumexp(dims, keepdim, loc); }, *this);
   ops::check_defined(*this, "logsumexp", "self");
   const DimMask mask = ops::reduce_mask(*this, dims, "logsumexp");
   // As torch: integer and bool inputs are computed in the default float dtype.

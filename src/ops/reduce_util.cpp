@@ -35,8 +35,10 @@ DimMask single_dim_mask(const Tensor& self, int64_t dim, const char* op) {
 DimVector reduced_shape(IntArrayRef sizes, DimMask mask, bool keepdim) {
   DimVector out;
   for (size_t d = 0; d < sizes.size(); ++d) {
-    if (!(mask >> d & 1)) out.push_back(sizes[d]);
-    else if (keepdim) out.push_back(1);
+    if (!(mask >> d & 1))
+      out.push_back(sizes[d]);
+    else if (keepdim)
+      out.push_back(1);
   }
   return out;
 }

@@ -18,7 +18,9 @@ using DimMask = uint64_t;
 DimMask reduce_mask(const Tensor& self, IntArrayRef dims, const char* op);
 /// The mask of a single dim (wrapped and range-checked).
 DimMask single_dim_mask(const Tensor& self, int64_t dim, const char* op);
-inline DimMask all_dims_mask(const Tensor& self) { return self.dim() >= 64 ? ~DimMask{0} : (DimMask{1} << self.dim()) - 1; }
+inline DimMask all_dims_mask(const Tensor& self) {
+  return self.dim() >= 64 ? ~DimMask{0} : (DimMask{1} << self.dim()) - 1;
+}
 
 /// The result shape: reduced dims dropped, or kept as size 1 with keepdim.
 DimVector reduced_shape(IntArrayRef sizes, DimMask mask, bool keepdim);

@@ -47,9 +47,9 @@ void tile(const Tensor& out, const Tensor& self, IntArrayRef in_sizes, IntArrayR
     in_st[2 * i] = 0;
     in_st[2 * i + 1] = in_strides[i];
   }
-  const auto loop = kernels::make_strided_loop(
-      shape, {{static_cast<char*>(out.data_ptr()), out_st, self.element_size()},
-              {static_cast<char*>(self.data_ptr()), in_st, self.element_size()}});
+  const auto loop =
+      kernels::make_strided_loop(shape, {{static_cast<char*>(out.data_ptr()), out_st, self.element_size()},
+                                         {static_cast<char*>(self.data_ptr()), in_st, self.element_size()}});
   kernels::tile_copy(loop, self.dtype());
 }
 

@@ -62,11 +62,15 @@ Tensor softmax_impl(const Tensor& self, int64_t dim, bool log, autograd::CallSit
 }  // namespace
 
 Tensor Tensor::softmax(int64_t dim, std::source_location loc) const {
-  if (autocast_enabled()) return ops::autocast_call(AutocastOp::softmax, [&](const Tensor& x) { return x.softmax(dim, loc); }, *this);
+  if (autocast_enabled())
+    return ops::autocast_call(
+        AutocastOp::softmax, [&](const Tensor& x) { return x.softmax(dim, loc); }, *this);
   return softmax_impl(*this, dim, false, autograd::CallSite::from(loc));
 }
 Tensor Tensor::log_softmax(int64_t dim, std::source_location loc) const {
-  if (autocast_enabled()) return ops::autocast_call(AutocastOp::log_softmax, [&](const Tensor& x) { return x.log_softmax(dim, loc); }, *this);
+  if (autocast_enabled())
+    return ops::autocast_call(
+        AutocastOp::log_softmax, [&](const Tensor& x) { return x.log_softmax(dim, loc); }, *this);
   return softmax_impl(*this, dim, true, autograd::CallSite::from(loc));
 }
 

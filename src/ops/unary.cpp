@@ -14,12 +14,12 @@
 #include <utility>
 
 #include "elementwise_common.h"
-#include "kiln/ops/factory.h"
 #include "kiln/core/guards.h"
 #include "kiln/kernels/copy.h"
 #include "kiln/kernels/threshold.h"
 #include "kiln/ops/autocast.h"
 #include "kiln/ops/elementwise.h"
+#include "kiln/ops/factory.h"
 #include "kiln/ops/index.h"
 
 namespace kiln {
@@ -49,7 +49,23 @@ Tensor threshold_backward(const Tensor& grad, const Tensor& self, const Scalar& 
 // engine hands each node its own incoming buffer), sparing a fresh output.
 Tensor threshold_backward(Tensor&& grad, const Tensor& self, const Scalar& threshold);
 
-enum class Formula : uint8_t { Neg, Abs, Exp, Log, Log1p, Sqrt, Rsqrt, Sin, Cos, Tanh, Sigmoid, Relu, Gelu, Silu, Clamp };
+enum class Formula : uint8_t {
+  Neg,
+  Abs,
+  Exp,
+  Log,
+  Log1p,
+  Sqrt,
+  Rsqrt,
+  Sin,
+  Cos,
+  Tanh,
+  Sigmoid,
+  Relu,
+  Gelu,
+  Silu,
+  Clamp
+};
 
 // What a formula reads: the input (self), the output (result), or nothing.
 enum class Reads : uint8_t { Nothing, Self, Result };
@@ -57,7 +73,11 @@ enum class Reads : uint8_t { Nothing, Self, Result };
 Reads reads(Formula f) {
   switch (f) {
     case Formula::Neg: return Reads::Nothing;
-    case Formula::Exp: case Formula::Sqrt: case Formula::Rsqrt: case Formula::Tanh: case Formula::Sigmoid:
+    case Formula::Exp:
+    case Formula::Sqrt:
+    case Formula::Rsqrt:
+    case Formula::Tanh:
+    case Formula::Sigmoid:
     case Formula::Relu: return Reads::Result;
     default: return Reads::Self;
   }
@@ -90,8 +110,8 @@ const char* node_name(Formula f) {
 struct UnaryBackward final : autograd::Node {
   Formula formula = Formula::Neg;
   SavedVariable saved;
-  Tensor precomputed;                  // abs_: sign(old self); clamp_: the pass-through mask
-  std::optional<Scalar> lo, hi;        // clamp's bounds
+  Tensor precomputed;            // abs_: sign(old self); clamp_: the pass-through mask
+  std::optional<Scalar> lo, hi;  // clamp's bounds
   bool gelu_tanh = false;
 
   const char* name() const override { return node_name(formula); }
@@ -122,8 +142,10 @@ struct UnaryBackward final : autograd::Node {
         // The gradient passes where lo <= x <= hi (both inclusive, as torch); a NaN bound passes nothing.
         Tensor mask = precomputed;
         if (!mask.defined()) {
-          if (lo && hi) mask = v.ge(*lo).logical_and(v.le(*hi));
-          else mask = lo ? v.ge(*lo) : v.le(*hi);
+          if (lo && hi)
+            mask = v.ge(*lo).logical_and(v.le(*hi));
+          else
+            mask = lo ? v.ge(*lo) : v.le(*hi);
         }
         return {where(mask, g, Scalar(0))};
       }
@@ -145,8 +167,10 @@ void record_unary(Tensor& out, const Tensor& x, Formula f, CallSite site, bool g
   node->gelu_tanh = gelu_tanh;
   node->lo = lo;
   node->hi = hi;
-  if (reads(f) == Reads::Self) node->saved = SavedVariable(x, false);
-  else if (reads(f) == Reads::Result) node->saved = SavedVariable(out, /*is_output=*/true);
+  if (reads(f) == Reads::Self)
+    node->saved = SavedVariable(x, false);
+  else if (reads(f) == Reads::Result)
+    node->saved = SavedVariable(out, /*is_output=*/true);
   autograd::set_history(out, node, {&x}, site);
 }
 
@@ -156,8 +180,10 @@ IntrusivePtr<UnaryBackward> inplace_node(const Tensor& self, Formula f) {
   if (!autograd::compute_requires_grad({&self})) return {};
   auto node = make_intrusive<UnaryBackward>();
   node->formula = f;
-  if (f == Formula::Abs) node->precomputed = sign_of(self);
-  else if (reads(f) == Reads::Self) node->saved = SavedVariable(ops::ew::old_value(self), false);
+  if (f == Formula::Abs)
+    node->precomputed = sign_of(self);
+  else if (reads(f) == Reads::Self)
+    node->saved = SavedVariable(ops::ew::old_value(self), false);
   return node;
 }
 
@@ -272,7 +298,8 @@ enum class Kind {
 
 void check_kind(const char* name, Kind kind, DType dt) {
   if (kind == Kind::KeepType) {
-    KILN_CHECK(dt != kBool, DTypeError, name, ": not supported for bool tensors; for a mask use the `~` or "
+    KILN_CHECK(dt != kBool, DTypeError, name,
+               ": not supported for bool tensors; for a mask use the `~` or "
                "logical_not() operator, or convert with .to(kInt64) first");
   } else if (kind == Kind::FloatOnly) {
     KILN_CHECK(is_floating_point(dt), DTypeError, name,
@@ -326,13 +353,12 @@ void check_neg(const char* name, const Tensor& x) {
 UnaryOp gelu_op(std::string_view approximate) {
   if (approximate == "none") return UnaryOp::GeluErf;
   if (approximate == "tanh") return UnaryOp::GeluTanh;
-  throw ValueError(detail::concat("gelu: approximate argument must be either \"none\" or \"tanh\", got \"",
-                                  approximate, "\""));
+  throw ValueError(
+      detail::concat("gelu: approximate argument must be either \"none\" or \"tanh\", got \"", approximate, "\""));
 }
 
 // clamp's result type: a floating tensor keeps its dtype; others promote with the bounds (torch's meta).
-DType clamp_type(const char* name, const Tensor& x, const std::optional<Scalar>& lo,
-                 const std::optional<Scalar>& hi) {
+DType clamp_type(const char* name, const Tensor& x, const std::optional<Scalar>& lo, const std::optional<Scalar>& hi) {
   ops::check_defined(x, name, "self");
   KILN_CHECK(lo || hi, ValueError, name, ": at least one of 'min' or 'max' must not be None");
   if (is_floating_point(x.dtype())) return x.dtype();
@@ -341,7 +367,8 @@ DType clamp_type(const char* name, const Tensor& x, const std::optional<Scalar>&
   if (lo) st.update(*lo);
   if (hi) st.update(*hi);
   const DType rt = st.result();
-  KILN_CHECK(rt != kBool, DTypeError, name, ": not implemented for bool (a bool tensor with bool bounds); "
+  KILN_CHECK(rt != kBool, DTypeError, name,
+             ": not implemented for bool (a bool tensor with bool bounds); "
              "use logical ops, or integer bounds to get an int64 result");
   return rt;
 }
@@ -388,9 +415,9 @@ Tensor neg(const Tensor& x, CallSite site) {
 }
 
 Tensor gelu_backward(const Tensor& grad, const Tensor& self, bool tanh_form) {
-  Tensor out = binary_out("gelu_backward",
-                          tanh_form ? kernels::BinaryOp::GeluTanhBackward : kernels::BinaryOp::GeluErfBackward, grad,
-                          self, ops::result_type(grad, self));
+  Tensor out =
+      binary_out("gelu_backward", tanh_form ? kernels::BinaryOp::GeluTanhBackward : kernels::BinaryOp::GeluErfBackward,
+                 grad, self, ops::result_type(grad, self));
   if (autograd::compute_requires_grad({&grad, &self})) {
     auto node = make_intrusive<GeluBackwardBackward>();
     node->tanh_form = tanh_form;
@@ -424,14 +451,18 @@ Tensor& Tensor::relu_(std::source_location loc) {
 }
 
 Tensor Tensor::exp(std::source_location loc) const {
-  if (autocast_enabled()) return ops::autocast_call(AutocastOp::exp, [&](const Tensor& x) { return x.exp(loc); }, *this);
+  if (autocast_enabled())
+    return ops::autocast_call(
+        AutocastOp::exp, [&](const Tensor& x) { return x.exp(loc); }, *this);
   return unary_op("exp", UnaryOp::Exp, *this, Kind::Promote, Formula::Exp, CallSite::from(loc));
 }
 Tensor& Tensor::exp_(std::source_location loc) {
   return unary_op_("exp_", UnaryOp::Exp, *this, Kind::Promote, Formula::Exp, CallSite::from(loc));
 }
 Tensor Tensor::log(std::source_location loc) const {
-  if (autocast_enabled()) return ops::autocast_call(AutocastOp::log, [&](const Tensor& x) { return x.log(loc); }, *this);
+  if (autocast_enabled())
+    return ops::autocast_call(
+        AutocastOp::log, [&](const Tensor& x) { return x.log(loc); }, *this);
   return unary_op("log", UnaryOp::Log, *this, Kind::Promote, Formula::Log, CallSite::from(loc));
 }
 Tensor& Tensor::log_(std::source_location loc) {
@@ -510,8 +541,10 @@ Tensor& Tensor::clamp_(std::optional<Scalar> min, std::optional<Scalar> max, std
     // The pass-through mask depends on the old value, which the write loses (x < lo and x == lo both give lo).
     node = make_intrusive<UnaryBackward>();
     node->formula = Formula::Clamp;
-    if (min && max) node->precomputed = ge(*min).logical_and(le(*max));
-    else node->precomputed = min ? ge(*min) : le(*max);
+    if (min && max)
+      node->precomputed = ge(*min).logical_and(le(*max));
+    else
+      node->precomputed = min ? ge(*min) : le(*max);
   }
   if (numel() > 0) run_clamp(ops::make_loop(sizes(), {this, this}), rt, min, max);
   bump_version();

@@ -18,8 +18,8 @@
 #include "iter.h"
 #include "kiln/autograd/autograd_meta.h"
 #include "kiln/ops/factory.h"
-#include "kiln/ops/memory_format.h"
 #include "kiln/ops/index.h"
+#include "kiln/ops/memory_format.h"
 
 namespace kiln {
 
@@ -52,8 +52,8 @@ DimVector infer_size(IntArrayRef shape, int64_t numel, const char* op, IntArrayR
                input_shape, " (", numel, " elements)");
     out[*infer] = numel / known;
   } else {
-    KILN_CHECK(known == numel, ShapeError, op, ": shape ", shape, " is invalid for input of shape ", input_shape,
-               " (", numel, " elements vs ", known, ")");
+    KILN_CHECK(known == numel, ShapeError, op, ": shape ", shape, " is invalid for input of shape ", input_shape, " (",
+               numel, " elements vs ", known, ")");
   }
   return out;
 }
@@ -316,8 +316,7 @@ SliceArgs slice_args(const Tensor& t, int64_t d, std::optional<int64_t> start, s
   return {d, s, (e - s + step - 1) / step};
 }
 
-Tensor record_slice(Tensor out, const Tensor& base, const SliceArgs& a, int64_t step,
-                    const std::source_location& loc) {
+Tensor record_slice(Tensor out, const Tensor& base, const SliceArgs& a, int64_t step, const std::source_location& loc) {
   return record_view<StridedViewBackward>(std::move(out), base, loc, [&](StridedViewBackward& n) {
     n.node_name = "SliceBackward0";
     n.backward_name = "SliceBackwardBackward0";
@@ -435,11 +434,10 @@ Tensor Tensor::squeeze(std::source_location loc) const {
       st.push_back(strides()[d]);
     }
   }
-  return record_view<ReshapeBackward>(make_view(*this, sz, st, storage_offset()), *this, loc,
-                                      [&](ReshapeBackward& n) {
-                                        n.node_name = "SqueezeBackward0";
-                                        n.self_sizes = DimVector(sizes());
-                                      });
+  return record_view<ReshapeBackward>(make_view(*this, sz, st, storage_offset()), *this, loc, [&](ReshapeBackward& n) {
+    n.node_name = "SqueezeBackward0";
+    n.self_sizes = DimVector(sizes());
+  });
 }
 
 Tensor Tensor::squeeze(int64_t d, std::source_location loc) const {
@@ -450,11 +448,10 @@ Tensor Tensor::squeeze(int64_t d, std::source_location loc) const {
     sz.erase(d);
     st.erase(d);
   }
-  return record_view<ReshapeBackward>(make_view(*this, sz, st, storage_offset()), *this, loc,
-                                      [&](ReshapeBackward& n) {
-                                        n.node_name = "SqueezeBackward1";
-                                        n.self_sizes = DimVector(sizes());
-                                      });
+  return record_view<ReshapeBackward>(make_view(*this, sz, st, storage_offset()), *this, loc, [&](ReshapeBackward& n) {
+    n.node_name = "SqueezeBackward1";
+    n.self_sizes = DimVector(sizes());
+  });
 }
 
 Tensor Tensor::unsqueeze(int64_t d, std::source_location loc) const {
@@ -486,8 +483,8 @@ Tensor Tensor::expand(IntArrayRef shape, std::source_location loc) const {
     const int64_t have = sizes()[src];
     if (want == -1) want = have;
     KILN_CHECK(have == want || have == 1, ShapeError, "expand: the expanded size (", want,
-               ") must match the existing size (", have, ") at non-singleton dimension ", i, ": target shape ",
-               shape, ", tensor shape ", sizes());
+               ") must match the existing size (", have, ") at non-singleton dimension ", i, ": target shape ", shape,
+               ", tensor shape ", sizes());
     sz[i] = want;
     st[i] = have == want ? strides()[src] : 0;
   }
@@ -501,8 +498,8 @@ Tensor Tensor::narrow(int64_t d, int64_t start, int64_t length, std::source_loca
   d = wrap_dim(d, dim(), "narrow");
   const int64_t n = sizes()[d];
   if (start < 0) start += n;
-  KILN_CHECK(start >= 0 && length >= 0 && start + length <= n, IndexError, "narrow: start (", start,
-             ") + length (", length, ") exceeds dimension ", d, " of size ", n, " (shape ", sizes(), ")");
+  KILN_CHECK(start >= 0 && length >= 0 && start + length <= n, IndexError, "narrow: start (", start, ") + length (",
+             length, ") exceeds dimension ", d, " of size ", n, " (shape ", sizes(), ")");
   return slice(d, start, start + length, 1, loc);
 }
 
@@ -629,15 +626,18 @@ Tensor Tensor::as_strided(IntArrayRef sz, IntArrayRef st, std::optional<int64_t>
   int64_t max_index = off;
   bool empty_view = false;
   for (size_t i = 0; i < sz.size(); ++i) {
-    KILN_CHECK(sz[i] >= 0 && st[i] >= 0, ShapeError, "as_strided: negative sizes or strides are not supported, got "
-               "sizes ", sz, ", strides ", st);
-    if (sz[i] == 0) empty_view = true;
-    else max_index += (sz[i] - 1) * st[i];
+    KILN_CHECK(sz[i] >= 0 && st[i] >= 0, ShapeError,
+               "as_strided: negative sizes or strides are not supported, got "
+               "sizes ",
+               sz, ", strides ", st);
+    if (sz[i] == 0)
+      empty_view = true;
+    else
+      max_index += (sz[i] - 1) * st[i];
   }
   const int64_t storage_elems = static_cast<int64_t>(storage()->nbytes()) / element_size();
   KILN_CHECK(empty_view || max_index < storage_elems, IndexError, "as_strided: sizes ", sz, ", strides ", st,
-             " and offset ", off, " reach element ", max_index, ", beyond the storage's ", storage_elems,
-             " elements");
+             " and offset ", off, " reach element ", max_index, ", beyond the storage's ", storage_elems, " elements");
   return record_view<AsStridedBackward>(make_view(*this, sz, st, off), *this, loc, [&](AsStridedBackward& n) {
     n.input = {DimVector(sizes()), DimVector(strides()), storage_offset()};
     n.output = {DimVector(sz), DimVector(st), off};

@@ -113,8 +113,10 @@ Tensor record_where(Tensor out, const Tensor& cond, const Tensor* a, const Tenso
     node->cond = SavedVariable(cond, false);
     node->has_a = a != nullptr;
     node->has_b = b != nullptr;
-    if (a && b) autograd::set_history(out, node, {a, b}, site);
-    else autograd::set_history(out, node, {a ? a : b}, site);
+    if (a && b)
+      autograd::set_history(out, node, {a, b}, site);
+    else
+      autograd::set_history(out, node, {a ? a : b}, site);
   }
   return out;
 }
@@ -141,8 +143,7 @@ Tensor where(const Tensor& cond, const Tensor& a, const Tensor& b, std::source_l
   update(st, a);
   update(st, b);
   const DType dt = result_type(st);
-  return record_where(where_same_dtype(cond, as_dtype(a, dt), as_dtype(b, dt), dt), cond, &a, &b,
-                      CallSite::from(loc));
+  return record_where(where_same_dtype(cond, as_dtype(a, dt), as_dtype(b, dt), dt), cond, &a, &b, CallSite::from(loc));
 }
 
 Tensor where(const Tensor& cond, const Scalar& a, const Tensor& b, std::source_location loc) {
@@ -222,8 +223,8 @@ Tensor masked_fill(const Tensor& self, const Tensor& mask, const Scalar& value, 
 Tensor masked_fill(const Tensor& self, const Tensor& mask, const Tensor& value, std::source_location loc) {
   ops::check_defined(value, "masked_fill", "value");
   KILN_CHECK(value.dim() == 0, ShapeError,
-             "masked_fill: only supports a 0-dimensional value tensor, but got a tensor of shape ", value.sizes(),
-             " (", value.dim(), " dimension(s))");
+             "masked_fill: only supports a 0-dimensional value tensor, but got a tensor of shape ", value.sizes(), " (",
+             value.dim(), " dimension(s))");
   Tensor out = masked_fill_out(self, mask, value.item_scalar());
   if (self.is_floating_point() && autograd::compute_requires_grad({&self, &value})) {
     auto node = make_intrusive<MaskedFillBackward>();

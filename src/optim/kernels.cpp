@@ -10,8 +10,8 @@ template void sgd<float>(float*, const float*, float*, int64_t, double, double, 
 template void sgd<double>(double*, const double*, double*, int64_t, double, double, double, double, bool, bool);
 template void adam<float>(float*, const float*, float*, float*, float*, int64_t, int64_t, double, double, double,
                           double, double, bool);
-template void adam<double>(double*, const double*, double*, double*, double*, int64_t, int64_t, double, double,
-                           double, double, double, bool);
+template void adam<double>(double*, const double*, double*, double*, double*, int64_t, int64_t, double, double, double,
+                           double, double, bool);
 template void rmsprop<float>(float*, const float*, float*, float*, float*, int64_t, double, double, double, double,
                              double);
 template void rmsprop<double>(double*, const double*, double*, double*, double*, int64_t, double, double, double,

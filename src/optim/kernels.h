@@ -13,7 +13,6 @@
 
 namespace kiln::optim::kernels {
 
-
 // torch 1.13 _single_tensor_sgd. `buf` is null without momentum; `first` means
 // the buffer is initialised to d (torch.clone(d_p)).
 template <typename T>
@@ -36,9 +35,8 @@ void sgd(T* __restrict p, const T* __restrict g, T* __restrict buf, int64_t n, d
 
 // torch 1.13 _single_tensor_adam / _single_tensor_adamw. `vmax` is null without amsgrad.
 template <typename T, bool kAmsgrad, bool kL2, bool kDecay>
-void adam_loop(T* __restrict p, const T* __restrict g, T* __restrict m, T* __restrict v,
-                                 T* __restrict vmax, int64_t n, T neg_step_size, T bc2_sqrt, T b1, T omb1, T b2,
-                                 T omb2, T e, T wd, T decay) {
+void adam_loop(T* __restrict p, const T* __restrict g, T* __restrict m, T* __restrict v, T* __restrict vmax, int64_t n,
+               T neg_step_size, T bc2_sqrt, T b1, T omb1, T b2, T omb2, T e, T wd, T decay) {
   for (int64_t i = 0; i < n; ++i) {
     T pi = p[i];
     if constexpr (kDecay) pi *= decay;
@@ -59,9 +57,8 @@ void adam_loop(T* __restrict p, const T* __restrict g, T* __restrict m, T* __res
 }
 
 template <typename T>
-void adam(T* __restrict p, const T* __restrict g, T* __restrict m, T* __restrict v, T* __restrict vmax,
-          int64_t n, int64_t step, double lr, double beta1, double beta2, double eps, double weight_decay,
-          bool decoupled) {
+void adam(T* __restrict p, const T* __restrict g, T* __restrict m, T* __restrict v, T* __restrict vmax, int64_t n,
+          int64_t step, double lr, double beta1, double beta2, double eps, double weight_decay, bool decoupled) {
   const double bc1 = 1 - std::pow(beta1, static_cast<double>(step));
   const double bc2 = 1 - std::pow(beta2, static_cast<double>(step));
   const T neg_step_size = static_cast<T>(-(lr / bc1));
@@ -76,20 +73,26 @@ void adam(T* __restrict p, const T* __restrict g, T* __restrict m, T* __restrict
     adam_loop<T, kAmsgrad, kL2, kDecay>(p, g, m, v, vmax, n, neg_step_size, bc2_sqrt, b1, omb1, b2, omb2, e, wd, decay);
   };
   if (vmax) {
-    if (l2) loop.template operator()<true, true, false>();
-    else if (apply_decay) loop.template operator()<true, false, true>();
-    else loop.template operator()<true, false, false>();
+    if (l2)
+      loop.template operator()<true, true, false>();
+    else if (apply_decay)
+      loop.template operator()<true, false, true>();
+    else
+      loop.template operator()<true, false, false>();
   } else {
-    if (l2) loop.template operator()<false, true, false>();
-    else if (apply_decay) loop.template operator()<false, false, true>();
-    else loop.template operator()<false, false, false>();
+    if (l2)
+      loop.template operator()<false, true, false>();
+    else if (apply_decay)
+      loop.template operator()<false, false, true>();
+    else
+      loop.template operator()<false, false, false>();
   }
 }
 
 // torch 1.13 _single_tensor_rmsprop. `gavg` null unless centered, `buf` null without momentum.
 template <typename T, bool kCentered, bool kMomentum, bool kL2>
-void rmsprop_loop(T* __restrict p, const T* __restrict g, T* __restrict sq, T* __restrict gavg,
-                                    T* __restrict buf, int64_t n, T a, T oma, T e, T wd, T mom, T neg_lr) {
+void rmsprop_loop(T* __restrict p, const T* __restrict g, T* __restrict sq, T* __restrict gavg, T* __restrict buf,
+                  int64_t n, T a, T oma, T e, T wd, T mom, T neg_lr) {
   for (int64_t i = 0; i < n; ++i) {
     T gi = g[i];
     if constexpr (kL2) gi = gi + wd * p[i];
@@ -114,8 +117,8 @@ void rmsprop_loop(T* __restrict p, const T* __restrict g, T* __restrict sq, T* _
 }
 
 template <typename T>
-void rmsprop(T* __restrict p, const T* __restrict g, T* __restrict sq, T* __restrict gavg, T* __restrict buf,
-             int64_t n, double lr, double alpha, double eps, double weight_decay, double momentum) {
+void rmsprop(T* __restrict p, const T* __restrict g, T* __restrict sq, T* __restrict gavg, T* __restrict buf, int64_t n,
+             double lr, double alpha, double eps, double weight_decay, double momentum) {
   const T a = static_cast<T>(alpha), oma = static_cast<T>(1 - alpha), e = static_cast<T>(eps);
   const T wd = static_cast<T>(weight_decay), mom = static_cast<T>(momentum), neg_lr = static_cast<T>(-lr);
   const int which = (gavg ? 4 : 0) | (buf ? 2 : 0) | (weight_decay != 0 ? 1 : 0);
@@ -136,15 +139,14 @@ void rmsprop(T* __restrict p, const T* __restrict g, T* __restrict sq, T* __rest
 
 // Instantiated for float and double in kernels.cpp alone (see the top of this file).
 extern template void sgd<float>(float*, const float*, float*, int64_t, double, double, double, double, bool, bool);
-extern template void sgd<double>(double*, const double*, double*, int64_t, double, double, double, double, bool,
-                                 bool);
-extern template void adam<float>(float*, const float*, float*, float*, float*, int64_t, int64_t, double, double,
-                                 double, double, double, bool);
-extern template void adam<double>(double*, const double*, double*, double*, double*, int64_t, int64_t, double,
-                                  double, double, double, double, bool);
+extern template void sgd<double>(double*, const double*, double*, int64_t, double, double, double, double, bool, bool);
+extern template void adam<float>(float*, const float*, float*, float*, float*, int64_t, int64_t, double, double, double,
+                                 double, double, bool);
+extern template void adam<double>(double*, const double*, double*, double*, double*, int64_t, int64_t, double, double,
+                                  double, double, double, bool);
 extern template void rmsprop<float>(float*, const float*, float*, float*, float*, int64_t, double, double, double,
                                     double, double);
-extern template void rmsprop<double>(double*, const double*, double*, double*, double*, int64_t, double, double,
-                                     double, double, double);
+extern template void rmsprop<double>(double*, const double*, double*, double*, double*, int64_t, double, double, double,
+                                     double, double);
 
 }  // namespace kiln::optim::kernels

@@ -8,13 +8,13 @@
 #include <set>
 #include <sstream>
 
+#include "kernels.h"
 #include "kiln/core/allocator.h"
 #include "kiln/core/error.h"
-#include "kiln/ops/factory.h"
 #include "kiln/core/guards.h"
 #include "kiln/core/parallel.h"
 #include "kiln/core/threads.h"
-#include "kernels.h"
+#include "kiln/ops/factory.h"
 
 namespace kiln::optim {
 
@@ -54,8 +54,10 @@ T* at(T* p, int64_t offset) {
 // updates: the result does not depend on the split).
 template <typename Fn>
 void chunked(int64_t n, Fn&& fn) {
-  if (n < kGrainSize) fn(int64_t{0}, n);
-  else ::kiln::parallel_for(n, kGrainSize, [&](int64_t b, int64_t e) { fn(b, e); });
+  if (n < kGrainSize)
+    fn(int64_t{0}, n);
+  else
+    ::kiln::parallel_for(n, kGrainSize, [&](int64_t b, int64_t e) { fn(b, e); });
 }
 
 }  // namespace
@@ -133,8 +135,10 @@ void Optimizer::zero_grad(bool set_to_none) {
       if (set_to_none) {
         grad = Tensor();
       } else {  // as torch: a gradient with history (create_graph) is detached first
-        if (grad.grad_fn()) grad.detach_();
-        else if (grad.requires_grad()) grad.requires_grad_(false);
+        if (grad.grad_fn())
+          grad.detach_();
+        else if (grad.requires_grad())
+          grad.requires_grad_(false);
         grad.zero_();
       }
     }
@@ -218,9 +222,9 @@ void Optimizer::load_state_dict(const OptimizerStateDict& sd) {
     const Tensor& p = *it->second;
     for (const auto& [k, t] : st.tensors) {
       if (!t.defined() || t.sizes() != p.sizes() || t.dtype() != p.dtype())
-        problems.push_back(detail::concat("state '", n, ".", k, "': expected shape ", p.shape_string(), " ",
-                                          dtype_name(p.dtype()), ", got ",
-                                          t.defined() ? t.shape_string() + " " + std::string(dtype_name(t.dtype())) : "undefined"));
+        problems.push_back(detail::concat(
+            "state '", n, ".", k, "': expected shape ", p.shape_string(), " ", dtype_name(p.dtype()), ", got ",
+            t.defined() ? t.shape_string() + " " + std::string(dtype_name(t.dtype())) : "undefined"));
     }
   }
   if (!problems.empty()) {

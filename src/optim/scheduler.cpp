@@ -156,12 +156,11 @@ std::vector<double> StepLR::get_lr() {
   for (auto& lr : lrs) lr = lr * o_.gamma;
   return lrs;
 }
-HyperParams StepLR::settings() const {
-  return {{"step_size", static_cast<double>(o_.step_size)}, {"gamma", o_.gamma}};
-}
+HyperParams StepLR::settings() const { return {{"step_size", static_cast<double>(o_.step_size)}, {"gamma", o_.gamma}}; }
 std::vector<double> StepLR::closed_form_lr() {
   std::vector<double> v;
-  for (double b : base_lrs_) v.push_back(b * std::pow(o_.gamma, static_cast<double>(py_floordiv(last_epoch_, o_.step_size))));
+  for (double b : base_lrs_)
+    v.push_back(b * std::pow(o_.gamma, static_cast<double>(py_floordiv(last_epoch_, o_.step_size))));
   return v;
 }
 
@@ -236,8 +235,8 @@ std::vector<double> CosineAnnealingLR::closed_form_lr() {
 // ---- LinearLR / LambdaLR ----
 
 LinearLR::LinearLR(Optimizer& opt, LinearLROptions o) : LRScheduler(opt), o_(o) {
-  KILN_CHECK(o.start_factor >= 0 && o.start_factor <= 1, ValueError,
-             "LinearLR: expected start_factor in [0, 1], got ", o.start_factor);
+  KILN_CHECK(o.start_factor >= 0 && o.start_factor <= 1, ValueError, "LinearLR: expected start_factor in [0, 1], got ",
+             o.start_factor);
   KILN_CHECK(o.end_factor >= 0 && o.end_factor <= 1, ValueError, "LinearLR: expected end_factor in [0, 1], got ",
              o.end_factor);
   KILN_CHECK(o.total_iters > 0, ValueError, "LinearLR: expected total_iters > 0, got ", o.total_iters);
@@ -252,7 +251,8 @@ std::vector<double> LinearLR::get_lr() {
   }
   if (last_epoch_ > o_.total_iters) return lrs;
   for (auto& lr : lrs)
-    lr = lr * (1. + (f - s) / (static_cast<double>(o_.total_iters) * s + static_cast<double>(last_epoch_ - 1) * (f - s)));
+    lr = lr *
+         (1. + (f - s) / (static_cast<double>(o_.total_iters) * s + static_cast<double>(last_epoch_ - 1) * (f - s)));
   return lrs;
 }
 HyperParams LinearLR::settings() const {
@@ -272,8 +272,8 @@ std::vector<double> LinearLR::closed_form_lr() {
 LambdaLR::LambdaLR(Optimizer& opt, Lambda lr_lambda)
     : LambdaLR(opt, std::vector<Lambda>(opt.param_groups().size(), lr_lambda)) {}
 LambdaLR::LambdaLR(Optimizer& opt, std::vector<Lambda> lr_lambdas) : LRScheduler(opt), lambdas_(std::move(lr_lambdas)) {
-  KILN_CHECK(lambdas_.size() == opt.param_groups().size(), ValueError, "LambdaLR: expected ",
-             opt.param_groups().size(), " lr_lambdas (one per param group), got ", lambdas_.size());
+  KILN_CHECK(lambdas_.size() == opt.param_groups().size(), ValueError, "LambdaLR: expected ", opt.param_groups().size(),
+             " lr_lambdas (one per param group), got ", lambdas_.size());
   initial_step();
 }
 std::vector<double> LambdaLR::get_lr() {
@@ -290,11 +290,11 @@ SequentialLR::SequentialLR(Optimizer& opt, std::vector<std::shared_ptr<LRSchedul
   KILN_CHECK(!schedulers_.empty(), ValueError, "SequentialLR: expected at least one scheduler, got none");
   for (size_t i = 0; i < schedulers_.size(); ++i)
     KILN_CHECK(schedulers_[i] && &schedulers_[i]->opt_ == &opt_, ValueError,
-               "SequentialLR: expected every scheduler to belong to the same optimizer, but the scheduler at index ",
-               i, " does not");
+               "SequentialLR: expected every scheduler to belong to the same optimizer, but the scheduler at index ", i,
+               " does not");
   KILN_CHECK(milestones_.size() + 1 == schedulers_.size(), ValueError,
-             "SequentialLR: expected one milestone fewer than schedulers, got ", schedulers_.size(),
-             " schedulers and ", milestones_.size(), " milestones");
+             "SequentialLR: expected one milestone fewer than schedulers, got ", schedulers_.size(), " schedulers and ",
+             milestones_.size(), " milestones");
   last_epoch_ = 0;
   for (auto& g : opt_.param_groups()) g.options["lr"] = g.options.at("initial_lr");
   for (auto& s : schedulers_) s->last_epoch_ -= 1;
@@ -306,8 +306,10 @@ void SequentialLR::step() {
   last_epoch_ += 1;
   const size_t idx = std::upper_bound(milestones_.begin(), milestones_.end(), last_epoch_) - milestones_.begin();
   auto& s = schedulers_[idx];
-  if (idx > 0 && milestones_[idx - 1] == last_epoch_) s->step_to(0);
-  else s->step();
+  if (idx > 0 && milestones_[idx - 1] == last_epoch_)
+    s->step_to(0);
+  else
+    s->step();
   last_lr_ = s->get_last_lr();
 }
 

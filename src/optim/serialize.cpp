@@ -70,7 +70,8 @@ OptimizerStateDict load_optimizer_state(const std::string& path) {
     for (std::string line; std::getline(is, line);) sd.param_groups[i].param_names.push_back(line);
     const std::string opt_prefix = prefix + "option.";
     for (const auto& [k, v] : f.metadata)
-      if (k.rfind(opt_prefix, 0) == 0) sd.param_groups[i].options[k.substr(opt_prefix.size())] = parse_num(f.metadata, k, path);
+      if (k.rfind(opt_prefix, 0) == 0)
+        sd.param_groups[i].options[k.substr(opt_prefix.size())] = parse_num(f.metadata, k, path);
   }
   for (const auto& [k, v] : f.metadata)
     if (k.rfind("step.", 0) == 0) sd.state[k.substr(5)].step = static_cast<int64_t>(parse_num(f.metadata, k, path));

@@ -164,7 +164,8 @@ SchedulerState get_scheduler(const Reader& r, const std::string& prefix, int dep
   for (auto it = r.md.lower_bound(setting); it != r.md.end() && it->first.rfind(setting, 0) == 0; ++it)
     s.settings[it->first.substr(setting.size())] = r.number(it->first);
   const auto n = static_cast<size_t>(r.u64(prefix + "children"));
-  for (size_t i = 0; i < n; ++i) s.children.push_back(get_scheduler(r, prefix + "child." + std::to_string(i) + ".", depth + 1));
+  for (size_t i = 0; i < n; ++i)
+    s.children.push_back(get_scheduler(r, prefix + "child." + std::to_string(i) + ".", depth + 1));
   return s;
 }
 
@@ -191,8 +192,9 @@ template <typename Map>
 std::vector<std::string> checked_names(const Map& m, const char* what) {
   std::vector<std::string> names;
   for (const auto& [name, ptr] : m) {
-    KILN_CHECK(!name.empty() && name.find_first_of(".\n") == std::string::npos, ValueError, "save_checkpoint: expected ",
-               what, " names that are non-empty and without '.' or newlines, got '", name, "'");
+    KILN_CHECK(!name.empty() && name.find_first_of(".\n") == std::string::npos, ValueError,
+               "save_checkpoint: expected ", what, " names that are non-empty and without '.' or newlines, got '", name,
+               "'");
     KILN_CHECK(ptr != nullptr, ValueError, "save_checkpoint: ", what, " '", name, "' is null");
     names.push_back(name);
   }
@@ -236,10 +238,8 @@ StateValue decode(const std::string& path, const std::string& key, const std::st
       if (*end != '\0') throw bad();
       return v;
     }
-    case 's':
-      return text;
-    default:
-      throw bad();
+    case 's': return text;
+    default: throw bad();
   }
 }
 
@@ -252,9 +252,11 @@ const char* kind_name(const StateValue& v) {
 void compare_sets(const std::vector<std::string>& in_file, const std::vector<std::string>& in_refs, const char* what,
                   std::vector<std::string>& problems) {
   for (const auto& n : in_refs)
-    if (std::find(in_file.begin(), in_file.end(), n) == in_file.end()) problems.push_back(detail::concat("missing ", what, " '", n, "'"));
+    if (std::find(in_file.begin(), in_file.end(), n) == in_file.end())
+      problems.push_back(detail::concat("missing ", what, " '", n, "'"));
   for (const auto& n : in_file)
-    if (std::find(in_refs.begin(), in_refs.end(), n) == in_refs.end()) problems.push_back(detail::concat("unexpected ", what, " '", n, "'"));
+    if (std::find(in_refs.begin(), in_refs.end(), n) == in_refs.end())
+      problems.push_back(detail::concat("unexpected ", what, " '", n, "'"));
 }
 
 // The object's saved state checked against its current one (the schema).
@@ -271,8 +273,8 @@ void compare_object(const std::string& name, const ObjectState& file, const Obje
       problems.push_back(detail::concat(o, ": tensor '", k, "': shape ", dims_str(it->second.sizes()), " in the file, ",
                                         dims_str(t.sizes()), " in the object"));
     if (it->second.dtype() != t.dtype())
-      problems.push_back(detail::concat(o, ": tensor '", k, "': dtype ", dtype_name(it->second.dtype()), " in the file, ",
-                                        dtype_name(t.dtype()), " in the object"));
+      problems.push_back(detail::concat(o, ": tensor '", k, "': dtype ", dtype_name(it->second.dtype()),
+                                        " in the file, ", dtype_name(t.dtype()), " in the object"));
   }
   for (const auto& [k, t] : file.tensors)
     if (!now.tensors.count(k)) problems.push_back(detail::concat(o, ": unexpected tensor '", k, "'"));
@@ -404,8 +406,9 @@ CheckpointInfo load_checkpoint(const std::string& path, const CheckpointRefs& re
              ": expected checkpoint format version 1 or ", kFormatVersion, ", got '", r.get(kFormatKey), "'");
   if (r.get(kFormatKey) != "1") {  // version 1 checksummed the tensors only
     const std::string mh = hex16(metadata_checksum(f.metadata));
-    KILN_CHECK(r.get("checksum.metadata.fnv1a64") == mh, FormatError, path, ": metadata checksum mismatch: the file says ",
-               r.get("checksum.metadata.fnv1a64"), ", the metadata hashes to ", mh, " (the file is corrupted)");
+    KILN_CHECK(r.get("checksum.metadata.fnv1a64") == mh, FormatError, path,
+               ": metadata checksum mismatch: the file says ", r.get("checksum.metadata.fnv1a64"),
+               ", the metadata hashes to ", mh, " (the file is corrupted)");
   }
   const std::string th = hex16(checksum(f.tensors));
   KILN_CHECK(r.get("checksum.fnv1a64") == th, FormatError, path, ": checksum mismatch: metadata says ",
@@ -462,8 +465,8 @@ CheckpointInfo load_checkpoint(const std::string& path, const CheckpointRefs& re
       problems.push_back("'" + name + "': shape " + dims_str(it->second.sizes()) + " in the file, " +
                          dims_str(t.sizes()) + " in the model");
     if (it->second.dtype() != t.dtype())
-      problems.push_back(detail::concat("'", name, "': dtype ", dtype_name(it->second.dtype()), " in the file, ", dtype_name(t.dtype()),
-                                        " in the model"));
+      problems.push_back(detail::concat("'", name, "': dtype ", dtype_name(it->second.dtype()), " in the file, ",
+                                        dtype_name(t.dtype()), " in the model"));
   }
   for (const auto& [name, t] : model_dict)
     if (!seen.count(name)) problems.push_back("unexpected key '" + name + "'");
@@ -515,8 +518,8 @@ CheckpointInfo load_checkpoint(const std::string& path, const CheckpointRefs& re
   if (!problems.empty()) {
     std::string msg;
     for (const auto& p : problems) msg += "\n  " + p;
-    throw ValueError(detail::concat("load_checkpoint: ", path, " does not match what it is loaded into (", problems.size(),
-                                    " problems):", msg));
+    throw ValueError(detail::concat("load_checkpoint: ", path, " does not match what it is loaded into (",
+                                    problems.size(), " problems):", msg));
   }
 
   const GeneratorState gen{r.u64("rng.default.seed"), r.u64("rng.default.offset")};

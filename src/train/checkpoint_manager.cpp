@@ -55,8 +55,8 @@ void fsync_dir(const fs::path& dir) {
   const int rc = ::fsync(fd);
   const int err = errno;
   ::close(fd);
-  KILN_CHECK(rc == 0 || err == EINVAL || err == EROFS, IOError, "CheckpointManager: syncing directory '",
-             dir.string(), "' failed: ", sys_error(err));
+  KILN_CHECK(rc == 0 || err == EINVAL || err == EROFS, IOError, "CheckpointManager: syncing directory '", dir.string(),
+             "' failed: ", sys_error(err));
 }
 
 // Writes `text` to `path` the way save_safetensors writes: temp, fsync, rename, directory fsync.
@@ -70,8 +70,10 @@ void write_atomically(const fs::path& path, const std::string& text) {
   while (left > 0 && failure.empty()) {
     const ssize_t w = ::write(fd, p, left);
     if (w < 0 && errno == EINTR) continue;
-    if (w < 0) failure = "writing it failed: " + sys_error(errno);
-    else p += w, left -= static_cast<size_t>(w);
+    if (w < 0)
+      failure = "writing it failed: " + sys_error(errno);
+    else
+      p += w, left -= static_cast<size_t>(w);
   }
   if (failure.empty() && ::fsync(fd) != 0) failure = "fsync failed: " + sys_error(errno);
   if (::close(fd) != 0 && failure.empty()) failure = "closing it failed: " + sys_error(errno);
@@ -118,7 +120,8 @@ std::optional<pid_t> temp_owner(const std::string& name) {
   if (at == std::string::npos) return std::nullopt;
   const std::string base = name.substr(0, at), pid = name.substr(at + 5);
   if (base != kPointer && !step_of(base)) return std::nullopt;
-  if (pid.empty() || pid.size() > 9 || !std::all_of(pid.begin(), pid.end(), [](char c) { return c >= '0' && c <= '9'; }))
+  if (pid.empty() || pid.size() > 9 ||
+      !std::all_of(pid.begin(), pid.end(), [](char c) { return c >= '0' && c <= '9'; }))
     return std::nullopt;
   return static_cast<pid_t>(std::stol(pid));
 }

@@ -28,9 +28,7 @@ void set_anomaly_mode_enabled(bool enabled);
 
 class AnomalyModeGuard {
  public:
-  explicit AnomalyModeGuard(bool enabled = true) : prev_(anomaly_mode_enabled()) {
-    set_anomaly_mode_enabled(enabled);
-  }
+  explicit AnomalyModeGuard(bool enabled = true) : prev_(anomaly_mode_enabled()) { set_anomaly_mode_enabled(enabled); }
   ~AnomalyModeGuard() { set_anomaly_mode_enabled(prev_); }
   AnomalyModeGuard(const AnomalyModeGuard&) = delete;
   AnomalyModeGuard& operator=(const AnomalyModeGuard&) = delete;
@@ -57,7 +55,7 @@ struct OverflowRecord {
   size_t input_index = 0;  // the gradient for the node's input k overflowed
   std::string shape;       // of that gradient, "[16, 64]"
   int64_t nan = 0, inf = 0;
-  std::string incoming;    // stats of the finite gradients that came in
+  std::string incoming;  // stats of the finite gradients that came in
   /// The node that produced that input in the forward (the overflowed
   /// gradient is its output's): what a reader wants when `node` is autocast's
   /// cast (ToCopyBackward0, whose call site is inside kiln). Empty for a leaf.

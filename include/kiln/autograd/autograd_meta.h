@@ -16,7 +16,7 @@ class AccumulateGrad;
 
 struct AutogradMeta final : AutogradMetaInterface {
   Tensor grad;
-  NodePtr grad_fn;          // null for leaves
+  NodePtr grad_fn;  // null for leaves
   uint32_t output_nr = 0;
   /// The leaf's AccumulateGrad node while a graph refers to it. Not owning:
   /// the node owns the leaf (through a Tensor) and clears this when it dies,

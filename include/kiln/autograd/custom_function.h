@@ -210,7 +210,6 @@ class CustomNode final : public Node {
   std::string name_;
 };
 
-
 template <typename Derived>
 struct Function {
   template <typename... Args>
@@ -240,8 +239,10 @@ struct Function {
     node->ctx.saved_data.closed_ = true;
     if (!record) return result;
     TensorList outputs;
-    if constexpr (std::is_same_v<decltype(result), Tensor>) outputs.push_back(result);
-    else outputs = result;
+    if constexpr (std::is_same_v<decltype(result), Tensor>)
+      outputs.push_back(result);
+    else
+      outputs = result;
     // Outputs that alias inputs would make the graph ambiguous; give them their own impl.
     for (Tensor& o : outputs) o = o.detach();
     set_history(outputs, node, tensor_args);
@@ -258,8 +259,10 @@ struct Function {
       node->ctx.saved_.emplace_back(is_output ? outputs[nr] : s, is_output, nr);
     }
     node->ctx.to_save_.clear();
-    if constexpr (std::is_same_v<decltype(result), Tensor>) return outputs[0];
-    else return outputs;
+    if constexpr (std::is_same_v<decltype(result), Tensor>)
+      return outputs[0];
+    else
+      return outputs;
   }
 
  private:

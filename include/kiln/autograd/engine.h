@@ -24,8 +24,7 @@ void backward(const TensorList& tensors, const TensorList& grad_tensors = {}, bo
 /// an input that does not reach the outputs gets an undefined tensor;
 /// otherwise that is an error naming the input.
 TensorList grad(const TensorList& outputs, const TensorList& inputs, const TensorList& grad_outputs = {},
-                std::optional<bool> retain_graph = std::nullopt, bool create_graph = false,
-                bool allow_unused = false);
+                std::optional<bool> retain_graph = std::nullopt, bool create_graph = false, bool allow_unused = false);
 
 /// Queues `fn` to run on this thread once the current backward()/grad() has
 /// finished, after every gradient was accumulated (torch's

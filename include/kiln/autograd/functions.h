@@ -49,8 +49,7 @@ bool compute_requires_grad(const TensorList& inputs);
 /// grad_fn of each output (output_nr in order). Records the forward call site.
 void set_history(std::initializer_list<Tensor*> outputs, const NodePtr& node,
                  std::initializer_list<const Tensor*> inputs, CallSite site = {});
-void set_history(Tensor& output, const NodePtr& node, std::initializer_list<const Tensor*> inputs,
-                 CallSite site = {});
+void set_history(Tensor& output, const NodePtr& node, std::initializer_list<const Tensor*> inputs, CallSite site = {});
 void set_history(TensorList& outputs, const NodePtr& node, const TensorList& inputs, CallSite site = {});
 
 /// For view ops: set_history, then marks `view` as a differentiable view so

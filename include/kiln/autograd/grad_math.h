@@ -20,7 +20,7 @@
 namespace kiln::autograd {
 
 struct GradMath {
-  Tensor (*add)(const Tensor& a, const Tensor& b);  // a + b, recorded when grad mode is on
+  Tensor (*add)(const Tensor& a, const Tensor& b);        // a + b, recorded when grad mode is on
   void (*add_)(const Tensor& self, const Tensor& other);  // self += other, in place
   Tensor (*clone)(const Tensor& t);
   Tensor (*contiguous)(const Tensor& t);

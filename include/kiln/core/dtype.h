@@ -61,22 +61,58 @@ DType promote_types(DType a, DType b);
 DType default_dtype();
 void set_default_dtype(DType t);
 
-template <typename T> struct dtype_of;
-template <> struct dtype_of<float> { static constexpr DType value = DType::Float32; };
-template <> struct dtype_of<double> { static constexpr DType value = DType::Float64; };
-template <> struct dtype_of<BFloat16> { static constexpr DType value = DType::BFloat16; };
-template <> struct dtype_of<Half> { static constexpr DType value = DType::Float16; };
-template <> struct dtype_of<int64_t> { static constexpr DType value = DType::Int64; };
-template <> struct dtype_of<int32_t> { static constexpr DType value = DType::Int32; };
-template <> struct dtype_of<uint8_t> { static constexpr DType value = DType::UInt8; };
-template <> struct dtype_of<bool> { static constexpr DType value = DType::Bool; };
-template <typename T> inline constexpr DType dtype_of_v = dtype_of<T>::value;
+template <typename T>
+struct dtype_of;
+template <>
+struct dtype_of<float> {
+  static constexpr DType value = DType::Float32;
+};
+template <>
+struct dtype_of<double> {
+  static constexpr DType value = DType::Float64;
+};
+template <>
+struct dtype_of<BFloat16> {
+  static constexpr DType value = DType::BFloat16;
+};
+template <>
+struct dtype_of<Half> {
+  static constexpr DType value = DType::Float16;
+};
+template <>
+struct dtype_of<int64_t> {
+  static constexpr DType value = DType::Int64;
+};
+template <>
+struct dtype_of<int32_t> {
+  static constexpr DType value = DType::Int32;
+};
+template <>
+struct dtype_of<uint8_t> {
+  static constexpr DType value = DType::UInt8;
+};
+template <>
+struct dtype_of<bool> {
+  static constexpr DType value = DType::Bool;
+};
+template <typename T>
+inline constexpr DType dtype_of_v = dtype_of<T>::value;
 
 /// The type arithmetic on T is carried out in: float for the 16-bit floats.
-template <typename T> struct compute_type { using type = T; };
-template <> struct compute_type<BFloat16> { using type = float; };
-template <> struct compute_type<Half> { using type = float; };
-template <typename T> using compute_t = typename compute_type<T>::type;
+template <typename T>
+struct compute_type {
+  using type = T;
+};
+template <>
+struct compute_type<BFloat16> {
+  using type = float;
+};
+template <>
+struct compute_type<Half> {
+  using type = float;
+};
+template <typename T>
+using compute_t = typename compute_type<T>::type;
 
 template <typename T>
 inline constexpr bool is_reduced_float_v = std::is_same_v<T, BFloat16> || std::is_same_v<T, Half>;

@@ -17,16 +17,43 @@ class Error : public std::runtime_error {
  public:
   using std::runtime_error::runtime_error;
 };
-class ShapeError : public Error { public: using Error::Error; };
-class DTypeError : public Error { public: using Error::Error; };
-class ValueError : public Error { public: using Error::Error; };
-class IndexError : public Error { public: using Error::Error; };
-class OutOfMemory : public Error { public: using Error::Error; };
-class FormatError : public Error { public: using Error::Error; };
+class ShapeError : public Error {
+ public:
+  using Error::Error;
+};
+class DTypeError : public Error {
+ public:
+  using Error::Error;
+};
+class ValueError : public Error {
+ public:
+  using Error::Error;
+};
+class IndexError : public Error {
+ public:
+  using Error::Error;
+};
+class OutOfMemory : public Error {
+ public:
+  using Error::Error;
+};
+class FormatError : public Error {
+ public:
+  using Error::Error;
+};
 /// The operating system refused a file operation (open, read, write, rename); the message holds errno's text.
-class IOError : public Error { public: using Error::Error; };
-class DistributedError : public Error { public: using Error::Error; };
-class InternalError : public Error { public: using Error::Error; };
+class IOError : public Error {
+ public:
+  using Error::Error;
+};
+class DistributedError : public Error {
+ public:
+  using Error::Error;
+};
+class InternalError : public Error {
+ public:
+  using Error::Error;
+};
 
 namespace detail {
 
@@ -47,17 +74,16 @@ std::string concat(const Args&... args) {
 }  // namespace kiln
 
 /// KILN_CHECK(cond, ErrorType, parts...): throws ErrorType(concat(parts...)) when !cond.
-#define KILN_CHECK(cond, ErrorType, ...)                                \
-  do {                                                                  \
-    if (!(cond)) [[unlikely]] {                                         \
-      throw ErrorType(::kiln::detail::concat(__VA_ARGS__));             \
-    }                                                                   \
+#define KILN_CHECK(cond, ErrorType, ...)                    \
+  do {                                                      \
+    if (!(cond)) [[unlikely]] {                             \
+      throw ErrorType(::kiln::detail::concat(__VA_ARGS__)); \
+    }                                                       \
   } while (0)
 
-#define KILN_ASSERT(cond, ...)                                                                     \
-  do {                                                                                             \
-    if (!(cond)) [[unlikely]] {                                                                    \
-      ::kiln::detail::throw_internal(std::source_location::current(), #cond,                       \
-                                     ::kiln::detail::concat(__VA_ARGS__));                         \
-    }                                                                                              \
+#define KILN_ASSERT(cond, ...)                                                                                     \
+  do {                                                                                                             \
+    if (!(cond)) [[unlikely]] {                                                                                    \
+      ::kiln::detail::throw_internal(std::source_location::current(), #cond, ::kiln::detail::concat(__VA_ARGS__)); \
+    }                                                                                                              \
   } while (0)

@@ -16,7 +16,7 @@ struct BFloat16 {
 
   BFloat16() = default;
   BFloat16(float f) : bits(from_float(f)) {}  // NOLINT: implicit like PyTorch's c10::BFloat16
-  operator float() const {                     // NOLINT
+  operator float() const {                    // NOLINT
     uint32_t u = static_cast<uint32_t>(bits) << 16;
     float f;
     std::memcpy(&f, &u, sizeof f);
@@ -40,7 +40,7 @@ struct Half {
   uint16_t bits = 0;
 
   Half() = default;
-  Half(float f) : bits(from_float(f)) {}  // NOLINT
+  Half(float f) : bits(from_float(f)) {}             // NOLINT
   operator float() const { return to_float(bits); }  // NOLINT
   static Half from_bits(uint16_t b) {
     Half x;
@@ -83,7 +83,7 @@ inline uint16_t Half::from_float(float f) {
   std::memcpy(&u, &f, sizeof u);
   const uint16_t sign = static_cast<uint16_t>((u >> 16) & 0x8000u);
   const uint32_t abs = u & 0x7fffffffu;
-  if (abs > 0x7f800000u) return sign | 0x7e00u;  // NaN
+  if (abs > 0x7f800000u) return sign | 0x7e00u;   // NaN
   if (abs >= 0x477ff000u) return sign | 0x7c00u;  // rounds to >= 65520: Inf
   if (abs < 0x38800000u) {                        // below 2^-14: subnormal or zero
     if (abs < 0x33000000u) return sign;           // below half the smallest subnormal

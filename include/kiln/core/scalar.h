@@ -36,10 +36,14 @@ class Scalar {
 
   template <typename T>
   T to() const {
-    if constexpr (std::is_same_v<T, bool>) return to_bool();
-    else if constexpr (std::is_integral_v<T>) return static_cast<T>(to_int64());
-    else if constexpr (std::is_same_v<T, double>) return to_double();
-    else return T(static_cast<float>(to_double()));
+    if constexpr (std::is_same_v<T, bool>)
+      return to_bool();
+    else if constexpr (std::is_integral_v<T>)
+      return static_cast<T>(to_int64());
+    else if constexpr (std::is_same_v<T, double>)
+      return to_double();
+    else
+      return T(static_cast<float>(to_double()));
   }
 
   /// The dtype a tensor made from this scalar alone gets (float -> default dtype).

@@ -48,10 +48,26 @@ class TensorOptions {
  public:
   TensorOptions() = default;
   TensorOptions(DType d) : dtype_(d) {}  // NOLINT
-  TensorOptions dtype(DType d) const { auto o = *this; o.dtype_ = d; return o; }
-  TensorOptions requires_grad(bool r) const { auto o = *this; o.requires_grad_ = r; return o; }
-  TensorOptions device(Device d) const { auto o = *this; o.device_ = d; return o; }
-  TensorOptions category(MemoryCategory c) const { auto o = *this; o.category_ = c; return o; }
+  TensorOptions dtype(DType d) const {
+    auto o = *this;
+    o.dtype_ = d;
+    return o;
+  }
+  TensorOptions requires_grad(bool r) const {
+    auto o = *this;
+    o.requires_grad_ = r;
+    return o;
+  }
+  TensorOptions device(Device d) const {
+    auto o = *this;
+    o.device_ = d;
+    return o;
+  }
+  TensorOptions category(MemoryCategory c) const {
+    auto o = *this;
+    o.category_ = c;
+    return o;
+  }
 
   DType dtype_or_default() const { return dtype_ ? *dtype_ : default_dtype(); }
   std::optional<DType> dtype_opt() const { return dtype_; }

@@ -35,9 +35,7 @@ class TensorImpl final : public RefCounted {
   bool is_contiguous() const { return contiguous_; }
 
   /// Byte address of element 0 of this view.
-  void* data() const {
-    return static_cast<char*>(storage_->data()) + offset_ * element_size(dtype_);
-  }
+  void* data() const { return static_cast<char*>(storage_->data()) + offset_ * element_size(dtype_); }
 
   /// Replaces the view metadata in place (used by in-place view ops such as
   /// squeeze_ and by as_strided_); recomputes numel and contiguity.

@@ -296,9 +296,7 @@ class IterableDataLoader {
   }
 
   /// As DataLoader::stats(): the consumer's waits in the current epoch.
-  LoaderStats stats() const {
-    return meter_.stats();
-  }
+  LoaderStats stats() const { return meter_.stats(); }
 
  private:
   void record(double wait) { meter_.record(wait); }

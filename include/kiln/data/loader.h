@@ -28,8 +28,8 @@
 #include <vector>
 
 #include "kiln/core/allocator.h"
-#include "kiln/data/epoch_iterator.h"
 #include "kiln/data/dataset.h"
+#include "kiln/data/epoch_iterator.h"
 #include "kiln/data/sampler.h"
 
 namespace kiln::data {
@@ -45,11 +45,11 @@ struct LoaderState {
 };
 
 struct LoaderStats {
-  int64_t batches = 0;             // delivered since the epoch (iteration) started
-  double wait_s = 0;               // total time the consumer waited for them
-  double wall_s = 0;               // wall time since the epoch started (until its last batch)
-  double wait_fraction = 0;        // wait_s / wall_s
-  double batches_per_s = 0;        // batches / wall_s
+  int64_t batches = 0;               // delivered since the epoch (iteration) started
+  double wait_s = 0;                 // total time the consumer waited for them
+  double wall_s = 0;                 // wall time since the epoch started (until its last batch)
+  double wait_fraction = 0;          // wait_s / wall_s
+  double batches_per_s = 0;          // batches / wall_s
   std::vector<double> batch_wait_s;  // the wait for each batch
 };
 
@@ -250,8 +250,9 @@ class DataLoader {
       if (loader_->options_.num_workers > 0 && n > 0) {
         auto& pool = loader_->pool_;
         if (!pool) pool = std::make_unique<detail::WorkerPool>(loader_->options_.num_workers);
-        pool->start(n, loader_->options_.num_workers * loader_->options_.prefetch_factor,
-                    [this](int64_t k) { return std::static_pointer_cast<void>(std::make_shared<Batch>(fetch(start_ + k))); });
+        pool->start(n, loader_->options_.num_workers * loader_->options_.prefetch_factor, [this](int64_t k) {
+          return std::static_pointer_cast<void>(std::make_shared<Batch>(fetch(start_ + k)));
+        });
         pooled_ = true;
       }
     }
@@ -326,8 +327,8 @@ class DataLoader {
     started_ = true;
     if (owns_sampler_) batch_sampler_->sampler().set_epoch(epoch_);
     auto batches = batch_sampler_->batches();
-    KILN_CHECK(position_ <= static_cast<int64_t>(batches.size()), ValueError, "DataLoader: resume position ",
-               position_, " is past the epoch's ", batches.size(), " batches");
+    KILN_CHECK(position_ <= static_cast<int64_t>(batches.size()), ValueError, "DataLoader: resume position ", position_,
+               " is past the epoch's ", batches.size(), " batches");
     meter_.start_epoch();
     auto live = std::make_shared<Epoch>(this, std::move(batches), epoch_, position_);
     live_ = live;
@@ -341,17 +342,15 @@ class DataLoader {
   LoaderState state() const { return {epoch_, position_, seed_.value()}; }
   /// Restores a state(): the next begin() yields that epoch's remaining batches.
   void load_state(const LoaderState& s) {
-    KILN_CHECK(s.epoch >= 0 && s.position >= 0, ValueError, "DataLoader: load_state expected epoch, position >= 0, got ",
-               s.epoch, ", ", s.position);
+    KILN_CHECK(s.epoch >= 0 && s.position >= 0, ValueError,
+               "DataLoader: load_state expected epoch, position >= 0, got ", s.epoch, ", ", s.position);
     if (seed_.restore(s.seed, "DataLoader")) make_batch_sampler();
     epoch_ = s.epoch;
     position_ = s.position;
     started_ = false;
   }
 
-  LoaderStats stats() const {
-    return meter_.stats();
-  }
+  LoaderStats stats() const { return meter_.stats(); }
 
  private:
   void check_movable() const {

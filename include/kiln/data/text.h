@@ -20,8 +20,7 @@
 namespace kiln::data {
 
 /// Moby-Dick, as Debian's golang-github-colinmarc-hdfs-dev installs it.
-inline constexpr const char* kMobyDickPath =
-    "/usr/share/gocode/src/github.com/colinmarc/hdfs/testdata/mobydick.txt";
+inline constexpr const char* kMobyDickPath = "/usr/share/gocode/src/github.com/colinmarc/hdfs/testdata/mobydick.txt";
 /// The Adventures of Sherlock Holmes, as Debian's golang-github-jdkato-prose-dev installs it.
 inline constexpr const char* kSherlockPath = "/usr/share/gocode/src/github.com/jdkato/prose/testdata/sherlock.txt";
 

@@ -46,11 +46,11 @@ struct BucketInfo {
 /// What the last backward pass did, for figures and tests. Times are seconds
 /// since the forward that preceded it ended.
 struct DDPStats {
-  int64_t allreduces = 0;               // buckets launched
-  double first_allreduce_start = -1;    // first bucket launched
-  double last_gradient_ready = -1;      // the last hook: backward's compute has ended
-  double backward_end = -1;             // the end-of-backward callback began
-  double exposed_comm_seconds = 0;      // time the callback spent waiting on allreduces
+  int64_t allreduces = 0;             // buckets launched
+  double first_allreduce_start = -1;  // first bucket launched
+  double last_gradient_ready = -1;    // the last hook: backward's compute has ended
+  double backward_end = -1;           // the end-of-backward callback began
+  double exposed_comm_seconds = 0;    // time the callback spent waiting on allreduces
   /// Parameters whose gradients were still pending when the first bucket
   /// launched: > 0 means that allreduce overlapped the rest of backward.
   int64_t pending_at_first_allreduce = 0;
@@ -110,7 +110,7 @@ class DistributedDataParallel : public nn::Module {
   std::vector<size_t> bucket_of_;  // param index -> bucket
   std::vector<size_t> slot_of_;    // param index -> position within its bucket
   std::vector<char> ready_;
-  std::vector<int64_t> had_grad_;         // 0: unused and without a gradient (for the global usage map)
+  std::vector<int64_t> had_grad_;          // 0: unused and without a gradient (for the global usage map)
   std::vector<size_t> unused_in_forward_;  // find_unused_parameters: not reached by the last forward
   std::vector<HookHandle> hooks_;
   size_t next_launch_ = 0;

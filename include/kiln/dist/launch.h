@@ -44,7 +44,6 @@ LaunchResult run_launch(int nprocs, const std::vector<std::string>& command, con
 
 /// Runs launch_command() with execvp, replacing this process; returns only by
 /// throwing (the launcher could not be started). No failure report: see run_launch().
-[[noreturn]] void exec_launch(int nprocs, const std::vector<std::string>& command,
-                              const LaunchOptions& options = {});
+[[noreturn]] void exec_launch(int nprocs, const std::vector<std::string>& command, const LaunchOptions& options = {});
 
 }  // namespace kiln::dist

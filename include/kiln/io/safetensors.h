@@ -64,10 +64,10 @@ struct SafetensorsHeader {
 void save_safetensors(const std::string& path, const NamedTensors& tensors, const Metadata& metadata = {});
 /// Any map of name -> Tensor (std::map writes in name order).
 template <typename Map>
-  requires requires(const Map& m) {
-    std::string(m.begin()->first);
-    m.begin()->second.defined();
-  }
+requires requires(const Map& m) {
+  std::string(m.begin()->first);
+  m.begin()->second.defined();
+}
 void save_safetensors(const std::string& path, const Map& tensors, const Metadata& metadata = {}) {
   save_safetensors(path, NamedTensors(tensors.begin(), tensors.end()), metadata);
 }

@@ -37,8 +37,8 @@ inline Tensor log_softmax(const Tensor& x, int64_t dim, std::source_location loc
 Tensor dropout(const Tensor& x, double p = 0.5, bool training = true);
 
 struct CrossEntropyOptions {
-  Tensor weight = {};               // [C] class weights, or undefined
-  int64_t ignore_index = -100; // class-index targets equal to it contribute nothing
+  Tensor weight = {};           // [C] class weights, or undefined
+  int64_t ignore_index = -100;  // class-index targets equal to it contribute nothing
   std::string reduction = "mean";
   double label_smoothing = 0.0;
 };

@@ -28,7 +28,8 @@ class ModuleHolder : public std::shared_ptr<M> {
 
  private:
   M* get_checked() const {
-    KILN_CHECK(this->get() != nullptr, ValueError, "nn::ModuleHolder: called an empty holder (expected one made by "
+    KILN_CHECK(this->get() != nullptr, ValueError,
+               "nn::ModuleHolder: called an empty holder (expected one made by "
                "nn::make_module<M>(...) or assigned a module)");
     return this->get();
   }

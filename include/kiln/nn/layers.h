@@ -248,8 +248,8 @@ class Sequential : public detail::ModuleSeq {
   Sequential() : ModuleSeq("Sequential") {}
   Sequential(std::initializer_list<ModulePtr> modules);
   template <typename... M>
-    requires(sizeof...(M) > 0 && (std::is_base_of_v<Module, M> && ...))
-  explicit Sequential(std::shared_ptr<M>... modules) : Sequential() {
+  requires(sizeof...(M) > 0 && (std::is_base_of_v<Module, M> && ...)) explicit Sequential(std::shared_ptr<M>... modules)
+      : Sequential() {
     (append(std::move(modules)), ...);
   }
   Sequential& push_back(ModulePtr m);
@@ -263,8 +263,8 @@ class ModuleList : public detail::ModuleSeq {
   ModuleList() : ModuleSeq("ModuleList") {}
   ModuleList(std::initializer_list<ModulePtr> modules);
   template <typename... M>
-    requires(sizeof...(M) > 0 && (std::is_base_of_v<Module, M> && ...))
-  explicit ModuleList(std::shared_ptr<M>... modules) : ModuleList() {
+  requires(sizeof...(M) > 0 && (std::is_base_of_v<Module, M> && ...)) explicit ModuleList(std::shared_ptr<M>... modules)
+      : ModuleList() {
     (append(std::move(modules)), ...);
   }
   ModuleList& push_back(ModulePtr m);

@@ -150,8 +150,7 @@ class Module {
   void register_module_impl(const std::string& name, ModulePtr m);
   Slot* find_slot(std::vector<std::unique_ptr<Slot>>& slots, const std::string& name);
   void collect(const std::string& prefix, bool recurse, bool want_buffers, bool persistent_only,
-               std::vector<std::pair<std::string, Tensor*>>& out,
-               std::vector<const TensorImpl*>& seen) const;
+               std::vector<std::pair<std::string, Tensor*>>& out, std::vector<const TensorImpl*>& seen) const;
   void repr_into(std::string& out, int indent) const;
   Tensor call_with_hooks(const Tensor& input, const Tensor* other);
   void check_registered_in(Module& root, const Module& caller);

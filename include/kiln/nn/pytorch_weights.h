@@ -61,8 +61,7 @@ struct PyTorchLoadResult {
 };
 
 /// Loads `dict` (torch's names) into `module`; all or nothing (see the top of this file).
-PyTorchLoadResult load_pytorch_state_dict(Module& module, const NamedTensors& dict,
-                                          const PyTorchLoadOptions& o = {});
+PyTorchLoadResult load_pytorch_state_dict(Module& module, const NamedTensors& dict, const PyTorchLoadOptions& o = {});
 /// The same from a safetensors file; IOError / FormatError when it cannot be read.
 PyTorchLoadResult load_pytorch_weights(Module& module, const std::string& path, const PyTorchLoadOptions& o = {});
 

@@ -33,7 +33,7 @@ Tensor attention_fused(const Tensor& q, const Tensor& k, const Tensor& v, const 
 
 /// The composite form (matmul, softmax, masked_fill, dropout as kiln ops):
 /// autograd records each op, and the [..., L, S] weights are kept for backward.
-Tensor attention_composite(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& attn_mask,
-                           double dropout_p, bool is_causal, bool training);
+Tensor attention_composite(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& attn_mask, double dropout_p,
+                           bool is_causal, bool training);
 
 }  // namespace kiln::ops

@@ -38,11 +38,31 @@ enum class AutocastPolicy {
 
 /// Every op with an autocast hook. The order is the table's order.
 enum class AutocastOp {
-  mm, bmm, matmul, linear, conv2d, scaled_dot_product_attention,
-  softmax, log_softmax, logsumexp, norm, exp, log,
-  layer_norm, batch_norm, rms_norm, group_norm,
-  cross_entropy, nll_loss, mse_loss, l1_loss, smooth_l1_loss, binary_cross_entropy_with_logits, kl_div,
-  cat, stack,
+  mm,
+  bmm,
+  matmul,
+  linear,
+  conv2d,
+  scaled_dot_product_attention,
+  softmax,
+  log_softmax,
+  logsumexp,
+  norm,
+  exp,
+  log,
+  layer_norm,
+  batch_norm,
+  rms_norm,
+  group_norm,
+  cross_entropy,
+  nll_loss,
+  mse_loss,
+  l1_loss,
+  smooth_l1_loss,
+  binary_cross_entropy_with_logits,
+  kl_div,
+  cat,
+  stack,
   count_
 };
 

@@ -46,8 +46,8 @@ BatchNormResult batch_norm_relu_train(const Tensor& x, const Tensor& weight, con
 /// estimate; n values per channel), the arithmetic of `mul_(1 - momentum)
 /// .add_(x, momentum)` (equal to its last bit or two). One pass over the [C]
 /// vectors instead of seven ops per layer.
-void batch_norm_update_running_stats(Tensor& running_mean, Tensor& running_var, const Tensor& mean,
-                                     const Tensor& var, double momentum, int64_t n);
+void batch_norm_update_running_stats(Tensor& running_mean, Tensor& running_var, const Tensor& mean, const Tensor& var,
+                                     double momentum, int64_t n);
 
 BatchNormResult batch_norm_add_relu_train(const Tensor& x, const Tensor& weight, const Tensor& bias,
                                           const Tensor& residual, double eps,

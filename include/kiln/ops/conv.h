@@ -27,9 +27,8 @@ enum class PaddingMode { Valid, Same };
 Tensor conv2d(const Tensor& input, const Tensor& weight, const Tensor& bias = {}, IntArrayRef stride = 1,
               IntArrayRef padding = 0, IntArrayRef dilation = 1, int64_t groups = 1,
               std::source_location loc = std::source_location::current());
-Tensor conv2d(const Tensor& input, const Tensor& weight, const Tensor& bias, IntArrayRef stride,
-              PaddingMode padding, IntArrayRef dilation = 1, int64_t groups = 1,
-              std::source_location loc = std::source_location::current());
+Tensor conv2d(const Tensor& input, const Tensor& weight, const Tensor& bias, IntArrayRef stride, PaddingMode padding,
+              IntArrayRef dilation = 1, int64_t groups = 1, std::source_location loc = std::source_location::current());
 
 /// stride defaults to kernel_size (an empty stride means "default", as torch's
 /// stride=None). Padding is implicit -inf and may be at most half the kernel.

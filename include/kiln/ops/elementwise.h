@@ -35,15 +35,19 @@ inline Tensor sub(const Tensor& a, const Scalar& b, const Scalar& alpha = 1,
 /// torch.rsub: other - alpha * self (what `2 - x` computes).
 Tensor rsub(const Tensor& self, const Scalar& other, const Scalar& alpha = 1,
             std::source_location loc = std::source_location::current());
-inline Tensor mul(const Tensor& a, const Tensor& b,
-                  std::source_location loc = std::source_location::current()) { return a.mul(b, loc); }
-inline Tensor mul(const Tensor& a, const Scalar& b,
-                  std::source_location loc = std::source_location::current()) { return a.mul(b, loc); }
+inline Tensor mul(const Tensor& a, const Tensor& b, std::source_location loc = std::source_location::current()) {
+  return a.mul(b, loc);
+}
+inline Tensor mul(const Tensor& a, const Scalar& b, std::source_location loc = std::source_location::current()) {
+  return a.mul(b, loc);
+}
 /// True division: integer and bool operands give the default float dtype.
-inline Tensor div(const Tensor& a, const Tensor& b,
-                  std::source_location loc = std::source_location::current()) { return a.div(b, loc); }
-inline Tensor div(const Tensor& a, const Scalar& b,
-                  std::source_location loc = std::source_location::current()) { return a.div(b, loc); }
+inline Tensor div(const Tensor& a, const Tensor& b, std::source_location loc = std::source_location::current()) {
+  return a.div(b, loc);
+}
+inline Tensor div(const Tensor& a, const Scalar& b, std::source_location loc = std::source_location::current()) {
+  return a.div(b, loc);
+}
 /// Scalar / tensor (what `2 / x` computes).
 Tensor div(const Scalar& a, const Tensor& b, std::source_location loc = std::source_location::current());
 inline Tensor pow(const Tensor& a, const Tensor& exponent, std::source_location loc = std::source_location::current()) {
@@ -55,26 +59,31 @@ inline Tensor pow(const Tensor& a, const Scalar& exponent, std::source_location 
 /// Scalar ** tensor (torch.pow(2, x)).
 Tensor pow(const Scalar& self, const Tensor& exponent, std::source_location loc = std::source_location::current());
 /// NaN-propagating elementwise max/min (torch.maximum/minimum); equal inputs share the gradient.
-inline Tensor maximum(const Tensor& a, const Tensor& b,
-                      std::source_location loc = std::source_location::current()) { return a.maximum(b, loc); }
-inline Tensor minimum(const Tensor& a, const Tensor& b,
-                      std::source_location loc = std::source_location::current()) { return a.minimum(b, loc); }
+inline Tensor maximum(const Tensor& a, const Tensor& b, std::source_location loc = std::source_location::current()) {
+  return a.maximum(b, loc);
+}
+inline Tensor minimum(const Tensor& a, const Tensor& b, std::source_location loc = std::source_location::current()) {
+  return a.minimum(b, loc);
+}
 
 // ---- unary ----
 inline Tensor neg(const Tensor& x, std::source_location loc = std::source_location::current()) { return x.neg(loc); }
 inline Tensor abs(const Tensor& x, std::source_location loc = std::source_location::current()) { return x.abs(loc); }
 inline Tensor exp(const Tensor& x, std::source_location loc = std::source_location::current()) { return x.exp(loc); }
 inline Tensor log(const Tensor& x, std::source_location loc = std::source_location::current()) { return x.log(loc); }
-inline Tensor log1p(const Tensor& x,
-                    std::source_location loc = std::source_location::current()) { return x.log1p(loc); }
+inline Tensor log1p(const Tensor& x, std::source_location loc = std::source_location::current()) {
+  return x.log1p(loc);
+}
 inline Tensor sqrt(const Tensor& x, std::source_location loc = std::source_location::current()) { return x.sqrt(loc); }
-inline Tensor rsqrt(const Tensor& x,
-                    std::source_location loc = std::source_location::current()) { return x.rsqrt(loc); }
+inline Tensor rsqrt(const Tensor& x, std::source_location loc = std::source_location::current()) {
+  return x.rsqrt(loc);
+}
 inline Tensor sin(const Tensor& x, std::source_location loc = std::source_location::current()) { return x.sin(loc); }
 inline Tensor cos(const Tensor& x, std::source_location loc = std::source_location::current()) { return x.cos(loc); }
 inline Tensor tanh(const Tensor& x, std::source_location loc = std::source_location::current()) { return x.tanh(loc); }
-inline Tensor sigmoid(const Tensor& x,
-                      std::source_location loc = std::source_location::current()) { return x.sigmoid(loc); }
+inline Tensor sigmoid(const Tensor& x, std::source_location loc = std::source_location::current()) {
+  return x.sigmoid(loc);
+}
 inline Tensor relu(const Tensor& x, std::source_location loc = std::source_location::current()) { return x.relu(loc); }
 /// approximate: "none" (erf form) or "tanh"; anything else raises ValueError.
 inline Tensor gelu(const Tensor& x, std::string_view approximate = "none",
@@ -110,8 +119,7 @@ Tensor bitwise_or(const Tensor& a, const Tensor& b);
 Tensor bitwise_xor(const Tensor& a, const Tensor& b);
 Tensor bitwise_not(const Tensor& a);
 inline bool equal(const Tensor& a, const Tensor& b) { return a.equal(b); }
-inline bool allclose(const Tensor& a, const Tensor& b, double rtol = 1e-5, double atol = 1e-8,
-                     bool equal_nan = false) {
+inline bool allclose(const Tensor& a, const Tensor& b, double rtol = 1e-5, double atol = 1e-8, bool equal_nan = false) {
   return a.allclose(b, rtol, atol, equal_nan);
 }
 

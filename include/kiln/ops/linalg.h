@@ -31,8 +31,7 @@ Tensor bmm(const Tensor& self, const Tensor& mat2, std::source_location loc = st
 /// torch.matmul: 1-D · 1-D is a dot product (0-dim result); a 1-D first
 /// operand gets a leading 1 prepended and a 1-D second operand a trailing 1
 /// appended, removed again from the result; leading (batch) dims broadcast.
-Tensor matmul(const Tensor& self, const Tensor& other,
-              std::source_location loc = std::source_location::current());
+Tensor matmul(const Tensor& self, const Tensor& other, std::source_location loc = std::source_location::current());
 /// input [..., in_features] · weight[out_features, in_features]ᵀ + bias
 /// [out_features] -> [..., out_features]. The bias is fused into the product
 /// (any bias that broadcasts to the output is accepted, as torch); weight is

@@ -24,8 +24,8 @@ enum class LossReduction { None, Mean, Sum };
 /// summed weights of the non-ignored targets. Differentiable in input
 /// (CrossEntropyLossBackward0, to any order: under create_graph its backward
 /// is the same formula in kiln ops).
-Tensor cross_entropy(const Tensor& input, const Tensor& target, const Tensor& weight = {},
-                     int64_t ignore_index = -100, LossReduction reduction = LossReduction::Mean,
-                     double label_smoothing = 0.0, std::source_location loc = std::source_location::current());
+Tensor cross_entropy(const Tensor& input, const Tensor& target, const Tensor& weight = {}, int64_t ignore_index = -100,
+                     LossReduction reduction = LossReduction::Mean, double label_smoothing = 0.0,
+                     std::source_location loc = std::source_location::current());
 
 }  // namespace kiln::ops

@@ -3,8 +3,8 @@
 // closed form where torch uses one), so lr trajectories match torch's doubles.
 //
 //   optim::AdamW opt(params, {.lr = 1e-3});
-//   auto warmup = std::make_shared<optim::LinearLR>(opt, optim::LinearLROptions{.start_factor = 0.1, .total_iters = 10});
-//   auto cosine = std::make_shared<optim::CosineAnnealingLR>(opt, optim::CosineAnnealingLROptions{.T_max = 90});
+//   auto warmup = std::make_shared<optim::LinearLR>(opt, optim::LinearLROptions{.start_factor = 0.1, .total_iters =
+//   10}); auto cosine = std::make_shared<optim::CosineAnnealingLR>(opt, optim::CosineAnnealingLROptions{.T_max = 90});
 //   optim::SequentialLR sched(opt, {warmup, cosine}, {10});
 //   for (...) { ...; opt.step(); sched.step(); }
 //
@@ -30,7 +30,7 @@ struct SchedulerState {
   int64_t step_count = 0;
   std::vector<double> base_lrs;
   std::vector<double> last_lr;
-  HyperParams extra;                    // ReduceLROnPlateau: best, num_bad_epochs, cooldown_counter
+  HyperParams extra;                     // ReduceLROnPlateau: best, num_bad_epochs, cooldown_counter
   std::vector<SchedulerState> children;  // SequentialLR: its schedulers
   /// "CosineAnnealingLR", ...; empty in states saved before kiln recorded it (then not checked).
   std::string type;

@@ -102,7 +102,7 @@ std::pair<float, float> softmax_row(float* y, int64_t n, int64_t cols, float sca
   VecF mx = load(y);
   for (int64_t i = kW; i + kW <= n; i += kW) mx = load(y + i) > mx ? load(y + i) : mx;
   if (n % kW) mx = load(y + n - kW) > mx ? load(y + n - kW) : mx;  // overlaps: a max is idempotent
-  const float m = hmax(mx) * scale;  // scale > 0 keeps the order
+  const float m = hmax(mx) * scale;                                // scale > 0 keeps the order
   const VecF vs = splat(scale), vm = splat(m);
   VecF acc = splat(0.0f);
   int64_t i = 0;
@@ -153,9 +153,7 @@ A row_max(int64_t n, const F& f) {
 }
 
 // Keys row i of a block sees.
-int64_t visible(const AttentionBlock& a, int64_t i) {
-  return a.causal ? std::min(a.cols, a.row0 + i + 1) : a.cols;
-}
+int64_t visible(const AttentionBlock& a, int64_t i) { return a.causal ? std::min(a.cols, a.row0 + i + 1) : a.cols; }
 
 // body(b, i, row) over every row (b, i) of the call, split across threads.
 template <typename Body>
@@ -229,8 +227,7 @@ void scores_grad(const AttentionBlock& a, T* dp, const T* p, const T* D) {
     const T* pr = p + r * a.cols;
     const int64_t n = visible(a, i), cols = a.cols;
     const A d = static_cast<A>(D[b * a.row_batch_stride + i]);
-    for (int64_t j = 0; j < n; ++j)
-      g[j] = static_cast<T>(static_cast<A>(pr[j]) * (static_cast<A>(g[j]) - d) * scale);
+    for (int64_t j = 0; j < n; ++j) g[j] = static_cast<T>(static_cast<A>(pr[j]) * (static_cast<A>(g[j]) - d) * scale);
     for (int64_t j = n; j < cols; ++j) g[j] = T(0);
   });
 }
@@ -239,16 +236,14 @@ void scores_grad(const AttentionBlock& a, T* dp, const T* p, const T* D) {
 
 void attention_weights(const AttentionBlock& a, void* scores, void* lse) {
   if (a.batch * a.rows * a.cols == 0) return;
-  visit_dtype<kFloatingTypes>(a.dtype, "attention_weights", [&]<typename T>() {
-    weights(a, static_cast<T*>(scores), static_cast<T*>(lse));
-  });
+  visit_dtype<kFloatingTypes>(a.dtype, "attention_weights",
+                              [&]<typename T>() { weights(a, static_cast<T*>(scores), static_cast<T*>(lse)); });
 }
 
 void attention_recompute_weights(const AttentionBlock& a, void* scores, const void* lse) {
   if (a.batch * a.rows * a.cols == 0) return;
-  visit_dtype<kFloatingTypes>(a.dtype, "attention_recompute_weights", [&]<typename T>() {
-    recompute(a, static_cast<T*>(scores), static_cast<const T*>(lse));
-  });
+  visit_dtype<kFloatingTypes>(a.dtype, "attention_recompute_weights",
+                              [&]<typename T>() { recompute(a, static_cast<T*>(scores), static_cast<const T*>(lse)); });
 }
 
 void attention_scores_grad(const AttentionBlock& a, void* dp, const void* p, const void* D) {

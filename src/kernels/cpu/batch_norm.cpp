@@ -102,11 +102,12 @@ void strip_dy_sums(const T* dy, const T* x, int64_t n, T m, double& sdy, double&
 }
 
 // Channels per thread chunk: enough values that a chunk is worth a thread.
-int64_t channel_grain(BatchNormShape s) { return std::max<int64_t>(1, kGrainSize / std::max<int64_t>(1, s.n * s.inner)); }
+int64_t channel_grain(BatchNormShape s) {
+  return std::max<int64_t>(1, kGrainSize / std::max<int64_t>(1, s.n * s.inner));
+}
 
 template <typename T>
-void forward_impl(BatchNormShape s, const T* x, const T* w, const T* b, double eps, T* y, T* mean, T* invstd,
-                  T* var) {
+void forward_impl(BatchNormShape s, const T* x, const T* w, const T* b, double eps, T* y, T* mean, T* invstd, T* var) {
   const int64_t cs = s.c * s.inner;  // stride of dim 0
   const double count = static_cast<double>(s.n * s.inner);
   parallel_for(s.c, channel_grain(s), [&](int64_t c0, int64_t c1) {
@@ -136,8 +137,8 @@ void forward_impl(BatchNormShape s, const T* x, const T* w, const T* b, double e
 }
 
 template <typename T>
-void backward_impl(BatchNormShape s, const T* dy, const T* x, const T* mean, const T* invstd, const T* w, T* dx,
-                   T* dw, T* db) {
+void backward_impl(BatchNormShape s, const T* dy, const T* x, const T* mean, const T* invstd, const T* w, T* dx, T* dw,
+                   T* db) {
   const int64_t cs = s.c * s.inner;
   const double count = static_cast<double>(s.n * s.inner);
   parallel_for(s.c, channel_grain(s), [&](int64_t c0, int64_t c1) {
@@ -299,8 +300,8 @@ void cl_dy_sums(const T* dy, const T* x, const T* m, const T* scale, const T* sh
 
 // Rows [r0, r1): out = pre_relu(x), or with Relu relu(pre_relu(x) + res) (res may be null).
 template <typename T, bool Relu>
-void cl_affine(const T* x, const T* m, const T* scale, const T* shift, const T* res, int64_t c, int64_t r0,
-               int64_t r1, T* out) {
+void cl_affine(const T* x, const T* m, const T* scale, const T* shift, const T* res, int64_t c, int64_t r0, int64_t r1,
+               T* out) {
   using L = Lanes<T>;
   using V = typename L::V;
   constexpr int64_t W = L::kWidth;
@@ -335,8 +336,8 @@ void cl_affine(const T* x, const T* m, const T* scale, const T* shift, const T* 
 // dx[k] = g[k] * k1[k] + (x[k] - m[k]) * k2[k] + k3[k] and dres[k] = g[k], g
 // masked as in cl_dy_sums; dx and dres may each be null (not wanted).
 template <typename T, bool Relu>
-void cl_dx(const T* dy, const T* x, const T* m, const T* scale, const T* shift, const T* res, const T* k1,
-           const T* k2, const T* k3, int64_t c, int64_t r0, int64_t r1, T* out, T* dres) {
+void cl_dx(const T* dy, const T* x, const T* m, const T* scale, const T* shift, const T* res, const T* k1, const T* k2,
+           const T* k3, int64_t c, int64_t r0, int64_t r1, T* out, T* dres) {
   using L = Lanes<T>;
   using V = typename L::V;
   constexpr int64_t W = L::kWidth;
@@ -491,8 +492,8 @@ void forward_cl(BatchNormShape s, const T* x, const T* w, const T* b, const T* r
 }
 
 template <typename T, bool Relu>
-void backward_cl_impl(BatchNormShape s, const T* dy, const T* x, const T* mean, const T* invstd, const T* w,
-                      const T* b, const T* res, T* dx, T* dw, T* db, T* dres) {
+void backward_cl_impl(BatchNormShape s, const T* dy, const T* x, const T* mean, const T* invstd, const T* w, const T* b,
+                      const T* res, T* dx, T* dw, T* db, T* dres) {
   const int64_t rows = s.n * s.inner, c = s.c;
   const double count = static_cast<double>(rows);
   std::vector<T> scale(static_cast<size_t>(c)), shift(static_cast<size_t>(c));
@@ -578,8 +579,8 @@ void batch_norm_train_backward(DType dt, BatchNormShape s, const void* dy, const
   visit_dtype<kBatchNormTypes>(dt, "batch_norm backward kernel", [&]<typename T>() {
     backward_any(s, static_cast<const T*>(dy), static_cast<const T*>(x), static_cast<const T*>(mean),
                  static_cast<const T*>(invstd), static_cast<const T*>(weight), static_cast<const T*>(bias),
-                 static_cast<const T*>(residual), static_cast<T*>(dx), static_cast<T*>(dweight),
-                 static_cast<T*>(dbias), static_cast<T*>(dresidual));
+                 static_cast<const T*>(residual), static_cast<T*>(dx), static_cast<T*>(dweight), static_cast<T*>(dbias),
+                 static_cast<T*>(dresidual));
   });
 }
 

@@ -25,9 +25,12 @@ template <typename T>
 struct AddOp {
   using C = compute_t<T>;
   C operator()(C a, C b) const {
-    if constexpr (std::is_same_v<T, bool>) return a || b;
-    else if constexpr (is_int_v<T>) return vm::wrapping_add(a, b);
-    else return a + b;
+    if constexpr (std::is_same_v<T, bool>)
+      return a || b;
+    else if constexpr (is_int_v<T>)
+      return vm::wrapping_add(a, b);
+    else
+      return a + b;
   }
 };
 
@@ -36,9 +39,12 @@ struct AddAlphaOp {
   using C = compute_t<T>;
   C alpha;
   C operator()(C a, C b) const {
-    if constexpr (std::is_same_v<T, bool>) return a || (alpha && b);
-    else if constexpr (is_int_v<T>) return vm::wrapping_add(a, vm::wrapping_mul(alpha, b));
-    else return a + alpha * b;
+    if constexpr (std::is_same_v<T, bool>)
+      return a || (alpha && b);
+    else if constexpr (is_int_v<T>)
+      return vm::wrapping_add(a, vm::wrapping_mul(alpha, b));
+    else
+      return a + alpha * b;
   }
 };
 
@@ -46,9 +52,12 @@ template <typename T>
 struct MulOp {
   using C = compute_t<T>;
   C operator()(C a, C b) const {
-    if constexpr (std::is_same_v<T, bool>) return a && b;
-    else if constexpr (is_int_v<T>) return vm::wrapping_mul(a, b);
-    else return a * b;
+    if constexpr (std::is_same_v<T, bool>)
+      return a && b;
+    else if constexpr (is_int_v<T>)
+      return vm::wrapping_mul(a, b);
+    else
+      return a * b;
   }
 };
 
@@ -124,8 +133,10 @@ void binary_typed(const LoopSpec& s, BinaryOp op, const void* alpha) {
       if constexpr (is_float_v<T>) return run_binary<T, T>(s, [](C a, C b) { return a / b; });
       break;
     case BinaryOp::Pow:
-      if constexpr (is_float_v<T>) return run_binary<T, T, true>(s, [](C a, C b) { return vm::pow(a, b); });
-      else if constexpr (is_int_v<T>) return run_binary<T, T>(s, [](T a, T b) { return vm::int_pow(a, b); });
+      if constexpr (is_float_v<T>)
+        return run_binary<T, T, true>(s, [](C a, C b) { return vm::pow(a, b); });
+      else if constexpr (is_int_v<T>)
+        return run_binary<T, T>(s, [](T a, T b) { return vm::int_pow(a, b); });
       break;
     case BinaryOp::Maximum: return run_binary<T, T>(s, MaxOp<T>{});
     case BinaryOp::Minimum: return run_binary<T, T>(s, MinOp<T>{});

@@ -16,12 +16,10 @@
 
 namespace kiln::kernels {
 
-void dnnl_conv2d_forward(const Conv2dParams& p, const void* input, const void* weight, const void* bias,
-                         void* output);
-void dnnl_conv2d_backward_input(const Conv2dParams& p, const void* grad_output, const void* weight,
-                                void* grad_input);
-void dnnl_conv2d_backward_weight(const Conv2dParams& p, const void* grad_output, const void* input,
-                                 void* grad_weight, void* grad_bias);
+void dnnl_conv2d_forward(const Conv2dParams& p, const void* input, const void* weight, const void* bias, void* output);
+void dnnl_conv2d_backward_input(const Conv2dParams& p, const void* grad_output, const void* weight, void* grad_input);
+void dnnl_conv2d_backward_weight(const Conv2dParams& p, const void* grad_output, const void* input, void* grad_weight,
+                                 void* grad_bias);
 void dnnl_conv2d_backward(const Conv2dParams& p, const void* grad_output, const void* input, const void* weight,
                           void* grad_input, void* grad_weight, void* grad_bias);
 

@@ -4,8 +4,8 @@
 #include <limits>
 
 #include "kiln/core/error.h"
-#include "kiln/kernels/loss.h"
 #include "kiln/kernels/loop.h"
+#include "kiln/kernels/loss.h"
 #include "reduce_engine.h"
 
 namespace kiln::kernels {
@@ -22,8 +22,10 @@ int64_t forward_impl(const CrossEntropyRows& a, const T* x_all, double* lse_out,
   const T* w = static_cast<const T*>(a.weight);
   A wsum = A(0);
   if (smooth) {
-    if (w) for (int64_t c = 0; c < C; ++c) wsum += static_cast<A>(w[c]);
-    else wsum = static_cast<A>(C);
+    if (w)
+      for (int64_t c = 0; c < C; ++c) wsum += static_cast<A>(w[c]);
+    else
+      wsum = static_cast<A>(C);
   }
   int64_t bad = std::numeric_limits<int64_t>::max();
   auto body = [&](int64_t b, int64_t e) {
@@ -51,8 +53,10 @@ int64_t forward_impl(const CrossEntropyRows& a, const T* x_all, double* lse_out,
       wrow[r] = wt;
       if (smooth) {
         A sx = A(0);
-        if (w) for (int64_t c = 0; c < C; ++c) sx += static_cast<A>(w[c]) * static_cast<A>(x[c]);
-        else sx = run_value(SumOp<T>{}, xb, C, sizeof(T), A(0));
+        if (w)
+          for (int64_t c = 0; c < C; ++c) sx += static_cast<A>(w[c]) * static_cast<A>(x[c]);
+        else
+          sx = run_value(SumOp<T>{}, xb, C, sizeof(T), A(0));
         smooth[r] = -(sx - wsum * lse);
       }
     }
@@ -61,20 +65,24 @@ int64_t forward_impl(const CrossEntropyRows& a, const T* x_all, double* lse_out,
       bad = std::min(bad, local_bad);
     }
   };
-  if (a.rows * C < kGrainSize || get_num_threads() == 1) body(0, a.rows);
-  else parallel_for(a.rows, std::max<int64_t>(1, kGrainSize / std::max<int64_t>(C, 1)), body);
+  if (a.rows * C < kGrainSize || get_num_threads() == 1)
+    body(0, a.rows);
+  else
+    parallel_for(a.rows, std::max<int64_t>(1, kGrainSize / std::max<int64_t>(C, 1)), body);
   return bad == std::numeric_limits<int64_t>::max() ? -1 : bad;
 }
 
 template <typename T>
-void backward_impl(const CrossEntropyRows& a, const T* x_all, const double* lse_in, const double* ca,
-                   const double* cb, T* g_all) {
+void backward_impl(const CrossEntropyRows& a, const T* x_all, const double* lse_in, const double* ca, const double* cb,
+                   T* g_all) {
   using A = compute_t<T>;
   const int64_t C = a.classes;
   const T* w = static_cast<const T*>(a.weight);
   A wsum = A(0);
-  if (w) for (int64_t c = 0; c < C; ++c) wsum += static_cast<A>(w[c]);
-  else wsum = static_cast<A>(C);
+  if (w)
+    for (int64_t c = 0; c < C; ++c) wsum += static_cast<A>(w[c]);
+  else
+    wsum = static_cast<A>(C);
   auto body = [&](int64_t b, int64_t e) {
     for (int64_t r = b; r < e; ++r) {
       T* g = g_all + r * C;
@@ -98,8 +106,10 @@ void backward_impl(const CrossEntropyRows& a, const T* x_all, const double* lse_
       g[t] = static_cast<T>(static_cast<A>(g[t]) - k1);
     }
   };
-  if (a.rows * C < kGrainSize || get_num_threads() == 1) body(0, a.rows);
-  else parallel_for(a.rows, std::max<int64_t>(1, kGrainSize / std::max<int64_t>(C, 1)), body);
+  if (a.rows * C < kGrainSize || get_num_threads() == 1)
+    body(0, a.rows);
+  else
+    parallel_for(a.rows, std::max<int64_t>(1, kGrainSize / std::max<int64_t>(C, 1)), body);
 }
 
 // The dtypes the kernels take.
@@ -107,8 +117,8 @@ constexpr DTypeSet kCrossEntropyTypes{kFloat32, kFloat64, kBFloat16};
 
 }  // namespace
 
-int64_t cross_entropy_forward(DType dtype, const CrossEntropyRows& a, const void* logits, double* lse,
-                              double* nll, double* wrow, double* smooth) {
+int64_t cross_entropy_forward(DType dtype, const CrossEntropyRows& a, const void* logits, double* lse, double* nll,
+                              double* wrow, double* smooth) {
   return visit_dtype<kCrossEntropyTypes>(dtype, "cross_entropy_forward", [&]<typename T>() {
     return forward_impl(a, static_cast<const T*>(logits), lse, nll, wrow, smooth);
   });

@@ -107,8 +107,8 @@ void execute(const dnnl::primitive& p, std::initializer_list<Arg> args) {
 }
 
 void rethrow(const dnnl::error& e, const char* what) {
-  throw InternalError(detail::concat("oneDNN could not create a primitive for ", what, ": ", e.what(),
-                                     " (status ", static_cast<int>(e.status), "); this is a kiln bug"));
+  throw InternalError(detail::concat("oneDNN could not create a primitive for ", what, ": ", e.what(), " (status ",
+                                     static_cast<int>(e.status), "); this is a kiln bug"));
 }
 
 int64_t max_threads() { return omp_get_max_threads(); }

@@ -63,10 +63,9 @@ void init_operand(Operand& op, const dnnl::memory::desc& user_md, const dnnl::me
   op.prim = make_memory(prim_md);
   op.offset = block.buffers;
   block.buffers += align64(prim_md.get_size());
-  dnnl::reorder::primitive_desc pd = input ? dnnl::reorder::primitive_desc(engine(), user_md, engine(), prim_md,
-                                                                           default_attr())
-                                           : dnnl::reorder::primitive_desc(engine(), prim_md, engine(), user_md,
-                                                                           default_attr());
+  dnnl::reorder::primitive_desc pd =
+      input ? dnnl::reorder::primitive_desc(engine(), user_md, engine(), prim_md, default_attr())
+            : dnnl::reorder::primitive_desc(engine(), prim_md, engine(), user_md, default_attr());
   op.scratch = make_memory(pd.scratchpad_desc());
   block.scratch = std::max(block.scratch, pd.scratchpad_desc().get_size());
   op.reorder = dnnl::reorder(pd);
@@ -84,9 +83,9 @@ class CallBlock {
   const void* input(const Operand& op, const void* user) const {
     if (!op.reordered) return user;
     void* dst = base() + op.offset;
-    execute(op.reorder, {{DNNL_ARG_FROM, &op.user, user},
-                         {DNNL_ARG_TO, &op.prim, dst},
-                         {DNNL_ARG_SCRATCHPAD, &op.scratch, scratch_}});
+    execute(
+        op.reorder,
+        {{DNNL_ARG_FROM, &op.user, user}, {DNNL_ARG_TO, &op.prim, dst}, {DNNL_ARG_SCRATCHPAD, &op.scratch, scratch_}});
     return dst;
   }
   // The pointer the primitive writes an output operand to.
@@ -130,8 +129,8 @@ ConvShape conv_shape(const Conv2dParams& p) {
 Key conv_key(PrimKind kind, const Conv2dParams& p, bool has_bias) {
   Key key(kind);
   key.add_all(p.dtype, p.n, p.c, p.h, p.w, p.o, p.kh, p.kw, p.groups, p.oh, p.ow, has_bias, max_threads());
-  key.add_all(p.stride[0], p.stride[1], p.dilation[0], p.dilation[1], p.pad_l[0], p.pad_l[1], p.pad_r[0],
-              p.pad_r[1], p.input_nhwc, p.output_nhwc);
+  key.add_all(p.stride[0], p.stride[1], p.dilation[0], p.dilation[1], p.pad_l[0], p.pad_l[1], p.pad_r[0], p.pad_r[1],
+              p.input_nhwc, p.output_nhwc);
   return key;
 }
 
@@ -150,8 +149,8 @@ bool is_reference(const char* impl) { return std::string_view(impl).substr(0, 3)
 // layout instead (a small reorder of a few channels).
 bool nhwc_bwd_weights_safe(const Conv2dParams& p) {
   const bool one_by_one = p.kh == 1 && p.kw == 1;
-  const bool unit = p.stride[0] == 1 && p.stride[1] == 1 && p.pad_l[0] == 0 && p.pad_l[1] == 0 &&
-                    p.pad_r[0] == 0 && p.pad_r[1] == 0;
+  const bool unit =
+      p.stride[0] == 1 && p.stride[1] == 1 && p.pad_l[0] == 0 && p.pad_l[1] == 0 && p.pad_r[0] == 0 && p.pad_r[1] == 0;
   return !one_by_one || unit || p.c / p.groups >= 16;
 }
 
@@ -202,9 +201,9 @@ FwdEntry* fwd_entry(const Conv2dParams& p, bool has_bias) {
     e->pd = make_pd<Pd>([&](tag act) {
       const dnnl::memory::desc src_md(s.src, s.t, act), dst_md(s.dst, s.t, act);
       const auto desc = has_bias ? dnnl::convolution_forward::desc(kTrain, kDirect, src_md, wei_any, bias_md, dst_md,
-                                                                    s.strides, s.dil, s.pl, s.pr)
-                                 : dnnl::convolution_forward::desc(kTrain, kDirect, src_md, wei_any, dst_md,
-                                                                    s.strides, s.dil, s.pl, s.pr);
+                                                                   s.strides, s.dil, s.pl, s.pr)
+                                 : dnnl::convolution_forward::desc(kTrain, kDirect, src_md, wei_any, dst_md, s.strides,
+                                                                   s.dil, s.pl, s.pr);
       return Pd(desc, default_attr(), engine());
     });
     e->prim = dnnl::convolution_forward(e->pd);
@@ -280,14 +279,16 @@ BwdWeightsEntry* bwd_weights_entry(const Conv2dParams& p, bool has_bias) {
     const dnnl::memory::desc wei_any(s.wei, s.t, tag::any), bias_md({p.o}, s.t, tag::x);
     constexpr auto kDirect = dnnl::algorithm::convolution_direct;
     using Pd = dnnl::convolution_backward_weights::primitive_desc;
-    const Pd pd = make_pd<Pd>([&](tag act) {
-      const dnnl::memory::desc src_md(s.src, s.t, act), dst_md(s.dst, s.t, act);
-      const auto desc = has_bias ? dnnl::convolution_backward_weights::desc(kDirect, src_md, wei_any, bias_md,
-                                                                             dst_md, s.strides, s.dil, s.pl, s.pr)
-                                 : dnnl::convolution_backward_weights::desc(kDirect, src_md, wei_any, dst_md,
-                                                                             s.strides, s.dil, s.pl, s.pr);
-      return Pd(desc, default_attr(), engine(), hint->pd);
-    }, nhwc_bwd_weights_safe(p));
+    const Pd pd = make_pd<Pd>(
+        [&](tag act) {
+          const dnnl::memory::desc src_md(s.src, s.t, act), dst_md(s.dst, s.t, act);
+          const auto desc = has_bias ? dnnl::convolution_backward_weights::desc(kDirect, src_md, wei_any, bias_md,
+                                                                                dst_md, s.strides, s.dil, s.pl, s.pr)
+                                     : dnnl::convolution_backward_weights::desc(kDirect, src_md, wei_any, dst_md,
+                                                                                s.strides, s.dil, s.pl, s.pr);
+          return Pd(desc, default_attr(), engine(), hint->pd);
+        },
+        nhwc_bwd_weights_safe(p));
     e->prim = dnnl::convolution_backward_weights(pd);
     note_created();
     e->scratch = make_memory(pd.scratchpad_desc());
@@ -305,8 +306,7 @@ BwdWeightsEntry* bwd_weights_entry(const Conv2dParams& p, bool has_bias) {
 }  // namespace
 
 // Called by conv_gemm.cpp for float32/bfloat16 with non-empty channels.
-void dnnl_conv2d_forward(const Conv2dParams& p, const void* input, const void* weight, const void* bias,
-                         void* output) {
+void dnnl_conv2d_forward(const Conv2dParams& p, const void* input, const void* weight, const void* bias, void* output) {
   FwdEntry* e = fwd_entry(p, bias != nullptr);
   const CallBlock b(e->block);
   const void* src = b.input(e->src, input);
@@ -367,13 +367,12 @@ void run_bwd_weights(BwdWeightsEntry* e, const void* grad_output, const void* di
 
 }  // namespace
 
-void dnnl_conv2d_backward_input(const Conv2dParams& p, const void* grad_output, const void* weight,
-                                void* grad_input) {
+void dnnl_conv2d_backward_input(const Conv2dParams& p, const void* grad_output, const void* weight, void* grad_input) {
   run_bwd_data(bwd_data_entry(p), grad_output, nullptr, weight, grad_input);
 }
 
-void dnnl_conv2d_backward_weight(const Conv2dParams& p, const void* grad_output, const void* input,
-                                 void* grad_weight, void* grad_bias) {
+void dnnl_conv2d_backward_weight(const Conv2dParams& p, const void* grad_output, const void* input, void* grad_weight,
+                                 void* grad_bias) {
   run_bwd_weights(bwd_weights_entry(p, grad_bias != nullptr), grad_output, nullptr, input, grad_weight, grad_bias);
 }
 
@@ -384,8 +383,7 @@ void dnnl_conv2d_backward(const Conv2dParams& p, const void* grad_output, const 
                           void* grad_input, void* grad_weight, void* grad_bias) {
   BwdDataEntry* d = bwd_data_entry(p);
   BwdWeightsEntry* w = bwd_weights_entry(p, grad_bias != nullptr);
-  if (!d->diff_dst.reordered || !w->diff_dst.reordered ||
-      d->diff_dst.prim.get_desc() != w->diff_dst.prim.get_desc()) {
+  if (!d->diff_dst.reordered || !w->diff_dst.reordered || d->diff_dst.prim.get_desc() != w->diff_dst.prim.get_desc()) {
     run_bwd_data(d, grad_output, nullptr, weight, grad_input);
     run_bwd_weights(w, grad_output, nullptr, input, grad_weight, grad_bias);
     return;

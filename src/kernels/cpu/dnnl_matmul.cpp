@@ -72,10 +72,10 @@ dnnl::primitive_attr matmul_attr(const MatmulArgs& g) {
   dnnl::primitive_attr attr = default_attr();
   dnnl::post_ops po;
   if (g.epilogue != MatmulEpilogue::None) {
-    po.append_eltwise(1.0f,
-                      g.epilogue == MatmulEpilogue::GeluTanh ? dnnl::algorithm::eltwise_gelu_tanh
-                                                            : dnnl::algorithm::eltwise_gelu_erf,
-                      0.0f, 0.0f);
+    po.append_eltwise(
+        1.0f,
+        g.epilogue == MatmulEpilogue::GeluTanh ? dnnl::algorithm::eltwise_gelu_tanh : dnnl::algorithm::eltwise_gelu_erf,
+        0.0f, 0.0f);
   }
   if (g.addend) {
     KILN_ASSERT(g.batch == 1, "kernels::matmul: an addend needs batch 1");
@@ -95,10 +95,14 @@ void run_matmul_prim(const dnnl::matmul& prim, const MatmulArgs& g, const dnnl::
   const Arg a_src{DNNL_ARG_SRC, &src, g.a.data}, a_wei{DNNL_ARG_WEIGHTS, &wei, b}, a_dst{DNNL_ARG_DST, &dst, g.c},
       a_scr{DNNL_ARG_SCRATCHPAD, &scratch, block.data()}, a_bias{DNNL_ARG_BIAS, &bias, g.bias},
       a_add{DNNL_ARG_ATTR_MULTIPLE_POST_OP(addend_index) | DNNL_ARG_SRC_1, &addend, g.addend};
-  if (g.bias && g.addend) execute(prim, {a_src, a_wei, a_bias, a_add, a_dst, a_scr});
-  else if (g.bias) execute(prim, {a_src, a_wei, a_bias, a_dst, a_scr});
-  else if (g.addend) execute(prim, {a_src, a_wei, a_add, a_dst, a_scr});
-  else execute(prim, {a_src, a_wei, a_dst, a_scr});
+  if (g.bias && g.addend)
+    execute(prim, {a_src, a_wei, a_bias, a_add, a_dst, a_scr});
+  else if (g.bias)
+    execute(prim, {a_src, a_wei, a_bias, a_dst, a_scr});
+  else if (g.addend)
+    execute(prim, {a_src, a_wei, a_add, a_dst, a_scr});
+  else
+    execute(prim, {a_src, a_wei, a_dst, a_scr});
 }
 
 // The primitive for g with b described by b_md (its plain strides, or
@@ -153,8 +157,8 @@ void dnnl_matmul(const MatmulArgs& g) {
 // ---- packed b (Note [Packed weights] in kiln/kernels/dnnl.h) ----
 
 struct PackedEntry {
-  dnnl::matmul prim;       // reads b in oneDNN's layout
-  dnnl::reorder pack;      // plain b -> that layout (unset when layout.bytes == 0)
+  dnnl::matmul prim;   // reads b in oneDNN's layout
+  dnnl::reorder pack;  // plain b -> that layout (unset when layout.bytes == 0)
   dnnl::memory src, wei_plain, wei_packed, bias, dst, scratch, addend;
   size_t scratch_bytes = 0;
   PackedLayout layout;
@@ -227,8 +231,7 @@ void matmul_pack_b(const MatmulArgs& g, void* packed) {
 void matmul_with_packed_b(const MatmulArgs& g, const void* packed) {
   PackedEntry* e = get_packed_entry(g);
   KILN_ASSERT(e->layout.bytes > 0, "matmul_with_packed_b: this problem reads b as given");
-  run_matmul_prim(e->prim, g, e->src, e->wei_packed, packed, e->bias, e->addend, e->dst, e->scratch,
-                  e->scratch_bytes);
+  run_matmul_prim(e->prim, g, e->src, e->wei_packed, packed, e->bias, e->addend, e->dst, e->scratch, e->scratch_bytes);
 }
 
 void matmul(const MatmulArgs& g) {

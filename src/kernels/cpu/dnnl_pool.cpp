@@ -105,10 +105,9 @@ PoolBwdEntry* get_bwd_entry(const Pool2dParams& p) {
     const tag layout = p.nhwc ? tag::nhwc : tag::nchw;
     const dnnl::memory::desc src_md({p.n, p.c, p.h, p.w}, t, layout);
     const dnnl::memory::desc dst_md({p.n, p.c, p.oh, p.ow}, t, layout);
-    const dnnl::pooling_v2_backward::desc desc(pool_algorithm(p), src_md, dst_md, dims{p.stride[0], p.stride[1]},
-                                               dims{p.kernel[0], p.kernel[1]},
-                                               dims{p.dilation[0] - 1, p.dilation[1] - 1}, dims{p.pad[0], p.pad[1]},
-                                               pads_right(p));
+    const dnnl::pooling_v2_backward::desc desc(
+        pool_algorithm(p), src_md, dst_md, dims{p.stride[0], p.stride[1]}, dims{p.kernel[0], p.kernel[1]},
+        dims{p.dilation[0] - 1, p.dilation[1] - 1}, dims{p.pad[0], p.pad[1]}, pads_right(p));
     dnnl::pooling_v2_backward::primitive_desc pd(desc, default_attr(), engine(), hint->pd);
     e->prim = dnnl::pooling_v2_backward(pd);
     e->diff_src = make_memory(src_md);

@@ -24,12 +24,9 @@ void compare_typed(const LoopSpec& s, CompareOp op) {
     case CompareOp::Le: return run_binary<bool, T>(s, [](C a, C b) { return a <= b; });
     case CompareOp::Gt: return run_binary<bool, T>(s, [](C a, C b) { return a > b; });
     case CompareOp::Ge: return run_binary<bool, T>(s, [](C a, C b) { return a >= b; });
-    case CompareOp::LogicalAnd:
-      return run_binary<bool, T>(s, [zero](C a, C b) { return (a != zero) && (b != zero); });
-    case CompareOp::LogicalOr:
-      return run_binary<bool, T>(s, [zero](C a, C b) { return (a != zero) || (b != zero); });
-    case CompareOp::LogicalXor:
-      return run_binary<bool, T>(s, [zero](C a, C b) { return (a != zero) != (b != zero); });
+    case CompareOp::LogicalAnd: return run_binary<bool, T>(s, [zero](C a, C b) { return (a != zero) && (b != zero); });
+    case CompareOp::LogicalOr: return run_binary<bool, T>(s, [zero](C a, C b) { return (a != zero) || (b != zero); });
+    case CompareOp::LogicalXor: return run_binary<bool, T>(s, [zero](C a, C b) { return (a != zero) != (b != zero); });
   }
   KILN_ASSERT(false, "compare: unknown op #", static_cast<int>(op));
 }

@@ -20,10 +20,10 @@
 #include <cstdint>
 #include <type_traits>
 
+#include "elementwise_math.h"
 #include "kiln/core/dtype.h"
 #include "kiln/core/threads.h"
 #include "kiln/kernels/loop.h"
-#include "elementwise_math.h"
 
 namespace kiln::kernels::ew {
 

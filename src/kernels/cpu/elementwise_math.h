@@ -31,8 +31,7 @@
 #pragma GCC diagnostic pop
 #endif
 
-#if defined(__x86_64__) && defined(__GLIBC__) && defined(__GNUC__) && !defined(__clang__) && \
-    !defined(KILN_NO_LIBMVEC)
+#if defined(__x86_64__) && defined(__GLIBC__) && defined(__GNUC__) && !defined(__clang__) && !defined(KILN_NO_LIBMVEC)
 #define KILN_HAVE_LIBMVEC 1
 #define KILN_MVEC __attribute__((simd("notinbranch"), const, nothrow, leaf))
 extern "C" {
@@ -76,14 +75,38 @@ inline double erf(double x) { return kiln_mvec_erf(x); }
 inline float pow(float x, float y) { return kiln_mvec_powf(x, y); }
 inline double pow(double x, double y) { return kiln_mvec_pow(x, y); }
 #else
-template <typename C> inline C exp(C x) { return std::exp(x); }
-template <typename C> inline C log(C x) { return std::log(x); }
-template <typename C> inline C log1p(C x) { return std::log1p(x); }
-template <typename C> inline C sin(C x) { return std::sin(x); }
-template <typename C> inline C cos(C x) { return std::cos(x); }
-template <typename C> inline C tanh(C x) { return std::tanh(x); }
-template <typename C> inline C erf(C x) { return std::erf(x); }
-template <typename C> inline C pow(C x, C y) { return std::pow(x, y); }
+template <typename C>
+inline C exp(C x) {
+  return std::exp(x);
+}
+template <typename C>
+inline C log(C x) {
+  return std::log(x);
+}
+template <typename C>
+inline C log1p(C x) {
+  return std::log1p(x);
+}
+template <typename C>
+inline C sin(C x) {
+  return std::sin(x);
+}
+template <typename C>
+inline C cos(C x) {
+  return std::cos(x);
+}
+template <typename C>
+inline C tanh(C x) {
+  return std::tanh(x);
+}
+template <typename C>
+inline C erf(C x) {
+  return std::erf(x);
+}
+template <typename C>
+inline C pow(C x, C y) {
+  return std::pow(x, y);
+}
 #endif
 
 /// out[i] = sqrt(in[i]) (out may equal in).

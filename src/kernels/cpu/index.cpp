@@ -98,7 +98,8 @@ bool gather(const LoopSpec& s, DType dt, DType index_dt, int64_t src_dim_stride_
           }
         } else {
           for (int64_t i = 0; i < n; ++i) {
-            *reinterpret_cast<S*>(p[0] + i * st[0]) = load(src + i * st[1], *reinterpret_cast<const I*>(p[2] + i * st[2]));
+            *reinterpret_cast<S*>(p[0] + i * st[0]) =
+                load(src + i * st[1], *reinterpret_cast<const I*>(p[2] + i * st[2]));
           }
         }
         if (bad) all_valid.store(false, std::memory_order_relaxed);

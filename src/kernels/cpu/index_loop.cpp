@@ -136,8 +136,8 @@ int64_t first_out_of_range(const LoopSpec& s, DType index_dt, int64_t lo, int64_
   });
 }
 
-void index_add_contiguous(char* out, const char* src, const void* index, DType dt, DType index_dt,
-                          int64_t index_stride, int64_t outer, int64_t out_size, int64_t k, int64_t inner) {
+void index_add_contiguous(char* out, const char* src, const void* index, DType dt, DType index_dt, int64_t index_stride,
+                          int64_t outer, int64_t out_size, int64_t k, int64_t inner) {
   if (outer == 0 || out_size == 0 || k == 0 || inner == 0) return;
   KILN_ASSERT(is_floating_point(dt), "index_add_contiguous: floating dtypes only, got ", dtype_name(dt));
   // Counting sort of j by index value: row r's contributions are

@@ -119,8 +119,8 @@ void layer_norm_backward(DType dt, int64_t rows, int64_t n, const void* g, const
                          const void* mean, const void* rstd, void* gx, void* gw, void* gb) {
   visit_dtype<DTypeSet{kFloat32, kFloat64}>(dt, "layer_norm backward", [&]<typename T>() {
     ln_backward<T>(static_cast<const T*>(g), static_cast<const T*>(x), static_cast<const T*>(weight),
-                   static_cast<const T*>(mean), static_cast<const T*>(rstd), static_cast<T*>(gx),
-                   static_cast<T*>(gw), static_cast<T*>(gb), rows, n);
+                   static_cast<const T*>(mean), static_cast<const T*>(rstd), static_cast<T*>(gx), static_cast<T*>(gw),
+                   static_cast<T*>(gb), rows, n);
   });
 }
 

@@ -118,8 +118,8 @@ void avg_pool_loop(const Pool2dParams& p, const T* input, T* output) {
           for (int64_t x = x0; x < x1; ++x) sum += static_cast<C>(in[y * p.w + x]);
         }
         const int64_t divisor = p.divisor_override != 0 ? p.divisor_override
-                                : include_pad          ? padded_size
-                                                       : (y1 - y0) * (x1 - x0);
+                                : include_pad           ? padded_size
+                                                        : (y1 - y0) * (x1 - x0);
         out[oy * p.ow + ox] = static_cast<T>(sum / static_cast<C>(divisor));
       }
     }
@@ -163,7 +163,7 @@ AvgWindow avg_window(const Pool2dParams& p, int64_t oy, int64_t ox) {
   w.x0 = std::max<int64_t>(w.x0, 0);
   w.y1 = std::min(w.y1, p.h);
   w.x1 = std::min(w.x1, p.w);
-  w.divisor = p.divisor_override != 0          ? p.divisor_override
+  w.divisor = p.divisor_override != 0             ? p.divisor_override
               : p.kind == PoolKind::AvgIncludePad ? padded_size
                                                   : (w.y1 - w.y0) * (w.x1 - w.x0);
   return w;
@@ -338,8 +338,8 @@ void max_pool2d_with_indices(const Pool2dParams& p, const void* input, void* out
   });
 }
 
-void adaptive_avg_pool2d(DType dtype, int64_t planes, int64_t h, int64_t w, int64_t oh, int64_t ow,
-                         const void* input, void* output) {
+void adaptive_avg_pool2d(DType dtype, int64_t planes, int64_t h, int64_t w, int64_t oh, int64_t ow, const void* input,
+                         void* output) {
   if (planes * oh * ow == 0) return;
   if (h % oh == 0 && w % ow == 0 && (dtype == DType::Float32 || dtype == DType::BFloat16)) {
     dnnl_pool2d_forward(uniform_bins(dtype, planes, h, w, oh, ow), input, output, nullptr);

@@ -65,8 +65,10 @@ void mean(const ReduceLayout& l, DType dt) {
 
 void amax_amin(const ReduceLayout& l, DType dt, bool is_max) {
   visit_dtype(dt, [&]<typename T>() {
-    if (is_max) reduce_store<T>(l, MaxOp<T, true>{}, dt, dt, "amax");
-    else reduce_store<T>(l, MaxOp<T, false>{}, dt, dt, "amin");
+    if (is_max)
+      reduce_store<T>(l, MaxOp<T, true>{}, dt, dt, "amax");
+    else
+      reduce_store<T>(l, MaxOp<T, false>{}, dt, dt, "amin");
   });
 }
 
@@ -82,8 +84,10 @@ void all_any(const ReduceLayout& l, DType in, DType out, bool is_all) {
         run_reduce(l, AllAnyOp<T, IsAll>{}, nullptr, [dst](int64_t o, uint8_t a) { dst[o] = a; });
       }
     };
-    if (is_all) go.template operator()<true>();
-    else go.template operator()<false>();
+    if (is_all)
+      go.template operator()<true>();
+    else
+      go.template operator()<false>();
   });
 }
 

@@ -18,8 +18,10 @@ namespace {
 // True when x should replace the current best v (x comes later in the dim).
 template <typename A, bool IsMax>
 inline bool better(A x, A v) {
-  if constexpr (std::is_floating_point_v<A>) return (IsMax ? x > v : x < v) || (x != x && v == v);
-  else return IsMax ? x > v : x < v;
+  if constexpr (std::is_floating_point_v<A>)
+    return (IsMax ? x > v : x < v) || (x != x && v == v);
+  else
+    return IsMax ? x > v : x < v;
 }
 
 // First index in [0, n) where pred(x[i]) holds; blocks of 64 are tested with
@@ -72,7 +74,8 @@ void arg_rows(const DimLayout& l, const T* in, T* values, int64_t* indices) {
       const T* x = in + r * n;
       parallel_for(pieces, 1, [&](int64_t b, int64_t e) {
         for (int64_t c = b; c < e; ++c)
-          best[c] = c * kReducePiece + row_arg<T, IsMax>(x + c * kReducePiece, std::min(kReducePiece, n - c * kReducePiece));
+          best[c] =
+              c * kReducePiece + row_arg<T, IsMax>(x + c * kReducePiece, std::min(kReducePiece, n - c * kReducePiece));
       });
       int64_t i = best[0];
       for (int64_t c = 1; c < pieces; ++c)
@@ -84,8 +87,10 @@ void arg_rows(const DimLayout& l, const T* in, T* values, int64_t* indices) {
   auto body = [&](int64_t b, int64_t e) {
     for (int64_t r = b; r < e; ++r) emit(r, row_arg<T, IsMax>(in + r * n, n));
   };
-  if (run_serial(rows * n)) body(0, rows);
-  else parallel_for(rows, std::max<int64_t>(1, kGrainSize / n), [&](int64_t b, int64_t e) { body(b, e); });
+  if (run_serial(rows * n))
+    body(0, rows);
+  else
+    parallel_for(rows, std::max<int64_t>(1, kGrainSize / n), [&](int64_t b, int64_t e) { body(b, e); });
 }
 
 // inner > 1: blocks of contiguous columns walk the rows of the dim together.
@@ -121,8 +126,10 @@ void arg_cols(const DimLayout& l, const T* in, T* values, int64_t* indices) {
     }
   };
   const int64_t units = l.outer * blocks;
-  if (run_serial(l.outer * n * inner)) body(0, units);
-  else parallel_for(units, std::max<int64_t>(1, kGrainSize / (n * kColWidth)), [&](int64_t b, int64_t e) { body(b, e); });
+  if (run_serial(l.outer * n * inner))
+    body(0, units);
+  else
+    parallel_for(units, std::max<int64_t>(1, kGrainSize / (n * kColWidth)), [&](int64_t b, int64_t e) { body(b, e); });
 }
 
 }  // namespace
@@ -134,11 +141,15 @@ void arg_reduce(const DimLayout& l, DType dt, const void* in, void* values, int6
     const T* x = static_cast<const T*>(in);
     T* v = static_cast<T*>(values);
     if (l.inner == 1) {
-      if (is_max) arg_rows<T, true>(l, x, v, indices);
-      else arg_rows<T, false>(l, x, v, indices);
+      if (is_max)
+        arg_rows<T, true>(l, x, v, indices);
+      else
+        arg_rows<T, false>(l, x, v, indices);
     } else {
-      if (is_max) arg_cols<T, true>(l, x, v, indices);
-      else arg_cols<T, false>(l, x, v, indices);
+      if (is_max)
+        arg_cols<T, true>(l, x, v, indices);
+      else
+        arg_cols<T, false>(l, x, v, indices);
     }
   });
 }

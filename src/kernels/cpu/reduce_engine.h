@@ -27,9 +27,9 @@
 namespace kiln::kernels::detail {
 
 inline constexpr int kLanes = 64;          // independent partials in a leaf (vector registers' worth)
-inline constexpr int64_t kLeaf = 4096;      // elements reduced by one multi-lane pass
-inline constexpr int64_t kColWidth = 256;   // outputs per column block (1 KiB row segments of float)
-inline constexpr int64_t kColLeaf = 16;     // rows accumulated sequentially in a column leaf
+inline constexpr int64_t kLeaf = 4096;     // elements reduced by one multi-lane pass
+inline constexpr int64_t kColWidth = 256;  // outputs per column block (1 KiB row segments of float)
+inline constexpr int64_t kColLeaf = 16;    // rows accumulated sequentially in a column leaf
 
 /// The accumulator of a sum-like reduction over T: float for the 16-bit floats,
 /// the type itself for float/double, int64 for integers and bool.
@@ -59,24 +59,32 @@ inline A mul_wrap(A a, A b) {
 /// NaN-propagating max/min (PyTorch's max, amax, norm(inf)); plain on integers.
 template <typename A>
 inline A max_nan(A a, A b) {
-  if constexpr (std::is_floating_point_v<A>) return (a > b || a != a) ? a : b;
-  else return a > b ? a : b;
+  if constexpr (std::is_floating_point_v<A>)
+    return (a > b || a != a) ? a : b;
+  else
+    return a > b ? a : b;
 }
 template <typename A>
 inline A min_nan(A a, A b) {
-  if constexpr (std::is_floating_point_v<A>) return (a < b || a != a) ? a : b;
-  else return a < b ? a : b;
+  if constexpr (std::is_floating_point_v<A>)
+    return (a < b || a != a) ? a : b;
+  else
+    return a < b ? a : b;
 }
 
 template <typename A>
 constexpr A lowest_value() {
-  if constexpr (std::is_floating_point_v<A>) return -std::numeric_limits<A>::infinity();
-  else return std::numeric_limits<A>::lowest();
+  if constexpr (std::is_floating_point_v<A>)
+    return -std::numeric_limits<A>::infinity();
+  else
+    return std::numeric_limits<A>::lowest();
 }
 template <typename A>
 constexpr A highest_value() {
-  if constexpr (std::is_floating_point_v<A>) return std::numeric_limits<A>::infinity();
-  else return std::numeric_limits<A>::max();
+  if constexpr (std::is_floating_point_v<A>)
+    return std::numeric_limits<A>::infinity();
+  else
+    return std::numeric_limits<A>::max();
 }
 
 /// The shared steps of exp for a float or a vector of floats (GCC vector
@@ -314,7 +322,8 @@ void run_rows(const ReduceLayout& l, const Op& op, const typename Op::acc_t* par
   auto comb = [&](A a, A b) { return op.combine(a, b); };
   auto value = [&](const char* base, A p) -> A {
     if (P == 1) return piece(base, 0, p);
-    return tree<A>(0, P, [&](int64_t q) { return piece(base, q, p); }, comb);
+    return tree<A>(
+        0, P, [&](int64_t q) { return piece(base, q, p); }, comb);
   };
   auto outputs = [&](int64_t b, int64_t e) {
     OutIter it(l, b);
@@ -337,7 +346,8 @@ void run_rows(const ReduceLayout& l, const Op& op, const typename Op::acc_t* par
     });
     for (int64_t o = 0; o < G; ++o) {
       const A* pieces = buf.get() + o * P;
-      store(o, tree<A>(0, P, [&](int64_t q) { return pieces[q]; }, comb));
+      store(o, tree<A>(
+                   0, P, [&](int64_t q) { return pieces[q]; }, comb));
     }
   }
 }
@@ -363,8 +373,8 @@ void run_cols(const ReduceLayout& l, const Op& op, const typename Op::acc_t* par
   };
   auto unit = [&](int64_t u) {
     const int64_t q = u / blocks, j0 = (u % blocks) * kColWidth;
-    const char* base = l.in + offset_of(q, l.out_ndim - 1, l.out_sizes + 1, l.out_strides + 1) +
-                       j0 * static_cast<int64_t>(sizeof(T));
+    const char* base =
+        l.in + offset_of(q, l.out_ndim - 1, l.out_sizes + 1, l.out_strides + 1) + j0 * static_cast<int64_t>(sizeof(T));
     return Unit{base, q * K + j0, std::min(kColWidth, K - j0)};
   };
   auto units = [&](int64_t b, int64_t e) {

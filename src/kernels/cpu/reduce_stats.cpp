@@ -44,15 +44,22 @@ struct NormOp {
   A identity() const { return K == NormKind::NegInf ? highest_value<A>() : A(0); }
   A map(T x, A) const {
     const A v = static_cast<A>(x);
-    if constexpr (K == NormKind::Zero) return v != A(0) ? A(1) : A(0);
-    else if constexpr (K == NormKind::Two) return v * v;
-    else if constexpr (K == NormKind::General) return std::pow(std::abs(v), p);
-    else return std::abs(v);
+    if constexpr (K == NormKind::Zero)
+      return v != A(0) ? A(1) : A(0);
+    else if constexpr (K == NormKind::Two)
+      return v * v;
+    else if constexpr (K == NormKind::General)
+      return std::pow(std::abs(v), p);
+    else
+      return std::abs(v);
   }
   A combine(A a, A b) const {
-    if constexpr (K == NormKind::Inf) return max_nan(a, b);
-    else if constexpr (K == NormKind::NegInf) return min_nan(a, b);
-    else return a + b;
+    if constexpr (K == NormKind::Inf)
+      return max_nan(a, b);
+    else if constexpr (K == NormKind::NegInf)
+      return min_nan(a, b);
+    else
+      return a + b;
   }
 };
 
@@ -64,9 +71,12 @@ void norm_impl(const ReduceLayout& l, double p) {
   op.p = static_cast<A>(p);
   const A inv_p = static_cast<A>(1.0 / p);
   run_reduce(l, op, nullptr, [dst, inv_p](int64_t o, A a) {
-    if constexpr (K == NormKind::Two) dst[o] = static_cast<T>(std::sqrt(a));
-    else if constexpr (K == NormKind::General) dst[o] = static_cast<T>(std::pow(a, inv_p));
-    else dst[o] = static_cast<T>(a);
+    if constexpr (K == NormKind::Two)
+      dst[o] = static_cast<T>(std::sqrt(a));
+    else if constexpr (K == NormKind::General)
+      dst[o] = static_cast<T>(std::pow(a, inv_p));
+    else
+      dst[o] = static_cast<T>(a);
   });
 }
 
@@ -91,12 +101,18 @@ void var(const ReduceLayout& l, DType dt, int64_t correction, bool take_sqrt) {
 
 void norm(const ReduceLayout& l, DType dt, double p) {
   visit_dtype<kFloatingTypes>(dt, "norm", [&]<typename T>() {
-    if (p == 0.0) norm_impl<T, NormKind::Zero>(l, p);
-    else if (p == 1.0) norm_impl<T, NormKind::One>(l, p);
-    else if (p == 2.0) norm_impl<T, NormKind::Two>(l, p);
-    else if (std::isinf(p) && p > 0) norm_impl<T, NormKind::Inf>(l, p);
-    else if (std::isinf(p)) norm_impl<T, NormKind::NegInf>(l, p);
-    else norm_impl<T, NormKind::General>(l, p);
+    if (p == 0.0)
+      norm_impl<T, NormKind::Zero>(l, p);
+    else if (p == 1.0)
+      norm_impl<T, NormKind::One>(l, p);
+    else if (p == 2.0)
+      norm_impl<T, NormKind::Two>(l, p);
+    else if (std::isinf(p) && p > 0)
+      norm_impl<T, NormKind::Inf>(l, p);
+    else if (std::isinf(p))
+      norm_impl<T, NormKind::NegInf>(l, p);
+    else
+      norm_impl<T, NormKind::General>(l, p);
   });
 }
 

@@ -45,8 +45,10 @@ void softmax_rows(const DimLayout& l, const T* in, T* out, bool log) {
       }
     }
   };
-  if (run_serial(l.outer * n)) body(0, l.outer);
-  else parallel_for(l.outer, std::max<int64_t>(1, kGrainSize / n), [&](int64_t b, int64_t e) { body(b, e); });
+  if (run_serial(l.outer * n))
+    body(0, l.outer);
+  else
+    parallel_for(l.outer, std::max<int64_t>(1, kGrainSize / n), [&](int64_t b, int64_t e) { body(b, e); });
 }
 
 template <typename T>
@@ -96,8 +98,10 @@ void softmax_cols(const DimLayout& l, const T* in, T* out, bool log) {
     }
   };
   const int64_t units = l.outer * blocks;
-  if (run_serial(l.outer * n * inner)) body(0, units);
-  else parallel_for(units, std::max<int64_t>(1, kGrainSize / (n * kColWidth)), [&](int64_t b, int64_t e) { body(b, e); });
+  if (run_serial(l.outer * n * inner))
+    body(0, units);
+  else
+    parallel_for(units, std::max<int64_t>(1, kGrainSize / (n * kColWidth)), [&](int64_t b, int64_t e) { body(b, e); });
 }
 
 // Sum of f(0) .. f(n-1) in kLanes independent partials (vectorised), combined pairwise.
@@ -128,13 +132,14 @@ void softmax_backward_rows(const DimLayout& l, const T* y, const T* g, T* out, b
           o[i] = static_cast<T>(static_cast<A>(gr[i]) - exp_vec(static_cast<A>(yr[i])) * s);
       } else {
         const A s = lane_sum<A>(n, [&](int64_t i) { return static_cast<A>(gr[i]) * static_cast<A>(yr[i]); });
-        for (int64_t i = 0; i < n; ++i)
-          o[i] = static_cast<T>(static_cast<A>(yr[i]) * (static_cast<A>(gr[i]) - s));
+        for (int64_t i = 0; i < n; ++i) o[i] = static_cast<T>(static_cast<A>(yr[i]) * (static_cast<A>(gr[i]) - s));
       }
     }
   };
-  if (run_serial(l.outer * n)) body(0, l.outer);
-  else parallel_for(l.outer, std::max<int64_t>(1, kGrainSize / n), [&](int64_t b, int64_t e) { body(b, e); });
+  if (run_serial(l.outer * n))
+    body(0, l.outer);
+  else
+    parallel_for(l.outer, std::max<int64_t>(1, kGrainSize / n), [&](int64_t b, int64_t e) { body(b, e); });
 }
 
 template <typename T>
@@ -165,15 +170,16 @@ void softmax_backward_cols(const DimLayout& l, const T* y, const T* g, T* out, b
           for (int64_t j = 0; j < w; ++j)
             o[j] = static_cast<T>(static_cast<A>(gr[j]) - exp_vec(static_cast<A>(yr[j])) * s[j]);
         } else {
-          for (int64_t j = 0; j < w; ++j)
-            o[j] = static_cast<T>(static_cast<A>(yr[j]) * (static_cast<A>(gr[j]) - s[j]));
+          for (int64_t j = 0; j < w; ++j) o[j] = static_cast<T>(static_cast<A>(yr[j]) * (static_cast<A>(gr[j]) - s[j]));
         }
       }
     }
   };
   const int64_t units = l.outer * blocks;
-  if (run_serial(l.outer * n * inner)) body(0, units);
-  else parallel_for(units, std::max<int64_t>(1, kGrainSize / (n * kColWidth)), [&](int64_t b, int64_t e) { body(b, e); });
+  if (run_serial(l.outer * n * inner))
+    body(0, units);
+  else
+    parallel_for(units, std::max<int64_t>(1, kGrainSize / (n * kColWidth)), [&](int64_t b, int64_t e) { body(b, e); });
 }
 
 }  // namespace
@@ -183,8 +189,10 @@ void softmax(const DimLayout& l, DType dt, const void* in, void* out, bool log) 
   visit_dtype<kFloatingTypes>(dt, log ? "log_softmax" : "softmax", [&]<typename T>() {
     const T* x = static_cast<const T*>(in);
     T* y = static_cast<T*>(out);
-    if (l.inner == 1) softmax_rows(l, x, y, log);
-    else softmax_cols(l, x, y, log);
+    if (l.inner == 1)
+      softmax_rows(l, x, y, log);
+    else
+      softmax_cols(l, x, y, log);
   });
 }
 
@@ -194,8 +202,10 @@ void softmax_backward(const DimLayout& l, DType dt, const void* y, const void* g
     const T* yp = static_cast<const T*>(y);
     const T* gp = static_cast<const T*>(g);
     T* o = static_cast<T*>(out);
-    if (l.inner == 1) softmax_backward_rows(l, yp, gp, o, log);
-    else softmax_backward_cols(l, yp, gp, o, log);
+    if (l.inner == 1)
+      softmax_backward_rows(l, yp, gp, o, log);
+    else
+      softmax_backward_cols(l, yp, gp, o, log);
   });
 }
 

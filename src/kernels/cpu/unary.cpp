@@ -15,13 +15,13 @@ using ew::map;
 using ew::map_vm;
 using ew::run_unary;
 
-constexpr double kSqrt1_2 = 0.70710678118654752440;  // 1/sqrt(2)
+constexpr double kSqrt1_2 = 0.70710678118654752440;      // 1/sqrt(2)
 constexpr double kSqrt2OverPi = 0.79788456080286535588;  // sqrt(2/pi), gelu's tanh form
 constexpr double kGeluKappa = 0.044715;
 
 [[noreturn]] void undefined_op(UnaryOp op, DType dt) {
-  KILN_ASSERT(false, "elementwise unary op #", static_cast<int>(op), " reached the kernel with dtype ",
-              dtype_name(dt), "; the ops layer should have rejected it");
+  KILN_ASSERT(false, "elementwise unary op #", static_cast<int>(op), " reached the kernel with dtype ", dtype_name(dt),
+              "; the ops layer should have rejected it");
   __builtin_unreachable();
 }
 
@@ -34,11 +34,15 @@ void unary_integral(const LoopSpec& s, UnaryOp op) {
     switch (op) {
       case UnaryOp::Neg: return map<T>(s, [](T x) { return vm::wrapping_neg(x); });
       case UnaryOp::Abs:
-        if constexpr (kUnsigned) return map<T>(s, [](T x) { return x; });
-        else return map<T>(s, [](T x) { return x < 0 ? vm::wrapping_neg(x) : x; });
+        if constexpr (kUnsigned)
+          return map<T>(s, [](T x) { return x; });
+        else
+          return map<T>(s, [](T x) { return x < 0 ? vm::wrapping_neg(x) : x; });
       case UnaryOp::Relu:
-        if constexpr (kUnsigned) return map<T>(s, [](T x) { return x; });
-        else return map<T>(s, [](T x) { return x < 0 ? T(0) : x; });
+        if constexpr (kUnsigned)
+          return map<T>(s, [](T x) { return x; });
+        else
+          return map<T>(s, [](T x) { return x < 0 ? T(0) : x; });
       case UnaryOp::BitwiseNot: return map<T>(s, [](T x) { return static_cast<T>(~x); });
       default: break;
     }
@@ -63,8 +67,7 @@ void unary_floating(const LoopSpec& s, UnaryOp op) {
     case UnaryOp::Sqrt: return run_unary<T, T>(s, [](C* o, const C* in, int64_t n) { vm::sqrt_row(o, in, n); });
     case UnaryOp::Rsqrt: return run_unary<T, T>(s, [](C* o, const C* in, int64_t n) { vm::rsqrt_row(o, in, n); });
     case UnaryOp::Sigmoid: return map_vm<T>(s, [](C x) { return C(1) / (C(1) + vm::exp(-x)); });
-    case UnaryOp::GeluErf:
-      return map_vm<T>(s, [](C x) { return x * C(0.5) * (C(1) + vm::erf(x * C(kSqrt1_2))); });
+    case UnaryOp::GeluErf: return map_vm<T>(s, [](C x) { return x * C(0.5) * (C(1) + vm::erf(x * C(kSqrt1_2))); });
     case UnaryOp::GeluTanh:
       return map_vm<T>(s, [](C x) {
         const C inner = C(kSqrt2OverPi) * (x + C(kGeluKappa) * x * x * x);

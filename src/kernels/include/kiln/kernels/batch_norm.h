@@ -29,8 +29,7 @@ struct BatchNormShape {
 /// With s.relu, `residual` (null, or [n, c, inner] in x's layout) is added
 /// before the ReLU: y = relu(batch_norm(x) + residual), a residual block's end.
 void batch_norm_train_forward(DType dt, BatchNormShape s, const void* x, const void* weight, const void* bias,
-                              double eps, void* y, void* mean, void* invstd, void* var,
-                              const void* residual = nullptr);
+                              double eps, void* y, void* mean, void* invstd, void* var, const void* residual = nullptr);
 
 /// In: dy and x [n, c, inner]; mean, invstd (the forward's) and weight [c]
 /// (null: 1); bias [c] (null: 0), read only with s.relu. Out, each optional
@@ -40,7 +39,6 @@ void batch_norm_train_forward(DType dt, BatchNormShape s, const void* x, const v
 /// reaches it: dy where the forward's relu input was positive, else 0.
 void batch_norm_train_backward(DType dt, BatchNormShape s, const void* dy, const void* x, const void* mean,
                                const void* invstd, const void* weight, void* dx, void* dweight, void* dbias,
-                               const void* bias = nullptr, const void* residual = nullptr,
-                               void* dresidual = nullptr);
+                               const void* bias = nullptr, const void* residual = nullptr, void* dresidual = nullptr);
 
 }  // namespace kiln::kernels

@@ -104,11 +104,11 @@ struct Conv2dParams {
   int64_t n = 0, c = 0, h = 0, w = 0;  // input [n, c, h, w]
   int64_t o = 0, kh = 0, kw = 0;       // weight [o, c / groups, kh, kw]
   int64_t groups = 1;
-  int64_t oh = 0, ow = 0;              // output [n, o, oh, ow]
+  int64_t oh = 0, ow = 0;  // output [n, o, oh, ow]
   int64_t stride[2] = {1, 1};
-  int64_t dilation[2] = {1, 1};        // torch's convention: 1 is a dense kernel
-  int64_t pad_l[2] = {0, 0};           // top, left
-  int64_t pad_r[2] = {0, 0};           // bottom, right (may differ: padding="same")
+  int64_t dilation[2] = {1, 1};  // torch's convention: 1 is a dense kernel
+  int64_t pad_l[2] = {0, 0};     // top, left
+  int64_t pad_r[2] = {0, 0};     // bottom, right (may differ: padding="same")
   // Memory layout of the activation buffers of a call (oneDNN types only;
   // float64 and integers are always NCHW): true means NHWC (channels-last).
   bool input_nhwc = false;   // input, grad_input
@@ -154,8 +154,8 @@ struct Pool2dParams {
   int64_t oh = 0, ow = 0;              // output [n, c, oh, ow]
   int64_t kernel[2] = {1, 1};
   int64_t stride[2] = {1, 1};
-  int64_t pad[2] = {0, 0};             // torch's symmetric padding; windows may run past it (ceil_mode)
-  int64_t dilation[2] = {1, 1};        // torch's convention (max pooling only)
+  int64_t pad[2] = {0, 0};       // torch's symmetric padding; windows may run past it (ceil_mode)
+  int64_t dilation[2] = {1, 1};  // torch's convention (max pooling only)
   /// Average pooling divides by this instead of the window size when nonzero.
   int64_t divisor_override = 0;
   /// Input, output and their gradients are NHWC (channels-last) in memory.

@@ -19,8 +19,22 @@
 namespace kiln::kernels {
 
 enum class UnaryOp : uint8_t {
-  Neg, Abs, Relu, BitwiseNot,  // every dtype they are defined for (the ops layer checks)
-  Exp, Log, Log1p, Sqrt, Rsqrt, Sin, Cos, Tanh, Sigmoid, GeluErf, GeluTanh, Silu,  // floating only
+  Neg,
+  Abs,
+  Relu,
+  BitwiseNot,  // every dtype they are defined for (the ops layer checks)
+  Exp,
+  Log,
+  Log1p,
+  Sqrt,
+  Rsqrt,
+  Sin,
+  Cos,
+  Tanh,
+  Sigmoid,
+  GeluErf,
+  GeluTanh,
+  Silu,  // floating only
   Sign,  // floating only: -1, 0 or 1; 0 for +-0 and NaN (torch.sign; abs's backward)
 };
 
@@ -33,13 +47,18 @@ void unary(const LoopSpec& s, UnaryOp op, DType dt);
 void clamp(const LoopSpec& s, DType dt, const void* lo, const void* hi);
 
 enum class BinaryOp : uint8_t {
-  Add,       // a + alpha * b (alpha optional); sub is add with -alpha
-  Mul, Div,  // Div: floating dtypes only (true division)
-  Pow,       // integers: exact, negative exponents give 0, 1 or -1 (torch's powi)
-  Maximum, Minimum,  // NaN-propagating on floats
-  BitwiseAnd, BitwiseOr, BitwiseXor,  // integral and bool only
+  Add,  // a + alpha * b (alpha optional); sub is add with -alpha
+  Mul,
+  Div,  // Div: floating dtypes only (true division)
+  Pow,  // integers: exact, negative exponents give 0, 1 or -1 (torch's powi)
+  Maximum,
+  Minimum,  // NaN-propagating on floats
+  BitwiseAnd,
+  BitwiseOr,
+  BitwiseXor,  // integral and bool only
   // Floating only: operand 1 (the incoming gradient) * gelu'(operand 2), as torch's gelu_backward.
-  GeluErfBackward, GeluTanhBackward,
+  GeluErfBackward,
+  GeluTanhBackward,
 };
 
 /// Operand 0 = op(operand 1, operand 2), all of dtype `dt`. `alpha` (Add only)

@@ -81,8 +81,8 @@ void index_select_contiguous(char* out, const char* src, const void* index, DTyp
 /// row is rounded once; threads own disjoint output rows (a counting sort of
 /// `index` lists each row's j), so the result is bit-identical for any
 /// thread count. Indices must already lie in [0, out_size).
-void index_add_contiguous(char* out, const char* src, const void* index, DType dt, DType index_dt,
-                          int64_t index_stride, int64_t outer, int64_t out_size, int64_t k, int64_t inner);
+void index_add_contiguous(char* out, const char* src, const void* index, DType dt, DType index_dt, int64_t index_stride,
+                          int64_t outer, int64_t out_size, int64_t k, int64_t inner);
 
 enum class ScatterMode { Assign, Add };
 

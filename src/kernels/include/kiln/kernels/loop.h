@@ -110,14 +110,16 @@ void map_elements(const LoopSpec& s, F f, int64_t grain = kGrainSize) {
         if (contig) {
           [&]<size_t... I>(std::index_sequence<I...>) {
             for (int64_t i = 0; i < n; ++i) out[i] = f(reinterpret_cast<const In*>(ptrs[I + 1])[i]...);
-          }(std::make_index_sequence<N>{});
+          }
+          (std::make_index_sequence<N>{});
         } else {
           [&]<size_t... I>(std::index_sequence<I...>) {
             for (int64_t i = 0; i < n; ++i) {
               *reinterpret_cast<Out*>(ptrs[0] + i * st[0]) =
                   f(*reinterpret_cast<const In*>(ptrs[I + 1] + i * st[I + 1])...);
             }
-          }(std::make_index_sequence<N>{});
+          }
+          (std::make_index_sequence<N>{});
         }
       },
       grain);

@@ -28,8 +28,8 @@ struct CrossEntropyRows {
 ///   lse[r] = log sum_c exp(x_c), nll[r] = -w_t (x_t - lse), wrow[r] = w_t,
 ///   smooth[r] = -sum_c w_c (x_c - lse)   (skipped when smooth is null).
 /// Returns -1, or the first row whose target is neither ignore_index nor in [0, classes).
-int64_t cross_entropy_forward(DType dtype, const CrossEntropyRows& a, const void* logits, double* lse,
-                              double* nll, double* wrow, double* smooth);
+int64_t cross_entropy_forward(DType dtype, const CrossEntropyRows& a, const void* logits, double* lse, double* nll,
+                              double* wrow, double* smooth);
 
 /// Backward into a contiguous [rows, classes] grad of the logits' dtype, with p = exp(x - lse[r]):
 ///   grad[r, c] = ca[r] w_t (p - [c == t]) + cb[r] (W p - w_c),  W = sum_c w_c,

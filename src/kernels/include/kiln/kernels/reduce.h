@@ -38,7 +38,7 @@ struct ReduceLayout {
   int out_ndim = 0;  // kept dims, innermost first, coalesced; 0: a single output
   int64_t out_sizes[kMaxLoopDims] = {};
   int64_t out_strides[kMaxLoopDims] = {};  // input byte strides of the kept dims
-  int red_ndim = 0;  // reduced dims, innermost (smallest stride) first; 0: one element each
+  int red_ndim = 0;                        // reduced dims, innermost (smallest stride) first; 0: one element each
   int64_t red_sizes[kMaxLoopDims] = {};
   int64_t red_strides[kMaxLoopDims] = {};  // input byte strides
   const char* in = nullptr;
