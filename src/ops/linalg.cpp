@@ -244,7 +244,13 @@ Tensor matmul_impl(const Tensor& self, const Tensor& other, autograd::CallSite s
 
 struct MatmulBackward final : autograd::Node {
   autograd::SavedVariable self, other;
-  const char* name() const override { return "MatmulBackward0"; }
+  // torch's names where torch runs one op (dot, mv); its other matmul forms are compositions whose
+  // last step names the node (UnsafeViewBackward0, SqueezeBackward3...), which says nothing useful.
+  const char* name() const override {
+    if (input_dims[0] == 1 && input_dims[1] == 1) return "DotBackward0";
+    if (input_dims[0] == 2 && input_dims[1] == 1) return "MvBackward0";
+    return "MatmulBackward0";
+  }
   TensorList apply(TensorList&& grads) override {
     const Tensor& g = grads[0];
     TensorList out(2);

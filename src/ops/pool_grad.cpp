@@ -114,7 +114,10 @@ Tensor argmax_indices(const Tensor& input, const Pool2dParams& p, bool unbatched
 }
 
 struct MaxPoolBackward final : autograd::Node {
-  SavedVariable input;    // with the workspace only: a higher derivative recomputes the indices from it
+  // Saved as torch saves it, so that writing into the input after pooling fails at backward by
+  // name (the indices or workspace would silently route the gradient by the old values); with
+  // the workspace only, a higher derivative also recomputes the indices from it.
+  SavedVariable input;
   SavedVariable indices;  // torch-style argmax indices (our loop ran), or
   Tensor workspace;       // oneDNN's workspace (oneDNN ran); internal, never seen by the user
   Pool2dParams p;         // NCHW, for the index paths
@@ -124,9 +127,10 @@ struct MaxPoolBackward final : autograd::Node {
   TensorList apply(TensorList&& grads) override {
     const Tensor& g = grads[0];
     if (!g.defined()) return {Tensor()};
+    const Tensor x = input.unpack(this);  // the version check, whichever path runs
     if (!workspace.defined() || autograd::compute_requires_grad({&g})) {
       // Indices: through the differentiable scatter, so create_graph gives the gather as the next derivative.
-      const Tensor idx = indices.defined() ? indices.unpack(this) : argmax_indices(input.unpack(this), p, unbatched);
+      const Tensor idx = indices.defined() ? indices.unpack(this) : argmax_indices(x, p, unbatched);
       return {max_pool_scatter(g, idx, p, unbatched, site())};
     }
     const NoGradGuard no_grad;
@@ -286,8 +290,7 @@ Tensor max_pool2d(const Tensor& input, const Pool2dParams& p, CallSite site) {
     }
     out = in_dtype(out, input.dtype());
   }
-  // The input only serves a higher derivative that needs indices when only the workspace was kept.
-  if (node->workspace.defined()) node->input = SavedVariable(input, false);
+  node->input = SavedVariable(input, false);
   node->p = p;
   node->unbatched = unbatched;
   autograd::set_history(out, node, {&input}, site);
@@ -308,6 +311,7 @@ std::tuple<Tensor, Tensor> max_pool2d_with_indices(const Tensor& input, const Po
   if (autograd::compute_requires_grad({&input})) {
     auto node = make_intrusive<MaxPoolBackward>();
     node->indices = SavedVariable(idx, false);  // the user's: an in-place change to them is caught
+    node->input = SavedVariable(input, false);   // as is one to the input, as torch
     node->p = p;
     node->unbatched = unbatched;
     autograd::set_history(out, node, {&input}, site);

@@ -400,3 +400,39 @@ TEST(ConvPoolGrad, SavedInputModifiedInPlaceIsNamed) {
     EXPECT_NE(msg.find("ConvolutionBackward0"), std::string::npos) << msg;
   }
 }
+
+// max_pool2d saves its input as torch does, so writing into the input after pooling fails at
+// backward by name instead of routing the gradient by the old maxima. PyTorch 1.13, for
+//   y = x * 1; o = F.max_pool2d(y, 2); y.add_(1); o.sum().backward()
+// raises "one of the variables needed for gradient computation has been modified by an inplace
+// operation: [torch.FloatTensor [1, 2, 4, 4]], which is output 0 of AddBackward0, is at version 1;
+// expected version 0". Every path kiln takes is covered: float64 (kiln's indices), float32
+// (oneDNN's workspace), channels-last float32, and max_pool2d_with_indices.
+TEST(PoolGrad, InPlaceChangeOfTheInputAfterMaxPoolIsCaught) {
+  struct Path {
+    std::string label;
+    std::function<Tensor(const Tensor&)> input;  // what is pooled, made from y = x * 1 (with history)
+    bool with_indices;
+  };
+  const std::vector<Path> paths = {
+      {"float64", [](const Tensor& y) { return y; }, false},
+      {"float32", [](const Tensor& y) { return y.to(kFloat32); }, false},
+      {"channels-last float32", [](const Tensor& y) { return contiguous(y.to(kFloat32), MemoryFormat::ChannelsLast); },
+       false},
+      {"with indices", [](const Tensor& y) { return y; }, true},
+  };
+  for (const Path& path : paths) {
+    const Tensor x = leaf({1, 2, 4, 4}, 701);
+    Tensor in = path.input(x * 1);
+    const Tensor o = path.with_indices ? std::get<0>(max_pool2d_with_indices(in, 2)) : max_pool2d(in, 2);
+    in.add_(1);
+    try {
+      o.sum().backward();
+      ADD_FAILURE() << path.label << ": expected the version check to fail";
+    } catch (const ValueError& e) {
+      const std::string m = e.what();
+      EXPECT_NE(m.find("MaxPool2DWithIndicesBackward0"), std::string::npos) << path.label << ": " << m;
+      EXPECT_NE(m.find("saved at version 0, now at version 1"), std::string::npos) << path.label << ": " << m;
+    }
+  }
+}

@@ -214,6 +214,9 @@ TEST(LinalgGrad, NodesAreNamedAndRecordTheCallSite) {
   EXPECT_EQ(z.grad_fn()->site().line, static_cast<uint32_t>(mline));
   EXPECT_STREQ(bmm(leaf({2, 3, 4}, 603), leaf({2, 4, 2}, 604)).grad_fn()->name(), "BmmBackward0");
   EXPECT_STREQ(matmul(leaf({2, 3, 4}, 605), leaf({4}, 606)).grad_fn()->name(), "MatmulBackward0");
+  // As torch 1.13 names them: type(torch.matmul(a, b).grad_fn).__name__ for 1-D @ 1-D and 2-D @ 1-D.
+  EXPECT_STREQ(matmul(leaf({4}, 609), leaf({4}, 610)).grad_fn()->name(), "DotBackward0");
+  EXPECT_STREQ(matmul(leaf({3, 4}, 611), leaf({4}, 612)).grad_fn()->name(), "MvBackward0");
   EXPECT_STREQ(linear(leaf({3, 4}, 607), leaf({5, 4}, 608)).grad_fn()->name(), "LinearBackward0");
 }
 
