@@ -10,7 +10,7 @@ PACKAGES=(
   libopenblas-openmp-dev
   nlohmann-json3-dev libcli11-dev libfmt-dev libtomlplusplus-dev libzstd-dev
   libgtest-dev libgmock-dev libbenchmark-dev
-  clang libclang-rt-14-dev libomp-dev
+  clang libclang-rt-14-dev libomp-dev clang-format-14  # clang-format: test.sh checks the formatting
   python3-torch python3-numpy
   openmpi-bin libopenmpi-dev  # dist (issue 10): mpirun and the MPI headers and libraries
   zlib1g-dev libpng-dev libjpeg-dev  # libpng/libjpeg: the data layer's image-folder datasets

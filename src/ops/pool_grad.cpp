@@ -311,7 +311,7 @@ std::tuple<Tensor, Tensor> max_pool2d_with_indices(const Tensor& input, const Po
   if (autograd::compute_requires_grad({&input})) {
     auto node = make_intrusive<MaxPoolBackward>();
     node->indices = SavedVariable(idx, false);  // the user's: an in-place change to them is caught
-    node->input = SavedVariable(input, false);   // as is one to the input, as torch
+    node->input = SavedVariable(input, false);  // as is one to the input, as torch
     node->p = p;
     node->unbatched = unbatched;
     autograd::set_history(out, node, {&input}, site);
