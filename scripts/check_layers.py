@@ -12,6 +12,8 @@ Dependencies point one way. This fails when
 
   scripts/check_layers.py              the include check only
   scripts/check_layers.py build/release  all three
+  scripts/check_layers.py --self-test    the include check on a made-up tree: each
+                                         kind of violation is reported, allowed includes are not
 Exit status 1 with one line per violation; 0 and a summary otherwise.
 """
 import os
@@ -46,9 +48,9 @@ ALIAS = {"models": "nn"}
 INCLUDE_RE = re.compile(r'^\s*#\s*include\s*[<"]kiln/([a-z_]+)/')
 
 
-def layer_of(path):
+def layer_of(path, root=ROOT):
     """The layer a source or header belongs to, or None (tests, bench, umbrella)."""
-    rel = os.path.relpath(path, ROOT).split(os.sep)
+    rel = os.path.relpath(path, root).split(os.sep)
     if rel[:2] == ["include", "kiln"] and len(rel) > 3:
         return ALIAS.get(rel[2], rel[2])
     if rel[:3] == ["src", "kernels", "include"]:
@@ -60,19 +62,19 @@ def layer_of(path):
     return None
 
 
-def check_includes():
+def check_includes(root=ROOT):
     errors, files = [], 0
     for top in ("include", "src", "tools"):
-        for dirpath, _, names in os.walk(os.path.join(ROOT, top)):
+        for dirpath, _, names in os.walk(os.path.join(root, top)):
             for name in names:
                 if not name.endswith((".h", ".cpp")):
                     continue
                 path = os.path.join(dirpath, name)
-                own = layer_of(path)
+                own = layer_of(path, root)
                 if own is None:
                     continue
                 if own not in RANK:
-                    errors.append(f"{os.path.relpath(path, ROOT)}: folder of unknown layer '{own}' "
+                    errors.append(f"{os.path.relpath(path, root)}: folder of unknown layer '{own}' "
                                   "(add it to scripts/check_layers.py and docs/architecture.md)")
                     continue
                 files += 1
@@ -85,14 +87,14 @@ def check_includes():
                         if dep == own:
                             continue
                         if dep not in RANK:
-                            errors.append(f"{os.path.relpath(path, ROOT)}:{n}: includes kiln/{m.group(1)}/, "
+                            errors.append(f"{os.path.relpath(path, root)}:{n}: includes kiln/{m.group(1)}/, "
                                           "a folder of no known layer")
                         elif dep in PRIVATE_TO and own not in PRIVATE_TO[dep]:
-                            errors.append(f"{os.path.relpath(path, ROOT)}:{n}: layer {own} includes "
+                            errors.append(f"{os.path.relpath(path, root)}:{n}: layer {own} includes "
                                           f"kiln/{m.group(1)}/, private to {', '.join(sorted(PRIVATE_TO[dep]))}")
                         elif RANK[dep] >= RANK[own]:
                             kind = "a sibling layer" if RANK[dep] == RANK[own] else "a layer above"
-                            errors.append(f"{os.path.relpath(path, ROOT)}:{n}: layer {own} includes "
+                            errors.append(f"{os.path.relpath(path, root)}:{n}: layer {own} includes "
                                           f"kiln/{m.group(1)}/ ({dep}, {kind})")
     return errors, files
 
@@ -149,7 +151,46 @@ def check_symbols(build):
     return errors, len(libs)
 
 
+def self_test():
+    """Check (1) against a tree whose violations are known, so a broken check cannot pass CI."""
+    tree = {
+        "src/core/ok.cpp": '#include "kiln/core/tensor.h"\n',
+        "src/ops/ok.cpp": '#include "kiln/kernels/loop.h"\n#include "kiln/autograd/node.h"\n',
+        "src/nn/ok.cpp": '#include "kiln/models/gpt.h"\n#include "kiln/ops/linalg.h"\n',
+        "src/autograd/up.cpp": '#include "kiln/ops/factory.h"\n',
+        "include/kiln/core/up.h": '#include <kiln/io/stateful.h>\n',
+        "src/nn/sibling.cpp": '#include "kiln/data/loader.h"\n',
+        "src/optim/private.cpp": '#include "kiln/kernels/loop.h"\n',
+        "src/kernels/include/kiln/kernels/up.h": '#include "kiln/ops/conv.h"\n',
+        "src/mystery/x.cpp": "\n",
+    }
+    want = ["src/autograd/up.cpp:1: layer autograd includes kiln/ops/ (ops, a layer above)",
+            "include/kiln/core/up.h:1: layer core includes kiln/io/ (io, a layer above)",
+            "src/nn/sibling.cpp:1: layer nn includes kiln/data/ (data, a sibling layer)",
+            "src/optim/private.cpp:1: layer optim includes kiln/kernels/, private to kernels, ops",
+            "src/kernels/include/kiln/kernels/up.h:1: layer kernels includes kiln/ops/ (ops, a layer above)",
+            "src/mystery/x.cpp: folder of unknown layer 'mystery'"]
+    with tempfile.TemporaryDirectory() as root:
+        for rel, text in tree.items():
+            os.makedirs(os.path.dirname(os.path.join(root, rel)), exist_ok=True)
+            with open(os.path.join(root, rel), "w", encoding="utf-8") as f:
+                f.write(text)
+        errors, _ = check_includes(root)
+    missing = [w for w in want if not any(e.startswith(w) for e in errors)]
+    extra = [e for e in errors if not any(e.startswith(w) for w in want)]
+    for m in missing:
+        print(f"check_layers self-test: expected a report of: {m}")
+    for e in extra:
+        print(f"check_layers self-test: reported an allowed include: {e}")
+    if missing or extra:
+        return 1
+    print(f"check_layers: self-test ok ({len(want)} violations reported, 3 allowed files passed)")
+    return 0
+
+
 def main():
+    if sys.argv[1:] == ["--self-test"]:
+        return self_test()
     errors, files = check_includes()
     summary = [f"{files} files' includes"]
     if len(sys.argv) > 1:

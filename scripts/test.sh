@@ -20,6 +20,7 @@ cmake --preset release >/dev/null
 cmake --build build/release -j"$jobs"
 ./scripts/link_kiln.sh  # `kiln` on PATH (or the line that puts it there), as the README's commands expect
 echo "== layer check (docs/architecture.md)"
+/usr/bin/python3 scripts/check_layers.py --self-test
 /usr/bin/python3 scripts/check_layers.py build/release
 echo "== format check (.clang-format; tests/ lays out its tables by hand and is exempt)"
 find src include tools examples bench \( -name '*.cpp' -o -name '*.h' \) -print0 \
