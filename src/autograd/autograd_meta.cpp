@@ -22,17 +22,8 @@ AutogradMeta& materialize_meta(const Tensor& t) {
 }
 
 Edge gradient_edge(const Tensor& t) {
+  refresh_view(t);
   AutogradMeta* m = get_meta(t);
-  if (m && m->is_view && m->grad_fn && t.version() != m->view_version) {
-    const auto w = t.storage()->last_write();
-    throw ValueError(detail::concat(
-        "autograd: ", describe(t),
-        " is a view whose data was modified in place through its base or another "
-        "view (by ",
-        w.op ? w.op : "an in-place op", w.file ? " at " + CallSite{w.file, w.line}.str() : "",
-        ") after the view was created, so its recorded history no longer describes its values. Create the view "
-        "after the in-place op, or clone() it before"));
-  }
   if (m && m->grad_fn) return {m->grad_fn, m->output_nr};
   if (!t.requires_grad()) return {};
   AutogradMeta& meta = materialize_meta(t);

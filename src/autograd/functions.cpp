@@ -5,6 +5,7 @@
 
 #include "kiln/autograd/anomaly.h"
 #include "kiln/core/guards.h"
+#include "view_history.h"
 
 namespace kiln::autograd {
 
@@ -115,22 +116,25 @@ void set_history(TensorList& outputs, const NodePtr& node, const TensorList& inp
   }
 }
 
-void set_view_history(Tensor& view, const NodePtr& node, const Tensor& base, CallSite site) {
+void set_view_history(Tensor& view, const NodePtr& node, const Tensor& base, CallSite site, ViewCreation creation) {
   set_history(view, node, {&base}, site);
-  AutogradMeta& m = materialize_meta(view);
-  m.is_view = true;
-  m.view_version = view.version();
+  mark_view(view, base, creation);
 }
 
-void check_inplace(const Tensor& self, const char* op, CallSite site) {
+void check_inplace(const Tensor& self, const char* op, CallSite site,
+                   std::initializer_list<const Tensor*> other_inputs) {
   self.storage()->record_write(op, site.file, site.line);
-  if (!grad_mode_enabled() || !self.requires_grad()) return;
-  const AutogradMeta* m = get_meta(self);
-  KILN_CHECK(!m || !m->is_view, ValueError, op, ": ", describe(self),
-             " is a view of a tensor that requires grad; kiln does not rewrite the history of views modified "
-             "in place (it would give a wrong gradient)",
-             site.known() ? " (at " + site.str() + ")" : std::string(),
-             ". Clone the view first (v = v.clone()), or apply the op out of place");
+  if (!grad_mode_enabled()) return;
+  AutogradMeta* m = get_meta(self);
+  if (m && m->is_view) {
+    // Recorded when anything involved requires grad; a view made in no-grad
+    // mode counts its base too (torch's view of it would require grad).
+    bool record = self.requires_grad() || m->view_base.requires_grad();
+    for (const Tensor* t : other_inputs) record = record || (t && t->defined() && t->requires_grad());
+    if (record) detail::check_view_inplace(self, *m, op, site);
+    return;
+  }
+  if (!self.requires_grad()) return;
   const bool leaf = !m || !m->grad_fn;
   KILN_CHECK(!leaf, ValueError, op, ": ", describe(self),
              " is a leaf that requires grad and cannot be modified in place while grad mode is on",
@@ -140,6 +144,10 @@ void check_inplace(const Tensor& self, const char* op, CallSite site) {
 
 void rebase_history(Tensor& self, const NodePtr& node, std::initializer_list<const Tensor*> other_inputs,
                     CallSite site) {
+  if (AutogradMeta* m = get_meta(self); m && m->is_view) {
+    detail::rebase_view_history(self, *m, node, other_inputs, site);
+    return;
+  }
   node->add_next_edge(gradient_edge(self));
   for (const Tensor* in : other_inputs) node->add_next_edge(in && in->defined() ? gradient_edge(*in) : Edge{});
   node->set_site(site);

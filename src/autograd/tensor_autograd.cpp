@@ -41,6 +41,7 @@ Tensor Tensor::grad() const {
 Tensor& Tensor::mutable_grad() const { return materialize_meta(*this).grad; }
 
 autograd::Node* Tensor::grad_fn() const {
+  autograd::refresh_view(*this);
   const AutogradMeta* m = get_meta(*this);
   return m ? m->grad_fn.get() : nullptr;
 }
@@ -67,6 +68,9 @@ Tensor Tensor::detach() const {
 Tensor& Tensor::detach_() {
   KILN_CHECK(defined(), ValueError, "detach_: called on an undefined tensor");
   if (AutogradMeta* m = get_meta(*this)) {
+    // As torch: the view would stay tied to its base's history through refresh_view.
+    KILN_CHECK(!m->is_view, ValueError, "detach_: ", autograd::describe(*this),
+               " is a view; views cannot be detached in place. Use detach(), which returns a new tensor");
     m->grad_fn.reset();
     m->output_nr = 0;
   }
@@ -79,6 +83,7 @@ void Tensor::retain_grad() const {
              "retain_grad: cannot retain the gradient of a tensor that does not "
              "require grad (",
              autograd::describe(*this), ")");
+  autograd::refresh_view(*this);
   AutogradMeta& m = materialize_meta(*this);
   if (!m.grad_fn || m.retains_grad) return;
   m.retains_grad = true;
@@ -106,6 +111,7 @@ HookHandle Tensor::register_hook(std::function<Tensor(const Tensor&)> hook) cons
              "register_hook: cannot register a hook on a tensor that does not "
              "require grad (",
              autograd::describe(*this), ")");
+  autograd::refresh_view(*this);
   AutogradMeta& m = materialize_meta(*this);
   const uint64_t id = autograd::next_hook_id();
   if (m.grad_fn) {

@@ -163,9 +163,8 @@ Tensor& add_inplace_impl(const char* name, const char* node_name, Tensor& self, 
   check_alpha(name, rt, alpha);
   Tensor holder;
   const Arg other = ops::ew::check_binary_inplace(name, self, b, rt, holder);
-  autograd::check_inplace(self, name, site);
+  autograd::check_inplace(self, name, site, {b.tensor});
   const bool record = autograd::compute_requires_grad({&self, b.tensor});
-  if (record && !self.requires_grad()) ops::check_no_untracked_base(self, name, site);
   alignas(8) unsigned char buf[8];
   ops::ew::run_binary_inplace(name, BinaryOp::Add, self, other, rt,
                               alpha_arg(subtract ? negate(alpha) : alpha, rt, buf));
@@ -238,10 +237,9 @@ Tensor& mul_(Tensor& self, Arg b, CallSite site) {
   const DType rt = result_type(Arg(self), b);
   Tensor holder;
   const Arg other = check_binary_inplace("mul_", self, b, rt, holder);
-  autograd::check_inplace(self, "mul_", site);
+  autograd::check_inplace(self, "mul_", site, {b.tensor});
   IntrusivePtr<MulBackward> node;
   if (autograd::compute_requires_grad({&self, b.tensor})) {
-    if (!self.requires_grad()) ops::check_no_untracked_base(self, "mul_", site);
     node = make_intrusive<MulBackward>();
     node->a_dtype = self.dtype();
     node->b_dtype = arg_dtype(b);
@@ -283,10 +281,9 @@ Tensor& div_(Tensor& self, Arg b, CallSite site) {
   const DType rt = div_type(self, b);
   Tensor holder;
   const Arg other = check_binary_inplace("div_", self, b, rt, holder);
-  autograd::check_inplace(self, "div_", site);
+  autograd::check_inplace(self, "div_", site, {b.tensor});
   IntrusivePtr<DivBackward> node;
   if (autograd::compute_requires_grad({&self, b.tensor})) {
-    if (!self.requires_grad()) ops::check_no_untracked_base(self, "div_", site);
     node = make_intrusive<DivBackward>();
     node->a_dtype = self.dtype();
     node->b_dtype = arg_dtype(b);

@@ -117,11 +117,10 @@ Tensor copy_no_grad(const Tensor& t, DType dt, MemoryFormat f) {
 Tensor& Tensor::copy_(const Tensor& src, std::source_location loc) {
   const CallSite site = CallSite::from(loc);
   ops::check_defined(*this, "copy_", "self");
-  autograd::check_inplace(*this, "copy_", site);
+  autograd::check_inplace(*this, "copy_", site, {&src});
   // Only a floating destination can carry a gradient (torch: copying into an
   // integer tensor leaves it outside the graph).
   const bool record = is_floating_point() && autograd::compute_requires_grad({this, &src});
-  if (record && !requires_grad()) ops::check_no_untracked_base(*this, "copy_", site);
   copy_into(*this, src);
   bump_version();
   if (record) autograd::rebase_history(*this, make_intrusive<CopyBackwards>(), {&src}, site);

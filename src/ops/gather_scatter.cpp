@@ -277,9 +277,8 @@ Tensor scatter_out_of_place(const Tensor& self, int64_t dim, const Tensor& index
 Tensor& scatter_in_place(Tensor& self, int64_t dim, const Tensor& index, const Tensor* src, const Scalar* value,
                          ScatterMode mode, const char* op, const char* node_name, CallSite site) {
   ops::check_defined(self, op, "self");
-  autograd::check_inplace(self, op, site);
+  autograd::check_inplace(self, op, site, {src});
   const bool record = self.is_floating_point() && autograd::compute_requires_grad({&self, src});
-  if (record && !self.requires_grad()) ops::check_no_untracked_base(self, op, site);
   scatter_into(self, dim, index, src, value, mode, op);
   self.bump_version();
   if (record) {

@@ -15,8 +15,16 @@ Tensor view(const Tensor& t, IntArrayRef shape) { return t.view(shape); }
 Tensor sum(const Tensor& t, IntArrayRef dims, bool keepdim) { return t.sum(dims, keepdim); }
 Tensor ones_like_(const Tensor& t) { return ones_like(t); }
 Tensor zeros_(IntArrayRef shape, DType dtype) { return zeros(shape, dtype); }
+Tensor as_strided(const Tensor& t, IntArrayRef sizes, IntArrayRef strides, int64_t offset) {
+  return t.as_strided(sizes, strides, offset);
+}
+Tensor empty_strided_(IntArrayRef sizes, IntArrayRef strides, DType dtype) {
+  return empty_strided(sizes, strides, TensorOptions(dtype));
+}
+void copy_(const Tensor& self, const Tensor& src) { Tensor(self).copy_(src); }
 
-const autograd::GradMath kMath{add, add_, clone, contiguous, to, view, sum, ones_like_, zeros_};
+const autograd::GradMath kMath{add,        add_,   clone,      contiguous,     to,   view, sum,
+                               ones_like_, zeros_, as_strided, empty_strided_, copy_};
 
 const bool kInstalled = (autograd::install_grad_math(kMath), true);
 

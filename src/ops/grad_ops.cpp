@@ -188,15 +188,4 @@ Tensor as_strided_backward(const Tensor& grad, const StridedGeometry& input, con
   return storage.as_strided(input.sizes, input.strides, storage.storage_offset() + in_off);
 }
 
-void check_no_untracked_base(const Tensor& self, const char* op, autograd::CallSite site) {
-  if (self.storage().use_count() <= 1) return;
-  throw ValueError(detail::concat(
-      op, ": this op would give a history to a tensor ", self.sizes(),
-      " that does not require grad but shares its memory with another tensor (a view of it, or its base)",
-      site.known() ? " (at " + site.str() + ")" : std::string(),
-      ". kiln cannot give that other tensor the new history (PyTorch's CopySlices), so its gradient would be "
-      "silently wrong. Build the result out of place (cat, stack, where, scatter), or write into a fresh tensor "
-      "that nothing else aliases"));
-}
-
 }  // namespace kiln::ops

@@ -57,11 +57,4 @@ Tensor as_strided_backward(const Tensor& grad, const StridedGeometry& input, con
 /// `g` summed over the dims in which `sizes` was broadcast to g's shape.
 Tensor sum_to_size(const Tensor& g, IntArrayRef sizes);
 
-/// For an in-place op about to give `self` a history although `self` did not
-/// require grad: raises when `self` looks like a view of another tensor
-/// (it covers only part of a storage other tensors also hold). kiln cannot
-/// give that other tensor the history (PyTorch's CopySlices), so its gradient
-/// would be silently wrong; the message suggests cat/stack or clone().
-void check_no_untracked_base(const Tensor& self, const char* op, autograd::CallSite site);
-
 }  // namespace kiln::ops

@@ -17,6 +17,7 @@
 #include "grad_ops.h"
 #include "iter.h"
 #include "kiln/autograd/autograd_meta.h"
+#include "kiln/core/guards.h"
 #include "kiln/ops/factory.h"
 #include "kiln/ops/index.h"
 #include "kiln/ops/memory_format.h"
@@ -267,27 +268,44 @@ struct AsStridedBackward final : autograd::Node {
   }
 };
 
+// Views of floating tensors outside inference mode are tracked, as torch's
+// differentiable views: an in-place write into one must reach its base's
+// history even when only the written value requires grad (a KV cache).
+bool tracks_views(const Tensor& base) {
+  return base.is_floating_point() && !base.impl()->is_inference() && !inference_mode_enabled();
+}
+
+autograd::ViewCreation creation_mode() {
+  return grad_mode_enabled() ? autograd::ViewCreation::kDefault : autograd::ViewCreation::kNoGradMode;
+}
+
 // Records `node` (filled by `fill`) as the history of `out`, a view of `base`,
-// when base requires grad and grad mode is on; otherwise nothing is allocated.
+// when base requires grad and grad mode is on; otherwise only marks the view.
 template <typename NodeT, typename Fill>
 Tensor record_view(Tensor out, const Tensor& base, const std::source_location& loc, Fill&& fill) {
   if (autograd::compute_requires_grad({&base})) {
     auto node = make_intrusive<NodeT>();
     fill(*node);
     autograd::set_view_history(out, node, base, CallSite::from(loc));
+  } else if (tracks_views(base)) {
+    autograd::mark_view(out, base, creation_mode());
   }
   return out;
 }
 
-// The multi-output form: one node whose outputs are all views of `base`.
+// The multi-output form: views of `base` from one op (split, chunk, unbind),
+// which torch does not let be written in place under grad mode. `node` is
+// null when base needs no gradient.
 void record_views(std::vector<Tensor>& views, const autograd::NodePtr& node, const Tensor& base,
                   const std::source_location& loc) {
-  autograd::set_history(views, node, TensorList{base}, CallSite::from(loc));
-  for (Tensor& v : views) {
-    autograd::AutogradMeta& m = autograd::materialize_meta(v);
-    m.is_view = true;
-    m.view_version = v.version();
+  if (node) {
+    autograd::set_history(views, node, TensorList{base}, CallSite::from(loc));
+  } else if (!tracks_views(base)) {
+    return;
   }
+  const auto creation =
+      node || grad_mode_enabled() ? autograd::ViewCreation::kMultipleOutput : autograd::ViewCreation::kNoGradMode;
+  for (Tensor& v : views) autograd::mark_view(v, base, creation);
 }
 
 Tensor transpose_view(const Tensor& t, int64_t d0, int64_t d1) {
@@ -338,6 +356,7 @@ std::vector<Tensor> split_views(const Tensor& t, int64_t d, IntArrayRef lengths)
 
 std::vector<Tensor> record_split(std::vector<Tensor> views, const Tensor& base, int64_t d, IntArrayRef lengths,
                                  const char* node_name, const std::source_location& loc) {
+  autograd::NodePtr recorded;
   if (autograd::compute_requires_grad({&base})) {
     auto node = make_intrusive<SplitBackward>();
     node->node_name = node_name;
@@ -345,8 +364,9 @@ std::vector<Tensor> record_split(std::vector<Tensor> views, const Tensor& base, 
     node->dim = d;
     node->dtype = base.dtype();
     node->lengths = DimVector(lengths);
-    record_views(views, node, base, loc);
+    recorded = node;
   }
+  record_views(views, recorded, base, loc);
   return views;
 }
 
@@ -606,13 +626,15 @@ std::vector<Tensor> Tensor::unbind(int64_t d, std::source_location loc) const {
   for (int64_t i = 0; i < sizes()[d]; ++i) {
     out.push_back(make_view(*this, select_geometry(sizes(), strides(), storage_offset(), d, i)));
   }
+  autograd::NodePtr recorded;
   if (!out.empty() && autograd::compute_requires_grad({this})) {
     auto node = make_intrusive<UnbindBackward>();
     node->self_sizes = DimVector(sizes());
     node->dim = d;
     node->dtype = dtype();
-    record_views(out, node, *this, loc);
+    recorded = node;
   }
+  record_views(out, recorded, *this, loc);
   return out;
 }
 

@@ -14,6 +14,13 @@ namespace kiln::autograd {
 
 class AccumulateGrad;
 
+/// How a view was made, for the in-place writes torch refuses on it.
+enum class ViewCreation : uint8_t {
+  kDefault,
+  kMultipleOutput,  // one of several views returned by one op (split, chunk, unbind)
+  kNoGradMode,      // made with grad mode off from a base that requires grad
+};
+
 struct AutogradMeta final : AutogradMetaInterface {
   Tensor grad;
   NodePtr grad_fn;  // null for leaves
@@ -23,10 +30,16 @@ struct AutogradMeta final : AutogradMetaInterface {
   /// so leaf and graph do not keep each other alive.
   AccumulateGrad* grad_accumulator = nullptr;
   bool retains_grad = false;
-  /// A differentiable view of another tensor, and the storage version its
-  /// history is valid for (docs/autograd.md, "Views").
+  /// A differentiable view of `view_base` (docs/autograd.md, "Views"): the
+  /// root tensor whose storage it looks into (never itself a view), how the
+  /// view was made, and the storage version its grad_fn is valid for. After
+  /// any in-place write into the storage the view's grad_fn is rebuilt from
+  /// the base's history (refresh_view), so a write through the base, a
+  /// sibling view or a detach() alias is seen as torch sees it.
   bool is_view = false;
+  ViewCreation view_creation = ViewCreation::kDefault;
   uint32_t view_version = 0;
+  Tensor view_base;
   std::string name;  // "layers.0.weight" once a module registers it
 
   struct Hook {
@@ -42,12 +55,25 @@ struct AutogradMeta final : AutogradMetaInterface {
   uint64_t retain_grad_hook_id = 0;
 
   ~AutogradMeta() override;
+  bool requires_grad_through_base() const override {
+    return is_view && view_creation != ViewCreation::kNoGradMode && view_base.requires_grad();
+  }
 };
 
 /// The tensor's autograd meta, or null.
 AutogradMeta* get_meta(const Tensor& t);
 /// The tensor's autograd meta, created on first use.
 AutogradMeta& materialize_meta(const Tensor& t);
+
+/// Marks `view` (just made from `base` by a view op) as a differentiable view
+/// of base's root. Its grad_fn, if any, is set by the caller.
+void mark_view(const Tensor& view, const Tensor& base, ViewCreation creation);
+
+/// Rebuilds a stale view's grad_fn from its base's current history (an
+/// AsStridedBackward0 node, as torch's), when the storage was written since
+/// the view's history was recorded. Raises for views torch refuses to
+/// rebuild (one of several outputs of split/chunk/unbind).
+void refresh_view(const Tensor& t);
 
 /// The node gradients for `t` flow into: its grad_fn, or (for a leaf that
 /// requires grad) its AccumulateGrad node, created on demand. Invalid edge

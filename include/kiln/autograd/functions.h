@@ -52,17 +52,26 @@ void set_history(std::initializer_list<Tensor*> outputs, const NodePtr& node,
 void set_history(Tensor& output, const NodePtr& node, std::initializer_list<const Tensor*> inputs, CallSite site = {});
 void set_history(TensorList& outputs, const NodePtr& node, const TensorList& inputs, CallSite site = {});
 
-/// For view ops: set_history, then marks `view` as a differentiable view so
-/// that in-place changes made through other aliases are caught on use.
-void set_view_history(Tensor& view, const NodePtr& node, const Tensor& base, CallSite site = {});
+/// For view ops: set_history, then marks `view` as a differentiable view of
+/// base (mark_view), so that an in-place write into it rewrites the base's
+/// history and a write through another alias rebuilds the view's.
+void set_view_history(Tensor& view, const NodePtr& node, const Tensor& base, CallSite site = {},
+                      ViewCreation creation = ViewCreation::kDefault);
 
-/// Before an in-place op on `self`: raises the PyTorch error for a leaf that
-/// requires grad (naming it), and records the op and site on the storage so
-/// a later version-mismatch error can say who modified the tensor.
-void check_inplace(const Tensor& self, const char* op, CallSite site = {});
+/// Before an in-place op on `self` with `other_inputs` (the op's other tensor
+/// operands): raises the PyTorch errors — a leaf that requires grad, a view
+/// of one, a view torch will not rewrite (one of several outputs of split,
+/// chunk or unbind; one made in no-grad mode) — naming the tensor, and
+/// records the op and site on the storage so a later version-mismatch error
+/// can say who modified the tensor. Nothing is written before it passes.
+void check_inplace(const Tensor& self, const char* op, CallSite site = {},
+                   std::initializer_list<const Tensor*> other_inputs = {});
 
-/// After an in-place op recorded as `node` on a non-leaf `self`: `self` now
-/// has `node` as grad_fn (its history is rewritten, as PyTorch does).
+/// After an in-place op recorded as `node` on `self`: `self` now has `node`
+/// as grad_fn (its history is rewritten, as PyTorch does). When `self` is a
+/// view, the base's history is rewritten instead (a CopySlices node wrapping
+/// `node`, as torch's) and the view's grad_fn is rebuilt from it, so the
+/// gradient reaches the base, the written values and earlier readers alike.
 void rebase_history(Tensor& self, const NodePtr& node, std::initializer_list<const Tensor*> other_inputs,
                     CallSite site = {});
 

@@ -29,6 +29,10 @@ struct GradMath {
   Tensor (*sum)(const Tensor& t, IntArrayRef dims, bool keepdim);
   Tensor (*ones_like)(const Tensor& t);
   Tensor (*zeros)(IntArrayRef shape, DType dtype);
+  // For views written in place (CopySlices, refresh_view); recorded when grad mode is on.
+  Tensor (*as_strided)(const Tensor& t, IntArrayRef sizes, IntArrayRef strides, int64_t storage_offset);
+  Tensor (*empty_strided)(IntArrayRef sizes, IntArrayRef strides, DType dtype);
+  void (*copy_)(const Tensor& self, const Tensor& src);
 };
 
 /// The table ops installed. Raises InternalError if none was (a program that

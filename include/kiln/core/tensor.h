@@ -253,6 +253,18 @@ class Tensor {
                      std::source_location loc = std::source_location::current()) const;
   Tensor& masked_fill_(const Tensor& mask, const Scalar& value,
                        std::source_location loc = std::source_location::current());
+  /// torch's advanced indexing with index tensors, x[i0, i1, ...]: one tensor per
+  /// leading dim, int64/int32 (broadcast together; negative values count from the
+  /// end) or bool (a mask over as many dims as it has, standing for its nonzero
+  /// positions). The indexed dims become the broadcast index shape, followed by
+  /// the remaining dims. Always a copy.
+  Tensor index(const std::vector<Tensor>& indices, std::source_location loc = std::source_location::current()) const;
+  /// x[indices] = values (values broadcast to the indexed shape); with
+  /// `accumulate`, x[indices] += values, summing repeated positions.
+  Tensor& index_put_(const std::vector<Tensor>& indices, const Tensor& values, bool accumulate = false,
+                     std::source_location loc = std::source_location::current());
+  Tensor index_put(const std::vector<Tensor>& indices, const Tensor& values, bool accumulate = false,
+                   std::source_location loc = std::source_location::current()) const;
 
   // ---- elementwise arithmetic (broadcasting, PyTorch promotion) ----
   // `loc` (this section and the next) is the caller's file:line, recorded on

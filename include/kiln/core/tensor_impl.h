@@ -18,6 +18,10 @@ namespace kiln {
 /// Implemented by the autograd layer; core only owns and destroys it.
 struct AutogradMetaInterface {
   virtual ~AutogradMetaInterface() = default;
+  /// A differentiable view requires grad whenever its base does, including
+  /// when the base gained a history after the view was made (an in-place
+  /// write through a sibling view), as torch's views do.
+  virtual bool requires_grad_through_base() const = 0;
 };
 
 class TensorImpl final : public RefCounted {
@@ -45,7 +49,9 @@ class TensorImpl final : public RefCounted {
   /// converts a parameter that members, optimizers and hooks already hold.
   void set_data(Storage storage, DType dtype, IntArrayRef sizes, IntArrayRef strides, int64_t offset);
 
-  bool requires_grad() const { return requires_grad_; }
+  bool requires_grad() const {
+    return requires_grad_ || (autograd_meta_ && autograd_meta_->requires_grad_through_base());
+  }
   void set_requires_grad_flag(bool r) { requires_grad_ = r; }
 
   AutogradMetaInterface* autograd_meta() const { return autograd_meta_.get(); }

@@ -481,12 +481,96 @@ void register_embedding_one_hot(std::vector<OpSpec>& r) {
       });
 }
 
+// Advanced indexing with index tensors (index_put.cpp): x[i], x[i, j], x[mask],
+// x[:, i], and x[i] = v / x[i] += v, out of place and into a view.
+void register_advanced_index(std::vector<OpSpec>& r) {
+  reg(
+      r, "index", kAll,
+      [](DType dt) {
+        return std::vector<OpSample>{
+            one("int index, 2-D, negative", {sample_tensor({4, 3}, dt, 401), idx({0, -1, 2, 0}, {2, 2})},
+                [](const Inputs& x) { return x[0].index({x[1]}); }, "x0[x1]"),
+            one("two int indices broadcast", {sample_tensor({3, 4, 2}, dt, 402), idx({2, 0}, {2, 1}), idx({1, 3, 3})},
+                [](const Inputs& x) { return x[0].index({x[1], x[2]}); }, "x0[x1, x2]"),
+            one("bool mask, all dims", {sample_tensor({3, 4}, dt, 403), sample_tensor({3, 4}, kBool, 404)},
+                [](const Inputs& x) { return x[0].index({x[1]}); }, "x0[x1]"),
+            one("bool mask, leading dim", {sample_noncontig({4, 3}, dt, 405), tensor<bool>({true, false, true, true})},
+                [](const Inputs& x) { return x[0].index({x[1]}); }, "x0[x1]"),
+            one("after a full slice", {sample_tensor({2, 5}, dt, 406), idx({4, 0, 4})},
+                [](const Inputs& x) { return x[0].index({Tensor(), x[1]}); }, "x0[:, x1]"),
+            one("0-dim index", {sample_tensor({4, 3}, dt, 407), scalar_tensor(2, kInt64)},
+                [](const Inputs& x) { return x[0].index({x[1]}); }, "x0[x1]"),
+        };
+      },
+      [] {
+        return std::vector<OpErrorCase>{
+            err("out of range", [] { x34().index({idx({1, 3})}); }, "IndexError",
+                "index 3 is out of bounds for dimension 0 with size 3"),
+            err("float index", [] { x34().index({tensor<float>({1.f})}); }, "IndexError",
+                "tensors used as indices must be int64, int32, bool or uint8, got float32"),
+            err("mask shape", [] { x34().index({tensor<bool>({true, false})}); }, "IndexError",
+                "the shape of the mask [2] at index 0 does not match the shape of the indexed tensor [3, 4] at dim 0"),
+            err("too many", [] { x34().index({idx({0}), idx({0}), idx({0})}); }, "IndexError",
+                "too many indices for a tensor of dimension 2"),
+            err("not adjacent", [] { zeros({2, 3, 4}).index({idx({0}), Tensor(), idx({1})}); }, "IndexError",
+                "must index adjacent dims"),
+        };
+      });
+
+  reg(
+      r, "index_put", kAll,
+      [](DType dt) {
+        std::vector<OpSample> v{
+            one("int index, row values", {sample_tensor({4, 3}, dt, 411), idx({3, 0}), sample_tensor({2, 3}, dt, 412)},
+                [](const Inputs& x) { return x[0].index_put({x[1]}, x[2]); }, "x0.index_put((x1,), x2)"),
+            one("broadcast values", {sample_tensor({4, 3}, dt, 413), idx({-1, 1}), sample_tensor({3}, dt, 414)},
+                [](const Inputs& x) { return x[0].index_put({x[1]}, x[2]); }, "x0.index_put((x1,), x2)"),
+            one("bool mask, 0-dim value", {sample_tensor({3, 4}, dt, 415), sample_tensor({3, 4}, kBool, 416),
+                                           sample_tensor({}, dt, 417)},
+                [](const Inputs& x) { return x[0].index_put({x[1]}, x[2]); }, "x0.index_put((x1,), x2)"),
+            one("two indices into a view", {sample_tensor({3, 4}, dt, 418), idx({0, 2}), idx({1, 1}),
+                                            sample_tensor({2}, dt, 419)},
+                [](const Inputs& x) {
+                  Tensor s = x[0].clone();
+                  s.t().index_put_({x[2], x[1]}, x[3]);
+                  return s;
+                },
+                "(s := x0.clone(), s.t().index_put_((x2, x1), x3), s)[-1]"),
+        };
+        if (dt != kBool) {
+          v.push_back(one("accumulate, repeated", {sample_tensor({4, 3}, dt, 420), idx({0, 2, 0, -4}),
+                                                   sample_tensor({4, 3}, dt, 421)},
+                          [](const Inputs& x) { return x[0].index_put({x[1]}, x[2], true); },
+                          "x0.index_put((x1,), x2, accumulate=True)"));
+        }
+        return v;
+      },
+      [] {
+        return std::vector<OpErrorCase>{
+            err("values dtype", [] { x34().index_put({idx({0})}, zeros({4}, kFloat64)); }, "DTypeError",
+                "the values' dtype must match self's"),
+            err("values shape", [] { x34().index_put({idx({0, 1})}, zeros({3})); }, "ShapeError",
+                "values of shape [3] cannot be broadcast to the indexed shape [2, 4]"),
+            err("out of range leaves self", [] {
+                  Tensor x = x34();
+                  try {
+                    x.index_put_({idx({0, 7})}, zeros({4}));
+                  } catch (const IndexError&) {
+                    KILN_CHECK(x.equal(x34()), ValueError, "index_put_ wrote before raising");
+                    throw;
+                  }
+                }, "IndexError", "index 7 is out of bounds for dimension 0 with size 3"),
+        };
+      });
+}
+
 }  // namespace
 
 void register_index_ops(std::vector<OpSpec>& r) {
   register_select_gather(r);
   register_scatter(r);
   register_masked_where(r);
+  register_advanced_index(r);
   register_join(r);
   register_embedding_one_hot(r);
 }
