@@ -291,11 +291,6 @@ Tensor einsum(std::string_view equation, const std::vector<Tensor>& operands, st
   std::vector<int64_t> sum_first;
   for (int64_t p = out_size; p < rank; ++p)
     if (last_op[static_cast<size_t>(p)] == 0 && laid[0].size(p) != 1) sum_first.push_back(p);
-  if (nops == 1) {
-    std::vector<int64_t> all;
-    for (int64_t p = out_size; p < rank; ++p) all.push_back(p);
-    return all.empty() ? laid[0] : laid[0].sum(all, /*keepdim=*/false, std::nullopt, loc);
-  }
   Tensor result = sum_first.empty() ? laid[0] : laid[0].sum(sum_first, /*keepdim=*/true, std::nullopt, loc);
   for (size_t i = 1; i < nops; ++i) {
     std::vector<bool> summed(static_cast<size_t>(rank), false);
