@@ -24,6 +24,7 @@
 #include "kiln/ops/autocast.h"
 #include "kiln/ops/batch_norm.h"
 #include "kiln/ops/conv.h"
+#include "kiln/ops/einsum.h"
 #include "kiln/ops/elementwise.h"
 #include "kiln/ops/factory.h"
 #include "kiln/ops/gradcheck.h"

@@ -165,10 +165,24 @@ std::string AvgPool2d::extra_repr() const {
          ", stride=" + int_or_tuple(options.stride.empty() ? options.kernel_size : options.stride) +
          ", padding=" + int_or_tuple(options.padding);
 }
+namespace {
+OptionalSize2d optional_pair(const std::vector<int64_t>& v) {
+  const std::vector<int64_t> p = pair2(v, "AdaptiveAvgPool2d output_size");
+  return {p[0], p[1]};
+}
+std::string int_or_none(std::optional<int64_t> v) { return v ? std::to_string(*v) : "None"; }
+}  // namespace
 AdaptiveAvgPool2d::AdaptiveAvgPool2d(std::vector<int64_t> output_size)
-    : Module("AdaptiveAvgPool2d"), output_size(pair2(output_size, "AdaptiveAvgPool2d output_size")) {}
+    : Module("AdaptiveAvgPool2d"), output_size(optional_pair(output_size)), one_value_(output_size.size() == 1) {}
+AdaptiveAvgPool2d::AdaptiveAvgPool2d(std::initializer_list<int64_t> output_size)
+    : AdaptiveAvgPool2d(std::vector<int64_t>(output_size)) {}
+AdaptiveAvgPool2d::AdaptiveAvgPool2d(OptionalSize2d output_size)
+    : Module("AdaptiveAvgPool2d"), output_size(output_size) {}
 Tensor AdaptiveAvgPool2d::forward(const Tensor& x) { return adaptive_avg_pool2d(x, output_size); }
-std::string AdaptiveAvgPool2d::extra_repr() const { return "output_size=" + int_or_tuple(output_size); }
+std::string AdaptiveAvgPool2d::extra_repr() const {
+  if (one_value_) return "output_size=" + int_or_none(output_size[0]);
+  return "output_size=(" + int_or_none(output_size[0]) + ", " + int_or_none(output_size[1]) + ")";
+}
 
 // ---- Flatten, GELU ----
 Flatten::Flatten(int64_t start_dim, int64_t end_dim) : Module("Flatten"), start_dim(start_dim), end_dim(end_dim) {}

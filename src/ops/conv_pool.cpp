@@ -243,4 +243,14 @@ Tensor adaptive_avg_pool2d(const Tensor& input, IntArrayRef output_size, std::so
   return ops::conv_detail::adaptive_avg_pool2d(input, os[0], os[1], autograd::CallSite::from(loc));
 }
 
+Tensor adaptive_avg_pool2d(const Tensor& input, OptionalSize2d output_size, std::source_location loc) {
+  check_input_4d(input, "adaptive_avg_pool2d");
+  const int64_t os[2] = {output_size[0].value_or(input.size(-2)), output_size[1].value_or(input.size(-1))};
+  return adaptive_avg_pool2d(input, IntArrayRef(os, 2), loc);
+}
+
+Tensor adaptive_avg_pool2d(const Tensor& input, std::initializer_list<int64_t> output_size, std::source_location loc) {
+  return adaptive_avg_pool2d(input, IntArrayRef(output_size), loc);
+}
+
 }  // namespace kiln

@@ -505,6 +505,31 @@ Tensor matmul(const Tensor& self, const Tensor& other, std::source_location loc)
   return matmul_impl(self, other, autograd::CallSite::from(loc));
 }
 
+namespace {
+
+// linear with a weight of shape [in_features]: input · weight, the last dim
+// dropped (torch.nn.functional.linear's 1-D weight form), then + bias. The
+// product is matmul's (its 2-D · 1-D and 1-D · 1-D rules, and their backward);
+// the bias must broadcast to the output without enlarging it, as torch's
+// in-place add_ of the bias requires: a 0-dim bias is the usual one.
+Tensor linear_vector_weight(const Tensor& input, const Tensor& weight, const Tensor& bias, std::source_location loc) {
+  KILN_CHECK(input.dim() >= 1, ShapeError, "linear: expected input of shape [..., in_features], got a 0-dim tensor");
+  KILN_CHECK(input.size(-1) == weight.size(0), ShapeError, "linear: input of shape ", input.sizes(),
+             " has in_features ", input.size(-1), " but the 1-D weight of shape ", weight.sizes(), " expects ",
+             weight.size(0), " (a 1-D weight is [in_features])");
+  check_matmul_dtypes("linear", input, weight, "input", "weight");
+  Tensor out = matmul_impl(input, weight, autograd::CallSite::from(loc));
+  if (!bias.defined()) return out;
+  check_matmul_dtypes("linear", input, bias, "input", "bias");
+  bool fits = bias.dim() <= out.dim();
+  for (int64_t i = 1; fits && i <= bias.dim(); ++i) fits = bias.size(-i) == 1 || bias.size(-i) == out.size(-i);
+  KILN_CHECK(fits, ShapeError, "linear: bias of shape ", bias.sizes(), " does not broadcast to the output shape ",
+             out.sizes(), " (with a 1-D weight the output drops input's last dim; expected a 0-dim bias)");
+  return out.add(bias, 1, loc);
+}
+
+}  // namespace
+
 Tensor linear(const Tensor& input, const Tensor& weight, const Tensor& bias, std::source_location loc) {
   if (autocast_enabled())
     return ops::autocast_call(
@@ -512,8 +537,9 @@ Tensor linear(const Tensor& input, const Tensor& weight, const Tensor& bias, std
         input, weight, bias);
   ops::check_defined(input, "linear", "input");
   ops::check_defined(weight, "linear", "weight");
-  KILN_CHECK(weight.dim() == 2, ShapeError, "linear: expected weight of shape [out_features, in_features], got ",
-             weight.sizes());
+  if (weight.dim() == 1) return linear_vector_weight(input, weight, bias, loc);
+  KILN_CHECK(weight.dim() == 2, ShapeError,
+             "linear: expected weight of shape [out_features, in_features] or [in_features], got ", weight.sizes());
   KILN_CHECK(input.dim() >= 1, ShapeError, "linear: expected input of shape [..., in_features], got a 0-dim tensor");
   KILN_CHECK(input.size(-1) == weight.size(1), ShapeError, "linear: input of shape ", input.sizes(),
              " has in_features ", input.size(-1), " but weight of shape ", weight.sizes(), " expects ", weight.size(1),

@@ -290,7 +290,8 @@ TEST(Linalg, ErrorsNameOpShapesAndDtypes) {
             std::string::npos);
   EXPECT_THROW(linear(zeros({2, 3}), zeros({4, 3}), zeros({5})), ShapeError);
   EXPECT_THROW(linear(zeros({2, 3}), zeros({4, 3}), zeros({4}, kFloat64)), DTypeError);
-  EXPECT_THROW(linear(zeros({2, 3}), zeros({3})), ShapeError);
+  // A 1-D weight is [in_features] (torch's 1-D weight form, LinalgGrad.LinearWithVectorWeight*); its size must fit.
+  EXPECT_THROW(linear(zeros({2, 3}), zeros({4})), ShapeError);
 }
 
 TEST(Linalg, TransposedBatchTimesMatrixReadsInPlace) {

@@ -11,6 +11,7 @@
 #include "kiln/kernels/dnnl.h"
 #include "kiln/kiln.h"
 #include "kiln/ops/linalg.h"
+#include "support/test_util.h"
 
 using namespace kiln;
 using kiln::test::expect_gradcheck;
@@ -260,4 +261,88 @@ TEST(LinalgGrad, BackwardReusesCachedPrimitives) {
   const Tensor second = step();
   EXPECT_EQ(kernels::dnnl_primitives_created(), created) << "a repeated backward created oneDNN primitives";
   EXPECT_TRUE(first.allclose(second, 0, 0));
+}
+
+// linear with a 1-D weight [in_features], torch.nn.functional.linear's documented form: input · weight with
+// the last dim dropped, plus a 0-dim bias. torch 1.13 (the oracle) computes it without a bias, so those
+// cases compare with F.linear itself; with a bias it refuses 2-D and contiguous 3-D inputs ("mat2 must be
+// a matrix": its addmm fast path assumes a 2-D weight), so every biased case compares with
+// torch.matmul(x, w) + b, the formula torch documents and later versions compute.
+TEST(LinalgGrad, LinearWithVectorWeightMatchesTorch) {
+  struct VectorWeightCase {
+    const char* label;
+    Tensor x;
+    bool bias;
+  };
+  const std::vector<VectorWeightCase> cases = {
+      {"1-D input", leaf({4}, 1201), false},
+      {"1-D input, bias", leaf({4}, 1202), true},
+      {"2-D input", leaf({3, 4}, 1203), false},
+      {"2-D input, bias", leaf({3, 4}, 1204), true},
+      {"3-D input", leaf({2, 3, 4}, 1205), false},
+      {"3-D input, bias", leaf({2, 3, 4}, 1206), true},
+      {"transposed 2-D input, bias", transposed_leaf({4, 3}, 1207), true},
+  };
+  std::vector<kiln::test::TorchGradCase> grads;
+  kiln::test::OracleBatch values;
+  struct Pending {
+    size_t index;
+    Tensor got;
+    double tol;
+    std::string what;
+  };
+  std::vector<Pending> pending;
+  uint64_t seed = 1210;
+  for (const VectorWeightCase& c : cases) {
+    const Tensor w = leaf({4}, seed++), b = leaf({}, seed++);
+    TensorList xs{c.x, w};
+    if (c.bias) xs.push_back(b);
+    const std::string expr = c.bias ? "torch.matmul(x0, x1) + x2" : "F.linear(x0, x1)";
+    grads.push_back({c.label, c.bias ? linear3 : linear2, xs, expr});
+    for (DType dt : {kFloat32, kFloat64}) {
+      TensorList in;
+      for (const Tensor& x : xs) in.push_back(x.detach().to(dt));
+      const Tensor got = c.bias ? linear(in[0], in[1], in[2]) : linear(in[0], in[1]);
+      pending.push_back({values.add(std::string(c.label) + " " + std::string(dtype_name(dt)), expr, in), got,
+                         dt == kFloat32 ? 1e-5 : 1e-12, std::string(c.label) + " " + std::string(dtype_name(dt))});
+    }
+  }
+  values.run();
+  for (const Pending& p : pending) {
+    const kiln::test::OracleOutcome& r = values.outcome(p.index);
+    ASSERT_TRUE(r.ok) << p.what << ": torch raised " << r.error;
+    ASSERT_EQ(p.got.sizes().vec(), r.outputs[0].sizes().vec()) << p.what;
+    ASSERT_EQ(p.got.dtype(), r.outputs[0].dtype()) << p.what;
+    const auto a = kiln::test::values(p.got), e = kiln::test::values(r.outputs[0]);
+    for (size_t i = 0; i < a.size(); ++i)
+      ASSERT_LE(std::abs(a[i] - e[i]), p.tol * (1 + std::abs(e[i]))) << p.what << " element " << i;
+  }
+  kiln::test::expect_grads_match_torch(grads, 1e-10, 1e-12);
+}
+
+TEST(LinalgGrad, LinearWithVectorWeightGradcheck) {
+  expect_gradcheck(linear2, {leaf({3, 4}, 1301), leaf({4}, 1302)}, "linear, 1-D weight");
+  expect_gradcheck(linear3, {leaf({2, 3, 4}, 1303), leaf({4}, 1304), leaf({}, 1305)}, "linear, 1-D weight, bias");
+  expect_gradcheck(linear3, {leaf({4}, 1306), leaf({4}, 1307), leaf({}, 1308)}, "linear, 1-D input and weight");
+  expect_gradgradcheck(linear3, {leaf({3, 4}, 1309), leaf({4}, 1310), leaf({}, 1311)}, "linear, 1-D weight, bias");
+  expect_gradgradcheck(linear2, {leaf({4}, 1312), leaf({4}, 1313)}, "linear, 1-D input and weight");
+}
+
+TEST(LinalgGrad, LinearWithVectorWeightErrors) {
+  auto message = [](auto f) { return kiln::test::error_message<ShapeError>(f); };
+  const std::string wrong_in = message([] { linear(zeros({3, 4}), zeros({5})); });
+  EXPECT_NE(wrong_in.find("input of shape [3, 4] has in_features 4 but the 1-D weight of shape [5] expects 5"),
+            std::string::npos)
+      << wrong_in;
+  // The output of a 2-D input is [3]: a [2] bias cannot broadcast to it, nor a [1] bias to the 0-dim output of a
+  // 1-D input (torch: "output with shape [] doesn't match the broadcast shape [1]").
+  const std::string bad_bias = message([] { linear(zeros({3, 4}), zeros({4}), zeros({2})); });
+  EXPECT_NE(bad_bias.find("bias of shape [2] does not broadcast to the output shape [3]"), std::string::npos)
+      << bad_bias;
+  EXPECT_NE(bad_bias.find("expected a 0-dim bias"), std::string::npos) << bad_bias;
+  EXPECT_NE(message([] { linear(zeros({4}), zeros({4}), zeros({1})); }), "<no error>");
+  const std::string three_d = message([] { linear(zeros({3, 4}), zeros({2, 3, 4})); });
+  EXPECT_NE(three_d.find("[out_features, in_features] or [in_features], got [2, 3, 4]"), std::string::npos)
+      << three_d;
+  EXPECT_EQ(linear(zeros({2, 3, 4}), ones({4}), full({}, 0.5)).sizes().vec(), (std::vector<int64_t>{2, 3}));
 }

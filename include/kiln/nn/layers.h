@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "kiln/nn/module.h"
+#include "kiln/ops/conv.h"
 #include "kiln/ops/linalg.h"
 
 namespace kiln::nn {
@@ -118,12 +119,23 @@ class AvgPool2d : public Module {
   std::string extra_repr() const override;
   const Pool2dOptions options;
 };
+/// output_size: one value for both dims or two ({oH, oW}); in the
+/// OptionalSize2d form std::nullopt is torch's None, "keep the input's size":
+///   AdaptiveAvgPool2d(OptionalSize2d{std::nullopt, 7})  // nn.AdaptiveAvgPool2d((None, 7))
+/// It prints itself as torch does: output_size=1, (3, 2), (None, 7).
 class AdaptiveAvgPool2d : public Module {
  public:
   explicit AdaptiveAvgPool2d(std::vector<int64_t> output_size);
+  /// {3, 2} and {1}: the integer form (a braced list would fit the other two constructors equally well).
+  explicit AdaptiveAvgPool2d(std::initializer_list<int64_t> output_size);
+  explicit AdaptiveAvgPool2d(OptionalSize2d output_size);
   Tensor forward(const Tensor& x) override;
   std::string extra_repr() const override;
-  const std::vector<int64_t> output_size;
+  /// Both dims (one value given: repeated); nullopt keeps the input's size in that dim.
+  const OptionalSize2d output_size;
+
+ private:
+  bool one_value_ = false;  // given as one int: printed as one, as torch
 };
 
 /// x.flatten(start_dim, end_dim); defaults keep the batch dim, as torch.

@@ -9,7 +9,9 @@
 // weight and bias must share one dtype (DTypeError otherwise, as torch).
 #pragma once
 
+#include <array>
 #include <cstdint>
+#include <initializer_list>
 #include <optional>
 #include <tuple>
 
@@ -50,9 +52,21 @@ Tensor avg_pool2d(const Tensor& input, IntArrayRef kernel_size, IntArrayRef stri
                   std::optional<int64_t> divisor_override = std::nullopt,
                   std::source_location loc = std::source_location::current());
 
+/// An output size {oH, oW} whose entries may be std::nullopt, torch's None:
+/// "keep the input's size in that dim", as F.adaptive_avg_pool2d(x, (None, 7)).
+using OptionalSize2d = std::array<std::optional<int64_t>, 2>;
+
 /// Output [..., oH, oW]; cell i averages input rows [floor(i * H / oH),
 /// ceil((i + 1) * H / oH)) and likewise columns, so bins may overlap.
 Tensor adaptive_avg_pool2d(const Tensor& input, IntArrayRef output_size,
+                           std::source_location loc = std::source_location::current());
+/// adaptive_avg_pool2d(x, {std::nullopt, 7}): a nullopt entry keeps that dim's input size.
+Tensor adaptive_avg_pool2d(const Tensor& input, OptionalSize2d output_size,
+                           std::source_location loc = std::source_location::current());
+/// adaptive_avg_pool2d(x, {2, 3}) and (x, {1}): a braced list of integers
+/// would convert as well to IntArrayRef as to OptionalSize2d (an ambiguous
+/// call); this exact match takes it, meaning what IntArrayRef means.
+Tensor adaptive_avg_pool2d(const Tensor& input, std::initializer_list<int64_t> output_size,
                            std::source_location loc = std::source_location::current());
 
 }  // namespace kiln

@@ -35,7 +35,10 @@ Tensor matmul(const Tensor& self, const Tensor& other, std::source_location loc 
 /// input [..., in_features] · weight[out_features, in_features]ᵀ + bias
 /// [out_features] -> [..., out_features]. The bias is fused into the product
 /// (any bias that broadcasts to the output is accepted, as torch); weight is
-/// read transposed in place, never copied.
+/// read transposed in place, never copied. A 1-D weight [in_features] gives
+/// input · weight, the last dim dropped ([...]), as torch's 1-D weight form;
+/// its bias must then broadcast to that output without enlarging it (a 0-dim
+/// bias, as torch's in-place add of the bias requires).
 Tensor linear(const Tensor& input, const Tensor& weight, const Tensor& bias = {},
               std::source_location loc = std::source_location::current());
 /// out = self · other written into `out`, which may be a strided view (unit

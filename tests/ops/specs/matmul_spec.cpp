@@ -1,6 +1,7 @@
-// Registry entries for the linalg family: mm, bmm, matmul, linear
+// Registry entries for the linalg family: mm, bmm, matmul, linear, einsum
 // (tests/ops/specs/op_spec.h). Each sample names the torch expression the
 // oracle evaluates over x0, x1, ...
+#include "kiln/ops/einsum.h"
 #include "kiln/ops/linalg.h"
 #include "kiln/ops/factory.h"
 #include "ops/specs/op_spec.h"
@@ -172,6 +173,11 @@ void register_linalg_ops(std::vector<OpSpec>& r) {
             sample("2-D bias (broadcast)", {s({3, 4}, 65), s({5, 4}, 66), s({3, 5}, 67)}, with_bias,
                    "F.linear(x0, x1, x2)"),
             sample("empty batch", {s({0, 4}, 68), s({5, 4}, 69), s({5}, 70)}, with_bias, "F.linear(x0, x1, x2)"),
+            // A 1-D weight [in_features] drops the last dim; torch 1.13 takes it without a bias, or with a 0-dim
+            // bias for a 1-D input (the other biased forms: LinalgGrad.LinearWithVectorWeightMatchesTorch).
+            sample("1-D weight", {s({3, 4}, 71), s({4}, 72)}, no_bias, "F.linear(x0, x1)"),
+            sample("1-D weight and input, 0-dim bias", {s({4}, 73), s({4}, 74), s({}, 75)}, with_bias,
+                   "F.linear(x0, x1, x2)"),
         };
       },
       dense_tolerance,
@@ -179,12 +185,46 @@ void register_linalg_ops(std::vector<OpSpec>& r) {
         return std::vector<OpErrorCase>{
             error_case("in_features", [] { linear(zeros({2, 3}), zeros({4, 5})); }, "ShapeError",
                        "[out_features, in_features]"),
-            error_case("weight rank", [] { linear(zeros({2, 3}), zeros({3})); }, "ShapeError",
-                       "expected weight of shape [out_features, in_features]"),
+            error_case("weight rank", [] { linear(zeros({2, 3}), zeros({2, 4, 3})); }, "ShapeError",
+                       "expected weight of shape [out_features, in_features] or [in_features]"),
+            error_case("1-D weight size", [] { linear(zeros({2, 3}), zeros({4})); }, "ShapeError",
+                       "the 1-D weight of shape [4] expects 4"),
             error_case("bias size", [] { linear(zeros({2, 3}), zeros({4, 3}), zeros({5})); }, "ShapeError",
                        "does not broadcast to the output shape [2, 4]"),
             error_case("mixed dtypes", [] { linear(zeros({2, 3}), zeros({4, 3}, kBFloat16)); }, "DTypeError",
                        "float32 and bfloat16"),
+        };
+      }});
+  r.push_back(OpSpec{
+      "einsum",
+      kDenseDTypes,
+      [](DType dt) {
+        auto s = [dt](IntArrayRef shape, uint64_t seed) { return sample_tensor(shape, dt, seed); };
+        auto eq = [](const char* e) {
+          return Run([e](const std::vector<Tensor>& x) { return std::vector<Tensor>{einsum(e, x)}; });
+        };
+        // More equations, gradgradcheck and the error messages: tests/ops/test_einsum.cpp.
+        return std::vector<OpSample>{
+            sample("matmul", {s({3, 4}, 81), s({4, 5}, 82)}, eq("ij,jk->ik"), "torch.einsum('ij,jk->ik', x0, x1)"),
+            sample("attention scores", {s({2, 2, 3, 4}, 83), s({2, 2, 5, 4}, 84)}, eq("bhqd,bhkd->bhqk"),
+                   "torch.einsum('bhqd,bhkd->bhqk', x0, x1)"),
+            sample("trace", {s({4, 4}, 85)}, eq("ii"), "torch.einsum('ii', x0)"),
+            sample("diagonal", {s({4, 4}, 86)}, eq("ii->i"), "torch.einsum('ii->i', x0)"),
+            sample("ellipsis broadcast", {s({2, 1, 3, 4}, 87), s({3, 4, 2}, 88)}, eq("...ij,...jk->...ik"),
+                   "torch.einsum('...ij,...jk->...ik', x0, x1)"),
+            sample("three operands", {s({2, 3}, 89), s({3, 4}, 90), s({4, 2}, 91)}, eq("ij,jk,kl"),
+                   "torch.einsum('ij,jk,kl', x0, x1, x2)"),
+            sample("noncontig", {sample_noncontig({4, 3}, dt, 92), sample_noncontig({5, 3}, dt, 93)}, eq("ij,kj->ik"),
+                   "torch.einsum('ij,kj->ik', x0, x1)"),
+        };
+      },
+      dense_tolerance,
+      [] {
+        return std::vector<OpErrorCase>{
+            error_case("subscript size", [] { einsum("ij,jk->ik", {zeros({2, 3}), zeros({4, 5})}); }, "ShapeError",
+                       "subscript 'j' has size 3 in operand 0"),
+            error_case("operand count", [] { einsum("ij,jk->ik", {zeros({2, 3})}); }, "ValueError",
+                       "has subscripts for 2 operands but 1 operand was given"),
         };
       }});
   // Every entry has a backward (float dtypes only here): the registry driver checks it.
