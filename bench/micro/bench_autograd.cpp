@@ -87,4 +87,18 @@ void BM_AutogradChainBackward(benchmark::State& state) {
 }
 BENCHMARK(BM_AutogradChainBackward)->Arg(1000)->ArgName("N")->Unit(benchmark::kMicrosecond);
 
+// BM_ViewTracking/int64: narrow + transpose + unsqueeze of a small tensor that needs
+// no grad, grad mode on. A float32 view is tracked (it records its base, so
+// an in-place write of a value that requires grad reaches the base: docs/
+// autograd.md, "Views"); an int64 one is not. The difference per three views
+// is what tracking costs (0 float32, 1 int64).
+void BM_ViewTracking(benchmark::State& state) {
+  const Tensor x = zeros({8, 8}, state.range(0) == 0 ? kFloat32 : kInt64);
+  for (auto _ : state) {
+    Tensor v = x.narrow(0, 1, 4).transpose(0, 1).unsqueeze(0);
+    benchmark::DoNotOptimize(v.data_ptr());
+  }
+}
+BENCHMARK(BM_ViewTracking)->Arg(0)->Arg(1)->ArgName("int64");
+
 }  // namespace

@@ -129,7 +129,7 @@ void check_inplace(const Tensor& self, const char* op, CallSite site,
   if (m && m->is_view) {
     // Recorded when anything involved requires grad; a view made in no-grad
     // mode counts its base too (torch's view of it would require grad).
-    bool record = self.requires_grad() || m->view_base.requires_grad();
+    bool record = self.requires_grad() || (m->view_base.defined() && m->view_base.requires_grad());
     for (const Tensor* t : other_inputs) record = record || (t && t->defined() && t->requires_grad());
     if (record) detail::check_view_inplace(self, *m, op, site);
     return;

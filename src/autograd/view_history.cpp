@@ -101,6 +101,11 @@ void mark_view(const Tensor& view, const Tensor& base, ViewCreation creation) {
   m.view_creation = base_is_view && bm->view_creation != ViewCreation::kDefault ? bm->view_creation : creation;
   m.view_version = view.version();
   m.view_base = base_is_view ? bm->view_base : base;
+  // A view made in no-grad mode of a base that needs no grad only has to
+  // remember how it was made; holding the base would keep its storage shared
+  // and stop backward from reusing gradient buffers (AccumulateGrad's steal).
+  if (m.view_creation == ViewCreation::kNoGradMode && m.view_base.defined() && !m.view_base.requires_grad())
+    m.view_base = Tensor();
 }
 
 void refresh_view(const Tensor& t) {
@@ -125,12 +130,13 @@ namespace detail {
 
 void check_view_inplace(const Tensor& self, const AutogradMeta& m, const char* op, CallSite site) {
   const Tensor& base = m.view_base;
-  KILN_CHECK(!(self.impl()->requires_grad() && !m.grad_fn && !base.requires_grad()), ValueError, op, ": ",
+  const bool base_rg = base.defined() && base.requires_grad();
+  KILN_CHECK(!(self.impl()->requires_grad() && !m.grad_fn && !base_rg), ValueError, op, ": ",
              describe(self),
              " is a view that was made a leaf requiring grad (requires_grad_() on a view); a view of a leaf that "
              "requires grad cannot be modified in place",
              at(site), ". clone() it first");
-  KILN_CHECK(!(base.requires_grad() && base.grad_fn() == nullptr), ValueError, op, ": ", describe(self),
+  KILN_CHECK(!(base_rg && base.grad_fn() == nullptr), ValueError, op, ": ", describe(self),
              " is a view of ", describe(base),
              ", a leaf that requires grad; a view of a leaf that requires grad cannot be modified in place while "
              "grad mode is on",

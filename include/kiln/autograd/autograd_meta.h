@@ -30,8 +30,8 @@ struct AutogradMeta final : AutogradMetaInterface {
   /// so leaf and graph do not keep each other alive.
   AccumulateGrad* grad_accumulator = nullptr;
   bool retains_grad = false;
-  /// A differentiable view of `view_base` (docs/autograd.md, "Views"): the
-  /// root tensor whose storage it looks into (never itself a view), how the
+  /// A differentiable view of `view_base` (docs/autograd.md, "Views"): the root tensor whose
+  /// storage it looks into (never a view; undefined for a no-grad view of a base needing no grad), how the
   /// view was made, and the storage version its grad_fn is valid for. After
   /// any in-place write into the storage the view's grad_fn is rebuilt from
   /// the base's history (refresh_view), so a write through the base, a
