@@ -40,13 +40,23 @@ struct Operand {
   const Tensor* tensor = nullptr;
   Tensor converted;                 // holds a converted copy when one was needed
   alignas(8) unsigned char buf[8];  // the value of a scalar operand, in the compute dtype
+  DType stored = kFloat32;          // the dtype `tensor` holds (prepare_operand_in_loop)
 };
 
 /// Prepares `arg` as an input in dtype `compute`. A tensor of another dtype
 /// with one element becomes a scalar; one of the output's full shape is
 /// converted straight into `out` when `out_free` (then cleared), so the op
 /// runs in place there and needs no temporary; others are converted copies.
+/// For kernels that only take operands of the compute dtype (compare.cpp's
+/// bitwise ops); binary_out and run_binary_inplace use prepare_operand_in_loop.
 void prepare_operand(Operand& op, Arg arg, DType compute, const Tensor& out, bool& out_free);
+
+/// Prepares `arg` as an input of a loop that converts in the loop
+/// (kernels::binary / compare with stored dtypes): a tensor is used as it is,
+/// whatever its dtype, and op.stored says which; a Scalar or a one-element
+/// tensor of another dtype becomes a scalar in the compute dtype. No copy is
+/// made. See Note [Mixed dtypes in the loop] (src/kernels/cpu/elementwise_loop.h).
+void prepare_operand_in_loop(Operand& op, Arg arg, DType compute);
 
 /// The loop {out, a, b} over `shape` (scalar operands get zero strides).
 kernels::LoopSpec make_binary_loop(IntArrayRef shape, const Tensor& out, Operand& a, Operand& b);
