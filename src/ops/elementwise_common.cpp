@@ -9,31 +9,7 @@
 
 namespace kiln::ops::ew {
 
-void prepare_operand(Operand& op, Arg arg, DType compute, const Tensor& out, bool& out_free) {
-  if (arg.scalar) {
-    kernels::scalar_to_bytes(op.buf, compute, *arg.scalar);
-    return;
-  }
-  const Tensor& t = *arg.tensor;
-  if (t.dtype() == compute) {
-    op.tensor = &t;
-    return;
-  }
-  if (t.numel() == 1) {
-    kernels::convert_element(op.buf, compute, t.data_ptr(), t.dtype());
-    return;
-  }
-  if (out_free && out.dtype() == compute && t.sizes() == out.sizes()) {
-    kernels::copy_cast(make_loop(out.sizes(), {&out, &t}), compute, t.dtype());
-    op.tensor = &out;
-    out_free = false;
-    return;
-  }
-  op.converted = copy_no_grad(t, compute);  // a conversion inside the op: the op records its own node
-  op.tensor = &op.converted;
-}
-
-void prepare_operand_in_loop(Operand& op, Arg arg, DType compute) {
+void prepare_operand_in_loop(Operand& op, Arg arg, DType compute, bool in_loop) {
   op.stored = compute;
   if (arg.scalar) {
     kernels::scalar_to_bytes(op.buf, compute, *arg.scalar);
@@ -42,6 +18,11 @@ void prepare_operand_in_loop(Operand& op, Arg arg, DType compute) {
   const Tensor& t = *arg.tensor;
   if (t.dtype() != compute && t.numel() == 1) {  // converted once, then kept in a register
     kernels::convert_element(op.buf, compute, t.data_ptr(), t.dtype());
+    return;
+  }
+  if (t.dtype() != compute && !in_loop) {
+    op.converted = copy_no_grad(t, compute);  // a conversion inside the op: the op records its own node
+    op.tensor = &op.converted;
     return;
   }
   op.tensor = &t;
@@ -153,8 +134,8 @@ Tensor binary_out(const char* name, kernels::BinaryOp op, Arg a, Arg b, DType co
   Tensor out = ops::new_output_like(shape, compute, {a.tensor, b.tensor});
   if (out.numel() == 0) return out;
   Operand oa, ob;
-  prepare_operand_in_loop(oa, a, compute);
-  prepare_operand_in_loop(ob, b, compute);
+  prepare_operand_in_loop(oa, a, compute, kernels::converts_in_loop(op));
+  prepare_operand_in_loop(ob, b, compute, kernels::converts_in_loop(op));
   kernels::binary(make_binary_loop(shape, out, oa, ob), op, compute, {compute, oa.stored, ob.stored}, alpha);
   return out;
 }
@@ -170,15 +151,17 @@ Arg check_binary_inplace(const char* name, Tensor& self, Arg b, DType compute, T
   return Arg(holder);
 }
 
-void run_binary_inplace(const char* /*name*/, kernels::BinaryOp op, Tensor& self, Arg b, DType compute,
-                        const void* alpha) {
-  if (self.numel() > 0) {
+void run_binary_inplace(const char* name, kernels::BinaryOp op, Tensor& self, Arg b, DType compute, const void* alpha) {
+  if (self.numel() > 0 && self.dtype() != compute && !kernels::converts_in_loop(op)) {
+    Tensor tmp = binary_out(name, op, Arg(self), b, compute, alpha);
+    kernels::copy_cast(ops::make_loop(self.sizes(), {&self, &tmp}), self.dtype(), compute);
+  } else if (self.numel() > 0) {
     // self is operand 0 and 1. A float16 self += float32 other computes in
     // float32 and rounds once into self, converting in the loop both ways.
     Operand oa, ob;
     oa.tensor = &self;
     oa.stored = self.dtype();
-    prepare_operand_in_loop(ob, b, compute);
+    prepare_operand_in_loop(ob, b, compute, kernels::converts_in_loop(op));
     kernels::binary(make_binary_loop(self.sizes(), self, oa, ob), op, compute, {self.dtype(), self.dtype(), ob.stored},
                     alpha);
   }

@@ -80,6 +80,15 @@ struct StoredDTypes {
 /// passes self as both operand 0 and 1.
 void binary(const LoopSpec& s, BinaryOp op, DType dt, const StoredDTypes& stored, const void* alpha = nullptr);
 
+/// Whether binary() with stored dtypes gives op's results bitwise those of
+/// converting the operands first. False for the ops whose element function
+/// calls libmvec (pow, the gelu backwards): its SIMD and scalar variants may
+/// differ in the last bit, and which one a loop gets depends on how the
+/// compiler vectorised that loop, so the ops layer converts their operands first.
+constexpr bool converts_in_loop(BinaryOp op) {
+  return op != BinaryOp::Pow && op != BinaryOp::GeluErfBackward && op != BinaryOp::GeluTanhBackward;
+}
+
 /// Operand 0 = operand 1 ** exponent, dtype `dt`, with torch's special cases
 /// (2 and 3 multiply, 0.5 is sqrt, -0.5 rsqrt, -1 reciprocal, -2 1/(x*x)).
 /// The exponent is converted to `dt` first, as torch does.
