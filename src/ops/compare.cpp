@@ -22,8 +22,8 @@ Tensor compare_out(const char* name, CompareOp op, Arg a, Arg b) {
   Tensor out = ops::new_output(shape, kBool);
   if (out.numel() == 0) return out;
   Operand oa, ob;
-  ops::ew::prepare_operand_in_loop(oa, a, rt);
-  ops::ew::prepare_operand_in_loop(ob, b, rt);
+  ops::ew::prepare_operand_in_loop(oa, a, rt, out);
+  ops::ew::prepare_operand_in_loop(ob, b, rt, out);
   kernels::compare(ops::ew::make_binary_loop(shape, out, oa, ob), op, rt, oa.stored, ob.stored);
   return out;
 }
@@ -43,8 +43,8 @@ Tensor bitwise_out(const char* name, kernels::BinaryOp op, const Tensor& a, cons
   Tensor out = ops::new_output(shape, rt);
   if (out.numel() == 0) return out;
   Operand oa, ob;
-  ops::ew::prepare_operand_in_loop(oa, a, rt);
-  ops::ew::prepare_operand_in_loop(ob, b, rt);
+  ops::ew::prepare_operand_in_loop(oa, a, rt, out);
+  ops::ew::prepare_operand_in_loop(ob, b, rt, out);
   kernels::binary(ops::ew::make_binary_loop(shape, out, oa, ob), op, rt, {rt, oa.stored, ob.stored});
   return out;
 }

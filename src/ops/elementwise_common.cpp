@@ -9,7 +9,7 @@
 
 namespace kiln::ops::ew {
 
-void prepare_operand_in_loop(Operand& op, Arg arg, DType compute, bool in_loop) {
+void prepare_operand_in_loop(Operand& op, Arg arg, DType compute, const Tensor& out, bool in_loop) {
   op.stored = compute;
   if (arg.scalar) {
     kernels::scalar_to_bytes(op.buf, compute, *arg.scalar);
@@ -20,7 +20,11 @@ void prepare_operand_in_loop(Operand& op, Arg arg, DType compute, bool in_loop) 
     kernels::convert_element(op.buf, compute, t.data_ptr(), t.dtype());
     return;
   }
-  if (t.dtype() != compute && !in_loop) {
+  // A broadcast operand (fewer elements than the loop) is read more than once:
+  // converting it once, into a copy smaller than the output, costs less than
+  // converting it on every read (measured: [4096, 1024] f32 + [1024] bf16
+  // takes ~20% longer converted in the loop).
+  if (t.dtype() != compute && (!in_loop || t.numel() != out.numel())) {
     op.converted = copy_no_grad(t, compute);  // a conversion inside the op: the op records its own node
     op.tensor = &op.converted;
     return;
@@ -134,8 +138,8 @@ Tensor binary_out(const char* name, kernels::BinaryOp op, Arg a, Arg b, DType co
   Tensor out = ops::new_output_like(shape, compute, {a.tensor, b.tensor});
   if (out.numel() == 0) return out;
   Operand oa, ob;
-  prepare_operand_in_loop(oa, a, compute, kernels::converts_in_loop(op));
-  prepare_operand_in_loop(ob, b, compute, kernels::converts_in_loop(op));
+  prepare_operand_in_loop(oa, a, compute, out, kernels::converts_in_loop(op));
+  prepare_operand_in_loop(ob, b, compute, out, kernels::converts_in_loop(op));
   kernels::binary(make_binary_loop(shape, out, oa, ob), op, compute, {compute, oa.stored, ob.stored}, alpha);
   return out;
 }
@@ -161,7 +165,7 @@ void run_binary_inplace(const char* name, kernels::BinaryOp op, Tensor& self, Ar
     Operand oa, ob;
     oa.tensor = &self;
     oa.stored = self.dtype();
-    prepare_operand_in_loop(ob, b, compute, kernels::converts_in_loop(op));
+    prepare_operand_in_loop(ob, b, compute, self, kernels::converts_in_loop(op));
     kernels::binary(make_binary_loop(self.sizes(), self, oa, ob), op, compute, {self.dtype(), self.dtype(), ob.stored},
                     alpha);
   }

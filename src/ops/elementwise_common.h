@@ -45,13 +45,14 @@ struct Operand {
 };
 
 /// Prepares `arg` as an input of a loop that converts in the loop
-/// (kernels::binary / compare with stored dtypes): a tensor is used as it is,
-/// whatever its dtype, and op.stored says which; a Scalar or a one-element
-/// tensor of another dtype becomes a scalar in the compute dtype. No copy is
-/// made, unless `in_loop` is false (kernels::converts_in_loop): then a tensor
-/// of another dtype is converted into op.converted first. See Note [Mixed
-/// dtypes in the loop] (src/kernels/cpu/elementwise_loop.h).
-void prepare_operand_in_loop(Operand& op, Arg arg, DType compute, bool in_loop = true);
+/// (kernels::binary / compare with stored dtypes) writing `out`: a tensor is
+/// used as it is, whatever its dtype, and op.stored says which; a Scalar or a
+/// one-element tensor of another dtype becomes a scalar in the compute dtype.
+/// A tensor of another dtype is converted into op.converted first only when
+/// it is broadcast (has fewer elements than `out`) or `in_loop` is false
+/// (kernels::converts_in_loop). See Note [Mixed dtypes in the loop]
+/// (src/kernels/cpu/elementwise_loop.h).
+void prepare_operand_in_loop(Operand& op, Arg arg, DType compute, const Tensor& out, bool in_loop = true);
 
 /// The loop {out, a, b} over `shape` (scalar operands get zero strides).
 kernels::LoopSpec make_binary_loop(IntArrayRef shape, const Tensor& out, Operand& a, Operand& b);

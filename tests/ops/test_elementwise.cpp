@@ -806,6 +806,10 @@ TEST(ElementwiseMixedDtypes, BitwiseEqualToConvertingFirstAcrossLayouts) {
       expect_same_as_converting_first(op, a, row, "row broadcast");
       expect_same_as_converting_first(op, row, a, "row broadcast, swapped");
       expect_same_as_converting_first(op, a, col, "column broadcast");
+      // Expanded: as many elements as the output, so converted in the loop
+      // (stride 0 across rows, and inside a row), unlike a smaller broadcast operand.
+      expect_same_as_converting_first(op, a, row.expand({37, 300}), "row expanded");
+      expect_same_as_converting_first(op, col.expand({37, 300}), a, "column expanded, swapped");
       expect_same_as_converting_first(op, a, one, "one element");
       expect_same_as_converting_first(op, one, a, "one element, swapped");
       expect_same_as_converting_first(op, a, zero_dim, "0-dim");
