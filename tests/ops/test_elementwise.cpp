@@ -730,7 +730,9 @@ Tensor mixed_values(IntArrayRef shape, DType dt, uint64_t seed) {
   Generator g(seed);
   Tensor t = randn(shape, kFloat64, &g) * 3.0;
   if (dt == kUInt8) return (t.abs() * 20.0).to(dt);
-  if (!is_floating_point(dt)) return (t * 20.0).to(dt);
+  // Integers beyond 256 and 2048 round when converted to bfloat16 and float16.
+  if (dt == kInt32 || dt == kInt64) return (t * 2000.0).to(dt);
+  if (!is_floating_point(dt)) return t.to(dt);
   Tensor flat = t.view({t.numel()});
   const double specials[] = {kNaN, kInf, -kInf, 0.0, -0.0, 1e-30, -3e38, 65519.0, 1.0 + 1.0 / 512, 1e-7, 70000.0};
   for (int64_t i = 0; i < flat.numel(); i += 7) flat.select(0, i).fill_(specials[(i / 7) % 11]);
