@@ -12,7 +12,8 @@ using kernels::CompareOp;
 using ops::ew::Arg;
 using ops::ew::Operand;
 
-// out (bool) = op(a, b), with a and b converted to their result type first, as torch.
+// out (bool) = op(a, b), with a and b compared in their result type, as torch
+// (converted inside the loop: Note [Mixed dtypes in the loop]).
 Tensor compare_out(const char* name, CompareOp op, Arg a, Arg b) {
   if (a.tensor) ops::check_defined(*a.tensor, name, "self");
   if (b.tensor) ops::check_defined(*b.tensor, name, "other");
@@ -21,10 +22,9 @@ Tensor compare_out(const char* name, CompareOp op, Arg a, Arg b) {
   Tensor out = ops::new_output(shape, kBool);
   if (out.numel() == 0) return out;
   Operand oa, ob;
-  bool out_free = true;
-  ops::ew::prepare_operand(oa, a, rt, out, out_free);
-  ops::ew::prepare_operand(ob, b, rt, out, out_free);
-  kernels::compare(ops::ew::make_binary_loop(shape, out, oa, ob), op, rt);
+  ops::ew::prepare_operand_in_loop(oa, a, rt, out);
+  ops::ew::prepare_operand_in_loop(ob, b, rt, out);
+  kernels::compare(ops::ew::make_binary_loop(shape, out, oa, ob), op, rt, oa.stored, ob.stored);
   return out;
 }
 
@@ -43,10 +43,9 @@ Tensor bitwise_out(const char* name, kernels::BinaryOp op, const Tensor& a, cons
   Tensor out = ops::new_output(shape, rt);
   if (out.numel() == 0) return out;
   Operand oa, ob;
-  bool out_free = true;
-  ops::ew::prepare_operand(oa, a, rt, out, out_free);
-  ops::ew::prepare_operand(ob, b, rt, out, out_free);
-  kernels::binary(ops::ew::make_binary_loop(shape, out, oa, ob), op, rt);
+  ops::ew::prepare_operand_in_loop(oa, a, rt, out);
+  ops::ew::prepare_operand_in_loop(ob, b, rt, out);
+  kernels::binary(ops::ew::make_binary_loop(shape, out, oa, ob), op, rt, {rt, oa.stored, ob.stored});
   return out;
 }
 

@@ -33,20 +33,26 @@ inline DType result_type(Arg a, Arg b) {
   return ops::result_type({*a.scalar, *b.scalar});
 }
 
-/// One input of a kernel loop after conversion to the compute dtype: a tensor
-/// of that dtype, or a single value in `buf` broadcast as a stride-0 operand.
-/// Must outlive the loop it is part of.
+/// One input of a kernel loop computing in some dtype: a tensor (stored in
+/// that dtype or another, which the kernel converts in the loop), or a single
+/// value in `buf`, in the compute dtype, broadcast as a stride-0 operand. Must
+/// outlive the loop it is part of.
 struct Operand {
   const Tensor* tensor = nullptr;
-  Tensor converted;                 // holds a converted copy when one was needed
+  Tensor converted;                 // a converted copy, where the op cannot convert in the loop
   alignas(8) unsigned char buf[8];  // the value of a scalar operand, in the compute dtype
+  DType stored = kFloat32;          // the dtype `tensor` holds (the compute dtype for a scalar)
 };
 
-/// Prepares `arg` as an input in dtype `compute`. A tensor of another dtype
-/// with one element becomes a scalar; one of the output's full shape is
-/// converted straight into `out` when `out_free` (then cleared), so the op
-/// runs in place there and needs no temporary; others are converted copies.
-void prepare_operand(Operand& op, Arg arg, DType compute, const Tensor& out, bool& out_free);
+/// Prepares `arg` as an input of a loop that converts in the loop
+/// (kernels::binary / compare with stored dtypes) writing `out`: a tensor is
+/// used as it is, whatever its dtype, and op.stored says which; a Scalar or a
+/// one-element tensor of another dtype becomes a scalar in the compute dtype.
+/// A tensor of another dtype is converted into op.converted first only when
+/// it is broadcast (has fewer elements than `out`) or `in_loop` is false
+/// (kernels::converts_in_loop). See Note [Mixed dtypes in the loop]
+/// (src/kernels/cpu/elementwise_loop.h).
+void prepare_operand_in_loop(Operand& op, Arg arg, DType compute, const Tensor& out, bool in_loop = true);
 
 /// The loop {out, a, b} over `shape` (scalar operands get zero strides).
 kernels::LoopSpec make_binary_loop(IntArrayRef shape, const Tensor& out, Operand& a, Operand& b);

@@ -9,6 +9,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstring>
 #include <functional>
 #include <limits>
 #include <map>
@@ -18,6 +19,7 @@
 #include "kiln/kiln.h"
 #include "kiln/ops/elementwise.h"
 #include "kiln/ops/promotion.h"
+#include "support/oracle.h"
 
 using namespace kiln;
 
@@ -706,3 +708,201 @@ TEST(ElementwiseLayouts, LargeTensorsAcrossThreadsMatchSerialLoops) {
 }
 
 }  // namespace
+
+// ---- mixed dtypes converted inside the loop (issue 28) ----
+//
+// A binary op whose operands differ in dtype converts the odd one a block at a
+// time inside the loop (Note [Mixed dtypes in the loop]). The result must be
+// bitwise that of converting first: op(a.to(rt), b.to(rt)), which runs the
+// same-dtype loop. Checked byte for byte (NaN payloads and signed zeros too).
+
+namespace {
+
+bool same_bytes(const Tensor& x, const Tensor& y) {
+  if (x.dtype() != y.dtype() || x.sizes() != y.sizes()) return false;
+  const Tensor a = x.contiguous(), b = y.contiguous();
+  return std::memcmp(a.data_ptr(), b.data_ptr(), static_cast<size_t>(a.numel() * a.element_size())) == 0;
+}
+
+// Values of dtype `dt` with the edge cases mixed in: NaN, +-inf, +-0, tiny,
+// huge and values that round differently in the 16-bit floats.
+Tensor mixed_values(IntArrayRef shape, DType dt, uint64_t seed) {
+  Generator g(seed);
+  Tensor t = randn(shape, kFloat64, &g) * 3.0;
+  if (dt == kUInt8) return (t.abs() * 20.0).to(dt);
+  // Integers beyond 256 and 2048 round when converted to bfloat16 and float16.
+  if (dt == kInt32 || dt == kInt64) return (t * 2000.0).to(dt);
+  if (!is_floating_point(dt)) return t.to(dt);
+  Tensor flat = t.view({t.numel()});
+  const double specials[] = {kNaN, kInf, -kInf, 0.0, -0.0, 1e-30, -3e38, 65519.0, 1.0 + 1.0 / 512, 1e-7, 70000.0};
+  for (int64_t i = 0; i < flat.numel(); i += 7) flat.select(0, i).fill_(specials[(i / 7) % 11]);
+  return t.to(dt);
+}
+
+using BinaryFn = std::function<Tensor(const Tensor&, const Tensor&)>;
+
+struct MixedOp {
+  const char* name;
+  BinaryFn f;
+  bool floating_only;
+  bool comparison;  // bool result: compared in the promoted dtype, not the result's
+};
+
+const std::vector<MixedOp>& mixed_ops() {
+  static const std::vector<MixedOp> ops = {
+      {"add", [](const Tensor& a, const Tensor& b) { return a + b; }, false, false},
+      {"add_alpha", [](const Tensor& a, const Tensor& b) { return a.add(b, 3); }, false, false},
+      {"sub_alpha", [](const Tensor& a, const Tensor& b) { return a.sub(b, 2); }, false, false},
+      {"mul", [](const Tensor& a, const Tensor& b) { return a * b; }, false, false},
+      {"div", [](const Tensor& a, const Tensor& b) { return a / b; }, false, false},
+      {"pow", [](const Tensor& a, const Tensor& b) { return pow(a, b); }, true, false},
+      {"maximum", [](const Tensor& a, const Tensor& b) { return maximum(a, b); }, false, false},
+      {"minimum", [](const Tensor& a, const Tensor& b) { return minimum(a, b); }, false, false},
+      {"eq", [](const Tensor& a, const Tensor& b) { return a.eq(b); }, false, true},
+      {"lt", [](const Tensor& a, const Tensor& b) { return a.lt(b); }, false, true},
+      {"ge", [](const Tensor& a, const Tensor& b) { return a.ge(b); }, false, true},
+  };
+  return ops;
+}
+
+// op(a, b) against op(a.to(rt), b.to(rt)), rt the promoted dtype.
+void expect_same_as_converting_first(const MixedOp& op, const Tensor& a, const Tensor& b, const std::string& what) {
+  const DType rt = ops::result_type(a, b);
+  if (op.floating_only && !is_floating_point(rt)) return;
+  // torch rejects subtraction with a bool operand whatever the other's dtype.
+  if (std::string(op.name) == "sub_alpha" && (a.dtype() == kBool || b.dtype() == kBool)) return;
+  const Tensor got = op.f(a, b);
+  const DType compute = op.comparison ? rt : got.dtype();  // div computes integers in float32
+  const Tensor want = op.f(a.to(compute), b.to(compute));
+  EXPECT_TRUE(same_bytes(got, want)) << op.name << " " << what << ": " << dtype_name(a.dtype()) << " with "
+                                     << dtype_name(b.dtype()) << ", shapes " << a.sizes() << " and " << b.sizes();
+}
+
+const std::vector<std::pair<DType, DType>>& mixed_pairs() {
+  static const std::vector<std::pair<DType, DType>> pairs = {
+      {kFloat32, kBFloat16}, {kBFloat16, kFloat32}, {kFloat32, kFloat16}, {kFloat16, kFloat32},
+      {kFloat64, kFloat32},  {kFloat32, kFloat64},  {kFloat32, kInt64},   {kInt64, kFloat32},
+      {kBFloat16, kInt64},   {kFloat16, kInt32},    {kFloat16, kBFloat16}, {kFloat64, kFloat16},
+      {kInt32, kInt64},      {kUInt8, kInt64},      {kBool, kFloat32},    {kInt64, kBool},
+  };
+  return pairs;
+}
+
+}  // namespace
+
+TEST(ElementwiseMixedDtypes, BitwiseEqualToConvertingFirstAcrossLayouts) {
+  // 37 x 300: rows not a multiple of the 256-element block.
+  for (const auto& [da, db] : mixed_pairs()) {
+    const Tensor a = mixed_values({37, 300}, da, 1), b = mixed_values({37, 300}, db, 2);
+    const Tensor bt = mixed_values({300, 37}, db, 3).t();   // transposed (strided) operand
+    const Tensor row = mixed_values({300}, db, 4);          // broadcast along rows
+    const Tensor col = mixed_values({37, 1}, db, 5);        // broadcast along columns (stride 0 inside a row)
+    const Tensor one = mixed_values({1}, db, 6);            // one element: a scalar in the loop
+    const Tensor zero_dim = mixed_values({}, db, 7);        // 0-dim
+    const Tensor small_a = mixed_values({5}, da, 8), small_b = mixed_values({5}, db, 9);  // shorter than a vector
+    for (const MixedOp& op : mixed_ops()) {
+      expect_same_as_converting_first(op, a, b, "contiguous");
+      expect_same_as_converting_first(op, b, a, "contiguous, swapped");
+      expect_same_as_converting_first(op, a, bt, "transposed");
+      expect_same_as_converting_first(op, a.t(), bt.t(), "both transposed");
+      expect_same_as_converting_first(op, a, row, "row broadcast");
+      expect_same_as_converting_first(op, row, a, "row broadcast, swapped");
+      expect_same_as_converting_first(op, a, col, "column broadcast");
+      // Expanded: as many elements as the output, so converted in the loop
+      // (stride 0 across rows, and inside a row), unlike a smaller broadcast operand.
+      expect_same_as_converting_first(op, a, row.expand({37, 300}), "row expanded");
+      expect_same_as_converting_first(op, col.expand({37, 300}), a, "column expanded, swapped");
+      expect_same_as_converting_first(op, a, one, "one element");
+      expect_same_as_converting_first(op, one, a, "one element, swapped");
+      expect_same_as_converting_first(op, a, zero_dim, "0-dim");
+      expect_same_as_converting_first(op, small_a, small_b, "5 elements");
+      expect_same_as_converting_first(op, row.unsqueeze(1), a.select(0, 0).unsqueeze(0), "outer product broadcast");
+    }
+  }
+}
+
+TEST(ElementwiseMixedDtypes, EmptyAndLargeAcrossThreads) {
+  for (const MixedOp& op : mixed_ops()) {
+    const Tensor e = op.f(zeros({0, 3}), ones({3}, kBFloat16));
+    EXPECT_EQ(e.sizes(), IntArrayRef({0, 3})) << op.name;
+    EXPECT_EQ(op.f(zeros({2, 0}, kFloat64), zeros({0}, kInt64)).numel(), 0) << op.name;
+  }
+  // Several threads' worth of elements, split inside one row and by rows.
+  const int64_t n = 3 * kGrainSize + 17;
+  const Tensor a = mixed_values({n}, kFloat32, 10), b = mixed_values({n}, kBFloat16, 11);
+  const Tensor a2 = mixed_values({300, 400}, kFloat32, 12), b2 = mixed_values({400, 300}, kFloat16, 13).t();
+  const int threads = get_num_threads();
+  for (int t : {1, 2, 3}) {
+    set_num_threads(t);
+    for (const MixedOp& op : mixed_ops()) {
+      expect_same_as_converting_first(op, a, b, "large, threads " + std::to_string(t));
+      expect_same_as_converting_first(op, a2, b2, "large transposed, threads " + std::to_string(t));
+    }
+  }
+  set_num_threads(threads);
+}
+
+TEST(ElementwiseMixedDtypes, InplaceBitwiseEqualToConvertingFirst) {
+  // self of the compute dtype (float32 += bfloat16) and of another dtype
+  // (bfloat16 += float32: computed in float32, rounded once into self).
+  const std::vector<std::pair<DType, DType>> pairs = {
+      {kFloat32, kBFloat16}, {kFloat32, kFloat16}, {kFloat64, kFloat32}, {kFloat32, kInt64}, {kBFloat16, kFloat32},
+      {kFloat16, kFloat64},  {kFloat16, kBFloat16}, {kInt32, kInt64},   {kBFloat16, kInt64}, {kInt64, kUInt8},
+  };
+  using InplaceFn = std::function<void(Tensor&, const Tensor&)>;
+  const std::vector<std::pair<const char*, InplaceFn>> ops = {
+      {"add_", [](Tensor& s, const Tensor& o) { s.add_(o); }},
+      {"add_alpha", [](Tensor& s, const Tensor& o) { s.add_(o, 2); }},
+      {"sub_", [](Tensor& s, const Tensor& o) { s.sub_(o); }},
+      {"mul_", [](Tensor& s, const Tensor& o) { s.mul_(o); }},
+      {"div_", [](Tensor& s, const Tensor& o) { s.div_(o); }},
+  };
+  for (const auto& [ds, dother] : pairs) {
+    const Tensor self0 = mixed_values({37, 300}, ds, 20);
+    const Tensor full = mixed_values({37, 300}, dother, 21), row = mixed_values({300}, dother, 22);
+    const Tensor tr = mixed_values({300, 37}, dother, 23).t(), one = mixed_values({1}, dother, 24);
+    for (const auto& [name, f] : ops) {
+      const DType rt = ops::result_type(self0, full);
+      if (std::string(name) == "div_" && !is_floating_point(rt)) continue;  // integer div_ is an error
+      for (const Tensor* other : {&full, &row, &tr, &one}) {
+        for (bool transposed_self : {false, true}) {
+          Tensor self = transposed_self ? self0.t().contiguous().t() : self0.clone();
+          Tensor want = self.to(rt).clone();  // to() returns self itself when already rt
+          f(want, other->to(rt));
+          want = want.to(ds);
+          const int64_t version = self.version();
+          f(self, *other);
+          EXPECT_EQ(self.version(), version + 1);
+          EXPECT_TRUE(same_bytes(self, want)) << name << ": " << dtype_name(ds) << " self with " << dtype_name(dother)
+                                              << " other of shape " << other->sizes()
+                                              << (transposed_self ? ", transposed self" : "");
+        }
+      }
+    }
+  }
+}
+
+TEST(ElementwiseMixedDtypes, MatchesTorch) {
+  Generator g(30);
+  const Tensor a = randn({4, 300}, kFloat32, &g), b = randn({4, 300}, kFloat32, &g).to(kBFloat16);
+  const Tensor h = randn({300}, kFloat32, &g).to(kFloat16), d = randn({300, 4}, kFloat64, &g).t();
+  const Tensor i = (randn({4, 300}, kFloat32, &g) * 50).to(kInt64);
+  test::OracleBatch batch;
+  const size_t c0 = batch.add("mixed_f32_bf16_add", "x0 + x1", {a, b});
+  const size_t c1 = batch.add("mixed_f32_f16_mul_bcast", "x0 * x1", {a, h});
+  const size_t c2 = batch.add("mixed_f64t_f32_sub", "torch.sub(x0, x1, alpha=2)", {d, a});
+  const size_t c3 = batch.add("mixed_f32_i64_div", "x0 / x1", {a, i});
+  const size_t c4 = batch.add("mixed_bf16_inplace_f32", "x0.clone().add_(x1)", {b, a});
+  const size_t c5 = batch.add("mixed_lt_f16_bf16", "x0 < x1", {h, b});
+  batch.run();
+  const std::vector<std::pair<size_t, Tensor>> got = {
+      {c0, a + b}, {c1, a * h}, {c2, d.sub(a, 2)}, {c3, a / i}, {c4, b.clone().add_(a)}, {c5, h.lt(b)},
+  };
+  for (const auto& [c, t] : got) {
+    const test::OracleOutcome& r = batch.outcome(c);
+    ASSERT_TRUE(r.ok) << r.error;
+    ASSERT_EQ(r.outputs.size(), 1u);
+    EXPECT_TRUE(same_bytes(t, r.outputs[0])) << "case " << c << ": " << dtype_name(t.dtype()) << " vs torch "
+                                             << dtype_name(r.outputs[0].dtype());
+  }
+}

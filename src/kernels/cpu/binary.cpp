@@ -122,38 +122,53 @@ inline C gelu_tanh_backward(C dy, C x) {
 }
 
 template <typename T>
-void binary_typed(const LoopSpec& s, BinaryOp op, const void* alpha) {
+void binary_typed(const LoopSpec& s, BinaryOp op, const void* alpha,
+                  const ew::BinaryConverters<compute_t<T>, compute_t<T>>* conv) {
   using C = compute_t<T>;
   switch (op) {
     case BinaryOp::Add:
-      if (alpha) return run_binary<T, T>(s, AddAlphaOp<T>{static_cast<C>(*static_cast<const T*>(alpha))});
-      return run_binary<T, T>(s, AddOp<T>{});
-    case BinaryOp::Mul: return run_binary<T, T>(s, MulOp<T>{});
+      if (alpha) return run_binary<T, T>(s, AddAlphaOp<T>{static_cast<C>(*static_cast<const T*>(alpha))}, conv);
+      return run_binary<T, T>(s, AddOp<T>{}, conv);
+    case BinaryOp::Mul: return run_binary<T, T>(s, MulOp<T>{}, conv);
     case BinaryOp::Div:
-      if constexpr (is_float_v<T>) return run_binary<T, T>(s, [](C a, C b) { return a / b; });
+      if constexpr (is_float_v<T>)
+        return run_binary<T, T>(
+            s, [](C a, C b) { return a / b; }, conv);
       break;
     case BinaryOp::Pow:
       if constexpr (is_float_v<T>)
-        return run_binary<T, T, true>(s, [](C a, C b) { return vm::pow(a, b); });
+        return run_binary<T, T, true>(
+            s, [](C a, C b) { return vm::pow(a, b); }, conv);
       else if constexpr (is_int_v<T>)
-        return run_binary<T, T>(s, [](T a, T b) { return vm::int_pow(a, b); });
+        return run_binary<T, T>(
+            s, [](T a, T b) { return vm::int_pow(a, b); }, conv);
       break;
-    case BinaryOp::Maximum: return run_binary<T, T>(s, MaxOp<T>{});
-    case BinaryOp::Minimum: return run_binary<T, T>(s, MinOp<T>{});
+    case BinaryOp::Maximum: return run_binary<T, T>(s, MaxOp<T>{}, conv);
+    case BinaryOp::Minimum: return run_binary<T, T>(s, MinOp<T>{}, conv);
     case BinaryOp::BitwiseAnd:
-      if constexpr (std::is_integral_v<T>) return run_binary<T, T>(s, [](T a, T b) { return static_cast<T>(a & b); });
+      if constexpr (std::is_integral_v<T>)
+        return run_binary<T, T>(
+            s, [](T a, T b) { return static_cast<T>(a & b); }, conv);
       break;
     case BinaryOp::BitwiseOr:
-      if constexpr (std::is_integral_v<T>) return run_binary<T, T>(s, [](T a, T b) { return static_cast<T>(a | b); });
+      if constexpr (std::is_integral_v<T>)
+        return run_binary<T, T>(
+            s, [](T a, T b) { return static_cast<T>(a | b); }, conv);
       break;
     case BinaryOp::BitwiseXor:
-      if constexpr (std::is_integral_v<T>) return run_binary<T, T>(s, [](T a, T b) { return static_cast<T>(a ^ b); });
+      if constexpr (std::is_integral_v<T>)
+        return run_binary<T, T>(
+            s, [](T a, T b) { return static_cast<T>(a ^ b); }, conv);
       break;
     case BinaryOp::GeluErfBackward:
-      if constexpr (is_float_v<T>) return run_binary<T, T, true>(s, [](C g, C x) { return gelu_erf_backward(g, x); });
+      if constexpr (is_float_v<T>)
+        return run_binary<T, T, true>(
+            s, [](C g, C x) { return gelu_erf_backward(g, x); }, conv);
       break;
     case BinaryOp::GeluTanhBackward:
-      if constexpr (is_float_v<T>) return run_binary<T, T, true>(s, [](C g, C x) { return gelu_tanh_backward(g, x); });
+      if constexpr (is_float_v<T>)
+        return run_binary<T, T, true>(
+            s, [](C g, C x) { return gelu_tanh_backward(g, x); }, conv);
       break;
   }
   undefined_op("binary", static_cast<int>(op), dtype_of_v<T>);
@@ -177,7 +192,15 @@ void pow_scalar_floating(const LoopSpec& s, const Scalar& exponent) {
 }  // namespace
 
 void binary(const LoopSpec& s, BinaryOp op, DType dt, const void* alpha) {
-  visit_dtype(dt, [&]<typename T>() { binary_typed<T>(s, op, alpha); });
+  visit_dtype(dt, [&]<typename T>() { binary_typed<T>(s, op, alpha, nullptr); });
+}
+
+void binary(const LoopSpec& s, BinaryOp op, DType dt, const StoredDTypes& stored, const void* alpha) {
+  visit_dtype(dt, [&]<typename T>() {
+    const ew::BinaryConverters<compute_t<T>, compute_t<T>> conv{
+        ew::load_converter<T>(stored.a), ew::load_converter<T>(stored.b), ew::store_converter<T>(stored.out)};
+    binary_typed<T>(s, op, alpha, &conv);
+  });
 }
 
 void pow_scalar(const LoopSpec& s, DType dt, const Scalar& exponent) {

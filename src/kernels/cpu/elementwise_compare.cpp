@@ -14,19 +14,37 @@ using ew::run_binary;
 using ew::run_unary;
 
 template <typename T>
-void compare_typed(const LoopSpec& s, CompareOp op) {
+void compare_typed(const LoopSpec& s, CompareOp op, const ew::BinaryConverters<compute_t<T>, bool>* conv) {
   using C = compute_t<T>;
   const C zero = C(0);
   switch (op) {
-    case CompareOp::Eq: return run_binary<bool, T>(s, [](C a, C b) { return a == b; });
-    case CompareOp::Ne: return run_binary<bool, T>(s, [](C a, C b) { return a != b; });
-    case CompareOp::Lt: return run_binary<bool, T>(s, [](C a, C b) { return a < b; });
-    case CompareOp::Le: return run_binary<bool, T>(s, [](C a, C b) { return a <= b; });
-    case CompareOp::Gt: return run_binary<bool, T>(s, [](C a, C b) { return a > b; });
-    case CompareOp::Ge: return run_binary<bool, T>(s, [](C a, C b) { return a >= b; });
-    case CompareOp::LogicalAnd: return run_binary<bool, T>(s, [zero](C a, C b) { return (a != zero) && (b != zero); });
-    case CompareOp::LogicalOr: return run_binary<bool, T>(s, [zero](C a, C b) { return (a != zero) || (b != zero); });
-    case CompareOp::LogicalXor: return run_binary<bool, T>(s, [zero](C a, C b) { return (a != zero) != (b != zero); });
+    case CompareOp::Eq:
+      return run_binary<bool, T>(
+          s, [](C a, C b) { return a == b; }, conv);
+    case CompareOp::Ne:
+      return run_binary<bool, T>(
+          s, [](C a, C b) { return a != b; }, conv);
+    case CompareOp::Lt:
+      return run_binary<bool, T>(
+          s, [](C a, C b) { return a < b; }, conv);
+    case CompareOp::Le:
+      return run_binary<bool, T>(
+          s, [](C a, C b) { return a <= b; }, conv);
+    case CompareOp::Gt:
+      return run_binary<bool, T>(
+          s, [](C a, C b) { return a > b; }, conv);
+    case CompareOp::Ge:
+      return run_binary<bool, T>(
+          s, [](C a, C b) { return a >= b; }, conv);
+    case CompareOp::LogicalAnd:
+      return run_binary<bool, T>(
+          s, [zero](C a, C b) { return (a != zero) && (b != zero); }, conv);
+    case CompareOp::LogicalOr:
+      return run_binary<bool, T>(
+          s, [zero](C a, C b) { return (a != zero) || (b != zero); }, conv);
+    case CompareOp::LogicalXor:
+      return run_binary<bool, T>(
+          s, [zero](C a, C b) { return (a != zero) != (b != zero); }, conv);
   }
   KILN_ASSERT(false, "compare: unknown op #", static_cast<int>(op));
 }
@@ -34,7 +52,14 @@ void compare_typed(const LoopSpec& s, CompareOp op) {
 }  // namespace
 
 void compare(const LoopSpec& s, CompareOp op, DType dt) {
-  visit_dtype(dt, [&]<typename T>() { compare_typed<T>(s, op); });
+  visit_dtype(dt, [&]<typename T>() { compare_typed<T>(s, op, nullptr); });
+}
+
+void compare(const LoopSpec& s, CompareOp op, DType dt, DType a_dt, DType b_dt) {
+  visit_dtype(dt, [&]<typename T>() {
+    const ew::BinaryConverters<compute_t<T>, bool> conv{ew::load_converter<T>(a_dt), ew::load_converter<T>(b_dt)};
+    compare_typed<T>(s, op, &conv);
+  });
 }
 
 void logical_not(const LoopSpec& s, DType dt) {

@@ -218,13 +218,125 @@ inline void call_binary_row(OC* out, const C* a, const C* b, int64_t n, bool a_s
   }
 }
 
+/// dst[0..n) = the elements at `src` (stored as U, byte stride `st`; 0 repeats
+/// one value) as the compute type C of dtype T, exactly as converting the
+/// operand to T first (copy_) and then loading it would: cast<C>(cast<T>(u)).
+template <typename C, typename T, typename U>
+void load_converted(C* dst, const char* src, int64_t st, int64_t n) {
+  if constexpr (std::is_same_v<C, T>) {
+    load_block<C, U>(dst, src, st, n);  // one conversion; float16 rows take F16C (same bits as copy_)
+  } else {
+    for (int64_t i = 0; i < n; ++i) dst[i] = cast<C>(cast<T>(*reinterpret_cast<const U*>(src + i * st)));
+  }
+}
+
+/// The elements at `dst` (stored as O2, byte stride `st`) = src[0..n), results
+/// of an op whose output type is O, as writing an O result and then copying it
+/// into O2 (copy_) would: cast<O2>(cast<O>(c)). Element by element with copy_'s
+/// own conversion, so NaN payloads match too.
+template <typename O2, typename O, typename OC>
+void store_converted(char* dst, int64_t st, const OC* src, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) *reinterpret_cast<O2*>(dst + i * st) = cast<O2>(cast<O>(src[i]));
+}
+
+template <typename C>
+using LoadFn = void (*)(C* dst, const char* src, int64_t st, int64_t n);
+template <typename OC>
+using StoreFn = void (*)(char* dst, int64_t st, const OC* src, int64_t n);
+
+/// How a binary loop's operands differ from the driver's types: a null entry
+/// is an operand of the driver's type (T for inputs, O for the output); others
+/// convert a block on the way in or out (Note [Mixed dtypes in the loop]).
+template <typename C, typename OC>
+struct BinaryConverters {
+  LoadFn<C> a = nullptr, b = nullptr;
+  StoreFn<OC> out = nullptr;
+  bool any() const { return a || b || out; }
+};
+
+/// The loader of an input stored as `stored` for a driver whose input type is T (null when it is T).
+template <typename T>
+LoadFn<compute_t<T>> load_converter(DType stored) {
+  LoadFn<compute_t<T>> fn = nullptr;
+  if (stored != dtype_of_v<T>) visit_dtype(stored, [&]<typename U>() { fn = &load_converted<compute_t<T>, T, U>; });
+  return fn;
+}
+
+/// The storer of an output stored as `stored` for a driver whose output type is O (null when it is O).
+template <typename O>
+StoreFn<compute_t<O>> store_converter(DType stored) {
+  StoreFn<compute_t<O>> fn = nullptr;
+  if (stored != dtype_of_v<O>) visit_dtype(stored, [&]<typename O2>() { fn = &store_converted<O2, O, compute_t<O>>; });
+  return fn;
+}
+
+// Note [Mixed dtypes in the loop]
+// float32 + bfloat16 computes in float32. Rather than converting the bfloat16
+// operand into a float32 copy (a whole extra pass over memory and a
+// temporary), the driver converts kBlock elements at a time into a stack
+// buffer and runs the same row function on it; operands that already are
+// contiguous arrays of the compute type are read in place, and the output is
+// written in place or, for an in-place op on a tensor of another dtype
+// (bfloat16 self += float32), rounded from the block into it. Each element
+// goes through the conversions copy_ would have made, in the same order, so
+// the results are bitwise those of converting first.
+template <typename O, typename T, bool kPadded, typename F>
+void run_binary_converted(const LoopSpec& s, F f, const BinaryConverters<compute_t<T>, compute_t<O>>& conv) {
+  using C = compute_t<T>;
+  using OC = compute_t<O>;
+  constexpr int64_t kT = sizeof(T), kO = sizeof(O);
+  elementwise_for(s, [&](char* const* p, const int64_t* st, int64_t n) {
+    alignas(64) C a[kBlock];
+    alignas(64) C b[kBlock];
+    alignas(64) OC out[kBlock];
+    const auto load = [](C* dst, LoadFn<C> fn, const char* src, int64_t stride, int64_t m) {
+      if (fn) {
+        fn(dst, src, stride, m);
+      } else {
+        load_block<C, T>(dst, src, stride, m);
+      }
+    };
+    const bool a_step = st[1] != 0, b_step = st[2] != 0;
+    const bool a_direct = std::is_same_v<T, C> && !conv.a && st[1] == kT;
+    const bool b_direct = std::is_same_v<T, C> && !conv.b && st[2] == kT;
+    const bool out_direct = std::is_same_v<O, OC> && !conv.out && st[0] == kO;
+    if (!a_step) load(a, conv.a, p[1], 0, 1);
+    if (!b_step) load(b, conv.b, p[2], 0, 1);
+    for (int64_t i0 = 0; i0 < n; i0 += kBlock) {
+      const int64_t m = std::min(kBlock, n - i0);
+      const C* pa = a;
+      const C* pb = b;
+      if (a_direct) {
+        pa = reinterpret_cast<const C*>(p[1]) + i0;
+      } else if (a_step) {
+        load(a, conv.a, p[1] + i0 * st[1], st[1], m);
+      }
+      if (b_direct) {
+        pb = reinterpret_cast<const C*>(p[2]) + i0;
+      } else if (b_step) {
+        load(b, conv.b, p[2] + i0 * st[2], st[2], m);
+      }
+      OC* po = out_direct ? reinterpret_cast<OC*>(p[0]) + i0 : out;
+      call_binary_row<kPadded>(po, pa, pb, m, a_step, b_step, f);
+      if (out_direct) continue;
+      if (conv.out) {
+        conv.out(p[0] + i0 * st[0], st[0], out, m);
+      } else {
+        store_block<O, OC>(p[0] + i0 * st[0], st[0], out, m);
+      }
+    }
+  });
+}
+
 /// Binary driver: operand 0 (type O) = f(operand 1, operand 2), inputs of type T,
 /// f: (compute_t<T>, compute_t<T>) -> compute_t<O>. kPadded: f calls libmvec (map_row_padded).
+/// `conv`, when given, names operands stored in other dtypes (run_binary_converted).
 template <typename O, typename T, bool kPadded = false, typename F>
-void run_binary(const LoopSpec& s, F f) {
+void run_binary(const LoopSpec& s, F f, const BinaryConverters<compute_t<T>, compute_t<O>>* conv = nullptr) {
   using C = compute_t<T>;
   using OC = compute_t<O>;
   constexpr int64_t kT = sizeof(T);
+  if (conv && conv->any()) return run_binary_converted<O, T, kPadded>(s, f, *conv);
   elementwise_for(s, [&](char* const* p, const int64_t* st, int64_t n) {
     if constexpr (std::is_same_v<O, OC> && std::is_same_v<T, C>) {
       if (st[0] == static_cast<int64_t>(sizeof(O)) && (st[1] == kT || st[1] == 0) && (st[2] == kT || st[2] == 0)) {
