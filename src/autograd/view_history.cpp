@@ -131,17 +131,15 @@ namespace detail {
 void check_view_inplace(const Tensor& self, const AutogradMeta& m, const char* op, CallSite site) {
   const Tensor& base = m.view_base;
   const bool base_rg = base.defined() && base.requires_grad();
-  KILN_CHECK(!(self.impl()->requires_grad() && !m.grad_fn && !base_rg), ValueError, op, ": ",
-             describe(self),
+  KILN_CHECK(!(self.impl()->requires_grad() && !m.grad_fn && !base_rg), ValueError, op, ": ", describe(self),
              " is a view that was made a leaf requiring grad (requires_grad_() on a view); a view of a leaf that "
              "requires grad cannot be modified in place",
              at(site), ". clone() it first");
-  KILN_CHECK(!(base_rg && base.grad_fn() == nullptr), ValueError, op, ": ", describe(self),
-             " is a view of ", describe(base),
-             ", a leaf that requires grad; a view of a leaf that requires grad cannot be modified in place while "
-             "grad mode is on",
-             at(site),
-             ". Update parameters under NoGradGuard (as optimizers do), or clone() the leaf and work on the copy");
+  KILN_CHECK(
+      !(base_rg && base.grad_fn() == nullptr), ValueError, op, ": ", describe(self), " is a view of ", describe(base),
+      ", a leaf that requires grad; a view of a leaf that requires grad cannot be modified in place while "
+      "grad mode is on",
+      at(site), ". Update parameters under NoGradGuard (as optimizers do), or clone() the leaf and work on the copy");
   KILN_CHECK(m.view_creation != ViewCreation::kMultipleOutput, ValueError, op, ": ", describe(self),
              " is one of several views returned by one op (split, chunk or unbind); like torch, kiln does not let "
              "such views be modified in place with grad mode on",
