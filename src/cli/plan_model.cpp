@@ -227,7 +227,8 @@ std::vector<PlanLever> plan_levers(const PlanModel& m, const PlanLayout& l, doub
     }
     if (best) out.push_back(*best);
   };
-  if (!l.checkpointing) {
+  const bool has_activations = m.has_dims() || static_cast<bool>(m.trace);
+  if (!l.checkpointing && m.has_dims()) {
     PlanLayout c = l;
     c.checkpointing = true;
     stepped("checkpointing", {{"--checkpointing blocks", c}});
@@ -257,7 +258,7 @@ std::vector<PlanLever> plan_levers(const PlanModel& m, const PlanLayout& l, doub
     }
     stepped(which, c);
   }
-  if (l.micro_batch() > 1) {
+  if (has_activations && l.micro_batch() > 1) {
     std::vector<std::pair<std::string, PlanLayout>> c;
     for (int64_t mb = l.micro_batches * 2; mb <= l.batch; mb *= 2) {
       if (l.batch % mb != 0) continue;
@@ -267,7 +268,7 @@ std::vector<PlanLever> plan_levers(const PlanModel& m, const PlanLayout& l, doub
     }
     stepped("micro_batches", c);
   }
-  if (l.batch > 1) {
+  if (has_activations && l.batch > 1) {
     std::vector<std::pair<std::string, PlanLayout>> c;
     for (int64_t b = l.batch / 2; b >= 1; b /= 2) {
       PlanLayout x = l;
