@@ -115,9 +115,13 @@ struct Described {
 };
 
 std::string with_commas(double v) {
-  std::string s = std::to_string(static_cast<long long>(std::llround(v)));
-  for (int i = static_cast<int>(s.size()) - 3; i > 0; i -= 3) s.insert(static_cast<size_t>(i), ",");
-  return s;
+  const std::string digits = std::to_string(static_cast<long long>(std::llround(v)));
+  std::string out;
+  for (size_t i = 0; i < digits.size(); ++i) {
+    if (i > 0 && (digits.size() - i) % 3 == 0 && digits[i - 1] != '-') out += ',';
+    out += digits[i];
+  }
+  return out;
 }
 
 Described from_config(const PlanOptions& o) {
