@@ -191,7 +191,9 @@ PlanResult plan_memory(const PlanModel& m, const PlanLayout& l) {
     comm += bytes;
     comm_f += (comm_f.empty() ? "" : " + ") + f;
   };
-  if (l.dp > 1) plus(std::min(2 * kBucketBytes, r.rows[1].bytes * (sharded(2) ? dp : 1)), "2 × 25 MiB buckets");
+  if (l.dp > 1)
+    plus(std::min(2 * kBucketBytes, r.rows[1].bytes * (sharded(2) ? dp : 1)),
+         "2 × 25 MiB buckets (at most the gradients)");
   if (sharded(3)) {
     if (m.layers > 0)
       plus(2 * (weight_bytes / stage_layers), "2 gathered layers (2·" + w + "/(L/pp))");
