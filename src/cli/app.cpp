@@ -10,6 +10,7 @@
 
 #include "cli/commands.h"
 #include "cli/config.h"
+#include "cli/plan.h"
 #include "cli/train.h"
 #include "kiln/core/error.h"
 #include "kiln/dist/dist.h"
@@ -54,7 +55,8 @@ int launch_command(int nprocs, const std::string& hostfile, std::vector<std::str
 
 int dispatch(int argc, char** argv) {
   CLI::App app{
-      "kiln: train, resume, evaluate, export, sample and inspect deep-learning runs (configs/*.toml, docs/config.md)",
+      "kiln: train, resume, evaluate, export, sample and inspect deep-learning runs, and plan their memory "
+      "(configs/*.toml, docs/config.md)",
       "kiln"};
   app.set_version_flag("--version", std::string("kiln ") + KILN_VERSION);
   app.require_subcommand(1);
@@ -108,6 +110,31 @@ int dispatch(int argc, char** argv) {
   auto* inspect = app.add_subcommand("inspect", "Show a safetensors file, a checkpoint or a run directory");
   inspect->add_option("target", target, "File or run directory")->required();
 
+  PlanOptions po;
+  auto* plan =
+      app.add_subcommand("plan",
+                         "Will it fit? Bytes per rank by category for a config or a model size under a parallel layout "
+                         "(docs/memory.md)");
+  plan->add_option("config", po.config, "A zoo config (TOML); or give the model by --params / --layers ...");
+  plan->add_option("--set", po.sets, "Override a config key (repeatable)")->take_all();
+  plan->add_option("--params", po.params, "Parameter count, e.g. 7e9");
+  plan->add_option("--layers", po.layers, "Transformer layers");
+  plan->add_option("--d-model", po.d_model, "Hidden size");
+  plan->add_option("--heads", po.heads, "Attention heads");
+  plan->add_option("--vocab", po.vocab, "Vocabulary size");
+  plan->add_option("--seq", po.seq, "Sequence length");
+  plan->add_option("--dp", po.dp, "Data-parallel ranks (default 1)");
+  plan->add_option("--zero", po.zero, "ZeRO stage 0|1|2|3 (default 0)");
+  plan->add_option("--tp", po.tp, "Tensor-parallel ranks (default 1)");
+  plan->add_option("--pp", po.pp, "Pipeline stages (default 1)");
+  plan->add_option("--micro-batches", po.micro_batches, "Micro-batches per step (default 1)");
+  plan->add_option("--batch", po.batch, "Samples per data-parallel replica per step (default: the config's, or 1)");
+  plan->add_option("--precision", po.precision, "fp32|bf16|fp16 (default: the config's amp, or bf16)");
+  plan->add_option("--optimizer", po.optimizer, "sgd|momentum|adam|adamw (default: the config's, or adam)");
+  plan->add_option("--checkpointing", po.checkpointing, "none|blocks (default none)");
+  plan->add_option("--device-mem", po.device_mem, "Device memory: 80GiB, 80GB, 1.5TiB ...")->capture_default_str();
+  plan->add_flag("--json", po.json, "Print JSON instead of the table");
+
   int nprocs = 0;
   std::string hostfile;
   std::vector<std::string> command;
@@ -150,6 +177,7 @@ int dispatch(int argc, char** argv) {
   if (eval->parsed()) return evaluate_command(target, split, batches, which);
   if (exp->parsed()) return export_command(target, xo);
   if (sample->parsed()) return sample_command(target, so);
+  if (plan->parsed()) return plan_command(po);
   return inspect_command(target);
 }
 
