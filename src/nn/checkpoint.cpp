@@ -185,15 +185,14 @@ class CheckpointNode final : public Node {
 
   void check_same(const TensorList& outs, const std::vector<Edge>& boundary) const {
     if (outs.size() != info_.size()) {
-      mismatch("it returned " + std::to_string(outs.size()) + " outputs, the original " +
-               std::to_string(info_.size()));
+      mismatch("it returned " + std::to_string(outs.size()) + " outputs, the original " + std::to_string(info_.size()));
     }
     for (size_t i = 0; i < outs.size(); ++i) {
       const Tensor& o = outs[i];
       const OutputInfo& w = info_[i];
-      const bool same = o.defined() == w.defined &&
-                        (!w.defined || (o.sizes() == w.shape.ref() && o.dtype() == w.dtype &&
-                                        (o.requires_grad() == w.differentiable)));
+      const bool same =
+          o.defined() == w.defined && (!w.defined || (o.sizes() == w.shape.ref() && o.dtype() == w.dtype &&
+                                                      (o.requires_grad() == w.differentiable)));
       if (!same) {
         std::string now = o.defined() ? describe_meta(true, o.sizes(), o.dtype()) : "undefined";
         std::string was = describe_meta(w.defined, w.shape, w.dtype);
@@ -276,7 +275,8 @@ Tensor checkpoint_sequential(const std::vector<ModulePtr>& modules, int64_t segm
   const auto n = static_cast<int64_t>(modules.size());
   KILN_CHECK(segments >= 1, ValueError, "checkpoint_sequential: segments must be >= 1, got ", segments);
   KILN_CHECK(n >= 1, ValueError, "checkpoint_sequential: no modules to run");
-  for (int64_t i = 0; i < n; ++i) KILN_CHECK(modules[i] != nullptr, ValueError, "checkpoint_sequential: module ", i, " is null");
+  for (int64_t i = 0; i < n; ++i)
+    KILN_CHECK(modules[i] != nullptr, ValueError, "checkpoint_sequential: module ", i, " is null");
   auto run = [modules](int64_t begin, int64_t end, Tensor h) {
     for (int64_t i = begin; i < end; ++i) h = (*modules[i])(h);
     return h;
@@ -287,9 +287,8 @@ Tensor checkpoint_sequential(const std::vector<ModulePtr>& modules, int64_t segm
   int64_t end = 0;
   for (int64_t begin = 0; begin < size * (segments - 1); begin += size) {
     end = begin + size;
-    h = checkpoint(
-        [run, begin, end](const TensorList& in) -> TensorList { return {run(begin, end, in[0])}; }, {h},
-        "modules " + std::to_string(begin) + "-" + std::to_string(end - 1))[0];
+    h = checkpoint([run, begin, end](const TensorList& in) -> TensorList { return {run(begin, end, in[0])}; }, {h},
+                   "modules " + std::to_string(begin) + "-" + std::to_string(end - 1))[0];
   }
   return run(end, n, h);
 }

@@ -41,18 +41,19 @@ TensorList checkpoint(const CheckpointFn& fn, const TensorList& inputs, const st
 /// checkpoint(fn, x, y, ...) with fn taking the tensors one by one and
 /// returning a Tensor or a TensorList. fn is copied and kept until backward.
 template <typename F, typename... Ts>
-  requires(sizeof...(Ts) > 0 && (std::same_as<std::decay_t<Ts>, Tensor> && ...))
-auto checkpoint(F&& fn, const Ts&... inputs) {
+requires(sizeof...(Ts) > 0 && (std::same_as<std::decay_t<Ts>, Tensor> && ...)) auto checkpoint(F&& fn,
+                                                                                               const Ts&... inputs) {
   using R = std::invoke_result_t<F&, const Ts&...>;
   static_assert(std::is_same_v<R, Tensor> || std::is_same_v<R, TensorList>,
                 "nn::checkpoint: fn must return a Tensor or a TensorList");
   CheckpointFn wrapped = [f = std::decay_t<F>(std::forward<F>(fn))](const TensorList& in) mutable -> TensorList {
-    return [&]<size_t... I>(std::index_sequence<I...>) -> TensorList {
+    return [&]<size_t... I>(std::index_sequence<I...>)->TensorList {
       if constexpr (std::is_same_v<R, Tensor>)
         return {f(in[I]...)};
       else
         return f(in[I]...);
-    }(std::index_sequence_for<Ts...>{});
+    }
+    (std::index_sequence_for<Ts...>{});
   };
   TensorList out = checkpoint(wrapped, TensorList{inputs...});
   if constexpr (std::is_same_v<R, Tensor>)
