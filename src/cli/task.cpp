@@ -118,10 +118,11 @@ DataShape make_datasets(const Config& c, Task& t) {
 
 // train.activation_checkpointing: "none", "blocks" or k (blocks per checkpointed segment), validated by Config.
 nn::CheckpointPolicy checkpoint_policy(const Config& c) {
-  const std::string v = c.value_text("train.activation_checkpointing");
-  if (v.empty() || v == "\"none\"") return nn::CheckpointPolicy::none();
-  if (v == "\"blocks\"") return nn::CheckpointPolicy::blocks();
-  return nn::CheckpointPolicy::every_k(c.integer("train.activation_checkpointing"));
+  const std::string key = "train.activation_checkpointing";
+  const std::string choice = c.string(key);  // "" when the value is an integer
+  if (choice == "none") return nn::CheckpointPolicy::none();
+  if (choice == "blocks") return nn::CheckpointPolicy::blocks();
+  return nn::CheckpointPolicy::every_k(c.integer(key));
 }
 
 std::shared_ptr<nn::Module> make_model(const Config& c, Task& t, const DataShape& s) {
