@@ -14,7 +14,7 @@ TEST(CliCheckpointing, BlocksTrainsBitwiseLikeNone) {
   TempDir dir;
   write_text(dir.path() / "moby.txt", tiny_text());
   write_text(dir.path() / "gpt.toml", tiny_gpt_config(dir.file("moby.txt")));
-  const std::string common = " --set model.n_layer=2 --set train.steps=6 --set train.eval_every=0";
+  const std::string common = " --set model.n_layer=3 --set train.steps=6 --set train.eval_every=0";
   auto a = kiln_cli("train " + dir.file("gpt.toml") + " --out " + (dir.path() / "plain").string() + common);
   ASSERT_EQ(a.rc, 0) << a.output;
   auto b = kiln_cli("train " + dir.file("gpt.toml") + " --out " + (dir.path() / "ckpt").string() + common +

@@ -101,7 +101,7 @@ TEST(Checkpoint, GPTGradientsBitwiseWithDropout) {
   auto loss = [&](Tensor&) { return gpt.loss(idx, tgt); };
   gpt.checkpointing = nn::CheckpointPolicy::none();
   Step plain = run_step(gpt, loss, false);
-  for (int64_t k : {1, 2, 3}) {
+  for (int64_t k : {1, 2}) {  // 3 layers: blocks 0 and 1 checkpointed alone, or 0-1 together
     gpt.checkpointing = nn::CheckpointPolicy::every_k(k);
     Step ck = run_step(gpt, loss, false);
     SCOPED_TRACE("every " + std::to_string(k));

@@ -79,9 +79,11 @@ Tensor checkpoint_sequential(const Module& seq, int64_t segments, const Tensor& 
 /// train`'s train.activation_checkpointing): none, each block, or runs of k.
 struct CheckpointPolicy {
   /// 0: none; k >= 1: the blocks in consecutive runs of k (the last run takes
-  /// the remainder), each run one checkpointed segment, so only every k-th
-  /// block's input is kept (k = 1: every block; larger k keeps fewer inputs
-  /// but recomputes k blocks' activations at once in backward).
+  /// the remainder), each run but the last one checkpointed segment, so only
+  /// every k-th block's input is kept (k = 1: every block; larger k keeps
+  /// fewer inputs but recomputes k blocks' activations at once in backward).
+  /// The last run is not checkpointed, as in checkpoint_sequential: backward
+  /// needs its activations first, so recomputing them would only cost time.
   int64_t every = 0;
   static CheckpointPolicy none() { return {}; }
   static CheckpointPolicy blocks() { return {1}; }
@@ -90,8 +92,9 @@ struct CheckpointPolicy {
   bool enabled() const { return every > 0; }
 };
 
-/// Runs blocks [0, n) in order on x under `policy`: block(i, x) -> the output
-/// of block i; segments are named "<prefix>.<first>" or "<prefix>.<first>-<last>".
+/// Runs blocks [0, n) in order on x under `policy` (the last run plain):
+/// block(i, x) -> the output of block i; segments are named "<prefix>.<first>"
+/// or "<prefix>.<first>-<last>".
 Tensor run_blocks(const CheckpointPolicy& policy, int64_t n, const std::function<Tensor(int64_t, const Tensor&)>& block,
                   const Tensor& x, const std::string& prefix);
 
