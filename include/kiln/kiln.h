@@ -41,6 +41,7 @@
 #include "kiln/io/stateful.h"
 
 #include "kiln/nn/attention.h"
+#include "kiln/nn/checkpoint.h"
 #include "kiln/nn/functional.h"
 #include "kiln/nn/holder.h"
 #include "kiln/nn/init.h"

@@ -111,13 +111,19 @@ class GraphTask {
     captures_[node].push_back({input_nr, out_index});
   }
 
+  // grad_to_boundary: captured nodes are the edge of the graph, not run or passed.
+  void set_boundary_mode() { boundary_mode_ = true; }
+
   TensorList run(GraphRoot& root, size_t num_captures) {
     // Backward formulas run in the dtypes the forward recorded, as in PyTorch: an
     // autocast region around backward() must not recast the gradients' products.
-    autocast_detail::SuspendGuard no_autocast;
+    // A disabled region rather than a suspension, so that a node that reruns a
+    // forward (checkpointing) can re-enter the autocast state that forward saw; the
+    // cache of the enclosing region, if any, stays.
+    const AutocastGuard no_autocast(false);
     captured_.resize(num_captures);
     count_dependencies(root);
-    if (!captures_.empty()) compute_needed(root);
+    if (!captures_.empty() && !boundary_mode_) compute_needed(root);
     std::priority_queue<NodeTask> ready;
     process(root, TensorList{}, ready);
     while (!ready.empty()) {
@@ -143,6 +149,7 @@ class GraphTask {
     while (!stack.empty()) {
       Node* n = stack.back();
       stack.pop_back();
+      if (boundary_mode_ && captures_.count(n)) continue;
       for (const Edge& e : n->next_edges()) {
         if (!e.is_valid()) continue;
         Node* next = e.function.get();
@@ -175,11 +182,23 @@ class GraphTask {
   }
 
   void process(Node& n, TensorList grads, std::priority_queue<NodeTask>& ready) {
-    const bool capture_mode = !captures_.empty();
+    const bool capture_mode = !captures_.empty() && !boundary_mode_;
     if (n.num_inputs() > 0) {
       for (size_t i = 0; i < grads.size() && i < n.num_inputs(); ++i) {
         grads[i] = validate_grad(n, i, grads[i], n.input_metadata()[i]);
       }
+    }
+    if (boundary_mode_) {
+      // The enclosing pass runs this node (and its hooks) with what arrives here.
+      auto it = captures_.find(&n);
+      if (it != captures_.end()) {
+        for (const Capture& c : it->second) {
+          if (c.input_nr < grads.size()) accumulate_into(captured_[c.out_index], grads[c.input_nr]);
+        }
+        return;
+      }
+      KILN_CHECK(!is_accumulate_grad(n), ValueError,
+                 "autograd: a recomputed segment reached a leaf's AccumulateGrad that is not on its boundary");
     }
     n.run_pre_hooks(grads);
     if (capture_mode) {
@@ -234,6 +253,7 @@ class GraphTask {
 
   bool keep_graph_;
   bool create_graph_;
+  bool boundary_mode_ = false;
   std::unordered_map<Node*, int64_t> deps_;
   std::unordered_map<Node*, TensorList> buffers_;
   std::unordered_map<Node*, std::vector<Capture>> captures_;
@@ -334,6 +354,32 @@ TensorList grad(const TensorList& outputs, const TensorList& inputs, const Tenso
                "if that is expected");
   }
   return result;
+}
+
+TensorList grad_to_boundary(const TensorList& outputs, const TensorList& grad_outputs,
+                            const std::vector<Edge>& boundary, bool create_graph) {
+  KILN_CHECK(outputs.size() == grad_outputs.size(), ValueError, "grad_to_boundary: got ", outputs.size(),
+             " outputs but ", grad_outputs.size(), " gradients");
+  std::vector<Edge> edges;
+  TensorList grads;
+  for (size_t i = 0; i < outputs.size(); ++i) {
+    if (!outputs[i].defined() || !outputs[i].requires_grad() || !grad_outputs[i].defined()) continue;
+    KILN_CHECK(grad_outputs[i].sizes() == outputs[i].sizes(), ShapeError, "grad_to_boundary: gradient ", i,
+               " has shape ", grad_outputs[i].sizes(), " but its output has shape ", outputs[i].sizes());
+    edges.push_back(gradient_edge(outputs[i]));
+    grads.push_back(grad_outputs[i]);
+  }
+  if (edges.empty()) return TensorList(boundary.size());
+  GraphRoot root(std::move(edges), std::move(grads));
+  root.retain();
+  GraphTask task(create_graph, create_graph);
+  task.set_boundary_mode();
+  for (size_t i = 0; i < boundary.size(); ++i) {
+    KILN_CHECK(boundary[i].is_valid(), ValueError, "grad_to_boundary: boundary edge ", i, " is invalid");
+    task.add_capture(boundary[i].function.get(), boundary[i].input_nr, i);
+  }
+  // No callback list of its own: what its hooks queue runs when the enclosing backward ends.
+  return task.run(root, boundary.size());
 }
 
 }  // namespace kiln::autograd

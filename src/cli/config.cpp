@@ -13,7 +13,8 @@
 namespace kiln::cli {
 namespace {
 
-enum class Kind { Int, Float, Bool, String, IntArray };
+// IntOrChoice: an integer, or one of the key's choices as a string.
+enum class Kind { Int, Float, Bool, String, IntArray, IntOrChoice };
 
 struct Key {
   const char* name;  // "section.key" or a top-level "key"
@@ -98,6 +99,7 @@ constexpr Key kSchema[] = {
     {"train.keep_best", Kind::String, "\"off\"", "", "off|accuracy|loss|bits_per_char"},
     {"train.log_every", Kind::Int, "50", "", ""},
     {"train.anomaly", Kind::Bool, "false", "", ""},
+    {"train.activation_checkpointing", Kind::IntOrChoice, "\"none\"", "model.type=gpt|vit|resnet", "none|blocks"},
 };
 
 // Allowed values, checked once on the final config (file and --set together) so
@@ -157,6 +159,7 @@ constexpr Range kRanges[] = {
     {"train.ckpt_every", 0, kNoMax, false, false},
     {"train.keep_last", 1, kIntMax, false, false},
     {"train.log_every", 1, kNoMax, false, false},
+    {"train.activation_checkpointing", 1, kNoMax, false, false},  // when an integer
 };
 
 // What `kiln resume --set KEY=...` does with each key (docs/config.md keeps the same table).
@@ -236,6 +239,7 @@ const char* kind_name(Kind k) {
     case Kind::Bool: return "true or false";
     case Kind::String: return "a string";
     case Kind::IntArray: return "an array of integers";
+    case Kind::IntOrChoice: return "an integer or a string";
   }
   return "?";
 }
@@ -287,6 +291,7 @@ bool matches(const Key& k, const toml::node& n) {
     case Kind::Float: return n.is_floating_point() || n.is_integer();
     case Kind::Bool: return n.is_boolean();
     case Kind::String: return n.is_string();
+    case Kind::IntOrChoice: return n.is_integer() || n.is_string();
     case Kind::IntArray: {
       const auto* a = n.as_array();
       if (!a) return false;
@@ -422,15 +427,19 @@ void Config::validate_and_fill() {
   };
   for (const auto& [key, node] : given) {
     const Key& k = *find_key(key);
-    if (!matches(k, *node))
-      throw ConfigError(from(key, *node) + ": '" + key + "' expects " + kind_name(k.kind) + ", got " + describe(*node));
-    if (*k.choices) {
+    if (!matches(k, *node)) {
+      const std::string expects = k.kind == Kind::IntOrChoice
+                                      ? "an integer or one of " + std::string(k.choices) + " (a string)"
+                                      : std::string(kind_name(k.kind));
+      throw ConfigError(from(key, *node) + ": '" + key + "' expects " + expects + ", got " + describe(*node));
+    }
+    if (*k.choices && node->is_string()) {
       const std::string v = node->as_string()->get();
       bool ok = false;
       for (const auto& c : split(k.choices, '|')) ok = ok || c == v;
       if (!ok)
-        throw ConfigError(where(source_, *node) + ": '" + key + "' expects one of " + k.choices + ", got \"" + v +
-                          "\"");
+        throw ConfigError(where(source_, *node) + ": '" + key + "' expects one of " + k.choices +
+                          (k.kind == Kind::IntOrChoice ? " or an integer" : "") + ", got \"" + v + "\"");
     }
   }
   for (const auto& k : kSchema)
@@ -546,6 +555,7 @@ void Config::check_ranges() const {
     else
       values.push_back(n);
     for (const toml::node* v : values) {
+      if (v->is_string()) continue;  // an IntOrChoice key's choice, checked with the types
       const double d = v->is_integer() ? static_cast<double>(v->value_or(int64_t{0})) : v->value_or(0.0);
       if (in_range(r, d)) continue;
       problems.push_back(origin(r.key) + ": '" + r.key + "'" + (n->is_array() ? " holds " : " = ") + node_text(*v) +

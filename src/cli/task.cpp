@@ -116,6 +116,15 @@ DataShape make_datasets(const Config& c, Task& t) {
   return {};
 }
 
+// train.activation_checkpointing: "none", "blocks" or k (blocks per checkpointed segment), validated by Config.
+nn::CheckpointPolicy checkpoint_policy(const Config& c) {
+  const std::string key = "train.activation_checkpointing";
+  const std::string choice = c.string(key);  // "" when the value is an integer
+  if (choice == "none") return nn::CheckpointPolicy::none();
+  if (choice == "blocks") return nn::CheckpointPolicy::blocks();
+  return nn::CheckpointPolicy::every_k(c.integer(key));
+}
+
 std::shared_ptr<nn::Module> make_model(const Config& c, Task& t, const DataShape& s) {
   const std::string type = c.string("model.type");
   if (type == "gpt") {
@@ -127,7 +136,8 @@ std::shared_ptr<nn::Module> make_model(const Config& c, Task& t, const DataShape
                                                               .n_layer = c.integer("model.n_layer"),
                                                               .n_head = c.integer("model.n_head"),
                                                               .n_embd = c.integer("model.n_embd"),
-                                                              .dropout = c.number("model.dropout")});
+                                                              .dropout = c.number("model.dropout"),
+                                                              .activation_checkpointing = checkpoint_policy(c)});
     t.gpt = m.get();
     return m;
   }
@@ -155,7 +165,8 @@ std::shared_ptr<nn::Module> make_model(const Config& c, Task& t, const DataShape
                                                                   .stem_channels = c.integer("model.stem_channels"),
                                                                   .widths = c.integers("model.widths"),
                                                                   .blocks = c.integers("model.blocks"),
-                                                                  .num_classes = s.classes});
+                                                                  .num_classes = s.classes,
+                                                                  .activation_checkpointing = checkpoint_policy(c)});
   if (height != width)
     throw ConfigError(c.source() + ": model.type = \"vit\" needs square images, the data's are " +
                       std::to_string(height) + "x" + std::to_string(width) + " (H x W; data.resize makes them square)");
@@ -167,7 +178,8 @@ std::shared_ptr<nn::Module> make_model(const Config& c, Task& t, const DataShape
                                                           .depth = c.integer("model.depth"),
                                                           .heads = c.integer("model.heads"),
                                                           .mlp_dim = c.integer("model.mlp_dim"),
-                                                          .dropout = c.number("model.dropout")});
+                                                          .dropout = c.number("model.dropout"),
+                                                          .activation_checkpointing = checkpoint_policy(c)});
 }
 
 std::unique_ptr<optim::Optimizer> make_optimizer(const Config& c, nn::Module& model) {

@@ -64,7 +64,9 @@ Tensor GPT::forward(const Tensor& idx) {
              ", block_size is only ", options.block_size);
   Tensor pos = arange(T, TensorOptions(kInt64));
   Tensor x = (*drop)((*wte)(idx) + (*wpe)(pos));  // [B, T, C] + [T, C]
-  for (size_t i = 0; i < h->size(); ++i) x = (*(*h)[i])(x);
+  x = nn::run_blocks(
+      checkpointing, static_cast<int64_t>(h->size()),
+      [this](int64_t i, const Tensor& t) { return (*(*h)[static_cast<size_t>(i)])(t); }, x, "transformer.h");
   return (*lm_head)((*ln_f)(x));
 }
 

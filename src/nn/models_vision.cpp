@@ -5,6 +5,7 @@
 #include <string>
 
 #include "kiln/core/error.h"
+#include "kiln/core/guards.h"
 #include "kiln/models/cnn.h"
 #include "kiln/models/mlp.h"
 #include "kiln/models/resnet.h"
@@ -148,7 +149,31 @@ Tensor ResNet::forward(const Tensor& x) {
   KILN_CHECK(x.dim() == 4 && x.size(1) == options.in_channels, ShapeError, "ResNet: expected input [N, ",
              options.in_channels, ", H, W], got shape ", x.shape_string());
   Tensor y = bn1->forward_relu((*conv1)(x));
-  for (auto& s : stages) y = (*s)(y);
+  if (!checkpointing.enabled()) {
+    for (auto& s : stages) y = (*s)(y);
+    return (*fc)(y.mean({2, 3}));
+  }
+  std::vector<nn::ModulePtr> blocks;
+  for (size_t i = 0; i < stages.size(); ++i) {
+    for (const nn::ModulePtr& b : stages[i]->children()) blocks.push_back(b);
+  }
+  y = nn::run_blocks(
+      checkpointing, static_cast<int64_t>(blocks.size()),
+      [blocks](int64_t i, const Tensor& t) {
+        nn::Module& b = *blocks[static_cast<size_t>(i)];
+        if (!nn::is_recomputing() || !b.is_training()) return b(t);
+        // The rerun in backward must not count the batch into BatchNorm's running statistics again.
+        std::vector<Tensor> state;
+        for (const Tensor& buf : b.buffers()) state.push_back(buf.defined() ? buf.clone() : Tensor());
+        Tensor out = b(t);
+        const NoGradGuard no_grad;
+        std::vector<Tensor> now = b.buffers();
+        for (size_t k = 0; k < now.size(); ++k) {
+          if (state[k].defined()) now[k].copy_(state[k]);
+        }
+        return out;
+      },
+      y, "blocks");
   return (*fc)(y.mean({2, 3}));
 }
 

@@ -62,7 +62,9 @@ Tensor ViT::forward(const Tensor& x) {
   const int64_t N = x.size(0);
   Tensor p = (*patch_embed)(x).flatten(2).transpose(1, 2);  // [N, num_patches, dim]
   Tensor t = cat({cls_token.expand({N, 1, options.dim}), p}, 1) + pos_embed;
-  for (size_t i = 0; i < blocks->size(); ++i) t = (*(*blocks)[i])(t);
+  t = nn::run_blocks(
+      checkpointing, static_cast<int64_t>(blocks->size()),
+      [this](int64_t i, const Tensor& u) { return (*(*blocks)[static_cast<size_t>(i)])(u); }, t, "blocks");
   return (*head)((*norm)(t).select(1, 0));
 }
 

@@ -11,6 +11,7 @@
 #include <optional>
 #include <vector>
 
+#include "kiln/autograd/node.h"
 #include "kiln/core/tensor.h"
 
 namespace kiln::autograd {
@@ -33,5 +34,17 @@ TensorList grad(const TensorList& outputs, const TensorList& inputs, const Tenso
 /// Callbacks run in the order queued; one that throws ends backward() with
 /// its error and the remaining callbacks are dropped.
 void queue_callback(std::function<void()> fn);
+
+/// For activation checkpointing (nn::checkpoint, docs/memory.md): back-propagates
+/// `grad_outputs` (undefined: no gradient for that output) from `outputs` through
+/// the graph above `boundary` only, and returns the gradient arriving at each
+/// boundary edge (undefined where none arrives). Boundary nodes are neither run
+/// nor have their hooks fired, and nothing beyond them is visited: the caller's
+/// own backward pass does that with what is returned. Every AccumulateGrad the
+/// graph reaches must be a boundary node, so no .grad is touched. Safe to call
+/// from inside a node's apply (a nested pass with its own state); callbacks
+/// queued by its hooks run when the enclosing backward ends.
+TensorList grad_to_boundary(const TensorList& outputs, const TensorList& grad_outputs,
+                            const std::vector<Edge>& boundary, bool create_graph);
 
 }  // namespace kiln::autograd

@@ -22,6 +22,7 @@
 #include <cstdint>
 #include <memory>
 
+#include "kiln/nn/checkpoint.h"
 #include "kiln/nn/layers.h"
 #include "kiln/nn/norm.h"
 #include "kiln/nn/transformer.h"
@@ -36,6 +37,9 @@ struct GPTOptions {
   int64_t n_embd = 256;
   int64_t d_ff = 0;  // 0: 4 * n_embd
   double dropout = 0.0;
+  /// Which transformer.h blocks run under nn::checkpoint in training forwards
+  /// (copied into GPT::checkpointing).
+  nn::CheckpointPolicy activation_checkpointing;
 };
 
 /// forward: idx [B, T] int64 token ids (T <= block_size) -> logits [B, T, vocab_size].
@@ -53,6 +57,8 @@ class GPT : public nn::Module {
   std::shared_ptr<nn::ModuleList> h;  // of nn::TransformerBlock
   std::shared_ptr<nn::LayerNorm> ln_f;
   std::shared_ptr<nn::Linear> lm_head;
+  /// Activation checkpointing of the blocks (nn::CheckpointPolicy); may be changed between steps.
+  nn::CheckpointPolicy checkpointing = options.activation_checkpointing;
 };
 
 }  // namespace kiln::models

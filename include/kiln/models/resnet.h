@@ -15,6 +15,7 @@
 #include <memory>
 #include <vector>
 
+#include "kiln/nn/checkpoint.h"
 #include "kiln/nn/layers.h"
 #include "kiln/nn/norm.h"
 
@@ -45,6 +46,10 @@ struct ResNetOptions {
   std::vector<int64_t> widths = {16, 32, 64};  // one stage each; stage i > 0 has stride 2
   std::vector<int64_t> blocks = {1, 1, 1};     // BasicBlocks per stage (same length as widths)
   int64_t num_classes = 10;
+  /// Which BasicBlocks (counted across the stages) run under nn::checkpoint
+  /// (copied into ResNet::checkpointing). BatchNorm's running statistics are
+  /// updated once per step, not again when a block is recomputed.
+  nn::CheckpointPolicy activation_checkpointing;
 };
 
 /// Input [N, in_channels, H, W]; output [N, num_classes].
@@ -57,6 +62,8 @@ class ResNet : public nn::Module {
   std::shared_ptr<nn::BatchNorm2d> bn1;
   std::vector<std::shared_ptr<nn::Sequential>> stages;  // "layer1", "layer2", …
   std::shared_ptr<nn::Linear> fc;
+  /// Activation checkpointing of the BasicBlocks; may be changed between steps.
+  nn::CheckpointPolicy checkpointing = options.activation_checkpointing;
 };
 
 }  // namespace kiln::models

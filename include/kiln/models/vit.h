@@ -18,6 +18,7 @@
 #include <cstdint>
 #include <memory>
 
+#include "kiln/nn/checkpoint.h"
 #include "kiln/nn/layers.h"
 #include "kiln/nn/norm.h"
 #include "kiln/nn/transformer.h"
@@ -34,6 +35,8 @@ struct ViTOptions {
   int64_t heads = 4;
   int64_t mlp_dim = 128;
   double dropout = 0.0;  // inside the blocks (attention weights, after each projection)
+  /// Which encoder blocks run under nn::checkpoint (copied into ViT::checkpointing).
+  nn::CheckpointPolicy activation_checkpointing;
 };
 
 /// Input [N, in_channels, image_size, image_size]; output [N, num_classes].
@@ -49,6 +52,8 @@ class ViT : public nn::Module {
   std::shared_ptr<nn::ModuleList> blocks;  // of nn::TransformerBlock (causal = false)
   std::shared_ptr<nn::LayerNorm> norm;
   std::shared_ptr<nn::Linear> head;
+  /// Activation checkpointing of the blocks (nn::CheckpointPolicy); may be changed between steps.
+  nn::CheckpointPolicy checkpointing = options.activation_checkpointing;
 };
 
 }  // namespace kiln::models
