@@ -7,6 +7,7 @@
 #include <nlohmann/json.hpp>
 #include <optional>
 #include <stdexcept>
+#include <tuple>
 
 #include "cli/config.h"
 #include "cli/plan_model.h"
@@ -71,10 +72,16 @@ const char* amp_of_precision(PlanPrecision p) {
 /// GradScaler for fp16, gradient-norm clipping, the optimizer step), taken twice at this micro-batch
 /// and precision; the second step's category peaks are the trace (the first allocates the optimizer
 /// state and the oneDNN primitives).
-PlanTrace trace_step(const Config& base, PlanPrecision precision, int64_t micro_batch) {
+PlanTrace trace_step(const Config& base, PlanPrecision precision, int64_t micro_batch, bool checkpointing) {
   Config c = base;
   c.set_all({"data.batch_size=" + std::to_string(micro_batch),
              std::string("amp=\"") + amp_of_precision(precision) + "\"", "data.num_workers=0"});
+  const std::string type = c.string("model.type");
+  if (checkpointing && type != "gpt" && type != "vit" && type != "resnet")
+    throw std::invalid_argument("--checkpointing blocks: this config's model (" + type +
+                                ") has no blocks to checkpoint; kiln checkpoints gpt, vit and resnet");
+  if (type == "gpt" || type == "vit" || type == "resnet")  // the key exists only for models with blocks
+    c.set_all({std::string("train.activation_checkpointing=\"") + (checkpointing ? "blocks" : "none") + "\""});
   PlanTrace out;
   {
     Task t = build_task(c, Purpose::Train);
@@ -144,14 +151,16 @@ Described from_config(const PlanOptions& o) {
     d.model.vocab = 256;
     d.model.seq = config->integer("data.context");
   }
-  auto cache = std::make_shared<std::map<std::pair<int, int64_t>, PlanTrace>>();
-  d.model.trace = [config, cache](PlanPrecision p, int64_t b) {
-    const auto key = std::make_pair(static_cast<int>(p), b);
+  auto cache = std::make_shared<std::map<std::tuple<int, int64_t, bool>, PlanTrace>>();
+  d.model.trace = [config, cache](PlanPrecision p, int64_t b, bool checkpointing) {
+    const auto key = std::make_tuple(static_cast<int>(p), b, checkpointing);
     auto it = cache->find(key);
-    if (it == cache->end()) it = cache->emplace(key, trace_step(*config, p, b)).first;
+    if (it == cache->end()) it = cache->emplace(key, trace_step(*config, p, b, checkpointing)).first;
     return it->second;
   };
   d.defaults.batch = config->integer("data.batch_size");
+  if (type == "gpt" || type == "vit" || type == "resnet")
+    d.defaults.checkpointing = config->string("train.activation_checkpointing") == "blocks";
   d.defaults.precision = precision_of_amp(config->string("amp"));
   const std::string opt = config->string("optim.name");
   const bool momentum = (opt == "sgd" || opt == "rmsprop") && config->number("optim.momentum") > 0;
@@ -269,6 +278,7 @@ int plan_command(const PlanOptions& o) {
     flag_error("--zero", o.zero, "--dp > 1 (ZeRO shards across data-parallel ranks)");
 
   Described d = o.config.empty() ? from_dims(o) : from_config(o);
+  if (o.checkpointing.empty()) l.checkpointing = d.defaults.checkpointing;  // a config's own policy
   l.batch = int_flag("--batch", o.batch, o.config.empty() ? 1 : d.defaults.batch, 1);
   l.precision = precision.value_or(o.config.empty() ? PlanPrecision::BF16 : d.defaults.precision);
   l.optimizer = optimizer.value_or(o.config.empty() ? PlanOptimizer::Adam : d.defaults.optimizer);

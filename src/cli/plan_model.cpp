@@ -152,21 +152,12 @@ PlanResult plan_memory(const PlanModel& m, const PlanLayout& l) {
   const double stage_layers = m.layers > 0 ? std::ceil(static_cast<double>(m.layers) / static_cast<double>(l.pp)) : 1;
   const double in_flight = l.pp > 1 ? static_cast<double>(std::min(l.pp, l.micro_batches)) : 1.0;
   if (m.trace) {
-    const PlanTrace t = m.trace(l.precision, l.micro_batch());
+    // With --checkpointing blocks the traced step runs the model's own per-block policy
+    // (train.activation_checkpointing = "blocks"), so what it keeps is measured, not modelled.
+    const PlanTrace t = m.trace(l.precision, l.micro_batch(), l.checkpointing);
     double act = t.activation;
-    std::string how = "traced: one step at micro-batch " + std::to_string(l.micro_batch());
-    if (l.checkpointing) {
-      if (!m.has_dims())
-        throw std::invalid_argument(
-            "--checkpointing blocks: modelled for transformer configs (gpt) only, this config's model has no "
-            "transformer dimensions");
-      PlanLayout plain = l, ckpt = l;
-      plain.checkpointing = false;
-      plain.tp = plain.pp = 1;
-      ckpt.tp = ckpt.pp = 1;
-      act *= formula_activations(m, ckpt).bytes / formula_activations(m, plain).bytes;
-      how += " × (checkpointed / plain transformer formula)";
-    }
+    std::string how = "traced: one step at micro-batch " + std::to_string(l.micro_batch()) +
+                      (l.checkpointing ? ", blocks checkpointed" : "");
     if (l.tp > 1 || l.pp > 1) {
       act = act / static_cast<double>(l.tp) * in_flight / static_cast<double>(l.pp);
       how += " × f/(tp·pp)";

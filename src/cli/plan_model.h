@@ -37,9 +37,9 @@ struct PlanModel {
   // fp32 parameter bytes as kiln's allocator charges them (each tensor rounded up to
   // 64 B); 0: 4 Ψ.
   double fp32_param_bytes = 0;
-  // Zoo configs: activations and temporaries traced from one step at this precision and
-  // micro-batch (cli/plan.cpp); empty: the transformer formulas.
-  std::function<PlanTrace(PlanPrecision, int64_t micro_batch)> trace;
+  // Zoo configs: activations and temporaries traced from one step at this precision,
+  // micro-batch and checkpointing (cli/plan.cpp); empty: the transformer formulas.
+  std::function<PlanTrace(PlanPrecision, int64_t micro_batch, bool checkpointing)> trace;
   bool has_dims() const { return layers > 0 && d_model > 0 && heads > 0 && vocab > 0 && seq > 0; }
 };
 

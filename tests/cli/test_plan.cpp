@@ -249,6 +249,9 @@ TEST(Plan, PredictionMatchesKilnTrainPerCategory) {
   }
   expect_matches_training(dir.file("mlp.toml"),
                           few + "--set data.num_workers=0 --set optim.name=sgd --set optim.momentum=0.9");
+  // Checkpointing every block: the plan traces the same policy (the config's, as `kiln train` runs it).
+  expect_matches_training(dir.file("gpt.toml"),
+                          few + "--set model.n_layer=3 --set train.activation_checkpointing=blocks");
 }
 
 }  // namespace
