@@ -252,6 +252,12 @@ TEST(Plan, PredictionMatchesKilnTrainPerCategory) {
   // Checkpointing every block: the plan traces the same policy (the config's, as `kiln train` runs it).
   expect_matches_training(dir.file("gpt.toml"),
                           few + "--set model.n_layer=3 --set train.activation_checkpointing=blocks");
+  // A model without blocks cannot be checkpointed: said, not modelled.
+  auto r = kiln_cli("plan " + dir.file("mlp.toml") + " --checkpointing blocks");
+  EXPECT_EQ(r.rc, 2) << r.output;
+  EXPECT_NE(r.output.find("--checkpointing blocks: this config's model (mlp) has no blocks to checkpoint"),
+            std::string::npos)
+      << r.output;
 }
 
 }  // namespace
