@@ -115,6 +115,51 @@ Tensor BasicBlock::forward(const Tensor& x) {
   return bn2->forward_add_relu((*conv2)(y), downsample ? (*downsample)(x) : x);
 }
 
+namespace {
+// f() is (part of) a checkpointed segment's forward over `modules`. Its rerun
+// in backward must not count the batch into BatchNorm's running statistics a
+// second time (torch's checkpoint does): the buffers are put back as the
+// forward left them, so a checkpointed step leaves what an uncheckpointed one does.
+template <typename F>
+Tensor stats_counted_once(std::initializer_list<const nn::Module*> modules, F&& f) {
+  if (!nn::is_recomputing()) return f();
+  std::vector<Tensor> buffers, state;
+  for (const nn::Module* m : modules) {
+    if (m == nullptr || !m->is_training()) continue;
+    for (const Tensor& b : m->buffers()) {
+      if (!b.defined()) continue;
+      buffers.push_back(b);
+      state.push_back(b.clone());
+    }
+  }
+  Tensor out = f();
+  const NoGradGuard no_grad;
+  for (size_t k = 0; k < buffers.size(); ++k) buffers[k].copy_(state[k]);
+  return out;
+}
+}  // namespace
+
+Tensor BasicBlock::forward_split_checkpointed(const Tensor& x, const std::string& name) {
+  KILN_CHECK(downsample != nullptr, ValueError, "BasicBlock ", name,
+             ": forward_split_checkpointed is for a block with a downsample shortcut");
+  // The lambdas hold the modules: a segment runs again in backward.
+  const Tensor r = nn::checkpoint(
+      [c = conv1, b = bn1](const TensorList& in) -> TensorList {
+        return {stats_counted_once({b.get()}, [&] { return b->forward_relu((*c)(in[0])); })};
+      },
+      {x}, name + ".conv1")[0];
+  const Tensor d = nn::checkpoint(
+      [ds = downsample](const TensorList& in) -> TensorList {
+        return {stats_counted_once({ds.get()}, [&] { return (*ds)(in[0]); })};
+      },
+      {x}, name + ".downsample")[0];
+  return nn::checkpoint(
+      [c = conv2, b = bn2](const TensorList& in) -> TensorList {
+        return {stats_counted_once({b.get()}, [&] { return b->forward_add_relu((*c)(in[0]), in[1]); })};
+      },
+      {r, d}, name + ".conv2")[0];
+}
+
 ResNet::ResNet(ResNetOptions o) : nn::Module("ResNet"), options(std::move(o)) {
   KILN_CHECK(!options.widths.empty() && options.widths.size() == options.blocks.size(), ValueError,
              "ResNet: widths and blocks must be non-empty and of equal length, got ", options.widths.size(), " and ",
@@ -148,30 +193,56 @@ ResNet::ResNet(ResNetOptions o) : nn::Module("ResNet"), options(std::move(o)) {
 Tensor ResNet::forward(const Tensor& x) {
   KILN_CHECK(x.dim() == 4 && x.size(1) == options.in_channels, ShapeError, "ResNet: expected input [N, ",
              options.in_channels, ", H, W], got shape ", x.shape_string());
-  Tensor y = bn1->forward_relu((*conv1)(x));
-  if (!checkpointing.enabled()) {
+  if (!checkpointing.enabled() || !grad_mode_enabled()) {
+    Tensor y = bn1->forward_relu((*conv1)(x));
     for (auto& s : stages) y = (*s)(y);
     return (*fc)(y.mean({2, 3}));
   }
-  std::vector<nn::ModulePtr> blocks;
+  // The stem's output is at full resolution, as large as anything in the
+  // network: keep only the image and recompute it in backward.
+  Tensor y = nn::checkpoint(
+      [c = conv1, b = bn1](const TensorList& in) -> TensorList {
+        return {stats_counted_once({b.get()}, [&] { return b->forward_relu((*c)(in[0])); })};
+      },
+      {x}, "stem")[0];
+  std::vector<std::shared_ptr<BasicBlock>> blocks;
+  std::vector<std::string> names;
   for (size_t i = 0; i < stages.size(); ++i) {
-    for (const nn::ModulePtr& b : stages[i]->children()) blocks.push_back(b);
+    const std::vector<nn::ModulePtr> children = stages[i]->children();
+    for (size_t b = 0; b < children.size(); ++b) {
+      blocks.push_back(std::static_pointer_cast<BasicBlock>(children[b]));
+      names.push_back("layer" + std::to_string(i + 1) + "." + std::to_string(b));
+    }
+  }
+  const auto n = static_cast<int64_t>(blocks.size());
+  if (checkpointing.every == 1) {
+    // A block with a downsample shortcut reads the previous stage's larger
+    // output: recomputed as one segment, its backward holds that input, every
+    // activation of the block and their gradients at once (the activation peak
+    // of the resnet workload). Three segments, each recomputed when backward
+    // reaches it, hold one branch at a time. The last block runs plainly, as
+    // run_blocks leaves its last run (docs/memory.md).
+    for (int64_t i = 0; i + 1 < n; ++i) {
+      const std::shared_ptr<BasicBlock>& blk = blocks[static_cast<size_t>(i)];
+      const std::string& name = names[static_cast<size_t>(i)];
+      if (blk->downsample) {
+        y = blk->forward_split_checkpointed(y, name);
+        continue;
+      }
+      y = nn::checkpoint(
+          [blk](const TensorList& in) -> TensorList {
+            return {stats_counted_once({blk.get()}, [&] { return (*blk)(in[0]); })};
+          },
+          {y}, name)[0];
+    }
+    y = (*blocks.back())(y);
+    return (*fc)(y.mean({2, 3}));
   }
   y = nn::run_blocks(
-      checkpointing, static_cast<int64_t>(blocks.size()),
+      checkpointing, n,
       [blocks](int64_t i, const Tensor& t) {
-        nn::Module& b = *blocks[static_cast<size_t>(i)];
-        if (!nn::is_recomputing() || !b.is_training()) return b(t);
-        // The rerun in backward must not count the batch into BatchNorm's running statistics again.
-        std::vector<Tensor> state;
-        for (const Tensor& buf : b.buffers()) state.push_back(buf.defined() ? buf.clone() : Tensor());
-        Tensor out = b(t);
-        const NoGradGuard no_grad;
-        std::vector<Tensor> now = b.buffers();
-        for (size_t k = 0; k < now.size(); ++k) {
-          if (state[k].defined()) now[k].copy_(state[k]);
-        }
-        return out;
+        const nn::Module* b = blocks[static_cast<size_t>(i)].get();
+        return stats_counted_once({b}, [&] { return (*blocks[static_cast<size_t>(i)])(t); });
       },
       y, "blocks");
   return (*fc)(y.mean({2, 3}));

@@ -13,6 +13,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <string>
 #include <vector>
 
 #include "kiln/nn/checkpoint.h"
@@ -34,6 +35,10 @@ class BasicBlock : public nn::Module {
  public:
   explicit BasicBlock(BasicBlockOptions o);
   Tensor forward(const Tensor& x) override;
+  /// forward(x) as three checkpointed segments, "<name>.conv1" (conv1, bn1,
+  /// ReLU), "<name>.downsample" and "<name>.conv2" (conv2, bn2, the add, ReLU),
+  /// for a block whose shortcut is downsample; the values are forward's.
+  Tensor forward_split_checkpointed(const Tensor& x, const std::string& name);
   const BasicBlockOptions options;
   std::shared_ptr<nn::Conv2d> conv1, conv2;
   std::shared_ptr<nn::BatchNorm2d> bn1, bn2;
@@ -47,8 +52,11 @@ struct ResNetOptions {
   std::vector<int64_t> blocks = {1, 1, 1};     // BasicBlocks per stage (same length as widths)
   int64_t num_classes = 10;
   /// Which BasicBlocks (counted across the stages) run under nn::checkpoint
-  /// (copied into ResNet::checkpointing). BatchNorm's running statistics are
-  /// updated once per step, not again when a block is recomputed.
+  /// (copied into ResNet::checkpointing). Any policy but none also checkpoints
+  /// the stem; blocks() splits a block with a downsample shortcut into three
+  /// segments (BasicBlock::forward_split_checkpointed). BatchNorm's running
+  /// statistics are updated once per step, not again when a segment is
+  /// recomputed. What each choice saves: docs/memory.md.
   nn::CheckpointPolicy activation_checkpointing;
 };
 
@@ -62,7 +70,7 @@ class ResNet : public nn::Module {
   std::shared_ptr<nn::BatchNorm2d> bn1;
   std::vector<std::shared_ptr<nn::Sequential>> stages;  // "layer1", "layer2", …
   std::shared_ptr<nn::Linear> fc;
-  /// Activation checkpointing of the BasicBlocks; may be changed between steps.
+  /// Activation checkpointing of the stem and BasicBlocks; may be changed between steps.
   nn::CheckpointPolicy checkpointing = options.activation_checkpointing;
 };
 
