@@ -136,8 +136,8 @@ void BM_CheckpointPaired(benchmark::State& state) {
   state.counters["step_ratio"] = median(ratios);
   // Of the fastest steps: a single pair's ratio is at the mercy of one interrupted step.
   if (!ratios.empty()) {
-    state.counters["step_ratio_min"] = *std::min_element(blocks_ms.begin(), blocks_ms.end()) /
-                                       *std::min_element(none_ms.begin(), none_ms.end());
+    state.counters["step_ratio_min"] =
+        *std::min_element(blocks_ms.begin(), blocks_ms.end()) / *std::min_element(none_ms.begin(), none_ms.end());
   }
   state.counters["act_peak_none_MiB"] = static_cast<double>(peak_none) / kMiB;
   state.counters["act_peak_blocks_MiB"] = static_cast<double>(peak_blocks) / kMiB;

@@ -9,6 +9,7 @@
 #include "kiln/core/format.h"
 #include "kiln/core/generator.h"
 #include "kiln/core/guards.h"
+#include "kiln/core/memory_history.h"
 #include "kiln/core/openmp_policy.h"
 #include "kiln/core/parallel.h"
 #include "kiln/core/scalar.h"
@@ -19,6 +20,7 @@
 #include "kiln/autograd/anomaly.h"
 #include "kiln/autograd/custom_function.h"
 #include "kiln/autograd/engine.h"
+#include "kiln/autograd/graph_census.h"
 
 #include "kiln/ops/attention.h"
 #include "kiln/ops/autocast.h"
@@ -78,6 +80,7 @@
 #include "kiln/amp/mode.h"
 
 #include "kiln/train/checkpoint.h"
+#include "kiln/train/leak_watch.h"
 
 #include "kiln/dist/ddp.h"
 #include "kiln/dist/dist.h"

@@ -215,6 +215,8 @@ class GraphTask {
       GradModeGuard mode(create_graph_);
       const bool anomaly = anomaly_mode_enabled();
       TensorList grads_in = anomaly ? grads : TensorList{};
+      // What backward allocates is charged to the node's forward call site (Note [Call sites of allocations]).
+      memory::AllocSiteGuard site({.file = n.site().file, .line = n.site().line, .op = n.name(), .backward = true});
       outputs = n.apply(std::move(grads));
       if (anomaly) check_backward_outputs(n, grads_in, outputs);
       if (!keep_graph_) n.release_variables();

@@ -5,6 +5,7 @@
 
 #include "kiln/autograd/anomaly.h"
 #include "kiln/core/guards.h"
+#include "kiln/core/memory_history.h"
 #include "view_history.h"
 
 namespace kiln::autograd {
@@ -78,15 +79,22 @@ void attach(Tensor& out, const NodePtr& node) {
   out.impl()->set_requires_grad_flag(true);
 }
 
-}  // namespace
+// The op that made an output names its block in memory history (Note [Call sites of allocations]).
+void claim_output(const Tensor& out, const Node& node, CallSite site) {
+  if (out.storage()) memory::detail::claim(out.storage()->data(), site.file, site.line, node.name());
+}
 
-void set_history(std::initializer_list<Tensor*> outputs, const NodePtr& node,
-                 std::initializer_list<const Tensor*> inputs, CallSite site) {
+// `claim`: false for views, whose bytes belong to the op that made their base.
+void set_history_impl(std::initializer_list<Tensor*> outputs, const NodePtr& node,
+                      std::initializer_list<const Tensor*> inputs, CallSite site, bool claim) {
   // Edges first: an in-place op passes the same tensor as input and output.
   for (const Tensor* in : inputs) node->add_next_edge(in && in->defined() ? gradient_edge(*in) : Edge{});
   node->set_site(site);
   for (Tensor* out : outputs) {
-    if (out && out->defined()) attach(*out, node);
+    if (out && out->defined()) {
+      attach(*out, node);
+      if (claim) claim_output(*out, *node, site);
+    }
   }
   if (anomaly_mode_enabled()) {
     std::vector<const Tensor*> outs;
@@ -98,15 +106,25 @@ void set_history(std::initializer_list<Tensor*> outputs, const NodePtr& node,
   }
 }
 
+}  // namespace
+
+void set_history(std::initializer_list<Tensor*> outputs, const NodePtr& node,
+                 std::initializer_list<const Tensor*> inputs, CallSite site) {
+  set_history_impl(outputs, node, inputs, site, true);
+}
+
 void set_history(Tensor& output, const NodePtr& node, std::initializer_list<const Tensor*> inputs, CallSite site) {
-  set_history({&output}, node, inputs, site);
+  set_history_impl({&output}, node, inputs, site, true);
 }
 
 void set_history(TensorList& outputs, const NodePtr& node, const TensorList& inputs, CallSite site) {
   for (const Tensor& in : inputs) node->add_next_edge(in.defined() ? gradient_edge(in) : Edge{});
   node->set_site(site);
   for (Tensor& out : outputs) {
-    if (out.defined()) attach(out, node);
+    if (out.defined()) {
+      attach(out, node);
+      claim_output(out, *node, site);
+    }
   }
   if (anomaly_mode_enabled()) {
     std::vector<const Tensor*> outs;
@@ -117,7 +135,7 @@ void set_history(TensorList& outputs, const NodePtr& node, const TensorList& inp
 }
 
 void set_view_history(Tensor& view, const NodePtr& node, const Tensor& base, CallSite site, ViewCreation creation) {
-  set_history(view, node, {&base}, site);
+  set_history_impl({&view}, node, {&base}, site, false);
   mark_view(view, base, creation);
 }
 

@@ -3,11 +3,19 @@
 #include <algorithm>
 #include <atomic>
 
+#include "kiln/autograd/graph_census.h"
+
 namespace kiln::autograd {
 
 namespace {
 std::atomic<uint64_t> g_sequence{0};
 }
+
+// graph_census.cpp
+void census_join(Node* n);
+void census_leave(Node* n);
+
+uint64_t next_sequence_nr() { return g_sequence.load(std::memory_order_relaxed); }
 
 std::string CallSite::str() const {
   if (!file) return "<unknown>";
@@ -19,8 +27,9 @@ std::string CallSite::str() const {
   return f + ":" + std::to_string(line);
 }
 
-Node::Node() : sequence_nr_(g_sequence.fetch_add(1, std::memory_order_relaxed)) {}
+Node::Node() : sequence_nr_(g_sequence.fetch_add(1, std::memory_order_relaxed)) { census_join(this); }
 Node::~Node() {
+  if (in_census_) census_leave(this);
   // Freeing a long chain would recurse once per node (each node drops the
   // last reference to the next). Instead, the outermost destructor on this
   // thread collects nodes that are about to die and frees them in a loop.

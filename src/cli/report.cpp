@@ -10,6 +10,7 @@
 #include <algorithm>
 #include <cerrno>
 #include <cmath>
+#include <cstdio>
 #include <cstring>
 #include <ctime>
 #include <fstream>
@@ -61,7 +62,9 @@ struct RunData {
   std::vector<TrainRecord> train;
   std::vector<EvalRecord> eval;
   std::optional<json> summary;
-  std::vector<std::string> notes;  // plain text, escaped when written
+  std::vector<std::string> notes;                        // plain text, escaped when written
+  std::optional<json> memory_peak;                       // the last "memory_peak" record
+  std::vector<std::pair<double, std::string>> warnings;  // "warning" records: step, message
 };
 
 std::optional<std::string> slurp(const fs::path& path) {
@@ -158,6 +161,15 @@ void read_metrics(const fs::path& path, RunData& run) {
     }
     std::string kind = j.contains("kind") && j["kind"].is_string() ? j["kind"].get<std::string>() : "";
     const bool event = kind == "start" || kind == "resume" || kind == "nonfinite" || kind == "end";
+    if (kind == "memory_peak" && j.contains("sites") && j["sites"].is_array()) {
+      run.memory_peak = std::move(j);
+      continue;
+    }
+    if (kind == "warning" && j.contains("message") && j["message"].is_string()) {
+      const double step = j.contains("step") && j["step"].is_number() ? j["step"].get<double>() : kNaN;
+      run.warnings.emplace_back(step, j["message"].get<std::string>());
+      continue;
+    }
     if (kind != "train" && kind != "eval" && !event) {
       unknown_kind[kind.empty() ? "(none)" : kind].push_back(line_no);
       continue;
@@ -643,6 +655,11 @@ svg.chart text{font:11px "DejaVu Sans",sans-serif;fill:#4b5563}
 svg.chart text.title{font-size:14px;font-weight:600;fill:#111827}
 svg.chart text.label{font-size:12px;fill:#374151}
 svg.chart text.mark-label{font-size:11px;font-weight:600;paint-order:stroke;stroke:#fff;stroke-width:3px;stroke-linejoin:round}
+table.peak{border-collapse:collapse;font-size:12px;margin:6px;width:calc(100% - 12px)}
+table.peak th,table.peak td{text-align:left;padding:2px 6px;border-bottom:1px solid #e5e7eb}
+table.peak td:first-child,table.peak td:nth-child(2),table.peak td:last-child{text-align:right;white-space:nowrap}
+figure.chart figcaption{font-weight:600;color:#111827;margin:6px}
+#warnings li{white-space:pre-wrap}
 pre.config{background:#f8fafc;border:1px solid #e5e7eb;border-radius:8px;padding:10px 14px;overflow:auto;font:12px/1.45 "DejaVu Sans Mono",monospace}
 )";
 
@@ -670,6 +687,32 @@ const char* kScript = R"(
   document.documentElement.setAttribute('data-script', 'ran');
 })();
 )";
+
+// Beside the memory chart: the call sites that held the most at the run's
+// highest live memory (train.cpp writes them from kiln::memory::peak_snapshot).
+void render_memory_peak(std::ostream& o, const RunData& run) {
+  // Runs from before memory history, or stopped before their first checkpoint, have none.
+  if (!run.memory_peak) return;
+  o << "<figure class=\"chart\" id=\"memory-at-peak\">";
+  const json& m = *run.memory_peak;
+  const double total = m.contains("peak_bytes") && m["peak_bytes"].is_number() ? m["peak_bytes"].get<double>() : kNaN;
+  o << "<figcaption>Memory at peak: " << (std::isfinite(total) ? html_escape(format_bytes(total)) : "?")
+    << " live, by call site</figcaption>\n<table class=\"peak\"><tr><th>bytes</th><th>share</th><th>category</th>"
+       "<th>call site</th><th>op</th><th>tensors</th></tr>\n";
+  for (const json& u : m["sites"]) {
+    if (!u.is_object()) continue;
+    const double b = u.contains("bytes") && u["bytes"].is_number() ? u["bytes"].get<double>() : kNaN;
+    auto text = [&](const char* k) { return u.contains(k) && u[k].is_string() ? u[k].get<std::string>() : ""; };
+    char share[16] = "";
+    if (std::isfinite(b) && total > 0) std::snprintf(share, sizeof share, "%.0f%%", 100 * b / total);
+    o << "<tr><td>" << (std::isfinite(b) ? html_escape(format_bytes(b)) : "?") << "</td><td>" << share << "</td><td>"
+      << html_escape(text("category")) << "</td><td>" << html_escape(text("site")) << "</td><td>"
+      << html_escape(text("op")) << "</td><td>"
+      << (u.contains("tensors") && u["tensors"].is_number() ? std::to_string(u["tensors"].get<int64_t>()) : "")
+      << "</td></tr>\n";
+  }
+  o << "</table></figure>\n";
+}
 
 std::string render_html(const RunData& run) {
   const RunStatus st = run_status(run);
@@ -699,6 +742,13 @@ std::string render_html(const RunData& run) {
   std::vector<std::string> notes = run.notes;
   if (!st.summary_current && run.summary)
     notes.push_back("summary.json is from an earlier process of this run; the figures above come from metrics.jsonl.");
+  if (!run.warnings.empty()) {
+    o << "<ul class=\"notes\" id=\"warnings\">\n";
+    for (const auto& [step, message] : run.warnings)
+      o << "<li class=\"warning\">" << (std::isfinite(step) ? "step " + format_step(step) + ": " : std::string())
+        << html_escape(message) << "</li>\n";
+    o << "</ul>\n";
+  }
   if (!notes.empty()) {
     o << "<ul class=\"notes\" id=\"notes\">\n";
     for (const std::string& n : notes) o << "<li>" << html_escape(n) << "</li>\n";
@@ -713,6 +763,7 @@ std::string render_html(const RunData& run) {
         << "</figcaption><p>no data: " << html_escape(f.missing) << "</p></figure>\n";
     }
   }
+  render_memory_peak(o, run);
   o << "</div>\n";
   o << "<h2>Config</h2>\n";
   if (run.config) {

@@ -44,12 +44,14 @@
 #include "kiln/autograd/anomaly.h"
 #include "kiln/core/allocator.h"
 #include "kiln/core/format.h"
+#include "kiln/core/memory_history.h"
 #include "kiln/core/threads.h"
 #include "kiln/dist/dist.h"
 #include "kiln/io/safetensors.h"
 #include "kiln/ops/factory.h"
 #include "kiln/optim/clip_grad.h"
 #include "kiln/train/checkpoint.h"
+#include "kiln/train/leak_watch.h"
 
 namespace kiln::cli {
 namespace fs = std::filesystem;
@@ -486,6 +488,7 @@ class TrainLoop {
     unlogged_.push_back({L_.step, t_.train_loader->state().epoch, a.loss, lr, *gnorm, elapsed()});
     if (world_ == 1) a.stop_requested = signals_.requested();
     log_step(batch.target.size(0) * world_, a.loss, lr, *gnorm, epoch);
+    if (const train::LeakReport* r = leak_.step()) warn_leak(*r);
     const bool stop_now = a.stop_requested || L_.step >= stop_at_;
     eval_and_checkpoint(a.stop_requested, stop_now);
     if (a.stop_requested) status_ = Status::Interrupted;
@@ -652,10 +655,41 @@ class TrainLoop {
     progress_.message(buf);
   }
 
+  /// Once per run: live memory grew at every step (train::LeakWatch says who holds it).
+  void warn_leak(const train::LeakReport& r) {
+    progress_.message("warning: memory leak: " + r.message);
+    if (lead_)
+      metrics_ << json{{"kind", "warning"}, {"step", L_.step}, {"what", "memory_leak"}, {"message", r.message}}.dump()
+               << "\n"
+               << std::flush;
+  }
+
+  /// The call sites that held the most at the run's highest live memory, for the report's
+  /// "memory at peak" table; written when that peak has moved since the last record.
+  void record_memory_peak() {
+    if (!lead_) return;
+    const memory::Snapshot s = memory::peak_snapshot(12);
+    if (!s.history || s.total_bytes == peak_recorded_) return;
+    peak_recorded_ = s.total_bytes;
+    json sites = json::array();
+    for (const memory::SiteUsage& u : s.sites)
+      sites.push_back({{"site", u.site},
+                       {"op", u.op},
+                       {"category", memory_category_name(u.category)},
+                       {"bytes", u.bytes},
+                       {"tensors", u.tensors}});
+    metrics_ << json{{"kind", "memory_peak"}, {"step", L_.step}, {"peak_bytes", s.total_bytes}, {"sites", sites}}.dump()
+             << "\n"
+             << std::flush;
+  }
+
   void eval_and_checkpoint(bool stop_requested, bool stop_now) {
     const auto pause_start = Clock::now();
     if (eval_every_ > 0 && L_.step % eval_every_ == 0 && L_.step < total_ && !stop_requested) run_eval();
-    if (lead_ && ((ckpt_every_ > 0 && L_.step % ckpt_every_ == 0) || stop_now)) save_checkpoint(L_);
+    if (lead_ && ((ckpt_every_ > 0 && L_.step % ckpt_every_ == 0) || stop_now)) {
+      record_memory_peak();
+      save_checkpoint(L_);
+    }
     if (Clock::now() - pause_start > std::chrono::milliseconds(1)) {
       window_start_ += Clock::now() - pause_start;  // throughput and data wait count training time only
       memory::reset_peak_stats();                   // and memory peaks the training steps' (not eval's)
@@ -691,6 +725,7 @@ class TrainLoop {
     if (status_ == Status::Completed && (last_eval_.is_null() || last_eval_["step"] != L_.step)) run_eval();
     const int rc = status_ == Status::NonFinite ? 3 : 0;
     if (lead_) {
+      record_memory_peak();
       metrics_ << json{{"kind", "end"},
                        {"status", status_name(status_)},
                        {"step", L_.step},
@@ -766,6 +801,8 @@ class TrainLoop {
   json last_train_, last_eval_;
   std::optional<KeepBest> keep_best_;
   std::vector<StepValues> unlogged_;  // the steps since the last train line (Note [Run story])
+  train::LeakWatch leak_{{.print = false}};
+  int64_t peak_recorded_ = -1;
 };
 
 int run_loop(Loop& L) { return TrainLoop(L).run(); }
@@ -811,6 +848,8 @@ int train(const Config& config, const fs::path& run_dir, const std::string& conf
     throw ConfigError(run_dir.string() + " already holds a run; continue it with `" + resume + run_dir.string() +
                       "`, or pass another --out DIR");
   }
+  // Memory history from before the model is built, so parameters have their call sites.
+  memory::record_history(true);
   // Built before the run directory exists: a config or data problem leaves nothing behind.
   Loop L{config, run_dir, config_path, build_task(config, Purpose::Train, group), std::nullopt, group,
          0,      0,       RunFacts{}};
@@ -992,6 +1031,7 @@ int resume(const fs::path& run_dir, const ResumeOptions& o, dist::ProcessGroupPt
     json s = json::parse(in, nullptr, false);
     if (!s.is_discarded() && s.contains("config_path")) config_path = s["config_path"].get<std::string>();
   }
+  memory::record_history(true);  // as in train()
   Loop L{config, run_dir, config_path, build_task(config, Purpose::Train, group), std::nullopt, group,
          0,      0,       RunFacts{}};
   L.facts = now;

@@ -23,6 +23,8 @@
 
 #include "kiln/core/error.h"
 #include "kiln/core/format.h"
+#include "kiln/core/memory_history.h"
+#include "memory_history_internal.h"
 
 namespace kiln {
 
@@ -89,13 +91,16 @@ class CachingAllocator {
     const int64_t s = static_cast<int64_t>(size);
     update_peak(cc.peak, cc.live.fetch_add(s, std::memory_order_relaxed) + s);
     cc.count.fetch_add(1, std::memory_order_relaxed);
-    update_peak(peak_, live_.fetch_add(s, std::memory_order_relaxed) + s);
+    const int64_t live = live_.fetch_add(s, std::memory_order_relaxed) + s;
+    update_peak(peak_, live);
+    if (memory::history::g_recording.load(std::memory_order_relaxed)) memory::history::on_alloc(p, size, cat, live);
     return p;
   }
 
   void deallocate(void* p, size_t nbytes, MemoryCategory cat) {
     if (!p) return;
     const size_t size = memory::rounded_size(nbytes);
+    if (memory::history::g_tracked.load(std::memory_order_relaxed) > 0) memory::history::on_free(p);
     auto& cc = cats_[static_cast<int>(cat)];
     cc.live.fetch_sub(static_cast<int64_t>(size), std::memory_order_relaxed);
     cc.count.fetch_sub(1, std::memory_order_relaxed);
@@ -105,7 +110,8 @@ class CachingAllocator {
     cached_ += static_cast<int64_t>(size);
   }
 
-  void recharge(size_t nbytes, MemoryCategory from, MemoryCategory to) {
+  void recharge(void* p, size_t nbytes, MemoryCategory from, MemoryCategory to) {
+    if (memory::history::g_tracked.load(std::memory_order_relaxed) > 0) memory::history::on_recharge(p, to);
     const int64_t s = static_cast<int64_t>(memory::rounded_size(nbytes));
     auto& a = cats_[static_cast<int>(from)];
     auto& b = cats_[static_cast<int>(to)];
@@ -205,9 +211,9 @@ class CachingAllocator {
     const int64_t lim = limit_.load(std::memory_order_relaxed);
     if (lim > 0) os << " (limit " << format_bytes(lim) << ", in use " << format_bytes(live_.load()) << ")";
     os << "\n"
-       << memory::summary()
-       << "hint: reduce the batch size, free tensors you no longer need (the largest category above is the place "
-          "to look), or raise the limit with kiln::memory::set_limit / KILN_MEMORY_LIMIT";
+       << memory::summary() << memory::history::oom_report(10)
+       << "hint: " << memory::memory_advice(memory::stats(), false)
+       << "; free tensors you no longer need, or raise the limit with kiln::memory::set_limit / KILN_MEMORY_LIMIT";
     throw OutOfMemory(os.str());
   }
 
@@ -264,7 +270,9 @@ size_t rounded_size(size_t n) {
 
 void* allocate(size_t nbytes, MemoryCategory category) { return allocator().allocate(nbytes, category); }
 void deallocate(void* p, size_t nbytes, MemoryCategory category) { allocator().deallocate(p, nbytes, category); }
-void recharge(size_t nbytes, MemoryCategory from, MemoryCategory to) { allocator().recharge(nbytes, from, to); }
+void recharge(void* ptr, size_t nbytes, MemoryCategory from, MemoryCategory to) {
+  allocator().recharge(ptr, nbytes, from, to);
+}
 Stats stats() { return allocator().stats(); }
 void reset_peak_stats() { allocator().reset_peak(); }
 void empty_cache() { allocator().empty_cache(); }

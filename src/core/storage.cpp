@@ -20,7 +20,7 @@ StorageImpl::~StorageImpl() {
 
 void StorageImpl::set_category(MemoryCategory c) {
   if (c == category_) return;
-  if (owned_) memory::recharge(nbytes_, category_, c);
+  if (owned_) memory::recharge(data_, nbytes_, category_, c);
   category_ = c;
 }
 

@@ -12,6 +12,7 @@
 
 #include "iter.h"
 #include "kiln/core/guards.h"
+#include "kiln/core/memory_history.h"
 #include "kiln/core/parallel.h"
 #include "kiln/kernels/copy.h"
 #include "kiln/kernels/loop.h"
@@ -41,6 +42,7 @@ Tensor make_tensor(IntArrayRef sizes, IntArrayRef strides, int64_t storage_elems
              " and dtype ", dtype_name(dt), " needs more bytes than int64 can count");
   const MemoryCategory cat = o.category().value_or(current_memory_category());
   auto storage = make_intrusive<StorageImpl>(static_cast<size_t>(nbytes), cat);
+  memory::detail::annotate(storage->data(), sizes, dt);
   Tensor t(make_intrusive<TensorImpl>(std::move(storage), dt, sizes, strides, 0));
   if (o.requires_grad()) t.impl()->set_requires_grad_flag(true);
   if (inference_mode_enabled()) t.impl()->set_inference(true);
@@ -147,30 +149,37 @@ Tensor empty_for(IntArrayRef sizes, const TensorOptions& options, const char* op
 
 }  // namespace
 
-Tensor empty(IntArrayRef sizes, TensorOptions options) { return empty_for(sizes, options, "empty"); }
+Tensor empty(IntArrayRef sizes, TensorOptions options, std::source_location loc) {
+  memory::note_call_site(loc.file_name(), loc.line());
+  return empty_for(sizes, options, "empty");
+}
 
-Tensor empty_strided(IntArrayRef sizes, IntArrayRef strides, TensorOptions options) {
+Tensor empty_strided(IntArrayRef sizes, IntArrayRef strides, TensorOptions options, std::source_location loc) {
+  memory::note_call_site(loc.file_name(), loc.line());
   check_sizes(sizes, "empty_strided");
   return make_tensor(sizes, strides, strided_extent(sizes, strides, "empty_strided"), options);
 }
 
 // The factories below fill a new tensor that may already require grad (a
 // leaf): the fill is its initial value, not an in-place op autograd sees.
-Tensor zeros(IntArrayRef sizes, TensorOptions options) {
+Tensor zeros(IntArrayRef sizes, TensorOptions options, std::source_location loc) {
+  memory::note_call_site(loc.file_name(), loc.line());
   Tensor t = empty_for(sizes, options, "zeros");
   NoGradGuard no_grad;
   t.zero_();
   return t;
 }
 
-Tensor ones(IntArrayRef sizes, TensorOptions options) {
+Tensor ones(IntArrayRef sizes, TensorOptions options, std::source_location loc) {
+  memory::note_call_site(loc.file_name(), loc.line());
   Tensor t = empty_for(sizes, options, "ones");
   NoGradGuard no_grad;
   t.fill_(1);
   return t;
 }
 
-Tensor full(IntArrayRef sizes, const Scalar& value, TensorOptions options) {
+Tensor full(IntArrayRef sizes, const Scalar& value, TensorOptions options, std::source_location loc) {
+  memory::note_call_site(loc.file_name(), loc.line());
   if (!options.dtype_opt()) options = options.dtype(value.natural_dtype());
   ops::check_scalar_fits(value, options.dtype_or_default(), "full");
   Tensor t = empty_for(sizes, options, "full");
@@ -179,7 +188,10 @@ Tensor full(IntArrayRef sizes, const Scalar& value, TensorOptions options) {
   return t;
 }
 
-Tensor scalar_tensor(const Scalar& value, TensorOptions options) { return full({}, value, options); }
+Tensor scalar_tensor(const Scalar& value, TensorOptions options, std::source_location loc) {
+  memory::note_call_site(loc.file_name(), loc.line());
+  return full({}, value, options);
+}
 
 namespace {
 TensorOptions like_options(const Tensor& t, const std::optional<TensorOptions>& o) {
@@ -188,16 +200,35 @@ TensorOptions like_options(const Tensor& t, const std::optional<TensorOptions>& 
 }
 }  // namespace
 
-Tensor empty_like(const Tensor& t, std::optional<TensorOptions> o) { return empty(t.sizes(), like_options(t, o)); }
-Tensor zeros_like(const Tensor& t, std::optional<TensorOptions> o) { return zeros(t.sizes(), like_options(t, o)); }
-Tensor ones_like(const Tensor& t, std::optional<TensorOptions> o) { return ones(t.sizes(), like_options(t, o)); }
-Tensor full_like(const Tensor& t, const Scalar& v, std::optional<TensorOptions> o) {
+Tensor empty_like(const Tensor& t, std::optional<TensorOptions> o, std::source_location loc) {
+  memory::note_call_site(loc.file_name(), loc.line());
+  return empty(t.sizes(), like_options(t, o));
+}
+Tensor zeros_like(const Tensor& t, std::optional<TensorOptions> o, std::source_location loc) {
+  memory::note_call_site(loc.file_name(), loc.line());
+  return zeros(t.sizes(), like_options(t, o));
+}
+Tensor ones_like(const Tensor& t, std::optional<TensorOptions> o, std::source_location loc) {
+  memory::note_call_site(loc.file_name(), loc.line());
+  return ones(t.sizes(), like_options(t, o));
+}
+Tensor full_like(const Tensor& t, const Scalar& v, std::optional<TensorOptions> o, std::source_location loc) {
+  memory::note_call_site(loc.file_name(), loc.line());
   return full(t.sizes(), v, like_options(t, o));
 }
-Tensor rand_like(const Tensor& t, Generator* gen) { return rand(t.sizes(), t.dtype(), gen); }
-Tensor randn_like(const Tensor& t, Generator* gen) { return randn(t.sizes(), t.dtype(), gen); }
+Tensor rand_like(const Tensor& t, Generator* gen, std::source_location loc) {
+  memory::note_call_site(loc.file_name(), loc.line());
+  return rand(t.sizes(), t.dtype(), gen);
+}
+Tensor randn_like(const Tensor& t, Generator* gen, std::source_location loc) {
+  memory::note_call_site(loc.file_name(), loc.line());
+  return randn(t.sizes(), t.dtype(), gen);
+}
 
-Tensor arange(const Scalar& end, TensorOptions options) { return arange(0, end, 1, options); }
+Tensor arange(const Scalar& end, TensorOptions options, std::source_location loc) {
+  memory::note_call_site(loc.file_name(), loc.line());
+  return arange(0, end, 1, options);
+}
 
 // Note [arange and linspace follow ATen 1.13's CPU kernels]
 // PyTorch converts start/end/step to the output's accumulate type first
@@ -208,7 +239,9 @@ Tensor arange(const Scalar& end, TensorOptions options) { return arange(0, end, 
 // itself (float arithmetic for float32, rounding every step for bfloat16),
 // counting up from start for the first half and down from end for the rest.
 // We follow the scalar path of those kernels.
-Tensor arange(const Scalar& start, const Scalar& end, const Scalar& step, TensorOptions options) {
+Tensor arange(const Scalar& start, const Scalar& end, const Scalar& step, TensorOptions options,
+              std::source_location loc) {
+  memory::note_call_site(loc.file_name(), loc.line());
   const bool all_int = !start.is_floating_point() && !end.is_floating_point() && !step.is_floating_point();
   if (!options.dtype_opt()) options = options.dtype(all_int ? kInt64 : default_dtype());
   const DType dt = options.dtype_or_default();
@@ -256,7 +289,9 @@ Tensor arange(const Scalar& start, const Scalar& end, const Scalar& step, Tensor
   return out;
 }
 
-Tensor linspace(const Scalar& start, const Scalar& end, int64_t steps, TensorOptions options) {
+Tensor linspace(const Scalar& start, const Scalar& end, int64_t steps, TensorOptions options,
+                std::source_location loc) {
+  memory::note_call_site(loc.file_name(), loc.line());
   KILN_CHECK(steps >= 0, ValueError, "linspace: number of steps must be non-negative, got ", steps);
   const DType dt = options.dtype_or_default();
   KILN_CHECK(dt != kBool, DTypeError, "linspace: dtype bool is not supported (as in PyTorch)");
@@ -294,7 +329,8 @@ Tensor linspace(const Scalar& start, const Scalar& end, int64_t steps, TensorOpt
   return t;
 }
 
-Tensor eye(int64_t n, std::optional<int64_t> m, TensorOptions options) {
+Tensor eye(int64_t n, std::optional<int64_t> m, TensorOptions options, std::source_location loc) {
+  memory::note_call_site(loc.file_name(), loc.line());
   const int64_t cols = m.value_or(n);
   KILN_CHECK(n >= 0, ValueError, "eye: n must be greater or equal to 0, got ", n);
   KILN_CHECK(cols >= 0, ValueError, "eye: m must be greater or equal to 0, got ", cols);
@@ -340,21 +376,25 @@ Tensor& normal_(Tensor& t, double mean, double std, Generator* gen) {
   return t;
 }
 
-Tensor rand(IntArrayRef sizes, TensorOptions options, Generator* gen) {
+Tensor rand(IntArrayRef sizes, TensorOptions options, Generator* gen, std::source_location loc) {
+  memory::note_call_site(loc.file_name(), loc.line());
   Tensor t = empty(sizes, options.requires_grad(false));
   uniform_(t, 0.0, 1.0, gen);
   if (options.requires_grad()) t.impl()->set_requires_grad_flag(true);
   return t;
 }
 
-Tensor randn(IntArrayRef sizes, TensorOptions options, Generator* gen) {
+Tensor randn(IntArrayRef sizes, TensorOptions options, Generator* gen, std::source_location loc) {
+  memory::note_call_site(loc.file_name(), loc.line());
   Tensor t = empty(sizes, options.requires_grad(false));
   normal_(t, 0.0, 1.0, gen);
   if (options.requires_grad()) t.impl()->set_requires_grad_flag(true);
   return t;
 }
 
-Tensor randint(int64_t low, int64_t high, IntArrayRef sizes, TensorOptions options, Generator* gen) {
+Tensor randint(int64_t low, int64_t high, IntArrayRef sizes, TensorOptions options, Generator* gen,
+               std::source_location loc) {
+  memory::note_call_site(loc.file_name(), loc.line());
   KILN_CHECK(low < high, ValueError, "randint: expected low < high, got low=", low, ", high=", high);
   if (!options.dtype_opt()) options = options.dtype(kInt64);
   Tensor idx = empty(sizes, kInt64);
@@ -366,7 +406,8 @@ Tensor randint(int64_t low, int64_t high, IntArrayRef sizes, TensorOptions optio
   return options.dtype_or_default() == kInt64 ? idx : idx.to(options.dtype_or_default());
 }
 
-Tensor randperm(int64_t n, Generator* gen) {
+Tensor randperm(int64_t n, Generator* gen, std::source_location loc) {
+  memory::note_call_site(loc.file_name(), loc.line());
   KILN_CHECK(n >= 0, ValueError, "randperm: expected n >= 0, got ", n);
   Tensor t = arange(n);
   int64_t* p = t.data_ptr<int64_t>();
@@ -382,7 +423,8 @@ Tensor randperm(int64_t n, Generator* gen) {
 }
 
 template <typename T>
-Tensor tensor(const std::vector<T>& values, IntArrayRef sizes) {
+Tensor tensor(const std::vector<T>& values, IntArrayRef sizes, std::source_location loc) {
+  memory::note_call_site(loc.file_name(), loc.line());
   DimVector shape = sizes.empty() ? DimVector{static_cast<int64_t>(values.size())} : DimVector(sizes);
   KILN_CHECK(shape_numel(shape) == static_cast<int64_t>(values.size()), ShapeError, "tensor: shape ", shape, " holds ",
              shape_numel(shape), " elements but ", values.size(), " values were given");
@@ -394,14 +436,14 @@ Tensor tensor(const std::vector<T>& values, IntArrayRef sizes) {
   return t;
 }
 
-template Tensor tensor<float>(const std::vector<float>&, IntArrayRef);
-template Tensor tensor<double>(const std::vector<double>&, IntArrayRef);
-template Tensor tensor<int64_t>(const std::vector<int64_t>&, IntArrayRef);
-template Tensor tensor<int>(const std::vector<int>&, IntArrayRef);
-template Tensor tensor<uint8_t>(const std::vector<uint8_t>&, IntArrayRef);
-template Tensor tensor<bool>(const std::vector<bool>&, IntArrayRef);
-template Tensor tensor<BFloat16>(const std::vector<BFloat16>&, IntArrayRef);
-template Tensor tensor<Half>(const std::vector<Half>&, IntArrayRef);
+template Tensor tensor<float>(const std::vector<float>&, IntArrayRef, std::source_location);
+template Tensor tensor<double>(const std::vector<double>&, IntArrayRef, std::source_location);
+template Tensor tensor<int64_t>(const std::vector<int64_t>&, IntArrayRef, std::source_location);
+template Tensor tensor<int>(const std::vector<int>&, IntArrayRef, std::source_location);
+template Tensor tensor<uint8_t>(const std::vector<uint8_t>&, IntArrayRef, std::source_location);
+template Tensor tensor<bool>(const std::vector<bool>&, IntArrayRef, std::source_location);
+template Tensor tensor<BFloat16>(const std::vector<BFloat16>&, IntArrayRef, std::source_location);
+template Tensor tensor<Half>(const std::vector<Half>&, IntArrayRef, std::source_location);
 
 Tensor from_blob(void* data, IntArrayRef sizes, DType dtype, std::function<void(void*)> deleter) {
   return from_blob(data, sizes, contiguous_strides(sizes), dtype, std::move(deleter));

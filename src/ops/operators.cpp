@@ -3,42 +3,43 @@
 // the left is rsub/div as in `2 - x`, `2 / x`; comparisons give bool tensors;
 // & | ^ ~ are bitwise on integers and logical on bool.
 //
-// An operator cannot take a std::source_location argument, so the arithmetic
-// ones call the family's entry points (elementwise_common.h) with an unknown
-// call site: the same code and backward nodes as the methods, without file:line.
+// The arithmetic ones get their caller's line through TensorAt/ScalarAt
+// (tensor.h) and call the family's entry points (elementwise_common.h): the
+// same code, backward nodes and file:line as the methods.
 #include "elementwise_common.h"
 #include "kiln/ops/elementwise.h"
 
 namespace kiln {
 
 namespace ew = ops::ew;
+using autograd::CallSite;
 
-Tensor operator+(const Tensor& a, const Tensor& b) { return ew::add(a, b, 1, {}); }
-Tensor operator-(const Tensor& a, const Tensor& b) { return ew::sub(a, b, 1, {}); }
-Tensor operator*(const Tensor& a, const Tensor& b) { return ew::mul(a, b, {}); }
-Tensor operator/(const Tensor& a, const Tensor& b) { return ew::div(a, b, {}); }
-Tensor operator+(const Tensor& a, const Scalar& b) { return ew::add(a, b, 1, {}); }
-Tensor operator-(const Tensor& a, const Scalar& b) { return ew::sub(a, b, 1, {}); }
-Tensor operator*(const Tensor& a, const Scalar& b) { return ew::mul(a, b, {}); }
-Tensor operator/(const Tensor& a, const Scalar& b) { return ew::div(a, b, {}); }
+Tensor operator+(const Tensor& a, TensorAt b) { return ew::add(a, b.t, 1, CallSite::from(b.loc)); }
+Tensor operator-(const Tensor& a, TensorAt b) { return ew::sub(a, b.t, 1, CallSite::from(b.loc)); }
+Tensor operator*(const Tensor& a, TensorAt b) { return ew::mul(a, b.t, CallSite::from(b.loc)); }
+Tensor operator/(const Tensor& a, TensorAt b) { return ew::div(a, b.t, CallSite::from(b.loc)); }
+Tensor operator+(const Tensor& a, ScalarAt b) { return ew::add(a, b.s, 1, CallSite::from(b.loc)); }
+Tensor operator-(const Tensor& a, ScalarAt b) { return ew::sub(a, b.s, 1, CallSite::from(b.loc)); }
+Tensor operator*(const Tensor& a, ScalarAt b) { return ew::mul(a, b.s, CallSite::from(b.loc)); }
+Tensor operator/(const Tensor& a, ScalarAt b) { return ew::div(a, b.s, CallSite::from(b.loc)); }
 // Addition and multiplication commute exactly in IEEE arithmetic, so b + a is a + b.
-Tensor operator+(const Scalar& a, const Tensor& b) { return ew::add(b, a, 1, {}); }
-Tensor operator-(const Scalar& a, const Tensor& b) { return ew::rsub(b, a, 1, {}); }
-Tensor operator*(const Scalar& a, const Tensor& b) { return ew::mul(b, a, {}); }
-Tensor operator/(const Scalar& a, const Tensor& b) {
-  ops::check_defined(b, "div", "other");
-  return ew::div(a, b, {});
+Tensor operator+(const Scalar& a, TensorAt b) { return ew::add(b.t, a, 1, CallSite::from(b.loc)); }
+Tensor operator-(const Scalar& a, TensorAt b) { return ew::rsub(b.t, a, 1, CallSite::from(b.loc)); }
+Tensor operator*(const Scalar& a, TensorAt b) { return ew::mul(b.t, a, CallSite::from(b.loc)); }
+Tensor operator/(const Scalar& a, TensorAt b) {
+  ops::check_defined(b.t, "div", "other");
+  return ew::div(a, b.t, CallSite::from(b.loc));
 }
-Tensor operator-(const Tensor& a) { return ew::neg(a, {}); }
+Tensor operator-(TensorAt a) { return ew::neg(a.t, CallSite::from(a.loc)); }
 
-Tensor& operator+=(Tensor& a, const Tensor& b) { return ew::add_(a, b, 1, {}); }
-Tensor& operator-=(Tensor& a, const Tensor& b) { return ew::sub_(a, b, 1, {}); }
-Tensor& operator*=(Tensor& a, const Tensor& b) { return ew::mul_(a, b, {}); }
-Tensor& operator/=(Tensor& a, const Tensor& b) { return ew::div_(a, b, {}); }
-Tensor& operator+=(Tensor& a, const Scalar& b) { return ew::add_(a, b, 1, {}); }
-Tensor& operator-=(Tensor& a, const Scalar& b) { return ew::sub_(a, b, 1, {}); }
-Tensor& operator*=(Tensor& a, const Scalar& b) { return ew::mul_(a, b, {}); }
-Tensor& operator/=(Tensor& a, const Scalar& b) { return ew::div_(a, b, {}); }
+Tensor& operator+=(Tensor& a, TensorAt b) { return ew::add_(a, b.t, 1, CallSite::from(b.loc)); }
+Tensor& operator-=(Tensor& a, TensorAt b) { return ew::sub_(a, b.t, 1, CallSite::from(b.loc)); }
+Tensor& operator*=(Tensor& a, TensorAt b) { return ew::mul_(a, b.t, CallSite::from(b.loc)); }
+Tensor& operator/=(Tensor& a, TensorAt b) { return ew::div_(a, b.t, CallSite::from(b.loc)); }
+Tensor& operator+=(Tensor& a, ScalarAt b) { return ew::add_(a, b.s, 1, CallSite::from(b.loc)); }
+Tensor& operator-=(Tensor& a, ScalarAt b) { return ew::sub_(a, b.s, 1, CallSite::from(b.loc)); }
+Tensor& operator*=(Tensor& a, ScalarAt b) { return ew::mul_(a, b.s, CallSite::from(b.loc)); }
+Tensor& operator/=(Tensor& a, ScalarAt b) { return ew::div_(a, b.s, CallSite::from(b.loc)); }
 
 Tensor operator==(const Tensor& a, const Tensor& b) { return a.eq(b); }
 Tensor operator!=(const Tensor& a, const Tensor& b) { return a.ne(b); }

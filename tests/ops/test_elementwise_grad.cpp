@@ -560,12 +560,21 @@ TEST(ElementwiseGrad, NodeNamesFollowTorch) {
   EXPECT_STREQ(y.grad_fn()->name(), "PowBackward0");
 }
 
-// Method calls record their caller's file:line on the node; operators cannot, and record none.
+// Method calls record their caller's file:line on the node; so do the operators, through
+// TensorAt/ScalarAt (tensor.h), on either side and in compound assignment.
 TEST(ElementwiseGrad, CallSitesOfMethodsAndOperators) {
   Tensor x = tensor<double>({1, 2}).requires_grad_();
+  auto at = [](int line) { return "test_elementwise_grad.cpp:" + std::to_string(line); };
   const Tensor m = x.mul(x);
-  EXPECT_NE(m.grad_fn()->site().str().find("test_elementwise_grad.cpp:"), std::string::npos)
-      << m.grad_fn()->site().str();
-  EXPECT_NE(gelu(x).grad_fn()->site().str().find("test_elementwise_grad.cpp:"), std::string::npos);
-  EXPECT_FALSE((x * x).grad_fn()->site().known());
+  EXPECT_TRUE(m.grad_fn()->site().str().ends_with(at(__LINE__ - 1))) << m.grad_fn()->site().str();
+  EXPECT_TRUE(gelu(x).grad_fn()->site().str().ends_with(at(__LINE__))) << gelu(x).grad_fn()->site().str();
+  EXPECT_TRUE((x * x).grad_fn()->site().str().ends_with(at(__LINE__)));
+  EXPECT_TRUE((2.0 - x).grad_fn()->site().str().ends_with(at(__LINE__)));
+  EXPECT_TRUE((x / 3).grad_fn()->site().str().ends_with(at(__LINE__)));
+  EXPECT_TRUE((-x).grad_fn()->site().str().ends_with(at(__LINE__)));
+  Tensor acc = zeros({2}, kFloat64);
+  acc += x;
+  EXPECT_TRUE(acc.grad_fn()->site().str().ends_with(at(__LINE__ - 1))) << acc.grad_fn()->site().str();
+  acc *= 2;
+  EXPECT_TRUE(acc.grad_fn()->site().str().ends_with(at(__LINE__ - 1))) << acc.grad_fn()->site().str();
 }

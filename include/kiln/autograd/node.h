@@ -42,7 +42,11 @@ struct CallSite {
   const char* file = nullptr;
   uint32_t line = 0;
   bool known() const { return file != nullptr; }
-  static CallSite from(const std::source_location& loc) { return {loc.file_name(), loc.line()}; }
+  /// Also notes the site for the allocator (memory::note_call_site): the op about to run allocates for it.
+  static CallSite from(const std::source_location& loc) {
+    memory::note_call_site(loc.file_name(), loc.line());
+    return {loc.file_name(), loc.line()};
+  }
   std::string str() const;
 };
 
@@ -92,6 +96,11 @@ class Node : public RefCounted {
   std::vector<PreHookEntry> pre_hooks_;
   uint64_t sequence_nr_;
   CallSite site_;
+  // Links in the census of live nodes (graph_census.h), set only while it is on.
+  Node* census_prev_ = nullptr;
+  Node* census_next_ = nullptr;
+  bool in_census_ = false;
+  friend struct NodeCensus;
 };
 
 using NodePtr = IntrusivePtr<Node>;

@@ -83,10 +83,49 @@ void* allocate(size_t nbytes, MemoryCategory category);
 void deallocate(void* ptr, size_t nbytes, MemoryCategory category);
 
 /// Moves a live block's bytes from one category to another.
-void recharge(size_t nbytes, MemoryCategory from, MemoryCategory to);
+void recharge(void* ptr, size_t nbytes, MemoryCategory from, MemoryCategory to);
 
 /// Rounds a request to what the allocator actually hands out.
 size_t rounded_size(size_t nbytes);
+
+/// Where an allocation was asked for: the call site in user code of the op
+/// that made it (file:line), the op's name once autograd knows it, and
+/// whether it happened in the backward of that op. Op entry points note their
+/// caller's site on this thread (note_call_site); the allocator reads it only
+/// while memory history is recorded (kiln/core/memory_history.h).
+struct AllocSite {
+  const char* file = nullptr;
+  uint32_t line = 0;
+  const char* op = nullptr;
+  bool backward = false;
+  bool pinned = false;  // set by AllocSiteGuard: nested op calls do not override it
+};
+
+namespace detail {
+extern constinit thread_local AllocSite t_alloc_site;
+}  // namespace detail
+
+/// Op entry points call this with their caller's std::source_location. Calls
+/// made from inside kiln's ops, autograd and kernels are ignored, so the site
+/// stays the outermost one a user (or a module, optimizer, model) wrote.
+void note_call_site(const char* file, uint32_t line);
+inline AllocSite current_alloc_site() { return detail::t_alloc_site; }
+
+/// RAII: allocations on this thread are charged to `site` until it ends, and
+/// nested ops do not change it (the engine uses it around each backward node).
+class AllocSiteGuard {
+ public:
+  explicit AllocSiteGuard(AllocSite site) : prev_(detail::t_alloc_site) {
+    site.pinned = true;
+    detail::t_alloc_site = site;
+  }
+  ~AllocSiteGuard() { detail::t_alloc_site = prev_; }
+  AllocSiteGuard(const AllocSiteGuard&) = delete;
+  AllocSiteGuard& operator=(const AllocSiteGuard&) = delete;
+
+ private:
+  AllocSite prev_;
+};
 
 }  // namespace memory
 }  // namespace kiln

@@ -15,6 +15,7 @@
 #include <string>
 #include <string_view>
 #include <tuple>
+#include <type_traits>
 #include <utility>
 #include <vector>
 
@@ -403,27 +404,48 @@ class Tensor {
 std::ostream& operator<<(std::ostream& os, const Tensor& t);
 
 // Operators follow PyTorch: comparisons return bool tensors.
-Tensor operator+(const Tensor& a, const Tensor& b);
-Tensor operator-(const Tensor& a, const Tensor& b);
-Tensor operator*(const Tensor& a, const Tensor& b);
-Tensor operator/(const Tensor& a, const Tensor& b);
-Tensor operator+(const Tensor& a, const Scalar& b);
-Tensor operator-(const Tensor& a, const Scalar& b);
-Tensor operator*(const Tensor& a, const Scalar& b);
-Tensor operator/(const Tensor& a, const Scalar& b);
-Tensor operator+(const Scalar& a, const Tensor& b);
-Tensor operator-(const Scalar& a, const Tensor& b);
-Tensor operator*(const Scalar& a, const Tensor& b);
-Tensor operator/(const Scalar& a, const Tensor& b);
-Tensor operator-(const Tensor& a);
-Tensor& operator+=(Tensor& a, const Tensor& b);
-Tensor& operator-=(Tensor& a, const Tensor& b);
-Tensor& operator*=(Tensor& a, const Tensor& b);
-Tensor& operator/=(Tensor& a, const Tensor& b);
-Tensor& operator+=(Tensor& a, const Scalar& b);
-Tensor& operator-=(Tensor& a, const Scalar& b);
-Tensor& operator*=(Tensor& a, const Scalar& b);
-Tensor& operator/=(Tensor& a, const Scalar& b);
+//
+// An operator function cannot have a default argument, but a converting
+// constructor can: the arithmetic operators take one operand through TensorAt
+// or ScalarAt, whose std::source_location default is evaluated where the
+// conversion happens — the user's expression. So `total += loss` records its
+// file:line for autograd's messages and memory history like a method call.
+struct TensorAt {
+  TensorAt(const Tensor& tensor, std::source_location where = std::source_location::current())  // NOLINT
+      : t(tensor), loc(where) {}
+  const Tensor& t;
+  std::source_location loc;
+};
+template <typename T>
+concept ScalarValue = std::is_constructible_v<Scalar, const T&>;
+struct ScalarAt {
+  template <ScalarValue T>
+  ScalarAt(const T& value, std::source_location where = std::source_location::current())  // NOLINT
+      : s(value), loc(where) {}
+  Scalar s;
+  std::source_location loc;
+};
+Tensor operator+(const Tensor& a, TensorAt b);
+Tensor operator-(const Tensor& a, TensorAt b);
+Tensor operator*(const Tensor& a, TensorAt b);
+Tensor operator/(const Tensor& a, TensorAt b);
+Tensor operator+(const Tensor& a, ScalarAt b);
+Tensor operator-(const Tensor& a, ScalarAt b);
+Tensor operator*(const Tensor& a, ScalarAt b);
+Tensor operator/(const Tensor& a, ScalarAt b);
+Tensor operator+(const Scalar& a, TensorAt b);
+Tensor operator-(const Scalar& a, TensorAt b);
+Tensor operator*(const Scalar& a, TensorAt b);
+Tensor operator/(const Scalar& a, TensorAt b);
+Tensor operator-(TensorAt a);
+Tensor& operator+=(Tensor& a, TensorAt b);
+Tensor& operator-=(Tensor& a, TensorAt b);
+Tensor& operator*=(Tensor& a, TensorAt b);
+Tensor& operator/=(Tensor& a, TensorAt b);
+Tensor& operator+=(Tensor& a, ScalarAt b);
+Tensor& operator-=(Tensor& a, ScalarAt b);
+Tensor& operator*=(Tensor& a, ScalarAt b);
+Tensor& operator/=(Tensor& a, ScalarAt b);
 Tensor operator==(const Tensor& a, const Tensor& b);
 Tensor operator!=(const Tensor& a, const Tensor& b);
 Tensor operator<(const Tensor& a, const Tensor& b);

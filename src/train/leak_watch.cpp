@@ -1,0 +1,129 @@
+// LeakWatch (include/kiln/train/leak_watch.h).
+#include "kiln/train/leak_watch.h"
+
+#include <algorithm>
+#include <cstdio>
+#include <iostream>
+
+#include "kiln/core/error.h"
+#include "kiln/core/format.h"
+#include "kiln/core/memory_history.h"
+
+namespace kiln::train {
+
+namespace {
+
+std::string site_key(const memory::SiteUsage& u) { return u.label() + " [" + memory_category_name(u.category) + "]"; }
+
+std::string per_step(int64_t bytes) { return format_bytes(static_cast<double>(bytes)) + " per step"; }
+
+}  // namespace
+
+LeakWatch::LeakWatch(LeakWatchOptions options) : options_(options) {
+  KILN_CHECK(options_.window >= 2, ValueError, "LeakWatch: window must be at least 2 steps, got ", options_.window);
+  KILN_CHECK(options_.warmup_steps >= 0, ValueError, "LeakWatch: warmup_steps must be >= 0, got ",
+             options_.warmup_steps);
+  if (!memory::recording_history()) {
+    memory::record_history(true);
+    owns_history_ = true;
+  }
+}
+
+LeakWatch::~LeakWatch() {
+  if (owns_history_) memory::record_history(false);
+}
+
+LeakWatch::Sample LeakWatch::sample() const {
+  Sample s;
+  const memory::Snapshot snap = memory::snapshot(SIZE_MAX, 0);
+  for (int i = 0; i < kNumMemoryCategories; ++i) s.live[static_cast<size_t>(i)] = snap.stats.by_category[i].live_bytes;
+  for (const memory::SiteUsage& u : snap.sites) s.sites[site_key(u)] += u.bytes;
+  s.mark = autograd::next_sequence_nr();
+  s.nodes = autograd::census_size();
+  return s;
+}
+
+const LeakReport* LeakWatch::step() {
+  ++steps_;
+  if (report_ || steps_ <= options_.warmup_steps) return nullptr;
+  samples_.push_back(sample());
+  const auto need = static_cast<size_t>(options_.window) + 1;
+  if (samples_.size() > need) samples_.pop_front();
+  if (samples_.size() < need) return nullptr;
+  auto grew_each_step = [&](auto value) {
+    for (size_t k = 1; k < samples_.size(); ++k)
+      if (value(samples_[k]) <= value(samples_[k - 1])) return false;
+    return true;
+  };
+  int found = -2;
+  for (int c = 0; c < kNumMemoryCategories && found == -2; ++c) {
+    const auto i = static_cast<size_t>(c);
+    const int64_t growth = samples_.back().live[i] - samples_.front().live[i];
+    if (growth >= options_.min_growth_bytes * options_.window &&
+        grew_each_step([i](const Sample& x) { return x.live[i]; }))
+      found = c;
+  }
+  // Flat bytes but a growing census: graphs kept after backward freed their saved tensors.
+  if (found == -2 && grew_each_step([](const Sample& x) { return x.nodes; }) &&
+      !autograd::graphs_holding_nodes_before(samples_.front().mark).empty())
+    found = -1;
+  if (found == -2) return nullptr;
+  report_ = explain(found, samples_.front(), samples_.back());
+  if (options_.print) std::cerr << "kiln warning: " << report_->message << std::endl;
+  return &*report_;
+}
+
+LeakReport LeakWatch::explain(int category, const Sample& first, const Sample& last) const {
+  LeakReport r;
+  r.step = steps_;
+  r.bytes_grow = category >= 0;
+  const auto window = options_.window;
+  std::string m;
+  if (r.bytes_grow) {
+    const auto i = static_cast<size_t>(category);
+    r.category = static_cast<MemoryCategory>(category);
+    r.growth_per_step = (last.live[i] - first.live[i]) / window;
+    r.live_bytes = last.live[i];
+    const std::string suffix = std::string(" [") + memory_category_name(r.category) + "]";
+    for (const auto& [key, bytes] : last.sites) {
+      if (!key.ends_with(suffix)) continue;
+      auto it = first.sites.find(key);
+      const int64_t grew = bytes - (it == first.sites.end() ? 0 : it->second);
+      if (grew > 0) r.growing_sites.emplace_back(key.substr(0, key.size() - suffix.size()), grew / window);
+    }
+    std::sort(r.growing_sites.begin(), r.growing_sites.end(),
+              [](const auto& a, const auto& b) { return a.second > b.second; });
+    if (r.growing_sites.size() > 5) r.growing_sites.resize(5);
+    m = std::string(memory_category_name(r.category)) + " memory grew at each of the last " + std::to_string(window) +
+        " steps, by " + per_step(r.growth_per_step) + " (" + format_bytes(static_cast<double>(r.live_bytes)) +
+        " live at step " + std::to_string(r.step) + "): something keeps tensors from every step.";
+  } else {
+    r.growth_per_step = (last.nodes - first.nodes) / window;
+    m = "the autograd graph grew at each of the last " + std::to_string(window) + " steps, by " +
+        std::to_string(r.growth_per_step) + " nodes per step (" + std::to_string(last.nodes) + " live at step " +
+        std::to_string(r.step) + "): backward freed their saved tensors, but the nodes (host memory) pile up.";
+  }
+  // Graphs made before the window began and still alive were kept past their step.
+  const auto kept = autograd::graphs_holding_nodes_before(first.mark);
+  if (!kept.empty()) r.graph = kept.front();
+  if (r.graph) {
+    const std::string at = r.graph->site.str();
+    m += "\n  The autograd graph behind the tensor produced at " + at + " (" + r.graph->node +
+         ") is still alive and holds " + std::to_string(r.graph->old_nodes) +
+         " nodes from earlier steps, with whatever they saved. A tensor that keeps its history across steps — "
+         "typically a loss summed into a running total (`total += loss`) or kept in a list — holds every step's "
+         "graph. Accumulate loss.item() or loss.detach() at " +
+         at + " instead.";
+  } else if (r.bytes_grow) {
+    m += "\n  No autograd graph is kept: tensors made at the sites below are kept by a container or member that "
+         "collects them each step.";
+  }
+  if (!r.growing_sites.empty()) {
+    m += "\n  Growing call sites:";
+    for (const auto& [site, bytes] : r.growing_sites) m += "\n    +" + per_step(bytes) + "  " + site;
+  }
+  r.message = std::move(m);
+  return r;
+}
+
+}  // namespace kiln::train
