@@ -33,6 +33,7 @@ int main() {
   optim::Adam opt(model.params(), optim::AdamOptions{.lr = 1e-3});
 
   std::puts("== 1. a loss summed with its graph");
+  std::fflush(stdout);  // the watch writes to stderr
   {
     train::LeakWatch watch;  // prints "kiln warning: ..." once
     Tensor total = zeros({});
