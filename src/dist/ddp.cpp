@@ -35,6 +35,8 @@ DistributedDataParallel::DistributedDataParallel(std::shared_ptr<nn::Module> mod
       epoch_(std::chrono::steady_clock::now()) {
   KILN_CHECK(module_ != nullptr, ValueError, "DistributedDataParallel: expected a module, got a null pointer");
   KILN_CHECK(group_ != nullptr, ValueError, "DistributedDataParallel: expected a process group, got a null pointer");
+  KILN_CHECK(group_->is_member(), DistributedError, "DistributedDataParallel: this process is not a member of ",
+             group_->describe(), "; wrap the model only on the group's ranks (test group->is_member())");
   KILN_CHECK(options_.bucket_cap_mb > 0, ValueError, "DistributedDataParallel: bucket_cap_mb must be > 0, got ",
              options_.bucket_cap_mb);
   // As torch: state_dict() keys of the wrapper start with "module.".

@@ -25,6 +25,8 @@ void finalize_at_exit() {
     std::lock_guard lock(g_mu);
     w = std::move(g_world);
   }
+  // Subgroups first: their threads must stop before MPI_Finalize too.
+  detail::shutdown_groups();
   if (w) w->shutdown();
   int finalized = 0;
   MPI_Finalized(&finalized);

@@ -4,6 +4,7 @@
 #include "mpi_process_group.h"
 #include "rank_status.h"
 
+#include <algorithm>
 #include <climits>
 #include <cstdio>
 #include <cstdlib>
@@ -26,6 +27,10 @@ const char* kind_name(int32_t k) {
     case OpKind::Barrier: return "barrier";
     case OpKind::Send: return "send";
     case OpKind::Recv: return "recv";
+    case OpKind::AllGatherInto: return "allgather_into_tensor";
+    case OpKind::ReduceScatterTensor: return "reduce_scatter_tensor";
+    case OpKind::AllToAll: return "alltoall";
+    case OpKind::AllToAllSplit: return "alltoall(splits)";
   }
   return "?";
 }
@@ -95,6 +100,19 @@ void divide(T* p, size_t n, int by) {
   for (size_t i = 0; i < n; ++i) p[i] /= static_cast<T>(by);
 }
 
+// FNV-1a over the per-rank sizes of an uneven allgather: ranks that disagree on
+// them would pair buffers of different lengths.
+uint64_t hash_sizes(const std::vector<int64_t>& v) {
+  uint64_t h = 1469598103934665603ull;
+  for (int64_t x : v) {
+    for (int b = 0; b < 8; ++b) {
+      h ^= static_cast<uint64_t>(x >> (8 * b)) & 0xff;
+      h *= 1099511628211ull;
+    }
+  }
+  return h == 0 ? 1 : h;
+}
+
 std::string short_site(const std::source_location& loc) {
   std::string f = loc.file_name();
   // Keep the path from the last src/, tests/, examples/ or tools/ on: enough to find the line.
@@ -116,7 +134,14 @@ std::string Signature::describe() const {
   if (reduce >= 0) os << "(" << reduce_name(static_cast<ReduceOp>(reduce)) << ")";
   if (dtype >= 0) {
     os << " " << dtype_name(static_cast<DType>(dtype)) << "[";
-    for (int d = 0; d < std::min<int>(ndim, kShapeDims); ++d) os << (d ? ", " : "") << shape[d];
+    for (int d = 0; d < std::min<int>(ndim, kShapeDims); ++d) {
+      os << (d ? ", " : "");
+      if (shape[d] < 0) {
+        os << "*";  // differs between ranks by design (the rows an alltoall with splits sends)
+      } else {
+        os << shape[d];
+      }
+    }
     if (ndim > kShapeDims) os << ", ... (" << count << " elements)";
     os << "]";
   }
@@ -124,6 +149,7 @@ std::string Signature::describe() const {
   if (k == OpKind::Broadcast) os << " root=" << peer;
   if (k == OpKind::Send) os << " to=" << peer;
   if (k == OpKind::Recv) os << " from=" << peer;
+  if (k == OpKind::AllGather && layout != 0) os << " uneven";
   os << " at " << site;
   return os.str();
 }
@@ -148,13 +174,26 @@ void MPIWork::finish(std::exception_ptr err) {
   cv_.notify_all();
 }
 
-MPIProcessGroup::MPIProcessGroup(MPI_Comm comm) {
+MPIProcessGroup::MPIProcessGroup(MPI_Comm comm, std::vector<int> world_ranks) : world_ranks_(std::move(world_ranks)) {
   check_mpi(MPI_Comm_dup(comm, &comm_), "MPI_Comm_dup");
   check_mpi(MPI_Comm_dup(comm, &watch_), "MPI_Comm_dup");
   // Errors come back as codes, thrown by check_mpi and rethrown by Work::wait.
   MPI_Comm_set_errhandler(comm_, MPI_ERRORS_RETURN);
   MPI_Comm_rank(comm_, &rank_);
   MPI_Comm_size(comm_, &size_);
+  int world_size = size_;
+  MPI_Comm_size(MPI_COMM_WORLD, &world_size);
+  is_world_ = world_ranks_.empty();
+  if (is_world_) {
+    for (int r = 0; r < size_; ++r) world_ranks_.push_back(r);
+    name_ = "the world (" + std::to_string(size_) + (size_ == 1 ? " rank)" : " ranks)");
+  } else {
+    KILN_ASSERT(static_cast<int>(world_ranks_.size()) == size_, "MPIProcessGroup: ", world_ranks_.size(),
+                " world ranks for a communicator of ", size_);
+    name_ = "group [";
+    for (size_t i = 0; i < world_ranks_.size(); ++i) name_ += (i ? ", " : "") + std::to_string(world_ranks_[i]);
+    name_ += "] (" + std::to_string(size_) + " of " + std::to_string(world_size) + " ranks)";
+  }
   if (const char* d = std::getenv("KILN_DIST_DEBUG")) debug_ = std::strcmp(d, "") != 0 && std::strcmp(d, "0") != 0;
   if (const char* t = std::getenv("KILN_DIST_TIMEOUT"); t && *t) {
     char* end = nullptr;
@@ -258,9 +297,8 @@ void MPIProcessGroup::comm_loop() {
     std::exception_ptr err;
     try {
       KILN_CHECK(poisoned.empty(), DistributedError, "dist: ", task.sig.describe(),
-                 " not run: an earlier collective of this group failed, so the ranks no longer agree on "
-                 "what runs next. The first failure was:\n",
-                 poisoned);
+                 " not run: an earlier collective of ", name_,
+                 " failed, so its ranks no longer agree on what runs next. The first failure was:\n", poisoned);
       if (debug_ && collective) check_signatures(task.sig);
       task.run();
     } catch (const std::exception& e) {
@@ -293,8 +331,8 @@ void MPIProcessGroup::check_signatures(const Signature& mine) {
   for (const auto& s : all) agree = agree && s.same_call(all[0]);
   if (agree) return;
   std::ostringstream os;
-  os << "dist: collective mismatch at collective number " << mine.coll_no
-     << " of the group (KILN_DIST_DEBUG=1): the ranks called different collectives\n"
+  os << "dist: collective mismatch at collective number " << mine.coll_no << " of " << name_
+     << " (KILN_DIST_DEBUG=1): the ranks called different collectives\n"
      << "  rank | what it called\n";
   for (int r = 0; r < size_; ++r) {
     const auto& s = all[static_cast<size_t>(r)];
@@ -302,7 +340,7 @@ void MPIProcessGroup::check_signatures(const Signature& mine) {
        << (r < 10    ? "   "
            : r < 100 ? "  "
                      : " ")
-       << r << " | " << s.describe() << (s.same_call(all[0]) ? "" : "   <-- differs from rank 0") << "\n";
+       << who(r) << " | " << s.describe() << (s.same_call(all[0]) ? "" : "   <-- differs from rank 0") << "\n";
   }
   os << "every rank must issue the same collectives (op, dtype, shape, root) in the same order";
   throw DistributedError(os.str());
@@ -332,8 +370,8 @@ WorkPtr MPIProcessGroup::allreduce(Tensor& t, ReduceOp op, Loc loc) {
 
 WorkPtr MPIProcessGroup::broadcast(Tensor& t, int root, Loc loc) {
   check_tensor(t, "broadcast", "tensor");
-  KILN_CHECK(root >= 0 && root < size_, ValueError, "dist::broadcast: root must be a rank in [0, ", size_, "), got ",
-             root);
+  KILN_CHECK(root >= 0 && root < size_, ValueError, "dist::broadcast: root must be a rank of ", name_, ", in [0, ",
+             size_, "), got ", root, " (ranks within a group count from 0)");
   auto sig = make_signature(OpKind::Broadcast, -1, root, &t, loc);
   Tensor keep = t;
   return enqueue(sig, [this, keep, root] {
@@ -342,33 +380,107 @@ WorkPtr MPIProcessGroup::broadcast(Tensor& t, int root, Loc loc) {
   });
 }
 
+std::string MPIProcessGroup::who(int r) const {
+  if (is_world_ || r < 0 || r >= size_) return std::to_string(r);
+  return std::to_string(r) + " (world " + std::to_string(world_ranks_[static_cast<size_t>(r)]) + ")";
+}
+
 WorkPtr MPIProcessGroup::allgather(std::vector<Tensor>& out, const Tensor& in, Loc loc) {
   check_tensor(in, "allgather", "input");
   KILN_CHECK(static_cast<int>(out.size()) == size_, ShapeError, "dist::allgather: expected ", size_,
-             " output tensors (one per rank), got ", out.size());
+             " output tensors (one per rank of ", name_, "), got ", out.size());
+  std::vector<int64_t> counts;
+  int64_t total = 0;
   for (size_t r = 0; r < out.size(); ++r) {
     check_tensor(out[r], "allgather", "output");
-    KILN_CHECK(out[r].dtype() == in.dtype() && out[r].numel() == in.numel(), ShapeError, "dist::allgather: output ", r,
-               " must match the input (", dtype_name(in.dtype()), " ", in.shape_string(), "), got ",
-               dtype_name(out[r].dtype()), " ", out[r].shape_string());
+    KILN_CHECK(out[r].dtype() == in.dtype(), DTypeError, "dist::allgather: output ", r, " is ",
+               dtype_name(out[r].dtype()), ", the input ", dtype_name(in.dtype()), "; they must match");
+    counts.push_back(out[r].numel());
+    total += out[r].numel();
   }
+  KILN_CHECK(counts[static_cast<size_t>(rank_)] == in.numel(), ShapeError, "dist::allgather: output ", rank_,
+             " (this rank's) must have the input's ", in.numel(), " elements (", in.shape_string(), "), got ",
+             out[static_cast<size_t>(rank_)].shape_string());
+  KILN_CHECK(total <= INT_MAX, ValueError, "dist::allgather: ", total,
+             " elements gathered in all; at most INT_MAX per collective (split the tensor)");
+  const bool even = std::all_of(counts.begin(), counts.end(), [&](int64_t c) { return c == counts[0]; });
   auto sig = make_signature(OpKind::AllGather, -1, -1, &in, loc);
+  if (!even) {
+    // The shapes differ between ranks by design; what all must agree on is every rank's count.
+    sig.ndim = 1;
+    sig.count = total;
+    std::fill(std::begin(sig.shape), std::end(sig.shape), 0);
+    sig.shape[0] = total;
+    sig.layout = hash_sizes(counts);
+  }
   std::vector<Tensor> outs = out;
   Tensor keep = in;
-  return enqueue(sig, [this, outs, keep] {
-    const int n = static_cast<int>(keep.numel());
-    const size_t bytes = static_cast<size_t>(keep.nbytes());
-    std::vector<unsigned char> all(bytes * outs.size());
-    check_mpi(MPI_Allgather(keep.data_ptr(), n, mpi_type(keep.dtype()), all.data(), n, mpi_type(keep.dtype()), comm_),
-              "MPI_Allgather");
-    for (size_t r = 0; r < outs.size(); ++r) std::memcpy(outs[r].data_ptr(), all.data() + r * bytes, bytes);
+  return enqueue(sig, [this, outs, keep, counts, even] {
+    const MPI_Datatype type = mpi_type(keep.dtype());
+    const size_t elem = static_cast<size_t>(keep.element_size());
+    std::vector<int> cnt, displs;
+    int64_t at = 0;
+    for (int64_t c : counts) {
+      cnt.push_back(static_cast<int>(c));
+      displs.push_back(static_cast<int>(at));
+      at += c;
+    }
+    std::vector<unsigned char> all(static_cast<size_t>(at) * elem);
+    if (even) {
+      check_mpi(MPI_Allgather(keep.data_ptr(), cnt[0], type, all.data(), cnt[0], type, comm_), "MPI_Allgather");
+    } else {
+      check_mpi(MPI_Allgatherv(keep.data_ptr(), static_cast<int>(keep.numel()), type, all.data(), cnt.data(),
+                               displs.data(), type, comm_),
+                "MPI_Allgatherv");
+    }
+    for (size_t r = 0; r < outs.size(); ++r) {
+      std::memcpy(outs[r].data_ptr(), all.data() + static_cast<size_t>(displs[r]) * elem,
+                  static_cast<size_t>(cnt[r]) * elem);
+    }
   });
+}
+
+WorkPtr MPIProcessGroup::allgather_into_tensor(Tensor& out, const Tensor& in, Loc loc) {
+  check_tensor(in, "allgather_into_tensor", "input");
+  check_tensor(out, "allgather_into_tensor", "output");
+  KILN_CHECK(out.dtype() == in.dtype(), DTypeError, "dist::allgather_into_tensor: the output is ",
+             dtype_name(out.dtype()), ", the input ", dtype_name(in.dtype()), "; they must match");
+  KILN_CHECK(out.numel() == in.numel() * size_, ShapeError, "dist::allgather_into_tensor: expected an output of ",
+             size_, " x ", in.numel(), " = ", in.numel() * size_, " elements (", size_, " ranks in ", name_,
+             " x the input ", in.shape_string(), "), got ", out.shape_string(),
+             "; for shards of different sizes use allgather into a list");
+  auto sig = make_signature(OpKind::AllGatherInto, -1, -1, &in, loc);
+  Tensor keep_out = out, keep_in = in;
+  return enqueue(sig, [this, keep_out, keep_in] {
+    const int n = static_cast<int>(keep_in.numel());
+    const MPI_Datatype type = mpi_type(keep_in.dtype());
+    auto* base = static_cast<unsigned char*>(keep_out.data_ptr());
+    // FSDP gathers a flat parameter whose own shard is a view of it: gather in place.
+    const bool in_place = keep_in.data_ptr() == base + static_cast<size_t>(rank_) * keep_in.nbytes();
+    check_mpi(MPI_Allgather(in_place ? MPI_IN_PLACE : keep_in.data_ptr(), n, type, base, n, type, comm_),
+              "MPI_Allgather");
+  });
+}
+
+void MPIProcessGroup::reduce_scatter_block(const Tensor& out, const void* send, ReduceOp op) {
+  const int n = static_cast<int>(out.numel());
+  const size_t count = static_cast<size_t>(n);
+  if (out.dtype() == DType::BFloat16) {
+    std::vector<float> recv(count);
+    check_mpi(MPI_Reduce_scatter_block(send, recv.data(), n, MPI_FLOAT, mpi_op(op), comm_), "MPI_Reduce_scatter_block");
+    if (op == ReduceOp::Avg) divide(recv.data(), count, size_);
+    from_float(recv, out.data_ptr());
+    return;
+  }
+  check_mpi(MPI_Reduce_scatter_block(send, out.data_ptr(), n, mpi_type(out.dtype()), mpi_op(op), comm_),
+            "MPI_Reduce_scatter_block");
+  if (op == ReduceOp::Avg) divide(static_cast<float*>(out.data_ptr()), count, size_);
 }
 
 WorkPtr MPIProcessGroup::reduce_scatter(Tensor& out, const std::vector<Tensor>& in, ReduceOp op, Loc loc) {
   check_tensor(out, "reduce_scatter", "output");
   KILN_CHECK(static_cast<int>(in.size()) == size_, ShapeError, "dist::reduce_scatter: expected ", size_,
-             " input tensors (one per rank), got ", in.size());
+             " input tensors (one per rank of ", name_, "), got ", in.size());
   for (size_t r = 0; r < in.size(); ++r) {
     check_tensor(in[r], "reduce_scatter", "input");
     KILN_CHECK(in[r].dtype() == out.dtype() && in[r].numel() == out.numel(), ShapeError, "dist::reduce_scatter: input ",
@@ -381,26 +493,135 @@ WorkPtr MPIProcessGroup::reduce_scatter(Tensor& out, const std::vector<Tensor>& 
   Tensor keep = out;
   std::vector<Tensor> ins = in;
   return enqueue(sig, [this, keep, ins, op] {
-    const int n = static_cast<int>(keep.numel());
-    const size_t count = static_cast<size_t>(n);
+    const size_t count = static_cast<size_t>(keep.numel());
     if (keep.dtype() == DType::BFloat16) {
-      std::vector<float> send(count * ins.size()), recv(count);
+      std::vector<float> send(count * ins.size());
       for (size_t r = 0; r < ins.size(); ++r) {
         const auto f = to_float(ins[r]);
         std::copy(f.begin(), f.end(), send.begin() + static_cast<std::ptrdiff_t>(r * count));
       }
-      check_mpi(MPI_Reduce_scatter_block(send.data(), recv.data(), n, MPI_FLOAT, mpi_op(op), comm_),
-                "MPI_Reduce_scatter_block");
-      if (op == ReduceOp::Avg) divide(recv.data(), count, size_);
-      from_float(recv, keep.data_ptr());
+      reduce_scatter_block(keep, send.data(), op);
       return;
     }
     const size_t bytes = static_cast<size_t>(keep.nbytes());
     std::vector<unsigned char> send(bytes * ins.size());
     for (size_t r = 0; r < ins.size(); ++r) std::memcpy(send.data() + r * bytes, ins[r].data_ptr(), bytes);
-    check_mpi(MPI_Reduce_scatter_block(send.data(), keep.data_ptr(), n, mpi_type(keep.dtype()), mpi_op(op), comm_),
-              "MPI_Reduce_scatter_block");
-    if (op == ReduceOp::Avg) divide(static_cast<float*>(keep.data_ptr()), count, size_);
+    reduce_scatter_block(keep, send.data(), op);
+  });
+}
+
+WorkPtr MPIProcessGroup::reduce_scatter_tensor(Tensor& out, const Tensor& in, ReduceOp op, Loc loc) {
+  check_tensor(out, "reduce_scatter_tensor", "output");
+  check_tensor(in, "reduce_scatter_tensor", "input");
+  KILN_CHECK(out.dtype() == in.dtype(), DTypeError, "dist::reduce_scatter_tensor: the output is ",
+             dtype_name(out.dtype()), ", the input ", dtype_name(in.dtype()), "; they must match");
+  KILN_CHECK(in.numel() == out.numel() * size_, ShapeError, "dist::reduce_scatter_tensor: expected an input of ", size_,
+             " x ", out.numel(), " = ", out.numel() * size_, " elements (", size_, " ranks in ", name_,
+             " x the output ", out.shape_string(), "), got ", in.shape_string(),
+             "; pad the input to a multiple of the group size");
+  KILN_CHECK(op != ReduceOp::Avg || out.dtype() != DType::Int64, DTypeError,
+             "dist::reduce_scatter_tensor: ReduceOp::Avg needs a float32 or bfloat16 tensor, got int64");
+  auto sig = make_signature(OpKind::ReduceScatterTensor, static_cast<int>(op), -1, &out, loc);
+  Tensor keep = out, keep_in = in;
+  return enqueue(sig, [this, keep, keep_in, op] {
+    if (keep.dtype() == DType::BFloat16) {
+      const auto f = to_float(keep_in);
+      reduce_scatter_block(keep, f.data(), op);
+    } else {
+      reduce_scatter_block(keep, keep_in.data_ptr(), op);
+    }
+  });
+}
+
+WorkPtr MPIProcessGroup::alltoall(Tensor& out, const Tensor& in, const std::vector<int64_t>& out_splits,
+                                  const std::vector<int64_t>& in_splits, Loc loc) {
+  check_tensor(in, "alltoall", "input");
+  check_tensor(out, "alltoall", "output");
+  KILN_CHECK(out.dtype() == in.dtype(), DTypeError, "dist::alltoall: the output is ", dtype_name(out.dtype()),
+             ", the input ", dtype_name(in.dtype()), "; they must match");
+  KILN_CHECK(in.dim() >= 1 && out.dim() >= 1, ShapeError,
+             "dist::alltoall: expected tensors of at least one dimension (split along dim 0), got ", in.shape_string(),
+             " and ", out.shape_string());
+  const int64_t row = in.size(0) ? in.numel() / in.size(0) : 0;
+  const int64_t out_row = out.size(0) ? out.numel() / out.size(0) : 0;
+  KILN_CHECK(in.sizes().size() == out.sizes().size() &&
+                 std::equal(in.sizes().begin() + 1, in.sizes().end(), out.sizes().begin() + 1),
+             ShapeError, "dist::alltoall: the input ", in.shape_string(), " and the output ", out.shape_string(),
+             " must have the same dimensions after dim 0 (a row is what is exchanged)");
+  (void)out_row;
+  KILN_CHECK(out_splits.empty() == in_splits.empty(), ValueError,
+             "dist::alltoall: give both split lists or neither (got ", out_splits.size(), " output and ",
+             in_splits.size(), " input split sizes)");
+  const bool split = !in_splits.empty();
+  std::vector<int64_t> ins = in_splits, outs = out_splits;
+  if (!split) {
+    KILN_CHECK(in.size(0) % size_ == 0 && out.size(0) == in.size(0), ShapeError, "dist::alltoall: without split ",
+               "sizes dim 0 of the input and the output must be equal and divisible by the ", size_, " ranks of ",
+               name_, ", got ", in.shape_string(), " and ", out.shape_string(),
+               "; pass out_splits and in_splits for uneven blocks");
+    ins.assign(static_cast<size_t>(size_), in.size(0) / size_);
+    outs = ins;
+  } else {
+    for (const auto* v : {&outs, &ins}) {
+      const char* which = v == &ins ? "in_splits" : "out_splits";
+      const Tensor& t = v == &ins ? in : out;
+      KILN_CHECK(static_cast<int>(v->size()) == size_, ShapeError, "dist::alltoall: ", which, " must have ", size_,
+                 " entries (one per rank of ", name_, "), got ", v->size());
+      int64_t sum = 0;
+      for (int64_t x : *v) {
+        KILN_CHECK(x >= 0, ValueError, "dist::alltoall: ", which, " must be >= 0, got ", x);
+        sum += x;
+      }
+      KILN_CHECK(sum == t.size(0), ShapeError, "dist::alltoall: ", which, " add up to ", sum,
+                 " rows, but dim 0 of the ", v == &ins ? "input" : "output", " is ", t.size(0), " (", t.shape_string(),
+                 ")");
+    }
+  }
+  KILN_CHECK(in.numel() <= INT_MAX && out.numel() <= INT_MAX, ValueError,
+             "dist::alltoall: at most INT_MAX elements per collective (split the tensor)");
+  auto sig = make_signature(split ? OpKind::AllToAllSplit : OpKind::AllToAll, -1, -1, &in, loc);
+  if (split) {
+    sig.shape[0] = -1;  // the rows each rank sends differ by design; the row shape must agree
+    sig.count = row;
+  }
+  Tensor keep_out = out, keep_in = in;
+  const bool check_pairs = debug_ && split;
+  return enqueue(sig, [this, keep_out, keep_in, ins, outs, row, check_pairs] {
+    if (check_pairs) {
+      // What each peer will send here, against what this rank expects from it.
+      std::vector<int64_t> coming(ins.size());
+      check_mpi(MPI_Alltoall(ins.data(), 1, MPI_INT64_T, coming.data(), 1, MPI_INT64_T, comm_),
+                "MPI_Alltoall (split size check)");
+      std::ostringstream bad;
+      for (size_t j = 0; j < coming.size(); ++j) {
+        if (coming[j] != outs[j]) {
+          bad << "\n  from rank " << who(static_cast<int>(j)) << ": it sends " << coming[j]
+              << " rows, out_splits expects " << outs[j];
+        }
+      }
+      // Every rank must raise, also those whose own expectations hold, or they would wait in the exchange.
+      int any_bad = bad.str().empty() ? 0 : 1;
+      check_mpi(MPI_Allreduce(MPI_IN_PLACE, &any_bad, 1, MPI_INT, MPI_MAX, comm_), "MPI_Allreduce (split size check)");
+      if (any_bad) {
+        throw DistributedError("dist: alltoall split sizes disagree in " + name_ + " (KILN_DIST_DEBUG=1); on rank " +
+                               who(rank_) + ":" + (bad.str().empty() ? std::string(" its own agree") : bad.str()) +
+                               "\nrank j's in_splits[i] must equal rank i's out_splits[j]");
+      }
+    }
+    std::vector<int> scount, sdispl, rcount, rdispl;
+    int64_t sat = 0, rat = 0;
+    for (size_t j = 0; j < ins.size(); ++j) {
+      scount.push_back(static_cast<int>(ins[j] * row));
+      sdispl.push_back(static_cast<int>(sat));
+      sat += ins[j] * row;
+      rcount.push_back(static_cast<int>(outs[j] * row));
+      rdispl.push_back(static_cast<int>(rat));
+      rat += outs[j] * row;
+    }
+    const MPI_Datatype type = mpi_type(keep_in.dtype());
+    check_mpi(MPI_Alltoallv(keep_in.data_ptr(), scount.data(), sdispl.data(), type, keep_out.data_ptr(), rcount.data(),
+                            rdispl.data(), type, comm_),
+              "MPI_Alltoallv");
   });
 }
 
@@ -411,8 +632,8 @@ WorkPtr MPIProcessGroup::barrier(Loc loc) {
 
 WorkPtr MPIProcessGroup::send(const Tensor& t, int dst, int tag, Loc loc) {
   check_tensor(t, "send", "tensor");
-  KILN_CHECK(dst >= 0 && dst < size_ && dst != rank_, ValueError, "dist::send: dst must be another rank in [0, ", size_,
-             "), got ", dst, " on rank ", rank_);
+  KILN_CHECK(dst >= 0 && dst < size_ && dst != rank_, ValueError, "dist::send: dst must be another rank of ", name_,
+             ", in [0, ", size_, "), got ", dst, " on rank ", rank_);
   KILN_CHECK(tag >= 0, ValueError, "dist::send: tag must be >= 0, got ", tag);
   auto sig = make_signature(OpKind::Send, -1, dst, &t, loc);
   Tensor keep = t;
@@ -424,8 +645,8 @@ WorkPtr MPIProcessGroup::send(const Tensor& t, int dst, int tag, Loc loc) {
 
 WorkPtr MPIProcessGroup::recv(Tensor& t, int src, int tag, Loc loc) {
   check_tensor(t, "recv", "tensor");
-  KILN_CHECK(src >= 0 && src < size_ && src != rank_, ValueError, "dist::recv: src must be another rank in [0, ", size_,
-             "), got ", src, " on rank ", rank_);
+  KILN_CHECK(src >= 0 && src < size_ && src != rank_, ValueError, "dist::recv: src must be another rank of ", name_,
+             ", in [0, ", size_, "), got ", src, " on rank ", rank_);
   KILN_CHECK(tag >= 0, ValueError, "dist::recv: tag must be >= 0, got ", tag);
   auto sig = make_signature(OpKind::Recv, -1, src, &t, loc);
   Tensor keep = t;

@@ -17,12 +17,25 @@
 #include <mutex>
 #include <string>
 #include <thread>
+#include <vector>
 
 #include "kiln/dist/process_group.h"
 
 namespace kiln::dist::detail {
 
-enum class OpKind : int32_t { AllReduce, Broadcast, AllGather, ReduceScatter, Barrier, Send, Recv };
+enum class OpKind : int32_t {
+  AllReduce,
+  Broadcast,
+  AllGather,
+  ReduceScatter,
+  Barrier,
+  Send,
+  Recv,
+  AllGatherInto,
+  ReduceScatterTensor,
+  AllToAll,
+  AllToAllSplit,
+};
 
 /// What a rank called: fixed-size so that ranks can exchange it with one
 /// MPI_Allgather (debug mode) or one message (watchdog).
@@ -34,6 +47,9 @@ struct Signature {
   int32_t dtype = -1;    // DType, or -1 (barrier)
   int32_t peer = -1;     // root, dst or src
   int64_t count = 0;     // elements per rank
+  // A hash of what every rank must agree on beyond one shape: the per-rank
+  // sizes of an uneven allgather (0 when there is none).
+  uint64_t layout = 0;
   // The full shape (up to kShapeDims dimensions; the count covers the rest):
   // an allreduce of [3, 4] against [4, 3] moves the same bytes but is a bug.
   static constexpr int kShapeDims = 8;
@@ -44,7 +60,7 @@ struct Signature {
 
   bool same_call(const Signature& o) const {
     if (!(coll_no == o.coll_no && kind == o.kind && reduce == o.reduce && dtype == o.dtype && peer == o.peer &&
-          count == o.count && ndim == o.ndim)) {
+          count == o.count && layout == o.layout && ndim == o.ndim)) {
       return false;
     }
     for (int d = 0; d < kShapeDims; ++d) {
@@ -84,7 +100,8 @@ class MPIWork final : public Work {
 class MPIProcessGroup final : public ProcessGroup {
  public:
   /// Duplicates `comm` (twice: collectives, watchdog) and starts both threads.
-  explicit MPIProcessGroup(MPI_Comm comm);
+  /// `world_ranks`: the world rank of each member, for messages; empty for the world.
+  explicit MPIProcessGroup(MPI_Comm comm, std::vector<int> world_ranks = {});
   ~MPIProcessGroup() override;
   /// Stops the threads and frees the communicators; must run before MPI_Finalize.
   void shutdown();
@@ -92,11 +109,17 @@ class MPIProcessGroup final : public ProcessGroup {
   int rank() const override { return rank_; }
   int size() const override { return size_; }
   std::string backend() const override { return "mpi"; }
+  std::vector<int> ranks() const override { return world_ranks_; }
+  std::string describe() const override { return name_; }
 
   WorkPtr allreduce(Tensor& t, ReduceOp op, Loc loc) override;
   WorkPtr broadcast(Tensor& t, int root, Loc loc) override;
   WorkPtr allgather(std::vector<Tensor>& out, const Tensor& in, Loc loc) override;
+  WorkPtr allgather_into_tensor(Tensor& out, const Tensor& in, Loc loc) override;
   WorkPtr reduce_scatter(Tensor& out, const std::vector<Tensor>& in, ReduceOp op, Loc loc) override;
+  WorkPtr reduce_scatter_tensor(Tensor& out, const Tensor& in, ReduceOp op, Loc loc) override;
+  WorkPtr alltoall(Tensor& out, const Tensor& in, const std::vector<int64_t>& out_splits,
+                   const std::vector<int64_t>& in_splits, Loc loc) override;
   WorkPtr barrier(Loc loc) override;
   WorkPtr send(const Tensor& t, int dst, int tag, Loc loc) override;
   WorkPtr recv(Tensor& t, int src, int tag, Loc loc) override;
@@ -110,6 +133,11 @@ class MPIProcessGroup final : public ProcessGroup {
   WorkPtr enqueue(Signature sig, std::function<void()> run);
   /// `t`: the tensor whose dtype and shape the ranks must agree on (null for a barrier).
   Signature make_signature(OpKind kind, int reduce, int peer, const Tensor* t, const Loc& loc);
+  /// The reduce-scatter both forms share: `send` holds size() shards of
+  /// out.numel() elements each (float32 when `out` is bfloat16).
+  void reduce_scatter_block(const Tensor& out, const void* send, ReduceOp op);
+  /// Rank r as messages show it: "r" in the world, "r (world w)" in a subgroup.
+  std::string who(int r) const;
   void comm_loop();
   void check_signatures(const Signature& mine);
   void watchdog_loop();
@@ -117,6 +145,9 @@ class MPIProcessGroup final : public ProcessGroup {
   [[noreturn]] void report_timeout(const Signature& stuck, double seconds);
 
   int rank_ = 0, size_ = 1;
+  bool is_world_ = true;
+  std::vector<int> world_ranks_;
+  std::string name_;                // describe()
   MPI_Comm comm_ = MPI_COMM_NULL;   // collectives, send/recv and debug signature exchange
   MPI_Comm watch_ = MPI_COMM_NULL;  // watchdog queries and answers
   bool debug_ = false;
@@ -145,5 +176,11 @@ class MPIProcessGroup final : public ProcessGroup {
   std::thread comm_thread_, watch_thread_;
   bool shut_down_ = false;
 };
+
+/// Keeps every group new_group() made so that the exit handler can stop its
+/// threads and free its communicators before MPI_Finalize (groups still
+/// referenced then; a group destroyed earlier shuts itself down).
+void register_group(const std::shared_ptr<MPIProcessGroup>& g);
+void shutdown_groups();
 
 }  // namespace kiln::dist::detail

@@ -110,8 +110,12 @@ void MPIProcessGroup::report_timeout(const Signature& stuck, double seconds) {
   std::ostringstream os;
   char secs[32];
   std::snprintf(secs, sizeof secs, "%.1f", seconds);
-  os << "\nkiln dist watchdog: rank " << rank_ << " of " << size_ << " waited " << secs
-     << " s (KILN_DIST_TIMEOUT=" << timeout_s_ << ") in " << stuck.describe() << "\n";
+  // The world keeps its short headline; a subgroup says which group and which world rank.
+  const std::string where = is_world_ ? "rank " + std::to_string(rank_) + " of " + std::to_string(size_)
+                                      : "rank " + std::to_string(rank_) + " of " + name_ + ", world rank " +
+                                            std::to_string(world_ranks_[static_cast<size_t>(rank_)]) + ",";
+  os << "\nkiln dist watchdog: " << where << " waited " << secs << " s (KILN_DIST_TIMEOUT=" << timeout_s_ << ") in "
+     << stuck.describe() << "\n";
   // A rank that started collective number coll_no may be in the same call
   // (then it is stuck inside it too) or in another one at that position (a
   // barrier where this rank does an allreduce): the mismatch is the bug.
@@ -122,7 +126,7 @@ void MPIProcessGroup::report_timeout(const Signature& stuck, double seconds) {
   for (int r = 0; r < size_; ++r) {
     const Progress& p = r == rank_ ? mine : answers[static_cast<size_t>(r)];
     if (r != rank_ && !answered[static_cast<size_t>(r)]) {
-      table << "  " << r << " | ?   | no answer within " << kAnswerWaitS
+      table << "  " << who(r) << " | ?   | no answer within " << kAnswerWaitS
             << " s (finished and in MPI_Finalize, or its process is stuck outside kiln)\n";
       missing.push_back(r);
       continue;
@@ -141,26 +145,27 @@ void MPIProcessGroup::report_timeout(const Signature& stuck, double seconds) {
     } else {
       reached.push_back(r);
     }
-    table << "  " << r << " | " << mark << " | #" << p.started_seq << " / #" << p.completed_seq << " | "
+    table << "  " << who(r) << " | " << mark << " | #" << p.started_seq << " / #" << p.completed_seq << " | "
           << (p.in_flight ? p.current.describe() : std::string("(idle)")) << "\n";
   }
-  auto list = [](const std::vector<int>& v) {
+  auto list = [this](const std::vector<int>& v) {
     std::string s;
-    for (int r : v) s += (s.empty() ? "" : ", ") + std::to_string(r);
+    for (int r : v) s += (s.empty() ? "" : ", ") + who(r);
     return s.empty() ? std::string("none") : s;
   };
   if (stuck.coll_no != 0) {
-    os << "ranks in this collective, number " << stuck.coll_no << " of the group (#" << stuck.seq
-       << " on this rank, counting send/recv): " << list(reached) << "\n";
+    os << "ranks in this collective, number " << stuck.coll_no << " of " << (is_world_ ? "the group" : name_) << " (#"
+       << stuck.seq << " on this rank, counting send/recv): " << list(reached) << "\n";
     if (!elsewhere.empty()) {
       os << "ranks in a DIFFERENT collective at the same position:";
       for (size_t i = 0; i < elsewhere.size(); ++i)
-        os << (i ? ";" : "") << " rank " << elsewhere[i] << " in " << elsewhere_what[i];
+        os << (i ? ";" : "") << " rank " << who(elsewhere[i]) << " in " << elsewhere_what[i];
       os << "\n";
     }
     os << "ranks that had NOT reached it: " << list(missing) << "\n";
   }
-  os << table.str() << "last operations of rank " << rank_ << " (oldest first):\n";
+  os << table.str() << "last operations of rank " << who(rank_) << (is_world_ ? "" : " in " + name_)
+     << " (oldest first):\n";
   for (const auto& s : history) os << "    " << s.describe() << "\n";
   os << "aborting the job (MPI_Abort) so that it does not hang";
   if (!elsewhere.empty()) {
@@ -172,7 +177,8 @@ void MPIProcessGroup::report_timeout(const Signature& stuck, double seconds) {
           "code, or inside this collective)";
   }
   os << "\n";
-  status_failed(std::string("the watchdog ended the job: waited ") + secs + " s in " + stuck.describe());
+  status_failed(std::string("the watchdog ended the job: waited ") + secs + " s in " + stuck.describe() +
+                (is_world_ ? "" : " of " + name_));
   const std::string text = os.str();
   std::fwrite(text.data(), 1, text.size(), stderr);
   std::fflush(stderr);

@@ -139,6 +139,12 @@ class FakeGroup : public dist::ProcessGroup {
       return std::vector<Tensor>(in.size());
     });
   }
+  dist::WorkPtr allgather_into_tensor(Tensor&, const Tensor&, Loc) override { not_provided(); }
+  dist::WorkPtr reduce_scatter_tensor(Tensor&, const Tensor&, dist::ReduceOp, Loc) override { not_provided(); }
+  dist::WorkPtr alltoall(Tensor&, const Tensor&, const std::vector<int64_t>&, const std::vector<int64_t>&,
+                         Loc) override {
+    not_provided();
+  }
   dist::WorkPtr send(const Tensor&, int, int, Loc) override {
     throw ValueError("fake group: send/recv are not used by DDP and not provided by the test group");
   }
@@ -147,6 +153,9 @@ class FakeGroup : public dist::ProcessGroup {
   }
 
  private:
+  [[noreturn]] static void not_provided() {
+    throw ValueError("fake group: the flat-tensor collectives are not used by DDP and not provided by the test group");
+  }
   using Combine = std::function<std::vector<Tensor>(const std::vector<std::vector<Tensor>>&)>;
 
   class FakeWork : public dist::Work {

@@ -28,6 +28,16 @@ bool is_initialized();
 /// The group of all processes; init() must have run.
 ProcessGroupPtr world();
 
+/// A group of some of the world's ranks (torch.distributed.new_group): an MPI
+/// communicator split, usable wherever the world is (DDP included). Every
+/// process of the world must call it, with the same ranks, in the same order
+/// relative to its other new_group calls; the ranks are sorted, so group rank
+/// i is the i-th smallest world rank. A process not in `ranks` gets a handle
+/// whose is_member() is false and whose collectives throw. Duplicate or
+/// out-of-range ranks, and ranks that differ between processes, throw on every
+/// process.
+ProcessGroupPtr new_group(std::vector<int> ranks);
+
 /// This process's rank and the number of processes, from the world group.
 int rank();
 int world_size();
