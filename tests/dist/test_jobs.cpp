@@ -28,8 +28,8 @@ namespace {
 // Generous: jobs that work end in seconds; a hang would end here, with exit 137.
 constexpr int kJobLimitS = 120;
 
-int run_job(const std::string& mode, const std::vector<std::string>& env, std::string& out) {
-  const auto argv = dist::launch_command(2, {KILN_DIST_CHILD, mode}, {.mpirun = KILN_MPIRUN, .env = env});
+int run_job(const std::string& mode, const std::vector<std::string>& env, std::string& out, int np = 2) {
+  const auto argv = dist::launch_command(np, {KILN_DIST_CHILD, mode}, {.mpirun = KILN_MPIRUN, .env = env});
   std::string cmd = "env";
   auto add = [&](const std::string& word) {
     cmd += ' ';
@@ -108,6 +108,39 @@ TEST(DistJob, WatchdogDoesNotAdviseDebugModeWhenItIsOn) {
   EXPECT_TRUE(has(out, "kiln dist watchdog: rank 0 of 2 waited")) << out;
   EXPECT_FALSE(has(out, "set KILN_DIST_DEBUG=1")) << out;
   EXPECT_TRUE(has(out, "KILN_DIST_DEBUG is on")) << out;
+}
+
+// The same in a subgroup of 4 ranks: the report names the group and shows
+// group ranks with their world ranks.
+TEST(DistJob, DebugModeNamesTheSubgroupOfAMismatch) {
+  std::string out;
+  const int rc = run_job("group-mismatch-debug", {"KILN_DIST_DEBUG=1", "KILN_DIST_TIMEOUT=100"}, out, 4);
+  EXPECT_EQ(rc, 0) << out;  // members return 0 only when they caught the error
+  for (const char* r : {"world rank 1 raised: ", "world rank 3 raised: "}) EXPECT_TRUE(has(out, r)) << r << "\n" << out;
+  EXPECT_TRUE(has(out, "collective mismatch at collective number 3 of group [1, 3] (2 of 4 ranks) (KILN_DIST_DEBUG=1)"))
+      << out;
+  EXPECT_TRUE(has(out, "   0 (world 1) | #3 allreduce(sum) float32[1000] at tests/dist/child/dist_child.cpp:")) << out;
+  EXPECT_TRUE(has(out, "   1 (world 3) | #3 broadcast float32[10] root=0 at tests/dist/child/dist_child.cpp:")) << out;
+  EXPECT_FALSE(has(out, "no error raised")) << out;
+}
+
+TEST(DistJob, WatchdogNamesTheSubgroupAndItsMissingRank) {
+  std::string out;
+  const int rc = run_job("group-hang", {"KILN_DIST_TIMEOUT=3"}, out, 4);
+  EXPECT_NE(rc, 0) << out;
+  EXPECT_NE(rc, 137) << "the job hung until timeout(1) killed it:\n" << out;
+  EXPECT_TRUE(has(out, "kiln dist watchdog: rank 0 of group [1, 3] (2 of 4 ranks), world rank 1, waited")) << out;
+  EXPECT_TRUE(has(out, "(KILN_DIST_TIMEOUT=3) in #3 allreduce(sum) float32[1000] at tests/dist/child/dist_child.cpp:"))
+      << out;
+  EXPECT_TRUE(has(out, "ranks in this collective, number 3 of group [1, 3] (2 of 4 ranks) (#3 on this rank, counting "
+                       "send/recv): 0 (world 1)\n"))
+      << out;
+  EXPECT_TRUE(has(out, "ranks that had NOT reached it: 1 (world 3)\n")) << out;
+  EXPECT_TRUE(has(out, "  1 (world 3) | NO  | #2 / #2 | (idle)")) << out;
+  EXPECT_TRUE(has(out, "last operations of rank 0 (world 1) in group [1, 3] (2 of 4 ranks) (oldest first):\n"
+                       "    #1 allreduce(sum) float32[16]"))
+      << out;
+  EXPECT_FALSE(has(out, "finished, but the watchdog")) << out;
 }
 
 TEST(DistJob, ARankThatThrowsEndsTheJob) {

@@ -2,6 +2,7 @@
 // check how jobs fail (a skipped collective, a throwing rank), and that
 // measures allreduce bus bandwidth for docs/distributed.md.
 //   kiln_dist_child skip-debug | skip-hang | throw | uncaught | debug-on-rank-0 | bw [MB] [iters]
+//                   | group-mismatch-debug | group-hang   (4 ranks: the subgroup [1, 3])
 #include <mpi.h>
 
 #include <chrono>
@@ -111,6 +112,45 @@ void throw_on_rank_1() {
   pg->allreduce(c)->wait();  // never completes: rank 1 is gone
 }
 
+// World ranks 1 and 3 form a group (every rank makes it) and warm it up; then
+// world rank 1 runs an allreduce where world rank 3 runs a broadcast. In debug
+// mode both members must raise, naming the group; ranks 0 and 2 take no part.
+int group_mismatch_debug() {
+  auto g = dist::new_group({1, 3});
+  if (!g->is_member()) return 0;
+  warm_up(*g);
+  try {
+    Tensor c = full({1000}, 2.0);
+    Tensor d = full({10}, 3.0);
+    if (g->rank() == 0) {
+      g->allreduce(c)->wait();
+    } else {
+      g->broadcast(d, 0)->wait();
+    }
+  } catch (const DistributedError& e) {
+    std::fprintf(stderr, "world rank %d raised: %s\n", dist::rank(), e.what());
+    return 0;
+  }
+  std::fprintf(stderr, "world rank %d: no error raised\n", dist::rank());
+  return 2;
+}
+
+// In the group [1, 3], world rank 3 skips an allreduce that world rank 1 runs:
+// rank 1's watchdog for that group must report and abort. The other ranks
+// compute (sleep) meanwhile, as a real job would.
+int group_hang() {
+  auto g = dist::new_group({1, 3});
+  if (g->is_member()) warm_up(*g);
+  if (dist::rank() == 1) {
+    Tensor c = full({1000}, 2.0);
+    g->allreduce(c)->wait();
+  } else {
+    std::this_thread::sleep_for(std::chrono::seconds(100));
+  }
+  std::fprintf(stderr, "world rank %d: finished, but the watchdog should have ended the job\n", dist::rank());
+  return 2;
+}
+
 // Bus bandwidth as nccl-tests defines it for allreduce: 2(n-1)/n x bytes / time,
 // the time being the slowest rank's mean over `iters` after warm-up.
 void bandwidth(double mb, int iters) {
@@ -160,6 +200,8 @@ int main(int argc, char** argv) {
   if (mode == "skip-hang") return skip_hang();
   if (mode == "transposed-debug") return transposed_debug();
   if (mode == "barrier-vs-allreduce") return barrier_vs_allreduce();
+  if (mode == "group-mismatch-debug") return group_mismatch_debug();
+  if (mode == "group-hang") return group_hang();
   if (mode == "sigkill") return die_on_rank_1(SIGKILL);
   if (mode == "sigsegv") return die_on_rank_1(SIGSEGV);
   if (mode == "throw") return dist::run_or_abort(throw_on_rank_1);
