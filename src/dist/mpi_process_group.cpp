@@ -113,6 +113,12 @@ uint64_t hash_sizes(const std::vector<int64_t>& v) {
   return h == 0 ? 1 : h;
 }
 
+bool overlap(const Tensor& a, const Tensor& b) {
+  const auto* pa = static_cast<const unsigned char*>(a.data_ptr());
+  const auto* pb = static_cast<const unsigned char*>(b.data_ptr());
+  return pa < pb + b.nbytes() && pb < pa + a.nbytes();
+}
+
 std::string short_site(const std::source_location& loc) {
   std::string f = loc.file_name();
   // Keep the path from the last src/, tests/, examples/ or tools/ on: enough to find the line.
@@ -449,6 +455,12 @@ WorkPtr MPIProcessGroup::allgather_into_tensor(Tensor& out, const Tensor& in, Lo
              size_, " x ", in.numel(), " = ", in.numel() * size_, " elements (", size_, " ranks in ", name_,
              " x the input ", in.shape_string(), "), got ", out.shape_string(),
              "; for shards of different sizes use allgather into a list");
+  const bool at_my_offset =
+      static_cast<const unsigned char*>(in.data_ptr()) ==
+      static_cast<const unsigned char*>(out.data_ptr()) + static_cast<size_t>(rank_) * in.nbytes();
+  KILN_CHECK(at_my_offset || !overlap(in, out), ValueError,
+             "dist::allgather_into_tensor: the input overlaps the output other than as this rank's shard (elements ",
+             rank_ * in.numel(), " .. ", (rank_ + 1) * in.numel() - 1, "); pass that view or a separate tensor");
   auto sig = make_signature(OpKind::AllGatherInto, -1, -1, &in, loc);
   Tensor keep_out = out, keep_in = in;
   return enqueue(sig, [this, keep_out, keep_in] {
@@ -521,6 +533,8 @@ WorkPtr MPIProcessGroup::reduce_scatter_tensor(Tensor& out, const Tensor& in, Re
              "; pad the input to a multiple of the group size");
   KILN_CHECK(op != ReduceOp::Avg || out.dtype() != DType::Int64, DTypeError,
              "dist::reduce_scatter_tensor: ReduceOp::Avg needs a float32 or bfloat16 tensor, got int64");
+  KILN_CHECK(!overlap(in, out), ValueError,
+             "dist::reduce_scatter_tensor: the output overlaps the input; reduce into a separate tensor");
   auto sig = make_signature(OpKind::ReduceScatterTensor, static_cast<int>(op), -1, &out, loc);
   Tensor keep = out, keep_in = in;
   return enqueue(sig, [this, keep, keep_in, op] {
@@ -579,6 +593,7 @@ WorkPtr MPIProcessGroup::alltoall(Tensor& out, const Tensor& in, const std::vect
   }
   KILN_CHECK(in.numel() <= INT_MAX && out.numel() <= INT_MAX, ValueError,
              "dist::alltoall: at most INT_MAX elements per collective (split the tensor)");
+  KILN_CHECK(!overlap(in, out), ValueError, "dist::alltoall: the output overlaps the input; use separate tensors");
   auto sig = make_signature(split ? OpKind::AllToAllSplit : OpKind::AllToAll, -1, -1, &in, loc);
   if (split) {
     sig.shape[0] = -1;  // the rows each rank sends differ by design; the row shape must agree

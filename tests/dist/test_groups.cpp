@@ -338,6 +338,12 @@ TEST_F(Groups, BadShapesNameTheGroup) {
   expect_error<ShapeError>([&] { g->alltoall(cols, zeros({2, 2})); }, "must have the same dimensions after dim 0");
   expect_error<ValueError>([&] { g->broadcast(in, 2); }, "root must be a rank of " + name + ", in [0, 2), got 2");
   expect_error<ValueError>([&] { g->send(in, g->rank()); }, "dst must be another rank of " + name);
+  Tensor six = zeros({6});
+  Tensor wrong_view = six.narrow(0, 3 * (1 - g->rank()), 3);  // the other rank's shard
+  expect_error<ValueError>([&] { g->allgather_into_tensor(six, wrong_view); },
+                           "the input overlaps the output other than as this rank's shard");
+  Tensor shard = six.narrow(0, 0, 3);
+  expect_error<ValueError>([&] { g->reduce_scatter_tensor(shard, six); }, "the output overlaps the input");
   g->barrier()->wait();  // argument errors throw before anything is queued: the group is still usable
 }
 
@@ -357,6 +363,20 @@ TEST_F(Groups, DebugModeCatchesAlltoallSplitsThatDisagree) {
   if (g->rank() == 1) {
     expect_error<DistributedError>([&] { work->wait(); }, "from rank 0 (world 0): it sends 1 rows, out_splits expects 2");
   }
+}
+
+// Uneven allgather sizes that the ranks disagree on (same total, so the count
+// alone would pass): the debug check compares every rank's list of sizes.
+TEST_F(Groups, DebugModeCatchesUnevenSizesThatDisagree) {
+  const char* d = std::getenv("KILN_DIST_DEBUG");
+  if (!d || std::string(d) == "0" || std::string(d).empty()) GTEST_SKIP() << "needs KILN_DIST_DEBUG=1";
+  auto g = dist::new_group({0, 1});
+  if (!g->is_member()) return;
+  std::vector<Tensor> out = g->rank() == 0 ? std::vector<Tensor>{zeros({1}), zeros({3})}
+                                           : std::vector<Tensor>{zeros({2}), zeros({2})};
+  auto work = g->allgather(out, zeros({g->rank() == 0 ? 1 : 2}));
+  expect_error<DistributedError>([&] { work->wait(); }, "collective mismatch at collective number 1 of group [0, 1]");
+  expect_error<DistributedError>([&] { work->wait(); }, "allgather float32[4] uneven at tests/dist/test_groups.cpp:");
 }
 
 // DDP on a subgroup matches one process on the group's whole batch; at 4 ranks
