@@ -556,13 +556,13 @@ WorkPtr MPIProcessGroup::alltoall(Tensor& out, const Tensor& in, const std::vect
   KILN_CHECK(in.dim() >= 1 && out.dim() >= 1, ShapeError,
              "dist::alltoall: expected tensors of at least one dimension (split along dim 0), got ", in.shape_string(),
              " and ", out.shape_string());
-  const int64_t row = in.size(0) ? in.numel() / in.size(0) : 0;
-  const int64_t out_row = out.size(0) ? out.numel() / out.size(0) : 0;
+  // Elements per row, from the trailing dimensions: a rank may send no rows at all.
+  int64_t row = 1;
+  for (int64_t d = 1; d < in.dim(); ++d) row *= in.size(d);
   KILN_CHECK(in.sizes().size() == out.sizes().size() &&
                  std::equal(in.sizes().begin() + 1, in.sizes().end(), out.sizes().begin() + 1),
              ShapeError, "dist::alltoall: the input ", in.shape_string(), " and the output ", out.shape_string(),
              " must have the same dimensions after dim 0 (a row is what is exchanged)");
-  (void)out_row;
   KILN_CHECK(out_splits.empty() == in_splits.empty(), ValueError,
              "dist::alltoall: give both split lists or neither (got ", out_splits.size(), " output and ",
              in_splits.size(), " input split sizes)");

@@ -365,6 +365,19 @@ TEST_F(Groups, DebugModeCatchesAlltoallSplitsThatDisagree) {
   }
 }
 
+// A rank may send no rows at all and still receive some.
+TEST_F(Groups, AlltoallFromARankThatSendsNothing) {
+  auto g = dist::new_group({0, 1});
+  if (!g->is_member()) return;
+  // Group rank 0 sends nothing; rank 1 sends one row of 3 to each rank (itself included).
+  const bool zero = g->rank() == 0;
+  Tensor in = zero ? zeros({0, 3}) : full({2, 3}, 7.0);
+  Tensor out = full({1, 3}, -1.0);
+  const std::vector<int64_t> in_splits = zero ? std::vector<int64_t>{0, 0} : std::vector<int64_t>{1, 1};
+  g->alltoall(out, in, {0, 1}, in_splits)->wait();
+  for (int64_t i = 0; i < 3; ++i) EXPECT_EQ(out.data_ptr<float>()[i], 7.0f);
+}
+
 // Uneven allgather sizes that the ranks disagree on (same total, so the count
 // alone would pass): the debug check compares every rank's list of sizes.
 TEST_F(Groups, DebugModeCatchesUnevenSizesThatDisagree) {
