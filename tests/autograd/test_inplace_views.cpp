@@ -499,7 +499,9 @@ TEST(InPlaceViews, RandomSweepMatchesTorch) {
       const Tensor& want = o.outputs[k];
       if (!got.defined() || !want.defined()) {
         const Tensor& d = got.defined() ? got : want;
-        if (d.defined()) EXPECT_TRUE(d.eq(0).all().item<bool>()) << "gradient " << k << " undefined on one side only";
+        if (d.defined()) {
+          EXPECT_TRUE(d.eq(0).all().item<bool>()) << "gradient " << k << " undefined on one side only";
+        }
         continue;
       }
       const auto c = test::compare_tensors(got, want, 1e-9, 1e-11);

@@ -279,7 +279,9 @@ TEST(Einsum, Errors) {
     const std::string msg = error_message(c.f);
     for (const std::string& w : c.want) EXPECT_NE(msg.find(w), std::string::npos) << c.label << ": " << msg;
     EXPECT_EQ(msg.rfind("einsum: ", 0), 0u) << c.label << ": " << msg;
-    if (!c.torch.empty()) EXPECT_FALSE(batch.outcome(index[i]).ok) << c.label << ": torch accepts " << c.torch;
+    if (!c.torch.empty()) {
+      EXPECT_FALSE(batch.outcome(index[i]).ok) << c.label << ": torch accepts " << c.torch;
+    }
   }
   // Shape problems are ShapeErrors, equation problems ValueErrors, as elsewhere in kiln.
   EXPECT_NE(error_message<ShapeError>([&] { einsum("ij,jk->ik", {m34, m56}); }), "<no error>");
