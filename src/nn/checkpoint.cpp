@@ -40,11 +40,13 @@
 #include "kiln/autograd/autograd_meta.h"
 #include "kiln/autograd/engine.h"
 #include "kiln/autograd/functions.h"
+#include "kiln/autograd/graph_census.h"
 #include "kiln/autograd/saved_variable.h"
 #include "kiln/core/autocast.h"
 #include "kiln/core/error.h"
 #include "kiln/core/generator.h"
 #include "kiln/core/guards.h"
+#include "kiln/ops/factory.h"
 
 namespace kiln::nn {
 
@@ -52,15 +54,6 @@ namespace {
 
 using autograd::Edge;
 using autograd::Node;
-
-// Reads the node sequence counter: every node made after this call has a larger sequence_nr.
-class MarkNode final : public Node {
- public:
-  const char* name() const override { return "CheckpointMark"; }
-  TensorList apply(TensorList&&) override { return {}; }
-};
-
-uint64_t next_sequence_nr() { return make_intrusive<MarkNode>()->sequence_nr(); }
 
 bool is_boundary(const Node& n, uint64_t start) { return n.sequence_nr() < start || autograd::is_accumulate_grad(n); }
 
@@ -109,6 +102,21 @@ std::string describe_meta(bool defined, IntArrayRef shape, DType dtype) {
 
 thread_local int t_recomputing = 0;
 
+// The nested pass needs a recomputed output's gradient edge and shape, not its
+// values: a stand-in with the same edge over one element of storage lets the
+// output be freed as soon as no node of the recomputed graph holds it, rather
+// than at the end of the segment's backward (torch drops it too).
+Tensor stand_in(const Tensor& out) {
+  const autograd::AutogradMeta* m = autograd::get_meta(out);
+  if (!m || !m->grad_fn) return out;  // a leaf (an input returned as is): nothing to free
+  Tensor s = empty_strided(out.sizes(), DimVector(static_cast<size_t>(out.dim()), 0), out.dtype());
+  autograd::AutogradMeta& sm = autograd::materialize_meta(s);
+  sm.grad_fn = m->grad_fn;
+  sm.output_nr = m->output_nr;
+  s.impl()->set_requires_grad_flag(true);
+  return s;
+}
+
 struct OutputInfo {
   bool defined = false;
   bool differentiable = false;  // an output of the CheckpointNode
@@ -148,7 +156,7 @@ class CheckpointNode final : public Node {
           autocast_detail::clear_cache();
         }
       } recomputing;
-      const uint64_t start = next_sequence_nr();
+      const uint64_t start = autograd::next_sequence_nr();
       outs = fn_(inputs);
       boundary = find_boundary(outs, start);
     }
@@ -156,10 +164,10 @@ class CheckpointNode final : public Node {
     TensorList diff_outs, diff_grads;
     for (size_t i = 0; i < outs.size(); ++i) {
       if (!info_[i].differentiable) continue;
-      diff_outs.push_back(outs[i]);
+      diff_outs.push_back(stand_in(outs[i]));
       diff_grads.push_back(grads[diff_outs.size() - 1]);
     }
-    outs.clear();
+    outs.clear();  // with the stand-ins, each output lives only as long as the graph holds it
     return autograd::grad_to_boundary(diff_outs, diff_grads, next_edges(), create_graph);
   }
 
@@ -243,7 +251,7 @@ TensorList checkpoint(const CheckpointFn& fn, const TensorList& inputs, const st
   // Casts cached earlier in the region would put their nodes on the boundary, and the
   // rerun (in its own region) makes its own: let the segment make its own here too.
   if (node->autocast_on_) autocast_detail::clear_cache();
-  const uint64_t start = next_sequence_nr();
+  const uint64_t start = autograd::next_sequence_nr();
   TensorList outs = fn(inputs);
   std::vector<Edge> boundary = find_boundary(outs, start);
   if (boundary.empty()) return outs;  // nothing in the segment needs a gradient

@@ -233,8 +233,8 @@ TEST(Checkpoint, ResNetKeepsFewerActivations) {
   };
   const int64_t plain = peak(nn::CheckpointPolicy::none());
   const int64_t blocks = peak(nn::CheckpointPolicy::blocks());
-  // Measured 18.0 of 28.6 MiB (63 %); docs/memory.md says why it is not 40 %.
-  EXPECT_LT(blocks, plain * 7 / 10) << "plain " << plain << " blocks " << blocks;
+  // Measured 16.0 of 28.6 MiB (56 %); docs/memory.md says why it is not 40 %.
+  EXPECT_LT(blocks, plain * 6 / 10) << "plain " << plain << " blocks " << blocks;
   std::printf("resnet activation peak: plain %lld, blocks %lld\n", static_cast<long long>(plain),
               static_cast<long long>(blocks));
 }
