@@ -419,6 +419,18 @@ void json_shape(std::ostream& os, const DimVector& shape) {
   os << ']';
 }
 
+// `{"site":…,"op":…,"category":…,"bytes":N` (the object is left open).
+void json_usage_head(std::ostream& os, const std::string& site, const std::string& op, MemoryCategory c,
+                     int64_t bytes) {
+  os << "{\"site\":";
+  json_string(os, site);
+  os << ",\"op\":";
+  json_string(os, op);
+  os << ",\"category\":";
+  json_string(os, memory_category_name(c));
+  os << ",\"bytes\":" << bytes;
+}
+
 std::string shape_str(const DimVector& shape) {
   std::ostringstream os;
   os << '[';
@@ -443,13 +455,9 @@ std::string snapshot_json(const Snapshot& s) {
      << ",\"limit_bytes\":" << s.stats.limit_bytes << ",\"total_bytes\":" << s.total_bytes << ",\"sites\":[";
   for (size_t i = 0; i < s.sites.size(); ++i) {
     const SiteUsage& u = s.sites[i];
-    os << (i ? "," : "") << "{\"site\":";
-    json_string(os, u.site);
-    os << ",\"op\":";
-    json_string(os, u.op);
-    os << ",\"category\":";
-    json_string(os, memory_category_name(u.category));
-    os << ",\"bytes\":" << u.bytes << ",\"tensors\":" << u.tensors;
+    os << (i ? "," : "");
+    json_usage_head(os, u.site, u.op, u.category, u.bytes);
+    os << ",\"tensors\":" << u.tensors;
     if (u.largest_bytes > 0) {
       os << ",\"largest\":{\"shape\":";
       json_shape(os, u.largest_shape);
@@ -462,13 +470,8 @@ std::string snapshot_json(const Snapshot& s) {
   os << "],\"tensors\":[";
   for (size_t i = 0; i < s.tensors.size(); ++i) {
     const TensorUsage& t = s.tensors[i];
-    os << (i ? "," : "") << "{\"site\":";
-    json_string(os, t.site);
-    os << ",\"op\":";
-    json_string(os, t.op);
-    os << ",\"category\":";
-    json_string(os, memory_category_name(t.category));
-    os << ",\"bytes\":" << t.bytes;
+    os << (i ? "," : "");
+    json_usage_head(os, t.site, t.op, t.category, t.bytes);
     if (t.has_shape) {
       os << ",\"shape\":";
       json_shape(os, t.shape);
