@@ -5,12 +5,15 @@
 //     history and runs the graph census, as `kiln train` and LeakWatch do.
 //   BM_MemoryHistoryMlpStep/history  a training step of a small MLP (batch
 //     64, 784-256-10), forward + backward + SGD, off and on.
+//   BM_MemoryHistoryNoteCallSite  what every op entry pays whether history is
+//     on or not: noting its caller's file:line on the thread.
 // The ratio on/off is what a run pays for call-site tracking.
 //
 //   ./build/release/bench/micro/kiln_micro_bench --benchmark_filter=MemoryHistory
 #include <benchmark/benchmark.h>
 
 #include <optional>
+#include <source_location>
 
 #include "kiln/kiln.h"
 
@@ -40,6 +43,15 @@ void BM_MemoryHistorySmallOp(benchmark::State& state) {
   }
 }
 BENCHMARK(BM_MemoryHistorySmallOp)->Arg(0)->Arg(1)->ArgName("history")->Unit(benchmark::kNanosecond);
+
+void BM_MemoryHistoryNoteCallSite(benchmark::State& state) {
+  const std::source_location here = std::source_location::current();
+  for (auto _ : state) {
+    memory::note_call_site(here.file_name(), here.line());
+    benchmark::ClobberMemory();
+  }
+}
+BENCHMARK(BM_MemoryHistoryNoteCallSite)->Unit(benchmark::kNanosecond);
 
 void BM_MemoryHistoryMlpStep(benchmark::State& state) {
   set_num_threads(1);
