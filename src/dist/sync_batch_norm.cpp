@@ -129,6 +129,10 @@ struct SyncBatchNormFunction : autograd::Function<SyncBatchNormFunction> {
   }
 
   static TensorList backward(autograd::AutogradContext& ctx, TensorList grads) {
+    // create_graph: the formula below treats the global mean and invstd as constants, so its own
+    // gradient would be wrong; refuse rather than return a silently wrong second derivative.
+    KILN_CHECK(!grad_mode_enabled(), ValueError,
+               "SyncBatchNorm: double backward (create_graph=true) is not supported");
     const auto saved = ctx.get_saved_variables();
     const Tensor& x = saved[0];
     const Tensor& w = saved[1];

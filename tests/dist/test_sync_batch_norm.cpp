@@ -16,6 +16,7 @@
 
 #include "dist/ddp_nets.h"
 #include "kiln/core/generator.h"
+#include "kiln/autograd/engine.h"
 #include "kiln/core/guards.h"
 #include "kiln/dist/ddp.h"
 #include "kiln/dist/dist.h"
@@ -258,6 +259,61 @@ TEST_F(SyncBN, ConvertedResNetUnderDDPTrainsAsOneProcess) {
     test::mse(ddp(x.narrow(0, r * B, B)), y.narrow(0, r * B, B)).backward();
     opt.step();
     expect_same_state(*net, *ref, 1e-4, 1e-5, "rank " + std::to_string(r) + ", step " + std::to_string(step));
+  }
+}
+
+}  // namespace
+}  // namespace kiln
+
+namespace kiln {
+namespace {
+
+TEST_F(SyncBN, ARankWithAnEmptySlice) {
+  // Group rank 1 holds no rows (torch allows it): the others' statistics and gradients are the global ones.
+  auto world = dist::world();
+  const int n = world->size(), r = world->rank();
+  std::vector<int64_t> sizes(static_cast<size_t>(n), 2);
+  sizes[1] = 0;
+  const int64_t total = std::accumulate(sizes.begin(), sizes.end(), int64_t{0});
+  const int64_t off = std::accumulate(sizes.begin(), sizes.begin() + r, int64_t{0});
+  const int64_t mine = sizes[static_cast<size_t>(r)];
+  auto ref = std::make_shared<nn::BatchNorm2d>(nn::BatchNormOptions{.num_features = 2, .dtype = kFloat64});
+  auto bn = std::make_shared<dist::SyncBatchNorm>(nn::BatchNormOptions{.num_features = 2, .dtype = kFloat64}, world);
+  manual_seed(41);
+  Tensor x = randn({total, 2, 3, 3}, TensorOptions().dtype(kFloat64));
+  Tensor t = randn({total, 2, 3, 3}, TensorOptions().dtype(kFloat64));
+  Tensor xr = x.detach().requires_grad_();
+  Tensor want = (*ref)(xr);
+  (want * t).sum().backward();
+  Tensor xl = x.narrow(0, off, mine).contiguous().requires_grad_();
+  Tensor got = (*bn)(xl);
+  (got * t.narrow(0, off, mine)).sum().backward();
+  EXPECT_EQ(got.size(0), mine);
+  if (mine > 0) {
+    expect_close(got, want.narrow(0, off, mine), kRtol64, kAtol64, "output");
+    expect_close(xl.grad(), xr.grad().narrow(0, off, mine), kRtol64, kAtol64, "input gradient");
+  }
+  expect_close(bn->running_mean, ref->running_mean, kRtol64, kAtol64, "running_mean");
+  expect_close(bn->running_var, ref->running_var, kRtol64, kAtol64, "running_var");
+  expect_close(sum_over(*world, bn->weight.grad()), ref->weight.grad(), kRtol64, kAtol64, "weight gradient");
+}
+
+}  // namespace
+}  // namespace kiln
+
+namespace kiln {
+namespace {
+
+TEST_F(SyncBN, DoubleBackwardIsRefused) {
+  auto bn = std::make_shared<dist::SyncBatchNorm>(nn::BatchNormOptions{.num_features = 2}, dist::world());
+  manual_seed(43);
+  Tensor x = randn({2, 2, 2, 2}).requires_grad_();
+  Tensor y = (*bn)(x);
+  try {
+    autograd::grad({(y * y).sum()}, {x}, {}, /*retain_graph=*/true, /*create_graph=*/true);
+    ADD_FAILURE() << "create_graph through SyncBatchNorm did not throw";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("double backward"), std::string::npos) << e.what();
   }
 }
 
