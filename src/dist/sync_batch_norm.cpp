@@ -61,7 +61,8 @@ std::vector<std::vector<double>> allgather_doubles(ProcessGroup& group, const st
   for (int r = 0; r < group.size(); ++r) out.push_back(empty({n}, TensorOptions().dtype(kInt64)));
   group.allgather(out, in)->wait();
   std::vector<std::vector<double>> all(out.size(), std::vector<double>(mine.size()));
-  for (size_t r = 0; r < out.size(); ++r) std::memcpy(all[r].data(), out[r].data_ptr<int64_t>(), mine.size() * sizeof(double));
+  for (size_t r = 0; r < out.size(); ++r)
+    std::memcpy(all[r].data(), out[r].data_ptr<int64_t>(), mine.size() * sizeof(double));
   return all;
 }
 
@@ -131,8 +132,7 @@ struct SyncBatchNormFunction : autograd::Function<SyncBatchNormFunction> {
   static TensorList backward(autograd::AutogradContext& ctx, TensorList grads) {
     // create_graph: the formula below treats the global mean and invstd as constants, so its own
     // gradient would be wrong; refuse rather than return a silently wrong second derivative.
-    KILN_CHECK(!grad_mode_enabled(), ValueError,
-               "SyncBatchNorm: double backward (create_graph=true) is not supported");
+    KILN_CHECK(!grad_mode_enabled(), ValueError, "SyncBatchNorm: double backward (create_graph=true) is not supported");
     const auto saved = ctx.get_saved_variables();
     const Tensor& x = saved[0];
     const Tensor& w = saved[1];
@@ -260,8 +260,10 @@ namespace {
 template <typename Sync>
 std::shared_ptr<Sync> make_sync(nn::BatchNorm& old, const ProcessGroupPtr& group, const std::string& where) {
   nn::BatchNormOptions o = old.options;
-  if (old.weight.defined()) o.dtype = old.weight.dtype();
-  else if (old.running_mean.defined()) o.dtype = old.running_mean.dtype();
+  if (old.weight.defined())
+    o.dtype = old.weight.dtype();
+  else if (old.running_mean.defined())
+    o.dtype = old.running_mean.dtype();
   auto s = std::make_shared<Sync>(o, group);
   // The same tensors, not copies: an optimizer or a reference built before follows them.
   if (old.weight.defined()) {
@@ -276,9 +278,10 @@ std::shared_ptr<Sync> make_sync(nn::BatchNorm& old, const ProcessGroupPtr& group
   s->train(old.is_training());
   const std::string name = where.empty() ? std::string("the module") : "'" + where + "'";
   old.register_forward_pre_hook([name](nn::Module& m, const Tensor&) -> Tensor {
-    throw ValueError(detail::concat(m.type_name(), " ", name,
-               " was replaced by dist::convert_sync_batchnorm but was called: its parent still holds a pointer to "
-               "the old module (update that pointer from the parent's registered child)"));
+    throw ValueError(detail::concat(
+        m.type_name(), " ", name,
+        " was replaced by dist::convert_sync_batchnorm but was called: its parent still holds a pointer to "
+        "the old module (update that pointer from the parent's registered child)"));
   });
   return s;
 }

@@ -65,7 +65,6 @@ class SyncBatchNorm1d : public nn::BatchNorm1d {
 /// keeps such a pointer would still call the old module: each replaced norm
 /// is therefore left with a forward pre-hook that throws a ValueError naming
 /// it, so a missed replacement fails loudly instead of silently not syncing.
-std::shared_ptr<nn::Module> convert_sync_batchnorm(std::shared_ptr<nn::Module> module,
-                                                   ProcessGroupPtr group = nullptr);
+std::shared_ptr<nn::Module> convert_sync_batchnorm(std::shared_ptr<nn::Module> module, ProcessGroupPtr group = nullptr);
 
 }  // namespace kiln::dist
