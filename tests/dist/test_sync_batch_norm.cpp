@@ -233,8 +233,11 @@ TEST_F(SyncBN, ConvertKeepsTensorsKeysAndRefusesTheOldModule) {
 TEST_F(SyncBN, ConvertedResNetUnderDDPTrainsAsOneProcess) {
   const int n = world->size(), r = world->rank();
   const int64_t B = 2;
-  const models::ResNetOptions o{.in_channels = 3, .stem_channels = 4, .widths = {4, 8}, .blocks = {1, 1},
-                                .num_classes = 3};
+  models::ResNetOptions o;
+  o.stem_channels = 4;
+  o.widths = {4, 8};
+  o.blocks = {1, 1};
+  o.num_classes = 3;
   manual_seed(31);
   auto ref = std::make_shared<models::ResNet>(o);
   manual_seed(31);
