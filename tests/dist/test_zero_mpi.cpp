@@ -40,10 +40,12 @@ class ZeroNet : public nn::Module {
 };
 
 enum class Kind { DDP, Zero1, Zero2 };
-enum class Opt { SGDMomentum, Adam, AdamW };
+enum class Opt { SGDMomentum, Adam, AdamW, RMSprop };
 
 const char* kind_name(Kind k) { return k == Kind::DDP ? "DDP" : k == Kind::Zero1 ? "ZeRO-1" : "ZeRO-2"; }
-const char* opt_name(Opt o) { return o == Opt::SGDMomentum ? "SGD(momentum)" : o == Opt::Adam ? "Adam" : "AdamW"; }
+const char* opt_name(Opt o) {
+  return o == Opt::SGDMomentum ? "SGD(momentum)" : o == Opt::Adam ? "Adam" : o == Opt::AdamW ? "AdamW" : "RMSprop";
+}
 int state_tensors_per_element(Opt o) { return o == Opt::SGDMomentum ? 1 : 2; }
 
 dist::OptimizerFactory factory(Opt o) {
@@ -54,6 +56,8 @@ dist::OptimizerFactory factory(Opt o) {
       return dist::optimizer_factory<optim::Adam>(optim::AdamOptions{.lr = 1e-2, .weight_decay = 1e-3});
     case Opt::AdamW:
       return dist::optimizer_factory<optim::AdamW>(optim::AdamWOptions{.lr = 1e-2, .weight_decay = 0.1});
+    case Opt::RMSprop:
+      return dist::optimizer_factory<optim::RMSprop>(optim::RMSpropOptions{.lr = 1e-3, .momentum = 0.5});
   }
   return {};
 }
@@ -76,6 +80,10 @@ Trained train(Kind kind, Opt o, double clip, const dist::ProcessGroupPtr& pg, co
   manual_seed(11);
   auto net = std::make_shared<ZeroNet>();
   auto live = [](MemoryCategory c) { return memory::stats()[c].live_bytes; };
+  // The MPI group's communication thread may still hold the previous run's
+  // last collective's tensor (DDP's bucket, Gradient bytes); a barrier
+  // replaces it before the baseline is taken.
+  pg->barrier()->wait();
   const int64_t s0 = live(MemoryCategory::OptimizerState), g0 = live(MemoryCategory::Gradient);
   std::shared_ptr<dist::DistributedDataParallel> ddp;
   if (kind != Kind::Zero2) ddp = std::make_shared<dist::DistributedDataParallel>(net, pg);
@@ -149,7 +157,7 @@ class ZeroMpi : public ::testing::Test {
 
 TEST_F(ZeroMpi, Stages1And2MatchDDPBitwiseWithAndWithoutClipping) {
   auto batches = test::make_batches(n * kRowsPerRank, kSteps, 77);
-  for (Opt o : {Opt::SGDMomentum, Opt::Adam, Opt::AdamW}) {
+  for (Opt o : {Opt::SGDMomentum, Opt::Adam, Opt::AdamW, Opt::RMSprop}) {
     for (double clip : {0.0, 0.05}) {
       const Trained want = train(Kind::DDP, o, clip, pg, batches);
       if (clip > 0) {
@@ -165,9 +173,16 @@ TEST_F(ZeroMpi, Stages1And2MatchDDPBitwiseWithAndWithoutClipping) {
         // averaged gradient may differ by an ulp and the parameters by rounding
         // after 10 steps: DDP's own test tolerance, |d| <= 1e-6 + 1e-5 |want|.
         const bool exact = kind == Kind::Zero1 || n <= 2;
-        auto check = [&](const Tensor& g, const Tensor& w, const std::string& what) {
+        // RMSprop's momentum_buffer holds the normalized step g / (sqrt(v) + eps):
+        // for an element whose four per-rank terms nearly cancel, an ulp of the
+        // terms is a large relative error of g, which that normalization keeps,
+        // so its state gets |d| <= 1e-5 + 1e-3 |want| (observed 8e-6, 5e-4
+        // relative); its parameters (scaled by lr) still meet DDP's tolerance.
+        auto check = [&](const Tensor& g, const Tensor& w, const std::string& what, bool state = false) {
           if (exact) {
             EXPECT_TRUE(same_bits(g, w)) << what;
+          } else if (state && o == Opt::RMSprop) {
+            test::expect_close(g, w, 1e-3, 1e-5, what);
           } else {
             test::expect_close(g, w, test::kRtol, test::kAtol, what);
           }
@@ -191,7 +206,7 @@ TEST_F(ZeroMpi, Stages1And2MatchDDPBitwiseWithAndWithoutClipping) {
             EXPECT_EQ(mine.step, st.step) << who.str() << ": " << name;
             ASSERT_EQ(mine.tensors.size(), st.tensors.size()) << who.str() << ": " << name;
             for (const auto& [key, t] : st.tensors)
-              check(mine.tensors.at(key), t, who.str() + ": " + name + "." + key);
+              check(mine.tensors.at(key), t, who.str() + ": " + name + "." + key, /*state=*/true);
           }
         }
       }
