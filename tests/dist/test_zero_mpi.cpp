@@ -80,10 +80,6 @@ Trained train(Kind kind, Opt o, double clip, const dist::ProcessGroupPtr& pg, co
   manual_seed(11);
   auto net = std::make_shared<ZeroNet>();
   auto live = [](MemoryCategory c) { return memory::stats()[c].live_bytes; };
-  // The MPI group's communication thread may still hold the previous run's
-  // last collective's tensor (DDP's bucket, Gradient bytes); a barrier
-  // replaces it before the baseline is taken.
-  pg->barrier()->wait();
   const int64_t s0 = live(MemoryCategory::OptimizerState), g0 = live(MemoryCategory::Gradient);
   std::shared_ptr<dist::DistributedDataParallel> ddp;
   if (kind != Kind::Zero2) ddp = std::make_shared<dist::DistributedDataParallel>(net, pg);
