@@ -309,8 +309,8 @@ void ZeroRedundancyOptimizer::load_state_dict(const optim::OptimizerStateDict& s
 optim::OptimizerStateDict ZeroRedundancyOptimizer::consolidate_state_dict(int to) {
   NoGradGuard no_grad;
   const int64_t n = group_->size();
-  KILN_CHECK(to >= 0 && to < n, ValueError, "ZeroRedundancyOptimizer::consolidate_state_dict: rank ", to,
-             " is not in ", group_->describe());
+  KILN_CHECK(to >= 0 && to < n, ValueError, "ZeroRedundancyOptimizer::consolidate_state_dict: rank ", to, " is not in ",
+             group_->describe());
   const int64_t P = static_cast<int64_t>(params_.size());
   // The state keys: rank 0's shard is never empty, and every piece of one
   // optimizer type has the same keys; rank 0 tells the others.
