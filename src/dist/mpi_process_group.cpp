@@ -325,6 +325,9 @@ void MPIProcessGroup::comm_loop() {
       progress_.in_flight = 0;
     }
     status_collective({}, false);
+    // Drop the tensors the task holds before waking the caller: once wait()
+    // returns the group keeps no reference, so memory counters read then are exact.
+    task.run = nullptr;
     task.work->finish(err);
   }
 }
