@@ -86,3 +86,5 @@
 #include "kiln/dist/dist.h"
 #include "kiln/dist/launch.h"
 #include "kiln/dist/process_group.h"
+#include "kiln/dist/sync_batch_norm.h"
+#include "kiln/dist/zero.h"
