@@ -100,6 +100,8 @@ constexpr Key kSchema[] = {
     {"train.log_every", Kind::Int, "50", "", ""},
     {"train.anomaly", Kind::Bool, "false", "", ""},
     {"train.activation_checkpointing", Kind::IntOrChoice, "\"none\"", "model.type=gpt|vit|resnet", "none|blocks"},
+
+    {"dist.strategy", Kind::String, "\"ddp\"", "", "ddp|zero1|zero2|zero3"},
 };
 
 // Allowed values, checked once on the final config (file and --set together) so
@@ -191,6 +193,7 @@ constexpr ResumeRule kResume[] = {
     {"train.epochs", OnResume::Schedule, ""},
     {"train.steps", OnResume::Schedule, ""},
     {"train.", OnResume::Applies, ""},
+    {"dist.strategy", OnResume::Applies, ""},  // checkpoints hold the unsharded optimizer state whatever the strategy
 };
 // clang-format on
 
@@ -406,7 +409,7 @@ void Config::validate_and_fill() {
       const bool is_section = !known_keys(top).empty() && !find_key(top);
       if (!is_section)
         throw ConfigError(where(source_, v1) + ": unknown section [" + top +
-                          "] (known: model, data, optim, schedule, train)");
+                          "] (known: model, data, optim, schedule, train, dist)");
       for (const auto& [k2, v2] : *sec) {
         const std::string key = top + "." + std::string(k2.str());
         if (!find_key(key))
@@ -440,6 +443,10 @@ void Config::validate_and_fill() {
       if (!ok)
         throw ConfigError(where(source_, *node) + ": '" + key + "' expects one of " + k.choices +
                           (k.kind == Kind::IntOrChoice ? " or an integer" : "") + ", got \"" + v + "\"");
+      if (key == "dist.strategy" && v == "zero3")
+        throw ConfigError(from(key, *node) +
+                          ": dist.strategy = \"zero3\" (ZeRO stage 3 / FSDP: parameters sharded too) is not "
+                          "implemented yet; use \"ddp\", \"zero1\" or \"zero2\"");
     }
   }
   for (const auto& k : kSchema)

@@ -182,33 +182,35 @@ std::shared_ptr<nn::Module> make_model(const Config& c, Task& t, const DataShape
                                                           .activation_checkpointing = checkpoint_policy(c)});
 }
 
-std::unique_ptr<optim::Optimizer> make_optimizer(const Config& c, nn::Module& model) {
+/// The param groups of the run's optimizer: one group, or for adamw decay and no-decay (as nanoGPT).
+std::vector<optim::ParamGroup> optimizer_groups(const Config& c, nn::Module& model) {
+  auto params = model.named_parameters();
+  if (c.string("optim.name") == "adamw") return optim::split_decay(params, c.number("optim.weight_decay"));
+  return {optim::ParamGroup{params, {}}};
+}
+
+/// Builds config's optimizer over param groups (the run's, or a sharded optimizer's pieces).
+dist::OptimizerFactory optimizer_factory(const Config& c) {
   const std::string name = c.string("optim.name");
   const double lr = c.number("optim.lr"), wd = c.number("optim.weight_decay");
-  auto params = model.named_parameters();
   if (name == "sgd")
-    return std::make_unique<optim::SGD>(params, optim::SGDOptions{.lr = lr,
-                                                                  .momentum = c.number("optim.momentum"),
-                                                                  .weight_decay = wd,
-                                                                  .nesterov = c.boolean("optim.nesterov")});
+    return dist::optimizer_factory<optim::SGD>(optim::SGDOptions{
+        .lr = lr, .momentum = c.number("optim.momentum"), .weight_decay = wd, .nesterov = c.boolean("optim.nesterov")});
   if (name == "rmsprop")
-    return std::make_unique<optim::RMSprop>(
-        params,
-        optim::RMSpropOptions{
-            .lr = lr, .eps = c.number("optim.eps"), .weight_decay = wd, .momentum = c.number("optim.momentum")});
+    return dist::optimizer_factory<optim::RMSprop>(
+        optim::RMSpropOptions{.lr = lr, .eps = c.number("optim.eps"), .weight_decay = wd, .momentum = c.number("optim.momentum")});
   if (name == "adamw")
     // Decoupled decay on weight matrices only, as nanoGPT does: biases and norm gains keep their scale.
-    return std::make_unique<optim::AdamW>(optim::split_decay(params, wd),
-                                          optim::AdamWOptions{.lr = lr,
-                                                              .beta1 = c.number("optim.beta1"),
-                                                              .beta2 = c.number("optim.beta2"),
-                                                              .eps = c.number("optim.eps"),
-                                                              .weight_decay = wd});
-  return std::make_unique<optim::Adam>(params, optim::AdamOptions{.lr = lr,
-                                                                  .beta1 = c.number("optim.beta1"),
-                                                                  .beta2 = c.number("optim.beta2"),
-                                                                  .eps = c.number("optim.eps"),
-                                                                  .weight_decay = wd});
+    return dist::optimizer_factory<optim::AdamW>(optim::AdamWOptions{.lr = lr,
+                                                                    .beta1 = c.number("optim.beta1"),
+                                                                    .beta2 = c.number("optim.beta2"),
+                                                                    .eps = c.number("optim.eps"),
+                                                                    .weight_decay = wd});
+  return dist::optimizer_factory<optim::Adam>(optim::AdamOptions{.lr = lr,
+                                                                .beta1 = c.number("optim.beta1"),
+                                                                .beta2 = c.number("optim.beta2"),
+                                                                .eps = c.number("optim.eps"),
+                                                                .weight_decay = wd});
 }
 
 std::shared_ptr<optim::LRScheduler> make_scheduler(const Config& c, optim::Optimizer& opt, int64_t total) {
@@ -232,6 +234,11 @@ std::shared_ptr<optim::LRScheduler> make_scheduler(const Config& c, optim::Optim
 }
 
 }  // namespace
+
+std::unique_ptr<optim::Optimizer> make_optimizer(const Config& c, nn::Module& model) {
+  return optimizer_factory(c)(optimizer_groups(c, model));
+}
+
 
 Task build_task(const Config& c, Purpose purpose, dist::ProcessGroupPtr group) {
   if (c.integer("threads") > 0) set_num_threads(static_cast<int>(c.integer("threads")));
@@ -265,8 +272,33 @@ Task build_task(const Config& c, Purpose purpose, dist::ProcessGroupPtr group) {
         " samples, fewer than one batch of data.batch_size = " + std::to_string(c.integer("data.batch_size")));
   t.total_steps =
       c.integer("train.steps") > 0 ? c.integer("train.steps") : c.integer("train.epochs") * t.train_loader->size();
-  if (distributed) t.ddp = std::make_shared<dist::DistributedDataParallel>(t.model, group);
-  t.optimizer = make_optimizer(c, *t.model);
+  // dist.strategy: ddp keeps every rank's optimizer whole; zero1 shards its
+  // state (DDP still averages the gradients), zero2 also the gradients (no DDP:
+  // the sharded optimizer reduce-scatters them). One process has nothing to shard.
+  const std::string strategy = c.string("dist.strategy");
+  const int stage = !distributed ? 0 : strategy == "zero1" ? 1 : strategy == "zero2" ? 2 : 0;
+  if (stage > 0 && t.amp.needs_scaler())
+    throw ConfigError(c.origin("dist.strategy") + ": dist.strategy = \"" + strategy +
+                      "\" does not work with amp = \"fp16\" yet (the GradScaler steps a whole optimizer); use amp = "
+                      "\"bf16\" or dist.strategy = \"ddp\"");
+  if (stage > 0 && c.string("train.keep_best") != "off")
+    throw ConfigError(c.origin("dist.strategy") + ": dist.strategy = \"" + strategy +
+                      "\" does not work with train.keep_best yet (rank 0 alone decides to keep a checkpoint, and a "
+                      "sharded optimizer's state is gathered by every rank); use train.keep_best = \"off\" or "
+                      "dist.strategy = \"ddp\"");
+  if (distributed && stage != 2) t.ddp = std::make_shared<dist::DistributedDataParallel>(t.model, group);
+  if (stage > 0) {
+    t.zero = std::make_unique<dist::ZeroRedundancyOptimizer>(optimizer_groups(c, *t.model), group,
+                                                             optimizer_factory(c), dist::ZeroOptions{.stage = stage});
+    t.optimizer = t.zero->optimizer();
+    if (!t.optimizer)
+      throw ConfigError(c.origin("dist.strategy") + ": the model's " + std::to_string(t.zero->numel()) +
+                        " parameter elements leave rank " + std::to_string(group->rank()) +
+                        " an empty shard; use fewer ranks or dist.strategy = \"ddp\"");
+  } else {
+    t.own_optimizer = make_optimizer(c, *t.model);
+    t.optimizer = t.own_optimizer.get();
+  }
   t.scheduler = make_scheduler(c, *t.optimizer, t.total_steps);
   // float16's narrow range needs loss scaling; bfloat16 has float32's range and does not.
   if (t.amp.needs_scaler()) t.scaler = std::make_unique<amp::GradScaler>(amp::GradScalerOptions{.enabled = true});
@@ -285,6 +317,34 @@ void replay_schedule(Task& t, const Config& c, int64_t step) {
   KILN_ASSERT(groups.size() == fresh.size());
   for (size_t g = 0; g < groups.size(); ++g) groups[g].options = fresh[g].options;
   if (t.scheduler) t.scheduler->load_state_dict(sched->state_dict());
+}
+
+void load_optimizer_shard(Task& t, const optim::OptimizerStateDict& full) {
+  KILN_ASSERT(t.zero && t.optimizer);
+  const auto& groups = t.optimizer->param_groups();
+  KILN_CHECK(full.param_groups.size() == groups.size(), ValueError, "the checkpoint's optimizer has ",
+             full.param_groups.size(), " param groups, the run's ", groups.size());
+  optim::OptimizerStateDict sd;
+  for (size_t g = 0; g < groups.size(); ++g) {
+    optim::OptimizerStateDict::Group group{{}, full.param_groups[g].options};
+    for (const auto& [name, p] : groups[g].params) group.param_names.push_back(name);
+    sd.param_groups.push_back(std::move(group));
+  }
+  const auto& names = t.zero->parameter_names();
+  for (const dist::ZeroPiece& piece : t.zero->pieces()) {
+    auto it = full.state.find(names[piece.param]);
+    if (it == full.state.end()) continue;  // no state yet (the parameter has not had a gradient)
+    optim::ParamState st;
+    st.step = it->second.step;
+    for (const auto& [key, value] : it->second.tensors) {
+      const Tensor flat = value.contiguous().view({value.numel()});
+      // Per-element state (moments, momentum) takes the piece's slice; anything else is copied.
+      const bool per_element = value.numel() >= piece.begin + piece.length && value.dim() > 0;
+      st.tensors[key] = per_element ? flat.narrow(0, piece.begin, piece.length).clone() : value.clone();
+    }
+    sd.state[names[piece.param]] = std::move(st);
+  }
+  t.zero->load_state_dict(sd);
 }
 
 Tensor batch_loss(Task& t, const data::Example& batch) {

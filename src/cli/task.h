@@ -14,6 +14,7 @@
 #include "kiln/data/sampler.h"
 #include "kiln/dist/ddp.h"
 #include "kiln/dist/process_group.h"
+#include "kiln/dist/zero.h"
 #include "kiln/models/gpt.h"
 #include "kiln/nn/module.h"
 #include "kiln/optim/optimizer.h"
@@ -28,13 +29,19 @@ struct Task {
   models::GPT* gpt = nullptr;  // the model, when it is the language model
   std::shared_ptr<const data::Dataset<>> train_set, eval_set;
   std::unique_ptr<data::DataLoader<>> train_loader;  // Purpose::Train only
-  std::unique_ptr<optim::Optimizer> optimizer;       // Purpose::Train only
+  // The optimizer whose param groups the loop and the scheduler use
+  // (Purpose::Train only): the run's optimizer, or with dist.strategy zero1 or
+  // zero2 on more than one rank the sharded optimizer's local one (over this
+  // rank's pieces, so the scheduler sets the lr its step uses).
+  optim::Optimizer* optimizer = nullptr;
+  std::unique_ptr<optim::Optimizer> own_optimizer;     // what `optimizer` points to, unless sharded
+  std::unique_ptr<dist::ZeroRedundancyOptimizer> zero;  // dist.strategy zero1|zero2 on more than one rank
   std::shared_ptr<optim::LRScheduler> scheduler;     // null for a constant lr without warmup
   int64_t total_steps = 0;                           // the run's length (the schedule's horizon)
   amp::AmpMode amp;                                  // config `amp`: autocast dtype of forward and loss
   std::unique_ptr<amp::GradScaler> scaler;           // Purpose::Train with amp = "fp16" only
   // Data-parallel training (a group of more than one rank): the model wrapped
-  // for gradient averaging, and this rank's share of the training set. `model`
+  // for gradient averaging (not with zero2: the sharded optimizer reduce-scatters), and this rank's share of the training set. `model`
   // stays the unwrapped module, so checkpoints hold its names.
   std::shared_ptr<dist::DistributedDataParallel> ddp;
   std::shared_ptr<data::DistributedSampler> sampler;
@@ -48,6 +55,16 @@ struct Task {
 /// PyTorch) and the model is wrapped in DistributedDataParallel (a collective:
 /// every rank builds its task at the same point).
 Task build_task(const Config& config, Purpose purpose, dist::ProcessGroupPtr group = nullptr);
+
+/// The unsharded optimizer config `config` describes, over every parameter of
+/// `model` (what a single-process or ddp run steps and checkpoints).
+std::unique_ptr<optim::Optimizer> make_optimizer(const Config& config, nn::Module& model);
+
+/// A sharded run (task.zero): loads this rank's shard of `full`, the unsharded
+/// optimizer state (a checkpoint's, at any world size and strategy), into the
+/// sharded optimizer: each piece takes its slice of its parameter's state
+/// tensors, each group the hyperparameters of its group in `full`.
+void load_optimizer_shard(Task& task, const optim::OptimizerStateDict& full);
 
 /// For a resume whose settings changed the optimizer's hyperparameters or the
 /// learning-rate schedule (optim.lr, schedule.*, train.steps, ...): the param

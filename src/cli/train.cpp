@@ -196,16 +196,30 @@ struct StepValues {
 
 // The GradScaler (amp = "fp16") and the run's facts travel in the checkpoint's object slot
 // (checkpoints written before the facts were recorded load without them).
-train::CheckpointRefs checkpoint_refs(Loop& L, bool with_facts = true) {
+// A sharded run's checkpoint holds the unsharded optimizer (`full`, see consolidated_optimizer).
+train::CheckpointRefs checkpoint_refs(Loop& L, bool with_facts = true, optim::Optimizer* full = nullptr) {
   Task& t = L.task;
-  train::CheckpointRefs refs{t.model.get(), t.optimizer.get(), t.scheduler.get()};
+  train::CheckpointRefs refs{t.model.get(), full ? full : t.optimizer, t.scheduler.get()};
   if (t.scaler) refs.objects["scaler"] = t.scaler.get();
   if (with_facts) refs.objects["run"] = &L.facts;
   return refs;
 }
 
-void save_checkpoint(Loop& L) {
-  train::CheckpointRefs refs = checkpoint_refs(L);
+/// dist.strategy zero1|zero2 on more than one rank: the unsharded optimizer,
+/// its state gathered from every rank's shard, so that the checkpoint is the
+/// one a ddp run writes (it resumes at any world size and strategy). A
+/// collective: every rank calls it; rank 0 gets the optimizer, the others null.
+std::unique_ptr<optim::Optimizer> consolidated_optimizer(Loop& L) {
+  if (!L.task.zero) return nullptr;
+  const optim::OptimizerStateDict sd = L.task.zero->consolidate_state_dict(0);
+  if (L.group->rank() != 0) return nullptr;
+  auto full = make_optimizer(L.config, *L.task.model);
+  full->load_state_dict(sd);
+  return full;
+}
+
+void save_checkpoint(Loop& L, optim::Optimizer* full = nullptr) {
+  train::CheckpointRefs refs = checkpoint_refs(L, true, full);
   L.ckpts->save(refs, {.step = L.step, .loader = L.task.train_loader->state(), .config = L.config.to_toml()});
   // The report of a run in progress, so a long run can be looked at while it trains (a few ms).
   write_report(L.run_dir);
@@ -464,7 +478,10 @@ class TrainLoop {
   bool train_step(const data::Example& batch, int64_t epoch) {
     dist::set_step(L_.step + 1);  // for `kiln launch`'s report if this rank dies now
     const double lr = t_.optimizer->param_groups()[0].lr();
-    t_.optimizer->zero_grad();
+    if (t_.zero)
+      t_.zero->zero_grad();
+    else
+      t_.optimizer->zero_grad();
     if (trail_) trail_->start_step();
     Tensor loss;
     bool anomalous = false;
@@ -591,8 +608,14 @@ class TrainLoop {
         status_ = Status::NonFinite;
         return std::nullopt;
       }
-      gnorm = optim::clip_grad_norm_(params_, clip_ > 0 ? clip_ : optim::kInfNorm);
-      t_.optimizer->step();
+      if (t_.zero) {
+        // The global norm over every rank's shard (stage 2 reduce-scatters the gradients first).
+        gnorm = t_.zero->clip_grad_norm_(clip_ > 0 ? clip_ : optim::kInfNorm);
+        t_.zero->step();
+      } else {
+        gnorm = optim::clip_grad_norm_(params_, clip_ > 0 ? clip_ : optim::kInfNorm);
+        t_.optimizer->step();
+      }
     }
     return gnorm;
   }
@@ -686,9 +709,14 @@ class TrainLoop {
   void eval_and_checkpoint(bool stop_requested, bool stop_now) {
     const auto pause_start = Clock::now();
     if (eval_every_ > 0 && L_.step % eval_every_ == 0 && L_.step < total_ && !stop_requested) run_eval();
-    if (lead_ && ((ckpt_every_ > 0 && L_.step % ckpt_every_ == 0) || stop_now)) {
-      record_memory_peak();
-      save_checkpoint(L_);
+    const bool ckpt_due = (ckpt_every_ > 0 && L_.step % ckpt_every_ == 0) || stop_now;
+    if (ckpt_due) {
+      // Every rank reaches this alike (stop_now is agreed on): a sharded optimizer's state is gathered here.
+      auto full = consolidated_optimizer(L_);
+      if (lead_) {
+        record_memory_peak();
+        save_checkpoint(L_, full.get());
+      }
     }
     if (Clock::now() - pause_start > std::chrono::milliseconds(1)) {
       window_start_ += Clock::now() - pause_start;  // throughput and data wait count training time only
@@ -1036,7 +1064,9 @@ int resume(const fs::path& run_dir, const ResumeOptions& o, dist::ProcessGroupPt
          0,      0,       RunFacts{}};
   L.facts = now;
   RunFacts loaded;  // what the file holds; `now` is what later checkpoints record
-  train::CheckpointRefs refs = checkpoint_refs(L, /*with_facts=*/false);
+  // A sharded run loads the checkpoint's unsharded optimizer state, then takes its shard of it.
+  std::unique_ptr<optim::Optimizer> full = L.task.zero ? make_optimizer(config, *L.task.model) : nullptr;
+  train::CheckpointRefs refs = checkpoint_refs(L, /*with_facts=*/false, full.get());
   if (then) refs.objects["run"] = &loaded;
   // A changed schedule is recomputed (replay_schedule), so the file's scheduler state is not loaded.
   if (changes.replay) refs.scheduler = nullptr;
@@ -1055,6 +1085,7 @@ int resume(const fs::path& run_dir, const ResumeOptions& o, dist::ProcessGroupPt
       info = train::load_checkpoint((ckdir / name).string(), refs);
     }
   }
+  if (full) load_optimizer_shard(L.task, full->state_dict());
   L.step = info.step;
   L.resumed = true;
   if (info.loader) L.task.train_loader->load_state(*info.loader);
