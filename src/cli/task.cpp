@@ -197,20 +197,20 @@ dist::OptimizerFactory optimizer_factory(const Config& c) {
     return dist::optimizer_factory<optim::SGD>(optim::SGDOptions{
         .lr = lr, .momentum = c.number("optim.momentum"), .weight_decay = wd, .nesterov = c.boolean("optim.nesterov")});
   if (name == "rmsprop")
-    return dist::optimizer_factory<optim::RMSprop>(
-        optim::RMSpropOptions{.lr = lr, .eps = c.number("optim.eps"), .weight_decay = wd, .momentum = c.number("optim.momentum")});
+    return dist::optimizer_factory<optim::RMSprop>(optim::RMSpropOptions{
+        .lr = lr, .eps = c.number("optim.eps"), .weight_decay = wd, .momentum = c.number("optim.momentum")});
   if (name == "adamw")
     // Decoupled decay on weight matrices only, as nanoGPT does: biases and norm gains keep their scale.
     return dist::optimizer_factory<optim::AdamW>(optim::AdamWOptions{.lr = lr,
-                                                                    .beta1 = c.number("optim.beta1"),
-                                                                    .beta2 = c.number("optim.beta2"),
-                                                                    .eps = c.number("optim.eps"),
-                                                                    .weight_decay = wd});
+                                                                     .beta1 = c.number("optim.beta1"),
+                                                                     .beta2 = c.number("optim.beta2"),
+                                                                     .eps = c.number("optim.eps"),
+                                                                     .weight_decay = wd});
   return dist::optimizer_factory<optim::Adam>(optim::AdamOptions{.lr = lr,
-                                                                .beta1 = c.number("optim.beta1"),
-                                                                .beta2 = c.number("optim.beta2"),
-                                                                .eps = c.number("optim.eps"),
-                                                                .weight_decay = wd});
+                                                                 .beta1 = c.number("optim.beta1"),
+                                                                 .beta2 = c.number("optim.beta2"),
+                                                                 .eps = c.number("optim.eps"),
+                                                                 .weight_decay = wd});
 }
 
 std::shared_ptr<optim::LRScheduler> make_scheduler(const Config& c, optim::Optimizer& opt, int64_t total) {
@@ -238,7 +238,6 @@ std::shared_ptr<optim::LRScheduler> make_scheduler(const Config& c, optim::Optim
 std::unique_ptr<optim::Optimizer> make_optimizer(const Config& c, nn::Module& model) {
   return optimizer_factory(c)(optimizer_groups(c, model));
 }
-
 
 Task build_task(const Config& c, Purpose purpose, dist::ProcessGroupPtr group) {
   if (c.integer("threads") > 0) set_num_threads(static_cast<int>(c.integer("threads")));
@@ -288,8 +287,8 @@ Task build_task(const Config& c, Purpose purpose, dist::ProcessGroupPtr group) {
                       "dist.strategy = \"ddp\"");
   if (distributed && stage != 2) t.ddp = std::make_shared<dist::DistributedDataParallel>(t.model, group);
   if (stage > 0) {
-    t.zero = std::make_unique<dist::ZeroRedundancyOptimizer>(optimizer_groups(c, *t.model), group,
-                                                             optimizer_factory(c), dist::ZeroOptions{.stage = stage});
+    t.zero = std::make_unique<dist::ZeroRedundancyOptimizer>(optimizer_groups(c, *t.model), group, optimizer_factory(c),
+                                                             dist::ZeroOptions{.stage = stage});
     t.optimizer = t.zero->optimizer();
     if (!t.optimizer)
       throw ConfigError(c.origin("dist.strategy") + ": the model's " + std::to_string(t.zero->numel()) +

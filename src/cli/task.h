@@ -34,15 +34,15 @@ struct Task {
   // zero2 on more than one rank the sharded optimizer's local one (over this
   // rank's pieces, so the scheduler sets the lr its step uses).
   optim::Optimizer* optimizer = nullptr;
-  std::unique_ptr<optim::Optimizer> own_optimizer;     // what `optimizer` points to, unless sharded
+  std::unique_ptr<optim::Optimizer> own_optimizer;      // what `optimizer` points to, unless sharded
   std::unique_ptr<dist::ZeroRedundancyOptimizer> zero;  // dist.strategy zero1|zero2 on more than one rank
-  std::shared_ptr<optim::LRScheduler> scheduler;     // null for a constant lr without warmup
-  int64_t total_steps = 0;                           // the run's length (the schedule's horizon)
-  amp::AmpMode amp;                                  // config `amp`: autocast dtype of forward and loss
-  std::unique_ptr<amp::GradScaler> scaler;           // Purpose::Train with amp = "fp16" only
+  std::shared_ptr<optim::LRScheduler> scheduler;        // null for a constant lr without warmup
+  int64_t total_steps = 0;                              // the run's length (the schedule's horizon)
+  amp::AmpMode amp;                                     // config `amp`: autocast dtype of forward and loss
+  std::unique_ptr<amp::GradScaler> scaler;              // Purpose::Train with amp = "fp16" only
   // Data-parallel training (a group of more than one rank): the model wrapped
-  // for gradient averaging (not with zero2: the sharded optimizer reduce-scatters), and this rank's share of the training set. `model`
-  // stays the unwrapped module, so checkpoints hold its names.
+  // for gradient averaging (not with zero2: the sharded optimizer reduce-scatters), and this rank's share of the
+  // training set. `model` stays the unwrapped module, so checkpoints hold its names.
   std::shared_ptr<dist::DistributedDataParallel> ddp;
   std::shared_ptr<data::DistributedSampler> sampler;
 };
