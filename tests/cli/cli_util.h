@@ -22,6 +22,19 @@ inline CliResult kiln_cli(const std::string& args) {
   return r;
 }
 
+// Multi-rank jobs end in about a second; a hang ends at this bound with exit 137.
+inline constexpr int kJobLimitS = 60;
+inline const std::string kRankEnv = "OMP_NUM_THREADS=1 KILN_DIST_TIMEOUT=20 ";
+
+/// `kiln launch -n 2 -- kiln ARGS`, bounded.
+inline CliResult launch2(const std::string& args) {
+  CliResult r;
+  r.rc = run_command(kRankEnv + "timeout -s KILL " + std::to_string(kJobLimitS) + " " + KILN_CLI_BINARY +
+                         " launch -n 2 -- kiln " + args,
+                     r.output);
+  return r;
+}
+
 inline void write_text(const std::filesystem::path& p, const std::string& text) {
   std::ofstream out(p, std::ios::binary);
   out << text;

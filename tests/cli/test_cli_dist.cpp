@@ -20,19 +20,6 @@ namespace kiln::test {
 namespace {
 namespace fs = std::filesystem;
 
-// Jobs here end in about a second; a hang ends at this bound with exit 137.
-constexpr int kJobLimitS = 60;
-const std::string kRankEnv = "OMP_NUM_THREADS=1 KILN_DIST_TIMEOUT=20 ";
-
-/// `kiln launch -n 2 -- kiln ARGS`, bounded.
-CliResult launch2(const std::string& args) {
-  CliResult r;
-  r.rc = run_command(kRankEnv + "timeout -s KILL " + std::to_string(kJobLimitS) + " " + KILN_CLI_BINARY +
-                         " launch -n 2 -- kiln " + args,
-                     r.output);
-  return r;
-}
-
 /// `mpirun -np 2 kiln ARGS` with only the environment a user would export (no kiln launch).
 CliResult mpirun2(const std::string& args) {
   std::string env;

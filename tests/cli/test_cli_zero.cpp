@@ -13,18 +13,6 @@ namespace kiln::test {
 namespace {
 namespace fs = std::filesystem;
 
-constexpr int kJobLimitS = 60;
-const std::string kRankEnv = "OMP_NUM_THREADS=1 KILN_DIST_TIMEOUT=20 ";
-
-/// `kiln launch -n 2 -- kiln ARGS`, bounded.
-CliResult launch2(const std::string& args) {
-  CliResult r;
-  r.rc = run_command(kRankEnv + "timeout -s KILL " + std::to_string(kJobLimitS) + " " + KILN_CLI_BINARY +
-                         " launch -n 2 -- kiln " + args,
-                     r.output);
-  return r;
-}
-
 // Clipping on (0.5 clips the tiny MLP's early steps), so the global norm across shards is exercised;
 // warmup + cosine, so the scheduled lr must reach the sharded optimizer's local optimizer every step.
 const std::string kSets = " --set train.steps=20 --set train.eval_every=0 --set optim.grad_clip=0.5";

@@ -129,15 +129,21 @@ TEST(Checkpoint, GPTAutogradGradPath) {
   for (const Tensor& p : params) EXPECT_FALSE(p.grad().defined()) << "autograd::grad must not touch .grad";
 }
 
-TEST(Checkpoint, ResNetGradientsAndRunningStatsBitwise) {
-  manual_seed(0);
+namespace {
+// Identity blocks, a downsample block that blocks() splits (layer2.0) and a
+// downsample block that runs last, plainly (layer3.0).
+models::ResNetOptions small_resnet_options() {
   models::ResNetOptions o;
-  // Identity blocks, a downsample block that blocks() splits (layer2.0) and a
-  // downsample block that runs last, plainly (layer3.0).
   o.widths = {8, 16, 16};
   o.blocks = {2, 1, 1};
   o.stem_channels = 8;
-  models::ResNet net(o);
+  return o;
+}
+}  // namespace
+
+TEST(Checkpoint, ResNetGradientsAndRunningStatsBitwise) {
+  manual_seed(0);
+  models::ResNet net(small_resnet_options());
   net.train();
   Tensor x0 = randn({2, 3, 8, 8});
   Tensor y = randint(0, 10, {2}, TensorOptions(kInt64));
@@ -193,11 +199,7 @@ int64_t count_checkpoint_nodes(const Tensor& loss) {
 
 TEST(Checkpoint, ResNetSegments) {
   manual_seed(0);
-  models::ResNetOptions o;
-  o.widths = {8, 16, 16};
-  o.blocks = {2, 1, 1};
-  o.stem_channels = 8;
-  models::ResNet net(o);
+  models::ResNet net(small_resnet_options());
   net.train();
   Tensor x = randn({2, 3, 8, 8});
   auto segments = [&](nn::CheckpointPolicy p) {
