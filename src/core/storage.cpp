@@ -2,6 +2,8 @@
 
 #include <utility>
 
+#include "kiln/core/error.h"
+
 namespace kiln {
 
 StorageImpl::StorageImpl(size_t nbytes, MemoryCategory category)
@@ -11,6 +13,7 @@ StorageImpl::StorageImpl(void* data, size_t nbytes, std::function<void(void*)> d
     : data_(data), nbytes_(nbytes), category_(MemoryCategory::Data), owned_(false), deleter_(std::move(deleter)) {}
 
 StorageImpl::~StorageImpl() {
+  if (released_) return;
   if (owned_) {
     memory::deallocate(data_, nbytes_, category_);
   } else if (deleter_) {
@@ -20,8 +23,23 @@ StorageImpl::~StorageImpl() {
 
 void StorageImpl::set_category(MemoryCategory c) {
   if (c == category_) return;
-  if (owned_) memory::recharge(data_, nbytes_, category_, c);
+  if (owned_ && !released_) memory::recharge(data_, nbytes_, category_, c);
   category_ = c;
+}
+
+void StorageImpl::release() {
+  KILN_CHECK(owned_, ValueError, "Storage::release(): only a storage that owns its bytes can release them (this one ",
+             "wraps memory it was given)");
+  if (released_) return;
+  memory::deallocate(data_, nbytes_, category_);
+  data_ = nullptr;
+  released_ = true;
+}
+
+void StorageImpl::reallocate() {
+  if (!released_) return;
+  data_ = memory::allocate(nbytes_, category_);
+  released_ = false;
 }
 
 }  // namespace kiln

@@ -6,6 +6,8 @@
 #include <algorithm>
 #include <mutex>
 #include <sstream>
+#include <string>
+#include <utility>
 #include <vector>
 
 #include "kiln/core/error.h"
@@ -23,6 +25,16 @@ std::vector<int> ProcessGroup::ranks() const {
 std::string ProcessGroup::describe() const {
   return backend() + " group of " + std::to_string(size()) + (size() == 1 ? " rank" : " ranks");
 }
+
+namespace {
+thread_local std::string t_collective_label;
+}  // namespace
+
+CollectiveLabel::CollectiveLabel(std::string label) : previous_(std::move(t_collective_label)) {
+  t_collective_label = std::move(label);
+}
+CollectiveLabel::~CollectiveLabel() { t_collective_label = std::move(previous_); }
+const std::string& CollectiveLabel::current() { return t_collective_label; }
 
 namespace detail {
 namespace {

@@ -253,7 +253,12 @@ Signature MPIProcessGroup::make_signature(OpKind kind, int reduce, int peer, con
     s.ndim = static_cast<int32_t>(t->dim());
     for (int d = 0; d < std::min<int>(s.ndim, Signature::kShapeDims); ++d) s.shape[d] = t->size(d);
   }
-  std::snprintf(s.site, sizeof s.site, "%s", short_site(loc).c_str());
+  const std::string& label = CollectiveLabel::current();
+  if (label.empty()) {
+    std::snprintf(s.site, sizeof s.site, "%s", short_site(loc).c_str());
+  } else {
+    std::snprintf(s.site, sizeof s.site, "%s (%s)", short_site(loc).c_str(), label.c_str());
+  }
   return s;
 }
 

@@ -91,4 +91,21 @@ class ProcessGroup {
 };
 using ProcessGroupPtr = std::shared_ptr<ProcessGroup>;
 
+/// While one lives, the collectives this thread issues carry `label` next to
+/// their call site, so that a mismatch, a timeout or a dead rank is reported as
+/// "... at fsdp.cpp:210 (FSDP unit 'blocks.1': forward all-gather)" rather
+/// than by a line of library code alone. The innermost label wins.
+class CollectiveLabel {
+ public:
+  explicit CollectiveLabel(std::string label);
+  ~CollectiveLabel();
+  CollectiveLabel(const CollectiveLabel&) = delete;
+  CollectiveLabel& operator=(const CollectiveLabel&) = delete;
+  /// This thread's label; empty when none is set.
+  static const std::string& current();
+
+ private:
+  std::string previous_;
+};
+
 }  // namespace kiln::dist
