@@ -13,7 +13,7 @@ StorageImpl::StorageImpl(void* data, size_t nbytes, std::function<void(void*)> d
     : data_(data), nbytes_(nbytes), category_(MemoryCategory::Data), owned_(false), deleter_(std::move(deleter)) {}
 
 StorageImpl::~StorageImpl() {
-  if (released_) return;
+  if (memory_freed_) return;
   if (owned_) {
     memory::deallocate(data_, nbytes_, category_);
   } else if (deleter_) {
@@ -23,23 +23,24 @@ StorageImpl::~StorageImpl() {
 
 void StorageImpl::set_category(MemoryCategory c) {
   if (c == category_) return;
-  if (owned_ && !released_) memory::recharge(data_, nbytes_, category_, c);
+  if (owned_ && !memory_freed_) memory::recharge(data_, nbytes_, category_, c);
   category_ = c;
 }
 
-void StorageImpl::release() {
-  KILN_CHECK(owned_, ValueError, "Storage::release(): only a storage that owns its bytes can release them (this one ",
+void StorageImpl::free_memory() {
+  KILN_CHECK(owned_, ValueError,
+             "Storage::free_memory(): only a storage that owns its bytes can release them (this one ",
              "wraps memory it was given)");
-  if (released_) return;
+  if (memory_freed_) return;
   memory::deallocate(data_, nbytes_, category_);
   data_ = nullptr;
-  released_ = true;
+  memory_freed_ = true;
 }
 
-void StorageImpl::reallocate() {
-  if (!released_) return;
+void StorageImpl::reallocate_memory() {
+  if (!memory_freed_) return;
   data_ = memory::allocate(nbytes_, category_);
-  released_ = false;
+  memory_freed_ = false;
 }
 
 }  // namespace kiln

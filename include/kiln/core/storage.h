@@ -61,22 +61,23 @@ class StorageImpl final : public RefCounted {
   void set_category(MemoryCategory c);
 
   /// Frees the bytes of an owning storage while the storage itself (identity,
-  /// size, version counter, every view of it) lives on; reallocate() brings
+  /// size, version counter, every view of it) lives on; reallocate_memory() brings
   /// back nbytes() uninitialised bytes. This is how FSDP frees a unit's
   /// gathered parameters after its forward and regathers them for backward:
   /// the tensors autograd saved view this storage, so they see the regathered
   /// values and their saved versions still match (torch: storage().resize_(0)
   /// and resize_(n)). While released, data() is null: nothing may read it.
-  void release();
-  void reallocate();
-  bool is_released() const { return released_; }
+  /// (Not named release(): that is RefCounted's reference drop.)
+  void free_memory();
+  void reallocate_memory();
+  bool memory_freed() const { return memory_freed_; }
 
  private:
   void* data_ = nullptr;
   size_t nbytes_ = 0;
   MemoryCategory category_ = MemoryCategory::Activation;
   bool owned_ = true;
-  bool released_ = false;
+  bool memory_freed_ = false;
   std::atomic<uint32_t> version_{0};
   WriteInfo last_write_;
   std::function<void(void*)> deleter_;
