@@ -174,6 +174,19 @@ TEST(DistJob, LaunchNamesARankKilledWithoutAWord) {
   EXPECT_TRUE(has(r.report, "at step 7, in #3 allreduce(sum) float32[1000]")) << r.report;
 }
 
+// A rank killed just before FSDP unit '1' all-gathers its parameters: the
+// report names the dead rank and, for the rank left waiting, the unit and the
+// collective it waited in.
+TEST(DistJob, LaunchNamesTheFsdpUnitWhoseAllGatherARankNeverJoined) {
+  const auto r = dist::run_launch(2, {KILN_DIST_CHILD, "fsdp-die"}, {.mpirun = KILN_MPIRUN});
+  EXPECT_NE(r.exit_code, 0) << r.report;
+  EXPECT_TRUE(has(r.report, "kiln launch: the job failed because rank 1 (pid ")) << r.report;
+  EXPECT_TRUE(has(r.report, "killed by SIGKILL")) << r.report;
+  EXPECT_TRUE(has(r.report, "at step 3, in #")) << r.report;
+  EXPECT_TRUE(has(r.report, " allgather float32[")) << r.report;
+  EXPECT_TRUE(has(r.report, "(FSDP unit '1': parameter all-gather)")) << r.report;
+}
+
 TEST(DistJob, LaunchNamesARankThatCrashed) {
   testing::internal::CaptureStderr();
   const auto r = dist::run_launch(2, {KILN_DIST_CHILD, "sigsegv"}, {.mpirun = KILN_MPIRUN});

@@ -3,6 +3,7 @@
 // measures allreduce bus bandwidth for docs/distributed.md.
 //   kiln_dist_child skip-debug | skip-hang | throw | uncaught | debug-on-rank-0 | bw [MB] [iters]
 //                   | group-mismatch-debug | group-hang   (4 ranks: the subgroup [1, 3])
+//                   | fsdp-die   (rank 1 dies just before an FSDP unit's all-gather)
 #include <mpi.h>
 
 #include <chrono>
@@ -17,6 +18,8 @@
 
 #include "kiln/ops/factory.h"
 #include "kiln/dist/dist.h"
+#include "kiln/dist/fsdp.h"
+#include "kiln/nn/layers.h"
 
 using namespace kiln;
 
@@ -184,6 +187,34 @@ void bandwidth(double mb, int iters) {
   }
 }
 
+// FSDP over three Linear units; at step 3 rank 1 is killed just before unit
+// 'fc2' gathers its parameters, so rank 0 waits in that all-gather. `kiln
+// launch` must name the dead rank and where rank 0 waited: the unit and the
+// collective, not a line of FSDP's code alone.
+int fsdp_die() {
+  auto pg = dist::world();
+  auto model = std::make_shared<nn::Sequential>();
+  std::vector<std::shared_ptr<nn::Linear>> layers;
+  for (int i = 0; i < 3; ++i) {
+    layers.push_back(std::make_shared<nn::Linear>(nn::LinearOptions{.in_features = 8, .out_features = 8}));
+    model->push_back(layers.back());
+  }
+  int64_t step = 0;
+  // Registered before FSDP's own hook, so it runs first.
+  layers[1]->register_forward_pre_hook([&](nn::Module&, const Tensor&) {
+    if (pg->rank() == 1 && step == 3) ::raise(SIGKILL);
+    return Tensor();
+  });
+  auto fsdp = std::make_shared<dist::FullyShardedDataParallel>(
+      model, pg, dist::FSDPOptions{.units = {"0", "1", "2"}, .prefetch = false});
+  for (step = 1; step <= 5; ++step) {
+    dist::set_step(step);
+    (*fsdp)(ones({4, 8})).sum().backward();
+  }
+  std::fprintf(stderr, "rank %d: finished, but rank 1 should have died\n", pg->rank());
+  return 2;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -204,6 +235,7 @@ int main(int argc, char** argv) {
   if (mode == "group-hang") return group_hang();
   if (mode == "sigkill") return die_on_rank_1(SIGKILL);
   if (mode == "sigsegv") return die_on_rank_1(SIGSEGV);
+  if (mode == "fsdp-die") return fsdp_die();
   if (mode == "throw") return dist::run_or_abort(throw_on_rank_1);
   if (mode == "uncaught") {
     throw_on_rank_1();  // std::terminate -> dist's handler
