@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cstring>
+#include <deque>
 #include <sstream>
 #include <unordered_map>
 #include <utility>
@@ -102,7 +103,8 @@ FullyShardedDataParallel::FullyShardedDataParallel(std::shared_ptr<nn::Module> m
     for (size_t k = 0; k < unit->params.size(); ++k) {
       const int64_t numel = params_[unit->params[k]].numel();
       const int64_t b = std::clamp(unit->offsets[k], lo, hi), e = std::clamp(unit->offsets[k] + numel, lo, hi);
-      unit->piece_begin.push_back(b - unit->offsets[k]);
+      // An empty piece (the parameter lies outside this shard) starts at 0.
+      unit->piece_begin.push_back(e > b ? b - unit->offsets[k] : 0);
       unit->piece_offset.push_back(b - lo);
       unit->pieces.push_back(unit->shard_tensor.narrow(0, b - lo, e - b));
       unit->full_views.push_back(unit->full.narrow(0, unit->offsets[k], numel).view(unit->shapes[k]));
@@ -154,7 +156,9 @@ void FullyShardedDataParallel::gather(size_t u, bool prefetch) {
   NoGradGuard no_grad;
   unit.full.storage()->reallocate_memory();
   if (group_->size() == 1) {
-    unit.full.copy_(unit.shard_tensor);
+    // Raw bytes, as the all-gather writes them: a copy_ would bump the
+    // version that autograd saved with the parameters' views of `full`.
+    std::memcpy(unit.full.data_ptr(), unit.shard_tensor.data_ptr(), static_cast<size_t>(unit.shard_tensor.nbytes()));
   } else {
     CollectiveLabel label("FSDP unit '" + info_[u].name + "': parameter all-gather" + (prefetch ? ", prefetched" : ""));
     unit.gather_work = group_->allgather_into_tensor(unit.full, unit.shard_tensor);
@@ -223,6 +227,7 @@ void FullyShardedDataParallel::begin_iteration() {
 void FullyShardedDataParallel::abandon_backward() {
   in_backward_ = false;
   backward_pending_ = false;
+  in_flight_.clear();
   for (auto& unit : units_) {
     if (unit->reduce_work) {
       try {
@@ -321,10 +326,21 @@ void FullyShardedDataParallel::on_gradient_ready(size_t param) {
   if (--unit.pending == 0 && !options_.find_unused_parameters) launch_reduce(unit.index);
 }
 
+// At most two reduce-scatters in flight: each holds an N·S input (the full
+// gradients of a unit), and letting them pile up until backward ends would
+// hold every unit's full gradients at once, the memory FSDP exists to save.
+constexpr size_t kReducesInFlight = 2;
+
 void FullyShardedDataParallel::launch_reduce(size_t u) {
   Unit& unit = *units_[u];
   NoGradGuard no_grad;
   const int64_t n = group_->size();
+  while (!in_flight_.empty() &&
+         (in_flight_.size() >= kReducesInFlight || units_[in_flight_.front()]->reduce_work == nullptr ||
+          units_[in_flight_.front()]->reduce_work->is_completed())) {
+    complete_reduce(in_flight_.front());
+    in_flight_.pop_front();
+  }
   {
     MemoryCategoryGuard cat(MemoryCategory::Workspace);
     unit.reduce_in = zeros({n * unit.shard});
@@ -351,19 +367,36 @@ void FullyShardedDataParallel::launch_reduce(size_t u) {
   }
   ++stats_.reduce_scatters;
   unit.launched = true;
+  in_flight_.push_back(u);
   unit.backward_done = true;
   reshard(u);  // every use of its parameters in backward has produced its gradient
+}
+
+// Waits for u's reduce-scatter and adds its result into the gradient shard.
+void FullyShardedDataParallel::complete_reduce(size_t u) {
+  Unit& unit = *units_[u];
+  if (!unit.launched) return;
+  if (unit.reduce_work) {
+    const double t0 = now();
+    std::exchange(unit.reduce_work, nullptr)->wait();
+    stats_.exposed_comm_seconds += now() - t0;
+  }
+  NoGradGuard no_grad;
+  if (unit.grad_shard.defined()) {
+    unit.grad_shard.add_(unit.reduce_out);
+  } else {
+    unit.grad_shard = unit.reduce_out;
+  }
+  unit.reduce_in = Tensor();
+  unit.reduce_out = Tensor();
+  unit.launched = false;
 }
 
 void FullyShardedDataParallel::finalize_backward() {
   in_backward_ = false;
   auto drain = [&] {
-    for (auto& unit : units_) {
-      if (!unit->reduce_work) continue;
-      const double t0 = now();
-      std::exchange(unit->reduce_work, nullptr)->wait();
-      stats_.exposed_comm_seconds += now() - t0;
-    }
+    for (size_t u : in_flight_) complete_reduce(u);
+    in_flight_.clear();
   };
   if (!sync_) {
     for (auto& unit : units_) {
@@ -390,21 +423,11 @@ void FullyShardedDataParallel::finalize_backward() {
   // With find_unused_parameters every unit is reduced here, in unit order, so
   // that ranks that used different parameters still issue the same collectives.
   for (auto& unit : units_) {
-    if (!unit->launched && unit->trainable > 0) launch_reduce(unit->index);
+    if (!unit->backward_done && unit->trainable > 0) launch_reduce(unit->index);
   }
   drain();
   NoGradGuard no_grad;
   for (auto& unit : units_) {
-    if (unit->launched) {
-      if (unit->grad_shard.defined()) {
-        unit->grad_shard.add_(unit->reduce_out);
-      } else {
-        unit->grad_shard = unit->reduce_out;
-      }
-      unit->reduce_in = Tensor();
-      unit->reduce_out = Tensor();
-      unit->launched = false;
-    }
     if (unit->state != Unit::State::Sharded) reshard(unit->index);
     if (!unit->grad_shard.defined()) continue;
     for (size_t k = 0; k < unit->params.size(); ++k) {

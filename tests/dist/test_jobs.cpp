@@ -182,8 +182,10 @@ TEST(DistJob, LaunchNamesTheFsdpUnitWhoseAllGatherARankNeverJoined) {
   EXPECT_NE(r.exit_code, 0) << r.report;
   EXPECT_TRUE(has(r.report, "kiln launch: the job failed because rank 1 (pid ")) << r.report;
   EXPECT_TRUE(has(r.report, "killed by SIGKILL")) << r.report;
+  // Rank 0 waits in unit '1''s all-gather, which rank 1 never reached.
+  EXPECT_TRUE(has(r.report, "The other ranks:\n  rank 0 (pid ")) << r.report;
   EXPECT_TRUE(has(r.report, "at step 3, in #")) << r.report;
-  EXPECT_TRUE(has(r.report, " allgather float32[")) << r.report;
+  EXPECT_TRUE(has(r.report, " allgather_into_tensor float32[36] at src/dist/fsdp.cpp:")) << r.report;
   EXPECT_TRUE(has(r.report, "(FSDP unit '1': parameter all-gather)")) << r.report;
 }
 

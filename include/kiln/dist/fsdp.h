@@ -30,6 +30,7 @@
 // Outside forward and backward, do not read the parameters through the
 // wrapped module expecting their full shapes: use full_state_dict().
 #include <cstdint>
+#include <deque>
 #include <memory>
 #include <string>
 #include <vector>
@@ -166,6 +167,7 @@ class FullyShardedDataParallel : public nn::Module {
   void on_unit_backward(size_t u);
   void on_gradient_ready(size_t param);
   void launch_reduce(size_t u);
+  void complete_reduce(size_t u);
   void finalize_backward();
   void abandon_backward();
   void gather(size_t u, bool prefetch);
@@ -186,6 +188,7 @@ class FullyShardedDataParallel : public nn::Module {
   std::vector<HookHandle> grad_hooks_;
   std::vector<size_t> order_, last_order_;  // units in forward order: this iteration, the previous one
   std::vector<char> ready_;                 // param got its gradient in this backward
+  std::deque<size_t> in_flight_;            // units whose reduce-scatter is not folded in yet
   bool sync_ = true;
   bool in_backward_ = false;
   bool backward_pending_ = false;  // a forward with grad ran and its backward has not started
