@@ -227,7 +227,8 @@ void save_sharded_checkpoint(const fs::path& dir_in, const std::vector<ShardSlic
     io::save_safetensors((partial / shard_file_name(rank, n)).string(), tensors, md);
   });
   json report = {{"error", err}, {"sums", sums}};
-  const std::vector<std::string> reports = exchange(group, report.dump(), "write shards");
+  const std::vector<std::string> reports =
+      exchange(group, report.dump(-1, ' ', false, json::error_handler_t::replace), "write shards");
 
   // 4. Commit on rank 0, which alone has every checksum.
   std::vector<std::string> written;

@@ -55,7 +55,10 @@ Tensor logical(const Spec& s, int salt = 0) {
 }
 
 // Elements [b, b + n) of t, flattened.
-Tensor part(const Tensor& t, int64_t b, int64_t n) { return t.reshape({-1}).narrow(0, b, n).clone(); }
+Tensor part(const Tensor& t, int64_t b, int64_t n) {
+  if (n == 0) return empty({0}, TensorOptions().dtype(t.dtype()));
+  return t.reshape({t.numel()}).narrow(0, b, n).clone();
+}
 
 struct Piece {
   int64_t begin, length;
