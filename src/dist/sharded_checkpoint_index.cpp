@@ -69,8 +69,8 @@ std::string coverage_problem(const std::string& name, int64_t numel, std::vector
     const int64_t end = r.begin + r.length;  // callers checked 0 <= begin <= numel - length
     if (r.begin > next) {
       return concat("tensor '", name, "' (", numel, " elements): elements ", range_str(next, r.begin),
-                    " are held by no one (expected every element exactly once; the next slice is ", r.owner,
-                    "'s elements ", range_str(r.begin, end), ")");
+                    " are held by no one (expected every element exactly once; the next slice, elements ",
+                    range_str(r.begin, end), ", is ", r.owner, "'s)");
     }
     if (r.begin < next) {
       return concat("tensor '", name, "' (", numel, " elements): elements ", range_str(r.begin, std::min(next, end)),
@@ -257,7 +257,7 @@ std::string write_index(const Index& index) {
 Index parse_index(std::string_view text, const std::string& source) {
   const json j = parse_json(text, source);
   if (!j.is_object()) fail(source, concat("expected a JSON object, got ", j.type_name()));
-  const std::string top = "the index";
+  const std::string top = "top level";
   const std::string& format = str_field(j, "format", top, source);
   if (format != kFormat) fail(source, concat("expected 'format' to be '", kFormat, "', got '", format, "'"));
   const int64_t version = int_field(j, "version", top, source);

@@ -119,7 +119,15 @@ ShardedCheckpoint::ShardedCheckpoint(const fs::path& dir) : impl_(std::make_uniq
   for (int64_t r = 0; r < index.world_size; ++r) {
     const std::string path = impl_->files[static_cast<size_t>(r)].string();
     // Every rank wrote a file, holding slices or not: a missing one is a damaged checkpoint.
-    const io::SafetensorsHeader h = io::read_safetensors_header(path);
+    io::SafetensorsHeader h;
+    try {
+      h = io::read_safetensors_header(path);
+    } catch (const IOError& e) {
+      throw IOError(concat("sharded checkpoint '", dir.string(), "': rank ", r, "'s shard file (the index says ",
+                           index.world_size, " ranks saved it): ", e.what()));
+    } catch (const FormatError& e) {
+      throw FormatError(concat("sharded checkpoint '", dir.string(), "': rank ", r, "'s shard file: ", e.what()));
+    }
     auto md = [&](const std::string& key) {
       auto it = h.metadata.find(key);
       return it == h.metadata.end() ? std::string("(absent)") : it->second;
