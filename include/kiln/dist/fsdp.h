@@ -31,11 +31,13 @@
 // wrapped module expecting their full shapes: use full_state_dict().
 #include <cstdint>
 #include <deque>
+#include <filesystem>
 #include <memory>
 #include <string>
 #include <vector>
 
 #include "kiln/dist/process_group.h"
+#include "kiln/dist/sharded_checkpoint.h"
 #include "kiln/nn/module.h"
 #include "kiln/optim/optimizer.h"
 
@@ -154,6 +156,20 @@ class FullyShardedDataParallel : public nn::Module {
   /// unsharded run's state_dict() with module-relative names) into `opt`,
   /// each rank taking its pieces.
   void load_full_optim_state_dict(optim::Optimizer& opt, const optim::OptimizerStateDict& full);
+
+  /// Writes the model and `opt`'s state (null: the model only) as one
+  /// sharded checkpoint (sharded_checkpoint.h): each rank writes its own
+  /// pieces ("model.<name>", "optim.<name>.<key>"), rank 0 the buffers and the
+  /// optimizer's per-parameter steps; `metadata` and the param groups'
+  /// hyperparameters go in the index. Nothing is gathered: no rank ever holds
+  /// more than its shard. A collective.
+  void save_sharded_checkpoint(const std::filesystem::path& dir, const optim::Optimizer* opt,
+                               ShardedMetadata metadata = {});
+  /// Loads a checkpoint save_sharded_checkpoint wrote at any world size: each
+  /// rank reads only the ranges of its own pieces. Every tensor is checked
+  /// (present, full shape) before anything changes. Returns the metadata.
+  /// Not a collective (each rank reads for itself).
+  ShardedMetadata load_sharded_checkpoint(const std::filesystem::path& dir, optim::Optimizer* opt);
 
   struct Unit;
 
