@@ -84,7 +84,9 @@
 
 #include "kiln/dist/ddp.h"
 #include "kiln/dist/dist.h"
+#include "kiln/dist/fsdp.h"
 #include "kiln/dist/launch.h"
 #include "kiln/dist/process_group.h"
+#include "kiln/dist/sharded_checkpoint.h"
 #include "kiln/dist/sync_batch_norm.h"
 #include "kiln/dist/zero.h"

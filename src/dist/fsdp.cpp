@@ -144,6 +144,12 @@ FullyShardedDataParallel::~FullyShardedDataParallel() {
   }
 }
 
+// "FSDP unit 'blocks.1' over the world (2 ranks): parameter all-gather": what
+// the watchdog, the debug cross-check and `kiln launch` print for a collective.
+std::string FullyShardedDataParallel::unit_label(size_t u, const char* what) const {
+  return "FSDP unit '" + info_[u].name + "' over " + group_->describe() + ": " + what;
+}
+
 std::string FullyShardedDataParallel::param_label(size_t param) const {
   return "'" + names_[param] + "' (unit '" + info_[unit_of_[param]].name + "')";
 }
@@ -160,7 +166,7 @@ void FullyShardedDataParallel::gather(size_t u, bool prefetch) {
     // version that autograd saved with the parameters' views of `full`.
     std::memcpy(unit.full.data_ptr(), unit.shard_tensor.data_ptr(), static_cast<size_t>(unit.shard_tensor.nbytes()));
   } else {
-    CollectiveLabel label("FSDP unit '" + info_[u].name + "': parameter all-gather" + (prefetch ? ", prefetched" : ""));
+    CollectiveLabel label(unit_label(u, prefetch ? "parameter all-gather, prefetched" : "parameter all-gather"));
     unit.gather_work = group_->allgather_into_tensor(unit.full, unit.shard_tensor);
   }
   unit.state = Unit::State::Gathering;
@@ -182,6 +188,11 @@ void FullyShardedDataParallel::wait_gathered(size_t u) {
   }
   for (size_t k = 0; k < unit.params.size(); ++k) params_[unit.params[k]].set_data(unit.full_views[k]);
   unit.state = Unit::State::Gathered;
+  // New values under the same storage: a forward gather bumps the version, so
+  // whatever caches by identity and version (Linear's packed inference
+  // weights) repacks. A gather for backward must not: autograd saved the
+  // version the forward saw and checks it.
+  if (!in_backward_) unit.full.bump_version();
 }
 
 void FullyShardedDataParallel::reshard(size_t u) {
@@ -360,7 +371,7 @@ void FullyShardedDataParallel::launch_reduce(size_t u) {
     unit.reduce_out = empty({unit.shard});
   }
   if (n > 1) {
-    CollectiveLabel label("FSDP unit '" + info_[u].name + "': gradient reduce-scatter");
+    CollectiveLabel label(unit_label(u, "gradient reduce-scatter"));
     unit.reduce_work = group_->reduce_scatter_tensor(unit.reduce_out, unit.reduce_in, ReduceOp::Sum);
   } else {
     unit.reduce_out.copy_(unit.reduce_in);

@@ -46,7 +46,7 @@ nn::NamedTensors FullyShardedDataParallel::full_state_dict() {
   for (auto& unit : units_) {
     const bool was_sharded = unit->state == Unit::State::Sharded;
     {
-      CollectiveLabel label("FSDP unit '" + info_[unit->index].name + "': full_state_dict all-gather");
+      CollectiveLabel label(unit_label(unit->index, "full_state_dict all-gather"));
       wait_gathered(unit->index);
     }
     MemoryCategoryGuard cat(MemoryCategory::Workspace);  // copies handed to the caller
@@ -180,7 +180,7 @@ optim::OptimizerStateDict FullyShardedDataParallel::full_optim_state_dict(const 
         mine.narrow(0, unit->piece_offset[k], unit->pieces[k].numel()).copy_(t->second.reshape({t->second.numel()}));
       }
       if (n > 1) {
-        CollectiveLabel label("FSDP unit '" + info_[unit->index].name + "': optimizer state all-gather");
+        CollectiveLabel label(unit_label(unit->index, "optimizer state all-gather"));
         group_->allgather_into_tensor(all, mine)->wait();
       }
       for (size_t k = 0; k < unit->params.size(); ++k) {

@@ -72,10 +72,12 @@ struct Case {
   bool bf16 = false;  // autocast bfloat16 around forward and loss
   bool prefetch = true;
   bool reshard = true;
+  bool freeze = false;  // fc1.weight frozen (MLP)
   std::string describe() const {
     std::ostringstream os;
     os << (gpt ? "gpt" : "mlp") << ", " << opt_name(opt) << ", clip " << clip << ", accum " << accum
-       << (bf16 ? ", bf16" : "") << (prefetch ? "" : ", no prefetch") << (reshard ? "" : ", no reshard");
+       << (bf16 ? ", bf16" : "") << (prefetch ? "" : ", no prefetch") << (reshard ? "" : ", no reshard")
+       << (freeze ? ", fc1.weight frozen" : "");
     return os.str();
   }
 };
@@ -86,6 +88,7 @@ struct Trained {
   std::vector<double> losses;
   optim::OptimizerStateDict state;  // full
   dist::FSDPStats stats;
+  Tensor eval_out;  // a forward without gradients after training (Linear's packed-weight path)
 };
 
 constexpr int64_t kSteps = 20;
@@ -113,6 +116,7 @@ Trained train(const Case& c, bool fsdp, const dist::ProcessGroupPtr& pg) {
   } else {
     net = std::make_shared<Mlp>();
     units = {"fc1", "fc2"};
+    if (c.freeze) static_cast<Mlp&>(*net).fc1->weight.requires_grad_(false);
   }
   std::shared_ptr<nn::Module> wrapped;
   std::shared_ptr<FullyShardedDataParallel> f;
@@ -127,7 +131,15 @@ Trained train(const Case& c, bool fsdp, const dist::ProcessGroupPtr& pg) {
   }
   auto opt = make_opt(c.opt, fsdp ? f->named_parameters() : net->named_parameters());
   Trained run;
+  auto eval_forward = [&] {
+    NoGradGuard no_grad;
+    Generator g(3);
+    return c.gpt ? (*wrapped)(randint(0, 32, {2, 8}, kInt64, &g)) : (*wrapped)(randn({4, 6}, {}, &g));
+  };
   for (int64_t k = 0; k < kSteps; ++k) {
+    // Midway, a forward without gradients: Linear packs its weights for it,
+    // and the final one must not reuse that pack for the trained weights.
+    if (k == kSteps / 2) eval_forward();
     opt->zero_grad();
     double loss_sum = 0;
     for (int m = 0; m < c.accum; ++m) {
@@ -151,8 +163,9 @@ Trained train(const Case& c, bool fsdp, const dist::ProcessGroupPtr& pg) {
     }
     opt->step();
   }
+  if (f) run.stats = f->stats();  // the last training iteration's (stats restart with each forward)
+  run.eval_out = eval_forward();
   if (f) {
-    run.stats = f->stats();  // the last iteration's, before the state dicts gather again
     run.params = f->full_state_dict();
     run.state = f->full_optim_state_dict(*opt);
   } else {
@@ -219,6 +232,7 @@ class FsdpMpi : public ::testing::Test {
       ASSERT_EQ(got.params[i].first, want.params[i].first) << who.str();
       check(got.params[i].second, want.params[i].second, who.str() + ": " + want.params[i].first);
     }
+    check(got.eval_out, want.eval_out, who.str() + ": a forward without gradients after training");
     ASSERT_EQ(got.norms.size(), want.norms.size());
     for (size_t k = 0; k < want.norms.size(); ++k) {
       if (exact) {
@@ -257,6 +271,7 @@ TEST_F(FsdpMpi, MlpMatchesDDP) {
   }
   compare({.gpt = false, .opt = Opt::AdamW, .clip = 0.05, .accum = 2});
   compare({.gpt = false, .opt = Opt::AdamW, .prefetch = false, .reshard = false});
+  compare({.gpt = false, .opt = Opt::SGDMomentum, .clip = 0.05, .freeze = true});
 }
 
 TEST_F(FsdpMpi, GptMatchesDDP) {

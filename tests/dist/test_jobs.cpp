@@ -186,7 +186,7 @@ TEST(DistJob, LaunchNamesTheFsdpUnitWhoseAllGatherARankNeverJoined) {
   EXPECT_TRUE(has(r.report, "The other ranks:\n  rank 0 (pid ")) << r.report;
   EXPECT_TRUE(has(r.report, "at step 3, in #")) << r.report;
   EXPECT_TRUE(has(r.report, " allgather_into_tensor float32[36] at src/dist/fsdp.cpp:")) << r.report;
-  EXPECT_TRUE(has(r.report, "(FSDP unit '1': parameter all-gather)")) << r.report;
+  EXPECT_TRUE(has(r.report, "(FSDP unit '1' over the world (2 ranks): parameter all-gather)")) << r.report;
 }
 
 TEST(DistJob, LaunchNamesARankThatCrashed) {

@@ -191,6 +191,7 @@ class FullyShardedDataParallel : public nn::Module {
   void reshard(size_t u);
   void prefetch_after(size_t u, int direction);
   std::string param_label(size_t param) const;
+  std::string unit_label(size_t u, const char* what) const;
 
   std::shared_ptr<nn::Module> module_;
   ProcessGroupPtr group_;
