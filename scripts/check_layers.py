@@ -37,7 +37,8 @@ RANK = {
     "amp": 7,
     "train": 8,
     "dist": 9,
-    "cli": 10,
+    "parallel": 10,  # built into kiln_dist; uses dist's groups and mesh
+    "cli": 11,
 }
 # Layers whose headers only the named layers may include (tests aside): the
 # kernels are ops' private implementation, so nn and above compose ops.
