@@ -443,10 +443,6 @@ void Config::validate_and_fill() {
       if (!ok)
         throw ConfigError(where(source_, *node) + ": '" + key + "' expects one of " + k.choices +
                           (k.kind == Kind::IntOrChoice ? " or an integer" : "") + ", got \"" + v + "\"");
-      if (key == "dist.strategy" && v == "zero3")
-        throw ConfigError(from(key, *node) +
-                          ": dist.strategy = \"zero3\" (ZeRO stage 3 / FSDP: parameters sharded too) is not "
-                          "implemented yet; use \"ddp\", \"zero1\" or \"zero2\"");
     }
   }
   for (const auto& k : kSchema)

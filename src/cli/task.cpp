@@ -239,13 +239,43 @@ std::unique_ptr<optim::Optimizer> make_optimizer(const Config& c, nn::Module& mo
   return optimizer_factory(c)(optimizer_groups(c, model));
 }
 
+std::vector<std::string> fsdp_units(nn::Module& model) {
+  // nn::TransformerBlock's type name is "Block".
+  std::vector<std::string> units = dist::modules_of_type(model, "Block");
+  if (!units.empty()) return units;
+  std::function<void(nn::Module&, const std::string&)> visit = [&](nn::Module& m, const std::string& prefix) {
+    for (auto& [name, child] : m.named_children()) {
+      const std::string path = prefix.empty() ? name : prefix + "." + name;
+      const std::string type = child->type_name();
+      if (type == "Sequential" || type == "ModuleList" || type == "ModuleDict")
+        visit(*child, path);
+      else if (!child->named_parameters().empty())
+        units.push_back(path);
+    }
+  };
+  visit(model, "");
+  return units;
+}
+
+std::shared_ptr<nn::Module> make_unsharded_model(const Config& c, const Task& t) {
+  const GeneratorState saved = default_generator().get_state();
+  Task scratch;  // make_model records the GPT here, not in the run's task
+  auto model = make_model(c, scratch, DataShape{t.sample_shape, t.num_classes});
+  default_generator().set_state(saved);
+  if (!t.model->is_training()) model->eval();
+  return model;
+}
+
 Task build_task(const Config& c, Purpose purpose, dist::ProcessGroupPtr group) {
   if (c.integer("threads") > 0) set_num_threads(static_cast<int>(c.integer("threads")));
   manual_seed(static_cast<uint64_t>(c.integer("seed")));
   Task t;
   t.amp = amp::parse_amp_mode(c.string("amp"));
   const DataShape shape = make_datasets(c, t);
+  t.sample_shape = shape.sample;
+  t.num_classes = shape.classes;
   t.model = make_model(c, t, shape);
+  t.num_parameters = t.model->num_parameters();
   if (purpose == Purpose::Evaluate) {
     t.model->eval();
     return t;
@@ -273,9 +303,10 @@ Task build_task(const Config& c, Purpose purpose, dist::ProcessGroupPtr group) {
       c.integer("train.steps") > 0 ? c.integer("train.steps") : c.integer("train.epochs") * t.train_loader->size();
   // dist.strategy: ddp keeps every rank's optimizer whole; zero1 shards its
   // state (DDP still averages the gradients), zero2 also the gradients (no DDP:
-  // the sharded optimizer reduce-scatters them). One process has nothing to shard.
+  // the sharded optimizer reduce-scatters them), zero3 also the parameters
+  // (FSDP). One process has nothing to shard.
   const std::string strategy = c.string("dist.strategy");
-  const int stage = !distributed ? 0 : strategy == "zero1" ? 1 : strategy == "zero2" ? 2 : 0;
+  const int stage = !distributed ? 0 : strategy == "zero1" ? 1 : strategy == "zero2" ? 2 : strategy == "zero3" ? 3 : 0;
   if (stage > 0 && t.amp.needs_scaler())
     throw ConfigError(c.origin("dist.strategy") + ": dist.strategy = \"" + strategy +
                       "\" does not work with amp = \"fp16\" yet (the GradScaler steps a whole optimizer); use amp = "
@@ -285,8 +316,26 @@ Task build_task(const Config& c, Purpose purpose, dist::ProcessGroupPtr group) {
                       "\" does not work with train.keep_best yet (rank 0 alone decides to keep a checkpoint, and a "
                       "sharded optimizer's state is gathered by every rank); use train.keep_best = \"off\" or "
                       "dist.strategy = \"ddp\"");
-  if (distributed && stage != 2) t.ddp = std::make_shared<dist::DistributedDataParallel>(t.model, group);
-  if (stage > 0) {
+  // (The key applies to gpt, vit and resnet only: elsewhere its value text is empty.)
+  const bool checkpointing =
+      !c.value_text("train.activation_checkpointing").empty() && c.string("train.activation_checkpointing") != "none";
+  if (stage == 3 && checkpointing)
+    throw ConfigError(c.origin("train.activation_checkpointing") +
+                      ": dist.strategy = \"zero3\" does not work with train.activation_checkpointing yet (a "
+                      "checkpointed block runs its forward again in backward, and FSDP gathers a unit once per "
+                      "iteration); use train.activation_checkpointing = \"none\" or dist.strategy = \"zero2\"");
+  if (distributed && stage < 2) t.ddp = std::make_shared<dist::DistributedDataParallel>(t.model, group);
+  if (stage == 3) {
+    // The param groups are read while the parameters have their full shapes
+    // (AdamW's decay split looks at their dims); FSDP then turns each one, in
+    // place, into its piece of this rank's shard, and the optimizer is built
+    // over those same tensors under the same (module-relative) names.
+    auto groups = optimizer_groups(c, *t.model);
+    t.fsdp = std::make_shared<dist::FullyShardedDataParallel>(t.model, group,
+                                                              dist::FSDPOptions{.units = fsdp_units(*t.model)});
+    t.own_optimizer = optimizer_factory(c)(std::move(groups));
+    t.optimizer = t.own_optimizer.get();
+  } else if (stage > 0) {
     t.zero = std::make_unique<dist::ZeroRedundancyOptimizer>(optimizer_groups(c, *t.model), group, optimizer_factory(c),
                                                              dist::ZeroOptions{.stage = stage});
     t.optimizer = t.zero->optimizer();
@@ -305,7 +354,9 @@ Task build_task(const Config& c, Purpose purpose, dist::ProcessGroupPtr group) {
 }
 
 void replay_schedule(Task& t, const Config& c, int64_t step) {
-  auto opt = make_optimizer(c, *t.model);
+  // Sharded parameters (zero3) are 1-D pieces: the fresh optimizer's decay split needs full shapes.
+  auto model = t.fsdp ? make_unsharded_model(c, t) : t.model;
+  auto opt = make_optimizer(c, *model);
   auto sched = make_scheduler(c, *opt, t.total_steps);
   for (int64_t i = 0; i < step; ++i) {
     opt->step();  // no parameter has a gradient: only the step count moves, as the scheduler expects
@@ -346,9 +397,26 @@ void load_optimizer_shard(Task& t, const optim::OptimizerStateDict& full) {
   t.zero->load_state_dict(sd);
 }
 
+namespace {
+
+/// dist.strategy zero3: the model's forward through FSDP (which gathers each
+/// unit), and the loss GPT::loss or the classifier's cross-entropy computes;
+/// the logits are returned in `logits`.
+Tensor fsdp_loss(Task& t, const data::Example& batch, Tensor* logits = nullptr) {
+  Tensor out = (*t.fsdp)(batch.data);
+  if (logits) *logits = out;
+  if (t.gpt)
+    return nn::functional::cross_entropy(out.reshape({-1, t.gpt->options.vocab_size}), batch.target.reshape({-1}));
+  return nn::functional::cross_entropy(out, batch.target);
+}
+
+}  // namespace
+
 Tensor batch_loss(Task& t, const data::Example& batch) {
   std::optional<AutocastGuard> autocast;
   if (t.amp.dtype) autocast.emplace(*t.amp.dtype);
+  // GPT::loss would run the GPT itself, past FSDP's gathering.
+  if (t.fsdp) return fsdp_loss(t, batch);
   // GPT::loss runs the module itself, past DDP's forward: that only broadcasts
   // buffers, and the GPT has none; its gradients are averaged by DDP's hooks.
   if (t.gpt) return t.gpt->loss(batch.data, batch.target);
@@ -376,7 +444,11 @@ EvalResult evaluate(Task& t, const Config& c, const std::string& split, int64_t 
   for (auto& batch : loader) {
     if (max_batches > 0 && batches++ >= max_batches) break;
     const int64_t n = batch.target.numel();
-    if (t.gpt) {
+    if (t.fsdp) {
+      Tensor logits;
+      loss_sum += fsdp_loss(t, batch, &logits).item<double>() * static_cast<double>(n);
+      if (!t.gpt) correct += logits.argmax(1).eq(batch.target).sum().item<int64_t>();
+    } else if (t.gpt) {
       loss_sum += t.gpt->loss(batch.data, batch.target).item<double>() * static_cast<double>(n);
     } else {
       Tensor logits = (*t.model)(batch.data);

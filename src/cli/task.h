@@ -13,6 +13,7 @@
 #include "kiln/data/loader.h"
 #include "kiln/data/sampler.h"
 #include "kiln/dist/ddp.h"
+#include "kiln/dist/fsdp.h"
 #include "kiln/dist/process_group.h"
 #include "kiln/dist/zero.h"
 #include "kiln/models/gpt.h"
@@ -41,10 +42,19 @@ struct Task {
   amp::AmpMode amp;                                     // config `amp`: autocast dtype of forward and loss
   std::unique_ptr<amp::GradScaler> scaler;              // Purpose::Train with amp = "fp16" only
   // Data-parallel training (a group of more than one rank): the model wrapped
-  // for gradient averaging (not with zero2: the sharded optimizer reduce-scatters), and this rank's share of the
+  // for gradient averaging (not with zero2 or zero3: they reduce-scatter), and this rank's share of the
   // training set. `model` stays the unwrapped module, so checkpoints hold its names.
   std::shared_ptr<dist::DistributedDataParallel> ddp;
   std::shared_ptr<data::DistributedSampler> sampler;
+  // dist.strategy zero3 on more than one rank: `model` wrapped in FSDP (forward
+  // goes through it, so that each unit is gathered). Every parameter of
+  // `model` is then a 1-D piece of this rank's shard, and `optimizer` steps
+  // those pieces (its names are `model`'s, as a ddp run's).
+  std::shared_ptr<dist::FullyShardedDataParallel> fsdp;
+  int64_t num_parameters = 0;  // the model's, counted before any sharding
+  // What the model was built for (make_unsharded_model builds it again).
+  std::vector<int64_t> sample_shape;
+  int64_t num_classes = 0;
 };
 
 /// Seeds the default generator with config.seed, then builds the model (in
@@ -55,6 +65,20 @@ struct Task {
 /// PyTorch) and the model is wrapped in DistributedDataParallel (a collective:
 /// every rank builds its task at the same point).
 Task build_task(const Config& config, Purpose purpose, dist::ProcessGroupPtr group = nullptr);
+
+/// dist.strategy zero3: the FSDP units of `model`. A model with transformer
+/// blocks (gpt, vit) has one unit per nn::TransformerBlock; any other model one
+/// per direct child module that holds parameters, containers (Sequential,
+/// ModuleList, ModuleDict) opened into their children, recursively: the MLP's
+/// and CNN's layers, ResNet's stem convolution and norm, each BasicBlock and
+/// the classifier. Parameters outside every unit form FSDP's root unit.
+std::vector<std::string> fsdp_units(nn::Module& model);
+
+/// A fresh, unsharded copy of the model `config` describes, for a sharded
+/// run's checkpoints (task.fsdp): its parameters have their full shapes. The
+/// default generator's state is saved and restored around the build, so the
+/// run's random stream does not move.
+std::shared_ptr<nn::Module> make_unsharded_model(const Config& config, const Task& task);
 
 /// The unsharded optimizer config `config` describes, over every parameter of
 /// `model` (what a single-process or ddp run steps and checkpoints).
@@ -87,7 +111,8 @@ struct EvalResult {
 
 /// Mean loss and accuracy (or bits/char) over `split` ("test" = the held-out
 /// set, "train"), at most max_batches batches (0: all). The model runs in eval
-/// mode under NoGradGuard; its previous mode is restored afterwards.
+/// mode under NoGradGuard; its previous mode is restored afterwards. With
+/// task.fsdp the forward goes through FSDP, a collective: every rank calls it.
 EvalResult evaluate(Task& task, const Config& config, const std::string& split, int64_t max_batches);
 
 }  // namespace kiln::cli

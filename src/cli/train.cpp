@@ -196,30 +196,52 @@ struct StepValues {
 
 // The GradScaler (amp = "fp16") and the run's facts travel in the checkpoint's object slot
 // (checkpoints written before the facts were recorded load without them).
-// A sharded run's checkpoint holds the unsharded optimizer (`full`, see consolidated_optimizer).
-train::CheckpointRefs checkpoint_refs(Loop& L, bool with_facts = true, optim::Optimizer* full = nullptr) {
+// A sharded run's checkpoint holds the unsharded optimizer (`full`) and, with
+// zero3, the unsharded model (`full_model`); see Consolidated.
+train::CheckpointRefs checkpoint_refs(Loop& L, bool with_facts = true, optim::Optimizer* full = nullptr,
+                                      nn::Module* full_model = nullptr) {
   Task& t = L.task;
-  train::CheckpointRefs refs{t.model.get(), full ? full : t.optimizer, t.scheduler.get()};
+  train::CheckpointRefs refs{full_model ? full_model : t.model.get(), full ? full : t.optimizer, t.scheduler.get()};
   if (t.scaler) refs.objects["scaler"] = t.scaler.get();
   if (with_facts) refs.objects["run"] = &L.facts;
   return refs;
 }
 
-/// dist.strategy zero1|zero2 on more than one rank: the unsharded optimizer,
-/// its state gathered from every rank's shard, so that the checkpoint is the
-/// one a ddp run writes (it resumes at any world size and strategy). A
-/// collective: every rank calls it; rank 0 gets the optimizer, the others null.
-std::unique_ptr<optim::Optimizer> consolidated_optimizer(Loop& L) {
-  if (!L.task.zero) return nullptr;
-  const optim::OptimizerStateDict sd = L.task.zero->consolidate_state_dict(0);
-  if (L.group->rank() != 0) return nullptr;
-  auto full = make_optimizer(L.config, *L.task.model);
-  full->load_state_dict(sd);
-  return full;
+/// What a sharded run's checkpoint holds instead of the run's own objects, so
+/// that it is the file a ddp run writes (it resumes at any world size and
+/// strategy): the unsharded optimizer, and with zero3 the unsharded model.
+struct Consolidated {
+  std::shared_ptr<nn::Module> model;  // zero3 only
+  std::unique_ptr<optim::Optimizer> optimizer;
+};
+
+/// dist.strategy zero1|zero2|zero3 on more than one rank: the unsharded
+/// optimizer (and with zero3 model), its state gathered from every rank's
+/// shard. A collective: every rank calls it; rank 0 gets them, the others
+/// (and runs that shard nothing) nulls.
+Consolidated consolidate(Loop& L) {
+  Task& t = L.task;
+  Consolidated out;
+  if (t.fsdp) {
+    const nn::NamedTensors weights = t.fsdp->full_state_dict();
+    const optim::OptimizerStateDict sd = t.fsdp->full_optim_state_dict(*t.optimizer);
+    if (L.group->rank() != 0) return out;
+    out.model = make_unsharded_model(L.config, t);
+    out.model->load_state_dict(weights);
+    out.optimizer = make_optimizer(L.config, *out.model);
+    out.optimizer->load_state_dict(sd);
+    return out;
+  }
+  if (!t.zero) return out;
+  const optim::OptimizerStateDict sd = t.zero->consolidate_state_dict(0);
+  if (L.group->rank() != 0) return out;
+  out.optimizer = make_optimizer(L.config, *t.model);
+  out.optimizer->load_state_dict(sd);
+  return out;
 }
 
-void save_checkpoint(Loop& L, optim::Optimizer* full = nullptr) {
-  train::CheckpointRefs refs = checkpoint_refs(L, true, full);
+void save_checkpoint(Loop& L, const Consolidated& full = {}) {
+  train::CheckpointRefs refs = checkpoint_refs(L, true, full.optimizer.get(), full.model.get());
   L.ckpts->save(refs, {.step = L.step, .loader = L.task.train_loader->state(), .config = L.config.to_toml()});
   // The report of a run in progress, so a long run can be looked at while it trains (a few ms).
   write_report(L.run_dir);
@@ -452,7 +474,7 @@ class TrainLoop {
   double elapsed() const { return L_.time_offset + std::chrono::duration<double>(Clock::now() - t_start_).count(); }
 
   void announce() {
-    progress_.message(std::string("training ") + c_.name() + ": " + std::to_string(t_.model->num_parameters()) +
+    progress_.message(std::string("training ") + c_.name() + ": " + std::to_string(t_.num_parameters) +
                       " parameters, " + std::to_string(t_.train_loader->size()) + " batches of " +
                       std::to_string(c_.integer("data.batch_size")) +
                       (world_ > 1 ? " per rank on " + std::to_string(world_) + " ranks (global batch " +
@@ -612,6 +634,10 @@ class TrainLoop {
         // The global norm over every rank's shard (stage 2 reduce-scatters the gradients first).
         gnorm = t_.zero->clip_grad_norm_(clip_ > 0 ? clip_ : optim::kInfNorm);
         t_.zero->step();
+      } else if (t_.fsdp) {
+        // Backward left each parameter's .grad its piece of the reduced gradient shard.
+        gnorm = t_.fsdp->clip_grad_norm_(clip_ > 0 ? clip_ : optim::kInfNorm);
+        t_.optimizer->step();
       } else {
         gnorm = optim::clip_grad_norm_(params_, clip_ > 0 ? clip_ : optim::kInfNorm);
         t_.optimizer->step();
@@ -711,12 +737,11 @@ class TrainLoop {
     if (eval_every_ > 0 && L_.step % eval_every_ == 0 && L_.step < total_ && !stop_requested) run_eval();
     const bool ckpt_due = (ckpt_every_ > 0 && L_.step % ckpt_every_ == 0) || stop_now;
     if (ckpt_due) {
+      // The training steps' peak, before the unsharded copies below add theirs.
+      record_memory_peak();
       // Every rank reaches this alike (stop_now is agreed on): a sharded optimizer's state is gathered here.
-      auto full = consolidated_optimizer(L_);
-      if (lead_) {
-        record_memory_peak();
-        save_checkpoint(L_, full.get());
-      }
+      const Consolidated full = consolidate(L_);
+      if (lead_) save_checkpoint(L_, full);
     }
     if (Clock::now() - pause_start > std::chrono::milliseconds(1)) {
       window_start_ += Clock::now() - pause_start;  // throughput and data wait count training time only
@@ -725,15 +750,18 @@ class TrainLoop {
   }
 
   void run_eval() {
-    if (!lead_) return;  // evaluation is rank 0's, on the whole held-out set
+    // Evaluation is rank 0's, on the whole held-out set; with zero3 every rank
+    // runs it alike (FSDP's forward gathers each unit from every rank).
+    if (!lead_ && !t_.fsdp) return;
     const EvalResult r = evaluate(t_, c_, "test", eval_batches_);
     json e = {{"kind", "eval"}, {"step", L_.step}, {"loss", r.loss}};
     if (lm_)
       e["bits_per_char"] = r.bits_per_char;
     else
       e["accuracy"] = r.accuracy;
+    last_eval_ = e;  // every rank's, so that finish() evaluates on all of them or none
+    if (!lead_) return;
     metrics_ << e.dump() << "\n" << std::flush;
-    last_eval_ = e;
     progress_.message("step " + std::to_string(L_.step) + "  " + eval_line(r, lm_));
     if (keep_best_) keep_best_->update(L_, e, progress_);
   }
@@ -1064,9 +1092,12 @@ int resume(const fs::path& run_dir, const ResumeOptions& o, dist::ProcessGroupPt
          0,      0,       RunFacts{}};
   L.facts = now;
   RunFacts loaded;  // what the file holds; `now` is what later checkpoints record
-  // A sharded run loads the checkpoint's unsharded optimizer state, then takes its shard of it.
-  std::unique_ptr<optim::Optimizer> full = L.task.zero ? make_optimizer(config, *L.task.model) : nullptr;
-  train::CheckpointRefs refs = checkpoint_refs(L, /*with_facts=*/false, full.get());
+  // A sharded run loads the checkpoint's unsharded optimizer state (and with
+  // zero3 model), then takes its shard of it.
+  std::shared_ptr<nn::Module> full_model = L.task.fsdp ? make_unsharded_model(config, L.task) : nullptr;
+  std::unique_ptr<optim::Optimizer> full =
+      L.task.zero || L.task.fsdp ? make_optimizer(config, full_model ? *full_model : *L.task.model) : nullptr;
+  train::CheckpointRefs refs = checkpoint_refs(L, /*with_facts=*/false, full.get(), full_model.get());
   if (then) refs.objects["run"] = &loaded;
   // A changed schedule is recomputed (replay_schedule), so the file's scheduler state is not loaded.
   if (changes.replay) refs.scheduler = nullptr;
@@ -1085,7 +1116,12 @@ int resume(const fs::path& run_dir, const ResumeOptions& o, dist::ProcessGroupPt
       info = train::load_checkpoint((ckdir / name).string(), refs);
     }
   }
-  if (full) load_optimizer_shard(L.task, full->state_dict());
+  if (L.task.fsdp) {
+    L.task.fsdp->load_full_state_dict(full_model->state_dict());
+    L.task.fsdp->load_full_optim_state_dict(*L.task.optimizer, full->state_dict());
+  } else if (full) {
+    load_optimizer_shard(L.task, full->state_dict());
+  }
   L.step = info.step;
   L.resumed = true;
   if (info.loader) L.task.train_loader->load_state(*info.loader);

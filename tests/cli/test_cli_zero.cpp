@@ -1,10 +1,10 @@
 // `[dist] strategy` (issue 19): `kiln train` on 2 ranks with the optimizer
-// state sharded (zero1) and the gradients too (zero2) trains exactly as ddp
-// (same losses, learning rates and gradient norms, bitwise at 2 ranks), with
-// about half of ddp's optimizer state per rank; its checkpoints hold the
-// unsharded optimizer state, so they resume on 2 ranks (bitwise the straight
-// run) and on 1 (as a ddp checkpoint does); zero3 is refused. Jobs are bounded
-// by timeout(1) as in test_cli_dist.cpp.
+// state sharded (zero1), the gradients too (zero2) and the parameters too
+// (zero3, FSDP) trains exactly as ddp (same losses, learning rates and
+// gradient norms, bitwise at 2 ranks), with about half of ddp's optimizer
+// state per rank; its checkpoints hold the unsharded optimizer state (and
+// model), so they resume on 2 ranks (bitwise the straight run) and on 1 (as a
+// ddp checkpoint does). Jobs are bounded by timeout(1) as in test_cli_dist.cpp.
 #include <gtest/gtest.h>
 
 #include "cli/cli_util.h"
@@ -36,7 +36,7 @@ TEST(CliZero, ShardedStrategiesTrainAsDdpWithHalfTheOptimizerState) {
   EXPECT_TRUE(clipped) << "grad_clip = 0.5 never clipped: the test would not exercise the global norm";
   const double ddp_opt = ddp.back()["memory"]["optimizer_state"].get<double>();
   ASSERT_GT(ddp_opt, 0);
-  for (const std::string strategy : {"zero1", "zero2"}) {
+  for (const std::string strategy : {"zero1", "zero2", "zero3"}) {
     SCOPED_TRACE(strategy);
     const auto zero = metrics_lines(train2(dir, strategy), "train");
     ASSERT_EQ(zero.size(), ddp.size());
@@ -46,10 +46,12 @@ TEST(CliZero, ShardedStrategiesTrainAsDdpWithHalfTheOptimizerState) {
       EXPECT_EQ(zero[i]["lr"].get<double>(), ddp[i]["lr"].get<double>()) << "step " << i + 1;
       EXPECT_EQ(zero[i]["grad_norm"].get<double>(), ddp[i]["grad_norm"].get<double>()) << "step " << i + 1;
     }
-    // Rank 0's optimizer state (AdamW's two moments) covers about half of the parameters.
+    // Rank 0's optimizer state (AdamW's two moments) covers about half of the parameters. zero3's
+    // pieces are per parameter (rank 0: half of each of the two layers' weights, no bias), so the
+    // allocator's rounding of the small pieces shows: 0.62 of ddp's bytes for 0.5 of the elements.
     const double ratio = zero.back()["memory"]["optimizer_state"].get<double>() / ddp_opt;
     EXPECT_GT(ratio, 0.4) << ratio;
-    EXPECT_LT(ratio, 0.6) << ratio;
+    EXPECT_LT(ratio, strategy == "zero3" ? 0.65 : 0.6) << ratio;
   }
 }
 
@@ -67,7 +69,7 @@ TEST(CliZero, OneProcessTrainsAsToday) {
   TempDir dir;
   write_text(dir.path() / "tiny.toml", tiny_mlp_config());
   std::vector<std::vector<double>> losses;
-  for (const std::string strategy : {"ddp", "zero2"}) {
+  for (const std::string strategy : {"ddp", "zero2", "zero3"}) {
     const fs::path run = dir.path() / ("one-" + strategy);
     auto r = kiln_cli("train " + dir.file("tiny.toml") + " --out " + run.string() + kSets +
                       " --set dist.strategy=" + strategy);
@@ -75,30 +77,18 @@ TEST(CliZero, OneProcessTrainsAsToday) {
     losses.push_back(train_losses(run));
   }
   EXPECT_EQ(losses[0], losses[1]);
+  EXPECT_EQ(losses[0], losses[2]);
 }
 
-TEST(CliZero, Zero3IsRefusedWithItsMessage) {
+TEST(CliZero, UnknownStrategyIsRefusedNamingTheChoices) {
   TempDir dir;
-  write_text(dir.path() / "zero3.toml", tiny_mlp_config() + "\n[dist]\nstrategy = \"zero3\"\n");
-  auto r = kiln_cli("train " + dir.file("zero3.toml") + " --out " + dir.file("run"));
-  EXPECT_EQ(r.rc, 2) << r.output;
-  EXPECT_NE(r.output.find("dist.strategy = \"zero3\" (ZeRO stage 3 / FSDP: parameters sharded too) is not implemented "
-                          "yet; use \"ddp\", \"zero1\" or \"zero2\""),
-            std::string::npos)
-      << r.output;
-  EXPECT_NE(r.output.find("zero3.toml:"), std::string::npos) << r.output;  // where it was set
-  EXPECT_FALSE(fs::exists(dir.path() / "run" / "metrics.jsonl"));
-  // Through --set, on more than one rank, the same message (rank 0 alone prints it).
   write_text(dir.path() / "tiny.toml", tiny_mlp_config());
-  auto l = launch2("train " + dir.file("tiny.toml") + " --out " + dir.file("run2") + " --set dist.strategy=zero3");
-  EXPECT_NE(l.rc, 0) << l.output;
-  EXPECT_NE(l.output.find("dist.strategy = \"zero3\" (ZeRO stage 3 / FSDP"), std::string::npos) << l.output;
-  auto s = kiln_cli("train " + dir.file("tiny.toml") + " --out " + dir.file("run3") + " --set dist.strategy=zero4");
+  auto s = kiln_cli("train " + dir.file("tiny.toml") + " --out " + dir.file("run") + " --set dist.strategy=zero4");
   EXPECT_EQ(s.rc, 2) << s.output;
   EXPECT_NE(s.output.find("'dist.strategy' expects one of ddp|zero1|zero2|zero3"), std::string::npos) << s.output;
 }
 
-// What zero1/zero2 do not support yet is refused before training, naming the setting.
+// What zero1/zero2/zero3 do not support yet is refused before training, naming the setting.
 TEST(CliZero, Fp16AndKeepBestAreRefusedWithASharedOptimizer) {
   TempDir dir;
   write_text(dir.path() / "tiny.toml", tiny_mlp_config());
@@ -110,6 +100,19 @@ TEST(CliZero, Fp16AndKeepBestAreRefusedWithASharedOptimizer) {
                    " --set dist.strategy=zero2 --set train.keep_best=loss");
   EXPECT_NE(b.rc, 0) << b.output;
   EXPECT_NE(b.output.find("does not work with train.keep_best yet"), std::string::npos) << b.output;
+  auto c = launch2("train " + dir.file("tiny.toml") + " --out " + dir.file("c") +
+                   " --set dist.strategy=zero3 --set amp=fp16");
+  EXPECT_NE(c.rc, 0) << c.output;
+  EXPECT_NE(c.output.find("dist.strategy = \"zero3\" does not work with amp = \"fp16\" yet"), std::string::npos)
+      << c.output;
+  // A checkpointed block runs its forward again in backward: FSDP gathers a unit once per iteration.
+  write_text(dir.path() / "moby.txt", tiny_text());
+  write_text(dir.path() / "gpt.toml", tiny_gpt_config(dir.file("moby.txt")));
+  auto d = launch2("train " + dir.file("gpt.toml") + " --out " + dir.file("d") +
+                   " --set dist.strategy=zero3 --set train.activation_checkpointing=blocks");
+  EXPECT_NE(d.rc, 0) << d.output;
+  EXPECT_NE(d.output.find("does not work with train.activation_checkpointing yet"), std::string::npos) << d.output;
+  EXPECT_FALSE(fs::exists(dir.path() / "d" / "metrics.jsonl"));
 }
 
 TEST(CliZero, Zero2CheckpointResumesOnTwoRanksBitwiseAndOnOne) {
@@ -143,6 +146,108 @@ TEST(CliZero, Zero2CheckpointResumesOnTwoRanksBitwiseAndOnOne) {
   const auto one = train_losses(dir.path() / "on-one");
   EXPECT_EQ(one, train_losses(ddp_stopped));
   for (double l : one) EXPECT_TRUE(std::isfinite(l));
+}
+
+// zero3's parameter memory: each rank keeps half of every unit and gathers
+// units only around their forward and backward, so the peak is below ddp's
+// whole copy once the model has enough units: here an MLP of 16 hidden layers
+// (17 units; measured 0.82 of ddp's peak: the shards plus a few gathered
+// units). The tiny MLP's two units gather all of the model at once, so its
+// peak is above ddp's (1.8x). Gradients and optimizer state: about 0.6.
+TEST(CliZero, Zero3HoldsLessParameterMemoryThanDdp) {
+  TempDir dir;
+  write_text(dir.path() / "tiny.toml", tiny_mlp_config());
+  const std::string deep = " --set model.hidden=[32,32,32,32,32,32,32,32,32,32,32,32,32,32,32,32]";
+  const auto ddp = metrics_lines(train2(dir, "ddp", deep), "train");
+  const auto zero3 = metrics_lines(train2(dir, "zero3", deep), "train");
+  ASSERT_EQ(ddp.size(), 20u);
+  ASSERT_EQ(zero3.size(), ddp.size());
+  for (size_t i = 0; i < ddp.size(); ++i) EXPECT_EQ(zero3[i]["loss"], ddp[i]["loss"]) << "step " << i + 1;
+  for (const char* category : {"parameter", "gradient", "optimizer_state"}) {
+    const double d = ddp.back()["memory"][category].get<double>(), z = zero3.back()["memory"][category].get<double>();
+    EXPECT_GT(d, 0) << category;
+    EXPECT_LT(z, 0.9 * d) << category << ": zero3 " << z << " bytes, ddp " << d;
+  }
+}
+
+/// 20 steps of the tiny GPT (dropout on: the generator's stream matters) on 2 ranks.
+fs::path train_gpt2(const TempDir& dir, const std::string& name, const std::string& extra) {
+  const fs::path run = dir.path() / name;
+  auto r = launch2("train " + dir.file("gpt.toml") + " --out " + run.string() +
+                   " --set train.steps=20 --set train.eval_every=10" + extra);
+  EXPECT_EQ(r.rc, 0) << r.output;
+  return run;
+}
+
+// The GPT's forward goes through FSDP (one unit per transformer block, the tied embedding in the root
+// unit); every rank evaluates alike. A checkpoint every 5 steps builds an unsharded model on rank 0:
+// the default generator's stream (dropout) must not move, or the losses after step 5 would differ.
+TEST(CliZero, Zero3GptTrainsAsDdpBitwise) {
+  TempDir dir;
+  write_text(dir.path() / "moby.txt", tiny_text());
+  write_text(dir.path() / "gpt.toml", tiny_gpt_config(dir.file("moby.txt")));
+  const fs::path ddp_run = train_gpt2(dir, "ddp", " --set dist.strategy=ddp");
+  const fs::path zero3_run = train_gpt2(dir, "zero3", " --set dist.strategy=zero3 --set train.ckpt_every=5");
+  const auto ddp = metrics_lines(ddp_run, "train"), zero3 = metrics_lines(zero3_run, "train");
+  ASSERT_EQ(ddp.size(), 20u);
+  ASSERT_EQ(zero3.size(), ddp.size());
+  for (size_t i = 0; i < ddp.size(); ++i) {
+    EXPECT_EQ(zero3[i]["loss"].get<double>(), ddp[i]["loss"].get<double>()) << "step " << i + 1;
+    EXPECT_EQ(zero3[i]["grad_norm"].get<double>(), ddp[i]["grad_norm"].get<double>()) << "step " << i + 1;
+  }
+  const auto ddp_eval = metrics_lines(ddp_run, "eval"), zero3_eval = metrics_lines(zero3_run, "eval");
+  ASSERT_EQ(ddp_eval.size(), 2u);  // steps 10 and 20
+  ASSERT_EQ(zero3_eval.size(), ddp_eval.size());
+  for (size_t i = 0; i < ddp_eval.size(); ++i)
+    EXPECT_EQ(zero3_eval[i]["loss"].get<double>(), ddp_eval[i]["loss"].get<double>()) << "eval " << i;
+  EXPECT_TRUE(fs::exists(zero3_run / "checkpoints" / "ckpt-00000020.safetensors"));
+}
+
+// A zero3 checkpoint is a ddp checkpoint (unsharded model and optimizer): it resumes on 2 ranks
+// under zero3 bitwise the straight run, and on 1 rank as a ddp checkpoint does; a ddp checkpoint
+// resumes under zero3 as under ddp.
+TEST(CliZero, Zero3CheckpointResumesBitwiseAtAnyWorldSizeAndStrategy) {
+  TempDir dir;
+  write_text(dir.path() / "moby.txt", tiny_text());
+  write_text(dir.path() / "gpt.toml", tiny_gpt_config(dir.file("moby.txt")));
+  const std::vector<double> straight = train_losses(train_gpt2(dir, "straight", " --set dist.strategy=zero3"));
+  ASSERT_EQ(straight.size(), 20u);
+
+  const fs::path stopped = train_gpt2(dir, "stopped", " --set dist.strategy=zero3 --set train.max_steps=10");
+  ASSERT_EQ(train_losses(stopped).size(), 10u);
+  fs::copy(stopped, dir.path() / "on-one", fs::copy_options::recursive);
+  auto b = launch2("resume " + stopped.string());
+  ASSERT_EQ(b.rc, 0) << b.output;
+  EXPECT_EQ(train_losses(stopped), straight);
+
+  const fs::path ddp_stopped = train_gpt2(dir, "ddp-stopped", " --set dist.strategy=ddp --set train.max_steps=10");
+  fs::copy(ddp_stopped, dir.path() / "ddp-on-one", fs::copy_options::recursive);
+  auto c = launch2("resume " + ddp_stopped.string() + " --set dist.strategy=zero3");
+  ASSERT_EQ(c.rc, 0) << c.output;
+  EXPECT_EQ(train_losses(ddp_stopped), straight);
+
+  for (const fs::path& run : {dir.path() / "on-one", dir.path() / "ddp-on-one"}) {
+    auto r = kiln_cli("resume " + run.string() + " --allow-world-size-change");
+    ASSERT_EQ(r.rc, 0) << r.output;
+    EXPECT_EQ(train_losses(run).size(), 20u);
+  }
+  EXPECT_EQ(train_losses(dir.path() / "on-one"), train_losses(dir.path() / "ddp-on-one"));
+}
+
+// The MLP's units are its Linear layers (no transformer blocks); its checkpoint resumes on 2 ranks
+// bitwise the straight run.
+TEST(CliZero, Zero3MlpCheckpointResumesOnTwoRanksBitwise) {
+  TempDir dir;
+  write_text(dir.path() / "tiny.toml", tiny_mlp_config());
+  const std::vector<double> straight = train_losses(train2(dir, "zero3"));
+  ASSERT_EQ(straight.size(), 20u);
+  const fs::path stopped = dir.path() / "stopped";
+  auto a = launch2("train " + dir.file("tiny.toml") + " --out " + stopped.string() + kSets +
+                   " --set dist.strategy=zero3 --set train.max_steps=10");
+  ASSERT_EQ(a.rc, 0) << a.output;
+  auto b = launch2("resume " + stopped.string());
+  ASSERT_EQ(b.rc, 0) << b.output;
+  EXPECT_EQ(train_losses(stopped), straight);
 }
 
 }  // namespace
