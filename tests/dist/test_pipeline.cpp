@@ -307,3 +307,55 @@ TEST(PipelineSchedule, OrdersSlotsAndMemory) {
 
 }  // namespace
 }  // namespace kiln
+
+namespace kiln {
+namespace {
+
+// The wall-clock bubble of a GPT large enough for compute to outweigh the
+// messages (d 128, 8 layers, T 64, batch 32), 1F1B and GPipe, M = 4 and 8,
+// averaged over steps 2-5: the figures of docs/pipeline.md. Not a test (wall
+// time on a shared machine): run by hand with
+//   mpirun -np 2 -x OMP_NUM_THREADS=1 test_dist --gtest_also_run_disabled_tests
+//     --gtest_filter='PipelineMpi.DISABLED_WallBubbleFigures'
+TEST_F(PipelineMpi, DISABLED_WallBubbleFigures) {
+  models::GPTOptions o;
+  o.vocab_size = 256, o.block_size = 64, o.n_layer = 8, o.n_head = 4, o.n_embd = 128;
+  for (Schedule sched : {Schedule::GPipe, Schedule::OneFOneB}) {
+    for (int64_t M : {4, 8}) {
+      manual_seed(5);
+      auto stage = parallel::make_gpt_stage(o, s, p);
+      parallel::Pipeline pipe(stage, groups, {.micro_batches = M, .schedule = sched}, parallel::gpt_loss(o),
+                              stage->tied_parameters());
+      double wall = 0, compute = 0, step_s = 0;
+      std::vector<double> idle(static_cast<size_t>(p), 0.0);
+      constexpr int kWarm = 1, kMeasured = 4;
+      for (int k = 0; k < kWarm + kMeasured; ++k) {
+        Generator g(7 + k);
+        Tensor idx = randint(0, 256, {32, 64}, kInt64, &g);
+        stage->zero_grad();
+        auto r = pipe.step(idx, idx);
+        if (k < kWarm) continue;
+        wall += r.wall_bubble / kMeasured;
+        double c = 0, longest = 0;
+        for (const auto& x : r.stages) {
+          c += x.compute_s;
+          longest = std::max(longest, x.total_s);
+          idle[static_cast<size_t>(x.stage)] += x.wait_s / x.total_s / kMeasured;
+        }
+        compute += c / kMeasured;
+        step_s += longest / kMeasured;
+      }
+      if (dist::rank() == 0) {
+        std::printf("[pipeline wall] p=%d %s M=%lld: step %.3f s, compute (all stages) %.3f s, wall bubble %.3f "
+                    "(model %.3f); waiting per stage:",
+                    p, parallel::schedule_name(sched), static_cast<long long>(M), step_s, compute, wall,
+                    parallel::model_bubble(p, M));
+        for (double x : idle) std::printf(" %.3f", x);
+        std::printf("\n");
+      }
+    }
+  }
+}
+
+}  // namespace
+}  // namespace kiln
