@@ -132,6 +132,18 @@ Pipeline::Pipeline(nn::ModulePtr stage, PipelineGroups groups, PipelineOptions o
                "parallel::Pipeline: expected tied parameters that are defined, contiguous float32, got ",
                t.defined() ? dtype_name(t.dtype()) : "an undefined tensor");
   }
+  if (groups_.ends && (s == 0 || s == p - 1)) {
+    // Both ends must hold the same number of tied copies, or their gradient
+    // sums would not pair up: compare the counts (both ends throw alike).
+    dist::CollectiveLabel l("pipeline tied weights: the ends compare their counts");
+    Tensor mine = full({1}, static_cast<double>(tied_.size()), TensorOptions(kInt64));
+    std::vector<Tensor> both = {empty({1}, TensorOptions(kInt64)), empty({1}, TensorOptions(kInt64))};
+    groups_.ends->allgather(both, mine)->wait();
+    const int64_t a = both[0].item<int64_t>(), b = both[1].item<int64_t>();
+    KILN_CHECK(a == b, ValueError, "parallel::Pipeline: the first and the last stage must pass the same number of ",
+               "tied parameters, got ", groups_.ends->ranks()[0] == groups_.ranks.front() ? a : b, " on stage 0 and ",
+               groups_.ends->ranks()[0] == groups_.ranks.front() ? b : a, " on stage ", p - 1);
+  }
   if (!tied_.empty()) {
     // The copies must start equal (the same seed makes them so; a checkpoint
     // loaded on one end only would not): take the first stage's values.
@@ -149,7 +161,7 @@ PipelineStepResult Pipeline::step(const Tensor& input, const Tensor& target) {
   const bool first = s == 0, last = s == p - 1;
   auto split = [&](const Tensor& t, const char* what) {
     KILN_CHECK(t.defined() && t.dim() >= 1 && t.size(0) % M == 0, ShapeError, "parallel::Pipeline::step: stage ", s,
-               " expected a ", what, " whose batch (dim 0) divides into ", M, " micro-batches, got ",
+               " expected ", what, " whose batch (dim 0) divides into ", M, " micro-batches, got ",
                t.defined() ? t.shape_string() : std::string("an undefined tensor"));
     std::vector<Tensor> parts;
     const int64_t b = t.size(0) / M;
@@ -157,8 +169,8 @@ PipelineStepResult Pipeline::step(const Tensor& input, const Tensor& target) {
     return parts;
   };
   std::vector<Tensor> in_mb, tgt_mb;
-  if (first) in_mb = split(input, "input");
-  if (last) tgt_mb = split(target, "target");
+  if (first) in_mb = split(input, "an input");
+  if (last) tgt_mb = split(target, "a target");
 
   StageStats st;
   st.stage = s;

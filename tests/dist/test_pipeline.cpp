@@ -252,6 +252,24 @@ TEST_F(PipelineMpi, OneStagePipelinesAndErrors) {
   EXPECT_THROW(parallel::Pipeline(stage, g, {.micro_batches = 2}), ValueError);  // the last stage needs a loss
 }
 
+// The ends must pass the same tied parameters, or their gradient sums would
+// not pair up: both throw at construction instead of hanging later.
+TEST_F(PipelineMpi, TiedCountsMustAgreeBetweenTheEnds) {
+  if (p < 2) GTEST_SKIP() << "a one-stage pipeline holds the tied weight once: there is nothing to pair";
+  manual_seed(5);
+  auto stage = parallel::make_gpt_stage(tiny_gpt(), s, p);
+  if (s != 0 && s != p - 1) return;  // middle stages take no part
+  auto tied = s == 0 ? stage->tied_parameters() : std::vector<Tensor>{};
+  try {
+    parallel::Pipeline pipe(stage, groups, {.micro_batches = 4}, parallel::gpt_loss(tiny_gpt()), tied);
+    ADD_FAILURE() << "expected a ValueError on stage " << s;
+  } catch (const ValueError& e) {
+    EXPECT_NE(std::string(e.what()).find("got 1 on stage 0 and 0 on stage " + std::to_string(p - 1)),
+              std::string::npos)
+        << e.what();
+  }
+}
+
 // The schedules themselves, without messages: each stage runs every forward
 // and backward once, a backward after its forward; replaying the op lists
 // with one slot per op and the dependencies between stages takes 2(M+p-1)
