@@ -22,6 +22,7 @@
 #include <sstream>
 #include <utility>
 
+#include "kiln/core/allocator.h"
 #include "kiln/core/error.h"
 #include "kiln/core/guards.h"
 #include "kiln/dist/dist.h"
@@ -174,6 +175,8 @@ PipelineStepResult Pipeline::step(const Tensor& input, const Tensor& target) {
 
   StageStats st;
   st.stage = s;
+  auto activation_bytes = [] { return memory::stats()[MemoryCategory::Activation].live_bytes; };
+  const int64_t activations_before = activation_bytes();
   double loss_sum = 0;
   int64_t slot = 0, in_flight = 0;
   std::vector<Tensor> xs(static_cast<size_t>(M)), ys(static_cast<size_t>(M));
@@ -269,6 +272,7 @@ PipelineStepResult Pipeline::step(const Tensor& input, const Tensor& target) {
       --in_flight;
     }
     ++st.busy_slots;
+    st.peak_held_activation_bytes = std::max(st.peak_held_activation_bytes, activation_bytes() - activations_before);
   }
   {
     const auto t0 = Clock::now();
@@ -301,7 +305,7 @@ void Pipeline::sum_tied_gradients(std::vector<Tensor> before) {
 
 PipelineStepResult Pipeline::gather_stats(const StageStats& st, double loss_sum) {
   // Doubles travel as their bit patterns in an int64 allgather (exact).
-  constexpr int64_t kFields = 8;
+  constexpr int64_t kFields = 9;
   const double mine[kFields] = {st.compute_s,
                                 st.wait_s,
                                 st.total_s,
@@ -309,7 +313,8 @@ PipelineStepResult Pipeline::gather_stats(const StageStats& st, double loss_sum)
                                 static_cast<double>(st.busy_slots),
                                 static_cast<double>(st.last_slot),
                                 loss_sum,
-                                static_cast<double>(st.stage)};
+                                static_cast<double>(st.stage),
+                                static_cast<double>(st.peak_held_activation_bytes)};
   Tensor in = empty({kFields}, TensorOptions(kInt64));
   std::memcpy(in.data_ptr<int64_t>(), mine, sizeof mine);
   const int p = groups_.num_stages;
@@ -330,6 +335,7 @@ PipelineStepResult Pipeline::gather_stats(const StageStats& st, double loss_sum)
     x.compute_s = v[0], x.wait_s = v[1], x.total_s = v[2];
     x.peak_in_flight = static_cast<int64_t>(v[3]), x.busy_slots = static_cast<int64_t>(v[4]);
     x.last_slot = static_cast<int64_t>(v[5]);
+    x.peak_held_activation_bytes = static_cast<int64_t>(v[8]);
     if (stage == p - 1) r.loss = v[6];
   }
   const int64_t M = options_.micro_batches;
@@ -351,10 +357,10 @@ std::string PipelineStepResult::describe() const {
   os.precision(3);
   os << "loss " << loss << "; bubble: model " << model_bubble << ", slots " << slot_bubble << " (" << slots
      << " slots), wall " << wall_bubble << "\n";
-  os << "  stage | compute s | waiting s | step s | peak micro-batches in flight\n";
+  os << "  stage | compute s | waiting s | step s | peak micro-batches in flight | peak activations held (KiB)\n";
   for (const auto& x : stages) {
     os << "  " << x.stage << " | " << x.compute_s << " | " << x.wait_s << " | " << x.total_s << " | "
-       << x.peak_in_flight << "\n";
+       << x.peak_in_flight << " | " << static_cast<double>(x.peak_held_activation_bytes) / 1024.0 << "\n";
   }
   return os.str();
 }

@@ -270,6 +270,36 @@ TEST_F(PipelineMpi, TiedCountsMustAgreeBetweenTheEnds) {
   }
 }
 
+// What 1F1B is for: stage s holds min(p - s, M) micro-batches' activations
+// where GPipe holds M, and the allocator's activation bytes show it. Each
+// micro-batch's activations on a stage are the same size, so 1F1B's peak is
+// bounded by GPipe's times min(p - s, M) / M, with a margin for what a step
+// holds besides (an input gradient in flight, the loss).
+TEST_F(PipelineMpi, OneFOneBHoldsFewerActivationsThanGPipe) {
+  constexpr int64_t M = 8;
+  std::vector<parallel::StageStats> per[2];
+  for (Schedule sched : {Schedule::GPipe, Schedule::OneFOneB}) {
+    manual_seed(5);
+    auto stage = parallel::make_gpt_stage(tiny_gpt(), s, p);
+    parallel::Pipeline pipe(stage, groups, {.micro_batches = M, .schedule = sched}, parallel::gpt_loss(tiny_gpt()),
+                            stage->tied_parameters());
+    auto [idx, tgt] = batch(0);
+    per[sched == Schedule::OneFOneB] = pipe.step(idx, tgt).stages;
+  }
+  for (int x = 0; x < p; ++x) {
+    const double gpipe = static_cast<double>(per[0][static_cast<size_t>(x)].peak_held_activation_bytes);
+    const double ofob = static_cast<double>(per[1][static_cast<size_t>(x)].peak_held_activation_bytes);
+    const double share = static_cast<double>(std::min<int64_t>(p - x, M)) / M;
+    EXPECT_GT(gpipe, 0) << "stage " << x;
+    EXPECT_LE(ofob, gpipe * share * 1.25) << "stage " << x << ": 1F1B held " << ofob << " bytes, GPipe " << gpipe;
+    if (dist::rank() == 0) {
+      std::printf("[pipeline memory] p=%d M=%lld stage %d: activations held GPipe %.1f KiB, 1F1B %.1f KiB (%.3f; "
+                  "micro-batches %.3f)\n",
+                  p, static_cast<long long>(M), x, gpipe / 1024, ofob / 1024, ofob / gpipe, share);
+    }
+  }
+}
+
 // The schedules themselves, without messages: each stage runs every forward
 // and backward once, a backward after its forward; replaying the op lists
 // with one slot per op and the dependencies between stages takes 2(M+p-1)

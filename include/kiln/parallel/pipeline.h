@@ -81,8 +81,12 @@ struct StageStats {
   double wait_s = 0;           // blocked on a neighbour: receives, and sends not yet taken at the end
   double total_s = 0;          // the whole step on this stage
   int64_t peak_in_flight = 0;  // micro-batches forwarded and not yet backwarded (activations held)
-  int64_t busy_slots = 0;      // 2M: one per forward and per backward
-  int64_t last_slot = 0;       // the slot at which this stage's last op ended
+  /// The most activation bytes (MemoryCategory::Activation, above what was
+  /// live when the step began) held between this stage's ops: what the
+  /// schedule bounds (transients inside one forward or backward not included).
+  int64_t peak_held_activation_bytes = 0;
+  int64_t busy_slots = 0;  // 2M: one per forward and per backward
+  int64_t last_slot = 0;   // the slot at which this stage's last op ended
 };
 
 struct PipelineStepResult {
