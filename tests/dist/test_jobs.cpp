@@ -189,6 +189,35 @@ TEST(DistJob, LaunchNamesTheFsdpUnitWhoseAllGatherARankNeverJoined) {
   EXPECT_TRUE(has(r.report, "(FSDP unit '1' over the world (2 ranks): parameter all-gather)")) << r.report;
 }
 
+// Issue 20: a pipeline stage that stalls is named by the watchdog of the stage
+// waiting for it: stage, micro-batch and direction (1F1B, p = 2, M = 4: stage
+// 1 stalls in micro-batch 2's forward, so stage 0 waits for micro-batch 2's
+// gradients).
+TEST(DistJob, WatchdogNamesTheStalledPipelineStage) {
+  std::string out;
+  const int rc = run_job("pipeline-stall", {"KILN_DIST_TIMEOUT=3"}, out);
+  EXPECT_NE(rc, 0) << out;
+  EXPECT_NE(rc, 137) << "the job hung until timeout(1) killed it:\n" << out;
+  EXPECT_TRUE(has(out, "kiln dist watchdog: rank 0 of group [0, 1] (2 of 2 ranks), world rank 0, waited")) << out;
+  EXPECT_TRUE(has(out, " recv int64[12] from=1 at src/parallel/pipeline.cpp:")) << out;
+  EXPECT_TRUE(has(out, "(pipeline stage 0, micro-batch 2, gradients backward (recv from stage 1))")) << out;
+  EXPECT_FALSE(has(out, "should have stalled")) << out;
+}
+
+// A pipeline stage that dies: `kiln launch` names it, and the stage left
+// waiting says for what (GPipe, p = 2, M = 4: stage 0 dies in micro-batch 2's
+// forward, so stage 1 waits for its activations).
+TEST(DistJob, LaunchNamesThePipelineStageThatNeverSent) {
+  const auto r = dist::run_launch(2, {KILN_DIST_CHILD, "pipeline-die"}, {.mpirun = KILN_MPIRUN});
+  EXPECT_NE(r.exit_code, 0) << r.report;
+  EXPECT_TRUE(has(r.report, "kiln launch: the job failed because rank 0 (pid ")) << r.report;
+  EXPECT_TRUE(has(r.report, "killed by SIGKILL")) << r.report;
+  EXPECT_TRUE(has(r.report, "  rank 1 (pid ")) << r.report;
+  EXPECT_TRUE(has(r.report, "at step 3, in #")) << r.report;
+  EXPECT_TRUE(has(r.report, " recv int64[12] from=0 at src/parallel/pipeline.cpp:")) << r.report;
+  EXPECT_TRUE(has(r.report, "(pipeline stage 1, micro-batch 2, activations forward (recv from stage 0))")) << r.report;
+}
+
 TEST(DistJob, LaunchNamesARankThatCrashed) {
   testing::internal::CaptureStderr();
   const auto r = dist::run_launch(2, {KILN_DIST_CHILD, "sigsegv"}, {.mpirun = KILN_MPIRUN});

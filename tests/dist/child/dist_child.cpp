@@ -4,6 +4,8 @@
 //   kiln_dist_child skip-debug | skip-hang | throw | uncaught | debug-on-rank-0 | bw [MB] [iters]
 //                   | group-mismatch-debug | group-hang   (4 ranks: the subgroup [1, 3])
 //                   | fsdp-die   (rank 1 dies just before an FSDP unit's all-gather)
+//                   | pipeline-stall   (the last stage stalls in a forward: the first waits for gradients)
+//                   | pipeline-die     (the first stage dies in a forward: the last waits for activations)
 #include <mpi.h>
 
 #include <chrono>
@@ -20,6 +22,7 @@
 #include "kiln/dist/dist.h"
 #include "kiln/dist/fsdp.h"
 #include "kiln/nn/layers.h"
+#include "kiln/parallel/pipeline.h"
 
 using namespace kiln;
 
@@ -215,6 +218,43 @@ int fsdp_die() {
   return 2;
 }
 
+// A two-stage pipeline of Linear layers (a stage per rank), M = 4. At step 3
+// stage `victim` reaches the forward of micro-batch 2 and stalls there (60 s,
+// far past KILN_DIST_TIMEOUT) or dies by SIGKILL: the watchdog or `kiln
+// launch` must name the stage, the micro-batch and the direction the other
+// stage waited for. GPipe for the dying first stage, so that the last stage's
+// only operation then is that receive (under 1F1B it could be finishing a
+// send at the same moment, and the report would name that instead).
+int pipeline_fault(bool die) {
+  auto groups = parallel::make_pipeline_groups({{0, 1}});
+  const int victim = die ? 0 : 1;
+  auto stage = std::make_shared<nn::Linear>(nn::LinearOptions{.in_features = 8, .out_features = 8});
+  int64_t step = 0, micro = 0;
+  stage->register_forward_pre_hook([&](nn::Module&, const Tensor&) {
+    if (groups.stage == victim && step == 3 && micro++ == 2) {
+      if (die) {
+        // Sends are queued to the group's thread: give micro-batches 0 and 1
+        // time to leave, so that the other stage waits for 2, not for them.
+        std::this_thread::sleep_for(std::chrono::seconds(1));
+        ::raise(SIGKILL);
+      }
+      std::this_thread::sleep_for(std::chrono::seconds(60));
+    }
+    return Tensor();
+  });
+  parallel::Pipeline pipe(stage, groups,
+                          {.micro_batches = 4, .schedule = die ? parallel::Schedule::GPipe : parallel::Schedule::OneFOneB},
+                          [](const Tensor& y, const Tensor& t) { return ((y - t) * (y - t)).mean(); });
+  for (step = 1; step <= 5; ++step) {
+    dist::set_step(step);
+    micro = 0;
+    pipe.step(ones({8, 8}), zeros({8, 8}));
+  }
+  std::fprintf(stderr, "rank %d: finished, but stage %d should have %s\n", dist::rank(), victim,
+               die ? "died" : "stalled");
+  return 2;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -236,6 +276,8 @@ int main(int argc, char** argv) {
   if (mode == "sigkill") return die_on_rank_1(SIGKILL);
   if (mode == "sigsegv") return die_on_rank_1(SIGSEGV);
   if (mode == "fsdp-die") return fsdp_die();
+  if (mode == "pipeline-stall") return pipeline_fault(false);
+  if (mode == "pipeline-die") return pipeline_fault(true);
   if (mode == "throw") return dist::run_or_abort(throw_on_rank_1);
   if (mode == "uncaught") {
     throw_on_rank_1();  // std::terminate -> dist's handler
