@@ -1,6 +1,7 @@
 // kiln_bench_sharded: the gpt workload (bench/WORKLOADS.md: 4 layers, d_model
 // 256, vocab 256, context 128, global batch 16, AdamW) trained data-parallel
-// under each strategy — DDP, ZeRO-1, ZeRO-2, ZeRO-3 (FSDP) — for the figures of
+// under each strategy — DDP, ZeRO-1, ZeRO-2 (ZeroRedundancyOptimizer, and FSDP
+// without resharding after forward), ZeRO-3 (FSDP) — for the figures of
 // docs/distributed.md: step time, per-rank peak memory by category (allocator
 // counters) and the time each step spends waiting on communication. Run it
 // under MPI with one thread per rank (scripts/bench_sharded.sh):
@@ -45,9 +46,12 @@ Figures run(const std::string& strategy, int steps, const dist::ProcessGroupPtr&
   std::unique_ptr<optim::Optimizer> opt;
   const optim::AdamWOptions adamw{.lr = 3e-4, .weight_decay = 0.1};
   nn::Module* model = gpt.get();
-  if (strategy == "zero3") {
+  if (strategy == "zero3" || strategy == "fsdp-grad-op") {
+    // fsdp-grad-op: FSDP without resharding after forward (torch's SHARD_GRAD_OP),
+    // that is ZeRO-2 with per-unit reduce-scatters that overlap backward.
     fsdp = std::make_shared<dist::FullyShardedDataParallel>(
-        gpt, pg, dist::FSDPOptions{.units = dist::modules_of_type(*gpt, "Block")});
+        gpt, pg,
+        dist::FSDPOptions{.units = dist::modules_of_type(*gpt, "Block"), .reshard_after_forward = strategy == "zero3"});
     opt = std::make_unique<optim::AdamW>(fsdp->named_parameters(), adamw);
     model = fsdp.get();
   } else {
@@ -117,7 +121,7 @@ int main(int argc, char** argv) {
     auto pg = dist::world();
     const int steps = argc > 1 ? std::atoi(argv[1]) : 8;
     std::vector<Figures> all;
-    for (const char* s : {"ddp", "zero1", "zero2", "zero3"}) all.push_back(run(s, steps, pg));
+    for (const char* s : {"ddp", "zero1", "zero2", "fsdp-grad-op", "zero3"}) all.push_back(run(s, steps, pg));
     if (pg->rank() != 0) return;
     auto mib = [](int64_t b) { return static_cast<double>(b) / (1 << 20); };
     std::printf("gpt workload, %d ranks x 1 thread, global batch 16 x 128, AdamW; rank 0, median of %d steps\n\n",
