@@ -257,6 +257,44 @@ TEST_F(TensorParallel, GptTrainsAsOneProcess) {
   test::expect_close(tp.full_logits(idx), ref(idx), kRtol, 1e-5, who("full logits after training"));
 }
 
+// One all-reduce per block half each way (Megatron's count): forward, the
+// embedding's g, each block's two row-parallel g and the loss's two (max;
+// sum-exp with the target logit); backward, each block's two f and lm_head's
+// f. Counted by the group's sequence numbers between two barriers.
+TEST_F(TensorParallel, OneAllReducePerBlockHalf) {
+  if (n < 2) GTEST_SKIP() << "needs 2 ranks: at tp = 1 the operators skip their collectives";
+  manual_seed(5);
+  parallel::TensorParallelGPT tp(tiny_gpt(), pg);
+  Generator g(8);
+  Tensor idx = randint(0, 32, {2, 8}, kInt64, &g), tgt = randint(0, 32, {2, 8}, kInt64, &g);
+  const uint64_t before = pg->barrier()->sequence();
+  Tensor loss = tp.loss(idx, tgt);
+  const uint64_t after_forward = pg->barrier()->sequence();
+  loss.backward();
+  const uint64_t after_backward = pg->barrier()->sequence();
+  const uint64_t L = static_cast<uint64_t>(tiny_gpt().n_layer);
+  EXPECT_EQ(after_forward - before - 1, 2 * L + 3) << who("collectives in forward");
+  EXPECT_EQ(after_backward - after_forward - 1, 2 * L + 1) << who("collectives in backward");
+}
+
+// Parameter bytes per rank for the gpt workload (models::GPTOptions'
+// defaults): the sharded weights are 1/tp, the rest (wpe, LayerNorms,
+// row-parallel biases) is whole on every rank. The figures of docs/parallel.md.
+TEST_F(TensorParallel, GptWorkloadParametersPerRank) {
+  const models::GPTOptions o;  // vocab 256, context 128, 4 layers, d 256, MLP 1024
+  manual_seed(5);
+  parallel::TensorParallelGPT tp(o, pg);
+  const int64_t V = o.vocab_size, T = o.block_size, L = o.n_layer, d = o.n_embd, ff = 4 * o.n_embd;
+  const int64_t sharded = V * d + L * (3 * d * d + 3 * d + d * d + d * ff + ff + ff * d);
+  const int64_t replicated = T * d + L * (2 * d + d + 2 * d + d) + 2 * d;
+  EXPECT_EQ(sharded + replicated, 3257856);  // models::GPT's count
+  EXPECT_EQ(tp.num_parameters(), sharded / n + replicated) << who("parameters on this rank");
+  if (rank == 0)
+    std::printf("[ tp %d ] gpt workload: %lld parameters per rank (%.2f MB float32) vs %lld (%.2f MB) in one process\n",
+                n, static_cast<long long>(tp.num_parameters()), 4e-6 * static_cast<double>(tp.num_parameters()),
+                static_cast<long long>(sharded + replicated), 4e-6 * static_cast<double>(sharded + replicated));
+}
+
 // A rank that builds a layer with another shape must not leave the others in
 // all-reduces of different sizes: every rank throws a ShapeError that names
 // the layer and the two ranks' shapes.
