@@ -246,7 +246,8 @@ ColumnParallelLinear::ColumnParallelLinear(ColumnParallelLinearOptions o, Proces
       bias(register_parameter(
           "bias", options.bias ? kiln::empty({part_or_zero(options.out_features, group->size())}) : Tensor())) {
   detail::check_same_layout(group, options.name, "ColumnParallelLinear",
-                            {options.in_features, options.out_features, options.blocks, options.bias ? 1 : 0});
+                            {options.in_features, options.out_features, options.blocks, options.bias ? 1 : 0,
+                             options.sequence_parallel ? 1 : 0});
   KILN_CHECK(options.in_features > 0 && options.blocks > 0, ValueError, "ColumnParallelLinear '", options.name,
              "': expected in_features > 0 and blocks > 0, got ", options.in_features, " and ", options.blocks);
   check_divides(options.out_features, options.blocks * group->size(), options.name, "out_features", group);
@@ -270,7 +271,9 @@ ShardSpec ColumnParallelLinear::shard_spec(const std::string&) const {
 Tensor ColumnParallelLinear::forward(const Tensor& x) {
   KILN_CHECK(x.dim() >= 1 && x.size(-1) == options.in_features, ShapeError, "ColumnParallelLinear '", options.name,
              "': expected input with last dim ", options.in_features, ", got shape ", x.shape_string());
-  Tensor y = linear(copy_to_tp_region(x, group, options.name), weight, bias);
+  Tensor in = options.sequence_parallel ? gather_from_sequence_parallel_region(x, group, options.name)
+                                        : copy_to_tp_region(x, group, options.name);
+  Tensor y = linear(in, weight, bias);
   return options.gather_output ? gather_from_tp_region(y, group, options.name) : y;
 }
 
@@ -298,8 +301,9 @@ RowParallelLinear::RowParallelLinear(RowParallelLinearOptions o, ProcessGroupPtr
                                                        part_or_zero(options.in_features, group->size())}))),
       bias(register_parameter("bias",
                               options.bias ? kiln::empty({std::max<int64_t>(options.out_features, 0)}) : Tensor())) {
-  detail::check_same_layout(group, options.name, "RowParallelLinear",
-                            {options.in_features, options.out_features, options.bias ? 1 : 0});
+  detail::check_same_layout(
+      group, options.name, "RowParallelLinear",
+      {options.in_features, options.out_features, options.bias ? 1 : 0, options.sequence_parallel ? 1 : 0});
   KILN_CHECK(options.out_features > 0, ValueError, "RowParallelLinear '", options.name,
              "': expected out_features > 0, got ", options.out_features);
   check_divides(options.in_features, group->size(), options.name, "in_features", group);
@@ -321,6 +325,11 @@ Tensor RowParallelLinear::forward(const Tensor& x) {
              "': expected ", options.input_is_parallel ? "this rank's input slice" : "the input", " with last dim ",
              options.input_is_parallel ? weight.size(1) : options.in_features, ", got shape ", x.shape_string());
   // The bias joins after the sum: added on every rank before it, it would count tp times.
+  if (options.sequence_parallel) {
+    Tensor y = reduce_scatter_to_sequence_parallel_region(linear(in, weight), group, options.name);
+    // Each rank adds the bias to its own tokens only: f sums their gradients.
+    return options.bias ? y + copy_to_tp_region(bias, group, options.name + ".bias") : y;
+  }
   Tensor y = reduce_from_tp_region(linear(in, weight), group, options.name);
   return options.bias ? y + bias : y;
 }
@@ -350,7 +359,7 @@ VocabParallelEmbedding::VocabParallelEmbedding(VocabParallelEmbeddingOptions o, 
       weight(register_parameter("weight", kiln::empty({part_or_zero(options.num_embeddings, group->size()),
                                                        std::max<int64_t>(options.embedding_dim, 0)}))) {
   detail::check_same_layout(group, options.name, "VocabParallelEmbedding",
-                            {options.num_embeddings, options.embedding_dim});
+                            {options.num_embeddings, options.embedding_dim, options.sequence_parallel ? 1 : 0});
   KILN_CHECK(options.embedding_dim > 0, ValueError, "VocabParallelEmbedding '", options.name,
              "': expected embedding_dim > 0, got ", options.embedding_dim);
   check_divides(options.num_embeddings, group->size(), options.name, "num_embeddings", group);
@@ -377,7 +386,8 @@ Tensor VocabParallelEmbedding::forward(const Tensor& idx) {
   Tensor outside = ids.lt(vocab_start).logical_or(ids.ge(vocab_end));
   Tensor rows = embedding(weight, ids.sub(vocab_start).masked_fill(outside, 0));
   Tensor keep = outside.logical_not().to(rows.dtype()).unsqueeze(-1);
-  return reduce_from_tp_region(rows * keep, group, options.name);
+  return options.sequence_parallel ? reduce_scatter_to_sequence_parallel_region(rows * keep, group, options.name)
+                                   : reduce_from_tp_region(rows * keep, group, options.name);
 }
 
 std::string VocabParallelEmbedding::extra_repr() const {

@@ -56,6 +56,58 @@ Tensor slice_last(const Tensor& x, const ProcessGroupPtr& g, const std::string& 
   return x.narrow(x.dim() - 1, part * g->rank(), part).contiguous();
 }
 
+// Along dim 1 (the sequence): every rank's chunk, concatenated in rank order.
+Tensor all_gather_seq(const Tensor& x, const ProcessGroupPtr& g, const std::string& who, const char* what) {
+  if (g->size() == 1) return x;
+  Tensor in = x.contiguous();
+  std::vector<Tensor> parts;
+  for (int r = 0; r < g->size(); ++r) parts.push_back(kiln::empty(in.sizes(), TensorOptions(in.dtype())));
+  {
+    dist::CollectiveLabel l(label_for(who, what));
+    g->allgather(parts, in)->wait();
+  }
+  return cat(parts, 1).contiguous();
+}
+
+// The sum over ranks of x's chunk rank() along dim 1.
+Tensor reduce_scatter_seq(const Tensor& x, const ProcessGroupPtr& g, const std::string& who, const char* what) {
+  KILN_CHECK(x.dim() >= 2 && x.size(1) % g->size() == 0, ShapeError, "sequence parallel '", who,
+             "': expected dim 1 (the sequence) to divide evenly across ", g->describe(), ", got shape ",
+             x.shape_string());
+  if (g->size() == 1) return x;
+  const int64_t chunk = x.size(1) / g->size();
+  std::vector<Tensor> in;
+  for (int r = 0; r < g->size(); ++r) in.push_back(x.narrow(1, chunk * r, chunk).contiguous());
+  Tensor out = kiln::empty(in[0].sizes(), TensorOptions(x.dtype()));
+  dist::CollectiveLabel l(label_for(who, what));
+  g->reduce_scatter(out, in, dist::ReduceOp::Sum)->wait();
+  return out;
+}
+
+struct GatherSequence : autograd::Function<GatherSequence> {
+  static Tensor forward(AutogradContext& ctx, const Tensor& x, ProcessGroupPtr g, std::string who) {
+    ctx.saved_data["g"] = g;
+    ctx.saved_data["who"] = who;
+    return all_gather_seq(x, g, who, "forward all-gather of the sequence");
+  }
+  static TensorList backward(AutogradContext& ctx, TensorList grads) {
+    return {reduce_scatter_seq(grads[0], ctx.saved_data.get<ProcessGroupPtr>("g"),
+                               ctx.saved_data.get<std::string>("who"), "backward reduce-scatter of the sequence")};
+  }
+};
+
+struct ReduceScatterSequence : autograd::Function<ReduceScatterSequence> {
+  static Tensor forward(AutogradContext& ctx, const Tensor& x, ProcessGroupPtr g, std::string who) {
+    ctx.saved_data["g"] = g;
+    ctx.saved_data["who"] = who;
+    return reduce_scatter_seq(x, g, who, "forward reduce-scatter of the sequence");
+  }
+  static TensorList backward(AutogradContext& ctx, TensorList grads) {
+    return {all_gather_seq(grads[0], ctx.saved_data.get<ProcessGroupPtr>("g"), ctx.saved_data.get<std::string>("who"),
+                           "backward all-gather of the sequence")};
+  }
+};
+
 struct CopyToRegion : autograd::Function<CopyToRegion> {
   static Tensor forward(AutogradContext& ctx, const Tensor& x, ProcessGroupPtr g, std::string who) {
     ctx.saved_data["g"] = g;
@@ -208,6 +260,15 @@ Tensor scatter_to_tp_region(const Tensor& x, const ProcessGroupPtr& group, const
 
 Tensor gather_from_tp_region(const Tensor& x, const ProcessGroupPtr& group, const std::string& label) {
   return GatherFromRegion::apply(x, group, label);
+}
+
+Tensor gather_from_sequence_parallel_region(const Tensor& x, const ProcessGroupPtr& group, const std::string& label) {
+  return GatherSequence::apply(x, group, label);
+}
+
+Tensor reduce_scatter_to_sequence_parallel_region(const Tensor& x, const ProcessGroupPtr& group,
+                                                  const std::string& label) {
+  return ReduceScatterSequence::apply(x, group, label);
 }
 
 Tensor vocab_parallel_cross_entropy(const Tensor& logits_shard, const Tensor& target, const ProcessGroupPtr& group,

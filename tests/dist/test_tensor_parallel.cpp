@@ -61,6 +61,7 @@ class TensorParallel : public ::testing::Test {
     for (int64_t b = 0; b < blocks; ++b) parts.push_back(t.narrow(-1, b * (d / blocks) + per * rank, per));
     return cat(parts, -1);
   }
+  void gpt_trains_as_one_process(bool sequence_parallel);
   dist::ProcessGroupPtr pg;
   int n = 1, rank = 0;
 };
@@ -180,11 +181,12 @@ models::GPTOptions tiny_gpt() {
 // 10 AdamW steps of models::GPT and of TensorParallelGPT loaded from it, on
 // the same batches: every step's loss, every step's gradients (each rank's
 // shard), the parameters merged after training.
-TEST_F(TensorParallel, GptTrainsAsOneProcess) {
+void TensorParallel::gpt_trains_as_one_process(bool sequence_parallel) {
+  const std::string mode = sequence_parallel ? "sequence parallel" : "tensor parallel";
   manual_seed(5);
   models::GPT ref(tiny_gpt());
   manual_seed(99);  // the tp model's own draws are overwritten by the load
-  parallel::TensorParallelGPT tp(tiny_gpt(), pg);
+  parallel::TensorParallelGPT tp(tiny_gpt(), pg, parallel::TensorParallelOptions{.sequence_parallel = sequence_parallel});
   tp.load_from_full(ref.state_dict());
   {
     // Split and merged again, the weights are the single-process ones exactly.
@@ -192,7 +194,7 @@ TEST_F(TensorParallel, GptTrainsAsOneProcess) {
     ASSERT_EQ(merged.size(), want.size());
     for (size_t i = 0; i < want.size(); ++i) {
       EXPECT_EQ(merged[i].first, want[i].first);
-      test::expect_close(merged[i].second, want[i].second, 0, 0, who("round trip of " + want[i].first));
+      test::expect_close(merged[i].second, want[i].second, 0, 0, who(mode + ": round trip of " + want[i].first));
     }
   }
   const auto specs = parallel::shard_specs(tp);
@@ -209,14 +211,14 @@ TEST_F(TensorParallel, GptTrainsAsOneProcess) {
     l2.backward();
     const double a = l2.item<float>(), b = l1.item<float>();
     worst_loss = std::max(worst_loss, std::abs(a - b));
-    EXPECT_LE(std::abs(a - b), 1e-5 + 1e-5 * std::abs(b)) << who("loss at step " + std::to_string(step));
+    EXPECT_LE(std::abs(a - b), 1e-5 + 1e-5 * std::abs(b)) << who(mode + ": loss at step " + std::to_string(step));
     std::map<std::string, Tensor> ref_grads;
     for (auto& [name, p] : ref.named_parameters()) ref_grads[name] = p.grad();
     for (auto& [name, p] : tp.named_parameters()) {
       ASSERT_TRUE(ref_grads.count(name)) << name;
       Tensor want = parallel::local_part(ref_grads[name], specs.at(name), pg);
       worst_grad = std::max(worst_grad, max_abs_diff(p.grad(), want));
-      test::expect_close(p.grad(), want, 1e-3, 1e-5, who("gradient of " + name + " at step " + std::to_string(step)));
+      test::expect_close(p.grad(), want, 1e-3, 1e-5, who(mode + ": gradient of " + name + " at step " + std::to_string(step)));
     }
     opt_ref.step();
     opt_tp.step();
@@ -227,7 +229,7 @@ TEST_F(TensorParallel, GptTrainsAsOneProcess) {
   for (size_t i = 0; i < want.size(); ++i) {
     EXPECT_EQ(merged[i].first, want[i].first);
     const std::string& name = want[i].first;
-    const std::string what = who("parameter " + name + " after 10 steps");
+    const std::string what = who(mode + ": parameter " + name + " after 10 steps");
     const std::string kbias = "attn.c_attn.bias";
     if (name.size() > kbias.size() && name.compare(name.size() - kbias.size(), kbias.size(), kbias) == 0) {
       // The key bias's true gradient is 0 (a shift of every score of a row
@@ -248,14 +250,22 @@ TEST_F(TensorParallel, GptTrainsAsOneProcess) {
   models::GPT back(tiny_gpt());
   EXPECT_NO_THROW(back.load_state_dict(merged, /*strict=*/true));
   if (rank == 0)
-    std::printf("[ tp %d ] gpt, 10 AdamW steps: max |loss diff| %.3g, max |grad diff| %.3g, max |param diff| %.3g (key bias aside)\n",
-                n, worst_loss, worst_grad, worst_param);
+    std::printf("[ tp %d, %s ] gpt, 10 AdamW steps: max |loss diff| %.3g, max |grad diff| %.3g, max |param diff| "
+                "%.3g (key bias aside)\n",
+                n, mode.c_str(), worst_loss, worst_grad, worst_param);
   // full_logits gathers every rank's slice into the single-process logits.
   Generator g(7);
   Tensor idx = randint(0, 32, {2, 8}, kInt64, &g);
   NoGradGuard no_grad;
-  test::expect_close(tp.full_logits(idx), ref(idx), kRtol, 1e-5, who("full logits after training"));
+  test::expect_close(tp.full_logits(idx), ref(idx), kRtol, 1e-5, who(mode + ": full logits after training"));
 }
+
+TEST_F(TensorParallel, GptTrainsAsOneProcess) { gpt_trains_as_one_process(false); }
+
+// Sequence parallel: LayerNorms, dropout and residuals on [B, T / tp, d]
+// chunks, all-gather / reduce-scatter in place of the all-reduces; the same
+// model, so the same comparisons and tolerances.
+TEST_F(TensorParallel, SequenceParallelGptTrainsAsOneProcess) { gpt_trains_as_one_process(true); }
 
 // One all-reduce per block half each way (Megatron's count): forward, the
 // embedding's g, each block's two row-parallel g and the loss's two (max;
@@ -308,7 +318,7 @@ TEST_F(TensorParallel, ShardOfAnotherShapeIsNamedOnEveryRank) {
   } catch (const ShapeError& e) {
     const std::string what = e.what();
     EXPECT_NE(what.find("tensor parallel layer 'h.0.fc' (ColumnParallelLinear)"), std::string::npos) << what;
-    EXPECT_NE(what.find("rank 0 builds it with full dims [8, 8, 1, 1] but rank 1 with [8, 16, 1, 1]"),
+    EXPECT_NE(what.find("rank 0 builds it with full dims [8, 8, 1, 1, 0] but rank 1 with [8, 16, 1, 1, 0]"),
               std::string::npos)
         << what;
   }
@@ -322,7 +332,7 @@ TEST_F(TensorParallel, ShardOfAnotherShapeIsNamedOnEveryRank) {
     const std::string what = e.what();
     EXPECT_NE(what.find("tensor parallel layer 'transformer.wte' (VocabParallelEmbedding)"), std::string::npos)
         << what;
-    EXPECT_NE(what.find("but rank 1 with [32, 32]"), std::string::npos) << what;
+    EXPECT_NE(what.find("but rank 1 with [32, 32, 0]"), std::string::npos) << what;
   }
   // A state dict whose tensor does not fit rank 1's shard: every rank throws, rank 1 saying what.
   manual_seed(5);

@@ -50,6 +50,18 @@ Tensor scatter_to_tp_region(const Tensor& x, const dist::ProcessGroupPtr& group,
 /// Concatenates every rank's x along the last dim (rank order); backward keeps this rank's slice.
 Tensor gather_from_tp_region(const Tensor& x, const dist::ProcessGroupPtr& group, const std::string& label = "");
 
+// ---- sequence parallel (Megatron): activations outside the tp regions are
+// [B, T / tp, ...], this rank's chunk of the sequence (dim 1) ----
+
+/// All-gathers the sequence chunks along dim 1 ([B, T / tp, ..] -> [B, T, ..]);
+/// backward reduce-scatters the gradient along dim 1 (it replaces f).
+Tensor gather_from_sequence_parallel_region(const Tensor& x, const dist::ProcessGroupPtr& group,
+                                            const std::string& label = "");
+/// Sums x over the group and keeps this rank's chunk of dim 1 ([B, T, ..] ->
+/// [B, T / tp, ..]; T must divide by size()); backward all-gathers (it replaces g).
+Tensor reduce_scatter_to_sequence_parallel_region(const Tensor& x, const dist::ProcessGroupPtr& group,
+                                                  const std::string& label = "");
+
 // ---- how parameters are split ----
 
 /// The layout of one parameter of a tensor-parallel module across the group.
@@ -112,6 +124,9 @@ struct ColumnParallelLinearOptions {
   bool gather_output = false;
   /// The output is `blocks` equal blocks split separately (3 for a fused q, k, v projection).
   int64_t blocks = 1;
+  /// The input is this rank's sequence chunk [B, T / tp, in]: forward
+  /// all-gathers it along dim 1 in place of f (backward: a reduce-scatter).
+  bool sequence_parallel = false;
   std::string name = "ColumnParallelLinear";  // in errors and collective labels
 };
 
@@ -138,6 +153,10 @@ struct RowParallelLinearOptions {
   /// The input is already this rank's [.., in / tp] (a ColumnParallelLinear's
   /// output); otherwise forward takes the full input and keeps its slice.
   bool input_is_parallel = true;
+  /// The output is reduce-scattered along dim 1 (the sequence) in place of
+  /// g's all-reduce: each rank returns [B, T / tp, out]. The bias, added to
+  /// the chunk, goes through f so that its gradient sums every chunk's.
+  bool sequence_parallel = false;
   std::string name = "RowParallelLinear";
 };
 
@@ -160,6 +179,9 @@ class RowParallelLinear : public nn::Module, public ShardedModule {
 struct VocabParallelEmbeddingOptions {
   int64_t num_embeddings = 0;  // the vocabulary; must divide by tp
   int64_t embedding_dim = 0;
+  /// Reduce-scatter the rows along dim 1 (the sequence) instead of all-reducing
+  /// them: ids [B, T] -> this rank's [B, T / tp, d].
+  bool sequence_parallel = false;
   std::string name = "VocabParallelEmbedding";
 };
 

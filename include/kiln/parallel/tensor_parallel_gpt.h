@@ -28,11 +28,24 @@
 
 namespace kiln::parallel {
 
+struct TensorParallelOptions {
+  /// Megatron's sequence parallelism: outside the tp regions (LayerNorms,
+  /// dropout, residual adds, positions) every rank works on its chunk of the
+  /// sequence, [B, T / tp, d], so those activations are 1/tp per rank; the
+  /// all-reduces become an all-gather before each column-parallel layer and a
+  /// reduce-scatter after each row-parallel one (backward: the reverse). The
+  /// replicated parameters used on chunks (LayerNorms, row-parallel biases,
+  /// positions) go through f, so their gradients sum every chunk's and stay
+  /// equal on every rank. T must divide by tp.
+  bool sequence_parallel = false;
+};
+
 /// nanoGPT's causal self-attention with the heads split across the group:
 /// [B, T, d] -> [B, T, d] (the output all-reduced once, in c_proj).
 class ParallelSelfAttention : public nn::Module {
  public:
-  ParallelSelfAttention(const nn::TransformerBlockOptions& o, dist::ProcessGroupPtr group, const std::string& name);
+  ParallelSelfAttention(const nn::TransformerBlockOptions& o, dist::ProcessGroupPtr group, const std::string& name,
+                        TensorParallelOptions tp = {});
   Tensor forward(const Tensor& x) override;
   const int64_t d_model, n_head, local_heads;
   const double dropout;
@@ -44,7 +57,8 @@ class ParallelSelfAttention : public nn::Module {
 /// nanoGPT's MLP: c_fc (column-parallel), GELU(tanh), c_proj (row-parallel), dropout.
 class ParallelMLP : public nn::Module {
  public:
-  ParallelMLP(const nn::TransformerBlockOptions& o, dist::ProcessGroupPtr group, const std::string& name);
+  ParallelMLP(const nn::TransformerBlockOptions& o, dist::ProcessGroupPtr group, const std::string& name,
+              TensorParallelOptions tp = {});
   Tensor forward(const Tensor& x) override;
   std::shared_ptr<ColumnParallelLinear> c_fc;
   std::shared_ptr<RowParallelLinear> c_proj;
@@ -54,8 +68,13 @@ class ParallelMLP : public nn::Module {
 /// nanoGPT's pre-LN block: x + attn(ln_1(x)), then h + mlp(ln_2(h)).
 class ParallelTransformerBlock : public nn::Module {
  public:
-  ParallelTransformerBlock(nn::TransformerBlockOptions o, dist::ProcessGroupPtr group, const std::string& name);
+  ParallelTransformerBlock(nn::TransformerBlockOptions o, dist::ProcessGroupPtr group, const std::string& name,
+                           TensorParallelOptions tp = {});
+  /// x: [B, T, d], or this rank's [B, T / tp, d] under sequence parallelism.
   Tensor forward(const Tensor& x) override;
+  const dist::ProcessGroupPtr group;
+  const TensorParallelOptions tp;
+  const std::string name;
   std::shared_ptr<nn::LayerNorm> ln_1;
   std::shared_ptr<ParallelSelfAttention> attn;
   std::shared_ptr<nn::LayerNorm> ln_2;
@@ -73,7 +92,7 @@ class ParallelTransformerBlock : public nn::Module {
 /// seeded alike) but does not reproduce a single-process run's masks.
 class TensorParallelGPT : public nn::Module {
  public:
-  TensorParallelGPT(models::GPTOptions o, dist::ProcessGroupPtr group);
+  TensorParallelGPT(models::GPTOptions o, dist::ProcessGroupPtr group, TensorParallelOptions tp = {});
   /// idx [B, T] int64 -> this rank's logits [B, T, vocab_size / tp] (classes [vocab_start(), +vocab_size / tp)).
   Tensor forward(const Tensor& idx) override;
   /// The full logits [B, T, vocab_size] on every rank (an all-gather; for sampling and evaluation).
@@ -89,6 +108,7 @@ class TensorParallelGPT : public nn::Module {
 
   const models::GPTOptions options;
   const dist::ProcessGroupPtr group;
+  const TensorParallelOptions tp;
   std::shared_ptr<nn::ModuleDict> transformer;
   std::shared_ptr<VocabParallelEmbedding> wte;
   std::shared_ptr<nn::Embedding> wpe;
