@@ -22,6 +22,7 @@
 #include <string>
 
 #include "dist/ddp_nets.h"
+#include "kiln/core/allocator.h"
 #include "kiln/core/guards.h"
 #include "kiln/dist/dist.h"
 #include "kiln/models/gpt.h"
@@ -303,6 +304,31 @@ TEST_F(TensorParallel, GptWorkloadParametersPerRank) {
     std::printf("[ tp %d ] gpt workload: %lld parameters per rank (%.2f MB float32) vs %lld (%.2f MB) in one process\n",
                 n, static_cast<long long>(tp.num_parameters()), 4e-6 * static_cast<double>(tp.num_parameters()),
                 static_cast<long long>(sharded + replicated), 4e-6 * static_cast<double>(sharded + replicated));
+}
+
+// Activation memory: the bytes a training forward of the gpt workload's model
+// keeps for backward (the Activation category's live bytes that forward adds
+// and the graph holds until backward), with and without sequence parallelism. Batch 2 x 128
+// tokens to keep the case short; the bytes scale with the batch.
+TEST_F(TensorParallel, SequenceParallelKeepsFewerActivations) {
+  const models::GPTOptions o;
+  Generator g(9);
+  Tensor idx = randint(0, o.vocab_size, {2, o.block_size}, kInt64, &g);
+  Tensor tgt = randint(0, o.vocab_size, {2, o.block_size}, kInt64, &g);
+  int64_t kept[2] = {0, 0};
+  for (bool sp : {false, true}) {
+    manual_seed(5);
+    parallel::TensorParallelGPT tp(o, pg, parallel::TensorParallelOptions{.sequence_parallel = sp});
+    const int64_t before = memory::stats()[MemoryCategory::Activation].live_bytes;
+    Tensor loss = tp.loss(idx, tgt);
+    kept[sp] = memory::stats()[MemoryCategory::Activation].live_bytes - before;
+    loss.backward();
+  }
+  if (rank == 0)
+    std::printf("[ tp %d ] gpt workload, 2 x 128 tokens: activations kept for backward %.2f MB, %.2f MB with sequence "
+                "parallel\n",
+                n, 1e-6 * static_cast<double>(kept[0]), 1e-6 * static_cast<double>(kept[1]));
+  if (n > 1) EXPECT_LT(kept[1], kept[0]) << who("activation bytes with sequence parallel");
 }
 
 // A rank that builds a layer with another shape must not leave the others in
