@@ -9,6 +9,9 @@
 //   gather_from_tp_region   all-gather along the last dim forward, this rank's slice backward
 // A column-parallel Linear starts with f, a row-parallel one ends with g, so
 // attention and the MLP each cost one all-reduce forward and one backward.
+// Sequence parallelism (the layers' sequence_parallel option) replaces f and g
+// by an all-gather and a reduce-scatter along dim 1, the sequence, so that the
+// activations between the regions are [B, T / tp, ...] chunks.
 //
 // Layers (parameter shards of the matching single-process layer):
 //   ColumnParallelLinear    weight rows (output features) split: [out/tp, in], bias [out/tp]
