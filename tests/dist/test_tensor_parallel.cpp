@@ -62,7 +62,7 @@ class TensorParallel : public ::testing::Test {
     for (int64_t b = 0; b < blocks; ++b) parts.push_back(t.narrow(-1, b * (d / blocks) + per * rank, per));
     return cat(parts, -1);
   }
-  void gpt_trains_as_one_process(bool sequence_parallel);
+  void gpt_trains_as_one_process(bool sequence_parallel, dist::ProcessGroupPtr group = nullptr);
   dist::ProcessGroupPtr pg;
   int n = 1, rank = 0;
 };
@@ -182,12 +182,15 @@ models::GPTOptions tiny_gpt() {
 // 10 AdamW steps of models::GPT and of TensorParallelGPT loaded from it, on
 // the same batches: every step's loss, every step's gradients (each rank's
 // shard), the parameters merged after training.
-void TensorParallel::gpt_trains_as_one_process(bool sequence_parallel) {
-  const std::string mode = sequence_parallel ? "sequence parallel" : "tensor parallel";
+void TensorParallel::gpt_trains_as_one_process(bool sequence_parallel, dist::ProcessGroupPtr group) {
+  if (!group) group = pg;
+  const std::string mode = std::string(sequence_parallel ? "sequence parallel" : "tensor parallel") + " over " +
+                           group->describe();
   manual_seed(5);
   models::GPT ref(tiny_gpt());
   manual_seed(99);  // the tp model's own draws are overwritten by the load
-  parallel::TensorParallelGPT tp(tiny_gpt(), pg, parallel::TensorParallelOptions{.sequence_parallel = sequence_parallel});
+  parallel::TensorParallelGPT tp(tiny_gpt(), group,
+                                 parallel::TensorParallelOptions{.sequence_parallel = sequence_parallel});
   tp.load_from_full(ref.state_dict());
   {
     // Split and merged again, the weights are the single-process ones exactly.
@@ -217,7 +220,7 @@ void TensorParallel::gpt_trains_as_one_process(bool sequence_parallel) {
     for (auto& [name, p] : ref.named_parameters()) ref_grads[name] = p.grad();
     for (auto& [name, p] : tp.named_parameters()) {
       ASSERT_TRUE(ref_grads.count(name)) << name;
-      Tensor want = parallel::local_part(ref_grads[name], specs.at(name), pg);
+      Tensor want = parallel::local_part(ref_grads[name], specs.at(name), group);
       worst_grad = std::max(worst_grad, max_abs_diff(p.grad(), want));
       test::expect_close(p.grad(), want, 1e-3, 1e-5, who(mode + ": gradient of " + name + " at step " + std::to_string(step)));
     }
@@ -253,7 +256,7 @@ void TensorParallel::gpt_trains_as_one_process(bool sequence_parallel) {
   if (rank == 0)
     std::printf("[ tp %d, %s ] gpt, 10 AdamW steps: max |loss diff| %.3g, max |grad diff| %.3g, max |param diff| "
                 "%.3g (key bias aside)\n",
-                n, mode.c_str(), worst_loss, worst_grad, worst_param);
+                group->size(), mode.c_str(), worst_loss, worst_grad, worst_param);
   // full_logits gathers every rank's slice into the single-process logits.
   Generator g(7);
   Tensor idx = randint(0, 32, {2, 8}, kInt64, &g);
@@ -267,6 +270,15 @@ TEST_F(TensorParallel, GptTrainsAsOneProcess) { gpt_trains_as_one_process(false)
 // chunks, all-gather / reduce-scatter in place of the all-reduces; the same
 // model, so the same comparisons and tolerances.
 TEST_F(TensorParallel, SequenceParallelGptTrainsAsOneProcess) { gpt_trains_as_one_process(true); }
+
+// tp = 2 inside a world of 4: two tp groups ({0, 1} and {2, 3}, as a device
+// mesh's tp dimension would make) train side by side, each as one process.
+TEST_F(TensorParallel, GptOnTpGroupsOfTheWorld) {
+  if (n != 4) GTEST_SKIP() << "needs 4 ranks: two tp groups of 2 (at 1 and 2 ranks the world is the only tp group)";
+  auto first = dist::new_group({0, 1});
+  auto second = dist::new_group({2, 3});
+  for (bool sp : {false, true}) gpt_trains_as_one_process(sp, rank < 2 ? first : second);
+}
 
 // One all-reduce per block half each way (Megatron's count): forward, the
 // embedding's g, each block's two row-parallel g and the loss's two (max;
@@ -286,6 +298,20 @@ TEST_F(TensorParallel, OneAllReducePerBlockHalf) {
   const uint64_t L = static_cast<uint64_t>(tiny_gpt().n_layer);
   EXPECT_EQ(after_forward - before - 1, 2 * L + 3) << who("collectives in forward");
   EXPECT_EQ(after_backward - after_forward - 1, 2 * L + 1) << who("collectives in backward");
+
+  // Sequence parallel: forward, the embedding's reduce-scatter, per block an
+  // all-gather and a reduce-scatter per half, the head's all-gather and the
+  // loss's two; backward, the reverse of each (4 per block, 2 at the ends)
+  // plus one all-reduce per replicated parameter used on chunks (per block:
+  // ln_1, ln_2 weight and bias, two row-parallel biases; ln_f's two; wpe).
+  parallel::TensorParallelGPT sp(tiny_gpt(), pg, parallel::TensorParallelOptions{.sequence_parallel = true});
+  const uint64_t sp_before = pg->barrier()->sequence();
+  Tensor sp_loss = sp.loss(idx, tgt);
+  const uint64_t sp_forward = pg->barrier()->sequence();
+  sp_loss.backward();
+  const uint64_t sp_backward = pg->barrier()->sequence();
+  EXPECT_EQ(sp_forward - sp_before - 1, 4 * L + 4) << who("collectives in a sequence-parallel forward");
+  EXPECT_EQ(sp_backward - sp_forward - 1, 10 * L + 5) << who("collectives in a sequence-parallel backward");
 }
 
 // Parameter bytes per rank for the gpt workload (models::GPTOptions'
