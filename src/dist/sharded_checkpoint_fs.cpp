@@ -10,6 +10,7 @@
 #include <system_error>
 
 #include "kiln/core/error.h"
+#include "kiln/io/atomic_file.h"
 #include "sharded_checkpoint_format.h"
 
 namespace kiln::dist::shard_format {
@@ -80,41 +81,9 @@ void remove_ours(const fs::path& d) noexcept {
   fs::remove(d, ec);  // fails, harmlessly, if anything else is left
 }
 
-void sync_directory(const fs::path& d) {
-  const int fd = ::open(d.empty() ? "." : d.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-  if (fd < 0) return;  // some systems cannot open directories; the renames are done
-  const int rc = ::fsync(fd);
-  const int err = errno;
-  ::close(fd);
-  KILN_CHECK(rc == 0 || err == EINVAL || err == EROFS, IOError, "syncing directory '", d.string(),
-             "' failed: ", sys_error(err));
-}
+void sync_directory(const fs::path& d) { io::sync_directory(d); }
 
-void write_file_synced(const fs::path& path, const std::string& text) {
-  const std::string tmp = concat(path.string(), ".tmp.", ::getpid());
-  const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-  KILN_CHECK(fd >= 0, IOError, "cannot create '", tmp, "': ", sys_error(errno));
-  std::string failure;
-  const char* p = text.data();
-  size_t left = text.size();
-  while (left > 0 && failure.empty()) {
-    const ssize_t w = ::write(fd, p, left);
-    if (w < 0 && errno == EINTR) continue;
-    if (w < 0)
-      failure = "writing it failed: " + sys_error(errno);
-    else
-      p += w, left -= static_cast<size_t>(w);
-  }
-  if (failure.empty() && ::fsync(fd) != 0) failure = "fsync failed: " + sys_error(errno);
-  if (::close(fd) != 0 && failure.empty()) failure = "closing it failed: " + sys_error(errno);
-  if (failure.empty() && ::rename(tmp.c_str(), path.c_str()) != 0)
-    failure = concat("renaming it to '", path.string(), "' failed: ", sys_error(errno));
-  if (!failure.empty()) {
-    ::unlink(tmp.c_str());
-    throw IOError(concat("'", tmp, "': ", failure));
-  }
-  sync_directory(path.parent_path());
-}
+void write_file_synced(const fs::path& path, const std::string& text) { io::write_file_atomically(path, text); }
 
 void replace_directory(const fs::path& partial, const fs::path& dir) {
   const fs::path parent = dir.parent_path();

@@ -16,6 +16,7 @@
 #include <sstream>
 
 #include "kiln/core/error.h"
+#include "kiln/io/atomic_file.h"
 #include "kiln/io/safetensors.h"
 #include "kiln/train/checkpoint.h"
 
@@ -45,45 +46,6 @@ std::string file_name(int64_t step) {
   char buf[48];
   std::snprintf(buf, sizeof buf, "%s%08lld%s", kPrefix, static_cast<long long>(step), kSuffix);
   return buf;
-}
-
-std::string sys_error(int err) { return std::strerror(err); }
-
-void fsync_dir(const fs::path& dir) {
-  const int fd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-  if (fd < 0) return;  // some systems cannot open directories; the rename is done
-  const int rc = ::fsync(fd);
-  const int err = errno;
-  ::close(fd);
-  KILN_CHECK(rc == 0 || err == EINVAL || err == EROFS, IOError, "CheckpointManager: syncing directory '", dir.string(),
-             "' failed: ", sys_error(err));
-}
-
-// Writes `text` to `path` the way save_safetensors writes: temp, fsync, rename, directory fsync.
-void write_atomically(const fs::path& path, const std::string& text) {
-  const std::string tmp = path.string() + ".tmp." + std::to_string(::getpid());
-  const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-  KILN_CHECK(fd >= 0, IOError, "CheckpointManager: cannot create '", tmp, "': ", sys_error(errno));
-  std::string failure;
-  const char* p = text.data();
-  size_t left = text.size();
-  while (left > 0 && failure.empty()) {
-    const ssize_t w = ::write(fd, p, left);
-    if (w < 0 && errno == EINTR) continue;
-    if (w < 0)
-      failure = "writing it failed: " + sys_error(errno);
-    else
-      p += w, left -= static_cast<size_t>(w);
-  }
-  if (failure.empty() && ::fsync(fd) != 0) failure = "fsync failed: " + sys_error(errno);
-  if (::close(fd) != 0 && failure.empty()) failure = "closing it failed: " + sys_error(errno);
-  if (failure.empty() && ::rename(tmp.c_str(), path.c_str()) != 0)
-    failure = "renaming it to '" + path.string() + "' failed: " + sys_error(errno);
-  if (!failure.empty()) {
-    ::unlink(tmp.c_str());
-    throw IOError(detail::concat("CheckpointManager: '", tmp, "': ", failure));
-  }
-  fsync_dir(path.parent_path());
 }
 
 // The file name `latest` holds, if it holds a well-formed checkpoint name; why not otherwise.
@@ -156,7 +118,7 @@ fs::path CheckpointManager::save(const CheckpointRefs& refs, const CheckpointInf
   const std::string name = file_name(info.step);
   const fs::path path = dir_ / name;
   save_checkpoint(path.string(), refs, info);
-  write_atomically(dir_ / kPointer, name + "\n");
+  io::write_file_atomically(dir_ / kPointer, name + "\n");
 
   // Prune: the newest keep_last by step, and whatever `latest` names, stay.
   std::vector<fs::path> all = list();
