@@ -83,9 +83,11 @@
 #include "kiln/train/leak_watch.h"
 
 #include "kiln/dist/ddp.h"
+#include "kiln/dist/device_mesh.h"
 #include "kiln/dist/dist.h"
 #include "kiln/dist/fsdp.h"
 #include "kiln/dist/launch.h"
+#include "kiln/dist/mpi_tuning.h"
 #include "kiln/dist/process_group.h"
 #include "kiln/dist/sharded_checkpoint.h"
 #include "kiln/dist/sync_batch_norm.h"

@@ -9,6 +9,7 @@
 #include <string>
 
 #include "cli/commands.h"
+#include "cli/commbench.h"
 #include "cli/config.h"
 #include "cli/plan.h"
 #include "cli/train.h"
@@ -145,6 +146,26 @@ int dispatch(int argc, char** argv) {
   launch->add_option("--hostfile", hostfile, "Open MPI hostfile for a multi-machine job (lines: HOST slots=N)");
   launch->add_option("command", command, "The command every rank runs, after --")->required();
 
+  CommbenchOptions cbo;
+  auto* commbench = app.add_subcommand(
+      "commbench",
+      "Time and bandwidth of the collectives over message sizes, as nccl-tests: kiln launch -n 4 -- kiln commbench "
+      "(docs/distributed.md)");
+  commbench->add_option("--ops", cbo.ops, "Comma-separated: allreduce, reduce_scatter, allgather, alltoall, broadcast")
+      ->capture_default_str();
+  commbench->add_option("--min-bytes", cbo.min_bytes, "Smallest message (8, 64K, 1M: K/M/G are powers of 1024)")
+      ->capture_default_str();
+  commbench->add_option("--max-bytes", cbo.max_bytes, "Largest message; sizes double from --min-bytes up to it")
+      ->capture_default_str();
+  commbench->add_option("--iters", cbo.iters, "Timed calls per size")->capture_default_str();
+  commbench->add_option("--warmup", cbo.warmup, "Untimed calls per size first")->capture_default_str();
+  commbench
+      ->add_option("--algorithm", cbo.algorithm,
+                   "Open MPI's algorithm: default | ring | recursive_doubling | ... (every collective that has it) | "
+                   "op=name,op=name")
+      ->capture_default_str();
+  commbench->add_option("--json", cbo.json, "Also write the results to this file (rank 0)");
+
   if (argc <= 1) {  // `kiln` alone: what it can do, as `kiln --help` prints it
     std::fputs(app.help().c_str(), stdout);
     return 0;
@@ -174,6 +195,7 @@ int dispatch(int argc, char** argv) {
   if (resume->parsed())
     return run_maybe_distributed([&](dist::ProcessGroupPtr g) { return cli::resume(run_dir, ro, g); });
   if (launch->parsed()) return launch_command(nprocs, hostfile, command);
+  if (commbench->parsed()) return commbench_command(cbo);
   if (eval->parsed()) return evaluate_command(target, split, batches, which);
   if (exp->parsed()) return export_command(target, xo);
   if (sample->parsed()) return sample_command(target, so);

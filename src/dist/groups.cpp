@@ -51,10 +51,10 @@ std::string list_ranks(const std::vector<int>& v) {
 // collective throws, naming the group and this process's world rank.
 class NonMemberGroup final : public ProcessGroup {
  public:
-  NonMemberGroup(std::vector<int> ranks, int world_rank, int world_size)
+  NonMemberGroup(std::vector<int> ranks, int world_rank, int world_size, const std::string& name)
       : ranks_(std::move(ranks)), world_rank_(world_rank) {
-    name_ = "group " + list_ranks(ranks_) + " (" + std::to_string(ranks_.size()) + " of " + std::to_string(world_size) +
-            " ranks)";
+    name_ = (name.empty() ? "" : name + " ") + "group " + list_ranks(ranks_) + " (" + std::to_string(ranks_.size()) +
+            " of " + std::to_string(world_size) + " ranks)";
   }
   int rank() const override { return -1; }
   int size() const override { return static_cast<int>(ranks_.size()); }
@@ -118,7 +118,7 @@ void shutdown_groups() {
 
 }  // namespace detail
 
-ProcessGroupPtr new_group(std::vector<int> ranks) {
+ProcessGroupPtr new_group(std::vector<int> ranks, const std::string& name) {
   auto world_group = world();  // throws before init()
   const int n = world_group->size(), me = world_group->rank();
   std::sort(ranks.begin(), ranks.end());
@@ -157,11 +157,11 @@ ProcessGroupPtr new_group(std::vector<int> ranks) {
   MPI_Comm comm = MPI_COMM_NULL;
   rc = MPI_Comm_split(MPI_COMM_WORLD, member ? 0 : MPI_UNDEFINED, me, &comm);
   KILN_CHECK(rc == MPI_SUCCESS, DistributedError, "dist::new_group: MPI_Comm_split failed (code ", rc, ")");
-  if (!member) return std::make_shared<detail::NonMemberGroup>(ranks, me, n);
+  if (!member) return std::make_shared<detail::NonMemberGroup>(ranks, me, n, name);
   // The group keeps duplicates of the split; this one is only their template.
   std::shared_ptr<detail::MPIProcessGroup> g;
   try {
-    g = std::make_shared<detail::MPIProcessGroup>(comm, ranks);
+    g = std::make_shared<detail::MPIProcessGroup>(comm, ranks, name);
   } catch (...) {
     MPI_Comm_free(&comm);
     throw;

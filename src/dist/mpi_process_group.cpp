@@ -180,7 +180,8 @@ void MPIWork::finish(std::exception_ptr err) {
   cv_.notify_all();
 }
 
-MPIProcessGroup::MPIProcessGroup(MPI_Comm comm, std::vector<int> world_ranks) : world_ranks_(std::move(world_ranks)) {
+MPIProcessGroup::MPIProcessGroup(MPI_Comm comm, std::vector<int> world_ranks, const std::string& name)
+    : world_ranks_(std::move(world_ranks)) {
   check_mpi(MPI_Comm_dup(comm, &comm_), "MPI_Comm_dup");
   check_mpi(MPI_Comm_dup(comm, &watch_), "MPI_Comm_dup");
   // Errors come back as codes, thrown by check_mpi and rethrown by Work::wait.
@@ -196,7 +197,7 @@ MPIProcessGroup::MPIProcessGroup(MPI_Comm comm, std::vector<int> world_ranks) : 
   } else {
     KILN_ASSERT(static_cast<int>(world_ranks_.size()) == size_, "MPIProcessGroup: ", world_ranks_.size(),
                 " world ranks for a communicator of ", size_);
-    name_ = "group [";
+    name_ = (name.empty() ? "" : name + " ") + "group [";
     for (size_t i = 0; i < world_ranks_.size(); ++i) name_ += (i ? ", " : "") + std::to_string(world_ranks_[i]);
     name_ += "] (" + std::to_string(size_) + " of " + std::to_string(world_size) + " ranks)";
   }

@@ -101,7 +101,8 @@ class MPIProcessGroup final : public ProcessGroup {
  public:
   /// Duplicates `comm` (twice: collectives, watchdog) and starts both threads.
   /// `world_ranks`: the world rank of each member, for messages; empty for the world.
-  explicit MPIProcessGroup(MPI_Comm comm, std::vector<int> world_ranks = {});
+  /// `name`: what new_group's caller said the group is for ("tp"), put before "group [...]".
+  explicit MPIProcessGroup(MPI_Comm comm, std::vector<int> world_ranks = {}, const std::string& name = "");
   ~MPIProcessGroup() override;
   /// Stops the threads and frees the communicators; must run before MPI_Finalize.
   void shutdown();

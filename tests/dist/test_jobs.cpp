@@ -143,6 +143,17 @@ TEST(DistJob, WatchdogNamesTheSubgroupAndItsMissingRank) {
   EXPECT_FALSE(has(out, "finished, but the watchdog")) << out;
 }
 
+// A DeviceMesh's groups carry their dimension's name into the report.
+TEST(DistJob, WatchdogNamesTheMeshDimensionOfAStuckGroup) {
+  std::string out;
+  const int rc = run_job("mesh-hang", {"KILN_DIST_TIMEOUT=3"}, out, 4);
+  EXPECT_NE(rc, 0) << out;
+  EXPECT_NE(rc, 137) << "the job hung until timeout(1) killed it:\n" << out;
+  EXPECT_TRUE(has(out, "kiln dist watchdog: rank 0 of tp group [2, 3] (2 of 4 ranks), world rank 2, waited")) << out;
+  EXPECT_TRUE(has(out, "ranks that had NOT reached it: 1 (world 3)\n")) << out;
+  EXPECT_FALSE(has(out, "finished, but the watchdog")) << out;
+}
+
 TEST(DistJob, ARankThatThrowsEndsTheJob) {
   std::string out;
   const int rc = run_job("throw", {}, out);  // default timeout (300 s): the abort, not the watchdog, ends it

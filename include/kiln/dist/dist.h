@@ -35,8 +35,10 @@ ProcessGroupPtr world();
 /// i is the i-th smallest world rank. A process not in `ranks` gets a handle
 /// whose is_member() is false and whose collectives throw. Duplicate or
 /// out-of-range ranks, and ranks that differ between processes, throw on every
-/// process.
-ProcessGroupPtr new_group(std::vector<int> ranks);
+/// process. `name` says what the group is for, so that errors and the watchdog
+/// name it: "tp" gives "tp group [0, 1] (2 of 4 ranks)" (DeviceMesh names its
+/// groups by their dimension); without one, "group [0, 1] (2 of 4 ranks)".
+ProcessGroupPtr new_group(std::vector<int> ranks, const std::string& name = "");
 
 /// This process's rank and the number of processes, from the world group.
 int rank();

@@ -6,6 +6,7 @@
 //                   | fsdp-die   (rank 1 dies just before an FSDP unit's all-gather)
 //                   | pipeline-stall   (the last stage stalls in a forward: the first waits for gradients)
 //                   | pipeline-die     (the first stage dies in a forward: the last waits for activations)
+//                   | mesh-hang  (4 ranks, mesh dp=2 x tp=2: world rank 3 skips a tp allreduce)
 #include <mpi.h>
 
 #include <chrono>
@@ -19,6 +20,7 @@
 #include <vector>
 
 #include "kiln/ops/factory.h"
+#include "kiln/dist/device_mesh.h"
 #include "kiln/dist/dist.h"
 #include "kiln/dist/fsdp.h"
 #include "kiln/nn/layers.h"
@@ -157,6 +159,22 @@ int group_hang() {
   return 2;
 }
 
+// A tp group of a DeviceMesh in which one rank never arrives: the watchdog
+// must name the group by its mesh dimension.
+int mesh_hang() {
+  dist::DeviceMesh mesh({{"dp", 2}, {"tp", 2}});
+  auto tp = mesh.group("tp");
+  warm_up(*tp);
+  if (dist::rank() != 3) {
+    Tensor c = full({1000}, 2.0);
+    tp->allreduce(c)->wait();
+  }
+  // Ranks 0 and 1 finished theirs; they wait here for the watchdog of rank 2 to end the job.
+  std::this_thread::sleep_for(std::chrono::seconds(100));
+  std::fprintf(stderr, "world rank %d: finished, but the watchdog should have ended the job\n", dist::rank());
+  return 2;
+}
+
 // Bus bandwidth as nccl-tests defines it for allreduce: 2(n-1)/n x bytes / time,
 // the time being the slowest rank's mean over `iters` after warm-up.
 void bandwidth(double mb, int iters) {
@@ -273,6 +291,7 @@ int main(int argc, char** argv) {
   if (mode == "barrier-vs-allreduce") return barrier_vs_allreduce();
   if (mode == "group-mismatch-debug") return group_mismatch_debug();
   if (mode == "group-hang") return group_hang();
+  if (mode == "mesh-hang") return mesh_hang();
   if (mode == "sigkill") return die_on_rank_1(SIGKILL);
   if (mode == "sigsegv") return die_on_rank_1(SIGSEGV);
   if (mode == "fsdp-die") return fsdp_die();
