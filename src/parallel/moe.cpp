@@ -49,9 +49,8 @@ struct AllToAllRows : autograd::Function<AllToAllRows> {
   static TensorList backward(AutogradContext& ctx, TensorList grads) {
     auto& d = ctx.saved_data;
     // Reversed: what came from rank j goes back to rank j.
-    return {exchange_rows(grads[0], d.get<std::vector<int64_t>>("in_splits"),
-                          d.get<std::vector<int64_t>>("out_splits"), d.get<ProcessGroupPtr>("g"),
-                          d.get<std::string>("bwd_label"))};
+    return {exchange_rows(grads[0], d.get<std::vector<int64_t>>("in_splits"), d.get<std::vector<int64_t>>("out_splits"),
+                          d.get<ProcessGroupPtr>("g"), d.get<std::string>("bwd_label"))};
   }
 };
 
@@ -74,16 +73,16 @@ MoE::MoE(MoEOptions o, dist::ProcessGroupPtr g)
       first_expert(local_experts * ep_rank) {
   KILN_CHECK(options.d_model > 0 && options.d_ff > 0, ValueError, "MoE '", options.name,
              "': expected d_model > 0 and d_ff >= 0, got ", options.d_model, " and ", options.d_ff);
-  KILN_CHECK(options.num_experts > 0 && options.top_k >= 1 && options.top_k <= options.num_experts, ValueError,
-             "MoE '", options.name, "': expected 1 <= top_k <= num_experts, got top_k ", options.top_k,
-             " and num_experts ", options.num_experts);
+  KILN_CHECK(options.num_experts > 0 && options.top_k >= 1 && options.top_k <= options.num_experts, ValueError, "MoE '",
+             options.name, "': expected 1 <= top_k <= num_experts, got top_k ", options.top_k, " and num_experts ",
+             options.num_experts);
   KILN_CHECK(!group || group->is_member(), ValueError, "MoE '", options.name,
              "': this process is not a member of the expert-parallel group ", group ? group->describe() : "");
   KILN_CHECK(options.num_experts % ep == 0, ValueError, "MoE '", options.name, "': expected num_experts (",
              options.num_experts, ") to divide evenly across the expert-parallel group of ", ep, " ranks");
-  router = register_module("router", std::make_shared<nn::Linear>(nn::LinearOptions{
-                                         .in_features = options.d_model, .out_features = options.num_experts,
-                                         .bias = false}));
+  router = register_module("router",
+                           std::make_shared<nn::Linear>(nn::LinearOptions{
+                               .in_features = options.d_model, .out_features = options.num_experts, .bias = false}));
   experts = register_module("experts", std::make_shared<nn::ModuleDict>());
   const nn::TransformerBlockOptions mlp{
       .d_model = options.d_model, .n_head = 1, .d_ff = options.d_ff, .dropout = options.dropout};
@@ -93,8 +92,8 @@ MoE::MoE(MoEOptions o, dist::ProcessGroupPtr g)
 
 Tensor MoE::forward(const Tensor& input) {
   const int64_t d = options.d_model, E = options.num_experts, k = options.top_k;
-  KILN_CHECK(input.dim() >= 1 && input.size(-1) == d, ShapeError, "MoE '", options.name,
-             "': expected input [.., ", d, "], got ", input.shape_string());
+  KILN_CHECK(input.dim() >= 1 && input.size(-1) == d, ShapeError, "MoE '", options.name, "': expected input [.., ", d,
+             "], got ", input.shape_string());
   const Tensor x = input.reshape({-1, d});
   const int64_t N = x.size(0);
   const Tensor logits = (*router)(x);  // [N, E]
@@ -118,10 +117,10 @@ Tensor MoE::forward(const Tensor& input) {
   MoEStats s;
   s.routed.assign(static_cast<size_t>(E), 0);
   s.kept.assign(static_cast<size_t>(E), 0);
-  const int64_t cap =
-      options.capacity_factor > 0
-          ? static_cast<int64_t>(std::ceil(options.capacity_factor * static_cast<double>(N * k) / static_cast<double>(E)))
-          : 0;
+  const int64_t cap = options.capacity_factor > 0
+                          ? static_cast<int64_t>(std::ceil(options.capacity_factor * static_cast<double>(N * k) /
+                                                           static_cast<double>(E)))
+                          : 0;
   s.capacity = cap;
   std::vector<char> keep(static_cast<size_t>(N * k), 0);
   for (int64_t j = 0; j < k; ++j) {
@@ -167,7 +166,7 @@ Tensor MoE::forward(const Tensor& input) {
     }
   const int64_t M = static_cast<int64_t>(flat.size());
   const Tensor tok = index_tensor(token);
-  const Tensor rows = index_select(x, 0, tok);                                // [M, d]
+  const Tensor rows = index_select(x, 0, tok);                                        // [M, d]
   const Tensor row_gates = index_select(gates.reshape({-1}), 0, index_tensor(flat));  // [M]
 
   // Dispatch: counts first (each rank learns how many rows each source sends to each of its experts).
@@ -189,16 +188,17 @@ Tensor MoE::forward(const Tensor& input) {
   }
   for (int src = 0; src < ep; ++src)
     for (int64_t l = 0; l < local_experts; ++l) out_splits[src] += recv[src * local_experts + l];
+  // Bytes leaving this rank: the dispatch sends its rows for other ranks'
+  // experts, the combine returns the rows other ranks sent here.
   for (int j = 0; j < ep; ++j)
-    if (j != ep_rank) s.alltoall_bytes += in_splits[j] * d * element_size(x.dtype());
-  s.alltoall_bytes *= 2;  // the combine sends as many rows back as the dispatch sent out
+    if (j != ep_rank) s.alltoall_bytes += (in_splits[j] + out_splits[j]) * d * element_size(x.dtype());
   if (ep > 1) s.alltoall_bytes += (E - local_experts) * static_cast<int64_t>(sizeof(int64_t));
 
   Tensor received = rows;
   if (ep > 1)
-    received = AllToAllRows::apply(rows, out_splits, in_splits, group,
-                                   label_for(options.name, "forward dispatch all-to-all"),
-                                   label_for(options.name, "backward of the dispatch all-to-all"));
+    received =
+        AllToAllRows::apply(rows, out_splits, in_splits, group, label_for(options.name, "forward dispatch all-to-all"),
+                            label_for(options.name, "backward of the dispatch all-to-all"));
 
   // Received rows come in (source rank, local expert) blocks; group them by expert.
   std::vector<int64_t> perm;
@@ -252,8 +252,8 @@ void MoE::load_from_full(const nn::NamedTensors& full) {
     auto it = std::find_if(full.begin(), full.end(), [&](const auto& p) { return p.first == name; });
     KILN_CHECK(it != full.end(), ValueError, "MoE '", options.name, "' load_from_full: expected '", name,
                "' in the full state dict, got none");
-    KILN_CHECK(it->second.sizes() == t.sizes(), ShapeError, "MoE '", options.name, "' load_from_full: expected '",
-               name, "' of shape ", t.shape_string(), ", got ", it->second.shape_string());
+    KILN_CHECK(it->second.sizes() == t.sizes(), ShapeError, "MoE '", options.name, "' load_from_full: expected '", name,
+               "' of shape ", t.shape_string(), ", got ", it->second.shape_string());
     Tensor dst = t;
     dst.copy_(it->second);
   }

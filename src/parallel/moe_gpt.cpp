@@ -14,9 +14,11 @@ namespace kiln::parallel {
 
 MoEBlock::MoEBlock(const nn::TransformerBlockOptions& o, MoEOptions moe, dist::ProcessGroupPtr group)
     : nn::Module("MoEBlock") {
-  ln_1 = register_module("ln_1", std::make_shared<nn::LayerNorm>(nn::LayerNormOptions{.normalized_shape = {o.d_model}}));
+  ln_1 =
+      register_module("ln_1", std::make_shared<nn::LayerNorm>(nn::LayerNormOptions{.normalized_shape = {o.d_model}}));
   attn = register_module("attn", std::make_shared<nn::CausalSelfAttention>(o));
-  ln_2 = register_module("ln_2", std::make_shared<nn::LayerNorm>(nn::LayerNormOptions{.normalized_shape = {o.d_model}}));
+  ln_2 =
+      register_module("ln_2", std::make_shared<nn::LayerNorm>(nn::LayerNormOptions{.normalized_shape = {o.d_model}}));
   mlp = register_module("mlp", std::make_shared<MoE>(std::move(moe), std::move(group)));
 }
 
@@ -28,15 +30,17 @@ Tensor MoEBlock::forward(const Tensor& x) {
 MoEGPT::MoEGPT(MoEGPTOptions o, dist::ProcessGroupPtr group) : nn::Module("MoEGPT"), options(o) {
   const auto& g = o.gpt;
   KILN_CHECK(g.vocab_size > 0 && g.block_size > 0 && g.n_layer > 0, ValueError,
-             "MoEGPT: expected vocab_size, block_size and n_layer > 0, got ", g.vocab_size, ", ", g.block_size,
-             " and ", g.n_layer);
+             "MoEGPT: expected vocab_size, block_size and n_layer > 0, got ", g.vocab_size, ", ", g.block_size, " and ",
+             g.n_layer);
   KILN_CHECK(g.n_embd > 0 && g.n_head > 0 && g.n_embd % g.n_head == 0, ValueError,
              "MoEGPT: expected n_embd > 0 divisible by n_head > 0, got n_embd ", g.n_embd, " and n_head ", g.n_head);
   KILN_CHECK(o.moe_layers.empty() || static_cast<int64_t>(o.moe_layers.size()) == g.n_layer, ValueError,
              "MoEGPT: expected moe_layers empty or one flag per layer (", g.n_layer, "), got ", o.moe_layers.size());
   transformer = register_module("transformer", std::make_shared<nn::ModuleDict>());
-  wte = std::make_shared<nn::Embedding>(nn::EmbeddingOptions{.num_embeddings = g.vocab_size, .embedding_dim = g.n_embd});
-  wpe = std::make_shared<nn::Embedding>(nn::EmbeddingOptions{.num_embeddings = g.block_size, .embedding_dim = g.n_embd});
+  wte =
+      std::make_shared<nn::Embedding>(nn::EmbeddingOptions{.num_embeddings = g.vocab_size, .embedding_dim = g.n_embd});
+  wpe =
+      std::make_shared<nn::Embedding>(nn::EmbeddingOptions{.num_embeddings = g.block_size, .embedding_dim = g.n_embd});
   auto drop = std::make_shared<nn::Dropout>(g.dropout);
   h = std::make_shared<nn::ModuleList>();
   const nn::TransformerBlockOptions bo{.d_model = g.n_embd, .n_head = g.n_head, .d_ff = g.d_ff, .dropout = g.dropout};

@@ -68,12 +68,14 @@ struct MoEOptions {
 
 /// What the last forward routed (this rank's tokens; counts are assignments).
 struct MoEStats {
-  std::vector<int64_t> routed;   // [E] assignments per expert before capacity
-  std::vector<int64_t> kept;     // [E] assignments per expert that fit in the capacity
-  int64_t capacity = 0;          // C (per expert, per rank); 0: unlimited
-  int64_t dropped = 0;           // assignments over capacity
-  int64_t dropped_tokens = 0;    // tokens all of whose k assignments were dropped
-  int64_t alltoall_bytes = 0;    // bytes this rank sent in forward's two all-to-alls (backward sends as many)
+  std::vector<int64_t> routed;  // [E] assignments per expert before capacity
+  std::vector<int64_t> kept;    // [E] assignments per expert that fit in the capacity
+  int64_t capacity = 0;         // C (per expert, per rank); 0: unlimited
+  int64_t dropped = 0;          // assignments over capacity
+  int64_t dropped_tokens = 0;   // tokens all of whose k assignments were dropped
+  /// Bytes this rank sent to other ranks in forward (dispatch rows, combine rows, token counts);
+  /// backward sends as many rows again.
+  int64_t alltoall_bytes = 0;
 };
 
 /// The MoE feed-forward: [.., d] -> [.., d] (see the header comment).
@@ -92,8 +94,8 @@ class MoE : public nn::Module {
   const dist::ProcessGroupPtr group;
   const int ep, ep_rank;
   const int64_t local_experts, first_expert;
-  std::shared_ptr<nn::Linear> router;        // [E, d], no bias
-  std::shared_ptr<nn::ModuleDict> experts;   // "<global index>" -> nn::TransformerMLP
+  std::shared_ptr<nn::Linear> router;       // [E, d], no bias
+  std::shared_ptr<nn::ModuleDict> experts;  // "<global index>" -> nn::TransformerMLP
 
  private:
   Tensor aux_;
