@@ -31,6 +31,7 @@
 #include "dist/ddp_nets.h"
 #include "kiln/core/guards.h"
 #include "kiln/dist/dist.h"
+#include "kiln/models/gpt.h"
 #include "kiln/nn/init.h"
 #include "kiln/ops/factory.h"
 #include "kiln/optim/optimizer.h"
@@ -278,6 +279,37 @@ TEST_F(MoETest, TinyMoEGPTTrains) {
   if (rank == 0) std::printf("MoEGPT mean loss over %d rank(s): %.4f -> %.4f in 8 steps\n", n, first, last);
   EXPECT_LT(last, first - 0.1f) << who("mean loss over the ranks after 8 steps");
   EXPECT_TRUE(std::isfinite(last));
+}
+
+// With every flag of moe_layers false MoEGPT is models::GPT under its names:
+// a GPT's state dict loads strictly and the logits agree. With MoE layers the
+// names differ only under transformer.h.N.mlp (router, experts.M.*).
+TEST_F(MoETest, MoEGPTUsesGPTNames) {
+  const models::GPTOptions go{.vocab_size = 32, .block_size = 8, .n_layer = 2, .n_head = 2, .n_embd = 16};
+  manual_seed(9);
+  models::GPT gpt(go);
+  parallel::MoEGPTOptions o;
+  o.gpt = go;
+  o.moe_layers = {false, false};
+  parallel::MoEGPT dense(o);
+  auto r = dense.load_state_dict(gpt.state_dict(), /*strict=*/true);
+  EXPECT_TRUE(r.missing_keys.empty() && r.unexpected_keys.empty());
+  Generator g(10);
+  Tensor idx = randint(0, 32, {2, 8}, kInt64, &g);
+  test::expect_close(dense(idx), gpt(idx), kRtol, kAtol, who("dense MoEGPT logits against models::GPT"));
+
+  o.moe_layers = {false, true};
+  o.num_experts = 4;
+  if (o.num_experts % n != 0) GTEST_SKIP() << "4 experts do not spread evenly over " << n << " ranks";
+  parallel::MoEGPT moe(o, pg);
+  std::vector<std::string> names;
+  for (const auto& [name, t] : moe.state_dict())
+    if (name.rfind("transformer.h.1.mlp.", 0) == 0) names.push_back(name);
+  std::vector<std::string> want{"transformer.h.1.mlp.router.weight"};
+  for (int64_t e = rank * (4 / n); e < (rank + 1) * (4 / n); ++e)
+    for (const char* p : {"c_fc.weight", "c_fc.bias", "c_proj.weight", "c_proj.bias"})
+      want.push_back("transformer.h.1.mlp.experts." + std::to_string(e) + "." + p);
+  EXPECT_EQ(names, want) << who("MoE layer names");
 }
 
 // The figures of docs/moe.md: one forward and backward of a GPT-sized MoE
