@@ -6,8 +6,8 @@
 // Routing (Mixtral's convention): logits = router(x) [N, E]; each token picks
 // its k largest logits (ties: the lower expert index) and its gates are the
 // softmax over those k logits only, so they sum to 1 per token (for k = 1 the
-// gate is 1 and the router learns only through the auxiliary loss, as in
-// Mixtral; Switch and GShard instead scale by the full softmax's probability).
+// gate is 1, so the router learns only through the auxiliary loss; Switch and
+// GShard instead scale by the full softmax's probability).
 //
 // Capacity: every expert takes at most C = ceil(capacity_factor * N * k / E)
 // of the (token, choice) assignments of the N tokens a rank routes (GShard's
