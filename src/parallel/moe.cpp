@@ -72,7 +72,8 @@ MoE::MoE(MoEOptions o, dist::ProcessGroupPtr g)
       local_experts(options.num_experts / ep),
       first_expert(local_experts * ep_rank) {
   KILN_CHECK(options.d_model > 0 && options.d_ff > 0, ValueError, "MoE '", options.name,
-             "': expected d_model > 0 and d_ff >= 0, got ", options.d_model, " and ", options.d_ff);
+             "': expected d_model > 0 and d_ff > 0 (0 resolves to 4 * d_model), got ", options.d_model, " and ",
+             options.d_ff);
   KILN_CHECK(options.num_experts > 0 && options.top_k >= 1 && options.top_k <= options.num_experts, ValueError, "MoE '",
              options.name, "': expected 1 <= top_k <= num_experts, got top_k ", options.top_k, " and num_experts ",
              options.num_experts);
