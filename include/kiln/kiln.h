@@ -92,3 +92,8 @@
 #include "kiln/dist/sharded_checkpoint.h"
 #include "kiln/dist/sync_batch_norm.h"
 #include "kiln/dist/zero.h"
+
+#include "kiln/parallel/moe.h"
+#include "kiln/parallel/pipeline.h"
+#include "kiln/parallel/tensor_parallel.h"
+#include "kiln/parallel/tensor_parallel_gpt.h"
