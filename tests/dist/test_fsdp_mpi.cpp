@@ -1,5 +1,6 @@
 // FullyShardedDataParallel (ZeRO-3) over the MPI process group, one rank per
-// process: run on 2 and 4 ranks (ctest dist_2, dist_4). The reference on
+// process: run on 2 and 4 ranks (ctest dist_2, dist_4); also ZeRO-1/2
+// (ZeroRedundancyOptimizer) on the same models and cases. The reference on
 // every rank is DDP with the unsharded optimizer over the same data. On 2
 // ranks the comparisons are bitwise: FSDP's gradients are the same per-rank
 // full gradients divided by N and summed over ranks (a / 2 + b / 2 in either
@@ -25,6 +26,7 @@
 #include "kiln/dist/ddp.h"
 #include "kiln/dist/dist.h"
 #include "kiln/dist/fsdp.h"
+#include "kiln/dist/zero.h"
 #include "kiln/models/gpt.h"
 #include "kiln/nn/functional.h"
 #include "kiln/optim/clip_grad.h"
@@ -62,6 +64,20 @@ std::unique_ptr<optim::Optimizer> make_opt(Opt o, optim::NamedParams params) {
   if (o == Opt::SGDMomentum)
     return std::make_unique<optim::SGD>(std::move(params), optim::SGDOptions{.lr = 0.05, .momentum = 0.9, .weight_decay = 1e-3});
   return std::make_unique<optim::AdamW>(std::move(params), optim::AdamWOptions{.lr = 1e-2, .weight_decay = 0.1});
+}
+
+dist::OptimizerFactory factory_of(Opt o) {
+  if (o == Opt::SGDMomentum)
+    return dist::optimizer_factory<optim::SGD>(optim::SGDOptions{.lr = 0.05, .momentum = 0.9, .weight_decay = 1e-3});
+  return dist::optimizer_factory<optim::AdamW>(optim::AdamWOptions{.lr = 1e-2, .weight_decay = 0.1});
+}
+
+// What trains against DDP: ZeRO-1 (DDP + sharded optimizer state), ZeRO-2
+// (sharded state and gradients, no DDP), FSDP (ZeRO-3, or with reshard =
+// false ZeRO-2 with per-unit reduce-scatters).
+enum class Kind { DDP, Zero1, Zero2, FSDP };
+const char* kind_name(Kind k) {
+  return k == Kind::DDP ? "DDP" : k == Kind::Zero1 ? "ZeRO-1" : k == Kind::Zero2 ? "ZeRO-2" : "FSDP";
 }
 
 struct Case {
@@ -106,7 +122,8 @@ Tensor loss_of(nn::Module& m, bool gpt, int64_t k, int m_index, int rank, int n)
   return test::mse(m(x.narrow(0, 4 * rank, 4)), y.narrow(0, 4 * rank, 4));
 }
 
-Trained train(const Case& c, bool fsdp, const dist::ProcessGroupPtr& pg) {
+Trained train(const Case& c, Kind kind, const dist::ProcessGroupPtr& pg) {
+  const bool fsdp = kind == Kind::FSDP;
   manual_seed(5);
   std::shared_ptr<nn::Module> net;
   std::vector<std::string> units;
@@ -125,11 +142,20 @@ Trained train(const Case& c, bool fsdp, const dist::ProcessGroupPtr& pg) {
     f = std::make_shared<FullyShardedDataParallel>(
         net, pg, dist::FSDPOptions{.units = units, .reshard_after_forward = c.reshard, .prefetch = c.prefetch});
     wrapped = f;
+  } else if (kind == Kind::Zero2) {
+    wrapped = net;  // ZeRO-2 reduce-scatters the gradients itself
   } else {
     ddp = std::make_shared<dist::DistributedDataParallel>(net, pg);
     wrapped = ddp;
   }
-  auto opt = make_opt(c.opt, fsdp ? f->named_parameters() : net->named_parameters());
+  std::unique_ptr<optim::Optimizer> opt;
+  std::unique_ptr<dist::ZeroRedundancyOptimizer> zero;
+  if (kind == Kind::Zero1 || kind == Kind::Zero2) {
+    zero = std::make_unique<dist::ZeroRedundancyOptimizer>(
+        net->named_parameters(), pg, factory_of(c.opt), dist::ZeroOptions{.stage = kind == Kind::Zero1 ? 1 : 2});
+  } else {
+    opt = make_opt(c.opt, fsdp ? f->named_parameters() : net->named_parameters());
+  }
   Trained run;
   auto eval_forward = [&] {
     NoGradGuard no_grad;
@@ -140,7 +166,11 @@ Trained train(const Case& c, bool fsdp, const dist::ProcessGroupPtr& pg) {
     // Midway, a forward without gradients: Linear packs its weights for it,
     // and the final one must not reuse that pack for the trained weights.
     if (k == kSteps / 2) eval_forward();
-    opt->zero_grad();
+    if (zero) {
+      zero->zero_grad();
+    } else {
+      opt->zero_grad();
+    }
     double loss_sum = 0;
     for (int m = 0; m < c.accum; ++m) {
       std::optional<FullyShardedDataParallel::NoSync> fns;
@@ -159,9 +189,15 @@ Trained train(const Case& c, bool fsdp, const dist::ProcessGroupPtr& pg) {
     }
     run.losses.push_back(loss_sum);
     if (c.clip > 0) {
-      run.norms.push_back(f ? f->clip_grad_norm_(c.clip) : optim::clip_grad_norm_(net->named_parameters(), c.clip));
+      run.norms.push_back(f      ? f->clip_grad_norm_(c.clip)
+                          : zero ? zero->clip_grad_norm_(c.clip)
+                                 : optim::clip_grad_norm_(net->named_parameters(), c.clip));
     }
-    opt->step();
+    if (zero) {
+      zero->step();
+    } else {
+      opt->step();
+    }
   }
   if (f) run.stats = f->stats();  // the last training iteration's (stats restart with each forward)
   run.eval_out = eval_forward();
@@ -171,7 +207,7 @@ Trained train(const Case& c, bool fsdp, const dist::ProcessGroupPtr& pg) {
   } else {
     NoGradGuard no_grad;
     for (auto& [name, t] : net->state_dict()) run.params.emplace_back(name, t.clone());
-    run.state = opt->state_dict();
+    run.state = zero ? zero->consolidate_state_dict(0) : opt->state_dict();  // ZeRO: on rank 0 only
   }
   return run;
 }
@@ -199,12 +235,13 @@ class FsdpMpi : public ::testing::Test {
     n = pg->size();
     rank = pg->rank();
   }
-  void compare(const Case& c) {
-    const Trained want = train(c, /*fsdp=*/false, pg);
-    const Trained got = train(c, /*fsdp=*/true, pg);
+  void compare(const Case& c, Kind kind = Kind::FSDP) {
+    const Trained want = train(c, Kind::DDP, pg);
+    const Trained got = train(c, kind, pg);
     std::ostringstream who;
-    who << "FSDP vs DDP, " << c.describe() << ", rank " << rank << " of " << n;
-    const bool exact = n <= 2;
+    who << kind_name(kind) << " vs DDP, " << c.describe() << ", rank " << rank << " of " << n;
+    // ZeRO-1's gradients are DDP's own (its allreduce), so it is bitwise at any size.
+    const bool exact = n <= 2 || kind == Kind::Zero1;
     auto check = [&](const Tensor& g, const Tensor& w, const std::string& what) {
       if (exact) {
         EXPECT_TRUE(same_bits(g, w)) << what;
@@ -244,6 +281,7 @@ class FsdpMpi : public ::testing::Test {
     if (c.clip > 0) {
       EXPECT_GT(want.norms.front(), c.clip) << who.str() << ": the clipping cases must clip";
     }
+    if (kind != Kind::FSDP && rank != 0) return;  // ZeRO consolidates the state on rank 0
     ASSERT_EQ(got.state.state.size(), want.state.state.size()) << who.str();
     for (const auto& [name, st] : want.state.state) {
       ASSERT_TRUE(got.state.state.count(name)) << who.str() << ": no state for " << name;
@@ -251,6 +289,7 @@ class FsdpMpi : public ::testing::Test {
       EXPECT_EQ(mine.step, st.step) << who.str() << ": " << name;
       for (const auto& [key, t] : st.tensors) check(mine.tensors.at(key), t, who.str() + ": " + name + "." + key);
     }
+    if (kind != Kind::FSDP) return;
     // The root and two units: the root gathered once, each unit for forward
     // and (resharded after it) again for backward; one reduce-scatter each.
     EXPECT_EQ(got.stats.all_gathers, 1 + 2 * (c.reshard ? 2 : 1)) << who.str();
@@ -274,10 +313,24 @@ TEST_F(FsdpMpi, MlpMatchesDDP) {
   compare({.gpt = false, .opt = Opt::SGDMomentum, .clip = 0.05, .freeze = true});
 }
 
+// ZeRO-1 and ZeRO-2 (ZeroRedundancyOptimizer) on the gpt and mlp models, with
+// clipping, accumulation (DDP's no_sync for ZeRO-1; ZeRO-2 reduces what the
+// micro-batches accumulated at the step) and bf16 autocast.
+TEST_F(FsdpMpi, ZeroStagesMatchDDPOnGptAndMlp) {
+  for (Kind kind : {Kind::Zero1, Kind::Zero2}) {
+    for (bool gpt : {false, true}) {
+      compare({.gpt = gpt, .opt = Opt::SGDMomentum, .clip = gpt ? 0.5 : 0.05}, kind);
+      compare({.gpt = gpt, .opt = Opt::AdamW, .clip = gpt ? 0.5 : 0.05, .accum = 2}, kind);
+    }
+    compare({.gpt = true, .opt = Opt::AdamW, .clip = 0.5, .bf16 = true}, kind);
+  }
+}
+
 TEST_F(FsdpMpi, GptMatchesDDP) {
   for (Opt o : {Opt::SGDMomentum, Opt::AdamW}) compare({.gpt = true, .opt = o, .clip = 0.5});
   compare({.gpt = true, .opt = Opt::AdamW, .accum = 2});
   compare({.gpt = true, .opt = Opt::AdamW, .clip = 0.5, .bf16 = true});
+  compare({.gpt = true, .opt = Opt::AdamW, .clip = 0.5, .reshard = false});  // ZeRO-2, per-unit reduce-scatters
 }
 
 }  // namespace
