@@ -250,7 +250,8 @@ Tensor MoE::forward(const Tensor& input) {
 void MoE::load_from_full(const nn::NamedTensors& full) {
   NoGradGuard no_grad;
   for (auto& [name, t] : named_parameters()) {
-    auto it = std::find_if(full.begin(), full.end(), [&](const auto& p) { return p.first == name; });
+    const std::string& key = name;  // clang 14 cannot capture a structured binding
+    auto it = std::find_if(full.begin(), full.end(), [&](const auto& p) { return p.first == key; });
     KILN_CHECK(it != full.end(), ValueError, "MoE '", options.name, "' load_from_full: expected '", name,
                "' in the full state dict, got none");
     KILN_CHECK(it->second.sizes() == t.sizes(), ShapeError, "MoE '", options.name, "' load_from_full: expected '", name,
