@@ -11,6 +11,7 @@
 #include "../support/byod_bytes.h"
 #include "../support/idx_bytes.h"
 #include "checkpoint_fixture.h"
+#include "dist/sharded_checkpoint_format.h"
 #include "kiln/ops/factory.h"
 
 namespace fs = std::filesystem;
@@ -119,6 +120,25 @@ void byod_seeds() {
   put("csv", "indexed", std::string(1, '\x06') + "0.5,1,2\n3,4,0\n");
 }
 
+// shard_index: index.json texts written by the sharded checkpoint's own writer.
+void shard_index_seeds() {
+  namespace sf = kiln::dist::shard_format;
+  sf::Index two;
+  two.world_size = 2;
+  two.metadata = {{"kiln.fsdp", "1"}, {"step", "7"}};
+  sf::IndexTensor w{kFloat32, {3, 4}, 12, {}};
+  w.slices.push_back({0, sf::slice_key("model.w", 0), 0, 6, 0x1234});
+  w.slices.push_back({1, sf::slice_key("model.w", 6), 6, 6, 0x5678});
+  two.tensors["model.w"] = w;
+  two.tensors["optim.w.step"] = sf::IndexTensor{kInt64, {1}, 1, {{0, sf::slice_key("optim.w.step", 0), 0, 1, 42}}};
+  two.tensors["empty"] = sf::IndexTensor{kBFloat16, {0, 5}, 0, {}};
+  put("shard_index", "two-ranks", sf::write_index(two));
+  sf::Index one;
+  one.world_size = 1;
+  one.tensors["b"] = sf::IndexTensor{kFloat32, {2}, 2, {{0, sf::slice_key("b", 0), 0, 2, 7}}};
+  put("shard_index", "one-rank", sf::write_index(one));
+}
+
 int main(int argc, char** argv) {
   if (argc != 2) {
     std::fprintf(stderr, "usage: %s <corpus dir>\n", argv[0]);
@@ -130,5 +150,6 @@ int main(int argc, char** argv) {
   text_seeds();
   checkpoint_seeds();
   byod_seeds();
+  shard_index_seeds();
   return 0;
 }
