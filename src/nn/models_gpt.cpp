@@ -15,6 +15,22 @@
 
 namespace kiln::models {
 
+void init_gpt_weights(nn::Module& model, int64_t n_layer) {
+  NoGradGuard no_grad;
+  for (auto* m : model.modules()) {
+    if (auto* lin = dynamic_cast<nn::Linear*>(m)) {
+      nn::init::normal_(lin->weight, 0.0, 0.02);
+      if (lin->bias.defined()) nn::init::zeros_(lin->bias);
+    } else if (auto* emb = dynamic_cast<nn::Embedding*>(m)) {
+      nn::init::normal_(emb->weight, 0.0, 0.02);
+    }
+  }
+  const double proj_std = 0.02 / std::sqrt(2.0 * static_cast<double>(n_layer));
+  for (auto& [name, p] : model.named_parameters()) {
+    if (name.ends_with("c_proj.weight")) nn::init::normal_(p, 0.0, proj_std);
+  }
+}
+
 GPT::GPT(GPTOptions o) : nn::Module("GPT"), options(o) {
   KILN_CHECK(o.vocab_size > 0 && o.block_size > 0 && o.n_layer > 0, ValueError,
              "GPT: expected vocab_size, block_size and n_layer > 0, got ", o.vocab_size, ", ", o.block_size, " and ",
@@ -37,21 +53,7 @@ GPT::GPT(GPTOptions o) : nn::Module("GPT"), options(o) {
                                            .in_features = o.n_embd, .out_features = o.vocab_size, .bias = false}));
 
   // nanoGPT's _init_weights, then the scaled residual projections.
-  NoGradGuard g;
-  for (auto* m : modules()) {
-    if (auto* lin = dynamic_cast<nn::Linear*>(m)) {
-      nn::init::normal_(lin->weight, 0.0, 0.02);
-      if (lin->bias.defined()) nn::init::zeros_(lin->bias);
-    } else if (auto* emb = dynamic_cast<nn::Embedding*>(m)) {
-      nn::init::normal_(emb->weight, 0.0, 0.02);
-    }
-  }
-  const double proj_std = 0.02 / std::sqrt(2.0 * static_cast<double>(o.n_layer));
-  for (size_t i = 0; i < h->size(); ++i) {
-    auto* b = static_cast<nn::TransformerBlock*>((*h)[i].get());
-    nn::init::normal_(b->attn->c_proj->weight, 0.0, proj_std);
-    nn::init::normal_(b->mlp->c_proj->weight, 0.0, proj_std);
-  }
+  init_gpt_weights(*this, o.n_layer);
   // Tie: lm_head's weight slot holds wte's tensor (one Parameter, two names in state_dict).
   lm_head->register_parameter("weight", wte->weight);
 }

@@ -64,20 +64,8 @@ MoEGPT::MoEGPT(MoEGPTOptions o, dist::ProcessGroupPtr group) : nn::Module("MoEGP
   lm_head = register_module("lm_head", std::make_shared<nn::Linear>(nn::LinearOptions{
                                            .in_features = g.n_embd, .out_features = g.vocab_size, .bias = false}));
 
-  // nanoGPT's init (models::GPT's): N(0, 0.02) weights, zero biases, and the
-  // residual projections (every expert's c_proj too) N(0, 0.02 / sqrt(2 n_layer)).
-  NoGradGuard ng;
-  for (auto* m : modules()) {
-    if (auto* lin = dynamic_cast<nn::Linear*>(m)) {
-      nn::init::normal_(lin->weight, 0.0, 0.02);
-      if (lin->bias.defined()) nn::init::zeros_(lin->bias);
-    } else if (auto* emb = dynamic_cast<nn::Embedding*>(m)) {
-      nn::init::normal_(emb->weight, 0.0, 0.02);
-    }
-  }
-  const double proj_std = 0.02 / std::sqrt(2.0 * static_cast<double>(g.n_layer));
-  for (auto& [name, p] : named_parameters())
-    if (name.ends_with("c_proj.weight")) nn::init::normal_(p, 0.0, proj_std);
+  // nanoGPT's init, as models::GPT's (every expert's c_proj is a residual projection too).
+  models::init_gpt_weights(*this, g.n_layer);
   lm_head->register_parameter("weight", wte->weight);
 }
 

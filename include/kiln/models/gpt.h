@@ -42,6 +42,13 @@ struct GPTOptions {
   nn::CheckpointPolicy activation_checkpointing;
 };
 
+/// nanoGPT's initialisation of a GPT-shaped `model`: every Linear and
+/// Embedding weight N(0, 0.02), Linear biases zero, and then every parameter
+/// named "*c_proj.weight" (the residual projections) N(0, 0.02 / sqrt(2 n_layer)),
+/// in registration order. models::GPT uses it, and so do the GPT variants built
+/// elsewhere from nn's pieces (parallel::MoEGPT), so that their weights match.
+void init_gpt_weights(nn::Module& model, int64_t n_layer);
+
 /// forward: idx [B, T] int64 token ids (T <= block_size) -> logits [B, T, vocab_size].
 class GPT : public nn::Module {
  public:
