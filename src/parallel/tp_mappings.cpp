@@ -84,39 +84,41 @@ Tensor reduce_scatter_seq(const Tensor& x, const ProcessGroupPtr& g, const std::
   return out;
 }
 
+// What a region operator's backward needs: the group and the layer's name (for labels and errors).
+void keep(AutogradContext& ctx, const ProcessGroupPtr& g, const std::string& who) {
+  ctx.saved_data["g"] = g;
+  ctx.saved_data["who"] = who;
+}
+ProcessGroupPtr group_of(AutogradContext& ctx) { return ctx.saved_data.get<ProcessGroupPtr>("g"); }
+std::string who_of(AutogradContext& ctx) { return ctx.saved_data.get<std::string>("who"); }
+
 struct GatherSequence : autograd::Function<GatherSequence> {
   static Tensor forward(AutogradContext& ctx, const Tensor& x, ProcessGroupPtr g, std::string who) {
-    ctx.saved_data["g"] = g;
-    ctx.saved_data["who"] = who;
+    keep(ctx, g, who);
     return all_gather_seq(x, g, who, "forward all-gather of the sequence");
   }
   static TensorList backward(AutogradContext& ctx, TensorList grads) {
-    return {reduce_scatter_seq(grads[0], ctx.saved_data.get<ProcessGroupPtr>("g"),
-                               ctx.saved_data.get<std::string>("who"), "backward reduce-scatter of the sequence")};
+    return {reduce_scatter_seq(grads[0], group_of(ctx), who_of(ctx), "backward reduce-scatter of the sequence")};
   }
 };
 
 struct ReduceScatterSequence : autograd::Function<ReduceScatterSequence> {
   static Tensor forward(AutogradContext& ctx, const Tensor& x, ProcessGroupPtr g, std::string who) {
-    ctx.saved_data["g"] = g;
-    ctx.saved_data["who"] = who;
+    keep(ctx, g, who);
     return reduce_scatter_seq(x, g, who, "forward reduce-scatter of the sequence");
   }
   static TensorList backward(AutogradContext& ctx, TensorList grads) {
-    return {all_gather_seq(grads[0], ctx.saved_data.get<ProcessGroupPtr>("g"), ctx.saved_data.get<std::string>("who"),
-                           "backward all-gather of the sequence")};
+    return {all_gather_seq(grads[0], group_of(ctx), who_of(ctx), "backward all-gather of the sequence")};
   }
 };
 
 struct CopyToRegion : autograd::Function<CopyToRegion> {
   static Tensor forward(AutogradContext& ctx, const Tensor& x, ProcessGroupPtr g, std::string who) {
-    ctx.saved_data["g"] = g;
-    ctx.saved_data["who"] = who;
+    keep(ctx, g, who);
     return x;
   }
   static TensorList backward(AutogradContext& ctx, TensorList grads) {
-    return {all_reduce_sum(grads[0], ctx.saved_data.get<ProcessGroupPtr>("g"), ctx.saved_data.get<std::string>("who"),
-                           "backward all-reduce (f)")};
+    return {all_reduce_sum(grads[0], group_of(ctx), who_of(ctx), "backward all-reduce (f)")};
   }
 };
 
@@ -129,24 +131,21 @@ struct ReduceFromRegion : autograd::Function<ReduceFromRegion> {
 
 struct ScatterToRegion : autograd::Function<ScatterToRegion> {
   static Tensor forward(AutogradContext& ctx, const Tensor& x, ProcessGroupPtr g, std::string who) {
-    ctx.saved_data["g"] = g;
-    ctx.saved_data["who"] = who;
+    keep(ctx, g, who);
     return slice_last(x, g, who);
   }
   static TensorList backward(AutogradContext& ctx, TensorList grads) {
-    return {all_gather_last(grads[0], ctx.saved_data.get<ProcessGroupPtr>("g"), ctx.saved_data.get<std::string>("who"),
-                            "backward all-gather (scatter)")};
+    return {all_gather_last(grads[0], group_of(ctx), who_of(ctx), "backward all-gather (scatter)")};
   }
 };
 
 struct GatherFromRegion : autograd::Function<GatherFromRegion> {
   static Tensor forward(AutogradContext& ctx, const Tensor& x, ProcessGroupPtr g, std::string who) {
-    ctx.saved_data["g"] = g;
-    ctx.saved_data["who"] = who;
+    keep(ctx, g, who);
     return all_gather_last(x, g, who, "forward all-gather (gather)");
   }
   static TensorList backward(AutogradContext& ctx, TensorList grads) {
-    return {slice_last(grads[0], ctx.saved_data.get<ProcessGroupPtr>("g"), ctx.saved_data.get<std::string>("who"))};
+    return {slice_last(grads[0], group_of(ctx), who_of(ctx))};
   }
 };
 
