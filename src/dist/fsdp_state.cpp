@@ -30,16 +30,6 @@ std::map<std::string, const TensorImpl*> parameter_keys(nn::Module& model) {
 
 }  // namespace
 
-std::vector<FullyShardedDataParallel::LocalPiece> FullyShardedDataParallel::local_pieces() const {
-  std::vector<LocalPiece> out;
-  for (const auto& unit : units_) {
-    for (size_t k = 0; k < unit->params.size(); ++k) {
-      out.push_back({names_[unit->params[k]], unit->shapes[k], unit->piece_begin[k], unit->pieces[k]});
-    }
-  }
-  return out;
-}
-
 nn::NamedTensors FullyShardedDataParallel::full_state_dict() {
   NoGradGuard no_grad;
   std::unordered_map<const TensorImpl*, Tensor> full;

@@ -136,18 +136,6 @@ class FullyShardedDataParallel : public nn::Module {
   /// (missing, unexpected, shape, dtype) before anything changes.
   void load_full_state_dict(const nn::NamedTensors& dict);
 
-  /// A parameter's piece on this rank: elements [begin, begin + numel) of the
-  /// flattened full parameter `name` (a key of full_state_dict()), and the
-  /// tensor that optimizers see for it (fsdp.named_parameters() entry).
-  struct LocalPiece {
-    std::string name;
-    DimVector shape;  // the full shape
-    int64_t begin = 0;
-    Tensor param;  // 1-D view of the flat shard
-  };
-  /// Every parameter's piece on this rank (empty pieces included), in unit order.
-  std::vector<LocalPiece> local_pieces() const;
-
   /// The optimizer state of `opt` (built over this->named_parameters())
   /// assembled to full shapes and keyed by full_state_dict() names, as the
   /// unsharded optimizer's state_dict() would be. A collective; every rank gets it.
