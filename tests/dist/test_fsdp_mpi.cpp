@@ -407,6 +407,27 @@ TEST_F(FsdpMpi, UnusedParametersAreNamedOrTakenAsZero) {
   }
 }
 
+// A unit called twice in one forward (weights shared across positions) is
+// refused by name: its parameters are gathered and reduced once per iteration.
+TEST_F(FsdpMpi, AUnitCalledTwiceInOneForwardIsRefused) {
+  class Twice : public nn::Module {
+   public:
+    Twice() : nn::Module("Twice") {
+      a = register_module("a", std::make_shared<nn::Linear>(nn::LinearOptions{.in_features = 4, .out_features = 4}));
+    }
+    Tensor forward(const Tensor& x) override { return (*a)((*a)(x)); }
+    std::shared_ptr<nn::Linear> a;
+  };
+  manual_seed(5);
+  auto f = std::make_shared<FullyShardedDataParallel>(std::make_shared<Twice>(), pg, dist::FSDPOptions{.units = {"a"}});
+  try {
+    (*f)(ones({2, 4}));
+    FAIL() << "expected a ValueError";
+  } catch (const ValueError& e) {
+    EXPECT_NE(std::string(e.what()).find("unit 'a' ran twice in one forward"), std::string::npos) << e.what();
+  }
+}
+
 // Memory per rank by category (allocator counters) for a GPT whose units are
 // its blocks. After a step, parameters + gradients + AdamW state per rank are
 // at most 1/N of DDP's plus 10 % (allocator rounding; pieces are separate
