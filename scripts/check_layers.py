@@ -33,7 +33,7 @@ RANK = {
     "ops": 3,
     "io": 4,
     "nn": 5, "data": 5,
-    "optim": 6,
+    "optim": 6, "quant": 6,  # quant: quantized modules are nn modules; beside optim
     "amp": 7,
     "train": 8,
     "dist": 9,

@@ -29,10 +29,10 @@ using test::mismatch;
 
 namespace {
 
-const models::GPTOptions kGPT{.vocab_size = 13, .block_size = 6, .n_layer = 2, .n_head = 2, .n_embd = 8};
+const models::GPTOptions kGPT{.vocab_size = 13, .block_size = 6, .n_layer = 2, .n_head = 2, .n_embd = 8, .activation_checkpointing = {}};
 const char* kGPTConfig = R"({"vocab_size": 13, "block_size": 6, "n_layer": 2, "n_head": 2, "n_embd": 8})";
 const models::ViTOptions kViT{
-    .image_size = 8, .patch_size = 4, .in_channels = 1, .num_classes = 3, .dim = 8, .depth = 1, .heads = 2, .mlp_dim = 16};
+    .image_size = 8, .patch_size = 4, .in_channels = 1, .num_classes = 3, .dim = 8, .depth = 1, .heads = 2, .mlp_dim = 16, .activation_checkpointing = {}};
 const char* kViTConfig =
     R"({"image_size": 8, "patch_size": 4, "in_channels": 1, "num_classes": 3, "dim": 8, "depth": 1, "heads": 2, "mlp_dim": 16})";
 
@@ -105,7 +105,9 @@ TEST(Lora, WrapsTheTargetsFreezesTheRestAndStartsAtTheBaseModel) {
       EXPECT_LE(max_abs(t), 1.0 / std::sqrt(8.0) + 1e-7);
       EXPECT_GT(max_abs(t), 0.0);
     }
-    if (n.find(".lora_B.") != std::string::npos) EXPECT_EQ(max_abs(t), 0.0) << n;
+    if (n.find(".lora_B.") != std::string::npos) {
+      EXPECT_EQ(max_abs(t), 0.0) << n;
+    }
   }
 }
 
@@ -123,10 +125,10 @@ TEST(Lora, ForwardAndBackwardMatchTorchTwinOnGPTAndViT) {
   std::vector<Case> cases;
   manual_seed(2);
   cases.push_back({"gpt", kGPTConfig, std::make_shared<models::GPT>(kGPT), randint(0, 13, {2, 6}, TensorOptions(kInt64)),
-                   randint(0, 13, {2, 6}, TensorOptions(kInt64)), gpt_loss});
+                   randint(0, 13, {2, 6}, TensorOptions(kInt64)), gpt_loss, {}});
   cases.push_back({"vit", kViTConfig, std::make_shared<models::ViT>(kViT), randn({2, 1, 8, 8}),
                    randint(0, 3, {2}, TensorOptions(kInt64)),
-                   [](const Tensor& y, const Tensor& t) { return nn::functional::cross_entropy(y, t); }});
+                   [](const Tensor& y, const Tensor& t) { return nn::functional::cross_entropy(y, t); }, {}});
   std::string args;
   std::vector<nn::lora::Lora> loras;
   for (auto& c : cases) {
@@ -331,7 +333,7 @@ TEST(Lora, AdapterFilesRoundTripIntoAFreshBase) {
   EXPECT_EQ(test::keys(other.adapter_state_dict()), test::keys(lora.adapter_state_dict()));
 
   // A base of another shape: every mismatching tensor is named.
-  models::GPT wider({.vocab_size = 13, .block_size = 6, .n_layer = 1, .n_head = 2, .n_embd = 12});
+  models::GPT wider({.vocab_size = 13, .block_size = 6, .n_layer = 1, .n_head = 2, .n_embd = 12, .activation_checkpointing = {}});
   auto w = nn::lora::apply(wider, {.targets = {"c_proj"}, .rank = 2});
   std::string msg = test::error_message([&] { w.load(dir.file("adapter"), "x"); });
   EXPECT_NE(msg.find("'base_model.model.transformer.h.0.attn.c_attn.lora_A.weight': expected shape [4, 12]"),
