@@ -30,6 +30,9 @@ constexpr Key kSchema[] = {
     {"seed", Kind::Int, "0", "", ""},
     {"threads", Kind::Int, "0", "", ""},
     {"amp", Kind::String, "\"off\"", "", "off|bf16|fp16"},
+    // Fine-tuning (src/cli/finetune.h): start from a run's or a file's weights.
+    {"init_from", Kind::String, "\"\"", "", ""},
+    {"init_strict", Kind::Bool, "true", "", ""},
 
     {"model.type", Kind::String, nullptr, "", "mlp|cnn|resnet|vit|gpt"},
     {"model.hidden", Kind::IntArray, "[512, 512]", "model.type=mlp", ""},
@@ -89,6 +92,13 @@ constexpr Key kSchema[] = {
     {"schedule.step_size", Kind::Int, "1000", "schedule.type=step", ""},
     {"schedule.gamma", Kind::Float, "0.1", "schedule.type=step", ""},
 
+    // LoRA adapters (rank 0: none, every parameter trains); targets are comma-separated module-path patterns.
+    {"lora.rank", Kind::Int, "0", "", ""},
+    {"lora.alpha", Kind::Float, "16.0", "", ""},
+    {"lora.dropout", Kind::Float, "0.0", "", ""},
+    {"lora.targets", Kind::String, "\"attn.c_attn,attn.c_proj,mlp.*\"", "", ""},
+    {"lora.quantize", Kind::String, "\"none\"", "", "none|nf4"},
+
     {"train.epochs", Kind::Int, "1", "", ""},
     {"train.steps", Kind::Int, "0", "", ""},
     {"train.max_steps", Kind::Int, "0", "", ""},
@@ -99,6 +109,7 @@ constexpr Key kSchema[] = {
     {"train.keep_best", Kind::String, "\"off\"", "", "off|accuracy|loss|bits_per_char"},
     {"train.log_every", Kind::Int, "50", "", ""},
     {"train.anomaly", Kind::Bool, "false", "", ""},
+    {"train.grad_accum_steps", Kind::Int, "1", "", ""},
     {"train.activation_checkpointing", Kind::IntOrChoice, "\"none\"", "model.type=gpt|vit|resnet", "none|blocks"},
 
     {"dist.strategy", Kind::String, "\"ddp\"", "", "ddp|zero1|zero2|zero3"},
@@ -153,7 +164,11 @@ constexpr Range kRanges[] = {
     {"schedule.min_lr", 0, kNoMax, false, false},
     {"schedule.step_size", 1, kNoMax, false, false},
     {"schedule.gamma", 0, kNoMax, false, false},
+    {"lora.rank", 0, kNoMax, false, false},
+    {"lora.alpha", 0, kNoMax, true, false},
+    {"lora.dropout", 0, 1, false, true},
     {"train.epochs", 1, kNoMax, false, false},
+    {"train.grad_accum_steps", 1, kNoMax, false, false},
     {"train.steps", 0, kNoMax, false, false},
     {"train.max_steps", 0, kNoMax, false, false},
     {"train.eval_every", 0, kNoMax, false, false},
@@ -178,6 +193,9 @@ constexpr ResumeRule kResume[] = {
     {"threads", OnResume::Applies, ""},
     {"amp", OnResume::Refused, "the precision (and the GradScaler's state) is part of the checkpoint"},
     {"model.", OnResume::Refused, "the architecture is fixed by the checkpoint's weights"},
+    {"init_from", OnResume::Refused, "the weights come from the checkpoint; init_from only starts a new run"},
+    {"init_strict", OnResume::Refused, "the weights come from the checkpoint; init_from only starts a new run"},
+    {"lora.", OnResume::Refused, "the adapters' shapes and which parameters train are fixed by the checkpoint"},
     {"data.root", OnResume::Applies, ""},
     {"data.path", OnResume::Applies, ""},
     {"data.eval_batch_size", OnResume::Applies, ""},
@@ -192,6 +210,8 @@ constexpr ResumeRule kResume[] = {
     {"schedule.", OnResume::Schedule, ""},
     {"train.epochs", OnResume::Schedule, ""},
     {"train.steps", OnResume::Schedule, ""},
+    {"train.grad_accum_steps", OnResume::Refused,
+     "the schedule's horizon and the loader position were counted in steps of the old number of batches"},
     {"train.", OnResume::Applies, ""},
     {"dist.strategy", OnResume::Applies, ""},  // checkpoints hold the unsharded optimizer state whatever the strategy
 };

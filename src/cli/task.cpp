@@ -6,6 +6,7 @@
 #include <numeric>
 #include <optional>
 
+#include "cli/finetune.h"
 #include "cli/task_data.h"
 #include "kiln/core/autocast.h"
 #include "kiln/core/error.h"
@@ -20,6 +21,7 @@
 #include "kiln/models/resnet.h"
 #include "kiln/models/vit.h"
 #include "kiln/nn/functional.h"
+#include "kiln/nn/lora.h"
 
 namespace kiln::cli {
 namespace {
@@ -184,7 +186,8 @@ std::shared_ptr<nn::Module> make_model(const Config& c, Task& t, const DataShape
 
 /// The param groups of the run's optimizer: one group, or for adamw decay and no-decay (as nanoGPT).
 std::vector<optim::ParamGroup> optimizer_groups(const Config& c, nn::Module& model) {
-  auto params = model.named_parameters();
+  // What trains only: a LoRA run's frozen base gets no optimizer state.
+  auto params = nn::lora::trainable_parameters(model);
   if (c.string("optim.name") == "adamw") return optim::split_decay(params, c.number("optim.weight_decay"));
   return {optim::ParamGroup{params, {}}};
 }
@@ -261,6 +264,7 @@ std::shared_ptr<nn::Module> make_unsharded_model(const Config& c, const Task& t)
   const GeneratorState saved = default_generator().get_state();
   Task scratch;  // make_model records the GPT here, not in the run's task
   auto model = make_model(c, scratch, DataShape{t.sample_shape, t.num_classes});
+  prepare_model(c, *model, /*load_init=*/false);
   default_generator().set_state(saved);
   if (!t.model->is_training()) model->eval();
   return model;
@@ -275,12 +279,14 @@ Task build_task(const Config& c, Purpose purpose, dist::ProcessGroupPtr group) {
   t.sample_shape = shape.sample;
   t.num_classes = shape.classes;
   t.model = make_model(c, t, shape);
+  t.finetune_note = finetune_note(prepare_model(c, *t.model, /*load_init=*/purpose == Purpose::Train));
   t.num_parameters = t.model->num_parameters();
   if (purpose == Purpose::Evaluate) {
     t.model->eval();
     return t;
   }
   const bool distributed = group && group->size() > 1;
+  check_finetune_config(c, distributed);
   if (distributed)
     t.sampler = std::make_shared<data::DistributedSampler>(
         t.train_set->size(), data::DistributedSamplerOptions{.num_replicas = group->size(),
@@ -300,7 +306,7 @@ Task build_task(const Config& c, Purpose purpose, dist::ProcessGroupPtr group) {
         c.origin("data.batch_size") + ": the training set has " + std::to_string(t.train_set->size()) +
         " samples, fewer than one batch of data.batch_size = " + std::to_string(c.integer("data.batch_size")));
   t.total_steps =
-      c.integer("train.steps") > 0 ? c.integer("train.steps") : c.integer("train.epochs") * t.train_loader->size();
+      c.integer("train.steps") > 0 ? c.integer("train.steps") : steps_for_epochs(c, t.train_loader->size());
   // dist.strategy: ddp keeps every rank's optimizer whole; zero1 shards its
   // state (DDP still averages the gradients), zero2 also the gradients (no DDP:
   // the sharded optimizer reduce-scatters them), zero3 also the parameters

@@ -52,6 +52,7 @@ struct Task {
   // those pieces (its names are `model`'s, as a ddp run's).
   std::shared_ptr<dist::FullyShardedDataParallel> fsdp;
   int64_t num_parameters = 0;  // the model's, counted before any sharding
+  std::string finetune_note;   // init_from and LoRA, for the run's first lines (src/cli/finetune.h); "" if neither
   // What the model was built for (make_unsharded_model builds it again).
   std::vector<int64_t> sample_shape;
   int64_t num_classes = 0;

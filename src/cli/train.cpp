@@ -38,6 +38,7 @@
 #include <sstream>
 
 #include "cli/commands.h"
+#include "cli/finetune.h"
 #include "cli/progress.h"
 #include "cli/report.h"
 #include "cli/task.h"
@@ -481,7 +482,9 @@ class TrainLoop {
                                         std::to_string(world_ * c_.integer("data.batch_size")) + ")"
                                   : std::string()) +
                       " per epoch, steps " + std::to_string(L_.step) + " -> " + std::to_string(stop_at_) + " of " +
-                      std::to_string(total_) + ", run directory " + L_.run_dir.string());
+                      std::to_string(total_) + ", run directory " + L_.run_dir.string() +
+                      (accum_ > 1 ? ", " + std::to_string(accum_) + " batches per step" : std::string()));
+    if (!t_.finetune_note.empty()) progress_.message(t_.finetune_note);
   }
 
   void record_start() {
@@ -500,10 +503,18 @@ class TrainLoop {
   bool train_step(const data::Example& batch, int64_t epoch) {
     dist::set_step(L_.step + 1);  // for `kiln launch`'s report if this rank dies now
     const double lr = t_.optimizer->param_groups()[0].lr();
-    if (t_.zero)
-      t_.zero->zero_grad();
-    else
-      t_.optimizer->zero_grad();
+    if (micro_ == 0) {
+      if (t_.zero)
+        t_.zero->zero_grad();
+      else
+        t_.optimizer->zero_grad();
+    }
+    // train.grad_accum_steps: all but a step's last micro-batch only add their gradients (finetune.h).
+    if (micro_ < accum_ - 1) {
+      micro_loss_ += accumulate_micro_batch(t_, batch, accum_);
+      ++micro_;
+      return true;
+    }
     if (trail_) trail_->start_step();
     Tensor loss;
     bool anomalous = false;
@@ -513,7 +524,12 @@ class TrainLoop {
       report_anomaly(e, /*in_backward=*/false, epoch);
       anomalous = true;  // data-parallel: the other ranks learn of it through the agreement below
     }
-    Agreement a{.nonfinite = false, .stop_requested = false, .loss = anomalous ? std::nan("") : loss.item<double>()};
+    // The step's loss is the mean over its micro-batches, as one batch of all of them would give.
+    const double step_loss = anomalous ? std::nan("") : (micro_loss_ + loss.item<double>()) / static_cast<double>(accum_);
+    if (accum_ > 1 && !anomalous) loss = loss.div(static_cast<double>(accum_));
+    micro_ = 0;
+    micro_loss_ = 0;
+    Agreement a{.nonfinite = false, .stop_requested = false, .loss = step_loss};
     a.nonfinite = !std::isfinite(a.loss);
     if (world_ > 1) agree(a);
     if (a.nonfinite) {
@@ -526,7 +542,7 @@ class TrainLoop {
     ++L_.step;
     unlogged_.push_back({L_.step, t_.train_loader->state().epoch, a.loss, lr, *gnorm, elapsed()});
     if (world_ == 1) a.stop_requested = signals_.requested();
-    log_step(batch.target.size(0) * world_, a.loss, lr, *gnorm, epoch);
+    log_step(batch.target.size(0) * world_ * accum_, a.loss, lr, *gnorm, epoch);
     if (const train::LeakReport* r = leak_.step()) warn_leak(*r);
     const bool stop_now = a.stop_requested || L_.step >= stop_at_;
     eval_and_checkpoint(a.stop_requested, stop_now);
@@ -782,6 +798,7 @@ class TrainLoop {
     const int rc = status_ == Status::NonFinite ? 3 : 0;
     if (lead_) {
       record_memory_peak();
+      if (L_.step > 0) save_run_adapter(c_, *t_.model, L_.run_dir / "adapter");
       metrics_ << json{{"kind", "end"},
                        {"status", status_name(status_)},
                        {"step", L_.step},
@@ -859,6 +876,10 @@ class TrainLoop {
   std::vector<StepValues> unlogged_;  // the steps since the last train line (Note [Run story])
   train::LeakWatch leak_{{.print = false}};
   int64_t peak_recorded_ = -1;
+  // train.grad_accum_steps: batches per optimizer step, and the micro-batches of the current one.
+  const int64_t accum_ = c_.integer("train.grad_accum_steps");
+  int64_t micro_ = 0;
+  double micro_loss_ = 0;
 };
 
 int run_loop(Loop& L) { return TrainLoop(L).run(); }
