@@ -511,7 +511,15 @@ class TrainLoop {
     }
     // train.grad_accum_steps: all but a step's last micro-batch only add their gradients (finetune.h).
     if (micro_ < accum_ - 1) {
-      micro_loss_ += accumulate_micro_batch(t_, batch, accum_);
+      try {
+        micro_loss_ += accumulate_micro_batch(t_, batch, accum_);
+      } catch (const autograd::AnomalyError& e) {
+        // As in backward_and_update: a data-parallel rank is inside DDP's collectives here.
+        if (world_ > 1) throw;
+        report_anomaly(e, /*in_backward=*/false, epoch);
+        status_ = Status::NonFinite;
+        return false;
+      }
       ++micro_;
       return true;
     }
