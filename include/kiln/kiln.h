@@ -97,3 +97,7 @@
 #include "kiln/parallel/pipeline.h"
 #include "kiln/parallel/tensor_parallel.h"
 #include "kiln/parallel/tensor_parallel_gpt.h"
+
+#include "kiln/io/peft_adapter.h"
+#include "kiln/nn/lora.h"
+#include "kiln/quant/nf4.h"
