@@ -111,49 +111,6 @@ TEST(CliDist, ResumedTwoRankResNetComputesTheStraightRunsLossesBitwise) {
   expect_resume_continuity(config);
 }
 
-/// Pids of the processes whose parent is `parent`.
-std::vector<pid_t> children_of(pid_t parent) {
-  std::vector<pid_t> out;
-  for (const auto& e : fs::directory_iterator("/proc")) {
-    const std::string name = e.path().filename().string();
-    if (name.find_first_not_of("0123456789") != std::string::npos) continue;
-    std::ifstream stat(e.path() / "stat");
-    std::string text((std::istreambuf_iterator<char>(stat)), std::istreambuf_iterator<char>());
-    const auto close = text.rfind(')');
-    if (close == std::string::npos) continue;
-    char state = 0;
-    int ppid = 0;
-    if (std::sscanf(text.c_str() + close + 1, " %c %d", &state, &ppid) == 2 && ppid == parent)
-      out.push_back(static_cast<pid_t>(std::stoi(name)));
-  }
-  return out;
-}
-
-/// Every process below `pid` (`kiln launch` runs mpirun as its child, whose children are the ranks).
-std::vector<pid_t> descendants_of(pid_t pid) {
-  std::vector<pid_t> out, todo{pid};
-  while (!todo.empty()) {
-    const pid_t p = todo.back();
-    todo.pop_back();
-    for (pid_t c : children_of(p)) {
-      out.push_back(c);
-      todo.push_back(c);
-    }
-  }
-  return out;
-}
-
-/// The rank `rank` below the launcher (by OMPI_COMM_WORLD_RANK in its environment); -1 if not found.
-pid_t rank_pid(pid_t launcher, int rank) {
-  const std::string want = "OMPI_COMM_WORLD_RANK=" + std::to_string(rank);
-  for (pid_t c : descendants_of(launcher)) {
-    std::ifstream env("/proc/" + std::to_string(c) + "/environ", std::ios::binary);
-    for (std::string kv; std::getline(env, kv, '\0');)
-      if (kv == want) return c;
-  }
-  return -1;
-}
-
 TEST(CliDist, SigintToOneRankStopsEveryRankAtTheSameStep) {
   TempDir dir;
   write_text(dir.path() / "tiny.toml", tiny_mlp_config());
