@@ -47,6 +47,7 @@
 #include "kiln/core/memory_history.h"
 #include "kiln/core/threads.h"
 #include "kiln/dist/dist.h"
+#include "kiln/dist/traffic.h"
 #include "kiln/io/safetensors.h"
 #include "kiln/ops/factory.h"
 #include "kiln/optim/clip_grad.h"
@@ -541,6 +542,7 @@ class TrainLoop {
   /// One step on `batch`; false when the loop stops after it (or instead of it).
   bool train_step(const data::Example& batch, int64_t epoch) {
     dist::set_step(L_.step + 1);  // for `kiln launch`'s report if this rank dies now
+    const int64_t bytes_before = dist::traffic().bytes;
     const double lr = t_.optimizer->param_groups()[0].lr();
     if (t_.zero)
       t_.zero->zero_grad();
@@ -572,6 +574,8 @@ class TrainLoop {
     }
     const std::optional<double> gnorm = backward_and_update(loss, epoch);
     if (!gnorm) return false;
+    window_comm_bytes_ += dist::traffic().bytes - bytes_before;  // the step's own (not eval's or checkpoints')
+    ++window_steps_;
     if (t_.scheduler) t_.scheduler->step();
     ++L_.step;
     unlogged_.push_back({L_.step, t_.train_loader->state().epoch, a.loss, lr, *gnorm, elapsed()});
@@ -719,6 +723,8 @@ class TrainLoop {
       window_start_ = now;
       window_wait_ = 0;
       window_samples_ = 0;
+      window_steps_ = 0;
+      window_comm_bytes_ = 0;
       memory::reset_peak_stats();
     }
     const double rate = steps_per_s_ > 0 ? steps_per_s_ : (window_s > 0 ? sps / static_cast<double>(global_batch) : 0);
@@ -745,6 +751,8 @@ class TrainLoop {
               {"time_s", elapsed()}};
     if (t_.scaler)
       for (const auto& [k, v] : t_.scaler->metrics()) j[k] = v;
+    // This rank's payload handed to collectives and send/recv per step (dist/traffic.h).
+    if (world_ > 1 && window_steps_ > 0) j["comm_bytes_per_step"] = window_comm_bytes_ / window_steps_;
     if (t_.mesh_gpt && t_.mesh->size("pp") > 1)  // the last step's pipeline bubble (docs/pipeline.md)
       j["pipeline"] = {{"bubble_model", pipeline_.model_bubble},
                        {"bubble_slots", pipeline_.slot_bubble},
@@ -915,6 +923,7 @@ class TrainLoop {
   Clock::time_point t_start_, window_start_;
   double window_wait_ = 0, steps_per_s_ = 0;
   int64_t window_samples_ = 0;
+  int64_t window_steps_ = 0, window_comm_bytes_ = 0;  // steps in the window and what they communicated
   bool stall_warned_ = false;
   Status status_ = Status::Completed;
   json last_train_, last_eval_;
