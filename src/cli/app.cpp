@@ -107,6 +107,9 @@ int dispatch(int argc, char** argv) {
   sample->add_option("--temperature", so.temperature, "Softmax temperature (0: greedy)")->capture_default_str();
   sample->add_option("--top-k", so.top_k, "Sample among the k most likely bytes (0: all)")->capture_default_str();
   sample->add_option("--seed", so.seed, "Sampling seed (same seed, same text)")->capture_default_str();
+  sample->add_flag("--no-kv-cache{false}", so.kv_cache,
+                   "Recompute the whole context for every byte instead of caching keys and values (same text)");
+  sample->add_flag("--timing", so.timing, "Print the generation's tokens/s to stderr");
 
   auto* inspect = app.add_subcommand("inspect", "Show a safetensors file, a checkpoint or a run directory");
   inspect->add_option("target", target, "File or run directory")->required();

@@ -2,6 +2,7 @@
 #include "cli/commands.h"
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <fstream>
@@ -13,6 +14,7 @@
 #include "kiln/core/format.h"
 #include "kiln/core/guards.h"
 #include "kiln/io/safetensors.h"
+#include "kiln/models/generate.h"
 #include "kiln/nn/pytorch_weights.h"
 #include "kiln/ops/factory.h"
 #include "kiln/train/checkpoint.h"
@@ -99,13 +101,6 @@ std::pair<Config, Task> load_for_eval(const fs::path& ckpt) {
   return {std::move(config), std::move(task)};
 }
 
-uint64_t splitmix64(uint64_t& s) {
-  uint64_t z = (s += 0x9E3779B97F4A7C15ULL);
-  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ULL;
-  z = (z ^ (z >> 27)) * 0x94D049BB133111EBULL;
-  return z ^ (z >> 31);
-}
-
 }  // namespace
 
 std::string checkpoint_problem(const fs::path& path) {
@@ -177,52 +172,26 @@ int sample_command(const fs::path& target, const SampleOptions& o) {
     throw ConfigError(target.string() +
                       ": `kiln sample` needs a language model (model.type = \"gpt\"), this run has \"" +
                       config.string("model.type") + "\"");
-  NoGradGuard no_grad;
-  const int64_t block = task.gpt->options.block_size, vocab = task.gpt->options.vocab_size;
   std::vector<int64_t> ids;
   for (unsigned char ch : o.prompt) ids.push_back(ch);
   if (ids.empty()) ids.push_back('\n');
   std::fwrite(o.prompt.data(), 1, o.prompt.size(), stdout);
-  uint64_t rng = o.seed;
-  std::vector<double> p(static_cast<size_t>(vocab));
-  for (int64_t n = 0; n < o.tokens; ++n) {
-    const size_t from = ids.size() > static_cast<size_t>(block) ? ids.size() - static_cast<size_t>(block) : 0;
-    std::vector<int64_t> window(ids.begin() + static_cast<std::ptrdiff_t>(from), ids.end());
-    const auto len = static_cast<int64_t>(window.size());
-    Tensor logits =
-        (*task.model)(tensor(window, {1, len})).select(1, len - 1).reshape({vocab}).to(kFloat64).contiguous();
-    const double* l = logits.data_ptr<double>();
-    int64_t next = 0;
-    if (o.temperature == 0) {
-      next = std::max_element(l, l + vocab) - l;
-    } else {
-      double cutoff = -INFINITY;
-      if (o.top_k > 0 && o.top_k < vocab) {
-        std::vector<double> sorted(l, l + vocab);
-        std::nth_element(sorted.begin(), sorted.begin() + (o.top_k - 1), sorted.end(), std::greater<>());
-        cutoff = sorted[static_cast<size_t>(o.top_k - 1)];
-      }
-      const double mx = *std::max_element(l, l + vocab);
-      double sum = 0;
-      for (int64_t v = 0; v < vocab; ++v) {
-        p[static_cast<size_t>(v)] = l[v] < cutoff ? 0 : std::exp((l[v] - mx) / o.temperature);
-        sum += p[static_cast<size_t>(v)];
-      }
-      double u = static_cast<double>(splitmix64(rng) >> 11) * 0x1.0p-53 * sum;
-      next = vocab - 1;
-      for (int64_t v = 0; v < vocab; ++v) {
-        u -= p[static_cast<size_t>(v)];
-        if (u < 0 && p[static_cast<size_t>(v)] > 0) {
-          next = v;
-          break;
-        }
-      }
-    }
-    ids.push_back(next);
-    std::fputc(static_cast<int>(next), stdout);
-    std::fflush(stdout);
-  }
+  const auto t0 = std::chrono::steady_clock::now();
+  models::generate(*task.gpt, ids,
+                   {.max_new_tokens = o.tokens,
+                    .temperature = o.temperature,
+                    .top_k = o.top_k,
+                    .seed = o.seed,
+                    .use_kv_cache = o.kv_cache},
+                   [](int64_t next) {
+                     std::fputc(static_cast<int>(next), stdout);
+                     std::fflush(stdout);
+                   });
+  const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   std::printf("\n");
+  if (o.timing)
+    std::fprintf(stderr, "%lld tokens in %.3f s: %.1f tokens/s (kv cache %s)\n", static_cast<long long>(o.tokens), s,
+                 s > 0 ? static_cast<double>(o.tokens) / s : 0.0, o.kv_cache ? "on" : "off");
   return 0;
 }
 

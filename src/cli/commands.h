@@ -37,6 +37,8 @@ struct SampleOptions {
   double temperature = 0.8;  // 0: always the most likely byte
   int64_t top_k = 0;         // 0: all bytes
   uint64_t seed = 0;
+  bool kv_cache = true;  // false: recompute the window for every byte (the same bytes, slower)
+  bool timing = false;   // print tokens/s to stderr
 };
 
 /// Text from a run's (or checkpoint's) character-level GPT: the prompt, then `tokens` sampled bytes.
