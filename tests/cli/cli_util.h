@@ -1,7 +1,14 @@
 #pragma once
 // Helpers for the CLI tests: run the built `kiln` executable, write small
 // configs, read metrics.jsonl.
+#include <fcntl.h>
+#include <signal.h>
 #include <sys/types.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <thread>
 
 #include <filesystem>
 #include <fstream>
@@ -200,5 +207,64 @@ inline int count_lines(const std::string& s) {
   for (char c : s) n += c == '\n';
   return n;
 }
+
+/// `kiln launch -n N -- kiln ARGS` started in the background (stdout and
+/// stderr to `log`), for tests that act on its ranks mid-run. The destructor
+/// kills whatever is left of it.
+class BackgroundLaunch {
+ public:
+  BackgroundLaunch(int n, const std::string& args, std::string log) : log_(std::move(log)) {
+    // exec: the shell becomes the launcher, so the pid below is kiln launch's.
+    const std::string cmd = kRankEnv + "exec " + KILN_CLI_BINARY + " launch -n " + std::to_string(n) + " -- kiln " + args;
+    pid_ = ::fork();
+    if (pid_ == 0) {
+      const int fd = ::open(log_.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+      ::dup2(fd, STDOUT_FILENO);
+      ::dup2(fd, STDERR_FILENO);
+      ::execl("/bin/sh", "sh", "-c", cmd.c_str(), static_cast<char*>(nullptr));
+      ::_exit(127);
+    }
+  }
+  ~BackgroundLaunch() {
+    if (pid_ > 0 && !ended_) kill_all();
+  }
+  BackgroundLaunch(const BackgroundLaunch&) = delete;
+  BackgroundLaunch& operator=(const BackgroundLaunch&) = delete;
+
+  bool started() const { return pid_ > 0; }
+  /// Waits (up to 30 s) until `metrics` holds at least `lines` lines; whether it does.
+  bool wait_for_lines(const std::filesystem::path& metrics, int lines) const {
+    for (int i = 0; i < 3000; ++i) {
+      std::ifstream in(metrics);
+      std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+      if (count_lines(text) >= lines) return true;
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    }
+    return false;
+  }
+  /// The pid of rank `rank` below the launcher, or -1.
+  pid_t rank(int r) const { return rank_pid(pid_, r); }
+  /// Waits up to kJobLimitS for the job to end; false (and the job killed) if it did not.
+  bool wait(int* status) {
+    for (int i = 0; i < kJobLimitS * 100 && !ended_; ++i) {
+      ended_ = ::waitpid(pid_, status, WNOHANG) == pid_;
+      if (!ended_) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    }
+    return ended_;
+  }
+  std::string log() const { return read_file(log_); }
+
+ private:
+  void kill_all() {
+    for (pid_t d : descendants_of(pid_)) ::kill(d, SIGKILL);
+    ::kill(pid_, SIGKILL);
+    int status = 0;
+    ::waitpid(pid_, &status, 0);
+    ended_ = true;
+  }
+  std::string log_;
+  pid_t pid_ = -1;
+  bool ended_ = false;
+};
 
 }  // namespace kiln::test

@@ -10,15 +10,9 @@
 // Tolerance: the layouts compute the same float32 operations on slices and
 // sum them in another order, so losses, gradient norms and evaluations agree
 // within |d| <= 1e-6 + 1e-5 |want| (observed: about 1e-7), not bitwise.
-#include <fcntl.h>
 #include <gtest/gtest.h>
-#include <signal.h>
-#include <sys/wait.h>
-#include <unistd.h>
 
-#include <chrono>
 #include <cmath>
-#include <thread>
 
 #include "cli/cli_util.h"
 
@@ -138,47 +132,18 @@ TEST(CliParallel, RefusesLayoutsThatDoNotFit) {
 TEST(CliParallel, AKilledPipelineStageIsNamedWithWhereTheOthersWere) {
   Fixture f;
   const fs::path run = f.dir.path() / "run";
-  const std::string log = f.dir.file("log.txt");
-  const pid_t pid = ::fork();
-  if (pid == 0) {
-    const int fd = ::open(log.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
-    ::dup2(fd, STDOUT_FILENO);
-    ::dup2(fd, STDERR_FILENO);
-    ::setenv("OMP_NUM_THREADS", "1", 1);
-    ::setenv("KILN_DIST_TIMEOUT", "20", 1);
-    const std::string cmd = std::string(KILN_CLI_BINARY) + " launch -n 4 -- kiln train " + f.config + " --out " +
-                            run.string() + kGpt + kTpPp +
-                            " --set train.steps=200000 --set train.ckpt_every=0 --set train.eval_every=0";
-    ::execl("/bin/sh", "sh", "-c", cmd.c_str(), static_cast<char*>(nullptr));
-    ::_exit(127);
-  }
-  ASSERT_GT(pid, 0);
-  auto logged = [&] {
-    std::ifstream in(run / "metrics.jsonl");
-    std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-    return count_lines(text);
-  };
-  for (int i = 0; i < 3000 && logged() < 5; ++i) std::this_thread::sleep_for(std::chrono::milliseconds(10));
-  const pid_t stage1 = rank_pid(pid, 1);
-  if (logged() < 5 || stage1 <= 0) {
-    for (pid_t d : descendants_of(pid)) ::kill(d, SIGKILL);
-    ::kill(pid, SIGKILL);
-  }
-  ASSERT_GE(logged(), 5) << read_file(log);
+  BackgroundLaunch job(4,
+                      "train " + f.config + " --out " + run.string() + kGpt + kTpPp +
+                          " --set train.steps=200000 --set train.ckpt_every=0 --set train.eval_every=0",
+                      f.dir.file("log.txt"));
+  ASSERT_TRUE(job.started());
+  ASSERT_TRUE(job.wait_for_lines(run / "metrics.jsonl", 5)) << job.log();
+  const pid_t stage1 = job.rank(1);
   ASSERT_GT(stage1, 0) << "no rank 1 below kiln launch";
   ASSERT_EQ(::kill(stage1, SIGKILL), 0);
   int status = 0;
-  bool ended = false;
-  for (int i = 0; i < kJobLimitS * 100 && !ended; ++i) {
-    ended = ::waitpid(pid, &status, WNOHANG) == pid;
-    if (!ended) std::this_thread::sleep_for(std::chrono::milliseconds(10));
-  }
-  if (!ended) {
-    for (pid_t d : descendants_of(pid)) ::kill(d, SIGKILL);
-    ::kill(pid, SIGKILL);
-    ::waitpid(pid, &status, 0);
-  }
-  const std::string text = read_file(log);
+  const bool ended = job.wait(&status);
+  const std::string text = job.log();
   ASSERT_TRUE(ended) << "the job did not end after a stage was killed:\n" << text;
   EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) != 0) << text;
   EXPECT_NE(text.find("because rank 1 (pid " + std::to_string(stage1) + ") died without a word — killed by SIGKILL"),
