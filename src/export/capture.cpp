@@ -134,13 +134,14 @@ class Emitter {
   std::string mul(const std::string& a, const std::string& c) { return binary("Mul", a, c); }
 
   // Linear's weight [out, in] transposed to [in, out], for MatMul on inputs of
-  // rank > 2 (Gemm takes only matrices). One initializer per weight tensor.
+  // rank > 2 (Gemm takes only matrices): a Transpose node over the weight's own
+  // initializer, so a tied weight (GPT's lm_head and wte) stays one tensor in
+  // the file and every initializer keeps its state_dict name. Runtimes fold
+  // the constant Transpose when they load the model.
   std::string transposed_weight(const std::string& name, const Tensor& w) {
     auto it = transposed_.find(w.impl());
     if (it != transposed_.end()) return it->second;
-    const NoGradGuard no_grad;
-    Tensor t = w.detach().to(kFloat32).transpose(0, 1).contiguous().clone();
-    const std::string v = b_.weight(name + "_T", t);
+    const std::string v = transpose(b_.weight(name, w), {1, 0});
     transposed_[w.impl()] = v;
     return v;
   }
