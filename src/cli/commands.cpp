@@ -10,6 +10,7 @@
 #include <numeric>
 #include <optional>
 
+#include "cli/export_check.h"
 #include "cli/task.h"
 #include "kiln/core/format.h"
 #include "kiln/core/guards.h"
@@ -185,10 +186,10 @@ int export_onnx(const fs::path& target, const fs::path& ckpt, const ExportOption
   fs::path out = o.out;
   if (out.empty())
     out = fs::is_directory(target) ? target / "model.onnx" : ckpt.parent_path() / (ckpt.stem().string() + ".onnx");
-  const auto r = exporter::to_onnx(*task.model, {example}, out.string(),
-                                   {.dynamic_axes = {{"input", dynamic}},
-                                    .opset = o.opset,
-                                    .doc = "kiln model of " + ckpt.string() + " (step " + step + ")"});
+  const exporter::Graph graph =
+      exporter::capture(*task.model, {example}, {.dynamic_axes = {{"input", dynamic}}, .opset = o.opset});
+  const auto r =
+      exporter::write_onnx(graph, out.string(), o.opset, "kiln model of " + ckpt.string() + " (step " + step + ")");
   std::string ops;
   for (const auto& [op, n] : r.op_counts) ops += (ops.empty() ? "" : ", ") + op + " " + std::to_string(n);
   std::string in = "[";
@@ -202,8 +203,22 @@ int export_onnx(const fs::path& target, const fs::path& ckpt, const ExportOption
       "%lld bytes\n",
       task.gpt ? "int64 token ids" : "float32", in.c_str(), static_cast<long long>(r.nodes), ops.c_str(),
       static_cast<long long>(r.initializers), static_cast<long long>(r.parameters), static_cast<long long>(r.bytes));
-  std::printf("run it with ONNX Runtime, OpenCV DNN or any ONNX runtime (docs/export.md)\n");
-  return 0;
+  if (!o.check) {
+    std::printf("run it with ONNX Runtime, OpenCV DNN or any ONNX runtime (docs/export.md)\n");
+    return 0;
+  }
+  // The check's input: a batch of 2 where the batch is free, random values
+  // (token ids) from a fixed seed, so a rerun checks the same numbers.
+  manual_seed(0);
+  std::vector<int64_t> shape(example.sizes().begin(), example.sizes().end());
+  if (dynamic.count(0)) shape[0] = 2;
+  const Tensor x = task.gpt ? randint(0, task.gpt->options.vocab_size, shape, TensorOptions(kInt64)) : randn(shape);
+  std::string dims;
+  for (size_t i = 0; i < shape.size(); ++i) dims += (i ? ", " : "") + std::to_string(shape[i]);
+  std::printf("check: ONNX Runtime beside kiln on an input [%s], each module's output\n", dims.c_str());
+  const exporter::CheckReport report = check_export(*task.model, graph, x, o.opset);
+  std::fputs(report.str().c_str(), stdout);
+  return report.first_divergent ? 1 : 0;
 }
 
 }  // namespace
@@ -215,7 +230,8 @@ int export_command(const fs::path& target, const ExportOptions& o) {
         "--format expects onnx (an ONNX model for inference runtimes) or pytorch (a state dict with "
         "PyTorch's names, as safetensors), got \"" +
         o.format + "\"");
-  if (!o.dynamic.empty() || o.opset != 17) throw ConfigError("--dynamic and --opset are for --format onnx");
+  if (!o.dynamic.empty() || o.opset != 17 || o.check)
+    throw ConfigError("--dynamic, --opset and --check are for --format onnx");
   std::optional<DType> dtype;
   if (o.dtype == "bfloat16" || o.dtype == "bf16")
     dtype = kBFloat16;

@@ -30,6 +30,9 @@ struct ExportOptions {
   /// (seq: the language model only), or "none"; empty: batch (and seq for a GPT).
   std::string dynamic;
   int64_t opset = 17;  // onnx: 13 to 17
+  /// onnx: run the file in ONNX Runtime beside kiln and compare every module's
+  /// output (cli/export_check.h); exit 1 naming the first module that diverges.
+  bool check = false;
 };
 
 /// `kiln export`: a checkpoint's model as an ONNX file (exporter::to_onnx: the

@@ -66,8 +66,16 @@ class Emitter {
  public:
   explicit Emitter(GraphBuilder& b) : b_(b) {}
 
-  /// The nodes of module `m` (at `path`) applied to value `x`; returns its output value.
+  /// The nodes of module `m` (at `path`) applied to value `x`; returns its
+  /// output value, recorded as the module's (Graph::module_outputs).
   std::string module(nn::Module& m, const std::string& path, const std::string& x) {
+    std::string y = dispatch(m, path, x);
+    if (y != x) b_.graph.module_outputs.push_back({path, m.type_name(), y});
+    return y;
+  }
+
+ private:
+  std::string dispatch(nn::Module& m, const std::string& path, const std::string& x) {
     const ModuleScope scope(b_, path, m.type_name());
     if (is<nn::Linear>(m)) return linear(static_cast<nn::Linear&>(m), path, x);
     if (is<nn::Conv2d>(m)) return conv(static_cast<nn::Conv2d&>(m), path, x);
@@ -125,7 +133,6 @@ class Emitter {
                      "function it cannot see) needs an emitter in src/export/capture.cpp");
   }
 
- private:
   std::string unary(const std::string& op, const std::string& x) { return b_.node(op, {x}, b_.shape(x)); }
   std::string binary(const std::string& op, const std::string& a, const std::string& c) {
     return b_.node(op, {a, c}, broadcast(b_.shape(a), b_.shape(c)));
@@ -542,6 +549,8 @@ Graph capture(nn::Module& module, const std::vector<Tensor>& example_inputs, con
     for (std::string& o : n.outputs)
       if (o == out) o = "output";
   b.graph.values.erase(out);
+  for (ModuleOutput& mo : b.graph.module_outputs)
+    if (mo.value == out) mo.value = "output";
   ov.name = "output";
   b.graph.values["output"] = ov;
   b.graph.outputs.push_back(ov);

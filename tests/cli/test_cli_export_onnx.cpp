@@ -110,7 +110,7 @@ TEST(CliExportOnnx, OptionsItCannotHonourExitTwo) {
   EXPECT_NE(r.output.find("--dtype bfloat16 is for --format pytorch"), std::string::npos) << r.output;
   r = kiln_cli("export " + run + " --format pytorch --dynamic batch");
   EXPECT_EQ(r.rc, 2) << r.output;
-  EXPECT_NE(r.output.find("--dynamic and --opset are for --format onnx"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("--dynamic, --opset and --check are for --format onnx"), std::string::npos) << r.output;
   EXPECT_FALSE(fs::exists(fs::path(run) / "model.onnx"));
   // --dynamic none: every axis fixed to the example's (batch 1).
   r = kiln_cli("export " + run + " --dynamic none");

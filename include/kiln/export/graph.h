@@ -61,6 +61,14 @@ struct Node {
   std::string module_type;
 };
 
+/// A module's output in the graph: the module's path ("" for the root), its
+/// type ("LayerNorm") and the value that holds what its forward returns.
+struct ModuleOutput {
+  std::string module;
+  std::string type;
+  std::string value;
+};
+
 /// A captured inference graph: inputs, nodes in execution order, initializers
 /// and outputs. Every node input is a graph input, an initializer or the output
 /// of an earlier node (validate() checks it).
@@ -73,6 +81,11 @@ struct Graph {
   std::vector<std::pair<std::string, Tensor>> initializers;
   /// Every value's dtype and shape as capture inferred it (inputs, node outputs, initializers).
   std::map<std::string, Value> values;
+  /// Each module's output value, in the order the modules finish (children
+  /// before their parent; "" is the root, whose output is "output"). Modules
+  /// that add no node (Dropout, Identity) are left out. What the per-module
+  /// check (check.h) compares against kiln's own forward.
+  std::vector<ModuleOutput> module_outputs;
 
   /// The node count per ONNX operator type, e.g. {"Conv": 5, "Relu": 5}.
   std::map<std::string, int64_t> op_counts() const;
