@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 
 #include <set>
+#include <tuple>
 
 #include "kiln/core/generator.h"
 #include "kiln/core/guards.h"
@@ -141,6 +142,41 @@ TEST(ExportCapture, Opset13VitRunsInOnnxRuntime) {
     if (run.outputs.count("opencv")) EXPECT_LE(scaled_max_diff(run.outputs.at("opencv")[i], want), 1e-4);
   }
   if (!run.opencv_error.empty()) std::printf("export matrix: vit opset 13: OpenCV refuses: %s\n", run.opencv_error.c_str());
+}
+
+}  // namespace
+}  // namespace kiln::test
+
+namespace kiln::test {
+namespace {
+
+// Without dynamic axes the graph uses constants where it would otherwise take
+// sizes at run time (ViT's class-token Expand, GPT's mask and positions).
+TEST(ExportCapture, FixedAxesVitAndGptRunInOnnxRuntime) {
+  manual_seed(7);
+  models::ViT vit({.image_size = 8, .patch_size = 4, .num_classes = 5, .dim = 16, .depth = 1, .heads = 2, .mlp_dim = 32});
+  models::GPT gpt({.vocab_size = 32, .block_size = 8, .n_layer = 1, .n_head = 2, .n_embd = 16});
+  vit.eval();
+  gpt.eval();
+  const Tensor xi = randn({3, 1, 8, 8});
+  const Tensor xt = randint(0, 32, {2, 8}, TensorOptions(kInt64));  // T = block_size
+  TempDir dir;
+  for (auto [name, model, x] : {std::tuple<const char*, nn::Module*, Tensor>{"vit_fixed", &vit, xi},
+                                {"gpt_fixed", &gpt, xt}}) {
+    SCOPED_TRACE(name);
+    const std::string path = dir.file(std::string(name) + ".onnx");
+    const auto g = capture(*model, {x});
+    for (const auto& n : g.nodes) EXPECT_NE(n.op_type, "Shape") << "a fixed graph reads no shape at run time";
+    exporter::to_onnx(*model, {x}, path);
+    const OnnxConsumerRun run = run_onnx_consumers(path, {x}, false, dir.path().string());
+    EXPECT_TRUE(run.checker_ok) << run.checker_error;
+    Tensor want;
+    {
+      const NoGradGuard no_grad;
+      want = (*model)(x);
+    }
+    EXPECT_LE(scaled_max_diff(run.outputs.at("onnxruntime")[0], want), 1e-4);
+  }
 }
 
 }  // namespace
