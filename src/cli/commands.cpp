@@ -15,6 +15,7 @@
 #include "kiln/core/format.h"
 #include "kiln/core/guards.h"
 #include "kiln/export/onnx.h"
+#include "kiln/export/optimize.h"
 #include "kiln/io/safetensors.h"
 #include "kiln/nn/pytorch_weights.h"
 #include "kiln/ops/factory.h"
@@ -186,8 +187,10 @@ int export_onnx(const fs::path& target, const fs::path& ckpt, const ExportOption
   fs::path out = o.out;
   if (out.empty())
     out = fs::is_directory(target) ? target / "model.onnx" : ckpt.parent_path() / (ckpt.stem().string() + ".onnx");
-  const exporter::Graph graph =
+  exporter::Graph graph =
       exporter::capture(*task.model, {example}, {.dynamic_axes = {{"input", dynamic}}, .opset = o.opset});
+  std::optional<exporter::FoldReport> folded;
+  if (o.optimize) folded = exporter::fold_batch_norm(graph);
   const auto r =
       exporter::write_onnx(graph, out.string(), o.opset, "kiln model of " + ckpt.string() + " (step " + step + ")");
   std::string ops;
@@ -203,6 +206,10 @@ int export_onnx(const fs::path& target, const fs::path& ckpt, const ExportOption
       "%lld bytes\n",
       task.gpt ? "int64 token ids" : "float32", in.c_str(), static_cast<long long>(r.nodes), ops.c_str(),
       static_cast<long long>(r.initializers), static_cast<long long>(r.parameters), static_cast<long long>(r.bytes));
+  if (folded)
+    std::printf("  optimised: %lld BatchNorms folded into their convolutions, %lld nodes -> %lld\n",
+                static_cast<long long>(folded->folded), static_cast<long long>(folded->nodes_before),
+                static_cast<long long>(folded->nodes_after));
   if (!o.check) {
     std::printf("run it with ONNX Runtime, OpenCV DNN or any ONNX runtime (docs/export.md)\n");
     return 0;
@@ -230,8 +237,8 @@ int export_command(const fs::path& target, const ExportOptions& o) {
         "--format expects onnx (an ONNX model for inference runtimes) or pytorch (a state dict with "
         "PyTorch's names, as safetensors), got \"" +
         o.format + "\"");
-  if (!o.dynamic.empty() || o.opset != 17 || o.check)
-    throw ConfigError("--dynamic, --opset and --check are for --format onnx");
+  if (!o.dynamic.empty() || o.opset != 17 || o.check || o.optimize)
+    throw ConfigError("--dynamic, --opset, --optimize and --check are for --format onnx");
   std::optional<DType> dtype;
   if (o.dtype == "bfloat16" || o.dtype == "bf16")
     dtype = kBFloat16;

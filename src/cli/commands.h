@@ -33,6 +33,8 @@ struct ExportOptions {
   /// onnx: run the file in ONNX Runtime beside kiln and compare every module's
   /// output (cli/export_check.h); exit 1 naming the first module that diverges.
   bool check = false;
+  /// onnx: fold each BatchNorm into the convolution before it (exporter::fold_batch_norm).
+  bool optimize = false;
 };
 
 /// `kiln export`: a checkpoint's model as an ONNX file (exporter::to_onnx: the

@@ -61,6 +61,12 @@ TEST(CliExportOnnx, ResNetRunRunsInOnnxRuntimeAndOpenCVAtTwoBatchSizes) {
     EXPECT_LE(scaled_max_diff(c.outputs.at("onnxruntime")[i], want), 1e-4) << i;
     EXPECT_LE(scaled_max_diff(c.outputs.at("opencv")[i], want), 1e-4) << i;
   }
+  // With the BatchNorms folded, still kiln's model: checked module by module in ONNX Runtime.
+  r = kiln_cli("export " + run + " --optimize --check --out " + dir.file("folded.onnx"));
+  EXPECT_EQ(r.rc, 0) << r.output;
+  EXPECT_NE(r.output.find("optimised: 6 BatchNorms folded into their convolutions, 22 nodes -> 16"), std::string::npos)
+      << r.output;
+  EXPECT_NE(r.output.find("every module's output agrees"), std::string::npos) << r.output;
 }
 
 TEST(CliExportOnnx, GptRunHasDynamicBatchAndSequence) {
@@ -110,7 +116,7 @@ TEST(CliExportOnnx, OptionsItCannotHonourExitTwo) {
   EXPECT_NE(r.output.find("--dtype bfloat16 is for --format pytorch"), std::string::npos) << r.output;
   r = kiln_cli("export " + run + " --format pytorch --dynamic batch");
   EXPECT_EQ(r.rc, 2) << r.output;
-  EXPECT_NE(r.output.find("--dynamic, --opset and --check are for --format onnx"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("--dynamic, --opset, --optimize and --check are for --format onnx"), std::string::npos) << r.output;
   EXPECT_FALSE(fs::exists(fs::path(run) / "model.onnx"));
   // --dynamic none: every axis fixed to the example's (batch 1).
   r = kiln_cli("export " + run + " --dynamic none");
