@@ -309,13 +309,10 @@ class Emitter {
     const auto k = static_cast<int64_t>(shape.size());
     KILN_CHECK(k >= 1 && k <= static_cast<int64_t>(s.size()), ShapeError, "export: LayerNorm '", path,
                "' normalises over ", k, " dims of an input ", shape_string(s));
-    int64_t n = 1;
-    for (int64_t i = 0; i < k; ++i) {
+    for (int64_t i = 0; i < k; ++i)
       KILN_CHECK(s[s.size() - static_cast<size_t>(k - i)] == Dim::fixed(shape[static_cast<size_t>(i)]), ShapeError,
                  "export: LayerNorm '", path, "' expects trailing dims matching its normalized_shape, got ",
                  shape_string(s));
-      n *= shape[static_cast<size_t>(i)];
-    }
     const Tensor w = ln.weight.defined() ? ln.weight : ones(shape, TensorOptions(kFloat32));
     const Tensor bias = ln.bias.defined() ? ln.bias : zeros(shape, TensorOptions(kFloat32));
     const std::string wv = ln.weight.defined() ? b_.weight(join(path, "weight"), w) : b_.constant("ones", w);
