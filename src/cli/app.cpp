@@ -92,13 +92,25 @@ int dispatch(int argc, char** argv) {
   eval->add_option("--checkpoint", which, "Of a run directory: latest (default), best (train.keep_best) or a step");
 
   ExportOptions xo;
-  auto* exp = app.add_subcommand("export", "Write a run's model weights for another framework: --format pytorch");
+  auto* exp = app.add_subcommand(
+      "export", "Write a run's model for deployment (--format onnx, the default) or for PyTorch (--format pytorch)");
   exp->add_option("target", target, "Run directory or checkpoint file")->required();
-  exp->add_option("--format", xo.format, "pytorch: a safetensors state dict with PyTorch's names")
+  exp->add_option("--format", xo.format,
+                  "onnx: the inference graph and weights for ONNX Runtime, OpenCV DNN, ...; pytorch: a safetensors "
+                  "state dict with PyTorch's names")
       ->capture_default_str();
-  exp->add_option("--out", xo.out, "Output file (default: RUN/model.safetensors)");
+  exp->add_option("--out", xo.out, "Output file (default: RUN/model.onnx, or RUN/model.safetensors for pytorch)");
   exp->add_option("--checkpoint", xo.checkpoint, "Of a run directory: latest (default), best or a step");
-  exp->add_option("--dtype", xo.dtype, "float32 (default), bfloat16 or float16");
+  exp->add_option("--dtype", xo.dtype, "pytorch: float32 (default), bfloat16 or float16");
+  exp->add_option("--dynamic", xo.dynamic,
+                  "onnx: input axes left free, batch and (GPT) seq, comma-separated, or none (default: batch, and "
+                  "seq for a GPT)");
+  exp->add_option("--opset", xo.opset, "onnx: operator set, 13 to 17 (13: LayerNorm written out)")
+      ->capture_default_str();
+  exp->add_flag("--optimize", xo.optimize, "onnx: fold each BatchNorm into the convolution before it");
+  exp->add_flag("--check", xo.check,
+                "onnx: run the file in ONNX Runtime beside kiln and print each module's max abs / relative "
+                "difference, naming the first that diverges (exit 1 then)");
 
   auto* sample = app.add_subcommand("sample", "Text from a trained character-level GPT");
   sample->add_option("target", target, "Run directory or checkpoint file")->required();

@@ -6,13 +6,17 @@
 #include <cmath>
 #include <cstdio>
 #include <fstream>
+#include <map>
 #include <nlohmann/json.hpp>
 #include <numeric>
 #include <optional>
 
+#include "cli/export_check.h"
 #include "cli/task.h"
 #include "kiln/core/format.h"
 #include "kiln/core/guards.h"
+#include "kiln/export/onnx.h"
+#include "kiln/export/optimize.h"
 #include "kiln/io/safetensors.h"
 #include "kiln/models/generate.h"
 #include "kiln/nn/pytorch_weights.h"
@@ -133,10 +137,103 @@ int evaluate_command(const fs::path& target, const std::string& split, int64_t m
   return 0;
 }
 
+namespace {
+
+// `kiln export --format onnx`: the model of `ckpt` through exporter::to_onnx,
+// with an example input of the run's sample shape (token ids for the GPT).
+int export_onnx(const fs::path& target, const fs::path& ckpt, const ExportOptions& o) {
+  if (!o.dtype.empty() && o.dtype != "float32" && o.dtype != "fp32")
+    throw ConfigError("--dtype " + o.dtype + " is for --format pytorch; ONNX files are written in float32");
+  if (o.opset < 13 || o.opset > 17)
+    throw ConfigError("--opset expects 13 to 17 (17 writes LayerNorm as one LayerNormalization node), got " +
+                      std::to_string(o.opset));
+  auto [config, task] = load_for_eval(ckpt);
+  const auto header = io::read_safetensors_header(ckpt.string());
+  const std::string step = header.metadata.count("step") ? header.metadata.at("step") : "?";
+  std::vector<std::string> axes;
+  const std::string dyn = o.dynamic.empty() ? (task.gpt ? "batch,seq" : "batch") : o.dynamic;
+  if (dyn != "none") {
+    size_t from = 0;
+    while (from <= dyn.size()) {
+      const size_t comma = std::min(dyn.find(',', from), dyn.size());
+      axes.push_back(dyn.substr(from, comma - from));
+      from = comma + 1;
+    }
+  }
+  std::map<int64_t, std::string> dynamic;
+  for (const std::string& a : axes) {
+    if (a == "batch")
+      dynamic[0] = "batch";
+    else if (a == "seq" && task.gpt)
+      dynamic[1] = "seq";
+    else
+      throw ConfigError("--dynamic expects batch" + std::string(task.gpt ? ", seq" : "") +
+                        " or none (comma-separated), got \"" + a + "\"" +
+                        (a == "seq" ? " (seq is the language model's sequence axis; this model has none)" : ""));
+  }
+  Tensor example;
+  if (task.gpt) {
+    example = zeros({1, task.gpt->options.block_size}, TensorOptions(kInt64));
+  } else {
+    std::vector<int64_t> shape{1};
+    shape.insert(shape.end(), task.sample_shape.begin(), task.sample_shape.end());
+    example = zeros(shape, TensorOptions(kFloat32));
+  }
+  fs::path out = o.out;
+  if (out.empty())
+    out = fs::is_directory(target) ? target / "model.onnx" : ckpt.parent_path() / (ckpt.stem().string() + ".onnx");
+  exporter::Graph graph =
+      exporter::capture(*task.model, {example}, {.dynamic_axes = {{"input", dynamic}}, .opset = o.opset});
+  std::optional<exporter::FoldReport> folded;
+  if (o.optimize) folded = exporter::fold_batch_norm(graph);
+  const auto r =
+      exporter::write_onnx(graph, out.string(), o.opset, "kiln model of " + ckpt.string() + " (step " + step + ")");
+  std::string ops;
+  for (const auto& [op, n] : r.op_counts) ops += (ops.empty() ? "" : ", ") + op + " " + std::to_string(n);
+  std::string in = "[";
+  for (int64_t i = 0; i < example.dim(); ++i)
+    in += (i ? ", " : "") + (dynamic.count(i) ? dynamic.at(i) : std::to_string(example.size(i)));
+  in += "]";
+  std::printf("wrote %s: the model of %s (step %s) as ONNX, opset %lld\n", out.string().c_str(), ckpt.string().c_str(),
+              step.c_str(), static_cast<long long>(o.opset));
+  std::printf(
+      "  input \"input\" %s %s, output \"output\"; %lld nodes (%s); %lld initializers, %lld parameters, "
+      "%lld bytes\n",
+      task.gpt ? "int64 token ids" : "float32", in.c_str(), static_cast<long long>(r.nodes), ops.c_str(),
+      static_cast<long long>(r.initializers), static_cast<long long>(r.parameters), static_cast<long long>(r.bytes));
+  if (folded)
+    std::printf("  optimised: %lld BatchNorms folded into their convolutions, %lld nodes -> %lld\n",
+                static_cast<long long>(folded->folded), static_cast<long long>(folded->nodes_before),
+                static_cast<long long>(folded->nodes_after));
+  if (!o.check) {
+    std::printf("run it with ONNX Runtime, OpenCV DNN or any ONNX runtime (docs/export.md)\n");
+    return 0;
+  }
+  // The check's input: a batch of 2 where the batch is free, random values
+  // (token ids) from a fixed seed, so a rerun checks the same numbers.
+  manual_seed(0);
+  std::vector<int64_t> shape(example.sizes().begin(), example.sizes().end());
+  if (dynamic.count(0)) shape[0] = 2;
+  const Tensor x = task.gpt ? randint(0, task.gpt->options.vocab_size, shape, TensorOptions(kInt64)) : randn(shape);
+  std::string dims;
+  for (size_t i = 0; i < shape.size(); ++i) dims += (i ? ", " : "") + std::to_string(shape[i]);
+  std::printf("check: ONNX Runtime beside kiln on an input [%s], each module's output\n", dims.c_str());
+  const exporter::CheckReport report = check_export(*task.model, graph, x, o.opset);
+  std::fputs(report.str().c_str(), stdout);
+  return report.first_divergent ? 1 : 0;
+}
+
+}  // namespace
+
 int export_command(const fs::path& target, const ExportOptions& o) {
+  if (o.format == "onnx") return export_onnx(target, checkpoint_of(target, o.checkpoint), o);
   if (o.format != "pytorch")
-    throw ConfigError("--format expects pytorch (a state dict with PyTorch's names, as safetensors), got \"" +
-                      o.format + "\"");
+    throw ConfigError(
+        "--format expects onnx (an ONNX model for inference runtimes) or pytorch (a state dict with "
+        "PyTorch's names, as safetensors), got \"" +
+        o.format + "\"");
+  if (!o.dynamic.empty() || o.opset != 17 || o.check || o.optimize)
+    throw ConfigError("--dynamic, --opset, --optimize and --check are for --format onnx");
   std::optional<DType> dtype;
   if (o.dtype == "bfloat16" || o.dtype == "bf16")
     dtype = kBFloat16;
