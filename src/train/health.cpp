@@ -1,0 +1,204 @@
+// HealthMonitor (include/kiln/train/health.h).
+#include "kiln/train/health.h"
+
+#include <cmath>
+
+#include "kiln/core/allocator.h"
+#include "kiln/core/error.h"
+#include "kiln/core/guards.h"
+
+namespace kiln::train {
+
+namespace {
+
+bool is_container(const std::string& type) {
+  return type == "Sequential" || type == "ModuleList" || type == "ModuleDict";
+}
+
+/// Calls fn(contiguous float32 data, count) on `t`, copying only when it is not already so.
+template <typename Fn>
+void with_floats(const Tensor& t, Fn&& fn) {
+  NoGradGuard ng;
+  Tensor c = t.detach();
+  if (c.dtype() != kFloat32) c = c.to(kFloat32);
+  if (!c.is_contiguous()) c = c.contiguous();
+  fn(c.data_ptr<float>(), c.numel());
+}
+
+double sum_squares(const Tensor& t) {
+  double s = 0;
+  with_floats(t, [&](const float* p, int64_t n) {
+    for (int64_t i = 0; i < n; ++i) s += static_cast<double>(p[i]) * p[i];
+  });
+  return s;
+}
+
+double rms(const Tensor& t) {
+  const int64_t n = t.numel();
+  return n > 0 ? std::sqrt(sum_squares(t) / static_cast<double>(n)) : 0.0;
+}
+
+/// Units of `input` (features: the last dimension; channels for a 4-D input) at or below
+/// `threshold` for every sample and position of the batch: (dead, units).
+std::pair<int64_t, int64_t> dead_units(const Tensor& input, float threshold) {
+  if (input.dim() == 0 || input.numel() == 0) return {0, 0};
+  const bool channels = input.dim() == 4;
+  const int64_t units = channels ? input.size(1) : input.size(input.dim() - 1);
+  std::vector<char> alive(static_cast<size_t>(units), 0);
+  with_floats(input, [&](const float* p, int64_t n) {
+    if (channels) {
+      const int64_t plane = input.size(2) * input.size(3);
+      for (int64_t i = 0; i < n; ++i)
+        if (p[i] > threshold) alive[static_cast<size_t>((i / plane) % units)] = 1;
+    } else {
+      for (int64_t i = 0; i < n; ++i)
+        if (p[i] > threshold) alive[static_cast<size_t>(i % units)] = 1;
+    }
+  });
+  int64_t dead = 0;
+  for (char a : alive) dead += a ? 0 : 1;
+  return {dead, units};
+}
+
+}  // namespace
+
+double l2_norm(const Tensor& t) { return t.defined() ? std::sqrt(sum_squares(t)) : 0.0; }
+
+/// What the hooks of one sampled forward write; shared so a hook that outlives the
+/// monitor (a gradient hook on a graph kept by the user) writes into live memory.
+struct HealthMonitor::Probe {
+  std::vector<ActivationHealth> activations;
+  std::vector<BlockScale> blocks;
+};
+
+HealthMonitor::HealthMonitor(nn::Module& model, HealthOptions options)
+    : model_(model), options_(options), probe_(std::make_shared<Probe>()) {
+  KILN_CHECK(options_.every >= 1, ValueError, "HealthMonitor: every must be at least 1 step, got ", options_.every);
+  for (auto& entry : model_.named_modules()) {
+    const std::string& name = entry.first;
+    nn::Module* m = entry.second;
+    Group g{name.empty() ? std::string("(root)") : name, m->type_name(), {}, {}, {}};
+    for (auto& [pname, p] : m->named_parameters(/*recurse=*/false)) {
+      if (!p.requires_grad()) {
+        ++frozen_;
+        continue;
+      }
+      ++trainable_;
+      g.params.push_back(p);
+      g.param_names.push_back(name.empty() ? pname : name + "." + pname);
+    }
+    if (!g.params.empty()) groups_.push_back(std::move(g));
+    const std::string type = m->type_name();
+    if (type == "ReLU" || type == "GELU") activation_modules_.emplace_back(name, m);
+  }
+  // Blocks: the model's children with parameters, containers opened (as FSDP's default units).
+  std::vector<std::pair<std::string, nn::Module*>> todo{{"", &model_}};
+  while (!todo.empty()) {
+    auto [prefix, m] = todo.front();
+    todo.erase(todo.begin());
+    std::vector<std::pair<std::string, nn::Module*>> opened;
+    for (auto& [cname, child] : m->named_children()) {
+      const std::string path = prefix.empty() ? cname : prefix + "." + cname;
+      if (is_container(child->type_name()))
+        opened.emplace_back(path, child.get());
+      else if (!child->named_parameters().empty())
+        blocks_.emplace_back(path, child.get());
+    }
+    todo.insert(todo.begin(), opened.begin(), opened.end());
+  }
+}
+
+HealthMonitor::~HealthMonitor() { remove_hooks(); }
+
+void HealthMonitor::remove_hooks() {
+  for (auto& h : hooks_) h.remove();
+  hooks_.clear();
+}
+
+void HealthMonitor::begin_step(int64_t step) {
+  remove_hooks();
+  pending_.reset();
+  for (auto& g : groups_) g.before.clear();
+  if (!sampled(step)) return;
+  pending_.emplace();
+  pending_->step = step;
+  probe_ = std::make_shared<Probe>();
+  {
+    NoGradGuard ng;
+    MemoryCategoryGuard cat(MemoryCategory::Workspace);
+    for (auto& g : groups_)
+      for (const Tensor& p : g.params) g.before.push_back(p.detach().clone());
+  }
+  if (!options_.activations) return;
+  for (auto& entry : activation_modules_) {
+    const std::string name = entry.first;  // a copy: the lambda captures it (clang 14 cannot capture bindings)
+    const std::string type = entry.second->type_name();
+    std::shared_ptr<Probe> probe = probe_;
+    hooks_.push_back(
+        entry.second->register_forward_hook([probe, name, type](nn::Module&, const Tensor& input, const Tensor&) {
+          const auto [dead, units] = dead_units(input, type == "GELU" ? -3.f : 0.f);
+          probe->activations.push_back(
+              {name, type, units > 0 ? static_cast<double>(dead) / static_cast<double>(units) : 0.0, units});
+          return Tensor();
+        }));
+  }
+  // Blocks in the model's order (depth), whatever order forward runs them in; one a forward
+  // does not run keeps activation_rms -1 and is left out of the record.
+  for (const auto& entry : blocks_) probe_->blocks.push_back({entry.first, -1, -1});
+  for (size_t i = 0; i < blocks_.size(); ++i) {
+    std::shared_ptr<Probe> probe = probe_;
+    hooks_.push_back(
+        blocks_[i].second->register_forward_hook([probe, i](nn::Module&, const Tensor&, const Tensor& out) {
+          probe->blocks[i].activation_rms = rms(out);
+          if (out.requires_grad())
+            out.register_hook([probe, i](const Tensor& grad) {
+              probe->blocks[i].grad_rms = rms(grad);
+              return Tensor();
+            });
+          return Tensor();
+        }));
+  }
+}
+
+std::optional<HealthRecord> HealthMonitor::end_step() {
+  remove_hooks();  // forward and backward are over: an evaluation now runs fused and unobserved
+  if (!pending_) return std::nullopt;
+  NoGradGuard ng;
+  MemoryCategoryGuard cat(MemoryCategory::Workspace);
+  HealthRecord& r = *pending_;
+  double total = 0;
+  for (auto& g : groups_) {
+    ModuleHealth h{g.name, g.type, 0, 0, 0};
+    double gsq = 0, wsq = 0, dsq = 0;
+    for (size_t i = 0; i < g.params.size(); ++i) {
+      const Tensor& p = g.params[i];
+      const Tensor grad = p.grad();
+      if (grad.defined())
+        gsq += sum_squares(grad);
+      else
+        r.no_grad.push_back(g.param_names[i]);
+      if (i < g.before.size()) {
+        wsq += sum_squares(g.before[i]);
+        dsq += sum_squares(p.detach() - g.before[i]);
+      }
+    }
+    g.before.clear();
+    total += gsq;
+    h.grad_norm = std::sqrt(gsq);
+    h.weight_norm = std::sqrt(wsq);
+    h.update_ratio = h.weight_norm > 0 ? std::sqrt(dsq) / h.weight_norm : 0.0;
+    r.modules.push_back(std::move(h));
+  }
+  r.grad_norm = std::sqrt(total);
+  r.frozen = frozen_;
+  r.trainable = trainable_;
+  r.activations = std::move(probe_->activations);
+  for (const BlockScale& b : probe_->blocks)
+    if (b.activation_rms >= 0) r.blocks.push_back(b);
+  probe_ = std::make_shared<Probe>();
+  std::optional<HealthRecord> out = std::move(pending_);
+  pending_.reset();
+  return out;
+}
+
+}  // namespace kiln::train
