@@ -11,6 +11,7 @@
 #include "cli/commands.h"
 #include "cli/commbench.h"
 #include "cli/config.h"
+#include "cli/doctor.h"
 #include "cli/plan.h"
 #include "cli/train.h"
 #include "kiln/core/error.h"
@@ -166,6 +167,14 @@ int dispatch(int argc, char** argv) {
       ->capture_default_str();
   commbench->add_option("--json", cbo.json, "Also write the results to this file (rank 0)");
 
+  bool doctor_json = false;
+  auto* doctor = app.add_subcommand(
+      "doctor",
+      "What went wrong in a run, or is going wrong: findings by severity, with evidence and the usual fix "
+      "(docs/diagnostics.md)");
+  doctor->add_option("run_dir", run_dir, "The run directory")->required();
+  doctor->add_flag("--json", doctor_json, "Print the findings as JSON");
+
   if (argc <= 1) {  // `kiln` alone: what it can do, as `kiln --help` prints it
     std::fputs(app.help().c_str(), stdout);
     return 0;
@@ -200,6 +209,7 @@ int dispatch(int argc, char** argv) {
   if (exp->parsed()) return export_command(target, xo);
   if (sample->parsed()) return sample_command(target, so);
   if (plan->parsed()) return plan_command(po);
+  if (doctor->parsed()) return doctor_command(run_dir, doctor_json);
   return inspect_command(target);
 }
 
