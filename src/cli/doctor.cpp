@@ -65,6 +65,7 @@ struct Run {
     return lr.empty() ? 0 : lr.back();
   }
   int64_t num_classes() const {
+    if (!eval.empty() && eval.back().contains("num_classes")) return eval.back()["num_classes"].get<int64_t>();
     if (!config) return 0;
     const std::string ds = config->string("data.dataset");
     if (ds == "mnist" || ds == "fashion_mnist") return 10;
@@ -277,6 +278,24 @@ void check_gradient_depth(const Run& r, Findings& out) {
         "optim.grad_clip = 1.0 and a lower optim.lr", step);
 }
 
+/// zero_grad() forgotten: each step's gradient adds to the last, so the norm climbs step after step.
+void check_grad_accumulation(const Run& r, Findings& out) {
+  const size_t n = r.train.size();
+  if (n < 8) return;
+  size_t rising = 0;
+  for (size_t i = 1; i < n; ++i) rising += get(r.train[i], "grad_norm") > get(r.train[i - 1], "grad_norm") ? 1 : 0;
+  const double first = get(r.train.front(), "grad_norm"), last = get(r.train.back(), "grad_norm");
+  if (first <= 0 || last < 5 * first || static_cast<double>(rising) < 0.8 * static_cast<double>(n - 1)) return;
+  add(out, Severity::Warning, "grad_accumulation",
+      "the gradient norm climbs step after step: gradients accumulate across steps (zero_grad() not called?)",
+      "grad_norm " + num(first) + " at step " + std::to_string(static_cast<int64_t>(r.steps.front())) + " -> " +
+          num(last) + " at step " + std::to_string(static_cast<int64_t>(r.steps.back())) + ", rising at " +
+          std::to_string(rising) + " of " + std::to_string(n - 1) + " logged steps",
+      "call optimizer.zero_grad() (or model.zero_grad()) before each backward, unless accumulating on purpose "
+      "(then step and zero every k micro-batches)",
+      static_cast<int64_t>(r.steps.front()));
+}
+
 void check_dead_units(const Run& r, Findings& out) {
   if (r.health.empty()) return;
   // Dead on the last two records (one bad batch is not a dead layer).
@@ -367,6 +386,11 @@ void check_overfitting(const Run& r, Findings& out) {
 }
 
 void check_chance(const Run& r, Findings& out) {
+  // When the lr already explains it (divergence, spikes, dead units), say so rather than suspect the data.
+  bool lr_explains = false;
+  for (const auto& f : out)
+    lr_explains = lr_explains || f.code == "divergence" || f.code == "loss_spike" || f.code == "nan" ||
+                  f.code == "dead_relu" || f.code == "update_ratio_high";
   const int64_t classes = r.num_classes();
   if (classes < 2 || r.eval.empty() || r.lm() || r.steps.empty() || r.steps.back() < 50) return;
   const json& e = r.eval.back();
@@ -381,10 +405,11 @@ void check_chance(const Run& r, Findings& out) {
           " with " + std::to_string(classes) + " classes (chance " + num(100 * chance) + "%); train loss " +
           num(train_loss) + " (ln " + std::to_string(classes) + " = " + num(std::log(static_cast<double>(classes))) +
           (memorising ? ": the training set is being memorised" : ": the training set is not learned either") + ")",
-      memorising ? "labels do not belong to their inputs: check that inputs and labels are shuffled together and "
-                   "read in the same order"
-                 : "check that labels and inputs line up and that the inputs are normalised as the first layer "
-                   "expects (mean ~0, std ~1); then check the lr",
+      lr_explains  ? "the findings above explain it: the lr wrecked the model (lower optim.lr)"
+      : memorising ? "labels do not belong to their inputs: check that inputs and labels are shuffled together and "
+                     "read in the same order"
+                   : "check that labels and inputs line up and that the inputs are normalised as the first layer "
+                     "expects (mean ~0, std ~1); then check the lr",
       static_cast<int64_t>(get(e, "step")));
 }
 
@@ -403,13 +428,13 @@ void check_schedule(const Run& r, Findings& out) {
           "make schedule.warmup_steps a few percent of train.steps (e.g. " +
               std::to_string(std::max<int64_t>(1, total / 20)) + ")");
     if (r.config->string("schedule.type") == "step" && r.lr.size() >= 4) {
-      // A step schedule whose lr has fallen 1000x within the first tenth of the run.
+      // A step schedule whose lr has fallen 100x within the first tenth of the run.
       const double lr0 = r.config->number("optim.lr");
       const int64_t total_steps = static_cast<int64_t>(r.steps.back());
       for (size_t i = 0; i < r.lr.size(); ++i)
-        if (r.steps[i] <= 0.1 * static_cast<double>(total_steps) && lr0 > 0 && r.lr[i] < 1e-3 * lr0) {
+        if (r.steps[i] <= 0.1 * static_cast<double>(total_steps) && lr0 > 0 && r.lr[i] < 1e-2 * lr0) {
           add(out, Severity::Warning, "schedule_too_fast",
-              "the step schedule decays the lr 1000x in the first tenth of the run: stepped per batch where per "
+              "the step schedule decays the lr 100x in the first tenth of the run: stepped per batch where per "
               "epoch was meant?",
               "lr " + num(r.lr[i]) + " at step " + std::to_string(static_cast<int64_t>(r.steps[i])) + " (optim.lr " +
                   num(lr0) + ", schedule.step_size = " + std::to_string(r.config->integer("schedule.step_size")) +
@@ -504,6 +529,7 @@ std::vector<Finding> diagnose(const fs::path& run_dir) {
   check_flat_loss(r, out);
   check_no_grad(r, out);
   check_gradient_depth(r, out);
+  check_grad_accumulation(r, out);
   check_dead_units(r, out);
   check_update_ratio(r, out);
   check_overfitting(r, out);
@@ -516,6 +542,16 @@ std::vector<Finding> diagnose(const fs::path& run_dir) {
     if (a.severity != b.severity) return a.severity > b.severity;
     return a.step < b.step;
   });
+  return out;
+}
+
+std::string format_findings(const std::vector<Finding>& findings) {
+  std::string out;
+  char buf[64];
+  for (const auto& f : findings) {
+    std::snprintf(buf, sizeof buf, "\n%-7s [", severity_name(f.severity));
+    out += buf + f.code + "] " + f.title + "\n        evidence: " + f.evidence + "\n        fix: " + f.fix + "\n";
+  }
   return out;
 }
 
@@ -544,11 +580,7 @@ int doctor_command(const fs::path& run_dir, bool as_json) {
   }
   std::printf("%zu finding(s): %d error(s), %d warning(s), %d info\n", findings.size(), counts[2], counts[1],
               counts[0]);
-  for (const auto& f : findings) {
-    std::printf("\n%-7s [%s] %s\n", severity_name(f.severity), f.code.c_str(), f.title.c_str());
-    std::printf("        evidence: %s\n", f.evidence.c_str());
-    std::printf("        fix: %s\n", f.fix.c_str());
-  }
+  std::fputs(format_findings(findings).c_str(), stdout);
   return error ? 1 : 0;
 }
 

@@ -29,6 +29,9 @@ struct Finding {
 /// Throws ConfigError when `run_dir` holds no run (no metrics.jsonl).
 std::vector<Finding> diagnose(const std::filesystem::path& run_dir);
 
+/// The findings as `kiln doctor` prints them, one block each (severity, code, title, evidence, fix).
+std::string format_findings(const std::vector<Finding>& findings);
+
 /// Prints diagnose()'s findings (as JSON with `json`); exit code 0, or 1 when
 /// a finding is an error (so a script can gate on it).
 int doctor_command(const std::filesystem::path& run_dir, bool json);
