@@ -3,7 +3,6 @@
 
 #include <cmath>
 
-#include "kiln/core/allocator.h"
 #include "kiln/core/error.h"
 #include "kiln/core/guards.h"
 
@@ -15,23 +14,34 @@ bool is_container(const std::string& type) {
   return type == "Sequential" || type == "ModuleList" || type == "ModuleDict";
 }
 
-/// Calls fn(contiguous float32 data, count) on `t`, copying only when it is not already so.
+/// Calls fn(element i as float) for i in [0, numel) of a floating tensor, reading its
+/// storage in place: the monitor allocates nothing on a contiguous tensor (so memory
+/// peaks and `kiln plan`'s predictions are those of the run without it); a strided
+/// one is copied first.
 template <typename Fn>
-void with_floats(const Tensor& t, Fn&& fn) {
+void for_each_float(const Tensor& t, Fn&& fn) {
   NoGradGuard ng;
   Tensor c = t.detach();
-  if (c.dtype() != kFloat32) c = c.to(kFloat32);
   if (!c.is_contiguous()) c = c.contiguous();
-  fn(c.data_ptr<float>(), c.numel());
+  const int64_t n = c.numel();
+  visit_dtype<kFloatingTypes>(c.dtype(), "HealthMonitor", [&]<typename T>() {
+    const T* p = c.data_ptr<T>();
+    for (int64_t i = 0; i < n; ++i) fn(i, static_cast<float>(p[i]));
+  });
 }
 
 double sum_squares(const Tensor& t) {
   double s = 0;
-  with_floats(t, [&](const float* p, int64_t n) {
-    for (int64_t i = 0; i < n; ++i) s += static_cast<double>(p[i]) * p[i];
-  });
+  for_each_float(t, [&](int64_t, float v) { s += static_cast<double>(v) * v; });
   return s;
 }
+
+/// At most this many elements of each parameter are kept to measure its update against:
+/// a parameter this small is kept whole (the ratio is exact), a larger one at an even
+/// stride (the ratio is estimated from them, within a few percent).
+constexpr int64_t kUpdateSamples = 4096;
+
+int64_t sample_stride(int64_t n) { return n <= kUpdateSamples ? 1 : (n + kUpdateSamples - 1) / kUpdateSamples; }
 
 double rms(const Tensor& t) {
   const int64_t n = t.numel();
@@ -45,15 +55,9 @@ std::pair<int64_t, int64_t> dead_units(const Tensor& input, float threshold) {
   const bool channels = input.dim() == 4;
   const int64_t units = channels ? input.size(1) : input.size(input.dim() - 1);
   std::vector<char> alive(static_cast<size_t>(units), 0);
-  with_floats(input, [&](const float* p, int64_t n) {
-    if (channels) {
-      const int64_t plane = input.size(2) * input.size(3);
-      for (int64_t i = 0; i < n; ++i)
-        if (p[i] > threshold) alive[static_cast<size_t>((i / plane) % units)] = 1;
-    } else {
-      for (int64_t i = 0; i < n; ++i)
-        if (p[i] > threshold) alive[static_cast<size_t>(i % units)] = 1;
-    }
+  const int64_t plane = channels ? input.size(2) * input.size(3) : 1;
+  for_each_float(input, [&](int64_t i, float v) {
+    if (v > threshold) alive[static_cast<size_t>((i / plane) % units)] = 1;
   });
   int64_t dead = 0;
   for (char a : alive) dead += a ? 0 : 1;
@@ -123,11 +127,18 @@ void HealthMonitor::begin_step(int64_t step) {
   pending_.emplace();
   pending_->step = step;
   probe_ = std::make_shared<Probe>();
-  {
-    NoGradGuard ng;
-    MemoryCategoryGuard cat(MemoryCategory::Workspace);
-    for (auto& g : groups_)
-      for (const Tensor& p : g.params) g.before.push_back(p.detach().clone());
+  for (auto& g : groups_) {
+    g.weight_sq = 0;
+    for (const Tensor& p : g.params) {
+      const int64_t stride = sample_stride(p.numel());
+      std::vector<float> kept;
+      kept.reserve(static_cast<size_t>((p.numel() + stride - 1) / stride));
+      for_each_float(p, [&](int64_t i, float v) {
+        g.weight_sq += static_cast<double>(v) * v;
+        if (i % stride == 0) kept.push_back(v);
+      });
+      g.before.push_back(std::move(kept));
+    }
   }
   if (!options_.activations) return;
   for (auto& entry : activation_modules_) {
@@ -163,13 +174,11 @@ void HealthMonitor::begin_step(int64_t step) {
 std::optional<HealthRecord> HealthMonitor::end_step() {
   remove_hooks();  // forward and backward are over: an evaluation now runs fused and unobserved
   if (!pending_) return std::nullopt;
-  NoGradGuard ng;
-  MemoryCategoryGuard cat(MemoryCategory::Workspace);
   HealthRecord& r = *pending_;
   double total = 0;
   for (auto& g : groups_) {
     ModuleHealth h{g.name, g.type, 0, 0, 0};
-    double gsq = 0, wsq = 0, dsq = 0;
+    double gsq = 0, dsq = 0;
     for (size_t i = 0; i < g.params.size(); ++i) {
       const Tensor& p = g.params[i];
       const Tensor grad = p.grad();
@@ -177,15 +186,22 @@ std::optional<HealthRecord> HealthMonitor::end_step() {
         gsq += sum_squares(grad);
       else
         r.no_grad.push_back(g.param_names[i]);
-      if (i < g.before.size()) {
-        wsq += sum_squares(g.before[i]);
-        dsq += sum_squares(p.detach() - g.before[i]);
-      }
+      if (i >= g.before.size()) continue;
+      // ||dw||^2 over the kept elements, scaled up to the whole parameter.
+      const std::vector<float>& kept = g.before[i];
+      const int64_t stride = sample_stride(p.numel());
+      double d = 0;
+      for_each_float(p, [&](int64_t j, float v) {
+        if (j % stride != 0) return;
+        const double delta = static_cast<double>(v) - kept[static_cast<size_t>(j / stride)];
+        d += delta * delta;
+      });
+      if (!kept.empty()) dsq += d * static_cast<double>(p.numel()) / static_cast<double>(kept.size());
     }
     g.before.clear();
     total += gsq;
     h.grad_norm = std::sqrt(gsq);
-    h.weight_norm = std::sqrt(wsq);
+    h.weight_norm = std::sqrt(g.weight_sq);
     h.update_ratio = h.weight_norm > 0 ? std::sqrt(dsq) / h.weight_norm : 0.0;
     r.modules.push_back(std::move(h));
   }

@@ -95,6 +95,27 @@ TEST(HealthMonitor, GradientNormsUpdateRatioNoGradAndFrozen) {
   EXPECT_EQ(r->blocks[2].grad_rms, -1.0);  // detached: no gradient reached its output
 }
 
+TEST(HealthMonitor, UpdateRatioOfALargeParameterIsEstimatedClosely) {
+  // 65536 weights: the monitor keeps every 16th; the estimate must be within 5% of the exact ratio.
+  manual_seed(4);
+  nn::Sequential model(
+      std::make_shared<nn::Linear>(nn::LinearOptions{.in_features = 256, .out_features = 256, .bias = false}));
+  optim::Adam opt(model, {.lr = 1e-3});
+  train::HealthMonitor monitor(model, {.every = 1});
+  const Tensor weight = model.named_parameters()[0].second;
+  const Tensor before = weight.detach().clone();
+  monitor.begin_step(1);
+  opt.zero_grad();
+  model(randn({32, 256})).pow(2).mean().backward();
+  opt.step();
+  auto r = monitor.end_step();
+  ASSERT_TRUE(r);
+  ASSERT_EQ(r->modules.size(), 1u);
+  const double exact = train::l2_norm(weight.detach() - before) / train::l2_norm(before);
+  EXPECT_NEAR(r->modules[0].weight_norm, train::l2_norm(before), 1e-6 * train::l2_norm(before));
+  EXPECT_NEAR(r->modules[0].update_ratio, exact, 0.05 * exact);
+}
+
 TEST(HealthMonitor, DeadReluFraction) {
   manual_seed(3);
   Net net;

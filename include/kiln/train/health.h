@@ -11,8 +11,11 @@
 // where its slope is below 1%); per block the RMS of its output and of the
 // gradient flowing into that output (vanishing or exploding by depth).
 //
-// Between sampled steps it does nothing: no hook is registered, no tensor is
-// copied, so fused kernels that hooks would turn off keep running. A loop calls
+// Between sampled steps it does nothing: no hook is registered, nothing is
+// copied, so fused kernels that hooks would turn off keep running. On a sampled
+// step it reads tensors in place and allocates no tensor (memory peaks are the
+// run's own); it keeps at most 4096 elements of each parameter to measure the
+// update against. A loop calls
 //   begin_step(step)   before forward (step = the step being taken, 1-based)
 //   end_step()         after optimizer.step(); the step's record on a sampled step
 // The weights do not change between forward and the optimizer step, so the
@@ -40,10 +43,12 @@ struct HealthOptions {
 /// One module that owns parameters directly ("layers.0", "blocks.1.attn.qkv").
 struct ModuleHealth {
   std::string name;
-  std::string type;         // its type name ("Linear")
-  double grad_norm = 0;     // L2 over its parameters' gradients (those that have one)
-  double weight_norm = 0;   // L2 over its parameters before the update
-  double update_ratio = 0;  // ||Δw|| / ||w|| of this step's update (0 when ||w|| is 0)
+  std::string type;        // its type name ("Linear")
+  double grad_norm = 0;    // L2 over its parameters' gradients (those that have one)
+  double weight_norm = 0;  // L2 over its parameters before the update
+  /// ||Δw|| / ||w|| of this step's update (0 when ||w|| is 0); exact for parameters of at
+  /// most 4096 elements, estimated from 4096 evenly spaced elements of a larger one.
+  double update_ratio = 0;
 };
 
 /// A ReLU or GELU module's dead units on a sampled batch.
@@ -96,7 +101,10 @@ class HealthMonitor {
     std::string name, type;
     std::vector<Tensor> params;  // trainable parameters it owns directly
     std::vector<std::string> param_names;
-    std::vector<Tensor> before;  // copies taken by begin_step() on a sampled step
+    // Taken by begin_step() on a sampled step: each parameter's elements at an even stride
+    // (all of a small one) and the squared norm of the weights before the update.
+    std::vector<std::vector<float>> before;
+    double weight_sq = 0;
   };
   struct Probe;  // hook state shared with the hooks' closures
   void remove_hooks();
