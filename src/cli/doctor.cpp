@@ -467,14 +467,20 @@ void check_schedule(const Run& r, Findings& out) {
 void check_data_and_memory(const Run& r, Findings& out) {
   if (r.train.size() >= 3) {
     std::vector<double> wait;
-    for (size_t i = 1; i < r.train.size(); ++i)
-      wait.push_back(get(r.train[i], "data_wait"));  // the first holds start-up
+    double waited_s = 0;                           // the time it cost: each window's share times its length
+    for (size_t i = 1; i < r.train.size(); ++i) {  // the first line's window holds the start-up
+      wait.push_back(get(r.train[i], "data_wait"));
+      waited_s += wait.back() * std::max(0.0, get(r.train[i], "time_s") - get(r.train[i - 1], "time_s"));
+    }
     const double w = median(wait);
-    if (w > 0.3)
+    // A run over in a second (a tiny model whose steps take microseconds) is not worth the advice.
+    if (w > 0.3 && waited_s >= 1.0)
       add(out, Severity::Warning, "data_stall",
           "the input pipeline is the bottleneck: the loop waits for data " + num(100 * w) + "% of the time",
-          "median data_wait " + num(w) + " over " + std::to_string(wait.size()) + " train lines; data.num_workers = " +
-              (r.config ? std::to_string(r.config->integer("data.num_workers")) : std::string("?")),
+          "median data_wait " + num(w) + " over " + std::to_string(wait.size()) + " train lines, " + num(waited_s) +
+              " s waited in all" +
+              (r.config ? "; data.num_workers = " + std::to_string(r.config->integer("data.num_workers"))
+                        : std::string()),
           "raise data.num_workers, make per-sample transforms cheaper, or precompute them");
   }
   for (const json& w : r.warnings)

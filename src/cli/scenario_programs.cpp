@@ -332,7 +332,7 @@ std::string slow_transform(const fs::path& dir) {
   manual_seed(0);
   Classifier model;
   optim::Adam opt(model, {.lr = 1e-3});
-  return mini_run(dir / "run", model, opt, {.steps = 30, .slow_transform_ms = 10});
+  return mini_run(dir / "run", model, opt, {.steps = 30, .slow_transform_ms = 50});
 }
 
 std::string resume_without_scheduler_state(const fs::path& dir) {
