@@ -181,7 +181,8 @@ int dispatch(int argc, char** argv) {
       "scenario",
       "The anomaly gallery: kiln scenario list; kiln scenario run NAME reproduces a classic training "
       "failure and shows what kiln says (docs/diagnostics.md)");
-  scenario->add_option("action", scenario_action, "list or run")->required();
+  scenario->add_option("action", scenario_action, "list or run (rank: one rank of a data-parallel scenario)")
+      ->required();
   scenario->add_option("name", scenario_name, "The scenario to run");
   scenario->add_option("--dir", scenario_dir, "The config scenarios' directory (default: examples/scenarios)");
   scenario->add_option("--out", scenario_out, "Where a scenario writes its run (default: a temporary directory)");
@@ -221,6 +222,8 @@ int dispatch(int argc, char** argv) {
   if (sample->parsed()) return sample_command(target, so);
   if (plan->parsed()) return plan_command(po);
   if (doctor->parsed()) return doctor_command(run_dir, doctor_json);
+  if (scenario->parsed() && scenario_action == "rank")
+    return run_maybe_distributed([&](dist::ProcessGroupPtr g) { return scenario_rank(scenario_name, g); });
   if (scenario->parsed()) return scenario_command(scenario_action, scenario_name, scenario_dir, scenario_out);
   return inspect_command(target);
 }

@@ -10,6 +10,8 @@
 #include <string>
 #include <vector>
 
+#include "kiln/dist/process_group.h"
+
 namespace kiln::cli {
 
 struct Scenario {
@@ -34,6 +36,10 @@ std::vector<Scenario> all_scenarios(const std::filesystem::path& dir);
 /// The examples/scenarios directory: `dir` when given, else ./examples/scenarios, else the
 /// source tree's next to the executable (build/<preset>/bin/kiln).
 std::filesystem::path scenarios_dir(const std::filesystem::path& dir);
+
+/// `kiln scenario rank NAME` under `kiln launch -n 2`: one rank of a data-parallel
+/// scenario (the scenario itself launches the job and shows what it printed).
+int scenario_rank(const std::string& name, dist::ProcessGroupPtr group);
 
 /// `kiln scenario list` / `kiln scenario run NAME`: exit 0 when kiln's diagnosis
 /// names the cause, 1 when it does not (the gallery's own test), 2 for an unknown name.

@@ -4,12 +4,14 @@
 // that raise nothing) the doctor's findings on the run it logged.
 #include <chrono>
 #include <cmath>
+#include <cstdio>
 #include <fstream>
 #include <iostream>
 #include <nlohmann/json.hpp>
 #include <sstream>
 #include <thread>
 
+#include "cli/config.h"
 #include "cli/doctor.h"
 #include "cli/health_log.h"
 #include "cli/scenario.h"
@@ -19,6 +21,7 @@
 #include "kiln/core/autocast.h"
 #include "kiln/core/memory_history.h"
 #include "kiln/data/sampler.h"
+#include "kiln/dist/ddp.h"
 #include "kiln/kiln.h"
 #include "kiln/train/health.h"
 #include "kiln/train/leak_watch.h"
@@ -366,7 +369,63 @@ std::string fp16_overflow(const fs::path& dir) {
   return mini_run(dir / "run", model, opt, {.steps = 40}, &scaler);
 }
 
+// ---- data-parallel scenarios: two ranks under `kiln launch`, each running `kiln scenario rank NAME` ----
+
+/// Runs `kiln launch -n 2 -- kiln scenario rank NAME` (this executable) and returns what the job printed.
+std::string two_rank_job(const std::string& name) {
+  std::error_code ec;
+  const fs::path self = fs::read_symlink("/proc/self/exe", ec);
+  if (ec) return "cannot find this executable (/proc/self/exe) to launch the ranks\n";
+  // The signature check names a collective mismatch; the watchdog bounds a hang; timeout bounds the rest.
+  const std::string cmd = "KILN_DIST_DEBUG=1 KILN_DIST_TIMEOUT=30 OMP_NUM_THREADS=1 timeout -s KILL 120 " +
+                          self.string() + " launch -n 2 -- " + self.string() + " scenario rank " + name + " 2>&1";
+  std::string out = "$ kiln launch -n 2 -- kiln scenario rank " + name + "\n";
+  FILE* pipe = ::popen(cmd.c_str(), "r");
+  if (!pipe) return out + "cannot start kiln launch\n";
+  char buf[4096];
+  for (size_t n; (n = std::fread(buf, 1, sizeof buf, pipe)) > 0;) out.append(buf, n);
+  ::pclose(pipe);
+  return out;
+}
+
+std::string ddp_unused_parameter(const fs::path&) { return two_rank_job("ddp_unused_parameter"); }
+std::string ranks_with_different_shapes(const fs::path&) { return two_rank_job("ranks_with_different_shapes"); }
+
+/// A classifier with a layer forward never calls (the bug of ddp_unused_parameter).
+class WithUnused : public Classifier {
+ public:
+  WithUnused() {
+    unused = register_module("unused",
+                             std::make_shared<nn::Linear>(nn::LinearOptions{.in_features = 16, .out_features = 4}));
+  }
+  std::shared_ptr<nn::Linear> unused;
+};
+
 }  // namespace
+
+int scenario_rank(const std::string& name, dist::ProcessGroupPtr group) {
+  if (!group)
+    throw ConfigError("kiln scenario rank " + name + ": run under kiln launch -n 2 (it is one rank of a job)");
+  if (name == "ddp_unused_parameter") {
+    manual_seed(0);
+    auto model = std::make_shared<WithUnused>();
+    dist::DistributedDataParallel ddp(model, group);
+    optim::SGD opt(*model, {.lr = 0.1});
+    Batch b = make_batch(group->rank());
+    opt.zero_grad();
+    nn::functional::cross_entropy(ddp(b.x), b.y).backward();  // DDP finds 'unused' without a gradient here
+    opt.step();
+    return 0;
+  }
+  if (name == "ranks_with_different_shapes") {
+    // Each rank's last batch holds a different number of samples, and the per-sample losses are summed
+    // across ranks as they are: rank 0 sends 4 values, rank 1 sends 5.
+    Tensor per_sample = ones({4 + group->rank()});
+    group->allreduce(per_sample)->wait();
+    return 0;
+  }
+  throw ConfigError("kiln scenario rank: no data-parallel scenario \"" + name + "\"");
+}
 
 std::vector<Scenario> program_scenarios() {
   auto p = [](std::string name, std::string symptom, std::vector<std::string> expect,
@@ -400,6 +459,10 @@ std::vector<Scenario> program_scenarios() {
       p("slow_transform", "the loop waits for data: a slow per-sample transform", {"[data_stall]"}, slow_transform),
       p("resume_without_scheduler_state", "after a resume the lr jumps back up: the scheduler state was not restored",
         {"[lr_jump_on_resume]"}, resume_without_scheduler_state),
+      p("ddp_unused_parameter", "data-parallel backward fails: a parameter takes no part in the loss",
+        {"got no gradient in this backward pass"}, ddp_unused_parameter),
+      p("ranks_with_different_shapes", "data-parallel ranks hand a collective tensors of different shapes",
+        {"the ranks called different collectives"}, ranks_with_different_shapes),
       p("fp16_overflow", "under fp16 autocast every step overflows and the loss scale collapses",
         {"[amp_scale_collapse]"}, fp16_overflow),
   };

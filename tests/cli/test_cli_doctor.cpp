@@ -172,6 +172,12 @@ INSTANTIATE_TEST_SUITE_P(
         Expected{"shuffled_labels", {"[chance_accuracy]", "labels do not belong to their inputs"}},
         Expected{"slow_transform", {"[data_stall] the input pipeline is the bottleneck"}},
         Expected{"resume_without_scheduler_state", {"[lr_jump_on_resume]", "(resumed at step 30)"}},
+        Expected{"ddp_unused_parameter",
+                 {"got no gradient in this backward pass", "'unused.weight', 'unused.bias'",
+                  "find_unused_parameters = true"}},
+        Expected{"ranks_with_different_shapes",
+                 {"the ranks called different collectives", "float32[5] at src/cli/scenario_programs.cpp",
+                  "<-- differs from rank 0"}},
         Expected{"fp16_overflow", {"[amp_scale_collapse]"}}),
     [](const auto& info) { return std::string(info.param.name); });
 
