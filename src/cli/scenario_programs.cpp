@@ -97,8 +97,8 @@ struct MiniRunOptions {
   bool shuffled_labels = false;
   int64_t batches = 16;          // distinct training batches, cycled
   double slow_transform_ms = 0;  // per batch, in the loop (a transform run where the loader should)
-  std::function<void(int64_t step, optim::Optimizer&, std::ostream& metrics)>
-      before_step;  // e.g. a resume that loses state
+  std::function<void(int64_t step, optim::Optimizer&, std::ostream& metrics)> before_step =
+      {};  // e.g. a resume that loses state
 };
 
 /// Trains `model` with `opt` and writes the run directory kiln train would (metrics.jsonl with train,
