@@ -296,6 +296,26 @@ void check_grad_accumulation(const Run& r, Findings& out) {
       static_cast<int64_t>(r.steps.front()));
 }
 
+/// The model's input far from mean 0 and standard deviation 1: raw pixels (0-255), an
+/// unnormalised feature; the first layer's initialisation assumes unit scale.
+void check_input_scale(const Run& r, Findings& out) {
+  std::vector<double> means, stds;
+  for (const json& h : r.health)
+    if (h.contains("input") && h["input"].is_object()) {
+      means.push_back(get(h["input"], "mean"));
+      stds.push_back(get(h["input"], "std"));
+    }
+  if (means.empty()) return;
+  const double m = median(means), s = median(stds);
+  if (std::abs(m) <= 5 && s <= 10 && s >= 1e-2) return;
+  add(out, Severity::Warning, "input_scale",
+      "the model's inputs are far from the scale its first layer expects (mean ~0, std ~1)",
+      "input mean " + num(m) + ", standard deviation " + num(s) + " (median over " + std::to_string(means.size()) +
+          " health records)",
+      "normalise the inputs: subtract the training set's mean and divide by its standard deviation (pixels: "
+      "x / 255, then (x - mean) / std)");
+}
+
 void check_dead_units(const Run& r, Findings& out) {
   if (r.health.empty()) return;
   // Dead on the last two records (one bad batch is not a dead layer).
@@ -390,7 +410,7 @@ void check_chance(const Run& r, Findings& out) {
   bool lr_explains = false;
   for (const auto& f : out)
     lr_explains = lr_explains || f.code == "divergence" || f.code == "loss_spike" || f.code == "nan" ||
-                  f.code == "dead_relu" || f.code == "update_ratio_high";
+                  f.code == "dead_relu" || f.code == "update_ratio_high" || f.code == "input_scale";
   const int64_t classes = r.num_classes();
   if (classes < 2 || r.eval.empty() || r.lm() || r.steps.empty() || r.steps.back() < 50) return;
   const json& e = r.eval.back();
@@ -405,7 +425,7 @@ void check_chance(const Run& r, Findings& out) {
           " with " + std::to_string(classes) + " classes (chance " + num(100 * chance) + "%); train loss " +
           num(train_loss) + " (ln " + std::to_string(classes) + " = " + num(std::log(static_cast<double>(classes))) +
           (memorising ? ": the training set is being memorised" : ": the training set is not learned either") + ")",
-      lr_explains  ? "the findings above explain it: the lr wrecked the model (lower optim.lr)"
+      lr_explains  ? "the warnings below explain it (the lr, or the inputs' scale): fix those first"
       : memorising ? "labels do not belong to their inputs: check that inputs and labels are shuffled together and "
                      "read in the same order"
                    : "check that labels and inputs line up and that the inputs are normalised as the first layer "
@@ -536,6 +556,7 @@ std::vector<Finding> diagnose(const fs::path& run_dir) {
   check_no_grad(r, out);
   check_gradient_depth(r, out);
   check_grad_accumulation(r, out);
+  check_input_scale(r, out);
   check_dead_units(r, out);
   check_update_ratio(r, out);
   check_overfitting(r, out);

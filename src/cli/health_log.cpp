@@ -2,6 +2,7 @@
 #include "cli/health_log.h"
 
 #include <algorithm>
+#include <cmath>
 
 namespace kiln::cli {
 using json = nlohmann::json;
@@ -25,10 +26,13 @@ json health_json(const train::HealthRecord& r) {
     blocks.push_back({{"name", b.name}, {"act_rms", b.activation_rms}, {"grad_rms", b.grad_rms}});
   // A model whose every parameter lost its gradient would otherwise write them all.
   for (size_t i = 0; i < std::min<size_t>(r.no_grad.size(), 20); ++i) no_grad.push_back(r.no_grad[i]);
-  return {{"kind", "health"},   {"step", r.step},           {"grad_norm", r.grad_norm},
-          {"modules", modules}, {"no_grad", no_grad},       {"no_grad_count", r.no_grad.size()},
-          {"frozen", r.frozen}, {"trainable", r.trainable}, {"dead", dead},
-          {"blocks", blocks}};
+  json j = {{"kind", "health"},   {"step", r.step},           {"grad_norm", r.grad_norm},
+            {"modules", modules}, {"no_grad", no_grad},       {"no_grad_count", r.no_grad.size()},
+            {"frozen", r.frozen}, {"trainable", r.trainable}, {"dead", dead},
+            {"blocks", blocks}};
+  // Absent for an input that is not floating point (token ids): JSON has no NaN.
+  if (std::isfinite(r.input_mean)) j["input"] = {{"mean", r.input_mean}, {"std", r.input_std}};
+  return j;
 }
 
 void HealthLog::begin(int64_t step) {

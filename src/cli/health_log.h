@@ -14,7 +14,8 @@ namespace kiln::cli {
 
 /// A record as its metrics.jsonl line: step, grad_norm, modules (name, type, grad_norm,
 /// weight_norm, update_ratio), no_grad (names, at most 20) and no_grad_count, frozen,
-/// trainable, dead (name, type, fraction, units), blocks (name, act_rms, grad_rms).
+/// trainable, dead (name, type, fraction, units), blocks (name, act_rms, grad_rms), and
+/// input (mean, std) when the model's input is floating point.
 nlohmann::json health_json(const train::HealthRecord& record);
 
 class HealthLog {

@@ -95,6 +95,7 @@ struct MiniRunOptions {
   int64_t steps = 60;
   bool zero_grad = true;
   bool shuffled_labels = false;
+  double input_scale = 1;        // raw-pixel-like inputs: x * input_scale + input_scale
   int64_t batches = 16;          // distinct training batches, cycled
   double slow_transform_ms = 0;  // per batch, in the loop (a transform run where the loader should)
   std::function<void(int64_t step, optim::Optimizer&, std::ostream& metrics)> before_step =
@@ -111,7 +112,10 @@ std::string mini_run(const fs::path& dir, nn::Module& model, optim::Optimizer& o
   HealthLog health(model, 5);
   // The batches are made up front, as a loader's workers would: only the slow transform is waited for.
   std::vector<Batch> data;
-  for (int64_t i = 0; i < o.batches; ++i) data.push_back(make_batch(i, o.shuffled_labels));
+  for (int64_t i = 0; i < o.batches; ++i) {
+    data.push_back(make_batch(i, o.shuffled_labels));
+    if (o.input_scale != 1) data.back().x = data.back().x * o.input_scale + o.input_scale;
+  }
   const auto start = Clock::now();
   double wait = 0;
   auto window = Clock::now();
@@ -162,7 +166,8 @@ std::string mini_run(const fs::path& dir, nn::Module& model, optim::Optimizer& o
       NoGradGuard ng;
       int64_t right = 0, total = 0;
       for (int64_t i = 100; i < 104; ++i) {
-        Batch e = make_batch(i, false);  // held out, correctly labelled
+        Batch e = make_batch(i, false);  // held out, correctly labelled, prepared as the training batches
+        if (o.input_scale != 1) e.x = e.x * o.input_scale + o.input_scale;
         right += model(e.x).argmax(1).eq(e.y).sum().item<int64_t>();
         total += e.y.size(0);
       }
@@ -331,6 +336,13 @@ std::string shuffled_labels(const fs::path& dir) {
   return mini_run(dir / "run", model, opt, {.steps = 200, .shuffled_labels = true, .batches = 2});
 }
 
+std::string unnormalised_inputs(const fs::path& dir) {
+  manual_seed(0);
+  Classifier model;
+  optim::SGD opt(model, {.lr = 0.01});
+  return mini_run(dir / "run", model, opt, {.steps = 60, .input_scale = 255});  // raw 0-255 pixels
+}
+
 std::string slow_transform(const fs::path& dir) {
   manual_seed(0);
   Classifier model;
@@ -456,6 +468,8 @@ std::vector<Scenario> program_scenarios() {
         forgot_zero_grad),
       p("shuffled_labels", "train loss falls, test accuracy stays at chance: labels do not match inputs",
         {"[chance_accuracy]"}, shuffled_labels),
+      p("unnormalised_inputs", "the loss jumps about or stalls: inputs fed as raw 0-255 values", {"[input_scale]"},
+        unnormalised_inputs),
       p("slow_transform", "the loop waits for data: a slow per-sample transform", {"[data_stall]"}, slow_transform),
       p("resume_without_scheduler_state", "after a resume the lr jumps back up: the scheduler state was not restored",
         {"[lr_jump_on_resume]"}, resume_without_scheduler_state),

@@ -1,7 +1,9 @@
 // HealthMonitor (include/kiln/train/health.h).
 #include "kiln/train/health.h"
 
+#include <algorithm>
 #include <cmath>
+#include <limits>
 
 #include "kiln/core/error.h"
 #include "kiln/core/guards.h"
@@ -73,6 +75,8 @@ double l2_norm(const Tensor& t) { return t.defined() ? std::sqrt(sum_squares(t))
 struct HealthMonitor::Probe {
   std::vector<ActivationHealth> activations;
   std::vector<BlockScale> blocks;
+  double input_mean = std::numeric_limits<double>::quiet_NaN();
+  double input_std = std::numeric_limits<double>::quiet_NaN();
 };
 
 HealthMonitor::HealthMonitor(nn::Module& model, HealthOptions options)
@@ -155,6 +159,22 @@ void HealthMonitor::begin_step(int64_t step) {
   }
   // Blocks in the model's order (depth), whatever order forward runs them in; one a forward
   // does not run keeps activation_rms -1 and is left out of the record.
+  {
+    std::shared_ptr<Probe> probe = probe_;
+    hooks_.push_back(model_.register_forward_pre_hook([probe](nn::Module&, const Tensor& input) {
+      if (input.defined() && input.is_floating_point() && input.numel() > 0) {
+        double sum = 0, sq = 0;
+        for_each_float(input, [&](int64_t, float v) {
+          sum += v;
+          sq += static_cast<double>(v) * v;
+        });
+        const double n = static_cast<double>(input.numel());
+        probe->input_mean = sum / n;
+        probe->input_std = std::sqrt(std::max(0.0, sq / n - probe->input_mean * probe->input_mean));
+      }
+      return Tensor();
+    }));
+  }
   for (const auto& entry : blocks_) probe_->blocks.push_back({entry.first, -1, -1});
   for (size_t i = 0; i < blocks_.size(); ++i) {
     std::shared_ptr<Probe> probe = probe_;
@@ -209,6 +229,8 @@ std::optional<HealthRecord> HealthMonitor::end_step() {
   r.frozen = frozen_;
   r.trainable = trainable_;
   r.activations = std::move(probe_->activations);
+  r.input_mean = probe_->input_mean;
+  r.input_std = probe_->input_std;
   for (const BlockScale& b : probe_->blocks)
     if (b.activation_rms >= 0) r.blocks.push_back(b);
   probe_ = std::make_shared<Probe>();

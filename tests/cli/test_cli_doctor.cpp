@@ -170,6 +170,7 @@ INSTANTIATE_TEST_SUITE_P(
         Expected{"frozen_model", {"does not require grad"}},
         Expected{"forgot_zero_grad", {"[grad_accumulation]", "zero_grad()"}},
         Expected{"shuffled_labels", {"[chance_accuracy]", "labels do not belong to their inputs"}},
+        Expected{"unnormalised_inputs", {"[input_scale]", "input mean 253, standard deviation 255"}},
         Expected{"slow_transform", {"[data_stall] the input pipeline is the bottleneck"}},
         Expected{"resume_without_scheduler_state", {"[lr_jump_on_resume]", "(resumed at step 30)"}},
         Expected{"ddp_unused_parameter",

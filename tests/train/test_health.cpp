@@ -93,6 +93,9 @@ TEST(HealthMonitor, GradientNormsUpdateRatioNoGradAndFrozen) {
   EXPECT_GT(r->blocks[0].grad_rms, 0.0);
   EXPECT_EQ(r->blocks[2].name, "side");
   EXPECT_EQ(r->blocks[2].grad_rms, -1.0);  // detached: no gradient reached its output
+  // The input's statistics (randn: mean ~0, std ~1 over 256 values).
+  EXPECT_NEAR(r->input_mean, 0.0, 0.2);
+  EXPECT_NEAR(r->input_std, 1.0, 0.2);
 }
 
 TEST(HealthMonitor, UpdateRatioOfALargeParameterIsEstimatedClosely) {

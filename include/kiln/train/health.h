@@ -23,6 +23,7 @@
 // are read in end_step (after any clipping and, under a GradScaler, unscaled).
 // `kiln train` runs one and writes each record as a {"kind":"health"} line.
 #include <cstdint>
+#include <limits>
 #include <memory>
 #include <optional>
 #include <string>
@@ -78,6 +79,11 @@ struct HealthRecord {
   int64_t trainable = 0;
   std::vector<ActivationHealth> activations;
   std::vector<BlockScale> blocks;
+  /// Mean and standard deviation of the model's input on the sampled batch (NaN when the
+  /// input is not floating point, e.g. token ids): far from 0 and 1, the first layer sees
+  /// inputs it was not initialised for (a missing or wrong normalisation).
+  double input_mean = std::numeric_limits<double>::quiet_NaN();
+  double input_std = std::numeric_limits<double>::quiet_NaN();
 };
 
 class HealthMonitor {
