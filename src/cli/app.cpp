@@ -11,7 +11,9 @@
 #include "cli/commands.h"
 #include "cli/commbench.h"
 #include "cli/config.h"
+#include "cli/doctor.h"
 #include "cli/plan.h"
+#include "cli/scenario.h"
 #include "cli/train.h"
 #include "kiln/core/error.h"
 #include "kiln/dist/dist.h"
@@ -181,6 +183,25 @@ int dispatch(int argc, char** argv) {
       ->capture_default_str();
   commbench->add_option("--json", cbo.json, "Also write the results to this file (rank 0)");
 
+  bool doctor_json = false;
+  auto* doctor = app.add_subcommand(
+      "doctor",
+      "What went wrong in a run, or is going wrong: findings by severity, with evidence and the usual fix "
+      "(docs/diagnostics.md)");
+  doctor->add_option("run_dir", run_dir, "The run directory")->required();
+  doctor->add_flag("--json", doctor_json, "Print the findings as JSON");
+
+  std::string scenario_action, scenario_name, scenario_dir, scenario_out;
+  auto* scenario = app.add_subcommand(
+      "scenario",
+      "The anomaly gallery: kiln scenario list; kiln scenario run NAME reproduces a classic training "
+      "failure and shows what kiln says (docs/diagnostics.md)");
+  scenario->add_option("action", scenario_action, "list or run (rank: one rank of a data-parallel scenario)")
+      ->required();
+  scenario->add_option("name", scenario_name, "The scenario to run");
+  scenario->add_option("--dir", scenario_dir, "The config scenarios' directory (default: examples/scenarios)");
+  scenario->add_option("--out", scenario_out, "Where a scenario writes its run (default: a temporary directory)");
+
   if (argc <= 1) {  // `kiln` alone: what it can do, as `kiln --help` prints it
     std::fputs(app.help().c_str(), stdout);
     return 0;
@@ -215,6 +236,10 @@ int dispatch(int argc, char** argv) {
   if (exp->parsed()) return export_command(target, xo);
   if (sample->parsed()) return sample_command(target, so);
   if (plan->parsed()) return plan_command(po);
+  if (doctor->parsed()) return doctor_command(run_dir, doctor_json);
+  if (scenario->parsed() && scenario_action == "rank")
+    return run_maybe_distributed([&](dist::ProcessGroupPtr g) { return scenario_rank(scenario_name, g); });
+  if (scenario->parsed()) return scenario_command(scenario_action, scenario_name, scenario_dir, scenario_out);
   return inspect_command(target);
 }
 

@@ -99,6 +99,7 @@ constexpr Key kSchema[] = {
     {"train.keep_best", Kind::String, "\"off\"", "", "off|accuracy|loss|bits_per_char"},
     {"train.log_every", Kind::Int, "50", "", ""},
     {"train.anomaly", Kind::Bool, "false", "", ""},
+    {"train.health", Kind::Bool, "true", "", ""},
     {"train.activation_checkpointing", Kind::IntOrChoice, "\"none\"", "model.type=gpt|vit|resnet", "none|blocks"},
 
     {"dist.strategy", Kind::String, "\"ddp\"", "", "ddp|zero1|zero2|zero3"},

@@ -38,6 +38,7 @@
 #include <sstream>
 
 #include "cli/commands.h"
+#include "cli/health_log.h"
 #include "cli/progress.h"
 #include "cli/report.h"
 #include "cli/task.h"
@@ -467,6 +468,9 @@ class TrainLoop {
       anomaly_.emplace(true);
       trail_.emplace(*t_.model);
     }
+    // Training health (cli/health_log.h), every log_every steps; a sharded model's pieces are not modules' tensors.
+    if (lead_ && c_.boolean("train.health") && !t_.zero && !t_.fsdp && !t_.mesh_gpt)
+      health_.emplace(*t_.model, log_every_);
   }
   TrainLoop(const TrainLoop&) = delete;  // ModuleTrail's hooks hold its address
   TrainLoop& operator=(const TrainLoop&) = delete;
@@ -549,6 +553,7 @@ class TrainLoop {
     else
       t_.optimizer->zero_grad();
     if (trail_) trail_->start_step();
+    if (health_) health_->begin(L_.step + 1);
     Tensor loss;
     bool anomalous = false;
     double loss_v = 0;
@@ -578,6 +583,7 @@ class TrainLoop {
     ++window_steps_;
     if (t_.scheduler) t_.scheduler->step();
     ++L_.step;
+    if (health_) health_->end(metrics_);
     unlogged_.push_back({L_.step, t_.train_loader->state().epoch, a.loss, lr, *gnorm, elapsed()});
     if (world_ == 1) a.stop_requested = signals_.requested();
     log_step(batch.target.size(0) * replicas_, a.loss, lr, *gnorm, epoch);
@@ -919,6 +925,7 @@ class TrainLoop {
   StopSignals signals_;
   std::optional<autograd::AnomalyModeGuard> anomaly_;
   std::optional<ModuleTrail> trail_;
+  std::optional<HealthLog> health_;
   // The throughput window: since the last train line, training time only.
   Clock::time_point t_start_, window_start_;
   double window_wait_ = 0, steps_per_s_ = 0;
