@@ -14,8 +14,8 @@
 #include <vector>
 
 #include "kiln/core/error.h"
-#include "kiln/dist/traffic.h"
 #include "kiln/core/half.h"
+#include "kiln/dist/traffic.h"
 
 namespace kiln::dist::detail {
 namespace {
