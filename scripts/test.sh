@@ -49,6 +49,7 @@ cmake -S tests/install -B "$prefix/consumer" -G Ninja -DCMAKE_PREFIX_PATH="$pref
 cmake --build "$prefix/consumer" >/dev/null
 "$prefix/consumer/app"
 "$prefix/consumer/dist_app"
+"$prefix/consumer/export_app"
 # kiln::kiln alone puts no MPI on a single-process program's compile or link line.
 if grep '"file": ".*/main.cpp"' -B3 "$prefix/consumer/compile_commands.json" | grep -qi 'openmpi\|libmpi\|mpi_cxx' \
    || ldd "$prefix/consumer/app" | grep -qi libmpi; then

@@ -54,6 +54,7 @@
 #include "kiln/nn/transformer.h"
 
 #include "kiln/models/cnn.h"
+#include "kiln/models/generate.h"
 #include "kiln/models/gpt.h"
 #include "kiln/models/mlp.h"
 #include "kiln/models/resnet.h"
@@ -91,8 +92,10 @@
 #include "kiln/dist/process_group.h"
 #include "kiln/dist/sharded_checkpoint.h"
 #include "kiln/dist/sync_batch_norm.h"
+#include "kiln/dist/traffic.h"
 #include "kiln/dist/zero.h"
 
+#include "kiln/parallel/mesh_gpt.h"
 #include "kiln/parallel/moe.h"
 #include "kiln/parallel/pipeline.h"
 #include "kiln/parallel/tensor_parallel.h"

@@ -11,7 +11,9 @@
 #include "cli/commands.h"
 #include "cli/commbench.h"
 #include "cli/config.h"
+#include "cli/doctor.h"
 #include "cli/plan.h"
+#include "cli/scenario.h"
 #include "cli/train.h"
 #include "kiln/core/error.h"
 #include "kiln/dist/dist.h"
@@ -92,13 +94,25 @@ int dispatch(int argc, char** argv) {
   eval->add_option("--checkpoint", which, "Of a run directory: latest (default), best (train.keep_best) or a step");
 
   ExportOptions xo;
-  auto* exp = app.add_subcommand("export", "Write a run's model weights for another framework: --format pytorch");
+  auto* exp = app.add_subcommand(
+      "export", "Write a run's model for deployment (--format onnx, the default) or for PyTorch (--format pytorch)");
   exp->add_option("target", target, "Run directory or checkpoint file")->required();
-  exp->add_option("--format", xo.format, "pytorch: a safetensors state dict with PyTorch's names")
+  exp->add_option("--format", xo.format,
+                  "onnx: the inference graph and weights for ONNX Runtime, OpenCV DNN, ...; pytorch: a safetensors "
+                  "state dict with PyTorch's names")
       ->capture_default_str();
-  exp->add_option("--out", xo.out, "Output file (default: RUN/model.safetensors)");
+  exp->add_option("--out", xo.out, "Output file (default: RUN/model.onnx, or RUN/model.safetensors for pytorch)");
   exp->add_option("--checkpoint", xo.checkpoint, "Of a run directory: latest (default), best or a step");
-  exp->add_option("--dtype", xo.dtype, "float32 (default), bfloat16 or float16");
+  exp->add_option("--dtype", xo.dtype, "pytorch: float32 (default), bfloat16 or float16");
+  exp->add_option("--dynamic", xo.dynamic,
+                  "onnx: input axes left free, batch and (GPT) seq, comma-separated, or none (default: batch, and "
+                  "seq for a GPT)");
+  exp->add_option("--opset", xo.opset, "onnx: operator set, 13 to 17 (13: LayerNorm written out)")
+      ->capture_default_str();
+  exp->add_flag("--optimize", xo.optimize, "onnx: fold each BatchNorm into the convolution before it");
+  exp->add_flag("--check", xo.check,
+                "onnx: run the file in ONNX Runtime beside kiln and print each module's max abs / relative "
+                "difference, naming the first that diverges (exit 1 then)");
 
   auto* sample = app.add_subcommand("sample", "Text from a trained character-level GPT");
   sample->add_option("target", target, "Run directory or checkpoint file")->required();
@@ -107,6 +121,9 @@ int dispatch(int argc, char** argv) {
   sample->add_option("--temperature", so.temperature, "Softmax temperature (0: greedy)")->capture_default_str();
   sample->add_option("--top-k", so.top_k, "Sample among the k most likely bytes (0: all)")->capture_default_str();
   sample->add_option("--seed", so.seed, "Sampling seed (same seed, same text)")->capture_default_str();
+  sample->add_flag("--no-kv-cache{false}", so.kv_cache,
+                   "Recompute the whole context for every byte instead of caching keys and values (same text)");
+  sample->add_flag("--timing", so.timing, "Print the generation's tokens/s to stderr");
 
   auto* inspect = app.add_subcommand("inspect", "Show a safetensors file, a checkpoint or a run directory");
   inspect->add_option("target", target, "File or run directory")->required();
@@ -166,6 +183,25 @@ int dispatch(int argc, char** argv) {
       ->capture_default_str();
   commbench->add_option("--json", cbo.json, "Also write the results to this file (rank 0)");
 
+  bool doctor_json = false;
+  auto* doctor = app.add_subcommand(
+      "doctor",
+      "What went wrong in a run, or is going wrong: findings by severity, with evidence and the usual fix "
+      "(docs/diagnostics.md)");
+  doctor->add_option("run_dir", run_dir, "The run directory")->required();
+  doctor->add_flag("--json", doctor_json, "Print the findings as JSON");
+
+  std::string scenario_action, scenario_name, scenario_dir, scenario_out;
+  auto* scenario = app.add_subcommand(
+      "scenario",
+      "The anomaly gallery: kiln scenario list; kiln scenario run NAME reproduces a classic training "
+      "failure and shows what kiln says (docs/diagnostics.md)");
+  scenario->add_option("action", scenario_action, "list or run (rank: one rank of a data-parallel scenario)")
+      ->required();
+  scenario->add_option("name", scenario_name, "The scenario to run");
+  scenario->add_option("--dir", scenario_dir, "The config scenarios' directory (default: examples/scenarios)");
+  scenario->add_option("--out", scenario_out, "Where a scenario writes its run (default: a temporary directory)");
+
   if (argc <= 1) {  // `kiln` alone: what it can do, as `kiln --help` prints it
     std::fputs(app.help().c_str(), stdout);
     return 0;
@@ -200,6 +236,10 @@ int dispatch(int argc, char** argv) {
   if (exp->parsed()) return export_command(target, xo);
   if (sample->parsed()) return sample_command(target, so);
   if (plan->parsed()) return plan_command(po);
+  if (doctor->parsed()) return doctor_command(run_dir, doctor_json);
+  if (scenario->parsed() && scenario_action == "rank")
+    return run_maybe_distributed([&](dist::ProcessGroupPtr g) { return scenario_rank(scenario_name, g); });
+  if (scenario->parsed()) return scenario_command(scenario_action, scenario_name, scenario_dir, scenario_out);
   return inspect_command(target);
 }
 

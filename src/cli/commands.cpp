@@ -2,17 +2,23 @@
 #include "cli/commands.h"
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <fstream>
+#include <map>
 #include <nlohmann/json.hpp>
 #include <numeric>
 #include <optional>
 
+#include "cli/export_check.h"
 #include "cli/task.h"
 #include "kiln/core/format.h"
 #include "kiln/core/guards.h"
+#include "kiln/export/onnx.h"
+#include "kiln/export/optimize.h"
 #include "kiln/io/safetensors.h"
+#include "kiln/models/generate.h"
 #include "kiln/nn/pytorch_weights.h"
 #include "kiln/ops/factory.h"
 #include "kiln/train/checkpoint.h"
@@ -99,13 +105,6 @@ std::pair<Config, Task> load_for_eval(const fs::path& ckpt) {
   return {std::move(config), std::move(task)};
 }
 
-uint64_t splitmix64(uint64_t& s) {
-  uint64_t z = (s += 0x9E3779B97F4A7C15ULL);
-  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ULL;
-  z = (z ^ (z >> 27)) * 0x94D049BB133111EBULL;
-  return z ^ (z >> 31);
-}
-
 }  // namespace
 
 std::string checkpoint_problem(const fs::path& path) {
@@ -138,10 +137,103 @@ int evaluate_command(const fs::path& target, const std::string& split, int64_t m
   return 0;
 }
 
+namespace {
+
+// `kiln export --format onnx`: the model of `ckpt` through exporter::to_onnx,
+// with an example input of the run's sample shape (token ids for the GPT).
+int export_onnx(const fs::path& target, const fs::path& ckpt, const ExportOptions& o) {
+  if (!o.dtype.empty() && o.dtype != "float32" && o.dtype != "fp32")
+    throw ConfigError("--dtype " + o.dtype + " is for --format pytorch; ONNX files are written in float32");
+  if (o.opset < 13 || o.opset > 17)
+    throw ConfigError("--opset expects 13 to 17 (17 writes LayerNorm as one LayerNormalization node), got " +
+                      std::to_string(o.opset));
+  auto [config, task] = load_for_eval(ckpt);
+  const auto header = io::read_safetensors_header(ckpt.string());
+  const std::string step = header.metadata.count("step") ? header.metadata.at("step") : "?";
+  std::vector<std::string> axes;
+  const std::string dyn = o.dynamic.empty() ? (task.gpt ? "batch,seq" : "batch") : o.dynamic;
+  if (dyn != "none") {
+    size_t from = 0;
+    while (from <= dyn.size()) {
+      const size_t comma = std::min(dyn.find(',', from), dyn.size());
+      axes.push_back(dyn.substr(from, comma - from));
+      from = comma + 1;
+    }
+  }
+  std::map<int64_t, std::string> dynamic;
+  for (const std::string& a : axes) {
+    if (a == "batch")
+      dynamic[0] = "batch";
+    else if (a == "seq" && task.gpt)
+      dynamic[1] = "seq";
+    else
+      throw ConfigError("--dynamic expects batch" + std::string(task.gpt ? ", seq" : "") +
+                        " or none (comma-separated), got \"" + a + "\"" +
+                        (a == "seq" ? " (seq is the language model's sequence axis; this model has none)" : ""));
+  }
+  Tensor example;
+  if (task.gpt) {
+    example = zeros({1, task.gpt->options.block_size}, TensorOptions(kInt64));
+  } else {
+    std::vector<int64_t> shape{1};
+    shape.insert(shape.end(), task.sample_shape.begin(), task.sample_shape.end());
+    example = zeros(shape, TensorOptions(kFloat32));
+  }
+  fs::path out = o.out;
+  if (out.empty())
+    out = fs::is_directory(target) ? target / "model.onnx" : ckpt.parent_path() / (ckpt.stem().string() + ".onnx");
+  exporter::Graph graph =
+      exporter::capture(*task.model, {example}, {.dynamic_axes = {{"input", dynamic}}, .opset = o.opset});
+  std::optional<exporter::FoldReport> folded;
+  if (o.optimize) folded = exporter::fold_batch_norm(graph);
+  const auto r =
+      exporter::write_onnx(graph, out.string(), o.opset, "kiln model of " + ckpt.string() + " (step " + step + ")");
+  std::string ops;
+  for (const auto& [op, n] : r.op_counts) ops += (ops.empty() ? "" : ", ") + op + " " + std::to_string(n);
+  std::string in = "[";
+  for (int64_t i = 0; i < example.dim(); ++i)
+    in += (i ? ", " : "") + (dynamic.count(i) ? dynamic.at(i) : std::to_string(example.size(i)));
+  in += "]";
+  std::printf("wrote %s: the model of %s (step %s) as ONNX, opset %lld\n", out.string().c_str(), ckpt.string().c_str(),
+              step.c_str(), static_cast<long long>(o.opset));
+  std::printf(
+      "  input \"input\" %s %s, output \"output\"; %lld nodes (%s); %lld initializers, %lld parameters, "
+      "%lld bytes\n",
+      task.gpt ? "int64 token ids" : "float32", in.c_str(), static_cast<long long>(r.nodes), ops.c_str(),
+      static_cast<long long>(r.initializers), static_cast<long long>(r.parameters), static_cast<long long>(r.bytes));
+  if (folded)
+    std::printf("  optimised: %lld BatchNorms folded into their convolutions, %lld nodes -> %lld\n",
+                static_cast<long long>(folded->folded), static_cast<long long>(folded->nodes_before),
+                static_cast<long long>(folded->nodes_after));
+  if (!o.check) {
+    std::printf("run it with ONNX Runtime, OpenCV DNN or any ONNX runtime (docs/export.md)\n");
+    return 0;
+  }
+  // The check's input: a batch of 2 where the batch is free, random values
+  // (token ids) from a fixed seed, so a rerun checks the same numbers.
+  manual_seed(0);
+  std::vector<int64_t> shape(example.sizes().begin(), example.sizes().end());
+  if (dynamic.count(0)) shape[0] = 2;
+  const Tensor x = task.gpt ? randint(0, task.gpt->options.vocab_size, shape, TensorOptions(kInt64)) : randn(shape);
+  std::string dims;
+  for (size_t i = 0; i < shape.size(); ++i) dims += (i ? ", " : "") + std::to_string(shape[i]);
+  std::printf("check: ONNX Runtime beside kiln on an input [%s], each module's output\n", dims.c_str());
+  const exporter::CheckReport report = check_export(*task.model, graph, x, o.opset);
+  std::fputs(report.str().c_str(), stdout);
+  return report.first_divergent ? 1 : 0;
+}
+
+}  // namespace
+
 int export_command(const fs::path& target, const ExportOptions& o) {
+  if (o.format == "onnx") return export_onnx(target, checkpoint_of(target, o.checkpoint), o);
   if (o.format != "pytorch")
-    throw ConfigError("--format expects pytorch (a state dict with PyTorch's names, as safetensors), got \"" +
-                      o.format + "\"");
+    throw ConfigError(
+        "--format expects onnx (an ONNX model for inference runtimes) or pytorch (a state dict with "
+        "PyTorch's names, as safetensors), got \"" +
+        o.format + "\"");
+  if (!o.dynamic.empty() || o.opset != 17 || o.check || o.optimize)
+    throw ConfigError("--dynamic, --opset, --optimize and --check are for --format onnx");
   std::optional<DType> dtype;
   if (o.dtype == "bfloat16" || o.dtype == "bf16")
     dtype = kBFloat16;
@@ -177,52 +269,26 @@ int sample_command(const fs::path& target, const SampleOptions& o) {
     throw ConfigError(target.string() +
                       ": `kiln sample` needs a language model (model.type = \"gpt\"), this run has \"" +
                       config.string("model.type") + "\"");
-  NoGradGuard no_grad;
-  const int64_t block = task.gpt->options.block_size, vocab = task.gpt->options.vocab_size;
   std::vector<int64_t> ids;
   for (unsigned char ch : o.prompt) ids.push_back(ch);
   if (ids.empty()) ids.push_back('\n');
   std::fwrite(o.prompt.data(), 1, o.prompt.size(), stdout);
-  uint64_t rng = o.seed;
-  std::vector<double> p(static_cast<size_t>(vocab));
-  for (int64_t n = 0; n < o.tokens; ++n) {
-    const size_t from = ids.size() > static_cast<size_t>(block) ? ids.size() - static_cast<size_t>(block) : 0;
-    std::vector<int64_t> window(ids.begin() + static_cast<std::ptrdiff_t>(from), ids.end());
-    const auto len = static_cast<int64_t>(window.size());
-    Tensor logits =
-        (*task.model)(tensor(window, {1, len})).select(1, len - 1).reshape({vocab}).to(kFloat64).contiguous();
-    const double* l = logits.data_ptr<double>();
-    int64_t next = 0;
-    if (o.temperature == 0) {
-      next = std::max_element(l, l + vocab) - l;
-    } else {
-      double cutoff = -INFINITY;
-      if (o.top_k > 0 && o.top_k < vocab) {
-        std::vector<double> sorted(l, l + vocab);
-        std::nth_element(sorted.begin(), sorted.begin() + (o.top_k - 1), sorted.end(), std::greater<>());
-        cutoff = sorted[static_cast<size_t>(o.top_k - 1)];
-      }
-      const double mx = *std::max_element(l, l + vocab);
-      double sum = 0;
-      for (int64_t v = 0; v < vocab; ++v) {
-        p[static_cast<size_t>(v)] = l[v] < cutoff ? 0 : std::exp((l[v] - mx) / o.temperature);
-        sum += p[static_cast<size_t>(v)];
-      }
-      double u = static_cast<double>(splitmix64(rng) >> 11) * 0x1.0p-53 * sum;
-      next = vocab - 1;
-      for (int64_t v = 0; v < vocab; ++v) {
-        u -= p[static_cast<size_t>(v)];
-        if (u < 0 && p[static_cast<size_t>(v)] > 0) {
-          next = v;
-          break;
-        }
-      }
-    }
-    ids.push_back(next);
-    std::fputc(static_cast<int>(next), stdout);
-    std::fflush(stdout);
-  }
+  const auto t0 = std::chrono::steady_clock::now();
+  models::generate(*task.gpt, ids,
+                   {.max_new_tokens = o.tokens,
+                    .temperature = o.temperature,
+                    .top_k = o.top_k,
+                    .seed = o.seed,
+                    .use_kv_cache = o.kv_cache},
+                   [](int64_t next) {
+                     std::fputc(static_cast<int>(next), stdout);
+                     std::fflush(stdout);
+                   });
+  const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   std::printf("\n");
+  if (o.timing)
+    std::fprintf(stderr, "%lld tokens in %.3f s: %.1f tokens/s (kv cache %s)\n", static_cast<long long>(o.tokens), s,
+                 s > 0 ? static_cast<double>(o.tokens) / s : 0.0, o.kv_cache ? "on" : "off");
   return 0;
 }
 

@@ -20,15 +20,28 @@ int evaluate_command(const std::filesystem::path& target, const std::string& spl
                      const std::string& which = "");
 
 struct ExportOptions {
-  std::string format = "pytorch";
-  std::filesystem::path out;  // empty: RUN/model.safetensors (or <checkpoint>.pytorch.safetensors)
-  std::string checkpoint;     // latest (empty), best, or a step
-  std::string dtype;          // float32 (empty), bfloat16 or float16
+  std::string format = "onnx";  // onnx or pytorch
+  /// empty: RUN/model.onnx or RUN/model.safetensors (for a checkpoint file:
+  /// <checkpoint>.onnx or <checkpoint>.pytorch.safetensors)
+  std::filesystem::path out;
+  std::string checkpoint;  // latest (empty), best, or a step
+  std::string dtype;       // float32 (empty), bfloat16 or float16 (pytorch only)
+  /// onnx: the input axes left free, comma-separated names among batch and seq
+  /// (seq: the language model only), or "none"; empty: batch (and seq for a GPT).
+  std::string dynamic;
+  int64_t opset = 17;  // onnx: 13 to 17
+  /// onnx: run the file in ONNX Runtime beside kiln and compare every module's
+  /// output (cli/export_check.h); exit 1 naming the first module that diverges.
+  bool check = false;
+  /// onnx: fold each BatchNorm into the convolution before it (exporter::fold_batch_norm).
+  bool optimize = false;
 };
 
-/// `kiln export`: a checkpoint's model as a safetensors state dict with
-/// PyTorch's names (nn::save_pytorch_weights), which torch's twin of the
-/// architecture loads with load_state_dict(strict=True).
+/// `kiln export`: a checkpoint's model as an ONNX file (exporter::to_onnx: the
+/// inference graph with the weights as initializers, for ONNX Runtime, OpenCV
+/// DNN and other runtimes), or with format "pytorch" as a safetensors state
+/// dict with PyTorch's names (nn::save_pytorch_weights), which torch's twin of
+/// the architecture loads with load_state_dict(strict=True).
 int export_command(const std::filesystem::path& target, const ExportOptions& options);
 
 struct SampleOptions {
@@ -37,6 +50,8 @@ struct SampleOptions {
   double temperature = 0.8;  // 0: always the most likely byte
   int64_t top_k = 0;         // 0: all bytes
   uint64_t seed = 0;
+  bool kv_cache = true;  // false: recompute the window for every byte (the same bytes, slower)
+  bool timing = false;   // print tokens/s to stderr
 };
 
 /// Text from a run's (or checkpoint's) character-level GPT: the prompt, then `tokens` sampled bytes.

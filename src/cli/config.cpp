@@ -110,9 +110,18 @@ constexpr Key kSchema[] = {
     {"train.log_every", Kind::Int, "50", "", ""},
     {"train.anomaly", Kind::Bool, "false", "", ""},
     {"train.grad_accum_steps", Kind::Int, "1", "", ""},
+    {"train.health", Kind::Bool, "true", "", ""},
     {"train.activation_checkpointing", Kind::IntOrChoice, "\"none\"", "model.type=gpt|vit|resnet", "none|blocks"},
 
     {"dist.strategy", Kind::String, "\"ddp\"", "", "ddp|zero1|zero2|zero3"},
+
+    // Model parallelism (docs/parallel.md): dp x tp x pp must be the process count.
+    {"parallel.dp", Kind::Int, "0", "model.type=gpt", ""},  // 0: the processes left over by tp x pp
+    {"parallel.tp", Kind::Int, "1", "model.type=gpt", ""},
+    {"parallel.pp", Kind::Int, "1", "model.type=gpt", ""},
+    {"parallel.micro_batches", Kind::Int, "1", "model.type=gpt", ""},
+    {"parallel.schedule", Kind::String, "\"1f1b\"", "model.type=gpt", "1f1b|gpipe"},
+    {"parallel.sequence_parallel", Kind::Bool, "false", "model.type=gpt", ""},
 };
 
 // Allowed values, checked once on the final config (file and --set together) so
@@ -177,6 +186,10 @@ constexpr Range kRanges[] = {
     {"train.keep_last", 1, kIntMax, false, false},
     {"train.log_every", 1, kNoMax, false, false},
     {"train.activation_checkpointing", 1, kNoMax, false, false},  // when an integer
+    {"parallel.dp", 0, kIntMax, false, false},
+    {"parallel.tp", 1, kIntMax, false, false},
+    {"parallel.pp", 1, kIntMax, false, false},
+    {"parallel.micro_batches", 1, kNoMax, false, false},
 };
 
 // What `kiln resume --set KEY=...` does with each key (docs/config.md keeps the same table).
@@ -214,6 +227,7 @@ constexpr ResumeRule kResume[] = {
      "the schedule's horizon and the loader position were counted in steps of the old number of batches"},
     {"train.", OnResume::Applies, ""},
     {"dist.strategy", OnResume::Applies, ""},  // checkpoints hold the unsharded optimizer state whatever the strategy
+    {"parallel.", OnResume::Applies, ""},      // and the unsharded model whatever the layout
 };
 // clang-format on
 

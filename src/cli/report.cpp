@@ -24,6 +24,7 @@
 #include <vector>
 
 #include "cli/report_chart.h"
+#include "cli/report_health.h"
 #include "kiln/core/error.h"
 #include "kiln/core/format.h"
 
@@ -65,6 +66,7 @@ struct RunData {
   std::vector<std::string> notes;                        // plain text, escaped when written
   std::optional<json> memory_peak;                       // the last "memory_peak" record
   std::vector<std::pair<double, std::string>> warnings;  // "warning" records: step, message
+  std::vector<json> health;                              // "health" records (cli/health_log.h)
 };
 
 std::optional<std::string> slurp(const fs::path& path) {
@@ -168,6 +170,10 @@ void read_metrics(const fs::path& path, RunData& run) {
     if (kind == "warning" && j.contains("message") && j["message"].is_string()) {
       const double step = j.contains("step") && j["step"].is_number() ? j["step"].get<double>() : kNaN;
       run.warnings.emplace_back(step, j["message"].get<std::string>());
+      continue;
+    }
+    if (kind == "health" && j.contains("step") && j["step"].is_number()) {
+      run.health.push_back(std::move(j));
       continue;
     }
     if (kind != "train" && kind != "eval" && !event) {
@@ -621,6 +627,7 @@ std::vector<Figure> build_charts(const RunData& run, const RunStatus& st) {
     mem.series.push_back(std::move(total));
   }
   add(std::move(mem), "no train record has \"memory\".");
+  for (Chart& c : health_charts(run.health)) add(std::move(c), "");
   return figs;
 }
 

@@ -270,6 +270,132 @@ std::shared_ptr<nn::Module> make_unsharded_model(const Config& c, const Task& t)
   return model;
 }
 
+bool uses_mesh(const Config& c) {
+  return c.string("model.type") == "gpt" && (c.integer("parallel.tp") > 1 || c.integer("parallel.pp") > 1);
+}
+
+namespace {
+
+/// [parallel]: dp, the process count left over by tp x pp when parallel.dp is
+/// 0; or, when dp x tp x pp is not the process count, 0 and `problem` says so.
+int64_t data_parallel_size(const Config& c, int world, std::string* problem) {
+  const int64_t tp = c.integer("parallel.tp"), pp = c.integer("parallel.pp");
+  int64_t dp = c.integer("parallel.dp");
+  if (dp == 0 && world % (tp * pp) == 0) dp = world / (tp * pp);
+  if (dp * tp * pp == world) return dp;
+  *problem = "[parallel] dp x tp x pp = " + (dp == 0 ? std::string("?") : std::to_string(dp)) + " x " +
+             std::to_string(tp) + " x " + std::to_string(pp) + " needs " +
+             (dp == 0 ? "a multiple of " + std::to_string(tp * pp) : std::to_string(dp * tp * pp)) +
+             " processes, this run has " + std::to_string(world) + " (start it with `kiln launch -n " +
+             std::to_string(dp == 0 ? tp * pp : dp * tp * pp) + " -- kiln train ...`)";
+  return 0;
+}
+
+/// What a mesh run cannot do yet, and what its layout needs of the model and
+/// the process count; one message for all, the same on every rank (before any
+/// collective). Returns dp.
+int64_t check_mesh_config(const Config& c, int world) {
+  std::vector<std::string> bad;
+  std::string count;
+  const int64_t dp = data_parallel_size(c, world, &count);
+  if (!count.empty()) bad.push_back(count);
+  const int64_t tp = c.integer("parallel.tp"), pp = c.integer("parallel.pp"), m = c.integer("parallel.micro_batches");
+  const int64_t heads = c.integer("model.n_head"), embd = c.integer("model.n_embd");
+  const int64_t vocab = data::CharCorpus::vocab_size();
+  if (heads % tp != 0)
+    bad.push_back("model.n_head = " + std::to_string(heads) + " must divide by parallel.tp = " + std::to_string(tp) +
+                  " (each tp rank computes whole heads)");
+  if (vocab % tp != 0 || (4 * embd) % tp != 0)
+    bad.push_back("the vocabulary (" + std::to_string(vocab) + ") and the MLP width (4 x model.n_embd = " +
+                  std::to_string(4 * embd) + ") must divide by parallel.tp = " + std::to_string(tp));
+  if (c.integer("model.n_layer") < pp)
+    bad.push_back("model.n_layer = " + std::to_string(c.integer("model.n_layer")) +
+                  " gives fewer layers than parallel.pp = " + std::to_string(pp) + " stages");
+  if (c.integer("data.batch_size") % m != 0)
+    bad.push_back("data.batch_size = " + std::to_string(c.integer("data.batch_size")) +
+                  " (per dp replica) must divide into parallel.micro_batches = " + std::to_string(m));
+  if (c.boolean("parallel.sequence_parallel") && c.integer("data.context") % tp != 0)
+    bad.push_back("data.context = " + std::to_string(c.integer("data.context")) +
+                  " must divide by parallel.tp = " + std::to_string(tp) + " for parallel.sequence_parallel");
+  if (c.string("amp") != "off")
+    bad.push_back("amp = \"" + c.string("amp") + "\" is not supported with tp or pp yet (use amp = \"off\")");
+  if (!c.value_text("train.activation_checkpointing").empty() && c.string("train.activation_checkpointing") != "none")
+    bad.push_back(
+        "train.activation_checkpointing is not supported with tp or pp yet (a recomputed forward would repeat the tp "
+        "collectives)");
+  if (c.string("train.keep_best") != "off") bad.push_back("train.keep_best is not supported with tp or pp yet");
+  if (c.boolean("train.anomaly")) bad.push_back("train.anomaly is not supported with tp or pp yet");
+  if (c.integer("lora.rank") > 0)
+    bad.push_back("[lora] is not supported with tp or pp yet (the tensor-parallel layers carry no adapters)");
+  if (c.integer("train.grad_accum_steps") > 1)
+    bad.push_back(
+        "train.grad_accum_steps > 1 is not supported with tp or pp (parallel.micro_batches accumulates "
+        "over micro-batches within the pipeline's step)");
+  const std::string strategy = c.string("dist.strategy");
+  if (strategy == "zero2" || strategy == "zero3")
+    bad.push_back("dist.strategy = \"" + strategy +
+                  "\" is not supported with tp or pp (the dp dimension takes \"ddp\" or \"zero1\")");
+  if (bad.empty()) return dp;
+  std::string msg = c.source() + ": [parallel] tp = " + std::to_string(tp) + ", pp = " + std::to_string(pp) + ":";
+  for (const auto& b : bad) msg += "\n  " + b;
+  throw ConfigError(msg);
+}
+
+/// A mesh run's training side (uses_mesh): the mesh, this rank's stage of the
+/// GPT `t.model` holds, its dp replica's loader, the optimizer over the stage.
+void build_mesh_training(const Config& c, Task& t, const dist::ProcessGroupPtr& group) {
+  const int64_t dp = check_mesh_config(c, group ? group->size() : 1);
+  t.mesh = std::make_shared<dist::DeviceMesh>(
+      std::vector<dist::DeviceMesh::Dim>{{"dp", static_cast<int>(dp)},
+                                         {"tp", static_cast<int>(c.integer("parallel.tp"))},
+                                         {"pp", static_cast<int>(c.integer("parallel.pp"))}});
+  t.mesh_gpt = std::make_shared<parallel::MeshGPT>(
+      *t.gpt, *t.mesh,
+      parallel::MeshGPTOptions{.micro_batches = c.integer("parallel.micro_batches"),
+                               .schedule = c.string("parallel.schedule") == "gpipe" ? parallel::Schedule::GPipe
+                                                                                    : parallel::Schedule::OneFOneB,
+                               .sequence_parallel = c.boolean("parallel.sequence_parallel")});
+  t.gpt = nullptr;
+  t.model = t.mesh_gpt->stage_module();  // the whole GPT goes
+  // The ranks of one dp replica read the same batches; with one replica, the
+  // batches of a single process (so that a tp/pp run reproduces one).
+  const int dp_rank = t.mesh->coordinate("dp");
+  if (dp > 1)
+    t.sampler = std::make_shared<data::DistributedSampler>(
+        t.train_set->size(), data::DistributedSamplerOptions{.num_replicas = static_cast<int>(dp),
+                                                             .rank = dp_rank,
+                                                             .shuffle = true,
+                                                             .seed = static_cast<uint64_t>(c.integer("seed"))});
+  t.train_loader = std::make_unique<data::DataLoader<>>(
+      t.train_set, data::DataLoader<>::Options{.batch_size = c.integer("data.batch_size"),
+                                               .shuffle = dp == 1,
+                                               .sampler = t.sampler,
+                                               .num_workers = c.integer("data.num_workers"),
+                                               .drop_last = true,
+                                               .seed = static_cast<uint64_t>(c.integer("seed")),
+                                               .rank = dp_rank});
+  if (t.train_loader->size() == 0)
+    throw ConfigError(c.origin("data.batch_size") +
+                      ": each dp replica's share of the training set holds fewer than one batch of data.batch_size = " +
+                      std::to_string(c.integer("data.batch_size")));
+  t.total_steps =
+      c.integer("train.steps") > 0 ? c.integer("train.steps") : c.integer("train.epochs") * t.train_loader->size();
+  if (c.string("dist.strategy") == "zero1" && dp > 1) {
+    t.zero = std::make_unique<dist::ZeroRedundancyOptimizer>(optimizer_groups(c, *t.model), t.mesh_gpt->dp_group(),
+                                                             optimizer_factory(c), dist::ZeroOptions{.stage = 1});
+    t.optimizer = t.zero->optimizer();
+    if (!t.optimizer)
+      throw ConfigError(c.origin("dist.strategy") +
+                        ": a stage's parameters leave a dp rank an empty shard; use dist.strategy = \"ddp\"");
+  } else {
+    t.own_optimizer = make_optimizer(c, *t.model);
+    t.optimizer = t.own_optimizer.get();
+  }
+  t.scheduler = make_scheduler(c, *t.optimizer, t.total_steps);
+}
+
+}  // namespace
+
 Task build_task(const Config& c, Purpose purpose, dist::ProcessGroupPtr group) {
   if (c.integer("threads") > 0) set_num_threads(static_cast<int>(c.integer("threads")));
   manual_seed(static_cast<uint64_t>(c.integer("seed")));
@@ -284,6 +410,15 @@ Task build_task(const Config& c, Purpose purpose, dist::ProcessGroupPtr group) {
   if (purpose == Purpose::Evaluate) {
     t.model->eval();
     return t;
+  }
+  if (uses_mesh(c)) {
+    build_mesh_training(c, t, group);
+    return t;
+  }
+  if (c.string("model.type") == "gpt" && c.integer("parallel.dp") > 0) {
+    std::string problem;  // a stated dp must be the process count
+    if (data_parallel_size(c, group ? group->size() : 1, &problem) == 0)
+      throw ConfigError(c.origin("parallel.dp") + ": " + problem);
   }
   const bool distributed = group && group->size() > 1;
   check_finetune_config(c, distributed);
@@ -305,8 +440,7 @@ Task build_task(const Config& c, Purpose purpose, dist::ProcessGroupPtr group) {
     throw ConfigError(
         c.origin("data.batch_size") + ": the training set has " + std::to_string(t.train_set->size()) +
         " samples, fewer than one batch of data.batch_size = " + std::to_string(c.integer("data.batch_size")));
-  t.total_steps =
-      c.integer("train.steps") > 0 ? c.integer("train.steps") : steps_for_epochs(c, t.train_loader->size());
+  t.total_steps = c.integer("train.steps") > 0 ? c.integer("train.steps") : steps_for_epochs(c, t.train_loader->size());
   // dist.strategy: ddp keeps every rank's optimizer whole; zero1 shards its
   // state (DDP still averages the gradients), zero2 also the gradients (no DDP:
   // the sharded optimizer reduce-scatters them), zero3 also the parameters
@@ -450,7 +584,9 @@ EvalResult evaluate(Task& t, const Config& c, const std::string& split, int64_t 
   for (auto& batch : loader) {
     if (max_batches > 0 && batches++ >= max_batches) break;
     const int64_t n = batch.target.numel();
-    if (t.fsdp) {
+    if (t.mesh_gpt) {
+      loss_sum += t.mesh_gpt->evaluate(batch.data, batch.target) * static_cast<double>(n);
+    } else if (t.fsdp) {
       Tensor logits;
       loss_sum += fsdp_loss(t, batch, &logits).item<double>() * static_cast<double>(n);
       if (!t.gpt) correct += logits.argmax(1).eq(batch.target).sum().item<int64_t>();
@@ -465,7 +601,7 @@ EvalResult evaluate(Task& t, const Config& c, const std::string& split, int64_t 
   }
   if (r.samples == 0) return r;
   r.loss = loss_sum / static_cast<double>(r.samples);
-  if (t.gpt)
+  if (t.gpt || t.mesh_gpt)
     r.bits_per_char = r.loss / std::log(2.0);
   else
     r.accuracy = static_cast<double>(correct) / static_cast<double>(r.samples);

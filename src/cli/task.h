@@ -20,6 +20,7 @@
 #include "kiln/nn/module.h"
 #include "kiln/optim/optimizer.h"
 #include "kiln/optim/scheduler.h"
+#include "kiln/parallel/mesh_gpt.h"
 
 namespace kiln::cli {
 
@@ -51,6 +52,13 @@ struct Task {
   // `model` is then a 1-D piece of this rank's shard, and `optimizer` steps
   // those pieces (its names are `model`'s, as a ddp run's).
   std::shared_ptr<dist::FullyShardedDataParallel> fsdp;
+  // [parallel] tp or pp > 1 (docs/parallel.md): the GPT laid out over a dp x
+  // tp x pp mesh. `model` is then this rank's stage (its tp shard; names are
+  // the GPT's), `gpt` is null, the loader reads this rank's dp replica's share
+  // (ranks of one replica read the same batches), and `zero` (dist.strategy
+  // zero1) shards the optimizer over dp. No DDP: mesh_gpt averages over dp.
+  std::shared_ptr<dist::DeviceMesh> mesh;
+  std::shared_ptr<parallel::MeshGPT> mesh_gpt;
   int64_t num_parameters = 0;  // the model's, counted before any sharding
   std::string finetune_note;   // init_from and LoRA, for the run's first lines (src/cli/finetune.h); "" if neither
   // What the model was built for (make_unsharded_model builds it again).
@@ -99,6 +107,9 @@ void load_optimizer_shard(Task& task, const optim::OptimizerStateDict& full);
 /// copied in, so from the resume step on the rates are bitwise the ones that
 /// run would use. Call after loading the checkpoint (its optimizer state stays).
 void replay_schedule(Task& task, const Config& config, int64_t step);
+
+/// Whether `config` lays the model out over a mesh ([parallel] tp or pp > 1).
+bool uses_mesh(const Config& config);
 
 /// The training loss of one batch (cross-entropy; per token for the language model).
 Tensor batch_loss(Task& task, const data::Example& batch);

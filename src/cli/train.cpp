@@ -39,6 +39,7 @@
 
 #include "cli/commands.h"
 #include "cli/finetune.h"
+#include "cli/health_log.h"
 #include "cli/progress.h"
 #include "cli/report.h"
 #include "cli/task.h"
@@ -48,6 +49,7 @@
 #include "kiln/core/memory_history.h"
 #include "kiln/core/threads.h"
 #include "kiln/dist/dist.h"
+#include "kiln/dist/traffic.h"
 #include "kiln/io/safetensors.h"
 #include "kiln/ops/factory.h"
 #include "kiln/optim/clip_grad.h"
@@ -216,6 +218,37 @@ struct Consolidated {
   std::unique_ptr<optim::Optimizer> optimizer;
 };
 
+/// A mesh run ([parallel] tp or pp > 1): the whole GPT and its optimizer,
+/// merged from every stage and tp shard (and with zero1 every dp shard of the
+/// optimizer state). A collective over the world; rank 0 gets them.
+Consolidated consolidate_mesh(Loop& L) {
+  Task& t = L.task;
+  Consolidated out;
+  const nn::NamedTensors weights = t.mesh_gpt->full_state_dict();
+  std::map<std::string, optim::ParamState> local;
+  bool plane = true;  // this rank takes part in merging the optimizer state
+  if (t.zero) {
+    local = t.zero->consolidate_state_dict(0).state;  // on dp rank 0 only
+    plane = t.mesh->coordinate("dp") == 0;
+  } else {
+    local = t.optimizer->state_dict().state;
+  }
+  std::map<std::string, optim::ParamState> merged;
+  if (plane) merged = t.mesh_gpt->full_optim_state(local);
+  if (L.group->rank() != 0) return out;
+  out.model = make_unsharded_model(L.config, t);
+  out.model->load_state_dict(weights);
+  out.optimizer = make_optimizer(L.config, *out.model);
+  optim::OptimizerStateDict sd = out.optimizer->state_dict();
+  sd.state = std::move(merged);
+  // The run's hyperparameters (the scheduler's lr): the stage's groups are the GPT's (decay, no decay).
+  const auto& groups = t.optimizer->param_groups();
+  KILN_ASSERT(groups.size() == sd.param_groups.size());
+  for (size_t g = 0; g < groups.size(); ++g) sd.param_groups[g].options = groups[g].options;
+  out.optimizer->load_state_dict(sd);
+  return out;
+}
+
 /// dist.strategy zero1|zero2|zero3 on more than one rank: the unsharded
 /// optimizer (and with zero3 model), its state gathered from every rank's
 /// shard. A collective: every rank calls it; rank 0 gets them, the others
@@ -223,6 +256,7 @@ struct Consolidated {
 Consolidated consolidate(Loop& L) {
   Task& t = L.task;
   Consolidated out;
+  if (t.mesh_gpt) return consolidate_mesh(L);
   if (t.fsdp) {
     const nn::NamedTensors weights = t.fsdp->full_state_dict();
     const optim::OptimizerStateDict sd = t.fsdp->full_optim_state_dict(*t.optimizer);
@@ -415,7 +449,7 @@ class TrainLoop {
       : L_(L),
         c_(L.config),
         t_(L.task),
-        lm_(t_.gpt != nullptr),
+        lm_(t_.gpt != nullptr || t_.mesh_gpt != nullptr),
         total_(t_.total_steps),
         stop_at_(c_.integer("train.max_steps") > 0 ? std::min(c_.integer("train.max_steps"), total_) : total_),
         log_every_(std::max<int64_t>(1, c_.integer("train.log_every"))),
@@ -425,6 +459,7 @@ class TrainLoop {
         clip_(c_.number("optim.grad_clip")),
         params_(t_.model->named_parameters()),
         world_(L.group ? L.group->size() : 1),
+        replicas_(t_.mesh ? t_.mesh->size("dp") : world_),
         lead_(!L.group || L.group->rank() == 0),  // Note [Data-parallel runs]
         metrics_(open_metrics(lead_, L.run_dir)),
         // mpirun gives ranks a pseudo-terminal even when its own output goes to a
@@ -434,6 +469,9 @@ class TrainLoop {
       anomaly_.emplace(true);
       trail_.emplace(*t_.model);
     }
+    // Training health (cli/health_log.h), every log_every steps; a sharded model's pieces are not modules' tensors.
+    if (lead_ && c_.boolean("train.health") && !t_.zero && !t_.fsdp && !t_.mesh_gpt)
+      health_.emplace(*t_.model, log_every_);
   }
   TrainLoop(const TrainLoop&) = delete;  // ModuleTrail's hooks hold its address
   TrainLoop& operator=(const TrainLoop&) = delete;
@@ -478,13 +516,22 @@ class TrainLoop {
     progress_.message(std::string("training ") + c_.name() + ": " + std::to_string(t_.num_parameters) +
                       " parameters, " + std::to_string(t_.train_loader->size()) + " batches of " +
                       std::to_string(c_.integer("data.batch_size")) +
-                      (world_ > 1 ? " per rank on " + std::to_string(world_) + " ranks (global batch " +
-                                        std::to_string(world_ * c_.integer("data.batch_size")) + ")"
-                                  : std::string()) +
+                      (t_.mesh ? " per dp replica on " + mesh_text() + " (global batch " +
+                                     std::to_string(replicas_ * c_.integer("data.batch_size")) + ")"
+                       : world_ > 1 ? " per rank on " + std::to_string(world_) + " ranks (global batch " +
+                                          std::to_string(world_ * c_.integer("data.batch_size")) + ")"
+                                    : std::string()) +
                       " per epoch, steps " + std::to_string(L_.step) + " -> " + std::to_string(stop_at_) + " of " +
                       std::to_string(total_) + ", run directory " + L_.run_dir.string() +
                       (accum_ > 1 ? ", " + std::to_string(accum_) + " batches per step" : std::string()));
     if (!t_.finetune_note.empty()) progress_.message(t_.finetune_note);
+    if (t_.mesh_gpt) progress_.message("rank 0: " + t_.mesh_gpt->describe());
+  }
+
+  std::string mesh_text() const {
+    std::string s;
+    for (const auto& d : t_.mesh->dims()) s += (s.empty() ? "" : " x ") + d.name + " " + std::to_string(d.size);
+    return s + " = " + std::to_string(world_) + " ranks";
   }
 
   void record_start() {
@@ -502,6 +549,7 @@ class TrainLoop {
   /// One step on `batch`; false when the loop stops after it (or instead of it).
   bool train_step(const data::Example& batch, int64_t epoch) {
     dist::set_step(L_.step + 1);  // for `kiln launch`'s report if this rank dies now
+    const int64_t bytes_before = dist::traffic().bytes;
     const double lr = t_.optimizer->param_groups()[0].lr();
     if (micro_ == 0) {
       if (t_.zero)
@@ -524,16 +572,26 @@ class TrainLoop {
       return true;
     }
     if (trail_) trail_->start_step();
+    if (health_) health_->begin(L_.step + 1);
     Tensor loss;
     bool anomalous = false;
-    try {
-      loss = batch_loss(t_, batch);
-    } catch (const autograd::AnomalyError& e) {
-      report_anomaly(e, /*in_backward=*/false, epoch);
-      anomalous = true;  // data-parallel: the other ranks learn of it through the agreement below
+    double loss_v = 0;
+    if (t_.mesh_gpt) {
+      // Forward and backward together: the pipeline interleaves them over micro-batches.
+      pipeline_ = t_.mesh_gpt->forward_backward(batch.data, batch.target);
+      loss_v = pipeline_.loss;
+    } else {
+      try {
+        loss = batch_loss(t_, batch);
+        loss_v = loss.item<double>();
+      } catch (const autograd::AnomalyError& e) {
+        report_anomaly(e, /*in_backward=*/false, epoch);
+        anomalous = true;  // data-parallel: the other ranks learn of it through the agreement below
+      }
     }
-    // The step's loss is the mean over its micro-batches, as one batch of all of them would give.
-    const double step_loss = anomalous ? std::nan("") : (micro_loss_ + loss.item<double>()) / static_cast<double>(accum_);
+    // The step's loss is the mean over its micro-batches, as one batch of all of them would give
+    // (a mesh run takes one: grad_accum_steps is refused with tp or pp).
+    const double step_loss = anomalous ? std::nan("") : (micro_loss_ + loss_v) / static_cast<double>(accum_);
     if (accum_ > 1 && !anomalous) loss = loss.div(static_cast<double>(accum_));
     micro_ = 0;
     micro_loss_ = 0;
@@ -546,11 +604,14 @@ class TrainLoop {
     }
     const std::optional<double> gnorm = backward_and_update(loss, epoch);
     if (!gnorm) return false;
+    window_comm_bytes_ += dist::traffic().bytes - bytes_before;  // the step's own (not eval's or checkpoints')
+    ++window_steps_;
     if (t_.scheduler) t_.scheduler->step();
     ++L_.step;
+    if (health_) health_->end(metrics_);
     unlogged_.push_back({L_.step, t_.train_loader->state().epoch, a.loss, lr, *gnorm, elapsed()});
     if (world_ == 1) a.stop_requested = signals_.requested();
-    log_step(batch.target.size(0) * world_ * accum_, a.loss, lr, *gnorm, epoch);
+    log_step(batch.target.size(0) * replicas_ * accum_, a.loss, lr, *gnorm, epoch);
     if (const train::LeakReport* r = leak_.step()) warn_leak(*r);
     const bool stop_now = a.stop_requested || L_.step >= stop_at_;
     eval_and_checkpoint(a.stop_requested, stop_now);
@@ -636,7 +697,15 @@ class TrainLoop {
   /// run in backward (status "nan").
   std::optional<double> backward_and_update(Tensor& loss, int64_t epoch) {
     double gnorm = 0;
-    if (t_.scaler) {
+    if (t_.mesh_gpt) {
+      // Backward ran with the forward; the replicas' mean, then one norm over every stage and shard.
+      t_.mesh_gpt->allreduce_gradients();
+      gnorm = t_.mesh_gpt->clip_grad_norm_(clip_ > 0 ? clip_ : optim::kInfNorm);
+      if (t_.zero)
+        t_.zero->step();
+      else
+        t_.optimizer->step();
+    } else if (t_.scaler) {
       // Unscale before clipping so the clip sees true gradients; a step whose
       // gradients overflowed is skipped and the scale backs off.
       t_.scaler->scale(loss).backward();
@@ -685,6 +754,8 @@ class TrainLoop {
       window_start_ = now;
       window_wait_ = 0;
       window_samples_ = 0;
+      window_steps_ = 0;
+      window_comm_bytes_ = 0;
       memory::reset_peak_stats();
     }
     const double rate = steps_per_s_ > 0 ? steps_per_s_ : (window_s > 0 ? sps / static_cast<double>(global_batch) : 0);
@@ -711,6 +782,12 @@ class TrainLoop {
               {"time_s", elapsed()}};
     if (t_.scaler)
       for (const auto& [k, v] : t_.scaler->metrics()) j[k] = v;
+    // This rank's payload handed to collectives and send/recv per step (dist/traffic.h).
+    if (world_ > 1 && window_steps_ > 0) j["comm_bytes_per_step"] = window_comm_bytes_ / window_steps_;
+    if (t_.mesh_gpt && t_.mesh->size("pp") > 1)  // the last step's pipeline bubble (docs/pipeline.md)
+      j["pipeline"] = {{"bubble_model", pipeline_.model_bubble},
+                       {"bubble_slots", pipeline_.slot_bubble},
+                       {"bubble_wall", pipeline_.wall_bubble}};
     metrics_ << j.dump() << "\n" << std::flush;
     last_train_ = j;
     unlogged_.clear();
@@ -776,7 +853,7 @@ class TrainLoop {
   void run_eval() {
     // Evaluation is rank 0's, on the whole held-out set; with zero3 every rank
     // runs it alike (FSDP's forward gathers each unit from every rank).
-    if (!lead_ && !t_.fsdp) return;
+    if (!lead_ && !t_.fsdp && !t_.mesh_gpt) return;
     const EvalResult r = evaluate(t_, c_, "test", eval_batches_);
     json e = {{"kind", "eval"}, {"step", L_.step}, {"loss", r.loss}};
     if (lm_)
@@ -867,21 +944,25 @@ class TrainLoop {
   const double clip_;
   const nn::NamedTensors params_;
   const int world_;
+  const int replicas_;  // data-parallel replicas: world_, or a mesh run's dp
   const bool lead_;
   std::ofstream metrics_;  // rank 0's metrics.jsonl
   Progress progress_;
   StopSignals signals_;
   std::optional<autograd::AnomalyModeGuard> anomaly_;
   std::optional<ModuleTrail> trail_;
+  std::optional<HealthLog> health_;
   // The throughput window: since the last train line, training time only.
   Clock::time_point t_start_, window_start_;
   double window_wait_ = 0, steps_per_s_ = 0;
   int64_t window_samples_ = 0;
+  int64_t window_steps_ = 0, window_comm_bytes_ = 0;  // steps in the window and what they communicated
   bool stall_warned_ = false;
   Status status_ = Status::Completed;
   json last_train_, last_eval_;
   std::optional<KeepBest> keep_best_;
-  std::vector<StepValues> unlogged_;  // the steps since the last train line (Note [Run story])
+  std::vector<StepValues> unlogged_;       // the steps since the last train line (Note [Run story])
+  parallel::PipelineStepResult pipeline_;  // a mesh run's last step
   train::LeakWatch leak_{{.print = false}};
   int64_t peak_recorded_ = -1;
   // train.grad_accum_steps: batches per optimizer step, and the micro-batches of the current one.
@@ -1123,9 +1204,11 @@ int resume(const fs::path& run_dir, const ResumeOptions& o, dist::ProcessGroupPt
   RunFacts loaded;  // what the file holds; `now` is what later checkpoints record
   // A sharded run loads the checkpoint's unsharded optimizer state (and with
   // zero3 model), then takes its shard of it.
-  std::shared_ptr<nn::Module> full_model = L.task.fsdp ? make_unsharded_model(config, L.task) : nullptr;
-  std::unique_ptr<optim::Optimizer> full =
-      L.task.zero || L.task.fsdp ? make_optimizer(config, full_model ? *full_model : *L.task.model) : nullptr;
+  std::shared_ptr<nn::Module> full_model =
+      L.task.fsdp || L.task.mesh_gpt ? make_unsharded_model(config, L.task) : nullptr;
+  std::unique_ptr<optim::Optimizer> full = L.task.zero || L.task.fsdp || L.task.mesh_gpt
+                                               ? make_optimizer(config, full_model ? *full_model : *L.task.model)
+                                               : nullptr;
   train::CheckpointRefs refs = checkpoint_refs(L, /*with_facts=*/false, full.get(), full_model.get());
   if (then) refs.objects["run"] = &loaded;
   // A changed schedule is recomputed (replay_schedule), so the file's scheduler state is not loaded.
@@ -1145,7 +1228,20 @@ int resume(const fs::path& run_dir, const ResumeOptions& o, dist::ProcessGroupPt
       info = train::load_checkpoint((ckdir / name).string(), refs);
     }
   }
-  if (L.task.fsdp) {
+  if (L.task.mesh_gpt) {
+    // This rank's stage and tp shard of the whole GPT and of its optimizer state.
+    L.task.mesh_gpt->load_full_state_dict(full_model->state_dict());
+    const optim::OptimizerStateDict whole = full->state_dict();
+    if (L.task.zero) {
+      load_optimizer_shard(L.task, {whole.param_groups, L.task.mesh_gpt->local_optim_state(whole.state)});
+    } else {
+      optim::OptimizerStateDict sd = L.task.optimizer->state_dict();
+      sd.state = L.task.mesh_gpt->local_optim_state(whole.state);
+      KILN_ASSERT(sd.param_groups.size() == whole.param_groups.size());
+      for (size_t g = 0; g < sd.param_groups.size(); ++g) sd.param_groups[g].options = whole.param_groups[g].options;
+      L.task.optimizer->load_state_dict(sd);
+    }
+  } else if (L.task.fsdp) {
     L.task.fsdp->load_full_state_dict(full_model->state_dict());
     L.task.fsdp->load_full_optim_state_dict(*L.task.optimizer, full->state_dict());
   } else if (full) {

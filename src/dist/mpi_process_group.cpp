@@ -5,6 +5,7 @@
 #include "rank_status.h"
 
 #include <algorithm>
+#include <atomic>
 #include <climits>
 #include <cstdio>
 #include <cstdlib>
@@ -14,6 +15,7 @@
 
 #include "kiln/core/error.h"
 #include "kiln/core/half.h"
+#include "kiln/dist/traffic.h"
 
 namespace kiln::dist::detail {
 namespace {
@@ -263,9 +265,15 @@ Signature MPIProcessGroup::make_signature(OpKind kind, int reduce, int peer, con
   return s;
 }
 
+// dist::traffic()'s totals, over every group of the process.
+std::atomic<int64_t> g_traffic_ops{0}, g_traffic_bytes{0};
+
 WorkPtr MPIProcessGroup::enqueue(Signature sig, std::function<void()> run) {
   KILN_CHECK(!shut_down_, DistributedError, "dist: ", kind_name(sig.kind), " at ", sig.site,
              " after the process group was shut down (MPI finalised)");
+  g_traffic_ops.fetch_add(1, std::memory_order_relaxed);
+  if (sig.dtype >= 0)
+    g_traffic_bytes.fetch_add(sig.count * element_size(static_cast<DType>(sig.dtype)), std::memory_order_relaxed);
   Task task;
   {
     std::lock_guard lock(issue_mu_);
@@ -686,3 +694,7 @@ WorkPtr MPIProcessGroup::recv(Tensor& t, int src, int tag, Loc loc) {
 }
 
 }  // namespace kiln::dist::detail
+
+namespace kiln::dist {
+Traffic traffic() { return {detail::g_traffic_ops.load(), detail::g_traffic_bytes.load()}; }
+}  // namespace kiln::dist

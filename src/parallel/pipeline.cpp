@@ -285,6 +285,53 @@ PipelineStepResult Pipeline::step(const Tensor& input, const Tensor& target) {
   return gather_stats(st, loss_sum);
 }
 
+double Pipeline::evaluate(const Tensor& input, const Tensor& target) {
+  const int p = groups_.num_stages, s = groups_.stage;
+  const bool first = s == 0, last = s == p - 1;
+  NoGradGuard no_grad;
+  // One message pair per link, as micro-batch 0 of a step (Note [Pipeline messages]).
+  Tensor x = input;
+  if (!first) {
+    const int peer = group_rank_of(*groups_.fwd_in, groups_.ranks[static_cast<size_t>(s - 1)]);
+    dist::CollectiveLabel l(label(s, 0, "evaluation activations forward", "recv from", s - 1));
+    Tensor hdr = zeros({kHeader}, TensorOptions(kInt64));
+    groups_.fwd_in->recv(hdr, peer, 0)->wait();
+    const auto* h = hdr.data_ptr<int64_t>();
+    KILN_CHECK(h[3] >= 0 && h[3] <= kMaxDims, DistributedError, "parallel::Pipeline::evaluate: stage ", s,
+               " expected an activation header from stage ", s - 1, ", got one with ", h[3], " dimensions");
+    x = empty(std::vector<int64_t>(h + 4, h + 4 + h[3]), TensorOptions(static_cast<DType>(h[2])));
+    groups_.fwd_in->recv(x, peer, 1)->wait();
+  }
+  Tensor y = (*stage_)(x);
+  double loss = 0;
+  if (last) {
+    loss = loss_fn_(y, target).item<double>();
+  } else {
+    y = y.contiguous();
+    KILN_CHECK(y.dim() <= kMaxDims, ShapeError, "parallel::Pipeline: stage ", s, " can send tensors of up to ",
+               kMaxDims, " dimensions, got ", y.shape_string());
+    Tensor hdr = zeros({kHeader}, TensorOptions(kInt64));
+    auto* h = hdr.data_ptr<int64_t>();
+    h[2] = static_cast<int64_t>(y.dtype()), h[3] = y.dim();
+    for (int64_t d = 0; d < y.dim(); ++d) h[4 + d] = y.size(d);
+    const int peer = group_rank_of(*groups_.fwd_out, groups_.ranks[static_cast<size_t>(s + 1)]);
+    dist::CollectiveLabel l(label(s, 0, "evaluation activations forward", "send to", s + 1));
+    auto a = groups_.fwd_out->send(hdr, peer, 0);
+    auto b = groups_.fwd_out->send(y, peer, 1);
+    a->wait();
+    b->wait();
+  }
+  if (p > 1) {
+    // The double's bit pattern, exact (collectives carry no float64).
+    dist::CollectiveLabel l("pipeline evaluation: the last stage's loss to every stage");
+    Tensor bits = empty({1}, TensorOptions(kInt64));
+    std::memcpy(bits.data_ptr<int64_t>(), &loss, sizeof loss);
+    groups_.all->broadcast(bits, group_rank_of(*groups_.all, groups_.ranks.back()))->wait();
+    std::memcpy(&loss, bits.data_ptr<int64_t>(), sizeof loss);
+  }
+  return loss;
+}
+
 // The tied copies' gradients: each end computed its own use's part; the
 // weight's gradient in one process is the sum of both uses' (models::GPT
 // holds one tensor), so each end adds the other's part. Only this step's

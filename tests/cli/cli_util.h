@@ -1,6 +1,15 @@
 #pragma once
 // Helpers for the CLI tests: run the built `kiln` executable, write small
 // configs, read metrics.jsonl.
+#include <fcntl.h>
+#include <signal.h>
+#include <sys/types.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <thread>
+
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
@@ -26,14 +35,61 @@ inline CliResult kiln_cli(const std::string& args) {
 inline constexpr int kJobLimitS = 60;
 inline const std::string kRankEnv = "OMP_NUM_THREADS=1 KILN_DIST_TIMEOUT=20 ";
 
-/// `kiln launch -n 2 -- kiln ARGS`, bounded.
-inline CliResult launch2(const std::string& args) {
+/// `kiln launch -n N -- kiln ARGS`, bounded.
+inline CliResult launch(int n, const std::string& args) {
   CliResult r;
   r.rc = run_command(kRankEnv + "timeout -s KILL " + std::to_string(kJobLimitS) + " " + KILN_CLI_BINARY +
-                         " launch -n 2 -- kiln " + args,
+                         " launch -n " + std::to_string(n) + " -- kiln " + args,
                      r.output);
   return r;
 }
+inline CliResult launch2(const std::string& args) { return launch(2, args); }
+
+// ---- the processes of a job (`kiln launch` runs mpirun as its child, whose children are the ranks) ----
+
+/// Pids of the processes whose parent is `parent`.
+inline std::vector<pid_t> children_of(pid_t parent) {
+  std::vector<pid_t> out;
+  for (const auto& e : std::filesystem::directory_iterator("/proc")) {
+    const std::string name = e.path().filename().string();
+    if (name.find_first_not_of("0123456789") != std::string::npos) continue;
+    std::ifstream stat(e.path() / "stat");
+    std::string text((std::istreambuf_iterator<char>(stat)), std::istreambuf_iterator<char>());
+    const auto close = text.rfind(')');
+    if (close == std::string::npos) continue;
+    char state = 0;
+    int ppid = 0;
+    if (std::sscanf(text.c_str() + close + 1, " %c %d", &state, &ppid) == 2 && ppid == parent)
+      out.push_back(static_cast<pid_t>(std::stoi(name)));
+  }
+  return out;
+}
+
+/// Every process below `pid` (`kiln launch` runs mpirun as its child, whose children are the ranks).
+inline std::vector<pid_t> descendants_of(pid_t pid) {
+  std::vector<pid_t> out, todo{pid};
+  while (!todo.empty()) {
+    const pid_t p = todo.back();
+    todo.pop_back();
+    for (pid_t c : children_of(p)) {
+      out.push_back(c);
+      todo.push_back(c);
+    }
+  }
+  return out;
+}
+
+/// The rank `rank` below the launcher (by OMPI_COMM_WORLD_RANK in its environment); -1 if not found.
+inline pid_t rank_pid(pid_t launcher, int rank) {
+  const std::string want = "OMPI_COMM_WORLD_RANK=" + std::to_string(rank);
+  for (pid_t c : descendants_of(launcher)) {
+    std::ifstream env("/proc/" + std::to_string(c) + "/environ", std::ios::binary);
+    for (std::string kv; std::getline(env, kv, '\0');)
+      if (kv == want) return c;
+  }
+  return -1;
+}
+
 
 inline void write_text(const std::filesystem::path& p, const std::string& text) {
   std::ofstream out(p, std::ios::binary);
@@ -151,5 +207,64 @@ inline int count_lines(const std::string& s) {
   for (char c : s) n += c == '\n';
   return n;
 }
+
+/// `kiln launch -n N -- kiln ARGS` started in the background (stdout and
+/// stderr to `log`), for tests that act on its ranks mid-run. The destructor
+/// kills whatever is left of it.
+class BackgroundLaunch {
+ public:
+  BackgroundLaunch(int n, const std::string& args, std::string log) : log_(std::move(log)) {
+    // exec: the shell becomes the launcher, so the pid below is kiln launch's.
+    const std::string cmd = kRankEnv + "exec " + KILN_CLI_BINARY + " launch -n " + std::to_string(n) + " -- kiln " + args;
+    pid_ = ::fork();
+    if (pid_ == 0) {
+      const int fd = ::open(log_.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+      ::dup2(fd, STDOUT_FILENO);
+      ::dup2(fd, STDERR_FILENO);
+      ::execl("/bin/sh", "sh", "-c", cmd.c_str(), static_cast<char*>(nullptr));
+      ::_exit(127);
+    }
+  }
+  ~BackgroundLaunch() {
+    if (pid_ > 0 && !ended_) kill_all();
+  }
+  BackgroundLaunch(const BackgroundLaunch&) = delete;
+  BackgroundLaunch& operator=(const BackgroundLaunch&) = delete;
+
+  bool started() const { return pid_ > 0; }
+  /// Waits (up to 30 s) until `metrics` holds at least `lines` lines; whether it does.
+  bool wait_for_lines(const std::filesystem::path& metrics, int lines) const {
+    for (int i = 0; i < 3000; ++i) {
+      std::ifstream in(metrics);
+      std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+      if (count_lines(text) >= lines) return true;
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    }
+    return false;
+  }
+  /// The pid of rank `rank` below the launcher, or -1.
+  pid_t rank(int r) const { return rank_pid(pid_, r); }
+  /// Waits up to kJobLimitS for the job to end; false (and the job killed) if it did not.
+  bool wait(int* status) {
+    for (int i = 0; i < kJobLimitS * 100 && !ended_; ++i) {
+      ended_ = ::waitpid(pid_, status, WNOHANG) == pid_;
+      if (!ended_) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    }
+    return ended_;
+  }
+  std::string log() const { return read_file(log_); }
+
+ private:
+  void kill_all() {
+    for (pid_t d : descendants_of(pid_)) ::kill(d, SIGKILL);
+    ::kill(pid_, SIGKILL);
+    int status = 0;
+    ::waitpid(pid_, &status, 0);
+    ended_ = true;
+  }
+  std::string log_;
+  pid_t pid_ = -1;
+  bool ended_ = false;
+};
 
 }  // namespace kiln::test

@@ -75,6 +75,13 @@ TEST_F(CliCommands, SampleContinuesThePromptReproducibly) {
   EXPECT_EQ(a.output, b.output);
   ASSERT_EQ(a.output.rfind("Call me", 0), 0u) << a.output;
   EXPECT_EQ(a.output.size(), std::string("Call me").size() + 40 + 1);  // prompt, 40 bytes, newline
+  // The key/value cache changes the speed, not the text (the test GPT's context, 32, slides after 25 bytes).
+  auto n = kiln_cli(args + " --seed 7 --no-kv-cache");
+  ASSERT_EQ(n.rc, 0) << n.output;
+  EXPECT_EQ(n.output, a.output);
+  auto t = kiln_cli(args + " --seed 7 --timing");
+  EXPECT_NE(t.output.find("40 tokens in "), std::string::npos) << t.output;
+  EXPECT_NE(t.output.find("tokens/s (kv cache on)"), std::string::npos) << t.output;
   // Greedy decoding of a model trained on one repeated paragraph reproduces some of its words.
   auto g = kiln_cli("sample " + dir_->file("gpt") + " --prompt 'Call me' --tokens 40 --temperature 0");
   ASSERT_EQ(g.rc, 0) << g.output;

@@ -111,95 +111,22 @@ TEST(CliDist, ResumedTwoRankResNetComputesTheStraightRunsLossesBitwise) {
   expect_resume_continuity(config);
 }
 
-/// Pids of the processes whose parent is `parent`.
-std::vector<pid_t> children_of(pid_t parent) {
-  std::vector<pid_t> out;
-  for (const auto& e : fs::directory_iterator("/proc")) {
-    const std::string name = e.path().filename().string();
-    if (name.find_first_not_of("0123456789") != std::string::npos) continue;
-    std::ifstream stat(e.path() / "stat");
-    std::string text((std::istreambuf_iterator<char>(stat)), std::istreambuf_iterator<char>());
-    const auto close = text.rfind(')');
-    if (close == std::string::npos) continue;
-    char state = 0;
-    int ppid = 0;
-    if (std::sscanf(text.c_str() + close + 1, " %c %d", &state, &ppid) == 2 && ppid == parent)
-      out.push_back(static_cast<pid_t>(std::stoi(name)));
-  }
-  return out;
-}
-
-/// Every process below `pid` (`kiln launch` runs mpirun as its child, whose children are the ranks).
-std::vector<pid_t> descendants_of(pid_t pid) {
-  std::vector<pid_t> out, todo{pid};
-  while (!todo.empty()) {
-    const pid_t p = todo.back();
-    todo.pop_back();
-    for (pid_t c : children_of(p)) {
-      out.push_back(c);
-      todo.push_back(c);
-    }
-  }
-  return out;
-}
-
-/// The rank `rank` below the launcher (by OMPI_COMM_WORLD_RANK in its environment); -1 if not found.
-pid_t rank_pid(pid_t launcher, int rank) {
-  const std::string want = "OMPI_COMM_WORLD_RANK=" + std::to_string(rank);
-  for (pid_t c : descendants_of(launcher)) {
-    std::ifstream env("/proc/" + std::to_string(c) + "/environ", std::ios::binary);
-    for (std::string kv; std::getline(env, kv, '\0');)
-      if (kv == want) return c;
-  }
-  return -1;
-}
-
 TEST(CliDist, SigintToOneRankStopsEveryRankAtTheSameStep) {
   TempDir dir;
   write_text(dir.path() / "tiny.toml", tiny_mlp_config());
   const fs::path run = dir.path() / "run";
-  const std::string log = dir.file("log.txt");
-  const pid_t pid = ::fork();
-  if (pid == 0) {
-    const int fd = ::open(log.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
-    ::dup2(fd, STDOUT_FILENO);
-    ::dup2(fd, STDERR_FILENO);
-    ::setenv("OMP_NUM_THREADS", "1", 1);
-    ::setenv("KILN_DIST_TIMEOUT", "20", 1);
-    const std::string out = run.string(), cfg = dir.file("tiny.toml");
-    ::execl(KILN_CLI_BINARY, KILN_CLI_BINARY, "launch", "-n", "2", "--", "kiln", "train", cfg.c_str(), "--out",
-            out.c_str(), "--set", "train.steps=200000", "--set", "train.ckpt_every=0", "--set", "train.eval_every=0",
-            static_cast<char*>(nullptr));
-    ::_exit(127);
-  }
-  ASSERT_GT(pid, 0);
-  // `kiln launch` runs mpirun as its child; the ranks are below it.
-  auto logged = [&] {
-    std::ifstream in(run / "metrics.jsonl");
-    std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-    return count_lines(text);
-  };
-  for (int i = 0; i < 3000 && logged() < 5; ++i) std::this_thread::sleep_for(std::chrono::milliseconds(10));
-  const pid_t rank1 = rank_pid(pid, 1);
-  if (logged() < 5 || rank1 <= 0) {
-    for (pid_t d : descendants_of(pid)) ::kill(d, SIGKILL);
-    ::kill(pid, SIGKILL);
-  }
-  ASSERT_GE(logged(), 5) << read_file(log);
+  BackgroundLaunch job(2,
+                      "train " + dir.file("tiny.toml") + " --out " + run.string() +
+                          " --set train.steps=200000 --set train.ckpt_every=0 --set train.eval_every=0",
+                      dir.file("log.txt"));
+  ASSERT_TRUE(job.started());
+  ASSERT_TRUE(job.wait_for_lines(run / "metrics.jsonl", 5)) << job.log();
+  const pid_t rank1 = job.rank(1);
   ASSERT_GT(rank1, 0) << "no rank 1 below kiln launch";
   ASSERT_EQ(::kill(rank1, SIGINT), 0);  // rank 1 alone: rank 0 learns of it through the per-step agreement
   int status = 0;
-  bool ended = false;
-  for (int i = 0; i < kJobLimitS * 100 && !ended; ++i) {
-    ended = ::waitpid(pid, &status, WNOHANG) == pid;
-    if (!ended) std::this_thread::sleep_for(std::chrono::milliseconds(10));
-  }
-  if (!ended) {
-    for (pid_t d : descendants_of(pid)) ::kill(d, SIGKILL);
-    ::kill(pid, SIGKILL);
-    ::waitpid(pid, &status, 0);
-  }
-  const std::string text = read_file(log);
+  const bool ended = job.wait(&status);
+  const std::string text = job.log();
   ASSERT_TRUE(ended) << "the job did not end after rank 1's SIGINT:\n" << text;
   ASSERT_TRUE(WIFEXITED(status)) << text;
   EXPECT_EQ(WEXITSTATUS(status), 0) << text;

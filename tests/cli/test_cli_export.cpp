@@ -1,4 +1,5 @@
-// `kiln export RUN --format pytorch`: the file loads with strict=True into the
+// `kiln export RUN --format pytorch` (ONNX, the default format, is tested in
+// test_cli_export_onnx.cpp): the file loads with strict=True into the
 // PyTorch twin of the model (tests/parity/models_twins.py), and the twin's
 // logits on an input equal kiln's from the run's checkpoint. An MLP and a
 // ResNet (BatchNorm's running statistics and num_batches_tracked travel too).
@@ -74,7 +75,7 @@ TEST(CliExport, PytorchStateDictLoadsIntoTheTwinAndGivesKilnsLogits) {
         << r.output;
   }
   // The default output and a step's checkpoint.
-  auto r = kiln_cli("export " + dir.file("run_mlp") + " --checkpoint 20");
+  auto r = kiln_cli("export " + dir.file("run_mlp") + " --format pytorch --checkpoint 20");
   ASSERT_EQ(r.rc, 0) << r.output;
   EXPECT_TRUE(fs::exists(dir.path() / "run_mlp" / "model.safetensors"));
   EXPECT_NE(r.output.find("(step 20)"), std::string::npos) << r.output;
@@ -107,9 +108,11 @@ TEST(CliExport, UnknownFormatsAndCheckpointsExitTwo) {
   write_text(dir.path() / "mlp.toml", tiny_mlp_config());
   const std::string run = dir.file("run");
   ASSERT_EQ(kiln_cli("train " + dir.file("mlp.toml") + " --out " + run).rc, 0);
-  auto r = kiln_cli("export " + run + " --format onnx");
+  auto r = kiln_cli("export " + run + " --format tflite");
   EXPECT_EQ(r.rc, 2) << r.output;
-  EXPECT_NE(r.output.find("--format expects pytorch"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("--format expects onnx (an ONNX model for inference runtimes) or pytorch"),
+            std::string::npos)
+      << r.output;
   r = kiln_cli("export " + run + " --checkpoint 7");
   EXPECT_EQ(r.rc, 2) << r.output;
   EXPECT_NE(r.output.find("no checkpoint of step 7 (checkpoints/ holds: ckpt-00000020.safetensors ckpt-00000040.safetensors)"),

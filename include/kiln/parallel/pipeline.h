@@ -128,6 +128,11 @@ class Pipeline {
   /// `target` on the last; other stages may pass undefined tensors.
   PipelineStepResult step(const Tensor& input, const Tensor& target);
 
+  /// The mean loss of one batch, forward only and in one piece (no
+  /// micro-batches, no gradients): for evaluation. The stage's train/eval mode
+  /// is the caller's. The loss is on every stage.
+  double evaluate(const Tensor& input, const Tensor& target);
+
   nn::Module& module() { return *stage_; }
   const PipelineGroups& groups() const { return groups_; }
   const PipelineOptions& options() const { return options_; }

@@ -1,0 +1,186 @@
+// `kiln doctor` and `kiln scenario` end to end, and the health lines of `kiln
+// train`: every gallery scenario must keep naming its cause, and a healthy
+// short run of every shipped config must give no finding above "info".
+#include <gtest/gtest.h>
+
+#include "cli/cli_util.h"
+
+namespace kiln::test {
+namespace {
+namespace fs = std::filesystem;
+using nlohmann::json;
+
+const std::string kScenarioDir = std::string(KILN_SOURCE_DIR) + "/examples/scenarios";
+
+json doctor_json(const fs::path& run) {
+  auto r = kiln_cli("doctor " + run.string() + " --json");
+  EXPECT_TRUE(r.rc == 0 || r.rc == 1) << r.output;
+  return json::parse(r.output);
+}
+
+TEST(CliHealth, TrainWritesHealthLinesEveryLogEvery) {
+  TempDir dir;
+  write_text(dir.path() / "tiny.toml", tiny_mlp_config());
+  const fs::path run = dir.path() / "run";
+  auto r = kiln_cli("train " + dir.file("tiny.toml") + " --out " + run.string() + " --set train.log_every=5");
+  ASSERT_EQ(r.rc, 0) << r.output;
+  const auto health = metrics_lines(run, "health");
+  ASSERT_EQ(health.size(), 8u);  // steps 5, 10, ..., 40
+  const json& h = health.back();
+  EXPECT_EQ(h["step"].get<int64_t>(), 40);
+  ASSERT_EQ(h["modules"].size(), 2u);  // the MLP's two Linear layers
+  EXPECT_EQ(h["modules"][0]["name"], "layers.0");
+  for (const auto& m : h["modules"]) {
+    EXPECT_GT(m["grad_norm"].get<double>(), 0.0) << m.dump();
+    EXPECT_GT(m["update_ratio"].get<double>(), 0.0) << m.dump();
+    EXPECT_LT(m["update_ratio"].get<double>(), 1.0) << m.dump();
+  }
+  EXPECT_EQ(h["no_grad_count"].get<int64_t>(), 0);
+  EXPECT_EQ(h["trainable"].get<int64_t>(), 4);
+  ASSERT_EQ(h["dead"].size(), 1u);  // the ReLU between them
+  EXPECT_EQ(h["dead"][0]["units"].get<int64_t>(), 32);
+  ASSERT_EQ(h["blocks"].size(), 2u);
+  EXPECT_GT(h["blocks"][0]["grad_rms"].get<double>(), 0.0);
+  EXPECT_GE(h["cost_ms"].get<double>(), 0.0);
+}
+
+TEST(CliHealth, TrainHealthFalseWritesNone) {
+  TempDir dir;
+  write_text(dir.path() / "tiny.toml", tiny_mlp_config());
+  const fs::path run = dir.path() / "run";
+  auto r = kiln_cli("train " + dir.file("tiny.toml") + " --out " + run.string() + " --set train.health=false");
+  ASSERT_EQ(r.rc, 0) << r.output;
+  EXPECT_TRUE(metrics_lines(run, "health").empty());
+  // The doctor says what it could not check.
+  const json d = doctor_json(run);
+  ASSERT_EQ(d["findings"].size(), 1u) << d.dump(2);
+  EXPECT_EQ(d["findings"][0]["code"], "no_health");
+  EXPECT_EQ(d["findings"][0]["severity"], "info");
+}
+
+TEST(CliDoctor, RefusesADirectoryWithoutARun) {
+  TempDir dir;
+  auto r = kiln_cli("doctor " + dir.path().string());
+  EXPECT_EQ(r.rc, 2) << r.output;
+  EXPECT_NE(r.output.find("no metrics.jsonl (expected a run directory written by kiln train)"), std::string::npos)
+      << r.output;
+}
+
+TEST(CliDoctor, NanRunIsAnErrorWithItsStepAndExitOne) {
+  TempDir dir;
+  write_text(dir.path() / "tiny.toml", tiny_mlp_config());
+  const fs::path run = dir.path() / "run";
+  auto t = kiln_cli("train " + dir.file("tiny.toml") + " --out " + run.string() +
+                    " --set optim.name=sgd optim.lr=1e30 schedule.warmup_steps=0");
+  ASSERT_EQ(t.rc, 3) << t.output;
+  auto r = kiln_cli("doctor " + run.string());
+  EXPECT_EQ(r.rc, 1) << r.output;
+  EXPECT_NE(r.output.find("error   [nan] the loss became non-finite at step"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("train.anomaly=true"), std::string::npos) << r.output;
+}
+
+// A healthy short run of each shipped config: nothing above "info". The warm-up is cut with the
+// run (a warm-up longer than the run is a real finding, warmup_too_long).
+struct Healthy {
+  const char* config;
+  const char* sets;
+};
+
+class CliDoctorHealthy : public ::testing::TestWithParam<Healthy> {};
+
+TEST_P(CliDoctorHealthy, NoFindingAboveInfo) {
+  TempDir dir;
+  const fs::path run = dir.path() / "run";
+  auto t = kiln_cli("train " + std::string(KILN_SOURCE_DIR) + "/configs/" + GetParam().config + ".toml --out " +
+                    run.string() + " --set " + GetParam().sets);
+  ASSERT_EQ(t.rc, 0) << t.output;
+  ASSERT_FALSE(metrics_lines(run, "health").empty());
+  const json d = doctor_json(run);
+  for (const auto& f : d["findings"]) EXPECT_EQ(f["severity"], "info") << f.dump(2);
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    ShippedConfigs, CliDoctorHealthy,
+    ::testing::Values(
+        Healthy{"mnist_mlp",
+                "train.steps=150 schedule.warmup_steps=15 train.log_every=10 train.eval_every=50 train.ckpt_every=0"},
+        Healthy{"fashion_cnn", "train.steps=100 train.log_every=10 train.eval_every=50 train.ckpt_every=0 "
+                               "data.eval_size=2000"},
+        Healthy{"resnet_fashion", "train.steps=80 schedule.warmup_steps=8 train.log_every=10 train.eval_every=40 "
+                                  "train.ckpt_every=0 data.eval_size=1000"},
+        Healthy{"vit_fashion", "train.steps=100 schedule.warmup_steps=10 train.log_every=10 train.eval_every=50 "
+                               "train.ckpt_every=0 data.eval_size=1000"},
+        Healthy{"gpt_mobydick", "train.steps=24 schedule.warmup_steps=3 train.log_every=4 train.eval_every=0 "
+                                "train.eval_batches=2 train.ckpt_every=0"}),
+    [](const auto& info) { return std::string(info.param.config); });
+
+// ---- the gallery ----
+
+TEST(CliScenario, ListHasAtLeastEighteen) {
+  auto r = kiln_cli("scenario list --dir " + kScenarioDir);
+  ASSERT_EQ(r.rc, 0) << r.output;
+  EXPECT_GE(count_lines(r.output), 18) << r.output;
+  EXPECT_NE(r.output.find("lr_too_high"), std::string::npos);
+  EXPECT_NE(r.output.find("inplace_on_saved_tensor"), std::string::npos);
+}
+
+TEST(CliScenario, UnknownNameListsTheScenarios) {
+  auto r = kiln_cli("scenario run no_such --dir " + kScenarioDir);
+  EXPECT_EQ(r.rc, 2) << r.output;
+  EXPECT_NE(r.output.find("no scenario \"no_such\" (have: lr_too_high, lr_too_low"), std::string::npos) << r.output;
+}
+
+// Each scenario with the words kiln's diagnosis must contain: its cause, named.
+struct Expected {
+  const char* name;
+  std::vector<std::string> said;  // every one must appear
+};
+
+class CliScenarioRun : public ::testing::TestWithParam<Expected> {};
+
+TEST_P(CliScenarioRun, NamesTheCause) {
+  TempDir dir;
+  auto r = kiln_cli("scenario run " + std::string(GetParam().name) + " --dir " + kScenarioDir + " --out " +
+                    (dir.path() / "work").string());
+  EXPECT_EQ(r.rc, 0) << r.output;
+  EXPECT_NE(r.output.find("kiln names the cause"), std::string::npos) << r.output;
+  for (const auto& s : GetParam().said) EXPECT_NE(r.output.find(s), std::string::npos) << s << "\n" << r.output;
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Gallery, CliScenarioRun,
+    ::testing::Values(
+        Expected{"lr_too_high", {"[loss_spike]", "[dead_relu]", "lower optim.lr"}},
+        Expected{"lr_too_low", {"[flat_loss] the loss does not move", "[update_ratio_low]"}},
+        Expected{"overfitting", {"[overfitting] overfitting: the eval loss rises while the train loss falls"}},
+        Expected{"step_schedule_per_batch", {"[schedule_too_fast]", "schedule.step_size = 3 steps"}},
+        Expected{"vanishing_gradients", {"[vanishing_gradients] gradients vanish with depth", "layers.0"}},
+        Expected{"warmup_longer_than_run", {"[warmup_too_long]", "schedule.warmup_steps = 500, the run has 60 steps"}},
+        Expected{"inplace_on_saved_tensor",
+                 {"a tensor saved for backward was modified in place", "saved by:    SigmoidBackward0",
+                  "modified by: mul_ at src/cli/scenario_programs.cpp"}},
+        Expected{"nan_from_log_zero", {"anomaly mode: the forward of LogBackward0 produced", "scenario_programs.cpp"}},
+        Expected{"nan_from_division_by_zero", {"anomaly mode: the forward of DivBackward0 produced", "input 1 [4, 1]: min 0, max 0"}},
+        Expected{"oom_under_memory_limit", {"out of memory: cannot allocate", "refused by the memory limit", "largest [4096, 4096] float32"}},
+        Expected{"loss_kept_with_graph", {"memory leak", "total += loss"}},
+        Expected{"scheduler_before_optimizer", {"kiln warning: Detected call of `lr_scheduler.step()` before"}},
+        Expected{"forgot_set_epoch", {"a new epoch started without set_epoch()"}},
+        Expected{"batchnorm_batch_of_one", {"BatchNorm1d: expected more than 1 value per channel when training"}},
+        Expected{"detached_branch", {"[no_grad] 2 of 4 trainable parameters never received a gradient", "body.bias, body.weight"}},
+        Expected{"frozen_model", {"does not require grad"}},
+        Expected{"forgot_zero_grad", {"[grad_accumulation]", "zero_grad()"}},
+        Expected{"shuffled_labels", {"[chance_accuracy]", "labels do not belong to their inputs"}},
+        Expected{"unnormalised_inputs", {"[input_scale]", "input mean 253, standard deviation 255"}},
+        Expected{"slow_transform", {"[data_stall] the input pipeline is the bottleneck"}},
+        Expected{"resume_without_scheduler_state", {"[lr_jump_on_resume]", "(resumed at step 30)"}},
+        Expected{"ddp_unused_parameter",
+                 {"got no gradient in this backward pass", "'unused.weight', 'unused.bias'",
+                  "find_unused_parameters = true"}},
+        Expected{"ranks_with_different_shapes",
+                 {"the ranks called different collectives", "float32[5] at src/cli/scenario_programs.cpp",
+                  "<-- differs from rank 0"}},
+        Expected{"fp16_overflow", {"[amp_scale_collapse]"}}),
+    [](const auto& info) { return std::string(info.param.name); });
+
+}  // namespace
+}  // namespace kiln::test
