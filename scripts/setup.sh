@@ -66,7 +66,7 @@ fi
 if [[ ! -d $NPM_PREFIX/node_modules/onnxruntime-node/bin ]]; then
   echo "setup: installing npm package onnxruntime-node into $NPM_PREFIX"
   $SUDO mkdir -p "$NPM_PREFIX"
-  $SUDO npm install --ignore-scripts --no-audit --no-fund --prefix "$NPM_PREFIX" onnxruntime-node
+  $SUDO npm install --ignore-scripts --no-audit --no-fund --prefix "$NPM_PREFIX" onnxruntime-node@1.30.0  # the version the tests were written against
 else
   echo "setup: onnxruntime-node present"
 fi
