@@ -204,9 +204,15 @@ double MeshGPT::clip_grad_norm_(double max_norm) {
     auto it = specs_.find(name);
     const bool replicated = it == specs_.end() || it->second.kind == ShardSpec::Kind::Replicated;
     if (replicated && tp_->rank() != 0) continue;  // equal on every tp rank: counted once
-    const Tensor c = g.to(kFloat64).contiguous();
-    const double* d = c.data_ptr<double>();
-    for (int64_t i = 0; i < c.numel(); ++i) sq += d[i] * d[i];
+    // Squares summed in double straight from the float32 gradient (no float64 copy per step).
+    const Tensor c = g.dtype() == kFloat64 ? g.contiguous() : g.to(kFloat32).contiguous();
+    if (c.dtype() == kFloat64) {
+      const double* d = c.data_ptr<double>();
+      for (int64_t i = 0; i < c.numel(); ++i) sq += d[i] * d[i];
+    } else {
+      const float* d = c.data_ptr<float>();
+      for (int64_t i = 0; i < c.numel(); ++i) sq += static_cast<double>(d[i]) * static_cast<double>(d[i]);
+    }
   }
   // Every rank's partial sum as its double's bit pattern (collectives carry
   // no float64), added in world-rank order: the same total on every rank.
@@ -228,7 +234,7 @@ double MeshGPT::clip_grad_norm_(double max_norm) {
   const double norm = std::sqrt(total / static_cast<double>(dp_->size()));
   const double coef = max_norm / (norm + 1e-6);
   if (coef < 1)
-    for (Tensor& g : grads) const_cast<Tensor&>(g).mul_(coef);
+    for (Tensor& g : grads) g.mul_(coef);
   return norm;
 }
 
