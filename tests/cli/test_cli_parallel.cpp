@@ -61,6 +61,11 @@ TEST(CliParallel, TensorAndPipelineParallelTrainAsOneProcess) {
   EXPECT_TRUE(clipped) << "grad_clip = 0.5 never clipped: the global norm across stages and shards goes untested";
   expect_close(got, want, {"loss", "grad_norm", "lr"});
   expect_close(metrics_lines(mesh, "eval"), metrics_lines(one, "eval"), {"loss", "bits_per_char"});
+  // What each step handed to communication (dist::traffic): rank 0's tp all-reduces and pipeline
+  // transfers on a mesh run; a single process communicates nothing and logs no such field.
+  EXPECT_FALSE(want.back().contains("comm_bytes_per_step")) << want.back().dump();
+  ASSERT_TRUE(got.back().contains("comm_bytes_per_step")) << got.back().dump();
+  EXPECT_GT(got.back()["comm_bytes_per_step"].get<int64_t>(), 0);
   // The pipeline's bubble on every train line: 1F1B over 2 stages and 2 micro-batches, 1/3 of the slots.
   ASSERT_TRUE(got.back().contains("pipeline")) << got.back().dump();
   EXPECT_NEAR(got.back()["pipeline"]["bubble_slots"].get<double>(), 1.0 / 3.0, 1e-12);

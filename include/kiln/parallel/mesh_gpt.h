@@ -142,7 +142,7 @@ class MeshGPT {
  private:
   /// The GPT's parameter (or state dict entry) `full_name` is held by this stage.
   int owner_stage(const std::string& full_name) const;
-  /// The stage-local name under which stage `s` holds `full_name`.
+  /// The name under which the owning stage holds `full_name` (itself, except a single stage's tied head).
   std::string local_name(const std::string& full_name) const;
 
   MeshGPTOptions options_;
