@@ -1,0 +1,271 @@
+// Fused inference convolution and linear on oneDNN with packed weights and
+// post-ops (Note [Fused inference epilogue] in kiln/kernels/fused_inference.h).
+//
+// Each problem has one per-thread cache entry (Note [oneDNN primitive cache]):
+// a forward_inference primitive whose weights are format_tag::any, the
+// reorder that packs the plain weight into that layout, and the reorders of
+// activations whose layout is not the primitive's (an NCHW image into the
+// first convolution). Activations are NHWC where oneDNN has a jit kernel for
+// it, as kiln's own conv2d (dnnl_conv.cpp says why).
+#include <cstring>
+#include <string_view>
+
+#include "dnnl_common.h"
+#include "kiln/kernels/fused_inference.h"
+
+namespace kiln::kernels {
+
+namespace {
+
+using namespace dnnl_detail;
+using dims = dnnl::memory::dims;
+using tag = dnnl::memory::format_tag;
+
+// These caches are their own PrimCache types, so their keys never meet the
+// other kernels'; the kind word only has to differ between the two here.
+constexpr auto kFusedConv = static_cast<PrimKind>(101);
+constexpr auto kFusedLinear = static_cast<PrimKind>(102);
+
+uint64_t fnv1a(const void* p, size_t n) {
+  uint64_t h = 0xcbf29ce484222325ull;
+  const auto* b = static_cast<const unsigned char*>(p);
+  for (size_t i = 0; i < n; ++i) h = (h ^ b[i]) * 0x100000001b3ull;
+  return h;
+}
+
+FusedWeightLayout layout_of(const dnnl::memory::desc& md) { return {md.get_size(), fnv1a(&md.data, sizeof(md.data))}; }
+
+dnnl::algorithm eltwise_alg(FusedActivation act) {
+  switch (act) {
+    case FusedActivation::Relu: return dnnl::algorithm::eltwise_relu;
+    case FusedActivation::GeluErf: return dnnl::algorithm::eltwise_gelu_erf;
+    case FusedActivation::GeluTanh: return dnnl::algorithm::eltwise_gelu_tanh;
+    case FusedActivation::None: break;
+  }
+  KILN_ASSERT(false, "fused inference: no eltwise for FusedActivation::None");
+  return dnnl::algorithm::undef;
+}
+
+// Post-ops in the epilogue's order: the residual's binary add, then the activation.
+dnnl::primitive_attr epilogue_attr(bool residual, const dnnl::memory::desc& residual_md, FusedActivation act) {
+  dnnl::primitive_attr attr = default_attr();
+  dnnl::post_ops po;
+  if (residual) po.append_binary(dnnl::algorithm::binary_add, residual_md);
+  if (act != FusedActivation::None) po.append_eltwise(1.0f, eltwise_alg(act), 0.0f, 0.0f);
+  if (po.len() > 0) attr.set_post_ops(po);
+  return attr;
+}
+
+bool is_reference(const char* impl) { return std::string_view(impl).substr(0, 3) == "ref"; }
+
+template <typename Entry>
+PrimCache<Entry>& cache() {
+  thread_local PrimCache<Entry> c;
+  static const bool registered = (register_clear([] { cache<Entry>().clear(); }), true);
+  (void)registered;
+  return c;
+}
+
+// ---- convolution ----
+
+struct ConvEntry {
+  dnnl::convolution_forward prim;
+  dnnl::reorder pack;
+  dnnl::memory wei_plain, wei_packed;
+  // src/dst in the caller's layout and in the primitive's (the same object when no reorder is needed).
+  dnnl::memory src_user, src_prim, dst_user, dst_prim, bias, residual, scratch;
+  dnnl::reorder src_reorder, dst_reorder;
+  bool src_reordered = false, dst_reordered = false;
+  size_t scratch_bytes = 0, src_bytes = 0, dst_bytes = 0;
+  FusedWeightLayout layout;
+};
+
+Key conv_key(const FusedConvArgs& a) {
+  const Conv2dParams& p = a.p;
+  Key key(kFusedConv);
+  key.add_all(p.n, p.c, p.h, p.w, p.o, p.kh, p.kw, p.groups, p.oh, p.ow, a.bias, a.residual, a.act, max_threads());
+  key.add_all(p.stride[0], p.stride[1], p.dilation[0], p.dilation[1], p.pad_l[0], p.pad_l[1], p.pad_r[0], p.pad_r[1],
+              p.input_nhwc, p.output_nhwc);
+  return key;
+}
+
+ConvEntry* conv_entry(const FusedConvArgs& a) {
+  KILN_ASSERT(a.p.dtype == DType::Float32, "fused conv: float32 only");
+  const Key key = conv_key(a);
+  auto& c = cache<ConvEntry>();
+  if (ConvEntry* e = c.find(key)) return e;
+
+  const Conv2dParams& p = a.p;
+  constexpr auto f32 = dnnl::memory::data_type::f32;
+  const dims src{p.n, p.c, p.h, p.w}, dst{p.n, p.o, p.oh, p.ow};
+  const dims wei =
+      p.groups > 1 ? dims{p.groups, p.o / p.groups, p.c / p.groups, p.kh, p.kw} : dims{p.o, p.c, p.kh, p.kw};
+  const tag wei_tag = p.groups > 1 ? tag::goihw : tag::oihw;
+  const dims strides{p.stride[0], p.stride[1]}, dil{p.dilation[0] - 1, p.dilation[1] - 1};
+  const dims pl{p.pad_l[0], p.pad_l[1]}, pr{p.pad_r[0], p.pad_r[1]};
+  const dnnl::memory::desc src_user({src, f32, p.input_nhwc ? tag::nhwc : tag::nchw});
+  const dnnl::memory::desc dst_user({dst, f32, p.output_nhwc ? tag::nhwc : tag::nchw});
+  const dnnl::memory::desc wei_plain(wei, f32, wei_tag), wei_any(wei, f32, tag::any), bias_md({p.o}, f32, tag::x);
+  auto e = std::make_unique<ConvEntry>();
+  try {
+    using Pd = dnnl::convolution_forward::primitive_desc;
+    // The residual is read in the caller's output layout, whatever the primitive's.
+    auto make = [&](tag act) {
+      const dnnl::memory::desc s(src, f32, act), d(dst, f32, act);
+      constexpr auto kInfer = dnnl::prop_kind::forward_inference;
+      constexpr auto kDirect = dnnl::algorithm::convolution_direct;
+      const auto desc =
+          a.bias ? dnnl::convolution_forward::desc(kInfer, kDirect, s, wei_any, bias_md, d, strides, dil, pl, pr)
+                 : dnnl::convolution_forward::desc(kInfer, kDirect, s, wei_any, d, strides, dil, pl, pr);
+      return Pd(desc, epilogue_attr(a.residual, dst_user, a.act), engine());
+    };
+    Pd pd = make(tag::nhwc);
+    if (is_reference(pd.impl_info_str())) {
+      Pd any = make(tag::any);
+      if (!is_reference(any.impl_info_str())) pd = any;
+    }
+    e->prim = dnnl::convolution_forward(pd);
+    note_created();
+    e->layout = layout_of(pd.weights_desc());
+    e->wei_plain = make_memory(wei_plain);
+    e->wei_packed = make_memory(pd.weights_desc());
+    e->pack = dnnl::reorder(dnnl::reorder::primitive_desc(engine(), wei_plain, engine(), pd.weights_desc()));
+    note_created();
+    e->scratch = make_memory(pd.scratchpad_desc());
+    e->scratch_bytes = pd.scratchpad_desc().get_size();
+    if (a.bias) e->bias = make_memory(bias_md);
+    if (a.residual) e->residual = make_memory(dst_user);
+    e->src_user = make_memory(src_user);
+    e->dst_user = make_memory(dst_user);
+    e->src_reordered = pd.src_desc() != src_user;
+    e->dst_reordered = pd.dst_desc() != dst_user;
+    e->src_prim = e->src_reordered ? make_memory(pd.src_desc()) : e->src_user;
+    e->dst_prim = e->dst_reordered ? make_memory(pd.dst_desc()) : e->dst_user;
+    if (e->src_reordered) {
+      e->src_reorder = dnnl::reorder(dnnl::reorder::primitive_desc(engine(), src_user, engine(), pd.src_desc()));
+      e->src_bytes = align64(pd.src_desc().get_size());
+      note_created();
+    }
+    if (e->dst_reordered) {
+      e->dst_reorder = dnnl::reorder(dnnl::reorder::primitive_desc(engine(), pd.dst_desc(), engine(), dst_user));
+      e->dst_bytes = align64(pd.dst_desc().get_size());
+      note_created();
+    }
+  } catch (const dnnl::error& err) {
+    rethrow(err, "fused conv2d (inference)");
+  }
+  return c.insert(key, std::move(e));
+}
+
+// ---- linear ----
+
+struct LinearEntry {
+  dnnl::matmul prim;
+  dnnl::reorder pack;
+  dnnl::memory src, wei_plain, wei_packed, bias, residual, dst, scratch;
+  size_t scratch_bytes = 0;
+  FusedWeightLayout layout;
+};
+
+LinearEntry* linear_entry(const FusedLinearArgs& a) {
+  Key key(kFusedLinear);
+  key.add_all(a.m, a.n, a.k, a.bias, a.residual, a.act, max_threads());
+  auto& c = cache<LinearEntry>();
+  if (LinearEntry* e = c.find(key)) return e;
+
+  constexpr auto f32 = dnnl::memory::data_type::f32;
+  const dnnl::memory::desc src_md({a.m, a.k}, f32, dims{a.k, 1}), dst_md({a.m, a.n}, f32, dims{a.n, 1});
+  // W [n, k] row-major is Wᵀ [k, n] with strides {1, k}.
+  const dnnl::memory::desc wei_plain({a.k, a.n}, f32, dims{1, a.k}), wei_any({a.k, a.n}, f32, tag::any);
+  const dnnl::memory::desc bias_md({1, a.n}, f32, dims{a.n, 1});
+  auto e = std::make_unique<LinearEntry>();
+  try {
+    const auto desc =
+        a.bias ? dnnl::matmul::desc(src_md, wei_any, bias_md, dst_md) : dnnl::matmul::desc(src_md, wei_any, dst_md);
+    const dnnl::matmul::primitive_desc pd(desc, epilogue_attr(a.residual, dst_md, a.act), engine());
+    e->prim = dnnl::matmul(pd);
+    note_created();
+    e->layout = layout_of(pd.weights_desc());
+    e->wei_plain = make_memory(wei_plain);
+    e->wei_packed = make_memory(pd.weights_desc());
+    e->pack = dnnl::reorder(dnnl::reorder::primitive_desc(engine(), wei_plain, engine(), pd.weights_desc()));
+    note_created();
+    e->src = make_memory(src_md);
+    e->dst = make_memory(dst_md);
+    if (a.bias) e->bias = make_memory(bias_md);
+    if (a.residual) e->residual = make_memory(dst_md);
+    e->scratch = make_memory(pd.scratchpad_desc());
+    e->scratch_bytes = pd.scratchpad_desc().get_size();
+  } catch (const dnnl::error& err) {
+    rethrow(err, "fused linear (inference)");
+  }
+  return c.insert(key, std::move(e));
+}
+
+constexpr int kResidualArg = DNNL_ARG_ATTR_MULTIPLE_POST_OP(0) | DNNL_ARG_SRC_1;
+
+}  // namespace
+
+FusedWeightLayout fused_conv_weight_layout(const FusedConvArgs& a) { return conv_entry(a)->layout; }
+
+void fused_conv_pack_weight(const FusedConvArgs& a, const void* weight, void* packed) {
+  ConvEntry* e = conv_entry(a);
+  execute(e->pack, {{DNNL_ARG_FROM, &e->wei_plain, weight}, {DNNL_ARG_TO, &e->wei_packed, packed}});
+}
+
+void fused_conv_forward(const FusedConvArgs& a, const void* input, const void* packed, const void* bias,
+                        const void* residual, void* output) {
+  const Conv2dParams& p = a.p;
+  const SerialScope serial(p.n * p.o * p.oh * p.ow * (p.c / p.groups) * p.kh * p.kw < kSerialMacs);
+  ConvEntry* e = conv_entry(a);
+  ScratchBlock block(e->src_bytes + e->dst_bytes + align64(e->scratch_bytes));
+  char* src_buf = block.data();
+  char* dst_buf = src_buf + e->src_bytes;
+  char* scratch = dst_buf + e->dst_bytes;
+  const void* src = input;
+  if (e->src_reordered) {
+    execute(e->src_reorder, {{DNNL_ARG_FROM, &e->src_user, input}, {DNNL_ARG_TO, &e->src_prim, src_buf}});
+    src = src_buf;
+  }
+  void* dst = e->dst_reordered ? static_cast<void*>(dst_buf) : output;
+  const Arg a_src{DNNL_ARG_SRC, &e->src_prim, src}, a_wei{DNNL_ARG_WEIGHTS, &e->wei_packed, packed},
+      a_dst{DNNL_ARG_DST, &e->dst_prim, dst}, a_scr{DNNL_ARG_SCRATCHPAD, &e->scratch, scratch},
+      a_bias{DNNL_ARG_BIAS, &e->bias, bias}, a_res{kResidualArg, &e->residual, residual};
+  if (a.bias && a.residual)
+    execute(e->prim, {a_src, a_wei, a_bias, a_res, a_dst, a_scr});
+  else if (a.bias)
+    execute(e->prim, {a_src, a_wei, a_bias, a_dst, a_scr});
+  else if (a.residual)
+    execute(e->prim, {a_src, a_wei, a_res, a_dst, a_scr});
+  else
+    execute(e->prim, {a_src, a_wei, a_dst, a_scr});
+  if (e->dst_reordered)
+    execute(e->dst_reorder, {{DNNL_ARG_FROM, &e->dst_prim, dst_buf}, {DNNL_ARG_TO, &e->dst_user, output}});
+}
+
+FusedWeightLayout fused_linear_weight_layout(const FusedLinearArgs& a) { return linear_entry(a)->layout; }
+
+void fused_linear_pack_weight(const FusedLinearArgs& a, const void* weight, void* packed) {
+  LinearEntry* e = linear_entry(a);
+  execute(e->pack, {{DNNL_ARG_FROM, &e->wei_plain, weight}, {DNNL_ARG_TO, &e->wei_packed, packed}});
+}
+
+void fused_linear_forward(const FusedLinearArgs& a, const void* x, const void* packed, const void* bias,
+                          const void* residual, void* y) {
+  const SerialScope serial(a.m * a.n * a.k < kSerialMacs);
+  LinearEntry* e = linear_entry(a);
+  ScratchBlock block(e->scratch_bytes);
+  const Arg a_src{DNNL_ARG_SRC, &e->src, x}, a_wei{DNNL_ARG_WEIGHTS, &e->wei_packed, packed},
+      a_dst{DNNL_ARG_DST, &e->dst, y}, a_scr{DNNL_ARG_SCRATCHPAD, &e->scratch, block.data()},
+      a_bias{DNNL_ARG_BIAS, &e->bias, bias}, a_res{kResidualArg, &e->residual, residual};
+  if (a.bias && a.residual)
+    execute(e->prim, {a_src, a_wei, a_bias, a_res, a_dst, a_scr});
+  else if (a.bias)
+    execute(e->prim, {a_src, a_wei, a_bias, a_dst, a_scr});
+  else if (a.residual)
+    execute(e->prim, {a_src, a_wei, a_res, a_dst, a_scr});
+  else
+    execute(e->prim, {a_src, a_wei, a_dst, a_scr});
+}
+
+}  // namespace kiln::kernels
