@@ -1,0 +1,204 @@
+// kiln_bench_infer: the inference rows of scripts/bench.sh (issue 21's
+// figures): one model and input per workload, timed as kiln's eager eval
+// forward (InferenceMode) and as infer::optimize's model, and written as an
+// ONNX file plus raw input for ONNX Runtime (bench/infer/ort_bench.js) to time
+// on exactly the same model and input.
+//
+//   kiln_bench_infer --workload cnn[,resnet,gpt_infer] --dir DIR [--threads N] [--warmup 10] [--steps 50]
+//
+// Per workload it writes DIR/NAME.onnx, DIR/NAME.input.bin (raw float32 or
+// int64, C order), DIR/NAME.kiln.bin (the eager output, float32) and prints
+// one JSON line per variant ("kiln_eager", "kiln_optimised") with every timed
+// batch's milliseconds, the optimised graph's node counts and its largest
+// difference from eager relative to the output's scale. The models and inputs
+// are the training workloads' (bench/workloads: synthetic weights and data):
+// cnn batch 64 of 1x28x28, resnet batch 32 of 3x32x32, gpt_infer one sequence
+// of 128 tokens.
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <fstream>
+#include <iostream>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "../workloads/workloads.h"
+#include "kiln/export/infer.h"
+#include "kiln/export/onnx.h"
+#include "kiln/kiln.h"
+
+namespace {
+
+using kiln::Tensor;
+using Clock = std::chrono::steady_clock;
+
+struct Args {
+  std::vector<std::string> workloads;
+  std::string dir;
+  int threads = 0;
+  int warmup = 10;
+  int steps = 50;
+};
+
+[[noreturn]] void usage(const std::string& why) {
+  std::cerr << "kiln_bench_infer: " << why
+            << "\nusage: kiln_bench_infer --workload cnn[,resnet,gpt_infer] --dir DIR [--threads N] [--warmup N] "
+               "[--steps N]\n";
+  std::exit(2);
+}
+
+Args parse(int argc, char** argv) {
+  Args a;
+  for (int i = 1; i < argc; ++i) {
+    const std::string flag = argv[i];
+    if (flag == "-h" || flag == "--help") usage("help");
+    if (i + 1 >= argc) usage(flag + " needs a value");
+    const std::string v = argv[++i];
+    auto positive = [&](int min) {
+      char* end = nullptr;
+      const long x = std::strtol(v.c_str(), &end, 10);
+      if (end == v.c_str() || *end != '\0' || x < min)
+        usage(flag + " expects an integer >= " + std::to_string(min) + ", got '" + v + "'");
+      return static_cast<int>(x);
+    };
+    if (flag == "--workload") {
+      std::stringstream ss(v);
+      for (std::string w; std::getline(ss, w, ',');)
+        if (!w.empty()) a.workloads.push_back(w);
+    } else if (flag == "--dir") {
+      a.dir = v;
+    } else if (flag == "--threads") {
+      a.threads = positive(1);
+    } else if (flag == "--warmup") {
+      a.warmup = positive(1);
+    } else if (flag == "--steps") {
+      a.steps = positive(1);
+    } else {
+      usage("unknown flag " + flag);
+    }
+  }
+  if (a.workloads.empty() || a.dir.empty()) usage("--workload and --dir are required");
+  return a;
+}
+
+struct Model {
+  std::shared_ptr<kiln::nn::Module> module;
+  Tensor input;
+};
+
+Model make(const std::string& name) {
+  using namespace kiln;
+  Model m;
+  if (name == "cnn") {
+    m.module = std::make_shared<models::CNN>();
+    m.input = kiln_bench::synthetic_uniform("input", {64, 1, 28, 28}, 1.0);
+  } else if (name == "resnet") {
+    m.module = std::make_shared<models::ResNet>();
+    m.input = kiln_bench::synthetic_uniform("input", {32, 3, 32, 32}, 1.0);
+  } else if (name == "gpt_infer") {
+    auto gpt = std::make_shared<models::GPT>();
+    m.input = kiln_bench::synthetic_classes("input", {1, 128}, gpt->options.vocab_size);
+    m.module = gpt;
+  } else {
+    usage("unknown workload '" + name + "'; expected cnn, resnet or gpt_infer");
+  }
+  kiln_bench::synthetic_init(*m.module);
+  m.module->eval();
+  return m;
+}
+
+void write_raw(const std::string& path, const Tensor& t) {
+  const Tensor c = t.contiguous();
+  std::ofstream f(path, std::ios::binary);
+  f.write(static_cast<const char*>(c.data_ptr()), static_cast<std::streamsize>(c.numel() * c.element_size()));
+  if (!f) throw kiln::IOError("kiln_bench_infer: cannot write " + path);
+}
+
+std::string num(double x) {
+  if (!std::isfinite(x)) return "null";
+  char buf[40];
+  std::snprintf(buf, sizeof buf, "%.9g", x);
+  return buf;
+}
+
+double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  const size_t n = v.size();
+  return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+}
+
+double scaled_diff(const Tensor& got, const Tensor& want) {
+  const kiln::NoGradGuard no_grad;
+  const double scale = want.abs().max().item<float>();
+  return (got - want).abs().max().item<float>() / std::max(scale, 1e-30);
+}
+
+template <typename F>
+std::vector<double> time_batches(const Args& a, F&& f) {
+  for (int i = 0; i < a.warmup; ++i) f();
+  std::vector<double> ms;
+  for (int i = 0; i < a.steps; ++i) {
+    const auto t0 = Clock::now();
+    f();
+    ms.push_back(std::chrono::duration<double, std::milli>(Clock::now() - t0).count());
+  }
+  return ms;
+}
+
+void print(const std::string& workload, const std::string& variant, const Args& a, const std::vector<double>& ms,
+           const std::string& extra) {
+  std::ostringstream steps;
+  for (size_t i = 0; i < ms.size(); ++i) steps << (i ? ", " : "") << num(ms[i]);
+  std::printf(
+      "{\"framework\": \"%s\", \"workload\": \"%s\", \"threads\": %d, \"warmup\": %d, \"steps\": %d, "
+      "\"median_ms\": %s%s, \"step_ms\": [%s]}\n",
+      variant.c_str(), workload.c_str(), kiln::get_num_threads(), a.warmup, a.steps, num(median(ms)).c_str(),
+      extra.c_str(), steps.str().c_str());
+  std::fflush(stdout);
+}
+
+void run(const std::string& name, const Args& a) {
+  Model m = make(name);
+  const std::string base = a.dir + "/" + name;
+  kiln::exporter::to_onnx(*m.module, {m.input}, base + ".onnx", {.dynamic_axes = {{"input", {{0, "batch"}}}}});
+  write_raw(base + ".input.bin", m.input);
+  Tensor want;
+  {
+    const kiln::InferenceModeGuard inference;
+    want = (*m.module)(m.input);
+  }
+  write_raw(base + ".kiln.bin", want);
+  const std::vector<double> eager = time_batches(a, [&] {
+    const kiln::InferenceModeGuard inference;
+    Tensor y = (*m.module)(m.input);
+  });
+  print(name, "kiln_eager", a, eager, "");
+
+  const auto t0 = Clock::now();
+  const kiln::infer::InferenceModel opt = kiln::infer::optimize(*m.module, {m.input});
+  const double build_ms = std::chrono::duration<double, std::milli>(Clock::now() - t0).count();
+  const double diff = scaled_diff(opt.forward(m.input), want);
+  const std::vector<double> fast = time_batches(a, [&] { Tensor y = opt.forward(m.input); });
+  const auto& r = opt.report();
+  std::string extra = ", \"nodes_before\": " + std::to_string(r.nodes_before) +
+                      ", \"nodes_after\": " + std::to_string(r.nodes_after) +
+                      ", \"max_rel_diff_vs_eager\": " + num(diff) + ", \"optimize_ms\": " + num(build_ms);
+  print(name, "kiln_optimised", a, fast, extra);
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  const Args a = parse(argc, argv);
+  if (a.threads > 0) kiln::set_num_threads(a.threads);
+  try {
+    for (const auto& name : a.workloads) run(name, a);
+  } catch (const kiln::Error& e) {
+    std::cerr << "kiln_bench_infer: " << e.what() << "\n";
+    return 1;
+  }
+  return 0;
+}
