@@ -18,6 +18,11 @@ oneDNN sgemm) is measured per thread count before and after the workloads and
 before every gpt round; the highest figure is the machine's ceiling for the gpt
 row (a busy machine can only lower a sample, never raise it).
 
+The inference rows (bench/infer_bench.py: kiln optimised vs kiln eager vs ONNX
+Runtime on cnn, resnet and gpt_infer) follow the training rows in their own
+table and under "infer_rows" in the JSON; --no-infer skips them, --infer-only
+runs only them.
+
 Both sides start from the same synthetic weights and batch (workloads.h), so
 their first-step losses must agree: a disagreement beyond 1e-3 relative means
 the two sides compute different models, and the run exits 1 (times are never
@@ -34,6 +39,7 @@ import subprocess
 import sys
 import tempfile
 
+import infer_bench
 import under_load
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -355,6 +361,11 @@ def markdown(a, rows, results, info):
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--kiln", required=True, help="path to kiln_bench")
+    ap.add_argument("--kiln-infer", default=None,
+                    help="path to kiln_bench_infer (default: beside kiln_bench); the inference rows")
+    ap.add_argument("--infer-workloads", default=",".join(infer_bench.WORKLOADS))
+    ap.add_argument("--no-infer", action="store_true", help="skip the inference rows")
+    ap.add_argument("--infer-only", action="store_true", help="only the inference rows")
     ap.add_argument("--workloads", default=",".join(WORKLOADS))
     ap.add_argument("--threads", default=None, help="comma-separated thread counts (default 1,2; --quick: 1)")
     ap.add_argument("--quick", action="store_true", help="a few steps, one round: proves the harness works")
@@ -374,6 +385,11 @@ def main():
     a.threads = [int(x) for x in (a.threads or ("1" if a.quick else "1,2")).split(",") if x]
     if not a.threads or min(a.threads) < 1:
         ap.error("--threads expects positive integers")
+    a.infer_workloads = [w for w in a.infer_workloads.split(",") if w]
+    if any(w not in infer_bench.WORKLOADS for w in a.infer_workloads):
+        ap.error("--infer-workloads expects some of %s" % ", ".join(infer_bench.WORKLOADS))
+    if a.kiln_infer is None:
+        a.kiln_infer = os.path.join(os.path.dirname(os.path.abspath(a.kiln)), "kiln_bench_infer")
     a.torch_configs = [c for c in a.torch_configs.split(",") if c]
     if not a.torch_configs or any(c not in TORCH_CONFIGS for c in a.torch_configs):
         ap.error("--torch-configs expects some of %s" % ", ".join(TORCH_CONFIGS))
@@ -381,23 +397,32 @@ def main():
         a.pairs = 1
     elif a.pairs < 3:
         ap.error("--pairs must be at least 3 for a measurement (use --quick for a smoke test)")
-    out_path = a.out or os.path.join(HERE, "results", "quick.json" if a.quick else "latest.json")
+    out_path = a.out or os.path.join(HERE, "results", "quick.json" if a.quick else
+                                     ("infer.json" if a.infer_only else "latest.json"))
 
     info = machine()
     info["date"] = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
     os.makedirs(os.path.dirname(os.path.abspath(out_path)), exist_ok=True)
     results = {}
+    infer_results = {}
 
     def save(final):
         """Writes the JSON and the table for what has finished (all of it when final)."""
         rows, mismatches = build_report(a, results, info)
-        text = markdown(a, rows, results, info)
+        text = markdown(a, rows, results, info) if not a.infer_only else (
+            "## kiln inference — %s\n\nMachine: %s, %d cores, Linux %s; kiln %s; load average %.2f at start.\n"
+            % (info["date"], info["cpu"], info["cores"], info["kernel"], info["kiln_commit"], info["loadavg_start"][0]))
+        infer_rows, infer_problems = infer_bench.rows(infer_results)
+        if not a.no_infer:
+            text += infer_bench.markdown(infer_rows, fmt_time, a.quick, info.get("infer_skipped"))
+        mismatches = mismatches + infer_problems
         with open(out_path, "w") as f:
             json.dump({"machine": info, "quick": a.quick, "pairs": a.pairs, "threads": a.threads,
                        "complete": final and not info.get("interrupted"),
                        "torch_configs": {c: CONFIG_LABEL[c] for c in a.torch_configs},
                        "f32_matmul_peak_gflops": {str(t): max(r["peak"]) for t, r in results.items() if r["peak"]},
-                       "note": a.note, "rows": rows}, f, indent=1)
+                       "note": a.note, "rows": rows, "infer_rows": infer_rows,
+                       "infer_skipped": info.get("infer_skipped")}, f, indent=1)
             f.write("\n")
         with open(os.path.splitext(out_path)[0] + ".md", "w") as f:
             f.write(text)
@@ -406,9 +431,17 @@ def main():
     # A long run stopped with Ctrl-C or SIGTERM still leaves every finished workload on disk.
     signal.signal(signal.SIGTERM, interrupt)
     try:
-        if not a.under_load_only:
+        if not a.under_load_only and not a.infer_only:
             measure(a, os.path.abspath(a.kiln), results, lambda: save(False))
-        if not a.no_under_load:
+        if not a.no_infer and not a.under_load_only:
+            why = infer_bench.unavailable(a.kiln_infer)
+            if why:
+                info["infer_skipped"] = why
+                log("compare.py: inference rows skipped: " + why)
+            else:
+                infer_results.update(infer_bench.measure(run_process, env_for, os.path.abspath(a.kiln_infer),
+                                                         a.threads, a.infer_workloads, a.pairs, a.quick))
+        if not a.no_under_load and not a.infer_only:
             threads = max(2, max(a.threads))
             cfg = "tunables" if "tunables" in a.torch_configs else a.torch_configs[0]
             info["under_load"] = under_load.measure(
@@ -423,7 +456,7 @@ def main():
     if info.get("interrupted"):
         return 130
     if mismatches:
-        log("compare.py: first-step losses disagree (the twins compute different models):\n  " +
+        log("compare.py: first-step losses or inference outputs disagree (the sides compute different models):\n  " +
             "\n  ".join(mismatches))
         return 1
     return 0

@@ -7,19 +7,24 @@
 #   scripts/bench.sh [--workloads tiny,mlp,cnn,resnet,gpt,gpt_infer] [--threads 1,2]
 #                    [--quick] [--pairs 3] [--torch-configs installed,tunables,avx512]
 #                    [--out FILE.json] [--note TEXT]
+#                    [--no-infer | --infer-only] [--infer-workloads cnn,resnet,gpt_infer]
 #
+# The inference table (kiln optimised vs kiln eager vs ONNX Runtime on the same
+# exported model, issue 21) follows the training one; --infer-only runs just
+# it (results in bench/results/infer.json and infer.md).
 # --quick: one round of a few steps, every workload of a framework in one
 # process, 1 thread unless --threads: proves the harness works in seconds; its
 # figures are not a measurement. Benchmarks never fail on a time; the run exits
 # non-zero only when something breaks or the two sides' first-step losses
 # disagree (they would be computing different models).
 #   KILN_BENCH_BIN=path  use this kiln_bench instead of building build/release's
+#                        (kiln_bench_infer is then taken from beside it, when there)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 for arg in "$@"; do
   if [[ $arg == -h || $arg == --help ]]; then
-    sed -n '2,16p' "$0" | sed 's/^# \{0,1\}//'
+    sed -n '2,22p' "$0" | sed 's/^# \{0,1\}//'
     exit 0
   fi
 done
@@ -30,7 +35,7 @@ if [[ -z $bin ]]; then
   if [[ ! -f build/release/build.ninja ]]; then
     cmake --preset release >/dev/null
   fi
-  cmake --build build/release --target kiln_bench >&2
+  cmake --build build/release --target kiln_bench kiln_bench_infer >&2
   bin=build/release/bench/kiln_bench
 fi
 [[ -x $bin ]] || { echo "bench.sh: no kiln_bench at $bin" >&2; exit 1; }

@@ -5,6 +5,7 @@
 // on exactly the same model and input.
 //
 //   kiln_bench_infer --workload cnn[,resnet,gpt_infer] --dir DIR [--threads N] [--warmup 10] [--steps 50]
+//                    [--profile on]
 //
 // Per workload it writes DIR/NAME.onnx, DIR/NAME.input.bin (raw float32 or
 // int64, C order), DIR/NAME.kiln.bin (the eager output, float32) and prints
@@ -21,6 +22,7 @@
 #include <cstdlib>
 #include <fstream>
 #include <iostream>
+#include <map>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -41,6 +43,7 @@ struct Args {
   int threads = 0;
   int warmup = 10;
   int steps = 50;
+  bool profile = false;
 };
 
 [[noreturn]] void usage(const std::string& why) {
@@ -76,6 +79,8 @@ Args parse(int argc, char** argv) {
       a.warmup = positive(1);
     } else if (flag == "--steps") {
       a.steps = positive(1);
+    } else if (flag == "--profile") {
+      a.profile = v == "1" || v == "on";
     } else {
       usage("unknown flag " + flag);
     }
@@ -160,6 +165,40 @@ void print(const std::string& workload, const std::string& variant, const Args& 
   std::fflush(stdout);
 }
 
+// --profile on: the optimised graph run node by node with the Session's own
+// kernels, each node timed; milliseconds per op type (medians over the timed
+// batches) on stderr: where the time goes.
+void profile(const kiln::infer::InferenceModel& opt, const Tensor& input, const Args& a) {
+  namespace ex = kiln::exporter;
+  const ex::Graph& g = opt.graph();
+  const ex::SessionOptions fused = kiln::infer::fused_kernels();
+  std::vector<ex::Kernel> kernels;
+  for (const ex::Node& n : g.nodes) {
+    auto it = fused.kernels.find(n.op_type);
+    kernels.push_back(it != fused.kernels.end() ? it->second(n, g) : ex::builtin_kernel(n.op_type)(n, g));
+  }
+  std::map<std::string, std::vector<double>> per_op;  // op -> ms per batch
+  const kiln::InferenceModeGuard inference;
+  for (int step = 0; step < a.warmup + a.steps; ++step) {
+    std::map<std::string, Tensor> values{{g.inputs[0].name, input}};
+    for (const auto& [name, t] : g.initializers) values[name] = t;
+    std::map<std::string, double> ms;
+    for (size_t i = 0; i < g.nodes.size(); ++i) {
+      std::vector<Tensor> in;
+      for (const std::string& v : g.nodes[i].inputs) in.push_back(v.empty() ? Tensor() : values.at(v));
+      const auto t0 = Clock::now();
+      std::vector<Tensor> out = kernels[i](in);
+      ms[g.nodes[i].op_type] += std::chrono::duration<double, std::milli>(Clock::now() - t0).count();
+      for (size_t k = 0; k < out.size() && k < g.nodes[i].outputs.size(); ++k) values[g.nodes[i].outputs[k]] = out[k];
+    }
+    if (step >= a.warmup)
+      for (const auto& [op, t] : ms) per_op[op].push_back(t);
+  }
+  const auto counts = g.op_counts();
+  for (const auto& [op, v] : per_op)
+    std::fprintf(stderr, "  %-16s x%-3lld %8.3f ms\n", op.c_str(), static_cast<long long>(counts.at(op)), median(v));
+}
+
 void run(const std::string& name, const Args& a) {
   Model m = make(name);
   const std::string base = a.dir + "/" + name;
@@ -187,6 +226,10 @@ void run(const std::string& name, const Args& a) {
                       ", \"nodes_after\": " + std::to_string(r.nodes_after) +
                       ", \"max_rel_diff_vs_eager\": " + num(diff) + ", \"optimize_ms\": " + num(build_ms);
   print(name, "kiln_optimised", a, fast, extra);
+  if (a.profile) {
+    std::fprintf(stderr, "%s, optimised graph, per op type (median ms per batch):\n", name.c_str());
+    profile(opt, m.input, a);
+  }
 }
 
 }  // namespace
