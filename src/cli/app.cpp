@@ -109,7 +109,9 @@ int dispatch(int argc, char** argv) {
                   "seq for a GPT)");
   exp->add_option("--opset", xo.opset, "onnx: operator set, 13 to 17 (13: LayerNorm written out)")
       ->capture_default_str();
-  exp->add_flag("--optimize", xo.optimize, "onnx: fold each BatchNorm into the convolution before it");
+  exp->add_flag("--optimize", xo.optimize,
+                "onnx: fold each BatchNorm into the Conv or Linear before it and drop Identity/Dropout (the file "
+                "stays standard ONNX); prints node counts before/after");
   exp->add_flag("--check", xo.check,
                 "onnx: run the file in ONNX Runtime beside kiln and print each module's max abs / relative "
                 "difference, naming the first that diverges (exit 1 then)");

@@ -184,8 +184,17 @@ int export_onnx(const fs::path& target, const fs::path& ckpt, const ExportOption
     out = fs::is_directory(target) ? target / "model.onnx" : ckpt.parent_path() / (ckpt.stem().string() + ".onnx");
   exporter::Graph graph =
       exporter::capture(*task.model, {example}, {.dynamic_axes = {{"input", dynamic}}, .opset = o.opset});
-  std::optional<exporter::FoldReport> folded;
-  if (o.optimize) folded = exporter::fold_batch_norm(graph);
+  // --optimize: the standard passes only, so the file stays plain ONNX; what
+  // kiln's own runtime would fuse on top (infer::optimize) is reported beside.
+  std::optional<exporter::StandardReport> folded;
+  int64_t kiln_nodes = 0;
+  exporter::FuseReport fused;
+  if (o.optimize) {
+    folded = exporter::optimize_standard(graph);
+    exporter::Graph for_kiln = graph;
+    fused = exporter::fuse_for_kiln(for_kiln);
+    kiln_nodes = static_cast<int64_t>(for_kiln.nodes.size());
+  }
   const auto r =
       exporter::write_onnx(graph, out.string(), o.opset, "kiln model of " + ckpt.string() + " (step " + step + ")");
   std::string ops;
@@ -201,10 +210,21 @@ int export_onnx(const fs::path& target, const fs::path& ckpt, const ExportOption
       "%lld bytes\n",
       task.gpt ? "int64 token ids" : "float32", in.c_str(), static_cast<long long>(r.nodes), ops.c_str(),
       static_cast<long long>(r.initializers), static_cast<long long>(r.parameters), static_cast<long long>(r.bytes));
-  if (folded)
-    std::printf("  optimised: %lld BatchNorms folded into their convolutions, %lld nodes -> %lld\n",
-                static_cast<long long>(folded->folded), static_cast<long long>(folded->nodes_before),
-                static_cast<long long>(folded->nodes_after));
+  if (folded) {
+    const exporter::FoldReport& f = folded->fold;
+    std::string linear;
+    if (f.into_linear > 0) linear = ", " + std::to_string(f.into_linear) + " into their Linear layers";
+    std::printf("  optimised: %lld BatchNorms folded into their convolutions%s, %lld nodes -> %lld",
+                static_cast<long long>(f.folded - f.into_linear), linear.c_str(),
+                static_cast<long long>(folded->nodes_before), static_cast<long long>(folded->nodes_after));
+    if (folded->identities_removed > 0)
+      std::printf(" (%lld Identity/Dropout removed)", static_cast<long long>(folded->identities_removed));
+    std::printf(
+        "; standard ONNX\n  kiln's own runtime (infer::optimize) fuses it further to %lld nodes: %lld "
+        "kiln.FusedConv, %lld kiln.FusedGemm (bias, residual add, ReLU/GELU inside)\n",
+        static_cast<long long>(kiln_nodes), static_cast<long long>(fused.fused_conv),
+        static_cast<long long>(fused.fused_gemm));
+  }
   if (!o.check) {
     std::printf("run it with ONNX Runtime, OpenCV DNN or any ONNX runtime (docs/export.md)\n");
     return 0;

@@ -33,7 +33,8 @@ struct ExportOptions {
   /// onnx: run the file in ONNX Runtime beside kiln and compare every module's
   /// output (cli/export_check.h); exit 1 naming the first module that diverges.
   bool check = false;
-  /// onnx: fold each BatchNorm into the convolution before it (exporter::fold_batch_norm).
+  /// onnx: the standard passes (exporter::optimize_standard: BatchNorm folds,
+  /// Identity/Dropout removal); the file stays standard ONNX.
   bool optimize = false;
 };
 

@@ -108,8 +108,9 @@ std::optional<std::pair<Tensor, Tensor>> bn_affine(const GraphIndex& ix, const N
   return std::make_pair(s, beta->to(kFloat64) - mean->to(kFloat64) * s);
 }
 
-// One fold, or false when the graph has nothing more to fold.
-bool fold_one(Graph& g) {
+// One fold (into_linear: it was into a product), or false when the graph has nothing more to fold.
+bool fold_one(Graph& g, bool& into_linear) {
+  into_linear = false;
   const GraphIndex ix(g);
   for (size_t i = 0; i < g.nodes.size(); ++i) {
     const Node& bn = g.nodes[i];
@@ -189,6 +190,7 @@ bool fold_one(Graph& g) {
     g.nodes[i] = std::move(gemm);  // at the BatchNorm's place: after everything it reads
     detail::compact(g, removed);
     (void)bn_name;
+    into_linear = true;
     return true;
   }
   return false;
@@ -200,7 +202,10 @@ FoldReport fold_batch_norm(Graph& g) {
   FoldReport r;
   r.nodes_before = static_cast<int64_t>(g.nodes.size());
   const NoGradGuard no_grad;
-  while (fold_one(g)) ++r.folded;
+  for (bool linear = false; fold_one(g, linear);) {
+    ++r.folded;
+    r.into_linear += linear ? 1 : 0;
+  }
   r.nodes_after = static_cast<int64_t>(g.nodes.size());
   g.validate();
   return r;

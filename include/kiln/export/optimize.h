@@ -18,6 +18,7 @@ namespace kiln::exporter {
 /// What fold_batch_norm did.
 struct FoldReport {
   int64_t folded = 0;        // BatchNormalization nodes folded away
+  int64_t into_linear = 0;   // of them, folded into a Gemm/MatMul (the rest into a Conv)
   int64_t nodes_before = 0;  // node counts
   int64_t nodes_after = 0;
 };
