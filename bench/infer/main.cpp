@@ -6,6 +6,8 @@
 //
 //   kiln_bench_infer --workload cnn[,resnet,gpt_infer] --dir DIR [--threads N] [--warmup 10] [--steps 50]
 //                    [--profile on]
+//   kiln_bench_infer --nodes on   node counts of every zoo model (default sizes):
+//                                 captured, after --optimize's standard passes, after infer::optimize
 //
 // Per workload it writes DIR/NAME.onnx, DIR/NAME.input.bin (raw float32 or
 // int64, C order), DIR/NAME.kiln.bin (the eager output, float32) and prints
@@ -30,6 +32,7 @@
 #include "../workloads/workloads.h"
 #include "kiln/export/infer.h"
 #include "kiln/export/onnx.h"
+#include "kiln/export/optimize.h"
 #include "kiln/kiln.h"
 
 namespace {
@@ -44,6 +47,7 @@ struct Args {
   int warmup = 10;
   int steps = 50;
   bool profile = false;
+  bool nodes = false;
 };
 
 [[noreturn]] void usage(const std::string& why) {
@@ -79,13 +83,15 @@ Args parse(int argc, char** argv) {
       a.warmup = positive(1);
     } else if (flag == "--steps") {
       a.steps = positive(1);
+    } else if (flag == "--nodes") {
+      a.nodes = v == "1" || v == "on";
     } else if (flag == "--profile") {
       a.profile = v == "1" || v == "on";
     } else {
       usage("unknown flag " + flag);
     }
   }
-  if (a.workloads.empty() || a.dir.empty()) usage("--workload and --dir are required");
+  if (!a.nodes && (a.workloads.empty() || a.dir.empty())) usage("--workload and --dir are required");
   return a;
 }
 
@@ -103,6 +109,12 @@ Model make(const std::string& name) {
   } else if (name == "resnet") {
     m.module = std::make_shared<models::ResNet>();
     m.input = kiln_bench::synthetic_uniform("input", {32, 3, 32, 32}, 1.0);
+  } else if (name == "mlp") {
+    m.module = std::make_shared<models::MLP>();
+    m.input = kiln_bench::synthetic_uniform("input", {8, 784}, 1.0);
+  } else if (name == "vit") {
+    m.module = std::make_shared<models::ViT>();
+    m.input = kiln_bench::synthetic_uniform("input", {8, 1, 28, 28}, 1.0);
   } else if (name == "gpt_infer") {
     auto gpt = std::make_shared<models::GPT>();
     m.input = kiln_bench::synthetic_classes("input", {1, 128}, gpt->options.vocab_size);
@@ -232,12 +244,34 @@ void run(const std::string& name, const Args& a) {
   }
 }
 
+void node_counts() {
+  namespace ex = kiln::exporter;
+  for (const std::string name : {"mlp", "cnn", "resnet", "vit", "gpt_infer"}) {
+    Model m = make(name);
+    const bool tokens = m.input.dtype() == kiln::kInt64;
+    ex::CaptureOptions co;
+    co.dynamic_axes["input"][0] = "batch";
+    if (tokens) co.dynamic_axes["input"][1] = "seq";
+    ex::Graph g = ex::capture(*m.module, {m.input}, co);
+    const size_t captured = g.nodes.size();
+    const ex::StandardReport s = ex::optimize_standard(g);
+    const kiln::infer::InferenceModel opt = kiln::infer::optimize(*m.module, {m.input});
+    std::printf(
+        "{\"model\": \"%s\", \"captured\": %zu, \"standard\": %zu, \"batch_norms_folded\": %lld, "
+        "\"kiln\": %lld, \"fused_conv\": %lld, \"fused_gemm\": %lld}\n",
+        name == "gpt_infer" ? "gpt" : name.c_str(), captured, g.nodes.size(), static_cast<long long>(s.fold.folded),
+        static_cast<long long>(opt.report().nodes_after), static_cast<long long>(opt.report().fused_conv),
+        static_cast<long long>(opt.report().fused_gemm));
+  }
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
   const Args a = parse(argc, argv);
   if (a.threads > 0) kiln::set_num_threads(a.threads);
   try {
+    if (a.nodes) node_counts();
     for (const auto& name : a.workloads) run(name, a);
   } catch (const kiln::Error& e) {
     std::cerr << "kiln_bench_infer: " << e.what() << "\n";
