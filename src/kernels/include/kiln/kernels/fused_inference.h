@@ -4,7 +4,9 @@
 //
 // Note [Fused inference epilogue]
 // y = act(op(x, W) + bias + residual): the bias, an optional residual of the
-// output's shape (a oneDNN binary-add post-op) and an activation (an eltwise
+// output's shape (a oneDNN binary-add post-op for the matmul; for the
+// convolution a sum post-op over the destination, which the residual is copied
+// into first: dnnl_fused_inference.cpp says why) and an activation (an eltwise
 // post-op) are applied while each output tile is still in registers, so a
 // Conv -> Add -> Relu chain of a ResNet block or a Linear -> GELU of a
 // transformer MLP is one pass over memory instead of three. The residual goes
