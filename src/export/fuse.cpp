@@ -4,6 +4,7 @@
 // it, compact the graph, look again (graphs here have hundreds of nodes, so
 // the quadratic walk costs microseconds and keeps every match on a
 // consistent index).
+#include <algorithm>
 #include <cmath>
 #include <set>
 
@@ -219,6 +220,129 @@ bool fuse_at(Graph& g, size_t i, FuseReport& r) {
   return true;
 }
 
+// The attention capture writes (capture.cpp's attention), from the qkv value:
+//   Split(qkv, [d, d, d], axis 2) -> Reshape [0, 0, nh, hs] each -> Transpose
+//   q (0 2 1 3), k (0 2 3 1), v (0 2 1 3); MatMul(q, kt) -> Mul(1/sqrt(hs))
+//   [-> Add(causal mask, or a Slice of it)] -> Softmax(-1) -> MatMul(., v)
+//   -> Transpose (0 2 1 3) -> Reshape [0, 0, d]
+// becomes one kiln.Attention(qkv) with attributes n_head and causal. Returns
+// false when the Split at node i does not start that pattern.
+bool is_causal_mask(const Tensor* m) {
+  if (!m || m->dim() != 2 || m->size(0) != m->size(1) || m->dtype() != kFloat32) return false;
+  const Tensor c = m->contiguous();
+  const float* p = c.data_ptr<float>();
+  const int64_t n = m->size(0);
+  for (int64_t i = 0; i < n; ++i)
+    for (int64_t j = 0; j < n; ++j)
+      if ((j > i) != (std::isinf(p[i * n + j]) && p[i * n + j] < 0) || (j <= i && p[i * n + j] != 0.0f)) return false;
+  return true;
+}
+
+bool fuse_attention_at(Graph& g, size_t i, FuseReport& r) {
+  const GraphIndex ix(g);
+  const Node& split = g.nodes[i];
+  if (split.op_type != "Split" || split.outputs.size() != 3 || split.inputs.size() != 2) return false;
+  const std::string qkv = split.inputs[0];
+  const Shape& qs = g.values.at(qkv).shape;
+  if (qs.size() != 3 || !qs[2].is_fixed() || qs[2].size % 3 != 0) return false;
+  if (!ix.init(split.inputs[1])) return false;
+  auto axis = split.attributes.find("axis");
+  if (axis == split.attributes.end() || std::get<int64_t>(axis->second) != 2) return false;
+  const int64_t d = qs[2].size / 3;
+  std::set<size_t> nodes{i};
+  // Each part: Reshape to [B, T, nh, hs] then Transpose.
+  auto head = [&](const std::string& part, const std::vector<int64_t>& perm,
+                  int64_t& nh) -> std::optional<std::string> {
+    const auto rs = next(g, ix, part, "Reshape");
+    if (!rs) return std::nullopt;
+    const Shape& hs = g.values.at(g.nodes[*rs].outputs[0]).shape;
+    if (hs.size() != 4 || !hs[2].is_fixed() || !hs[3].is_fixed() || hs[2].size * hs[3].size != d) return std::nullopt;
+    nh = hs[2].size;
+    const auto tr = next(g, ix, g.nodes[*rs].outputs[0], "Transpose");
+    if (!tr || std::get<std::vector<int64_t>>(g.nodes[*tr].attributes.at("perm")) != perm) return std::nullopt;
+    nodes.insert({*rs, *tr});
+    return g.nodes[*tr].outputs[0];
+  };
+  int64_t nh_q = 0, nh_k = 0, nh_v = 0;
+  const auto q = head(split.outputs[0], {0, 2, 1, 3}, nh_q), kt = head(split.outputs[1], {0, 2, 3, 1}, nh_k),
+             v = head(split.outputs[2], {0, 2, 1, 3}, nh_v);
+  if (!q || !kt || !v || nh_q != nh_k || nh_q != nh_v) return false;
+  const int64_t nh = nh_q, hs = d / nh;
+  const auto mm = next(g, ix, *q, "MatMul");
+  if (!mm || g.nodes[*mm].inputs != std::vector<std::string>{*q, *kt} || ix.sole_reader(*kt) != *mm) return false;
+  nodes.insert(*mm);
+  auto cur = scalar_step(g, ix, g.nodes[*mm].outputs[0], "Mul", 1.0 / std::sqrt(static_cast<double>(hs)), nodes);
+  if (!cur) return false;
+  bool causal = false;
+  // The scaled scores' readers: the mask's Add, and for a symbolic length the
+  // Shape whose Slice sizes the mask; or the Softmax alone.
+  std::optional<size_t> add, shape;
+  for (size_t n : ix.readers.count(*cur) ? ix.readers.at(*cur) : std::vector<size_t>{}) {
+    if (g.nodes[n].op_type == "Add" && !add) {
+      add = n;
+    } else if (g.nodes[n].op_type == "Shape" && !shape) {
+      shape = n;
+    } else if (g.nodes[n].op_type != "Softmax") {
+      return false;
+    }
+  }
+  if (add) {
+    const std::string m = other_operand(g.nodes[*add], *cur);
+    const Tensor* mask = ix.init(m);
+    if (!mask) {
+      // A symbolic length: Slice(longest mask, [0, 0], Slice(Shape(scores), 2, 4)).
+      const auto sl = ix.producer_of(m);
+      if (!sl || g.nodes[*sl].op_type != "Slice" || g.nodes[*sl].inputs.size() < 3 || ix.sole_reader(m) != *add)
+        return false;
+      const Tensor* starts = ix.init(g.nodes[*sl].inputs[1]);
+      if (!starts || starts->dtype() != kInt64 || starts->numel() != 2 ||
+          starts->contiguous().data_ptr<int64_t>()[0] != 0 || starts->contiguous().data_ptr<int64_t>()[1] != 0)
+        return false;
+      const auto ends = ix.producer_of(g.nodes[*sl].inputs[2]);
+      if (!ends || g.nodes[*ends].op_type != "Slice" || !shape ||
+          g.nodes[*ends].inputs[0] != g.nodes[*shape].outputs[0] ||
+          ix.sole_reader(g.nodes[*shape].outputs[0]) != *ends || ix.sole_reader(g.nodes[*ends].outputs[0]) != *sl)
+        return false;
+      mask = ix.init(g.nodes[*sl].inputs[0]);
+      nodes.insert({*sl, *ends, *shape});
+      shape.reset();
+    }
+    if (!is_causal_mask(mask) || ix.graph_outputs.count(*cur)) return false;
+    causal = true;
+    nodes.insert(*add);
+    cur = g.nodes[*add].outputs[0];
+  }
+  if (shape) return false;
+  const auto sm = next(g, ix, *cur, "Softmax");
+  if (!sm || std::get<int64_t>(g.nodes[*sm].attributes.at("axis")) != -1) return false;
+  nodes.insert(*sm);
+  const auto av = next(g, ix, g.nodes[*sm].outputs[0], "MatMul");
+  if (!av || g.nodes[*av].inputs[1] != *v || ix.sole_reader(*v) != *av) return false;
+  nodes.insert(*av);
+  const auto tr = next(g, ix, g.nodes[*av].outputs[0], "Transpose");
+  if (!tr || std::get<std::vector<int64_t>>(g.nodes[*tr].attributes.at("perm")) != std::vector<int64_t>{0, 2, 1, 3})
+    return false;
+  nodes.insert(*tr);
+  const auto rs = next(g, ix, g.nodes[*tr].outputs[0], "Reshape");
+  if (!rs || g.values.at(g.nodes[*rs].outputs[0]).shape.size() != 3) return false;
+  nodes.insert(*rs);
+  size_t last = *std::max_element(nodes.begin(), nodes.end());
+  Node fused;
+  fused.name = split.name + "+attention";
+  fused.op_type = "kiln.Attention";
+  fused.inputs = {qkv};
+  fused.outputs = {g.nodes[*rs].outputs[0]};
+  fused.attributes = {{"n_head", nh}, {"causal", int64_t{causal ? 1 : 0}}};
+  fused.module = split.module;
+  fused.module_type = split.module_type;
+  nodes.erase(last);
+  g.nodes[last] = std::move(fused);
+  detail::compact(g, nodes);
+  ++r.attention;
+  r.absorbed += static_cast<int64_t>(nodes.size());
+  return true;
+}
+
 }  // namespace
 
 FuseReport fuse_for_kiln(Graph& g) {
@@ -226,7 +350,7 @@ FuseReport fuse_for_kiln(Graph& g) {
   for (size_t i = 0; i < g.nodes.size();) {
     // After a rewrite the fused node sits at its chain's last place, so the
     // nodes before i are unchanged and the scan goes on from i.
-    if (!fuse_at(g, i, r)) ++i;
+    if (!fuse_at(g, i, r) && !fuse_attention_at(g, i, r)) ++i;
   }
   r.absorbed += remove_dead(g);  // the weights' Transposes of fused MatMuls
   return r;

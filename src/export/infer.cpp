@@ -8,6 +8,7 @@
 #include "kiln/core/guards.h"
 #include "kiln/export/capture.h"
 #include "kiln/export/optimize.h"
+#include "kiln/ops/attention.h"
 #include "kiln/ops/fused_inference.h"
 
 namespace kiln::infer {
@@ -76,6 +77,25 @@ exporter::Kernel fused_gemm(const Node& n, const Graph& g) {
   };
 }
 
+// kiln.Attention(qkv): the heads split as views of the qkv product (as
+// CausalSelfAttention::attend does), kiln's blocked attention kernel, heads merged.
+exporter::Kernel attention(const Node& n, const Graph&) {
+  const int64_t nh = exporter::attr_int(n, "n_head", 0);
+  const bool causal = exporter::attr_int(n, "causal", 0) != 0;
+  KILN_CHECK(nh > 0, ValueError, "infer: node ", n.name, " (kiln.Attention) expects n_head > 0, got ", nh);
+  return [nh, causal, name = n.name](const std::vector<Tensor>& in) {
+    const Tensor& qkv = in[0];
+    KILN_CHECK(qkv.dim() == 3 && qkv.size(2) % (3 * nh) == 0, ShapeError, "infer: node ", name,
+               " (kiln.Attention) expects qkv [B, T, 3 * d] with d a multiple of ", nh, " heads, got ",
+               qkv.shape_string());
+    const int64_t b = qkv.size(0), t = qkv.size(1), d = qkv.size(2) / 3, hs = d / nh;
+    const auto parts = qkv.split(d, 2);
+    auto heads = [&](const Tensor& p) { return p.view({b, t, nh, hs}).transpose(1, 2); };  // [B, nh, T, hs]
+    const Tensor y = ops::attention_fused(heads(parts[0]), heads(parts[1]), heads(parts[2]), {}, causal);
+    return std::vector<Tensor>{y.transpose(1, 2).reshape({b, t, d})};
+  };
+}
+
 std::string counts(const std::map<std::string, int64_t>& m) {
   std::string s;
   for (const auto& [op, k] : m) s += (s.empty() ? "" : ", ") + op + " " + std::to_string(k);
@@ -88,6 +108,7 @@ exporter::SessionOptions fused_kernels() {
   exporter::SessionOptions o;
   o.kernels["kiln.FusedConv"] = fused_conv;
   o.kernels["kiln.FusedGemm"] = fused_gemm;
+  o.kernels["kiln.Attention"] = attention;
   return o;
 }
 
@@ -95,7 +116,7 @@ std::string OptimizeReport::str() const {
   std::ostringstream os;
   os << "nodes " << nodes_before << " -> " << nodes_after << ": " << batch_norms_folded << " BatchNorms folded, "
      << identities_removed << " Identity/Dropout removed, " << fused_conv << " kiln.FusedConv, " << fused_gemm
-     << " kiln.FusedGemm (" << absorbed << " nodes absorbed)\n";
+     << " kiln.FusedGemm, " << attention << " kiln.Attention (" << absorbed << " nodes absorbed)\n";
   os << "  before: " << counts(ops_before) << "\n";
   os << "  after:  " << counts(ops_after) << "\n";
   return os.str();
@@ -129,6 +150,7 @@ InferenceModel optimize(nn::Module& module, const std::vector<Tensor>& example_i
     const exporter::FuseReport f = exporter::fuse_for_kiln(g);
     r.fused_conv = f.fused_conv;
     r.fused_gemm = f.fused_gemm;
+    r.attention = f.attention;
     r.absorbed = f.absorbed;
   }
   r.nodes_after = static_cast<int64_t>(g.nodes.size());

@@ -137,7 +137,10 @@ TEST(InferPasses, FusionOfGptMatchesUnfusedSession) {
   EXPECT_EQ(r.fused_gemm, 2 * 4 + 1);  // c_attn, attn.c_proj, c_fc, mlp.c_proj per block; lm_head
   const auto ops = fused.op_counts();
   EXPECT_EQ(ops.count("Tanh"), 0u) << "GELU (tanh) goes into c_fc";
-  EXPECT_EQ(ops.at("MatMul"), 4) << "only attention's two products per block stay";
+  EXPECT_EQ(r.attention, 2);
+  EXPECT_EQ(ops.count("MatMul"), 0u) << "attention's products go into kiln.Attention";
+  EXPECT_EQ(ops.count("Softmax"), 0u);
+  EXPECT_EQ(ops.at("Shape"), 1) << "the causal masks' sizing goes with them; the position embedding's stays";
   for (int64_t t : {3, 8}) {
     const Tensor x = randint(0, 16, {2, t}, TensorOptions(kInt64));
     EXPECT_LE(scaled_max_diff(run(fused, x, infer::fused_kernels()), run(plain, x)), 1e-5) << t;
@@ -146,12 +149,13 @@ TEST(InferPasses, FusionOfGptMatchesUnfusedSession) {
 
 // infer::optimize on each zoo model: the eager eval model's outputs at two
 // batch sizes, fewer nodes, and the counts in the report.
-void expect_matches_eager(nn::Module& m, const std::vector<Tensor>& inputs, int64_t min_drop) {
+infer::OptimizeReport expect_matches_eager(nn::Module& m, const std::vector<Tensor>& inputs, int64_t min_drop) {
   const infer::InferenceModel opt = infer::optimize(m, {inputs[0]});
   const auto& r = opt.report();
   EXPECT_LE(r.nodes_after + min_drop, r.nodes_before) << r.str();
   EXPECT_EQ(r.nodes_after, static_cast<int64_t>(opt.graph().nodes.size()));
   for (const Tensor& x : inputs) EXPECT_LE(scaled_max_diff(opt.forward(x), eager(m, x)), 1e-5) << x.shape_string();
+  return r;
 }
 
 TEST(InferOptimize, ZooModelsMatchEagerEval) {
@@ -169,12 +173,15 @@ TEST(InferOptimize, ZooModelsMatchEagerEval) {
 
   models::ViT vit({.image_size = 8, .patch_size = 4, .num_classes = 5, .dim = 16, .depth = 2, .heads = 2, .mlp_dim = 32});
   vit.eval();
-  expect_matches_eager(vit, {randn({2, 1, 8, 8}), randn({5, 1, 8, 8})}, 10);
+  EXPECT_EQ(expect_matches_eager(vit, {randn({2, 1, 8, 8}), randn({5, 1, 8, 8})}, 10).attention, 2)
+      << "ViT's attention (not causal) is fused too";
 
   models::GPT gpt({.vocab_size = 16, .block_size = 8, .n_layer = 2, .n_head = 2, .n_embd = 8});
   gpt.eval();
-  expect_matches_eager(gpt, {randint(0, 16, {2, 8}, TensorOptions(kInt64)), randint(0, 16, {3, 5}, TensorOptions(kInt64))},
-                       10);
+  EXPECT_EQ(expect_matches_eager(
+                gpt, {randint(0, 16, {2, 8}, TensorOptions(kInt64)), randint(0, 16, {3, 5}, TensorOptions(kInt64))}, 10)
+                .attention,
+            2);
 }
 
 TEST(InferOptimize, ReportCountsFoldsAndFusions) {

@@ -11,9 +11,11 @@
 // language model's sequence axis, left symbolic), folds BatchNorm into the
 // Conv or Linear before it, removes Identity/Dropout, fuses each Conv and
 // Linear with its bias, residual add and ReLU/GELU into one kiln.FusedConv /
-// kiln.FusedGemm node (exporter::fuse_for_kiln), and runs those nodes on
+// kiln.FusedGemm node and each attention into one kiln.Attention
+// (exporter::fuse_for_kiln), and runs those nodes on
 // ops::PackedConv2d / ops::PackedLinear (weights packed once into oneDNN's
-// layout, the epilogue as oneDNN post-ops), everything else on the runtime's
+// layout, the epilogue as oneDNN post-ops) and kiln's blocked attention
+// kernel (ops::attention_fused), everything else on the runtime's
 // built-in kernels, under InferenceMode. The model is a snapshot: it copies the
 // module's weights when it is built and does not see later changes.
 #pragma once
@@ -47,6 +49,7 @@ struct OptimizeReport {
   int64_t identities_removed = 0;
   int64_t fused_conv = 0;  // kiln.FusedConv nodes
   int64_t fused_gemm = 0;  // kiln.FusedGemm nodes
+  int64_t attention = 0;   // kiln.Attention nodes
   int64_t absorbed = 0;    // nodes folded into the fused ones
   std::map<std::string, int64_t> ops_before, ops_after;
   /// A few lines: counts, then the op histogram before -> after.
@@ -76,7 +79,7 @@ class InferenceModel {
 InferenceModel optimize(nn::Module& module, const std::vector<Tensor>& example_inputs,
                         const OptimizeOptions& options = {});
 
-/// The kernels of kiln's fused node types ("kiln.FusedConv", "kiln.FusedGemm"),
+/// The kernels of kiln's fused node types ("kiln.FusedConv", "kiln.FusedGemm", "kiln.Attention"),
 /// for a Session over a graph that exporter::fuse_for_kiln rewrote.
 exporter::SessionOptions fused_kernels();
 

@@ -45,7 +45,8 @@ int64_t remove_identities(Graph& graph);
 struct FuseReport {
   int64_t fused_conv = 0;  // kiln.FusedConv nodes written
   int64_t fused_gemm = 0;  // kiln.FusedGemm nodes written
-  int64_t absorbed = 0;    // nodes (bias Add, residual Add, Relu, GELU's nodes, weight Transposes) folded into them
+  int64_t attention = 0;   // kiln.Attention nodes written
+  int64_t absorbed = 0;  // nodes (bias Add, residual Add, Relu, GELU's nodes, attention's, weight Transposes) folded in
 };
 
 /// Rewrites for kiln's runtime: each Conv, with an Add of a residual of its
@@ -59,6 +60,12 @@ struct FuseReport {
 ///   kiln.FusedGemm  inputs [x, W ([out, in]), B or "", residual (when residual=1)];
 ///                   attributes "activation" ("none", "relu", "gelu",
 ///                   "gelu_tanh") and "residual" (0/1).
+/// And attention as capture writes it (Split of the qkv projection, head
+/// Reshape/Transposes, MatMul, scale, the causal mask's Add, Softmax, MatMul,
+/// merge Transpose/Reshape: about 15 nodes) becomes one "kiln.Attention":
+///   kiln.Attention  inputs [qkv [B, T, 3 d]]; attributes "n_head" and "causal"
+///                   (0/1); output [B, T, d], softmax(q kᵀ / sqrt(d / n_head) + mask) v
+///                   with the heads merged.
 /// A chain is fused only where each intermediate value has that one reader
 /// and is not a graph output. The graph is no longer standard ONNX.
 FuseReport fuse_for_kiln(Graph& graph);
