@@ -221,9 +221,9 @@ int export_onnx(const fs::path& target, const fs::path& ckpt, const ExportOption
       std::printf(" (%lld Identity/Dropout removed)", static_cast<long long>(folded->identities_removed));
     std::printf(
         "; standard ONNX\n  kiln's own runtime (infer::optimize) fuses it further to %lld nodes: %lld "
-        "kiln.FusedConv, %lld kiln.FusedGemm (bias, residual add, ReLU/GELU inside)\n",
+        "kiln.FusedConv, %lld kiln.FusedGemm (bias, residual add, ReLU/GELU inside), %lld kiln.Attention\n",
         static_cast<long long>(kiln_nodes), static_cast<long long>(fused.fused_conv),
-        static_cast<long long>(fused.fused_gemm));
+        static_cast<long long>(fused.fused_gemm), static_cast<long long>(fused.attention));
   }
   if (!o.check) {
     std::printf("run it with ONNX Runtime, OpenCV DNN or any ONNX runtime (docs/export.md)\n");
