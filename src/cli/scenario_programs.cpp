@@ -5,6 +5,7 @@
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <fstream>
 #include <iostream>
 #include <nlohmann/json.hpp>
@@ -15,11 +16,13 @@
 #include "cli/doctor.h"
 #include "cli/health_log.h"
 #include "cli/scenario.h"
+#include "cli/step_skew.h"
 #include "kiln/amp/grad_scaler.h"
 #include "kiln/autograd/anomaly.h"
 #include "kiln/core/allocator.h"
 #include "kiln/core/autocast.h"
 #include "kiln/core/memory_history.h"
+#include "kiln/data/loader.h"
 #include "kiln/data/sampler.h"
 #include "kiln/dist/ddp.h"
 #include "kiln/kiln.h"
@@ -75,6 +78,25 @@ class Classifier : public nn::Module {
   bool detach_head_;
 };
 
+/// Classifier's shape with BatchNorm and Dropout: the layers that behave differently in training.
+class NormClassifier : public nn::Module {
+ public:
+  NormClassifier() : Module("NormClassifier") {
+    body =
+        register_module("body", std::make_shared<nn::Linear>(nn::LinearOptions{.in_features = 16, .out_features = 32}));
+    norm = register_module("norm", std::make_shared<nn::BatchNorm1d>(nn::BatchNormOptions{.num_features = 32}));
+    relu = register_module("relu", std::make_shared<nn::ReLU>());
+    drop = register_module("drop", std::make_shared<nn::Dropout>(0.3));
+    head =
+        register_module("head", std::make_shared<nn::Linear>(nn::LinearOptions{.in_features = 32, .out_features = 4}));
+  }
+  Tensor forward(const Tensor& x) override { return (*head)((*drop)((*relu)((*norm)((*body)(x))))); }
+  std::shared_ptr<nn::Linear> body, head;
+  std::shared_ptr<nn::BatchNorm1d> norm;
+  std::shared_ptr<nn::ReLU> relu;
+  std::shared_ptr<nn::Dropout> drop;
+};
+
 struct Batch {
   Tensor x, y;
 };
@@ -98,6 +120,7 @@ struct MiniRunOptions {
   double input_scale = 1;        // raw-pixel-like inputs: x * input_scale + input_scale
   int64_t batches = 16;          // distinct training batches, cycled
   double slow_transform_ms = 0;  // per batch, in the loop (a transform run where the loader should)
+  bool eval_mode = true;         // model.eval() around the evaluation (false: the bug of eval_without_eval_mode)
   std::function<void(int64_t step, optim::Optimizer&, std::ostream& metrics)> before_step =
       {};  // e.g. a resume that loses state
 };
@@ -163,6 +186,8 @@ std::string mini_run(const fs::path& dir, nn::Module& model, optim::Optimizer& o
     wait = 0;
     window = Clock::now();
     if (step % 20 == 0 || step == o.steps) {
+      if (o.eval_mode) model.eval();
+      train::EvalCheck check = health.check_evaluation();
       NoGradGuard ng;
       int64_t right = 0, total = 0;
       for (int64_t i = 100; i < 104; ++i) {
@@ -171,6 +196,8 @@ std::string mini_run(const fs::path& dir, nn::Module& model, optim::Optimizer& o
         right += model(e.x).argmax(1).eq(e.y).sum().item<int64_t>();
         total += e.y.size(0);
       }
+      log_eval_check(check, step, metrics);  // a {"what":"eval_train_mode"} warning when it ran in training mode
+      model.train();
       metrics << json{{"kind", "eval"},
                       {"step", step},
                       {"loss", 0.0},
@@ -350,6 +377,14 @@ std::string slow_transform(const fs::path& dir) {
   return mini_run(dir / "run", model, opt, {.steps = 30, .slow_transform_ms = 50});
 }
 
+std::string eval_without_eval_mode(const fs::path& dir) {
+  manual_seed(0);
+  NormClassifier model;
+  optim::Adam opt(model, {.lr = 3e-3});
+  // the bug: the loop evaluates under NoGradGuard but never calls model.eval()
+  return mini_run(dir / "run", model, opt, {.steps = 40, .eval_mode = false});
+}
+
 std::string resume_without_scheduler_state(const fs::path& dir) {
   manual_seed(0);
   Classifier model;
@@ -383,13 +418,14 @@ std::string fp16_overflow(const fs::path& dir) {
 
 // ---- data-parallel scenarios: two ranks under `kiln launch`, each running `kiln scenario rank NAME` ----
 
-/// Runs `kiln launch -n 2 -- kiln scenario rank NAME` (this executable) and returns what the job printed.
-std::string two_rank_job(const std::string& name) {
+/// Runs `kiln launch -n 2 -- kiln scenario rank NAME` (this executable) and returns what the job printed;
+/// `env` ("K=V ...") goes to the ranks' environment.
+std::string two_rank_job(const std::string& name, const std::string& env = "") {
   std::error_code ec;
   const fs::path self = fs::read_symlink("/proc/self/exe", ec);
   if (ec) return "cannot find this executable (/proc/self/exe) to launch the ranks\n";
   // The signature check names a collective mismatch; the watchdog bounds a hang; timeout bounds the rest.
-  const std::string cmd = "KILN_DIST_DEBUG=1 KILN_DIST_TIMEOUT=30 OMP_NUM_THREADS=1 timeout -s KILL 120 " +
+  const std::string cmd = env + " KILN_DIST_DEBUG=1 KILN_DIST_TIMEOUT=30 OMP_NUM_THREADS=1 timeout -s KILL 120 " +
                           self.string() + " launch -n 2 -- " + self.string() + " scenario rank " + name + " 2>&1";
   std::string out = "$ kiln launch -n 2 -- kiln scenario rank " + name + "\n";
   FILE* pipe = ::popen(cmd.c_str(), "r");
@@ -401,7 +437,114 @@ std::string two_rank_job(const std::string& name) {
 }
 
 std::string ddp_unused_parameter(const fs::path&) { return two_rank_job("ddp_unused_parameter"); }
+
+/// Two data-parallel ranks, one of them a straggler (KILN_SCENARIO_SLOW_RANK, default 1; its transform
+/// takes KILN_SCENARIO_SLOW_MS per batch, default 40): rank 0 logs the run into `dir`/run, the doctor reads it.
+std::string rank_skew(const fs::path& dir) {
+  const fs::path run = dir / "run";
+  std::string said = two_rank_job("rank_skew", "KILN_SCENARIO_OUT=" + run.string());
+  if (!fs::exists(run / "metrics.jsonl")) return said + "(the job wrote no metrics.jsonl)\n";
+  return said + "$ kiln doctor " + run.string() + "\n" + format_findings(diagnose(run));
+}
 std::string ranks_with_different_shapes(const fs::path&) { return two_rank_job("ranks_with_different_shapes"); }
+
+double env_number(const char* name, double fallback) {
+  const char* v = std::getenv(name);
+  return v && *v ? std::strtod(v, nullptr) : fallback;
+}
+
+/// The teacher's task as a dataset whose per-sample transform takes `sample_ms` (a straggler's decode
+/// or augmentation): the DataLoader runs it, so the loop's data wait is the loader's.
+class SlowTransformDataset : public data::Dataset<data::Example> {
+ public:
+  SlowTransformDataset(int64_t n, double sample_ms, int64_t seed = 0) : sample_ms_(sample_ms) {
+    Batch b = make_batch(seed, false, n);
+    x_ = b.x;
+    y_ = b.y;
+  }
+  int64_t size() const override { return x_.size(0); }
+  data::Example get(int64_t i) const override {
+    if (sample_ms_ > 0) std::this_thread::sleep_for(std::chrono::duration<double, std::milli>(sample_ms_));
+    return {x_.select(0, i), y_.select(0, i)};
+  }
+
+ private:
+  Tensor x_, y_;
+  double sample_ms_;
+};
+
+/// rank_skew's ranks: a data-parallel loop as a user writes it (DDP, DistributedSampler, DataLoader), logging
+/// as kiln train does: per-rank step times each window (cli/step_skew.h), rank 0's train lines.
+int rank_skew_rank(const dist::ProcessGroupPtr& group) {
+  const char* out = std::getenv("KILN_SCENARIO_OUT");
+  if (!out || !*out) throw ConfigError("kiln scenario rank rank_skew: set KILN_SCENARIO_OUT to the run directory");
+  const int slow_rank = static_cast<int>(env_number("KILN_SCENARIO_SLOW_RANK", 1));
+  const double slow_ms = env_number("KILN_SCENARIO_SLOW_MS", 40);
+  constexpr int64_t kBatch = 16, kSteps = 40, kLogEvery = 5;
+  manual_seed(0);
+  auto model = std::make_shared<Classifier>();
+  dist::DistributedDataParallel ddp(model, group);
+  optim::SGD opt(*model, {.lr = 0.05});
+  const bool slow = group->rank() == slow_rank;
+  auto dataset = std::make_shared<SlowTransformDataset>(kBatch * kSteps * group->size(), slow ? slow_ms / kBatch : 0);
+  auto sampler = std::make_shared<data::DistributedSampler>(
+      dataset->size(),
+      data::DistributedSamplerOptions{.num_replicas = group->size(), .rank = group->rank(), .shuffle = false});
+  data::DataLoader<> loader(dataset, {.batch_size = kBatch, .sampler = sampler, .seed = 0, .rank = group->rank()});
+  const bool lead = group->rank() == 0;
+  std::ofstream metrics;
+  if (lead) {
+    fs::create_directories(out);
+    metrics.open(fs::path(out) / "metrics.jsonl", std::ios::trunc);
+    metrics << json{{"kind", "start"}, {"step", 0}, {"total_steps", kSteps}, {"world_size", group->size()}}.dump()
+            << "\n";
+  }
+  StepSkew skew(group);
+  const auto start = Clock::now();
+  auto window = Clock::now(), prev_end = Clock::now();
+  double data_s = 0;
+  int64_t step = 0, in_window = 0;
+  for (auto& b : loader) {
+    data_s += std::chrono::duration<double>(Clock::now() - prev_end).count();
+    opt.zero_grad();
+    Tensor loss = nn::functional::cross_entropy(ddp(b.data), b.target);
+    // The loss averaged over the ranks, for the log: the collective where a fast rank waits for a slow one.
+    Tensor mean_loss = loss.detach().clone();
+    const auto wait_start = Clock::now();
+    group->allreduce(mean_loss, dist::ReduceOp::Avg)->wait();
+    skew.waited(std::chrono::duration<double>(Clock::now() - wait_start).count());
+    loss.backward();
+    double gsq = 0;
+    for (const Tensor& p : model->parameters())
+      if (p.grad().defined()) gsq += std::pow(train::l2_norm(p.grad()), 2);
+    opt.step();
+    ++step;
+    ++in_window;
+    if (step % kLogEvery == 0) {
+      const double window_s = std::chrono::duration<double>(Clock::now() - window).count();
+      const json ranks = skew.window(in_window, window_s, data_s);
+      if (lead)
+        metrics << json{{"kind", "train"},
+                        {"step", step},
+                        {"loss", mean_loss.item<double>()},
+                        {"lr", opt.param_groups()[0].lr()},
+                        {"grad_norm", std::sqrt(gsq)},
+                        {"data_wait", window_s > 0 ? std::min(1.0, data_s / window_s) : 0.0},
+                        {"time_s", std::chrono::duration<double>(Clock::now() - start).count()},
+                        {"ranks", ranks}}
+                       .dump()
+                << "\n";
+      window = Clock::now();
+      data_s = 0;
+      in_window = 0;
+    }
+    prev_end = Clock::now();
+  }
+  if (lead)
+    std::ofstream(fs::path(out) / "summary.json")
+        << json{{"status", "completed"}, {"steps", step}, {"total_steps", kSteps}}.dump();
+  return 0;
+}
 
 /// A classifier with a layer forward never calls (the bug of ddp_unused_parameter).
 class WithUnused : public Classifier {
@@ -429,6 +572,7 @@ int scenario_rank(const std::string& name, dist::ProcessGroupPtr group) {
     opt.step();
     return 0;
   }
+  if (name == "rank_skew") return rank_skew_rank(group);
   if (name == "ranks_with_different_shapes") {
     // Each rank's last batch holds a different number of samples, and the per-sample losses are summed
     // across ranks as they are: rank 0 sends 4 values, rank 1 sends 5.
@@ -471,12 +615,16 @@ std::vector<Scenario> program_scenarios() {
       p("unnormalised_inputs", "the loss jumps about or stalls: inputs fed as raw 0-255 values", {"[input_scale]"},
         unnormalised_inputs),
       p("slow_transform", "the loop waits for data: a slow per-sample transform", {"[data_stall]"}, slow_transform),
+      p("eval_without_eval_mode", "eval scores are noisy and BatchNorm drifts: the evaluation runs in training mode",
+        {"[eval_train_mode]"}, eval_without_eval_mode),
       p("resume_without_scheduler_state", "after a resume the lr jumps back up: the scheduler state was not restored",
         {"[lr_jump_on_resume]"}, resume_without_scheduler_state),
       p("ddp_unused_parameter", "data-parallel backward fails: a parameter takes no part in the loss",
         {"got no gradient in this backward pass"}, ddp_unused_parameter),
       p("ranks_with_different_shapes", "data-parallel ranks hand a collective tensors of different shapes",
         {"the ranks called different collectives"}, ranks_with_different_shapes),
+      p("rank_skew", "data-parallel ranks wait for one straggler every step (a slow transform on rank 1)",
+        {"[rank_skew] rank 1 is"}, rank_skew),
       p("fp16_overflow", "under fp16 autocast every step overflows and the loss scale collapses",
         {"[amp_scale_collapse]"}, fp16_overflow),
   };
