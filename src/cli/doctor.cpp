@@ -58,6 +58,7 @@ struct Run {
   std::optional<Config> config;
   json summary;
   std::vector<json> train, eval, health, warnings, nonfinite, starts;  // starts: "start" and "resume" lines
+  std::vector<json> errors;                                            // what stopped a library user's loop
   std::vector<double> loss, lr, steps;                                 // of the train lines
   double lr_at(int64_t step) const {
     for (size_t i = 0; i < train.size(); ++i)
@@ -109,6 +110,8 @@ Run read_run(const fs::path& dir) {
       r.health.push_back(std::move(j));
     } else if (kind == "warning") {
       r.warnings.push_back(std::move(j));
+    } else if (kind == "error") {
+      r.errors.push_back(std::move(j));
     } else if (kind == "nonfinite") {
       r.nonfinite.push_back(std::move(j));
     } else if (kind == "start" || kind == "resume") {
@@ -478,8 +481,9 @@ void check_schedule(const Run& r, Findings& out) {
           "lr " + num(before) + " at step " + std::to_string(static_cast<int64_t>(r.steps[i - 1])) + " -> " +
               num(after) + " at step " + std::to_string(static_cast<int64_t>(r.steps[i])) + " (resumed at step " +
               std::to_string(static_cast<int64_t>(at)) + ")",
-          "resume with the scheduler's state (kiln resume restores it; a hand-written loop must save and load "
-          "scheduler.state_dict() with the optimizer's)",
+          "resume with the optimizer's and the scheduler's state, not the weights alone (kiln resume restores both; "
+          "a hand-written loop saves and loads them with the model: train::CheckpointRefs{.model, .optimizer, "
+          ".scheduler}, in PyTorch optimizer.state_dict() and scheduler.state_dict())",
           static_cast<int64_t>(at));
   }
 }
@@ -639,6 +643,32 @@ void check_rank_skew(const Run& r, Findings& out) {
       first);
 }
 
+/// Nothing to train: the start line counts no trainable parameter (every requires_grad = false, or the
+/// optimizer built over an empty list). A loop then dies in backward ("does not require grad") or, when
+/// something else keeps the loss in a graph, runs without learning.
+void check_frozen(const Run& r, Findings& out) {
+  if (r.starts.empty()) return;
+  const json& s = r.starts.front();
+  if (!s.contains("trainable_parameters") || get(s, "parameters") <= 0 || get(s, "trainable_parameters") > 0) return;
+  std::string ev = "0 of " + std::to_string(static_cast<int64_t>(get(s, "parameters"))) +
+                   " parameters require a gradient at the start of the run";
+  int64_t step = 0;
+  if (!r.errors.empty()) {
+    std::string message = r.errors.front().value("message", "");
+    message = message.substr(0, message.find('\n'));
+    step = static_cast<int64_t>(get(r.errors.front(), "step"));
+    ev += "; the run stopped at step " + std::to_string(step) + ": " + message;
+  } else if (!r.loss.empty()) {
+    ev += "; the loss went " + num(r.loss.front()) + " -> " + num(r.loss.back()) + " over " +
+          std::to_string(r.loss.size()) + " logged steps";
+  }
+  add(out, Severity::Error, "frozen_model", "no parameter is trainable: the whole model is frozen", ev,
+      "set requires_grad back on the layers to train (p.requires_grad_(true), or unfreeze the head after loading a "
+      "backbone) and build the optimizer over them; freezing after the optimizer was built does not remove them "
+      "from it, and unfreezing needs no new optimizer",
+      step);
+}
+
 void check_amp(const Run& r, Findings& out) {
   if (r.train.empty() || !r.train.back().contains("amp_scale")) return;
   const json& last = r.train.back();
@@ -693,6 +723,7 @@ std::vector<Finding> diagnose(const fs::path& run_dir) {
   check_data_and_memory(r, out);
   check_amp(r, out);
   check_eval_mode(r, out);
+  check_frozen(r, out);
   check_rank_skew(r, out);
   check_status(r, out);
   std::stable_sort(out.begin(), out.end(), [](const Finding& a, const Finding& b) {

@@ -9,6 +9,7 @@
 #include <fstream>
 #include <iostream>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <sstream>
 #include <thread>
 
@@ -26,6 +27,7 @@
 #include "kiln/data/sampler.h"
 #include "kiln/dist/ddp.h"
 #include "kiln/kiln.h"
+#include "kiln/train/checkpoint.h"
 #include "kiln/train/health.h"
 #include "kiln/train/leak_watch.h"
 
@@ -113,16 +115,40 @@ Batch make_batch(int64_t i, bool shuffled = false, int64_t n = 64) {
   return {x, y};
 }
 
+/// The teacher's task as a dataset whose per-sample transform takes `sample_ms` (a straggler's decode
+/// or augmentation): the DataLoader runs it, so the loop's data wait is the loader's.
+class SlowTransformDataset : public data::Dataset<data::Example> {
+ public:
+  SlowTransformDataset(int64_t n, double sample_ms, int64_t seed = 0) : sample_ms_(sample_ms) {
+    Batch b = make_batch(seed, false, n);
+    x_ = b.x;
+    y_ = b.y;
+  }
+  int64_t size() const override { return x_.size(0); }
+  data::Example get(int64_t i) const override {
+    if (sample_ms_ > 0) std::this_thread::sleep_for(std::chrono::duration<double, std::milli>(sample_ms_));
+    return {x_.select(0, i), y_.select(0, i)};
+  }
+
+ private:
+  Tensor x_, y_;
+  double sample_ms_;
+};
+
 struct MiniRunOptions {
   int64_t steps = 60;
   bool zero_grad = true;
   bool shuffled_labels = false;
-  double input_scale = 1;        // raw-pixel-like inputs: x * input_scale + input_scale
-  int64_t batches = 16;          // distinct training batches, cycled
-  double slow_transform_ms = 0;  // per batch, in the loop (a transform run where the loader should)
-  bool eval_mode = true;         // model.eval() around the evaluation (false: the bug of eval_without_eval_mode)
-  std::function<void(int64_t step, optim::Optimizer&, std::ostream& metrics)> before_step =
-      {};  // e.g. a resume that loses state
+  double input_scale = 1;  // raw-pixel-like inputs: x * input_scale + input_scale
+  int64_t batches = 16;    // distinct training batches, cycled
+  /// Batches from this loader (cycled) instead of the prepared ones; the data wait is the loader's.
+  data::DataLoader<>* loader = nullptr;
+  bool eval_mode = true;
+  /// Stepped after each optimizer step.
+  optim::LRScheduler* scheduler = nullptr;
+  /// > 1: a resumed process continues the run from this step (metrics.jsonl is appended to, after a
+  /// "resume" line); o.steps is still the last step.
+  int64_t first_step = 1;  // model.eval() around the evaluation (false: the bug of eval_without_eval_mode)
 };
 
 /// Trains `model` with `opt` and writes the run directory kiln train would (metrics.jsonl with train,
@@ -130,10 +156,17 @@ struct MiniRunOptions {
 std::string mini_run(const fs::path& dir, nn::Module& model, optim::Optimizer& opt, const MiniRunOptions& o,
                      amp::GradScaler* scaler = nullptr) {
   fs::create_directories(dir);
-  std::ofstream metrics(dir / "metrics.jsonl", std::ios::trunc);
-  metrics << json{{"kind", "start"}, {"step", 0}, {"total_steps", o.steps}, {"time_s", 0.0}}.dump() << "\n";
+  std::ofstream metrics(dir / "metrics.jsonl", o.first_step > 1 ? std::ios::app : std::ios::trunc);
+  metrics << json{{"kind", o.first_step > 1 ? "resume" : "start"},
+                  {"step", o.first_step - 1},
+                  {"total_steps", o.steps},
+                  {"parameters", model.num_parameters()},
+                  {"trainable_parameters", model.num_parameters(/*trainable_only=*/true)},
+                  {"time_s", 0.0}}
+                 .dump()
+          << "\n";
   HealthLog health(model, 5);
-  // The batches are made up front, as a loader's workers would: only the slow transform is waited for.
+  // The batches are made up front, as a loader's workers would (with o.loader, they come from it instead).
   std::vector<Batch> data;
   for (int64_t i = 0; i < o.batches; ++i) {
     data.push_back(make_batch(i, o.shuffled_labels));
@@ -142,35 +175,53 @@ std::string mini_run(const fs::path& dir, nn::Module& model, optim::Optimizer& o
   const auto start = Clock::now();
   double wait = 0;
   auto window = Clock::now();
-  for (int64_t step = 1; step <= o.steps; ++step) {
-    if (o.before_step) o.before_step(step, opt, metrics);
-    const auto t0 = Clock::now();
-    const Batch& b = data[static_cast<size_t>(step % o.batches)];
-    if (o.slow_transform_ms > 0)
-      std::this_thread::sleep_for(std::chrono::duration<double, std::milli>(o.slow_transform_ms));
-    wait += std::chrono::duration<double>(Clock::now() - t0).count();
-    health.begin(step);
-    if (o.zero_grad) opt.zero_grad();
-    double loss_v = 0;
-    if (scaler) {
-      Tensor loss;
-      {
-        AutocastGuard ac(kFloat16);
-        loss = nn::functional::cross_entropy(model(b.x), b.y);
+  std::optional<decltype(o.loader->begin())> it;
+  double loader_wait = 0;  // the loader's wait_s of the epoch in progress, as last read
+  for (int64_t step = o.first_step; step <= o.steps; ++step) {
+    Batch b = data[static_cast<size_t>(step % o.batches)];
+    if (o.loader) {
+      if (it) ++*it;  // begin() and ++ wait for the batch: this step's data wait
+      if (!it || *it == o.loader->end()) {
+        it.reset();  // one epoch at a time: the last one's iterator goes first
+        it.emplace(o.loader->begin());
+        loader_wait = 0;
       }
-      loss_v = loss.item<double>();
-      scaler->scale(loss).backward();
-      scaler->step(opt);
-      scaler->update();
-    } else {
-      Tensor loss = nn::functional::cross_entropy(model(b.x), b.y);
-      loss_v = loss.item<double>();
-      loss.backward();
-      opt.step();
+      b = {(**it).data, (**it).target};
+      const double w = o.loader->stats().wait_s;
+      wait += w - loader_wait;
+      loader_wait = w;
     }
-    double gsq = 0;
-    for (const Tensor& p : model.parameters())
-      if (p.grad().defined()) gsq += std::pow(train::l2_norm(p.grad()), 2);
+    double loss_v = 0, gsq = 0;
+    try {
+      health.begin(step);
+      if (o.zero_grad) opt.zero_grad();
+      if (scaler) {
+        Tensor loss;
+        {
+          AutocastGuard ac(kFloat16);
+          loss = nn::functional::cross_entropy(model(b.x), b.y);
+        }
+        loss_v = loss.item<double>();
+        scaler->scale(loss).backward();
+        scaler->step(opt);
+        scaler->update();
+      } else {
+        Tensor loss = nn::functional::cross_entropy(model(b.x), b.y);
+        loss_v = loss.item<double>();
+        loss.backward();
+        opt.step();
+      }
+      if (o.scheduler) o.scheduler->step();
+      for (const Tensor& p : model.parameters())
+        if (p.grad().defined()) gsq += std::pow(train::l2_norm(p.grad()), 2);
+    } catch (const Error& e) {
+      // As a user's loop dies on it: the error, then the run directory as it was left.
+      metrics << json{{"kind", "error"}, {"step", step}, {"message", e.what()}}.dump() << "\n";
+      metrics.close();
+      std::ofstream(dir / "summary.json")
+          << json{{"status", "failed"}, {"steps", step - 1}, {"total_steps", o.steps}}.dump();
+      return error_text(e) + "\n$ kiln doctor " + dir.string() + "\n" + format_findings(diagnose(dir));
+    }
     health.end(metrics);
     const double window_s = std::chrono::duration<double>(Clock::now() - window).count();
     json line = {{"kind", "train"},
@@ -342,11 +393,7 @@ std::string frozen_model(const fs::path& dir) {
   Classifier model;
   optim::SGD opt(model, {.lr = 0.1});
   for (auto& [name, p] : model.named_parameters()) p.requires_grad_(false);  // the bug: frozen after the optimizer
-  try {
-    return mini_run(dir / "run", model, opt, {.steps = 40});
-  } catch (const Error& e) {
-    return error_text(e);
-  }
+  return mini_run(dir / "run", model, opt, {.steps = 40});
 }
 
 std::string forgot_zero_grad(const fs::path& dir) {
@@ -374,7 +421,11 @@ std::string slow_transform(const fs::path& dir) {
   manual_seed(0);
   Classifier model;
   optim::Adam opt(model, {.lr = 1e-3});
-  return mini_run(dir / "run", model, opt, {.steps = 30, .slow_transform_ms = 50});
+  // the bug: a per-sample transform that takes ~0.8 ms (50 ms a batch of 64), one loader worker
+  constexpr int64_t kSteps = 30, kBatch = 64;
+  auto slow = std::make_shared<SlowTransformDataset>(kSteps * kBatch, 50.0 / kBatch);
+  data::DataLoader<> loader(slow, {.batch_size = kBatch, .num_workers = 1, .seed = 0});
+  return mini_run(dir / "run", model, opt, {.steps = kSteps, .loader = &loader});
 }
 
 std::string eval_without_eval_mode(const fs::path& dir) {
@@ -385,33 +436,37 @@ std::string eval_without_eval_mode(const fs::path& dir) {
   return mini_run(dir / "run", model, opt, {.steps = 40, .eval_mode = false});
 }
 
-std::string resume_without_scheduler_state(const fs::path& dir) {
-  manual_seed(0);
+std::string resume_without_optimizer_state(const fs::path& dir) {
+  const fs::path run = dir / "run";
+  train::CheckpointManager checkpoints(run / "checkpoints");
+  // the bug: the loop saves and restores the model's weights only (torch.save(model.state_dict())): no
+  // .optimizer, no .scheduler. (With the optimizer restored, its lr comes back with it and torch 1.13's
+  // recurrent schedulers continue from there: a lost scheduler state alone shifts the schedule, no jump.)
+  auto refs = [](nn::Module& m) { return train::CheckpointRefs{.model = &m}; };
+  // A step schedule, x0.1 every 15 steps, over 50 steps; the first process stops after step 30.
+  {
+    manual_seed(0);
+    Classifier model;
+    optim::SGD opt(model, {.lr = 0.1});
+    optim::StepLR sched(opt, {.step_size = 15, .gamma = 0.1});
+    mini_run(run, model, opt, {.steps = 30, .scheduler = &sched});
+    checkpoints.save(refs(model), {.step = 30});
+  }
+  // A new process resumes from the checkpoint, with a scheduler built afresh.
+  manual_seed(1);
   Classifier model;
   optim::SGD opt(model, {.lr = 0.1});
-  // A step schedule (x0.1 every 15 steps); the "resume" at step 31 rebuilds it without its state.
-  auto sched = std::make_shared<optim::StepLR>(opt, optim::StepLROptions{.step_size = 15, .gamma = 0.1});
-  MiniRunOptions o{.steps = 50};
-  o.before_step = [sched](int64_t step, optim::Optimizer& optimizer, std::ostream& metrics) mutable {
-    if (step > 1 && step != 31) sched->step();
-    if (step == 31) {
-      // the bug: a fresh optimizer lr and scheduler, not the checkpoint's state
-      for (auto& g : optimizer.param_groups()) g.set_lr(0.1);
-      sched = std::make_shared<optim::StepLR>(optimizer, optim::StepLROptions{.step_size = 15, .gamma = 0.1});
-      metrics << json{{"kind", "resume"}, {"step", 30}, {"total_steps", 50}}.dump() << "\n";
-    }
-  };
-  return mini_run(dir / "run", model, opt, o);
+  optim::StepLR sched(opt, {.step_size = 15, .gamma = 0.1});
+  const train::CheckpointInfo info = checkpoints.load_latest(refs(model));
+  return mini_run(run, model, opt, {.steps = 50, .scheduler = &sched, .first_step = info.step + 1});
 }
 
 std::string fp16_overflow(const fs::path& dir) {
   manual_seed(0);
   Classifier model;
-  {
-    NoGradGuard ng;
-    model.body->weight.mul_(1e4);  // activations past float16's 65504
-  }
-  optim::SGD opt(model, {.lr = 1e-3});
+  // the bug: an lr far too high under fp16: the weights grow until forward's activations pass float16's 65504,
+  // and from then on every step overflows, is skipped, and halves the loss scale
+  optim::SGD opt(model, {.lr = 200});
   amp::GradScaler scaler;
   return mini_run(dir / "run", model, opt, {.steps = 40}, &scaler);
 }
@@ -452,26 +507,6 @@ double env_number(const char* name, double fallback) {
   const char* v = std::getenv(name);
   return v && *v ? std::strtod(v, nullptr) : fallback;
 }
-
-/// The teacher's task as a dataset whose per-sample transform takes `sample_ms` (a straggler's decode
-/// or augmentation): the DataLoader runs it, so the loop's data wait is the loader's.
-class SlowTransformDataset : public data::Dataset<data::Example> {
- public:
-  SlowTransformDataset(int64_t n, double sample_ms, int64_t seed = 0) : sample_ms_(sample_ms) {
-    Batch b = make_batch(seed, false, n);
-    x_ = b.x;
-    y_ = b.y;
-  }
-  int64_t size() const override { return x_.size(0); }
-  data::Example get(int64_t i) const override {
-    if (sample_ms_ > 0) std::this_thread::sleep_for(std::chrono::duration<double, std::milli>(sample_ms_));
-    return {x_.select(0, i), y_.select(0, i)};
-  }
-
- private:
-  Tensor x_, y_;
-  double sample_ms_;
-};
 
 /// rank_skew's ranks: a data-parallel loop as a user writes it (DDP, DistributedSampler, DataLoader), logging
 /// as kiln train does: per-rank step times each window (cli/step_skew.h), rank 0's train lines.
@@ -606,8 +641,7 @@ std::vector<Scenario> program_scenarios() {
         {"more than 1 value per channel"}, batchnorm_batch_of_one),
       p("detached_branch", "part of the model never learns: a .detach() cuts it off the loss", {"[no_grad]"},
         detached_branch),
-      p("frozen_model", "the loss does not move: every parameter is frozen",
-        {"does not require grad", "no parameter is trainable"}, frozen_model),
+      p("frozen_model", "nothing trains, backward fails: every parameter is frozen", {"[frozen_model]"}, frozen_model),
       p("forgot_zero_grad", "gradients grow step after step: zero_grad() is never called", {"[grad_accumulation]"},
         forgot_zero_grad),
       p("shuffled_labels", "train loss falls, test accuracy stays at chance: labels do not match inputs",
@@ -617,8 +651,9 @@ std::vector<Scenario> program_scenarios() {
       p("slow_transform", "the loop waits for data: a slow per-sample transform", {"[data_stall]"}, slow_transform),
       p("eval_without_eval_mode", "eval scores are noisy and BatchNorm drifts: the evaluation runs in training mode",
         {"[eval_train_mode]"}, eval_without_eval_mode),
-      p("resume_without_scheduler_state", "after a resume the lr jumps back up: the scheduler state was not restored",
-        {"[lr_jump_on_resume]"}, resume_without_scheduler_state),
+      p("resume_without_optimizer_state",
+        "after a resume the lr jumps back up: only the weights were restored, not the optimizer and scheduler",
+        {"[lr_jump_on_resume]"}, resume_without_optimizer_state),
       p("ddp_unused_parameter", "data-parallel backward fails: a parameter takes no part in the loss",
         {"got no gradient in this backward pass"}, ddp_unused_parameter),
       p("ranks_with_different_shapes", "data-parallel ranks hand a collective tensors of different shapes",

@@ -536,12 +536,20 @@ class TrainLoop {
     return s + " = " + std::to_string(world_) + " ranks";
   }
 
+  /// The model's trainable elements (kiln doctor's frozen_model); a sharded model's pieces are counted as
+  /// the whole (they are not the model's parameters).
+  int64_t trainable_parameters() const {
+    return t_.fsdp || t_.mesh_gpt ? t_.num_parameters : t_.model->num_parameters(/*trainable_only=*/true);
+  }
+
   void record_start() {
     if (lead_)  // Note [Run story]
       metrics_ << json{{"kind", L_.resumed ? "resume" : "start"},
                        {"step", L_.step},
                        {"total_steps", total_},
                        {"world_size", world_},
+                       {"parameters", t_.num_parameters},
+                       {"trainable_parameters", trainable_parameters()},
                        {"time_s", L_.time_offset}}
                       .dump()
                << "\n"
