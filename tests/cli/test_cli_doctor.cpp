@@ -141,6 +141,9 @@ TEST(CliDoctor, HealthyTwoRankRunLogsPerRankStepTimesAndNoSkewFinding) {
     EXPECT_EQ(f["severity"], "info") << f.dump(2);
     EXPECT_NE(f["code"], "rank_skew") << f.dump(2);
   }
+  // report.html draws them: one line per rank.
+  const std::string html = read_file((run / "report.html").string());
+  EXPECT_NE(html.find("id=\"chart-rank-busy\""), std::string::npos);
 }
 
 // The doctor's reading of the per-rank figures, on a hand-written run of four ranks whose rank 2
