@@ -42,6 +42,10 @@ TEST(CliHealth, TrainWritesHealthLinesEveryLogEvery) {
   ASSERT_EQ(h["blocks"].size(), 2u);
   EXPECT_GT(h["blocks"][0]["grad_rms"].get<double>(), 0.0);
   EXPECT_GE(h["cost_ms"].get<double>(), 0.0);
+  // The start line counts what trains (kiln doctor's frozen_model): here, everything.
+  const json start = metrics_lines(run, "start").at(0);
+  EXPECT_GT(start["parameters"].get<int64_t>(), 0);
+  EXPECT_EQ(start["trainable_parameters"], start["parameters"]);
 }
 
 TEST(CliHealth, TrainHealthFalseWritesNone) {
