@@ -473,7 +473,9 @@ class TrainLoop {
     // Training health (cli/health_log.h), every log_every steps; a sharded model's pieces are not modules' tensors.
     if (lead_ && c_.boolean("train.health") && !t_.zero && !t_.fsdp && !t_.mesh_gpt)
       health_.emplace(*t_.model, log_every_);
-    if (world_ > 1) skew_.emplace(L.group);  // per-rank step times (cli/step_skew.h)
+    // Per-rank step times (cli/step_skew.h) where the ranks do the same work: tensor- and pipeline-parallel
+    // ranks differ by design (stages, the head on the last one).
+    if (world_ > 1 && !t_.mesh_gpt) skew_.emplace(L.group);
   }
   TrainLoop(const TrainLoop&) = delete;  // ModuleTrail's hooks hold its address
   TrainLoop& operator=(const TrainLoop&) = delete;
