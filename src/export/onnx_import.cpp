@@ -8,6 +8,7 @@
 #include <cstring>
 #include <fstream>
 #include <limits>
+#include <map>
 #include <set>
 
 #include "kiln/core/error.h"
@@ -166,6 +167,75 @@ Tensor constant_value(const onnx::NodeProto& n, const std::string& where) {
   throw FormatError(where + ": Constant with attribute '" + a.name() + "' is not supported");
 }
 
+// The lowest model opset at which each op has the semantics its kernel
+// implements (the kernels follow opsets 13 to 17; an op whose definition did
+// not change in a way the kernel misses runs from the version it last did).
+// E.g. Softmax before 13 flattened its input at `axis`; Conv is as in opset 1.
+int64_t min_opset(const std::string& op) {
+  static const std::map<std::string, int64_t> since{
+      {"Abs", 6},
+      {"Add", 7},
+      {"AveragePool", 10},
+      {"BatchNormalization", 9},
+      {"Cast", 6},
+      {"Clip", 11},
+      {"Concat", 4},
+      {"Constant", 1},
+      {"Conv", 1},
+      {"Div", 7},
+      {"Dropout", 7},
+      {"Equal", 7},
+      {"Erf", 9},
+      {"Exp", 6},
+      {"Expand", 8},
+      {"Flatten", 1},
+      {"Gather", 11},
+      {"Gemm", 7},
+      {"GlobalAveragePool", 1},
+      {"GlobalMaxPool", 1},
+      {"Greater", 7},
+      {"GreaterOrEqual", 12},
+      {"Identity", 1},
+      {"LayerNormalization", 17},
+      {"LeakyRelu", 6},
+      {"Less", 7},
+      {"LessOrEqual", 12},
+      {"Log", 6},
+      {"LogSoftmax", 13},
+      {"MatMul", 1},
+      {"Max", 8},
+      {"MaxPool", 10},
+      {"Mean", 8},
+      {"Min", 8},
+      {"Mul", 7},
+      {"Neg", 6},
+      {"Not", 1},
+      {"Pow", 7},
+      {"Reciprocal", 6},
+      {"ReduceMax", 1},
+      {"ReduceMean", 1},
+      {"ReduceMin", 1},
+      {"ReduceSum", 1},
+      {"Relu", 6},
+      {"Reshape", 5},
+      {"Shape", 1},
+      {"Sigmoid", 6},
+      {"Slice", 10},
+      {"Softmax", 13},
+      {"Split", 2},
+      {"Sqrt", 6},
+      {"Squeeze", 11},
+      {"Sub", 7},
+      {"Sum", 8},
+      {"Tanh", 6},
+      {"Transpose", 1},
+      {"Unsqueeze", 11},
+      {"Where", 9},
+  };
+  auto it = since.find(op);
+  return it == since.end() ? 13 : it->second;
+}
+
 }  // namespace
 
 Tensor load_onnx_tensor(const std::string& path) {
@@ -186,8 +256,8 @@ Graph load_onnx(const std::string& path) {
   int64_t opset = -1;
   for (const auto& o : model.opset_import())
     if (o.domain().empty() || o.domain() == "ai.onnx") opset = o.version();
-  KILN_CHECK(opset >= 13 && opset <= 17, FormatError, where, ": the model imports ONNX opset ", opset,
-             "; the runtime's kernels follow opsets 13 to 17");
+  KILN_CHECK(opset >= 1 && opset <= 17, FormatError, where, ": the model imports ONNX opset ", opset,
+             "; the runtime's kernels follow opsets up to 17 (ONNX 1.12)");
   const onnx::GraphProto& gp = model.graph();
   Graph g;
   g.name = gp.name();
@@ -232,6 +302,9 @@ Graph load_onnx(const std::string& path) {
     KILN_CHECK(default_domain && builtin.count(n.op_type), ValueError, at, default_domain ? "" : " of domain ",
                default_domain ? "" : np.domain(), ": the runtime has no kernel for this op (supported_ops() lists the ",
                builtin.size(), " it has)");
+    KILN_CHECK(opset >= min_opset(n.op_type), ValueError, at, ": at the model's opset ", opset, ", ", n.op_type,
+               " has an older definition than the runtime's kernel, which implements it from opset ",
+               min_opset(n.op_type));
     if (n.op_type == "Constant") {
       KILN_CHECK(np.output_size() == 1 && !np.output(0).empty(), FormatError, at, ": expected one output");
       KILN_CHECK(!g.values.count(np.output(0)), FormatError, at, ": value '", np.output(0), "' is defined twice");

@@ -433,46 +433,93 @@ Kernel batch_normalization(const Node& node, const Graph&) {
 
 // ---------------------------------------------------------------- pooling
 
+// One 2-D pooling over [N, C, H, W] with ONNX's window: kiln's own padding
+// where it can (symmetric, at most half the window), else padded explicitly.
+// `indices`, when given, receives MaxPool's argmax positions within each plane.
+Tensor pool2d(const Tensor& x, const std::vector<int64_t>& k, const Window& w, bool max, bool ceil_mode, bool count_pad,
+              Tensor* indices) {
+  bool native = symmetric(w);
+  for (size_t i = 0; i < 2; ++i) native = native && w.begin[i] * 2 <= (k[i] - 1) * w.dilations[i] + 1;
+  if (max) {
+    if (indices) {
+      KILN_CHECK(native, ValueError, "MaxPool's Indices output with asymmetric or wide pads is not supported");
+      auto [y, idx] = max_pool2d_with_indices(x, k, w.strides, w.begin, w.dilations, ceil_mode);
+      *indices = idx;
+      return y;
+    }
+    if (native) return max_pool2d(x, k, w.strides, w.begin, w.dilations, ceil_mode);
+    const Tensor xp = pad_spatial(x, w.begin, w.end, -std::numeric_limits<double>::infinity());
+    return max_pool2d(xp, k, w.strides, std::vector<int64_t>{0, 0}, w.dilations, ceil_mode);
+  }
+  KILN_CHECK(w.dilations == std::vector<int64_t>(2, 1), ValueError, "AveragePool with dilations is not supported");
+  if (native) return avg_pool2d(x, k, w.strides, w.begin, ceil_mode, count_pad);
+  // Padded explicitly: the window's sum over the cells it counts (the padding
+  // too with count_include_pad) divided by how many it counts.
+  const Tensor counted =
+      pad_spatial(ones(sizes_of(x), TensorOptions(x.dtype())), w.begin, w.end, count_pad ? 1.0 : 0.0);
+  const Tensor xp = pad_spatial(x, w.begin, w.end, 0.0);
+  const std::vector<int64_t> none{0, 0};
+  return avg_pool2d(xp, k, w.strides, none, ceil_mode, false)
+      .div(avg_pool2d(counted, k, w.strides, none, ceil_mode, false));
+}
+
+// Window `w` restricted to spatial dims [from, from + 2).
+Window sub_window(const Window& w, size_t from) {
+  auto part = [from](const std::vector<int64_t>& v) { return std::vector<int64_t>{v[from], v[from + 1]}; };
+  return Window{part(w.kernel), part(w.strides), part(w.dilations), part(w.begin), part(w.end)};
+}
+
 Kernel pool(const Node& node, const Graph&) {
   const bool max = node.op_type == "MaxPool";
   const auto kshape = attr_ints(node, "kernel_shape", {});
   KILN_CHECK(!kshape.empty(), ValueError, node_label(node), ": expected a kernel_shape attribute");
   const bool ceil_mode = attr_int(node, "ceil_mode", 0) != 0;
   const bool count_pad = attr_int(node, "count_include_pad", 0) != 0;
-  KILN_CHECK(attr_int(node, "storage_order", 0) == 0, ValueError, node_label(node),
-             ": storage_order 1 (column-major indices) is not supported");
-  KILN_CHECK(node.outputs.size() < 2 || node.outputs[1].empty(), ValueError, node_label(node),
-             ": the Indices output of MaxPool is not supported");
-  return [node, max, kshape, ceil_mode, count_pad](const Tensors& in) -> Tensors {
-    Tensor x = input(node, in, 0);
-    KILN_CHECK(x.dim() == 2 + static_cast<int64_t>(kshape.size()) && (x.dim() == 3 || x.dim() == 4), ShapeError,
-               "kiln runs 1-D and 2-D pooling with a kernel_shape of the input's spatial rank, got input ",
-               x.shape_string(), " and ", kshape.size(), " kernel dims");
+  const bool column_major = attr_int(node, "storage_order", 0) != 0;
+  const bool want_indices = node.outputs.size() > 1 && !node.outputs[1].empty();
+  return [node, max, kshape, ceil_mode, count_pad, column_major, want_indices](const Tensors& in) -> Tensors {
+    const Tensor& x0 = input(node, in, 0);
+    const int64_t r = static_cast<int64_t>(kshape.size());
+    KILN_CHECK(x0.dim() == 2 + r && r >= 1 && r <= 3, ShapeError,
+               "kiln runs 1-D, 2-D and 3-D pooling over inputs [N, C, ...] with a kernel_shape of the input's "
+               "spatial rank, got input ",
+               x0.shape_string(), " and ", r, " kernel dims");
+    // Integer inputs (MaxPool takes uint8 and int8) pool in float64, which holds them exactly.
+    Tensor x = x0.is_floating_point() ? x0 : x0.to(kFloat64);
     std::vector<int64_t> k = kshape;
     Window w = window(node, k, spatial(x));
-    const bool one_d = x.dim() == 3;
-    if (one_d) lift_1d(x, k, w);
-    KILN_CHECK(max || w.dilations == std::vector<int64_t>(2, 1), ValueError,
-               "AveragePool with dilations is not supported");
-    bool native = symmetric(w);
-    for (size_t i = 0; i < 2; ++i) native = native && w.begin[i] * 2 <= (k[i] - 1) * w.dilations[i] + 1;
-    Tensor y;
-    if (max) {
-      if (!native) x = pad_spatial(x, w.begin, w.end, -std::numeric_limits<double>::infinity());
-      const std::vector<int64_t> pad = native ? w.begin : std::vector<int64_t>{0, 0};
-      y = max_pool2d(x, k, w.strides, pad, w.dilations, ceil_mode);
-    } else if (native) {
-      y = avg_pool2d(x, k, w.strides, w.begin, ceil_mode, count_pad);
+    if (r == 1) lift_1d(x, k, w);
+    Tensor y, idx;
+    if (r <= 2) {
+      y = pool2d(x, k, w, max, ceil_mode, count_pad, want_indices ? &idx : nullptr);
     } else {
-      // Padded explicitly: the window's sum over the cells it counts (the
-      // padding too with count_include_pad) divided by how many it counts.
-      Tensor counted = pad_spatial(ones(sizes_of(x), TensorOptions(x.dtype())), w.begin, w.end, count_pad ? 1.0 : 0.0);
-      const Tensor xp = pad_spatial(x, w.begin, w.end, 0.0);
-      y = avg_pool2d(xp, k, w.strides, {0, 0}, ceil_mode, false)
-              .div(avg_pool2d(counted, k, w.strides, {0, 0}, ceil_mode, false));
+      KILN_CHECK(!want_indices, ValueError, "MaxPool's Indices output is supported for 1-D and 2-D pooling");
+      // A box window is separable: pool (H, W) on [N, C*D, H, W], then D on [N, C, D, H'*W'].
+      const int64_t n = x.size(0), c = x.size(1), d = x.size(2);
+      Tensor hw = pool2d(x.reshape({n, c * d, x.size(3), x.size(4)}), {k[1], k[2]}, sub_window(w, 1), max, ceil_mode,
+                         count_pad, nullptr);
+      const int64_t h2 = hw.size(2), w2 = hw.size(3);
+      const Window wd{{k[0], 1}, {w.strides[0], 1}, {w.dilations[0], 1}, {w.begin[0], 0}, {w.end[0], 0}};
+      y = pool2d(hw.reshape({n, c, d, h2 * w2}), {k[0], 1}, wd, max, ceil_mode, count_pad, nullptr);
+      y = y.reshape({n, c, y.size(2), h2, w2});
     }
-    if (one_d) y = y.squeeze(2);
-    return {y};
+    if (r == 1) y = y.squeeze(2);
+    if (!x0.is_floating_point()) y = y.to(x0.dtype());
+    if (!want_indices) return {y};
+    // ONNX's indices count over the whole input tensor, row-major (or, with
+    // storage_order 1, column-major within each plane).
+    const int64_t h = r == 1 ? 1 : x0.size(2), wd = x0.size(-1);
+    Tensor plane = idx;
+    if (column_major) {
+      const Tensor row = idx.to(kFloat64).div(static_cast<double>(wd)).to(kInt64);  // exact: non-negative
+      plane = idx.sub(row.mul(wd)).mul(h).add(row);
+    }
+    if (r == 1) plane = plane.squeeze(2);
+    std::vector<int64_t> base_shape(static_cast<size_t>(plane.dim()), 1);
+    base_shape[0] = x0.size(0);
+    base_shape[1] = x0.size(1);
+    const Tensor base = arange(x0.size(0) * x0.size(1), TensorOptions(kInt64)).mul(h * wd).reshape(base_shape);
+    return {y, plane.add(base)};
   };
 }
 
@@ -689,10 +736,12 @@ Kernel shape(const Node& node, const Graph&) {
   };
 }
 
+// Axes: the second input from opset 13, the attribute before.
 Kernel unsqueeze(const Node& node, const Graph&) {
-  return [node](const Tensors& in) -> Tensors {
+  const auto attr_axes = attr_ints(node, "axes", {});
+  return [node, attr_axes](const Tensors& in) -> Tensors {
     Tensor x = input(node, in, 0);
-    auto axes = int_values(input(node, in, 1), "axes");
+    auto axes = has(in, 1) ? int_values(in[1], "axes") : attr_axes;
     const int64_t r = x.dim() + static_cast<int64_t>(axes.size());
     for (int64_t& a : axes) a = norm_axis(a, r, "axis");
     std::sort(axes.begin(), axes.end());
@@ -702,10 +751,11 @@ Kernel unsqueeze(const Node& node, const Graph&) {
 }
 
 Kernel squeeze(const Node& node, const Graph&) {
-  return [node](const Tensors& in) -> Tensors {
+  const auto attr_axes = attr_ints(node, "axes", {});
+  return [node, attr_axes](const Tensors& in) -> Tensors {
     Tensor x = input(node, in, 0);
-    if (!has(in, 1)) return {x.squeeze()};
-    auto axes = int_values(in[1], "axes");
+    auto axes = has(in, 1) ? int_values(in[1], "axes") : attr_axes;
+    if (axes.empty()) return {x.squeeze()};
     for (int64_t& a : axes) {
       a = norm_axis(a, x.dim(), "axis");
       KILN_CHECK(x.size(a) == 1, ShapeError, "cannot squeeze axis ", a, " of size ", x.size(a));
