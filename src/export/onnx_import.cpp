@@ -61,7 +61,7 @@ Tensor to_tensor(const onnx::TensorProto& p, const std::string& where) {
   int64_t numel = 1;
   for (int64_t d : p.dims()) {
     KILN_CHECK(d >= 0 && (d == 0 || numel <= std::numeric_limits<int64_t>::max() / 16 / d), FormatError, where,
-               ": tensor '", p.name(), "' has a dim of ", d);
+               ": tensor '", p.name(), "' has a dim of ", d, " (negative, or its element count overflows)");
     sizes.push_back(d);
     numel *= d;
   }
@@ -70,36 +70,44 @@ Tensor to_tensor(const onnx::TensorProto& p, const std::string& where) {
     return where + ": tensor '" + p.name() + "' of shape " + shape_str(IntArrayRef(sizes)) + " needs " +
            std::to_string(numel) + " elements, its " + field + " holds " + std::to_string(got);
   };
-  Tensor t = empty(sizes, TensorOptions(dt));
+  // The data's size is checked before anything is allocated: the dims of a
+  // hostile file may promise far more than it holds.
   if (p.has_raw_data()) {
     const std::string& raw = p.raw_data();
     KILN_CHECK(static_cast<int64_t>(raw.size()) == numel * elem, FormatError,
                wrong_size(static_cast<int64_t>(raw.size()) / elem, "raw_data"), " (", raw.size(), " bytes)");
+  }
+  auto check = [&](int64_t got, const char* field) { KILN_CHECK(got == numel, FormatError, wrong_size(got, field)); };
+  if (!p.has_raw_data()) {
+    switch (dt) {
+      case kFloat32: check(p.float_data_size(), "float_data"); break;
+      case kFloat64: check(p.double_data_size(), "double_data"); break;
+      case kInt64: check(p.int64_data_size(), "int64_data"); break;
+      default: check(p.int32_data_size(), "int32_data");
+    }
+  }
+  Tensor t = empty(sizes, TensorOptions(dt));
+  if (p.has_raw_data()) {
+    const std::string& raw = p.raw_data();
     if (numel > 0) std::memcpy(t.data_ptr(), raw.data(), raw.size());
     return t;
   }
-  auto check = [&](int64_t got, const char* field) { KILN_CHECK(got == numel, FormatError, wrong_size(got, field)); };
   switch (dt) {
     case kFloat32:
-      check(p.float_data_size(), "float_data");
       if (numel) std::memcpy(t.data_ptr(), p.float_data().data(), static_cast<size_t>(numel) * 4);
       break;
     case kFloat64:
-      check(p.double_data_size(), "double_data");
       if (numel) std::memcpy(t.data_ptr(), p.double_data().data(), static_cast<size_t>(numel) * 8);
       break;
     case kInt64:
-      check(p.int64_data_size(), "int64_data");
       if (numel) std::memcpy(t.data_ptr(), p.int64_data().data(), static_cast<size_t>(numel) * 8);
       break;
     case kInt32:
-      check(p.int32_data_size(), "int32_data");
       if (numel) std::memcpy(t.data_ptr(), p.int32_data().data(), static_cast<size_t>(numel) * 4);
       break;
     default: {
       // uint8, bool, float16, bfloat16: one element per int32_data entry (the
       // 16-bit types as their bit patterns).
-      check(p.int32_data_size(), "int32_data");
       auto* out = static_cast<unsigned char*>(t.data_ptr());
       for (int64_t i = 0; i < numel; ++i) {
         const auto v = static_cast<uint32_t>(p.int32_data(static_cast<int>(i)));

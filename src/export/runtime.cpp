@@ -170,7 +170,7 @@ std::vector<Tensor> Session::run(const std::vector<Tensor>& inputs) const {
     const Node& n = graph_.nodes[i];
     for (size_t k = 0; k < want.size(); ++k) {
       if (want[k] < 0) continue;
-      KILN_CHECK(k < outs.size() && outs[k].defined(), InternalError, "runtime: ", node_label(n), " gave ", outs.size(),
+      KILN_CHECK(k < outs.size() && outs[k].defined(), ValueError, "runtime: ", node_label(n), " gave ", outs.size(),
                  " outputs, the graph reads output ", k);
       slots[static_cast<size_t>(want[k])] = std::move(outs[k]);
     }

@@ -223,7 +223,9 @@ Kernel constant(const Node& node, const Graph&) {
     value = tensor(v, {static_cast<int64_t>(v.size())});
   }
   if (node.attributes.count("value_floats")) {
-    const auto& v = std::get<std::vector<float>>(node.attributes.at("value_floats"));
+    const auto* vp = std::get_if<std::vector<float>>(&node.attributes.at("value_floats"));
+    KILN_CHECK(vp != nullptr, ValueError, node_label(node), ": expected value_floats to be a list of floats");
+    const auto& v = *vp;
     value = tensor(v, {static_cast<int64_t>(v.size())});
   }
   KILN_CHECK(value.defined(), ValueError, node_label(node),

@@ -4,7 +4,11 @@
 // opsets 17 and 13; and the same through an ONNX file (to_onnx -> load_onnx).
 #include <gtest/gtest.h>
 
+#include <onnx/onnx_pb.h>
+
 #include <cstdio>
+#include <fstream>
+#include <iterator>
 #include <functional>
 #include <memory>
 
@@ -220,6 +224,134 @@ TEST(Runtime, KernelErrorsNameTheNode) {
   g.inputs[1].shape[1] = exporter::Dim::sym("other");
   const Session s(g);
   EXPECT_THROW_MSG(s.run({randn({2, 3}), randn({2, 4})}), ValueError, "node 'add0' (Add)");
+}
+
+// ---------------------------------------------------------------- hostile files
+
+// A one-node model (y = Relu(x), x float [2]) at `opset`, for tests to break.
+onnx::ModelProto relu_model(int64_t opset = 17) {
+  onnx::ModelProto m;
+  m.set_ir_version(8);
+  auto* o = m.add_opset_import();
+  o->set_domain("");
+  o->set_version(opset);
+  auto* g = m.mutable_graph();
+  g->set_name("relu");
+  for (auto* vi : {g->add_input(), g->add_output()}) {
+    vi->set_name(vi == &g->input(0) ? "x" : "y");
+    auto* tt = vi->mutable_type()->mutable_tensor_type();
+    tt->set_elem_type(onnx::TensorProto::FLOAT);
+    tt->mutable_shape()->add_dim()->set_dim_value(2);
+  }
+  auto* n = g->add_node();
+  n->set_name("n0");
+  n->set_op_type("Relu");
+  n->add_input("x");
+  n->add_output("y");
+  return m;
+}
+
+std::string write_model(const TempDir& dir, const onnx::ModelProto& m, const std::string& name = "m.onnx") {
+  const std::string path = dir.file(name);
+  std::ofstream f(path, std::ios::binary | std::ios::trunc);
+  m.SerializeToOstream(&f);
+  return path;
+}
+
+std::string write_bytes(const TempDir& dir, const std::string& bytes, const std::string& name = "b.onnx") {
+  const std::string path = dir.file(name);
+  std::ofstream f(path, std::ios::binary | std::ios::trunc);
+  f.write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
+  return path;
+}
+
+TEST(LoadOnnx, TheOneNodeModelLoadsAndRuns) {
+  TempDir dir;
+  const Session s(exporter::load_onnx(write_model(dir, relu_model())));
+  EXPECT_TRUE(s.run({tensor<float>({-1.0f, 2.0f}, {2})})[0].equal(tensor<float>({0.0f, 2.0f}, {2})));
+}
+
+TEST(LoadOnnx, TruncatedFilesAreRefused) {
+  TempDir dir;
+  manual_seed(3);
+  auto mlp = models::MLP(models::MLPOptions{.in_features = 16, .hidden = {8}});
+  const std::string path = dir.file("mlp.onnx");
+  exporter::to_onnx(mlp, {randn({2, 16})}, path);
+  std::ifstream f(path, std::ios::binary);
+  const std::string bytes((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
+  ASSERT_GT(bytes.size(), 100u);
+  for (size_t cut : {size_t{0}, size_t{1}, size_t{16}, bytes.size() / 3, bytes.size() / 2, bytes.size() - 1}) {
+    SCOPED_TRACE(cut);
+    EXPECT_THROW(exporter::load_onnx(write_bytes(dir, bytes.substr(0, cut))), Error);
+  }
+  EXPECT_THROW_MSG(exporter::load_onnx(write_bytes(dir, bytes.substr(0, bytes.size() / 2))), FormatError,
+                   "truncated, corrupt or not ONNX");
+}
+
+TEST(LoadOnnx, RandomBytesAreRefusedWithAnError) {
+  TempDir dir;
+  Generator gen(7);
+  for (int i = 0; i < 50; ++i) {
+    const Tensor r = randint(0, 256, {1 + 97 * i}, TensorOptions(kInt64), &gen);
+    std::string bytes;
+    for (double v : to_doubles(r)) bytes.push_back(static_cast<char>(static_cast<int>(v)));
+    EXPECT_THROW(exporter::load_onnx(write_bytes(dir, bytes)), Error) << "random file " << i;
+    EXPECT_THROW(exporter::load_onnx_tensor(write_bytes(dir, bytes)), Error) << "random file " << i;
+  }
+}
+
+TEST(LoadOnnx, ANodeReadingAnUndefinedValueIsRefused) {
+  TempDir dir;
+  onnx::ModelProto m = relu_model();
+  m.mutable_graph()->mutable_node(0)->set_input(0, "nowhere");
+  EXPECT_THROW_MSG(exporter::load_onnx(write_model(dir, m)), FormatError, "reads 'nowhere'");
+}
+
+TEST(LoadOnnx, InitializersOfTheWrongSizeAreRefusedBeforeAllocating) {
+  TempDir dir;
+  onnx::ModelProto m = relu_model();
+  auto* init = m.mutable_graph()->add_initializer();
+  init->set_name("w");
+  init->set_data_type(onnx::TensorProto::FLOAT);
+  init->add_dims(4);
+  init->set_raw_data(std::string(8, '\0'));
+  EXPECT_THROW_MSG(exporter::load_onnx(write_model(dir, m)), FormatError,
+                   "tensor 'w' of shape [4] needs 4 elements, its raw_data holds 2");
+  // Dims promising 2^40 floats over 8 bytes: refused, nothing allocated; 2^60: the count overflows.
+  init->clear_dims();
+  for (int i = 0; i < 2; ++i) init->add_dims(int64_t{1} << 20);
+  EXPECT_THROW_MSG(exporter::load_onnx(write_model(dir, m)), FormatError, "its raw_data holds 2");
+  init->add_dims(int64_t{1} << 20);
+  EXPECT_THROW_MSG(exporter::load_onnx(write_model(dir, m)), FormatError, "element count overflows");
+  init->clear_raw_data();
+  init->clear_dims();
+  init->add_dims(3);
+  init->add_float_data(1.0f);
+  EXPECT_THROW_MSG(exporter::load_onnx(write_model(dir, m)), FormatError, "its float_data holds 1");
+  init->clear_float_data();
+  init->set_data_location(onnx::TensorProto::EXTERNAL);
+  EXPECT_THROW_MSG(exporter::load_onnx(write_model(dir, m)), FormatError, "external file");
+}
+
+TEST(LoadOnnx, OpsAndOpsetsWithoutAKernelAreRefusedNamingTheNode) {
+  TempDir dir;
+  onnx::ModelProto m = relu_model();
+  m.mutable_graph()->mutable_node(0)->set_op_type("LSTM");
+  EXPECT_THROW_MSG(exporter::load_onnx(write_model(dir, m)), ValueError, "node 'n0' (LSTM)");
+  EXPECT_THROW_MSG(exporter::load_onnx(write_model(dir, relu_model(18))), FormatError, "opset 18");
+  onnx::ModelProto old = relu_model(11);
+  old.mutable_graph()->mutable_node(0)->set_op_type("Softmax");
+  EXPECT_THROW_MSG(exporter::load_onnx(write_model(dir, old)), ValueError,
+                   "implements it from opset 13");
+  onnx::ModelProto seq = relu_model();
+  seq.mutable_graph()->mutable_input(0)->mutable_type()->mutable_sequence_type();
+  EXPECT_THROW_MSG(exporter::load_onnx(write_model(dir, seq)), FormatError, "is not a tensor");
+}
+
+TEST(LoadOnnx, MissingFilesAndNonTensorFilesAreRefused) {
+  TempDir dir;
+  EXPECT_THROW_MSG(exporter::load_onnx(dir.file("absent.onnx")), IOError, "cannot open");
+  EXPECT_THROW(exporter::load_onnx_tensor(write_model(dir, relu_model())), Error);
 }
 
 }  // namespace
