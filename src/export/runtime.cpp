@@ -181,4 +181,21 @@ std::vector<Tensor> Session::run(const std::vector<Tensor>& inputs) const {
   return result;
 }
 
+std::map<std::string, Tensor> run_all_values(const Graph& graph, const std::vector<Tensor>& inputs,
+                                             SessionOptions options) {
+  Graph g = graph;
+  g.outputs.clear();
+  for (const Node& n : graph.nodes)
+    for (const std::string& o : n.outputs) {
+      if (o.empty()) continue;
+      auto it = graph.values.find(o);
+      g.outputs.push_back(it != graph.values.end() ? it->second : Value{o, kFloat32, {}});
+    }
+  const Session s(std::move(g), std::move(options));
+  const std::vector<Tensor> got = s.run(inputs);
+  std::map<std::string, Tensor> out;
+  for (size_t i = 0; i < got.size(); ++i) out[s.graph().outputs[i].name] = got[i];
+  return out;
+}
+
 }  // namespace kiln::exporter

@@ -15,6 +15,7 @@
 #include "kiln/core/generator.h"
 #include "kiln/core/guards.h"
 #include "kiln/export/capture.h"
+#include "kiln/export/check.h"
 #include "kiln/export/onnx.h"
 #include "kiln/export/runtime.h"
 #include "kiln/models/cnn.h"
@@ -352,6 +353,30 @@ TEST(LoadOnnx, MissingFilesAndNonTensorFilesAreRefused) {
   TempDir dir;
   EXPECT_THROW_MSG(exporter::load_onnx(dir.file("absent.onnx")), IOError, "cannot open");
   EXPECT_THROW(exporter::load_onnx_tensor(write_model(dir, relu_model())), Error);
+}
+
+// ---------------------------------------------------------------- per-module check in-process
+
+// The per-module check of check.h with kiln's runtime in ONNX Runtime's place:
+// every module of a ViT agrees with kiln's forward, and a LayerNormalization
+// broken on purpose (epsilon 0.5) is named as the first divergent module.
+TEST(RuntimeCheck, ModuleOutputsAgreeAndABrokenLayerNormIsNamed) {
+  manual_seed(5);
+  models::ViT vit(models::ViTOptions{
+      .image_size = 8, .patch_size = 4, .num_classes = 5, .dim = 16, .depth = 2, .heads = 2, .mlp_dim = 32});
+  vit.eval();
+  const Tensor x = randn({2, 1, 8, 8});
+  Graph g = exporter::capture(vit, {x}, {.dynamic_axes = {{"input", {{0, "batch"}}}}});
+  const auto kiln_values = exporter::module_values(vit, g, x);
+  const auto report = exporter::compare_module_outputs(g, kiln_values, exporter::run_all_values(g, {x}), 1e-5);
+  EXPECT_FALSE(report.first_divergent.has_value()) << report.str();
+  EXPECT_EQ(report.rows.size(), g.module_outputs.size());
+  for (exporter::Node& n : g.nodes)
+    if (n.module == "blocks.1.ln_2") n.attributes["epsilon"] = 0.5f;
+  const auto broken = exporter::compare_module_outputs(g, kiln_values, exporter::run_all_values(g, {x}), 1e-5);
+  ASSERT_TRUE(broken.first_divergent.has_value()) << broken.str();
+  EXPECT_EQ(broken.rows[*broken.first_divergent].module, "blocks.1.ln_2") << broken.str();
+  EXPECT_EQ(broken.rows[*broken.first_divergent].op_type, "LayerNormalization");
 }
 
 }  // namespace

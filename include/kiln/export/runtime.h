@@ -60,6 +60,12 @@ class Session {
   int64_t num_slots_ = 0;
 };
 
+/// Runs `graph` once on `inputs` and returns every value its nodes compute, by
+/// name (nothing released): what a node-by-node comparison with another
+/// runtime, or with kiln's own modules (check.h's compare_module_outputs), reads.
+std::map<std::string, Tensor> run_all_values(const Graph& graph, const std::vector<Tensor>& inputs,
+                                             SessionOptions options = {});
+
 /// The op types the built-in kernels implement.
 std::vector<std::string> supported_ops();
 /// The built-in kernel factory of `op_type`; throws ValueError when there is none.
