@@ -20,7 +20,7 @@ secs=${1:-20}
 shift || true
 targets=("$@")
 ((${#targets[@]})) || targets=(safetensors idx text checkpoint config npy image csv shard_index onnx)
-declare -A max_len=([safetensors]=8192 [idx]=4096 [text]=2048 [checkpoint]=8192 [config]=4096 [npy]=4096 [image]=8192 [csv]=4096 [shard_index]=8192 [onnx]=8192)
+declare -A max_len=([safetensors]=8192 [idx]=4096 [text]=2048 [checkpoint]=8192 [config]=4096 [npy]=4096 [image]=8192 [csv]=4096 [shard_index]=8192 [onnx]=16384)
 
 export CCACHE_DIR=${CCACHE_DIR:-$HOME/.cache/ccache}
 export CCACHE_BASEDIR=${CCACHE_BASEDIR:-$PWD}
