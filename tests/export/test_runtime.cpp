@@ -339,7 +339,7 @@ TEST(LoadOnnx, OpsAndOpsetsWithoutAKernelAreRefusedNamingTheNode) {
   onnx::ModelProto m = relu_model();
   m.mutable_graph()->mutable_node(0)->set_op_type("LSTM");
   EXPECT_THROW_MSG(exporter::load_onnx(write_model(dir, m)), ValueError, "node 'n0' (LSTM)");
-  EXPECT_THROW_MSG(exporter::load_onnx(write_model(dir, relu_model(18))), FormatError, "opset 18");
+  EXPECT_THROW_MSG(exporter::load_onnx(write_model(dir, relu_model(19))), FormatError, "opset 19");
   onnx::ModelProto old = relu_model(11);
   old.mutable_graph()->mutable_node(0)->set_op_type("Softmax");
   EXPECT_THROW_MSG(exporter::load_onnx(write_model(dir, old)), ValueError,
@@ -377,6 +377,52 @@ TEST(RuntimeCheck, ModuleOutputsAgreeAndABrokenLayerNormIsNamed) {
   ASSERT_TRUE(broken.first_divergent.has_value()) << broken.str();
   EXPECT_EQ(broken.rows[*broken.first_divergent].module, "blocks.1.ln_2") << broken.str();
   EXPECT_EQ(broken.rows[*broken.first_divergent].op_type, "LayerNormalization");
+}
+
+// Opset 18's forms of the two runtime ops it changed: ReduceMean's axes as an
+// input, Split's num_outputs (uneven: the last part is smaller).
+TEST(LoadOnnx, Opset18ReduceAxesInputAndSplitNumOutputs) {
+  TempDir dir;
+  onnx::ModelProto m = relu_model(18);
+  auto* g = m.mutable_graph();
+  g->mutable_input(0)->mutable_type()->mutable_tensor_type()->mutable_shape()->add_dim()->set_dim_value(7);
+  g->clear_node();
+  g->clear_output();
+  auto* axes = g->add_initializer();
+  axes->set_name("axes");
+  axes->set_data_type(onnx::TensorProto::INT64);
+  axes->add_dims(1);
+  axes->add_int64_data(0);
+  auto* mean = g->add_node();
+  mean->set_op_type("ReduceMean");
+  mean->add_input("x");
+  mean->add_input("axes");
+  mean->add_output("m");
+  auto* keep = mean->add_attribute();
+  keep->set_name("keepdims");
+  keep->set_type(onnx::AttributeProto::INT);
+  keep->set_i(0);
+  auto* split = g->add_node();
+  split->set_op_type("Split");
+  split->add_input("m");
+  for (const char* o : {"a", "b", "c"}) split->add_output(o);
+  auto* n = split->add_attribute();
+  n->set_name("num_outputs");
+  n->set_type(onnx::AttributeProto::INT);
+  n->set_i(3);
+  for (const char* o : {"a", "b", "c"}) {
+    auto* vi = g->add_output();
+    vi->set_name(o);
+    vi->mutable_type()->mutable_tensor_type()->set_elem_type(onnx::TensorProto::FLOAT);
+  }
+  const Session s(exporter::load_onnx(write_model(dir, m)));
+  const Tensor x = randn({2, 7});
+  const auto out = s.run({x});
+  ASSERT_EQ(out.size(), 3u);
+  const Tensor want = x.mean({0});
+  EXPECT_TRUE(out[0].allclose(want.slice(0, 0, 3)));
+  EXPECT_TRUE(out[1].allclose(want.slice(0, 3, 6)));
+  EXPECT_TRUE(out[2].allclose(want.slice(0, 6, 7)));
 }
 
 }  // namespace

@@ -8,7 +8,7 @@
 //
 // Each node is compiled once into a Kernel when the Session is built (its
 // attributes validated, constant inputs readable for pre-packing); kernels
-// follow the ONNX operator specification at opsets 13 to 17 (numpy-style
+// follow the ONNX operator specification at opsets 13 to 18 (numpy-style
 // broadcasting, the attribute defaults of those opsets). Other code (the
 // inference optimiser's fused nodes) adds or overrides kernels by op type
 // through SessionOptions.
