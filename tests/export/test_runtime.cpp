@@ -12,6 +12,7 @@
 #include <functional>
 #include <memory>
 
+#include "kiln/core/allocator.h"
 #include "kiln/core/generator.h"
 #include "kiln/core/guards.h"
 #include "kiln/export/capture.h"
@@ -423,6 +424,39 @@ TEST(LoadOnnx, Opset18ReduceAxesInputAndSplitNumOutputs) {
   EXPECT_TRUE(out[0].allclose(want.slice(0, 0, 3)));
   EXPECT_TRUE(out[1].allclose(want.slice(0, 3, 6)));
   EXPECT_TRUE(out[2].allclose(want.slice(0, 6, 7)));
+}
+
+// Intermediates die after their last reader: a chain of 16 Relu/Neg nodes over
+// a 4 MB input holds at most the input, one value being read and the one being
+// made, not all sixteen.
+TEST(Runtime, IntermediatesAreReleasedAfterTheirLastReader) {
+  Graph g;
+  g.name = "chain";
+  const exporter::Shape shape{exporter::Dim::fixed(1024), exporter::Dim::fixed(1024)};
+  g.inputs = {{"x", kFloat32, shape}};
+  std::string prev = "x";
+  for (int i = 0; i < 16; ++i) {
+    exporter::Node n;
+    n.name = "n" + std::to_string(i);
+    n.op_type = i % 2 ? "Neg" : "Relu";
+    n.inputs = {prev};
+    n.outputs = {i == 15 ? std::string("output") : "v" + std::to_string(i)};
+    prev = n.outputs[0];
+    g.nodes.push_back(n);
+  }
+  g.outputs = {{"output", kFloat32, shape}};
+  const Session s(g);
+  const Tensor x = randn({1024, 1024});
+  const int64_t bytes = x.nbytes();
+  memory::empty_cache();
+  const int64_t before = memory::stats().live_bytes;
+  memory::reset_peak_stats();
+  Tensor y = s.run({x})[0];
+  const int64_t peak = memory::stats().peak_bytes - before;
+  EXPECT_LE(peak, 2 * bytes + 4096) << "peak " << peak << " bytes for values of " << bytes;
+  EXPECT_GE(peak, bytes);
+  EXPECT_TRUE(y.equal(x.relu().neg().relu().neg().relu().neg().relu().neg().relu().neg().relu().neg().relu().neg()
+                          .relu().neg()));
 }
 
 }  // namespace
