@@ -239,6 +239,44 @@ int64_t min_opset(const std::string& op) {
       {"Transpose", 1},
       {"Unsqueeze", 11},
       {"Where", 9},
+      {"Floor", 6},
+      {"Ceil", 6},
+      {"Round", 11},
+      {"Sign", 9},
+      {"Sin", 7},
+      {"Cos", 7},
+      {"IsNaN", 9},
+      {"IsInf", 10},
+      {"Elu", 6},
+      {"Selu", 6},
+      {"Celu", 12},
+      {"HardSigmoid", 6},
+      {"HardSwish", 14},
+      {"ThresholdedRelu", 10},
+      {"Softsign", 1},
+      {"Softplus", 1},
+      {"Mish", 18},
+      {"PRelu", 9},
+      {"And", 7},
+      {"Or", 7},
+      {"Xor", 7},
+      {"ArgMax", 11},
+      {"ArgMin", 11},
+      {"Tile", 6},
+      {"Range", 11},
+      {"Size", 1},
+      {"ConstantOfShape", 9},
+      {"Pad", 11},
+      {"InstanceNormalization", 6},
+      {"DepthToSpace", 11},
+      {"SpaceToDepth", 1},
+      {"Einsum", 12},
+      {"ReduceProd", 1},
+      {"ReduceL1", 1},
+      {"ReduceL2", 1},
+      {"ReduceSumSquare", 1},
+      {"ReduceLogSum", 1},
+      {"ReduceLogSumExp", 1},
   };
   auto it = since.find(op);
   return it == since.end() ? 13 : it->second;
@@ -328,6 +366,17 @@ Graph load_onnx(const std::string& path) {
     n.outputs.assign(np.output().begin(), np.output().end());
     for (const auto& a : np.attribute()) {
       KILN_CHECK(!a.name().empty(), FormatError, at, ": an attribute has no name");
+      if (n.op_type == "ConstantOfShape" && a.name() == "value" && a.type() == onnx::AttributeProto::TENSOR) {
+        // The value tensor becomes an initializer, read as the node's second input.
+        const std::string name = n.name + "/value";
+        KILN_CHECK(!g.values.count(name), FormatError, at, ": value '", name, "' is defined twice");
+        Tensor v = to_tensor(a.t(), at);
+        g.values[name] = Value{name, v.dtype(), {}};
+        g.initializers.emplace_back(name, std::move(v));
+        n.inputs.resize(1);
+        n.inputs.push_back(name);
+        continue;
+      }
       n.attributes[a.name()] = to_attribute(a, at);
     }
     if (np.has_doc_string()) {

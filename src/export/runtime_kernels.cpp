@@ -11,6 +11,7 @@
 
 #include "kiln/core/error.h"
 #include "kiln/ops/conv.h"
+#include "kiln/ops/einsum.h"
 #include "kiln/ops/elementwise.h"
 #include "kiln/ops/factory.h"
 #include "kiln/ops/index.h"
@@ -560,7 +561,16 @@ Kernel reduce(const Node& node, const Graph&) {
     if (op == "ReduceMean") return {x.mean(axes, keep)};
     if (op == "ReduceSum") return {x.sum(axes, keep)};
     if (op == "ReduceMax") return {x.amax(axes, keep)};
-    return {x.amin(axes, keep)};
+    if (op == "ReduceMin") return {x.amin(axes, keep)};
+    if (op == "ReduceL1") return {x.abs().sum(axes, keep)};
+    if (op == "ReduceL2") return {x.mul(x).sum(axes, keep).sqrt()};
+    if (op == "ReduceSumSquare") return {x.mul(x).sum(axes, keep)};
+    if (op == "ReduceLogSum") return {x.sum(axes, keep).log()};
+    if (op == "ReduceLogSumExp") return {x.logsumexp(axes, keep)};
+    // ReduceProd: one dim at a time, the highest first so the others keep their index.
+    Tensor y = x;
+    for (auto it = axes.rbegin(); it != axes.rend(); ++it) y = y.prod(*it, keep);
+    return {y};
   };
 }
 
@@ -787,6 +797,249 @@ Kernel dropout(const Node& node, const Graph&) {
   };
 }
 
+// ---------------------------------------------------------------- more elementwise
+
+// An elementwise function without a kiln op, looped over a contiguous copy.
+template <typename F>
+Tensor map_float(const Tensor& x, const char* what, F f) {
+  KILN_CHECK(x.dtype() == kFloat32 || x.dtype() == kFloat64, DTypeError, what,
+             " expects float32 or float64 input, got ", dtype_name(x.dtype()));
+  Tensor y = x.contiguous().clone();
+  const int64_t n = y.numel();
+  if (y.dtype() == kFloat32) {
+    float* p = y.data_ptr<float>();
+    for (int64_t i = 0; i < n; ++i) p[i] = static_cast<float>(f(static_cast<double>(p[i])));
+  } else {
+    double* p = y.data_ptr<double>();
+    for (int64_t i = 0; i < n; ++i) p[i] = f(p[i]);
+  }
+  return y;
+}
+
+// Activations with attributes (alpha, beta, gamma at their ONNX defaults).
+Kernel activation(const Node& node, const Graph&) {
+  const std::string op = node.op_type;
+  const double alpha = attr_float(node, "alpha",
+                                  op == "Selu"          ? 1.67326319217681884765625f
+                                  : op == "HardSigmoid" ? 0.2f
+                                  : op == "HardSwish"   ? 1.0f / 6.0f
+                                                        : 1.0f);
+  const double beta = attr_float(node, "beta", 0.5f);
+  const double gamma = attr_float(node, "gamma", 1.05070102214813232421875f);
+  return [node, op, alpha, beta, gamma](const Tensors& in) -> Tensors {
+    const Tensor& x = input(node, in, 0);
+    const Tensor pos = x.gt(0);
+    if (op == "Elu") return {kiln::where(pos, x, x.exp().sub(1).mul(alpha))};
+    if (op == "Selu") return {kiln::where(pos, x, x.exp().sub(1).mul(alpha)).mul(gamma)};
+    if (op == "Celu") return {x.clamp(0.0).add(x.div(alpha).exp().sub(1).mul(alpha).clamp(std::nullopt, 0.0))};
+    if (op == "HardSigmoid") return {x.mul(alpha).add(beta).clamp(0.0, 1.0)};
+    if (op == "HardSwish") return {x.mul(x.mul(1.0 / 6.0).add(0.5).clamp(0.0, 1.0))};
+    if (op == "ThresholdedRelu") return {kiln::where(x.gt(alpha), x, zeros_like(x))};
+    if (op == "Softsign") return {x.div(x.abs().add(1))};
+    // softplus(x) = log(1 + e^x), as x itself where e^x would overflow.
+    const Tensor softplus = kiln::where(x.gt(20), x, x.exp().log1p());
+    if (op == "Softplus") return {softplus};
+    return {x.mul(softplus.tanh())};  // Mish
+  };
+}
+
+Kernel prelu(const Node& node, const Graph&) {
+  return [node](const Tensors& in) -> Tensors {
+    const Tensor& x = input(node, in, 0);
+    const Tensor& slope = input(node, in, 1);
+    broadcast_sizes(sizes_of(x), sizes_of(slope));
+    return {kiln::where(x.lt(0), x.mul(slope), x)};
+  };
+}
+
+Kernel logical(const Node& node, const Graph&) {
+  const std::string op = node.op_type;
+  return [node, op](const Tensors& in) -> Tensors {
+    const Tensor& a = input(node, in, 0);
+    const Tensor& b = input(node, in, 1);
+    KILN_CHECK(a.dtype() == kBool && b.dtype() == kBool, DTypeError, "expected bool inputs, got ",
+               dtype_name(a.dtype()), " and ", dtype_name(b.dtype()));
+    if (op == "And") return {a.logical_and(b)};
+    if (op == "Or") return {a.logical_or(b)};
+    return {a.logical_xor(b)};
+  };
+}
+
+Kernel is_inf(const Node& node, const Graph&) {
+  const bool pos = attr_int(node, "detect_positive", 1) != 0, neg = attr_int(node, "detect_negative", 1) != 0;
+  return [node, pos, neg](const Tensors& in) -> Tensors {
+    const Tensor& x = input(node, in, 0);
+    const double inf = std::numeric_limits<double>::infinity();
+    Tensor out = zeros(sizes_of(x), TensorOptions(kBool));
+    if (pos) out = out.logical_or(x.eq(inf));
+    if (neg) out = out.logical_or(x.eq(-inf));
+    return {out};
+  };
+}
+
+Kernel arg_reduce(const Node& node, const Graph&) {
+  const bool max = node.op_type == "ArgMax";
+  const int64_t axis = attr_int(node, "axis", 0);
+  const bool keep = attr_int(node, "keepdims", 1) != 0;
+  const bool last = attr_int(node, "select_last_index", 0) != 0;
+  return [node, max, axis, keep, last](const Tensors& in) -> Tensors {
+    Tensor x = input(node, in, 0);
+    const int64_t a = norm_axis(axis, x.dim(), "axis");
+    const int64_t n = x.size(a);
+    // The last of equal extremes: the first one along the reversed axis.
+    if (last) x = x.index_select(a, arange(n - 1, -1, -1, TensorOptions(kInt64)));
+    Tensor idx = max ? x.argmax(a, keep) : x.argmin(a, keep);
+    if (last) idx = full_like(idx, n - 1).sub(idx);
+    return {idx};
+  };
+}
+
+Kernel tile(const Node& node, const Graph&) {
+  return [node](const Tensors& in) -> Tensors {
+    const Tensor& x = input(node, in, 0);
+    const auto reps = int_values(input(node, in, 1), "repeats");
+    KILN_CHECK(static_cast<int64_t>(reps.size()) == x.dim(), ShapeError, "expected one repeat per dim of ",
+               x.shape_string(), ", got ", reps.size());
+    return {x.repeat(reps)};
+  };
+}
+
+Kernel range(const Node& node, const Graph&) {
+  return [node](const Tensors& in) -> Tensors {
+    const Tensor& start = input(node, in, 0);
+    const double s = start.item<double>(), limit = input(node, in, 1).item<double>(),
+                 d = input(node, in, 2).item<double>();
+    KILN_CHECK(d != 0, ValueError, "a delta of 0");
+    const auto n = static_cast<int64_t>(std::max(std::ceil((limit - s) / d), 0.0));
+    KILN_CHECK(n <= (int64_t{1} << 32), ValueError, "Range of ", n, " elements");
+    // start + i * delta in float64, then the inputs' dtype (exact for integers).
+    return {arange(n, TensorOptions(kFloat64)).mul(d).add(s).to(start.dtype())};
+  };
+}
+
+Kernel size(const Node& node, const Graph&) {
+  return [node](const Tensors& in) -> Tensors { return {full({}, input(node, in, 0).numel(), TensorOptions(kInt64))}; };
+}
+
+// ConstantOfShape: the value comes as input 1 (load_onnx turns the tensor
+// attribute into an initializer there), float32 zero without it.
+Kernel constant_of_shape(const Node& node, const Graph&) {
+  return [node](const Tensors& in) -> Tensors {
+    const auto shape = int_values(input(node, in, 0), "shape");
+    if (!has(in, 1)) return {zeros(shape, TensorOptions(kFloat32))};
+    KILN_CHECK(in[1].numel() == 1, ShapeError, "expected a one-element value, got ", in[1].shape_string());
+    return {full(shape, in[1].item_scalar(), TensorOptions(in[1].dtype()))};
+  };
+}
+
+// Pad: constant (negative pads crop), reflect and edge, over all dims or `axes`.
+Kernel pad(const Node& node, const Graph&) {
+  const std::string mode = attr_string(node, "mode", "constant");
+  KILN_CHECK(mode == "constant" || mode == "reflect" || mode == "edge", ValueError, node_label(node),
+             ": expected mode constant, reflect or edge, got ", mode);
+  return [node, mode](const Tensors& in) -> Tensors {
+    Tensor x = input(node, in, 0);
+    const int64_t r = x.dim();
+    const auto pads = int_values(input(node, in, 1), "pads");
+    std::vector<int64_t> axes(static_cast<size_t>(r));
+    std::iota(axes.begin(), axes.end(), 0);
+    if (has(in, 3)) axes = int_values(in[3], "axes");
+    const auto k = static_cast<int64_t>(axes.size());
+    KILN_CHECK(static_cast<int64_t>(pads.size()) == 2 * k, ShapeError, "expected ", 2 * k, " pads, got ", pads.size());
+    std::vector<int64_t> begin(static_cast<size_t>(r), 0), end(static_cast<size_t>(r), 0);
+    for (int64_t i = 0; i < k; ++i) {
+      const int64_t a = norm_axis(axes[static_cast<size_t>(i)], r, "axis");
+      begin[static_cast<size_t>(a)] = pads[static_cast<size_t>(i)];
+      end[static_cast<size_t>(a)] = pads[static_cast<size_t>(i + k)];
+    }
+    if (mode == "constant") {
+      // Crop first (negative pads), then pad.
+      for (int64_t d = 0; d < r; ++d) {
+        const int64_t b = std::min<int64_t>(begin[static_cast<size_t>(d)], 0);
+        const int64_t e = std::min<int64_t>(end[static_cast<size_t>(d)], 0);
+        KILN_CHECK(x.size(d) + b + e >= 0, ShapeError, "pads crop more than dim ", d, " holds");
+        if (b || e) x = x.narrow(d, -b, x.size(d) + b + e);
+      }
+      std::vector<int64_t> sizes = sizes_of(x);
+      for (int64_t d = 0; d < r; ++d)
+        sizes[static_cast<size_t>(d)] +=
+            std::max<int64_t>(begin[static_cast<size_t>(d)], 0) + std::max<int64_t>(end[static_cast<size_t>(d)], 0);
+      const Scalar value = has(in, 2) ? in[2].item_scalar() : Scalar(0);
+      Tensor out = full(sizes, value, TensorOptions(x.dtype()));
+      Tensor region = out;
+      for (int64_t d = 0; d < r; ++d)
+        region = region.narrow(d, std::max<int64_t>(begin[static_cast<size_t>(d)], 0), x.size(d));
+      region.copy_(x);
+      return {out};
+    }
+    // reflect / edge: gather each dim's source indices.
+    for (int64_t d = 0; d < r; ++d) {
+      const int64_t b = begin[static_cast<size_t>(d)], e = end[static_cast<size_t>(d)], n = x.size(d);
+      if (b == 0 && e == 0) continue;
+      KILN_CHECK(b >= 0 && e >= 0 && n > 0, ShapeError, mode, " padding needs non-negative pads and a non-empty dim");
+      KILN_CHECK(mode == "edge" || (n > 1 && b < n && e < n), ShapeError,
+                 "reflect padding needs pads smaller than the dim (", n, ")");
+      std::vector<int64_t> idx;
+      for (int64_t i = -b; i < n + e; ++i) {
+        int64_t j = i;
+        if (mode == "edge") {
+          j = std::clamp<int64_t>(i, 0, n - 1);
+        } else {
+          if (j < 0) j = -j;
+          if (j >= n) j = 2 * (n - 1) - j;
+        }
+        idx.push_back(j);
+      }
+      x = x.index_select(d, tensor(idx, {static_cast<int64_t>(idx.size())}));
+    }
+    return {x};
+  };
+}
+
+Kernel instance_normalization(const Node& node, const Graph&) {
+  const double eps = attr_float(node, "epsilon", 1e-5f);
+  return [node, eps](const Tensors& in) -> Tensors {
+    const Tensor& x = input(node, in, 0);
+    KILN_CHECK(x.dim() >= 3, ShapeError, "expected an input [N, C, ...], got ", x.shape_string());
+    std::vector<int64_t> dims, bshape(static_cast<size_t>(x.dim()), 1);
+    for (int64_t d = 2; d < x.dim(); ++d) dims.push_back(d);
+    bshape[1] = x.size(1);
+    const Tensor mean = x.mean(dims, true);
+    const Tensor centred = x.sub(mean);
+    const Tensor y = centred.mul(centred.mul(centred).mean(dims, true).add(eps).rsqrt());
+    return {y.mul(input(node, in, 1).reshape(bshape)).add(input(node, in, 2).reshape(bshape))};
+  };
+}
+
+// DepthToSpace (DCR or CRD) and SpaceToDepth: reshapes and one permutation.
+Kernel depth_space(const Node& node, const Graph&) {
+  const int64_t b = attr_int(node, "blocksize", 0);
+  KILN_CHECK(b > 0, ValueError, node_label(node), ": expected a positive blocksize");
+  const bool to_space = node.op_type == "DepthToSpace";
+  const bool crd = attr_string(node, "mode", "DCR") == "CRD";
+  return [node, b, to_space, crd](const Tensors& in) -> Tensors {
+    const Tensor& x = input(node, in, 0);
+    KILN_CHECK(x.dim() == 4, ShapeError, "expected an input [N, C, H, W], got ", x.shape_string());
+    const int64_t n = x.size(0), c = x.size(1), h = x.size(2), w = x.size(3);
+    if (to_space) {
+      KILN_CHECK(c % (b * b) == 0, ShapeError, "channels ", c, " are not a multiple of blocksize^2");
+      const int64_t co = c / (b * b);
+      const Tensor t = crd ? x.reshape({n, co, b, b, h, w}).permute({0, 1, 4, 2, 5, 3})
+                           : x.reshape({n, b, b, co, h, w}).permute({0, 3, 4, 1, 5, 2});
+      return {t.reshape({n, co, h * b, w * b})};
+    }
+    KILN_CHECK(h % b == 0 && w % b == 0, ShapeError, "H and W must be multiples of blocksize, got ", x.shape_string());
+    const Tensor t = x.reshape({n, c, h / b, b, w / b, b}).permute({0, 3, 5, 1, 2, 4});
+    return {t.reshape({n, c * b * b, h / b, w / b})};
+  };
+}
+
+Kernel einsum_kernel(const Node& node, const Graph&) {
+  const std::string eq = attr_string(node, "equation", "");
+  KILN_CHECK(!eq.empty(), ValueError, node_label(node), ": expected an equation attribute");
+  return [eq](const Tensors& in) -> Tensors { return {einsum(eq, in)}; };
+}
+
 template <typename F>
 KernelFactory wrap(F f) {
   return [f](const Node& node, const Graph& graph) { return f(node, graph); };
@@ -808,6 +1061,35 @@ const std::map<std::string, KernelFactory>& detail::builtin_kernels() {
     t["Reciprocal"] = unary_fn([](const Tensor& x) { return ones_like(x).div(x); });
     t["Not"] = unary_fn([](const Tensor& x) { return x.logical_not(); });
     t["Erf"] = unary(&erf);
+    t["Floor"] =
+        unary_fn([](const Tensor& x) { return map_float(x, "Floor", [](double v) { return std::floor(v); }); });
+    t["Ceil"] = unary_fn([](const Tensor& x) { return map_float(x, "Ceil", [](double v) { return std::ceil(v); }); });
+    // Round: halves to even, as ONNX (and the default floating-point rounding mode).
+    t["Round"] =
+        unary_fn([](const Tensor& x) { return map_float(x, "Round", [](double v) { return std::nearbyint(v); }); });
+    t["Sign"] = unary_fn([](const Tensor& x) {
+      return map_float(x, "Sign", [](double v) { return static_cast<double>((v > 0) - (v < 0)); });
+    });
+    t["Sin"] = unary_fn([](const Tensor& x) { return x.sin(); });
+    t["Cos"] = unary_fn([](const Tensor& x) { return x.cos(); });
+    t["IsNaN"] = unary_fn([](const Tensor& x) { return x.ne(x); });
+    t["IsInf"] = wrap(is_inf);
+    for (const char* op :
+         {"Elu", "Selu", "Celu", "HardSigmoid", "HardSwish", "ThresholdedRelu", "Softsign", "Softplus", "Mish"})
+      t[op] = wrap(activation);
+    t["PRelu"] = wrap(prelu);
+    for (const char* op : {"And", "Or", "Xor"}) t[op] = wrap(logical);
+    t["ArgMax"] = wrap(arg_reduce);
+    t["ArgMin"] = wrap(arg_reduce);
+    t["Tile"] = wrap(tile);
+    t["Range"] = wrap(range);
+    t["Size"] = wrap(size);
+    t["ConstantOfShape"] = wrap(constant_of_shape);
+    t["Pad"] = wrap(pad);
+    t["InstanceNormalization"] = wrap(instance_normalization);
+    t["DepthToSpace"] = wrap(depth_space);
+    t["SpaceToDepth"] = wrap(depth_space);
+    t["Einsum"] = wrap(einsum_kernel);
     t["Add"] = binary(Bin::Add);
     t["Sub"] = binary(Bin::Sub);
     t["Mul"] = binary(Bin::Mul);
@@ -835,7 +1117,9 @@ const std::map<std::string, KernelFactory>& detail::builtin_kernels() {
     t["AveragePool"] = wrap(pool);
     t["GlobalAveragePool"] = wrap(global_pool);
     t["GlobalMaxPool"] = wrap(global_pool);
-    for (const char* op : {"ReduceMean", "ReduceSum", "ReduceMax", "ReduceMin"}) t[op] = wrap(reduce);
+    for (const char* op : {"ReduceMean", "ReduceSum", "ReduceMax", "ReduceMin", "ReduceProd", "ReduceL1", "ReduceL2",
+                           "ReduceSumSquare", "ReduceLogSum", "ReduceLogSumExp"})
+      t[op] = wrap(reduce);
     t["Flatten"] = wrap(flatten);
     t["Reshape"] = wrap(reshape);
     t["Transpose"] = wrap(transpose);

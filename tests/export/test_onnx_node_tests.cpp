@@ -171,8 +171,8 @@ TEST(OnnxNodeTests, RelevantNodeTestsPassAtLeastTheCheckedInFloor) {
     else
       failures.push_back(dir.filename().string() + ": " + why.substr(0, 400));
   }
-  std::printf("node tests: %lld of %lld relevant passed (%zu in the suite; rtol %g, atol %g)\n",
-              static_cast<long long>(passed), static_cast<long long>(relevant), dirs.size(), kRtol, kAtol);
+  std::printf("node tests: %lld of %lld relevant passed (%zu in the suite; %zu op types supported; rtol %g, atol %g)\n",
+              static_cast<long long>(passed), static_cast<long long>(relevant), dirs.size(), ops.size(), kRtol, kAtol);
   for (const std::string& f : failures) std::printf("  FAIL %s\n", f.c_str());
   const int64_t floor = checked_in_floor();
   ASSERT_GT(floor, 0) << "tests/export/onnx_node_tests_floor.txt is missing or has no number";
