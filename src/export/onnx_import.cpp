@@ -277,6 +277,12 @@ int64_t min_opset(const std::string& op) {
       {"ReduceSumSquare", 1},
       {"ReduceLogSum", 1},
       {"ReduceLogSumExp", 1},
+      {"CastLike", 15},
+      {"Trilu", 14},
+      {"GatherElements", 11},
+      {"ScatterElements", 11},
+      {"Hardmax", 13},
+      {"Mod", 10},
   };
   auto it = since.find(op);
   return it == since.end() ? 13 : it->second;

@@ -1040,6 +1040,104 @@ Kernel einsum_kernel(const Node& node, const Graph&) {
   return [eq](const Tensors& in) -> Tensors { return {einsum(eq, in)}; };
 }
 
+Kernel cast_like(const Node& node, const Graph&) {
+  return [node](const Tensors& in) -> Tensors {
+    return {input(node, in, 0).to(input(node, in, 1).dtype(), /*copy=*/true)};
+  };
+}
+
+// Trilu: keeps the upper (j - i >= k) or lower (j - i <= k) triangle of the last two dims.
+Kernel trilu(const Node& node, const Graph&) {
+  const bool upper = attr_int(node, "upper", 1) != 0;
+  return [node, upper](const Tensors& in) -> Tensors {
+    const Tensor& x = input(node, in, 0);
+    KILN_CHECK(x.dim() >= 2, ShapeError, "expected an input of rank >= 2, got ", x.shape_string());
+    const int64_t k = has(in, 1) ? in[1].item<int64_t>() : 0;
+    const int64_t m = x.size(-2), n = x.size(-1);
+    const Tensor diff = arange(n, TensorOptions(kInt64)).sub(arange(m, TensorOptions(kInt64)).reshape({m, 1}));
+    const Tensor keep = upper ? diff.ge(k) : diff.le(k);
+    return {kiln::where(keep, x, zeros_like(x))};
+  };
+}
+
+// Negative indices count from the end of `dim`, and every index must land in it.
+Tensor element_indices(const Tensor& x, const Tensor& idx, int64_t dim) {
+  KILN_CHECK(idx.dtype() == kInt64 || idx.dtype() == kInt32, DTypeError, "expected int64 or int32 indices, got ",
+             dtype_name(idx.dtype()));
+  const int64_t n = x.size(dim);
+  Tensor i = idx.to(kInt64);
+  i = kiln::where(i.lt(0), i.add(n), i);
+  if (i.numel() > 0)
+    KILN_CHECK(i.min().item<int64_t>() >= 0 && i.max().item<int64_t>() < n, IndexError,
+               "an index is out of range for axis ", dim, " of size ", n);
+  return i;
+}
+
+Kernel gather_elements(const Node& node, const Graph&) {
+  const int64_t axis = attr_int(node, "axis", 0);
+  return [node, axis](const Tensors& in) -> Tensors {
+    const Tensor& x = input(node, in, 0);
+    const int64_t a = norm_axis(axis, x.dim(), "axis");
+    return {x.gather(a, element_indices(x, input(node, in, 1), a))};
+  };
+}
+
+Kernel scatter_elements(const Node& node, const Graph&) {
+  const int64_t axis = attr_int(node, "axis", 0);
+  const std::string reduction = attr_string(node, "reduction", "none");
+  KILN_CHECK(reduction == "none" || reduction == "add", ValueError, node_label(node),
+             ": expected reduction none or add, got ", reduction);
+  return [node, axis, reduction](const Tensors& in) -> Tensors {
+    const Tensor& x = input(node, in, 0);
+    const int64_t a = norm_axis(axis, x.dim(), "axis");
+    const Tensor idx = element_indices(x, input(node, in, 1), a);
+    const Tensor& upd = input(node, in, 2);
+    return {reduction == "add" ? x.scatter_add(a, idx, upd) : x.scatter(a, idx, upd)};
+  };
+}
+
+// Hardmax: 1 at the first maximum along `axis`, 0 elsewhere.
+Kernel hardmax(const Node& node, const Graph&) {
+  const int64_t axis = attr_int(node, "axis", -1);
+  return [node, axis](const Tensors& in) -> Tensors {
+    const Tensor& x = input(node, in, 0);
+    const int64_t a = norm_axis(axis, x.dim(), "axis");
+    return {zeros_like(x).scatter(a, x.argmax(a, true), 1.0)};
+  };
+}
+
+// Mod: fmod = 1 the C remainder (sign of the dividend), 0 the floored one
+// (sign of the divisor; integers only), over the broadcast inputs.
+Kernel mod(const Node& node, const Graph&) {
+  const bool c_fmod = attr_int(node, "fmod", 0) != 0;
+  return [node, c_fmod](const Tensors& in) -> Tensors {
+    const Tensor& a = input(node, in, 0);
+    const Tensor& b = input(node, in, 1);
+    KILN_CHECK(a.dtype() == b.dtype(), DTypeError, "expected inputs of one dtype, got ", dtype_name(a.dtype()), " and ",
+               dtype_name(b.dtype()));
+    KILN_CHECK(c_fmod || !a.is_floating_point(), ValueError, "fmod = 0 is defined for integer inputs only");
+    const auto out = broadcast_sizes(sizes_of(a), sizes_of(b));
+    if (a.is_floating_point()) {
+      const Tensor x = a.expand(out).to(kFloat64).contiguous(), y = b.expand(out).to(kFloat64).contiguous();
+      Tensor r = empty(out, TensorOptions(kFloat64));
+      for (int64_t i = 0; i < r.numel(); ++i)
+        r.data_ptr<double>()[i] = std::fmod(x.data_ptr<double>()[i], y.data_ptr<double>()[i]);
+      return {r.to(a.dtype())};
+    }
+    const Tensor x = a.expand(out).to(kInt64).contiguous(), y = b.expand(out).to(kInt64).contiguous();
+    Tensor r = empty(out, TensorOptions(kInt64));
+    const int64_t *px = x.data_ptr<int64_t>(), *py = y.data_ptr<int64_t>();
+    int64_t* pr = r.data_ptr<int64_t>();
+    for (int64_t i = 0; i < r.numel(); ++i) {
+      KILN_CHECK(py[i] != 0, ValueError, "integer Mod by zero");
+      int64_t v = px[i] % py[i];
+      if (!c_fmod && v != 0 && ((v < 0) != (py[i] < 0))) v += py[i];
+      pr[i] = v;
+    }
+    return {r.to(a.dtype())};
+  };
+}
+
 template <typename F>
 KernelFactory wrap(F f) {
   return [f](const Node& node, const Graph& graph) { return f(node, graph); };
@@ -1090,6 +1188,12 @@ const std::map<std::string, KernelFactory>& detail::builtin_kernels() {
     t["DepthToSpace"] = wrap(depth_space);
     t["SpaceToDepth"] = wrap(depth_space);
     t["Einsum"] = wrap(einsum_kernel);
+    t["CastLike"] = wrap(cast_like);
+    t["Trilu"] = wrap(trilu);
+    t["GatherElements"] = wrap(gather_elements);
+    t["ScatterElements"] = wrap(scatter_elements);
+    t["Hardmax"] = wrap(hardmax);
+    t["Mod"] = wrap(mod);
     t["Add"] = binary(Bin::Add);
     t["Sub"] = binary(Bin::Sub);
     t["Mul"] = binary(Bin::Mul);
