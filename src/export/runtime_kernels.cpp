@@ -1,5 +1,5 @@
 // The built-in kernels of exporter::Session: each ONNX operator (opsets 13 to
-// 17, the semantics of docs/Operators.md of onnx 1.12) written with kiln's
+// 18, the semantics of docs/Operators.md of onnx 1.12 and 1.13) written with kiln's
 // ops. Attributes are read and checked when the node is compiled; shapes and
 // values of non-constant inputs only when it runs.
 #include "runtime_kernels.h"
@@ -303,10 +303,9 @@ std::vector<int64_t> spatial(const Tensor& x) { return std::vector<int64_t>(x.si
 
 // ---------------------------------------------------------------- conv, gemm, matmul
 
-Kernel conv(const Node& node, const Graph& graph) {
+Kernel conv(const Node& node, const Graph&) {
   const auto group = attr_int(node, "group", 1);
   const auto kshape = attr_ints(node, "kernel_shape", {});
-  (void)graph;
   return [node, group, kshape](const Tensors& in) -> Tensors {
     Tensor x = input(node, in, 0);
     const Tensor& wt = input(node, in, 1);
