@@ -7,7 +7,7 @@
 # unit test once fixed).
 #   scripts/fuzz.sh [SECONDS] [TARGET...]   SECONDS per target (default 20);
 #                                           targets: safetensors idx text checkpoint config npy image csv
-#                                           shard_index
+#                                           shard_index onnx
 #   KILN_FUZZ_RUNS=N   also stop a target after N inputs
 #   KILN_FUZZ_JOBS=N   build parallelism (default: nproc)
 # Inputs start from three corpora: build/fuzz/corpus/<target> (what earlier runs
@@ -19,8 +19,8 @@ cd "$(dirname "$0")/.."
 secs=${1:-20}
 shift || true
 targets=("$@")
-((${#targets[@]})) || targets=(safetensors idx text checkpoint config npy image csv shard_index)
-declare -A max_len=([safetensors]=8192 [idx]=4096 [text]=2048 [checkpoint]=8192 [config]=4096 [npy]=4096 [image]=8192 [csv]=4096 [shard_index]=8192)
+((${#targets[@]})) || targets=(safetensors idx text checkpoint config npy image csv shard_index onnx)
+declare -A max_len=([safetensors]=8192 [idx]=4096 [text]=2048 [checkpoint]=8192 [config]=4096 [npy]=4096 [image]=8192 [csv]=4096 [shard_index]=8192 [onnx]=16384)
 
 export CCACHE_DIR=${CCACHE_DIR:-$HOME/.cache/ccache}
 export CCACHE_BASEDIR=${CCACHE_BASEDIR:-$PWD}

@@ -18,6 +18,7 @@ PACKAGES=(
   chromium fonts-dejavu-core  # the report test renders report.html headless (DejaVu: its fonts)
   libonnx-dev libprotobuf-dev  # export (issue 21): ONNX files written through Debian's ONNX protobuf classes
   python3-onnx python3-opencv  # export tests: the ONNX checker and OpenCV DNN load what kiln writes
+  libonnx-testdata  # export tests: ONNX's own node tests, run by kiln's graph runtime (load_onnx + Session)
 )
 
 SUDO=""

@@ -58,6 +58,7 @@ struct Run {
   std::optional<Config> config;
   json summary;
   std::vector<json> train, eval, health, warnings, nonfinite, starts;  // starts: "start" and "resume" lines
+  std::vector<json> errors;                                            // what stopped a library user's loop
   std::vector<double> loss, lr, steps;                                 // of the train lines
   double lr_at(int64_t step) const {
     for (size_t i = 0; i < train.size(); ++i)
@@ -109,6 +110,8 @@ Run read_run(const fs::path& dir) {
       r.health.push_back(std::move(j));
     } else if (kind == "warning") {
       r.warnings.push_back(std::move(j));
+    } else if (kind == "error") {
+      r.errors.push_back(std::move(j));
     } else if (kind == "nonfinite") {
       r.nonfinite.push_back(std::move(j));
     } else if (kind == "start" || kind == "resume") {
@@ -478,8 +481,9 @@ void check_schedule(const Run& r, Findings& out) {
           "lr " + num(before) + " at step " + std::to_string(static_cast<int64_t>(r.steps[i - 1])) + " -> " +
               num(after) + " at step " + std::to_string(static_cast<int64_t>(r.steps[i])) + " (resumed at step " +
               std::to_string(static_cast<int64_t>(at)) + ")",
-          "resume with the scheduler's state (kiln resume restores it; a hand-written loop must save and load "
-          "scheduler.state_dict() with the optimizer's)",
+          "resume with the optimizer's and the scheduler's state, not the weights alone (kiln resume restores both; "
+          "a hand-written loop saves and loads them with the model: train::CheckpointRefs{.model, .optimizer, "
+          ".scheduler}, in PyTorch optimizer.state_dict() and scheduler.state_dict())",
           static_cast<int64_t>(at));
   }
 }
@@ -509,6 +513,160 @@ void check_data_and_memory(const Run& r, Findings& out) {
           "do not keep tensors that hold their graph across steps: accumulate loss.item() (or loss.detach()), not "
           "loss",
           static_cast<int64_t>(get(w, "step")));
+}
+
+/// An evaluation that ran with modules in training mode (the {"what":"eval_train_mode"} warnings an
+/// EvalCheck wrote): BatchNorm folded the evaluation data into its running statistics, dropout was on.
+void check_eval_mode(const Run& r, Findings& out) {
+  std::vector<const json*> found;
+  for (const json& w : r.warnings)
+    if (w.value("what", "") == "eval_train_mode") found.push_back(&w);
+  if (found.empty()) return;
+  std::string steps;
+  for (size_t i = 0; i < found.size() && i < 6; ++i)
+    steps += (i ? ", " : "") + std::to_string(static_cast<int64_t>(get(*found[i], "step")));
+  if (found.size() > 6) steps += ", ...";
+  // The modules of the last such evaluation, with what that evaluation changed.
+  const json& first = *found.front();
+  const json& last = *found.back();
+  std::string modules;
+  bool bn = false, dropout = false;
+  for (const auto& m : last.value("modules", json::array())) {
+    std::string what;
+    if (get(m, "p") > 0) {
+      dropout = true;
+      what = "dropout p=" + num(get(m, "p")) + " active in " +
+             std::to_string(static_cast<int64_t>(get(m, "forwards"))) + " forwards";
+    } else {
+      bn = true;
+      const int64_t before = static_cast<int64_t>(get(m, "batches_before", -1)),
+                    after = static_cast<int64_t>(get(m, "batches_after", -1));
+      what = after >= 0 ? "num_batches_tracked " + std::to_string(before) + " -> " + std::to_string(after) +
+                              ", running_mean moved by up to " + num(get(m, "running_mean_moved"))
+                        : "normalised with each evaluation batch's own statistics";
+    }
+    modules += (modules.empty() ? "" : "; ") + m.value("name", "") + " (" + m.value("type", "") + "): " + what;
+  }
+  std::string changed = bn && dropout ? "BatchNorm statistics changed and dropout was active during evaluation"
+                        : bn          ? "BatchNorm running statistics changed during evaluation"
+                                      : "dropout was active during evaluation";
+  add(out, Severity::Warning, "eval_train_mode", "the evaluation ran in training mode: " + changed,
+      std::to_string(found.size()) + " evaluation(s) (at step " + steps + ") ran modules in training mode; at step " +
+          std::to_string(static_cast<int64_t>(get(last, "step"))) + ": " + modules,
+      std::string("call model.eval() before evaluating and model.train() after: torch.no_grad / NoGradGuard turns "
+                  "off gradients, not training mode") +
+          (bn ? "; BatchNorm's running statistics now hold the evaluation data (reload them from a checkpoint "
+                "saved before, or retrain)"
+              : "") +
+          (dropout ? "; the eval scores were measured with dropout on" : ""),
+      static_cast<int64_t>(get(first, "step")));
+}
+
+/// Data-parallel: one rank's own work per step (its time outside the collective where the others
+/// wait for it, cli/step_skew.h) well above the other ranks', window after window.
+void check_rank_skew(const Run& r, Findings& out) {
+  struct Window {
+    int64_t step;
+    std::vector<double> busy, step_ms, data_ms;
+  };
+  std::vector<Window> windows;
+  for (size_t i = 0; i < r.train.size(); ++i) {
+    const json& t = r.train[i];
+    if (!t.contains("ranks") || !t["ranks"].is_object()) continue;
+    Window w{static_cast<int64_t>(r.steps[i]), {}, {}, {}};
+    for (const auto& v : t["ranks"].value("busy_ms", json::array())) w.busy.push_back(v.get<double>());
+    for (const auto& v : t["ranks"].value("step_ms", json::array())) w.step_ms.push_back(v.get<double>());
+    for (const auto& v : t["ranks"].value("data_ms", json::array())) w.data_ms.push_back(v.get<double>());
+    if (w.busy.size() >= 2 && w.step_ms.size() == w.busy.size()) windows.push_back(std::move(w));
+  }
+  // The first window holds start-up (threads, first-touch allocations): left out when there are others.
+  if (windows.size() > 1) windows.erase(windows.begin());
+  if (windows.empty()) return;
+  const size_t ranks = windows.front().busy.size();
+  // Per window and rank: busy time over the median of the other ranks' busy times.
+  int worst = -1;
+  double worst_ratio = 0;
+  for (size_t k = 0; k < ranks; ++k) {
+    std::vector<double> ratios;
+    int slow_windows = 0;
+    for (const Window& w : windows) {
+      if (w.busy.size() != ranks) continue;
+      std::vector<double> others;
+      for (size_t j = 0; j < ranks; ++j)
+        if (j != k) others.push_back(w.busy[j]);
+      const double m = median(others), own = w.busy[k];
+      // Slow: 1.5x the others and a quarter of the step, so that noise on millisecond steps is not a straggler.
+      const double ratio = m > 0 ? own / m : (own > 0 ? INFINITY : 1);
+      ratios.push_back(ratio);
+      if (ratio >= 1.5 && own - m >= 0.25 * w.step_ms[k] && own - m >= 2.0) ++slow_windows;
+    }
+    if (ratios.empty() || 2 * slow_windows < static_cast<int>(ratios.size())) continue;
+    const double ratio = median(ratios);
+    if (ratio > worst_ratio) worst = static_cast<int>(k), worst_ratio = ratio;
+  }
+  if (worst < 0) return;
+  const size_t k = static_cast<size_t>(worst);
+  std::vector<double> own, others, step_ms, own_data, others_data;
+  for (const Window& w : windows) {
+    own.push_back(w.busy[k]);
+    step_ms.push_back(w.step_ms[k]);
+    std::vector<double> o, od;
+    for (size_t j = 0; j < ranks; ++j)
+      if (j != k) {
+        o.push_back(w.busy[j]);
+        if (j < w.data_ms.size()) od.push_back(w.data_ms[j]);
+      }
+    others.push_back(median(o));
+    if (k < w.data_ms.size()) own_data.push_back(w.data_ms[k]);
+    if (!od.empty()) others_data.push_back(median(od));
+  }
+  const int64_t first = windows.front().step, last = windows.back().step;
+  std::string ev = "its own work (step time outside the collective the others wait in) " + num(median(own)) +
+                   " ms per step against a median of " + num(median(others)) + " ms on the other " +
+                   std::to_string(ranks - 1) + " rank(s), median over " + std::to_string(windows.size()) +
+                   " log windows; every rank's step takes " + num(median(step_ms)) + " ms";
+  const bool data = !own_data.empty() && !others_data.empty() &&
+                    median(own_data) - median(others_data) >= 0.5 * (median(own) - median(others));
+  if (!own_data.empty())
+    ev += "; waiting for data " + num(median(own_data)) + " ms per step on rank " + std::to_string(worst) +
+          (others_data.empty() ? std::string() : ", " + num(median(others_data)) + " ms on the others");
+  add(out, Severity::Warning, "rank_skew",
+      "rank " + std::to_string(worst) + " is " + num(worst_ratio) + "x slower than the median over steps " +
+          std::to_string(first) + "-" + std::to_string(last) + ": every other rank waits for it each step",
+      ev,
+      std::string(data ? "its data loading is the difference: a straggler transform or slower storage on that rank; "
+                         "raise data.num_workers or make the transform cheaper. "
+                       : "") +
+          "Otherwise: unbalanced data (variable-length samples, uneven shards; bucket by length or balance the "
+          "sampler), a slow or oversubscribed node (check its CPU load and OMP_NUM_THREADS), or per-rank work "
+          "only that rank does",
+      first);
+}
+
+/// Nothing to train: the start line counts no trainable parameter (every requires_grad = false, or the
+/// optimizer built over an empty list). A loop then dies in backward ("does not require grad") or, when
+/// something else keeps the loss in a graph, runs without learning.
+void check_frozen(const Run& r, Findings& out) {
+  if (r.starts.empty()) return;
+  const json& s = r.starts.front();
+  if (!s.contains("trainable_parameters") || get(s, "parameters") <= 0 || get(s, "trainable_parameters") > 0) return;
+  std::string ev = "0 of " + std::to_string(static_cast<int64_t>(get(s, "parameters"))) +
+                   " parameters require a gradient at the start of the run";
+  int64_t step = 0;
+  if (!r.errors.empty()) {
+    std::string message = r.errors.front().value("message", "");
+    message = message.substr(0, message.find('\n'));
+    step = static_cast<int64_t>(get(r.errors.front(), "step"));
+    ev += "; the run stopped at step " + std::to_string(step) + ": " + message;
+  } else if (!r.loss.empty()) {
+    ev += "; the loss went " + num(r.loss.front()) + " -> " + num(r.loss.back()) + " over " +
+          std::to_string(r.loss.size()) + " logged steps";
+  }
+  add(out, Severity::Error, "frozen_model", "no parameter is trainable: the whole model is frozen", ev,
+      "set requires_grad back on the layers to train (p.requires_grad_(true), or unfreeze the head after loading a "
+      "backbone) and build the optimizer over them; freezing after the optimizer was built does not remove them "
+      "from it, and unfreezing needs no new optimizer",
+      step);
 }
 
 void check_amp(const Run& r, Findings& out) {
@@ -564,6 +722,9 @@ std::vector<Finding> diagnose(const fs::path& run_dir) {
   check_schedule(r, out);
   check_data_and_memory(r, out);
   check_amp(r, out);
+  check_eval_mode(r, out);
+  check_frozen(r, out);
+  check_rank_skew(r, out);
   check_status(r, out);
   std::stable_sort(out.begin(), out.end(), [](const Finding& a, const Finding& b) {
     if (a.severity != b.severity) return a.severity > b.severity;

@@ -50,4 +50,30 @@ void HealthLog::end(std::ostream& metrics) {
   metrics << j.dump() << "\n" << std::flush;
 }
 
+bool log_eval_check(train::EvalCheck& check, int64_t step, std::ostream& metrics) {
+  const std::optional<train::EvalModeReport> r = check.finish();
+  if (!r) return false;
+  json modules = json::array();
+  for (const auto& m : r->modules) {
+    json j = {{"name", m.name}, {"type", m.type}, {"forwards", m.forwards}};
+    if (m.p > 0) {  // a Dropout; a BatchNorm has no p
+      j["p"] = m.p;
+    } else {
+      j["batches_before"] = m.batches_before;
+      j["batches_after"] = m.batches_after;
+      j["running_mean_moved"] = m.running_mean_moved;
+    }
+    modules.push_back(std::move(j));
+  }
+  metrics << json{{"kind", "warning"},
+                  {"step", step},
+                  {"what", "eval_train_mode"},
+                  {"message", r->message},
+                  {"modules", modules}}
+                 .dump()
+          << "\n"
+          << std::flush;
+  return true;
+}
+
 }  // namespace kiln::cli

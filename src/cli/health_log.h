@@ -18,6 +18,11 @@ namespace kiln::cli {
 /// input (mean, std) when the model's input is floating point.
 nlohmann::json health_json(const train::HealthRecord& record);
 
+/// Ends `check`; when the evaluation ran in training mode, writes its report as a
+/// {"kind":"warning","what":"eval_train_mode"} line (message, and per module name, type,
+/// forwards, num_batches_tracked before/after, running_mean_moved, p) and returns true.
+bool log_eval_check(train::EvalCheck& check, int64_t step, std::ostream& metrics);
+
 class HealthLog {
  public:
   HealthLog(nn::Module& model, int64_t every) : monitor_(model, {.every = every}) {}
@@ -26,6 +31,8 @@ class HealthLog {
   /// After the optimizer step: the health line, when the step was sampled. The line's
   /// cost_ms is the monitor's own time on that step (its overhead).
   void end(std::ostream& metrics);
+  /// The check for an evaluation of the monitored model (train/eval_check.h).
+  train::EvalCheck check_evaluation() { return monitor_.check_evaluation(); }
 
  private:
   train::HealthMonitor monitor_;

@@ -67,6 +67,7 @@ struct RunData {
   std::optional<json> memory_peak;                       // the last "memory_peak" record
   std::vector<std::pair<double, std::string>> warnings;  // "warning" records: step, message
   std::vector<json> health;                              // "health" records (cli/health_log.h)
+  std::vector<json> rank_lines;                          // train records with per-rank step times (cli/step_skew.h)
 };
 
 std::optional<std::string> slurp(const fs::path& path) {
@@ -197,6 +198,7 @@ void read_metrics(const fs::path& path, RunData& run) {
       r.samples_per_s = number(j, "samples_per_s", step, m);
       r.data_wait = number(j, "data_wait", step, m);
       r.time_s = number(j, "time_s", step, m);
+      if (j.contains("ranks") && j["ranks"].is_object()) run.rank_lines.push_back(j);
       auto mem = j.find("memory");
       if (mem != j.end() && mem->is_object()) {
         r.has_memory = true;
@@ -628,6 +630,7 @@ std::vector<Figure> build_charts(const RunData& run, const RunStatus& st) {
   }
   add(std::move(mem), "no train record has \"memory\".");
   for (Chart& c : health_charts(run.health)) add(std::move(c), "");
+  for (Chart& c : rank_charts(run.rank_lines)) add(std::move(c), "");
   return figs;
 }
 

@@ -1,6 +1,7 @@
 // The health charts of report.html (cli/report_health.h).
 #include "cli/report_health.h"
 
+#include <algorithm>
 #include <cmath>
 #include <limits>
 #include <map>
@@ -98,6 +99,27 @@ std::vector<Chart> health_charts(const std::vector<json>& health) {
     return true;
   });
   return out;
+}
+
+std::vector<Chart> rank_charts(const std::vector<json>& train) {
+  if (train.empty()) return {};
+  size_t ranks = 0;
+  for (const json& t : train) ranks = std::max(ranks, t["ranks"].value("busy_ms", json::array()).size());
+  Chart c{.id = "chart-rank-busy",
+          .title = "Own work per step by rank (outside the collective the others wait in)",
+          .y_label = "ms per step",
+          .y_from_zero = true};
+  for (size_t r = 0; r < std::min(ranks, kMaxSeries); ++r) {
+    Series s{.name = "rank " + std::to_string(r), .colour = palette(r)};
+    for (const json& t : train) {
+      const json busy = t["ranks"].value("busy_ms", json::array());
+      s.x.push_back(t.value("step", 0.0));
+      s.y.push_back(r < busy.size() && busy[r].is_number() ? busy[r].get<double>() : kNaN);
+    }
+    c.series.push_back(std::move(s));
+  }
+  if (c.series.empty()) return {};
+  return {std::move(c)};
 }
 
 }  // namespace kiln::cli::report_detail

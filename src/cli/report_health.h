@@ -15,4 +15,8 @@ namespace kiln::cli::report_detail {
 /// span decades: they are drawn as log10.
 std::vector<Chart> health_charts(const std::vector<nlohmann::json>& health);
 
+/// A data-parallel run's per-rank step times (train lines' "ranks", cli/step_skew.h): each rank's own
+/// work per step (busy_ms), one line per rank (at most ten); none without such lines.
+std::vector<Chart> rank_charts(const std::vector<nlohmann::json>& train);
+
 }  // namespace kiln::cli::report_detail

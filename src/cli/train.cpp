@@ -42,6 +42,7 @@
 #include "cli/health_log.h"
 #include "cli/progress.h"
 #include "cli/report.h"
+#include "cli/step_skew.h"
 #include "cli/task.h"
 #include "kiln/autograd/anomaly.h"
 #include "kiln/core/allocator.h"
@@ -472,6 +473,9 @@ class TrainLoop {
     // Training health (cli/health_log.h), every log_every steps; a sharded model's pieces are not modules' tensors.
     if (lead_ && c_.boolean("train.health") && !t_.zero && !t_.fsdp && !t_.mesh_gpt)
       health_.emplace(*t_.model, log_every_);
+    // Per-rank step times (cli/step_skew.h) where the ranks do the same work: tensor- and pipeline-parallel
+    // ranks differ by design (stages, the head on the last one).
+    if (world_ > 1 && !t_.mesh_gpt) skew_.emplace(L.group);
   }
   TrainLoop(const TrainLoop&) = delete;  // ModuleTrail's hooks hold its address
   TrainLoop& operator=(const TrainLoop&) = delete;
@@ -534,12 +538,20 @@ class TrainLoop {
     return s + " = " + std::to_string(world_) + " ranks";
   }
 
+  /// The model's trainable elements (kiln doctor's frozen_model); a sharded model's pieces are counted as
+  /// the whole (they are not the model's parameters).
+  int64_t trainable_parameters() const {
+    return t_.fsdp || t_.mesh_gpt ? t_.num_parameters : t_.model->num_parameters(/*trainable_only=*/true);
+  }
+
   void record_start() {
     if (lead_)  // Note [Run story]
       metrics_ << json{{"kind", L_.resumed ? "resume" : "start"},
                        {"step", L_.step},
                        {"total_steps", total_},
                        {"world_size", world_},
+                       {"parameters", t_.num_parameters},
+                       {"trainable_parameters", trainable_parameters()},
                        {"time_s", L_.time_offset}}
                       .dump()
                << "\n"
@@ -629,7 +641,9 @@ class TrainLoop {
   void agree(Agreement& a) {
     Tensor flags =
         tensor<float>({a.nonfinite ? 1.f : 0.f, signals_.requested() ? 1.f : 0.f, static_cast<float>(a.loss)});
+    const auto wait_start = Clock::now();
     L_.group->allreduce(flags, dist::ReduceOp::Sum)->wait();
+    if (skew_) skew_->waited(std::chrono::duration<double>(Clock::now() - wait_start).count());
     const float* f = flags.data_ptr<float>();
     a.nonfinite = f[0] > 0;
     a.stop_requested = f[1] > 0;
@@ -749,6 +763,8 @@ class TrainLoop {
       const double wait_frac = window_s > 0 ? std::min(1.0, window_wait_ / window_s) : 0;
       steps_per_s_ =
           window_s > 0 ? static_cast<double>(window_samples_) / static_cast<double>(global_batch) / window_s : 0;
+      // Every rank logs at the same steps: the per-rank figures are gathered here.
+      ranks_ = skew_ ? skew_->window(window_steps_, window_s, window_wait_) : json();
       write_train_line(loss_v, lr, gnorm, sps, wait_frac);
       if (wait_frac > 0.25 && window_s > 1.0 && !stall_warned_) warn_stall(wait_frac, window_s);
       window_start_ = now;
@@ -784,6 +800,7 @@ class TrainLoop {
       for (const auto& [k, v] : t_.scaler->metrics()) j[k] = v;
     // This rank's payload handed to collectives and send/recv per step (dist/traffic.h).
     if (world_ > 1 && window_steps_ > 0) j["comm_bytes_per_step"] = window_comm_bytes_ / window_steps_;
+    if (!ranks_.is_null()) j["ranks"] = ranks_;
     if (t_.mesh_gpt && t_.mesh->size("pp") > 1)  // the last step's pipeline bubble (docs/pipeline.md)
       j["pipeline"] = {{"bubble_model", pipeline_.model_bubble},
                        {"bubble_slots", pipeline_.slot_bubble},
@@ -952,6 +969,8 @@ class TrainLoop {
   std::optional<autograd::AnomalyModeGuard> anomaly_;
   std::optional<ModuleTrail> trail_;
   std::optional<HealthLog> health_;
+  std::optional<StepSkew> skew_;
+  json ranks_;  // the window's per-rank step times, for the train line
   // The throughput window: since the last train line, training time only.
   Clock::time_point t_start_, window_start_;
   double window_wait_ = 0, steps_per_s_ = 0;

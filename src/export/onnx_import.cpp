@@ -8,6 +8,7 @@
 #include <cstring>
 #include <fstream>
 #include <limits>
+#include <map>
 #include <set>
 
 #include "kiln/core/error.h"
@@ -60,7 +61,7 @@ Tensor to_tensor(const onnx::TensorProto& p, const std::string& where) {
   int64_t numel = 1;
   for (int64_t d : p.dims()) {
     KILN_CHECK(d >= 0 && (d == 0 || numel <= std::numeric_limits<int64_t>::max() / 16 / d), FormatError, where,
-               ": tensor '", p.name(), "' has a dim of ", d);
+               ": tensor '", p.name(), "' has a dim of ", d, " (negative, or its element count overflows)");
     sizes.push_back(d);
     numel *= d;
   }
@@ -69,36 +70,44 @@ Tensor to_tensor(const onnx::TensorProto& p, const std::string& where) {
     return where + ": tensor '" + p.name() + "' of shape " + shape_str(IntArrayRef(sizes)) + " needs " +
            std::to_string(numel) + " elements, its " + field + " holds " + std::to_string(got);
   };
-  Tensor t = empty(sizes, TensorOptions(dt));
+  // The data's size is checked before anything is allocated: the dims of a
+  // hostile file may promise far more than it holds.
   if (p.has_raw_data()) {
     const std::string& raw = p.raw_data();
     KILN_CHECK(static_cast<int64_t>(raw.size()) == numel * elem, FormatError,
                wrong_size(static_cast<int64_t>(raw.size()) / elem, "raw_data"), " (", raw.size(), " bytes)");
+  }
+  auto check = [&](int64_t got, const char* field) { KILN_CHECK(got == numel, FormatError, wrong_size(got, field)); };
+  if (!p.has_raw_data()) {
+    switch (dt) {
+      case kFloat32: check(p.float_data_size(), "float_data"); break;
+      case kFloat64: check(p.double_data_size(), "double_data"); break;
+      case kInt64: check(p.int64_data_size(), "int64_data"); break;
+      default: check(p.int32_data_size(), "int32_data");
+    }
+  }
+  Tensor t = empty(sizes, TensorOptions(dt));
+  if (p.has_raw_data()) {
+    const std::string& raw = p.raw_data();
     if (numel > 0) std::memcpy(t.data_ptr(), raw.data(), raw.size());
     return t;
   }
-  auto check = [&](int64_t got, const char* field) { KILN_CHECK(got == numel, FormatError, wrong_size(got, field)); };
   switch (dt) {
     case kFloat32:
-      check(p.float_data_size(), "float_data");
       if (numel) std::memcpy(t.data_ptr(), p.float_data().data(), static_cast<size_t>(numel) * 4);
       break;
     case kFloat64:
-      check(p.double_data_size(), "double_data");
       if (numel) std::memcpy(t.data_ptr(), p.double_data().data(), static_cast<size_t>(numel) * 8);
       break;
     case kInt64:
-      check(p.int64_data_size(), "int64_data");
       if (numel) std::memcpy(t.data_ptr(), p.int64_data().data(), static_cast<size_t>(numel) * 8);
       break;
     case kInt32:
-      check(p.int32_data_size(), "int32_data");
       if (numel) std::memcpy(t.data_ptr(), p.int32_data().data(), static_cast<size_t>(numel) * 4);
       break;
     default: {
       // uint8, bool, float16, bfloat16: one element per int32_data entry (the
       // 16-bit types as their bit patterns).
-      check(p.int32_data_size(), "int32_data");
       auto* out = static_cast<unsigned char*>(t.data_ptr());
       for (int64_t i = 0; i < numel; ++i) {
         const auto v = static_cast<uint32_t>(p.int32_data(static_cast<int>(i)));
@@ -166,6 +175,119 @@ Tensor constant_value(const onnx::NodeProto& n, const std::string& where) {
   throw FormatError(where + ": Constant with attribute '" + a.name() + "' is not supported");
 }
 
+// The lowest model opset at which each op has the semantics its kernel
+// implements (the kernels follow opsets 13 to 18; an op whose definition did
+// not change in a way the kernel misses runs from the version it last did).
+// E.g. Softmax before 13 flattened its input at `axis`; Conv is as in opset 1.
+int64_t min_opset(const std::string& op) {
+  static const std::map<std::string, int64_t> since{
+      {"Abs", 6},
+      {"Add", 7},
+      {"AveragePool", 10},
+      {"BatchNormalization", 9},
+      {"Cast", 6},
+      {"Clip", 11},
+      {"Concat", 4},
+      {"Constant", 1},
+      {"Conv", 1},
+      {"Div", 7},
+      {"Dropout", 7},
+      {"Equal", 7},
+      {"Erf", 9},
+      {"Exp", 6},
+      {"Expand", 8},
+      {"Flatten", 1},
+      {"Gather", 11},
+      {"Gemm", 7},
+      {"GlobalAveragePool", 1},
+      {"GlobalMaxPool", 1},
+      {"Greater", 7},
+      {"GreaterOrEqual", 12},
+      {"Identity", 1},
+      {"LayerNormalization", 17},
+      {"LeakyRelu", 6},
+      {"Less", 7},
+      {"LessOrEqual", 12},
+      {"Log", 6},
+      {"LogSoftmax", 13},
+      {"MatMul", 1},
+      {"Max", 8},
+      {"MaxPool", 10},
+      {"Mean", 8},
+      {"Min", 8},
+      {"Mul", 7},
+      {"Neg", 6},
+      {"Not", 1},
+      {"Pow", 7},
+      {"Reciprocal", 6},
+      {"ReduceMax", 1},
+      {"ReduceMean", 1},
+      {"ReduceMin", 1},
+      {"ReduceSum", 1},
+      {"Relu", 6},
+      {"Reshape", 5},
+      {"Shape", 1},
+      {"Sigmoid", 6},
+      {"Slice", 10},
+      {"Softmax", 13},
+      {"Split", 2},
+      {"Sqrt", 6},
+      {"Squeeze", 11},
+      {"Sub", 7},
+      {"Sum", 8},
+      {"Tanh", 6},
+      {"Transpose", 1},
+      {"Unsqueeze", 11},
+      {"Where", 9},
+      {"Floor", 6},
+      {"Ceil", 6},
+      {"Round", 11},
+      {"Sign", 9},
+      {"Sin", 7},
+      {"Cos", 7},
+      {"IsNaN", 9},
+      {"IsInf", 10},
+      {"Elu", 6},
+      {"Selu", 6},
+      {"Celu", 12},
+      {"HardSigmoid", 6},
+      {"HardSwish", 14},
+      {"ThresholdedRelu", 10},
+      {"Softsign", 1},
+      {"Softplus", 1},
+      {"Mish", 18},
+      {"PRelu", 9},
+      {"And", 7},
+      {"Or", 7},
+      {"Xor", 7},
+      {"ArgMax", 11},
+      {"ArgMin", 11},
+      {"Tile", 6},
+      {"Range", 11},
+      {"Size", 1},
+      {"ConstantOfShape", 9},
+      {"Pad", 11},
+      {"InstanceNormalization", 6},
+      {"DepthToSpace", 11},
+      {"SpaceToDepth", 1},
+      {"Einsum", 12},
+      {"ReduceProd", 1},
+      {"ReduceL1", 1},
+      {"ReduceL2", 1},
+      {"ReduceSumSquare", 1},
+      {"ReduceLogSum", 1},
+      {"ReduceLogSumExp", 1},
+      {"CastLike", 15},
+      {"Trilu", 14},
+      {"GatherElements", 11},
+      {"ScatterElements", 11},
+      {"Hardmax", 13},
+      {"Mod", 10},
+  };
+  auto it = since.find(op);
+  return it == since.end() ? 13 : it->second;
+}
+
 }  // namespace
 
 Tensor load_onnx_tensor(const std::string& path) {
@@ -186,8 +308,10 @@ Graph load_onnx(const std::string& path) {
   int64_t opset = -1;
   for (const auto& o : model.opset_import())
     if (o.domain().empty() || o.domain() == "ai.onnx") opset = o.version();
-  KILN_CHECK(opset >= 13 && opset <= 17, FormatError, where, ": the model imports ONNX opset ", opset,
-             "; the runtime's kernels follow opsets 13 to 17");
+  // 18 as well: of the runtime's ops only the Reduce* (axes as an input) and
+  // Split (num_outputs) changed there, and their kernels take both forms.
+  KILN_CHECK(opset >= 1 && opset <= 18, FormatError, where, ": the model imports ONNX opset ", opset,
+             "; the runtime's kernels follow opsets up to 18");
   const onnx::GraphProto& gp = model.graph();
   Graph g;
   g.name = gp.name();
@@ -232,6 +356,9 @@ Graph load_onnx(const std::string& path) {
     KILN_CHECK(default_domain && builtin.count(n.op_type), ValueError, at, default_domain ? "" : " of domain ",
                default_domain ? "" : np.domain(), ": the runtime has no kernel for this op (supported_ops() lists the ",
                builtin.size(), " it has)");
+    KILN_CHECK(opset >= min_opset(n.op_type), ValueError, at, ": at the model's opset ", opset, ", ", n.op_type,
+               " has an older definition than the runtime's kernel, which implements it from opset ",
+               min_opset(n.op_type));
     if (n.op_type == "Constant") {
       KILN_CHECK(np.output_size() == 1 && !np.output(0).empty(), FormatError, at, ": expected one output");
       KILN_CHECK(!g.values.count(np.output(0)), FormatError, at, ": value '", np.output(0), "' is defined twice");
@@ -245,6 +372,17 @@ Graph load_onnx(const std::string& path) {
     n.outputs.assign(np.output().begin(), np.output().end());
     for (const auto& a : np.attribute()) {
       KILN_CHECK(!a.name().empty(), FormatError, at, ": an attribute has no name");
+      if (n.op_type == "ConstantOfShape" && a.name() == "value" && a.type() == onnx::AttributeProto::TENSOR) {
+        // The value tensor becomes an initializer, read as the node's second input.
+        const std::string name = n.name + "/value";
+        KILN_CHECK(!g.values.count(name), FormatError, at, ": value '", name, "' is defined twice");
+        Tensor v = to_tensor(a.t(), at);
+        g.values[name] = Value{name, v.dtype(), {}};
+        g.initializers.emplace_back(name, std::move(v));
+        n.inputs.resize(1);
+        n.inputs.push_back(name);
+        continue;
+      }
       n.attributes[a.name()] = to_attribute(a, at);
     }
     if (np.has_doc_string()) {

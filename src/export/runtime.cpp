@@ -170,7 +170,7 @@ std::vector<Tensor> Session::run(const std::vector<Tensor>& inputs) const {
     const Node& n = graph_.nodes[i];
     for (size_t k = 0; k < want.size(); ++k) {
       if (want[k] < 0) continue;
-      KILN_CHECK(k < outs.size() && outs[k].defined(), InternalError, "runtime: ", node_label(n), " gave ", outs.size(),
+      KILN_CHECK(k < outs.size() && outs[k].defined(), ValueError, "runtime: ", node_label(n), " gave ", outs.size(),
                  " outputs, the graph reads output ", k);
       slots[static_cast<size_t>(want[k])] = std::move(outs[k]);
     }
@@ -179,6 +179,23 @@ std::vector<Tensor> Session::run(const std::vector<Tensor>& inputs) const {
   std::vector<Tensor> result;
   for (int64_t s : output_slots_) result.push_back(slots[static_cast<size_t>(s)]);
   return result;
+}
+
+std::map<std::string, Tensor> run_all_values(const Graph& graph, const std::vector<Tensor>& inputs,
+                                             SessionOptions options) {
+  Graph g = graph;
+  g.outputs.clear();
+  for (const Node& n : graph.nodes)
+    for (const std::string& o : n.outputs) {
+      if (o.empty()) continue;
+      auto it = graph.values.find(o);
+      g.outputs.push_back(it != graph.values.end() ? it->second : Value{o, kFloat32, {}});
+    }
+  const Session s(std::move(g), std::move(options));
+  const std::vector<Tensor> got = s.run(inputs);
+  std::map<std::string, Tensor> out;
+  for (size_t i = 0; i < got.size(); ++i) out[s.graph().outputs[i].name] = got[i];
+  return out;
 }
 
 }  // namespace kiln::exporter

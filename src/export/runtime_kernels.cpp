@@ -1,5 +1,5 @@
 // The built-in kernels of exporter::Session: each ONNX operator (opsets 13 to
-// 17, the semantics of docs/Operators.md of onnx 1.12) written with kiln's
+// 18, the semantics of docs/Operators.md of onnx 1.12 and 1.13) written with kiln's
 // ops. Attributes are read and checked when the node is compiled; shapes and
 // values of non-constant inputs only when it runs.
 #include "runtime_kernels.h"
@@ -11,6 +11,7 @@
 
 #include "kiln/core/error.h"
 #include "kiln/ops/conv.h"
+#include "kiln/ops/einsum.h"
 #include "kiln/ops/elementwise.h"
 #include "kiln/ops/factory.h"
 #include "kiln/ops/index.h"
@@ -223,7 +224,9 @@ Kernel constant(const Node& node, const Graph&) {
     value = tensor(v, {static_cast<int64_t>(v.size())});
   }
   if (node.attributes.count("value_floats")) {
-    const auto& v = std::get<std::vector<float>>(node.attributes.at("value_floats"));
+    const auto* vp = std::get_if<std::vector<float>>(&node.attributes.at("value_floats"));
+    KILN_CHECK(vp != nullptr, ValueError, node_label(node), ": expected value_floats to be a list of floats");
+    const auto& v = *vp;
     value = tensor(v, {static_cast<int64_t>(v.size())});
   }
   KILN_CHECK(value.defined(), ValueError, node_label(node),
@@ -300,10 +303,9 @@ std::vector<int64_t> spatial(const Tensor& x) { return std::vector<int64_t>(x.si
 
 // ---------------------------------------------------------------- conv, gemm, matmul
 
-Kernel conv(const Node& node, const Graph& graph) {
+Kernel conv(const Node& node, const Graph&) {
   const auto group = attr_int(node, "group", 1);
   const auto kshape = attr_ints(node, "kernel_shape", {});
-  (void)graph;
   return [node, group, kshape](const Tensors& in) -> Tensors {
     Tensor x = input(node, in, 0);
     const Tensor& wt = input(node, in, 1);
@@ -433,46 +435,93 @@ Kernel batch_normalization(const Node& node, const Graph&) {
 
 // ---------------------------------------------------------------- pooling
 
+// One 2-D pooling over [N, C, H, W] with ONNX's window: kiln's own padding
+// where it can (symmetric, at most half the window), else padded explicitly.
+// `indices`, when given, receives MaxPool's argmax positions within each plane.
+Tensor pool2d(const Tensor& x, const std::vector<int64_t>& k, const Window& w, bool max, bool ceil_mode, bool count_pad,
+              Tensor* indices) {
+  bool native = symmetric(w);
+  for (size_t i = 0; i < 2; ++i) native = native && w.begin[i] * 2 <= (k[i] - 1) * w.dilations[i] + 1;
+  if (max) {
+    if (indices) {
+      KILN_CHECK(native, ValueError, "MaxPool's Indices output with asymmetric or wide pads is not supported");
+      auto [y, idx] = max_pool2d_with_indices(x, k, w.strides, w.begin, w.dilations, ceil_mode);
+      *indices = idx;
+      return y;
+    }
+    if (native) return max_pool2d(x, k, w.strides, w.begin, w.dilations, ceil_mode);
+    const Tensor xp = pad_spatial(x, w.begin, w.end, -std::numeric_limits<double>::infinity());
+    return max_pool2d(xp, k, w.strides, std::vector<int64_t>{0, 0}, w.dilations, ceil_mode);
+  }
+  KILN_CHECK(w.dilations == std::vector<int64_t>(2, 1), ValueError, "AveragePool with dilations is not supported");
+  if (native) return avg_pool2d(x, k, w.strides, w.begin, ceil_mode, count_pad);
+  // Padded explicitly: the window's sum over the cells it counts (the padding
+  // too with count_include_pad) divided by how many it counts.
+  const Tensor counted =
+      pad_spatial(ones(sizes_of(x), TensorOptions(x.dtype())), w.begin, w.end, count_pad ? 1.0 : 0.0);
+  const Tensor xp = pad_spatial(x, w.begin, w.end, 0.0);
+  const std::vector<int64_t> none{0, 0};
+  return avg_pool2d(xp, k, w.strides, none, ceil_mode, false)
+      .div(avg_pool2d(counted, k, w.strides, none, ceil_mode, false));
+}
+
+// Window `w` restricted to spatial dims [from, from + 2).
+Window sub_window(const Window& w, size_t from) {
+  auto part = [from](const std::vector<int64_t>& v) { return std::vector<int64_t>{v[from], v[from + 1]}; };
+  return Window{part(w.kernel), part(w.strides), part(w.dilations), part(w.begin), part(w.end)};
+}
+
 Kernel pool(const Node& node, const Graph&) {
   const bool max = node.op_type == "MaxPool";
   const auto kshape = attr_ints(node, "kernel_shape", {});
   KILN_CHECK(!kshape.empty(), ValueError, node_label(node), ": expected a kernel_shape attribute");
   const bool ceil_mode = attr_int(node, "ceil_mode", 0) != 0;
   const bool count_pad = attr_int(node, "count_include_pad", 0) != 0;
-  KILN_CHECK(attr_int(node, "storage_order", 0) == 0, ValueError, node_label(node),
-             ": storage_order 1 (column-major indices) is not supported");
-  KILN_CHECK(node.outputs.size() < 2 || node.outputs[1].empty(), ValueError, node_label(node),
-             ": the Indices output of MaxPool is not supported");
-  return [node, max, kshape, ceil_mode, count_pad](const Tensors& in) -> Tensors {
-    Tensor x = input(node, in, 0);
-    KILN_CHECK(x.dim() == 2 + static_cast<int64_t>(kshape.size()) && (x.dim() == 3 || x.dim() == 4), ShapeError,
-               "kiln runs 1-D and 2-D pooling with a kernel_shape of the input's spatial rank, got input ",
-               x.shape_string(), " and ", kshape.size(), " kernel dims");
+  const bool column_major = attr_int(node, "storage_order", 0) != 0;
+  const bool want_indices = node.outputs.size() > 1 && !node.outputs[1].empty();
+  return [node, max, kshape, ceil_mode, count_pad, column_major, want_indices](const Tensors& in) -> Tensors {
+    const Tensor& x0 = input(node, in, 0);
+    const int64_t r = static_cast<int64_t>(kshape.size());
+    KILN_CHECK(x0.dim() == 2 + r && r >= 1 && r <= 3, ShapeError,
+               "kiln runs 1-D, 2-D and 3-D pooling over inputs [N, C, ...] with a kernel_shape of the input's "
+               "spatial rank, got input ",
+               x0.shape_string(), " and ", r, " kernel dims");
+    // Integer inputs (MaxPool takes uint8 and int8) pool in float64, which holds them exactly.
+    Tensor x = x0.is_floating_point() ? x0 : x0.to(kFloat64);
     std::vector<int64_t> k = kshape;
     Window w = window(node, k, spatial(x));
-    const bool one_d = x.dim() == 3;
-    if (one_d) lift_1d(x, k, w);
-    KILN_CHECK(max || w.dilations == std::vector<int64_t>(2, 1), ValueError,
-               "AveragePool with dilations is not supported");
-    bool native = symmetric(w);
-    for (size_t i = 0; i < 2; ++i) native = native && w.begin[i] * 2 <= (k[i] - 1) * w.dilations[i] + 1;
-    Tensor y;
-    if (max) {
-      if (!native) x = pad_spatial(x, w.begin, w.end, -std::numeric_limits<double>::infinity());
-      const std::vector<int64_t> pad = native ? w.begin : std::vector<int64_t>{0, 0};
-      y = max_pool2d(x, k, w.strides, pad, w.dilations, ceil_mode);
-    } else if (native) {
-      y = avg_pool2d(x, k, w.strides, w.begin, ceil_mode, count_pad);
+    if (r == 1) lift_1d(x, k, w);
+    Tensor y, idx;
+    if (r <= 2) {
+      y = pool2d(x, k, w, max, ceil_mode, count_pad, want_indices ? &idx : nullptr);
     } else {
-      // Padded explicitly: the window's sum over the cells it counts (the
-      // padding too with count_include_pad) divided by how many it counts.
-      Tensor counted = pad_spatial(ones(sizes_of(x), TensorOptions(x.dtype())), w.begin, w.end, count_pad ? 1.0 : 0.0);
-      const Tensor xp = pad_spatial(x, w.begin, w.end, 0.0);
-      y = avg_pool2d(xp, k, w.strides, {0, 0}, ceil_mode, false)
-              .div(avg_pool2d(counted, k, w.strides, {0, 0}, ceil_mode, false));
+      KILN_CHECK(!want_indices, ValueError, "MaxPool's Indices output is supported for 1-D and 2-D pooling");
+      // A box window is separable: pool (H, W) on [N, C*D, H, W], then D on [N, C, D, H'*W'].
+      const int64_t n = x.size(0), c = x.size(1), d = x.size(2);
+      Tensor hw = pool2d(x.reshape({n, c * d, x.size(3), x.size(4)}), {k[1], k[2]}, sub_window(w, 1), max, ceil_mode,
+                         count_pad, nullptr);
+      const int64_t h2 = hw.size(2), w2 = hw.size(3);
+      const Window wd{{k[0], 1}, {w.strides[0], 1}, {w.dilations[0], 1}, {w.begin[0], 0}, {w.end[0], 0}};
+      y = pool2d(hw.reshape({n, c, d, h2 * w2}), {k[0], 1}, wd, max, ceil_mode, count_pad, nullptr);
+      y = y.reshape({n, c, y.size(2), h2, w2});
     }
-    if (one_d) y = y.squeeze(2);
-    return {y};
+    if (r == 1) y = y.squeeze(2);
+    if (!x0.is_floating_point()) y = y.to(x0.dtype());
+    if (!want_indices) return {y};
+    // ONNX's indices count over the whole input tensor, row-major (or, with
+    // storage_order 1, column-major within each plane).
+    const int64_t h = r == 1 ? 1 : x0.size(2), wd = x0.size(-1);
+    Tensor plane = idx;
+    if (column_major) {
+      const Tensor row = idx.to(kFloat64).div(static_cast<double>(wd)).to(kInt64);  // exact: non-negative
+      plane = idx.sub(row.mul(wd)).mul(h).add(row);
+    }
+    if (r == 1) plane = plane.squeeze(2);
+    std::vector<int64_t> base_shape(static_cast<size_t>(plane.dim()), 1);
+    base_shape[0] = x0.size(0);
+    base_shape[1] = x0.size(1);
+    const Tensor base = arange(x0.size(0) * x0.size(1), TensorOptions(kInt64)).mul(h * wd).reshape(base_shape);
+    return {y, plane.add(base)};
   };
 }
 
@@ -511,7 +560,16 @@ Kernel reduce(const Node& node, const Graph&) {
     if (op == "ReduceMean") return {x.mean(axes, keep)};
     if (op == "ReduceSum") return {x.sum(axes, keep)};
     if (op == "ReduceMax") return {x.amax(axes, keep)};
-    return {x.amin(axes, keep)};
+    if (op == "ReduceMin") return {x.amin(axes, keep)};
+    if (op == "ReduceL1") return {x.abs().sum(axes, keep)};
+    if (op == "ReduceL2") return {x.mul(x).sum(axes, keep).sqrt()};
+    if (op == "ReduceSumSquare") return {x.mul(x).sum(axes, keep)};
+    if (op == "ReduceLogSum") return {x.sum(axes, keep).log()};
+    if (op == "ReduceLogSumExp") return {x.logsumexp(axes, keep)};
+    // ReduceProd: one dim at a time, the highest first so the others keep their index.
+    Tensor y = x;
+    for (auto it = axes.rbegin(); it != axes.rend(); ++it) y = y.prod(*it, keep);
+    return {y};
   };
 }
 
@@ -689,10 +747,12 @@ Kernel shape(const Node& node, const Graph&) {
   };
 }
 
+// Axes: the second input from opset 13, the attribute before.
 Kernel unsqueeze(const Node& node, const Graph&) {
-  return [node](const Tensors& in) -> Tensors {
+  const auto attr_axes = attr_ints(node, "axes", {});
+  return [node, attr_axes](const Tensors& in) -> Tensors {
     Tensor x = input(node, in, 0);
-    auto axes = int_values(input(node, in, 1), "axes");
+    auto axes = has(in, 1) ? int_values(in[1], "axes") : attr_axes;
     const int64_t r = x.dim() + static_cast<int64_t>(axes.size());
     for (int64_t& a : axes) a = norm_axis(a, r, "axis");
     std::sort(axes.begin(), axes.end());
@@ -702,10 +762,11 @@ Kernel unsqueeze(const Node& node, const Graph&) {
 }
 
 Kernel squeeze(const Node& node, const Graph&) {
-  return [node](const Tensors& in) -> Tensors {
+  const auto attr_axes = attr_ints(node, "axes", {});
+  return [node, attr_axes](const Tensors& in) -> Tensors {
     Tensor x = input(node, in, 0);
-    if (!has(in, 1)) return {x.squeeze()};
-    auto axes = int_values(in[1], "axes");
+    auto axes = has(in, 1) ? int_values(in[1], "axes") : attr_axes;
+    if (axes.empty()) return {x.squeeze()};
     for (int64_t& a : axes) {
       a = norm_axis(a, x.dim(), "axis");
       KILN_CHECK(x.size(a) == 1, ShapeError, "cannot squeeze axis ", a, " of size ", x.size(a));
@@ -735,6 +796,347 @@ Kernel dropout(const Node& node, const Graph&) {
   };
 }
 
+// ---------------------------------------------------------------- more elementwise
+
+// An elementwise function without a kiln op, looped over a contiguous copy.
+template <typename F>
+Tensor map_float(const Tensor& x, const char* what, F f) {
+  KILN_CHECK(x.dtype() == kFloat32 || x.dtype() == kFloat64, DTypeError, what,
+             " expects float32 or float64 input, got ", dtype_name(x.dtype()));
+  Tensor y = x.contiguous().clone();
+  const int64_t n = y.numel();
+  if (y.dtype() == kFloat32) {
+    float* p = y.data_ptr<float>();
+    for (int64_t i = 0; i < n; ++i) p[i] = static_cast<float>(f(static_cast<double>(p[i])));
+  } else {
+    double* p = y.data_ptr<double>();
+    for (int64_t i = 0; i < n; ++i) p[i] = f(p[i]);
+  }
+  return y;
+}
+
+// Activations with attributes (alpha, beta, gamma at their ONNX defaults).
+Kernel activation(const Node& node, const Graph&) {
+  const std::string op = node.op_type;
+  const double alpha = attr_float(node, "alpha",
+                                  op == "Selu"          ? 1.67326319217681884765625f
+                                  : op == "HardSigmoid" ? 0.2f
+                                  : op == "HardSwish"   ? 1.0f / 6.0f
+                                                        : 1.0f);
+  const double beta = attr_float(node, "beta", 0.5f);
+  const double gamma = attr_float(node, "gamma", 1.05070102214813232421875f);
+  return [node, op, alpha, beta, gamma](const Tensors& in) -> Tensors {
+    const Tensor& x = input(node, in, 0);
+    const Tensor pos = x.gt(0);
+    if (op == "Elu") return {kiln::where(pos, x, x.exp().sub(1).mul(alpha))};
+    if (op == "Selu") return {kiln::where(pos, x, x.exp().sub(1).mul(alpha)).mul(gamma)};
+    if (op == "Celu") return {x.clamp(0.0).add(x.div(alpha).exp().sub(1).mul(alpha).clamp(std::nullopt, 0.0))};
+    if (op == "HardSigmoid") return {x.mul(alpha).add(beta).clamp(0.0, 1.0)};
+    if (op == "HardSwish") return {x.mul(x.mul(1.0 / 6.0).add(0.5).clamp(0.0, 1.0))};
+    if (op == "ThresholdedRelu") return {kiln::where(x.gt(alpha), x, zeros_like(x))};
+    if (op == "Softsign") return {x.div(x.abs().add(1))};
+    // softplus(x) = log(1 + e^x), as x itself where e^x would overflow.
+    const Tensor softplus = kiln::where(x.gt(20), x, x.exp().log1p());
+    if (op == "Softplus") return {softplus};
+    return {x.mul(softplus.tanh())};  // Mish
+  };
+}
+
+Kernel prelu(const Node& node, const Graph&) {
+  return [node](const Tensors& in) -> Tensors {
+    const Tensor& x = input(node, in, 0);
+    const Tensor& slope = input(node, in, 1);
+    broadcast_sizes(sizes_of(x), sizes_of(slope));
+    return {kiln::where(x.lt(0), x.mul(slope), x)};
+  };
+}
+
+Kernel logical(const Node& node, const Graph&) {
+  const std::string op = node.op_type;
+  return [node, op](const Tensors& in) -> Tensors {
+    const Tensor& a = input(node, in, 0);
+    const Tensor& b = input(node, in, 1);
+    KILN_CHECK(a.dtype() == kBool && b.dtype() == kBool, DTypeError, "expected bool inputs, got ",
+               dtype_name(a.dtype()), " and ", dtype_name(b.dtype()));
+    if (op == "And") return {a.logical_and(b)};
+    if (op == "Or") return {a.logical_or(b)};
+    return {a.logical_xor(b)};
+  };
+}
+
+Kernel is_inf(const Node& node, const Graph&) {
+  const bool pos = attr_int(node, "detect_positive", 1) != 0, neg = attr_int(node, "detect_negative", 1) != 0;
+  return [node, pos, neg](const Tensors& in) -> Tensors {
+    const Tensor& x = input(node, in, 0);
+    const double inf = std::numeric_limits<double>::infinity();
+    Tensor out = zeros(sizes_of(x), TensorOptions(kBool));
+    if (pos) out = out.logical_or(x.eq(inf));
+    if (neg) out = out.logical_or(x.eq(-inf));
+    return {out};
+  };
+}
+
+Kernel arg_reduce(const Node& node, const Graph&) {
+  const bool max = node.op_type == "ArgMax";
+  const int64_t axis = attr_int(node, "axis", 0);
+  const bool keep = attr_int(node, "keepdims", 1) != 0;
+  const bool last = attr_int(node, "select_last_index", 0) != 0;
+  return [node, max, axis, keep, last](const Tensors& in) -> Tensors {
+    Tensor x = input(node, in, 0);
+    const int64_t a = norm_axis(axis, x.dim(), "axis");
+    const int64_t n = x.size(a);
+    // The last of equal extremes: the first one along the reversed axis.
+    if (last) x = x.index_select(a, arange(n - 1, -1, -1, TensorOptions(kInt64)));
+    Tensor idx = max ? x.argmax(a, keep) : x.argmin(a, keep);
+    if (last) idx = full_like(idx, n - 1).sub(idx);
+    return {idx};
+  };
+}
+
+Kernel tile(const Node& node, const Graph&) {
+  return [node](const Tensors& in) -> Tensors {
+    const Tensor& x = input(node, in, 0);
+    const auto reps = int_values(input(node, in, 1), "repeats");
+    KILN_CHECK(static_cast<int64_t>(reps.size()) == x.dim(), ShapeError, "expected one repeat per dim of ",
+               x.shape_string(), ", got ", reps.size());
+    return {x.repeat(reps)};
+  };
+}
+
+Kernel range(const Node& node, const Graph&) {
+  return [node](const Tensors& in) -> Tensors {
+    const Tensor& start = input(node, in, 0);
+    const double s = start.item<double>(), limit = input(node, in, 1).item<double>(),
+                 d = input(node, in, 2).item<double>();
+    KILN_CHECK(d != 0, ValueError, "a delta of 0");
+    const auto n = static_cast<int64_t>(std::max(std::ceil((limit - s) / d), 0.0));
+    KILN_CHECK(n <= (int64_t{1} << 32), ValueError, "Range of ", n, " elements");
+    // start + i * delta in float64, then the inputs' dtype (exact for integers).
+    return {arange(n, TensorOptions(kFloat64)).mul(d).add(s).to(start.dtype())};
+  };
+}
+
+Kernel size(const Node& node, const Graph&) {
+  return [node](const Tensors& in) -> Tensors { return {full({}, input(node, in, 0).numel(), TensorOptions(kInt64))}; };
+}
+
+// ConstantOfShape: the value comes as input 1 (load_onnx turns the tensor
+// attribute into an initializer there), float32 zero without it.
+Kernel constant_of_shape(const Node& node, const Graph&) {
+  return [node](const Tensors& in) -> Tensors {
+    const auto shape = int_values(input(node, in, 0), "shape");
+    if (!has(in, 1)) return {zeros(shape, TensorOptions(kFloat32))};
+    KILN_CHECK(in[1].numel() == 1, ShapeError, "expected a one-element value, got ", in[1].shape_string());
+    return {full(shape, in[1].item_scalar(), TensorOptions(in[1].dtype()))};
+  };
+}
+
+// Pad: constant (negative pads crop), reflect and edge, over all dims or `axes`.
+Kernel pad(const Node& node, const Graph&) {
+  const std::string mode = attr_string(node, "mode", "constant");
+  KILN_CHECK(mode == "constant" || mode == "reflect" || mode == "edge", ValueError, node_label(node),
+             ": expected mode constant, reflect or edge, got ", mode);
+  return [node, mode](const Tensors& in) -> Tensors {
+    Tensor x = input(node, in, 0);
+    const int64_t r = x.dim();
+    const auto pads = int_values(input(node, in, 1), "pads");
+    std::vector<int64_t> axes(static_cast<size_t>(r));
+    std::iota(axes.begin(), axes.end(), 0);
+    if (has(in, 3)) axes = int_values(in[3], "axes");
+    const auto k = static_cast<int64_t>(axes.size());
+    KILN_CHECK(static_cast<int64_t>(pads.size()) == 2 * k, ShapeError, "expected ", 2 * k, " pads, got ", pads.size());
+    std::vector<int64_t> begin(static_cast<size_t>(r), 0), end(static_cast<size_t>(r), 0);
+    for (int64_t i = 0; i < k; ++i) {
+      const int64_t a = norm_axis(axes[static_cast<size_t>(i)], r, "axis");
+      begin[static_cast<size_t>(a)] = pads[static_cast<size_t>(i)];
+      end[static_cast<size_t>(a)] = pads[static_cast<size_t>(i + k)];
+    }
+    if (mode == "constant") {
+      // Crop first (negative pads), then pad.
+      for (int64_t d = 0; d < r; ++d) {
+        const int64_t b = std::min<int64_t>(begin[static_cast<size_t>(d)], 0);
+        const int64_t e = std::min<int64_t>(end[static_cast<size_t>(d)], 0);
+        KILN_CHECK(x.size(d) + b + e >= 0, ShapeError, "pads crop more than dim ", d, " holds");
+        if (b || e) x = x.narrow(d, -b, x.size(d) + b + e);
+      }
+      std::vector<int64_t> sizes = sizes_of(x);
+      for (int64_t d = 0; d < r; ++d)
+        sizes[static_cast<size_t>(d)] +=
+            std::max<int64_t>(begin[static_cast<size_t>(d)], 0) + std::max<int64_t>(end[static_cast<size_t>(d)], 0);
+      const Scalar value = has(in, 2) ? in[2].item_scalar() : Scalar(0);
+      Tensor out = full(sizes, value, TensorOptions(x.dtype()));
+      Tensor region = out;
+      for (int64_t d = 0; d < r; ++d)
+        region = region.narrow(d, std::max<int64_t>(begin[static_cast<size_t>(d)], 0), x.size(d));
+      region.copy_(x);
+      return {out};
+    }
+    // reflect / edge: gather each dim's source indices.
+    for (int64_t d = 0; d < r; ++d) {
+      const int64_t b = begin[static_cast<size_t>(d)], e = end[static_cast<size_t>(d)], n = x.size(d);
+      if (b == 0 && e == 0) continue;
+      KILN_CHECK(b >= 0 && e >= 0 && n > 0, ShapeError, mode, " padding needs non-negative pads and a non-empty dim");
+      KILN_CHECK(mode == "edge" || (n > 1 && b < n && e < n), ShapeError,
+                 "reflect padding needs pads smaller than the dim (", n, ")");
+      std::vector<int64_t> idx;
+      for (int64_t i = -b; i < n + e; ++i) {
+        int64_t j = i;
+        if (mode == "edge") {
+          j = std::clamp<int64_t>(i, 0, n - 1);
+        } else {
+          if (j < 0) j = -j;
+          if (j >= n) j = 2 * (n - 1) - j;
+        }
+        idx.push_back(j);
+      }
+      x = x.index_select(d, tensor(idx, {static_cast<int64_t>(idx.size())}));
+    }
+    return {x};
+  };
+}
+
+Kernel instance_normalization(const Node& node, const Graph&) {
+  const double eps = attr_float(node, "epsilon", 1e-5f);
+  return [node, eps](const Tensors& in) -> Tensors {
+    const Tensor& x = input(node, in, 0);
+    KILN_CHECK(x.dim() >= 3, ShapeError, "expected an input [N, C, ...], got ", x.shape_string());
+    std::vector<int64_t> dims, bshape(static_cast<size_t>(x.dim()), 1);
+    for (int64_t d = 2; d < x.dim(); ++d) dims.push_back(d);
+    bshape[1] = x.size(1);
+    const Tensor mean = x.mean(dims, true);
+    const Tensor centred = x.sub(mean);
+    const Tensor y = centred.mul(centred.mul(centred).mean(dims, true).add(eps).rsqrt());
+    return {y.mul(input(node, in, 1).reshape(bshape)).add(input(node, in, 2).reshape(bshape))};
+  };
+}
+
+// DepthToSpace (DCR or CRD) and SpaceToDepth: reshapes and one permutation.
+Kernel depth_space(const Node& node, const Graph&) {
+  const int64_t b = attr_int(node, "blocksize", 0);
+  KILN_CHECK(b > 0, ValueError, node_label(node), ": expected a positive blocksize");
+  const bool to_space = node.op_type == "DepthToSpace";
+  const bool crd = attr_string(node, "mode", "DCR") == "CRD";
+  return [node, b, to_space, crd](const Tensors& in) -> Tensors {
+    const Tensor& x = input(node, in, 0);
+    KILN_CHECK(x.dim() == 4, ShapeError, "expected an input [N, C, H, W], got ", x.shape_string());
+    const int64_t n = x.size(0), c = x.size(1), h = x.size(2), w = x.size(3);
+    if (to_space) {
+      KILN_CHECK(c % (b * b) == 0, ShapeError, "channels ", c, " are not a multiple of blocksize^2");
+      const int64_t co = c / (b * b);
+      const Tensor t = crd ? x.reshape({n, co, b, b, h, w}).permute({0, 1, 4, 2, 5, 3})
+                           : x.reshape({n, b, b, co, h, w}).permute({0, 3, 4, 1, 5, 2});
+      return {t.reshape({n, co, h * b, w * b})};
+    }
+    KILN_CHECK(h % b == 0 && w % b == 0, ShapeError, "H and W must be multiples of blocksize, got ", x.shape_string());
+    const Tensor t = x.reshape({n, c, h / b, b, w / b, b}).permute({0, 3, 5, 1, 2, 4});
+    return {t.reshape({n, c * b * b, h / b, w / b})};
+  };
+}
+
+Kernel einsum_kernel(const Node& node, const Graph&) {
+  const std::string eq = attr_string(node, "equation", "");
+  KILN_CHECK(!eq.empty(), ValueError, node_label(node), ": expected an equation attribute");
+  return [eq](const Tensors& in) -> Tensors { return {einsum(eq, in)}; };
+}
+
+Kernel cast_like(const Node& node, const Graph&) {
+  return [node](const Tensors& in) -> Tensors {
+    return {input(node, in, 0).to(input(node, in, 1).dtype(), /*copy=*/true)};
+  };
+}
+
+// Trilu: keeps the upper (j - i >= k) or lower (j - i <= k) triangle of the last two dims.
+Kernel trilu(const Node& node, const Graph&) {
+  const bool upper = attr_int(node, "upper", 1) != 0;
+  return [node, upper](const Tensors& in) -> Tensors {
+    const Tensor& x = input(node, in, 0);
+    KILN_CHECK(x.dim() >= 2, ShapeError, "expected an input of rank >= 2, got ", x.shape_string());
+    const int64_t k = has(in, 1) ? in[1].item<int64_t>() : 0;
+    const int64_t m = x.size(-2), n = x.size(-1);
+    const Tensor diff = arange(n, TensorOptions(kInt64)).sub(arange(m, TensorOptions(kInt64)).reshape({m, 1}));
+    const Tensor keep = upper ? diff.ge(k) : diff.le(k);
+    return {kiln::where(keep, x, zeros_like(x))};
+  };
+}
+
+// Negative indices count from the end of `dim`, and every index must land in it.
+Tensor element_indices(const Tensor& x, const Tensor& idx, int64_t dim) {
+  KILN_CHECK(idx.dtype() == kInt64 || idx.dtype() == kInt32, DTypeError, "expected int64 or int32 indices, got ",
+             dtype_name(idx.dtype()));
+  const int64_t n = x.size(dim);
+  Tensor i = idx.to(kInt64);
+  i = kiln::where(i.lt(0), i.add(n), i);
+  if (i.numel() > 0)
+    KILN_CHECK(i.min().item<int64_t>() >= 0 && i.max().item<int64_t>() < n, IndexError,
+               "an index is out of range for axis ", dim, " of size ", n);
+  return i;
+}
+
+Kernel gather_elements(const Node& node, const Graph&) {
+  const int64_t axis = attr_int(node, "axis", 0);
+  return [node, axis](const Tensors& in) -> Tensors {
+    const Tensor& x = input(node, in, 0);
+    const int64_t a = norm_axis(axis, x.dim(), "axis");
+    return {x.gather(a, element_indices(x, input(node, in, 1), a))};
+  };
+}
+
+Kernel scatter_elements(const Node& node, const Graph&) {
+  const int64_t axis = attr_int(node, "axis", 0);
+  const std::string reduction = attr_string(node, "reduction", "none");
+  KILN_CHECK(reduction == "none" || reduction == "add", ValueError, node_label(node),
+             ": expected reduction none or add, got ", reduction);
+  return [node, axis, reduction](const Tensors& in) -> Tensors {
+    const Tensor& x = input(node, in, 0);
+    const int64_t a = norm_axis(axis, x.dim(), "axis");
+    const Tensor idx = element_indices(x, input(node, in, 1), a);
+    const Tensor& upd = input(node, in, 2);
+    return {reduction == "add" ? x.scatter_add(a, idx, upd) : x.scatter(a, idx, upd)};
+  };
+}
+
+// Hardmax: 1 at the first maximum along `axis`, 0 elsewhere.
+Kernel hardmax(const Node& node, const Graph&) {
+  const int64_t axis = attr_int(node, "axis", -1);
+  return [node, axis](const Tensors& in) -> Tensors {
+    const Tensor& x = input(node, in, 0);
+    const int64_t a = norm_axis(axis, x.dim(), "axis");
+    return {zeros_like(x).scatter(a, x.argmax(a, true), 1.0)};
+  };
+}
+
+// Mod: fmod = 1 the C remainder (sign of the dividend), 0 the floored one
+// (sign of the divisor; integers only), over the broadcast inputs.
+Kernel mod(const Node& node, const Graph&) {
+  const bool c_fmod = attr_int(node, "fmod", 0) != 0;
+  return [node, c_fmod](const Tensors& in) -> Tensors {
+    const Tensor& a = input(node, in, 0);
+    const Tensor& b = input(node, in, 1);
+    KILN_CHECK(a.dtype() == b.dtype(), DTypeError, "expected inputs of one dtype, got ", dtype_name(a.dtype()), " and ",
+               dtype_name(b.dtype()));
+    KILN_CHECK(c_fmod || !a.is_floating_point(), ValueError, "fmod = 0 is defined for integer inputs only");
+    const auto out = broadcast_sizes(sizes_of(a), sizes_of(b));
+    if (a.is_floating_point()) {
+      const Tensor x = a.expand(out).to(kFloat64).contiguous(), y = b.expand(out).to(kFloat64).contiguous();
+      Tensor r = empty(out, TensorOptions(kFloat64));
+      for (int64_t i = 0; i < r.numel(); ++i)
+        r.data_ptr<double>()[i] = std::fmod(x.data_ptr<double>()[i], y.data_ptr<double>()[i]);
+      return {r.to(a.dtype())};
+    }
+    const Tensor x = a.expand(out).to(kInt64).contiguous(), y = b.expand(out).to(kInt64).contiguous();
+    Tensor r = empty(out, TensorOptions(kInt64));
+    const int64_t *px = x.data_ptr<int64_t>(), *py = y.data_ptr<int64_t>();
+    int64_t* pr = r.data_ptr<int64_t>();
+    for (int64_t i = 0; i < r.numel(); ++i) {
+      KILN_CHECK(py[i] != 0, ValueError, "integer Mod by zero");
+      int64_t v = px[i] % py[i];
+      if (!c_fmod && v != 0 && ((v < 0) != (py[i] < 0))) v += py[i];
+      pr[i] = v;
+    }
+    return {r.to(a.dtype())};
+  };
+}
+
 template <typename F>
 KernelFactory wrap(F f) {
   return [f](const Node& node, const Graph& graph) { return f(node, graph); };
@@ -756,6 +1158,41 @@ const std::map<std::string, KernelFactory>& detail::builtin_kernels() {
     t["Reciprocal"] = unary_fn([](const Tensor& x) { return ones_like(x).div(x); });
     t["Not"] = unary_fn([](const Tensor& x) { return x.logical_not(); });
     t["Erf"] = unary(&erf);
+    t["Floor"] =
+        unary_fn([](const Tensor& x) { return map_float(x, "Floor", [](double v) { return std::floor(v); }); });
+    t["Ceil"] = unary_fn([](const Tensor& x) { return map_float(x, "Ceil", [](double v) { return std::ceil(v); }); });
+    // Round: halves to even, as ONNX (and the default floating-point rounding mode).
+    t["Round"] =
+        unary_fn([](const Tensor& x) { return map_float(x, "Round", [](double v) { return std::nearbyint(v); }); });
+    t["Sign"] = unary_fn([](const Tensor& x) {
+      return map_float(x, "Sign", [](double v) { return static_cast<double>((v > 0) - (v < 0)); });
+    });
+    t["Sin"] = unary_fn([](const Tensor& x) { return x.sin(); });
+    t["Cos"] = unary_fn([](const Tensor& x) { return x.cos(); });
+    t["IsNaN"] = unary_fn([](const Tensor& x) { return x.ne(x); });
+    t["IsInf"] = wrap(is_inf);
+    for (const char* op :
+         {"Elu", "Selu", "Celu", "HardSigmoid", "HardSwish", "ThresholdedRelu", "Softsign", "Softplus", "Mish"})
+      t[op] = wrap(activation);
+    t["PRelu"] = wrap(prelu);
+    for (const char* op : {"And", "Or", "Xor"}) t[op] = wrap(logical);
+    t["ArgMax"] = wrap(arg_reduce);
+    t["ArgMin"] = wrap(arg_reduce);
+    t["Tile"] = wrap(tile);
+    t["Range"] = wrap(range);
+    t["Size"] = wrap(size);
+    t["ConstantOfShape"] = wrap(constant_of_shape);
+    t["Pad"] = wrap(pad);
+    t["InstanceNormalization"] = wrap(instance_normalization);
+    t["DepthToSpace"] = wrap(depth_space);
+    t["SpaceToDepth"] = wrap(depth_space);
+    t["Einsum"] = wrap(einsum_kernel);
+    t["CastLike"] = wrap(cast_like);
+    t["Trilu"] = wrap(trilu);
+    t["GatherElements"] = wrap(gather_elements);
+    t["ScatterElements"] = wrap(scatter_elements);
+    t["Hardmax"] = wrap(hardmax);
+    t["Mod"] = wrap(mod);
     t["Add"] = binary(Bin::Add);
     t["Sub"] = binary(Bin::Sub);
     t["Mul"] = binary(Bin::Mul);
@@ -783,7 +1220,9 @@ const std::map<std::string, KernelFactory>& detail::builtin_kernels() {
     t["AveragePool"] = wrap(pool);
     t["GlobalAveragePool"] = wrap(global_pool);
     t["GlobalMaxPool"] = wrap(global_pool);
-    for (const char* op : {"ReduceMean", "ReduceSum", "ReduceMax", "ReduceMin"}) t[op] = wrap(reduce);
+    for (const char* op : {"ReduceMean", "ReduceSum", "ReduceMax", "ReduceMin", "ReduceProd", "ReduceL1", "ReduceL2",
+                           "ReduceSumSquare", "ReduceLogSum", "ReduceLogSumExp"})
+      t[op] = wrap(reduce);
     t["Flatten"] = wrap(flatten);
     t["Reshape"] = wrap(reshape);
     t["Transpose"] = wrap(transpose);

@@ -9,7 +9,7 @@
 
 namespace kiln::exporter::detail {
 
-/// Every built-in KernelFactory, by op type (ONNX semantics at opsets 13 to 17).
+/// Every built-in KernelFactory, by op type (ONNX semantics at opsets 13 to 18).
 const std::map<std::string, KernelFactory>& builtin_kernels();
 
 /// "node 'conv1/Conv' (Conv)": how errors name a node.

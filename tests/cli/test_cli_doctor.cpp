@@ -42,6 +42,10 @@ TEST(CliHealth, TrainWritesHealthLinesEveryLogEvery) {
   ASSERT_EQ(h["blocks"].size(), 2u);
   EXPECT_GT(h["blocks"][0]["grad_rms"].get<double>(), 0.0);
   EXPECT_GE(h["cost_ms"].get<double>(), 0.0);
+  // The start line counts what trains (kiln doctor's frozen_model): here, everything.
+  const json start = metrics_lines(run, "start").at(0);
+  EXPECT_GT(start["parameters"].get<int64_t>(), 0);
+  EXPECT_EQ(start["trainable_parameters"], start["parameters"]);
 }
 
 TEST(CliHealth, TrainHealthFalseWritesNone) {
@@ -114,6 +118,72 @@ INSTANTIATE_TEST_SUITE_P(
                                 "train.eval_batches=2 train.ckpt_every=0"}),
     [](const auto& info) { return std::string(info.param.config); });
 
+// ---- data-parallel step-time skew ----
+
+TEST(CliDoctor, HealthyTwoRankRunLogsPerRankStepTimesAndNoSkewFinding) {
+  TempDir dir;
+  write_text(dir.path() / "tiny.toml", tiny_mlp_config());
+  const fs::path run = dir.path() / "run";
+  auto r = launch2("train " + dir.file("tiny.toml") + " --out " + run.string() +
+                   " --set train.steps=40 train.log_every=5 train.ckpt_every=0");
+  ASSERT_EQ(r.rc, 0) << r.output;
+  const auto train = metrics_lines(run, "train");
+  ASSERT_EQ(train.size(), 8u);
+  for (const json& t : train) {
+    ASSERT_TRUE(t.contains("ranks")) << t.dump();
+    for (const char* k : {"step_ms", "busy_ms", "wait_ms", "data_ms"}) ASSERT_EQ(t["ranks"][k].size(), 2u) << k;
+    for (int rank = 0; rank < 2; ++rank) {
+      const double step = t["ranks"]["step_ms"][rank].get<double>(), busy = t["ranks"]["busy_ms"][rank].get<double>(),
+                   wait = t["ranks"]["wait_ms"][rank].get<double>();
+      EXPECT_GT(step, 0.0);
+      EXPECT_GE(wait, 0.0);
+      EXPECT_NEAR(busy, std::max(0.0, step - wait), 1e-3 * step + 1e-3);
+    }
+  }
+  const json d = doctor_json(run);
+  for (const auto& f : d["findings"]) {
+    EXPECT_EQ(f["severity"], "info") << f.dump(2);
+    EXPECT_NE(f["code"], "rank_skew") << f.dump(2);
+  }
+  // report.html draws them: one line per rank.
+  const std::string html = read_file((run / "report.html").string());
+  EXPECT_NE(html.find("id=\"chart-rank-busy\""), std::string::npos);
+}
+
+// The doctor's reading of the per-rank figures, on a hand-written run of four ranks whose rank 2
+// does twice the others' work from step 20 on (and not in the first, start-up window).
+TEST(CliDoctor, RankSkewNamesTheSlowRankItsRatioAndTheSteps) {
+  TempDir dir;
+  const fs::path run = dir.path() / "run";
+  fs::create_directories(run);
+  std::string lines = json{{"kind", "start"}, {"step", 0}, {"total_steps", 60}, {"world_size", 4}}.dump() + "\n";
+  for (int step = 10; step <= 60; step += 10) {
+    const bool slow = step >= 20;
+    const double own = slow ? 20.0 : 10.0;  // rank 2's work per step; the others do 10 ms
+    json ranks = {{"step_ms", {own, own, own, own}},
+                  {"busy_ms", {10.0, 10.5, own, 9.5}},
+                  {"wait_ms", {own - 10.0, own - 10.5, 0.0, own - 9.5}},
+                  {"data_ms", {0.1, 0.1, slow ? 10.1 : 0.1, 0.1}}};
+    lines += json{{"kind", "train"}, {"step", step}, {"loss", 1.0 - step * 0.01}, {"lr", 0.1}, {"grad_norm", 1.0},
+                  {"data_wait", 0.0}, {"time_s", step * 0.02}, {"ranks", ranks}}
+                 .dump() +
+             "\n";
+  }
+  write_text(run / "metrics.jsonl", lines);
+  write_text(run / "summary.json", R"({"status": "completed", "steps": 60, "total_steps": 60})");
+  const json d = doctor_json(run);
+  const json* skew = nullptr;
+  for (const auto& f : d["findings"])
+    if (f["code"] == "rank_skew") skew = &f;
+  ASSERT_NE(skew, nullptr) << d.dump(2);
+  EXPECT_EQ((*skew)["severity"], "warning");
+  EXPECT_EQ((*skew)["title"].get<std::string>().rfind("rank 2 is 2x slower than the median over steps 20-60", 0), 0u)
+      << skew->dump(2);
+  EXPECT_NE((*skew)["evidence"].get<std::string>().find("20 ms per step against a median of 10 ms"), std::string::npos)
+      << skew->dump(2);
+  EXPECT_NE((*skew)["fix"].get<std::string>().find("straggler transform"), std::string::npos) << skew->dump(2);
+}
+
 // ---- the gallery ----
 
 TEST(CliScenario, ListHasAtLeastEighteen) {
@@ -167,18 +237,28 @@ INSTANTIATE_TEST_SUITE_P(
         Expected{"forgot_set_epoch", {"a new epoch started without set_epoch()"}},
         Expected{"batchnorm_batch_of_one", {"BatchNorm1d: expected more than 1 value per channel when training"}},
         Expected{"detached_branch", {"[no_grad] 2 of 4 trainable parameters never received a gradient", "body.bias, body.weight"}},
-        Expected{"frozen_model", {"does not require grad"}},
+        Expected{"frozen_model",
+                 {"does not require grad", "error   [frozen_model] no parameter is trainable",
+                  "0 of 676 parameters require a gradient", "the run stopped at step 1"}},
         Expected{"forgot_zero_grad", {"[grad_accumulation]", "zero_grad()"}},
         Expected{"shuffled_labels", {"[chance_accuracy]", "labels do not belong to their inputs"}},
         Expected{"unnormalised_inputs", {"[input_scale]", "input mean 253, standard deviation 255"}},
         Expected{"slow_transform", {"[data_stall] the input pipeline is the bottleneck"}},
-        Expected{"resume_without_scheduler_state", {"[lr_jump_on_resume]", "(resumed at step 30)"}},
+        Expected{"eval_without_eval_mode",
+                 {"[eval_train_mode] the evaluation ran in training mode: BatchNorm statistics changed and dropout was "
+                  "active during evaluation",
+                  "norm (BatchNorm1d): num_batches_tracked 44 -> 48", "drop (Dropout): dropout p=0.3 active in 4",
+                  "call model.eval() before evaluating"}},
+        Expected{"resume_without_optimizer_state",
+                 {"[lr_jump_on_resume]", "lr 0.001 at step 30 -> 0.1 at step 31 (resumed at step 30)"}},
         Expected{"ddp_unused_parameter",
                  {"got no gradient in this backward pass", "'unused.weight', 'unused.bias'",
                   "find_unused_parameters = true"}},
         Expected{"ranks_with_different_shapes",
                  {"the ranks called different collectives", "float32[5] at src/cli/scenario_programs.cpp",
                   "<-- differs from rank 0"}},
+        Expected{"rank_skew",
+                 {"[rank_skew] rank 1 is", "waiting for data", "a straggler transform", "every other rank waits"}},
         Expected{"fp16_overflow", {"[amp_scale_collapse]"}}),
     [](const auto& info) { return std::string(info.param.name); });
 

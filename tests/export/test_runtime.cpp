@@ -4,13 +4,19 @@
 // opsets 17 and 13; and the same through an ONNX file (to_onnx -> load_onnx).
 #include <gtest/gtest.h>
 
+#include <onnx/onnx_pb.h>
+
 #include <cstdio>
+#include <fstream>
+#include <iterator>
 #include <functional>
 #include <memory>
 
+#include "kiln/core/allocator.h"
 #include "kiln/core/generator.h"
 #include "kiln/core/guards.h"
 #include "kiln/export/capture.h"
+#include "kiln/export/check.h"
 #include "kiln/export/onnx.h"
 #include "kiln/export/runtime.h"
 #include "kiln/models/cnn.h"
@@ -220,6 +226,237 @@ TEST(Runtime, KernelErrorsNameTheNode) {
   g.inputs[1].shape[1] = exporter::Dim::sym("other");
   const Session s(g);
   EXPECT_THROW_MSG(s.run({randn({2, 3}), randn({2, 4})}), ValueError, "node 'add0' (Add)");
+}
+
+// ---------------------------------------------------------------- hostile files
+
+// A one-node model (y = Relu(x), x float [2]) at `opset`, for tests to break.
+onnx::ModelProto relu_model(int64_t opset = 17) {
+  onnx::ModelProto m;
+  m.set_ir_version(8);
+  auto* o = m.add_opset_import();
+  o->set_domain("");
+  o->set_version(opset);
+  auto* g = m.mutable_graph();
+  g->set_name("relu");
+  for (auto* vi : {g->add_input(), g->add_output()}) {
+    vi->set_name(vi == &g->input(0) ? "x" : "y");
+    auto* tt = vi->mutable_type()->mutable_tensor_type();
+    tt->set_elem_type(onnx::TensorProto::FLOAT);
+    tt->mutable_shape()->add_dim()->set_dim_value(2);
+  }
+  auto* n = g->add_node();
+  n->set_name("n0");
+  n->set_op_type("Relu");
+  n->add_input("x");
+  n->add_output("y");
+  return m;
+}
+
+std::string write_model(const TempDir& dir, const onnx::ModelProto& m, const std::string& name = "m.onnx") {
+  const std::string path = dir.file(name);
+  std::ofstream f(path, std::ios::binary | std::ios::trunc);
+  m.SerializeToOstream(&f);
+  return path;
+}
+
+std::string write_bytes(const TempDir& dir, const std::string& bytes, const std::string& name = "b.onnx") {
+  const std::string path = dir.file(name);
+  std::ofstream f(path, std::ios::binary | std::ios::trunc);
+  f.write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
+  return path;
+}
+
+TEST(LoadOnnx, TheOneNodeModelLoadsAndRuns) {
+  TempDir dir;
+  const Session s(exporter::load_onnx(write_model(dir, relu_model())));
+  EXPECT_TRUE(s.run({tensor<float>({-1.0f, 2.0f}, {2})})[0].equal(tensor<float>({0.0f, 2.0f}, {2})));
+}
+
+TEST(LoadOnnx, TruncatedFilesAreRefused) {
+  TempDir dir;
+  manual_seed(3);
+  auto mlp = models::MLP(models::MLPOptions{.in_features = 16, .hidden = {8}});
+  const std::string path = dir.file("mlp.onnx");
+  exporter::to_onnx(mlp, {randn({2, 16})}, path);
+  std::ifstream f(path, std::ios::binary);
+  const std::string bytes((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
+  ASSERT_GT(bytes.size(), 100u);
+  for (size_t cut : {size_t{0}, size_t{1}, size_t{16}, bytes.size() / 3, bytes.size() / 2, bytes.size() - 1}) {
+    SCOPED_TRACE(cut);
+    EXPECT_THROW(exporter::load_onnx(write_bytes(dir, bytes.substr(0, cut))), Error);
+  }
+  EXPECT_THROW_MSG(exporter::load_onnx(write_bytes(dir, bytes.substr(0, bytes.size() / 2))), FormatError,
+                   "truncated, corrupt or not ONNX");
+}
+
+TEST(LoadOnnx, RandomBytesAreRefusedWithAnError) {
+  TempDir dir;
+  Generator gen(7);
+  for (int i = 0; i < 50; ++i) {
+    const Tensor r = randint(0, 256, {1 + 97 * i}, TensorOptions(kInt64), &gen);
+    std::string bytes;
+    for (double v : to_doubles(r)) bytes.push_back(static_cast<char>(static_cast<int>(v)));
+    EXPECT_THROW(exporter::load_onnx(write_bytes(dir, bytes)), Error) << "random file " << i;
+    EXPECT_THROW(exporter::load_onnx_tensor(write_bytes(dir, bytes)), Error) << "random file " << i;
+  }
+}
+
+TEST(LoadOnnx, ANodeReadingAnUndefinedValueIsRefused) {
+  TempDir dir;
+  onnx::ModelProto m = relu_model();
+  m.mutable_graph()->mutable_node(0)->set_input(0, "nowhere");
+  EXPECT_THROW_MSG(exporter::load_onnx(write_model(dir, m)), FormatError, "reads 'nowhere'");
+}
+
+TEST(LoadOnnx, InitializersOfTheWrongSizeAreRefusedBeforeAllocating) {
+  TempDir dir;
+  onnx::ModelProto m = relu_model();
+  auto* init = m.mutable_graph()->add_initializer();
+  init->set_name("w");
+  init->set_data_type(onnx::TensorProto::FLOAT);
+  init->add_dims(4);
+  init->set_raw_data(std::string(8, '\0'));
+  EXPECT_THROW_MSG(exporter::load_onnx(write_model(dir, m)), FormatError,
+                   "tensor 'w' of shape [4] needs 4 elements, its raw_data holds 2");
+  // Dims promising 2^40 floats over 8 bytes: refused, nothing allocated; 2^60: the count overflows.
+  init->clear_dims();
+  for (int i = 0; i < 2; ++i) init->add_dims(int64_t{1} << 20);
+  EXPECT_THROW_MSG(exporter::load_onnx(write_model(dir, m)), FormatError, "its raw_data holds 2");
+  init->add_dims(int64_t{1} << 20);
+  EXPECT_THROW_MSG(exporter::load_onnx(write_model(dir, m)), FormatError, "element count overflows");
+  init->clear_raw_data();
+  init->clear_dims();
+  init->add_dims(3);
+  init->add_float_data(1.0f);
+  EXPECT_THROW_MSG(exporter::load_onnx(write_model(dir, m)), FormatError, "its float_data holds 1");
+  init->clear_float_data();
+  init->set_data_location(onnx::TensorProto::EXTERNAL);
+  EXPECT_THROW_MSG(exporter::load_onnx(write_model(dir, m)), FormatError, "external file");
+}
+
+TEST(LoadOnnx, OpsAndOpsetsWithoutAKernelAreRefusedNamingTheNode) {
+  TempDir dir;
+  onnx::ModelProto m = relu_model();
+  m.mutable_graph()->mutable_node(0)->set_op_type("LSTM");
+  EXPECT_THROW_MSG(exporter::load_onnx(write_model(dir, m)), ValueError, "node 'n0' (LSTM)");
+  EXPECT_THROW_MSG(exporter::load_onnx(write_model(dir, relu_model(19))), FormatError, "opset 19");
+  onnx::ModelProto old = relu_model(11);
+  old.mutable_graph()->mutable_node(0)->set_op_type("Softmax");
+  EXPECT_THROW_MSG(exporter::load_onnx(write_model(dir, old)), ValueError,
+                   "implements it from opset 13");
+  onnx::ModelProto seq = relu_model();
+  seq.mutable_graph()->mutable_input(0)->mutable_type()->mutable_sequence_type();
+  EXPECT_THROW_MSG(exporter::load_onnx(write_model(dir, seq)), FormatError, "is not a tensor");
+}
+
+TEST(LoadOnnx, MissingFilesAndNonTensorFilesAreRefused) {
+  TempDir dir;
+  EXPECT_THROW_MSG(exporter::load_onnx(dir.file("absent.onnx")), IOError, "cannot open");
+  EXPECT_THROW(exporter::load_onnx_tensor(write_model(dir, relu_model())), Error);
+}
+
+// ---------------------------------------------------------------- per-module check in-process
+
+// The per-module check of check.h with kiln's runtime in ONNX Runtime's place:
+// every module of a ViT agrees with kiln's forward, and a LayerNormalization
+// broken on purpose (epsilon 0.5) is named as the first divergent module.
+TEST(RuntimeCheck, ModuleOutputsAgreeAndABrokenLayerNormIsNamed) {
+  manual_seed(5);
+  models::ViT vit(models::ViTOptions{
+      .image_size = 8, .patch_size = 4, .num_classes = 5, .dim = 16, .depth = 2, .heads = 2, .mlp_dim = 32});
+  vit.eval();
+  const Tensor x = randn({2, 1, 8, 8});
+  Graph g = exporter::capture(vit, {x}, {.dynamic_axes = {{"input", {{0, "batch"}}}}});
+  const auto kiln_values = exporter::module_values(vit, g, x);
+  const auto report = exporter::compare_module_outputs(g, kiln_values, exporter::run_all_values(g, {x}), 1e-5);
+  EXPECT_FALSE(report.first_divergent.has_value()) << report.str();
+  EXPECT_EQ(report.rows.size(), g.module_outputs.size());
+  for (exporter::Node& n : g.nodes)
+    if (n.module == "blocks.1.ln_2") n.attributes["epsilon"] = 0.5f;
+  const auto broken = exporter::compare_module_outputs(g, kiln_values, exporter::run_all_values(g, {x}), 1e-5);
+  ASSERT_TRUE(broken.first_divergent.has_value()) << broken.str();
+  EXPECT_EQ(broken.rows[*broken.first_divergent].module, "blocks.1.ln_2") << broken.str();
+  EXPECT_EQ(broken.rows[*broken.first_divergent].op_type, "LayerNormalization");
+}
+
+// Opset 18's forms of the two runtime ops it changed: ReduceMean's axes as an
+// input, Split's num_outputs (uneven: the last part is smaller).
+TEST(LoadOnnx, Opset18ReduceAxesInputAndSplitNumOutputs) {
+  TempDir dir;
+  onnx::ModelProto m = relu_model(18);
+  auto* g = m.mutable_graph();
+  g->mutable_input(0)->mutable_type()->mutable_tensor_type()->mutable_shape()->add_dim()->set_dim_value(7);
+  g->clear_node();
+  g->clear_output();
+  auto* axes = g->add_initializer();
+  axes->set_name("axes");
+  axes->set_data_type(onnx::TensorProto::INT64);
+  axes->add_dims(1);
+  axes->add_int64_data(0);
+  auto* mean = g->add_node();
+  mean->set_op_type("ReduceMean");
+  mean->add_input("x");
+  mean->add_input("axes");
+  mean->add_output("m");
+  auto* keep = mean->add_attribute();
+  keep->set_name("keepdims");
+  keep->set_type(onnx::AttributeProto::INT);
+  keep->set_i(0);
+  auto* split = g->add_node();
+  split->set_op_type("Split");
+  split->add_input("m");
+  for (const char* o : {"a", "b", "c"}) split->add_output(o);
+  auto* n = split->add_attribute();
+  n->set_name("num_outputs");
+  n->set_type(onnx::AttributeProto::INT);
+  n->set_i(3);
+  for (const char* o : {"a", "b", "c"}) {
+    auto* vi = g->add_output();
+    vi->set_name(o);
+    vi->mutable_type()->mutable_tensor_type()->set_elem_type(onnx::TensorProto::FLOAT);
+  }
+  const Session s(exporter::load_onnx(write_model(dir, m)));
+  const Tensor x = randn({2, 7});
+  const auto out = s.run({x});
+  ASSERT_EQ(out.size(), 3u);
+  const Tensor want = x.mean({0});
+  EXPECT_TRUE(out[0].allclose(want.slice(0, 0, 3)));
+  EXPECT_TRUE(out[1].allclose(want.slice(0, 3, 6)));
+  EXPECT_TRUE(out[2].allclose(want.slice(0, 6, 7)));
+}
+
+// Intermediates die after their last reader: a chain of 16 Relu/Neg nodes over
+// a 4 MB input holds at most the input, one value being read and the one being
+// made, not all sixteen.
+TEST(Runtime, IntermediatesAreReleasedAfterTheirLastReader) {
+  Graph g;
+  g.name = "chain";
+  const exporter::Shape shape{exporter::Dim::fixed(1024), exporter::Dim::fixed(1024)};
+  g.inputs = {{"x", kFloat32, shape}};
+  std::string prev = "x";
+  for (int i = 0; i < 16; ++i) {
+    exporter::Node n;
+    n.name = "n" + std::to_string(i);
+    n.op_type = i % 2 ? "Neg" : "Relu";
+    n.inputs = {prev};
+    n.outputs = {i == 15 ? std::string("output") : "v" + std::to_string(i)};
+    prev = n.outputs[0];
+    g.nodes.push_back(n);
+  }
+  g.outputs = {{"output", kFloat32, shape}};
+  const Session s(g);
+  const Tensor x = randn({1024, 1024});
+  const int64_t bytes = x.nbytes();
+  memory::empty_cache();
+  const int64_t before = memory::stats().live_bytes;
+  memory::reset_peak_stats();
+  Tensor y = s.run({x})[0];
+  const int64_t peak = memory::stats().peak_bytes - before;
+  EXPECT_LE(peak, 2 * bytes + 4096) << "peak " << peak << " bytes for values of " << bytes;
+  EXPECT_GE(peak, bytes);
+  EXPECT_TRUE(y.equal(x.relu().neg().relu().neg().relu().neg().relu().neg().relu().neg().relu().neg().relu().neg()
+                          .relu().neg()));
 }
 
 }  // namespace

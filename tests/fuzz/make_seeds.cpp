@@ -12,6 +12,10 @@
 #include "../support/idx_bytes.h"
 #include "checkpoint_fixture.h"
 #include "dist/sharded_checkpoint_format.h"
+#include "kiln/export/onnx.h"
+#include "kiln/models/cnn.h"
+#include "kiln/models/gpt.h"
+#include "kiln/models/mlp.h"
 #include "kiln/ops/factory.h"
 
 namespace fs = std::filesystem;
@@ -139,6 +143,22 @@ void shard_index_seeds() {
   put("shard_index", "one-rank", sf::write_index(one));
 }
 
+// Small models written by kiln's ONNX writer (opsets 17 and 13, symbolic dims).
+void onnx_seeds() {
+  fs::create_directories(g_root / "onnx");
+  const std::map<std::string, std::map<int64_t, std::string>> batch{{"input", {{0, "batch"}}}};
+  models::MLP mlp(models::MLPOptions{.in_features = 8, .hidden = {4}, .out_features = 3});
+  exporter::to_onnx(mlp, {randn({2, 8})}, (g_root / "onnx" / "mlp-opset17").string(), {.dynamic_axes = batch});
+  exporter::to_onnx(mlp, {randn({2, 8})}, (g_root / "onnx" / "mlp-opset13").string(),
+                    {.dynamic_axes = batch, .opset = 13});
+  models::CNN cnn(models::CNNOptions{
+      .in_channels = 1, .channels1 = 2, .channels2 = 2, .hidden = 4, .num_classes = 3, .input_size = {8}});
+  exporter::to_onnx(cnn, {randn({1, 1, 8, 8})}, (g_root / "onnx" / "cnn").string(), {.dynamic_axes = batch});
+  models::GPT gpt(models::GPTOptions{.vocab_size = 8, .block_size = 4, .n_layer = 1, .n_head = 2, .n_embd = 4});
+  exporter::to_onnx(gpt, {randint(0, 8, {1, 4}, TensorOptions(kInt64))}, (g_root / "onnx" / "gpt-opset13").string(),
+                    {.dynamic_axes = {{"input", {{0, "batch"}, {1, "seq"}}}}, .opset = 13});
+}
+
 int main(int argc, char** argv) {
   if (argc != 2) {
     std::fprintf(stderr, "usage: %s <corpus dir>\n", argv[0]);
@@ -151,5 +171,6 @@ int main(int argc, char** argv) {
   checkpoint_seeds();
   byod_seeds();
   shard_index_seeds();
+  onnx_seeds();
   return 0;
 }

@@ -8,7 +8,7 @@
 //
 // Each node is compiled once into a Kernel when the Session is built (its
 // attributes validated, constant inputs readable for pre-packing); kernels
-// follow the ONNX operator specification at opsets 13 to 17 (numpy-style
+// follow the ONNX operator specification at opsets 13 to 18 (numpy-style
 // broadcasting, the attribute defaults of those opsets). Other code (the
 // inference optimiser's fused nodes) adds or overrides kernels by op type
 // through SessionOptions.
@@ -59,6 +59,12 @@ class Session {
   std::vector<int64_t> input_slots_, output_slots_;
   int64_t num_slots_ = 0;
 };
+
+/// Runs `graph` once on `inputs` and returns every value its nodes compute, by
+/// name (nothing released): what a node-by-node comparison with another
+/// runtime, or with kiln's own modules (check.h's compare_module_outputs), reads.
+std::map<std::string, Tensor> run_all_values(const Graph& graph, const std::vector<Tensor>& inputs,
+                                             SessionOptions options = {});
 
 /// The op types the built-in kernels implement.
 std::vector<std::string> supported_ops();

@@ -22,6 +22,7 @@
 // copy the update is measured against is taken in begin_step; the gradients
 // are read in end_step (after any clipping and, under a GradScaler, unscaled).
 // `kiln train` runs one and writes each record as a {"kind":"health"} line.
+// check_evaluation() guards an evaluation against a model left in training mode.
 #include <cstdint>
 #include <limits>
 #include <memory>
@@ -31,6 +32,7 @@
 
 #include "kiln/core/tensor.h"
 #include "kiln/nn/module.h"
+#include "kiln/train/eval_check.h"
 
 namespace kiln::train {
 
@@ -99,6 +101,10 @@ class HealthMonitor {
   /// After the optimizer step (gradients still in place): the sampled step's record, or
   /// nullopt on other steps.
   std::optional<HealthRecord> end_step();
+  /// An evaluation of the monitored model is about to run: the check that says, at its
+  /// finish(), whether it ran in training mode (train/eval_check.h). Evaluations are not
+  /// sampled: each one is checked, and one in eval mode costs a walk over the modules.
+  EvalCheck check_evaluation() { return EvalCheck(model_); }
   /// Whether `step` is sampled.
   bool sampled(int64_t step) const { return step % options_.every == 0; }
 
