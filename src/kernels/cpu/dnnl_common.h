@@ -99,6 +99,16 @@ class PrimCache {
 /// Registers a per-thread cache's clear() so dnnl_clear_cache() reaches it.
 void register_clear(void (*clear)());
 
+/// The calling thread's PrimCache of Entry; the first use registers its
+/// clear() so dnnl_clear_cache() reaches every kernel's cache.
+template <typename Entry>
+PrimCache<Entry>& thread_cache() {
+  thread_local PrimCache<Entry> c;
+  static const bool registered = (register_clear([] { thread_cache<Entry>().clear(); }), true);
+  (void)registered;
+  return c;
+}
+
 /// Bytes from kiln's allocator charged to MemoryCategory::Workspace, freed at
 /// scope exit (the caching allocator makes this cheap after the first call).
 class ScratchBlock {

@@ -167,14 +167,6 @@ Pd make_pd(Make&& make, bool nhwc_ok = true) {
   return pd;
 }
 
-template <typename Entry>
-PrimCache<Entry>& cache() {
-  thread_local PrimCache<Entry> c;
-  static const bool registered = (register_clear([] { cache<Entry>().clear(); }), true);
-  (void)registered;
-  return c;
-}
-
 // ---- forward ----
 
 struct FwdEntry {
@@ -187,7 +179,7 @@ struct FwdEntry {
 
 FwdEntry* fwd_entry(const Conv2dParams& p, bool has_bias) {
   const Key key = conv_key(PrimKind::ConvFwd, p, has_bias);
-  auto& c = cache<FwdEntry>();
+  auto& c = thread_cache<FwdEntry>();
   if (FwdEntry* e = c.find(key)) return e;
 
   const ConvShape s = conv_shape(p);
@@ -231,7 +223,7 @@ struct BwdDataEntry {
 
 BwdDataEntry* bwd_data_entry(const Conv2dParams& p) {
   const Key key = conv_key(PrimKind::ConvBwdData, p, false);
-  auto& c = cache<BwdDataEntry>();
+  auto& c = thread_cache<BwdDataEntry>();
   if (BwdDataEntry* e = c.find(key)) return e;
 
   const ConvShape s = conv_shape(p);
@@ -269,7 +261,7 @@ struct BwdWeightsEntry {
 
 BwdWeightsEntry* bwd_weights_entry(const Conv2dParams& p, bool has_bias) {
   const Key key = conv_key(PrimKind::ConvBwdWeights, p, has_bias);
-  auto& c = cache<BwdWeightsEntry>();
+  auto& c = thread_cache<BwdWeightsEntry>();
   if (BwdWeightsEntry* e = c.find(key)) return e;
 
   const ConvShape s = conv_shape(p);

@@ -67,14 +67,6 @@ dnnl::primitive_attr epilogue_attr(bool residual, const dnnl::memory::desc* resi
 
 bool is_reference(const char* impl) { return std::string_view(impl).substr(0, 3) == "ref"; }
 
-template <typename Entry>
-PrimCache<Entry>& cache() {
-  thread_local PrimCache<Entry> c;
-  static const bool registered = (register_clear([] { cache<Entry>().clear(); }), true);
-  (void)registered;
-  return c;
-}
-
 // ---- convolution ----
 
 struct ConvEntry {
@@ -151,7 +143,7 @@ Key conv_key(const FusedConvArgs& a) {
 ConvEntry* conv_entry(const FusedConvArgs& a) {
   KILN_ASSERT(a.p.dtype == DType::Float32, "fused conv: float32 only");
   const Key key = conv_key(a);
-  auto& c = cache<ConvEntry>();
+  auto& c = thread_cache<ConvEntry>();
   if (ConvEntry* e = c.find(key)) return e;
 
   const Conv2dParams& p = a.p;
@@ -235,7 +227,7 @@ struct LinearEntry {
 LinearEntry* linear_entry(const FusedLinearArgs& a) {
   Key key(kFusedLinear);
   key.add_all(a.m, a.n, a.k, a.bias, a.residual, a.act, max_threads());
-  auto& c = cache<LinearEntry>();
+  auto& c = thread_cache<LinearEntry>();
   if (LinearEntry* e = c.find(key)) return e;
 
   constexpr auto f32 = dnnl::memory::data_type::f32;

@@ -29,14 +29,6 @@ struct PoolBwdEntry {
   size_t scratch_bytes = 0;
 };
 
-template <typename Entry>
-PrimCache<Entry>& cache() {
-  thread_local PrimCache<Entry> c;
-  static const bool registered = (register_clear([] { cache<Entry>().clear(); }), true);
-  (void)registered;
-  return c;
-}
-
 dnnl::algorithm pool_algorithm(const Pool2dParams& p) {
   return p.kind == PoolKind::Max             ? dnnl::algorithm::pooling_max
          : p.kind == PoolKind::AvgIncludePad ? dnnl::algorithm::pooling_avg_include_padding
@@ -65,7 +57,7 @@ dims pads_right(const Pool2dParams& p) {
 // Training entries (with a workspace for max pooling) also serve as the backward primitive's hint.
 PoolEntry* get_entry(const Pool2dParams& p, bool training) {
   const Key key = pool_key(training ? PrimKind::PoolFwdTraining : PrimKind::PoolFwd, p);
-  auto& c = cache<PoolEntry>();
+  auto& c = thread_cache<PoolEntry>();
   if (PoolEntry* e = c.find(key)) return e;
 
   const auto t = to_dnnl(p.dtype);
@@ -95,7 +87,7 @@ PoolEntry* get_entry(const Pool2dParams& p, bool training) {
 
 PoolBwdEntry* get_bwd_entry(const Pool2dParams& p) {
   const Key key = pool_key(PrimKind::PoolBwd, p);
-  auto& c = cache<PoolBwdEntry>();
+  auto& c = thread_cache<PoolBwdEntry>();
   if (PoolBwdEntry* e = c.find(key)) return e;
 
   const PoolEntry* hint = get_entry(p, true);
