@@ -7,6 +7,7 @@
 
 #include <fstream>
 #include <set>
+#include <sstream>
 #include <nlohmann/json.hpp>
 
 #include "cli/cli_util.h"
@@ -157,6 +158,10 @@ TEST(CliExportCheck, AWrongLayerNormEpsilonIsNamedAsTheFirstDivergentNode) {
                               "(LayerNorm): the exported graph differs from kiln's module"),
             std::string::npos)
       << report.str();
+  // The figure for docs/export.md: the broken node's row and the verdict.
+  std::istringstream lines(report.str());
+  for (std::string line; std::getline(lines, line);)
+    if (line.rfind("blocks.1.ln_2/", 0) == 0 || line.rfind("first divergent", 0) == 0) std::printf("%s\n", line.c_str());
   // The module summary names the same module first.
   ASSERT_TRUE(report.modules.first_divergent.has_value());
   EXPECT_EQ(report.modules.rows[*report.modules.first_divergent].module, "blocks.1.ln_2");

@@ -3,7 +3,8 @@
 // divergent node; an exporter bug (a wrong LayerNorm epsilon) is named at its
 // node with the verdict "module"; a consumer that computes one op differently
 // (Erf by an approximation) is named at the first node of that op, inside a
-// module, with the verdict "runtime". ONNX Runtime as the consumer:
+// module, with the verdict "runtime"; one that misreads a module output's op
+// gets "both". ONNX Runtime as the consumer:
 // tests/cli/test_cli_export_check.cpp.
 #include <gtest/gtest.h>
 
@@ -184,6 +185,32 @@ TEST(NodeCheck, AConsumerThatComputesAnOpDifferentlyIsNamedAtThatNode) {
   for (size_t i = 0; i < *report.first_divergent; ++i) EXPECT_FALSE(report.rows[i].diverges) << report.rows[i].node;
   EXPECT_NE(report.str().find("ONNX Runtime and kiln's runtime of the same graph disagree"), std::string::npos)
       << report.str();
+}
+
+// A consumer that misreads an attribute at a module's output node (it takes
+// LayerNormalization's epsilon as 0.5): it differs from kiln's runtime and
+// from kiln's module there, the verdict "both".
+TEST(NodeCheck, AConsumerWrongAtAModuleOutputDiffersFromBothKilnSides) {
+  manual_seed(6);
+  auto vit = tiny_vit();
+  vit->eval();
+  const Tensor x = randn({2, 1, 8, 8});
+  const Graph g = capture_of(*vit, x);
+  exporter::SessionOptions misread;
+  misread.kernels["LayerNormalization"] = [](const exporter::Node& n, const Graph& graph) {
+    exporter::Node wrong = n;
+    wrong.attributes["epsilon"] = 0.5f;
+    return exporter::builtin_kernel("LayerNormalization")(wrong, graph);
+  };
+  const auto report =
+      exporter::compare_nodes(g, exporter::run_all_values(g, {x}, misread), exporter::run_all_values(g, {x}),
+                              exporter::module_values(*vit, g, x), 1e-4);
+  ASSERT_TRUE(report.first_divergent.has_value()) << report.str();
+  const auto& first = report.rows[*report.first_divergent];
+  EXPECT_EQ(first.op_type, "LayerNormalization") << report.str();
+  EXPECT_EQ(first.module, "blocks.0.ln_1");
+  EXPECT_EQ(first.verdict(), "both");
+  EXPECT_NE(report.str().find("ONNX Runtime differs from both kiln's runtime and kiln's module"), std::string::npos);
 }
 
 TEST(NodeCheck, EveryNodeOutputBecomesAGraphOutputOnce) {
