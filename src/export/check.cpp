@@ -83,7 +83,7 @@ ValueDiff diff_values(const Tensor& kiln, const Tensor& consumer, double toleran
     } else if (std::isnan(pa[i]) != std::isnan(pb[i])) {
       d.note = "NaN on one side only";
     } else if (!std::isnan(pa[i]) && pa[i] != pb[i]) {
-      d.note = "inf on one side only";
+      d.note = "inf on one side only, or of the other sign";
     }
     if (fa) scale = std::max(scale, std::abs(pa[i]));
   }
