@@ -237,9 +237,12 @@ int export_onnx(const fs::path& target, const fs::path& ckpt, const ExportOption
   const Tensor x = task.gpt ? randint(0, task.gpt->options.vocab_size, shape, TensorOptions(kInt64)) : randn(shape);
   std::string dims;
   for (size_t i = 0; i < shape.size(); ++i) dims += (i ? ", " : "") + std::to_string(shape[i]);
-  std::printf("check: ONNX Runtime beside kiln on an input [%s], each module's output\n", dims.c_str());
-  const exporter::CheckReport report = check_export(*task.model, graph, x, o.opset);
+  std::printf("check: ONNX Runtime beside kiln on an input [%s], node by node\n", dims.c_str());
+  fs::path json = out;
+  json.replace_extension(".check.json");
+  const exporter::NodeCheckReport report = check_export(*task.model, graph, x, o.opset, 1e-4, json);
   std::fputs(report.str().c_str(), stdout);
+  std::printf("wrote %s: the same report as JSON\n", json.string().c_str());
   return report.first_divergent ? 1 : 0;
 }
 

@@ -1,6 +1,7 @@
 // `kiln export --check` (export_check.h). ONNX Runtime runs in node: a small
 // script reads the input from a raw file, runs the session and writes every
-// output as a raw file with a JSON index of names, shapes and types.
+// output (every node's, for the check) as a raw file with a JSON index of
+// names, shapes and types.
 #include "cli/export_check.h"
 
 #include <sys/wait.h>
@@ -14,6 +15,7 @@
 #include "cli/config.h"
 #include "kiln/core/error.h"
 #include "kiln/export/onnx.h"
+#include "kiln/export/runtime.h"
 #include "kiln/ops/factory.h"
 
 namespace kiln::cli {
@@ -112,9 +114,13 @@ std::map<std::string, Tensor> run_onnxruntime(const fs::path& model, const Tenso
   for (const auto& o : nlohmann::json::parse(slurp(workdir / "outputs.json"))) {
     const std::string bytes = slurp(o["file"].get<std::string>());
     const auto dims = o["dims"].get<std::vector<int64_t>>();
-    KILN_CHECK(o["type"] == "float32" || o["type"] == "int64", Error, "export check: output ", o["name"], " of type ",
-               o["type"]);
-    Tensor t = empty(dims, TensorOptions(o["type"] == "float32" ? kFloat32 : kInt64));
+    // onnxruntime-node's names for the element types kiln's graphs compute.
+    static const std::map<std::string, DType> kTypes{
+        {"float32", kFloat32}, {"int64", kInt64}, {"int32", kInt32}, {"bool", kBool}, {"uint8", kUInt8}};
+    const std::string type = o["type"].get<std::string>();
+    KILN_CHECK(kTypes.count(type), Error, "export check: output ", o["name"].get<std::string>(), " has type ", type,
+               "; the check reads float32, int64, int32, bool and uint8");
+    Tensor t = empty(dims, TensorOptions(kTypes.at(type)));
     KILN_CHECK(static_cast<int64_t>(bytes.size()) == t.nbytes(), Error, "export check: output ", o["name"], " has ",
                bytes.size(), " bytes for shape ", t.shape_string());
     std::memcpy(t.data_ptr(), bytes.data(), bytes.size());
@@ -123,14 +129,21 @@ std::map<std::string, Tensor> run_onnxruntime(const fs::path& model, const Tenso
   return values;
 }
 
-exporter::CheckReport check_export(nn::Module& module, const exporter::Graph& graph, const Tensor& input, int64_t opset,
-                                   double tolerance) {
+exporter::NodeCheckReport check_export(nn::Module& module, const exporter::Graph& graph, const Tensor& input,
+                                       int64_t opset, double tolerance, const fs::path& json) {
   const Scratch scratch;
   const fs::path model = scratch.path / "check.onnx";
-  exporter::write_onnx(exporter::with_module_outputs(graph), model.string(), opset);
-  const auto runtime = run_onnxruntime(model, input, scratch.path);
-  const auto kiln = exporter::module_values(module, graph, input);
-  return exporter::compare_module_outputs(graph, kiln, runtime, tolerance);
+  exporter::write_onnx(exporter::with_node_outputs(graph), model.string(), opset);
+  const auto consumer = run_onnxruntime(model, input, scratch.path);
+  const auto kiln_runtime = exporter::run_all_values(graph, {input});
+  const auto kiln_eager = exporter::module_values(module, graph, input);
+  exporter::NodeCheckReport report = exporter::compare_nodes(graph, consumer, kiln_runtime, kiln_eager, tolerance);
+  if (!json.empty()) {
+    std::ofstream f(json);
+    f << report.json();
+    KILN_CHECK(f.good(), IOError, "export check: cannot write the report to ", json.string());
+  }
+  return report;
 }
 
 }  // namespace kiln::cli

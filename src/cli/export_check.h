@@ -1,8 +1,9 @@
 #pragma once
-// `kiln export --check`: the exported graph in ONNX Runtime beside kiln's own
-// forward on the same input, compared at every module's output
-// (exporter::compare_module_outputs). ONNX Runtime is the npm package
-// onnxruntime-node that scripts/setup.sh installs, run by `node`.
+// `kiln export --check`: the exported graph in ONNX Runtime beside kiln on the
+// same input, compared at every graph node against kiln's own runtime of the
+// graph and, at module outputs, against kiln's eager forward
+// (exporter::compare_nodes, with the per-module summary). ONNX Runtime is the
+// npm package onnxruntime-node that scripts/setup.sh installs, run by `node`.
 #include <filesystem>
 #include <map>
 #include <string>
@@ -23,10 +24,13 @@ inline constexpr const char* kOnnxRuntimeModules = "/usr/local/share/kiln/npm/no
 std::map<std::string, Tensor> run_onnxruntime(const std::filesystem::path& model, const Tensor& input,
                                               const std::filesystem::path& workdir);
 
-/// Writes `graph` with every module output as a graph output, runs it in ONNX
-/// Runtime on `input` and compares each module output with kiln's forward of
-/// `module` (the module the graph was captured from).
-exporter::CheckReport check_export(nn::Module& module, const exporter::Graph& graph, const Tensor& input, int64_t opset,
-                                   double tolerance = 1e-4);
+/// Writes `graph` with every node output as a graph output, runs it in ONNX
+/// Runtime (graph optimisations off, so no node is fused away) on `input`,
+/// runs the same graph in kiln's runtime (exporter::run_all_values) and kiln's
+/// eager forward of `module` (the module the graph was captured from), and
+/// compares them node by node (exporter::compare_nodes). When `json` is not
+/// empty the report is also written there (NodeCheckReport::json).
+exporter::NodeCheckReport check_export(nn::Module& module, const exporter::Graph& graph, const Tensor& input,
+                                       int64_t opset, double tolerance = 1e-4, const std::filesystem::path& json = {});
 
 }  // namespace kiln::cli
