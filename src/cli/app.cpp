@@ -113,8 +113,9 @@ int dispatch(int argc, char** argv) {
                 "onnx: fold each BatchNorm into the Conv or Linear before it and drop Identity/Dropout (the file "
                 "stays standard ONNX); prints node counts before/after");
   exp->add_flag("--check", xo.check,
-                "onnx: run the file in ONNX Runtime beside kiln and print each module's max abs / relative "
-                "difference, naming the first that diverges (exit 1 then)");
+                "onnx: run the file in ONNX Runtime beside kiln and print each node's max abs / relative "
+                "difference (against kiln's runtime, and at module outputs against kiln's module), naming the "
+                "first that diverges (exit 1 then); the report also goes to <out>.check.json");
 
   auto* sample = app.add_subcommand("sample", "Text from a trained character-level GPT");
   sample->add_option("target", target, "Run directory or checkpoint file")->required();

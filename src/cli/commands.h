@@ -30,8 +30,8 @@ struct ExportOptions {
   /// (seq: the language model only), or "none"; empty: batch (and seq for a GPT).
   std::string dynamic;
   int64_t opset = 17;  // onnx: 13 to 17
-  /// onnx: run the file in ONNX Runtime beside kiln and compare every module's
-  /// output (cli/export_check.h); exit 1 naming the first module that diverges.
+  /// onnx: run the file in ONNX Runtime beside kiln and compare every node's
+  /// output (cli/export_check.h); exit 1 naming the first node that diverges.
   bool check = false;
   /// onnx: the standard passes (exporter::optimize_standard: BatchNorm folds,
   /// Identity/Dropout removal); the file stays standard ONNX.
