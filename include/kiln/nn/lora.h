@@ -31,7 +31,7 @@
 // they were.
 //
 // apply() freezes every parameter of the model (requires_grad = false) and makes
-// only the active adapter's A and B trainable. Several named adapters may live
+// only the active adapter's A and B trainable (and the biases its Options::bias names). Several named adapters may live
 // side by side (add_adapter); set_adapter chooses which one runs and trains.
 #pragma once
 
