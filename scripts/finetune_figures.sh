@@ -49,7 +49,7 @@ queue sherlock_base $L --set lora.rank=0 --set optim.lr=0 --set schedule.min_lr=
 for lr in 1e-3 3e-3 1e-2; do ft full $lr $L --set lora.rank=0; done
 # LoRA r = 8 on every block Linear (7.2 % trainable), and r = 2 / r = 1 + biases, the
 # largest that fit in 2 % (1.9 %, 1.6 %); each at several lrs.
-for lr in 1e-2 3e-2; do ft r8_all $lr $L; done
+for lr in 3e-3 1e-2 3e-2; do ft r8_all $lr $L; done
 for lr in 3e-3 1e-2 3e-2; do ft r2_all $lr $L --set lora.rank=2; done
 for lr in 3e-3 1e-2 3e-2; do ft r1_all_biasall $lr $L --set lora.rank=1 --set lora.bias='"all"'; done
 # The issue's rows: r = 4 and 16, and QLoRA r = 8, at r = 8's best lr.
@@ -59,6 +59,7 @@ ft qlora_r8_all 1e-2 $Q
 # Other placements at about 2 %.
 ft r8_cattn 1e-2 $L --set lora.targets='"attn.c_attn"'
 ft r2_all_biasall 1e-2 $L --set lora.rank=2 --set lora.bias='"all"'
+ft r1_all 1e-2 $L --set lora.rank=1
 ft r4_attn 1e-2 $L --set lora.rank=4 --set lora.targets='"attn.c_attn,attn.c_proj"'
 wait
 python3 scripts/finetune_table.py runs

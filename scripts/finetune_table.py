@@ -23,6 +23,7 @@ METHODS = [
     ("r2_all", "LoRA r=2, every block Linear"),
     ("r8_cattn", "LoRA r=8, attn.c_attn only"),
     ("r4_attn", "LoRA r=4, attn.c_attn + attn.c_proj"),
+    ("r1_all", "LoRA r=1, every block Linear"),
     ("r1_all_biasall", "LoRA r=1, every block Linear, bias = all"),
     ("r2_all_biasall", "LoRA r=2, every block Linear, bias = all"),
 ]
