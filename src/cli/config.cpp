@@ -98,6 +98,7 @@ constexpr Key kSchema[] = {
     {"lora.dropout", Kind::Float, "0.0", "", ""},
     {"lora.targets", Kind::String, "\"attn.c_attn,attn.c_proj,mlp.*\"", "", ""},
     {"lora.quantize", Kind::String, "\"none\"", "", "none|nf4"},
+    {"lora.bias", Kind::String, "\"none\"", "", "none|all|lora_only"},
 
     {"train.epochs", Kind::Int, "1", "", ""},
     {"train.steps", Kind::Int, "0", "", ""},

@@ -115,6 +115,10 @@ void check_finetune_config(const Config& c, bool distributed) {
     throw ConfigError(c.origin("lora.quantize") + ": lora.quantize = \"" + c.string("lora.quantize") +
                       "\" freezes the targets' weights in 4 bits and trains adapters over them; it needs lora.rank > "
                       "0, got 0");
+  if (c.string("lora.bias") != "none" && !lora)
+    throw ConfigError(c.origin("lora.bias") + ": lora.bias = \"" + c.string("lora.bias") +
+                      "\" trains biases beside LoRA adapters; it needs lora.rank > 0, got 0 (full fine-tuning "
+                      "trains every bias already)");
   if (distributed && lora && strategy == "zero3")
     throw ConfigError(c.origin("lora.rank") +
                       ": lora does not work with dist.strategy = \"zero3\" yet (FSDP shards frozen and "
@@ -142,7 +146,8 @@ FinetuneSummary prepare_model(const Config& c, nn::Module& model, bool load_init
                               .rank = rank,
                               .alpha = c.number("lora.alpha"),
                               .dropout = c.number("lora.dropout"),
-                              .name = "default"});
+                              .name = "default",
+                              .bias = c.string("lora.bias")});
     } catch (const ValueError& e) {
       throw ConfigError(c.origin("lora.targets") + ": " + e.what());
     }
@@ -187,6 +192,7 @@ void save_run_adapter(const Config& c, const nn::Module& model, const fs::path& 
   a.config.lora_alpha = c.number("lora.alpha");
   a.config.lora_dropout = c.number("lora.dropout");
   a.config.base_model_name_or_path = c.string("init_from");
+  a.config.bias = c.string("lora.bias");
   const std::string a_mid = ".lora_A.default.weight", b_mid = ".lora_B.default.weight";
   for (auto& [name, p] : model.named_parameters()) {
     for (const auto& [suffix, which] : {std::pair{a_mid, 'A'}, std::pair{b_mid, 'B'}}) {
@@ -197,6 +203,11 @@ void save_run_adapter(const Config& c, const nn::Module& model, const fs::path& 
       if (which == 'A') a.config.target_modules.push_back(path);
     }
   }
+  // The trained biases (lora.bias): the parameters outside the adapters that require grad.
+  if (a.config.bias != "none")
+    for (auto& [name, p] : model.named_parameters())
+      if (p.requires_grad() && name.find(".lora_") == std::string::npos)
+        a.tensors.emplace_back("base_model.model." + name, p.detach());
   io::save_peft_adapter(dir.string(), a);
 }
 

@@ -62,6 +62,16 @@ std::string peft_lora_module(const std::string& key, char* which) {
   return {};
 }
 
+std::string peft_bias_parameter(const std::string& key) {
+  constexpr std::string_view kBias = ".bias";
+  if (!key.starts_with(kPrefix) || !key.ends_with(kBias) || key.size() <= kPrefix.size() + kBias.size()) return {};
+  std::string name = key.substr(kPrefix.size());
+  // A parameter inside an adapter is never a trained base bias.
+  for (std::string_view part : {".lora_A.", ".lora_B."})
+    if (name.find(part) != std::string::npos) return {};
+  return name;
+}
+
 PeftLoraConfig parse_peft_lora_config(const std::string& text, const std::string& source) {
   json j = json::parse(text, nullptr, /*allow_exceptions=*/false);
   if (j.is_discarded()) fail(source, "expected JSON, got text that does not parse");
@@ -96,8 +106,12 @@ PeftLoraConfig parse_peft_lora_config(const std::string& text, const std::string
       fail(source, concat("expected each of \"target_modules\" a non-empty string, got ", t.dump()));
     c.target_modules.push_back(t.get<std::string>());
   }
-  if (auto it = j.find("bias"); it != j.end() && !(it->is_string() && it->get<std::string>() == "none"))
-    fail(source, concat("expected \"bias\": \"none\" (kiln's adapters train no biases), got ", it->dump()));
+  if (auto it = j.find("bias"); it != j.end()) {
+    const std::string b = it->is_string() ? it->get<std::string>() : "";
+    if (b != "none" && b != "all" && b != "lora_only")
+      fail(source, concat("expected \"bias\" one of \"none\", \"all\", \"lora_only\", got ", it->dump()));
+    c.bias = b;
+  }
   if (auto it = j.find("fan_in_fan_out"); it != j.end() && !(it->is_boolean() && !it->get<bool>()))
     fail(source, concat("expected \"fan_in_fan_out\": false (weights stored [out, in]), got ", it->dump()));
   if (auto it = j.find("base_model_name_or_path"); it != j.end() && it->is_string())
@@ -106,9 +120,11 @@ PeftLoraConfig parse_peft_lora_config(const std::string& text, const std::string
 }
 
 void save_peft_adapter(const std::string& dir, const PeftAdapter& adapter) {
+  const bool biases = adapter.config.bias != "none";
   for (const auto& [name, t] : adapter.tensors)
-    KILN_CHECK(!peft_lora_module(name).empty(), ValueError, "save_peft_adapter: expected tensor names of the form ",
-               kPrefix, "<module>", kSuffixA, " or ", kSuffixB, ", got '", name, "'");
+    KILN_CHECK(!peft_lora_module(name).empty() || (biases && !peft_bias_parameter(name).empty()), ValueError,
+               "save_peft_adapter: expected tensor names of the form ", kPrefix, "<module>", kSuffixA, " or ", kSuffixB,
+               biases ? concat(" or ", kPrefix, "<parameter>.bias") : std::string(), ", got '", name, "'");
   std::error_code ec;
   std::filesystem::create_directories(dir, ec);
   if (ec) throw IOError(concat("save_peft_adapter: cannot create '", dir, "': ", ec.message()));
@@ -122,7 +138,7 @@ void save_peft_adapter(const std::string& dir, const PeftAdapter& adapter) {
   j["lora_alpha"] = c.lora_alpha;
   j["lora_dropout"] = c.lora_dropout;
   j["target_modules"] = c.target_modules;
-  j["bias"] = "none";
+  j["bias"] = c.bias;
   j["fan_in_fan_out"] = false;
   j["inference_mode"] = true;
   j["init_lora_weights"] = true;
@@ -140,12 +156,22 @@ PeftAdapter load_peft_adapter(const std::string& dir) {
   const std::string src = tensors_path.string();
   SafetensorsFile f = load_safetensors(src);
   std::map<std::string, std::pair<int, int>> seen;  // module -> (A count, B count)
+  const bool biases = a.config.bias != "none";
   for (auto& [name, t] : f.tensors) {
     char which = 0;
     const std::string module = peft_lora_module(name, &which);
+    if (module.empty() && biases && !peft_bias_parameter(name).empty()) {
+      if (!is_floating_point(t.dtype()))
+        fail(src, concat("tensor '", name, "': expected a floating-point tensor, got ", dtype_name(t.dtype())));
+      if (t.dim() != 1)
+        fail(src, concat("tensor '", name, "': expected a bias of 1 dim, got shape ", t.shape_string()));
+      continue;
+    }
     if (module.empty())
-      fail(src, concat("tensor '", name, "': expected a name of the form ", kPrefix, "<module>", kSuffixA, " or ",
-                       kSuffixB));
+      fail(src,
+           concat("tensor '", name, "': expected a name of the form ", kPrefix, "<module>", kSuffixA, " or ", kSuffixB,
+                  biases ? concat(" or ", kPrefix, "<parameter>.bias")
+                         : std::string(" (bias tensors only when adapter_config.json's \"bias\" is not \"none\")")));
     if (!is_floating_point(t.dtype()))
       fail(src, concat("tensor '", name, "': expected a floating-point tensor, got ", dtype_name(t.dtype())));
     if (t.dim() != 2) fail(src, concat("tensor '", name, "': expected 2 dims, got shape ", t.shape_string()));
@@ -156,7 +182,7 @@ PeftAdapter load_peft_adapter(const std::string& dir) {
     auto& counts = seen[module];
     (which == 'A' ? counts.first : counts.second)++;
   }
-  if (f.tensors.empty()) fail(src, "expected LoRA tensors, got none");
+  if (seen.empty()) fail(src, "expected LoRA tensors, got none");
   for (const auto& [module, counts] : seen)
     if (counts.first != 1 || counts.second != 1)
       fail(src, concat("module '", module, "': expected one lora_A and one lora_B, got ", counts.first, " and ",

@@ -111,6 +111,8 @@ struct Lora::Impl {
   }
   void add(const Options& o);
   void set_trainable(const std::string& name);
+  // The biases adapter `name`'s Options::bias trains, with their names in the model (model order).
+  NamedTensors biases(const std::string& name) const;
 };
 
 bool matches(std::string_view pattern, std::string_view path) {
@@ -139,6 +141,8 @@ void Lora::Impl::add(const Options& o) {
   KILN_CHECK(!o.name.empty() && o.name.find('.') == std::string::npos, ValueError,
              "lora: expected an adapter name without dots, got '", o.name, "'");
   KILN_CHECK(find(o.name) == nullptr, ValueError, "lora: the model already has an adapter called '", o.name, "'");
+  KILN_CHECK(o.bias == "none" || o.bias == "all" || o.bias == "lora_only", ValueError, "lora: adapter '", o.name,
+             "': expected bias \"none\", \"all\" or \"lora_only\", got \"", o.bias, "\"");
 
   // Where each parameter is listed: a Linear whose weight is listed under another
   // name shares it (GPT's lm_head with wte), and merging into it would change both.
@@ -237,12 +241,42 @@ void Lora::Impl::add(const Options& o) {
   adapters.push_back(o);
 }
 
+namespace {
+// The parameters of `model` that bias mode `bias` trains when the adapter wraps the modules `wrapped`.
+NamedTensors bias_parameters(const Module& model, const std::string& bias, const std::vector<std::string>& wrapped) {
+  NamedTensors out;
+  if (bias == "none") return out;
+  std::set<std::string> own;
+  for (auto& p : wrapped) own.insert(p + ".bias");
+  for (auto& [n, t] : model.named_parameters()) {
+    if (inside_adapter(n)) continue;
+    const bool is_bias = n == "bias" || (n.size() > 5 && n.compare(n.size() - 5, 5, ".bias") == 0);
+    if (is_bias && (bias == "all" || own.count(n))) out.emplace_back(n, t);
+  }
+  return out;
+}
+}  // namespace
+
+NamedTensors Lora::Impl::biases(const std::string& name) const {
+  const Options* o = find(name);
+  if (!o || o->bias == "none") return {};
+  std::vector<std::string> wrapped;
+  for (auto& l : layers)
+    if (l->adapters.count(name)) wrapped.push_back(l->path);
+  return bias_parameters(*model, o->bias, wrapped);
+}
+
 void Lora::Impl::set_trainable(const std::string& name) {
   for (auto& l : layers)
     for (auto& [n, a] : l->adapters) {
       a.A->weight.requires_grad_(n == name);
       a.B->weight.requires_grad_(n == name);
     }
+  // Biases are shared by every adapter: freeze those any adapter trains, then
+  // open the active one's.
+  for (const auto& o : adapters)
+    for (auto& [n, t] : biases(o.name)) t.requires_grad_(false);
+  for (auto& [n, t] : biases(name)) t.requires_grad_(true);
 }
 
 Lora apply(Module& model, const Options& options) {
@@ -337,6 +371,7 @@ NamedTensors Lora::trainable_parameters() const {
     out.emplace_back(l->path + ".lora_A." + name + ".weight", it->second.A->weight);
     out.emplace_back(l->path + ".lora_B." + name + ".weight", it->second.B->weight);
   }
+  for (auto& nt : impl_->biases(name)) out.push_back(nt);
   return out;
 }
 
@@ -348,6 +383,7 @@ int64_t Lora::num_parameters(const std::string& name) const {
     auto it = l->adapters.find(n);
     if (it != l->adapters.end()) total += it->second.A->weight.numel() + it->second.B->weight.numel();
   }
+  for (auto& [bn, t] : impl_->biases(n)) total += t.numel();
   return total;
 }
 
@@ -361,6 +397,7 @@ NamedTensors Lora::adapter_state_dict(const std::string& name) const {
     out.emplace_back(io::peft_lora_key(l->path, 'A'), it->second.A->weight.detach());
     out.emplace_back(io::peft_lora_key(l->path, 'B'), it->second.B->weight.detach());
   }
+  for (auto& [bn, t] : impl_->biases(n)) out.emplace_back("base_model.model." + bn, t.detach());
   return out;
 }
 
@@ -376,6 +413,9 @@ void Lora::load_adapter_state_dict(const NamedTensors& tensors, const std::strin
     expected.emplace(io::peft_lora_key(l->path, 'A'), &it->second.A->weight);
     expected.emplace(io::peft_lora_key(l->path, 'B'), &it->second.B->weight);
   }
+  // The model's bias tensors are handles on its storage: copy_ into them writes the model's biases.
+  NamedTensors bias_params = impl_->biases(n);
+  for (auto& [bn, t] : bias_params) expected.emplace("base_model.model." + bn, &t);
   std::string problems;
   std::set<std::string> given;
   for (auto& [key, t] : tensors) {
@@ -403,6 +443,7 @@ void Lora::save(const std::string& dir, const std::string& name) const {
   a.config.r = o.rank;
   a.config.lora_alpha = o.alpha;
   a.config.lora_dropout = o.dropout;
+  a.config.bias = o.bias;
   for (auto& l : impl_->layers)
     if (l->adapters.count(n)) a.config.target_modules.push_back(l->path);
   a.tensors = adapter_state_dict(n);
@@ -422,9 +463,23 @@ void Lora::load(const std::string& dir, const std::string& name) {
     if (!path.empty() && !inside_adapter(path)) modules.emplace(path, m);
   std::string problems;
   std::vector<std::string> paths;
+  std::map<std::string, Tensor> params;
+  for (auto& [n, t] : impl_->model->named_parameters()) params.emplace(n, t);
+  std::vector<const std::string*> bias_keys;
   for (auto& [key, t] : a.tensors) {
     char which = 0;
     const std::string path = io::peft_lora_module(key, &which);
+    if (path.empty()) {  // a trained bias (the reader admits these only when the config's bias is not "none")
+      bias_keys.push_back(&key);
+      const std::string bn = io::peft_bias_parameter(key);
+      auto p = params.find(bn);
+      if (p == params.end())
+        problems += concat("\n  '", key, "': the model has no parameter '", bn, "'");
+      else if (t.shape() != p->second.shape())
+        problems += concat("\n  '", key, "': expected shape ", p->second.shape_string(), " for the model's '", bn,
+                           "', got ", t.shape_string());
+      continue;
+    }
     auto it = modules.find(path);
     if (it == modules.end()) {
       if (which == 'A') problems += concat("\n  target '", path, "': the model has no such module");
@@ -443,6 +498,17 @@ void Lora::load(const std::string& dir, const std::string& name) {
                          lin->options.in_features, ", ", lin->options.out_features, "), got ", t.shape_string());
     if (which == 'A') paths.push_back(path);
   }
+  // The biases the file's bias mode trains on this model are exactly the ones it must carry.
+  std::set<std::string> want;
+  for (auto& [bn, t] : bias_parameters(*impl_->model, a.config.bias, paths)) want.insert(bn);
+  for (const std::string* key : bias_keys) {
+    const std::string bn = io::peft_bias_parameter(*key);
+    if (params.count(bn) && !want.erase(bn))
+      problems += concat("\n  '", *key, "': bias = \"", a.config.bias, "\" does not train that parameter here");
+  }
+  for (auto& bn : want)
+    problems += concat("\n  missing 'base_model.model.", bn, "': bias = \"", a.config.bias,
+                       "\" trains that parameter of this model");
   for (auto& target : a.config.target_modules)
     if (std::none_of(paths.begin(), paths.end(), [&](const std::string& p) { return matches(target, p); }))
       problems += concat("\n  target_modules entry '", target, "': the file holds no tensors for a module it names");
@@ -451,7 +517,8 @@ void Lora::load(const std::string& dir, const std::string& name) {
                .rank = a.config.r,
                .alpha = a.config.lora_alpha,
                .dropout = a.config.lora_dropout,
-               .name = name});
+               .name = name,
+               .bias = a.config.bias});
   load_adapter_state_dict(a.tensors, name);
   set_adapter(name);
 }

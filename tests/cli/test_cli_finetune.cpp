@@ -122,6 +122,44 @@ TEST(CliFinetune, LoRAFromARunTrainsOnlyAdaptersAndWritesAPEFTAdapter) {
   ASSERT_EQ(qe.rc, 0) << qe.output;
 }
 
+// lora.bias = "all": every bias trains beside the adapters (counted, with
+// optimizer state), moves, and is written into RUN/adapter with PEFT's names.
+TEST(CliFinetune, LoRABiasAllTrainsTheBiasesAndWritesThemToTheAdapter) {
+  TempDir dir;
+  write_text(dir.path() / "moby.txt", tiny_text());
+  write_text(dir.path() / "gpt.toml", gpt_config(dir.file("moby.txt")));
+  const fs::path base = dir.path() / "base", lora = dir.path() / "lora";
+  ASSERT_EQ(kiln_cli("train " + dir.file("gpt.toml") + " --out " + base.string() + " --set train.steps=2").rc, 0);
+  auto r = kiln_cli("train " + dir.file("gpt.toml") + " --out " + lora.string() + " --set train.steps=3" +
+                    " --set init_from='\"" + base.string() + "\"' --set lora.rank=4" +
+                    " --set lora.targets='\"attn.c_attn,mlp.c_fc\"' --set lora.bias='\"all\"'");
+  ASSERT_EQ(r.rc, 0) << r.output;
+  // c_attn 4 (32 + 96) + c_fc 4 (32 + 128) = 1152, and the biases: ln_1 32, c_attn 96,
+  // attn.c_proj 32, ln_2 32, c_fc 128, mlp.c_proj 32, ln_f 32 = 384.
+  EXPECT_NE(r.output.find("lora: 1536 of "), std::string::npos) << r.output;
+  const auto ck = io::load_safetensors((lora / "checkpoints" / "ckpt-00000003.safetensors").string());
+  const auto bk = io::load_safetensors((base / "checkpoints" / "ckpt-00000002.safetensors").string());
+  int with_state = 0;
+  for (const auto& [name, t] : ck.tensors) {
+    if (name.rfind("optim.", 0) == 0 && name.find(".exp_avg_sq") != std::string::npos) ++with_state;
+    if (name.rfind("model.", 0) == 0 && name.find(".lora_") == std::string::npos) {
+      const bool bias = name.size() > 5 && name.substr(name.size() - 5) == ".bias";
+      EXPECT_EQ(test::to_doubles(t) == test::to_doubles(bk.at(name)), !bias) << name;
+    }
+  }
+  EXPECT_EQ(with_state, 4 + 7);
+  const auto ad = io::load_safetensors((lora / "adapter" / "adapter_model.safetensors").string());
+  EXPECT_EQ(ad.size(), 4u + 7u);
+  EXPECT_TRUE(ad.tensors.size() == 11 && ad.tensors[4].first == "base_model.model.transformer.h.0.ln_1.bias")
+      << (ad.tensors.size() > 4 ? ad.tensors[4].first : "");
+  EXPECT_EQ(read_json(lora / "adapter" / "adapter_config.json")["bias"], "all");
+  // Full fine-tuning trains every bias already: bias without rank is refused by name.
+  auto bad = kiln_cli("train " + dir.file("gpt.toml") + " --out " + dir.file("b") + " --set lora.bias='\"all\"'");
+  EXPECT_EQ(bad.rc, 2) << bad.output;
+  EXPECT_NE(bad.output.find("lora.bias = \"all\""), std::string::npos) << bad.output;
+  EXPECT_NE(bad.output.find("needs lora.rank > 0"), std::string::npos) << bad.output;
+}
+
 TEST(CliFinetune, InitFromErrorsAndKeyReports) {
   TempDir dir;
   write_text(dir.path() / "moby.txt", tiny_text());

@@ -358,6 +358,102 @@ TEST(Lora, AdapterFilesRoundTripIntoAFreshBase) {
   EXPECT_NE(msg.find("expected shape [24, 4], got [3, 3]"), std::string::npos) << msg;
 }
 
+// bias = "all" / "lora_only" (PEFT's LoraConfig.bias): exactly those biases train
+// beside A and B, count in num_parameters, get optimizer state, and travel in the
+// adapter file; loading it into a fresh base reproduces the outputs bitwise.
+TEST(Lora, BiasOptionTrainsSavesAndLoadsExactlyThoseBiases) {
+  test::TempDir dir;
+  manual_seed(8);
+  models::GPT m(kGPT);
+  std::vector<std::string> all_biases;
+  int64_t all_bias_numel = 0;
+  for (auto& [n, p] : m.named_parameters())
+    if (n.size() > 5 && n.substr(n.size() - 5) == ".bias") {
+      all_biases.push_back(n);
+      all_bias_numel += p.numel();
+    }
+  // Two blocks: ln_1, c_attn, attn.c_proj, ln_2, c_fc, mlp.c_proj; and ln_f.
+  ASSERT_EQ(all_biases.size(), 13u);
+  auto lora = nn::lora::apply(m, {.targets = {"c_attn", "mlp.c_fc"}, .rank = 2, .alpha = 4, .bias = "all"});
+  std::vector<std::string> trains;
+  for (auto& [n, p] : m.named_parameters())
+    if (p.requires_grad() && n.find(".lora_") == std::string::npos) trains.push_back(n);
+  EXPECT_EQ(trains, all_biases);
+  // A and B: c_attn 2 (8 + 24), c_fc 2 (8 + 32) per block.
+  EXPECT_EQ(lora.num_parameters(), 2 * (64 + 80) + all_bias_numel);
+  EXPECT_EQ(lora.trainable_parameters().size(), 8u + all_biases.size());
+
+  // lora_only: the wrapped Linears' biases and nothing else.
+  manual_seed(8);
+  models::GPT m2(kGPT);
+  auto only = nn::lora::apply(m2, {.targets = {"c_attn", "mlp.c_fc"}, .rank = 2, .alpha = 4, .bias = "lora_only"});
+  std::vector<std::string> only_trains;
+  for (auto& [n, p] : m2.named_parameters())
+    if (p.requires_grad() && n.find(".lora_") == std::string::npos) only_trains.push_back(n);
+  EXPECT_EQ(only_trains, (std::vector<std::string>{"transformer.h.0.attn.c_attn.bias", "transformer.h.0.mlp.c_fc.bias",
+                                                   "transformer.h.1.attn.c_attn.bias", "transformer.h.1.mlp.c_fc.bias"}));
+  // Switching to an adapter without biases freezes them again.
+  only.add_adapter({.targets = {"c_proj"}, .rank = 2, .name = "plain"});
+  only.set_adapter("plain");
+  for (auto& [n, p] : m2.named_parameters())
+    if (n.find(".lora_") == std::string::npos) EXPECT_FALSE(p.requires_grad()) << n;
+  EXPECT_THROW(nn::lora::apply(m2, {.targets = {"c_fc"}, .bias = "some"}), ValueError);
+
+  // Training moves the biases and only the trainable tensors have optimizer state.
+  Tensor idx = randint(0, 13, {2, 6}, TensorOptions(kInt64));
+  Tensor tgt = randint(0, 13, {2, 6}, TensorOptions(kInt64));
+  Tensor ln_f_before;
+  for (auto& [n, p] : m.named_parameters())
+    if (n == "transformer.ln_f.bias") ln_f_before = p.detach().clone();
+  ASSERT_TRUE(ln_f_before.defined());
+  optim::AdamW opt(lora.trainable_parameters(), {.lr = 1e-2});
+  for (int step = 0; step < 3; ++step) {
+    opt.zero_grad();
+    m.loss(idx, tgt).backward();
+    opt.step();
+  }
+  EXPECT_EQ(opt.state().size(), 8u + all_biases.size());
+  for (auto& [n, p] : m.named_parameters())
+    if (n == "transformer.ln_f.bias") EXPECT_FALSE(test::to_doubles(p.detach()) == test::to_doubles(ln_f_before));
+
+  m.eval();
+  Tensor y = m(idx);
+  lora.save(dir.file("adapter"));
+  auto f = io::load_safetensors(dir.file("adapter/adapter_model.safetensors"));
+  EXPECT_EQ(f.size(), 8u + all_biases.size());
+  EXPECT_TRUE(f.tensors.size() > 8 && f.tensors[8].first == "base_model.model." + all_biases[0]);
+  std::ifstream in(dir.file("adapter/adapter_config.json"));
+  EXPECT_EQ(nlohmann::json::parse(in)["bias"], "all");
+
+  // A fresh base (the weights before training) takes adapter and biases from the file.
+  manual_seed(8);
+  models::GPT fresh(kGPT);
+  fresh.eval();
+  auto other = nn::lora::apply(fresh, {.targets = {"c_proj"}, .rank = 2, .name = "unrelated"});
+  EXPECT_FALSE(test::to_doubles(fresh(idx)) == test::to_doubles(y));
+  other.load(dir.file("adapter"), "sherlock");
+  EXPECT_EQ(other.options("sherlock").bias, "all");
+  EXPECT_TRUE(test::to_doubles(fresh(idx)) == test::to_doubles(y)) << "identical outputs";
+
+  // A file whose biases do not fit the model: each one named, nothing added.
+  models::GPT one_layer({.vocab_size = 13, .block_size = 6, .n_layer = 1, .n_head = 2, .n_embd = 8, .activation_checkpointing = {}});
+  auto w = nn::lora::apply(one_layer, {.targets = {"c_proj"}, .rank = 2});
+  std::string msg = test::error_message([&] { w.load(dir.file("adapter"), "x"); });
+  EXPECT_NE(msg.find("'base_model.model.transformer.h.1.ln_1.bias': the model has no parameter"), std::string::npos)
+      << msg;
+  EXPECT_EQ(w.adapter_names(), std::vector<std::string>{"default"});
+  // A file missing one of the biases its mode trains.
+  io::PeftAdapter pa = io::load_peft_adapter(dir.file("adapter"));
+  pa.tensors.pop_back();
+  io::save_peft_adapter(dir.file("short"), pa);
+  manual_seed(8);
+  models::GPT fresh2(kGPT);
+  auto o2 = nn::lora::apply(fresh2, {.targets = {"c_proj"}, .rank = 2});
+  msg = test::error_message([&] { o2.load(dir.file("short"), "x"); });
+  EXPECT_NE(msg.find("missing 'base_model.model.transformer.ln_f.bias'"), std::string::npos) << msg;
+  EXPECT_EQ(o2.adapter_names(), std::vector<std::string>{"default"});
+}
+
 TEST(Lora, HostileAdapterFilesAreRefusedByName) {
   test::TempDir dir;
   auto write = [&](const std::string& name, const std::string& config, const io::NamedTensors& tensors) {
@@ -386,7 +482,12 @@ TEST(Lora, HostileAdapterFilesAreRefusedByName) {
       {R"({"peft_type": "LORA", "r": 2, "lora_alpha": 4, "target_modules": [3]})", ok, "a non-empty string"},
       {R"({"peft_type": "LORA", "r": 2, "lora_alpha": 4, "lora_dropout": 2, "target_modules": []})", ok,
        "\"lora_dropout\""},
-      {R"({"peft_type": "LORA", "r": 2, "lora_alpha": 4, "target_modules": [], "bias": "all"})", ok, "\"bias\""},
+      {R"({"peft_type": "LORA", "r": 2, "lora_alpha": 4, "target_modules": [], "bias": "some"})", ok, "\"bias\""},
+      {good, {ok[0], ok[1], {"base_model.model.m.c_fc.bias", zeros({5})}}, "only when adapter_config.json's \"bias\""},
+      {R"({"peft_type": "LORA", "r": 2, "lora_alpha": 4, "target_modules": ["c_fc"], "bias": "all"})",
+       {ok[0], ok[1], {"base_model.model.m.c_fc.bias", zeros({5, 1})}}, "expected a bias of 1 dim"},
+      {R"({"peft_type": "LORA", "r": 2, "lora_alpha": 4, "target_modules": ["c_fc"], "bias": "all"})",
+       {{"base_model.model.m.c_fc.bias", zeros({5})}}, "expected LoRA tensors, got none"},
       {good, {{"m.c_fc.weight", zeros({2, 3})}}, "expected a name of the form"},
       {good, {{"base_model.model.m.c_fc.lora_A.weight", zeros({3, 3})}}, "expected rank 2"},
       {good, {{"base_model.model.m.c_fc.lora_A.weight", zeros({2, 3, 1})}}, "expected 2 dims"},

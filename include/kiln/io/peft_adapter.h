@@ -6,6 +6,8 @@
 //   DIR/adapter_config.json        {"peft_type": "LORA", "r": 8, "lora_alpha": 16,
 //                                   "lora_dropout": 0.05, "target_modules": [...],
 //                                   "bias": "none", "fan_in_fan_out": false, ...}
+//                                  plus, when "bias" is "all" or "lora_only", the trained
+//                                  biases as "base_model.model.<parameter name>" (1-D)
 //
 // so that the files are recognisable to that ecosystem (PEFT's
 // PeftModel.from_pretrained reads them). The format lives in io because it is
@@ -35,6 +37,10 @@ struct PeftLoraConfig {
   std::vector<std::string> target_modules;
   /// Where the base model came from (informational; PEFT's field).
   std::string base_model_name_or_path;
+  /// Which biases the adapter trained and carries: "none", "all" or "lora_only"
+  /// (PEFT's meaning); with "all" or "lora_only" the file also holds tensors
+  /// "base_model.model.<parameter name ending in .bias>", 1-D.
+  std::string bias = "none";
 };
 
 /// One adapter: its config and tensors (PEFT's names, in file order).
@@ -48,6 +54,9 @@ std::string peft_lora_key(const std::string& module_path, char which);
 /// The module path of a PEFT LoRA tensor name, or "" when `key` does not have that form;
 /// `which` receives 'A' or 'B'.
 std::string peft_lora_module(const std::string& key, char* which = nullptr);
+/// The parameter name of a PEFT bias tensor name ("base_model.model.<name>" with
+/// <name> ending in ".bias" and not an adapter tensor), or "" when `key` is not one.
+std::string peft_bias_parameter(const std::string& key);
 
 /// Writes DIR/adapter_model.safetensors and DIR/adapter_config.json (creating
 /// DIR), each atomically. ValueError for a tensor name not of PEFT's form.

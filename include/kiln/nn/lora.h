@@ -31,7 +31,7 @@
 // they were.
 //
 // apply() freezes every parameter of the model (requires_grad = false) and makes
-// only the active adapter's A and B trainable. Several named adapters may live
+// only the active adapter's A and B trainable (and the biases its Options::bias names). Several named adapters may live
 // side by side (add_adapter); set_adapter chooses which one runs and trains.
 #pragma once
 
@@ -57,6 +57,13 @@ struct Options {
   double dropout = 0.0;
   /// The adapter's name ("default", as PEFT's first adapter).
   std::string name = "default";
+  /// Which biases train with the adapter, as PEFT's LoraConfig.bias: "none";
+  /// "all", every parameter of the model whose last name component is "bias"
+  /// (LayerNorms' included); "lora_only", the wrapped Linears' biases. They
+  /// count as the adapter's trainable parameters and are saved and loaded with
+  /// it. Unlike A and B they are the base model's own tensors: disabling or
+  /// switching the adapter does not undo what they learned (as in PEFT).
+  std::string bias = "none";
 };
 
 /// Whether module path `path` matches target `pattern` (see the header comment).
@@ -102,14 +109,16 @@ class Lora {
 
   /// The wrapped modules' paths, in model order.
   std::vector<std::string> target_paths() const;
-  /// The active adapter's parameters (A and B of every layer that has it), with
-  /// their names in the model: the optimizer's parameters.
+  /// The active adapter's parameters (A and B of every layer that has it, then
+  /// the biases its Options::bias trains), with their names in the model: the
+  /// optimizer's parameters.
   NamedTensors trainable_parameters() const;
-  /// Elements of adapter `name`'s A and B (the active one when empty).
+  /// Elements of adapter `name`'s A, B and trained biases (the active one when empty).
   int64_t num_parameters(const std::string& name = {}) const;
 
   /// Adapter `name` (active when empty) under PEFT's file names:
-  /// "base_model.model.<path>.lora_A.weight", "...lora_B.weight" (detached aliases).
+  /// "base_model.model.<path>.lora_A.weight", "...lora_B.weight", and for its
+  /// trained biases "base_model.model.<parameter name>" (detached aliases).
   NamedTensors adapter_state_dict(const std::string& name = {}) const;
   /// Copies tensors named as adapter_state_dict into adapter `name`. Every
   /// missing, unexpected or wrongly shaped tensor is named in one ValueError
