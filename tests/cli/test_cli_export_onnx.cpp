@@ -123,9 +123,13 @@ TEST(CliExportOnnx, OptionsItCannotHonourExitTwo) {
   r = kiln_cli("export " + run + " --dtype bfloat16");
   EXPECT_EQ(r.rc, 2) << r.output;
   EXPECT_NE(r.output.find("--dtype bfloat16 is for --format pytorch"), std::string::npos) << r.output;
-  r = kiln_cli("export " + run + " --format pytorch --dynamic batch");
-  EXPECT_EQ(r.rc, 2) << r.output;
-  EXPECT_NE(r.output.find("--dynamic, --opset, --optimize and --check are for --format onnx"), std::string::npos) << r.output;
+  for (const char* flag : {"--dynamic batch", "--external-data"}) {
+    r = kiln_cli("export " + run + " --format pytorch " + flag);
+    EXPECT_EQ(r.rc, 2) << r.output;
+    EXPECT_NE(r.output.find("--dynamic, --opset, --optimize, --check and --external-data are for --format onnx"),
+              std::string::npos)
+        << r.output;
+  }
   EXPECT_FALSE(fs::exists(fs::path(run) / "model.onnx"));
   // --dynamic none: every axis fixed to the example's (batch 1).
   r = kiln_cli("export " + run + " --dynamic none");
