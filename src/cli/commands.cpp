@@ -232,7 +232,10 @@ int export_onnx(const fs::path& target, const fs::path& ckpt, const ExportOption
         static_cast<long long>(fused.fused_gemm), static_cast<long long>(fused.attention));
   }
   if (!o.check) {
-    std::printf("run it with ONNX Runtime, OpenCV DNN or any ONNX runtime (docs/export.md)\n");
+    std::printf(r.data_path.empty()
+                    ? "run it with ONNX Runtime, OpenCV DNN or any ONNX runtime (docs/export.md)\n"
+                    : "run it with ONNX Runtime or another runtime that reads external data (OpenCV 4.6 DNN does "
+                      "not; docs/export.md)\n");
     return 0;
   }
   // The check's input: a batch of 2 where the batch is free, random values
