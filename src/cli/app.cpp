@@ -112,6 +112,9 @@ int dispatch(int argc, char** argv) {
   exp->add_flag("--optimize", xo.optimize,
                 "onnx: fold each BatchNorm into the Conv or Linear before it and drop Identity/Dropout (the file "
                 "stays standard ONNX); prints node counts before/after");
+  exp->add_flag("--external-data", xo.external_data,
+                "onnx: weights of 1 KiB or more in a side file <out>.data (ONNX external data, 4096-byte aligned); "
+                "without it only a model past protobuf's 2 GiB limit does that");
   exp->add_flag("--check", xo.check,
                 "onnx: run the file in ONNX Runtime beside kiln and print each node's max abs / relative "
                 "difference (against kiln's runtime, and at module outputs against kiln's module), naming the "

@@ -195,8 +195,10 @@ int export_onnx(const fs::path& target, const fs::path& ckpt, const ExportOption
     fused = exporter::fuse_for_kiln(for_kiln);
     kiln_nodes = static_cast<int64_t>(for_kiln.nodes.size());
   }
-  const auto r =
-      exporter::write_onnx(graph, out.string(), o.opset, "kiln model of " + ckpt.string() + " (step " + step + ")");
+  exporter::ExternalDataOptions external;
+  if (o.external_data) external.mode = exporter::ExternalDataOptions::Mode::kAlways;
+  const auto r = exporter::write_onnx(graph, out.string(), o.opset,
+                                      "kiln model of " + ckpt.string() + " (step " + step + ")", external);
   std::string ops;
   for (const auto& [op, n] : r.op_counts) ops += (ops.empty() ? "" : ", ") + op + " " + std::to_string(n);
   std::string in = "[";
@@ -210,6 +212,10 @@ int export_onnx(const fs::path& target, const fs::path& ckpt, const ExportOption
       "%lld bytes\n",
       task.gpt ? "int64 token ids" : "float32", in.c_str(), static_cast<long long>(r.nodes), ops.c_str(),
       static_cast<long long>(r.initializers), static_cast<long long>(r.parameters), static_cast<long long>(r.bytes));
+  if (!r.data_path.empty())
+    std::printf("  %lld initializers as external data in %s (%lld bytes); keep it beside the model\n",
+                static_cast<long long>(r.external_initializers), r.data_path.c_str(),
+                static_cast<long long>(r.data_bytes));
   if (folded) {
     const exporter::FoldReport& f = folded->fold;
     std::string linear;
@@ -226,7 +232,10 @@ int export_onnx(const fs::path& target, const fs::path& ckpt, const ExportOption
         static_cast<long long>(fused.fused_gemm), static_cast<long long>(fused.attention));
   }
   if (!o.check) {
-    std::printf("run it with ONNX Runtime, OpenCV DNN or any ONNX runtime (docs/export.md)\n");
+    std::printf(r.data_path.empty()
+                    ? "run it with ONNX Runtime, OpenCV DNN or any ONNX runtime (docs/export.md)\n"
+                    : "run it with ONNX Runtime or another runtime that reads external data (OpenCV 4.6 DNN does "
+                      "not; docs/export.md)\n");
     return 0;
   }
   // The check's input: a batch of 2 where the batch is free, random values
@@ -255,8 +264,8 @@ int export_command(const fs::path& target, const ExportOptions& o) {
         "--format expects onnx (an ONNX model for inference runtimes) or pytorch (a state dict with "
         "PyTorch's names, as safetensors), got \"" +
         o.format + "\"");
-  if (!o.dynamic.empty() || o.opset != 17 || o.check || o.optimize)
-    throw ConfigError("--dynamic, --opset, --optimize and --check are for --format onnx");
+  if (!o.dynamic.empty() || o.opset != 17 || o.check || o.optimize || o.external_data)
+    throw ConfigError("--dynamic, --opset, --optimize, --check and --external-data are for --format onnx");
   std::optional<DType> dtype;
   if (o.dtype == "bfloat16" || o.dtype == "bf16")
     dtype = kBFloat16;

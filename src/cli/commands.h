@@ -36,6 +36,9 @@ struct ExportOptions {
   /// onnx: the standard passes (exporter::optimize_standard: BatchNorm folds,
   /// Identity/Dropout removal); the file stays standard ONNX.
   bool optimize = false;
+  /// onnx: every initializer of 1 KiB or more in "<out>.data" beside the model
+  /// (ONNX external data); without it only a model past 2 GiB does that.
+  bool external_data = false;
 };
 
 /// `kiln export`: a checkpoint's model as an ONNX file (exporter::to_onnx: the

@@ -8,7 +8,9 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <limits>
+#include <string_view>
 
 #include "kiln/core/error.h"
 
@@ -60,19 +62,62 @@ void set_attribute(onnx::AttributeProto& a, const std::string& name, const Attri
   }
 }
 
-void set_tensor(onnx::TensorProto& p, const std::string& name, const Tensor& t) {
+// Name, type and dims; the bytes go in raw_data or the side file.
+void set_tensor_header(onnx::TensorProto& p, const std::string& name, const Tensor& t) {
   p.set_name(name);
   p.set_data_type(onnx_dtype(t.dtype()));
   for (int64_t d : t.sizes()) p.add_dims(d);
-  const Tensor c = t.contiguous();
-  // raw_data is little-endian, as the machines kiln builds for.
-  p.set_raw_data(std::string(static_cast<const char*>(c.data_ptr()), static_cast<size_t>(c.nbytes())));
+}
+
+void add_entry(onnx::TensorProto& p, const std::string& key, const std::string& value) {
+  auto* e = p.add_external_data();
+  e->set_key(key);
+  e->set_value(value);
+}
+
+// The written bytes of one tensor: contiguous, little-endian (the machines kiln builds for).
+std::string_view bytes_of(const Tensor& c) {
+  return {static_cast<const char*>(c.data_ptr()), static_cast<size_t>(c.nbytes())};
+}
+
+void write_file(const std::string& path, const std::function<void(std::ofstream&)>& body) {
+  std::ofstream f(path, std::ios::binary | std::ios::trunc);
+  KILN_CHECK(f.good(), IOError, "export: cannot open ", path, " for writing: ", std::strerror(errno));
+  body(f);
+  f.close();
+  KILN_CHECK(f.good(), IOError, "export: writing ", path, " failed: ", std::strerror(errno));
+}
+
+void check_external_options(const ExternalDataOptions& o, const std::string& location) {
+  KILN_CHECK(o.min_bytes >= 0, ValueError, "export: external data min_bytes must be >= 0, got ", o.min_bytes);
+  KILN_CHECK(o.alignment >= 1 && o.alignment <= (int64_t{1} << 30), ValueError,
+             "export: external data alignment must be 1 to 2^30 bytes, got ", o.alignment);
+  KILN_CHECK(o.limit_bytes >= 1, ValueError, "export: external data limit_bytes must be >= 1, got ", o.limit_bytes);
+  // The location is resolved against the model's directory by every reader:
+  // a plain file name keeps the pair movable together.
+  KILN_CHECK(!location.empty() && location != "." && location != ".." &&
+                 location.find_first_of(std::string("/\\\0", 3)) == std::string::npos,
+             ValueError, "export: the external data location must be a plain file name (no directories), got \"",
+             location, "\"");
 }
 
 }  // namespace
 
-OnnxReport write_onnx(const Graph& graph, const std::string& path, int64_t opset, const std::string& doc) {
+bool use_external_data(int64_t inline_bytes, const ExternalDataOptions& options) {
+  switch (options.mode) {
+    case ExternalDataOptions::Mode::kAlways: return true;
+    case ExternalDataOptions::Mode::kNever: return false;
+    case ExternalDataOptions::Mode::kAutomatic: break;
+  }
+  return inline_bytes >= options.limit_bytes;
+}
+
+OnnxReport write_onnx(const Graph& graph, const std::string& path, int64_t opset, const std::string& doc,
+                      const ExternalDataOptions& external) {
   graph.validate();
+  const std::string location =
+      external.location.empty() ? std::filesystem::path(path).filename().string() + ".data" : external.location;
+  check_external_options(external, location);
   onnx::ModelProto model;
   model.set_ir_version(8);
   model.set_producer_name("kiln");
@@ -87,8 +132,10 @@ OnnxReport write_onnx(const Graph& graph, const std::string& path, int64_t opset
   r.path = path;
   for (const Value& v : graph.inputs) set_type(*g->add_input(), v);
   for (const Value& v : graph.outputs) set_type(*g->add_output(), v);
+  std::vector<Tensor> weights;  // contiguous, in initializer order
   for (const auto& [name, t] : graph.initializers) {
-    set_tensor(*g->add_initializer(), name, t);
+    set_tensor_header(*g->add_initializer(), name, t);
+    weights.push_back(t.contiguous());
     r.parameters += t.numel();
   }
   for (const Node& n : graph.nodes) {
@@ -106,22 +153,81 @@ OnnxReport write_onnx(const Graph& graph, const std::string& path, int64_t opset
   r.nodes = static_cast<int64_t>(graph.nodes.size());
   r.initializers = static_cast<int64_t>(graph.initializers.size());
   r.op_counts = graph.op_counts();
+  // The model's size with every weight inline, bounded from above without
+  // copying the weights into the message: each raw_data adds its bytes, a tag
+  // and a length varint (<= 11), and the enclosing lengths grow by <= 5 bytes.
+  int64_t inline_bytes = static_cast<int64_t>(model.ByteSizeLong()) + 16;
+  for (const Tensor& w : weights) inline_bytes += w.nbytes() + 16;
+  const bool to_side_file = use_external_data(inline_bytes, external);
+  // Per initializer, its offset in the side file, or -1 when inline.
+  std::vector<int64_t> offsets(weights.size(), -1);
+  int64_t end = 0;
+  for (size_t i = 0; i < weights.size(); ++i) {
+    auto& p = *g->mutable_initializer(static_cast<int>(i));
+    const int64_t n = weights[i].nbytes();
+    if (to_side_file && n > 0 && n >= external.min_bytes) {
+      const int64_t offset = (end + external.alignment - 1) / external.alignment * external.alignment;
+      p.set_data_location(onnx::TensorProto::EXTERNAL);
+      add_entry(p, "location", location);
+      add_entry(p, "offset", std::to_string(offset));
+      add_entry(p, "length", std::to_string(n));
+      offsets[i] = offset;
+      end = offset + n;
+      ++r.external_initializers;
+    } else {
+      p.set_raw_data(std::string(bytes_of(weights[i])));
+    }
+  }
   const size_t bytes = model.ByteSizeLong();
   KILN_CHECK(bytes < static_cast<size_t>(std::numeric_limits<int32_t>::max()), ValueError, "export: the model is ",
-             bytes,
-             " bytes, past protobuf's 2 GiB limit for one message; weights as external data are not written "
-             "yet");
+             bytes, " bytes, past protobuf's 2 GiB limit for one message",
+             external.mode == ExternalDataOptions::Mode::kNever
+                 ? "; let its weights go to a side file (external data: automatic or always)"
+                 : " even with its weights in a side file");
   const std::string tmp = path + ".tmp";
-  {
-    std::ofstream f(tmp, std::ios::binary | std::ios::trunc);
-    KILN_CHECK(f.good(), IOError, "export: cannot open ", tmp, " for writing: ", std::strerror(errno));
-    KILN_CHECK(model.SerializeToOstream(&f), IOError, "export: writing ", tmp, " failed");
-    f.close();
-    KILN_CHECK(f.good(), IOError, "export: writing ", tmp, " failed: ", std::strerror(errno));
-  }
+  std::string data_path, data_tmp;
   std::error_code ec;
-  std::filesystem::rename(tmp, path, ec);
-  KILN_CHECK(!ec, IOError, "export: cannot move ", tmp, " to ", path, ": ", ec.message());
+  try {
+    if (r.external_initializers > 0) {
+      data_path = (std::filesystem::path(path).parent_path() / location).string();
+      KILN_CHECK(std::filesystem::absolute(data_path) != std::filesystem::absolute(path), ValueError,
+                 "export: the external data location ", location, " is the model file itself");
+      data_tmp = data_path + ".tmp";
+      write_file(data_tmp, [&](std::ofstream& f) {
+        const std::string zeros(static_cast<size_t>(std::min<int64_t>(external.alignment, 1 << 20)), '\0');
+        int64_t at = 0;
+        for (size_t i = 0; i < weights.size(); ++i) {
+          if (offsets[i] < 0) continue;
+          while (at < offsets[i]) {
+            const int64_t pad = std::min<int64_t>(offsets[i] - at, static_cast<int64_t>(zeros.size()));
+            f.write(zeros.data(), pad);
+            at += pad;
+          }
+          const std::string_view b = bytes_of(weights[i]);
+          f.write(b.data(), static_cast<std::streamsize>(b.size()));
+          at += static_cast<int64_t>(b.size());
+        }
+      });
+    }
+    write_file(tmp, [&](std::ofstream& f) {
+      KILN_CHECK(model.SerializeToOstream(&f), IOError, "export: writing ", tmp, " failed");
+    });
+    // Side file first: the model that refers to it appears only once it is whole.
+    if (!data_tmp.empty()) {
+      std::filesystem::rename(data_tmp, data_path, ec);
+      KILN_CHECK(!ec, IOError, "export: cannot move ", data_tmp, " to ", data_path, ": ", ec.message());
+    }
+    std::filesystem::rename(tmp, path, ec);
+    KILN_CHECK(!ec, IOError, "export: cannot move ", tmp, " to ", path, ": ", ec.message());
+  } catch (...) {
+    std::filesystem::remove(tmp, ec);
+    if (!data_tmp.empty()) std::filesystem::remove(data_tmp, ec);
+    throw;
+  }
+  if (!data_path.empty()) {
+    r.data_path = data_path;
+    r.data_bytes = end;
+  }
   r.bytes = static_cast<int64_t>(bytes);
   return r;
 }
@@ -129,7 +235,7 @@ OnnxReport write_onnx(const Graph& graph, const std::string& path, int64_t opset
 OnnxReport to_onnx(nn::Module& module, const std::vector<Tensor>& example_inputs, const std::string& path,
                    const OnnxOptions& options) {
   const Graph g = capture(module, example_inputs, {.dynamic_axes = options.dynamic_axes, .opset = options.opset});
-  return write_onnx(g, path, options.opset, options.doc);
+  return write_onnx(g, path, options.opset, options.doc, options.external_data);
 }
 
 }  // namespace kiln::exporter

@@ -5,10 +5,13 @@
 // failure is a FormatError (or DTypeError) naming the file and what was wrong.
 #include <onnx/onnx_pb.h>
 
+#include <algorithm>
 #include <cstring>
+#include <filesystem>
 #include <fstream>
 #include <limits>
 #include <map>
+#include <optional>
 #include <set>
 
 #include "kiln/core/error.h"
@@ -24,7 +27,8 @@ std::string read_file(const std::string& path, const char* what) {
   KILN_CHECK(f.good(), IOError, what, ": cannot open ", path, ": ", std::strerror(errno));
   const std::streamoff size = f.tellg();
   KILN_CHECK(size >= 0 && size < std::numeric_limits<int32_t>::max(), FormatError, what, ": ", path, " is ", size,
-             " bytes; files of 2 GiB and more (external data) are not read");
+             " bytes, past protobuf's 2 GiB limit for one message (a larger model keeps its weights as external "
+             "data, in a side file)");
   std::string bytes(static_cast<size_t>(size), '\0');
   f.seekg(0);
   f.read(bytes.data(), size);
@@ -51,10 +55,95 @@ DType dtype_of(int32_t onnx_type, const std::string& where) {
   }
 }
 
-// A TensorProto as a tensor: raw_data or the typed field its type uses.
-Tensor to_tensor(const onnx::TensorProto& p, const std::string& where) {
-  KILN_CHECK(p.data_location() != onnx::TensorProto::EXTERNAL && p.external_data_size() == 0, FormatError, where,
-             ": tensor '", p.name(), "' keeps its data in an external file, which load_onnx does not read");
+// Where a model's external data may live: the directory of the model file,
+// resolved once (symlinks included) so that every location is checked against it.
+struct ExternalDir {
+  std::filesystem::path dir;  // canonical
+};
+
+int64_t parse_offset(const std::string& s, const std::string& what) {
+  // Digits only: no sign, no spaces, no hex; at most 18 so it cannot overflow.
+  KILN_CHECK(!s.empty() && s.size() <= 18 && s.find_first_not_of("0123456789") == std::string::npos, FormatError, what,
+             " expects a non-negative decimal byte count, got \"", s, "\"");
+  return std::stoll(s);
+}
+
+struct ExternalSpan {
+  std::filesystem::path file;
+  int64_t offset = 0, length = 0;
+};
+
+// Where an EXTERNAL tensor's bytes are, checked before anything is allocated
+// or read: the location stays inside the model's directory (no absolute path,
+// no "..", no symlink out of it), the file exists, and offset + length lie
+// within it and cover exactly `nbytes`.
+ExternalSpan locate_external(const onnx::TensorProto& p, const ExternalDir& ext, int64_t nbytes,
+                             const std::string& where) {
+  namespace fs = std::filesystem;
+  const std::string at = where + ": tensor '" + p.name() + "' (external data)";
+  std::optional<std::string> location;
+  std::optional<int64_t> offset, length;
+  for (const auto& e : p.external_data()) {
+    const std::string& k = e.key();
+    KILN_CHECK(k == "location" || k == "offset" || k == "length" || k == "checksum", FormatError, at,
+               ": unknown external_data key \"", k, "\" (expected location, offset, length, checksum)");
+    KILN_CHECK(!(k == "location" && location) && !(k == "offset" && offset) && !(k == "length" && length), FormatError,
+               at, ": external_data key \"", k, "\" is given twice");
+    if (k == "location") location = e.value();
+    if (k == "offset") offset = parse_offset(e.value(), at + ": offset");
+    if (k == "length") length = parse_offset(e.value(), at + ": length");
+  }
+  KILN_CHECK(location && !location->empty(), FormatError, at, ": external_data has no location");
+  const fs::path rel(*location);
+  KILN_CHECK(location->find('\0') == std::string::npos && !rel.is_absolute() && !rel.has_root_name() &&
+                 !rel.has_root_directory(),
+             FormatError, at, ": location \"", *location,
+             "\" is absolute; it must be a path relative to the model's directory");
+  for (const auto& part : rel)
+    KILN_CHECK(part != "..", FormatError, at, ": location \"", *location,
+               "\" leaves the model's directory (\"..\"); it must stay inside it");
+  const fs::path file = ext.dir / rel;
+  std::error_code ec;
+  const fs::path real = fs::canonical(file, ec);
+  KILN_CHECK(!ec, IOError, at, ": its data file ", file.string(), " (location \"", *location,
+             "\") cannot be found: ", ec.message());
+  // A symlink may point anywhere: the resolved file must still be inside the directory.
+  const auto common = std::mismatch(ext.dir.begin(), ext.dir.end(), real.begin(), real.end());
+  KILN_CHECK(common.first == ext.dir.end() && common.second != real.end(), FormatError, at, ": location \"", *location,
+             "\" resolves to ", real.string(), ", outside the model's directory ", ext.dir.string());
+  KILN_CHECK(fs::is_regular_file(real, ec), FormatError, at, ": location \"", *location, "\" (", real.string(),
+             ") is not a regular file");
+  const auto size = static_cast<int64_t>(fs::file_size(real, ec));
+  KILN_CHECK(!ec, IOError, at, ": cannot read the size of ", real.string(), ": ", ec.message());
+  const int64_t off = offset.value_or(0);
+  const int64_t len = length.value_or(nbytes);
+  KILN_CHECK(len == nbytes, FormatError, at, ": length ", len, " but its dtype and shape need ", nbytes, " bytes");
+  KILN_CHECK(off <= size && len <= size - off, FormatError, at, ": offset ", off, " + length ", len,
+             " lies past the end of ", real.string(), " (", size, " bytes)");
+  return {real, off, len};
+}
+
+void read_external(const ExternalSpan& span, void* out, const std::string& where) {
+  if (span.length == 0) return;
+  std::ifstream f(span.file, std::ios::binary);
+  KILN_CHECK(f.good(), IOError, where, ": cannot open ", span.file.string(), ": ", std::strerror(errno));
+  f.seekg(span.offset);
+  f.read(static_cast<char*>(out), span.length);
+  KILN_CHECK(f.good() && f.gcount() == span.length, IOError, where, ": reading ", span.length, " bytes at ",
+             span.offset, " of ", span.file.string(), " failed");
+}
+
+// A TensorProto as a tensor: raw_data, the typed field its type uses, or (with
+// `ext`, for a model's tensors) external data in a file beside the model.
+Tensor to_tensor(const onnx::TensorProto& p, const std::string& where, const ExternalDir* ext = nullptr) {
+  const bool external = p.data_location() == onnx::TensorProto::EXTERNAL;
+  KILN_CHECK(external || p.external_data_size() == 0, FormatError, where, ": tensor '", p.name(),
+             "' has external_data entries but its data_location is not EXTERNAL");
+  KILN_CHECK(!external || ext, FormatError, where, ": tensor '", p.name(),
+             "' keeps its data in an external file, which is read only for a model's tensors (load_onnx)");
+  KILN_CHECK(!external || (!p.has_raw_data() && p.float_data_size() == 0 && p.int32_data_size() == 0 &&
+                           p.int64_data_size() == 0 && p.double_data_size() == 0),
+             FormatError, where, ": tensor '", p.name(), "' is EXTERNAL but also holds data in the model");
   KILN_CHECK(!p.has_segment(), FormatError, where, ": tensor '", p.name(), "' is segmented, which is not supported");
   const DType dt = dtype_of(p.data_type(), where + ": tensor '" + p.name() + "'");
   std::vector<int64_t> sizes;
@@ -70,6 +159,12 @@ Tensor to_tensor(const onnx::TensorProto& p, const std::string& where) {
     return where + ": tensor '" + p.name() + "' of shape " + shape_str(IntArrayRef(sizes)) + " needs " +
            std::to_string(numel) + " elements, its " + field + " holds " + std::to_string(got);
   };
+  if (external) {
+    const ExternalSpan span = locate_external(p, *ext, numel * elem, where);
+    Tensor t = empty(sizes, TensorOptions(dt));
+    read_external(span, t.data_ptr(), where + ": tensor '" + p.name() + "'");
+    return t;
+  }
   // The data's size is checked before anything is allocated: the dims of a
   // hostile file may promise far more than it holds.
   if (p.has_raw_data()) {
@@ -160,11 +255,11 @@ Attribute to_attribute(const onnx::AttributeProto& a, const std::string& where) 
 }
 
 // A Constant node's value as a tensor (value or value_float/_floats/_int/_ints).
-Tensor constant_value(const onnx::NodeProto& n, const std::string& where) {
+Tensor constant_value(const onnx::NodeProto& n, const std::string& where, const ExternalDir* ext) {
   KILN_CHECK(n.attribute_size() == 1, FormatError, where, ": a Constant needs exactly one value attribute, got ",
              n.attribute_size());
   const auto& a = n.attribute(0);
-  if (a.name() == "value" && a.type() == onnx::AttributeProto::TENSOR) return to_tensor(a.t(), where);
+  if (a.name() == "value" && a.type() == onnx::AttributeProto::TENSOR) return to_tensor(a.t(), where, ext);
   if (a.name() == "value_float" && a.type() == onnx::AttributeProto::FLOAT)
     return full({}, a.f(), TensorOptions(kFloat32));
   if (a.name() == "value_int" && a.type() == onnx::AttributeProto::INT) return full({}, a.i(), TensorOptions(kInt64));
@@ -313,6 +408,10 @@ Graph load_onnx(const std::string& path) {
   KILN_CHECK(opset >= 1 && opset <= 18, FormatError, where, ": the model imports ONNX opset ", opset,
              "; the runtime's kernels follow opsets up to 18");
   const onnx::GraphProto& gp = model.graph();
+  // External data is resolved against the model's own directory (symlinks resolved).
+  std::error_code ec;
+  ExternalDir ext{std::filesystem::canonical(std::filesystem::absolute(path).parent_path(), ec)};
+  KILN_CHECK(!ec, IOError, where, ": cannot resolve the model's directory: ", ec.message());
   Graph g;
   g.name = gp.name();
 
@@ -321,7 +420,7 @@ Graph load_onnx(const std::string& path) {
     KILN_CHECK(!t.name().empty(), FormatError, where, ": an initializer has no name");
     KILN_CHECK(initialized.insert(t.name()).second, FormatError, where, ": initializer '", t.name(),
                "' is defined twice");
-    Tensor v = to_tensor(t, where);
+    Tensor v = to_tensor(t, where, &ext);
     g.values[t.name()] = Value{t.name(), v.dtype(), {}};
     for (int64_t d : v.sizes()) g.values[t.name()].shape.push_back(Dim::fixed(d));
     g.initializers.emplace_back(t.name(), std::move(v));
@@ -362,7 +461,7 @@ Graph load_onnx(const std::string& path) {
     if (n.op_type == "Constant") {
       KILN_CHECK(np.output_size() == 1 && !np.output(0).empty(), FormatError, at, ": expected one output");
       KILN_CHECK(!g.values.count(np.output(0)), FormatError, at, ": value '", np.output(0), "' is defined twice");
-      Tensor v = constant_value(np, at);
+      Tensor v = constant_value(np, at, &ext);
       g.values[np.output(0)] = Value{np.output(0), v.dtype(), {}};
       for (int64_t d : v.sizes()) g.values[np.output(0)].shape.push_back(Dim::fixed(d));
       g.initializers.emplace_back(np.output(0), std::move(v));
@@ -376,7 +475,7 @@ Graph load_onnx(const std::string& path) {
         // The value tensor becomes an initializer, read as the node's second input.
         const std::string name = n.name + "/value";
         KILN_CHECK(!g.values.count(name), FormatError, at, ": value '", name, "' is defined twice");
-        Tensor v = to_tensor(a.t(), at);
+        Tensor v = to_tensor(a.t(), at, &ext);
         g.values[name] = Value{name, v.dtype(), {}};
         g.initializers.emplace_back(name, std::move(v));
         n.inputs.resize(1);

@@ -67,6 +67,15 @@ TEST(CliExportOnnx, ResNetRunRunsInOnnxRuntimeAndOpenCVAtTwoBatchSizes) {
   EXPECT_NE(r.output.find("optimised: 6 BatchNorms folded into their convolutions, 22 nodes -> 16"), std::string::npos)
       << r.output;
   EXPECT_NE(r.output.find("every module's output agrees"), std::string::npos) << r.output;
+  // --external-data: the weights in a side file beside the model, which ONNX Runtime reads.
+  r = kiln_cli("export " + run + " --external-data --out " + dir.file("ext.onnx"));
+  ASSERT_EQ(r.rc, 0) << r.output;
+  EXPECT_NE(r.output.find("as external data in " + dir.file("ext.onnx.data")), std::string::npos) << r.output;
+  EXPECT_LT(fs::file_size(dir.file("ext.onnx")), fs::file_size(onnx));
+  const OnnxConsumerRun e = run_onnx_consumers(dir.file("ext.onnx"), inputs, /*opencv=*/false, dir.path().string());
+  EXPECT_TRUE(e.checker_ok) << e.checker_error;
+  for (size_t i = 0; i < inputs.size(); ++i)
+    EXPECT_LE(scaled_max_diff(e.outputs.at("onnxruntime")[i], logits(net, inputs[i])), 1e-4) << i;
 }
 
 TEST(CliExportOnnx, GptRunHasDynamicBatchAndSequence) {
@@ -114,9 +123,13 @@ TEST(CliExportOnnx, OptionsItCannotHonourExitTwo) {
   r = kiln_cli("export " + run + " --dtype bfloat16");
   EXPECT_EQ(r.rc, 2) << r.output;
   EXPECT_NE(r.output.find("--dtype bfloat16 is for --format pytorch"), std::string::npos) << r.output;
-  r = kiln_cli("export " + run + " --format pytorch --dynamic batch");
-  EXPECT_EQ(r.rc, 2) << r.output;
-  EXPECT_NE(r.output.find("--dynamic, --opset, --optimize and --check are for --format onnx"), std::string::npos) << r.output;
+  for (const char* flag : {"--dynamic batch", "--external-data"}) {
+    r = kiln_cli("export " + run + " --format pytorch " + flag);
+    EXPECT_EQ(r.rc, 2) << r.output;
+    EXPECT_NE(r.output.find("--dynamic, --opset, --optimize, --check and --external-data are for --format onnx"),
+              std::string::npos)
+        << r.output;
+  }
   EXPECT_FALSE(fs::exists(fs::path(run) / "model.onnx"));
   // --dynamic none: every axis fixed to the example's (batch 1).
   r = kiln_cli("export " + run + " --dynamic none");

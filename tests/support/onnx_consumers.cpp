@@ -27,7 +27,8 @@ m = json.load(open(sys.argv[1]))
 res = {"checker": None, "opencv": None, "opencv_shapes": []}
 try:
     import onnx
-    onnx.checker.check_model(onnx.load(m["model"]), full_check=True)
+    # The path form: the checker resolves external data against the model's directory.
+    onnx.checker.check_model(m["model"], full_check=True)
 except Exception as e:
     res["checker"] = "%s: %s" % (type(e).__name__, e)
 if m["opencv"]:

@@ -84,9 +84,11 @@ std::string attr_string(const Node& node, const std::string& name, const std::st
 std::vector<int64_t> attr_ints(const Node& node, const std::string& name, const std::vector<int64_t>& fallback);
 
 /// Reads an ONNX file (through Debian's ONNX protobuf classes, as the writer does) into a Graph:
-/// inputs/outputs with symbolic dims, initializers (raw_data and typed fields; external data refused
-/// with a clear error), attributes. Refuses an op outside supported_ops() naming node and op type,
-/// a hostile or truncated file with a clear error (never a crash).
+/// inputs/outputs with symbolic dims, initializers (raw_data, typed fields, or external data in a file
+/// relative to the model's directory: a location that is absolute, has "..", or resolves outside that
+/// directory through a symlink is refused, as is an offset + length past the file's end or unequal to
+/// the tensor's byte size; a missing file is an IOError naming it), attributes. Refuses an op outside supported_ops()
+/// naming node and op type, a hostile or truncated file with a clear error (never a crash).
 Graph load_onnx(const std::string& path);
 
 /// Reads one serialized onnx::TensorProto file (the test_data_set_*/input_0.pb
