@@ -207,14 +207,21 @@ const char* int8_linear_impl(const Int8LinearArgs& a) {
 }
 
 void quantize_u8(const float* x, int64_t n, float inv_scale, int32_t zero_point, uint8_t* out) {
-  // nearbyint rounds half to even under the default rounding mode; the clamp
-  // happens in float, where every value of interest is exact.
+  // Round half to even by the float trick: once |v| < 2^22, (v + 1.5 · 2^23) -
+  // 1.5 · 2^23 is v rounded in the default rounding mode, and it vectorises
+  // where std::nearbyint does not (measured: 0.64 ms scalar for the cnn's
+  // conv2 input at batch 64). v is clamped first to the range that can reach
+  // [0, 255] after the zero point, which also keeps it small; NaN becomes 0.
+  constexpr float kMagic = 12582912.0f;
   const auto zp = static_cast<float>(zero_point);
+  const float lo = -zp - 1.0f, hi = 256.0f - zp;
 #pragma omp simd
   for (int64_t i = 0; i < n; ++i) {
-    float q = std::nearbyint(x[i] * inv_scale) + zp;
-    q = q >= 0.0f ? (q <= 255.0f ? q : 255.0f) : 0.0f;  // NaN to 0
-    out[i] = static_cast<uint8_t>(q);
+    float v = x[i] * inv_scale;
+    v = v >= lo ? (v <= hi ? v : hi) : lo;  // NaN to lo
+    float q = (v + kMagic) - kMagic + zp;
+    q = q >= 0.0f ? (q <= 255.0f ? q : 255.0f) : 0.0f;
+    out[i] = static_cast<uint8_t>(static_cast<int32_t>(q));
   }
 }
 
