@@ -311,6 +311,11 @@ std::pair<float, float> EntropyObserver::range() const {
     const double centre = std::fabs(min_ + (b + 0.5) * w);
     h[std::min<int64_t>(bins_ - 1, static_cast<int64_t>(centre / aw))] += hist_[b];
   }
+  // Non-negative data (a ReLU's output) piles its exact zeros into bin 0, which
+  // any threshold represents exactly (zero point 0): left in, that one bin
+  // dominates both distributions and the search clips far too much (measured:
+  // conv2 of fashion_cnn clipped at a quarter of its range, 7.7 dB SQNR).
+  if (!signed_data) h[0] = 0;
   const int64_t levels = signed_data ? 128 : 256;
   int64_t best_i = bins_;
   double best_kl = std::numeric_limits<double>::infinity();
