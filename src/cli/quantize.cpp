@@ -108,11 +108,11 @@ int quantize_command(const QuantizeOptions& o) {
   task.model->eval();
   const Timing t_float = time_forward(*task_f.model, x, o.bench_iters);
   const Timing t_int8 = time_forward(*task.model, x, o.bench_iters);
-  std::printf("inference at 1 thread, batch %lld, %lld runs: median float32 %.3f ms, int8 %.3f ms, %.2fx; "
-              "best float32 %.3f ms, int8 %.3f ms, %.2fx\n",
-              static_cast<long long>(x.size(0)), static_cast<long long>(o.bench_iters), t_float.median_ms,
-              t_int8.median_ms, t_float.median_ms / t_int8.median_ms, t_float.best_ms, t_int8.best_ms,
-              t_float.best_ms / t_int8.best_ms);
+  std::printf(
+      "inference at 1 thread, batch %lld, %lld runs: median float32 %.3f ms, int8 %.3f ms, %.2fx; "
+      "best float32 %.3f ms, int8 %.3f ms, %.2fx\n",
+      static_cast<long long>(x.size(0)), static_cast<long long>(o.bench_iters), t_float.median_ms, t_int8.median_ms,
+      t_float.median_ms / t_int8.median_ms, t_float.best_ms, t_int8.best_ms, t_float.best_ms / t_int8.best_ms);
 
   const fs::path out = o.out.empty() ? (fs::is_directory(o.target) ? o.target / "model.int8.safetensors"
                                                                    : ckpt.parent_path() / "model.int8.safetensors")
