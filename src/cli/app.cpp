@@ -13,6 +13,7 @@
 #include "cli/config.h"
 #include "cli/doctor.h"
 #include "cli/plan.h"
+#include "cli/quantize.h"
 #include "cli/scenario.h"
 #include "cli/train.h"
 #include "kiln/core/error.h"
@@ -208,6 +209,9 @@ int dispatch(int argc, char** argv) {
   scenario->add_option("--dir", scenario_dir, "The config scenarios' directory (default: examples/scenarios)");
   scenario->add_option("--out", scenario_out, "Where a scenario writes its run (default: a temporary directory)");
 
+  QuantizeOptions quantize_options;
+  auto* quantize = add_quantize_command(app, quantize_options);
+
   if (argc <= 1) {  // `kiln` alone: what it can do, as `kiln --help` prints it
     std::fputs(app.help().c_str(), stdout);
     return 0;
@@ -240,6 +244,7 @@ int dispatch(int argc, char** argv) {
   if (commbench->parsed()) return commbench_command(cbo);
   if (eval->parsed()) return evaluate_command(target, split, batches, which);
   if (exp->parsed()) return export_command(target, xo);
+  if (quantize->parsed()) return quantize_command(quantize_options);
   if (sample->parsed()) return sample_command(target, so);
   if (plan->parsed()) return plan_command(po);
   if (doctor->parsed()) return doctor_command(run_dir, doctor_json);

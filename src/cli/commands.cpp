@@ -27,13 +27,11 @@ namespace kiln::cli {
 namespace fs = std::filesystem;
 using json = nlohmann::json;
 
-namespace {
-
 /// The checkpoint a target names: a file as given, a run directory's newest
 /// usable one (passing over a newer file that is unusable is said, with why),
 /// or with `which`, a run directory's "best" (train.keep_best), "latest" or
 /// step N (ckpt-<N>.safetensors).
-fs::path checkpoint_of(const fs::path& target, const std::string& which = "") {
+fs::path checkpoint_of(const fs::path& target, const std::string& which) {
   if (fs::is_regular_file(target)) {
     if (!which.empty())
       throw ConfigError("--checkpoint " + which + ": " + target.string() +
@@ -104,8 +102,6 @@ std::pair<Config, Task> load_for_eval(const fs::path& ckpt) {
   task.model->load_state_dict(weights);
   return {std::move(config), std::move(task)};
 }
-
-}  // namespace
 
 std::string checkpoint_problem(const fs::path& path) {
   try {

@@ -4,12 +4,23 @@
 #include <cstdint>
 #include <filesystem>
 #include <string>
+#include <utility>
+
+#include "config.h"
+#include "task.h"
 
 namespace kiln::cli {
 
 /// Why a checkpoint file cannot be used ("" when it can): unreadable,
 /// truncated, not safetensors, or not a kiln training checkpoint. Reads the whole file.
 std::string checkpoint_problem(const std::filesystem::path& path);
+
+/// The checkpoint a target names: a file as given, a run directory's newest
+/// usable one, or with `which`, a run directory's "best", "latest" or step N.
+std::filesystem::path checkpoint_of(const std::filesystem::path& target, const std::string& which = "");
+
+/// The model (in eval mode, by construction) and data of a checkpoint, with its weights loaded.
+std::pair<Config, Task> load_for_eval(const std::filesystem::path& ckpt);
 /// A run directory's best checkpoint (train.keep_best), beside ckpt-<step> and latest.
 inline constexpr const char* kBestCheckpoint = "best.safetensors";
 

@@ -1,0 +1,126 @@
+// `kiln quantize` (src/cli/quantize.h).
+#include "cli/quantize.h"
+
+#include <CLI/CLI.hpp>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+
+#include "cli/commands.h"
+#include "kiln/core/error.h"
+#include "kiln/core/guards.h"
+#include "kiln/core/threads.h"
+#include "kiln/data/loader.h"
+#include "kiln/io/safetensors.h"
+#include "kiln/ops/factory.h"
+#include "kiln/quant/ptq.h"
+
+namespace kiln::cli {
+namespace fs = std::filesystem;
+
+CLI::App* add_quantize_command(CLI::App& app, QuantizeOptions& o) {
+  auto* q = app.add_subcommand("quantize",
+                               "Quantize a run's image model to int8 after training (Conv2d and Linear layers); "
+                               "prints test accuracy and 1-thread inference time before and after");
+  q->add_option("target", o.target, "Run directory or checkpoint file")->required();
+  q->add_option("--checkpoint", o.checkpoint, "Of a run directory: latest (default), best or a step");
+  q->add_option("--method", o.method, "ptq (post-training; qat is not built yet)")->capture_default_str();
+  q->add_option("--observer", o.observer, "minmax, moving_average, histogram (L2), percentile or entropy (KL)")
+      ->capture_default_str();
+  q->add_option("--calib-batches", o.calib_batches, "Training batches the observers see")->capture_default_str();
+  q->add_option("--keep-float", o.keep_float, "Layers to keep in float (module path patterns), repeatable");
+  q->add_option("--out", o.out, "Where the int8 model goes (default: RUN_DIR/model.int8.safetensors)");
+  q->add_option("--eval-batches", o.eval_batches, "Test batches to evaluate (0: all)")->capture_default_str();
+  q->add_option("--bench-batch", o.bench_batch, "Batch size of the timed inference")->capture_default_str();
+  q->add_option("--bench-iters", o.bench_iters, "Timed forward passes (the median is printed)")->capture_default_str();
+  return q;
+}
+
+namespace {
+
+struct Timing {
+  double median_ms = 0, best_ms = 0;
+};
+
+// Milliseconds of one forward of `model` on `x` at 1 thread, after warm-up:
+// the median (carries any load on the machine) and the best (what an idle one gives).
+Timing time_forward(nn::Module& model, const Tensor& x, int64_t iters) {
+  const int saved = get_num_threads();
+  set_num_threads(1);
+  const InferenceModeGuard inference;
+  for (int i = 0; i < 3; ++i) model(x);
+  std::vector<double> ms;
+  for (int64_t i = 0; i < iters; ++i) {
+    const auto t0 = std::chrono::steady_clock::now();
+    model(x);
+    ms.push_back(std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count());
+  }
+  set_num_threads(saved);
+  std::sort(ms.begin(), ms.end());
+  return {ms[ms.size() / 2], ms.front()};
+}
+
+}  // namespace
+
+int quantize_command(const QuantizeOptions& o) {
+  if (o.method != "ptq")
+    throw ConfigError("--method " + o.method +
+                      ": only ptq (post-training quantization) is built; quantization-aware training is not yet");
+  if (o.calib_batches < 1) throw ConfigError("--calib-batches expects at least 1");
+  if (o.bench_batch < 1 || o.bench_iters < 1) throw ConfigError("--bench-batch and --bench-iters expect at least 1");
+  const fs::path ckpt = checkpoint_of(o.target, o.checkpoint);
+  auto [config, task] = load_for_eval(ckpt);
+  if (task.gpt)
+    throw ConfigError(ckpt.string() +
+                      ": kiln quantize covers image models (Conv2d and Linear layers); the language model's int8 "
+                      "and int4 paths are not built yet");
+  auto [config_f, task_f] = load_for_eval(ckpt);  // the float model, kept for the timing
+
+  const EvalResult before = evaluate(task, config, "test", o.eval_batches);
+  std::printf("float32: test accuracy %.2f%% (loss %.4f, %lld samples)\n", 100 * before.accuracy, before.loss,
+              static_cast<long long>(before.samples));
+
+  auto prepared = quant::prepare(*task.model, {.observer = o.observer, .keep_float = o.keep_float});
+  {
+    data::DataLoader<> loader(task.train_set,
+                              {.batch_size = config.integer("data.batch_size"), .shuffle = true, .seed = 0});
+    const NoGradGuard no_grad;
+    int64_t n = 0;
+    for (auto& batch : loader) {
+      if (n++ >= o.calib_batches) break;
+      (*task.model)(batch.data);
+    }
+  }
+  const quant::ConvertReport report = quant::convert(*task.model, *prepared);
+  std::printf("\nint8 post-training quantization, observer %s, %lld calibration batches of %lld:\n%s\n",
+              o.observer.c_str(), static_cast<long long>(o.calib_batches),
+              static_cast<long long>(config.integer("data.batch_size")), report.table().c_str());
+
+  const EvalResult after = evaluate(task, config, "test", o.eval_batches);
+  std::printf("int8:    test accuracy %.2f%% (loss %.4f), %+.2f points\n", 100 * after.accuracy, after.loss,
+              100 * (after.accuracy - before.accuracy));
+
+  // Timing: one batch of the test split through each model, 1 thread.
+  data::DataLoader<> loader(task.eval_set, {.batch_size = o.bench_batch, .seed = 0});
+  const Tensor x = (*loader.begin()).data.contiguous();
+  task_f.model->eval();
+  task.model->eval();
+  const Timing t_float = time_forward(*task_f.model, x, o.bench_iters);
+  const Timing t_int8 = time_forward(*task.model, x, o.bench_iters);
+  std::printf(
+      "inference at 1 thread, batch %lld, %lld runs: median float32 %.3f ms, int8 %.3f ms, %.2fx; "
+      "best float32 %.3f ms, int8 %.3f ms, %.2fx\n",
+      static_cast<long long>(x.size(0)), static_cast<long long>(o.bench_iters), t_float.median_ms, t_int8.median_ms,
+      t_float.median_ms / t_int8.median_ms, t_float.best_ms, t_int8.best_ms, t_float.best_ms / t_int8.best_ms);
+
+  const fs::path out = o.out.empty() ? (fs::is_directory(o.target) ? o.target / "model.int8.safetensors"
+                                                                   : ckpt.parent_path() / "model.int8.safetensors")
+                                     : fs::path(o.out);
+  io::save_safetensors(out.string(), task.model->state_dict(),
+                       {{"kiln.quantized", "int8-ptq"}, {"observer", o.observer}, {"source", ckpt.string()}});
+  std::printf("wrote %s\n", out.string().c_str());
+  return 0;
+}
+
+}  // namespace kiln::cli
