@@ -13,7 +13,7 @@
 // parameters. The output is float32, or uint8 requantized with output_scale
 // and output_zero_point when those are set (the next layer's input). Bias and
 // ReLU are applied in the primitive's epilogue. Kernel arithmetic: Note [Int8
-// kernel arithmetic] in src/kernels/include/kiln/kernels/int8.h. Inference
+// kernel arithmetic] in the int8 kernel's header under src/kernels. Inference
 // only; objects are cheap to copy (shared state) and safe to call from
 // several threads.
 #pragma once
