@@ -117,8 +117,7 @@ int quantize_command(const QuantizeOptions& o) {
   const fs::path out = o.out.empty() ? (fs::is_directory(o.target) ? o.target / "model.int8.safetensors"
                                                                    : ckpt.parent_path() / "model.int8.safetensors")
                                      : fs::path(o.out);
-  io::save_safetensors(out.string(), task.model->state_dict(),
-                       {{"kiln.quantized", "int8-ptq"}, {"observer", o.observer}, {"source", ckpt.string()}});
+  quant::save_quantized(*task.model, out.string(), {{"observer", o.observer}, {"source", ckpt.string()}});
   std::printf("wrote %s\n", out.string().c_str());
   return 0;
 }
