@@ -119,6 +119,16 @@ int quantize_command(const QuantizeOptions& o) {
                                      : fs::path(o.out);
   quant::save_quantized(*task.model, out.string(), {{"observer", o.observer}, {"source", ckpt.string()}});
   std::printf("wrote %s\n", out.string().c_str());
+
+  // The file read back into the float model, as a user would: the same accuracy and loss, or the file is wrong.
+  quant::load_quantized(*task_f.model, out.string());
+  const EvalResult reloaded = evaluate(task_f, config_f, "test", o.eval_batches);
+  std::printf("reloaded %s into a float model: test accuracy %.2f%% (loss %.4f)%s\n", out.filename().string().c_str(),
+              100 * reloaded.accuracy, reloaded.loss,
+              reloaded.accuracy == after.accuracy && reloaded.loss == after.loss ? ", as the int8 model"
+                                                                                 : ", DIFFERENT from the int8 model");
+  if (reloaded.accuracy != after.accuracy || reloaded.loss != after.loss)
+    throw ValueError("kiln quantize: " + out.string() + " does not reload into the model that wrote it");
   return 0;
 }
 

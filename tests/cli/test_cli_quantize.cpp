@@ -1,7 +1,8 @@
 // `kiln quantize`: a tiny CNN and a tiny ResNet trained on synthetic images,
 // quantized to int8 after training; the report names every layer, the test
 // accuracy and the timing are printed, the int8 state_dict is written; what it
-// does not cover (qat, a missing run) exits with a message.
+// does not cover (qat, a missing run) exits with a message. The written file
+// reloads into a fresh float model with the int8 model's accuracy and loss.
 #include <gtest/gtest.h>
 
 #include "cli/cli_util.h"
@@ -38,6 +39,8 @@ TEST(CliQuantize, CnnAndResnetToInt8) {
     EXPECT_NE(r.output.find("int8:    test accuracy"), std::string::npos) << r.output;
     EXPECT_NE(r.output.find("inference at 1 thread, batch 4"), std::string::npos) << r.output;
     EXPECT_EQ(r.output.find("kept in float"), std::string::npos) << r.output;
+    EXPECT_NE(r.output.find("into a float model: test accuracy"), std::string::npos) << r.output;
+    EXPECT_NE(r.output.find(", as the int8 model"), std::string::npos) << r.output;
     if (std::string(m) == "resnet") {
       EXPECT_NE(r.output.find("layer1.0.conv1"), std::string::npos) << r.output;
       EXPECT_NE(r.output.find("fc "), std::string::npos) << r.output;
@@ -53,6 +56,7 @@ TEST(CliQuantize, CnnAndResnetToInt8) {
                     dir.file("k.safetensors"));
   ASSERT_EQ(r.rc, 0) << r.output;
   EXPECT_NE(r.output.find("kept in float (keep_float)"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find(", as the int8 model"), std::string::npos) << r.output;
 }
 
 TEST(CliQuantize, WhatItDoesNotCoverExitsWithAMessage) {
