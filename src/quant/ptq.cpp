@@ -15,6 +15,7 @@
 #include "kiln/models/resnet.h"
 #include "kiln/nn/lora.h"
 #include "kiln/ops/factory.h"
+#include "kiln/quant/fuse.h"
 
 namespace kiln::quant {
 namespace {
@@ -142,6 +143,7 @@ std::shared_ptr<Prepared> prepare(nn::Module& model, const PrepareOptions& optio
   make_observer(options.observer);  // an unknown name fails here, before any hook
   KILN_CHECK(options.report_batches >= 0, ValueError, "quant::prepare: expected report_batches >= 0, got ",
              options.report_batches);
+  if (options.fuse_bn) fuse_conv_bn(model);
   auto p = std::make_shared<Prepared>();
   p->options = options;
   std::vector<bool> pattern_used(options.keep_float.size(), false);

@@ -76,6 +76,8 @@ struct PrepareOptions {
   std::vector<std::string> keep_float;
   /// Calibration inputs kept per layer for the error report (the first ones seen).
   int64_t report_batches = 2;
+  /// Fold eval-mode BatchNorms into their convolutions first (quant::fuse_conv_bn, kiln/quant/fuse.h).
+  bool fuse_bn = false;
 };
 
 /// The observers prepare attached; convert consumes them.
