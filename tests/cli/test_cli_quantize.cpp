@@ -51,6 +51,17 @@ TEST(CliQuantize, CnnAndResnetToInt8) {
     for (const auto& [name, t] : sd.tensors) found |= name == "conv1.weight_int8" && t.dtype() == kUInt8;
     EXPECT_TRUE(found);
   }
+  // BatchNorm folded first: every conv still quantized, and the file reloads into a folded model.
+  {
+    auto r = kiln_cli("quantize " + dir.file("run_resnet") +
+                      " --fuse-bn --calib-batches 2 --bench-iters 1 --out " + dir.file("f.safetensors"));
+    ASSERT_EQ(r.rc, 0) << r.output;
+    EXPECT_EQ(r.output.find("kept in float"), std::string::npos) << r.output;
+    EXPECT_NE(r.output.find(", as the int8 model"), std::string::npos) << r.output;
+    const auto sd = io::load_safetensors(dir.file("f.safetensors"));
+    EXPECT_EQ(sd.metadata.at("fuse_bn"), "true");
+    for (const auto& [name, t] : sd.tensors) EXPECT_EQ(name.find("running_mean"), std::string::npos) << name;
+  }
   // keep_float by name.
   auto r = kiln_cli("quantize " + dir.file("run_cnn") + " --calib-batches 1 --bench-iters 1 --keep-float fc2 --out " +
                     dir.file("k.safetensors"));
