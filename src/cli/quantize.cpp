@@ -14,6 +14,7 @@
 #include "kiln/data/loader.h"
 #include "kiln/io/safetensors.h"
 #include "kiln/ops/factory.h"
+#include "kiln/quant/fuse.h"
 #include "kiln/quant/ptq.h"
 
 namespace kiln::cli {
@@ -30,6 +31,7 @@ CLI::App* add_quantize_command(CLI::App& app, QuantizeOptions& o) {
       ->capture_default_str();
   q->add_option("--calib-batches", o.calib_batches, "Training batches the observers see")->capture_default_str();
   q->add_option("--keep-float", o.keep_float, "Layers to keep in float (module path patterns), repeatable");
+  q->add_flag("--fuse-bn", o.fuse_bn, "Fold BatchNorm into the convolution before it first (ResNet)");
   q->add_option("--out", o.out, "Where the int8 model goes (default: RUN_DIR/model.int8.safetensors)");
   q->add_option("--eval-batches", o.eval_batches, "Test batches to evaluate (0: all)")->capture_default_str();
   q->add_option("--bench-batch", o.bench_batch, "Batch size of the timed inference")->capture_default_str();
@@ -81,7 +83,8 @@ int quantize_command(const QuantizeOptions& o) {
   std::printf("float32: test accuracy %.2f%% (loss %.4f, %lld samples)\n", 100 * before.accuracy, before.loss,
               static_cast<long long>(before.samples));
 
-  auto prepared = quant::prepare(*task.model, {.observer = o.observer, .keep_float = o.keep_float});
+  auto prepared =
+      quant::prepare(*task.model, {.observer = o.observer, .keep_float = o.keep_float, .fuse_bn = o.fuse_bn});
   {
     data::DataLoader<> loader(task.train_set,
                               {.batch_size = config.integer("data.batch_size"), .shuffle = true, .seed = 0});
@@ -117,9 +120,22 @@ int quantize_command(const QuantizeOptions& o) {
   const fs::path out = o.out.empty() ? (fs::is_directory(o.target) ? o.target / "model.int8.safetensors"
                                                                    : ckpt.parent_path() / "model.int8.safetensors")
                                      : fs::path(o.out);
-  io::save_safetensors(out.string(), task.model->state_dict(),
-                       {{"kiln.quantized", "int8-ptq"}, {"observer", o.observer}, {"source", ckpt.string()}});
+  quant::save_quantized(
+      *task.model, out.string(),
+      {{"observer", o.observer}, {"source", ckpt.string()}, {"fuse_bn", o.fuse_bn ? "true" : "false"}});
   std::printf("wrote %s\n", out.string().c_str());
+
+  // The file read back into the float model, as a user would: the same accuracy and loss, or the file is wrong.
+  // A file written from a folded model loads into a model folded the same way.
+  if (o.fuse_bn) quant::fuse_conv_bn(*task_f.model);
+  quant::load_quantized(*task_f.model, out.string());
+  const EvalResult reloaded = evaluate(task_f, config_f, "test", o.eval_batches);
+  std::printf("reloaded %s into a float model: test accuracy %.2f%% (loss %.4f)%s\n", out.filename().string().c_str(),
+              100 * reloaded.accuracy, reloaded.loss,
+              reloaded.accuracy == after.accuracy && reloaded.loss == after.loss ? ", as the int8 model"
+                                                                                 : ", DIFFERENT from the int8 model");
+  if (reloaded.accuracy != after.accuracy || reloaded.loss != after.loss)
+    throw ValueError("kiln quantize: " + out.string() + " does not reload into the model that wrote it");
   return 0;
 }
 

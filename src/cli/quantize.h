@@ -21,6 +21,7 @@ struct QuantizeOptions {
   std::string observer = "histogram";
   int64_t calib_batches = 32;
   std::vector<std::string> keep_float;
+  bool fuse_bn = false;      // fold BatchNorm into the convolutions first
   std::string out;           // default: RUN_DIR/model.int8.safetensors
   int64_t eval_batches = 0;  // 0: the whole test split
   int64_t bench_batch = 64;  // the timed batch size

@@ -4,6 +4,7 @@
 
 #include <cmath>
 #include <iomanip>
+#include <map>
 #include <sstream>
 #include <unordered_map>
 
@@ -14,6 +15,7 @@
 #include "kiln/models/resnet.h"
 #include "kiln/nn/lora.h"
 #include "kiln/ops/factory.h"
+#include "kiln/quant/fuse.h"
 
 namespace kiln::quant {
 namespace {
@@ -63,13 +65,17 @@ std::string qparams_repr(float scale, int64_t zp) {
 
 QuantizedConv2d::QuantizedConv2d(const nn::Conv2d& src, const QTensor& weight, float input_scale,
                                  int64_t input_zero_point)
+    : QuantizedConv2d(src, weight, src.bias, input_scale, input_zero_point) {}
+
+QuantizedConv2d::QuantizedConv2d(const nn::Conv2d& src, const QTensor& weight, const Tensor& bias, float input_scale,
+                                 int64_t input_zero_point)
     : nn::Conv2d(conv_options_saving_rng(src)) {
   default_generator().set_state(t_rng_before_base);
   KILN_CHECK(weight.qdtype == QDType::QInt8 && weight.per_channel() && weight.axis == 0 &&
                  weight.data.sizes() == src.weight.sizes(),
              ValueError, "QuantizedConv2d: expected a qint8 weight quantized per output channel (axis 0) of shape ",
              src.weight.shape_string(), ", got ", weight.describe());
-  const Tensor bias_f = frozen_copy(src.bias);
+  const Tensor bias_f = frozen_copy(bias);
   register_parameter("weight", Tensor());
   register_parameter("bias", bias_f, /*requires_grad=*/false);
   keep_buffers(*this, weight, input_scale, input_zero_point);
@@ -95,13 +101,17 @@ std::string QuantizedConv2d::extra_repr() const {
 
 QuantizedLinear::QuantizedLinear(const nn::Linear& src, const QTensor& weight, float input_scale,
                                  int64_t input_zero_point)
+    : QuantizedLinear(src, weight, src.bias, input_scale, input_zero_point) {}
+
+QuantizedLinear::QuantizedLinear(const nn::Linear& src, const QTensor& weight, const Tensor& bias, float input_scale,
+                                 int64_t input_zero_point)
     : nn::Linear(linear_options_saving_rng(src)) {
   default_generator().set_state(t_rng_before_base);
   KILN_CHECK(weight.qdtype == QDType::QInt8 && weight.per_channel() && weight.axis == 0 &&
                  weight.data.sizes() == src.weight.sizes(),
              ValueError, "QuantizedLinear: expected a qint8 weight quantized per output channel (axis 0) of shape ",
              src.weight.shape_string(), ", got ", weight.describe());
-  const Tensor bias_f = frozen_copy(src.bias);
+  const Tensor bias_f = frozen_copy(bias);
   register_parameter("weight", Tensor());
   if (bias_f.defined()) register_parameter("bias", bias_f, /*requires_grad=*/false);
   keep_buffers(*this, weight, input_scale, input_zero_point);
@@ -133,6 +143,7 @@ std::shared_ptr<Prepared> prepare(nn::Module& model, const PrepareOptions& optio
   make_observer(options.observer);  // an unknown name fails here, before any hook
   KILN_CHECK(options.report_batches >= 0, ValueError, "quant::prepare: expected report_batches >= 0, got ",
              options.report_batches);
+  if (options.fuse_bn) fuse_conv_bn(model);
   auto p = std::make_shared<Prepared>();
   p->options = options;
   std::vector<bool> pattern_used(options.keep_float.size(), false);
@@ -324,6 +335,167 @@ std::string ConvertReport::table() const {
   }
   s << "weights: " << float_weight_bytes << " bytes float32 -> " << int8_weight_bytes << " bytes int8 (+ scales)\n";
   return s.str();
+}
+
+// ---- quantized checkpoints ----
+
+namespace {
+
+constexpr const char* kQuantizedKey = "kiln.quantized";
+constexpr const char* kQuantizedValue = "int8-ptq";
+
+std::string describe_tensor(const Tensor& t) { return std::string(dtype_name(t.dtype())) + " " + t.shape_string(); }
+
+// The file's tensor `name`, which must have `dtype` and `shape`.
+const Tensor& expect_tensor(const io::SafetensorsFile& f, const std::string& file, const std::string& name, DType dtype,
+                            IntArrayRef shape) {
+  KILN_CHECK(f.contains(name), ValueError, "quant::load_quantized: ", file, ": expected tensor '", name, "' (",
+             dtype_name(dtype), " ", shape_str(shape), "), got none");
+  const Tensor& t = f.at(name);
+  KILN_CHECK(t.dtype() == dtype && t.sizes() == shape, ValueError, "quant::load_quantized: ", file, ": tensor '", name,
+             "': expected ", dtype_name(dtype), " ", shape_str(shape), ", got ", describe_tensor(t));
+  return t;
+}
+
+struct PendingLayer {
+  std::string path, parent_path, name;
+  bool conv = false;
+  std::shared_ptr<nn::Module> quantized;
+};
+
+}  // namespace
+
+void save_quantized(const nn::Module& model, const std::string& path, io::Metadata metadata) {
+  metadata[kQuantizedKey] = kQuantizedValue;
+  io::save_safetensors(path, model.state_dict(), metadata);
+}
+
+std::vector<std::string> load_quantized(nn::Module& model, const std::string& path) {
+  const io::SafetensorsFile f = io::load_safetensors(path);
+  const auto mark = f.metadata.find(kQuantizedKey);
+  if (mark == f.metadata.end() || mark->second != kQuantizedValue)
+    throw FormatError("quant::load_quantized: " + path + ": expected metadata \"" + kQuantizedKey + "\" = \"" +
+                      kQuantizedValue + "\", got " + (mark == f.metadata.end() ? "none" : "\"" + mark->second + "\""));
+  auto modules = model.named_modules();
+  std::unordered_map<std::string, nn::Module*> by_path(modules.begin(), modules.end());
+  std::unordered_map<std::string, size_t> order;
+  for (size_t i = 0; i < modules.size(); ++i) order.emplace(modules[i].first, i);
+
+  // 1. Every "<path>.weight_int8" names a float Conv2d / Linear whose parent quant can swap.
+  const std::string suffix = ".weight_int8";
+  std::vector<PendingLayer> pending;
+  for (const auto& [key, t] : f.tensors) {
+    if (key.size() <= suffix.size() || key.compare(key.size() - suffix.size(), suffix.size(), suffix) != 0) {
+      KILN_CHECK(key != "weight_int8", ValueError, "quant::load_quantized: ", path,
+                 ": tensor 'weight_int8': expected it under a layer's path, got it at the model's root");
+      continue;
+    }
+    PendingLayer l;
+    l.path = key.substr(0, key.size() - suffix.size());
+    const auto it = by_path.find(l.path);
+    KILN_CHECK(it != by_path.end(), ValueError, "quant::load_quantized: ", path, ": tensor '", key,
+               "': expected a Conv2d or Linear at '", l.path, "' in the model (", model.type_name(),
+               "), got no module there");
+    auto* cm = dynamic_cast<nn::Conv2d*>(it->second);
+    auto* lm = dynamic_cast<nn::Linear*>(it->second);
+    const bool conv = cm && cm->weight.defined() && cm->weight.dtype() == kFloat32;
+    const bool linear = lm && lm->weight.defined() && lm->weight.dtype() == kFloat32;
+    KILN_CHECK(conv || linear, ValueError, "quant::load_quantized: ", path, ": tensor '", key, "': expected '", l.path,
+               "' to be a float Conv2d or Linear, got ", it->second->type_name());
+    l.conv = conv;
+    const size_t dot = l.path.rfind('.');
+    l.parent_path = dot == std::string::npos ? "" : l.path.substr(0, dot);
+    l.name = dot == std::string::npos ? l.path : l.path.substr(dot + 1);
+    nn::Module& parent = *by_path.at(l.parent_path);
+    KILN_CHECK(conv ? swap_member<nn::Conv2d>(parent, l.name, nullptr, true)
+                    : swap_member<nn::Linear>(parent, l.name, nullptr, true),
+               ValueError, "quant::load_quantized: ", path, ": tensor '", key, "': its layer's parent ",
+               parent.type_name(), " calls it through a member quant does not know");
+    pending.push_back(std::move(l));
+  }
+  std::sort(pending.begin(), pending.end(),
+            [&](const PendingLayer& a, const PendingLayer& b) { return order[a.path] < order[b.path]; });
+
+  // 2. Each quantized layer's tensors, checked and built into a module the model does not hold yet.
+  for (PendingLayer& l : pending) {
+    nn::Module* m = by_path.at(l.path);
+    const Tensor& w = l.conv ? static_cast<nn::Conv2d*>(m)->weight : static_cast<nn::Linear*>(m)->weight;
+    const Tensor& b = l.conv ? static_cast<nn::Conv2d*>(m)->bias : static_cast<nn::Linear*>(m)->bias;
+    const int64_t out = w.size(0);
+    KILN_CHECK(!f.contains(l.path + ".weight"), ValueError, "quant::load_quantized: ", path, ": tensor '", l.path,
+               ".weight': expected none beside '", l.path, ".weight_int8' (a layer is int8 or float), got ",
+               describe_tensor(f.at(l.path + ".weight")));
+    const Tensor& bytes = expect_tensor(f, path, l.path + ".weight_int8", kUInt8, w.sizes());
+    const Tensor& scales = expect_tensor(f, path, l.path + ".weight_scales", kFloat32, {out});
+    const Tensor sc = scales.contiguous();
+    for (int64_t i = 0; i < out; ++i) {
+      const float s = sc.data_ptr<float>()[i];
+      KILN_CHECK(std::isfinite(s) && s > 0, ValueError, "quant::load_quantized: ", path, ": tensor '", l.path,
+                 ".weight_scales': expected finite scales > 0, got ", s, " at channel ", i);
+    }
+    const Tensor qp = expect_tensor(f, path, l.path + ".input_qparams", kFloat32, {2}).contiguous();
+    const float in_scale = qp.data_ptr<float>()[0], in_zp = qp.data_ptr<float>()[1];
+    KILN_CHECK(std::isfinite(in_scale) && in_scale > 0, ValueError, "quant::load_quantized: ", path, ": tensor '",
+               l.path, ".input_qparams': expected an input scale (element 0) finite and > 0, got ", in_scale);
+    KILN_CHECK(std::isfinite(in_zp) && in_zp == std::nearbyint(in_zp) && in_zp >= qmin(QDType::QUInt8) &&
+                   in_zp <= qmax(QDType::QUInt8),
+               ValueError, "quant::load_quantized: ", path, ": tensor '", l.path,
+               ".input_qparams': expected an input zero point (element 1) that is an integer in [0, 255], got ", in_zp);
+    Tensor bias;
+    if (b.defined())
+      bias = expect_tensor(f, path, l.path + ".bias", kFloat32, {out});
+    else
+      KILN_CHECK(!f.contains(l.path + ".bias"), ValueError, "quant::load_quantized: ", path, ": tensor '", l.path,
+                 ".bias': expected none (the layer has no bias), got ", describe_tensor(f.at(l.path + ".bias")));
+    QTensor wq;
+    wq.data = bytes.contiguous().clone();
+    wq.qdtype = QDType::QInt8;
+    wq.scales = sc.clone();
+    wq.zero_points = zeros({out}, TensorOptions(kInt64));
+    wq.axis = 0;
+    const int64_t zp = static_cast<int64_t>(in_zp);
+    if (l.conv)
+      l.quantized = std::make_shared<QuantizedConv2d>(*static_cast<nn::Conv2d*>(m), wq, bias, in_scale, zp);
+    else
+      l.quantized = std::make_shared<QuantizedLinear>(*static_cast<nn::Linear*>(m), wq, bias, in_scale, zp);
+  }
+
+  // 3. The rest of the file against the model as it will be: the same names, dtypes and shapes.
+  std::unordered_map<std::string, const PendingLayer*> quantized_at;
+  for (const PendingLayer& l : pending) quantized_at.emplace(l.path, &l);
+  std::map<std::string, Tensor> expected;
+  for (auto& [name, t] : model.state_dict()) {
+    const size_t dot = name.rfind('.');
+    if (dot != std::string::npos && quantized_at.count(name.substr(0, dot))) continue;
+    expected.emplace(name, t);
+  }
+  for (const PendingLayer& l : pending)
+    for (auto& [name, t] : l.quantized->state_dict()) expected.emplace(l.path + "." + name, t);
+  for (const auto& [name, t] : f.tensors) {
+    const auto it = expected.find(name);
+    KILN_CHECK(it != expected.end(), ValueError, "quant::load_quantized: ", path, ": tensor '", name,
+               "': expected only the model's (", model.type_name(), ") tensors, got one it does not have");
+    KILN_CHECK(t.dtype() == it->second.dtype() && t.sizes() == it->second.sizes(), ValueError,
+               "quant::load_quantized: ", path, ": tensor '", name, "': expected ", describe_tensor(it->second),
+               ", got ", describe_tensor(t));
+  }
+  for (const auto& [name, t] : expected)
+    KILN_CHECK(f.contains(name), ValueError, "quant::load_quantized: ", path, ": expected tensor '", name, "' (",
+               describe_tensor(t), "), got none");
+
+  // 4. Nothing can fail from here on.
+  std::vector<std::string> paths;
+  for (const PendingLayer& l : pending) {
+    nn::Module& parent = *by_path.at(l.parent_path);
+    if (l.conv)
+      swap_member<nn::Conv2d>(parent, l.name, std::static_pointer_cast<nn::Conv2d>(l.quantized), false);
+    else
+      swap_member<nn::Linear>(parent, l.name, std::static_pointer_cast<nn::Linear>(l.quantized), false);
+    parent.register_module(l.name, l.quantized);
+    paths.push_back(l.path);
+  }
+  model.load_state_dict(f.tensors, /*strict=*/true);
+  return paths;
 }
 
 }  // namespace kiln::quant

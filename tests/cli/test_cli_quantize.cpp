@@ -1,7 +1,8 @@
 // `kiln quantize`: a tiny CNN and a tiny ResNet trained on synthetic images,
 // quantized to int8 after training; the report names every layer, the test
 // accuracy and the timing are printed, the int8 state_dict is written; what it
-// does not cover (qat, a missing run) exits with a message.
+// does not cover (qat, a missing run) exits with a message. The written file
+// reloads into a fresh float model with the int8 model's accuracy and loss.
 #include <gtest/gtest.h>
 
 #include "cli/cli_util.h"
@@ -38,6 +39,8 @@ TEST(CliQuantize, CnnAndResnetToInt8) {
     EXPECT_NE(r.output.find("int8:    test accuracy"), std::string::npos) << r.output;
     EXPECT_NE(r.output.find("inference at 1 thread, batch 4"), std::string::npos) << r.output;
     EXPECT_EQ(r.output.find("kept in float"), std::string::npos) << r.output;
+    EXPECT_NE(r.output.find("into a float model: test accuracy"), std::string::npos) << r.output;
+    EXPECT_NE(r.output.find(", as the int8 model"), std::string::npos) << r.output;
     if (std::string(m) == "resnet") {
       EXPECT_NE(r.output.find("layer1.0.conv1"), std::string::npos) << r.output;
       EXPECT_NE(r.output.find("fc "), std::string::npos) << r.output;
@@ -48,11 +51,23 @@ TEST(CliQuantize, CnnAndResnetToInt8) {
     for (const auto& [name, t] : sd.tensors) found |= name == "conv1.weight_int8" && t.dtype() == kUInt8;
     EXPECT_TRUE(found);
   }
+  // BatchNorm folded first: every conv still quantized, and the file reloads into a folded model.
+  {
+    auto r = kiln_cli("quantize " + dir.file("run_resnet") +
+                      " --fuse-bn --calib-batches 2 --bench-iters 1 --out " + dir.file("f.safetensors"));
+    ASSERT_EQ(r.rc, 0) << r.output;
+    EXPECT_EQ(r.output.find("kept in float"), std::string::npos) << r.output;
+    EXPECT_NE(r.output.find(", as the int8 model"), std::string::npos) << r.output;
+    const auto sd = io::load_safetensors(dir.file("f.safetensors"));
+    EXPECT_EQ(sd.metadata.at("fuse_bn"), "true");
+    for (const auto& [name, t] : sd.tensors) EXPECT_EQ(name.find("running_mean"), std::string::npos) << name;
+  }
   // keep_float by name.
   auto r = kiln_cli("quantize " + dir.file("run_cnn") + " --calib-batches 1 --bench-iters 1 --keep-float fc2 --out " +
                     dir.file("k.safetensors"));
   ASSERT_EQ(r.rc, 0) << r.output;
   EXPECT_NE(r.output.find("kept in float (keep_float)"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find(", as the int8 model"), std::string::npos) << r.output;
 }
 
 TEST(CliQuantize, WhatItDoesNotCoverExitsWithAMessage) {

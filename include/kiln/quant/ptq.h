@@ -30,6 +30,7 @@
 #include <string>
 #include <vector>
 
+#include "kiln/io/safetensors.h"
 #include "kiln/nn/layers.h"
 #include "kiln/ops/int8.h"
 #include "kiln/quant/observer.h"
@@ -42,6 +43,9 @@ namespace kiln::quant {
 class QuantizedConv2d : public nn::Conv2d {
  public:
   QuantizedConv2d(const nn::Conv2d& src, const QTensor& weight, float input_scale, int64_t input_zero_point);
+  /// With `bias` (float32 [out_channels], or undefined for none) instead of src's: load_quantized's.
+  QuantizedConv2d(const nn::Conv2d& src, const QTensor& weight, const Tensor& bias, float input_scale,
+                  int64_t input_zero_point);
   Tensor forward(const Tensor& x) override;
   std::string extra_repr() const override;
   const ops::Int8Conv2d& kernel() const { return *kernel_; }
@@ -54,6 +58,9 @@ class QuantizedConv2d : public nn::Conv2d {
 class QuantizedLinear : public nn::Linear {
  public:
   QuantizedLinear(const nn::Linear& src, const QTensor& weight, float input_scale, int64_t input_zero_point);
+  /// With `bias` instead of src's, as QuantizedConv2d's.
+  QuantizedLinear(const nn::Linear& src, const QTensor& weight, const Tensor& bias, float input_scale,
+                  int64_t input_zero_point);
   Tensor forward(const Tensor& x) override;
   std::string extra_repr() const override;
   const ops::Int8Linear& kernel() const { return *kernel_; }
@@ -69,6 +76,8 @@ struct PrepareOptions {
   std::vector<std::string> keep_float;
   /// Calibration inputs kept per layer for the error report (the first ones seen).
   int64_t report_batches = 2;
+  /// Fold eval-mode BatchNorms into their convolutions first (quant::fuse_conv_bn, kiln/quant/fuse.h).
+  bool fuse_bn = false;
 };
 
 /// The observers prepare attached; convert consumes them.
@@ -112,5 +121,32 @@ struct ConvertReport {
 
 /// Replaces the observed layers by quantized ones (see the header comment) and removes the hooks.
 ConvertReport convert(nn::Module& model, Prepared& prepared);
+
+// ---- quantized checkpoints ----
+//
+// A quantized model's file is its state_dict in safetensors with metadata
+// "kiln.quantized" = "int8-ptq" (extra metadata is kept as given). Everything
+// a quantized layer needs is a tensor under its path, so the file alone says
+// which layers are int8 (those with "<path>.weight_int8") and which stayed
+// float (those with "<path>.weight"):
+//   weight_int8    uint8, the float weight's shape: qint8 bytes (two's complement)
+//   weight_scales  float32 [out], finite and > 0; per output channel (axis 0),
+//                  symmetric: the weight zero points are all 0 and not stored
+//   input_qparams  float32 [2]: the activation's quint8 scale (finite, > 0) and
+//                  zero point (an integer in [0, 255])
+//   bias           float32 [out] where the float layer has one
+
+/// Writes model.state_dict() with the metadata above.
+void save_quantized(const nn::Module& model, const std::string& path, io::Metadata metadata = {});
+
+/// Turns a fresh float `model` (same architecture as the one saved) into the
+/// quantized one `path` holds: the layers with weight_int8 become
+/// QuantizedConv2d / QuantizedLinear, everything else loads as load_state_dict
+/// (strict). Outputs equal the saving model's bit for bit. Every tensor is
+/// checked before the model is touched: on any error (FormatError for a file
+/// that is not safetensors or not a quantized model, ValueError naming the
+/// tensor, what was expected and what was got) the model is unchanged.
+/// Returns the paths of the quantized layers, in model order.
+std::vector<std::string> load_quantized(nn::Module& model, const std::string& path);
 
 }  // namespace kiln::quant
