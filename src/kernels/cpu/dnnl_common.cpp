@@ -125,6 +125,15 @@ SerialScope::~SerialScope() {
   if (saved_) omp_set_num_threads(saved_);
 }
 
+uint64_t fnv1a(const void* p, size_t n) {
+  uint64_t h = 0xcbf29ce484222325ull;
+  const auto* b = static_cast<const unsigned char*>(p);
+  for (size_t i = 0; i < n; ++i) h = (h ^ b[i]) * 0x100000001b3ull;
+  return h;
+}
+
+uint64_t desc_hash(const dnnl::memory::desc& md) { return fnv1a(&md.data, sizeof(md.data)); }
+
 }  // namespace kiln::kernels::dnnl_detail
 
 namespace kiln::kernels {

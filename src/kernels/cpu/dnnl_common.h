@@ -96,6 +96,13 @@ class PrimCache {
   std::unordered_map<Key, std::unique_ptr<Entry>, KeyHash> map_;
 };
 
+/// FNV-1a over n bytes: a cheap, stable hash for cache keys and layout ids.
+uint64_t fnv1a(const void* p, size_t n);
+/// A memory descriptor's identity (its raw C struct hashed): two descriptors
+/// with the same hash are the same layout, which is what packed-weight
+/// layouts are compared by.
+uint64_t desc_hash(const dnnl::memory::desc& md);
+
 /// Registers a per-thread cache's clear() so dnnl_clear_cache() reaches it.
 void register_clear(void (*clear)());
 

@@ -28,14 +28,7 @@ using tag = dnnl::memory::format_tag;
 constexpr auto kFusedConv = static_cast<PrimKind>(101);
 constexpr auto kFusedLinear = static_cast<PrimKind>(102);
 
-uint64_t fnv1a(const void* p, size_t n) {
-  uint64_t h = 0xcbf29ce484222325ull;
-  const auto* b = static_cast<const unsigned char*>(p);
-  for (size_t i = 0; i < n; ++i) h = (h ^ b[i]) * 0x100000001b3ull;
-  return h;
-}
-
-FusedWeightLayout layout_of(const dnnl::memory::desc& md) { return {md.get_size(), fnv1a(&md.data, sizeof(md.data))}; }
+FusedWeightLayout layout_of(const dnnl::memory::desc& md) { return {md.get_size(), desc_hash(md)}; }
 
 dnnl::algorithm eltwise_alg(FusedActivation act) {
   switch (act) {

@@ -22,14 +22,7 @@ using dt = dnnl::memory::data_type;
 constexpr auto kInt8Conv = static_cast<PrimKind>(201);
 constexpr auto kInt8Linear = static_cast<PrimKind>(202);
 
-uint64_t fnv1a(const void* p, size_t n) {
-  uint64_t h = 0xcbf29ce484222325ull;
-  const auto* b = static_cast<const unsigned char*>(p);
-  for (size_t i = 0; i < n; ++i) h = (h ^ b[i]) * 0x100000001b3ull;
-  return h;
-}
-
-FusedWeightLayout layout_of(const dnnl::memory::desc& md) { return {md.get_size(), fnv1a(&md.data, sizeof(md.data))}; }
+FusedWeightLayout layout_of(const dnnl::memory::desc& md) { return {md.get_size(), desc_hash(md)}; }
 
 void add_epilogue(Key& key, const Int8Epilogue& e) {
   key.add_all(e.src_zero_point, e.bias, e.relu, e.u8_out, e.dst_zero_point, e.out_scales.size(),

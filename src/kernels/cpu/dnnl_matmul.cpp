@@ -164,27 +164,13 @@ struct PackedEntry {
   PackedLayout layout;
 };
 
-PrimCache<PackedEntry>& packed_cache() {
-  thread_local PrimCache<PackedEntry> c;
-  static const bool registered = (register_clear([] { packed_cache().clear(); }), true);
-  (void)registered;
-  return c;
-}
-
-uint64_t fnv1a(const void* p, size_t n) {
-  uint64_t h = 0xcbf29ce484222325ull;
-  const auto* b = static_cast<const unsigned char*>(p);
-  for (size_t i = 0; i < n; ++i) h = (h ^ b[i]) * 0x100000001b3ull;
-  return h;
-}
-
 PackedEntry* get_packed_entry(const MatmulArgs& g) {
   KILN_ASSERT(g.batch == 1 && (g.dtype == DType::Float32 || g.dtype == DType::BFloat16) && g.k > 0,
               "matmul with a packed b: expected a 2-D float32/bfloat16 product with k > 0");
   const OperandLayout la = operand_layout(g.a, 1, g.m, g.k);
   const OperandLayout lb = operand_layout(g.b, 1, g.k, g.n);
   const Key key = matmul_key(g, la, lb, true);
-  auto& c = packed_cache();
+  auto& c = thread_cache<PackedEntry>();
   if (PackedEntry* e = c.find(key)) return e;
 
   const auto t = to_dnnl(g.dtype);
@@ -207,7 +193,7 @@ PackedEntry* get_packed_entry(const MatmulArgs& g) {
     e->scratch = make_memory(pd.scratchpad_desc());
     if (b_packed != b_plain) {
       e->layout.bytes = b_packed.get_size();
-      e->layout.id = fnv1a(&b_packed.data, sizeof(b_packed.data));
+      e->layout.id = desc_hash(b_packed);
       e->pack = dnnl::reorder(dnnl::reorder::primitive_desc(engine(), b_plain, engine(), b_packed));
       note_created();
     }
