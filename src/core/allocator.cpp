@@ -24,6 +24,7 @@
 #include "kiln/core/error.h"
 #include "kiln/core/format.h"
 #include "kiln/core/memory_history.h"
+#include "kiln/core/record.h"
 #include "memory_history_internal.h"
 
 namespace kiln {
@@ -89,11 +90,13 @@ class CachingAllocator {
       if (!p) throw_oom(nbytes, cat, "the operating system (allocation failed)");
     }
     const int64_t s = static_cast<int64_t>(size);
-    update_peak(cc.peak, cc.live.fetch_add(s, std::memory_order_relaxed) + s);
+    const int64_t cat_live = cc.live.fetch_add(s, std::memory_order_relaxed) + s;
+    update_peak(cc.peak, cat_live);
     cc.count.fetch_add(1, std::memory_order_relaxed);
     const int64_t live = live_.fetch_add(s, std::memory_order_relaxed) + s;
     update_peak(peak_, live);
     if (memory::history::g_recording.load(std::memory_order_relaxed)) memory::history::on_alloc(p, size, cat, live);
+    record::memory_event(s, cat, cat_live, live, p);
     return p;
   }
 
@@ -102,9 +105,11 @@ class CachingAllocator {
     const size_t size = memory::rounded_size(nbytes);
     if (memory::history::g_tracked.load(std::memory_order_relaxed) > 0) memory::history::on_free(p);
     auto& cc = cats_[static_cast<int>(cat)];
-    cc.live.fetch_sub(static_cast<int64_t>(size), std::memory_order_relaxed);
+    const int64_t s = static_cast<int64_t>(size);
+    const int64_t cat_live = cc.live.fetch_sub(s, std::memory_order_relaxed) - s;
     cc.count.fetch_sub(1, std::memory_order_relaxed);
-    live_.fetch_sub(static_cast<int64_t>(size), std::memory_order_relaxed);
+    const int64_t live = live_.fetch_sub(s, std::memory_order_relaxed) - s;
+    record::memory_event(-s, cat, cat_live, live, p);
     std::lock_guard<std::mutex> lock(mu_);
     free_[size].push_back(p);
     cached_ += static_cast<int64_t>(size);
@@ -115,10 +120,16 @@ class CachingAllocator {
     const int64_t s = static_cast<int64_t>(memory::rounded_size(nbytes));
     auto& a = cats_[static_cast<int>(from)];
     auto& b = cats_[static_cast<int>(to)];
-    a.live.fetch_sub(s, std::memory_order_relaxed);
+    const int64_t a_live = a.live.fetch_sub(s, std::memory_order_relaxed) - s;
     a.count.fetch_sub(1, std::memory_order_relaxed);
-    update_peak(b.peak, b.live.fetch_add(s, std::memory_order_relaxed) + s);
+    const int64_t b_live = b.live.fetch_add(s, std::memory_order_relaxed) + s;
+    update_peak(b.peak, b_live);
     b.count.fetch_add(1, std::memory_order_relaxed);
+    if (record::active()) {
+      const int64_t live = live_.load(std::memory_order_relaxed);
+      record::memory_event(-s, from, a_live, live, p, true);
+      record::memory_event(s, to, b_live, live, p, true);
+    }
   }
 
   void empty_cache() {
