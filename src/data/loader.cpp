@@ -1,6 +1,7 @@
 #include "kiln/data/loader.h"
 
 #include "kiln/core/error.h"
+#include "kiln/core/record.h"
 #include "kiln/ops/index.h"
 
 namespace kiln::data {
@@ -43,7 +44,11 @@ void rethrow_with_context(const std::string& what) {
 
 WorkerPool::WorkerPool(int64_t num_workers) {
   threads_.reserve(static_cast<size_t>(num_workers));
-  for (int64_t i = 0; i < num_workers; ++i) threads_.emplace_back([this] { loop(); });
+  for (int64_t i = 0; i < num_workers; ++i)
+    threads_.emplace_back([this, i] {
+      record::set_thread_name("loader worker " + std::to_string(i));
+      loop();
+    });
 }
 
 WorkerPool::~WorkerPool() {

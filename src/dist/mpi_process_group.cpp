@@ -15,6 +15,7 @@
 
 #include "kiln/core/error.h"
 #include "kiln/core/half.h"
+#include "kiln/core/record.h"
 #include "kiln/dist/traffic.h"
 
 namespace kiln::dist::detail {
@@ -35,6 +36,24 @@ const char* kind_name(int32_t k) {
     case OpKind::AllToAllSplit: return "alltoall(splits)";
   }
   return "?";
+}
+
+// The CollectiveWait scope's name: the collective's, so a table keeps waits and transfers apart.
+const char* wait_name(int32_t k) {
+  switch (static_cast<OpKind>(k)) {
+    case OpKind::AllReduce: return "allreduce.wait";
+    case OpKind::Broadcast: return "broadcast.wait";
+    case OpKind::AllGather: return "allgather.wait";
+    case OpKind::ReduceScatter: return "reduce_scatter.wait";
+    case OpKind::Barrier: return "barrier.wait";
+    case OpKind::Send: return "send.wait";
+    case OpKind::Recv: return "recv.wait";
+    case OpKind::AllGatherInto: return "allgather_into_tensor.wait";
+    case OpKind::ReduceScatterTensor: return "reduce_scatter_tensor.wait";
+    case OpKind::AllToAll: return "alltoall.wait";
+    case OpKind::AllToAllSplit: return "alltoall(splits).wait";
+  }
+  return "?.wait";
 }
 
 const char* reduce_name(ReduceOp op) {
@@ -164,7 +183,12 @@ std::string Signature::describe() const {
 
 void MPIWork::wait() {
   std::unique_lock lock(mu_);
-  cv_.wait(lock, [&] { return done_; });
+  if (!done_) {
+    // Only a wait that blocks is recorded: the time this thread spent on its peers and the transfer.
+    record::Scope blocked(record::Kind::CollectiveWait, wait_name_);
+    blocked.set_detail(*group_);
+    cv_.wait(lock, [&] { return done_; });
+  }
   if (err_) std::rethrow_exception(err_);
 }
 
@@ -282,7 +306,7 @@ WorkPtr MPIProcessGroup::enqueue(Signature sig, std::function<void()> run) {
     if (k != OpKind::Send && k != OpKind::Recv) sig.coll_no = ++next_coll_;
     task.sig = sig;
     task.run = std::move(run);
-    task.work = std::make_shared<MPIWork>(sig.seq);
+    task.work = std::make_shared<MPIWork>(sig.seq, wait_name(sig.kind), &name_);
     std::lock_guard qlock(q_mu_);
     queue_.push_back(task);
   }
@@ -291,6 +315,7 @@ WorkPtr MPIProcessGroup::enqueue(Signature sig, std::function<void()> run) {
 }
 
 void MPIProcessGroup::comm_loop() {
+  record::set_thread_name("collectives: " + name_);
   for (;;) {
     Task task;
     {
@@ -320,6 +345,16 @@ void MPIProcessGroup::comm_loop() {
                  " not run: an earlier collective of ", name_,
                  " failed, so its ranks no longer agree on what runs next. The first failure was:\n", poisoned);
       if (debug_ && collective) check_signatures(task.sig);
+      // The transfer itself, on this thread's track; the detail names the group and the call site
+      // (and its CollectiveLabel, e.g. DDP's bucket), and lives until the scope closes.
+      std::string detail;
+      if (record::active()) detail = name_ + "; " + task.sig.site;
+      record::Scope transfer(record::Kind::Collective, kind_name(task.sig.kind));
+      if (transfer.recording()) {
+        transfer.set_detail(detail);
+        if (task.sig.dtype >= 0)
+          transfer.set_bytes(task.sig.count * static_cast<int64_t>(element_size(static_cast<DType>(task.sig.dtype))));
+      }
       task.run();
     } catch (const std::exception& e) {
       err = std::current_exception();

@@ -2,9 +2,11 @@
 // The MPI backend of ProcessGroup (internal to src/dist). Collectives are
 // queued to one communication thread per group, which runs them in issue
 // order on a duplicate of the group's communicator, so they progress while the
-// caller computes. A watchdog thread times the running collective and answers
-// peers' questions about this rank's progress on a second duplicate, which
-// stays usable while the first is stuck.
+// caller computes. Profiles (kiln/core/record.h) see each collective as a
+// Collective scope on that thread (its own track in a trace: "collectives:
+// <group>"), and a caller blocked in Work::wait as a CollectiveWait scope. A watchdog thread times the running
+// collective and answers peers' questions about this rank's progress on a second duplicate, which stays usable while
+// the first is stuck.
 #include <mpi.h>
 
 #include <atomic>
@@ -83,7 +85,10 @@ struct Progress {
 
 class MPIWork final : public Work {
  public:
-  explicit MPIWork(uint64_t seq) : seq_(seq) {}
+  /// `wait_name` ("allreduce.wait") and `group` (the group's describe()) name
+  /// the CollectiveWait scope of a wait() that blocks; both outlive the work's wait.
+  MPIWork(uint64_t seq, const char* wait_name, const std::string* group)
+      : seq_(seq), wait_name_(wait_name), group_(group) {}
   void wait() override;
   bool is_completed() override;
   uint64_t sequence() const override { return seq_; }
@@ -91,6 +96,8 @@ class MPIWork final : public Work {
 
  private:
   uint64_t seq_;
+  const char* wait_name_;
+  const std::string* group_;
   std::mutex mu_;
   std::condition_variable cv_;
   bool done_ = false;

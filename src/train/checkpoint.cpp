@@ -8,10 +8,12 @@
 #include <cerrno>
 #include <cstdio>
 #include <cstdlib>
+#include <filesystem>
 #include <sstream>
 
 #include "kiln/core/error.h"
 #include "kiln/core/generator.h"
+#include "kiln/core/record.h"
 #include "kiln/io/safetensors.h"
 
 namespace kiln::train {
@@ -345,10 +347,18 @@ void compare_schedule_settings(const SchedulerState& file, const SchedulerState&
   for (auto& m : schedule_mismatches(file, now, "scheduler")) problems.push_back(std::move(m));
 }
 
+// A profile's Checkpoint scopes carry the file's size.
+int64_t file_bytes(const std::string& path) {
+  std::error_code ec;
+  const auto n = std::filesystem::file_size(path, ec);
+  return ec ? 0 : static_cast<int64_t>(n);
+}
+
 }  // namespace
 
 void save_checkpoint(const std::string& path, const CheckpointRefs& refs, const CheckpointInfo& info) {
   KILN_CHECK(refs.model != nullptr, ValueError, "save_checkpoint: expected a model, got null");
+  record::Scope scope(record::Kind::Checkpoint, "checkpoint.save");
   io::NamedTensors tensors;
   io::Metadata md{{kFormatKey, kFormatVersion}, {"step", std::to_string(info.step)}, {"config", info.config}};
   for (const auto& [name, t] : refs.model->state_dict()) tensors.emplace_back("model." + name, t);
@@ -396,10 +406,13 @@ void save_checkpoint(const std::string& path, const CheckpointRefs& refs, const 
   md["checksum.fnv1a64"] = hex16(checksum(tensors));
   md["checksum.metadata.fnv1a64"] = hex16(metadata_checksum(md));
   io::save_safetensors(path, tensors, md);
+  if (scope.recording()) scope.set_bytes(file_bytes(path));
 }
 
 CheckpointInfo load_checkpoint(const std::string& path, const CheckpointRefs& refs) {
   KILN_CHECK(refs.model != nullptr, ValueError, "load_checkpoint: expected a model, got null");
+  record::Scope scope(record::Kind::Checkpoint, "checkpoint.load");
+  if (scope.recording()) scope.set_bytes(file_bytes(path));
   const io::SafetensorsFile f = io::load_safetensors(path);
   const Reader r{f.metadata, path};
   KILN_CHECK(r.get(kFormatKey) == kFormatVersion || r.get(kFormatKey) == "1", FormatError, path,

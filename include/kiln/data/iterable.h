@@ -130,6 +130,7 @@ class IterableDataLoader {
     bool advance() {
       current_.reset();
       if (finished_) return false;
+      record::Scope wait(record::Kind::DataWait, "DataLoader.next");
       auto t0 = Clock::now();
       Item item;
       if (producer_.joinable()) {
@@ -207,6 +208,7 @@ class IterableDataLoader {
     /// One batch (null at the end of the stream); throws what reading or collating threw.
     Item produce_one() {
       if (!prepared_) prepare();
+      record::Scope load(record::Kind::DataLoad, "DataLoader.batch");
       const auto& o = loader_->options_;
       const int64_t first = index_;
       std::vector<Sample> samples;
@@ -219,7 +221,9 @@ class IterableDataLoader {
       const auto n = static_cast<int64_t>(samples.size());
       if (n == 0 || (n < o.batch_size && o.drop_last)) return {};
       try {
-        return {std::make_shared<Batch>(o.collate(std::move(samples))), n, nullptr};
+        auto batch = std::make_shared<Batch>(o.collate(std::move(samples)));
+        if (load.recording()) load.set_bytes(batch_bytes(*batch));
+        return {std::move(batch), n, nullptr};
       } catch (...) {
         detail::rethrow_with_context("IterableDataLoader: collating the batch of samples " + std::to_string(first) +
                                      ".." + std::to_string(first + n - 1));
@@ -228,6 +232,7 @@ class IterableDataLoader {
 
     /// The producer thread: batches into the queue until the end, an error or stop.
     void produce_all() {
+      record::set_thread_name("loader worker 0");
       for (;;) {
         Item item;
         try {

@@ -13,6 +13,11 @@
 // seed), so a resumed loader yields exactly the remaining batches of the
 // epoch. stats() reports how long the consumer waited for data. An iterator
 // must not outlive its loader, and one epoch is iterated at a time.
+//
+// Profiling (kiln/core/record.h): the consumer's wait for each batch is a
+// DataWait scope ("DataLoader.next") and the production of each batch, on a
+// worker ("loader worker N" in traces) or inline, a DataLoad scope
+// ("DataLoader.batch", bytes = the batch's tensors).
 #pragma once
 
 #include <chrono>
@@ -28,6 +33,7 @@
 #include <vector>
 
 #include "kiln/core/allocator.h"
+#include "kiln/core/record.h"
 #include "kiln/data/dataset.h"
 #include "kiln/data/epoch_iterator.h"
 #include "kiln/data/sampler.h"
@@ -36,6 +42,17 @@ namespace kiln::data {
 
 /// The default collate for Examples: {stack(data), stack(target)}.
 Example collate_examples(std::vector<Example>&& samples);
+
+/// The bytes of a batch's tensors, as profiles report them: an Example's data
+/// and target, a Tensor's own; other batch types count as 0.
+inline int64_t batch_bytes(const Example& b) {
+  return (b.data.defined() ? b.data.nbytes() : 0) + (b.target.defined() ? b.target.nbytes() : 0);
+}
+inline int64_t batch_bytes(const Tensor& b) { return b.defined() ? b.nbytes() : 0; }
+template <typename Batch>
+int64_t batch_bytes(const Batch&) {
+  return 0;
+}
 
 struct LoaderState {
   int64_t epoch = 0;     // the epoch in progress (or next)
@@ -266,6 +283,7 @@ class DataLoader {
     bool advance() {
       current_.reset();
       if (next_ >= static_cast<int64_t>(batches_.size())) return false;
+      record::Scope wait(record::Kind::DataWait, "DataLoader.next");
       auto t0 = Clock::now();
       if (pooled_) {
         current_ = std::static_pointer_cast<Batch>(loader_->pool_->take(next_ - start_));
@@ -284,6 +302,7 @@ class DataLoader {
       // Samples and the batch are the input pipeline's memory until the model
       // computes on them, on a worker thread or on this one.
       MemoryCategoryGuard data_memory(MemoryCategory::Data);
+      record::Scope load(record::Kind::DataLoad, "DataLoader.batch");
       const auto& idx = batches_[static_cast<size_t>(b)];
       std::vector<Sample> samples;
       samples.reserve(idx.size());
@@ -298,7 +317,9 @@ class DataLoader {
         }
       }
       try {
-        return loader_->options_.collate(std::move(samples));
+        Batch batch = loader_->options_.collate(std::move(samples));
+        if (load.recording()) load.set_bytes(batch_bytes(batch));
+        return batch;
       } catch (...) {
         detail::rethrow_with_context("DataLoader: collating batch " + std::to_string(b) + " (samples " +
                                      std::to_string(idx.empty() ? -1 : idx.front()) + "..)");
