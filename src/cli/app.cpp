@@ -13,6 +13,7 @@
 #include "cli/config.h"
 #include "cli/doctor.h"
 #include "cli/plan.h"
+#include "cli/profile_files.h"
 #include "cli/quantize.h"
 #include "cli/scenario.h"
 #include "cli/train.h"
@@ -74,6 +75,10 @@ int dispatch(int argc, char** argv) {
   train->add_option("config", config_path, "The run's config (TOML, see docs/config.md)")->required();
   train->add_option("--out", out_dir, "Run directory (default: runs/<config name>)");
   train->add_option("--set", sets, "Override a config key: --set optim.lr=3e-4 (repeatable)")->take_all();
+  std::string profile_steps;
+  train->add_option("--profile", profile_steps,
+                    "Profile steps FIRST:END (FIRST to END-1, e.g. 20:25; FIRST alone: 5 steps) into RUN/profile/: "
+                    "Chrome trace, op table, per-step breakdown ([profile] steps; docs/profiling.md)");
 
   ResumeOptions ro;
   auto* resume = app.add_subcommand("resume", "Continue a run from its latest checkpoint, with the identical future");
@@ -209,6 +214,14 @@ int dispatch(int argc, char** argv) {
   scenario->add_option("--dir", scenario_dir, "The config scenarios' directory (default: examples/scenarios)");
   scenario->add_option("--out", scenario_out, "Where a scenario writes its run (default: a temporary directory)");
 
+  std::string profile_sort = "self";
+  int64_t profile_top = 20;
+  auto* profile = app.add_subcommand(
+      "profile", "Print a profiled run's op table and per-step breakdown again (from RUN/profile/, no re-run)");
+  profile->add_option("run_dir", run_dir, "The run directory (trained with --profile)")->required();
+  profile->add_option("--sort", profile_sort, "Order the ops by self, total, calls or flops")->capture_default_str();
+  profile->add_option("--top", profile_top, "Rows to print (0: all)")->capture_default_str();
+
   QuantizeOptions quantize_options;
   auto* quantize = add_quantize_command(app, quantize_options);
 
@@ -234,6 +247,8 @@ int dispatch(int argc, char** argv) {
     return 2;
   }
   if (train->parsed()) {
+    // --profile is [profile] steps, quoted: "20:25" is not a TOML value by itself.
+    if (!profile_steps.empty()) sets.push_back("profile.steps=\"" + profile_steps + "\"");
     Config config = Config::from_file(config_path, sets);
     const fs::path dir = out_dir.empty() ? fs::path("runs") / config.name() : fs::path(out_dir);
     return run_maybe_distributed([&](dist::ProcessGroupPtr g) { return cli::train(config, dir, config_path, g); });
@@ -248,6 +263,7 @@ int dispatch(int argc, char** argv) {
   if (sample->parsed()) return sample_command(target, so);
   if (plan->parsed()) return plan_command(po);
   if (doctor->parsed()) return doctor_command(run_dir, doctor_json);
+  if (profile->parsed()) return profile_command(run_dir, profile_sort, profile_top);
   if (scenario->parsed() && scenario_action == "rank")
     return run_maybe_distributed([&](dist::ProcessGroupPtr g) { return scenario_rank(scenario_name, g); });
   if (scenario->parsed()) return scenario_command(scenario_action, scenario_name, scenario_dir, scenario_out);

@@ -123,6 +123,9 @@ constexpr Key kSchema[] = {
     {"parallel.micro_batches", Kind::Int, "1", "model.type=gpt", ""},
     {"parallel.schedule", Kind::String, "\"1f1b\"", "model.type=gpt", "1f1b|gpipe"},
     {"parallel.sequence_parallel", Kind::Bool, "false", "model.type=gpt", ""},
+
+    // Profiling (cli/profile_run.h): "20:25" profiles steps 20 to 24 into RUN_DIR/profile/; "" off.
+    {"profile.steps", Kind::String, "\"\"", "", ""},
 };
 
 // Allowed values, checked once on the final config (file and --set together) so
@@ -229,6 +232,7 @@ constexpr ResumeRule kResume[] = {
     {"train.", OnResume::Applies, ""},
     {"dist.strategy", OnResume::Applies, ""},  // checkpoints hold the unsharded optimizer state whatever the strategy
     {"parallel.", OnResume::Applies, ""},      // and the unsharded model whatever the layout
+    {"profile.", OnResume::Applies, ""},       // what is recorded, not what is computed
 };
 // clang-format on
 
@@ -444,7 +448,7 @@ void Config::validate_and_fill() {
       const bool is_section = !known_keys(top).empty() && !find_key(top);
       if (!is_section)
         throw ConfigError(where(source_, v1) + ": unknown section [" + top +
-                          "] (known: model, data, optim, schedule, train, dist)");
+                          "] (known: model, data, optim, schedule, train, dist, parallel, lora, profile)");
       for (const auto& [k2, v2] : *sec) {
         const std::string key = top + "." + std::string(k2.str());
         if (!find_key(key))

@@ -25,6 +25,7 @@
 
 #include "cli/report_chart.h"
 #include "cli/report_health.h"
+#include "cli/report_profile.h"
 #include "kiln/core/error.h"
 #include "kiln/core/format.h"
 
@@ -669,6 +670,10 @@ table.peak{border-collapse:collapse;font-size:12px;margin:6px;width:calc(100% - 
 table.peak th,table.peak td{text-align:left;padding:2px 6px;border-bottom:1px solid #e5e7eb}
 table.peak td:first-child,table.peak td:nth-child(2),table.peak td:last-child{text-align:right;white-space:nowrap}
 figure.chart figcaption{font-weight:600;color:#111827;margin:6px}
+table.ops{border-collapse:collapse;font-size:12px;margin:6px;width:calc(100% - 12px)}
+table.ops th,table.ops td{text-align:right;padding:2px 6px;border-bottom:1px solid #e5e7eb;white-space:nowrap}
+table.ops td:first-child,table.ops th:first-child,table.ops td:nth-child(2),table.ops th:nth-child(2){text-align:left}
+table.ops td:first-child{white-space:normal;word-break:break-all}
 #warnings li{white-space:pre-wrap}
 pre.config{background:#f8fafc;border:1px solid #e5e7eb;border-radius:8px;padding:10px 14px;overflow:auto;font:12px/1.45 "DejaVu Sans Mono",monospace}
 )";
@@ -775,6 +780,7 @@ std::string render_html(const RunData& run) {
   }
   render_memory_peak(o, run);
   o << "</div>\n";
+  render_profile_section(o, run.dir);  // when the run was trained with --profile
   o << "<h2>Config</h2>\n";
   if (run.config) {
     o << "<pre class=\"config\" id=\"config\">" << html_escape(*run.config) << "</pre>\n";

@@ -3,7 +3,9 @@
 // NaN, still running) and where it was resumed, a summary block, the charts a
 // person looks at after training (loss with the eval points, test accuracy,
 // learning rate, throughput, data wait, gradient norm, memory by category)
-// drawn as inline SVG in a grid as wide as the page, and the resolved config.
+// drawn as inline SVG in a grid as wide as the page, the profile of a run
+// trained with --profile (its op table and per-step breakdown), and the
+// resolved config.
 // No network: it opens anywhere, offline; its one small script only reloads
 // the report of a run in progress.
 #pragma once

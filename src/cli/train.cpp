@@ -23,6 +23,13 @@
 // total_steps), {"kind":"nonfinite"} at a NaN/Inf loss (preceded by train lines
 // for the steps since the last logged one, so the charts reach the NaN), and
 // {"kind":"end","status"} when a process ends (a killed one leaves none).
+//
+// Note [Profiled steps]: each step's phases are record::Scope ranges of kind
+// User named "forward", "backward" and "optimizer" (zero_grad, clipping and
+// the update), which the profiler's per-step breakdown reads; with
+// [profile] steps (--profile) a ProfileRun (cli/profile_run.h) marks the
+// step boundaries, and the step's evaluation and checkpoint, when due, belong
+// to it.
 #include "cli/train.h"
 
 #include <unistd.h>
@@ -40,6 +47,7 @@
 #include "cli/commands.h"
 #include "cli/finetune.h"
 #include "cli/health_log.h"
+#include "cli/profile_run.h"
 #include "cli/progress.h"
 #include "cli/report.h"
 #include "cli/step_skew.h"
@@ -48,6 +56,7 @@
 #include "kiln/core/allocator.h"
 #include "kiln/core/format.h"
 #include "kiln/core/memory_history.h"
+#include "kiln/core/record.h"
 #include "kiln/core/threads.h"
 #include "kiln/dist/dist.h"
 #include "kiln/dist/traffic.h"
@@ -492,6 +501,9 @@ class TrainLoop {
       return 0;
     }
     record_start();
+    if (auto w = parse_profile_steps(c_.string("profile.steps"), c_.origin("profile.steps")))
+      profile_.emplace(*w, L_.step, L_.run_dir, L_.group);
+    say_profile();
     while (L_.step < stop_at_ && status_ == Status::Completed) {
       // The epoch begin() starts (a finished epoch's last batch moves the state on).
       const int64_t epoch = t_.train_loader->state().epoch;
@@ -564,6 +576,8 @@ class TrainLoop {
     const int64_t bytes_before = dist::traffic().bytes;
     const double lr = t_.optimizer->param_groups()[0].lr();
     if (micro_ == 0) {
+      if (profile_) profile_->before_step(L_.step + 1);
+      record::Scope phase(record::Kind::User, "optimizer");  // Note [Profiled steps]
       if (t_.zero)
         t_.zero->zero_grad();
       else
@@ -594,6 +608,7 @@ class TrainLoop {
       loss_v = pipeline_.loss;
     } else {
       try {
+        record::Scope phase(record::Kind::User, "forward");
         loss = batch_loss(t_, batch);
         loss_v = loss.item<double>();
       } catch (const autograd::AnomalyError& e) {
@@ -627,6 +642,10 @@ class TrainLoop {
     if (const train::LeakReport* r = leak_.step()) warn_leak(*r);
     const bool stop_now = a.stop_requested || L_.step >= stop_at_;
     eval_and_checkpoint(a.stop_requested, stop_now);
+    if (profile_) {
+      profile_->after_step();
+      say_profile();
+    }
     if (a.stop_requested) status_ = Status::Interrupted;
     return !stop_now;
   }
@@ -722,13 +741,18 @@ class TrainLoop {
     } else if (t_.scaler) {
       // Unscale before clipping so the clip sees true gradients; a step whose
       // gradients overflowed is skipped and the scale backs off.
-      t_.scaler->scale(loss).backward();
+      {
+        record::Scope phase(record::Kind::User, "backward");
+        t_.scaler->scale(loss).backward();
+      }
+      record::Scope phase(record::Kind::User, "optimizer");
       t_.scaler->unscale_(*t_.optimizer);
       gnorm = optim::clip_grad_norm_(params_, clip_ > 0 ? clip_ : optim::kInfNorm);
       t_.scaler->step(*t_.optimizer);
       t_.scaler->update();
     } else {
       try {
+        record::Scope phase(record::Kind::User, "backward");
         loss.backward();
       } catch (const autograd::AnomalyError& e) {
         // Data-parallel ranks are inside DDP's collectives here: the error ends the job (run_or_abort).
@@ -737,6 +761,7 @@ class TrainLoop {
         status_ = Status::NonFinite;
         return std::nullopt;
       }
+      record::Scope phase(record::Kind::User, "optimizer");
       if (t_.zero) {
         // The global norm over every rank's shard (stage 2 reduce-scatters the gradients first).
         gnorm = t_.zero->clip_grad_norm_(clip_ > 0 ? clip_ : optim::kInfNorm);
@@ -884,6 +909,13 @@ class TrainLoop {
     if (keep_best_) keep_best_->update(L_, e, progress_);
   }
 
+  /// What the profile has to say (its files were written, or why there are none), once.
+  void say_profile() {
+    if (!profile_) return;
+    const std::string m = profile_->take_message();
+    if (!m.empty()) progress_.message(m);
+  }
+
   void epoch_done(int64_t epoch) {
     const auto st = t_.train_loader->stats();
     char buf[160];
@@ -895,6 +927,10 @@ class TrainLoop {
   /// The end of the loop: the exit code (3 after a NaN/Inf).
   int finish() {
     progress_.finish();
+    if (profile_) {  // before the report, which shows the profile; every rank alike
+      profile_->finish();
+      say_profile();
+    }
     if (status_ == Status::Completed && L_.step < total_) status_ = Status::Stopped;
     if (status_ == Status::Completed && (last_eval_.is_null() || last_eval_["step"] != L_.step)) run_eval();
     const int rc = status_ == Status::NonFinite ? 3 : 0;
@@ -983,6 +1019,7 @@ class TrainLoop {
   std::vector<StepValues> unlogged_;       // the steps since the last train line (Note [Run story])
   parallel::PipelineStepResult pipeline_;  // a mesh run's last step
   train::LeakWatch leak_{{.print = false}};
+  std::optional<ProfileRun> profile_;  // [profile] steps
   int64_t peak_recorded_ = -1;
   // train.grad_accum_steps: batches per optimizer step, and the micro-batches of the current one.
   const int64_t accum_ = c_.integer("train.grad_accum_steps");
@@ -1033,6 +1070,8 @@ int train(const Config& config, const fs::path& run_dir, const std::string& conf
     throw ConfigError(run_dir.string() + " already holds a run; continue it with `" + resume + run_dir.string() +
                       "`, or pass another --out DIR");
   }
+  // A malformed [profile] steps is refused before anything is built or written.
+  parse_profile_steps(config.string("profile.steps"), config.origin("profile.steps"));
   // Memory history from before the model is built, so parameters have their call sites.
   memory::record_history(true);
   // Built before the run directory exists: a config or data problem leaves nothing behind.
