@@ -18,6 +18,10 @@ oneDNN sgemm) is measured per thread count before and after the workloads and
 before every gpt round; the highest figure is the machine's ceiling for the gpt
 row (a busy machine can only lower a sample, never raise it).
 
+The profiler overhead rows (bench/profiler_overhead.py: tiny and gpt with the
+profiler off and recording, alternately) follow the training table;
+--no-profiler-overhead skips them.
+
 The inference rows (bench/infer_bench.py: kiln optimised vs kiln eager vs ONNX
 Runtime on cnn, resnet and gpt_infer) follow the training rows in their own
 table and under "infer_rows" in the JSON; --no-infer skips them, --infer-only
@@ -40,6 +44,7 @@ import sys
 import tempfile
 
 import infer_bench
+import profiler_overhead
 import under_load
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -375,6 +380,8 @@ def main():
                                                 "--quick: bench/results/quick.json)")
     ap.add_argument("--note", default="", help="a line printed under the machine line (e.g. 'busy machine')")
     ap.add_argument("--under-load-only", action="store_true", help="only the under-load rows")
+    ap.add_argument("--no-profiler-overhead", action="store_true",
+                    help="skip the profiler overhead rows (tiny and gpt, profiler off vs recording)")
     ap.add_argument("--no-under-load", action="store_true",
                     help="skip the under-load rows (mlp at 2+ threads next to busy processes)")
     a = ap.parse_args()
@@ -405,6 +412,7 @@ def main():
     os.makedirs(os.path.dirname(os.path.abspath(out_path)), exist_ok=True)
     results = {}
     infer_results = {}
+    overhead = {}
 
     def save(final):
         """Writes the JSON and the table for what has finished (all of it when final)."""
@@ -412,6 +420,9 @@ def main():
         text = markdown(a, rows, results, info) if not a.infer_only else (
             "## kiln inference — %s\n\nMachine: %s, %d cores, Linux %s; kiln %s; load average %.2f at start.\n"
             % (info["date"], info["cpu"], info["cores"], info["kernel"], info["kiln_commit"], info["loadavg_start"][0]))
+        overhead_rows = profiler_overhead.rows(overhead)
+        if not a.infer_only:
+            text += profiler_overhead.markdown(overhead_rows, fmt_time, a.quick)
         infer_rows, infer_problems = infer_bench.rows(infer_results)
         if not a.no_infer:
             text += infer_bench.markdown(infer_rows, fmt_time, a.quick, info.get("infer_skipped"))
@@ -421,7 +432,8 @@ def main():
                        "complete": final and not info.get("interrupted"),
                        "torch_configs": {c: CONFIG_LABEL[c] for c in a.torch_configs},
                        "f32_matmul_peak_gflops": {str(t): max(r["peak"]) for t, r in results.items() if r["peak"]},
-                       "note": a.note, "rows": rows, "infer_rows": infer_rows,
+                       "note": a.note, "rows": rows, "profiler_overhead_rows": overhead_rows,
+                       "infer_rows": infer_rows,
                        "infer_skipped": info.get("infer_skipped")}, f, indent=1)
             f.write("\n")
         with open(os.path.splitext(out_path)[0] + ".md", "w") as f:
@@ -433,6 +445,10 @@ def main():
     try:
         if not a.under_load_only and not a.infer_only:
             measure(a, os.path.abspath(a.kiln), results, lambda: save(False))
+        if not a.no_profiler_overhead and not a.under_load_only and not a.infer_only:
+            overhead.update(profiler_overhead.measure(run_process, env_for, os.path.abspath(a.kiln), a.workloads,
+                                                      a.threads[0], QUICK_STEPS if a.quick else 0, a.pairs, log))
+            save(False)
         if not a.no_infer and not a.under_load_only:
             why = infer_bench.unavailable(a.kiln_infer)
             if why:

@@ -8,7 +8,11 @@
 #                    [--quick] [--pairs 3] [--torch-configs installed,tunables,avx512]
 #                    [--out FILE.json] [--note TEXT]
 #                    [--no-infer | --infer-only] [--infer-workloads cnn,resnet,gpt_infer]
+#                    [--no-profiler-overhead]
 #
+# The "profiler overhead" table (tiny and gpt with the profiler off and with a
+# Profiler recording every step, alternately; bench/profiler_overhead.py)
+# follows the training one.
 # The inference table (kiln optimised vs kiln eager vs ONNX Runtime on the same
 # exported model, issue 21) follows the training one; --infer-only runs just
 # it (results in bench/results/infer.json and infer.md).
@@ -24,7 +28,7 @@ cd "$(dirname "$0")/.."
 
 for arg in "$@"; do
   if [[ $arg == -h || $arg == --help ]]; then
-    sed -n '2,22p' "$0" | sed 's/^# \{0,1\}//'
+    sed -n '2,26p' "$0" | sed 's/^# \{0,1\}//'
     exit 0
   fi
 done

@@ -5,12 +5,17 @@
 //
 //   kiln_bench --workload gpt[,mlp,...] [--threads N] [--warmup 10] [--steps 50]
 //   kiln_bench --workload peak [--threads N] [--size 2048] [--steps 10]
+//   kiln_bench --workload tiny --profile on   (a kiln::profiler::Profiler records the timed steps)
 //
 // "peak" is the f32 matmul ceiling probe: kiln::mm of two size x size float32
 // matrices (oneDNN sgemm underneath), GFLOP/s of the best and the median call.
 // A workload's first step is a warm-up step and reports the loss before any
 // update ("loss_first"); after the timed steps one more untimed step reports
 // "loss_last". maxrss_kib is this process's peak resident set so far.
+// --profile on: the timed steps run under a recording Profiler (every event
+// and allocation kept, prof.step() after each step), the "profiler overhead"
+// row of scripts/bench.sh (bench/profiler_overhead.py); "profile_events" is
+// how many it kept.
 #include <sys/resource.h>
 
 #include <algorithm>
@@ -19,11 +24,13 @@
 #include <cstdio>
 #include <cstdlib>
 #include <iostream>
+#include <memory>
 #include <sstream>
 #include <string>
 #include <vector>
 
 #include "kiln/kiln.h"
+#include "kiln/profiler/profiler.h"
 #include "workloads.h"
 
 namespace {
@@ -35,12 +42,13 @@ struct Args {
   int steps = 50;
   int64_t size = 2048;
   std::string amp = "off";  // --amp bf16: forward and loss under bf16 autocast
+  bool profile = false;     // --profile on: the timed steps under a recording Profiler
 };
 
 [[noreturn]] void usage(const std::string& why) {
   std::cerr << "kiln_bench: " << why
             << "\nusage: kiln_bench --workload NAME[,NAME...] [--threads N] [--warmup N] [--steps N] [--size N] [--amp "
-               "bf16|off]\n"
+               "bf16|off] [--profile on|off]\n"
                "workloads: tiny mlp cnn resnet gpt gpt_infer, and peak (f32 matmul probe)\n";
   std::exit(2);
 }
@@ -81,6 +89,9 @@ Args parse(int argc, char** argv) {
     else if (flag == "--amp") {
       if (v != "bf16" && v != "off") usage("--amp expects bf16 or off (fp16 needs a GradScaler), got '" + v + "'");
       a.amp = v;
+    } else if (flag == "--profile") {
+      if (v != "on" && v != "off") usage("--profile expects on or off, got '" + v + "'");
+      a.profile = v == "on";
     } else
       usage("unknown flag " + flag);
   }
@@ -135,10 +146,22 @@ void run_workload(const std::string& name, const Args& a) {
   for (int i = 1; i < a.warmup; ++i) w->step(false);
   std::vector<double> ms;
   ms.reserve(static_cast<size_t>(a.steps));
+  std::unique_ptr<kiln::profiler::Profiler> prof;
+  if (a.profile) {
+    prof = std::make_unique<kiln::profiler::Profiler>();
+    prof->start();
+  }
   for (int i = 0; i < a.steps; ++i) {
     const auto t0 = Clock::now();
     w->step(false);
+    if (prof) prof->step();
     ms.push_back(ms_since(t0));
+  }
+  size_t events = 0;
+  if (prof) {
+    prof->stop();
+    events = prof->num_events();
+    prof.reset();
   }
   const double loss_last = w->step(true);
   std::ostringstream steps;
@@ -147,10 +170,10 @@ void run_workload(const std::string& name, const Args& a) {
       "{\"framework\": \"kiln\", \"workload\": \"%s\", \"amp\": \"%s\", \"threads\": %d, \"warmup\": %d, \"steps\": "
       "%d, "
       "\"median_ms\": %s, \"loss_first\": %s, \"loss_last\": %s, \"params\": %lld, \"flops_per_step\": %s, "
-      "\"maxrss_kib\": %ld, \"step_ms\": [%s]}\n",
+      "\"maxrss_kib\": %ld, \"profile\": %s, \"profile_events\": %zu, \"step_ms\": [%s]}\n",
       name.c_str(), a.amp.c_str(), kiln::get_num_threads(), a.warmup, a.steps, num(median(ms)).c_str(),
       num(loss_first).c_str(), num(loss_last).c_str(), static_cast<long long>(w->num_parameters()),
-      num(w->flops_per_step()).c_str(), maxrss_kib(), steps.str().c_str());
+      num(w->flops_per_step()).c_str(), maxrss_kib(), a.profile ? "true" : "false", events, steps.str().c_str());
   std::fflush(stdout);
 }
 

@@ -108,4 +108,29 @@ inline void write_synthetic_run(const std::filesystem::path& dir, const Syntheti
            "\"eval_loss\":0.2841,\"accuracy\":0.9123}}";
 }
 
+/// RUN/profile/ as `kiln train --profile 20:26` writes it (cli/profile_run.h): an op table of
+/// `ops` rows and six steps whose breakdown has every category.
+inline void write_synthetic_profile(const std::filesystem::path& dir, int ops = 18) {
+  const std::filesystem::path p = dir / "profile";
+  std::filesystem::create_directories(p);
+  std::ofstream o(p / "ops.json");
+  o << "{\"rows\": [";
+  for (int i = 0; i < ops; ++i)
+    o << (i ? ", " : "") << "{\"name\": \"op" << i << "\", \"kind\": \"" << (i % 3 ? "op" : "backward")
+      << "\", \"calls\": " << 6 + i << ", \"self_us\": " << 900.0 / (i + 1) << ", \"total_us\": " << 1300.0 / (i + 1)
+      << ", \"flops\": " << (i < 4 ? 2e8 / (i + 1) : 0.0) << ", \"gflops_per_s\": " << (i < 4 ? 40.0 + i : 0.0)
+      << "}";
+  o << "]}\n";
+  std::ofstream s(p / "steps.json");
+  s << "{\"world_size\": 1, \"window\": {\"first\": 20, \"end\": 26}, \"steps\": [";
+  for (int k = 0; k < 6; ++k) {
+    const double data = 1.0 + k % 2, fwd = 9.0 + k * 0.3, bwd = 16.0 - k * 0.2, opt = 4.0, comm = 2.5, other = 1.5;
+    s << (k ? ", " : "") << "{\"step\": " << 20 + k << ", \"total_ms\": " << data + fwd + bwd + opt + comm + other
+      << ", \"data_ms\": " << data << ", \"forward_ms\": " << fwd << ", \"backward_ms\": " << bwd
+      << ", \"optimizer_ms\": " << opt << ", \"comm_exposed_ms\": " << comm << ", \"other_ms\": " << other << "}";
+  }
+  s << "]}\n";
+  std::ofstream(p / "memory.json") << "{\"peak_total\": 23400000, \"peak\": {\"activation\": 9500000}}\n";
+}
+
 }  // namespace kiln::test

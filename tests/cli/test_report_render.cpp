@@ -22,6 +22,7 @@
 
 #include "cli/report.h"
 #include "cli/report_chart.h"
+#include "cli/report_profile.h"
 #include "support/test_util.h"
 #include "test_report_fixture.h"
 
@@ -364,6 +365,49 @@ TEST(ReportRender, ScriptRunsWithoutErrorsAndTheStatusShows) {
   for (const Box& b : boxes)
     EXPECT_GE(count_pixels(img, b.x1 - 3, b.y0, b.x1 + 1, b.y1, is_red), (b.y1 - b.y0) / 3)
         << "no NaN mark at the right edge of the chart at (" << b.x0 << ", " << b.y0 << ")";
+}
+
+// A run trained with --profile: below the charts, the Profile section's stacked bars in the same
+// frame, each breakdown category in its colour, and the op table.
+TEST(ReportRender, ProfileSectionDrawsStackedBarsAndTheOpTable) {
+  TempDir tmp;
+  Browser browser(tmp);
+  ASSERT_CHROMIUM(browser);
+  const fs::path run = tmp.path() / "run";
+  write_synthetic_run(run);
+  write_synthetic_profile(run);
+  cli::write_report(run);
+
+  const Image img = browser.screenshot(run / "report.html", 1200, 3200);
+  std::vector<Box> boxes = find_frames(img);
+  ASSERT_EQ(boxes.size(), 8u) << "the run's 7 charts and the per-step breakdown";
+  const Box bars = boxes.back();  // the section comes after the charts
+  boxes.pop_back();
+  expect_charts_drawn(img, boxes);
+  EXPECT_GT(bars.y0, boxes.back().y1) << "the Profile section sits below the charts";
+  // The bars fill much of the plot (stacked up to the tallest step): coloured, but not a line chart.
+  const int inside = (bars.x1 - bars.x0 - 1) * (bars.y1 - bars.y0 - 1);
+  const int ink = count_pixels(img, bars.x0 + 1, bars.y0 + 1, bars.x1 - 1, bars.y1 - 1, [](const uint8_t* p) {
+    return std::max({p[0], p[1], p[2]}) - std::min({p[0], p[1], p[2]}) >= 60;
+  });
+  EXPECT_GE(ink, inside / 5) << "the bars were not drawn";
+  for (int c = 0; c < rd::kStepCategories - 1; ++c) {  // "other" is grey
+    const Rgb want = hex(rd::step_category_colour(c));
+    const int n = count_pixels(img, bars.x0 + 1, bars.y0 + 1, bars.x1 - 1, bars.y1 - 1, [&](const uint8_t* p) {
+      return std::abs(p[0] - want.r) <= 16 && std::abs(p[1] - want.g) <= 16 && std::abs(p[2] - want.b) <= 16;
+    });
+    EXPECT_GE(n, 100) << rd::step_category_name(c) << " (" << rd::step_category_colour(c) << ") barely present";
+  }
+  auto dark = [](const uint8_t* p) { return std::max({p[0], p[1], p[2]}) < 140; };
+  EXPECT_GE(count_pixels(img, bars.x0, bars.y0 - 30, bars.x0 + 200, bars.y0 - 6, dark), 30) << "no title";
+  EXPECT_GE(count_pixels(img, bars.x0, bars.y1 + 4, bars.x1, bars.y1 + 22, dark), 60) << "no step labels";
+
+  std::string console;
+  const std::string dom = browser.dom(run / "report.html", console);
+  EXPECT_EQ(console, "") << "the page logged to the console";
+  EXPECT_NE(dom.find("data-script=\"ran\""), std::string::npos);
+  EXPECT_NE(dom.find("Top 15 of 18 ops by self time"), std::string::npos);
+  EXPECT_NE(dom.find("<td>op0</td><td>backward</td><td>6</td>"), std::string::npos) << "the top op first";
 }
 
 }  // namespace

@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 
 #include <cstring>
+#include <filesystem>
 #include <fstream>
 #include <memory>
 #include <vector>
@@ -17,6 +18,7 @@
 #include "kiln/nn/functional.h"
 #include "kiln/nn/layers.h"
 #include "kiln/train/checkpoint.h"
+#include "support/record_collector.h"
 #include "support/test_util.h"
 
 namespace kiln {
@@ -182,4 +184,24 @@ TEST(Checkpoint, OtherArchitectureIsRejectedByNameAndChangesNothing) {
 }
 
 }  // namespace
+// A profile sees each save and load as a Checkpoint scope with the file's size.
+TEST(Checkpoint, SaveAndLoadAreRecordedWithTheFileSize) {
+  test::TempDir dir;
+  TrainRun r;
+  build(r);
+  const std::string path = dir.file("ckpt.safetensors");
+  test::RecordCollector rec;
+  train::save_checkpoint(path, {.model = r.model.get(), .optimizer = r.opt.get(), .scheduler = nullptr},
+                         {.step = 1, .loader = std::nullopt, .config = ""});
+  train::load_checkpoint(path, {.model = r.model.get(), .optimizer = r.opt.get(), .scheduler = nullptr});
+  const auto size = static_cast<int64_t>(std::filesystem::file_size(path));
+  const auto saves = rec.events(record::Kind::Checkpoint, "checkpoint.save");
+  const auto loads = rec.events(record::Kind::Checkpoint, "checkpoint.load");
+  ASSERT_EQ(saves.size(), 1u);
+  ASSERT_EQ(loads.size(), 1u);
+  EXPECT_EQ(saves[0].bytes, size);
+  EXPECT_EQ(loads[0].bytes, size);
+  EXPECT_LE(saves[0].end_ns, loads[0].start_ns);
+}
+
 }  // namespace kiln
