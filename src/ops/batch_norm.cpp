@@ -158,10 +158,8 @@ namespace {
 // added before it, in x's layout.
 BatchNormResult batch_norm_train_impl(const Tensor& x, const Tensor& weight, const Tensor& bias, double eps, bool relu,
                                       const Tensor& residual, std::source_location loc) {
-  OpScope rs(!relu ? std::string_view("batch_norm")
-                   : residual.defined() ? std::string_view("batch_norm_add_relu")
-                                        : std::string_view("batch_norm_relu"),
-             {&x, &weight, &bias, &residual});
+  const std::string_view op = !relu ? "batch_norm" : residual.defined() ? "batch_norm_add_relu" : "batch_norm_relu";
+  OpScope rs(op, {&x, &weight, &bias, &residual});
   check_defined(x, "batch_norm", "input");
   KILN_CHECK(batch_norm_train_supported(x, weight, bias), DTypeError,
              "batch_norm: expected a float32 or float64 input of at least 2 dims with weight and bias of its "

@@ -14,8 +14,8 @@
 
 #include "elementwise_common.h"
 #include "grad_ops.h"
-#include "op_record.h"
 #include "kiln/ops/elementwise.h"
+#include "op_record.h"
 
 namespace kiln {
 

@@ -2,8 +2,8 @@
 // in their promoted dtype), logical_and/or/xor/not, bitwise and/or/xor/not
 // (integral and bool only), torch.equal and torch.allclose.
 #include "elementwise_common.h"
-#include "op_record.h"
 #include "kiln/ops/elementwise.h"
+#include "op_record.h"
 
 namespace kiln {
 

@@ -149,7 +149,7 @@ Tensor contract_pair(Tensor a, Tensor b, const std::vector<bool>& summed, std::s
 
 Tensor einsum(std::string_view equation, const std::vector<Tensor>& operands, std::source_location loc) {
   ops::OpScope rs("einsum", {ops::nth_input(operands, 0), ops::nth_input(operands, 1), ops::nth_input(operands, 2),
-                            ops::nth_input(operands, 3)});
+                             ops::nth_input(operands, 3)});
   KILN_CHECK(!operands.empty(), ValueError, "einsum: expected at least one operand for equation \"", equation,
              "\", got none");
   const Equation eq = parse(equation);

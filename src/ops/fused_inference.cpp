@@ -155,7 +155,9 @@ Tensor PackedConv2d::operator()(const Tensor& input, const Tensor& residual) con
   const kernels::FusedWeightLayout layout = kernels::fused_conv_weight_layout(a);
   const void* packed =
       s.packed.get(layout.id, layout.bytes, [&](void* buf) { kernels::fused_conv_pack_weight(a, w.data_ptr(), buf); });
-  if (rs.recording()) rs.set_flops(2.0 * static_cast<double>(p.n * p.o * p.oh * p.ow) * static_cast<double>(p.c / p.groups * p.kh * p.kw));
+  if (rs.recording())
+    rs.set_flops(2.0 * static_cast<double>(p.n * p.o * p.oh * p.ow) *
+                 static_cast<double>(p.c / p.groups * p.kh * p.kw));
   kernels::fused_conv_forward(a, x.data_ptr(), packed, a.bias ? s.bias.data_ptr() : nullptr,
                               a.residual ? res.data_ptr() : nullptr, y.data_ptr());
   return y;
@@ -214,7 +216,8 @@ Tensor PackedLinear::operator()(const Tensor& input, const Tensor& residual) con
   const kernels::FusedWeightLayout layout = kernels::fused_linear_weight_layout(a);
   const void* packed = s.packed.get(layout.id, layout.bytes,
                                     [&](void* buf) { kernels::fused_linear_pack_weight(a, s.weight.data_ptr(), buf); });
-  if (rs.recording()) rs.set_flops(2.0 * static_cast<double>(a.m) * static_cast<double>(a.n) * static_cast<double>(a.k));
+  if (rs.recording())
+    rs.set_flops(2.0 * static_cast<double>(a.m) * static_cast<double>(a.n) * static_cast<double>(a.k));
   kernels::fused_linear_forward(a, x.data_ptr(), packed, a.bias ? s.bias.data_ptr() : nullptr,
                                 a.residual ? res.data_ptr() : nullptr, y.data_ptr());
   return y;

@@ -178,7 +178,9 @@ Tensor Int8Conv2d::operator()(const Tensor& input) const {
   const kernels::FusedWeightLayout layout = kernels::int8_conv_weight_layout(a);
   const void* packed = s.packed.get(layout.id, layout.bytes,
                                     [&](void* buf) { kernels::int8_conv_pack_weight(a, s.weight.data_ptr(), buf); });
-  if (rs.recording()) rs.set_flops(2.0 * static_cast<double>(p.n * p.o * p.oh * p.ow) * static_cast<double>(p.c / p.groups * p.kh * p.kw));
+  if (rs.recording())
+    rs.set_flops(2.0 * static_cast<double>(p.n * p.o * p.oh * p.ow) *
+                 static_cast<double>(p.c / p.groups * p.kh * p.kw));
   kernels::int8_conv_forward(a, x.data_ptr(), packed, a.e.bias ? s.bias.data_ptr() : nullptr, y.data_ptr());
   return y;
 }
@@ -237,7 +239,8 @@ Tensor Int8Linear::operator()(const Tensor& input) const {
   const kernels::FusedWeightLayout layout = kernels::int8_linear_weight_layout(a);
   const void* packed = s.packed.get(layout.id, layout.bytes,
                                     [&](void* buf) { kernels::int8_linear_pack_weight(a, s.weight.data_ptr(), buf); });
-  if (rs.recording()) rs.set_flops(2.0 * static_cast<double>(a.m) * static_cast<double>(a.n) * static_cast<double>(a.k));
+  if (rs.recording())
+    rs.set_flops(2.0 * static_cast<double>(a.m) * static_cast<double>(a.n) * static_cast<double>(a.k));
   kernels::int8_linear_forward(a, x.data_ptr(), packed, a.e.bias ? s.bias.data_ptr() : nullptr, y.data_ptr());
   return y;
 }

@@ -67,7 +67,7 @@ void record_join(Tensor& out, const autograd::NodePtr& node, const std::vector<T
 
 Tensor cat(const std::vector<Tensor>& tensors, int64_t dim, std::source_location loc) {
   ops::OpScope rs("cat", {ops::nth_input(tensors, 0), ops::nth_input(tensors, 1), ops::nth_input(tensors, 2),
-                           ops::nth_input(tensors, 3)});
+                          ops::nth_input(tensors, 3)});
   if (autocast_enabled())
     return ops::autocast_call(
         AutocastOp::cat, [&](const std::vector<Tensor>& ts) { return cat(ts, dim, loc); }, tensors);
@@ -135,7 +135,7 @@ Tensor cat(const std::vector<Tensor>& tensors, int64_t dim, std::source_location
 
 Tensor stack(const std::vector<Tensor>& tensors, int64_t dim, std::source_location loc) {
   ops::OpScope rs("stack", {ops::nth_input(tensors, 0), ops::nth_input(tensors, 1), ops::nth_input(tensors, 2),
-                             ops::nth_input(tensors, 3)});
+                            ops::nth_input(tensors, 3)});
   if (autocast_enabled())
     return ops::autocast_call(
         AutocastOp::stack, [&](const std::vector<Tensor>& ts) { return stack(ts, dim, loc); }, tensors);

@@ -764,8 +764,8 @@ Tensor linear_gelu(const Tensor& input, const Tensor& weight, const Tensor& bias
     return linear(input, weight, bias, loc).gelu(approximate, loc);
   ops::OpScope rs("linear_gelu", {&input, &weight, &bias});
   Tensor out = inference_linear(
-      input, weight, bias,
-      approximate == "tanh" ? kernels::MatmulEpilogue::GeluTanh : kernels::MatmulEpilogue::GeluErf, pack);
+      input, weight, bias, approximate == "tanh" ? kernels::MatmulEpilogue::GeluTanh : kernels::MatmulEpilogue::GeluErf,
+      pack);
   if (rs.recording()) rs.set_flops(ops::product_flops(out, weight.size(1)));
   return out;
 }

@@ -6,11 +6,11 @@
 #include <optional>
 
 #include "elementwise_common.h"
-#include "op_record.h"
 #include "kiln/kernels/copy.h"
 #include "kiln/ops/elementwise.h"
 #include "kiln/ops/factory.h"
 #include "kiln/ops/index.h"
+#include "op_record.h"
 
 namespace kiln {
 

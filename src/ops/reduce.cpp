@@ -13,8 +13,8 @@
 #include "kiln/autograd/functions.h"
 #include "kiln/core/guards.h"
 #include "kiln/ops/index.h"
-#include "reduce_util.h"
 #include "op_record.h"
+#include "reduce_util.h"
 
 namespace kiln {
 

@@ -12,8 +12,8 @@
 #include "kiln/ops/factory.h"
 #include "kiln/ops/index.h"
 #include "kiln/ops/reduce.h"
-#include "reduce_util.h"
 #include "op_record.h"
+#include "reduce_util.h"
 
 namespace kiln {
 

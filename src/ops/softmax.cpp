@@ -9,8 +9,8 @@
 #include "kiln/core/guards.h"
 #include "kiln/ops/autocast.h"
 #include "kiln/ops/reduce.h"
-#include "reduce_util.h"
 #include "op_record.h"
+#include "reduce_util.h"
 
 namespace kiln {
 

@@ -14,7 +14,6 @@
 #include <utility>
 
 #include "elementwise_common.h"
-#include "op_record.h"
 #include "kiln/core/guards.h"
 #include "kiln/kernels/copy.h"
 #include "kiln/kernels/threshold.h"
@@ -22,6 +21,7 @@
 #include "kiln/ops/elementwise.h"
 #include "kiln/ops/factory.h"
 #include "kiln/ops/index.h"
+#include "op_record.h"
 
 namespace kiln {
 

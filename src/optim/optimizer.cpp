@@ -13,8 +13,8 @@
 #include "kiln/core/error.h"
 #include "kiln/core/guards.h"
 #include "kiln/core/parallel.h"
-#include "kiln/core/threads.h"
 #include "kiln/core/record.h"
+#include "kiln/core/threads.h"
 #include "kiln/ops/factory.h"
 
 namespace kiln::optim {
