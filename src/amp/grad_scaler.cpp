@@ -13,6 +13,7 @@
 #include "kiln/core/autocast.h"
 #include "kiln/core/error.h"
 #include "kiln/core/guards.h"
+#include "kiln/core/record.h"
 #include "kiln/ops/factory.h"
 
 namespace kiln::amp {
@@ -66,6 +67,8 @@ Tensor GradScaler::scale(const Tensor& loss) {
 
 void GradScaler::unscale_(optim::Optimizer& opt) {
   if (!enabled_) return;
+  // torch's _amp_foreach_non_finite_check_and_unscale_: the check and the scaling of every gradient.
+  const record::Scope rs(record::Kind::Op, "GradScaler.unscale_");
   PerOptimizer& st = per_optimizer_[&opt];
   KILN_CHECK(st.stage != Stage::Unscaled, ValueError,
              "GradScaler::unscale_: unscale_() has already been called on this optimizer since the last update() "
@@ -103,6 +106,7 @@ void GradScaler::unscale_(optim::Optimizer& opt) {
 }
 
 bool GradScaler::step(optim::Optimizer& opt) {
+  const record::Scope rs(record::Kind::Op, "GradScaler.step");
   if (!enabled_) {
     opt.step();
     return true;
@@ -123,6 +127,7 @@ bool GradScaler::step(optim::Optimizer& opt) {
 
 void GradScaler::update(std::optional<double> new_scale) {
   if (!enabled_) return;
+  const record::Scope rs(record::Kind::Op, "GradScaler.update");
   bool found_inf = false;
   if (new_scale) {
     KILN_CHECK(std::isfinite(*new_scale) && *new_scale > 0, ValueError,

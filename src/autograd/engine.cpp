@@ -5,6 +5,7 @@
 #include "kiln/core/autocast.h"
 
 #include <algorithm>
+#include <optional>
 #include <queue>
 #include <unordered_map>
 #include <unordered_set>
@@ -14,6 +15,7 @@
 #include "kiln/autograd/functions.h"
 #include "kiln/core/autocast.h"
 #include "kiln/core/guards.h"
+#include "kiln/core/record.h"
 
 namespace kiln::autograd {
 
@@ -121,6 +123,7 @@ class GraphTask {
     // forward (checkpointing) can re-enter the autocast state that forward saw; the
     // cache of the enclosing region, if any, stays.
     const AutocastGuard no_autocast(false);
+    root_ = &root;
     captured_.resize(num_captures);
     count_dependencies(root);
     if (!captures_.empty() && !boundary_mode_) compute_needed(root);
@@ -212,6 +215,15 @@ class GraphTask {
     TensorList outputs;
     const bool run_node = !capture_mode || (needed_.count(&n) && !is_accumulate_grad(n));
     if (run_node) {
+      // One Backward event per node run (torch's "autograd::engine::evaluate_function:
+      // MmBackward0"), carrying the sequence number of the forward op that made the
+      // node. The root only hands the seeds on, and a leaf's AccumulateGrad was made by
+      // no op (torch gives it no sequence number either).
+      std::optional<record::Scope> rs;
+      if (record::active() && &n != root_) {
+        rs.emplace(record::Kind::Backward, n.name());
+        if (!is_accumulate_grad(n)) rs->set_seq(static_cast<int64_t>(n.sequence_nr()));
+      }
       GradModeGuard mode(create_graph_);
       const bool anomaly = anomaly_mode_enabled();
       TensorList grads_in = anomaly ? grads : TensorList{};
@@ -256,6 +268,7 @@ class GraphTask {
   bool keep_graph_;
   bool create_graph_;
   bool boundary_mode_ = false;
+  const Node* root_ = nullptr;  // the GraphRoot of this run (not recorded)
   std::unordered_map<Node*, int64_t> deps_;
   std::unordered_map<Node*, TensorList> buffers_;
   std::unordered_map<Node*, std::vector<Capture>> captures_;

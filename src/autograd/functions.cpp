@@ -6,6 +6,7 @@
 #include "kiln/autograd/anomaly.h"
 #include "kiln/core/guards.h"
 #include "kiln/core/memory_history.h"
+#include "kiln/core/record.h"
 #include "view_history.h"
 
 namespace kiln::autograd {
@@ -90,6 +91,8 @@ void set_history_impl(std::initializer_list<Tensor*> outputs, const NodePtr& nod
   // Edges first: an in-place op passes the same tensor as input and output.
   for (const Tensor* in : inputs) node->add_next_edge(in && in->defined() ? gradient_edge(*in) : Edge{});
   node->set_site(site);
+  // The op being recorded (record.h) made this node: its event takes the sequence number.
+  record::note_sequence(static_cast<int64_t>(node->sequence_nr()));
   for (Tensor* out : outputs) {
     if (out && out->defined()) {
       attach(*out, node);
@@ -120,6 +123,7 @@ void set_history(Tensor& output, const NodePtr& node, std::initializer_list<cons
 void set_history(TensorList& outputs, const NodePtr& node, const TensorList& inputs, CallSite site) {
   for (const Tensor& in : inputs) node->add_next_edge(in.defined() ? gradient_edge(in) : Edge{});
   node->set_site(site);
+  record::note_sequence(static_cast<int64_t>(node->sequence_nr()));
   for (Tensor& out : outputs) {
     if (out.defined()) {
       attach(out, node);
@@ -169,6 +173,7 @@ void rebase_history(Tensor& self, const NodePtr& node, std::initializer_list<con
   node->add_next_edge(gradient_edge(self));
   for (const Tensor* in : other_inputs) node->add_next_edge(in && in->defined() ? gradient_edge(*in) : Edge{});
   node->set_site(site);
+  record::note_sequence(static_cast<int64_t>(node->sequence_nr()));
   attach(self, node);
 }
 

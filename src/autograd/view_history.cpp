@@ -17,6 +17,7 @@
 #include "kiln/autograd/functions.h"
 #include "kiln/autograd/grad_math.h"
 #include "kiln/core/guards.h"
+#include "kiln/core/record.h"
 
 namespace kiln::autograd {
 
@@ -166,6 +167,8 @@ void rebase_view_history(Tensor& self, AutogradMeta& m, const NodePtr& fn,
   slices->add_next_edge(gradient_edge(base));
   for (size_t i = 1; i < fn->next_edges().size(); ++i) slices->add_next_edge(fn->next_edges()[i]);
   slices->set_site(site);
+  // CopySlices is the node backward runs for the in-place op (fn runs inside it).
+  record::note_sequence(static_cast<int64_t>(slices->sequence_nr()));
   AutogradMeta& bm = materialize_meta(base);
   bm.grad_fn = slices;
   bm.output_nr = 0;

@@ -10,6 +10,7 @@
 #include <unordered_map>
 
 #include "kiln/core/error.h"
+#include "kiln/core/tensor.h"
 
 namespace kiln::record {
 namespace {
@@ -50,9 +51,11 @@ void begin(Event* ev, Kind kind, std::string_view name, std::initializer_list<co
   ev->kind = kind;
   ev->name = name;
   int n = 0;
+  // A Scalar operand or an absent optional tensor (linear without bias) is passed as
+  // null or undefined: skipped, so listeners see only real tensors.
   for (const Tensor* t : inputs) {
     if (n == kMaxInputs) break;
-    ev->inputs[n++] = t;
+    if (t && t->defined()) ev->inputs[n++] = t;
   }
   ev->num_inputs = n;
   ev->thread = thread_index();

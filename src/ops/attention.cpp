@@ -36,6 +36,7 @@
 #include "kiln/ops/factory.h"
 #include "kiln/ops/index.h"
 #include "kiln/ops/linalg.h"
+#include "op_record.h"
 
 namespace kiln::ops {
 
@@ -264,15 +265,42 @@ struct FusedSdpa : autograd::Function<FusedSdpa> {
   }
 };
 
+// The FLOPs of attention's two products, q·kᵀ and weights·v, for the scores
+// the path computes: 2·batch·(E + Ev) per score (4·B·H·L·S·D when E = Ev).
+// The fused path skips the key blocks past a causal block's last row
+// (keys_visible), so causal attention there counts the lower triangle in
+// blocks of `block_rows`, about half; the composite computes (then masks)
+// every score and counts them all.
+double attention_flops(const Tensor& q, const Tensor& k, const Tensor& out, bool causal, int64_t block_rows) {
+  const int64_t L = q.size(-2), S = k.size(-2), E = q.size(-1), Ev = out.size(-1);
+  if (L == 0 || Ev == 0) return 0;
+  const double batch = static_cast<double>(out.numel() / (L * Ev));
+  double scores = static_cast<double>(L) * static_cast<double>(S);
+  if (causal && block_rows > 0) {
+    scores = 0;
+    const FusedArgs a{.mask = Tensor(), .causal = true, .block_rows = block_rows};
+    for (int64_t r0 = 0; r0 < L; r0 += block_rows) {
+      const int64_t n = std::min(block_rows, L - r0);
+      scores += static_cast<double>(n) * static_cast<double>(keys_visible(a, r0, n, S));
+    }
+  }
+  return 2.0 * batch * scores * static_cast<double>(E + Ev);
+}
+
 }  // namespace
 
 Tensor scaled_dot_product_attention(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& attn_mask,
                                     double dropout_p, bool is_causal, bool training) {
+  OpScope rs("scaled_dot_product_attention", {&q, &k, &v, &attn_mask});
   check_args(q, k, v, attn_mask, dropout_p, is_causal);
   const bool dropout_active = training && dropout_p > 0.0;
   const bool mask_needs_grad = attn_mask.defined() && attn_mask.requires_grad() && grad_mode_enabled();
-  if (!dropout_active && !mask_needs_grad) return attention_fused(q, k, v, attn_mask, is_causal);
-  return attention_composite(q, k, v, attn_mask, dropout_p, is_causal, training);
+  const bool fused = !dropout_active && !mask_needs_grad;
+  constexpr int64_t kBlockRows = 64;  // attention_fused's default
+  Tensor out = fused ? attention_fused(q, k, v, attn_mask, is_causal, kBlockRows)
+                     : attention_composite(q, k, v, attn_mask, dropout_p, is_causal, training);
+  if (rs.recording()) rs.set_flops(attention_flops(q, k, out, is_causal, fused ? kBlockRows : 0));
+  return out;
 }
 
 // The composite form: autograd records matmul, softmax and masked_fill, so
@@ -280,6 +308,7 @@ Tensor scaled_dot_product_attention(const Tensor& q, const Tensor& k, const Tens
 // [..., L, S] scores and weights for backward (O(T^2) per head).
 Tensor attention_composite(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& attn_mask, double dropout_p,
                            bool is_causal, bool training) {
+  OpScope rs("attention_composite", {&q, &k, &v, &attn_mask});
   const int64_t L = q.size(-2), S = k.size(-2);
   const double scale = 1.0 / std::sqrt(static_cast<double>(q.size(-1)));
   const double neg_inf = -std::numeric_limits<double>::infinity();
@@ -314,6 +343,7 @@ Tensor attention_composite(const Tensor& q, const Tensor& k, const Tensor& v, co
 
 Tensor attention_fused(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& attn_mask, bool is_causal,
                        int64_t block_rows) {
+  OpScope rs("attention_fused", {&q, &k, &v, &attn_mask});
   check_args(q, k, v, attn_mask, 0.0, is_causal);
   KILN_CHECK(block_rows > 0, ValueError, "sdpa_fused: expected block_rows > 0, got ", block_rows);
   KILN_CHECK(!(attn_mask.defined() && attn_mask.requires_grad() && grad_mode_enabled()), ValueError,

@@ -13,6 +13,7 @@
 #include "kiln/core/error.h"
 #include "kiln/core/guards.h"
 #include "kiln/kernels/batch_norm.h"
+#include "op_record.h"
 
 namespace kiln::ops {
 
@@ -157,6 +158,8 @@ namespace {
 // added before it, in x's layout.
 BatchNormResult batch_norm_train_impl(const Tensor& x, const Tensor& weight, const Tensor& bias, double eps, bool relu,
                                       const Tensor& residual, std::source_location loc) {
+  const std::string_view op = !relu ? "batch_norm" : residual.defined() ? "batch_norm_add_relu" : "batch_norm_relu";
+  OpScope rs(op, {&x, &weight, &bias, &residual});
   check_defined(x, "batch_norm", "input");
   KILN_CHECK(batch_norm_train_supported(x, weight, bias), DTypeError,
              "batch_norm: expected a float32 or float64 input of at least 2 dims with weight and bias of its "
@@ -236,6 +239,7 @@ void update_stats(T* rm, T* rv, const T* mean, const T* var, int64_t c, double m
 
 void batch_norm_update_running_stats(Tensor& running_mean, Tensor& running_var, const Tensor& mean, const Tensor& var,
                                      double momentum, int64_t n) {
+  OpScope rs("batch_norm_update_running_stats", {&running_mean, &running_var, &mean, &var});
   const NoGradGuard no_grad;
   const double ratio = static_cast<double>(n) / static_cast<double>(n - 1);
   const DType dt = running_mean.dtype();

@@ -15,6 +15,7 @@
 #include "elementwise_common.h"
 #include "grad_ops.h"
 #include "kiln/ops/elementwise.h"
+#include "op_record.h"
 
 namespace kiln {
 
@@ -185,10 +186,12 @@ DType div_type(Arg a, Arg b) {
 namespace ops::ew {
 
 Tensor add(Arg a, Arg b, const Scalar& alpha, CallSite site) {
+  OpScope rs("add", {a.tensor, b.tensor});
   return add_impl("add", "AddBackward0", a, b, alpha, false, site);
 }
 
 Tensor sub(const Tensor& a, Arg b, const Scalar& alpha, CallSite site) {
+  OpScope rs("sub", {&a, b.tensor});
   ops::check_defined(a, "sub", "self");
   if (b.tensor) ops::check_defined(*b.tensor, "sub", "other");
   check_sub("sub", a, b);
@@ -196,16 +199,19 @@ Tensor sub(const Tensor& a, Arg b, const Scalar& alpha, CallSite site) {
 }
 
 Tensor rsub(const Tensor& self, const Scalar& other, const Scalar& alpha, CallSite site) {
+  OpScope rs("rsub", {&self});
   ops::check_defined(self, "rsub", "self");
   check_sub("rsub", other, self);
   return add_impl("rsub", "RsubBackward1", other, self, alpha, true, site);
 }
 
 Tensor& add_(Tensor& self, Arg b, const Scalar& alpha, CallSite site) {
+  OpScope rs("add_", {&self, b.tensor});
   return add_inplace_impl("add_", "AddBackward0", self, b, alpha, false, site);
 }
 
 Tensor& sub_(Tensor& self, Arg b, const Scalar& alpha, CallSite site) {
+  OpScope rs("sub_", {&self, b.tensor});
   ops::check_defined(self, "sub_", "self");
   if (b.tensor) ops::check_defined(*b.tensor, "sub_", "other");
   check_sub("sub_", self, b);
@@ -213,6 +219,7 @@ Tensor& sub_(Tensor& self, Arg b, const Scalar& alpha, CallSite site) {
 }
 
 Tensor mul(const Tensor& a, Arg b, CallSite site) {
+  OpScope rs("mul", {&a, b.tensor});
   ops::check_defined(a, "mul", "self");
   if (b.tensor) ops::check_defined(*b.tensor, "mul", "other");
   Tensor out = binary_out("mul", BinaryOp::Mul, a, b, result_type(a, b));
@@ -232,6 +239,7 @@ Tensor mul(const Tensor& a, Arg b, CallSite site) {
 }
 
 Tensor& mul_(Tensor& self, Arg b, CallSite site) {
+  OpScope rs("mul_", {&self, b.tensor});
   ops::check_defined(self, "mul_", "self");
   if (b.tensor) ops::check_defined(*b.tensor, "mul_", "other");
   const DType rt = result_type(Arg(self), b);
@@ -257,6 +265,7 @@ Tensor& mul_(Tensor& self, Arg b, CallSite site) {
 }
 
 Tensor div(Arg a, Arg b, CallSite site) {
+  OpScope rs("div", {a.tensor, b.tensor});
   if (a.tensor) ops::check_defined(*a.tensor, "div", "self");
   if (b.tensor) ops::check_defined(*b.tensor, "div", "other");
   Tensor out = binary_out("div", BinaryOp::Div, a, b, div_type(a, b));
@@ -276,6 +285,7 @@ Tensor div(Arg a, Arg b, CallSite site) {
 }
 
 Tensor& div_(Tensor& self, Arg b, CallSite site) {
+  OpScope rs("div_", {&self, b.tensor});
   ops::check_defined(self, "div_", "self");
   if (b.tensor) ops::check_defined(*b.tensor, "div_", "other");
   const DType rt = div_type(self, b);

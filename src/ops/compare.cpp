@@ -3,6 +3,7 @@
 // (integral and bool only), torch.equal and torch.allclose.
 #include "elementwise_common.h"
 #include "kiln/ops/elementwise.h"
+#include "op_record.h"
 
 namespace kiln {
 
@@ -15,6 +16,7 @@ using ops::ew::Operand;
 // out (bool) = op(a, b), with a and b compared in their result type, as torch
 // (converted inside the loop: Note [Mixed dtypes in the loop]).
 Tensor compare_out(const char* name, CompareOp op, Arg a, Arg b) {
+  ops::OpScope rs(ops::NamePtr{name}, {a.tensor, b.tensor});
   if (a.tensor) ops::check_defined(*a.tensor, name, "self");
   if (b.tensor) ops::check_defined(*b.tensor, name, "other");
   const DType rt = ops::ew::result_type(a, b);
@@ -38,6 +40,7 @@ DType bitwise_type(const char* name, const Tensor& a, const Tensor& b) {
 }
 
 Tensor bitwise_out(const char* name, kernels::BinaryOp op, const Tensor& a, const Tensor& b) {
+  ops::OpScope rs(ops::NamePtr{name}, {&a, &b});
   const DType rt = bitwise_type(name, a, b);
   const DimVector shape = broadcast_shapes(a.sizes(), b.sizes(), name);
   Tensor out = ops::new_output(shape, rt);
@@ -75,6 +78,7 @@ Tensor Tensor::logical_xor(const Tensor& other) const {
 }
 
 Tensor Tensor::logical_not() const {
+  ops::OpScope rs("logical_not", {this});
   ops::check_defined(*this, "logical_not", "self");
   Tensor out = ops::new_output(sizes(), kBool);
   if (out.numel() > 0) kernels::logical_not(ops::make_loop(sizes(), {&out, this}), dtype());
@@ -82,6 +86,7 @@ Tensor Tensor::logical_not() const {
 }
 
 bool Tensor::equal(const Tensor& other) const {
+  ops::OpScope rs("equal", {this, &other});
   ops::check_defined(*this, "equal", "self");
   ops::check_defined(other, "equal", "other");
   if (sizes() != other.sizes()) return false;
@@ -93,6 +98,7 @@ bool Tensor::equal(const Tensor& other) const {
 }
 
 bool Tensor::allclose(const Tensor& other, double rtol, double atol, bool equal_nan) const {
+  ops::OpScope rs("allclose", {this, &other});
   ops::check_defined(*this, "allclose", "self");
   ops::check_defined(other, "allclose", "other");
   KILN_CHECK(dtype() == other.dtype(), DTypeError, "allclose: expected both tensors to have the same dtype, got ",
@@ -117,6 +123,7 @@ Tensor bitwise_xor(const Tensor& a, const Tensor& b) {
 }
 
 Tensor bitwise_not(const Tensor& a) {
+  ops::OpScope rs("bitwise_not", {&a});
   ops::check_defined(a, "bitwise_not", "self");
   KILN_CHECK(!a.is_floating_point(), DTypeError, "bitwise_not: ~ is only implemented on integer and bool tensors, got ",
              dtype_name(a.dtype()));

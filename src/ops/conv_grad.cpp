@@ -10,6 +10,7 @@
 #include "kiln/autograd/functions.h"
 #include "kiln/core/guards.h"
 #include "kiln/ops/factory.h"
+#include "op_record.h"
 
 namespace kiln::ops::conv_detail {
 
@@ -50,6 +51,11 @@ Tensor activation_operand(const Tensor& t, DType kernel_dtype, bool path_nhwc, b
   return nhwc ? k : k.contiguous();
 }
 
+// 2·N·Cout·Hout·Wout·(Cin/groups)·kH·kW: a convolution, or either of its gradients.
+double conv_flops(const Conv2dParams& p) {
+  return 2.0 * static_cast<double>(p.n * p.o * p.oh * p.ow) * static_cast<double>(p.c / p.groups * p.kh * p.kw);
+}
+
 MemoryFormat result_format(bool nhwc) { return nhwc ? MemoryFormat::ChannelsLast : MemoryFormat::Contiguous; }
 
 struct ConvolutionBackward final : autograd::Node {
@@ -63,6 +69,10 @@ struct ConvolutionBackward final : autograd::Node {
     if (!g.defined()) return out;
     const bool need_x = next_edges()[0].is_valid(), need_w = next_edges()[1].is_valid();
     const bool need_b = next_edges()[2].is_valid();
+    // As torch's aten::convolution_backward under ConvolutionBackward0: each gradient
+    // (input, weight) is one convolution's worth of FLOPs; the bias sum is not counted.
+    ops::OpScope rs("convolution_backward", {&g});
+    if (rs.recording()) rs.set_flops((need_x ? conv_flops(p) : 0.0) + (need_w ? conv_flops(p) : 0.0));
     if (need_x && need_w) {
       const Tensor w = weight.unpack(this), x = input.unpack(this);
       if (!autograd::compute_requires_grad({&g, &x, &w})) {

@@ -8,6 +8,7 @@
 #include "iter.h"
 #include "kiln/kernels/dnnl.h"
 #include "kiln/ops/autocast.h"
+#include "op_record.h"
 
 namespace kiln {
 
@@ -48,6 +49,7 @@ Tensor conv2d_impl(const Tensor& input, const Tensor& weight, const Tensor& bias
         },
         input, weight, bias);
   constexpr const char* op = "conv2d";
+  ops::OpScope rs("conv2d", {&input, &weight, &bias});
   check_input_4d(input, op);
   ops::check_defined(weight, op, "weight");
   KILN_CHECK(weight.dim() == 4, ShapeError, op,
@@ -101,7 +103,9 @@ Tensor conv2d_impl(const Tensor& input, const Tensor& weight, const Tensor& bias
              std::max<int64_t>(out[1], 0), "; use a smaller kernel or more padding");
   p.oh = out[0];
   p.ow = out[1];
-  return ops::conv_detail::conv2d(input, weight, bias, p, site);
+  Tensor result = ops::conv_detail::conv2d(input, weight, bias, p, site);
+  if (rs.recording()) rs.set_flops(ops::conv_flops(result, weight));
+  return result;
 }
 
 // ---- pooling ----
@@ -203,6 +207,7 @@ Tensor conv2d(const Tensor& input, const Tensor& weight, const Tensor& bias, Int
 
 Tensor max_pool2d(const Tensor& input, IntArrayRef kernel_size, IntArrayRef stride, IntArrayRef padding,
                   IntArrayRef dilation, bool ceil_mode, std::source_location loc) {
+  ops::OpScope rs("max_pool2d", {&input});
   constexpr const char* op = "max_pool2d";
   const PoolArgs a = pool_args(op, kernel_size, stride, padding, dilation);
   const kernels::Pool2dParams p = pool_params(op, input, a, ceil_mode, kernels::PoolKind::Max);
@@ -213,6 +218,7 @@ Tensor max_pool2d(const Tensor& input, IntArrayRef kernel_size, IntArrayRef stri
 std::tuple<Tensor, Tensor> max_pool2d_with_indices(const Tensor& input, IntArrayRef kernel_size, IntArrayRef stride,
                                                    IntArrayRef padding, IntArrayRef dilation, bool ceil_mode,
                                                    std::source_location loc) {
+  ops::OpScope rs("max_pool2d_with_indices", {&input});
   constexpr const char* op = "max_pool2d_with_indices";
   const PoolArgs a = pool_args(op, kernel_size, stride, padding, dilation);
   const kernels::Pool2dParams p = pool_params(op, input, a, ceil_mode, kernels::PoolKind::Max);
@@ -222,6 +228,7 @@ std::tuple<Tensor, Tensor> max_pool2d_with_indices(const Tensor& input, IntArray
 
 Tensor avg_pool2d(const Tensor& input, IntArrayRef kernel_size, IntArrayRef stride, IntArrayRef padding, bool ceil_mode,
                   bool count_include_pad, std::optional<int64_t> divisor_override, std::source_location loc) {
+  ops::OpScope rs("avg_pool2d", {&input});
   constexpr const char* op = "avg_pool2d";
   const PoolArgs a = pool_args(op, kernel_size, stride, padding, 1);
   kernels::Pool2dParams p = pool_params(
@@ -233,6 +240,7 @@ Tensor avg_pool2d(const Tensor& input, IntArrayRef kernel_size, IntArrayRef stri
 }
 
 Tensor adaptive_avg_pool2d(const Tensor& input, IntArrayRef output_size, std::source_location loc) {
+  ops::OpScope rs("adaptive_avg_pool2d", {&input});
   constexpr const char* op = "adaptive_avg_pool2d";
   check_input_4d(input, op);
   const Pair os = pair_arg(output_size, op, "output_size");

@@ -8,6 +8,7 @@
 #include "grad_ops.h"
 #include "iter.h"
 #include "kiln/ops/factory.h"
+#include "op_record.h"
 
 namespace kiln {
 
@@ -80,6 +81,7 @@ struct CloneBackward final : autograd::Node {
 };
 
 Tensor& fill_impl(Tensor& self, const Scalar& value, const char* op, const char* node_name, CallSite site) {
+  ops::OpScope rs(ops::NamePtr{op}, {&self});
   ops::check_defined(self, op, "self");
   ops::check_scalar_fits(value, self.dtype(), op);
   autograd::check_inplace(self, op, site);
@@ -115,6 +117,7 @@ Tensor copy_no_grad(const Tensor& t, DType dt, MemoryFormat f) {
 }  // namespace ops
 
 Tensor& Tensor::copy_(const Tensor& src, std::source_location loc) {
+  ops::OpScope rs("copy_", {this, &src});
   const CallSite site = CallSite::from(loc);
   ops::check_defined(*this, "copy_", "self");
   autograd::check_inplace(*this, "copy_", site, {&src});
@@ -136,6 +139,7 @@ Tensor& Tensor::zero_(std::source_location loc) {
 }
 
 Tensor Tensor::to(DType dt, bool copy, std::source_location loc) const {
+  ops::OpScope rs("to", {this});
   ops::check_defined(*this, "to", "self");
   if (dt == dtype() && !copy) return *this;
   Tensor out = ops::copy_no_grad(*this, dt);
@@ -160,6 +164,8 @@ Tensor contiguous(const Tensor& t, MemoryFormat f, std::source_location loc) {
   KILN_CHECK(f != MemoryFormat::ChannelsLast || t.dim() == 4, ShapeError,
              "contiguous: channels_last needs a 4-D tensor [N, C, H, W], got shape ", t.sizes());
   if (is_contiguous(t, f)) return t;
+  // Recorded only when it copies, as torch (Tensor::contiguous returns self before dispatching).
+  ops::OpScope rs("contiguous", {&t});
   Tensor out = ops::copy_no_grad(t, t.dtype(), f);
   if (autograd::compute_requires_grad({&t})) {
     autograd::set_history(out, make_intrusive<CloneBackward>(), {&t}, CallSite::from(loc));
@@ -168,6 +174,7 @@ Tensor contiguous(const Tensor& t, MemoryFormat f, std::source_location loc) {
 }
 
 Tensor Tensor::clone(std::source_location loc) const {
+  ops::OpScope rs("clone", {this});
   ops::check_defined(*this, "clone", "self");
   Tensor out = ops::copy_no_grad(*this, dtype());
   if (autograd::compute_requires_grad({this})) {

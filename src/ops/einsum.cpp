@@ -19,6 +19,7 @@
 #include <string>
 
 #include "kiln/ops/linalg.h"
+#include "op_record.h"
 
 namespace kiln {
 
@@ -147,6 +148,8 @@ Tensor contract_pair(Tensor a, Tensor b, const std::vector<bool>& summed, std::s
 }  // namespace
 
 Tensor einsum(std::string_view equation, const std::vector<Tensor>& operands, std::source_location loc) {
+  ops::OpScope rs("einsum", {ops::nth_input(operands, 0), ops::nth_input(operands, 1), ops::nth_input(operands, 2),
+                             ops::nth_input(operands, 3)});
   KILN_CHECK(!operands.empty(), ValueError, "einsum: expected at least one operand for equation \"", equation,
              "\", got none");
   const Equation eq = parse(equation);

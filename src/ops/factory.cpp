@@ -16,6 +16,7 @@
 #include "kiln/core/parallel.h"
 #include "kiln/kernels/copy.h"
 #include "kiln/kernels/loop.h"
+#include "op_record.h"
 
 namespace kiln {
 
@@ -150,11 +151,13 @@ Tensor empty_for(IntArrayRef sizes, const TensorOptions& options, const char* op
 }  // namespace
 
 Tensor empty(IntArrayRef sizes, TensorOptions options, std::source_location loc) {
+  ops::OpScope rs("empty", {});
   memory::note_call_site(loc.file_name(), loc.line());
   return empty_for(sizes, options, "empty");
 }
 
 Tensor empty_strided(IntArrayRef sizes, IntArrayRef strides, TensorOptions options, std::source_location loc) {
+  ops::OpScope rs("empty_strided", {});
   memory::note_call_site(loc.file_name(), loc.line());
   check_sizes(sizes, "empty_strided");
   return make_tensor(sizes, strides, strided_extent(sizes, strides, "empty_strided"), options);
@@ -163,6 +166,7 @@ Tensor empty_strided(IntArrayRef sizes, IntArrayRef strides, TensorOptions optio
 // The factories below fill a new tensor that may already require grad (a
 // leaf): the fill is its initial value, not an in-place op autograd sees.
 Tensor zeros(IntArrayRef sizes, TensorOptions options, std::source_location loc) {
+  ops::OpScope rs("zeros", {});
   memory::note_call_site(loc.file_name(), loc.line());
   Tensor t = empty_for(sizes, options, "zeros");
   NoGradGuard no_grad;
@@ -171,6 +175,7 @@ Tensor zeros(IntArrayRef sizes, TensorOptions options, std::source_location loc)
 }
 
 Tensor ones(IntArrayRef sizes, TensorOptions options, std::source_location loc) {
+  ops::OpScope rs("ones", {});
   memory::note_call_site(loc.file_name(), loc.line());
   Tensor t = empty_for(sizes, options, "ones");
   NoGradGuard no_grad;
@@ -179,6 +184,7 @@ Tensor ones(IntArrayRef sizes, TensorOptions options, std::source_location loc) 
 }
 
 Tensor full(IntArrayRef sizes, const Scalar& value, TensorOptions options, std::source_location loc) {
+  ops::OpScope rs("full", {});
   memory::note_call_site(loc.file_name(), loc.line());
   if (!options.dtype_opt()) options = options.dtype(value.natural_dtype());
   ops::check_scalar_fits(value, options.dtype_or_default(), "full");
@@ -189,6 +195,7 @@ Tensor full(IntArrayRef sizes, const Scalar& value, TensorOptions options, std::
 }
 
 Tensor scalar_tensor(const Scalar& value, TensorOptions options, std::source_location loc) {
+  ops::OpScope rs("scalar_tensor", {});
   memory::note_call_site(loc.file_name(), loc.line());
   return full({}, value, options);
 }
@@ -201,31 +208,38 @@ TensorOptions like_options(const Tensor& t, const std::optional<TensorOptions>& 
 }  // namespace
 
 Tensor empty_like(const Tensor& t, std::optional<TensorOptions> o, std::source_location loc) {
+  ops::OpScope rs("empty_like", {&t});
   memory::note_call_site(loc.file_name(), loc.line());
   return empty(t.sizes(), like_options(t, o));
 }
 Tensor zeros_like(const Tensor& t, std::optional<TensorOptions> o, std::source_location loc) {
+  ops::OpScope rs("zeros_like", {&t});
   memory::note_call_site(loc.file_name(), loc.line());
   return zeros(t.sizes(), like_options(t, o));
 }
 Tensor ones_like(const Tensor& t, std::optional<TensorOptions> o, std::source_location loc) {
+  ops::OpScope rs("ones_like", {&t});
   memory::note_call_site(loc.file_name(), loc.line());
   return ones(t.sizes(), like_options(t, o));
 }
 Tensor full_like(const Tensor& t, const Scalar& v, std::optional<TensorOptions> o, std::source_location loc) {
+  ops::OpScope rs("full_like", {&t});
   memory::note_call_site(loc.file_name(), loc.line());
   return full(t.sizes(), v, like_options(t, o));
 }
 Tensor rand_like(const Tensor& t, Generator* gen, std::source_location loc) {
+  ops::OpScope rs("rand_like", {&t});
   memory::note_call_site(loc.file_name(), loc.line());
   return rand(t.sizes(), t.dtype(), gen);
 }
 Tensor randn_like(const Tensor& t, Generator* gen, std::source_location loc) {
+  ops::OpScope rs("randn_like", {&t});
   memory::note_call_site(loc.file_name(), loc.line());
   return randn(t.sizes(), t.dtype(), gen);
 }
 
 Tensor arange(const Scalar& end, TensorOptions options, std::source_location loc) {
+  ops::OpScope rs("arange", {});
   memory::note_call_site(loc.file_name(), loc.line());
   return arange(0, end, 1, options);
 }
@@ -241,6 +255,7 @@ Tensor arange(const Scalar& end, TensorOptions options, std::source_location loc
 // We follow the scalar path of those kernels.
 Tensor arange(const Scalar& start, const Scalar& end, const Scalar& step, TensorOptions options,
               std::source_location loc) {
+  ops::OpScope rs("arange", {});
   memory::note_call_site(loc.file_name(), loc.line());
   const bool all_int = !start.is_floating_point() && !end.is_floating_point() && !step.is_floating_point();
   if (!options.dtype_opt()) options = options.dtype(all_int ? kInt64 : default_dtype());
@@ -291,6 +306,7 @@ Tensor arange(const Scalar& start, const Scalar& end, const Scalar& step, Tensor
 
 Tensor linspace(const Scalar& start, const Scalar& end, int64_t steps, TensorOptions options,
                 std::source_location loc) {
+  ops::OpScope rs("linspace", {});
   memory::note_call_site(loc.file_name(), loc.line());
   KILN_CHECK(steps >= 0, ValueError, "linspace: number of steps must be non-negative, got ", steps);
   const DType dt = options.dtype_or_default();
@@ -330,6 +346,7 @@ Tensor linspace(const Scalar& start, const Scalar& end, int64_t steps, TensorOpt
 }
 
 Tensor eye(int64_t n, std::optional<int64_t> m, TensorOptions options, std::source_location loc) {
+  ops::OpScope rs("eye", {});
   memory::note_call_site(loc.file_name(), loc.line());
   const int64_t cols = m.value_or(n);
   KILN_CHECK(n >= 0, ValueError, "eye: n must be greater or equal to 0, got ", n);
@@ -347,6 +364,7 @@ Tensor eye(int64_t n, std::optional<int64_t> m, TensorOptions options, std::sour
 }
 
 Tensor& uniform_(Tensor& t, double from, double to, Generator* gen) {
+  ops::OpScope rs("uniform_", {&t});
   KILN_CHECK(t.is_floating_point(), DTypeError, "uniform_: expected a floating-point tensor, got ",
              dtype_name(t.dtype()));
   KILN_CHECK(from <= to, ValueError, "uniform_: expected from <= to, got from=", from, ", to=", to);
@@ -362,6 +380,7 @@ Tensor& uniform_(Tensor& t, double from, double to, Generator* gen) {
 }
 
 Tensor& normal_(Tensor& t, double mean, double std, Generator* gen) {
+  ops::OpScope rs("normal_", {&t});
   KILN_CHECK(t.is_floating_point(), DTypeError, "normal_: expected a floating-point tensor, got ",
              dtype_name(t.dtype()));
   KILN_CHECK(std >= 0, ValueError, "normal_: expected std >= 0, got ", std);
@@ -377,6 +396,7 @@ Tensor& normal_(Tensor& t, double mean, double std, Generator* gen) {
 }
 
 Tensor rand(IntArrayRef sizes, TensorOptions options, Generator* gen, std::source_location loc) {
+  ops::OpScope rs("rand", {});
   memory::note_call_site(loc.file_name(), loc.line());
   Tensor t = empty(sizes, options.requires_grad(false));
   uniform_(t, 0.0, 1.0, gen);
@@ -385,6 +405,7 @@ Tensor rand(IntArrayRef sizes, TensorOptions options, Generator* gen, std::sourc
 }
 
 Tensor randn(IntArrayRef sizes, TensorOptions options, Generator* gen, std::source_location loc) {
+  ops::OpScope rs("randn", {});
   memory::note_call_site(loc.file_name(), loc.line());
   Tensor t = empty(sizes, options.requires_grad(false));
   normal_(t, 0.0, 1.0, gen);
@@ -394,6 +415,7 @@ Tensor randn(IntArrayRef sizes, TensorOptions options, Generator* gen, std::sour
 
 Tensor randint(int64_t low, int64_t high, IntArrayRef sizes, TensorOptions options, Generator* gen,
                std::source_location loc) {
+  ops::OpScope rs("randint", {});
   memory::note_call_site(loc.file_name(), loc.line());
   KILN_CHECK(low < high, ValueError, "randint: expected low < high, got low=", low, ", high=", high);
   if (!options.dtype_opt()) options = options.dtype(kInt64);
@@ -407,6 +429,7 @@ Tensor randint(int64_t low, int64_t high, IntArrayRef sizes, TensorOptions optio
 }
 
 Tensor randperm(int64_t n, Generator* gen, std::source_location loc) {
+  ops::OpScope rs("randperm", {});
   memory::note_call_site(loc.file_name(), loc.line());
   KILN_CHECK(n >= 0, ValueError, "randperm: expected n >= 0, got ", n);
   Tensor t = arange(n);
@@ -424,6 +447,7 @@ Tensor randperm(int64_t n, Generator* gen, std::source_location loc) {
 
 template <typename T>
 Tensor tensor(const std::vector<T>& values, IntArrayRef sizes, std::source_location loc) {
+  ops::OpScope rs("tensor", {});
   memory::note_call_site(loc.file_name(), loc.line());
   DimVector shape = sizes.empty() ? DimVector{static_cast<int64_t>(values.size())} : DimVector(sizes);
   KILN_CHECK(shape_numel(shape) == static_cast<int64_t>(values.size()), ShapeError, "tensor: shape ", shape, " holds ",

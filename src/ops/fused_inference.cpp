@@ -11,6 +11,7 @@
 #include "kiln/kernels/fused_inference.h"
 #include "kiln/ops/factory.h"
 #include "kiln/ops/memory_format.h"
+#include "op_record.h"
 
 namespace kiln::ops {
 namespace {
@@ -103,6 +104,7 @@ const PackedConv2dOptions& PackedConv2d::options() const { return state_->option
 
 Tensor PackedConv2d::operator()(const Tensor& input, const Tensor& residual) const {
   constexpr const char* op = "PackedConv2d";
+  OpScope rs("packed_conv2d", {&input, &residual});
   State& s = *state_;
   check_inference_input(input, op, "input");
   const Tensor& w = s.weight;
@@ -153,6 +155,9 @@ Tensor PackedConv2d::operator()(const Tensor& input, const Tensor& residual) con
   const kernels::FusedWeightLayout layout = kernels::fused_conv_weight_layout(a);
   const void* packed =
       s.packed.get(layout.id, layout.bytes, [&](void* buf) { kernels::fused_conv_pack_weight(a, w.data_ptr(), buf); });
+  if (rs.recording())
+    rs.set_flops(2.0 * static_cast<double>(p.n * p.o * p.oh * p.ow) *
+                 static_cast<double>(p.c / p.groups * p.kh * p.kw));
   kernels::fused_conv_forward(a, x.data_ptr(), packed, a.bias ? s.bias.data_ptr() : nullptr,
                               a.residual ? res.data_ptr() : nullptr, y.data_ptr());
   return y;
@@ -182,6 +187,7 @@ InferenceActivation PackedLinear::activation() const { return state_->activation
 
 Tensor PackedLinear::operator()(const Tensor& input, const Tensor& residual) const {
   constexpr const char* op = "PackedLinear";
+  OpScope rs("packed_linear", {&input, &residual});
   State& s = *state_;
   check_inference_input(input, op, "input");
   const int64_t n = s.weight.size(0), k = s.weight.size(1);
@@ -210,6 +216,8 @@ Tensor PackedLinear::operator()(const Tensor& input, const Tensor& residual) con
   const kernels::FusedWeightLayout layout = kernels::fused_linear_weight_layout(a);
   const void* packed = s.packed.get(layout.id, layout.bytes,
                                     [&](void* buf) { kernels::fused_linear_pack_weight(a, s.weight.data_ptr(), buf); });
+  if (rs.recording())
+    rs.set_flops(2.0 * static_cast<double>(a.m) * static_cast<double>(a.n) * static_cast<double>(a.k));
   kernels::fused_linear_forward(a, x.data_ptr(), packed, a.bias ? s.bias.data_ptr() : nullptr,
                                 a.residual ? res.data_ptr() : nullptr, y.data_ptr());
   return y;

@@ -17,6 +17,7 @@
 #include "kiln/kernels/index.h"
 #include "kiln/ops/factory.h"
 #include "kiln/ops/index.h"
+#include "op_record.h"
 
 namespace kiln {
 
@@ -261,6 +262,7 @@ IntrusivePtr<ScatterBackward> scatter_node(const char* name, bool add, const Ten
 Tensor scatter_out_of_place(const Tensor& self, int64_t dim, const Tensor& index, const Tensor* src,
                             const Scalar* value, ScatterMode mode, const char* op, const char* node_name,
                             CallSite site) {
+  ops::OpScope rs(ops::NamePtr{op}, {&self, &index, src});
   ops::check_defined(self, op, "self");
   Tensor out = fresh_copy(self);
   scatter_into(out, dim, index, src, value, mode, op);
@@ -276,6 +278,7 @@ Tensor scatter_out_of_place(const Tensor& self, int64_t dim, const Tensor& index
 
 Tensor& scatter_in_place(Tensor& self, int64_t dim, const Tensor& index, const Tensor* src, const Scalar* value,
                          ScatterMode mode, const char* op, const char* node_name, CallSite site) {
+  ops::OpScope rs(ops::NamePtr{op}, {&self, &index, src});
   ops::check_defined(self, op, "self");
   autograd::check_inplace(self, op, site, {src});
   const bool record = self.is_floating_point() && autograd::compute_requires_grad({&self, src});
@@ -294,6 +297,7 @@ Tensor& scatter_in_place(Tensor& self, int64_t dim, const Tensor& index, const T
 }  // namespace
 
 Tensor Tensor::index_select(int64_t d, const Tensor& index, std::source_location loc) const {
+  ops::OpScope rs("index_select", {this, &index});
   ops::check_defined(*this, "index_select", "self");
   ops::check_defined(index, "index_select", "index");
   KILN_CHECK(index.dtype() == kInt64 || index.dtype() == kInt32, DTypeError,
@@ -316,6 +320,7 @@ Tensor Tensor::index_select(int64_t d, const Tensor& index, std::source_location
 }
 
 Tensor Tensor::gather(int64_t d, const Tensor& index, std::source_location loc) const {
+  ops::OpScope rs("gather", {this, &index});
   ops::check_defined(*this, "gather", "self");
   ops::check_defined(index, "gather", "index");
   const int64_t nd = std::max<int64_t>(dim(), 1);
@@ -407,6 +412,7 @@ Tensor scatter_add(const Tensor& self, int64_t dim, const Tensor& index, const T
 namespace ops {
 
 Tensor scatter_add_zeros(IntArrayRef sizes, int64_t dim, const Tensor& index, const Tensor& src) {
+  OpScope rs("scatter_add", {&index, &src});
   Tensor out = zeros(sizes, src.dtype());
   scatter_into(out, dim, index, &src, nullptr, ScatterMode::Add, "scatter_add");
   if (autograd::compute_requires_grad({&src})) {
@@ -421,6 +427,7 @@ Tensor scatter_add_zeros(IntArrayRef sizes, int64_t dim, const Tensor& index, co
 }  // namespace ops
 
 Tensor embedding(const Tensor& weight, const Tensor& indices, std::source_location loc) {
+  ops::OpScope rs("embedding", {&weight, &indices});
   ops::check_defined(weight, "embedding", "weight");
   ops::check_defined(indices, "embedding", "indices");
   KILN_CHECK(weight.dim() == 2, ShapeError,
@@ -448,6 +455,7 @@ Tensor embedding(const Tensor& weight, const Tensor& indices, std::source_locati
 }
 
 Tensor one_hot(const Tensor& indices, int64_t num_classes, std::source_location) {
+  ops::OpScope rs("one_hot", {&indices});
   ops::check_defined(indices, "one_hot", "indices");
   KILN_CHECK(indices.dtype() == kInt64, DTypeError, "one_hot: is only applicable to index tensors of dtype int64, got ",
              dtype_name(indices.dtype()));

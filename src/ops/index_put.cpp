@@ -15,6 +15,7 @@
 #include "iter.h"
 #include "kiln/autograd/functions.h"
 #include "kiln/ops/factory.h"
+#include "op_record.h"
 
 namespace kiln {
 
@@ -189,6 +190,7 @@ struct IndexPutBackward final : autograd::Node {
 }  // namespace
 
 Tensor Tensor::index(const std::vector<Tensor>& indices, std::source_location loc) const {
+  ops::OpScope rs("index", {this, ops::nth_input(indices, 0), ops::nth_input(indices, 1), ops::nth_input(indices, 2)});
   ops::check_defined(*this, "index", "self");
   const Resolved r = resolve(*this, indices, "index");
   const int64_t last = r.first + r.count - 1;
@@ -200,6 +202,7 @@ Tensor Tensor::index(const std::vector<Tensor>& indices, std::source_location lo
 
 Tensor& Tensor::index_put_(const std::vector<Tensor>& indices, const Tensor& values, bool accumulate,
                            std::source_location loc) {
+  ops::OpScope rs("index_put_", {this, &values, ops::nth_input(indices, 0), ops::nth_input(indices, 1)});
   const CallSite site = CallSite::from(loc);
   ops::check_defined(*this, "index_put_", "self");
   ops::check_defined(values, "index_put_", "values");
@@ -231,6 +234,7 @@ Tensor& Tensor::index_put_(const std::vector<Tensor>& indices, const Tensor& val
 
 Tensor Tensor::index_put(const std::vector<Tensor>& indices, const Tensor& values, bool accumulate,
                          std::source_location loc) const {
+  ops::OpScope rs("index_put", {this, &values, ops::nth_input(indices, 0), ops::nth_input(indices, 1)});
   Tensor out = clone(loc);
   return out.index_put_(indices, values, accumulate, loc);
 }

@@ -13,6 +13,7 @@
 #include "kiln/kernels/int8.h"
 #include "kiln/ops/factory.h"
 #include "kiln/ops/memory_format.h"
+#include "op_record.h"
 
 namespace kiln::ops {
 namespace {
@@ -166,6 +167,7 @@ kernels::Int8ConvArgs conv_args(const Int8Conv2d::State& s, const Tensor& input)
 }  // namespace
 
 Tensor Int8Conv2d::operator()(const Tensor& input) const {
+  OpScope rs("int8_conv2d", {&input});
   State& s = *state_;
   check_input(input, "Int8Conv2d");
   const kernels::Int8ConvArgs a = conv_args(s, input);
@@ -176,6 +178,9 @@ Tensor Int8Conv2d::operator()(const Tensor& input) const {
   const kernels::FusedWeightLayout layout = kernels::int8_conv_weight_layout(a);
   const void* packed = s.packed.get(layout.id, layout.bytes,
                                     [&](void* buf) { kernels::int8_conv_pack_weight(a, s.weight.data_ptr(), buf); });
+  if (rs.recording())
+    rs.set_flops(2.0 * static_cast<double>(p.n * p.o * p.oh * p.ow) *
+                 static_cast<double>(p.c / p.groups * p.kh * p.kw));
   kernels::int8_conv_forward(a, x.data_ptr(), packed, a.e.bias ? s.bias.data_ptr() : nullptr, y.data_ptr());
   return y;
 }
@@ -222,6 +227,7 @@ kernels::Int8LinearArgs linear_args(const Int8Linear::State& s, const Tensor& in
 }  // namespace
 
 Tensor Int8Linear::operator()(const Tensor& input) const {
+  OpScope rs("int8_linear", {&input});
   State& s = *state_;
   check_input(input, "Int8Linear");
   const kernels::Int8LinearArgs a = linear_args(s, input);
@@ -233,6 +239,8 @@ Tensor Int8Linear::operator()(const Tensor& input) const {
   const kernels::FusedWeightLayout layout = kernels::int8_linear_weight_layout(a);
   const void* packed = s.packed.get(layout.id, layout.bytes,
                                     [&](void* buf) { kernels::int8_linear_pack_weight(a, s.weight.data_ptr(), buf); });
+  if (rs.recording())
+    rs.set_flops(2.0 * static_cast<double>(a.m) * static_cast<double>(a.n) * static_cast<double>(a.k));
   kernels::int8_linear_forward(a, x.data_ptr(), packed, a.e.bias ? s.bias.data_ptr() : nullptr, y.data_ptr());
   return y;
 }

@@ -9,6 +9,7 @@
 #include "kiln/kernels/index.h"
 #include "kiln/ops/autocast.h"
 #include "kiln/ops/index.h"
+#include "op_record.h"
 
 namespace kiln {
 
@@ -65,6 +66,8 @@ void record_join(Tensor& out, const autograd::NodePtr& node, const std::vector<T
 }  // namespace
 
 Tensor cat(const std::vector<Tensor>& tensors, int64_t dim, std::source_location loc) {
+  ops::OpScope rs("cat", {ops::nth_input(tensors, 0), ops::nth_input(tensors, 1), ops::nth_input(tensors, 2),
+                          ops::nth_input(tensors, 3)});
   if (autocast_enabled())
     return ops::autocast_call(
         AutocastOp::cat, [&](const std::vector<Tensor>& ts) { return cat(ts, dim, loc); }, tensors);
@@ -131,6 +134,8 @@ Tensor cat(const std::vector<Tensor>& tensors, int64_t dim, std::source_location
 }
 
 Tensor stack(const std::vector<Tensor>& tensors, int64_t dim, std::source_location loc) {
+  ops::OpScope rs("stack", {ops::nth_input(tensors, 0), ops::nth_input(tensors, 1), ops::nth_input(tensors, 2),
+                            ops::nth_input(tensors, 3)});
   if (autocast_enabled())
     return ops::autocast_call(
         AutocastOp::stack, [&](const std::vector<Tensor>& ts) { return stack(ts, dim, loc); }, tensors);

@@ -18,6 +18,7 @@
 #include "kiln/core/guards.h"
 #include "kiln/kernels/layer_norm.h"
 #include "kiln/ops/factory.h"
+#include "op_record.h"
 
 namespace kiln::ops {
 
@@ -91,6 +92,7 @@ struct FusedLayerNorm : autograd::Function<FusedLayerNorm> {
 }  // namespace
 
 Tensor layer_norm(const Tensor& x, IntArrayRef normalized_shape, const Tensor& weight, const Tensor& bias, double eps) {
+  OpScope rs("layer_norm", {&x, &weight, &bias});
   const auto n_dims = static_cast<int64_t>(normalized_shape.size());
   KILN_CHECK(n_dims > 0, ValueError, "layer_norm: expected a non-empty normalized_shape");
   bool ends = x.dim() >= n_dims;

@@ -27,6 +27,7 @@
 #include "kiln/kernels/dnnl.h"
 #include "kiln/ops/autocast.h"
 #include "kiln/ops/factory.h"
+#include "op_record.h"
 
 namespace kiln {
 
@@ -162,6 +163,16 @@ bool rows_merge(const Tensor& t) {
 
 Tensor product(const Tensor& a, const Tensor& b, bool ta, bool tb, autograd::CallSite site);
 
+// A product that a backward formula runs, recorded as the op torch's formula
+// calls (aten::mm or aten::bmm under MmBackward0 and AddmmBackward0) with its
+// FLOPs, so a profile counts backward's products as well as forward's.
+Tensor backward_product(const Tensor& a, const Tensor& b, bool ta, bool tb, autograd::CallSite site) {
+  ops::OpScope rs(a.dim() == 3 ? std::string_view("bmm") : std::string_view("mm"), {&a, &b});
+  Tensor out = product(a, b, ta, tb, site);
+  if (rs.recording()) rs.set_flops(ops::product_flops(out, ta ? a.size(-2) : a.size(-1)));
+  return out;
+}
+
 // c = op(a) · op(b) over 2-D (mm) or 3-D (bmm) operands.
 struct MmBackward final : autograd::Node {
   autograd::SavedVariable a, b;  // each saved only when the other operand's gradient needs it
@@ -180,20 +191,20 @@ struct MmBackward final : autograd::Node {
     if (next_edges()[0].is_valid()) {
       const Tensor bv = b.unpack(this);
       if (ta)
-        out[0] = product(bv, g, tb, true, site());
+        out[0] = backward_product(bv, g, tb, true, site());
       else if (a_col_major)
-        out[0] = product(bv, g, tb, true, site()).t();
+        out[0] = backward_product(bv, g, tb, true, site()).t();
       else
-        out[0] = product(g, bv, false, !tb, site());
+        out[0] = backward_product(g, bv, false, !tb, site());
     }
     if (next_edges()[1].is_valid()) {
       const Tensor av = a.unpack(this);
       if (tb)
-        out[1] = product(g, av, true, ta, site());
+        out[1] = backward_product(g, av, true, ta, site());
       else if (b_col_major)
-        out[1] = product(g, av, true, ta, site()).t();
+        out[1] = backward_product(g, av, true, ta, site()).t();
       else
-        out[1] = product(av, g, !ta, false, site());
+        out[1] = backward_product(av, g, !ta, false, site());
     }
     return out;
   }
@@ -240,6 +251,14 @@ Tensor product(const Tensor& a, const Tensor& b, bool ta, bool tb, autograd::Cal
 
 Tensor matmul_impl(const Tensor& self, const Tensor& other, autograd::CallSite site);
 
+// matmul_impl run by a backward formula, recorded as torch's (aten::matmul) with its FLOPs.
+Tensor backward_matmul(const Tensor& a, const Tensor& b, autograd::CallSite site) {
+  ops::OpScope rs("matmul", {&a, &b});
+  Tensor out = matmul_impl(a, b, site);
+  if (rs.recording()) rs.set_flops(ops::product_flops(out, a.size(-1)));
+  return out;
+}
+
 // ---- matmul's backward for everything but 2-D · 2-D (which is mm's) ----
 
 struct MatmulBackward final : autograd::Node {
@@ -269,7 +288,7 @@ struct MatmulBackward final : autograd::Node {
     if (need_a) {
       // grad_a = g · bᵀ over the broadcast batch; the engine sums the batch dims a was broadcast over.
       const Tensor bm = db == 1 ? b0.unsqueeze(-1) : b0;
-      Tensor ga = matmul_impl(gm, bm.transpose(-1, -2), site());
+      Tensor ga = backward_matmul(gm, bm.transpose(-1, -2), site());
       out[0] = da == 1 ? ga.squeeze(-2) : ga;
     }
     if (need_b) {
@@ -278,9 +297,9 @@ struct MatmulBackward final : autograd::Node {
       if (db <= 2 && am.dim() >= 3) {
         // b is shared by every batch: one product over all rows, aᵀ [k, batch * m] · g [batch * m, n].
         const int64_t k = am.size(-1);
-        gb = product(am.reshape({-1, k}), gm.reshape({-1, gm.size(-1)}), true, false, site());
+        gb = backward_product(am.reshape({-1, k}), gm.reshape({-1, gm.size(-1)}), true, false, site());
       } else {
-        gb = matmul_impl(am.transpose(-1, -2), gm, site());
+        gb = backward_matmul(am.transpose(-1, -2), gm, site());
       }
       out[1] = db == 1 ? gb.squeeze(-1) : gb;
     }
@@ -344,14 +363,14 @@ struct LinearBackward final : autograd::Node {
     if (next_edges()[0].is_valid()) {
       // grad_x = g · W, as [rows, in] then in x's shape.
       const Tensor w = weight.unpack(this);
-      const Tensor gx = product(g2, w, false, false, site());
+      const Tensor gx = backward_product(g2, w, false, false, site());
       out[0] = input_dim == 2 ? gx : gx.reshape(input_shape);
     }
     if (next_edges()[1].is_valid()) {
       // grad_W = gᵀ · x over all rows: oneDNN reads g transposed in place.
       const Tensor x = input.unpack(this);
       const Tensor x2 = x.dim() == 2 ? x : x.reshape({-1, x.size(-1)});
-      out[1] = product(g2, x2, true, false, site());
+      out[1] = backward_product(g2, x2, true, false, site());
     }
     if (next_edges()[2].is_valid()) {
       // An [out_features] bias sums the rows; any other (broadcast) shape is reduced by the engine.
@@ -369,6 +388,7 @@ struct LinearBackward final : autograd::Node {
 };
 
 Tensor mm_impl(const Tensor& self, const Tensor& mat2, autograd::CallSite site) {
+  ops::OpScope rs("mm", {&self, &mat2});
   ops::check_defined(self, "mm", "self");
   ops::check_defined(mat2, "mm", "mat2");
   KILN_CHECK(self.dim() == 2 && mat2.dim() == 2, ShapeError, "mm: expected two 2-D tensors, got shapes ", self.sizes(),
@@ -376,7 +396,9 @@ Tensor mm_impl(const Tensor& self, const Tensor& mat2, autograd::CallSite site) 
   KILN_CHECK(self.size(1) == mat2.size(0), ShapeError, "mm: cannot multiply ", self.sizes(), " by ", mat2.sizes(),
              ": inner dims ", self.size(1), " and ", mat2.size(0), " differ");
   check_matmul_dtypes("mm", self, mat2, "self", "mat2");
-  return product(self, mat2, false, false, site);
+  Tensor out = product(self, mat2, false, false, site);
+  if (rs.recording()) rs.set_flops(ops::product_flops(out, self.size(1)));
+  return out;
 }
 
 // matmul's product once the arguments are checked (not 2-D · 2-D, which is mm).
@@ -486,6 +508,7 @@ Tensor bmm(const Tensor& self, const Tensor& mat2, std::source_location loc) {
   if (autocast_enabled())
     return ops::autocast_call(
         AutocastOp::bmm, [&](const Tensor& a, const Tensor& b) { return bmm(a, b, loc); }, self, mat2);
+  ops::OpScope rs("bmm", {&self, &mat2});
   ops::check_defined(self, "bmm", "self");
   ops::check_defined(mat2, "bmm", "mat2");
   KILN_CHECK(self.dim() == 3 && mat2.dim() == 3, ShapeError, "bmm: expected two 3-D tensors, got shapes ", self.sizes(),
@@ -495,14 +518,19 @@ Tensor bmm(const Tensor& self, const Tensor& mat2, std::source_location loc) {
   KILN_CHECK(self.size(2) == mat2.size(1), ShapeError, "bmm: cannot multiply ", self.sizes(), " by ", mat2.sizes(),
              ": inner dims ", self.size(2), " and ", mat2.size(1), " differ");
   check_matmul_dtypes("bmm", self, mat2, "self", "mat2");
-  return product(self, mat2, false, false, autograd::CallSite::from(loc));
+  Tensor out = product(self, mat2, false, false, autograd::CallSite::from(loc));
+  if (rs.recording()) rs.set_flops(ops::product_flops(out, self.size(2)));
+  return out;
 }
 
 Tensor matmul(const Tensor& self, const Tensor& other, std::source_location loc) {
   if (autocast_enabled())
     return ops::autocast_call(
         AutocastOp::matmul, [&](const Tensor& a, const Tensor& b) { return matmul(a, b, loc); }, self, other);
-  return matmul_impl(self, other, autograd::CallSite::from(loc));
+  ops::OpScope rs("matmul", {&self, &other});
+  Tensor out = matmul_impl(self, other, autograd::CallSite::from(loc));
+  if (rs.recording()) rs.set_flops(ops::product_flops(out, self.size(-1)));
+  return out;
 }
 
 namespace {
@@ -535,9 +563,14 @@ Tensor linear(const Tensor& input, const Tensor& weight, const Tensor& bias, std
     return ops::autocast_call(
         AutocastOp::linear, [&](const Tensor& x, const Tensor& w, const Tensor& b) { return linear(x, w, b, loc); },
         input, weight, bias);
+  ops::OpScope rs("linear", {&input, &weight, &bias});
   ops::check_defined(input, "linear", "input");
   ops::check_defined(weight, "linear", "weight");
-  if (weight.dim() == 1) return linear_vector_weight(input, weight, bias, loc);
+  if (weight.dim() == 1) {
+    Tensor out = linear_vector_weight(input, weight, bias, loc);
+    if (rs.recording()) rs.set_flops(ops::product_flops(out, input.size(-1)));
+    return out;
+  }
   KILN_CHECK(weight.dim() == 2, ShapeError,
              "linear: expected weight of shape [out_features, in_features] or [in_features], got ", weight.sizes());
   KILN_CHECK(input.dim() >= 1, ShapeError, "linear: expected input of shape [..., in_features], got a 0-dim tensor");
@@ -572,6 +605,7 @@ Tensor linear(const Tensor& input, const Tensor& weight, const Tensor& bias, std
     if (input.requires_grad()) node->weight = autograd::SavedVariable(weight, false);
     autograd::set_history(out, node, {&input, &weight, &bias}, autograd::CallSite::from(loc));
   }
+  if (rs.recording()) rs.set_flops(ops::product_flops(out, in));
   return out;
 }
 
@@ -588,6 +622,7 @@ int64_t merged_batch_stride(const Tensor& t) {
 }  // namespace
 
 void matmul_into(const Tensor& self, const Tensor& other, const Tensor& out, std::source_location loc) {
+  ops::OpScope rs("matmul", {&self, &other, &out});
   ops::check_defined(self, "matmul_into", "self");
   ops::check_defined(other, "matmul_into", "other");
   ops::check_defined(out, "matmul_into", "out");
@@ -607,6 +642,7 @@ void matmul_into(const Tensor& self, const Tensor& other, const Tensor& out, std
   KILN_CHECK(!autograd::compute_requires_grad({&self, &other}), ValueError,
              "matmul_into: writes into an existing tensor and records no gradient, but an operand requires grad "
              "(use matmul)");
+  if (rs.recording()) rs.set_flops(ops::product_flops(out, self.size(-1)));
   const NoGradGuard no_grad;
   const int64_t batch = shape_numel(IntArrayRef(self.sizes().data(), d - 2));
   const bool direct = self.dtype() != kFloat16 && out.stride(-1) == 1 && (m == 1 || out.stride(-2) >= n) &&
@@ -703,7 +739,10 @@ Tensor linear(const Tensor& input, const Tensor& weight, const Tensor& bias, Wei
   // Training (the common case for a Linear) leaves at the first test.
   if (autograd::compute_requires_grad({&input, &weight, &bias}) || !inference_product(input, weight, bias))
     return linear(input, weight, bias, loc);
-  return inference_linear(input, weight, bias, kernels::MatmulEpilogue::None, &pack);
+  ops::OpScope rs("linear", {&input, &weight, &bias});
+  Tensor out = inference_linear(input, weight, bias, kernels::MatmulEpilogue::None, &pack);
+  if (rs.recording()) rs.set_flops(ops::product_flops(out, weight.size(1)));
+  return out;
 }
 
 Tensor linear_add(const Tensor& input, const Tensor& weight, const Tensor& bias, const Tensor& addend, WeightPack* pack,
@@ -713,16 +752,22 @@ Tensor linear_add(const Tensor& input, const Tensor& weight, const Tensor& bias,
       addend.size(-1) != weight.size(0) ||
       !std::equal(input.sizes().begin(), input.sizes().end() - 1, addend.sizes().begin()))
     return addend + (pack ? linear(input, weight, bias, *pack, loc) : linear(input, weight, bias, loc));
-  return inference_linear(input, weight, bias, kernels::MatmulEpilogue::None, pack, addend);
+  ops::OpScope rs("linear_add", {&input, &weight, &bias, &addend});
+  Tensor out = inference_linear(input, weight, bias, kernels::MatmulEpilogue::None, pack, addend);
+  if (rs.recording()) rs.set_flops(ops::product_flops(out, weight.size(1)));
+  return out;
 }
 
 Tensor linear_gelu(const Tensor& input, const Tensor& weight, const Tensor& bias, std::string_view approximate,
                    WeightPack* pack, std::source_location loc) {
   if (!inference_product(input, weight, bias) || (approximate != "tanh" && approximate != "none"))
     return linear(input, weight, bias, loc).gelu(approximate, loc);
-  return inference_linear(input, weight, bias,
-                          approximate == "tanh" ? kernels::MatmulEpilogue::GeluTanh : kernels::MatmulEpilogue::GeluErf,
-                          pack);
+  ops::OpScope rs("linear_gelu", {&input, &weight, &bias});
+  Tensor out = inference_linear(
+      input, weight, bias, approximate == "tanh" ? kernels::MatmulEpilogue::GeluTanh : kernels::MatmulEpilogue::GeluErf,
+      pack);
+  if (rs.recording()) rs.set_flops(ops::product_flops(out, weight.size(1)));
+  return out;
 }
 
 // ---- Tensor methods ----

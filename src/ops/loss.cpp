@@ -22,6 +22,7 @@
 #include "kiln/kernels/loss.h"
 #include "kiln/ops/factory.h"
 #include "kiln/ops/index.h"
+#include "op_record.h"
 
 namespace kiln::ops {
 
@@ -111,6 +112,7 @@ struct CrossEntropyLossBackward final : autograd::Node {
 
 Tensor cross_entropy(const Tensor& input, const Tensor& target, const Tensor& weight, int64_t ignore_index,
                      LossReduction red, double label_smoothing, std::source_location loc) {
+  OpScope rs("cross_entropy", {&input, &target, &weight});
   KILN_CHECK(input.defined() && target.defined(), ValueError,
              "cross_entropy: expected defined input and target tensors");
   KILN_CHECK(input.dim() >= 1, ShapeError,

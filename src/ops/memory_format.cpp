@@ -3,6 +3,7 @@
 
 #include "kiln/core/error.h"
 #include "kiln/ops/factory.h"
+#include "op_record.h"
 
 namespace kiln {
 
@@ -52,6 +53,7 @@ MemoryFormat suggest_memory_format(const Tensor& t) {
 }
 
 Tensor empty(IntArrayRef sizes, TensorOptions options, MemoryFormat f) {
+  ops::OpScope rs("empty", {});
   if (f != MemoryFormat::ChannelsLast) return empty(sizes, options);
   KILN_CHECK(sizes.size() == 4, ShapeError, "empty: channels_last needs a 4-D shape [N, C, H, W], got ", sizes);
   const int64_t c = sizes[1], h = sizes[2], w = sizes[3];

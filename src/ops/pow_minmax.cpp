@@ -10,6 +10,7 @@
 #include "kiln/ops/elementwise.h"
 #include "kiln/ops/factory.h"
 #include "kiln/ops/index.h"
+#include "op_record.h"
 
 namespace kiln {
 
@@ -151,6 +152,7 @@ Tensor pow_scalar_out(const Tensor& self, const Scalar& exponent, DType rt) {
 }
 
 Tensor pow_tensor(Arg base, const Tensor& exponent, CallSite site) {
+  ops::OpScope rs("pow", {base.tensor, &exponent});
   Tensor out = ops::ew::binary_out("pow", BinaryOp::Pow, base, exponent, pow_type("pow", base, exponent));
   if (!autograd::compute_requires_grad({base.tensor, &exponent})) return out;
   if (base.tensor) {
@@ -170,6 +172,7 @@ Tensor pow_tensor(Arg base, const Tensor& exponent, CallSite site) {
 }
 
 Tensor minmax(const char* name, BinaryOp op, bool is_max, const Tensor& a, const Tensor& b, CallSite site) {
+  ops::OpScope rs(ops::NamePtr{name}, {&a, &b});
   ops::check_defined(a, name, "self");
   ops::check_defined(b, name, "other");
   Tensor out = ops::ew::binary_out(name, op, Arg(a), Arg(b), ops::result_type(a, b));
@@ -192,6 +195,7 @@ Tensor Tensor::pow(const Tensor& exponent, std::source_location loc) const {
 }
 
 Tensor Tensor::pow(const Scalar& exponent, std::source_location loc) const {
+  ops::OpScope rs("pow", {this});
   ops::check_defined(*this, "pow", "self");
   const DType rt = pow_type("pow", *this, exponent);
   check_int_pow_exponent("pow", *this, exponent);
@@ -206,6 +210,7 @@ Tensor Tensor::pow(const Scalar& exponent, std::source_location loc) const {
 }
 
 Tensor& Tensor::pow_(const Scalar& exponent, std::source_location loc) {
+  ops::OpScope rs("pow_", {this});
   const CallSite site = CallSite::from(loc);
   ops::check_defined(*this, "pow_", "self");
   const DType rt = pow_type("pow_", *this, exponent);

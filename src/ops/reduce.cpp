@@ -13,6 +13,7 @@
 #include "kiln/autograd/functions.h"
 #include "kiln/core/guards.h"
 #include "kiln/ops/index.h"
+#include "op_record.h"
 #include "reduce_util.h"
 
 namespace kiln {
@@ -54,6 +55,7 @@ struct SumBackward final : autograd::Node {
 
 Tensor sum_impl(const Tensor& self, IntArrayRef dims, bool keepdim, std::optional<DType> dtype, bool all_form,
                 CallSite site) {
+  ops::OpScope rs("sum", {&self});
   ops::check_defined(self, "sum", "self");
   const DimMask mask = ops::reduce_mask(self, dims, "sum");
   // torch.sum(x, dtype=d) converts first, then sums in d; without dtype, integers and bool sum to int64.
@@ -111,6 +113,7 @@ struct MeanBackward final : autograd::Node {
 };
 
 Tensor mean_impl(const Tensor& self, IntArrayRef dims, bool keepdim, bool all_form, CallSite site) {
+  ops::OpScope rs("mean", {&self});
   ops::check_defined(self, "mean", "self");
   const DimMask mask = ops::reduce_mask(self, dims, "mean");
   check_mean_dtype(self);
@@ -207,11 +210,13 @@ Tensor prod_impl(const Tensor& self, DimMask mask, bool keepdim, int64_t dim, Ca
 }  // namespace
 
 Tensor Tensor::prod(std::source_location loc) const {
+  ops::OpScope rs("prod", {this});
   ops::check_defined(*this, "prod", "self");
   return prod_impl(*this, ops::all_dims_mask(*this), false, -1, CallSite::from(loc));
 }
 
 Tensor Tensor::prod(int64_t dim, bool keepdim, std::source_location loc) const {
+  ops::OpScope rs("prod", {this});
   ops::check_defined(*this, "prod", "self");
   const DimMask mask = ops::single_dim_mask(*this, dim, "prod");
   return prod_impl(*this, mask, keepdim, wrap_dim(dim, this->dim(), "prod"), CallSite::from(loc));
@@ -286,21 +291,25 @@ Tensor amax_amin(const Tensor& self, DimMask mask, bool keepdim, bool is_max, bo
 }  // namespace
 
 Tensor Tensor::amax(IntArrayRef dims, bool keepdim, std::source_location loc) const {
+  ops::OpScope rs("amax", {this});
   ops::check_defined(*this, "amax", "self");
   return amax_amin(*this, ops::reduce_mask(*this, dims, "amax"), keepdim, true, false, "amax", CallSite::from(loc));
 }
 
 Tensor Tensor::amin(IntArrayRef dims, bool keepdim, std::source_location loc) const {
+  ops::OpScope rs("amin", {this});
   ops::check_defined(*this, "amin", "self");
   return amax_amin(*this, ops::reduce_mask(*this, dims, "amin"), keepdim, false, false, "amin", CallSite::from(loc));
 }
 
 Tensor Tensor::max(std::source_location loc) const {
+  ops::OpScope rs("max", {this});
   ops::check_defined(*this, "max", "self");
   return amax_amin(*this, ops::all_dims_mask(*this), false, true, true, "max", CallSite::from(loc));
 }
 
 Tensor Tensor::min(std::source_location loc) const {
+  ops::OpScope rs("min", {this});
   ops::check_defined(*this, "min", "self");
   return amax_amin(*this, ops::all_dims_mask(*this), false, false, true, "min", CallSite::from(loc));
 }
@@ -310,6 +319,7 @@ Tensor Tensor::min(std::source_location loc) const {
 namespace {
 
 Tensor all_any(const Tensor& self, bool is_all) {
+  ops::OpScope rs(is_all ? std::string_view("all") : std::string_view("any"), {&self});
   ops::check_defined(self, is_all ? "all" : "any", "self");
   // As torch: uint8 keeps its dtype (a legacy of uint8 masks), everything else gives bool.
   const DType out_dtype = self.dtype() == kUInt8 ? kUInt8 : kBool;

@@ -7,6 +7,7 @@
 #include "kiln/core/guards.h"
 #include "kiln/ops/factory.h"
 #include "kiln/ops/reduce.h"
+#include "op_record.h"
 #include "reduce_util.h"
 
 namespace kiln {
@@ -54,6 +55,7 @@ std::tuple<Tensor, Tensor> arg_reduce(const Tensor& self, int64_t dim, bool keep
 }
 
 Tensor arg_flat(const Tensor& self, std::optional<int64_t> dim, bool keepdim, bool is_max, const char* op) {
+  ops::OpScope rs(ops::NamePtr{op}, {&self});
   ops::check_defined(self, op, "self");
   if (dim) return std::get<1>(arg_reduce(self, *dim, keepdim, is_max, false, op));
   // No dim: the index into the flattened tensor, as torch.
@@ -70,6 +72,7 @@ Tensor arg_flat(const Tensor& self, std::optional<int64_t> dim, bool keepdim, bo
 
 std::tuple<Tensor, Tensor> max_min_dim(const Tensor& self, int64_t dim, bool keepdim, bool is_max,
                                        autograd::CallSite site) {
+  ops::OpScope rs(is_max ? std::string_view("max") : std::string_view("min"), {&self});
   const char* op = is_max ? "max" : "min";
   ops::check_defined(self, op, "self");
   auto [values, indices] = arg_reduce(self, dim, keepdim, is_max, true, op);

@@ -12,6 +12,7 @@
 #include "kiln/ops/factory.h"
 #include "kiln/ops/index.h"
 #include "kiln/ops/reduce.h"
+#include "op_record.h"
 #include "reduce_util.h"
 
 namespace kiln {
@@ -68,6 +69,7 @@ struct VarStdBackward final : autograd::Node {
 };
 
 Tensor var_std(const Tensor& self, IntArrayRef dims, int64_t correction, bool keepdim, bool take_sqrt, CallSite site) {
+  ops::OpScope rs(take_sqrt ? std::string_view("std") : std::string_view("var"), {&self});
   const char* op = take_sqrt ? "std" : "var";
   ops::check_defined(self, op, "self");
   const DimMask mask = ops::reduce_mask(self, dims, op);
@@ -168,6 +170,7 @@ Tensor Tensor::norm(double p, IntArrayRef dims, bool keepdim, std::source_locati
   if (autocast_enabled())
     return ops::autocast_call(
         AutocastOp::norm, [&](const Tensor& x) { return x.norm(p, dims, keepdim, loc); }, *this);
+  ops::OpScope rs("norm", {this});
   ops::check_defined(*this, "norm", "self");
   const DimMask mask = ops::reduce_mask(*this, dims, "norm");
   KILN_CHECK(is_floating_point(), DTypeError, "norm(): input dtype should be floating point, got ", dtype_name(dtype()),
@@ -199,6 +202,7 @@ Tensor Tensor::logsumexp(IntArrayRef dims, bool keepdim, std::source_location lo
   if (autocast_enabled())
     return ops::autocast_call(
         AutocastOp::logsumexp, [&](const Tensor& x) { return x.logsumexp(dims, keepdim, loc); }, *this);
+  ops::OpScope rs("logsumexp", {this});
   ops::check_defined(*this, "logsumexp", "self");
   const DimMask mask = ops::reduce_mask(*this, dims, "logsumexp");
   // As torch: integer and bool inputs are computed in the default float dtype.

@@ -11,6 +11,7 @@
 #include "iter.h"
 #include "kiln/autograd/functions.h"
 #include "kiln/kernels/index.h"
+#include "op_record.h"
 
 namespace kiln {
 
@@ -56,6 +57,7 @@ void tile(const Tensor& out, const Tensor& self, IntArrayRef in_sizes, IntArrayR
 }  // namespace
 
 Tensor Tensor::repeat(IntArrayRef repeats, std::source_location loc) const {
+  ops::OpScope rs("repeat", {this});
   ops::check_defined(*this, "repeat", "self");
   const int64_t n = static_cast<int64_t>(repeats.size());
   KILN_CHECK(n >= dim(), ShapeError, "repeat: the number of repeat dims (", n,

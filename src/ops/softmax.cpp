@@ -9,6 +9,7 @@
 #include "kiln/core/guards.h"
 #include "kiln/ops/autocast.h"
 #include "kiln/ops/reduce.h"
+#include "op_record.h"
 #include "reduce_util.h"
 
 namespace kiln {
@@ -41,6 +42,7 @@ struct SoftmaxBackward final : autograd::Node {
 };
 
 Tensor softmax_impl(const Tensor& self, int64_t dim, bool log, autograd::CallSite site) {
+  ops::OpScope rs(log ? std::string_view("log_softmax") : std::string_view("softmax"), {&self});
   const char* op = log ? "log_softmax" : "softmax";
   ops::check_defined(self, op, "self");
   const int64_t d = wrap_dim(dim, self.dim(), op);

@@ -21,6 +21,7 @@
 #include "kiln/ops/elementwise.h"
 #include "kiln/ops/factory.h"
 #include "kiln/ops/index.h"
+#include "op_record.h"
 
 namespace kiln {
 
@@ -252,6 +253,7 @@ struct ThresholdBackwardBackward final : autograd::Node {
 };
 
 Tensor threshold_backward(const Tensor& grad, const Tensor& self, const Scalar& threshold) {
+  ops::OpScope rs("threshold_backward", {&grad, &self});
   Tensor out;
   if (grad.dtype() == self.dtype() && grad.dtype() != kBool && grad.sizes() == self.sizes()) {
     out = ops::new_output_like(grad.sizes(), grad.dtype(), {&self, &grad});
@@ -278,6 +280,7 @@ Tensor threshold_backward(Tensor&& grad, const Tensor& self, const Scalar& thres
                      grad.is_contiguous() && grad.storage()->owns_memory() && grad.dtype() == self.dtype() &&
                      grad.dtype() != kBool && grad.sizes() == self.sizes() && !grad.is_alias_of(self);
   if (!reuse) return threshold_backward(static_cast<const Tensor&>(grad), self, threshold);
+  ops::OpScope rs("threshold_backward", {&grad, &self});
   Tensor out = std::move(grad);
   if (out.numel() > 0) {
     alignas(8) unsigned char thr[8];
@@ -390,6 +393,7 @@ void run_clamp(const kernels::LoopSpec& loop, DType rt, const std::optional<Scal
 
 // An out-of-place op with its node.
 Tensor unary_op(const char* name, UnaryOp op, const Tensor& x, Kind kind, Formula f, CallSite site) {
+  ops::OpScope rs(ops::NamePtr{name}, {&x});
   Tensor out = unary_out(name, op, x, kind);
   if (autograd::compute_requires_grad({&x})) record_unary(out, x, f, site);
   return out;
@@ -397,6 +401,7 @@ Tensor unary_op(const char* name, UnaryOp op, const Tensor& x, Kind kind, Formul
 
 // An in-place op with its node.
 Tensor& unary_op_(const char* name, UnaryOp op, Tensor& self, Kind kind, Formula f, CallSite site) {
+  ops::OpScope rs(ops::NamePtr{name}, {&self});
   check_unary_inplace(name, self, kind);
   autograd::check_inplace(self, name, site);
   auto node = inplace_node(self, f);
@@ -415,6 +420,7 @@ Tensor neg(const Tensor& x, CallSite site) {
 }
 
 Tensor gelu_backward(const Tensor& grad, const Tensor& self, bool tanh_form) {
+  OpScope rs("gelu_backward", {&grad, &self});
   Tensor out =
       binary_out("gelu_backward", tanh_form ? kernels::BinaryOp::GeluTanhBackward : kernels::BinaryOp::GeluErfBackward,
                  grad, self, ops::result_type(grad, self));
@@ -502,6 +508,7 @@ Tensor Tensor::silu(std::source_location loc) const {
   return unary_op("silu", UnaryOp::Silu, *this, Kind::FloatOnly, Formula::Silu, CallSite::from(loc));
 }
 Tensor Tensor::gelu(std::string_view approximate, std::source_location loc) const {
+  ops::OpScope rs("gelu", {this});
   const UnaryOp op = gelu_op(approximate);
   Tensor out = unary_out("gelu", op, *this, Kind::FloatOnly);
   if (autograd::compute_requires_grad({this})) {
@@ -511,6 +518,7 @@ Tensor Tensor::gelu(std::string_view approximate, std::source_location loc) cons
 }
 
 Tensor Tensor::clamp(std::optional<Scalar> min, std::optional<Scalar> max, std::source_location loc) const {
+  ops::OpScope rs("clamp", {this});
   const DType rt = clamp_type("clamp", *this, min, max);
   Tensor out = ops::new_output_like(sizes(), rt, {this});
   if (out.numel() > 0) {
@@ -528,6 +536,7 @@ Tensor Tensor::clamp(std::optional<Scalar> min, std::optional<Scalar> max, std::
 }
 
 Tensor& Tensor::clamp_(std::optional<Scalar> min, std::optional<Scalar> max, std::source_location loc) {
+  ops::OpScope rs("clamp_", {this});
   const CallSite site = CallSite::from(loc);
   const DType rt = clamp_type("clamp_", *this, min, max);
   // torch allows no promotion at all for in-place clamp (not even one can_cast permits).

@@ -21,6 +21,7 @@
 #include "kiln/ops/factory.h"
 #include "kiln/ops/index.h"
 #include "kiln/ops/memory_format.h"
+#include "op_record.h"
 
 namespace kiln {
 
@@ -373,6 +374,7 @@ std::vector<Tensor> record_split(std::vector<Tensor> views, const Tensor& base, 
 }  // namespace
 
 Tensor Tensor::view(IntArrayRef shape, std::source_location loc) const {
+  ops::OpScope rs("view", {this});
   ops::check_defined(*this, "view", "self");
   const DimVector sz = infer_size(shape, numel(), "view", sizes());
   auto st = compute_view_strides(sizes(), strides(), sz);
@@ -388,6 +390,7 @@ Tensor Tensor::view(IntArrayRef shape, std::source_location loc) const {
 }
 
 Tensor Tensor::reshape(IntArrayRef shape, std::source_location loc) const {
+  ops::OpScope rs("reshape", {this});
   ops::check_defined(*this, "reshape", "self");
   const DimVector sz = infer_size(shape, numel(), "reshape", sizes());
   if (auto st = compute_view_strides(sizes(), strides(), sz)) {
@@ -410,6 +413,7 @@ Tensor Tensor::reshape(IntArrayRef shape, std::source_location loc) const {
 }
 
 Tensor Tensor::transpose(int64_t d0, int64_t d1, std::source_location loc) const {
+  ops::OpScope rs("transpose", {this});
   ops::check_defined(*this, "transpose", "self");
   d0 = wrap_dim(d0, dim(), "transpose");
   d1 = wrap_dim(d1, dim(), "transpose");
@@ -420,6 +424,7 @@ Tensor Tensor::transpose(int64_t d0, int64_t d1, std::source_location loc) const
 }
 
 Tensor Tensor::permute(IntArrayRef dims, std::source_location loc) const {
+  ops::OpScope rs("permute", {this});
   ops::check_defined(*this, "permute", "self");
   KILN_CHECK(static_cast<int64_t>(dims.size()) == dim(), ShapeError, "permute: number of dims ", dims,
              " does not match the tensor's ", dim(), " dims (shape ", sizes(), ")");
@@ -438,6 +443,7 @@ Tensor Tensor::permute(IntArrayRef dims, std::source_location loc) const {
 }
 
 Tensor Tensor::t(std::source_location loc) const {
+  ops::OpScope rs("t", {this});
   ops::check_defined(*this, "t", "self");
   KILN_CHECK(dim() <= 2, ShapeError, "t: expects a tensor with <= 2 dimensions, got ", dim(), " (shape ", sizes(),
              "); use transpose(dim0, dim1) or mT");
@@ -446,6 +452,7 @@ Tensor Tensor::t(std::source_location loc) const {
 }
 
 Tensor Tensor::squeeze(std::source_location loc) const {
+  ops::OpScope rs("squeeze", {this});
   ops::check_defined(*this, "squeeze", "self");
   DimVector sz, st;
   for (int64_t d = 0; d < dim(); ++d) {
@@ -461,6 +468,7 @@ Tensor Tensor::squeeze(std::source_location loc) const {
 }
 
 Tensor Tensor::squeeze(int64_t d, std::source_location loc) const {
+  ops::OpScope rs("squeeze", {this});
   ops::check_defined(*this, "squeeze", "self");
   d = wrap_dim(d, dim(), "squeeze");
   DimVector sz(sizes()), st(strides());
@@ -475,6 +483,7 @@ Tensor Tensor::squeeze(int64_t d, std::source_location loc) const {
 }
 
 Tensor Tensor::unsqueeze(int64_t d, std::source_location loc) const {
+  ops::OpScope rs("unsqueeze", {this});
   ops::check_defined(*this, "unsqueeze", "self");
   d = wrap_dim(d, dim() + 1, "unsqueeze");
   DimVector sz(sizes()), st(strides());
@@ -486,6 +495,7 @@ Tensor Tensor::unsqueeze(int64_t d, std::source_location loc) const {
 }
 
 Tensor Tensor::expand(IntArrayRef shape, std::source_location loc) const {
+  ops::OpScope rs("expand", {this});
   ops::check_defined(*this, "expand", "self");
   KILN_CHECK(shape.size() >= static_cast<size_t>(dim()), ShapeError, "expand: the requested shape ", shape,
              " has fewer dims than the tensor's shape ", sizes());
@@ -513,6 +523,7 @@ Tensor Tensor::expand(IntArrayRef shape, std::source_location loc) const {
 }
 
 Tensor Tensor::narrow(int64_t d, int64_t start, int64_t length, std::source_location loc) const {
+  ops::OpScope rs("narrow", {this});
   ops::check_defined(*this, "narrow", "self");
   KILN_CHECK(dim() > 0, ShapeError, "narrow: cannot be applied to a 0-dim tensor");
   d = wrap_dim(d, dim(), "narrow");
@@ -525,6 +536,7 @@ Tensor Tensor::narrow(int64_t d, int64_t start, int64_t length, std::source_loca
 
 Tensor Tensor::slice(int64_t d, std::optional<int64_t> start, std::optional<int64_t> end, int64_t step,
                      std::source_location loc) const {
+  ops::OpScope rs("slice", {this});
   ops::check_defined(*this, "slice", "self");
   const SliceArgs a = slice_args(*this, d, start, end, step);
   Tensor out = make_view(*this, slice_geometry(sizes(), strides(), storage_offset(), a.dim, a.start, a.length, step));
@@ -532,6 +544,7 @@ Tensor Tensor::slice(int64_t d, std::optional<int64_t> start, std::optional<int6
 }
 
 Tensor Tensor::select(int64_t d, int64_t index, std::source_location loc) const {
+  ops::OpScope rs("select", {this});
   ops::check_defined(*this, "select", "self");
   KILN_CHECK(dim() > 0, IndexError, "select: cannot index a 0-dim tensor");
   d = wrap_dim(d, dim(), "select");
@@ -549,6 +562,7 @@ Tensor Tensor::select(int64_t d, int64_t index, std::source_location loc) const 
 }
 
 Tensor Tensor::flatten(int64_t start_dim, int64_t end_dim, std::source_location loc) const {
+  ops::OpScope rs("flatten", {this});
   ops::check_defined(*this, "flatten", "self");
   if (dim() == 0) return reshape({1}, loc);
   start_dim = wrap_dim(start_dim, dim(), "flatten");
@@ -565,6 +579,7 @@ Tensor Tensor::flatten(int64_t start_dim, int64_t end_dim, std::source_location 
 }
 
 Tensor Tensor::unflatten(int64_t d, IntArrayRef shape, std::source_location loc) const {
+  ops::OpScope rs("unflatten", {this});
   ops::check_defined(*this, "unflatten", "self");
   KILN_CHECK(dim() > 0, IndexError, "unflatten: dimension ", d, " specified but a 0-dim tensor has no dimensions");
   d = wrap_dim(d, dim(), "unflatten");
@@ -578,6 +593,7 @@ Tensor Tensor::unflatten(int64_t d, IntArrayRef shape, std::source_location loc)
 }
 
 std::vector<Tensor> Tensor::split(int64_t split_size, int64_t d, std::source_location loc) const {
+  ops::OpScope rs("split", {this});
   ops::check_defined(*this, "split", "self");
   KILN_CHECK(dim() > 0, ShapeError, "split: cannot split a 0-dim tensor");
   d = wrap_dim(d, dim(), "split");
@@ -591,6 +607,7 @@ std::vector<Tensor> Tensor::split(int64_t split_size, int64_t d, std::source_loc
 }
 
 std::vector<Tensor> Tensor::split_with_sizes(IntArrayRef split_sizes, int64_t d, std::source_location loc) const {
+  ops::OpScope rs("split_with_sizes", {this});
   ops::check_defined(*this, "split_with_sizes", "self");
   KILN_CHECK(dim() > 0, ShapeError, "split_with_sizes: cannot split a 0-dim tensor");
   d = wrap_dim(d, dim(), "split_with_sizes");
@@ -605,6 +622,7 @@ std::vector<Tensor> Tensor::split_with_sizes(IntArrayRef split_sizes, int64_t d,
 }
 
 std::vector<Tensor> Tensor::chunk(int64_t chunks, int64_t d, std::source_location loc) const {
+  ops::OpScope rs("chunk", {this});
   ops::check_defined(*this, "chunk", "self");
   KILN_CHECK(dim() > 0, ShapeError, "chunk: cannot chunk a 0-dim tensor");
   KILN_CHECK(chunks > 0, ValueError, "chunk: number of chunks must be positive, got ", chunks);
@@ -619,6 +637,7 @@ std::vector<Tensor> Tensor::chunk(int64_t chunks, int64_t d, std::source_locatio
 }
 
 std::vector<Tensor> Tensor::unbind(int64_t d, std::source_location loc) const {
+  ops::OpScope rs("unbind", {this});
   ops::check_defined(*this, "unbind", "self");
   KILN_CHECK(dim() > 0, IndexError, "unbind: dimension ", d, " specified but a 0-dim tensor has no dimensions");
   d = wrap_dim(d, dim(), "unbind");
@@ -640,6 +659,7 @@ std::vector<Tensor> Tensor::unbind(int64_t d, std::source_location loc) const {
 
 Tensor Tensor::as_strided(IntArrayRef sz, IntArrayRef st, std::optional<int64_t> offset,
                           std::source_location loc) const {
+  ops::OpScope rs("as_strided", {this});
   ops::check_defined(*this, "as_strided", "self");
   KILN_CHECK(sz.size() == st.size(), ShapeError, "as_strided: sizes ", sz, " and strides ", st,
              " must have the same length");
@@ -669,6 +689,7 @@ Tensor Tensor::as_strided(IntArrayRef sz, IntArrayRef st, std::optional<int64_t>
 }
 
 Tensor Tensor::diagonal(int64_t offset, int64_t d1, int64_t d2, std::source_location loc) const {
+  ops::OpScope rs("diagonal", {this});
   ops::check_defined(*this, "diagonal", "self");
   KILN_CHECK(dim() >= 2, ShapeError, "diagonal: expects a tensor of at least 2 dims, got shape ", sizes());
   d1 = wrap_dim(d1, dim(), "diagonal");

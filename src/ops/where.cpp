@@ -10,6 +10,7 @@
 #include "kiln/kernels/index.h"
 #include "kiln/ops/factory.h"
 #include "kiln/ops/index.h"
+#include "op_record.h"
 
 namespace kiln {
 
@@ -136,6 +137,7 @@ Tensor masked_fill_out(const Tensor& self, const Tensor& mask, const Scalar& val
 }  // namespace
 
 Tensor where(const Tensor& cond, const Tensor& a, const Tensor& b, std::source_location loc) {
+  ops::OpScope rs("where", {&cond, &a, &b});
   check_cond(cond);
   ops::check_defined(a, "where", "input");
   ops::check_defined(b, "where", "other");
@@ -147,6 +149,7 @@ Tensor where(const Tensor& cond, const Tensor& a, const Tensor& b, std::source_l
 }
 
 Tensor where(const Tensor& cond, const Scalar& a, const Tensor& b, std::source_location loc) {
+  ops::OpScope rs("where", {&cond, &b});
   check_cond(cond);
   ops::check_defined(b, "where", "other");
   ResultTypeState st;
@@ -159,6 +162,7 @@ Tensor where(const Tensor& cond, const Scalar& a, const Tensor& b, std::source_l
 }
 
 Tensor where(const Tensor& cond, const Tensor& a, const Scalar& b, std::source_location loc) {
+  ops::OpScope rs("where", {&cond, &a});
   check_cond(cond);
   ops::check_defined(a, "where", "input");
   ResultTypeState st;
@@ -171,6 +175,7 @@ Tensor where(const Tensor& cond, const Tensor& a, const Scalar& b, std::source_l
 }
 
 Tensor where(const Tensor& cond, const Scalar& a, const Scalar& b, std::source_location) {
+  ops::OpScope rs("where", {&cond});
   check_cond(cond);
   ResultTypeState st;
   update(st, a);
@@ -182,6 +187,7 @@ Tensor where(const Tensor& cond, const Scalar& a, const Scalar& b, std::source_l
 }
 
 Tensor Tensor::masked_fill(const Tensor& mask, const Scalar& value, std::source_location loc) const {
+  ops::OpScope rs("masked_fill", {this, &mask});
   Tensor out = masked_fill_out(*this, mask, value);
   if (is_floating_point() && autograd::compute_requires_grad({this})) {
     auto node = make_intrusive<MaskedFillBackward>();
@@ -192,6 +198,7 @@ Tensor Tensor::masked_fill(const Tensor& mask, const Scalar& value, std::source_
 }
 
 Tensor& Tensor::masked_fill_(const Tensor& mask, const Scalar& value, std::source_location loc) {
+  ops::OpScope rs("masked_fill_", {this, &mask});
   const CallSite site = CallSite::from(loc);
   ops::check_defined(*this, "masked_fill_", "self");
   check_mask(mask, "masked_fill_");
@@ -221,6 +228,7 @@ Tensor masked_fill(const Tensor& self, const Tensor& mask, const Scalar& value, 
 }
 
 Tensor masked_fill(const Tensor& self, const Tensor& mask, const Tensor& value, std::source_location loc) {
+  ops::OpScope rs("masked_fill", {&self, &mask, &value});
   ops::check_defined(value, "masked_fill", "value");
   KILN_CHECK(value.dim() == 0, ShapeError,
              "masked_fill: only supports a 0-dimensional value tensor, but got a tensor of shape ", value.sizes(), " (",

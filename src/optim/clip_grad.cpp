@@ -7,6 +7,7 @@
 
 #include "kiln/core/error.h"
 #include "kiln/core/guards.h"
+#include "kiln/core/record.h"
 
 namespace kiln::optim {
 
@@ -57,6 +58,7 @@ double norm_of_values(const std::vector<double>& v, double p, bool f32) {
 }  // namespace
 
 double clip_grad_norm_(const NamedParams& params, double max_norm, double norm_type, bool error_if_nonfinite) {
+  const record::Scope rs(record::Kind::Op, "clip_grad_norm_");
   KILN_CHECK(!std::isnan(norm_type) && norm_type >= 0, ValueError,
              "clip_grad_norm_: expected norm_type >= 0 or inf, got ", norm_type);
   NoGradGuard no_grad;
@@ -108,6 +110,7 @@ double clip_grad_norm_(const std::vector<Tensor>& params, double max_norm, doubl
 }
 
 void clip_grad_value_(const NamedParams& params, double clip_value) {
+  const record::Scope rs(record::Kind::Op, "clip_grad_value_");
   KILN_CHECK(clip_value >= 0, ValueError, "clip_grad_value_: expected clip_value >= 0, got ", clip_value);
   NoGradGuard no_grad;
   for (const auto& [n, p] : params) {

@@ -13,6 +13,7 @@
 #include "kiln/core/error.h"
 #include "kiln/core/guards.h"
 #include "kiln/core/parallel.h"
+#include "kiln/core/record.h"
 #include "kiln/core/threads.h"
 #include "kiln/ops/factory.h"
 
@@ -27,6 +28,13 @@ void check_range(const std::string& opt, const HyperParams& hp, const std::strin
   KILN_CHECK(ok, ValueError, opt, ": invalid ", key, ": expected a value in ", lo_incl ? "[" : "(", lo, ", ", hi,
              hi_incl ? "]" : ")", ", got ", v);
 }
+
+// The event names torch's profiler gives optimizers ("Optimizer.step#AdamW.step"),
+// built only while recording; the caller keeps the string alive for the scope it names.
+std::string optimizer_event(const char* method, const std::string& optimizer) {
+  return record::active() ? "Optimizer." + std::string(method) + "#" + optimizer + "." + method : std::string();
+}
+
 void check_nonneg(const std::string& opt, const HyperParams& hp, const std::string& key) {
   check_range(opt, hp, key, 0, true, std::numeric_limits<double>::infinity(), true);
 }
@@ -127,6 +135,8 @@ void Optimizer::add_param_group(ParamGroup group) {
 }
 
 void Optimizer::zero_grad(bool set_to_none) {
+  const std::string event = optimizer_event("zero_grad", name_);
+  const record::Scope rs(record::Kind::Optimizer, event);
   NoGradGuard no_grad;
   for (auto& g : groups_)
     for (auto& [n, p] : g.params) {
@@ -145,6 +155,8 @@ void Optimizer::zero_grad(bool set_to_none) {
 }
 
 void Optimizer::step() {
+  const std::string event = optimizer_event("step", name_);
+  const record::Scope rs(record::Kind::Optimizer, event);
   NoGradGuard no_grad;
   for (auto& g : groups_) {
     for (auto& [n, p] : g.params) {
