@@ -198,8 +198,9 @@ int profile_command(const fs::path& run_dir, const std::string& sort, int64_t to
                       " has no profile (no profile/ops.json): record one with `kiln train CONFIG --profile 20:25` "
                       "(or [profile] steps = \"20:25\" in the config)");
   sort_ops(p->ops, sort);
-  std::printf("profile of %s (%s)\n\nops by %s time%s:\n%s", run_dir.string().c_str(), p->dir.string().c_str(),
-              sort.c_str(), p->world_size > 1 ? " (rank 0)" : "", format_ops(p->ops, static_cast<size_t>(top)).c_str());
+  const std::string by = sort == "calls" ? "calls" : sort == "flops" ? "FLOPs" : sort + " time";
+  std::printf("profile of %s (%s)\n\nops by %s%s:\n%s", run_dir.string().c_str(), p->dir.string().c_str(), by.c_str(),
+              p->world_size > 1 ? " (rank 0)" : "", format_ops(p->ops, static_cast<size_t>(top)).c_str());
   if (!p->steps.empty())
     std::printf("\nper-step breakdown (ms%s):\n%s", p->world_size > 1 ? ", rank 0" : "",
                 format_steps(p->steps).c_str());

@@ -1,11 +1,12 @@
 // The profile of a training run's steps (cli/profile_run.h).
 //
-// The window maps onto torch.profiler's schedule, counted in the steps this
-// process runs: skip_first up to one step before the window, that step as the
-// warm-up (recorded and discarded: first-call costs such as primitive
-// creation stay out of the profile), then the window's steps as the active
-// ones, once. The ranks of a data-parallel run meet at a barrier as the
-// warm-up step begins and each notes that moment (mark_clock_sync), so the
+// The window maps onto torch.profiler's schedule: the profiler starts as the
+// step before the window begins (until then the record hook stays off, so the
+// steps before cost nothing), takes that step as the warm-up (recorded and
+// discarded: first-call costs such as primitive creation stay out of the
+// profile), then the window's steps as the active ones, once, and stops when
+// its files are written. The ranks of a data-parallel run meet at a barrier as
+// the profiler starts and each notes that moment (mark_clock_sync), so the
 // merged trace shows their steps side by side.
 #include "cli/profile_run.h"
 
@@ -133,8 +134,10 @@ ProfileRun::ProfileRun(ProfileWindow window, int64_t done_steps, fs::path run_di
   const int64_t offset = recorded_from_ - first_run;  // steps before the window in this process
   profiler::Options o;
   o.use_schedule = true;
+  // The profiler starts as the warm-up step begins (before_step): the steps before it run with
+  // the record hook off, at no cost.
   o.schedule.warmup = offset >= 1 ? 1 : 0;
-  o.schedule.skip_first = offset - o.schedule.warmup;
+  o.schedule.skip_first = 0;
   o.schedule.wait = 0;
   o.schedule.active = window_.end - recorded_from_;
   o.schedule.repeat = 1;
@@ -143,7 +146,6 @@ ProfileRun::ProfileRun(ProfileWindow window, int64_t done_steps, fs::path run_di
   o.on_trace_ready = [this](profiler::Profiler&) { ready_ = true; };
   sync_step_ = recorded_from_ - o.schedule.warmup;
   prof_ = std::make_unique<profiler::Profiler>(std::move(o));
-  prof_->start();
 }
 
 ProfileRun::~ProfileRun() = default;
@@ -152,11 +154,12 @@ void ProfileRun::before_step(int64_t step) {
   if (!prof_ || synced_ || step != sync_step_) return;
   synced_ = true;
   if (group_ && group_->size() > 1) group_->barrier()->wait();
-  prof_->mark_clock_sync();
+  prof_->start();
+  prof_->mark_clock_sync();  // after start(), which clears it
 }
 
 void ProfileRun::after_step() {
-  if (!prof_ || written_) return;
+  if (!prof_ || !synced_ || written_) return;
   ++steps_done_;
   prof_->step();
   if (ready_) write_files();
@@ -165,8 +168,8 @@ void ProfileRun::after_step() {
 void ProfileRun::finish() {
   if (!prof_ || written_) return;
   // Every rank ran the same steps, so they all take this branch alike (write_files takes a barrier).
-  const int64_t recorded = steps_done_ - (recorded_from_ - first_run_);  // the window's steps that ran
-  prof_->stop();
+  const int64_t recorded = steps_done_ - (recorded_from_ - sync_step_);  // the window's steps that ran
+  if (synced_) prof_->stop();
   if (recorded <= 0) {
     message_ = "profile: the run ended before step " + std::to_string(recorded_from_) + "; nothing profiled";
     prof_.reset();

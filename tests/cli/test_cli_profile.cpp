@@ -126,6 +126,16 @@ TEST(CliProfile, TrainWritesTheProfileAndKilnProfilePrintsItAgain) {
   ASSERT_TRUE(rows.count("checkpoint.save"));
   EXPECT_EQ(rows.at("checkpoint.save")["calls"].get<int>(), 1);
   EXPECT_GT(rows.at("checkpoint.save")["bytes"].get<int64_t>(), 0);
+  // The cnn's ops (prof-ops' scopes), per step: conv2d 2, relu 3, max_pool2d 2, linear 2, cross_entropy 1.
+  const std::map<std::string, int> per_step = {
+      {"conv2d", 2}, {"relu", 3}, {"max_pool2d", 2}, {"linear", 2}, {"cross_entropy", 1}};
+  for (const auto& [name, calls] : per_step) {
+    ASSERT_TRUE(rows.count(name)) << name << " not in ops.json";
+    EXPECT_EQ(rows.at(name)["calls"].get<int>(), 3 * calls) << name;
+  }
+  // conv1 [16, 1, 8, 8] -> [16, 4, 8, 8] and conv2 [16, 4, 4, 4] -> [16, 8, 4, 4], 3x3 kernels: 2·outputs·Cin·9.
+  const double conv_flops = 2.0 * 16 * 4 * 64 * 9 + 2.0 * 16 * 8 * 16 * 36;
+  EXPECT_DOUBLE_EQ(rows.at("conv2d")["flops"].get<double>(), 3 * conv_flops);
   const std::string ops_txt = slurp(prof / "ops.txt");
   EXPECT_NE(ops_txt.find("DataLoader.batch"), std::string::npos) << ops_txt;
   const json memory = read_json(prof / "memory.json");
