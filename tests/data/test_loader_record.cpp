@@ -102,7 +102,7 @@ TEST(LoaderRecord, IterableLoaderRecordsItsProducer) {
   EXPECT_EQ(rec.events(record::Kind::DataWait).size(), 4u) << "three batches and the end of the stream";
 }
 
-TEST(LoaderRecord, NothingIsRecordedWithoutAListener) {
+TEST(LoaderRecord, NothingIsRecordedWhileRecordingIsOff) {
   auto ds = std::make_shared<Squares>();
   std::vector<test::RecordedEvent> none;
   {
