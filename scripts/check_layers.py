@@ -35,10 +35,11 @@ RANK = {
     "nn": 5, "data": 5,
     "optim": 6, "quant": 6,  # quant: quantized modules are nn modules; beside optim
     "amp": 7,
-    "train": 8, "export": 8,  # export: beside train (docs/architecture.md says why)
-    "dist": 9,
-    "parallel": 10,  # built into kiln_dist; uses dist's groups and mesh
-    "cli": 11,
+    "profiler": 8,  # listens on core's record hook; train, export and dist use it
+    "train": 9, "export": 9,  # export: beside train (docs/architecture.md says why)
+    "dist": 10,
+    "parallel": 11,  # built into kiln_dist; uses dist's groups and mesh
+    "cli": 12,
 }
 # Layers whose headers only the named layers may include (tests aside): the
 # kernels are ops' private implementation, so nn and above compose ops.

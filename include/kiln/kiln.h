@@ -12,6 +12,7 @@
 #include "kiln/core/memory_history.h"
 #include "kiln/core/openmp_policy.h"
 #include "kiln/core/parallel.h"
+#include "kiln/core/record.h"
 #include "kiln/core/scalar.h"
 #include "kiln/core/shape.h"
 #include "kiln/core/tensor.h"
@@ -79,6 +80,8 @@
 
 #include "kiln/amp/grad_scaler.h"
 #include "kiln/amp/mode.h"
+
+#include "kiln/profiler/profiler.h"
 
 #include "kiln/train/checkpoint.h"
 #include "kiln/train/leak_watch.h"
