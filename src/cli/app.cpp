@@ -78,7 +78,7 @@ int dispatch(int argc, char** argv) {
   std::string profile_steps;
   train->add_option("--profile", profile_steps,
                     "Profile steps FIRST:END (FIRST to END-1, e.g. 20:25; FIRST alone: 5 steps) into RUN/profile/: "
-                    "Chrome trace, op table, per-step breakdown ([profile] steps; docs/profiler.md)");
+                    "Chrome trace, op table, per-step breakdown ([profile] steps; docs/profiler_cli.md)");
 
   ResumeOptions ro;
   auto* resume = app.add_subcommand("resume", "Continue a run from its latest checkpoint, with the identical future");
