@@ -145,7 +145,7 @@ std::string format_ops(const std::vector<OpRow>& rows, size_t top) {
     std::snprintf(line, sizeof line, "%-36s %-14s %7lld %11s %6.1f%% %11s %9s %9s %10s\n", clip(r.name, 36).c_str(),
                   clip(r.kind, 14).c_str(), static_cast<long long>(r.calls), ms(r.self_us).c_str(),
                   self_sum > 0 ? 100 * r.self_us / self_sum : 0.0, ms(r.total_us).c_str(), si(r.flops).c_str(),
-                  r.gflops_per_s > 0 ? fmt("%.1f", r.gflops_per_s).c_str() : "-",
+                  r.gflops_per_s > 0 ? fmt("%.3g", r.gflops_per_s).c_str() : "-",
                   bytes_cell(static_cast<double>(r.bytes)).c_str());
     o << line;
   }

@@ -166,7 +166,7 @@ void render_profile_section(std::ostream& o, const std::filesystem::path& run_di
     o << "<tr><td>" << html_escape(r.name) << "</td><td>" << html_escape(r.kind) << "</td><td>" << r.calls
       << "</td><td>" << ms_cell(r.self_us) << "</td><td>"
       << (self_sum > 0 ? fmt("%.1f%%", 100 * r.self_us / self_sum) : std::string("-")) << "</td><td>"
-      << ms_cell(r.total_us) << "</td><td>" << (r.gflops_per_s > 0 ? fmt("%.1f", r.gflops_per_s) : std::string("-"))
+      << ms_cell(r.total_us) << "</td><td>" << (r.gflops_per_s > 0 ? fmt("%.3g", r.gflops_per_s) : std::string("-"))
       << "</td></tr>\n";
   }
   o << "</table>";
