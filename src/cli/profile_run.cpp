@@ -49,7 +49,10 @@ void write_file(const fs::path& path, const std::string& text) {
 json steps_json(const std::vector<profiler::StepBreakdown>& steps, const ProfileWindow& w, int64_t recorded_from,
                 int rank, int world) {
   json rows = json::array();
-  for (size_t k = 0; k < steps.size(); ++k) {
+  // A window the run cut short ends with the open step stop() closed (the loop's end, the last
+  // evaluation): not a training step, so only the window's steps that ran are listed.
+  const auto ran = static_cast<size_t>(std::max<int64_t>(0, w.end - recorded_from));
+  for (size_t k = 0; k < std::min(ran, steps.size()); ++k) {
     const profiler::StepBreakdown& s = steps[k];
     rows.push_back({{"step", recorded_from + static_cast<int64_t>(k)},
                     {"profiler_step", s.step},
