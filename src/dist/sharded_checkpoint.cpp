@@ -21,6 +21,7 @@
 #include <nlohmann/json.hpp>
 
 #include "kiln/core/error.h"
+#include "kiln/core/record.h"
 #include "kiln/io/safetensors.h"
 #include "kiln/ops/factory.h"
 #include "sharded_checkpoint_format.h"
@@ -192,6 +193,9 @@ void commit(const fs::path& dir, const fs::path& partial, const Index& index) {
 void save_sharded_checkpoint(const fs::path& dir_in, const std::vector<ShardSlice>& mine,
                              const ShardedMetadata& metadata, ProcessGroup& group) {
   const std::string where = concat("save_sharded_checkpoint('", dir_in.string(), "')");
+  // In a profile: the whole save, collectives included, with this rank's shard file as its bytes.
+  record::Scope scope(record::Kind::Checkpoint, "checkpoint.save");
+  scope.set_detail("sharded");
   KILN_CHECK(group.is_member(), ValueError, where, ": this process is not a member of ", group.describe());
   KILN_CHECK(!dir_in.empty(), ValueError, where, ": expected a directory path, got an empty one");
   const fs::path dir = dir_in.has_filename() ? dir_in : dir_in.parent_path();  // "ckpt/" is "ckpt"
@@ -224,7 +228,11 @@ void save_sharded_checkpoint(const fs::path& dir_in, const std::vector<ShardSlic
     const io::Metadata md = {{kFormat, std::to_string(kVersion)},
                              {"kiln.sharded_checkpoint.rank", std::to_string(rank)},
                              {"kiln.sharded_checkpoint.world_size", std::to_string(n)}};
-    io::save_safetensors((partial / shard_file_name(rank, n)).string(), tensors, md);
+    const fs::path file = partial / shard_file_name(rank, n);
+    io::save_safetensors(file.string(), tensors, md);
+    std::error_code ec;
+    const auto bytes = fs::file_size(file, ec);
+    if (!ec) scope.set_bytes(static_cast<int64_t>(bytes));
   });
   json report = {{"error", err}, {"sums", sums}};
   const std::vector<std::string> reports =

@@ -17,6 +17,8 @@
 #include "kiln/dist/dist.h"
 #include "kiln/dist/sharded_checkpoint.h"
 #include "kiln/ops/factory.h"
+#include "dist/sharded_checkpoint_format.h"
+#include "support/record_collector.h"
 #include "support/test_util.h"
 
 namespace kiln {
@@ -162,6 +164,20 @@ class ShardedCheckpointMpi : public ::testing::Test {
   int rank = 0, n = 1;
   fs::path base;
 };
+
+// A profile sees each rank's save as one Checkpoint scope with its own shard file's size.
+TEST_F(ShardedCheckpointMpi, SaveIsRecordedWithThisRanksShardBytes) {
+  const fs::path dir = base / "ckpt";
+  std::vector<test::RecordedEvent> saves;
+  {
+    test::RecordCollector rec;
+    save(dir);
+    saves = rec.events(record::Kind::Checkpoint, "checkpoint.save");
+  }
+  ASSERT_EQ(saves.size(), 1u);
+  EXPECT_EQ(saves[0].detail, "sharded");
+  EXPECT_EQ(saves[0].bytes, static_cast<int64_t>(fs::file_size(dir / dist::shard_format::shard_file_name(rank, n))));
+}
 
 TEST_F(ShardedCheckpointMpi, RoundTripAtTheSavingWorldSize) {
   const fs::path dir = base / "ckpt";
