@@ -3,6 +3,7 @@
 // wait / warmup / active / repeat state machine. The outputs read the windows
 // this file closes (stats.cpp, trace.cpp).
 #include <algorithm>
+#include <charconv>
 #include <cstdio>
 
 #include "collector.h"
@@ -38,15 +39,17 @@ thread_local BufferCache t_cache;
 
 void append_int(std::string& out, int64_t v) {
   char buf[24];
-  const int n = std::snprintf(buf, sizeof buf, "%lld", static_cast<long long>(v));
-  out.append(buf, static_cast<size_t>(n));
+  const auto r = std::to_chars(buf, buf + sizeof buf, v);
+  out.append(buf, static_cast<size_t>(r.ptr - buf));
 }
 
 // Formats the inputs as "[[32, 784], [784, 256]]" and ["float32", "float32"]
 // (both valid JSON, so the trace embeds them as they are).
 void format_inputs(const record::Event& e, std::string& shapes, std::string& dtypes) {
-  shapes.assign("[");
-  dtypes.assign("[");
+  shapes.clear();
+  dtypes.clear();
+  shapes += '[';
+  dtypes += '[';
   for (int i = 0; i < e.num_inputs; ++i) {
     if (i) {
       shapes += ", ";
@@ -207,14 +210,16 @@ std::shared_ptr<const Window> State::collect(int64_t end_ns) {
         if (remap[id] == kNoString) remap[id] = table.intern(b->strings.at(id));
         return remap[id];
       };
-      for (Rec r : b->events) {
+      w->events.reserve(w->events.size() + b->events.size());
+      b->events.for_each([&](Rec r) {
         r.name = map(r.name);
         r.detail = map(r.detail);
         r.shapes = map(r.shapes);
         r.dtypes = map(r.dtypes);
         w->events.push_back(r);
-      }
-      w->memory.insert(w->memory.end(), b->memory.begin(), b->memory.end());
+      });
+      w->memory.reserve(w->memory.size() + b->memory.size());
+      b->memory.for_each([&](const MemRec& m) { w->memory.push_back(m); });
     }
   }
   w->strings = table.release();
