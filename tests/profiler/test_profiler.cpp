@@ -422,3 +422,28 @@ TEST(ProfilerRange, UserRangesNest) {
   EXPECT_EQ(find_row(rows, "attention")->self_ns,
             find_row(rows, "attention")->total_ns - find_row(rows, "head_0")->total_ns);
 }
+
+TEST(ProfilerMemory, BytesAllocatedAndFreedPerRow) {
+  profiler::Profiler prof;
+  prof.start();
+  {
+    profiler::Range r("makes_and_drops");
+    Tensor t = zeros({256, 256});
+    {
+      profiler::Range inner("inner_alloc");
+      Tensor u = zeros({64, 64});  // allocated and freed while "inner_alloc" is innermost
+    }
+  }
+  prof.stop();
+  const auto rows = prof.key_averages();
+  const auto* outer = find_row(rows, "makes_and_drops");
+  const auto* inner = find_row(rows, "inner_alloc");
+  ASSERT_TRUE(outer && inner);
+  const auto big = static_cast<int64_t>(memory::rounded_size(256 * 256 * 4));
+  const auto small = static_cast<int64_t>(memory::rounded_size(64 * 64 * 4));
+  EXPECT_EQ(inner->alloc_bytes, small);  // self: the innermost scope is charged
+  EXPECT_EQ(inner->freed_bytes, small);
+  EXPECT_EQ(outer->alloc_bytes, big);  // t, declared after the range, dies before it closes
+  EXPECT_EQ(outer->freed_bytes, big);
+  EXPECT_NE(prof.table().find("256.00 KiB"), std::string::npos) << prof.table();
+}
