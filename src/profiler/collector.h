@@ -170,6 +170,15 @@ struct Window {
   }
 };
 
+/// What the record hook hands the callbacks: it is never freed, so a thread
+/// that loaded the callback just before the profiler went away still reads
+/// valid memory. `listening` and the per-thread in-callback marks (see
+/// profiler.cpp, "Callbacks in flight") make unlisten() wait for such a thread.
+struct Listener {
+  std::atomic<bool> listening{false};
+  struct State* state = nullptr;
+};
+
 /// torch.profiler.ProfilerAction.
 enum class Action { None, Warmup, Record, RecordAndSave };
 
@@ -184,7 +193,7 @@ struct State {
   std::map<uint32_t, std::unique_ptr<ThreadBuffer>> buffers;  // by record thread index; never erased
   int handle = -1;                                            // record::add_callbacks, -1 when not listening
   bool started = false;
-  std::atomic<bool> listening{false};
+  Listener* listener;  // leaked on purpose (see Listener)
   int64_t step_num = 0;
   uint32_t step_thread = 0;  // the thread that called start(): its step scopes
   Action action = Action::None;
@@ -202,7 +211,7 @@ struct State {
   ThreadBuffer* buffer();
   Action action_at(int64_t step) const;
   void listen();    // under mu
-  void unlisten();  // under mu
+  void unlisten();  // under mu; returns once no thread is inside a callback for this profiler
   void clear_buffers();
   void begin_window();
   /// Moves the schedule from one action to the next; true when an active window was saved.

@@ -3,6 +3,7 @@
 // tensors for the memory timeline.
 #include <gtest/gtest.h>
 
+#include <atomic>
 #include <cmath>
 #include <nlohmann/json.hpp>
 #include <map>
@@ -446,4 +447,33 @@ TEST(ProfilerMemory, BytesAllocatedAndFreedPerRow) {
   EXPECT_EQ(outer->alloc_bytes, big);  // t, declared after the range, dies before it closes
   EXPECT_EQ(outer->freed_bytes, big);
   EXPECT_NE(prof.table().find("256.00 KiB"), std::string::npos) << prof.table();
+}
+
+TEST(ProfilerThreads, ProfilersComeAndGoWhileThreadsRecord) {
+  // Note [Callbacks in flight] (src/profiler/profiler.cpp): a profiler may be
+  // destroyed while other threads are inside its callbacks; it waits for them.
+  // Under the sanitizers this is the use-after-free check.
+  std::atomic<bool> done{false};
+  std::vector<std::thread> workers;
+  for (int w = 0; w < 3; ++w) {
+    workers.emplace_back([&] {
+      while (!done.load()) {
+        record::Scope s(Kind::DataLoad, "load");
+        void* p = memory::allocate(256, MemoryCategory::Data);
+        memory::deallocate(p, 256, MemoryCategory::Data);
+      }
+    });
+  }
+  size_t recorded = 0;
+  for (int i = 0; i < 20; ++i) {
+    profiler::Profiler prof;
+    prof.start();
+    spin(200000);
+    prof.stop();
+    recorded += prof.num_events();
+  }
+  done = true;
+  for (auto& t : workers) t.join();
+  EXPECT_GT(recorded, 0u);
+  EXPECT_FALSE(record::active());
 }
