@@ -76,11 +76,79 @@ struct MemRec {
   bool recharge = false;
 };
 
+/// An append-only list in fixed chunks that come from a process-wide pool:
+/// appending never copies what is there, and a window after the first (or a
+/// later profiler) reuses chunks whose pages are already touched — fresh
+/// pages cost ~12 us per 4 KiB on these machines (DESIGN.md §2), ten times
+/// what recording an event costs.
+template <typename T>
+class Chunked {
+ public:
+  static constexpr size_t kChunk = 1024;
+  using Chunk = std::array<T, kChunk>;
+
+  Chunked() = default;
+  Chunked(const Chunked&) = delete;
+  Chunked& operator=(const Chunked&) = delete;
+  ~Chunked() { clear(); }
+
+  void push_back(const T& v) {
+    if (size_ == chunks_.size() * kChunk) chunks_.push_back(take());
+    (*chunks_[size_ / kChunk])[size_ % kChunk] = v;
+    ++size_;
+  }
+  size_t size() const { return size_; }
+  template <typename F>
+  void for_each(F&& f) const {
+    for (size_t i = 0; i < size_; ++i) f((*chunks_[i / kChunk])[i % kChunk]);
+  }
+  /// Empties the list; its chunks go back to the pool.
+  void clear() {
+    std::lock_guard<std::mutex> lock(pool_mu());
+    auto& p = pool();
+    for (Chunk* c : chunks_) {
+      if (p.size() < kMaxPooled) {
+        p.push_back(c);
+      } else {
+        delete c;
+      }
+    }
+    chunks_.clear();
+    size_ = 0;
+  }
+
+ private:
+  // At most this many chunks are kept for reuse (~100 MiB of events).
+  static constexpr size_t kMaxPooled = 1024;
+  static std::mutex& pool_mu() {
+    static std::mutex m;
+    return m;
+  }
+  static std::vector<Chunk*>& pool() {
+    static auto* p = new std::vector<Chunk*>();  // outlives static destruction
+    return *p;
+  }
+  static Chunk* take() {
+    {
+      std::lock_guard<std::mutex> lock(pool_mu());
+      auto& p = pool();
+      if (!p.empty()) {
+        Chunk* c = p.back();
+        p.pop_back();
+        return c;
+      }
+    }
+    return new Chunk;
+  }
+  std::vector<Chunk*> chunks_;
+  size_t size_ = 0;
+};
+
 struct ThreadBuffer {
   std::mutex mu;
   uint32_t thread = 0;
-  std::vector<Rec> events;
-  std::vector<MemRec> memory;
+  Chunked<Rec> events;
+  Chunked<MemRec> memory;
   StringTable strings;
 };
 
@@ -102,6 +170,15 @@ struct Window {
   }
 };
 
+/// What the record hook hands the callbacks: it is never freed, so a thread
+/// that loaded the callback just before the profiler went away still reads
+/// valid memory. `listening` and the per-thread in-callback marks (see
+/// profiler.cpp, "Callbacks in flight") make unlisten() wait for such a thread.
+struct Listener {
+  std::atomic<bool> listening{false};
+  struct State* state = nullptr;
+};
+
 /// torch.profiler.ProfilerAction.
 enum class Action { None, Warmup, Record, RecordAndSave };
 
@@ -116,7 +193,7 @@ struct State {
   std::map<uint32_t, std::unique_ptr<ThreadBuffer>> buffers;  // by record thread index; never erased
   int handle = -1;                                            // record::add_callbacks, -1 when not listening
   bool started = false;
-  std::atomic<bool> listening{false};
+  Listener* listener;  // leaked on purpose (see Listener)
   int64_t step_num = 0;
   uint32_t step_thread = 0;  // the thread that called start(): its step scopes
   Action action = Action::None;
@@ -134,7 +211,7 @@ struct State {
   ThreadBuffer* buffer();
   Action action_at(int64_t step) const;
   void listen();    // under mu
-  void unlisten();  // under mu
+  void unlisten();  // under mu; returns once no thread is inside a callback for this profiler
   void clear_buffers();
   void begin_window();
   /// Moves the schedule from one action to the next; true when an active window was saved.

@@ -3,7 +3,9 @@
 // wait / warmup / active / repeat state machine. The outputs read the windows
 // this file closes (stats.cpp, trace.cpp).
 #include <algorithm>
+#include <charconv>
 #include <cstdio>
+#include <thread>
 
 #include "collector.h"
 #include "kiln/core/error.h"
@@ -38,15 +40,17 @@ thread_local BufferCache t_cache;
 
 void append_int(std::string& out, int64_t v) {
   char buf[24];
-  const int n = std::snprintf(buf, sizeof buf, "%lld", static_cast<long long>(v));
-  out.append(buf, static_cast<size_t>(n));
+  const auto r = std::to_chars(buf, buf + sizeof buf, v);
+  out.append(buf, static_cast<size_t>(r.ptr - buf));
 }
 
 // Formats the inputs as "[[32, 784], [784, 256]]" and ["float32", "float32"]
 // (both valid JSON, so the trace embeds them as they are).
 void format_inputs(const record::Event& e, std::string& shapes, std::string& dtypes) {
-  shapes.assign("[");
-  dtypes.assign("[");
+  shapes.clear();
+  dtypes.clear();
+  shapes += '[';
+  dtypes += '[';
   for (int i = 0; i < e.num_inputs; ++i) {
     if (i) {
       shapes += ", ";
@@ -72,9 +76,68 @@ void format_inputs(const record::Event& e, std::string& shapes, std::string& dty
   dtypes += ']';
 }
 
+// Note [Callbacks in flight]: the record hook may call a callback on another
+// thread after remove_callbacks() returned (it loaded the pointer before).
+// So each thread marks, in a flag of its own, which listener it is inside,
+// then checks `listening`; unlisten() clears `listening`, then waits until no
+// thread's mark names its listener. Both sides store then load with seq_cst:
+// either the thread sees `listening` false and leaves without touching the
+// profiler, or unlisten() sees its mark and waits. A thread's mark is its own
+// cache line: recording shares nothing between threads.
+struct alignas(64) InCallback {
+  std::atomic<const Listener*> inside{nullptr};
+  InCallback();
+  ~InCallback();
+};
+
+std::mutex& marks_mu() {
+  static std::mutex m;
+  return m;
+}
+std::vector<InCallback*>& marks() {
+  static auto* v = new std::vector<InCallback*>();  // outlives static destruction
+  return *v;
+}
+InCallback::InCallback() {
+  std::lock_guard<std::mutex> lock(marks_mu());
+  marks().push_back(this);
+}
+InCallback::~InCallback() {
+  std::lock_guard<std::mutex> lock(marks_mu());
+  auto& v = marks();
+  v.erase(std::remove(v.begin(), v.end(), this), v.end());
+}
+
+// Enters a callback for `l`: null when the profiler no longer listens.
+class Entered {
+ public:
+  explicit Entered(const Listener* l) {
+    thread_local InCallback mark;
+    mark_ = &mark;
+    mark_->inside.store(l, std::memory_order_seq_cst);
+    if (l->listening.load(std::memory_order_seq_cst)) state_ = l->state;
+  }
+  ~Entered() { mark_->inside.store(nullptr, std::memory_order_release); }
+  Entered(const Entered&) = delete;
+  Entered& operator=(const Entered&) = delete;
+  State* state() const { return state_; }
+
+ private:
+  InCallback* mark_;
+  State* state_ = nullptr;
+};
+
+void wait_for_callbacks(const Listener* l) {
+  std::lock_guard<std::mutex> lock(marks_mu());
+  for (InCallback* m : marks()) {
+    while (m->inside.load(std::memory_order_seq_cst) == l) std::this_thread::yield();
+  }
+}
+
 void on_event(const record::Event& e, void* user) {
-  auto* s = static_cast<State*>(user);
-  if (!s->listening.load(std::memory_order_acquire)) return;
+  const Entered entered(static_cast<const Listener*>(user));
+  State* s = entered.state();
+  if (!s) return;
   thread_local std::string shapes, dtypes;
   const bool with_inputs = s->opts.record_shapes && e.num_inputs > 0;
   if (with_inputs) format_inputs(e, shapes, dtypes);
@@ -103,8 +166,9 @@ void on_event(const record::Event& e, void* user) {
 }
 
 void on_memory(const record::MemoryEvent& m, void* user) {
-  auto* s = static_cast<State*>(user);
-  if (!s->listening.load(std::memory_order_acquire)) return;
+  const Entered entered(static_cast<const Listener*>(user));
+  State* s = entered.state();
+  if (!s) return;
   ThreadBuffer* b = s->buffer();
   std::lock_guard<std::mutex> lock(b->mu);
   MemRec r;
@@ -136,7 +200,22 @@ uint32_t StringTable::intern(std::string_view s) {
   return id;
 }
 
-State::State(Options o) : opts(std::move(o)), generation(g_next_generation.fetch_add(1)) {}
+namespace {
+// Listeners are never freed (Note [Callbacks in flight]); kept in a list so
+// that they stay reachable (16 bytes per profiler ever made).
+Listener* new_listener(State* s) {
+  static std::mutex mu;
+  static auto* all = new std::vector<std::unique_ptr<Listener>>();  // outlives static destruction
+  auto l = std::make_unique<Listener>();
+  l->state = s;
+  std::lock_guard<std::mutex> lock(mu);
+  all->push_back(std::move(l));
+  return all->back().get();
+}
+}  // namespace
+
+State::State(Options o)
+    : opts(std::move(o)), generation(g_next_generation.fetch_add(1)), listener(new_listener(this)) {}
 
 ThreadBuffer* State::buffer() {
   if (t_cache.generation == generation) return t_cache.buffer;
@@ -166,15 +245,16 @@ Action State::action_at(int64_t step) const {
 
 void State::listen() {
   if (handle >= 0) return;
-  handle = record::add_callbacks(on_event, opts.profile_memory ? on_memory : nullptr, this);
-  listening.store(true, std::memory_order_release);
+  listener->listening.store(true, std::memory_order_seq_cst);
+  handle = record::add_callbacks(on_event, opts.profile_memory ? on_memory : nullptr, listener);
 }
 
 void State::unlisten() {
   if (handle < 0) return;
-  listening.store(false, std::memory_order_release);
+  listener->listening.store(false, std::memory_order_seq_cst);
   record::remove_callbacks(handle);
   handle = -1;
+  wait_for_callbacks(listener);
 }
 
 void State::clear_buffers() {
@@ -207,14 +287,16 @@ std::shared_ptr<const Window> State::collect(int64_t end_ns) {
         if (remap[id] == kNoString) remap[id] = table.intern(b->strings.at(id));
         return remap[id];
       };
-      for (Rec r : b->events) {
+      w->events.reserve(w->events.size() + b->events.size());
+      b->events.for_each([&](Rec r) {
         r.name = map(r.name);
         r.detail = map(r.detail);
         r.shapes = map(r.shapes);
         r.dtypes = map(r.dtypes);
         w->events.push_back(r);
-      }
-      w->memory.insert(w->memory.end(), b->memory.begin(), b->memory.end());
+      });
+      w->memory.reserve(w->memory.size() + b->memory.size());
+      b->memory.for_each([&](const MemRec& m) { w->memory.push_back(m); });
     }
   }
   w->strings = table.release();

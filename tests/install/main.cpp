@@ -6,9 +6,20 @@
 
 int main() {
   kiln::manual_seed(0);
-  auto x = kiln::randn({4, 8});
-  auto y = kiln::linear(x, kiln::randn({16, 8}), kiln::zeros({16})).relu();
-  auto total = y.softmax(-1).sum(-1);
+  // The profiler is part of kiln::kiln: a range shows up in its table.
+  kiln::profiler::Profiler prof;
+  prof.start();
+  kiln::Tensor total;
+  {
+    kiln::profiler::Range r("consumer_forward");
+    auto x = kiln::randn({4, 8});
+    auto y = kiln::linear(x, kiln::randn({16, 8}), kiln::zeros({16})).relu();
+    total = y.softmax(-1).sum(-1);
+  }
+  prof.stop();
   std::cout << total << "\n";
-  return total.allclose(kiln::ones({4})) ? 0 : 1;
+  bool profiled = false;
+  for (const auto& row : prof.key_averages()) profiled = profiled || (row.name == "consumer_forward" && row.calls == 1);
+  if (!profiled) std::cerr << "the profiler did not record the range:\n" << prof.table();
+  return total.allclose(kiln::ones({4})) && profiled ? 0 : 1;
 }

@@ -3,6 +3,7 @@
 // tensors for the memory timeline.
 #include <gtest/gtest.h>
 
+#include <atomic>
 #include <cmath>
 #include <nlohmann/json.hpp>
 #include <map>
@@ -421,4 +422,58 @@ TEST(ProfilerRange, UserRangesNest) {
   EXPECT_EQ(find_row(rows, "attention")->kind, "user");
   EXPECT_EQ(find_row(rows, "attention")->self_ns,
             find_row(rows, "attention")->total_ns - find_row(rows, "head_0")->total_ns);
+}
+
+TEST(ProfilerMemory, BytesAllocatedAndFreedPerRow) {
+  profiler::Profiler prof;
+  prof.start();
+  {
+    profiler::Range r("makes_and_drops");
+    Tensor t = zeros({256, 256});
+    {
+      profiler::Range inner("inner_alloc");
+      Tensor u = zeros({64, 64});  // allocated and freed while "inner_alloc" is innermost
+    }
+  }
+  prof.stop();
+  const auto rows = prof.key_averages();
+  const auto* outer = find_row(rows, "makes_and_drops");
+  const auto* inner = find_row(rows, "inner_alloc");
+  ASSERT_TRUE(outer && inner);
+  const auto big = static_cast<int64_t>(memory::rounded_size(256 * 256 * 4));
+  const auto small = static_cast<int64_t>(memory::rounded_size(64 * 64 * 4));
+  EXPECT_EQ(inner->alloc_bytes, small);  // self: the innermost scope is charged
+  EXPECT_EQ(inner->freed_bytes, small);
+  EXPECT_EQ(outer->alloc_bytes, big);  // t, declared after the range, dies before it closes
+  EXPECT_EQ(outer->freed_bytes, big);
+  EXPECT_NE(prof.table().find("256.00 KiB"), std::string::npos) << prof.table();
+}
+
+TEST(ProfilerThreads, ProfilersComeAndGoWhileThreadsRecord) {
+  // Note [Callbacks in flight] (src/profiler/profiler.cpp): a profiler may be
+  // destroyed while other threads are inside its callbacks; it waits for them.
+  // Under the sanitizers this is the use-after-free check.
+  std::atomic<bool> done{false};
+  std::vector<std::thread> workers;
+  for (int w = 0; w < 3; ++w) {
+    workers.emplace_back([&] {
+      while (!done.load()) {
+        record::Scope s(Kind::DataLoad, "load");
+        void* p = memory::allocate(256, MemoryCategory::Data);
+        memory::deallocate(p, 256, MemoryCategory::Data);
+      }
+    });
+  }
+  size_t recorded = 0;
+  for (int i = 0; i < 20; ++i) {
+    profiler::Profiler prof;
+    prof.start();
+    spin(200000);
+    prof.stop();
+    recorded += prof.num_events();
+  }
+  done = true;
+  for (auto& t : workers) t.join();
+  EXPECT_GT(recorded, 0u);
+  EXPECT_FALSE(record::active());
 }

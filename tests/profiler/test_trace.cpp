@@ -111,7 +111,9 @@ TEST(ProfilerTrace, TraceEventFormat) {
       ASSERT_GE(e["dur"].get<double>(), 0.0);
       const auto key = std::make_pair(e["pid"].get<int64_t>(), e["tid"].get<int64_t>());
       const double ts = e["ts"];
-      if (last_begin.count(key)) EXPECT_GE(ts, last_begin[key]) << e.dump();
+      if (last_begin.count(key)) {
+        EXPECT_GE(ts, last_begin[key]) << e.dump();
+      }
       last_begin[key] = ts;
       xs.push_back(e);
     } else if (ph == "M") {
@@ -159,7 +161,9 @@ TEST(ProfilerTrace, TraceEventFormat) {
       loader_seen = true;
       EXPECT_EQ(thread_names[x["tid"].get<int64_t>()], "loader worker 0");
     }
-    if (x["name"] == "mm") EXPECT_DOUBLE_EQ(x["args"]["flops"].get<double>(), 1e6);
+    if (x["name"] == "mm") {
+      EXPECT_DOUBLE_EQ(x["args"]["flops"].get<double>(), 1e6);
+    }
   }
   EXPECT_TRUE(coll_seen);
   EXPECT_TRUE(loader_seen);

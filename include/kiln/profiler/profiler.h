@@ -47,7 +47,8 @@ struct Options {
   bool profile_memory = true;  // allocation events, the memory timeline and its peak
   int rank = 0;                // the trace's process id (one process per rank)
   std::string process_name;    // "rank 0" when empty
-  /// Called when an active window closes (after its last active step), as torch's on_trace_ready.
+  /// Called when an active window closes (after its last active step), as torch's on_trace_ready;
+  /// also by stop() inside an active window, and without a schedule by stop() (not by the destructor).
   std::function<void(class Profiler&)> on_trace_ready;
 };
 
@@ -81,11 +82,13 @@ struct StepBreakdown {
 /// Live bytes per memory category over the recorded window.
 struct MemoryTimeline {
   struct Point {
-    int64_t time_ns = 0;
+    int64_t time_ns = 0;  // since the profiler's start(), as the trace's timestamps
     std::array<int64_t, kNumMemoryCategories> live{};
     int64_t total = 0;
   };
-  std::vector<Point> points;                         // one per allocation or free, in time order
+  /// The live bytes when the window began, then one point per allocation or
+  /// free, in time order. Empty when Options::profile_memory is off.
+  std::vector<Point> points;
   std::array<int64_t, kNumMemoryCategories> peak{};  // highest live bytes per category in the window
   int64_t peak_total = 0;
   int64_t peak_time_ns = 0;
@@ -104,6 +107,7 @@ class Profiler {
   void start();
   void stop();
   /// Marks a step boundary (torch's prof.step()): closes "ProfilerStep#N", advances the schedule.
+  /// start(), step() and stop() belong on one thread: the step scope is on its scope stack.
   void step();
   /// True while events are being kept or warmed up (the schedule's warmup and active steps).
   bool recording() const;
