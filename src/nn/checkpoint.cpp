@@ -46,6 +46,7 @@
 #include "kiln/core/error.h"
 #include "kiln/core/generator.h"
 #include "kiln/core/guards.h"
+#include "kiln/core/record.h"
 #include "kiln/ops/factory.h"
 
 namespace kiln::nn {
@@ -244,6 +245,9 @@ bool is_recomputing() { return t_recomputing > 0; }
 TensorList checkpoint(const CheckpointFn& fn, const TensorList& inputs, const std::string& name) {
   KILN_CHECK(static_cast<bool>(fn), ValueError, "checkpoint: fn is empty");
   if (!grad_mode_enabled()) return fn(inputs);
+  // The op that makes CheckpointBackward: the segment's own ops nest inside it.
+  const auto input = [&](size_t i) { return i < inputs.size() ? &inputs[i] : nullptr; };
+  const record::Scope rs(record::Kind::Op, "checkpoint", {input(0), input(1), input(2), input(3)});
   auto node = make_intrusive<CheckpointNode>();
   node->rng_ = default_generator().get_state();
   node->autocast_on_ = autocast_enabled();

@@ -8,6 +8,11 @@
 // names are literals and the FLOP counts below are computed only when
 // rs.recording().
 //
+// Listeners read the inputs when the scope closes (their shapes and dtypes):
+// every tensor passed must stay alive and defined until then, so never pass
+// one the op moves from, or a local it returns (the return moves it out
+// before the scope's destructor runs); close the scope first instead.
+//
 // FLOPs follow torch's with_flops: a multiply-add is 2.
 #pragma once
 

@@ -280,12 +280,16 @@ Tensor threshold_backward(Tensor&& grad, const Tensor& self, const Scalar& thres
                      grad.is_contiguous() && grad.storage()->owns_memory() && grad.dtype() == self.dtype() &&
                      grad.dtype() != kBool && grad.sizes() == self.sizes() && !grad.is_alias_of(self);
   if (!reuse) return threshold_backward(static_cast<const Tensor&>(grad), self, threshold);
-  ops::OpScope rs("threshold_backward", {&grad, &self});
   Tensor out = std::move(grad);
-  if (out.numel() > 0) {
-    alignas(8) unsigned char thr[8];
-    kernels::scalar_to_bytes(thr, out.dtype(), threshold);
-    kernels::threshold_backward(ops::make_loop(out.sizes(), {&out, &out, &self}), out.dtype(), thr);
+  {
+    // A listener reads the inputs when the scope closes: `grad` is empty by then, and so is
+    // `out` once it is moved into the result, so the scope ends before the return.
+    ops::OpScope rs("threshold_backward", {&out, &self});
+    if (out.numel() > 0) {
+      alignas(8) unsigned char thr[8];
+      kernels::scalar_to_bytes(thr, out.dtype(), threshold);
+      kernels::threshold_backward(ops::make_loop(out.sizes(), {&out, &out, &self}), out.dtype(), thr);
+    }
   }
   out.bump_version();
   return out;

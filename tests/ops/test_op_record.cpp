@@ -14,6 +14,7 @@
 
 #include "kiln/core/record.h"
 #include "kiln/kiln.h"
+#include "ops/specs/op_spec.h"
 
 using namespace kiln;
 
@@ -300,4 +301,90 @@ TEST(OpRecord, NothingIsRecordedWithoutAListener) {
   (a.mm(a).relu().sum() + 1).backward();
   record::set_enabled(false);
   EXPECT_EQ(calls, 0);
+}
+
+namespace {
+
+// A listener that checks each event as a profiler reads it: a name, inputs
+// alive and defined at close, nesting consistent with the enclosing scope.
+struct Checker {
+  int handle = -1;
+  std::mutex mu;
+  std::vector<std::string> bad;
+  std::vector<Seen> events;
+  Checker() {
+    handle = record::add_callbacks(&on_event, nullptr, this);
+    record::set_enabled(true);
+  }
+  ~Checker() {
+    record::set_enabled(false);
+    record::remove_callbacks(handle);
+  }
+  static void on_event(const record::Event& ev, void* user) {
+    auto* self = static_cast<Checker*>(user);
+    bool ok = !ev.name.empty() && ev.end_ns >= ev.start_ns;
+    for (int i = 0; ok && i < ev.num_inputs; ++i) {
+      ok = ev.inputs[i] && ev.inputs[i]->defined() && ev.inputs[i]->numel() >= 0 &&
+           dtype_name(ev.inputs[i]->dtype())[0] != '\0';
+    }
+    if (ev.parent_ptr) ok = ok && ev.parent_ptr->id == ev.parent && ev.depth == ev.parent_ptr->depth + 1;
+    Seen s;
+    s.kind = ev.kind;
+    s.name = std::string(ev.name);
+    s.seq = ev.seq;
+    std::lock_guard<std::mutex> lock(self->mu);
+    if (!ok) self->bad.push_back(s.name);
+    self->events.push_back(std::move(s));
+  }
+};
+
+}  // namespace
+
+// Every op of the registry (tests/ops/specs), forward, backward and error
+// cases, under a listener: no event with a dead input, and each node run in
+// backward leads to exactly one forward op.
+TEST(OpRecord, EveryRegistryOpUnderAListener) {
+  int samples = 0;
+  for (const ops::OpSpec& spec : ops::op_registry()) {
+    for (DType dt : spec.dtypes) {
+      for (ops::OpSample& smp : spec.samples(dt)) {
+        std::vector<Tensor> inputs = smp.inputs;
+        const bool grad = spec.differentiable && is_floating_point(dt) && !smp.grad_inputs.empty();
+        if (grad)
+          for (int i : smp.grad_inputs) inputs[i] = inputs[i].detach().requires_grad_();
+        Checker c;
+        std::vector<Tensor> outs = smp.run(inputs);
+        if (grad) {
+          Tensor total;
+          for (const Tensor& o : outs) {
+            if (!o.defined() || !o.requires_grad()) continue;
+            const Tensor s = o.sum();
+            total = total.defined() ? total + s : s;
+          }
+          if (total.defined()) total.backward();
+        }
+        ++samples;
+        EXPECT_TRUE(c.bad.empty()) << spec.name << " [" << smp.label << "]: " << c.bad.front();
+        std::map<int64_t, int> makers;
+        for (const Seen& e : c.events)
+          if (e.kind == record::Kind::Op && e.seq >= 0) ++makers[e.seq];
+        for (const Seen& e : c.events) {
+          if (e.kind == record::Kind::Backward && e.name != "AccumulateGrad") {
+            EXPECT_EQ(makers[e.seq], 1) << spec.name << " [" << smp.label << "]: " << e.name;
+          }
+        }
+      }
+    }
+    if (spec.errors) {
+      Checker c;
+      for (const ops::OpErrorCase& ec : spec.errors()) {
+        try {
+          ec.run();
+        } catch (...) {  // the error itself is test_op_registry's business
+        }
+      }
+      EXPECT_TRUE(c.bad.empty()) << spec.name << " (error cases): " << c.bad.front();
+    }
+  }
+  EXPECT_GT(samples, 100);
 }

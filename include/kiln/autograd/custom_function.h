@@ -40,6 +40,7 @@
 #include <initializer_list>
 #include <optional>
 #include <string>
+#include <string_view>
 #include <tuple>
 #include <type_traits>
 #include <typeinfo>
@@ -51,6 +52,7 @@
 #include "kiln/autograd/grad_math.h"
 #include "kiln/core/error.h"
 #include "kiln/core/guards.h"
+#include "kiln/core/record.h"
 
 namespace kiln::autograd {
 
@@ -230,6 +232,14 @@ struct Function {
       }
     };
     (collect(args), ...);
+    // Recorded as torch records a custom Function: an op named after the class, which makes the node.
+    std::string event;
+    if (record::active()) {
+      event = demangled_name();
+      event.resize(event.size() - std::string_view("Backward").size());
+    }
+    const auto input = [&](size_t i) { return i < tensor_args.size() ? &tensor_args[i] : nullptr; };
+    const record::Scope rs(record::Kind::Op, event, {input(0), input(1), input(2), input(3)});
     for (const Tensor& t : tensor_args) node->ctx.needs_input_grad_.push_back(t.defined() && t.requires_grad());
     const bool record = compute_requires_grad(tensor_args);
     auto result = [&] {
