@@ -24,9 +24,10 @@
 // for the steps since the last logged one, so the charts reach the NaN), and
 // {"kind":"end","status"} when a process ends (a killed one leaves none).
 //
-// Note [Profiled steps]: each step's phases are record::Scope ranges of kind
-// User named "forward", "backward" and "optimizer" (zero_grad, clipping and
-// the update), which the profiler's per-step breakdown reads; with
+// Note [Profiled steps]: each step's phases are record::Scope ranges, User
+// ranges named "forward" and "backward" and an Optimizer range "optimizer"
+// (zero_grad, clipping and the update: the optimizer phase, the ops inside it
+// included), which the profiler's per-step breakdown reads; with
 // [profile] steps (--profile) a ProfileRun (cli/profile_run.h) marks the
 // step boundaries, and the step's evaluation and checkpoint, when due, belong
 // to it.
@@ -577,7 +578,7 @@ class TrainLoop {
     const double lr = t_.optimizer->param_groups()[0].lr();
     if (micro_ == 0) {
       if (profile_) profile_->before_step(L_.step + 1);
-      record::Scope phase(record::Kind::User, "optimizer");  // Note [Profiled steps]
+      record::Scope phase(record::Kind::Optimizer, "optimizer");  // Note [Profiled steps]
       if (t_.zero)
         t_.zero->zero_grad();
       else
@@ -745,7 +746,7 @@ class TrainLoop {
         record::Scope phase(record::Kind::User, "backward");
         t_.scaler->scale(loss).backward();
       }
-      record::Scope phase(record::Kind::User, "optimizer");
+      record::Scope phase(record::Kind::Optimizer, "optimizer");
       t_.scaler->unscale_(*t_.optimizer);
       gnorm = optim::clip_grad_norm_(params_, clip_ > 0 ? clip_ : optim::kInfNorm);
       t_.scaler->step(*t_.optimizer);
@@ -761,7 +762,7 @@ class TrainLoop {
         status_ = Status::NonFinite;
         return std::nullopt;
       }
-      record::Scope phase(record::Kind::User, "optimizer");
+      record::Scope phase(record::Kind::Optimizer, "optimizer");
       if (t_.zero) {
         // The global norm over every rank's shard (stage 2 reduce-scatters the gradients first).
         gnorm = t_.zero->clip_grad_norm_(clip_ > 0 ? clip_ : optim::kInfNorm);

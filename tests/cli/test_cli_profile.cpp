@@ -136,6 +136,11 @@ TEST(CliProfile, TrainWritesTheProfileAndKilnProfilePrintsItAgain) {
   // conv1 [16, 1, 8, 8] -> [16, 4, 8, 8] and conv2 [16, 4, 4, 4] -> [16, 8, 4, 4], 3x3 kernels: 2·outputs·Cin·9.
   const double conv_flops = 2.0 * 16 * 4 * 64 * 9 + 2.0 * 16 * 8 * 16 * 36;
   EXPECT_DOUBLE_EQ(rows.at("conv2d")["flops"].get<double>(), 3 * conv_flops);
+  // The loop's optimizer phase holds the clipping and the update: their time is optimizer time.
+  ASSERT_TRUE(rows.count("clip_grad_norm_"));
+  double optimizer_ms = 0;
+  for (const json& s : steps["steps"]) optimizer_ms += s["optimizer_ms"].get<double>();
+  EXPECT_GE(optimizer_ms * 1000, 0.99 * rows.at("clip_grad_norm_")["total_us"].get<double>());
   const std::string ops_txt = slurp(prof / "ops.txt");
   EXPECT_NE(ops_txt.find("DataLoader.batch"), std::string::npos) << ops_txt;
   const json memory = read_json(prof / "memory.json");
