@@ -121,8 +121,8 @@ class Chunked {
   // At most this many chunks are kept for reuse (~100 MiB of events).
   static constexpr size_t kMaxPooled = 1024;
   static std::mutex& pool_mu() {
-    static std::mutex m;
-    return m;
+    static auto* m = new std::mutex();  // a static Profiler's buffers may be freed during static destruction
+    return *m;
   }
   static std::vector<Chunk*>& pool() {
     static auto* p = new std::vector<Chunk*>();  // outlives static destruction

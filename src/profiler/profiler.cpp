@@ -91,8 +91,8 @@ struct alignas(64) InCallback {
 };
 
 std::mutex& marks_mu() {
-  static std::mutex m;
-  return m;
+  static auto* m = new std::mutex();  // outlives static destruction, as the marks
+  return *m;
 }
 std::vector<InCallback*>& marks() {
   static auto* v = new std::vector<InCallback*>();  // outlives static destruction
