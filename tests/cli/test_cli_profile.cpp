@@ -141,6 +141,16 @@ TEST(CliProfile, TrainWritesTheProfileAndKilnProfilePrintsItAgain) {
   double optimizer_ms = 0;
   for (const json& s : steps["steps"]) optimizer_ms += s["optimizer_ms"].get<double>();
   EXPECT_GE(optimizer_ms * 1000, 0.99 * rows.at("clip_grad_norm_")["total_us"].get<double>());
+  // Self times do not double count: on the training thread they add up to no more than the steps' wall time
+  // (the loader's workers and the collectives run on threads of their own, so their rows are left out).
+  double self_us = 0, wall_us = 0;
+  for (const auto& [name, row] : rows) {
+    const std::string kind = row["kind"].get<std::string>();
+    if (kind != "data_load" && kind != "collective") self_us += row["self_us"].get<double>();
+  }
+  for (const json& s : steps["steps"]) wall_us += 1000 * s["total_ms"].get<double>();
+  EXPECT_GT(self_us, 0.5 * wall_us);
+  EXPECT_LE(self_us, wall_us * 1.001 + 10);
   const std::string ops_txt = slurp(prof / "ops.txt");
   EXPECT_NE(ops_txt.find("DataLoader.batch"), std::string::npos) << ops_txt;
   const json memory = read_json(prof / "memory.json");

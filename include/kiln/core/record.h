@@ -37,7 +37,7 @@ enum class Kind : uint8_t {
   User,            // profiler::Range and the training loop's phases ("forward", "backward")
   Step,            // one training step ("ProfilerStep#N")
 };
-inline constexpr int kNumKinds = 11;
+inline constexpr int kNumKinds = 10;
 const char* kind_name(Kind k);
 
 /// Inputs recorded per op: their shapes and dtypes go into the event.
