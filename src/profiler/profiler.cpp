@@ -279,7 +279,8 @@ std::shared_ptr<const Window> State::collect(int64_t end_ns) {
   StringTable table;
   {
     std::lock_guard<std::mutex> lock(buffers_mu);
-    for (auto& [thread, b] : buffers) {
+    for (auto& entry : buffers) {
+      auto& b = entry.second;  // not a structured binding: clang 14 (the fuzz build) cannot capture one
       std::lock_guard<std::mutex> block(b->mu);
       std::vector<uint32_t> remap(b->strings.size(), kNoString);
       auto map = [&](uint32_t id) {
