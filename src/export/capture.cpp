@@ -21,6 +21,9 @@
 #include "kiln/nn/norm.h"
 #include "kiln/nn/transformer.h"
 #include "kiln/ops/factory.h"
+#include "kiln/quant/fuse.h"
+#include "kiln/quant/ptq.h"
+#include "qdq.h"
 
 namespace kiln::exporter {
 namespace {
@@ -77,12 +80,13 @@ class Emitter {
  private:
   std::string dispatch(nn::Module& m, const std::string& path, const std::string& x) {
     const ModuleScope scope(b_, path, m.type_name());
-    if (is<nn::Linear>(m)) return linear(static_cast<nn::Linear&>(m), path, x);
-    if (is<nn::Conv2d>(m)) return conv(static_cast<nn::Conv2d&>(m), path, x);
+    if (is<nn::Linear>(m) || is<quant::QuantizedLinear>(m)) return linear(static_cast<nn::Linear&>(m), path, x);
+    if (is<nn::Conv2d>(m) || is<quant::QuantizedConv2d>(m)) return conv(static_cast<nn::Conv2d&>(m), path, x);
     if (is<nn::BatchNorm2d>(m) || is<nn::BatchNorm1d>(m)) return batch_norm(static_cast<nn::BatchNorm&>(m), path, x);
     if (is<nn::LayerNorm>(m)) return layer_norm(static_cast<nn::LayerNorm&>(m), path, x);
     if (is<nn::Embedding>(m)) return embedding(static_cast<nn::Embedding&>(m), path, x);
     if (is<nn::Dropout>(m) || is<nn::Identity>(m)) return x;  // eval: the identity
+    if (is<quant::FoldedBatchNorm2d>(m)) return x;            // folded into the conv before it
     if (is<nn::ReLU>(m)) return unary("Relu", x);
     if (is<nn::Tanh>(m)) return unary("Tanh", x);
     if (is<nn::Sigmoid>(m)) return unary("Sigmoid", x);
@@ -160,12 +164,18 @@ class Emitter {
     Shape out = s;
     out.back() = Dim::fixed(l.options.out_features);
     const bool bias = l.bias.defined();
+    // An int8 layer: QDQ nodes around the float op (qdq.h).
+    const auto q = detail::quantized_layer(l);
+    const std::string xin = q ? detail::qdq_input(b_, x, *q) : x;
     if (s.size() == 2) {
-      std::vector<std::string> in{x, b_.weight(join(path, "weight"), l.weight)};
+      std::vector<std::string> in{xin,
+                                  q ? detail::qdq_weight(b_, path, *q) : b_.weight(join(path, "weight"), l.weight)};
       if (bias) in.push_back(b_.weight(join(path, "bias"), l.bias));
       return b_.node("Gemm", in, out, kFloat32, {{"transB", int64_t{1}}});
     }
-    std::string y = b_.node("MatMul", {x, transposed_weight(join(path, "weight"), l.weight)}, out);
+    const std::string wt =
+        q ? transpose(detail::qdq_weight(b_, path, *q), {1, 0}) : transposed_weight(join(path, "weight"), l.weight);
+    std::string y = b_.node("MatMul", {xin, wt}, out);
     return bias ? add(y, b_.weight(join(path, "bias"), l.bias)) : y;
   }
 
@@ -193,7 +203,9 @@ class Emitter {
     const auto hw = spatial_out(s, "Conv2d '" + path + "'", k, st, pd, dl, false);
     KILN_CHECK(s[1] == Dim::fixed(o.in_channels), ShapeError, "export: Conv2d '", path, "' expects ", o.in_channels,
                " input channels, got ", shape_string(s));
-    std::vector<std::string> in{x, b_.weight(join(path, "weight"), c.weight)};
+    const auto q = detail::quantized_layer(c);
+    std::vector<std::string> in{q ? detail::qdq_input(b_, x, *q) : x,
+                                q ? detail::qdq_weight(b_, path, *q) : b_.weight(join(path, "weight"), c.weight)};
     if (c.bias.defined()) in.push_back(b_.weight(join(path, "bias"), c.bias));
     return b_.node("Conv", in, {s[0], Dim::fixed(o.out_channels), Dim::fixed(hw[0]), Dim::fixed(hw[1])}, kFloat32,
                    {{"kernel_shape", k},
@@ -500,8 +512,11 @@ Graph capture(nn::Module& module, const std::vector<Tensor>& example_inputs, con
              "export: expected a float32 (or, for token ids, int64) example input, got ",
              example.defined() ? std::string(dtype_name(example.dtype())) : std::string("an undefined tensor"));
   for (const auto& [name, m] : module.named_modules())
-    KILN_CHECK(!m->has_forward_hooks(), ValueError, "export: module '", name.empty() ? "<root>" : name, "' of type ",
-               m->type_name(),
+    // A QuantizedLinear and a FoldedBatchNorm2d carry a hook of their own that changes nothing (it makes
+    // fusing parents call their forward); the capture writes that forward.
+    KILN_CHECK(!m->has_forward_hooks() || typeid(*m) == typeid(quant::QuantizedLinear) ||
+                   typeid(*m) == typeid(quant::FoldedBatchNorm2d),
+               ValueError, "export: module '", name.empty() ? "<root>" : name, "' of type ", m->type_name(),
                " has forward hooks, whose effect on its output an exported graph cannot contain; "
                "remove them before exporting");
   for (const auto& [input, axes] : options.dynamic_axes) {

@@ -17,21 +17,23 @@
 namespace kiln::exporter {
 namespace {
 
-int32_t onnx_dtype(DType t) {
+// `int8`: the value is named in Graph::int8_values, its uint8 bytes are int8.
+int32_t onnx_dtype(DType t, bool int8 = false) {
   switch (t) {
     case kFloat32: return onnx::TensorProto::FLOAT;
     case kInt64: return onnx::TensorProto::INT64;
     case kBool: return onnx::TensorProto::BOOL;
+    case kUInt8: return int8 ? onnx::TensorProto::INT8 : onnx::TensorProto::UINT8;
     default:
       throw DTypeError("export: ONNX values of dtype " + std::string(dtype_name(t)) +
-                       " are not written (float32, int64 and bool are)");
+                       " are not written (float32, int64, uint8 / int8 and bool are)");
   }
 }
 
-void set_type(onnx::ValueInfoProto& vi, const Value& v) {
+void set_type(onnx::ValueInfoProto& vi, const Value& v, const Graph& g) {
   vi.set_name(v.name);
   auto* tt = vi.mutable_type()->mutable_tensor_type();
-  tt->set_elem_type(onnx_dtype(v.dtype));
+  tt->set_elem_type(onnx_dtype(v.dtype, g.int8_values.count(v.name) > 0));
   auto* shape = tt->mutable_shape();
   for (const Dim& d : v.shape) {
     auto* dim = shape->add_dim();
@@ -63,9 +65,9 @@ void set_attribute(onnx::AttributeProto& a, const std::string& name, const Attri
 }
 
 // Name, type and dims; the bytes go in raw_data or the side file.
-void set_tensor_header(onnx::TensorProto& p, const std::string& name, const Tensor& t) {
+void set_tensor_header(onnx::TensorProto& p, const std::string& name, const Tensor& t, const Graph& g) {
   p.set_name(name);
-  p.set_data_type(onnx_dtype(t.dtype()));
+  p.set_data_type(onnx_dtype(t.dtype(), g.int8_values.count(name) > 0));
   for (int64_t d : t.sizes()) p.add_dims(d);
 }
 
@@ -130,11 +132,11 @@ OnnxReport write_onnx(const Graph& graph, const std::string& path, int64_t opset
   g->set_name(graph.name);
   OnnxReport r;
   r.path = path;
-  for (const Value& v : graph.inputs) set_type(*g->add_input(), v);
-  for (const Value& v : graph.outputs) set_type(*g->add_output(), v);
+  for (const Value& v : graph.inputs) set_type(*g->add_input(), v, graph);
+  for (const Value& v : graph.outputs) set_type(*g->add_output(), v, graph);
   std::vector<Tensor> weights;  // contiguous, in initializer order
   for (const auto& [name, t] : graph.initializers) {
-    set_tensor_header(*g->add_initializer(), name, t);
+    set_tensor_header(*g->add_initializer(), name, t, graph);
     weights.push_back(t.contiguous());
     r.parameters += t.numel();
   }

@@ -45,6 +45,8 @@ DType dtype_of(int32_t onnx_type, const std::string& where) {
     case onnx::TensorProto::INT64: return kInt64;
     case onnx::TensorProto::INT32: return kInt32;
     case onnx::TensorProto::UINT8: return DType::UInt8;
+    // int8 as its bytes; load_onnx names such values in Graph::int8_values.
+    case onnx::TensorProto::INT8: return DType::UInt8;
     case onnx::TensorProto::BOOL: return kBool;
     default:
       throw DTypeError(where + ": ONNX element type " +
@@ -300,6 +302,8 @@ int64_t min_opset(const std::string& op) {
       {"GreaterOrEqual", 12},
       {"Identity", 1},
       {"LayerNormalization", 17},
+      {"QuantizeLinear", 10},
+      {"DequantizeLinear", 10},
       {"LeakyRelu", 6},
       {"Less", 7},
       {"LessOrEqual", 12},
@@ -421,6 +425,7 @@ Graph load_onnx(const std::string& path) {
     KILN_CHECK(initialized.insert(t.name()).second, FormatError, where, ": initializer '", t.name(),
                "' is defined twice");
     Tensor v = to_tensor(t, where, &ext);
+    if (t.data_type() == onnx::TensorProto::INT8) g.int8_values.insert(t.name());
     g.values[t.name()] = Value{t.name(), v.dtype(), {}};
     for (int64_t d : v.sizes()) g.values[t.name()].shape.push_back(Dim::fixed(d));
     g.initializers.emplace_back(t.name(), std::move(v));
@@ -431,6 +436,7 @@ Graph load_onnx(const std::string& path) {
     if (initialized.count(vi.name())) continue;
     KILN_CHECK(!vi.name().empty(), FormatError, where, ": a graph input has no name");
     Value v = to_value(vi, where, true);
+    if (vi.type().tensor_type().elem_type() == onnx::TensorProto::INT8) g.int8_values.insert(v.name);
     g.values[v.name] = v;
     g.inputs.push_back(std::move(v));
   }

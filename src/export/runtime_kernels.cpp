@@ -18,6 +18,7 @@
 #include "kiln/ops/layer_norm.h"
 #include "kiln/ops/linalg.h"
 #include "kiln/ops/reduce.h"
+#include "qdq.h"
 
 namespace kiln::exporter {
 
@@ -1236,6 +1237,7 @@ const std::map<std::string, KernelFactory>& detail::builtin_kernels() {
     t["Squeeze"] = wrap(squeeze);
     t["Identity"] = wrap(identity);
     t["Dropout"] = wrap(dropout);
+    for (auto& [op, f] : detail::qdq_kernels()) t[op] = f;
     // Every kernel's run-time errors name its node.
     for (auto& [op, f] : t) f = [inner = f](const Node& n, const Graph& g) { return labelled(n, inner(n, g)); };
     return t;

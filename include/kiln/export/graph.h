@@ -14,6 +14,7 @@
 #include <cstdint>
 #include <map>
 #include <optional>
+#include <set>
 #include <string>
 #include <variant>
 #include <vector>
@@ -86,6 +87,11 @@ struct Graph {
   /// that add no node (Dropout, Identity) are left out. What the per-module
   /// check (check.h) compares against kiln's own forward.
   std::vector<ModuleOutput> module_outputs;
+  /// Values whose kUInt8 bytes are int8 (two's complement): kiln's core has no
+  /// int8 dtype, so an int8 initializer (a QDQ graph's weight, its zero points)
+  /// or an int8 node output is held as uint8 bytes and named here; the ONNX
+  /// writer and reader map these names to and from ONNX's INT8.
+  std::set<std::string> int8_values;
 
   /// The node count per ONNX operator type, e.g. {"Conv": 5, "Relu": 5}.
   std::map<std::string, int64_t> op_counts() const;

@@ -35,6 +35,10 @@ using KernelFactory = std::function<Kernel(const Node& node, const Graph& graph)
 struct SessionOptions {
   /// Extra or overriding kernels by op_type (e.g. "kiln.FusedConv" from the inference optimiser).
   std::map<std::string, KernelFactory> kernels;
+  /// Run an int8 QDQ pattern (QuantizeLinear -> DequantizeLinear -> Conv / Gemm reading an int8 weight
+  /// through DequantizeLinear, as export::capture writes a quantized layer) as one int8 kernel: the
+  /// numbers of the eager int8 layer, at int8 speed. Off: each Q / DQ node runs on its own, in float.
+  bool fuse_qdq = true;
 };
 
 /// Runs an export::Graph with kiln's ops, in node order, under InferenceMode; intermediates are released
@@ -92,7 +96,7 @@ std::vector<int64_t> attr_ints(const Node& node, const std::string& name, const 
 Graph load_onnx(const std::string& path);
 
 /// Reads one serialized onnx::TensorProto file (the test_data_set_*/input_0.pb
-/// files of ONNX's backend tests) into a tensor. Throws FormatError for a file
+/// files of ONNX's backend tests) into a tensor (INT8 as its bytes, kUInt8). Throws FormatError for a file
 /// that is not one, DTypeError for an element type kiln has no dtype for.
 Tensor load_onnx_tensor(const std::string& path);
 
