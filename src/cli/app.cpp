@@ -12,6 +12,7 @@
 #include "cli/commbench.h"
 #include "cli/config.h"
 #include "cli/doctor.h"
+#include "cli/int8_model.h"
 #include "cli/plan.h"
 #include "cli/profile_files.h"
 #include "cli/quantize.h"
@@ -98,6 +99,10 @@ int dispatch(int argc, char** argv) {
   eval->add_option("--batches", batches, "Evaluate at most this many batches (0: all)")->capture_default_str();
   std::string which;
   eval->add_option("--checkpoint", which, "Of a run directory: latest (default), best (train.keep_best) or a step");
+  std::string int8_file;
+  eval->add_option("--int8", int8_file,
+                   "Evaluate the int8 model `kiln quantize` wrote (default RUN/model.int8.safetensors, or FILE)")
+      ->expected(0, 1);
 
   ExportOptions xo;
   auto* exp = app.add_subcommand(
@@ -109,6 +114,10 @@ int dispatch(int argc, char** argv) {
       ->capture_default_str();
   exp->add_option("--out", xo.out, "Output file (default: RUN/model.onnx, or RUN/model.safetensors for pytorch)");
   exp->add_option("--checkpoint", xo.checkpoint, "Of a run directory: latest (default), best or a step");
+  exp->add_option("--int8", int8_file,
+                  "onnx: the int8 model `kiln quantize` wrote (default RUN/model.int8.safetensors, or FILE) in QDQ "
+                  "form (QuantizeLinear/DequantizeLinear, int8 weights); default --out RUN/model.int8.onnx")
+      ->expected(0, 1);
   exp->add_option("--dtype", xo.dtype, "pytorch: float32 (default), bfloat16 or float16");
   exp->add_option("--dynamic", xo.dynamic,
                   "onnx: input axes left free, batch and (GPT) seq, comma-separated, or none (default: batch, and "
@@ -257,7 +266,10 @@ int dispatch(int argc, char** argv) {
     return run_maybe_distributed([&](dist::ProcessGroupPtr g) { return cli::resume(run_dir, ro, g); });
   if (launch->parsed()) return launch_command(nprocs, hostfile, command);
   if (commbench->parsed()) return commbench_command(cbo);
+  if (eval->parsed() && eval->count("--int8") > 0)
+    return evaluate_int8_command(target, int8_file, split, batches, which);
   if (eval->parsed()) return evaluate_command(target, split, batches, which);
+  if (exp->parsed() && exp->count("--int8") > 0) return export_int8_command(target, int8_file, xo);
   if (exp->parsed()) return export_command(target, xo);
   if (quantize->parsed()) return quantize_command(quantize_options);
   if (sample->parsed()) return sample_command(target, so);
