@@ -17,6 +17,14 @@
 // are the training workloads' (bench/workloads: synthetic weights and data):
 // cnn batch 64 of 1x28x28, resnet batch 32 of 3x32x32, gpt_infer one sequence
 // of 128 tokens.
+//
+// cnn_int8 and resnet_int8 (batch 64 each): the float model timed eager and
+// optimised ("kiln_eager", "kiln_optimised"), then quantized to int8 (PTQ,
+// minmax, four synthetic calibration batches; ResNet's BatchNorms folded
+// first), written as ONNX in QDQ form, and timed as the eager int8 model
+// ("kiln_int8_eager") and as kiln's runtime on the QDQ graph
+// ("kiln_int8_runtime", each QDQ pattern fused into an int8 kernel); the int8
+// eager output is what ONNX Runtime's int8 run is compared with.
 #include <algorithm>
 #include <chrono>
 #include <cmath>
@@ -33,7 +41,9 @@
 #include "kiln/export/infer.h"
 #include "kiln/export/onnx.h"
 #include "kiln/export/optimize.h"
+#include "kiln/export/runtime.h"
 #include "kiln/kiln.h"
+#include "kiln/quant/ptq.h"
 
 namespace {
 
@@ -103,12 +113,12 @@ struct Model {
 Model make(const std::string& name) {
   using namespace kiln;
   Model m;
-  if (name == "cnn") {
+  if (name == "cnn" || name == "cnn_int8") {
     m.module = std::make_shared<models::CNN>();
     m.input = kiln_bench::synthetic_uniform("input", {64, 1, 28, 28}, 1.0);
-  } else if (name == "resnet") {
+  } else if (name == "resnet" || name == "resnet_int8") {
     m.module = std::make_shared<models::ResNet>();
-    m.input = kiln_bench::synthetic_uniform("input", {32, 3, 32, 32}, 1.0);
+    m.input = kiln_bench::synthetic_uniform("input", {name == "resnet" ? 32 : 64, 3, 32, 32}, 1.0);
   } else if (name == "mlp") {
     m.module = std::make_shared<models::MLP>();
     m.input = kiln_bench::synthetic_uniform("input", {8, 784}, 1.0);
@@ -120,7 +130,7 @@ Model make(const std::string& name) {
     m.input = kiln_bench::synthetic_classes("input", {1, 128}, gpt->options.vocab_size);
     m.module = gpt;
   } else {
-    usage("unknown workload '" + name + "'; expected cnn, resnet or gpt_infer");
+    usage("unknown workload '" + name + "'; expected cnn, resnet, gpt_infer, cnn_int8 or resnet_int8");
   }
   kiln_bench::synthetic_init(*m.module);
   m.module->eval();
@@ -244,6 +254,54 @@ void run(const std::string& name, const Args& a) {
   }
 }
 
+// The *_int8 workloads (see the header comment).
+void run_int8(const std::string& name, const Args& a) {
+  Model m = make(name);
+  const std::string base = a.dir + "/" + name;
+  print(name, "kiln_eager", a,
+        time_batches(a,
+                     [&] {
+                       const kiln::InferenceModeGuard inference;
+                       Tensor y = (*m.module)(m.input);
+                     }),
+        "");
+  {
+    const kiln::infer::InferenceModel opt = kiln::infer::optimize(*m.module, {m.input});
+    print(name, "kiln_optimised", a, time_batches(a, [&] { Tensor y = opt.forward(m.input); }), "");
+  }
+  auto prepared = kiln::quant::prepare(*m.module, {.observer = "minmax", .fuse_bn = name == "resnet_int8"});
+  {
+    const kiln::NoGradGuard no_grad;
+    for (int i = 0; i < 4; ++i)
+      (*m.module)(kiln_bench::synthetic_uniform("calibration" + std::to_string(i), m.input.sizes(), 1.0));
+  }
+  kiln::quant::convert(*m.module, *prepared);
+  const kiln::exporter::Graph g =
+      kiln::exporter::capture(*m.module, {m.input}, {.dynamic_axes = {{"input", {{0, "batch"}}}}});
+  kiln::exporter::write_onnx(g, base + ".onnx", 17);
+  write_raw(base + ".input.bin", m.input);
+  Tensor want;
+  {
+    const kiln::InferenceModeGuard inference;
+    want = (*m.module)(m.input);
+  }
+  write_raw(base + ".kiln.bin", want);
+  print(name, "kiln_int8_eager", a,
+        time_batches(a,
+                     [&] {
+                       const kiln::InferenceModeGuard inference;
+                       Tensor y = (*m.module)(m.input);
+                     }),
+        "");
+  const kiln::exporter::Session session(g);
+  const double diff = scaled_diff(session.run({m.input})[0], want);
+  const auto ops = g.op_counts();
+  std::string extra =
+      ", \"quantize_linear\": " + std::to_string(ops.count("QuantizeLinear") ? ops.at("QuantizeLinear") : 0) +
+      ", \"max_rel_diff_vs_eager\": " + num(diff);
+  print(name, "kiln_int8_runtime", a, time_batches(a, [&] { Tensor y = session.run({m.input})[0]; }), extra);
+}
+
 void node_counts() {
   namespace ex = kiln::exporter;
   for (const std::string name : {"mlp", "cnn", "resnet", "vit", "gpt_infer"}) {
@@ -272,7 +330,12 @@ int main(int argc, char** argv) {
   if (a.threads > 0) kiln::set_num_threads(a.threads);
   try {
     if (a.nodes) node_counts();
-    for (const auto& name : a.workloads) run(name, a);
+    for (const auto& name : a.workloads) {
+      if (name.size() > 5 && name.substr(name.size() - 5) == "_int8")
+        run_int8(name, a);
+      else
+        run(name, a);
+    }
   } catch (const kiln::Error& e) {
     std::cerr << "kiln_bench_infer: " << e.what() << "\n";
     return 1;

@@ -13,7 +13,10 @@ const ort = require('onnxruntime-node');
 const fs = require('fs');
 
 const [dir, names, threads, warmup, steps] = process.argv.slice(2);
-const shapes = {cnn: [64, 1, 28, 28], resnet: [32, 3, 32, 32], gpt_infer: [1, 128]};
+const shapes = {
+  cnn: [64, 1, 28, 28], resnet: [32, 3, 32, 32], gpt_infer: [1, 128],
+  cnn_int8: [64, 1, 28, 28], resnet_int8: [64, 3, 32, 32],
+};
 
 function read(path, type) {
   const bytes = new Uint8Array(fs.readFileSync(path)).buffer;  // a fresh, aligned copy
