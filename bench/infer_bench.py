@@ -12,6 +12,14 @@ alternate for --pairs rounds (kiln, ORT, kiln, ORT, ...) so machine drift hits
 both; medians pool every timed batch of every round. Times are never judged;
 an output that disagrees with kiln's eager output by more than 1e-4 (relative
 to its scale) fails the run, since then the sides compute different models.
+
+cnn_int8 and resnet_int8 (batch 64) give the "Inference int8" table: the
+float model eager and optimised, its PTQ int8 model eager and in kiln's runtime
+(the QDQ ONNX graph, each pattern fused into an int8 kernel), and ONNX Runtime
+on the same QDQ file. kiln's runtime must equal the int8 eager model (1e-5);
+ONNX Runtime rewrites the QDQ nodes into its own int8 ops, rounding biases to
+int32 and requantizing between layers, so it is held to 5e-2 of the output's
+scale (docs/quantization.md, "QDQ export and int8 inference").
 """
 import os
 import shutil
@@ -20,14 +28,25 @@ import sys
 import tempfile
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-WORKLOADS = ["cnn", "resnet", "gpt_infer"]
-STEPS = {"cnn": 60, "resnet": 60, "gpt_infer": 100}
+WORKLOADS = ["cnn", "resnet", "gpt_infer", "cnn_int8", "resnet_int8"]
+STEPS = {"cnn": 60, "resnet": 60, "gpt_infer": 100, "cnn_int8": 40, "resnet_int8": 40}
 QUICK_STEPS = 3
 NPM = "/usr/local/share/kiln/npm/node_modules"
 ORT_SCRIPT = os.path.join(HERE, "infer", "ort_bench.js")
 DIFF_TOL = 1e-4
 VARIANTS = ["kiln_optimised", "kiln_eager", "onnxruntime"]
 LABEL = {"kiln_optimised": "kiln optimised", "kiln_eager": "kiln eager", "onnxruntime": "ONNX Runtime"}
+INT8_VARIANTS = ["kiln_int8_runtime", "kiln_int8_eager", "kiln_optimised", "kiln_eager", "onnxruntime"]
+INT8_RUNTIME_TOL = 1e-5
+INT8_ORT_TOL = 5e-2
+
+
+def is_int8(workload):
+    return workload.endswith("_int8")
+
+
+def variants(workload):
+    return INT8_VARIANTS if is_int8(workload) else VARIANTS
 
 
 def log(msg):
@@ -67,7 +86,7 @@ def measure(run_process, env_for, infer_bin, threads, workloads, pairs, quick):
                         cell["records"].append({k: v for k, v in rec.items() if k != "step_ms"})
                     for w in group:
                         log("[threads %d] infer %-9s round %d  %s" % (t, w, r + 1, "  ".join(
-                            "%s %.3f ms" % (v, res[w][v]["records"][-1]["median_ms"]) for v in VARIANTS)))
+                            "%s %.3f ms" % (v, res[w][v]["records"][-1]["median_ms"]) for v in variants(w))))
     return out
 
 
@@ -76,12 +95,15 @@ def rows(results):
     for t, by_w in results.items():
         for w, cells in by_w.items():
             row = {"workload": w, "threads": t}
-            for v in VARIANTS:
+            for v in variants(w):
                 s = cells[v]["steps"]
                 q = statistics.quantiles(s, n=4) if len(s) > 1 else [s[0]] * 3
                 row[v] = {"median_ms": statistics.median(s), "p25_ms": q[0], "p75_ms": q[2], "min_ms": min(s),
                           "timed_batches": len(s),
                           "round_medians_ms": [rec["median_ms"] for rec in cells[v]["records"]]}
+            if is_int8(w):
+                table.append(int8_row(row, cells, problems))
+                continue
             last = cells["kiln_optimised"]["records"][-1]
             row["nodes_captured"] = last["nodes_before"]
             row["nodes_optimised"] = last["nodes_after"]
@@ -98,7 +120,57 @@ def rows(results):
     return table, problems
 
 
+def int8_row(row, cells, problems):
+    row["int8"] = True
+    row["quantize_linear"] = cells["kiln_int8_runtime"]["records"][-1]["quantize_linear"]
+    row["int8_runtime_vs_eager"] = max(rec["max_rel_diff_vs_eager"] for rec in cells["kiln_int8_runtime"]["records"])
+    row["ort_vs_eager"] = max(rec["max_rel_diff_vs_eager"] for rec in cells["onnxruntime"]["records"])
+    row["ort_version"] = cells["onnxruntime"]["records"][-1].get("ort_version")
+    row["speedup_int8_runtime_vs_float_optimised"] = (row["kiln_optimised"]["median_ms"] /
+                                                      row["kiln_int8_runtime"]["median_ms"])
+    row["speedup_int8_eager_vs_float_eager"] = row["kiln_eager"]["median_ms"] / row["kiln_int8_eager"]["median_ms"]
+    for what, tol in (("int8_runtime_vs_eager", INT8_RUNTIME_TOL), ("ort_vs_eager", INT8_ORT_TOL)):
+        if not row[what] <= tol:
+            problems.append("%s (threads %d): %s differs by %.3g (relative to the output's scale)" %
+                            (row["workload"], row["threads"], what.replace("_", " "), row[what]))
+    return row
+
+
+def int8_markdown(table, fmt_time, quick):
+    rows = [r for r in table if r.get("int8")]
+    if not rows:
+        return ""
+    out = ["", "### Inference int8: kiln int8 vs kiln float32 vs ONNX Runtime int8", ""]
+    out.append("The training workloads' cnn and resnet (synthetic weights), batch 64, quantized with PTQ (minmax "
+               "observer, four synthetic calibration batches; resnet's BatchNorms folded) and exported as ONNX in "
+               "QDQ form; medians per batch%s. kiln int8 runtime = kiln's Session on the QDQ graph (each "
+               "Q→DQ→Conv/Gemm fused into oneDNN's int8 kernel); kiln int8 eager = the quantized model's "
+               "forward; float32 rows = the same model before quantization; ONNX Runtime int8 = onnxruntime-node "
+               "on the QDQ file, all graph optimisations. speedup = float32 / int8 (optimised vs runtime, eager vs "
+               "eager); diff = max |y − int8 eager| / max |int8 eager|." %
+               (" (QUICK: not a measurement)" if quick else ""))
+    out.append("")
+    out.append("| workload | threads | kiln int8 runtime | kiln int8 eager | kiln float32 optimised | kiln float32 eager "
+               "| ONNX Runtime int8 | speedup optimised / eager | best batch: int8 runtime / float32 optimised / ORT "
+               "| diff kiln runtime / ORT |")
+    out.append("|---|---|---|---|---|---|---|---|---|---|")
+    for r in rows:
+        out.append("| %s | %d | %s | %s | %s | %s | %s | %.2f× / %.2f× | %s / %s / %s | %.1e / %.1e |" % (
+            r["workload"], r["threads"], fmt_time(r["kiln_int8_runtime"]["median_ms"]),
+            fmt_time(r["kiln_int8_eager"]["median_ms"]), fmt_time(r["kiln_optimised"]["median_ms"]),
+            fmt_time(r["kiln_eager"]["median_ms"]), fmt_time(r["onnxruntime"]["median_ms"]),
+            r["speedup_int8_runtime_vs_float_optimised"], r["speedup_int8_eager_vs_float_eager"],
+            fmt_time(r["kiln_int8_runtime"]["min_ms"]), fmt_time(r["kiln_optimised"]["min_ms"]),
+            fmt_time(r["onnxruntime"]["min_ms"]), r["int8_runtime_vs_eager"], r["ort_vs_eager"]))
+    return "\n".join(out) + "\n"
+
+
 def markdown(table, fmt_time, quick, skipped=None):
+    text = float_markdown([r for r in table if not r.get("int8")], fmt_time, quick, skipped)
+    return text if skipped else text + int8_markdown(table, fmt_time, quick)
+
+
+def float_markdown(table, fmt_time, quick, skipped=None):
     out = ["", "### Inference: kiln optimised vs kiln eager vs ONNX Runtime", ""]
     if skipped:
         out.append("Not run: %s." % skipped)
