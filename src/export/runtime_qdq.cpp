@@ -123,7 +123,24 @@ Tensor optional_bias(const Node& node, const Graph& graph) {
 }
 
 ops::Int8Quantization quantization(const Node& node) {
-  return {attr_float(node, "input_scale", 1.0f), attr_int(node, "input_zero_point", 0)};
+  const float scale = attr_float(node, "input_scale", 1.0f);
+  const int64_t zp = attr_int(node, "input_zero_point", 0);
+  KILN_CHECK(std::isfinite(scale) && scale > 0 && zp >= 0 && zp <= 255, ValueError, node_label(node),
+             ": expected input_scale > 0 and input_zero_point in [0, 255], got ", scale, " and ", zp);
+  return {scale, zp};
+}
+
+// The fused node's weight (int8 bytes of rank `rank`), scales and bias, checked before a kernel packs them.
+void check_weights(const Node& node, const Graph& graph, int64_t rank) {
+  const Tensor& w = constant_input(node, graph, 1);
+  const Tensor& s = constant_input(node, graph, 2);
+  KILN_CHECK(w.dtype() == kUInt8 && w.dim() == rank && s.dtype() == kFloat32 && s.dim() == 1 && s.numel() == w.size(0),
+             ValueError, node_label(node), ": expected an int8 weight of rank ", rank,
+             " and float32 scales [out], got ", dtype_name(w.dtype()), " ", w.shape_string(), " and ",
+             dtype_name(s.dtype()), " ", s.shape_string());
+  const Tensor b = optional_bias(node, graph);
+  KILN_CHECK(!b.defined() || (b.dtype() == kFloat32 && b.dim() == 1 && b.numel() == w.size(0)), ValueError,
+             node_label(node), ": expected a float32 bias [", w.size(0), "], got ", b.shape_string());
 }
 
 Kernel int8_conv(const Node& node, const Graph& graph) {
@@ -137,12 +154,14 @@ Kernel int8_conv(const Node& node, const Graph& graph) {
   o.padding = {pads[0], pads[1]};
   o.groups = attr_int(node, "group", 1);
   o.q = quantization(node);
+  check_weights(node, graph, 4);
   const ops::Int8Conv2d k(constant_input(node, graph, 1), constant_input(node, graph, 2), optional_bias(node, graph),
                           o);
   return [k](const Tensors& in) -> Tensors { return {k(in[0])}; };
 }
 
 Kernel int8_gemm(const Node& node, const Graph& graph) {
+  check_weights(node, graph, 2);
   const ops::Int8Linear k(constant_input(node, graph, 1), constant_input(node, graph, 2), optional_bias(node, graph),
                           quantization(node));
   return [k](const Tensors& in) -> Tensors { return {k(in[0])}; };

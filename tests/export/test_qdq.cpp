@@ -190,11 +190,45 @@ TEST(QdqKernels, DequantizeLinearReadsUint8AndInt8) {
   for (int i = 0; i < 6; ++i) EXPECT_EQ(y.data_ptr<float>()[i], want[static_cast<size_t>(i)]) << i;
 }
 
-TEST(QdqKernels, AQuantizedLayerWithAnExtraHookIsStillRefusedOnlyForOtherModules) {
+TEST(QdqKernels, AQuantizedConvWithAUserHookIsRefused) {
   auto model = quantized_cnn();
   auto& cnn = static_cast<models::CNN&>(*model);
   cnn.conv1->register_forward_hook([](nn::Module&, const Tensor&, const Tensor&) { return Tensor(); });
   EXPECT_THROW(exporter::capture(*model, {images(2, 1)}), ValueError);
+}
+
+TEST(QdqKernels, AFusedInt8NodeWithTheWrongWeightsIsRefused) {
+  exporter::Graph g;
+  g.inputs.push_back({"x", kFloat32, {exporter::Dim::fixed(2), exporter::Dim::fixed(3)}});
+  g.values["x"] = g.inputs[0];
+  g.nodes.push_back({"n", "kiln.Int8Gemm", {"x", "w", "s"}, {"y"}, {{"input_scale", 0.1f}}, "", ""});
+  g.values["y"] = {"y", kFloat32, {}};
+  g.outputs.push_back(g.values["y"]);
+  g.initializers = {{"w", zeros({4, 3})}, {"s", ones({4})}};  // a float weight, not int8 bytes
+  try {
+    exporter::Session s(g);
+    ADD_FAILURE() << "expected a ValueError";
+  } catch (const ValueError& e) {
+    EXPECT_NE(std::string(e.what()).find("expected an int8 weight of rank 2"), std::string::npos) << e.what();
+  }
+  g.initializers[0].second = zeros({4, 3}, TensorOptions(kUInt8));
+  g.nodes[0].attributes["input_scale"] = 0.0f;
+  EXPECT_THROW(exporter::Session{g}, ValueError);
+  g.nodes[0].attributes["input_scale"] = 0.5f;
+  const Tensor y = exporter::Session(g).run({ones({2, 3})})[0];
+  EXPECT_EQ(y.sizes(), (std::vector<int64_t>{2, 4}));
+  EXPECT_EQ(y.abs().max().item<float>(), 0.0f);  // zero weights, no bias
+}
+
+TEST(QdqKernels, AFileMayNotNameTheRuntimesFusedOps) {
+  auto model = quantized_cnn();
+  exporter::Graph g = exporter::capture(*model, {images(2, 1)});
+  exporter::Session fused(g);  // the fused graph has kiln.Int8Conv nodes
+  exporter::Graph f = fused.graph();
+  TempDir dir;
+  const std::string path = dir.file("fused.onnx");
+  exporter::write_onnx(f, path, 17);
+  EXPECT_THROW(exporter::load_onnx(path), ValueError);
 }
 
 }  // namespace
