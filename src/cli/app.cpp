@@ -14,6 +14,7 @@
 #include "cli/doctor.h"
 #include "cli/plan.h"
 #include "cli/profile_files.h"
+#include "cli/prune.h"
 #include "cli/quantize.h"
 #include "cli/scenario.h"
 #include "cli/train.h"
@@ -224,6 +225,8 @@ int dispatch(int argc, char** argv) {
 
   QuantizeOptions quantize_options;
   auto* quantize = add_quantize_command(app, quantize_options);
+  PruneOptions prune_options;
+  auto* prune = add_prune_command(app, prune_options);
 
   if (argc <= 1) {  // `kiln` alone: what it can do, as `kiln --help` prints it
     std::fputs(app.help().c_str(), stdout);
@@ -260,6 +263,7 @@ int dispatch(int argc, char** argv) {
   if (eval->parsed()) return evaluate_command(target, split, batches, which);
   if (exp->parsed()) return export_command(target, xo);
   if (quantize->parsed()) return quantize_command(quantize_options);
+  if (prune->parsed()) return prune_command(prune_options);
   if (sample->parsed()) return sample_command(target, so);
   if (plan->parsed()) return plan_command(po);
   if (doctor->parsed()) return doctor_command(run_dir, doctor_json);
