@@ -204,8 +204,7 @@ int prune_command(const PruneOptions& o) {
     std::printf("fine-tuned: test accuracy %.2f%% (loss %.4f), %+.2f points from dense\n", 100 * tuned.accuracy,
                 tuned.loss, 100 * (tuned.accuracy - dense.accuracy));
   }
-  const int64_t removed = quant::remove_all(*task.model);  // the zeros become the weights
-  (void)removed;
+  quant::remove_all(*task.model);  // the zeros become the weights; masks and hooks go
   print_sparsity(*task.model);
 
   if (structured) {
