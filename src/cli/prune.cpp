@@ -159,6 +159,13 @@ int prune_command(const PruneOptions& o) {
     throw ConfigError(ckpt.string() +
                       ": kiln prune covers image models (Conv2d and Linear layers); the language "
                       "model is not covered yet");
+  if (structured) {
+    try {
+      quant::channel_counts(*task.model);
+    } catch (const ValueError& e) {
+      throw ConfigError(std::string("--channels: ") + e.what() + " (--sparsity works on any model's layers)");
+    }
+  }
   auto [config_d, task_d] = load_for_eval(ckpt);  // the dense model, kept for the timing
 
   const EvalResult dense = evaluate(task, config, "test", o.eval_batches);

@@ -106,6 +106,16 @@ TEST(CliPrune, BadOptionsAndHostileMetadataExitWithAMessage) {
     EXPECT_EQ(r.rc, 2) << args << "\n" << r.output;
     EXPECT_NE(r.output.find(msg), std::string::npos) << args << "\n" << r.output;
   }
+  // An mlp has no channel pruning: an option problem, said before any work; --sparsity works on it.
+  write_text(dir.path() / "mlp.toml", tiny_mlp_config());
+  r = kiln_cli("train " + dir.file("mlp.toml") + " --out " + dir.file("mlp"));
+  ASSERT_EQ(r.rc, 0) << r.output;
+  r = kiln_cli("prune " + dir.file("mlp") + " --channels 0.5");
+  EXPECT_EQ(r.rc, 2) << r.output;
+  EXPECT_NE(r.output.find("covers kiln's cnn and resnet"), std::string::npos) << r.output;
+  r = kiln_cli("prune " + dir.file("mlp") + " --sparsity 0.5 --finetune-steps 2");
+  EXPECT_EQ(r.rc, 0) << r.output;
+  EXPECT_NE(r.output.find(", as the pruned model"), std::string::npos) << r.output;
   r = kiln_cli("prune " + dir.file("nothing") + " --sparsity 0.5");
   EXPECT_EQ(r.rc, 2) << r.output;
   EXPECT_NE(r.output.find("no such file or run directory"), std::string::npos) << r.output;
