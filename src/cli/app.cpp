@@ -15,6 +15,7 @@
 #include "cli/int8_model.h"
 #include "cli/plan.h"
 #include "cli/profile_files.h"
+#include "cli/prune.h"
 #include "cli/quantize.h"
 #include "cli/scenario.h"
 #include "cli/train.h"
@@ -233,6 +234,8 @@ int dispatch(int argc, char** argv) {
 
   QuantizeOptions quantize_options;
   auto* quantize = add_quantize_command(app, quantize_options);
+  PruneOptions prune_options;
+  auto* prune = add_prune_command(app, prune_options);
 
   if (argc <= 1) {  // `kiln` alone: what it can do, as `kiln --help` prints it
     std::fputs(app.help().c_str(), stdout);
@@ -272,6 +275,7 @@ int dispatch(int argc, char** argv) {
   if (exp->parsed() && exp->count("--int8") > 0) return export_int8_command(target, int8_file, xo);
   if (exp->parsed()) return export_command(target, xo);
   if (quantize->parsed()) return quantize_command(quantize_options);
+  if (prune->parsed()) return prune_command(prune_options);
   if (sample->parsed()) return sample_command(target, so);
   if (plan->parsed()) return plan_command(po);
   if (doctor->parsed()) return doctor_command(run_dir, doctor_json);

@@ -21,6 +21,7 @@
 #include "kiln/models/generate.h"
 #include "kiln/nn/pytorch_weights.h"
 #include "kiln/ops/factory.h"
+#include "kiln/quant/prune.h"
 #include "kiln/train/checkpoint.h"
 
 namespace kiln::cli {
@@ -96,6 +97,14 @@ std::pair<Config, Task> load_for_eval(const fs::path& ckpt) {
                       "`kiln inspect` shows what it holds");
   Config config = Config::from_string(it->second, ckpt.string() + " (its config)");
   Task task = build_task(config, Purpose::Evaluate);
+  // A channel-pruned model (kiln prune --channels) has smaller layers than its config builds.
+  if (auto pc = file.metadata.find(quant::kPrunedChannelsKey); pc != file.metadata.end()) {
+    try {
+      quant::shape_pruned_channels(*task.model, quant::parse_channel_counts(pc->second, ckpt.string()));
+    } catch (const ValueError& e) {
+      throw FormatError(ckpt.string() + ": " + quant::kPrunedChannelsKey + " does not fit the model: " + e.what());
+    }
+  }
   io::NamedTensors weights;
   for (const auto& [name, t] : file.tensors)
     if (name.rfind("model.", 0) == 0) weights.emplace_back(name.substr(6), t);
