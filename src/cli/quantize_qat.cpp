@@ -32,9 +32,12 @@ void add_quantize_qat_options(CLI::App& q, QuantizeOptions& o) {
 }
 
 int quantize_qat_command(const QuantizeOptions& o) {
-  if (o.qat_steps < 0) throw ConfigError("--qat-steps expects at least 0, got " + std::to_string(o.qat_steps));
+  // The observers must see at least one batch, or there is nothing to quantize with.
+  if (o.qat_steps < 1) throw ConfigError("--qat-steps expects at least 1, got " + std::to_string(o.qat_steps));
   if (!(o.qat_lr >= 0)) throw ConfigError("--qat-lr expects a learning rate >= 0, got " + std::to_string(o.qat_lr));
-  if (o.freeze_after < 0) throw ConfigError("--freeze-after expects at least 0, got " + std::to_string(o.freeze_after));
+  if (o.freeze_after < 1)
+    throw ConfigError("--freeze-after expects at least 1 (the observers must see a batch), got " +
+                      std::to_string(o.freeze_after));
   if (o.bench_batch < 1 || o.bench_iters < 1) throw ConfigError("--bench-batch and --bench-iters expect at least 1");
   const auto& names = quant::observer_names();
   if (std::find(names.begin(), names.end(), o.qat_observer) == names.end()) {

@@ -402,10 +402,41 @@ ConvertReport convert_qat(nn::Module& model, QatPrepared& prepared) {
   }
   ConvertReport r = convert(model, ptq);
   prepared.converted = true;
-  // A layer left float by convert is still a QatConv2d / QatLinear: turn its fake quantizers off.
+  // A layer convert left float is still a QatConv2d / QatLinear: it becomes a
+  // plain float layer again (same tensors), so the model's state_dict is the
+  // float model's plus the int8 layers' and load_quantized reads it back.
+  auto modules = model.named_modules();
+  std::unordered_map<std::string, nn::Module*> by_path(modules.begin(), modules.end());
   for (QatPrepared::Layer& l : prepared.layers)
-    for (const LayerReport& lr : r.layers)
-      if (lr.path == l.path && !lr.quantized) l.input_fq->disable_fake_quant(), l.weight_fq->disable_fake_quant();
+    for (LayerReport& lr : r.layers) {
+      if (lr.path != l.path || lr.quantized) continue;
+      if (!l.input_fq->has_qparams() || !l.weight_fq->has_qparams())
+        lr.note = "kept in float: its fake quantizers never observed anything (not called before the freeze)";
+      const size_t dot = l.path.rfind('.');
+      nn::Module& parent = *by_path.at(dot == std::string::npos ? "" : l.path.substr(0, dot));
+      const std::string name = dot == std::string::npos ? l.path : l.path.substr(dot + 1);
+      std::shared_ptr<nn::Module> plain;
+      if (l.conv) {
+        const auto& src = *static_cast<QatConv2d*>(l.module);
+        auto c = std::make_shared<nn::Conv2d>(conv_options_saving_rng(src));
+        default_generator().set_state(t_rng_before_base);
+        c->register_parameter("weight", src.weight, src.weight.requires_grad());
+        c->register_parameter("bias", src.bias, src.bias.defined() && src.bias.requires_grad());
+        c->train(src.is_training());
+        plain = c;
+      } else {
+        const auto& src = *static_cast<QatLinear*>(l.module);
+        auto c = std::make_shared<nn::Linear>(linear_options_saving_rng(src));
+        default_generator().set_state(t_rng_before_base);
+        c->register_parameter("weight", src.weight, src.weight.requires_grad());
+        if (src.bias.defined()) c->register_parameter("bias", src.bias, src.bias.requires_grad());
+        c->train(src.is_training());
+        plain = c;
+      }
+      l.module = nullptr;
+      l.input_fq = l.weight_fq = nullptr;
+      detail::replace_layer(parent, name, plain, false);
+    }
   r.layers.insert(r.layers.end(), prepared.not_prepared.begin(), prepared.not_prepared.end());
   return r;
 }

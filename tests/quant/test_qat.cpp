@@ -12,7 +12,10 @@
 // on the blob data; ResNet's BatchNorms fold first; bad input names what was wrong.
 #include <gtest/gtest.h>
 
+#include <unistd.h>
+
 #include <cmath>
+#include <cstdio>
 
 #include "kiln/core/generator.h"
 #include "kiln/core/guards.h"
@@ -401,4 +404,38 @@ TEST(QAT, ResnetFoldsBatchNormFirst) {
   const quant::ConvertReport r = quant::convert_qat(*m, *qat);
   for (const auto& l : r.layers) EXPECT_TRUE(l.quantized) << l.path << ": " << l.note;
   EXPECT_EQ(r.layers.size(), 7u);
+}
+
+TEST(QAT, LayersNeverObservedBecomePlainFloatLayers) {
+  auto m = trained_cnn();
+  auto qat = quant::prepare_qat(*m);
+  Tensor x, y;
+  make_data(64, 14, x, y);
+  {
+    const NoGradGuard no_grad;
+    (*m->conv1)(x);  // conv1 alone observes anything
+  }
+  const quant::ConvertReport r = quant::convert_qat(*m, *qat);
+  ASSERT_EQ(r.layers.size(), 4u);
+  EXPECT_TRUE(r.layers[0].quantized);
+  EXPECT_NE(dynamic_cast<quant::QuantizedConv2d*>(m->conv1.get()), nullptr);
+  EXPECT_EQ(dynamic_cast<quant::QatConv2d*>(m->conv2.get()), nullptr);
+  EXPECT_EQ(dynamic_cast<quant::QuantizedConv2d*>(m->conv2.get()), nullptr);
+  EXPECT_EQ(dynamic_cast<quant::QatLinear*>(m->fc1.get()), nullptr);
+  for (size_t i = 1; i < 4; ++i) {
+    EXPECT_FALSE(r.layers[i].quantized);
+    EXPECT_NE(r.layers[i].note.find("never observed"), std::string::npos) << r.layers[i].note;
+  }
+  // The state_dict is the float CNN's plus conv1's int8 tensors: it reloads into a fresh CNN.
+  for (const auto& [k, v] : m->state_dict()) EXPECT_EQ(k.find("fake_quant"), std::string::npos) << k;
+  const std::string path = ::testing::TempDir() + "qat_partial_" + std::to_string(::getpid()) + ".safetensors";
+  quant::save_quantized(*m, path);
+  auto fresh = std::make_shared<models::CNN>(cnn_options());
+  fresh->eval();
+  const auto quantized = quant::load_quantized(*fresh, path);
+  std::remove(path.c_str());
+  EXPECT_EQ(quantized, (std::vector<std::string>{"conv1"}));
+  const NoGradGuard no_grad;
+  m->eval();
+  EXPECT_EQ(floats((*m)(x)), floats((*fresh)(x)));
 }
