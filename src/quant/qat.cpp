@@ -273,8 +273,8 @@ QatPrepared::~QatPrepared() {
 
 void QatPrepared::freeze_observers() {
   for (Layer& l : layers) {
-    l.input_fq->disable_observer();
-    l.weight_fq->disable_observer();
+    if (l.input_fq) l.input_fq->disable_observer();
+    if (l.weight_fq) l.weight_fq->disable_observer();
   }
   frozen_ = true;
 }
@@ -433,10 +433,13 @@ ConvertReport convert_qat(nn::Module& model, QatPrepared& prepared) {
         c->train(src.is_training());
         plain = c;
       }
-      l.module = nullptr;
-      l.input_fq = l.weight_fq = nullptr;
       detail::replace_layer(parent, name, plain, false);
     }
+  // The QAT layers are gone from the model (and freed unless held elsewhere).
+  for (QatPrepared::Layer& l : prepared.layers) {
+    l.module = nullptr;
+    l.input_fq = l.weight_fq = nullptr;
+  }
   r.layers.insert(r.layers.end(), prepared.not_prepared.begin(), prepared.not_prepared.end());
   return r;
 }

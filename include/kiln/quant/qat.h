@@ -129,7 +129,8 @@ class QatPrepared {
  public:
   struct Layer {
     std::string path;
-    nn::Module* module = nullptr;  // the QatConv2d / QatLinear, owned by the model
+    // The QatConv2d / QatLinear and its fake quantizers, owned by the model; null after convert_qat.
+    nn::Module* module = nullptr;
     bool conv = false;
     FakeQuantize* input_fq = nullptr;
     FakeQuantize* weight_fq = nullptr;
