@@ -8,6 +8,7 @@
 #include <cstdio>
 
 #include "cli/commands.h"
+#include "cli/quantize_qat.h"
 #include "kiln/core/error.h"
 #include "kiln/core/guards.h"
 #include "kiln/core/threads.h"
@@ -26,7 +27,8 @@ CLI::App* add_quantize_command(CLI::App& app, QuantizeOptions& o) {
                                "prints test accuracy and 1-thread inference time before and after");
   q->add_option("target", o.target, "Run directory or checkpoint file")->required();
   q->add_option("--checkpoint", o.checkpoint, "Of a run directory: latest (default), best or a step");
-  q->add_option("--method", o.method, "ptq (post-training; qat is not built yet)")->capture_default_str();
+  q->add_option("--method", o.method, "ptq (post-training) or qat (quantization-aware fine-tuning)")
+      ->capture_default_str();
   q->add_option("--observer", o.observer, "minmax, moving_average, histogram (L2), percentile or entropy (KL)")
       ->capture_default_str();
   q->add_option("--calib-batches", o.calib_batches, "Training batches the observers see")->capture_default_str();
@@ -36,18 +38,13 @@ CLI::App* add_quantize_command(CLI::App& app, QuantizeOptions& o) {
   q->add_option("--eval-batches", o.eval_batches, "Test batches to evaluate (0: all)")->capture_default_str();
   q->add_option("--bench-batch", o.bench_batch, "Batch size of the timed inference")->capture_default_str();
   q->add_option("--bench-iters", o.bench_iters, "Timed forward passes (the median is printed)")->capture_default_str();
+  add_quantize_qat_options(*q, o);
   return q;
 }
 
-namespace {
-
-struct Timing {
-  double median_ms = 0, best_ms = 0;
-};
-
 // Milliseconds of one forward of `model` on `x` at 1 thread, after warm-up:
 // the median (carries any load on the machine) and the best (what an idle one gives).
-Timing time_forward(nn::Module& model, const Tensor& x, int64_t iters) {
+ForwardTiming time_forward(nn::Module& model, const Tensor& x, int64_t iters) {
   const int saved = get_num_threads();
   set_num_threads(1);
   const InferenceModeGuard inference;
@@ -63,12 +60,12 @@ Timing time_forward(nn::Module& model, const Tensor& x, int64_t iters) {
   return {ms[ms.size() / 2], ms.front()};
 }
 
-}  // namespace
-
 int quantize_command(const QuantizeOptions& o) {
+  if (o.method == "qat") return quantize_qat_command(o);
   if (o.method != "ptq")
     throw ConfigError("--method " + o.method +
-                      ": only ptq (post-training quantization) is built; quantization-aware training is not yet");
+                      ": expected ptq (post-training quantization) or qat "
+                      "(quantization-aware training)");
   if (o.calib_batches < 1) throw ConfigError("--calib-batches expects at least 1");
   if (o.bench_batch < 1 || o.bench_iters < 1) throw ConfigError("--bench-batch and --bench-iters expect at least 1");
   const fs::path ckpt = checkpoint_of(o.target, o.checkpoint);
@@ -109,8 +106,8 @@ int quantize_command(const QuantizeOptions& o) {
   const Tensor x = (*loader.begin()).data.contiguous();
   task_f.model->eval();
   task.model->eval();
-  const Timing t_float = time_forward(*task_f.model, x, o.bench_iters);
-  const Timing t_int8 = time_forward(*task.model, x, o.bench_iters);
+  const ForwardTiming t_float = time_forward(*task_f.model, x, o.bench_iters);
+  const ForwardTiming t_int8 = time_forward(*task.model, x, o.bench_iters);
   std::printf(
       "inference at 1 thread, batch %lld, %lld runs: median float32 %.3f ms, int8 %.3f ms, %.2fx; "
       "best float32 %.3f ms, int8 %.3f ms, %.2fx\n",

@@ -8,6 +8,8 @@
 #include <string>
 #include <vector>
 
+#include "kiln/nn/module.h"
+
 namespace CLI {
 class App;
 }
@@ -26,10 +28,22 @@ struct QuantizeOptions {
   int64_t eval_batches = 0;  // 0: the whole test split
   int64_t bench_batch = 64;  // the timed batch size
   int64_t bench_iters = 30;
+  // --method qat (src/cli/quantize_qat.h)
+  int64_t qat_steps = 500;
+  double qat_lr = 1e-4;
+  int64_t freeze_after = 300;  // observers frozen after this many steps
+  std::string qat_observer = "moving_average";
+  bool qat_control = false;  // the same fine-tuning with fake quant off, then the same convert
+};
+
+/// Milliseconds of one forward at 1 thread after warm-up: the median and the best of `iters`.
+struct ForwardTiming {
+  double median_ms = 0, best_ms = 0;
 };
 
 /// Registers the subcommand and its options on `app`.
 CLI::App* add_quantize_command(CLI::App& app, QuantizeOptions& o);
 int quantize_command(const QuantizeOptions& o);
+ForwardTiming time_forward(nn::Module& model, const Tensor& x, int64_t iters);
 
 }  // namespace kiln::cli

@@ -16,6 +16,7 @@
 #include "kiln/nn/lora.h"
 #include "kiln/ops/factory.h"
 #include "kiln/quant/fuse.h"
+#include "replace_layer.h"
 
 namespace kiln::quant {
 namespace {
@@ -217,6 +218,25 @@ bool swap_member(nn::Module& parent, const std::string& name, const std::shared_
   return true;
 }
 
+}  // namespace
+
+namespace detail {
+
+bool replace_layer(nn::Module& parent, const std::string& name, const std::shared_ptr<nn::Module>& layer,
+                   bool dry_run) {
+  bool ok = false;
+  if (auto c = std::dynamic_pointer_cast<nn::Conv2d>(layer))
+    ok = swap_member<nn::Conv2d>(parent, name, c, dry_run);
+  else if (auto l = std::dynamic_pointer_cast<nn::Linear>(layer))
+    ok = swap_member<nn::Linear>(parent, name, l, dry_run);
+  if (ok && !dry_run) parent.register_module(name, layer);
+  return ok;
+}
+
+}  // namespace detail
+
+namespace {
+
 double l2(const Tensor& t) {
   const Tensor c = t.to(kFloat32).contiguous();
   const float* p = c.data_ptr<float>();
@@ -250,7 +270,7 @@ ConvertReport convert(nn::Module& model, Prepared& prepared) {
     const std::string parent_path = dot == std::string::npos ? "" : l.path.substr(0, dot);
     const std::string name = dot == std::string::npos ? l.path : l.path.substr(dot + 1);
     auto pit = by_path.find(parent_path);
-    if (l.calls == 0 || !l.observer->observed()) {
+    if (!l.input_qparams && (l.calls == 0 || !l.observer || !l.observer->observed())) {
       r.note = "kept in float: never called during calibration";
     } else if (pit == by_path.end() || !(l.conv ? swap_member<nn::Conv2d>(*pit->second, name, nullptr, true)
                                                 : swap_member<nn::Linear>(*pit->second, name, nullptr, true))) {
@@ -262,14 +282,26 @@ ConvertReport convert(nn::Module& model, Prepared& prepared) {
       continue;
     }
     nn::Module& parent = *pit->second;
-    const QParams aq = l.observer->qparams();
-    std::tie(r.range_min, r.range_max) = l.observer->range();
+    const QParams aq = l.input_qparams ? *l.input_qparams : l.observer->qparams();
+    if (l.input_qparams) {
+      // The range the fixed parameters represent.
+      r.range_min = static_cast<float>(0 - aq.zero_points[0]) * aq.scales[0];
+      r.range_max = static_cast<float>(255 - aq.zero_points[0]) * aq.scales[0];
+    } else {
+      std::tie(r.range_min, r.range_max) = l.observer->range();
+    }
     r.input_scale = aq.scales[0];
     r.input_zero_point = aq.zero_points[0];
     const Tensor& w = l.conv ? static_cast<nn::Conv2d*>(l.module)->weight : static_cast<nn::Linear*>(l.module)->weight;
-    PerChannelMinMaxObserver wobs;
-    wobs.observe(w);
-    const QTensor wq = quantize(w, wobs.qparams());
+    QParams wp;
+    if (l.weight_qparams) {
+      wp = *l.weight_qparams;
+    } else {
+      PerChannelMinMaxObserver wobs;
+      wobs.observe(w);
+      wp = wobs.qparams();
+    }
+    const QTensor wq = quantize(w, wp);
     report.float_weight_bytes += w.numel() * 4;
     report.int8_weight_bytes += wq.data.numel() + wq.scales.numel() * 4;
     std::shared_ptr<nn::Module> q;

@@ -1,7 +1,7 @@
 // `kiln quantize`: a tiny CNN and a tiny ResNet trained on synthetic images,
 // quantized to int8 after training; the report names every layer, the test
 // accuracy and the timing are printed, the int8 state_dict is written; what it
-// does not cover (qat, a missing run) exits with a message. The written file
+// does not cover (an unknown method, a missing run) exits with a message. The written file
 // reloads into a fresh float model with the int8 model's accuracy and loss.
 #include <gtest/gtest.h>
 
@@ -72,9 +72,9 @@ TEST(CliQuantize, CnnAndResnetToInt8) {
 
 TEST(CliQuantize, WhatItDoesNotCoverExitsWithAMessage) {
   TempDir dir;
-  auto r = kiln_cli("quantize " + dir.file("nothing") + " --method qat");
-  EXPECT_NE(r.rc, 0);
-  EXPECT_NE(r.output.find("only ptq"), std::string::npos) << r.output;
+  auto r = kiln_cli("quantize " + dir.file("nothing") + " --method bogus");
+  EXPECT_EQ(r.rc, 2);
+  EXPECT_NE(r.output.find("expected ptq (post-training quantization) or qat"), std::string::npos) << r.output;
   r = kiln_cli("quantize " + dir.file("nothing"));
   EXPECT_NE(r.rc, 0);
   EXPECT_NE(r.output.find("no such file or run directory"), std::string::npos) << r.output;

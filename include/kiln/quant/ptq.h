@@ -27,6 +27,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -91,6 +92,9 @@ class Prepared {
     std::vector<Tensor> samples;
     HookHandle hook;
     int64_t calls = 0;
+    // Fixed parameters (quantization-aware training's, kiln/quant/qat.h): convert uses
+    // these instead of the observer's (input) and instead of observing the weight.
+    std::optional<QParams> input_qparams, weight_qparams;
   };
   ~Prepared();
   std::vector<Layer> layers;
