@@ -8,6 +8,7 @@
 #include <cstdio>
 
 #include "cli/commands.h"
+#include "cli/quantize_int4.h"
 #include "kiln/core/error.h"
 #include "kiln/core/guards.h"
 #include "kiln/core/threads.h"
@@ -26,7 +27,8 @@ CLI::App* add_quantize_command(CLI::App& app, QuantizeOptions& o) {
                                "prints test accuracy and 1-thread inference time before and after");
   q->add_option("target", o.target, "Run directory or checkpoint file")->required();
   q->add_option("--checkpoint", o.checkpoint, "Of a run directory: latest (default), best or a step");
-  q->add_option("--method", o.method, "ptq (post-training; qat is not built yet)")->capture_default_str();
+  q->add_option("--method", o.method, "ptq (post-training int8; qat is not built yet) or int4 (GPT weight-only)")
+      ->capture_default_str();
   q->add_option("--observer", o.observer, "minmax, moving_average, histogram (L2), percentile or entropy (KL)")
       ->capture_default_str();
   q->add_option("--calib-batches", o.calib_batches, "Training batches the observers see")->capture_default_str();
@@ -36,6 +38,9 @@ CLI::App* add_quantize_command(CLI::App& app, QuantizeOptions& o) {
   q->add_option("--eval-batches", o.eval_batches, "Test batches to evaluate (0: all)")->capture_default_str();
   q->add_option("--bench-batch", o.bench_batch, "Batch size of the timed inference")->capture_default_str();
   q->add_option("--bench-iters", o.bench_iters, "Timed forward passes (the median is printed)")->capture_default_str();
+  q->add_option("--group-size", o.group_size, "int4: weights per scale and zero point (64 or 128)")
+      ->capture_default_str();
+  q->add_flag("--gptq", o.gptq, "int4: GPTQ over --calib-batches training batches instead of round-to-nearest");
   return q;
 }
 
@@ -66,17 +71,20 @@ Timing time_forward(nn::Module& model, const Tensor& x, int64_t iters) {
 }  // namespace
 
 int quantize_command(const QuantizeOptions& o) {
+  if (o.method == "int4") return quantize_int4_command(o);
   if (o.method != "ptq")
-    throw ConfigError("--method " + o.method +
-                      ": only ptq (post-training quantization) is built; quantization-aware training is not yet");
+    throw ConfigError(
+        "--method " + o.method +
+        ": only ptq (post-training int8) and int4 (GPT weight-only) are built; quantization-aware training "
+        "is not yet");
   if (o.calib_batches < 1) throw ConfigError("--calib-batches expects at least 1");
   if (o.bench_batch < 1 || o.bench_iters < 1) throw ConfigError("--bench-batch and --bench-iters expect at least 1");
   const fs::path ckpt = checkpoint_of(o.target, o.checkpoint);
   auto [config, task] = load_for_eval(ckpt);
   if (task.gpt)
     throw ConfigError(ckpt.string() +
-                      ": kiln quantize covers image models (Conv2d and Linear layers); the language model's int8 "
-                      "and int4 paths are not built yet");
+                      ": --method ptq covers image models (Conv2d and Linear layers); for the language model use "
+                      "--method int4 (int8 for GPT is not built yet)");
   auto [config_f, task_f] = load_for_eval(ckpt);  // the float model, kept for the timing
 
   const EvalResult before = evaluate(task, config, "test", o.eval_batches);

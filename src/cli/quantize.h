@@ -26,6 +26,8 @@ struct QuantizeOptions {
   int64_t eval_batches = 0;  // 0: the whole test split
   int64_t bench_batch = 64;  // the timed batch size
   int64_t bench_iters = 30;
+  int64_t group_size = 128;  // --method int4
+  bool gptq = false;         // --method int4: GPTQ instead of round-to-nearest
 };
 
 /// Registers the subcommand and its options on `app`.
