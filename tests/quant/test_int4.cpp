@@ -179,7 +179,7 @@ TEST(Int4Gptq, ReducesLayerOutputErrorOnCorrelatedInputs) {
   EXPECT_EQ(rec2.rows("0"), n);
   const Tensor h = rec2.hessian("0");
   const Tensor h_ref = x.to(kFloat64).transpose(0, 1).matmul(x.to(kFloat64)) * (2.0 / n);
-  EXPECT_LT(rel_diff(h, h_ref), 1e-12);
+  EXPECT_LT(rel_diff(h, h_ref), 1e-5);  // each call's XᵀX is float32
   const Tensor y = x.matmul(w.transpose(0, 1));
   for (int64_t g : {64, 128}) {
     const Tensor wr = quant::dequantize_int4(quant::quantize_int4_rtn(w, g));

@@ -88,7 +88,8 @@ class Int4Linear : public nn::Linear {
 std::vector<std::string> gpt_int4_targets();
 
 /// Forward hooks on the Linears `targets` (nn::lora's patterns) match, which
-/// accumulate each layer's H = 2 XᵀX / N (float64) while the model runs;
+/// accumulate each layer's H = 2 XᵀX / N while the model runs (each call's XᵀX
+/// in float32, the sum over calls in float64);
 /// removed on destruction.
 class HessianRecorder {
  public:

@@ -5,8 +5,7 @@
 #include <algorithm>
 #include <vector>
 
-#include "kiln/core/parallel.h"
-#include "kiln/kernels/blas.h"
+#include "kiln/kernels/dnnl.h"
 
 namespace kiln::kernels {
 
@@ -52,20 +51,27 @@ void int4_linear_forward(const Int4LinearArgs& a, const float* x, const uint8_t*
                          const uint8_t* zeros, const float* bias, float* y) {
   const int64_t m = a.m, n = a.n, k = a.k, rows = int4_tile_rows(k);
   const int64_t tiles = (n + rows - 1) / rows;
-  // Tiles own disjoint columns of y, so threads split them; each thread's BLAS
-  // call then runs on that thread alone (OpenBLAS does not nest).
-  parallel_for(tiles, 1, [&](int64_t t0, int64_t t1) {
-    std::vector<float> w(static_cast<size_t>(rows * k));
-    for (int64_t t = t0; t < t1; ++t) {
-      const int64_t r0 = t * rows, r1 = std::min(n, r0 + rows);
-      int4_dequantize_rows(a, packed, scales, zeros, r0, r1, w.data());
-      // y[:, r0:r1] = x · w[0:r1-r0, :]ᵀ
-      gemm(kFloat32, false, true, m, r1 - r0, k, x, k, w.data(), k, false, y + r0, n);
-      if (bias)
-        for (int64_t i = 0; i < m; ++i)
-          for (int64_t o = r0; o < r1; ++o) y[i * n + o] += bias[o];
-    }
-  });
+  // Tiles run one after another and oneDNN spreads each product over the
+  // threads: the layers here have a few tiles, fewer than the threads.
+  std::vector<float> w(static_cast<size_t>(rows * k));
+  for (int64_t t = 0; t < tiles; ++t) {
+    const int64_t r0 = t * rows, r1 = std::min(n, r0 + rows);
+    int4_dequantize_rows(a, packed, scales, zeros, r0, r1, w.data());
+    // y[:, r0:r1] = x · w[0:r1-r0, :]ᵀ + bias[r0:r1], written in place into y's columns.
+    MatmulArgs g;
+    g.m = m;
+    g.n = r1 - r0;
+    g.k = k;
+    g.a.data = x;
+    g.a.stride[1] = k;
+    g.b.data = w.data();
+    g.b.stride[1] = 1;  // b [k, rows] is the tile read transposed
+    g.b.stride[2] = k;
+    g.bias = bias ? bias + r0 : nullptr;
+    g.c = y + r0;
+    g.c_stride[1] = n;
+    matmul(g);
+  }
 }
 
 }  // namespace kiln::kernels

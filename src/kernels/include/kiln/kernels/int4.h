@@ -11,7 +11,7 @@
 //
 // The product dequantizes W in tiles of a few rows by all of k (about 128 KiB
 // of float, so the tile stays in L2 while a float GEMM reads it once per tile)
-// and multiplies each tile with OpenBLAS: the whole float matrix never exists.
+// and multiplies each tile with oneDNN's float matmul (bias in its epilogue): the whole float matrix never exists.
 #pragma once
 
 #include <cstdint>
