@@ -42,7 +42,7 @@ void int4_dequantize_rows(const Int4LinearArgs& a, const uint8_t* packed, const 
 }
 
 int64_t int4_tile_rows(int64_t k) {
-  constexpr int64_t kTileFloats = 32 * 1024;  // 128 KiB: a tile and the x rows it meets stay in L2
+  constexpr int64_t kTileFloats = 64 * 1024;  // 256 KiB: a tile stays in L2 (1-2 MiB per core) while x streams by
   const int64_t rows = kTileFloats / std::max<int64_t>(k, 1);
   return std::max<int64_t>(8, rows / 8 * 8);
 }

@@ -9,7 +9,7 @@
 // Codes are packed two per byte along the row, element 2j in the high nibble
 // and 2j + 1 in the low one (quant::NF4's convention), so a row is k / 2 bytes.
 //
-// The product dequantizes W in tiles of a few rows by all of k (about 128 KiB
+// The product dequantizes W in tiles of a few rows by all of k (about 256 KiB
 // of float, so the tile stays in L2 while a float GEMM reads it once per tile)
 // and multiplies each tile with oneDNN's float matmul (bias in its epilogue): the whole float matrix never exists.
 #pragma once
