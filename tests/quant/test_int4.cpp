@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstdio>
 #include <cstring>
 #include <fstream>
 #include <functional>
@@ -187,6 +188,7 @@ TEST(Int4Gptq, ReducesLayerOutputErrorOnCorrelatedInputs) {
     const double e_rtn = rel_diff(x.matmul(wr.transpose(0, 1)), y);
     const double e_gptq = rel_diff(x.matmul(wg.transpose(0, 1)), y);
     EXPECT_LT(e_gptq, 0.8 * e_rtn) << "g=" << g << " rtn " << e_rtn << " gptq " << e_gptq;
+    std::printf("g=%lld: relative output error rtn %.4f, gptq %.4f\n", static_cast<long long>(g), e_rtn, e_gptq);
   }
   EXPECT_THROW(quant::quantize_int4_gptq(w, eye(128, std::nullopt, TensorOptions(kFloat64)), {}), ValueError);
   EXPECT_THROW(quant::quantize_int4_gptq(w, h, {.group_size = 128, .block_size = 64}), ValueError);
