@@ -72,6 +72,7 @@ Timing time_forward(nn::Module& model, const Tensor& x, int64_t iters) {
 
 int quantize_command(const QuantizeOptions& o) {
   if (o.method == "int4") return quantize_int4_command(o);
+  if (o.method == "int8-dynamic") return quantize_gpt_int8_command(o);
   if (o.method != "ptq")
     throw ConfigError(
         "--method " + o.method +

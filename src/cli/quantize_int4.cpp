@@ -12,6 +12,7 @@
 #include "kiln/core/threads.h"
 #include "kiln/data/loader.h"
 #include "kiln/quant/int4.h"
+#include "kiln/quant/int8_dynamic.h"
 
 namespace kiln::cli {
 namespace fs = std::filesystem;
@@ -149,6 +150,40 @@ int quantize_int4_command(const QuantizeOptions& o) {
   std::printf("reloaded %s into a float model: %.4f bits/char%s\n", out.filename().string().c_str(),
               reloaded.bits_per_char, same ? ", as the int4 model" : ", DIFFERENT from the int4 model");
   if (!same) throw ValueError("kiln quantize: " + out.string() + " does not reload into the model that wrote it");
+  return 0;
+}
+
+int quantize_gpt_int8_command(const QuantizeOptions& o) {
+  if (o.bench_batch < 1 || o.bench_iters < 1) throw ConfigError("--bench-batch and --bench-iters expect at least 1");
+  const fs::path ckpt = checkpoint_of(o.target, o.checkpoint);
+  auto [config, task] = load_for_eval(ckpt);
+  if (!task.gpt)
+    throw ConfigError(ckpt.string() +
+                      ": --method int8-dynamic quantizes a GPT run's linears; this run's model is not a GPT");
+  auto [config_f, task_f] = load_for_eval(ckpt);
+  const EvalResult before = evaluate(task, config, "test", o.eval_batches);
+  std::printf("float32: validation %.4f bits/char (loss %.4f, %lld tokens)\n", before.bits_per_char, before.loss,
+              static_cast<long long>(before.samples));
+  const auto paths = quant::quantize_linears_int8_dynamic(*task.model, quant::gpt_int4_targets());
+  std::printf(
+      "\nint8 weights (per channel), uint8 activations quantized per token at run time: %zu linears "
+      "(lm_head is tied to the token embedding and stays float)\n",
+      paths.size());
+  const EvalResult after = evaluate(task, config, "test", o.eval_batches);
+  std::printf("int8:    validation %.4f bits/char (loss %.4f), %+.4f bits/char\n", after.bits_per_char, after.loss,
+              after.bits_per_char - before.bits_per_char);
+  data::DataLoader<> loader(task.eval_set, {.batch_size = o.bench_batch, .seed = 0});
+  const Tensor x = (*loader.begin()).data.contiguous();
+  task_f.model->eval();
+  task.model->eval();
+  const Timing t_float = time_forward(*task_f.model, x, o.bench_iters);
+  const Timing t_int8 = time_forward(*task.model, x, o.bench_iters);
+  std::printf(
+      "forward at 1 thread, batch %lld x %lld tokens, %lld runs: median float32 %.3f ms, int8 %.3f ms, %.2fx; "
+      "best float32 %.3f ms, int8 %.3f ms, %.2fx\n",
+      static_cast<long long>(x.size(0)), static_cast<long long>(x.dim() > 1 ? x.size(1) : 1),
+      static_cast<long long>(o.bench_iters), t_float.median_ms, t_int8.median_ms, t_float.median_ms / t_int8.median_ms,
+      t_float.best_ms, t_int8.best_ms, t_float.best_ms / t_int8.best_ms);
   return 0;
 }
 

@@ -9,5 +9,7 @@
 namespace kiln::cli {
 
 int quantize_int4_command(const QuantizeOptions& o);
+/// `--method int8-dynamic`: GPT's linears in int8 with per-token activation scales (bits/char and timing only).
+int quantize_gpt_int8_command(const QuantizeOptions& o);
 
 }  // namespace kiln::cli

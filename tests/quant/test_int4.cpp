@@ -20,6 +20,7 @@
 #include "kiln/ops/factory.h"
 #include "kiln/ops/int4.h"
 #include "kiln/quant/int4.h"
+#include "kiln/quant/int8_dynamic.h"
 #include "support/test_util.h"
 
 using namespace kiln;
@@ -356,4 +357,49 @@ TEST(Int4Checkpoint, HostileFilesAreRefusedAndLeaveTheModelAlone) {
   const Tensor y_before = logits(m, tokens(9));
   EXPECT_THROW(quant::load_int4(m, cut), FormatError);
   EXPECT_TRUE(test::bitwise_equal(logits(m, tokens(9)), y_before));
+}
+
+// Dynamic int8 (include/kiln/quant/int8_dynamic.h): the layer against a
+// reference computed here (per-channel int8 weights, per-token uint8 codes
+// around 128, integer dot products in int64), and GPT close to float.
+TEST(DynamicInt8, LinearMatchesIntegerReferenceAndGptStaysClose) {
+  const int64_t in = 64, out = 24, rows = 10;
+  nn::Linear lin(nn::LinearOptions{.in_features = in, .out_features = out, .bias = true});
+  const Tensor x = randn_seeded({2, 5, in}, 71);
+  quant::DynamicInt8Linear q(lin);
+  Tensor y;
+  {
+    const NoGradGuard ng;
+    y = q(x).contiguous();
+  }
+  ASSERT_EQ(y.sizes(), IntArrayRef({2, 5, out}));
+  const Tensor w = lin.weight.detach().contiguous(), b = lin.bias.detach().contiguous(), xc = x.contiguous();
+  const float* pw = w.data_ptr<float>();
+  const float* px = xc.data_ptr<float>();
+  const float* py = y.data_ptr<float>();
+  for (int64_t o = 0; o < out; ++o) {
+    float sw = 0;
+    for (int64_t i = 0; i < in; ++i) sw = std::max(sw, std::abs(pw[o * in + i]));
+    sw /= 127.0f;
+    for (int64_t t = 0; t < rows; ++t) {
+      float sx = 0;
+      for (int64_t i = 0; i < in; ++i) sx = std::max(sx, std::abs(px[t * in + i]));
+      sx /= 127.0f;
+      int64_t acc = 0;
+      for (int64_t i = 0; i < in; ++i)
+        acc += static_cast<int64_t>(std::nearbyint(px[t * in + i] * (1.0f / sx))) *
+               static_cast<int64_t>(std::nearbyint(pw[o * in + i] / sw));
+      const double ref = static_cast<double>(sx) * sw * acc + b.data_ptr<float>()[o];
+      EXPECT_NEAR(py[t * out + o], ref, 1e-5 * (1 + std::abs(ref))) << t << "," << o;
+    }
+  }
+  manual_seed(4);
+  models::GPT m(tiny_gpt());
+  m.eval();
+  const Tensor idx = tokens(9);
+  const Tensor y_float = logits(m, idx);
+  EXPECT_EQ(quant::quantize_linears_int8_dynamic(m, quant::gpt_int4_targets()).size(), 8u);
+  EXPECT_LT(rel_diff(logits(m, idx), y_float), 0.03);
+  models::GPT m2(tiny_gpt());
+  EXPECT_THROW(quant::quantize_linears_int8_dynamic(m2, {"lm_head"}), ValueError);
 }
