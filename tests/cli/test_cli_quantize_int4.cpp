@@ -47,6 +47,12 @@ TEST(CliQuantizeInt4, TinyGptRtnAndGptq) {
   EXPECT_NE(r.output.find(", as the int4 model"), std::string::npos) << r.output;
   EXPECT_EQ(io::load_safetensors(dir.file("g.safetensors")).metadata.at("method"), "gptq");
 
+  // int8 with per-token activation scales: bits/char and timing, no file.
+  r = kiln_cli("quantize " + run + " --method int8-dynamic --bench-batch 2 --bench-iters 1");
+  ASSERT_EQ(r.rc, 0) << r.output;
+  EXPECT_NE(r.output.find("quantized per token at run time: 4 linears"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("int8:    validation"), std::string::npos) << r.output;
+
   // 64 wide: group 128 divides no layer input.
   r = kiln_cli("quantize " + run + " --method int4 --bench-iters 1 --out " + dir.file("x.safetensors"));
   EXPECT_EQ(r.rc, 2) << r.output;
