@@ -9,6 +9,7 @@
 
 #include "cli/commands.h"
 #include "cli/quantize_qat.h"
+#include "cli/quantize_int4.h"
 #include "kiln/core/error.h"
 #include "kiln/core/guards.h"
 #include "kiln/core/threads.h"
@@ -27,7 +28,9 @@ CLI::App* add_quantize_command(CLI::App& app, QuantizeOptions& o) {
                                "prints test accuracy and 1-thread inference time before and after");
   q->add_option("target", o.target, "Run directory or checkpoint file")->required();
   q->add_option("--checkpoint", o.checkpoint, "Of a run directory: latest (default), best or a step");
-  q->add_option("--method", o.method, "ptq (post-training) or qat (quantization-aware fine-tuning)")
+  q->add_option("--method", o.method,
+                "ptq (post-training int8), qat (quantization-aware fine-tuning), int4 (GPT weight-only) or "
+                "int8-dynamic (GPT)")
       ->capture_default_str();
   q->add_option("--observer", o.observer, "minmax, moving_average, histogram (L2), percentile or entropy (KL)")
       ->capture_default_str();
@@ -39,6 +42,9 @@ CLI::App* add_quantize_command(CLI::App& app, QuantizeOptions& o) {
   q->add_option("--bench-batch", o.bench_batch, "Batch size of the timed inference")->capture_default_str();
   q->add_option("--bench-iters", o.bench_iters, "Timed forward passes (the median is printed)")->capture_default_str();
   add_quantize_qat_options(*q, o);
+  q->add_option("--group-size", o.group_size, "int4: weights per scale and zero point (64 or 128)")
+      ->capture_default_str();
+  q->add_flag("--gptq", o.gptq, "int4: GPTQ over --calib-batches training batches instead of round-to-nearest");
   return q;
 }
 
@@ -62,18 +68,20 @@ ForwardTiming time_forward(nn::Module& model, const Tensor& x, int64_t iters) {
 
 int quantize_command(const QuantizeOptions& o) {
   if (o.method == "qat") return quantize_qat_command(o);
+  if (o.method == "int4") return quantize_int4_command(o);
+  if (o.method == "int8-dynamic") return quantize_gpt_int8_command(o);
   if (o.method != "ptq")
     throw ConfigError("--method " + o.method +
-                      ": expected ptq (post-training quantization) or qat "
-                      "(quantization-aware training)");
+                      ": expected ptq (post-training quantization), qat (quantization-aware training), int4 "
+                      "(GPT weight-only) or int8-dynamic (GPT)");
   if (o.calib_batches < 1) throw ConfigError("--calib-batches expects at least 1");
   if (o.bench_batch < 1 || o.bench_iters < 1) throw ConfigError("--bench-batch and --bench-iters expect at least 1");
   const fs::path ckpt = checkpoint_of(o.target, o.checkpoint);
   auto [config, task] = load_for_eval(ckpt);
   if (task.gpt)
     throw ConfigError(ckpt.string() +
-                      ": kiln quantize covers image models (Conv2d and Linear layers); the language model's int8 "
-                      "and int4 paths are not built yet");
+                      ": --method ptq covers image models (Conv2d and Linear layers); for the language model use "
+                      "--method int4 (int8 for GPT is not built yet)");
   auto [config_f, task_f] = load_for_eval(ckpt);  // the float model, kept for the timing
 
   const EvalResult before = evaluate(task, config, "test", o.eval_batches);

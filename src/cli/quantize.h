@@ -34,6 +34,8 @@ struct QuantizeOptions {
   int64_t freeze_after = 300;  // observers frozen after this many steps
   std::string qat_observer = "moving_average";
   bool qat_control = false;  // the same fine-tuning with fake quant off, then the same convert
+  int64_t group_size = 128;  // --method int4
+  bool gptq = false;         // --method int4: GPTQ instead of round-to-nearest
 };
 
 /// Milliseconds of one forward at 1 thread after warm-up: the median and the best of `iters`.
