@@ -245,9 +245,8 @@ MPIProcessGroup::MPIProcessGroup(MPI_Comm comm, std::vector<int> world_ranks, co
   KILN_CHECK(flags[0] == -flags[1], DistributedError,
              "KILN_DIST_DEBUG must be set alike on every rank, but some ranks have it on and some off (rank ", rank_,
              " has it ", debug_ ? "on" : "off", "); launch with `kiln launch` or mpirun -x KILN_DIST_DEBUG");
-  KILN_CHECK(flags[2] == -flags[3], DistributedError,
-             "KILN_DIST_PROGRESS must be set alike on every rank (rank ", rank_, " has ",
-             progress_mode_ == ProgressMode::Spin ? "spin" : "backoff",
+  KILN_CHECK(flags[2] == -flags[3], DistributedError, "KILN_DIST_PROGRESS must be set alike on every rank (rank ",
+             rank_, " has ", progress_mode_ == ProgressMode::Spin ? "spin" : "backoff",
              ", another rank the other); launch with `kiln launch` or mpirun -x KILN_DIST_PROGRESS");
   comm_thread_ = std::thread([this] { comm_loop(); });
   watch_thread_ = std::thread([this] { watchdog_loop(); });
