@@ -70,7 +70,6 @@ void check_rebuild_agreement(const dist::ProcessGroupPtr& pg, std::vector<size_t
   auto net = std::make_shared<Chain>(use);
   // 8x8 weights are 256 B: a cap of 600 B makes several buckets.
   DistributedDataParallel ddp(net, pg, {.bucket_cap_mb = 600 / kMiB, .first_bucket_cap_mb = 300 / kMiB});
-  const auto initial = ddp.buckets();
   manual_seed(20 + static_cast<uint64_t>(rank));
   Tensor x = randn({3, 8});
   mse(ddp(x), zeros({3, 8})).backward();
@@ -93,7 +92,6 @@ void check_rebuild_agreement(const dist::ProcessGroupPtr& pg, std::vector<size_t
     const auto& info = ddp.buckets()[b];
     if (info.params.size() > 1) EXPECT_LE(info.bytes, b == 0 ? 300 : 600) << "bucket " << b;
   }
-  EXPECT_EQ(initial.size() > 0, true);
 }
 
 TEST(DDPBuckets, DefaultsAreASmallFirstBucketAndRebuilding) {
