@@ -441,6 +441,10 @@ def main():
         if not a.no_ddp and not a.infer_only:
             text += ddp_bench.markdown(ddp_rows, info.get("ddp_skipped"))
         mismatches = mismatches + infer_problems
+        if info.get("ddp_failed"):
+            mismatches = mismatches + ["kiln_bench_ddp: " + info["ddp_failed"].splitlines()[0]]
+        mismatches = mismatches + ["kiln_bench_ddp %s: replicas differ after training" % r["config"]
+                                   for r in ddp_rows if not r["replicas_identical"]]
         with open(out_path, "w") as f:
             json.dump({"machine": info, "quick": a.quick, "pairs": a.pairs, "threads": a.threads,
                        "complete": final and not info.get("interrupted"),
@@ -477,8 +481,14 @@ def main():
                 info["ddp_skipped"] = why
                 log("compare.py: DDP rows skipped: " + why)
             else:
-                ddp_results.update(ddp_bench.measure(a.kiln_ddp, a.pairs, QUICK_STEPS if a.quick else 20,
-                                                     1 if a.quick else 3))
+                try:
+                    ddp_results.update(ddp_bench.measure(a.kiln_ddp, a.pairs, QUICK_STEPS if a.quick else 20,
+                                                         1 if a.quick else 3))
+                except (RuntimeError, subprocess.TimeoutExpired) as e:
+                    # Something broke (not a slow time): say so in the table and fail the run at the end.
+                    info["ddp_skipped"] = "a run failed: %s" % str(e).splitlines()[0]
+                    info["ddp_failed"] = str(e)
+                    log("compare.py: DDP rows: " + str(e))
             save(False)
         if not a.no_under_load and not a.infer_only:
             threads = max(2, max(a.threads))
@@ -495,7 +505,8 @@ def main():
     if info.get("interrupted"):
         return 130
     if mismatches:
-        log("compare.py: first-step losses or inference outputs disagree (the sides compute different models):\n  " +
+        log("compare.py: first-step losses or inference outputs disagree (the sides compute different models), "
+            "or a DDP run failed:\n  " +
             "\n  ".join(mismatches))
         return 1
     return 0
