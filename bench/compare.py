@@ -22,6 +22,10 @@ The profiler overhead rows (bench/profiler_overhead.py: tiny and gpt with the
 profiler off and recording, alternately) follow the training table;
 --no-profiler-overhead skips them.
 
+The DDP rows (bench/ddp_bench.py: gpt weak scaling, 1 rank against 2 ranks
+with the default and a 2 MiB bucket cap, exposed communication) follow;
+--no-ddp skips them.
+
 The inference rows (bench/infer_bench.py: kiln optimised vs kiln eager vs ONNX
 Runtime on cnn, resnet and gpt_infer) follow the training rows in their own
 table and under "infer_rows" in the JSON; --no-infer skips them, --infer-only
@@ -43,6 +47,7 @@ import subprocess
 import sys
 import tempfile
 
+import ddp_bench
 import infer_bench
 import profiler_overhead
 import under_load
@@ -370,6 +375,9 @@ def main():
                     help="path to kiln_bench_infer (default: beside kiln_bench); the inference rows")
     ap.add_argument("--infer-workloads", default=",".join(infer_bench.WORKLOADS))
     ap.add_argument("--no-infer", action="store_true", help="skip the inference rows")
+    ap.add_argument("--no-ddp", action="store_true", help="skip the DDP weak-scaling rows (kiln_bench_ddp, mpirun)")
+    ap.add_argument("--kiln-ddp", default=None,
+                    help="path to kiln_bench_ddp (default: beside kiln_bench)")
     ap.add_argument("--infer-only", action="store_true", help="only the inference rows")
     ap.add_argument("--workloads", default=",".join(WORKLOADS))
     ap.add_argument("--threads", default=None, help="comma-separated thread counts (default 1,2; --quick: 1)")
@@ -395,6 +403,8 @@ def main():
     a.infer_workloads = [w for w in a.infer_workloads.split(",") if w]
     if any(w not in infer_bench.WORKLOADS for w in a.infer_workloads):
         ap.error("--infer-workloads expects some of %s" % ", ".join(infer_bench.WORKLOADS))
+    if a.kiln_ddp is None:
+        a.kiln_ddp = os.path.join(os.path.dirname(os.path.abspath(a.kiln)), "kiln_bench_ddp")
     if a.kiln_infer is None:
         a.kiln_infer = os.path.join(os.path.dirname(os.path.abspath(a.kiln)), "kiln_bench_infer")
     a.torch_configs = [c for c in a.torch_configs.split(",") if c]
@@ -413,6 +423,7 @@ def main():
     results = {}
     infer_results = {}
     overhead = {}
+    ddp_results = {}
 
     def save(final):
         """Writes the JSON and the table for what has finished (all of it when final)."""
@@ -426,14 +437,21 @@ def main():
         infer_rows, infer_problems = infer_bench.rows(infer_results)
         if not a.no_infer:
             text += infer_bench.markdown(infer_rows, fmt_time, a.quick, info.get("infer_skipped"))
+        ddp_rows = ddp_bench.rows(ddp_results)
+        if not a.no_ddp and not a.infer_only:
+            text += ddp_bench.markdown(ddp_rows, info.get("ddp_skipped"))
         mismatches = mismatches + infer_problems
+        if info.get("ddp_failed"):
+            mismatches = mismatches + ["kiln_bench_ddp: " + info["ddp_failed"].splitlines()[0]]
+        mismatches = mismatches + ["kiln_bench_ddp %s: replicas differ after training" % r["config"]
+                                   for r in ddp_rows if not r["replicas_identical"]]
         with open(out_path, "w") as f:
             json.dump({"machine": info, "quick": a.quick, "pairs": a.pairs, "threads": a.threads,
                        "complete": final and not info.get("interrupted"),
                        "torch_configs": {c: CONFIG_LABEL[c] for c in a.torch_configs},
                        "f32_matmul_peak_gflops": {str(t): max(r["peak"]) for t, r in results.items() if r["peak"]},
                        "note": a.note, "rows": rows, "profiler_overhead_rows": overhead_rows,
-                       "infer_rows": infer_rows,
+                       "infer_rows": infer_rows, "ddp_rows": ddp_rows,
                        "infer_skipped": info.get("infer_skipped")}, f, indent=1)
             f.write("\n")
         with open(os.path.splitext(out_path)[0] + ".md", "w") as f:
@@ -457,6 +475,21 @@ def main():
             else:
                 infer_results.update(infer_bench.measure(run_process, env_for, os.path.abspath(a.kiln_infer),
                                                          a.threads, a.infer_workloads, a.pairs, a.quick))
+        if not a.no_ddp and not a.infer_only and not a.under_load_only:
+            why = ddp_bench.unavailable(a.kiln_ddp)
+            if why:
+                info["ddp_skipped"] = why
+                log("compare.py: DDP rows skipped: " + why)
+            else:
+                try:
+                    ddp_results.update(ddp_bench.measure(a.kiln_ddp, a.pairs, QUICK_STEPS if a.quick else 20,
+                                                         1 if a.quick else 3))
+                except (RuntimeError, subprocess.TimeoutExpired) as e:
+                    # Something broke (not a slow time): say so in the table and fail the run at the end.
+                    info["ddp_skipped"] = "a run failed: %s" % str(e).splitlines()[0]
+                    info["ddp_failed"] = str(e)
+                    log("compare.py: DDP rows: " + str(e))
+            save(False)
         if not a.no_under_load and not a.infer_only:
             threads = max(2, max(a.threads))
             cfg = "tunables" if "tunables" in a.torch_configs else a.torch_configs[0]
@@ -472,7 +505,8 @@ def main():
     if info.get("interrupted"):
         return 130
     if mismatches:
-        log("compare.py: first-step losses or inference outputs disagree (the sides compute different models):\n  " +
+        log("compare.py: first-step losses or inference outputs disagree (the sides compute different models), "
+            "or a DDP run failed:\n  " +
             "\n  ".join(mismatches))
         return 1
     return 0

@@ -8,7 +8,7 @@
 #                    [--quick] [--pairs 3] [--torch-configs installed,tunables,avx512]
 #                    [--out FILE.json] [--note TEXT]
 #                    [--no-infer | --infer-only] [--infer-workloads cnn,resnet,gpt_infer]
-#                    [--no-profiler-overhead]
+#                    [--no-profiler-overhead] [--no-ddp]
 #
 # The "profiler overhead" table (tiny and gpt with the profiler off and with a
 # Profiler recording every step, alternately; bench/profiler_overhead.py)
@@ -16,6 +16,8 @@
 # The inference table (kiln optimised vs kiln eager vs ONNX Runtime on the same
 # exported model, issue 21) follows the training one; --infer-only runs just
 # it (results in bench/results/infer.json and infer.md).
+# The DDP table (gpt weak scaling under mpirun, 1 rank vs 2 ranks, exposed
+# communication; bench/ddp_bench.py, kiln_bench_ddp) follows; --no-ddp skips it.
 # --quick: one round of a few steps, every workload of a framework in one
 # process, 1 thread unless --threads: proves the harness works in seconds; its
 # figures are not a measurement. Benchmarks never fail on a time; the run exits
@@ -28,7 +30,7 @@ cd "$(dirname "$0")/.."
 
 for arg in "$@"; do
   if [[ $arg == -h || $arg == --help ]]; then
-    sed -n '2,26p' "$0" | sed 's/^# \{0,1\}//'
+    sed -n '2,27p' "$0" | sed 's/^# \{0,1\}//'
     exit 0
   fi
 done
@@ -40,6 +42,10 @@ if [[ -z $bin ]]; then
     cmake --preset release >/dev/null
   fi
   cmake --build build/release --target kiln_bench kiln_bench_infer >&2
+  # Only where MPI was found (kiln_dist); compare.py says so when it is missing.
+  if [[ " $* " != *" --no-ddp "* ]]; then
+    cmake --build build/release --target kiln_bench_ddp >&2 || echo "bench.sh: no kiln_bench_ddp; the DDP table is skipped" >&2
+  fi
   bin=build/release/bench/kiln_bench
 fi
 [[ -x $bin ]] || { echo "bench.sh: no kiln_bench at $bin" >&2; exit 1; }

@@ -1,6 +1,7 @@
 // DistributedDataParallel. See include/kiln/dist/ddp.h.
 #include "kiln/dist/ddp.h"
 
+#include <algorithm>
 #include <map>
 #include <sstream>
 #include <unordered_map>
@@ -63,8 +64,14 @@ DistributedDataParallel::DistributedDataParallel(std::shared_ptr<nn::Module> mod
     for (auto& nb : module_->named_buffers()) buffers.emplace_back(nb.first, nb.second);
     detail::verify_same_model(*group_, params, buffers);
   }
+  KILN_CHECK(options_.first_bucket_cap_mb > 0, ValueError,
+             "DistributedDataParallel: first_bucket_cap_mb must be > 0, got ", options_.first_bucket_cap_mb);
   broadcast_state(/*params=*/true);
-  assign_buckets();
+  {
+    std::vector<size_t> reverse(params_.size());
+    for (size_t k = 0; k < params_.size(); ++k) reverse[k] = params_.size() - 1 - k;
+    assign_buckets(reverse);
+  }
   ready_.assign(params_.size(), 0);
   had_grad_.assign(params_.size(), 1);
   for (size_t i = 0; i < params_.size(); ++i) {
@@ -94,17 +101,26 @@ void DistributedDataParallel::broadcast_state(bool params) {
 }
 
 // Backward produces gradients roughly in reverse registration order, so
-// buckets filled in that order become ready one after another while backward
-// still runs. Parameters of different dtypes never share a bucket.
-void DistributedDataParallel::assign_buckets() {
+// buckets filled in that order (until rebuild_buckets knows the real order)
+// become ready one after another while backward still runs. Parameters of
+// different dtypes never share a bucket. The first bucket of each dtype is
+// kept small so that its allreduce starts early.
+void DistributedDataParallel::assign_buckets(const std::vector<size_t>& order) {
   const auto cap = static_cast<int64_t>(options_.bucket_cap_mb * 1024.0 * 1024.0);
+  const auto first_cap =
+      static_cast<int64_t>(std::min(options_.first_bucket_cap_mb, options_.bucket_cap_mb) * 1024.0 * 1024.0);
+  buckets_.clear();
+  state_.clear();
   std::map<DType, size_t> open;  // dtype -> bucket still taking parameters
-  for (size_t k = params_.size(); k-- > 0;) {
+  std::map<DType, int> made;     // dtype -> buckets made so far
+  for (size_t k : order) {
     const Tensor& p = params_[k];
     auto it = open.find(p.dtype());
-    if (it == open.end() || buckets_[it->second].bytes + p.nbytes() > cap) {
+    const int64_t limit = made[p.dtype()] == 1 ? first_cap : cap;  // the dtype's first bucket is open
+    if (it == open.end() || buckets_[it->second].bytes + p.nbytes() > limit) {
       buckets_.push_back(BucketInfo{.params = {}, .bytes = 0, .dtype = p.dtype()});
       open[p.dtype()] = buckets_.size() - 1;
+      ++made[p.dtype()];
       it = open.find(p.dtype());
     }
     buckets_[it->second].params.push_back(k);
@@ -129,6 +145,56 @@ void DistributedDataParallel::assign_buckets() {
   }
 }
 
+// As torch: the first synced backward tells the order gradients really
+// arrive in (gpt's tied token embedding, first in registration order, is
+// ready last); buckets filled in that order launch as early as possible.
+// Ranks may see different orders (thread timing, rank-dependent control
+// flow), so rank 0's is broadcast and every rank uses it: all ranks must lay
+// out the same buckets to issue the same allreduces. Gradients already
+// accumulated (no_sync steps) move into the new buckets.
+void DistributedDataParallel::maybe_rebuild_buckets() {
+  if (rebuild_decided_ || !synced_backward_seen_ || !options_.rebuild_buckets || options_.find_unused_parameters) {
+    return;
+  }
+  rebuild_decided_ = true;
+  const auto n = static_cast<int64_t>(params_.size());
+  // [complete on rank 0 (0/1), order...]: a rank 0 whose first backward did not
+  // finish (an error) has no order to give, and then nobody rebuilds.
+  Tensor msg = zeros({n + 1}, kInt64);
+  int64_t* m = msg.data_ptr<int64_t>();
+  const bool complete = static_cast<int64_t>(first_ready_order_.size()) == n;
+  if (complete) {
+    m[0] = 1;
+    for (int64_t i = 0; i < n; ++i) m[i + 1] = static_cast<int64_t>(first_ready_order_[static_cast<size_t>(i)]);
+  }
+  if (group_->size() > 1) {
+    CollectiveLabel label("DDP bucket rebuild order");
+    group_->broadcast(msg, 0)->wait();
+  }
+  first_ready_order_.clear();
+  if (m[0] != 1) return;
+  std::vector<size_t> order(static_cast<size_t>(n));
+  std::vector<char> seen(static_cast<size_t>(n), 0);
+  for (int64_t i = 0; i < n; ++i) {
+    const int64_t k = m[i + 1];
+    KILN_CHECK(k >= 0 && k < n && !seen[static_cast<size_t>(k)], DistributedError,
+               "DistributedDataParallel: rank 0's gradient ready order is not a permutation of the ", n,
+               " parameters (entry ", i, " is ", k, "); the ranks' models differ");
+    seen[static_cast<size_t>(k)] = 1;
+    order[static_cast<size_t>(i)] = static_cast<size_t>(k);
+  }
+  NoGradGuard no_grad;
+  assign_buckets(order);
+  for (size_t i = 0; i < params_.size(); ++i) {
+    Tensor& grad = params_[i].mutable_grad();
+    if (!grad.defined()) continue;
+    Tensor& view = state_[bucket_of_[i]]->views[slot_of_[i]];
+    view.copy_(grad);
+    if (options_.gradient_as_bucket_view) grad = view;
+  }
+  rebuilt_ = true;
+}
+
 Tensor DistributedDataParallel::forward(const Tensor& input) {
   if (in_backward_) {
     // The last backward ended in an error before our callback ran: drain what
@@ -138,6 +204,7 @@ Tensor DistributedDataParallel::forward(const Tensor& input) {
       if (b->work) std::exchange(b->work, nullptr)->wait();
     }
   }
+  if (sync_) maybe_rebuild_buckets();
   if (sync_ && options_.broadcast_buffers) broadcast_state(/*params=*/false);
   Tensor out = (*module_)(input);
   unused_in_forward_.clear();
@@ -187,6 +254,7 @@ void DistributedDataParallel::mark_unused_ready(size_t i) {
   }
   ready_[i] = 1;
   ++num_ready_;
+  stats_.ready_order.push_back(i);
   --b.pending;
 }
 
@@ -204,7 +272,9 @@ void DistributedDataParallel::on_gradient_ready(size_t index) {
       state_[b]->work.reset();
     }
     stats_ = DDPStats{};
+    stats_.ready_order.reserve(params_.size());
     std::fill(had_grad_.begin(), had_grad_.end(), 1);
+    synced_backward_seen_ = true;
     autograd::queue_callback([this] { finalize_backward(); });
     for (size_t i : unused_in_forward_) {
       if (i != index) mark_unused_ready(i);
@@ -225,6 +295,7 @@ void DistributedDataParallel::on_gradient_ready(size_t index) {
   }
   ready_[index] = 1;
   ++num_ready_;
+  stats_.ready_order.push_back(index);
   stats_.last_gradient_ready = now();
   --state_[bucket_of_[index]]->pending;
   launch_ready_buckets();
@@ -236,13 +307,13 @@ void DistributedDataParallel::launch_ready_buckets() {
   NoGradGuard no_grad;
   while (next_launch_ < state_.size() && state_[next_launch_]->pending == 0) {
     Bucket& b = *state_[next_launch_];
-    // Divided first, as torch: the sum over ranks is then the average. A world
-    // of one has nothing to exchange.
+    // ReduceOp::Avg: the division by the world size is the process group's,
+    // done on its communication thread as the reduced bucket comes out, not
+    // a pass of this (the backward) thread. A world of one has nothing to exchange.
     if (group_->size() > 1) {
-      b.flat.div_(static_cast<double>(group_->size()));
       // Named in mismatch reports and in profiles (the allreduce's detail): which bucket, issued in backward.
       CollectiveLabel label(bucket_label(next_launch_));
-      b.work = group_->allreduce(b.flat, ReduceOp::Sum);
+      b.work = group_->allreduce(b.flat, ReduceOp::Avg);
     }
     if (stats_.allreduces == 0) {
       stats_.first_allreduce_start = now();
@@ -310,6 +381,10 @@ void DistributedDataParallel::finalize_backward() {
     } else {
       grad = view.clone();
     }
+  }
+  // rebuild_buckets: this backward's order, if it is the first one that completed.
+  if (options_.rebuild_buckets && !options_.find_unused_parameters && !rebuild_decided_ && first_ready_order_.empty()) {
+    first_ready_order_ = stats_.ready_order;
   }
 }
 

@@ -227,6 +227,7 @@ MPIProcessGroup::MPIProcessGroup(MPI_Comm comm, std::vector<int> world_ranks, co
     for (size_t i = 0; i < world_ranks_.size(); ++i) name_ += (i ? ", " : "") + std::to_string(world_ranks_[i]);
     name_ += "] (" + std::to_string(size_) + " of " + std::to_string(world_size) + " ranks)";
   }
+  progress_mode_ = progress_mode_from_env();
   if (const char* d = std::getenv("KILN_DIST_DEBUG")) debug_ = std::strcmp(d, "") != 0 && std::strcmp(d, "0") != 0;
   if (const char* t = std::getenv("KILN_DIST_TIMEOUT"); t && *t) {
     char* end = nullptr;
@@ -237,11 +238,16 @@ MPIProcessGroup::MPIProcessGroup(MPI_Comm comm, std::vector<int> world_ranks, co
   }
   // Debug mode adds an allgather before each collective: every rank must agree
   // on it, or the first collective would pair an allgather with something else.
-  int flags[2] = {debug_ ? 1 : 0, debug_ ? -1 : 0};
-  check_mpi(MPI_Allreduce(MPI_IN_PLACE, flags, 2, MPI_INT, MPI_MAX, comm_), "MPI_Allreduce (KILN_DIST_DEBUG check)");
+  // So must KILN_DIST_PROGRESS: a nonblocking collective does not match a blocking one.
+  const int mode = static_cast<int>(progress_mode_);
+  int flags[4] = {debug_ ? 1 : 0, debug_ ? -1 : 0, mode, -mode};
+  check_mpi(MPI_Allreduce(MPI_IN_PLACE, flags, 4, MPI_INT, MPI_MAX, comm_), "MPI_Allreduce (KILN_DIST_DEBUG check)");
   KILN_CHECK(flags[0] == -flags[1], DistributedError,
              "KILN_DIST_DEBUG must be set alike on every rank, but some ranks have it on and some off (rank ", rank_,
              " has it ", debug_ ? "on" : "off", "); launch with `kiln launch` or mpirun -x KILN_DIST_DEBUG");
+  KILN_CHECK(flags[2] == -flags[3], DistributedError, "KILN_DIST_PROGRESS must be set alike on every rank (rank ",
+             rank_, " has ", progress_mode_ == ProgressMode::Spin ? "spin" : "backoff",
+             ", another rank the other); launch with `kiln launch` or mpirun -x KILN_DIST_PROGRESS");
   comm_thread_ = std::thread([this] { comm_loop(); });
   watch_thread_ = std::thread([this] { watchdog_loop(); });
 }
@@ -413,15 +419,27 @@ WorkPtr MPIProcessGroup::allreduce(Tensor& t, ReduceOp op, Loc loc) {
   return enqueue(sig, [this, keep, op] {
     const int n = static_cast<int>(keep.numel());
     const int size = size_;
+    // In place; with ProgressMode::Backoff nonblocking, tested without holding a core.
+    auto reduce = [&](void* data, MPI_Datatype type) {
+      if (progress_mode_ == ProgressMode::Spin) {
+        check_mpi(MPI_Allreduce(MPI_IN_PLACE, data, n, type, mpi_op(op), comm_), "MPI_Allreduce");
+        return;
+      }
+      MPI_Request req = MPI_REQUEST_NULL;
+      check_mpi(MPI_Iallreduce(MPI_IN_PLACE, data, n, type, mpi_op(op), comm_, &req), "MPI_Iallreduce");
+      wait_with_backoff(req, "MPI_Iallreduce");
+    };
+    // Avg's division happens here, on the communication thread, as the reduced
+    // data comes out (for bfloat16, in the conversion back), so the caller's
+    // thread never makes a pass over the buffer for it.
     if (keep.dtype() == DType::BFloat16) {
       auto f = to_float(keep);
-      check_mpi(MPI_Allreduce(MPI_IN_PLACE, f.data(), n, MPI_FLOAT, mpi_op(op), comm_), "MPI_Allreduce");
+      reduce(f.data(), MPI_FLOAT);
       if (op == ReduceOp::Avg) divide(f.data(), f.size(), size);
       from_float(f, keep.data_ptr());
       return;
     }
-    check_mpi(MPI_Allreduce(MPI_IN_PLACE, keep.data_ptr(), n, mpi_type(keep.dtype()), mpi_op(op), comm_),
-              "MPI_Allreduce");
+    reduce(keep.data_ptr(), mpi_type(keep.dtype()));
     if (op == ReduceOp::Avg) divide(static_cast<float*>(keep.data_ptr()), static_cast<size_t>(n), size);
   });
 }
@@ -433,8 +451,14 @@ WorkPtr MPIProcessGroup::broadcast(Tensor& t, int root, Loc loc) {
   auto sig = make_signature(OpKind::Broadcast, -1, root, &t, loc);
   Tensor keep = t;
   return enqueue(sig, [this, keep, root] {
-    check_mpi(MPI_Bcast(keep.data_ptr(), static_cast<int>(keep.numel()), mpi_type(keep.dtype()), root, comm_),
-              "MPI_Bcast");
+    const int n = static_cast<int>(keep.numel());
+    if (progress_mode_ == ProgressMode::Spin) {
+      check_mpi(MPI_Bcast(keep.data_ptr(), n, mpi_type(keep.dtype()), root, comm_), "MPI_Bcast");
+      return;
+    }
+    MPI_Request req = MPI_REQUEST_NULL;
+    check_mpi(MPI_Ibcast(keep.data_ptr(), n, mpi_type(keep.dtype()), root, comm_, &req), "MPI_Ibcast");
+    wait_with_backoff(req, "MPI_Ibcast");
   });
 }
 

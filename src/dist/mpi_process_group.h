@@ -83,6 +83,28 @@ struct Progress {
   Signature current;  // the running (or last started) operation
 };
 
+/// How the communication thread waits for a collective to complete
+/// (KILN_DIST_PROGRESS, read when a group is made).
+enum class ProgressMode {
+  /// A nonblocking collective (MPI_Iallreduce, MPI_Ibcast) tested with
+  /// back-off: spin about 20 µs, then sleep 5 µs doubling up to 100 µs between
+  /// tests, so a rank waiting for its peer leaves the core to compute.
+  Backoff,
+  /// The blocking call, which Open MPI completes by busy-polling a core.
+  Spin,
+};
+/// KILN_DIST_PROGRESS: "backoff" (the default, also when unset or empty) or "spin".
+ProgressMode progress_mode_from_env();
+/// Completes `req` by MPI_Test with back-off (ProgressMode::Backoff); `what` names the call in errors.
+void wait_with_backoff(MPI_Request& req, const char* what);
+/// Process-wide counts of the back-off path, for tests and figures.
+struct ProgressCounters {
+  int64_t completed = 0;  // requests completed by wait_with_backoff
+  int64_t tests = 0;      // MPI_Test calls
+  int64_t sleeps = 0;     // sleeps between tests
+};
+ProgressCounters progress_counters();
+
 class MPIWork final : public Work {
  public:
   /// `wait_name` ("allreduce.wait") and `group` (the group's describe()) name
@@ -119,6 +141,7 @@ class MPIProcessGroup final : public ProcessGroup {
   std::string backend() const override { return "mpi"; }
   std::vector<int> ranks() const override { return world_ranks_; }
   std::string describe() const override { return name_; }
+  ProgressMode progress_mode() const { return progress_mode_; }
 
   WorkPtr allreduce(Tensor& t, ReduceOp op, Loc loc) override;
   WorkPtr broadcast(Tensor& t, int root, Loc loc) override;
@@ -160,6 +183,7 @@ class MPIProcessGroup final : public ProcessGroup {
   MPI_Comm watch_ = MPI_COMM_NULL;  // watchdog queries and answers
   bool debug_ = false;
   double timeout_s_ = 300;
+  ProgressMode progress_mode_ = ProgressMode::Backoff;
 
   // Issue side (caller threads).
   std::mutex issue_mu_;

@@ -26,6 +26,15 @@ struct DDPOptions {
   /// A bucket holds parameters while their gradients fit in this many MiB; a
   /// single larger parameter gets a bucket of its own.
   double bucket_cap_mb = 25;
+  /// The first bucket (the gradients backward produces first) holds at most
+  /// min(first_bucket_cap_mb, bucket_cap_mb) MiB, as PyTorch: a small first
+  /// bucket starts communicating early in backward.
+  double first_bucket_cap_mb = 1;
+  /// After the first synced backward, rebuild the buckets in the order its
+  /// gradients actually became ready (rank 0's order, broadcast at the next
+  /// synced forward so that every rank lays out the same buckets). Not done
+  /// with find_unused_parameters, whose ready order varies by iteration.
+  bool rebuild_buckets = true;
   /// Parameters that got no gradient in a backward pass are treated as having
   /// a zero one (they then take part in the average); off, they are an error.
   bool find_unused_parameters = false;
@@ -56,6 +65,9 @@ struct DDPStats {
   int64_t pending_at_first_allreduce = 0;
   /// Bucket indices in launch order (always 0, 1, 2 ...: every rank issues them alike).
   std::vector<size_t> launch_order;
+  /// Parameter indices (parameters() order) in the order their gradients
+  /// became ready in this backward; unused parameters marked ready are included.
+  std::vector<size_t> ready_order;
 };
 
 class DistributedDataParallel : public nn::Module {
@@ -73,6 +85,9 @@ class DistributedDataParallel : public nn::Module {
   /// The wrapped module's parameter names in parameters() order (BucketInfo indexes them).
   const std::vector<std::string>& parameter_names() const { return names_; }
   const DDPStats& stats() const { return stats_; }
+  /// Whether the buckets were rebuilt in the order gradients became ready
+  /// (rebuild_buckets; happens at the second synced forward).
+  bool buckets_rebuilt() const { return rebuilt_; }
 
   /// While a NoSync guard lives, backward only accumulates gradients locally;
   /// the first backward after it averages everything accumulated.
@@ -91,7 +106,10 @@ class DistributedDataParallel : public nn::Module {
 
  private:
   struct Bucket;
-  void assign_buckets();
+  /// Lays the parameters out in buckets, filling them in `order` (parameter indices).
+  void assign_buckets(const std::vector<size_t>& order);
+  /// rebuild_buckets: agree on rank 0's ready order and lay the buckets out by it.
+  void maybe_rebuild_buckets();
   void broadcast_state(bool params);
   void on_gradient_ready(size_t index);
   void launch_ready_buckets();
@@ -117,6 +135,12 @@ class DistributedDataParallel : public nn::Module {
   int64_t num_ready_ = 0;
   bool in_backward_ = false;
   bool sync_ = true;
+  // rebuild_buckets: the first synced backward's ready order, whether one
+  // began, and whether the buckets were rebuilt (or the attempt made).
+  std::vector<size_t> first_ready_order_;
+  bool synced_backward_seen_ = false;
+  bool rebuild_decided_ = false;
+  bool rebuilt_ = false;
   std::chrono::steady_clock::time_point epoch_;
   DDPStats stats_;
 };

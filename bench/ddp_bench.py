@@ -1,0 +1,145 @@
+"""DDP weak scaling on the gpt workload (issue 26 §2): the DDP table of
+scripts/bench.sh (bench/compare.py; --no-ddp skips it), or on its own:
+
+    /usr/bin/python3 bench/ddp_bench.py --bin build/release/bench/kiln_bench_ddp [--rounds 3] [--steps 20]
+
+Configurations, each rank one thread and the same per-rank batch, run
+alternately for --rounds rounds so that drift in the machine's load hits all
+alike (a shared machine: the load average is recorded beside every run):
+  1x1          1 rank (the reference: no communication)
+  2x1          2 ranks, the default buckets (25 MiB cap, 1 MiB first bucket, rebuilt)
+  2x1 cap2     2 ranks, a 2 MiB bucket cap
+Figures: weak-scaling efficiency = step(1 rank) / step(2 ranks) (1.0: a second
+rank doing a second batch costs nothing); exposed / allreduce = the tail of
+communication after the last gradient over the same allreduces run alone
+(0: all hidden behind backward). Medians of each round's medians. Never judged.
+"""
+import argparse
+import json
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+
+CONFIGS = [
+    ("1x1", 1, []),
+    ("2x1", 2, []),
+    ("2x1 cap2", 2, ["--bucket-mb", "2"]),
+]
+MPI_ENV = {
+    "OMPI_ALLOW_RUN_AS_ROOT": "1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1", "OMPI_MCA_rmaps_base_oversubscribe": "1",
+    "GLIBC_TUNABLES": "glibc.malloc.hugetlb=1:glibc.malloc.mmap_threshold=4294967296:"
+                      "glibc.malloc.trim_threshold=4294967296",
+    "OMP_NUM_THREADS": "1",
+}
+
+
+def log(msg):
+    print(msg, file=sys.stderr, flush=True)
+
+
+def unavailable(ddp_bin):
+    if not ddp_bin or not os.path.exists(ddp_bin):
+        return "no kiln_bench_ddp (build the target kiln_bench_ddp)"
+    if not shutil.which("mpirun"):
+        return "no mpirun on PATH"
+    return None
+
+
+def run_one(ddp_bin, ranks, extra, steps, warmup, timeout=600):
+    env = dict(os.environ)
+    env.update(MPI_ENV)
+    cmd = [ddp_bin, "--steps", str(steps), "--warmup", str(warmup)] + extra
+    if ranks > 1:
+        cmd = ["mpirun", "-np", str(ranks), "-x", "OMP_NUM_THREADS", "-x", "GLIBC_TUNABLES"] + (
+            ["-x", "KILN_DIST_PROGRESS"] if "KILN_DIST_PROGRESS" in env else []) + cmd
+    load_before = os.getloadavg()[0]
+    p = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout)
+    if p.returncode != 0:
+        raise RuntimeError("%s failed (%d):\n%s" % (" ".join(cmd), p.returncode, p.stderr[-2000:]))
+    line = [ln for ln in p.stdout.splitlines() if ln.startswith("{")][-1]
+    r = json.loads(line)
+    r["load"] = (load_before + os.getloadavg()[0]) / 2
+    return r
+
+
+def measure(ddp_bin, rounds, steps, warmup=3):
+    """{config: [result per round]}."""
+    out = {name: [] for name, _, _ in CONFIGS}
+    for k in range(rounds):
+        for name, ranks, extra in CONFIGS:
+            r = run_one(ddp_bin, ranks, extra, steps, warmup)
+            log("ddp_bench: round %d %-9s step %.1f ms  exposed %.2f ms  allreduce %.2f ms  load %.1f" %
+                (k + 1, name, r["step_ms"], r["exposed_ms"], r["allreduce_ms"], r["load"]))
+            out[name].append(r)
+    return out
+
+
+def rows(results):
+    """One row per configuration: medians over rounds, and the figures against 1x1."""
+    med = lambda rs, key: statistics.median(r[key] for r in rs) if rs else None
+    ref = results.get("1x1") or []
+    out = []
+    for name, ranks, _ in CONFIGS:
+        rs = results.get(name) or []
+        if not rs:
+            continue
+        # Efficiency per round (adjacent runs), then the median: the load drifts between rounds.
+        effs = [a["step_ms"] / b["step_ms"] for a, b in zip(ref, rs)] if ranks > 1 else []
+        ratios = [r["exposed_ms"] / r["allreduce_ms"] for r in rs if r["allreduce_ms"] > 0]
+        out.append({
+            "config": name, "ranks": ranks, "buckets": rs[0]["buckets"], "bucket_cap_mb": rs[0]["bucket_cap_mb"],
+            "rebuilt": rs[0]["rebuilt"], "progress": rs[0]["progress"], "rounds": len(rs),
+            "step_ms": med(rs, "step_ms"), "backward_ms": med(rs, "backward_ms"),
+            "exposed_ms": med(rs, "exposed_ms"), "allreduce_ms": med(rs, "allreduce_ms"),
+            "efficiency": statistics.median(effs) if effs else None,
+            "exposed_over_allreduce": statistics.median(ratios) if ratios else None,
+            "load": [round(r["load"], 1) for r in rs],
+            "replicas_identical": all(r["replicas_identical"] for r in rs),
+        })
+    return out
+
+
+def markdown(table_rows, skipped=None):
+    text = "\n### DDP weak scaling (gpt, 1 thread per rank, fixed per-rank batch)\n\n"
+    if skipped:
+        return text + "Skipped: %s.\n" % skipped
+    text += ("| config | buckets | step ms | backward ms | exposed ms | allreduce alone ms | efficiency | "
+             "exposed / allreduce | load averages |\n|---|---|---|---|---|---|---|---|---|\n")
+    f = lambda v, fmt: "–" if v is None else fmt % v
+    for r in table_rows:
+        text += "| %s | %d%s | %.1f | %.1f | %s | %s | %s | %s | %s |\n" % (
+            r["config"], r["buckets"], " (rebuilt)" if r["rebuilt"] else "", r["step_ms"], r["backward_ms"],
+            f(r["exposed_ms"] if r["ranks"] > 1 else None, "%.2f"),
+            f(r["allreduce_ms"] if r["ranks"] > 1 else None, "%.2f"), f(r["efficiency"], "%.3f"),
+            f(r["exposed_over_allreduce"], "%.2f"), ", ".join("%.1f" % x for x in r["load"]))
+    text += ("\nefficiency = step(1 rank) / step(2 ranks), per round then the median (goal ≥ 0.95); "
+             "exposed / allreduce: communication after the last gradient over the allreduces alone (goal ≤ 0.20).\n")
+    return text
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--bin", default="build/release/bench/kiln_bench_ddp")
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--steps", type=int, default=20)
+    ap.add_argument("--warmup", type=int, default=3)
+    ap.add_argument("--json", default=None, help="also write the rows and every run here")
+    a = ap.parse_args()
+    why = unavailable(a.bin)
+    if why:
+        print(markdown([], why), end="")
+        return 1
+    results = measure(os.path.abspath(a.bin), a.rounds, a.steps, a.warmup)
+    table = rows(results)
+    print(markdown(table), end="")
+    if a.json:
+        with open(a.json, "w") as f:
+            json.dump({"rows": table, "runs": results}, f, indent=1)
+            f.write("\n")
+    return 0 if all(r["replicas_identical"] for r in table) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,310 @@
+// DDP's bucket layout and how its allreduces progress (issue 26 §2): the
+// small first bucket, buckets rebuilt in the order gradients became ready
+// (rank 0's order, the same on every rank), gradients equal to a plain
+// allreduce average, the back-off progress path of the MPI backend, and
+// find_unused_parameters keeping its buckets. DDPBuckets.* run on the
+// in-process fake group; DDPBucketsMpi.* under mpirun (ctest dist_2, dist_4).
+#include <gtest/gtest.h>
+
+#include <chrono>
+#include <cmath>
+#include <cstdlib>
+#include <limits>
+#include <thread>
+
+#include "dist/ddp_nets.h"
+#include "dist/fake_group.h"
+#include "dist/mpi_process_group.h"
+#include "kiln/dist/ddp.h"
+#include "kiln/dist/dist.h"
+#include "kiln/nn/layers.h"
+#include "kiln/ops/factory.h"
+
+namespace kiln {
+namespace {
+
+using dist::DDPOptions;
+using dist::DistributedDataParallel;
+using test::Blocks;
+using test::FakeGroup;
+using test::FakeWorld;
+using test::mse;
+
+constexpr double kMiB = 1024.0 * 1024.0;
+
+// Linear layers applied in an order chosen per rank, so that backward makes
+// the gradients ready in a rank-dependent order: the ranks must still agree
+// on one bucket layout.
+class Chain : public nn::Module {
+ public:
+  explicit Chain(std::vector<size_t> order) : nn::Module("Chain"), order_(std::move(order)) {
+    for (int i = 0; i < 4; ++i) {
+      layers_.push_back(register_module("l" + std::to_string(i), std::make_shared<nn::Linear>(nn::LinearOptions{
+                                                                      .in_features = 8, .out_features = 8})));
+    }
+  }
+  Tensor forward(const Tensor& x) override {
+    Tensor h = x;
+    for (size_t i : order_) h = (*layers_[i])(h).tanh();
+    return h;
+  }
+
+ private:
+  std::vector<size_t> order_;
+  std::vector<std::shared_ptr<nn::Linear>> layers_;
+};
+
+std::vector<size_t> flat_layout(const DistributedDataParallel& ddp) {
+  std::vector<size_t> all;
+  for (const auto& b : ddp.buckets()) all.insert(all.end(), b.params.begin(), b.params.end());
+  return all;
+}
+
+// Runs two synced iterations of a Chain whose use order depends on the rank;
+// returns rank 0's ready order of the first backward and checks the layout.
+void check_rebuild_agreement(const dist::ProcessGroupPtr& pg, std::vector<size_t>* rank0_first_order,
+                             std::vector<size_t>* layout) {
+  const int rank = pg->rank();
+  std::vector<size_t> use = rank % 2 == 0 ? std::vector<size_t>{2, 0, 3, 1} : std::vector<size_t>{1, 3, 0, 2};
+  manual_seed(11);
+  auto net = std::make_shared<Chain>(use);
+  // 8x8 weights are 256 B: a cap of 600 B makes several buckets.
+  DistributedDataParallel ddp(net, pg, {.bucket_cap_mb = 600 / kMiB, .first_bucket_cap_mb = 300 / kMiB});
+  manual_seed(20 + static_cast<uint64_t>(rank));
+  Tensor x = randn({3, 8});
+  mse(ddp(x), zeros({3, 8})).backward();
+  EXPECT_FALSE(ddp.buckets_rebuilt());
+  const std::vector<size_t> first = ddp.stats().ready_order;
+  ASSERT_EQ(first.size(), ddp.parameter_names().size());
+  // The ranks' own orders differ (their chains run in other orders).
+  EXPECT_NE(first, flat_layout(ddp));
+  for (auto& p : net->parameters()) p.mutable_grad() = Tensor();
+  mse(ddp(x), zeros({3, 8})).backward();
+  EXPECT_TRUE(ddp.buckets_rebuilt());
+  // This rank's second backward ran in its own order, but the layout is rank 0's.
+  *layout = flat_layout(ddp);
+  if (rank == 0) *rank0_first_order = first;
+  EXPECT_EQ(ddp.stats().allreduces, static_cast<int64_t>(ddp.buckets().size()));
+  EXPECT_NE(ddp.buckets().size(), 0u);
+  // Caps hold after the rebuild: the first bucket within the first cap (one
+  // parameter may exceed it alone), the others within the cap.
+  for (size_t b = 0; b < ddp.buckets().size(); ++b) {
+    const auto& info = ddp.buckets()[b];
+    if (info.params.size() > 1) EXPECT_LE(info.bytes, b == 0 ? 300 : 600) << "bucket " << b;
+  }
+}
+
+TEST(DDPBuckets, DefaultsAreASmallFirstBucketAndRebuilding) {
+  DDPOptions o;
+  EXPECT_EQ(o.first_bucket_cap_mb, 1.0);
+  EXPECT_TRUE(o.rebuild_buckets);
+  EXPECT_EQ(o.bucket_cap_mb, 25.0);
+}
+
+TEST(DDPBuckets, FirstBucketHoldsAtMostTheFirstCap) {
+  auto world = std::make_shared<FakeWorld>(1);
+  auto g = std::make_shared<FakeGroup>(world, 0);
+  // Ten parameters of 0.25 MiB: backward's first four fill the 1 MiB first
+  // bucket exactly; the other six share one bucket under the 25 MiB cap.
+  auto m = std::make_shared<Blocks>(std::vector<int64_t>(10, 65536));
+  DistributedDataParallel ddp(m, g, {});
+  ASSERT_EQ(ddp.buckets().size(), 2u);
+  EXPECT_EQ(ddp.buckets()[0].params, (std::vector<size_t>{9, 8, 7, 6}));
+  EXPECT_EQ(ddp.buckets()[0].bytes, static_cast<int64_t>(kMiB));
+  EXPECT_EQ(ddp.buckets()[1].params.size(), 6u);
+
+  // The first cap is min(first_bucket_cap_mb, bucket_cap_mb): 0.5 MiB here.
+  auto m2 = std::make_shared<Blocks>(std::vector<int64_t>(10, 65536));
+  DistributedDataParallel ddp2(m2, g, {.bucket_cap_mb = 0.5, .first_bucket_cap_mb = 4});
+  ASSERT_EQ(ddp2.buckets().size(), 5u);
+  for (const auto& b : ddp2.buckets()) EXPECT_EQ(b.bytes, static_cast<int64_t>(kMiB / 2));
+
+  // A first cap of 0.3 MiB takes one parameter; then 1 MiB buckets of four.
+  auto m3 = std::make_shared<Blocks>(std::vector<int64_t>(10, 65536));
+  DistributedDataParallel ddp3(m3, g, {.bucket_cap_mb = 1, .first_bucket_cap_mb = 0.3});
+  std::vector<size_t> sizes;
+  for (const auto& b : ddp3.buckets()) sizes.push_back(b.params.size());
+  EXPECT_EQ(sizes, (std::vector<size_t>{1, 4, 4, 1}));
+
+  EXPECT_THROW(DistributedDataParallel(m3, g, {.first_bucket_cap_mb = 0}), ValueError);
+}
+
+TEST(DDPBuckets, RebuildAgreesOnRankZerosOrderOnTheFakeGroup) {
+  auto world = std::make_shared<FakeWorld>(2);
+  std::vector<std::vector<size_t>> layouts(2);
+  std::vector<size_t> rank0;
+  world->run([&](int r) {
+    auto g = std::make_shared<FakeGroup>(world, r);
+    std::vector<size_t> mine;
+    check_rebuild_agreement(g, r == 0 ? &rank0 : &mine, &layouts[static_cast<size_t>(r)]);
+  });
+  EXPECT_EQ(layouts[0], rank0);
+  EXPECT_EQ(layouts[1], rank0);
+}
+
+TEST(DDPBuckets, FindUnusedParametersAndRebuildOffKeepTheirBuckets) {
+  for (const bool find_unused : {true, false}) {
+    auto world = std::make_shared<FakeWorld>(2);
+    world->run([&](int r) {
+      auto g = std::make_shared<FakeGroup>(world, r);
+      manual_seed(3);
+      auto net = std::make_shared<Chain>(std::vector<size_t>{3, 2, 1, 0});  // ready order = registration order
+      DDPOptions o{.bucket_cap_mb = 600 / kMiB, .first_bucket_cap_mb = 300 / kMiB};
+      if (find_unused) {
+        o.find_unused_parameters = true;
+      } else {
+        o.rebuild_buckets = false;
+      }
+      DistributedDataParallel ddp(net, g, o);
+      const auto before = flat_layout(ddp);
+      for (int it = 0; it < 3; ++it) {
+        for (auto& p : net->parameters()) p.mutable_grad() = Tensor();
+        mse(ddp(ones({2, 8})), zeros({2, 8})).backward();
+      }
+      EXPECT_FALSE(ddp.buckets_rebuilt());
+      EXPECT_EQ(flat_layout(ddp), before);
+      EXPECT_NE(ddp.stats().ready_order, before);  // a rebuild would have changed the layout
+    });
+  }
+}
+
+class DDPBucketsMpi : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    ASSERT_TRUE(dist::is_initialized()) << "test_dist's DDPBucketsMpi cases run under mpirun: ctest -R dist_";
+    pg = dist::world();
+  }
+  dist::ProcessGroupPtr pg;
+};
+
+TEST_F(DDPBucketsMpi, RebuildAgreesOnRankZerosOrderAcrossRanks) {
+  std::vector<size_t> rank0, layout;
+  check_rebuild_agreement(pg, &rank0, &layout);
+  // Every rank's layout is rank 0's first ready order: compare over the wire.
+  Tensor mine = empty({static_cast<int64_t>(layout.size())}, kInt64);
+  for (size_t i = 0; i < layout.size(); ++i) mine.data_ptr<int64_t>()[i] = static_cast<int64_t>(layout[i]);
+  Tensor want = mine.clone();
+  if (pg->rank() == 0) {
+    for (size_t i = 0; i < rank0.size(); ++i) want.data_ptr<int64_t>()[i] = static_cast<int64_t>(rank0[i]);
+  }
+  pg->broadcast(want, 0)->wait();
+  for (size_t i = 0; i < layout.size(); ++i) {
+    EXPECT_EQ(mine.data_ptr<int64_t>()[i], want.data_ptr<int64_t>()[i]) << "rank " << pg->rank() << " slot " << i;
+  }
+}
+
+// DDP's averaged gradients against each rank's local gradients gathered and
+// averaged here in rank order: bit for bit on 2 ranks (a + b is commutative,
+// halving exact); otherwise within the rounding of a sum of n terms in
+// another order.
+TEST_F(DDPBucketsMpi, GradientsEqualThePlainAllreduceAverage) {
+  const int n = pg->size(), rank = pg->rank();
+  auto plain = test::make_net(5);
+  auto net = test::make_net(5);
+  plain->use_never = net->use_never = true;  // every parameter takes part
+  // Several buckets, so that the rebuild happens at the second iteration.
+  DistributedDataParallel ddp(net, pg, {.bucket_cap_mb = 1024 / kMiB, .first_bucket_cap_mb = 300 / kMiB});
+  for (int it = 0; it < 2; ++it) {
+    manual_seed(100 + static_cast<uint64_t>(10 * it + rank));
+    Tensor x = randn({4, 6}), y = randn({4, 3});
+    for (auto& p : plain->parameters()) p.mutable_grad() = Tensor();
+    for (auto& p : net->parameters()) p.mutable_grad() = Tensor();
+    mse((*plain)(x), y).backward();
+    mse(ddp(x), y).backward();
+    EXPECT_EQ(ddp.buckets_rebuilt(), it == 1);
+    auto pp = plain->named_parameters();
+    auto dp = net->named_parameters();
+    for (size_t k = 0; k < pp.size(); ++k) {
+      const Tensor local = pp[k].second.grad().contiguous();
+      std::vector<Tensor> all(static_cast<size_t>(n));
+      for (auto& a : all) a = empty(local.sizes());
+      pg->allgather(all, local)->wait();
+      const Tensor got = dp[k].second.grad().contiguous();
+      const float* g = got.data_ptr<float>();
+      for (int64_t i = 0; i < local.numel(); ++i) {
+        float sum = 0, abs_sum = 0;
+        for (const auto& a : all) {
+          sum += a.data_ptr<float>()[i];
+          abs_sum += std::fabs(a.data_ptr<float>()[i]);
+        }
+        const float want = sum / static_cast<float>(n);
+        if (n == 2) {
+          ASSERT_EQ(g[i], want) << pp[k].first << "[" << i << "] iteration " << it;
+        } else {
+          const float bound = 2.0f * static_cast<float>(n - 1) * std::numeric_limits<float>::epsilon() * abs_sum /
+                              static_cast<float>(n);
+          ASSERT_LE(std::fabs(g[i] - want), bound) << pp[k].first << "[" << i << "] iteration " << it;
+        }
+      }
+    }
+  }
+}
+
+// Groups made with KILN_DIST_PROGRESS=backoff complete their allreduces and
+// broadcasts through MPI_Iallreduce / MPI_Ibcast tested with back-off: a rank
+// that arrives early sleeps between tests instead of polling; "spin" keeps
+// the blocking calls. Both give the same results.
+TEST_F(DDPBucketsMpi, BackoffProgressPathCompletesCollectives) {
+  const int n = pg->size(), rank = pg->rank();
+  std::vector<int> all;
+  for (int r = 0; r < n; ++r) all.push_back(r);
+  const char* saved = std::getenv("KILN_DIST_PROGRESS");
+  const std::string restore = saved ? saved : "";
+  for (const char* mode : {"backoff", "spin"}) {
+    setenv("KILN_DIST_PROGRESS", mode, 1);
+    auto g = dist::new_group(all, std::string("progress-") + mode);
+    auto* mpi = dynamic_cast<dist::detail::MPIProcessGroup*>(g.get());
+    ASSERT_NE(mpi, nullptr);
+    const bool backoff = std::string(mode) == "backoff";
+    EXPECT_EQ(mpi->progress_mode(), backoff ? dist::detail::ProgressMode::Backoff : dist::detail::ProgressMode::Spin);
+    const auto before = dist::detail::progress_counters();
+    // Rank 0 arrives late: the others wait for it (sleeping, with back-off).
+    if (rank == 0) std::this_thread::sleep_for(std::chrono::milliseconds(30));
+    Tensor t = full({1000}, static_cast<double>(rank + 1));
+    g->allreduce(t, dist::ReduceOp::Avg)->wait();
+    for (int64_t i = 0; i < t.numel(); ++i) ASSERT_EQ(t.data_ptr<float>()[i], (n + 1) / 2.0f) << mode;
+    Tensor s = full({3000}, static_cast<double>(rank));
+    g->allreduce(s, dist::ReduceOp::Sum)->wait();
+    ASSERT_EQ(s.data_ptr<float>()[2999], n * (n - 1) / 2.0f) << mode;
+    Tensor b = full({500}, rank == 0 ? 7.0 : -1.0);
+    g->broadcast(b, 0)->wait();
+    ASSERT_EQ(b.data_ptr<float>()[499], 7.0f) << mode;
+    const auto after = dist::detail::progress_counters();
+    if (backoff) {
+      EXPECT_EQ(after.completed - before.completed, 3) << "allreduce, allreduce, broadcast through the back-off path";
+      if (rank != 0) EXPECT_GT(after.sleeps, before.sleeps) << "an early rank sleeps while it waits";
+    } else {
+      EXPECT_EQ(after.completed, before.completed) << "spin uses the blocking calls";
+    }
+    g->barrier()->wait();
+  }
+  if (restore.empty()) {
+    unsetenv("KILN_DIST_PROGRESS");
+  } else {
+    setenv("KILN_DIST_PROGRESS", restore.c_str(), 1);
+  }
+}
+
+TEST(DDPBuckets, ProgressModeComesFromTheEnvironment) {
+  const char* saved = std::getenv("KILN_DIST_PROGRESS");
+  const std::string restore = saved ? saved : "";
+  unsetenv("KILN_DIST_PROGRESS");
+  EXPECT_EQ(dist::detail::progress_mode_from_env(), dist::detail::ProgressMode::Backoff);
+  setenv("KILN_DIST_PROGRESS", "spin", 1);
+  EXPECT_EQ(dist::detail::progress_mode_from_env(), dist::detail::ProgressMode::Spin);
+  setenv("KILN_DIST_PROGRESS", "busy", 1);
+  try {
+    dist::detail::progress_mode_from_env();
+    ADD_FAILURE() << "expected a ValueError";
+  } catch (const ValueError& e) {
+    EXPECT_NE(std::string(e.what()).find("got 'busy'"), std::string::npos) << e.what();
+  }
+  if (restore.empty()) {
+    unsetenv("KILN_DIST_PROGRESS");
+  } else {
+    setenv("KILN_DIST_PROGRESS", restore.c_str(), 1);
+  }
+}
+
+}  // namespace
+}  // namespace kiln
