@@ -130,8 +130,8 @@ constexpr Key kSchema[] = {
     // Knowledge distillation (cli/distill.h): "" off, else the teacher's run directory.
     {"distill.teacher", Kind::String, "\"\"", "", ""},
     {"distill.kind", Kind::String, "\"soft\"", "", "soft|hard"},
-    {"distill.temperature", Kind::Float, "4.0", "", ""},
-    {"distill.alpha", Kind::Float, "0.9", "", ""},
+    {"distill.temperature", Kind::Float, "2.0", "", ""},
+    {"distill.alpha", Kind::Float, "0.5", "", ""},
 };
 
 // Allowed values, checked once on the final config (file and --set together) so

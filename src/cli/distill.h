@@ -21,7 +21,7 @@ struct Distiller {
   std::filesystem::path checkpoint;     // the teacher's weights
   std::string teacher_model;            // its model.type
   std::string kind;                     // "soft" or "hard"
-  double temperature = 4.0, alpha = 0.9;
+  double temperature = 2.0, alpha = 0.5;
 };
 
 /// The teacher of distill.teacher for a student task (Purpose::Train, after its
