@@ -45,6 +45,7 @@
 
 #include "kiln/nn/attention.h"
 #include "kiln/nn/checkpoint.h"
+#include "kiln/nn/distillation.h"
 #include "kiln/nn/functional.h"
 #include "kiln/nn/holder.h"
 #include "kiln/nn/init.h"

@@ -126,6 +126,12 @@ constexpr Key kSchema[] = {
 
     // Profiling (cli/profile_run.h): "20:25" profiles steps 20 to 24 into RUN_DIR/profile/; "" off.
     {"profile.steps", Kind::String, "\"\"", "", ""},
+
+    // Knowledge distillation (cli/distill.h): "" off, else the teacher's run directory.
+    {"distill.teacher", Kind::String, "\"\"", "", ""},
+    {"distill.kind", Kind::String, "\"soft\"", "", "soft|hard"},
+    {"distill.temperature", Kind::Float, "2.0", "", ""},
+    {"distill.alpha", Kind::Float, "0.5", "", ""},
 };
 
 // Allowed values, checked once on the final config (file and --set together) so
@@ -194,6 +200,8 @@ constexpr Range kRanges[] = {
     {"parallel.tp", 1, kIntMax, false, false},
     {"parallel.pp", 1, kIntMax, false, false},
     {"parallel.micro_batches", 1, kNoMax, false, false},
+    {"distill.temperature", 0, kNoMax, true, false},
+    {"distill.alpha", 0, 1, false, false},
 };
 
 // What `kiln resume --set KEY=...` does with each key (docs/config.md keeps the same table).
@@ -233,6 +241,7 @@ constexpr ResumeRule kResume[] = {
     {"dist.strategy", OnResume::Applies, ""},  // checkpoints hold the unsharded optimizer state whatever the strategy
     {"parallel.", OnResume::Applies, ""},      // and the unsharded model whatever the layout
     {"profile.", OnResume::Applies, ""},       // what is recorded, not what is computed
+    {"distill.", OnResume::Applies, ""},       // the loss from the resume step on; the teacher is loaded again
 };
 // clang-format on
 
@@ -448,7 +457,7 @@ void Config::validate_and_fill() {
       const bool is_section = !known_keys(top).empty() && !find_key(top);
       if (!is_section)
         throw ConfigError(where(source_, v1) + ": unknown section [" + top +
-                          "] (known: model, data, optim, schedule, train, dist, parallel, lora, profile)");
+                          "] (known: model, data, optim, schedule, train, dist, parallel, lora, profile, distill)");
       for (const auto& [k2, v2] : *sec) {
         const std::string key = top + "." + std::string(k2.str());
         if (!find_key(key))

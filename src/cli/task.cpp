@@ -6,6 +6,7 @@
 #include <numeric>
 #include <optional>
 
+#include "cli/distill.h"
 #include "cli/finetune.h"
 #include "cli/task_data.h"
 #include "kiln/core/autocast.h"
@@ -411,6 +412,7 @@ Task build_task(const Config& c, Purpose purpose, dist::ProcessGroupPtr group) {
     t.model->eval();
     return t;
   }
+  t.distill = make_distiller(c, t);
   if (uses_mesh(c)) {
     build_mesh_training(c, t, group);
     return t;
@@ -561,6 +563,7 @@ Tensor batch_loss(Task& t, const data::Example& batch) {
   // buffers, and the GPT has none; its gradients are averaged by DDP's hooks.
   if (t.gpt) return t.gpt->loss(batch.data, batch.target);
   nn::Module& m = t.ddp ? static_cast<nn::Module&>(*t.ddp) : *t.model;
+  if (t.distill) return distillation_batch_loss(*t.distill, m(batch.data), batch);
   return nn::functional::cross_entropy(m(batch.data), batch.target);
 }
 

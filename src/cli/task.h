@@ -24,6 +24,8 @@
 
 namespace kiln::cli {
 
+struct Distiller;  // cli/distill.h
+
 enum class Purpose { Train, Evaluate };
 
 struct Task {
@@ -64,6 +66,8 @@ struct Task {
   // What the model was built for (make_unsharded_model builds it again).
   std::vector<int64_t> sample_shape;
   int64_t num_classes = 0;
+  // [distill] teacher (Purpose::Train): the teacher whose logits batch_loss mixes into the loss; null without one.
+  std::shared_ptr<Distiller> distill;
 };
 
 /// Seeds the default generator with config.seed, then builds the model (in
@@ -111,7 +115,8 @@ void replay_schedule(Task& task, const Config& config, int64_t step);
 /// Whether `config` lays the model out over a mesh ([parallel] tp or pp > 1).
 bool uses_mesh(const Config& config);
 
-/// The training loss of one batch (cross-entropy; per token for the language model).
+/// The training loss of one batch (cross-entropy; per token for the language model; with
+/// task.distill, the distillation loss against the teacher's logits).
 Tensor batch_loss(Task& task, const data::Example& batch);
 
 struct EvalResult {

@@ -46,6 +46,7 @@
 #include <sstream>
 
 #include "cli/commands.h"
+#include "cli/distill.h"
 #include "cli/finetune.h"
 #include "cli/health_log.h"
 #include "cli/profile_run.h"
@@ -542,6 +543,7 @@ class TrainLoop {
                       std::to_string(total_) + ", run directory " + L_.run_dir.string() +
                       (accum_ > 1 ? ", " + std::to_string(accum_) + " batches per step" : std::string()));
     if (!t_.finetune_note.empty()) progress_.message(t_.finetune_note);
+    if (t_.distill) progress_.message(distill_note(*t_.distill, t_, c_));
     if (t_.mesh_gpt) progress_.message("rank 0: " + t_.mesh_gpt->describe());
   }
 
