@@ -8,8 +8,8 @@
 #include <cstdio>
 
 #include "cli/commands.h"
-#include "cli/quantize_qat.h"
 #include "cli/quantize_int4.h"
+#include "cli/quantize_qat.h"
 #include "kiln/core/error.h"
 #include "kiln/core/guards.h"
 #include "kiln/core/threads.h"
