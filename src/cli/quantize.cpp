@@ -66,6 +66,23 @@ ForwardTiming time_forward(nn::Module& model, const Tensor& x, int64_t iters) {
   return {ms[ms.size() / 2], ms.front()};
 }
 
+void print_forward_timing(Task& float_task, Task& quant_task, const QuantizeOptions& o, const char* label) {
+  data::DataLoader<> loader(quant_task.eval_set, {.batch_size = o.bench_batch, .seed = 0});
+  const Tensor x = (*loader.begin()).data.contiguous();
+  float_task.model->eval();
+  quant_task.model->eval();
+  const ForwardTiming f = time_forward(*float_task.model, x, o.bench_iters);
+  const ForwardTiming q = time_forward(*quant_task.model, x, o.bench_iters);
+  const bool tokens = quant_task.gpt != nullptr;
+  const std::string shape =
+      tokens ? std::to_string(x.size(0)) + " x " + std::to_string(x.size(1)) + " tokens" : std::to_string(x.size(0));
+  std::printf(
+      "%s at 1 thread, batch %s, %lld runs: median float32 %.3f ms, %s %.3f ms, %.2fx; "
+      "best float32 %.3f ms, %s %.3f ms, %.2fx\n",
+      tokens ? "forward" : "inference", shape.c_str(), static_cast<long long>(o.bench_iters), f.median_ms, label,
+      q.median_ms, f.median_ms / q.median_ms, f.best_ms, label, q.best_ms, f.best_ms / q.best_ms);
+}
+
 int quantize_command(const QuantizeOptions& o) {
   if (o.method == "qat") return quantize_qat_command(o);
   if (o.method == "int4") return quantize_int4_command(o);
@@ -109,18 +126,7 @@ int quantize_command(const QuantizeOptions& o) {
   std::printf("int8:    test accuracy %.2f%% (loss %.4f), %+.2f points\n", 100 * after.accuracy, after.loss,
               100 * (after.accuracy - before.accuracy));
 
-  // Timing: one batch of the test split through each model, 1 thread.
-  data::DataLoader<> loader(task.eval_set, {.batch_size = o.bench_batch, .seed = 0});
-  const Tensor x = (*loader.begin()).data.contiguous();
-  task_f.model->eval();
-  task.model->eval();
-  const ForwardTiming t_float = time_forward(*task_f.model, x, o.bench_iters);
-  const ForwardTiming t_int8 = time_forward(*task.model, x, o.bench_iters);
-  std::printf(
-      "inference at 1 thread, batch %lld, %lld runs: median float32 %.3f ms, int8 %.3f ms, %.2fx; "
-      "best float32 %.3f ms, int8 %.3f ms, %.2fx\n",
-      static_cast<long long>(x.size(0)), static_cast<long long>(o.bench_iters), t_float.median_ms, t_int8.median_ms,
-      t_float.median_ms / t_int8.median_ms, t_float.best_ms, t_int8.best_ms, t_float.best_ms / t_int8.best_ms);
+  print_forward_timing(task_f, task, o, "int8");
 
   const fs::path out = o.out.empty() ? (fs::is_directory(o.target) ? o.target / "model.int8.safetensors"
                                                                    : ckpt.parent_path() / "model.int8.safetensors")

@@ -48,4 +48,11 @@ CLI::App* add_quantize_command(CLI::App& app, QuantizeOptions& o);
 int quantize_command(const QuantizeOptions& o);
 ForwardTiming time_forward(nn::Module& model, const Tensor& x, int64_t iters);
 
+struct Task;
+/// Times one test batch of o.bench_batch through `float_task`'s model and `quant_task`'s, 1 thread,
+/// o.bench_iters runs each, and prints both with the ratio, the quantized one named `label`:
+/// "inference at 1 thread, batch B" for an image model, "forward at 1 thread, batch B x T tokens"
+/// for a language model.
+void print_forward_timing(Task& float_task, Task& quant_task, const QuantizeOptions& o, const char* label);
+
 }  // namespace kiln::cli

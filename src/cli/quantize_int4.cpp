@@ -101,18 +101,7 @@ int quantize_int4_command(const QuantizeOptions& o) {
   std::printf("int4:    validation %.4f bits/char (loss %.4f), %+.4f bits/char\n", after.bits_per_char, after.loss,
               after.bits_per_char - before.bits_per_char);
 
-  data::DataLoader<> loader(task.eval_set, {.batch_size = o.bench_batch, .seed = 0});
-  const Tensor x = (*loader.begin()).data.contiguous();
-  task_f.model->eval();
-  task.model->eval();
-  const ForwardTiming t_float = time_forward(*task_f.model, x, o.bench_iters);
-  const ForwardTiming t_int4 = time_forward(*task.model, x, o.bench_iters);
-  std::printf(
-      "forward at 1 thread, batch %lld x %lld tokens, %lld runs: median float32 %.3f ms, int4 %.3f ms, %.2fx; "
-      "best float32 %.3f ms, int4 %.3f ms, %.2fx\n",
-      static_cast<long long>(x.size(0)), static_cast<long long>(x.dim() > 1 ? x.size(1) : 1),
-      static_cast<long long>(o.bench_iters), t_float.median_ms, t_int4.median_ms, t_float.median_ms / t_int4.median_ms,
-      t_float.best_ms, t_int4.best_ms, t_float.best_ms / t_int4.best_ms);
+  print_forward_timing(task_f, task, o, "int4");
 
   const fs::path out = o.out.empty() ? (fs::is_directory(o.target) ? o.target / "model.int4.safetensors"
                                                                    : ckpt.parent_path() / "model.int4.safetensors")
@@ -152,18 +141,7 @@ int quantize_gpt_int8_command(const QuantizeOptions& o) {
   const EvalResult after = evaluate(task, config, "test", o.eval_batches);
   std::printf("int8:    validation %.4f bits/char (loss %.4f), %+.4f bits/char\n", after.bits_per_char, after.loss,
               after.bits_per_char - before.bits_per_char);
-  data::DataLoader<> loader(task.eval_set, {.batch_size = o.bench_batch, .seed = 0});
-  const Tensor x = (*loader.begin()).data.contiguous();
-  task_f.model->eval();
-  task.model->eval();
-  const ForwardTiming t_float = time_forward(*task_f.model, x, o.bench_iters);
-  const ForwardTiming t_int8 = time_forward(*task.model, x, o.bench_iters);
-  std::printf(
-      "forward at 1 thread, batch %lld x %lld tokens, %lld runs: median float32 %.3f ms, int8 %.3f ms, %.2fx; "
-      "best float32 %.3f ms, int8 %.3f ms, %.2fx\n",
-      static_cast<long long>(x.size(0)), static_cast<long long>(x.dim() > 1 ? x.size(1) : 1),
-      static_cast<long long>(o.bench_iters), t_float.median_ms, t_int8.median_ms, t_float.median_ms / t_int8.median_ms,
-      t_float.best_ms, t_int8.best_ms, t_float.best_ms / t_int8.best_ms);
+  print_forward_timing(task_f, task, o, "int8");
   return 0;
 }
 

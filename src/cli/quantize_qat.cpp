@@ -116,17 +116,7 @@ int quantize_qat_command(const QuantizeOptions& o) {
   std::printf("int8:    test accuracy %.2f%% (loss %.4f), %+.2f points from float32\n", 100 * after.accuracy,
               after.loss, 100 * (after.accuracy - before.accuracy));
 
-  data::DataLoader<> loader(task.eval_set, {.batch_size = o.bench_batch, .seed = 0});
-  const Tensor x = (*loader.begin()).data.contiguous();
-  task_f.model->eval();
-  task.model->eval();
-  const ForwardTiming t_float = time_forward(*task_f.model, x, o.bench_iters);
-  const ForwardTiming t_int8 = time_forward(*task.model, x, o.bench_iters);
-  std::printf(
-      "inference at 1 thread, batch %lld, %lld runs: median float32 %.3f ms, int8 %.3f ms, %.2fx; "
-      "best float32 %.3f ms, int8 %.3f ms, %.2fx\n",
-      static_cast<long long>(x.size(0)), static_cast<long long>(o.bench_iters), t_float.median_ms, t_int8.median_ms,
-      t_float.median_ms / t_int8.median_ms, t_float.best_ms, t_int8.best_ms, t_float.best_ms / t_int8.best_ms);
+  print_forward_timing(task_f, task, o, "int8");
 
   const fs::path out = o.out.empty() ? (fs::is_directory(o.target) ? o.target / "model.int8.safetensors"
                                                                    : ckpt.parent_path() / "model.int8.safetensors")
