@@ -7,6 +7,7 @@
 #include <cmath>
 #include <unordered_map>
 
+#include "base_rng.h"
 #include "int4_internal.h"
 #include "kiln/core/error.h"
 #include "kiln/core/generator.h"
@@ -99,29 +100,12 @@ Int4Tensor quantize_int4_rtn(const Tensor& weight, int64_t group_size) {
 
 Tensor dequantize_int4(const Int4Tensor& q) { return ops::int4_dequantize(q.packed, q.scales, q.zeros, q.group_size); }
 
-namespace {
-
-// nn::Linear's constructor draws a float weight from the default generator;
-// Int4Linear drops it, so the draw is undone (as NF4Linear does) and models
-// quantized or loaded leave the random stream as it was.
-thread_local GeneratorState t_rng_before_base;
-
-nn::LinearOptions options_saving_rng(const nn::Linear& src) {
-  t_rng_before_base = default_generator().get_state();
-  return nn::LinearOptions{.in_features = src.options.in_features,
-                           .out_features = src.options.out_features,
-                           .bias = src.options.bias,
-                           .dtype = src.options.dtype};
-}
-
-}  // namespace
-
 Int4Linear::Int4Linear(const nn::Linear& src, Int4Tensor q)
     : Int4Linear(src, std::move(q), src.bias.defined() ? src.bias : Tensor()) {}
 
 Int4Linear::Int4Linear(const nn::Linear& src, Int4Tensor q, const Tensor& b)
-    : nn::Linear(options_saving_rng(src)), q_(std::move(q)) {
-  default_generator().set_state(t_rng_before_base);
+    : nn::Linear(detail::linear_options_saving_rng(src)), q_(std::move(q)) {
+  detail::restore_rng_before_base();
   KILN_CHECK(q_.out == options.out_features && q_.in == options.in_features, ShapeError,
              "Int4Linear: expected an int4 weight [", options.out_features, ", ", options.in_features, "], got [",
              q_.out, ", ", q_.in, "]");

@@ -5,6 +5,7 @@
 #include <cmath>
 #include <unordered_map>
 
+#include "base_rng.h"
 #include "int4_internal.h"
 #include "kiln/core/error.h"
 #include "kiln/core/generator.h"
@@ -13,22 +14,8 @@
 #include "kiln/ops/factory.h"
 
 namespace kiln::quant {
-namespace {
-
-thread_local GeneratorState t_rng_before_base;
-
-nn::LinearOptions options_saving_rng(const nn::Linear& src) {
-  t_rng_before_base = default_generator().get_state();
-  return nn::LinearOptions{.in_features = src.options.in_features,
-                           .out_features = src.options.out_features,
-                           .bias = src.options.bias,
-                           .dtype = src.options.dtype};
-}
-
-}  // namespace
-
-DynamicInt8Linear::DynamicInt8Linear(const nn::Linear& src) : nn::Linear(options_saving_rng(src)) {
-  default_generator().set_state(t_rng_before_base);
+DynamicInt8Linear::DynamicInt8Linear(const nn::Linear& src) : nn::Linear(detail::linear_options_saving_rng(src)) {
+  detail::restore_rng_before_base();
   KILN_CHECK(src.weight.defined(), ValueError, "DynamicInt8Linear: expected a Linear with a float weight, got none");
   const NoGradGuard ng;
   const Tensor w = src.weight.detach().to(kFloat32).contiguous();

@@ -5,6 +5,7 @@
 #include <cmath>
 #include <unordered_map>
 
+#include "base_rng.h"
 #include "kiln/autograd/custom_function.h"
 #include "kiln/core/error.h"
 #include "kiln/core/generator.h"
@@ -206,24 +207,11 @@ struct NF4Matmul : autograd::Function<NF4Matmul> {
   }
 };
 
-// nn::Linear's constructor draws its weight from the default generator; the
-// NF4Linear throws that weight away, so the draw is undone to leave the random
-// stream (and so everything initialised after quantization, such as LoRA's A) as
-// it was. The state passes from the base's initialiser to the constructor's body.
-thread_local GeneratorState t_rng_before_base;
-
-nn::LinearOptions options_saving_rng(const nn::Linear& src) {
-  t_rng_before_base = default_generator().get_state();
-  return nn::LinearOptions{.in_features = src.options.in_features,
-                           .out_features = src.options.out_features,
-                           .bias = src.options.bias,
-                           .dtype = src.options.dtype};
-}
-
 }  // namespace
 
-NF4Linear::NF4Linear(const nn::Linear& src, const NF4Options& options) : nn::Linear(options_saving_rng(src)) {
-  default_generator().set_state(t_rng_before_base);
+NF4Linear::NF4Linear(const nn::Linear& src, const NF4Options& options)
+    : nn::Linear(detail::linear_options_saving_rng(src)) {
+  detail::restore_rng_before_base();
   KILN_CHECK(src.weight.defined(), ValueError, "NF4Linear: expected a Linear with a float weight, got none");
   q_ = std::make_shared<NF4Tensor>(quantize_nf4(src.weight, options));
   // The float weight is released: the codes are the weight now.

@@ -8,6 +8,7 @@
 #include <sstream>
 #include <unordered_map>
 
+#include "base_rng.h"
 #include "kiln/core/error.h"
 #include "kiln/core/generator.h"
 #include "kiln/core/guards.h"
@@ -20,22 +21,6 @@
 
 namespace kiln::quant {
 namespace {
-
-// nn::Conv2d's and nn::Linear's constructors draw a weight from the default
-// generator that the quantized layer throws away: the draw is undone so the
-// random stream stays as it was. The state passes from the base's initialiser
-// to the constructor's body.
-thread_local GeneratorState t_rng_before_base;
-
-nn::Conv2dOptions conv_options_saving_rng(const nn::Conv2d& src) {
-  t_rng_before_base = default_generator().get_state();
-  return src.options;
-}
-
-nn::LinearOptions linear_options_saving_rng(const nn::Linear& src) {
-  t_rng_before_base = default_generator().get_state();
-  return src.options;
-}
 
 std::array<int64_t, 2> pair_of(const std::vector<int64_t>& v, const char* what) {
   KILN_CHECK(v.size() == 1 || v.size() == 2, ValueError, "QuantizedConv2d: expected one or two values for ", what,
@@ -70,8 +55,8 @@ QuantizedConv2d::QuantizedConv2d(const nn::Conv2d& src, const QTensor& weight, f
 
 QuantizedConv2d::QuantizedConv2d(const nn::Conv2d& src, const QTensor& weight, const Tensor& bias, float input_scale,
                                  int64_t input_zero_point)
-    : nn::Conv2d(conv_options_saving_rng(src)) {
-  default_generator().set_state(t_rng_before_base);
+    : nn::Conv2d(detail::conv_options_saving_rng(src)) {
+  detail::restore_rng_before_base();
   KILN_CHECK(weight.qdtype == QDType::QInt8 && weight.per_channel() && weight.axis == 0 &&
                  weight.data.sizes() == src.weight.sizes(),
              ValueError, "QuantizedConv2d: expected a qint8 weight quantized per output channel (axis 0) of shape ",
@@ -106,8 +91,8 @@ QuantizedLinear::QuantizedLinear(const nn::Linear& src, const QTensor& weight, f
 
 QuantizedLinear::QuantizedLinear(const nn::Linear& src, const QTensor& weight, const Tensor& bias, float input_scale,
                                  int64_t input_zero_point)
-    : nn::Linear(linear_options_saving_rng(src)) {
-  default_generator().set_state(t_rng_before_base);
+    : nn::Linear(detail::linear_options_saving_rng(src)) {
+  detail::restore_rng_before_base();
   KILN_CHECK(weight.qdtype == QDType::QInt8 && weight.per_channel() && weight.axis == 0 &&
                  weight.data.sizes() == src.weight.sizes(),
              ValueError, "QuantizedLinear: expected a qint8 weight quantized per output channel (axis 0) of shape ",

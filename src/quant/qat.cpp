@@ -6,6 +6,7 @@
 #include <sstream>
 #include <unordered_map>
 
+#include "base_rng.h"
 #include "kiln/autograd/custom_function.h"
 #include "kiln/core/error.h"
 #include "kiln/core/generator.h"
@@ -207,20 +208,6 @@ std::string FakeQuantize::extra_repr() const {
 
 namespace {
 
-// The base constructors draw a weight that is thrown away (the source's is
-// shared): the draw is undone so the random stream stays as it was.
-thread_local GeneratorState t_rng_before_base;
-
-nn::Conv2dOptions conv_options_saving_rng(const nn::Conv2d& src) {
-  t_rng_before_base = default_generator().get_state();
-  return src.options;
-}
-
-nn::LinearOptions linear_options_saving_rng(const nn::Linear& src) {
-  t_rng_before_base = default_generator().get_state();
-  return src.options;
-}
-
 std::shared_ptr<FakeQuantize> weight_fake_quantizer() {
   // PTQ's weight parameters: per output channel, symmetric qint8, from the min and max.
   return std::make_shared<FakeQuantize>(std::make_unique<PerChannelMinMaxObserver>(0), QDType::QInt8);
@@ -229,8 +216,8 @@ std::shared_ptr<FakeQuantize> weight_fake_quantizer() {
 }  // namespace
 
 QatConv2d::QatConv2d(const nn::Conv2d& src, std::unique_ptr<Observer> input_observer)
-    : nn::Conv2d(conv_options_saving_rng(src)) {
-  default_generator().set_state(t_rng_before_base);
+    : nn::Conv2d(detail::conv_options_saving_rng(src)) {
+  detail::restore_rng_before_base();
   register_parameter("weight", src.weight, src.weight.requires_grad());
   register_parameter("bias", src.bias, src.bias.defined() && src.bias.requires_grad());
   input_fake_quant =
@@ -245,8 +232,8 @@ Tensor QatConv2d::forward(const Tensor& x) {
 }
 
 QatLinear::QatLinear(const nn::Linear& src, std::unique_ptr<Observer> input_observer)
-    : nn::Linear(linear_options_saving_rng(src)) {
-  default_generator().set_state(t_rng_before_base);
+    : nn::Linear(detail::linear_options_saving_rng(src)) {
+  detail::restore_rng_before_base();
   register_parameter("weight", src.weight, src.weight.requires_grad());
   if (src.bias.defined()) register_parameter("bias", src.bias, src.bias.requires_grad());
   input_fake_quant =
@@ -418,16 +405,16 @@ ConvertReport convert_qat(nn::Module& model, QatPrepared& prepared) {
       std::shared_ptr<nn::Module> plain;
       if (l.conv) {
         const auto& src = *static_cast<QatConv2d*>(l.module);
-        auto c = std::make_shared<nn::Conv2d>(conv_options_saving_rng(src));
-        default_generator().set_state(t_rng_before_base);
+        auto c = std::make_shared<nn::Conv2d>(detail::conv_options_saving_rng(src));
+        detail::restore_rng_before_base();
         c->register_parameter("weight", src.weight, src.weight.requires_grad());
         c->register_parameter("bias", src.bias, src.bias.defined() && src.bias.requires_grad());
         c->train(src.is_training());
         plain = c;
       } else {
         const auto& src = *static_cast<QatLinear*>(l.module);
-        auto c = std::make_shared<nn::Linear>(linear_options_saving_rng(src));
-        default_generator().set_state(t_rng_before_base);
+        auto c = std::make_shared<nn::Linear>(detail::linear_options_saving_rng(src));
+        detail::restore_rng_before_base();
         c->register_parameter("weight", src.weight, src.weight.requires_grad());
         if (src.bias.defined()) c->register_parameter("bias", src.bias, src.bias.requires_grad());
         c->train(src.is_training());
