@@ -130,6 +130,17 @@ log_every = 1
 )" + extra_train;
 }
 
+/// tiny_mlp_config() with a tiny "cnn" or "resnet" in place of the MLP: the image
+/// runs the quantization, pruning and int8 export tests train.
+inline std::string tiny_image_config(const std::string& model) {
+  std::string c = tiny_mlp_config();
+  const std::string mlp = "type = \"mlp\"\nhidden = [32]\n";
+  c.replace(c.find(mlp), mlp.size(),
+            model == "cnn" ? "type = \"cnn\"\nchannels1 = 4\nchannels2 = 8\nfc_hidden = 16\n"
+                           : "type = \"resnet\"\nstem_channels = 4\nwidths = [4, 8]\nblocks = [1, 1]\n");
+  return c;
+}
+
 /// English-ish text for the character-level GPT (a few KB, repeated phrases so it learns quickly).
 inline std::string tiny_text() {
   std::string t;

@@ -20,13 +20,6 @@ namespace fs = std::filesystem;
 
 namespace {
 
-std::string config_with(const std::string& model) {
-  std::string c = tiny_mlp_config();
-  const std::string mlp = "type = \"mlp\"\nhidden = [32]\n";
-  c.replace(c.find(mlp), mlp.size(), model);
-  return c;
-}
-
 // "int8:    test accuracy 91.22% (loss 0.2465)" -> "91.22% ... 0.2465" pair as text.
 std::pair<std::string, std::string> accuracy_and_loss(const std::string& out, const std::regex& re) {
   std::smatch m;
@@ -38,9 +31,8 @@ std::pair<std::string, std::string> accuracy_and_loss(const std::string& out, co
 
 TEST(CliInt8, EvalAndExportTheQuantizedModel) {
   TempDir dir;
-  write_text(dir.path() / "cnn.toml", config_with("type = \"cnn\"\nchannels1 = 4\nchannels2 = 8\nfc_hidden = 16\n"));
-  write_text(dir.path() / "resnet.toml",
-             config_with("type = \"resnet\"\nstem_channels = 4\nwidths = [4, 8]\nblocks = [1, 1]\n"));
+  write_text(dir.path() / "cnn.toml", tiny_image_config("cnn"));
+  write_text(dir.path() / "resnet.toml", tiny_image_config("resnet"));
   for (const char* m : {"cnn", "resnet"}) {
     SCOPED_TRACE(m);
     const std::string run = dir.file(std::string("run_") + m);
@@ -77,7 +69,7 @@ TEST(CliInt8, EvalAndExportTheQuantizedModel) {
 
 TEST(CliInt8, AMissingFileOrAFloatOptionExitsWithAMessage) {
   TempDir dir;
-  write_text(dir.path() / "cnn.toml", config_with("type = \"cnn\"\nchannels1 = 4\nchannels2 = 8\nfc_hidden = 16\n"));
+  write_text(dir.path() / "cnn.toml", tiny_image_config("cnn"));
   const std::string run = dir.file("run");
   ASSERT_EQ(kiln_cli("train " + dir.file("cnn.toml") + " --out " + run).rc, 0);
   auto r = kiln_cli("eval " + run + " --int8");

@@ -15,13 +15,6 @@ namespace fs = std::filesystem;
 
 namespace {
 
-std::string config_with(const std::string& model) {
-  std::string c = tiny_mlp_config();
-  const std::string mlp = "type = \"mlp\"\nhidden = [32]\n";
-  c.replace(c.find(mlp), mlp.size(), model);
-  return c;
-}
-
 // "fine-tuned: test accuracy 81.25%" -> "81.25%".
 std::string accuracy_after(const std::string& out, const std::string& label) {
   const size_t at = out.find(label);
@@ -34,9 +27,8 @@ std::string accuracy_after(const std::string& out, const std::string& label) {
 
 TEST(CliPrune, UnstructuredAndChannelsOnCnnAndResnet) {
   TempDir dir;
-  write_text(dir.path() / "cnn.toml", config_with("type = \"cnn\"\nchannels1 = 4\nchannels2 = 8\nfc_hidden = 16\n"));
-  write_text(dir.path() / "resnet.toml",
-             config_with("type = \"resnet\"\nstem_channels = 4\nwidths = [4, 8]\nblocks = [1, 1]\n"));
+  write_text(dir.path() / "cnn.toml", tiny_image_config("cnn"));
+  write_text(dir.path() / "resnet.toml", tiny_image_config("resnet"));
   for (const char* m : {"cnn", "resnet"}) {
     SCOPED_TRACE(m);
     const std::string run = dir.file(std::string("run_") + m);
@@ -89,7 +81,7 @@ TEST(CliPrune, UnstructuredAndChannelsOnCnnAndResnet) {
 
 TEST(CliPrune, BadOptionsAndHostileMetadataExitWithAMessage) {
   TempDir dir;
-  write_text(dir.path() / "cnn.toml", config_with("type = \"cnn\"\nchannels1 = 4\nchannels2 = 8\nfc_hidden = 16\n"));
+  write_text(dir.path() / "cnn.toml", tiny_image_config("cnn"));
   const std::string run = dir.file("run");
   auto r = kiln_cli("train " + dir.file("cnn.toml") + " --out " + run);
   ASSERT_EQ(r.rc, 0) << r.output;

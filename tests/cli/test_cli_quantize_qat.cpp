@@ -13,22 +13,10 @@ using namespace kiln;
 using namespace kiln::test;
 namespace fs = std::filesystem;
 
-namespace {
-
-std::string config_with(const std::string& model) {
-  std::string c = tiny_mlp_config();
-  const std::string mlp = "type = \"mlp\"\nhidden = [32]\n";
-  c.replace(c.find(mlp), mlp.size(), model);
-  return c;
-}
-
-}  // namespace
-
 TEST(CliQuantizeQat, CnnAndResnetFineTuneToInt8) {
   TempDir dir;
-  write_text(dir.path() / "cnn.toml", config_with("type = \"cnn\"\nchannels1 = 4\nchannels2 = 8\nfc_hidden = 16\n"));
-  write_text(dir.path() / "resnet.toml",
-             config_with("type = \"resnet\"\nstem_channels = 4\nwidths = [4, 8]\nblocks = [1, 1]\n"));
+  write_text(dir.path() / "cnn.toml", tiny_image_config("cnn"));
+  write_text(dir.path() / "resnet.toml", tiny_image_config("resnet"));
   for (const char* m : {"cnn", "resnet"}) {
     SCOPED_TRACE(m);
     const std::string run = dir.file(std::string("run_") + m);
