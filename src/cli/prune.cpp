@@ -9,6 +9,7 @@
 #include <cstdio>
 
 #include "cli/commands.h"
+#include "cli/quantize.h"
 #include "kiln/core/error.h"
 #include "kiln/core/guards.h"
 #include "kiln/core/threads.h"
@@ -45,34 +46,6 @@ CLI::App* add_prune_command(CLI::App& app, PruneOptions& o) {
 }
 
 namespace {
-
-struct Timing {
-  double median_ms = 0, best_ms = 0;
-};
-
-// One forward of each model on `x` at 1 thread after warm-up, the two
-// alternated so that load on the machine falls on both alike: median (carries
-// the load) and best (what an idle machine gives) of each.
-std::pair<Timing, Timing> time_forward(nn::Module& a, nn::Module& b, const Tensor& x, int64_t iters) {
-  const int saved = get_num_threads();
-  set_num_threads(1);
-  const InferenceModeGuard inference;
-  for (int i = 0; i < 3; ++i) a(x), b(x);
-  std::vector<double> ms[2];
-  for (int64_t i = 0; i < iters; ++i)
-    for (int k = 0; k < 2; ++k) {
-      const auto t0 = std::chrono::steady_clock::now();
-      (k == 0 ? a : b)(x);
-      ms[k].push_back(std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count());
-    }
-  set_num_threads(saved);
-  Timing t[2];
-  for (int k = 0; k < 2; ++k) {
-    std::sort(ms[k].begin(), ms[k].end());
-    t[k] = {ms[k][ms[k].size() / 2], ms[k].front()};
-  }
-  return {t[0], t[1]};
-}
 
 void fine_tune(Task& task, const Config& config, int64_t steps, double lr) {
   Config c = config;

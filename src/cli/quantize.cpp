@@ -48,22 +48,28 @@ CLI::App* add_quantize_command(CLI::App& app, QuantizeOptions& o) {
   return q;
 }
 
-// Milliseconds of one forward of `model` on `x` at 1 thread, after warm-up:
-// the median (carries any load on the machine) and the best (what an idle one gives).
-ForwardTiming time_forward(nn::Module& model, const Tensor& x, int64_t iters) {
+// One forward of each model on `x` at 1 thread after warm-up, the two
+// alternated so that load on the machine falls on both alike: the median
+// (carries the load) and the best (what an idle machine gives) of each.
+std::pair<ForwardTiming, ForwardTiming> time_forward(nn::Module& a, nn::Module& b, const Tensor& x, int64_t iters) {
   const int saved = get_num_threads();
   set_num_threads(1);
   const InferenceModeGuard inference;
-  for (int i = 0; i < 3; ++i) model(x);
-  std::vector<double> ms;
-  for (int64_t i = 0; i < iters; ++i) {
-    const auto t0 = std::chrono::steady_clock::now();
-    model(x);
-    ms.push_back(std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count());
-  }
+  for (int i = 0; i < 3; ++i) a(x), b(x);
+  std::vector<double> ms[2];
+  for (int64_t i = 0; i < iters; ++i)
+    for (int k = 0; k < 2; ++k) {
+      const auto t0 = std::chrono::steady_clock::now();
+      (k == 0 ? a : b)(x);
+      ms[k].push_back(std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count());
+    }
   set_num_threads(saved);
-  std::sort(ms.begin(), ms.end());
-  return {ms[ms.size() / 2], ms.front()};
+  ForwardTiming t[2];
+  for (int k = 0; k < 2; ++k) {
+    std::sort(ms[k].begin(), ms[k].end());
+    t[k] = {ms[k][ms[k].size() / 2], ms[k].front()};
+  }
+  return {t[0], t[1]};
 }
 
 void print_forward_timing(Task& float_task, Task& quant_task, const QuantizeOptions& o, const char* label) {
@@ -71,8 +77,7 @@ void print_forward_timing(Task& float_task, Task& quant_task, const QuantizeOpti
   const Tensor x = (*loader.begin()).data.contiguous();
   float_task.model->eval();
   quant_task.model->eval();
-  const ForwardTiming f = time_forward(*float_task.model, x, o.bench_iters);
-  const ForwardTiming q = time_forward(*quant_task.model, x, o.bench_iters);
+  const auto [f, q] = time_forward(*float_task.model, *quant_task.model, x, o.bench_iters);
   const bool tokens = quant_task.gpt != nullptr;
   const std::string shape =
       tokens ? std::to_string(x.size(0)) + " x " + std::to_string(x.size(1)) + " tokens" : std::to_string(x.size(0));

@@ -6,6 +6,7 @@
 #include <cstdint>
 #include <filesystem>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "kiln/nn/module.h"
@@ -46,7 +47,8 @@ struct ForwardTiming {
 /// Registers the subcommand and its options on `app`.
 CLI::App* add_quantize_command(CLI::App& app, QuantizeOptions& o);
 int quantize_command(const QuantizeOptions& o);
-ForwardTiming time_forward(nn::Module& model, const Tensor& x, int64_t iters);
+/// Times `a` and `b` on `x`, alternated so that load falls on both alike.
+std::pair<ForwardTiming, ForwardTiming> time_forward(nn::Module& a, nn::Module& b, const Tensor& x, int64_t iters);
 
 struct Task;
 /// Times one test batch of o.bench_batch through `float_task`'s model and `quant_task`'s, 1 thread,
