@@ -43,6 +43,9 @@
 #include "kiln/export/optimize.h"
 #include "kiln/export/runtime.h"
 #include "kiln/kiln.h"
+#include "kiln/profiler/profiler.h"
+#include "kiln/quant/int4.h"
+#include "kiln/quant/int8_dynamic.h"
 #include "kiln/quant/ptq.h"
 
 namespace {
@@ -125,7 +128,7 @@ Model make(const std::string& name) {
   } else if (name == "vit") {
     m.module = std::make_shared<models::ViT>();
     m.input = kiln_bench::synthetic_uniform("input", {8, 1, 28, 28}, 1.0);
-  } else if (name == "gpt_infer") {
+  } else if (name == "gpt_infer" || name == "gpt_infer_int8") {
     auto gpt = std::make_shared<models::GPT>();
     m.input = kiln_bench::synthetic_classes("input", {1, 128}, gpt->options.vocab_size);
     m.module = gpt;
@@ -254,6 +257,18 @@ void run(const std::string& name, const Args& a) {
   }
 }
 
+// --profile on: kiln's profiler over `steps` more batches of f; its op table on stderr.
+template <typename F>
+void profile_ops(const std::string& what, const Args& a, F&& f) {
+  kiln::profiler::Options po;
+  po.record_shapes = po.profile_memory = false;
+  kiln::profiler::Profiler prof(po);
+  prof.start();
+  for (int i = 0; i < a.steps; ++i) f();
+  prof.stop();
+  std::fprintf(stderr, "%s, %d batches:\n%s\n", what.c_str(), a.steps, prof.table().c_str());
+}
+
 // The *_int8 workloads (see the header comment).
 void run_int8(const std::string& name, const Args& a) {
   Model m = make(name);
@@ -300,6 +315,32 @@ void run_int8(const std::string& name, const Args& a) {
       ", \"quantize_linear\": " + std::to_string(ops.count("QuantizeLinear") ? ops.at("QuantizeLinear") : 0) +
       ", \"max_rel_diff_vs_eager\": " + num(diff);
   print(name, "kiln_int8_runtime", a, time_batches(a, [&] { Tensor y = session.run({m.input})[0]; }), extra);
+  if (a.profile) profile_ops(name + ", int8 runtime", a, [&] { Tensor y = session.run({m.input})[0]; });
+}
+
+// gpt_infer_int8: the gpt_infer model and sequence timed as float32 eager and
+// optimised, then with every block's linears (c_attn, c_proj, c_fc) swapped
+// for quant::DynamicInt8Linear (per-token activation scales, no calibration;
+// the tied lm_head stays float), timed eager. Its output's largest difference
+// from float relative to the output's scale is printed, not judged here.
+void run_gpt_int8(const std::string& name, const Args& a) {
+  Model m = make(name);
+  auto eager = [&] {
+    const kiln::InferenceModeGuard inference;
+    return (*m.module)(m.input);
+  };
+  const Tensor want = eager();
+  print(name, "kiln_eager", a, time_batches(a, [&] { Tensor y = eager(); }), "");
+  {
+    const kiln::infer::InferenceModel opt = kiln::infer::optimize(*m.module, {m.input});
+    print(name, "kiln_optimised", a, time_batches(a, [&] { Tensor y = opt.forward(m.input); }), "");
+  }
+  const auto paths = kiln::quant::quantize_linears_int8_dynamic(*m.module, kiln::quant::gpt_int4_targets());
+  const double diff = scaled_diff(eager(), want);
+  const std::string extra =
+      ", \"int8_linears\": " + std::to_string(paths.size()) + ", \"max_rel_diff_vs_float\": " + num(diff);
+  print(name, "kiln_int8_eager", a, time_batches(a, [&] { Tensor y = eager(); }), extra);
+  if (a.profile) profile_ops(name + ", int8 eager", a, [&] { Tensor y = eager(); });
 }
 
 void node_counts() {
@@ -331,7 +372,9 @@ int main(int argc, char** argv) {
   try {
     if (a.nodes) node_counts();
     for (const auto& name : a.workloads) {
-      if (name.size() > 5 && name.substr(name.size() - 5) == "_int8")
+      if (name == "gpt_infer_int8")
+        run_gpt_int8(name, a);
+      else if (name.size() > 5 && name.substr(name.size() - 5) == "_int8")
         run_int8(name, a);
       else
         run(name, a);

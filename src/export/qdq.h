@@ -54,14 +54,21 @@ std::map<std::string, KernelFactory> qdq_kernels();
 
 /// The op types of fused int8 layers. Inputs: x (float), the int8 weight, its
 /// scales, the bias (optional); attributes: the Conv's or Gemm's, plus
-/// "input_scale" (float) and "input_zero_point" (int).
+/// "input_scale" (float) and "input_zero_point" (int), "relu" (int, 1: a Relu that was the
+/// product's only reader, now in the int8 kernel's epilogue) and, on a Conv, "residual" (int, 1: a
+/// residual Add that read the convolution, now in its epilogue; the addend is input 4).
 inline constexpr const char* kOpInt8Conv = "kiln.Int8Conv";
 inline constexpr const char* kOpInt8Gemm = "kiln.Int8Gemm";
 
 /// Rewrites every Q -> DQ -> Conv/Gemm pattern whose weight is an int8
 /// initializer through a per-channel DQ (zero points 0) and whose
 /// intermediate values nothing else reads (and no graph output names) into
-/// one kOpInt8Conv / kOpInt8Gemm node. Returns how many were fused.
-int64_t fuse_qdq(Graph& graph);
+/// one kOpInt8Conv / kOpInt8Gemm node, taking in the Relu that alone reads
+/// its output, or for a convolution a residual Add (and the Relu after it)
+/// whose other operand is computed earlier. Returns how many were fused.
+/// With uint8_chain, a fused layer (without a residual) whose output is read only as input 0 of fused
+/// layers that share one input scale and zero point gets "output_scale" / "output_zero_point"
+/// attributes (it writes those readers' uint8 codes; SessionOptions::uint8_between_layers).
+int64_t fuse_qdq(Graph& graph, bool uint8_chain = false);
 
 }  // namespace kiln::exporter::detail

@@ -66,7 +66,7 @@ KernelFactory builtin_kernel(const std::string& op_type) {
 
 Session::Session(Graph graph, SessionOptions options) : graph_(std::move(graph)) {
   graph_.validate();
-  if (options.fuse_qdq) detail::fuse_qdq(graph_);
+  if (options.fuse_qdq) detail::fuse_qdq(graph_, options.uint8_between_layers);
   std::map<std::string, int64_t> slot;
   auto define = [&](const std::string& name) { slot[name] = num_slots_++; };
   for (const Value& v : graph_.inputs) {

@@ -127,7 +127,15 @@ ops::Int8Quantization quantization(const Node& node) {
   const int64_t zp = attr_int(node, "input_zero_point", 0);
   KILN_CHECK(std::isfinite(scale) && scale > 0 && zp >= 0 && zp <= 255, ValueError, node_label(node),
              ": expected input_scale > 0 and input_zero_point in [0, 255], got ", scale, " and ", zp);
-  return {scale, zp};
+  const float out_scale = attr_float(node, "output_scale", 0.0f);
+  const int64_t out_zp = attr_int(node, "output_zero_point", 0);
+  KILN_CHECK(std::isfinite(out_scale) && out_scale >= 0 && out_zp >= 0 && out_zp <= 255, ValueError, node_label(node),
+             ": expected output_scale >= 0 and output_zero_point in [0, 255], got ", out_scale, " and ", out_zp);
+  return {.input_scale = scale,
+          .input_zero_point = zp,
+          .relu = attr_int(node, "relu", 0) != 0,
+          .output_scale = out_scale,
+          .output_zero_point = out_zp};
 }
 
 // The fused node's weight (int8 bytes of rank `rank`), scales and bias, checked before a kernel packs them.
@@ -157,6 +165,11 @@ Kernel int8_conv(const Node& node, const Graph& graph) {
   check_weights(node, graph, 4);
   const ops::Int8Conv2d k(constant_input(node, graph, 1), constant_input(node, graph, 2), optional_bias(node, graph),
                           o);
+  if (attr_int(node, "residual", 0) != 0) {
+    KILN_CHECK(node.inputs.size() == 5 && !node.inputs[4].empty(), ValueError, node_label(node),
+               ": expected the residual as input 4, got ", node.inputs.size(), " inputs");
+    return [k](const Tensors& in) -> Tensors { return {k(in[0], in[4])}; };
+  }
   return [k](const Tensors& in) -> Tensors { return {k(in[0])}; };
 }
 
@@ -175,8 +188,9 @@ const Tensor* scalar_initializer(const Graph& g, const std::string& name, DType 
 }
 
 struct Producers {
-  std::map<std::string, size_t> node_of;   // value -> the node that makes it
-  std::map<std::string, int64_t> readers;  // value -> how many node inputs read it
+  std::map<std::string, size_t> node_of;    // value -> the node that makes it
+  std::map<std::string, int64_t> readers;   // value -> how many node inputs read it
+  std::map<std::string, size_t> reader_of;  // value -> a node that reads it (the only one when readers is 1)
   std::set<std::string> outputs;
 };
 
@@ -184,7 +198,10 @@ Producers index(const Graph& g) {
   Producers p;
   for (size_t i = 0; i < g.nodes.size(); ++i) {
     for (const std::string& o : g.nodes[i].outputs) p.node_of[o] = i;
-    for (const std::string& in : g.nodes[i].inputs) ++p.readers[in];
+    for (const std::string& in : g.nodes[i].inputs) {
+      ++p.readers[in];
+      p.reader_of[in] = i;
+    }
   }
   for (const Value& v : g.outputs) p.outputs.insert(v.name);
   return p;
@@ -206,6 +223,95 @@ bool all_zero(const Tensor& t) {
   return std::all_of(p, p + c.numel(), [](uint8_t v) { return v == 0; });
 }
 
+void drop(Graph& g, const std::set<size_t>& dead) {
+  std::vector<Node> kept;
+  for (size_t i = 0; i < g.nodes.size(); ++i)
+    if (!dead.count(i)) kept.push_back(std::move(g.nodes[i]));
+  g.nodes = std::move(kept);
+}
+
+// A residual block's add (and the ReLU after it) into the int8 convolution that feeds it: Add(conv, r),
+// where the conv's output is read by nothing else and r has the same shape and is computed before the
+// conv (a block's shortcut; when both sides are int8 convolutions, the later one takes the add). The
+// kernel adds r after its scales and bias (a oneDNN binary post-op on the same float result), so the
+// numbers do not change.
+void fuse_int8_residuals(Graph& g) {
+  const Producers p = index(g);
+  std::set<size_t> dead;
+  auto made_before = [&](const std::string& v, size_t at) {
+    auto it = p.node_of.find(v);
+    return it == p.node_of.end() ? find_initializer(g, v) == nullptr  // a graph input
+                                 : it->second < at;
+  };
+  for (size_t ia = 0; ia < g.nodes.size(); ++ia) {
+    const Node& add = g.nodes[ia];
+    if (add.op_type != "Add" || add.inputs.size() != 2 || add.outputs.size() != 1 || add.inputs[0] == add.inputs[1])
+      continue;
+    for (int side = 1; side >= 0; --side) {
+      const std::string& v = add.inputs[static_cast<size_t>(side)];
+      const std::string& r = add.inputs[static_cast<size_t>(1 - side)];
+      size_t ic = 0;
+      const Node* conv = sole_producer(g, p, v, kOpInt8Conv, &ic);
+      if (conv == nullptr || dead.count(ic) || attr_int(*conv, "relu", 0) != 0 || conv->inputs.size() > 4) continue;
+      auto vv = g.values.find(v), rv = g.values.find(r);
+      if (vv == g.values.end() || rv == g.values.end() || vv->second.shape != rv->second.shape ||
+          rv->second.dtype != kFloat32 || !made_before(r, ic))
+        continue;
+      Node& c = g.nodes[ic];
+      c.inputs.resize(4);
+      c.inputs.push_back(r);
+      c.attributes["residual"] = int64_t{1};
+      g.values.erase(v);
+      c.outputs[0] = add.outputs[0];
+      dead.insert(ia);
+      auto rr = p.reader_of.find(add.outputs[0]);
+      if (!p.outputs.count(add.outputs[0]) && p.readers.count(add.outputs[0]) && p.readers.at(add.outputs[0]) == 1 &&
+          rr != p.reader_of.end() && g.nodes[rr->second].op_type == "Relu" && g.nodes[rr->second].outputs.size() == 1) {
+        g.values.erase(add.outputs[0]);
+        c.outputs[0] = g.nodes[rr->second].outputs[0];
+        c.attributes["relu"] = int64_t{1};
+        dead.insert(rr->second);
+      }
+      break;
+    }
+  }
+  drop(g, dead);
+}
+
+bool is_fused_int8(const Node& n) { return n.op_type == kOpInt8Conv || n.op_type == kOpInt8Gemm; }
+
+// uint8 between fused int8 layers (fuse_qdq's uint8_chain). A reader of a uint8 value takes it as its
+// input codes (ops::Int8Conv2d / Int8Linear accept kUInt8 input as already quantized).
+void chain_uint8(Graph& g) {
+  std::map<std::string, std::vector<std::pair<size_t, size_t>>> readers;  // value -> (node, input index)
+  for (size_t i = 0; i < g.nodes.size(); ++i)
+    for (size_t k = 0; k < g.nodes[i].inputs.size(); ++k) readers[g.nodes[i].inputs[k]].push_back({i, k});
+  std::set<std::string> outputs;
+  for (const Value& v : g.outputs) outputs.insert(v.name);
+  for (Node& n : g.nodes) {
+    if (!is_fused_int8(n) || n.outputs.size() != 1 || attr_int(n, "residual", 0) != 0) continue;
+    const std::string& v = n.outputs[0];
+    auto it = readers.find(v);
+    if (outputs.count(v) || it == readers.end() || it->second.empty()) continue;
+    bool ok = true;
+    float scale = 0.0f;
+    int64_t zp = -1;
+    for (const auto& [i, k] : it->second) {
+      const Node& r = g.nodes[i];
+      const float s = attr_float(r, "input_scale", 0.0f);
+      const int64_t z = attr_int(r, "input_zero_point", -1);
+      ok = ok && is_fused_int8(r) && k == 0 && s > 0 && (zp < 0 || (s == scale && z == zp));
+      scale = s;
+      zp = z;
+    }
+    if (!ok) continue;
+    n.attributes["output_scale"] = scale;
+    n.attributes["output_zero_point"] = zp;
+    auto val = g.values.find(v);
+    if (val != g.values.end()) val->second.dtype = kUInt8;
+  }
+}
+
 }  // namespace
 
 std::map<std::string, KernelFactory> qdq_kernels() {
@@ -215,7 +321,7 @@ std::map<std::string, KernelFactory> qdq_kernels() {
           {kOpInt8Gemm, int8_gemm}};
 }
 
-int64_t fuse_qdq(Graph& g) {
+int64_t fuse_qdq(Graph& g, bool uint8_chain) {
   const Producers p = index(g);
   std::set<size_t> dead;
   int64_t fused = 0;
@@ -264,13 +370,23 @@ int64_t fuse_qdq(Graph& g) {
     n.inputs = std::move(inputs);
     n.attributes["input_scale"] = scale;
     n.attributes["input_zero_point"] = zero_point;
+    // A Relu that is the product's only reader runs in the int8 kernel's epilogue (an eltwise post-op on
+    // the same float result, so the numbers do not change), saving a pass over the output.
+    const std::string out = n.outputs.empty() ? std::string() : n.outputs[0];
+    auto r = p.reader_of.find(out);
+    if (!out.empty() && !p.outputs.count(out) && p.readers.count(out) && p.readers.at(out) == 1 &&
+        r != p.reader_of.end() && g.nodes[r->second].op_type == "Relu" && g.nodes[r->second].outputs.size() == 1) {
+      g.values.erase(out);
+      n.outputs[0] = g.nodes[r->second].outputs[0];
+      n.attributes["relu"] = int64_t{1};
+      dead.insert(r->second);
+    }
     ++fused;
   }
   if (dead.empty()) return 0;
-  std::vector<Node> kept;
-  for (size_t i = 0; i < g.nodes.size(); ++i)
-    if (!dead.count(i)) kept.push_back(std::move(g.nodes[i]));
-  g.nodes = std::move(kept);
+  drop(g, dead);
+  fuse_int8_residuals(g);
+  if (uint8_chain) chain_uint8(g);
   return fused;
 }
 

@@ -56,6 +56,12 @@ Tensor Linear::forward(const Tensor& x) {
   if (grad_mode_enabled() && weight.requires_grad()) return kiln::linear(x, weight, bias);
   return kiln::linear(x, weight, bias, weight_pack);
 }
+Tensor Linear::forward_gelu(const Tensor& x, const std::string& approximate) {
+  return linear_gelu(x, weight, bias, approximate, &weight_pack);
+}
+Tensor Linear::forward_add(const Tensor& x, const Tensor& residual) {
+  return linear_add(x, weight, bias, residual, &weight_pack);
+}
 std::string Linear::extra_repr() const {
   return "in_features=" + std::to_string(options.in_features) +
          ", out_features=" + std::to_string(options.out_features) + ", bias=" + py_bool(options.bias);

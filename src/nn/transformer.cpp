@@ -48,7 +48,7 @@ Tensor CausalSelfAttention::attend(const Tensor& x) {
 Tensor CausalSelfAttention::forward(const Tensor& x) { return (*resid_dropout)((*c_proj)(attend(x))); }
 
 Tensor CausalSelfAttention::forward_add(const Tensor& x, const Tensor& residual) {
-  return linear_add(attend(x), c_proj->weight, c_proj->bias, residual, &c_proj->weight_pack);
+  return c_proj->forward_add(attend(x), residual);
 }
 
 TransformerMLP::TransformerMLP(const TransformerBlockOptions& o) : Module("MLP") {
@@ -61,15 +61,14 @@ TransformerMLP::TransformerMLP(const TransformerBlockOptions& o) : Module("MLP")
 // GELU(c_fc(x)). linear_gelu runs GELU inside c_fc's product when nothing is
 // differentiated (inference); hooks on either module need them called one by one.
 Tensor TransformerMLP::hidden(const Tensor& x) {
-  return c_fc->has_forward_hooks() || gelu->has_forward_hooks()
-             ? (*gelu)((*c_fc)(x))
-             : linear_gelu(x, c_fc->weight, c_fc->bias, gelu->approximate, &c_fc->weight_pack);
+  return c_fc->has_forward_hooks() || gelu->has_forward_hooks() ? (*gelu)((*c_fc)(x))
+                                                                : c_fc->forward_gelu(x, gelu->approximate);
 }
 
 Tensor TransformerMLP::forward(const Tensor& x) { return (*dropout)((*c_proj)(hidden(x))); }
 
 Tensor TransformerMLP::forward_add(const Tensor& x, const Tensor& residual) {
-  return linear_add(hidden(x), c_proj->weight, c_proj->bias, residual, &c_proj->weight_pack);
+  return c_proj->forward_add(hidden(x), residual);
 }
 
 TransformerBlock::TransformerBlock(TransformerBlockOptions o) : Module("Block"), options(resolved(o)) {

@@ -94,6 +94,13 @@ Tensor quantized_input(const Tensor& input, const Int8Quantization& q, MemoryFor
   if (input.dtype() == kUInt8) return is_contiguous(input, f) ? input : contiguous(input, f);
   const NoGradGuard no_grad;
   Tensor x = input.dtype() == kFloat32 ? input : input.to(kFloat32);
+  if (f == MemoryFormat::ChannelsLast && x.dim() == 4 && !is_contiguous(x, f) && x.is_contiguous()) {
+    Tensor out = empty(x.sizes(), TensorOptions(kUInt8), f);  // an NCHW image batch: one pass, no float copy
+    kernels::quantize_u8_nchw_to_nhwc(x.data_ptr<float>(), x.size(0), x.size(1), x.size(2) * x.size(3),
+                                      1.0f / q.input_scale, static_cast<int32_t>(q.input_zero_point),
+                                      out.data_ptr<uint8_t>());
+    return out;
+  }
   if (!is_contiguous(x, f)) x = contiguous(x, f);
   Tensor out = empty(x.sizes(), TensorOptions(kUInt8), f);
   kernels::quantize_u8(x.data_ptr<float>(), x.numel(), 1.0f / q.input_scale, static_cast<int32_t>(q.input_zero_point),
@@ -166,11 +173,25 @@ kernels::Int8ConvArgs conv_args(const Int8Conv2d::State& s, const Tensor& input)
 
 }  // namespace
 
-Tensor Int8Conv2d::operator()(const Tensor& input) const {
-  OpScope rs("int8_conv2d", {&input});
+Tensor Int8Conv2d::operator()(const Tensor& input) const { return (*this)(input, Tensor()); }
+
+Tensor Int8Conv2d::operator()(const Tensor& input, const Tensor& residual) const {
+  OpScope rs("int8_conv2d", {&input, residual.defined() ? &residual : nullptr});
   State& s = *state_;
   check_input(input, "Int8Conv2d");
-  const kernels::Int8ConvArgs a = conv_args(s, input);
+  kernels::Int8ConvArgs a = conv_args(s, input);
+  Tensor res;
+  if (residual.defined()) {
+    const kernels::Conv2dParams& q = a.p;
+    KILN_CHECK(!a.e.u8_out, ValueError,
+               "Int8Conv2d: a residual needs a float32 output; this layer requantizes to uint8");
+    KILN_CHECK(residual.dtype() == kFloat32 && residual.sizes() == IntArrayRef({q.n, q.o, q.oh, q.ow}), ShapeError,
+               "Int8Conv2d: expected a float32 residual [", q.n, ", ", q.o, ", ", q.oh, ", ", q.ow, "], got ",
+               residual.shape_string(), " ", dtype_name(residual.dtype()));
+    res = is_contiguous(residual, MemoryFormat::ChannelsLast) ? residual
+                                                              : contiguous(residual, MemoryFormat::ChannelsLast);
+    a.e.residual = true;
+  }
   const kernels::Conv2dParams& p = a.p;
   Tensor y = empty({p.n, p.o, p.oh, p.ow}, TensorOptions(a.e.u8_out ? kUInt8 : kFloat32), MemoryFormat::ChannelsLast);
   if (p.n == 0) return y;
@@ -181,7 +202,8 @@ Tensor Int8Conv2d::operator()(const Tensor& input) const {
   if (rs.recording())
     rs.set_flops(2.0 * static_cast<double>(p.n * p.o * p.oh * p.ow) *
                  static_cast<double>(p.c / p.groups * p.kh * p.kw));
-  kernels::int8_conv_forward(a, x.data_ptr(), packed, a.e.bias ? s.bias.data_ptr() : nullptr, y.data_ptr());
+  kernels::int8_conv_forward(a, x.data_ptr(), packed, a.e.bias ? s.bias.data_ptr() : nullptr, y.data_ptr(),
+                             res.defined() ? res.data_ptr() : nullptr);
   return y;
 }
 
@@ -247,6 +269,96 @@ Tensor Int8Linear::operator()(const Tensor& input) const {
 
 std::string Int8Linear::implementation(const Tensor& input) const {
   return kernels::int8_linear_impl(linear_args(*state_, input));
+}
+
+struct Int8DynamicLinear::State {
+  Tensor weight;
+  kernels::Int8Epilogue epilogue;  // zero point 128, out_scales sw, float output, nothing else
+  PackedBuffers packed;
+};
+
+Int8DynamicLinear::Int8DynamicLinear(const Tensor& weight_s8, const Tensor& weight_scales)
+    : state_(std::make_shared<State>()) {
+  constexpr const char* op = "Int8DynamicLinear";
+  KILN_CHECK(weight_s8.defined() && weight_s8.dim() == 2 && weight_s8.dtype() == kUInt8, ShapeError, op,
+             ": expected a weight [out, in] of int8 bytes (kUInt8), got ",
+             weight_s8.defined() ? weight_s8.shape_string() + " " + std::string(dtype_name(weight_s8.dtype()))
+                                 : std::string("an undefined tensor"));
+  Tensor no_bias;
+  build_epilogue(op, Int8Quantization{.input_scale = 1.0f, .input_zero_point = 128}, weight_scales, Tensor(),
+                 weight_s8.size(0), state_->epilogue, no_bias);
+  state_->weight = frozen(weight_s8, kUInt8);
+}
+
+namespace {
+
+kernels::Int8LinearArgs dynamic_args(const Int8DynamicLinear::State& s, const Tensor& input) {
+  const int64_t n = s.weight.size(0), k = s.weight.size(1);
+  KILN_CHECK(input.dim() >= 1 && input.size(-1) == k, ShapeError, "Int8DynamicLinear: expected an input [..., ", k,
+             "], got ", input.shape_string());
+  kernels::Int8LinearArgs a;
+  a.m = k == 0 ? 0 : input.numel() / k;
+  a.n = n;
+  a.k = k;
+  a.e = s.epilogue;
+  return a;
+}
+
+kernels::FusedActivation fused(Int8DynamicLinear::Activation act) {
+  using A = Int8DynamicLinear::Activation;
+  using F = kernels::FusedActivation;
+  return act == A::Relu ? F::Relu : act == A::GeluTanh ? F::GeluTanh : act == A::GeluErf ? F::GeluErf : F::None;
+}
+
+}  // namespace
+
+Tensor Int8DynamicLinear::operator()(const Tensor& input, const Tensor& bias, Activation act,
+                                     const Tensor& residual) const {
+  OpScope rs("int8_dynamic_linear",
+             {&input, bias.defined() ? &bias : nullptr, residual.defined() ? &residual : nullptr});
+  State& s = *state_;
+  KILN_CHECK(input.defined() && input.dtype() == kFloat32, DTypeError,
+             "Int8DynamicLinear: expected a float32 input, got ",
+             input.defined() ? dtype_name(input.dtype()) : "an undefined tensor");
+  const kernels::Int8LinearArgs a = dynamic_args(s, input);
+  std::vector<int64_t> out_shape(input.sizes().begin(), input.sizes().end());
+  out_shape.back() = a.n;
+  Tensor b, res;
+  if (bias.defined()) {
+    KILN_CHECK(bias.dim() == 1 && bias.size(0) == a.n && bias.dtype() == kFloat32, ShapeError,
+               "Int8DynamicLinear: expected a float32 bias [", a.n, "], got ", bias.shape_string(), " ",
+               dtype_name(bias.dtype()));
+    b = bias.contiguous();
+  }
+  if (residual.defined()) {
+    KILN_CHECK(residual.dtype() == kFloat32 && residual.sizes() == IntArrayRef(out_shape), ShapeError,
+               "Int8DynamicLinear: expected a float32 residual ", shape_str(IntArrayRef(out_shape)), ", got ",
+               residual.shape_string(), " ", dtype_name(residual.dtype()));
+    res = residual.contiguous();
+  }
+  Tensor y = empty(out_shape, TensorOptions(kFloat32));
+  if (a.m == 0 || a.n == 0) return y;
+  const Tensor x = input.contiguous();
+  Tensor xq = empty({a.m, a.k}, TensorOptions(kUInt8));
+  Tensor row_scales = empty({a.m}, TensorOptions(kFloat32));
+  kernels::quantize_rows_absmax_u8(x.data_ptr<float>(), a.m, a.k, xq.data_ptr<uint8_t>(), row_scales.data_ptr<float>());
+  const float* rows = row_scales.data_ptr<float>();
+  for (int64_t t = 0; t < a.m; ++t)
+    KILN_CHECK(std::isfinite(rows[t]), ValueError, "Int8DynamicLinear: expected a finite input, got ", rows[t] * 127,
+               " as the largest magnitude of row ", t);
+  const kernels::FusedWeightLayout layout = kernels::int8_linear_weight_layout(a);
+  const void* packed = s.packed.get(layout.id, layout.bytes,
+                                    [&](void* buf) { kernels::int8_linear_pack_weight(a, s.weight.data_ptr(), buf); });
+  if (rs.recording())
+    rs.set_flops(2.0 * static_cast<double>(a.m) * static_cast<double>(a.n) * static_cast<double>(a.k));
+  kernels::int8_linear_forward(a, xq.data_ptr(), packed, nullptr, y.data_ptr());
+  kernels::int8_dynamic_epilogue(a.m, a.n, rows, b.defined() ? b.data_ptr<float>() : nullptr, fused(act),
+                                 res.defined() ? res.data_ptr<float>() : nullptr, y.data_ptr<float>());
+  return y;
+}
+
+std::string Int8DynamicLinear::implementation(const Tensor& input) const {
+  return kernels::int8_linear_impl(dynamic_args(*state_, input));
 }
 
 }  // namespace kiln::ops

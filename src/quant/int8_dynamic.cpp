@@ -37,46 +37,30 @@ DynamicInt8Linear::DynamicInt8Linear(const nn::Linear& src) : nn::Linear(detail:
   }
   register_parameter("weight", Tensor());
   if (src.bias.defined()) register_parameter("bias", src.bias.detach().to(kFloat32).contiguous().clone(), false);
-  kernel_ = std::make_shared<ops::Int8Linear>(w_s8_, w_scales_, Tensor(),
-                                              ops::Int8Quantization{.input_scale = 1.0f, .input_zero_point = 128});
-  // As Int4Linear: a no-op hook makes the transformer blocks call forward().
-  register_forward_hook([](nn::Module&, const Tensor&, const Tensor&) { return Tensor(); });
+  kernel_ = std::make_shared<ops::Int8DynamicLinear>(w_s8_, w_scales_);
 }
 
-Tensor DynamicInt8Linear::forward(const Tensor& x) {
-  const int64_t in = options.in_features, out = options.out_features;
-  KILN_CHECK(x.dim() >= 1 && x.size(-1) == in, ShapeError, "DynamicInt8Linear: expected input with last dim ", in,
-             ", got shape ", x.shape_string());
+Tensor DynamicInt8Linear::run(const Tensor& x, ops::Int8DynamicLinear::Activation act, const Tensor& residual) const {
+  KILN_CHECK(x.dim() >= 1 && x.size(-1) == options.in_features, ShapeError,
+             "DynamicInt8Linear: expected input with last dim ", options.in_features, ", got shape ", x.shape_string());
   const NoGradGuard ng;
-  const Tensor xf = x.detach().to(kFloat32).contiguous();
-  const int64_t rows = in > 0 ? xf.numel() / in : 0;
-  Tensor xq = empty({rows, in}, TensorOptions(kUInt8));
-  std::vector<float> a(static_cast<size_t>(rows));
-  const float* px = xf.data_ptr<float>();
-  uint8_t* pq = xq.data_ptr<uint8_t>();
-  for (int64_t t = 0; t < rows; ++t) {
-    const float* r = px + t * in;
-    float m = 0;
-    for (int64_t i = 0; i < in; ++i) m = std::max(m, std::abs(r[i]));
-    a[t] = m > 0 ? m / 127.0f : 1.0f;
-    const float inv = 1.0f / a[t];
-    // |r · inv| <= 127: adding and subtracting 1.5 · 2²³ rounds half to even as
-    // nearbyint does, in a form the compiler vectorizes (nearbyint is a call).
-    constexpr float kMagic = 12582912.0f;
-    for (int64_t i = 0; i < in; ++i) {
-      const float v = std::clamp(r[i] * inv, -127.0f, 127.0f);
-      pq[t * in + i] = static_cast<uint8_t>(static_cast<int32_t>((v + kMagic) - kMagic) + 128);
-    }
-  }
-  Tensor y = (*kernel_)(xq).contiguous();
-  float* py = y.data_ptr<float>();
-  const float* b = bias.defined() ? bias.data_ptr<float>() : nullptr;
-  for (int64_t t = 0; t < rows; ++t)
-    for (int64_t o = 0; o < out; ++o) py[t * out + o] = py[t * out + o] * a[t] + (b ? b[o] : 0.0f);
-  auto shape = x.shape();
-  std::vector<int64_t> out_shape(shape.begin(), shape.end());
-  out_shape.back() = out;
-  return y.reshape(out_shape);
+  return (*kernel_)(x.detach().to(kFloat32), bias.defined() ? bias.detach().to(kFloat32) : bias, act,
+                    residual.defined() ? residual.detach().to(kFloat32) : residual);
+}
+
+Tensor DynamicInt8Linear::forward(const Tensor& x) { return run(x, ops::Int8DynamicLinear::Activation::None, {}); }
+
+Tensor DynamicInt8Linear::forward_gelu(const Tensor& x, const std::string& approximate) {
+  KILN_CHECK(approximate == "none" || approximate == "tanh", ValueError,
+             "DynamicInt8Linear: expected GELU approximate \"none\" or \"tanh\", got \"", approximate, "\"");
+  return run(x,
+             approximate == "tanh" ? ops::Int8DynamicLinear::Activation::GeluTanh
+                                   : ops::Int8DynamicLinear::Activation::GeluErf,
+             {});
+}
+
+Tensor DynamicInt8Linear::forward_add(const Tensor& x, const Tensor& residual) {
+  return run(x, ops::Int8DynamicLinear::Activation::None, residual);
 }
 
 std::string DynamicInt8Linear::extra_repr() const { return nn::Linear::extra_repr() + ", int8 dynamic per-token"; }

@@ -101,11 +101,40 @@ TEST_P(QdqExport, KilnRuntimeMatchesEagerAndOnnxRuntimeAgrees) {
   // One DequantizeLinear for each quantized layer's input and one for its weight.
   EXPECT_EQ(ops.count("DequantizeLinear") ? ops.at("DequantizeLinear") : 0, 2 * c.quantized_layers);
 
-  // Fused: the eager int8 layers' own kernels.
+  // Fused: the eager int8 layers' own kernels. Without uint8 between layers, exactly their numbers; with
+  // it (the default), a layer requantizes in its epilogue by sx·sw/sy in one step where the eager model
+  // scales by sx·sw and then 1/sy, so an activation within float rounding of a rounding boundary may land
+  // one code away: held to 1e-3 of the output's scale and the same argmax (measured: 0 on these models).
+  const exporter::Session exact(g, {.uint8_between_layers = false});
+  EXPECT_LE(rel_max(exact.run({x})[0].contiguous(), eager), 1e-5);
   const exporter::Session fused(g);
   EXPECT_EQ(fused.graph().op_counts().count("QuantizeLinear"), 0u) << "every QDQ pattern fuses";
+  int64_t uint8_outputs = 0;
+  for (const exporter::Node& n : fused.graph().nodes)
+    uint8_outputs += n.attributes.count("output_scale") > 0 && fused.graph().values.at(n.outputs[0]).dtype == kUInt8;
+  // The ResNet's blocks pass uint8 from their first convolution to their second (the cnn has pooling
+  // between its int8 layers, which stays float).
+  if (c.name == "resnet") EXPECT_GT(uint8_outputs, 0);
+  // A Relu that alone reads a quantized layer's output runs in that layer's int8 kernel (both models
+  // have such: the cnn's convs and fc1, the ResNet's stem and first convs of its blocks).
+  int64_t relu_in_kernel = 0;
+  for (const exporter::Node& n : fused.graph().nodes)
+    if (n.attributes.count("relu")) relu_in_kernel += std::get<int64_t>(n.attributes.at("relu"));
+  const auto fused_ops = fused.graph().op_counts();
+  const int64_t relu_left = fused_ops.count("Relu") ? fused_ops.at("Relu") : 0;
+  EXPECT_GT(relu_in_kernel, 0);
+  EXPECT_EQ(relu_in_kernel + relu_left, ops.count("Relu") ? ops.at("Relu") : 0);
+  // The ResNet's residual adds run in the int8 convolution that feeds them (the shortcut added in its
+  // epilogue, before the block's ReLU).
+  int64_t residual_in_kernel = 0;
+  for (const exporter::Node& n : fused.graph().nodes)
+    if (n.attributes.count("residual")) residual_in_kernel += std::get<int64_t>(n.attributes.at("residual"));
+  const int64_t adds_left = fused_ops.count("Add") ? fused_ops.at("Add") : 0;
+  EXPECT_EQ(residual_in_kernel + adds_left, ops.count("Add") ? ops.at("Add") : 0);
+  if (c.name == "resnet") EXPECT_GT(residual_in_kernel, 0);
   const Tensor y_fused = fused.run({x})[0].contiguous();
-  EXPECT_LE(rel_max(y_fused, eager), 1e-5);
+  EXPECT_LE(rel_max(y_fused, eager), 1e-3);
+  EXPECT_EQ(argmax_agreement(y_fused, eager), 1.0);
 
   // Unfused: float Conv / Gemm over dequantized values. The only difference
   // from int8 arithmetic is float rounding and the odd input rounded the
@@ -120,7 +149,7 @@ TEST_P(QdqExport, KilnRuntimeMatchesEagerAndOnnxRuntimeAgrees) {
   exporter::write_onnx(g, path, 17);
   const exporter::Graph back = exporter::load_onnx(path);
   EXPECT_EQ(back.int8_values, g.int8_values);
-  EXPECT_LE(rel_max(exporter::Session(back).run({x})[0].contiguous(), eager), 1e-5);
+  EXPECT_LE(rel_max(exporter::Session(back, {.uint8_between_layers = false}).run({x})[0].contiguous(), eager), 1e-5);
 
   const auto run = kiln::test::run_onnx_consumers(path, {x}, /*opencv=*/false, dir.path().string());
   EXPECT_TRUE(run.checker_ok) << run.checker_error;

@@ -372,6 +372,19 @@ TEST(DynamicInt8, LinearMatchesIntegerReferenceAndGptStaysClose) {
     const NoGradGuard ng;
     y = q(x).contiguous();
   }
+  const Tensor residual = randn_seeded({2, 5, out}, 72);
+  Tensor y_tanh, y_erf, y_res;
+  {
+    const NoGradGuard ng;
+    y_tanh = q.forward_gelu(x, "tanh").contiguous();
+    y_erf = q.forward_gelu(x, "none").contiguous();
+    y_res = q.forward_add(x, residual).contiguous();
+  }
+  const float* py_tanh = y_tanh.data_ptr<float>();
+  const float* py_erf = y_erf.data_ptr<float>();
+  const float* py_res = y_res.data_ptr<float>();
+  const Tensor rc = residual.contiguous();
+  const float* pr = rc.data_ptr<float>();
   ASSERT_EQ(y.sizes(), IntArrayRef({2, 5, out}));
   const Tensor w = lin.weight.detach().contiguous(), b = lin.bias.detach().contiguous(), xc = x.contiguous();
   const float* pw = w.data_ptr<float>();
@@ -391,7 +404,24 @@ TEST(DynamicInt8, LinearMatchesIntegerReferenceAndGptStaysClose) {
                static_cast<int64_t>(std::nearbyint(pw[o * in + i] / sw));
       const double ref = static_cast<double>(sx) * sw * acc + b.data_ptr<float>()[o];
       EXPECT_NEAR(py[t * out + o], ref, 1e-5 * (1 + std::abs(ref))) << t << "," << o;
+      const double g_tanh = 0.5 * ref * (1 + std::tanh(0.79788456080286535588 * (ref + 0.044715 * ref * ref * ref)));
+      const double g_erf = 0.5 * ref * (1 + std::erf(ref * 0.70710678118654752440));
+      EXPECT_NEAR(py_tanh[t * out + o], g_tanh, 1e-5 * (1 + std::abs(ref))) << t << "," << o;
+      EXPECT_NEAR(py_erf[t * out + o], g_erf, 1e-5 * (1 + std::abs(ref))) << t << "," << o;
+      const double with_res = ref + pr[t * out + o];
+      EXPECT_NEAR(py_res[t * out + o], with_res, 1e-5 * (1 + std::abs(with_res))) << t << "," << o;
     }
+  }
+  // A row of zeros codes as 128 with scale 1 and gives the bias; an infinite input is refused.
+  {
+    const NoGradGuard ng;
+    Tensor yz = q(zeros({1, in})).contiguous();
+    for (int64_t o = 0; o < out; ++o) EXPECT_EQ(yz.data_ptr<float>()[o], b.data_ptr<float>()[o]);
+    Tensor bad = x.clone();
+    bad.data_ptr<float>()[3] = std::numeric_limits<float>::infinity();
+    EXPECT_THROW(q(bad), ValueError);
+    EXPECT_THROW(q.forward_add(x, randn_seeded({2, 5, out + 1}, 5)), ShapeError);
+    EXPECT_THROW(q.forward_gelu(x, "sigmoid"), ValueError);
   }
   manual_seed(4);
   models::GPT m(tiny_gpt());
@@ -399,7 +429,15 @@ TEST(DynamicInt8, LinearMatchesIntegerReferenceAndGptStaysClose) {
   const Tensor idx = tokens(9);
   const Tensor y_float = logits(m, idx);
   EXPECT_EQ(quant::quantize_linears_int8_dynamic(m, quant::gpt_int4_targets()).size(), 8u);
-  EXPECT_LT(rel_diff(logits(m, idx), y_float), 0.03);
+  const Tensor y_int8 = logits(m, idx);
+  EXPECT_LT(rel_diff(y_int8, y_float), 0.03);
+  // The blocks reach the int8 layers through forward_gelu / forward_add (GELU and the residual add in
+  // the layer's epilogue); a hook on every block's c_fc and c_proj makes them call forward() and the
+  // GELU and add one by one instead: the same numbers.
+  for (auto& [path, mod] : m.named_modules())
+    if (path.size() > 5 && (path.ends_with("c_fc") || path.ends_with("c_proj")))
+      mod->register_forward_hook([](nn::Module&, const Tensor&, const Tensor&) { return Tensor(); });
+  EXPECT_LT(rel_diff(logits(m, idx), y_int8), 1e-6);
   models::GPT m2(tiny_gpt());
   EXPECT_THROW(quant::quantize_linears_int8_dynamic(m2, {"lm_head"}), ValueError);
 }

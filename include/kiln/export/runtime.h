@@ -39,6 +39,13 @@ struct SessionOptions {
   /// through DequantizeLinear, as export::capture writes a quantized layer) as one int8 kernel: the
   /// numbers of the eager int8 layer, at int8 speed. Off: each Q / DQ node runs on its own, in float.
   bool fuse_qdq = true;
+  /// With fuse_qdq: between two fused int8 layers, pass uint8. A layer whose output only fused int8
+  /// layers read (at one input scale and zero point) requantizes in its epilogue, so the float output is
+  /// never written and the readers skip their quantization pass. oneDNN scales by sx·sw/sy in one step
+  /// where the eager model scales by sx·sw and then by 1/sy, so a value within float rounding of a
+  /// rounding boundary can land one code away (docs/quantization.md gives the measured effect); off, the
+  /// runtime computes the eager int8 model's numbers exactly.
+  bool uint8_between_layers = true;
 };
 
 /// Runs an export::Graph with kiln's ops, in node order, under InferenceMode; intermediates are released

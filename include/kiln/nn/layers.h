@@ -36,6 +36,13 @@ class Linear : public Module {
   std::string extra_repr() const override;
   /// Re-draws weight and bias as at construction.
   void reset_parameters();
+  /// gelu(forward(x), approximate) and forward(x) + residual, each as one op
+  /// where the layer can: what a transformer block calls when no hook needs the
+  /// layer's own output (kiln::linear_gelu / linear_add here, GELU or the add
+  /// inside the product). A subclass with another product (an int8 layer)
+  /// overrides them with its own fused epilogue.
+  virtual Tensor forward_gelu(const Tensor& x, const std::string& approximate);
+  virtual Tensor forward_add(const Tensor& x, const Tensor& residual);
   const LinearOptions options;
   Tensor& weight;
   Tensor& bias;  // undefined when options.bias is false

@@ -50,6 +50,10 @@ class Int8Conv2d {
  public:
   Int8Conv2d(const Tensor& weight_s8, const Tensor& weight_scales, const Tensor& bias, Int8Conv2dOptions options);
   Tensor operator()(const Tensor& input) const;
+  /// The same plus `residual` (float32 of the output's shape), added in the kernel's epilogue after the
+  /// scales and bias and before the ReLU: a residual block's add (and ReLU) without a pass of their own.
+  /// Float output only.
+  Tensor operator()(const Tensor& input, const Tensor& residual) const;
   const Int8Conv2dOptions& options() const;
   /// The oneDNN implementation chosen for this input shape (for reports and benchmarks).
   std::string implementation(const Tensor& input) const;
@@ -66,6 +70,29 @@ class Int8Linear {
   Int8Linear(const Tensor& weight_s8, const Tensor& weight_scales, const Tensor& bias, Int8Quantization q);
   Tensor operator()(const Tensor& input) const;
   const Int8Quantization& quantization() const;
+  std::string implementation(const Tensor& input) const;
+
+  struct State;
+
+ private:
+  std::shared_ptr<State> state_;
+};
+
+/// Int8 linear with dynamic per-row activation quantization (quant::DynamicInt8Linear runs it): no
+/// calibration; each row x_t of the float input gets its own scale a_t = max|x_t| / 127 and is coded as
+/// round(x_t / a_t) + 128 (uint8), multiplied u8 × s8 → s32 on VNNI, and
+///   y_t = act(a_t · sw ⊙ acc_t + bias) (+ residual_t)
+/// is formed in the primitive's epilogue, one pass over y: the activation (GELU, ReLU) and the
+/// residual add are what a transformer block runs after c_fc and c_proj. Inference only.
+class Int8DynamicLinear {
+ public:
+  enum class Activation { None, Relu, GeluTanh, GeluErf };
+  /// weight_s8 [out, in] (kUInt8 bytes of int8), weight_scales float [out] (> 0).
+  Int8DynamicLinear(const Tensor& weight_s8, const Tensor& weight_scales);
+  /// input float32 [..., in]; bias undefined or float32 [out] (read at each call); residual undefined
+  /// or float32 of the output's shape [..., out].
+  Tensor operator()(const Tensor& input, const Tensor& bias, Activation act = Activation::None,
+                    const Tensor& residual = {}) const;
   std::string implementation(const Tensor& input) const;
 
   struct State;
