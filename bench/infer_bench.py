@@ -215,8 +215,8 @@ def int8_markdown(table, fmt_time, quick):
 
 
 def markdown(table, fmt_time, quick, skipped=None):
-    text = float_markdown([r for r in table if not r.get("int8") and not r.get("gpt_int8")], fmt_time, quick,
-                          skipped)
+    float_rows = [r for r in table if not r.get("int8") and not r.get("gpt_int8")]
+    text = float_markdown(float_rows, fmt_time, quick, skipped) if float_rows or skipped else ""
     return text if skipped else text + int8_markdown(table, fmt_time, quick) + gpt_int8_markdown(table, fmt_time, quick)
 
 
