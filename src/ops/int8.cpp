@@ -42,6 +42,27 @@ Tensor frozen(const Tensor& t, DType dtype) {
   return t.detach().to(dtype).contiguous().clone();
 }
 
+void check_int8_weight(const char* op, const Tensor& w, int64_t rank, const char* layout) {
+  KILN_CHECK(
+      w.defined() && w.dim() == rank && w.dtype() == kUInt8, ShapeError, op, ": expected a weight ", layout,
+      " of int8 bytes (kUInt8), got ",
+      w.defined() ? w.shape_string() + " " + std::string(dtype_name(w.dtype())) : std::string("an undefined tensor"));
+}
+
+// A linear's problem for `input` [..., k] against an int8 weight [n, k].
+kernels::Int8LinearArgs linear_problem(const char* op, const Tensor& weight, const kernels::Int8Epilogue& e,
+                                       const Tensor& input) {
+  const int64_t n = weight.size(0), k = weight.size(1);
+  KILN_CHECK(input.dim() >= 1 && input.size(-1) == k, ShapeError, op, ": expected an input [..., ", k, "], got ",
+             input.shape_string());
+  kernels::Int8LinearArgs a;
+  a.m = k == 0 ? 0 : input.numel() / k;
+  a.n = n;
+  a.k = k;
+  a.e = e;
+  return a;
+}
+
 // The epilogue both layers share: out_scale[o] = sx · sw[o] (/ sy), and the
 // bias divided by sx · sw[o], since oneDNN 2.6 adds an int8 primitive's bias
 // to the int32 accumulator before the output scale.
@@ -121,10 +142,7 @@ Int8Conv2d::Int8Conv2d(const Tensor& weight_s8, const Tensor& weight_scales, con
                        Int8Conv2dOptions options)
     : state_(std::make_shared<State>()) {
   constexpr const char* op = "Int8Conv2d";
-  KILN_CHECK(weight_s8.defined() && weight_s8.dim() == 4 && weight_s8.dtype() == kUInt8, ShapeError, op,
-             ": expected a weight [out, in / groups, kH, kW] of int8 bytes (kUInt8), got ",
-             weight_s8.defined() ? weight_s8.shape_string() + " " + std::string(dtype_name(weight_s8.dtype()))
-                                 : std::string("an undefined tensor"));
+  check_int8_weight(op, weight_s8, 4, "[out, in / groups, kH, kW]");
   KILN_CHECK(options.groups >= 1 && weight_s8.size(0) % options.groups == 0, ShapeError, op,
              ": groups=", options.groups, " must divide the weight's ", weight_s8.size(0), " output channels");
   for (int d = 0; d < 2; ++d)
@@ -221,10 +239,7 @@ struct Int8Linear::State {
 Int8Linear::Int8Linear(const Tensor& weight_s8, const Tensor& weight_scales, const Tensor& bias, Int8Quantization q)
     : state_(std::make_shared<State>()) {
   constexpr const char* op = "Int8Linear";
-  KILN_CHECK(weight_s8.defined() && weight_s8.dim() == 2 && weight_s8.dtype() == kUInt8, ShapeError, op,
-             ": expected a weight [out, in] of int8 bytes (kUInt8), got ",
-             weight_s8.defined() ? weight_s8.shape_string() + " " + std::string(dtype_name(weight_s8.dtype()))
-                                 : std::string("an undefined tensor"));
+  check_int8_weight(op, weight_s8, 2, "[out, in]");
   build_epilogue(op, q, weight_scales, bias, weight_s8.size(0), state_->epilogue, state_->bias);
   state_->weight = frozen(weight_s8, kUInt8);
   state_->q = q;
@@ -235,15 +250,7 @@ const Int8Quantization& Int8Linear::quantization() const { return state_->q; }
 namespace {
 
 kernels::Int8LinearArgs linear_args(const Int8Linear::State& s, const Tensor& input) {
-  const int64_t n = s.weight.size(0), k = s.weight.size(1);
-  KILN_CHECK(input.dim() >= 1 && input.size(-1) == k, ShapeError, "Int8Linear: expected an input [..., ", k, "], got ",
-             input.shape_string());
-  kernels::Int8LinearArgs a;
-  a.m = k == 0 ? 0 : input.numel() / k;
-  a.n = n;
-  a.k = k;
-  a.e = s.epilogue;
-  return a;
+  return linear_problem("Int8Linear", s.weight, s.epilogue, input);
 }
 
 }  // namespace
@@ -280,10 +287,7 @@ struct Int8DynamicLinear::State {
 Int8DynamicLinear::Int8DynamicLinear(const Tensor& weight_s8, const Tensor& weight_scales)
     : state_(std::make_shared<State>()) {
   constexpr const char* op = "Int8DynamicLinear";
-  KILN_CHECK(weight_s8.defined() && weight_s8.dim() == 2 && weight_s8.dtype() == kUInt8, ShapeError, op,
-             ": expected a weight [out, in] of int8 bytes (kUInt8), got ",
-             weight_s8.defined() ? weight_s8.shape_string() + " " + std::string(dtype_name(weight_s8.dtype()))
-                                 : std::string("an undefined tensor"));
+  check_int8_weight(op, weight_s8, 2, "[out, in]");
   Tensor no_bias;
   build_epilogue(op, Int8Quantization{.input_scale = 1.0f, .input_zero_point = 128}, weight_scales, Tensor(),
                  weight_s8.size(0), state_->epilogue, no_bias);
@@ -293,15 +297,7 @@ Int8DynamicLinear::Int8DynamicLinear(const Tensor& weight_s8, const Tensor& weig
 namespace {
 
 kernels::Int8LinearArgs dynamic_args(const Int8DynamicLinear::State& s, const Tensor& input) {
-  const int64_t n = s.weight.size(0), k = s.weight.size(1);
-  KILN_CHECK(input.dim() >= 1 && input.size(-1) == k, ShapeError, "Int8DynamicLinear: expected an input [..., ", k,
-             "], got ", input.shape_string());
-  kernels::Int8LinearArgs a;
-  a.m = k == 0 ? 0 : input.numel() / k;
-  a.n = n;
-  a.k = k;
-  a.e = s.epilogue;
-  return a;
+  return linear_problem("Int8DynamicLinear", s.weight, s.epilogue, input);
 }
 
 kernels::FusedActivation fused(Int8DynamicLinear::Activation act) {
