@@ -22,6 +22,10 @@ The profiler overhead rows (bench/profiler_overhead.py: tiny and gpt with the
 profiler off and recording, alternately) follow the training table;
 --no-profiler-overhead skips them.
 
+The bf16 rows (bench/bf16_bench.py: cnn, resnet and gpt as kiln float32, kiln
+bf16 autocast and PyTorch's bf16 autocast, alternately) follow; --no-bf16 skips
+them.
+
 The DDP rows (bench/ddp_bench.py: gpt weak scaling, 1 rank against 2 ranks
 with the default and a 2 MiB bucket cap, exposed communication) follow;
 --no-ddp skips them.
@@ -47,6 +51,7 @@ import subprocess
 import sys
 import tempfile
 
+import bf16_bench
 import ddp_bench
 import infer_bench
 import profiler_overhead
@@ -376,6 +381,7 @@ def main():
     ap.add_argument("--infer-workloads", default=",".join(infer_bench.WORKLOADS))
     ap.add_argument("--no-infer", action="store_true", help="skip the inference rows")
     ap.add_argument("--no-ddp", action="store_true", help="skip the DDP weak-scaling rows (kiln_bench_ddp, mpirun)")
+    ap.add_argument("--no-bf16", action="store_true", help="skip the bf16 rows (kiln bf16 vs float32 vs PyTorch bf16)")
     ap.add_argument("--kiln-ddp", default=None,
                     help="path to kiln_bench_ddp (default: beside kiln_bench)")
     ap.add_argument("--infer-only", action="store_true", help="only the inference rows")
@@ -424,6 +430,7 @@ def main():
     infer_results = {}
     overhead = {}
     ddp_results = {}
+    bf16_results = {}
 
     def save(final):
         """Writes the JSON and the table for what has finished (all of it when final)."""
@@ -434,13 +441,16 @@ def main():
         overhead_rows = profiler_overhead.rows(overhead)
         if not a.infer_only:
             text += profiler_overhead.markdown(overhead_rows, fmt_time, a.quick)
+        bf16_rows, bf16_problems = bf16_bench.rows(bf16_results)
+        if not a.infer_only and not a.no_bf16:
+            text += bf16_bench.markdown(bf16_rows, fmt_time, a.quick)
         infer_rows, infer_problems = infer_bench.rows(infer_results)
         if not a.no_infer:
             text += infer_bench.markdown(infer_rows, fmt_time, a.quick, info.get("infer_skipped"))
         ddp_rows = ddp_bench.rows(ddp_results)
         if not a.no_ddp and not a.infer_only:
             text += ddp_bench.markdown(ddp_rows, info.get("ddp_skipped"))
-        mismatches = mismatches + infer_problems
+        mismatches = mismatches + infer_problems + bf16_problems
         if info.get("ddp_failed"):
             mismatches = mismatches + ["kiln_bench_ddp: " + info["ddp_failed"].splitlines()[0]]
         mismatches = mismatches + ["kiln_bench_ddp %s: replicas differ after training" % r["config"]
@@ -451,7 +461,7 @@ def main():
                        "torch_configs": {c: CONFIG_LABEL[c] for c in a.torch_configs},
                        "f32_matmul_peak_gflops": {str(t): max(r["peak"]) for t, r in results.items() if r["peak"]},
                        "note": a.note, "rows": rows, "profiler_overhead_rows": overhead_rows,
-                       "infer_rows": infer_rows, "ddp_rows": ddp_rows,
+                       "infer_rows": infer_rows, "ddp_rows": ddp_rows, "bf16_rows": bf16_rows,
                        "infer_skipped": info.get("infer_skipped")}, f, indent=1)
             f.write("\n")
         with open(os.path.splitext(out_path)[0] + ".md", "w") as f:
@@ -466,6 +476,10 @@ def main():
         if not a.no_profiler_overhead and not a.under_load_only and not a.infer_only:
             overhead.update(profiler_overhead.measure(run_process, env_for, os.path.abspath(a.kiln), a.workloads,
                                                       a.threads[0], QUICK_STEPS if a.quick else 0, a.pairs, log))
+            save(False)
+        if not a.no_bf16 and not a.under_load_only and not a.infer_only:
+            bf16_results.update(bf16_bench.measure(run_process, env_for, command, os.path.abspath(a.kiln), a.threads,
+                                                   a.workloads, a.pairs, QUICK_STEPS if a.quick else 0, log))
             save(False)
         if not a.no_infer and not a.under_load_only:
             why = infer_bench.unavailable(a.kiln_infer)

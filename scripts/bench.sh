@@ -8,7 +8,7 @@
 #                    [--quick] [--pairs 3] [--torch-configs installed,tunables,avx512]
 #                    [--out FILE.json] [--note TEXT]
 #                    [--no-infer | --infer-only] [--infer-workloads cnn,resnet,gpt_infer]
-#                    [--no-profiler-overhead] [--no-ddp]
+#                    [--no-profiler-overhead] [--no-ddp] [--no-bf16]
 #
 # The "profiler overhead" table (tiny and gpt with the profiler off and with a
 # Profiler recording every step, alternately; bench/profiler_overhead.py)
@@ -18,6 +18,9 @@
 # it (results in bench/results/infer.json and infer.md).
 # The DDP table (gpt weak scaling under mpirun, 1 rank vs 2 ranks, exposed
 # communication; bench/ddp_bench.py, kiln_bench_ddp) follows; --no-ddp skips it.
+# The bf16 table (cnn, resnet, gpt: kiln bf16 autocast vs kiln float32 vs
+# PyTorch's CPU bf16 autocast; bench/bf16_bench.py) follows the profiler
+# overhead rows; --no-bf16 skips it.
 # --quick: one round of a few steps, every workload of a framework in one
 # process, 1 thread unless --threads: proves the harness works in seconds; its
 # figures are not a measurement. Benchmarks never fail on a time; the run exits

@@ -1,7 +1,7 @@
 """PyTorch twins of kiln's benchmark workloads (bench/workloads/workloads.cpp).
 
     /usr/bin/python3 bench/torch/workloads.py --workload gpt[,mlp,...] [--threads N]
-                                              [--warmup 10] [--steps 50]
+                                              [--warmup 10] [--steps 50] [--amp bf16|off]
 
 Prints one JSON line per workload, with the same fields as kiln_bench, so
 bench/compare.py treats both alike. Same architectures, shapes, optimizers and
@@ -14,7 +14,11 @@ tests/parity (torchvision's BasicBlock written out, nanoGPT's model.py with
 attention by explicit softmax: torch 1.13 has no scaled_dot_product_attention).
 Thread counts: the caller sets OMP_NUM_THREADS / OPENBLAS_NUM_THREADS in the
 environment (bench/compare.py does) and --threads calls torch.set_num_threads.
+--amp bf16 runs each forward and loss under PyTorch's own CPU autocast
+(torch.autocast("cpu", dtype=torch.bfloat16)), as kiln_bench --amp bf16 does
+under kiln's AutocastGuard: the twin of the bf16 rows (bench/bf16_bench.py).
 """
+import contextlib
 import argparse
 import json
 import math
@@ -143,6 +147,13 @@ def gpt_train_flops(params, batch, seq, layers, d_model):
 
 # ---- workloads: step(want_loss) -> loss or None ----
 
+AMP = None  # --amp bf16: torch.bfloat16
+
+
+def autocast():
+    return torch.autocast("cpu", dtype=AMP) if AMP is not None else contextlib.nullcontext()
+
+
 class Classifier:
     def __init__(self, model, input_shape, make_opt):
         self.model = model
@@ -154,7 +165,8 @@ class Classifier:
 
     def step(self, want_loss):
         self.opt.zero_grad(set_to_none=True)
-        loss = F.cross_entropy(self.model(self.x), self.y)
+        with autocast():
+            loss = F.cross_entropy(self.model(self.x), self.y)
         loss.backward()
         self.opt.step()
         return loss.item() if want_loss else None
@@ -175,8 +187,9 @@ class GptTrain:
 
     def step(self, want_loss):
         self.opt.zero_grad(set_to_none=True)
-        logits = self.model(self.idx)
-        loss = F.cross_entropy(logits.view(-1, logits.size(-1)), self.targets.view(-1))
+        with autocast():
+            logits = self.model(self.idx)
+            loss = F.cross_entropy(logits.view(-1, logits.size(-1)), self.targets.view(-1))
         loss.backward()
         self.opt.step()
         return loss.item() if want_loss else None
@@ -195,11 +208,11 @@ class GptInfer:
         self.flops = 0.0
 
     def step(self, want_loss):
-        with torch.no_grad():
+        with torch.no_grad(), autocast():
             logits = self.model(self.idx)
             if not want_loss:
                 return None
-            return F.cross_entropy(logits.view(-1, logits.size(-1)), self.targets.view(-1)).item()
+            return F.cross_entropy(logits.view(-1, logits.size(-1)), self.targets.view(-1)).float().item()
 
 
 def make_workload(name):
@@ -232,7 +245,8 @@ def run(name, threads, warmup, steps):
     loss_last = w.step(True)
     params = sum(p.numel() for p in w.model.parameters())
     print(json.dumps({
-        "framework": "torch", "workload": name, "threads": threads, "warmup": warmup, "steps": steps,
+        "framework": "torch", "workload": name, "amp": "bf16" if AMP is not None else "off", "threads": threads,
+        "warmup": warmup, "steps": steps,
         "median_ms": statistics.median(ms), "loss_first": loss_first, "loss_last": loss_last, "params": params,
         "flops_per_step": w.flops, "maxrss_kib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss,
         "step_ms": [round(x, 6) for x in ms],
@@ -245,7 +259,10 @@ def main():
     ap.add_argument("--threads", type=int, default=0)
     ap.add_argument("--warmup", type=int, default=10)
     ap.add_argument("--steps", type=int, default=50)
+    ap.add_argument("--amp", choices=["bf16", "off"], default="off")
     a = ap.parse_args()
+    global AMP
+    AMP = torch.bfloat16 if a.amp == "bf16" else None
     if a.warmup < 1 or a.steps < 1:
         ap.error("--warmup and --steps must be at least 1")
     if a.threads > 0:
