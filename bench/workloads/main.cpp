@@ -41,14 +41,15 @@ struct Args {
   int warmup = 10;
   int steps = 50;
   int64_t size = 2048;
-  std::string amp = "off";  // --amp bf16: forward and loss under bf16 autocast
-  bool profile = false;     // --profile on: the timed steps under a recording Profiler
+  std::string amp = "off";     // --amp bf16: forward and loss under bf16 autocast
+  bool profile = false;        // --profile on: the timed steps under a recording Profiler
+  bool profile_table = false;  // --profile table: that, and its op table (self time first) on stderr
 };
 
 [[noreturn]] void usage(const std::string& why) {
   std::cerr << "kiln_bench: " << why
             << "\nusage: kiln_bench --workload NAME[,NAME...] [--threads N] [--warmup N] [--steps N] [--size N] [--amp "
-               "bf16|off] [--profile on|off]\n"
+               "bf16|off] [--profile on|off|table]\n"
                "workloads: tiny mlp cnn resnet gpt gpt_infer, and peak (f32 matmul probe)\n";
   std::exit(2);
 }
@@ -90,8 +91,9 @@ Args parse(int argc, char** argv) {
       if (v != "bf16" && v != "off") usage("--amp expects bf16 or off (fp16 needs a GradScaler), got '" + v + "'");
       a.amp = v;
     } else if (flag == "--profile") {
-      if (v != "on" && v != "off") usage("--profile expects on or off, got '" + v + "'");
-      a.profile = v == "on";
+      if (v != "on" && v != "off" && v != "table") usage("--profile expects on, off or table, got '" + v + "'");
+      a.profile = v != "off";
+      a.profile_table = v == "table";
     } else
       usage("unknown flag " + flag);
   }
@@ -161,6 +163,8 @@ void run_workload(const std::string& name, const Args& a) {
   if (prof) {
     prof->stop();
     events = prof->num_events();
+    if (a.profile_table)
+      std::fprintf(stderr, "%s, %d steps:\n%s\n", name.c_str(), a.steps, prof->table("self", 25).c_str());
     prof.reset();
   }
   const double loss_last = w->step(true);

@@ -91,11 +91,15 @@ Tensor BatchNorm::forward_add_relu(const Tensor& x, const Tensor& residual) {
 
 Tensor BatchNorm::forward_impl(const Tensor& x, bool relu, const Tensor& residual) {
   if (autocast_enabled()) {
-    // Under autocast batch norm runs in float32: the residual then joins the float32 result.
-    const Tensor y = ops::autocast_call(
-        AutocastOp::batch_norm, [&](const Tensor& xx) { return forward_impl(xx, false, Tensor()); }, x);
-    if (!relu) return y;
-    return (residual.defined() ? y + residual : y).relu();
+    // Under autocast batch norm runs in float32, its ReLU and residual add fused as without autocast; a
+    // residual of another dtype is cast to the result's first, as the add's type promotion would.
+    return ops::autocast_call(
+        AutocastOp::batch_norm,
+        [&](const Tensor& xx) {
+          const bool cast = residual.defined() && residual.dtype() != xx.dtype();
+          return forward_impl(xx, relu, cast ? residual.to(xx.dtype()) : residual);
+        },
+        x);
   }
   KILN_CHECK(x.dim() >= min_dim_ && x.dim() <= max_dim_ && x.size(1) == options.num_features, ShapeError, type_name(),
              ": expected a ", min_dim_, (min_dim_ == max_dim_ ? "" : " or " + std::to_string(max_dim_)),

@@ -25,6 +25,13 @@ Tensor data(IntArrayRef shape, uint64_t seed, DType dt = kFloat32) {
   return randn(shape, {}, &g).to(dt);
 }
 
+// max |got - want| / max |want|.
+double rel_max(const Tensor& got, const Tensor& want) {
+  const NoGradGuard ng;
+  const double scale = want.abs().max().to(kFloat64).item<double>();
+  return (got - want).abs().max().to(kFloat64).item<double>() / (scale > 0 ? scale : 1.0);
+}
+
 // One runner per policy row: builds float32 inputs for lower-precision ops
 // (what a model feeds them), bf16 inputs for float32 ops (what a preceding
 // lower-precision op hands them) and mixed inputs for promote ops.
@@ -237,6 +244,39 @@ TEST(AutocastGrad, BackwardInsideTheRegionEqualsBackwardOutside) {
   ASSERT_EQ(g1.dtype(), kFloat32);
   EXPECT_TRUE(w1.grad().equal(g1));
   EXPECT_TRUE(w2.grad().equal(g2));
+}
+
+// Under autocast a BatchNorm runs in float32 with its ReLU and residual add still fused
+// (forward_relu / forward_add_relu, what ResNet's blocks call): the same values and gradients as
+// the float32 batch norm followed by the add and ReLU as ops of their own, a bf16 residual
+// joining as the add's type promotion would (a bf16 value is exact in float32).
+TEST(AutocastBatchNorm, FusedReluAndResidualEqualTheUnfusedOps) {
+  for (const DType residual_dtype : {kFloat32, kBFloat16}) {
+    nn::BatchNorm2d fused({.num_features = 3}), plain({.num_features = 3});
+    const Tensor x0 = data({4, 3, 5, 5}, 11, kBFloat16), r0 = data({4, 3, 5, 5}, 12, residual_dtype);
+    Tensor x1 = x0.clone().requires_grad_(), r1 = r0.clone().requires_grad_();
+    Tensor x2 = x0.clone().requires_grad_(), r2 = r0.clone().requires_grad_();
+    Tensor a1, b1, a2, b2;
+    {
+      const AutocastGuard amp(kBFloat16);
+      a1 = fused.forward_relu(x1);
+      b1 = fused.forward_add_relu(x1, r1);
+      const Tensor y = plain.forward(x2);
+      a2 = y.relu();
+      b2 = (plain.forward(x2) + r2.to(kFloat32)).relu();
+    }
+    ASSERT_EQ(a1.dtype(), kFloat32);
+    ASSERT_EQ(b1.dtype(), kFloat32);
+    EXPECT_LE(rel_max(a1, a2), 1e-6);
+    EXPECT_LE(rel_max(b1, b2), 1e-6);
+    (a1.sum() + (b1 * b1).sum()).backward();
+    (a2.sum() + (b2 * b2).sum()).backward();
+    EXPECT_EQ(x1.grad().dtype(), kBFloat16);
+    EXPECT_LE(rel_max(x1.grad().to(kFloat32), x2.grad().to(kFloat32)), 1e-2);
+    EXPECT_LE(rel_max(r1.grad().to(kFloat32), r2.grad().to(kFloat32)), 1e-2);
+    EXPECT_LE(rel_max(fused.weight.grad(), plain.weight.grad()), 1e-5);
+    EXPECT_TRUE(fused.running_mean.allclose(plain.running_mean, 1e-6, 1e-7));
+  }
 }
 
 // What the engine itself runs (here a gradient hook that calls matmul) is not autocast
