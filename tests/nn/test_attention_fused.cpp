@@ -151,3 +151,29 @@ TEST(AttentionFused, GraphHoldsOrderTNotTSquared) {
   RecordProperty("fused_bytes", std::to_string(fused));
   RecordProperty("composite_bytes", std::to_string(composite));
 }
+
+// bf16: the row kernels run 16-bit rows of 16 or more visible keys on a float copy (the float vector
+// code) and round once. Against the float32 fused path on the same (bf16-exact) inputs: the bf16 path
+// also rounds the scores, the weights and the products to bf16 (8 bits of mantissa, 4e-3 relative),
+// so the bound is a few of those roundings. Each case has rows on both sides of 16 keys.
+TEST(AttentionFused, BFloat16FollowsFloat32) {
+  manual_seed(12);
+  for (auto& c : cases(kFloat32)) {
+    const TensorOptions o(kBFloat16);
+    const Tensor q0 = randn(c.qs, o), k0 = randn(c.ks, o), v0 = randn(c.vs, o);
+    const Tensor mask = c.mask.defined() && c.mask.is_floating_point() ? c.mask.to(kBFloat16) : c.mask;
+    Tensor q = q0.clone().requires_grad_(), k = k0.clone().requires_grad_(), v = v0.clone().requires_grad_();
+    Tensor qf = q0.to(kFloat32).requires_grad_(), kf = k0.to(kFloat32).requires_grad_(),
+           vf = v0.to(kFloat32).requires_grad_();
+    Tensor out = F::detail::sdpa_fused(q, k, v, mask, c.causal, c.block);
+    Tensor ref = F::detail::sdpa_fused(qf, kf, vf, c.mask, c.causal, c.block);
+    ASSERT_EQ(out.dtype(), kBFloat16) << c.id;
+    EXPECT_TRUE(out.to(kFloat32).allclose(ref, 3e-2, 3e-2)) << c.id;
+    const Tensor g = randn(out.sizes(), o);
+    out.backward(g);
+    ref.backward(g.to(kFloat32));
+    EXPECT_TRUE(q.grad().to(kFloat32).allclose(qf.grad(), 1e-1, 1e-1)) << c.id << " dq";
+    EXPECT_TRUE(k.grad().to(kFloat32).allclose(kf.grad(), 1e-1, 1e-1)) << c.id << " dk";
+    EXPECT_TRUE(v.grad().to(kFloat32).allclose(vf.grad(), 3e-2, 3e-2)) << c.id << " dv";
+  }
+}

@@ -17,6 +17,7 @@
 #include <tuple>
 #include <type_traits>
 #include <utility>
+#include <vector>
 
 #include "kiln/kernels/attention.h"
 #include "reduce_engine.h"
@@ -152,6 +153,31 @@ A row_max(int64_t n, const F& f) {
   return fold(acc, [](A x, A z) { return z > x ? z : x; });
 }
 
+// 16-bit rows (bf16, fp16) of at least kW visible keys run the float vector
+// code on a float copy of the row and round once at the end. The copy gets
+// the same float values, lane by lane and partial by partial, as the plain
+// loops below compute (exp_v is exp_vec lane by lane; the vector partials are
+// the loops' i % kW partials, folded alike), so the results do not change,
+// only the time: the plain loops convert and call exp_vec per element.
+template <typename T>
+constexpr bool kHalf = !std::is_same_v<T, float> && !std::is_same_v<T, double>;
+
+float* float_row(int64_t cols) {
+  thread_local std::vector<float> buf;
+  if (static_cast<int64_t>(buf.size()) < cols) buf.resize(static_cast<size_t>(cols));
+  return buf.data();
+}
+
+template <typename T>
+void widen(const T* y, int64_t n, float* f) {
+  for (int64_t j = 0; j < n; ++j) f[j] = static_cast<float>(y[j]);
+}
+
+template <typename T>
+void narrow(const float* f, int64_t n, T* y) {
+  for (int64_t j = 0; j < n; ++j) y[j] = static_cast<T>(f[j]);
+}
+
 // Keys row i of a block sees.
 int64_t visible(const AttentionBlock& a, int64_t i) { return a.causal ? std::min(a.cols, a.row0 + i + 1) : a.cols; }
 
@@ -187,6 +213,16 @@ void weights(const AttentionBlock& a, T* s, T* lse) {
         return;
       }
     }
+    if constexpr (kHalf<T>) {
+      if (n >= kW) {
+        float* f = float_row(cols);
+        widen(y, cols, f);
+        std::tie(m, sum) = softmax_row(f, n, cols, scale);
+        narrow(f, cols, y);
+        if (lse) lse[b * a.row_batch_stride + i] = static_cast<T>(m + std::log(sum));
+        return;
+      }
+    }
     // The max of the raw scores, scaled: scale > 0 keeps the order.
     if constexpr (std::is_same_v<T, A>) {
       m = row_max<A>(n, [&](int64_t j) { return y[j]; }) * scale;
@@ -213,6 +249,19 @@ void recompute(const AttentionBlock& a, T* s, const T* lse) {
     T* y = s + r * a.cols;
     const int64_t n = visible(a, i), cols = a.cols;
     const A l = static_cast<A>(lse[b * a.row_batch_stride + i]);
+    if constexpr (kHalf<T>) {
+      if (n >= kW) {
+        float* f = float_row(n);
+        widen(y, n, f);
+        const VecF vs = splat(scale), vl = splat(l);
+        int64_t j = 0;
+        for (; j + kW <= n; j += kW) store(f + j, exp_v(load(f + j) * vs - vl));
+        for (; j < n; ++j) f[j] = exp_vec(f[j] * scale - l);
+        narrow(f, n, y);
+        for (int64_t c = n; c < cols; ++c) y[c] = T(0);
+        return;
+      }
+    }
     for (int64_t j = 0; j < n; ++j) y[j] = static_cast<T>(exp_vec(static_cast<A>(y[j]) * scale - l));
     for (int64_t j = n; j < cols; ++j) y[j] = T(0);
   });
@@ -227,6 +276,18 @@ void scores_grad(const AttentionBlock& a, T* dp, const T* p, const T* D) {
     const T* pr = p + r * a.cols;
     const int64_t n = visible(a, i), cols = a.cols;
     const A d = static_cast<A>(D[b * a.row_batch_stride + i]);
+    if constexpr (kHalf<T>) {
+      if (n >= kW) {  // two float copies, one vectorised loop: the same expression per element
+        float* f = float_row(2 * n);
+        float* fp = f + n;
+        widen(g, n, f);
+        widen(pr, n, fp);
+        for (int64_t j = 0; j < n; ++j) f[j] = fp[j] * (f[j] - d) * scale;
+        narrow(f, n, g);
+        for (int64_t j = n; j < cols; ++j) g[j] = T(0);
+        return;
+      }
+    }
     for (int64_t j = 0; j < n; ++j) g[j] = static_cast<T>(static_cast<A>(pr[j]) * (static_cast<A>(g[j]) - d) * scale);
     for (int64_t j = n; j < cols; ++j) g[j] = T(0);
   });
