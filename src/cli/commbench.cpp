@@ -13,6 +13,7 @@
 #include <nlohmann/json.hpp>
 #include <optional>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "cli/config.h"
@@ -281,8 +282,15 @@ int commbench_command(const CommbenchOptions& o) {
   } catch (const ConfigError&) {
     // Every rank parsed the same flags and found the same fault: one message
     // is enough (before dist::init the rank is known from Open MPI's environment).
+    // The other ranks leave quietly, but not at once: mpirun aborts the job at
+    // the first non-zero exit, and a rank 0 still writing its message would be
+    // killed with it (seen on a loaded machine: no message at all). Rank 0's
+    // own exit ends the wait, as mpirun then stops the rest.
     const char* rank = std::getenv("OMPI_COMM_WORLD_RANK");
-    if (rank && std::string(rank) != "0") return 2;
+    if (rank && std::string(rank) != "0") {
+      std::this_thread::sleep_for(std::chrono::seconds(5));
+      return 2;
+    }
     throw;
   }
 }

@@ -149,7 +149,10 @@ TEST(CliProfile, TrainWritesTheProfileAndKilnProfilePrintsItAgain) {
     if (kind != "data_load" && kind != "collective") self_us += row["self_us"].get<double>();
   }
   for (const json& s : steps["steps"]) wall_us += 1000 * s["total_ms"].get<double>();
-  EXPECT_GT(self_us, 0.5 * wall_us);
+  // The lower bound only catches self time that went missing: preemption on a shared machine lands
+  // between the scopes and inflates the steps' wall time alone (measured 0.43 of it at load average 4,
+  // against about 0.9 idle), so a tighter bound would time the machine, not the profiler.
+  EXPECT_GT(self_us, 0.2 * wall_us);
   EXPECT_LE(self_us, wall_us * 1.001 + 10);
   const std::string ops_txt = slurp(prof / "ops.txt");
   EXPECT_NE(ops_txt.find("DataLoader.batch"), std::string::npos) << ops_txt;
