@@ -223,6 +223,22 @@ bool all_zero(const Tensor& t) {
   return std::all_of(p, p + c.numel(), [](uint8_t v) { return v == 0; });
 }
 
+// Takes the Relu that alone reads n's output into n (attribute "relu": the int8 kernel's eltwise post-op
+// on the same float result, so the numbers do not change, and the Relu's pass is saved); n then writes
+// the Relu's output.
+void absorb_relu(Graph& g, const Producers& p, Node& n, std::set<size_t>& dead) {
+  if (n.outputs.empty()) return;
+  const std::string out = n.outputs[0];
+  auto r = p.reader_of.find(out);
+  if (p.outputs.count(out) || !p.readers.count(out) || p.readers.at(out) != 1 || r == p.reader_of.end()) return;
+  const Node& relu = g.nodes[r->second];
+  if (relu.op_type != "Relu" || relu.outputs.size() != 1) return;
+  g.values.erase(out);
+  n.outputs[0] = relu.outputs[0];
+  n.attributes["relu"] = int64_t{1};
+  dead.insert(r->second);
+}
+
 void drop(Graph& g, const std::set<size_t>& dead) {
   std::vector<Node> kept;
   for (size_t i = 0; i < g.nodes.size(); ++i)
@@ -264,14 +280,7 @@ void fuse_int8_residuals(Graph& g) {
       g.values.erase(v);
       c.outputs[0] = add.outputs[0];
       dead.insert(ia);
-      auto rr = p.reader_of.find(add.outputs[0]);
-      if (!p.outputs.count(add.outputs[0]) && p.readers.count(add.outputs[0]) && p.readers.at(add.outputs[0]) == 1 &&
-          rr != p.reader_of.end() && g.nodes[rr->second].op_type == "Relu" && g.nodes[rr->second].outputs.size() == 1) {
-        g.values.erase(add.outputs[0]);
-        c.outputs[0] = g.nodes[rr->second].outputs[0];
-        c.attributes["relu"] = int64_t{1};
-        dead.insert(rr->second);
-      }
+      absorb_relu(g, p, c, dead);  // the block's ReLU after the add
       break;
     }
   }
@@ -370,17 +379,7 @@ int64_t fuse_qdq(Graph& g, bool uint8_chain) {
     n.inputs = std::move(inputs);
     n.attributes["input_scale"] = scale;
     n.attributes["input_zero_point"] = zero_point;
-    // A Relu that is the product's only reader runs in the int8 kernel's epilogue (an eltwise post-op on
-    // the same float result, so the numbers do not change), saving a pass over the output.
-    const std::string out = n.outputs.empty() ? std::string() : n.outputs[0];
-    auto r = p.reader_of.find(out);
-    if (!out.empty() && !p.outputs.count(out) && p.readers.count(out) && p.readers.at(out) == 1 &&
-        r != p.reader_of.end() && g.nodes[r->second].op_type == "Relu" && g.nodes[r->second].outputs.size() == 1) {
-      g.values.erase(out);
-      n.outputs[0] = g.nodes[r->second].outputs[0];
-      n.attributes["relu"] = int64_t{1};
-      dead.insert(r->second);
-    }
+    absorb_relu(g, p, n, dead);
     ++fused;
   }
   if (dead.empty()) return 0;

@@ -420,6 +420,12 @@ TEST(DynamicInt8, LinearMatchesIntegerReferenceAndGptStaysClose) {
     Tensor bad = x.clone();
     bad.data_ptr<float>()[3] = std::numeric_limits<float>::infinity();
     EXPECT_THROW(q(bad), ValueError);
+    // A NaN is coded as the zero point (real 0), as kernels::quantize_rows_absmax_u8 documents: the row
+    // gives what the same row with a 0 there gives.
+    Tensor with_nan = x.clone(), with_zero = x.clone();
+    with_nan.data_ptr<float>()[3] = std::numeric_limits<float>::quiet_NaN();
+    with_zero.data_ptr<float>()[3] = 0.0f;
+    EXPECT_TRUE(q(with_nan).equal(q(with_zero)));
     EXPECT_THROW(q.forward_add(x, randn_seeded({2, 5, out + 1}, 5)), ShapeError);
     EXPECT_THROW(q.forward_gelu(x, "sigmoid"), ValueError);
   }

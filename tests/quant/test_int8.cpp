@@ -98,7 +98,7 @@ TEST(Int8Kernels, Conv2dMatchesIntegerReference) {
     const int64_t oh = (c.h + 2 * c.pad - c.k) / c.stride + 1, ow = (c.w + 2 * c.pad - c.k) / c.stride + 1;
     ASSERT_EQ(y.sizes(), (std::vector<int64_t>{c.n, c.o, oh, ow}));
     const int64_t cg = c.c / c.groups, og = c.o / c.groups;
-    std::vector<float> want(c.n * c.o * oh * ow);
+    std::vector<float> want(c.n * c.o * oh * ow), want_pre(want.size());  // want_pre: before the ReLU
     const float* sw = qw.scales.data_ptr<float>();
     for (int64_t n = 0; n < c.n; ++n)
       for (int64_t o = 0; o < c.o; ++o)
@@ -115,10 +115,21 @@ TEST(Int8Kernels, Conv2dMatchesIntegerReference) {
                   acc += static_cast<int64_t>(xq[((n * c.c + ch) * c.h + r) * c.w + s] - c.in_zp) *
                          qw.ints[((o * cg + ci) * c.k + u) * c.k + v];
                 }
-            want[((n * c.o + o) * oh + i) * ow + j] =
-                epilogue(acc, sx, sw[o], c.bias ? b.data_ptr<float>()[o] : 0.0f, c.relu);
+            const float bo = c.bias ? b.data_ptr<float>()[o] : 0.0f;
+            want[((n * c.o + o) * oh + i) * ow + j] = epilogue(acc, sx, sw[o], bo, c.relu);
+            want_pre[((n * c.o + o) * oh + i) * ow + j] = epilogue(acc, sx, sw[o], bo, false);
           }
     expect_output(y, want, opt.q, what);
+    if (c.out_scale == 0) {  // a residual joins in the epilogue, after the scales and bias, before the ReLU
+      const Tensor r = randn({c.n, c.o, oh, ow}, TensorOptions(kFloat32), &g);
+      std::vector<float> want_r(want.size());
+      const Tensor rc = r.contiguous();
+      for (size_t i = 0; i < want.size(); ++i) {
+        const float v = want_pre[i] + rc.data_ptr<float>()[i];
+        want_r[i] = c.relu ? std::max(v, 0.0f) : v;
+      }
+      expect_output(conv(x, r), want_r, opt.q, what + " (residual)");
+    }
     // An already-quantized uint8 input gives the same result.
     const Tensor xu8 = quant::quantize_per_tensor(x, sx, c.in_zp, QDType::QUInt8).data;
     expect_output(conv(xu8), want, opt.q, what + " (uint8 input)");
@@ -168,4 +179,14 @@ TEST(Int8Kernels, RejectsWhatItCannotRun) {
   const ops::Int8Linear fc(w, s, Tensor(), {0.1f, 0});
   EXPECT_THROW(fc(zeros({2, 5})), ShapeError);
   EXPECT_THROW(fc(zeros({2, 3}, TensorOptions(kInt64))), DTypeError);
+  // A residual must be float32 of the output's shape, and only a float-output layer takes one.
+  const Tensor cw = zeros({4, 3, 1, 1}, TensorOptions(kUInt8));
+  ops::Int8Conv2dOptions o;
+  o.q = {0.1f, 0};
+  const ops::Int8Conv2d conv(cw, s, Tensor(), o);
+  const Tensor x = zeros({2, 3, 5, 5});
+  EXPECT_THROW(conv(x, zeros({2, 4, 5, 4})), ShapeError);
+  EXPECT_THROW(conv(x, zeros({2, 4, 5, 5}, TensorOptions(kFloat64))), ShapeError);
+  o.q = {0.1f, 0, false, 0.05f, 0};
+  EXPECT_THROW(ops::Int8Conv2d(cw, s, Tensor(), o)(x, zeros({2, 4, 5, 5})), ValueError);
 }

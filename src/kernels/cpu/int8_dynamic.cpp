@@ -1,7 +1,6 @@
 // The per-row pieces of dynamic int8 linears (kiln/kernels/int8.h): row
-// quantization and the epilogue around oneDNN's int8 product. Single-threaded
-// by design: the rows of one sequence are a few hundred KiB, and the product
-// between them holds the parallelism.
+// quantization and the epilogue around oneDNN's int8 product. Single-threaded:
+// the rows of one sequence are a few hundred KiB (splitting them was not tried).
 #include <cmath>
 
 #include "elementwise_math.h"
