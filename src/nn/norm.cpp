@@ -90,9 +90,15 @@ Tensor BatchNorm::forward_add_relu(const Tensor& x, const Tensor& residual) {
 }
 
 Tensor BatchNorm::forward_impl(const Tensor& x, bool relu, const Tensor& residual) {
-  if (autocast_enabled()) {
-    // Under autocast batch norm runs in float32, its ReLU and residual add fused as without autocast; a
-    // residual of another dtype is cast to the result's first, as the add's type promotion would.
+  // A channels-last bf16 input in training (a conv's output under autocast) runs the mixed kernel: bf16
+  // activations, float32 statistics and parameters, as PyTorch's CPU batch norm, and no cast on either
+  // side; with a residual of the same dtype the block's end stays fused too.
+  const bool mixed_bf16 = autocast_enabled() && (is_training() || !options.track_running_stats) &&
+                          ops::batch_norm_train_supported(x, weight, bias) && x.dtype() == kBFloat16 &&
+                          (!residual.defined() || residual.dtype() == kBFloat16);
+  if (autocast_enabled() && !mixed_bf16) {
+    // Otherwise under autocast batch norm runs in float32, its ReLU and residual add fused as without
+    // autocast; a residual of another dtype is cast to the result's first, as the add's type promotion would.
     return ops::autocast_call(
         AutocastOp::batch_norm,
         [&](const Tensor& xx) {

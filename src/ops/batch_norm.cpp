@@ -50,6 +50,14 @@ std::vector<int64_t> channel_shape(const Tensor& x) {
 
 const void* data_or_null(const Tensor& t) { return t.defined() ? t.data_ptr() : nullptr; }
 
+}  // namespace
+
+// The dtype of the statistics, the parameters and their gradients: x's, or
+// float32 for a bf16 x (PyTorch's mixed CPU batch norm).
+DType stat_dtype(const Tensor& x) { return x.dtype() == kBFloat16 ? kFloat32 : x.dtype(); }
+
+namespace {
+
 struct NativeBatchNormBackward final : autograd::Node {
   // bias and residual only with the fused ReLU (its mask is recomputed from them)
   SavedVariable x, weight, bias, residual;
@@ -80,11 +88,11 @@ struct NativeBatchNormBackward final : autograd::Node {
       return out;
     }
     const MemoryFormat fmt = bn_format(xv);
-    const Tensor gc = contiguous(g, fmt);
     const DType dt = xv.dtype();
+    const Tensor gc = contiguous(g.dtype() == dt ? g : g.to(dt), fmt);
     if (want_x) out[0] = new_output(xv.sizes(), dt, fmt);
-    if (want_w) out[1] = new_output({xv.size(1)}, dt);
-    if (want_b) out[2] = new_output({xv.size(1)}, dt);
+    if (want_w) out[1] = new_output({xv.size(1)}, stat_dtype(xv));
+    if (want_b) out[2] = new_output({xv.size(1)}, stat_dtype(xv));
     if (want_r) out[3] = new_output(xv.sizes(), dt, fmt);
     if (xv.numel() > 0) {
       kernels::BatchNormShape s = bn_shape(xv);
@@ -105,7 +113,7 @@ struct NativeBatchNormBackward final : autograd::Node {
     {
       const NoGradGuard no_grad;
       const auto cs = channel_shape(xv);
-      const Tensor scale = wv.defined() ? (invstd.to(kFloat64) * wv.to(kFloat64)).to(xv.dtype()) : invstd;
+      const Tensor scale = wv.defined() ? (invstd.to(kFloat64) * wv.to(kFloat64)).to(invstd.dtype()) : invstd;
       Tensor v = (xv - mean.view(cs)) * scale.view(cs);
       if (bv.defined()) v = v + bv.view(cs);
       if (rv.defined()) v = v + rv;
@@ -125,7 +133,7 @@ struct NativeBatchNormBackward final : autograd::Node {
     const Tensor xhat = (xv - mu) * is;
     if (want_x) {
       const Tensor dxhat = wv.defined() ? g * wv.view(cs) : g;
-      out[0] = is * (dxhat - dxhat.mean(dims, true) - xhat * (dxhat * xhat).mean(dims, true));
+      out[0] = (is * (dxhat - dxhat.mean(dims, true) - xhat * (dxhat * xhat).mean(dims, true))).to(xv.dtype());
     }
     if (want_w) out[1] = (g * xhat).sum(dims);
     if (want_b) out[2] = g.sum(dims);
@@ -145,9 +153,12 @@ struct NativeBatchNormBackward final : autograd::Node {
 }  // namespace
 
 bool batch_norm_train_supported(const Tensor& x, const Tensor& weight, const Tensor& bias) {
-  if (!x.defined() || x.dim() < 2 || (x.dtype() != kFloat32 && x.dtype() != kFloat64)) return false;
+  if (!x.defined() || x.dim() < 2) return false;
+  const bool bf16 = x.dtype() == kBFloat16;
+  if (bf16 && (x.dim() != 4 || suggest_memory_format(x) != MemoryFormat::ChannelsLast)) return false;
+  if (!bf16 && x.dtype() != kFloat32 && x.dtype() != kFloat64) return false;
   for (const Tensor* p : {&weight, &bias}) {
-    if (p->defined() && (p->dtype() != x.dtype() || p->dim() != 1 || p->size(0) != x.size(1))) return false;
+    if (p->defined() && (p->dtype() != stat_dtype(x) || p->dim() != 1 || p->size(0) != x.size(1))) return false;
   }
   return true;
 }
@@ -162,8 +173,8 @@ BatchNormResult batch_norm_train_impl(const Tensor& x, const Tensor& weight, con
   OpScope rs(op, {&x, &weight, &bias, &residual});
   check_defined(x, "batch_norm", "input");
   KILN_CHECK(batch_norm_train_supported(x, weight, bias), DTypeError,
-             "batch_norm: expected a float32 or float64 input of at least 2 dims with weight and bias of its "
-             "dtype and shape [C], got input ",
+             "batch_norm: expected a float32 or float64 input of at least 2 dims (or a channels-last 4-dim "
+             "bf16 one) with weight and bias of shape [C] and its dtype (float32 for bf16), got input ",
              dtype_name(x.dtype()), " ", x.shape_string(),
              weight.defined() ? ", weight " + weight.shape_string() : std::string(),
              bias.defined() ? ", bias " + bias.shape_string() : std::string());
@@ -177,9 +188,9 @@ BatchNormResult batch_norm_train_impl(const Tensor& x, const Tensor& weight, con
   const Tensor bc = bias.defined() ? bias.contiguous() : Tensor();
   BatchNormResult r;
   r.output = new_output(x.sizes(), dt, fmt);
-  r.mean = new_output({c}, dt);
-  r.var = new_output({c}, dt);
-  Tensor invstd = new_output({c}, dt);
+  r.mean = new_output({c}, stat_dtype(x));
+  r.var = new_output({c}, stat_dtype(x));
+  Tensor invstd = new_output({c}, stat_dtype(x));
   kernels::BatchNormShape s = bn_shape(xc);
   s.relu = relu;
   kernels::batch_norm_train_forward(dt, s, xc.data_ptr(), data_or_null(wc), data_or_null(bc), eps, r.output.data_ptr(),

@@ -18,6 +18,8 @@
 #include <algorithm>
 #include <mutex>
 #include <type_traits>
+#include <utility>
+#include <vector>
 
 #include "iter.h"
 #include "kiln/autograd/functions.h"
@@ -39,6 +41,7 @@ struct Operand {
   Tensor t;
   int64_t rows = 0, cols = 0;
   int64_t stride[3] = {0, 0, 1};
+  int64_t outer_stride = 0;  // a 4-D operand's dim 0 (matrix_operand4)
 };
 
 // The last two dims of `t` as a matrix (batch stride: dim -3 when present and
@@ -53,6 +56,14 @@ Operand matrix_operand(Tensor t, bool batched) {
   o.stride[1] = t.stride(d - 2);
   o.stride[2] = t.stride(d - 1);
   o.t = std::move(t);
+  return o;
+}
+
+// A 4-D operand [outer, batch, rows, cols] whose two batch dims keep their own
+// strides (kernels::MatmulArgs::outer); a size-1 dim is a broadcast (stride 0).
+Operand matrix_operand4(const Tensor& t) {
+  Operand o = matrix_operand(t, true);
+  o.outer_stride = o.t.size(0) != 1 ? o.t.stride(0) : 0;
   return o;
 }
 
@@ -94,7 +105,22 @@ kernels::MatmulArgs product_args(const Operand& a, const Operand& b) {
     g.a.stride[i] = a.stride[i];
     g.b.stride[i] = b.stride[i];
   }
+  g.a.outer_stride = a.outer_stride;
+  g.b.outer_stride = b.outer_stride;
   return g;
+}
+
+// out [B, H, m, n] = a · b for 4-D operands (matrix_operand4) in one kernel
+// call over all B * H products, out's four strides as they are (its last is 1).
+void run_matmul4_into(const Operand& a, const Operand& b, const Tensor& out) {
+  kernels::MatmulArgs g = product_args(a, b);
+  g.outer = out.size(0);
+  g.batch = out.size(1);
+  g.c = out.data_ptr();
+  g.c_outer_stride = out.stride(0);
+  g.c_stride[0] = out.stride(1);
+  g.c_stride[1] = out.stride(2);
+  kernels::matmul(g);
 }
 
 void run_matmul_into(const Operand& a, const Operand& b, const Tensor& bias, int64_t batch, const Tensor& out,
@@ -133,9 +159,15 @@ bool batch_merges(const Tensor& t) {
 // batch shape whose batch dims do not merge (attention's heads viewed out of a
 // [B, T, 3C] projection: [B, nh, T, hs] with strides [3TC, hs, 3C, 1]).
 // Rather than copying an operand to contiguous, it peels leading batch dims
-// until the rest merge, and runs one strided batched product per slice into
-// its part of `out`: oneDNN reads the interleaved heads in place.
+// until four dims are left, and runs those as one product with two strided
+// batch dims (one oneDNN call for all B * nh heads: a call per b with nh
+// 64×64 products each ran at under half the product's speed): oneDNN reads
+// the interleaved heads in place.
 void batched_into(const Tensor& a, const Tensor& b, const Tensor& out) {
+  if (a.dim() == 4 && a.size(0) > 1 && a.size(1) > 1 && a.dtype() != kFloat16) {
+    run_matmul4_into(matrix_operand4(a), matrix_operand4(b), out);
+    return;
+  }
   if (a.dim() <= 3 || (batch_merges(a) && batch_merges(b))) {
     const int64_t rows = a.size(-2), cols = b.size(-1);
     const int64_t batch = shape_numel(IntArrayRef(a.sizes().data(), a.dim() - 2));
@@ -619,6 +651,21 @@ int64_t merged_batch_stride(const Tensor& t) {
   return 0;
 }
 
+// No two elements of `t` share memory: taken in increasing stride order, each
+// dim (of more than one element) steps past everything the dims before it span.
+bool non_overlapping(const Tensor& t) {
+  std::vector<std::pair<int64_t, int64_t>> dims;  // (stride, size)
+  for (int64_t d = 0; d < t.dim(); ++d)
+    if (t.size(d) > 1) dims.emplace_back(t.stride(d), t.size(d));
+  std::sort(dims.begin(), dims.end());
+  int64_t span = 1;  // elements the smaller-stride dims reach, plus one
+  for (const auto& [stride, size] : dims) {
+    if (stride < span) return false;
+    span = stride * (size - 1) + span;
+  }
+  return true;
+}
+
 }  // namespace
 
 void matmul_into(const Tensor& self, const Tensor& other, const Tensor& out, std::source_location loc) {
@@ -645,9 +692,17 @@ void matmul_into(const Tensor& self, const Tensor& other, const Tensor& out, std
   if (rs.recording()) rs.set_flops(ops::product_flops(out, self.size(-1)));
   const NoGradGuard no_grad;
   const int64_t batch = shape_numel(IntArrayRef(self.sizes().data(), d - 2));
-  const bool direct = self.dtype() != kFloat16 && out.stride(-1) == 1 && (m == 1 || out.stride(-2) >= n) &&
-                      batch_merges(self) && batch_merges(other) && batch_merges(out) &&
+  const bool rows_ok = self.dtype() != kFloat16 && out.stride(-1) == 1 && (m == 1 || out.stride(-2) >= n);
+  const bool direct = rows_ok && batch_merges(self) && batch_merges(other) && batch_merges(out) &&
                       (batch == 1 || merged_batch_stride(out) > 0);
+  // Four dims whose batch dims do not merge (attention's output rows written
+  // into a [B, T, H, E] buffer viewed as [B, H, n, E]): two strided batch dims.
+  const bool heads = !direct && rows_ok && d == 4 && out.size(0) > 1 && out.size(1) > 1 && non_overlapping(out);
+  if (heads && self.numel() > 0 && out.numel() > 0) {
+    run_matmul4_into(matrix_operand4(self), matrix_operand4(other), out);
+    out.bump_version();
+    return;
+  }
   if (!direct || self.numel() == 0 || out.numel() == 0) {
     Tensor o = out;
     o.copy_(matmul_impl(self, other, autograd::CallSite::from(loc)));

@@ -326,6 +326,20 @@ TEST(Linalg, AttentionHeadViewsMatchTorch) {
   ASSERT_TRUE(want.ok) << want.error;
   expect_close(s, want.outputs[0], 1e-5, 1e-5, "q . k^T of head views");
   expect_close(o, want.outputs[1], 1e-5, 1e-5, "P . v of head views");
+  // The same head views in bf16, float64 and int64 (oneDNN's 4-D product; a
+  // loop over dim 0 for the types oneDNN lacks) against contiguous copies.
+  for (DType dt : {kBFloat16, kFloat64, kInt64}) {
+    SCOPED_TRACE(dtype_name(dt));
+    const Tensor x = (qkv * 4).to(dt);
+    auto hd = [&](int64_t i) { return x.narrow(2, i * C, C).view({B, T, nh, hs}).transpose(1, 2); };
+    const Tensor kt = hd(1).transpose(-2, -1);
+    const double tol = dt == kBFloat16 ? 1.0 / 128 : 1e-12;
+    expect_close(matmul(hd(0), kt).to(kFloat64), matmul(hd(0).contiguous(), kt.contiguous()).to(kFloat64), tol, tol,
+                 "q . k^T of head views");
+    const Tensor pd = (p * 4).to(dt);
+    expect_close(matmul(pd, hd(2)).to(kFloat64), matmul(pd, hd(2).contiguous()).to(kFloat64), tol, tol,
+                 "P . v of head views");
+  }
   // A 5-D operand peels two leading dims before the rest merge.
   const Tensor a5 = randn({2, 3, 2, 4, 5}, kFloat32, &g).permute({1, 0, 2, 3, 4});
   const Tensor b5 = randn({3, 2, 2, 5, 3}, kFloat32, &g);

@@ -250,13 +250,22 @@ TEST(MatmulInto, WritesRowsOfALargerTensorInPlace) {
   }
 }
 
-TEST(MatmulInto, BatchDimsThatDoNotMergeAreCopied) {
+TEST(MatmulInto, BatchDimsThatDoNotMergeAreWrittenInPlace) {
+  // Two batch dims with their own strides: one kernel call (oneDNN for
+  // float32/bf16, a loop over the outer dim for float64 and integers).
   manual_seed(62);
-  const Tensor a = randn({2, 3, 4, 5}), b = randn({2, 3, 5, 6});
-  const Tensor buf = zeros({2, 4, 3, 6});
-  const Tensor out = buf.transpose(1, 2);  // batch dims [2, 3] with strides that do not merge
-  matmul_into(a, b, out);
-  EXPECT_TRUE(out.allclose(a.matmul(b), 1e-5, 1e-5));
+  for (DType dt : {kFloat32, kBFloat16, kFloat64, kInt64}) {
+    SCOPED_TRACE(dtype_name(dt));
+    const Tensor a = (randn({2, 3, 4, 5}) * 4).to(dt), b = (randn({2, 3, 5, 6}) * 4).to(dt);
+    const Tensor buf = zeros({2, 4, 3, 6}, TensorOptions(dt));
+    const Tensor out = buf.transpose(1, 2);  // batch dims [2, 3] with strides that do not merge
+    const uint32_t version = buf.version();
+    matmul_into(a, b, out);
+    EXPECT_GT(buf.version(), version);
+    // The same products on contiguous operands; bf16 rounds each result once, so they agree to its ulp.
+    const double tol = dt == kBFloat16 ? 1.0 / 128 : 1e-5;
+    EXPECT_TRUE(out.to(kFloat64).allclose(a.matmul(b).to(kFloat64), tol, tol));
+  }
 }
 
 TEST(MatmulInto, ErrorsNameTheProblem) {

@@ -218,26 +218,63 @@ void store(T* p, typename Lanes<T>::V v) {
   std::memcpy(p, &v, sizeof(v));
 }
 
+// Activation access. x, y, dy, dx and the residual are arrays of A; the
+// per-channel constants and all arithmetic are T. A == T for float32/float64;
+// bf16 activations (A = BFloat16, T = float) widen 16 lanes on load and round
+// to nearest even on store, a NaN to the quiet 0x7fc0 as BFloat16 does, so a
+// vector lane and the scalar tail round alike.
+template <typename A, typename T>
+struct Act {
+  using V = typename Lanes<T>::V;
+  static V load(const A* p) { return Lanes<T>::load(p); }
+  static void put(A* p, V v) { store(p, v); }
+  static T get(A v) { return v; }
+};
+
+template <>
+struct Act<BFloat16, float> {
+  using V = Lanes<float>::V;
+  typedef uint16_t H __attribute__((vector_size(32)));
+  typedef uint32_t U __attribute__((vector_size(64)));
+  static V load(const BFloat16* p) {
+    H h;
+    std::memcpy(&h, p, sizeof(H));
+    const U u = __builtin_convertvector(h, U) << 16;
+    V v;
+    std::memcpy(&v, &u, sizeof(V));
+    return v;
+  }
+  static void put(BFloat16* p, V v) {
+    U u;
+    std::memcpy(&u, &v, sizeof(U));
+    const U rounded = (u + 0x7fffu + ((u >> 16) & 1u)) >> 16;
+    const U r = (u & 0x7fffffffu) > 0x7f800000u ? U{} + 0x7fc0u : rounded;
+    const H h = __builtin_convertvector(r, H);
+    std::memcpy(static_cast<void*>(p), &h, sizeof(H));
+  }
+  static float get(BFloat16 v) { return v; }
+};
+
 // acc[k] += sum over rows of x[r, k].
-template <typename T>
-void cl_sum(const T* x, int64_t c, int64_t r0, int64_t r1, T* acc) {
-  using L = Lanes<T>;
-  constexpr int64_t W = L::kWidth;
+template <typename A, typename T>
+void cl_sum(const A* x, int64_t c, int64_t r0, int64_t r1, T* acc) {
+  using X = Act<A, T>;
+  constexpr int64_t W = Lanes<T>::kWidth;
   if (c % W == 0) {
     for (int64_t j = 0; j < c; j += W) {
-      typename L::V a0 = {}, a1 = {};
+      typename X::V a0 = {}, a1 = {};
       int64_t r = r0;
       for (; r + 1 < r1; r += 2) {
-        a0 += L::load(x + r * c + j);
-        a1 += L::load(x + (r + 1) * c + j);
+        a0 += X::load(x + r * c + j);
+        a1 += X::load(x + (r + 1) * c + j);
       }
-      if (r < r1) a0 += L::load(x + r * c + j);
+      if (r < r1) a0 += X::load(x + r * c + j);
       store(acc + j, a0 + a1);
     }
     return;
   }
   for (int64_t r = r0; r < r1; ++r) {
-    for (int64_t k = 0; k < c; ++k) acc[k] += x[r * c + k];
+    for (int64_t k = 0; k < c; ++k) acc[k] += X::get(x[r * c + k]);
   }
 }
 
@@ -252,10 +289,11 @@ inline V pre_relu(V x, V m, V scale, V shift) {
 // acc[k] += sum g[r, k], acc[c + k] += sum g[r, k] * (x[r, k] - m[k]), where g is
 // dy, or with `relu` (scale and shift given) dy where pre_relu(x) (+ res, the
 // residual added before the ReLU, when not null) > 0, else 0.
-template <typename T, bool Relu>
-void cl_dy_sums(const T* dy, const T* x, const T* m, const T* scale, const T* shift, const T* res, int64_t c,
+template <typename A, typename T, bool Relu>
+void cl_dy_sums(const A* dy, const A* x, const T* m, const T* scale, const T* shift, const A* res, int64_t c,
                 int64_t r0, int64_t r1, T* acc) {
   using L = Lanes<T>;
+  using X = Act<A, T>;
   using V = typename L::V;
   constexpr int64_t W = L::kWidth;
   if (c % W == 0) {
@@ -268,11 +306,11 @@ void cl_dy_sums(const T* dy, const T* x, const T* m, const T* scale, const T* sh
       }
       V a = {}, b = {};
       for (int64_t r = r0; r < r1; ++r) {
-        const V xv = L::load(x + r * c + j);
-        V g = L::load(dy + r * c + j);
+        const V xv = X::load(x + r * c + j);
+        V g = X::load(dy + r * c + j);
         if constexpr (Relu) {
           V pre = pre_relu(xv, mv, sc, sh);
-          if (res) pre += L::load(res + r * c + j);
+          if (res) pre += X::load(res + r * c + j);
           g = pre > 0 ? g : V{};
         }
         a += g;
@@ -285,11 +323,11 @@ void cl_dy_sums(const T* dy, const T* x, const T* m, const T* scale, const T* sh
   }
   for (int64_t r = r0; r < r1; ++r) {
     for (int64_t k = 0; k < c; ++k) {
-      const T xv = x[r * c + k];
-      T g = dy[r * c + k];
+      const T xv = X::get(x[r * c + k]);
+      T g = X::get(dy[r * c + k]);
       if constexpr (Relu) {
         T pre = pre_relu(xv, m[k], scale[k], shift[k]);
-        if (res) pre += res[r * c + k];
+        if (res) pre += X::get(res[r * c + k]);
         g = pre > 0 ? g : T(0);
       }
       acc[k] += g;
@@ -299,10 +337,11 @@ void cl_dy_sums(const T* dy, const T* x, const T* m, const T* scale, const T* sh
 }
 
 // Rows [r0, r1): out = pre_relu(x), or with Relu relu(pre_relu(x) + res) (res may be null).
-template <typename T, bool Relu>
-void cl_affine(const T* x, const T* m, const T* scale, const T* shift, const T* res, int64_t c, int64_t r0, int64_t r1,
-               T* out) {
+template <typename A, typename T, bool Relu>
+void cl_affine(const A* x, const T* m, const T* scale, const T* shift, const A* res, int64_t c, int64_t r0, int64_t r1,
+               A* out) {
   using L = Lanes<T>;
+  using X = Act<A, T>;
   using V = typename L::V;
   constexpr int64_t W = L::kWidth;
   if (c % W == 0) {
@@ -310,12 +349,12 @@ void cl_affine(const T* x, const T* m, const T* scale, const T* shift, const T* 
       const V mv = L::load(m + k), sv = L::load(scale + k), hv = L::load(shift + k);
       for (int64_t r = r0; r < r1; ++r) {
         const int64_t i = r * c + k;
-        V y = pre_relu(L::load(x + i), mv, sv, hv);
+        V y = pre_relu(X::load(x + i), mv, sv, hv);
         if constexpr (Relu) {
-          if (res) y += L::load(res + i);
+          if (res) y += X::load(res + i);
           y = y > 0 ? y : V{};
         }
-        store(out + i, y);
+        X::put(out + i, y);
       }
     }
     return;
@@ -323,22 +362,23 @@ void cl_affine(const T* x, const T* m, const T* scale, const T* shift, const T* 
   for (int64_t r = r0; r < r1; ++r) {
     for (int64_t k = 0; k < c; ++k) {
       const int64_t i = r * c + k;
-      T y = pre_relu(x[i], m[k], scale[k], shift[k]);
+      T y = pre_relu(X::get(x[i]), m[k], scale[k], shift[k]);
       if constexpr (Relu) {
-        if (res) y += res[i];
+        if (res) y += X::get(res[i]);
         y = y > 0 ? y : T(0);
       }
-      out[i] = y;
+      out[i] = static_cast<A>(y);
     }
   }
 }
 
 // dx[k] = g[k] * k1[k] + (x[k] - m[k]) * k2[k] + k3[k] and dres[k] = g[k], g
 // masked as in cl_dy_sums; dx and dres may each be null (not wanted).
-template <typename T, bool Relu>
-void cl_dx(const T* dy, const T* x, const T* m, const T* scale, const T* shift, const T* res, const T* k1, const T* k2,
-           const T* k3, int64_t c, int64_t r0, int64_t r1, T* out, T* dres) {
+template <typename A, typename T, bool Relu>
+void cl_dx(const A* dy, const A* x, const T* m, const T* scale, const T* shift, const A* res, const T* k1, const T* k2,
+           const T* k3, int64_t c, int64_t r0, int64_t r1, A* out, A* dres) {
   using L = Lanes<T>;
+  using X = Act<A, T>;
   using V = typename L::V;
   constexpr int64_t W = L::kWidth;
   if (c % W == 0) {
@@ -351,15 +391,15 @@ void cl_dx(const T* dy, const T* x, const T* m, const T* scale, const T* shift, 
       }
       for (int64_t r = r0; r < r1; ++r) {
         const int64_t i = r * c + k;
-        const V xv = L::load(x + i);
-        V g = L::load(dy + i);
+        const V xv = X::load(x + i);
+        V g = X::load(dy + i);
         if constexpr (Relu) {
           V pre = pre_relu(xv, mv, sv, hv);
-          if (res) pre += L::load(res + i);
+          if (res) pre += X::load(res + i);
           g = pre > 0 ? g : V{};
         }
-        if (dres) store(dres + i, g);
-        if (out) store(out + i, g * k1v + (xv - mv) * k2v + k3v);
+        if (dres) X::put(dres + i, g);
+        if (out) X::put(out + i, g * k1v + (xv - mv) * k2v + k3v);
       }
     }
     return;
@@ -367,14 +407,15 @@ void cl_dx(const T* dy, const T* x, const T* m, const T* scale, const T* shift, 
   for (int64_t r = r0; r < r1; ++r) {
     for (int64_t k = 0; k < c; ++k) {
       const int64_t i = r * c + k;
-      T g = dy[i];
+      const T xv = X::get(x[i]);
+      T g = X::get(dy[i]);
       if constexpr (Relu) {
-        T pre = pre_relu(x[i], m[k], scale[k], shift[k]);
-        if (res) pre += res[i];
+        T pre = pre_relu(xv, m[k], scale[k], shift[k]);
+        if (res) pre += X::get(res[i]);
         g = pre > 0 ? g : T(0);
       }
-      if (dres) dres[i] = g;
-      if (out) out[i] = g * k1[k] + (x[i] - m[k]) * k2[k] + k3[k];
+      if (dres) dres[i] = static_cast<A>(g);
+      if (out) out[i] = static_cast<A>(g * k1[k] + (xv - m[k]) * k2[k] + k3[k]);
     }
   }
 }
@@ -387,16 +428,16 @@ T bn_scale(T invstd, const T* w, int64_t k) {
 }
 
 // acc[k] += sum (x[r, k] - m[k]), acc[c + k] += sum (x[r, k] - m[k])^2.
-template <typename T>
-void cl_dev_moments(const T* x, const T* m, int64_t c, int64_t r0, int64_t r1, T* acc) {
-  using L = Lanes<T>;
-  constexpr int64_t W = L::kWidth;
+template <typename A, typename T>
+void cl_dev_moments(const A* x, const T* m, int64_t c, int64_t r0, int64_t r1, T* acc) {
+  using X = Act<A, T>;
+  constexpr int64_t W = Lanes<T>::kWidth;
   if (c % W == 0) {
     for (int64_t j = 0; j < c; j += W) {
-      const typename L::V mv = L::load(m + j);
-      typename L::V d1 = {}, d2 = {};
+      const typename X::V mv = Lanes<T>::load(m + j);
+      typename X::V d1 = {}, d2 = {};
       for (int64_t r = r0; r < r1; ++r) {
-        const typename L::V d = L::load(x + r * c + j) - mv;
+        const typename X::V d = X::load(x + r * c + j) - mv;
         d1 += d;
         d2 += d * d;
       }
@@ -407,7 +448,7 @@ void cl_dev_moments(const T* x, const T* m, int64_t c, int64_t r0, int64_t r1, T
   }
   for (int64_t r = r0; r < r1; ++r) {
     for (int64_t k = 0; k < c; ++k) {
-      const T d = x[r * c + k] - m[k];
+      const T d = X::get(x[r * c + k]) - m[k];
       acc[k] += d;
       acc[c + k] += d * d;
     }
@@ -423,8 +464,8 @@ void cl_dev_moments(const T* x, const T* m, int64_t c, int64_t r0, int64_t r1, T
 //   M2 = sum_b [Q_b + 2 (m_b - mu) D_b + n_b (m_b - mu)^2],
 // the exact expansion of sum (x - mu)^2 over block b. Two global passes (the
 // NCHW kernel's) would read x twice.
-template <typename T>
-void cl_moments(const T* x, int64_t rows, int64_t c, double* mu, double* m2) {
+template <typename A, typename T>
+void cl_moments(const A* x, int64_t rows, int64_t c, double* mu, double* m2) {
   const int64_t blocks = (rows + kRowBlock - 1) / kRowBlock;
   std::vector<double> part(static_cast<size_t>(blocks * 3 * c));  // per block: m_b, D_b, Q_b
   const int64_t grain = std::max<int64_t>(1, kGrainSize / std::max<int64_t>(1, kRowBlock * c));
@@ -434,10 +475,10 @@ void cl_moments(const T* x, int64_t rows, int64_t c, double* mu, double* m2) {
       std::fill(acc.begin(), acc.end(), T(0));
       const int64_t r0 = b * kRowBlock, r1 = std::min(rows, r0 + kRowBlock);
       const double nb = static_cast<double>(r1 - r0);
-      cl_sum(x, c, r0, r1, acc.data());
+      cl_sum<A, T>(x, c, r0, r1, acc.data());
       for (int64_t k = 0; k < c; ++k) bm[k] = static_cast<T>(static_cast<double>(acc[k]) / nb);
       std::fill(acc.begin(), acc.end(), T(0));
-      cl_dev_moments(x, bm.data(), c, r0, r1, acc.data());
+      cl_dev_moments<A, T>(x, bm.data(), c, r0, r1, acc.data());
       double* pb = part.data() + b * 3 * c;
       for (int64_t k = 0; k < c; ++k) {
         pb[k] = static_cast<double>(bm[k]);
@@ -466,13 +507,13 @@ void cl_moments(const T* x, int64_t rows, int64_t c, double* mu, double* m2) {
   }
 }
 
-template <typename T>
-void forward_cl(BatchNormShape s, const T* x, const T* w, const T* b, const T* res, double eps, T* y, T* mean,
+template <typename A, typename T>
+void forward_cl(BatchNormShape s, const A* x, const T* w, const T* b, const A* res, double eps, A* y, T* mean,
                 T* invstd, T* var) {
   const int64_t rows = s.n * s.inner, c = s.c;
   const double count = static_cast<double>(rows);
   std::vector<double> mu(static_cast<size_t>(c)), sq(static_cast<size_t>(c));
-  cl_moments(x, rows, c, mu.data(), sq.data());
+  cl_moments<A, T>(x, rows, c, mu.data(), sq.data());
   std::vector<T> m(static_cast<size_t>(c)), scale(static_cast<size_t>(c)), shift(static_cast<size_t>(c));
   for (int64_t k = 0; k < c; ++k) m[k] = static_cast<T>(mu[k]);
   for (int64_t k = 0; k < c; ++k) {
@@ -485,15 +526,16 @@ void forward_cl(BatchNormShape s, const T* x, const T* w, const T* b, const T* r
   }
   const T *mp = m.data(), *sp = scale.data(), *hp = shift.data();
   if (s.relu) {
-    cl_row_blocks(rows, c, [&](int64_t r0, int64_t r1) { cl_affine<T, true>(x, mp, sp, hp, res, c, r0, r1, y); });
+    cl_row_blocks(rows, c, [&](int64_t r0, int64_t r1) { cl_affine<A, T, true>(x, mp, sp, hp, res, c, r0, r1, y); });
   } else {
-    cl_row_blocks(rows, c, [&](int64_t r0, int64_t r1) { cl_affine<T, false>(x, mp, sp, hp, nullptr, c, r0, r1, y); });
+    cl_row_blocks(rows, c,
+                  [&](int64_t r0, int64_t r1) { cl_affine<A, T, false>(x, mp, sp, hp, nullptr, c, r0, r1, y); });
   }
 }
 
-template <typename T, bool Relu>
-void backward_cl_impl(BatchNormShape s, const T* dy, const T* x, const T* mean, const T* invstd, const T* w, const T* b,
-                      const T* res, T* dx, T* dw, T* db, T* dres) {
+template <typename A, typename T, bool Relu>
+void backward_cl_impl(BatchNormShape s, const A* dy, const A* x, const T* mean, const T* invstd, const T* w, const T* b,
+                      const A* res, A* dx, T* dw, T* db, A* dres) {
   const int64_t rows = s.n * s.inner, c = s.c;
   const double count = static_cast<double>(rows);
   std::vector<T> scale(static_cast<size_t>(c)), shift(static_cast<size_t>(c));
@@ -505,7 +547,7 @@ void backward_cl_impl(BatchNormShape s, const T* dy, const T* x, const T* mean, 
   // sums[k] = sum(g), sums[c + k] = sum(g * (x - mean)): one read of dy and x.
   std::vector<double> sums(static_cast<size_t>(2 * c));
   cl_block_sums<T>(rows, 2 * c, sums.data(), [&](int64_t r0, int64_t r1, T* acc) {
-    cl_dy_sums<T, Relu>(dy, x, mean, sp, hp, res, c, r0, r1, acc);
+    cl_dy_sums<A, T, Relu>(dy, x, mean, sp, hp, res, c, r0, r1, acc);
   });
   const double* sdy = sums.data();
   const double* sdyx = sums.data() + c;
@@ -521,17 +563,17 @@ void backward_cl_impl(BatchNormShape s, const T* dy, const T* x, const T* mean, 
   }
   if (!dx && !dres) return;
   cl_row_blocks(rows, c, [&](int64_t r0, int64_t r1) {
-    cl_dx<T, Relu>(dy, x, mean, sp, hp, res, k1.data(), k2.data(), k3.data(), c, r0, r1, dx, dres);
+    cl_dx<A, T, Relu>(dy, x, mean, sp, hp, res, k1.data(), k2.data(), k3.data(), c, r0, r1, dx, dres);
   });
 }
 
-template <typename T>
-void backward_cl(BatchNormShape s, const T* dy, const T* x, const T* mean, const T* invstd, const T* w, const T* b,
-                 const T* res, T* dx, T* dw, T* db, T* dres) {
+template <typename A, typename T>
+void backward_cl(BatchNormShape s, const A* dy, const A* x, const T* mean, const T* invstd, const T* w, const T* b,
+                 const A* res, A* dx, T* dw, T* db, A* dres) {
   if (s.relu) {
-    backward_cl_impl<T, true>(s, dy, x, mean, invstd, w, b, res, dx, dw, db, dres);
+    backward_cl_impl<A, T, true>(s, dy, x, mean, invstd, w, b, res, dx, dw, db, dres);
   } else {
-    backward_cl_impl<T, false>(s, dy, x, mean, invstd, w, b, res, dx, dw, db, dres);
+    backward_cl_impl<A, T, false>(s, dy, x, mean, invstd, w, b, res, dx, dw, db, dres);
   }
 }
 
@@ -564,6 +606,13 @@ void batch_norm_train_forward(DType dt, BatchNormShape s, const void* x, const v
                               double eps, void* y, void* mean, void* invstd, void* var, const void* residual) {
   KILN_ASSERT(s.channels_last || !s.relu, "batch_norm kernel: the fused ReLU is channels-last only");
   KILN_ASSERT(s.relu || !residual, "batch_norm kernel: a residual comes with the ReLU");
+  if (dt == kBFloat16) {
+    KILN_ASSERT(s.channels_last, "batch_norm kernel: bf16 is channels-last only");
+    forward_cl(s, static_cast<const BFloat16*>(x), static_cast<const float*>(weight), static_cast<const float*>(bias),
+               static_cast<const BFloat16*>(residual), eps, static_cast<BFloat16*>(y), static_cast<float*>(mean),
+               static_cast<float*>(invstd), static_cast<float*>(var));
+    return;
+  }
   visit_dtype<kBatchNormTypes>(dt, "batch_norm kernel", [&]<typename T>() {
     forward_any(s, static_cast<const T*>(x), static_cast<const T*>(weight), static_cast<const T*>(bias),
                 static_cast<const T*>(residual), eps, static_cast<T*>(y), static_cast<T*>(mean),
@@ -576,6 +625,14 @@ void batch_norm_train_backward(DType dt, BatchNormShape s, const void* dy, const
                                const void* bias, const void* residual, void* dresidual) {
   KILN_ASSERT(s.channels_last || !s.relu, "batch_norm backward kernel: the fused ReLU is channels-last only");
   KILN_ASSERT(s.relu || (!residual && !dresidual), "batch_norm backward kernel: a residual comes with the ReLU");
+  if (dt == kBFloat16) {
+    KILN_ASSERT(s.channels_last, "batch_norm backward kernel: bf16 is channels-last only");
+    backward_cl(s, static_cast<const BFloat16*>(dy), static_cast<const BFloat16*>(x), static_cast<const float*>(mean),
+                static_cast<const float*>(invstd), static_cast<const float*>(weight), static_cast<const float*>(bias),
+                static_cast<const BFloat16*>(residual), static_cast<BFloat16*>(dx), static_cast<float*>(dweight),
+                static_cast<float*>(dbias), static_cast<BFloat16*>(dresidual));
+    return;
+  }
   visit_dtype<kBatchNormTypes>(dt, "batch_norm backward kernel", [&]<typename T>() {
     backward_any(s, static_cast<const T*>(dy), static_cast<const T*>(x), static_cast<const T*>(mean),
                  static_cast<const T*>(invstd), static_cast<const T*>(weight), static_cast<const T*>(bias),

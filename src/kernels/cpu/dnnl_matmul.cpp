@@ -30,37 +30,55 @@ PrimCache<MatmulEntry>& cache() {
 
 // A matrix operand as oneDNN sees it: [rows, cols] (2-D) or [1 | batch, rows,
 // cols] (3-D; batch 1 when the operand is broadcast over the batch).
+// With two batch dims (MatmulArgs::outer > 1) it is 4-D, [1 | outer, 1 | batch, rows, cols].
 struct OperandLayout {
   BlasLayout l;
   int64_t batch = 0;  // 0: 2-D descriptor
   int64_t batch_stride = 0;
+  int64_t outer = 0;  // 0: no outer dim
+  int64_t outer_stride = 0;
 };
 
 dnnl::memory::desc matrix_md(dnnl::memory::data_type t, int64_t rows, int64_t cols, const OperandLayout& o) {
   const dims st2 = o.l.trans ? dims{1, o.l.ld} : dims{o.l.ld, 1};
   if (o.batch == 0) return {{rows, cols}, t, st2};
-  int64_t bs = o.batch_stride;
-  if (o.batch == 1) bs = o.l.ld * (o.l.trans ? cols : rows);  // any stride covering the matrix
-  return {{o.batch, rows, cols}, t, {bs, st2[0], st2[1]}};
+  const int64_t matrix = o.l.ld * (o.l.trans ? cols : rows);  // a stride covering one matrix
+  const int64_t bs = o.batch == 1 ? matrix : o.batch_stride;  // any stride will do for a broadcast dim
+  if (o.outer == 0) return {{o.batch, rows, cols}, t, {bs, st2[0], st2[1]}};
+  const int64_t os = o.outer == 1 ? matrix * o.batch : o.outer_stride;
+  return {{o.outer, o.batch, rows, cols}, t, {os, bs, st2[0], st2[1]}};
 }
 
-OperandLayout operand_layout(const MatrixOperand& op, int64_t batch, int64_t rows, int64_t cols) {
+OperandLayout operand_layout(const MatrixOperand& op, const MatmulArgs& g, int64_t rows, int64_t cols) {
   OperandLayout o;
   o.l = blas_layout(rows, cols, op.stride[1], op.stride[2]);
   KILN_ASSERT(o.l.ok, "matmul: operand without a unit stride reached the kernel");
-  if (batch > 1) {
-    o.batch = op.stride[0] == 0 ? 1 : batch;
+  if (g.batch > 1 || g.outer > 1) {
+    o.batch = op.stride[0] == 0 ? 1 : g.batch;
     o.batch_stride = op.stride[0];
+  }
+  if (g.outer > 1) {
+    o.outer = op.outer_stride == 0 ? 1 : g.outer;
+    o.outer_stride = op.outer_stride;
   }
   return o;
 }
 
+// c's descriptor: [m, n], [batch, m, n] or [outer, batch, m, n], as g says.
+dnnl::memory::desc c_desc(const MatmulArgs& g) {
+  const auto t = to_dnnl(g.dtype);
+  if (g.outer > 1) return {{g.outer, g.batch, g.m, g.n}, t, dims{g.c_outer(), g.c_batch_stride(), g.c_row_stride(), 1}};
+  if (g.batch > 1) return {{g.batch, g.m, g.n}, t, dims{g.c_batch_stride(), g.c_row_stride(), 1}};
+  return {{g.m, g.n}, t, dims{g.c_row_stride(), 1}};
+}
+
 Key matmul_key(const MatmulArgs& g, const OperandLayout& la, const OperandLayout& lb, bool packed) {
   Key key(PrimKind::Matmul);
-  key.add_all(g.dtype, g.batch, g.m, g.n, g.k, g.bias != nullptr, max_threads(), static_cast<int>(g.epilogue), packed,
-              g.addend != nullptr);
+  key.add_all(g.dtype, g.outer, g.batch, g.m, g.n, g.k, g.bias != nullptr, max_threads(), static_cast<int>(g.epilogue),
+              packed, g.addend != nullptr);
   key.add_all(la.l.trans, la.l.ld, la.batch, la.batch_stride, lb.l.trans, lb.l.ld, lb.batch, lb.batch_stride);
-  key.add_all(g.c_batch_stride(), g.c_row_stride());
+  key.add_all(la.outer, la.outer_stride, lb.outer, lb.outer_stride);
+  key.add_all(g.c_batch_stride(), g.c_row_stride(), g.c_outer());
   return key;
 }
 
@@ -78,7 +96,7 @@ dnnl::primitive_attr matmul_attr(const MatmulArgs& g) {
         0.0f, 0.0f);
   }
   if (g.addend) {
-    KILN_ASSERT(g.batch == 1, "kernels::matmul: an addend needs batch 1");
+    KILN_ASSERT(g.batch == 1 && g.outer == 1, "kernels::matmul: an addend needs batch 1");
     po.append_binary(dnnl::algorithm::binary_add, addend_md(g));
   }
   if (po.len() > 0) attr.set_post_ops(po);
@@ -111,8 +129,9 @@ dnnl::matmul::primitive_desc matmul_pd(const MatmulArgs& g, const dnnl::memory::
                                        const dnnl::memory::desc& b_md, const dnnl::memory::desc& c_md) {
   const auto t = to_dnnl(g.dtype);
   if (!g.bias) return {dnnl::matmul::desc(a_md, b_md, c_md), matmul_attr(g), engine()};
-  const dnnl::memory::desc bias_md = g.batch > 1 ? dnnl::memory::desc({1, 1, g.n}, t, dims{g.n, g.n, 1})
-                                                 : dnnl::memory::desc({1, g.n}, t, dims{g.n, 1});
+  const dnnl::memory::desc bias_md = g.outer > 1   ? dnnl::memory::desc({1, 1, 1, g.n}, t, dims{g.n, g.n, g.n, 1})
+                                     : g.batch > 1 ? dnnl::memory::desc({1, 1, g.n}, t, dims{g.n, g.n, 1})
+                                                   : dnnl::memory::desc({1, g.n}, t, dims{g.n, 1});
   return {dnnl::matmul::desc(a_md, b_md, bias_md, c_md), matmul_attr(g), engine()};
 }
 
@@ -122,12 +141,9 @@ MatmulEntry* get_entry(const MatmulArgs& g, const OperandLayout& la, const Opera
   if (MatmulEntry* e = c.find(key)) return e;
 
   const auto t = to_dnnl(g.dtype);
-  const bool batched = g.batch > 1;
   const dnnl::memory::desc a_md = matrix_md(t, g.m, g.k, la);
   const dnnl::memory::desc b_md = matrix_md(t, g.k, g.n, lb);
-  const dnnl::memory::desc c_md =
-      batched ? dnnl::memory::desc({g.batch, g.m, g.n}, t, dims{g.c_batch_stride(), g.c_row_stride(), 1})
-              : dnnl::memory::desc({g.m, g.n}, t, dims{g.c_row_stride(), 1});
+  const dnnl::memory::desc c_md = c_desc(g);
   auto e = std::make_unique<MatmulEntry>();
   try {
     const dnnl::matmul::primitive_desc pd = matmul_pd(g, a_md, b_md, c_md);
@@ -147,9 +163,9 @@ MatmulEntry* get_entry(const MatmulArgs& g, const OperandLayout& la, const Opera
 }
 
 void dnnl_matmul(const MatmulArgs& g) {
-  const SerialScope serial(g.batch * g.m * g.n * g.k < kSerialMacs);
-  const OperandLayout la = operand_layout(g.a, g.batch, g.m, g.k);
-  const OperandLayout lb = operand_layout(g.b, g.batch, g.k, g.n);
+  const SerialScope serial(g.outer * g.batch * g.m * g.n * g.k < kSerialMacs);
+  const OperandLayout la = operand_layout(g.a, g, g.m, g.k);
+  const OperandLayout lb = operand_layout(g.b, g, g.k, g.n);
   MatmulEntry* e = get_entry(g, la, lb);
   run_matmul_prim(e->prim, g, e->src, e->wei, g.b.data, e->bias, e->addend, e->dst, e->scratch, e->scratch_bytes);
 }
@@ -165,10 +181,10 @@ struct PackedEntry {
 };
 
 PackedEntry* get_packed_entry(const MatmulArgs& g) {
-  KILN_ASSERT(g.batch == 1 && (g.dtype == DType::Float32 || g.dtype == DType::BFloat16) && g.k > 0,
+  KILN_ASSERT(g.batch == 1 && g.outer == 1 && (g.dtype == DType::Float32 || g.dtype == DType::BFloat16) && g.k > 0,
               "matmul with a packed b: expected a 2-D float32/bfloat16 product with k > 0");
-  const OperandLayout la = operand_layout(g.a, 1, g.m, g.k);
-  const OperandLayout lb = operand_layout(g.b, 1, g.k, g.n);
+  const OperandLayout la = operand_layout(g.a, g, g.m, g.k);
+  const OperandLayout lb = operand_layout(g.b, g, g.k, g.n);
   const Key key = matmul_key(g, la, lb, true);
   auto& c = thread_cache<PackedEntry>();
   if (PackedEntry* e = c.find(key)) return e;
@@ -221,7 +237,20 @@ void matmul_with_packed_b(const MatmulArgs& g, const void* packed) {
 }
 
 void matmul(const MatmulArgs& g) {
-  if (g.batch <= 0 || g.m <= 0 || g.n <= 0) return;
+  if (g.outer <= 0 || g.batch <= 0 || g.m <= 0 || g.n <= 0) return;
+  if (g.outer > 1 && !((g.dtype == kFloat32 || g.dtype == kBFloat16) && g.k > 0)) {
+    // Two batch dims outside oneDNN: one call per outer index.
+    const int64_t es = element_size(g.dtype);
+    for (int64_t o = 0; o < g.outer; ++o) {
+      MatmulArgs s = g;
+      s.outer = 1;
+      s.a.data = static_cast<const char*>(g.a.data) + o * g.a.outer_stride * es;
+      s.b.data = static_cast<const char*>(g.b.data) + o * g.b.outer_stride * es;
+      s.c = static_cast<char*>(g.c) + o * g.c_outer() * es;
+      matmul(s);
+    }
+    return;
+  }
   if (g.k == 0) {
     // An empty sum: the bias (or zero) everywhere. oneDNN cannot take k = 0.
     KILN_ASSERT(g.epilogue == MatmulEpilogue::None && !g.addend, "kernels::matmul: k = 0 with an epilogue or addend");

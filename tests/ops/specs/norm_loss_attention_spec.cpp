@@ -142,7 +142,7 @@ std::vector<OpErrorCase> batch_norm_train_errors() {
                  "batch_norm: expected a float32 or float64 input"),
       error_case("weight of the wrong size",
                  [] { batch_norm_train(zeros({4, 3}), zeros({2}), zeros({3}), 1e-5); }, "DTypeError",
-                 "weight and bias of its dtype and shape [C]"),
+                 "with weight and bias of shape [C] and its dtype"),
       error_case("one value per channel",
                  [] { batch_norm_train(zeros({1, 3}), Tensor(), Tensor(), 1e-5); }, "ValueError",
                  "expected more than 1 value per channel when training"),

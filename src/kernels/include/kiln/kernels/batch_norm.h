@@ -23,6 +23,10 @@ struct BatchNormShape {
 };
 
 /// Float32 and float64 (dtype `dt`); every array contiguous, all of dtype `dt`.
+/// bf16 (channels-last only) is mixed, as PyTorch's CPU batch norm: the
+/// activations (x, y, residual; dy, dx, dresidual) are bf16, while weight, bias,
+/// mean, invstd, var, dweight and dbias are float32, and all arithmetic is
+/// float32 (sums in double), each activation rounded once when stored.
 /// In: x [n, c, inner]; weight, bias [c] or null (1 and 0). Out: y [n, c, inner];
 /// mean, invstd = 1 / sqrt(var + eps) and the biased variance var, each [c].
 /// Sums accumulate in double; y = (x - mean) * (invstd * weight) + bias.

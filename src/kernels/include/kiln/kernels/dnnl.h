@@ -39,6 +39,8 @@ namespace kiln::kernels {
 struct MatrixOperand {
   const void* data = nullptr;
   int64_t stride[3] = {0, 0, 1};
+  /// The outer batch dim's stride when MatmulArgs::outer > 1 (0: broadcast).
+  int64_t outer_stride = 0;
 };
 
 /// An activation applied to c (after the bias) inside the product, while each
@@ -48,6 +50,11 @@ enum class MatmulEpilogue : uint8_t { None, GeluTanh, GeluErf };
 
 struct MatmulArgs {
   DType dtype = DType::Float32;  // a, b, bias and c all have this dtype
+  /// Two batch dims, [outer, batch]: attention's [B, H] heads, each dim with
+  /// its own stride, where B and H of a head view of a [B, T, 3C] projection
+  /// cannot merge into one. One primitive covers all outer * batch products
+  /// rather than a call per outer index with a handful of products each.
+  int64_t outer = 1;
   int64_t batch = 1;
   int64_t m = 0, n = 0, k = 0;  // a is [m, k], b is [k, n], c is [m, n]
   MatrixOperand a, b;
@@ -60,6 +67,9 @@ struct MatmulArgs {
   int64_t c_stride[2] = {0, 0};
   int64_t c_batch_stride() const { return c_stride[0] ? c_stride[0] : m * n; }
   int64_t c_row_stride() const { return c_stride[1] ? c_stride[1] : n; }
+  /// Outer batch stride of c; 0 means batch * c_batch_stride().
+  int64_t c_outer_stride = 0;
+  int64_t c_outer() const { return c_outer_stride ? c_outer_stride : batch * c_batch_stride(); }
   MatmulEpilogue epilogue = MatmulEpilogue::None;
   /// Optional contiguous [m, n] (batch 1 only) added to c after the bias and
   /// the epilogue, inside the product (a oneDNN binary post-op): a residual
