@@ -213,6 +213,14 @@ struct FusedSdpa : autograd::Function<FusedSdpa> {
     Tensor D = (dout * out).sum({-1}, /*keepdim=*/true);  // [..., L, 1]
     Tensor dk, dv;
     std::vector<Tensor> dqs;
+    // dq's blocks are row ranges of one tensor: the row-kernel path writes each
+    // block's product into its rows (matmul_into) when q, k and the scores
+    // share their batch dims, instead of a cat of the blocks at the end.
+    Tensor dq_all;
+    if (row_kernels(a, 1) && q.dim() >= 3 && k.dim() == q.dim() && dout.dim() == q.dim() &&
+        IntArrayRef(q.sizes().data(), q.dim() - 2) == IntArrayRef(k.sizes().data(), k.dim() - 2) &&
+        IntArrayRef(q.sizes().data(), q.dim() - 2) == IntArrayRef(dout.sizes().data(), dout.dim() - 2))
+      dq_all = empty(q.sizes(), TensorOptions(q.dtype()));
     // Last block first: it sees every key (causal or not), so its products
     // become dk and dv as they are and the earlier blocks add into their
     // leading rows: no zero-filled accumulators, no full-size add.
@@ -230,7 +238,10 @@ struct FusedSdpa : autograd::Function<FusedSdpa> {
         Tensor dp = dob.matmul(vb.transpose(-2, -1));
         if (dp.sizes() == p.sizes() && D.numel() == blk.batch * L) {
           kernels::attention_scores_grad(blk, dp.data_ptr(), p.data_ptr(), row_ptr(D, r0));  // dS, scaled
-          dqb = dp.matmul(kb);
+          if (dq_all.defined() && dp.sizes() == IntArrayRef(with_tail(q, n, kend)))
+            matmul_into(dp, kb, dq_all.narrow(-2, r0, n));
+          else
+            dqb = dp.matmul(kb);
           dkb = dp.transpose(-2, -1).matmul(qb);
         } else {  // p broadcasts against dO's batch: the general ops
           Tensor ds = dp.sub_(D.narrow(-2, r0, n)).mul_(p);
@@ -245,7 +256,13 @@ struct FusedSdpa : autograd::Function<FusedSdpa> {
         dqb = ds.matmul(kb).mul_(scale);
         dkb = ds.transpose(-2, -1).matmul(qb).mul_(scale);
       }
-      dqs.push_back(dqb);
+      if (dqb.defined()) {
+        if (dq_all.defined()) {
+          dq_all.narrow(-2, r0, n).copy_(dqb);
+        } else {
+          dqs.push_back(dqb);
+        }
+      }
       if (!dv.defined() && kend == S && dvb.sizes() == IntArrayRef(with_tail(out, S, v.size(-1))) &&
           dkb.sizes() == IntArrayRef(with_tail(out, S, k.size(-1)))) {
         dv = dvb;
@@ -260,7 +277,7 @@ struct FusedSdpa : autograd::Function<FusedSdpa> {
       }
     }
     std::reverse(dqs.begin(), dqs.end());
-    Tensor dq = dqs.size() == 1 ? dqs[0] : cat(dqs, -2);
+    Tensor dq = dq_all.defined() ? dq_all : dqs.size() == 1 ? dqs[0] : cat(dqs, -2);
     return {dq, dk, dv};
   }
 };
