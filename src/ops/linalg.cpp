@@ -119,7 +119,7 @@ void run_matmul4_into(const Operand& a, const Operand& b, const Tensor& out) {
   g.c = out.data_ptr();
   g.c_outer_stride = out.stride(0);
   g.c_stride[0] = out.stride(1);
-  g.c_stride[1] = out.stride(2);
+  g.c_stride[1] = out.size(2) > 1 ? out.stride(2) : 0;  // a single row's stride is arbitrary
   kernels::matmul(g);
 }
 

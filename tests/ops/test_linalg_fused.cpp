@@ -265,6 +265,13 @@ TEST(MatmulInto, BatchDimsThatDoNotMergeAreWrittenInPlace) {
     // The same products on contiguous operands; bf16 rounds each result once, so they agree to its ulp.
     const double tol = dt == kBFloat16 ? 1.0 / 128 : 1e-5;
     EXPECT_TRUE(out.to(kFloat64).allclose(a.matmul(b).to(kFloat64), tol, tol));
+    // One row per product (decoding's single query): the row dim's stride is then arbitrary.
+    const Tensor a1 = a.narrow(2, 0, 1).contiguous();
+    const Tensor buf1 = zeros({2, 4, 3, 6}, TensorOptions(dt));
+    const Tensor out1 = buf1.transpose(1, 2).narrow(2, 1, 1);  // [2, 3, 1, 6], batch dims still apart
+    matmul_into(a1, b, out1);
+    EXPECT_TRUE(out1.to(kFloat64).allclose(a1.matmul(b).to(kFloat64), tol, tol));
+    EXPECT_EQ(buf1.transpose(1, 2).narrow(2, 0, 1).abs().sum().item<double>(), 0.0);  // other rows untouched
   }
 }
 
