@@ -6,6 +6,7 @@
 //   kiln_bench --workload gpt[,mlp,...] [--threads N] [--warmup 10] [--steps 50]
 //   kiln_bench --workload peak [--threads N] [--size 2048] [--steps 10]
 //   kiln_bench --workload tiny --profile on   (a kiln::profiler::Profiler records the timed steps)
+//   kiln_bench --workload mlp --compile on    (every step through kiln::compile: the first captures)
 //
 // "peak" is the f32 matmul ceiling probe: kiln::mm of two size x size float32
 // matrices (oneDNN sgemm underneath), GFLOP/s of the best and the median call.
@@ -24,11 +25,14 @@
 #include <cstdio>
 #include <cstdlib>
 #include <iostream>
+#include <limits>
 #include <memory>
+#include <optional>
 #include <sstream>
 #include <string>
 #include <vector>
 
+#include "kiln/export/compile.h"
 #include "kiln/kiln.h"
 #include "kiln/profiler/profiler.h"
 #include "workloads.h"
@@ -44,12 +48,13 @@ struct Args {
   std::string amp = "off";     // --amp bf16: forward and loss under bf16 autocast
   bool profile = false;        // --profile on: the timed steps under a recording Profiler
   bool profile_table = false;  // --profile table: that, and its op table (self time first) on stderr
+  bool compile = false;        // --compile on: every step through kiln::compile (the "compiled" rows)
 };
 
 [[noreturn]] void usage(const std::string& why) {
   std::cerr << "kiln_bench: " << why
             << "\nusage: kiln_bench --workload NAME[,NAME...] [--threads N] [--warmup N] [--steps N] [--size N] [--amp "
-               "bf16|off] [--profile on|off|table]\n"
+               "bf16|off] [--profile on|off|table] [--compile on|off]\n"
                "workloads: tiny mlp cnn resnet gpt gpt_infer, and peak (f32 matmul probe)\n";
   std::exit(2);
 }
@@ -94,6 +99,9 @@ Args parse(int argc, char** argv) {
       if (v != "on" && v != "off" && v != "table") usage("--profile expects on, off or table, got '" + v + "'");
       a.profile = v != "off";
       a.profile_table = v == "table";
+    } else if (flag == "--compile") {
+      if (v != "on" && v != "off") usage("--compile expects on or off, got '" + v + "'");
+      a.compile = v == "on";
     } else
       usage("unknown flag " + flag);
   }
@@ -144,8 +152,18 @@ void run_peak(const Args& a) {
 
 void run_workload(const std::string& name, const Args& a) {
   auto w = kiln_bench::make_workload(name);
-  const double loss_first = w->step(true);
-  for (int i = 1; i < a.warmup; ++i) w->step(false);
+  // --compile on: the first step captures (its time is compile_ms), the rest replay.
+  std::optional<kiln::CompiledFunction> compiled;
+  if (a.compile) compiled.emplace(kiln::compile(w->step_fn(), {.name = name, .modules = {w->module()}}));
+  auto step = [&](bool want_loss) {
+    if (!compiled) return w->step(want_loss);
+    const kiln::Tensor out = (*compiled)()[0];
+    return want_loss ? w->loss_of(out) : std::numeric_limits<double>::quiet_NaN();
+  };
+  const auto tc = Clock::now();
+  const double loss_first = step(true);
+  const double first_ms = ms_since(tc);
+  for (int i = 1; i < a.warmup; ++i) step(false);
   std::vector<double> ms;
   ms.reserve(static_cast<size_t>(a.steps));
   std::unique_ptr<kiln::profiler::Profiler> prof;
@@ -155,7 +173,7 @@ void run_workload(const std::string& name, const Args& a) {
   }
   for (int i = 0; i < a.steps; ++i) {
     const auto t0 = Clock::now();
-    w->step(false);
+    step(false);
     if (prof) prof->step();
     ms.push_back(ms_since(t0));
   }
@@ -167,17 +185,28 @@ void run_workload(const std::string& name, const Args& a) {
       std::fprintf(stderr, "%s, %d steps:\n%s\n", name.c_str(), a.steps, prof->table("self", 25).c_str());
     prof.reset();
   }
-  const double loss_last = w->step(true);
+  const double loss_last = step(true);
+  std::string compile_info;
+  if (compiled) {
+    const auto& st = compiled->stats();
+    compile_info = "\"compiled\": true, \"compile_ms\": " + num(first_ms) +
+                   ", \"replays\": " + std::to_string(st.replays) +
+                   ", \"eager_calls\": " + std::to_string(st.eager_calls) +
+                   ", \"graph_breaks\": " + std::to_string(st.graph_breaks.size()) +
+                   ", \"kernels\": " + std::to_string(st.kernels) + ", ";
+    if (!st.graph_breaks.empty() || !st.replay_ms.empty()) std::fprintf(stderr, "%s", compiled->explain().c_str());
+  }
   std::ostringstream steps;
   for (size_t i = 0; i < ms.size(); ++i) steps << (i ? ", " : "") << num(ms[i]);
   std::printf(
       "{\"framework\": \"kiln\", \"workload\": \"%s\", \"amp\": \"%s\", \"threads\": %d, \"warmup\": %d, \"steps\": "
       "%d, "
       "\"median_ms\": %s, \"loss_first\": %s, \"loss_last\": %s, \"params\": %lld, \"flops_per_step\": %s, "
-      "\"maxrss_kib\": %ld, \"profile\": %s, \"profile_events\": %zu, \"step_ms\": [%s]}\n",
+      "\"maxrss_kib\": %ld, \"profile\": %s, \"profile_events\": %zu, %s\"step_ms\": [%s]}\n",
       name.c_str(), a.amp.c_str(), kiln::get_num_threads(), a.warmup, a.steps, num(median(ms)).c_str(),
       num(loss_first).c_str(), num(loss_last).c_str(), static_cast<long long>(w->num_parameters()),
-      num(w->flops_per_step()).c_str(), maxrss_kib(), a.profile ? "true" : "false", events, steps.str().c_str());
+      num(w->flops_per_step()).c_str(), maxrss_kib(), a.profile ? "true" : "false", events, compile_info.c_str(),
+      steps.str().c_str());
   std::fflush(stdout);
 }
 

@@ -96,18 +96,22 @@ class Classifier : public Workload {
   }
   void set_optimizer(std::unique_ptr<kiln::optim::Optimizer> opt) { opt_ = std::move(opt); }
 
-  double step(bool want_loss) override {
-    opt_->zero_grad(/*set_to_none=*/true);
-    Tensor loss;
-    {
-      std::optional<kiln::AutocastGuard> amp;
-      if (g_autocast) amp.emplace(*g_autocast);
-      loss = F::cross_entropy((*model_)(x_), y_);
-    }
-    loss.backward();
-    opt_->step();
-    return read_loss(loss, want_loss);
+  std::function<Tensor()> step_fn() override {
+    return [this] {
+      opt_->zero_grad(/*set_to_none=*/true);
+      Tensor loss;
+      {
+        std::optional<kiln::AutocastGuard> amp;
+        if (g_autocast) amp.emplace(*g_autocast);
+        loss = F::cross_entropy((*model_)(x_), y_);
+      }
+      loss.backward();
+      opt_->step();
+      return loss;
+    };
   }
+  double step(bool want_loss) override { return read_loss(step_fn()(), want_loss); }
+  kiln::nn::Module* module() override { return model_.get(); }
   int64_t num_parameters() const override { return model_->num_parameters(); }
 
  private:
@@ -136,18 +140,22 @@ class GptTrain : public Workload {
     opt_ = std::make_unique<kiln::optim::AdamW>(model_->named_parameters(),
                                                 kiln::optim::AdamWOptions{.lr = 3e-4, .weight_decay = 0.1});
   }
-  double step(bool want_loss) override {
-    opt_->zero_grad(true);
-    Tensor loss;
-    {
-      std::optional<kiln::AutocastGuard> amp;
-      if (g_autocast) amp.emplace(*g_autocast);
-      loss = model_->loss(idx_, targets_);
-    }
-    loss.backward();
-    opt_->step();
-    return read_loss(loss, want_loss);
+  std::function<Tensor()> step_fn() override {
+    return [this] {
+      opt_->zero_grad(true);
+      Tensor loss;
+      {
+        std::optional<kiln::AutocastGuard> amp;
+        if (g_autocast) amp.emplace(*g_autocast);
+        loss = model_->loss(idx_, targets_);
+      }
+      loss.backward();
+      opt_->step();
+      return loss;
+    };
   }
+  double step(bool want_loss) override { return read_loss(step_fn()(), want_loss); }
+  kiln::nn::Module* module() override { return model_.get(); }
   int64_t num_parameters() const override { return model_->num_parameters(); }
   double flops_per_step() const override {
     const auto& o = model_->options;
@@ -170,14 +178,22 @@ class GptInfer : public Workload {
     idx_ = synthetic_classes("input", {1, kGptSeq}, model_->options.vocab_size);
     targets_ = synthetic_classes("target", {1, kGptSeq}, model_->options.vocab_size);
   }
-  double step(bool want_loss) override {
-    const kiln::NoGradGuard no_grad;
-    std::optional<kiln::AutocastGuard> amp;
-    if (g_autocast) amp.emplace(*g_autocast);
-    Tensor logits = (*model_)(idx_);
-    if (!want_loss) return kNaN;
+  std::function<Tensor()> step_fn() override {
+    return [this] {
+      const kiln::NoGradGuard no_grad;
+      std::optional<kiln::AutocastGuard> amp;
+      if (g_autocast) amp.emplace(*g_autocast);
+      return (*model_)(idx_);
+    };
+  }
+  double loss_of(const Tensor& logits) const override {
     return F::cross_entropy(logits.view({-1, model_->options.vocab_size}), targets_.view({-1})).item<float>();
   }
+  double step(bool want_loss) override {
+    Tensor logits = step_fn()();
+    return want_loss ? loss_of(logits) : kNaN;
+  }
+  kiln::nn::Module* module() override { return model_.get(); }
   int64_t num_parameters() const override { return model_->num_parameters(); }
 
  private:

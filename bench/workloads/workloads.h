@@ -12,6 +12,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
@@ -44,6 +45,13 @@ class Workload {
   /// for inference workloads, one forward pass. Returns the loss when
   /// `want_loss` (reading it back costs a sync that timed steps skip), else NaN.
   virtual double step(bool want_loss) = 0;
+  /// The step as a function returning the loss (training) or the logits
+  /// (inference): what step() runs, and what kiln_bench --compile on compiles.
+  virtual std::function<kiln::Tensor()> step_fn() = 0;
+  /// The loss a step's output stands for (a sync: read only when asked).
+  virtual double loss_of(const kiln::Tensor& out) const { return out.item<float>(); }
+  /// The model (compile guards its parameters and training mode).
+  virtual kiln::nn::Module* module() = 0;
   /// Parameters of the model (what the table's notes quote).
   virtual int64_t num_parameters() const = 0;
   /// Model FLOPs per step when known (gpt: 6 N D + attention), else 0.

@@ -11,6 +11,7 @@
 
 #include "kiln/autograd/anomaly.h"
 #include "kiln/core/autocast.h"
+#include "kiln/core/capture.h"
 #include "kiln/core/error.h"
 #include "kiln/core/guards.h"
 #include "kiln/core/record.h"
@@ -62,7 +63,17 @@ Tensor GradScaler::scale(const Tensor& loss) {
     autograd::begin_expected_overflow();
     overflow_scope_.open = true;
   }
-  return loss * scalar_tensor(static_cast<double>(scale_), TensorOptions(kFloat32));
+  // The scale changes between steps (update()), so kiln::compile records its
+  // write as a closure that a replay runs with the scale of that moment; the
+  // scaler must outlive the compiled function, as its optimizer does.
+  Tensor factor = empty({}, TensorOptions(kFloat32));
+  auto write = [p = factor.data_ptr<float>(), this]() { *p = scale_; };
+  {
+    const capture::KernelScope cap("GradScaler.scale");
+    if (cap.recording()) cap.record(write);
+    write();
+  }
+  return loss * factor;
 }
 
 void GradScaler::unscale_(optim::Optimizer& opt) {

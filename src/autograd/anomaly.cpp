@@ -8,6 +8,7 @@
 #include <sstream>
 #include <string_view>
 
+#include "kiln/core/capture.h"
 #include "kiln/core/error.h"
 
 namespace kiln::autograd {
@@ -106,6 +107,10 @@ void set_anomaly_mode_enabled(bool enabled) { flag().store(enabled, std::memory_
 std::string tensor_stats(const Tensor& t) { return format(compute(t)); }
 
 void count_nonfinite(const Tensor& t, int64_t& nan_count, int64_t& inf_count) {
+  // The counts steer host code (GradScaler skips the step on them). The
+  // anomaly checks above read values too, but only to raise: a replay skips them.
+  capture::graph_break_if_recording(
+      "counting non-finite values (GradScaler's inf check, count_nonfinite) reads a tensor's values on the host");
   const Stats s = compute(t);
   nan_count = s.nan;
   inf_count = s.inf;

@@ -14,6 +14,7 @@
 #include "kiln/autograd/autograd_meta.h"
 #include "kiln/autograd/functions.h"
 #include "kiln/core/autocast.h"
+#include "kiln/core/capture.h"
 #include "kiln/core/guards.h"
 #include "kiln/core/record.h"
 
@@ -338,6 +339,7 @@ void queue_callback(std::function<void()> fn) {
 }
 
 void backward(const TensorList& tensors, const TensorList& grad_tensors, bool retain_graph, bool create_graph) {
+  capture::note_backward();
   TensorList grads = make_root_grads(tensors, grad_tensors, "backward");
   std::vector<Edge> edges;
   for (const Tensor& t : tensors) edges.push_back(gradient_edge(t));
@@ -349,6 +351,7 @@ void backward(const TensorList& tensors, const TensorList& grad_tensors, bool re
 
 TensorList grad(const TensorList& outputs, const TensorList& inputs, const TensorList& grad_outputs,
                 std::optional<bool> retain_graph, bool create_graph, bool allow_unused) {
+  capture::note_backward();
   TensorList grads = make_root_grads(outputs, grad_outputs, "grad");
   std::vector<Edge> edges;
   for (const Tensor& t : outputs) edges.push_back(gradient_edge(t));

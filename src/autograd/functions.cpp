@@ -4,6 +4,7 @@
 #include <utility>
 
 #include "kiln/autograd/anomaly.h"
+#include "kiln/core/capture.h"
 #include "kiln/core/guards.h"
 #include "kiln/core/memory_history.h"
 #include "kiln/core/record.h"
@@ -25,6 +26,8 @@ TensorList AccumulateGrad::apply(TensorList&& grads) {
   // elsewhere (another leaf's buffer, a hook that kept it).
   Tensor g = grads.empty() ? Tensor() : std::move(grads[0]);
   if (!g.defined()) return {};
+  if (!m.leaf_hooks.empty() || !m.post_accumulate_hooks.empty())
+    capture::graph_break_if_recording("a hook on a leaf tensor (register_hook, post-accumulate hook) runs host code");
   for (auto& h : m.leaf_hooks) {
     Tensor r = h.fn(g);
     if (r.defined()) g = r;
@@ -45,6 +48,8 @@ TensorList AccumulateGrad::apply(TensorList&& grads) {
     } else {
       m.grad = grad_mode_enabled() ? g : grad_math().clone(g);
     }
+    // A replay computes the gradient into the same buffer; setting .grad is host state it repeats.
+    capture::record_host("AccumulateGrad", [leaf = leaf_, grad = m.grad] { materialize_meta(leaf).grad = grad; });
   } else if (grad_mode_enabled()) {
     m.grad = grad_math().add(m.grad, g);  // create_graph: keep the accumulation differentiable
   } else {

@@ -19,6 +19,7 @@
 #include <sstream>
 #include <string>
 #include <unordered_map>
+#include <utility>
 #include <vector>
 
 #include "kiln/core/error.h"
@@ -38,6 +39,18 @@ constexpr size_t kLargeThreshold = size_t{1} << 20;
 constexpr size_t kMaxRequest = size_t{1} << 56;
 
 thread_local MemoryCategory t_category = MemoryCategory::Activation;
+thread_local memory::PrivatePool* t_pool = nullptr;
+
+// Which private pool owns a block (the map is consulted only while some pool exists).
+struct PoolRegistry {
+  std::mutex mu;
+  std::unordered_map<void*, memory::PrivatePool::Impl*> owner;
+  std::atomic<int> pools{0};
+};
+PoolRegistry& pool_registry() {
+  static auto* r = new PoolRegistry();  // outlives static destruction, as the allocator
+  return *r;
+}
 
 int64_t parse_limit_env() {
   const char* s = std::getenv("KILN_MEMORY_LIMIT");
@@ -82,13 +95,17 @@ class CachingAllocator {
     if (lim > 0 && live_.load(std::memory_order_relaxed) + static_cast<int64_t>(size) > lim) {
       throw_oom(nbytes, cat, "the memory limit");
     }
-    void* p = take_cached(size);
+    memory::PrivatePool::Impl* pool = t_pool ? pool_impl(t_pool) : nullptr;
+    void* p = pool ? take_pooled(pool, size) : nullptr;
+    const bool pooled = p != nullptr;
+    if (!p) p = take_cached(size);
     if (!p) p = os_alloc(size);
     if (!p) {
       memory::empty_cache();
       p = os_alloc(size);
       if (!p) throw_oom(nbytes, cat, "the operating system (allocation failed)");
     }
+    if (pool && !pooled) adopt(pool, p, size);
     const int64_t s = static_cast<int64_t>(size);
     const int64_t cat_live = cc.live.fetch_add(s, std::memory_order_relaxed) + s;
     update_peak(cc.peak, cat_live);
@@ -110,6 +127,11 @@ class CachingAllocator {
     cc.count.fetch_sub(1, std::memory_order_relaxed);
     const int64_t live = live_.fetch_sub(s, std::memory_order_relaxed) - s;
     record::memory_event(-s, cat, cat_live, live, p);
+    if (pool_registry().pools.load(std::memory_order_acquire) > 0 && give_back_to_pool(p, size)) return;
+    cache_block(p, size);
+  }
+
+  void cache_block(void* p, size_t size) {
     std::lock_guard<std::mutex> lock(mu_);
     free_[size].push_back(p);
     cached_ += static_cast<int64_t>(size);
@@ -172,6 +194,11 @@ class CachingAllocator {
   int64_t limit() const { return limit_.load(std::memory_order_relaxed); }
 
  private:
+  static memory::PrivatePool::Impl* pool_impl(memory::PrivatePool* p);
+  static void* take_pooled(memory::PrivatePool::Impl* pool, size_t size);
+  static void adopt(memory::PrivatePool::Impl* pool, void* p, size_t size);
+  static bool give_back_to_pool(void* p, size_t size);
+
   void* take_cached(size_t size) {
     std::lock_guard<std::mutex> lock(mu_);
     auto it = free_.find(size);
@@ -248,6 +275,45 @@ CachingAllocator& allocator() {
 
 }  // namespace
 
+// Every field is guarded by the registry's mutex.
+struct memory::PrivatePool::Impl {
+  std::unordered_map<size_t, std::vector<void*>> free;
+  std::unordered_map<void*, size_t> blocks;  // all it owns, with their rounded sizes
+  int64_t bytes = 0;
+};
+
+namespace {
+
+memory::PrivatePool::Impl* CachingAllocator::pool_impl(memory::PrivatePool* p) { return p->impl(); }
+
+void* CachingAllocator::take_pooled(memory::PrivatePool::Impl* pool, size_t size) {
+  std::lock_guard<std::mutex> lock(pool_registry().mu);
+  auto it = pool->free.find(size);
+  if (it == pool->free.end() || it->second.empty()) return nullptr;
+  void* p = it->second.back();
+  it->second.pop_back();
+  return p;
+}
+
+void CachingAllocator::adopt(memory::PrivatePool::Impl* pool, void* p, size_t size) {
+  auto& r = pool_registry();
+  std::lock_guard<std::mutex> lock(r.mu);
+  r.owner[p] = pool;
+  pool->blocks[p] = size;
+  pool->bytes += static_cast<int64_t>(size);
+}
+
+bool CachingAllocator::give_back_to_pool(void* p, size_t size) {
+  auto& r = pool_registry();
+  std::lock_guard<std::mutex> lock(r.mu);
+  auto it = r.owner.find(p);
+  if (it == r.owner.end()) return false;
+  it->second->free[size].push_back(p);
+  return true;
+}
+
+}  // namespace
+
 const char* memory_category_name(MemoryCategory c) {
   switch (c) {
     case MemoryCategory::Parameter: return "parameter";
@@ -267,6 +333,38 @@ MemoryCategoryGuard::MemoryCategoryGuard(MemoryCategory c) : prev_(t_category) {
 MemoryCategoryGuard::~MemoryCategoryGuard() { t_category = prev_; }
 
 namespace memory {
+
+PrivatePool::PrivatePool() : impl_(new Impl()) { pool_registry().pools.fetch_add(1, std::memory_order_acq_rel); }
+
+PrivatePool::~PrivatePool() {
+  auto& r = pool_registry();
+  std::vector<std::pair<void*, size_t>> to_cache;
+  {
+    std::lock_guard<std::mutex> lock(r.mu);
+    for (auto& [size, list] : impl_->free)
+      for (void* p : list) to_cache.emplace_back(p, size);
+    for (auto& [p, size] : impl_->blocks) r.owner.erase(p);
+  }
+  // Free blocks go to the shared cache; live ones get there when their tensors free them.
+  for (auto& [p, size] : to_cache) allocator().cache_block(p, size);
+  r.pools.fetch_sub(1, std::memory_order_acq_rel);
+  delete impl_;
+}
+
+int64_t PrivatePool::reserved_bytes() const {
+  std::lock_guard<std::mutex> lock(pool_registry().mu);
+  return impl_->bytes;
+}
+
+int64_t PrivatePool::num_blocks() const {
+  std::lock_guard<std::mutex> lock(pool_registry().mu);
+  return static_cast<int64_t>(impl_->blocks.size());
+}
+
+PrivatePoolScope::PrivatePoolScope(PrivatePool* pool) : prev_(t_pool) { t_pool = pool; }
+PrivatePoolScope::~PrivatePoolScope() { t_pool = prev_; }
+PrivatePool* active_private_pool() { return t_pool; }
+PrivatePool* exchange_private_pool(PrivatePool* pool) { return std::exchange(t_pool, pool); }
 
 size_t rounded_size(size_t n) {
   if (n <= kAlign) return kAlign;

@@ -1,5 +1,7 @@
 #include "kiln/core/generator.h"
 
+#include "kiln/core/capture.h"
+
 namespace kiln {
 
 std::array<uint32_t, 4> philox4x32(uint64_t key, uint64_t counter_hi, uint64_t counter_lo) {
@@ -44,6 +46,9 @@ void Generator::set_state(const GeneratorState& s) {
 }
 
 uint64_t Generator::reserve(uint64_t blocks) {
+  // Every draw comes through here. A replay would repeat the numbers drawn at
+  // capture (and leave the offset where it was), so a capture cannot hold one.
+  if (blocks > 0) capture::graph_break_if_recording("random numbers (dropout, rand, randn, randperm...)");
   std::lock_guard<std::mutex> lock(mu_);
   const uint64_t first = state_.offset;
   state_.offset += blocks;

@@ -15,6 +15,7 @@
 #include <string>
 #include <vector>
 
+#include "kiln/core/capture.h"
 #include "kiln/core/tensor.h"
 
 namespace kiln {
@@ -228,6 +229,8 @@ std::string add_suffixes(std::string s, const std::vector<std::string>& suffixes
 
 std::string Tensor::to_string() const {
   if (!defined()) return "tensor(undefined)";
+  // As torch.compile breaks on print(): a replay would not print the new values.
+  capture::graph_break_if_recording("printing a tensor (Tensor.__repr__) reads its values on the host");
   const std::string prefix = "tensor(";
   const int indent = static_cast<int>(prefix.size());
   const DType dt = dtype();

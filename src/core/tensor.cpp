@@ -1,6 +1,8 @@
 // The parts of Tensor that need no op: metadata accessors and element access.
 #include "kiln/core/tensor.h"
 
+#include "kiln/core/capture.h"
+
 namespace kiln {
 
 int64_t Tensor::size(int64_t d) const {
@@ -34,6 +36,8 @@ void Tensor::set_data(const Tensor& new_data) const {
 }
 
 Scalar Tensor::item_scalar() const {
+  // The value may steer host code, which a replay does not run.
+  capture::graph_break_if_recording("Tensor.item() reads a tensor's value on the host");
   KILN_CHECK(defined(), ValueError, "item(): called on an undefined tensor");
   KILN_CHECK(numel() == 1, ValueError, "item(): expected a tensor with one element, got shape ", sizes(), " (", numel(),
              " elements)");

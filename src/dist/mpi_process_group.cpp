@@ -13,6 +13,7 @@
 #include <sstream>
 #include <vector>
 
+#include "kiln/core/capture.h"
 #include "kiln/core/error.h"
 #include "kiln/core/half.h"
 #include "kiln/core/record.h"
@@ -411,6 +412,8 @@ void MPIProcessGroup::check_signatures(const Signature& mine) {
 }
 
 WorkPtr MPIProcessGroup::allreduce(Tensor& t, ReduceOp op, Loc loc) {
+  // Every collective: a replay runs no communication (and the peers would not be there).
+  capture::graph_break_if_recording("collective all_reduce");
   check_tensor(t, "allreduce", "tensor");
   KILN_CHECK(op != ReduceOp::Avg || t.dtype() != DType::Int64, DTypeError,
              "dist::allreduce: ReduceOp::Avg needs a float32 or bfloat16 tensor, got int64 (use Sum and divide)");
@@ -445,6 +448,7 @@ WorkPtr MPIProcessGroup::allreduce(Tensor& t, ReduceOp op, Loc loc) {
 }
 
 WorkPtr MPIProcessGroup::broadcast(Tensor& t, int root, Loc loc) {
+  capture::graph_break_if_recording("collective broadcast");
   check_tensor(t, "broadcast", "tensor");
   KILN_CHECK(root >= 0 && root < size_, ValueError, "dist::broadcast: root must be a rank of ", name_, ", in [0, ",
              size_, "), got ", root, " (ranks within a group count from 0)");
@@ -468,6 +472,7 @@ std::string MPIProcessGroup::who(int r) const {
 }
 
 WorkPtr MPIProcessGroup::allgather(std::vector<Tensor>& out, const Tensor& in, Loc loc) {
+  capture::graph_break_if_recording("collective all_gather");
   check_tensor(in, "allgather", "input");
   KILN_CHECK(static_cast<int>(out.size()) == size_, ShapeError, "dist::allgather: expected ", size_,
              " output tensors (one per rank of ", name_, "), got ", out.size());
@@ -523,6 +528,7 @@ WorkPtr MPIProcessGroup::allgather(std::vector<Tensor>& out, const Tensor& in, L
 }
 
 WorkPtr MPIProcessGroup::allgather_into_tensor(Tensor& out, const Tensor& in, Loc loc) {
+  capture::graph_break_if_recording("collective all_gather_into_tensor");
   check_tensor(in, "allgather_into_tensor", "input");
   check_tensor(out, "allgather_into_tensor", "output");
   KILN_CHECK(out.dtype() == in.dtype(), DTypeError, "dist::allgather_into_tensor: the output is ",
@@ -566,6 +572,7 @@ void MPIProcessGroup::reduce_scatter_block(const Tensor& out, const void* send, 
 }
 
 WorkPtr MPIProcessGroup::reduce_scatter(Tensor& out, const std::vector<Tensor>& in, ReduceOp op, Loc loc) {
+  capture::graph_break_if_recording("collective reduce_scatter");
   check_tensor(out, "reduce_scatter", "output");
   KILN_CHECK(static_cast<int>(in.size()) == size_, ShapeError, "dist::reduce_scatter: expected ", size_,
              " input tensors (one per rank of ", name_, "), got ", in.size());
@@ -599,6 +606,7 @@ WorkPtr MPIProcessGroup::reduce_scatter(Tensor& out, const std::vector<Tensor>& 
 }
 
 WorkPtr MPIProcessGroup::reduce_scatter_tensor(Tensor& out, const Tensor& in, ReduceOp op, Loc loc) {
+  capture::graph_break_if_recording("collective reduce_scatter_tensor");
   check_tensor(out, "reduce_scatter_tensor", "output");
   check_tensor(in, "reduce_scatter_tensor", "input");
   KILN_CHECK(out.dtype() == in.dtype(), DTypeError, "dist::reduce_scatter_tensor: the output is ",
@@ -625,6 +633,7 @@ WorkPtr MPIProcessGroup::reduce_scatter_tensor(Tensor& out, const Tensor& in, Re
 
 WorkPtr MPIProcessGroup::alltoall(Tensor& out, const Tensor& in, const std::vector<int64_t>& out_splits,
                                   const std::vector<int64_t>& in_splits, Loc loc) {
+  capture::graph_break_if_recording("collective all_to_all_single");
   check_tensor(in, "alltoall", "input");
   check_tensor(out, "alltoall", "output");
   KILN_CHECK(out.dtype() == in.dtype(), DTypeError, "dist::alltoall: the output is ", dtype_name(out.dtype()),
@@ -717,11 +726,13 @@ WorkPtr MPIProcessGroup::alltoall(Tensor& out, const Tensor& in, const std::vect
 }
 
 WorkPtr MPIProcessGroup::barrier(Loc loc) {
+  capture::graph_break_if_recording("collective barrier");
   auto sig = make_signature(OpKind::Barrier, -1, -1, nullptr, loc);
   return enqueue(sig, [this] { check_mpi(MPI_Barrier(comm_), "MPI_Barrier"); });
 }
 
 WorkPtr MPIProcessGroup::send(const Tensor& t, int dst, int tag, Loc loc) {
+  capture::graph_break_if_recording("collective send");
   check_tensor(t, "send", "tensor");
   KILN_CHECK(dst >= 0 && dst < size_ && dst != rank_, ValueError, "dist::send: dst must be another rank of ", name_,
              ", in [0, ", size_, "), got ", dst, " on rank ", rank_);
@@ -735,6 +746,7 @@ WorkPtr MPIProcessGroup::send(const Tensor& t, int dst, int tag, Loc loc) {
 }
 
 WorkPtr MPIProcessGroup::recv(Tensor& t, int src, int tag, Loc loc) {
+  capture::graph_break_if_recording("collective recv");
   check_tensor(t, "recv", "tensor");
   KILN_CHECK(src >= 0 && src < size_ && src != rank_, ValueError, "dist::recv: src must be another rank of ", name_,
              ", in [0, ", size_, "), got ", src, " on rank ", rank_);

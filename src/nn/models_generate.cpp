@@ -5,6 +5,7 @@
 #include <cmath>
 #include <optional>
 
+#include "kiln/core/capture.h"
 #include "kiln/core/error.h"
 #include "kiln/core/guards.h"
 #include "kiln/nn/attention.h"
@@ -31,6 +32,7 @@ uint64_t splitmix64(uint64_t& s) {
 /// from softmax(logits / T) restricted to the top k, by inverse CDF on one
 /// uniform double of the sampler's stream.
 int64_t choose(const Tensor& logits, const GenerateOptions& o, uint64_t& rng, std::vector<double>& p) {
+  capture::graph_break_if_recording("generate's token choice reads the logits on the host");
   const Tensor l64 = logits.to(kFloat64).contiguous();
   const double* l = l64.data_ptr<double>();
   const int64_t vocab = l64.numel();

@@ -2,6 +2,7 @@
 #include "kiln/nn/module.h"
 
 #include <algorithm>
+#include <atomic>
 #include <iostream>
 #include <set>
 #include <sstream>
@@ -10,6 +11,7 @@
 #include "kiln/autograd/custom_function.h"
 #include "kiln/autograd/functions.h"
 #include "kiln/core/allocator.h"
+#include "kiln/core/capture.h"
 #include "kiln/core/error.h"
 #include "kiln/core/guards.h"
 
@@ -73,7 +75,14 @@ Module::Slot* Module::find_slot(std::vector<std::unique_ptr<Slot>>& slots, const
   return nullptr;
 }
 
+namespace {
+std::atomic<uint64_t> g_structure_epoch{0};
+}  // namespace
+
+uint64_t Module::structure_epoch() { return g_structure_epoch.load(std::memory_order_acquire); }
+
 Tensor& Module::register_parameter(const std::string& name, Tensor t, bool requires_grad) {
+  g_structure_epoch.fetch_add(1, std::memory_order_acq_rel);
   check_name(name, "parameter");
   KILN_CHECK(!find_slot(buffers_, name), ValueError, "attribute \"", name, "\" is already a buffer");
   if (t.defined()) {
@@ -94,6 +103,7 @@ Tensor& Module::register_parameter(const std::string& name, Tensor t, bool requi
 }
 
 Tensor& Module::register_buffer(const std::string& name, Tensor t, bool persistent) {
+  g_structure_epoch.fetch_add(1, std::memory_order_acq_rel);
   check_name(name, "buffer");
   KILN_CHECK(!find_slot(params_, name), ValueError, "attribute \"", name, "\" is already a parameter");
   Slot* s = find_slot(buffers_, name);
@@ -110,6 +120,7 @@ Tensor& Module::register_buffer(const std::string& name, Tensor t, bool persiste
 }
 
 void Module::register_module_impl(const std::string& name, ModulePtr m) {
+  g_structure_epoch.fetch_add(1, std::memory_order_acq_rel);
   check_name(name, "module");
   KILN_CHECK(m != nullptr, ValueError, "register_module(\"", name, "\"): expected a module, got null");
   KILN_CHECK(m.get() != this, ValueError, "register_module(\"", name, "\"): a module cannot contain itself");
@@ -150,6 +161,14 @@ std::vector<Tensor> Module::parameters(bool recurse) const {
   std::vector<Tensor> out;
   for (auto& [n, t] : named_parameters(recurse)) out.push_back(t);
   return out;
+}
+
+std::vector<std::pair<std::string, const Tensor*>> Module::named_tensor_slots() const {
+  std::vector<std::pair<std::string, Tensor*>> slots;
+  std::vector<const TensorImpl*> seen;
+  collect("", true, false, false, slots, seen);
+  collect("", true, true, false, slots, seen);
+  return {slots.begin(), slots.end()};
 }
 
 NamedTensors Module::named_buffers(bool recurse) const {
@@ -206,6 +225,7 @@ Module& Module::train(bool on) {
 }
 
 void Module::zero_grad(bool set_to_none) {
+  const capture::HostAction host("Module.zero_grad", [this, set_to_none] { zero_grad(set_to_none); });
   for (auto& p : parameters()) {
     if (!p.grad().defined()) continue;
     if (set_to_none) {

@@ -2,6 +2,7 @@
 // in their promoted dtype), logical_and/or/xor/not, bitwise and/or/xor/not
 // (integral and bool only), torch.equal and torch.allclose.
 #include "elementwise_common.h"
+#include "kiln/core/capture.h"
 #include "kiln/ops/elementwise.h"
 #include "op_record.h"
 
@@ -87,6 +88,7 @@ Tensor Tensor::logical_not() const {
 
 bool Tensor::equal(const Tensor& other) const {
   ops::OpScope rs("equal", {this, &other});
+  capture::graph_break_if_recording("torch.equal reads tensors' values on the host");
   ops::check_defined(*this, "equal", "self");
   ops::check_defined(other, "equal", "other");
   if (sizes() != other.sizes()) return false;
@@ -99,6 +101,7 @@ bool Tensor::equal(const Tensor& other) const {
 
 bool Tensor::allclose(const Tensor& other, double rtol, double atol, bool equal_nan) const {
   ops::OpScope rs("allclose", {this, &other});
+  capture::graph_break_if_recording("torch.allclose reads tensors' values on the host");
   ops::check_defined(*this, "allclose", "self");
   ops::check_defined(other, "allclose", "other");
   KILN_CHECK(dtype() == other.dtype(), DTypeError, "allclose: expected both tensors to have the same dtype, got ",

@@ -5,6 +5,7 @@
 
 #include "elementwise_common.h"
 #include "grad_ops.h"
+#include "kiln/core/capture.h"
 #include "kiln/kernels/copy.h"
 
 namespace kiln::ops::ew {
@@ -16,7 +17,9 @@ void prepare_operand_in_loop(Operand& op, Arg arg, DType compute, const Tensor& 
     return;
   }
   const Tensor& t = *arg.tensor;
-  if (t.dtype() != compute && t.numel() == 1) {  // converted once, then kept in a register
+  // Converted once, then kept in a register; not while a capture records, which must
+  // read the tensor again on every replay (the copy below is a recorded kernel).
+  if (t.dtype() != compute && t.numel() == 1 && !capture::recording()) {
     kernels::convert_element(op.buf, compute, t.data_ptr(), t.dtype());
     return;
   }
@@ -49,8 +52,9 @@ kernels::LoopSpec make_binary_loop(IntArrayRef shape, const Tensor& out, Operand
     s = make_loop(shape, {&out});
   }
   s.nops = 3;
-  if (!a.tensor) s.data[1] = reinterpret_cast<char*>(a.buf);
-  if (!b.tensor) s.data[2] = reinterpret_cast<char*>(b.buf);
+  // A scalar's bytes live on the caller's stack; a recorded kernel gets a copy that outlives it.
+  if (!a.tensor) s.data[1] = static_cast<char*>(const_cast<void*>(capture::stable_bytes(a.buf, sizeof(a.buf))));
+  if (!b.tensor) s.data[2] = static_cast<char*>(const_cast<void*>(capture::stable_bytes(b.buf, sizeof(b.buf))));
   return s;
 }
 

@@ -10,6 +10,7 @@
 #include <cmath>
 #include <numbers>
 
+#include "host_write.h"
 #include "iter.h"
 #include "kiln/core/guards.h"
 #include "kiln/core/memory_history.h"
@@ -289,16 +290,17 @@ Tensor arange(const Scalar& start, const Scalar& end, const Scalar& step, Tensor
                  ", step=", step.to_double());
       const int64_t n = static_cast<int64_t>(size_d);
       out = empty_for({n}, options, "arange");
-      T* p = out.data_ptr<T>();
-      for (int64_t i = 0; i < n; ++i) {
-        if constexpr (std::is_integral_v<T>) {
-          // Wrapping (unsigned) arithmetic: a huge range into int32 wraps as in PyTorch, without UB.
-          p[i] = static_cast<T>(
-              static_cast<int64_t>(static_cast<uint64_t>(xs) + static_cast<uint64_t>(xst) * static_cast<uint64_t>(i)));
-        } else {
-          p[i] = T(static_cast<compute_t<T>>(xs + xst * static_cast<Acc>(i)));
+      ops::host_write("arange", [p = out.data_ptr<T>(), n, xs, xst]() {
+        for (int64_t i = 0; i < n; ++i) {
+          if constexpr (std::is_integral_v<T>) {
+            // Wrapping (unsigned) arithmetic: a huge range into int32 wraps as in PyTorch, without UB.
+            p[i] = static_cast<T>(static_cast<int64_t>(static_cast<uint64_t>(xs) +
+                                                       static_cast<uint64_t>(xst) * static_cast<uint64_t>(i)));
+          } else {
+            p[i] = T(static_cast<compute_t<T>>(xs + xst * static_cast<Acc>(i)));
+          }
         }
-      }
+      });
     }
   });
   return out;
@@ -325,21 +327,25 @@ Tensor linspace(const Scalar& start, const Scalar& end, int64_t steps, TensorOpt
     if constexpr (std::is_integral_v<T>) {
       const T s = start.to<T>(), e = end.to<T>();
       const double step = (static_cast<double>(e) - static_cast<double>(s)) / static_cast<double>(steps - 1);
-      for (int64_t i = 0; i < steps; ++i) {
-        const double v = i < half ? s + step * static_cast<double>(i) : e - step * static_cast<double>(steps - i - 1);
-        p[i] = static_cast<T>(v);
-      }
+      ops::host_write("linspace", [p, steps, half, s, e, step]() {
+        for (int64_t i = 0; i < steps; ++i) {
+          const double v = i < half ? s + step * static_cast<double>(i) : e - step * static_cast<double>(steps - i - 1);
+          p[i] = static_cast<T>(v);
+        }
+      });
     } else {
       // Arithmetic in T: float for float32, double for float64, rounded after every operation for 16-bit floats.
       using C = compute_t<T>;
       auto r = [](C x) -> C { return static_cast<C>(T(x)); };
       const C s = r(start.to<C>()), e = r(end.to<C>());
       const C step = r(r(e - s) / r(static_cast<C>(steps - 1)));
-      for (int64_t i = 0; i < steps; ++i) {
-        const C v =
-            i < half ? r(s + r(step * r(static_cast<C>(i)))) : r(e - r(step * r(static_cast<C>(steps - i - 1))));
-        p[i] = T(v);
-      }
+      ops::host_write("linspace", [p, steps, half, s, e, step, r]() {
+        for (int64_t i = 0; i < steps; ++i) {
+          const C v =
+              i < half ? r(s + r(step * r(static_cast<C>(i)))) : r(e - r(step * r(static_cast<C>(steps - i - 1))));
+          p[i] = T(v);
+        }
+      });
     }
   });
   return t;
@@ -357,8 +363,9 @@ Tensor eye(int64_t n, std::optional<int64_t> m, TensorOptions options, std::sour
     t.zero_();
   }
   visit_dtype(t.dtype(), [&]<typename T>() {
-    T* p = t.data_ptr<T>();
-    for (int64_t i = 0; i < std::min(n, cols); ++i) p[i * cols + i] = T(1);
+    ops::host_write("eye", [p = t.data_ptr<T>(), n, cols]() {
+      for (int64_t i = 0; i < std::min(n, cols); ++i) p[i * cols + i] = T(1);
+    });
   });
   return t;
 }
@@ -455,8 +462,13 @@ Tensor tensor(const std::vector<T>& values, IntArrayRef sizes, std::source_locat
   // Plain int literals give int64, as torch.tensor([1, 2]) does in Python.
   using Stored = std::conditional_t<std::is_same_v<T, int>, int64_t, T>;
   Tensor t = empty(shape, dtype_of_v<Stored>);
-  Stored* p = t.data_ptr<Stored>();
-  for (size_t i = 0; i < values.size(); ++i) p[i] = static_cast<Stored>(values[i]);
+  auto write = [p = t.data_ptr<Stored>()](const std::vector<T>& vals) {
+    for (size_t i = 0; i < vals.size(); ++i) p[i] = static_cast<Stored>(vals[i]);
+  };
+  // The values are copied into the record only while a capture records.
+  const capture::KernelScope cap("tensor");
+  if (cap.recording()) cap.record([write, vals = values]() { write(vals); });
+  write(values);
   return t;
 }
 

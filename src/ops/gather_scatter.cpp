@@ -12,6 +12,7 @@
 #include <cstring>
 
 #include "grad_ops.h"
+#include "host_write.h"
 #include "iter.h"
 #include "kiln/kernels/copy.h"
 #include "kiln/kernels/index.h"
@@ -466,6 +467,11 @@ Tensor one_hot(const Tensor& indices, int64_t num_classes, std::source_location)
     out_sizes.push_back(num_classes);
     return ops::new_output(out_sizes, kInt64);
   }
+  // Without num_classes the largest index is the result's size: a replay could not follow new indices.
+  // (With it, the scan below only validates.)
+  if (num_classes == -1) {
+    capture::graph_break_if_recording("one_hot without num_classes reads the indices on the host");
+  }
   const Tensor idx = indices.contiguous();
   const DimVector flat_sizes{idx.numel()}, flat_strides{1};
   const auto loop = kernels::make_strided_loop(flat_sizes, {operand(idx, flat_strides)});
@@ -479,7 +485,8 @@ Tensor one_hot(const Tensor& indices, int64_t num_classes, std::source_location)
   }
   out_sizes.push_back(num_classes);
   Tensor out = ops::new_output(out_sizes, kInt64);
-  std::memset(out.data_ptr(), 0, static_cast<size_t>(out.nbytes()));
+  ops::host_write("one_hot (zero)",
+                  [p = out.data_ptr(), nbytes = static_cast<size_t>(out.nbytes())]() { std::memset(p, 0, nbytes); });
   kernels::one_hot(idx.data_ptr<int64_t>(), idx.numel(), num_classes, out.data_ptr<int64_t>());
   return out;
 }

@@ -12,6 +12,7 @@
 #include <type_traits>
 
 #include "grad_ops.h"
+#include "host_write.h"
 #include "iter.h"
 #include "kiln/autograd/functions.h"
 #include "kiln/ops/factory.h"
@@ -24,14 +25,21 @@ using autograd::SavedVariable;
 
 namespace {
 
-// The indexed dims [first, first + count) of self, the broadcast shape of the
-// index tensors, and per index position its element offset within self
-// (from self's strides) and its row-major position over the indexed sizes.
+// The indexed dims [first, first + count) of self with their sizes and
+// strides, the broadcast shape of the index tensors, and per index position
+// its row-major position over the indexed sizes (from which index_put_ gets
+// its element offset within self).
+//
+// Note [Index values are read on replay]: the index values are data, so
+// everything computed from them on the host (`linear`, the offsets written
+// through) is computed in closures that kiln::compile records (host_write.h)
+// and a replay runs again on the step's new index values; only the shapes are
+// fixed at capture.
 struct Resolved {
   int64_t first = 0, count = 0;
   DimVector index_shape;
-  std::vector<int64_t> element_offset;
-  Tensor linear;  // int64 [index_shape]: the row-major position, for index_select
+  DimVector dim_sizes, dim_strides;  // self's, of the indexed dims
+  Tensor linear;                     // int64 [index_shape]: the row-major position, for index_select
 };
 
 // Positions of the true elements of `mask` (over self's dims d0, d0+1, ...),
@@ -44,6 +52,8 @@ std::vector<Tensor> mask_positions(const Tensor& self, const Tensor& mask, int64
     KILN_CHECK(mask.sizes()[j] == self.sizes()[d0 + j], IndexError, op, ": the shape of the mask ", mask.sizes(),
                " at index ", j, " does not match the shape of the indexed tensor ", self.sizes(), " at dim ", d0 + j);
   }
+  // The positions' count is the result's size: a replay could not follow a new mask.
+  capture::graph_break_if_recording("indexing with a boolean mask (x[mask]) reads the mask on the host");
   const Tensor m = ops::copy_no_grad(mask, kBool, MemoryFormat::Contiguous);
   const bool* p = m.data_ptr<bool>();
   const int64_t nd = mask.dim();
@@ -56,7 +66,8 @@ std::vector<Tensor> mask_positions(const Tensor& self, const Tensor& mask, int64
   std::vector<Tensor> out;
   for (auto& v : pos) {
     Tensor t = empty({static_cast<int64_t>(v.size())}, kInt64);
-    std::copy(v.begin(), v.end(), t.data_ptr<int64_t>());
+    ops::host_write("index (mask positions)",
+                    [p = t.data_ptr<int64_t>(), v = std::move(v)]() { std::copy(v.begin(), v.end(), p); });
     out.push_back(std::move(t));
   }
   return out;
@@ -98,25 +109,39 @@ Resolved resolve(const Tensor& self, const std::vector<Tensor>& indices, const c
   DimVector shape = DimVector(per_dim[first].sizes());
   for (int64_t d = first + 1; d <= last; ++d) shape = broadcast_shapes(shape, per_dim[d].sizes(), op);
   r.index_shape = shape;
-  const int64_t n = shape_numel(shape);
-  r.element_offset.assign(static_cast<size_t>(n), 0);
-  r.linear = zeros(shape, kInt64);
-  int64_t* lin = r.linear.data_ptr<int64_t>();
-  int64_t row = 1;
-  for (int64_t d = last; d >= first; --d) {
-    const Tensor v = per_dim[d].expand(shape).contiguous();
-    const int64_t* p = v.data_ptr<int64_t>();
-    const int64_t size = self.sizes()[d], stride = self.strides()[d];
-    for (int64_t i = 0; i < n; ++i) {
-      int64_t k = p[i];
-      KILN_CHECK(k >= -size && k < size, IndexError, op, ": index ", k, " is out of bounds for dimension ", d,
-                 " with size ", size);
-      if (k < 0) k += size;
-      r.element_offset[i] += k * stride;
-      lin[i] += k * row;
-    }
-    row *= size;
+  for (int64_t d = first; d <= last; ++d) {
+    r.dim_sizes.push_back(self.sizes()[d]);
+    r.dim_strides.push_back(self.strides()[d]);
   }
+  const int64_t n = shape_numel(shape);
+  r.linear = empty(shape, kInt64);
+  // The broadcast index values of dims last .. first (kept alive until the write has run).
+  std::vector<Tensor> values;
+  std::vector<const int64_t*> value_ptrs;
+  for (int64_t d = last; d >= first; --d) {
+    values.push_back(per_dim[d].expand(shape).contiguous());
+    value_ptrs.push_back(values.back().data_ptr<int64_t>());
+  }
+  // Note [Index values are read on replay]; the bounds check stays in the
+  // closure so that a replay with a bad index raises instead of writing out of bounds.
+  ops::host_write("index (resolve)", [lin = r.linear.data_ptr<int64_t>(), value_ptrs = std::move(value_ptrs),
+                                      sizes = r.dim_sizes, n, last, op]() {
+    for (int64_t i = 0; i < n; ++i) lin[i] = 0;
+    int64_t row = 1;
+    for (size_t j = 0; j < value_ptrs.size(); ++j) {
+      const int64_t d = last - static_cast<int64_t>(j);
+      const int64_t size = sizes[sizes.size() - 1 - j];
+      const int64_t* p = value_ptrs[j];
+      for (int64_t i = 0; i < n; ++i) {
+        int64_t k = p[i];
+        KILN_CHECK(k >= -size && k < size, IndexError, op, ": index ", k, " is out of bounds for dimension ", d,
+                   " with size ", size);
+        if (k < 0) k += size;
+        lin[i] += k * row;
+      }
+      row *= size;
+    }
+  });
   return r;
 }
 
@@ -146,26 +171,40 @@ void write_indexed(Tensor& self, const Resolved& r, const Tensor& values, bool a
   const DimVector shape = indexed_shape(self, r);
   if (shape_numel(shape) == 0) return;
   const Tensor v = ops::copy_no_grad(values.expand(shape), self.dtype(), MemoryFormat::Contiguous);
-  const std::vector<int64_t> pre = dim_offsets(self, 0, r.first);
-  const std::vector<int64_t> post = dim_offsets(self, r.first + r.count, self.dim());
+  std::vector<int64_t> pre = dim_offsets(self, 0, r.first);
+  std::vector<int64_t> post = dim_offsets(self, r.first + r.count, self.dim());
+  const int64_t n = shape_numel(r.index_shape);
   visit_dtype<kAllTypes>(self.dtype(), "index_put_", [&]<typename T>() {
-    T* base = self.data_ptr<T>();
-    const T* src = v.data_ptr<T>();
-    for (int64_t p : pre) {
-      for (int64_t e : r.element_offset) {
-        for (int64_t q : post) {
-          T& dst = base[p + e + q];
-          if (!accumulate) {
-            dst = *src;
-          } else if constexpr (std::is_arithmetic_v<T>) {
-            dst = static_cast<T>(dst + *src);
-          } else {
-            dst = T(static_cast<float>(dst) + static_cast<float>(*src));
+    // Note [Index values are read on replay]: the offsets come from `linear` each time.
+    ops::host_write("index_put_", [base = self.data_ptr<T>(), src0 = v.data_ptr<T>(),
+                                   lin = r.linear.data_ptr<int64_t>(), n, sizes = r.dim_sizes, strides = r.dim_strides,
+                                   pre = std::move(pre), post = std::move(post), accumulate]() {
+      std::vector<int64_t> element_offset(static_cast<size_t>(n));
+      for (int64_t i = 0; i < n; ++i) {
+        int64_t rest = lin[i], off = 0;
+        for (int64_t j = static_cast<int64_t>(sizes.size()) - 1; j >= 0; --j) {
+          off += (rest % sizes[j]) * strides[j];
+          rest /= sizes[j];
+        }
+        element_offset[static_cast<size_t>(i)] = off;
+      }
+      const T* src = src0;
+      for (int64_t p : pre) {
+        for (int64_t e : element_offset) {
+          for (int64_t q : post) {
+            T& dst = base[p + e + q];
+            if (!accumulate) {
+              dst = *src;
+            } else if constexpr (std::is_arithmetic_v<T>) {
+              dst = static_cast<T>(dst + *src);
+            } else {
+              dst = T(static_cast<float>(dst) + static_cast<float>(*src));
+            }
+            ++src;
           }
-          ++src;
         }
       }
-    }
+    });
   });
 }
 

@@ -14,8 +14,11 @@
 #include "kiln/ops/loss.h"
 
 #include <cmath>
+#include <memory>
 #include <vector>
 
+#include "host_write.h"
+#include "iter.h"
 #include "kiln/autograd/functions.h"
 #include "kiln/core/error.h"
 #include "kiln/core/guards.h"
@@ -50,6 +53,18 @@ Tensor from_rows(const Tensor& g, const std::vector<int64_t>& in_sizes) {
   return g.reshape(sizes).permute(inv);
 }
 
+// Note [cross_entropy reduces on the host]: the forward sums the kernel's
+// per-row losses and weights on the host, and a "mean" divides by the total
+// weight of the non-ignored targets, which depends on the targets. So the sum,
+// the write of the loss and the per-row coefficients the backward needs are one
+// closure that kiln::compile records and a replay runs on the new rows
+// (host_write.h); it leaves the coefficients here, shared with the backward's
+// closure, which builds its per-row factors from them and g on every run.
+struct CrossEntropyScales {
+  double a = 1, b = 0;  // per-row coefficients of the nll and smoothing terms, before g
+  double loss = 0;      // the reduced loss, for the eager range check
+};
+
 struct CrossEntropyLossBackward final : autograd::Node {
   autograd::SavedVariable input;
   Tensor target;  // int64 [R], contiguous
@@ -59,7 +74,7 @@ struct CrossEntropyLossBackward final : autograd::Node {
   int64_t rows = 0, classes = 0, ignore_index = -100;
   double ls = 0;
   LossReduction red = LossReduction::Mean;
-  double scale_a = 1, scale_b = 0;  // per-row coefficients of the nll and smoothing terms, before g
+  std::shared_ptr<const CrossEntropyScales> scales;
 
   const char* name() const override { return "CrossEntropyLossBackward0"; }
   void release_variables() override {
@@ -72,26 +87,36 @@ struct CrossEntropyLossBackward final : autograd::Node {
     const Tensor x = input.unpack(this);
     const Tensor& g = grads[0];
     if (grad_mode_enabled()) return {composed(x, g)};
-    // Fused: per-row coefficients, then one pass per row.
+    // Fused: per-row coefficients from g on the host, then one pass per row;
+    // recorded together for a replay (Note [cross_entropy reduces on the host]).
     Tensor gd = g.to(kFloat64).contiguous();
-    std::vector<double> ca(rows), cb(ls > 0 ? rows : 0);
-    const double* gp = gd.data_ptr<double>();
-    for (int64_t r = 0; r < rows; ++r) {
-      const double gr = red == LossReduction::None ? gp[r] : gp[0];
-      ca[r] = gr * scale_a;
-      if (ls > 0) cb[r] = gr * scale_b;
-    }
     Tensor xr = to_rows(x, classes).contiguous();
     Tensor out = empty({rows, classes}, TensorOptions().dtype(x.dtype()));
-    kernels::CrossEntropyRows a{rows, classes, target.data_ptr<int64_t>(),
-                                weight.defined() ? weight.data_ptr() : nullptr, ignore_index};
-    kernels::cross_entropy_backward(x.dtype(), a, xr.data_ptr(), lse.data_ptr<double>(), ca.data(),
-                                    ls > 0 ? cb.data() : nullptr, out.data_ptr());
+    const kernels::CrossEntropyRows a{rows, classes, target.data_ptr<int64_t>(),
+                                      weight.defined() ? weight.data_ptr() : nullptr, ignore_index};
+    host_write("cross_entropy_backward",
+               [dt = x.dtype(), a, gp = gd.data_ptr<double>(), xp = xr.data_ptr(), lp = lse.data_ptr<double>(),
+                op = out.data_ptr(), s = scales, rows = rows, ls = ls, red = red]() {
+                 std::vector<double> ca(rows), cb(ls > 0 ? rows : 0);
+                 for (int64_t r = 0; r < rows; ++r) {
+                   const double gr = red == LossReduction::None ? gp[r] : gp[0];
+                   ca[r] = gr * s->a;
+                   if (ls > 0) cb[r] = gr * s->b;
+                 }
+                 kernels::cross_entropy_backward(dt, a, xp, lp, ca.data(), ls > 0 ? cb.data() : nullptr, op);
+               });
     return {from_rows(out, in_sizes)};
   }
 
   // The same formula with kiln ops, so that create_graph=true can differentiate it again.
   Tensor composed(const Tensor& x, const Tensor& g) {
+    // The coefficients enter these ops as constants; a "mean"'s depend on the targets.
+    if (red == LossReduction::Mean) {
+      capture::graph_break_if_recording(
+          "cross_entropy's double backward (create_graph) with reduction='mean' uses the targets' total weight "
+          "as a host value");
+    }
+    const double scale_a = scales->a, scale_b = scales->b;
     const TensorOptions o = TensorOptions().dtype(x.dtype());
     Tensor xr = to_rows(x, classes);
     Tensor p = xr.softmax(1);
@@ -147,7 +172,7 @@ Tensor cross_entropy(const Tensor& input, const Tensor& target, const Tensor& we
   const bool record = autograd::compute_requires_grad({&input});
   const double ls = label_smoothing;
   Tensor out, lse, trows, w;
-  double scale_a = 1, scale_b = 0;
+  auto scales = std::make_shared<CrossEntropyScales>();
   int64_t R = 0;
   {
     NoGradGuard no_grad;
@@ -171,26 +196,34 @@ Tensor cross_entropy(const Tensor& input, const Tensor& target, const Tensor& we
     if (red == LossReduction::None) {
       Tensor per = ls > 0 ? nll * (1.0 - ls) + smooth * (ls / static_cast<double>(C)) : nll;
       out = per.to(dt).reshape(want);
-      scale_a = 1.0 - ls;
-      scale_b = ls / static_cast<double>(C);
+      scales->a = 1.0 - ls;
+      scales->b = ls / static_cast<double>(C);
     } else {
-      double sn = 0, sw = 0, ss = 0;
-      for (int64_t r = 0; r < R; ++r) {
-        sn += pn[r];
-        sw += pw[r];
-        if (ls > 0) ss += ps[r];
-      }
-      double den_a = 1, den_b = 1;
-      if (red == LossReduction::Mean) {
-        den_a = sw;
-        den_b = sw;
-      }
-      double v = (1.0 - ls) * (sn / den_a);
-      if (ls > 0) v += ls / static_cast<double>(C) * (ss / den_b);
-      out = scalar_tensor(v, TensorOptions().dtype(dt));
-      // An all-ignored batch: the rows contribute nothing whatever the scale.
-      scale_a = den_a == 0 ? 0.0 : (1.0 - ls) / den_a;
-      scale_b = den_b == 0 ? 0.0 : ls / static_cast<double>(C) / den_b;
+      // Note [cross_entropy reduces on the host].
+      out = empty({}, TensorOptions().dtype(dt));
+      host_write("cross_entropy (reduction)", [pn, pw, ps, R, C, ls, red, dt, dst = out.data_ptr(), s = scales]() {
+        double sn = 0, sw = 0, ss = 0;
+        for (int64_t r = 0; r < R; ++r) {
+          sn += pn[r];
+          sw += pw[r];
+          if (ls > 0) ss += ps[r];
+        }
+        double den_a = 1, den_b = 1;
+        if (red == LossReduction::Mean) {
+          den_a = sw;
+          den_b = sw;
+        }
+        double v = (1.0 - ls) * (sn / den_a);
+        if (ls > 0) v += ls / static_cast<double>(C) * (ss / den_b);
+        // As scalar_tensor(v) would store it.
+        visit_dtype<DTypeSet{kFloat32, kFloat64, kBFloat16}>(
+            dt, "cross_entropy", [&]<typename T>() { *static_cast<T*>(dst) = Scalar(v).to<T>(); });
+        s->loss = v;
+        // An all-ignored batch: the rows contribute nothing whatever the scale.
+        s->a = den_a == 0 ? 0.0 : (1.0 - ls) / den_a;
+        s->b = den_b == 0 ? 0.0 : ls / static_cast<double>(C) / den_b;
+      });
+      check_scalar_fits(scales->loss, dt, "cross_entropy");
     }
   }
   if (record) {
@@ -205,8 +238,7 @@ Tensor cross_entropy(const Tensor& input, const Tensor& target, const Tensor& we
     node->ignore_index = ignore_index;
     node->ls = ls;
     node->red = red;
-    node->scale_a = scale_a;
-    node->scale_b = scale_b;
+    node->scales = scales;
     autograd::set_history(out, node, {&input}, autograd::CallSite::from(loc));
   }
   return out;

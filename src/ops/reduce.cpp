@@ -11,6 +11,7 @@
 
 #include "iter.h"
 #include "kiln/autograd/functions.h"
+#include "kiln/core/capture.h"
 #include "kiln/core/guards.h"
 #include "kiln/ops/index.h"
 #include "op_record.h"
@@ -153,10 +154,13 @@ namespace {
 // elsewhere; two or more give 0. `result` broadcasts against x; dim < 0: one
 // slice (every dim). Written so that create_graph also gets the second
 // derivatives right where x has zeros: the zeros' own values enter through
-// `result` and through `other_zero`, not as constants.
+// `result` and through `other_zero`, not as constants. While kiln::compile
+// records, the general formula is taken without looking for zeros on the host
+// (it gives the same values where there are none), so that a replay is right
+// whatever the new x holds.
 Tensor prod_factor(const Tensor& x, const Tensor& result, int64_t dim) {
   const Tensor zero = x.eq(0);
-  if (!zero.any().item<bool>()) return result / x;
+  if (!capture::recording() && !zero.any().item<bool>()) return result / x;
   auto red_sum = [dim](const Tensor& t) { return dim < 0 ? t.sum() : t.sum({dim}, true); };
   auto red_prod = [dim](const Tensor& t) { return dim < 0 ? t.prod() : t.prod(dim, true); };
   const Tensor count = red_sum(zero);

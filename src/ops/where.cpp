@@ -7,6 +7,7 @@
 
 #include "grad_ops.h"
 #include "iter.h"
+#include "kiln/core/capture.h"
 #include "kiln/kernels/index.h"
 #include "kiln/ops/factory.h"
 #include "kiln/ops/index.h"
@@ -233,7 +234,12 @@ Tensor masked_fill(const Tensor& self, const Tensor& mask, const Tensor& value, 
   KILN_CHECK(value.dim() == 0, ShapeError,
              "masked_fill: only supports a 0-dimensional value tensor, but got a tensor of shape ", value.sizes(), " (",
              value.dim(), " dimension(s))");
-  Tensor out = masked_fill_out(self, mask, value.item_scalar());
+  // The fill value goes to the kernel as a host Scalar: a replay would fill with this one.
+  capture::graph_break_if_recording("masked_fill with a tensor value reads the value on the host");
+  const Scalar v = visit_dtype(value.dtype(), [&]<typename T>() {  // item_scalar(), without its own graph break
+    return Scalar(*static_cast<const T*>(value.data_ptr()));
+  });
+  Tensor out = masked_fill_out(self, mask, v);
   if (self.is_floating_point() && autograd::compute_requires_grad({&self, &value})) {
     auto node = make_intrusive<MaskedFillBackward>();
     node->mask = SavedVariable(mask, false);

@@ -5,6 +5,7 @@
 #include <cmath>
 #include <sstream>
 
+#include "kiln/core/capture.h"
 #include "kiln/core/error.h"
 #include "kiln/core/guards.h"
 #include "kiln/core/record.h"
@@ -59,6 +60,8 @@ double norm_of_values(const std::vector<double>& v, double p, bool f32) {
 
 double clip_grad_norm_(const NamedParams& params, double max_norm, double norm_type, bool error_if_nonfinite) {
   const record::Scope rs(record::Kind::Op, "clip_grad_norm_");
+  // The norms are summed on the host, and the total (returned) scales the gradients as a constant.
+  capture::graph_break_if_recording("clip_grad_norm_ reads the gradients' norm on the host (it returns a double)");
   KILN_CHECK(!std::isnan(norm_type) && norm_type >= 0, ValueError,
              "clip_grad_norm_: expected norm_type >= 0 or inf, got ", norm_type);
   NoGradGuard no_grad;

@@ -10,6 +10,7 @@
 
 #include "kernels.h"
 #include "kiln/core/allocator.h"
+#include "kiln/core/capture.h"
 #include "kiln/core/error.h"
 #include "kiln/core/guards.h"
 #include "kiln/core/parallel.h"
@@ -135,6 +136,7 @@ void Optimizer::add_param_group(ParamGroup group) {
 }
 
 void Optimizer::zero_grad(bool set_to_none) {
+  const capture::HostAction host("Optimizer.zero_grad", [this, set_to_none] { zero_grad(set_to_none); });
   const std::string event = optimizer_event("zero_grad", name_);
   const record::Scope rs(record::Kind::Optimizer, event);
   NoGradGuard no_grad;
@@ -155,6 +157,8 @@ void Optimizer::zero_grad(bool set_to_none) {
 }
 
 void Optimizer::step() {
+  // Replay runs the whole step again: its step counters and learning rates are host state.
+  const capture::HostAction host("Optimizer.step", [this] { step(); });
   const std::string event = optimizer_event("step", name_);
   const record::Scope rs(record::Kind::Optimizer, event);
   NoGradGuard no_grad;

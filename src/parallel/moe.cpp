@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "kiln/autograd/custom_function.h"
+#include "kiln/core/capture.h"
 #include "kiln/core/error.h"
 #include "kiln/ops/factory.h"
 #include "kiln/ops/index.h"
@@ -100,6 +101,9 @@ Tensor MoE::forward(const Tensor& input) {
   const Tensor logits = (*router)(x);  // [N, E]
 
   // Top-k on the host: the choice is not differentiated (only the gates are).
+  // It decides the shapes that follow, so kiln::compile cannot replay it (with
+  // no expert-parallel group there is no collective to stop the capture).
+  capture::graph_break_if_recording("MoE routing (top-k) reads the router's logits on the host");
   std::vector<int64_t> choice(static_cast<size_t>(N * k));
   {
     const Tensor lg = logits.detach().to(kFloat32).contiguous();

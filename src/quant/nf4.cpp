@@ -17,6 +17,7 @@
 #include "kiln/nn/transformer.h"
 #include "kiln/ops/factory.h"
 #include "kiln/ops/linalg.h"
+#include "recorded_loop.h"
 
 namespace kiln::quant {
 
@@ -145,11 +146,14 @@ Tensor nf4_block_scales(const NF4Tensor& q) {
   KILN_CHECK(q.absmax_codes.defined() && q.absmax_codes.numel() == nb, ValueError, "nf4_block_scales: expected ", nb,
              " scale codes");
   Tensor s = empty({nb}, TensorOptions(kFloat32));
-  const uint8_t* ac = q.absmax_codes.data_ptr<uint8_t>();
-  const float* af = q.absmax_factors.data_ptr<float>();
-  const float offset = q.absmax_offset.data_ptr<float>()[0];
-  float* out = s.data_ptr<float>();
-  for (int64_t b = 0; b < nb; ++b) out[b] = static_cast<float>(static_cast<int>(ac[b]) - 128) * af[b / sb] + offset;
+  // Each NF4Linear forward and backward: recorded for kiln::compile's replay.
+  detail::recorded_loop("nf4_block_scales",
+                        [ac = q.absmax_codes.data_ptr<uint8_t>(), af = q.absmax_factors.data_ptr<float>(),
+                         off = q.absmax_offset.data_ptr<float>(), out = s.data_ptr<float>(), nb, sb]() {
+                          const float offset = off[0];
+                          for (int64_t b = 0; b < nb; ++b)
+                            out[b] = static_cast<float>(static_cast<int>(ac[b]) - 128) * af[b / sb] + offset;
+                        });
   return s;
 }
 
@@ -160,17 +164,18 @@ Tensor dequantize_nf4(const NF4Tensor& q, DType dtype) {
   NoGradGuard ng;
   const Tensor scales = nf4_block_scales(q);
   Tensor out = empty(q.shape, TensorOptions(kFloat32));
-  const uint8_t* c = q.codes.data_ptr<uint8_t>();
-  const float* s = scales.data_ptr<float>();
-  float* y = out.data_ptr<float>();
-  parallel_for(nb, 16, [&](int64_t b0, int64_t b1) {
-    for (int64_t b = b0; b < b1; ++b) {
-      const int64_t lo = b * bs, hi = std::min(n, lo + bs);
-      for (int64_t i = lo; i < hi; ++i) {
-        const uint8_t code = (i % 2 == 0) ? (c[i / 2] >> 4) : (c[i / 2] & 0x0F);
-        y[i] = kLevels[code] * s[b];
+  // Each NF4Linear forward and backward: recorded for kiln::compile's replay.
+  detail::recorded_loop("dequantize_nf4", [c = q.codes.data_ptr<uint8_t>(), s = scales.data_ptr<float>(),
+                                           y = out.data_ptr<float>(), n, nb, bs]() {
+    parallel_for(nb, 16, [&](int64_t b0, int64_t b1) {
+      for (int64_t b = b0; b < b1; ++b) {
+        const int64_t lo = b * bs, hi = std::min(n, lo + bs);
+        for (int64_t i = lo; i < hi; ++i) {
+          const uint8_t code = (i % 2 == 0) ? (c[i / 2] >> 4) : (c[i / 2] & 0x0F);
+          y[i] = kLevels[code] * s[b];
+        }
       }
-    }
+    });
   });
   return dtype == kFloat32 ? out : out.to(dtype);
 }

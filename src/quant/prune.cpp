@@ -12,6 +12,7 @@
 #include "kiln/core/guards.h"
 #include "kiln/nn/layers.h"
 #include "kiln/ops/factory.h"
+#include "recorded_loop.h"
 
 namespace kiln::quant {
 namespace {
@@ -71,10 +72,14 @@ std::shared_ptr<PruneState> state_of(nn::Module& module, const std::string& name
 
 // weight *= mask on the raw data (no autograd, allowed under any guard), then
 // the version moves so packed copies of the weight (Linear's oneDNN pack) follow.
+// In a step (the forward pre-hook) it is recorded for kiln::compile's replay,
+// which then applies the mask on every replay, as eager does after each
+// optimizer step (the version test is host code a replay does not run).
 void apply_mask(PruneState& s) {
-  float* w = s.weight.data_ptr<float>();
-  const float* m = s.mask.data_ptr<float>();
-  for (int64_t i = 0, n = s.weight.numel(); i < n; ++i) w[i] *= m[i];
+  detail::recorded_loop("prune (apply mask)",
+                        [w = s.weight.data_ptr<float>(), m = s.mask.data_ptr<float>(), n = s.weight.numel()]() {
+                          for (int64_t i = 0; i < n; ++i) w[i] *= m[i];
+                        });
   s.weight.bump_version();
   s.masked_version = s.weight.version();
 }

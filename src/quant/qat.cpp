@@ -8,6 +8,7 @@
 
 #include "base_rng.h"
 #include "kiln/autograd/custom_function.h"
+#include "kiln/core/capture.h"
 #include "kiln/core/error.h"
 #include "kiln/core/generator.h"
 #include "kiln/core/guards.h"
@@ -16,6 +17,7 @@
 #include "kiln/ops/factory.h"
 #include "kiln/ops/linalg.h"
 #include "kiln/quant/fuse.h"
+#include "recorded_loop.h"
 #include "replace_layer.h"
 
 namespace kiln::quant {
@@ -55,9 +57,6 @@ struct FakeQuantFn : autograd::Function<FakeQuantFn> {
     const Tensor xc = x.contiguous();
     Tensor y = empty(x.sizes(), TensorOptions(kFloat32));
     Tensor mask = empty(x.sizes(), TensorOptions(kUInt8));
-    const float* in = xc.data_ptr<float>();
-    float* out = y.data_ptr<float>();
-    uint8_t* m = mask.data_ptr<uint8_t>();
     const int64_t channels = static_cast<int64_t>(p->scales.size());
     int64_t inner = 1;
     if (p->axis >= 0)
@@ -65,15 +64,18 @@ struct FakeQuantFn : autograd::Function<FakeQuantFn> {
     else
       inner = x.numel();
     const int64_t n = x.numel();
-    std::vector<float> inv(p->scales.size());
-    for (size_t c = 0; c < inv.size(); ++c) inv[c] = 1.0f / p->scales[c];
-    for (int64_t start = 0; start < n; start += inner) {
-      const int64_t c = p->axis >= 0 ? (start / inner) % channels : 0;
-      const float s = p->scales[c], is = inv[c];
-      const int64_t zp = p->zero_points[c];
-      const int64_t end = std::min(n, start + inner);
-      for (int64_t i = start; i < end; ++i) out[i] = fake_quant_one(in[i], s, is, zp, p->qmin, p->qmax, m[i]);
-    }
+    detail::recorded_loop("fake_quantize", [in = xc.data_ptr<float>(), out = y.data_ptr<float>(),
+                                            m = mask.data_ptr<uint8_t>(), channels, inner, n, p]() {
+      std::vector<float> inv(p->scales.size());
+      for (size_t c = 0; c < inv.size(); ++c) inv[c] = 1.0f / p->scales[c];
+      for (int64_t start = 0; start < n; start += inner) {
+        const int64_t c = p->axis >= 0 ? (start / inner) % channels : 0;
+        const float s = p->scales[c], is = inv[c];
+        const int64_t zp = p->zero_points[c];
+        const int64_t end = std::min(n, start + inner);
+        for (int64_t i = start; i < end; ++i) out[i] = fake_quant_one(in[i], s, is, zp, p->qmin, p->qmax, m[i]);
+      }
+    });
     ctx.saved_data["mask"] = mask;
     return y;
   }
@@ -81,10 +83,10 @@ struct FakeQuantFn : autograd::Function<FakeQuantFn> {
     const Tensor& mask = ctx.saved_data.get<Tensor>("mask");
     const Tensor g = grads[0].to(kFloat32).contiguous();
     Tensor gx = empty(g.sizes(), TensorOptions(kFloat32));
-    const float* gi = g.data_ptr<float>();
-    const uint8_t* m = mask.data_ptr<uint8_t>();
-    float* go = gx.data_ptr<float>();
-    for (int64_t i = 0; i < g.numel(); ++i) go[i] = m[i] ? gi[i] : 0.0f;
+    detail::recorded_loop("fake_quantize_backward", [gi = g.data_ptr<float>(), m = mask.data_ptr<uint8_t>(),
+                                                     go = gx.data_ptr<float>(), n = g.numel()]() {
+      for (int64_t i = 0; i < n; ++i) go[i] = m[i] ? gi[i] : 0.0f;
+    });
     return {gx, Tensor()};
   }
 };
@@ -174,6 +176,11 @@ QParams FakeQuantize::qparams() const {
 
 Tensor FakeQuantize::forward(const Tensor& x) {
   if (observer_enabled_) {
+    // The observer reads x on the host and its parameters become constants of the fake quant below.
+    // (Frozen, they are buffers: replacing them fails kiln::compile's guards, which recompile.)
+    capture::graph_break_if_recording(
+        "a QAT observer (FakeQuantize with its observer enabled) reads activations "
+        "on the host");
     {
       const NoGradGuard no_grad;
       observer_->observe(x.detach());

@@ -39,6 +39,7 @@
 #include <thread>
 #include <vector>
 
+#include "kiln/core/capture.h"
 #include "kiln/data/epoch_iterator.h"
 #include "kiln/data/loader.h"
 
@@ -128,6 +129,7 @@ class IterableDataLoader {
 
     /// Fetches the next batch into `current`; false at the end of the stream.
     bool advance() {
+      capture::graph_break_if_recording("data loader");  // host code a replay would not run
       current_.reset();
       if (finished_) return false;
       record::Scope wait(record::Kind::DataWait, "DataLoader.next");

@@ -33,6 +33,7 @@
 #include <vector>
 
 #include "kiln/core/allocator.h"
+#include "kiln/core/capture.h"
 #include "kiln/core/record.h"
 #include "kiln/data/dataset.h"
 #include "kiln/data/epoch_iterator.h"
@@ -281,6 +282,7 @@ class DataLoader {
     }
     /// Fetches the next batch into `current`; false at the end.
     bool advance() {
+      capture::graph_break_if_recording("data loader");  // host code a replay would not run
       current_.reset();
       if (next_ >= static_cast<int64_t>(batches_.size())) return false;
       record::Scope wait(record::Kind::DataWait, "DataLoader.next");

@@ -84,6 +84,13 @@ class Module {
   /// This module and every descendant, pre-order. `self` is returned by the
   /// non-owning pointer form; use named_modules for names.
   std::vector<Module*> modules();
+  /// Every parameter and buffer slot, recursively (parameters first): the
+  /// tensor each holds is what the module computes with, and a slot's address
+  /// stays valid while its module lives. kiln::compile watches them.
+  std::vector<std::pair<std::string, const Tensor*>> named_tensor_slots() const;
+  /// Bumped by every register_parameter, register_buffer and register_module
+  /// in the process: unchanged means no module gained or swapped a slot or child.
+  static uint64_t structure_epoch();
   std::vector<std::pair<std::string, Module*>> named_modules(const std::string& prefix = "");
   /// fn(m) on every descendant, then on this module (torch's order).
   Module& apply(const std::function<void(Module&)>& fn);

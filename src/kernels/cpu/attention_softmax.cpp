@@ -19,6 +19,7 @@
 #include <utility>
 #include <vector>
 
+#include "kiln/core/capture.h"
 #include "kiln/kernels/attention.h"
 #include "reduce_engine.h"
 
@@ -296,18 +297,21 @@ void scores_grad(const AttentionBlock& a, T* dp, const T* p, const T* D) {
 }  // namespace
 
 void attention_weights(const AttentionBlock& a, void* scores, void* lse) {
+  KILN_CAPTURE_KERNEL("attention_weights", attention_weights(a, scores, lse));
   if (a.batch * a.rows * a.cols == 0) return;
   visit_dtype<kFloatingTypes>(a.dtype, "attention_weights",
                               [&]<typename T>() { weights(a, static_cast<T*>(scores), static_cast<T*>(lse)); });
 }
 
 void attention_recompute_weights(const AttentionBlock& a, void* scores, const void* lse) {
+  KILN_CAPTURE_KERNEL("attention_recompute_weights", attention_recompute_weights(a, scores, lse));
   if (a.batch * a.rows * a.cols == 0) return;
   visit_dtype<kFloatingTypes>(a.dtype, "attention_recompute_weights",
                               [&]<typename T>() { recompute(a, static_cast<T*>(scores), static_cast<const T*>(lse)); });
 }
 
 void attention_scores_grad(const AttentionBlock& a, void* dp, const void* p, const void* D) {
+  KILN_CAPTURE_KERNEL("attention_scores_grad", attention_scores_grad(a, dp, p, D));
   if (a.batch * a.rows * a.cols == 0) return;
   visit_dtype<kFloatingTypes>(a.dtype, "attention_scores_grad", [&]<typename T>() {
     scores_grad(a, static_cast<T*>(dp), static_cast<const T*>(p), static_cast<const T*>(D));

@@ -17,6 +17,7 @@
 #include <cstring>
 #include <vector>
 
+#include "kiln/core/capture.h"
 #include "kiln/core/error.h"
 #include "kiln/core/threads.h"
 #include "kiln/kernels/loop.h"
@@ -604,6 +605,8 @@ constexpr DTypeSet kBatchNormTypes{kFloat32, kFloat64};
 
 void batch_norm_train_forward(DType dt, BatchNormShape s, const void* x, const void* weight, const void* bias,
                               double eps, void* y, void* mean, void* invstd, void* var, const void* residual) {
+  KILN_CAPTURE_KERNEL("batch_norm_train_forward",
+                      batch_norm_train_forward(dt, s, x, weight, bias, eps, y, mean, invstd, var, residual));
   KILN_ASSERT(s.channels_last || !s.relu, "batch_norm kernel: the fused ReLU is channels-last only");
   KILN_ASSERT(s.relu || !residual, "batch_norm kernel: a residual comes with the ReLU");
   if (dt == kBFloat16) {
@@ -623,6 +626,9 @@ void batch_norm_train_forward(DType dt, BatchNormShape s, const void* x, const v
 void batch_norm_train_backward(DType dt, BatchNormShape s, const void* dy, const void* x, const void* mean,
                                const void* invstd, const void* weight, void* dx, void* dweight, void* dbias,
                                const void* bias, const void* residual, void* dresidual) {
+  KILN_CAPTURE_KERNEL(
+      "batch_norm_train_backward",
+      batch_norm_train_backward(dt, s, dy, x, mean, invstd, weight, dx, dweight, dbias, bias, residual, dresidual));
   KILN_ASSERT(s.channels_last || !s.relu, "batch_norm backward kernel: the fused ReLU is channels-last only");
   KILN_ASSERT(s.relu || (!residual && !dresidual), "batch_norm backward kernel: a residual comes with the ReLU");
   if (dt == kBFloat16) {

@@ -7,6 +7,7 @@
 
 #include "elementwise_loop.h"
 #include "elementwise_math.h"
+#include "kiln/core/capture.h"
 #include "kiln/kernels/elementwise.h"
 
 namespace kiln::kernels {
@@ -192,10 +193,14 @@ void pow_scalar_floating(const LoopSpec& s, const Scalar& exponent) {
 }  // namespace
 
 void binary(const LoopSpec& s, BinaryOp op, DType dt, const void* alpha) {
+  const capture::ScalarBytes alpha_copy(alpha, static_cast<int>(element_size(dt)));
+  KILN_CAPTURE_KERNEL("binary", binary(s, op, dt, alpha_copy.ptr()));
   visit_dtype(dt, [&]<typename T>() { binary_typed<T>(s, op, alpha, nullptr); });
 }
 
 void binary(const LoopSpec& s, BinaryOp op, DType dt, const StoredDTypes& stored, const void* alpha) {
+  const capture::ScalarBytes alpha_copy(alpha, static_cast<int>(element_size(dt)));
+  KILN_CAPTURE_KERNEL("binary", binary(s, op, dt, stored, alpha_copy.ptr()));
   visit_dtype(dt, [&]<typename T>() {
     const ew::BinaryConverters<compute_t<T>, compute_t<T>> conv{
         ew::load_converter<T>(stored.a), ew::load_converter<T>(stored.b), ew::store_converter<T>(stored.out)};
@@ -204,6 +209,7 @@ void binary(const LoopSpec& s, BinaryOp op, DType dt, const StoredDTypes& stored
 }
 
 void pow_scalar(const LoopSpec& s, DType dt, const Scalar& exponent) {
+  KILN_CAPTURE_KERNEL("pow_scalar", pow_scalar(s, dt, exponent));
   visit_dtype(dt, [&]<typename T>() {
     if constexpr (is_float_v<T>) {
       pow_scalar_floating<T>(s, exponent);

@@ -6,6 +6,7 @@
 #include <cstring>
 #include <type_traits>
 
+#include "kiln/core/capture.h"
 #include "kiln/kernels/blas.h"
 #include "kiln/kernels/loop.h"
 
@@ -45,6 +46,7 @@ constexpr DTypeSet kGemmTypes{kFloat32, kFloat64, kInt64, kInt32, kUInt8};
 
 void gemm(DType dtype, bool ta, bool tb, int64_t m, int64_t n, int64_t k, const void* a, int64_t lda, const void* b,
           int64_t ldb, bool accumulate, void* c, int64_t ldc) {
+  KILN_CAPTURE_KERNEL("gemm", gemm(dtype, ta, tb, m, n, k, a, lda, b, ldb, accumulate, c, ldc));
   if (m <= 0 || n <= 0) return;
   const auto cta = ta ? CblasTrans : CblasNoTrans;
   const auto ctb = tb ? CblasTrans : CblasNoTrans;
@@ -76,6 +78,7 @@ void gemm(DType dtype, bool ta, bool tb, int64_t m, int64_t n, int64_t k, const 
 }
 
 void blas_matmul(const MatmulArgs& g) {
+  KILN_CAPTURE_KERNEL("blas_matmul", blas_matmul(g));
   const int64_t es = element_size(g.dtype);
   const BlasLayout la = blas_layout(g.m, g.k, g.a.stride[1], g.a.stride[2]);
   const BlasLayout lb = blas_layout(g.k, g.n, g.b.stride[1], g.b.stride[2]);

@@ -10,6 +10,7 @@
 #include <type_traits>
 
 #include "dnnl_common.h"
+#include "kiln/core/capture.h"
 #include "kiln/kernels/blas.h"
 #include "kiln/kernels/dnnl.h"
 #include "kiln/kernels/loop.h"
@@ -214,6 +215,7 @@ void bias_grad_loop(const Conv2dParams& p, const void* grad_output, void* grad_b
 }  // namespace
 
 void conv2d_forward(const Conv2dParams& p, const void* input, const void* weight, const void* bias, void* output) {
+  KILN_CAPTURE_KERNEL("conv2d_forward", conv2d_forward(p, input, weight, bias, output));
   if (p.n == 0 || p.o == 0 || p.oh == 0 || p.ow == 0) return;
   const bool done = visit_dtype<kConvTypes>(p.dtype, "conv2d_forward", [&]<typename T>() {
     if constexpr (on_dnnl<T>) {
@@ -242,6 +244,7 @@ void conv2d_forward(const Conv2dParams& p, const void* input, const void* weight
 }
 
 void conv2d_backward_input(const Conv2dParams& p, const void* grad_output, const void* weight, void* grad_input) {
+  KILN_CAPTURE_KERNEL("conv2d_backward_input", conv2d_backward_input(p, grad_output, weight, grad_input));
   const int64_t es = element_size(p.dtype);
   if (p.n * p.c * p.h * p.w == 0) return;
   if (p.o == 0) {  // no output channel reads the input
@@ -259,6 +262,7 @@ void conv2d_backward_input(const Conv2dParams& p, const void* grad_output, const
 
 void conv2d_backward_weight(const Conv2dParams& p, const void* grad_output, const void* input, void* grad_weight,
                             void* grad_bias) {
+  KILN_CAPTURE_KERNEL("conv2d_backward_weight", conv2d_backward_weight(p, grad_output, input, grad_weight, grad_bias));
   const int64_t es = element_size(p.dtype);
   if (p.n == 0 || p.c == 0 || p.o == 0) {  // nothing to multiply: zero weights, the bias sums what there is
     std::memset(grad_weight, 0, static_cast<size_t>(p.o * (p.c / p.groups) * p.kh * p.kw * es));
@@ -276,6 +280,8 @@ void conv2d_backward_weight(const Conv2dParams& p, const void* grad_output, cons
 
 void conv2d_backward(const Conv2dParams& p, const void* grad_output, const void* input, const void* weight,
                      void* grad_input, void* grad_weight, void* grad_bias) {
+  KILN_CAPTURE_KERNEL("conv2d_backward",
+                      conv2d_backward(p, grad_output, input, weight, grad_input, grad_weight, grad_bias));
   const bool dnnl = p.dtype == DType::Float32 || p.dtype == DType::BFloat16;
   if (dnnl && p.n > 0 && p.c > 0 && p.o > 0) {
     dnnl_conv2d_backward(p, grad_output, input, weight, grad_input, grad_weight, grad_bias);

@@ -3,6 +3,8 @@
 #include <cstring>
 #include <type_traits>
 
+#include "kiln/core/capture.h"
+
 namespace kiln::kernels {
 
 namespace {
@@ -50,6 +52,7 @@ void strided_copy(char* o, int64_t so, const char* i, int64_t si, int64_t n, int
 }  // namespace
 
 void copy_cast(const LoopSpec& s, DType out, DType in) {
+  KILN_CAPTURE_KERNEL("copy_cast", copy_cast(s, out, in));
   if (out == in) {
     const int64_t es = element_size(out);
     for_each_row(s, [&](char* const* p, const int64_t* st, int64_t n) {
@@ -67,6 +70,7 @@ void copy_cast(const LoopSpec& s, DType out, DType in) {
 }
 
 void fill(const LoopSpec& s, DType dt, const Scalar& value) {
+  KILN_CAPTURE_KERNEL("fill", fill(s, dt, value));
   visit_dtype(dt, [&]<typename T>() {
     const T v = value.to<T>();
     for_each_row(s, [&](char* const* p, const int64_t* st, int64_t n) {

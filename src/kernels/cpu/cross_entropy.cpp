@@ -2,7 +2,9 @@
 #include <algorithm>
 #include <cmath>
 #include <limits>
+#include <vector>
 
+#include "kiln/core/capture.h"
 #include "kiln/core/error.h"
 #include "kiln/kernels/loop.h"
 #include "kiln/kernels/loss.h"
@@ -119,6 +121,9 @@ constexpr DTypeSet kCrossEntropyTypes{kFloat32, kFloat64, kBFloat16};
 
 int64_t cross_entropy_forward(DType dtype, const CrossEntropyRows& a, const void* logits, double* lse, double* nll,
                               double* wrow, double* smooth) {
+  // The result (the first bad target, or -1) decides on the host whether the op raises, and the
+  // caller goes on to reduce the per-row losses on the host.
+  KILN_CAPTURE_KERNEL("cross_entropy_forward", (void)cross_entropy_forward(dtype, a, logits, lse, nll, wrow, smooth));
   return visit_dtype<kCrossEntropyTypes>(dtype, "cross_entropy_forward", [&]<typename T>() {
     return forward_impl(a, static_cast<const T*>(logits), lse, nll, wrow, smooth);
   });
@@ -126,6 +131,12 @@ int64_t cross_entropy_forward(DType dtype, const CrossEntropyRows& a, const void
 
 void cross_entropy_backward(DType dtype, const CrossEntropyRows& a, const void* logits, const double* lse,
                             const double* ca, const double* cb, void* grad) {
+  // ca and cb are host arrays of the caller (src/ops/loss.cpp), gone after the call: the replay keeps copies.
+  const bool rec = capture::recording();
+  const std::vector<double> ca_copy = rec ? std::vector<double>(ca, ca + a.rows) : std::vector<double>();
+  const std::vector<double> cb_copy = rec && cb ? std::vector<double>(cb, cb + a.rows) : std::vector<double>();
+  KILN_CAPTURE_KERNEL("cross_entropy_backward", cross_entropy_backward(dtype, a, logits, lse, ca_copy.data(),
+                                                                       cb ? cb_copy.data() : nullptr, grad));
   visit_dtype<kCrossEntropyTypes>(dtype, "cross_entropy_backward", [&]<typename T>() {
     backward_impl(a, static_cast<const T*>(logits), lse, ca, cb, static_cast<T*>(grad));
   });

@@ -13,6 +13,7 @@
 #include <string_view>
 
 #include "dnnl_common.h"
+#include "kiln/core/capture.h"
 #include "kiln/kernels/fused_inference.h"
 
 namespace kiln::kernels {
@@ -273,6 +274,7 @@ FusedWeightLayout fused_conv_weight_layout(const FusedConvArgs& a) {
 }
 
 void fused_conv_pack_weight(const FusedConvArgs& a, const void* weight, void* packed) {
+  KILN_CAPTURE_KERNEL("fused_conv_pack_weight", fused_conv_pack_weight(a, weight, packed));
   const SerialScope scope(serial(a));
   ConvEntry* e = conv_entry(a);
   execute(e->pack, {{DNNL_ARG_FROM, &e->wei_plain, weight}, {DNNL_ARG_TO, &e->wei_packed, packed}});
@@ -280,6 +282,7 @@ void fused_conv_pack_weight(const FusedConvArgs& a, const void* weight, void* pa
 
 void fused_conv_forward(const FusedConvArgs& a, const void* input, const void* packed, const void* bias,
                         const void* residual, void* output) {
+  KILN_CAPTURE_KERNEL("fused_conv_forward", fused_conv_forward(a, input, packed, bias, residual, output));
   const SerialScope scope(serial(a));
   ConvEntry* e = conv_entry(a);
   ScratchBlock block(e->src_bytes + e->dst_bytes + align64(e->scratch_bytes));
@@ -316,6 +319,7 @@ FusedWeightLayout fused_linear_weight_layout(const FusedLinearArgs& a) {
 }
 
 void fused_linear_pack_weight(const FusedLinearArgs& a, const void* weight, void* packed) {
+  KILN_CAPTURE_KERNEL("fused_linear_pack_weight", fused_linear_pack_weight(a, weight, packed));
   const SerialScope scope(serial(a));
   LinearEntry* e = linear_entry(a);
   execute(e->pack, {{DNNL_ARG_FROM, &e->wei_plain, weight}, {DNNL_ARG_TO, &e->wei_packed, packed}});
@@ -323,6 +327,7 @@ void fused_linear_pack_weight(const FusedLinearArgs& a, const void* weight, void
 
 void fused_linear_forward(const FusedLinearArgs& a, const void* x, const void* packed, const void* bias,
                           const void* residual, void* y) {
+  KILN_CAPTURE_KERNEL("fused_linear_forward", fused_linear_forward(a, x, packed, bias, residual, y));
   const SerialScope scope(serial(a));
   LinearEntry* e = linear_entry(a);
   ScratchBlock block(e->scratch_bytes);

@@ -8,6 +8,7 @@
 #include <cstring>
 
 #include "dnnl_common.h"
+#include "kiln/core/capture.h"
 #include "kiln/kernels/int8.h"
 
 namespace kiln::kernels {
@@ -176,6 +177,7 @@ FusedWeightLayout int8_conv_weight_layout(const Int8ConvArgs& a) {
 }
 
 void int8_conv_pack_weight(const Int8ConvArgs& a, const void* weight, void* packed) {
+  KILN_CAPTURE_KERNEL("int8_conv_pack_weight", int8_conv_pack_weight(a, weight, packed));
   const SerialScope scope(serial(a));
   Entry* e = conv_entry(a);
   execute(e->pack, {{DNNL_ARG_FROM, &e->wei_plain, weight}, {DNNL_ARG_TO, &e->wei_packed, packed}});
@@ -183,6 +185,7 @@ void int8_conv_pack_weight(const Int8ConvArgs& a, const void* weight, void* pack
 
 void int8_conv_forward(const Int8ConvArgs& a, const void* input, const void* packed, const void* bias, void* output,
                        const void* residual) {
+  KILN_CAPTURE_KERNEL("int8_conv_forward", int8_conv_forward(a, input, packed, bias, output, residual));
   const SerialScope scope(serial(a));
   run(conv_entry(a), a.e, input, packed, bias, output, residual);
 }
@@ -198,12 +201,14 @@ FusedWeightLayout int8_linear_weight_layout(const Int8LinearArgs& a) {
 }
 
 void int8_linear_pack_weight(const Int8LinearArgs& a, const void* weight, void* packed) {
+  KILN_CAPTURE_KERNEL("int8_linear_pack_weight", int8_linear_pack_weight(a, weight, packed));
   const SerialScope scope(serial(a));
   Entry* e = linear_entry(a);
   execute(e->pack, {{DNNL_ARG_FROM, &e->wei_plain, weight}, {DNNL_ARG_TO, &e->wei_packed, packed}});
 }
 
 void int8_linear_forward(const Int8LinearArgs& a, const void* x, const void* packed, const void* bias, void* y) {
+  KILN_CAPTURE_KERNEL("int8_linear_forward", int8_linear_forward(a, x, packed, bias, y));
   const SerialScope scope(serial(a));
   run(linear_entry(a), a.e, x, packed, bias, y);
 }
@@ -228,6 +233,7 @@ inline uint8_t quantize_one(float x, float inv_scale, float zp, float lo, float 
 }
 
 void quantize_u8(const float* x, int64_t n, float inv_scale, int32_t zero_point, uint8_t* out) {
+  KILN_CAPTURE_KERNEL("quantize_u8", quantize_u8(x, n, inv_scale, zero_point, out));
   const auto zp = static_cast<float>(zero_point);
   const float lo = -zp - 1.0f, hi = 256.0f - zp;
 #pragma omp simd
@@ -236,6 +242,7 @@ void quantize_u8(const float* x, int64_t n, float inv_scale, int32_t zero_point,
 
 void quantize_u8_nchw_to_nhwc(const float* x, int64_t n, int64_t c, int64_t hw, float inv_scale, int32_t zero_point,
                               uint8_t* out) {
+  KILN_CAPTURE_KERNEL("quantize_u8_nchw_to_nhwc", quantize_u8_nchw_to_nhwc(x, n, c, hw, inv_scale, zero_point, out));
   const auto zp = static_cast<float>(zero_point);
   const float lo = -zp - 1.0f, hi = 256.0f - zp;
   for (int64_t b = 0; b < n; ++b)

@@ -5,6 +5,7 @@
 #include <type_traits>
 
 #include "dnnl_common.h"
+#include "kiln/core/capture.h"
 #include "kiln/kernels/blas.h"
 #include "kiln/kernels/dnnl.h"
 
@@ -225,18 +226,21 @@ PackedEntry* get_packed_entry(const MatmulArgs& g) {
 PackedLayout matmul_packed_layout(const MatmulArgs& g) { return get_packed_entry(g)->layout; }
 
 void matmul_pack_b(const MatmulArgs& g, void* packed) {
+  KILN_CAPTURE_KERNEL("matmul_pack_b", matmul_pack_b(g, packed));
   PackedEntry* e = get_packed_entry(g);
   KILN_ASSERT(e->layout.bytes > 0, "matmul_pack_b: this problem reads b as given");
   execute(e->pack, {{DNNL_ARG_FROM, &e->wei_plain, g.b.data}, {DNNL_ARG_TO, &e->wei_packed, packed}});
 }
 
 void matmul_with_packed_b(const MatmulArgs& g, const void* packed) {
+  KILN_CAPTURE_KERNEL("matmul_with_packed_b", matmul_with_packed_b(g, packed));
   PackedEntry* e = get_packed_entry(g);
   KILN_ASSERT(e->layout.bytes > 0, "matmul_with_packed_b: this problem reads b as given");
   run_matmul_prim(e->prim, g, e->src, e->wei_packed, packed, e->bias, e->addend, e->dst, e->scratch, e->scratch_bytes);
 }
 
 void matmul(const MatmulArgs& g) {
+  KILN_CAPTURE_KERNEL("matmul", matmul(g));
   if (g.outer <= 0 || g.batch <= 0 || g.m <= 0 || g.n <= 0) return;
   if (g.outer > 1 && !((g.dtype == kFloat32 || g.dtype == kBFloat16) && g.k > 0)) {
     // Two batch dims outside oneDNN: one call per outer index.

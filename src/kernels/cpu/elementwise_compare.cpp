@@ -4,6 +4,7 @@
 #include <type_traits>
 
 #include "elementwise_loop.h"
+#include "kiln/core/capture.h"
 #include "kiln/kernels/elementwise.h"
 
 namespace kiln::kernels {
@@ -52,10 +53,12 @@ void compare_typed(const LoopSpec& s, CompareOp op, const ew::BinaryConverters<c
 }  // namespace
 
 void compare(const LoopSpec& s, CompareOp op, DType dt) {
+  KILN_CAPTURE_KERNEL("compare", compare(s, op, dt));
   visit_dtype(dt, [&]<typename T>() { compare_typed<T>(s, op, nullptr); });
 }
 
 void compare(const LoopSpec& s, CompareOp op, DType dt, DType a_dt, DType b_dt) {
+  KILN_CAPTURE_KERNEL("compare", compare(s, op, dt, a_dt, b_dt));
   visit_dtype(dt, [&]<typename T>() {
     const ew::BinaryConverters<compute_t<T>, bool> conv{ew::load_converter<T>(a_dt), ew::load_converter<T>(b_dt)};
     compare_typed<T>(s, op, &conv);
@@ -63,6 +66,7 @@ void compare(const LoopSpec& s, CompareOp op, DType dt, DType a_dt, DType b_dt) 
 }
 
 void logical_not(const LoopSpec& s, DType dt) {
+  KILN_CAPTURE_KERNEL("logical_not", logical_not(s, dt));
   visit_dtype(dt, [&]<typename T>() {
     using C = compute_t<T>;
     run_unary<bool, T>(s, [](bool* out, const C* in, int64_t n) {
@@ -72,6 +76,7 @@ void logical_not(const LoopSpec& s, DType dt) {
 }
 
 bool all_close(const LoopSpec& s, DType dt, double rtol, double atol, bool equal_nan) {
+  // Tensor::equal and allclose report the graph break (their result steers the host).
   std::atomic<bool> ok{true};
   visit_dtype(dt, [&]<typename T>() {
     // torch.isclose computes in the tensors' dtype; integers and bool through the default float dtype.

@@ -11,6 +11,7 @@
 #include <cstring>
 #include <type_traits>
 
+#include "kiln/core/capture.h"
 #include "kiln/kernels/index.h"
 
 namespace kiln::kernels {
@@ -64,6 +65,9 @@ void for_each_row_disjoint(const LoopSpec& s, Body& body) {
 }  // namespace
 
 bool gather(const LoopSpec& s, DType dt, DType index_dt, int64_t src_dim_stride_bytes, int64_t dim_size) {
+  // The result (whether every index was in range) only decides whether the op raises; a bad
+  // index reads element 0, so a replay that skips the check stays in bounds.
+  KILN_CAPTURE_KERNEL("gather", (void)gather(s, dt, index_dt, src_dim_stride_bytes, dim_size));
   const int64_t ds = src_dim_stride_bytes;
   const uint64_t limit = static_cast<uint64_t>(dim_size);
   std::atomic<bool> all_valid{true};
@@ -111,6 +115,8 @@ bool gather(const LoopSpec& s, DType dt, DType index_dt, int64_t src_dim_stride_
 
 void index_select_contiguous(char* out, const char* src, const void* index, DType dt, DType index_dt,
                              int64_t index_stride, int64_t outer, int64_t src_size, int64_t k, int64_t inner) {
+  KILN_CAPTURE_KERNEL("index_select_contiguous",
+                      index_select_contiguous(out, src, index, dt, index_dt, index_stride, outer, src_size, k, inner));
   const int64_t rows = outer * k;
   if (rows == 0 || inner == 0) return;
   const int64_t grain = std::max<int64_t>(1, kGrainSize / inner);
@@ -146,6 +152,7 @@ void index_select_contiguous(char* out, const char* src, const void* index, DTyp
 }
 
 void scatter(const LoopSpec& s, DType dt, DType index_dt, int64_t self_dim_stride_bytes, ScatterMode mode) {
+  KILN_CAPTURE_KERNEL("scatter", scatter(s, dt, index_dt, self_dim_stride_bytes, mode));
   const int64_t ds = self_dim_stride_bytes;
   visit_dtype(dt, [&]<typename T>() {
     visit_index_dtype(index_dt, [&]<typename I>() {
@@ -163,6 +170,7 @@ void scatter(const LoopSpec& s, DType dt, DType index_dt, int64_t self_dim_strid
 }
 
 void scatter_value(const LoopSpec& s, DType dt, DType index_dt, int64_t self_dim_stride_bytes, const Scalar& value) {
+  KILN_CAPTURE_KERNEL("scatter_value", scatter_value(s, dt, index_dt, self_dim_stride_bytes, value));
   const int64_t ds = self_dim_stride_bytes;
   visit_dtype(dt, [&]<typename T>() {
     const T x = value.to<T>();
@@ -179,6 +187,7 @@ void scatter_value(const LoopSpec& s, DType dt, DType index_dt, int64_t self_dim
 }
 
 void masked_fill(const LoopSpec& s, DType dt, const Scalar& value) {
+  KILN_CAPTURE_KERNEL("masked_fill", masked_fill(s, dt, value));
   visit_dtype(dt, [&]<typename T>() {
     using S = bits_t<sizeof(T)>;
     const S v = std::bit_cast<S>(value.to<T>());
@@ -206,6 +215,7 @@ void masked_fill(const LoopSpec& s, DType dt, const Scalar& value) {
 }
 
 void where(const LoopSpec& s, DType dt, DType cond_dt) {
+  KILN_CAPTURE_KERNEL("where", where(s, dt, cond_dt));
   KILN_ASSERT(cond_dt == DType::Bool || cond_dt == DType::UInt8, "where: condition dtype ", dtype_name(cond_dt));
   visit_dtype(dt, [&]<typename T>() {
     using S = bits_t<sizeof(T)>;
@@ -234,6 +244,7 @@ void where(const LoopSpec& s, DType dt, DType cond_dt) {
 }
 
 void tile_copy(const LoopSpec& s, DType dt) {
+  KILN_CAPTURE_KERNEL("tile_copy", tile_copy(s, dt));
   visit_dtype(dt, [&]<typename T>() {
     using S = bits_t<sizeof(T)>;
     constexpr int64_t es = sizeof(S);

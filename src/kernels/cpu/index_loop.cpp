@@ -7,6 +7,7 @@
 #include <type_traits>
 #include <vector>
 
+#include "kiln/core/capture.h"
 #include "kiln/kernels/index.h"
 
 namespace kiln::kernels {
@@ -80,6 +81,8 @@ LoopSpec make_strided_loop(IntArrayRef shape, std::initializer_list<StridedOpera
 }
 
 IndexRange index_min_max(const LoopSpec& s, DType index_dt) {
+  // A validation read (the ops layer raises on a bad index, or sizes one_hot, which breaks itself):
+  // a replay skips it.
   if (s.numel() == 0) return {std::numeric_limits<int64_t>::max(), std::numeric_limits<int64_t>::min()};
   return visit_index_dtype(index_dt, [&]<typename I>() {
     std::atomic<int64_t> mn{std::numeric_limits<int64_t>::max()};
@@ -118,6 +121,7 @@ IndexRange index_min_max(const LoopSpec& s, DType index_dt) {
 }
 
 int64_t first_out_of_range(const LoopSpec& s, DType index_dt, int64_t lo, int64_t hi) {
+  // A validation read: a replay skips it.
   return visit_index_dtype(index_dt, [&]<typename I>() {
     bool found = false;
     int64_t bad = 0;
@@ -138,6 +142,8 @@ int64_t first_out_of_range(const LoopSpec& s, DType index_dt, int64_t lo, int64_
 
 void index_add_contiguous(char* out, const char* src, const void* index, DType dt, DType index_dt, int64_t index_stride,
                           int64_t outer, int64_t out_size, int64_t k, int64_t inner) {
+  KILN_CAPTURE_KERNEL("index_add_contiguous",
+                      index_add_contiguous(out, src, index, dt, index_dt, index_stride, outer, out_size, k, inner));
   if (outer == 0 || out_size == 0 || k == 0 || inner == 0) return;
   KILN_ASSERT(is_floating_point(dt), "index_add_contiguous: floating dtypes only, got ", dtype_name(dt));
   // Counting sort of j by index value: row r's contributions are
@@ -177,6 +183,7 @@ void index_add_contiguous(char* out, const char* src, const void* index, DType d
 }
 
 void one_hot(const int64_t* index, int64_t n, int64_t num_classes, int64_t* out) {
+  KILN_CAPTURE_KERNEL("one_hot", one_hot(index, n, num_classes, out));
   parallel_for(n, std::max<int64_t>(1, kGrainSize / std::max<int64_t>(num_classes, 1)), [&](int64_t b, int64_t e) {
     for (int64_t i = b; i < e; ++i) out[i * num_classes + index[i]] = 1;
   });

@@ -5,15 +5,18 @@
 #include <algorithm>
 #include <vector>
 
+#include "kiln/core/capture.h"
 #include "kiln/kernels/dnnl.h"
 
 namespace kiln::kernels {
 
 void int4_pack(const uint8_t* codes, int64_t count, uint8_t* packed) {
+  KILN_CAPTURE_KERNEL("int4_pack", int4_pack(codes, count, packed));
   for (int64_t j = 0; j < count / 2; ++j) packed[j] = int4_pack_pair(codes[2 * j], codes[2 * j + 1]);
 }
 
 void int4_unpack(const uint8_t* packed, int64_t count, uint8_t* codes) {
+  KILN_CAPTURE_KERNEL("int4_unpack", int4_unpack(packed, count, codes));
   for (int64_t j = 0; j < count / 2; ++j) {
     codes[2 * j] = packed[j] >> 4;
     codes[2 * j + 1] = packed[j] & 0x0F;
@@ -22,6 +25,7 @@ void int4_unpack(const uint8_t* packed, int64_t count, uint8_t* codes) {
 
 void int4_dequantize_rows(const Int4LinearArgs& a, const uint8_t* packed, const float* scales, const uint8_t* zeros,
                           int64_t row0, int64_t row1, float* out) {
+  KILN_CAPTURE_KERNEL("int4_dequantize_rows", int4_dequantize_rows(a, packed, scales, zeros, row0, row1, out));
   const int64_t k = a.k, g = a.group_size, groups = k / g;
   for (int64_t o = row0; o < row1; ++o) {
     const uint8_t* p = packed + o * (k / 2);
@@ -49,6 +53,7 @@ int64_t int4_tile_rows(int64_t k) {
 
 void int4_linear_forward(const Int4LinearArgs& a, const float* x, const uint8_t* packed, const float* scales,
                          const uint8_t* zeros, const float* bias, float* y) {
+  KILN_CAPTURE_KERNEL("int4_linear_forward", int4_linear_forward(a, x, packed, scales, zeros, bias, y));
   const int64_t m = a.m, n = a.n, k = a.k, rows = int4_tile_rows(k);
   const int64_t tiles = (n + rows - 1) / rows;
   // Tiles run one after another and oneDNN spreads each product over the

@@ -4,6 +4,7 @@
 #include <cmath>
 
 #include "elementwise_math.h"
+#include "kiln/core/capture.h"
 #include "kiln/kernels/int8.h"
 
 namespace kiln::kernels {
@@ -46,6 +47,7 @@ void epilogue_act(int64_t m, int64_t n, const float* rows, const float* bias, co
 
 void int8_dynamic_epilogue(int64_t m, int64_t n, const float* row_scales, const float* bias, FusedActivation act,
                            const float* residual, float* y) {
+  KILN_CAPTURE_KERNEL("int8_dynamic_epilogue", int8_dynamic_epilogue(m, n, row_scales, bias, act, residual, y));
   switch (act) {
     case FusedActivation::None: return epilogue_act<FusedActivation::None>(m, n, row_scales, bias, residual, y);
     case FusedActivation::Relu: return epilogue_act<FusedActivation::Relu>(m, n, row_scales, bias, residual, y);
@@ -55,6 +57,9 @@ void int8_dynamic_epilogue(int64_t m, int64_t n, const float* row_scales, const 
 }
 
 void quantize_rows_absmax_u8(const float* x, int64_t rows, int64_t k, uint8_t* out, float* scales) {
+  // Not recorded: the scales it writes are what its caller (ops::Int8DynamicLinear) reads back on the host
+  // to reject a non-finite input, a check a replay would skip.
+  capture::graph_break_if_recording("quantize_rows_absmax_u8: its row scales are read on the host");
   constexpr float kMagic = 12582912.0f;  // round half to even, as quantize_u8
   for (int64_t t = 0; t < rows; ++t) {
     const float* r = x + t * k;

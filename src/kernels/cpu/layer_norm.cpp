@@ -6,6 +6,7 @@
 #include <cmath>
 #include <vector>
 
+#include "kiln/core/capture.h"
 #include "kiln/core/threads.h"
 #include "kiln/kernels/loop.h"
 
@@ -109,6 +110,7 @@ void ln_backward(const T* g, const T* x, const T* w, const T* mean, const T* rst
 
 void layer_norm_forward(DType dt, int64_t rows, int64_t n, const void* x, const void* weight, const void* bias,
                         double eps, void* y, void* mean, void* rstd) {
+  KILN_CAPTURE_KERNEL("layer_norm_forward", layer_norm_forward(dt, rows, n, x, weight, bias, eps, y, mean, rstd));
   visit_dtype<DTypeSet{kFloat32, kFloat64}>(dt, "layer_norm", [&]<typename T>() {
     ln_forward<T>(static_cast<const T*>(x), static_cast<const T*>(weight), static_cast<const T*>(bias),
                   static_cast<T*>(y), static_cast<T*>(mean), static_cast<T*>(rstd), rows, n, eps);
@@ -117,6 +119,7 @@ void layer_norm_forward(DType dt, int64_t rows, int64_t n, const void* x, const 
 
 void layer_norm_backward(DType dt, int64_t rows, int64_t n, const void* g, const void* x, const void* weight,
                          const void* mean, const void* rstd, void* gx, void* gw, void* gb) {
+  KILN_CAPTURE_KERNEL("layer_norm_backward", layer_norm_backward(dt, rows, n, g, x, weight, mean, rstd, gx, gw, gb));
   visit_dtype<DTypeSet{kFloat32, kFloat64}>(dt, "layer_norm backward", [&]<typename T>() {
     ln_backward<T>(static_cast<const T*>(g), static_cast<const T*>(x), static_cast<const T*>(weight),
                    static_cast<const T*>(mean), static_cast<const T*>(rstd), static_cast<T*>(gx), static_cast<T*>(gw),

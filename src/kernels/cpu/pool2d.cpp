@@ -11,6 +11,8 @@
 #include <type_traits>
 #include <vector>
 
+#include "kiln/core/capture.h"
+#include "kiln/core/error.h"
 #include "kiln/kernels/dnnl.h"
 #include "kiln/kernels/loop.h"
 
@@ -314,7 +316,9 @@ size_t pool2d_workspace_bytes(const Pool2dParams& p) {
 
 bool pool2d_uses_dnnl(const Pool2dParams& p) { return use_dnnl(p); }
 
-bool pool2d_forward(const Pool2dParams& p, const void* input, void* output, void* workspace) {
+namespace {
+
+bool pool2d_forward_impl(const Pool2dParams& p, const void* input, void* output, void* workspace) {
   if (p.n * p.c * p.oh * p.ow == 0) return false;
   if (use_dnnl(p) && !(p.kind == PoolKind::Max && has_nan(p.dtype, input, p.n * p.c * p.h * p.w))) {
     dnnl_pool2d_forward(p, input, output, workspace);
@@ -331,7 +335,30 @@ bool pool2d_forward(const Pool2dParams& p, const void* input, void* output, void
   return false;
 }
 
+}  // namespace
+
+// Not KILN_CAPTURE_KERNEL: the result depends on the input's values (a NaN in
+// a max pool's input turns oneDNN down), and the caller picks the backward
+// (workspace or indices) and, for p.nhwc, whether to retry in NCHW by it. So
+// the recorded call remembers what it returned at capture, and a replay that
+// would no longer run oneDNN (so would write no workspace and, for p.nhwc, no
+// output) fails rather than leave stale results behind.
+bool pool2d_forward(const Pool2dParams& p, const void* input, void* output, void* workspace) {
+  const capture::KernelScope scope("pool2d_forward");
+  const bool ran_dnnl = pool2d_forward_impl(p, input, output, workspace);
+  if (scope.recording()) {
+    scope.record([=] {
+      const bool now = pool2d_forward(p, input, output, workspace);
+      KILN_CHECK(now || !ran_dnnl, ValueError,
+                 "pool2d_forward: a replayed step found a NaN in a max pool's input that oneDNN pooled when the step "
+                 "was captured; the captured step cannot take the NaN path (run this step eagerly)");
+    });
+  }
+  return ran_dnnl;
+}
+
 void max_pool2d_with_indices(const Pool2dParams& p, const void* input, void* output, int64_t* indices) {
+  KILN_CAPTURE_KERNEL("max_pool2d_with_indices", max_pool2d_with_indices(p, input, output, indices));
   if (p.n * p.c * p.oh * p.ow == 0) return;
   visit_dtype<kPoolTypes>(p.dtype, "pooling", [&]<typename T>() {
     max_pool_loop(p, static_cast<const T*>(input), static_cast<T*>(output), indices);
@@ -340,6 +367,7 @@ void max_pool2d_with_indices(const Pool2dParams& p, const void* input, void* out
 
 void adaptive_avg_pool2d(DType dtype, int64_t planes, int64_t h, int64_t w, int64_t oh, int64_t ow, const void* input,
                          void* output) {
+  KILN_CAPTURE_KERNEL("adaptive_avg_pool2d", adaptive_avg_pool2d(dtype, planes, h, w, oh, ow, input, output));
   if (planes * oh * ow == 0) return;
   if (h % oh == 0 && w % ow == 0 && (dtype == DType::Float32 || dtype == DType::BFloat16)) {
     dnnl_pool2d_forward(uniform_bins(dtype, planes, h, w, oh, ow), input, output, nullptr);
@@ -351,6 +379,7 @@ void adaptive_avg_pool2d(DType dtype, int64_t planes, int64_t h, int64_t w, int6
 }
 
 void avg_pool2d_backward(const Pool2dParams& p, const void* grad_output, void* grad_input) {
+  KILN_CAPTURE_KERNEL("avg_pool2d_backward", avg_pool2d_backward(p, grad_output, grad_input));
   if (p.n * p.c * p.h * p.w == 0) return;
   if (use_dnnl(p)) {
     dnnl_pool2d_backward(p, grad_output, nullptr, grad_input);
@@ -363,6 +392,8 @@ void avg_pool2d_backward(const Pool2dParams& p, const void* grad_output, void* g
 
 void max_pool2d_backward_workspace(const Pool2dParams& p, const void* grad_output, const void* workspace,
                                    void* grad_input) {
+  KILN_CAPTURE_KERNEL("max_pool2d_backward_workspace",
+                      max_pool2d_backward_workspace(p, grad_output, workspace, grad_input));
   if (p.n * p.c * p.h * p.w == 0) return;
   KILN_ASSERT(use_dnnl(p), "max_pool2d backward: a workspace for a pool oneDNN does not run");
   dnnl_pool2d_backward(p, grad_output, workspace, grad_input);
@@ -370,6 +401,7 @@ void max_pool2d_backward_workspace(const Pool2dParams& p, const void* grad_outpu
 
 void max_pool2d_backward_indices(const Pool2dParams& p, const void* grad_output, const int64_t* indices,
                                  void* grad_input) {
+  KILN_CAPTURE_KERNEL("max_pool2d_backward_indices", max_pool2d_backward_indices(p, grad_output, indices, grad_input));
   if (p.n * p.c * p.h * p.w == 0) return;
   visit_dtype<kPoolGradTypes>(p.dtype, "pooling backward", [&]<typename T>() {
     max_pool_backward_loop(p, static_cast<const T*>(grad_output), indices, static_cast<T*>(grad_input));
@@ -377,6 +409,7 @@ void max_pool2d_backward_indices(const Pool2dParams& p, const void* grad_output,
 }
 
 void max_pool2d_gather(const Pool2dParams& p, const void* src, const int64_t* indices, void* out) {
+  KILN_CAPTURE_KERNEL("max_pool2d_gather", max_pool2d_gather(p, src, indices, out));
   const int64_t hw = p.h * p.w, ohw = p.oh * p.ow;
   if (p.n * p.c * ohw == 0) return;
   visit_dtype<kPoolGradTypes>(p.dtype, "pooling backward", [&]<typename T>() {
@@ -393,6 +426,8 @@ void max_pool2d_gather(const Pool2dParams& p, const void* src, const int64_t* in
 
 void adaptive_avg_pool2d_backward(DType dtype, int64_t planes, int64_t h, int64_t w, int64_t oh, int64_t ow,
                                   const void* grad_output, void* grad_input) {
+  KILN_CAPTURE_KERNEL("adaptive_avg_pool2d_backward",
+                      adaptive_avg_pool2d_backward(dtype, planes, h, w, oh, ow, grad_output, grad_input));
   if (planes * h * w == 0) return;
   if (oh * ow == 0) {
     std::memset(grad_input, 0, static_cast<size_t>(planes * h * w * element_size(dtype)));

@@ -1,6 +1,7 @@
 // Single-pass reductions: sum, mean, prod, amax/amin, all/any.
 #include "kiln/kernels/reduce.h"
 
+#include "kiln/core/capture.h"
 #include "reduce_engine.h"
 
 namespace kiln::kernels {
@@ -46,14 +47,17 @@ void reduce_store(const ReduceLayout& l, const Op& op, DType in, DType out, cons
 }  // namespace
 
 void sum(const ReduceLayout& l, DType in, DType out) {
+  KILN_CAPTURE_KERNEL("sum", sum(l, in, out));
   visit_dtype(in, [&]<typename T>() { reduce_store<T>(l, SumOp<T>{}, in, out, "sum"); });
 }
 
 void prod(const ReduceLayout& l, DType in, DType out) {
+  KILN_CAPTURE_KERNEL("prod", prod(l, in, out));
   visit_dtype(in, [&]<typename T>() { reduce_store<T>(l, ProdOp<T>{}, in, out, "prod"); });
 }
 
 void mean(const ReduceLayout& l, DType dt) {
+  KILN_CAPTURE_KERNEL("mean", mean(l, dt));
   visit_dtype<kFloatingTypes>(dt, "mean", [&]<typename T>() {
     using A = sum_acc_t<T>;
     const A count = static_cast<A>(l.reduce_numel());
@@ -64,6 +68,7 @@ void mean(const ReduceLayout& l, DType dt) {
 }
 
 void amax_amin(const ReduceLayout& l, DType dt, bool is_max) {
+  KILN_CAPTURE_KERNEL("amax_amin", amax_amin(l, dt, is_max));
   visit_dtype(dt, [&]<typename T>() {
     if (is_max)
       reduce_store<T>(l, MaxOp<T, true>{}, dt, dt, "amax");
@@ -73,6 +78,7 @@ void amax_amin(const ReduceLayout& l, DType dt, bool is_max) {
 }
 
 void all_any(const ReduceLayout& l, DType in, DType out, bool is_all) {
+  KILN_CAPTURE_KERNEL("all_any", all_any(l, in, out, is_all));
   KILN_ASSERT(out == kBool || out == kUInt8, "all/any: output must be bool or uint8, got ", dtype_name(out));
   visit_dtype(in, [&]<typename T>() {
     auto go = [&]<bool IsAll>() {

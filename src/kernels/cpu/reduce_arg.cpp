@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <vector>
 
+#include "kiln/core/capture.h"
 #include "kiln/kernels/reduce.h"
 #include "reduce_engine.h"
 
@@ -135,6 +136,7 @@ void arg_cols(const DimLayout& l, const T* in, T* values, int64_t* indices) {
 }  // namespace
 
 void arg_reduce(const DimLayout& l, DType dt, const void* in, void* values, int64_t* indices, bool is_max) {
+  KILN_CAPTURE_KERNEL("arg_reduce", arg_reduce(l, dt, in, values, indices, is_max));
   KILN_ASSERT(l.n >= 1, "arg_reduce: reduction over an empty dim must be rejected by the caller");
   if (l.outer * l.inner == 0) return;
   visit_dtype(dt, [&]<typename T>() {

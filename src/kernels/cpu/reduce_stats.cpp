@@ -1,6 +1,7 @@
 // Reductions with a finishing step or two passes: var/std, vector norms, logsumexp.
 #include <cmath>
 
+#include "kiln/core/capture.h"
 #include "kiln/kernels/reduce.h"
 #include "reduce_engine.h"
 
@@ -83,6 +84,7 @@ void norm_impl(const ReduceLayout& l, double p) {
 }  // namespace
 
 void var(const ReduceLayout& l, DType dt, int64_t correction, bool take_sqrt) {
+  KILN_CAPTURE_KERNEL("var", var(l, dt, correction, take_sqrt));
   visit_dtype<kFloatingTypes>(dt, take_sqrt ? "std" : "var", [&]<typename T>() {
     const int64_t G = l.num_outputs(), R = l.reduce_numel();
     OutputScratch<double> means(G);
@@ -100,6 +102,7 @@ void var(const ReduceLayout& l, DType dt, int64_t correction, bool take_sqrt) {
 }
 
 void norm(const ReduceLayout& l, DType dt, double p) {
+  KILN_CAPTURE_KERNEL("norm", norm(l, dt, p));
   visit_dtype<kFloatingTypes>(dt, "norm", [&]<typename T>() {
     if (p == 0.0)
       norm_impl<T, NormKind::Zero>(l, p);
@@ -117,6 +120,7 @@ void norm(const ReduceLayout& l, DType dt, double p) {
 }
 
 void logsumexp(const ReduceLayout& l, DType dt) {
+  KILN_CAPTURE_KERNEL("logsumexp", logsumexp(l, dt));
   visit_dtype<kFloatingTypes>(dt, "logsumexp", [&]<typename T>() {
     using A = compute_t<T>;
     const int64_t G = l.num_outputs();

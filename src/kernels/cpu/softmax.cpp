@@ -13,6 +13,7 @@
 #include <cmath>
 #include <type_traits>
 
+#include "kiln/core/capture.h"
 #include "kiln/kernels/reduce.h"
 #include "reduce_engine.h"
 
@@ -185,6 +186,7 @@ void softmax_backward_cols(const DimLayout& l, const T* y, const T* g, T* out, b
 }  // namespace
 
 void softmax(const DimLayout& l, DType dt, const void* in, void* out, bool log) {
+  KILN_CAPTURE_KERNEL("softmax", softmax(l, dt, in, out, log));
   if (l.outer * l.n * l.inner == 0) return;
   visit_dtype<kFloatingTypes>(dt, log ? "log_softmax" : "softmax", [&]<typename T>() {
     const T* x = static_cast<const T*>(in);
@@ -197,6 +199,7 @@ void softmax(const DimLayout& l, DType dt, const void* in, void* out, bool log) 
 }
 
 void softmax_backward(const DimLayout& l, DType dt, const void* y, const void* g, void* out, bool log) {
+  KILN_CAPTURE_KERNEL("softmax_backward", softmax_backward(l, dt, y, g, out, log));
   if (l.outer * l.n * l.inner == 0) return;
   visit_dtype<kFloatingTypes>(dt, log ? "log_softmax_backward" : "softmax_backward", [&]<typename T>() {
     const T* yp = static_cast<const T*>(y);

@@ -6,10 +6,13 @@
 #include <type_traits>
 
 #include "elementwise_loop.h"
+#include "kiln/core/capture.h"
 
 namespace kiln::kernels {
 
 void threshold_backward(const LoopSpec& s, DType dt, const void* threshold) {
+  const capture::ScalarBytes threshold_copy(threshold, static_cast<int>(element_size(dt)));
+  KILN_CAPTURE_KERNEL("threshold_backward", threshold_backward(s, dt, threshold_copy.ptr()));
   KILN_ASSERT(dt != kBool, "threshold_backward kernel called with bool; the ops layer should have rejected it");
   visit_dtype(dt, [&]<typename T>() {
     if constexpr (!std::is_same_v<T, bool>) {

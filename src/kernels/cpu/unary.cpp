@@ -5,6 +5,7 @@
 
 #include "elementwise_loop.h"
 #include "elementwise_math.h"
+#include "kiln/core/capture.h"
 #include "kiln/kernels/elementwise.h"
 
 namespace kiln::kernels {
@@ -83,6 +84,7 @@ void unary_floating(const LoopSpec& s, UnaryOp op) {
 }  // namespace
 
 void unary(const LoopSpec& s, UnaryOp op, DType dt) {
+  KILN_CAPTURE_KERNEL("unary", unary(s, op, dt));
   visit_dtype(dt, [&]<typename T>() {
     if constexpr (is_float_v<T>) {
       unary_floating<T>(s, op);
@@ -93,6 +95,9 @@ void unary(const LoopSpec& s, UnaryOp op, DType dt) {
 }
 
 void clamp(const LoopSpec& s, DType dt, const void* lo, const void* hi) {
+  const int es = static_cast<int>(element_size(dt));
+  const capture::ScalarBytes lo_copy(lo, es), hi_copy(hi, es);
+  KILN_CAPTURE_KERNEL("clamp", clamp(s, dt, lo_copy.ptr(), hi_copy.ptr()));
   KILN_ASSERT(lo || hi, "clamp kernel called without bounds");
   visit_dtype(dt, [&]<typename T>() {
     using C = compute_t<T>;

@@ -1,0 +1,108 @@
+// kiln::compile: capture a step once, replay it without the eager overheads,
+// and say why it could not (graph breaks) or had to capture again (recompiles).
+//
+//   auto step = kiln::compile([&] {
+//     opt.zero_grad();
+//     Tensor loss = F::cross_entropy(model(x), y);
+//     loss.backward();
+//     opt.step();
+//     return loss;
+//   }, {.modules = {&model}});
+//   for (...) { Tensor loss = step()[0]; }
+//
+// The first call runs the function eagerly while the capture hook
+// (kiln/core/capture.h) records every kernel it launches, with its pointers,
+// and the host actions replay must repeat (the optimizer's step, zero_grad,
+// AccumulateGrad setting .grad). Every tensor the step makes comes from a
+// private memory pool, reused by lifetime inside the step: that is the
+// static memory plan, and it keeps the recorded addresses valid. Later calls
+// whose guards hold replay the record: no dispatch, no shape checks, no
+// autograd graph, no tensor allocation (kernels' own scratch still comes from
+// the cache) — torch.compile's mode="reduce-overhead" (CUDA graphs) on the CPU. docs/compile.md says what is and is not
+// fused.
+//
+// As with CUDA graphs, outputs are static: each call overwrites the tensors
+// the previous call returned (clone one to keep it), and inputs are copied
+// into buffers the compiled function owns. Tensors the function reads that
+// are neither inputs nor parameters of `modules` are read at the addresses
+// they had at capture: pass anything that changes between calls as an input.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "kiln/core/tensor.h"
+#include "kiln/nn/module.h"
+
+namespace kiln {
+
+struct CompileOptions {
+  /// Named in logs and explain().
+  std::string name = "compiled";
+  /// Modules whose parameters and buffers the function uses: guarded on their
+  /// training mode, their tensors' identity (storage, shape, dtype) and their
+  /// versions (a change made outside the compiled function recompiles).
+  std::vector<nn::Module*> modules;
+  /// Captures kept for different guard values (torch's cache_size_limit);
+  /// past it the function runs eagerly and says so.
+  int cache_size_limit = 8;
+  /// A graph break throws kiln::ValueError naming it instead of running eagerly.
+  bool fullgraph = false;
+};
+
+/// One graph break: what could not be captured and the last line of user
+/// code kiln saw before it.
+struct GraphBreak {
+  std::string reason;
+  std::string site;  // "file:line", or "" when unknown
+};
+
+/// What happened so far (explain() formats it).
+struct CompileStats {
+  int64_t captures = 0;        // eager runs that recorded (first call, recompiles)
+  int64_t replays = 0;         // calls served by a replay
+  int64_t eager_calls = 0;     // calls run eagerly (a graph break, or the cache was full)
+  int64_t recompiles = 0;      // captures made because a guard failed
+  double compile_seconds = 0;  // time spent in captures (each includes one eager run)
+  int64_t kernels = 0;         // kernels in the newest capture
+  int64_t host_actions = 0;    // host actions in it
+  int64_t pool_bytes = 0;      // its private pool
+  std::vector<GraphBreak> graph_breaks;
+  std::vector<std::string> recompile_reasons;  // the failed guard of each recompile
+  /// With KILN_COMPILE_PROFILE=1: milliseconds spent in replays per recorded
+  /// kernel or host action name, summed over replays (explain() lists them).
+  std::map<std::string, double> replay_ms;
+};
+
+class CompiledFunction {
+ public:
+  using Fn = std::function<std::vector<Tensor>(const std::vector<Tensor>&)>;
+  CompiledFunction(Fn fn, CompileOptions options);
+  ~CompiledFunction();
+  CompiledFunction(CompiledFunction&&) noexcept;
+  CompiledFunction& operator=(CompiledFunction&&) noexcept;
+
+  /// Runs the function: replays a capture whose guards hold, else captures.
+  std::vector<Tensor> operator()(const std::vector<Tensor>& inputs = {});
+
+  const CompileStats& stats() const;
+  /// torch._dynamo.explain's vocabulary: graphs, graph breaks with their
+  /// reasons and sites, recompiles with the guard that failed, compile time.
+  std::string explain() const;
+
+  struct Impl;
+
+ private:
+  std::unique_ptr<Impl> impl_;
+};
+
+/// Compiles `fn` (inputs → outputs).
+CompiledFunction compile(CompiledFunction::Fn fn, CompileOptions options = {});
+/// Compiles a step without inputs that returns one tensor (the loss).
+CompiledFunction compile(std::function<Tensor()> step, CompileOptions options = {});
+
+}  // namespace kiln

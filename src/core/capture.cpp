@@ -1,0 +1,53 @@
+// The capture hook (include/kiln/core/capture.h): the thread-local recorder,
+// the depth that keeps nested kernels out of the record, and host actions
+// that step outside the capture's private pool.
+#include "kiln/core/capture.h"
+
+#include <cstring>
+
+#include "kiln/core/allocator.h"
+
+namespace kiln::capture {
+
+namespace detail {
+constinit thread_local Recorder* t_recorder = nullptr;
+constinit thread_local int t_depth = 0;
+}  // namespace detail
+
+RecorderGuard::RecorderGuard(Recorder* r, void* pool) noexcept
+    : prev_(detail::t_recorder),
+      prev_depth_(detail::t_depth),
+      prev_pool_(memory::exchange_private_pool(static_cast<memory::PrivatePool*>(pool))) {
+  detail::t_recorder = r;
+  detail::t_depth = 0;
+}
+
+RecorderGuard::~RecorderGuard() {
+  detail::t_recorder = prev_;
+  detail::t_depth = prev_depth_;
+  memory::exchange_private_pool(static_cast<memory::PrivatePool*>(prev_pool_));
+}
+
+void HostAction::enter() {
+  ++detail::t_depth;
+  saved_pool_ = memory::exchange_private_pool(nullptr);
+}
+
+void HostAction::leave() {
+  --detail::t_depth;
+  memory::exchange_private_pool(static_cast<memory::PrivatePool*>(saved_pool_));
+}
+
+void graph_break(const char* what) {
+  if (detail::t_recorder) detail::t_recorder->graph_break(what);
+}
+
+const void* stable_bytes(const void* p, int n) { return recording() ? detail::t_recorder->keep(p, n) : p; }
+
+ScalarBytes::ScalarBytes(const void* p, int nbytes) {
+  if (!p) return;
+  present = true;
+  std::memcpy(bytes, p, static_cast<size_t>(nbytes < 16 ? nbytes : 16));
+}
+
+}  // namespace kiln::capture

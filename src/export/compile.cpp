@@ -1,0 +1,462 @@
+// kiln::compile (include/kiln/export/compile.h): captures, guards, replays.
+//
+// A capture is an eager run with a capture::Recorder installed and the
+// entry's private pool as the thread's allocator: what it records is a flat
+// list of closures (kernels with their pointers, host actions) that replay
+// runs in order. The guards say when that list computes what the function
+// would: the same input shapes and dtypes, grad mode, autocast, the modules'
+// training flags, and the same parameter tensors at the versions the last
+// call left them (a change made outside means something may have been folded
+// into the capture — an autocast or packed copy — so it is captured again).
+#include "kiln/export/compile.h"
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <deque>
+#include <iostream>
+#include <sstream>
+
+#include "kiln/core/allocator.h"
+#include "kiln/core/autocast.h"
+#include "kiln/core/capture.h"
+#include "kiln/core/error.h"
+#include "kiln/core/format.h"
+#include "kiln/core/guards.h"
+#include "kiln/core/threads.h"
+
+namespace kiln {
+
+namespace {
+
+bool log_enabled() {
+  static const bool on = [] {
+    const char* s = std::getenv("KILN_COMPILE_LOG");
+    return s && *s && std::strcmp(s, "0") != 0;
+  }();
+  return on;
+}
+
+bool profile_enabled() {
+  static const bool on = [] {
+    const char* s = std::getenv("KILN_COMPILE_PROFILE");
+    return s && *s && std::strcmp(s, "0") != 0;
+  }();
+  return on;
+}
+
+std::string sizes_str(IntArrayRef s) {
+  std::ostringstream os;
+  os << '[';
+  for (size_t i = 0; i < s.size(); ++i) os << (i ? ", " : "") << s[i];
+  os << ']';
+  return os.str();
+}
+
+struct InputKey {
+  DimVector sizes;
+  DType dtype = DType::Float32;
+};
+
+struct TensorGuard {
+  std::string name;  // "fc1.weight"
+  Tensor tensor;     // the tensor captured (identity)
+  uint32_t version = 0;
+  const Tensor* slot = nullptr;  // the module's slot that held it
+  const void* data = nullptr;    // and its data then
+};
+
+/// "" when every tensor still has the version it had when the compiled function last returned.
+std::string check_versions(const std::vector<TensorGuard>& last) {
+  for (const TensorGuard& tg : last) {
+    if (tg.tensor.version() != tg.version) {
+      std::ostringstream why;
+      why << "'" << tg.name << "' was modified outside the compiled function (version " << tg.tensor.version()
+          << ", expected " << tg.version << ")";
+      return why.str();
+    }
+  }
+  return {};
+}
+
+struct ModuleGuard {
+  std::string label;  // "modules[0] (MLP)"
+  nn::Module* module = nullptr;
+  std::vector<nn::Module*> all;  // itself and its submodules, at capture
+  std::vector<uint8_t> training;
+};
+
+/// Everything a replay assumes about the world.
+struct Guards {
+  std::vector<InputKey> inputs;
+  int threads = 1;  // oneDNN picks layouts and packs weights per thread count
+  bool grad_mode = true;
+  bool inference_mode = false;
+  bool autocast = false;
+  DType autocast_dtype = DType::BFloat16;
+  std::vector<ModuleGuard> modules;
+  std::vector<TensorGuard> tensors;  // parameters and buffers of the modules
+  uint64_t structure_epoch = 0;      // nn::Module::structure_epoch() when the above were last enumerated
+};
+
+const char* on_off(bool b) { return b ? "enabled" : "disabled"; }
+
+Guards current_guards(const std::vector<Tensor>& inputs, const CompileOptions& opts) {
+  Guards g;
+  for (const Tensor& t : inputs) g.inputs.push_back({DimVector(t.sizes()), t.dtype()});
+  g.threads = get_num_threads();
+  g.structure_epoch = nn::Module::structure_epoch();
+  g.grad_mode = grad_mode_enabled();
+  g.inference_mode = inference_mode_enabled();
+  g.autocast = autocast_enabled();
+  if (g.autocast) g.autocast_dtype = autocast_dtype();
+  for (size_t i = 0; i < opts.modules.size(); ++i) {
+    nn::Module* m = opts.modules[i];
+    ModuleGuard mg;
+    mg.label = "modules[" + std::to_string(i) + "] (" + m->type_name() + ")";
+    mg.module = m;
+    mg.all = m->modules();
+    for (nn::Module* sub : mg.all) mg.training.push_back(sub->is_training() ? 1 : 0);
+    g.modules.push_back(std::move(mg));
+    for (auto& [n, slot] : m->named_tensor_slots())
+      g.tensors.push_back({n, *slot, slot->version(), slot, slot->data_ptr()});
+  }
+  return g;
+}
+
+/// Why `g` does not hold now, or "" when it does.
+std::string check_guards(Guards& g, const std::vector<Tensor>& inputs, const CompileOptions& opts) {
+  std::ostringstream why;
+  if (inputs.size() != g.inputs.size()) {
+    why << "the number of inputs: " << inputs.size() << ", captured with " << g.inputs.size();
+    return why.str();
+  }
+  for (size_t i = 0; i < inputs.size(); ++i) {
+    const Tensor& t = inputs[i];
+    const InputKey& k = g.inputs[i];
+    if (t.dtype() != k.dtype) {
+      why << "input " << i << ": dtype " << dtype_name(t.dtype()) << ", captured with " << dtype_name(k.dtype);
+      return why.str();
+    }
+    if (t.sizes() != IntArrayRef(k.sizes)) {
+      why << "input " << i << ": sizes " << sizes_str(t.sizes()) << ", captured with " << sizes_str(k.sizes);
+      return why.str();
+    }
+  }
+  if (get_num_threads() != g.threads)
+    return "threads: " + std::to_string(get_num_threads()) + ", captured with " + std::to_string(g.threads);
+  if (grad_mode_enabled() != g.grad_mode)
+    return std::string("grad mode: ") + on_off(grad_mode_enabled()) + ", captured " + on_off(g.grad_mode);
+  if (inference_mode_enabled() != g.inference_mode)
+    return std::string("inference mode: ") + on_off(inference_mode_enabled()) + ", captured " +
+           on_off(g.inference_mode);
+  const bool ac = autocast_enabled();
+  if (ac != g.autocast || (ac && autocast_dtype() != g.autocast_dtype)) {
+    auto desc = [](bool on, DType d) { return on ? "autocast to " + std::string(dtype_name(d)) : std::string("off"); };
+    return "autocast: " + desc(ac, ac ? autocast_dtype() : g.autocast_dtype) + ", captured " +
+           desc(g.autocast, g.autocast_dtype);
+  }
+  if (opts.modules.size() != g.modules.size()) return "the modules in the options changed";
+  // No module anywhere registered a slot or child since the guards were enumerated: the
+  // cached module and slot pointers still describe the modules, and checking them is cheap.
+  const uint64_t epoch = nn::Module::structure_epoch();
+  if (epoch != g.structure_epoch) {
+    size_t k = 0;
+    for (const ModuleGuard& mg : g.modules) {
+      if (mg.module->modules() != mg.all) return mg.label + ": its submodules changed";
+      for (auto& [n, slot] : mg.module->named_tensor_slots()) {
+        if (k >= g.tensors.size() || g.tensors[k].name != n) return mg.label + ": its parameters and buffers changed";
+        g.tensors[k++].slot = slot;
+      }
+    }
+    if (k != g.tensors.size()) return "the modules' parameters and buffers changed";
+    g.structure_epoch = epoch;
+  }
+  for (const ModuleGuard& mg : g.modules) {
+    for (size_t j = 0; j < mg.all.size(); ++j) {
+      const nn::Module* m = mg.all[j];
+      if ((m->is_training() ? 1 : 0) != mg.training[j]) {
+        why << mg.label << ": " << (j ? "submodule " + std::to_string(j) + " (" + m->type_name() + ")" : "the module")
+            << " is in " << (m->is_training() ? "training" : "eval") << " mode, captured in "
+            << (mg.training[j] ? "training" : "eval") << " mode";
+        return why.str();
+      }
+    }
+  }
+  // A replaced parameter (another tensor in the slot, or new data under it).
+  for (const TensorGuard& tg : g.tensors) {
+    if (tg.slot->impl() != tg.tensor.impl() || tg.slot->data_ptr() != tg.data)
+      return "'" + tg.name + "' is another tensor than at capture";
+  }
+  return {};
+}
+
+struct alignas(16) Bytes16 {
+  unsigned char bytes[16];
+};
+
+struct Recorded {
+  const char* name;
+  bool host;
+  capture::Replay fn;
+};
+
+class StepRecorder : public capture::Recorder {
+ public:
+  void kernel(const char* name, capture::Replay replay) override { ops.push_back({name, false, std::move(replay)}); }
+  void host_action(const char* name, capture::Replay replay) override {
+    ops.push_back({name, true, std::move(replay)});
+  }
+  void backward_ran() override { ran_backward = true; }
+  void graph_break(const std::string& what) override {
+    const memory::AllocSite s = memory::current_alloc_site();
+    GraphBreak b{what, {}};
+    if (s.file) b.site = std::string(s.file) + ":" + std::to_string(s.line);
+    breaks.push_back(std::move(b));
+  }
+  const void* keep(const void* p, int n) override {
+    Bytes16& b = kept.emplace_back();
+    std::memcpy(b.bytes, p, static_cast<size_t>(n < 16 ? n : 16));
+    return b.bytes;
+  }
+  std::vector<Recorded> ops;
+  std::vector<GraphBreak> breaks;
+  bool ran_backward = false;
+  std::deque<Bytes16> kept;  // deque: the addresses handed out stay put
+};
+
+}  // namespace
+
+struct CompiledFunction::Impl {
+  struct Entry {
+    Guards guards;
+    std::unique_ptr<memory::PrivatePool> pool;
+    std::vector<Tensor> static_inputs;
+    std::vector<Tensor> outputs;
+    std::vector<Recorded> ops;
+    std::deque<Bytes16> kept;  // scalar operands the ops read
+    bool broken = false;       // a graph break: calls with these guards run eagerly
+  };
+
+  Fn fn;
+  CompileOptions opts;
+  CompileStats stats;
+  std::vector<std::unique_ptr<Entry>> cache;  // newest first
+  bool warned_full = false;
+  // The guarded tensors at the versions the last call left them (every entry shares them).
+  std::vector<TensorGuard> last_versions;
+
+  void note_versions() {
+    if (last_versions.empty() && !cache.empty()) last_versions = cache.front()->guards.tensors;
+    for (TensorGuard& tg : last_versions) tg.version = tg.tensor.version();
+  }
+
+  void log(const std::string& line) const {
+    if (log_enabled()) std::cerr << "[kiln.compile] '" << opts.name << "': " << line << "\n";
+  }
+
+  std::vector<Tensor> run_eager(const std::vector<Tensor>& inputs) {
+    ++stats.eager_calls;
+    return fn(inputs);
+  }
+
+  std::vector<Tensor> replay(Entry& e, const std::vector<Tensor>& inputs) {
+    {
+      const NoGradGuard no_grad;
+      for (size_t i = 0; i < inputs.size(); ++i)
+        if (inputs[i].data_ptr() != e.static_inputs[i].data_ptr()) e.static_inputs[i].copy_(inputs[i]);
+    }
+    if (profile_enabled()) {
+      for (const Recorded& r : e.ops) {
+        const auto t0 = std::chrono::steady_clock::now();
+        r.fn();
+        stats.replay_ms[r.name] +=
+            std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+      }
+    } else {
+      for (const Recorded& r : e.ops) r.fn();
+    }
+    ++stats.replays;
+    return e.outputs;
+  }
+
+  std::vector<Tensor> capture(const std::vector<Tensor>& inputs, const std::string& reason) {
+    auto e = std::make_unique<Entry>();
+    for (size_t i = 0; i < inputs.size(); ++i)
+      KILN_CHECK(!inputs[i].requires_grad(), ValueError, "compile '", opts.name, "': input ", i,
+                 " requires grad; a compiled step takes data as inputs and computes gradients of parameters inside");
+    e->guards = current_guards(inputs, opts);
+    {
+      const NoGradGuard no_grad;
+      for (const Tensor& t : inputs) e->static_inputs.push_back(t.clone());
+    }
+    e->pool = std::make_unique<memory::PrivatePool>();
+    StepRecorder rec;
+    const auto t0 = std::chrono::steady_clock::now();
+    std::vector<Tensor> outs;
+    {
+      const capture::RecorderGuard guard(&rec, e->pool.get());
+      outs = fn(e->static_inputs);
+    }
+    const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    stats.compile_seconds += secs;
+    ++stats.captures;
+    if (!reason.empty()) {
+      ++stats.recompiles;
+      stats.recompile_reasons.push_back(reason);
+    }
+    for (size_t i = 0; i < outs.size(); ++i) {
+      // A step that ran backward inside returns its loss with history, which replay need not
+      // keep; an output with history and no backward is for a backward outside, which replay
+      // cannot feed.
+      if (outs[i].defined() && outs[i].requires_grad() && !rec.ran_backward)
+        rec.breaks.push_back({"output " + std::to_string(i) +
+                                  " requires grad and the function ran no backward: a replay builds no autograd "
+                                  "graph, so compile the whole step (forward, backward, optimizer) or run it under "
+                                  "NoGradGuard",
+                              {}});
+    }
+    for (const Tensor& t : outs) e->outputs.push_back(t.defined() ? t.detach() : t);
+    stats.kernels = 0;
+    stats.host_actions = 0;
+    for (const Recorded& r : rec.ops) ++(r.host ? stats.host_actions : stats.kernels);
+    if (!rec.breaks.empty()) {
+      for (const GraphBreak& b : rec.breaks) {
+        log("graph break: " + b.reason + (b.site.empty() ? "" : " (at " + b.site + ")"));
+        stats.graph_breaks.push_back(b);
+      }
+      KILN_CHECK(!opts.fullgraph, ValueError, "compile '", opts.name,
+                 "' (fullgraph): graph break: ", rec.breaks.front().reason,
+                 rec.breaks.front().site.empty() ? "" : " at ", rec.breaks.front().site);
+      e->broken = true;
+      e->pool.reset();
+      e->static_inputs.clear();
+      e->outputs.clear();
+    } else {
+      e->ops = std::move(rec.ops);
+      e->kept = std::move(rec.kept);
+      stats.pool_bytes = e->pool->reserved_bytes();
+    }
+    std::ostringstream os;
+    os << (reason.empty() ? "captured" : "recompiled (" + reason + ")") << ": " << stats.kernels << " kernels, "
+       << stats.host_actions << " host actions, " << format_bytes(stats.pool_bytes) << " private pool, "
+       << static_cast<int64_t>(secs * 1e6) << " us";
+    log(os.str());
+    cache.insert(cache.begin(), std::move(e));
+    return outs;
+  }
+
+  std::vector<Tensor> call(const std::vector<Tensor>& inputs) {
+    // A compiled function called inside another capture is part of that one.
+    if (capture::detail::t_recorder) return fn(inputs);
+    std::vector<Tensor> out = dispatch(inputs);
+    note_versions();
+    return out;
+  }
+
+  std::vector<Tensor> dispatch(const std::vector<Tensor>& inputs) {
+    // A tensor changed outside may have been folded into any capture (a cast or packed
+    // copy): all of them are dropped.
+    if (std::string why = check_versions(last_versions); !why.empty()) {
+      cache.clear();
+      last_versions.clear();
+      return capture(inputs, why);
+    }
+    std::string first_failure;
+    for (size_t i = 0; i < cache.size(); ++i) {
+      Entry& e = *cache[i];
+      std::string why = check_guards(e.guards, inputs, opts);
+      if (why.empty()) {
+        if (i)
+          std::rotate(cache.begin(), cache.begin() + static_cast<std::ptrdiff_t>(i),
+                      cache.begin() + static_cast<std::ptrdiff_t>(i) + 1);
+        if (e.broken) return run_eager(inputs);
+        return replay(e, inputs);
+      }
+      if (first_failure.empty()) first_failure = std::move(why);
+    }
+    if (static_cast<int>(cache.size()) >= opts.cache_size_limit) {
+      if (!warned_full) {
+        warned_full = true;
+        log("cache_size_limit (" + std::to_string(opts.cache_size_limit) + ") reached; running eagerly (" +
+            first_failure + ")");
+      }
+      return run_eager(inputs);
+    }
+    return capture(inputs, first_failure);
+  }
+};
+
+CompiledFunction::CompiledFunction(Fn fn, CompileOptions options) : impl_(std::make_unique<Impl>()) {
+  KILN_CHECK(fn != nullptr, ValueError, "compile: expected a function, got an empty one");
+  KILN_CHECK(options.cache_size_limit >= 1, ValueError, "compile: cache_size_limit must be at least 1, got ",
+             options.cache_size_limit);
+  for (nn::Module* m : options.modules) KILN_CHECK(m != nullptr, ValueError, "compile: a module in options is null");
+  impl_->fn = std::move(fn);
+  impl_->opts = std::move(options);
+}
+
+CompiledFunction::~CompiledFunction() = default;
+CompiledFunction::CompiledFunction(CompiledFunction&&) noexcept = default;
+CompiledFunction& CompiledFunction::operator=(CompiledFunction&&) noexcept = default;
+
+std::vector<Tensor> CompiledFunction::operator()(const std::vector<Tensor>& inputs) { return impl_->call(inputs); }
+
+const CompileStats& CompiledFunction::stats() const { return impl_->stats; }
+
+std::string CompiledFunction::explain() const {
+  const CompileStats& s = impl_->stats;
+  int64_t graphs = 0;
+  for (const auto& e : impl_->cache) graphs += e->broken ? 0 : 1;
+  std::ostringstream os;
+  os << "compiled '" << impl_->opts.name << "': " << graphs << (graphs == 1 ? " graph" : " graphs") << ", "
+     << s.graph_breaks.size() << (s.graph_breaks.size() == 1 ? " graph break" : " graph breaks") << ", " << s.recompiles
+     << (s.recompiles == 1 ? " recompile" : " recompiles") << "\n";
+  os << "  calls: " << s.replays << " replayed, " << s.eager_calls << " eager, " << s.captures << " captured ("
+     << static_cast<int64_t>(s.compile_seconds * 1e3 + 0.5) << " ms compiling)\n";
+  os << "  newest graph: " << s.kernels << " kernels, " << s.host_actions << " host actions, private pool "
+     << format_bytes(s.pool_bytes) << "\n";
+  if (!s.graph_breaks.empty()) {
+    os << "Graph breaks (calls with these guards run eagerly):\n";
+    for (size_t i = 0; i < s.graph_breaks.size(); ++i) {
+      os << "  " << i + 1 << ". " << s.graph_breaks[i].reason << "\n";
+      if (!s.graph_breaks[i].site.empty()) os << "     at " << s.graph_breaks[i].site << "\n";
+    }
+  }
+  if (!s.replay_ms.empty()) {
+    std::vector<std::pair<double, std::string>> rows;
+    double total = 0;
+    for (const auto& [name, ms] : s.replay_ms) {
+      rows.emplace_back(ms, name);
+      total += ms;
+    }
+    std::sort(rows.rbegin(), rows.rend());
+    os << "Replay time by kernel (KILN_COMPILE_PROFILE):\n";
+    for (const auto& [ms, name] : rows) {
+      char line[160];
+      std::snprintf(line, sizeof(line), "  %-32s %10.3f ms  %5.1f%%\n", name.c_str(), ms,
+                    total > 0 ? 100 * ms / total : 0);
+      os << line;
+    }
+  }
+  if (!s.recompile_reasons.empty()) {
+    os << "Recompiles (the guard that failed):\n";
+    for (size_t i = 0; i < s.recompile_reasons.size(); ++i)
+      os << "  " << i + 1 << ". " << s.recompile_reasons[i] << "\n";
+  }
+  return os.str();
+}
+
+CompiledFunction compile(CompiledFunction::Fn fn, CompileOptions options) {
+  return CompiledFunction(std::move(fn), std::move(options));
+}
+
+CompiledFunction compile(std::function<Tensor()> step, CompileOptions options) {
+  KILN_CHECK(step != nullptr, ValueError, "compile: expected a function, got an empty one");
+  return CompiledFunction([s = std::move(step)](const std::vector<Tensor>&) { return std::vector<Tensor>{s()}; },
+                          std::move(options));
+}
+
+}  // namespace kiln

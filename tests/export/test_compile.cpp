@@ -1,0 +1,322 @@
+// kiln::compile: a replayed step computes bitwise what the eager step does
+// (losses, parameters, gradients, optimizer state after N steps, for the
+// benchmark models with SGD, Adam and AdamW, in float32 and under bf16
+// autocast); guards recompile and say which guard failed; graph breaks run
+// eagerly and say what and where; the private pool keeps replay's addresses
+// away from everyone else.
+#include <gtest/gtest.h>
+
+#include <functional>
+#include <memory>
+
+#include "kiln/core/allocator.h"
+#include "kiln/core/autocast.h"
+#include "kiln/core/generator.h"
+#include "kiln/core/guards.h"
+#include "kiln/export/compile.h"
+#include "kiln/models/cnn.h"
+#include "kiln/models/gpt.h"
+#include "kiln/models/mlp.h"
+#include "kiln/models/resnet.h"
+#include "kiln/nn/functional.h"
+#include "kiln/ops/factory.h"
+#include "kiln/optim/optimizer.h"
+#include "support/test_util.h"
+
+namespace kiln::test {
+namespace {
+
+namespace F = nn::F;
+
+void expect_bitwise(const Tensor& a, const Tensor& b, const std::string& what) {
+  ASSERT_EQ(a.defined(), b.defined()) << what;
+  if (!a.defined()) return;
+  ASSERT_EQ(a.sizes(), b.sizes()) << what;
+  ASSERT_EQ(a.dtype(), b.dtype()) << what;
+  const Tensor x = a.contiguous(), y = b.contiguous();
+  EXPECT_EQ(0, std::memcmp(x.data_ptr(), y.data_ptr(), static_cast<size_t>(x.nbytes()))) << what << " differs";
+}
+
+/// A model, its optimizer and a step on one batch; twins start identical.
+struct TwinRun {
+  std::shared_ptr<nn::Module> model;
+  std::unique_ptr<optim::Optimizer> opt;
+  std::function<Tensor()> step;
+};
+
+void expect_same_state(const TwinRun& eager, const TwinRun& compiled) {
+  auto pe = eager.model->named_parameters(), pc = compiled.model->named_parameters();
+  ASSERT_EQ(pe.size(), pc.size());
+  for (size_t i = 0; i < pe.size(); ++i) {
+    expect_bitwise(pe[i].second, pc[i].second, pe[i].first);
+    expect_bitwise(pe[i].second.grad(), pc[i].second.grad(), pe[i].first + ".grad");
+  }
+  auto be = eager.model->named_buffers(), bc = compiled.model->named_buffers();
+  for (size_t i = 0; i < be.size(); ++i) expect_bitwise(be[i].second, bc[i].second, be[i].first);
+  const auto se = eager.opt->state_dict(), sc = compiled.opt->state_dict();
+  ASSERT_EQ(se.state.size(), sc.state.size());
+  for (const auto& [name, st] : se.state) {
+    const auto& other = sc.state.at(name);
+    EXPECT_EQ(st.step, other.step) << name;
+    for (const auto& [k, t] : st.tensors) expect_bitwise(t, other.tensors.at(k), name + "." + k);
+  }
+}
+
+template <typename MakeRun>
+void check_replay_matches_eager(MakeRun make_run, int steps, std::optional<DType> amp = std::nullopt) {
+  TwinRun eager = make_run(), compiled = make_run();
+  auto guarded = [amp](std::function<Tensor()> f) {
+    return [amp, f]() {
+      std::optional<AutocastGuard> g;
+      if (amp) g.emplace(*amp);
+      return f();
+    };
+  };
+  auto eager_step = guarded(eager.step);
+  auto step = compile(guarded(compiled.step), {.name = "step", .modules = {compiled.model.get()}});
+  for (int i = 0; i < steps; ++i) {
+    const Tensor le = eager_step();
+    const Tensor lc = step()[0];
+    expect_bitwise(le, lc, "loss of step " + std::to_string(i));
+  }
+  expect_same_state(eager, compiled);
+  EXPECT_EQ(step.stats().captures, 1);
+  EXPECT_EQ(step.stats().replays, steps - 1);
+  EXPECT_EQ(step.stats().eager_calls, 0);
+  EXPECT_TRUE(step.stats().graph_breaks.empty()) << step.explain();
+  EXPECT_GT(step.stats().kernels, 0);
+}
+
+template <typename Model, typename Opts>
+auto classifier(Opts model_opts, std::vector<int64_t> input, int64_t classes,
+                std::function<std::unique_ptr<optim::Optimizer>(nn::Module&)> make_opt) {
+  return [=]() {
+    manual_seed(7);
+    auto m = std::make_shared<Model>(model_opts);
+    TwinRun r;
+    r.model = m;
+    r.opt = make_opt(*m);
+    const Tensor x = randn(input);
+    const Tensor y = randint(0, classes, {input[0]});
+    optim::Optimizer* opt = r.opt.get();
+    r.step = [m, opt, x, y]() {
+      opt->zero_grad();
+      Tensor loss = F::cross_entropy((*m)(x), y);
+      loss.backward();
+      opt->step();
+      return loss;
+    };
+    return r;
+  };
+}
+
+TEST(Compile, MlpWithSgdMomentumReplaysBitwise) {
+  check_replay_matches_eager(classifier<models::MLP>(models::MLPOptions{.in_features = 32, .hidden = {64, 64}}, {8, 32},
+                                                     10,
+                                                     [](nn::Module& m) {
+                                                       return std::make_unique<optim::SGD>(
+                                                           m, optim::SGDOptions{.lr = 0.01, .momentum = 0.9});
+                                                     }),
+                             6);
+}
+
+TEST(Compile, CnnWithAdamReplaysBitwise) {
+  check_replay_matches_eager(
+      classifier<models::CNN>(models::CNNOptions{.channels1 = 4, .channels2 = 8, .hidden = 16, .input_size = {12, 12}},
+                              {4, 1, 12, 12}, 10,
+                              [](nn::Module& m) {
+                                return std::make_unique<optim::Adam>(m, optim::AdamOptions{.lr = 1e-3});
+                              }),
+      5);
+}
+
+TEST(Compile, ResNetWithBatchNormReplaysBitwiseInFloat32AndBf16) {
+  auto make = classifier<models::ResNet>(
+      models::ResNetOptions{.stem_channels = 4, .widths = {4, 8}, .blocks = {1, 1}}, {4, 3, 8, 8}, 10,
+      [](nn::Module& m) {
+        return std::make_unique<optim::SGD>(m, optim::SGDOptions{.lr = 0.1, .momentum = 0.9, .weight_decay = 5e-4});
+      });
+  check_replay_matches_eager(make, 4);
+  check_replay_matches_eager(make, 4, DType::BFloat16);
+}
+
+TEST(Compile, GptWithAdamWReplaysBitwiseInFloat32AndBf16) {
+  auto make = []() {
+    manual_seed(3);
+    auto m = std::make_shared<models::GPT>(
+        models::GPTOptions{.vocab_size = 32, .block_size = 16, .n_layer = 2, .n_head = 2, .n_embd = 16});
+    TwinRun r;
+    r.model = m;
+    r.opt = std::make_unique<optim::AdamW>(*m, optim::AdamWOptions{.lr = 3e-4, .weight_decay = 0.1});
+    const Tensor idx = randint(0, 32, {2, 16}), tgt = randint(0, 32, {2, 16});
+    optim::Optimizer* opt = r.opt.get();
+    r.step = [m, opt, idx, tgt]() {
+      opt->zero_grad();
+      Tensor loss = m->loss(idx, tgt);
+      loss.backward();
+      opt->step();
+      return loss;
+    };
+    return r;
+  };
+  check_replay_matches_eager(make, 4);
+  check_replay_matches_eager(make, 4, DType::BFloat16);
+}
+
+/// An MLP step that takes its batch as inputs.
+struct InputStep {
+  std::shared_ptr<models::MLP> model;
+  std::unique_ptr<optim::SGD> opt;
+  CompiledFunction::Fn fn;
+  InputStep() {
+    manual_seed(11);
+    model = std::make_shared<models::MLP>(models::MLPOptions{.in_features = 6, .hidden = {8}, .out_features = 3});
+    opt = std::make_unique<optim::SGD>(*model, optim::SGDOptions{.lr = 0.1});
+    fn = [m = model, o = opt.get()](const std::vector<Tensor>& in) {
+      o->zero_grad();
+      Tensor loss = F::cross_entropy((*m)(in[0]), in[1]);
+      loss.backward();
+      o->step();
+      return std::vector<Tensor>{loss};
+    };
+  }
+};
+
+TEST(Compile, NewShapesRecompileAndSayWhichGuardFailed) {
+  InputStep eager, compiled;
+  auto step = compile(compiled.fn, {.name = "train_step", .modules = {compiled.model.get()}});
+  const std::vector<Tensor> a = {randn({4, 6}), randint(0, 3, {4})};
+  const std::vector<Tensor> b = {randn({5, 6}), randint(0, 3, {5})};
+  for (const auto* in : {&a, &a, &b, &b, &a}) {
+    const Tensor le = eager.fn(*in)[0];
+    const Tensor lc = step(*in)[0];
+    expect_bitwise(le, lc, "loss");
+  }
+  EXPECT_EQ(step.stats().captures, 2);
+  EXPECT_EQ(step.stats().recompiles, 1);
+  EXPECT_EQ(step.stats().replays, 3);  // a again, b again, and a from its own entry
+  ASSERT_EQ(step.stats().recompile_reasons.size(), 1u);
+  EXPECT_EQ(step.stats().recompile_reasons[0], "input 0: sizes [5, 6], captured with [4, 6]");
+  const std::string ex = step.explain();
+  EXPECT_NE(ex.find("2 graphs, 0 graph breaks, 1 recompile"), std::string::npos) << ex;
+  EXPECT_NE(ex.find("input 0: sizes [5, 6], captured with [4, 6]"), std::string::npos) << ex;
+}
+
+TEST(Compile, ModeAndOutsideChangesRecompile) {
+  InputStep s;
+  auto step = compile(s.fn, {.modules = {s.model.get()}});
+  const std::vector<Tensor> in = {randn({4, 6}), randint(0, 3, {4})};
+  step(in);
+  step(in);
+  s.model->eval();
+  step(in);
+  s.model->train();
+  step(in);  // the first capture's guards hold again
+  {
+    const NoGradGuard ng;
+    s.model->named_parameters()[0].second.mul_(0.5);  // changed outside the compiled step
+  }
+  step(in);
+  {
+    const AutocastGuard ac(DType::BFloat16);
+    step(in);
+  }
+  const auto& r = step.stats().recompile_reasons;
+  ASSERT_EQ(r.size(), 3u) << step.explain();
+  EXPECT_NE(r[0].find("is in eval mode, captured in training mode"), std::string::npos) << r[0];
+  EXPECT_NE(r[1].find("'layers.0.weight' was modified outside the compiled function"), std::string::npos) << r[1];
+  EXPECT_EQ(r[2], "autocast: autocast to bfloat16, captured off");
+  EXPECT_EQ(step.stats().replays, 2);
+}
+
+TEST(Compile, GraphBreakRunsEagerlyAndNamesTheOpAndLine) {
+  InputStep eager, compiled;
+  double seen = 0;
+  auto fn_with_item = [&](const std::vector<Tensor>& in) {
+    auto out = compiled.fn(in);
+    seen = out[0].item<float>();  // a host read: the value could steer what follows
+    return out;
+  };
+  const int line = __LINE__ - 3;
+  auto step = compile(fn_with_item, {.name = "logged_step", .modules = {compiled.model.get()}});
+  const std::vector<Tensor> in = {randn({4, 6}), randint(0, 3, {4})};
+  for (int i = 0; i < 3; ++i) {
+    const Tensor le = eager.fn(in)[0];
+    const Tensor lc = step(in)[0];
+    expect_bitwise(le, lc, "loss");
+    EXPECT_EQ(seen, le.item<float>());
+  }
+  EXPECT_EQ(step.stats().captures, 1);
+  EXPECT_EQ(step.stats().eager_calls, 2);
+  EXPECT_EQ(step.stats().replays, 0);
+  ASSERT_EQ(step.stats().graph_breaks.size(), 1u);
+  EXPECT_NE(step.stats().graph_breaks[0].reason.find("Tensor.item()"), std::string::npos)
+      << step.stats().graph_breaks[0].reason;
+  EXPECT_NE(step.stats().graph_breaks[0].site.find("test_compile.cpp"), std::string::npos)
+      << step.stats().graph_breaks[0].site << " (the item() call is at line " << line << ")";
+  EXPECT_NE(step.explain().find("1 graph break"), std::string::npos) << step.explain();
+
+  InputStep full;
+  auto strict = compile(
+      [&](const std::vector<Tensor>& in) {
+        auto out = full.fn(in);
+        (void)out[0].item<float>();
+        return out;
+      },
+      {.fullgraph = true});
+  EXPECT_THROW(strict(in), ValueError);
+}
+
+TEST(Compile, ForwardOnlyWithGradIsABreakAndUnderNoGradReplays) {
+  manual_seed(2);
+  models::MLP m(models::MLPOptions{.in_features = 6, .hidden = {8}, .out_features = 3});
+  auto fwd = compile([&](const std::vector<Tensor>& in) { return std::vector<Tensor>{m(in[0])}; });
+  const Tensor x = randn({4, 6});
+  fwd({x});
+  ASSERT_EQ(fwd.stats().graph_breaks.size(), 1u);
+  EXPECT_NE(fwd.stats().graph_breaks[0].reason.find("requires grad"), std::string::npos);
+  const NoGradGuard ng;
+  const Tensor want = m(x);
+  fwd({x});  // grad mode differs: a new capture, without the break
+  const Tensor got = fwd({x})[0];
+  expect_bitwise(want, got, "forward");
+  EXPECT_EQ(fwd.stats().replays, 1);
+}
+
+TEST(Compile, OutputsAreStaticAndThePoolIsNotLent) {
+  InputStep s;
+  auto step = compile(s.fn, {.modules = {s.model.get()}});
+  const std::vector<Tensor> in = {randn({4, 6}), randint(0, 3, {4})};
+  const void* first = step(in)[0].data_ptr();
+  EXPECT_EQ(step(in)[0].data_ptr(), first);  // the same static output, overwritten
+  EXPECT_GT(step.stats().pool_bytes, 0);
+  // Tensors made outside the capture never get the pool's blocks, even of the same size.
+  std::vector<Tensor> others;
+  for (int i = 0; i < 64; ++i) others.push_back(full({4, 8}, 3.0f));
+  for (int i = 0; i < 3; ++i) step(in);
+  for (const Tensor& t : others) EXPECT_TRUE(t.eq(3.0f).all().item<bool>());
+}
+
+TEST(Compile, FullCacheRunsEagerly) {
+  InputStep eager, compiled;
+  auto step = compile(compiled.fn, {.modules = {compiled.model.get()}, .cache_size_limit = 1});
+  const std::vector<Tensor> a = {randn({4, 6}), randint(0, 3, {4})};
+  const std::vector<Tensor> b = {randn({5, 6}), randint(0, 3, {5})};
+  for (const auto* in : {&a, &b, &a, &b}) expect_bitwise(eager.fn(*in)[0], step(*in)[0], "loss");
+  EXPECT_EQ(step.stats().captures, 1);
+  EXPECT_EQ(step.stats().eager_calls, 2);
+  EXPECT_EQ(step.stats().replays, 1);
+}
+
+TEST(Compile, BadOptionsAreRefused) {
+  EXPECT_THROW(compile(CompiledFunction::Fn{}), ValueError);
+  EXPECT_THROW(compile([] { return Tensor(); }, {.cache_size_limit = 0}), ValueError);
+  InputStep s;
+  auto step = compile(s.fn);
+  Tensor x = randn({4, 6});
+  x.requires_grad_(true);
+  EXPECT_THROW(step({x, randint(0, 3, {4})}), ValueError);
+}
+
+}  // namespace
+}  // namespace kiln::test
