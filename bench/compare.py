@@ -52,6 +52,7 @@ import sys
 import tempfile
 
 import bf16_bench
+import compiled_bench
 import ddp_bench
 import infer_bench
 import profiler_overhead
@@ -382,6 +383,7 @@ def main():
     ap.add_argument("--no-infer", action="store_true", help="skip the inference rows")
     ap.add_argument("--no-ddp", action="store_true", help="skip the DDP weak-scaling rows (kiln_bench_ddp, mpirun)")
     ap.add_argument("--no-bf16", action="store_true", help="skip the bf16 rows (kiln bf16 vs float32 vs PyTorch bf16)")
+    ap.add_argument("--no-compiled", action="store_true", help="skip the compiled rows (kiln::compile vs kiln eager)")
     ap.add_argument("--kiln-ddp", default=None,
                     help="path to kiln_bench_ddp (default: beside kiln_bench)")
     ap.add_argument("--infer-only", action="store_true", help="only the inference rows")
@@ -431,6 +433,7 @@ def main():
     overhead = {}
     ddp_results = {}
     bf16_results = {}
+    compiled_results = {}
 
     def save(final):
         """Writes the JSON and the table for what has finished (all of it when final)."""
@@ -444,13 +447,17 @@ def main():
         bf16_rows, bf16_problems = bf16_bench.rows(bf16_results)
         if not a.infer_only and not a.no_bf16:
             text += bf16_bench.markdown(bf16_rows, fmt_time, a.quick)
+        floors = {(r["workload"], r["threads"]): r["f32_floor_ms"] for r in rows if "f32_floor_ms" in r}
+        compiled_rows, compiled_problems = compiled_bench.rows(compiled_results, floors)
+        if not a.infer_only and not a.no_compiled:
+            text += compiled_bench.markdown(compiled_rows, fmt_time, a.quick)
         infer_rows, infer_problems = infer_bench.rows(infer_results)
         if not a.no_infer:
             text += infer_bench.markdown(infer_rows, fmt_time, a.quick, info.get("infer_skipped"))
         ddp_rows = ddp_bench.rows(ddp_results)
         if not a.no_ddp and not a.infer_only:
             text += ddp_bench.markdown(ddp_rows, info.get("ddp_skipped"))
-        mismatches = mismatches + infer_problems + bf16_problems
+        mismatches = mismatches + infer_problems + bf16_problems + compiled_problems
         if info.get("ddp_failed"):
             mismatches = mismatches + ["kiln_bench_ddp: " + info["ddp_failed"].splitlines()[0]]
         mismatches = mismatches + ["kiln_bench_ddp %s: replicas differ after training" % r["config"]
@@ -462,6 +469,7 @@ def main():
                        "f32_matmul_peak_gflops": {str(t): max(r["peak"]) for t, r in results.items() if r["peak"]},
                        "note": a.note, "rows": rows, "profiler_overhead_rows": overhead_rows,
                        "infer_rows": infer_rows, "ddp_rows": ddp_rows, "bf16_rows": bf16_rows,
+                       "compiled_rows": compiled_rows,
                        "infer_skipped": info.get("infer_skipped")}, f, indent=1)
             f.write("\n")
         with open(os.path.splitext(out_path)[0] + ".md", "w") as f:
@@ -480,6 +488,11 @@ def main():
         if not a.no_bf16 and not a.under_load_only and not a.infer_only:
             bf16_results.update(bf16_bench.measure(run_process, env_for, command, os.path.abspath(a.kiln), a.threads,
                                                    a.workloads, a.pairs, QUICK_STEPS if a.quick else 0, log))
+            save(False)
+        if not a.no_compiled and not a.under_load_only and not a.infer_only:
+            compiled_results.update(compiled_bench.measure(run_process, env_for, command, os.path.abspath(a.kiln),
+                                                           a.threads, a.workloads, a.pairs,
+                                                           QUICK_STEPS if a.quick else 0, log))
             save(False)
         if not a.no_infer and not a.under_load_only:
             why = infer_bench.unavailable(a.kiln_infer)

@@ -321,7 +321,11 @@ struct CompiledFunction::Impl {
     for (const Tensor& t : outs) e->outputs.push_back(t.defined() ? t.detach() : t);
     stats.kernels = 0;
     stats.host_actions = 0;
-    for (const Recorded& r : rec.ops) ++(r.host ? stats.host_actions : stats.kernels);
+    stats.ops_in_graph.clear();
+    for (const Recorded& r : rec.ops) {
+      ++(r.host ? stats.host_actions : stats.kernels);
+      ++stats.ops_in_graph[r.name];
+    }
     if (!rec.breaks.empty()) {
       for (const GraphBreak& b : rec.breaks) {
         log("graph break: " + b.reason + (b.site.empty() ? "" : " (at " + b.site + ")"));
@@ -418,6 +422,11 @@ std::string CompiledFunction::explain() const {
      << static_cast<int64_t>(s.compile_seconds * 1e3 + 0.5) << " ms compiling)\n";
   os << "  newest graph: " << s.kernels << " kernels, " << s.host_actions << " host actions, private pool "
      << format_bytes(s.pool_bytes) << "\n";
+  if (!s.ops_in_graph.empty()) {
+    os << "   ";
+    for (const auto& [name, n] : s.ops_in_graph) os << " " << name << " x" << n;
+    os << "\n";
+  }
   if (!s.graph_breaks.empty()) {
     os << "Graph breaks (calls with these guards run eagerly):\n";
     for (size_t i = 0; i < s.graph_breaks.size(); ++i) {

@@ -6,6 +6,7 @@
 #include <map>
 #include <mutex>
 
+#include "kiln/core/capture.h"
 #include "kiln/core/error.h"
 #include "kiln/core/guards.h"
 #include "kiln/kernels/fused_inference.h"
@@ -49,6 +50,9 @@ class PackedBuffers {
     auto it = buffers_.find(id);
     if (it == buffers_.end()) {
       Tensor buf = empty({static_cast<int64_t>((bytes + 3) / 4)}, TensorOptions(kFloat32));
+      // The source is a frozen copy: packed once, it stays valid, so a capture does not record
+      // the packing for every replay (the scope keeps it out of the record).
+      const capture::KernelScope not_recorded("pack (frozen weight)");
       pack(buf.data_ptr());
       it = buffers_.emplace(id, buf).first;
     }

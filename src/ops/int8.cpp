@@ -8,6 +8,7 @@
 #include <map>
 #include <mutex>
 
+#include "kiln/core/capture.h"
 #include "kiln/core/error.h"
 #include "kiln/core/guards.h"
 #include "kiln/kernels/int8.h"
@@ -26,6 +27,9 @@ class PackedBuffers {
     auto it = buffers_.find(id);
     if (it == buffers_.end()) {
       Tensor buf = empty({static_cast<int64_t>(bytes)}, TensorOptions(kUInt8));
+      // The source is a frozen copy: packed once, it stays valid, so a capture does not record
+      // the packing for every replay (the scope keeps it out of the record).
+      const capture::KernelScope not_recorded("pack (frozen weight)");
       pack(buf.data_ptr());
       it = buffers_.emplace(id, buf).first;
     }

@@ -21,6 +21,7 @@
 #include <utility>
 #include <vector>
 
+#include "host_write.h"
 #include "iter.h"
 #include "kiln/autograd/functions.h"
 #include "kiln/core/allocator.h"
@@ -730,6 +731,19 @@ WeightPack::WeightPack() : state_(std::make_shared<State>()) {}
 
 struct WeightPackAccess {
   static WeightPack::State& state(WeightPack& p) { return *p.state_; }
+  static std::shared_ptr<WeightPack::State> shared(WeightPack& p) { return p.state_; }
+  // Packs `weight` into s.packed unless the pack already holds this tensor at this version
+  // in layout `id`. The caller holds s.mu.
+  static void repack_if_stale(WeightPack::State& s, const kernels::MatmulArgs& g, const Tensor& weight, uint64_t id) {
+    const bool fresh = s.layout == id && s.source.is_alias_of(weight) && s.source.data_ptr() == weight.data_ptr() &&
+                       s.source.sizes() == weight.sizes() && s.source.strides() == weight.strides() &&
+                       s.version == weight.version();
+    if (fresh) return;
+    kernels::matmul_pack_b(g, s.packed.data_ptr());
+    s.source = weight.detach();
+    s.version = weight.version();
+    s.layout = id;
+  }
 };
 
 namespace {
@@ -770,19 +784,27 @@ Tensor inference_linear(const Tensor& input, const Tensor& weight, const Tensor&
     return out;
   }
   auto& st = WeightPackAccess::state(*pack);
-  const std::lock_guard<std::mutex> lock(st.mu);
-  const bool fresh = st.packed.defined() && st.layout == layout.id && st.source.is_alias_of(weight) &&
-                     st.source.data_ptr() == weight.data_ptr() && st.source.sizes() == weight.sizes() &&
-                     st.source.strides() == weight.strides() && st.version == weight.version();
-  if (!fresh) {
+  std::unique_lock<std::mutex> lock(st.mu);
+  if (!st.packed.defined() || st.packed.numel() != static_cast<int64_t>(layout.bytes)) {
     const MemoryCategoryGuard category(MemoryCategory::Buffer);
-    if (!st.packed.defined() || st.packed.numel() != static_cast<int64_t>(layout.bytes))
-      st.packed = empty({static_cast<int64_t>(layout.bytes)}, TensorOptions(kUInt8));
-    kernels::matmul_pack_b(g, st.packed.data_ptr());
-    st.source = weight.detach();
-    st.version = weight.version();
-    st.layout = layout.id;
+    st.packed = empty({static_cast<int64_t>(layout.bytes)}, TensorOptions(kUInt8));
+    st.source = Tensor();
   }
+  // Whether the pack is fresh is host state that changes with the weight's version (an
+  // optimizer step inside a compiled step bumps it): a capture records the check, not
+  // what it found, so a replay packs again exactly when eager execution would.
+  if (capture::recording()) {
+    void* packed = st.packed.data_ptr();
+    lock.unlock();  // the recorded check takes the lock on every replay
+    ops::host_write("linear (weight pack)",
+                    [state = WeightPackAccess::shared(*pack), g, w = weight.detach(), id = layout.id] {
+                      const std::lock_guard<std::mutex> l(state->mu);
+                      WeightPackAccess::repack_if_stale(*state, g, w, id);
+                    });
+    kernels::matmul_with_packed_b(g, packed);
+    return out;
+  }
+  WeightPackAccess::repack_if_stale(st, g, weight, layout.id);
   kernels::matmul_with_packed_b(g, st.packed.data_ptr());
   return out;
 }

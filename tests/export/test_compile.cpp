@@ -168,9 +168,10 @@ struct InputStep {
   std::shared_ptr<models::MLP> model;
   std::unique_ptr<optim::SGD> opt;
   CompiledFunction::Fn fn;
-  InputStep() {
+  explicit InputStep(int64_t features = 6) {
     manual_seed(11);
-    model = std::make_shared<models::MLP>(models::MLPOptions{.in_features = 6, .hidden = {8}, .out_features = 3});
+    model = std::make_shared<models::MLP>(
+        models::MLPOptions{.in_features = features, .hidden = {features + 2}, .out_features = 3});
     opt = std::make_unique<optim::SGD>(*model, optim::SGDOptions{.lr = 0.1});
     fn = [m = model, o = opt.get()](const std::vector<Tensor>& in) {
       o->zero_grad();
@@ -181,6 +182,35 @@ struct InputStep {
     };
   }
 };
+
+TEST(Compile, InferencePacksFollowTheStepsOwnUpdates) {
+  // A no-grad forward reads packed weights (nn::Linear's WeightPack); the step's own
+  // optimizer changes the weights, so each replay must pack again as eager does.
+  InputStep eager(64), compiled(64);  // wide enough that oneDNN packs the weights
+  auto make_fn = [](InputStep& s) {
+    return [&s](const std::vector<Tensor>& in) {
+      Tensor probe;
+      {
+        const NoGradGuard ng;
+        probe = (*s.model)(in[0]);
+      }
+      std::vector<Tensor> out = s.fn(in);
+      out.push_back(probe);
+      return out;
+    };
+  };
+  auto eager_fn = make_fn(eager);
+  auto step = compile(make_fn(compiled), {.modules = {compiled.model.get()}});
+  const std::vector<Tensor> in = {randn({16, 64}), randint(0, 3, {16})};
+  for (int i = 0; i < 4; ++i) {
+    const auto want = eager_fn(in);
+    const auto got = step(in);
+    expect_bitwise(want[0], got[0], "loss of step " + std::to_string(i));
+    expect_bitwise(want[1], got[1], "no-grad forward of step " + std::to_string(i));
+  }
+  EXPECT_EQ(step.stats().replays, 3);
+  EXPECT_GT(step.stats().ops_in_graph.count("linear (weight pack)"), 0u) << step.explain();
+}
 
 TEST(Compile, NewShapesRecompileAndSayWhichGuardFailed) {
   InputStep eager, compiled;

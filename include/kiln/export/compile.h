@@ -63,14 +63,15 @@ struct GraphBreak {
 
 /// What happened so far (explain() formats it).
 struct CompileStats {
-  int64_t captures = 0;        // eager runs that recorded (first call, recompiles)
-  int64_t replays = 0;         // calls served by a replay
-  int64_t eager_calls = 0;     // calls run eagerly (a graph break, or the cache was full)
-  int64_t recompiles = 0;      // captures made because a guard failed
-  double compile_seconds = 0;  // time spent in captures (each includes one eager run)
-  int64_t kernels = 0;         // kernels in the newest capture
-  int64_t host_actions = 0;    // host actions in it
-  int64_t pool_bytes = 0;      // its private pool
+  int64_t captures = 0;                         // eager runs that recorded (first call, recompiles)
+  int64_t replays = 0;                          // calls served by a replay
+  int64_t eager_calls = 0;                      // calls run eagerly (a graph break, or the cache was full)
+  int64_t recompiles = 0;                       // captures made because a guard failed
+  double compile_seconds = 0;                   // time spent in captures (each includes one eager run)
+  int64_t kernels = 0;                          // kernels in the newest capture
+  int64_t host_actions = 0;                     // host actions in it
+  std::map<std::string, int64_t> ops_in_graph;  // the newest capture's record, by kernel or action name
+  int64_t pool_bytes = 0;                       // its private pool
   std::vector<GraphBreak> graph_breaks;
   std::vector<std::string> recompile_reasons;  // the failed guard of each recompile
   /// With KILN_COMPILE_PROFILE=1: milliseconds spent in replays per recorded
