@@ -1,6 +1,7 @@
 // The parts of Tensor that need no op: metadata accessors and element access.
 #include "kiln/core/tensor.h"
 
+#include "kiln/core/allocator.h"
 #include "kiln/core/capture.h"
 
 namespace kiln {
@@ -35,9 +36,12 @@ void Tensor::set_data(const Tensor& new_data) const {
                   new_data.storage_offset());
 }
 
-Scalar Tensor::item_scalar() const {
+Scalar Tensor::item_scalar(std::source_location loc) const {
   // The value may steer host code, which a replay does not run.
-  capture::graph_break_if_recording("Tensor.item() reads a tensor's value on the host");
+  if (capture::recording()) {
+    memory::note_call_site(loc.file_name(), loc.line());
+    capture::graph_break("Tensor.item() reads a tensor's value on the host");
+  }
   KILN_CHECK(defined(), ValueError, "item(): called on an undefined tensor");
   KILN_CHECK(numel() == 1, ValueError, "item(): expected a tensor with one element, got shape ", sizes(), " (", numel(),
              " elements)");

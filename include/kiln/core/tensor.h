@@ -140,13 +140,14 @@ class Tensor {
     check_dtype_for_access(dtype_of_v<T>, "data_ptr");
     return static_cast<T*>(impl_->data());
   }
-  /// The value of a one-element tensor, converted to T.
+  /// The value of a one-element tensor, converted to T. `loc` is the caller's
+  /// line: kiln::compile names it when the read is a graph break.
   template <typename T = double>
-  T item() const {
-    Scalar s = item_scalar();
+  T item(std::source_location loc = std::source_location::current()) const {
+    Scalar s = item_scalar(loc);
     return s.to<T>();
   }
-  Scalar item_scalar() const;
+  Scalar item_scalar(std::source_location loc = std::source_location::current()) const;
 
   std::string to_string() const;
   std::string shape_string() const { return shape_str(sizes()); }
