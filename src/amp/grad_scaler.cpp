@@ -67,12 +67,7 @@ Tensor GradScaler::scale(const Tensor& loss) {
   // write as a closure that a replay runs with the scale of that moment; the
   // scaler must outlive the compiled function, as its optimizer does.
   Tensor factor = empty({}, TensorOptions(kFloat32));
-  auto write = [p = factor.data_ptr<float>(), this]() { *p = scale_; };
-  {
-    const capture::KernelScope cap("GradScaler.scale");
-    if (cap.recording()) cap.record(write);
-    write();
-  }
+  capture::host_write("GradScaler.scale", [p = factor.data_ptr<float>(), this]() { *p = scale_; });
   return loss * factor;
 }
 

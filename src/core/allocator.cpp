@@ -46,6 +46,24 @@ struct PoolRegistry {
   std::mutex mu;
   std::unordered_map<void*, memory::PrivatePool::Impl*> owner;
   std::atomic<int> pools{0};
+  // Every free would otherwise take the mutex while a compiled function lives: a bit per
+  // hash of an address, set when a pool adopts the block, answers "not a pool's" without it.
+  // Bits are never cleared; a stale or shared one only costs a lookup.
+  static constexpr size_t kFilterBits = size_t{1} << 16;
+  std::atomic<uint64_t> filter[kFilterBits / 64] = {};
+
+  static size_t bit(const void* p) {
+    const uint64_t x = (reinterpret_cast<uintptr_t>(p) >> 6) * 0x9E3779B97F4A7C15ull;
+    return static_cast<size_t>(x >> 48);
+  }
+  void mark(const void* p) {
+    const size_t b = bit(p);
+    filter[b / 64].fetch_or(uint64_t{1} << (b % 64), std::memory_order_relaxed);
+  }
+  bool maybe_pooled(const void* p) const {
+    const size_t b = bit(p);
+    return (filter[b / 64].load(std::memory_order_relaxed) >> (b % 64)) & 1;
+  }
 };
 PoolRegistry& pool_registry() {
   static auto* r = new PoolRegistry();  // outlives static destruction, as the allocator
@@ -95,7 +113,7 @@ class CachingAllocator {
     if (lim > 0 && live_.load(std::memory_order_relaxed) + static_cast<int64_t>(size) > lim) {
       throw_oom(nbytes, cat, "the memory limit");
     }
-    memory::PrivatePool::Impl* pool = t_pool ? pool_impl(t_pool) : nullptr;
+    memory::PrivatePool::Impl* pool = t_pool ? t_pool->impl() : nullptr;
     void* p = pool ? take_pooled(pool, size) : nullptr;
     const bool pooled = p != nullptr;
     if (!p) p = take_cached(size);
@@ -127,7 +145,8 @@ class CachingAllocator {
     cc.count.fetch_sub(1, std::memory_order_relaxed);
     const int64_t live = live_.fetch_sub(s, std::memory_order_relaxed) - s;
     record::memory_event(-s, cat, cat_live, live, p);
-    if (pool_registry().pools.load(std::memory_order_acquire) > 0 && give_back_to_pool(p, size)) return;
+    const PoolRegistry& r = pool_registry();
+    if (r.pools.load(std::memory_order_acquire) > 0 && r.maybe_pooled(p) && give_back_to_pool(p, size)) return;
     cache_block(p, size);
   }
 
@@ -194,7 +213,6 @@ class CachingAllocator {
   int64_t limit() const { return limit_.load(std::memory_order_relaxed); }
 
  private:
-  static memory::PrivatePool::Impl* pool_impl(memory::PrivatePool* p);
   static void* take_pooled(memory::PrivatePool::Impl* pool, size_t size);
   static void adopt(memory::PrivatePool::Impl* pool, void* p, size_t size);
   static bool give_back_to_pool(void* p, size_t size);
@@ -284,8 +302,6 @@ struct memory::PrivatePool::Impl {
 
 namespace {
 
-memory::PrivatePool::Impl* CachingAllocator::pool_impl(memory::PrivatePool* p) { return p->impl(); }
-
 void* CachingAllocator::take_pooled(memory::PrivatePool::Impl* pool, size_t size) {
   std::lock_guard<std::mutex> lock(pool_registry().mu);
   auto it = pool->free.find(size);
@@ -299,6 +315,7 @@ void CachingAllocator::adopt(memory::PrivatePool::Impl* pool, void* p, size_t si
   auto& r = pool_registry();
   std::lock_guard<std::mutex> lock(r.mu);
   r.owner[p] = pool;
+  r.mark(p);
   pool->blocks[p] = size;
   pool->bytes += static_cast<int64_t>(size);
 }
@@ -356,14 +373,6 @@ int64_t PrivatePool::reserved_bytes() const {
   return impl_->bytes;
 }
 
-int64_t PrivatePool::num_blocks() const {
-  std::lock_guard<std::mutex> lock(pool_registry().mu);
-  return static_cast<int64_t>(impl_->blocks.size());
-}
-
-PrivatePoolScope::PrivatePoolScope(PrivatePool* pool) : prev_(t_pool) { t_pool = pool; }
-PrivatePoolScope::~PrivatePoolScope() { t_pool = prev_; }
-PrivatePool* active_private_pool() { return t_pool; }
 PrivatePool* exchange_private_pool(PrivatePool* pool) { return std::exchange(t_pool, pool); }
 
 size_t rounded_size(size_t n) {

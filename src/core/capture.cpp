@@ -14,10 +14,8 @@ constinit thread_local Recorder* t_recorder = nullptr;
 constinit thread_local int t_depth = 0;
 }  // namespace detail
 
-RecorderGuard::RecorderGuard(Recorder* r, void* pool) noexcept
-    : prev_(detail::t_recorder),
-      prev_depth_(detail::t_depth),
-      prev_pool_(memory::exchange_private_pool(static_cast<memory::PrivatePool*>(pool))) {
+RecorderGuard::RecorderGuard(Recorder* r, memory::PrivatePool* pool) noexcept
+    : prev_(detail::t_recorder), prev_depth_(detail::t_depth), prev_pool_(memory::exchange_private_pool(pool)) {
   detail::t_recorder = r;
   detail::t_depth = 0;
 }
@@ -25,7 +23,7 @@ RecorderGuard::RecorderGuard(Recorder* r, void* pool) noexcept
 RecorderGuard::~RecorderGuard() {
   detail::t_recorder = prev_;
   detail::t_depth = prev_depth_;
-  memory::exchange_private_pool(static_cast<memory::PrivatePool*>(prev_pool_));
+  memory::exchange_private_pool(prev_pool_);
 }
 
 void HostAction::enter() {
@@ -35,14 +33,12 @@ void HostAction::enter() {
 
 void HostAction::leave() {
   --detail::t_depth;
-  memory::exchange_private_pool(static_cast<memory::PrivatePool*>(saved_pool_));
+  memory::exchange_private_pool(saved_pool_);
 }
 
 void graph_break(const char* what) {
   if (detail::t_recorder) detail::t_recorder->graph_break(what);
 }
-
-const void* stable_bytes(const void* p, int n) { return recording() ? detail::t_recorder->keep(p, n) : p; }
 
 ScalarBytes::ScalarBytes(const void* p, int nbytes) {
   if (!p) return;

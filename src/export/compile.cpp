@@ -127,23 +127,19 @@ Guards current_guards(const std::vector<Tensor>& inputs, const CompileOptions& o
 }
 
 /// Why `g` does not hold now, or "" when it does.
-std::string check_guards(Guards& g, const std::vector<Tensor>& inputs, const CompileOptions& opts) {
-  std::ostringstream why;
-  if (inputs.size() != g.inputs.size()) {
-    why << "the number of inputs: " << inputs.size() << ", captured with " << g.inputs.size();
-    return why.str();
-  }
+// Called on every call: nothing is formatted unless a guard fails.
+std::string check_guards(Guards& g, const std::vector<Tensor>& inputs) {
+  if (inputs.size() != g.inputs.size())
+    return "the number of inputs: " + std::to_string(inputs.size()) + ", captured with " +
+           std::to_string(g.inputs.size());
   for (size_t i = 0; i < inputs.size(); ++i) {
     const Tensor& t = inputs[i];
     const InputKey& k = g.inputs[i];
-    if (t.dtype() != k.dtype) {
-      why << "input " << i << ": dtype " << dtype_name(t.dtype()) << ", captured with " << dtype_name(k.dtype);
-      return why.str();
-    }
-    if (t.sizes() != IntArrayRef(k.sizes)) {
-      why << "input " << i << ": sizes " << sizes_str(t.sizes()) << ", captured with " << sizes_str(k.sizes);
-      return why.str();
-    }
+    if (t.dtype() != k.dtype)
+      return "input " + std::to_string(i) + ": dtype " + std::string(dtype_name(t.dtype())) + ", captured with " +
+             std::string(dtype_name(k.dtype));
+    if (t.sizes() != IntArrayRef(k.sizes))
+      return "input " + std::to_string(i) + ": sizes " + sizes_str(t.sizes()) + ", captured with " + sizes_str(k.sizes);
   }
   if (get_num_threads() != g.threads)
     return "threads: " + std::to_string(get_num_threads()) + ", captured with " + std::to_string(g.threads);
@@ -158,7 +154,6 @@ std::string check_guards(Guards& g, const std::vector<Tensor>& inputs, const Com
     return "autocast: " + desc(ac, ac ? autocast_dtype() : g.autocast_dtype) + ", captured " +
            desc(g.autocast, g.autocast_dtype);
   }
-  if (opts.modules.size() != g.modules.size()) return "the modules in the options changed";
   // No module anywhere registered a slot or child since the guards were enumerated: the
   // cached module and slot pointers still describe the modules, and checking them is cheap.
   const uint64_t epoch = nn::Module::structure_epoch();
@@ -178,6 +173,7 @@ std::string check_guards(Guards& g, const std::vector<Tensor>& inputs, const Com
     for (size_t j = 0; j < mg.all.size(); ++j) {
       const nn::Module* m = mg.all[j];
       if ((m->is_training() ? 1 : 0) != mg.training[j]) {
+        std::ostringstream why;
         why << mg.label << ": " << (j ? "submodule " + std::to_string(j) + " (" + m->type_name() + ")" : "the module")
             << " is in " << (m->is_training() ? "training" : "eval") << " mode, captured in "
             << (mg.training[j] ? "training" : "eval") << " mode";
@@ -371,7 +367,7 @@ struct CompiledFunction::Impl {
     std::string first_failure;
     for (size_t i = 0; i < cache.size(); ++i) {
       Entry& e = *cache[i];
-      std::string why = check_guards(e.guards, inputs, opts);
+      std::string why = check_guards(e.guards, inputs);
       if (why.empty()) {
         if (i)
           std::rotate(cache.begin(), cache.begin() + static_cast<std::ptrdiff_t>(i),
@@ -397,7 +393,9 @@ CompiledFunction::CompiledFunction(Fn fn, CompileOptions options) : impl_(std::m
   KILN_CHECK(fn != nullptr, ValueError, "compile: expected a function, got an empty one");
   KILN_CHECK(options.cache_size_limit >= 1, ValueError, "compile: cache_size_limit must be at least 1, got ",
              options.cache_size_limit);
-  for (nn::Module* m : options.modules) KILN_CHECK(m != nullptr, ValueError, "compile: a module in options is null");
+  for (size_t i = 0; i < options.modules.size(); ++i)
+    KILN_CHECK(options.modules[i] != nullptr, ValueError, "compile: options.modules[", i,
+               "]: expected a module, got null");
   impl_->fn = std::move(fn);
   impl_->opts = std::move(options);
 }

@@ -8,9 +8,9 @@
 
 #include <vector>
 
-#include "host_write.h"
 #include "iter.h"
 #include "kiln/autograd/functions.h"
+#include "kiln/core/capture.h"
 #include "kiln/core/error.h"
 #include "kiln/core/guards.h"
 #include "kiln/kernels/batch_norm.h"
@@ -268,10 +268,11 @@ void batch_norm_update_running_stats(Tensor& running_mean, Tensor& running_var, 
   autograd::check_inplace(running_mean, "batch_norm (running_mean)", autograd::CallSite{});
   autograd::check_inplace(running_var, "batch_norm (running_var)", autograd::CallSite{});
   visit_dtype<DTypeSet{kFloat32, kFloat64}>(dt, "batch_norm (running stats)", [&]<typename T>() {
-    // A host loop: recorded for kiln::compile's replay like a kernel (host_write.h).
-    host_write("batch_norm (running stats)", [rm = running_mean.data_ptr<T>(), rv = running_var.data_ptr<T>(),
-                                              m = mean.data_ptr<T>(), v = var.data_ptr<T>(), c = mean.numel(), momentum,
-                                              ratio]() { update_stats(rm, rv, m, v, c, momentum, ratio); });
+    // A host loop: recorded for kiln::compile's replay like a kernel (capture::host_write).
+    capture::host_write(
+        "batch_norm (running stats)",
+        [rm = running_mean.data_ptr<T>(), rv = running_var.data_ptr<T>(), m = mean.data_ptr<T>(), v = var.data_ptr<T>(),
+         c = mean.numel(), momentum, ratio]() { update_stats(rm, rv, m, v, c, momentum, ratio); });
   });
   running_mean.bump_version();
   running_var.bump_version();

@@ -10,8 +10,8 @@
 #include <cmath>
 #include <numbers>
 
-#include "host_write.h"
 #include "iter.h"
+#include "kiln/core/capture.h"
 #include "kiln/core/guards.h"
 #include "kiln/core/memory_history.h"
 #include "kiln/core/parallel.h"
@@ -290,7 +290,7 @@ Tensor arange(const Scalar& start, const Scalar& end, const Scalar& step, Tensor
                  ", step=", step.to_double());
       const int64_t n = static_cast<int64_t>(size_d);
       out = empty_for({n}, options, "arange");
-      ops::host_write("arange", [p = out.data_ptr<T>(), n, xs, xst]() {
+      capture::host_write("arange", [p = out.data_ptr<T>(), n, xs, xst]() {
         for (int64_t i = 0; i < n; ++i) {
           if constexpr (std::is_integral_v<T>) {
             // Wrapping (unsigned) arithmetic: a huge range into int32 wraps as in PyTorch, without UB.
@@ -327,7 +327,7 @@ Tensor linspace(const Scalar& start, const Scalar& end, int64_t steps, TensorOpt
     if constexpr (std::is_integral_v<T>) {
       const T s = start.to<T>(), e = end.to<T>();
       const double step = (static_cast<double>(e) - static_cast<double>(s)) / static_cast<double>(steps - 1);
-      ops::host_write("linspace", [p, steps, half, s, e, step]() {
+      capture::host_write("linspace", [p, steps, half, s, e, step]() {
         for (int64_t i = 0; i < steps; ++i) {
           const double v = i < half ? s + step * static_cast<double>(i) : e - step * static_cast<double>(steps - i - 1);
           p[i] = static_cast<T>(v);
@@ -339,7 +339,7 @@ Tensor linspace(const Scalar& start, const Scalar& end, int64_t steps, TensorOpt
       auto r = [](C x) -> C { return static_cast<C>(T(x)); };
       const C s = r(start.to<C>()), e = r(end.to<C>());
       const C step = r(r(e - s) / r(static_cast<C>(steps - 1)));
-      ops::host_write("linspace", [p, steps, half, s, e, step, r]() {
+      capture::host_write("linspace", [p, steps, half, s, e, step, r]() {
         for (int64_t i = 0; i < steps; ++i) {
           const C v =
               i < half ? r(s + r(step * r(static_cast<C>(i)))) : r(e - r(step * r(static_cast<C>(steps - i - 1))));
@@ -363,7 +363,7 @@ Tensor eye(int64_t n, std::optional<int64_t> m, TensorOptions options, std::sour
     t.zero_();
   }
   visit_dtype(t.dtype(), [&]<typename T>() {
-    ops::host_write("eye", [p = t.data_ptr<T>(), n, cols]() {
+    capture::host_write("eye", [p = t.data_ptr<T>(), n, cols]() {
       for (int64_t i = 0; i < std::min(n, cols); ++i) p[i * cols + i] = T(1);
     });
   });

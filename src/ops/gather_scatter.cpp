@@ -12,8 +12,8 @@
 #include <cstring>
 
 #include "grad_ops.h"
-#include "host_write.h"
 #include "iter.h"
+#include "kiln/core/capture.h"
 #include "kiln/kernels/copy.h"
 #include "kiln/kernels/index.h"
 #include "kiln/ops/factory.h"
@@ -485,8 +485,9 @@ Tensor one_hot(const Tensor& indices, int64_t num_classes, std::source_location)
   }
   out_sizes.push_back(num_classes);
   Tensor out = ops::new_output(out_sizes, kInt64);
-  ops::host_write("one_hot (zero)",
-                  [p = out.data_ptr(), nbytes = static_cast<size_t>(out.nbytes())]() { std::memset(p, 0, nbytes); });
+  capture::host_write("one_hot (zero)", [p = out.data_ptr(), nbytes = static_cast<size_t>(out.nbytes())]() {
+    std::memset(p, 0, nbytes);
+  });
   kernels::one_hot(idx.data_ptr<int64_t>(), idx.numel(), num_classes, out.data_ptr<int64_t>());
   return out;
 }

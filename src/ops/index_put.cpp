@@ -12,9 +12,9 @@
 #include <type_traits>
 
 #include "grad_ops.h"
-#include "host_write.h"
 #include "iter.h"
 #include "kiln/autograd/functions.h"
+#include "kiln/core/capture.h"
 #include "kiln/ops/factory.h"
 #include "op_record.h"
 
@@ -32,7 +32,7 @@ namespace {
 //
 // Note [Index values are read on replay]: the index values are data, so
 // everything computed from them on the host (`linear`, the offsets written
-// through) is computed in closures that kiln::compile records (host_write.h)
+// through) is computed in closures that kiln::compile records (capture::host_write)
 // and a replay runs again on the step's new index values; only the shapes are
 // fixed at capture.
 struct Resolved {
@@ -66,8 +66,8 @@ std::vector<Tensor> mask_positions(const Tensor& self, const Tensor& mask, int64
   std::vector<Tensor> out;
   for (auto& v : pos) {
     Tensor t = empty({static_cast<int64_t>(v.size())}, kInt64);
-    ops::host_write("index (mask positions)",
-                    [p = t.data_ptr<int64_t>(), v = std::move(v)]() { std::copy(v.begin(), v.end(), p); });
+    capture::host_write("index (mask positions)",
+                        [p = t.data_ptr<int64_t>(), v = std::move(v)]() { std::copy(v.begin(), v.end(), p); });
     out.push_back(std::move(t));
   }
   return out;
@@ -124,8 +124,8 @@ Resolved resolve(const Tensor& self, const std::vector<Tensor>& indices, const c
   }
   // Note [Index values are read on replay]; the bounds check stays in the
   // closure so that a replay with a bad index raises instead of writing out of bounds.
-  ops::host_write("index (resolve)", [lin = r.linear.data_ptr<int64_t>(), value_ptrs = std::move(value_ptrs),
-                                      sizes = r.dim_sizes, n, last, op]() {
+  capture::host_write("index (resolve)", [lin = r.linear.data_ptr<int64_t>(), value_ptrs = std::move(value_ptrs),
+                                          sizes = r.dim_sizes, n, last, op]() {
     for (int64_t i = 0; i < n; ++i) lin[i] = 0;
     int64_t row = 1;
     for (size_t j = 0; j < value_ptrs.size(); ++j) {
@@ -176,35 +176,36 @@ void write_indexed(Tensor& self, const Resolved& r, const Tensor& values, bool a
   const int64_t n = shape_numel(r.index_shape);
   visit_dtype<kAllTypes>(self.dtype(), "index_put_", [&]<typename T>() {
     // Note [Index values are read on replay]: the offsets come from `linear` each time.
-    ops::host_write("index_put_", [base = self.data_ptr<T>(), src0 = v.data_ptr<T>(),
-                                   lin = r.linear.data_ptr<int64_t>(), n, sizes = r.dim_sizes, strides = r.dim_strides,
-                                   pre = std::move(pre), post = std::move(post), accumulate]() {
-      std::vector<int64_t> element_offset(static_cast<size_t>(n));
-      for (int64_t i = 0; i < n; ++i) {
-        int64_t rest = lin[i], off = 0;
-        for (int64_t j = static_cast<int64_t>(sizes.size()) - 1; j >= 0; --j) {
-          off += (rest % sizes[j]) * strides[j];
-          rest /= sizes[j];
-        }
-        element_offset[static_cast<size_t>(i)] = off;
-      }
-      const T* src = src0;
-      for (int64_t p : pre) {
-        for (int64_t e : element_offset) {
-          for (int64_t q : post) {
-            T& dst = base[p + e + q];
-            if (!accumulate) {
-              dst = *src;
-            } else if constexpr (std::is_arithmetic_v<T>) {
-              dst = static_cast<T>(dst + *src);
-            } else {
-              dst = T(static_cast<float>(dst) + static_cast<float>(*src));
+    capture::host_write(
+        "index_put_",
+        [base = self.data_ptr<T>(), src0 = v.data_ptr<T>(), lin = r.linear.data_ptr<int64_t>(), n, sizes = r.dim_sizes,
+         strides = r.dim_strides, pre = std::move(pre), post = std::move(post), accumulate]() {
+          std::vector<int64_t> element_offset(static_cast<size_t>(n));
+          for (int64_t i = 0; i < n; ++i) {
+            int64_t rest = lin[i], off = 0;
+            for (int64_t j = static_cast<int64_t>(sizes.size()) - 1; j >= 0; --j) {
+              off += (rest % sizes[j]) * strides[j];
+              rest /= sizes[j];
             }
-            ++src;
+            element_offset[static_cast<size_t>(i)] = off;
           }
-        }
-      }
-    });
+          const T* src = src0;
+          for (int64_t p : pre) {
+            for (int64_t e : element_offset) {
+              for (int64_t q : post) {
+                T& dst = base[p + e + q];
+                if (!accumulate) {
+                  dst = *src;
+                } else if constexpr (std::is_arithmetic_v<T>) {
+                  dst = static_cast<T>(dst + *src);
+                } else {
+                  dst = T(static_cast<float>(dst) + static_cast<float>(*src));
+                }
+                ++src;
+              }
+            }
+          }
+        });
   });
 }
 

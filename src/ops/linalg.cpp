@@ -21,10 +21,10 @@
 #include <utility>
 #include <vector>
 
-#include "host_write.h"
 #include "iter.h"
 #include "kiln/autograd/functions.h"
 #include "kiln/core/allocator.h"
+#include "kiln/core/capture.h"
 #include "kiln/core/guards.h"
 #include "kiln/kernels/blas.h"
 #include "kiln/kernels/dnnl.h"
@@ -796,11 +796,11 @@ Tensor inference_linear(const Tensor& input, const Tensor& weight, const Tensor&
   if (capture::recording()) {
     void* packed = st.packed.data_ptr();
     lock.unlock();  // the recorded check takes the lock on every replay
-    ops::host_write("linear (weight pack)",
-                    [state = WeightPackAccess::shared(*pack), g, w = weight.detach(), id = layout.id] {
-                      const std::lock_guard<std::mutex> l(state->mu);
-                      WeightPackAccess::repack_if_stale(*state, g, w, id);
-                    });
+    capture::host_write("linear (weight pack)",
+                        [state = WeightPackAccess::shared(*pack), g, w = weight.detach(), id = layout.id] {
+                          const std::lock_guard<std::mutex> l(state->mu);
+                          WeightPackAccess::repack_if_stale(*state, g, w, id);
+                        });
     kernels::matmul_with_packed_b(g, packed);
     return out;
   }

@@ -17,9 +17,9 @@
 #include <memory>
 #include <vector>
 
-#include "host_write.h"
 #include "iter.h"
 #include "kiln/autograd/functions.h"
+#include "kiln/core/capture.h"
 #include "kiln/core/error.h"
 #include "kiln/core/guards.h"
 #include "kiln/kernels/loss.h"
@@ -58,7 +58,7 @@ Tensor from_rows(const Tensor& g, const std::vector<int64_t>& in_sizes) {
 // weight of the non-ignored targets, which depends on the targets. So the sum,
 // the write of the loss and the per-row coefficients the backward needs are one
 // closure that kiln::compile records and a replay runs on the new rows
-// (host_write.h); it leaves the coefficients here, shared with the backward's
+// (capture::host_write); it leaves the coefficients here, shared with the backward's
 // closure, which builds its per-row factors from them and g on every run.
 struct CrossEntropyScales {
   double a = 1, b = 0;  // per-row coefficients of the nll and smoothing terms, before g
@@ -94,17 +94,17 @@ struct CrossEntropyLossBackward final : autograd::Node {
     Tensor out = empty({rows, classes}, TensorOptions().dtype(x.dtype()));
     const kernels::CrossEntropyRows a{rows, classes, target.data_ptr<int64_t>(),
                                       weight.defined() ? weight.data_ptr() : nullptr, ignore_index};
-    host_write("cross_entropy_backward",
-               [dt = x.dtype(), a, gp = gd.data_ptr<double>(), xp = xr.data_ptr(), lp = lse.data_ptr<double>(),
-                op = out.data_ptr(), s = scales, rows = rows, ls = ls, red = red]() {
-                 std::vector<double> ca(rows), cb(ls > 0 ? rows : 0);
-                 for (int64_t r = 0; r < rows; ++r) {
-                   const double gr = red == LossReduction::None ? gp[r] : gp[0];
-                   ca[r] = gr * s->a;
-                   if (ls > 0) cb[r] = gr * s->b;
-                 }
-                 kernels::cross_entropy_backward(dt, a, xp, lp, ca.data(), ls > 0 ? cb.data() : nullptr, op);
-               });
+    capture::host_write("cross_entropy_backward",
+                        [dt = x.dtype(), a, gp = gd.data_ptr<double>(), xp = xr.data_ptr(), lp = lse.data_ptr<double>(),
+                         op = out.data_ptr(), s = scales, rows = rows, ls = ls, red = red]() {
+                          std::vector<double> ca(rows), cb(ls > 0 ? rows : 0);
+                          for (int64_t r = 0; r < rows; ++r) {
+                            const double gr = red == LossReduction::None ? gp[r] : gp[0];
+                            ca[r] = gr * s->a;
+                            if (ls > 0) cb[r] = gr * s->b;
+                          }
+                          kernels::cross_entropy_backward(dt, a, xp, lp, ca.data(), ls > 0 ? cb.data() : nullptr, op);
+                        });
     return {from_rows(out, in_sizes)};
   }
 
@@ -201,28 +201,29 @@ Tensor cross_entropy(const Tensor& input, const Tensor& target, const Tensor& we
     } else {
       // Note [cross_entropy reduces on the host].
       out = empty({}, TensorOptions().dtype(dt));
-      host_write("cross_entropy (reduction)", [pn, pw, ps, R, C, ls, red, dt, dst = out.data_ptr(), s = scales]() {
-        double sn = 0, sw = 0, ss = 0;
-        for (int64_t r = 0; r < R; ++r) {
-          sn += pn[r];
-          sw += pw[r];
-          if (ls > 0) ss += ps[r];
-        }
-        double den_a = 1, den_b = 1;
-        if (red == LossReduction::Mean) {
-          den_a = sw;
-          den_b = sw;
-        }
-        double v = (1.0 - ls) * (sn / den_a);
-        if (ls > 0) v += ls / static_cast<double>(C) * (ss / den_b);
-        // As scalar_tensor(v) would store it.
-        visit_dtype<DTypeSet{kFloat32, kFloat64, kBFloat16}>(
-            dt, "cross_entropy", [&]<typename T>() { *static_cast<T*>(dst) = Scalar(v).to<T>(); });
-        s->loss = v;
-        // An all-ignored batch: the rows contribute nothing whatever the scale.
-        s->a = den_a == 0 ? 0.0 : (1.0 - ls) / den_a;
-        s->b = den_b == 0 ? 0.0 : ls / static_cast<double>(C) / den_b;
-      });
+      capture::host_write("cross_entropy (reduction)",
+                          [pn, pw, ps, R, C, ls, red, dt, dst = out.data_ptr(), s = scales]() {
+                            double sn = 0, sw = 0, ss = 0;
+                            for (int64_t r = 0; r < R; ++r) {
+                              sn += pn[r];
+                              sw += pw[r];
+                              if (ls > 0) ss += ps[r];
+                            }
+                            double den_a = 1, den_b = 1;
+                            if (red == LossReduction::Mean) {
+                              den_a = sw;
+                              den_b = sw;
+                            }
+                            double v = (1.0 - ls) * (sn / den_a);
+                            if (ls > 0) v += ls / static_cast<double>(C) * (ss / den_b);
+                            // As scalar_tensor(v) would store it.
+                            visit_dtype<DTypeSet{kFloat32, kFloat64, kBFloat16}>(
+                                dt, "cross_entropy", [&]<typename T>() { *static_cast<T*>(dst) = Scalar(v).to<T>(); });
+                            s->loss = v;
+                            // An all-ignored batch: the rows contribute nothing whatever the scale.
+                            s->a = den_a == 0 ? 0.0 : (1.0 - ls) / den_a;
+                            s->b = den_b == 0 ? 0.0 : ls / static_cast<double>(C) / den_b;
+                          });
       check_scalar_fits(scales->loss, dt, "cross_entropy");
     }
   }

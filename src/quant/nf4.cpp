@@ -7,6 +7,7 @@
 
 #include "base_rng.h"
 #include "kiln/autograd/custom_function.h"
+#include "kiln/core/capture.h"
 #include "kiln/core/error.h"
 #include "kiln/core/generator.h"
 #include "kiln/core/guards.h"
@@ -17,7 +18,6 @@
 #include "kiln/nn/transformer.h"
 #include "kiln/ops/factory.h"
 #include "kiln/ops/linalg.h"
-#include "recorded_loop.h"
 
 namespace kiln::quant {
 
@@ -147,13 +147,13 @@ Tensor nf4_block_scales(const NF4Tensor& q) {
              " scale codes");
   Tensor s = empty({nb}, TensorOptions(kFloat32));
   // Each NF4Linear forward and backward: recorded for kiln::compile's replay.
-  detail::recorded_loop("nf4_block_scales",
-                        [ac = q.absmax_codes.data_ptr<uint8_t>(), af = q.absmax_factors.data_ptr<float>(),
-                         off = q.absmax_offset.data_ptr<float>(), out = s.data_ptr<float>(), nb, sb]() {
-                          const float offset = off[0];
-                          for (int64_t b = 0; b < nb; ++b)
-                            out[b] = static_cast<float>(static_cast<int>(ac[b]) - 128) * af[b / sb] + offset;
-                        });
+  capture::host_write("nf4_block_scales",
+                      [ac = q.absmax_codes.data_ptr<uint8_t>(), af = q.absmax_factors.data_ptr<float>(),
+                       off = q.absmax_offset.data_ptr<float>(), out = s.data_ptr<float>(), nb, sb]() {
+                        const float offset = off[0];
+                        for (int64_t b = 0; b < nb; ++b)
+                          out[b] = static_cast<float>(static_cast<int>(ac[b]) - 128) * af[b / sb] + offset;
+                      });
   return s;
 }
 
@@ -165,8 +165,8 @@ Tensor dequantize_nf4(const NF4Tensor& q, DType dtype) {
   const Tensor scales = nf4_block_scales(q);
   Tensor out = empty(q.shape, TensorOptions(kFloat32));
   // Each NF4Linear forward and backward: recorded for kiln::compile's replay.
-  detail::recorded_loop("dequantize_nf4", [c = q.codes.data_ptr<uint8_t>(), s = scales.data_ptr<float>(),
-                                           y = out.data_ptr<float>(), n, nb, bs]() {
+  capture::host_write("dequantize_nf4", [c = q.codes.data_ptr<uint8_t>(), s = scales.data_ptr<float>(),
+                                         y = out.data_ptr<float>(), n, nb, bs]() {
     parallel_for(nb, 16, [&](int64_t b0, int64_t b1) {
       for (int64_t b = b0; b < b1; ++b) {
         const int64_t lo = b * bs, hi = std::min(n, lo + bs);

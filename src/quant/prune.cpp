@@ -8,11 +8,11 @@
 #include <mutex>
 #include <numeric>
 
+#include "kiln/core/capture.h"
 #include "kiln/core/error.h"
 #include "kiln/core/guards.h"
 #include "kiln/nn/layers.h"
 #include "kiln/ops/factory.h"
-#include "recorded_loop.h"
 
 namespace kiln::quant {
 namespace {
@@ -76,10 +76,10 @@ std::shared_ptr<PruneState> state_of(nn::Module& module, const std::string& name
 // which then applies the mask on every replay, as eager does after each
 // optimizer step (the version test is host code a replay does not run).
 void apply_mask(PruneState& s) {
-  detail::recorded_loop("prune (apply mask)",
-                        [w = s.weight.data_ptr<float>(), m = s.mask.data_ptr<float>(), n = s.weight.numel()]() {
-                          for (int64_t i = 0; i < n; ++i) w[i] *= m[i];
-                        });
+  capture::host_write("prune (apply mask)",
+                      [w = s.weight.data_ptr<float>(), m = s.mask.data_ptr<float>(), n = s.weight.numel()]() {
+                        for (int64_t i = 0; i < n; ++i) w[i] *= m[i];
+                      });
   s.weight.bump_version();
   s.masked_version = s.weight.version();
 }

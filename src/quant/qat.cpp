@@ -17,7 +17,6 @@
 #include "kiln/ops/factory.h"
 #include "kiln/ops/linalg.h"
 #include "kiln/quant/fuse.h"
-#include "recorded_loop.h"
 #include "replace_layer.h"
 
 namespace kiln::quant {
@@ -64,8 +63,8 @@ struct FakeQuantFn : autograd::Function<FakeQuantFn> {
     else
       inner = x.numel();
     const int64_t n = x.numel();
-    detail::recorded_loop("fake_quantize", [in = xc.data_ptr<float>(), out = y.data_ptr<float>(),
-                                            m = mask.data_ptr<uint8_t>(), channels, inner, n, p]() {
+    capture::host_write("fake_quantize", [in = xc.data_ptr<float>(), out = y.data_ptr<float>(),
+                                          m = mask.data_ptr<uint8_t>(), channels, inner, n, p]() {
       std::vector<float> inv(p->scales.size());
       for (size_t c = 0; c < inv.size(); ++c) inv[c] = 1.0f / p->scales[c];
       for (int64_t start = 0; start < n; start += inner) {
@@ -83,8 +82,8 @@ struct FakeQuantFn : autograd::Function<FakeQuantFn> {
     const Tensor& mask = ctx.saved_data.get<Tensor>("mask");
     const Tensor g = grads[0].to(kFloat32).contiguous();
     Tensor gx = empty(g.sizes(), TensorOptions(kFloat32));
-    detail::recorded_loop("fake_quantize_backward", [gi = g.data_ptr<float>(), m = mask.data_ptr<uint8_t>(),
-                                                     go = gx.data_ptr<float>(), n = g.numel()]() {
+    capture::host_write("fake_quantize_backward", [gi = g.data_ptr<float>(), m = mask.data_ptr<uint8_t>(),
+                                                   go = gx.data_ptr<float>(), n = g.numel()]() {
       for (int64_t i = 0; i < n; ++i) go[i] = m[i] ? gi[i] : 0.0f;
     });
     return {gx, Tensor()};

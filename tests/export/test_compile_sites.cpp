@@ -3,7 +3,6 @@
 // graph breaks that name what a replay cannot repeat.
 #include <gtest/gtest.h>
 
-#include <cstring>
 
 #include "kiln/amp/grad_scaler.h"
 #include "kiln/core/generator.h"
@@ -15,19 +14,13 @@
 #include "kiln/ops/index.h"
 #include "kiln/ops/loss.h"
 #include "kiln/ops/batch_norm.h"
+#include "support/test_util.h"
 
 namespace kiln::test {
 namespace {
 
 void same(const Tensor& a, const Tensor& b, const std::string& what) {
-  ASSERT_EQ(a.defined(), b.defined()) << what;
-  if (!a.defined()) return;
-  ASSERT_EQ(a.sizes(), b.sizes()) << what;
-  ASSERT_EQ(a.dtype(), b.dtype()) << what;
-  const Tensor x = a.contiguous(), y = b.contiguous();
-  EXPECT_EQ(0, std::memcmp(x.data_ptr(), y.data_ptr(), static_cast<size_t>(x.nbytes()))) << what << " differs\n"
-                                                                                         << a << "\n"
-                                                                                         << b;
+  EXPECT_TRUE(bitwise_equal(a, b)) << what << " differs\n" << a << "\n" << b;
 }
 
 std::string reasons(const CompiledFunction& f) {

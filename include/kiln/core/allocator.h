@@ -86,7 +86,7 @@ void deallocate(void* ptr, size_t nbytes, MemoryCategory category);
 void recharge(void* ptr, size_t nbytes, MemoryCategory from, MemoryCategory to);
 
 /// A private block pool, as a CUDA graph's memory pool: while it is a
-/// thread's active pool (PrivatePoolScope), that thread's allocations come
+/// thread's active pool (exchange_private_pool), that thread's allocations come
 /// from it, and every block it ever handed out comes back to it when freed —
 /// never to the shared cache — until the pool is destroyed. kiln::compile's
 /// replay writes into addresses recorded at capture, so they must stay
@@ -102,8 +102,6 @@ class PrivatePool {
   PrivatePool& operator=(const PrivatePool&) = delete;
   /// Bytes of every block the pool owns (live in tensors or free in it).
   int64_t reserved_bytes() const;
-  /// How many blocks it owns.
-  int64_t num_blocks() const;
 
   struct Impl;
   Impl* impl() const { return impl_; }
@@ -112,20 +110,8 @@ class PrivatePool {
   Impl* impl_;
 };
 
-/// RAII: makes `pool` (null: none) the source of this thread's allocations.
-class PrivatePoolScope {
- public:
-  explicit PrivatePoolScope(PrivatePool* pool);
-  ~PrivatePoolScope();
-  PrivatePoolScope(const PrivatePoolScope&) = delete;
-  PrivatePoolScope& operator=(const PrivatePoolScope&) = delete;
-
- private:
-  PrivatePool* prev_;
-};
-/// The pool this thread allocates from, or null.
-PrivatePool* active_private_pool();
-/// Makes `pool` (null: none) this thread's pool; returns the previous one.
+/// Makes `pool` (null: none) the source of this thread's allocations; returns
+/// the previous one (capture::RecorderGuard and HostAction restore it).
 PrivatePool* exchange_private_pool(PrivatePool* pool);
 
 /// Rounds a request to what the allocator actually hands out.

@@ -28,6 +28,10 @@
 #include <string>
 #include <utility>
 
+namespace kiln::memory {
+class PrivatePool;
+}  // namespace kiln::memory
+
 namespace kiln::capture {
 
 using Replay = std::function<void()>;
@@ -56,11 +60,10 @@ extern constinit thread_local int t_depth;  // open kernel scopes and host actio
 inline bool recording() noexcept { return detail::t_recorder != nullptr && detail::t_depth == 0; }
 
 /// RAII: installs `r` on this thread (null: none) and makes the private pool
-/// `pool` (an opaque memory::PrivatePool*, may be null) the source of this
-/// thread's allocations until it ends.
+/// `pool` (may be null) the source of this thread's allocations until it ends.
 class RecorderGuard {
  public:
-  RecorderGuard(Recorder* r, void* pool) noexcept;
+  RecorderGuard(Recorder* r, memory::PrivatePool* pool) noexcept;
   ~RecorderGuard();
   RecorderGuard(const RecorderGuard&) = delete;
   RecorderGuard& operator=(const RecorderGuard&) = delete;
@@ -68,7 +71,7 @@ class RecorderGuard {
  private:
   Recorder* prev_;
   int prev_depth_;
-  void* prev_pool_;
+  memory::PrivatePool* prev_pool_;
 };
 
 /// At a kernel's entry (see KILN_CAPTURE_KERNEL).
@@ -112,8 +115,23 @@ class HostAction {
   void enter();
   void leave();
   bool on_;
-  void* saved_pool_ = nullptr;
+  memory::PrivatePool* saved_pool_ = nullptr;
 };
+
+/// Runs `write` now and, while a capture records, records it for replay under
+/// `name` (a literal), like a kernel: host code outside src/kernels that
+/// writes tensor memory (arange's values, index_put's writes, batch norm's
+/// running statistics, QAT's fake quantize, GradScaler's scale). `write`
+/// captures by value what it needs and the raw data pointers of the tensors
+/// it touches (a replay reuses those addresses), and is copied into the record
+/// only while recording. The scope keeps kernels it calls from being recorded
+/// a second time.
+template <typename F>
+void host_write(const char* name, F&& write) {
+  const KernelScope cap(name);
+  if (cap.recording()) cap.record(Replay(write));
+  std::forward<F>(write)();
+}
 
 /// Records `fn` as a host action without running it, when recording: for a
 /// host-side effect the caller has just made (AccumulateGrad setting .grad).
@@ -137,7 +155,7 @@ inline void graph_break_if_recording(const char* what) {
 /// While recording, a copy of the `n` bytes (at most 16) at `p` that lives as
 /// long as the record; otherwise `p`. For a scalar operand that a LoopSpec
 /// points at on the caller's stack (x * 0.5).
-const void* stable_bytes(const void* p, int n);
+inline const void* stable_bytes(const void* p, int n) { return recording() ? detail::t_recorder->keep(p, n) : p; }
 
 /// The bytes of a scalar argument passed by pointer (a kernel's alpha or
 /// bound), copied so that a recorded closure does not point at the caller's

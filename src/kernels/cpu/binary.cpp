@@ -193,14 +193,20 @@ void pow_scalar_floating(const LoopSpec& s, const Scalar& exponent) {
 }  // namespace
 
 void binary(const LoopSpec& s, BinaryOp op, DType dt, const void* alpha) {
-  const capture::ScalarBytes alpha_copy(alpha, static_cast<int>(element_size(dt)));
-  KILN_CAPTURE_KERNEL("binary", binary(s, op, dt, alpha_copy.ptr()));
+  // alpha points at the caller's stack: the record keeps a copy (made only when recording).
+  const capture::KernelScope cap("binary");
+  if (cap.recording())
+    cap.record(
+        [=, a = capture::ScalarBytes(alpha, static_cast<int>(element_size(dt)))] { binary(s, op, dt, a.ptr()); });
   visit_dtype(dt, [&]<typename T>() { binary_typed<T>(s, op, alpha, nullptr); });
 }
 
 void binary(const LoopSpec& s, BinaryOp op, DType dt, const StoredDTypes& stored, const void* alpha) {
-  const capture::ScalarBytes alpha_copy(alpha, static_cast<int>(element_size(dt)));
-  KILN_CAPTURE_KERNEL("binary", binary(s, op, dt, stored, alpha_copy.ptr()));
+  const capture::KernelScope cap("binary");
+  if (cap.recording())
+    cap.record([=, a = capture::ScalarBytes(alpha, static_cast<int>(element_size(dt)))] {
+      binary(s, op, dt, stored, a.ptr());
+    });
   visit_dtype(dt, [&]<typename T>() {
     const ew::BinaryConverters<compute_t<T>, compute_t<T>> conv{
         ew::load_converter<T>(stored.a), ew::load_converter<T>(stored.b), ew::store_converter<T>(stored.out)};

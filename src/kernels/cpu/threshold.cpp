@@ -11,8 +11,12 @@
 namespace kiln::kernels {
 
 void threshold_backward(const LoopSpec& s, DType dt, const void* threshold) {
-  const capture::ScalarBytes threshold_copy(threshold, static_cast<int>(element_size(dt)));
-  KILN_CAPTURE_KERNEL("threshold_backward", threshold_backward(s, dt, threshold_copy.ptr()));
+  // The threshold points at the caller's stack: the record keeps a copy (made only when recording).
+  const capture::KernelScope cap("threshold_backward");
+  if (cap.recording())
+    cap.record([=, t = capture::ScalarBytes(threshold, static_cast<int>(element_size(dt)))] {
+      threshold_backward(s, dt, t.ptr());
+    });
   KILN_ASSERT(dt != kBool, "threshold_backward kernel called with bool; the ops layer should have rejected it");
   visit_dtype(dt, [&]<typename T>() {
     if constexpr (!std::is_same_v<T, bool>) {

@@ -95,9 +95,13 @@ void unary(const LoopSpec& s, UnaryOp op, DType dt) {
 }
 
 void clamp(const LoopSpec& s, DType dt, const void* lo, const void* hi) {
-  const int es = static_cast<int>(element_size(dt));
-  const capture::ScalarBytes lo_copy(lo, es), hi_copy(hi, es);
-  KILN_CAPTURE_KERNEL("clamp", clamp(s, dt, lo_copy.ptr(), hi_copy.ptr()));
+  // The bounds point at the caller's stack: the record keeps copies (made only when recording).
+  const capture::KernelScope cap("clamp");
+  if (cap.recording()) {
+    const int es = static_cast<int>(element_size(dt));
+    cap.record(
+        [=, l = capture::ScalarBytes(lo, es), h = capture::ScalarBytes(hi, es)] { clamp(s, dt, l.ptr(), h.ptr()); });
+  }
   KILN_ASSERT(lo || hi, "clamp kernel called without bounds");
   visit_dtype(dt, [&]<typename T>() {
     using C = compute_t<T>;
