@@ -189,11 +189,12 @@ void run_workload(const std::string& name, const Args& a) {
   std::string compile_info;
   if (compiled) {
     const auto& st = compiled->stats();
-    compile_info = "\"compiled\": true, \"compile_ms\": " + num(first_ms) +
-                   ", \"replays\": " + std::to_string(st.replays) +
-                   ", \"eager_calls\": " + std::to_string(st.eager_calls) +
-                   ", \"graph_breaks\": " + std::to_string(st.graph_breaks.size()) +
-                   ", \"kernels\": " + std::to_string(st.kernels) + ", ";
+    compile_info =
+        "\"compiled\": true, \"compile_ms\": " + num(first_ms) + ", \"replays\": " + std::to_string(st.replays) +
+        ", \"eager_calls\": " + std::to_string(st.eager_calls) +
+        ", \"graph_breaks\": " + std::to_string(st.graph_breaks.size()) +
+        ", \"kernels\": " + std::to_string(st.kernels) + ", \"fused_kernels\": " + std::to_string(st.fused_kernels) +
+        ", \"unwritten_bytes\": " + std::to_string(st.unwritten_bytes) + ", ";
     if (!st.graph_breaks.empty() || !st.replay_ms.empty()) std::fprintf(stderr, "%s", compiled->explain().c_str());
   }
   std::ostringstream steps;

@@ -7,6 +7,7 @@
 // iteration, so after the first step every request is a cache hit and no
 // fresh page is touched.
 #include "kiln/core/allocator.h"
+#include "kiln/core/pool_frees.h"
 
 #include <sys/mman.h>
 
@@ -298,6 +299,8 @@ struct memory::PrivatePool::Impl {
   std::unordered_map<size_t, std::vector<void*>> free;
   std::unordered_map<void*, size_t> blocks;  // all it owns, with their rounded sizes
   int64_t bytes = 0;
+  bool log_frees = false;
+  std::vector<std::pair<void*, size_t>> freed;  // while log_frees (kiln/core/pool_frees.h)
 };
 
 namespace {
@@ -326,6 +329,7 @@ bool CachingAllocator::give_back_to_pool(void* p, size_t size) {
   auto it = r.owner.find(p);
   if (it == r.owner.end()) return false;
   it->second->free[size].push_back(p);
+  if (it->second->log_frees) it->second->freed.emplace_back(p, size);
   return true;
 }
 
@@ -371,6 +375,17 @@ PrivatePool::~PrivatePool() {
 int64_t PrivatePool::reserved_bytes() const {
   std::lock_guard<std::mutex> lock(pool_registry().mu);
   return impl_->bytes;
+}
+
+void log_pool_frees(PrivatePool& pool, bool on) {
+  std::lock_guard<std::mutex> lock(pool_registry().mu);
+  pool.impl()->log_frees = on;
+  if (!on) pool.impl()->freed.clear();
+}
+
+std::vector<std::pair<void*, size_t>> take_pool_frees(PrivatePool& pool) {
+  std::lock_guard<std::mutex> lock(pool_registry().mu);
+  return std::exchange(pool.impl()->freed, {});
 }
 
 PrivatePool* exchange_private_pool(PrivatePool* pool) { return std::exchange(t_pool, pool); }

@@ -6,12 +6,14 @@
 #include <cstring>
 
 #include "kiln/core/allocator.h"
+#include "kiln/core/capture_loop.h"
 
 namespace kiln::capture {
 
 namespace detail {
 constinit thread_local Recorder* t_recorder = nullptr;
 constinit thread_local int t_depth = 0;
+constinit thread_local LoopSink* t_loop_sink = nullptr;
 }  // namespace detail
 
 RecorderGuard::RecorderGuard(Recorder* r, memory::PrivatePool* pool) noexcept

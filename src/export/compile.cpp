@@ -8,6 +8,8 @@
 // training flags, and the same parameter tensors at the versions the last
 // call left them (a change made outside means something may have been folded
 // into the capture — an autocast or packed copy — so it is captured again).
+// Before the first replay, runs of elementwise kernels are fused
+// (compile_fusion.h).
 #include "kiln/export/compile.h"
 
 #include <algorithm>
@@ -19,12 +21,15 @@
 #include <iostream>
 #include <sstream>
 
+#include "compile_fusion.h"
 #include "kiln/core/allocator.h"
 #include "kiln/core/autocast.h"
 #include "kiln/core/capture.h"
+#include "kiln/core/capture_loop.h"
 #include "kiln/core/error.h"
 #include "kiln/core/format.h"
 #include "kiln/core/guards.h"
+#include "kiln/core/pool_frees.h"
 #include "kiln/core/threads.h"
 
 namespace kiln {
@@ -193,17 +198,26 @@ struct alignas(16) Bytes16 {
   unsigned char bytes[16];
 };
 
-struct Recorded {
-  const char* name;
-  bool host;
-  capture::Replay fn;
-};
+using compile_detail::Recorded;
 
-class StepRecorder : public capture::Recorder {
+class StepRecorder : public capture::Recorder, public capture::LoopSink {
  public:
-  void kernel(const char* name, capture::Replay replay) override { ops.push_back({name, false, std::move(replay)}); }
-  void host_action(const char* name, capture::Replay replay) override {
-    ops.push_back({name, true, std::move(replay)});
+  // The pool keeps a list of the blocks freed into it until finish().
+  explicit StepRecorder(memory::PrivatePool& pool) : pool_(pool) { memory::log_pool_frees(pool_, true); }
+
+  void kernel(const char* name, capture::Replay replay) override { add(name, false, std::move(replay)); }
+  void host_action(const char* name, capture::Replay replay) override { add(name, true, std::move(replay)); }
+  // Right after kernel(): the loop of the kernel just recorded.
+  void loop(const capture::Loop& l, capture::LoopRun run) override {
+    if (!ops.empty() && !ops.back().host)
+      ops.back().loop =
+          std::make_shared<const compile_detail::LoopRecord>(compile_detail::LoopRecord{l, std::move(run)});
+  }
+  /// At the end of the capture: the blocks freed after the last event.
+  std::vector<std::pair<void*, size_t>> finish() {
+    auto frees = take_frees();
+    memory::log_pool_frees(pool_, false);
+    return frees;
   }
   void backward_ran() override { ran_backward = true; }
   void graph_break(const std::string& what) override {
@@ -221,6 +235,13 @@ class StepRecorder : public capture::Recorder {
   std::vector<GraphBreak> breaks;
   bool ran_backward = false;
   std::deque<Bytes16> kept;  // deque: the addresses handed out stay put
+
+ private:
+  void add(const char* name, bool host, capture::Replay replay) {
+    ops.push_back({name, host, std::move(replay), nullptr, {}, take_frees()});
+  }
+  std::vector<std::pair<void*, size_t>> take_frees() { return memory::take_pool_frees(pool_); }
+  memory::PrivatePool& pool_;
 };
 
 }  // namespace
@@ -268,7 +289,7 @@ struct CompiledFunction::Impl {
       for (const Recorded& r : e.ops) {
         const auto t0 = std::chrono::steady_clock::now();
         r.fn();
-        stats.replay_ms[r.name] +=
+        stats.replay_ms[r.fused_name.empty() ? std::string(r.name) : r.fused_name] +=
             std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
       }
     } else {
@@ -289,13 +310,15 @@ struct CompiledFunction::Impl {
       for (const Tensor& t : inputs) e->static_inputs.push_back(t.clone());
     }
     e->pool = std::make_unique<memory::PrivatePool>();
-    StepRecorder rec;
+    StepRecorder rec(*e->pool);
     const auto t0 = std::chrono::steady_clock::now();
     std::vector<Tensor> outs;
     {
       const capture::RecorderGuard guard(&rec, e->pool.get());
+      const capture::LoopSinkGuard loops(&rec);
       outs = fn(e->static_inputs);
     }
+    const std::vector<std::pair<void*, size_t>> freed_at_end = rec.finish();
     const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     stats.compile_seconds += secs;
     ++stats.captures;
@@ -338,6 +361,16 @@ struct CompiledFunction::Impl {
       e->ops = std::move(rec.ops);
       e->kept = std::move(rec.kept);
       stats.pool_bytes = e->pool->reserved_bytes();
+      stats.fused_loops = stats.fused_kernels = stats.unwritten_bytes = 0;
+      if (opts.fuse) {
+        const compile_detail::FusionReport fr = compile_detail::fuse_elementwise(e->ops, freed_at_end);
+        stats.fused_loops = fr.groups;
+        stats.fused_kernels = fr.kernels;
+        stats.unwritten_bytes = fr.unwritten_bytes;
+        for (const std::string& line : fr.lines) log("fused: " + line);
+      }
+      // The record needs nothing more about memory.
+      for (Recorded& r : e->ops) std::vector<std::pair<void*, size_t>>().swap(r.freed_before);
     }
     std::ostringstream os;
     os << (reason.empty() ? "captured" : "recompiled (" + reason + ")") << ": " << stats.kernels << " kernels, "
@@ -420,6 +453,13 @@ std::string CompiledFunction::explain() const {
      << static_cast<int64_t>(s.compile_seconds * 1e3 + 0.5) << " ms compiling)\n";
   os << "  newest graph: " << s.kernels << " kernels, " << s.host_actions << " host actions, private pool "
      << format_bytes(s.pool_bytes) << "\n";
+  if (s.fused_loops > 0) {
+    os << "  fusion: " << s.fused_kernels << " elementwise kernels run as " << s.fused_loops
+       << (s.fused_loops == 1 ? " fused loop" : " fused loops");
+    if (s.unwritten_bytes > 0)
+      os << ", " << format_bytes(s.unwritten_bytes) << " of intermediates not written per call";
+    os << "\n";
+  }
   if (!s.ops_in_graph.empty()) {
     os << "   ";
     for (const auto& [name, n] : s.ops_in_graph) os << " " << name << " x" << n;

@@ -18,8 +18,10 @@
 // static memory plan, and it keeps the recorded addresses valid. Later calls
 // whose guards hold replay the record: no dispatch, no shape checks, no
 // autograd graph, no tensor allocation (kernels' own scratch still comes from
-// the cache) — torch.compile's mode="reduce-overhead" (CUDA graphs) on the CPU. docs/compile.md says what is and is not
-// fused.
+// the cache) — torch.compile's mode="reduce-overhead" (CUDA graphs) on the
+// CPU. Before the first replay, runs of consecutive elementwise kernels are
+// fused into tiled loops whose dying intermediates never reach memory
+// (docs/compile.md, "Fusion", says what is and is not fused).
 //
 // As with CUDA graphs, outputs are static: each call overwrites the tensors
 // the previous call returned (clone one to keep it), and inputs are copied
@@ -52,6 +54,10 @@ struct CompileOptions {
   int cache_size_limit = 8;
   /// A graph break throws kiln::ValueError naming it instead of running eagerly.
   bool fullgraph = false;
+  /// Runs consecutive elementwise kernels over one shape as one tiled loop,
+  /// keeping intermediates that die inside it out of memory (results are
+  /// bitwise those of the unfused kernels; docs/compile.md, "Fusion").
+  bool fuse = true;
 };
 
 /// One graph break: what could not be captured and the last line of user
@@ -72,6 +78,9 @@ struct CompileStats {
   int64_t host_actions = 0;                     // host actions in it
   std::map<std::string, int64_t> ops_in_graph;  // the newest capture's record, by kernel or action name
   int64_t pool_bytes = 0;                       // its private pool
+  int64_t fused_loops = 0;                      // fused loops in it
+  int64_t fused_kernels = 0;                    // the elementwise kernels they run
+  int64_t unwritten_bytes = 0;                  // intermediates a replay keeps in cache instead of memory
   std::vector<GraphBreak> graph_breaks;
   std::vector<std::string> recompile_reasons;  // the failed guard of each recompile
   /// With KILN_COMPILE_PROFILE=1: milliseconds spent in replays per recorded

@@ -9,6 +9,7 @@
 #include "elementwise_math.h"
 #include "kiln/core/capture.h"
 #include "kiln/kernels/elementwise.h"
+#include "loop_capture.h"
 
 namespace kiln::kernels {
 
@@ -195,18 +196,22 @@ void pow_scalar_floating(const LoopSpec& s, const Scalar& exponent) {
 void binary(const LoopSpec& s, BinaryOp op, DType dt, const void* alpha) {
   // alpha points at the caller's stack: the record keeps a copy (made only when recording).
   const capture::KernelScope cap("binary");
-  if (cap.recording())
-    cap.record(
-        [=, a = capture::ScalarBytes(alpha, static_cast<int>(element_size(dt)))] { binary(s, op, dt, a.ptr()); });
+  if (cap.recording()) {
+    const int es = static_cast<int>(element_size(dt));
+    ew::record_loop(cap, s, ew::sizes_all(es),
+                    [=, a = capture::ScalarBytes(alpha, es)](const LoopSpec& t) { binary(t, op, dt, a.ptr()); });
+  }
   visit_dtype(dt, [&]<typename T>() { binary_typed<T>(s, op, alpha, nullptr); });
 }
 
 void binary(const LoopSpec& s, BinaryOp op, DType dt, const StoredDTypes& stored, const void* alpha) {
   const capture::KernelScope cap("binary");
-  if (cap.recording())
-    cap.record([=, a = capture::ScalarBytes(alpha, static_cast<int>(element_size(dt)))] {
-      binary(s, op, dt, stored, a.ptr());
-    });
+  if (cap.recording()) {
+    auto es = [](DType d) { return static_cast<int>(element_size(d)); };
+    ew::record_loop(
+        cap, s, {es(stored.out), es(stored.a), es(stored.b), 0},
+        [=, a = capture::ScalarBytes(alpha, es(dt))](const LoopSpec& t) { binary(t, op, dt, stored, a.ptr()); });
+  }
   visit_dtype(dt, [&]<typename T>() {
     const ew::BinaryConverters<compute_t<T>, compute_t<T>> conv{
         ew::load_converter<T>(stored.a), ew::load_converter<T>(stored.b), ew::store_converter<T>(stored.out)};
@@ -215,7 +220,7 @@ void binary(const LoopSpec& s, BinaryOp op, DType dt, const StoredDTypes& stored
 }
 
 void pow_scalar(const LoopSpec& s, DType dt, const Scalar& exponent) {
-  KILN_CAPTURE_KERNEL("pow_scalar", pow_scalar(s, dt, exponent));
+  KILN_CAPTURE_LOOP("pow_scalar", s, ew::sizes_all(static_cast<int>(element_size(dt))), pow_scalar(t, dt, exponent));
   visit_dtype(dt, [&]<typename T>() {
     if constexpr (is_float_v<T>) {
       pow_scalar_floating<T>(s, exponent);

@@ -4,6 +4,7 @@
 #include <type_traits>
 
 #include "kiln/core/capture.h"
+#include "loop_capture.h"
 
 namespace kiln::kernels {
 
@@ -52,7 +53,9 @@ void strided_copy(char* o, int64_t so, const char* i, int64_t si, int64_t n, int
 }  // namespace
 
 void copy_cast(const LoopSpec& s, DType out, DType in) {
-  KILN_CAPTURE_KERNEL("copy_cast", copy_cast(s, out, in));
+  KILN_CAPTURE_LOOP("copy_cast", s,
+                    (ew::ElemSizes{static_cast<int>(element_size(out)), static_cast<int>(element_size(in)), 0, 0}),
+                    copy_cast(t, out, in));
   if (out == in) {
     const int64_t es = element_size(out);
     for_each_row(s, [&](char* const* p, const int64_t* st, int64_t n) {
@@ -70,7 +73,7 @@ void copy_cast(const LoopSpec& s, DType out, DType in) {
 }
 
 void fill(const LoopSpec& s, DType dt, const Scalar& value) {
-  KILN_CAPTURE_KERNEL("fill", fill(s, dt, value));
+  KILN_CAPTURE_LOOP("fill", s, ew::sizes_all(static_cast<int>(element_size(dt))), fill(t, dt, value));
   visit_dtype(dt, [&]<typename T>() {
     const T v = value.to<T>();
     for_each_row(s, [&](char* const* p, const int64_t* st, int64_t n) {

@@ -6,6 +6,7 @@
 #include "elementwise_loop.h"
 #include "kiln/core/capture.h"
 #include "kiln/kernels/elementwise.h"
+#include "loop_capture.h"
 
 namespace kiln::kernels {
 
@@ -53,12 +54,15 @@ void compare_typed(const LoopSpec& s, CompareOp op, const ew::BinaryConverters<c
 }  // namespace
 
 void compare(const LoopSpec& s, CompareOp op, DType dt) {
-  KILN_CAPTURE_KERNEL("compare", compare(s, op, dt));
+  const int esz = static_cast<int>(element_size(dt));
+  KILN_CAPTURE_LOOP("compare", s, (ew::ElemSizes{1, esz, esz, 0}), compare(t, op, dt));
   visit_dtype(dt, [&]<typename T>() { compare_typed<T>(s, op, nullptr); });
 }
 
 void compare(const LoopSpec& s, CompareOp op, DType dt, DType a_dt, DType b_dt) {
-  KILN_CAPTURE_KERNEL("compare", compare(s, op, dt, a_dt, b_dt));
+  KILN_CAPTURE_LOOP("compare", s,
+                    (ew::ElemSizes{1, static_cast<int>(element_size(a_dt)), static_cast<int>(element_size(b_dt)), 0}),
+                    compare(t, op, dt, a_dt, b_dt));
   visit_dtype(dt, [&]<typename T>() {
     const ew::BinaryConverters<compute_t<T>, bool> conv{ew::load_converter<T>(a_dt), ew::load_converter<T>(b_dt)};
     compare_typed<T>(s, op, &conv);
@@ -66,7 +70,7 @@ void compare(const LoopSpec& s, CompareOp op, DType dt, DType a_dt, DType b_dt) 
 }
 
 void logical_not(const LoopSpec& s, DType dt) {
-  KILN_CAPTURE_KERNEL("logical_not", logical_not(s, dt));
+  KILN_CAPTURE_LOOP("logical_not", s, (ew::ElemSizes{1, static_cast<int>(element_size(dt)), 0, 0}), logical_not(t, dt));
   visit_dtype(dt, [&]<typename T>() {
     using C = compute_t<T>;
     run_unary<bool, T>(s, [](bool* out, const C* in, int64_t n) {

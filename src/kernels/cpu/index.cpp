@@ -13,6 +13,7 @@
 
 #include "kiln/core/capture.h"
 #include "kiln/kernels/index.h"
+#include "loop_capture.h"
 
 namespace kiln::kernels {
 
@@ -187,7 +188,8 @@ void scatter_value(const LoopSpec& s, DType dt, DType index_dt, int64_t self_dim
 }
 
 void masked_fill(const LoopSpec& s, DType dt, const Scalar& value) {
-  KILN_CAPTURE_KERNEL("masked_fill", masked_fill(s, dt, value));
+  const int esz = static_cast<int>(element_size(dt));
+  KILN_CAPTURE_LOOP("masked_fill", s, (ew::ElemSizes{esz, esz, 1, 0}), masked_fill(t, dt, value));
   visit_dtype(dt, [&]<typename T>() {
     using S = bits_t<sizeof(T)>;
     const S v = std::bit_cast<S>(value.to<T>());
@@ -215,7 +217,9 @@ void masked_fill(const LoopSpec& s, DType dt, const Scalar& value) {
 }
 
 void where(const LoopSpec& s, DType dt, DType cond_dt) {
-  KILN_CAPTURE_KERNEL("where", where(s, dt, cond_dt));
+  const int esz = static_cast<int>(element_size(dt));
+  KILN_CAPTURE_LOOP("where", s, (ew::ElemSizes{esz, static_cast<int>(element_size(cond_dt)), esz, esz}),
+                    where(t, dt, cond_dt));
   KILN_ASSERT(cond_dt == DType::Bool || cond_dt == DType::UInt8, "where: condition dtype ", dtype_name(cond_dt));
   visit_dtype(dt, [&]<typename T>() {
     using S = bits_t<sizeof(T)>;

@@ -7,16 +7,19 @@
 
 #include "elementwise_loop.h"
 #include "kiln/core/capture.h"
+#include "loop_capture.h"
 
 namespace kiln::kernels {
 
 void threshold_backward(const LoopSpec& s, DType dt, const void* threshold) {
   // The threshold points at the caller's stack: the record keeps a copy (made only when recording).
   const capture::KernelScope cap("threshold_backward");
-  if (cap.recording())
-    cap.record([=, t = capture::ScalarBytes(threshold, static_cast<int>(element_size(dt)))] {
-      threshold_backward(s, dt, t.ptr());
+  if (cap.recording()) {
+    const int es = static_cast<int>(element_size(dt));
+    ew::record_loop(cap, s, ew::sizes_all(es), [=, th = capture::ScalarBytes(threshold, es)](const LoopSpec& t) {
+      threshold_backward(t, dt, th.ptr());
     });
+  }
   KILN_ASSERT(dt != kBool, "threshold_backward kernel called with bool; the ops layer should have rejected it");
   visit_dtype(dt, [&]<typename T>() {
     if constexpr (!std::is_same_v<T, bool>) {

@@ -7,6 +7,7 @@
 #include "elementwise_math.h"
 #include "kiln/core/capture.h"
 #include "kiln/kernels/elementwise.h"
+#include "loop_capture.h"
 
 namespace kiln::kernels {
 
@@ -84,7 +85,7 @@ void unary_floating(const LoopSpec& s, UnaryOp op) {
 }  // namespace
 
 void unary(const LoopSpec& s, UnaryOp op, DType dt) {
-  KILN_CAPTURE_KERNEL("unary", unary(s, op, dt));
+  KILN_CAPTURE_LOOP("unary", s, ew::sizes_all(static_cast<int>(element_size(dt))), unary(t, op, dt));
   visit_dtype(dt, [&]<typename T>() {
     if constexpr (is_float_v<T>) {
       unary_floating<T>(s, op);
@@ -99,8 +100,10 @@ void clamp(const LoopSpec& s, DType dt, const void* lo, const void* hi) {
   const capture::KernelScope cap("clamp");
   if (cap.recording()) {
     const int es = static_cast<int>(element_size(dt));
-    cap.record(
-        [=, l = capture::ScalarBytes(lo, es), h = capture::ScalarBytes(hi, es)] { clamp(s, dt, l.ptr(), h.ptr()); });
+    ew::record_loop(cap, s, ew::sizes_all(es),
+                    [=, l = capture::ScalarBytes(lo, es), h = capture::ScalarBytes(hi, es)](const LoopSpec& t) {
+                      clamp(t, dt, l.ptr(), h.ptr());
+                    });
   }
   KILN_ASSERT(lo || hi, "clamp kernel called without bounds");
   visit_dtype(dt, [&]<typename T>() {

@@ -1,0 +1,75 @@
+// The capture hook's description of elementwise loops, for kiln::compile's
+// fusion (docs/compile.md, "Fusion").
+//
+// An elementwise kernel (unary, binary, compare, threshold_backward, copy,
+// fill, where, ...) computes each element of its output from the elements at
+// the same position of its inputs. When such a kernel is recorded it also
+// notes its loop here: the iteration space, each operand's pointer, byte
+// strides and element size, and a function that runs the same kernel over any
+// part of that space. The compiler can then run several consecutive loops
+// over the same space tile by tile — each tile of the first op, then the same
+// tile of the next — so an intermediate is read back while it is still in
+// cache, and one that nothing reads afterwards need not be written at all.
+//
+// Kept apart from capture.h because only the elementwise kernels and the
+// compiler need it.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+
+namespace kiln::capture {
+
+inline constexpr int kLoopDims = 16;     // as kernels::kMaxLoopDims
+inline constexpr int kLoopOperands = 4;  // as kernels::kMaxOperands
+
+/// An elementwise loop as the kernel ran it: dims innermost first, byte
+/// strides; operand 0 is written, the others are read, element for element.
+struct Loop {
+  int ndim = 0;
+  int nops = 0;
+  int64_t sizes[kLoopDims] = {};
+  int64_t strides[kLoopOperands][kLoopDims] = {};
+  char* data[kLoopOperands] = {};
+  int elem_size[kLoopOperands] = {};
+
+  int64_t numel() const {
+    int64_t n = 1;
+    for (int d = 0; d < ndim; ++d) n *= sizes[d];
+    return n;
+  }
+};
+
+/// Runs the recorded kernel over a part of its loop (same operands and
+/// strides, a sub-range of the space, or the operands moved elsewhere).
+using LoopRun = std::function<void(const Loop&)>;
+
+/// Implemented by the compiler: describes the kernel it was just handed.
+class LoopSink {
+ public:
+  virtual ~LoopSink() = default;
+  virtual void loop(const Loop& loop, LoopRun run) = 0;
+};
+
+namespace detail {
+extern constinit thread_local LoopSink* t_loop_sink;
+}  // namespace detail
+
+/// Called by a kernel right after it recorded itself (KernelScope::record).
+inline void note_loop(const Loop& loop, LoopRun run) {
+  if (detail::t_loop_sink) detail::t_loop_sink->loop(loop, std::move(run));
+}
+
+/// RAII: installs `sink` on this thread for the duration of a capture.
+class LoopSinkGuard {
+ public:
+  explicit LoopSinkGuard(LoopSink* sink) noexcept : prev_(detail::t_loop_sink) { detail::t_loop_sink = sink; }
+  ~LoopSinkGuard() { detail::t_loop_sink = prev_; }
+  LoopSinkGuard(const LoopSinkGuard&) = delete;
+  LoopSinkGuard& operator=(const LoopSinkGuard&) = delete;
+
+ private:
+  LoopSink* prev_;
+};
+
+}  // namespace kiln::capture

@@ -1,0 +1,305 @@
+// kiln::compile's fusion pass (compile_fusion.h): consecutive elementwise
+// kernels over one iteration space become one loop over tiles of it, and an
+// intermediate that dies inside the run lives only in a tile-sized scratch.
+//
+// Why tiles and not a generated loop body: each kernel keeps its own
+// vectorised row code, so a fused loop computes every element with exactly
+// the instructions the unfused kernel used (bitwise equal results) while the
+// tile an op has just written is still in L1/L2 when the next op reads it.
+#include "compile_fusion.h"
+
+#include <algorithm>
+#include <array>
+#include <sstream>
+
+#include "kiln/core/parallel.h"
+#include "kiln/core/threads.h"
+
+namespace kiln::compile_detail {
+
+namespace {
+
+using capture::Loop;
+
+// Elements per tile: a multiple of 256, because the kernels vectorise rows in
+// steps of at most 64 elements and convert in blocks of 256 from a row's
+// start, so a tile's rows begin where the unfused row had a vector (and
+// thread split) boundary anyway, and the tail of the space is the same tail.
+// Sized so that a tile of every operand fits in a quarter of L2 (256 KiB),
+// within bounds that keep the per-tile call overhead small.
+constexpr int64_t kTileBytes = int64_t{256} << 10;
+constexpr int64_t kMinTileElems = 1024, kMaxTileElems = int64_t{1} << 16;
+// A tile larger than this (a space whose outermost slice alone is large)
+// keeps its intermediates in memory: scratch must stay cache-sized.
+constexpr int64_t kMaxScratchElems = kMaxTileElems;
+
+struct Extent {
+  uintptr_t lo = 0, hi = 0;  // [lo, hi)
+};
+
+Extent extent(const Loop& l, int op) {
+  int64_t lo = 0, hi = 0;
+  for (int d = 0; d < l.ndim; ++d) {
+    const int64_t span = (l.sizes[d] - 1) * l.strides[op][d];
+    (span < 0 ? lo : hi) += span;
+  }
+  const auto base = reinterpret_cast<uintptr_t>(l.data[op]);
+  return {base + static_cast<uintptr_t>(lo),
+          base + static_cast<uintptr_t>(hi) + static_cast<uintptr_t>(l.elem_size[op])};
+}
+
+bool overlaps(const Extent& a, const Extent& b) { return a.lo < b.hi && b.lo < a.hi; }
+
+bool same_space(const Loop& a, const Loop& b) {
+  if (a.ndim != b.ndim) return false;
+  for (int d = 0; d < a.ndim; ++d)
+    if (a.sizes[d] != b.sizes[d]) return false;
+  return true;
+}
+
+/// Operand `oa` of `a` and `ob` of `b` (same space) address the same element at every position.
+bool same_mapping(const Loop& a, int oa, const Loop& b, int ob) {
+  if (a.data[oa] != b.data[ob] || a.elem_size[oa] != b.elem_size[ob]) return false;
+  for (int d = 0; d < a.ndim; ++d)
+    if (a.sizes[d] > 1 && a.strides[oa][d] != b.strides[ob][d]) return false;
+  return true;
+}
+
+bool fusable(const Loop& l) {
+  if (l.ndim < 1 || l.nops < 1 || l.numel() <= 0) return false;
+  for (int op = 0; op < l.nops; ++op)
+    if (l.elem_size[op] <= 0) return false;
+  // Every position writes its own element: tiles may then run in any order.
+  for (int d = 0; d < l.ndim; ++d)
+    if (l.sizes[d] > 1 && l.strides[0][d] == 0) return false;
+  return true;
+}
+
+/// `b` may join `group`: whatever one writes, the other touches either at
+/// the same element of the same position or not at all.
+bool compatible(const std::vector<const Loop*>& group, const Loop& b) {
+  for (const Loop* a : group) {
+    for (int oa = 0; oa < a->nops; ++oa) {
+      const Extent ea = extent(*a, oa);
+      for (int ob = 0; ob < b.nops; ++ob) {
+        if (oa != 0 && ob != 0) continue;  // two reads never conflict
+        if (overlaps(ea, extent(b, ob)) && !same_mapping(*a, oa, b, ob)) return false;
+      }
+    }
+  }
+  return true;
+}
+
+bool covered(const Extent& e, const std::vector<std::pair<void*, size_t>>& blocks) {
+  for (const auto& [p, n] : blocks) {
+    const auto lo = reinterpret_cast<uintptr_t>(p);
+    if (e.lo >= lo && e.hi <= lo + n) return true;
+  }
+  return false;
+}
+
+/// The fused loop: tiles of the outermost dim (the only one for a 1-D space).
+class FusedLoop {
+ public:
+  std::vector<std::shared_ptr<const LoopRecord>> ops;
+  std::vector<std::array<int, capture::kLoopOperands>> slot;  // per op and operand: scratch slot, or -1
+  int nslots = 0;
+  int dim = 0;       // the tiled dim
+  int64_t step = 1;  // its indices per tile
+  int64_t tiles = 0;
+  int64_t tile_elems = 0;
+
+  void run() const {
+    const int64_t grain = std::max<int64_t>(1, kGrainSize / std::max<int64_t>(tile_elems, 1));
+    parallel_for(tiles, grain, [this](int64_t b, int64_t e) { run_tiles(b, e); });
+  }
+
+ private:
+  void run_tiles(int64_t b, int64_t e) const {
+    thread_local std::vector<double> scratch;  // 8-byte elements at most
+    const auto slot_elems = static_cast<size_t>(tile_elems);
+    if (nslots > 0 && scratch.size() < slot_elems * static_cast<size_t>(nslots))
+      scratch.resize(slot_elems * static_cast<size_t>(nslots));
+    Loop part;
+    for (int64_t t = b; t < e; ++t) {
+      const int64_t lo = t * step;
+      for (size_t k = 0; k < ops.size(); ++k) {
+        const Loop& base = ops[k]->loop;
+        Loop& l = part;  // only the dims and operands in use are copied
+        l.ndim = base.ndim;
+        l.nops = base.nops;
+        std::copy(base.sizes, base.sizes + base.ndim, l.sizes);
+        for (int op = 0; op < base.nops; ++op) {
+          std::copy(base.strides[op], base.strides[op] + base.ndim, l.strides[op]);
+          l.data[op] = base.data[op];
+          l.elem_size[op] = base.elem_size[op];
+        }
+        l.sizes[dim] = std::min(step, l.sizes[dim] - lo);
+        for (int op = 0; op < l.nops; ++op) {
+          const int s = slot[k][static_cast<size_t>(op)];
+          if (s < 0) {
+            l.data[op] += lo * l.strides[op][dim];
+            continue;
+          }
+          l.data[op] = reinterpret_cast<char*>(scratch.data() + static_cast<size_t>(s) * slot_elems);
+          int64_t st = l.elem_size[op];
+          for (int d = 0; d < l.ndim; ++d) {
+            l.strides[op][d] = st;
+            st *= l.sizes[d];
+          }
+        }
+        ops[k]->run(l);
+      }
+    }
+  }
+};
+
+std::string space_str(const Loop& l) {
+  std::ostringstream os;
+  os << '[';
+  for (int d = l.ndim - 1; d >= 0; --d) os << l.sizes[d] << (d ? ", " : "");
+  os << ']';
+  return os.str();
+}
+
+/// Builds the fused loop for ops[g0, g1] and says what it did.
+Recorded make_fused(std::vector<Recorded>& ops, size_t g0, size_t g1,
+                    const std::vector<std::pair<void*, size_t>>& freed_at_end, FusionReport& report) {
+  auto f = std::make_shared<FusedLoop>();
+  const Loop& first = ops[g0].loop->loop;
+  f->dim = first.ndim - 1;
+  const int64_t outer = first.sizes[f->dim];
+  const int64_t inner = first.numel() / outer;
+  std::vector<const char*> seen;
+  int64_t bytes_per_elem = 0;  // over the distinct arrays the run touches
+  for (size_t k = g0; k <= g1; ++k) {
+    const Loop& l = ops[k].loop->loop;
+    for (int op = 0; op < l.nops; ++op) {
+      if (std::find(seen.begin(), seen.end(), l.data[op]) != seen.end()) continue;
+      seen.push_back(l.data[op]);
+      bytes_per_elem += l.elem_size[op];
+    }
+  }
+  int64_t tile =
+      std::clamp(kTileBytes / std::max<int64_t>(bytes_per_elem, 1), kMinTileElems, kMaxTileElems) / 256 * 256;
+  // A run that fits in L2 as a whole and that no kernel would split across threads is one
+  // tile: more would only add calls.
+  if (first.numel() * bytes_per_elem <= 4 * kTileBytes && first.numel() < kGrainSize) tile = first.numel();
+  f->step = f->dim == 0 ? tile : std::max<int64_t>(1, tile / inner);
+  f->step = std::min(f->step, outer);
+  f->tiles = (outer + f->step - 1) / f->step;
+  f->tile_elems = f->step * inner;
+  const bool scratch_ok = f->tile_elems <= kMaxScratchElems;
+
+  // Blocks freed after each op of the run and before the first op after it.
+  std::vector<std::pair<void*, size_t>> freed_later;
+  auto freed_from = [&](size_t k) {  // freed after op k, up to the end of the run
+    freed_later.clear();
+    for (size_t j = k + 1; j <= g1; ++j)
+      freed_later.insert(freed_later.end(), ops[j].freed_before.begin(), ops[j].freed_before.end());
+    const auto& tail = g1 + 1 < ops.size() ? ops[g1 + 1].freed_before : freed_at_end;
+    freed_later.insert(freed_later.end(), tail.begin(), tail.end());
+    return freed_later;
+  };
+
+  struct Value {
+    size_t writer;  // index into the run
+    int slot;
+    size_t last_use;
+  };
+  std::vector<Value> in_scratch;  // dead intermediates currently held in a slot
+  std::vector<int> free_slots;
+  int64_t unwritten = 0;
+  std::ostringstream names;
+  for (size_t k = g0; k <= g1; ++k) {
+    const Loop& l = ops[k].loop->loop;
+    f->ops.push_back(ops[k].loop);
+    std::array<int, capture::kLoopOperands> s{};
+    s.fill(-1);
+    for (int op = 1; op < l.nops; ++op)
+      for (const Value& v : in_scratch)
+        if (same_mapping(ops[v.writer].loop->loop, 0, l, op)) s[static_cast<size_t>(op)] = v.slot;
+    // The value op k writes replaces whatever its elements held.
+    std::erase_if(in_scratch, [&](const Value& v) {
+      if (!same_mapping(ops[v.writer].loop->loop, 0, l, 0)) return false;
+      free_slots.push_back(v.slot);
+      return true;
+    });
+    // Dead after the run: overwritten by a later op of it, or its block freed before anything else ran.
+    bool dead = false;
+    size_t last_use = k;
+    if (scratch_ok) {
+      const Extent e = extent(l, 0);
+      bool overwritten = false;
+      for (size_t j = k + 1; j <= g1 && !overwritten; ++j) {
+        const Loop& lj = ops[j].loop->loop;
+        for (int op = 1; op < lj.nops; ++op)
+          if (same_mapping(l, 0, lj, op)) last_use = j;
+        overwritten = same_mapping(l, 0, lj, 0);
+      }
+      dead = overwritten || covered(e, freed_from(k));
+    }
+    if (dead) {
+      int slot = -1;
+      for (size_t i = 0; i < free_slots.size(); ++i) {
+        // Not a slot this op reads: an input and the output of other element sizes must not share one.
+        if (std::find(s.begin() + 1, s.end(), free_slots[i]) != s.end()) continue;
+        slot = free_slots[i];
+        free_slots.erase(free_slots.begin() + static_cast<std::ptrdiff_t>(i));
+        break;
+      }
+      if (slot < 0) slot = f->nslots++;
+      s[0] = slot;
+      in_scratch.push_back({k, slot, last_use});
+      unwritten += l.numel() * l.elem_size[0];
+    }
+    f->slot.push_back(s);
+    // Slots whose value no later op of the run reads are free again.
+    std::erase_if(in_scratch, [&](const Value& v) {
+      if (v.last_use > k || v.writer == k) return false;
+      free_slots.push_back(v.slot);
+      return true;
+    });
+    names << (k > g0 ? ", " : "") << ops[k].name;
+  }
+  // A value written by op k and read by no later op stays in its slot until the run ends:
+  // release happens above only for values read at least once.
+  Recorded r{"fused loop", false, [f] { f->run(); }, nullptr, "fused(" + names.str() + ")", ops[g0].freed_before};
+  std::ostringstream line;
+  line << r.fused_name << " over " << space_str(first) << ", " << f->tiles << (f->tiles == 1 ? " tile" : " tiles");
+  if (unwritten) line << ", " << unwritten << " bytes of intermediates not written";
+  report.lines.push_back(line.str());
+  report.unwritten_bytes += unwritten;
+  ++report.groups;
+  report.kernels += static_cast<int64_t>(g1 - g0 + 1);
+  return r;
+}
+
+}  // namespace
+
+FusionReport fuse_elementwise(std::vector<Recorded>& ops, const std::vector<std::pair<void*, size_t>>& freed_at_end) {
+  FusionReport report;
+  std::vector<Recorded> out;
+  out.reserve(ops.size());
+  size_t i = 0;
+  while (i < ops.size()) {
+    size_t j = i;
+    if (ops[i].loop && fusable(ops[i].loop->loop)) {
+      std::vector<const Loop*> group{&ops[i].loop->loop};
+      while (j + 1 < ops.size() && ops[j + 1].loop && fusable(ops[j + 1].loop->loop) &&
+             same_space(ops[i].loop->loop, ops[j + 1].loop->loop) && compatible(group, ops[j + 1].loop->loop)) {
+        group.push_back(&ops[++j].loop->loop);
+      }
+    }
+    if (j > i) {
+      out.push_back(make_fused(ops, i, j, freed_at_end, report));
+    } else {
+      out.push_back(std::move(ops[i]));
+    }
+    i = j + 1;
+  }
+  ops = std::move(out);
+  return report;
+}
+
+}  // namespace kiln::compile_detail

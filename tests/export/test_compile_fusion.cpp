@@ -1,0 +1,176 @@
+// kiln::compile's fusion: runs of elementwise kernels over one shape replay
+// as one tiled loop, bitwise equal to the kernels one after another (odd
+// sizes with a tail tile, 2-D spaces, bool and mixed dtypes, in-place chains,
+// 1 and 2 threads, a training step); intermediates that die inside the run
+// stay out of memory; overlaps that are not element for element are not
+// fused.
+#include <gtest/gtest.h>
+
+#include <memory>
+
+#include "kiln/core/guards.h"
+#include "kiln/core/threads.h"
+#include "kiln/export/compile.h"
+#include "kiln/nn/functional.h"
+#include "kiln/nn/layers.h"
+#include "kiln/ops/factory.h"
+#include "kiln/optim/optimizer.h"
+#include "support/test_util.h"
+
+namespace kiln::test {
+namespace {
+
+/// Eager fn and its compiled replays agree bitwise on each input set (the first call captures).
+CompileStats check_fused(const CompiledFunction::Fn& fn, int64_t n, int calls = 3, bool fuse = true) {
+  auto step = compile(fn, {.name = "chain", .modules = {}, .fuse = fuse});
+  for (int k = 0; k < calls; ++k) {
+    const std::vector<Tensor> in = {randn({n}), randn({n})};
+    const std::vector<Tensor> want = fn(in);
+    const std::vector<Tensor> got = step(in);
+    EXPECT_EQ(want.size(), got.size());
+    for (size_t i = 0; i < want.size() && i < got.size(); ++i)
+      EXPECT_TRUE(bitwise_equal(want[i], got[i])) << "call " << k << " output " << i << "\n" << step.explain();
+  }
+  EXPECT_EQ(step.stats().replays, calls - 1) << step.explain();
+  return step.stats();
+}
+
+std::vector<Tensor> chain(const std::vector<Tensor>& in) {
+  const NoGradGuard ng;
+  const Tensor& x = in[0];
+  return {((x * 2.0 + 1.0).relu() * in[1]).sigmoid()};
+}
+
+TEST(CompileFusion, AChainIsOneLoopAndItsIntermediatesAreNotWritten) {
+  manual_seed(1);
+  const int64_t n = 10007;  // three tiles and a tail
+  const CompileStats s = check_fused(chain, n);
+  EXPECT_EQ(s.fused_loops, 1);
+  EXPECT_EQ(s.fused_kernels, 5);  // mul, add, relu, mul, sigmoid
+  // The four temporaries die at the end of the expression: only the result is written.
+  EXPECT_EQ(s.unwritten_bytes, 4 * n * 4);
+  const CompileStats off = check_fused(chain, n, 3, /*fuse=*/false);
+  EXPECT_EQ(off.fused_loops, 0);
+  EXPECT_EQ(off.unwritten_bytes, 0);
+}
+
+TEST(CompileFusion, IntermediatesReadLaterOrReturnedReachMemory) {
+  manual_seed(7);
+  const int64_t n = 7000;
+  auto fn = [](const std::vector<Tensor>& in) {
+    const NoGradGuard ng;
+    const Tensor t = in[0] * 2.0;            // read again by the sum after the run
+    const Tensor u = (t + in[1]).relu();     // t + in[1] dies inside the run; u at the return
+    const Tensor v = u * 3.0;                // returned
+    return std::vector<Tensor>{v.exp(), t.sum(), v};
+  };
+  const CompileStats s = check_fused(fn, n);
+  EXPECT_EQ(s.fused_loops, 1);
+  EXPECT_EQ(s.fused_kernels, 5);  // mul, add, relu, mul, exp
+  // Only t + in[1]: u is freed when the function returns, after the sum ran (which, for all
+  // the record knows, might have read it).
+  EXPECT_EQ(s.unwritten_bytes, n * 4);
+}
+
+TEST(CompileFusion, TwoThreadsAndManyTilesAgree) {
+  manual_seed(2);
+  const int before = get_num_threads();
+  set_num_threads(2);
+  const CompileStats s = check_fused(chain, 200003);
+  set_num_threads(before);
+  EXPECT_EQ(s.fused_loops, 1);
+}
+
+TEST(CompileFusion, AnInPlaceChainWritesOnlyItsLastValue) {
+  manual_seed(3);
+  auto fn = [](const std::vector<Tensor>& in) {
+    const NoGradGuard ng;
+    Tensor a = in[0].clone();
+    a.mul_(2.0).add_(in[1]).relu_();
+    return std::vector<Tensor>{a};
+  };
+  const CompileStats s = check_fused(fn, 5000);
+  EXPECT_EQ(s.fused_loops, 1);
+  EXPECT_EQ(s.fused_kernels, 4);  // the clone's copy, mul_, add_, relu_
+  // Each op overwrites the value before it, element for element: only relu_'s reaches memory.
+  EXPECT_EQ(s.unwritten_bytes, 3 * 5000 * 4);
+}
+
+TEST(CompileFusion, BroadcastRowsBoolsAndMixedDtypes) {
+  manual_seed(4);
+  const Tensor bias = randn({300});
+  auto fn = [bias](const std::vector<Tensor>& in) {
+    const NoGradGuard ng;
+    const Tensor x = in[0].reshape({-1, 300});
+    const Tensor h = (x + bias).relu();  // a 2-D space: tiles of rows
+    const Tensor m = h > 0.5;            // bool output, read by the next op
+    return std::vector<Tensor>{h.masked_fill(m, 0.25) * 3.0, m.to(kFloat32) + h};
+  };
+  const CompileStats s = check_fused(fn, 64 * 300);
+  EXPECT_GE(s.fused_loops, 1);
+  EXPECT_GE(s.fused_kernels, 4);
+}
+
+TEST(CompileFusion, ShiftedOverlapsAreNotFused) {
+  manual_seed(5);
+  const int64_t n = 9000;
+  auto fn = [n](const std::vector<Tensor>& in) {
+    const NoGradGuard ng;
+    Tensor a = in[0].clone();
+    a.narrow(0, 0, n - 1).add_(1.0);             // writes a[0, n-1)
+    Tensor b = a.narrow(0, 1, n - 1) * in[1].narrow(0, 0, n - 1);  // reads a[1, n): one element later
+    return std::vector<Tensor>{b};
+  };
+  const CompileStats s = check_fused(fn, n);
+  // The add and the mul share a shape but not their elements' positions: tile by tile,
+  // the mul would read a[k + 1] before the add wrote it.
+  EXPECT_EQ(s.fused_loops, 0);
+}
+
+TEST(CompileFusion, ATrainingStepWithWrittenOutOpsMatchesEagerBitwise) {
+  struct Twin {
+    std::shared_ptr<nn::Linear> fc1, fc2;
+    std::unique_ptr<optim::Optimizer> opt;
+  };
+  auto make = [] {
+    manual_seed(6);
+    Twin t;
+    t.fc1 = std::make_shared<nn::Linear>(nn::LinearOptions{.in_features = 32, .out_features = 64});
+    t.fc2 = std::make_shared<nn::Linear>(nn::LinearOptions{.in_features = 64, .out_features = 8});
+    optim::ParamGroup g;
+    for (const auto& [n, p] : t.fc1->named_parameters()) g.params.emplace_back("fc1." + n, p);
+    for (const auto& [n, p] : t.fc2->named_parameters()) g.params.emplace_back("fc2." + n, p);
+    t.opt = std::make_unique<optim::Adam>(std::vector<optim::ParamGroup>{g}, optim::AdamOptions{.lr = 1e-2});
+    return t;
+  };
+  Twin eager = make(), comp = make();
+  const Tensor x = randn({16, 32}), y = randn({16, 8});
+  auto step_of = [&x, &y](Twin& t) {
+    return [&t, &x, &y]() {
+      t.opt->zero_grad();
+      const Tensor h = (*t.fc1)(x);
+      const Tensor a = h * h.sigmoid();  // silu, written out
+      const Tensor d = (*t.fc2)(a) - y;
+      Tensor loss = (d * d * 0.5).mean();  // a squared error, written out
+      loss.backward();
+      t.opt->step();
+      return loss;
+    };
+  };
+  auto eager_step = step_of(eager);
+  auto step = compile(step_of(comp), {.name = "silu step", .modules = {comp.fc1.get(), comp.fc2.get()}});
+  for (int i = 0; i < 4; ++i) EXPECT_TRUE(bitwise_equal(eager_step(), step()[0])) << "loss of step " << i;
+  EXPECT_EQ(step.stats().replays, 3);
+  EXPECT_GE(step.stats().fused_loops, 1) << step.explain();
+  for (auto [e, c] : {std::pair{eager.fc1.get(), comp.fc1.get()}, std::pair{eager.fc2.get(), comp.fc2.get()}}) {
+    const auto pe = e->parameters(), pc = c->parameters();
+    for (size_t i = 0; i < pe.size(); ++i) {
+      EXPECT_TRUE(bitwise_equal(pe[i], pc[i]));
+      EXPECT_TRUE(bitwise_equal(pe[i].grad(), pc[i].grad()));
+    }
+  }
+  EXPECT_NE(step.explain().find("fused loop"), std::string::npos) << step.explain();
+}
+
+}  // namespace
+}  // namespace kiln::test
