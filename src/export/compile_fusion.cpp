@@ -10,8 +10,10 @@
 
 #include <algorithm>
 #include <array>
+#include <cstdlib>
 #include <sstream>
 
+#include "kiln/core/allocator.h"
 #include "kiln/core/parallel.h"
 #include "kiln/core/threads.h"
 
@@ -98,6 +100,25 @@ bool covered(const Extent& e, const std::vector<std::pair<void*, size_t>>& block
   return false;
 }
 
+/// This thread's scratch for fused loops, at least `bytes`, from kiln's allocator: memory
+/// statistics count it as workspace, as the kernels' own scratch.
+char* tile_scratch(size_t bytes) {
+  struct Block {
+    void* p = nullptr;
+    size_t n = 0;
+    ~Block() { memory::deallocate(p, n, MemoryCategory::Workspace); }
+  };
+  thread_local Block b;
+  if (b.n < bytes) {
+    memory::deallocate(b.p, b.n, MemoryCategory::Workspace);
+    b.p = nullptr;
+    b.n = 0;
+    b.p = memory::allocate(bytes, MemoryCategory::Workspace);
+    b.n = bytes;
+  }
+  return static_cast<char*>(b.p);
+}
+
 /// The fused loop: tiles of the outermost dim (the only one for a 1-D space).
 class FusedLoop {
  public:
@@ -116,10 +137,10 @@ class FusedLoop {
 
  private:
   void run_tiles(int64_t b, int64_t e) const {
-    thread_local std::vector<double> scratch;  // 8-byte elements at most
-    const auto slot_elems = static_cast<size_t>(tile_elems);
-    if (nslots > 0 && scratch.size() < slot_elems * static_cast<size_t>(nslots))
-      scratch.resize(slot_elems * static_cast<size_t>(nslots));
+    // Slots start on cache lines and lie a few lines more than a tile apart, so that an op's
+    // loads from one slot and stores to the next do not alias at 4 KiB.
+    const auto slot_bytes = static_cast<size_t>(tile_elems) * 8 + 320;
+    char* const slots = nslots > 0 ? tile_scratch(slot_bytes * static_cast<size_t>(nslots)) : nullptr;
     Loop part;
     for (int64_t t = b; t < e; ++t) {
       const int64_t lo = t * step;
@@ -141,7 +162,7 @@ class FusedLoop {
             l.data[op] += lo * l.strides[op][dim];
             continue;
           }
-          l.data[op] = reinterpret_cast<char*>(scratch.data() + static_cast<size_t>(s) * slot_elems);
+          l.data[op] = slots + static_cast<size_t>(s) * slot_bytes;
           int64_t st = l.elem_size[op];
           for (int d = 0; d < l.ndim; ++d) {
             l.strides[op][d] = st;
@@ -189,7 +210,7 @@ Recorded make_fused(std::vector<Recorded>& ops, size_t g0, size_t g1,
   f->step = std::min(f->step, outer);
   f->tiles = (outer + f->step - 1) / f->step;
   f->tile_elems = f->step * inner;
-  const bool scratch_ok = f->tile_elems <= kMaxScratchElems;
+  const bool scratch_ok = f->tile_elems <= kMaxScratchElems && !std::getenv("TMP_NO_DSE");
 
   // Blocks freed after each op of the run and before the first op after it.
   std::vector<std::pair<void*, size_t>> freed_later;
