@@ -83,17 +83,23 @@ class PrimCache {
     auto it = map_.find(k);
     return it == map_.end() ? nullptr : it->second.get();
   }
+  /// For a kiln::compile record, which calls the entry directly on every
+  /// replay: it stays alive though the cache is cleared.
+  std::shared_ptr<Entry> find_shared(const Key& k) {
+    auto it = map_.find(k);
+    return it == map_.end() ? nullptr : it->second;
+  }
   Entry* insert(const Key& k, std::unique_ptr<Entry> e) {
     if (map_.size() >= kMaxEntries) map_.clear();
     Entry* raw = e.get();
-    map_.emplace(k, std::move(e));
+    map_.emplace(k, std::shared_ptr<Entry>(std::move(e)));
     return raw;
   }
   void clear() { map_.clear(); }
   size_t size() const { return map_.size(); }
 
  private:
-  std::unordered_map<Key, std::unique_ptr<Entry>, KeyHash> map_;
+  std::unordered_map<Key, std::shared_ptr<Entry>, KeyHash> map_;
 };
 
 /// FNV-1a over n bytes: a cheap, stable hash for cache keys and layout ids.
