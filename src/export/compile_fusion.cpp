@@ -11,6 +11,7 @@
 #include <algorithm>
 #include <array>
 #include <cstdlib>
+#include <numeric>
 #include <sstream>
 
 #include "kiln/core/allocator.h"
@@ -59,6 +60,45 @@ bool same_space(const Loop& a, const Loop& b) {
   return true;
 }
 
+/// `l` as a loop over `space`'s sizes: itself when it has them, and a 1-D loop
+/// of as many elements viewed in their order (position (i0, i1, ...) is its
+/// element i0 + s0 i1 + ...). A fused loop runs such a loop on 1-D ranges of
+/// whole tiles; the view is what its operands are compared in.
+Loop view_in(const Loop& l, const Loop& space) {
+  if (l.ndim == space.ndim) return l;
+  Loop v = l;
+  v.ndim = space.ndim;
+  std::copy(space.sizes, space.sizes + space.ndim, v.sizes);
+  for (int op = 0; op < l.nops; ++op) {
+    int64_t st = l.strides[op][0];
+    for (int d = 0; d < space.ndim; ++d) {
+      v.strides[op][d] = st;
+      st *= space.sizes[d];
+    }
+  }
+  return v;
+}
+
+/// The space a run and `b` share, when they can share one: equal sizes, or a
+/// 1-D loop of as many elements beside a multi-dimensional one (a broadcast
+/// add, whose loop is 2-D, and the ReLU on its result, 1-D).
+bool joint_space(const Loop& space, const Loop& b, Loop& out) {
+  if (same_space(space, b)) {
+    out = space;
+    return true;
+  }
+  if (b.numel() != space.numel()) return false;
+  if (b.ndim == 1) {
+    out = space;
+    return true;
+  }
+  if (space.ndim == 1) {
+    out = b;
+    return true;
+  }
+  return false;
+}
+
 /// Operand `oa` of `a` and `ob` of `b` (same space) address the same element at every position.
 bool same_mapping(const Loop& a, int oa, const Loop& b, int ob) {
   if (a.data[oa] != b.data[ob] || a.elem_size[oa] != b.elem_size[ob]) return false;
@@ -77,15 +117,17 @@ bool fusable(const Loop& l) {
   return true;
 }
 
-/// `b` may join `group`: whatever one writes, the other touches either at
-/// the same element of the same position or not at all.
-bool compatible(const std::vector<const Loop*>& group, const Loop& b) {
-  for (const Loop* a : group) {
-    for (int oa = 0; oa < a->nops; ++oa) {
-      const Extent ea = extent(*a, oa);
-      for (int ob = 0; ob < b.nops; ++ob) {
+/// `b` may join `group` (all viewed in `space`): whatever one writes, the
+/// other touches either at the same element of the same position or not at all.
+bool compatible(const std::vector<const Loop*>& group, const Loop& b, const Loop& space) {
+  const Loop vb = view_in(b, space);
+  for (const Loop* g : group) {
+    const Loop a = view_in(*g, space);
+    for (int oa = 0; oa < a.nops; ++oa) {
+      const Extent ea = extent(a, oa);
+      for (int ob = 0; ob < vb.nops; ++ob) {
         if (oa != 0 && ob != 0) continue;  // two reads never conflict
-        if (overlaps(ea, extent(b, ob)) && !same_mapping(*a, oa, b, ob)) return false;
+        if (overlaps(ea, extent(vb, ob)) && !same_mapping(a, oa, vb, ob)) return false;
       }
     }
   }
@@ -124,9 +166,12 @@ class FusedLoop {
  public:
   std::vector<std::shared_ptr<const LoopRecord>> ops;
   std::vector<std::array<int, capture::kLoopOperands>> slot;  // per op and operand: scratch slot, or -1
+  std::vector<uint8_t> flat;  // per op: a 1-D loop in a multi-dimensional space (run on linear ranges)
   int nslots = 0;
-  int dim = 0;       // the tiled dim
-  int64_t step = 1;  // its indices per tile
+  int dim = 0;             // the tiled dim
+  int64_t tiled_size = 1;  // its size
+  int64_t inner = 1;       // elements per index of it
+  int64_t step = 1;        // its indices per tile
   int64_t tiles = 0;
   int64_t tile_elems = 0;
 
@@ -155,11 +200,15 @@ class FusedLoop {
           l.data[op] = base.data[op];
           l.elem_size[op] = base.elem_size[op];
         }
-        l.sizes[dim] = std::min(step, l.sizes[dim] - lo);
+        const int64_t len = std::min(step, tiled_size - lo);
+        // A flat loop runs on the linear range of the tile's rows.
+        const int ldim = flat[k] ? 0 : dim;
+        const int64_t first = flat[k] ? lo * inner : lo;
+        l.sizes[ldim] = flat[k] ? len * inner : len;
         for (int op = 0; op < l.nops; ++op) {
           const int s = slot[k][static_cast<size_t>(op)];
           if (s < 0) {
-            l.data[op] += lo * l.strides[op][dim];
+            l.data[op] += first * l.strides[op][ldim];
             continue;
           }
           l.data[op] = slots + static_cast<size_t>(s) * slot_bytes;
@@ -184,13 +233,23 @@ std::string space_str(const Loop& l) {
 }
 
 /// Builds the fused loop for ops[g0, g1] and says what it did.
-Recorded make_fused(std::vector<Recorded>& ops, size_t g0, size_t g1,
+Recorded make_fused(std::vector<Recorded>& ops, size_t g0, size_t g1, const Loop& first,
                     const std::vector<std::pair<void*, size_t>>& freed_at_end, FusionReport& report) {
   auto f = std::make_shared<FusedLoop>();
-  const Loop& first = ops[g0].loop->loop;
   f->dim = first.ndim - 1;
   const int64_t outer = first.sizes[f->dim];
   const int64_t inner = first.numel() / outer;
+  f->inner = inner;
+  f->tiled_size = outer;
+  std::vector<Loop> views;  // the run's loops in its space
+  bool any_flat = false;
+  for (size_t k = g0; k <= g1; ++k) {
+    const Loop& l = ops[k].loop->loop;
+    f->flat.push_back(l.ndim != first.ndim ? 1 : 0);
+    any_flat = any_flat || l.ndim != first.ndim;
+    views.push_back(view_in(l, first));
+  }
+  auto view = [&](size_t k) -> const Loop& { return views[k - g0]; };
   std::vector<const char*> seen;
   int64_t bytes_per_elem = 0;  // over the distinct arrays the run touches
   for (size_t k = g0; k <= g1; ++k) {
@@ -207,10 +266,15 @@ Recorded make_fused(std::vector<Recorded>& ops, size_t g0, size_t g1,
   // tile: more would only add calls.
   if (first.numel() * bytes_per_elem <= 4 * kTileBytes && first.numel() < kGrainSize) tile = first.numel();
   f->step = f->dim == 0 ? tile : std::max<int64_t>(1, tile / inner);
+  if (any_flat && f->step < outer) {
+    // A flat loop's ranges must start at multiples of 256 elements, as a 1-D tile's do.
+    const int64_t q = 256 / std::gcd(inner, int64_t{256});
+    f->step = std::max(q, f->step / q * q);
+  }
   f->step = std::min(f->step, outer);
   f->tiles = (outer + f->step - 1) / f->step;
   f->tile_elems = f->step * inner;
-  const bool scratch_ok = f->tile_elems <= kMaxScratchElems && !std::getenv("TMP_NO_DSE");
+  const bool scratch_ok = f->tile_elems <= kMaxScratchElems;
 
   // Blocks freed after each op of the run and before the first op after it.
   std::vector<std::pair<void*, size_t>> freed_later;
@@ -233,16 +297,16 @@ Recorded make_fused(std::vector<Recorded>& ops, size_t g0, size_t g1,
   int64_t unwritten = 0;
   std::ostringstream names;
   for (size_t k = g0; k <= g1; ++k) {
-    const Loop& l = ops[k].loop->loop;
+    const Loop& l = view(k);
     f->ops.push_back(ops[k].loop);
     std::array<int, capture::kLoopOperands> s{};
     s.fill(-1);
     for (int op = 1; op < l.nops; ++op)
       for (const Value& v : in_scratch)
-        if (same_mapping(ops[v.writer].loop->loop, 0, l, op)) s[static_cast<size_t>(op)] = v.slot;
+        if (same_mapping(view(v.writer), 0, l, op)) s[static_cast<size_t>(op)] = v.slot;
     // The value op k writes replaces whatever its elements held.
     std::erase_if(in_scratch, [&](const Value& v) {
-      if (!same_mapping(ops[v.writer].loop->loop, 0, l, 0)) return false;
+      if (!same_mapping(view(v.writer), 0, l, 0)) return false;
       free_slots.push_back(v.slot);
       return true;
     });
@@ -253,7 +317,7 @@ Recorded make_fused(std::vector<Recorded>& ops, size_t g0, size_t g1,
       const Extent e = extent(l, 0);
       bool overwritten = false;
       for (size_t j = k + 1; j <= g1 && !overwritten; ++j) {
-        const Loop& lj = ops[j].loop->loop;
+        const Loop& lj = view(j);
         for (int op = 1; op < lj.nops; ++op)
           if (same_mapping(l, 0, lj, op)) last_use = j;
         overwritten = same_mapping(l, 0, lj, 0);
@@ -305,15 +369,19 @@ FusionReport fuse_elementwise(std::vector<Recorded>& ops, const std::vector<std:
   size_t i = 0;
   while (i < ops.size()) {
     size_t j = i;
+    Loop space;  // the run's iteration space
     if (ops[i].loop && fusable(ops[i].loop->loop)) {
+      space = ops[i].loop->loop;
       std::vector<const Loop*> group{&ops[i].loop->loop};
+      Loop joint;
       while (j + 1 < ops.size() && ops[j + 1].loop && fusable(ops[j + 1].loop->loop) &&
-             same_space(ops[i].loop->loop, ops[j + 1].loop->loop) && compatible(group, ops[j + 1].loop->loop)) {
+             joint_space(space, ops[j + 1].loop->loop, joint) && compatible(group, ops[j + 1].loop->loop, joint)) {
         group.push_back(&ops[++j].loop->loop);
+        space = joint;
       }
     }
     if (j > i) {
-      out.push_back(make_fused(ops, i, j, freed_at_end, report));
+      out.push_back(make_fused(ops, i, j, space, freed_at_end, report));
     } else {
       out.push_back(std::move(ops[i]));
     }

@@ -43,7 +43,7 @@ std::vector<Tensor> chain(const std::vector<Tensor>& in) {
 
 TEST(CompileFusion, AChainIsOneLoopAndItsIntermediatesAreNotWritten) {
   manual_seed(1);
-  const int64_t n = 10007;  // three tiles and a tail
+  const int64_t n = 10007;  // one tile: it fits in L2 (TwoThreadsAndManyTilesAgree has 28 and a tail)
   const CompileStats s = check_fused(chain, n);
   EXPECT_EQ(s.fused_loops, 1);
   EXPECT_EQ(s.fused_kernels, 5);  // mul, add, relu, mul, sigmoid
@@ -74,6 +74,7 @@ TEST(CompileFusion, IntermediatesReadLaterOrReturnedReachMemory) {
 
 TEST(CompileFusion, TwoThreadsAndManyTilesAgree) {
   manual_seed(2);
+  EXPECT_EQ(check_fused(chain, 200003).fused_loops, 1);
   const int before = get_num_threads();
   set_num_threads(2);
   const CompileStats s = check_fused(chain, 200003);
@@ -106,9 +107,31 @@ TEST(CompileFusion, BroadcastRowsBoolsAndMixedDtypes) {
     const Tensor m = h > 0.5;            // bool output, read by the next op
     return std::vector<Tensor>{h.masked_fill(m, 0.25) * 3.0, m.to(kFloat32) + h};
   };
-  const CompileStats s = check_fused(fn, 64 * 300);
-  EXPECT_GE(s.fused_loops, 1);
-  EXPECT_GE(s.fused_kernels, 4);
+  // 1000 rows of 300: tiles of whole rows, a multiple of 64 of them (so that the 1-D loops'
+  // ranges start at multiples of 256 elements), split over threads.
+  const CompileStats s = check_fused(fn, 1000 * 300);
+  // The broadcast add (a 2-D loop) and everything after it (1-D loops of as many elements).
+  EXPECT_EQ(s.fused_loops, 1);
+  EXPECT_EQ(s.fused_kernels, 7);
+  const int before = get_num_threads();
+  set_num_threads(2);
+  check_fused(fn, 1000 * 300);
+  check_fused(fn, 64 * 300);  // one tile
+  set_num_threads(before);
+}
+
+TEST(CompileFusion, ANormalisationWrittenOutPerChannel) {
+  manual_seed(8);
+  const Tensor mean = randn({1, 16, 1}), scale = randn({1, 16, 1}), shift = randn({1, 16, 1});
+  auto fn = [=](const std::vector<Tensor>& in) {
+    const NoGradGuard ng;
+    const Tensor x = in[0].reshape({-1, 16, 50});
+    return std::vector<Tensor>{((x - mean) * scale + shift).relu()};
+  };
+  const CompileStats s = check_fused(fn, 64 * 16 * 50);
+  EXPECT_EQ(s.fused_loops, 1);
+  EXPECT_EQ(s.fused_kernels, 4);  // three 3-D broadcast loops and the 1-D ReLU
+  EXPECT_EQ(s.unwritten_bytes, 3 * 64 * 16 * 50 * 4);
 }
 
 TEST(CompileFusion, ShiftedOverlapsAreNotFused) {
