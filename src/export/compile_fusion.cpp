@@ -192,14 +192,8 @@ class FusedLoop {
       for (size_t k = 0; k < ops.size(); ++k) {
         const Loop& base = ops[k]->loop;
         Loop& l = part;  // only the dims and operands in use are copied
-        l.ndim = base.ndim;
-        l.nops = base.nops;
-        std::copy(base.sizes, base.sizes + base.ndim, l.sizes);
-        for (int op = 0; op < base.nops; ++op) {
-          std::copy(base.strides[op], base.strides[op] + base.ndim, l.strides[op]);
-          l.data[op] = base.data[op];
-          l.elem_size[op] = base.elem_size[op];
-        }
+        capture::copy_loop_shape(l, base);
+        for (int op = 0; op < base.nops; ++op) l.elem_size[op] = base.elem_size[op];
         const int64_t len = std::min(step, tiled_size - lo);
         // A flat loop runs on the linear range of the tile's rows.
         const int ldim = flat[k] ? 0 : dim;

@@ -40,6 +40,19 @@ struct Loop {
   }
 };
 
+/// Copies the dims and operands in use (not the element sizes) from one loop
+/// description to another: Loop and the kernels' LoopSpec have these fields.
+template <typename To, typename From>
+void copy_loop_shape(To& to, const From& from) {
+  to.ndim = from.ndim;
+  to.nops = from.nops;
+  for (int d = 0; d < from.ndim; ++d) to.sizes[d] = from.sizes[d];
+  for (int op = 0; op < from.nops; ++op) {
+    for (int d = 0; d < from.ndim; ++d) to.strides[op][d] = from.strides[op][d];
+    to.data[op] = from.data[op];
+  }
+}
+
 /// Runs the recorded kernel over a part of its loop (same operands and
 /// strides, a sub-range of the space, or the operands moved elsewhere).
 using LoopRun = std::function<void(const Loop&)>;

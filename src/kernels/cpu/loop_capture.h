@@ -9,7 +9,6 @@
 // through `t`'s operands, element for element.
 #pragma once
 
-#include <algorithm>
 #include <array>
 #include <utility>
 
@@ -28,26 +27,9 @@ inline ElemSizes sizes_all(int bytes) { return {bytes, bytes, bytes, bytes}; }
 
 inline capture::Loop to_loop(const LoopSpec& s, const ElemSizes& es) {
   capture::Loop l;
-  l.ndim = s.ndim;
-  l.nops = s.nops;
-  std::copy(s.sizes, s.sizes + s.ndim, l.sizes);
-  for (int op = 0; op < s.nops; ++op) {
-    std::copy(s.strides[op], s.strides[op] + s.ndim, l.strides[op]);
-    l.data[op] = s.data[op];
-    l.elem_size[op] = es[static_cast<size_t>(op)];
-  }
+  capture::copy_loop_shape(l, s);
+  for (int op = 0; op < s.nops; ++op) l.elem_size[op] = es[static_cast<size_t>(op)];
   return l;
-}
-
-// Called for every tile of a fused loop: copies only the dims and operands in use.
-inline void from_loop(const capture::Loop& l, LoopSpec& s) {
-  s.ndim = l.ndim;
-  s.nops = l.nops;
-  std::copy(l.sizes, l.sizes + l.ndim, s.sizes);
-  for (int op = 0; op < l.nops; ++op) {
-    std::copy(l.strides[op], l.strides[op] + l.ndim, s.strides[op]);
-    s.data[op] = l.data[op];
-  }
 }
 
 /// Records `run` (called with `s`) as the kernel and notes its loop.
@@ -55,8 +37,8 @@ template <typename F>
 void record_loop(const capture::KernelScope& cap, const LoopSpec& s, const ElemSizes& es, F run) {
   cap.record([run, s] { run(s); });
   capture::note_loop(to_loop(s, es), [run](const capture::Loop& l) {
-    LoopSpec part;
-    from_loop(l, part);
+    LoopSpec part;  // called for every tile of a fused loop: only what is in use is copied
+    capture::copy_loop_shape(part, l);
     run(part);
   });
 }
