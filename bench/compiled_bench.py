@@ -87,7 +87,7 @@ def markdown(table, fmt_time, quick):
                "steps replay) and eagerly, alternately; medians per step over every round. ratio = compiled / "
                "eager (goal at 1 thread: tiny ≤ 0.5, mlp, cnn, resnet, gpt ≤ 0.9); compile = the capturing "
                "step; losses = first and last step of both runs, which must be equal; floor / eager = the "
-               "float32 floor of the main table (the step's matmul FLOPs at this run's measured peak) over the "
+               "float32 floor of the main table (the step's product FLOPs at this run's measured peak) over the "
                "eager step: no replay or fusion gets below it, so a goal under it is below the physical limit.")
     out.append("")
     out.append("| workload | threads | eager | compiled | ratio | goal | floor / eager | compile | "

@@ -17,6 +17,10 @@
 // and allocation kept, prof.step() after each step), the "profiler overhead"
 // row of scripts/bench.sh (bench/profiler_overhead.py); "profile_events" is
 // how many it kept.
+// "product_flops_per_step": the FLOPs of the products and convolutions one
+// eager step runs, as the profiler counts them on the last warm-up step (0 for
+// a compiled run, whose replays the profiler does not see, or with one warm-up
+// step): the float32 floor of workloads without an analytic count (cnn, resnet).
 #include <sys/resource.h>
 
 #include <algorithm>
@@ -163,7 +167,19 @@ void run_workload(const std::string& name, const Args& a) {
   const auto tc = Clock::now();
   const double loss_first = step(true);
   const double first_ms = ms_since(tc);
-  for (int i = 1; i < a.warmup; ++i) step(false);
+  for (int i = 1; i + 1 < a.warmup; ++i) step(false);
+  double product_flops = 0;
+  if (a.warmup > 1) {
+    if (compiled) {
+      step(false);
+    } else {
+      kiln::profiler::Profiler counter;
+      counter.start();
+      step(false);
+      counter.stop();
+      for (const auto& row : counter.key_averages()) product_flops += row.flops;
+    }
+  }
   std::vector<double> ms;
   ms.reserve(static_cast<size_t>(a.steps));
   std::unique_ptr<kiln::profiler::Profiler> prof;
@@ -203,11 +219,12 @@ void run_workload(const std::string& name, const Args& a) {
       "{\"framework\": \"kiln\", \"workload\": \"%s\", \"amp\": \"%s\", \"threads\": %d, \"warmup\": %d, \"steps\": "
       "%d, "
       "\"median_ms\": %s, \"loss_first\": %s, \"loss_last\": %s, \"params\": %lld, \"flops_per_step\": %s, "
-      "\"maxrss_kib\": %ld, \"profile\": %s, \"profile_events\": %zu, %s\"step_ms\": [%s]}\n",
+      "\"product_flops_per_step\": %s, \"maxrss_kib\": %ld, \"profile\": %s, \"profile_events\": %zu, %s\"step_ms\": "
+      "[%s]}\n",
       name.c_str(), a.amp.c_str(), kiln::get_num_threads(), a.warmup, a.steps, num(median(ms)).c_str(),
       num(loss_first).c_str(), num(loss_last).c_str(), static_cast<long long>(w->num_parameters()),
-      num(w->flops_per_step()).c_str(), maxrss_kib(), a.profile ? "true" : "false", events, compile_info.c_str(),
-      steps.str().c_str());
+      num(w->flops_per_step()).c_str(), num(product_flops).c_str(), maxrss_kib(), a.profile ? "true" : "false", events,
+      compile_info.c_str(), steps.str().c_str());
   std::fflush(stdout);
 }
 
