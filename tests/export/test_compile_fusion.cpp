@@ -1,6 +1,7 @@
 // kiln::compile's fusion: runs of elementwise kernels over one shape replay
 // as one tiled loop, bitwise equal to the kernels one after another (odd
-// sizes with a tail tile, 2-D spaces, bool and mixed dtypes, in-place chains,
+// sizes with a tail tile, 2-D and 3-D spaces, bool, bfloat16, int64 and mixed
+// dtypes, in-place chains,
 // 1 and 2 threads, a training step); intermediates that die inside the run
 // stay out of memory; overlaps that are not element for element are not
 // fused.
@@ -132,6 +133,23 @@ TEST(CompileFusion, ANormalisationWrittenOutPerChannel) {
   EXPECT_EQ(s.fused_loops, 1);
   EXPECT_EQ(s.fused_kernels, 4);  // three 3-D broadcast loops and the 1-D ReLU
   EXPECT_EQ(s.unwritten_bytes, 3 * 64 * 16 * 50 * 4);
+}
+
+TEST(CompileFusion, Bfloat16AndIntegerChains) {
+  manual_seed(9);
+  auto fn = [](const std::vector<Tensor>& in) {
+    const NoGradGuard ng;
+    const Tensor h = in[0].to(kBFloat16);                 // a cast: 2-byte output
+    const Tensor b = ((h * 3.0 + in[1].to(kBFloat16)).relu() - 0.5).to(kFloat32);
+    const Tensor i = (in[0] * 100.0).to(kInt64);          // 8-byte elements
+    return std::vector<Tensor>{b, (i * 3 + 7).maximum(i) - i};
+  };
+  // Casts to and from bfloat16, float32 arithmetic and int64 arithmetic: one run of 2-, 4- and
+  // 8-byte elements, each intermediate in a slot of its own element size.
+  const CompileStats s = check_fused(fn, 30011);
+  EXPECT_EQ(s.fused_loops, 1);
+  EXPECT_GE(s.fused_kernels, 9);
+  EXPECT_GT(s.unwritten_bytes, 0);
 }
 
 TEST(CompileFusion, ShiftedOverlapsAreNotFused) {
