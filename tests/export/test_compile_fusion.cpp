@@ -1,10 +1,9 @@
 // kiln::compile's fusion: runs of elementwise kernels over one shape replay
 // as one tiled loop, bitwise equal to the kernels one after another (odd
 // sizes with a tail tile, 2-D and 3-D spaces, bool, bfloat16, int64 and mixed
-// dtypes, in-place chains,
-// 1 and 2 threads, a training step); intermediates that die inside the run
-// stay out of memory; overlaps that are not element for element are not
-// fused.
+// dtypes, in-place chains, 1 and 2 threads, a training step); intermediates
+// that die inside the run stay out of memory; overlaps that are not element
+// for element are not fused.
 #include <gtest/gtest.h>
 
 #include <memory>
