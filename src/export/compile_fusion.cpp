@@ -225,22 +225,22 @@ std::string space_str(const Loop& l) {
   return os.str();
 }
 
-/// Builds the fused loop for ops[g0, g1] and says what it did.
-Recorded make_fused(std::vector<Recorded>& ops, size_t g0, size_t g1, const Loop& first,
+/// Builds the fused loop for ops[g0, g1], whose iteration space is `space`, and says what it did.
+Recorded make_fused(std::vector<Recorded>& ops, size_t g0, size_t g1, const Loop& space,
                     const std::vector<std::pair<void*, size_t>>& freed_at_end, FusionReport& report) {
   auto f = std::make_shared<FusedLoop>();
-  f->dim = first.ndim - 1;
-  const int64_t outer = first.sizes[f->dim];
-  const int64_t inner = first.numel() / outer;
+  f->dim = space.ndim - 1;
+  const int64_t outer = space.sizes[f->dim];
+  const int64_t inner = space.numel() / outer;
   f->inner = inner;
   f->tiled_size = outer;
   std::vector<Loop> views;  // the run's loops in its space
   bool any_flat = false;
   for (size_t k = g0; k <= g1; ++k) {
     const Loop& l = ops[k].loop->loop;
-    f->flat.push_back(l.ndim != first.ndim ? 1 : 0);
-    any_flat = any_flat || l.ndim != first.ndim;
-    views.push_back(view_in(l, first));
+    f->flat.push_back(l.ndim != space.ndim ? 1 : 0);
+    any_flat = any_flat || l.ndim != space.ndim;
+    views.push_back(view_in(l, space));
   }
   auto view = [&](size_t k) -> const Loop& { return views[k - g0]; };
   std::vector<const char*> seen;
@@ -257,7 +257,7 @@ Recorded make_fused(std::vector<Recorded>& ops, size_t g0, size_t g1, const Loop
       std::clamp(kTileBytes / std::max<int64_t>(bytes_per_elem, 1), kMinTileElems, kMaxTileElems) / 256 * 256;
   // A run that fits in L2 as a whole and that no kernel would split across threads is one
   // tile: more would only add calls.
-  if (first.numel() * bytes_per_elem <= 4 * kTileBytes && first.numel() < kGrainSize) tile = first.numel();
+  if (space.numel() * bytes_per_elem <= 4 * kTileBytes && space.numel() < kGrainSize) tile = space.numel();
   f->step = f->dim == 0 ? tile : std::max<int64_t>(1, tile / inner);
   if (any_flat && f->step < outer) {
     // A flat loop's ranges must start at multiples of 256 elements, as a 1-D tile's do.
@@ -340,11 +340,9 @@ Recorded make_fused(std::vector<Recorded>& ops, size_t g0, size_t g1, const Loop
     });
     names << (k > g0 ? ", " : "") << ops[k].name;
   }
-  // A value written by op k and read by no later op stays in its slot until the run ends:
-  // release happens above only for values read at least once.
-  Recorded r{"fused loop", false, [f] { f->run(); }, nullptr, "fused(" + names.str() + ")", ops[g0].freed_before};
+  Recorded r{"fused loop", false, [f] { f->run(); }, nullptr, "fused(" + names.str() + ")", {}};
   std::ostringstream line;
-  line << r.fused_name << " over " << space_str(first) << ", " << f->tiles << (f->tiles == 1 ? " tile" : " tiles");
+  line << r.fused_name << " over " << space_str(space) << ", " << f->tiles << (f->tiles == 1 ? " tile" : " tiles");
   if (unwritten) line << ", " << unwritten << " bytes of intermediates not written";
   report.lines.push_back(line.str());
   report.unwritten_bytes += unwritten;

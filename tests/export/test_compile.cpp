@@ -9,6 +9,7 @@
 #include <functional>
 #include <limits>
 #include <memory>
+#include <thread>
 
 #include "kiln/core/allocator.h"
 #include "kiln/core/autocast.h"
@@ -22,6 +23,7 @@
 #include "kiln/nn/functional.h"
 #include "kiln/ops/conv.h"
 #include "kiln/ops/factory.h"
+#include "kiln/ops/linalg.h"
 #include "kiln/optim/optimizer.h"
 #include "support/test_util.h"
 
@@ -350,6 +352,26 @@ TEST(Compile, AMaxPoolCapturedOnOneDnnRefusesANaNOnReplay) {
   Tensor bad = x.clone();
   bad.view({-1}).narrow(0, 0, 1).fill_(std::numeric_limits<float>::quiet_NaN());
   EXPECT_THROW(pool({bad}), ValueError);
+}
+
+// A replayed product calls the oneDNN primitive its capture found, holding it: oneDNN's
+// per-thread cache may drop it meanwhile (it is cleared past 2048 entries), and another
+// thread, whose cache it is not in, takes the normal path.
+TEST(Compile, AReplayedProductOutlivesOneDnnsCacheAndReplaysOnAnotherThread) {
+  manual_seed(11);
+  const Tensor a = randn({8, 32}), b = randn({32, 16});
+  auto fn = [&] { return mm(a, b).relu(); };
+  const Tensor want = fn();
+  auto step = compile(std::function<Tensor()>(fn), {.name = "mm", .modules = {}});
+  step();
+  for (int64_t k = 1; k <= 2100; ++k) (void)mm(ones({1, k}), ones({k, 1}));
+  EXPECT_TRUE(bitwise_equal(step()[0], want));
+  Tensor other;
+  std::thread t([&] { other = step()[0].clone(); });
+  t.join();
+  EXPECT_TRUE(bitwise_equal(other, want));
+  EXPECT_EQ(step.stats().captures, 1);
+  EXPECT_EQ(step.stats().replays, 2);
 }
 
 TEST(Compile, BadOptionsAreRefused) {

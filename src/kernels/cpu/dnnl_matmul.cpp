@@ -286,8 +286,9 @@ void matmul_with_packed_b(const MatmulArgs& g, const void* packed) {
 
 void matmul(const MatmulArgs& g) {
   const capture::KernelScope cap("matmul");
-  const bool on_dnnl = (g.dtype == kFloat32 || g.dtype == kBFloat16) && g.k > 0;
   if (cap.recording()) {
+    // The products dnnl_matmul runs below (the others' records call matmul again).
+    const bool on_dnnl = (g.dtype == kFloat32 || g.dtype == kBFloat16) && g.k > 0;
     if (on_dnnl && g.outer > 0 && g.batch > 0 && g.m > 0 && g.n > 0)
       record_dnnl_matmul(cap, g);
     else
