@@ -850,6 +850,13 @@ class TrainLoop {
     progress_.message(buf);
   }
 
+  /// What the task's loader can hold at once: the batch in use, one being built per worker
+  /// and num_workers × prefetch_factor ready (kiln/data/loader.h).
+  static int64_t loader_batches_in_flight(const Config& c) {
+    const int64_t workers = c.integer("data.num_workers");
+    return 1 + workers * (1 + data::LoaderOptions{}.prefetch_factor);
+  }
+
   /// Once per run: live memory grew at every step (train::LeakWatch says who holds it).
   void warn_leak(const train::LeakReport& r) {
     progress_.message("warning: memory leak: " + r.message);
@@ -1021,7 +1028,8 @@ class TrainLoop {
   std::optional<KeepBest> keep_best_;
   std::vector<StepValues> unlogged_;       // the steps since the last train line (Note [Run story])
   parallel::PipelineStepResult pipeline_;  // a mesh run's last step
-  train::LeakWatch leak_{{.print = false}};
+  // The loader's prefetch queue fills by a batch per step for a while; that is not a leak.
+  train::LeakWatch leak_{{.print = false, .data_in_flight = loader_batches_in_flight(c_)}};
   std::optional<ProfileRun> profile_;  // [profile] steps
   int64_t peak_recorded_ = -1;
   // train.grad_accum_steps: batches per optimizer step, and the micro-batches of the current one.

@@ -23,6 +23,8 @@ LeakWatch::LeakWatch(LeakWatchOptions options) : options_(options) {
   KILN_CHECK(options_.window >= 2, ValueError, "LeakWatch: window must be at least 2 steps, got ", options_.window);
   KILN_CHECK(options_.warmup_steps >= 0, ValueError, "LeakWatch: warmup_steps must be >= 0, got ",
              options_.warmup_steps);
+  KILN_CHECK(options_.data_in_flight >= 0, ValueError, "LeakWatch: data_in_flight must be >= 0, got ",
+             options_.data_in_flight);
   if (!memory::recording_history()) {
     memory::record_history(true);
     owns_history_ = true;
@@ -43,41 +45,51 @@ LeakWatch::Sample LeakWatch::sample() const {
   return s;
 }
 
+int64_t LeakWatch::window_of(int category) const {
+  if (category == static_cast<int>(MemoryCategory::Data)) return std::max(options_.window, options_.data_in_flight + 1);
+  return options_.window;
+}
+
 const LeakReport* LeakWatch::step() {
   ++steps_;
   if (report_ || steps_ <= options_.warmup_steps) return nullptr;
   samples_.push_back(sample());
-  const auto need = static_cast<size_t>(options_.window) + 1;
-  if (samples_.size() > need) samples_.pop_front();
-  if (samples_.size() < need) return nullptr;
-  auto grew_each_step = [&](auto value) {
-    for (size_t k = 1; k < samples_.size(); ++k)
+  int64_t longest = options_.window;
+  for (int c = 0; c < kNumMemoryCategories; ++c) longest = std::max(longest, window_of(c));
+  if (samples_.size() > static_cast<size_t>(longest) + 1) samples_.pop_front();
+  // Over the last `w` steps: the first sample of that span, and whether `value` grew at each.
+  auto first_of = [&](int64_t w) -> const Sample& { return samples_[samples_.size() - 1 - static_cast<size_t>(w)]; };
+  auto grew_each_step = [&](int64_t w, auto value) {
+    for (size_t k = samples_.size() - static_cast<size_t>(w); k < samples_.size(); ++k)
       if (value(samples_[k]) <= value(samples_[k - 1])) return false;
     return true;
   };
   int found = -2;
   for (int c = 0; c < kNumMemoryCategories && found == -2; ++c) {
+    const int64_t w = window_of(c);
+    if (samples_.size() < static_cast<size_t>(w) + 1) continue;
     const auto i = static_cast<size_t>(c);
-    const int64_t growth = samples_.back().live[i] - samples_.front().live[i];
-    if (growth >= options_.min_growth_bytes * options_.window &&
-        grew_each_step([i](const Sample& x) { return x.live[i]; }))
+    const int64_t growth = samples_.back().live[i] - first_of(w).live[i];
+    if (growth >= options_.min_growth_bytes * w && grew_each_step(w, [i](const Sample& x) { return x.live[i]; }))
       found = c;
   }
+  const int64_t w = options_.window;
   // Flat bytes but a growing census: graphs kept after backward freed their saved tensors.
-  if (found == -2 && grew_each_step([](const Sample& x) { return x.nodes; }) &&
-      !autograd::graphs_holding_nodes_before(samples_.front().mark).empty())
+  if (found == -2 && samples_.size() >= static_cast<size_t>(w) + 1 &&
+      grew_each_step(w, [](const Sample& x) { return x.nodes; }) &&
+      !autograd::graphs_holding_nodes_before(first_of(w).mark).empty())
     found = -1;
   if (found == -2) return nullptr;
-  report_ = explain(found, samples_.front(), samples_.back());
+  const int64_t fw = found >= 0 ? window_of(found) : w;
+  report_ = explain(found, first_of(fw), samples_.back(), fw);
   if (options_.print) std::cerr << "kiln warning: " << report_->message << std::endl;
   return &*report_;
 }
 
-LeakReport LeakWatch::explain(int category, const Sample& first, const Sample& last) const {
+LeakReport LeakWatch::explain(int category, const Sample& first, const Sample& last, int64_t window) const {
   LeakReport r;
   r.step = steps_;
   r.bytes_grow = category >= 0;
-  const auto window = options_.window;
   std::string m;
   if (r.bytes_grow) {
     const auto i = static_cast<size_t>(category);

@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <deque>
 #include <string>
 
 #include "kiln/kiln.h"
@@ -123,4 +124,57 @@ TEST(LeakWatch, AHealthyLoopRaisesNothing) {
 
 TEST(LeakWatch, RejectsAWindowTooShort) {
   EXPECT_THROW(train::LeakWatch({.window = 1}), ValueError);
+}
+
+namespace {
+
+// A batch of input-pipeline memory, as a loader's worker makes it.
+Tensor data_batch() {
+  MemoryCategoryGuard data(MemoryCategory::Data);
+  return zeros({1024});  // 4 KiB
+}
+
+}  // namespace
+
+// A prefetch queue that fills by a batch per step (workers briefly faster than
+// the loop, as on a loaded machine) and then stays full is no leak, once the
+// watch knows how many batches the loader may hold.
+TEST(LeakWatch, ALoaderQueueFillingUpIsNotALeak) {
+  constexpr int kInFlight = 7;  // 2 workers: 1 in use + 2 being built + 2 × prefetch_factor 2 ready
+  auto run = [](int64_t data_in_flight) {
+    train::LeakWatch watch({.print = false, .data_in_flight = data_in_flight});
+    std::deque<Tensor> queue;
+    for (int step = 0; step < 40; ++step) {
+      queue.push_back(data_batch());
+      if (step < 4 || step >= 4 + kInFlight - 1) queue.pop_front();  // steady, then filling for 6 steps, then full
+      if (const train::LeakReport* r = watch.step()) return std::string(r->message);
+    }
+    EXPECT_LE(queue.size(), static_cast<size_t>(kInFlight));
+    return std::string();
+  };
+  const std::string unaware = run(0);
+  EXPECT_NE(unaware.find("data memory grew at each of the last 5 steps"), std::string::npos)
+      << "the pattern must look like a leak to a watch that does not know the queue: " << unaware;
+  EXPECT_EQ(run(kInFlight), "");
+}
+
+TEST(LeakWatch, DataKeptStepAfterStepIsStillALeakPastTheQueue) {
+  train::LeakWatch watch({.print = false, .data_in_flight = 7});
+  std::vector<Tensor> kept;
+  const train::LeakReport* found = nullptr;
+  int step = 0;
+  for (; step < 40 && !found; ++step) {
+    kept.push_back(data_batch());
+    found = watch.step();
+  }
+  ASSERT_NE(found, nullptr);
+  EXPECT_EQ(found->category, MemoryCategory::Data);
+  EXPECT_EQ(found->growth_per_step, 4096);
+  // warm-up 3, then 8 growths (one more than the queue can make) need 9 samples.
+  EXPECT_EQ(step, 3 + 9);
+  EXPECT_NE(found->message.find("data memory grew at each of the last 8 steps"), std::string::npos) << found->message;
+}
+
+TEST(LeakWatch, RejectsANegativeQueue) {
+  EXPECT_THROW(train::LeakWatch({.data_in_flight = -1}), ValueError);
 }

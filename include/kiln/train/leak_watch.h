@@ -38,6 +38,11 @@ struct LeakWatchOptions {
   int64_t min_growth_bytes = 1024;
   /// Also write the warning to stderr (as "kiln warning: ...").
   bool print = true;
+  /// Batches the input pipeline may hold by design: the one in use, those being
+  /// built and the prefetch queue. While a queue fills, data memory grows by up to
+  /// a batch per step for as many steps, which is no leak: the data category must
+  /// grow at more consecutive steps than this (and at least `window`).
+  int64_t data_in_flight = 0;
 };
 
 /// What the watch found, once.
@@ -77,7 +82,8 @@ class LeakWatch {
   };
   Sample sample() const;
   /// `category` < 0: the census grew, not tensor bytes.
-  LeakReport explain(int category, const Sample& first, const Sample& last) const;
+  LeakReport explain(int category, const Sample& first, const Sample& last, int64_t window) const;
+  int64_t window_of(int category) const;
 
   LeakWatchOptions options_;
   bool owns_history_ = false;
