@@ -54,8 +54,8 @@ const LeakReport* LeakWatch::step() {
   ++steps_;
   if (report_ || steps_ <= options_.warmup_steps) return nullptr;
   samples_.push_back(sample());
-  int64_t longest = options_.window;
-  for (int c = 0; c < kNumMemoryCategories; ++c) longest = std::max(longest, window_of(c));
+  // The data category's window is the longest (window_of).
+  const int64_t longest = window_of(static_cast<int>(MemoryCategory::Data));
   if (samples_.size() > static_cast<size_t>(longest) + 1) samples_.pop_front();
   // Over the last `w` steps: the first sample of that span, and whether `value` grew at each.
   auto first_of = [&](int64_t w) -> const Sample& { return samples_[samples_.size() - 1 - static_cast<size_t>(w)]; };
@@ -80,7 +80,7 @@ const LeakReport* LeakWatch::step() {
       !autograd::graphs_holding_nodes_before(first_of(w).mark).empty())
     found = -1;
   if (found == -2) return nullptr;
-  const int64_t fw = found >= 0 ? window_of(found) : w;
+  const int64_t fw = window_of(found);  // the census (-1) is judged over `window`
   report_ = explain(found, first_of(fw), samples_.back(), fw);
   if (options_.print) std::cerr << "kiln warning: " << report_->message << std::endl;
   return &*report_;
