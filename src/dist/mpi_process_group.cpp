@@ -240,15 +240,21 @@ MPIProcessGroup::MPIProcessGroup(MPI_Comm comm, std::vector<int> world_ranks, co
   // Debug mode adds an allgather before each collective: every rank must agree
   // on it, or the first collective would pair an allgather with something else.
   // So must KILN_DIST_PROGRESS: a nonblocking collective does not match a blocking one.
+  // So must KILN_DIST_SHM: one rank in shared memory and one in MPI would never meet.
+  if (const char* v = std::getenv("KILN_DIST_SHM")) shm_enabled_ = std::strcmp(v, "0") != 0;
   const int mode = static_cast<int>(progress_mode_);
-  int flags[4] = {debug_ ? 1 : 0, debug_ ? -1 : 0, mode, -mode};
-  check_mpi(MPI_Allreduce(MPI_IN_PLACE, flags, 4, MPI_INT, MPI_MAX, comm_), "MPI_Allreduce (KILN_DIST_DEBUG check)");
+  const int shm = shm_enabled_ ? 1 : 0;
+  int flags[6] = {debug_ ? 1 : 0, debug_ ? -1 : 0, mode, -mode, shm, -shm};
+  check_mpi(MPI_Allreduce(MPI_IN_PLACE, flags, 6, MPI_INT, MPI_MAX, comm_), "MPI_Allreduce (KILN_DIST_DEBUG check)");
   KILN_CHECK(flags[0] == -flags[1], DistributedError,
              "KILN_DIST_DEBUG must be set alike on every rank, but some ranks have it on and some off (rank ", rank_,
              " has it ", debug_ ? "on" : "off", "); launch with `kiln launch` or mpirun -x KILN_DIST_DEBUG");
   KILN_CHECK(flags[2] == -flags[3], DistributedError, "KILN_DIST_PROGRESS must be set alike on every rank (rank ",
              rank_, " has ", progress_mode_ == ProgressMode::Spin ? "spin" : "backoff",
              ", another rank the other); launch with `kiln launch` or mpirun -x KILN_DIST_PROGRESS");
+  KILN_CHECK(flags[4] == -flags[5], DistributedError, "KILN_DIST_SHM must be set alike on every rank (rank ", rank_,
+             " has the shared-memory all-reduce ", shm_enabled_ ? "on" : "off",
+             ", another rank the other); launch with `kiln launch` or mpirun -x KILN_DIST_SHM");
   comm_thread_ = std::thread([this] { comm_loop(); });
   watch_thread_ = std::thread([this] { watchdog_loop(); });
 }
@@ -423,28 +429,50 @@ WorkPtr MPIProcessGroup::allreduce(Tensor& t, ReduceOp op, Loc loc) {
     const int n = static_cast<int>(keep.numel());
     const int size = size_;
     // In place; with ProgressMode::Backoff nonblocking, tested without holding a core.
+    // Returns whether Avg's division is done (the shared-memory path divides as it reduces).
     auto reduce = [&](void* data, MPI_Datatype type) {
+      if (type == MPI_FLOAT && (op == ReduceOp::Sum || op == ReduceOp::Avg)) {
+        if (ShmAllreduce* shm = shm_for(static_cast<size_t>(n))) {
+          shm->run(static_cast<float*>(data), static_cast<size_t>(n), op == ReduceOp::Avg,
+                   progress_mode_ == ProgressMode::Spin);
+          return true;
+        }
+      }
       if (progress_mode_ == ProgressMode::Spin) {
         check_mpi(MPI_Allreduce(MPI_IN_PLACE, data, n, type, mpi_op(op), comm_), "MPI_Allreduce");
-        return;
+        return false;
       }
       MPI_Request req = MPI_REQUEST_NULL;
       check_mpi(MPI_Iallreduce(MPI_IN_PLACE, data, n, type, mpi_op(op), comm_, &req), "MPI_Iallreduce");
       wait_with_backoff(req, "MPI_Iallreduce");
+      return false;
     };
     // Avg's division happens here, on the communication thread, as the reduced
     // data comes out (for bfloat16, in the conversion back), so the caller's
     // thread never makes a pass over the buffer for it.
     if (keep.dtype() == DType::BFloat16) {
       auto f = to_float(keep);
-      reduce(f.data(), MPI_FLOAT);
-      if (op == ReduceOp::Avg) divide(f.data(), f.size(), size);
+      const bool divided = reduce(f.data(), MPI_FLOAT);
+      if (op == ReduceOp::Avg && !divided) divide(f.data(), f.size(), size);
       from_float(f, keep.data_ptr());
       return;
     }
-    reduce(keep.data_ptr(), mpi_type(keep.dtype()));
-    if (op == ReduceOp::Avg) divide(static_cast<float*>(keep.data_ptr()), static_cast<size_t>(n), size);
+    const bool divided = reduce(keep.data_ptr(), mpi_type(keep.dtype()));
+    if (op == ReduceOp::Avg && !divided) divide(static_cast<float*>(keep.data_ptr()), static_cast<size_t>(n), size);
   });
+}
+
+ShmAllreduce* MPIProcessGroup::shm_for(size_t n) {
+  // Every size, not only large ones: then every float sum of a group on one
+  // node adds the ranks in one order, and a reduce-scatter and an all-reduce
+  // of the same gradients (ZeRO against DDP) agree bit for bit.
+  if (!shm_enabled_ || size_ < 2 || n == 0) return nullptr;
+  if (shm_state_ == 0) {
+    // Every rank decides alike (same count, same setting), so all make it here together.
+    shm_ = ShmAllreduce::create(comm_, &shm_why_);
+    shm_state_ = shm_ ? 1 : -1;
+  }
+  return shm_.get();
 }
 
 WorkPtr MPIProcessGroup::broadcast(Tensor& t, int root, Loc loc) {
@@ -559,6 +587,22 @@ WorkPtr MPIProcessGroup::allgather_into_tensor(Tensor& out, const Tensor& in, Lo
 void MPIProcessGroup::reduce_scatter_block(const Tensor& out, const void* send, ReduceOp op) {
   const int n = static_cast<int>(out.numel());
   const size_t count = static_cast<size_t>(n);
+  // Float data (bfloat16 comes as float32 shards) summed or averaged: shared memory where it can.
+  ShmAllreduce* shm = (op == ReduceOp::Sum || op == ReduceOp::Avg) && out.dtype() != DType::Int64
+                          ? shm_for(count * static_cast<size_t>(size_))
+                          : nullptr;
+  if (shm && out.dtype() == DType::BFloat16) {
+    std::vector<float> recv(count);
+    shm->reduce_scatter(static_cast<const float*>(send), recv.data(), count, op == ReduceOp::Avg,
+                        progress_mode_ == ProgressMode::Spin);
+    from_float(recv, out.data_ptr());
+    return;
+  }
+  if (shm) {
+    shm->reduce_scatter(static_cast<const float*>(send), static_cast<float*>(out.data_ptr()), count,
+                        op == ReduceOp::Avg, progress_mode_ == ProgressMode::Spin);
+    return;
+  }
   if (out.dtype() == DType::BFloat16) {
     std::vector<float> recv(count);
     check_mpi(MPI_Reduce_scatter_block(send, recv.data(), n, MPI_FLOAT, mpi_op(op), comm_), "MPI_Reduce_scatter_block");

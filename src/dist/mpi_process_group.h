@@ -22,6 +22,7 @@
 #include <vector>
 
 #include "kiln/dist/process_group.h"
+#include "shm_allreduce.h"
 
 namespace kiln::dist::detail {
 
@@ -184,6 +185,14 @@ class MPIProcessGroup final : public ProcessGroup {
   bool debug_ = false;
   double timeout_s_ = 300;
   ProgressMode progress_mode_ = ProgressMode::Backoff;
+  // The shared-memory all-reduce (KILN_DIST_SHM, on unless "0"): made by the
+  // first float all-reduce large enough to use it, on the communication thread.
+  bool shm_enabled_ = true;
+  int shm_state_ = 0;  // 0: not tried yet, 1: made, -1: unavailable (shm_why_)
+  std::unique_ptr<ShmAllreduce> shm_;
+  std::string shm_why_;
+  /// On the communication thread: the shared-memory all-reduce if this all-reduce of `n` floats should use it.
+  ShmAllreduce* shm_for(size_t n);
 
   // Issue side (caller threads).
   std::mutex issue_mu_;

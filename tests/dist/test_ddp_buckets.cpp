@@ -250,9 +250,18 @@ TEST_F(DDPBucketsMpi, BackoffProgressPathCompletesCollectives) {
   for (int r = 0; r < n; ++r) all.push_back(r);
   const char* saved = std::getenv("KILN_DIST_PROGRESS");
   const std::string restore = saved ? saved : "";
+  // The MPI path's waits: the shared-memory all-reduce (test_shm_allreduce.cpp) is off for these groups.
+  const char* saved_shm = std::getenv("KILN_DIST_SHM");
+  const std::string restore_shm = saved_shm ? saved_shm : "";
   for (const char* mode : {"backoff", "spin"}) {
     setenv("KILN_DIST_PROGRESS", mode, 1);
+    setenv("KILN_DIST_SHM", "0", 1);
     auto g = dist::new_group(all, std::string("progress-") + mode);
+    if (saved_shm) {
+      setenv("KILN_DIST_SHM", restore_shm.c_str(), 1);
+    } else {
+      unsetenv("KILN_DIST_SHM");
+    }
     auto* mpi = dynamic_cast<dist::detail::MPIProcessGroup*>(g.get());
     ASSERT_NE(mpi, nullptr);
     const bool backoff = std::string(mode) == "backoff";

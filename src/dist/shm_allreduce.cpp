@@ -1,0 +1,243 @@
+// The shared-memory all-reduce of the MPI backend (shm_allreduce.h).
+//
+// One chunk of at most kChunk floats per rank goes through three steps, each
+// ended by a generation counter of the rank in the segment:
+//   arrived: the rank copied its chunk into its slot;
+//   reduced: it summed its 1/P slice over every slot (ranks in order), wrote
+//            the result into its own data and back into its slot;
+//   read:    it copied every other rank's reduced slice out of their slots.
+// Two sets of slots alternate, so a rank may fill chunk g's slot while a slow
+// peer still reads chunk g - 1's; before refilling a set it waits until every
+// rank has read it (read >= g - 2).
+#include "shm_allreduce.h"
+
+#include <fcntl.h>
+#include <immintrin.h>
+#include <sys/mman.h>
+#include <sys/prctl.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <cstdio>
+#include <cstring>
+#include <thread>
+
+#include "kiln/core/error.h"
+
+namespace kiln::dist::detail {
+
+namespace {
+
+struct alignas(64) Flag {
+  std::atomic<uint64_t> v;
+};
+static_assert(std::atomic<uint64_t>::is_always_lock_free, "shared-memory counters need lock-free atomics");
+
+std::atomic<int64_t> g_calls{0}, g_chunks{0}, g_sleeps{0};
+
+constexpr size_t kPage = 4096;
+constexpr auto kSpin = std::chrono::microseconds(20);
+constexpr auto kFirstSleep = std::chrono::microseconds(5);
+constexpr auto kMaxSleep = std::chrono::microseconds(100);
+
+size_t round_up(size_t x, size_t to) { return (x + to - 1) / to * to; }
+
+// Waits for every flag of `f[0..size)` to reach `g`: a spin of about 20 µs,
+// then sleeps doubling from 5 to 100 µs (the MPI path's back-off), so a rank
+// that arrives early leaves the core to the training thread.
+void wait_all(const Flag* f, int size, uint64_t g, bool spin) {
+  auto all = [&] {
+    for (int q = 0; q < size; ++q) {
+      if (f[q].v.load(std::memory_order_acquire) < g) return false;
+    }
+    return true;
+  };
+  if (all()) return;
+  const auto spin_until = std::chrono::steady_clock::now() + kSpin;
+  auto sleep = kFirstSleep;
+  for (;;) {
+    for (int k = 0; k < 32; ++k) {
+      if (all()) return;
+      _mm_pause();
+    }
+    if (spin || std::chrono::steady_clock::now() < spin_until) continue;
+    std::this_thread::sleep_for(sleep);
+    g_sleeps.fetch_add(1, std::memory_order_relaxed);
+    sleep = std::min(sleep * 2, kMaxSleep);
+  }
+}
+
+void check(int rc, const char* what) {
+  if (rc == MPI_SUCCESS) return;
+  char msg[MPI_MAX_ERROR_STRING];
+  int len = 0;
+  MPI_Error_string(rc, msg, &len);
+  throw DistributedError(std::string("dist: ") + what + " failed: " + std::string(msg, len));
+}
+
+}  // namespace
+
+struct ShmAllreduce::Flags {
+  Flag* arrived;
+  Flag* reduced;
+  Flag* read;
+};
+
+ShmAllreduce::ShmAllreduce(int rank, int size, void* base, size_t bytes)
+    : rank_(rank), size_(size), base_(base), bytes_(bytes) {
+  auto* f = static_cast<Flag*>(base);
+  flags_ = new Flags{f, f + size, f + 2 * size};
+  slots_ = reinterpret_cast<float*>(static_cast<char*>(base) + round_up(3 * size * sizeof(Flag), kPage));
+}
+
+ShmAllreduce::~ShmAllreduce() {
+  delete flags_;
+  munmap(base_, bytes_);
+}
+
+float* ShmAllreduce::slot(int set, int rank) const {
+  return slots_ + (static_cast<size_t>(set) * size_ + rank) * kChunk;
+}
+
+std::unique_ptr<ShmAllreduce> ShmAllreduce::create(MPI_Comm comm, std::string* why_not) {
+  int rank = 0, size = 1;
+  MPI_Comm_rank(comm, &rank);
+  MPI_Comm_size(comm, &size);
+  MPI_Comm node = MPI_COMM_NULL;
+  check(MPI_Comm_split_type(comm, MPI_COMM_TYPE_SHARED, rank, MPI_INFO_NULL, &node), "MPI_Comm_split_type");
+  int node_size = 0;
+  MPI_Comm_size(node, &node_size);
+  MPI_Comm_free(&node);
+  int one_node = node_size == size ? 1 : 0;
+  check(MPI_Allreduce(MPI_IN_PLACE, &one_node, 1, MPI_INT, MPI_MIN, comm), "MPI_Allreduce (shared-memory check)");
+  if (!one_node) {
+    *why_not = "the ranks are not all on one node";
+    return nullptr;
+  }
+
+  const size_t bytes =
+      round_up(3 * size * sizeof(Flag), kPage) + 2 * static_cast<size_t>(size) * kChunk * sizeof(float);
+  // Rank 0 makes the object under a name no other job uses and passes it on.
+  char name[64] = {};
+  int fd = -1, ok = 1;
+  std::string err;
+  if (rank == 0) {
+    static std::atomic<int> serial{0};
+    std::snprintf(name, sizeof(name), "/kiln-allreduce-%d-%d", static_cast<int>(getpid()), serial.fetch_add(1));
+    fd = shm_open(name, O_CREAT | O_EXCL | O_RDWR, 0600);
+    if (fd < 0) {
+      ok = 0, err = std::string("shm_open: ") + std::strerror(errno);
+    } else if (ftruncate(fd, static_cast<off_t>(bytes)) != 0) {
+      ok = 0, err = std::string("ftruncate: ") + std::strerror(errno);
+    } else if (int rc = posix_fallocate(fd, 0, static_cast<off_t>(bytes)); rc != 0) {
+      ok = 0, err = std::string("posix_fallocate of ") + std::to_string(bytes) + " bytes: " + std::strerror(rc);
+    }
+  }
+  check(MPI_Bcast(name, sizeof(name), MPI_CHAR, 0, comm), "MPI_Bcast (shared-memory name)");
+  check(MPI_Bcast(&ok, 1, MPI_INT, 0, comm), "MPI_Bcast (shared-memory segment)");
+  if (ok && rank != 0) {
+    fd = shm_open(name, O_RDWR, 0600);
+    if (fd < 0) ok = 0, err = std::string("shm_open: ") + std::strerror(errno);
+  }
+  void* base = MAP_FAILED;
+  if (ok) {
+    base = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    if (base == MAP_FAILED) ok = 0, err = std::string("mmap: ") + std::strerror(errno);
+  }
+  if (fd >= 0) close(fd);
+  int all_ok = ok;
+  check(MPI_Allreduce(MPI_IN_PLACE, &all_ok, 1, MPI_INT, MPI_MIN, comm), "MPI_Allreduce (shared-memory segment)");
+  // Every rank has opened the object (or given up): the name can go.
+  if (rank == 0 && name[0] != '\0') shm_unlink(name);
+  if (!all_ok) {
+    if (base != MAP_FAILED) munmap(base, bytes);
+    *why_not = err.empty() ? "another rank could not map the segment" : err;
+    return nullptr;
+  }
+  return std::unique_ptr<ShmAllreduce>(new ShmAllreduce(rank, size, base, bytes));
+}
+
+void ShmAllreduce::run(float* data, size_t n, bool average, bool spin) {
+  // Sleeps of a few µs are only as short as the thread's timer slack allows.
+  thread_local const bool slack_set = prctl(PR_SET_TIMERSLACK, 1000UL, 0UL, 0UL, 0UL) == 0;
+  (void)slack_set;
+  const int P = size_, r = rank_;
+  const float by = static_cast<float>(P);
+  constexpr size_t kBlock = 1024;  // the sum of a slice, block by block, stays in L1
+  float acc[kBlock];
+  g_calls.fetch_add(1, std::memory_order_relaxed);
+  g_chunks.fetch_add(static_cast<int64_t>((n + kChunk - 1) / kChunk), std::memory_order_relaxed);
+  for (size_t off = 0; off < n; off += kChunk) {
+    const size_t m = std::min(kChunk, n - off);
+    const uint64_t g = ++gen_;
+    const int set = static_cast<int>(g & 1);
+    float* out = data + off;
+    if (g > 2) wait_all(flags_->read, P, g - 2, spin);
+    std::memcpy(slot(set, r), out, m * sizeof(float));
+    flags_->arrived[r].v.store(g, std::memory_order_release);
+    wait_all(flags_->arrived, P, g, spin);
+
+    auto lo = [&](int q) { return m * static_cast<size_t>(q) / static_cast<size_t>(P); };
+    float* mine = slot(set, r);
+    for (size_t b = lo(r); b < lo(r + 1); b += kBlock) {
+      const size_t k = std::min(kBlock, lo(r + 1) - b);
+      const float* s0 = slot(set, 0) + b;
+      for (size_t i = 0; i < k; ++i) acc[i] = s0[i];
+      for (int q = 1; q < P; ++q) {
+        const float* sq = slot(set, q) + b;
+        for (size_t i = 0; i < k; ++i) acc[i] += sq[i];
+      }
+      if (average) {
+        for (size_t i = 0; i < k; ++i) acc[i] /= by;
+      }
+      std::memcpy(out + b, acc, k * sizeof(float));
+      std::memcpy(mine + b, acc, k * sizeof(float));
+    }
+    flags_->reduced[r].v.store(g, std::memory_order_release);
+
+    for (int step = 1; step < P; ++step) {
+      const int q = (r + step) % P;  // start with the next rank's slice: ranks do not all read one slot at once
+      wait_all(flags_->reduced + q, 1, g, spin);
+      std::memcpy(out + lo(q), slot(set, q) + lo(q), (lo(q + 1) - lo(q)) * sizeof(float));
+    }
+    flags_->read[r].v.store(g, std::memory_order_release);
+  }
+}
+
+void ShmAllreduce::reduce_scatter(const float* send, float* out, size_t count, bool average, bool spin) {
+  thread_local const bool slack_set = prctl(PR_SET_TIMERSLACK, 1000UL, 0UL, 0UL, 0UL) == 0;
+  (void)slack_set;
+  const int P = size_, r = rank_;
+  const float by = static_cast<float>(P);
+  const size_t per = kChunk / static_cast<size_t>(P);  // floats of each shard per chunk
+  g_calls.fetch_add(1, std::memory_order_relaxed);
+  g_chunks.fetch_add(static_cast<int64_t>((count + per - 1) / per), std::memory_order_relaxed);
+  for (size_t off = 0; off < count; off += per) {
+    const size_t m = std::min(per, count - off);
+    const uint64_t g = ++gen_;
+    const int set = static_cast<int>(g & 1);
+    if (g > 2) wait_all(flags_->read, P, g - 2, spin);
+    // Slot layout: shard q's piece at q * per, so rank q finds its pieces at one offset in every slot.
+    for (int q = 0; q < P; ++q) std::memcpy(slot(set, r) + q * per, send + q * count + off, m * sizeof(float));
+    flags_->arrived[r].v.store(g, std::memory_order_release);
+    wait_all(flags_->arrived, P, g, spin);
+    float* dst = out + off;
+    const size_t at = static_cast<size_t>(r) * per;
+    std::memcpy(dst, slot(set, 0) + at, m * sizeof(float));
+    for (int q = 1; q < P; ++q) {
+      const float* sq = slot(set, q) + at;
+      for (size_t i = 0; i < m; ++i) dst[i] += sq[i];
+    }
+    if (average) {
+      for (size_t i = 0; i < m; ++i) dst[i] /= by;
+    }
+    flags_->reduced[r].v.store(g, std::memory_order_release);
+    flags_->read[r].v.store(g, std::memory_order_release);
+  }
+}
+
+ShmCounters shm_counters() { return {.calls = g_calls.load(), .chunks = g_chunks.load(), .sleeps = g_sleeps.load()}; }
+
+}  // namespace kiln::dist::detail
