@@ -9,6 +9,8 @@ alike (a shared machine: the load average is recorded beside every run):
   1x1          1 rank (the reference: no communication)
   2x1          2 ranks, the default buckets (25 MiB cap, 1 MiB first bucket, rebuilt)
   2x1 cap2     2 ranks, a 2 MiB bucket cap
+  2x1 mpi      2 ranks, the default buckets, all-reduced by Open MPI
+               (KILN_DIST_SHM=0) instead of kiln's shared-memory all-reduce
   1x1 twice    two independent 1-rank processes started together, no
                communication at all: the machine's own bound on weak scaling
                (two single-threaded trainings on its 2 cores share caches,
@@ -29,11 +31,12 @@ import statistics
 import subprocess
 import sys
 
-CONFIGS = [
-    ("1x1", 1, []),
-    ("2x1", 2, []),
-    ("2x1 cap2", 2, ["--bucket-mb", "2"]),
-    ("1x1 twice", 0, []),  # ranks 0: two 1-rank processes side by side
+CONFIGS = [  # name, ranks, arguments, environment
+    ("1x1", 1, [], {}),
+    ("2x1", 2, [], {}),
+    ("2x1 cap2", 2, ["--bucket-mb", "2"], {}),
+    ("2x1 mpi", 2, [], {"KILN_DIST_SHM": "0"}),
+    ("1x1 twice", 0, [], {}),  # ranks 0: two 1-rank processes side by side
 ]
 MPI_ENV = {
     "OMPI_ALLOW_RUN_AS_ROOT": "1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1", "OMPI_MCA_rmaps_base_oversubscribe": "1",
@@ -61,9 +64,10 @@ def parse(cmd, p):
     return json.loads([ln for ln in p.stdout.splitlines() if ln.startswith("{")][-1])
 
 
-def run_one(ddp_bin, ranks, extra, steps, warmup, timeout=600):
+def run_one(ddp_bin, ranks, extra, steps, warmup, timeout=600, extra_env=None):
     env = dict(os.environ)
     env.update(MPI_ENV)
+    env.update(extra_env or {})
     cmd = [ddp_bin, "--steps", str(steps), "--warmup", str(warmup)] + extra
     load_before = os.getloadavg()[0]
     if ranks == 0:
@@ -79,7 +83,8 @@ def run_one(ddp_bin, ranks, extra, steps, warmup, timeout=600):
     else:
         if ranks > 1:
             cmd = ["mpirun", "-np", str(ranks), "-x", "OMP_NUM_THREADS", "-x", "GLIBC_TUNABLES"] + (
-                ["-x", "KILN_DIST_PROGRESS"] if "KILN_DIST_PROGRESS" in env else []) + cmd
+                ["-x", "KILN_DIST_PROGRESS"] if "KILN_DIST_PROGRESS" in env else []) + (
+                ["-x", "KILN_DIST_SHM"] if "KILN_DIST_SHM" in env else []) + cmd
         r = parse(cmd, subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout))
     r["load"] = (load_before + os.getloadavg()[0]) / 2
     return r
@@ -87,10 +92,10 @@ def run_one(ddp_bin, ranks, extra, steps, warmup, timeout=600):
 
 def measure(ddp_bin, rounds, steps, warmup=3):
     """{config: [result per round]}."""
-    out = {name: [] for name, _, _ in CONFIGS}
+    out = {name: [] for name, _, _, _ in CONFIGS}
     for k in range(rounds):
-        for name, ranks, extra in CONFIGS:
-            r = run_one(ddp_bin, ranks, extra, steps, warmup)
+        for name, ranks, extra, extra_env in CONFIGS:
+            r = run_one(ddp_bin, ranks, extra, steps, warmup, extra_env=extra_env)
             log("ddp_bench: round %d %-9s step %.1f ms  exposed %.2f ms  allreduce %.2f ms  load %.1f" %
                 (k + 1, name, r["step_ms"], r["exposed_ms"], r["allreduce_ms"], r["load"]))
             out[name].append(r)
@@ -102,7 +107,7 @@ def rows(results):
     med = lambda rs, key: statistics.median(r[key] for r in rs) if rs else None
     ref = results.get("1x1") or []
     out = []
-    for name, ranks, _ in CONFIGS:
+    for name, ranks, _, _ in CONFIGS:
         rs = results.get(name) or []
         if not rs:
             continue

@@ -39,7 +39,8 @@ std::vector<std::string> launch_command(int nprocs, const std::vector<std::strin
   for (const auto& kv : launch_environment()) argv.insert(argv.end(), {"-x", kv});
   // kiln's own settings travel to remote ranks too when the launcher has them.
   // (Unless options.env sets them: one -x per name, so which value wins is clear.)
-  for (const char* name : {"KILN_DIST_DEBUG", "KILN_DIST_TIMEOUT", "KILN_DIST_PROGRESS", "OMP_NUM_THREADS"}) {
+  for (const char* name :
+       {"KILN_DIST_DEBUG", "KILN_DIST_TIMEOUT", "KILN_DIST_PROGRESS", "KILN_DIST_SHM", "OMP_NUM_THREADS"}) {
     bool overridden = false;
     for (const auto& kv : options.env) overridden = overridden || kv.rfind(std::string(name) + "=", 0) == 0;
     if (std::getenv(name) && !overridden) argv.insert(argv.end(), {"-x", name});

@@ -256,6 +256,14 @@ TEST(DistJob, DebugModeMustBeOnForEveryRankOrNone) {
       << out;
 }
 
+TEST(DistJob, SharedMemoryAllreduceMustBeAlikeOnEveryRank) {
+  std::string out;
+  const int rc = run_job("shm-off-on-rank-0", {}, out);
+  EXPECT_NE(rc, 0) << out;
+  EXPECT_NE(rc, 137) << "the job hung until timeout(1) killed it:\n" << out;
+  EXPECT_TRUE(has(out, "KILN_DIST_SHM must be set alike on every rank")) << out;
+}
+
 TEST(DistLaunch, BuildsTheMpirunCommandLine) {
   const auto argv = dist::launch_command(4, {"kiln", "train", "cfg.toml"}, {.env = {"FOO=bar baz"}});
   std::vector<std::string> want{"mpirun", "-np", "4",
@@ -265,7 +273,8 @@ TEST(DistLaunch, BuildsTheMpirunCommandLine) {
                                 "-x", "GLIBC_TUNABLES=glibc.malloc.hugetlb=1:glibc.malloc.mmap_threshold=4294967296:"
                                       "glibc.malloc.trim_threshold=4294967296"};
   // ctest sets OMP_NUM_THREADS and KILN_DIST_TIMEOUT: they are forwarded by name.
-  for (const char* name : {"KILN_DIST_DEBUG", "KILN_DIST_TIMEOUT", "OMP_NUM_THREADS"}) {
+  for (const char* name :
+       {"KILN_DIST_DEBUG", "KILN_DIST_TIMEOUT", "KILN_DIST_PROGRESS", "KILN_DIST_SHM", "OMP_NUM_THREADS"}) {
     if (std::getenv(name)) want.insert(want.end(), {"-x", name});
   }
   want.insert(want.end(), {"-x", "FOO=bar baz", "kiln", "train", "cfg.toml"});

@@ -1,7 +1,7 @@
 // A small MPI program that test_dist's DistJob cases launch with mpirun to
 // check how jobs fail (a skipped collective, a throwing rank), and that
 // measures allreduce bus bandwidth for docs/distributed.md.
-//   kiln_dist_child skip-debug | skip-hang | throw | uncaught | debug-on-rank-0 | bw [MB] [iters]
+//   kiln_dist_child skip-debug | skip-hang | throw | uncaught | debug-on-rank-0 | shm-off-on-rank-0 | bw [MB] [iters]
 //                   | group-mismatch-debug | group-hang   (4 ranks: the subgroup [1, 3])
 //                   | fsdp-die   (rank 1 dies just before an FSDP unit's all-gather)
 //                   | pipeline-stall   (the last stage stalls in a forward: the first waits for gradients)
@@ -281,6 +281,13 @@ int main(int argc, char** argv) {
     // Debug mode on one rank only: init() must refuse on every rank.
     const char* r = std::getenv("OMPI_COMM_WORLD_RANK");
     if (r && std::string(r) == "0") ::setenv("KILN_DIST_DEBUG", "1", 1);
+    dist::init();
+    return 2;
+  }
+  if (mode == "shm-off-on-rank-0") {
+    // The shared-memory all-reduce off on one rank only: its allreduces would never meet the others'.
+    const char* r = std::getenv("OMPI_COMM_WORLD_RANK");
+    if (r && std::string(r) == "0") ::setenv("KILN_DIST_SHM", "0", 1);
     dist::init();
     return 2;
   }
