@@ -87,14 +87,6 @@ MPI_Op mpi_op(ReduceOp op) {
   return MPI_SUM;
 }
 
-void check_mpi(int rc, const char* what) {
-  if (rc == MPI_SUCCESS) return;
-  char msg[MPI_MAX_ERROR_STRING];
-  int len = 0;
-  MPI_Error_string(rc, msg, &len);
-  throw DistributedError(std::string("dist: ") + what + " failed: " + std::string(msg, len));
-}
-
 void check_tensor(const Tensor& t, const char* op, const char* name) {
   KILN_CHECK(t.defined(), ValueError, "dist::", op, ": ", name, " is an undefined tensor");
   KILN_CHECK(t.is_contiguous(), ValueError, "dist::", op, ": expected a contiguous ", name, ", got one with shape ",

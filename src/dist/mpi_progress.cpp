@@ -32,7 +32,9 @@ constexpr auto kSpin = std::chrono::microseconds(20);
 constexpr auto kFirstSleep = std::chrono::microseconds(5);
 constexpr auto kMaxSleep = std::chrono::microseconds(100);
 
-void check(int rc, const char* what) {
+}  // namespace
+
+void check_mpi(int rc, const char* what) {
   if (rc == MPI_SUCCESS) return;
   char msg[MPI_MAX_ERROR_STRING];
   int len = 0;
@@ -40,7 +42,20 @@ void check(int rc, const char* what) {
   throw DistributedError(std::string("dist: ") + what + " failed: " + std::string(msg, len));
 }
 
-}  // namespace
+Backoff::Backoff(bool spin_only)
+    : spin_only_(spin_only), spin_until_(std::chrono::steady_clock::now() + kSpin), sleep_(kFirstSleep) {
+  // Sleeps of a few µs are only as short as the thread's timer slack allows
+  // (50 µs by default); the communication thread only ever waits, so tighten it.
+  thread_local const bool slack_set = prctl(PR_SET_TIMERSLACK, 1000UL, 0UL, 0UL, 0UL) == 0;
+  (void)slack_set;
+}
+
+bool Backoff::idle() {
+  if (spin_only_ || std::chrono::steady_clock::now() < spin_until_) return false;
+  std::this_thread::sleep_for(sleep_);
+  sleep_ = std::min(sleep_ * 2, kMaxSleep);
+  return true;
+}
 
 ProgressMode progress_mode_from_env() {
   const char* v = std::getenv("KILN_DIST_PROGRESS");
@@ -52,22 +67,14 @@ ProgressMode progress_mode_from_env() {
 }
 
 void wait_with_backoff(MPI_Request& req, const char* what) {
-  // Sleeps of a few µs are only as short as the thread's timer slack allows
-  // (50 µs by default); this thread only ever waits on MPI, so tighten it.
-  thread_local const bool slack_set = prctl(PR_SET_TIMERSLACK, 1000UL, 0UL, 0UL, 0UL) == 0;
-  (void)slack_set;
+  Backoff backoff;
   int done = 0;
   int64_t tests = 0, sleeps = 0;
-  const auto spin_until = std::chrono::steady_clock::now() + kSpin;
-  auto sleep = kFirstSleep;
   for (;;) {
     ++tests;
-    check(MPI_Test(&req, &done, MPI_STATUS_IGNORE), what);
+    check_mpi(MPI_Test(&req, &done, MPI_STATUS_IGNORE), what);
     if (done) break;
-    if (std::chrono::steady_clock::now() < spin_until) continue;
-    std::this_thread::sleep_for(sleep);
-    ++sleeps;
-    sleep = std::min(sleep * 2, kMaxSleep);
+    if (backoff.idle()) ++sleeps;
   }
   g_completed.fetch_add(1, std::memory_order_relaxed);
   g_tests.fetch_add(tests, std::memory_order_relaxed);

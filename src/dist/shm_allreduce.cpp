@@ -10,19 +10,17 @@
 // peer still reads chunk g - 1's; before refilling a set it waits until every
 // rank has read it (read >= g - 2).
 #include "shm_allreduce.h"
+#include "mpi_process_group.h"
 
 #include <fcntl.h>
 #include <immintrin.h>
 #include <sys/mman.h>
-#include <sys/prctl.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <atomic>
-#include <chrono>
 #include <cstdio>
 #include <cstring>
-#include <thread>
 
 #include "kiln/core/error.h"
 
@@ -38,15 +36,12 @@ static_assert(std::atomic<uint64_t>::is_always_lock_free, "shared-memory counter
 std::atomic<int64_t> g_calls{0}, g_chunks{0}, g_sleeps{0};
 
 constexpr size_t kPage = 4096;
-constexpr auto kSpin = std::chrono::microseconds(20);
-constexpr auto kFirstSleep = std::chrono::microseconds(5);
-constexpr auto kMaxSleep = std::chrono::microseconds(100);
 
 size_t round_up(size_t x, size_t to) { return (x + to - 1) / to * to; }
 
-// Waits for every flag of `f[0..size)` to reach `g`: a spin of about 20 µs,
-// then sleeps doubling from 5 to 100 µs (the MPI path's back-off), so a rank
-// that arrives early leaves the core to the training thread.
+// Waits for every flag of `f[0..size)` to reach `g`, polling with the MPI
+// path's back-off (Backoff), so a rank that arrives early leaves the core to
+// the training thread.
 void wait_all(const Flag* f, int size, uint64_t g, bool spin) {
   auto all = [&] {
     for (int q = 0; q < size; ++q) {
@@ -55,26 +50,19 @@ void wait_all(const Flag* f, int size, uint64_t g, bool spin) {
     return true;
   };
   if (all()) return;
-  const auto spin_until = std::chrono::steady_clock::now() + kSpin;
-  auto sleep = kFirstSleep;
+  Backoff backoff(spin);
   for (;;) {
     for (int k = 0; k < 32; ++k) {
       if (all()) return;
       _mm_pause();
     }
-    if (spin || std::chrono::steady_clock::now() < spin_until) continue;
-    std::this_thread::sleep_for(sleep);
-    g_sleeps.fetch_add(1, std::memory_order_relaxed);
-    sleep = std::min(sleep * 2, kMaxSleep);
+    if (backoff.idle()) g_sleeps.fetch_add(1, std::memory_order_relaxed);
   }
 }
 
-void check(int rc, const char* what) {
-  if (rc == MPI_SUCCESS) return;
-  char msg[MPI_MAX_ERROR_STRING];
-  int len = 0;
-  MPI_Error_string(rc, msg, &len);
-  throw DistributedError(std::string("dist: ") + what + " failed: " + std::string(msg, len));
+void count_call(size_t n, size_t per_chunk) {
+  g_calls.fetch_add(1, std::memory_order_relaxed);
+  g_chunks.fetch_add(static_cast<int64_t>((n + per_chunk - 1) / per_chunk), std::memory_order_relaxed);
 }
 
 }  // namespace
@@ -97,6 +85,12 @@ ShmAllreduce::~ShmAllreduce() {
   munmap(base_, bytes_);
 }
 
+uint64_t ShmAllreduce::next_chunk(bool spin) {
+  const uint64_t g = ++gen_;
+  if (g > 2) wait_all(flags_->read, size_, g - 2, spin);
+  return g;
+}
+
 float* ShmAllreduce::slot(int set, int rank) const {
   return slots_ + (static_cast<size_t>(set) * size_ + rank) * kChunk;
 }
@@ -106,12 +100,12 @@ std::unique_ptr<ShmAllreduce> ShmAllreduce::create(MPI_Comm comm, std::string* w
   MPI_Comm_rank(comm, &rank);
   MPI_Comm_size(comm, &size);
   MPI_Comm node = MPI_COMM_NULL;
-  check(MPI_Comm_split_type(comm, MPI_COMM_TYPE_SHARED, rank, MPI_INFO_NULL, &node), "MPI_Comm_split_type");
+  check_mpi(MPI_Comm_split_type(comm, MPI_COMM_TYPE_SHARED, rank, MPI_INFO_NULL, &node), "MPI_Comm_split_type");
   int node_size = 0;
   MPI_Comm_size(node, &node_size);
   MPI_Comm_free(&node);
   int one_node = node_size == size ? 1 : 0;
-  check(MPI_Allreduce(MPI_IN_PLACE, &one_node, 1, MPI_INT, MPI_MIN, comm), "MPI_Allreduce (shared-memory check)");
+  check_mpi(MPI_Allreduce(MPI_IN_PLACE, &one_node, 1, MPI_INT, MPI_MIN, comm), "MPI_Allreduce (shared-memory check)");
   if (!one_node) {
     *why_not = "the ranks are not all on one node";
     return nullptr;
@@ -135,8 +129,8 @@ std::unique_ptr<ShmAllreduce> ShmAllreduce::create(MPI_Comm comm, std::string* w
       ok = 0, err = std::string("posix_fallocate of ") + std::to_string(bytes) + " bytes: " + std::strerror(rc);
     }
   }
-  check(MPI_Bcast(name, sizeof(name), MPI_CHAR, 0, comm), "MPI_Bcast (shared-memory name)");
-  check(MPI_Bcast(&ok, 1, MPI_INT, 0, comm), "MPI_Bcast (shared-memory segment)");
+  check_mpi(MPI_Bcast(name, sizeof(name), MPI_CHAR, 0, comm), "MPI_Bcast (shared-memory name)");
+  check_mpi(MPI_Bcast(&ok, 1, MPI_INT, 0, comm), "MPI_Bcast (shared-memory segment)");
   if (ok && rank != 0) {
     fd = shm_open(name, O_RDWR, 0600);
     if (fd < 0) ok = 0, err = std::string("shm_open: ") + std::strerror(errno);
@@ -148,7 +142,7 @@ std::unique_ptr<ShmAllreduce> ShmAllreduce::create(MPI_Comm comm, std::string* w
   }
   if (fd >= 0) close(fd);
   int all_ok = ok;
-  check(MPI_Allreduce(MPI_IN_PLACE, &all_ok, 1, MPI_INT, MPI_MIN, comm), "MPI_Allreduce (shared-memory segment)");
+  check_mpi(MPI_Allreduce(MPI_IN_PLACE, &all_ok, 1, MPI_INT, MPI_MIN, comm), "MPI_Allreduce (shared-memory segment)");
   // Every rank has opened the object (or given up): the name can go.
   if (rank == 0 && name[0] != '\0') shm_unlink(name);
   if (!all_ok) {
@@ -160,21 +154,16 @@ std::unique_ptr<ShmAllreduce> ShmAllreduce::create(MPI_Comm comm, std::string* w
 }
 
 void ShmAllreduce::run(float* data, size_t n, bool average, bool spin) {
-  // Sleeps of a few µs are only as short as the thread's timer slack allows.
-  thread_local const bool slack_set = prctl(PR_SET_TIMERSLACK, 1000UL, 0UL, 0UL, 0UL) == 0;
-  (void)slack_set;
   const int P = size_, r = rank_;
   const float by = static_cast<float>(P);
   constexpr size_t kBlock = 1024;  // the sum of a slice, block by block, stays in L1
   float acc[kBlock];
-  g_calls.fetch_add(1, std::memory_order_relaxed);
-  g_chunks.fetch_add(static_cast<int64_t>((n + kChunk - 1) / kChunk), std::memory_order_relaxed);
+  count_call(n, kChunk);
   for (size_t off = 0; off < n; off += kChunk) {
     const size_t m = std::min(kChunk, n - off);
-    const uint64_t g = ++gen_;
+    const uint64_t g = next_chunk(spin);
     const int set = static_cast<int>(g & 1);
     float* out = data + off;
-    if (g > 2) wait_all(flags_->read, P, g - 2, spin);
     std::memcpy(slot(set, r), out, m * sizeof(float));
     flags_->arrived[r].v.store(g, std::memory_order_release);
     wait_all(flags_->arrived, P, g, spin);
@@ -207,18 +196,14 @@ void ShmAllreduce::run(float* data, size_t n, bool average, bool spin) {
 }
 
 void ShmAllreduce::reduce_scatter(const float* send, float* out, size_t count, bool average, bool spin) {
-  thread_local const bool slack_set = prctl(PR_SET_TIMERSLACK, 1000UL, 0UL, 0UL, 0UL) == 0;
-  (void)slack_set;
   const int P = size_, r = rank_;
   const float by = static_cast<float>(P);
   const size_t per = kChunk / static_cast<size_t>(P);  // floats of each shard per chunk
-  g_calls.fetch_add(1, std::memory_order_relaxed);
-  g_chunks.fetch_add(static_cast<int64_t>((count + per - 1) / per), std::memory_order_relaxed);
+  count_call(count, per);
   for (size_t off = 0; off < count; off += per) {
     const size_t m = std::min(per, count - off);
-    const uint64_t g = ++gen_;
+    const uint64_t g = next_chunk(spin);
     const int set = static_cast<int>(g & 1);
-    if (g > 2) wait_all(flags_->read, P, g - 2, spin);
     // Slot layout: shard q's piece at q * per, so rank q finds its pieces at one offset in every slot.
     for (int q = 0; q < P; ++q) std::memcpy(slot(set, r) + q * per, send + q * count + off, m * sizeof(float));
     flags_->arrived[r].v.store(g, std::memory_order_release);
@@ -239,20 +224,16 @@ void ShmAllreduce::reduce_scatter(const float* send, float* out, size_t count, b
 }
 
 void ShmAllreduce::allgather(const void* in, void* out, size_t bytes, bool spin) {
-  thread_local const bool slack_set = prctl(PR_SET_TIMERSLACK, 1000UL, 0UL, 0UL, 0UL) == 0;
-  (void)slack_set;
   const int P = size_, r = rank_;
   const size_t per = kChunk * sizeof(float);  // bytes of each rank's piece per chunk
   const auto* src = static_cast<const char*>(in);
   auto* dst = static_cast<char*>(out);
   const bool in_place = src == dst + static_cast<size_t>(r) * bytes;
-  g_calls.fetch_add(1, std::memory_order_relaxed);
-  g_chunks.fetch_add(static_cast<int64_t>((bytes + per - 1) / per), std::memory_order_relaxed);
+  count_call(bytes, per);
   for (size_t off = 0; off < bytes; off += per) {
     const size_t m = std::min(per, bytes - off);
-    const uint64_t g = ++gen_;
+    const uint64_t g = next_chunk(spin);
     const int set = static_cast<int>(g & 1);
-    if (g > 2) wait_all(flags_->read, P, g - 2, spin);
     std::memcpy(slot(set, r), src + off, m);
     flags_->arrived[r].v.store(g, std::memory_order_release);
     if (!in_place) std::memcpy(dst + static_cast<size_t>(r) * bytes + off, src + off, m);

@@ -62,6 +62,9 @@ class ShmAllreduce {
   ShmAllreduce(int rank, int size, void* base, size_t bytes);
   struct Flags;
   float* slot(int set, int rank) const;
+  /// The next chunk's generation; its set of slots (generation & 1) may be
+  /// filled once every rank has read that set's previous chunk.
+  uint64_t next_chunk(bool spin);
 
   int rank_, size_;
   void* base_;

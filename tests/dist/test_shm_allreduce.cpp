@@ -173,7 +173,9 @@ TEST_F(ShmAllreduceMpi, ALateRankLeavesItsPeersSleeping) {
   Tensor t = full({8192}, static_cast<double>(rank));
   pg->allreduce(t, ReduceOp::Sum)->wait();
   EXPECT_EQ(t.data_ptr<float>()[8191], P * (P - 1) / 2.0f);
-  if (rank != 0) EXPECT_GT(shm_counters().sleeps, before.sleeps) << "an early rank sleeps while it waits";
+  if (rank != 0) {
+    EXPECT_GT(shm_counters().sleeps, before.sleeps) << "an early rank sleeps while it waits";
+  }
 }
 
 TEST_F(ShmAllreduceMpi, EverySizeOfFloatSumGoesThroughItOtherOpsStayInMpi) {
