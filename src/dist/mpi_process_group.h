@@ -211,8 +211,8 @@ class MPIProcessGroup final : public ProcessGroup {
   int shm_state_ = 0;  // 0: not tried yet, 1: made, -1: unavailable (shm_why_)
   std::unique_ptr<ShmAllreduce> shm_;
   std::string shm_why_;
-  /// On the communication thread: the shared-memory segment if a collective
-  /// of `n` elements (floats, or bytes for an all-gather) should use it.
+  /// On the communication thread: the shared-memory segment if a float sum of
+  /// `n` elements (an all-reduce, or a reduce-scatter's input) should use it.
   ShmAllreduce* shm_for(size_t n);
 
   // Issue side (caller threads).

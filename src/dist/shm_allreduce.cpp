@@ -223,30 +223,6 @@ void ShmAllreduce::reduce_scatter(const float* send, float* out, size_t count, b
   }
 }
 
-void ShmAllreduce::allgather(const void* in, void* out, size_t bytes, bool spin) {
-  const int P = size_, r = rank_;
-  const size_t per = kChunk * sizeof(float);  // bytes of each rank's piece per chunk
-  const auto* src = static_cast<const char*>(in);
-  auto* dst = static_cast<char*>(out);
-  const bool in_place = src == dst + static_cast<size_t>(r) * bytes;
-  count_call(bytes, per);
-  for (size_t off = 0; off < bytes; off += per) {
-    const size_t m = std::min(per, bytes - off);
-    const uint64_t g = next_chunk(spin);
-    const int set = static_cast<int>(g & 1);
-    std::memcpy(slot(set, r), src + off, m);
-    flags_->arrived[r].v.store(g, std::memory_order_release);
-    if (!in_place) std::memcpy(dst + static_cast<size_t>(r) * bytes + off, src + off, m);
-    for (int step = 1; step < P; ++step) {
-      const int q = (r + step) % P;
-      wait_all(flags_->arrived + q, 1, g, spin);
-      std::memcpy(dst + static_cast<size_t>(q) * bytes + off, slot(set, q), m);
-    }
-    flags_->reduced[r].v.store(g, std::memory_order_release);
-    flags_->read[r].v.store(g, std::memory_order_release);
-  }
-}
-
 ShmCounters shm_counters() { return {.calls = g_calls.load(), .chunks = g_chunks.load(), .sleeps = g_sleeps.load()}; }
 
 }  // namespace kiln::dist::detail

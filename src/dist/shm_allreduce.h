@@ -1,6 +1,6 @@
 #pragma once
-// A float32 sum/average all-reduce (and the reduce-scatter and all-gather
-// that share its segment) through shared memory, for the MPI backend when
+// A float32 sum/average all-reduce (and the reduce-scatter that shares its
+// segment) through shared memory, for the MPI backend when
 // every rank of a group runs on one machine (internal to src/dist).
 //
 // Why: Open MPI moves a large allreduce between processes of one node at
@@ -48,10 +48,6 @@ class ShmAllreduce {
   /// a reduce-scatter and an all-reduce of the same data agree bit for bit),
   /// divided by the rank count when `average`.
   void reduce_scatter(const float* send, float* out, size_t count, bool average, bool spin);
-
-  /// `out` holds size() pieces of `bytes` each; rank q's `in` lands in piece
-  /// q on every rank. `in` may be this rank's own piece of `out` (in place).
-  void allgather(const void* in, void* out, size_t bytes, bool spin);
 
   /// Floats per rank and chunk: larger all-reduces go through in chunks.
   /// 256 KiB per slot: measured here (2 ranks, 1–16 MiB), 64–128 Ki floats ran
