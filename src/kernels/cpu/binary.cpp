@@ -107,13 +107,16 @@ inline C gelu_erf_backward(C dy, C x) {
   return dy * (cdf + x * pdf);
 }
 
+// With s = sigmoid(2u) = 0.5 (1 + tanh(u)), torch's two terms 0.5 (1 + t) and
+// 0.5 x (1 - t^2) u' are s and 2 x s (1 - s) u': one exp and one division, as
+// the forward (unary.cpp), instead of a tanh.
 template <typename C>
 inline C gelu_tanh_backward(C dy, C x) {
   const C x_sq = x * x;
   const C inner = C(kSqrt2OverPi) * (x + C(kGeluKappa) * x_sq * x);
-  const C t = vm::tanh(inner);
-  const C left_derivative = C(0.5) * (C(1) + t);
-  const C right_derivative = C(0.5) * x * (C(1) - t * t) * C(kSqrt2OverPi) * (C(1) + C(3 * kGeluKappa) * x_sq);
+  const C sig = C(1) / (C(1) + vm::exp(C(-2) * inner));
+  const C left_derivative = sig;
+  const C right_derivative = C(2) * x * sig * (C(1) - sig) * C(kSqrt2OverPi) * (C(1) + C(3 * kGeluKappa) * x_sq);
   return dy * (left_derivative + right_derivative);
 }
 
