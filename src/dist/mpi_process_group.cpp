@@ -454,6 +454,12 @@ WorkPtr MPIProcessGroup::allreduce(Tensor& t, ReduceOp op, Loc loc) {
   });
 }
 
+std::string MPIProcessGroup::shm_status() const {
+  if (!shm_enabled_) return "off (KILN_DIST_SHM=0)";
+  std::lock_guard lock(state_mu_);
+  return shm_why_;
+}
+
 ShmAllreduce* MPIProcessGroup::shm_for(size_t n) {
   // Every size, not only large ones: then every float sum of a group on one
   // node adds the ranks in one order, and a reduce-scatter and an all-reduce
@@ -461,8 +467,17 @@ ShmAllreduce* MPIProcessGroup::shm_for(size_t n) {
   if (!shm_enabled_ || size_ < 2 || n == 0) return nullptr;
   if (shm_state_ == 0) {
     // Every rank decides alike (same count, same setting), so all make it here together.
-    shm_ = ShmAllreduce::create(comm_, &shm_why_);
+    std::string why;
+    shm_ = ShmAllreduce::create(comm_, &why);
+    {
+      std::lock_guard lock(state_mu_);
+      shm_why_ = why;
+    }
     shm_state_ = shm_ ? 1 : -1;
+    // Ranks on several nodes are the expected case for MPI; a failure on one node is worth a word.
+    if (!shm_ && rank_ == 0 && why != ShmAllreduce::kNotOneNode)
+      std::fprintf(stderr, "kiln dist: %s: the shared-memory all-reduce is unavailable (%s); using Open MPI\n",
+                   name_.c_str(), why.c_str());
   }
   return shm_.get();
 }

@@ -163,6 +163,10 @@ class MPIProcessGroup final : public ProcessGroup {
   std::vector<int> ranks() const override { return world_ranks_; }
   std::string describe() const override { return name_; }
   ProgressMode progress_mode() const { return progress_mode_; }
+  /// Why the shared-memory all-reduce is not in use: "" while it is, or before
+  /// the first float sum made it; "off (KILN_DIST_SHM=0)"; or what failed.
+  /// Read it after a collective has completed (it is set on the communication thread).
+  std::string shm_status() const;
 
   WorkPtr allreduce(Tensor& t, ReduceOp op, Loc loc) override;
   WorkPtr broadcast(Tensor& t, int root, Loc loc) override;

@@ -107,7 +107,7 @@ std::unique_ptr<ShmAllreduce> ShmAllreduce::create(MPI_Comm comm, std::string* w
   int one_node = node_size == size ? 1 : 0;
   check_mpi(MPI_Allreduce(MPI_IN_PLACE, &one_node, 1, MPI_INT, MPI_MIN, comm), "MPI_Allreduce (shared-memory check)");
   if (!one_node) {
-    *why_not = "the ranks are not all on one node";
+    *why_not = kNotOneNode;
     return nullptr;
   }
 

@@ -33,6 +33,8 @@ class ShmAllreduce {
   /// set when they are not all on one node or the segment cannot be made
   /// (then every rank returns null: the ranks agree before returning).
   static std::unique_ptr<ShmAllreduce> create(MPI_Comm comm, std::string* why_not);
+  /// `why_not` when the ranks are on several nodes (not a failure).
+  static constexpr const char* kNotOneNode = "the ranks are not all on one node";
   ~ShmAllreduce();
   ShmAllreduce(const ShmAllreduce&) = delete;
   ShmAllreduce& operator=(const ShmAllreduce&) = delete;

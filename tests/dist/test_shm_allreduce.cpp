@@ -71,6 +71,12 @@ class ShmAllreduceMpi : public ::testing::Test {
   void SetUp() override {
     ASSERT_TRUE(dist::is_initialized()) << "run under mpirun: ctest -R dist_";
     pg = group_with("1", "shm");
+    // The segment is made by the first float sum; if it could not be, say why (a full /dev/shm, ...).
+    Tensor warm = full({8}, 1.0);
+    pg->allreduce(warm, ReduceOp::Sum)->wait();
+    auto* mpi = dynamic_cast<dist::detail::MPIProcessGroup*>(pg.get());
+    ASSERT_NE(mpi, nullptr);
+    ASSERT_EQ(mpi->shm_status(), "") << "the shared-memory all-reduce is not in use";
   }
   dist::ProcessGroupPtr pg;
 };
@@ -127,6 +133,7 @@ TEST_F(ShmAllreduceMpi, EveryRankGetsTheSameBitsAsMpi) {
   mpi->allreduce(b, ReduceOp::Avg)->wait();
   mpi->allreduce(mag, ReduceOp::Sum)->wait();
   EXPECT_EQ(shm_counters().calls - before.calls, 1) << "the KILN_DIST_SHM=0 group stays in MPI";
+  EXPECT_EQ(dynamic_cast<dist::detail::MPIProcessGroup*>(mpi.get())->shm_status(), "off (KILN_DIST_SHM=0)");
   const float* pa = a.data_ptr<float>();
   const float* pb = b.data_ptr<float>();
   if (P == 2) {
@@ -166,7 +173,7 @@ TEST_F(ShmAllreduceMpi, ALateRankLeavesItsPeersSleeping) {
   // Without KILN_DIST_DEBUG's signature check, whose blocking allgather would do the waiting.
   pg = group_with("1", "shm-no-debug", "0");
   Tensor warm = full({4096}, 1.0);
-  pg->allreduce(warm, ReduceOp::Sum)->wait();  // the segment is made on first use
+  pg->allreduce(warm, ReduceOp::Sum)->wait();  // the new group's segment is made on first use
   const auto before = shm_counters();
   if (rank == 0) std::this_thread::sleep_for(std::chrono::milliseconds(30));
   Tensor t = full({8192}, static_cast<double>(rank));
