@@ -465,7 +465,8 @@ ShmAllreduce* MPIProcessGroup::shm_for(size_t n) {
   // node adds the ranks in one order, and a reduce-scatter and an all-reduce
   // of the same gradients (ZeRO against DDP) agree bit for bit.
   if (!shm_enabled_ || size_ < 2 || n == 0) return nullptr;
-  if (shm_state_ == 0) {
+  if (!shm_tried_) {
+    shm_tried_ = true;
     // Every rank decides alike (same count, same setting), so all make it here together.
     std::string why;
     shm_ = ShmAllreduce::create(comm_, &why);
@@ -473,7 +474,6 @@ ShmAllreduce* MPIProcessGroup::shm_for(size_t n) {
       std::lock_guard lock(state_mu_);
       shm_why_ = why;
     }
-    shm_state_ = shm_ ? 1 : -1;
     // Ranks on several nodes are the expected case for MPI; a failure on one node is worth a word.
     if (!shm_ && rank_ == 0 && why != ShmAllreduce::kNotOneNode)
       std::fprintf(stderr, "kiln dist: %s: the shared-memory all-reduce is unavailable (%s); using Open MPI\n",
@@ -601,16 +601,12 @@ void MPIProcessGroup::reduce_scatter_block(const Tensor& out, const void* send, 
   ShmAllreduce* shm = (op == ReduceOp::Sum || op == ReduceOp::Avg) && out.dtype() != DType::Int64
                           ? shm_for(count * static_cast<size_t>(size_))
                           : nullptr;
-  if (shm && out.dtype() == DType::BFloat16) {
-    std::vector<float> recv(count);
-    shm->reduce_scatter(static_cast<const float*>(send), recv.data(), count, op == ReduceOp::Avg,
-                        progress_mode_ == ProgressMode::Spin);
-    from_float(recv, out.data_ptr());
-    return;
-  }
   if (shm) {
-    shm->reduce_scatter(static_cast<const float*>(send), static_cast<float*>(out.data_ptr()), count,
-                        op == ReduceOp::Avg, progress_mode_ == ProgressMode::Spin);
+    const bool bf16 = out.dtype() == DType::BFloat16;
+    std::vector<float> recv(bf16 ? count : 0);
+    shm->reduce_scatter(static_cast<const float*>(send), bf16 ? recv.data() : static_cast<float*>(out.data_ptr()),
+                        count, op == ReduceOp::Avg, progress_mode_ == ProgressMode::Spin);
+    if (bf16) from_float(recv, out.data_ptr());
     return;
   }
   if (out.dtype() == DType::BFloat16) {

@@ -210,9 +210,9 @@ class MPIProcessGroup final : public ProcessGroup {
   double timeout_s_ = 300;
   ProgressMode progress_mode_ = ProgressMode::Backoff;
   // The shared-memory all-reduce (KILN_DIST_SHM, on unless "0"): made by the
-  // first float all-reduce large enough to use it, on the communication thread.
+  // group's first float sum, on the communication thread.
   bool shm_enabled_ = true;
-  int shm_state_ = 0;  // 0: not tried yet, 1: made, -1: unavailable (shm_why_)
+  bool shm_tried_ = false;  // then shm_, or null and shm_why_ says why
   std::unique_ptr<ShmAllreduce> shm_;
   std::string shm_why_;
   /// On the communication thread: the shared-memory segment if a float sum of

@@ -26,12 +26,14 @@
 
 namespace kiln::dist::detail {
 
-namespace {
-
-struct alignas(64) Flag {
+struct alignas(64) ShmAllreduce::Flag {
   std::atomic<uint64_t> v;
 };
 static_assert(std::atomic<uint64_t>::is_always_lock_free, "shared-memory counters need lock-free atomics");
+
+namespace {
+
+using Flag = ShmAllreduce::Flag;
 
 std::atomic<int64_t> g_calls{0}, g_chunks{0}, g_sleeps{0};
 
@@ -67,27 +69,21 @@ void count_call(size_t n, size_t per_chunk) {
 
 }  // namespace
 
-struct ShmAllreduce::Flags {
-  Flag* arrived;
-  Flag* reduced;
-  Flag* read;
-};
-
 ShmAllreduce::ShmAllreduce(int rank, int size, void* base, size_t bytes)
-    : rank_(rank), size_(size), base_(base), bytes_(bytes) {
-  auto* f = static_cast<Flag*>(base);
-  flags_ = new Flags{f, f + size, f + 2 * size};
-  slots_ = reinterpret_cast<float*>(static_cast<char*>(base) + round_up(3 * size * sizeof(Flag), kPage));
-}
+    : rank_(rank),
+      size_(size),
+      base_(base),
+      bytes_(bytes),
+      arrived_(static_cast<Flag*>(base)),
+      reduced_(arrived_ + size),
+      read_(reduced_ + size),
+      slots_(reinterpret_cast<float*>(static_cast<char*>(base) + round_up(3 * size * sizeof(Flag), kPage))) {}
 
-ShmAllreduce::~ShmAllreduce() {
-  delete flags_;
-  munmap(base_, bytes_);
-}
+ShmAllreduce::~ShmAllreduce() { munmap(base_, bytes_); }
 
 uint64_t ShmAllreduce::next_chunk(bool spin) {
   const uint64_t g = ++gen_;
-  if (g > 2) wait_all(flags_->read, size_, g - 2, spin);
+  if (g > 2) wait_all(read_, size_, g - 2, spin);
   return g;
 }
 
@@ -165,8 +161,8 @@ void ShmAllreduce::run(float* data, size_t n, bool average, bool spin) {
     const int set = static_cast<int>(g & 1);
     float* out = data + off;
     std::memcpy(slot(set, r), out, m * sizeof(float));
-    flags_->arrived[r].v.store(g, std::memory_order_release);
-    wait_all(flags_->arrived, P, g, spin);
+    arrived_[r].v.store(g, std::memory_order_release);
+    wait_all(arrived_, P, g, spin);
 
     auto lo = [&](int q) { return m * static_cast<size_t>(q) / static_cast<size_t>(P); };
     float* mine = slot(set, r);
@@ -184,14 +180,14 @@ void ShmAllreduce::run(float* data, size_t n, bool average, bool spin) {
       std::memcpy(out + b, acc, k * sizeof(float));
       std::memcpy(mine + b, acc, k * sizeof(float));
     }
-    flags_->reduced[r].v.store(g, std::memory_order_release);
+    reduced_[r].v.store(g, std::memory_order_release);
 
     for (int step = 1; step < P; ++step) {
       const int q = (r + step) % P;  // start with the next rank's slice: ranks do not all read one slot at once
-      wait_all(flags_->reduced + q, 1, g, spin);
+      wait_all(reduced_ + q, 1, g, spin);
       std::memcpy(out + lo(q), slot(set, q) + lo(q), (lo(q + 1) - lo(q)) * sizeof(float));
     }
-    flags_->read[r].v.store(g, std::memory_order_release);
+    read_[r].v.store(g, std::memory_order_release);
   }
 }
 
@@ -206,8 +202,8 @@ void ShmAllreduce::reduce_scatter(const float* send, float* out, size_t count, b
     const int set = static_cast<int>(g & 1);
     // Slot layout: shard q's piece at q * per, so rank q finds its pieces at one offset in every slot.
     for (int q = 0; q < P; ++q) std::memcpy(slot(set, r) + q * per, send + q * count + off, m * sizeof(float));
-    flags_->arrived[r].v.store(g, std::memory_order_release);
-    wait_all(flags_->arrived, P, g, spin);
+    arrived_[r].v.store(g, std::memory_order_release);
+    wait_all(arrived_, P, g, spin);
     float* dst = out + off;
     const size_t at = static_cast<size_t>(r) * per;
     std::memcpy(dst, slot(set, 0) + at, m * sizeof(float));
@@ -218,8 +214,7 @@ void ShmAllreduce::reduce_scatter(const float* send, float* out, size_t count, b
     if (average) {
       for (size_t i = 0; i < m; ++i) dst[i] /= by;
     }
-    flags_->reduced[r].v.store(g, std::memory_order_release);
-    flags_->read[r].v.store(g, std::memory_order_release);
+    read_[r].v.store(g, std::memory_order_release);
   }
 }
 

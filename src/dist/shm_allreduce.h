@@ -56,9 +56,10 @@ class ShmAllreduce {
   /// 2.5–3× faster than 256 Ki, whose slots no longer cross cores through cache.
   static constexpr size_t kChunk = size_t{64} * 1024;
 
+  struct Flag;  // a rank's generation counter, one cache line in the segment
+
  private:
   ShmAllreduce(int rank, int size, void* base, size_t bytes);
-  struct Flags;
   float* slot(int set, int rank) const;
   /// The next chunk's generation; its set of slots (generation & 1) may be
   /// filled once every rank has read that set's previous chunk.
@@ -67,7 +68,10 @@ class ShmAllreduce {
   int rank_, size_;
   void* base_;
   size_t bytes_;
-  Flags* flags_;
+  // Per rank, in the segment: chunk copied in, slice reduced, others' slices read.
+  Flag* arrived_;
+  Flag* reduced_;
+  Flag* read_;
   float* slots_;
   uint64_t gen_ = 0;  // chunks run so far; every rank counts the same
 };

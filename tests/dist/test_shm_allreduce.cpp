@@ -16,6 +16,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <limits>
+#include <optional>
 #include <random>
 #include <string>
 #include <thread>
@@ -35,8 +36,8 @@ using dist::detail::shm_counters;
 
 namespace {
 
-// Sizes: the smallest that takes the path, one chunk and a bit, and three
-// chunks whose last one splits unevenly over the ranks.
+// Sizes: one chunk's slices of a few thousand floats, one chunk and a bit,
+// and three chunks whose last one splits unevenly over the ranks.
 const int64_t kSizes[] = {4096, static_cast<int64_t>(ShmAllreduce::kChunk) + 5,
                           2 * static_cast<int64_t>(ShmAllreduce::kChunk) + 4097};
 
@@ -47,20 +48,20 @@ float exact_value(int r, int64_t i) { return static_cast<float>(((r * 7 + i * 3)
 dist::ProcessGroupPtr group_with(const char* shm, const std::string& name, const char* debug = nullptr) {
   std::vector<std::pair<const char*, const char*>> set = {{"KILN_DIST_SHM", shm}};
   if (debug) set.emplace_back("KILN_DIST_DEBUG", debug);
-  std::vector<std::pair<std::string, std::string>> saved;
+  std::vector<std::pair<std::string, std::optional<std::string>>> saved;  // nullopt: was unset
   for (auto [k, v] : set) {
     const char* old = std::getenv(k);
-    saved.emplace_back(k, old ? old : std::string("\x01"));  // \x01: was unset
+    saved.emplace_back(k, old ? std::optional<std::string>(old) : std::nullopt);
     setenv(k, v, 1);
   }
   std::vector<int> all;
   for (int r = 0; r < dist::world_size(); ++r) all.push_back(r);
   auto g = dist::new_group(all, name);
   for (auto& [k, v] : saved) {
-    if (v == "\x01") {
-      unsetenv(k.c_str());
+    if (v) {
+      setenv(k.c_str(), v->c_str(), 1);
     } else {
-      setenv(k.c_str(), v.c_str(), 1);
+      unsetenv(k.c_str());
     }
   }
   return g;
