@@ -60,4 +60,30 @@ void BM_ActivationReluForward(benchmark::State& state) {
 }
 BENCHMARK(BM_ActivationReluForward)->Arg(1)->Arg(2)->ArgName("threads")->UseRealTime()->Unit(benchmark::kMicrosecond);
 
+// The same GELU on bfloat16 values, as gpt's bf16 autocast step runs it: half
+// the bytes of float32, so at memory speed it should take about half the time.
+void BM_ActivationGeluTanhBf16Forward(benchmark::State& state) {
+  const ThreadScope threads(static_cast<int>(state.range(0)));
+  const Tensor x = randn({16, 128, 1024}).to(kBFloat16);
+  for (auto _ : state) benchmark::DoNotOptimize(x.gelu("tanh"));
+  state.SetBytesProcessed(state.iterations() * x.numel() * 2 * 2);
+}
+BENCHMARK(BM_ActivationGeluTanhBf16Forward)->Arg(1)->ArgName("threads")->UseRealTime()->Unit(benchmark::kMicrosecond);
+
+void BM_ActivationGeluTanhBf16ForwardBackward(benchmark::State& state) {
+  const ThreadScope threads(static_cast<int>(state.range(0)));
+  const Tensor x = randn({16, 128, 1024}).to(kBFloat16).requires_grad_();
+  const Tensor g = randn({16, 128, 1024}).to(kBFloat16);
+  for (auto _ : state) {
+    Tensor y = x.gelu("tanh");
+    benchmark::DoNotOptimize(autograd::grad({y}, {x}, {g}));
+  }
+  state.SetBytesProcessed(state.iterations() * x.numel() * 2 * 5);
+}
+BENCHMARK(BM_ActivationGeluTanhBf16ForwardBackward)
+    ->Arg(1)
+    ->ArgName("threads")
+    ->UseRealTime()
+    ->Unit(benchmark::kMicrosecond);
+
 }  // namespace

@@ -16,13 +16,13 @@ using namespace kiln;
 namespace FN = kiln::nn::functional;
 
 template <typename Attn>
-void run_sdpa(benchmark::State& state, bool causal, Attn attn) {
+void run_sdpa(benchmark::State& state, bool causal, Attn attn, DType dt = kFloat32) {
   const int before = get_num_threads();
   set_num_threads(static_cast<int>(state.range(0)));
   const int64_t B = 16, H = 4, T = 128, E = 64;
-  Tensor q = randn({B, H, T, E}).requires_grad_(), k = randn({B, H, T, E}).requires_grad_(),
-         v = randn({B, H, T, E}).requires_grad_();
-  Tensor g = randn({B, H, T, E});
+  Tensor q = randn({B, H, T, E}).to(dt).requires_grad_(), k = randn({B, H, T, E}).to(dt).requires_grad_(),
+         v = randn({B, H, T, E}).to(dt).requires_grad_();
+  Tensor g = randn({B, H, T, E}).to(dt);
   for (auto _ : state) {
     Tensor o = attn(q, k, v, causal);
     benchmark::DoNotOptimize(autograd::grad({o}, {q, k, v}, {g}));
@@ -41,6 +41,8 @@ Tensor composite(const Tensor& q, const Tensor& k, const Tensor& v, bool causal)
 void BM_SdpaFusedCausal(benchmark::State& s) { run_sdpa(s, true, fused); }
 void BM_SdpaCompositeCausal(benchmark::State& s) { run_sdpa(s, true, composite); }
 void BM_SdpaFused(benchmark::State& s) { run_sdpa(s, false, fused); }
+// bf16 operands, as gpt's bf16 autocast step hands them over.
+void BM_SdpaFusedCausalBf16(benchmark::State& s) { run_sdpa(s, true, fused, kBFloat16); }
 void BM_SdpaComposite(benchmark::State& s) { run_sdpa(s, false, composite); }
 
 }  // namespace
@@ -48,6 +50,7 @@ void BM_SdpaComposite(benchmark::State& s) { run_sdpa(s, false, composite); }
 BENCHMARK(BM_SdpaFusedCausal)->Arg(1)->Arg(2)->UseRealTime()->Unit(benchmark::kMillisecond);
 BENCHMARK(BM_SdpaCompositeCausal)->Arg(1)->Arg(2)->UseRealTime()->Unit(benchmark::kMillisecond);
 BENCHMARK(BM_SdpaFused)->Arg(1)->Arg(2)->UseRealTime()->Unit(benchmark::kMillisecond);
+BENCHMARK(BM_SdpaFusedCausalBf16)->Arg(1)->UseRealTime()->Unit(benchmark::kMillisecond);
 BENCHMARK(BM_SdpaComposite)->Arg(1)->Arg(2)->UseRealTime()->Unit(benchmark::kMillisecond);
 
 namespace {

@@ -105,3 +105,23 @@ void BM_MixedRefAddF32F32(benchmark::State& state) {
 BENCHMARK(BM_MixedRefAddF32F32)->Arg(1)->Arg(2)->ArgName("threads")->UseRealTime()->Unit(benchmark::kMillisecond);
 
 }  // namespace
+
+namespace {
+// The casts autocast makes: float32 activations and weights to bfloat16, and
+// bfloat16 gradients back. One read and one write at each side's dtype.
+void BM_CastF32ToBF16(benchmark::State& state) {
+  kiln_micro::ThreadScope threads(static_cast<int>(state.range(0)));
+  const kiln::Tensor a = filled({kRows, kCols}, kiln::kFloat32);
+  for (auto _ : state) benchmark::DoNotOptimize(a.to(kiln::kBFloat16).data_ptr());
+  state.SetBytesProcessed(state.iterations() * kRows * kCols * (4 + 2));
+}
+BENCHMARK(BM_CastF32ToBF16)->Arg(1)->ArgName("threads")->UseRealTime()->Unit(benchmark::kMillisecond);
+
+void BM_CastBF16ToF32(benchmark::State& state) {
+  kiln_micro::ThreadScope threads(static_cast<int>(state.range(0)));
+  const kiln::Tensor a = filled({kRows, kCols}, kiln::kBFloat16);
+  for (auto _ : state) benchmark::DoNotOptimize(a.to(kiln::kFloat32).data_ptr());
+  state.SetBytesProcessed(state.iterations() * kRows * kCols * (4 + 2));
+}
+BENCHMARK(BM_CastBF16ToF32)->Arg(1)->ArgName("threads")->UseRealTime()->Unit(benchmark::kMillisecond);
+}  // namespace

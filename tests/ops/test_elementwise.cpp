@@ -8,6 +8,7 @@
 // 1e-6), and require NaN where torch has NaN and the same infinities.
 #include <gtest/gtest.h>
 
+#include <bit>
 #include <cmath>
 #include <cstring>
 #include <functional>
@@ -462,6 +463,40 @@ TEST(ElementwiseValues, Float16RoundingAtTheEdges) {
   expect_values(x * 0.5, tiled(half), 0, 0, "float16 mul");
   const Tensor strided = x.unsqueeze(1).expand({x.numel(), 2}).contiguous().select(1, 0);
   expect_values(strided * 0.5, tiled(half), 0, 0, "float16 mul (strided)");
+}
+
+TEST(ElementwiseValues, BFloat16RoundingMatchesTheScalarConversionBitForBit) {
+  // bfloat16 kernels compute in float and round 16 lanes at a time (not with
+  // VCVTNEPS2BF16, which flushes subnormals and keeps NaN payloads). Every sum
+  // and product of these pairs must round exactly as BFloat16(float) does:
+  // ties to even, overflow to inf, results deep in the subnormals, NaN made
+  // from inf - inf (sign bit set) to 0x7fc0, signed zeros; at every position
+  // of a row (vector body and scalar tail alike).
+  std::vector<uint16_t> bits = {0x0000, 0x8000, 0x0001, 0x8001, 0x007f, 0x0080, 0x3f80, 0x3f81, 0x3f7f, 0xbf80,
+                                0x7f7f, 0xff7f, 0x7f80, 0xff80, 0x7fc0, 0xffc1, 0x7f81, 0x4000, 0x3b80, 0x0400};
+  Generator g(11);
+  const Tensor r = randint(0, 65536, {2000}, TensorOptions(kInt64), &g);
+  for (int64_t i = 0; i < r.numel(); ++i) bits.push_back(static_cast<uint16_t>(r.data_ptr<int64_t>()[i]));
+  const int64_t n = static_cast<int64_t>(bits.size());
+  Tensor a = empty({n}, TensorOptions(kBFloat16)), b = empty({n}, TensorOptions(kBFloat16));
+  for (int64_t i = 0; i < n; ++i) {
+    a.data_ptr<BFloat16>()[i] = BFloat16::from_bits(bits[static_cast<size_t>(i)]);
+    b.data_ptr<BFloat16>()[i] = BFloat16::from_bits(bits[static_cast<size_t>((i * 7 + 3) % n)]);
+  }
+  const Tensor sum = a + b, prod = a * b, scaled = a * 0.5;
+  ASSERT_EQ(sum.dtype(), kBFloat16);
+  for (int64_t i = 0; i < n; ++i) {
+    const float x = a.data_ptr<BFloat16>()[i], y = b.data_ptr<BFloat16>()[i];
+    ASSERT_EQ(sum.data_ptr<BFloat16>()[i].bits, BFloat16(x + y).bits) << i << ": " << x << " + " << y;
+    ASSERT_EQ(prod.data_ptr<BFloat16>()[i].bits, BFloat16(x * y).bits) << i << ": " << x << " * " << y;
+    ASSERT_EQ(scaled.data_ptr<BFloat16>()[i].bits, BFloat16(x * 0.5f).bits) << i << ": " << x << " * 0.5";
+  }
+  // The scalar rounding itself, at the edges that matter.
+  EXPECT_EQ(BFloat16(std::bit_cast<float>(0x3f808000u)).bits, 0x3f80);  // tie, even below
+  EXPECT_EQ(BFloat16(std::bit_cast<float>(0x3f818000u)).bits, 0x3f82);  // tie, even above
+  EXPECT_EQ(BFloat16(std::bit_cast<float>(0x7f7fffffu)).bits, 0x7f80);  // FLT_MAX rounds to inf
+  EXPECT_EQ(BFloat16(std::bit_cast<float>(0x00018000u)).bits, 0x0002);  // subnormal tie to even
+  EXPECT_EQ(BFloat16(std::bit_cast<float>(0xffc12345u)).bits, 0x7fc0);  // any NaN
 }
 
 // ---- IEEE corner cases, as torch ----

@@ -20,6 +20,7 @@
 #include <vector>
 
 #include "kiln/core/capture.h"
+#include "elementwise_math.h"
 #include "kiln/kernels/attention.h"
 #include "reduce_engine.h"
 
@@ -169,14 +170,25 @@ float* float_row(int64_t cols) {
   return buf.data();
 }
 
+// bf16 rows convert 16 lanes at a time: the vector loads that follow a widen
+// then read whole vector stores (element-wise stores in front of a 64-byte
+// load stall it until they retire), and rounding is BFloat16's own.
 template <typename T>
 void widen(const T* y, int64_t n, float* f) {
-  for (int64_t j = 0; j < n; ++j) f[j] = static_cast<float>(y[j]);
+  if constexpr (std::is_same_v<T, BFloat16>) {
+    vm::bf16_to_float_row(f, y, n);
+  } else {
+    for (int64_t j = 0; j < n; ++j) f[j] = static_cast<float>(y[j]);
+  }
 }
 
 template <typename T>
 void narrow(const float* f, int64_t n, T* y) {
-  for (int64_t j = 0; j < n; ++j) y[j] = static_cast<T>(f[j]);
+  if constexpr (std::is_same_v<T, BFloat16>) {
+    vm::float_to_bf16_row(y, f, n);
+  } else {
+    for (int64_t j = 0; j < n; ++j) y[j] = static_cast<T>(f[j]);
+  }
 }
 
 // Keys row i of a block sees.

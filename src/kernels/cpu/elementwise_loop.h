@@ -80,6 +80,10 @@ inline void load_block(C* dst, const char* src, int64_t st, int64_t n) {
   if constexpr (std::is_same_v<T, Half> && std::is_same_v<C, float>) {
     if (st == static_cast<int64_t>(sizeof(T))) return vm::half_to_float_row(dst, reinterpret_cast<const Half*>(src), n);
   }
+  if constexpr (std::is_same_v<T, BFloat16> && std::is_same_v<C, float>) {
+    if (st == static_cast<int64_t>(sizeof(T)))
+      return vm::bf16_to_float_row(dst, reinterpret_cast<const BFloat16*>(src), n);
+  }
   if (st == static_cast<int64_t>(sizeof(T))) {
     const T* s = reinterpret_cast<const T*>(src);
     for (int64_t i = 0; i < n; ++i) dst[i] = cast<C>(s[i]);
@@ -96,6 +100,9 @@ template <typename O, typename C>
 inline void store_block(char* dst, int64_t st, const C* src, int64_t n) {
   if constexpr (std::is_same_v<O, Half> && std::is_same_v<C, float>) {
     if (st == static_cast<int64_t>(sizeof(O))) return vm::float_to_half_row(reinterpret_cast<Half*>(dst), src, n);
+  }
+  if constexpr (std::is_same_v<O, BFloat16> && std::is_same_v<C, float>) {
+    if (st == static_cast<int64_t>(sizeof(O))) return vm::float_to_bf16_row(reinterpret_cast<BFloat16*>(dst), src, n);
   }
   if (st == static_cast<int64_t>(sizeof(O))) {
     O* d = reinterpret_cast<O*>(dst);
