@@ -70,3 +70,56 @@ void BM_SdpaCompositeCausalForward(benchmark::State& s) { run_sdpa_forward(s, co
 
 BENCHMARK(BM_SdpaFusedCausalForward)->Arg(1)->UseRealTime()->Unit(benchmark::kMillisecond);
 BENCHMARK(BM_SdpaCompositeCausalForward)->Arg(1)->UseRealTime()->Unit(benchmark::kMillisecond);
+
+namespace {
+// One attention product, q kᵀ over all B x H heads (64 query rows x 64 or 128
+// keys, E = 64), 1 thread. Which oneDNN kernel takes it depends on the operands'
+// layout (ONEDNN_VERBOSE=1 shows it): only a dense batch of heads reaches brgemm.
+//   0  heads as views of gpt's fused [B, T, 3C] projection (what gpt runs)
+//   1  dense [B, H, T, E] heads, a 64-row block of them (batch stride T*E)
+//   2  the block copied dense, as [B*H, 64, E]; kᵀ a transposed view
+//   3  as 2, with kᵀ dense too
+//   4  the block copied dense, 4-D (kiln merges B and H itself)
+//   5  dense heads viewed [B*H, T, E], then the row block (batch stride T*E)
+// Measured 2026-12-04, f32: 0, 1, 5 run gemm:jit at 123-176 GFLOP/s; 2, 3, 4 run
+// brg:avx512_core at 196-217 GFLOP/s. The copies that make a block dense cost
+// about what brgemm saves (docs/amp.md), so gpt keeps the views.
+void BM_AttentionScoresProduct(benchmark::State& state) {
+  const int before = kiln::get_num_threads();
+  kiln::set_num_threads(1);
+  const int64_t B = 16, T = 128, H = 4, E = 64, keys = state.range(1);
+  kiln::Tensor qkv = kiln::randn({B, T, 3 * H * E});
+  kiln::Tensor q = qkv.narrow(-1, 0, H * E).view({B, T, H, E}).transpose(1, 2);
+  kiln::Tensor k = qkv.narrow(-1, H * E, H * E).view({B, T, H, E}).transpose(1, 2);
+  if (state.range(0) == 1) {
+    q = q.contiguous();
+    k = k.contiguous();
+  }
+  kiln::Tensor qb = q.narrow(-2, T - 64, 64), kb = k.narrow(-2, 0, keys);
+  if (state.range(0) == 2) {
+    qb = qb.contiguous().view({B * H, 64, E});
+    kb = kb.contiguous().view({B * H, keys, E});
+  }
+  if (state.range(0) == 5) {  // dense heads, a row block of them: batch stride T * E, not 64 * E
+    qb = q.contiguous().view({B * H, T, E}).narrow(-2, T - 64, 64);
+    kb = k.contiguous().view({B * H, T, E}).narrow(-2, 0, keys);
+  }
+  if (state.range(0) == 4) {
+    qb = qb.contiguous();
+    kb = kb.contiguous();
+  }
+  kiln::Tensor kt = kb.transpose(-2, -1);
+  if (state.range(0) == 3) {
+    qb = qb.contiguous().view({B * H, 64, E});
+    kt = kt.contiguous().view({B * H, E, keys});
+  }
+  for (auto _ : state) benchmark::DoNotOptimize(qb.matmul(kt));
+  kiln::set_num_threads(before);
+  state.counters["GFLOP/s"] = benchmark::Counter(static_cast<double>(2 * B * H * 64 * keys * E) * 1e-9,
+                                                 benchmark::Counter::kIsIterationInvariantRate);
+}
+}  // namespace
+BENCHMARK(BM_AttentionScoresProduct)
+    ->ArgsProduct({{0, 1, 2, 3, 4, 5}, {64, 128}})
+    ->UseRealTime()
+    ->Unit(benchmark::kMicrosecond);
