@@ -7,7 +7,10 @@ Configurations, each rank one thread and the same per-rank batch, run
 alternately for --rounds rounds so that drift in the machine's load hits all
 alike (a shared machine: the load average is recorded beside every run):
   1x1          1 rank (the reference: no communication)
-  2x1          2 ranks, the default buckets (25 MiB cap, 1 MiB first bucket, rebuilt)
+  2x1          2 ranks, the default buckets (25 MiB cap, 1 MiB first and last
+               buckets, rebuilt)
+  2x1 torch    2 ranks, PyTorch's layout: as 2x1 without a last-bucket cap
+               (--last-bucket-mb 0), so the last bucket holds all that is left
   2x1 cap2     2 ranks, a 2 MiB bucket cap
   2x1 mpi      2 ranks, the default buckets, all-reduced by Open MPI
                (KILN_DIST_SHM=0) instead of kiln's shared-memory all-reduce
@@ -34,6 +37,7 @@ import sys
 CONFIGS = [  # name, ranks, arguments, environment
     ("1x1", 1, [], {}),
     ("2x1", 2, [], {}),
+    ("2x1 torch", 2, ["--last-bucket-mb", "0"], {}),
     ("2x1 cap2", 2, ["--bucket-mb", "2"], {}),
     ("2x1 mpi", 2, [], {"KILN_DIST_SHM": "0"}),
     ("1x1 twice", 0, [], {}),  # ranks 0: two 1-rank processes side by side

@@ -66,6 +66,9 @@ DistributedDataParallel::DistributedDataParallel(std::shared_ptr<nn::Module> mod
   }
   KILN_CHECK(options_.first_bucket_cap_mb > 0, ValueError,
              "DistributedDataParallel: first_bucket_cap_mb must be > 0, got ", options_.first_bucket_cap_mb);
+  KILN_CHECK(options_.last_bucket_cap_mb >= 0, ValueError,
+             "DistributedDataParallel: last_bucket_cap_mb must be >= 0 (0: no cap of its own), got ",
+             options_.last_bucket_cap_mb);
   broadcast_state(/*params=*/true);
   {
     std::vector<size_t> reverse(params_.size());
@@ -126,6 +129,7 @@ void DistributedDataParallel::assign_buckets(const std::vector<size_t>& order) {
     buckets_[it->second].params.push_back(k);
     buckets_[it->second].bytes += p.nbytes();
   }
+  if (options_.last_bucket_cap_mb > 0) split_last_buckets();
   bucket_of_.assign(params_.size(), 0);
   slot_of_.assign(params_.size(), 0);
   for (size_t b = 0; b < buckets_.size(); ++b) {
@@ -142,6 +146,33 @@ void DistributedDataParallel::assign_buckets(const std::vector<size_t>& order) {
       slot_of_[info.params[s]] = s;
     }
     state_.push_back(std::move(st));
+  }
+}
+
+// With last_bucket_cap_mb, each dtype's last bucket keeps only its trailing
+// parameters (in fill order, so the gradients that become ready last) up to
+// that cap, at least one; the others stay in the bucket before it.
+void DistributedDataParallel::split_last_buckets() {
+  const auto last_cap = static_cast<int64_t>(options_.last_bucket_cap_mb * 1024.0 * 1024.0);
+  std::map<DType, size_t> last;
+  for (size_t b = 0; b < buckets_.size(); ++b) last[buckets_[b].dtype] = b;
+  std::vector<size_t> split;
+  for (auto& [dt, b] : last) {
+    if (buckets_[b].bytes > last_cap && buckets_[b].params.size() > 1) split.push_back(b);
+  }
+  std::sort(split.rbegin(), split.rend());  // later indices first: inserting keeps earlier ones valid
+  for (size_t b : split) {
+    BucketInfo tail{.params = {}, .bytes = 0, .dtype = buckets_[b].dtype};
+    std::vector<size_t>& ps = buckets_[b].params;
+    while (ps.size() > 1) {
+      const int64_t nb = params_[ps.back()].nbytes();
+      if (!tail.params.empty() && tail.bytes + nb > last_cap) break;
+      tail.params.insert(tail.params.begin(), ps.back());
+      tail.bytes += nb;
+      ps.pop_back();
+    }
+    buckets_[b].bytes -= tail.bytes;
+    buckets_.insert(buckets_.begin() + static_cast<std::ptrdiff_t>(b) + 1, std::move(tail));
   }
 }
 

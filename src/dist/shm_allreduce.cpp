@@ -14,20 +14,31 @@
 
 #include <fcntl.h>
 #include <immintrin.h>
+#include <linux/futex.h>
 #include <sys/mman.h>
+#include <sys/syscall.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <atomic>
+#include <chrono>
+#include <climits>
+#include <cstdint>
 #include <cstdio>
 #include <cstring>
+#include <ctime>
 
 #include "kiln/core/error.h"
 
 namespace kiln::dist::detail {
 
+// A generation counter with what a blocked waiter needs: `word`, the low half
+// of the generation for futex(2) (which waits on 32 bits), and how many ranks
+// sleep on it, so a publisher makes the wake-up system call only when one does.
 struct alignas(64) ShmAllreduce::Flag {
   std::atomic<uint64_t> v;
+  std::atomic<uint32_t> word;
+  std::atomic<uint32_t> waiters;
 };
 static_assert(std::atomic<uint64_t>::is_always_lock_free, "shared-memory counters need lock-free atomics");
 
@@ -41,10 +52,28 @@ constexpr size_t kPage = 4096;
 
 size_t round_up(size_t x, size_t to) { return (x + to - 1) / to * to; }
 
-// Waits for every flag of `f[0..size)` to reach `g`, polling with the MPI
-// path's back-off (Backoff), so a rank that arrives early leaves the core to
-// the training thread.
-void wait_all(const Flag* f, int size, uint64_t g, bool spin) {
+long futex(std::atomic<uint32_t>* word, int op, uint32_t val, const timespec* timeout) {
+  static_assert(sizeof(std::atomic<uint32_t>) == sizeof(uint32_t));
+  return syscall(SYS_futex, reinterpret_cast<uint32_t*>(word), op, val, timeout, nullptr, 0);
+}
+
+// Publishes generation g of a rank's flag and wakes any peer asleep on it.
+// Sequentially consistent, against the waiter's order below (count itself,
+// then read the word): either the waiter sees g, or the publisher sees it
+// counted and wakes it; a wake that comes first makes the wait return at once.
+void publish(Flag& f, uint64_t g) {
+  f.v.store(g);
+  f.word.store(static_cast<uint32_t>(g));
+  if (f.waiters.load() > 0) futex(&f.word, FUTEX_WAKE, INT32_MAX, nullptr);
+}
+
+// Waits for every flag of `f[0..size)` to reach `g`. A short spin keeps the
+// latency of a peer that is about to arrive; then the rank sleeps in the kernel
+// until its peer publishes (futex on the shared segment), so a rank that
+// arrives early gives its core to the training threads and takes it back only
+// when there is work: no periodic wake-ups, which on a machine with no spare
+// core each preempt a training thread. Spin mode (ProgressMode::Spin) only polls.
+void wait_all(Flag* f, int size, uint64_t g, bool spin) {
   auto all = [&] {
     for (int q = 0; q < size; ++q) {
       if (f[q].v.load(std::memory_order_acquire) < g) return false;
@@ -52,13 +81,25 @@ void wait_all(const Flag* f, int size, uint64_t g, bool spin) {
     return true;
   };
   if (all()) return;
-  Backoff backoff(spin);
+  const auto spin_until = std::chrono::steady_clock::now() + std::chrono::microseconds(20);
   for (;;) {
     for (int k = 0; k < 32; ++k) {
       if (all()) return;
       _mm_pause();
     }
-    if (backoff.idle()) g_sleeps.fetch_add(1, std::memory_order_relaxed);
+    if (spin || std::chrono::steady_clock::now() < spin_until) continue;
+    for (int q = 0; q < size; ++q) {
+      Flag& fq = f[q];
+      fq.waiters.fetch_add(1);
+      const uint32_t w = fq.word.load();
+      if (fq.v.load() < g) {
+        // Bounded, so that a wake-up lost to anything unforeseen costs 10 ms, not a hang.
+        const timespec bound{0, 10'000'000};
+        futex(&fq.word, FUTEX_WAIT, w, &bound);
+        g_sleeps.fetch_add(1, std::memory_order_relaxed);
+      }
+      fq.waiters.fetch_sub(1);
+    }
   }
 }
 
@@ -161,7 +202,7 @@ void ShmAllreduce::run(float* data, size_t n, bool average, bool spin) {
     const int set = static_cast<int>(g & 1);
     float* out = data + off;
     std::memcpy(slot(set, r), out, m * sizeof(float));
-    arrived_[r].v.store(g, std::memory_order_release);
+    publish(arrived_[r], g);
     wait_all(arrived_, P, g, spin);
 
     auto lo = [&](int q) { return m * static_cast<size_t>(q) / static_cast<size_t>(P); };
@@ -180,14 +221,14 @@ void ShmAllreduce::run(float* data, size_t n, bool average, bool spin) {
       std::memcpy(out + b, acc, k * sizeof(float));
       std::memcpy(mine + b, acc, k * sizeof(float));
     }
-    reduced_[r].v.store(g, std::memory_order_release);
+    publish(reduced_[r], g);
 
     for (int step = 1; step < P; ++step) {
       const int q = (r + step) % P;  // start with the next rank's slice: ranks do not all read one slot at once
       wait_all(reduced_ + q, 1, g, spin);
       std::memcpy(out + lo(q), slot(set, q) + lo(q), (lo(q + 1) - lo(q)) * sizeof(float));
     }
-    read_[r].v.store(g, std::memory_order_release);
+    publish(read_[r], g);
   }
 }
 
@@ -202,7 +243,7 @@ void ShmAllreduce::reduce_scatter(const float* send, float* out, size_t count, b
     const int set = static_cast<int>(g & 1);
     // Slot layout: shard q's piece at q * per, so rank q finds its pieces at one offset in every slot.
     for (int q = 0; q < P; ++q) std::memcpy(slot(set, r) + q * per, send + q * count + off, m * sizeof(float));
-    arrived_[r].v.store(g, std::memory_order_release);
+    publish(arrived_[r], g);
     wait_all(arrived_, P, g, spin);
     float* dst = out + off;
     const size_t at = static_cast<size_t>(r) * per;
@@ -214,7 +255,7 @@ void ShmAllreduce::reduce_scatter(const float* send, float* out, size_t count, b
     if (average) {
       for (size_t i = 0; i < m; ++i) dst[i] /= by;
     }
-    read_[r].v.store(g, std::memory_order_release);
+    publish(read_[r], g);
   }
 }
 

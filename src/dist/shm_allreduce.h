@@ -13,7 +13,11 @@
 // the data per rank instead of Open MPI's pipeline of fragments.
 //
 // Synchronisation is by generation counters in the segment, waited on with a
-// short spin then sleeps (or only a spin, in ProgressMode::Spin). The segment
+// short spin, then asleep in the kernel until the peer publishes (a futex on
+// the shared counter), or only a spin in ProgressMode::Spin. Sleeping until
+// woken matters on a machine with no spare core: timed sleeps wake up again
+// and again while a peer is far behind, and each wake-up preempts a training
+// thread (measured: DDP with 2 MiB buckets lost 4 ms of backward to them). The segment
 // is a POSIX shared-memory object unlinked as soon as every rank has mapped
 // it, with its pages reserved up front (posix_fallocate), so a full /dev/shm
 // makes the group fall back to MPI rather than fault later.
@@ -80,7 +84,7 @@ class ShmAllreduce {
 struct ShmCounters {
   int64_t calls = 0;   // all-reduces run through shared memory
   int64_t chunks = 0;  // chunks of at most kChunk floats
-  int64_t sleeps = 0;  // sleeps while waiting for a peer
+  int64_t sleeps = 0;  // times a rank went to sleep waiting for a peer
 };
 ShmCounters shm_counters();
 

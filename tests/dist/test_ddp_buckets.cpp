@@ -97,6 +97,7 @@ void check_rebuild_agreement(const dist::ProcessGroupPtr& pg, std::vector<size_t
 TEST(DDPBuckets, DefaultsAreASmallFirstBucketAndRebuilding) {
   DDPOptions o;
   EXPECT_EQ(o.first_bucket_cap_mb, 1.0);
+  EXPECT_EQ(o.last_bucket_cap_mb, 1.0);
   EXPECT_TRUE(o.rebuild_buckets);
   EXPECT_EQ(o.bucket_cap_mb, 25.0);
 }
@@ -105,9 +106,10 @@ TEST(DDPBuckets, FirstBucketHoldsAtMostTheFirstCap) {
   auto world = std::make_shared<FakeWorld>(1);
   auto g = std::make_shared<FakeGroup>(world, 0);
   // Ten parameters of 0.25 MiB: backward's first four fill the 1 MiB first
-  // bucket exactly; the other six share one bucket under the 25 MiB cap.
+  // bucket exactly; without a last cap (PyTorch's layout) the other six share
+  // one bucket under the 25 MiB cap.
   auto m = std::make_shared<Blocks>(std::vector<int64_t>(10, 65536));
-  DistributedDataParallel ddp(m, g, {});
+  DistributedDataParallel ddp(m, g, {.last_bucket_cap_mb = 0});
   ASSERT_EQ(ddp.buckets().size(), 2u);
   EXPECT_EQ(ddp.buckets()[0].params, (std::vector<size_t>{9, 8, 7, 6}));
   EXPECT_EQ(ddp.buckets()[0].bytes, static_cast<int64_t>(kMiB));
@@ -127,6 +129,47 @@ TEST(DDPBuckets, FirstBucketHoldsAtMostTheFirstCap) {
   EXPECT_EQ(sizes, (std::vector<size_t>{1, 4, 4, 1}));
 
   EXPECT_THROW(DistributedDataParallel(m3, g, {.first_bucket_cap_mb = 0}), ValueError);
+}
+
+TEST(DDPBuckets, LastBucketHoldsTheLastGradientsUpToTheLastCap) {
+  auto world = std::make_shared<FakeWorld>(1);
+  auto g = std::make_shared<FakeGroup>(world, 0);
+  // The defaults on ten 0.25 MiB parameters: the 1 MiB first bucket, then the
+  // six others, of which the four backward produces last (registered first)
+  // go to a last bucket of 1 MiB.
+  auto m = std::make_shared<Blocks>(std::vector<int64_t>(10, 65536));
+  DistributedDataParallel ddp(m, g, {});
+  ASSERT_EQ(ddp.buckets().size(), 3u);
+  EXPECT_EQ(ddp.buckets()[0].params, (std::vector<size_t>{9, 8, 7, 6}));
+  EXPECT_EQ(ddp.buckets()[1].params, (std::vector<size_t>{5, 4}));
+  EXPECT_EQ(ddp.buckets()[2].params, (std::vector<size_t>{3, 2, 1, 0}));
+  EXPECT_EQ(ddp.buckets()[1].bytes, static_cast<int64_t>(kMiB / 2));
+  EXPECT_EQ(ddp.buckets()[2].bytes, static_cast<int64_t>(kMiB));
+
+  // A last cap below one parameter still takes one; a last bucket already
+  // within the cap stays whole.
+  auto m2 = std::make_shared<Blocks>(std::vector<int64_t>(10, 65536));
+  DistributedDataParallel ddp2(m2, g, {.last_bucket_cap_mb = 0.1});
+  std::vector<size_t> sizes;
+  for (const auto& b : ddp2.buckets()) sizes.push_back(b.params.size());
+  EXPECT_EQ(sizes, (std::vector<size_t>{4, 5, 1}));
+  auto m3 = std::make_shared<Blocks>(std::vector<int64_t>(10, 65536));
+  DistributedDataParallel ddp3(m3, g, {.bucket_cap_mb = 1, .last_bucket_cap_mb = 2});
+  sizes.clear();
+  for (const auto& b : ddp3.buckets()) sizes.push_back(b.params.size());
+  EXPECT_EQ(sizes, (std::vector<size_t>{4, 4, 2}));
+
+  // A backward through the three buckets launches three allreduces and
+  // leaves every gradient (d/dp of sum(p^2) * mean(x) = 2 p * 0.5 = 1).
+  ddp(full({4}, 0.5)).backward();
+  EXPECT_EQ(ddp.stats().allreduces, 3);
+  for (const Tensor& p : m->parameters()) {
+    ASSERT_TRUE(p.grad().defined());
+    EXPECT_EQ(p.grad().min().item<float>(), 1.0f);
+    EXPECT_EQ(p.grad().max().item<float>(), 1.0f);
+  }
+
+  EXPECT_THROW(DistributedDataParallel(m3, g, {.last_bucket_cap_mb = -1}), ValueError);
 }
 
 TEST(DDPBuckets, RebuildAgreesOnRankZerosOrderOnTheFakeGroup) {

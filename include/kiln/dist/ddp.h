@@ -30,6 +30,13 @@ struct DDPOptions {
   /// min(first_bucket_cap_mb, bucket_cap_mb) MiB, as PyTorch: a small first
   /// bucket starts communicating early in backward.
   double first_bucket_cap_mb = 1;
+  /// The last bucket (the gradients backward produces last) holds at most
+  /// this many MiB, one parameter at least; 0 leaves it as filling makes it
+  /// (PyTorch's layout). kiln's addition: the last bucket's allreduce can only
+  /// start when backward has ended, so its size is the communication no
+  /// bucketing can hide; split off, the bucket before it runs while backward
+  /// computes those last gradients (docs/ddp.md).
+  double last_bucket_cap_mb = 1;
   /// After the first synced backward, rebuild the buckets in the order its
   /// gradients actually became ready (rank 0's order, broadcast at the next
   /// synced forward so that every rank lays out the same buckets). Not done
@@ -108,6 +115,7 @@ class DistributedDataParallel : public nn::Module {
   struct Bucket;
   /// Lays the parameters out in buckets, filling them in `order` (parameter indices).
   void assign_buckets(const std::vector<size_t>& order);
+  void split_last_buckets();
   /// rebuild_buckets: agree on rank 0's ready order and lay the buckets out by it.
   void maybe_rebuild_buckets();
   void broadcast_state(bool params);
