@@ -75,7 +75,8 @@ Args parse(int argc, char** argv) {
       a.ddp.last_bucket_cap_mb = std::atof(v);
     } else {
       throw ValueError("kiln_bench_ddp: unknown option " + k +
-                       " (expected --steps, --warmup, --batch-per-rank, --bucket-mb, --first-bucket-mb, --last-bucket-mb, --no-rebuild)");
+                       " (expected --steps, --warmup, --batch-per-rank, --bucket-mb, --first-bucket-mb, "
+                       "--last-bucket-mb, --no-rebuild)");
     }
   }
   KILN_CHECK(a.steps > 0 && a.warmup >= 0 && a.batch > 0, ValueError,
@@ -152,14 +153,15 @@ int main(int argc, char** argv) {
     const char* progress = std::getenv("KILN_DIST_PROGRESS");
     std::printf(
         "{\"ranks\": %d, \"threads\": %d, \"batch_per_rank\": %lld, \"bucket_cap_mb\": %g, "
-        "\"first_bucket_cap_mb\": %g, \"last_bucket_cap_mb\": %g, \"buckets\": %zu, \"rebuilt\": %s, \"progress\": \"%s\", "
+        "\"first_bucket_cap_mb\": %g, \"last_bucket_cap_mb\": %g, \"buckets\": %zu, \"rebuilt\": %s, \"progress\": "
+        "\"%s\", "
         "\"step_ms\": %.3f, \"step_max_rank_ms\": %.3f, \"backward_ms\": %.3f, \"first_allreduce_ms\": %.3f, "
         "\"exposed_ms\": %.3f, \"exposed_max_ms\": %.3f, \"allreduce_ms\": %.3f, \"replicas_identical\": %s}\n",
         n, get_num_threads(), static_cast<long long>(B), a.ddp.bucket_cap_mb, a.ddp.first_bucket_cap_mb,
-        a.ddp.last_bucket_cap_mb, ddp.buckets().size(), ddp.buckets_rebuilt() ? "true" : "false", progress && *progress ? progress : "backoff",
-        1e3 * median(step_s), 1e3 * step_hi.item<float>(), 1e3 * median(backward_s), 1e3 * median(first_start_s),
-        1e3 * lo.item<float>(), 1e3 * hi.item<float>(), 1e3 * median(comm_s),
-        sum_lo.item<float>() == sum_hi.item<float>() ? "true" : "false");
+        a.ddp.last_bucket_cap_mb, ddp.buckets().size(), ddp.buckets_rebuilt() ? "true" : "false",
+        progress && *progress ? progress : "backoff", 1e3 * median(step_s), 1e3 * step_hi.item<float>(),
+        1e3 * median(backward_s), 1e3 * median(first_start_s), 1e3 * lo.item<float>(), 1e3 * hi.item<float>(),
+        1e3 * median(comm_s), sum_lo.item<float>() == sum_hi.item<float>() ? "true" : "false");
     std::fflush(stdout);
   });
 }

@@ -19,8 +19,8 @@
 #include <utility>
 #include <vector>
 
-#include "kiln/core/capture.h"
 #include "elementwise_math.h"
+#include "kiln/core/capture.h"
 #include "kiln/kernels/attention.h"
 #include "reduce_engine.h"
 
