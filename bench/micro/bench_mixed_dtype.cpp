@@ -109,19 +109,14 @@ BENCHMARK(BM_MixedRefAddF32F32)->Arg(1)->Arg(2)->ArgName("threads")->UseRealTime
 namespace {
 // The casts autocast makes: float32 activations and weights to bfloat16, and
 // bfloat16 gradients back. One read and one write at each side's dtype.
-void BM_CastF32ToBF16(benchmark::State& state) {
+void cast(benchmark::State& state, kiln::DType from, kiln::DType to) {
   kiln_micro::ThreadScope threads(static_cast<int>(state.range(0)));
-  const kiln::Tensor a = filled({kRows, kCols}, kiln::kFloat32);
-  for (auto _ : state) benchmark::DoNotOptimize(a.to(kiln::kBFloat16).data_ptr());
+  const kiln::Tensor a = filled({kRows, kCols}, from);
+  for (auto _ : state) benchmark::DoNotOptimize(a.to(to).data_ptr());
   state.SetBytesProcessed(state.iterations() * kRows * kCols * (4 + 2));
 }
+void BM_CastF32ToBF16(benchmark::State& state) { cast(state, kiln::kFloat32, kiln::kBFloat16); }
+void BM_CastBF16ToF32(benchmark::State& state) { cast(state, kiln::kBFloat16, kiln::kFloat32); }
 BENCHMARK(BM_CastF32ToBF16)->Arg(1)->ArgName("threads")->UseRealTime()->Unit(benchmark::kMillisecond);
-
-void BM_CastBF16ToF32(benchmark::State& state) {
-  kiln_micro::ThreadScope threads(static_cast<int>(state.range(0)));
-  const kiln::Tensor a = filled({kRows, kCols}, kiln::kBFloat16);
-  for (auto _ : state) benchmark::DoNotOptimize(a.to(kiln::kFloat32).data_ptr());
-  state.SetBytesProcessed(state.iterations() * kRows * kCols * (4 + 2));
-}
 BENCHMARK(BM_CastBF16ToF32)->Arg(1)->ArgName("threads")->UseRealTime()->Unit(benchmark::kMillisecond);
 }  // namespace
