@@ -69,32 +69,15 @@ A fold(A* acc, const Comb& comb) {
   return acc[0];
 }
 
-// fold()'s pairwise tree on the 16 lanes of a vector, in registers: lane k
-// is combined with lane k + 8, then k + 4, k + 2, k + 1, the same pairs in the
-// same order as fold() on an array, so the results are bit for bit the same.
-// (fold() on an array of lanes ran as a chain of scalar steps through the
-// stack, about a hundred cycles per row, on rows of only 4 to 8 vectors.)
-using VecF8 = float __attribute__((vector_size(8 * sizeof(float))));
-using VecF4 = float __attribute__((vector_size(4 * sizeof(float))));
-using VecF2 = float __attribute__((vector_size(2 * sizeof(float))));
-
-template <typename Comb>
-KILN_VEC_INLINE float fold_lanes(VecF v, const Comb& comb) {
-  const VecF8 a = comb(__builtin_shufflevector(v, v, 0, 1, 2, 3, 4, 5, 6, 7),
-                       __builtin_shufflevector(v, v, 8, 9, 10, 11, 12, 13, 14, 15));
-  const VecF4 b = comb(__builtin_shufflevector(a, a, 0, 1, 2, 3), __builtin_shufflevector(a, a, 4, 5, 6, 7));
-  const VecF2 c = comb(__builtin_shufflevector(b, b, 0, 1), __builtin_shufflevector(b, b, 2, 3));
-  return comb(c[0], c[1]);
-}
-
+// fold()'s tree on a vector's lanes, in registers (fold16, reduce_engine.h).
 KILN_VEC_INLINE float hsum(VecF v) {
-  return fold_lanes(v, [](auto x, auto z) { return x + z; });
+  return fold16(v, [](auto x, auto z) { return x + z; });
 }
 
 // NaN need not win a max here: it reaches the row through the sum of exp,
 // which the max only shifts.
 KILN_VEC_INLINE float hmax(VecF v) {
-  return fold_lanes(v, [](auto x, auto z) { return z > x ? z : x; });
+  return fold16(v, [](auto x, auto z) { return z > x ? z : x; });
 }
 
 // exp_vec (reduce_engine.h) on a vector, the same steps lane by lane.

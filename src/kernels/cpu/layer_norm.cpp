@@ -4,11 +4,13 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <vector>
 
 #include "kiln/core/capture.h"
 #include "kiln/core/threads.h"
 #include "kiln/kernels/loop.h"
+#include "reduce_engine.h"
 
 namespace kiln::kernels {
 
@@ -33,10 +35,16 @@ T lane_sum(int64_t n, F&& term) {
     for (int64_t u = 0; u < kLanes; ++u) acc[u] += term(j + u);
   }
   for (int64_t u = 0; j < n; ++j, ++u) acc[u] += term(j);
-  for (int64_t w = kLanes / 2; w > 0; w /= 2) {
-    for (int64_t u = 0; u < w; ++u) acc[u] += acc[u + w];
+  if constexpr (std::is_same_v<T, float>) {
+    detail::Vec16f v;
+    std::memcpy(&v, acc, sizeof(v));
+    return detail::fold16(v, [](auto x, auto z) { return x + z; });
+  } else {
+    for (int64_t w = kLanes / 2; w > 0; w /= 2) {
+      for (int64_t u = 0; u < w; ++u) acc[u] += acc[u + w];
+    }
+    return acc[0];
   }
-  return acc[0];
 }
 
 template <typename T>

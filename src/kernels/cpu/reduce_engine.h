@@ -87,6 +87,26 @@ constexpr A highest_value() {
     return std::numeric_limits<A>::max();
 }
 
+/// 16 float lanes (GCC vector extensions; AVX-512 under -march=native).
+using Vec16f = float __attribute__((vector_size(16 * sizeof(float))));
+
+/// The pairwise tree over 16 partials — lane k combined with lane k + 8, then
+/// k + 4, k + 2, k + 1 — in registers. The same pairs in the same order as
+/// that loop over an array of partials, so the same bits; the loop compiled to
+/// a chain of scalar steps through the stack, about a hundred cycles, which
+/// rows of a few vectors (attention's, layer norm's) paid once per row.
+template <typename Comb>
+[[gnu::always_inline]] inline float fold16(Vec16f v, const Comb& comb) {
+  using V8 = float __attribute__((vector_size(8 * sizeof(float))));
+  using V4 = float __attribute__((vector_size(4 * sizeof(float))));
+  using V2 = float __attribute__((vector_size(2 * sizeof(float))));
+  const V8 a = comb(__builtin_shufflevector(v, v, 0, 1, 2, 3, 4, 5, 6, 7),
+                    __builtin_shufflevector(v, v, 8, 9, 10, 11, 12, 13, 14, 15));
+  const V4 b = comb(__builtin_shufflevector(a, a, 0, 1, 2, 3), __builtin_shufflevector(a, a, 4, 5, 6, 7));
+  const V2 c = comb(__builtin_shufflevector(b, b, 0, 1), __builtin_shufflevector(b, b, 2, 3));
+  return comb(c[0], c[1]);
+}
+
 /// The shared steps of exp for a float or a vector of floats (GCC vector
 /// extensions; exp_vec below and the attention kernel's vector form): clamp
 /// x, fn = round(x / ln2) as a float, r = x - fn ln2 in two steps, and exp(r)
