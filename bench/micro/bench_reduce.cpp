@@ -2,6 +2,7 @@
 //   sum over 16M floats            (a loss, a norm of all gradients)
 //   softmax over [4096, 1024] rows (attention, classification heads)
 //   sum over dim 0 of [4096, 1024] (a bias gradient: the column kernel)
+//   sum over the last 64 of [16, 4, 128, 64] (attention backward's row dots)
 //   softmax backward over [4096, 1024] rows: the fused kernel (through the
 //   engine, as loss.backward() runs it) and, for comparison, the same formula
 //   in tensor ops (what create_graph runs)
@@ -78,6 +79,14 @@ void BM_SumDim1(benchmark::State& state) {
   run(state, x.nbytes(), [&] { return x.sum({1}); });
 }
 
+// Short rows: attention backward's D = rowsum(dO * O) over gpt's heads,
+// [16, 4, 128, 64] summed over the last 64: 8192 rows of 4 vectors each, where
+// what a row costs beyond its loads shows.
+void BM_SumShortRows(benchmark::State& state) {
+  const Tensor x = randn({16, 4, 128, 64});
+  run(state, x.nbytes(), [&] { return x.sum({-1}, /*keepdim=*/true); });
+}
+
 void BM_ArgmaxRows(benchmark::State& state) {
   const Tensor x = randn({4096, 1024});
   run(state, x.nbytes(), [&] { return x.argmax(1); });
@@ -97,6 +106,7 @@ void BM_SumSmall(benchmark::State& state) {
 }  // namespace
 
 BENCHMARK(BM_SumAll16M)->Arg(1)->Arg(2)->MinTime(0.3)->UseRealTime();
+BENCHMARK(BM_SumShortRows)->Arg(1)->MinTime(0.3)->UseRealTime();
 BENCHMARK(BM_SoftmaxRows)->Arg(1)->Arg(2)->MinTime(0.3)->UseRealTime();
 BENCHMARK(BM_LogSoftmaxRows)->Arg(1)->Arg(2)->MinTime(0.3)->UseRealTime();
 BENCHMARK(BM_SoftmaxBackwardRows)->Arg(1)->Arg(2)->MinTime(0.3)->UseRealTime();

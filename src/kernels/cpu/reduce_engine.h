@@ -15,6 +15,7 @@
 #include <bit>
 #include <cmath>
 #include <cstdint>
+#include <cstring>
 #include <limits>
 #include <memory>
 #include <type_traits>
@@ -85,26 +86,6 @@ constexpr A highest_value() {
     return std::numeric_limits<A>::infinity();
   else
     return std::numeric_limits<A>::max();
-}
-
-/// 16 float lanes (GCC vector extensions; AVX-512 under -march=native).
-using Vec16f = float __attribute__((vector_size(16 * sizeof(float))));
-
-/// The pairwise tree over 16 partials — lane k combined with lane k + 8, then
-/// k + 4, k + 2, k + 1 — in registers. The same pairs in the same order as
-/// that loop over an array of partials, so the same bits; the loop compiled to
-/// a chain of scalar steps through the stack, about a hundred cycles, which
-/// rows of a few vectors (attention's, layer norm's) paid once per row.
-template <typename Comb>
-[[gnu::always_inline]] inline float fold16(Vec16f v, const Comb& comb) {
-  using V8 = float __attribute__((vector_size(8 * sizeof(float))));
-  using V4 = float __attribute__((vector_size(4 * sizeof(float))));
-  using V2 = float __attribute__((vector_size(2 * sizeof(float))));
-  const V8 a = comb(__builtin_shufflevector(v, v, 0, 1, 2, 3, 4, 5, 6, 7),
-                    __builtin_shufflevector(v, v, 8, 9, 10, 11, 12, 13, 14, 15));
-  const V4 b = comb(__builtin_shufflevector(a, a, 0, 1, 2, 3), __builtin_shufflevector(a, a, 4, 5, 6, 7));
-  const V2 c = comb(__builtin_shufflevector(b, b, 0, 1), __builtin_shufflevector(b, b, 2, 3));
-  return comb(c[0], c[1]);
 }
 
 /// The shared steps of exp for a float or a vector of floats (GCC vector
@@ -193,6 +174,26 @@ struct OutIter {
   }
 };
 
+/// 16 float lanes (GCC vector extensions; AVX-512 under -march=native).
+using Vec16f = float __attribute__((vector_size(16 * sizeof(float))));
+
+/// The pairwise tree over 16 partials — lane k combined with lane k + 8, then
+/// k + 4, k + 2, k + 1 — in registers. The same pairs in the same order as
+/// that loop over an array of partials, so the same bits; the loop compiled to
+/// a chain of scalar steps through the stack, about a hundred cycles, which
+/// rows of a few vectors (attention's, layer norm's) paid once per row.
+template <typename Comb>
+[[gnu::always_inline]] inline float fold16(Vec16f v, const Comb& comb) {
+  using V8 = float __attribute__((vector_size(8 * sizeof(float))));
+  using V4 = float __attribute__((vector_size(4 * sizeof(float))));
+  using V2 = float __attribute__((vector_size(2 * sizeof(float))));
+  const V8 a = comb(__builtin_shufflevector(v, v, 0, 1, 2, 3, 4, 5, 6, 7),
+                    __builtin_shufflevector(v, v, 8, 9, 10, 11, 12, 13, 14, 15));
+  const V4 b = comb(__builtin_shufflevector(a, a, 0, 1, 2, 3), __builtin_shufflevector(a, a, 4, 5, 6, 7));
+  const V2 c = comb(__builtin_shufflevector(b, b, 0, 1), __builtin_shufflevector(b, b, 2, 3));
+  return comb(c[0], c[1]);
+}
+
 /// One leaf: up to kLeaf elements at byte stride `stride`, kLanes partials combined pairwise.
 template <typename Op>
 typename Op::acc_t leaf_value(const Op& op, const char* p, int64_t n, int64_t stride, typename Op::acc_t param) {
@@ -217,6 +218,12 @@ typename Op::acc_t leaf_value(const Op& op, const char* p, int64_t n, int64_t st
         lanes[l] = op.combine(lanes[l], op.map(*reinterpret_cast<const T*>(p + (i + l) * stride), param));
     for (int l = 0; i + l < n; ++l)
       lanes[l] = op.combine(lanes[l], op.map(*reinterpret_cast<const T*>(p + (i + l) * stride), param));
+  }
+  if constexpr (std::is_same_v<A, float> && kLanes == 64 && requires { Op::kAddsPartials; }) {
+    // The loop below for a float sum, in registers: the same pairs, the same bits.
+    Vec16f v[4];
+    std::memcpy(v, lanes, sizeof(v));
+    return fold16((v[0] + v[2]) + (v[1] + v[3]), [](auto a, auto b) { return a + b; });
   }
   for (int w = kLanes / 2; w > 0; w /= 2)
     for (int l = 0; l < w; ++l) lanes[l] = op.combine(lanes[l], lanes[l + w]);
@@ -474,6 +481,7 @@ struct SumOp {
   A identity() const { return A(0); }
   A map(T x, A) const { return static_cast<A>(x); }
   A combine(A a, A b) const { return add_wrap(a, b); }
+  static constexpr bool kAddsPartials = true;  // combine is a + b: leaf_value may fold in registers
 };
 
 template <typename T, bool IsMax>
