@@ -4,7 +4,6 @@
 
 #include <algorithm>
 #include <cmath>
-#include <cstring>
 #include <vector>
 
 #include "kiln/core/capture.h"
@@ -22,30 +21,9 @@ int64_t chunk_rows(int64_t rows, int64_t n) {
   return std::max<int64_t>(per, (rows + 63) / 64);
 }
 
-// Row sums over kLanes independent partial sums: the compiler vectorises the
-// lanes (one serial chain of adds would be latency-bound), and pairing the
-// lanes at the end keeps float32 rounding close to a tree sum.
-constexpr int64_t kLanes = 16;
-
-template <typename T, typename F>
-T lane_sum(int64_t n, F&& term) {
-  T acc[kLanes] = {};
-  int64_t j = 0;
-  for (; j + kLanes <= n; j += kLanes) {
-    for (int64_t u = 0; u < kLanes; ++u) acc[u] += term(j + u);
-  }
-  for (int64_t u = 0; j < n; ++j, ++u) acc[u] += term(j);
-  if constexpr (std::is_same_v<T, float>) {
-    detail::Vec16f v;
-    std::memcpy(&v, acc, sizeof(v));
-    return detail::fold16(v, [](auto x, auto z) { return x + z; });
-  } else {
-    for (int64_t w = kLanes / 2; w > 0; w /= 2) {
-      for (int64_t u = 0; u < w; ++u) acc[u] += acc[u + w];
-    }
-    return acc[0];
-  }
-}
+// Row sums over 16 independent partials (detail::lane_sum): the sums of a
+// row depend on its length alone.
+constexpr int kLanes = 16;
 
 template <typename T>
 void ln_forward(const T* x, const T* w, const T* b, T* y, T* mean_out, T* rstd_out, int64_t rows, int64_t n,
@@ -58,8 +36,9 @@ void ln_forward(const T* x, const T* w, const T* b, T* y, T* mean_out, T* rstd_o
     for (int64_t r = r0; r < r1; ++r) {
       const T* xr = x + r * n;
       T* yr = y + r * n;
-      const T m = lane_sum<T>(n, [&](int64_t j) { return xr[j]; }) / static_cast<T>(n);
-      const T var = lane_sum<T>(n, [&](int64_t j) { return (xr[j] - m) * (xr[j] - m); }) / static_cast<T>(n);
+      const T m = detail::lane_sum<kLanes, T>(n, [&](int64_t j) { return xr[j]; }) / static_cast<T>(n);
+      const T var =
+          detail::lane_sum<kLanes, T>(n, [&](int64_t j) { return (xr[j] - m) * (xr[j] - m); }) / static_cast<T>(n);
       const T rs = static_cast<T>(1.0 / std::sqrt(static_cast<double>(var) + eps));
       for (int64_t j = 0; j < n; ++j) yr[j] = (xr[j] - m) * rs * w[j] + b[j];
       mean_out[r] = m;
@@ -94,8 +73,9 @@ void ln_backward(const T* g, const T* x, const T* w, const T* mean, const T* rst
           }
         }
         if (gx != nullptr) {
-          const T ma = lane_sum<T>(n, [&](int64_t j) { return dxhat[j]; }) / static_cast<T>(n);
-          const T mb = lane_sum<T>(n, [&](int64_t j) { return dxhat[j] * xhat[j]; }) / static_cast<T>(n);
+          const T ma = detail::lane_sum<kLanes, T>(n, [&](int64_t j) { return dxhat[j]; }) / static_cast<T>(n);
+          const T mb =
+              detail::lane_sum<kLanes, T>(n, [&](int64_t j) { return dxhat[j] * xhat[j]; }) / static_cast<T>(n);
           T* out = gx + r * n;
           for (int64_t j = 0; j < n; ++j) out[j] = rs * (dxhat[j] - ma - xhat[j] * mb);
         }

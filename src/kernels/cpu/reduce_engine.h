@@ -194,6 +194,36 @@ template <typename Comb>
   return comb(c[0], c[1]);
 }
 
+/// The sum of L partials combined pairwise, lane k with lane k + L/2, then
+/// k + L/4, ... (float with 16 or 64 lanes: in registers, fold16, the same bits).
+template <int L, typename A>
+[[gnu::always_inline]] inline A sum_partials(A* lanes) {
+  if constexpr (std::is_same_v<A, float> && (L == 16 || L == 64)) {
+    Vec16f v[L / 16];
+    std::memcpy(v, lanes, sizeof(v));
+    const auto add = [](auto a, auto b) { return a + b; };
+    if constexpr (L == 64) return fold16((v[0] + v[2]) + (v[1] + v[3]), add);
+    return fold16(v[0], add);
+  } else {
+    for (int w = L / 2; w > 0; w /= 2)
+      for (int k = 0; k < w; ++k) lanes[k] += lanes[k + w];
+    return lanes[0];
+  }
+}
+
+/// Sum of f(0) .. f(n-1) in L independent partials (the compiler vectorises
+/// them; one serial chain of adds would be latency-bound), combined pairwise,
+/// so a row's sum depends on its length alone (layer norm's and softmax's rows).
+template <int L, typename A, typename F>
+A lane_sum(int64_t n, const F& f) {
+  A lanes[L] = {};
+  int64_t i = 0;
+  for (; i + L <= n; i += L)
+    for (int k = 0; k < L; ++k) lanes[k] += f(i + k);
+  for (int k = 0; i + k < n; ++k) lanes[k] += f(i + k);
+  return sum_partials<L>(lanes);
+}
+
 /// One leaf: up to kLeaf elements at byte stride `stride`, kLanes partials combined pairwise.
 template <typename Op>
 typename Op::acc_t leaf_value(const Op& op, const char* p, int64_t n, int64_t stride, typename Op::acc_t param) {
@@ -219,12 +249,7 @@ typename Op::acc_t leaf_value(const Op& op, const char* p, int64_t n, int64_t st
     for (int l = 0; i + l < n; ++l)
       lanes[l] = op.combine(lanes[l], op.map(*reinterpret_cast<const T*>(p + (i + l) * stride), param));
   }
-  if constexpr (std::is_same_v<A, float> && kLanes == 64 && requires { Op::kAddsPartials; }) {
-    // The loop below for a float sum, in registers: the same pairs, the same bits.
-    Vec16f v[4];
-    std::memcpy(v, lanes, sizeof(v));
-    return fold16((v[0] + v[2]) + (v[1] + v[3]), [](auto a, auto b) { return a + b; });
-  }
+  if constexpr (std::is_same_v<A, float> && requires { Op::kAddsPartials; }) return sum_partials<kLanes>(lanes);
   for (int w = kLanes / 2; w > 0; w /= 2)
     for (int l = 0; l < w; ++l) lanes[l] = op.combine(lanes[l], lanes[l + w]);
   return lanes[0];

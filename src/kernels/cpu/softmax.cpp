@@ -105,19 +105,6 @@ void softmax_cols(const DimLayout& l, const T* in, T* out, bool log) {
     parallel_for(units, std::max<int64_t>(1, kGrainSize / (n * kColWidth)), [&](int64_t b, int64_t e) { body(b, e); });
 }
 
-// Sum of f(0) .. f(n-1) in kLanes independent partials (vectorised), combined pairwise.
-template <typename A, typename F>
-A lane_sum(int64_t n, const F& f) {
-  A lanes[kLanes] = {};
-  int64_t i = 0;
-  for (; i + kLanes <= n; i += kLanes)
-    for (int k = 0; k < kLanes; ++k) lanes[k] += f(i + k);
-  for (int k = 0; i + k < n; ++k) lanes[k] += f(i + k);
-  for (int w = kLanes / 2; w > 0; w /= 2)
-    for (int k = 0; k < w; ++k) lanes[k] += lanes[k + w];
-  return lanes[0];
-}
-
 template <typename T>
 void softmax_backward_rows(const DimLayout& l, const T* y, const T* g, T* out, bool log) {
   using A = compute_t<T>;
@@ -128,11 +115,11 @@ void softmax_backward_rows(const DimLayout& l, const T* y, const T* g, T* out, b
       const T* gr = g + r * n;
       T* o = out + r * n;
       if (log) {
-        const A s = lane_sum<A>(n, [&](int64_t i) { return static_cast<A>(gr[i]); });
+        const A s = lane_sum<kLanes, A>(n, [&](int64_t i) { return static_cast<A>(gr[i]); });
         for (int64_t i = 0; i < n; ++i)
           o[i] = static_cast<T>(static_cast<A>(gr[i]) - exp_vec(static_cast<A>(yr[i])) * s);
       } else {
-        const A s = lane_sum<A>(n, [&](int64_t i) { return static_cast<A>(gr[i]) * static_cast<A>(yr[i]); });
+        const A s = lane_sum<kLanes, A>(n, [&](int64_t i) { return static_cast<A>(gr[i]) * static_cast<A>(yr[i]); });
         for (int64_t i = 0; i < n; ++i) o[i] = static_cast<T>(static_cast<A>(yr[i]) * (static_cast<A>(gr[i]) - s));
       }
     }
