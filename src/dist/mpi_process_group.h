@@ -97,23 +97,6 @@ enum class ProgressMode {
 /// Throws DistributedError "dist: <what> failed: <MPI's message>" unless `rc` is MPI_SUCCESS.
 void check_mpi(int rc, const char* what);
 
-/// The back-off of ProgressMode::Backoff, for any poll loop on the
-/// communication thread (an MPI request, a peer's flag in shared memory):
-/// after a poll that found nothing, idle() keeps spinning for about 20 µs
-/// from construction, then sleeps 5 µs doubling up to 100 µs, so a rank that
-/// arrives early leaves the core to compute. `spin_only`: never sleep.
-class Backoff {
- public:
-  explicit Backoff(bool spin_only = false);
-  /// Returns whether it slept.
-  bool idle();
-
- private:
-  bool spin_only_;
-  std::chrono::steady_clock::time_point spin_until_;
-  std::chrono::microseconds sleep_;
-};
-
 /// KILN_DIST_PROGRESS: "backoff" (the default, also when unset or empty) or "spin".
 ProgressMode progress_mode_from_env();
 /// Completes `req` by MPI_Test with back-off (ProgressMode::Backoff); `what` names the call in errors.

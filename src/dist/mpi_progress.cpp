@@ -32,6 +32,30 @@ constexpr auto kSpin = std::chrono::microseconds(20);
 constexpr auto kFirstSleep = std::chrono::microseconds(5);
 constexpr auto kMaxSleep = std::chrono::microseconds(100);
 
+// After a poll that found nothing, idle() keeps spinning for about 20 µs from
+// construction, then sleeps 5 µs doubling up to 100 µs, so a rank that arrives
+// early leaves the core to compute.
+class Backoff {
+ public:
+  Backoff() : spin_until_(std::chrono::steady_clock::now() + kSpin), sleep_(kFirstSleep) {
+    // Sleeps of a few µs are only as short as the thread's timer slack allows
+    // (50 µs by default); the communication thread only ever waits, so tighten it.
+    thread_local const bool slack_set = prctl(PR_SET_TIMERSLACK, 1000UL, 0UL, 0UL, 0UL) == 0;
+    (void)slack_set;
+  }
+  /// Returns whether it slept.
+  bool idle() {
+    if (std::chrono::steady_clock::now() < spin_until_) return false;
+    std::this_thread::sleep_for(sleep_);
+    sleep_ = std::min(sleep_ * 2, kMaxSleep);
+    return true;
+  }
+
+ private:
+  std::chrono::steady_clock::time_point spin_until_;
+  std::chrono::microseconds sleep_;
+};
+
 }  // namespace
 
 void check_mpi(int rc, const char* what) {
@@ -40,21 +64,6 @@ void check_mpi(int rc, const char* what) {
   int len = 0;
   MPI_Error_string(rc, msg, &len);
   throw DistributedError(std::string("dist: ") + what + " failed: " + std::string(msg, len));
-}
-
-Backoff::Backoff(bool spin_only)
-    : spin_only_(spin_only), spin_until_(std::chrono::steady_clock::now() + kSpin), sleep_(kFirstSleep) {
-  // Sleeps of a few µs are only as short as the thread's timer slack allows
-  // (50 µs by default); the communication thread only ever waits, so tighten it.
-  thread_local const bool slack_set = prctl(PR_SET_TIMERSLACK, 1000UL, 0UL, 0UL, 0UL) == 0;
-  (void)slack_set;
-}
-
-bool Backoff::idle() {
-  if (spin_only_ || std::chrono::steady_clock::now() < spin_until_) return false;
-  std::this_thread::sleep_for(sleep_);
-  sleep_ = std::min(sleep_ * 2, kMaxSleep);
-  return true;
 }
 
 ProgressMode progress_mode_from_env() {

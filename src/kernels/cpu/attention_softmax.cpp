@@ -19,7 +19,7 @@
 #include <utility>
 #include <vector>
 
-#include "elementwise_math.h"
+#include "elementwise_loop.h"
 #include "kiln/core/capture.h"
 #include "kiln/kernels/attention.h"
 #include "reduce_engine.h"
@@ -39,7 +39,7 @@ constexpr int64_t kRowGrain = 8192;  // elements per thread at least
 // with its lanes past n masked to 0 (they are hidden keys, which get 0
 // anyway). Other types, and rows shorter than a vector, take plain loops.
 constexpr int kW = 16;
-using VecF = float __attribute__((vector_size(kW * sizeof(float))));
+using VecF = Vec16f;
 using VecI = int32_t __attribute__((vector_size(kW * sizeof(int32_t))));
 
 // Inlined by force: out of line, GCC passes each 64-byte vector through memory.
@@ -167,25 +167,17 @@ float* float_row(int64_t cols) {
   return buf.data();
 }
 
-// bf16 rows convert 16 lanes at a time: the vector loads that follow a widen
-// then read whole vector stores (element-wise stores in front of a 64-byte
-// load stall it until they retire), and rounding is BFloat16's own.
+// The elementwise drivers' block conversions: bf16 and fp16 rows convert 16
+// lanes at a time (the vector loads that follow a widen then read whole vector
+// stores), with the dtype's own rounding.
 template <typename T>
 void widen(const T* y, int64_t n, float* f) {
-  if constexpr (std::is_same_v<T, BFloat16>) {
-    vm::bf16_to_float_row(f, y, n);
-  } else {
-    for (int64_t j = 0; j < n; ++j) f[j] = static_cast<float>(y[j]);
-  }
+  ew::load_block<float, T>(f, reinterpret_cast<const char*>(y), static_cast<int64_t>(sizeof(T)), n);
 }
 
 template <typename T>
 void narrow(const float* f, int64_t n, T* y) {
-  if constexpr (std::is_same_v<T, BFloat16>) {
-    vm::float_to_bf16_row(y, f, n);
-  } else {
-    for (int64_t j = 0; j < n; ++j) y[j] = static_cast<T>(f[j]);
-  }
+  ew::store_block<T, float>(reinterpret_cast<char*>(y), static_cast<int64_t>(sizeof(T)), f, n);
 }
 
 // Keys row i of a block sees.
