@@ -84,11 +84,15 @@ namespace {
 // Measured 2026-12-04, f32: 0, 1, 5 run gemm:jit at 123-176 GFLOP/s; 2, 3, 4 run
 // brg:avx512_core at 196-217 GFLOP/s. The copies that make a block dense cost
 // about what brgemm saves (docs/amp.md), so gpt keeps the views.
+// bf16 (third arg 1) through oneDNN: 0, 1, 5 at 175-241, 2, 3, 4 at 335-347;
+// through kiln's small-product kernel (src/kernels/cpu/bf16_small_gemm.h)
+// every layout at 299-346, the views included.
 void BM_AttentionScoresProduct(benchmark::State& state) {
   const int before = kiln::get_num_threads();
   kiln::set_num_threads(1);
   const int64_t B = 16, T = 128, H = 4, E = 64, keys = state.range(1);
   kiln::Tensor qkv = kiln::randn({B, T, 3 * H * E});
+  if (state.range(2) == 1) qkv = qkv.to(kiln::kBFloat16);
   kiln::Tensor q = qkv.narrow(-1, 0, H * E).view({B, T, H, E}).transpose(1, 2);
   kiln::Tensor k = qkv.narrow(-1, H * E, H * E).view({B, T, H, E}).transpose(1, 2);
   if (state.range(0) == 1) {
@@ -120,6 +124,7 @@ void BM_AttentionScoresProduct(benchmark::State& state) {
 }
 }  // namespace
 BENCHMARK(BM_AttentionScoresProduct)
-    ->ArgsProduct({{0, 1, 2, 3, 4, 5}, {64, 128}})
+    ->ArgsProduct({{0, 1, 2, 3, 4, 5}, {64, 128}, {0, 1}})
+    ->ArgNames({"layout", "keys", "bf16"})
     ->UseRealTime()
     ->Unit(benchmark::kMicrosecond);

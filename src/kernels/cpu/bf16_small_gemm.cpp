@@ -1,0 +1,281 @@
+// kiln's bfloat16 product for batches of small matrices: Note [Small bf16
+// products] in bf16_small_gemm.h.
+//
+// Layout of the packed operands, in 32-bit words each holding two bf16 of
+// consecutive k (k even in the low half, as VDPBF16PS pairs them):
+//   b: word (kk, j) at bp[kk * ldb + j], ldb a multiple of 32, so one k pair
+//      of 16 columns is one vector load;
+//   a: read where it lies when its rows are contiguous in k (k even), packed
+//      [kk][i] when its columns are (a transposed view: Pᵀ, dSᵀ), [i][kk]
+//      otherwise. Odd k is padded with a zero pair half in both operands.
+#include "bf16_small_gemm.h"
+
+#include <algorithm>
+#include <array>
+#include <cstring>
+#include <vector>
+
+#include "kiln/core/error.h"
+#include "kiln/core/parallel.h"
+
+#if defined(__AVX512BF16__) && defined(__AVX512BW__) && defined(__AVX512VL__)
+#define KILN_SMALL_BF16_GEMM 1
+// GCC 12 warns (falsely) about the undefined first operand inside the AVX-512 shuffle intrinsics.
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#include <immintrin.h>
+#pragma GCC diagnostic pop
+#endif
+
+namespace kiln::kernels::detail {
+
+namespace {
+constexpr int64_t kMaxDim = 512;
+}  // namespace
+
+bool bf16_small_matmul_applies(const MatmulArgs& g) {
+#ifdef KILN_SMALL_BF16_GEMM
+  return g.dtype == kBFloat16 && g.epilogue == MatmulEpilogue::None && !g.bias && !g.addend && g.outer * g.batch >= 2 &&
+         g.m > 0 && g.n > 0 && g.k > 0 && g.m <= kMaxDim && g.n <= kMaxDim && g.k <= kMaxDim;
+#else
+  (void)g;
+  return false;
+#endif
+}
+
+#ifdef KILN_SMALL_BF16_GEMM
+
+namespace {
+
+constexpr int kRows = 6;     // rows of c per register tile
+constexpr int kVectors = 4;  // 16-column vectors of c per register tile: 24 accumulators
+
+int64_t round_up(int64_t x, int64_t m) { return (x + m - 1) / m * m; }
+
+uint32_t load_word(const uint16_t* p) {
+  uint32_t w;
+  std::memcpy(&w, p, sizeof w);
+  return w;
+}
+
+uint32_t pair(uint16_t lo, uint16_t hi) { return static_cast<uint32_t>(lo) | (static_cast<uint32_t>(hi) << 16); }
+
+// c[0..MR) x [0..16 NV) = a · b for one register tile, rounded to bf16 at the
+// store; `last` masks the columns of the last vector. a's word (r, kk) is at
+// a + r * a_rs + kk * a_ks (in bf16 elements).
+template <int MR, int NV>
+void tile(int64_t kp, const uint16_t* a, int64_t a_rs, int64_t a_ks, const uint32_t* bp, int64_t ldb, uint16_t* c,
+          int64_t ldc, __mmask16 last) {
+  __m512 acc[MR][NV];
+  for (int r = 0; r < MR; ++r)
+    for (int v = 0; v < NV; ++v) acc[r][v] = _mm512_setzero_ps();
+  for (int64_t kk = 0; kk < kp; ++kk) {
+    __m512bh b[NV];
+    for (int v = 0; v < NV; ++v) b[v] = reinterpret_cast<__m512bh>(_mm512_loadu_si512(bp + kk * ldb + v * 16));
+    for (int r = 0; r < MR; ++r) {
+      const __m512bh ar =
+          reinterpret_cast<__m512bh>(_mm512_set1_epi32(static_cast<int>(load_word(a + r * a_rs + kk * a_ks))));
+      for (int v = 0; v < NV; ++v) acc[r][v] = _mm512_dpbf16_ps(acc[r][v], ar, b[v]);
+    }
+  }
+  for (int r = 0; r < MR; ++r) {
+    for (int v = 0; v < NV; ++v) {
+      const __m256i h = reinterpret_cast<__m256i>(_mm512_cvtneps_pbh(acc[r][v]));
+      uint16_t* dst = c + r * ldc + v * 16;
+      if (v == NV - 1)
+        _mm256_mask_storeu_epi16(dst, last, h);
+      else
+        _mm256_storeu_si256(reinterpret_cast<__m256i*>(dst), h);
+    }
+  }
+}
+
+using TileFn = void (*)(int64_t, const uint16_t*, int64_t, int64_t, const uint32_t*, int64_t, uint16_t*, int64_t,
+                        __mmask16);
+
+template <int MR, int... V>
+constexpr std::array<TileFn, kVectors> tiles_of_rows(std::integer_sequence<int, V...>) {
+  return {&tile<MR, V + 1>...};
+}
+template <int... R>
+constexpr std::array<std::array<TileFn, kVectors>, kRows> all_tiles(std::integer_sequence<int, R...>) {
+  return {tiles_of_rows<R + 1>(std::make_integer_sequence<int, kVectors>{})...};
+}
+// kTiles[rows - 1][vectors - 1]
+constexpr auto kTiles = all_tiles(std::make_integer_sequence<int, kRows>{});
+
+// Packs rows 2kk and 2kk+1 of x (x[k * rs + j], j contiguous, k < K, j < J)
+// into words dst[kk * ld + j]: b when its rows are contiguous, or a transposed a.
+void pack_pairs_of_rows(uint32_t* dst, int64_t ld, const uint16_t* x, int64_t rs, int64_t K, int64_t J) {
+  // Word j of the output interleaves element j of the two rows: lanes 0..31
+  // of a permutation over (row 2kk, row 2kk+1) as one 64-lane table.
+  alignas(64) static constexpr uint16_t kLo[32] = {0, 32, 1, 33, 2,  34, 3,  35, 4,  36, 5,  37, 6,  38, 7,  39,
+                                                   8, 40, 9, 41, 10, 42, 11, 43, 12, 44, 13, 45, 14, 46, 15, 47};
+  const __m512i lo_idx = _mm512_load_si512(kLo);
+  const __m512i hi_idx = _mm512_add_epi16(lo_idx, _mm512_set1_epi16(16));
+  for (int64_t kk = 0; kk < (K + 1) / 2; ++kk) {
+    const uint16_t* r0 = x + 2 * kk * rs;
+    const bool has_r1 = 2 * kk + 1 < K;
+    uint32_t* d = dst + kk * ld;
+    for (int64_t j = 0; j < J; j += 32) {
+      const int64_t left = std::min<int64_t>(32, J - j);
+      const __mmask32 m = left == 32 ? ~__mmask32{0} : (__mmask32{1} << left) - 1;
+      const __m512i x0 = _mm512_maskz_loadu_epi16(m, r0 + j);
+      const __m512i x1 = has_r1 ? _mm512_maskz_loadu_epi16(m, r0 + rs + j) : _mm512_setzero_si512();
+      _mm512_storeu_si512(d + j, _mm512_permutex2var_epi16(x0, lo_idx, x1));
+      _mm512_storeu_si512(d + j + 16, _mm512_permutex2var_epi16(x0, hi_idx, x1));
+    }
+  }
+}
+
+// Transposes a 16 x 16 block of 32-bit words in registers.
+void transpose16(__m512i r[16]) {
+  __m512i t[16], u[16];
+  for (int i = 0; i < 8; ++i) {
+    t[2 * i] = _mm512_unpacklo_epi32(r[2 * i], r[2 * i + 1]);
+    t[2 * i + 1] = _mm512_unpackhi_epi32(r[2 * i], r[2 * i + 1]);
+  }
+  // Rows 4g..4g+3: u[4g + c] holds, in each 128-bit lane L, column 4L + c of those four rows.
+  for (int g = 0; g < 4; ++g) {
+    u[4 * g + 0] = _mm512_unpacklo_epi64(t[4 * g], t[4 * g + 2]);
+    u[4 * g + 1] = _mm512_unpackhi_epi64(t[4 * g], t[4 * g + 2]);
+    u[4 * g + 2] = _mm512_unpacklo_epi64(t[4 * g + 1], t[4 * g + 3]);
+    u[4 * g + 3] = _mm512_unpackhi_epi64(t[4 * g + 1], t[4 * g + 3]);
+  }
+  for (int c = 0; c < 4; ++c) {
+    const __m512i x01 = _mm512_shuffle_i32x4(u[c], u[4 + c], 0x44), x23 = _mm512_shuffle_i32x4(u[c], u[4 + c], 0xEE);
+    const __m512i y01 = _mm512_shuffle_i32x4(u[8 + c], u[12 + c], 0x44);
+    const __m512i y23 = _mm512_shuffle_i32x4(u[8 + c], u[12 + c], 0xEE);
+    r[c] = _mm512_shuffle_i32x4(x01, y01, 0x88);
+    r[4 + c] = _mm512_shuffle_i32x4(x01, y01, 0xDD);
+    r[8 + c] = _mm512_shuffle_i32x4(x23, y23, 0x88);
+    r[12 + c] = _mm512_shuffle_i32x4(x23, y23, 0xDD);
+  }
+}
+
+// b[k][j] = y[j * cs + k] (y's rows contiguous in k, K even: kᵀ, vᵀ):
+// word (kk, j) of the output is word kk of y's row j, a transpose of words.
+void pack_transposed_words(uint32_t* dst, int64_t ld, const uint16_t* y, int64_t cs, int64_t K, int64_t J) {
+  const int64_t KP = K / 2;
+  for (int64_t j0 = 0; j0 < J; j0 += 16) {
+    const int64_t rows = std::min<int64_t>(16, J - j0);
+    for (int64_t k0 = 0; k0 < KP; k0 += 16) {
+      const int64_t words = std::min<int64_t>(16, KP - k0);
+      const __mmask16 m = words == 16 ? __mmask16(0xffff) : __mmask16((1u << words) - 1);
+      __m512i r[16];
+      for (int i = 0; i < 16; ++i)
+        r[i] = i < rows ? _mm512_maskz_loadu_epi32(m, y + (j0 + i) * cs + 2 * k0) : _mm512_setzero_si512();
+      transpose16(r);
+      for (int i = 0; i < words; ++i) _mm512_storeu_si512(dst + (k0 + i) * ld + j0, r[i]);
+    }
+  }
+}
+
+// Asks for the cache lines of a strided matrix (rows x cols, strides in
+// elements) to be brought into L2 ahead of use: attention's heads are views
+// with rows 1.5 KiB apart, which the hardware prefetcher does not follow, and
+// backward reads them long after forward wrote them.
+void prefetch_matrix(const uint16_t* x, int64_t rows, int64_t cols, int64_t rs, int64_t cs) {
+  if (cs != 1) {
+    if (rs != 1) return;
+    std::swap(rows, cols);
+    std::swap(rs, cs);
+  }
+  const int64_t bytes = cols * 2;
+  for (int64_t r = 0; r < rows; ++r) {
+    const char* p = reinterpret_cast<const char*>(x + r * rs);
+    for (int64_t off = 0; off < bytes; off += 64) _mm_prefetch(p + off, _MM_HINT_T1);
+  }
+}
+
+// This thread's packing space, kept between calls.
+struct Buffers {
+  std::vector<uint32_t> a, b;
+  uint32_t* get(std::vector<uint32_t>& v, int64_t words) {
+    if (static_cast<int64_t>(v.size()) < words) v.resize(static_cast<size_t>(words));
+    return v.data();
+  }
+};
+
+// One product c[m, n] = a[m, k] · b[k, n] (strides in elements).
+void product(const MatmulArgs& g, const uint16_t* a, const uint16_t* b, uint16_t* c, Buffers& buf) {
+  const int64_t m = g.m, n = g.n, k = g.k, kp = (k + 1) / 2;
+  const int64_t a_rs = g.a.stride[1], a_cs = g.a.stride[2], b_rs = g.b.stride[1], b_cs = g.b.stride[2];
+  const int64_t ldb = round_up(n, 32);
+  uint32_t* bp = buf.get(buf.b, kp * ldb);
+  if (b_cs == 1) {
+    pack_pairs_of_rows(bp, ldb, b, b_rs, k, n);
+  } else if (b_rs == 1 && k % 2 == 0) {
+    pack_transposed_words(bp, ldb, b, b_cs, k, n);
+  } else {
+    for (int64_t kk = 0; kk < kp; ++kk)
+      for (int64_t j = 0; j < n; ++j)
+        bp[kk * ldb + j] =
+            pair(b[2 * kk * b_rs + j * b_cs], 2 * kk + 1 < k ? b[(2 * kk + 1) * b_rs + j * b_cs] : uint16_t{0});
+  }
+  // a's word (i, kk) at ap + i * ap_rs + kk * ap_ks, in elements.
+  const uint16_t* ap = a;
+  int64_t ap_rs = a_rs, ap_ks = 2;
+  if (a_cs == 1 && k % 2 == 0) {
+    // read in place
+  } else if (a_rs == 1) {
+    const int64_t lda = round_up(m, 32);
+    uint32_t* packed = buf.get(buf.a, kp * lda);
+    pack_pairs_of_rows(packed, lda, a, a_cs, k, m);
+    ap = reinterpret_cast<const uint16_t*>(packed);
+    ap_rs = 2;
+    ap_ks = 2 * lda;
+  } else {
+    uint32_t* packed = buf.get(buf.a, m * kp);
+    for (int64_t i = 0; i < m; ++i)
+      for (int64_t kk = 0; kk < kp; ++kk)
+        packed[i * kp + kk] =
+            pair(a[i * a_rs + 2 * kk * a_cs], 2 * kk + 1 < k ? a[i * a_rs + (2 * kk + 1) * a_cs] : uint16_t{0});
+    ap = reinterpret_cast<const uint16_t*>(packed);
+    ap_rs = 2 * kp;
+    ap_ks = 2;
+  }
+  const int64_t ldc = g.c_row_stride();
+  for (int64_t j0 = 0; j0 < n; j0 += 16 * kVectors) {
+    const int64_t cols = std::min<int64_t>(16 * kVectors, n - j0);
+    const int64_t vectors = (cols + 15) / 16, tail = cols - 16 * (vectors - 1);
+    const __mmask16 last = tail == 16 ? __mmask16(0xffff) : __mmask16((1u << tail) - 1);
+    for (int64_t i0 = 0; i0 < m; i0 += kRows) {
+      const int64_t rows = std::min<int64_t>(kRows, m - i0);
+      kTiles[rows - 1][vectors - 1](kp, ap + i0 * ap_rs, ap_rs, ap_ks, bp + j0, ldb, c + i0 * ldc + j0, ldc, last);
+    }
+  }
+}
+
+}  // namespace
+
+void bf16_small_matmul(const MatmulArgs& g) {
+  const int64_t total = g.outer * g.batch;
+  const auto* a0 = static_cast<const uint16_t*>(g.a.data);
+  const auto* b0 = static_cast<const uint16_t*>(g.b.data);
+  auto* c0 = static_cast<uint16_t*>(g.c);
+  // Each product is whole on one thread: the bits do not depend on the thread count.
+  parallel_for(total, 1, [&](int64_t lo, int64_t hi) {
+    thread_local Buffers buf;
+    for (int64_t i = lo; i < hi; ++i) {
+      const int64_t o = i / g.batch, bi = i % g.batch;
+      const uint16_t* a = a0 + o * g.a.outer_stride + bi * g.a.stride[0];
+      const uint16_t* b = b0 + o * g.b.outer_stride + bi * g.b.stride[0];
+      uint16_t* c = c0 + o * g.c_outer() + bi * g.c_batch_stride();
+      if (i + 1 < hi) {  // the next product's operands, while this one computes
+        const int64_t o1 = (i + 1) / g.batch, b1 = (i + 1) % g.batch;
+        prefetch_matrix(a0 + o1 * g.a.outer_stride + b1 * g.a.stride[0], g.m, g.k, g.a.stride[1], g.a.stride[2]);
+        prefetch_matrix(b0 + o1 * g.b.outer_stride + b1 * g.b.stride[0], g.k, g.n, g.b.stride[1], g.b.stride[2]);
+      }
+      product(g, a, b, c, buf);
+    }
+  });
+}
+
+#else
+
+void bf16_small_matmul(const MatmulArgs&) { KILN_ASSERT(false, "bf16_small_matmul: not built for this CPU"); }
+
+#endif
+
+}  // namespace kiln::kernels::detail

@@ -1,0 +1,36 @@
+// Internal to the kernels layer: kiln's own bfloat16 product for batches of
+// small matrices (attention's heads), where oneDNN's matmul is slow.
+//
+// Note [Small bf16 products]
+// Attention runs its products per block of 64 query rows over all B x H heads:
+// 64 products of 64 x 64 x 64 or 64 x 128 x 64, whose operands are views of
+// the fused qkv projection (row stride 3C, heads side by side). Given such
+// strided heads oneDNN 2.6 picks gemm:jit at 175-190 GFLOP/s (bf16, 1 thread);
+// only dense heads reach brgemm (335-347), and the copies that make them dense
+// cost about what brgemm saves. This kernel reads the views as they are: it
+// packs b into pairs of k (the layout VDPBF16PS multiplies), reads a's rows
+// in place when they are contiguous in k (else packs a too), and keeps a
+// 6 x 64 tile of c in registers, rounding to bf16 once at the store. Measured
+// on gpt's attention operands: 318-351 GFLOP/s with the packing, 390-435
+// without (bench/micro BM_AttentionScoresProduct, docs/amp.md).
+//
+// Each c element is the float32 sum over k in pairs, in k order, as
+// VDPBF16PS computes it (subnormal inputs and results flushed to zero, round
+// to nearest even): the same instruction oneDNN's bf16 kernels and so
+// torch's CPU bf16 matmul use, though not necessarily in the same order.
+// The result does not depend on the thread count: each product is computed
+// whole by one thread.
+#pragma once
+
+#include "kiln/kernels/dnnl.h"
+
+namespace kiln::kernels::detail {
+
+/// Whether g takes the small-product kernel: bfloat16, a batch of at least
+/// two products each at most 512 in m, n and k, no bias, epilogue or addend,
+/// and a build for a CPU with AVX512-BF16.
+bool bf16_small_matmul_applies(const MatmulArgs& g);
+/// Runs g on that kernel (bf16_small_matmul_applies(g) must hold).
+void bf16_small_matmul(const MatmulArgs& g);
+
+}  // namespace kiln::kernels::detail
