@@ -180,6 +180,104 @@ void narrow(const float* f, int64_t n, T* y) {
   ew::store_block<T, float>(reinterpret_cast<char*>(y), static_cast<int64_t>(sizeof(T)), f, n);
 }
 
+#if defined(__AVX512F__)
+// bf16 rows of up to kRegVectors * kW keys (gpt's blocks: 64 and 128) are
+// held in registers from the load to the store: no float copy of the row, no
+// second and third sweep through memory. The arithmetic is the float code's,
+// vector for vector and partial for partial (the max over the same visible
+// scores, exp_v, the sum in the same lanes and order, the same fold, the
+// same reciprocal), so the bits are those of the float copy path.
+constexpr int kRegVectors = 8;
+
+struct RegRow {
+  VecF v[kRegVectors];
+};
+
+KILN_VEC_INLINE __mmask16 first_lanes(int64_t n) { return n >= kW ? __mmask16(0xffff) : __mmask16((1u << n) - 1); }
+
+// Elements [0, n) of a bf16 row as floats (lanes past n: 0).
+KILN_VEC_INLINE void load_row(const BFloat16* y, int64_t n, RegRow& r) {
+  for (int j = 0; j < kRegVectors; ++j) {
+    if (j * kW >= n) break;
+    const __m256i h = _mm256_maskz_loadu_epi16(first_lanes(n - j * kW), y + j * kW);
+    r.v[j] = reinterpret_cast<VecF>(vm::bf16x16_to_float(h));
+  }
+}
+
+// Stores lanes [0, n) rounded to bf16 and 0 for [n, cols).
+KILN_VEC_INLINE void store_row(BFloat16* y, int64_t n, int64_t cols, const RegRow& r) {
+  for (int j = 0; j < kRegVectors; ++j) {
+    if (j * kW >= cols) break;
+    const __m512 f = j * kW < n ? _mm512_maskz_mov_ps(first_lanes(n - j * kW), reinterpret_cast<__m512>(r.v[j]))
+                                : _mm512_setzero_ps();
+    _mm256_mask_storeu_epi16(y + j * kW, first_lanes(cols - j * kW), vm::float_to_bf16x16(f));
+  }
+}
+
+// softmax_row on a bf16 row of n >= kW visible keys out of cols <= 8 kW.
+std::pair<float, float> softmax_row_bf16(BFloat16* y, int64_t n, int64_t cols, float scale) {
+  RegRow r{};
+  load_row(y, n, r);
+  const int64_t full = n / kW, tail = n % kW;
+  VecF mx = r.v[0];
+  for (int j = 1; j < kRegVectors; ++j)
+    if (j < full) mx = r.v[j] > mx ? r.v[j] : mx;
+  if (tail) {  // the visible lanes of the last vector (softmax_row's overlapping load sees the same set)
+    const VecI keep = lanes_below(tail);
+    const VecF t = r.v[full];
+    mx = (keep & (t > mx)) ? t : mx;
+  }
+  const float m = hmax(mx) * scale;
+  const VecF vs = splat(scale), vm_ = splat(m);
+  VecF acc = splat(0.0f);
+  for (int j = 0; j < kRegVectors; ++j) {
+    if (j < full) {
+      r.v[j] = exp_v(r.v[j] * vs - vm_);
+      acc += r.v[j];
+    }
+  }
+  if (tail) {
+    const VecI keep = lanes_below(tail);
+    const VecF e = keep ? exp_v(r.v[full] * vs - vm_) : splat(0.0f);
+    r.v[full] = e;
+    acc += e;
+  }
+  const float sum = hsum(acc), inv = 1.0f / sum;
+  const VecF vi = splat(inv);
+  for (int j = 0; j < kRegVectors; ++j)
+    if (j * kW < n) r.v[j] *= vi;  // lanes past n are dropped by the store
+  store_row(y, n, cols, r);
+  return {m, sum};
+}
+
+// recompute's row: exp(y · scale - l) on the n visible keys, 0 after.
+void recompute_row_bf16(BFloat16* y, int64_t n, int64_t cols, float scale, float l) {
+  RegRow r{};
+  load_row(y, n, r);
+  const VecF vs = splat(scale), vl = splat(l);
+  for (int j = 0; j < kRegVectors; ++j)
+    if (j * kW < n) r.v[j] = exp_v(r.v[j] * vs - vl);
+  store_row(y, n, cols, r);
+}
+
+// scores_grad's row: p (dp - d) scale on the n visible keys, 0 after.
+void scores_grad_row_bf16(BFloat16* g, const BFloat16* p, int64_t n, int64_t cols, float d, float scale) {
+  RegRow dp{}, pr{};
+  load_row(g, n, dp);
+  load_row(p, n, pr);
+  const VecF vd = splat(d), vs = splat(scale);
+  for (int j = 0; j < kRegVectors; ++j)
+    if (j * kW < n) dp.v[j] = pr.v[j] * (dp.v[j] - vd) * vs;
+  store_row(g, n, cols, dp);
+}
+
+template <typename T>
+constexpr bool kRegRows = std::is_same_v<T, BFloat16>;
+#else
+template <typename T>
+constexpr bool kRegRows = false;
+#endif
+
 // Keys row i of a block sees.
 int64_t visible(const AttentionBlock& a, int64_t i) { return a.causal ? std::min(a.cols, a.row0 + i + 1) : a.cols; }
 
@@ -215,6 +313,15 @@ void weights(const AttentionBlock& a, T* s, T* lse) {
         return;
       }
     }
+#if defined(__AVX512F__)
+    if constexpr (kRegRows<T>) {
+      if (n >= kW && cols <= kRegVectors * kW) {
+        std::tie(m, sum) = softmax_row_bf16(y, n, cols, scale);
+        if (lse) lse[b * a.row_batch_stride + i] = static_cast<T>(m + std::log(sum));
+        return;
+      }
+    }
+#endif
     if constexpr (kHalf<T>) {
       if (n >= kW) {
         float* f = float_row(cols);
@@ -251,6 +358,11 @@ void recompute(const AttentionBlock& a, T* s, const T* lse) {
     T* y = s + r * a.cols;
     const int64_t n = visible(a, i), cols = a.cols;
     const A l = static_cast<A>(lse[b * a.row_batch_stride + i]);
+#if defined(__AVX512F__)
+    if constexpr (kRegRows<T>) {
+      if (n >= kW && cols <= kRegVectors * kW) return recompute_row_bf16(y, n, cols, scale, l);
+    }
+#endif
     if constexpr (kHalf<T>) {
       if (n >= kW) {
         float* f = float_row(n);
@@ -278,6 +390,11 @@ void scores_grad(const AttentionBlock& a, T* dp, const T* p, const T* D) {
     const T* pr = p + r * a.cols;
     const int64_t n = visible(a, i), cols = a.cols;
     const A d = static_cast<A>(D[b * a.row_batch_stride + i]);
+#if defined(__AVX512F__)
+    if constexpr (kRegRows<T>) {
+      if (n >= kW && cols <= kRegVectors * kW) return scores_grad_row_bf16(g, pr, n, cols, d, scale);
+    }
+#endif
     if constexpr (kHalf<T>) {
       if (n >= kW) {  // two float copies, one vectorised loop: the same expression per element
         float* f = float_row(2 * n);

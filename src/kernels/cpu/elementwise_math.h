@@ -182,13 +182,30 @@ inline void float_to_half_row(Half* dst, const float* src, int64_t n) {
 /// integer round-to-nearest-even (NaN to 0x7fc0, subnormals kept), done 16 at a
 /// time. Not VCVTNEPS2BF16: it flushes subnormal inputs to zero and keeps a
 /// NaN's sign and payload, so it would not round as torch's c10::BFloat16 does.
+#if defined(__AVX512F__)
+/// 16 bf16 (the low halves of 16 words) widened to float: exact.
+inline __m512 bf16x16_to_float(__m256i h) {
+  return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
+}
+
+/// 16 floats rounded to bf16 as BFloat16(float) rounds them: to nearest even
+/// on the integer bits, any NaN to 0x7fc0.
+inline __m256i float_to_bf16x16(__m512 f) {
+  const __m512i u = _mm512_castps_si512(f);
+  const __mmask16 nan =
+      _mm512_cmpgt_epu32_mask(_mm512_and_si512(u, _mm512_set1_epi32(0x7fffffff)), _mm512_set1_epi32(0x7f800000));
+  const __m512i lsb = _mm512_and_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(1));
+  __m512i r = _mm512_srli_epi32(_mm512_add_epi32(u, _mm512_add_epi32(_mm512_set1_epi32(0x7fff), lsb)), 16);
+  r = _mm512_mask_mov_epi32(r, nan, _mm512_set1_epi32(0x7fc0));
+  return _mm512_cvtepi32_epi16(r);
+}
+#endif
+
 inline void bf16_to_float_row(float* dst, const BFloat16* src, int64_t n) {
   int64_t i = 0;
 #if defined(__AVX512F__)
-  for (; i + 16 <= n; i += 16) {
-    const __m512i w = _mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(src + i)));
-    _mm512_storeu_si512(dst + i, _mm512_slli_epi32(w, 16));
-  }
+  for (; i + 16 <= n; i += 16)
+    _mm512_storeu_ps(dst + i, bf16x16_to_float(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(src + i))));
 #endif
   for (; i < n; ++i) dst[i] = static_cast<float>(src[i]);
 }
@@ -196,16 +213,8 @@ inline void bf16_to_float_row(float* dst, const BFloat16* src, int64_t n) {
 inline void float_to_bf16_row(BFloat16* dst, const float* src, int64_t n) {
   int64_t i = 0;
 #if defined(__AVX512F__)
-  const __m512i abs_mask = _mm512_set1_epi32(0x7fffffff), inf = _mm512_set1_epi32(0x7f800000);
-  const __m512i bias = _mm512_set1_epi32(0x7fff), one = _mm512_set1_epi32(1), qnan = _mm512_set1_epi32(0x7fc0);
-  for (; i + 16 <= n; i += 16) {
-    const __m512i u = _mm512_loadu_si512(src + i);
-    const __mmask16 nan = _mm512_cmpgt_epu32_mask(_mm512_and_si512(u, abs_mask), inf);
-    const __m512i lsb = _mm512_and_si512(_mm512_srli_epi32(u, 16), one);
-    __m512i r = _mm512_srli_epi32(_mm512_add_epi32(u, _mm512_add_epi32(bias, lsb)), 16);
-    r = _mm512_mask_mov_epi32(r, nan, qnan);
-    _mm256_storeu_si256(reinterpret_cast<__m256i*>(dst + i), _mm512_cvtepi32_epi16(r));
-  }
+  for (; i + 16 <= n; i += 16)
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(dst + i), float_to_bf16x16(_mm512_loadu_ps(src + i)));
 #endif
   for (; i < n; ++i) dst[i] = BFloat16(src[i]);
 }
