@@ -7,6 +7,7 @@
 
 #include "elementwise_loop.h"
 #include "elementwise_math.h"
+#include "gelu_rows.h"
 #include "kiln/core/capture.h"
 #include "kiln/kernels/elementwise.h"
 #include "loop_capture.h"
@@ -120,6 +121,17 @@ inline C gelu_tanh_backward(C dy, C x) {
   return dy * (left_derivative + right_derivative);
 }
 
+#ifdef KILN_GELU_ROWS
+// Float rows of the tanh form's backward (Note [GELU rows]): the driver calls
+// `row`, which gets the operands' steps, never the element operator.
+struct GeluTanhBackwardRows {
+  static void row(float* out, const float* dy, const float* x, int64_t n, bool dy_step, bool x_step) {
+    vm::gelu_tanh_backward_row(out, dy, x, n, dy_step, x_step);
+  }
+  float operator()(float dy, float x) const;  // declared for the drivers' signatures, never defined
+};
+#endif
+
 [[noreturn]] void undefined_op(const char* what, int op, DType dt) {
   KILN_ASSERT(false, "elementwise ", what, " op #", op, " reached the kernel with dtype ", dtype_name(dt),
               "; the ops layer should have rejected it");
@@ -171,6 +183,9 @@ void binary_typed(const LoopSpec& s, BinaryOp op, const void* alpha,
             s, [](C g, C x) { return gelu_erf_backward(g, x); }, conv);
       break;
     case BinaryOp::GeluTanhBackward:
+#ifdef KILN_GELU_ROWS
+      if constexpr (std::is_same_v<C, float>) return run_binary<T, T>(s, GeluTanhBackwardRows{}, conv);
+#endif
       if constexpr (is_float_v<T>)
         return run_binary<T, T, true>(
             s, [](C g, C x) { return gelu_tanh_backward(g, x); }, conv);

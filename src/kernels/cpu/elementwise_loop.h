@@ -215,10 +215,13 @@ inline void binary_row_padded(OC* out, const C* a, const C* b, int64_t n, bool a
   }
 }
 
-/// Calls the row function a binary driver uses.
+/// Calls the row function a binary driver uses: f's own `row` when it has one
+/// (an op written as vector rows, gelu_rows.h), else a loop of f per element.
 template <bool kPadded, typename OC, typename C, typename F>
 inline void call_binary_row(OC* out, const C* a, const C* b, int64_t n, bool a_step, bool b_step, F f) {
-  if constexpr (kPadded) {
+  if constexpr (requires { f.row(out, a, b, n, a_step, b_step); }) {
+    f.row(out, a, b, n, a_step, b_step);
+  } else if constexpr (kPadded) {
     binary_row_padded(out, a, b, n, a_step, b_step, f);
   } else {
     binary_row(out, a, b, n, a_step, b_step, f);

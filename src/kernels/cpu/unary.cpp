@@ -5,6 +5,7 @@
 
 #include "elementwise_loop.h"
 #include "elementwise_math.h"
+#include "gelu_rows.h"
 #include "kiln/core/capture.h"
 #include "kiln/kernels/elementwise.h"
 #include "loop_capture.h"
@@ -74,6 +75,10 @@ void unary_floating(const LoopSpec& s, UnaryOp op) {
     // and one division instead of the tanh that bound it (float32 GELU now runs
     // near memory speed), and no cancellation in 1 + tanh(u) where x is very negative.
     case UnaryOp::GeluTanh:
+#ifdef KILN_GELU_ROWS
+      if constexpr (std::is_same_v<C, float>)  // Note [GELU rows]
+        return run_unary<T, T>(s, [](float* o, const float* in, int64_t n) { vm::gelu_tanh_row(o, in, n); });
+#endif
       return map_vm<T>(s, [](C x) {
         const C inner = C(kSqrt2OverPi) * (x + C(kGeluKappa) * x * x * x);
         return x / (C(1) + vm::exp(C(-2) * inner));
