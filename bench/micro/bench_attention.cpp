@@ -84,9 +84,10 @@ namespace {
 // Measured 2026-12-04, f32: 0, 1, 5 run gemm:jit at 123-176 GFLOP/s; 2, 3, 4 run
 // brg:avx512_core at 196-217 GFLOP/s. The copies that make a block dense cost
 // about what brgemm saves (docs/amp.md), so gpt keeps the views.
-// bf16 (third arg 1) through oneDNN: 0, 1, 5 at 175-241, 2, 3, 4 at 335-347;
-// through kiln's small-product kernel (src/kernels/cpu/bf16_small_gemm.h)
-// every layout at 299-346, the views included.
+// bf16 (third arg 1) through oneDNN: 0, 1, 5 at 175-241, 2, 3, 4 at 335-347.
+// Through kiln's small-product kernel (src/kernels/cpu/small_gemm.h), which
+// now takes both dtypes: bf16 every layout at 299-346, the views included;
+// f32 148-179 (layout 3, b read in place, the highest).
 void BM_AttentionScoresProduct(benchmark::State& state) {
   const int before = kiln::get_num_threads();
   kiln::set_num_threads(1);

@@ -5,7 +5,7 @@
 #include <thread>
 #include <type_traits>
 
-#include "bf16_small_gemm.h"
+#include "small_gemm.h"
 #include "dnnl_common.h"
 #include "kiln/core/capture.h"
 #include "kiln/kernels/blas.h"
@@ -290,7 +290,7 @@ void matmul(const MatmulArgs& g) {
   if (cap.recording()) {
     // The products dnnl_matmul runs below (the others' records call matmul again).
     const bool on_dnnl =
-        (g.dtype == kFloat32 || g.dtype == kBFloat16) && g.k > 0 && !detail::bf16_small_matmul_applies(g);
+        (g.dtype == kFloat32 || g.dtype == kBFloat16) && g.k > 0 && !detail::small_matmul_applies(g);
     if (on_dnnl && g.outer > 0 && g.batch > 0 && g.m > 0 && g.n > 0)
       record_dnnl_matmul(cap, g);
     else
@@ -327,7 +327,7 @@ void matmul(const MatmulArgs& g) {
     }
     return;
   }
-  if (detail::bf16_small_matmul_applies(g)) return detail::bf16_small_matmul(g);
+  if (detail::small_matmul_applies(g)) return detail::small_matmul(g);
   // oneDNN runs float32 and bfloat16; BLAS (or kernels::gemm's integer loop) the others.
   constexpr DTypeSet kMatmulTypes{kFloat32, kFloat64, kBFloat16, kInt64, kInt32, kUInt8};
   visit_dtype<kMatmulTypes>(g.dtype, "kernels::matmul", [&]<typename T>() {

@@ -1,22 +1,25 @@
-// bfloat16 products of small batched matrices (Note [Small bf16 products] in
-// src/kernels/cpu/bf16_small_gemm.h): every operand layout the kernel reads
-// (rows contiguous in k, columns contiguous, neither; odd k; tails in m and n;
-// a broadcast batch; two batch dims) against a float64 sum of the same bf16
+// bfloat16 and float32 products of small batched matrices (Note [Small
+// products] in src/kernels/cpu/small_gemm.h): every operand layout the kernel
+// reads (rows contiguous in k, columns contiguous, neither; odd k; tails in m
+// and n; a broadcast batch; two batch dims) against a float64 sum of the same
 // values, the bits independent of the thread count, and the path actually
-// taken where the CPU has AVX512-BF16.
+// taken where the CPU has AVX-512 (AVX512-BF16 for bf16).
 //
-// Tolerance: each product of two bf16 is exact in float32 and the sum over k
-// runs in float32, then rounds once to bf16. So |got - ref| <= 2^-8 |ref|
-// (one bf16 ulp, allowing the float32 sum to cross a rounding boundary) plus
-// k 2^-23 sum|a||b| for the float32 sum, bounded here by 1e-3.
+// Tolerances. bf16: each product of two bf16 is exact in float32 and the sum
+// over k runs in float32, then rounds once to bf16, so |got - ref| <= 2^-8
+// |ref| (one bf16 ulp, allowing the float32 sum to cross a rounding boundary)
+// plus k 2^-23 sum|a||b| for the float32 sum, bounded here by 1e-3. float32:
+// k fused multiply-adds, each rounding once: (k + 1) 2^-23 sum|a||b|.
 #include <gtest/gtest.h>
 
 #include <cmath>
 #include <cstdint>
+#include <cstring>
+#include <type_traits>
 #include <limits>
 #include <vector>
 
-#include "kernels/cpu/bf16_small_gemm.h"
+#include "kernels/cpu/small_gemm.h"
 #include "kiln/kernels/dnnl.h"
 #include "kiln/kiln.h"
 
@@ -25,7 +28,7 @@ using namespace kiln;
 namespace {
 
 // One test case: c = a · b over outer x batch products, each operand a
-// strided view into a buffer of bf16 with the given strides (elements).
+// strided view into a buffer with the given strides (elements).
 struct Layout {
   int64_t batch, row, col;
 };
@@ -43,18 +46,21 @@ int64_t extent(const Case& c, const Layout& l, int64_t outer_stride, int64_t row
   return (c.outer - 1) * outer_stride + (c.batch - 1) * l.batch + (rows - 1) * l.row + (cols - 1) * l.col + 1;
 }
 
-std::vector<BFloat16> random_bf16(int64_t n, uint32_t seed) {
+template <typename E>
+std::vector<E> random_values(int64_t n, uint32_t seed) {
   Generator g(seed);
-  const Tensor t = randn({n}, kFloat32, &g).to(kBFloat16);
-  const auto* p = static_cast<const BFloat16*>(t.data_ptr());
-  return std::vector<BFloat16>(p, p + n);
+  const Tensor t = randn({n}, kFloat32, &g).to(dtype_of_v<E>);
+  const auto* p = static_cast<const E*>(t.data_ptr());
+  return std::vector<E>(p, p + n);
 }
 
-// Runs kernels::matmul on the case and returns c; ref gets the float64 sums.
-std::vector<BFloat16> run(const Case& cs, const std::vector<BFloat16>& a, const std::vector<BFloat16>& b,
-                          std::vector<double>* ref) {
+// Runs kernels::matmul on the case and returns c; ref gets the float64 sums
+// and abs_ref the sums of |a||b|.
+template <typename E>
+std::vector<E> run(const Case& cs, const std::vector<E>& a, const std::vector<E>& b, std::vector<double>* ref,
+                   std::vector<double>* abs_ref) {
   kernels::MatmulArgs g;
-  g.dtype = kBFloat16;
+  g.dtype = dtype_of_v<E>;
   g.outer = cs.outer;
   g.batch = cs.batch;
   g.m = cs.m;
@@ -62,47 +68,55 @@ std::vector<BFloat16> run(const Case& cs, const std::vector<BFloat16>& a, const 
   g.k = cs.k;
   g.a = {a.data(), {cs.a.batch, cs.a.row, cs.a.col}, cs.a_outer};
   g.b = {b.data(), {cs.b.batch, cs.b.row, cs.b.col}, cs.b_outer};
-  std::vector<BFloat16> c(static_cast<size_t>(cs.outer * cs.batch * cs.m * cs.n), BFloat16(-7.0f));
+  std::vector<E> c(static_cast<size_t>(cs.outer * cs.batch * cs.m * cs.n), E(-7.0f));
   g.c = c.data();
   kernels::matmul(g);
   if (ref) {
     ref->assign(c.size(), 0.0);
+    abs_ref->assign(c.size(), 0.0);
     for (int64_t o = 0; o < cs.outer; ++o)
       for (int64_t bi = 0; bi < cs.batch; ++bi)
         for (int64_t i = 0; i < cs.m; ++i)
           for (int64_t j = 0; j < cs.n; ++j) {
-            double s = 0;
-            for (int64_t p = 0; p < cs.k; ++p)
-              s += static_cast<double>(
-                       static_cast<float>(a[o * cs.a_outer + bi * cs.a.batch + i * cs.a.row + p * cs.a.col])) *
-                   static_cast<float>(b[o * cs.b_outer + bi * cs.b.batch + p * cs.b.row + j * cs.b.col]);
+            double s = 0, sa = 0;
+            for (int64_t p = 0; p < cs.k; ++p) {
+              const double x =
+                  static_cast<float>(a[o * cs.a_outer + bi * cs.a.batch + i * cs.a.row + p * cs.a.col]);
+              const double y = static_cast<float>(b[o * cs.b_outer + bi * cs.b.batch + p * cs.b.row + j * cs.b.col]);
+              s += x * y;
+              sa += std::abs(x * y);
+            }
             (*ref)[((o * cs.batch + bi) * cs.m + i) * cs.n + j] = s;
+            (*abs_ref)[((o * cs.batch + bi) * cs.m + i) * cs.n + j] = sa;
           }
   }
   return c;
 }
 
+template <typename E>
 void expect_matches(const Case& cs, const char* what) {
-  SCOPED_TRACE(::testing::Message() << what << ": outer " << cs.outer << " batch " << cs.batch << " m " << cs.m
-                                    << " n " << cs.n << " k " << cs.k);
-  const auto a = random_bf16(extent(cs, cs.a, cs.a_outer, cs.m, cs.k), 1);
-  const auto b = random_bf16(extent(cs, cs.b, cs.b_outer, cs.k, cs.n), 2);
-  std::vector<double> ref;
-  const std::vector<BFloat16> c = run(cs, a, b, &ref);
+  SCOPED_TRACE(::testing::Message() << what << " " << dtype_name(dtype_of_v<E>) << ": outer " << cs.outer
+                                    << " batch " << cs.batch << " m " << cs.m << " n " << cs.n << " k " << cs.k);
+  const auto a = random_values<E>(extent(cs, cs.a, cs.a_outer, cs.m, cs.k), 1);
+  const auto b = random_values<E>(extent(cs, cs.b, cs.b_outer, cs.k, cs.n), 2);
+  std::vector<double> ref, abs_ref;
+  const std::vector<E> c = run(cs, a, b, &ref, &abs_ref);
   int64_t bad = 0;
   double worst = 0;
   for (size_t i = 0; i < c.size(); ++i) {
     const double got = static_cast<float>(c[i]);
-    const double err = std::abs(got - ref[i]), allowed = std::ldexp(std::abs(ref[i]), -8) + 1e-3;
+    const double allowed = std::is_same_v<E, BFloat16>
+                               ? std::ldexp(std::abs(ref[i]), -8) + 1e-3
+                               : static_cast<double>(cs.k + 1) * std::ldexp(abs_ref[i], -23) + 1e-30;
+    const double err = std::abs(got - ref[i]);
     if (!(err <= allowed)) ++bad;
     worst = std::max(worst, err / allowed);
   }
   EXPECT_EQ(bad, 0) << "elements outside the bound; worst error / bound " << worst;
 }
 
-}  // namespace
-
-TEST(SmallBf16Products, MatchFloat64OnEveryLayout) {
+template <typename V>
+void check_every_layout() {
   // gpt's attention products: heads as views of a [B, T, 3C] projection (row
   // stride 3C = 768), 64-row blocks, 64 or 128 keys, both batch dims.
   const int64_t T = 128, C3 = 768, E = 64;
@@ -111,17 +125,17 @@ TEST(SmallBf16Products, MatchFloat64OnEveryLayout) {
     qk.a = {E, C3, 1};  // q rows: contiguous in k
     qk.b = {E, 1, C3};  // kᵀ: columns contiguous
     qk.a_outer = qk.b_outer = T * C3;
-    expect_matches(qk, "q kT of head views");
+    expect_matches<V>(qk, "q kT of head views");
     Case pv{.outer = 2, .batch = 4, .m = 64, .n = E, .k = keys};
     pv.a = rows_contiguous(64, keys);
     pv.a_outer = 4 * 64 * keys;
     pv.b = {E, C3, 1};  // v rows
     pv.b_outer = T * C3;
-    expect_matches(pv, "P v");
+    expect_matches<V>(pv, "P v");
     Case ptdo{.outer = 1, .batch = 8, .m = keys, .n = E, .k = 64};
     ptdo.a = cols_contiguous(keys, 64);  // Pᵀ: a transposed view
     ptdo.b = rows_contiguous(64, E);
-    expect_matches(ptdo, "PT dO");
+    expect_matches<V>(ptdo, "PT dO");
   }
   // Tails: m not a multiple of the 6-row tile, n of 16 or 64, odd k, k = 1.
   for (int64_t m : {1, 5, 7, 13})
@@ -130,40 +144,49 @@ TEST(SmallBf16Products, MatchFloat64OnEveryLayout) {
         Case c{.outer = 1, .batch = 2, .m = m, .n = n, .k = k};
         c.a = rows_contiguous(m, k);
         c.b = rows_contiguous(k, n);
-        expect_matches(c, "contiguous");
+        expect_matches<V>(c, "contiguous");
         c.a = cols_contiguous(m, k);
         c.b = cols_contiguous(k, n);
-        expect_matches(c, "both transposed");
+        expect_matches<V>(c, "both transposed");
       }
   // Neither dim contiguous (every other element), and a broadcast b.
   Case strided{.outer = 1, .batch = 3, .m = 9, .n = 33, .k = 20};
   strided.a = {2 * 9 * 20 * 2, 2 * 20 * 2, 2};
   strided.b = {0, 2 * 33 * 2, 2};
-  expect_matches(strided, "strided a, broadcast strided b");
+  expect_matches<V>(strided, "strided a, broadcast strided b");
   // The largest sizes the kernel takes, and one past them (oneDNN).
   Case big{.outer = 1, .batch = 2, .m = 512, .n = 512, .k = 512};
   big.a = rows_contiguous(512, 512);
   big.b = cols_contiguous(512, 512);
-  expect_matches(big, "512 cubed");
+  expect_matches<V>(big, "512 cubed");
   Case past{.outer = 1, .batch = 2, .m = 8, .n = 8, .k = 513};
   past.a = rows_contiguous(8, 513);
   past.b = rows_contiguous(513, 8);
-  expect_matches(past, "k 513");
+  expect_matches<V>(past, "k 513");
 }
 
-TEST(SmallBf16Products, RunOnTheirOwnKernelWithBitsIndependentOfThreads) {
+}  // namespace
+
+TEST(SmallProducts, MatchFloat64OnEveryLayout) {
+  check_every_layout<BFloat16>();
+  check_every_layout<float>();
+}
+
+template <typename E>
+void check_own_kernel_and_threads() {
+  SCOPED_TRACE(dtype_name(dtype_of_v<E>));
   Case c{.outer = 1, .batch = 16, .m = 64, .n = 128, .k = 64};
   c.a = rows_contiguous(64, 64);
   c.b = cols_contiguous(64, 128);
-  const auto a = random_bf16(extent(c, c.a, 0, c.m, c.k), 3);
-  const auto b = random_bf16(extent(c, c.b, 0, c.k, c.n), 4);
+  const auto a = random_values<E>(extent(c, c.a, 0, c.m, c.k), 3);
+  const auto b = random_values<E>(extent(c, c.b, 0, c.k, c.n), 4);
   const int threads = get_num_threads();
   set_num_threads(1);
   const int64_t before = kernels::dnnl_primitives_created();
-  const auto one = run(c, a, b, nullptr);
-  const bool own = kernels::detail::bf16_small_matmul_applies([&] {
+  const auto one = run(c, a, b, nullptr, nullptr);
+  const bool own = kernels::detail::small_matmul_applies([&] {
     kernels::MatmulArgs g;
-    g.dtype = kBFloat16;
+    g.dtype = dtype_of_v<E>;
     g.batch = c.batch;
     g.m = c.m;
     g.n = c.n;
@@ -171,29 +194,32 @@ TEST(SmallBf16Products, RunOnTheirOwnKernelWithBitsIndependentOfThreads) {
     return g;
   }());
 #if defined(__AVX512BF16__)
-  EXPECT_TRUE(own) << "a build for AVX512-BF16 must take kiln's kernel";
+  EXPECT_TRUE(own) << "a build for AVX-512 with BF16 must take kiln's kernel";
 #endif
   if (own) {
     EXPECT_EQ(kernels::dnnl_primitives_created(), before) << "the product must not build a oneDNN primitive";
   }
   set_num_threads(2);
-  const auto two = run(c, a, b, nullptr);
+  const auto two = run(c, a, b, nullptr, nullptr);
   set_num_threads(threads);
   ASSERT_EQ(one.size(), two.size());
-  int64_t differ = 0;
-  for (size_t i = 0; i < one.size(); ++i) differ += one[i].bits != two[i].bits;
-  EXPECT_EQ(differ, 0) << "1 and 2 threads must give the same bits";
+  EXPECT_EQ(std::memcmp(one.data(), two.data(), one.size() * sizeof(E)), 0) << "1 and 2 threads must give the same bits";
 }
 
-TEST(SmallBf16Products, NaNAndInfinityPropagateToTheirRowsOnly) {
+TEST(SmallProducts, RunOnTheirOwnKernelWithBitsIndependentOfThreads) {
+  check_own_kernel_and_threads<BFloat16>();
+  check_own_kernel_and_threads<float>();
+}
+
+TEST(SmallProducts, NaNAndInfinityPropagateToTheirRowsOnly) {
   Case c{.outer = 1, .batch = 2, .m = 8, .n = 20, .k = 10};
   c.a = rows_contiguous(8, 10);
   c.b = rows_contiguous(10, 20);
-  auto a = random_bf16(extent(c, c.a, 0, c.m, c.k), 5);
-  const auto b = random_bf16(extent(c, c.b, 0, c.k, c.n), 6);
+  auto a = random_values<BFloat16>(extent(c, c.a, 0, c.m, c.k), 5);
+  const auto b = random_values<BFloat16>(extent(c, c.b, 0, c.k, c.n), 6);
   a[3 * 10 + 4] = BFloat16(std::nanf(""));                              // batch 0, row 3
   a[8 * 10 + 5 * 10 + 1] = BFloat16(std::numeric_limits<float>::infinity());  // batch 1, row 5
-  const auto out = run(c, a, b, nullptr);
+  const auto out = run(c, a, b, nullptr, nullptr);
   for (int64_t bi = 0; bi < 2; ++bi)
     for (int64_t i = 0; i < 8; ++i)
       for (int64_t j = 0; j < 20; ++j) {

@@ -1,5 +1,5 @@
-// kiln's bfloat16 product for batches of small matrices: Note [Small bf16
-// products] in bf16_small_gemm.h.
+// kiln's bfloat16 and float32 products for batches of small matrices: Note
+// [Small products] in small_gemm.h.
 //
 // Layout of the packed operands, in 32-bit words each holding two bf16 of
 // consecutive k (k even in the low half, as VDPBF16PS pairs them):
@@ -8,7 +8,7 @@
 //   a: read where it lies when its rows are contiguous in k (k even), packed
 //      [kk][i] when its columns are (a transposed view: Pᵀ, dSᵀ), [i][kk]
 //      otherwise. Odd k is padded with a zero pair half in both operands.
-#include "bf16_small_gemm.h"
+#include "small_gemm.h"
 
 #include <algorithm>
 #include <array>
@@ -33,10 +33,10 @@ namespace {
 constexpr int64_t kMaxDim = 512;
 }  // namespace
 
-bool bf16_small_matmul_applies(const MatmulArgs& g) {
+bool small_matmul_applies(const MatmulArgs& g) {
 #ifdef KILN_SMALL_BF16_GEMM
-  return g.dtype == kBFloat16 && g.epilogue == MatmulEpilogue::None && !g.bias && !g.addend && g.outer * g.batch >= 2 &&
-         g.m > 0 && g.n > 0 && g.k > 0 && g.m <= kMaxDim && g.n <= kMaxDim && g.k <= kMaxDim;
+  return (g.dtype == kBFloat16 || g.dtype == kFloat32) && g.epilogue == MatmulEpilogue::None && !g.bias && !g.addend &&
+         g.outer * g.batch >= 2 && g.m > 0 && g.n > 0 && g.k > 0 && g.m <= kMaxDim && g.n <= kMaxDim && g.k <= kMaxDim;
 #else
   (void)g;
   return false;
@@ -104,6 +104,56 @@ constexpr std::array<std::array<TileFn, kVectors>, kRows> all_tiles(std::integer
 // kTiles[rows - 1][vectors - 1]
 constexpr auto kTiles = all_tiles(std::make_integer_sequence<int, kRows>{});
 
+// The float32 tile: c[0..MR) x [0..16 NV) = a · b, one FMA per lane and k;
+// a's element (r, p) at a + r * a_rs + p * a_ks, b's row p at bp + p * ldb
+// (the last vector read under `last`: b may be read in place, rows unpadded).
+// Accumulators as plain vector types: GCC keeps an array of __m512 (a
+// may_alias type) in registers but still stores it to the stack every step.
+using Acc = float __attribute__((vector_size(64)));
+
+template <int MR, int NV>
+void tile_f32(int64_t k, const float* a, int64_t a_rs, int64_t a_ks, const float* bp, int64_t ldb, float* c,
+              int64_t ldc, __mmask16 last) {
+  Acc acc[MR][NV] = {};
+  for (int64_t p = 0; p < k; ++p) {
+    __m512 b[NV];
+#pragma GCC unroll 4
+    for (int v = 0; v < NV - 1; ++v) b[v] = _mm512_loadu_ps(bp + p * ldb + v * 16);
+    b[NV - 1] = _mm512_maskz_loadu_ps(last, bp + p * ldb + (NV - 1) * 16);
+#pragma GCC unroll 6
+    for (int r = 0; r < MR; ++r) {
+      const __m512 ar = _mm512_set1_ps(a[r * a_rs + p * a_ks]);
+#pragma GCC unroll 4
+      for (int v = 0; v < NV; ++v)
+        acc[r][v] = reinterpret_cast<Acc>(_mm512_fmadd_ps(ar, b[v], reinterpret_cast<__m512>(acc[r][v])));
+    }
+  }
+#pragma GCC unroll 6
+  for (int r = 0; r < MR; ++r) {
+#pragma GCC unroll 4
+    for (int v = 0; v < NV; ++v) {
+      float* dst = c + r * ldc + v * 16;
+      const __m512 x = reinterpret_cast<__m512>(acc[r][v]);
+      if (v == NV - 1)
+        _mm512_mask_storeu_ps(dst, last, x);
+      else
+        _mm512_storeu_ps(dst, x);
+    }
+  }
+}
+
+using TileF32Fn = void (*)(int64_t, const float*, int64_t, int64_t, const float*, int64_t, float*, int64_t, __mmask16);
+
+template <int MR, int... V>
+constexpr std::array<TileF32Fn, kVectors> f32_tiles_of_rows(std::integer_sequence<int, V...>) {
+  return {&tile_f32<MR, V + 1>...};
+}
+template <int... R>
+constexpr std::array<std::array<TileF32Fn, kVectors>, kRows> all_f32_tiles(std::integer_sequence<int, R...>) {
+  return {f32_tiles_of_rows<R + 1>(std::make_integer_sequence<int, kVectors>{})...};
+}
+constexpr auto kF32Tiles = all_f32_tiles(std::make_integer_sequence<int, kRows>{});
+
 // Packs rows 2kk and 2kk+1 of x (x[k * rs + j], j contiguous, k < K, j < J)
 // into words dst[kk * ld + j]: b when its rows are contiguous, or a transposed a.
 void pack_pairs_of_rows(uint32_t* dst, int64_t ld, const uint16_t* x, int64_t rs, int64_t K, int64_t J) {
@@ -153,20 +203,20 @@ void transpose16(__m512i r[16]) {
   }
 }
 
-// b[k][j] = y[j * cs + k] (y's rows contiguous in k, K even: kᵀ, vᵀ):
-// word (kk, j) of the output is word kk of y's row j, a transpose of words.
-void pack_transposed_words(uint32_t* dst, int64_t ld, const uint16_t* y, int64_t cs, int64_t K, int64_t J) {
-  const int64_t KP = K / 2;
+// Word (w, j) of the output = word w of y's row j (rows `row_bytes` apart,
+// `words` words each): b's pairs when b is a transposed view (kᵀ, vᵀ), its
+// bf16 pairs or its floats.
+void pack_transposed_words(uint32_t* dst, int64_t ld, const char* y, int64_t row_bytes, int64_t words, int64_t J) {
   for (int64_t j0 = 0; j0 < J; j0 += 16) {
     const int64_t rows = std::min<int64_t>(16, J - j0);
-    for (int64_t k0 = 0; k0 < KP; k0 += 16) {
-      const int64_t words = std::min<int64_t>(16, KP - k0);
-      const __mmask16 m = words == 16 ? __mmask16(0xffff) : __mmask16((1u << words) - 1);
+    for (int64_t k0 = 0; k0 < words; k0 += 16) {
+      const int64_t w = std::min<int64_t>(16, words - k0);
+      const __mmask16 m = w == 16 ? __mmask16(0xffff) : __mmask16((1u << w) - 1);
       __m512i r[16];
       for (int i = 0; i < 16; ++i)
-        r[i] = i < rows ? _mm512_maskz_loadu_epi32(m, y + (j0 + i) * cs + 2 * k0) : _mm512_setzero_si512();
+        r[i] = i < rows ? _mm512_maskz_loadu_epi32(m, y + (j0 + i) * row_bytes + 4 * k0) : _mm512_setzero_si512();
       transpose16(r);
-      for (int i = 0; i < words; ++i) _mm512_storeu_si512(dst + (k0 + i) * ld + j0, r[i]);
+      for (int i = 0; i < w; ++i) _mm512_storeu_si512(dst + (k0 + i) * ld + j0, r[i]);
     }
   }
 }
@@ -175,13 +225,14 @@ void pack_transposed_words(uint32_t* dst, int64_t ld, const uint16_t* y, int64_t
 // elements) to be brought into L2 ahead of use: attention's heads are views
 // with rows 1.5 KiB apart, which the hardware prefetcher does not follow, and
 // backward reads them long after forward wrote them.
-void prefetch_matrix(const uint16_t* x, int64_t rows, int64_t cols, int64_t rs, int64_t cs) {
+template <typename E>
+void prefetch_matrix(const E* x, int64_t rows, int64_t cols, int64_t rs, int64_t cs) {
   if (cs != 1) {
     if (rs != 1) return;
     std::swap(rows, cols);
     std::swap(rs, cs);
   }
-  const int64_t bytes = cols * 2;
+  const int64_t bytes = cols * static_cast<int64_t>(sizeof(E));
   for (int64_t r = 0; r < rows; ++r) {
     const char* p = reinterpret_cast<const char*>(x + r * rs);
     for (int64_t off = 0; off < bytes; off += 64) _mm_prefetch(p + off, _MM_HINT_T1);
@@ -206,7 +257,7 @@ void product(const MatmulArgs& g, const uint16_t* a, const uint16_t* b, uint16_t
   if (b_cs == 1) {
     pack_pairs_of_rows(bp, ldb, b, b_rs, k, n);
   } else if (b_rs == 1 && k % 2 == 0) {
-    pack_transposed_words(bp, ldb, b, b_cs, k, n);
+    pack_transposed_words(bp, ldb, reinterpret_cast<const char*>(b), 2 * b_cs, k / 2, n);
   } else {
     for (int64_t kk = 0; kk < kp; ++kk)
       for (int64_t j = 0; j < n; ++j)
@@ -247,21 +298,52 @@ void product(const MatmulArgs& g, const uint16_t* a, const uint16_t* b, uint16_t
   }
 }
 
-}  // namespace
+// One float32 product: a is read in place (any strides: each tile broadcasts
+// single elements), b in place when its rows are contiguous, else packed.
+void product_f32(const MatmulArgs& g, const float* a, const float* b, float* c, Buffers& buf) {
+  const int64_t m = g.m, n = g.n, k = g.k;
+  const int64_t b_rs = g.b.stride[1], b_cs = g.b.stride[2];
+  const float* bp = b;
+  int64_t ldb = b_rs;
+  if (b_cs != 1) {
+    ldb = round_up(n, 32);
+    uint32_t* packed = buf.get(buf.b, k * ldb);
+    if (b_rs == 1) {
+      pack_transposed_words(packed, ldb, reinterpret_cast<const char*>(b), 4 * b_cs, k, n);
+    } else {
+      auto* f = reinterpret_cast<float*>(packed);
+      for (int64_t p = 0; p < k; ++p)
+        for (int64_t j = 0; j < n; ++j) f[p * ldb + j] = b[p * b_rs + j * b_cs];
+    }
+    bp = reinterpret_cast<const float*>(packed);
+  }
+  const int64_t a_rs = g.a.stride[1], a_ks = g.a.stride[2], ldc = g.c_row_stride();
+  for (int64_t j0 = 0; j0 < n; j0 += 16 * kVectors) {
+    const int64_t cols = std::min<int64_t>(16 * kVectors, n - j0);
+    const int64_t vectors = (cols + 15) / 16, tail = cols - 16 * (vectors - 1);
+    const __mmask16 last = tail == 16 ? __mmask16(0xffff) : __mmask16((1u << tail) - 1);
+    for (int64_t i0 = 0; i0 < m; i0 += kRows) {
+      const int64_t rows = std::min<int64_t>(kRows, m - i0);
+      kF32Tiles[rows - 1][vectors - 1](k, a + i0 * a_rs, a_rs, a_ks, bp + j0, ldb, c + i0 * ldc + j0, ldc, last);
+    }
+  }
+}
 
-void bf16_small_matmul(const MatmulArgs& g) {
+// Runs every product of g, in ranges of the outer x batch index across threads.
+template <typename E, typename Product>
+void run_products(const MatmulArgs& g, Product product) {
   const int64_t total = g.outer * g.batch;
-  const auto* a0 = static_cast<const uint16_t*>(g.a.data);
-  const auto* b0 = static_cast<const uint16_t*>(g.b.data);
-  auto* c0 = static_cast<uint16_t*>(g.c);
+  const auto* a0 = static_cast<const E*>(g.a.data);
+  const auto* b0 = static_cast<const E*>(g.b.data);
+  auto* c0 = static_cast<E*>(g.c);
   // Each product is whole on one thread: the bits do not depend on the thread count.
   parallel_for(total, 1, [&](int64_t lo, int64_t hi) {
     thread_local Buffers buf;
     for (int64_t i = lo; i < hi; ++i) {
       const int64_t o = i / g.batch, bi = i % g.batch;
-      const uint16_t* a = a0 + o * g.a.outer_stride + bi * g.a.stride[0];
-      const uint16_t* b = b0 + o * g.b.outer_stride + bi * g.b.stride[0];
-      uint16_t* c = c0 + o * g.c_outer() + bi * g.c_batch_stride();
+      const E* a = a0 + o * g.a.outer_stride + bi * g.a.stride[0];
+      const E* b = b0 + o * g.b.outer_stride + bi * g.b.stride[0];
+      E* c = c0 + o * g.c_outer() + bi * g.c_batch_stride();
       if (i + 1 < hi) {  // the next product's operands, while this one computes
         const int64_t o1 = (i + 1) / g.batch, b1 = (i + 1) % g.batch;
         prefetch_matrix(a0 + o1 * g.a.outer_stride + b1 * g.a.stride[0], g.m, g.k, g.a.stride[1], g.a.stride[2]);
@@ -272,9 +354,16 @@ void bf16_small_matmul(const MatmulArgs& g) {
   });
 }
 
+}  // namespace
+
+void small_matmul(const MatmulArgs& g) {
+  if (g.dtype == kFloat32) return run_products<float>(g, product_f32);
+  run_products<uint16_t>(g, product);
+}
+
 #else
 
-void bf16_small_matmul(const MatmulArgs&) { KILN_ASSERT(false, "bf16_small_matmul: not built for this CPU"); }
+void small_matmul(const MatmulArgs&) { KILN_ASSERT(false, "small_matmul: not built for this CPU"); }
 
 #endif
 

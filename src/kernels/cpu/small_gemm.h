@@ -1,7 +1,7 @@
-// Internal to the kernels layer: kiln's own bfloat16 product for batches of
-// small matrices (attention's heads), where oneDNN's matmul is slow.
+// Internal to the kernels layer: kiln's own bfloat16 and float32 products for
+// batches of small matrices (attention's heads), where oneDNN's matmul is slow.
 //
-// Note [Small bf16 products]
+// Note [Small products]
 // Attention runs its products per block of 64 query rows over all B x H heads:
 // 64 products of 64 x 64 x 64 or 64 x 128 x 64, whose operands are views of
 // the fused qkv projection (row stride 3C, heads side by side). Given such
@@ -14,7 +14,13 @@
 // on gpt's attention operands: 318-351 GFLOP/s with the packing, 390-435
 // without (bench/micro BM_AttentionScoresProduct, docs/amp.md).
 //
-// Each c element is the float32 sum over k in pairs, in k order, as
+// float32 takes the same 6 x 64 tile with one FMA per lane and k: a is read
+// in place whatever its strides (each step broadcasts one element), b in
+// place when its rows are contiguous and otherwise transposed into rows. On
+// the head views oneDNN's gemm:jit ran 123-176 GFLOP/s, this kernel 148-179,
+// and in gpt's step the products went 27 -> 23 ms (1 thread).
+//
+// Each bf16 c element is the float32 sum over k in pairs, in k order, as
 // VDPBF16PS computes it (subnormal inputs and results flushed to zero, round
 // to nearest even): the same instruction oneDNN's bf16 kernels and so
 // torch's CPU bf16 matmul use, though not necessarily in the same order.
@@ -26,11 +32,11 @@
 
 namespace kiln::kernels::detail {
 
-/// Whether g takes the small-product kernel: bfloat16, a batch of at least
-/// two products each at most 512 in m, n and k, no bias, epilogue or addend,
-/// and a build for a CPU with AVX512-BF16.
-bool bf16_small_matmul_applies(const MatmulArgs& g);
-/// Runs g on that kernel (bf16_small_matmul_applies(g) must hold).
-void bf16_small_matmul(const MatmulArgs& g);
+/// Whether g takes the small-product kernel: bfloat16 or float32, a batch of
+/// at least two products each at most 512 in m, n and k, no bias, epilogue or
+/// addend, and a build for a CPU with AVX512-BF16.
+bool small_matmul_applies(const MatmulArgs& g);
+/// Runs g on that kernel (small_matmul_applies(g) must hold).
+void small_matmul(const MatmulArgs& g);
 
 }  // namespace kiln::kernels::detail
