@@ -185,6 +185,24 @@ Tensor attention_forward(const Tensor& q, const Tensor& k, const Tensor& v, cons
   return outs.size() == 1 ? outs[0] : cat(outs, -2);
 }
 
+// q, k and v as the heads of one fused projection: a [B, T, 3C] tensor split
+// into three [B, T, C] pieces along its last dim, each viewed [B, H, T, E]
+// (the GPT block's layout). Backward then writes their gradients into one
+// [B, T, 3C] buffer in that same layout, and the split's backward finds the
+// three pieces side by side and joins them without a copy (SplitBackward).
+bool fused_projection_heads(const Tensor& q, const Tensor& k, const Tensor& v) {
+  if (q.dim() != 4 || k.sizes() != q.sizes() || v.sizes() != q.sizes() || k.dtype() != q.dtype() ||
+      v.dtype() != q.dtype() || !k.is_alias_of(q) || !v.is_alias_of(q))
+    return false;
+  const int64_t H = q.size(1), T = q.size(2), E = q.size(3), C = H * E;
+  const DimVector want{T * 3 * C, E, 3 * C, 1};
+  if (q.strides() != IntArrayRef(want.data(), 4) || k.strides() != IntArrayRef(want.data(), 4) || v.strides() != IntArrayRef(want.data(), 4))
+    return false;
+  const auto* p = static_cast<const char*>(q.data_ptr());
+  const int64_t piece = C * q.element_size();
+  return static_cast<const char*>(k.data_ptr()) == p + piece && static_cast<const char*>(v.data_ptr()) == p + 2 * piece;
+}
+
 struct FusedSdpa : autograd::Function<FusedSdpa> {
   static Tensor forward(autograd::AutogradContext& ctx, const Tensor& q, const Tensor& k, const Tensor& v,
                         const FusedArgs& a) {
@@ -213,13 +231,24 @@ struct FusedSdpa : autograd::Function<FusedSdpa> {
     Tensor D = (dout * out).sum({-1}, /*keepdim=*/true);  // [..., L, 1]
     Tensor dk, dv;
     std::vector<Tensor> dqs;
+    // One [B, T, 3C] buffer for the three gradients when q, k, v are heads of
+    // one projection (fused_projection_heads): dq_all, dk_all, dv_all are its
+    // heads, written in place by the row-kernel path below.
+    Tensor dk_all, dv_all;
+    const bool joint = !a.mask.defined() && fused_projection_heads(q, k, v);
     // dq's blocks are row ranges of one tensor: the row-kernel path writes each
     // block's product into its rows (matmul_into) when q, k and the scores
     // share their batch dims, instead of a cat of the blocks at the end.
     Tensor dq_all;
-    if (row_kernels(a, 1) && q.dim() >= 3 && k.dim() == q.dim() && dout.dim() == q.dim() &&
-        IntArrayRef(q.sizes().data(), q.dim() - 2) == IntArrayRef(k.sizes().data(), k.dim() - 2) &&
-        IntArrayRef(q.sizes().data(), q.dim() - 2) == IntArrayRef(dout.sizes().data(), dout.dim() - 2))
+    if (joint) {
+      const int64_t B = q.size(0), H = q.size(1), E = q.size(3);
+      const Tensor g = empty({B, L, 3, H, E}, TensorOptions(q.dtype()));
+      dq_all = g.select(2, 0).transpose(1, 2);
+      dk_all = g.select(2, 1).transpose(1, 2);
+      dv_all = g.select(2, 2).transpose(1, 2);
+    } else if (row_kernels(a, 1) && q.dim() >= 3 && k.dim() == q.dim() && dout.dim() == q.dim() &&
+               IntArrayRef(q.sizes().data(), q.dim() - 2) == IntArrayRef(k.sizes().data(), k.dim() - 2) &&
+               IntArrayRef(q.sizes().data(), q.dim() - 2) == IntArrayRef(dout.sizes().data(), dout.dim() - 2))
       dq_all = empty(q.sizes(), TensorOptions(q.dtype()));
     // Last block first: it sees every key (causal or not), so its products
     // become dk and dv as they are and the earlier blocks add into their
@@ -234,14 +263,29 @@ struct FusedSdpa : autograd::Function<FusedSdpa> {
         p = qb.matmul(kb.transpose(-2, -1));  // raw scores, then the weights in place
         const kernels::AttentionBlock blk = block_of(p, a, scale, r0, n, kend, L);
         kernels::attention_recompute_weights(blk, p.data_ptr(), row_ptr(lse, r0));
-        dvb = p.transpose(-2, -1).matmul(dob);
         Tensor dp = dob.matmul(vb.transpose(-2, -1));
+        // The first block sees every key: its products are dk and dv, written
+        // straight into the joint buffer's heads.
+        const bool into_joint =
+            joint && !dv.defined() && kend == S && dp.sizes() == p.sizes() && D.numel() == blk.batch * L;
+        if (into_joint) {
+          matmul_into(p.transpose(-2, -1), dob, dv_all);
+        } else {
+          dvb = p.transpose(-2, -1).matmul(dob);
+        }
         if (dp.sizes() == p.sizes() && D.numel() == blk.batch * L) {
           kernels::attention_scores_grad(blk, dp.data_ptr(), p.data_ptr(), row_ptr(D, r0));  // dS, scaled
           if (dq_all.defined() && dp.sizes() == IntArrayRef(with_tail(q, n, kend)))
             matmul_into(dp, kb, dq_all.narrow(-2, r0, n));
           else
             dqb = dp.matmul(kb);
+          if (into_joint) {
+            matmul_into(dp.transpose(-2, -1), qb, dk_all);
+            if (dqb.defined()) dq_all.narrow(-2, r0, n).copy_(dqb);
+            dv = dv_all;
+            dk = dk_all;
+            continue;
+          }
           dkb = dp.transpose(-2, -1).matmul(qb);
         } else {  // p broadcasts against dO's batch: the general ops
           Tensor ds = dp.sub_(D.narrow(-2, r0, n)).mul_(p);
@@ -268,7 +312,10 @@ struct FusedSdpa : autograd::Function<FusedSdpa> {
         dv = dvb;
         dk = dkb;
       } else {
-        if (!dv.defined()) {
+        if (!dv.defined() && joint) {
+          dv = dv_all.zero_();
+          dk = dk_all.zero_();
+        } else if (!dv.defined()) {
           dv = zeros(with_tail(out, S, v.size(-1)), TensorOptions(v.dtype()));
           dk = zeros(with_tail(out, S, k.size(-1)), TensorOptions(k.dtype()));
         }

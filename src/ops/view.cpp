@@ -223,11 +223,35 @@ struct SplitBackward final : autograd::Node {
   DType dtype = kFloat32;
   DimVector lengths;
   const char* name() const override { return node_name; }
+  // The gradients when they already lie side by side along dim in one
+  // buffer, as the pieces of the forward did (fused attention writes q, k
+  // and v's gradients into one [B, T, 3C] tensor): the view of that buffer
+  // over the whole input, no copy. Undefined otherwise.
+  Tensor already_joined(const TensorList& g) const {
+    const Tensor& g0 = g[0];
+    if (!g0.defined() || g0.dtype() != dtype) return Tensor();
+    const int64_t es = g0.element_size();
+    int64_t offset = 0;
+    for (size_t i = 0; i < g.size(); ++i) {
+      const Tensor& t = g[i];
+      // A gradient with history (create_graph) keeps the copy: a view of g0 would carry g0's history only.
+      if (!t.defined() || t.requires_grad() || t.dtype() != dtype || !t.is_alias_of(g0) ||
+          t.strides() != g0.strides() || t.size(dim) != lengths[i] ||
+          static_cast<const char*>(t.data_ptr()) !=
+              static_cast<const char*>(g0.data_ptr()) + offset * g0.stride(dim) * es)
+        return Tensor();
+      for (int64_t d = 0; d < t.dim(); ++d)
+        if (d != dim && t.size(d) != self_sizes[d]) return Tensor();
+      offset += lengths[i];
+    }
+    return g0.as_strided(self_sizes, g0.strides(), g0.storage_offset());
+  }
   TensorList apply(TensorList&& g) override {
     bool any = false;
     for (const Tensor& t : g) any |= t.defined();
     if (!any) return {Tensor()};
     if (g.size() == 1) return {g[0]};
+    if (Tensor joined = already_joined(g); joined.defined()) return {joined};
     std::vector<Tensor> parts;
     for (size_t i = 0; i < g.size(); ++i) {
       if (g[i].defined()) {

@@ -177,3 +177,59 @@ TEST(AttentionFused, BFloat16FollowsFloat32) {
     EXPECT_TRUE(v.grad().to(kFloat32).allclose(vf.grad(), 3e-2, 3e-2)) << c.id << " dv";
   }
 }
+
+// q, k, v as heads of one [B, T, 3C] projection (the GPT block): backward writes
+// their gradients side by side into one buffer, and split's backward hands that
+// buffer on instead of a cat. Gradients against the composite form, causal and
+// full, with a sequence that is not a multiple of the block; q's gradient must
+// reach the split as a view of the very tensor the split passes on.
+TEST(AttentionFused, HeadsOfOneProjectionGetOneGradientBuffer) {
+  manual_seed(31);
+  const int64_t B = 2, T = 70, H = 3, E = 8, C = H * E;
+  for (bool causal : {true, false}) {
+    SCOPED_TRACE(causal ? "causal" : "full");
+    const Tensor x0 = randn({B, T, 3 * C});
+    Tensor dq_seen;
+    auto run = [&](bool fused, Tensor* seen) {
+      Tensor x = x0.clone().requires_grad_();
+      Tensor qkv = x * 1.0;  // an interior tensor, as a linear's output
+      if (seen) qkv.register_hook([seen](const Tensor& g) { *seen = g; return Tensor(); });
+      auto parts = qkv.split(C, 2);
+      if (seen) parts[0].register_hook([&dq_seen](const Tensor& g) { dq_seen = g; return Tensor(); });
+      auto heads = [&](const Tensor& t) { return t.view({B, T, H, E}).transpose(1, 2); };
+      Tensor y = fused ? F::detail::sdpa_fused(heads(parts[0]), heads(parts[1]), heads(parts[2]), {}, causal, 16)
+                       : F::detail::sdpa_composite(heads(parts[0]), heads(parts[1]), heads(parts[2]), {}, 0.0, causal, false);
+      y.backward(y.detach() * 0.5 + 1.0);
+      return x.grad();
+    };
+    Tensor joined;
+    const Tensor g_fused = run(true, &joined), g_ref = run(false, nullptr);
+    EXPECT_TRUE(g_fused.allclose(g_ref, 1e-5, 1e-6));
+    ASSERT_TRUE(joined.defined());
+    EXPECT_EQ(joined.sizes(), IntArrayRef({B, T, 3 * C}));
+    EXPECT_TRUE(joined.is_contiguous()) << "the three gradients fill one [B, T, 3C] buffer";
+    ASSERT_TRUE(dq_seen.defined());
+    EXPECT_TRUE(dq_seen.is_alias_of(joined)) << "split's backward passed on q's gradient buffer, not a copy";
+  }
+}
+
+// split's backward returns gradients that already lie side by side as one view
+// of their buffer (no copy), and joins any others with a copy as before.
+TEST(AttentionFused, SplitBackwardJoinsAdjacentGradientsWithoutACopy) {
+  const Tensor x = randn({2, 3, 12}).requires_grad_();
+  auto parts = x.split(4, 2);
+  const Tensor buf = randn({2, 3, 12});
+  auto g = autograd::grad({parts[0], parts[1], parts[2]}, {x},
+                          {buf.narrow(2, 0, 4), buf.narrow(2, 4, 4), buf.narrow(2, 8, 4)});
+  EXPECT_TRUE(g[0].is_alias_of(buf)) << "adjacent pieces of one buffer are passed on as it";
+  EXPECT_TRUE(g[0].equal(buf));
+  // Out of order, or separate tensors: a copy with the same values.
+  auto h = autograd::grad({parts[0], parts[1], parts[2]}, {x},
+                          {buf.narrow(2, 4, 4), buf.narrow(2, 0, 4), buf.narrow(2, 8, 4)});
+  EXPECT_FALSE(h[0].is_alias_of(buf));
+  EXPECT_TRUE(h[0].narrow(2, 0, 4).equal(buf.narrow(2, 4, 4)));
+  EXPECT_TRUE(h[0].narrow(2, 4, 4).equal(buf.narrow(2, 0, 4)));
+  auto k = autograd::grad({parts[0], parts[2]}, {x}, {buf.narrow(2, 0, 4), buf.narrow(2, 8, 4)});
+  EXPECT_FALSE(k[0].is_alias_of(buf));
+  EXPECT_TRUE(k[0].narrow(2, 4, 4).equal(zeros({2, 3, 4}))) << "a piece without a gradient gets zeros";
+}
