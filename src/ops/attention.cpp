@@ -196,7 +196,8 @@ bool fused_projection_heads(const Tensor& q, const Tensor& k, const Tensor& v) {
     return false;
   const int64_t H = q.size(1), T = q.size(2), E = q.size(3), C = H * E;
   const DimVector want{T * 3 * C, E, 3 * C, 1};
-  if (q.strides() != IntArrayRef(want.data(), 4) || k.strides() != IntArrayRef(want.data(), 4) || v.strides() != IntArrayRef(want.data(), 4))
+  if (q.strides() != IntArrayRef(want.data(), 4) || k.strides() != IntArrayRef(want.data(), 4) ||
+      v.strides() != IntArrayRef(want.data(), 4))
     return false;
   const auto* p = static_cast<const char*>(q.data_ptr());
   const int64_t piece = C * q.element_size();

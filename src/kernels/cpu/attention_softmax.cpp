@@ -180,7 +180,7 @@ void narrow(const float* f, int64_t n, T* y) {
   ew::store_block<T, float>(reinterpret_cast<char*>(y), static_cast<int64_t>(sizeof(T)), f, n);
 }
 
-#if defined(__AVX512F__)
+#if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VL__)
 // bf16 rows of up to kRegVectors * kW keys (gpt's blocks: 64 and 128) are
 // held in registers from the load to the store: no float copy of the row, no
 // second and third sweep through memory. The arithmetic is the float code's,
@@ -313,7 +313,7 @@ void weights(const AttentionBlock& a, T* s, T* lse) {
         return;
       }
     }
-#if defined(__AVX512F__)
+#if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VL__)
     if constexpr (kRegRows<T>) {
       if (n >= kW && cols <= kRegVectors * kW) {
         std::tie(m, sum) = softmax_row_bf16(y, n, cols, scale);
@@ -358,7 +358,7 @@ void recompute(const AttentionBlock& a, T* s, const T* lse) {
     T* y = s + r * a.cols;
     const int64_t n = visible(a, i), cols = a.cols;
     const A l = static_cast<A>(lse[b * a.row_batch_stride + i]);
-#if defined(__AVX512F__)
+#if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VL__)
     if constexpr (kRegRows<T>) {
       if (n >= kW && cols <= kRegVectors * kW) return recompute_row_bf16(y, n, cols, scale, l);
     }
@@ -390,7 +390,7 @@ void scores_grad(const AttentionBlock& a, T* dp, const T* p, const T* D) {
     const T* pr = p + r * a.cols;
     const int64_t n = visible(a, i), cols = a.cols;
     const A d = static_cast<A>(D[b * a.row_batch_stride + i]);
-#if defined(__AVX512F__)
+#if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VL__)
     if constexpr (kRegRows<T>) {
       if (n >= kW && cols <= kRegVectors * kW) return scores_grad_row_bf16(g, pr, n, cols, d, scale);
     }

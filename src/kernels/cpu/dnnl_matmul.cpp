@@ -5,11 +5,11 @@
 #include <thread>
 #include <type_traits>
 
-#include "small_gemm.h"
 #include "dnnl_common.h"
 #include "kiln/core/capture.h"
 #include "kiln/kernels/blas.h"
 #include "kiln/kernels/dnnl.h"
+#include "small_gemm.h"
 
 namespace kiln::kernels {
 
@@ -289,8 +289,7 @@ void matmul(const MatmulArgs& g) {
   const capture::KernelScope cap("matmul");
   if (cap.recording()) {
     // The products dnnl_matmul runs below (the others' records call matmul again).
-    const bool on_dnnl =
-        (g.dtype == kFloat32 || g.dtype == kBFloat16) && g.k > 0 && !detail::small_matmul_applies(g);
+    const bool on_dnnl = (g.dtype == kFloat32 || g.dtype == kBFloat16) && g.k > 0 && !detail::small_matmul_applies(g);
     if (on_dnnl && g.outer > 0 && g.batch > 0 && g.m > 0 && g.n > 0)
       record_dnnl_matmul(cap, g);
     else

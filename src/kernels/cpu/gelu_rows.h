@@ -85,8 +85,7 @@ inline void gelu_tanh_row(float* out, const float* in, int64_t n) {
 }
 
 /// out[i] = dy[i] GELU'(x[i]); an operand whose step is false is one value for the whole row.
-inline void gelu_tanh_backward_row(float* out, const float* dy, const float* x, int64_t n, bool dy_step,
-                                   bool x_step) {
+inline void gelu_tanh_backward_row(float* out, const float* dy, const float* x, int64_t n, bool dy_step, bool x_step) {
   int64_t i = 0;
   if (dy_step && x_step) {
     for (; i + 16 <= n; i += 16)
