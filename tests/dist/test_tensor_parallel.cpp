@@ -19,6 +19,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <map>
 #include <sstream>
 #include <string>
 
@@ -206,6 +207,19 @@ void TensorParallel::gpt_trains_as_one_process(bool sequence_parallel, dist::Pro
   optim::AdamW opt_ref(ref.named_parameters(), optim::AdamWOptions{.lr = 1e-2, .weight_decay = 0.1});
   optim::AdamW opt_tp(tp.named_parameters(), optim::AdamWOptions{.lr = 1e-2, .weight_decay = 0.1});
   double worst_loss = 0, worst_grad = 0;
+  // Elements whose single-process gradient fell, at some step, below
+  // kQuietGrad without being 0: a sum that cancels to rounding noise (the
+  // two runs' gradients differ by up to ~5e-7 here, in the largest ones).
+  // AdamW divides the first moment by the root of the second, so such a
+  // gradient still moves its parameter by a good part of lr, and a rounding
+  // difference in it becomes a parameter difference of ~1e-5 (seen:
+  // c_fc.weight[26, 13] of block 1, gradient 6.5e-8 at step 0 against a mean
+  // |gradient| of 1.9e-3, 1.3e-5 apart after 10 steps; which elements it hits
+  // moves with any change of rounding, here GELU's exp). They, 111 of the
+  // model's ~7,400 elements, are held to 1e-4 (7x that difference); the rest
+  // to 1e-5 + 1e-4 |want|; the key bias, whose true gradient is 0, below.
+  constexpr double kQuietGrad = 1e-7;
+  std::map<std::string, Tensor> quiet;
   for (int step = 0; step < 10; ++step) {
     Generator g(1000 + step);
     Tensor idx = randint(0, 32, {4, 8}, kInt64, &g), tgt = randint(0, 32, {4, 8}, kInt64, &g);
@@ -218,7 +232,13 @@ void TensorParallel::gpt_trains_as_one_process(bool sequence_parallel, dist::Pro
     worst_loss = std::max(worst_loss, std::abs(a - b));
     EXPECT_LE(std::abs(a - b), 1e-5 + 1e-5 * std::abs(b)) << who(mode + ": loss at step " + std::to_string(step));
     std::map<std::string, Tensor> ref_grads;
-    for (auto& [name, p] : ref.named_parameters()) ref_grads[name] = p.grad();
+    for (auto& [name, p] : ref.named_parameters()) {
+      ref_grads[name] = p.grad();
+      // Exactly 0 (a token not in the batch) is not noise: both runs hold such an element still.
+      const Tensor a = p.grad().detach().abs();
+      const Tensor q = (a.lt(kQuietGrad).to(kFloat32) * a.gt(0.0).to(kFloat32));
+      quiet[name] = quiet.count(name) ? quiet[name].maximum(q) : q;
+    }
     for (auto& [name, p] : tp.named_parameters()) {
       ASSERT_TRUE(ref_grads.count(name)) << name;
       Tensor want = parallel::local_part(ref_grads[name], specs.at(name), group);
@@ -230,7 +250,7 @@ void TensorParallel::gpt_trains_as_one_process(bool sequence_parallel, dist::Pro
   }
   nn::NamedTensors merged = tp.full_state_dict(), want = ref.state_dict();
   ASSERT_EQ(merged.size(), want.size());
-  double worst_param = 0;
+  double worst_param = 0, quiet_elements = 0;
   for (size_t i = 0; i < want.size(); ++i) {
     EXPECT_EQ(merged[i].first, want[i].first);
     const std::string& name = want[i].first;
@@ -249,15 +269,27 @@ void TensorParallel::gpt_trains_as_one_process(bool sequence_parallel, dist::Pro
       continue;
     }
     worst_param = std::max(worst_param, max_abs_diff(merged[i].second, want[i].second));
-    test::expect_close(merged[i].second, want[i].second, 1e-4, 1e-5, what);
+    // |got - want| <= 1e-5 + 1e-4 |want|, or 1e-4 where the gradient was quiet.
+    const Tensor got = merged[i].second.detach().to(kFloat64), ref_v = want[i].second.detach().to(kFloat64);
+    // (A state-dict entry that is not a parameter of its own, such as the tied head, has no mask.)
+    const auto qi = quiet.find(name);
+    const Tensor tight = ref_v.abs() * 1e-4 + 1e-5;
+    const Tensor bound = qi == quiet.end() ? tight : where(qi->second.gt(0.5), 1e-4, tight);
+    const Tensor err = (got - ref_v).abs();
+    const int64_t bad = err.gt(bound).sum().item<int64_t>();
+    if (qi != quiet.end()) quiet_elements += qi->second.sum().item<double>();
+    EXPECT_EQ(bad, 0) << what << ": " << bad << " of " << got.numel()
+                      << " elements outside |got - want| <= 1e-5 + 1e-4 |want| (1e-4 where the gradient was "
+                         "quiet); max abs err "
+                      << err.max().item<double>();
   }
   // The merged state dict is a models::GPT's, strictly.
   models::GPT back(tiny_gpt());
   EXPECT_NO_THROW(back.load_state_dict(merged, /*strict=*/true));
   if (rank == 0)
     std::printf("[ tp %d, %s ] gpt, 10 AdamW steps: max |loss diff| %.3g, max |grad diff| %.3g, max |param diff| "
-                "%.3g (key bias aside)\n",
-                group->size(), mode.c_str(), worst_loss, worst_grad, worst_param);
+                "%.3g (key bias aside; %.0f elements with a quiet gradient)\n",
+                group->size(), mode.c_str(), worst_loss, worst_grad, worst_param, quiet_elements);
   // full_logits gathers every rank's slice into the single-process logits.
   Generator g(7);
   Tensor idx = randint(0, 32, {2, 8}, kInt64, &g);
