@@ -216,7 +216,7 @@ void TensorParallel::gpt_trains_as_one_process(bool sequence_parallel, dist::Pro
   // c_fc.weight[26, 13] of block 1, gradient 6.5e-8 at step 0 against a mean
   // |gradient| of 1.9e-3, 1.3e-5 apart after 10 steps; which elements it hits
   // moves with any change of rounding, here GELU's exp). They, 111 of the
-  // model's ~7,400 elements, are held to 1e-4 (7x that difference); the rest
+  // model's 7,232 elements, are held to 1e-4 (7x that difference); the rest
   // to 1e-5 + 1e-4 |want|; the key bias, whose true gradient is 0, below.
   constexpr double kQuietGrad = 1e-7;
   std::map<std::string, Tensor> quiet;
