@@ -54,11 +54,9 @@ std::vector<E> random_values(int64_t n, uint32_t seed) {
   return std::vector<E>(p, p + n);
 }
 
-// Runs kernels::matmul on the case and returns c; ref gets the float64 sums
-// and abs_ref the sums of |a||b|.
+// The kernel's arguments for the case (no data yet).
 template <typename E>
-std::vector<E> run(const Case& cs, const std::vector<E>& a, const std::vector<E>& b, std::vector<double>* ref,
-                   std::vector<double>* abs_ref) {
+kernels::MatmulArgs args_of(const Case& cs) {
   kernels::MatmulArgs g;
   g.dtype = dtype_of_v<E>;
   g.outer = cs.outer;
@@ -66,8 +64,19 @@ std::vector<E> run(const Case& cs, const std::vector<E>& a, const std::vector<E>
   g.m = cs.m;
   g.n = cs.n;
   g.k = cs.k;
-  g.a = {a.data(), {cs.a.batch, cs.a.row, cs.a.col}, cs.a_outer};
-  g.b = {b.data(), {cs.b.batch, cs.b.row, cs.b.col}, cs.b_outer};
+  g.a = {nullptr, {cs.a.batch, cs.a.row, cs.a.col}, cs.a_outer};
+  g.b = {nullptr, {cs.b.batch, cs.b.row, cs.b.col}, cs.b_outer};
+  return g;
+}
+
+// Runs kernels::matmul on the case and returns c; ref gets the float64 sums
+// and abs_ref the sums of |a||b|.
+template <typename E>
+std::vector<E> run(const Case& cs, const std::vector<E>& a, const std::vector<E>& b, std::vector<double>* ref,
+                   std::vector<double>* abs_ref) {
+  kernels::MatmulArgs g = args_of<E>(cs);
+  g.a.data = a.data();
+  g.b.data = b.data();
   std::vector<E> c(static_cast<size_t>(cs.outer * cs.batch * cs.m * cs.n), E(-7.0f));
   g.c = c.data();
   kernels::matmul(g);
@@ -184,15 +193,7 @@ void check_own_kernel_and_threads() {
   set_num_threads(1);
   const int64_t before = kernels::dnnl_primitives_created();
   const auto one = run(c, a, b, nullptr, nullptr);
-  const bool own = kernels::detail::small_matmul_applies([&] {
-    kernels::MatmulArgs g;
-    g.dtype = dtype_of_v<E>;
-    g.batch = c.batch;
-    g.m = c.m;
-    g.n = c.n;
-    g.k = c.k;
-    return g;
-  }());
+  const bool own = kernels::detail::small_matmul_applies(args_of<E>(c));
 #if defined(__AVX512BF16__)
   EXPECT_TRUE(own) << "a build for AVX-512 with BF16 must take kiln's kernel";
 #endif

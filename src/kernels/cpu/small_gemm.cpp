@@ -64,8 +64,14 @@ uint32_t pair(uint16_t lo, uint16_t hi) { return static_cast<uint32_t>(lo) | (st
 // store; `last` masks the columns of the last vector. a's word (r, kk) is at
 // a + r * a_rs + kk * a_ks (in bf16 elements).
 template <int MR, int NV>
-void tile(int64_t kp, const uint16_t* a, int64_t a_rs, int64_t a_ks, const uint32_t* bp, int64_t ldb, uint16_t* c,
-          int64_t ldc, __mmask16 last) {
+struct TileBf16 {
+  static void run(int64_t kp, const uint16_t* a, int64_t a_rs, int64_t a_ks, const uint32_t* bp, int64_t ldb,
+                  uint16_t* c, int64_t ldc, __mmask16 last);
+};
+
+template <int MR, int NV>
+void TileBf16<MR, NV>::run(int64_t kp, const uint16_t* a, int64_t a_rs, int64_t a_ks, const uint32_t* bp, int64_t ldb,
+                           uint16_t* c, int64_t ldc, __mmask16 last) {
   __m512 acc[MR][NV];
   for (int r = 0; r < MR; ++r)
     for (int v = 0; v < NV; ++v) acc[r][v] = _mm512_setzero_ps();
@@ -90,19 +96,24 @@ void tile(int64_t kp, const uint16_t* a, int64_t a_rs, int64_t a_ks, const uint3
   }
 }
 
+// The tile kernels of every shape up to kRows x kVectors, as a table indexed
+// [rows - 1][vectors - 1]; Tile<MR, NV>::run has the signature Fn.
+template <typename Fn, template <int, int> typename Tile>
+struct TileTable {
+  template <int MR, int... V>
+  static constexpr std::array<Fn, kVectors> row(std::integer_sequence<int, V...>) {
+    return {&Tile<MR, V + 1>::run...};
+  }
+  template <int... R>
+  static constexpr std::array<std::array<Fn, kVectors>, kRows> all(std::integer_sequence<int, R...>) {
+    return {row<R + 1>(std::make_integer_sequence<int, kVectors>{})...};
+  }
+  static constexpr auto table = all(std::make_integer_sequence<int, kRows>{});
+};
+
 using TileFn = void (*)(int64_t, const uint16_t*, int64_t, int64_t, const uint32_t*, int64_t, uint16_t*, int64_t,
                         __mmask16);
-
-template <int MR, int... V>
-constexpr std::array<TileFn, kVectors> tiles_of_rows(std::integer_sequence<int, V...>) {
-  return {&tile<MR, V + 1>...};
-}
-template <int... R>
-constexpr std::array<std::array<TileFn, kVectors>, kRows> all_tiles(std::integer_sequence<int, R...>) {
-  return {tiles_of_rows<R + 1>(std::make_integer_sequence<int, kVectors>{})...};
-}
-// kTiles[rows - 1][vectors - 1]
-constexpr auto kTiles = all_tiles(std::make_integer_sequence<int, kRows>{});
+constexpr auto kTiles = TileTable<TileFn, TileBf16>::table;
 
 // The float32 tile: c[0..MR) x [0..16 NV) = a · b, one FMA per lane and k;
 // a's element (r, p) at a + r * a_rs + p * a_ks, b's row p at bp + p * ldb
@@ -112,8 +123,14 @@ constexpr auto kTiles = all_tiles(std::make_integer_sequence<int, kRows>{});
 using Acc = float __attribute__((vector_size(64)));
 
 template <int MR, int NV>
-void tile_f32(int64_t k, const float* a, int64_t a_rs, int64_t a_ks, const float* bp, int64_t ldb, float* c,
-              int64_t ldc, __mmask16 last) {
+struct TileF32 {
+  static void run(int64_t k, const float* a, int64_t a_rs, int64_t a_ks, const float* bp, int64_t ldb, float* c,
+                  int64_t ldc, __mmask16 last);
+};
+
+template <int MR, int NV>
+void TileF32<MR, NV>::run(int64_t k, const float* a, int64_t a_rs, int64_t a_ks, const float* bp, int64_t ldb, float* c,
+                          int64_t ldc, __mmask16 last) {
   Acc acc[MR][NV] = {};
   for (int64_t p = 0; p < k; ++p) {
     __m512 b[NV];
@@ -143,16 +160,7 @@ void tile_f32(int64_t k, const float* a, int64_t a_rs, int64_t a_ks, const float
 }
 
 using TileF32Fn = void (*)(int64_t, const float*, int64_t, int64_t, const float*, int64_t, float*, int64_t, __mmask16);
-
-template <int MR, int... V>
-constexpr std::array<TileF32Fn, kVectors> f32_tiles_of_rows(std::integer_sequence<int, V...>) {
-  return {&tile_f32<MR, V + 1>...};
-}
-template <int... R>
-constexpr std::array<std::array<TileF32Fn, kVectors>, kRows> all_f32_tiles(std::integer_sequence<int, R...>) {
-  return {f32_tiles_of_rows<R + 1>(std::make_integer_sequence<int, kVectors>{})...};
-}
-constexpr auto kF32Tiles = all_f32_tiles(std::make_integer_sequence<int, kRows>{});
+constexpr auto kF32Tiles = TileTable<TileF32Fn, TileF32>::table;
 
 // Packs rows 2kk and 2kk+1 of x (x[k * rs + j], j contiguous, k < K, j < J)
 // into words dst[kk * ld + j]: b when its rows are contiguous, or a transposed a.
@@ -217,6 +225,23 @@ void pack_transposed_words(uint32_t* dst, int64_t ld, const char* y, int64_t row
         r[i] = i < rows ? _mm512_maskz_loadu_epi32(m, y + (j0 + i) * row_bytes + 4 * k0) : _mm512_setzero_si512();
       transpose16(r);
       for (int i = 0; i < w; ++i) _mm512_storeu_si512(dst + (k0 + i) * ld + j0, r[i]);
+    }
+  }
+}
+
+// c [m, n] in tiles of up to kRows rows and kVectors 16-column vectors, each
+// tile the table's kernel for its shape: a's rows from a + i0 * a_rs, b's
+// columns from bp + j0 (in a's and b's own units), depth steps of k.
+template <typename Table, typename A, typename B, typename C>
+void sweep_tiles(const Table& tiles, int64_t m, int64_t n, int64_t depth, const A* a, int64_t a_rs, int64_t a_ks,
+                 const B* bp, int64_t ldb, C* c, int64_t ldc) {
+  for (int64_t j0 = 0; j0 < n; j0 += 16 * kVectors) {
+    const int64_t cols = std::min<int64_t>(16 * kVectors, n - j0);
+    const int64_t vectors = (cols + 15) / 16, tail = cols - 16 * (vectors - 1);
+    const __mmask16 last = tail == 16 ? __mmask16(0xffff) : __mmask16((1u << tail) - 1);
+    for (int64_t i0 = 0; i0 < m; i0 += kRows) {
+      const int64_t rows = std::min<int64_t>(kRows, m - i0);
+      tiles[rows - 1][vectors - 1](depth, a + i0 * a_rs, a_rs, a_ks, bp + j0, ldb, c + i0 * ldc + j0, ldc, last);
     }
   }
 }
@@ -286,16 +311,7 @@ void product(const MatmulArgs& g, const uint16_t* a, const uint16_t* b, uint16_t
     ap_rs = 2 * kp;
     ap_ks = 2;
   }
-  const int64_t ldc = g.c_row_stride();
-  for (int64_t j0 = 0; j0 < n; j0 += 16 * kVectors) {
-    const int64_t cols = std::min<int64_t>(16 * kVectors, n - j0);
-    const int64_t vectors = (cols + 15) / 16, tail = cols - 16 * (vectors - 1);
-    const __mmask16 last = tail == 16 ? __mmask16(0xffff) : __mmask16((1u << tail) - 1);
-    for (int64_t i0 = 0; i0 < m; i0 += kRows) {
-      const int64_t rows = std::min<int64_t>(kRows, m - i0);
-      kTiles[rows - 1][vectors - 1](kp, ap + i0 * ap_rs, ap_rs, ap_ks, bp + j0, ldb, c + i0 * ldc + j0, ldc, last);
-    }
-  }
+  sweep_tiles(kTiles, m, n, kp, ap, ap_rs, ap_ks, bp, ldb, c, g.c_row_stride());
 }
 
 // One float32 product: a is read in place (any strides: each tile broadcasts
@@ -317,16 +333,7 @@ void product_f32(const MatmulArgs& g, const float* a, const float* b, float* c, 
     }
     bp = reinterpret_cast<const float*>(packed);
   }
-  const int64_t a_rs = g.a.stride[1], a_ks = g.a.stride[2], ldc = g.c_row_stride();
-  for (int64_t j0 = 0; j0 < n; j0 += 16 * kVectors) {
-    const int64_t cols = std::min<int64_t>(16 * kVectors, n - j0);
-    const int64_t vectors = (cols + 15) / 16, tail = cols - 16 * (vectors - 1);
-    const __mmask16 last = tail == 16 ? __mmask16(0xffff) : __mmask16((1u << tail) - 1);
-    for (int64_t i0 = 0; i0 < m; i0 += kRows) {
-      const int64_t rows = std::min<int64_t>(kRows, m - i0);
-      kF32Tiles[rows - 1][vectors - 1](k, a + i0 * a_rs, a_rs, a_ks, bp + j0, ldb, c + i0 * ldc + j0, ldc, last);
-    }
-  }
+  sweep_tiles(kF32Tiles, m, n, k, a, g.a.stride[1], g.a.stride[2], bp, ldb, c, g.c_row_stride());
 }
 
 // Runs every product of g, in ranges of the outer x batch index across threads.
