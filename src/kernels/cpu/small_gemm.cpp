@@ -19,7 +19,7 @@
 #include "kiln/core/parallel.h"
 
 #if defined(__AVX512BF16__) && defined(__AVX512BW__) && defined(__AVX512VL__)
-#define KILN_SMALL_BF16_GEMM 1
+#define KILN_SMALL_GEMM 1
 // GCC 12 warns (falsely) about the undefined first operand inside the AVX-512 shuffle intrinsics.
 #pragma GCC diagnostic push
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
@@ -34,7 +34,7 @@ constexpr int64_t kMaxDim = 512;
 }  // namespace
 
 bool small_matmul_applies(const MatmulArgs& g) {
-#ifdef KILN_SMALL_BF16_GEMM
+#ifdef KILN_SMALL_GEMM
   return (g.dtype == kBFloat16 || g.dtype == kFloat32) && g.epilogue == MatmulEpilogue::None && !g.bias && !g.addend &&
          g.outer * g.batch >= 2 && g.m > 0 && g.n > 0 && g.k > 0 && g.m <= kMaxDim && g.n <= kMaxDim && g.k <= kMaxDim;
 #else
@@ -43,7 +43,7 @@ bool small_matmul_applies(const MatmulArgs& g) {
 #endif
 }
 
-#ifdef KILN_SMALL_BF16_GEMM
+#ifdef KILN_SMALL_GEMM
 
 namespace {
 
