@@ -971,3 +971,35 @@ TEST(ElementwiseValues, GeluTanhKeepsItsRelativeAccuracyWhereXIsVeryNegative) {
     EXPECT_NEAR(dgot, dwant, std::max(rel * (s + std::abs(right)), 1e-35)) << "its gradient at " << v;
   }
 }
+
+// A cast or copy of one long contiguous run (which the loop coalesces into a
+// single row) is split across threads at multiples of 64 elements
+// (for_each_element_run): the same bytes at 1 and 2 threads, and at 2 threads
+// the same as converting element by element, across the split points. The
+// lengths leave a partial last piece; the values include NaN, infinities,
+// ties that round to even, and subnormals.
+TEST(ElementwiseValues, LongCastsAndCopiesSplitAcrossThreadsGiveTheSameBytes) {
+  const int threads = get_num_threads();
+  Generator g(41);
+  for (int64_t n : {int64_t{65536 * 2 + 37}, int64_t{300001}}) {
+    Tensor x = randn({n}, kFloat32, &g) * 100.0;
+    float* xp = x.data_ptr<float>();
+    const float specials[] = {std::nanf(""), INFINITY, -INFINITY, 1.0f + 1.0f / 256, 1e-40f, -0.0f, 3.0e38f};
+    for (int64_t i = 0; i < n; i += 997) xp[i] = specials[(i / 997) % 7];
+    for (DType to : {kBFloat16, kFloat16, kFloat64, kFloat32}) {
+      SCOPED_TRACE(std::string(dtype_name(to)) + " of " + std::to_string(n));
+      set_num_threads(1);
+      const Tensor one = to == kFloat32 ? x.clone() : x.to(to);
+      set_num_threads(2);
+      const Tensor two = to == kFloat32 ? x.clone() : x.to(to);
+      set_num_threads(threads);
+      ASSERT_EQ(std::memcmp(one.data_ptr(), two.data_ptr(), static_cast<size_t>(n * one.element_size())), 0);
+      if (to == kBFloat16) {
+        const auto* b = static_cast<const BFloat16*>(two.data_ptr());
+        int64_t differ = 0;
+        for (int64_t i = 0; i < n; ++i) differ += b[i].bits != BFloat16(xp[i]).bits;
+        EXPECT_EQ(differ, 0) << "against the scalar conversion";
+      }
+    }
+  }
+}

@@ -58,7 +58,7 @@ void copy_cast(const LoopSpec& s, DType out, DType in) {
                     copy_cast(t, out, in));
   if (out == in) {
     const int64_t es = element_size(out);
-    for_each_row(s, [&](char* const* p, const int64_t* st, int64_t n) {
+    for_each_element_run(s, [&](char* const* p, const int64_t* st, int64_t n) {
       if (st[0] == es && st[1] == es) {
         std::memcpy(p[0], p[1], n * es);
       } else {
