@@ -260,15 +260,14 @@ struct FusedSdpa : autograd::Function<FusedSdpa> {
       Tensor dob = dout.narrow(-2, r0, n);
       Tensor kb = k.narrow(-2, 0, kend), vb = v.narrow(-2, 0, kend), qb = q.narrow(-2, r0, n);
       Tensor p, dqb, dkb, dvb;
+      bool into_joint = false;  // this block's dk, dv go straight into the joint buffer's heads
       if (row_kernels(a, kend)) {
         p = qb.matmul(kb.transpose(-2, -1));  // raw scores, then the weights in place
         const kernels::AttentionBlock blk = block_of(p, a, scale, r0, n, kend, L);
         kernels::attention_recompute_weights(blk, p.data_ptr(), row_ptr(lse, r0));
         Tensor dp = dob.matmul(vb.transpose(-2, -1));
-        // The first block sees every key: its products are dk and dv, written
-        // straight into the joint buffer's heads.
-        const bool into_joint =
-            joint && !dv.defined() && kend == S && dp.sizes() == p.sizes() && D.numel() == blk.batch * L;
+        // The first block sees every key: its products are dk and dv.
+        into_joint = joint && !dv.defined() && kend == S && dp.sizes() == p.sizes() && D.numel() == blk.batch * L;
         if (into_joint) {
           matmul_into(p.transpose(-2, -1), dob, dv_all);
         } else {
@@ -282,12 +281,9 @@ struct FusedSdpa : autograd::Function<FusedSdpa> {
             dqb = dp.matmul(kb);
           if (into_joint) {
             matmul_into(dp.transpose(-2, -1), qb, dk_all);
-            if (dqb.defined()) dq_all.narrow(-2, r0, n).copy_(dqb);
-            dv = dv_all;
-            dk = dk_all;
-            continue;
+          } else {
+            dkb = dp.transpose(-2, -1).matmul(qb);
           }
-          dkb = dp.transpose(-2, -1).matmul(qb);
         } else {  // p broadcasts against dO's batch: the general ops
           Tensor ds = dp.sub_(D.narrow(-2, r0, n)).mul_(p);
           dqb = ds.matmul(kb).mul_(scale);
@@ -308,8 +304,11 @@ struct FusedSdpa : autograd::Function<FusedSdpa> {
           dqs.push_back(dqb);
         }
       }
-      if (!dv.defined() && kend == S && dvb.sizes() == IntArrayRef(with_tail(out, S, v.size(-1))) &&
-          dkb.sizes() == IntArrayRef(with_tail(out, S, k.size(-1)))) {
+      if (into_joint) {
+        dv = dv_all;
+        dk = dk_all;
+      } else if (!dv.defined() && kend == S && dvb.sizes() == IntArrayRef(with_tail(out, S, v.size(-1))) &&
+                 dkb.sizes() == IntArrayRef(with_tail(out, S, k.size(-1)))) {
         dv = dvb;
         dk = dkb;
       } else {

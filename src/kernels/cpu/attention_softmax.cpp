@@ -193,13 +193,11 @@ struct RegRow {
   VecF v[kRegVectors];
 };
 
-KILN_VEC_INLINE __mmask16 first_lanes(int64_t n) { return n >= kW ? __mmask16(0xffff) : __mmask16((1u << n) - 1); }
-
 // Elements [0, n) of a bf16 row as floats (lanes past n: 0).
 KILN_VEC_INLINE void load_row(const BFloat16* y, int64_t n, RegRow& r) {
   for (int j = 0; j < kRegVectors; ++j) {
     if (j * kW >= n) break;
-    const __m256i h = _mm256_maskz_loadu_epi16(first_lanes(n - j * kW), y + j * kW);
+    const __m256i h = _mm256_maskz_loadu_epi16(vm::first_lanes16(n - j * kW), y + j * kW);
     r.v[j] = reinterpret_cast<VecF>(vm::bf16x16_to_float(h));
   }
 }
@@ -208,9 +206,9 @@ KILN_VEC_INLINE void load_row(const BFloat16* y, int64_t n, RegRow& r) {
 KILN_VEC_INLINE void store_row(BFloat16* y, int64_t n, int64_t cols, const RegRow& r) {
   for (int j = 0; j < kRegVectors; ++j) {
     if (j * kW >= cols) break;
-    const __m512 f = j * kW < n ? _mm512_maskz_mov_ps(first_lanes(n - j * kW), reinterpret_cast<__m512>(r.v[j]))
+    const __m512 f = j * kW < n ? _mm512_maskz_mov_ps(vm::first_lanes16(n - j * kW), reinterpret_cast<__m512>(r.v[j]))
                                 : _mm512_setzero_ps();
-    _mm256_mask_storeu_epi16(y + j * kW, first_lanes(cols - j * kW), vm::float_to_bf16x16(f));
+    _mm256_mask_storeu_epi16(y + j * kW, vm::first_lanes16(cols - j * kW), vm::float_to_bf16x16(f));
   }
 }
 

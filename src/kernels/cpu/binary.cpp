@@ -128,7 +128,6 @@ struct GeluTanhBackwardRows {
   static void row(float* out, const float* dy, const float* x, int64_t n, bool dy_step, bool x_step) {
     vm::gelu_tanh_backward_row(out, dy, x, n, dy_step, x_step);
   }
-  float operator()(float dy, float x) const;  // declared for the drivers' signatures, never defined
 };
 #endif
 

@@ -183,6 +183,9 @@ inline void float_to_half_row(Half* dst, const float* src, int64_t n) {
 /// time. Not VCVTNEPS2BF16: it flushes subnormal inputs to zero and keeps a
 /// NaN's sign and payload, so it would not round as torch's c10::BFloat16 does.
 #if defined(__AVX512F__)
+/// The mask of the first n of 16 lanes (all 16 from n = 16 on): a row's last, partial vector.
+inline __mmask16 first_lanes16(int64_t n) { return n >= 16 ? __mmask16(0xffff) : __mmask16((1u << n) - 1); }
+
 /// 16 bf16 (the low halves of 16 words) widened to float: exact.
 inline __m512 bf16x16_to_float(__m256i h) {
   return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));

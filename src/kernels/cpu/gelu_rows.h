@@ -72,14 +72,12 @@ inline __m512 gelu_tanh_backward16(__m512 dy, __m512 x) {
   return _mm512_mul_ps(dy, _mm512_add_ps(s, right));
 }
 
-inline __mmask16 lanes16(int64_t n) { return n >= 16 ? __mmask16(0xffff) : __mmask16((1u << n) - 1); }
-
 /// out[i] = GELU(in[i]), i < n (out may equal in).
 inline void gelu_tanh_row(float* out, const float* in, int64_t n) {
   int64_t i = 0;
   for (; i + 16 <= n; i += 16) _mm512_storeu_ps(out + i, gelu_tanh16(_mm512_loadu_ps(in + i)));
   if (i < n) {
-    const __mmask16 m = lanes16(n - i);
+    const __mmask16 m = first_lanes16(n - i);
     _mm512_mask_storeu_ps(out + i, m, gelu_tanh16(_mm512_maskz_loadu_ps(m, in + i)));
   }
 }
@@ -93,7 +91,7 @@ inline void gelu_tanh_backward_row(float* out, const float* dy, const float* x, 
   }
   const __m512 dy0 = _mm512_set1_ps(*dy), x0 = _mm512_set1_ps(*x);
   for (; i < n; i += 16) {
-    const __mmask16 m = lanes16(n - i);
+    const __mmask16 m = first_lanes16(n - i);
     const __m512 g = dy_step ? _mm512_maskz_loadu_ps(m, dy + i) : dy0;
     const __m512 v = x_step ? _mm512_maskz_loadu_ps(m, x + i) : x0;
     _mm512_mask_storeu_ps(out + i, m, gelu_tanh_backward16(g, v));

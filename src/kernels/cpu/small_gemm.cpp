@@ -15,6 +15,7 @@
 #include <cstring>
 #include <vector>
 
+#include "elementwise_math.h"
 #include "kiln/core/error.h"
 #include "kiln/core/parallel.h"
 
@@ -186,6 +187,16 @@ void pack_pairs_of_rows(uint32_t* dst, int64_t ld, const uint16_t* x, int64_t rs
   }
 }
 
+// Any strides: word (kk, j) = x's elements (2kk, j) and (2kk + 1, j), the
+// latter 0 past K, at x + k * x_k + j * x_j; stored at dst + kk * d_kk + j * d_j.
+void pack_pairs_strided(uint32_t* dst, int64_t d_kk, int64_t d_j, const uint16_t* x, int64_t x_k, int64_t x_j,
+                        int64_t K, int64_t J) {
+  for (int64_t kk = 0; kk < (K + 1) / 2; ++kk)
+    for (int64_t j = 0; j < J; ++j)
+      dst[kk * d_kk + j * d_j] =
+          pair(x[2 * kk * x_k + j * x_j], 2 * kk + 1 < K ? x[(2 * kk + 1) * x_k + j * x_j] : uint16_t{0});
+}
+
 // Transposes a 16 x 16 block of 32-bit words in registers.
 void transpose16(__m512i r[16]) {
   __m512i t[16], u[16];
@@ -219,7 +230,7 @@ void pack_transposed_words(uint32_t* dst, int64_t ld, const char* y, int64_t row
     const int64_t rows = std::min<int64_t>(16, J - j0);
     for (int64_t k0 = 0; k0 < words; k0 += 16) {
       const int64_t w = std::min<int64_t>(16, words - k0);
-      const __mmask16 m = w == 16 ? __mmask16(0xffff) : __mmask16((1u << w) - 1);
+      const __mmask16 m = vm::first_lanes16(w);
       __m512i r[16];
       for (int i = 0; i < 16; ++i)
         r[i] = i < rows ? _mm512_maskz_loadu_epi32(m, y + (j0 + i) * row_bytes + 4 * k0) : _mm512_setzero_si512();
@@ -237,8 +248,8 @@ void sweep_tiles(const Table& tiles, int64_t m, int64_t n, int64_t depth, const 
                  const B* bp, int64_t ldb, C* c, int64_t ldc) {
   for (int64_t j0 = 0; j0 < n; j0 += 16 * kVectors) {
     const int64_t cols = std::min<int64_t>(16 * kVectors, n - j0);
-    const int64_t vectors = (cols + 15) / 16, tail = cols - 16 * (vectors - 1);
-    const __mmask16 last = tail == 16 ? __mmask16(0xffff) : __mmask16((1u << tail) - 1);
+    const int64_t vectors = (cols + 15) / 16;
+    const __mmask16 last = vm::first_lanes16(cols - 16 * (vectors - 1));
     for (int64_t i0 = 0; i0 < m; i0 += kRows) {
       const int64_t rows = std::min<int64_t>(kRows, m - i0);
       tiles[rows - 1][vectors - 1](depth, a + i0 * a_rs, a_rs, a_ks, bp + j0, ldb, c + i0 * ldc + j0, ldc, last);
@@ -284,10 +295,7 @@ void product(const MatmulArgs& g, const uint16_t* a, const uint16_t* b, uint16_t
   } else if (b_rs == 1 && k % 2 == 0) {
     pack_transposed_words(bp, ldb, reinterpret_cast<const char*>(b), 2 * b_cs, k / 2, n);
   } else {
-    for (int64_t kk = 0; kk < kp; ++kk)
-      for (int64_t j = 0; j < n; ++j)
-        bp[kk * ldb + j] =
-            pair(b[2 * kk * b_rs + j * b_cs], 2 * kk + 1 < k ? b[(2 * kk + 1) * b_rs + j * b_cs] : uint16_t{0});
+    pack_pairs_strided(bp, ldb, 1, b, b_rs, b_cs, k, n);
   }
   // a's word (i, kk) at ap + i * ap_rs + kk * ap_ks, in elements.
   const uint16_t* ap = a;
@@ -303,10 +311,7 @@ void product(const MatmulArgs& g, const uint16_t* a, const uint16_t* b, uint16_t
     ap_ks = 2 * lda;
   } else {
     uint32_t* packed = buf.get(buf.a, m * kp);
-    for (int64_t i = 0; i < m; ++i)
-      for (int64_t kk = 0; kk < kp; ++kk)
-        packed[i * kp + kk] =
-            pair(a[i * a_rs + 2 * kk * a_cs], 2 * kk + 1 < k ? a[i * a_rs + (2 * kk + 1) * a_cs] : uint16_t{0});
+    pack_pairs_strided(packed, 1, kp, a, a_cs, a_rs, k, m);
     ap = reinterpret_cast<const uint16_t*>(packed);
     ap_rs = 2 * kp;
     ap_ks = 2;

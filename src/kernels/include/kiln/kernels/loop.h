@@ -103,7 +103,6 @@ template <typename Body>
 void for_each_element_run(const LoopSpec& s, Body&& body, int64_t grain = kGrainSize) {
   const int64_t n = s.numel();
   if (s.ndim > 1 || n < 2 * grain) return for_each_row(s, body, grain);
-  if (n == 0) return;
   constexpr int64_t kQuantum = 64;
   int64_t st[kMaxOperands] = {};
   for (int op = 0; op < s.nops; ++op) st[op] = s.inner_stride(op);
