@@ -6,7 +6,11 @@
 // The argument is the thread count.
 #include <benchmark/benchmark.h>
 
+#include <utility>
+#include <vector>
+
 #include "kiln/autograd/engine.h"
+#include "kiln/kernels/dnnl.h"
 #include "kiln/kiln.h"
 #include "kiln/nn/attention.h"
 
@@ -127,5 +131,118 @@ void BM_AttentionScoresProduct(benchmark::State& state) {
 BENCHMARK(BM_AttentionScoresProduct)
     ->ArgsProduct({{0, 1, 2, 3, 4, 5}, {64, 128}, {0, 1}})
     ->ArgNames({"layout", "keys", "bf16"})
+    ->UseRealTime()
+    ->Unit(benchmark::kMicrosecond);
+
+namespace {
+// The six products of one causal attention layer (forward and backward) at
+// gpt's shape, straight on kernels::matmul with gpt's operand layouts, both
+// query blocks (rows 0-63 against keys 0-63, rows 64-127 against keys 0-127),
+// 1 thread. Second arg 1: each through its causal band (Note [Causal
+// products]), 0: whole. Products:
+//   0  S = q kᵀ (Columns)        1  O = P v into the [B, T, H, E] output (DepthUpTo)
+//   2  dP = dO vᵀ (Columns)      3  dV = Pᵀ dO into the joint gradient (DepthFrom)
+//   4  dQ = dS k (DepthUpTo)     5  dK = dSᵀ q (DepthFrom)
+// GFLOP/s counts the products the band leaves, so with and without the band
+// the same useful work is timed.
+void BM_AttentionBlockProducts(benchmark::State& state) {
+  using Band = kernels::MatmulBand;
+  const int before = get_num_threads();
+  set_num_threads(1);
+  const int64_t B = 16, T = 128, H = 4, E = 64, C = H * E;
+  const int which = static_cast<int>(state.range(0));
+  const bool banded = state.range(1) == 1;
+  const DType dt = state.range(2) == 1 ? kBFloat16 : kFloat32;
+  const int64_t es = element_size(dt);
+  Tensor qkv = randn({B, T, 3 * C}).to(dt), dout = randn({B, T, C}).to(dt);
+  Tensor weights = randn({B, H, 64, T}).mul(0.01).to(dt), result = empty({B, T, 3 * C}, TensorOptions(dt));
+  const char* qkv_p = static_cast<const char*>(qkv.data_ptr());
+  // A head operand [B, H, rows, E] of a [B, T, width] tensor: (outer, batch, row, col) strides.
+  auto head = [&](const void* base, int64_t width, int64_t row0) {
+    kernels::MatrixOperand o;
+    o.data = static_cast<const char*>(base) + row0 * width * es;
+    o.outer_stride = T * width;
+    o.stride[0] = E;
+    o.stride[1] = width;
+    o.stride[2] = 1;
+    return o;
+  };
+  auto transposed = [](kernels::MatrixOperand o) {
+    std::swap(o.stride[1], o.stride[2]);
+    return o;
+  };
+  auto dense = [&](int64_t cols) {  // weights / dS [B, H, 64, cols] in a [B, H, 64, T] buffer
+    kernels::MatrixOperand o;
+    o.data = weights.data_ptr();
+    o.outer_stride = H * 64 * T;
+    o.stride[0] = 64 * T;
+    o.stride[1] = cols;
+    o.stride[2] = 1;
+    return o;
+  };
+  const void* q = qkv_p;
+  const void* k = qkv_p + C * es;
+  const void* v = qkv_p + 2 * C * es;
+  std::vector<kernels::MatmulArgs> calls;
+  double flops = 0;
+  for (int64_t r0 : {0, 64}) {
+    const int64_t n = 64, kend = r0 + 64;
+    kernels::MatmulArgs g;
+    g.dtype = dt;
+    g.outer = B;
+    g.batch = H;
+    Band::Kind kind = Band::Kind::None;
+    char* out = static_cast<char*>(result.data_ptr());
+    auto into_heads = [&](char* base, int64_t width) {  // c as heads of a [B, T, width] buffer
+      g.c = base;
+      g.c_outer_stride = T * width;
+      g.c_stride[0] = E;
+      g.c_stride[1] = width;
+    };
+    auto into_dense = [&](int64_t cols) {
+      g.c = out;
+      g.c_outer_stride = H * 64 * cols;
+      g.c_stride[0] = 64 * cols;
+      g.c_stride[1] = cols;
+    };
+    switch (which) {
+      case 0:
+      case 2:
+        g.m = n, g.n = kend, g.k = E;
+        g.a = which == 0 ? head(q, 3 * C, r0) : head(dout.data_ptr(), C, r0);
+        g.b = transposed(head(which == 0 ? k : v, 3 * C, 0));
+        into_dense(kend);
+        kind = Band::Kind::Columns;
+        break;
+      case 1:
+      case 4:
+        g.m = n, g.n = E, g.k = kend;
+        g.a = dense(kend);
+        g.b = head(which == 1 ? v : k, 3 * C, 0);
+        into_heads(out + r0 * 3 * C * es, 3 * C);
+        kind = Band::Kind::DepthUpTo;
+        break;
+      default:
+        g.m = kend, g.n = E, g.k = n;
+        g.a = transposed(dense(kend));
+        g.b = which == 3 ? head(dout.data_ptr(), C, r0) : head(q, 3 * C, r0);
+        into_heads(out, 3 * C);
+        kind = Band::Kind::DepthFrom;
+        break;
+    }
+    const Band band{kind, r0};
+    if (banded) g.band = band;
+    flops += 2.0 * B * H * kernels::band_multiply_adds(g.m, g.n, g.k, band);
+    calls.push_back(g);
+  }
+  for (auto _ : state)
+    for (const auto& g : calls) kernels::matmul(g);
+  set_num_threads(before);
+  state.counters["GFLOP/s"] = benchmark::Counter(flops * 1e-9, benchmark::Counter::kIsIterationInvariantRate);
+}
+}  // namespace
+BENCHMARK(BM_AttentionBlockProducts)
+    ->ArgsProduct({{0, 1, 2, 3, 4, 5}, {0, 1}, {0, 1}})
+    ->ArgNames({"product", "band", "bf16"})
     ->UseRealTime()
     ->Unit(benchmark::kMicrosecond);

@@ -29,6 +29,7 @@
 #include <limits>
 #include <vector>
 
+#include "banded_matmul.h"
 #include "kiln/autograd/custom_function.h"
 #include "kiln/core/error.h"
 #include "kiln/core/guards.h"
@@ -116,6 +117,24 @@ Tensor block_scores(const Tensor& q, const Tensor& k, const FusedArgs& a, double
   return s;
 }
 
+using Band = kernels::MatmulBand;
+
+// x · y for the block of query rows from r0: under a causal mask through the
+// band of `kind` (Note [Causal products]), which skips the hidden triangle's
+// products; operands whose batch dims differ (a broadcast) take matmul.
+Tensor block_product(const Tensor& x, const Tensor& y, const FusedArgs& a, Band::Kind kind, int64_t r0) {
+  if (!a.causal || x.dim() != y.dim() ||
+      IntArrayRef(x.sizes().data(), x.dim() - 2) != IntArrayRef(y.sizes().data(), y.dim() - 2))
+    return x.matmul(y);
+  return ops::banded_matmul(x, y, Band{kind, r0});
+}
+
+// The same into `out` (matmul_into's conditions).
+void block_product_into(const Tensor& x, const Tensor& y, const Tensor& out, const FusedArgs& a, Band::Kind kind,
+                        int64_t r0) {
+  ops::banded_matmul_into(x, y, out, a.causal ? Band{kind, r0} : Band{});
+}
+
 // The batch dims of `t` (all but the last two) followed by (r, c).
 DimVector with_tail(const Tensor& t, int64_t r, int64_t c) {
   DimVector s(IntArrayRef(t.sizes().data(), t.dim() - 2));
@@ -165,14 +184,15 @@ Tensor attention_forward(const Tensor& q, const Tensor& k, const Tensor& v, cons
   for (int64_t r0 = 0; r0 < L; r0 += a.block_rows) {
     const int64_t n = std::min(a.block_rows, L - r0), kend = keys_visible(a, r0, n, S);
     if (row_kernels(a, kend)) {
-      Tensor s = q.narrow(-2, r0, n).matmul(k.narrow(-2, 0, kend).transpose(-2, -1));  // raw scores
+      Tensor s = block_product(q.narrow(-2, r0, n), k.narrow(-2, 0, kend).transpose(-2, -1), a, Band::Kind::Columns,
+                               r0);  // raw scores
       if (lse && !lse_all.defined()) lse_all = empty(with_tail(s, L, 1), TensorOptions(s.dtype()));
       kernels::attention_weights(block_of(s, a, scale, r0, n, kend, L), s.data_ptr(),
                                  lse ? row_ptr(lse_all, r0) : nullptr);
       if (heads)
-        matmul_into(s, v.narrow(-2, 0, kend), out_heads.narrow(-2, r0, n));
+        block_product_into(s, v.narrow(-2, 0, kend), out_heads.narrow(-2, r0, n), a, Band::Kind::DepthUpTo, r0);
       else
-        outs.push_back(s.matmul(v.narrow(-2, 0, kend)));
+        outs.push_back(block_product(s, v.narrow(-2, 0, kend), a, Band::Kind::DepthUpTo, r0));
     } else {
       Tensor s = block_scores(q, k, a, scale, r0, n, kend);
       // softmax and logsumexp are single kiln kernels (row max, exp, row sum inside).
@@ -262,27 +282,27 @@ struct FusedSdpa : autograd::Function<FusedSdpa> {
       Tensor p, dqb, dkb, dvb;
       bool into_joint = false;  // this block's dk, dv go straight into the joint buffer's heads
       if (row_kernels(a, kend)) {
-        p = qb.matmul(kb.transpose(-2, -1));  // raw scores, then the weights in place
+        p = block_product(qb, kb.transpose(-2, -1), a, Band::Kind::Columns, r0);  // raw scores, then the weights
         const kernels::AttentionBlock blk = block_of(p, a, scale, r0, n, kend, L);
         kernels::attention_recompute_weights(blk, p.data_ptr(), row_ptr(lse, r0));
-        Tensor dp = dob.matmul(vb.transpose(-2, -1));
+        Tensor dp = block_product(dob, vb.transpose(-2, -1), a, Band::Kind::Columns, r0);
         // The first block sees every key: its products are dk and dv.
         into_joint = joint && !dv.defined() && kend == S && dp.sizes() == p.sizes() && D.numel() == blk.batch * L;
         if (into_joint) {
-          matmul_into(p.transpose(-2, -1), dob, dv_all);
+          block_product_into(p.transpose(-2, -1), dob, dv_all, a, Band::Kind::DepthFrom, r0);
         } else {
-          dvb = p.transpose(-2, -1).matmul(dob);
+          dvb = block_product(p.transpose(-2, -1), dob, a, Band::Kind::DepthFrom, r0);
         }
         if (dp.sizes() == p.sizes() && D.numel() == blk.batch * L) {
           kernels::attention_scores_grad(blk, dp.data_ptr(), p.data_ptr(), row_ptr(D, r0));  // dS, scaled
           if (dq_all.defined() && dp.sizes() == IntArrayRef(with_tail(q, n, kend)))
-            matmul_into(dp, kb, dq_all.narrow(-2, r0, n));
+            block_product_into(dp, kb, dq_all.narrow(-2, r0, n), a, Band::Kind::DepthUpTo, r0);
           else
-            dqb = dp.matmul(kb);
+            dqb = block_product(dp, kb, a, Band::Kind::DepthUpTo, r0);
           if (into_joint) {
-            matmul_into(dp.transpose(-2, -1), qb, dk_all);
+            block_product_into(dp.transpose(-2, -1), qb, dk_all, a, Band::Kind::DepthFrom, r0);
           } else {
-            dkb = dp.transpose(-2, -1).matmul(qb);
+            dkb = block_product(dp.transpose(-2, -1), qb, a, Band::Kind::DepthFrom, r0);
           }
         } else {  // p broadcasts against dO's batch: the general ops
           Tensor ds = dp.sub_(D.narrow(-2, r0, n)).mul_(p);
@@ -331,22 +351,18 @@ struct FusedSdpa : autograd::Function<FusedSdpa> {
 
 // The FLOPs of attention's two products, q·kᵀ and weights·v, for the scores
 // the path computes: 2·batch·(E + Ev) per score (4·B·H·L·S·D when E = Ev).
-// The fused path skips the key blocks past a causal block's last row
-// (keys_visible), so causal attention there counts the lower triangle in
-// blocks of `block_rows`, about half; the composite computes (then masks)
-// every score and counts them all.
-double attention_flops(const Tensor& q, const Tensor& k, const Tensor& out, bool causal, int64_t block_rows) {
+// The fused path computes only the scores a causal mask leaves (the lower
+// triangle, diagonal included: blocks of rows skip the keys past their last
+// row, and the banded products the rest, Note [Causal products]); the
+// composite computes (then masks) every score and counts them all.
+double attention_flops(const Tensor& q, const Tensor& k, const Tensor& out, bool causal, bool fused) {
   const int64_t L = q.size(-2), S = k.size(-2), E = q.size(-1), Ev = out.size(-1);
   if (L == 0 || Ev == 0) return 0;
   const double batch = static_cast<double>(out.numel() / (L * Ev));
   double scores = static_cast<double>(L) * static_cast<double>(S);
-  if (causal && block_rows > 0) {
+  if (causal && fused) {
     scores = 0;
-    const FusedArgs a{.mask = Tensor(), .causal = true, .block_rows = block_rows};
-    for (int64_t r0 = 0; r0 < L; r0 += block_rows) {
-      const int64_t n = std::min(block_rows, L - r0);
-      scores += static_cast<double>(n) * static_cast<double>(keys_visible(a, r0, n, S));
-    }
+    for (int64_t i = 0; i < L; ++i) scores += static_cast<double>(std::min(S, i + 1));
   }
   return 2.0 * batch * scores * static_cast<double>(E + Ev);
 }
@@ -363,7 +379,7 @@ Tensor scaled_dot_product_attention(const Tensor& q, const Tensor& k, const Tens
   constexpr int64_t kBlockRows = 64;  // attention_fused's default
   Tensor out = fused ? attention_fused(q, k, v, attn_mask, is_causal, kBlockRows)
                      : attention_composite(q, k, v, attn_mask, dropout_p, is_causal, training);
-  if (rs.recording()) rs.set_flops(attention_flops(q, k, out, is_causal, fused ? kBlockRows : 0));
+  if (rs.recording()) rs.set_flops(attention_flops(q, k, out, is_causal, fused));
   return out;
 }
 

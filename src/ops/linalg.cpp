@@ -21,6 +21,7 @@
 #include <utility>
 #include <vector>
 
+#include "banded_matmul.h"
 #include "iter.h"
 #include "kiln/autograd/functions.h"
 #include "kiln/core/allocator.h"
@@ -113,8 +114,9 @@ kernels::MatmulArgs product_args(const Operand& a, const Operand& b) {
 
 // out [B, H, m, n] = a · b for 4-D operands (matrix_operand4) in one kernel
 // call over all B * H products, out's four strides as they are (its last is 1).
-void run_matmul4_into(const Operand& a, const Operand& b, const Tensor& out) {
+void run_matmul4_into(const Operand& a, const Operand& b, const Tensor& out, kernels::MatmulBand band = {}) {
   kernels::MatmulArgs g = product_args(a, b);
+  g.band = band;
   g.outer = out.size(0);
   g.batch = out.size(1);
   g.c = out.data_ptr();
@@ -126,8 +128,9 @@ void run_matmul4_into(const Operand& a, const Operand& b, const Tensor& out) {
 
 void run_matmul_into(const Operand& a, const Operand& b, const Tensor& bias, int64_t batch, const Tensor& out,
                      kernels::MatmulEpilogue epilogue = kernels::MatmulEpilogue::None, int64_t c_batch_stride = 0,
-                     int64_t c_row_stride = 0) {
+                     int64_t c_row_stride = 0, kernels::MatmulBand band = {}) {
   kernels::MatmulArgs g = product_args(a, b);
+  g.band = band;
   g.batch = batch;
   g.bias = bias.defined() ? bias.data_ptr() : nullptr;
   g.c = out.data_ptr();
@@ -164,9 +167,9 @@ bool batch_merges(const Tensor& t) {
 // batch dims (one oneDNN call for all B * nh heads: a call per b with nh
 // 64×64 products each ran at under half the product's speed): oneDNN reads
 // the interleaved heads in place.
-void batched_into(const Tensor& a, const Tensor& b, const Tensor& out) {
+void batched_into(const Tensor& a, const Tensor& b, const Tensor& out, kernels::MatmulBand band = {}) {
   if (a.dim() == 4 && a.size(0) > 1 && a.size(1) > 1 && a.dtype() != kFloat16) {
-    run_matmul4_into(matrix_operand4(a), matrix_operand4(b), out);
+    run_matmul4_into(matrix_operand4(a), matrix_operand4(b), out, band);
     return;
   }
   if (a.dim() <= 3 || (batch_merges(a) && batch_merges(b))) {
@@ -175,10 +178,11 @@ void batched_into(const Tensor& a, const Tensor& b, const Tensor& out) {
     const Tensor a3 = a.dim() == 2 ? a : a.reshape({batch, rows, a.size(-1)});
     const Tensor b3 = b.dim() == 2 ? b : b.reshape({batch, b.size(-2), cols});
     const bool batched = a3.dim() == 3;
-    run_matmul_into(matrix_operand(a3, batched), matrix_operand(b3, batched), Tensor(), batch, out);
+    run_matmul_into(matrix_operand(a3, batched), matrix_operand(b3, batched), Tensor(), batch, out,
+                    kernels::MatmulEpilogue::None, 0, 0, band);
     return;
   }
-  for (int64_t i = 0; i < a.size(0); ++i) batched_into(a.select(0, i), b.select(0, i), out.select(0, i));
+  for (int64_t i = 0; i < a.size(0); ++i) batched_into(a.select(0, i), b.select(0, i), out.select(0, i), band);
 }
 
 // True when all dims but the last of `t` can be viewed as one (evenly strided).
@@ -669,7 +673,13 @@ bool non_overlapping(const Tensor& t) {
 
 }  // namespace
 
-void matmul_into(const Tensor& self, const Tensor& other, const Tensor& out, std::source_location loc) {
+namespace {
+
+// matmul_into and banded_matmul_into: out = self · other, under `band`
+// (Note [Causal products] in kiln/kernels/dnnl.h), recorded as "matmul"
+// with the FLOPs the band leaves.
+void product_into(const Tensor& self, const Tensor& other, const Tensor& out, kernels::MatmulBand band,
+                  std::source_location loc) {
   ops::OpScope rs("matmul", {&self, &other, &out});
   ops::check_defined(self, "matmul_into", "self");
   ops::check_defined(other, "matmul_into", "other");
@@ -690,9 +700,9 @@ void matmul_into(const Tensor& self, const Tensor& other, const Tensor& out, std
   KILN_CHECK(!autograd::compute_requires_grad({&self, &other}), ValueError,
              "matmul_into: writes into an existing tensor and records no gradient, but an operand requires grad "
              "(use matmul)");
-  if (rs.recording()) rs.set_flops(ops::product_flops(out, self.size(-1)));
-  const NoGradGuard no_grad;
   const int64_t batch = shape_numel(IntArrayRef(self.sizes().data(), d - 2));
+  if (rs.recording()) rs.set_flops(2.0 * static_cast<double>(batch) * kernels::band_multiply_adds(m, n, k, band));
+  const NoGradGuard no_grad;
   const bool rows_ok = self.dtype() != kFloat16 && out.stride(-1) == 1 && (m == 1 || out.stride(-2) >= n);
   const bool direct = rows_ok && batch_merges(self) && batch_merges(other) && batch_merges(out) &&
                       (batch == 1 || merged_batch_stride(out) > 0);
@@ -700,22 +710,52 @@ void matmul_into(const Tensor& self, const Tensor& other, const Tensor& out, std
   // into a [B, T, H, E] buffer viewed as [B, H, n, E]): two strided batch dims.
   const bool heads = !direct && rows_ok && d == 4 && out.size(0) > 1 && out.size(1) > 1 && non_overlapping(out);
   if (heads && self.numel() > 0 && out.numel() > 0) {
-    run_matmul4_into(matrix_operand4(self), matrix_operand4(other), out);
+    run_matmul4_into(matrix_operand4(self), matrix_operand4(other), out, band);
     out.bump_version();
     return;
   }
   if (!direct || self.numel() == 0 || out.numel() == 0) {
     Tensor o = out;
     o.copy_(matmul_impl(self, other, autograd::CallSite::from(loc)));
+    if (band.kind == kernels::MatmulBand::Kind::Columns) {  // the depth bands' left-out terms are 0 already
+      const Tensor last = arange(band.offset, band.offset + m).unsqueeze(1), cols = arange(n).unsqueeze(0);
+      o.masked_fill_(cols.gt(last), 0.0);
+    }
     return;
   }
   const bool batched = d > 2;
   const Tensor a3 = batched ? self.reshape({batch, m, k}) : self;
   const Tensor b3 = batched ? other.reshape({batch, k, n}) : other;
   run_matmul_into(matrix_operand(a3, batched), matrix_operand(b3, batched), Tensor(), batch, out,
-                  kernels::MatmulEpilogue::None, batch > 1 ? merged_batch_stride(out) : 0, m > 1 ? out.stride(-2) : 0);
+                  kernels::MatmulEpilogue::None, batch > 1 ? merged_batch_stride(out) : 0, m > 1 ? out.stride(-2) : 0,
+                  band);
   out.bump_version();
 }
+
+}  // namespace
+
+void matmul_into(const Tensor& self, const Tensor& other, const Tensor& out, std::source_location loc) {
+  product_into(self, other, out, {}, loc);
+}
+
+namespace ops {
+
+void banded_matmul_into(const Tensor& self, const Tensor& other, const Tensor& out, kernels::MatmulBand band) {
+  product_into(self, other, out, band, std::source_location::current());
+}
+
+Tensor banded_matmul(const Tensor& self, const Tensor& other, kernels::MatmulBand band) {
+  KILN_CHECK(self.dim() >= 2 && other.dim() == self.dim(), ShapeError,
+             "banded_matmul: expected two operands with the same number of dims (at least 2), got ", self.sizes(),
+             " and ", other.sizes());
+  DimVector shape(self.sizes());
+  shape.back() = other.size(-1);
+  Tensor out = new_output(shape, self.dtype());
+  product_into(self, other, out, band, std::source_location::current());
+  return out;
+}
+
+}  // namespace ops
 
 // ---- inference products: GELU epilogue, packed weights ----
 

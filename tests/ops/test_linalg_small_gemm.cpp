@@ -234,3 +234,104 @@ TEST(SmallProducts, NaNAndInfinityPropagateToTheirRowsOnly) {
           EXPECT_TRUE(std::isfinite(v)) << "batch " << bi << " row " << i << " column " << j;
       }
 }
+
+// Note [Causal products]: a product under a band equals the whole product on
+// the entries the band keeps, bit for bit (the skipped terms are zeros of a),
+// and a Columns band writes exact zeros over the hidden entries, on the small
+// kernel and on the paths that compute whole and zero after (k > 512,
+// float64).
+template <typename E>
+void check_bands() {
+  using Band = kernels::MatmulBand;
+  const int64_t T = 128, C3 = 768, E_ = 64;
+  struct Shape {
+    Case c;
+    const char* what;
+  };
+  std::vector<Shape> shapes;
+  // gpt's blocks: q kᵀ and P v on head views, Pᵀ dO with a transposed a.
+  Case qk{.outer = 2, .batch = 2, .m = 64, .n = 128, .k = E_};
+  qk.a = {E_, C3, 1};
+  qk.b = {E_, 1, C3};
+  qk.a_outer = qk.b_outer = T * C3;
+  shapes.push_back({qk, "q kT heads"});
+  Case pv{.outer = 2, .batch = 2, .m = 64, .n = E_, .k = 128};
+  pv.a = rows_contiguous(64, 128);
+  pv.a_outer = 2 * 64 * 128;
+  pv.b = {E_, C3, 1};
+  pv.b_outer = T * C3;
+  shapes.push_back({pv, "P v heads"});
+  Case pt{.outer = 1, .batch = 3, .m = 128, .n = E_, .k = 64};
+  pt.a = cols_contiguous(128, 64);
+  pt.b = rows_contiguous(64, E_);
+  shapes.push_back({pt, "PT dO"});
+  // Tails in every dim, odd k (bf16 pairs straddling the band's edge).
+  Case odd{.outer = 1, .batch = 2, .m = 13, .n = 37, .k = 29};
+  odd.a = rows_contiguous(13, 29);
+  odd.b = rows_contiguous(29, 37);
+  shapes.push_back({odd, "odd sizes"});
+  Case odd_t = odd;
+  odd_t.a = cols_contiguous(13, 29);
+  shapes.push_back({odd_t, "odd sizes, a transposed"});
+  Case past{.outer = 1, .batch = 2, .m = 9, .n = 11, .k = 513};  // oneDNN: whole, then zeros
+  past.a = rows_contiguous(9, 513);
+  past.b = rows_contiguous(513, 11);
+  shapes.push_back({past, "k 513"});
+  for (const Shape& sh : shapes)
+    for (const Band::Kind kind : {Band::Kind::Columns, Band::Kind::DepthUpTo, Band::Kind::DepthFrom})
+      for (const int64_t offset : {int64_t{0}, int64_t{5}, int64_t{64}, int64_t{-3}}) {
+        const Case& cs = sh.c;
+        const Band band{kind, offset};
+        SCOPED_TRACE(::testing::Message() << sh.what << " " << dtype_name(dtype_of_v<E>) << " band "
+                                          << static_cast<int>(kind) << " offset " << offset);
+        auto a = random_values<E>(extent(cs, cs.a, cs.a_outer, cs.m, cs.k), 7);
+        const auto b = random_values<E>(extent(cs, cs.b, cs.b_outer, cs.k, cs.n), 8);
+        // The depth bands' contract: a is 0 at the terms they leave out.
+        auto hidden_term = [&](int64_t i, int64_t p) {
+          return (kind == Band::Kind::DepthUpTo && p > i + offset) || (kind == Band::Kind::DepthFrom && p < i - offset);
+        };
+        for (int64_t o = 0; o < cs.outer; ++o)
+          for (int64_t bi = 0; bi < cs.batch; ++bi)
+            for (int64_t i = 0; i < cs.m; ++i)
+              for (int64_t p = 0; p < cs.k; ++p)
+                if (hidden_term(i, p)) a[o * cs.a_outer + bi * cs.a.batch + i * cs.a.row + p * cs.a.col] = E(0.0f);
+        const std::vector<E> whole = run(cs, a, b, nullptr, nullptr);
+        kernels::MatmulArgs g = args_of<E>(cs);
+        g.a.data = a.data();
+        g.b.data = b.data();
+        g.band = band;
+        std::vector<E> got(whole.size(), E(-7.0f));
+        g.c = got.data();
+        kernels::matmul(g);
+        int64_t wrong = 0;
+        for (int64_t r = 0; r < cs.outer * cs.batch; ++r)
+          for (int64_t i = 0; i < cs.m; ++i)
+            for (int64_t j = 0; j < cs.n; ++j) {
+              const size_t at = static_cast<size_t>((r * cs.m + i) * cs.n + j);
+              const bool zero = kind == Band::Kind::Columns && j > i + offset;
+              const E want = zero ? E(0.0f) : whole[at];
+              if (std::memcmp(&got[at], &want, sizeof(E)) != 0) ++wrong;
+            }
+        EXPECT_EQ(wrong, 0) << "entries that differ from the whole product (or from 0 where hidden)";
+      }
+}
+
+TEST(SmallProducts, CausalBandsKeepEveryVisibleBitAndZeroTheHiddenColumns) {
+  check_bands<BFloat16>();
+  check_bands<float>();
+  check_bands<double>();  // BLAS: whole, then the zeros
+}
+
+TEST(SmallProducts, BandMultiplyAddsCountTheVisibleTerms) {
+  using Band = kernels::MatmulBand;
+  EXPECT_EQ(kernels::band_multiply_adds(4, 5, 6, {}), 120.0);
+  // Rows 0..3 keep 1, 2, 3, 4 of 5 columns (offset 0), times k = 6.
+  EXPECT_EQ(kernels::band_multiply_adds(4, 5, 6, {Band::Kind::Columns, 0}), 60.0);
+  // Row i sums p <= i + 2 of 6 terms: 3, 4, 5, 6; times n = 5.
+  EXPECT_EQ(kernels::band_multiply_adds(4, 5, 6, {Band::Kind::DepthUpTo, 2}), 90.0);
+  // Row i sums p >= i - 1: 6, 6, 5, 4.
+  EXPECT_EQ(kernels::band_multiply_adds(4, 5, 6, {Band::Kind::DepthFrom, 1}), 105.0);
+  // A band past every entry keeps none; one before them all keeps the whole product.
+  EXPECT_EQ(kernels::band_multiply_adds(4, 5, 6, {Band::Kind::Columns, -10}), 0.0);
+  EXPECT_EQ(kernels::band_multiply_adds(4, 5, 6, {Band::Kind::DepthFrom, 10}), 120.0);
+}

@@ -250,9 +250,16 @@ TEST(OpRecord, AttentionFlopsCountTheProductsTheKernelRuns) {
   const std::vector<Seen> sdpa = c.of(record::Kind::Op, "scaled_dot_product_attention");
   ASSERT_EQ(sdpa.size(), 2u);
   EXPECT_EQ(sdpa[0].flops, 4.0 * Bt * Hd * L * L * E);
-  // Causal: query rows in blocks of 64 see the keys up to their block's last row.
-  const double causal_scores = 64.0 * 64 + 36.0 * 100;
+  // Causal: the lower triangle, diagonal included (the banded products skip the rest).
+  const double causal_scores = 100.0 * 101 / 2;
   EXPECT_EQ(sdpa[1].flops, 4.0 * Bt * Hd * causal_scores * E);
+  // Its products, as their own "matmul" events, add up to the same count.
+  Collector inner;
+  ops::scaled_dot_product_attention(q, k, v, {}, 0.0, /*is_causal=*/true);
+  inner.stop();
+  double products = 0;
+  for (const Seen& e : inner.of(record::Kind::Op, "matmul")) products += e.flops;
+  EXPECT_EQ(products, sdpa[1].flops);
 }
 
 TEST(OpRecord, ViewsAndCopiesAreOps) {

@@ -1,6 +1,7 @@
 // kernels::matmul: oneDNN's matmul primitive for float32/bfloat16 (strided
 // operands are passed as strided memory descriptors, so a transposed operand
 // such as linear's Wᵀ is read in place), BLAS or loops for the rest.
+#include <algorithm>
 #include <cstring>
 #include <thread>
 #include <type_traits>
@@ -285,17 +286,61 @@ void matmul_with_packed_b(const MatmulArgs& g, const void* packed) {
   run_matmul_prim(e->prim, g, e->src, e->wei_packed, packed, e->bias, e->addend, e->dst, e->scratch, e->scratch_bytes);
 }
 
+namespace {
+
+// How many leading columns of row i a Columns band keeps (the rest are 0).
+int64_t visible_columns(int64_t i, int64_t n, int64_t offset) { return std::clamp<int64_t>(i + offset + 1, 0, n); }
+
+// Writes the zeros of a Columns band over a product computed whole.
+void zero_hidden_columns(const MatmulArgs& g) {
+  const int64_t es = element_size(g.dtype);
+  for (int64_t o = 0; o < g.outer; ++o)
+    for (int64_t bi = 0; bi < g.batch; ++bi)
+      for (int64_t i = 0; i < g.m; ++i) {
+        const int64_t from = visible_columns(i, g.n, g.band.offset);
+        char* row = static_cast<char*>(g.c) + (o * g.c_outer() + bi * g.c_batch_stride() + i * g.c_row_stride()) * es;
+        std::memset(row + from * es, 0, static_cast<size_t>((g.n - from) * es));
+      }
+}
+
+}  // namespace
+
+double band_multiply_adds(int64_t m, int64_t n, int64_t k, MatmulBand band) {
+  using Kind = MatmulBand::Kind;
+  double terms = 0;
+  for (int64_t i = 0; i < m; ++i) {
+    switch (band.kind) {
+      case Kind::None: terms += static_cast<double>(n * k); break;
+      case Kind::Columns: terms += static_cast<double>(visible_columns(i, n, band.offset) * k); break;
+      case Kind::DepthUpTo: terms += static_cast<double>(n * std::clamp<int64_t>(i + band.offset + 1, 0, k)); break;
+      case Kind::DepthFrom: terms += static_cast<double>(n * (k - std::clamp<int64_t>(i - band.offset, 0, k))); break;
+    }
+  }
+  return terms;
+}
+
 void matmul(const MatmulArgs& g) {
   const capture::KernelScope cap("matmul");
+  KILN_ASSERT(g.band.kind == MatmulBand::Kind::None || (!g.bias && !g.addend && g.epilogue == MatmulEpilogue::None),
+              "kernels::matmul: a band with a bias, addend or epilogue");
   if (cap.recording()) {
     // The products dnnl_matmul runs below (the others' records call matmul again).
-    const bool on_dnnl = (g.dtype == kFloat32 || g.dtype == kBFloat16) && g.k > 0 && !detail::small_matmul_applies(g);
+    const bool on_dnnl = (g.dtype == kFloat32 || g.dtype == kBFloat16) && g.k > 0 &&
+                         g.band.kind == MatmulBand::Kind::None && !detail::small_matmul_applies(g);
     if (on_dnnl && g.outer > 0 && g.batch > 0 && g.m > 0 && g.n > 0)
       record_dnnl_matmul(cap, g);
     else
       cap.record([g] { matmul(g); });
   }
   if (g.outer <= 0 || g.batch <= 0 || g.m <= 0 || g.n <= 0) return;
+  if (g.band.kind != MatmulBand::Kind::None && !detail::small_matmul_applies(g)) {
+    // Whole, then the hidden columns' zeros; the depth bands' left-out terms are 0 (Note [Causal products]).
+    MatmulArgs whole = g;
+    whole.band = {};
+    matmul(whole);
+    if (g.band.kind == MatmulBand::Kind::Columns) zero_hidden_columns(g);
+    return;
+  }
   if (g.outer > 1 && !((g.dtype == kFloat32 || g.dtype == kBFloat16) && g.k > 0)) {
     // Two batch dims outside oneDNN: one call per outer index.
     const int64_t es = element_size(g.dtype);

@@ -240,20 +240,50 @@ void pack_transposed_words(uint32_t* dst, int64_t ld, const char* y, int64_t row
   }
 }
 
+// The part of a band's product (Note [Causal products]) that the tile of rows
+// [i0, i0 + rows) computes: depth steps [lo, hi), a step being `per_step`
+// terms of the sum (2 for bf16's pairs), and columns [0, cols). A step that
+// straddles the band's edge is taken whole: its other term is a zero of a.
+struct TileSpan {
+  int64_t lo, hi, cols;
+};
+
+TileSpan tile_span(const MatmulBand& band, int64_t i0, int64_t rows, int64_t n, int64_t k, int64_t per_step) {
+  using Kind = MatmulBand::Kind;
+  const int64_t steps = (k + per_step - 1) / per_step;
+  switch (band.kind) {
+    case Kind::Columns: return {0, steps, std::clamp<int64_t>(i0 + rows + band.offset, 0, n)};
+    case Kind::DepthUpTo: return {0, (std::clamp<int64_t>(i0 + rows + band.offset, 0, k) + per_step - 1) / per_step, n};
+    case Kind::DepthFrom: return {std::clamp<int64_t>(i0 - band.offset, 0, k) / per_step, steps, n};
+    case Kind::None: break;
+  }
+  return {0, steps, n};
+}
+
 // c [m, n] in tiles of up to kRows rows and kVectors 16-column vectors, each
 // tile the table's kernel for its shape: a's rows from a + i0 * a_rs, b's
-// columns from bp + j0 (in a's and b's own units), depth steps of k.
+// columns from bp + j0 (in a's and b's own units), `per_step` terms of k per
+// depth step. Under a band each tile computes only its span; a Columns band's
+// hidden entries are then written 0.
 template <typename Table, typename A, typename B, typename C>
-void sweep_tiles(const Table& tiles, int64_t m, int64_t n, int64_t depth, const A* a, int64_t a_rs, int64_t a_ks,
-                 const B* bp, int64_t ldb, C* c, int64_t ldc) {
+void sweep_tiles(const Table& tiles, int64_t m, int64_t n, int64_t k, int64_t per_step, const MatmulBand& band,
+                 const A* a, int64_t a_rs, int64_t a_ks, const B* bp, int64_t ldb, C* c, int64_t ldc) {
   for (int64_t j0 = 0; j0 < n; j0 += 16 * kVectors) {
-    const int64_t cols = std::min<int64_t>(16 * kVectors, n - j0);
-    const int64_t vectors = (cols + 15) / 16;
-    const __mmask16 last = vm::first_lanes16(cols - 16 * (vectors - 1));
     for (int64_t i0 = 0; i0 < m; i0 += kRows) {
       const int64_t rows = std::min<int64_t>(kRows, m - i0);
-      tiles[rows - 1][vectors - 1](depth, a + i0 * a_rs, a_rs, a_ks, bp + j0, ldb, c + i0 * ldc + j0, ldc, last);
+      const TileSpan span = tile_span(band, i0, rows, n, k, per_step);
+      const int64_t cols = std::min<int64_t>({16 * kVectors, n - j0, span.cols - j0});
+      if (cols <= 0) continue;  // every entry hidden: zeroed below
+      const int64_t vectors = (cols + 15) / 16;
+      const __mmask16 last = vm::first_lanes16(cols - 16 * (vectors - 1));
+      tiles[rows - 1][vectors - 1](std::max<int64_t>(span.hi - span.lo, 0), a + i0 * a_rs + span.lo * a_ks, a_rs, a_ks,
+                                   bp + span.lo * ldb + j0, ldb, c + i0 * ldc + j0, ldc, last);
     }
+  }
+  if (band.kind != MatmulBand::Kind::Columns) return;
+  for (int64_t i = 0; i < m; ++i) {
+    const int64_t from = std::clamp<int64_t>(i + band.offset + 1, 0, n);
+    std::fill(c + i * ldc + from, c + i * ldc + n, C(0));
   }
 }
 
@@ -316,7 +346,7 @@ void product(const MatmulArgs& g, const uint16_t* a, const uint16_t* b, uint16_t
     ap_rs = 2 * kp;
     ap_ks = 2;
   }
-  sweep_tiles(kTiles, m, n, kp, ap, ap_rs, ap_ks, bp, ldb, c, g.c_row_stride());
+  sweep_tiles(kTiles, m, n, k, 2, g.band, ap, ap_rs, ap_ks, bp, ldb, c, g.c_row_stride());
 }
 
 // One float32 product: a is read in place (any strides: each tile broadcasts
@@ -338,7 +368,7 @@ void product_f32(const MatmulArgs& g, const float* a, const float* b, float* c, 
     }
     bp = reinterpret_cast<const float*>(packed);
   }
-  sweep_tiles(kF32Tiles, m, n, k, a, g.a.stride[1], g.a.stride[2], bp, ldb, c, g.c_row_stride());
+  sweep_tiles(kF32Tiles, m, n, k, 1, g.band, a, g.a.stride[1], g.a.stride[2], bp, ldb, c, g.c_row_stride());
 }
 
 // Runs every product of g, in ranges of the outer x batch index across threads.

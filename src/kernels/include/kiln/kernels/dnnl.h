@@ -43,6 +43,34 @@ struct MatrixOperand {
   int64_t outer_stride = 0;
 };
 
+/// Note [Causal products]
+/// Causal attention's products over a block of query rows r0, r0 + 1, ...:
+/// query row i sees keys j <= r0 + i only, so the products that form or
+/// consume its scores have a triangle the mask hides. A band names it, with
+/// `offset` = r0, in the product's own indices (i a row of c, j a column, p
+/// a term of the sum), and the kernel skips that part:
+///   Columns    c[i][j] = (j <= i + offset) ? sum_p a[i][p] b[p][j] : 0
+///              (S = q kᵀ and dP = dO vᵀ: the hidden scores are written 0);
+///   DepthUpTo  c[i][j] = sum over p <= i + offset (P v and dS k, whose a is 0
+///              past its row's last key);
+///   DepthFrom  c[i][j] = sum over p >= i - offset (Pᵀ dO and dSᵀ q: a key
+///              row is seen only by queries from its own index on).
+/// For the two depth bands the caller guarantees that a is 0 at the terms left
+/// out, so the full product is the same sum: a kernel may skip those terms or
+/// not, and skipping exact zeros changes no bit of a finite result. The
+/// small-product kernel skips them tile by tile; every other path computes
+/// the full product and, for Columns, writes the zeros after.
+struct MatmulBand {
+  enum class Kind : uint8_t { None, Columns, DepthUpTo, DepthFrom };
+  Kind kind = Kind::None;
+  int64_t offset = 0;
+};
+
+/// Multiply-adds one [m, k] · [k, n] product does under `band`: m·n·k for
+/// Kind::None, the terms of the visible entries otherwise (what the profiler
+/// counts as the product's FLOPs, halved).
+double band_multiply_adds(int64_t m, int64_t n, int64_t k, MatmulBand band);
+
 /// An activation applied to c (after the bias) inside the product, while each
 /// tile of c is still in registers: oneDNN eltwise post-ops. float32 and
 /// bfloat16 only (the oneDNN path).
@@ -75,6 +103,9 @@ struct MatmulArgs {
   /// the epilogue, inside the product (a oneDNN binary post-op): a residual
   /// connection without a separate pass. float32/bfloat16 only.
   const void* addend = nullptr;
+  /// The causal triangle to skip, if any (Note [Causal products]); no bias,
+  /// epilogue or addend with a band.
+  MatmulBand band;
 };
 
 /// float32, bfloat16: oneDNN. float64: cblas_dgemm. int64, int32, uint8: a
