@@ -164,6 +164,38 @@ kernels::AttentionBlock block_of(const Tensor& s, const FusedArgs& a, double sca
 // Row r0 of a contiguous per-row tensor [..., L, 1].
 void* row_ptr(const Tensor& t, int64_t r0) { return static_cast<char*>(t.data_ptr()) + r0 * t.element_size(); }
 
+// A [B, H, rows, cols] tensor with a unit last stride as the kernels' head operand.
+kernels::HeadOperand head_operand(const Tensor& t) { return {t.data_ptr(), t.stride(0), t.stride(1), t.stride(2)}; }
+
+// q, k, v as heads run one head at a time (Note [Attention by head]) when
+// they are 4-D heads [B, H, T, E] with a unit last stride, unmasked, and the
+// kernel takes their sizes; `ok` says whether it does.
+kernels::AttentionHeads heads_args(const Tensor& q, const Tensor& k, const Tensor& v, const FusedArgs& a, bool* ok) {
+  kernels::AttentionHeads h;
+  *ok = false;
+  if (a.mask.defined() || q.dim() != 4 || k.dim() != 4 || v.dim() != 4 || k.dtype() != q.dtype() ||
+      v.dtype() != q.dtype() || q.stride(3) != 1 || k.stride(3) != 1 || v.stride(3) != 1)
+    return h;
+  for (int d = 0; d < 2; ++d)
+    if (k.size(d) != q.size(d) || v.size(d) != q.size(d)) return h;
+  if (k.size(3) != q.size(3) || v.size(2) != k.size(2)) return h;
+  h.dtype = q.dtype();
+  h.B = q.size(0);
+  h.H = q.size(1);
+  h.L = q.size(2);
+  h.S = k.size(2);
+  h.E = q.size(3);
+  h.Ev = v.size(3);
+  h.scale = 1.0 / std::sqrt(static_cast<double>(q.size(-1)));
+  h.causal = a.causal;
+  h.block_rows = a.block_rows;
+  h.q = head_operand(q);
+  h.k = head_operand(k);
+  h.v = head_operand(v);
+  *ok = kernels::attention_heads_apply(h);
+  return h;
+}
+
 // The attention output, query rows in blocks; `lse`, when not null, gets the
 // per-row log-sum-exp [..., L, 1] that backward recomputes the weights from.
 Tensor attention_forward(const Tensor& q, const Tensor& k, const Tensor& v, const FusedArgs& a, Tensor* lse) {
@@ -181,6 +213,15 @@ Tensor attention_forward(const Tensor& q, const Tensor& k, const Tensor& v, cons
                      q.size(1) == v.size(1);
   Tensor out_heads;
   if (heads) out_heads = empty({q.size(0), L, q.size(1), v.size(-1)}, TensorOptions(q.dtype())).transpose(1, 2);
+  bool by_head = false;
+  kernels::AttentionHeads h = heads_args(q, k, v, a, &by_head);
+  if (heads && by_head) {
+    if (lse) *lse = empty({q.size(0), q.size(1), L, 1}, TensorOptions(q.dtype()));
+    h.out = head_operand(out_heads);
+    h.lse = lse ? lse->data_ptr() : nullptr;
+    kernels::attention_heads_forward(h);
+    return out_heads;
+  }
   for (int64_t r0 = 0; r0 < L; r0 += a.block_rows) {
     const int64_t n = std::min(a.block_rows, L - r0), kend = keys_visible(a, r0, n, S);
     if (row_kernels(a, kend)) {
@@ -250,6 +291,24 @@ struct FusedSdpa : autograd::Function<FusedSdpa> {
     const int64_t L = q.size(-2), S = k.size(-2);
     const double scale = 1.0 / std::sqrt(static_cast<double>(q.size(-1)));
     Tensor D = (dout * out).sum({-1}, /*keepdim=*/true);  // [..., L, 1]
+    bool by_head = false;
+    kernels::AttentionHeads h = heads_args(q, k, v, a, &by_head);
+    if (by_head && fused_projection_heads(q, k, v) && dout.sizes() == out.sizes() && dout.stride(3) == 1 &&
+        D.is_contiguous()) {
+      // One [B, T, 3C] buffer for the three gradients, as below.
+      const int64_t B = q.size(0), H = q.size(1), E = q.size(3);
+      const Tensor g = empty({B, L, 3, H, E}, TensorOptions(q.dtype()));
+      const Tensor dq = g.select(2, 0).transpose(1, 2), dk = g.select(2, 1).transpose(1, 2),
+                   dv = g.select(2, 2).transpose(1, 2);
+      h.lse = lse.data_ptr();
+      h.dout = head_operand(dout);
+      h.D = D.data_ptr();
+      h.dq = head_operand(dq);
+      h.dk = head_operand(dk);
+      h.dv = head_operand(dv);
+      kernels::attention_heads_backward(h);
+      return {dq, dk, dv};
+    }
     Tensor dk, dv;
     std::vector<Tensor> dqs;
     // One [B, T, 3C] buffer for the three gradients when q, k, v are heads of

@@ -213,6 +213,43 @@ TEST(AttentionFused, HeadsOfOneProjectionGetOneGradientBuffer) {
   }
 }
 
+// Note [Attention by head]: heads of one projection run one head at a time
+// (kernels::attention_heads_*), the same values as separate 3-D tensors run
+// block by block over all heads; the outputs and the q, k, v gradients must
+// be the same bits, in float32 and bf16, causal or not.
+TEST(AttentionFused, OneHeadAtATimeGivesTheBitsOfAllHeadsAtOnce) {
+  manual_seed(37);
+  struct Shape {
+    int64_t B, T, H, E, block_rows;
+  };
+  for (const Shape sh : {Shape{2, 70, 3, 8, 16}, Shape{2, 128, 4, 64, 64}})
+    for (const DType dt : {kFloat32, kBFloat16})
+      for (const bool causal : {true, false}) {
+        SCOPED_TRACE(::testing::Message() << "T " << sh.T << " E " << sh.E << " " << dtype_name(dt)
+                                          << (causal ? " causal" : " full"));
+        const int64_t B = sh.B, T = sh.T, H = sh.H, E = sh.E, C = H * E;
+        const Tensor x = randn({B, T, 3 * C}).to(dt), dy = randn({B, H, T, E}).to(dt);
+        // By head: views of the projection.
+        auto heads = [&](const Tensor& t) { return t.view({B, T, H, E}).transpose(1, 2); };
+        const Tensor xg = x.clone().requires_grad_();
+        auto parts = (xg * 1.0).split(C, 2);
+        const Tensor y_heads = F::detail::sdpa_fused(heads(parts[0]), heads(parts[1]), heads(parts[2]), {}, causal,
+                                                     sh.block_rows);
+        const auto g_heads = autograd::grad({y_heads}, {xg}, {dy});
+        // All heads at once: the same values as dense [B * H, T, E] tensors.
+        auto flat = [&](int64_t i) {
+          return heads(x.narrow(2, i * C, C)).contiguous().view({B * H, T, E}).requires_grad_();
+        };
+        const Tensor q = flat(0), k = flat(1), v = flat(2);
+        const Tensor y_all = F::detail::sdpa_fused(q, k, v, {}, causal, sh.block_rows);
+        const auto g_all = autograd::grad({y_all}, {q, k, v}, {dy.contiguous().view({B * H, T, E})});
+        EXPECT_TRUE(y_heads.contiguous().view({B * H, T, E}).equal(y_all)) << "outputs";
+        for (int64_t i = 0; i < 3; ++i)
+          EXPECT_TRUE(heads(g_heads[0].narrow(2, i * C, C)).contiguous().view({B * H, T, E}).equal(g_all[i]))
+              << "gradient " << i;
+      }
+}
+
 // split's backward returns gradients that already lie side by side as one view
 // of their buffer (no copy), and joins any others with a copy as before.
 TEST(AttentionFused, SplitBackwardJoinsAdjacentGradientsWithoutACopy) {

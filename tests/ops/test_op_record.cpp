@@ -253,9 +253,11 @@ TEST(OpRecord, AttentionFlopsCountTheProductsTheKernelRuns) {
   // Causal: the lower triangle, diagonal included (the banded products skip the rest).
   const double causal_scores = 100.0 * 101 / 2;
   EXPECT_EQ(sdpa[1].flops, 4.0 * Bt * Hd * causal_scores * E);
-  // Its products, as their own "matmul" events, add up to the same count.
+  // Run block by block over all heads (3-D operands), its products, as their
+  // own "matmul" events, add up to the same count.
   Collector inner;
-  ops::scaled_dot_product_attention(q, k, v, {}, 0.0, /*is_causal=*/true);
+  const Tensor q3 = q.view({Bt * Hd, L, E}), k3 = k.view({Bt * Hd, L, E}), v3 = v.view({Bt * Hd, L, E});
+  ops::scaled_dot_product_attention(q3, k3, v3, {}, 0.0, /*is_causal=*/true);
   inner.stop();
   double products = 0;
   for (const Seen& e : inner.of(record::Kind::Op, "matmul")) products += e.flops;

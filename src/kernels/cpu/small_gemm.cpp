@@ -34,15 +34,17 @@ namespace {
 constexpr int64_t kMaxDim = 512;
 }  // namespace
 
-bool small_matmul_applies(const MatmulArgs& g) {
+bool small_matmul_fits(const MatmulArgs& g) {
 #ifdef KILN_SMALL_GEMM
   return (g.dtype == kBFloat16 || g.dtype == kFloat32) && g.epilogue == MatmulEpilogue::None && !g.bias && !g.addend &&
-         g.outer * g.batch >= 2 && g.m > 0 && g.n > 0 && g.k > 0 && g.m <= kMaxDim && g.n <= kMaxDim && g.k <= kMaxDim;
+         g.m > 0 && g.n > 0 && g.k > 0 && g.m <= kMaxDim && g.n <= kMaxDim && g.k <= kMaxDim;
 #else
   (void)g;
   return false;
 #endif
 }
+
+bool small_matmul_applies(const MatmulArgs& g) { return g.outer * g.batch >= 2 && small_matmul_fits(g); }
 
 #ifdef KILN_SMALL_GEMM
 
@@ -373,13 +375,13 @@ void product_f32(const MatmulArgs& g, const float* a, const float* b, float* c, 
 
 // Runs every product of g, in ranges of the outer x batch index across threads.
 template <typename E, typename Product>
-void run_products(const MatmulArgs& g, Product product) {
+void run_products(const MatmulArgs& g, Product product, bool here) {
   const int64_t total = g.outer * g.batch;
   const auto* a0 = static_cast<const E*>(g.a.data);
   const auto* b0 = static_cast<const E*>(g.b.data);
   auto* c0 = static_cast<E*>(g.c);
   // Each product is whole on one thread: the bits do not depend on the thread count.
-  parallel_for(total, 1, [&](int64_t lo, int64_t hi) {
+  auto range = [&](int64_t lo, int64_t hi) {
     thread_local Buffers buf;
     for (int64_t i = lo; i < hi; ++i) {
       const int64_t o = i / g.batch, bi = i % g.batch;
@@ -393,19 +395,30 @@ void run_products(const MatmulArgs& g, Product product) {
       }
       product(g, a, b, c, buf);
     }
-  });
+  };
+  if (here) {
+    range(0, total);
+  } else {
+    parallel_for(total, 1, range);
+  }
 }
 
 }  // namespace
 
 void small_matmul(const MatmulArgs& g) {
-  if (g.dtype == kFloat32) return run_products<float>(g, product_f32);
-  run_products<uint16_t>(g, product);
+  if (g.dtype == kFloat32) return run_products<float>(g, product_f32, false);
+  run_products<uint16_t>(g, product, false);
+}
+
+void small_matmul_here(const MatmulArgs& g) {
+  if (g.dtype == kFloat32) return run_products<float>(g, product_f32, true);
+  run_products<uint16_t>(g, product, true);
 }
 
 #else
 
 void small_matmul(const MatmulArgs&) { KILN_ASSERT(false, "small_matmul: not built for this CPU"); }
+void small_matmul_here(const MatmulArgs&) { KILN_ASSERT(false, "small_matmul_here: not built for this CPU"); }
 
 #endif
 

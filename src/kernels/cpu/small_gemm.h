@@ -48,5 +48,11 @@ namespace kiln::kernels::detail {
 bool small_matmul_applies(const MatmulArgs& g);
 /// Runs g on that kernel (small_matmul_applies(g) must hold).
 void small_matmul(const MatmulArgs& g);
+/// Whether g fits that kernel whatever its batch (small_matmul_applies
+/// without the batch of two): one head's product inside a kernel that runs
+/// its heads across threads itself (attention_heads.cpp).
+bool small_matmul_fits(const MatmulArgs& g);
+/// Runs every product of g on the calling thread (small_matmul_fits(g) must hold).
+void small_matmul_here(const MatmulArgs& g);
 
 }  // namespace kiln::kernels::detail

@@ -1,0 +1,186 @@
+// Fused attention one head at a time: Note [Attention by head] in
+// kiln/kernels/attention.h. The products are the small-product kernel's
+// (small_gemm.h) on one head each, the row kernels those of
+// attention_softmax.cpp on one head's block.
+#include <algorithm>
+#include <vector>
+
+#include "kiln/core/capture.h"
+#include "kiln/core/error.h"
+#include "kiln/core/half.h"
+#include "kiln/core/parallel.h"
+#include "kiln/kernels/attention.h"
+#include "kiln/kernels/dnnl.h"
+#include "small_gemm.h"
+
+namespace kiln::kernels {
+
+namespace {
+
+using Band = MatmulBand;
+
+// The head (b, h) of an operand, from row `row`.
+struct Head {
+  char* p;
+  int64_t row;  // row stride, elements
+};
+
+Head head_of(const HeadOperand& o, int64_t b, int64_t h, int64_t row, int64_t es) {
+  return {static_cast<char*>(o.data) + (b * o.outer + h * o.head + row * o.row) * es, o.row};
+}
+
+// A matrix at p with row and column strides (elements).
+MatrixOperand matrix(const void* p, int64_t rs, int64_t cs) { return {p, {0, rs, cs}, 0}; }
+
+// c [m, n] (row stride ldc) = a · b under `band`, on this thread.
+void product(DType dt, int64_t m, int64_t n, int64_t k, MatrixOperand a, MatrixOperand b, void* c, int64_t ldc,
+             Band band) {
+  MatmulArgs g;
+  g.dtype = dt;
+  g.m = m;
+  g.n = n;
+  g.k = k;
+  g.a = a;
+  g.b = b;
+  g.c = c;
+  g.c_stride[1] = ldc;
+  g.band = band;
+  detail::small_matmul_here(g);
+}
+
+int64_t keys_visible(const AttentionHeads& a, int64_t r0, int64_t n) { return a.causal ? std::min(a.S, r0 + n) : a.S; }
+
+Band band_of(const AttentionHeads& a, Band::Kind kind, int64_t r0) { return a.causal ? Band{kind, r0} : Band{}; }
+
+AttentionBlock block_of(const AttentionHeads& a, int64_t r0, int64_t n, int64_t kend) {
+  return {.dtype = a.dtype,
+          .batch = 1,
+          .rows = n,
+          .cols = kend,
+          .scale = a.scale,
+          .causal = a.causal,
+          .row0 = r0,
+          .row_batch_stride = a.L};
+}
+
+// This thread's scratch: a block's weights, its score gradient, and one
+// block's dk or dv before it is added in.
+struct Scratch {
+  std::vector<char> p, ds, part;
+  static char* get(std::vector<char>& v, int64_t bytes) {
+    if (static_cast<int64_t>(v.size()) < bytes) v.resize(static_cast<size_t>(bytes));
+    return v.data();
+  }
+};
+
+// rows x cols of dst (row stride ld) += src (contiguous), each sum rounded to
+// T once: what add_ of the two tensors computes.
+template <typename T>
+void add_rows(char* dst, int64_t ld, const char* src, int64_t rows, int64_t cols) {
+  for (int64_t r = 0; r < rows; ++r) {
+    T* d = reinterpret_cast<T*>(dst) + r * ld;
+    const T* s = reinterpret_cast<const T*>(src) + r * cols;
+    for (int64_t j = 0; j < cols; ++j) d[j] = static_cast<T>(static_cast<float>(d[j]) + static_cast<float>(s[j]));
+  }
+}
+
+void add_rows(DType dt, char* dst, int64_t ld, const char* src, int64_t rows, int64_t cols) {
+  if (dt == kFloat32) return add_rows<float>(dst, ld, src, rows, cols);
+  add_rows<BFloat16>(dst, ld, src, rows, cols);
+}
+
+void forward_head(const AttentionHeads& a, int64_t b, int64_t h, Scratch& scratch) {
+  const int64_t es = element_size(a.dtype);
+  const int64_t hi = b * a.H + h;  // the head's index in lse
+  for (int64_t r0 = 0; r0 < a.L; r0 += a.block_rows) {
+    const int64_t n = std::min(a.block_rows, a.L - r0), kend = keys_visible(a, r0, n);
+    const Head q = head_of(a.q, b, h, r0, es), k = head_of(a.k, b, h, 0, es), v = head_of(a.v, b, h, 0, es);
+    const Head o = head_of(a.out, b, h, r0, es);
+    char* s = Scratch::get(scratch.p, n * kend * es);
+    product(a.dtype, n, kend, a.E, matrix(q.p, q.row, 1), matrix(k.p, 1, k.row), s, kend,
+            band_of(a, Band::Kind::Columns, r0));
+    attention_weights(block_of(a, r0, n, kend), s, a.lse ? static_cast<char*>(a.lse) + (hi * a.L + r0) * es : nullptr);
+    product(a.dtype, n, a.Ev, kend, matrix(s, kend, 1), matrix(v.p, v.row, 1), o.p, o.row,
+            band_of(a, Band::Kind::DepthUpTo, r0));
+  }
+}
+
+void backward_head(const AttentionHeads& a, int64_t b, int64_t h, Scratch& scratch) {
+  const int64_t es = element_size(a.dtype);
+  const int64_t hi = b * a.H + h;
+  const Head k = head_of(a.k, b, h, 0, es), v = head_of(a.v, b, h, 0, es);
+  const Head dk = head_of(a.dk, b, h, 0, es), dv = head_of(a.dv, b, h, 0, es);
+  // The last block first: it sees every key, so its products are dk and dv
+  // and the earlier blocks add into their leading rows.
+  const int64_t last = (a.L - 1) / a.block_rows * a.block_rows;
+  for (int64_t r0 = last; r0 >= 0; r0 -= a.block_rows) {
+    const int64_t n = std::min(a.block_rows, a.L - r0), kend = keys_visible(a, r0, n);
+    const bool first = r0 == last;
+    const Head q = head_of(a.q, b, h, r0, es), dob = head_of(a.dout, b, h, r0, es), dq = head_of(a.dq, b, h, r0, es);
+    const AttentionBlock blk = block_of(a, r0, n, kend);
+    char* p = Scratch::get(scratch.p, n * kend * es);
+    char* ds = Scratch::get(scratch.ds, n * kend * es);
+    product(a.dtype, n, kend, a.E, matrix(q.p, q.row, 1), matrix(k.p, 1, k.row), p, kend,
+            band_of(a, Band::Kind::Columns, r0));
+    attention_recompute_weights(blk, p, static_cast<const char*>(a.lse) + (hi * a.L + r0) * es);
+    product(a.dtype, n, kend, a.Ev, matrix(dob.p, dob.row, 1), matrix(v.p, 1, v.row), ds, kend,
+            band_of(a, Band::Kind::Columns, r0));
+    // dv (+)= pᵀ dO, then dS, dq = dS k, dk (+)= dSᵀ q.
+    const MatrixOperand pt = matrix(p, 1, kend), dst = matrix(ds, 1, kend);
+    const Band from = band_of(a, Band::Kind::DepthFrom, r0);
+    if (first) {
+      product(a.dtype, kend, a.Ev, n, pt, matrix(dob.p, dob.row, 1), dv.p, dv.row, from);
+    } else {
+      char* part = Scratch::get(scratch.part, kend * std::max(a.E, a.Ev) * es);
+      product(a.dtype, kend, a.Ev, n, pt, matrix(dob.p, dob.row, 1), part, a.Ev, from);
+      add_rows(a.dtype, dv.p, dv.row, part, kend, a.Ev);
+    }
+    attention_scores_grad(blk, ds, p, static_cast<const char*>(a.D) + (hi * a.L + r0) * es);
+    product(a.dtype, n, a.E, kend, matrix(ds, kend, 1), matrix(k.p, k.row, 1), dq.p, dq.row,
+            band_of(a, Band::Kind::DepthUpTo, r0));
+    if (first) {
+      product(a.dtype, kend, a.E, n, dst, matrix(q.p, q.row, 1), dk.p, dk.row, from);
+    } else {
+      char* part = Scratch::get(scratch.part, kend * std::max(a.E, a.Ev) * es);
+      product(a.dtype, kend, a.E, n, dst, matrix(q.p, q.row, 1), part, a.E, from);
+      add_rows(a.dtype, dk.p, dk.row, part, kend, a.E);
+    }
+  }
+}
+
+template <typename Body>
+void for_heads(const AttentionHeads& a, const Body& body) {
+  parallel_for(a.B * a.H, 1, [&](int64_t lo, int64_t hi) {
+    thread_local Scratch scratch;
+    for (int64_t i = lo; i < hi; ++i) body(i / a.H, i % a.H, scratch);
+  });
+}
+
+}  // namespace
+
+bool attention_heads_apply(const AttentionHeads& a) {
+  if ((a.dtype != kFloat32 && a.dtype != kBFloat16) || a.B <= 0 || a.H <= 0 || a.L <= 0 || a.S <= 0 || a.E <= 0 ||
+      a.Ev <= 0 || a.block_rows <= 0 || (a.causal && a.L < a.S))
+    return false;
+  // The largest products a head runs: [rows, S] x [S, E] and [S, rows] x [rows, E].
+  MatmulArgs g;
+  g.dtype = a.dtype;
+  g.m = std::max(std::min(a.block_rows, a.L), a.S);
+  g.n = std::max({a.S, a.E, a.Ev});
+  g.k = g.n;
+  return detail::small_matmul_fits(g);
+}
+
+void attention_heads_forward(const AttentionHeads& a) {
+  KILN_CAPTURE_KERNEL("attention_heads_forward", attention_heads_forward(a));
+  KILN_ASSERT(attention_heads_apply(a), "attention_heads_forward: arguments the kernel does not take");
+  for_heads(a, [&](int64_t b, int64_t h, Scratch& s) { forward_head(a, b, h, s); });
+}
+
+void attention_heads_backward(const AttentionHeads& a) {
+  KILN_CAPTURE_KERNEL("attention_heads_backward", attention_heads_backward(a));
+  KILN_ASSERT(attention_heads_apply(a), "attention_heads_backward: arguments the kernel does not take");
+  for_heads(a, [&](int64_t b, int64_t h, Scratch& s) { backward_head(a, b, h, s); });
+}
+
+}  // namespace kiln::kernels
