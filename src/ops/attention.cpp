@@ -167,6 +167,33 @@ void* row_ptr(const Tensor& t, int64_t r0) { return static_cast<char*>(t.data_pt
 // A [B, H, rows, cols] tensor with a unit last stride as the kernels' head operand.
 kernels::HeadOperand head_operand(const Tensor& t) { return {t.data_ptr(), t.stride(0), t.stride(1), t.stride(2)}; }
 
+// Backward's D = Σ dO ∘ out over the last dim, [..., L, 1]: one kernel over
+// the rows (kernels::attention_output_dots, the products unrounded) for
+// float32 and bf16 heads of up to 4 dims with rows contiguous, else the ops.
+Tensor output_dots(const Tensor& dout, const Tensor& out) {
+  const int64_t d = out.dim();
+  if (d < 2 || d > 4 || dout.sizes() != out.sizes() || dout.dtype() != out.dtype() ||
+      (out.dtype() != kFloat32 && out.dtype() != kBFloat16) || out.stride(-1) != 1 || dout.stride(-1) != 1)
+    return (dout * out).sum({-1}, /*keepdim=*/true);
+  DimVector shape(out.sizes());
+  shape.back() = 1;
+  Tensor D = empty(shape, TensorOptions(out.dtype()));
+  // As [B, H, L, Ev] heads: missing leading dims have size 1 (stride 0).
+  auto as_heads = [&](const Tensor& t) {
+    kernels::HeadOperand o{t.data_ptr(), 0, 0, t.stride(-2)};
+    if (d >= 3) o.head = t.stride(-3);
+    if (d == 4) o.outer = t.stride(0);
+    return o;
+  };
+  const int64_t B = d == 4 ? out.size(0) : 1, H = d >= 3 ? out.size(-3) : 1;
+  if (D.numel() > 0 && out.size(-1) > 0)
+    kernels::attention_output_dots(out.dtype(), B, H, out.size(-2), out.size(-1), as_heads(dout), as_heads(out),
+                                   D.data_ptr());
+  else
+    D.zero_();
+  return D;
+}
+
 // q, k, v as heads run one head at a time (Note [Attention by head]) when
 // they are 4-D heads [B, H, T, E] with a unit last stride, unmasked, and the
 // kernel takes their sizes; `ok` says whether it does.
@@ -290,7 +317,7 @@ struct FusedSdpa : autograd::Function<FusedSdpa> {
     }
     const int64_t L = q.size(-2), S = k.size(-2);
     const double scale = 1.0 / std::sqrt(static_cast<double>(q.size(-1)));
-    Tensor D = (dout * out).sum({-1}, /*keepdim=*/true);  // [..., L, 1]
+    const Tensor D = output_dots(dout, out);  // [..., L, 1]
     bool by_head = false;
     kernels::AttentionHeads h = heads_args(q, k, v, a, &by_head);
     if (by_head && fused_projection_heads(q, k, v) && dout.sizes() == out.sizes() && dout.stride(3) == 1 &&

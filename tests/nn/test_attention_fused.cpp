@@ -3,10 +3,12 @@
 // after forward the graph holds O(T) extra bytes, not a T x T matrix.
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <string>
 #include <vector>
 
 #include "kiln/autograd/engine.h"
+#include "kiln/kernels/attention.h"
 #include "kiln/ops/gradcheck.h"
 #include "kiln/autograd/node.h"
 #include "kiln/core/allocator.h"
@@ -248,6 +250,29 @@ TEST(AttentionFused, OneHeadAtATimeGivesTheBitsOfAllHeadsAtOnce) {
           EXPECT_TRUE(heads(g_heads[0].narrow(2, i * C, C)).contiguous().view({B * H, T, E}).equal(g_all[i]))
               << "gradient " << i;
       }
+}
+
+// Backward's D = Σ dO ∘ out per row (kernels::attention_output_dots) on head
+// views of a [B, T, H, E] buffer: the float sum of the products, rounded to
+// the dtype once, against the float64 sum (bound below).
+TEST(AttentionFused, OutputDotsMatchAFloat64SumPerRow) {
+  manual_seed(41);
+  const int64_t B = 2, T = 37, H = 3, E = 40;
+  for (const DType dt : {kFloat32, kBFloat16}) {
+    SCOPED_TRACE(dtype_name(dt));
+    const Tensor g = randn({B, T, H, E}).to(dt).transpose(1, 2), o = randn({B, T, H, E}).to(dt).transpose(1, 2);
+    const Tensor want = (g.to(kFloat64) * o.to(kFloat64)).sum({-1}, true);
+    const Tensor scale = (g.to(kFloat64) * o.to(kFloat64)).abs().sum({-1}, true);
+    Tensor got = empty({B, H, T, 1}, TensorOptions(dt));
+    auto heads = [](const Tensor& t) { return kernels::HeadOperand{t.data_ptr(), t.stride(0), t.stride(1), t.stride(2)}; };
+    kernels::attention_output_dots(dt, B, H, T, E, heads(g), heads(o), got.data_ptr());
+    const Tensor err = (got.to(kFloat64) - want).abs();
+    // Unit roundoff u of the dtype (2^-24 float32, 2^-8 bf16) on |D|, plus the
+    // float32 products' and E additions' error on Σ|products| (rounded once more).
+    const double u = dt == kFloat32 ? std::ldexp(1.0, -24) : std::ldexp(1.0, -8);
+    const Tensor bound = want.abs() * u + scale * ((1 + u) * static_cast<double>(E + 1) * std::ldexp(1.0, -24)) + 1e-30;
+    EXPECT_TRUE(err.le(bound).all().item<bool>()) << "worst error / bound " << (err / bound).max().item<double>();
+  }
 }
 
 // split's backward returns gradients that already lie side by side as one view

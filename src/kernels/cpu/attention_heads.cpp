@@ -11,6 +11,8 @@
 #include "kiln/core/parallel.h"
 #include "kiln/kernels/attention.h"
 #include "kiln/kernels/dnnl.h"
+#include "kiln/kernels/loop.h"
+#include "reduce_engine.h"
 #include "small_gemm.h"
 
 namespace kiln::kernels {
@@ -156,7 +158,29 @@ void for_heads(const AttentionHeads& a, const Body& body) {
   });
 }
 
+template <typename T>
+void output_dots(int64_t B, int64_t H, int64_t L, int64_t Ev, const HeadOperand& dout, const HeadOperand& out, T* D) {
+  parallel_for(B * H * L, std::max<int64_t>(1, kGrainSize / std::max<int64_t>(1, 2 * Ev)), [&](int64_t lo, int64_t hi) {
+    for (int64_t r = lo; r < hi; ++r) {
+      const int64_t b = r / (H * L), h = r / L % H, i = r % L;
+      const T* g = static_cast<const T*>(dout.data) + b * dout.outer + h * dout.head + i * dout.row;
+      const T* o = static_cast<const T*>(out.data) + b * out.outer + h * out.head + i * out.row;
+      D[r] = static_cast<T>(detail::lane_sum<16, float>(
+          Ev, [&](int64_t e) { return static_cast<float>(g[e]) * static_cast<float>(o[e]); }));
+    }
+  });
+}
+
 }  // namespace
+
+void attention_output_dots(DType dtype, int64_t B, int64_t H, int64_t L, int64_t Ev, const HeadOperand& dout,
+                           const HeadOperand& out, void* D) {
+  KILN_CAPTURE_KERNEL("attention_output_dots", attention_output_dots(dtype, B, H, L, Ev, dout, out, D));
+  KILN_ASSERT(dtype == kFloat32 || dtype == kBFloat16, "attention_output_dots: float32 or bfloat16, got ",
+              dtype_name(dtype));
+  if (dtype == kFloat32) return output_dots<float>(B, H, L, Ev, dout, out, static_cast<float*>(D));
+  output_dots<BFloat16>(B, H, L, Ev, dout, out, static_cast<BFloat16*>(D));
+}
 
 bool attention_heads_apply(const AttentionHeads& a) {
   if ((a.dtype != kFloat32 && a.dtype != kBFloat16) || a.B <= 0 || a.H <= 0 || a.L <= 0 || a.S <= 0 || a.E <= 0 ||

@@ -82,6 +82,14 @@ struct AttentionHeads {
   HeadOperand dq, dk, dv;   // backward's outputs (written whole)
 };
 
+/// Backward's per-row D = Σ_e dO[r, e] · out[r, e] for heads [B, H, L, Ev]
+/// (a 3-D batch is B = 1; rows contiguous in e), into D contiguous [B, H, L]:
+/// each product and the sum in float, 16 lanes folded in a fixed order, D
+/// rounded to the dtype once (float32 or bfloat16; a separate mul and sum
+/// would round every bf16 product).
+void attention_output_dots(DType dtype, int64_t B, int64_t H, int64_t L, int64_t Ev, const HeadOperand& dout,
+                           const HeadOperand& out, void* D);
+
 /// Whether this build and these sizes can run attention_heads_* (float32 or
 /// bfloat16 on the small-product kernel; a causal attention with L >= S, so
 /// that the last block sees every key).
