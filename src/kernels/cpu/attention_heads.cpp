@@ -127,26 +127,20 @@ void backward_head(const AttentionHeads& a, int64_t b, int64_t h, Scratch& scrat
     attention_recompute_weights(blk, p, static_cast<const char*>(a.lse) + (hi * a.L + r0) * es);
     product(a.dtype, n, kend, a.Ev, matrix(dob.p, dob.row, 1), matrix(v.p, 1, v.row), ds, kend,
             band_of(a, Band::Kind::Columns, r0));
-    // dv (+)= pᵀ dO, then dS, dq = dS k, dk (+)= dSᵀ q.
-    const MatrixOperand pt = matrix(p, 1, kend), dst = matrix(ds, 1, kend);
+    // dst[0, kend) = (the first block) or += xᵀ y: dv from p and dO, dk from dS and q.
     const Band from = band_of(a, Band::Kind::DepthFrom, r0);
-    if (first) {
-      product(a.dtype, kend, a.Ev, n, pt, matrix(dob.p, dob.row, 1), dv.p, dv.row, from);
-    } else {
-      char* part = Scratch::get(scratch.part, kend * std::max(a.E, a.Ev) * es);
-      product(a.dtype, kend, a.Ev, n, pt, matrix(dob.p, dob.row, 1), part, a.Ev, from);
-      add_rows(a.dtype, dv.p, dv.row, part, kend, a.Ev);
-    }
+    auto key_rows = [&](const Head& dst, const char* x, const Head& y, int64_t cols) {
+      const MatrixOperand xt = matrix(x, 1, kend), ym = matrix(y.p, y.row, 1);
+      if (first) return product(a.dtype, kend, cols, n, xt, ym, dst.p, dst.row, from);
+      char* part = Scratch::get(scratch.part, kend * cols * es);
+      product(a.dtype, kend, cols, n, xt, ym, part, cols, from);
+      add_rows(a.dtype, dst.p, dst.row, part, kend, cols);
+    };
+    key_rows(dv, p, dob, a.Ev);
     attention_scores_grad(blk, ds, p, static_cast<const char*>(a.D) + (hi * a.L + r0) * es);
     product(a.dtype, n, a.E, kend, matrix(ds, kend, 1), matrix(k.p, k.row, 1), dq.p, dq.row,
             band_of(a, Band::Kind::DepthUpTo, r0));
-    if (first) {
-      product(a.dtype, kend, a.E, n, dst, matrix(q.p, q.row, 1), dk.p, dk.row, from);
-    } else {
-      char* part = Scratch::get(scratch.part, kend * std::max(a.E, a.Ev) * es);
-      product(a.dtype, kend, a.E, n, dst, matrix(q.p, q.row, 1), part, a.E, from);
-      add_rows(a.dtype, dk.p, dk.row, part, kend, a.E);
-    }
+    key_rows(dk, ds, q, a.E);
   }
 }
 
