@@ -144,11 +144,30 @@ void backward_head(const AttentionHeads& a, int64_t b, int64_t h, Scratch& scrat
   }
 }
 
+// Asks for `rows` rows of `cols` elements of head (b, h) of `o` to be brought
+// into L2 (the next head's operands, while this one computes).
+void prefetch_head(const HeadOperand& o, int64_t b, int64_t h, int64_t rows, int64_t cols, int64_t es) {
+  if (o.data == nullptr) return;
+  const char* p = static_cast<const char*>(o.data) + (b * o.outer + h * o.head) * es;
+  for (int64_t r = 0; r < rows; ++r)
+    for (int64_t off = 0; off < cols * es; off += 64) __builtin_prefetch(p + r * o.row * es + off, 0, 2);
+}
+
 template <typename Body>
-void for_heads(const AttentionHeads& a, const Body& body) {
+void for_heads(const AttentionHeads& a, bool backward, const Body& body) {
+  const int64_t es = element_size(a.dtype);
   parallel_for(a.B * a.H, 1, [&](int64_t lo, int64_t hi) {
     thread_local Scratch scratch;
-    for (int64_t i = lo; i < hi; ++i) body(i / a.H, i % a.H, scratch);
+    for (int64_t i = lo; i < hi; ++i) {
+      if (i + 1 < hi) {
+        const int64_t b = (i + 1) / a.H, h = (i + 1) % a.H;
+        prefetch_head(a.k, b, h, a.S, a.E, es);
+        prefetch_head(a.v, b, h, a.S, a.Ev, es);
+        prefetch_head(a.q, b, h, a.L, a.E, es);
+        if (backward) prefetch_head(a.dout, b, h, a.L, a.Ev, es);
+      }
+      body(i / a.H, i % a.H, scratch);
+    }
   });
 }
 
@@ -192,13 +211,13 @@ bool attention_heads_apply(const AttentionHeads& a) {
 void attention_heads_forward(const AttentionHeads& a) {
   KILN_CAPTURE_KERNEL("attention_heads_forward", attention_heads_forward(a));
   KILN_ASSERT(attention_heads_apply(a), "attention_heads_forward: arguments the kernel does not take");
-  for_heads(a, [&](int64_t b, int64_t h, Scratch& s) { forward_head(a, b, h, s); });
+  for_heads(a, false, [&](int64_t b, int64_t h, Scratch& s) { forward_head(a, b, h, s); });
 }
 
 void attention_heads_backward(const AttentionHeads& a) {
   KILN_CAPTURE_KERNEL("attention_heads_backward", attention_heads_backward(a));
   KILN_ASSERT(attention_heads_apply(a), "attention_heads_backward: arguments the kernel does not take");
-  for_heads(a, [&](int64_t b, int64_t h, Scratch& s) { backward_head(a, b, h, s); });
+  for_heads(a, true, [&](int64_t b, int64_t h, Scratch& s) { backward_head(a, b, h, s); });
 }
 
 }  // namespace kiln::kernels
