@@ -224,7 +224,7 @@ TEST(AttentionFused, OneHeadAtATimeGivesTheBitsOfAllHeadsAtOnce) {
   struct Shape {
     int64_t B, T, H, E, block_rows;
   };
-  for (const Shape sh : {Shape{2, 70, 3, 8, 16}, Shape{2, 128, 4, 64, 64}})
+  for (const Shape sh : {Shape{2, 70, 3, 8, 16}, Shape{2, 128, 4, 64, 64}, Shape{1, 33, 2, 7, 8}})
     for (const DType dt : {kFloat32, kBFloat16})
       for (const bool causal : {true, false}) {
         SCOPED_TRACE(::testing::Message() << "T " << sh.T << " E " << sh.E << " " << dtype_name(dt)
