@@ -292,6 +292,8 @@ bool fused_projection_heads(const Tensor& q, const Tensor& k, const Tensor& v) {
   return static_cast<const char*>(k.data_ptr()) == p + piece && static_cast<const char*>(v.data_ptr()) == p + 2 * piece;
 }
 
+double attention_flops(const Tensor& q, const Tensor& k, const Tensor& out, bool causal, bool fused);
+
 struct FusedSdpa : autograd::Function<FusedSdpa> {
   static Tensor forward(autograd::AutogradContext& ctx, const Tensor& q, const Tensor& k, const Tensor& v,
                         const FusedArgs& a) {
@@ -333,6 +335,13 @@ struct FusedSdpa : autograd::Function<FusedSdpa> {
       h.dq = head_operand(dq);
       h.dk = head_operand(dk);
       h.dv = head_operand(dv);
+      // Its five products run inside one kernel, not as matmul events: the
+      // scores again (E), dP (Ev), dv (Ev), dq and dk (E), each over the scores
+      // the forward computed (attention_flops counts two of them).
+      OpScope rs("attention_fused_backward", {&dout, &q, &k, &v});
+      if (rs.recording())
+        rs.set_flops(attention_flops(q, k, out, a.causal, true) * static_cast<double>(3 * E + 2 * v.size(3)) /
+                     static_cast<double>(E + v.size(3)));
       kernels::attention_heads_backward(h);
       return {dq, dk, dv};
     }

@@ -262,6 +262,17 @@ TEST(OpRecord, AttentionFlopsCountTheProductsTheKernelRuns) {
   double products = 0;
   for (const Seen& e : inner.of(record::Kind::Op, "matmul")) products += e.flops;
   EXPECT_EQ(products, sdpa[1].flops);
+  // Heads of one projection take the one-head-at-a-time kernel both ways; its
+  // backward's five products (scores again, dP, dv, dq, dk) are counted on
+  // "attention_fused_backward".
+  const Tensor x = randn({Bt, L, 3 * Hd * E}).requires_grad_();
+  auto parts = (x * 1.0).split(Hd * E, 2);
+  auto heads = [&](const Tensor& t) { return t.view({Bt, L, Hd, E}).transpose(1, 2); };
+  const Tensor y = ops::scaled_dot_product_attention(heads(parts[0]), heads(parts[1]), heads(parts[2]), {}, 0.0, true);
+  Collector back;
+  y.backward(ones_like(y));
+  back.stop();
+  EXPECT_EQ(only(back, record::Kind::Op, "attention_fused_backward").flops, 2.0 * Bt * Hd * causal_scores * 5 * E);
 }
 
 TEST(OpRecord, ViewsAndCopiesAreOps) {
