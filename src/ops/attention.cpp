@@ -27,6 +27,7 @@
 #include <algorithm>
 #include <cmath>
 #include <limits>
+#include <optional>
 #include <vector>
 
 #include "banded_matmul.h"
@@ -194,18 +195,18 @@ Tensor output_dots(const Tensor& dout, const Tensor& out) {
   return D;
 }
 
-// q, k, v as heads run one head at a time (Note [Attention by head]) when
+// q, k, v as heads run one head at a time (Note [Attention by head]): when
 // they are 4-D heads [B, H, T, E] with a unit last stride, unmasked, and the
-// kernel takes their sizes; `ok` says whether it does.
-kernels::AttentionHeads heads_args(const Tensor& q, const Tensor& k, const Tensor& v, const FusedArgs& a, bool* ok) {
-  kernels::AttentionHeads h;
-  *ok = false;
+// kernel takes their sizes; nothing otherwise.
+std::optional<kernels::AttentionHeads> heads_args(const Tensor& q, const Tensor& k, const Tensor& v,
+                                                  const FusedArgs& a) {
   if (a.mask.defined() || q.dim() != 4 || k.dim() != 4 || v.dim() != 4 || k.dtype() != q.dtype() ||
       v.dtype() != q.dtype() || q.stride(3) != 1 || k.stride(3) != 1 || v.stride(3) != 1)
-    return h;
+    return std::nullopt;
   for (int d = 0; d < 2; ++d)
-    if (k.size(d) != q.size(d) || v.size(d) != q.size(d)) return h;
-  if (k.size(3) != q.size(3) || v.size(2) != k.size(2)) return h;
+    if (k.size(d) != q.size(d) || v.size(d) != q.size(d)) return std::nullopt;
+  if (k.size(3) != q.size(3) || v.size(2) != k.size(2)) return std::nullopt;
+  kernels::AttentionHeads h;
   h.dtype = q.dtype();
   h.B = q.size(0);
   h.H = q.size(1);
@@ -219,7 +220,7 @@ kernels::AttentionHeads heads_args(const Tensor& q, const Tensor& k, const Tenso
   h.q = head_operand(q);
   h.k = head_operand(k);
   h.v = head_operand(v);
-  *ok = kernels::attention_heads_apply(h);
+  if (!kernels::attention_heads_apply(h)) return std::nullopt;
   return h;
 }
 
@@ -240,13 +241,11 @@ Tensor attention_forward(const Tensor& q, const Tensor& k, const Tensor& v, cons
                      q.size(1) == v.size(1);
   Tensor out_heads;
   if (heads) out_heads = empty({q.size(0), L, q.size(1), v.size(-1)}, TensorOptions(q.dtype())).transpose(1, 2);
-  bool by_head = false;
-  kernels::AttentionHeads h = heads_args(q, k, v, a, &by_head);
-  if (heads && by_head) {
+  if (std::optional<kernels::AttentionHeads> h = heads ? heads_args(q, k, v, a) : std::nullopt) {
     if (lse) *lse = empty({q.size(0), q.size(1), L, 1}, TensorOptions(q.dtype()));
-    h.out = head_operand(out_heads);
-    h.lse = lse ? lse->data_ptr() : nullptr;
-    kernels::attention_heads_forward(h);
+    h->out = head_operand(out_heads);
+    h->lse = lse ? lse->data_ptr() : nullptr;
+    kernels::attention_heads_forward(*h);
     return out_heads;
   }
   for (int64_t r0 = 0; r0 < L; r0 += a.block_rows) {
@@ -320,21 +319,20 @@ struct FusedSdpa : autograd::Function<FusedSdpa> {
     const int64_t L = q.size(-2), S = k.size(-2);
     const double scale = 1.0 / std::sqrt(static_cast<double>(q.size(-1)));
     const Tensor D = output_dots(dout, out);  // [..., L, 1]
-    bool by_head = false;
-    kernels::AttentionHeads h = heads_args(q, k, v, a, &by_head);
-    if (by_head && fused_projection_heads(q, k, v) && dout.sizes() == out.sizes() && dout.stride(3) == 1 &&
+    std::optional<kernels::AttentionHeads> h = heads_args(q, k, v, a);
+    if (h && fused_projection_heads(q, k, v) && dout.sizes() == out.sizes() && dout.stride(3) == 1 &&
         D.is_contiguous()) {
       // One [B, T, 3C] buffer for the three gradients, as below.
       const int64_t B = q.size(0), H = q.size(1), E = q.size(3);
       const Tensor g = empty({B, L, 3, H, E}, TensorOptions(q.dtype()));
       const Tensor dq = g.select(2, 0).transpose(1, 2), dk = g.select(2, 1).transpose(1, 2),
                    dv = g.select(2, 2).transpose(1, 2);
-      h.lse = lse.data_ptr();
-      h.dout = head_operand(dout);
-      h.D = D.data_ptr();
-      h.dq = head_operand(dq);
-      h.dk = head_operand(dk);
-      h.dv = head_operand(dv);
+      h->lse = lse.data_ptr();
+      h->dout = head_operand(dout);
+      h->D = D.data_ptr();
+      h->dq = head_operand(dq);
+      h->dk = head_operand(dk);
+      h->dv = head_operand(dv);
       // Its five products run inside one kernel, not as matmul events: the
       // scores again (E), dP (Ev), dv (Ev), dq and dk (E), each over the scores
       // the forward computed (attention_flops counts two of them).
@@ -342,7 +340,7 @@ struct FusedSdpa : autograd::Function<FusedSdpa> {
       if (rs.recording())
         rs.set_flops(attention_flops(q, k, out, a.causal, true) * static_cast<double>(3 * E + 2 * v.size(3)) /
                      static_cast<double>(E + v.size(3)));
-      kernels::attention_heads_backward(h);
+      kernels::attention_heads_backward(*h);
       return {dq, dk, dv};
     }
     Tensor dk, dv;

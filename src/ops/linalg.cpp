@@ -167,9 +167,9 @@ bool batch_merges(const Tensor& t) {
 // batch dims (one oneDNN call for all B * nh heads: a call per b with nh
 // 64×64 products each ran at under half the product's speed): oneDNN reads
 // the interleaved heads in place.
-void batched_into(const Tensor& a, const Tensor& b, const Tensor& out, kernels::MatmulBand band = {}) {
+void batched_into(const Tensor& a, const Tensor& b, const Tensor& out) {
   if (a.dim() == 4 && a.size(0) > 1 && a.size(1) > 1 && a.dtype() != kFloat16) {
-    run_matmul4_into(matrix_operand4(a), matrix_operand4(b), out, band);
+    run_matmul4_into(matrix_operand4(a), matrix_operand4(b), out);
     return;
   }
   if (a.dim() <= 3 || (batch_merges(a) && batch_merges(b))) {
@@ -178,11 +178,10 @@ void batched_into(const Tensor& a, const Tensor& b, const Tensor& out, kernels::
     const Tensor a3 = a.dim() == 2 ? a : a.reshape({batch, rows, a.size(-1)});
     const Tensor b3 = b.dim() == 2 ? b : b.reshape({batch, b.size(-2), cols});
     const bool batched = a3.dim() == 3;
-    run_matmul_into(matrix_operand(a3, batched), matrix_operand(b3, batched), Tensor(), batch, out,
-                    kernels::MatmulEpilogue::None, 0, 0, band);
+    run_matmul_into(matrix_operand(a3, batched), matrix_operand(b3, batched), Tensor(), batch, out);
     return;
   }
-  for (int64_t i = 0; i < a.size(0); ++i) batched_into(a.select(0, i), b.select(0, i), out.select(0, i), band);
+  for (int64_t i = 0; i < a.size(0); ++i) batched_into(a.select(0, i), b.select(0, i), out.select(0, i));
 }
 
 // True when all dims but the last of `t` can be viewed as one (evenly strided).
@@ -670,10 +669,6 @@ bool non_overlapping(const Tensor& t) {
   }
   return true;
 }
-
-}  // namespace
-
-namespace {
 
 // matmul_into and banded_matmul_into: out = self · other, under `band`
 // (Note [Causal products] in kiln/kernels/dnnl.h), recorded as "matmul"

@@ -22,6 +22,7 @@
 #include "kernels/cpu/small_gemm.h"
 #include "kiln/kernels/dnnl.h"
 #include "kiln/kiln.h"
+#include "ops/banded_matmul.h"
 
 using namespace kiln;
 
@@ -334,4 +335,31 @@ TEST(SmallProducts, BandMultiplyAddsCountTheVisibleTerms) {
   // A band past every entry keeps none; one before them all keeps the whole product.
   EXPECT_EQ(kernels::band_multiply_adds(4, 5, 6, {Band::Kind::Columns, -10}), 0.0);
   EXPECT_EQ(kernels::band_multiply_adds(4, 5, 6, {Band::Kind::DepthFrom, 10}), 120.0);
+}
+
+// The ops' banded products (src/ops/banded_matmul.h) on every path the ops
+// layer takes: heads with two strided batch dims (float32, bf16), dense 3-D
+// batches, and float16, which computes through float32 and writes a Columns
+// band's zeros itself. Against matmul with the hidden entries zeroed.
+TEST(SmallProducts, BandedMatmulOpsZeroTheHiddenColumnsOnEveryPath) {
+  using Band = kernels::MatmulBand;
+  manual_seed(43);
+  const int64_t B = 2, T = 24, H = 3, E = 8;
+  const Tensor rows = arange(T).unsqueeze(1), cols = arange(T).unsqueeze(0);
+  for (const DType dt : {kFloat32, kBFloat16, kFloat16}) {
+    SCOPED_TRACE(dtype_name(dt));
+    const Tensor x = randn({B, T, 2 * H * E}).to(dt);
+    auto heads = [&](int64_t i) { return x.narrow(2, i * H * E, H * E).view({B, T, H, E}).transpose(1, 2); };
+    const Tensor q = heads(0), k = heads(1);
+    for (const bool dense : {false, true}) {
+      const Tensor a = dense ? q.contiguous().view({B * H, T, E}) : q;
+      const Tensor bt = (dense ? k.contiguous().view({B * H, T, E}) : k).transpose(-2, -1);
+      const Tensor want = a.matmul(bt).masked_fill(cols.gt(rows.add(5)), 0.0);
+      const Tensor got = ops::banded_matmul(a, bt, Band{Band::Kind::Columns, 5});
+      EXPECT_TRUE(got.equal(want)) << (dense ? "dense batch" : "heads");
+      Tensor into = full(want.sizes(), 7.0, TensorOptions(dt));
+      ops::banded_matmul_into(a, bt, into, Band{Band::Kind::Columns, 5});
+      EXPECT_TRUE(into.equal(want)) << (dense ? "dense batch, into" : "heads, into");
+    }
+  }
 }

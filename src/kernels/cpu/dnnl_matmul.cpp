@@ -1,7 +1,6 @@
 // kernels::matmul: oneDNN's matmul primitive for float32/bfloat16 (strided
 // operands are passed as strided memory descriptors, so a transposed operand
 // such as linear's Wᵀ is read in place), BLAS or loops for the rest.
-#include <algorithm>
 #include <cstring>
 #include <thread>
 #include <type_traits>
@@ -288,16 +287,13 @@ void matmul_with_packed_b(const MatmulArgs& g, const void* packed) {
 
 namespace {
 
-// How many leading columns of row i a Columns band keeps (the rest are 0).
-int64_t visible_columns(int64_t i, int64_t n, int64_t offset) { return std::clamp<int64_t>(i + offset + 1, 0, n); }
-
 // Writes the zeros of a Columns band over a product computed whole.
 void zero_hidden_columns(const MatmulArgs& g) {
   const int64_t es = element_size(g.dtype);
   for (int64_t o = 0; o < g.outer; ++o)
     for (int64_t bi = 0; bi < g.batch; ++bi)
       for (int64_t i = 0; i < g.m; ++i) {
-        const int64_t from = visible_columns(i, g.n, g.band.offset);
+        const int64_t from = g.band.through(i, g.n);
         char* row = static_cast<char*>(g.c) + (o * g.c_outer() + bi * g.c_batch_stride() + i * g.c_row_stride()) * es;
         std::memset(row + from * es, 0, static_cast<size_t>((g.n - from) * es));
       }
@@ -311,9 +307,9 @@ double band_multiply_adds(int64_t m, int64_t n, int64_t k, MatmulBand band) {
   for (int64_t i = 0; i < m; ++i) {
     switch (band.kind) {
       case Kind::None: terms += static_cast<double>(n * k); break;
-      case Kind::Columns: terms += static_cast<double>(visible_columns(i, n, band.offset) * k); break;
-      case Kind::DepthUpTo: terms += static_cast<double>(n * std::clamp<int64_t>(i + band.offset + 1, 0, k)); break;
-      case Kind::DepthFrom: terms += static_cast<double>(n * (k - std::clamp<int64_t>(i - band.offset, 0, k))); break;
+      case Kind::Columns: terms += static_cast<double>(band.through(i, n) * k); break;
+      case Kind::DepthUpTo: terms += static_cast<double>(n * band.through(i, k)); break;
+      case Kind::DepthFrom: terms += static_cast<double>(n * (k - band.from(i, k))); break;
     }
   }
   return terms;

@@ -254,9 +254,9 @@ TileSpan tile_span(const MatmulBand& band, int64_t i0, int64_t rows, int64_t n, 
   using Kind = MatmulBand::Kind;
   const int64_t steps = (k + per_step - 1) / per_step;
   switch (band.kind) {
-    case Kind::Columns: return {0, steps, std::clamp<int64_t>(i0 + rows + band.offset, 0, n)};
-    case Kind::DepthUpTo: return {0, (std::clamp<int64_t>(i0 + rows + band.offset, 0, k) + per_step - 1) / per_step, n};
-    case Kind::DepthFrom: return {std::clamp<int64_t>(i0 - band.offset, 0, k) / per_step, steps, n};
+    case Kind::Columns: return {0, steps, band.through(i0 + rows - 1, n)};
+    case Kind::DepthUpTo: return {0, (band.through(i0 + rows - 1, k) + per_step - 1) / per_step, n};
+    case Kind::DepthFrom: return {band.from(i0, k) / per_step, steps, n};
     case Kind::None: break;
   }
   return {0, steps, n};
@@ -284,8 +284,7 @@ void sweep_tiles(const Table& tiles, int64_t m, int64_t n, int64_t k, int64_t pe
   }
   if (band.kind != MatmulBand::Kind::Columns) return;
   for (int64_t i = 0; i < m; ++i) {
-    const int64_t from = std::clamp<int64_t>(i + band.offset + 1, 0, n);
-    std::fill(c + i * ldc + from, c + i * ldc + n, C(0));
+    std::fill(c + i * ldc + band.through(i, n), c + i * ldc + n, C(0));
   }
 }
 

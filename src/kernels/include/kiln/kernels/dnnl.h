@@ -64,6 +64,17 @@ struct MatmulBand {
   enum class Kind : uint8_t { None, Columns, DepthUpTo, DepthFrom };
   Kind kind = Kind::None;
   int64_t offset = 0;
+  /// How many leading indices of row i lie at or before i + offset, clamped
+  /// to [0, limit]: the columns a Columns band keeps, the terms a DepthUpTo sums.
+  int64_t through(int64_t i, int64_t limit) const {
+    const int64_t e = i + offset + 1;
+    return e < 0 ? 0 : e > limit ? limit : e;
+  }
+  /// The first term a DepthFrom band sums in row i, clamped to [0, limit].
+  int64_t from(int64_t i, int64_t limit) const {
+    const int64_t s = i - offset;
+    return s < 0 ? 0 : s > limit ? limit : s;
+  }
 };
 
 /// Multiply-adds one [m, k] · [k, n] product does under `band`: m·n·k for
