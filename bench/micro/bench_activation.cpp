@@ -68,7 +68,12 @@ void BM_ActivationGeluTanhBf16Forward(benchmark::State& state) {
   for (auto _ : state) benchmark::DoNotOptimize(x.gelu("tanh"));
   state.SetBytesProcessed(state.iterations() * x.numel() * 2 * 2);
 }
-BENCHMARK(BM_ActivationGeluTanhBf16Forward)->Arg(1)->ArgName("threads")->UseRealTime()->Unit(benchmark::kMicrosecond);
+BENCHMARK(BM_ActivationGeluTanhBf16Forward)
+    ->Arg(1)
+    ->Arg(2)
+    ->ArgName("threads")
+    ->UseRealTime()
+    ->Unit(benchmark::kMicrosecond);
 
 void BM_ActivationGeluTanhBf16ForwardBackward(benchmark::State& state) {
   const ThreadScope threads(static_cast<int>(state.range(0)));
@@ -82,6 +87,7 @@ void BM_ActivationGeluTanhBf16ForwardBackward(benchmark::State& state) {
 }
 BENCHMARK(BM_ActivationGeluTanhBf16ForwardBackward)
     ->Arg(1)
+    ->Arg(2)
     ->ArgName("threads")
     ->UseRealTime()
     ->Unit(benchmark::kMicrosecond);

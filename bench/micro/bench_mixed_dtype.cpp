@@ -120,3 +120,25 @@ void BM_CastBF16ToF32(benchmark::State& state) { cast(state, kiln::kBFloat16, ki
 BENCHMARK(BM_CastF32ToBF16)->Arg(1)->ArgName("threads")->UseRealTime()->Unit(benchmark::kMillisecond);
 BENCHMARK(BM_CastBF16ToF32)->Arg(1)->ArgName("threads")->UseRealTime()->Unit(benchmark::kMillisecond);
 }  // namespace
+
+namespace {
+
+// Tensor::to between float32 and bfloat16 at gpt's autocast sizes: a layer
+// norm's output [2048, 256] going into a linear, a weight [1024, 256] cast once
+// per step, and the gradients coming back. One pass over memory each.
+void BM_CastFloatBf16(benchmark::State& state) {
+  ThreadScope threads(static_cast<int>(state.range(0)));
+  const int64_t rows = state.range(1), cols = 256;
+  const bool narrow = state.range(2) != 0;
+  const Tensor x = filled({rows, cols}, narrow ? kFloat32 : kBFloat16);
+  const DType to = narrow ? kBFloat16 : kFloat32;
+  for (auto _ : state) benchmark::DoNotOptimize(x.to(to).data_ptr());
+  state.SetBytesProcessed(state.iterations() * rows * cols * 6);
+}
+BENCHMARK(BM_CastFloatBf16)
+    ->ArgsProduct({{1, 2}, {1024, 2048}, {1, 0}})
+    ->ArgNames({"threads", "rows", "narrow"})
+    ->UseRealTime()
+    ->Unit(benchmark::kMicrosecond);
+
+}  // namespace

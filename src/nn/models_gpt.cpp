@@ -69,7 +69,8 @@ Tensor GPT::forward(const Tensor& idx) {
   x = nn::run_blocks(
       checkpointing, static_cast<int64_t>(h->size()),
       [this](int64_t i, const Tensor& t) { return (*(*h)[static_cast<size_t>(i)])(t); }, x, "transformer.h");
-  return (*lm_head)((*ln_f)(x));
+  // ln_f only feeds lm_head (LayerNorm::forward_for_product: bf16 straight out under bf16 autocast).
+  return (*lm_head)(lm_head->has_forward_hooks() ? (*ln_f)(x) : ln_f->forward_for_product(x));
 }
 
 Tensor GPT::loss(const Tensor& idx, const Tensor& targets) {

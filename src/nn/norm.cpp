@@ -57,6 +57,27 @@ Tensor LayerNorm::forward(const Tensor& x) {
   trailing_dims(x, options.normalized_shape, "LayerNorm");
   return ops::layer_norm(x, options.normalized_shape, weight, bias, options.eps);
 }
+// Note [Layer norm into a product]
+// Autocast keeps layer norm in float32 (its policy row, as torch's CPU
+// autocast leaves it in the float32 residual stream's dtype), and the linear
+// after it casts the output to bf16: a pass that reads the float32 output and
+// writes a bf16 copy, and backward a ToCopyBackward that widens the bf16
+// gradient into a float32 one for the norm's backward. When the caller knows
+// the product is the output's only consumer (the pre-norm transformer block,
+// GPT's final norm before the LM head), the kernel rounds each float32 output
+// as Tensor::to would and stores bf16, and its backward widens the bf16
+// gradient as it reads it: the same bits forward and backward, two passes
+// fewer per norm. A hook on the norm or on the module it feeds sees what it
+// saw before (the float32 output), so any hook turns the fusion off.
+Tensor LayerNorm::forward_for_product(const Tensor& x) {
+  const bool into_bf16 = autocast_enabled() && autocast_dtype() == kBFloat16 && !has_forward_hooks() &&
+                         x.dtype() == kFloat32 && weight.defined() && bias.defined() && weight.dtype() == kFloat32 &&
+                         bias.dtype() == kFloat32;
+  if (!into_bf16) return (*this)(x);
+  trailing_dims(x, options.normalized_shape, "LayerNorm");
+  const autocast_detail::SuspendGuard suspend;
+  return ops::layer_norm_to(x, options.normalized_shape, weight, bias, options.eps, kBFloat16);
+}
 std::string LayerNorm::extra_repr() const {
   return int_tuple(options.normalized_shape) + ", eps=" + num(options.eps) +
          ", elementwise_affine=" + py_bool(options.elementwise_affine);

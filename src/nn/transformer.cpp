@@ -93,12 +93,18 @@ Tensor TransformerBlock::forward(const Tensor& x) {
                               !attn->resid_dropout->has_forward_hooks() && identity_dropout(*attn->resid_dropout) &&
                               !mlp->has_forward_hooks() && !mlp->c_proj->has_forward_hooks() &&
                               !mlp->dropout->has_forward_hooks() && identity_dropout(*mlp->dropout);
+  // Each norm's output only feeds its sublayer's first linear: under bf16
+  // autocast it comes out in bf16 directly (LayerNorm::forward_for_product),
+  // unless a hook on the sublayer could look at it.
+  const auto norm = [](LayerNorm& ln, const Module& sub, const Module& first_linear, const Tensor& t) {
+    return sub.has_forward_hooks() || first_linear.has_forward_hooks() ? ln(t) : ln.forward_for_product(t);
+  };
   if (!fuse_residuals) {
-    Tensor h = x + (*attn)((*ln_1)(x));
-    return h + (*mlp)((*ln_2)(h));
+    Tensor h = x + (*attn)(norm(*ln_1, *attn, *attn->c_attn, x));
+    return h + (*mlp)(norm(*ln_2, *mlp, *mlp->c_fc, h));
   }
-  Tensor h = attn->forward_add((*ln_1)(x), x);
-  return mlp->forward_add((*ln_2)(h), h);
+  Tensor h = attn->forward_add(norm(*ln_1, *attn, *attn->c_attn, x), x);
+  return mlp->forward_add(norm(*ln_2, *mlp, *mlp->c_fc, h), h);
 }
 
 }  // namespace kiln::nn

@@ -11,6 +11,7 @@
 // dtypes, no affine step, an empty input).
 #include "kiln/ops/layer_norm.h"
 
+#include <optional>
 #include <vector>
 
 #include "kiln/autograd/custom_function.h"
@@ -44,17 +45,24 @@ using detail::layer_norm_composite;
 struct LnArgs {
   int64_t n_dims = 1;
   double eps = 1e-5;
+  std::optional<DType> out;  // layer_norm_to's dtype: y is written in it (Note [Layer norm into a product])
 };
+
+// The composite, and the cast layer_norm_to folds into the kernel.
+Tensor composite_as(const Tensor& x, const Tensor& weight, const Tensor& bias, const LnArgs& a) {
+  Tensor y = layer_norm_composite(x, a.n_dims, weight, bias, a.eps);
+  return a.out ? y.to(*a.out) : y;
+}
 
 struct FusedLayerNorm : autograd::Function<FusedLayerNorm> {
   static Tensor forward(autograd::AutogradContext& ctx, const Tensor& x, const Tensor& weight, const Tensor& bias,
                         const LnArgs& a) {
     const Tensor xc = x.contiguous(), wc = weight.contiguous(), bc = bias.contiguous();
     const int64_t n = wc.numel(), rows = xc.numel() / n;
-    Tensor y = empty(xc.sizes(), TensorOptions(xc.dtype()));
+    Tensor y = empty(xc.sizes(), TensorOptions(a.out.value_or(xc.dtype())));
     Tensor mean = empty({rows}, TensorOptions(xc.dtype())), rstd = empty({rows}, TensorOptions(xc.dtype()));
     kernels::layer_norm_forward(xc.dtype(), rows, n, xc.data_ptr(), wc.data_ptr(), bc.data_ptr(), a.eps, y.data_ptr(),
-                                mean.data_ptr(), rstd.data_ptr());
+                                mean.data_ptr(), rstd.data_ptr(), y.dtype());
     // The arguments themselves, not xc/wc/bc: those copies (of a transposed,
     // sliced or expanded argument) are made under the no-grad guard, and the
     // create_graph branch would see them as constants without a gradient.
@@ -70,13 +78,15 @@ struct FusedLayerNorm : autograd::Function<FusedLayerNorm> {
     if (grad_mode_enabled()) {
       // create_graph: differentiate the composite so the gradients carry their own history.
       return ctx.differentiate_composite({saved[0], saved[1], saved[2]}, grads, [&](const TensorList& in) {
-        return TensorList{layer_norm_composite(in[0], a.n_dims, in[1], in[2], a.eps)};
+        return TensorList{composite_as(in[0], in[1], in[2], a)};
       });
     }
     const auto& need = ctx.needs_input_grad();
     const Tensor x = saved[0].contiguous(), w = saved[1].contiguous(), b = saved[2];
     const Tensor &mean = saved[3], &rstd = saved[4];
-    const Tensor g = grads[0].contiguous();
+    // The gradient of a bf16 y (layer_norm_to) is read as bf16 and widened in the kernel.
+    Tensor g = grads[0].contiguous();
+    if (g.dtype() != x.dtype() && g.dtype() != kBFloat16) g = g.to(x.dtype());
     const int64_t n = w.numel(), rows = x.numel() / n;
     Tensor gx = need[0] ? empty(x.sizes(), TensorOptions(x.dtype())) : Tensor();
     const bool want_wb = need[1] || need[2];
@@ -84,14 +94,17 @@ struct FusedLayerNorm : autograd::Function<FusedLayerNorm> {
     Tensor gb = want_wb ? empty(b.sizes(), TensorOptions(b.dtype())) : Tensor();
     kernels::layer_norm_backward(x.dtype(), rows, n, g.data_ptr(), x.data_ptr(), w.data_ptr(), mean.data_ptr(),
                                  rstd.data_ptr(), need[0] ? gx.data_ptr() : nullptr, want_wb ? gw.data_ptr() : nullptr,
-                                 want_wb ? gb.data_ptr() : nullptr);
+                                 want_wb ? gb.data_ptr() : nullptr, g.dtype());
     return {gx, need[1] ? gw : Tensor(), need[2] ? gb : Tensor()};
   }
 };
 
 }  // namespace
 
-Tensor layer_norm(const Tensor& x, IntArrayRef normalized_shape, const Tensor& weight, const Tensor& bias, double eps) {
+namespace {
+
+Tensor layer_norm_as(const Tensor& x, IntArrayRef normalized_shape, const Tensor& weight, const Tensor& bias,
+                     double eps, std::optional<DType> out) {
   OpScope rs("layer_norm", {&x, &weight, &bias});
   const auto n_dims = static_cast<int64_t>(normalized_shape.size());
   KILN_CHECK(n_dims > 0, ValueError, "layer_norm: expected a non-empty normalized_shape");
@@ -107,8 +120,22 @@ Tensor layer_norm(const Tensor& x, IntArrayRef normalized_shape, const Tensor& w
   // The fused kernel covers the affine float32/float64 case with a non-empty input; the rest is the composite.
   const bool fused = weight.defined() && bias.defined() && (x.dtype() == kFloat32 || x.dtype() == kFloat64) &&
                      weight.dtype() == x.dtype() && bias.dtype() == x.dtype() && x.numel() > 0 && weight.numel() > 0;
-  if (!fused) return layer_norm_composite(x, n_dims, weight, bias, eps);
-  return FusedLayerNorm::apply(x, weight, bias, LnArgs{.n_dims = n_dims, .eps = eps});
+  // y in another dtype is fused for float32 into bf16 only.
+  const bool fused_out = !out || *out == x.dtype() || (x.dtype() == kFloat32 && *out == kBFloat16);
+  const LnArgs args{.n_dims = n_dims, .eps = eps, .out = out && *out != x.dtype() ? out : std::nullopt};
+  if (!fused || !fused_out) return composite_as(x, weight, bias, args);
+  return FusedLayerNorm::apply(x, weight, bias, args);
+}
+
+}  // namespace
+
+Tensor layer_norm(const Tensor& x, IntArrayRef normalized_shape, const Tensor& weight, const Tensor& bias, double eps) {
+  return layer_norm_as(x, normalized_shape, weight, bias, eps, std::nullopt);
+}
+
+Tensor layer_norm_to(const Tensor& x, IntArrayRef normalized_shape, const Tensor& weight, const Tensor& bias,
+                     double eps, DType dtype) {
+  return layer_norm_as(x, normalized_shape, weight, bias, eps, dtype);
 }
 
 }  // namespace kiln::ops

@@ -3,18 +3,26 @@
 // two normalised dims, a non-contiguous input, rows enough to split the weight
 // gradient over several chunks), gradcheck in float64, the create_graph
 // backward (the composite, differentiated) agreeing with the kernel, and the composite
-// fallbacks (no affine, bfloat16) giving the same values as the kernel.
+// fallbacks (no affine, bfloat16) giving the same values as the kernel;
+// layer_norm_to (a bf16 output straight from the float32 kernel) against
+// layer_norm followed by the cast, bit for bit, alone and inside a
+// transformer block under bf16 autocast.
 #include <gtest/gtest.h>
 
+#include <cstring>
+#include <limits>
 #include <string>
 #include <vector>
 
 #include "kiln/autograd/engine.h"
+#include "kiln/core/autocast.h"
 #include "kiln/ops/gradcheck.h"
 #include "kiln/ops/factory.h"
 #include "kiln/core/generator.h"
 #include "kiln/core/guards.h"
 #include "kiln/nn/norm.h"
+#include "kiln/nn/transformer.h"
+#include "kiln/ops/layer_norm.h"
 #include "support/oracle.h"
 
 using namespace kiln;
@@ -149,4 +157,119 @@ TEST(LayerNormFused, CompositeFallbacksAgreeWithKernel) {
   nn::LayerNorm plain({.normalized_shape = {8}, .elementwise_affine = false});
   nn::LayerNorm unit({.normalized_shape = {8}});
   EXPECT_TRUE(plain(x).allclose(unit(x), 1e-6, 1e-6));
+}
+
+namespace {
+
+// a and b hold the same bits (same dtype, shape and every element's bytes).
+void expect_same_bits(const Tensor& a, const Tensor& b, const std::string& what) {
+  ASSERT_EQ(a.dtype(), b.dtype()) << what;
+  ASSERT_EQ(a.sizes(), b.sizes()) << what;
+  const Tensor ac = a.contiguous(), bc = b.contiguous();
+  EXPECT_EQ(0, std::memcmp(ac.data_ptr(), bc.data_ptr(), static_cast<size_t>(ac.nbytes())))
+      << what << ": max |diff| " << (ac.to(kFloat64) - bc.to(kFloat64)).abs().max().item<double>();
+}
+
+}  // namespace
+
+// layer_norm_to(x, ..., bf16) must be layer_norm(x).to(bf16) to the bit,
+// forward and backward: rows of 256 (gpt's), an odd width with a short last
+// vector, two normalised dims, a transposed input, and values that round to
+// bf16 ties, NaN and inf. Removing the rounding (truncating instead) or
+// reading the bf16 gradient as anything but its exact widening fails it.
+TEST(LayerNormFused, IntoBf16HasTheBitsOfTheCast) {
+  manual_seed(53);
+  struct Case {
+    std::string id;
+    std::vector<int64_t> shape;
+    Tensor x;
+  };
+  Tensor special = randn({6, 37}).mul(3);
+  {
+    NoGradGuard g;
+    special.select(0, 1).fill_(std::numeric_limits<float>::quiet_NaN());
+    special.select(0, 2).select(0, 5).fill_(std::numeric_limits<float>::infinity());
+  }
+  const std::vector<Case> cases = {
+      {"gpt_rows", {256}, randn({2, 128, 256}).mul(2).add(0.25)},
+      {"odd_width", {37}, special},
+      {"two_dims", {5, 12}, randn({3, 5, 12})},
+      {"transposed", {9}, randn({9, 11}).t()},
+  };
+  for (const auto& c : cases) {
+    auto ln = perturbed(c.shape);
+    const Tensor g = randn(c.x.sizes()).to(kBFloat16);
+    Tensor x1 = c.x.detach().requires_grad_(), x2 = c.x.detach().requires_grad_();
+    const Tensor fused = ops::layer_norm_to(x1, c.shape, ln->weight, ln->bias, 1e-5, kBFloat16);
+    const TensorList gf = autograd::grad({fused}, {x1, ln->weight, ln->bias}, {g});
+    const Tensor cast = ops::layer_norm(x2, c.shape, ln->weight, ln->bias, 1e-5).to(kBFloat16);
+    const TensorList gc = autograd::grad({cast}, {x2, ln->weight, ln->bias}, {g});
+    expect_same_bits(fused, cast, c.id + " y");
+    for (size_t i = 0; i < 3; ++i) expect_same_bits(gf[i], gc[i], c.id + " grad " + std::to_string(i));
+  }
+  // Under create_graph the composite is differentiated, cast included: the same first order.
+  auto ln = perturbed({8});
+  Tensor x = randn({4, 8}).requires_grad_();
+  const Tensor y = ops::layer_norm_to(x, {8}, ln->weight, ln->bias, 1e-5, kBFloat16);
+  const Tensor g = randn({4, 8}).to(kBFloat16);
+  const TensorList first = autograd::grad({y}, {x}, {g}, /*retain_graph=*/true);
+  const TensorList graph = autograd::grad({y}, {x}, {g}, /*retain_graph=*/true, /*create_graph=*/true);
+  EXPECT_TRUE(graph[0].requires_grad());
+  EXPECT_TRUE(graph[0].detach().allclose(first[0], 1e-5, 1e-5));
+  // Pairs the kernel does not fuse run the norm and then the cast.
+  const Tensor x64 = randn({3, 8}, TensorOptions(kFloat64));
+  auto ln64 = perturbed({8}, kFloat64);
+  expect_same_bits(ops::layer_norm_to(x64, {8}, ln64->weight, ln64->bias, 1e-5, kBFloat16),
+                   ops::layer_norm(x64, {8}, ln64->weight, ln64->bias, 1e-5).to(kBFloat16), "float64 into bf16");
+  expect_same_bits(ops::layer_norm_to(x64, {8}, ln64->weight, ln64->bias, 1e-5, kFloat64),
+                   ops::layer_norm(x64, {8}, ln64->weight, ln64->bias, 1e-5), "same dtype");
+}
+
+// A transformer block under bf16 autocast hands its norms' outputs to the
+// first linears in bf16 (LayerNorm::forward_for_product). A forward hook on
+// those linears (which must see what the module gets) turns that off, so the
+// hooked block runs norm, then cast: the output and every gradient must be
+// the same bits, and the fused block makes fewer casts.
+TEST(LayerNormFused, TransformerBlockNormsGoIntoTheirLinearsInBf16) {
+  manual_seed(59);
+  nn::TransformerBlock fused({.d_model = 64, .n_head = 2});
+  nn::TransformerBlock hooked({.d_model = 64, .n_head = 2});
+  {
+    NoGradGuard g;
+    auto a = fused.parameters(), b = hooked.parameters();
+    ASSERT_EQ(a.size(), b.size());
+    for (size_t i = 0; i < a.size(); ++i) {
+      a[i].add_(randn(a[i].sizes()).mul(0.05));
+      b[i].copy_(a[i]);
+    }
+  }
+  std::vector<DType> seen;
+  hooked.attn->c_attn->register_forward_hook([&](nn::Module&, const Tensor& in, const Tensor&) -> Tensor {
+    seen.push_back(in.dtype());
+    return {};
+  });
+  hooked.mlp->c_fc->register_forward_hook([](nn::Module&, const Tensor&, const Tensor&) -> Tensor { return {}; });
+  const Tensor x = randn({2, 24, 64});
+  Tensor x1 = x.detach().requires_grad_(), x2 = x.detach().requires_grad_();
+  Tensor y1, y2;
+  AutocastCounters c1, c2;
+  {
+    AutocastGuard amp(kBFloat16);
+    reset_autocast_counters();
+    y1 = fused(x1);
+    c1 = autocast_counters();
+    reset_autocast_counters();
+    y2 = hooked(x2);
+    c2 = autocast_counters();
+  }
+  ASSERT_EQ(seen.size(), 1u);
+  EXPECT_EQ(seen[0], kFloat32);  // a hook sees the norm's float32 output, as without the fusion
+  EXPECT_EQ(c1.casts + 2, c2.casts);  // the two norm outputs are not cast again
+  expect_same_bits(y1, y2, "block output");
+  const Tensor g = randn(y1.sizes());
+  y1.backward(g);
+  y2.backward(g);
+  expect_same_bits(x1.grad(), x2.grad(), "input grad");
+  auto n1 = fused.named_parameters(), n2 = hooked.named_parameters();
+  for (size_t i = 0; i < n1.size(); ++i) expect_same_bits(n1[i].second.grad(), n2[i].second.grad(), n1[i].first);
 }

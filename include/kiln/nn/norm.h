@@ -23,6 +23,13 @@ class LayerNorm : public Module {
  public:
   explicit LayerNorm(LayerNormOptions o);
   Tensor forward(const Tensor& x) override;
+  /// (*this)(x), for a caller whose only use of the output is as the input of
+  /// a lower-precision product under autocast (a transformer's norm before its
+  /// linear). Under bf16 autocast, with a float32 x, affine parameters and no
+  /// hooks, the output comes back in bf16: the bits the product's own cast
+  /// would make of it, in one pass instead of two, and likewise for the
+  /// gradient (ops::layer_norm_to). Otherwise it is (*this)(x).
+  Tensor forward_for_product(const Tensor& x);
   std::string extra_repr() const override;
   const LayerNormOptions options;
   Tensor& weight;  // undefined without elementwise_affine

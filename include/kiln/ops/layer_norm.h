@@ -21,6 +21,15 @@ namespace kiln::ops {
 Tensor layer_norm(const Tensor& x, IntArrayRef normalized_shape, const Tensor& weight = {}, const Tensor& bias = {},
                   double eps = 1e-5);
 
+/// layer_norm(x, ...).to(dtype) in one op: the same bits forward and backward
+/// (the kernel rounds each float32 output as the cast would, and widens a
+/// bf16 gradient exactly), without the cast's extra pass over the activation
+/// and its gradient. Fused for float32 x into bfloat16; other pairs run
+/// layer_norm and then the cast. Autocast's callers use it where a norm's
+/// output only feeds a lower-precision product (Note [Layer norm into a product]).
+Tensor layer_norm_to(const Tensor& x, IntArrayRef normalized_shape, const Tensor& weight, const Tensor& bias,
+                     double eps, DType dtype);
+
 namespace detail {
 /// The composite of kiln ops that layer_norm takes for every case the fused
 /// kernels do not, over the last n_dims dims; exposed for the tests that

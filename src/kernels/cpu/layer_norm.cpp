@@ -4,8 +4,10 @@
 
 #include <algorithm>
 #include <cmath>
+#include <type_traits>
 #include <vector>
 
+#include "elementwise_math.h"
 #include "kiln/core/capture.h"
 #include "kiln/core/threads.h"
 #include "kiln/kernels/loop.h"
@@ -25,41 +27,67 @@ int64_t chunk_rows(int64_t rows, int64_t n) {
 // row depend on its length alone.
 constexpr int kLanes = 16;
 
-template <typename T>
-void ln_forward(const T* x, const T* w, const T* b, T* y, T* mean_out, T* rstd_out, int64_t rows, int64_t n,
+// A row of y in Y: T itself, or bf16 from a float row rounded as Tensor::to rounds.
+template <typename T, typename Y>
+inline void store_row(Y* y, const T* v, int64_t n) {
+  if constexpr (std::is_same_v<T, Y>) {
+    std::copy(v, v + n, y);
+  } else {
+    vm::float_to_bf16_row(y, v, n);
+  }
+}
+
+template <typename T, typename Y>
+void ln_forward(const T* x, const T* w, const T* b, Y* y, T* mean_out, T* rstd_out, int64_t rows, int64_t n,
                 double eps) {
+  constexpr bool kDirect = std::is_same_v<T, Y>;
   // Half the usual grain: with two passes per element (sums, then the write) a
   // [128, 256] block (gpt_infer's) is worth two threads, and its input is
   // usually a product's output that both threads wrote (half of it in the
   // other core's cache when one thread reads it all).
   parallel_for(rows, std::max<int64_t>(1, kGrainSize / (2 * n)), [&](int64_t r0, int64_t r1) {
+    std::vector<T> row(kDirect ? 0 : static_cast<size_t>(n));
     for (int64_t r = r0; r < r1; ++r) {
       const T* xr = x + r * n;
-      T* yr = y + r * n;
+      T* yr;
+      if constexpr (kDirect) {
+        yr = y + r * n;
+      } else {
+        yr = row.data();
+      }
       const T m = detail::lane_sum<kLanes, T>(n, [&](int64_t j) { return xr[j]; }) / static_cast<T>(n);
       const T var =
           detail::lane_sum<kLanes, T>(n, [&](int64_t j) { return (xr[j] - m) * (xr[j] - m); }) / static_cast<T>(n);
       const T rs = static_cast<T>(1.0 / std::sqrt(static_cast<double>(var) + eps));
       for (int64_t j = 0; j < n; ++j) yr[j] = (xr[j] - m) * rs * w[j] + b[j];
+      if constexpr (!kDirect) store_row(y + r * n, yr, n);
       mean_out[r] = m;
       rstd_out[r] = rs;
     }
   });
 }
 
-template <typename T>
-void ln_backward(const T* g, const T* x, const T* w, const T* mean, const T* rstd, T* gx, T* gw, T* gb, int64_t rows,
+template <typename T, typename G>
+void ln_backward(const G* g_in, const T* x, const T* w, const T* mean, const T* rstd, T* gx, T* gw, T* gb, int64_t rows,
                  int64_t n) {
+  constexpr bool kDirect = std::is_same_v<T, G>;
   const int64_t per = chunk_rows(rows, n), chunks = (rows + per - 1) / per;
   const bool want_wb = gw != nullptr;
   std::vector<T> part(want_wb ? static_cast<size_t>(chunks * 2 * n) : 0, T(0));
   parallel_for(chunks, 1, [&](int64_t c0, int64_t c1) {
-    std::vector<T> xhat(static_cast<size_t>(n)), dxhat(static_cast<size_t>(n));
+    std::vector<T> xhat(static_cast<size_t>(n)), dxhat(static_cast<size_t>(n)),
+        wide(kDirect ? 0 : static_cast<size_t>(n));
     for (int64_t c = c0; c < c1; ++c) {
       T* pw = want_wb ? part.data() + c * 2 * n : nullptr;
       T* pb = want_wb ? pw + n : nullptr;
       for (int64_t r = c * per, re = std::min(rows, (c + 1) * per); r < re; ++r) {
-        const T* gr = g + r * n;
+        const T* gr;
+        if constexpr (kDirect) {
+          gr = g_in + r * n;
+        } else {
+          vm::bf16_to_float_row(wide.data(), g_in + r * n, n);  // exact
+          gr = wide.data();
+        }
         const T* xr = x + r * n;
         const T m = mean[r], rs = rstd[r];
         for (int64_t j = 0; j < n; ++j) {
@@ -97,21 +125,38 @@ void ln_backward(const T* g, const T* x, const T* w, const T* mean, const T* rst
 }  // namespace
 
 void layer_norm_forward(DType dt, int64_t rows, int64_t n, const void* x, const void* weight, const void* bias,
-                        double eps, void* y, void* mean, void* rstd) {
-  KILN_CAPTURE_KERNEL("layer_norm_forward", layer_norm_forward(dt, rows, n, x, weight, bias, eps, y, mean, rstd));
+                        double eps, void* y, void* mean, void* rstd, DType y_dt) {
+  KILN_CAPTURE_KERNEL("layer_norm_forward", layer_norm_forward(dt, rows, n, x, weight, bias, eps, y, mean, rstd, y_dt));
+  KILN_ASSERT(y_dt == dt || (dt == kFloat32 && y_dt == kBFloat16), "layer_norm: a ", dtype_name(dt),
+              " norm cannot write ", dtype_name(y_dt));
   visit_dtype<DTypeSet{kFloat32, kFloat64}>(dt, "layer_norm", [&]<typename T>() {
-    ln_forward<T>(static_cast<const T*>(x), static_cast<const T*>(weight), static_cast<const T*>(bias),
-                  static_cast<T*>(y), static_cast<T*>(mean), static_cast<T*>(rstd), rows, n, eps);
+    const auto run = [&]<typename Y>() {
+      ln_forward<T, Y>(static_cast<const T*>(x), static_cast<const T*>(weight), static_cast<const T*>(bias),
+                       static_cast<Y*>(y), static_cast<T*>(mean), static_cast<T*>(rstd), rows, n, eps);
+    };
+    if constexpr (std::is_same_v<T, float>) {
+      if (y_dt == kBFloat16) return run.template operator()<BFloat16>();
+    }
+    run.template operator()<T>();
   });
 }
 
 void layer_norm_backward(DType dt, int64_t rows, int64_t n, const void* g, const void* x, const void* weight,
-                         const void* mean, const void* rstd, void* gx, void* gw, void* gb) {
-  KILN_CAPTURE_KERNEL("layer_norm_backward", layer_norm_backward(dt, rows, n, g, x, weight, mean, rstd, gx, gw, gb));
+                         const void* mean, const void* rstd, void* gx, void* gw, void* gb, DType g_dt) {
+  KILN_CAPTURE_KERNEL("layer_norm_backward",
+                      layer_norm_backward(dt, rows, n, g, x, weight, mean, rstd, gx, gw, gb, g_dt));
+  KILN_ASSERT(g_dt == dt || (dt == kFloat32 && g_dt == kBFloat16), "layer_norm backward: a ", dtype_name(dt),
+              " norm cannot read a ", dtype_name(g_dt), " gradient");
   visit_dtype<DTypeSet{kFloat32, kFloat64}>(dt, "layer_norm backward", [&]<typename T>() {
-    ln_backward<T>(static_cast<const T*>(g), static_cast<const T*>(x), static_cast<const T*>(weight),
-                   static_cast<const T*>(mean), static_cast<const T*>(rstd), static_cast<T*>(gx), static_cast<T*>(gw),
-                   static_cast<T*>(gb), rows, n);
+    const auto run = [&]<typename G>() {
+      ln_backward<T, G>(static_cast<const G*>(g), static_cast<const T*>(x), static_cast<const T*>(weight),
+                        static_cast<const T*>(mean), static_cast<const T*>(rstd), static_cast<T*>(gx),
+                        static_cast<T*>(gw), static_cast<T*>(gb), rows, n);
+    };
+    if constexpr (std::is_same_v<T, float>) {
+      if (g_dt == kBFloat16) return run.template operator()<BFloat16>();
+    }
+    run.template operator()<T>();
   });
 }
 
