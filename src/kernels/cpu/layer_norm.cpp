@@ -27,16 +27,7 @@ int64_t chunk_rows(int64_t rows, int64_t n) {
 // row depend on its length alone.
 constexpr int kLanes = 16;
 
-// A row of y in Y: T itself, or bf16 from a float row rounded as Tensor::to rounds.
-template <typename T, typename Y>
-inline void store_row(Y* y, const T* v, int64_t n) {
-  if constexpr (std::is_same_v<T, Y>) {
-    std::copy(v, v + n, y);
-  } else {
-    vm::float_to_bf16_row(y, v, n);
-  }
-}
-
+// Y: T, or bf16 for a float T (each row computed in float, then rounded as Tensor::to rounds).
 template <typename T, typename Y>
 void ln_forward(const T* x, const T* w, const T* b, Y* y, T* mean_out, T* rstd_out, int64_t rows, int64_t n,
                 double eps) {
@@ -60,13 +51,14 @@ void ln_forward(const T* x, const T* w, const T* b, Y* y, T* mean_out, T* rstd_o
           detail::lane_sum<kLanes, T>(n, [&](int64_t j) { return (xr[j] - m) * (xr[j] - m); }) / static_cast<T>(n);
       const T rs = static_cast<T>(1.0 / std::sqrt(static_cast<double>(var) + eps));
       for (int64_t j = 0; j < n; ++j) yr[j] = (xr[j] - m) * rs * w[j] + b[j];
-      if constexpr (!kDirect) store_row(y + r * n, yr, n);
+      if constexpr (!kDirect) vm::float_to_bf16_row(y + r * n, yr, n);
       mean_out[r] = m;
       rstd_out[r] = rs;
     }
   });
 }
 
+// G: T, or bf16 for a float T (each gradient row widened exactly first).
 template <typename T, typename G>
 void ln_backward(const G* g_in, const T* x, const T* w, const T* mean, const T* rstd, T* gx, T* gw, T* gb, int64_t rows,
                  int64_t n) {
