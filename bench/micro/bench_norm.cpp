@@ -13,6 +13,7 @@
 #include "kiln/autograd/engine.h"
 #include "kiln/kiln.h"
 #include "kiln/nn/norm.h"
+#include "kiln/ops/layer_norm.h"
 
 namespace {
 
@@ -45,6 +46,32 @@ BENCHMARK(BM_NormLayerNormForwardBackward)
     ->Arg(1)
     ->Arg(2)
     ->ArgName("threads")
+    ->UseRealTime()
+    ->Unit(benchmark::kMicrosecond);
+
+// A layer norm whose output goes into a bf16 product (Note [Layer norm into a
+// product]): the float32 norm followed by the cast (fused:0) against the norm
+// writing bf16 itself (fused:1), forward and backward with a bf16 gradient, on
+// gpt's [2048, 256] (fits in L2) and on [16384, 1024] (64 MiB of float32, from
+// memory). Both give the same bits; the figure is what the extra passes cost.
+void BM_NormLayerNormIntoBf16(benchmark::State& state) {
+  const ThreadScope threads(static_cast<int>(state.range(0)));
+  const int64_t rows = state.range(1), n = state.range(2);
+  const bool fused = state.range(3) != 0;
+  nn::LayerNorm ln({.normalized_shape = {n}});
+  const Tensor x = randn({rows, n}).requires_grad_();
+  const Tensor g = randn({rows, n}).to(kBFloat16);
+  for (auto _ : state) {
+    Tensor y = fused ? ops::layer_norm_to(x, {n}, ln.weight, ln.bias, 1e-5, kBFloat16) : ln(x).to(kBFloat16);
+    benchmark::DoNotOptimize(autograd::grad({y}, {x, ln.weight, ln.bias}, {g}));
+  }
+  // The fused op's minimum: x read twice (forward, backward), y and g in bf16, grad_x written.
+  state.SetBytesProcessed(state.iterations() * rows * n * (4 + 2 + 2 + 4 + 4));
+}
+BENCHMARK(BM_NormLayerNormIntoBf16)
+    ->ArgsProduct({{1, 2}, {2048}, {256}, {0, 1}})
+    ->ArgsProduct({{1, 2}, {16384}, {1024}, {0, 1}})
+    ->ArgNames({"threads", "rows", "n", "fused"})
     ->UseRealTime()
     ->Unit(benchmark::kMicrosecond);
 
