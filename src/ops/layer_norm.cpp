@@ -84,9 +84,10 @@ struct FusedLayerNorm : autograd::Function<FusedLayerNorm> {
     const auto& need = ctx.needs_input_grad();
     const Tensor x = saved[0].contiguous(), w = saved[1].contiguous(), b = saved[2];
     const Tensor &mean = saved[3], &rstd = saved[4];
-    // The gradient of a bf16 y (layer_norm_to) is read as bf16 and widened in the kernel.
+    // The gradient of a bf16 y (layer_norm_to) is read as bf16 and widened in
+    // the kernel; any other pair the kernel does not read is widened first.
     Tensor g = grads[0].contiguous();
-    if (g.dtype() != x.dtype() && g.dtype() != kBFloat16) g = g.to(x.dtype());
+    if (g.dtype() != x.dtype() && !(x.dtype() == kFloat32 && g.dtype() == kBFloat16)) g = g.to(x.dtype());
     const int64_t n = w.numel(), rows = x.numel() / n;
     Tensor gx = need[0] ? empty(x.sizes(), TensorOptions(x.dtype())) : Tensor();
     const bool want_wb = need[1] || need[2];
@@ -121,8 +122,9 @@ Tensor layer_norm_as(const Tensor& x, IntArrayRef normalized_shape, const Tensor
   const bool fused = weight.defined() && bias.defined() && (x.dtype() == kFloat32 || x.dtype() == kFloat64) &&
                      weight.dtype() == x.dtype() && bias.dtype() == x.dtype() && x.numel() > 0 && weight.numel() > 0;
   // y in another dtype is fused for float32 into bf16 only.
-  const bool fused_out = !out || *out == x.dtype() || (x.dtype() == kFloat32 && *out == kBFloat16);
-  const LnArgs args{.n_dims = n_dims, .eps = eps, .out = out && *out != x.dtype() ? out : std::nullopt};
+  const std::optional<DType> other = out && *out != x.dtype() ? out : std::nullopt;
+  const bool fused_out = !other || (x.dtype() == kFloat32 && *other == kBFloat16);
+  const LnArgs args{.n_dims = n_dims, .eps = eps, .out = other};
   if (!fused || !fused_out) return composite_as(x, weight, bias, args);
   return FusedLayerNorm::apply(x, weight, bias, args);
 }

@@ -174,9 +174,8 @@ void expect_same_bits(const Tensor& a, const Tensor& b, const std::string& what)
 
 // layer_norm_to(x, ..., bf16) must be layer_norm(x).to(bf16) to the bit,
 // forward and backward: rows of 256 (gpt's), an odd width with a short last
-// vector, two normalised dims, a transposed input, and values that round to
-// bf16 ties, NaN and inf. Removing the rounding (truncating instead) or
-// reading the bf16 gradient as anything but its exact widening fails it.
+// vector and NaN and inf rows, two normalised dims, a transposed input.
+// Truncating instead of rounding to bf16 fails it.
 TEST(LayerNormFused, IntoBf16HasTheBitsOfTheCast) {
   manual_seed(53);
   struct Case {
