@@ -184,9 +184,23 @@ void conv2d_backward_input(const Conv2dParams& p, const void* grad_output, const
 /// The gradient w.r.t. the weight [o, c / groups, kh, kw] and, when grad_bias
 /// is not null, the bias [o] (both overwritten), from grad_output and the
 /// input. float32/bfloat16: oneDNN convolution_backward_weights, which sums the
-/// bias gradient in the same pass; float64: im2col + gemm.
+/// bias gradient in the same pass, except where ConvWeightGradPath::Auto picks
+/// the product; float64: im2col + gemm.
 void conv2d_backward_weight(const Conv2dParams& p, const void* grad_output, const void* input, void* grad_weight,
                             void* grad_bias);
+
+/// How a bfloat16 or float32 convolution's weight gradient runs (Note
+/// [Weight gradient by unfolding] in src/kernels/cpu/conv_weight_gemm.cpp):
+/// oneDNN's backward-weights primitive, or the input unfolded into its
+/// windows and one product with grad_output (NHWC activations, groups 1).
+/// Auto takes the product for strided bfloat16 convolutions with windows
+/// larger than 1x1 over 32 channels or more (16 at 2 threads or more), whose
+/// unfolded input fits in 64 MiB: where oneDNN 2.6's primitive is slowest. The two differ only in the order each
+/// gradient element's terms are summed. Process-wide; for tests and
+/// benchmarks, which compare the two.
+enum class ConvWeightGradPath : uint8_t { Auto, Primitive, Product };
+void set_conv_weight_grad_path(ConvWeightGradPath path);
+ConvWeightGradPath conv_weight_grad_path();
 
 /// Both of the above in one call: oneDNN then reorders grad_output into its
 /// layout once for both primitives (when it needs reordering at all).

@@ -1,0 +1,145 @@
+// conv2d's weight gradient as the unfolded input times grad_output (Note
+// [Weight gradient by unfolding] in src/kernels/cpu/conv_weight_gemm.cpp)
+// against PyTorch's and against oneDNN's backward-weights primitive: strides,
+// dilation, uneven padding, windows over every edge, a bias, float32 and
+// bfloat16, 1 and 2 threads. float32 against torch within 1e-4 of the
+// largest element (a different summation order); bfloat16 against the
+// float32 gradient of the same bf16 values within bf16's rounding of the
+// result (2^-8 relative to the largest element), and against the primitive
+// within the same.
+#include <gtest/gtest.h>
+
+#include <string>
+
+#include "kiln/kernels/dnnl.h"
+#include "kiln/kiln.h"
+#include "kiln/ops/memory_format.h"
+#include "support/compare.h"
+#include "support/oracle.h"
+
+using namespace kiln;
+using kernels::ConvWeightGradPath;
+
+namespace {
+
+struct Case {
+  int64_t n, c, h, w, o, kh, kw, stride, pad, dilation;
+  bool bias;
+  std::string torch_args;  // stride=, padding=, dilation= as torch spells them
+};
+
+const Case kCases[] = {
+    {2, 16, 9, 8, 8, 3, 3, 2, 1, 1, true, "stride=2, padding=1"},
+    {3, 32, 8, 8, 16, 3, 3, 2, 1, 1, false, "stride=2, padding=1"},
+    {2, 8, 11, 7, 4, 5, 3, 3, 2, 1, true, "stride=3, padding=2"},
+    {2, 4, 10, 10, 6, 3, 3, 1, 2, 2, true, "stride=1, padding=2, dilation=2"},
+    {1, 5, 7, 9, 3, 2, 2, 2, 0, 1, true, "stride=2"},
+    {2, 6, 6, 6, 5, 1, 1, 2, 0, 1, false, "stride=2"},
+};
+
+// Restores the path when a test ends, however it ends.
+class PathScope {
+ public:
+  explicit PathScope(ConvWeightGradPath p) : prev_(kernels::conv_weight_grad_path()) {
+    kernels::set_conv_weight_grad_path(p);
+  }
+  ~PathScope() { kernels::set_conv_weight_grad_path(prev_); }
+
+ private:
+  ConvWeightGradPath prev_;
+};
+
+struct Grads {
+  Tensor w, b;
+};
+
+Grads grads(const Case& k, const Tensor& x0, const Tensor& w0, const Tensor& b0, const Tensor& g, DType dt) {
+  const Tensor x = contiguous(x0.to(dt), MemoryFormat::ChannelsLast);
+  const Tensor w = w0.to(dt).detach().requires_grad_(true);
+  const Tensor b = k.bias ? b0.to(dt).detach().requires_grad_(true) : Tensor();
+  const Tensor y = conv2d(x, w, b, {k.stride, k.stride}, {k.pad, k.pad}, {k.dilation, k.dilation});
+  y.backward(contiguous(g.to(dt), MemoryFormat::ChannelsLast));
+  return {w.grad(), k.bias ? b.grad() : Tensor()};
+}
+
+void expect_close(const Tensor& got, const Tensor& want, double rel, const std::string& what) {
+  const double scale = want.to(kFloat64).abs().max().item<double>();
+  const test::Comparison c = test::compare_tensors(got.to(kFloat32), want.to(kFloat32), 0, rel * scale);
+  EXPECT_TRUE(c.ok) << what << ": " << c.message;
+}
+
+}  // namespace
+
+TEST(ConvWeightGrad, ProductMatchesTorchAndThePrimitive) {
+  const int saved = get_num_threads();
+  for (int threads : {1, 2}) {
+    set_num_threads(threads);
+    manual_seed(21);
+    test::OracleBatch oracle;
+    std::vector<Tensor> xs, ws, bs, gs;
+    std::vector<size_t> ids;
+    for (const Case& k : kCases) {
+      const Tensor x = randn({k.n, k.c, k.h, k.w}), w = randn({k.o, k.c, k.kh, k.kw}), b = randn({k.o});
+      const int64_t oh = (k.h + 2 * k.pad - k.dilation * (k.kh - 1) - 1) / k.stride + 1;
+      const int64_t ow = (k.w + 2 * k.pad - k.dilation * (k.kw - 1) - 1) / k.stride + 1;
+      const Tensor g = randn({k.n, k.o, oh, ow});
+      xs.push_back(x), ws.push_back(w), bs.push_back(b), gs.push_back(g);
+      const std::string expr = "torch.nn.functional.conv2d(x0, x1, x2, " + k.torch_args + ")";
+      ids.push_back(oracle.add_grad("wgrad" + std::to_string(ids.size()), expr, {x, w, b}, {1, 2}, {g}));
+    }
+    oracle.run();
+    for (size_t i = 0; i < ids.size(); ++i) {
+      const Case& k = kCases[i];
+      const std::string what = "case " + std::to_string(i) + " (" + k.torch_args + "), threads " +
+                               std::to_string(threads);
+      const test::OracleOutcome& r = oracle.outcome(ids[i]);
+      ASSERT_TRUE(r.ok) << r.error;
+      Grads f32, bf16_product, bf16_primitive, bf16_as_f32;
+      {
+        const PathScope path(ConvWeightGradPath::Product);
+        f32 = grads(k, xs[i], ws[i], bs[i], gs[i], kFloat32);
+        bf16_product = grads(k, xs[i], ws[i], bs[i], gs[i], kBFloat16);
+      }
+      {
+        const PathScope path(ConvWeightGradPath::Primitive);
+        bf16_primitive = grads(k, xs[i], ws[i], bs[i], gs[i], kBFloat16);
+        // The exact gradient of the bf16 values, as float32 computes it.
+        bf16_as_f32 = grads(k, xs[i].to(kBFloat16), ws[i].to(kBFloat16), bs[i].to(kBFloat16),
+                            gs[i].to(kBFloat16), kFloat32);
+      }
+      expect_close(f32.w, r.outputs[0], 1e-4, what + ": float32 weight gradient vs torch");
+      expect_close(bf16_product.w, bf16_as_f32.w, 1.0 / 256, what + ": bf16 weight gradient vs float32");
+      expect_close(bf16_product.w, bf16_primitive.w, 1.0 / 256, what + ": bf16 weight gradient vs the primitive");
+      if (k.bias) {
+        expect_close(f32.b, r.outputs[1], 1e-4, what + ": float32 bias gradient vs torch");
+        expect_close(bf16_product.b, bf16_as_f32.b, 1.0 / 256, what + ": bf16 bias gradient vs float32");
+      }
+    }
+  }
+  set_num_threads(saved);
+}
+
+// Auto takes the product exactly where the rule says (dnnl.h): a strided
+// 3x3 over 32 channels in bf16 gets the product's bits, a 1x1 and a float32
+// one the primitive's.
+TEST(ConvWeightGrad, AutoFollowsTheRule) {
+  manual_seed(22);
+  const Case wide{2, 32, 8, 8, 16, 3, 3, 2, 1, 1, false, ""}, one{2, 32, 8, 8, 16, 1, 1, 2, 0, 1, false, ""};
+  for (const Case& k : {wide, one}) {
+    const Tensor x = randn({k.n, k.c, k.h, k.w}), w = randn({k.o, k.c, k.kh, k.kw});
+    const int64_t oh = (k.h + 2 * k.pad - k.kh) / k.stride + 1;
+    const Tensor g = randn({k.n, k.o, oh, oh});
+    for (DType dt : {kBFloat16, kFloat32}) {
+      Tensor by[3];
+      for (ConvWeightGradPath p : {ConvWeightGradPath::Auto, ConvWeightGradPath::Primitive,
+                                   ConvWeightGradPath::Product}) {
+        const PathScope path(p);
+        by[static_cast<int>(p)] = grads(k, x, w, Tensor(), g, dt).w;
+      }
+      const bool product = dt == kBFloat16 && k.kh == 3;
+      const Tensor& want = by[static_cast<int>(product ? ConvWeightGradPath::Product : ConvWeightGradPath::Primitive)];
+      EXPECT_TRUE(equal(by[0], want)) << "kernel " << k.kh << ", " << dtype_name(dt) << ": expected the "
+                                      << (product ? "product" : "primitive");
+    }
+  }
+}
