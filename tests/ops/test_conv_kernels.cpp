@@ -1,12 +1,15 @@
-// conv2d's weight gradient as the unfolded input times grad_output (Note
-// [Weight gradient by unfolding] in src/kernels/cpu/conv_weight_gemm.cpp)
-// against PyTorch's and against oneDNN's backward-weights primitive: strides,
-// dilation, uneven padding, windows over every edge, a bias, float32 and
-// bfloat16, 1 and 2 threads. float32 against torch within 1e-4 of the
-// largest element (a different summation order); bfloat16 against the
-// float32 gradient of the same bf16 values within bf16's rounding of the
-// result (2^-8 relative to the largest element), and against the primitive
-// within the same.
+// conv2d's kernel choices on oneDNN against PyTorch. The forward runs
+// oneDNN's direct jit kernel below 64 input channels and brgconv from 64 on
+// (Note [Forward convolution kernel] in src/kernels/cpu/dnnl_conv.cpp): both
+// against torch. The weight gradient runs as the unfolded input times
+// grad_output (Note [Weight gradient by unfolding] in
+// src/kernels/cpu/conv_weight_gemm.cpp) against PyTorch's and against
+// oneDNN's backward-weights primitive: strides, dilation, uneven padding,
+// windows over every edge, a bias, float32 and bfloat16, 1 and 2 threads.
+// float32 against torch within 1e-4 of the largest element (a different
+// summation order); bfloat16 against the float32 result of the same bf16
+// values within bf16's rounding of the result (2^-8 relative to the largest
+// element), and against the primitive within the same.
 #include <gtest/gtest.h>
 
 #include <string>
@@ -142,4 +145,36 @@ TEST(ConvWeightGrad, AutoFollowsTheRule) {
                                       << (product ? "product" : "primitive");
     }
   }
+}
+
+// Both forward kernels, float32 and bfloat16, at 1 and 2 threads.
+TEST(ConvForward, BothKernelsMatchTorch) {
+  const int saved = get_num_threads();
+  manual_seed(23);
+  const int64_t channels[] = {3, 16, 64, 96};
+  std::vector<Tensor> xs, ws, bs;
+  test::OracleBatch oracle;
+  std::vector<size_t> ids;
+  for (int64_t c : channels) {
+    xs.push_back(randn({4, c, 10, 10}));
+    ws.push_back(randn({32, c, 3, 3}));
+    bs.push_back(randn({32}));
+    ids.push_back(oracle.add("fwd" + std::to_string(c), "torch.nn.functional.conv2d(x0, x1, x2, stride=2, padding=1)",
+                             {xs.back(), ws.back(), bs.back()}));
+  }
+  oracle.run();
+  for (int threads : {1, 2}) {
+    set_num_threads(threads);
+    for (size_t i = 0; i < ids.size(); ++i) {
+      const std::string what = "c=" + std::to_string(channels[i]) + ", threads " + std::to_string(threads);
+      const test::OracleOutcome& r = oracle.outcome(ids[i]);
+      ASSERT_TRUE(r.ok) << r.error;
+      const Tensor x = contiguous(xs[i], MemoryFormat::ChannelsLast);
+      expect_close(conv2d(x, ws[i], bs[i], {2, 2}, {1, 1}), r.outputs[0], 1e-5, what + ": float32");
+      const Tensor xb = x.to(kBFloat16), wb = ws[i].to(kBFloat16), bb = bs[i].to(kBFloat16);
+      const Tensor exact = conv2d(xb.to(kFloat32), wb.to(kFloat32), bb.to(kFloat32), {2, 2}, {1, 1});
+      expect_close(conv2d(xb, wb, bb, {2, 2}, {1, 1}), exact, 1.0 / 256, what + ": bf16 vs float32 of its values");
+    }
+  }
+  set_num_threads(saved);
 }
