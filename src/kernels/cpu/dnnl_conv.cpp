@@ -184,7 +184,10 @@ Pd make_pd(Make&& make, bool nhwc_ok = true) {
 // wide layers of large models. So below 64 input channels per group the
 // forward takes the first jit AVX-512 kernel after brgconv in oneDNN's list.
 // Its sums run in another order than brgconv's: results differ in the last
-// bits, the same at every call (DESIGN.md's determinism holds).
+// bits, the same at every call. A fixed rule rather than the inference
+// path's timing of candidates (Note [Fused conv implementation by
+// measurement] in dnnl_fused_inference.cpp): a training run with the same
+// seed and thread count must give the same bits every time (DESIGN.md).
 bool prefer_direct_forward(const Conv2dParams& p) { return p.c / p.groups < 64; }
 
 // `pd`, or when it is brgconv, the first jit AVX-512 implementation after it
