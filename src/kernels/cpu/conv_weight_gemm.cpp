@@ -99,10 +99,13 @@ void conv_weight_grad_product(const Conv2dParams& p, const void* grad_output, co
       const bool inside = p.dilation[1] == 1 && ix0 >= 0 && ix0 + p.kw <= p.w;
       for (int64_t i = 0; i < p.kh; ++i) {
         const int64_t iy = oy * p.stride[0] - p.pad_l[0] + i * p.dilation[0];
-        const char* row = x + (ni * p.h + iy) * p.w * pixel;
         if (iy < 0 || iy >= p.h) {
           copy_bytes(dst, nullptr, p.kw * pixel);
-        } else if (inside) {
+          dst += p.kw * pixel;
+          continue;
+        }
+        const char* row = x + (ni * p.h + iy) * p.w * pixel;
+        if (inside) {
           copy_bytes(dst, row + ix0 * pixel, p.kw * pixel);
         } else {
           for (int64_t j = 0; j < p.kw; ++j) {
