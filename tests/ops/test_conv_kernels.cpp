@@ -38,6 +38,8 @@ const Case kCases[] = {
     {2, 4, 10, 10, 6, 3, 3, 1, 2, 2, true, "stride=1, padding=2, dilation=2"},
     {1, 5, 7, 9, 3, 2, 2, 2, 0, 1, true, "stride=2"},
     {2, 6, 6, 6, 5, 1, 1, 2, 0, 1, false, "stride=2"},
+    {2, 3, 9, 9, 4, 2, 2, 3, 0, 1, true, "stride=3"},              // gaps between windows
+    {1, 2, 3, 3, 2, 5, 5, 2, 2, 1, false, "stride=2, padding=2"},  // windows mostly over the padding
 };
 
 // Restores the path when a test ends, however it ends.
