@@ -13,8 +13,6 @@
 #include <gtest/gtest.h>
 
 #include <string>
-#include <tuple>
-#include <vector>
 
 #include "kiln/kernels/dnnl.h"
 #include "kiln/kiln.h"
@@ -178,35 +176,6 @@ TEST(ConvForward, BothKernelsMatchTorch) {
       const Tensor xb = x.to(kBFloat16), wb = ws[i].to(kBFloat16), bb = bs[i].to(kBFloat16);
       const Tensor exact = conv2d(xb.to(kFloat32), wb.to(kFloat32), bb.to(kFloat32), {2, 2}, {1, 1});
       expect_close(conv2d(xb, wb, bb, {2, 2}, {1, 1}), exact, 1.0 / 256, what + ": bf16 vs float32 of its values");
-    }
-  }
-  set_num_threads(saved);
-}
-
-// A float32 convolution over one input channel takes oneDNN's blocked layout
-// for its weight gradient (single_channel_float in dnnl_conv.cpp): against
-// torch, with a bias, strided and not, at 1 and 2 threads.
-TEST(ConvWeightGrad, SingleInputChannelMatchesTorch) {
-  const int saved = get_num_threads();
-  manual_seed(25);
-  const Tensor x = randn({6, 1, 12, 12}), w = randn({8, 1, 3, 3}), b = randn({8});
-  test::OracleBatch oracle;
-  const Tensor g1 = randn({6, 8, 12, 12}), g2 = randn({6, 8, 6, 6});
-  const size_t i1 = oracle.add_grad("c1s1", "torch.nn.functional.conv2d(x0, x1, x2, padding=1)", {x, w, b}, {1, 2}, {g1});
-  const size_t i2 =
-      oracle.add_grad("c1s2", "torch.nn.functional.conv2d(x0, x1, x2, stride=2, padding=1)", {x, w, b}, {1, 2}, {g2});
-  oracle.run();
-  for (int threads : {1, 2}) {
-    set_num_threads(threads);
-    for (const auto& [id, stride, g] : {std::tuple{i1, int64_t{1}, g1}, std::tuple{i2, int64_t{2}, g2}}) {
-      const test::OracleOutcome& r = oracle.outcome(id);
-      ASSERT_TRUE(r.ok) << r.error;
-      const Tensor wl = w.detach().requires_grad_(true), bl = b.detach().requires_grad_(true);
-      conv2d(contiguous(x, MemoryFormat::ChannelsLast), wl, bl, {stride, stride}, {1, 1})
-          .backward(contiguous(g, MemoryFormat::ChannelsLast));
-      const std::string what = "stride " + std::to_string(stride) + ", threads " + std::to_string(threads);
-      expect_close(wl.grad(), r.outputs[0], 1e-5, what + ": weight gradient");
-      expect_close(bl.grad(), r.outputs[1], 1e-5, what + ": bias gradient");
     }
   }
   set_num_threads(saved);

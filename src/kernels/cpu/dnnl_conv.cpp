@@ -155,15 +155,6 @@ bool nhwc_bwd_weights_safe(const Conv2dParams& p) {
   return !one_by_one || unit || p.c / p.groups >= 16;
 }
 
-// A float32 convolution over one input channel (a grayscale first layer, as
-// cnn's) gets its weight gradient faster from oneDNN's blocked layout, even
-// with grad_output reordered into it: in cnn's step the NHWC kernel took 0.75
-// ms at 1 thread and 0.79 ms at 2 (it does not split across threads), the
-// blocked one 0.25 ms plus 0.28 ms of reorder at 1 thread, 0.28 ms in all at 2.
-// Not for bfloat16 (0.30 -> 0.41 ms) nor for 3 channels (resnet's stem: 0.16
-// -> 0.30 ms), where the reorder costs more than the kernel saves.
-bool single_channel_float(const Conv2dParams& p) { return p.dtype == DType::Float32 && p.c / p.groups == 1; }
-
 // Creates a primitive descriptor with NHWC activations, or with oneDNN's own
 // choice when NHWC would only get a reference kernel (or is not safe).
 template <typename Pd, typename Make>
@@ -325,7 +316,7 @@ BwdWeightsEntry* bwd_weights_entry(const Conv2dParams& p, bool has_bias) {
                                                                                 s.strides, s.dil, s.pl, s.pr);
           return Pd(desc, default_attr(), engine(), hint->pd);
         },
-        nhwc_bwd_weights_safe(p) && !single_channel_float(p));
+        nhwc_bwd_weights_safe(p));
     e->prim = dnnl::convolution_backward_weights(pd);
     note_created();
     e->scratch = make_memory(pd.scratchpad_desc());
