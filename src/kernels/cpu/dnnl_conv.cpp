@@ -190,12 +190,13 @@ Pd make_pd(Make&& make, bool nhwc_ok = true) {
 // seed and thread count must give the same bits every time (DESIGN.md).
 bool prefer_direct_forward(const Conv2dParams& p) { return p.c / p.groups < 64; }
 
-// `pd`, or when it is brgconv, the first jit AVX-512 implementation after it
-// in oneDNN's list (when there is one), iterating `next` (a descriptor built
-// from the same, still living, operation descriptor: oneDNN's iterator reads it).
+bool is_brgconv(const char* impl) { return std::string_view(impl).substr(0, 7) == "brgconv"; }
+
+// The first jit AVX-512 implementation after brgconv in oneDNN's list, or
+// `pd` (brgconv) when there is none, iterating `next`: a descriptor built from
+// the same, still living, operation descriptor (oneDNN's iterator reads it).
 template <typename Pd>
 Pd direct_forward(Pd pd, Pd next) {
-  if (std::string_view(pd.impl_info_str()).substr(0, 7) != "brgconv") return pd;
   while (next.next_impl()) {
     const std::string_view impl = next.impl_info_str();
     if (impl.substr(0, 3) == "jit" && impl.find("avx512") != std::string_view::npos) return next;
@@ -232,7 +233,8 @@ FwdEntry* fwd_entry(const Conv2dParams& p, bool has_bias) {
                                  : dnnl::convolution_forward::desc(kTrain, kDirect, src_md, wei_any, dst_md, s.strides,
                                                                    s.dil, s.pl, s.pr);
       Pd pd(desc, default_attr(), engine());
-      return direct ? direct_forward(pd, Pd(desc, default_attr(), engine())) : pd;
+      if (!direct || !is_brgconv(pd.impl_info_str())) return pd;
+      return direct_forward(pd, Pd(desc, default_attr(), engine()));
     });
     e->prim = dnnl::convolution_forward(e->pd);
     note_created();

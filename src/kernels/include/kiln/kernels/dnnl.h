@@ -195,9 +195,9 @@ void conv2d_backward_weight(const Conv2dParams& p, const void* grad_output, cons
 /// windows and one product with grad_output (NHWC activations, groups 1).
 /// Auto takes the product for strided bfloat16 convolutions with windows
 /// larger than 1x1 over 32 channels or more (16 at 2 threads or more), whose
-/// unfolded input fits in 64 MiB: where oneDNN 2.6's primitive is slowest. The two differ only in the order each
-/// gradient element's terms are summed. Process-wide; for tests and
-/// benchmarks, which compare the two.
+/// unfolded input fits in 64 MiB: where oneDNN 2.6's primitive is slowest.
+/// The two differ only in the order each gradient element's terms are summed.
+/// Process-wide; for tests and benchmarks, which compare the two.
 enum class ConvWeightGradPath : uint8_t { Auto, Primitive, Product };
 void set_conv_weight_grad_path(ConvWeightGradPath path);
 ConvWeightGradPath conv_weight_grad_path();
