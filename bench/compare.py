@@ -162,6 +162,7 @@ class Cell:
         self.params = 0
         self.flops = 0.0
         self.product_flops = 0.0
+        self.regions = self.dnnl_calls = None
 
     def add(self, rec, rss_kib):
         self.steps += rec["step_ms"]
@@ -173,6 +174,9 @@ class Cell:
         self.params = rec["params"]
         self.flops = rec["flops_per_step"] or 0.0
         self.product_flops = rec.get("product_flops_per_step") or self.product_flops
+        if rec.get("parallel_regions_per_step") is not None:
+            self.regions = rec["parallel_regions_per_step"]
+            self.dnnl_calls = rec.get("dnnl_threaded_calls_per_step")
 
     def median(self):
         return statistics.median(self.steps)
@@ -189,7 +193,7 @@ def measure(a, kiln_bin, results, on_progress):
     workload's cells appear once all its rounds are done, and on_progress() runs after each."""
     warmup = 1 if a.quick else 10
     for t in a.threads:
-        res = {"peak": [], "cells": {}}
+        res = {"peak": [], "cells": {}, "fork_join_us": [], "core_round_trip_ns": []}
         results[t] = res
 
         def peak(when):
@@ -197,6 +201,11 @@ def measure(a, kiln_bin, results, on_progress):
                                    "3" if a.quick else "10", "--size", "1024" if a.quick else "2048"],
                                   env_for("kiln", None, t))
             res["peak"].append(recs[0]["gflops_best"])
+            if t > 1:  # Note [Parallel regions] in bench/workloads/main.cpp
+                if recs[0].get("fork_join_us"):
+                    res["fork_join_us"].append(recs[0]["fork_join_us"])
+                if recs[0].get("core_round_trip_ns"):
+                    res["core_round_trip_ns"].append(recs[0]["core_round_trip_ns"])
             log("[threads %d] f32 matmul peak (%s): %.1f GFLOP/s" % (t, when, recs[0]["gflops_best"]))
 
         peak("before")
@@ -289,6 +298,14 @@ def build_report(a, results, info):
                 row["matmul_flops_per_step"] = product_flops
                 row["f32_floor_ms"] = product_flops / peak / 1e6
                 row["target_ms"] = TARGETS[w] * torch[best].median()
+                if t > 1 and res.get("fork_join_us") and kiln.regions is not None:
+                    # What forking alone costs the step: kiln's own regions at least, every
+                    # threaded oneDNN call at most (oneDNN runs small problems on one thread).
+                    fj = min(res["fork_join_us"])
+                    row["fork_join_us"] = fj
+                    row["parallel_regions_per_step"] = kiln.regions
+                    row["dnnl_threaded_calls_per_step"] = kiln.dnnl_calls or 0
+                    row["forks_ms"] = [kiln.regions * fj / 1e3, (kiln.regions + (kiln.dnnl_calls or 0)) * fj / 1e3]
             lk, lt = kiln.loss_first, torch[best].loss_first
             row["loss_first_agree"] = abs(lk - lt) <= LOSS_RTOL * max(abs(lt), 1e-6)
             if not row["loss_first_agree"]:
@@ -373,6 +390,28 @@ def markdown(a, rows, results, info):
                 r["workload"], r["threads"], r["matmul_flops_per_step"] / 1e9, fmt_time(r["f32_floor_ms"]),
                 fmt_time(r["target_ms"]), " (below the floor)" if r["target_ms"] < r["f32_floor_ms"] else "",
                 fmt_time(r["kiln"]["median_ms"]), r["kiln"]["median_ms"] / r["f32_floor_ms"]))
+        forks = [r for r in floor if "forks_ms" in r]
+        if forks:
+            trips = [x for t in a.threads if t in results for x in results[t].get("core_round_trip_ns", [])]
+            out.append("")
+            out.append("Parallel regions at %s threads (Note [Parallel regions]): an empty region (fork + join) "
+                       "took %.2f µs in this run%s. Each of kiln's multi-threaded loops pays it, and each oneDNN "
+                       "call that splits its work; floor + forks = the floor plus that price for kiln's regions "
+                       "alone, and for those and every threaded oneDNN call (oneDNN runs small problems on one "
+                       "thread, so the truth lies between)." % (
+                           "/".join(str(t) for t in sorted({r["threads"] for r in forks})),
+                           min(r["fork_join_us"] for r in forks),
+                           (", and a cache line's round trip between two cores %.0f ns" % min(trips)) if trips else ""))
+            out.append("")
+            out.append("| workload | threads | kiln regions / step | threaded oneDNN calls / step | forks | "
+                       "floor + forks | kiln / (floor + forks) |")
+            out.append("|---|---|---|---|---|---|---|")
+            for r in forks:
+                lo, hi = r["forks_ms"]
+                out.append("| %s | %d | %.0f | %.0f | %s–%s | %s–%s | %.2f–%.2f |" % (
+                    r["workload"], r["threads"], r["parallel_regions_per_step"], r["dnnl_threaded_calls_per_step"],
+                    fmt_time(lo), fmt_time(hi), fmt_time(r["f32_floor_ms"] + lo), fmt_time(r["f32_floor_ms"] + hi),
+                    r["kiln"]["median_ms"] / (r["f32_floor_ms"] + hi), r["kiln"]["median_ms"] / (r["f32_floor_ms"] + lo)))
     if not gpt:
         out.append("")
         out.append("f32 matmul peak (kiln sgemm probe): " + ", ".join(

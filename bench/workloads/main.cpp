@@ -9,7 +9,12 @@
 //   kiln_bench --workload mlp --compile on    (every step through kiln::compile: the first captures)
 //
 // "peak" is the f32 matmul ceiling probe: kiln::mm of two size x size float32
-// matrices (oneDNN sgemm underneath), GFLOP/s of the best and the median call.
+// matrices (oneDNN sgemm underneath), GFLOP/s of the best and the median call;
+// at 2+ threads it also times an empty parallel region and a cache line's
+// round trip between two threads ("fork_join_us", "core_round_trip_ns"), and a
+// workload counts its multi-threaded regions per timed step
+// ("parallel_regions_per_step", "dnnl_threaded_calls_per_step"): Note
+// [Parallel regions].
 // A workload's first step is a warm-up step and reports the loss before any
 // update ("loss_first"); after the timed steps one more untimed step reports
 // "loss_last". maxrss_kib is this process's peak resident set so far.
@@ -24,6 +29,7 @@
 #include <sys/resource.h>
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -36,7 +42,9 @@
 #include <string>
 #include <vector>
 
+#include "kiln/core/parallel.h"
 #include "kiln/export/compile.h"
+#include "kiln/kernels/dnnl.h"
 #include "kiln/kiln.h"
 #include "kiln/profiler/profiler.h"
 #include "workloads.h"
@@ -135,6 +143,70 @@ double median(std::vector<double> v) {
 using Clock = std::chrono::steady_clock;
 double ms_since(Clock::time_point t0) { return std::chrono::duration<double, std::milli>(Clock::now() - t0).count(); }
 
+// Note [Parallel regions]
+// At two or more threads every parallel region (a kiln loop, a oneDNN call)
+// pays a fork and a join however fast its kernel is, and a thread that reads
+// what another core wrote pays for each line crossing between the cores. The
+// peak probe measures both, so that a run can say what the per-op threading
+// of a step costs on its machine: fork_join_us is the median of an empty
+// region over every thread, core_round_trip_ns a cache line sent from one
+// thread to another and back.
+double fork_join_us() {
+  std::vector<double> us;
+  int sink = 0;
+  for (int i = 0; i < 20000; ++i) {
+    const auto t0 = Clock::now();
+    kiln::parallel_for(kiln::get_num_threads(), 1, [&](int64_t b, int64_t) {
+      if (b == 0) sink = static_cast<int>(b);
+    });
+    us.push_back(std::chrono::duration<double, std::micro>(Clock::now() - t0).count());
+  }
+  (void)sink;
+  return median(us);
+}
+
+// Two threads of one region pass a counter back and forth; NaN when the
+// region ran on one thread, or when the trips took over a second (the two
+// threads share a core: each trip then waits for the scheduler).
+double core_round_trip_ns() {
+  constexpr int kTrips = 100000;
+  alignas(64) std::atomic<int> turn{0};
+  alignas(64) std::atomic<int> present{0};
+  alignas(64) std::atomic<bool> stop{false};
+  double ns = std::numeric_limits<double>::quiet_NaN();
+  kiln::parallel_for(2, 1, [&](int64_t b, int64_t e) {
+    if (e - b != 1) return;  // one thread got both halves: nothing to measure
+    present.fetch_add(1);
+    const auto t0 = Clock::now();
+    const auto deadline = t0 + std::chrono::seconds(1);
+    while (present.load() < 2)
+      if (Clock::now() > deadline) return;
+    // Waits until the counter reads `want`; false once the trips are abandoned.
+    const auto await = [&](int want) {
+      for (int spins = 0; turn.load(std::memory_order_acquire) != want; ++spins) {
+        if (stop.load(std::memory_order_relaxed)) return false;
+        if ((spins & 4095) == 4095 && Clock::now() > deadline) {
+          stop.store(true);
+          return false;
+        }
+      }
+      return true;
+    };
+    const auto start = Clock::now();
+    for (int i = 0; i < kTrips; ++i) {
+      if (b == 0) {
+        turn.store(2 * i + 1, std::memory_order_release);
+        if (!await(2 * i + 2)) return;
+      } else {
+        if (!await(2 * i + 1)) return;
+        turn.store(2 * i + 2, std::memory_order_release);
+      }
+    }
+    if (b == 0) ns = std::chrono::duration<double, std::nano>(Clock::now() - start).count() / kTrips;
+  });
+  return ns;
+}
+
 void run_peak(const Args& a) {
   kiln::Generator g(7);
   const int64_t n = a.size;
@@ -148,9 +220,12 @@ void run_peak(const Args& a) {
   }
   std::printf(
       "{\"framework\": \"kiln\", \"workload\": \"peak\", \"threads\": %d, \"size\": %lld, "
-      "\"gflops_best\": %s, \"gflops_median\": %s, \"maxrss_kib\": %ld}\n",
+      "\"gflops_best\": %s, \"gflops_median\": %s, \"fork_join_us\": %s, \"core_round_trip_ns\": %s, "
+      "\"maxrss_kib\": %ld}\n",
       kiln::get_num_threads(), static_cast<long long>(n), num(*std::max_element(gflops.begin(), gflops.end())).c_str(),
-      num(median(gflops)).c_str(), maxrss_kib());
+      num(median(gflops)).c_str(), num(kiln::get_num_threads() > 1 ? fork_join_us() : 0.0).c_str(),
+      num(kiln::get_num_threads() > 1 ? core_round_trip_ns() : std::numeric_limits<double>::quiet_NaN()).c_str(),
+      maxrss_kib());
   std::fflush(stdout);
 }
 
@@ -187,12 +262,15 @@ void run_workload(const std::string& name, const Args& a) {
     prof = std::make_unique<kiln::profiler::Profiler>();
     prof->start();
   }
+  const int64_t regions_before = kiln::parallel_regions(), dnnl_before = kiln::kernels::dnnl_threaded_calls();
   for (int i = 0; i < a.steps; ++i) {
     const auto t0 = Clock::now();
     step(false);
     if (prof) prof->step();
     ms.push_back(ms_since(t0));
   }
+  const double regions_per_step = static_cast<double>(kiln::parallel_regions() - regions_before) / a.steps;
+  const double dnnl_per_step = static_cast<double>(kiln::kernels::dnnl_threaded_calls() - dnnl_before) / a.steps;
   size_t events = 0;
   if (prof) {
     prof->stop();
@@ -219,12 +297,14 @@ void run_workload(const std::string& name, const Args& a) {
       "{\"framework\": \"kiln\", \"workload\": \"%s\", \"amp\": \"%s\", \"threads\": %d, \"warmup\": %d, \"steps\": "
       "%d, "
       "\"median_ms\": %s, \"loss_first\": %s, \"loss_last\": %s, \"params\": %lld, \"flops_per_step\": %s, "
-      "\"product_flops_per_step\": %s, \"maxrss_kib\": %ld, \"profile\": %s, \"profile_events\": %zu, %s\"step_ms\": "
+      "\"product_flops_per_step\": %s, \"parallel_regions_per_step\": %s, \"dnnl_threaded_calls_per_step\": %s, "
+      "\"maxrss_kib\": %ld, \"profile\": %s, \"profile_events\": %zu, %s\"step_ms\": "
       "[%s]}\n",
       name.c_str(), a.amp.c_str(), kiln::get_num_threads(), a.warmup, a.steps, num(median(ms)).c_str(),
       num(loss_first).c_str(), num(loss_last).c_str(), static_cast<long long>(w->num_parameters()),
-      num(w->flops_per_step()).c_str(), num(product_flops).c_str(), maxrss_kib(), a.profile ? "true" : "false", events,
-      compile_info.c_str(), steps.str().c_str());
+      num(w->flops_per_step()).c_str(), num(product_flops).c_str(), num(regions_per_step).c_str(),
+      num(dnnl_per_step).c_str(), maxrss_kib(), a.profile ? "true" : "false", events, compile_info.c_str(),
+      steps.str().c_str());
   std::fflush(stdout);
 }
 

@@ -3,12 +3,19 @@
 #include <omp.h>
 
 #include <algorithm>
+#include <atomic>
 #include <exception>
 #include <mutex>
 
 #include "kiln/core/threads.h"
 
 namespace kiln {
+
+namespace {
+std::atomic<int64_t> g_regions{0};
+}  // namespace
+
+int64_t parallel_regions() { return g_regions.load(std::memory_order_relaxed); }
 
 void parallel_for(int64_t n, int64_t grain, void (*fn)(int64_t, int64_t, void*), void* ctx) {
   if (n <= 0) return;
@@ -19,6 +26,7 @@ void parallel_for(int64_t n, int64_t grain, void (*fn)(int64_t, int64_t, void*),
     fn(0, n, ctx);
     return;
   }
+  g_regions.fetch_add(1, std::memory_order_relaxed);
   std::exception_ptr error;
   std::mutex error_mu;
 #pragma omp parallel num_threads(nthreads)

@@ -4,10 +4,14 @@
 // the re-execution that applies it, and can opt out.
 #include <gtest/gtest.h>
 
+#include <atomic>
 #include <cstdio>
 #include <string>
 
+#include "kiln/core/parallel.h"
 #include "kiln/core/threads.h"
+#include "kiln/kernels/dnnl.h"
+#include "kiln/kiln.h"
 #include "kiln/core/openmp_policy.h"
 
 namespace {
@@ -52,4 +56,34 @@ TEST(OpenMPDefaults, ThisTestProgramRunsUnderABoundedSpin) {
   // ctest sets no policy, so the test binaries themselves run as users' programs do.
   const std::string p = kiln::openmp_wait_policy();
   EXPECT_EQ(p.find("the OpenMP runtime's default"), std::string::npos) << p;
+}
+
+// kiln::parallel_regions and kernels::dnnl_threaded_calls (Note [Parallel
+// regions] in bench/workloads/main.cpp): a loop counts when it runs on more
+// than one thread, a oneDNN call when it may; serial work never counts.
+TEST(ParallelRegions, CountOnlyWorkThatMayRunOnMoreThanOneThread) {
+  const int prev = kiln::get_num_threads();
+  kiln::set_num_threads(2);
+  std::atomic<int64_t> seen{0};
+  const auto body = [&](int64_t b, int64_t e) { seen += e - b; };
+  int64_t before = kiln::parallel_regions();
+  kiln::parallel_for(1000, 1, body);
+  EXPECT_EQ(kiln::parallel_regions() - before, 1);
+  before = kiln::parallel_regions();
+  kiln::parallel_for(10, 100, body);  // under the grain: one thread
+  EXPECT_EQ(kiln::parallel_regions() - before, 0);
+  const kiln::Tensor a = kiln::randn({64, 64}), b = kiln::randn({64, 64});
+  int64_t calls = kiln::kernels::dnnl_threaded_calls();
+  (void)kiln::mm(a, b);
+  EXPECT_EQ(kiln::kernels::dnnl_threaded_calls() - calls, 1);
+
+  kiln::set_num_threads(1);
+  before = kiln::parallel_regions();
+  calls = kiln::kernels::dnnl_threaded_calls();
+  kiln::parallel_for(1000, 1, body);
+  (void)kiln::mm(a, b);
+  EXPECT_EQ(kiln::parallel_regions() - before, 0);
+  EXPECT_EQ(kiln::kernels::dnnl_threaded_calls() - calls, 0);
+  EXPECT_EQ(seen.load(), 2010);
+  kiln::set_num_threads(prev);
 }

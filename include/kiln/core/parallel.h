@@ -15,6 +15,12 @@ namespace kiln {
 /// region it runs serially. Exceptions from fn propagate.
 void parallel_for(int64_t n, int64_t grain, void (*fn)(int64_t, int64_t, void*), void* ctx);
 
+/// parallel_for calls so far in this process that ran on more than one
+/// thread. A benchmark reads it around its steps: at two or more threads
+/// every such region costs a fork and a join, a price per op that no kernel
+/// speed removes (docs/benchmarks.md, "Parallel regions").
+int64_t parallel_regions();
+
 template <typename F>
 void parallel_for(int64_t n, int64_t grain, F&& f) {
   using Fn = std::remove_reference_t<F>;

@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "kiln/core/allocator.h"
+#include "kiln/core/threads.h"
 #include "kiln/kernels/dnnl.h"
 
 namespace kiln::kernels::dnnl_detail {
@@ -91,6 +92,12 @@ dnnl::primitive_attr default_attr() {
   return attr;
 }
 
+namespace {
+std::atomic<int64_t> g_threaded_calls{0};
+}  // namespace
+
+int64_t threaded_calls() { return g_threaded_calls.load(std::memory_order_relaxed); }
+
 void execute(const dnnl::primitive& p, std::initializer_list<Arg> args) {
   constexpr int kMaxArgs = 8;
   KILN_ASSERT(args.size() <= kMaxArgs, "too many oneDNN arguments");
@@ -102,6 +109,7 @@ void execute(const dnnl::primitive& p, std::initializer_list<Arg> args) {
     KILN_ASSERT(st == dnnl_success, "oneDNN refused a data handle (status ", static_cast<int>(st), ")");
     c_args[n++] = {a.arg, a.mem->get()};
   }
+  if (get_num_threads() > 1 && !omp_in_parallel()) g_threaded_calls.fetch_add(1, std::memory_order_relaxed);
   dnnl_status_t st = dnnl_primitive_execute(p.get(), stream().get(), n, c_args);
   KILN_ASSERT(st == dnnl_success, "oneDNN primitive execution failed (status ", static_cast<int>(st), ")");
 }
@@ -137,6 +145,8 @@ uint64_t desc_hash(const dnnl::memory::desc& md) { return fnv1a(&md.data, sizeof
 }  // namespace kiln::kernels::dnnl_detail
 
 namespace kiln::kernels {
+
+int64_t dnnl_threaded_calls() { return dnnl_detail::threaded_calls(); }
 
 int64_t dnnl_primitives_created() { return dnnl_detail::g_created.load(std::memory_order_relaxed); }
 

@@ -301,4 +301,10 @@ void dnnl_clear_cache();
 /// bfloat16 with AVX512_BF16 or emulation; float16 not on CPUs without AVX512_FP16).
 bool dnnl_supports(DType dt);
 
+/// oneDNN primitives run so far with more than one thread allowed. Each may
+/// open a parallel region (oneDNN runs a small problem on one thread, so this
+/// counts an upper bound); a benchmark reads it beside parallel_regions()
+/// (Note [Parallel regions] in bench/workloads/main.cpp).
+int64_t dnnl_threaded_calls();
+
 }  // namespace kiln::kernels
