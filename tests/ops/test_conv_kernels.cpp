@@ -13,6 +13,7 @@
 #include <gtest/gtest.h>
 
 #include <string>
+#include <vector>
 
 #include "kiln/kernels/dnnl.h"
 #include "kiln/kiln.h"
@@ -118,6 +119,60 @@ TEST(ConvWeightGrad, ProductMatchesTorchAndThePrimitive) {
       if (k.bias) {
         expect_close(f32.b, r.outputs[1], 1e-4, what + ": float32 bias gradient vs torch");
         expect_close(bf16_product.b, bf16_as_f32.b, 1.0 / 256, what + ": bf16 bias gradient vs float32");
+      }
+    }
+  }
+  set_num_threads(saved);
+}
+
+// A float32 convolution over one input channel takes oneDNN's blocked
+// backward-weights kernel at 2 threads and sums its bias gradient in double
+// (Note [Single-channel weight gradient] in src/kernels/cpu/dnnl_conv.cpp):
+// against torch within 1e-5 of the largest element, NHWC and NCHW, with and
+// without a bias, at 1 and 2 threads; at 2 the bias also against the float64
+// sum of grad_output rounded once, to float32's own rounding.
+TEST(ConvWeightGrad, SingleInputChannelMatchesTorch) {
+  const int saved = get_num_threads();
+  const Case cases[] = {{4, 1, 28, 28, 32, 3, 3, 1, 1, 1, true, "padding=1"},
+                        {3, 1, 9, 8, 5, 3, 3, 2, 1, 1, true, "stride=2, padding=1"},
+                        {2, 1, 7, 7, 4, 2, 2, 1, 0, 1, false, ""}};
+  for (int threads : {1, 2}) {
+    set_num_threads(threads);
+    manual_seed(24);
+    test::OracleBatch oracle;
+    std::vector<Tensor> xs, ws, bs, gs;
+    std::vector<size_t> ids;
+    for (const Case& k : cases) {
+      const Tensor x = randn({k.n, k.c, k.h, k.w}), w = randn({k.o, k.c, k.kh, k.kw}), b = randn({k.o});
+      const int64_t oh = (k.h + 2 * k.pad - k.kh) / k.stride + 1, ow = (k.w + 2 * k.pad - k.kw) / k.stride + 1;
+      const Tensor g = randn({k.n, k.o, oh, ow});
+      xs.push_back(x), ws.push_back(w), bs.push_back(b), gs.push_back(g);
+      const std::string expr = "torch.nn.functional.conv2d(x0, x1, x2" + (k.torch_args.empty() ? "" : ", " + k.torch_args) + ")";
+      ids.push_back(oracle.add_grad("single" + std::to_string(ids.size()), expr, {x, w, b}, {1, 2}, {g}));
+    }
+    oracle.run();
+    for (size_t i = 0; i < ids.size(); ++i) {
+      const Case& k = cases[i];
+      const test::OracleOutcome& r = oracle.outcome(ids[i]);
+      ASSERT_TRUE(r.ok) << r.error;
+      for (bool nhwc : {true, false}) {
+        const std::string what = "case " + std::to_string(i) + ", " + (nhwc ? "NHWC" : "NCHW") + ", threads " +
+                                 std::to_string(threads);
+        const MemoryFormat f = nhwc ? MemoryFormat::ChannelsLast : MemoryFormat::Contiguous;
+        const Tensor w = ws[i].detach().requires_grad_(true);
+        const Tensor b = k.bias ? bs[i].detach().requires_grad_(true) : Tensor();
+        const Tensor y = conv2d(contiguous(xs[i], f), w, b, {k.stride, k.stride}, {k.pad, k.pad});
+        y.backward(contiguous(gs[i], f));
+        expect_close(w.grad(), r.outputs[0], 1e-5, what + ": weight gradient vs torch");
+        if (!k.bias) {
+          EXPECT_FALSE(b.defined());
+          continue;
+        }
+        expect_close(b.grad(), r.outputs[1], 1e-5, what + ": bias gradient vs torch");
+        if (threads == 1) continue;  // oneDNN's NHWC kernel sums the bias itself
+        const Tensor exact = gs[i].to(kFloat64).sum({0, 2, 3}).to(kFloat32);
+        const test::Comparison c = test::compare_tensors(b.grad(), exact, 1.2e-7, 0);
+        EXPECT_TRUE(c.ok) << what << ": bias gradient vs the float64 sum: " << c.message;
       }
     }
   }

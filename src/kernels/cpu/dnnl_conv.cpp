@@ -20,9 +20,11 @@
 // its own per-thread cache keyed by the same fields plus the direction.
 #include <algorithm>
 #include <string_view>
+#include <vector>
 
 #include "conv_weight_gemm.h"
 #include "dnnl_common.h"
+#include "kiln/core/parallel.h"
 #include "kiln/kernels/dnnl.h"
 
 namespace kiln::kernels {
@@ -153,6 +155,52 @@ bool nhwc_bwd_weights_safe(const Conv2dParams& p) {
   const bool unit =
       p.stride[0] == 1 && p.stride[1] == 1 && p.pad_l[0] == 0 && p.pad_l[1] == 0 && p.pad_r[0] == 0 && p.pad_r[1] == 0;
   return !one_by_one || unit || p.c / p.groups >= 16;
+}
+
+// Note [Single-channel weight gradient]
+// A float32 convolution over one input channel (a grayscale first layer, as
+// cnn's) gets its weight gradient from oneDNN's NHWC kernel on one thread
+// only: it does not split that problem. In cnn's step at 2 threads it took
+// 0.79 ms, oneDNN's blocked layout 0.28 ms with grad_output's reorder
+// included. So at 2 threads and more such a primitive takes the blocked
+// layout, without its bias: the blocked kernel's bias sums drift (one element
+// 2.7e-5 from torch's at cnn's shape, where the NHWC kernel stays within
+// 1e-5, enough for Adam to carry parameters 4e-3 apart in 20 steps), so the
+// bias gradient is summed here, in double, over fixed chunks of rows, the
+// same bits at any thread count. At one thread the reorder and that extra
+// pass cost what the kernel saves (0.75 -> 0.55 ms before the sum), so it
+// keeps NHWC. Not for bfloat16 (0.30 -> 0.41 ms) nor for 3 channels (resnet's
+// stem: 0.16 -> 0.30 ms), where the reorder costs more than the kernel saves.
+bool single_channel_blocked(const Conv2dParams& p) {
+  return p.dtype == DType::Float32 && p.c == 1 && p.groups == 1 && max_threads() >= 2;
+}
+
+// The bias gradient of Note [Single-channel weight gradient]: grad_output's
+// sum over n, oh and ow for each of its o channels.
+void bias_grad_by_rows(const Conv2dParams& p, const float* dy, float* gb) {
+  const int64_t plane = p.oh * p.ow, rows = p.n * plane;
+  constexpr int64_t kChunkRows = 1024;  // the sum's order, fixed by the shape alone
+  const int64_t chunks = (rows + kChunkRows - 1) / kChunkRows;
+  std::vector<double> part(static_cast<size_t>(chunks * p.o), 0.0);
+  parallel_for(chunks, 1, [&](int64_t c0, int64_t c1) {
+    for (int64_t c = c0; c < c1; ++c) {
+      double* acc = part.data() + c * p.o;
+      for (int64_t r = c * kChunkRows, re = std::min(rows, r + kChunkRows); r < re; ++r) {
+        if (p.output_nhwc) {
+          const float* row = dy + r * p.o;
+          for (int64_t o = 0; o < p.o; ++o) acc[o] += row[o];
+        } else {
+          const int64_t ni = r / plane, q = r % plane;
+          for (int64_t o = 0; o < p.o; ++o) acc[o] += dy[(ni * p.o + o) * plane + q];
+        }
+      }
+    }
+  });
+  for (int64_t o = 0; o < p.o; ++o) {
+    double sum = 0;
+    for (int64_t c = 0; c < chunks; ++c) sum += part[static_cast<size_t>(c * p.o + o)];
+    gb[o] = static_cast<float>(sum);
+  }
 }
 
 // Creates a primitive descriptor with NHWC activations, or with oneDNN's own
@@ -318,7 +366,7 @@ BwdWeightsEntry* bwd_weights_entry(const Conv2dParams& p, bool has_bias) {
                                                                                 s.strides, s.dil, s.pl, s.pr);
           return Pd(desc, default_attr(), engine(), hint->pd);
         },
-        nhwc_bwd_weights_safe(p));
+        nhwc_bwd_weights_safe(p) && !single_channel_blocked(p));
     e->prim = dnnl::convolution_backward_weights(pd);
     note_created();
     e->scratch = make_memory(pd.scratchpad_desc());
@@ -405,6 +453,11 @@ void dnnl_conv2d_backward_weight(const Conv2dParams& p, const void* grad_output,
                                  void* grad_bias) {
   if (detail::conv_weight_grad_by_product(p))
     return detail::conv_weight_grad_product(p, grad_output, input, grad_weight, grad_bias);
+  if (single_channel_blocked(p)) {
+    run_bwd_weights(bwd_weights_entry(p, false), grad_output, nullptr, input, grad_weight, nullptr);
+    if (grad_bias) bias_grad_by_rows(p, static_cast<const float*>(grad_output), static_cast<float*>(grad_bias));
+    return;
+  }
   run_bwd_weights(bwd_weights_entry(p, grad_bias != nullptr), grad_output, nullptr, input, grad_weight, grad_bias);
 }
 
@@ -416,6 +469,11 @@ void dnnl_conv2d_backward(const Conv2dParams& p, const void* grad_output, const 
   if (detail::conv_weight_grad_by_product(p)) {
     run_bwd_data(bwd_data_entry(p), grad_output, nullptr, weight, grad_input);
     detail::conv_weight_grad_product(p, grad_output, input, grad_weight, grad_bias);
+    return;
+  }
+  if (single_channel_blocked(p)) {
+    run_bwd_data(bwd_data_entry(p), grad_output, nullptr, weight, grad_input);
+    dnnl_conv2d_backward_weight(p, grad_output, input, grad_weight, grad_bias);
     return;
   }
   BwdDataEntry* d = bwd_data_entry(p);
