@@ -12,6 +12,7 @@
 // element), and against the primitive within the same.
 #include <gtest/gtest.h>
 
+#include <iterator>
 #include <string>
 #include <vector>
 
@@ -74,6 +75,29 @@ void expect_close(const Tensor& got, const Tensor& want, double rel, const std::
   EXPECT_TRUE(c.ok) << what << ": " << c.message;
 }
 
+// Random x, w, b and grad_output for each case, with torch's weight and bias
+// gradients of them queued on `oracle` under tag + index.
+struct Inputs {
+  std::vector<Tensor> xs, ws, bs, gs;
+  std::vector<size_t> ids;
+};
+
+Inputs queue_cases(test::OracleBatch& oracle, const Case* cases, size_t count, const std::string& tag) {
+  Inputs in;
+  for (size_t i = 0; i < count; ++i) {
+    const Case& k = cases[i];
+    const Tensor x = randn({k.n, k.c, k.h, k.w}), w = randn({k.o, k.c, k.kh, k.kw}), b = randn({k.o});
+    const int64_t oh = (k.h + 2 * k.pad - k.dilation * (k.kh - 1) - 1) / k.stride + 1;
+    const int64_t ow = (k.w + 2 * k.pad - k.dilation * (k.kw - 1) - 1) / k.stride + 1;
+    const Tensor g = randn({k.n, k.o, oh, ow});
+    in.xs.push_back(x), in.ws.push_back(w), in.bs.push_back(b), in.gs.push_back(g);
+    const std::string args = k.torch_args.empty() ? "" : ", " + k.torch_args;
+    in.ids.push_back(oracle.add_grad(tag + std::to_string(i), "torch.nn.functional.conv2d(x0, x1, x2" + args + ")",
+                                     {x, w, b}, {1, 2}, {g}));
+  }
+  return in;
+}
+
 }  // namespace
 
 TEST(ConvWeightGrad, ProductMatchesTorchAndThePrimitive) {
@@ -82,17 +106,9 @@ TEST(ConvWeightGrad, ProductMatchesTorchAndThePrimitive) {
     set_num_threads(threads);
     manual_seed(21);
     test::OracleBatch oracle;
-    std::vector<Tensor> xs, ws, bs, gs;
-    std::vector<size_t> ids;
-    for (const Case& k : kCases) {
-      const Tensor x = randn({k.n, k.c, k.h, k.w}), w = randn({k.o, k.c, k.kh, k.kw}), b = randn({k.o});
-      const int64_t oh = (k.h + 2 * k.pad - k.dilation * (k.kh - 1) - 1) / k.stride + 1;
-      const int64_t ow = (k.w + 2 * k.pad - k.dilation * (k.kw - 1) - 1) / k.stride + 1;
-      const Tensor g = randn({k.n, k.o, oh, ow});
-      xs.push_back(x), ws.push_back(w), bs.push_back(b), gs.push_back(g);
-      const std::string expr = "torch.nn.functional.conv2d(x0, x1, x2, " + k.torch_args + ")";
-      ids.push_back(oracle.add_grad("wgrad" + std::to_string(ids.size()), expr, {x, w, b}, {1, 2}, {g}));
-    }
+    const Inputs in = queue_cases(oracle, kCases, std::size(kCases), "wgrad");
+    const auto &xs = in.xs, &ws = in.ws, &bs = in.bs, &gs = in.gs;
+    const auto& ids = in.ids;
     oracle.run();
     for (size_t i = 0; i < ids.size(); ++i) {
       const Case& k = kCases[i];
@@ -140,16 +156,9 @@ TEST(ConvWeightGrad, SingleInputChannelMatchesTorch) {
     set_num_threads(threads);
     manual_seed(24);
     test::OracleBatch oracle;
-    std::vector<Tensor> xs, ws, bs, gs;
-    std::vector<size_t> ids;
-    for (const Case& k : cases) {
-      const Tensor x = randn({k.n, k.c, k.h, k.w}), w = randn({k.o, k.c, k.kh, k.kw}), b = randn({k.o});
-      const int64_t oh = (k.h + 2 * k.pad - k.kh) / k.stride + 1, ow = (k.w + 2 * k.pad - k.kw) / k.stride + 1;
-      const Tensor g = randn({k.n, k.o, oh, ow});
-      xs.push_back(x), ws.push_back(w), bs.push_back(b), gs.push_back(g);
-      const std::string expr = "torch.nn.functional.conv2d(x0, x1, x2" + (k.torch_args.empty() ? "" : ", " + k.torch_args) + ")";
-      ids.push_back(oracle.add_grad("single" + std::to_string(ids.size()), expr, {x, w, b}, {1, 2}, {g}));
-    }
+    const Inputs in = queue_cases(oracle, cases, std::size(cases), "single");
+    const auto &xs = in.xs, &ws = in.ws, &bs = in.bs, &gs = in.gs;
+    const auto& ids = in.ids;
     oracle.run();
     for (size_t i = 0; i < ids.size(); ++i) {
       const Case& k = cases[i];
