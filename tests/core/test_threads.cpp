@@ -72,10 +72,15 @@ TEST(ParallelRegions, CountOnlyWorkThatMayRunOnMoreThanOneThread) {
   before = kiln::parallel_regions();
   kiln::parallel_for(10, 100, body);  // under the grain: one thread
   EXPECT_EQ(kiln::parallel_regions() - before, 0);
-  const kiln::Tensor a = kiln::randn({64, 64}), b = kiln::randn({64, 64});
+  // 2^21 multiply-adds: far above the size under which a product runs serially.
+  const kiln::Tensor a = kiln::randn({128, 128}), b = kiln::randn({128, 128});
   int64_t calls = kiln::kernels::dnnl_threaded_calls();
   (void)kiln::mm(a, b);
   EXPECT_EQ(kiln::kernels::dnnl_threaded_calls() - calls, 1);
+  const kiln::Tensor small = kiln::randn({16, 16});  // 4096 multiply-adds: serial
+  calls = kiln::kernels::dnnl_threaded_calls();
+  (void)kiln::mm(small, small);
+  EXPECT_EQ(kiln::kernels::dnnl_threaded_calls() - calls, 0);
 
   kiln::set_num_threads(1);
   before = kiln::parallel_regions();

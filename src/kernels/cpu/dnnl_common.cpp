@@ -10,7 +10,6 @@
 #include <vector>
 
 #include "kiln/core/allocator.h"
-#include "kiln/core/threads.h"
 #include "kiln/kernels/dnnl.h"
 
 namespace kiln::kernels::dnnl_detail {
@@ -109,7 +108,8 @@ void execute(const dnnl::primitive& p, std::initializer_list<Arg> args) {
     KILN_ASSERT(st == dnnl_success, "oneDNN refused a data handle (status ", static_cast<int>(st), ")");
     c_args[n++] = {a.arg, a.mem->get()};
   }
-  if (get_num_threads() > 1 && !omp_in_parallel()) g_threaded_calls.fetch_add(1, std::memory_order_relaxed);
+  // omp_get_max_threads, not kiln's setting: a SerialScope has it at 1 for a small product.
+  if (omp_get_max_threads() > 1 && !omp_in_parallel()) g_threaded_calls.fetch_add(1, std::memory_order_relaxed);
   dnnl_status_t st = dnnl_primitive_execute(p.get(), stream().get(), n, c_args);
   KILN_ASSERT(st == dnnl_success, "oneDNN primitive execution failed (status ", static_cast<int>(st), ")");
 }
