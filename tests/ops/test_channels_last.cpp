@@ -11,6 +11,7 @@
 #include <functional>
 #include <limits>
 #include <string>
+#include <vector>
 
 #include "kiln/ops/gradcheck.h"
 #include "kiln/ops/memory_format.h"
@@ -75,6 +76,39 @@ TEST(MemoryFormat, ConversionsKeepValuesAndGradients) {
   const Tensor w = randn({2, 3, 4, 5}, kFloat64);
   (cl * w).sum().backward();
   expect_equal(x.grad(), w, 0, "gradient through contiguous(channels_last)");
+}
+
+// Copies between NCHW and channels-last order run as 16 x 16 block
+// transposes (Note [Transposing copies] in src/kernels/cpu/copy.cpp): every
+// element lands where the element-by-element copy of a float64 tensor puts
+// it, bit for bit, both ways, with blocks cut short on either side, for
+// float32 and int32 (any 4-byte pattern), at 1 and 2 threads.
+TEST(MemoryFormat, TransposingCopiesKeepEveryBit) {
+  const int saved = get_num_threads();
+  const std::vector<std::vector<int64_t>> shapes = {{2, 64, 7, 7}, {3, 20, 9, 7}, {1, 8, 8, 1}, {4, 40, 30, 30}};
+  for (int threads : {1, 2}) {
+    set_num_threads(threads);
+    for (const auto& shape : shapes) {
+      std::string what = "shape";
+      for (int64_t d : shape) {
+        what += ' ';
+        what += std::to_string(d);
+      }
+      what += ", threads " + std::to_string(threads);
+      const Tensor f = randn(shape);
+      // NHWC -> NCHW, and NCHW -> NHWC, against the 8-byte element path.
+      expect_equal(to_cl(f).contiguous(), to_cl(f.to(kFloat64)).contiguous().to(kFloat32), 0, what + ": to NCHW");
+      const Tensor cl = to_cl(f);
+      EXPECT_TRUE(is_cl(cl)) << what;
+      expect_equal(cl, to_cl(f.to(kFloat64)).to(kFloat32), 0, what + ": to channels-last");
+      const Tensor bits = randint(std::numeric_limits<int32_t>::min(), std::numeric_limits<int32_t>::max(), shape,
+                                  TensorOptions(kInt32));
+      const Tensor wide = bits.to(kInt64);
+      EXPECT_TRUE(equal(to_cl(bits).contiguous(), to_cl(wide).contiguous().to(kInt32))) << what << ": int32 to NCHW";
+      EXPECT_TRUE(equal(to_cl(bits).to(kInt64), to_cl(wide))) << what << ": int32 to channels-last";
+    }
+  }
+  set_num_threads(saved);
 }
 
 TEST(ChannelsLast, Conv2dReturnsChannelsLastAndMatchesTorch) {
