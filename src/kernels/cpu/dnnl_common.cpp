@@ -17,6 +17,7 @@ namespace kiln::kernels::dnnl_detail {
 namespace {
 
 std::atomic<int64_t> g_created{0};
+std::atomic<int64_t> g_threaded_calls{0};  // kernels::dnnl_threaded_calls
 
 std::mutex g_clear_mu;
 // Functions that clear one per-thread cache kind on the calling thread.
@@ -91,12 +92,6 @@ dnnl::primitive_attr default_attr() {
   return attr;
 }
 
-namespace {
-std::atomic<int64_t> g_threaded_calls{0};
-}  // namespace
-
-int64_t threaded_calls() { return g_threaded_calls.load(std::memory_order_relaxed); }
-
 void execute(const dnnl::primitive& p, std::initializer_list<Arg> args) {
   constexpr int kMaxArgs = 8;
   KILN_ASSERT(args.size() <= kMaxArgs, "too many oneDNN arguments");
@@ -146,7 +141,7 @@ uint64_t desc_hash(const dnnl::memory::desc& md) { return fnv1a(&md.data, sizeof
 
 namespace kiln::kernels {
 
-int64_t dnnl_threaded_calls() { return dnnl_detail::threaded_calls(); }
+int64_t dnnl_threaded_calls() { return dnnl_detail::g_threaded_calls.load(std::memory_order_relaxed); }
 
 int64_t dnnl_primitives_created() { return dnnl_detail::g_created.load(std::memory_order_relaxed); }
 

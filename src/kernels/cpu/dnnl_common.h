@@ -158,9 +158,6 @@ struct Arg {
 /// Up to 8 arguments; no heap allocation.
 void execute(const dnnl::primitive& p, std::initializer_list<Arg> args);
 
-/// oneDNN calls made with more than one thread (kernels::dnnl_threaded_calls).
-int64_t threaded_calls();
-
 /// Turns a oneDNN failure at primitive creation into a kiln error naming the op.
 [[noreturn]] void rethrow(const dnnl::error& e, const char* what);
 

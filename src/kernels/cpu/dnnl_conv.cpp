@@ -466,12 +466,9 @@ void dnnl_conv2d_backward_weight(const Conv2dParams& p, const void* grad_output,
 // f32, 1 thread: that reorder costs 0.1 ms of a 4.2 ms backward).
 void dnnl_conv2d_backward(const Conv2dParams& p, const void* grad_output, const void* input, const void* weight,
                           void* grad_input, void* grad_weight, void* grad_bias) {
-  if (detail::conv_weight_grad_by_product(p)) {
-    run_bwd_data(bwd_data_entry(p), grad_output, nullptr, weight, grad_input);
-    detail::conv_weight_grad_product(p, grad_output, input, grad_weight, grad_bias);
-    return;
-  }
-  if (single_channel_blocked(p)) {
+  // The weight gradients that do not run on the primitive below share no
+  // reorder of grad_output with the data gradient.
+  if (detail::conv_weight_grad_by_product(p) || single_channel_blocked(p)) {
     run_bwd_data(bwd_data_entry(p), grad_output, nullptr, weight, grad_input);
     dnnl_conv2d_backward_weight(p, grad_output, input, grad_weight, grad_bias);
     return;
