@@ -46,8 +46,11 @@ void Generator::set_state(const GeneratorState& s) {
 }
 
 uint64_t Generator::reserve(uint64_t blocks) {
-  // Every draw comes through here. A replay would repeat the numbers drawn at
-  // capture (and leave the offset where it was), so a capture cannot hold one.
+  // Every draw comes through here. The tensor fills (rand, randn, randint,
+  // randperm, dropout's mask) reserve inside a recorded host write, which a
+  // replay runs again: it reserves anew, as the eager step would. A draw made
+  // anywhere else would repeat the capture's numbers on replay and leave the
+  // offset where it was, so it is a graph break.
   if (blocks > 0) capture::graph_break_if_recording("random numbers (dropout, rand, randn, randperm...)");
   std::lock_guard<std::mutex> lock(mu_);
   const uint64_t first = state_.offset;

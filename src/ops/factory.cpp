@@ -70,23 +70,28 @@ int64_t strided_extent(IntArrayRef sizes, IntArrayRef strides, const char* op) {
 Generator& gen_or_default(Generator* g) { return g ? *g : default_generator(); }
 
 // Fills contiguous `t` with f(block_words, lane) where each Philox block serves `per_block` elements.
+// Under kiln::compile the fill is recorded whole: a replay reserves fresh blocks from the same
+// generator and fills the same memory, so the numbers differ from step to step and the generator
+// advances exactly as eagerly (a generator passed in must outlive the compiled function).
 template <typename T, typename F>
 void fill_random(Tensor& t, Generator* gen, int64_t per_block, F f) {
   const int64_t n = t.numel();
   if (n == 0) return;
-  Generator& g = gen_or_default(gen);
+  Generator* g = &gen_or_default(gen);
   const int64_t blocks = (n + per_block - 1) / per_block;
-  const uint64_t seed = g.get_state().seed;
-  const uint64_t first = g.reserve(static_cast<uint64_t>(blocks));
   T* out = t.data_ptr<T>();
-  parallel_for(blocks, 4096, [&](int64_t b, int64_t e) {
-    for (int64_t blk = b; blk < e; ++blk) {
-      const auto w = philox4x32(seed, 0, first + static_cast<uint64_t>(blk));
-      for (int64_t lane = 0; lane < per_block; ++lane) {
-        const int64_t i = blk * per_block + lane;
-        if (i < n) out[i] = f(w, lane);
+  capture::host_write("random", [g, out, n, blocks, per_block, f] {
+    const uint64_t seed = g->get_state().seed;
+    const uint64_t first = g->reserve(static_cast<uint64_t>(blocks));
+    parallel_for(blocks, 4096, [&](int64_t b, int64_t e) {
+      for (int64_t blk = b; blk < e; ++blk) {
+        const auto w = philox4x32(seed, 0, first + static_cast<uint64_t>(blk));
+        for (int64_t lane = 0; lane < per_block; ++lane) {
+          const int64_t i = blk * per_block + lane;
+          if (i < n) out[i] = f(w, lane);
+        }
       }
-    }
+    });
   });
 }
 
@@ -110,12 +115,12 @@ void random_into(Tensor& t, Gen&& gen_float_or_double) {
 
 void uniform_fill(Tensor& t, double from, double to, Generator* gen) {
   if (t.dtype() == kFloat64) {
-    fill_random<double>(t, gen, 2, [&](const std::array<uint32_t, 4>& w, int64_t lane) {
+    fill_random<double>(t, gen, 2, [=](const std::array<uint32_t, 4>& w, int64_t lane) {
       return from + (to - from) * u01_53(w[2 * lane], w[2 * lane + 1]);
     });
   } else {
     const float a = static_cast<float>(from), span = static_cast<float>(to - from);
-    fill_random<float>(t, gen, 4, [&](const std::array<uint32_t, 4>& w, int64_t lane) {
+    fill_random<float>(t, gen, 4, [=](const std::array<uint32_t, 4>& w, int64_t lane) {
       float v = a + span * u01_24(w[lane]);
       return v;
     });
@@ -125,7 +130,7 @@ void uniform_fill(Tensor& t, double from, double to, Generator* gen) {
 void normal_fill(Tensor& t, double mean, double std, Generator* gen) {
   // Box-Muller: one pair of uniforms yields two normals.
   if (t.dtype() == kFloat64) {
-    fill_random<double>(t, gen, 2, [&](const std::array<uint32_t, 4>& w, int64_t lane) {
+    fill_random<double>(t, gen, 2, [=](const std::array<uint32_t, 4>& w, int64_t lane) {
       const double u1 = 1.0 - u01_53(w[0], w[1]);  // (0, 1]: log is finite
       const double u2 = u01_53(w[2], w[3]);
       const double r = std::sqrt(-2.0 * std::log(u1));
@@ -133,7 +138,7 @@ void normal_fill(Tensor& t, double mean, double std, Generator* gen) {
       return mean + std * r * (lane == 0 ? std::cos(th) : std::sin(th));
     });
   } else {
-    fill_random<float>(t, gen, 4, [&](const std::array<uint32_t, 4>& w, int64_t lane) {
+    fill_random<float>(t, gen, 4, [=](const std::array<uint32_t, 4>& w, int64_t lane) {
       const int64_t pair = lane / 2;
       const double u1 = 1.0 - static_cast<double>(u01_24(w[2 * pair]));
       const double u2 = static_cast<double>(u01_24(w[2 * pair + 1]));
@@ -428,7 +433,7 @@ Tensor randint(int64_t low, int64_t high, IntArrayRef sizes, TensorOptions optio
   if (!options.dtype_opt()) options = options.dtype(kInt64);
   Tensor idx = empty(sizes, kInt64);
   const uint64_t range = static_cast<uint64_t>(high) - static_cast<uint64_t>(low);  // no signed overflow
-  fill_random<int64_t>(idx, gen, 2, [&](const std::array<uint32_t, 4>& w, int64_t lane) {
+  fill_random<int64_t>(idx, gen, 2, [=](const std::array<uint32_t, 4>& w, int64_t lane) {
     const uint64_t r = (static_cast<uint64_t>(w[2 * lane]) << 32) | w[2 * lane + 1];
     return static_cast<int64_t>(static_cast<uint64_t>(low) + r % range);
   });
@@ -440,15 +445,16 @@ Tensor randperm(int64_t n, Generator* gen, std::source_location loc) {
   memory::note_call_site(loc.file_name(), loc.line());
   KILN_CHECK(n >= 0, ValueError, "randperm: expected n >= 0, got ", n);
   Tensor t = arange(n);
-  int64_t* p = t.data_ptr<int64_t>();
-  Generator& g = gen_or_default(gen);
-  const uint64_t seed = g.get_state().seed;
-  const uint64_t first = g.reserve(static_cast<uint64_t>(n));
-  for (int64_t i = n - 1; i > 0; --i) {  // Fisher-Yates, one block per swap
-    const auto w = philox4x32(seed, 0, first + static_cast<uint64_t>(i));
-    const uint64_t r = (static_cast<uint64_t>(w[0]) << 32) | w[1];
-    std::swap(p[i], p[static_cast<int64_t>(r % static_cast<uint64_t>(i + 1))]);
-  }
+  // Replayed as fill_random's fills are; arange's own record restores 0..n-1 before it.
+  capture::host_write("randperm", [p = t.data_ptr<int64_t>(), g = &gen_or_default(gen), n] {
+    const uint64_t seed = g->get_state().seed;
+    const uint64_t first = g->reserve(static_cast<uint64_t>(n));
+    for (int64_t i = n - 1; i > 0; --i) {  // Fisher-Yates, one block per swap
+      const auto w = philox4x32(seed, 0, first + static_cast<uint64_t>(i));
+      const uint64_t r = (static_cast<uint64_t>(w[0]) << 32) | w[1];
+      std::swap(p[i], p[static_cast<int64_t>(r % static_cast<uint64_t>(i + 1))]);
+    }
+  });
   return t;
 }
 
