@@ -48,4 +48,33 @@ BENCHMARK(BM_CompileFusionChain)
     ->UseRealTime()
     ->Unit(benchmark::kMicrosecond);
 
+// A squared error written out, ((x - y) * (x - y)).mean(): eagerly sub, mul and mean, 5 array
+// passes (x, y, d, d*d read; d, d*d written, d read twice as one stream). Fused, the mean
+// reduces each tile of squares while it is in cache: only x and y are read.
+Tensor mse(const Tensor& x, const Tensor& y) {
+  const NoGradGuard ng;
+  const Tensor d = x - y;
+  return (d * d).mean();
+}
+
+void BM_CompileFusionMse(benchmark::State& state) {
+  const kiln_micro::ThreadScope threads(1);
+  const int mode = static_cast<int>(state.range(0));
+  const int64_t n = state.range(1);
+  const Tensor x = randn({n}), y = randn({n});
+  CompiledFunction step = compile([&] { return mse(x, y); }, {.name = "mse", .modules = {}, .fuse = mode == 2});
+  step();
+  for (auto _ : state) {
+    const Tensor out = mode == 0 ? mse(x, y) : step()[0];
+    benchmark::DoNotOptimize(out.data_ptr());
+  }
+  state.SetBytesProcessed(state.iterations() * 6 * n * static_cast<int64_t>(sizeof(float)));
+  state.counters["unwritten_MiB"] = static_cast<double>(step.stats().unwritten_bytes) / (1 << 20);
+}
+BENCHMARK(BM_CompileFusionMse)
+    ->ArgsProduct({{0, 1, 2}, {int64_t{1} << 12, int64_t{1} << 16, int64_t{1} << 24}})
+    ->ArgNames({"mode", "n"})
+    ->UseRealTime()
+    ->Unit(benchmark::kMicrosecond);
+
 }  // namespace

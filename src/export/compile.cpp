@@ -213,6 +213,10 @@ class StepRecorder : public capture::Recorder, public capture::LoopSink {
       ops.back().loop =
           std::make_shared<const compile_detail::LoopRecord>(compile_detail::LoopRecord{l, std::move(run)});
   }
+  // Right after kernel(): how the reduction just recorded cuts its input.
+  void reduction(capture::Reduction r) override {
+    if (!ops.empty() && !ops.back().host) ops.back().reduce = std::make_shared<const capture::Reduction>(std::move(r));
+  }
   /// At the end of the capture: the blocks freed after the last event.
   std::vector<std::pair<void*, size_t>> finish() {
     auto frees = take_frees();
@@ -238,7 +242,7 @@ class StepRecorder : public capture::Recorder, public capture::LoopSink {
 
  private:
   void add(const char* name, bool host, capture::Replay replay) {
-    ops.push_back({name, host, std::move(replay), nullptr, {}, take_frees()});
+    ops.push_back({name, host, std::move(replay), nullptr, nullptr, {}, take_frees()});
   }
   std::vector<std::pair<void*, size_t>> take_frees() { return memory::take_pool_frees(pool_); }
   memory::PrivatePool& pool_;

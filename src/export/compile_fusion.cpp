@@ -1,6 +1,7 @@
 // kiln::compile's fusion pass (compile_fusion.h): consecutive elementwise
-// kernels over one iteration space become one loop over tiles of it, and an
-// intermediate that dies inside the run lives only in a tile-sized scratch.
+// kernels over one iteration space become one loop over tiles of it, an
+// intermediate that dies inside the run lives only in a tile-sized scratch,
+// and a reduction of the run's result to one value reduces each tile as it is made.
 //
 // Why tiles and not a generated loop body: each kernel keeps its own
 // vectorised row code, so a fused loop computes every element with exactly
@@ -11,6 +12,7 @@
 #include <algorithm>
 #include <array>
 #include <numeric>
+#include <optional>
 #include <sstream>
 
 #include "kiln/core/allocator.h"
@@ -173,10 +175,17 @@ class FusedLoop {
   int64_t step = 1;        // its indices per tile
   int64_t tiles = 0;
   int64_t tile_elems = 0;
+  // A reduction that ends the run: it reduces the pieces of each tile of the array op
+  // `red_src` writes (from its scratch slot `red_slot`, or from memory when -1) into
+  // `accs`, one accumulator per piece, and combines them once every tile is done.
+  std::shared_ptr<const capture::Reduction> red;
+  int red_slot = -1;
+  std::unique_ptr<unsigned char[]> accs;
 
   void run() const {
     const int64_t grain = std::max<int64_t>(1, kGrainSize / std::max<int64_t>(tile_elems, 1));
     parallel_for(tiles, grain, [this](int64_t b, int64_t e) { run_tiles(b, e); });
+    if (red) red->finish(accs.get(), (red->numel + red->piece - 1) / red->piece);
   }
 
  private:
@@ -213,7 +222,18 @@ class FusedLoop {
         }
         ops[k]->run(l);
       }
+      if (red) reduce_tile(lo, slots, slot_bytes);
     }
+  }
+
+  // Tiles start at multiples of the reduction's piece (make_fused), so each tile holds whole pieces.
+  void reduce_tile(int64_t lo, const char* slots, size_t slot_bytes) const {
+    const int64_t first = lo * inner, end = std::min(tiled_size, lo + step) * inner;
+    const char* base =
+        red_slot >= 0 ? slots + static_cast<size_t>(red_slot) * slot_bytes : red->in + first * red->elem_size;
+    for (int64_t at = first; at < end; at += red->piece)
+      red->reduce_piece(base + (at - first) * red->elem_size, std::min(red->piece, end - at),
+                        accs.get() + (at / red->piece) * red->acc_size);
   }
 };
 
@@ -226,9 +246,12 @@ std::string space_str(const Loop& l) {
 }
 
 /// Builds the fused loop for ops[g0, g1], whose iteration space is `space`, and says what it did.
-Recorded make_fused(std::vector<Recorded>& ops, size_t g0, size_t g1, const Loop& space,
+/// With `red_src` set, ops[g1 + 1] is a reduction of what ops[*red_src] writes, and joins the loop.
+Recorded make_fused(std::vector<Recorded>& ops, size_t g0, size_t g1, const Loop& space, std::optional<size_t> red_src,
                     const std::vector<std::pair<void*, size_t>>& freed_at_end, FusionReport& report) {
+  const size_t g_last = red_src ? g1 + 1 : g1;
   auto f = std::make_shared<FusedLoop>();
+  if (red_src) f->red = ops[g1 + 1].reduce;
   f->dim = space.ndim - 1;
   const int64_t outer = space.sizes[f->dim];
   const int64_t inner = space.numel() / outer;
@@ -264,6 +287,8 @@ Recorded make_fused(std::vector<Recorded>& ops, size_t g0, size_t g1, const Loop
     const int64_t q = 256 / std::gcd(inner, int64_t{256});
     f->step = std::max(q, f->step / q * q);
   }
+  if (f->red && f->step < outer && (f->step * inner) % f->red->piece != 0)
+    f->step = f->red->piece % inner == 0 ? f->red->piece / inner : outer;  // tiles of whole pieces
   f->step = std::min(f->step, outer);
   f->tiles = (outer + f->step - 1) / f->step;
   f->tile_elems = f->step * inner;
@@ -273,9 +298,9 @@ Recorded make_fused(std::vector<Recorded>& ops, size_t g0, size_t g1, const Loop
   std::vector<std::pair<void*, size_t>> freed_later;
   auto freed_from = [&](size_t k) {  // freed after op k, up to the end of the run
     freed_later.clear();
-    for (size_t j = k + 1; j <= g1; ++j)
+    for (size_t j = k + 1; j <= g_last; ++j)
       freed_later.insert(freed_later.end(), ops[j].freed_before.begin(), ops[j].freed_before.end());
-    const auto& tail = g1 + 1 < ops.size() ? ops[g1 + 1].freed_before : freed_at_end;
+    const auto& tail = g_last + 1 < ops.size() ? ops[g_last + 1].freed_before : freed_at_end;
     freed_later.insert(freed_later.end(), tail.begin(), tail.end());
     return freed_later;
   };
@@ -317,6 +342,7 @@ Recorded make_fused(std::vector<Recorded>& ops, size_t g0, size_t g1, const Loop
       }
       dead = overwritten || covered(e, freed_from(k));
     }
+    if (red_src && *red_src == k) last_use = g1 + 1;  // the reduction reads it after the tile's last op
     if (dead) {
       int slot = -1;
       for (size_t i = 0; i < free_slots.size(); ++i) {
@@ -328,6 +354,7 @@ Recorded make_fused(std::vector<Recorded>& ops, size_t g0, size_t g1, const Loop
       }
       if (slot < 0) slot = f->nslots++;
       s[0] = slot;
+      if (red_src && *red_src == k) f->red_slot = slot;
       in_scratch.push_back({k, slot, last_use});
       unwritten += l.numel() * l.elem_size[0];
     }
@@ -340,15 +367,45 @@ Recorded make_fused(std::vector<Recorded>& ops, size_t g0, size_t g1, const Loop
     });
     names << (k > g0 ? ", " : "") << ops[k].name;
   }
-  Recorded r{"fused loop", false, [f] { f->run(); }, nullptr, "fused(" + names.str() + ")", {}};
+  if (f->red) {
+    names << ", " << ops[g_last].name;
+    const int64_t pieces = (f->red->numel + f->red->piece - 1) / f->red->piece;
+    f->accs = std::make_unique<unsigned char[]>(static_cast<size_t>(pieces * f->red->acc_size));
+  }
+  Recorded r{"fused loop", false, [f] { f->run(); }, nullptr, nullptr, "fused(" + names.str() + ")", {}};
   std::ostringstream line;
   line << r.fused_name << " over " << space_str(space) << ", " << f->tiles << (f->tiles == 1 ? " tile" : " tiles");
+  if (f->red) line << ", reduced tile by tile";
   if (unwritten) line << ", " << unwritten << " bytes of intermediates not written";
   report.lines.push_back(line.str());
   report.unwritten_bytes += unwritten;
   ++report.groups;
-  report.kernels += static_cast<int64_t>(g1 - g0 + 1);
+  report.kernels += static_cast<int64_t>(g_last - g0 + 1);
   return r;
+}
+
+/// When ops[j + 1] reduces to one value the whole array that an op of the run ops[i, j]
+/// writes last, in the order of the run's space: that op. Tiles must then hold whole
+/// pieces of the reduction, which needs the elements per index of the tiled dim to divide
+/// a piece or be a multiple of one (or the run to be one tile).
+std::optional<size_t> reduced_output(const std::vector<Recorded>& ops, size_t i, size_t j, const Loop& space) {
+  if (j + 1 >= ops.size() || !ops[j + 1].reduce) return std::nullopt;
+  const capture::Reduction& r = *ops[j + 1].reduce;
+  const int64_t inner = space.numel() / space.sizes[space.ndim - 1];
+  if (r.numel != space.numel() || r.piece <= 0 || !(r.numel <= r.piece || r.piece % inner == 0 || inner % r.piece == 0))
+    return std::nullopt;
+  for (size_t k = j + 1; k-- > i;) {
+    const Loop v = view_in(ops[k].loop->loop, space);
+    if (v.data[0] != r.in) continue;
+    if (v.elem_size[0] != r.elem_size) return std::nullopt;
+    int64_t st = r.elem_size;
+    for (int d = 0; d < v.ndim; ++d) {
+      if (v.sizes[d] > 1 && v.strides[0][d] != st) return std::nullopt;
+      st *= v.sizes[d];
+    }
+    return k;  // the last writer: no later op of the run writes these elements
+  }
+  return std::nullopt;
 }
 
 }  // namespace
@@ -371,12 +428,14 @@ FusionReport fuse_elementwise(std::vector<Recorded>& ops, const std::vector<std:
         space = joint;
       }
     }
-    if (j > i) {
-      out.push_back(make_fused(ops, i, j, space, freed_at_end, report));
+    const std::optional<size_t> src =
+        ops[i].loop && fusable(ops[i].loop->loop) ? reduced_output(ops, i, j, space) : std::nullopt;
+    if (j > i || src) {
+      out.push_back(make_fused(ops, i, j, space, src, freed_at_end, report));
     } else {
       out.push_back(std::move(ops[i]));
     }
-    i = j + 1;
+    i = src ? j + 2 : j + 1;
   }
   ops = std::move(out);
   return report;

@@ -25,8 +25,9 @@ struct Recorded {
   const char* name;
   bool host;
   capture::Replay fn;
-  std::shared_ptr<const LoopRecord> loop;  // set for elementwise kernels
-  std::string fused_name;                  // "fused(binary, unary)" once fusion made it; else empty
+  std::shared_ptr<const LoopRecord> loop;            // set for elementwise kernels
+  std::shared_ptr<const capture::Reduction> reduce;  // set for reductions of a whole array to one value
+  std::string fused_name;                            // "fused(binary, unary)" once fusion made it; else empty
   // Private-pool blocks (address, bytes) freed after the previous event and before this one.
   std::vector<std::pair<void*, size_t>> freed_before;
 };
@@ -40,7 +41,8 @@ struct FusionReport {
 
 /// Replaces runs of consecutive elementwise kernels over the same iteration
 /// space, whose operands are either the same elements or disjoint, by one
-/// loop over tiles of that space. `freed_at_end`: blocks freed after the last
+/// loop over tiles of that space; a reduction of a run's result to one value
+/// that follows the run joins it, reducing each tile as it is made. `freed_at_end`: blocks freed after the last
 /// event. Results are bitwise those of the kernels run one after another.
 FusionReport fuse_elementwise(std::vector<Recorded>& ops, const std::vector<std::pair<void*, size_t>>& freed_at_end);
 

@@ -59,17 +59,69 @@ TEST(CompileFusion, IntermediatesReadLaterOrReturnedReachMemory) {
   const int64_t n = 7000;
   auto fn = [](const std::vector<Tensor>& in) {
     const NoGradGuard ng;
-    const Tensor t = in[0] * 2.0;            // read again by the sum after the run
+    const Tensor t = in[0] * 2.0;            // read again by the row sums after the run
     const Tensor u = (t + in[1]).relu();     // t + in[1] dies inside the run; u at the return
     const Tensor v = u * 3.0;                // returned
-    return std::vector<Tensor>{v.exp(), t.sum(), v};
+    return std::vector<Tensor>{v.exp(), t.reshape({1000, 7}).sum(1), v};  // row sums do not join a run
   };
   const CompileStats s = check_fused(fn, n);
   EXPECT_EQ(s.fused_loops, 1);
   EXPECT_EQ(s.fused_kernels, 5);  // mul, add, relu, mul, exp
-  // Only t + in[1]: u is freed when the function returns, after the sum ran (which, for all
-  // the record knows, might have read it).
+  // Only t + in[1]: u is freed when the function returns, after the row sums ran (which, for
+  // all the record knows, might have read it).
   EXPECT_EQ(s.unwritten_bytes, n * 4);
+}
+
+TEST(CompileFusion, AWholeArrayReductionEndsTheRunAndReducesEachTile) {
+  // A squared error written out: sub, mul and the mean are one loop; the difference and the
+  // squares never reach memory, and the mean is the kernel's to the bit (its pieces of 32768
+  // elements reduced as the tiles are made, then the same tree over them).
+  auto mse = [](const std::vector<Tensor>& in) {
+    const NoGradGuard ng;
+    const Tensor d = in[0] - in[1];
+    return std::vector<Tensor>{(d * d).mean()};
+  };
+  auto sum_abs = [](const std::vector<Tensor>& in) {
+    const NoGradGuard ng;
+    return std::vector<Tensor>{(in[0] * in[1]).abs().sum(), in[0].exp().max()};
+  };
+  const int before = get_num_threads();
+  for (int threads : {1, 2}) {
+    set_num_threads(threads);
+    // One tile; one piece and a tail; many pieces and a short last one; whole pieces only.
+    for (int64_t n : {int64_t{1000}, int64_t{40000}, int64_t{32768 * 9 + 5}, int64_t{32768 * 4}}) {
+      manual_seed(static_cast<uint64_t>(n));
+      const CompileStats s = check_fused(mse, n);
+      EXPECT_EQ(s.fused_loops, 1) << n;
+      EXPECT_EQ(s.fused_kernels, 3) << n;  // sub, mul, mean
+      EXPECT_EQ(s.unwritten_bytes, 2 * n * 4) << n;
+      const CompileStats t = check_fused(sum_abs, n);
+      EXPECT_EQ(t.fused_loops, 2) << n;  // mul, abs, sum; exp, amax
+      EXPECT_EQ(t.fused_kernels, 5) << n;
+    }
+  }
+  set_num_threads(before);
+}
+
+TEST(CompileFusion, AReductionOfABroadcastSpaceJoinsOnlyWhenTilesHoldWholePieces) {
+  manual_seed(10);
+  const Tensor bias128 = randn({128}), bias300 = randn({300});
+  auto rows = [](const Tensor& bias) {
+    return [bias](const std::vector<Tensor>& in) {
+      const NoGradGuard ng;
+      const Tensor x = in[0].reshape({-1, bias.size(0)});
+      return std::vector<Tensor>{((x + bias).relu() * 2.0).sum()};
+    };
+  };
+  // Rows of 128 divide a piece: tiles of 256 rows. Rows of 300 do not, and a space of more
+  // than one piece then keeps the sum apart (still bitwise, as a kernel of its own).
+  const CompileStats a = check_fused(rows(bias128), 128 * 1000);
+  EXPECT_EQ(a.fused_kernels, 4);
+  const CompileStats b = check_fused(rows(bias300), 300 * 1000);
+  EXPECT_EQ(b.fused_loops, 1);
+  EXPECT_EQ(b.fused_kernels, 3);
+  const CompileStats c = check_fused(rows(bias300), 300 * 100);  // one piece: one tile, joined
+  EXPECT_EQ(c.fused_kernels, 4);
 }
 
 TEST(CompileFusion, TwoThreadsAndManyTilesAgree) {

@@ -10,6 +10,8 @@
 // over the same space tile by tile — each tile of the first op, then the same
 // tile of the next — so an intermediate is read back while it is still in
 // cache, and one that nothing reads afterwards need not be written at all.
+// Reductions of a whole array to one value (sum, mean, ...) note how they cut
+// it (Reduction), so that such a run can end in the reduction of its result.
 //
 // Kept apart from capture.h because only the elementwise kernels and the
 // compiler need it.
@@ -57,11 +59,31 @@ void copy_loop_shape(To& to, const From& from) {
 /// strides, a sub-range of the space, or the operands moved elsewhere).
 using LoopRun = std::function<void(const Loop&)>;
 
+/// A reduction of every element of a contiguous array to one value, as the
+/// kernel computes it (Note [Deterministic reductions] in kiln/kernels/reduce.h):
+/// the array is cut into pieces of `piece` elements, each piece reduced to an
+/// accumulator of `acc_size` bytes, and the accumulators combined by a tree
+/// that depends only on their count. A fused loop that produces the array tile
+/// by tile can reduce each tile's pieces while they are in cache, and get the
+/// kernel's bits.
+struct Reduction {
+  const char* in = nullptr;
+  int64_t numel = 0;
+  int elem_size = 0;
+  int64_t piece = 0;
+  int acc_size = 0;
+  /// Reduces the `n` (at most `piece`) elements at `p` into the accumulator at `acc`.
+  std::function<void(const char* p, int64_t n, void* acc)> reduce_piece;
+  /// Combines `pieces` accumulators (in order) and writes the kernel's output.
+  std::function<void(const void* accs, int64_t pieces)> finish;
+};
+
 /// Implemented by the compiler: describes the kernel it was just handed.
 class LoopSink {
  public:
   virtual ~LoopSink() = default;
   virtual void loop(const Loop& loop, LoopRun run) = 0;
+  virtual void reduction(Reduction r) = 0;
 };
 
 namespace detail {
@@ -71,6 +93,11 @@ extern constinit thread_local LoopSink* t_loop_sink;
 /// Called by a kernel right after it recorded itself (KernelScope::record).
 inline void note_loop(const Loop& loop, LoopRun run) {
   if (detail::t_loop_sink) detail::t_loop_sink->loop(loop, std::move(run));
+}
+
+/// Called by a reduction kernel right after it recorded itself.
+inline void note_reduction(Reduction r) {
+  if (detail::t_loop_sink) detail::t_loop_sink->reduction(std::move(r));
 }
 
 /// RAII: installs `sink` on this thread for the duration of a capture.

@@ -1,7 +1,10 @@
 // Single-pass reductions: sum, mean, prod, amax/amin, all/any.
 #include "kiln/kernels/reduce.h"
 
+#include <cstring>
+
 #include "kiln/core/capture.h"
+#include "kiln/core/capture_loop.h"
 #include "reduce_engine.h"
 
 namespace kiln::kernels {
@@ -28,13 +31,43 @@ struct AllAnyOp {
   uint8_t combine(uint8_t a, uint8_t b) const { return IsAll ? (a & b) : (a | b); }
 };
 
+// While recording: describes a reduction of a whole contiguous array to one value, as
+// run_rows computes it (pieces of kReducePiece, then the tree over them), so that
+// kiln::compile can fuse it after the elementwise loops that produce the array.
+template <typename Op, typename Store>
+void note_whole(const ReduceLayout& l, const Op& op, Store store) {
+  using T = typename Op::in_t;
+  using A = typename Op::acc_t;
+  constexpr int64_t es = sizeof(T);
+  if (l.out_ndim != 0 || l.red_ndim != 1 || l.red_strides[0] != es || l.red_sizes[0] < 1) return;
+  capture::Reduction r;
+  r.in = l.in;
+  r.numel = l.red_sizes[0];
+  r.elem_size = static_cast<int>(es);
+  r.piece = kReducePiece;
+  r.acc_size = static_cast<int>(sizeof(A));
+  r.reduce_piece = [op](const char* p, int64_t n, void* acc) {
+    const A a = piece_value(op, p, n, es, A(0));
+    std::memcpy(acc, &a, sizeof(A));
+  };
+  r.finish = [op, store](const void* accs, int64_t pieces) {
+    const auto* a = static_cast<const A*>(accs);
+    store(0, pieces == 1 ? a[0]
+                         : tree<A>(
+                               0, pieces, [&](int64_t q) { return a[q]; }, [&](A x, A y) { return op.combine(x, y); }));
+  };
+  capture::note_reduction(std::move(r));
+}
+
 // Writes acc to out[o] as O; out is `in` (the common case) or int64 (integral sums).
 template <typename T, typename Op>
-void reduce_store(const ReduceLayout& l, const Op& op, DType in, DType out, const char* name) {
+void reduce_store(const ReduceLayout& l, const Op& op, DType in, DType out, const char* name, bool note) {
   using A = typename Op::acc_t;
   auto go = [&]<typename O>() {
     O* dst = reinterpret_cast<O*>(l.out);
-    run_reduce(l, op, nullptr, [dst](int64_t o, A a) { dst[o] = static_cast<O>(a); });
+    const auto store = [dst](int64_t o, A a) { dst[o] = static_cast<O>(a); };
+    if (note) note_whole(l, op, store);
+    run_reduce(l, op, nullptr, store);
   };
   if (out == in) {
     go.template operator()<T>();
@@ -48,32 +81,38 @@ void reduce_store(const ReduceLayout& l, const Op& op, DType in, DType out, cons
 
 void sum(const ReduceLayout& l, DType in, DType out) {
   KILN_CAPTURE_KERNEL("sum", sum(l, in, out));
-  visit_dtype(in, [&]<typename T>() { reduce_store<T>(l, SumOp<T>{}, in, out, "sum"); });
+  const bool note = kiln_capture_.recording();
+  visit_dtype(in, [&]<typename T>() { reduce_store<T>(l, SumOp<T>{}, in, out, "sum", note); });
 }
 
 void prod(const ReduceLayout& l, DType in, DType out) {
   KILN_CAPTURE_KERNEL("prod", prod(l, in, out));
-  visit_dtype(in, [&]<typename T>() { reduce_store<T>(l, ProdOp<T>{}, in, out, "prod"); });
+  const bool note = kiln_capture_.recording();
+  visit_dtype(in, [&]<typename T>() { reduce_store<T>(l, ProdOp<T>{}, in, out, "prod", note); });
 }
 
 void mean(const ReduceLayout& l, DType dt) {
   KILN_CAPTURE_KERNEL("mean", mean(l, dt));
+  const bool note = kiln_capture_.recording();
   visit_dtype<kFloatingTypes>(dt, "mean", [&]<typename T>() {
     using A = sum_acc_t<T>;
     const A count = static_cast<A>(l.reduce_numel());
     T* dst = reinterpret_cast<T*>(l.out);
     // Divide in the accumulator type, then round once (16-bit sums never overflow early).
-    run_reduce(l, SumOp<T>{}, nullptr, [dst, count](int64_t o, A a) { dst[o] = static_cast<T>(a / count); });
+    const auto store = [dst, count](int64_t o, A a) { dst[o] = static_cast<T>(a / count); };
+    if (note) note_whole(l, SumOp<T>{}, store);
+    run_reduce(l, SumOp<T>{}, nullptr, store);
   });
 }
 
 void amax_amin(const ReduceLayout& l, DType dt, bool is_max) {
   KILN_CAPTURE_KERNEL("amax_amin", amax_amin(l, dt, is_max));
+  const bool note = kiln_capture_.recording();
   visit_dtype(dt, [&]<typename T>() {
     if (is_max)
-      reduce_store<T>(l, MaxOp<T, true>{}, dt, dt, "amax");
+      reduce_store<T>(l, MaxOp<T, true>{}, dt, dt, "amax", note);
     else
-      reduce_store<T>(l, MaxOp<T, false>{}, dt, dt, "amin");
+      reduce_store<T>(l, MaxOp<T, false>{}, dt, dt, "amin", note);
   });
 }
 
