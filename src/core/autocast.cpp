@@ -3,6 +3,7 @@
 #include <tuple>
 #include <vector>
 
+#include "kiln/core/capture.h"
 #include "kiln/core/error.h"
 #include "kiln/core/guards.h"
 
@@ -16,6 +17,7 @@ struct CacheEntry {
   DType dtype;
   bool grad_mode;
   Tensor cast;
+  uint64_t capture = 0;  // the kiln::compile capture that made the cast (its cast is recorded), 0: none
 };
 
 struct AutocastState {
@@ -76,7 +78,12 @@ Tensor cache_lookup(const Tensor& src, DType dtype) {
   const bool grad = grad_mode_enabled();
   for (const CacheEntry& e : t_state.cache) {
     if (e.src.impl() == src.impl() && e.dtype == dtype && e.grad_mode == grad) {
-      if (e.version == src.version()) return e.cast;
+      if (e.version == src.version()) {
+        // A copy made before a capture is replayed as it is: the compiled step must
+        // recapture if the source changes outside it.
+        if (e.capture != capture::current_capture()) capture::note_reused_derivation("an autocast copy", src);
+        return e.cast;
+      }
       return {};  // modified in place since the cast: stale, recast (cache_store replaces it)
     }
   }
@@ -89,10 +96,11 @@ void cache_store(const Tensor& src, DType dtype, const Tensor& cast) {
     if (e.src.impl() == src.impl() && e.dtype == dtype && e.grad_mode == grad) {
       e.version = src.version();
       e.cast = cast;
+      e.capture = capture::current_capture();
       return;
     }
   }
-  t_state.cache.push_back(CacheEntry{src, src.version(), dtype, grad, cast});
+  t_state.cache.push_back(CacheEntry{src, src.version(), dtype, grad, cast, capture::current_capture()});
 }
 
 void clear_cache() { t_state.cache.clear(); }

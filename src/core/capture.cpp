@@ -3,6 +3,7 @@
 // that step outside the capture's private pool.
 #include "kiln/core/capture.h"
 
+#include <atomic>
 #include <cstring>
 
 #include "kiln/core/allocator.h"
@@ -14,17 +15,27 @@ namespace detail {
 constinit thread_local Recorder* t_recorder = nullptr;
 constinit thread_local int t_depth = 0;
 constinit thread_local LoopSink* t_loop_sink = nullptr;
+constinit thread_local uint64_t t_capture_id = 0;
 }  // namespace detail
 
+namespace {
+std::atomic<uint64_t> g_captures{0};
+}  // namespace
+
 RecorderGuard::RecorderGuard(Recorder* r, memory::PrivatePool* pool) noexcept
-    : prev_(detail::t_recorder), prev_depth_(detail::t_depth), prev_pool_(memory::exchange_private_pool(pool)) {
+    : prev_(detail::t_recorder),
+      prev_depth_(detail::t_depth),
+      prev_id_(detail::t_capture_id),
+      prev_pool_(memory::exchange_private_pool(pool)) {
   detail::t_recorder = r;
   detail::t_depth = 0;
+  if (r) detail::t_capture_id = g_captures.fetch_add(1, std::memory_order_relaxed) + 1;
 }
 
 RecorderGuard::~RecorderGuard() {
   detail::t_recorder = prev_;
   detail::t_depth = prev_depth_;
+  detail::t_capture_id = prev_id_;
   memory::exchange_private_pool(prev_pool_);
 }
 

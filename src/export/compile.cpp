@@ -5,9 +5,9 @@
 // list of closures (kernels with their pointers, host actions) that replay
 // runs in order. The guards say when that list computes what the function
 // would: the same input shapes and dtypes, grad mode, autocast, the modules'
-// training flags, and the same parameter tensors at the versions the last
-// call left them (a change made outside means something may have been folded
-// into the capture — an autocast or packed copy — so it is captured again).
+// training flags, and the same parameter tensors (a record that found an
+// autocast or packed copy of one made before its capture, and holds it as it
+// is, is also dropped when that tensor changes outside the function).
 // Before the first replay, runs of elementwise kernels are fused
 // (compile_fusion.h).
 #include "kiln/export/compile.h"
@@ -224,6 +224,9 @@ class StepRecorder : public capture::Recorder, public capture::LoopSink {
     return frees;
   }
   void backward_ran() override { ran_backward = true; }
+  void reused_derivation(const char* what, const Tensor& source) override {
+    reused.push_back({what, source, source.version()});
+  }
   void graph_break(const std::string& what) override {
     const memory::AllocSite s = memory::current_alloc_site();
     GraphBreak b{what, {}};
@@ -238,6 +241,12 @@ class StepRecorder : public capture::Recorder, public capture::LoopSink {
   std::vector<Recorded> ops;
   std::vector<GraphBreak> breaks;
   bool ran_backward = false;
+  struct Reused {
+    const char* what;
+    Tensor source;
+    uint32_t version;  // when the capture used the copy
+  };
+  std::vector<Reused> reused;
   std::deque<Bytes16> kept;  // deque: the addresses handed out stay put
 
  private:
@@ -259,6 +268,11 @@ struct CompiledFunction::Impl {
     std::vector<Recorded> ops;
     std::deque<Bytes16> kept;  // scalar operands the ops read
     bool broken = false;       // a graph break: calls with these guards run eagerly
+    // What the record found derived before its capture and holds as it is ("a packed weight of
+    // 'fc1.weight'"), or "": the record is dropped when a guarded tensor changes outside.
+    std::string reuses;
+    // Set when the step itself changed the source of such a copy: the next call recaptures.
+    std::string stale;
   };
 
   Fn fn;
@@ -362,6 +376,17 @@ struct CompiledFunction::Impl {
       e->static_inputs.clear();
       e->outputs.clear();
     } else {
+      for (const StepRecorder::Reused& r : rec.reused) {
+        std::string what = r.what;
+        for (const TensorGuard& tg : e->guards.tensors)
+          if (tg.tensor.data_ptr() == r.source.data_ptr() && tg.tensor.numel() == r.source.numel()) {
+            what += " of '" + tg.name + "'";
+            break;
+          }
+        if (e->reuses.empty()) e->reuses = what;
+        if (e->stale.empty() && r.source.version() != r.version)
+          e->stale = what + " was made before the capture, and the step itself changes its source";
+      }
       e->ops = std::move(rec.ops);
       e->kept = std::move(rec.kept);
       stats.pool_bytes = e->pool->reserved_bytes();
@@ -394,17 +419,27 @@ struct CompiledFunction::Impl {
   }
 
   std::vector<Tensor> dispatch(const std::vector<Tensor>& inputs) {
-    // A tensor changed outside may have been folded into any capture (a cast or packed
-    // copy): all of them are dropped.
-    if (std::string why = check_versions(last_versions); !why.empty()) {
-      cache.clear();
-      last_versions.clear();
-      return capture(inputs, why);
-    }
     std::string first_failure;
+    // A replay reads parameters where they are, so a change made outside (a load_state_dict,
+    // an optimizer step in another compiled function) is simply read by the next replay;
+    // only records that hold a copy derived from the old values are dropped.
+    if (std::string why = check_versions(last_versions); !why.empty()) {
+      const size_t before = cache.size();
+      std::erase_if(cache, [](const std::unique_ptr<Entry>& e) { return !e->reuses.empty(); });
+      if (cache.size() != before) {
+        log(why + ": " + std::to_string(before - cache.size()) +
+            " record(s) holding a copy made before their capture dropped");
+        first_failure = why;
+      }
+    }
     for (size_t i = 0; i < cache.size(); ++i) {
       Entry& e = *cache[i];
       std::string why = check_guards(e.guards, inputs);
+      if (why.empty() && !e.stale.empty()) {
+        std::string stale = e.stale;
+        cache.erase(cache.begin() + static_cast<std::ptrdiff_t>(i));
+        return capture(inputs, stale);
+      }
       if (why.empty()) {
         if (i)
           std::rotate(cache.begin(), cache.begin() + static_cast<std::ptrdiff_t>(i),
@@ -470,7 +505,8 @@ std::string CompiledFunction::explain() const {
     os << "\n";
   }
   if (!s.graph_breaks.empty()) {
-    os << "Graph breaks (calls with these guards run eagerly):\n";
+    os << "Graph breaks (calls with these guards run eagerly; to compile the rest, end one compiled function "
+          "before the line and start another after it):\n";
     for (size_t i = 0; i < s.graph_breaks.size(); ++i) {
       os << "  " << i + 1 << ". " << s.graph_breaks[i].reason << "\n";
       if (!s.graph_breaks[i].site.empty()) os << "     at " << s.graph_breaks[i].site << "\n";

@@ -759,7 +759,8 @@ struct WeightPack::State {
   Tensor source;  // the weight packed (kept alive, so its storage cannot be reused meanwhile)
   uint32_t version = 0;
   uint64_t layout = 0;
-  Tensor packed;  // uint8 bytes in oneDNN's layout
+  Tensor packed;         // uint8 bytes in oneDNN's layout
+  uint64_t capture = 0;  // the kiln::compile capture that packed it (the packing is recorded), 0: none
 };
 
 WeightPack::WeightPack() : state_(std::make_shared<State>()) {}
@@ -773,11 +774,16 @@ struct WeightPackAccess {
     const bool fresh = s.layout == id && s.source.is_alias_of(weight) && s.source.data_ptr() == weight.data_ptr() &&
                        s.source.sizes() == weight.sizes() && s.source.strides() == weight.strides() &&
                        s.version == weight.version();
-    if (fresh) return;
+    if (fresh) {
+      // Packed before this capture: the record uses the pack as it is (see Recorder::reused_derivation).
+      if (s.capture != capture::current_capture()) capture::note_reused_derivation("a packed weight", weight);
+      return;
+    }
     kernels::matmul_pack_b(g, s.packed.data_ptr());
     s.source = weight.detach();
     s.version = weight.version();
     s.layout = id;
+    s.capture = capture::current_capture();
   }
 };
 

@@ -24,9 +24,14 @@
 // and a branch.
 #pragma once
 
+#include <cstdint>
 #include <functional>
 #include <string>
 #include <utility>
+
+namespace kiln {
+class Tensor;
+}  // namespace kiln
 
 namespace kiln::memory {
 class PrivatePool;
@@ -48,12 +53,32 @@ class Recorder {
   virtual const void* keep(const void* p, int n) = 0;
   /// The autograd engine ran a backward pass inside the captured function.
   virtual void backward_ran() {}
+  /// The step used a value derived from `source`'s contents before the capture
+  /// began (an autocast copy, a packed weight) without deriving it again: the
+  /// record holds it as it is, so a change to `source` made outside the
+  /// compiled function, or by the step itself, invalidates the record.
+  virtual void reused_derivation(const char* what, const Tensor& source) {
+    (void)what;
+    (void)source;
+  }
 };
 
 namespace detail {
 extern constinit thread_local Recorder* t_recorder;
 extern constinit thread_local int t_depth;  // open kernel scopes and host actions
+extern constinit thread_local uint64_t t_capture_id;
 }  // namespace detail
+
+/// An id of the capture running on this thread, 0 when none: a cache of
+/// derived values notes which capture made an entry, to tell a value the
+/// capture derived (and recorded) from one it found ready.
+inline uint64_t current_capture() noexcept { return detail::t_recorder ? detail::t_capture_id : 0; }
+
+/// Reports a cached derived value made before this capture and used by it
+/// (see Recorder::reused_derivation); nothing when no capture runs.
+inline void note_reused_derivation(const char* what, const Tensor& source) {
+  if (detail::t_recorder) detail::t_recorder->reused_derivation(what, source);
+}
 
 /// True while a step is being captured on this thread and no kernel or host
 /// action is open: what happens now must be recorded.
@@ -71,6 +96,7 @@ class RecorderGuard {
  private:
   Recorder* prev_;
   int prev_depth_;
+  uint64_t prev_id_;
   memory::PrivatePool* prev_pool_;
 };
 
