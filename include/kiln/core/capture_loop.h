@@ -60,7 +60,7 @@ void copy_loop_shape(To& to, const From& from) {
 using LoopRun = std::function<void(const Loop&)>;
 
 /// A reduction of every element of a contiguous array to one value, as the
-/// kernel computes it (Note [Deterministic reductions] in kiln/kernels/reduce.h):
+/// kernel computes it (the reduction kernels' Note [Deterministic reductions]):
 /// the array is cut into pieces of `piece` elements, each piece reduced to an
 /// accumulator of `acc_size` bytes, and the accumulators combined by a tree
 /// that depends only on their count. A fused loop that produces the array tile
