@@ -33,6 +33,7 @@ TensorList AccumulateGrad::apply(TensorList&& grads) {
     if (r.defined()) g = r;
   }
   MemoryCategoryGuard category(MemoryCategory::Gradient);
+  capture::note_grad_before_accumulation(leaf_, m.grad);
   if (!m.grad.defined()) {
     // Take the incoming buffer when nothing else can see it (torch's
     // AccumulateGrad steals it too); otherwise copy, so that a later in-place

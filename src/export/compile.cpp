@@ -20,6 +20,8 @@
 #include <deque>
 #include <iostream>
 #include <sstream>
+#include <unordered_map>
+#include <unordered_set>
 
 #include "compile_fusion.h"
 #include "kiln/core/allocator.h"
@@ -103,7 +105,14 @@ struct Guards {
   DType autocast_dtype = DType::BFloat16;
   std::vector<ModuleGuard> modules;
   std::vector<TensorGuard> tensors;  // parameters and buffers of the modules
-  uint64_t structure_epoch = 0;      // nn::Module::structure_epoch() when the above were last enumerated
+  // Parameters whose .grad at the call's start is what the step's backward accumulates into
+  // (no zero_grad inside resets it first): None, or the data of the tensor it adds into.
+  struct GradGuard {
+    size_t tensor;     // index into `tensors`
+    const void* data;  // nullptr: None
+  };
+  std::vector<GradGuard> grads;
+  uint64_t structure_epoch = 0;  // nn::Module::structure_epoch() when the above were last enumerated
 };
 
 const char* on_off(bool b) { return b ? "enabled" : "disabled"; }
@@ -191,6 +200,17 @@ std::string check_guards(Guards& g, const std::vector<Tensor>& inputs) {
     if (tg.slot->impl() != tg.tensor.impl() || tg.slot->data_ptr() != tg.data)
       return "'" + tg.name + "' is another tensor than at capture";
   }
+  // Gradient accumulation: a record that set .grad must not run over one that holds a
+  // gradient, and one that adds into a .grad must find that tensor there.
+  for (const Guards::GradGuard& gg : g.grads) {
+    const Tensor& grad = g.tensors[gg.tensor].tensor.grad();
+    const void* now = grad.defined() ? grad.data_ptr() : nullptr;
+    if (now == gg.data) continue;
+    const std::string name = "'" + g.tensors[gg.tensor].name + "'.grad";
+    if (!gg.data) return name + " holds a gradient, captured None (the step accumulates into it)";
+    if (!now) return name + " is None, captured holding a gradient the step adds to";
+    return name + " is another tensor than the one the step added to at capture";
+  }
   return {};
 }
 
@@ -224,6 +244,12 @@ class StepRecorder : public capture::Recorder, public capture::LoopSink {
     return frees;
   }
   void backward_ran() override { ran_backward = true; }
+  // A leaf's first accumulation depends on the call's starting state unless a zero_grad of
+  // the step reset it first.
+  void grad_before_accumulation(const Tensor& leaf, const Tensor& grad) override {
+    if (seen.insert(leaf.impl()).second) first_grads.push_back({leaf, grad});
+  }
+  void grad_reset(const Tensor& leaf) override { seen.insert(leaf.impl()); }
   void reused_derivation(const char* what, const Tensor& source) override {
     reused.push_back({what, source, source.version()});
   }
@@ -247,7 +273,9 @@ class StepRecorder : public capture::Recorder, public capture::LoopSink {
     uint32_t version;  // when the capture used the copy
   };
   std::vector<Reused> reused;
-  std::deque<Bytes16> kept;  // deque: the addresses handed out stay put
+  std::unordered_set<const void*> seen;                // leaves reset or accumulated into so far
+  std::vector<std::pair<Tensor, Tensor>> first_grads;  // (leaf, its .grad there) when accumulated before a reset
+  std::deque<Bytes16> kept;                            // deque: the addresses handed out stay put
 
  private:
   void add(const char* name, bool host, capture::Replay replay) {
@@ -317,6 +345,22 @@ struct CompiledFunction::Impl {
     return e.outputs;
   }
 
+  /// Guards each parameter whose .grad the backward accumulated into with no zero_grad of
+  /// the step before: the record then depends on its state when the call begins (it sets
+  /// .grad when that is None, and adds into that very tensor otherwise).
+  static void guard_accumulated_grads(Entry& e, const StepRecorder& rec, const std::vector<Tensor>& at_start) {
+    std::unordered_map<const void*, size_t> index;
+    for (size_t i = 0; i < e.guards.tensors.size(); ++i) index.emplace(e.guards.tensors[i].tensor.impl(), i);
+    for (const auto& [leaf, before] : rec.first_grads) {
+      const auto it = index.find(leaf.impl());
+      if (it == index.end()) continue;
+      const Tensor& start = at_start[it->second];
+      const bool same =
+          start.defined() == before.defined() && (!start.defined() || start.data_ptr() == before.data_ptr());
+      if (same) e.guards.grads.push_back({it->second, before.defined() ? before.data_ptr() : nullptr});
+    }
+  }
+
   std::vector<Tensor> capture(const std::vector<Tensor>& inputs, const std::string& reason) {
     auto e = std::make_unique<Entry>();
     for (size_t i = 0; i < inputs.size(); ++i)
@@ -327,6 +371,8 @@ struct CompiledFunction::Impl {
       const NoGradGuard no_grad;
       for (const Tensor& t : inputs) e->static_inputs.push_back(t.clone());
     }
+    std::vector<Tensor> grads_at_start;
+    for (const TensorGuard& tg : e->guards.tensors) grads_at_start.push_back(tg.tensor.grad());
     e->pool = std::make_unique<memory::PrivatePool>();
     StepRecorder rec(*e->pool);
     const auto t0 = std::chrono::steady_clock::now();
@@ -376,6 +422,7 @@ struct CompiledFunction::Impl {
       e->static_inputs.clear();
       e->outputs.clear();
     } else {
+      guard_accumulated_grads(*e, rec, grads_at_start);
       for (const StepRecorder::Reused& r : rec.reused) {
         std::string what = r.what;
         for (const TensorGuard& tg : e->guards.tensors)

@@ -227,6 +227,7 @@ Module& Module::train(bool on) {
 void Module::zero_grad(bool set_to_none) {
   const capture::HostAction host("Module.zero_grad", [this, set_to_none] { zero_grad(set_to_none); });
   for (auto& p : parameters()) {
+    capture::note_grad_reset(p);
     if (!p.grad().defined()) continue;
     if (set_to_none) {
       p.mutable_grad() = Tensor();

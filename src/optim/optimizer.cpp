@@ -142,6 +142,7 @@ void Optimizer::zero_grad(bool set_to_none) {
   NoGradGuard no_grad;
   for (auto& g : groups_)
     for (auto& [n, p] : g.params) {
+      capture::note_grad_reset(p);
       Tensor& grad = p.mutable_grad();
       if (!grad.defined()) continue;
       if (set_to_none) {

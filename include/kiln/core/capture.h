@@ -57,6 +57,16 @@ class Recorder {
   /// began (an autocast copy, a packed weight) without deriving it again: the
   /// record holds it as it is, so a change to `source` made outside the
   /// compiled function, or by the step itself, invalidates the record.
+  /// AccumulateGrad is about to accumulate into `leaf`'s .grad, which is `grad`
+  /// (undefined: None). What a replay does depends on it: set .grad to the
+  /// computed buffer, or add into this very tensor.
+  virtual void grad_before_accumulation(const Tensor& leaf, const Tensor& grad) {
+    (void)leaf;
+    (void)grad;
+  }
+  /// A zero_grad inside the step reset `leaf`'s .grad (to None or to zeros in
+  /// place): what the step accumulates into afterwards is its own doing.
+  virtual void grad_reset(const Tensor& leaf) { (void)leaf; }
   virtual void reused_derivation(const char* what, const Tensor& source) {
     (void)what;
     (void)source;
@@ -164,6 +174,17 @@ void host_write(const char* name, F&& write) {
 template <typename F>
 void record_host(const char* name, F&& fn) {
   if (recording()) detail::t_recorder->host_action(name, Replay(std::forward<F>(fn)));
+}
+
+/// AccumulateGrad calls this, when recording, before it touches `leaf`'s .grad.
+inline void note_grad_before_accumulation(const Tensor& leaf, const Tensor& grad) {
+  if (recording()) detail::t_recorder->grad_before_accumulation(leaf, grad);
+}
+
+/// zero_grad calls this for each parameter it resets, while a capture runs
+/// (it is a host action: kernel recording is suspended, the recorder is not).
+inline void note_grad_reset(const Tensor& leaf) {
+  if (detail::t_recorder) detail::t_recorder->grad_reset(leaf);
 }
 
 /// The engine calls this at the start of backward() and grad().
