@@ -112,6 +112,7 @@ constexpr Key kSchema[] = {
     {"train.anomaly", Kind::Bool, "false", "", ""},
     {"train.grad_accum_steps", Kind::Int, "1", "", ""},
     {"train.health", Kind::Bool, "true", "", ""},
+    {"train.compile", Kind::Bool, "false", "", ""},
     {"train.activation_checkpointing", Kind::IntOrChoice, "\"none\"", "model.type=gpt|vit|resnet", "none|blocks"},
 
     {"dist.strategy", Kind::String, "\"ddp\"", "", "ddp|zero1|zero2|zero3"},

@@ -31,6 +31,8 @@ class HealthLog {
   /// After the optimizer step: the health line, when the step was sampled. The line's
   /// cost_ms is the monitor's own time on that step (its overhead).
   void end(std::ostream& metrics);
+  /// Whether step `step` (1-based) is sampled: its forward runs the monitor's hooks.
+  bool sampled(int64_t step) const { return monitor_.sampled(step); }
   /// The check for an evaluation of the monitored model (train/eval_check.h).
   train::EvalCheck check_evaluation() { return monitor_.check_evaluation(); }
 

@@ -62,6 +62,7 @@
 #include "kiln/core/threads.h"
 #include "kiln/dist/dist.h"
 #include "kiln/dist/traffic.h"
+#include "kiln/export/compile.h"
 #include "kiln/io/safetensors.h"
 #include "kiln/ops/factory.h"
 #include "kiln/optim/clip_grad.h"
@@ -487,6 +488,7 @@ class TrainLoop {
     // Per-rank step times (cli/step_skew.h) where the ranks do the same work: tensor- and pipeline-parallel
     // ranks differ by design (stages, the head on the last one).
     if (world_ > 1 && !t_.mesh_gpt) skew_.emplace(L.group);
+    if (c_.boolean("train.compile")) setup_compile();
   }
   TrainLoop(const TrainLoop&) = delete;  // ModuleTrail's hooks hold its address
   TrainLoop& operator=(const TrainLoop&) = delete;
@@ -573,6 +575,48 @@ class TrainLoop {
                << std::flush;
   }
 
+  // Note [Compiled steps]
+  // train.compile runs each batch's forward and backward through kiln::compile
+  // (docs/compile.md): the first batch of a shape captures, the others replay.
+  // Everything that reads values on the host stays eager between replays, as a
+  // torch.compile'd model with the loop around it: the loss check, clipping
+  // (it returns the norm), GradScaler's unscale and skip, the optimizer step.
+  // The steps whose forward must run host code run eagerly: a health-sampled
+  // step (its hooks) and every step of a profiled run (the profiler times ops,
+  // which a replay does not dispatch). Eager and replayed steps interleave
+  // freely: a replay reads the parameters where they are, and the gradients'
+  // state at a call chooses its record (docs/compile.md, "Gradient
+  // accumulation"). The one difference from eager: a replay has run backward
+  // when the loss is checked, so a non-finite loss stops the run after its
+  // backward instead of before; the update is skipped either way.
+  void setup_compile() {
+    std::vector<std::string> bad;
+    if (world_ > 1) bad.push_back("data-parallel runs (collectives are graph breaks)");
+    if (t_.mesh_gpt) bad.push_back("tp or pp (the pipeline interleaves forward and backward)");
+    if (t_.zero || t_.fsdp) bad.push_back("dist.strategy zero1/zero2/zero3");
+    if (anomaly_) bad.push_back("train.anomaly (anomaly mode checks every op as it runs)");
+    if (!bad.empty()) {
+      std::string list;
+      for (const std::string& b : bad) list += (list.empty() ? "" : "; ") + b;
+      throw ConfigError("train.compile = true is not supported with " + list + ": set train.compile = false");
+    }
+    compiled_.emplace(
+        [this](const std::vector<Tensor>& in) {
+          Tensor loss = batch_loss(t_, data::Example{in[0], in[1]});
+          // As the eager step: a micro-batch's loss is divided by the batches per step.
+          Tensor scaled = accum_ > 1 ? loss.div(static_cast<double>(accum_)) : loss;
+          if (t_.scaler)
+            t_.scaler->scale(scaled).backward();
+          else
+            scaled.backward();
+          return std::vector<Tensor>{loss.detach()};
+        },
+        CompileOptions{.name = "train_step", .modules = {t_.model.get()}});
+  }
+
+  /// Whether step `step`'s forward and backward replay (Note [Compiled steps]).
+  bool compiled_step(int64_t step) const { return compiled_ && !profile_ && !(health_ && health_->sampled(step)); }
+
   /// One step on `batch`; false when the loop stops after it (or instead of it).
   bool train_step(const data::Example& batch, int64_t epoch) {
     dist::set_step(L_.step + 1);  // for `kiln launch`'s report if this rank dies now
@@ -587,9 +631,11 @@ class TrainLoop {
         t_.optimizer->zero_grad();
     }
     // train.grad_accum_steps: all but a step's last micro-batch only add their gradients (finetune.h).
+    const bool replay = compiled_step(L_.step + 1);
     if (micro_ < accum_ - 1) {
       try {
-        micro_loss_ += accumulate_micro_batch(t_, batch, accum_);
+        micro_loss_ += replay ? (*compiled_)({batch.data, batch.target})[0].item<double>()
+                              : accumulate_micro_batch(t_, batch, accum_);
       } catch (const autograd::AnomalyError& e) {
         // As in backward_and_update: a data-parallel rank is inside DDP's collectives here.
         if (world_ > 1) throw;
@@ -605,7 +651,10 @@ class TrainLoop {
     Tensor loss;
     bool anomalous = false;
     double loss_v = 0;
-    if (t_.mesh_gpt) {
+    if (replay) {
+      record::Scope phase(record::Kind::User, "forward and backward (compiled)");
+      loss_v = (*compiled_)({batch.data, batch.target})[0].item<double>();
+    } else if (t_.mesh_gpt) {
       // Forward and backward together: the pipeline interleaves them over micro-batches.
       pipeline_ = t_.mesh_gpt->forward_backward(batch.data, batch.target);
       loss_v = pipeline_.loss;
@@ -622,7 +671,7 @@ class TrainLoop {
     // The step's loss is the mean over its micro-batches, as one batch of all of them would give
     // (a mesh run takes one: grad_accum_steps is refused with tp or pp).
     const double step_loss = anomalous ? std::nan("") : (micro_loss_ + loss_v) / static_cast<double>(accum_);
-    if (accum_ > 1 && !anomalous) loss = loss.div(static_cast<double>(accum_));
+    if (accum_ > 1 && !anomalous && !replay) loss = loss.div(static_cast<double>(accum_));
     micro_ = 0;
     micro_loss_ = 0;
     Agreement a{.nonfinite = false, .stop_requested = false, .loss = step_loss};
@@ -632,7 +681,7 @@ class TrainLoop {
       stop_nonfinite(a.loss, lr, epoch, anomalous);
       return false;
     }
-    const std::optional<double> gnorm = backward_and_update(loss, epoch);
+    const std::optional<double> gnorm = backward_and_update(loss, epoch, /*backward_done=*/replay);
     if (!gnorm) return false;
     window_comm_bytes_ += dist::traffic().bytes - bytes_before;  // the step's own (not eval's or checkpoints')
     ++window_steps_;
@@ -731,7 +780,7 @@ class TrainLoop {
 
   /// Backward, clipping and the optimizer step; the gradient norm, or nullopt when anomaly mode stopped the
   /// run in backward (status "nan").
-  std::optional<double> backward_and_update(Tensor& loss, int64_t epoch) {
+  std::optional<double> backward_and_update(Tensor& loss, int64_t epoch, bool backward_done) {
     double gnorm = 0;
     if (t_.mesh_gpt) {
       // Backward ran with the forward; the replicas' mean, then one norm over every stage and shard.
@@ -744,7 +793,7 @@ class TrainLoop {
     } else if (t_.scaler) {
       // Unscale before clipping so the clip sees true gradients; a step whose
       // gradients overflowed is skipped and the scale backs off.
-      {
+      if (!backward_done) {
         record::Scope phase(record::Kind::User, "backward");
         t_.scaler->scale(loss).backward();
       }
@@ -756,7 +805,7 @@ class TrainLoop {
     } else {
       try {
         record::Scope phase(record::Kind::User, "backward");
-        loss.backward();
+        if (!backward_done) loss.backward();
       } catch (const autograd::AnomalyError& e) {
         // Data-parallel ranks are inside DDP's collectives here: the error ends the job (run_or_abort).
         if (world_ > 1) throw;
@@ -945,6 +994,7 @@ class TrainLoop {
     if (status_ == Status::Completed && (last_eval_.is_null() || last_eval_["step"] != L_.step)) run_eval();
     const int rc = status_ == Status::NonFinite ? 3 : 0;
     if (lead_) {
+      if (compiled_) say_compile();
       record_memory_peak();
       if (L_.step > 0) save_run_adapter(c_, *t_.model, L_.run_dir / "adapter");
       metrics_ << json{{"kind", "end"},
@@ -961,6 +1011,29 @@ class TrainLoop {
     // rank 0 has written the summary and report.
     if (world_ > 1) L_.group->barrier()->wait();
     return rc;
+  }
+
+  /// train.compile: what the compiled steps did, printed and as a {"kind":"compile"} line.
+  void say_compile() {
+    const CompileStats& s = compiled_->stats();
+    json breaks = json::array();
+    for (const GraphBreak& b : s.graph_breaks) breaks.push_back(b.reason + (b.site.empty() ? "" : " at " + b.site));
+    metrics_ << json{{"kind", "compile"},
+                     {"replays", s.replays},
+                     {"eager_calls", s.eager_calls},
+                     {"captures", s.captures},
+                     {"recompiles", s.recompile_reasons},
+                     {"compile_s", s.compile_seconds},
+                     {"graph_breaks", breaks}}
+                    .dump()
+             << "\n";
+    std::printf("compile: forward and backward of %lld batches replayed, %lld captured (%.0f ms compiling)",
+                static_cast<long long>(s.replays), static_cast<long long>(s.captures), 1e3 * s.compile_seconds);
+    if (s.eager_calls > 0) std::printf(", %lld run eagerly", static_cast<long long>(s.eager_calls));
+    std::printf("\n");
+    for (const std::string& r : s.recompile_reasons) std::printf("  recompiled: %s\n", r.c_str());
+    for (const auto& b : breaks)
+      std::printf("  graph break (those batches ran eagerly): %s\n", b.get<std::string>().c_str());
   }
 
   /// summary.json (what the report and `kiln inspect RUN_DIR` read) and the report; returns its "final".
@@ -1030,7 +1103,8 @@ class TrainLoop {
   parallel::PipelineStepResult pipeline_;  // a mesh run's last step
   // The loader's prefetch queue fills by a batch per step for a while; that is not a leak.
   train::LeakWatch leak_{{.print = false, .data_in_flight = loader_batches_in_flight(c_)}};
-  std::optional<ProfileRun> profile_;  // [profile] steps
+  std::optional<ProfileRun> profile_;         // [profile] steps
+  std::optional<CompiledFunction> compiled_;  // train.compile: forward and backward (Note [Compiled steps])
   int64_t peak_recorded_ = -1;
   // train.grad_accum_steps: batches per optimizer step, and the micro-batches of the current one.
   const int64_t accum_ = c_.integer("train.grad_accum_steps");
