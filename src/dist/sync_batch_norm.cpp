@@ -230,7 +230,8 @@ void check_input(const Tensor& x, int64_t c, int64_t min_dim, int64_t max_dim, c
 /// A no-op forward pre-hook: BatchNorm's forward_relu / forward_add_relu (the
 /// zoo's fused conv -> BN -> ReLU) then run the module's own (virtual) call.
 void route_fused_calls(nn::Module& m) {
-  m.register_forward_pre_hook([](nn::Module&, const Tensor&) { return Tensor(); });
+  m.register_forward_pre_hook([](nn::Module&, const Tensor&) { return Tensor(); },
+                              nn::Module::HookReplay::TensorOpsOnly);
 }
 
 }  // namespace

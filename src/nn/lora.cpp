@@ -205,15 +205,17 @@ void Lora::Impl::add(const Options& o) {
       // working (and switching through any copy of the handle) however long the model lives.
       LayerState* raw = st.get();
       std::shared_ptr<LayerState> keep = st;
-      lin->register_forward_hook([keep, raw](Module&, const Tensor& x, const Tensor& y) -> Tensor {
-        const Flags& f = *raw->flags;
-        if (!f.enabled || f.merged) return Tensor();
-        auto it = raw->adapters.find(f.active);
-        if (it == raw->adapters.end()) return Tensor();
-        const Adapter& a = it->second;
-        // PEFT's order of operations: result + lora_B(lora_A(dropout(x))) * scaling.
-        return y + (*a.B)((*a.A)((*a.dropout)(x))).mul(a.scaling);
-      });
+      lin->register_forward_hook(
+          [keep, raw](Module&, const Tensor& x, const Tensor& y) -> Tensor {
+            const Flags& f = *raw->flags;
+            if (!f.enabled || f.merged) return Tensor();
+            auto it = raw->adapters.find(f.active);
+            if (it == raw->adapters.end()) return Tensor();
+            const Adapter& a = it->second;
+            // PEFT's order of operations: result + lora_B(lora_A(dropout(x))) * scaling.
+            return y + (*a.B)((*a.A)((*a.dropout)(x))).mul(a.scaling);
+          },
+          Module::HookReplay::TensorOpsOnly);
       layers.push_back(st);
     }
     const int64_t in = lin->options.in_features, out = lin->options.out_features;

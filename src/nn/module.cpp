@@ -355,30 +355,40 @@ Tensor Module::call_with_hooks(const Tensor& input, const Tensor* other) {
   const auto pre = hooks_->pre;
   Tensor x = input;
   for (auto& [id, h] : pre) {
-    Tensor r = h(*this, x);
+    if (h.replay == HookReplay::HostCode) hook_break();
+    Tensor r = h.fn(*this, x);
     if (r.defined()) x = r;
   }
   Tensor y = other ? forward(x, *other) : forward(x);
   const auto post = hooks_->post;
   for (auto& [id, h] : post) {
-    Tensor r = h(*this, x, y);
+    if (h.replay == HookReplay::HostCode) hook_break();
+    Tensor r = h.fn(*this, x, y);
     if (r.defined()) y = r;
   }
   return y;
 }
 
-HookHandle Module::register_forward_pre_hook(ForwardPreHook hook) {
+void Module::hook_break() const {
+  if (!capture::recording()) return;
+  const std::string what = "a forward hook on " + type_name_ +
+                           " runs host code, which a replay would not run (register it with "
+                           "Module::HookReplay::TensorOpsOnly if it only computes tensors)";
+  capture::graph_break(what.c_str());
+}
+
+HookHandle Module::register_forward_pre_hook(ForwardPreHook hook, HookReplay replay) {
   int64_t id = hooks_->next_id++;
-  hooks_->pre.emplace(id, std::move(hook));
+  hooks_->pre.emplace(id, Hook<ForwardPreHook>{std::move(hook), replay});
   std::weak_ptr<Hooks> w = hooks_;
   return HookHandle([w, id] {
     if (auto h = w.lock()) h->pre.erase(id);
   });
 }
 
-HookHandle Module::register_forward_hook(ForwardHook hook) {
+HookHandle Module::register_forward_hook(ForwardHook hook, HookReplay replay) {
   int64_t id = hooks_->next_id++;
-  hooks_->post.emplace(id, std::move(hook));
+  hooks_->post.emplace(id, Hook<ForwardHook>{std::move(hook), replay});
   std::weak_ptr<Hooks> w = hooks_;
   return HookHandle([w, id] {
     if (auto h = w.lock()) h->post.erase(id);

@@ -16,7 +16,7 @@ FoldedBatchNorm2d::FoldedBatchNorm2d(int64_t num_features)
     : nn::BatchNorm2d({.num_features = num_features, .affine = false, .track_running_stats = false}) {
   // BatchNorm's fused ReLU / add-ReLU paths run (*this)(x) when a forward hook
   // is present: one that changes nothing routes them through forward().
-  register_forward_hook([](nn::Module&, const Tensor&, const Tensor&) { return Tensor(); });
+  register_forward_hook([](nn::Module&, const Tensor&, const Tensor&) { return Tensor(); }, HookReplay::TensorOpsOnly);
 }
 
 Tensor FoldedBatchNorm2d::forward(const Tensor& x) { return x; }

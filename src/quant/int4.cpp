@@ -126,7 +126,7 @@ Int4Linear::Int4Linear(const nn::Linear& src, Int4Tensor q, const Tensor& b)
   // TransformerBlock / TransformerMLP read a Linear's float `weight` directly
   // unless it has a forward hook; this one has none, so a hook that changes
   // nothing makes them call forward().
-  register_forward_hook([](nn::Module&, const Tensor&, const Tensor&) { return Tensor(); });
+  register_forward_hook([](nn::Module&, const Tensor&, const Tensor&) { return Tensor(); }, HookReplay::TensorOpsOnly);
 }
 
 Tensor Int4Linear::forward(const Tensor& x) {

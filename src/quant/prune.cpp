@@ -96,15 +96,17 @@ void install(nn::Module& module, const std::string& name, const Tensor& mask) {
         auto st = weak.lock();
         return st ? g * st->mask : Tensor();
       });
-    s->pre_hook = module.register_forward_pre_hook([weak](nn::Module&, const Tensor&) -> Tensor {
-      auto st = weak.lock();
-      if (!st) return {};
-      if (st->weight.version() != st->masked_version)
-        apply_mask(*st);
-      else  // masked before a capture: its record holds no masking, so a change outside must recapture
-        capture::note_reused_derivation("a pruning mask applied before the capture", st->weight);
-      return {};
-    });
+    s->pre_hook = module.register_forward_pre_hook(
+        [weak](nn::Module&, const Tensor&) -> Tensor {
+          auto st = weak.lock();
+          if (!st) return {};
+          if (st->weight.version() != st->masked_version)
+            apply_mask(*st);
+          else  // masked before a capture: its record holds no masking, so a change outside must recapture
+            capture::note_reused_derivation("a pruning mask applied before the capture", st->weight);
+          return {};
+        },
+        nn::Module::HookReplay::TensorOpsOnly);  // the masking is a recorded host write
     const std::lock_guard lock(registry_mutex);
     registry()[&module][name] = s;
   }

@@ -106,7 +106,7 @@ QuantizedLinear::QuantizedLinear(const nn::Linear& src, const QTensor& weight, c
   // Parents that fuse a Linear's product with the next step read `weight`
   // directly unless the Linear has a forward hook; this one has no float
   // weight, so a hook that changes nothing makes them call forward().
-  register_forward_hook([](nn::Module&, const Tensor&, const Tensor&) { return Tensor(); });
+  register_forward_hook([](nn::Module&, const Tensor&, const Tensor&) { return Tensor(); }, HookReplay::TensorOpsOnly);
 }
 
 Tensor QuantizedLinear::forward(const Tensor& x) {

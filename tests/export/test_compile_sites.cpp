@@ -220,6 +220,31 @@ TEST(CompileSites, RandomNumbersAreDrawnAfreshOnEveryReplay) {
   EXPECT_EQ(step.stats().replays, 2) << step.explain();
 }
 
+TEST(CompileSites, ForwardHooksBreakUnlessDeclaredTensorOpsOnly) {
+  manual_seed(6);
+  models::MLP m(models::MLPOptions{.in_features = 6, .hidden = {8}, .out_features = 3});
+  NoGradGuard ng;
+  const Tensor x = randn({4, 6});
+  auto run = [&m](const std::vector<Tensor>& in) { return std::vector<Tensor>{m(in[0])}; };
+  // A hook with host state: a replay would not count, so every call runs eagerly.
+  int calls = 0;
+  HookHandle counting = m.register_forward_hook([&calls](nn::Module&, const Tensor&, const Tensor&) {
+    ++calls;
+    return Tensor();
+  });
+  auto counted = compile(run);
+  for (int k = 0; k < 3; ++k) counted({x});
+  EXPECT_EQ(calls, 3);
+  EXPECT_EQ(counted.stats().replays, 0);
+  EXPECT_NE(reasons(counted).find("a forward hook on MLP runs host code"), std::string::npos) << reasons(counted);
+  counting.remove();
+  // A hook that only computes tensors replays with the step.
+  HookHandle doubling = m.register_forward_hook(
+      [](nn::Module&, const Tensor&, const Tensor& y) { return y * 2.0; }, nn::Module::HookReplay::TensorOpsOnly);
+  check(run, {{x}, {randn({4, 6})}, {randn({4, 6})}}, 2);
+  doubling.remove();
+}
+
 TEST(CompileSites, BreaksAreNamed) {
   NoGradGuard ng;
   auto expect_break = [](std::function<Tensor(const Tensor&)> body, const std::string& what) {

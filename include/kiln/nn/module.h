@@ -50,6 +50,14 @@ class Module {
   using ForwardPreHook = std::function<Tensor(Module&, const Tensor& input)>;
   /// Receives module, input and output; a defined return value replaces the output.
   using ForwardHook = std::function<Tensor(Module&, const Tensor& input, const Tensor& output)>;
+  /// What kiln::compile may assume of a forward hook. A replay repeats the
+  /// tensor ops a step ran but none of its host code, so a hook that keeps
+  /// host state (counts calls, appends to a list, logs) would silently stop
+  /// doing so: by default a hook is a graph break while a step is captured
+  /// (calls with those guards run eagerly, and explain() names it).
+  /// TensorOpsOnly declares that the hook only computes tensors from its
+  /// arguments (a LoRA branch, a mask), which a replay repeats.
+  enum class HookReplay { HostCode, TensorOpsOnly };
 
   /// `type_name` is what the printed summary shows ("Linear"); left empty, it
   /// is the class's own name (a `class Block : public Module` prints "Block").
@@ -128,8 +136,8 @@ class Module {
   Tensor operator()(const Tensor& input);
   /// The same for forward(input, other); hooks see (and pre-hooks may replace) the first input.
   Tensor operator()(const Tensor& input, const Tensor& other);
-  HookHandle register_forward_pre_hook(ForwardPreHook hook);
-  HookHandle register_forward_hook(ForwardHook hook);
+  HookHandle register_forward_pre_hook(ForwardPreHook hook, HookReplay replay = HookReplay::HostCode);
+  HookHandle register_forward_hook(ForwardHook hook, HookReplay replay = HookReplay::HostCode);
   /// True when a forward pre- or post-hook is registered on this module (a
   /// parent that fuses this module's work with another's must then call it).
   bool has_forward_hooks() const { return !hooks_->pre.empty() || !hooks_->post.empty(); }
@@ -160,16 +168,22 @@ class Module {
                std::vector<std::pair<std::string, Tensor*>>& out, std::vector<const TensorImpl*>& seen) const;
   void repr_into(std::string& out, int indent) const;
   Tensor call_with_hooks(const Tensor& input, const Tensor* other);
+  void hook_break() const;  // a graph break when a capture records (HookReplay)
   void check_registered_in(Module& root, const Module& caller);
 
   std::string type_name_;
   std::vector<std::unique_ptr<Slot>> params_;
   std::vector<std::unique_ptr<Slot>> buffers_;
   std::vector<std::pair<std::string, ModulePtr>> children_;
+  template <typename H>
+  struct Hook {
+    H fn;
+    HookReplay replay;
+  };
   struct Hooks {
     int64_t next_id = 0;
-    std::map<int64_t, ForwardPreHook> pre;
-    std::map<int64_t, ForwardHook> post;
+    std::map<int64_t, Hook<ForwardPreHook>> pre;
+    std::map<int64_t, Hook<ForwardHook>> post;
   };
   std::shared_ptr<Hooks> hooks_ = std::make_shared<Hooks>();
   // The outermost module this one was last found registered under when called
