@@ -142,25 +142,57 @@ TEST(Compile, ResNetWithBatchNormReplaysBitwiseInFloat32AndBf16) {
   check_replay_matches_eager(make, 4, DType::BFloat16);
 }
 
-TEST(Compile, GptWithAdamWReplaysBitwiseInFloat32AndBf16) {
-  auto make = []() {
-    manual_seed(3);
-    auto m = std::make_shared<models::GPT>(
-        models::GPTOptions{.vocab_size = 32, .block_size = 16, .n_layer = 2, .n_head = 2, .n_embd = 16});
-    TwinRun r;
-    r.model = m;
-    r.opt = std::make_unique<optim::AdamW>(*m, optim::AdamWOptions{.lr = 3e-4, .weight_decay = 0.1});
-    const Tensor idx = randint(0, 32, {2, 16}), tgt = randint(0, 32, {2, 16});
-    optim::Optimizer* opt = r.opt.get();
-    r.step = [m, opt, idx, tgt]() {
-      opt->zero_grad();
-      Tensor loss = m->loss(idx, tgt);
-      loss.backward();
-      opt->step();
-      return loss;
-    };
-    return r;
+/// A gpt (vocabulary 32, 16 positions, 2 layers of width 16) with AdamW and a step on one fixed
+/// batch; with `lora`, adapters of rank 4 with dropout 0.1 on attention and the MLPs, and AdamW
+/// over them alone.
+TwinRun gpt_run(uint64_t seed, double dropout, optim::AdamWOptions o, bool lora = false) {
+  manual_seed(seed);
+  auto m = std::make_shared<models::GPT>(models::GPTOptions{
+      .vocab_size = 32, .block_size = 16, .n_layer = 2, .n_head = 2, .n_embd = 16, .dropout = dropout});
+  TwinRun r;
+  r.model = m;
+  if (lora) {
+    nn::lora::apply(*m, {.targets = {"attn.c_attn", "mlp.*"}, .rank = 4, .dropout = 0.1});
+    optim::ParamGroup g;
+    g.params = nn::lora::trainable_parameters(*m);
+    r.opt = std::make_unique<optim::AdamW>(std::vector<optim::ParamGroup>{g}, o);
+  } else {
+    r.opt = std::make_unique<optim::AdamW>(*m, o);
+  }
+  const Tensor idx = randint(0, 32, {2, 16}), tgt = randint(0, 32, {2, 16});
+  optim::Optimizer* opt = r.opt.get();
+  r.step = [m, opt, idx, tgt]() {
+    opt->zero_grad();
+    Tensor loss = m->loss(idx, tgt);
+    loss.backward();
+    opt->step();
+    return loss;
   };
+  return r;
+}
+
+/// For steps that draw random numbers: `steps` eager steps, then as many compiled ones, each
+/// series from the same seed (the two share the default generator, so they cannot alternate);
+/// losses, the generator's state and the training state must be equal.
+void check_replay_draws_as_eager(TwinRun& eager, TwinRun& compiled, int steps) {
+  auto step = compile(compiled.step, {.name = "random_step", .modules = {compiled.model.get()}});
+  auto losses = [steps](const std::function<Tensor()>& f) {
+    manual_seed(21);
+    std::vector<Tensor> out;
+    for (int i = 0; i < steps; ++i) out.push_back(f().clone());
+    return std::make_pair(out, default_generator().get_state());
+  };
+  const auto [want, want_state] = losses(eager.step);
+  const auto [got, got_state] = losses([&] { return step()[0]; });
+  for (int i = 0; i < steps; ++i) expect_bitwise(want[i], got[i], "loss of step " + std::to_string(i));
+  EXPECT_EQ(want_state, got_state);
+  expect_same_state(eager, compiled);
+  EXPECT_EQ(step.stats().replays, steps - 1);
+  EXPECT_TRUE(step.stats().graph_breaks.empty()) << step.explain();
+}
+
+TEST(Compile, GptWithAdamWReplaysBitwiseInFloat32AndBf16) {
+  auto make = [] { return gpt_run(3, 0.0, {.lr = 3e-4, .weight_decay = 0.1}); };
   check_replay_matches_eager(make, 4);
   check_replay_matches_eager(make, 4, DType::BFloat16);
 }
@@ -168,56 +200,25 @@ TEST(Compile, GptWithAdamWReplaysBitwiseInFloat32AndBf16) {
 TEST(Compile, DropoutStepsReplayWithFreshMasksBitwise) {
   // gpt with dropout in training mode: the residual, attention-weight and embedding dropouts
   // draw new masks on every replay, so from the same seed the compiled steps follow the eager
-  // ones loss by loss. Run one after the other: they share the default generator.
-  auto make = []() {
-    manual_seed(3);
-    auto m = std::make_shared<models::GPT>(models::GPTOptions{
-        .vocab_size = 32, .block_size = 16, .n_layer = 2, .n_head = 2, .n_embd = 16, .dropout = 0.2});
-    TwinRun r;
-    r.model = m;
-    r.opt = std::make_unique<optim::AdamW>(*m, optim::AdamWOptions{.lr = 3e-3, .weight_decay = 0.1});
-    const Tensor idx = randint(0, 32, {2, 16}), tgt = randint(0, 32, {2, 16});
-    optim::Optimizer* opt = r.opt.get();
-    r.step = [m, opt, idx, tgt]() {
-      opt->zero_grad();
-      Tensor loss = m->loss(idx, tgt);
-      loss.backward();
-      opt->step();
-      return loss;
-    };
-    return r;
-  };
-  TwinRun eager = make(), compiled = make();
-  auto step = compile(compiled.step, {.name = "dropout_step", .modules = {compiled.model.get()}});
-  constexpr int kSteps = 5;
-  auto losses = [&](const std::function<Tensor()>& f) {
-    manual_seed(21);
-    std::vector<Tensor> out;
-    for (int i = 0; i < kSteps; ++i) out.push_back(f().clone());
-    return std::make_pair(out, default_generator().get_state());
-  };
-  const auto [want, want_state] = losses(eager.step);
-  const auto [got, got_state] = losses([&] { return step()[0]; });
-  for (int i = 0; i < kSteps; ++i) expect_bitwise(want[i], got[i], "loss of step " + std::to_string(i));
-  EXPECT_EQ(want_state, got_state);
-  expect_same_state(eager, compiled);
-  EXPECT_EQ(step.stats().replays, kSteps - 1);
-  EXPECT_TRUE(step.stats().graph_breaks.empty()) << step.explain();
+  // ones loss by loss.
+  TwinRun eager = gpt_run(3, 0.2, {.lr = 3e-3, .weight_decay = 0.1});
+  TwinRun compiled = gpt_run(3, 0.2, {.lr = 3e-3, .weight_decay = 0.1});
+  check_replay_draws_as_eager(eager, compiled, 5);
+}
+
+TEST(Compile, LoraWithDropoutReplaysBitwise) {
+  // LoRA's branch is a forward hook on each wrapped Linear (declared TensorOpsOnly), with
+  // dropout on the adapter's input.
+  TwinRun eager = gpt_run(8, 0.0, {.lr = 1e-2}, /*lora=*/true);
+  TwinRun compiled = gpt_run(8, 0.0, {.lr = 1e-2}, /*lora=*/true);
+  check_replay_draws_as_eager(eager, compiled, 4);
 }
 
 TEST(Compile, AStepSplitAtABreakIntoTwoCompiledFunctionsMatchesEager) {
   // The C++ form of torch.compile's split at a graph break: clip_grad_norm_ returns the norm
   // on the host, so forward and backward are one compiled function, the clipping runs
   // eagerly on the gradients that function leaves, and the optimizer step is another.
-  auto make = []() {
-    manual_seed(3);
-    auto m = std::make_shared<models::GPT>(
-        models::GPTOptions{.vocab_size = 32, .block_size = 16, .n_layer = 2, .n_head = 2, .n_embd = 16});
-    TwinRun r;
-    r.model = m;
-    r.opt = std::make_unique<optim::AdamW>(*m, optim::AdamWOptions{.lr = 1e-2, .weight_decay = 0.1});
-    return r;
-  };
+  auto make = [] { return gpt_run(3, 0.0, {.lr = 1e-2, .weight_decay = 0.1}); };
   TwinRun eager = make(), split = make();
   const Tensor idx = randint(0, 32, {2, 16}), tgt = randint(0, 32, {2, 16});
   auto fwd_bwd = [idx, tgt](TwinRun& r) {
@@ -293,46 +294,6 @@ TEST(Compile, GradientAccumulationOutsideTheFunctionFollowsEager) {
     EXPECT_NE(step.stats().recompile_reasons[0].find(".grad holds a gradient, captured None"), std::string::npos)
         << step.stats().recompile_reasons[0];
   }
-}
-
-TEST(Compile, LoraWithDropoutReplaysBitwise) {
-  // LoRA's branch is a forward hook on each wrapped Linear (declared TensorOpsOnly), with
-  // dropout on the adapter's input: the compiled steps follow the eager ones from one seed.
-  auto make = []() {
-    manual_seed(8);
-    auto m = std::make_shared<models::GPT>(
-        models::GPTOptions{.vocab_size = 32, .block_size = 16, .n_layer = 2, .n_head = 2, .n_embd = 16});
-    nn::lora::apply(*m, {.targets = {"attn.c_attn", "mlp.*"}, .rank = 4, .dropout = 0.1});
-    TwinRun r;
-    r.model = m;
-    optim::ParamGroup g;
-    g.params = nn::lora::trainable_parameters(*m);
-    r.opt = std::make_unique<optim::AdamW>(std::vector<optim::ParamGroup>{g}, optim::AdamWOptions{.lr = 1e-2});
-    const Tensor idx = randint(0, 32, {2, 16}), tgt = randint(0, 32, {2, 16});
-    optim::Optimizer* opt = r.opt.get();
-    r.step = [m, opt, idx, tgt]() {
-      opt->zero_grad();
-      Tensor loss = m->loss(idx, tgt);
-      loss.backward();
-      opt->step();
-      return loss;
-    };
-    return r;
-  };
-  TwinRun eager = make(), compiled = make();
-  auto step = compile(compiled.step, {.name = "lora_step", .modules = {compiled.model.get()}});
-  auto losses = [](const std::function<Tensor()>& f) {
-    manual_seed(12);
-    std::vector<Tensor> out;
-    for (int i = 0; i < 4; ++i) out.push_back(f().clone());
-    return out;
-  };
-  const auto want = losses(eager.step);
-  const auto got = losses([&] { return step()[0]; });
-  for (size_t i = 0; i < want.size(); ++i) expect_bitwise(want[i], got[i], "loss of step " + std::to_string(i));
-  expect_same_state(eager, compiled);
-  EXPECT_EQ(step.stats().replays, 3);
-  EXPECT_TRUE(step.stats().graph_breaks.empty()) << step.explain();
 }
 
 /// An MLP step that takes its batch as inputs.
