@@ -316,24 +316,27 @@ struct InputStep {
   }
 };
 
+/// `s`'s step after a no-grad forward of the same batch (a "probe", its last output), which
+/// reads nn::Linear's packed weights.
+CompiledFunction::Fn with_probe(InputStep& s) {
+  return [&s](const std::vector<Tensor>& in) {
+    Tensor probe;
+    {
+      const NoGradGuard ng;
+      probe = (*s.model)(in[0]);
+    }
+    std::vector<Tensor> out = s.fn(in);
+    out.push_back(probe);
+    return out;
+  };
+}
+
 TEST(Compile, InferencePacksFollowTheStepsOwnUpdates) {
   // A no-grad forward reads packed weights (nn::Linear's WeightPack); the step's own
   // optimizer changes the weights, so each replay must pack again as eager does.
   InputStep eager(64), compiled(64);  // wide enough that oneDNN packs the weights
-  auto make_fn = [](InputStep& s) {
-    return [&s](const std::vector<Tensor>& in) {
-      Tensor probe;
-      {
-        const NoGradGuard ng;
-        probe = (*s.model)(in[0]);
-      }
-      std::vector<Tensor> out = s.fn(in);
-      out.push_back(probe);
-      return out;
-    };
-  };
-  auto eager_fn = make_fn(eager);
-  auto step = compile(make_fn(compiled), {.modules = {compiled.model.get()}});
+  auto eager_fn = with_probe(eager);
+  auto step = compile(with_probe(compiled), {.modules = {compiled.model.get()}});
   const std::vector<Tensor> in = {randn({16, 64}), randint(0, 3, {16})};
   for (int i = 0; i < 4; ++i) {
     const auto want = eager_fn(in);
@@ -428,25 +431,13 @@ TEST(Compile, ACopyMadeBeforeTheCaptureOfAStepThatChangesItsSourceIsCapturedAgai
   // before the capture: the record would replay that pack while the step's own optimizer
   // moves the weights, so the next call captures again, and that record packs for itself.
   InputStep eager(64), compiled(64);
-  auto make_fn = [](InputStep& s) {
-    return [&s](const std::vector<Tensor>& in) {
-      Tensor probe;
-      {
-        const NoGradGuard ng;
-        probe = (*s.model)(in[0]);
-      }
-      std::vector<Tensor> out = s.fn(in);
-      out.push_back(probe);
-      return out;
-    };
-  };
   const std::vector<Tensor> in = {randn({16, 64}), randint(0, 3, {16})};
   for (InputStep* s : {&eager, &compiled}) {
     const NoGradGuard ng;
     (void)(*s->model)(in[0]);
   }
-  auto eager_fn = make_fn(eager);
-  auto step = compile(make_fn(compiled), {.modules = {compiled.model.get()}});
+  auto eager_fn = with_probe(eager);
+  auto step = compile(with_probe(compiled), {.modules = {compiled.model.get()}});
   for (int i = 0; i < 5; ++i) {
     const auto want = eager_fn(in);
     const auto got = step(in);
