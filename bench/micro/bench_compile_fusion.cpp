@@ -27,50 +27,42 @@ Tensor chain(const Tensor& x, const Tensor& y) {
   return (x * 2.0 + y).relu() * 0.5 - y;
 }
 
-void BM_CompileFusionChain(benchmark::State& state) {
+/// Times `fn(x, y)` eagerly (mode 0), compiled without fusion (1) or fused (2) on arrays of
+/// n floats; bytes processed count the `passes` arrays the eager form streams, so the
+/// compiled figures read as effective bandwidth.
+void run_modes(benchmark::State& state, const char* name, Tensor (*fn)(const Tensor&, const Tensor&), int passes) {
   const kiln_micro::ThreadScope threads(1);
   const int mode = static_cast<int>(state.range(0));
   const int64_t n = state.range(1);
   const Tensor x = randn({n}), y = randn({n});
   // x and y are read where they are (no inputs, so a call copies nothing in).
-  CompiledFunction step = compile([&] { return chain(x, y); }, {.name = "chain", .modules = {}, .fuse = mode == 2});
+  CompiledFunction step = compile([&] { return fn(x, y); }, {.name = name, .modules = {}, .fuse = mode == 2});
   step();  // captures
   for (auto _ : state) {
-    const Tensor out = mode == 0 ? chain(x, y) : step()[0];
+    const Tensor out = mode == 0 ? fn(x, y) : step()[0];
     benchmark::DoNotOptimize(out.data_ptr());
   }
-  state.SetBytesProcessed(state.iterations() * 12 * n * static_cast<int64_t>(sizeof(float)));
+  state.SetBytesProcessed(state.iterations() * passes * n * static_cast<int64_t>(sizeof(float)));
   state.counters["unwritten_MiB"] = static_cast<double>(step.stats().unwritten_bytes) / (1 << 20);
 }
+
+void BM_CompileFusionChain(benchmark::State& state) { run_modes(state, "chain", chain, 12); }
 BENCHMARK(BM_CompileFusionChain)
     ->ArgsProduct({{0, 1, 2}, {int64_t{1} << 12, int64_t{1} << 16, int64_t{1} << 24}})
     ->ArgNames({"mode", "n"})
     ->UseRealTime()
     ->Unit(benchmark::kMicrosecond);
 
-// A squared error written out, ((x - y) * (x - y)).mean(): eagerly sub, mul and mean, 5 array
-// passes (x, y, d, d*d read; d, d*d written, d read twice as one stream). Fused, the mean
-// reduces each tile of squares while it is in cache: only x and y are read.
+// A squared error written out, ((x - y) * (x - y)).mean(): eagerly sub, mul and mean, 6 array
+// passes (x, y, d, d*d read, d as one stream for both of mul's operands; d, d*d written).
+// Fused, the mean reduces each tile of squares while it is in cache: only x and y are read.
 Tensor mse(const Tensor& x, const Tensor& y) {
   const NoGradGuard ng;
   const Tensor d = x - y;
   return (d * d).mean();
 }
 
-void BM_CompileFusionMse(benchmark::State& state) {
-  const kiln_micro::ThreadScope threads(1);
-  const int mode = static_cast<int>(state.range(0));
-  const int64_t n = state.range(1);
-  const Tensor x = randn({n}), y = randn({n});
-  CompiledFunction step = compile([&] { return mse(x, y); }, {.name = "mse", .modules = {}, .fuse = mode == 2});
-  step();
-  for (auto _ : state) {
-    const Tensor out = mode == 0 ? mse(x, y) : step()[0];
-    benchmark::DoNotOptimize(out.data_ptr());
-  }
-  state.SetBytesProcessed(state.iterations() * 6 * n * static_cast<int64_t>(sizeof(float)));
-  state.counters["unwritten_MiB"] = static_cast<double>(step.stats().unwritten_bytes) / (1 << 20);
-}
+void BM_CompileFusionMse(benchmark::State& state) { run_modes(state, "mse", mse, 6); }
 BENCHMARK(BM_CompileFusionMse)
     ->ArgsProduct({{0, 1, 2}, {int64_t{1} << 12, int64_t{1} << 16, int64_t{1} << 24}})
     ->ArgNames({"mode", "n"})

@@ -163,26 +163,28 @@ FinetuneSummary prepare_model(const Config& c, nn::Module& model, bool load_init
   return s;
 }
 
-double accumulate_micro_batch(Task& t, const data::Example& batch, int64_t k) {
+Tensor micro_batch_backward(Task& t, const data::Example& batch, int64_t k) {
   Tensor loss = batch_loss(t, batch);
-  const double v = loss.item<double>();
-  Tensor scaled = loss.div(static_cast<double>(k));
-  auto backward = [&t, &scaled] {
-    if (t.scaler)
-      t.scaler->scale(scaled).backward();
-    else
-      scaled.backward();
-  };
+  const Tensor scaled = k > 1 ? loss.div(static_cast<double>(k)) : loss;
+  if (t.scaler)
+    t.scaler->scale(scaled).backward();
+  else
+    scaled.backward();
+  return loss;
+}
+
+double accumulate_micro_batch(Task& t, const data::Example& batch, int64_t k) {
+  Tensor loss;
   if (t.ddp) {
     auto no_sync = t.ddp->no_sync();
-    backward();
+    loss = micro_batch_backward(t, batch, k);
   } else if (t.fsdp) {
     auto no_sync = t.fsdp->no_sync();
-    backward();
+    loss = micro_batch_backward(t, batch, k);
   } else {
-    backward();
+    loss = micro_batch_backward(t, batch, k);
   }
-  return v;
+  return loss.item<double>();
 }
 
 void save_run_adapter(const Config& c, const nn::Module& model, const fs::path& dir) {

@@ -52,6 +52,12 @@ void check_finetune_config(const Config& config, bool distributed);
 /// with train.grad_accum_steps batches per step (at least 1).
 int64_t steps_for_epochs(const Config& config, int64_t batches);
 
+/// Forward and backward of one of the k micro-batches of a step: the loss divided
+/// by k when k > 1 (so the accumulated gradient is that of the mean over all k),
+/// scaled by the task's GradScaler when it has one. Returns the loss before the
+/// division. No data-parallel scope: the caller chooses.
+Tensor micro_batch_backward(Task& task, const data::Example& batch, int64_t k);
+
 /// One micro-batch of a step that accumulates k > 1 of them, not the last one:
 /// forward, the loss divided by k (so the accumulated gradient is that of the
 /// mean over all k micro-batches), backward without data-parallel

@@ -602,14 +602,8 @@ class TrainLoop {
     }
     compiled_.emplace(
         [this](const std::vector<Tensor>& in) {
-          Tensor loss = batch_loss(t_, data::Example{in[0], in[1]});
           // As the eager step: a micro-batch's loss is divided by the batches per step.
-          Tensor scaled = accum_ > 1 ? loss.div(static_cast<double>(accum_)) : loss;
-          if (t_.scaler)
-            t_.scaler->scale(scaled).backward();
-          else
-            scaled.backward();
-          return std::vector<Tensor>{loss.detach()};
+          return std::vector<Tensor>{micro_batch_backward(t_, data::Example{in[0], in[1]}, accum_).detach()};
         },
         CompileOptions{.name = "train_step", .modules = {t_.model.get()}});
   }

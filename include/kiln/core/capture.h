@@ -53,10 +53,6 @@ class Recorder {
   virtual const void* keep(const void* p, int n) = 0;
   /// The autograd engine ran a backward pass inside the captured function.
   virtual void backward_ran() {}
-  /// The step used a value derived from `source`'s contents before the capture
-  /// began (an autocast copy, a packed weight) without deriving it again: the
-  /// record holds it as it is, so a change to `source` made outside the
-  /// compiled function, or by the step itself, invalidates the record.
   /// AccumulateGrad is about to accumulate into `leaf`'s .grad, which is `grad`
   /// (undefined: None). What a replay does depends on it: set .grad to the
   /// computed buffer, or add into this very tensor.
@@ -67,6 +63,10 @@ class Recorder {
   /// A zero_grad inside the step reset `leaf`'s .grad (to None or to zeros in
   /// place): what the step accumulates into afterwards is its own doing.
   virtual void grad_reset(const Tensor& leaf) { (void)leaf; }
+  /// The step used a value derived from `source`'s contents before the capture
+  /// began (an autocast copy, a packed weight) without deriving it again: the
+  /// record holds it as it is, so a change to `source` made outside the
+  /// compiled function, or by the step itself, invalidates the record.
   virtual void reused_derivation(const char* what, const Tensor& source) {
     (void)what;
     (void)source;

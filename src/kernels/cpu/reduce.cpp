@@ -52,9 +52,8 @@ void note_whole(const ReduceLayout& l, const Op& op, Store store) {
   };
   r.finish = [op, store](const void* accs, int64_t pieces) {
     const auto* a = static_cast<const A*>(accs);
-    store(0, pieces == 1 ? a[0]
-                         : tree<A>(
-                               0, pieces, [&](int64_t q) { return a[q]; }, [&](A x, A y) { return op.combine(x, y); }));
+    store(0, tree<A>(
+                 0, pieces, [&](int64_t q) { return a[q]; }, [&](A x, A y) { return op.combine(x, y); }));
   };
   capture::note_reduction(std::move(r));
 }
