@@ -7,6 +7,8 @@
 //   kiln_bench --workload peak [--threads N] [--size 2048] [--steps 10]
 //   kiln_bench --workload tiny --profile on   (a kiln::profiler::Profiler records the timed steps)
 //   kiln_bench --workload mlp --compile on    (every step through kiln::compile: the first captures)
+//   kiln_bench --workload mlp --compile split (the same, with the loss read by item() inside the step:
+//                                              a graph break, so every step runs split at it)
 //
 // "peak" is the f32 matmul ceiling probe: kiln::mm of two size x size float32
 // matrices (oneDNN sgemm underneath), GFLOP/s of the best and the median call;
@@ -61,12 +63,13 @@ struct Args {
   bool profile = false;        // --profile on: the timed steps under a recording Profiler
   bool profile_table = false;  // --profile table: that, and its op table (self time first) on stderr
   bool compile = false;        // --compile on: every step through kiln::compile (the "compiled" rows)
+  bool split = false;          // --compile split: that, with a graph break inside the step
 };
 
 [[noreturn]] void usage(const std::string& why) {
   std::cerr << "kiln_bench: " << why
             << "\nusage: kiln_bench --workload NAME[,NAME...] [--threads N] [--warmup N] [--steps N] [--size N] [--amp "
-               "bf16|off] [--profile on|off|table] [--compile on|off]\n"
+               "bf16|off] [--profile on|off|table] [--compile on|off|split]\n"
                "workloads: tiny mlp cnn resnet gpt gpt_infer, and peak (f32 matmul probe)\n";
   std::exit(2);
 }
@@ -112,8 +115,9 @@ Args parse(int argc, char** argv) {
       a.profile = v != "off";
       a.profile_table = v == "table";
     } else if (flag == "--compile") {
-      if (v != "on" && v != "off") usage("--compile expects on or off, got '" + v + "'");
-      a.compile = v == "on";
+      if (v != "on" && v != "off" && v != "split") usage("--compile expects on, off or split, got '" + v + "'");
+      a.compile = v != "off";
+      a.split = v == "split";
     } else
       usage("unknown flag " + flag);
   }
@@ -229,7 +233,14 @@ void run_workload(const std::string& name, const Args& a) {
   auto w = kiln_bench::make_workload(name);
   // --compile on: the first step captures (its time is compile_ms), the rest replay.
   std::optional<kiln::CompiledFunction> compiled;
-  if (a.compile) compiled.emplace(kiln::compile(w->step_fn(), {.name = name, .modules = {w->module()}}));
+  std::function<kiln::Tensor()> fn = w->step_fn();
+  if (a.split)
+    fn = [f = std::move(fn)] {
+      kiln::Tensor loss = f();
+      (void)loss.item<float>();  // a training loop's logging: the graph break
+      return loss;
+    };
+  if (a.compile) compiled.emplace(kiln::compile(std::move(fn), {.name = name, .modules = {w->module()}}));
   auto step = [&](bool want_loss) {
     if (!compiled) return w->step(want_loss);
     const kiln::Tensor out = (*compiled)()[0];
@@ -282,6 +293,7 @@ void run_workload(const std::string& name, const Args& a) {
     compile_info =
         "\"compiled\": true, \"compile_ms\": " + num(first_ms) + ", \"replays\": " + std::to_string(st.replays) +
         ", \"eager_calls\": " + std::to_string(st.eager_calls) +
+        ", \"split_calls\": " + std::to_string(st.split_calls) +
         ", \"graph_breaks\": " + std::to_string(st.graph_breaks.size()) +
         ", \"kernels\": " + std::to_string(st.kernels) + ", \"fused_kernels\": " + std::to_string(st.fused_kernels) +
         ", \"unwritten_bytes\": " + std::to_string(st.unwritten_bytes) + ", ";

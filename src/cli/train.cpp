@@ -1015,6 +1015,7 @@ class TrainLoop {
     metrics_ << json{{"kind", "compile"},
                      {"replays", s.replays},
                      {"eager_calls", s.eager_calls},
+                     {"split_calls", s.split_calls},
                      {"captures", s.captures},
                      {"recompiles", s.recompile_reasons},
                      {"compile_s", s.compile_seconds},
@@ -1023,11 +1024,12 @@ class TrainLoop {
              << "\n";
     std::printf("compile: forward and backward of %lld batches replayed, %lld captured (%.0f ms compiling)",
                 static_cast<long long>(s.replays), static_cast<long long>(s.captures), 1e3 * s.compile_seconds);
+    if (s.split_calls > 0) std::printf(", %lld run split at graph breaks", static_cast<long long>(s.split_calls));
     if (s.eager_calls > 0) std::printf(", %lld run eagerly", static_cast<long long>(s.eager_calls));
     std::printf("\n");
     for (const std::string& r : s.recompile_reasons) std::printf("  recompiled: %s\n", r.c_str());
     for (const auto& b : breaks)
-      std::printf("  graph break (those batches ran eagerly): %s\n", b.get<std::string>().c_str());
+      std::printf("  graph break (those batches ran split there): %s\n", b.get<std::string>().c_str());
   }
 
   /// summary.json (what the report and `kiln inspect RUN_DIR` read) and the report; returns its "final".

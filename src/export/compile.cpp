@@ -285,17 +285,85 @@ class StepRecorder : public capture::Recorder, public capture::LoopSink {
   memory::PrivatePool& pool_;
 };
 
+// Runs a function whose record has graph breaks, split at them: kernels that can wait are
+// held, and what is held runs — fused as a replay's kernels are — when host code needs
+// results (a break, a host action, a kernel that cannot wait) and when the function returns.
+// Each run between two such points is one graph. The function's host code runs on every call.
+class Deferrer : public capture::Recorder, public capture::LoopSink {
+ public:
+  Deferrer(memory::PrivatePool& pool, bool fuse) : Recorder(true), pool_(pool), fuse_(fuse) {
+    memory::log_pool_frees(pool_, true);
+    (void)take_frees();
+  }
+  ~Deferrer() override { memory::log_pool_frees(pool_, false); }
+
+  void kernel(const char* name, capture::Replay replay) override {
+    held_.push_back({name, false, std::move(replay), nullptr, nullptr, {}, take_frees()});
+  }
+  void host_action(const char*, capture::Replay) override {}  // a deferring recorder is not sent any
+  void loop(const capture::Loop& l, capture::LoopRun run) override {
+    if (!held_.empty())
+      held_.back().loop =
+          std::make_shared<const compile_detail::LoopRecord>(compile_detail::LoopRecord{l, std::move(run)});
+  }
+  void reduction(capture::Reduction r) override {
+    if (!held_.empty()) held_.back().reduce = std::make_shared<const capture::Reduction>(std::move(r));
+  }
+  void graph_break(const std::string&) override {
+    sync();
+    ++breaks;
+  }
+  const void* keep(const void* p, int n) override {
+    Bytes16& b = kept_.emplace_back();
+    std::memcpy(b.bytes, p, static_cast<size_t>(n < 16 ? n : 16));
+    return b.bytes;
+  }
+  void sync() override {
+    if (held_.empty()) return;
+    std::vector<Recorded> run = std::move(held_);
+    held_.clear();
+    const std::vector<std::pair<void*, size_t>> freed_at_end = take_frees();
+    ++graphs;
+    kernels += static_cast<int64_t>(run.size());
+    if (fuse_) {
+      const compile_detail::FusionReport fr = compile_detail::fuse_elementwise(run, freed_at_end);
+      fused_loops += fr.groups;
+      fused_kernels += fr.kernels;
+    }
+    {
+      const capture::RunNow now;
+      for (const Recorded& r : run) r.fn();
+    }
+    kept_.clear();
+    (void)take_frees();  // scratch the kernels freed: not the step's tensors
+  }
+
+  int64_t graphs = 0;  // runs of held kernels
+  int64_t kernels = 0;
+  int64_t fused_loops = 0;
+  int64_t fused_kernels = 0;
+  int64_t breaks = 0;
+
+ private:
+  std::vector<std::pair<void*, size_t>> take_frees() { return memory::take_pool_frees(pool_); }
+  memory::PrivatePool& pool_;
+  bool fuse_;
+  std::vector<Recorded> held_;
+  std::deque<Bytes16> kept_;  // deque: the addresses handed out stay put
+};
+
 }  // namespace
 
 struct CompiledFunction::Impl {
   struct Entry {
     Guards guards;
-    std::unique_ptr<memory::PrivatePool> pool;
+    std::unique_ptr<memory::PrivatePool> pool;  // with a break: the pool the split calls allocate from
     std::vector<Tensor> static_inputs;
     std::vector<Tensor> outputs;
     std::vector<Recorded> ops;
     std::deque<Bytes16> kept;  // scalar operands the ops read
-    bool broken = false;       // a graph break: calls with these guards run eagerly
+    bool broken = false;       // a graph break: calls with these guards run split at their breaks
+    int64_t breaks = 0;
     // What the record found derived before its capture and holds as it is ("a packed weight of
     // 'fc1.weight'"), or "": the record is dropped when a guarded tensor changes outside.
     std::string reuses;
@@ -323,6 +391,26 @@ struct CompiledFunction::Impl {
   std::vector<Tensor> run_eager(const std::vector<Tensor>& inputs) {
     ++stats.eager_calls;
     return fn(inputs);
+  }
+
+  /// A call of a function with graph breaks: it runs again, and what it launches runs as
+  /// graphs split at its breaks (Deferrer). Outputs are the function's own, not static.
+  std::vector<Tensor> run_split(Entry& e, const std::vector<Tensor>& inputs) {
+    if (!e.pool) e.pool = std::make_unique<memory::PrivatePool>();
+    Deferrer d(*e.pool, opts.fuse);
+    std::vector<Tensor> outs;
+    {
+      const capture::RecorderGuard guard(&d, e.pool.get());
+      const capture::LoopSinkGuard loops(&d);
+      outs = fn(inputs);
+      d.sync();
+    }
+    ++stats.split_calls;
+    stats.split_graphs = d.graphs;
+    stats.split_kernels = d.kernels;
+    stats.split_fused_loops = d.fused_loops;
+    stats.split_fused_kernels = d.fused_kernels;
+    return outs;
   }
 
   std::vector<Tensor> replay(Entry& e, const std::vector<Tensor>& inputs) {
@@ -418,6 +506,7 @@ struct CompiledFunction::Impl {
                  "' (fullgraph): graph break: ", rec.breaks.front().reason,
                  rec.breaks.front().site.empty() ? "" : " at ", rec.breaks.front().site);
       e->broken = true;
+      e->breaks = static_cast<int64_t>(rec.breaks.size());
       e->pool.reset();
       e->static_inputs.clear();
       e->outputs.clear();
@@ -491,7 +580,7 @@ struct CompiledFunction::Impl {
         if (i)
           std::rotate(cache.begin(), cache.begin() + static_cast<std::ptrdiff_t>(i),
                       cache.begin() + static_cast<std::ptrdiff_t>(i) + 1);
-        if (e.broken) return run_eager(inputs);
+        if (e.broken) return opts.split ? run_split(e, inputs) : run_eager(inputs);
         return replay(e, inputs);
       }
       if (first_failure.empty()) first_failure = std::move(why);
@@ -530,12 +619,15 @@ const CompileStats& CompiledFunction::stats() const { return impl_->stats; }
 std::string CompiledFunction::explain() const {
   const CompileStats& s = impl_->stats;
   int64_t graphs = 0;
-  for (const auto& e : impl_->cache) graphs += e->broken ? 0 : 1;
+  // A function split at n breaks is n + 1 graphs, as torch counts them.
+  for (const auto& e : impl_->cache) graphs += e->broken ? (impl_->opts.split ? e->breaks + 1 : 0) : 1;
   std::ostringstream os;
   os << "compiled '" << impl_->opts.name << "': " << graphs << (graphs == 1 ? " graph" : " graphs") << ", "
      << s.graph_breaks.size() << (s.graph_breaks.size() == 1 ? " graph break" : " graph breaks") << ", " << s.recompiles
      << (s.recompiles == 1 ? " recompile" : " recompiles") << "\n";
-  os << "  calls: " << s.replays << " replayed, " << s.eager_calls << " eager, " << s.captures << " captured ("
+  os << "  calls: " << s.replays << " replayed, ";
+  if (s.split_calls > 0) os << s.split_calls << " split at graph breaks, ";
+  os << s.eager_calls << " eager, " << s.captures << " captured ("
      << static_cast<int64_t>(s.compile_seconds * 1e3 + 0.5) << " ms compiling)\n";
   os << "  newest graph: " << s.kernels << " kernels, " << s.host_actions << " host actions, private pool "
      << format_bytes(s.pool_bytes) << "\n";
@@ -551,9 +643,22 @@ std::string CompiledFunction::explain() const {
     for (const auto& [name, n] : s.ops_in_graph) os << " " << name << " x" << n;
     os << "\n";
   }
+  if (s.split_calls > 0) {
+    os << "  newest split call: " << s.split_kernels << " kernels run as " << s.split_graphs
+       << (s.split_graphs == 1 ? " graph" : " graphs");
+    if (s.split_fused_loops > 0)
+      os << " (" << s.split_fused_kernels << " elementwise kernels as " << s.split_fused_loops
+         << (s.split_fused_loops == 1 ? " fused loop)" : " fused loops)");
+    os << "\n";
+  }
   if (!s.graph_breaks.empty()) {
-    os << "Graph breaks (calls with these guards run eagerly; to compile the rest, end one compiled function "
-          "before the line and start another after it):\n";
+    if (impl_->opts.split)
+      os << "Graph breaks (calls with these guards run split there: the kernels between breaks run as graphs, the "
+            "function's host code runs on every call; to replay the rest without it, end one compiled function "
+            "before the line and start another after it):\n";
+    else
+      os << "Graph breaks (split = false: calls with these guards run eagerly; to compile the rest, end one "
+            "compiled function before the line and start another after it):\n";
     for (size_t i = 0; i < s.graph_breaks.size(); ++i) {
       os << "  " << i + 1 << ". " << s.graph_breaks[i].reason << "\n";
       if (!s.graph_breaks[i].site.empty()) os << "     at " << s.graph_breaks[i].site << "\n";

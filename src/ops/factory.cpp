@@ -472,8 +472,8 @@ Tensor tensor(const std::vector<T>& values, IntArrayRef sizes, std::source_locat
     for (size_t i = 0; i < vals.size(); ++i) p[i] = static_cast<Stored>(vals[i]);
   };
   // The values are copied into the record only while a capture records.
-  const capture::KernelScope cap("tensor");
-  if (cap.recording()) cap.record([write, vals = values]() { write(vals); });
+  const capture::KernelScope cap("tensor", capture::kDeferrable);
+  if (cap.recording() && cap.record([write, vals = values]() { write(vals); })) return t;
   write(values);
   return t;
 }

@@ -1,8 +1,8 @@
 // kiln::compile: a replayed step computes bitwise what the eager step does
 // (losses, parameters, gradients, optimizer state after N steps, for the
 // benchmark models with SGD, Adam and AdamW, in float32 and under bf16
-// autocast); guards recompile and say which guard failed; graph breaks run
-// eagerly and say what and where; the private pool keeps replay's addresses
+// autocast); guards recompile and say which guard failed; graph breaks split
+// the call and say what and where; the private pool keeps replay's addresses
 // away from everyone else.
 #include <gtest/gtest.h>
 
@@ -451,7 +451,7 @@ TEST(Compile, ACopyMadeBeforeTheCaptureOfAStepThatChangesItsSourceIsCapturedAgai
   EXPECT_EQ(step.stats().replays, 3);
 }
 
-TEST(Compile, GraphBreakRunsEagerlyAndNamesTheOpAndLine) {
+TEST(Compile, GraphBreakSplitsTheCallAndNamesTheOpAndLine) {
   InputStep eager, compiled;
   double seen = 0;
   auto fn_with_item = [&](const std::vector<Tensor>& in) {
@@ -469,7 +469,7 @@ TEST(Compile, GraphBreakRunsEagerlyAndNamesTheOpAndLine) {
     EXPECT_EQ(seen, le.item<float>());
   }
   EXPECT_EQ(step.stats().captures, 1);
-  EXPECT_EQ(step.stats().eager_calls, 2);
+  EXPECT_EQ(step.stats().split_calls, 2);  // tests/export/test_compile_split.cpp
   EXPECT_EQ(step.stats().replays, 0);
   ASSERT_EQ(step.stats().graph_breaks.size(), 1u);
   EXPECT_NE(step.stats().graph_breaks[0].reason.find("Tensor.item()"), std::string::npos)

@@ -226,7 +226,7 @@ TEST(CompileSites, ForwardHooksBreakUnlessDeclaredTensorOpsOnly) {
   NoGradGuard ng;
   const Tensor x = randn({4, 6});
   auto run = [&m](const std::vector<Tensor>& in) { return std::vector<Tensor>{m(in[0])}; };
-  // A hook with host state: a replay would not count, so every call runs eagerly.
+  // A hook with host state: a replay would not count, so every call runs split at the hook.
   int calls = 0;
   HookHandle counting = m.register_forward_hook([&calls](nn::Module&, const Tensor&, const Tensor&) {
     ++calls;

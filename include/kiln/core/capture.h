@@ -20,6 +20,15 @@
 // capture's private memory pool (memory::PrivatePool): the addresses the
 // closures hold stay reserved for the compiled step, as a CUDA graph's do.
 //
+// A recorder may instead *defer* (Recorder::defers): kiln::compile running a
+// function whose record has graph breaks runs it again on every call, and
+// the kernels that can wait (elementwise loops, whole reductions, host
+// writes, the KILN_CAPTURE_KERNEL ones) are handed over and not run; they run,
+// fused, when something needs their results on the host — a graph break, a
+// host action, a kernel that cannot wait (KernelScope without kDeferrable
+// syncs first), an explicit sync() — or when the function returns. That is
+// how a function is split at its graph breaks (docs/compile.md).
+//
 // With no recorder (the normal case) a KernelScope is one thread-local load
 // and a branch.
 #pragma once
@@ -44,7 +53,13 @@ using Replay = std::function<void()>;
 /// Implemented by the compiler (export/compile): receives the events above.
 class Recorder {
  public:
+  explicit Recorder(bool defers = false) : defers(defers) {}
   virtual ~Recorder() = default;
+  /// kernel() receives kernels to run later, not records of kernels that ran.
+  const bool defers;
+  /// A deferring recorder runs what it holds: host code is about to read or
+  /// write tensor memory, or run a kernel that cannot wait.
+  virtual void sync() {}
   virtual void kernel(const char* name, Replay replay) = 0;
   virtual void host_action(const char* name, Replay replay) = 0;
   /// `what` says what could not be captured; the recorder adds where.
@@ -110,10 +125,42 @@ class RecorderGuard {
   memory::PrivatePool* prev_pool_;
 };
 
+/// Runs what a deferring recorder holds (see Recorder::defers): before host
+/// code reads tensor values that the step may have computed (an index check).
+inline void sync() {
+  if (detail::t_recorder && detail::t_depth == 0 && detail::t_recorder->defers) detail::t_recorder->sync();
+}
+
+/// RAII: kernels called while it lives run at once and are not recorded (a
+/// deferring recorder runs what it holds under it).
+class RunNow {
+ public:
+  RunNow() noexcept { ++detail::t_depth; }
+  ~RunNow() { --detail::t_depth; }
+  RunNow(const RunNow&) = delete;
+  RunNow& operator=(const RunNow&) = delete;
+};
+
+/// Marks a kernel that a deferring recorder may hold and run later: it
+/// touches memory only through its arguments and returns nothing the caller
+/// reads, and it returns right after record() when record() says so.
+struct Deferrable {};
+inline constexpr Deferrable kDeferrable{};
+
 /// At a kernel's entry (see KILN_CAPTURE_KERNEL).
 class KernelScope {
  public:
-  explicit KernelScope(const char* name) noexcept : name_(name), on_(detail::t_recorder != nullptr) {
+  // A kernel that cannot wait runs now, after what a deferring recorder holds.
+  // Its nested kernels run inside it, as in a capture.
+  explicit KernelScope(const char* name) : name_(name), on_(detail::t_recorder != nullptr) {
+    if (!on_) return;
+    if (detail::t_depth == 0 && detail::t_recorder->defers) {
+      detail::t_recorder->sync();
+      now_ = true;  // nothing to record: this call is not replayed
+    }
+    outer_ = detail::t_depth++ == 0;
+  }
+  KernelScope(const char* name, Deferrable) noexcept : name_(name), on_(detail::t_recorder != nullptr) {
     if (on_) outer_ = detail::t_depth++ == 0;
   }
   ~KernelScope() {
@@ -121,13 +168,18 @@ class KernelScope {
   }
   KernelScope(const KernelScope&) = delete;
   KernelScope& operator=(const KernelScope&) = delete;
-  bool recording() const noexcept { return on_ && outer_; }
-  void record(Replay replay) const { detail::t_recorder->kernel(name_, std::move(replay)); }
+  bool recording() const noexcept { return on_ && outer_ && !now_; }
+  /// True when the recorder deferred the kernel: the caller returns without running it.
+  bool record(Replay replay) const {
+    detail::t_recorder->kernel(name_, std::move(replay));
+    return detail::t_recorder->defers;
+  }
 
  private:
   const char* name_;
   bool on_;
   bool outer_ = false;
+  bool now_ = false;
 };
 
 /// At the top of a host-side function whose effects replay repeats by calling
@@ -138,7 +190,13 @@ class HostAction {
   template <typename F>
   HostAction(const char* name, F&& fn) : on_(detail::t_recorder != nullptr) {
     if (!on_) return;
-    if (detail::t_depth == 0) detail::t_recorder->host_action(name, Replay(std::forward<F>(fn)));
+    // A deferring recorder runs what it holds first: the action reads and writes tensors now.
+    if (detail::t_depth == 0) {
+      if (detail::t_recorder->defers)
+        detail::t_recorder->sync();
+      else
+        detail::t_recorder->host_action(name, Replay(std::forward<F>(fn)));
+    }
     enter();
   }
   ~HostAction() {
@@ -164,16 +222,17 @@ class HostAction {
 /// a second time.
 template <typename F>
 void host_write(const char* name, F&& write) {
-  const KernelScope cap(name);
-  if (cap.recording()) cap.record(Replay(write));
+  const KernelScope cap(name, kDeferrable);
+  if (cap.recording() && cap.record(Replay(write))) return;
   std::forward<F>(write)();
 }
 
 /// Records `fn` as a host action without running it, when recording: for a
 /// host-side effect the caller has just made (AccumulateGrad setting .grad).
+/// A deferring recorder needs nothing: the effect is made on every call.
 template <typename F>
 void record_host(const char* name, F&& fn) {
-  if (recording()) detail::t_recorder->host_action(name, Replay(std::forward<F>(fn)));
+  if (recording() && !detail::t_recorder->defers) detail::t_recorder->host_action(name, Replay(std::forward<F>(fn)));
 }
 
 /// AccumulateGrad calls this, when recording, before it touches `leaf`'s .grad.
@@ -220,7 +279,15 @@ struct ScalarBytes {
 /// Opens the kernel's capture scope; when it records, `call` (the kernel
 /// called again with its own arguments) becomes the replay closure. The
 /// closure copies its arguments by value: a kernel whose arguments point at
-/// caller-owned arrays or scalars copies those itself (ScalarBytes).
-#define KILN_CAPTURE_KERNEL(name, ...)                    \
+/// caller-owned arrays or scalars copies those itself (ScalarBytes). The
+/// kernel returns void and may be deferred (kDeferrable): when the recorder
+/// defers, the macro returns from it.
+#define KILN_CAPTURE_KERNEL(name, ...)                                                  \
+  const ::kiln::capture::KernelScope kiln_capture_(name, ::kiln::capture::kDeferrable); \
+  if (kiln_capture_.recording() && kiln_capture_.record([=] { __VA_ARGS__; })) return
+
+/// KILN_CAPTURE_KERNEL for a kernel whose result the caller reads: it always
+/// runs when called, after what a deferring recorder holds.
+#define KILN_CAPTURE_KERNEL_NOW(name, ...)                \
   const ::kiln::capture::KernelScope kiln_capture_(name); \
-  if (kiln_capture_.recording()) kiln_capture_.record([=] { __VA_ARGS__; })
+  if (kiln_capture_.recording()) (void)kiln_capture_.record([=] { __VA_ARGS__; })

@@ -54,6 +54,11 @@ struct CompileOptions {
   int cache_size_limit = 8;
   /// A graph break throws kiln::ValueError naming it instead of running eagerly.
   bool fullgraph = false;
+  /// A function with graph breaks runs split at them: the kernels between two
+  /// breaks run as one graph (fused as a replay's are) while the function's
+  /// host code runs as usual (docs/compile.md, "Graph breaks"). false: such
+  /// calls run eagerly.
+  bool split = true;
   /// Runs consecutive elementwise kernels over one shape as one tiled loop,
   /// keeping intermediates that die inside it out of memory (results are
   /// bitwise those of the unfused kernels; docs/compile.md, "Fusion").
@@ -69,9 +74,15 @@ struct GraphBreak {
 
 /// What happened so far (explain() formats it).
 struct CompileStats {
-  int64_t captures = 0;                         // eager runs that recorded (first call, recompiles)
-  int64_t replays = 0;                          // calls served by a replay
-  int64_t eager_calls = 0;                      // calls run eagerly (a graph break, or the cache was full)
+  int64_t captures = 0;     // eager runs that recorded (first call, recompiles)
+  int64_t replays = 0;      // calls served by a replay
+  int64_t eager_calls = 0;  // calls run eagerly (the cache was full, or split = false)
+  int64_t split_calls = 0;  // calls of a function with graph breaks, run split at them
+  // The newest split call: graphs run between its breaks, their kernels, and fusion in them.
+  int64_t split_graphs = 0;
+  int64_t split_kernels = 0;
+  int64_t split_fused_loops = 0;
+  int64_t split_fused_kernels = 0;
   int64_t recompiles = 0;                       // captures made because a guard failed
   double compile_seconds = 0;                   // time spent in captures (each includes one eager run)
   int64_t kernels = 0;                          // kernels in the newest capture

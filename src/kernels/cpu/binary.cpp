@@ -212,22 +212,24 @@ void pow_scalar_floating(const LoopSpec& s, const Scalar& exponent) {
 
 void binary(const LoopSpec& s, BinaryOp op, DType dt, const void* alpha) {
   // alpha points at the caller's stack: the record keeps a copy (made only when recording).
-  const capture::KernelScope cap("binary");
+  const capture::KernelScope cap("binary", capture::kDeferrable);
   if (cap.recording()) {
     const int es = static_cast<int>(element_size(dt));
-    ew::record_loop(cap, s, ew::sizes_all(es),
-                    [=, a = capture::ScalarBytes(alpha, es)](const LoopSpec& t) { binary(t, op, dt, a.ptr()); });
+    if (ew::record_loop(cap, s, ew::sizes_all(es),
+                        [=, a = capture::ScalarBytes(alpha, es)](const LoopSpec& t) { binary(t, op, dt, a.ptr()); }))
+      return;
   }
   visit_dtype(dt, [&]<typename T>() { binary_typed<T>(s, op, alpha, nullptr); });
 }
 
 void binary(const LoopSpec& s, BinaryOp op, DType dt, const StoredDTypes& stored, const void* alpha) {
-  const capture::KernelScope cap("binary");
+  const capture::KernelScope cap("binary", capture::kDeferrable);
   if (cap.recording()) {
     auto es = [](DType d) { return static_cast<int>(element_size(d)); };
-    ew::record_loop(
-        cap, s, {es(stored.out), es(stored.a), es(stored.b), 0},
-        [=, a = capture::ScalarBytes(alpha, es(dt))](const LoopSpec& t) { binary(t, op, dt, stored, a.ptr()); });
+    if (ew::record_loop(
+            cap, s, {es(stored.out), es(stored.a), es(stored.b), 0},
+            [=, a = capture::ScalarBytes(alpha, es(dt))](const LoopSpec& t) { binary(t, op, dt, stored, a.ptr()); }))
+      return;
   }
   visit_dtype(dt, [&]<typename T>() {
     const ew::BinaryConverters<compute_t<T>, compute_t<T>> conv{

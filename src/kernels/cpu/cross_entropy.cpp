@@ -123,7 +123,8 @@ int64_t cross_entropy_forward(DType dtype, const CrossEntropyRows& a, const void
                               double* wrow, double* smooth) {
   // The result (the first bad target, or -1) decides on the host whether the op raises, and the
   // caller goes on to reduce the per-row losses on the host.
-  KILN_CAPTURE_KERNEL("cross_entropy_forward", (void)cross_entropy_forward(dtype, a, logits, lse, nll, wrow, smooth));
+  KILN_CAPTURE_KERNEL_NOW("cross_entropy_forward",
+                          (void)cross_entropy_forward(dtype, a, logits, lse, nll, wrow, smooth));
   return visit_dtype<kCrossEntropyTypes>(dtype, "cross_entropy_forward", [&]<typename T>() {
     return forward_impl(a, static_cast<const T*>(logits), lse, nll, wrow, smooth);
   });

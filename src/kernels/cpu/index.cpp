@@ -68,7 +68,7 @@ void for_each_row_disjoint(const LoopSpec& s, Body& body) {
 bool gather(const LoopSpec& s, DType dt, DType index_dt, int64_t src_dim_stride_bytes, int64_t dim_size) {
   // The result (whether every index was in range) only decides whether the op raises; a bad
   // index reads element 0, so a replay that skips the check stays in bounds.
-  KILN_CAPTURE_KERNEL("gather", (void)gather(s, dt, index_dt, src_dim_stride_bytes, dim_size));
+  KILN_CAPTURE_KERNEL_NOW("gather", (void)gather(s, dt, index_dt, src_dim_stride_bytes, dim_size));
   const int64_t ds = src_dim_stride_bytes;
   const uint64_t limit = static_cast<uint64_t>(dim_size);
   std::atomic<bool> all_valid{true};

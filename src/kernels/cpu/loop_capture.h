@@ -32,21 +32,24 @@ inline capture::Loop to_loop(const LoopSpec& s, const ElemSizes& es) {
   return l;
 }
 
-/// Records `run` (called with `s`) as the kernel and notes its loop.
+/// Records `run` (called with `s`) as the kernel and notes its loop; true when
+/// the recorder deferred it (the kernel returns without running).
 template <typename F>
-void record_loop(const capture::KernelScope& cap, const LoopSpec& s, const ElemSizes& es, F run) {
-  cap.record([run, s] { run(s); });
+bool record_loop(const capture::KernelScope& cap, const LoopSpec& s, const ElemSizes& es, F run) {
+  const bool deferred = cap.record([run, s] { run(s); });
   capture::note_loop(to_loop(s, es), [run](const capture::Loop& l) {
     LoopSpec part;  // called for every tile of a fused loop: only what is in use is copied
     capture::copy_loop_shape(part, l);
     run(part);
   });
+  return deferred;
 }
 
 }  // namespace kiln::kernels::ew
 
-#define KILN_CAPTURE_LOOP(name, spec, elem_sizes, ...)              \
-  const ::kiln::capture::KernelScope kiln_capture_(name);           \
-  if (kiln_capture_.recording())                                    \
-  ::kiln::kernels::ew::record_loop(kiln_capture_, spec, elem_sizes, \
-                                   [=](const ::kiln::kernels::LoopSpec& t) { __VA_ARGS__; })
+#define KILN_CAPTURE_LOOP(name, spec, elem_sizes, ...)                                            \
+  const ::kiln::capture::KernelScope kiln_capture_(name, ::kiln::capture::kDeferrable);           \
+  if (kiln_capture_.recording() &&                                                                \
+      ::kiln::kernels::ew::record_loop(kiln_capture_, spec, elem_sizes,                           \
+                                       [=](const ::kiln::kernels::LoopSpec& t) { __VA_ARGS__; })) \
+  return

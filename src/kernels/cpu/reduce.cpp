@@ -59,14 +59,15 @@ void note_whole(const ReduceLayout& l, const Op& op, Store store) {
 }
 
 // Writes acc to out[o] as O; out is `in` (the common case) or int64 (integral sums).
+// `run` false: a deferring recorder holds the kernel, which only describes itself.
 template <typename T, typename Op>
-void reduce_store(const ReduceLayout& l, const Op& op, DType in, DType out, const char* name, bool note) {
+void reduce_store(const ReduceLayout& l, const Op& op, DType in, DType out, const char* name, bool note, bool run) {
   using A = typename Op::acc_t;
   auto go = [&]<typename O>() {
     O* dst = reinterpret_cast<O*>(l.out);
     const auto store = [dst](int64_t o, A a) { dst[o] = static_cast<O>(a); };
     if (note) note_whole(l, op, store);
-    run_reduce(l, op, nullptr, store);
+    if (run) run_reduce(l, op, nullptr, store);
   };
   if (out == in) {
     go.template operator()<T>();
@@ -79,20 +80,23 @@ void reduce_store(const ReduceLayout& l, const Op& op, DType in, DType out, cons
 }  // namespace
 
 void sum(const ReduceLayout& l, DType in, DType out) {
-  KILN_CAPTURE_KERNEL("sum", sum(l, in, out));
-  const bool note = kiln_capture_.recording();
-  visit_dtype(in, [&]<typename T>() { reduce_store<T>(l, SumOp<T>{}, in, out, "sum", note); });
+  const capture::KernelScope cap("sum", capture::kDeferrable);
+  const bool note = cap.recording();
+  const bool run = !(note && cap.record([=] { sum(l, in, out); }));
+  visit_dtype(in, [&]<typename T>() { reduce_store<T>(l, SumOp<T>{}, in, out, "sum", note, run); });
 }
 
 void prod(const ReduceLayout& l, DType in, DType out) {
-  KILN_CAPTURE_KERNEL("prod", prod(l, in, out));
-  const bool note = kiln_capture_.recording();
-  visit_dtype(in, [&]<typename T>() { reduce_store<T>(l, ProdOp<T>{}, in, out, "prod", note); });
+  const capture::KernelScope cap("prod", capture::kDeferrable);
+  const bool note = cap.recording();
+  const bool run = !(note && cap.record([=] { prod(l, in, out); }));
+  visit_dtype(in, [&]<typename T>() { reduce_store<T>(l, ProdOp<T>{}, in, out, "prod", note, run); });
 }
 
 void mean(const ReduceLayout& l, DType dt) {
-  KILN_CAPTURE_KERNEL("mean", mean(l, dt));
-  const bool note = kiln_capture_.recording();
+  const capture::KernelScope cap("mean", capture::kDeferrable);
+  const bool note = cap.recording();
+  const bool run = !(note && cap.record([=] { mean(l, dt); }));
   visit_dtype<kFloatingTypes>(dt, "mean", [&]<typename T>() {
     using A = sum_acc_t<T>;
     const A count = static_cast<A>(l.reduce_numel());
@@ -100,18 +104,19 @@ void mean(const ReduceLayout& l, DType dt) {
     // Divide in the accumulator type, then round once (16-bit sums never overflow early).
     const auto store = [dst, count](int64_t o, A a) { dst[o] = static_cast<T>(a / count); };
     if (note) note_whole(l, SumOp<T>{}, store);
-    run_reduce(l, SumOp<T>{}, nullptr, store);
+    if (run) run_reduce(l, SumOp<T>{}, nullptr, store);
   });
 }
 
 void amax_amin(const ReduceLayout& l, DType dt, bool is_max) {
-  KILN_CAPTURE_KERNEL("amax_amin", amax_amin(l, dt, is_max));
-  const bool note = kiln_capture_.recording();
+  const capture::KernelScope cap("amax_amin", capture::kDeferrable);
+  const bool note = cap.recording();
+  const bool run = !(note && cap.record([=] { amax_amin(l, dt, is_max); }));
   visit_dtype(dt, [&]<typename T>() {
     if (is_max)
-      reduce_store<T>(l, MaxOp<T, true>{}, dt, dt, "amax", note);
+      reduce_store<T>(l, MaxOp<T, true>{}, dt, dt, "amax", note, run);
     else
-      reduce_store<T>(l, MaxOp<T, false>{}, dt, dt, "amin", note);
+      reduce_store<T>(l, MaxOp<T, false>{}, dt, dt, "amin", note, run);
   });
 }
 

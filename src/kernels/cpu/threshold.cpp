@@ -13,12 +13,13 @@ namespace kiln::kernels {
 
 void threshold_backward(const LoopSpec& s, DType dt, const void* threshold) {
   // The threshold points at the caller's stack: the record keeps a copy (made only when recording).
-  const capture::KernelScope cap("threshold_backward");
+  const capture::KernelScope cap("threshold_backward", capture::kDeferrable);
   if (cap.recording()) {
     const int es = static_cast<int>(element_size(dt));
-    ew::record_loop(cap, s, ew::sizes_all(es), [=, th = capture::ScalarBytes(threshold, es)](const LoopSpec& t) {
-      threshold_backward(t, dt, th.ptr());
-    });
+    if (ew::record_loop(cap, s, ew::sizes_all(es), [=, th = capture::ScalarBytes(threshold, es)](const LoopSpec& t) {
+          threshold_backward(t, dt, th.ptr());
+        }))
+      return;
   }
   KILN_ASSERT(dt != kBool, "threshold_backward kernel called with bool; the ops layer should have rejected it");
   visit_dtype(dt, [&]<typename T>() {

@@ -105,13 +105,14 @@ void unary(const LoopSpec& s, UnaryOp op, DType dt) {
 
 void clamp(const LoopSpec& s, DType dt, const void* lo, const void* hi) {
   // The bounds point at the caller's stack: the record keeps copies (made only when recording).
-  const capture::KernelScope cap("clamp");
+  const capture::KernelScope cap("clamp", capture::kDeferrable);
   if (cap.recording()) {
     const int es = static_cast<int>(element_size(dt));
-    ew::record_loop(cap, s, ew::sizes_all(es),
-                    [=, l = capture::ScalarBytes(lo, es), h = capture::ScalarBytes(hi, es)](const LoopSpec& t) {
-                      clamp(t, dt, l.ptr(), h.ptr());
-                    });
+    if (ew::record_loop(cap, s, ew::sizes_all(es),
+                        [=, l = capture::ScalarBytes(lo, es), h = capture::ScalarBytes(hi, es)](const LoopSpec& t) {
+                          clamp(t, dt, l.ptr(), h.ptr());
+                        }))
+      return;
   }
   KILN_ASSERT(lo || hi, "clamp kernel called without bounds");
   visit_dtype(dt, [&]<typename T>() {
