@@ -325,17 +325,25 @@ class Deferrer : public capture::Recorder, public capture::LoopSink {
     const std::vector<std::pair<void*, size_t>> freed_at_end = take_frees();
     ++graphs;
     kernels += static_cast<int64_t>(run.size());
-    if (fuse_) {
+    if (fuse_ && run.size() > 1) {
       const compile_detail::FusionReport fr = compile_detail::fuse_elementwise(run, freed_at_end);
       fused_loops += fr.groups;
       fused_kernels += fr.kernels;
     }
     {
+      // Not from the pool: its free blocks include those of tensors that died after the kernels
+      // that write and read them were held, and the held kernels are about to use them.
       const capture::RunNow now;
-      for (const Recorded& r : run) r.fn();
+      memory::PrivatePool* pool = memory::exchange_private_pool(nullptr);
+      try {
+        for (const Recorded& r : run) r.fn();
+      } catch (...) {
+        memory::exchange_private_pool(pool);
+        throw;
+      }
+      memory::exchange_private_pool(pool);
     }
     kept_.clear();
-    (void)take_frees();  // scratch the kernels freed: not the step's tensors
   }
 
   int64_t graphs = 0;  // runs of held kernels

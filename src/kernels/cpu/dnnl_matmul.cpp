@@ -179,9 +179,9 @@ void dnnl_matmul(const MatmulArgs& g) {
 // thread than the capture's (whose cache the entry is in) it takes the normal
 // path, which finds that thread's own primitive.
 template <typename Entry, typename Run>
-void record_direct(const capture::KernelScope& cap, std::shared_ptr<Entry> e, Run run, capture::Replay fallback) {
+bool record_direct(const capture::KernelScope& cap, std::shared_ptr<Entry> e, Run run, capture::Replay fallback) {
   const std::thread::id owner = std::this_thread::get_id();
-  cap.record([e = std::move(e), run, fallback = std::move(fallback), owner] {
+  return cap.record([e = std::move(e), run, fallback = std::move(fallback), owner] {
     if (std::this_thread::get_id() == owner) {
       run(*e);
     } else {
@@ -190,12 +190,12 @@ void record_direct(const capture::KernelScope& cap, std::shared_ptr<Entry> e, Ru
   });
 }
 
-void record_dnnl_matmul(const capture::KernelScope& cap, const MatmulArgs& g) {
+bool record_dnnl_matmul(const capture::KernelScope& cap, const MatmulArgs& g) {
   const OperandLayout la = operand_layout(g.a, g, g.m, g.k);
   const OperandLayout lb = operand_layout(g.b, g, g.k, g.n);
   get_entry(g, la, lb);
   const bool serial = g.outer * g.batch * g.m * g.n * g.k < kSerialMacs;
-  record_direct(
+  return record_direct(
       cap, cache().find_shared(matmul_key(g, la, lb, false)),
       [g, serial](MatmulEntry& e) {
         const SerialScope scope(serial);
@@ -270,15 +270,17 @@ void matmul_pack_b(const MatmulArgs& g, void* packed) {
 }
 
 void matmul_with_packed_b(const MatmulArgs& g, const void* packed) {
-  const capture::KernelScope cap("matmul_with_packed_b");
+  const capture::KernelScope cap("matmul_with_packed_b", capture::kDeferrable);
   if (cap.recording()) {
     get_packed_entry(g);
-    record_direct(
-        cap, thread_cache<PackedEntry>().find_shared(packed_key(g)),
-        [g, packed](PackedEntry& e) {
-          run_matmul_prim(e.prim, g, e.src, e.wei_packed, packed, e.bias, e.addend, e.dst, e.scratch, e.scratch_bytes);
-        },
-        [g, packed] { matmul_with_packed_b(g, packed); });
+    if (record_direct(
+            cap, thread_cache<PackedEntry>().find_shared(packed_key(g)),
+            [g, packed](PackedEntry& e) {
+              run_matmul_prim(e.prim, g, e.src, e.wei_packed, packed, e.bias, e.addend, e.dst, e.scratch,
+                              e.scratch_bytes);
+            },
+            [g, packed] { matmul_with_packed_b(g, packed); }))
+      return;
   }
   PackedEntry* e = get_packed_entry(g);
   KILN_ASSERT(e->layout.bytes > 0, "matmul_with_packed_b: this problem reads b as given");
@@ -316,17 +318,16 @@ double band_multiply_adds(int64_t m, int64_t n, int64_t k, MatmulBand band) {
 }
 
 void matmul(const MatmulArgs& g) {
-  const capture::KernelScope cap("matmul");
+  const capture::KernelScope cap("matmul", capture::kDeferrable);
   KILN_ASSERT(g.band.kind == MatmulBand::Kind::None || (!g.bias && !g.addend && g.epilogue == MatmulEpilogue::None),
               "kernels::matmul: a band with a bias, addend or epilogue");
   if (cap.recording()) {
     // The products dnnl_matmul runs below (the others' records call matmul again).
     const bool on_dnnl = (g.dtype == kFloat32 || g.dtype == kBFloat16) && g.k > 0 &&
                          g.band.kind == MatmulBand::Kind::None && !detail::small_matmul_applies(g);
-    if (on_dnnl && g.outer > 0 && g.batch > 0 && g.m > 0 && g.n > 0)
-      record_dnnl_matmul(cap, g);
-    else
-      cap.record([g] { matmul(g); });
+    const bool deferred = on_dnnl && g.outer > 0 && g.batch > 0 && g.m > 0 && g.n > 0 ? record_dnnl_matmul(cap, g)
+                                                                                      : cap.record([g] { matmul(g); });
+    if (deferred) return;
   }
   if (g.outer <= 0 || g.batch <= 0 || g.m <= 0 || g.n <= 0) return;
   if (g.band.kind != MatmulBand::Kind::None && !detail::small_matmul_applies(g)) {
