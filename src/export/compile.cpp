@@ -24,6 +24,7 @@
 #include <unordered_set>
 
 #include "compile_fusion.h"
+#include "compile_split.h"
 #include "kiln/core/allocator.h"
 #include "kiln/core/autocast.h"
 #include "kiln/core/capture.h"
@@ -285,81 +286,6 @@ class StepRecorder : public capture::Recorder, public capture::LoopSink {
   memory::PrivatePool& pool_;
 };
 
-// Runs a function whose record has graph breaks, split at them: kernels that can wait are
-// held, and what is held runs — fused as a replay's kernels are — when host code needs
-// results (a break, a host action, a kernel that cannot wait) and when the function returns.
-// Each run between two such points is one graph. The function's host code runs on every call.
-class Deferrer : public capture::Recorder, public capture::LoopSink {
- public:
-  Deferrer(memory::PrivatePool& pool, bool fuse) : Recorder(true), pool_(pool), fuse_(fuse) {
-    memory::log_pool_frees(pool_, true);
-    (void)take_frees();
-  }
-  ~Deferrer() override { memory::log_pool_frees(pool_, false); }
-
-  void kernel(const char* name, capture::Replay replay) override {
-    held_.push_back({name, false, std::move(replay), nullptr, nullptr, {}, take_frees()});
-  }
-  void host_action(const char*, capture::Replay) override {}  // a deferring recorder is not sent any
-  void loop(const capture::Loop& l, capture::LoopRun run) override {
-    if (!held_.empty())
-      held_.back().loop =
-          std::make_shared<const compile_detail::LoopRecord>(compile_detail::LoopRecord{l, std::move(run)});
-  }
-  void reduction(capture::Reduction r) override {
-    if (!held_.empty()) held_.back().reduce = std::make_shared<const capture::Reduction>(std::move(r));
-  }
-  void graph_break(const std::string&) override {
-    sync();
-    ++breaks;
-  }
-  const void* keep(const void* p, int n) override {
-    Bytes16& b = kept_.emplace_back();
-    std::memcpy(b.bytes, p, static_cast<size_t>(n < 16 ? n : 16));
-    return b.bytes;
-  }
-  void sync() override {
-    if (held_.empty()) return;
-    std::vector<Recorded> run = std::move(held_);
-    held_.clear();
-    const std::vector<std::pair<void*, size_t>> freed_at_end = take_frees();
-    ++graphs;
-    kernels += static_cast<int64_t>(run.size());
-    if (fuse_ && run.size() > 1) {
-      const compile_detail::FusionReport fr = compile_detail::fuse_elementwise(run, freed_at_end);
-      fused_loops += fr.groups;
-      fused_kernels += fr.kernels;
-    }
-    {
-      // Not from the pool: its free blocks include those of tensors that died after the kernels
-      // that write and read them were held, and the held kernels are about to use them.
-      const capture::RunNow now;
-      memory::PrivatePool* pool = memory::exchange_private_pool(nullptr);
-      try {
-        for (const Recorded& r : run) r.fn();
-      } catch (...) {
-        memory::exchange_private_pool(pool);
-        throw;
-      }
-      memory::exchange_private_pool(pool);
-    }
-    kept_.clear();
-  }
-
-  int64_t graphs = 0;  // runs of held kernels
-  int64_t kernels = 0;
-  int64_t fused_loops = 0;
-  int64_t fused_kernels = 0;
-  int64_t breaks = 0;
-
- private:
-  std::vector<std::pair<void*, size_t>> take_frees() { return memory::take_pool_frees(pool_); }
-  memory::PrivatePool& pool_;
-  bool fuse_;
-  std::vector<Recorded> held_;
-  std::deque<Bytes16> kept_;  // deque: the addresses handed out stay put
-};
-
 }  // namespace
 
 struct CompiledFunction::Impl {
@@ -405,7 +331,7 @@ struct CompiledFunction::Impl {
   /// graphs split at its breaks (Deferrer). Outputs are the function's own, not static.
   std::vector<Tensor> run_split(Entry& e, const std::vector<Tensor>& inputs) {
     if (!e.pool) e.pool = std::make_unique<memory::PrivatePool>();
-    Deferrer d(*e.pool, opts.fuse);
+    compile_detail::Deferrer d(*e.pool, opts.fuse);
     std::vector<Tensor> outs;
     {
       const capture::RecorderGuard guard(&d, e.pool.get());

@@ -1,0 +1,74 @@
+// kiln::compile's split calls (compile_split.h).
+#include "compile_split.h"
+
+#include <cstring>
+#include <memory>
+
+#include "kiln/core/pool_frees.h"
+
+namespace kiln::compile_detail {
+
+namespace {
+
+// Held kernels run with no private pool: its free blocks include those of tensors that died
+// after the kernels that write and read them were held, and those kernels are about to run.
+class NoPool {
+ public:
+  NoPool() : saved_(memory::exchange_private_pool(nullptr)) {}
+  ~NoPool() { memory::exchange_private_pool(saved_); }
+  NoPool(const NoPool&) = delete;
+  NoPool& operator=(const NoPool&) = delete;
+
+ private:
+  memory::PrivatePool* saved_;
+};
+
+}  // namespace
+
+Deferrer::Deferrer(memory::PrivatePool& pool, bool fuse) : Recorder(true), pool_(pool), fuse_(fuse) {
+  memory::log_pool_frees(pool_, true);
+  (void)take_frees();
+}
+
+Deferrer::~Deferrer() { memory::log_pool_frees(pool_, false); }
+
+std::vector<std::pair<void*, size_t>> Deferrer::take_frees() { return memory::take_pool_frees(pool_); }
+
+void Deferrer::kernel(const char* name, capture::Replay replay) {
+  held_.push_back({name, false, std::move(replay), nullptr, nullptr, {}, take_frees()});
+}
+
+void Deferrer::loop(const capture::Loop& l, capture::LoopRun run) {
+  if (!held_.empty()) held_.back().loop = std::make_shared<const LoopRecord>(LoopRecord{l, std::move(run)});
+}
+
+void Deferrer::reduction(capture::Reduction r) {
+  if (!held_.empty()) held_.back().reduce = std::make_shared<const capture::Reduction>(std::move(r));
+}
+
+void Deferrer::graph_break(const std::string&) { sync(); }
+
+const void* Deferrer::keep(const void* p, int n) {
+  Bytes16& b = kept_.emplace_back();
+  std::memcpy(b.bytes, p, static_cast<size_t>(n < 16 ? n : 16));
+  return b.bytes;
+}
+
+void Deferrer::sync() {
+  if (held_.empty()) return;
+  std::vector<Recorded> run = std::move(held_);
+  held_.clear();
+  const std::vector<std::pair<void*, size_t>> freed_at_end = take_frees();
+  ++graphs;
+  kernels += static_cast<int64_t>(run.size());
+  if (fuse_ && run.size() > 1) {
+    const FusionReport fr = fuse_elementwise(run, freed_at_end);
+    fused_loops += fr.groups;
+    fused_kernels += fr.kernels;
+  }
+  const capture::RunNow now;
+  const NoPool no_pool;
+  for (const Recorded& r : run) r.fn();
+}
+
+}  // namespace kiln::compile_detail

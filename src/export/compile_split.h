@@ -1,0 +1,59 @@
+// Internal to kiln::compile: running a function whose record has graph breaks
+// split at them (docs/compile.md, "Graph breaks").
+#pragma once
+
+#include <cstdint>
+#include <deque>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "compile_fusion.h"
+#include "kiln/core/allocator.h"
+#include "kiln/core/capture.h"
+#include "kiln/core/capture_loop.h"
+
+namespace kiln::compile_detail {
+
+/// The recorder a split call runs the function under. It holds the kernels
+/// that can wait instead of running them, and runs what it holds — fused as a
+/// replay's kernels are — when host code needs results: a graph break, a host
+/// action, a kernel that cannot wait (capture.h sends each of these a sync())
+/// and the function's return (the caller's sync()). Each such run is one graph;
+/// the function's own host code runs as written. The tensors the function makes
+/// come from `pool`, whose frees tell fusion which intermediates die in a graph.
+class Deferrer : public capture::Recorder, public capture::LoopSink {
+ public:
+  Deferrer(memory::PrivatePool& pool, bool fuse);
+  ~Deferrer() override;
+  Deferrer(const Deferrer&) = delete;
+  Deferrer& operator=(const Deferrer&) = delete;
+
+  void kernel(const char* name, capture::Replay replay) override;
+  void host_action(const char*, capture::Replay) override {}  // not sent to a deferring recorder
+  void loop(const capture::Loop& l, capture::LoopRun run) override;
+  void reduction(capture::Reduction r) override;
+  void graph_break(const std::string& what) override;
+  const void* keep(const void* p, int n) override;
+  void sync() override;
+
+  int64_t graphs = 0;  // runs of held kernels so far
+  int64_t kernels = 0;
+  int64_t fused_loops = 0;
+  int64_t fused_kernels = 0;
+
+ private:
+  struct alignas(16) Bytes16 {
+    unsigned char bytes[16];
+  };
+  std::vector<std::pair<void*, size_t>> take_frees();
+
+  memory::PrivatePool& pool_;
+  bool fuse_;
+  std::vector<Recorded> held_;
+  // Kept for the whole call: an op may take a scalar's stable copy before a sync and hand it
+  // to a kernel after. A deque: the addresses handed out stay put.
+  std::deque<Bytes16> kept_;
+};
+
+}  // namespace kiln::compile_detail
