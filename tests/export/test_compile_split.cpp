@@ -8,14 +8,18 @@
 
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
+#include "kiln/core/autocast.h"
 #include "kiln/core/generator.h"
 #include "kiln/core/guards.h"
 #include "kiln/export/compile.h"
+#include "kiln/models/cnn.h"
 #include "kiln/models/gpt.h"
 #include "kiln/models/mlp.h"
+#include "kiln/models/resnet.h"
 #include "kiln/nn/functional.h"
 #include "kiln/ops/factory.h"
 #include "kiln/ops/index.h"
@@ -127,8 +131,14 @@ struct LoggedGpt {
 
   LoggedGpt() {
     manual_seed(3);
-    model = std::make_shared<models::GPT>(models::GPTOptions{
-        .vocab_size = 32, .block_size = 16, .n_layer = 2, .n_head = 2, .n_embd = 16, .dropout = 0.2});
+    models::GPTOptions o;
+    o.vocab_size = 32;
+    o.block_size = 16;
+    o.n_layer = 2;
+    o.n_head = 2;
+    o.n_embd = 16;
+    o.dropout = 0.2;
+    model = std::make_shared<models::GPT>(o);
     opt = std::make_unique<optim::AdamW>(*model, optim::AdamWOptions{.lr = 3e-3, .weight_decay = 0.1});
     idx = randint(0, 32, {2, 16});
     tgt = randint(0, 32, {2, 16});
@@ -164,6 +174,71 @@ TEST(CompileSplit, GptStepThatLogsAndClipsMatchesEagerBitwise) {
   EXPECT_EQ(s.graph_breaks.size(), 2u) << step.explain();
   EXPECT_GT(s.split_fused_loops, 0) << step.explain();
   EXPECT_NE(step.explain().find("3 graphs, 2 graph breaks"), std::string::npos) << step.explain();
+}
+
+/// A classifier's step that logs its loss between backward and the optimizer step.
+template <typename Model, typename Opts, typename MakeOpt>
+struct LoggedClassifier {
+  std::shared_ptr<Model> model;
+  std::unique_ptr<optim::Optimizer> opt;
+  Tensor x, y;
+  std::vector<float> log;
+
+  LoggedClassifier(const Opts& o, std::vector<int64_t> input, MakeOpt make_opt) {
+    manual_seed(7);
+    model = std::make_shared<Model>(o);
+    opt = make_opt(*model);
+    x = randn(input);
+    y = randint(0, 10, {input[0]});
+  }
+  Tensor step(std::optional<DType> amp) {
+    opt->zero_grad();
+    Tensor loss;
+    {
+      std::optional<AutocastGuard> g;
+      if (amp) g.emplace(*amp);
+      loss = F::cross_entropy((*model)(x), y);
+    }
+    loss.backward();
+    log.push_back(loss.item<float>());
+    opt->step();
+    return loss;
+  }
+};
+
+template <typename Model, typename Opts, typename MakeOpt>
+void check_logged_classifier(const Opts& o, const std::vector<int64_t>& input, MakeOpt make_opt,
+                             std::optional<DType> amp) {
+  LoggedClassifier<Model, Opts, MakeOpt> eager(o, input, make_opt), compiled(o, input, make_opt);
+  auto step = compile([&compiled, amp] { return compiled.step(amp); }, {.modules = {compiled.model.get()}});
+  for (int i = 0; i < 4; ++i) same(eager.step(amp), step()[0], "loss of step " + std::to_string(i));
+  EXPECT_EQ(eager.log, compiled.log);
+  same_parameters(*eager.model, *compiled.model);
+  auto be = eager.model->named_buffers(), bc = compiled.model->named_buffers();
+  for (size_t i = 0; i < be.size(); ++i) same(be[i].second, bc[i].second, be[i].first);
+  EXPECT_EQ(step.stats().split_calls, 3);
+  EXPECT_GT(step.stats().split_kernels, 0);
+}
+
+TEST(CompileSplit, ConvolutionModelsMatchEagerBitwiseInFloat32AndBf16) {
+  // Convolutions, max pools (whose oneDNN forward runs at once: its result picks the
+  // backward), batch norm's running statistics (host writes), Adam and SGD.
+  auto adam = [](nn::Module& m) -> std::unique_ptr<optim::Optimizer> {
+    return std::make_unique<optim::Adam>(m, optim::AdamOptions{.lr = 1e-3});
+  };
+  auto sgd = [](nn::Module& m) -> std::unique_ptr<optim::Optimizer> {
+    return std::make_unique<optim::SGD>(m, optim::SGDOptions{.lr = 0.1, .momentum = 0.9, .weight_decay = 5e-4});
+  };
+  const models::CNNOptions cnn{.channels1 = 4, .channels2 = 8, .hidden = 16, .input_size = {12, 12}};
+  models::ResNetOptions resnet;
+  resnet.stem_channels = 4;
+  resnet.widths = {4, 8};
+  resnet.blocks = {1, 1};
+  for (std::optional<DType> amp : {std::optional<DType>(), std::optional<DType>(DType::BFloat16)}) {
+    SCOPED_TRACE(amp ? "bf16 autocast" : "float32");
+    check_logged_classifier<models::CNN>(cnn, {4, 1, 12, 12}, adam, amp);
+    check_logged_classifier<models::ResNet>(resnet, {4, 3, 8, 8}, sgd, amp);
+  }
 }
 
 TEST(CompileSplit, AForwardWithGradBuildsItsAutogradGraph) {
