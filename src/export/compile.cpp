@@ -298,6 +298,7 @@ struct CompiledFunction::Impl {
     std::deque<Bytes16> kept;  // scalar operands the ops read
     bool broken = false;       // a graph break: calls with these guards run split at their breaks
     int64_t breaks = 0;
+    bool split_logged = false;  // KILN_COMPILE_LOG said how its first split call ran
     // What the record found derived before its capture and holds as it is ("a packed weight of
     // 'fc1.weight'"), or "": the record is dropped when a guarded tensor changes outside.
     std::string reuses;
@@ -338,6 +339,13 @@ struct CompiledFunction::Impl {
       const capture::LoopSinkGuard loops(&d);
       outs = fn(inputs);
       d.sync();
+    }
+    if (!e.split_logged) {
+      e.split_logged = true;
+      log("split at " + std::to_string(e.breaks) + (e.breaks == 1 ? " graph break: " : " graph breaks: ") +
+          std::to_string(d.kernels) + " kernels held and run as " + std::to_string(d.graphs) + " graphs (" +
+          std::to_string(d.fused_kernels) + " elementwise kernels as " + std::to_string(d.fused_loops) +
+          " fused loops)");
     }
     ++stats.split_calls;
     stats.split_graphs = d.graphs;

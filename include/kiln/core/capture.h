@@ -22,8 +22,9 @@
 //
 // A recorder may instead *defer* (Recorder::defers): kiln::compile running a
 // function whose record has graph breaks runs it again on every call, and
-// the kernels that can wait (elementwise loops, whole reductions, host
-// writes, the KILN_CAPTURE_KERNEL ones) are handed over and not run; they run,
+// the kernels that can wait (those whose scope is kDeferrable: elementwise
+// loops, reductions, products, host writes, every KILN_CAPTURE_KERNEL one)
+// are handed over and not run; they run,
 // fused, when something needs their results on the host — a graph break, a
 // host action, a kernel that cannot wait (KernelScope without kDeferrable
 // syncs first), an explicit sync() — or when the function returns. That is
