@@ -41,6 +41,8 @@ constexpr size_t kMaxRequest = size_t{1} << 56;
 
 thread_local MemoryCategory t_category = MemoryCategory::Activation;
 thread_local memory::PrivatePool* t_pool = nullptr;
+// Set by memory::HoldFrees: blocks this thread frees to the shared cache wait there.
+thread_local std::vector<std::pair<void*, size_t>>* t_held_frees = nullptr;
 
 // Which private pool owns a block (the map is consulted only while some pool exists).
 struct PoolRegistry {
@@ -148,6 +150,10 @@ class CachingAllocator {
     record::memory_event(-s, cat, cat_live, live, p);
     const PoolRegistry& r = pool_registry();
     if (r.pools.load(std::memory_order_acquire) > 0 && r.maybe_pooled(p) && give_back_to_pool(p, size)) return;
+    if (t_held_frees) {
+      t_held_frees->emplace_back(p, size);
+      return;
+    }
     cache_block(p, size);
   }
 
@@ -389,6 +395,19 @@ std::vector<std::pair<void*, size_t>> take_pool_frees(PrivatePool& pool) {
 }
 
 PrivatePool* exchange_private_pool(PrivatePool* pool) { return std::exchange(t_pool, pool); }
+
+HoldFrees::HoldFrees() : prev_(std::exchange(t_held_frees, &held_)) {}
+
+HoldFrees::~HoldFrees() {
+  t_held_frees = prev_;
+  release();
+}
+
+void HoldFrees::release() {
+  std::vector<std::pair<void*, size_t>> blocks = std::move(held_);
+  held_.clear();
+  for (const auto& [p, size] : blocks) allocator().cache_block(p, size);
+}
 
 size_t rounded_size(size_t n) {
   if (n <= kAlign) return kAlign;

@@ -66,9 +66,12 @@ void Deferrer::sync() {
     fused_loops += fr.groups;
     fused_kernels += fr.kernels;
   }
-  const capture::RunNow now;
-  const NoPool no_pool;
-  for (const Recorded& r : run) r.fn();
+  {
+    const capture::RunNow now;
+    const NoPool no_pool;
+    for (const Recorded& r : run) r.fn();
+  }
+  hold_.release();
 }
 
 }  // namespace kiln::compile_detail

@@ -12,6 +12,7 @@
 #include "kiln/core/allocator.h"
 #include "kiln/core/capture.h"
 #include "kiln/core/capture_loop.h"
+#include "kiln/core/pool_frees.h"
 
 namespace kiln::compile_detail {
 
@@ -21,7 +22,8 @@ namespace kiln::compile_detail {
 /// action, a kernel that cannot wait (capture.h sends each of these a sync())
 /// and the function's return (the caller's sync()). Each such run is one graph;
 /// the function's own host code runs as written. The tensors the function makes
-/// come from `pool`, whose frees tell fusion which intermediates die in a graph.
+/// come from `pool`, whose frees tell fusion which intermediates die in a graph;
+/// blocks freed to the shared cache wait until the kernels held so far have run.
 class Deferrer : public capture::Recorder, public capture::LoopSink {
  public:
   Deferrer(memory::PrivatePool& pool, bool fuse);
@@ -48,6 +50,8 @@ class Deferrer : public capture::Recorder, public capture::LoopSink {
   };
   std::vector<std::pair<void*, size_t>> take_frees();
 
+  // First, so that it ends last: what the held closures free as they go is held too.
+  memory::HoldFrees hold_;
   memory::PrivatePool& pool_;
   bool fuse_;
   std::vector<Recorded> held_;

@@ -10,6 +10,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "kiln/core/autocast.h"
@@ -261,6 +262,27 @@ TEST(CompileSplit, AForwardWithGradBuildsItsAutogradGraph) {
   }
   same_parameters(a, b);
   EXPECT_EQ(fwd.stats().split_calls, 2);
+}
+
+TEST(CompileSplit, ATensorFreedInTheCallIsNotReusedBeforeTheKernelsThatReadItRun) {
+  // A tensor made before the call (from the shared cache) is read by a held kernel and then
+  // dropped; another thread (a data loader's) allocates the same size before the graph runs.
+  // The block is held back until the graph has run, so the held kernel reads its own values.
+  NoGradGuard ng;
+  Tensor state;
+  auto f = compile([&state](const std::vector<Tensor>& in) {
+    const Tensor y = state * 2.0;
+    state = in[0].clone();
+    std::thread([] { (void)full({4096}, 7.0f); }).join();
+    const float s = y.sum().item<float>();
+    return std::vector<Tensor>{y * s};
+  });
+  const Tensor x = zeros({4096});
+  for (int i = 0; i < 4; ++i) {
+    state = full({4096}, 1.0f);
+    same(f({x})[0], full({4096}, 2.0f * 8192.0f), "call " + std::to_string(i));
+  }
+  EXPECT_EQ(f.stats().split_calls, 3);
 }
 
 TEST(CompileSplit, AnErrorInAHeldKernelIsRaisedByTheCall) {
