@@ -1,5 +1,6 @@
 // kiln::compile: capture a step once, replay it without the eager overheads,
-// and say why it could not (graph breaks) or had to capture again (recompiles).
+// and say why it could not (graph breaks, where the step is split instead) or
+// had to capture again (recompiles).
 //
 //   auto step = kiln::compile([&] {
 //     opt.zero_grad();
@@ -28,6 +29,11 @@
 // into buffers the compiled function owns. Tensors the function reads that
 // are neither inputs nor parameters of `modules` are read at the addresses
 // they had at capture: pass anything that changes between calls as an input.
+//
+// A function whose record has a graph break is not replayed: from its second
+// call it runs again as written, with the kernels between breaks held and run
+// as fused graphs when host code needs their results (a split call; its
+// outputs are its own, not static).
 #pragma once
 
 #include <cstdint>
@@ -52,7 +58,7 @@ struct CompileOptions {
   /// Captures kept for different guard values (torch's cache_size_limit);
   /// past it the function runs eagerly and says so.
   int cache_size_limit = 8;
-  /// A graph break throws kiln::ValueError naming it instead of running eagerly.
+  /// A graph break throws kiln::ValueError naming it instead of splitting there.
   bool fullgraph = false;
   /// A function with graph breaks runs split at them: the kernels between two
   /// breaks run as one graph (fused as a replay's are) while the function's
