@@ -338,17 +338,20 @@ struct CompiledFunction::Impl {
       const capture::RecorderGuard guard(&d, e.pool.get());
       const capture::LoopSinkGuard loops(&d);
       outs = fn(inputs);
-      d.sync();
+      d.sync("the return");
     }
     if (!e.split_logged) {
       e.split_logged = true;
       log("split at " + std::to_string(e.breaks) + (e.breaks == 1 ? " graph break: " : " graph breaks: ") +
-          std::to_string(d.kernels) + " kernels held and run as " + std::to_string(d.graphs) + " graphs (" +
+          std::to_string(d.kernels) + " kernels held and run as " + std::to_string(d.graphs_run.size()) + " graphs (" +
           std::to_string(d.fused_kernels) + " elementwise kernels as " + std::to_string(d.fused_loops) +
           " fused loops)");
     }
     ++stats.split_calls;
-    stats.split_graphs = d.graphs;
+    stats.split_graphs = static_cast<int64_t>(d.graphs_run.size());
+    stats.split_graph_list.clear();
+    for (compile_detail::Deferrer::Graph& g : d.graphs_run)
+      stats.split_graph_list.push_back({g.kernels, g.fused_loops, g.fused_kernels, std::move(g.before)});
     stats.split_kernels = d.kernels;
     stats.split_fused_loops = d.fused_loops;
     stats.split_fused_kernels = d.fused_kernels;
@@ -592,6 +595,15 @@ std::string CompiledFunction::explain() const {
       os << " (" << s.split_fused_kernels << " elementwise kernels as " << s.split_fused_loops
          << (s.split_fused_loops == 1 ? " fused loop)" : " fused loops)");
     os << "\n";
+    // What ended each graph: a break, a host action, a kernel whose result the host reads.
+    const size_t shown = std::min<size_t>(s.split_graph_list.size(), 12);
+    for (size_t i = 0; i < shown; ++i) {
+      const CompileStats::SplitGraph& g = s.split_graph_list[i];
+      os << "    graph " << i + 1 << ": " << g.kernels << (g.kernels == 1 ? " kernel" : " kernels");
+      if (g.fused_loops > 0) os << " (" << g.fused_kernels << " as " << g.fused_loops << " fused)";
+      os << ", then " << g.before << "\n";
+    }
+    if (shown < s.split_graph_list.size()) os << "    ... " << s.split_graph_list.size() - shown << " more\n";
   }
   if (!s.graph_breaks.empty()) {
     if (impl_->opts.split)

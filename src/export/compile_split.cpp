@@ -46,7 +46,7 @@ void Deferrer::reduction(capture::Reduction r) {
   if (!held_.empty()) held_.back().reduce = std::make_shared<const capture::Reduction>(std::move(r));
 }
 
-void Deferrer::graph_break(const std::string&) { sync(); }
+void Deferrer::graph_break(const std::string& what) { run("the graph break (" + what + ")"); }
 
 const void* Deferrer::keep(const void* p, int n) {
   Bytes16& b = kept_.emplace_back();
@@ -54,22 +54,28 @@ const void* Deferrer::keep(const void* p, int n) {
   return b.bytes;
 }
 
-void Deferrer::sync() {
+void Deferrer::sync(const char* before) { run(before); }
+
+void Deferrer::run(std::string before) {
   if (held_.empty()) return;
-  std::vector<Recorded> run = std::move(held_);
+  std::vector<Recorded> ops = std::move(held_);
   held_.clear();
   const std::vector<std::pair<void*, size_t>> freed_at_end = take_frees();
-  ++graphs;
-  kernels += static_cast<int64_t>(run.size());
-  if (fuse_ && run.size() > 1) {
-    const FusionReport fr = fuse_elementwise(run, freed_at_end);
-    fused_loops += fr.groups;
-    fused_kernels += fr.kernels;
+  Graph& g = graphs_run.emplace_back();
+  g.kernels = static_cast<int64_t>(ops.size());
+  g.before = std::move(before);
+  if (fuse_ && ops.size() > 1) {
+    const FusionReport fr = fuse_elementwise(ops, freed_at_end);
+    g.fused_loops = fr.groups;
+    g.fused_kernels = fr.kernels;
   }
+  kernels += g.kernels;
+  fused_loops += g.fused_loops;
+  fused_kernels += g.fused_kernels;
   {
     const capture::RunNow now;
     const NoPool no_pool;
-    for (const Recorded& r : run) r.fn();
+    for (const Recorded& r : ops) r.fn();
   }
   hold_.release();
 }

@@ -20,7 +20,7 @@ namespace kiln::compile_detail {
 /// that can wait instead of running them, and runs what it holds — fused as a
 /// replay's kernels are — when host code needs results: a graph break, a host
 /// action, a kernel that cannot wait (capture.h sends each of these a sync())
-/// and the function's return (the caller's sync()). Each such run is one graph;
+/// and the function's return (the caller's sync("the return")). Each such run is one graph;
 /// the function's own host code runs as written. The tensors the function makes
 /// come from `pool`, whose frees tell fusion which intermediates die in a graph;
 /// blocks freed to the shared cache wait until the kernels held so far have run.
@@ -37,14 +37,23 @@ class Deferrer : public capture::Recorder, public capture::LoopSink {
   void reduction(capture::Reduction r) override;
   void graph_break(const std::string& what) override;
   const void* keep(const void* p, int n) override;
-  void sync() override;
+  void sync(const char* before) override;
 
-  int64_t graphs = 0;  // runs of held kernels so far
-  int64_t kernels = 0;
+  /// One run of held kernels, and what came next.
+  struct Graph {
+    int64_t kernels = 0;
+    int64_t fused_loops = 0;
+    int64_t fused_kernels = 0;
+    std::string before;
+  };
+  std::vector<Graph> graphs_run;
+
+  int64_t kernels = 0;  // over every graph
   int64_t fused_loops = 0;
   int64_t fused_kernels = 0;
 
  private:
+  void run(std::string before);
   struct alignas(16) Bytes16 {
     unsigned char bytes[16];
   };

@@ -72,7 +72,7 @@ Tensor nll_loss(const Tensor& input, const Tensor& target, const NLLLossOptions&
   KILN_CHECK(target.sizes().equals(IntArrayRef(want)), ShapeError, "nll_loss: expected target of shape ",
              IntArrayRef(want), " for input of shape ", input.sizes(), ", got target of shape ", target.sizes());
   Tensor tc = target.contiguous();
-  capture::sync();  // the targets may come from kernels a compiled function has not run yet
+  capture::sync("nll_loss's target check");  // the targets may come from kernels a compiled function has not run yet
   const int64_t* tp = tc.data_ptr<int64_t>();
   for (int64_t i = 0; i < tc.numel(); ++i) {
     KILN_CHECK(tp[i] == o.ignore_index || (tp[i] >= 0 && tp[i] < C), IndexError, "nll_loss: target ", tp[i],

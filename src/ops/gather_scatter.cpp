@@ -54,7 +54,7 @@ Tensor fresh_copy(const Tensor& t) {
 // min/max first so the common all-valid case costs one read of the index.
 std::optional<int64_t> find_bad_index(const Tensor& index, IntArrayRef sizes, IntArrayRef strides, int64_t size) {
   if (shape_numel(sizes) == 0) return std::nullopt;
-  capture::sync();  // the indices may come from kernels a compiled function has not run yet
+  capture::sync("an index check");  // the indices may come from kernels a compiled function has not run yet
   const auto loop = kernels::make_strided_loop(sizes, {operand(index, strides)});
   const auto r = kernels::index_min_max(loop, index.dtype());
   if (r.min >= 0 && r.max < size) return std::nullopt;

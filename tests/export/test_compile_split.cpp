@@ -105,6 +105,12 @@ TEST(CompileSplit, ABranchOnAnItemValueIsTakenAsEagerOnEveryCall) {
   EXPECT_EQ(s.eager_calls, 0);
   EXPECT_GE(s.split_graphs, 2) << step.explain();
   EXPECT_GT(s.split_kernels, 0);
+  // explain() lists each graph with what ran next: here the break itself ends one.
+  bool at_break = false;
+  for (const CompileStats::SplitGraph& g : s.split_graph_list)
+    at_break |= g.before.rfind("the graph break (Tensor.item()", 0) == 0;
+  EXPECT_TRUE(at_break) << step.explain();
+  EXPECT_EQ(s.split_graph_list.back().before, "Optimizer.step") << step.explain();
   const std::string ex = step.explain();
   EXPECT_NE(ex.find("2 graphs, 1 graph break"), std::string::npos) << ex;
   EXPECT_NE(ex.find("9 split at graph breaks"), std::string::npos) << ex;

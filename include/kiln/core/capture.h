@@ -59,8 +59,9 @@ class Recorder {
   /// kernel() receives kernels to run later, not records of kernels that ran.
   const bool defers;
   /// A deferring recorder runs what it holds: host code is about to read or
-  /// write tensor memory, or run a kernel that cannot wait.
-  virtual void sync() {}
+  /// write tensor memory, or run a kernel that cannot wait. `before` names
+  /// what comes next (a kernel's or host action's name, or a phrase).
+  virtual void sync(const char* before) { (void)before; }
   virtual void kernel(const char* name, Replay replay) = 0;
   virtual void host_action(const char* name, Replay replay) = 0;
   /// `what` says what could not be captured; the recorder adds where.
@@ -128,8 +129,9 @@ class RecorderGuard {
 
 /// Runs what a deferring recorder holds (see Recorder::defers): before host
 /// code reads tensor values that the step may have computed (an index check).
-inline void sync() {
-  if (detail::t_recorder && detail::t_depth == 0 && detail::t_recorder->defers) detail::t_recorder->sync();
+/// `before` says what reads them ("an index check"), for explain().
+inline void sync(const char* before = "a read of tensor values on the host") {
+  if (detail::t_recorder && detail::t_depth == 0 && detail::t_recorder->defers) detail::t_recorder->sync(before);
 }
 
 /// RAII: kernels called while it lives run at once and are not recorded (a
@@ -156,7 +158,7 @@ class KernelScope {
   explicit KernelScope(const char* name) : name_(name), on_(detail::t_recorder != nullptr) {
     if (!on_) return;
     if (detail::t_depth == 0 && detail::t_recorder->defers) {
-      detail::t_recorder->sync();
+      detail::t_recorder->sync(name);
       now_ = true;  // nothing to record: this call is not replayed
     }
     outer_ = detail::t_depth++ == 0;
@@ -194,7 +196,7 @@ class HostAction {
     // A deferring recorder runs what it holds first: the action reads and writes tensors now.
     if (detail::t_depth == 0) {
       if (detail::t_recorder->defers)
-        detail::t_recorder->sync();
+        detail::t_recorder->sync(name);
       else
         detail::t_recorder->host_action(name, Replay(std::forward<F>(fn)));
     }

@@ -89,6 +89,15 @@ struct CompileStats {
   int64_t split_kernels = 0;
   int64_t split_fused_loops = 0;
   int64_t split_fused_kernels = 0;
+  /// Its graphs in order, and what each ran before: the graph break, a host action
+  /// ("Optimizer.step"), a kernel whose result the host reads, or "the return".
+  struct SplitGraph {
+    int64_t kernels = 0;
+    int64_t fused_loops = 0;
+    int64_t fused_kernels = 0;
+    std::string before;
+  };
+  std::vector<SplitGraph> split_graph_list;
   int64_t recompiles = 0;                       // captures made because a guard failed
   double compile_seconds = 0;                   // time spent in captures (each includes one eager run)
   int64_t kernels = 0;                          // kernels in the newest capture
