@@ -337,7 +337,16 @@ struct CompiledFunction::Impl {
     {
       const capture::RecorderGuard guard(&d, e.pool.get());
       const capture::LoopSinkGuard loops(&d);
-      outs = fn(inputs);
+      try {
+        outs = fn(inputs);
+      } catch (...) {
+        // As eagerly, the kernels launched before the error have run when it reaches the caller.
+        try {
+          d.sync("an exception");
+        } catch (...) {  // the first error is the one to report
+        }
+        throw;
+      }
       d.sync("the return");
     }
     if (!e.split_logged) {

@@ -342,6 +342,31 @@ TEST(CompileSplit, OpsAroundABreakMatchEagerWithTheirGradients) {
   }
 }
 
+TEST(CompileSplit, AnErrorInTheFunctionLeavesWhatRanBeforeItDone) {
+  // The function throws after a break; the kernels it launched before the throw have run, as
+  // they would have eagerly (here: the gradients a caller that catches the error would see).
+  manual_seed(9);
+  models::MLP m(models::MLPOptions{.in_features = 6, .hidden = {8}, .out_features = 3});
+  bool fail = false;
+  auto f = compile([&](const std::vector<Tensor>& in) {
+    m.zero_grad();
+    Tensor loss = m(in[0]).pow(2.0).mean();
+    (void)loss.item<float>();
+    loss.backward();
+    KILN_CHECK(!fail, ValueError, "the function failed after its backward");
+    return std::vector<Tensor>{loss.detach()};
+  }, {.modules = {&m}});
+  const Tensor x1 = randn({4, 6}), x2 = randn({4, 6});
+  f({x1});
+  f({x1});
+  fail = true;
+  EXPECT_THROW(f({x2}), ValueError);
+  const Tensor got = m.layers->named_parameters()[0].second.grad().clone();
+  fail = false;
+  f({x2});  // a split call that completes: the same gradients
+  same(got, m.layers->named_parameters()[0].second.grad(), "gradient left by the failed call");
+}
+
 TEST(CompileSplit, AnErrorInAHeldKernelIsRaisedByTheCall) {
   // index_put_ checks its indices in the kernel it records; held, the check runs when the
   // graph runs, and the call raises as eager's op does.
