@@ -358,9 +358,7 @@ struct CompiledFunction::Impl {
     }
     ++stats.split_calls;
     stats.split_graphs = static_cast<int64_t>(d.graphs_run.size());
-    stats.split_graph_list.clear();
-    for (compile_detail::Deferrer::Graph& g : d.graphs_run)
-      stats.split_graph_list.push_back({g.kernels, g.fused_loops, g.fused_kernels, std::move(g.before)});
+    stats.split_graph_list = std::move(d.graphs_run);
     stats.split_kernels = d.kernels;
     stats.split_fused_loops = d.fused_loops;
     stats.split_fused_kernels = d.fused_kernels;

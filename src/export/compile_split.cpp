@@ -61,7 +61,7 @@ void Deferrer::run(std::string before) {
   std::vector<Recorded> ops = std::move(held_);
   held_.clear();
   const std::vector<std::pair<void*, size_t>> freed_at_end = take_frees();
-  Graph& g = graphs_run.emplace_back();
+  CompileStats::SplitGraph& g = graphs_run.emplace_back();
   g.kernels = static_cast<int64_t>(ops.size());
   g.before = std::move(before);
   if (fuse_ && ops.size() > 1) {

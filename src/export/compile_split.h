@@ -13,6 +13,7 @@
 #include "kiln/core/capture.h"
 #include "kiln/core/capture_loop.h"
 #include "kiln/core/pool_frees.h"
+#include "kiln/export/compile.h"
 
 namespace kiln::compile_detail {
 
@@ -39,14 +40,8 @@ class Deferrer : public capture::Recorder, public capture::LoopSink {
   const void* keep(const void* p, int n) override;
   void sync(const char* before) override;
 
-  /// One run of held kernels, and what came next.
-  struct Graph {
-    int64_t kernels = 0;
-    int64_t fused_loops = 0;
-    int64_t fused_kernels = 0;
-    std::string before;
-  };
-  std::vector<Graph> graphs_run;
+  /// The runs of held kernels so far, and what came after each.
+  std::vector<CompileStats::SplitGraph> graphs_run;
 
   int64_t kernels = 0;  // over every graph
   int64_t fused_loops = 0;
