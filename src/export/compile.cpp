@@ -349,19 +349,22 @@ struct CompiledFunction::Impl {
       }
       d.sync("the return");
     }
+    ++stats.split_calls;
+    stats.split_graphs = static_cast<int64_t>(d.graphs_run.size());
+    stats.split_kernels = stats.split_fused_loops = stats.split_fused_kernels = 0;
+    for (const CompileStats::SplitGraph& g : d.graphs_run) {
+      stats.split_kernels += g.kernels;
+      stats.split_fused_loops += g.fused_loops;
+      stats.split_fused_kernels += g.fused_kernels;
+    }
+    stats.split_graph_list = std::move(d.graphs_run);
     if (!e.split_logged) {
       e.split_logged = true;
       log("split at " + std::to_string(e.breaks) + (e.breaks == 1 ? " graph break: " : " graph breaks: ") +
-          std::to_string(d.kernels) + " kernels held and run as " + std::to_string(d.graphs_run.size()) + " graphs (" +
-          std::to_string(d.fused_kernels) + " elementwise kernels as " + std::to_string(d.fused_loops) +
-          " fused loops)");
+          std::to_string(stats.split_kernels) + " kernels held and run as " + std::to_string(stats.split_graphs) +
+          " graphs (" + std::to_string(stats.split_fused_kernels) + " elementwise kernels as " +
+          std::to_string(stats.split_fused_loops) + " fused loops)");
     }
-    ++stats.split_calls;
-    stats.split_graphs = static_cast<int64_t>(d.graphs_run.size());
-    stats.split_graph_list = std::move(d.graphs_run);
-    stats.split_kernels = d.kernels;
-    stats.split_fused_loops = d.fused_loops;
-    stats.split_fused_kernels = d.fused_kernels;
     return outs;
   }
 

@@ -46,7 +46,9 @@ void Deferrer::reduction(capture::Reduction r) {
   if (!held_.empty()) held_.back().reduce = std::make_shared<const capture::Reduction>(std::move(r));
 }
 
-void Deferrer::graph_break(const std::string& what) { run("the graph break (" + what + ")"); }
+void Deferrer::graph_break(const std::string& what) {
+  if (!held_.empty()) run("the graph break (" + what + ")");
+}
 
 const void* Deferrer::keep(const void* p, int n) {
   Bytes16& b = kept_.emplace_back();
@@ -54,10 +56,13 @@ const void* Deferrer::keep(const void* p, int n) {
   return b.bytes;
 }
 
-void Deferrer::sync(const char* before) { run(before); }
+// Called before every kernel that cannot wait and every host action: nothing is built
+// unless something is held.
+void Deferrer::sync(const char* before) {
+  if (!held_.empty()) run(before);
+}
 
 void Deferrer::run(std::string before) {
-  if (held_.empty()) return;
   std::vector<Recorded> ops = std::move(held_);
   held_.clear();
   const std::vector<std::pair<void*, size_t>> freed_at_end = take_frees();
@@ -69,9 +74,6 @@ void Deferrer::run(std::string before) {
     g.fused_loops = fr.groups;
     g.fused_kernels = fr.kernels;
   }
-  kernels += g.kernels;
-  fused_loops += g.fused_loops;
-  fused_kernels += g.fused_kernels;
   {
     const capture::RunNow now;
     const NoPool no_pool;

@@ -9,7 +9,6 @@
 #include <vector>
 
 #include "compile_fusion.h"
-#include "kiln/core/allocator.h"
 #include "kiln/core/capture.h"
 #include "kiln/core/capture_loop.h"
 #include "kiln/core/pool_frees.h"
@@ -43,12 +42,8 @@ class Deferrer : public capture::Recorder, public capture::LoopSink {
   /// The runs of held kernels so far, and what came after each.
   std::vector<CompileStats::SplitGraph> graphs_run;
 
-  int64_t kernels = 0;  // over every graph
-  int64_t fused_loops = 0;
-  int64_t fused_kernels = 0;
-
  private:
-  void run(std::string before);
+  void run(std::string before);  // with something held
   struct alignas(16) Bytes16 {
     unsigned char bytes[16];
   };

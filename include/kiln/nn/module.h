@@ -54,7 +54,8 @@ class Module {
   /// tensor ops a step ran but none of its host code, so a hook that keeps
   /// host state (counts calls, appends to a list, logs) would silently stop
   /// doing so: by default a hook is a graph break while a step is captured
-  /// (calls with those guards run eagerly, and explain() names it).
+  /// (calls with those guards run split at it, so the hook runs on every call,
+  /// and explain() names it).
   /// TensorOpsOnly declares that the hook only computes tensors from its
   /// arguments (a LoRA branch, a mask), which a replay repeats.
   enum class HookReplay { HostCode, TensorOpsOnly };
