@@ -84,10 +84,11 @@ Tensor linear_add(const Tensor& input, const Tensor& weight, const Tensor& bias,
 
 /// linear(input, weight, bias).gelu(approximate), the same function. When
 /// nothing needs a gradient (inference), outside autocast, for float32 and
-/// bfloat16 with an [out_features] bias (or none), GELU runs inside the
-/// product on each tile of the output (a oneDNN post-op) rather than as a
-/// second pass over it, and the weight is read from `pack` when given;
-/// otherwise it is exactly the two ops.
+/// bfloat16 with an [out_features] bias (or none), GELU runs as part of the
+/// product kernel and the weight is read from `pack` when given; otherwise it
+/// is exactly the two ops. float32 tanh GELU runs kiln's GELU over the output
+/// while it is still in cache (faster than oneDNN's post-op here, and bitwise
+/// linear then gelu); the others run on each tile as a oneDNN post-op.
 Tensor linear_gelu(const Tensor& input, const Tensor& weight, const Tensor& bias, std::string_view approximate,
                    WeightPack* pack = nullptr, std::source_location loc = std::source_location::current());
 

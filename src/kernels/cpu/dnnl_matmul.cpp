@@ -6,7 +6,10 @@
 #include <type_traits>
 
 #include "dnnl_common.h"
+#include "gelu_rows.h"
 #include "kiln/core/capture.h"
+#include "kiln/core/parallel.h"
+#include "kiln/core/threads.h"
 #include "kiln/kernels/blas.h"
 #include "kiln/kernels/dnnl.h"
 #include "small_gemm.h"
@@ -88,11 +91,45 @@ Key matmul_key(const MatmulArgs& g, const OperandLayout& la, const OperandLayout
 // The [m, n] addend's descriptor (contiguous, batch 1).
 dnnl::memory::desc addend_md(const MatmulArgs& g) { return {{g.m, g.n}, to_dnnl(g.dtype), dims{g.n, 1}}; }
 
+// Note [GELU after the product]
+// A float32 product with GELU (tanh) runs plain and then kiln's GELU rows
+// over its output, still in cache: oneDNN's gelu_tanh post-op cost gpt_infer's
+// c_fc 49 µs over the product against 33 µs for a whole separate GELU pass
+// (bench/micro BM_InferPart, 1 thread). It also makes linear_gelu's bits
+// those of linear followed by gelu. bfloat16 keeps the post-op: it applies
+// GELU before the one rounding to bf16.
+bool gelu_after(const MatmulArgs& g) {
+#ifdef KILN_GELU_ROWS
+  return g.epilogue == MatmulEpilogue::GeluTanh && g.dtype == DType::Float32 && !g.addend;
+#else
+  (void)g;
+  return false;
+#endif
+}
+
+// Whether the primitive applies the epilogue as an eltwise post-op.
+bool eltwise_post_op(const MatmulArgs& g) { return g.epilogue != MatmulEpilogue::None && !gelu_after(g); }
+
+void apply_gelu_after(const MatmulArgs& g) {
+#ifdef KILN_GELU_ROWS
+  const int64_t rows = g.outer * g.batch * g.m;
+  parallel_for(rows, std::max<int64_t>(1, kGrainSize / g.n), [&](int64_t b, int64_t e) {
+    for (int64_t r = b; r < e; ++r) {
+      const int64_t i = r % g.m, bi = (r / g.m) % g.batch, o = r / (g.m * g.batch);
+      float* row = static_cast<float*>(g.c) + o * g.c_outer() + bi * g.c_batch_stride() + i * g.c_row_stride();
+      vm::gelu_tanh_row(row, row, g.n);
+    }
+  });
+#else
+  (void)g;
+#endif
+}
+
 // Post-ops in order: the epilogue's eltwise, then the addend's binary add.
 dnnl::primitive_attr matmul_attr(const MatmulArgs& g) {
   dnnl::primitive_attr attr = default_attr();
   dnnl::post_ops po;
-  if (g.epilogue != MatmulEpilogue::None) {
+  if (eltwise_post_op(g)) {
     po.append_eltwise(
         1.0f,
         g.epilogue == MatmulEpilogue::GeluTanh ? dnnl::algorithm::eltwise_gelu_tanh : dnnl::algorithm::eltwise_gelu_erf,
@@ -112,7 +149,7 @@ void run_matmul_prim(const dnnl::matmul& prim, const MatmulArgs& g, const dnnl::
                      const void* b, const dnnl::memory& bias, const dnnl::memory& addend, const dnnl::memory& dst,
                      const dnnl::memory& scratch, size_t scratch_bytes) {
   ScratchBlock block(scratch_bytes);
-  const int addend_index = g.epilogue != MatmulEpilogue::None ? 1 : 0;
+  const int addend_index = eltwise_post_op(g) ? 1 : 0;
   const Arg a_src{DNNL_ARG_SRC, &src, g.a.data}, a_wei{DNNL_ARG_WEIGHTS, &wei, b}, a_dst{DNNL_ARG_DST, &dst, g.c},
       a_scr{DNNL_ARG_SCRATCHPAD, &scratch, block.data()}, a_bias{DNNL_ARG_BIAS, &bias, g.bias},
       a_add{DNNL_ARG_ATTR_MULTIPLE_POST_OP(addend_index) | DNNL_ARG_SRC_1, &addend, g.addend};
@@ -124,6 +161,7 @@ void run_matmul_prim(const dnnl::matmul& prim, const MatmulArgs& g, const dnnl::
     execute(prim, {a_src, a_wei, a_add, a_dst, a_scr});
   else
     execute(prim, {a_src, a_wei, a_dst, a_scr});
+  if (gelu_after(g)) apply_gelu_after(g);
 }
 
 // The primitive for g with b described by b_md (its plain strides, or
