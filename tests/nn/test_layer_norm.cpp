@@ -272,3 +272,26 @@ TEST(LayerNormFused, TransformerBlockNormsGoIntoTheirLinearsInBf16) {
   auto n1 = fused.named_parameters(), n2 = hooked.named_parameters();
   for (size_t i = 0; i < n1.size(); ++i) expect_same_bits(n1[i].second.grad(), n2[i].second.grad(), n1[i].first);
 }
+
+// Note [Rows side by side]: rows are normalised four at a time, the rest one
+// at a time; a row's values (and its saved mean and rstd, seen through the
+// input gradient) must not depend on which rows it sits with. Widths: a whole
+// number of vectors (gpt's 256) and an odd one with a short last vector; 7
+// rows leave three rows to the single-row path.
+TEST(LayerNormFused, ARowHasTheSameBitsWhicheverRowsItIsNormalisedWith) {
+  manual_seed(59);
+  for (const int64_t n : {256, 37}) {
+    auto ln = perturbed({n});
+    const Tensor x = (randn({7, n}) * 3.0 + 1.0).requires_grad_();
+    const Tensor g = randn({7, n});
+    const Tensor y = (*ln)(x);
+    const Tensor gx = autograd::grad({y}, {x}, {g})[0];
+    for (int64_t r = 0; r < 7; ++r) {
+      const Tensor xr = x.detach().narrow(0, r, 1).clone().requires_grad_();
+      const Tensor yr = (*ln)(xr);
+      const Tensor gr = autograd::grad({yr}, {xr}, {g.narrow(0, r, 1)})[0];
+      expect_same_bits(y.detach().narrow(0, r, 1), yr.detach(), "y row " + std::to_string(r) + " n " + std::to_string(n));
+      expect_same_bits(gx.narrow(0, r, 1), gr, "grad row " + std::to_string(r) + " n " + std::to_string(n));
+    }
+  }
+}
