@@ -4,7 +4,8 @@
 //   BM_InferPart/which/threads   0 ln_1, 1 attn.c_attn, 2 attention (sdpa from
 //     the c_attn output, heads merged back to [1, 128, 256]), 3 attn.c_proj,
 //     4 residual add, 5 mlp.c_fc, 6 GELU(tanh), 7 mlp.c_proj, 8 mlp (c_fc, GELU,
-//     c_proj together), 9 the whole attention module, 10 the whole block.
+//     c_proj together), 9 the whole attention module, 10 the whole block,
+//     11 the embeddings (token and position lookups and their sum).
 //   BM_InferModel/threads        the whole GPT forward (what kiln_bench times).
 //
 //   ./build/release/bench/micro/kiln_micro_bench --benchmark_filter=Infer
@@ -33,6 +34,8 @@ void BM_InferPart(benchmark::State& state) {
   const Tensor qkv = (*block.attn->c_attn)(x);
   const Tensor y = randn({1, T, C}) * 0.5;
   const Tensor hidden = (*block.mlp->c_fc)(x);
+  nn::Embedding wte({.num_embeddings = 256, .embedding_dim = C}), wpe({.num_embeddings = T, .embedding_dim = C});
+  const Tensor idx = randint(0, 256, {1, T});
   auto attention = [&] {
     auto parts = qkv.split(C, 2);
     auto heads = [&](const Tensor& t) { return t.view({1, T, H, C / H}).transpose(1, 2); };
@@ -52,12 +55,13 @@ void BM_InferPart(benchmark::State& state) {
       case 7: benchmark::DoNotOptimize((*block.mlp->c_proj)(hidden)); break;
       case 8: benchmark::DoNotOptimize((*block.mlp)(x)); break;
       case 9: benchmark::DoNotOptimize((*block.attn)(x)); break;
-      default: benchmark::DoNotOptimize(block(x)); break;
+      case 10: benchmark::DoNotOptimize(block(x)); break;
+      default: benchmark::DoNotOptimize(wte(idx) + wpe(arange(T, TensorOptions(kInt64)))); break;
     }
   }
 }
 BENCHMARK(BM_InferPart)
-    ->ArgsProduct({{0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10}, {1, 2}})
+    ->ArgsProduct({{0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11}, {1, 2}})
     ->ArgNames({"which", "threads"})
     ->UseRealTime()
     ->Unit(benchmark::kMicrosecond);

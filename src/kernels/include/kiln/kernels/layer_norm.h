@@ -14,7 +14,8 @@ namespace kiln::kernels {
 
 /// Float32 and float64 (dtype `dt`); every array contiguous, all of dtype `dt`.
 /// In: x [rows, n], weight and bias [n]. Out: y [rows, n]; per row, mean and
-/// rstd = 1 / sqrt(var + eps) (biased variance), each [rows].
+/// rstd = 1 / sqrt(var + eps) (biased variance), each [rows]; mean and rstd
+/// may both be null (inference, where no backward reads them).
 /// y = (x - mean) * rstd * weight + bias. Row sums run over 16 independent
 /// lanes in the dtype (vectorised; paired at the end).
 /// y_dt: y's dtype, `dt` or (for float32) bfloat16. A bf16 y holds the float32
