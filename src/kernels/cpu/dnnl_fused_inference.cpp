@@ -13,7 +13,10 @@
 #include <string_view>
 
 #include "dnnl_common.h"
+#include "gelu_rows.h"
 #include "kiln/core/capture.h"
+#include "kiln/core/parallel.h"
+#include "kiln/core/threads.h"
 #include "kiln/kernels/fused_inference.h"
 
 namespace kiln::kernels {
@@ -218,6 +221,32 @@ struct LinearEntry {
   FusedWeightLayout layout;
 };
 
+// GELU (tanh) as kiln's rows over the product's output rather than oneDNN's
+// post-op, as kernels::matmul does (Note [GELU after the product] in
+// dnnl_matmul.cpp); after the residual's add, as the post-ops would be.
+bool gelu_after(const FusedLinearArgs& a) {
+#ifdef KILN_GELU_ROWS
+  return a.act == FusedActivation::GeluTanh;
+#else
+  (void)a;
+  return false;
+#endif
+}
+
+void apply_gelu_after(const FusedLinearArgs& a, void* y) {
+#ifdef KILN_GELU_ROWS
+  parallel_for(a.m, std::max<int64_t>(1, kGrainSize / a.n), [&](int64_t b, int64_t e) {
+    for (int64_t r = b; r < e; ++r) {
+      float* row = static_cast<float*>(y) + r * a.n;
+      vm::gelu_tanh_row(row, row, a.n);
+    }
+  });
+#else
+  (void)a;
+  (void)y;
+#endif
+}
+
 LinearEntry* linear_entry(const FusedLinearArgs& a) {
   Key key(kFusedLinear);
   key.add_all(a.m, a.n, a.k, a.bias, a.residual, a.act, max_threads());
@@ -233,7 +262,8 @@ LinearEntry* linear_entry(const FusedLinearArgs& a) {
   try {
     const auto desc =
         a.bias ? dnnl::matmul::desc(src_md, wei_any, bias_md, dst_md) : dnnl::matmul::desc(src_md, wei_any, dst_md);
-    const dnnl::matmul::primitive_desc pd(desc, epilogue_attr(a.residual, &dst_md, a.act), engine());
+    const FusedActivation act = gelu_after(a) ? FusedActivation::None : a.act;
+    const dnnl::matmul::primitive_desc pd(desc, epilogue_attr(a.residual, &dst_md, act), engine());
     e->prim = dnnl::matmul(pd);
     note_created();
     e->layout = layout_of(pd.weights_desc());
@@ -342,6 +372,7 @@ void fused_linear_forward(const FusedLinearArgs& a, const void* x, const void* p
     execute(e->prim, {a_src, a_wei, a_res, a_dst, a_scr});
   else
     execute(e->prim, {a_src, a_wei, a_dst, a_scr});
+  if (gelu_after(a)) apply_gelu_after(a, y);
 }
 
 }  // namespace kiln::kernels

@@ -97,7 +97,9 @@ dnnl::memory::desc addend_md(const MatmulArgs& g) { return {{g.m, g.n}, to_dnnl(
 // c_fc 49 µs over the product against 33 µs for a whole separate GELU pass
 // (bench/micro BM_InferPart, 1 thread). It also makes linear_gelu's bits
 // those of linear followed by gelu. bfloat16 keeps the post-op: it applies
-// GELU before the one rounding to bf16.
+// GELU before the one rounding to bf16. The inference runtime's fused linear
+// (dnnl_fused_inference.cpp) does the same, so an optimised gpt's MLP has the
+// eager model's bits.
 bool gelu_after(const MatmulArgs& g) {
 #ifdef KILN_GELU_ROWS
   return g.epilogue == MatmulEpilogue::GeluTanh && g.dtype == DType::Float32 && !g.addend;
