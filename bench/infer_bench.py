@@ -228,7 +228,8 @@ def float_markdown(table, fmt_time, quick, skipped=None):
     out.append("Same exported model and input for all three (cnn: batch 64 of 1×28×28; resnet: batch 32 of 3×32×32; "
                "gpt_infer: one sequence of 128 tokens); medians per batch over every timed batch of every round%s. "
                "kiln optimised = infer::optimize (BatchNorm folded, Conv/Linear fused with bias, residual and "
-               "ReLU/GELU as oneDNN post-ops, weights pre-packed, attention as one kernel); best batch = the fastest timed "
+               "ReLU/GELU as oneDNN post-ops (a linear's tanh GELU right after its product), weights pre-packed, "
+               "attention as one kernel); best batch = the fastest timed "
                "batch (what an idle machine gives; the medians carry any load); ONNX Runtime = onnxruntime-node, all graph "
                "optimisations, intra-op threads = threads. ratio = kiln optimised / ONNX Runtime (goal ≤ 1); "
                "diff = max |y − eager| / max |eager|." % (" (QUICK: not a measurement)" if quick else ""))
