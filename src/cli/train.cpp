@@ -43,6 +43,7 @@
 #include <fstream>
 #include <limits>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <sstream>
 
 #include "cli/commands.h"
@@ -483,8 +484,10 @@ class TrainLoop {
       trail_.emplace(*t_.model);
     }
     // Training health (cli/health_log.h), every log_every steps; a sharded model's pieces are not modules' tensors.
-    if (lead_ && c_.boolean("train.health") && !t_.zero && !t_.fsdp && !t_.mesh_gpt)
-      health_.emplace(*t_.model, log_every_);
+    if (c_.boolean("train.health") && !t_.zero && !t_.fsdp && !t_.mesh_gpt) {
+      health_every_ = log_every_;
+      if (lead_) health_.emplace(*t_.model, log_every_);
+    }
     // Per-rank step times (cli/step_skew.h) where the ranks do the same work: tensor- and pipeline-parallel
     // ranks differ by design (stages, the head on the last one).
     if (world_ > 1 && !t_.mesh_gpt) skew_.emplace(L.group);
@@ -586,12 +589,14 @@ class TrainLoop {
   // which a replay does not dispatch). Eager and replayed steps interleave
   // freely: a replay reads the parameters where they are, and the gradients'
   // state at a call chooses its record (docs/compile.md, "Gradient
-  // accumulation"). The one difference from eager: a replay has run backward
+  // accumulation"). In a data-parallel run DDP's gradient hooks and its
+  // collectives are graph breaks, so the batches run split there (the hooks
+  // run on every call, and an accumulating micro-batch's run under no_sync
+  // as eagerly): the same losses, no replay's saving. The one difference from eager: a replay has run backward
   // when the loss is checked, so a non-finite loss stops the run after its
   // backward instead of before; the update is skipped either way.
   void setup_compile() {
     std::vector<std::string> bad;
-    if (world_ > 1) bad.push_back("data-parallel runs (collectives are graph breaks)");
     if (t_.mesh_gpt) bad.push_back("tp or pp (the pipeline interleaves forward and backward)");
     if (t_.zero || t_.fsdp) bad.push_back("dist.strategy zero1/zero2/zero3");
     if (anomaly_) bad.push_back("train.anomaly (anomaly mode checks every op as it runs)");
@@ -609,7 +614,21 @@ class TrainLoop {
   }
 
   /// Whether step `step`'s forward and backward replay (Note [Compiled steps]).
-  bool compiled_step(int64_t step) const { return compiled_ && !profile_ && !(health_ && health_->sampled(step)); }
+  // Every rank decides alike (health samples on rank 0 alone): a data-parallel
+  // step's collectives come in another order compiled (forward, backward's
+  // allreduces, then the loss agreement) than eagerly (the agreement before backward).
+  bool compiled_step(int64_t step) const {
+    return compiled_ && !profile_ && !(health_every_ > 0 && step % health_every_ == 0);
+  }
+
+  /// A micro-batch that only accumulates, through the compiled function: a
+  /// data-parallel run's under DDP's no_sync, as accumulate_micro_batch runs it
+  /// (its hooks run in the split call and see it).
+  double compiled_accumulating(const data::Example& batch) {
+    std::optional<dist::DistributedDataParallel::NoSync> no_sync;
+    if (t_.ddp) no_sync.emplace(*t_.ddp);
+    return (*compiled_)({batch.data, batch.target})[0].item<double>();
+  }
 
   /// One step on `batch`; false when the loop stops after it (or instead of it).
   bool train_step(const data::Example& batch, int64_t epoch) {
@@ -628,8 +647,7 @@ class TrainLoop {
     const bool replay = compiled_step(L_.step + 1);
     if (micro_ < accum_ - 1) {
       try {
-        micro_loss_ += replay ? (*compiled_)({batch.data, batch.target})[0].item<double>()
-                              : accumulate_micro_batch(t_, batch, accum_);
+        micro_loss_ += replay ? compiled_accumulating(batch) : accumulate_micro_batch(t_, batch, accum_);
       } catch (const autograd::AnomalyError& e) {
         // As in backward_and_update: a data-parallel rank is inside DDP's collectives here.
         if (world_ > 1) throw;
@@ -1028,8 +1046,19 @@ class TrainLoop {
     if (s.eager_calls > 0) std::printf(", %lld run eagerly", static_cast<long long>(s.eager_calls));
     std::printf("\n");
     for (const std::string& r : s.recompile_reasons) std::printf("  recompiled: %s\n", r.c_str());
-    for (const auto& b : breaks)
-      std::printf("  graph break (those batches ran split there): %s\n", b.get<std::string>().c_str());
+    // The same break at several places (DDP's hook on every parameter) is printed once, counted.
+    std::vector<std::pair<std::string, int>> seen;
+    for (const auto& b : breaks) {
+      const std::string what = b.get<std::string>();
+      auto it = std::find_if(seen.begin(), seen.end(), [&](const auto& p) { return p.first == what; });
+      if (it == seen.end())
+        seen.emplace_back(what, 1);
+      else
+        ++it->second;
+    }
+    for (const auto& [what, n] : seen)
+      std::printf("  graph break (those batches ran split there)%s: %s\n",
+                  n > 1 ? (" x" + std::to_string(n)).c_str() : "", what.c_str());
   }
 
   /// summary.json (what the report and `kiln inspect RUN_DIR` read) and the report; returns its "final".
@@ -1101,6 +1130,7 @@ class TrainLoop {
   train::LeakWatch leak_{{.print = false, .data_in_flight = loader_batches_in_flight(c_)}};
   std::optional<ProfileRun> profile_;         // [profile] steps
   std::optional<CompiledFunction> compiled_;  // train.compile: forward and backward (Note [Compiled steps])
+  int64_t health_every_ = 0;                  // train.health's sampling period on every rank (0: off)
   int64_t peak_recorded_ = -1;
   // train.grad_accum_steps: batches per optimizer step, and the micro-batches of the current one.
   const int64_t accum_ = c_.integer("train.grad_accum_steps");

@@ -211,3 +211,44 @@ TEST(CliLaunch, BadArgumentsGiveOneClearLine) {
 
 }  // namespace
 }  // namespace kiln::test
+
+namespace kiln::test {
+namespace {
+
+// train.compile on 2 ranks (Note [Compiled steps] in src/cli/train.cpp): DDP's
+// hooks and collectives are graph breaks, so the batches run split there, and
+// the losses are the eager run's bit for bit, with gradient accumulation and
+// without, with rank 0's health-sampled steps run eagerly on every rank.
+TEST(CliDist, ACompiledTwoRankRunComputesTheEagerRunsLossesBitwise) {
+  TempDir dir;
+  write_text(dir.path() / "tiny.toml", tiny_mlp_config());
+  for (const std::string accum : {"1", "2"}) {
+    const fs::path eager = dir.path() / ("eager" + accum), compiled = dir.path() / ("compiled" + accum);
+    // Health samples every 3rd step on rank 0 (the logged ones), which every
+    // rank then runs eagerly; a divergence in any step shows in the later losses.
+    const std::string sets = " --set train.steps=12 --set train.log_every=3 --set train.grad_accum_steps=" + accum;
+    auto a = launch2("train " + dir.file("tiny.toml") + " --out " + eager.string() + sets);
+    ASSERT_EQ(a.rc, 0) << a.output;
+    auto b = launch2("train " + dir.file("tiny.toml") + " --out " + compiled.string() + sets +
+                     " --set train.compile=true");
+    ASSERT_EQ(b.rc, 0) << b.output;
+    EXPECT_NE(b.output.find("run split at graph breaks"), std::string::npos) << b.output;
+    // The break list is the capture's: with accumulation that is a micro-batch under no_sync, which has no allreduce.
+    if (accum == "1") EXPECT_NE(b.output.find("collective all_reduce"), std::string::npos) << b.output;
+    EXPECT_NE(b.output.find("a hook on a leaf tensor"), std::string::npos) << b.output;
+    const auto le = train_losses(eager), lc = train_losses(compiled);
+    ASSERT_EQ(le.size(), 4u);
+    ASSERT_EQ(lc.size(), le.size());
+    for (size_t i = 0; i < le.size(); ++i) EXPECT_EQ(le[i], lc[i]) << "accum " << accum << ", train line " << i + 1;
+    const auto ee = metrics_lines(eager, "eval"), ec = metrics_lines(compiled, "eval");
+    ASSERT_FALSE(ec.empty());
+    ASSERT_EQ(ee.size(), ec.size());
+    EXPECT_EQ(ee.back()["loss"], ec.back()["loss"]) << "accum " << accum;
+    const auto lines = metrics_lines(compiled, "compile");
+    ASSERT_EQ(lines.size(), 1u);
+    EXPECT_GT(lines.back()["split_calls"].get<int64_t>(), 0);
+  }
+}
+
+}  // namespace
+}  // namespace kiln::test
