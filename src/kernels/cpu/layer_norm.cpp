@@ -37,7 +37,8 @@ constexpr int kLanes = 16;
 template <int R, typename T, typename F>
 [[gnu::always_inline]] inline void lane_sums(int64_t n, const F& f, T* out) {
   if constexpr (std::is_same_v<T, float> && kLanes == 16) {
-    // f(q, i) returns the 16 values at i as one vector; GCC does not vectorise R rows of scalar lanes.
+    // f(q, i, count) returns row q's values i .. i + count as one vector (zeros
+    // past count); GCC does not vectorise R rows of scalar lanes.
     detail::Vec16f acc[R] = {};
     int64_t i = 0;
     for (; i + kLanes <= n; i += kLanes)
@@ -67,7 +68,7 @@ void ln_forward_rows(const T* x, const T* w, const T* b, Y* y, T* mean_out, T* r
   const T* xr = x + r * n;
   T m[R], var[R];
   if constexpr (std::is_same_v<T, float>) {
-    // 16 values from p (zeros past `count`), and their squared distances from mu (zeros past `count`).
+    // The 16 values from p, zeros past `count`.
     const auto load = [](const float* p, int64_t count) {
       detail::Vec16f v = {};
       std::memcpy(&v, p, static_cast<size_t>(count) * sizeof(float));
@@ -79,13 +80,11 @@ void ln_forward_rows(const T* x, const T* w, const T* b, Y* y, T* mean_out, T* r
     lane_sums<R, T>(
         n,
         [&](int q, int64_t i, int64_t count) {
-          if (count == kLanes) {
-            const detail::Vec16f d = load(xr + q * n + i, kLanes) - m[q];
-            return d * d;
-          }
-          float t[kLanes] = {};
-          for (int64_t k = 0; k < count; ++k) t[k] = (xr[q * n + i + k] - m[q]) * (xr[q * n + i + k] - m[q]);
-          return load(t, kLanes);
+          // A short last vector's unused lanes are 0, so that they add 0 (the
+          // same product-and-add as the full vectors: lane_sum's bits).
+          detail::Vec16f d = load(xr + q * n + i, count) - m[q];
+          for (int64_t k = count; k < kLanes; ++k) d[k] = 0;
+          return d * d;
         },
         var);
   } else {
