@@ -15,8 +15,6 @@
 #include "dnnl_common.h"
 #include "gelu_rows.h"
 #include "kiln/core/capture.h"
-#include "kiln/core/parallel.h"
-#include "kiln/core/threads.h"
 #include "kiln/kernels/fused_inference.h"
 
 namespace kiln::kernels {
@@ -233,20 +231,6 @@ bool gelu_after(const FusedLinearArgs& a) {
 #endif
 }
 
-void apply_gelu_after(const FusedLinearArgs& a, void* y) {
-#ifdef KILN_GELU_ROWS
-  parallel_for(a.m, std::max<int64_t>(1, kGrainSize / a.n), [&](int64_t b, int64_t e) {
-    for (int64_t r = b; r < e; ++r) {
-      float* row = static_cast<float*>(y) + r * a.n;
-      vm::gelu_tanh_row(row, row, a.n);
-    }
-  });
-#else
-  (void)a;
-  (void)y;
-#endif
-}
-
 LinearEntry* linear_entry(const FusedLinearArgs& a) {
   Key key(kFusedLinear);
   key.add_all(a.m, a.n, a.k, a.bias, a.residual, a.act, max_threads());
@@ -372,7 +356,9 @@ void fused_linear_forward(const FusedLinearArgs& a, const void* x, const void* p
     execute(e->prim, {a_src, a_wei, a_res, a_dst, a_scr});
   else
     execute(e->prim, {a_src, a_wei, a_dst, a_scr});
-  if (gelu_after(a)) apply_gelu_after(a, y);
+#ifdef KILN_GELU_ROWS
+  if (gelu_after(a)) vm::gelu_tanh_rows_in_place(static_cast<float*>(y), a.m, a.n, a.n);
+#endif
 }
 
 }  // namespace kiln::kernels

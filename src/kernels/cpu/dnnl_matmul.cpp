@@ -8,8 +8,6 @@
 #include "dnnl_common.h"
 #include "gelu_rows.h"
 #include "kiln/core/capture.h"
-#include "kiln/core/parallel.h"
-#include "kiln/core/threads.h"
 #include "kiln/kernels/blas.h"
 #include "kiln/kernels/dnnl.h"
 #include "small_gemm.h"
@@ -114,14 +112,10 @@ bool eltwise_post_op(const MatmulArgs& g) { return g.epilogue != MatmulEpilogue:
 
 void apply_gelu_after(const MatmulArgs& g) {
 #ifdef KILN_GELU_ROWS
-  const int64_t rows = g.outer * g.batch * g.m;
-  parallel_for(rows, std::max<int64_t>(1, kGrainSize / g.n), [&](int64_t b, int64_t e) {
-    for (int64_t r = b; r < e; ++r) {
-      const int64_t i = r % g.m, bi = (r / g.m) % g.batch, o = r / (g.m * g.batch);
-      float* row = static_cast<float*>(g.c) + o * g.c_outer() + bi * g.c_batch_stride() + i * g.c_row_stride();
-      vm::gelu_tanh_row(row, row, g.n);
-    }
-  });
+  for (int64_t o = 0; o < g.outer; ++o)
+    for (int64_t bi = 0; bi < g.batch; ++bi)
+      vm::gelu_tanh_rows_in_place(static_cast<float*>(g.c) + o * g.c_outer() + bi * g.c_batch_stride(), g.m, g.n,
+                                  g.c_row_stride());
 #else
   (void)g;
 #endif

@@ -17,9 +17,12 @@
 // as torch's 0.5 x (1 + tanh u) does, and NaN stays NaN.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 
 #include "elementwise_math.h"
+#include "kiln/core/parallel.h"
+#include "kiln/core/threads.h"
 
 #if defined(__AVX512F__)
 #define KILN_GELU_ROWS 1
@@ -96,6 +99,15 @@ inline void gelu_tanh_backward_row(float* out, const float* dy, const float* x, 
     const __m512 v = x_step ? _mm512_maskz_loadu_ps(m, x + i) : x0;
     _mm512_mask_storeu_ps(out + i, m, gelu_tanh_backward16(g, v));
   }
+}
+
+/// c[i, 0 .. n) = GELU(c[i, 0 .. n)) in place for rows i < rows (row stride
+/// ld floats), split across threads: a product's output, GELU'd after the
+/// product rather than as its post-op (Note [GELU after the product] in dnnl_matmul.cpp).
+inline void gelu_tanh_rows_in_place(float* c, int64_t rows, int64_t n, int64_t ld) {
+  parallel_for(rows, std::max<int64_t>(1, kGrainSize / std::max<int64_t>(1, n)), [&](int64_t b, int64_t e) {
+    for (int64_t r = b; r < e; ++r) gelu_tanh_row(c + r * ld, c + r * ld, n);
+  });
 }
 
 }  // namespace kiln::kernels::vm
