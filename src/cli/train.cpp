@@ -592,9 +592,10 @@ class TrainLoop {
   // accumulation"). In a data-parallel run DDP's gradient hooks and its
   // collectives are graph breaks, so the batches run split there (the hooks
   // run on every call, and an accumulating micro-batch's run under no_sync
-  // as eagerly): the same losses, no replay's saving. The one difference from eager: a replay has run backward
-  // when the loss is checked, so a non-finite loss stops the run after its
-  // backward instead of before; the update is skipped either way.
+  // as eagerly): the same losses, no replay's saving. The one difference
+  // from eager: a replay has run backward when the loss is checked, so a
+  // non-finite loss stops the run after its backward instead of before; the
+  // update is skipped either way.
   void setup_compile() {
     std::vector<std::string> bad;
     if (t_.mesh_gpt) bad.push_back("tp or pp (the pipeline interleaves forward and backward)");
