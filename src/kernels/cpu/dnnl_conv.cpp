@@ -22,7 +22,6 @@
 #include <string_view>
 #include <vector>
 
-#include "conv_weight_direct.h"
 #include "conv_weight_gemm.h"
 #include "dnnl_common.h"
 #include "kiln/core/parallel.h"
@@ -159,11 +158,8 @@ bool nhwc_bwd_weights_safe(const Conv2dParams& p) {
 }
 
 // Note [Single-channel weight gradient]
-// (Where the window is 2x2, 3x3 or 5x5 and the output channels a multiple of
-// 16, as in cnn's conv1, kiln's own kernel runs instead: Note [Direct
-// single-channel weight gradient] in conv_weight_direct.cpp. This covers the
-// rest.) A float32 convolution over one input channel (a grayscale first
-// layer) gets its weight gradient from oneDNN's NHWC kernel on one thread
+// A float32 convolution over one input channel (a grayscale first layer, as
+// cnn's) gets its weight gradient from oneDNN's NHWC kernel on one thread
 // only: it does not split that problem. In cnn's step at 2 threads it took
 // 0.79 ms, oneDNN's blocked layout 0.28 ms with grad_output's reorder
 // included. So at 2 threads and more such a primitive takes the blocked
@@ -457,9 +453,6 @@ void dnnl_conv2d_backward_weight(const Conv2dParams& p, const void* grad_output,
                                  void* grad_bias) {
   if (detail::conv_weight_grad_by_product(p))
     return detail::conv_weight_grad_product(p, grad_output, input, grad_weight, grad_bias);
-  if (detail::conv_weight_grad_direct_applies(p))
-    return detail::conv_weight_grad_direct(p, static_cast<const float*>(grad_output), static_cast<const float*>(input),
-                                           static_cast<float*>(grad_weight), static_cast<float*>(grad_bias));
   if (single_channel_blocked(p)) {
     run_bwd_weights(bwd_weights_entry(p, false), grad_output, nullptr, input, grad_weight, nullptr);
     if (grad_bias) bias_grad_by_rows(p, static_cast<const float*>(grad_output), static_cast<float*>(grad_bias));
@@ -475,8 +468,7 @@ void dnnl_conv2d_backward(const Conv2dParams& p, const void* grad_output, const 
                           void* grad_input, void* grad_weight, void* grad_bias) {
   // The weight gradients that do not run on the primitive below share no
   // reorder of grad_output with the data gradient.
-  if (detail::conv_weight_grad_by_product(p) || detail::conv_weight_grad_direct_applies(p) ||
-      single_channel_blocked(p)) {
+  if (detail::conv_weight_grad_by_product(p) || single_channel_blocked(p)) {
     run_bwd_data(bwd_data_entry(p), grad_output, nullptr, weight, grad_input);
     dnnl_conv2d_backward_weight(p, grad_output, input, grad_weight, grad_bias);
     return;

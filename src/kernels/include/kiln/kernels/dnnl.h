@@ -185,12 +185,9 @@ void conv2d_backward_input(const Conv2dParams& p, const void* grad_output, const
 /// is not null, the bias [o] (both overwritten), from grad_output and the
 /// input. float32/bfloat16: oneDNN convolution_backward_weights, which sums the
 /// bias gradient in the same pass, except where ConvWeightGradPath::Auto picks
-/// the product, and for a float32 convolution over one input channel: kiln's
-/// own kernel for 2x2, 3x3 and 5x5 windows over a multiple of 16 output
-/// channels (Note [Direct single-channel weight gradient] in
-/// src/kernels/cpu/conv_weight_direct.cpp), else at 2+ threads oneDNN's
-/// blocked kernel with the bias gradient summed apart (Note [Single-channel
-/// weight gradient] in src/kernels/cpu/dnnl_conv.cpp); float64: im2col + gemm.
+/// the product, and for a float32 convolution over one input channel at 2+
+/// threads, whose bias gradient is summed apart (Note [Single-channel weight
+/// gradient] in src/kernels/cpu/dnnl_conv.cpp); float64: im2col + gemm.
 void conv2d_backward_weight(const Conv2dParams& p, const void* grad_output, const void* input, void* grad_weight,
                             void* grad_bias);
 
