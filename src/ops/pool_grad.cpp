@@ -119,7 +119,7 @@ struct MaxPoolBackward final : autograd::Node {
   // the workspace only, a higher derivative also recomputes the indices from it.
   SavedVariable input;
   SavedVariable indices;  // torch-style argmax indices (our loop ran), or
-  Tensor workspace;       // oneDNN's workspace (oneDNN ran); internal, never seen by the user
+  Tensor workspace;       // oneDNN's or kiln's channels-last kernel's; internal, never seen by the user
   Pool2dParams p;         // NCHW, for the index paths
   bool nhwc = false;      // the workspace belongs to a channels-last run
   bool unbatched = false;
@@ -235,8 +235,9 @@ DType kernel_dtype(DType dt) { return dt == kFloat16 ? kFloat32 : dt; }
 }  // namespace
 
 // A channels-last input stays channels-last (a conv's output on its way to
-// the next conv) where oneDNN pools it; our own loops, and so a NaN input,
-// run NCHW.
+// the next conv) where oneDNN, or for max pooling kiln's channels-last
+// kernel (NaN included), pools it; our own NCHW loops take the rest, and a
+// NaN input that oneDNN would pool.
 bool pool_nhwc(const Tensor& input, const Pool2dParams& p, bool unbatched) {
   return !unbatched && suggest_memory_format(input) == MemoryFormat::ChannelsLast && kernels::pool2d_uses_dnnl(p);
 }

@@ -3,7 +3,8 @@
 // propagation, argmax ties) and serve float64, the cases oneDNN defines
 // differently, divisor_override, indices, and non-uniform adaptive bins.
 // The backward loops beside them scatter by indices and spread averages over
-// the same windows, accumulating 16-bit types in float32.
+// the same windows, accumulating 16-bit types in float32. Channels-last max
+// pooling runs kiln's own kernel in oneDNN's place (pool_max_nhwc.cpp).
 #include <algorithm>
 #include <cmath>
 #include <cstring>
@@ -15,6 +16,7 @@
 #include "kiln/core/error.h"
 #include "kiln/kernels/dnnl.h"
 #include "kiln/kernels/loop.h"
+#include "pool_max_nhwc.h"
 
 namespace kiln::kernels {
 
@@ -311,7 +313,8 @@ Pool2dParams uniform_bins(DType dtype, int64_t planes, int64_t h, int64_t w, int
 }  // namespace
 
 size_t pool2d_workspace_bytes(const Pool2dParams& p) {
-  return (p.kind == PoolKind::Max && use_dnnl(p)) ? dnnl_pool2d_workspace_bytes(p) : 0;
+  if (p.kind != PoolKind::Max || !use_dnnl(p)) return 0;
+  return detail::max_pool_nhwc_applies(p) ? detail::max_pool_nhwc_workspace_bytes(p) : dnnl_pool2d_workspace_bytes(p);
 }
 
 bool pool2d_uses_dnnl(const Pool2dParams& p) { return use_dnnl(p); }
@@ -320,6 +323,10 @@ namespace {
 
 bool pool2d_forward_impl(const Pool2dParams& p, const void* input, void* output, void* workspace) {
   if (p.n * p.c * p.oh * p.ow == 0) return false;
+  if (use_dnnl(p) && detail::max_pool_nhwc_applies(p)) {  // NaN included: no scan
+    detail::max_pool_nhwc_forward(p, input, output, static_cast<uint8_t*>(workspace));
+    return true;
+  }
   if (use_dnnl(p) && !(p.kind == PoolKind::Max && has_nan(p.dtype, input, p.n * p.c * p.h * p.w))) {
     dnnl_pool2d_forward(p, input, output, workspace);
     return true;
@@ -396,6 +403,8 @@ void max_pool2d_backward_workspace(const Pool2dParams& p, const void* grad_outpu
                       max_pool2d_backward_workspace(p, grad_output, workspace, grad_input));
   if (p.n * p.c * p.h * p.w == 0) return;
   KILN_ASSERT(use_dnnl(p), "max_pool2d backward: a workspace for a pool oneDNN does not run");
+  if (detail::max_pool_nhwc_applies(p))
+    return detail::max_pool_nhwc_backward(p, grad_output, static_cast<const uint8_t*>(workspace), grad_input);
   dnnl_pool2d_backward(p, grad_output, workspace, grad_input);
 }
 

@@ -235,8 +235,11 @@ struct Pool2dParams {
 /// a max pool's input must also be free of NaN, checked per call).
 bool pool2d_uses_dnnl(const Pool2dParams& p);
 
-/// Bytes of oneDNN workspace a training-mode max pool writes for its backward
-/// (0 when the call would not run on oneDNN or needs none).
+/// Bytes of workspace a training-mode max pool writes for its backward (0 when
+/// the call would not run on oneDNN or needs none): oneDNN's, or for a
+/// channels-last max pool kiln's own kernel's (Note [Channels-last max
+/// pooling] in src/kernels/cpu/pool_max_nhwc.cpp), which replaces oneDNN's
+/// there and needs no NaN scan.
 size_t pool2d_workspace_bytes(const Pool2dParams& p);
 
 /// Torch semantics throughout: average pooling with count_include_pad divides
