@@ -21,15 +21,8 @@
 #include <cstdint>
 #include <type_traits>
 
+#include "intrinsics.h"
 #include "kiln/core/half.h"
-
-#if defined(__AVX512F__) || defined(__AVX__) || defined(__F16C__)
-// GCC 12 warns (falsely) about _mm512_undefined_ps() inside the AVX-512 sqrt intrinsics.
-#pragma GCC diagnostic push
-#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
-#include <immintrin.h>
-#pragma GCC diagnostic pop
-#endif
 
 #if defined(__x86_64__) && defined(__GLIBC__) && defined(__GNUC__) && !defined(__clang__) && !defined(KILN_NO_LIBMVEC)
 #define KILN_HAVE_LIBMVEC 1

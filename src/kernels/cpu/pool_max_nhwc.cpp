@@ -22,14 +22,7 @@
 #include <limits>
 #include <type_traits>
 
-#if defined(__AVX512F__)
-// GCC 12 warns (falsely) about the undefined operand inside the AVX-512 widening intrinsics.
-#pragma GCC diagnostic push
-#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
-#include <immintrin.h>
-#pragma GCC diagnostic pop
-#endif
-
+#include "intrinsics.h"
 #include "kiln/core/half.h"
 #include "kiln/core/parallel.h"
 #include "kiln/core/threads.h"

@@ -22,11 +22,7 @@
 
 #if defined(__AVX512BF16__) && defined(__AVX512BW__) && defined(__AVX512VL__)
 #define KILN_SMALL_GEMM 1
-// GCC 12 warns (falsely) about the undefined first operand inside the AVX-512 shuffle intrinsics.
-#pragma GCC diagnostic push
-#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
-#include <immintrin.h>
-#pragma GCC diagnostic pop
+#include "intrinsics.h"
 #endif
 
 namespace kiln::kernels::detail {

@@ -1,0 +1,13 @@
+// Internal to the kernels layer: <immintrin.h> for the kernels that use x86
+// intrinsics. GCC 12 warns (falsely) that the undefined operand some AVX-512
+// intrinsics start from (_mm512_undefined_ps inside sqrt, shuffles and
+// widening conversions) may be used uninitialised, at every call; the
+// warning is silenced for the intrinsics' own code only.
+#pragma once
+
+#if defined(__x86_64__) || defined(__i386__)
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#include <immintrin.h>
+#pragma GCC diagnostic pop
+#endif
