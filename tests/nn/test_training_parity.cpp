@@ -225,6 +225,13 @@ TEST(TrainingParity, CNNWorkloadAdam) {
   // float32 and -1.8e-9 in float64 (a cancellation), then 0: Adam's steps make
   // it 0.011640 (torch float32) or 0.011761 (float64), a difference that only
   // the summation order decides.
+  // Known fragile (stop 54, docs/benchmarks.md): this final-state check passes
+  // for this seed at 2 threads, but with the same kernels it fails for seeds
+  // 103, 105, 106 and 107, and for this seed at 1 thread (conv1's weight
+  // gradient then on oneDNN's NHWC kernel). Where a ReLU input or a pool's two
+  // largest values sit within rounding of each other, implementations that
+  // round differently decide differently, and kiln's state matches torch's
+  // only while both run the same oneDNN kernels.
   r.float64_reference = true;
   Tensor x = randn({r.steps * r.batch, 1, 28, 28});
   train_against_twin(m, r, x, labels_for(r.steps * r.batch, 10), randn({16, 1, 28, 28}));
