@@ -9,6 +9,7 @@
 //   kiln_bench --workload mlp --compile on    (every step through kiln::compile: the first captures)
 //   kiln_bench --workload mlp --compile split (the same, with the loss read by item() inside the step:
 //                                              a graph break, so every step runs split at it)
+//   kiln_bench --workload cnn --compile plain (compiled without graph rewrites: what they save)
 //
 // "peak" is the f32 matmul ceiling probe: kiln::mm of two size x size float32
 // matrices (oneDNN sgemm underneath), GFLOP/s of the best and the median call;
@@ -64,12 +65,13 @@ struct Args {
   bool profile_table = false;  // --profile table: that, and its op table (self time first) on stderr
   bool compile = false;        // --compile on: every step through kiln::compile (the "compiled" rows)
   bool split = false;          // --compile split: that, with a graph break inside the step
+  bool rewrite = true;         // --compile plain: compiled without graph rewrites
 };
 
 [[noreturn]] void usage(const std::string& why) {
   std::cerr << "kiln_bench: " << why
             << "\nusage: kiln_bench --workload NAME[,NAME...] [--threads N] [--warmup N] [--steps N] [--size N] [--amp "
-               "bf16|off] [--profile on|off|table] [--compile on|off|split]\n"
+               "bf16|off] [--profile on|off|table] [--compile on|off|split|plain]\n"
                "workloads: tiny mlp cnn resnet gpt gpt_infer, and peak (f32 matmul probe)\n";
   std::exit(2);
 }
@@ -115,9 +117,11 @@ Args parse(int argc, char** argv) {
       a.profile = v != "off";
       a.profile_table = v == "table";
     } else if (flag == "--compile") {
-      if (v != "on" && v != "off" && v != "split") usage("--compile expects on, off or split, got '" + v + "'");
+      if (v != "on" && v != "off" && v != "split" && v != "plain")
+        usage("--compile expects on, off, split or plain, got '" + v + "'");
       a.compile = v != "off";
       a.split = v == "split";
+      a.rewrite = v != "plain";
     } else
       usage("unknown flag " + flag);
   }
@@ -240,7 +244,8 @@ void run_workload(const std::string& name, const Args& a) {
       (void)loss.item<float>();  // a training loop's logging: the graph break
       return loss;
     };
-  if (a.compile) compiled.emplace(kiln::compile(std::move(fn), {.name = name, .modules = {w->module()}}));
+  if (a.compile)
+    compiled.emplace(kiln::compile(std::move(fn), {.name = name, .modules = {w->module()}, .rewrite = a.rewrite}));
   auto step = [&](bool want_loss) {
     if (!compiled) return w->step(want_loss);
     const kiln::Tensor out = (*compiled)()[0];
@@ -296,6 +301,7 @@ void run_workload(const std::string& name, const Args& a) {
         ", \"split_calls\": " + std::to_string(st.split_calls) +
         ", \"graph_breaks\": " + std::to_string(st.graph_breaks.size()) +
         ", \"kernels\": " + std::to_string(st.kernels) + ", \"fused_kernels\": " + std::to_string(st.fused_kernels) +
+        ", \"rewrites\": " + std::to_string(st.rewrites) +
         ", \"unwritten_bytes\": " + std::to_string(st.unwritten_bytes) + ", ";
     if (!st.graph_breaks.empty() || !st.replay_ms.empty()) std::fprintf(stderr, "%s", compiled->explain().c_str());
   }

@@ -8,6 +8,7 @@
 
 #include "kiln/core/allocator.h"
 #include "kiln/core/capture_loop.h"
+#include "kiln/core/storage.h"
 
 namespace kiln::capture {
 
@@ -20,7 +21,29 @@ constinit thread_local uint64_t t_capture_id = 0;
 
 namespace {
 std::atomic<uint64_t> g_captures{0};
+std::atomic<uint32_t> g_watch_ids{0};
+std::atomic<uint64_t> g_unattributed{0};
 }  // namespace
+
+namespace detail {
+void note_watched_access(uint32_t id) {
+  if (t_recorder)
+    t_recorder->watched_access(id);
+  else
+    g_unattributed.fetch_add(1, std::memory_order_relaxed);
+}
+}  // namespace detail
+
+uint64_t unattributed_watched_accesses() noexcept { return g_unattributed.load(std::memory_order_relaxed); }
+
+void watch(StorageImpl& s, const char* role) {
+  if (!recording() || detail::t_recorder->defers) return;
+  uint32_t id = g_watch_ids.fetch_add(1, std::memory_order_relaxed) + 1;
+  if (id == 0) id = g_watch_ids.fetch_add(1, std::memory_order_relaxed) + 1;  // 0 means "not watched"
+  s.set_watch_id(0);  // the recorder hears of it before the next access is reported
+  detail::t_recorder->watched(id, s.data(), role);
+  s.set_watch_id(id);
+}
 
 RecorderGuard::RecorderGuard(Recorder* r, memory::PrivatePool* pool) noexcept
     : prev_(detail::t_recorder),

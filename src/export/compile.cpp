@@ -24,6 +24,7 @@
 #include <unordered_set>
 
 #include "compile_fusion.h"
+#include "compile_rewrite.h"
 #include "compile_split.h"
 #include "kiln/core/allocator.h"
 #include "kiln/core/autocast.h"
@@ -238,6 +239,23 @@ class StepRecorder : public capture::Recorder, public capture::LoopSink {
   void reduction(capture::Reduction r) override {
     if (!ops.empty() && !ops.back().host) ops.back().reduce = std::make_shared<const capture::Reduction>(std::move(r));
   }
+  // Right after kernel(): the operands of the kernel just recorded, for the rewrites.
+  void operands(const capture::Operands& o, capture::OperandsRun run) override {
+    if (!ops.empty() && !ops.back().host)
+      ops.back().operands =
+          std::make_shared<const compile_detail::OperandsRecord>(compile_detail::OperandsRecord{o, std::move(run)});
+  }
+  void scalar(double v) override {
+    if (!ops.empty() && !ops.back().host) ops.back().scalar = v;
+  }
+  void watched(uint32_t id, const void* data, const char* role) override {
+    watch_index[id] = watches.size();
+    watches.push_back({id, data, role, ops.size(), {}});
+  }
+  void watched_access(uint32_t id) override {
+    const auto it = watch_index.find(id);
+    if (it != watch_index.end()) watches[it->second].accesses.push_back(ops.size());
+  }
   /// At the end of the capture: the blocks freed after the last event.
   std::vector<std::pair<void*, size_t>> finish() {
     auto frees = take_frees();
@@ -277,10 +295,12 @@ class StepRecorder : public capture::Recorder, public capture::LoopSink {
   std::unordered_set<const void*> seen;                // leaves reset or accumulated into so far
   std::vector<std::pair<Tensor, Tensor>> first_grads;  // (leaf, its .grad there) when accumulated before a reset
   std::deque<Bytes16> kept;                            // deque: the addresses handed out stay put
+  std::vector<compile_detail::WatchRecord> watches;    // storages watched for the rewrites
+  std::unordered_map<uint32_t, size_t> watch_index;
 
  private:
   void add(const char* name, bool host, capture::Replay replay) {
-    ops.push_back({name, host, std::move(replay), nullptr, nullptr, {}, take_frees()});
+    ops.push_back({name, host, std::move(replay), nullptr, nullptr, {}, take_frees(), nullptr, std::nullopt});
   }
   std::vector<std::pair<void*, size_t>> take_frees() { return memory::take_pool_frees(pool_); }
   memory::PrivatePool& pool_;
@@ -420,12 +440,15 @@ struct CompiledFunction::Impl {
     StepRecorder rec(*e->pool);
     const auto t0 = std::chrono::steady_clock::now();
     std::vector<Tensor> outs;
+    const uint64_t unattributed = capture::unattributed_watched_accesses();
     {
       const capture::RecorderGuard guard(&rec, e->pool.get());
       const capture::LoopSinkGuard loops(&rec);
       outs = fn(e->static_inputs);
     }
-    const std::vector<std::pair<void*, size_t>> freed_at_end = rec.finish();
+    // A watched storage's bytes reached on another thread: who read them is unknown.
+    const bool watches_complete = capture::unattributed_watched_accesses() == unattributed;
+    std::vector<std::pair<void*, size_t>> freed_at_end = rec.finish();
     const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     stats.compile_seconds += secs;
     ++stats.captures;
@@ -482,6 +505,14 @@ struct CompiledFunction::Impl {
       e->kept = std::move(rec.kept);
       stats.pool_bytes = e->pool->reserved_bytes();
       stats.fused_loops = stats.fused_kernels = stats.unwritten_bytes = 0;
+      stats.rewrites = stats.rewrite_unwritten_bytes = 0;
+      if (opts.rewrite && watches_complete) {
+        const compile_detail::RewriteReport rr =
+            compile_detail::rewrite_relu_pooling(e->ops, rec.watches, freed_at_end);
+        stats.rewrites = rr.relu_pools;
+        stats.rewrite_unwritten_bytes = rr.unwritten_bytes;
+        for (const std::string& line : rr.lines) log(line);
+      }
       if (opts.fuse) {
         const compile_detail::FusionReport fr = compile_detail::fuse_elementwise(e->ops, freed_at_end);
         stats.fused_loops = fr.groups;
@@ -593,6 +624,10 @@ std::string CompiledFunction::explain() const {
       os << ", " << format_bytes(s.unwritten_bytes) << " of intermediates not written per call";
     os << "\n";
   }
+  if (s.rewrites > 0)
+    os << "  rewrites: " << s.rewrites << " relu -> max_pool2d " << (s.rewrites == 1 ? "pair" : "pairs")
+       << " run as max_pool2d -> relu, " << format_bytes(s.rewrite_unwritten_bytes)
+       << " of full-size activations and gradients not written per call\n";
   if (!s.ops_in_graph.empty()) {
     os << "   ";
     for (const auto& [name, n] : s.ops_in_graph) os << " " << name << " x" << n;

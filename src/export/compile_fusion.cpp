@@ -372,7 +372,8 @@ Recorded make_fused(std::vector<Recorded>& ops, size_t g0, size_t g1, const Loop
     const int64_t pieces = (f->red->numel + f->red->piece - 1) / f->red->piece;
     f->accs = std::make_unique<unsigned char[]>(static_cast<size_t>(pieces * f->red->acc_size));
   }
-  Recorded r{"fused loop", false, [f] { f->run(); }, nullptr, nullptr, "fused(" + names.str() + ")", {}};
+  Recorded r{"fused loop", false,   [f] { f->run(); }, nullptr, nullptr, "fused(" + names.str() + ")",
+             {},           nullptr, std::nullopt};
   std::ostringstream line;
   line << r.fused_name << " over " << space_str(space) << ", " << f->tiles << (f->tiles == 1 ? " tile" : " tiles");
   if (f->red) line << ", reduced tile by tile";

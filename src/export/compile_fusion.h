@@ -5,6 +5,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -20,6 +21,12 @@ struct LoopRecord {
   capture::LoopRun run;
 };
 
+/// A kernel's operands and how to run it on other buffers (graph rewrites).
+struct OperandsRecord {
+  capture::Operands ops;
+  capture::OperandsRun run;
+};
+
 /// One recorded event of a captured step.
 struct Recorded {
   const char* name;
@@ -30,6 +37,8 @@ struct Recorded {
   std::string fused_name;                            // "fused(binary, unary)" once fusion made it; else empty
   // Private-pool blocks (address, bytes) freed after the previous event and before this one.
   std::vector<std::pair<void*, size_t>> freed_before;
+  std::shared_ptr<const OperandsRecord> operands;  // set for kernels that described their operands
+  std::optional<double> scalar;                    // an elementwise kernel's scalar parameter, when it noted one
 };
 
 struct FusionReport {

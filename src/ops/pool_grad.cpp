@@ -11,6 +11,7 @@
 
 #include "iter.h"
 #include "kiln/autograd/functions.h"
+#include "kiln/core/capture.h"
 #include "kiln/core/guards.h"
 
 namespace kiln::ops::conv_detail {
@@ -140,6 +141,8 @@ struct MaxPoolBackward final : autograd::Node {
     const Tensor gk = contiguous(g.dtype() == p.dtype ? g : g.to(p.dtype), fmt);
     Tensor gi = new_output(input_shape(p, unbatched), p.dtype, fmt);
     kernels::max_pool2d_backward_workspace(q, gk.data_ptr(), workspace.data_ptr(), gi.data_ptr());
+    // The ReLU-pooling rewrite of kiln::compile (docs/compile.md, "Rewrites") never writes this gradient.
+    if (capture::recording()) capture::watch(*gi.storage(), "max_pool2d grad_input");
     return {in_dtype(gi, g.dtype())};
   }
   void release_variables() override {

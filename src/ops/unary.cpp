@@ -14,6 +14,7 @@
 #include <utility>
 
 #include "elementwise_common.h"
+#include "kiln/core/capture.h"
 #include "kiln/core/guards.h"
 #include "kiln/kernels/copy.h"
 #include "kiln/kernels/threshold.h"
@@ -21,6 +22,7 @@
 #include "kiln/ops/elementwise.h"
 #include "kiln/ops/factory.h"
 #include "kiln/ops/index.h"
+#include "kiln/ops/memory_format.h"
 #include "op_record.h"
 
 namespace kiln {
@@ -276,9 +278,11 @@ Tensor threshold_backward(const Tensor& grad, const Tensor& self, const Scalar& 
 }
 
 Tensor threshold_backward(Tensor&& grad, const Tensor& self, const Scalar& threshold) {
+  // Dense in either format: a channels-last gradient (a convolution's) is written over as well.
   const bool reuse = !grad_mode_enabled() && grad.use_count() == 1 && grad.storage().use_count() == 1 &&
-                     grad.is_contiguous() && grad.storage()->owns_memory() && grad.dtype() == self.dtype() &&
-                     grad.dtype() != kBool && grad.sizes() == self.sizes() && !grad.is_alias_of(self);
+                     (grad.is_contiguous() || is_contiguous(grad, MemoryFormat::ChannelsLast)) &&
+                     grad.storage()->owns_memory() && grad.dtype() == self.dtype() && grad.dtype() != kBool &&
+                     grad.sizes() == self.sizes() && !grad.is_alias_of(self);
   if (!reuse) return threshold_backward(static_cast<const Tensor&>(grad), self, threshold);
   Tensor out = std::move(grad);
   {
@@ -399,6 +403,8 @@ void run_clamp(const kernels::LoopSpec& loop, DType rt, const std::optional<Scal
 Tensor unary_op(const char* name, UnaryOp op, const Tensor& x, Kind kind, Formula f, CallSite site) {
   ops::OpScope rs(ops::NamePtr{name}, {&x});
   Tensor out = unary_out(name, op, x, kind);
+  // A capture may pool this ReLU's input in its place (docs/compile.md, "Rewrites"): it needs to see who reads it.
+  if (op == UnaryOp::Relu && capture::recording()) capture::watch(*out.storage(), "relu output");
   if (autograd::compute_requires_grad({&x})) record_unary(out, x, f, site);
   return out;
 }

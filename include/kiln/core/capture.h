@@ -41,6 +41,7 @@
 
 namespace kiln {
 class Tensor;
+class StorageImpl;
 }  // namespace kiln
 
 namespace kiln::memory {
@@ -88,6 +89,15 @@ class Recorder {
     (void)what;
     (void)source;
   }
+  /// A storage was watched (see watch()): `id` now names it, its bytes start at `data`.
+  virtual void watched(uint32_t id, const void* data, const char* role) {
+    (void)id;
+    (void)data;
+    (void)role;
+  }
+  /// Host code took the address of a watched storage's bytes: the op that
+  /// did is about to record its kernels, or is recording them.
+  virtual void watched_access(uint32_t id) { (void)id; }
 };
 
 namespace detail {
@@ -253,6 +263,19 @@ inline void note_grad_reset(const Tensor& leaf) {
 inline void note_backward() {
   if (detail::t_recorder) detail::t_recorder->backward_ran();
 }
+
+/// While recording, watches `s` for kiln::compile's graph rewrites
+/// (docs/compile.md, "Rewrites"): from now on the recorder hears of every op
+/// that takes the address of its bytes, whichever tensor or view it goes
+/// through. `role` says what the storage is ("relu output"). An op that
+/// makes a tensor a rewrite may replace calls this on its output; a rewrite
+/// applies only when the accesses show that no other op reads the bytes.
+void watch(StorageImpl& s, const char* role);
+/// How many times, since the process began, an op took the address of a
+/// watched storage's bytes on a thread with no capture recording (an OpenMP
+/// worker, say): a capture that sees this change while it runs cannot tell
+/// who read what, and applies no rewrite.
+uint64_t unattributed_watched_accesses() noexcept;
 
 /// Reports a graph break when recording: `what` names the op or event
 /// ("Tensor::item() reads a tensor's value on the host").

@@ -78,12 +78,31 @@ struct Reduction {
   std::function<void(const void* accs, int64_t pieces)> finish;
 };
 
+/// A kernel that is not elementwise, described for kiln::compile's graph
+/// rewrites (docs/compile.md, "Rewrites"): what it computes, the buffers it
+/// reads and writes, and a function that runs the same kernel on other
+/// buffers of the same sizes.
+inline constexpr int kKernelOperands = 4;
+struct Operands {
+  const char* what = nullptr;  // a literal naming the computation ("max_pool_nhwc_forward")
+  int n = 0;
+  void* ptr[kKernelOperands] = {};
+  int64_t bytes[kKernelOperands] = {};  // each buffer's extent from ptr
+};
+using OperandsRun = std::function<void(const Operands&)>;
+
 /// Implemented by the compiler: describes the kernel it was just handed.
 class LoopSink {
  public:
   virtual ~LoopSink() = default;
   virtual void loop(const Loop& loop, LoopRun run) = 0;
   virtual void reduction(Reduction r) = 0;
+  virtual void operands(const Operands& o, OperandsRun run) {
+    (void)o;
+    (void)run;
+  }
+  /// The scalar parameter of the elementwise kernel just noted (threshold_backward's threshold).
+  virtual void scalar(double v) { (void)v; }
 };
 
 namespace detail {
@@ -98,6 +117,16 @@ inline void note_loop(const Loop& loop, LoopRun run) {
 /// Called by a reduction kernel right after it recorded itself.
 inline void note_reduction(Reduction r) {
   if (detail::t_loop_sink) detail::t_loop_sink->reduction(std::move(r));
+}
+
+/// Called by a kernel right after it recorded itself, for the rewrites.
+inline void note_operands(const Operands& o, OperandsRun run) {
+  if (detail::t_loop_sink) detail::t_loop_sink->operands(o, std::move(run));
+}
+
+/// Called by an elementwise kernel right after note_loop.
+inline void note_scalar(double v) {
+  if (detail::t_loop_sink) detail::t_loop_sink->scalar(v);
 }
 
 /// RAII: installs `sink` on this thread for the duration of a capture.

@@ -19,6 +19,10 @@
 
 namespace kiln {
 
+namespace capture::detail {
+void note_watched_access(uint32_t id);
+}  // namespace capture::detail
+
 enum class DeviceType : uint8_t { CPU };
 
 struct Device {
@@ -37,7 +41,11 @@ class StorageImpl final : public RefCounted {
   StorageImpl(void* data, size_t nbytes, std::function<void(void*)> deleter);
   ~StorageImpl() override;
 
-  void* data() const { return data_; }
+  void* data() const {
+    if (watch_ != 0) [[unlikely]]
+      capture::detail::note_watched_access(watch_);
+    return data_;
+  }
   size_t nbytes() const { return nbytes_; }
   MemoryCategory category() const { return category_; }
   bool owns_memory() const { return owned_; }
@@ -69,6 +77,11 @@ class StorageImpl final : public RefCounted {
   /// and resize_(n)). While released, data() is null: nothing may read it.
   /// (Not named release(): that is RefCounted's reference drop.)
   void free_memory();
+  /// kiln::compile's rewrites (capture::watch): while set, every data() call
+  /// reports this id to the capture recording on the calling thread, so the
+  /// capture knows every op that took the address of these bytes.
+  uint32_t watch_id() const { return watch_; }
+  void set_watch_id(uint32_t id) { watch_ = id; }
   void reallocate_memory();
   bool memory_freed() const { return memory_freed_; }
 
@@ -79,6 +92,7 @@ class StorageImpl final : public RefCounted {
   bool owned_ = true;
   bool memory_freed_ = false;
   std::atomic<uint32_t> version_{0};
+  uint32_t watch_ = 0;  // in the padding after version_: no larger
   WriteInfo last_write_;
   std::function<void(void*)> deleter_;
 };

@@ -69,6 +69,11 @@ struct CompileOptions {
   /// keeping intermediates that die inside it out of memory (results are
   /// bitwise those of the unfused kernels; docs/compile.md, "Fusion").
   bool fuse = true;
+  /// Runs each ReLU that only a channels-last max pool reads after the pool,
+  /// on the pooled quarter, forward and backward (docs/compile.md,
+  /// "Rewrites"): the values of the recorded kernels but for the sign of a
+  /// zero where a window's maximum is 0.
+  bool rewrite = true;
 };
 
 /// One graph break: what could not be captured and the last line of user
@@ -107,6 +112,8 @@ struct CompileStats {
   int64_t fused_loops = 0;                      // fused loops in it
   int64_t fused_kernels = 0;                    // the elementwise kernels they run
   int64_t unwritten_bytes = 0;                  // intermediates a replay keeps in cache instead of memory
+  int64_t rewrites = 0;                         // graph rewrites applied to it (ReLU-pooling pairs)
+  int64_t rewrite_unwritten_bytes = 0;          // full-size tensors they no longer write, per call
   std::vector<GraphBreak> graph_breaks;
   std::vector<std::string> recompile_reasons;  // the failed guard of each recompile
   /// With KILN_COMPILE_PROFILE=1: milliseconds spent in replays per recorded

@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "kiln/core/capture.h"
+#include "kiln/core/capture_loop.h"
 #include "kiln/core/error.h"
 #include "kiln/kernels/dnnl.h"
 #include "kiln/kernels/loop.h"
@@ -310,6 +311,16 @@ Pool2dParams uniform_bins(DType dtype, int64_t planes, int64_t h, int64_t w, int
   return p;
 }
 
+// kiln::compile's ReLU-pooling rewrite (docs/compile.md, "Rewrites") moves the
+// channels-last max pool to other buffers: it is described by its operands.
+bool nhwc_max_pool_operands(const Pool2dParams& p) {
+  return p.kind == PoolKind::Max && use_dnnl(p) && detail::max_pool_nhwc_applies(p);
+}
+
+int64_t pool_bytes(const Pool2dParams& p, bool output) {
+  return p.n * p.c * (output ? p.oh * p.ow : p.h * p.w) * static_cast<int64_t>(element_size(p.dtype));
+}
+
 }  // namespace
 
 size_t pool2d_workspace_bytes(const Pool2dParams& p) {
@@ -360,6 +371,15 @@ bool pool2d_forward(const Pool2dParams& p, const void* input, void* output, void
                  "pool2d_forward: a replayed step found a NaN in a max pool's input that oneDNN pooled when the step "
                  "was captured; the captured step cannot take the NaN path (run this step eagerly)");
     });
+    if (workspace && nhwc_max_pool_operands(p)) {
+      capture::Operands o{"max_pool_nhwc_forward", 3, {const_cast<void*>(input), output, workspace}, {}};
+      o.bytes[0] = pool_bytes(p, false);
+      o.bytes[1] = pool_bytes(p, true);
+      o.bytes[2] = static_cast<int64_t>(detail::max_pool_nhwc_workspace_bytes(p));
+      capture::note_operands(o, [p](const capture::Operands& t) {
+        detail::max_pool_nhwc_forward(p, t.ptr[0], t.ptr[1], static_cast<uint8_t*>(t.ptr[2]));
+      });
+    }
   }
   return ran_dnnl;
 }
@@ -401,6 +421,16 @@ void max_pool2d_backward_workspace(const Pool2dParams& p, const void* grad_outpu
                                    void* grad_input) {
   KILN_CAPTURE_KERNEL("max_pool2d_backward_workspace",
                       max_pool2d_backward_workspace(p, grad_output, workspace, grad_input));
+  if (kiln_capture_.recording() && nhwc_max_pool_operands(p)) {
+    capture::Operands o{
+        "max_pool_nhwc_backward", 3, {const_cast<void*>(grad_output), const_cast<void*>(workspace), grad_input}, {}};
+    o.bytes[0] = pool_bytes(p, true);
+    o.bytes[1] = static_cast<int64_t>(detail::max_pool_nhwc_workspace_bytes(p));
+    o.bytes[2] = pool_bytes(p, false);
+    capture::note_operands(o, [p](const capture::Operands& t) {
+      detail::max_pool_nhwc_backward(p, t.ptr[0], static_cast<const uint8_t*>(t.ptr[1]), t.ptr[2]);
+    });
+  }
   if (p.n * p.c * p.h * p.w == 0) return;
   KILN_ASSERT(use_dnnl(p), "max_pool2d backward: a workspace for a pool oneDNN does not run");
   if (detail::max_pool_nhwc_applies(p))

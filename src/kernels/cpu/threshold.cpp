@@ -7,6 +7,7 @@
 
 #include "elementwise_loop.h"
 #include "kiln/core/capture.h"
+#include "kiln/core/capture_loop.h"
 #include "loop_capture.h"
 
 namespace kiln::kernels {
@@ -16,10 +17,16 @@ void threshold_backward(const LoopSpec& s, DType dt, const void* threshold) {
   const capture::KernelScope cap("threshold_backward", capture::kDeferrable);
   if (cap.recording()) {
     const int es = static_cast<int>(element_size(dt));
-    if (ew::record_loop(cap, s, ew::sizes_all(es), [=, th = capture::ScalarBytes(threshold, es)](const LoopSpec& t) {
-          threshold_backward(t, dt, th.ptr());
-        }))
-      return;
+    const bool deferred = ew::record_loop(
+        cap, s, ew::sizes_all(es),
+        [=, th = capture::ScalarBytes(threshold, es)](const LoopSpec& t) { threshold_backward(t, dt, th.ptr()); });
+    // kiln::compile's ReLU-pooling rewrite holds only for a threshold >= 0 (docs/compile.md, "Rewrites").
+    if (dt != kBool)
+      visit_dtype(dt, [&]<typename T>() {
+        if constexpr (!std::is_same_v<T, bool>)
+          capture::note_scalar(static_cast<double>(static_cast<compute_t<T>>(*static_cast<const T*>(threshold))));
+      });
+    if (deferred) return;
   }
   KILN_ASSERT(dt != kBool, "threshold_backward kernel called with bool; the ops layer should have rejected it");
   visit_dtype(dt, [&]<typename T>() {

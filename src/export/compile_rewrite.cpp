@@ -1,0 +1,282 @@
+// kiln::compile's graph rewrites (compile_rewrite.h): ReLU then max pooling,
+// run as max pooling then ReLU.
+//
+// Note [ReLU-pooling rewrite]
+// A max pool of a ReLU is the ReLU of the max pool: the ReLU is monotone, so
+// it keeps which element of a window is largest, and the first maximum of a
+// window of ReLU outputs is the first maximum of its inputs wherever that
+// maximum is positive (or NaN). The rewrite pools the ReLU's input and runs
+// the ReLU on the pooled quarter, so the full-size ReLU output is never
+// written; in the backward it masks the pooled gradient with the ReLU's
+// backward (grad where the pooled value > threshold) before the pool's
+// backward routes it, so neither the full-size gradient of the ReLU's output
+// nor threshold_backward's full-size pass remains.
+//
+// Where a window's maximum is not positive, the two may route its gradient
+// to different elements of the window, but both mask it to zero first: the
+// gradient is the same. The values are the same but for the sign of a zero:
+// a window [-1, -0.0] pools to +0 (the ReLU of -1, first) as recorded and to
+// the ReLU of -0.0, which keeps the sign, rewritten. The backward holds only
+// for a threshold >= 0 (the ReLU's is 0), which the rewrite checks.
+//
+// What makes it safe is the record, not the model's code: the ReLU op and the
+// pool's backward op watch their outputs (capture::watch), so the capture
+// knows every op that took the address of those bytes. The rewrite applies
+// only when the ReLU's output is read by the pool and the ReLU's backward and
+// by nothing else, its gradient only by the ReLU's backward, which writes its
+// result over it, and both die inside the step. The ReLU's output block, no
+// longer written, holds the pooled values before the ReLU and the masked
+// pooled gradient.
+#include "compile_rewrite.h"
+
+#include <cstring>
+#include <initializer_list>
+#include <map>
+#include <sstream>
+
+#include "kiln/core/capture.h"
+
+namespace kiln::compile_detail {
+
+namespace {
+
+using capture::Loop;
+
+int64_t dense_bytes(const Loop& l, int op) {  // the bytes a dense operand spans, or -1
+  int64_t n = l.elem_size[op];
+  for (int d = 0; d < l.ndim; ++d) {
+    if (l.sizes[d] == 1) continue;
+    if (l.strides[op][d] < 0) return -1;
+  }
+  int64_t span = 0;
+  for (int d = 0; d < l.ndim; ++d) span += (l.sizes[d] - 1) * l.strides[op][d];
+  n += span;
+  return n == l.numel() * l.elem_size[op] ? n : -1;
+}
+
+bool same_layout(const Loop& l, int a, int b) {
+  if (l.elem_size[a] != l.elem_size[b]) return false;
+  for (int d = 0; d < l.ndim; ++d)
+    if (l.sizes[d] != 1 && l.strides[a][d] != l.strides[b][d]) return false;
+  return true;
+}
+
+Loop flat_loop(int64_t numel, int nops, int elem_size, std::initializer_list<char*> data) {
+  Loop l;
+  l.ndim = 1;
+  l.nops = nops;
+  l.sizes[0] = numel;
+  int op = 0;
+  for (char* p : data) {
+    l.data[op] = p;
+    l.strides[op][0] = elem_size;
+    l.elem_size[op] = elem_size;
+    ++op;
+  }
+  return l;
+}
+
+bool freed_after(const std::vector<Recorded>& ops, size_t k, const std::vector<std::pair<void*, size_t>>& at_end,
+                 const void* block) {
+  for (size_t j = k + 1; j < ops.size(); ++j)
+    for (const auto& f : ops[j].freed_before)
+      if (f.first == block) return true;
+  for (const auto& f : at_end)
+    if (f.first == block) return true;
+  return false;
+}
+
+bool is_operands(const Recorded& r, const char* what) {
+  return !r.host && r.operands && std::strcmp(r.operands->ops.what, what) == 0;
+}
+
+bool is_loop(const Recorded& r, const char* name, int nops) {
+  return !r.host && r.loop && std::strcmp(r.name, name) == 0 && r.loop->loop.nops == nops;
+}
+
+Recorded loop_event(const char* name, const LoopRecord& like, const Loop& l) {
+  auto rec = std::make_shared<const LoopRecord>(LoopRecord{l, like.run});
+  Recorded r{name, false, [rec] { rec->run(rec->loop); }, rec, nullptr, {}, {}, nullptr, std::nullopt};
+  return r;
+}
+
+Recorded operands_event(const char* name, const OperandsRecord& like, const capture::Operands& o) {
+  auto rec = std::make_shared<const OperandsRecord>(OperandsRecord{o, like.run});
+  Recorded r{name, false, [rec] { rec->run(rec->ops); }, nullptr, nullptr, {}, {}, rec, std::nullopt};
+  return r;
+}
+
+struct Match {
+  size_t relu, pool, pool_bwd, relu_bwd;
+  char* scratch;  // the ReLU output's block
+  int64_t relu_bytes, pooled_bytes, workspace_bytes;
+};
+
+int64_t round64(int64_t n) { return (n + 63) / 64 * 64; }
+
+// The pattern of the Note for one watched ReLU output, or nothing and `why` not (for the log).
+std::optional<Match> match(const std::vector<Recorded>& ops, const WatchRecord& relu_out,
+                           const std::multimap<const void*, const WatchRecord*>& grads,
+                           const std::vector<std::pair<void*, size_t>>& at_end, std::string& why) {
+  auto no = [&why](std::string reason) -> std::optional<Match> {
+    why = std::move(reason);
+    return std::nullopt;
+  };
+  if (relu_out.at == 0 || relu_out.accesses.empty()) return no("nothing reads it");
+  Match m{};
+  m.relu = relu_out.at - 1;
+  const Recorded& relu = ops[m.relu];
+  if (!is_loop(relu, "unary", 2) || relu.loop->loop.data[0] != relu_out.data) return no("not the ReLU kernel's output");
+  const Loop& rl = relu.loop->loop;
+  m.relu_bytes = dense_bytes(rl, 0);
+  if (m.relu_bytes < 0 || dense_bytes(rl, 1) != m.relu_bytes || !same_layout(rl, 0, 1))
+    return no("input and output are not dense in one layout");
+  const auto rlo = reinterpret_cast<uintptr_t>(rl.data[0]), clo = reinterpret_cast<uintptr_t>(rl.data[1]);
+  if (rlo < clo + static_cast<uintptr_t>(m.relu_bytes) && clo < rlo + static_cast<uintptr_t>(m.relu_bytes))
+    return no("in place");
+  // Read by the pool right after it, then by one op in the backward (threshold_backward), and by nothing else.
+  m.pool = m.relu + 1;
+  m.relu_bwd = relu_out.accesses.back();
+  for (size_t a : relu_out.accesses)
+    if (a != m.pool && a != m.relu_bwd) return no("read by another op (before event " + std::to_string(a) + ")");
+  if (m.pool >= ops.size() || m.relu_bwd <= m.pool || m.relu_bwd >= ops.size()) return no("not read in a backward");
+  const Recorded& pool = ops[m.pool];
+  if (!is_operands(pool, "max_pool_nhwc_forward") || pool.operands->ops.ptr[0] != relu_out.data ||
+      pool.operands->ops.bytes[0] != m.relu_bytes)
+    return no("not pooled next by a channels-last max pool with a workspace");
+  m.pooled_bytes = pool.operands->ops.bytes[1];
+  const Recorded& tb = ops[m.relu_bwd];
+  if (!is_loop(tb, "threshold_backward", 3) || !tb.scalar || !(*tb.scalar >= 0.0))
+    return no("its last reader is not threshold_backward with a threshold >= 0");
+  const Loop& tl = tb.loop->loop;
+  if (tl.data[2] != relu_out.data) return no("threshold_backward does not mask by it");
+  if (tl.data[0] != tl.data[1]) return no("threshold_backward does not write over the gradient");
+  if (dense_bytes(tl, 0) != m.relu_bytes || !same_layout(tl, 0, 2) || !same_layout(tl, 0, 1) ||
+      tl.elem_size[0] != rl.elem_size[0])
+    return no("threshold_backward's operands are not dense in the ReLU's layout");
+  // The pool's backward wrote that gradient, with the pool's workspace; nothing read it before the ReLU's backward.
+  const WatchRecord* g = nullptr;  // the latest watch of that block before the ReLU's backward
+  for (auto [it, end] = grads.equal_range(tl.data[1]); it != end; ++it)
+    if (it->second->at > m.pool + 1 && it->second->at <= m.relu_bwd && (!g || it->second->at > g->at)) g = it->second;
+  if (!g) return no("its gradient is not the pool's backward's output");
+  m.pool_bwd = g->at - 1;
+  for (size_t a : g->accesses)
+    // From the ReLU's backward on, the block holds that backward's result, in both records.
+    if (a < m.relu_bwd) return no("its gradient is read by another op (before event " + std::to_string(a) + ")");
+  const Recorded& pb = ops[m.pool_bwd];
+  if (!is_operands(pb, "max_pool_nhwc_backward") || pb.operands->ops.ptr[2] != tl.data[1] ||
+      pb.operands->ops.ptr[1] != pool.operands->ops.ptr[2] || pb.operands->ops.bytes[2] != m.relu_bytes ||
+      pb.operands->ops.bytes[0] != m.pooled_bytes)
+    return no("its gradient is not written by the channels-last pool's backward");
+  // The ReLU output's block is scratch until it is freed, which must happen inside the step.
+  if (!freed_after(ops, m.relu_bwd, at_end, relu_out.data)) return no("it outlives the step");
+  m.scratch = static_cast<char*>(const_cast<void*>(relu_out.data));
+  m.workspace_bytes = pool.operands->ops.bytes[2];
+  if (2 * round64(m.pooled_bytes) + m.workspace_bytes > m.relu_bytes)
+    return no("the pooled values, their gradient and the workspace do not fit in its block");
+  return m;
+}
+
+}  // namespace
+
+RewriteReport rewrite_relu_pooling(std::vector<Recorded>& ops, const std::vector<WatchRecord>& watches,
+                                   std::vector<std::pair<void*, size_t>>& freed_at_end) {
+  RewriteReport report;
+  std::multimap<const void*, const WatchRecord*> grads;
+  for (const WatchRecord& w : watches)
+    if (w.role == "max_pool2d grad_input") grads.emplace(w.data, &w);
+  std::vector<Match> found;
+  std::vector<char> taken(ops.size(), 0);
+  for (const WatchRecord& w : watches) {
+    if (w.role != "relu output") continue;
+    std::string why;
+    const std::optional<Match> m = match(ops, w, grads, freed_at_end, why);
+    if (!m) {  // said only of a ReLU that a max pool follows: the others are not candidates
+      if (w.at < ops.size() && is_operands(ops[w.at], "max_pool_nhwc_forward"))
+        report.lines.push_back("not rewritten: the relu before event " + std::to_string(w.at) + ": " + why);
+      continue;
+    }
+    if (taken[m->relu] || taken[m->pool] || taken[m->pool_bwd] || taken[m->relu_bwd]) continue;
+    taken[m->relu] = taken[m->pool] = taken[m->pool_bwd] = taken[m->relu_bwd] = 1;
+    found.push_back(*m);
+  }
+  if (found.empty()) return report;
+
+  // Replacements by event: what runs there instead (the backward's two kernels at the pool's backward).
+  std::map<size_t, std::vector<Recorded>> replace;
+  for (const Match& m : found) {
+    const Recorded& relu = ops[m.relu];
+    const OperandsRecord& pool = *ops[m.pool].operands;
+    const OperandsRecord& pool_bwd = *ops[m.pool_bwd].operands;
+    const LoopRecord& mask = *ops[m.relu_bwd].loop;
+    const int es = relu.loop->loop.elem_size[0];
+    const int64_t pooled = m.pooled_bytes / es;
+    // In the ReLU output's block: the pooled values before the ReLU, the masked pooled gradient
+    // and the pool's workspace. The block is the step's alone from before the ReLU ran until its
+    // backward, where the recorded workspace, allocated after the ReLU, may lie in a block that
+    // still held the ReLU's input when it ran.
+    char* raw = m.scratch;
+    char* masked = raw + round64(m.pooled_bytes);
+    char* workspace = masked + round64(m.pooled_bytes);
+    auto* out = static_cast<char*>(pool.ops.ptr[1]);
+
+    capture::Operands fwd = pool.ops;
+    fwd.ptr[0] = relu.loop->loop.data[1];  // the ReLU's input
+    fwd.ptr[1] = raw;
+    fwd.ptr[2] = workspace;
+    Recorded pool_ev = operands_event("max_pool_nhwc_forward", pool, fwd);
+    pool_ev.freed_before = relu.freed_before;
+    replace[m.relu].push_back(std::move(pool_ev));
+    Recorded relu_ev = loop_event("unary", *relu.loop, flat_loop(pooled, 2, es, {out, raw}));
+    relu_ev.freed_before = ops[m.pool].freed_before;
+    replace[m.pool].push_back(std::move(relu_ev));
+
+    const Loop& tl = mask.loop;
+    auto* grad_pooled = static_cast<char*>(pool_bwd.ops.ptr[0]);
+    Recorded mask_ev = loop_event("threshold_backward", mask, flat_loop(pooled, 3, es, {masked, grad_pooled, raw}));
+    mask_ev.scalar = ops[m.relu_bwd].scalar;
+    mask_ev.freed_before = ops[m.pool_bwd].freed_before;
+    replace[m.pool_bwd].push_back(std::move(mask_ev));
+    capture::Operands bwd = pool_bwd.ops;
+    bwd.ptr[0] = masked;
+    bwd.ptr[1] = workspace;
+    bwd.ptr[2] = tl.data[0];  // the ReLU's backward's result, over the gradient the pool's backward wrote
+    replace[m.pool_bwd].push_back(operands_event("max_pool_nhwc_backward", pool_bwd, bwd));
+    replace[m.relu_bwd];  // nothing: its frees move to the next event
+
+    report.relu_pools += 1;
+    report.unwritten_bytes += 2 * m.relu_bytes;
+    std::ostringstream os;
+    os << "rewritten: relu -> max_pool2d run as max_pool2d -> relu on " << pooled << " of " << m.relu_bytes / es
+       << " elements (events " << m.relu << ", " << m.pool << ", " << m.pool_bwd << ", " << m.relu_bwd << ")";
+    report.lines.push_back(os.str());
+  }
+
+  std::vector<Recorded> out;
+  out.reserve(ops.size() + found.size());
+  std::vector<std::pair<void*, size_t>> carried;  // frees of a dropped event, due before the next one
+  for (size_t i = 0; i < ops.size(); ++i) {
+    auto it = replace.find(i);
+    if (it == replace.end()) {
+      Recorded r = std::move(ops[i]);
+      r.freed_before.insert(r.freed_before.begin(), carried.begin(), carried.end());
+      carried.clear();
+      out.push_back(std::move(r));
+      continue;
+    }
+    if (it->second.empty()) {
+      carried.insert(carried.end(), ops[i].freed_before.begin(), ops[i].freed_before.end());
+      continue;
+    }
+    for (Recorded& r : it->second) {
+      r.freed_before.insert(r.freed_before.begin(), carried.begin(), carried.end());
+      carried.clear();
+      out.push_back(std::move(r));
+    }
+  }
+  freed_at_end.insert(freed_at_end.begin(), carried.begin(), carried.end());
+  ops = std::move(out);
+  return report;
+}
+
+}  // namespace kiln::compile_detail

@@ -1,0 +1,43 @@
+// Internal to kiln::compile: graph rewrites over a captured step's record,
+// which run before fusion (docs/compile.md, "Rewrites"). A rewrite replaces
+// kernels by others that compute the same values with less memory traffic,
+// where the record shows that nothing else reads what it stops writing.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "compile_fusion.h"
+
+namespace kiln::compile_detail {
+
+/// A storage the capture watched (capture::watch): what it was, the event
+/// count when it was watched, and the event count at each later access of its
+/// bytes (an op takes the address just before it records its kernels).
+struct WatchRecord {
+  uint32_t id = 0;
+  const void* data = nullptr;
+  std::string role;
+  size_t at = 0;
+  std::vector<size_t> accesses;
+};
+
+struct RewriteReport {
+  int64_t relu_pools = 0;          // ReLU → max pool pairs run as max pool → ReLU
+  int64_t unwritten_bytes = 0;     // per call: the full-size ReLU outputs and gradients no longer written
+  std::vector<std::string> lines;  // one per rewrite, for the log
+};
+
+/// Runs each ReLU whose output only a channels-last max pool reads (and the
+/// ReLU's backward) after the pool, on the pooled quarter; the ReLU's backward
+/// masks the pooled gradient before the pool's backward routes it. Values are
+/// those of the kernels as recorded, but for the sign of a zero (a pooled
+/// window whose maximum is a zero preceded by negatives: +0 as recorded, the
+/// zero's own sign rewritten). `freed_at_end`: blocks freed after the last event.
+RewriteReport rewrite_relu_pooling(std::vector<Recorded>& ops, const std::vector<WatchRecord>& watches,
+                                   std::vector<std::pair<void*, size_t>>& freed_at_end);
+
+}  // namespace kiln::compile_detail

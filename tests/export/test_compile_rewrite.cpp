@@ -1,0 +1,166 @@
+// kiln::compile's ReLU-pooling rewrite (docs/compile.md, "Rewrites"): a ReLU
+// that only a channels-last max pool reads runs after the pool on the pooled
+// quarter, forward and backward. Training steps replayed with it match eager
+// bitwise (random data has no exact zeros for the sign-of-zero difference);
+// NaN in the input propagates to the same values and gradients; a ReLU output
+// that anything else reads, or that outlives the step, is left alone.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <memory>
+
+#include "kiln/core/guards.h"
+#include "kiln/core/threads.h"
+#include "kiln/export/compile.h"
+#include "kiln/models/cnn.h"
+#include "kiln/nn/functional.h"
+#include "kiln/nn/layers.h"
+#include "kiln/ops/conv.h"
+#include "kiln/ops/factory.h"
+#include "kiln/optim/optimizer.h"
+#include "support/test_util.h"
+
+namespace kiln::test {
+namespace {
+
+struct Twin {
+  std::shared_ptr<models::CNN> model;
+  std::unique_ptr<optim::Optimizer> opt;
+};
+
+Twin make_cnn() {
+  manual_seed(11);
+  Twin t;
+  t.model = std::make_shared<models::CNN>(
+      models::CNNOptions{.in_channels = 1, .channels1 = 8, .channels2 = 16, .hidden = 32, .input_size = {12, 12}});
+  optim::ParamGroup g;
+  for (const auto& [n, p] : t.model->named_parameters()) g.params.emplace_back(n, p);
+  t.opt = std::make_unique<optim::Adam>(std::vector<optim::ParamGroup>{g}, optim::AdamOptions{.lr = 1e-2});
+  return t;
+}
+
+std::function<Tensor()> train_step(Twin& t, const Tensor& x, const Tensor& y) {
+  return [&t, &x, &y] {
+    t.opt->zero_grad();
+    Tensor loss = nn::functional::cross_entropy((*t.model)(x), y);
+    loss.backward();
+    t.opt->step();
+    return loss;
+  };
+}
+
+// Equal numbers, NaN where the other has NaN (the sign of a zero aside).
+::testing::AssertionResult same_numbers(const Tensor& a, const Tensor& b) {
+  const std::vector<double> u = to_doubles(a), v = to_doubles(b);
+  if (u.size() != v.size()) return ::testing::AssertionFailure() << "sizes " << u.size() << " and " << v.size();
+  for (size_t i = 0; i < u.size(); ++i)
+    if (!(u[i] == v[i] || (std::isnan(u[i]) && std::isnan(v[i]))))
+      return ::testing::AssertionFailure() << "element " << i << ": " << u[i] << " against " << v[i];
+  return ::testing::AssertionSuccess();
+}
+
+void expect_same_model(const Twin& e, const Twin& c, bool bitwise) {
+  const auto pe = e.model->named_parameters(), pc = c.model->named_parameters();
+  ASSERT_EQ(pe.size(), pc.size());
+  for (size_t i = 0; i < pe.size(); ++i) {
+    if (bitwise) {
+      EXPECT_TRUE(bitwise_equal(pe[i].second, pc[i].second)) << pe[i].first;
+      EXPECT_TRUE(bitwise_equal(pe[i].second.grad(), pc[i].second.grad())) << pe[i].first << ".grad";
+    } else {
+      EXPECT_TRUE(same_numbers(pe[i].second, pc[i].second)) << pe[i].first;
+      EXPECT_TRUE(same_numbers(pe[i].second.grad(), pc[i].second.grad())) << pe[i].first << ".grad";
+    }
+  }
+}
+
+TEST(CompileRewrite, ACNNTrainingStepPoolsBeforeItsReLUsAndMatchesEagerBitwise) {
+  const int before = get_num_threads();
+  for (int threads : {1, 2}) {
+    set_num_threads(threads);
+    Twin eager = make_cnn(), comp = make_cnn();
+    manual_seed(3);
+    const Tensor x = randn({8, 1, 12, 12}), y = randint(0, 10, {8});
+    auto eager_step = train_step(eager, x, y);
+    auto step = compile(train_step(comp, x, y), {.name = "cnn step", .modules = {comp.model.get()}});
+    for (int i = 0; i < 5; ++i) EXPECT_TRUE(bitwise_equal(eager_step(), step()[0])) << "loss of step " << i;
+    EXPECT_EQ(step.stats().replays, 4);
+    // Both ReLU → pool pairs; fc1's ReLU feeds no pool and stays.
+    EXPECT_EQ(step.stats().rewrites, 2) << step.explain();
+    // Each pair no longer writes its ReLU's output nor that output's gradient (float32, 8 × C × 12² and 6²).
+    EXPECT_EQ(step.stats().rewrite_unwritten_bytes, 2 * 4 * 8 * (8 * 144 + 16 * 36));
+    EXPECT_NE(step.explain().find("run as max_pool2d -> relu"), std::string::npos) << step.explain();
+    expect_same_model(eager, comp, /*bitwise=*/true);
+
+    // Off: the same record without the rewrite.
+    Twin plain = make_cnn();
+    auto unrewritten =
+        compile(train_step(plain, x, y), {.name = "cnn step", .modules = {plain.model.get()}, .rewrite = false});
+    for (int i = 0; i < 5; ++i) unrewritten();
+    EXPECT_EQ(unrewritten.stats().rewrites, 0);
+    expect_same_model(plain, comp, /*bitwise=*/true);
+  }
+  set_num_threads(before);
+}
+
+TEST(CompileRewrite, NaNInTheInputGivesTheEagerValuesAndGradients) {
+  // A NaN pixel: its window pools to NaN in both orders, and the ReLU's backward passes a NaN
+  // value's gradient (torch's threshold_backward), routed to the same element.
+  Twin eager = make_cnn(), comp = make_cnn();
+  manual_seed(5);
+  Tensor x = randn({8, 1, 12, 12});
+  const Tensor y = randint(0, 10, {8});
+  auto grads_only = [&x, &y](Twin& t) {
+    return [&t, &x, &y] {
+      t.opt->zero_grad();
+      Tensor loss = nn::functional::cross_entropy((*t.model)(x), y);
+      loss.backward();
+      return loss;
+    };
+  };
+  auto eager_step = grads_only(eager);
+  auto step = compile(grads_only(comp), {.name = "grads", .modules = {comp.model.get()}});
+  step();  // captured on finite data
+  EXPECT_EQ(step.stats().rewrites, 2) << step.explain();
+  {
+    const NoGradGuard ng;
+    x.data_ptr<float>()[5 * 144 + 3 * 12 + 7] = std::nanf("");
+  }
+  EXPECT_TRUE(same_numbers(eager_step(), step()[0]));
+  EXPECT_EQ(step.stats().replays, 1);
+  expect_same_model(eager, comp, /*bitwise=*/false);
+}
+
+TEST(CompileRewrite, AReLUOutputReadByAnotherOpOrKeptIsLeftAlone) {
+  manual_seed(2);
+  auto conv = std::make_shared<nn::Conv2d>(
+      nn::Conv2dOptions{.in_channels = 1, .out_channels = 8, .kernel_size = {3}, .padding = {1}});
+  const Tensor x = randn({4, 1, 8, 8});
+  Tensor kept;
+  auto step_of = [&](int variant) {
+    return [&, variant] {
+      conv->zero_grad();
+      const Tensor r = (*conv)(x).relu();
+      Tensor loss = max_pool2d(r, {2}).mean();
+      if (variant == 0) loss = loss + r.mean();  // a second reader of the ReLU's output
+      if (variant == 1) kept = r;                // the output outlives the step
+      loss.backward();
+      return loss;
+    };
+  };
+  for (int variant : {0, 1}) {
+    const Tensor want = step_of(variant)();
+    const Tensor want_grad = conv->weight.grad().clone();
+    auto step = compile(step_of(variant), {.name = "conv", .modules = {conv.get()}});
+    step();
+    EXPECT_TRUE(bitwise_equal(want, step()[0])) << "variant " << variant;
+    EXPECT_TRUE(bitwise_equal(want_grad, conv->weight.grad())) << "variant " << variant;
+    EXPECT_EQ(step.stats().rewrites, 0) << "variant " << variant << "\n" << step.explain();
+  }
+  // The control: the same function with neither has its pair rewritten.
+  auto step = compile(step_of(2), {.name = "conv", .modules = {conv.get()}});
+  step();
+  EXPECT_EQ(step.stats().rewrites, 1) << step.explain();
+}
+
+}  // namespace
+}  // namespace kiln::test
