@@ -1,7 +1,8 @@
 // kiln::compile's ReLU-pooling rewrite (docs/compile.md, "Rewrites"): a ReLU
 // that only a channels-last max pool reads runs after the pool on the pooled
 // quarter, forward and backward. Training steps replayed with it match eager
-// bitwise (random data has no exact zeros for the sign-of-zero difference);
+// bitwise, in float32 and under bfloat16 autocast (random data has no exact
+// zeros for the sign-of-zero difference);
 // NaN in the input propagates to the same values and gradients; a ReLU output
 // that anything else reads, or that outlives the step, is left alone.
 #include <gtest/gtest.h>
@@ -9,6 +10,7 @@
 #include <cmath>
 #include <memory>
 
+#include "kiln/core/autocast.h"
 #include "kiln/core/guards.h"
 #include "kiln/core/threads.h"
 #include "kiln/export/compile.h"
@@ -102,6 +104,32 @@ TEST(CompileRewrite, ACNNTrainingStepPoolsBeforeItsReLUsAndMatchesEagerBitwise) 
   set_num_threads(before);
 }
 
+TEST(CompileRewrite, UnderBfloat16AutocastTheStepMatchesEagerBitwise) {
+  // The convolutions run in bfloat16, so the ReLUs, pools and their backward do too.
+  Twin eager = make_cnn(), comp = make_cnn();
+  manual_seed(4);
+  const Tensor x = randn({8, 1, 12, 12}), y = randint(0, 10, {8});
+  auto amp_step = [&x, &y](Twin& t) {
+    return [&t, &x, &y] {
+      t.opt->zero_grad();
+      Tensor loss;
+      {
+        const AutocastGuard amp(kBFloat16);
+        loss = nn::functional::cross_entropy((*t.model)(x), y);
+      }
+      loss.backward();
+      t.opt->step();
+      return loss;
+    };
+  };
+  auto eager_step = amp_step(eager);
+  auto step = compile(amp_step(comp), {.name = "bf16 cnn step", .modules = {comp.model.get()}});
+  for (int i = 0; i < 4; ++i) EXPECT_TRUE(bitwise_equal(eager_step(), step()[0])) << "loss of step " << i;
+  EXPECT_EQ(step.stats().rewrites, 2) << step.explain();
+  EXPECT_EQ(step.stats().rewrite_unwritten_bytes, 2 * 2 * 8 * (8 * 144 + 16 * 36));
+  expect_same_model(eager, comp, /*bitwise=*/true);
+}
+
 TEST(CompileRewrite, NaNInTheInputGivesTheEagerValuesAndGradients) {
   // A NaN pixel: its window pools to NaN in both orders, and the ReLU's backward passes a NaN
   // value's gradient (torch's threshold_backward), routed to the same element.
@@ -128,6 +156,34 @@ TEST(CompileRewrite, NaNInTheInputGivesTheEagerValuesAndGradients) {
   EXPECT_TRUE(same_numbers(eager_step(), step()[0]));
   EXPECT_EQ(step.stats().replays, 1);
   expect_same_model(eager, comp, /*bitwise=*/false);
+}
+
+TEST(CompileRewrite, OverlappingPaddedWindowsMatchEagerBitwise) {
+  // 3×3 windows, stride 2, padding 1 (ResNet's stem pool): an element can be the maximum of
+  // several windows, and the pool's backward sums their masked gradients in torch's order.
+  manual_seed(8);
+  auto make = [] {
+    manual_seed(9);
+    return std::make_shared<nn::Conv2d>(
+        nn::Conv2dOptions{.in_channels = 3, .out_channels = 16, .kernel_size = {3}, .padding = {1}});
+  };
+  auto eager = make(), comp = make();
+  const Tensor x = randn({4, 3, 11, 11});
+  auto step_of = [&x](const std::shared_ptr<nn::Conv2d>& conv) {
+    return [conv, &x] {
+      conv->zero_grad();
+      const Tensor p = max_pool2d((*conv)(x).relu(), {3}, {2}, {1});
+      Tensor loss = (p * p).mean();
+      loss.backward();
+      return loss;
+    };
+  };
+  auto eager_step = step_of(eager);
+  auto step = compile(step_of(comp), {.name = "stem", .modules = {comp.get()}});
+  for (int i = 0; i < 3; ++i) EXPECT_TRUE(bitwise_equal(eager_step(), step()[0])) << "call " << i;
+  EXPECT_EQ(step.stats().rewrites, 1) << step.explain();
+  EXPECT_TRUE(bitwise_equal(eager->weight.grad(), comp->weight.grad()));
+  EXPECT_TRUE(bitwise_equal(eager->bias.grad(), comp->bias.grad()));
 }
 
 TEST(CompileRewrite, AReLUOutputReadByAnotherOpOrKeptIsLeftAlone) {
