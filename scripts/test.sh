@@ -72,7 +72,7 @@ if [[ ${KILN_SKIP_ASAN:-0} != 1 ]]; then
   # freed block or a dead stack buffer (a scalar operand) shows up here.
   echo "== asan-ubsan tests (compile: capture and replay)"
   ASAN_OPTIONS=detect_leaks=1:detect_stack_use_after_return=1 OMP_NUM_THREADS=2 build/asan/tests/test_export \
-    --gtest_filter='Compile.*:CompileSites.*:CompileFusion.*:CompileSplit.*'
+    --gtest_filter='Compile.*:CompileSites.*:CompileFusion.*:CompileSplit.*:CompileRewrite.*'
 fi
 
 if [[ ${KILN_SKIP_FUZZ:-0} != 1 ]]; then

@@ -626,7 +626,7 @@ std::string CompiledFunction::explain() const {
   }
   if (s.rewrites > 0)
     os << "  rewrites: " << s.rewrites << " relu -> max_pool2d " << (s.rewrites == 1 ? "pair" : "pairs")
-       << " run as max_pool2d -> relu, " << format_bytes(s.rewrite_unwritten_bytes)
+       << " run as max_pool2d(relu), " << format_bytes(s.rewrite_unwritten_bytes)
        << " of full-size activations and gradients not written per call\n";
   if (!s.ops_in_graph.empty()) {
     os << "   ";

@@ -5,15 +5,17 @@
 // A max pool of a ReLU is the ReLU of the max pool: the ReLU is monotone, so
 // it keeps which element of a window is largest, and the first maximum of a
 // window of ReLU outputs is the first maximum of its inputs wherever that
-// maximum is positive (or NaN). The rewrite pools the ReLU's input and runs
-// the ReLU on the pooled quarter, so the full-size ReLU output is never
-// written; in the backward it masks the pooled gradient with the ReLU's
-// backward (grad where the pooled value > threshold) before the pool's
-// backward routes it, so neither the full-size gradient of the ReLU's output
-// nor threshold_backward's full-size pass remains.
+// maximum is positive (or NaN). The rewrite pools the ReLU's input with a
+// pool that applies the ReLU to each maximum as it writes it, so the
+// full-size ReLU output is never written. The same pool marks, in the
+// workspace byte that tells the backward where each maximum was, the windows
+// whose maximum the ReLU's backward would mask (<= its threshold): the pool's
+// backward then routes nothing there and writes what threshold_backward would
+// have, so neither the pool's full-size gradient nor threshold_backward's
+// full-size pass over it remains.
 //
 // Where a window's maximum is not positive, the two may route its gradient
-// to different elements of the window, but both mask it to zero first: the
+// to different elements of the window, but both mask it to zero: the
 // gradient is the same. The values are the same but for the sign of a zero:
 // a window [-1, -0.0] pools to +0 (the ReLU of -1, first) as recorded and to
 // the ReLU of -0.0, which keeps the sign, rewritten. The backward holds only
@@ -23,14 +25,13 @@
 // pool's backward op watch their outputs (capture::watch), so the capture
 // knows every op that took the address of those bytes. The rewrite applies
 // only when the ReLU's output is read by the pool and the ReLU's backward and
-// by nothing else, its gradient only by the ReLU's backward, which writes its
-// result over it, and both die inside the step. The ReLU's output block, no
-// longer written, holds the pooled values before the ReLU and the masked
-// pooled gradient.
+// by nothing else, its gradient by nothing before the ReLU's backward writes
+// its result over it, and the output dies inside the step. The ReLU's output
+// block, no longer written, holds the workspace; the pooled output is written
+// where the ReLU ran, so its block must not have held a live tensor then.
 #include "compile_rewrite.h"
 
 #include <cstring>
-#include <initializer_list>
 #include <map>
 #include <sstream>
 
@@ -61,21 +62,6 @@ bool same_layout(const Loop& l, int a, int b) {
   return true;
 }
 
-Loop flat_loop(int64_t numel, int nops, int elem_size, std::initializer_list<char*> data) {
-  Loop l;
-  l.ndim = 1;
-  l.nops = nops;
-  l.sizes[0] = numel;
-  int op = 0;
-  for (char* p : data) {
-    l.data[op] = p;
-    l.strides[op][0] = elem_size;
-    l.elem_size[op] = elem_size;
-    ++op;
-  }
-  return l;
-}
-
 bool freed_after(const std::vector<Recorded>& ops, size_t k, const std::vector<std::pair<void*, size_t>>& at_end,
                  const void* block) {
   for (size_t j = k + 1; j < ops.size(); ++j)
@@ -94,12 +80,6 @@ bool is_loop(const Recorded& r, const char* name, int nops) {
   return !r.host && r.loop && std::strcmp(r.name, name) == 0 && r.loop->loop.nops == nops;
 }
 
-Recorded loop_event(const char* name, const LoopRecord& like, const Loop& l) {
-  auto rec = std::make_shared<const LoopRecord>(LoopRecord{l, like.run});
-  Recorded r{name, false, [rec] { rec->run(rec->loop); }, rec, nullptr, {}, {}, nullptr, std::nullopt};
-  return r;
-}
-
 Recorded operands_event(const char* name, const OperandsRecord& like, const capture::Operands& o) {
   auto rec = std::make_shared<const OperandsRecord>(OperandsRecord{o, like.run});
   Recorded r{name, false, [rec] { rec->run(rec->ops); }, nullptr, nullptr, {}, {}, rec, std::nullopt};
@@ -109,10 +89,8 @@ Recorded operands_event(const char* name, const OperandsRecord& like, const capt
 struct Match {
   size_t relu, pool, pool_bwd, relu_bwd;
   char* scratch;  // the ReLU output's block
-  int64_t relu_bytes, pooled_bytes, workspace_bytes;
+  int64_t relu_bytes, pooled_bytes;
 };
-
-int64_t round64(int64_t n) { return (n + 63) / 64 * 64; }
 
 // The pattern of the Note for one watched ReLU output, or nothing and `why` not (for the log).
 std::optional<Match> match(const std::vector<Recorded>& ops, const WatchRecord& relu_out,
@@ -171,9 +149,14 @@ std::optional<Match> match(const std::vector<Recorded>& ops, const WatchRecord& 
   // The ReLU output's block is scratch until it is freed, which must happen inside the step.
   if (!freed_after(ops, m.relu_bwd, at_end, relu_out.data)) return no("it outlives the step");
   m.scratch = static_cast<char*>(const_cast<void*>(relu_out.data));
-  m.workspace_bytes = pool.operands->ops.bytes[2];
-  if (2 * round64(m.pooled_bytes) + m.workspace_bytes > m.relu_bytes)
-    return no("the pooled values, their gradient and the workspace do not fit in its block");
+  if (pool.operands->ops.bytes[2] > m.relu_bytes) return no("the pool's workspace does not fit in its block");
+  // The pool now runs where the ReLU ran: its output's block must not have held a tensor freed in between.
+  const auto plo = reinterpret_cast<uintptr_t>(pool.operands->ops.ptr[1]);
+  const uintptr_t phi = plo + static_cast<uintptr_t>(m.pooled_bytes);
+  for (const auto& [block, bytes] : pool.freed_before) {
+    const auto lo = reinterpret_cast<uintptr_t>(block);
+    if (lo < phi && plo < lo + bytes) return no("the pooled output's block was in use when the ReLU ran");
+  }
   return m;
 }
 
@@ -202,53 +185,40 @@ RewriteReport rewrite_relu_pooling(std::vector<Recorded>& ops, const std::vector
   }
   if (found.empty()) return report;
 
-  // Replacements by event: what runs there instead (the backward's two kernels at the pool's backward).
+  // Replacements by event: what runs there instead (nothing: the event is dropped).
   std::map<size_t, std::vector<Recorded>> replace;
   for (const Match& m : found) {
     const Recorded& relu = ops[m.relu];
     const OperandsRecord& pool = *ops[m.pool].operands;
     const OperandsRecord& pool_bwd = *ops[m.pool_bwd].operands;
-    const LoopRecord& mask = *ops[m.relu_bwd].loop;
     const int es = relu.loop->loop.elem_size[0];
-    const int64_t pooled = m.pooled_bytes / es;
-    // In the ReLU output's block: the pooled values before the ReLU, the masked pooled gradient
-    // and the pool's workspace. The block is the step's alone from before the ReLU ran until its
-    // backward, where the recorded workspace, allocated after the ReLU, may lie in a block that
-    // still held the ReLU's input when it ran.
-    char* raw = m.scratch;
-    char* masked = raw + round64(m.pooled_bytes);
-    char* workspace = masked + round64(m.pooled_bytes);
-    auto* out = static_cast<char*>(pool.ops.ptr[1]);
 
+    // The workspace moves to the ReLU output's block, the step's alone from before the ReLU
+    // ran to its backward: the recorded one, allocated after the ReLU, may lie in a block that
+    // still held a live tensor when the ReLU ran.
     capture::Operands fwd = pool.ops;
     fwd.ptr[0] = relu.loop->loop.data[1];  // the ReLU's input
-    fwd.ptr[1] = raw;
-    fwd.ptr[2] = workspace;
-    Recorded pool_ev = operands_event("max_pool_nhwc_forward", pool, fwd);
+    fwd.ptr[2] = m.scratch;
+    fwd.has_scalar = true;
+    fwd.scalar = *ops[m.relu_bwd].scalar;
+    Recorded pool_ev = operands_event("max_pool_nhwc_forward(relu)", pool, fwd);
     pool_ev.freed_before = relu.freed_before;
     replace[m.relu].push_back(std::move(pool_ev));
-    Recorded relu_ev = loop_event("unary", *relu.loop, flat_loop(pooled, 2, es, {out, raw}));
-    relu_ev.freed_before = ops[m.pool].freed_before;
-    replace[m.pool].push_back(std::move(relu_ev));
+    replace[m.pool];
 
-    const Loop& tl = mask.loop;
-    auto* grad_pooled = static_cast<char*>(pool_bwd.ops.ptr[0]);
-    Recorded mask_ev = loop_event("threshold_backward", mask, flat_loop(pooled, 3, es, {masked, grad_pooled, raw}));
-    mask_ev.scalar = ops[m.relu_bwd].scalar;
-    mask_ev.freed_before = ops[m.pool_bwd].freed_before;
-    replace[m.pool_bwd].push_back(std::move(mask_ev));
     capture::Operands bwd = pool_bwd.ops;
-    bwd.ptr[0] = masked;
-    bwd.ptr[1] = workspace;
-    bwd.ptr[2] = tl.data[0];  // the ReLU's backward's result, over the gradient the pool's backward wrote
-    replace[m.pool_bwd].push_back(operands_event("max_pool_nhwc_backward", pool_bwd, bwd));
-    replace[m.relu_bwd];  // nothing: its frees move to the next event
+    bwd.ptr[1] = m.scratch;
+    Recorded bwd_ev = operands_event("max_pool_nhwc_backward(relu)", pool_bwd, bwd);
+    bwd_ev.freed_before = ops[m.pool_bwd].freed_before;
+    replace[m.pool_bwd].push_back(std::move(bwd_ev));
+    replace[m.relu_bwd];
 
     report.relu_pools += 1;
     report.unwritten_bytes += 2 * m.relu_bytes;
     std::ostringstream os;
-    os << "rewritten: relu -> max_pool2d run as max_pool2d -> relu on " << pooled << " of " << m.relu_bytes / es
-       << " elements (events " << m.relu << ", " << m.pool << ", " << m.pool_bwd << ", " << m.relu_bwd << ")";
+    os << "rewritten: relu -> max_pool2d run as max_pool2d(relu) on " << m.relu_bytes / es << " elements pooled to "
+       << m.pooled_bytes / es << " (events " << m.relu << ", " << m.pool << ", " << m.pool_bwd << ", " << m.relu_bwd
+       << ")";
     report.lines.push_back(os.str());
   }
 

@@ -31,12 +31,14 @@ struct RewriteReport {
   std::vector<std::string> lines;  // one per rewrite, for the log
 };
 
-/// Runs each ReLU whose output only a channels-last max pool reads (and the
-/// ReLU's backward) after the pool, on the pooled quarter; the ReLU's backward
-/// masks the pooled gradient before the pool's backward routes it. Values are
-/// those of the kernels as recorded, but for the sign of a zero (a pooled
-/// window whose maximum is a zero preceded by negatives: +0 as recorded, the
-/// zero's own sign rewritten). `freed_at_end`: blocks freed after the last event.
+/// Runs each ReLU whose output only a channels-last max pool reads as part of
+/// the pool, which applies it to each maximum and marks the windows whose
+/// gradient the ReLU's backward would mask; the pool's backward then writes
+/// what the ReLU's backward would, which is dropped (Note [ReLU-pooling
+/// rewrite]). Values are those of the kernels as recorded, but for the sign of
+/// a zero (a pooled window whose maximum is a zero preceded by negatives: +0 as
+/// recorded, the zero's own sign rewritten). `freed_at_end`: blocks freed after
+/// the last event.
 RewriteReport rewrite_relu_pooling(std::vector<Recorded>& ops, const std::vector<WatchRecord>& watches,
                                    std::vector<std::pair<void*, size_t>>& freed_at_end);
 

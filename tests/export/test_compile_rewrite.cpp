@@ -1,6 +1,6 @@
 // kiln::compile's ReLU-pooling rewrite (docs/compile.md, "Rewrites"): a ReLU
-// that only a channels-last max pool reads runs after the pool on the pooled
-// quarter, forward and backward. Training steps replayed with it match eager
+// that only a channels-last max pool reads runs inside the pool, on each
+// maximum, and its backward inside the pool's backward. Training steps replayed with it match eager
 // bitwise, in float32 and under bfloat16 autocast (random data has no exact
 // zeros for the sign-of-zero difference);
 // NaN in the input propagates to the same values and gradients; a ReLU output
@@ -90,7 +90,7 @@ TEST(CompileRewrite, ACNNTrainingStepPoolsBeforeItsReLUsAndMatchesEagerBitwise) 
     EXPECT_EQ(step.stats().rewrites, 2) << step.explain();
     // Each pair no longer writes its ReLU's output nor that output's gradient (float32, 8 × C × 12² and 6²).
     EXPECT_EQ(step.stats().rewrite_unwritten_bytes, 2 * 4 * 8 * (8 * 144 + 16 * 36));
-    EXPECT_NE(step.explain().find("run as max_pool2d -> relu"), std::string::npos) << step.explain();
+    EXPECT_NE(step.explain().find("run as max_pool2d(relu)"), std::string::npos) << step.explain();
     expect_same_model(eager, comp, /*bitwise=*/true);
 
     // Off: the same record without the rewrite.

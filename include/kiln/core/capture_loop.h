@@ -88,6 +88,10 @@ struct Operands {
   int n = 0;
   void* ptr[kKernelOperands] = {};
   int64_t bytes[kKernelOperands] = {};  // each buffer's extent from ptr
+  // A parameter a rewrite passes to a kernel that takes one (the max pool's
+  // fused ReLU: its backward's threshold); what it means is the kernel's to say.
+  bool has_scalar = false;
+  double scalar = 0;
 };
 using OperandsRun = std::function<void(const Operands&)>;
 

@@ -371,13 +371,16 @@ bool pool2d_forward(const Pool2dParams& p, const void* input, void* output, void
                  "pool2d_forward: a replayed step found a NaN in a max pool's input that oneDNN pooled when the step "
                  "was captured; the captured step cannot take the NaN path (run this step eagerly)");
     });
-    if (workspace && nhwc_max_pool_operands(p)) {
+    // The rewrite's scalar is the threshold of a ReLU run on each maximum (pool_max_nhwc.h).
+    if (workspace && nhwc_max_pool_operands(p) && detail::max_pool_nhwc_relu_applies(p)) {
       capture::Operands o{"max_pool_nhwc_forward", 3, {const_cast<void*>(input), output, workspace}, {}};
       o.bytes[0] = pool_bytes(p, false);
       o.bytes[1] = pool_bytes(p, true);
       o.bytes[2] = static_cast<int64_t>(detail::max_pool_nhwc_workspace_bytes(p));
       capture::note_operands(o, [p](const capture::Operands& t) {
-        detail::max_pool_nhwc_forward(p, t.ptr[0], t.ptr[1], static_cast<uint8_t*>(t.ptr[2]));
+        const float relu = static_cast<float>(t.scalar);
+        detail::max_pool_nhwc_forward(p, t.ptr[0], t.ptr[1], static_cast<uint8_t*>(t.ptr[2]),
+                                      t.has_scalar ? &relu : nullptr);
       });
     }
   }

@@ -15,6 +15,13 @@
 // masking bits (the same for float32 and bfloat16). Overlapping float32
 // windows (resnet's 3x3 of stride 2) zero the image and add each window's
 // gradient in output order, torch's order; bfloat16 ones stay on oneDNN.
+//
+// kiln::compile's ReLU-pooling rewrite runs a ReLU after the pool instead of
+// before it (docs/compile.md, "Rewrites"): the forward then writes the ReLU
+// of each maximum, and sets bit 7 of the position byte where the ReLU's
+// backward would pass no gradient (maximum <= its threshold). No position
+// equals such a byte, so both backward passes route nothing there: the
+// gradient the ReLU's backward would have masked, with no pass of its own.
 #include "pool_max_nhwc.h"
 
 #include <algorithm>
@@ -151,8 +158,10 @@ inline void window_lanes(const Pool2dParams& p, const T* image, const Window& wd
   }
 }
 
+// relu: null for the pool alone; else the ReLU's backward threshold, for
+// kiln::compile's ReLU-pooling rewrite (pool_max_nhwc.h).
 template <int KH, int KW, typename T>
-void forward(const Pool2dParams& p, const T* in, T* out, uint8_t* ws) {
+void forward(const Pool2dParams& p, const T* in, T* out, uint8_t* ws, const float* relu) {
   const int64_t C = p.c, kw = p.kernel[1];
   const int64_t work = std::max<int64_t>(1, p.ow * C * p.kernel[0] * kw);
   parallel_for(p.n * p.oh, std::max<int64_t>(1, kGrainSize / work), [&](int64_t r0, int64_t r1) {
@@ -182,6 +191,10 @@ void forward(const Pool2dParams& p, const T* in, T* out, uint8_t* ws) {
           } else {
             window_lanes<0, 0>(p, image, wd, c, first, best, idx);
           }
+          if (relu) {
+            idx |= (best <= *relu) & 0x80;      // the ReLU's backward passes no gradient
+            best = best < 0.0f ? F16{} : best;  // kiln's ReLU: keeps -0.0 and NaN
+          }
           store_lanes(out + at + c, best);
           if (ws) {
             const U8x16 b = __builtin_convertvector(idx, U8x16);
@@ -203,6 +216,10 @@ void forward(const Pool2dParams& p, const T* in, T* out, uint8_t* ws) {
               }
             }
           }
+          if (relu) {
+            if (best <= *relu) pos |= 0x80;
+            if (best < 0.0f) best_t = static_cast<T>(0.0f);
+          }
           out[at + c] = best_t;
           if (ws) ws[at + c] = static_cast<uint8_t>(pos);
         }
@@ -213,10 +230,10 @@ void forward(const Pool2dParams& p, const T* in, T* out, uint8_t* ws) {
 
 // The window sizes with an unrolled kernel (windows clipped by the edges take the loop).
 template <typename T>
-void forward_any(const Pool2dParams& p, const T* in, T* out, uint8_t* ws) {
-  if (p.kernel[0] == 2 && p.kernel[1] == 2) return forward<2, 2>(p, in, out, ws);
-  if (p.kernel[0] == 3 && p.kernel[1] == 3) return forward<3, 3>(p, in, out, ws);
-  forward<0, 0>(p, in, out, ws);
+void forward_any(const Pool2dParams& p, const T* in, T* out, uint8_t* ws, const float* relu) {
+  if (p.kernel[0] == 2 && p.kernel[1] == 2) return forward<2, 2>(p, in, out, ws, relu);
+  if (p.kernel[0] == 3 && p.kernel[1] == 3) return forward<3, 3>(p, in, out, ws, relu);
+  forward<0, 0>(p, in, out, ws, relu);
 }
 
 // Windows that do not overlap: every input pixel is written once. E is the
@@ -311,10 +328,15 @@ bool max_pool_nhwc_applies(const Pool2dParams& p) {
 
 size_t max_pool_nhwc_workspace_bytes(const Pool2dParams& p) { return static_cast<size_t>(p.n * p.oh * p.ow * p.c); }
 
-void max_pool_nhwc_forward(const Pool2dParams& p, const void* input, void* output, uint8_t* workspace) {
+void max_pool_nhwc_forward(const Pool2dParams& p, const void* input, void* output, uint8_t* workspace,
+                           const float* relu_threshold) {
   if (p.dtype == DType::Float32)
-    return forward_any(p, static_cast<const float*>(input), static_cast<float*>(output), workspace);
-  forward_any(p, static_cast<const BFloat16*>(input), static_cast<BFloat16*>(output), workspace);
+    return forward_any(p, static_cast<const float*>(input), static_cast<float*>(output), workspace, relu_threshold);
+  forward_any(p, static_cast<const BFloat16*>(input), static_cast<BFloat16*>(output), workspace, relu_threshold);
+}
+
+bool max_pool_nhwc_relu_applies(const Pool2dParams& p) {
+  return max_pool_nhwc_applies(p) && p.kernel[0] * p.kernel[1] <= 128;
 }
 
 void max_pool_nhwc_backward(const Pool2dParams& p, const void* grad_output, const uint8_t* workspace,

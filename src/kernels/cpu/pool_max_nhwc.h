@@ -19,8 +19,15 @@ bool max_pool_nhwc_applies(const Pool2dParams& p);
 size_t max_pool_nhwc_workspace_bytes(const Pool2dParams& p);
 
 /// output (and, when not null, the workspace) of an NHWC max pool, torch's
-/// values: the first maximum in the window, NaN wins.
-void max_pool_nhwc_forward(const Pool2dParams& p, const void* input, void* output, uint8_t* workspace);
+/// values: the first maximum in the window, NaN wins. With `relu_threshold`
+/// (kiln::compile's ReLU-pooling rewrite, where max_pool_nhwc_relu_applies):
+/// the ReLU of each maximum, and position bytes with bit 7 set where the
+/// maximum is <= the threshold, so the backward routes no gradient there.
+void max_pool_nhwc_forward(const Pool2dParams& p, const void* input, void* output, uint8_t* workspace,
+                           const float* relu_threshold = nullptr);
+
+/// Whether the forward takes a relu_threshold: windows of at most 128 positions.
+bool max_pool_nhwc_relu_applies(const Pool2dParams& p);
 
 /// grad_input (NHWC, overwritten) from grad_output and the forward's workspace.
 void max_pool_nhwc_backward(const Pool2dParams& p, const void* grad_output, const uint8_t* workspace, void* grad_input);
