@@ -4,7 +4,8 @@
 // bitwise, in float32 and under bfloat16 autocast (random data has no exact
 // zeros for the sign-of-zero difference);
 // NaN in the input propagates to the same values and gradients; a ReLU output
-// that anything else reads, or that outlives the step, is left alone.
+// that anything else reads (through a view too), that outlives the step, or
+// whose gradient a hook reads, is left alone.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -199,11 +200,17 @@ TEST(CompileRewrite, AReLUOutputReadByAnotherOpOrKeptIsLeftAlone) {
       Tensor loss = max_pool2d(r, {2}).mean();
       if (variant == 0) loss = loss + r.mean();  // a second reader of the ReLU's output
       if (variant == 1) kept = r;                // the output outlives the step
+      if (variant == 3) loss = loss + r.flatten(1).narrow(1, 0, 5).sum();  // a view of it, read
+      if (variant == 4)  // a hook that reads the gradient of the ReLU's output before its backward
+        r.register_hook([&kept](const Tensor& g) {
+          kept = g.sum();
+          return Tensor();
+        });
       loss.backward();
       return loss;
     };
   };
-  for (int variant : {0, 1}) {
+  for (int variant : {0, 1, 3, 4}) {
     const Tensor want = step_of(variant)();
     const Tensor want_grad = conv->weight.grad().clone();
     auto step = compile(step_of(variant), {.name = "conv", .modules = {conv.get()}});
