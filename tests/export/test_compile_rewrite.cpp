@@ -16,6 +16,7 @@
 #include "kiln/core/threads.h"
 #include "kiln/export/compile.h"
 #include "kiln/models/cnn.h"
+#include "kiln/nn/checkpoint.h"
 #include "kiln/nn/functional.h"
 #include "kiln/nn/layers.h"
 #include "kiln/ops/conv.h"
@@ -181,6 +182,34 @@ TEST(CompileRewrite, OverlappingPaddedWindowsMatchEagerBitwise) {
   };
   auto eager_step = step_of(eager);
   auto step = compile(step_of(comp), {.name = "stem", .modules = {comp.get()}});
+  for (int i = 0; i < 3; ++i) EXPECT_TRUE(bitwise_equal(eager_step(), step()[0])) << "call " << i;
+  EXPECT_EQ(step.stats().rewrites, 1) << step.explain();
+  EXPECT_TRUE(bitwise_equal(eager->weight.grad(), comp->weight.grad()));
+  EXPECT_TRUE(bitwise_equal(eager->bias.grad(), comp->bias.grad()));
+}
+
+TEST(CompileRewrite, UnderActivationCheckpointingTheRecomputedPairIsRewritten) {
+  // The forward runs without grad (a pool with no workspace: nothing to rewrite); the backward
+  // recomputes conv → ReLU → pool with grad, and that pair is rewritten inside the backward.
+  auto make = [] {
+    manual_seed(12);
+    return std::make_shared<nn::Conv2d>(
+        nn::Conv2dOptions{.in_channels = 2, .out_channels = 8, .kernel_size = {3}, .padding = {1}});
+  };
+  auto eager = make(), comp = make();
+  manual_seed(13);
+  const Tensor x = randn({4, 2, 10, 10});
+  auto step_of = [&x](const std::shared_ptr<nn::Conv2d>& conv) {
+    return [conv, &x] {
+      conv->zero_grad();
+      const Tensor p = nn::checkpoint([&](const Tensor& in) { return max_pool2d((*conv)(in).relu(), {2}); }, x);
+      Tensor loss = (p * p).mean();
+      loss.backward();
+      return loss;
+    };
+  };
+  auto eager_step = step_of(eager);
+  auto step = compile(step_of(comp), {.name = "checkpointed", .modules = {comp.get()}});
   for (int i = 0; i < 3; ++i) EXPECT_TRUE(bitwise_equal(eager_step(), step()[0])) << "call " << i;
   EXPECT_EQ(step.stats().rewrites, 1) << step.explain();
   EXPECT_TRUE(bitwise_equal(eager->weight.grad(), comp->weight.grad()));
