@@ -9,6 +9,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <functional>
 #include <memory>
 
 #include "kiln/core/autocast.h"
@@ -160,60 +161,54 @@ TEST(CompileRewrite, NaNInTheInputGivesTheEagerValuesAndGradients) {
   expect_same_model(eager, comp, /*bitwise=*/false);
 }
 
-TEST(CompileRewrite, OverlappingPaddedWindowsMatchEagerBitwise) {
-  // 3×3 windows, stride 2, padding 1 (ResNet's stem pool): an element can be the maximum of
-  // several windows, and the pool's backward sums their masked gradients in torch's order.
-  manual_seed(8);
-  auto make = [] {
-    manual_seed(9);
+// A step of twin convolutions (the same seed), `pooled` making the pooled output from the
+// conv and the input, run eagerly and compiled for three calls: losses and gradients bit for
+// bit, and `rewrites` pairs rewritten.
+void expect_conv_step(int64_t in_channels, uint64_t seed, const Tensor& x,
+                      const std::function<Tensor(nn::Conv2d&, const Tensor&)>& pooled, int64_t rewrites) {
+  auto make = [&] {
+    manual_seed(seed);
     return std::make_shared<nn::Conv2d>(
-        nn::Conv2dOptions{.in_channels = 3, .out_channels = 16, .kernel_size = {3}, .padding = {1}});
+        nn::Conv2dOptions{.in_channels = in_channels, .out_channels = 16, .kernel_size = {3}, .padding = {1}});
   };
   auto eager = make(), comp = make();
-  const Tensor x = randn({4, 3, 11, 11});
-  auto step_of = [&x](const std::shared_ptr<nn::Conv2d>& conv) {
-    return [conv, &x] {
+  auto step_of = [&x, &pooled](const std::shared_ptr<nn::Conv2d>& conv) {
+    return [conv, &x, &pooled] {
       conv->zero_grad();
-      const Tensor p = max_pool2d((*conv)(x).relu(), {3}, {2}, {1});
+      const Tensor p = pooled(*conv, x);
       Tensor loss = (p * p).mean();
       loss.backward();
       return loss;
     };
   };
   auto eager_step = step_of(eager);
-  auto step = compile(step_of(comp), {.name = "stem", .modules = {comp.get()}});
+  auto step = compile(step_of(comp), {.name = "conv step", .modules = {comp.get()}});
   for (int i = 0; i < 3; ++i) EXPECT_TRUE(bitwise_equal(eager_step(), step()[0])) << "call " << i;
-  EXPECT_EQ(step.stats().rewrites, 1) << step.explain();
+  EXPECT_EQ(step.stats().rewrites, rewrites) << step.explain();
   EXPECT_TRUE(bitwise_equal(eager->weight.grad(), comp->weight.grad()));
   EXPECT_TRUE(bitwise_equal(eager->bias.grad(), comp->bias.grad()));
 }
 
+TEST(CompileRewrite, OverlappingPaddedWindowsMatchEagerBitwise) {
+  // 3×3 windows, stride 2, padding 1 (ResNet's stem pool): an element can be the maximum of
+  // several windows, and the pool's backward sums their masked gradients in torch's order.
+  manual_seed(8);
+  const Tensor x = randn({4, 3, 11, 11});
+  expect_conv_step(
+      3, 9, x, [](nn::Conv2d& conv, const Tensor& in) { return max_pool2d(conv(in).relu(), {3}, {2}, {1}); }, 1);
+}
+
 TEST(CompileRewrite, UnderActivationCheckpointingTheRecomputedPairIsRewritten) {
-  // The forward runs without grad (a pool with no workspace: nothing to rewrite); the backward
-  // recomputes conv → ReLU → pool with grad, and that pair is rewritten inside the backward.
-  auto make = [] {
-    manual_seed(12);
-    return std::make_shared<nn::Conv2d>(
-        nn::Conv2dOptions{.in_channels = 2, .out_channels = 8, .kernel_size = {3}, .padding = {1}});
-  };
-  auto eager = make(), comp = make();
+  // The forward's pair is not rewritten (its ReLU output is read in no backward: the
+  // checkpoint keeps nothing); the backward recomputes conv → ReLU → pool, and that pair is.
   manual_seed(13);
   const Tensor x = randn({4, 2, 10, 10});
-  auto step_of = [&x](const std::shared_ptr<nn::Conv2d>& conv) {
-    return [conv, &x] {
-      conv->zero_grad();
-      const Tensor p = nn::checkpoint([&](const Tensor& in) { return max_pool2d((*conv)(in).relu(), {2}); }, x);
-      Tensor loss = (p * p).mean();
-      loss.backward();
-      return loss;
-    };
-  };
-  auto eager_step = step_of(eager);
-  auto step = compile(step_of(comp), {.name = "checkpointed", .modules = {comp.get()}});
-  for (int i = 0; i < 3; ++i) EXPECT_TRUE(bitwise_equal(eager_step(), step()[0])) << "call " << i;
-  EXPECT_EQ(step.stats().rewrites, 1) << step.explain();
-  EXPECT_TRUE(bitwise_equal(eager->weight.grad(), comp->weight.grad()));
-  EXPECT_TRUE(bitwise_equal(eager->bias.grad(), comp->bias.grad()));
+  expect_conv_step(
+      2, 12, x,
+      [](nn::Conv2d& conv, const Tensor& in) {
+        return nn::checkpoint([&conv](const Tensor& t) { return max_pool2d(conv(t).relu(), {2}); }, in);
+      },
+      1);
 }
 
 TEST(CompileRewrite, AReLUOutputReadByAnotherOpOrKeptIsLeftAlone) {
