@@ -185,64 +185,55 @@ RewriteReport rewrite_relu_pooling(std::vector<Recorded>& ops, const std::vector
   }
   if (found.empty()) return report;
 
-  // Replacements by event: what runs there instead (nothing: the event is dropped).
-  std::map<size_t, std::vector<Recorded>> replace;
+  // Each pair's ReLU becomes the pool with the ReLU, its pool's backward the same backward reading
+  // the moved workspace; the pool and the ReLU's backward are dropped.
+  std::vector<char> dropped(ops.size(), 0);
   for (const Match& m : found) {
-    const Recorded& relu = ops[m.relu];
-    const OperandsRecord& pool = *ops[m.pool].operands;
-    const OperandsRecord& pool_bwd = *ops[m.pool_bwd].operands;
-    const int es = relu.loop->loop.elem_size[0];
+    const Loop& relu = ops[m.relu].loop->loop;
+    const int es = relu.elem_size[0];
 
     // The workspace moves to the ReLU output's block, the step's alone from before the ReLU
     // ran to its backward: the recorded one, allocated after the ReLU, may lie in a block that
     // still held a live tensor when the ReLU ran.
+    const OperandsRecord& pool = *ops[m.pool].operands;
     capture::Operands fwd = pool.ops;
-    fwd.ptr[0] = relu.loop->loop.data[1];  // the ReLU's input
+    fwd.ptr[0] = relu.data[1];  // the ReLU's input
     fwd.ptr[2] = m.scratch;
     fwd.has_scalar = true;
     fwd.scalar = *ops[m.relu_bwd].scalar;
-    Recorded pool_ev = operands_event("max_pool_nhwc_forward(relu)", pool, fwd);
-    pool_ev.freed_before = relu.freed_before;
-    replace[m.relu].push_back(std::move(pool_ev));
-    replace[m.pool];
-
+    const OperandsRecord& pool_bwd = *ops[m.pool_bwd].operands;
     capture::Operands bwd = pool_bwd.ops;
     bwd.ptr[1] = m.scratch;
-    Recorded bwd_ev = operands_event("max_pool_nhwc_backward(relu)", pool_bwd, bwd);
-    bwd_ev.freed_before = ops[m.pool_bwd].freed_before;
-    replace[m.pool_bwd].push_back(std::move(bwd_ev));
-    replace[m.relu_bwd];
 
-    report.relu_pools += 1;
-    report.unwritten_bytes += 2 * m.relu_bytes;
     std::ostringstream os;
     os << "rewritten: relu -> max_pool2d run as max_pool2d(relu) on " << m.relu_bytes / es << " elements pooled to "
        << m.pooled_bytes / es << " (events " << m.relu << ", " << m.pool << ", " << m.pool_bwd << ", " << m.relu_bwd
        << ")";
     report.lines.push_back(os.str());
+    report.relu_pools += 1;
+    report.unwritten_bytes += 2 * m.relu_bytes;
+
+    Recorded pool_ev = operands_event("max_pool_nhwc_forward(relu)", pool, fwd);
+    pool_ev.freed_before = std::move(ops[m.relu].freed_before);
+    ops[m.relu] = std::move(pool_ev);
+    Recorded bwd_ev = operands_event("max_pool_nhwc_backward(relu)", pool_bwd, bwd);
+    bwd_ev.freed_before = std::move(ops[m.pool_bwd].freed_before);
+    ops[m.pool_bwd] = std::move(bwd_ev);
+    dropped[m.pool] = dropped[m.relu_bwd] = 1;
   }
 
   std::vector<Recorded> out;
-  out.reserve(ops.size() + found.size());
+  out.reserve(ops.size());
   std::vector<std::pair<void*, size_t>> carried;  // frees of a dropped event, due before the next one
   for (size_t i = 0; i < ops.size(); ++i) {
-    auto it = replace.find(i);
-    if (it == replace.end()) {
-      Recorded r = std::move(ops[i]);
-      r.freed_before.insert(r.freed_before.begin(), carried.begin(), carried.end());
-      carried.clear();
-      out.push_back(std::move(r));
-      continue;
-    }
-    if (it->second.empty()) {
+    if (dropped[i]) {
       carried.insert(carried.end(), ops[i].freed_before.begin(), ops[i].freed_before.end());
       continue;
     }
-    for (Recorded& r : it->second) {
-      r.freed_before.insert(r.freed_before.begin(), carried.begin(), carried.end());
-      carried.clear();
-      out.push_back(std::move(r));
-    }
+    Recorded r = std::move(ops[i]);
+    r.freed_before.insert(r.freed_before.begin(), carried.begin(), carried.end());
+    carried.clear();
+    out.push_back(std::move(r));
   }
   freed_at_end.insert(freed_at_end.begin(), carried.begin(), carried.end());
   ops = std::move(out);

@@ -26,7 +26,7 @@ struct WatchRecord {
 };
 
 struct RewriteReport {
-  int64_t relu_pools = 0;          // ReLU → max pool pairs run as max pool → ReLU
+  int64_t relu_pools = 0;          // ReLU → max pool pairs run as one pool that applies the ReLU
   int64_t unwritten_bytes = 0;     // per call: the full-size ReLU outputs and gradients no longer written
   std::vector<std::string> lines;  // one per rewrite, for the log
 };

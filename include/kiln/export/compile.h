@@ -69,10 +69,10 @@ struct CompileOptions {
   /// keeping intermediates that die inside it out of memory (results are
   /// bitwise those of the unfused kernels; docs/compile.md, "Fusion").
   bool fuse = true;
-  /// Runs each ReLU that only a channels-last max pool reads after the pool,
-  /// on the pooled quarter, forward and backward (docs/compile.md,
-  /// "Rewrites"): the values of the recorded kernels but for the sign of a
-  /// zero where a window's maximum is 0.
+  /// Runs each ReLU that only a channels-last max pool reads inside the pool,
+  /// on each maximum, and its backward inside the pool's backward
+  /// (docs/compile.md, "Rewrites"): the values of the recorded kernels but
+  /// for the sign of a zero where a window's maximum is 0.
   bool rewrite = true;
 };
 
