@@ -219,12 +219,16 @@ TEST(ChannelsLast, ViewExplainsAndReshapeCopiesInLogicalOrder) {
 }
 
 TEST(ChannelsLast, BatchNormTrainKernelMatchesNchw) {
-  // Channel counts on and off the vector width (16 floats, 8 doubles).
+  // Channel counts on and off the vector width (16 floats, 8 doubles); 140
+  // rows (three blocks of 64, the last short) and 324 (five whole blocks,
+  // four of them in lockstep, and a short one: Note [Blocks in lockstep]).
+  for (int64_t hw : {35, 81})
   for (int64_t c : {3, 8, 16, 20, 32}) {
     for (DType dt : {kFloat32, kFloat64}) {
       manual_seed(10 + c);
-      const Tensor x0 = randn({4, c, 5, 7}, dt).mul(2).add(1), w = randn({c}, dt), b = randn({c}, dt);
-      const Tensor g = randn({4, c, 5, 7}, dt);
+      const DimVector shape = hw == 35 ? DimVector{4, c, 5, 7} : DimVector{4, c, 9, 9};
+      const Tensor x0 = randn(shape, dt).mul(2).add(1), w = randn({c}, dt), b = randn({c}, dt);
+      const Tensor g = randn(shape, dt);
       Tensor out[2], gx[2], gw[2], gb[2], mean[2], var[2];
       for (int cl = 0; cl < 2; ++cl) {
         const Tensor x = (cl ? to_cl(x0) : x0).detach().requires_grad_(true);
@@ -242,7 +246,8 @@ TEST(ChannelsLast, BatchNormTrainKernelMatchesNchw) {
       }
       // Same formula, another summation order: float32 within a few ulps of the values' scale.
       const double tol = dt == kFloat32 ? 2e-5 : 1e-12;
-      const std::string what = "c=" + std::to_string(c) + " " + std::string(dtype_name(dt));
+      const std::string what =
+          "rows=" + std::to_string(4 * hw) + " c=" + std::to_string(c) + " " + std::string(dtype_name(dt));
       expect_equal(out[1], out[0], tol, what + " output");
       expect_equal(mean[1], mean[0], tol, what + " mean");
       expect_equal(var[1], var[0], tol, what + " var");
