@@ -8,6 +8,7 @@
 
 #include "kiln/core/allocator.h"
 #include "kiln/core/capture_loop.h"
+#include "kiln/core/capture_ops.h"
 #include "kiln/core/storage.h"
 
 namespace kiln::capture {
@@ -17,6 +18,7 @@ constinit thread_local Recorder* t_recorder = nullptr;
 constinit thread_local int t_depth = 0;
 constinit thread_local LoopSink* t_loop_sink = nullptr;
 constinit thread_local uint64_t t_capture_id = 0;
+constinit thread_local OpSink* t_op_sink = nullptr;
 }  // namespace detail
 
 namespace {

@@ -25,6 +25,7 @@
 #include <tuple>
 #include <unordered_map>
 
+#include "kiln/core/capture_ops.h"
 #include "kiln/core/format.h"
 #include "kiln/core/memory_history.h"
 #include "memory_history_internal.h"
@@ -59,9 +60,14 @@ bool is_internal(const char* file) {
 
 }  // namespace
 
+namespace {
+constinit thread_local uint64_t t_site_notes = 0;  // capture::site_notes()
+}  // namespace
+
 void note_call_site(const char* file, uint32_t line) {
   AllocSite& s = detail::t_alloc_site;
   if (s.pinned || !file || is_internal(file)) return;
+  ++t_site_notes;
   s.file = file;
   s.line = line;
   s.op = nullptr;
@@ -550,3 +556,7 @@ std::string memory_advice(const Stats& s, bool use_peaks) {
 }
 
 }  // namespace kiln::memory
+
+namespace kiln::capture {
+uint64_t site_notes() { return memory::t_site_notes; }
+}  // namespace kiln::capture

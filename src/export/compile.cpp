@@ -30,6 +30,7 @@
 #include "kiln/core/autocast.h"
 #include "kiln/core/capture.h"
 #include "kiln/core/capture_loop.h"
+#include "kiln/core/capture_ops.h"
 #include "kiln/core/error.h"
 #include "kiln/core/format.h"
 #include "kiln/core/guards.h"
@@ -220,9 +221,10 @@ struct alignas(16) Bytes16 {
   unsigned char bytes[16];
 };
 
+using compile_detail::EventOrigin;
 using compile_detail::Recorded;
 
-class StepRecorder : public capture::Recorder, public capture::LoopSink {
+class StepRecorder : public capture::Recorder, public capture::LoopSink, public capture::OpSink {
  public:
   // The pool keeps a list of the blocks freed into it until finish().
   explicit StepRecorder(memory::PrivatePool& pool) : pool_(pool) { memory::log_pool_frees(pool_, true); }
@@ -263,6 +265,27 @@ class StepRecorder : public capture::Recorder, public capture::LoopSink {
     return frees;
   }
   void backward_ran() override { ran_backward = true; }
+  // Each forward event recorded inside a public op is charged to the outermost one, and to
+  // the line that op noted (kiln/core/capture_ops.h); events of a backward keep the engine's
+  // pinned site: the node and its forward's line.
+  void op_enter(std::string_view name) override {
+    if (op_depth_++ == 0) {
+      op_first_ = ops.size();
+      op_name_ = name;
+    }
+  }
+  void op_exit() override {
+    if (--op_depth_ != 0) return;
+    const memory::AllocSite now = memory::current_alloc_site();
+    const bool noted = take_note();
+    for (size_t i = op_first_; i < ops.size(); ++i) {
+      EventOrigin& o = ops[i].origin;
+      if (o.backward) continue;
+      o.op = std::string(op_name_);
+      o.file = noted ? now.file : nullptr;
+      o.line = noted ? now.line : 0;
+    }
+  }
   // A leaf's first accumulation depends on the call's starting state unless a zero_grad of
   // the step reset it first.
   void grad_before_accumulation(const Tensor& leaf, const Tensor& grad) override {
@@ -300,10 +323,38 @@ class StepRecorder : public capture::Recorder, public capture::LoopSink {
 
  private:
   void add(const char* name, bool host, capture::Replay replay) {
-    ops.push_back({name, host, std::move(replay), nullptr, nullptr, {}, take_frees(), nullptr, std::nullopt});
+    ops.push_back({name, host, std::move(replay), nullptr, nullptr, {}, take_frees(), nullptr, std::nullopt, origin()});
   }
   std::vector<std::pair<void*, size_t>> take_frees() { return memory::take_pool_frees(pool_); }
+  // Whether a line was noted since the last call.
+  bool take_note() {
+    const uint64_t n = capture::site_notes();
+    const bool changed = n != notes_seen_;
+    notes_seen_ = n;
+    return changed;
+  }
+  // An event's origin as it is recorded: in a backward, the node the engine pinned; inside a
+  // public op, nothing yet (op_exit says); outside one (a host action such as Optimizer.step),
+  // the line noted since the last op, if any.
+  EventOrigin origin() {
+    const memory::AllocSite s = memory::current_alloc_site();
+    EventOrigin o;
+    if (s.backward) {
+      o.backward = true;
+      if (s.op) o.op = s.op;
+      o.file = s.file;
+      o.line = s.line;
+    } else if (op_depth_ == 0 && take_note()) {
+      o.file = s.file;
+      o.line = s.line;
+    }
+    return o;
+  }
   memory::PrivatePool& pool_;
+  int op_depth_ = 0;
+  size_t op_first_ = 0;
+  std::string_view op_name_;
+  uint64_t notes_seen_ = capture::site_notes();
 };
 
 }  // namespace
@@ -324,6 +375,7 @@ struct CompiledFunction::Impl {
     std::string reuses;
     // Set when the step itself changed the source of such a copy: the next call recaptures.
     std::string stale;
+    uint64_t serial = 0;  // which capture made it (the per-event profile follows the record replayed)
   };
 
   Fn fn;
@@ -331,6 +383,8 @@ struct CompiledFunction::Impl {
   CompileStats stats;
   std::vector<std::unique_ptr<Entry>> cache;  // newest first
   bool warned_full = false;
+  uint64_t captures_made = 0;
+  uint64_t profiled_serial = 0;  // the entry stats.replay_events describes (0: none)
   // The guarded tensors at the versions the last call left them (every entry shares them).
   std::vector<TensorGuard> last_versions;
 
@@ -394,18 +448,37 @@ struct CompiledFunction::Impl {
       for (size_t i = 0; i < inputs.size(); ++i)
         if (inputs[i].data_ptr() != e.static_inputs[i].data_ptr()) e.static_inputs[i].copy_(inputs[i]);
     }
-    if (profile_enabled()) {
-      for (const Recorded& r : e.ops) {
+    if (opts.profile || profile_enabled()) {
+      if (profiled_serial != e.serial) start_event_profile(e);
+      for (size_t i = 0; i < e.ops.size(); ++i) {
+        const Recorded& r = e.ops[i];
         const auto t0 = std::chrono::steady_clock::now();
         r.fn();
-        stats.replay_ms[r.fused_name.empty() ? std::string(r.name) : r.fused_name] +=
-            std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+        const double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+        stats.replay_ms[r.fused_name.empty() ? std::string(r.name) : r.fused_name] += ms;
+        stats.replay_events[i].ms += ms;
       }
     } else {
       for (const Recorded& r : e.ops) r.fn();
     }
     ++stats.replays;
     return e.outputs;
+  }
+
+  // The per-event profile restarts with each record replayed (a recompile's, another entry's).
+  void start_event_profile(const Entry& e) {
+    profiled_serial = e.serial;
+    stats.replay_events.clear();
+    for (size_t i = 0; i < e.ops.size(); ++i) {
+      const Recorded& r = e.ops[i];
+      CompileStats::ReplayEvent& ev = stats.replay_events.emplace_back();
+      ev.index = static_cast<int64_t>(i);
+      ev.kernel = r.fused_name.empty() ? std::string(r.name) : r.fused_name;
+      ev.op = r.origin.op;
+      ev.backward = r.origin.backward;
+      if (r.origin.file) ev.site = std::string(r.origin.file) + ":" + std::to_string(r.origin.line);
+      if (r.loop) ev.elements = r.loop->loop.numel();
+    }
   }
 
   /// Guards each parameter whose .grad the backward accumulated into with no zero_grad of
@@ -426,6 +499,7 @@ struct CompiledFunction::Impl {
 
   std::vector<Tensor> capture(const std::vector<Tensor>& inputs, const std::string& reason) {
     auto e = std::make_unique<Entry>();
+    e->serial = ++captures_made;
     for (size_t i = 0; i < inputs.size(); ++i)
       KILN_CHECK(!inputs[i].requires_grad(), ValueError, "compile '", opts.name, "': input ", i,
                  " requires grad; a compiled step takes data as inputs and computes gradients of parameters inside");
@@ -444,6 +518,7 @@ struct CompiledFunction::Impl {
     {
       const capture::RecorderGuard guard(&rec, e->pool.get());
       const capture::LoopSinkGuard loops(&rec);
+      const capture::OpSinkGuard op_sites(&rec);
       outs = fn(e->static_inputs);
     }
     // A watched storage's bytes reached on another thread: who read them is unknown.
@@ -677,6 +752,35 @@ std::string CompiledFunction::explain() const {
       std::snprintf(line, sizeof(line), "  %-32s %10.3f ms  %5.1f%%\n", name.c_str(), ms,
                     total > 0 ? 100 * ms / total : 0);
       os << line;
+    }
+  }
+  if (!s.replay_events.empty()) {
+    std::vector<const CompileStats::ReplayEvent*> rows;
+    double total = 0;
+    for (const CompileStats::ReplayEvent& ev : s.replay_events) {
+      rows.push_back(&ev);
+      total += ev.ms;
+    }
+    constexpr size_t kShown = 12;
+    const size_t shown = std::min(kShown, rows.size());
+    std::partial_sort(rows.begin(), rows.begin() + static_cast<std::ptrdiff_t>(shown), rows.end(),
+                      [](const auto* a, const auto* b) { return a->ms > b->ms; });
+    os << "Slowest events of the record replayed last (KILN_COMPILE_PROFILE): the op and user line of each\n";
+    for (size_t i = 0; i < shown; ++i) {
+      const CompileStats::ReplayEvent& ev = *rows[i];
+      std::string what = "#" + std::to_string(ev.index) + " " + ev.kernel;
+      if (ev.elements) what += " (" + std::to_string(ev.elements) + " elements)";
+      std::string who;
+      if (ev.backward) {
+        who = (ev.op.empty() ? "backward" : ev.op) + ", backward of " + (ev.site.empty() ? "?" : ev.site);
+      } else {
+        who = ev.op;
+        if (!ev.site.empty()) who += (ev.op.empty() ? "at " : " at ") + ev.site;
+      }
+      char line[256];
+      std::snprintf(line, sizeof(line), "  %-44s %10.3f ms  %5.1f%%", what.c_str(), ev.ms,
+                    total > 0 ? 100 * ev.ms / total : 0);
+      os << line << (who.empty() ? "" : "  ") << who << "\n";
     }
   }
   if (!s.recompile_reasons.empty()) {

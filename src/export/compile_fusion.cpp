@@ -14,6 +14,7 @@
 #include <numeric>
 #include <optional>
 #include <sstream>
+#include <string_view>
 
 #include "kiln/core/allocator.h"
 #include "kiln/core/parallel.h"
@@ -245,6 +246,20 @@ std::string space_str(const Loop& l) {
   return os.str();
 }
 
+/// A fused loop's origin: the first kernel's line, the ops of all of them.
+EventOrigin fused_origin(const std::vector<Recorded>& ops, size_t g0, size_t g_last) {
+  EventOrigin o = ops[g0].origin;
+  o.op.clear();
+  std::vector<std::string_view> seen;
+  for (size_t k = g0; k <= g_last; ++k) {
+    const std::string& op = ops[k].origin.op;
+    if (op.empty() || std::find(seen.begin(), seen.end(), op) != seen.end()) continue;
+    seen.push_back(op);
+    o.op += (o.op.empty() ? "" : ", ") + op;
+  }
+  return o;
+}
+
 /// Builds the fused loop for ops[g0, g1], whose iteration space is `space`, and says what it did.
 /// With `red_src` set, ops[g1 + 1] is a reduction of what ops[*red_src] writes, and joins the loop.
 Recorded make_fused(std::vector<Recorded>& ops, size_t g0, size_t g1, const Loop& space, std::optional<size_t> red_src,
@@ -372,8 +387,16 @@ Recorded make_fused(std::vector<Recorded>& ops, size_t g0, size_t g1, const Loop
     const int64_t pieces = (f->red->numel + f->red->piece - 1) / f->red->piece;
     f->accs = std::make_unique<unsigned char[]>(static_cast<size_t>(pieces * f->red->acc_size));
   }
-  Recorded r{"fused loop", false,   [f] { f->run(); }, nullptr, nullptr, "fused(" + names.str() + ")",
-             {},           nullptr, std::nullopt};
+  Recorded r{"fused loop",
+             false,
+             [f] { f->run(); },
+             nullptr,
+             nullptr,
+             "fused(" + names.str() + ")",
+             {},
+             nullptr,
+             std::nullopt,
+             fused_origin(ops, g0, g_last)};
   std::ostringstream line;
   line << r.fused_name << " over " << space_str(space) << ", " << f->tiles << (f->tiles == 1 ? " tile" : " tiles");
   if (f->red) line << ", reduced tile by tile";

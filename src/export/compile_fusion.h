@@ -27,6 +27,17 @@ struct OperandsRecord {
   capture::OperandsRun run;
 };
 
+/// What ran an event, for the per-event profile (CompileStats::replay_events,
+/// kiln/core/capture_ops.h): the public op ("linear") and the user line it
+/// noted, or in a backward the autograd node and its forward's line; a fused
+/// loop lists its kernels' ops (distinct, in order) and keeps the first line.
+struct EventOrigin {
+  std::string op;
+  const char* file = nullptr;  // null: no line known
+  uint32_t line = 0;
+  bool backward = false;
+};
+
 /// One recorded event of a captured step.
 struct Recorded {
   const char* name;
@@ -39,6 +50,7 @@ struct Recorded {
   std::vector<std::pair<void*, size_t>> freed_before;
   std::shared_ptr<const OperandsRecord> operands;  // set for kernels that described their operands
   std::optional<double> scalar;                    // an elementwise kernel's scalar parameter, when it noted one
+  EventOrigin origin;
 };
 
 struct FusionReport {

@@ -80,9 +80,9 @@ bool is_loop(const Recorded& r, const char* name, int nops) {
   return !r.host && r.loop && std::strcmp(r.name, name) == 0 && r.loop->loop.nops == nops;
 }
 
-Recorded operands_event(const char* name, const OperandsRecord& like, const capture::Operands& o) {
-  auto rec = std::make_shared<const OperandsRecord>(OperandsRecord{o, like.run});
-  Recorded r{name, false, [rec] { rec->run(rec->ops); }, nullptr, nullptr, {}, {}, rec, std::nullopt};
+Recorded operands_event(const char* name, const Recorded& like, const capture::Operands& o) {
+  auto rec = std::make_shared<const OperandsRecord>(OperandsRecord{o, like.operands->run});
+  Recorded r{name, false, [rec] { rec->run(rec->ops); }, nullptr, nullptr, {}, {}, rec, std::nullopt, like.origin};
   return r;
 }
 
@@ -213,10 +213,10 @@ RewriteReport rewrite_relu_pooling(std::vector<Recorded>& ops, const std::vector
     report.relu_pools += 1;
     report.unwritten_bytes += 2 * m.relu_bytes;
 
-    Recorded pool_ev = operands_event("max_pool_nhwc_forward(relu)", pool, fwd);
+    Recorded pool_ev = operands_event("max_pool_nhwc_forward(relu)", ops[m.pool], fwd);
     pool_ev.freed_before = std::move(ops[m.relu].freed_before);
     ops[m.relu] = std::move(pool_ev);
-    Recorded bwd_ev = operands_event("max_pool_nhwc_backward(relu)", pool_bwd, bwd);
+    Recorded bwd_ev = operands_event("max_pool_nhwc_backward(relu)", ops[m.pool_bwd], bwd);
     bwd_ev.freed_before = std::move(ops[m.pool_bwd].freed_before);
     ops[m.pool_bwd] = std::move(bwd_ev);
     dropped[m.pool] = dropped[m.relu_bwd] = 1;

@@ -35,7 +35,7 @@ Deferrer::~Deferrer() { memory::log_pool_frees(pool_, false); }
 std::vector<std::pair<void*, size_t>> Deferrer::take_frees() { return memory::take_pool_frees(pool_); }
 
 void Deferrer::kernel(const char* name, capture::Replay replay) {
-  held_.push_back({name, false, std::move(replay), nullptr, nullptr, {}, take_frees(), nullptr, std::nullopt});
+  held_.push_back({name, false, std::move(replay), nullptr, nullptr, {}, take_frees(), nullptr, std::nullopt, {}});
 }
 
 void Deferrer::loop(const capture::Loop& l, capture::LoopRun run) {

@@ -14,12 +14,17 @@
 // before the scope's destructor runs); close the scope first instead.
 //
 // FLOPs follow torch's with_flops: a multiply-add is 2.
+//
+// While kiln::compile captures on this thread, the scope also tells its
+// recorder which op the kernels inside belong to (kiln/core/capture_ops.h):
+// one more thread-local test at entry.
 #pragma once
 
 #include <initializer_list>
 #include <string_view>
 #include <vector>
 
+#include "kiln/core/capture_ops.h"
 #include "kiln/core/record.h"
 #include "kiln/core/tensor.h"
 
@@ -35,9 +40,23 @@ class OpScope : public record::Scope {
  public:
   /// `name` a literal: its length is known at compile time.
   OpScope(std::string_view name, std::initializer_list<const Tensor*> inputs) noexcept
-      : record::Scope(record::Kind::Op, name, inputs) {}
+      : record::Scope(record::Kind::Op, name, inputs) {
+    enter(name);
+  }
   OpScope(NamePtr name, std::initializer_list<const Tensor*> inputs) noexcept
-      : record::Scope(record::Kind::Op, record::active() ? std::string_view(name.name) : std::string_view(), inputs) {}
+      : record::Scope(record::Kind::Op, record::active() ? std::string_view(name.name) : std::string_view(), inputs) {
+    enter(name.name);
+  }
+  ~OpScope() {
+    if (sink_) sink_->op_exit();
+  }
+
+ private:
+  void enter(std::string_view name) noexcept {
+    sink_ = capture::detail::t_op_sink;
+    if (sink_) sink_->op_enter(name);
+  }
+  capture::OpSink* sink_ = nullptr;
 };
 
 /// The i-th tensor of a list, or null past its end (a list op's recorded inputs).

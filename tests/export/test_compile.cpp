@@ -6,6 +6,7 @@
 // away from everyone else.
 #include <gtest/gtest.h>
 
+#include <cstdlib>
 #include <functional>
 #include <limits>
 #include <memory>
@@ -22,6 +23,7 @@
 #include "kiln/models/mlp.h"
 #include "kiln/models/resnet.h"
 #include "kiln/nn/functional.h"
+#include "kiln/nn/layers.h"
 #include "kiln/nn/lora.h"
 #include "kiln/ops/conv.h"
 #include "kiln/ops/factory.h"
@@ -489,6 +491,78 @@ TEST(Compile, GraphBreakSplitsTheCallAndNamesTheOpAndLine) {
       },
       {.fullgraph = true});
   EXPECT_THROW(strict(in), ValueError);
+}
+
+// The profile names each replayed event's op and user line, so the kernel
+// "binary" reads as GELU's backward of this file's line.
+TEST(Compile, AProfiledReplayNamesEachEventsOpAndLine) {
+  manual_seed(5);
+  auto fc = std::make_shared<nn::Linear>(nn::LinearOptions{.in_features = 8, .out_features = 64});
+  optim::SGD opt(fc->named_parameters(), {.lr = 0.1});
+  const Tensor x = randn({32, 8});
+  int gelu_line = 0;
+  auto run = [&]() {
+    opt.zero_grad();
+    gelu_line = __LINE__ + 1;
+    const Tensor a = (*fc)(x).gelu("tanh");
+    Tensor loss = (a * a).mean();
+    loss.backward();
+    opt.step();
+    return loss;
+  };
+  auto ends_with = [](const std::string& s, const std::string& tail) {
+    return s.size() >= tail.size() && s.compare(s.size() - tail.size(), tail.size(), tail) == 0;
+  };
+  const std::string here = "test_compile.cpp:";
+  for (const bool fuse : {false, true}) {
+    auto step = compile(run, {.name = "profiled", .modules = {fc.get()}, .fuse = fuse, .profile = true});
+    for (int i = 0; i < 4; ++i) step();
+    const CompileStats& s = step.stats();
+    ASSERT_EQ(s.replays, 3);
+    ASSERT_EQ(static_cast<int64_t>(s.replay_events.size()), s.kernels + s.host_actions - s.fused_kernels + s.fused_loops)
+        << step.explain();
+    double total = 0, by_name = 0;
+    for (const auto& [name, ms] : s.replay_ms) by_name += ms;
+    const CompileStats::ReplayEvent *gelu = nullptr, *gelu_backward = nullptr, *product = nullptr;
+    for (size_t i = 0; i < s.replay_events.size(); ++i) {
+      const CompileStats::ReplayEvent& ev = s.replay_events[i];
+      EXPECT_EQ(ev.index, static_cast<int64_t>(i));
+      EXPECT_GE(ev.ms, 0.0) << ev.kernel;
+      total += ev.ms;
+      if (!ev.backward && ev.op.find("gelu") != std::string::npos) gelu = &ev;
+      if (ev.backward && ev.op.find("GeluBackward0") != std::string::npos) gelu_backward = &ev;
+      if (!ev.backward && ev.op == "linear") product = &ev;
+    }
+    EXPECT_NEAR(total, by_name, 1e-9 + 1e-9 * by_name) << "the two views time the same events";
+    ASSERT_TRUE(gelu && gelu_backward && product) << step.explain();
+    EXPECT_EQ(product->kernel, "matmul");
+    EXPECT_TRUE(ends_with(product->site, ".cpp:" + product->site.substr(product->site.rfind(':') + 1)));
+    EXPECT_EQ(product->site.find(here), std::string::npos) << product->site << ": nn::Linear's own line";
+    if (!fuse) {
+      // Each kernel on its own: the forward GELU at its line, its backward at the same line.
+      EXPECT_EQ(gelu->kernel, "unary");
+      EXPECT_EQ(gelu->op, "gelu");
+      EXPECT_TRUE(ends_with(gelu->site, here + std::to_string(gelu_line))) << gelu->site << " vs line " << gelu_line;
+      EXPECT_EQ(gelu_backward->kernel, "binary");
+      EXPECT_EQ(gelu_backward->op, "GeluBackward0");
+      EXPECT_EQ(gelu_backward->elements, 32 * 64);
+      EXPECT_TRUE(ends_with(gelu_backward->site, here + std::to_string(gelu_line))) << gelu_backward->site;
+    } else {
+      // A fused loop lists the ops of its kernels.
+      EXPECT_EQ(gelu_backward->kernel.rfind("fused(", 0), 0u) << gelu_backward->kernel;
+    }
+    const std::string ex = step.explain();
+    EXPECT_NE(ex.find("Slowest events"), std::string::npos) << ex;
+    EXPECT_NE(ex.find("GeluBackward0"), std::string::npos) << ex;
+  }
+
+  // Without the option (and without KILN_COMPILE_PROFILE) nothing is timed.
+  if (std::getenv("KILN_COMPILE_PROFILE") == nullptr) {
+    auto plain = compile(run, {.modules = {fc.get()}});
+    for (int i = 0; i < 3; ++i) plain();
+    EXPECT_TRUE(plain.stats().replay_events.empty());
+    EXPECT_TRUE(plain.stats().replay_ms.empty());
+  }
 }
 
 TEST(Compile, ForwardOnlyWithGradIsABreakAndUnderNoGradReplays) {

@@ -74,6 +74,10 @@ struct CompileOptions {
   /// (docs/compile.md, "Rewrites"): the values of the recorded kernels but
   /// for the sign of a zero where a window's maximum is 0.
   bool rewrite = true;
+  /// Times every replayed event (CompileStats::replay_ms by kernel name,
+  /// replay_events one by one; explain() lists both). KILN_COMPILE_PROFILE=1
+  /// turns it on for every compiled function. Costs a clock read per event.
+  bool profile = false;
 };
 
 /// One graph break: what could not be captured and the last line of user
@@ -116,9 +120,24 @@ struct CompileStats {
   int64_t rewrite_unwritten_bytes = 0;          // full-size tensors they no longer write, per call
   std::vector<GraphBreak> graph_breaks;
   std::vector<std::string> recompile_reasons;  // the failed guard of each recompile
-  /// With KILN_COMPILE_PROFILE=1: milliseconds spent in replays per recorded
+  /// With CompileOptions::profile: milliseconds spent in replays per recorded
   /// kernel or host action name, summed over replays (explain() lists them).
   std::map<std::string, double> replay_ms;
+  /// With CompileOptions::profile, the record replayed last, event by event: a
+  /// kernel name such as "binary" says little, so each event also names the
+  /// user line whose op recorded it and, in a backward, the autograd node that
+  /// ran it (explain() lists the slowest).
+  struct ReplayEvent {
+    int64_t index = 0;   // position in the record
+    std::string kernel;  // kernel or host action ("fused(binary, unary)" for a fused loop)
+    std::string op;      // the public op ("linear"), or in a backward the autograd node ("LinearBackward0");
+                         // a fused loop's lists its kernels' ("gelu, mul"); "" when none ran it
+    bool backward = false;
+    std::string site;      // "file:line" the op noted (a backward: its forward's), or "" when unknown
+    int64_t elements = 0;  // an elementwise kernel's iteration space, else 0
+    double ms = 0;         // summed over the replays of this record
+  };
+  std::vector<ReplayEvent> replay_events;
 };
 
 class CompiledFunction {
