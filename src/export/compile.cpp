@@ -772,7 +772,8 @@ std::string CompiledFunction::explain() const {
       if (ev.elements) what += " (" + std::to_string(ev.elements) + " elements)";
       std::string who;
       if (ev.backward) {
-        who = (ev.op.empty() ? "backward" : ev.op) + ", backward of " + (ev.site.empty() ? "?" : ev.site);
+        who = ev.site.empty() ? (ev.op.empty() ? "" : ev.op + " ") + "(backward)"
+                              : (ev.op.empty() ? "backward" : ev.op) + ", backward of " + ev.site;
       } else {
         who = ev.op;
         if (!ev.site.empty()) who += (ev.op.empty() ? "at " : " at ") + ev.site;
