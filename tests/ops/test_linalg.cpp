@@ -220,37 +220,48 @@ TEST(Linalg, Float64UsesBlasAndIsExact) {
 }
 
 TEST(Linalg, PrimitiveCacheReusesPrimitives) {
-  const Tensor a = seq({7, 9}, 3, 1), b = seq({9, 5}, 5, 2), bias = seq({5}, 7, 3);
+  // 315,000 multiply-adds: above Note [Tiny products], so oneDNN runs it.
+  const Tensor a = seq({70, 90}, 3, 1), b = seq({90, 50}, 5, 2), bias = seq({50}, 7, 3);
   const Tensor r1 = mm(a, b);
   const int64_t after_first = kernels::dnnl_primitives_created();
   const Tensor r2 = mm(a, b);
-  const Tensor r3 = mm(seq({7, 9}, 4, 2), seq({9, 5}, 6, 1));  // same shapes, other data
+  const Tensor r3 = mm(seq({70, 90}, 4, 2), seq({90, 50}, 6, 1));  // same shapes, other data
   EXPECT_EQ(kernels::dnnl_primitives_created(), after_first) << "same shapes must reuse the cached primitive";
   expect_close(r2, r1, 0, 0, "cached result");
   (void)r3;
-  (void)mm(a, seq({9, 6}, 5, 2));  // new shape
+  (void)mm(a, seq({90, 60}, 5, 2));  // new shape
   EXPECT_EQ(kernels::dnnl_primitives_created(), after_first + 1);
   (void)linear(a, b.t(), bias);  // linear with bias is a different primitive
   const int64_t after_linear = kernels::dnnl_primitives_created();
   EXPECT_EQ(after_linear, after_first + 2);
   (void)linear(a, b.t(), bias);
   EXPECT_EQ(kernels::dnnl_primitives_created(), after_linear);
+  // A tiny product (7 x 9 x 5) takes kiln's own tile and no primitive, with the
+  // exact sums these quarter-integer inputs have in any order.
+  const Tensor ta = seq({7, 9}, 3, 1), tb = seq({9, 5}, 5, 2);
+  const Tensor tiny = mm(ta, tb), tiny_linear = linear(ta, tb.t(), seq({5}, 7, 3));
+  EXPECT_EQ(kernels::dnnl_primitives_created(), after_linear) << "a tiny product needs no primitive";
+  expect_close(tiny, mm(ta.to(kFloat64), tb.to(kFloat64)).to(kFloat32), 0, 0, "tiny product");
+  expect_close(tiny_linear, (mm(ta.to(kFloat64), tb.to(kFloat64)) + seq({5}, 7, 3).to(kFloat64)).to(kFloat32), 0, 0,
+               "tiny product with a bias");
   // The thread count is part of the key: oneDNN plans its work split at creation.
   // A product under 2^17 multiply-adds runs on one thread whatever the
-  // setting (no OpenMP fork for microseconds of work), so its primitive is shared.
+  // setting (no OpenMP fork for microseconds of work), so its primitive is
+  // shared; 600 rows keep this one off the tiny tile (at most 512 a side).
   const int threads = get_num_threads();
+  const Tensor small_a = seq({600, 4}, 3, 1), small_b = seq({4, 3}, 5, 2);
   const Tensor big_a = seq({64, 64}, 3, 1), big_b = seq({64, 48}, 5, 2);  // 196608 multiply-adds
   set_num_threads(2);
   const Tensor r5 = mm(big_a, big_b);
-  (void)mm(a, b);
+  const Tensor s2 = mm(small_a, small_b);
   const int64_t at_two = kernels::dnnl_primitives_created();
   set_num_threads(1);
-  const Tensor r4 = mm(a, b);
+  const Tensor s1 = mm(small_a, small_b);
   EXPECT_EQ(kernels::dnnl_primitives_created(), at_two) << "a small product is serial at any thread count";
   const Tensor r6 = mm(big_a, big_b);
   EXPECT_EQ(kernels::dnnl_primitives_created(), at_two + 1) << "a larger one plans per thread count";
   set_num_threads(threads);
-  expect_close(r4, r1, 0, 0, "one thread");
+  expect_close(s1, s2, 0, 0, "one thread");
   expect_close(r6, r5, 1e-6, 1e-6, "one thread, larger");
   kernels::dnnl_clear_cache();
   const int64_t cleared = kernels::dnnl_primitives_created();

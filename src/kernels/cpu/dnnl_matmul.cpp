@@ -357,10 +357,13 @@ void matmul(const MatmulArgs& g) {
               "kernels::matmul: a band with a bias, addend or epilogue");
   if (cap.recording()) {
     // The products dnnl_matmul runs below (the others' records call matmul again).
+    const bool tiny = detail::tiny_matmul_applies(g);
     const bool on_dnnl = (g.dtype == kFloat32 || g.dtype == kBFloat16) && g.k > 0 &&
-                         g.band.kind == MatmulBand::Kind::None && !detail::small_matmul_applies(g);
-    const bool deferred = on_dnnl && g.outer > 0 && g.batch > 0 && g.m > 0 && g.n > 0 ? record_dnnl_matmul(cap, g)
-                                                                                      : cap.record([g] { matmul(g); });
+                         g.band.kind == MatmulBand::Kind::None && !detail::small_matmul_applies(g) && !tiny;
+    const bool deferred = tiny ? cap.record([g] { detail::tiny_matmul(g); })
+                          : on_dnnl && g.outer > 0 && g.batch > 0 && g.m > 0 && g.n > 0
+                              ? record_dnnl_matmul(cap, g)
+                              : cap.record([g] { matmul(g); });
     if (deferred) return;
   }
   if (g.outer <= 0 || g.batch <= 0 || g.m <= 0 || g.n <= 0) return;
@@ -402,6 +405,7 @@ void matmul(const MatmulArgs& g) {
     }
     return;
   }
+  if (detail::tiny_matmul_applies(g)) return detail::tiny_matmul(g);
   if (detail::small_matmul_applies(g)) return detail::small_matmul(g);
   // oneDNN runs float32 and bfloat16; BLAS (or kernels::gemm's integer loop) the others.
   constexpr DTypeSet kMatmulTypes{kFloat32, kFloat64, kBFloat16, kInt64, kInt32, kUInt8};

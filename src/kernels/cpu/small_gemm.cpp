@@ -29,6 +29,7 @@ namespace kiln::kernels::detail {
 
 namespace {
 constexpr int64_t kMaxDim = 512;
+constexpr int64_t kTinyMacs = int64_t{1} << 17;  // Note [Tiny products]
 }  // namespace
 
 bool small_matmul_fits(const MatmulArgs& g) {
@@ -42,6 +43,17 @@ bool small_matmul_fits(const MatmulArgs& g) {
 }
 
 bool small_matmul_applies(const MatmulArgs& g) { return g.outer * g.batch >= 2 && small_matmul_fits(g); }
+
+bool tiny_matmul_applies(const MatmulArgs& g) {
+#ifdef KILN_SMALL_GEMM
+  return g.dtype == kFloat32 && g.outer == 1 && g.batch == 1 && g.band.kind == MatmulBand::Kind::None &&
+         g.epilogue == MatmulEpilogue::None && !g.addend && g.m > 0 && g.n > 0 && g.k > 0 && g.m <= kMaxDim &&
+         g.n <= kMaxDim && g.k <= kMaxDim && g.m * g.n * g.k <= kTinyMacs;
+#else
+  (void)g;
+  return false;
+#endif
+}
 
 #ifdef KILN_SMALL_GEMM
 
@@ -386,10 +398,22 @@ void small_matmul_here(const MatmulArgs& g) {
   run_products<uint16_t>(g, product, true);
 }
 
+void tiny_matmul(const MatmulArgs& g) {
+  thread_local Buffers buf;
+  auto* c = static_cast<float*>(g.c);
+  product_f32(g, static_cast<const float*>(g.a.data), static_cast<const float*>(g.b.data), c, buf);
+  if (!g.bias) return;
+  const auto* bias = static_cast<const float*>(g.bias);
+  const int64_t ldc = g.c_row_stride();
+  for (int64_t i = 0; i < g.m; ++i)
+    for (int64_t j = 0; j < g.n; ++j) c[i * ldc + j] += bias[j];
+}
+
 #else
 
 void small_matmul(const MatmulArgs&) { KILN_ASSERT(false, "small_matmul: not built for this CPU"); }
 void small_matmul_here(const MatmulArgs&) { KILN_ASSERT(false, "small_matmul_here: not built for this CPU"); }
+void tiny_matmul(const MatmulArgs&) { KILN_ASSERT(false, "tiny_matmul: not built for this CPU"); }
 
 #endif
 

@@ -36,6 +36,18 @@
 // visible entry are those of the whole product. At gpt's blocks (rows 0-63
 // against keys 0-63 and rows 64-127 against 0-127) the products took
 // 14-40 % less time (bench/micro BM_AttentionBlockProducts).
+//
+// Note [Tiny products]
+// A single float32 product of a few thousand multiply-adds (the tiny MLP's
+// [8, 32] x [32, 64]) costs oneDNN more in its call than in its arithmetic:
+// 660-1030 ns through the cached primitive against 240-670 ns on the 6 x 64
+// tile here (1 thread, 2026-12-05, shapes of the tiny workload's layers),
+// where oneDNN's execute builds a hash map of its arguments and allocates on
+// every call. The two meet near 64 x 128 x 64 (5.5 us each) and oneDNN pulls
+// ahead beyond, so products of at most kTinyMacs multiply-adds take the tile.
+// A bias is added to each row after the product: the float32 sum is exact in
+// its register until stored, so sum + bias rounds once, as in oneDNN's fused
+// bias.
 #pragma once
 
 #include "kiln/kernels/dnnl.h"
@@ -54,5 +66,10 @@ void small_matmul(const MatmulArgs& g);
 bool small_matmul_fits(const MatmulArgs& g);
 /// Runs every product of g on the calling thread (small_matmul_fits(g) must hold).
 void small_matmul_here(const MatmulArgs& g);
+/// Whether g is one float32 product small enough for Note [Tiny products]:
+/// batch 1, no band, epilogue or addend (a bias is fine).
+bool tiny_matmul_applies(const MatmulArgs& g);
+/// Runs it on the calling thread (tiny_matmul_applies(g) must hold).
+void tiny_matmul(const MatmulArgs& g);
 
 }  // namespace kiln::kernels::detail
