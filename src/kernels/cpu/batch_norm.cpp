@@ -300,6 +300,22 @@ inline V pre_relu(V x, V m, V scale, V shift) {
   return (x - m) * scale + shift;
 }
 
+// The vector forms' gradient at element `at` (xv gets x there): dy, or with
+// Relu dy where pre_relu(x) (+ res, when not null) > 0, else 0.
+template <typename A, typename T, bool Relu>
+inline typename Lanes<T>::V masked_dy(const A* dy, const A* x, const A* res, int64_t at, typename Lanes<T>::V mv,
+                                      typename Lanes<T>::V sc, typename Lanes<T>::V sh, typename Lanes<T>::V& xv) {
+  using X = Act<A, T>;
+  xv = X::load(x + at);
+  typename Lanes<T>::V g = X::load(dy + at);
+  if constexpr (Relu) {
+    typename Lanes<T>::V pre = pre_relu(xv, mv, sc, sh);
+    if (res) pre += X::load(res + at);
+    g = pre > 0 ? g : typename Lanes<T>::V{};
+  }
+  return g;
+}
+
 // acc[k] += sum g[r, k], acc[c + k] += sum g[r, k] * (x[r, k] - m[k]), where g is
 // dy, or with `relu` (scale and shift given) dy where pre_relu(x) (+ res, the
 // residual added before the ReLU, when not null) > 0, else 0.
@@ -320,13 +336,8 @@ void cl_dy_sums(const A* dy, const A* x, const T* m, const T* scale, const T* sh
       }
       V a = {}, b = {};
       for (int64_t r = r0; r < r1; ++r) {
-        const V xv = X::load(x + r * c + j);
-        V g = X::load(dy + r * c + j);
-        if constexpr (Relu) {
-          V pre = pre_relu(xv, mv, sc, sh);
-          if (res) pre += X::load(res + r * c + j);
-          g = pre > 0 ? g : V{};
-        }
+        V xv;
+        const V g = masked_dy<A, T, Relu>(dy, x, res, r * c + j, mv, sc, sh, xv);
         a += g;
         b += g * (xv - mv);
       }
@@ -356,7 +367,6 @@ template <typename A, typename T, bool Relu>
 void cl_dy_sums_lockstep(const A* dy, const A* x, const T* m, const T* scale, const T* shift, const A* res, int64_t c,
                          int64_t r0, T* acc) {
   using L = Lanes<T>;
-  using X = Act<A, T>;
   using V = typename L::V;
   constexpr int64_t W = L::kWidth;
   constexpr int64_t B = kRowBlock;
@@ -370,14 +380,8 @@ void cl_dy_sums_lockstep(const A* dy, const A* x, const T* m, const T* scale, co
     V a[kLockstep] = {}, b[kLockstep] = {};
     for (int64_t r = 0; r < B; ++r) {
       for (int i = 0; i < kLockstep; ++i) {
-        const int64_t at = (r0 + i * B + r) * c + j;
-        const V xv = X::load(x + at);
-        V g = X::load(dy + at);
-        if constexpr (Relu) {
-          V pre = pre_relu(xv, mv, sc, sh);
-          if (res) pre += X::load(res + at);
-          g = pre > 0 ? g : V{};
-        }
+        V xv;
+        const V g = masked_dy<A, T, Relu>(dy, x, res, (r0 + i * B + r) * c + j, mv, sc, sh, xv);
         a[i] += g;
         b[i] += g * (xv - mv);
       }
@@ -444,13 +448,8 @@ void cl_dx(const A* dy, const A* x, const T* m, const T* scale, const T* shift, 
       }
       for (int64_t r = r0; r < r1; ++r) {
         const int64_t i = r * c + k;
-        const V xv = X::load(x + i);
-        V g = X::load(dy + i);
-        if constexpr (Relu) {
-          V pre = pre_relu(xv, mv, sv, hv);
-          if (res) pre += X::load(res + i);
-          g = pre > 0 ? g : V{};
-        }
+        V xv;
+        const V g = masked_dy<A, T, Relu>(dy, x, res, i, mv, sv, hv, xv);
         if (dres) X::put(dres + i, g);
         if (out) X::put(out + i, g * k1v + (xv - mv) * k2v + k3v);
       }
