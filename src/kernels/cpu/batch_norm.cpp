@@ -300,6 +300,19 @@ inline V pre_relu(V x, V m, V scale, V shift) {
   return (x - m) * scale + shift;
 }
 
+// A channel vector's mean and, with Relu, the scale and shift that recompute
+// the fused ReLU's input.
+template <typename T, bool Relu>
+struct ChannelVector {
+  typename Lanes<T>::V m{}, scale{}, shift{};
+  ChannelVector(const T* mp, const T* sp, const T* hp, int64_t j) : m(Lanes<T>::load(mp + j)) {
+    if constexpr (Relu) {
+      scale = Lanes<T>::load(sp + j);
+      shift = Lanes<T>::load(hp + j);
+    }
+  }
+};
+
 // The vector forms' gradient at element `at` (xv gets x there): dy, or with
 // Relu dy where pre_relu(x) (+ res, when not null) > 0, else 0.
 template <typename A, typename T, bool Relu>
@@ -328,18 +341,13 @@ void cl_dy_sums(const A* dy, const A* x, const T* m, const T* scale, const T* sh
   constexpr int64_t W = L::kWidth;
   if (c % W == 0) {
     for (int64_t j = 0; j < c; j += W) {
-      const V mv = L::load(m + j);
-      V sc = {}, sh = {};
-      if constexpr (Relu) {
-        sc = L::load(scale + j);
-        sh = L::load(shift + j);
-      }
+      const ChannelVector<T, Relu> cv(m, scale, shift, j);
       V a = {}, b = {};
       for (int64_t r = r0; r < r1; ++r) {
         V xv;
-        const V g = masked_dy<A, T, Relu>(dy, x, res, r * c + j, mv, sc, sh, xv);
+        const V g = masked_dy<A, T, Relu>(dy, x, res, r * c + j, cv.m, cv.scale, cv.shift, xv);
         a += g;
-        b += g * (xv - mv);
+        b += g * (xv - cv.m);
       }
       store(acc + j, a);
       store(acc + c + j, b);
@@ -371,19 +379,14 @@ void cl_dy_sums_lockstep(const A* dy, const A* x, const T* m, const T* scale, co
   constexpr int64_t W = L::kWidth;
   constexpr int64_t B = kRowBlock;
   for (int64_t j = 0; j < c; j += W) {
-    const V mv = L::load(m + j);
-    V sc = {}, sh = {};
-    if constexpr (Relu) {
-      sc = L::load(scale + j);
-      sh = L::load(shift + j);
-    }
+    const ChannelVector<T, Relu> cv(m, scale, shift, j);
     V a[kLockstep] = {}, b[kLockstep] = {};
     for (int64_t r = 0; r < B; ++r) {
       for (int i = 0; i < kLockstep; ++i) {
         V xv;
-        const V g = masked_dy<A, T, Relu>(dy, x, res, (r0 + i * B + r) * c + j, mv, sc, sh, xv);
+        const V g = masked_dy<A, T, Relu>(dy, x, res, (r0 + i * B + r) * c + j, cv.m, cv.scale, cv.shift, xv);
         a[i] += g;
-        b[i] += g * (xv - mv);
+        b[i] += g * (xv - cv.m);
       }
     }
     for (int i = 0; i < kLockstep; ++i) {
