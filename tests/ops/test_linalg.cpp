@@ -269,6 +269,43 @@ TEST(Linalg, PrimitiveCacheReusesPrimitives) {
   EXPECT_EQ(kernels::dnnl_primitives_created(), cleared + 1);
 }
 
+// Note [Tiny products]: single float32 products under 2^17 multiply-adds run on
+// kiln's own tile, which reads a in place whatever its strides and packs b
+// when its rows are not contiguous. Every layout a view can give, with and
+// without a bias, against float64; tolerance: k float32 roundings of terms
+// bounded by |a| |b| (inputs in [-1, 1)), i.e. k * 2^-24 * k plus slack.
+TEST(Linalg, TinyProductsMatchFloat64OnEveryLayout) {
+  manual_seed(31);
+  struct Shape {
+    int64_t m, n, k;
+  };
+  for (const Shape sh : {Shape{1, 1, 1}, Shape{8, 64, 32}, Shape{7, 10, 64}, Shape{64, 33, 17}, Shape{5, 512, 16},
+                         Shape{100, 3, 200}}) {
+    const int64_t m = sh.m, n = sh.n, k = sh.k;
+    const double tol = 4.0 * static_cast<double>(k) * static_cast<double>(k) * std::ldexp(1.0, -24) + 1e-6;
+    // Each operand as a plain matrix, a transposed view, and a view with gaps (every other column).
+    auto layouts = [](int64_t rows, int64_t cols) {
+      const Tensor base = rand({rows, 2 * cols}) * 2 - 1;
+      return std::vector<Tensor>{base.narrow(1, 0, cols).contiguous(),
+                                 base.narrow(1, 0, cols).contiguous().t().contiguous().t(),
+                                 base.slice(1, 0, 2 * cols, 2)};
+    };
+    const std::vector<Tensor> as = layouts(m, k), bs = layouts(k, n);
+    const Tensor bias = rand({n}) * 2 - 1;
+    for (size_t i = 0; i < as.size(); ++i) {
+      for (size_t j = 0; j < bs.size(); ++j) {
+        const std::string what = std::to_string(m) + "x" + std::to_string(n) + "x" + std::to_string(k) + " layout " +
+                                 std::to_string(i) + "," + std::to_string(j);
+        const Tensor want = mm(as[i].to(kFloat64), bs[j].to(kFloat64));
+        expect_close(mm(as[i], bs[j]), want.to(kFloat32), 0, tol, what);
+        // linear reads its weight transposed: W = bᵀ.
+        expect_close(linear(as[i], bs[j].t(), bias), (want + bias.to(kFloat64)).to(kFloat32), 0, tol,
+                     what + " linear");
+      }
+    }
+  }
+}
+
 TEST(Linalg, Float16ComputesInFloat32) {
   const Tensor a = seq({3, 4}, 3, 1, kFloat16), b = seq({4, 2}, 5, 2, kFloat16);
   const Tensor c = mm(a, b);
