@@ -29,7 +29,7 @@ Tensor scaled_dot_product_attention(const Tensor& q, const Tensor& k, const Tens
           return scaled_dot_product_attention(q2, k2, v2, m2, dropout_p, is_causal, training, loc);
         },
         q, k, v, attn_mask);
-  return ops::scaled_dot_product_attention(q, k, v, attn_mask, dropout_p, is_causal, training);
+  return ops::scaled_dot_product_attention(q, k, v, attn_mask, dropout_p, is_causal, training, loc);
 }
 
 namespace detail {

@@ -32,6 +32,7 @@
 
 #include "banded_matmul.h"
 #include "kiln/autograd/custom_function.h"
+#include "kiln/core/allocator.h"
 #include "kiln/core/error.h"
 #include "kiln/core/guards.h"
 #include "kiln/kernels/attention.h"
@@ -463,14 +464,15 @@ double attention_flops(const Tensor& q, const Tensor& k, const Tensor& out, bool
 }  // namespace
 
 Tensor scaled_dot_product_attention(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& attn_mask,
-                                    double dropout_p, bool is_causal, bool training) {
+                                    double dropout_p, bool is_causal, bool training, std::source_location loc) {
   OpScope rs("scaled_dot_product_attention", {&q, &k, &v, &attn_mask});
+  memory::note_call_site(loc.file_name(), loc.line());  // the composite's ops run under the caller's line
   check_args(q, k, v, attn_mask, dropout_p, is_causal);
   const bool dropout_active = training && dropout_p > 0.0;
   const bool mask_needs_grad = attn_mask.defined() && attn_mask.requires_grad() && grad_mode_enabled();
   const bool fused = !dropout_active && !mask_needs_grad;
   constexpr int64_t kBlockRows = 64;  // attention_fused's default
-  Tensor out = fused ? attention_fused(q, k, v, attn_mask, is_causal, kBlockRows)
+  Tensor out = fused ? attention_fused(q, k, v, attn_mask, is_causal, kBlockRows, loc)
                      : attention_composite(q, k, v, attn_mask, dropout_p, is_causal, training);
   if (rs.recording()) rs.set_flops(attention_flops(q, k, out, is_causal, fused));
   return out;
@@ -515,8 +517,9 @@ Tensor attention_composite(const Tensor& q, const Tensor& k, const Tensor& v, co
 }
 
 Tensor attention_fused(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& attn_mask, bool is_causal,
-                       int64_t block_rows) {
+                       int64_t block_rows, std::source_location loc) {
   OpScope rs("attention_fused", {&q, &k, &v, &attn_mask});
+  const autograd::CallSite site = autograd::CallSite::from(loc);
   check_args(q, k, v, attn_mask, 0.0, is_causal);
   KILN_CHECK(block_rows > 0, ValueError, "sdpa_fused: expected block_rows > 0, got ", block_rows);
   KILN_CHECK(!(attn_mask.defined() && attn_mask.requires_grad() && grad_mode_enabled()), ValueError,
@@ -527,7 +530,7 @@ Tensor attention_fused(const Tensor& q, const Tensor& k, const Tensor& v, const 
   // Nothing to differentiate (inference): no graph node, no log-sum-exp.
   if (!grad_mode_enabled() || !(q.requires_grad() || k.requires_grad() || v.requires_grad()))
     return attention_forward(q, k, v, args, nullptr);
-  return FusedSdpa::apply(q, k, v, args);
+  return FusedSdpa::apply_at(site, q, k, v, args);
 }
 
 }  // namespace kiln::ops

@@ -105,8 +105,9 @@ struct FusedLayerNorm : autograd::Function<FusedLayerNorm> {
 namespace {
 
 Tensor layer_norm_as(const Tensor& x, IntArrayRef normalized_shape, const Tensor& weight, const Tensor& bias,
-                     double eps, std::optional<DType> out) {
+                     double eps, std::optional<DType> out, const std::source_location& loc) {
   OpScope rs("layer_norm", {&x, &weight, &bias});
+  const autograd::CallSite site = autograd::CallSite::from(loc);
   const auto n_dims = static_cast<int64_t>(normalized_shape.size());
   KILN_CHECK(n_dims > 0, ValueError, "layer_norm: expected a non-empty normalized_shape");
   bool ends = x.dim() >= n_dims;
@@ -137,18 +138,19 @@ Tensor layer_norm_as(const Tensor& x, IntArrayRef normalized_shape, const Tensor
                                 nullptr, nullptr, y.dtype());
     return y;
   }
-  return FusedLayerNorm::apply(x, weight, bias, args);
+  return FusedLayerNorm::apply_at(site, x, weight, bias, args);
 }
 
 }  // namespace
 
-Tensor layer_norm(const Tensor& x, IntArrayRef normalized_shape, const Tensor& weight, const Tensor& bias, double eps) {
-  return layer_norm_as(x, normalized_shape, weight, bias, eps, std::nullopt);
+Tensor layer_norm(const Tensor& x, IntArrayRef normalized_shape, const Tensor& weight, const Tensor& bias, double eps,
+                  std::source_location loc) {
+  return layer_norm_as(x, normalized_shape, weight, bias, eps, std::nullopt, loc);
 }
 
 Tensor layer_norm_to(const Tensor& x, IntArrayRef normalized_shape, const Tensor& weight, const Tensor& bias,
-                     double eps, DType dtype) {
-  return layer_norm_as(x, normalized_shape, weight, bias, eps, dtype);
+                     double eps, DType dtype, std::source_location loc) {
+  return layer_norm_as(x, normalized_shape, weight, bias, eps, dtype, loc);
 }
 
 }  // namespace kiln::ops

@@ -120,6 +120,19 @@ TEST(AttentionFused, DoubleBackwardMatchesComposite) {
   for (int i = 0; i < 3; ++i) EXPECT_TRUE(a[i].allclose(b[i], 1e-10, 1e-10)) << i;
 }
 
+// The fused node (a custom Function inside kiln) records its caller's line, as the
+// built-in ops' nodes do: anomaly mode, the memory history and the compile profile name it.
+TEST(AttentionFused, TheNodeRecordsTheCallersLine) {
+  manual_seed(7);
+  Tensor q = randn({1, 5, 4}).requires_grad_(), k = randn({1, 5, 4}), v = randn({1, 5, 4});
+  const int line = __LINE__ + 1;
+  const Tensor out = F::scaled_dot_product_attention(q, k, v);
+  ASSERT_STREQ(out.grad_fn()->name(), "FusedSdpaBackward");
+  EXPECT_EQ(out.grad_fn()->site().line, static_cast<uint32_t>(line));
+  EXPECT_TRUE(out.grad_fn()->site().str().find("test_attention_fused.cpp") != std::string::npos)
+      << out.grad_fn()->site().str();
+}
+
 TEST(AttentionFused, DispatchSelectsPathAtCallTime) {
   manual_seed(7);
   Tensor q = randn({1, 5, 4}).requires_grad_(), k = randn({1, 5, 4}), v = randn({1, 5, 4});

@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "kiln/autograd/engine.h"
+#include "kiln/autograd/node.h"
 #include "kiln/core/autocast.h"
 #include "kiln/ops/gradcheck.h"
 #include "kiln/ops/factory.h"
@@ -85,6 +86,21 @@ TEST(LayerNormFused, ValuesAndGradientsMatchTorch) {
           << cases[i].id << " grad " << j << " max diff " << (mine[j] - rg.outputs[j]).abs().max().item<double>();
     }
   }
+}
+
+// The fused node (a custom Function inside kiln) records its caller's line.
+TEST(LayerNormFused, TheNodeRecordsTheCallersLine) {
+  manual_seed(3);
+  const Tensor x = randn({4, 6}).requires_grad_(), w = randn({6}), b = randn({6});
+  const int line = __LINE__ + 1;
+  const Tensor y = ops::layer_norm(x, {6}, w, b);
+  ASSERT_STREQ(y.grad_fn()->name(), "FusedLayerNormBackward");
+  EXPECT_EQ(y.grad_fn()->site().line, static_cast<uint32_t>(line));
+  EXPECT_TRUE(y.grad_fn()->site().str().find("test_layer_norm.cpp") != std::string::npos)
+      << y.grad_fn()->site().str();
+  // Through the module, the line is the module's own call, as for nn::Linear.
+  nn::LayerNorm ln(nn::LayerNormOptions{.normalized_shape = {6}});
+  EXPECT_TRUE(ln(x).grad_fn()->site().known());
 }
 
 TEST(LayerNormFused, GradcheckFloat64AndCreateGraph) {

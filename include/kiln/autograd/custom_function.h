@@ -216,6 +216,14 @@ template <typename Derived>
 struct Function {
   template <typename... Args>
   static auto apply(Args&&... args) {
+    return apply_at(CallSite{}, std::forward<Args>(args)...);
+  }
+  /// apply, with the node recording where its forward was called (a call site
+  /// cannot follow a parameter pack): kiln's own ops built on Function pass
+  /// their caller's, as the built-in ops do, so that anomaly mode, the memory
+  /// history and kiln::compile's profile can name the line.
+  template <typename... Args>
+  static auto apply_at(CallSite site, Args&&... args) {
     TensorList tensor_args;
     auto node = make_intrusive<CustomNode<Derived>>(demangled_name());
     auto collect = [&](const auto& a) {
@@ -255,7 +263,7 @@ struct Function {
       outputs = result;
     // Outputs that alias inputs would make the graph ambiguous; give them their own impl.
     for (Tensor& o : outputs) o = o.detach();
-    set_history(outputs, node, tensor_args);
+    set_history(outputs, node, tensor_args, site);
     node->ctx.saved_.clear();
     for (const Tensor& s : node->ctx.to_save_) {
       bool is_output = false;

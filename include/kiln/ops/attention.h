@@ -6,6 +6,7 @@
 #pragma once
 
 #include <cstdint>
+#include <source_location>
 
 #include "kiln/core/tensor.h"
 
@@ -20,7 +21,8 @@ namespace kiln::ops {
 /// grad this is attention_fused; otherwise attention_composite. Differentiable
 /// to any order either way.
 Tensor scaled_dot_product_attention(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& attn_mask = {},
-                                    double dropout_p = 0.0, bool is_causal = false, bool training = true);
+                                    double dropout_p = 0.0, bool is_causal = false, bool training = true,
+                                    std::source_location loc = std::source_location::current());
 
 /// The fused, memory-efficient form (no dropout): query rows in blocks of
 /// block_rows; only q, k, v, the output and the per-row log-sum-exp are kept
@@ -29,7 +31,8 @@ Tensor scaled_dot_product_attention(const Tensor& q, const Tensor& k, const Tens
 /// must not require grad. Without anything to differentiate no node is
 /// recorded and no log-sum-exp computed.
 Tensor attention_fused(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& attn_mask = {},
-                       bool is_causal = false, int64_t block_rows = 64);
+                       bool is_causal = false, int64_t block_rows = 64,
+                       std::source_location loc = std::source_location::current());
 
 /// The composite form (matmul, softmax, masked_fill, dropout as kiln ops):
 /// autograd records each op, and the [..., L, S] weights are kept for backward.

@@ -6,6 +6,7 @@
 #pragma once
 
 #include <cstdint>
+#include <source_location>
 
 #include "kiln/core/tensor.h"
 
@@ -19,7 +20,7 @@ namespace kiln::ops {
 /// (a FusedLayerNormBackward node; under create_graph its backward
 /// differentiates the composite), everything else the composite of kiln ops.
 Tensor layer_norm(const Tensor& x, IntArrayRef normalized_shape, const Tensor& weight = {}, const Tensor& bias = {},
-                  double eps = 1e-5);
+                  double eps = 1e-5, std::source_location loc = std::source_location::current());
 
 /// layer_norm(x, ...).to(dtype) in one op: the same bits forward and backward
 /// (the kernel rounds each float32 output as the cast would, and widens a
@@ -28,7 +29,7 @@ Tensor layer_norm(const Tensor& x, IntArrayRef normalized_shape, const Tensor& w
 /// layer_norm and then the cast. Autocast's callers use it where a norm's
 /// output only feeds a lower-precision product (Note [Layer norm into a product]).
 Tensor layer_norm_to(const Tensor& x, IntArrayRef normalized_shape, const Tensor& weight, const Tensor& bias,
-                     double eps, DType dtype);
+                     double eps, DType dtype, std::source_location loc = std::source_location::current());
 
 namespace detail {
 /// The composite of kiln ops that layer_norm takes for every case the fused
