@@ -58,10 +58,8 @@ bool is_internal(const char* file) {
   return e.internal;
 }
 
-}  // namespace
-
-namespace {
 constinit thread_local uint64_t t_site_notes = 0;  // capture::site_notes()
+
 }  // namespace
 
 void note_call_site(const char* file, uint32_t line) {

@@ -357,13 +357,16 @@ void matmul(const MatmulArgs& g) {
               "kernels::matmul: a band with a bias, addend or epilogue");
   if (cap.recording()) {
     // The products dnnl_matmul runs below (the others' records call matmul again).
-    const bool tiny = detail::tiny_matmul_applies(g);
     const bool on_dnnl = (g.dtype == kFloat32 || g.dtype == kBFloat16) && g.k > 0 &&
-                         g.band.kind == MatmulBand::Kind::None && !detail::small_matmul_applies(g) && !tiny;
-    const bool deferred = tiny ? cap.record([g] { detail::tiny_matmul(g); })
-                          : on_dnnl && g.outer > 0 && g.batch > 0 && g.m > 0 && g.n > 0
-                              ? record_dnnl_matmul(cap, g)
-                              : cap.record([g] { matmul(g); });
+                         g.band.kind == MatmulBand::Kind::None && !detail::small_matmul_applies(g);
+    bool deferred;
+    if (detail::tiny_matmul_applies(g)) {
+      deferred = cap.record([g] { detail::tiny_matmul(g); });
+    } else if (on_dnnl && g.outer > 0 && g.batch > 0 && g.m > 0 && g.n > 0) {
+      deferred = record_dnnl_matmul(cap, g);
+    } else {
+      deferred = cap.record([g] { matmul(g); });
+    }
     if (deferred) return;
   }
   if (g.outer <= 0 || g.batch <= 0 || g.m <= 0 || g.n <= 0) return;
