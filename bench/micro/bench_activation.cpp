@@ -92,4 +92,19 @@ BENCHMARK(BM_ActivationGeluTanhBf16ForwardBackward)
     ->UseRealTime()
     ->Unit(benchmark::kMicrosecond);
 
+// GELU (tanh) forward alone: float32 or bf16 (range 1), gpt's [16, 128, 1024]
+// from memory or a [16, 128, 64] slice that stays in L2 (range 2), to tell
+// the arithmetic's cost from the memory's.
+void BM_ActivationGeluTanhForward(benchmark::State& state) {
+  const ThreadScope threads(static_cast<int>(state.range(0)));
+  const DType dt = state.range(1) ? kBFloat16 : kFloat32;
+  const Tensor x = randn({16, 128, state.range(2) ? 64 : 1024}).to(dt);
+  for (auto _ : state) benchmark::DoNotOptimize(x.gelu("tanh"));
+  state.SetItemsProcessed(state.iterations() * x.numel());
+}
+BENCHMARK(BM_ActivationGeluTanhForward)
+    ->ArgsProduct({{1}, {0, 1}, {0, 1}})
+    ->UseRealTime()
+    ->Unit(benchmark::kMicrosecond);
+
 }  // namespace

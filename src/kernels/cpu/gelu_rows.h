@@ -6,11 +6,15 @@
 // 16 lanes call libmvec's expf, and that call clobbers every vector register:
 // the loop spills and reloads its constants and live values around it, and
 // bf16 GELU (half the bytes of float32) ran slower than float32. These rows
-// compute exp inline (Cephes' degree-6 polynomial after the usual ln 2
-// reduction, scaled by 2^n with VSCALEFPS, about 1 ulp) with everything in
-// registers. Every float and bf16 GELU (tanh) goes through them, contiguous
-// or strided, vector body or tail (a masked vector), so a value's bits do not
-// depend on where it sits, and bf16 GELU stays float GELU rounded.
+// compute exp(-2u) inline with everything in registers, as 2^v: log2(e) and
+// GELU's constants fold into the exponent's two coefficients, so there is no
+// ln 2 reduction, and 2^f takes a degree-6 polynomial scaled by 2^n with
+// VSCALEFPS (about 1 ulp). The backward reuses x^2 and s = sigmoid(2u).
+// Per 16 lanes on 1 thread (L1-resident, 2026-12-05) this took the forward
+// from 0.24-0.26 to 0.18 ns per element and the backward from 0.34 to 0.23,
+// against the natural exp with Cephes' two-step ln 2 reduction before. Every float and bf16 GELU (tanh) goes through
+// them, contiguous or strided, vector body or tail (a masked vector), so a value's bits do not depend on where it sits,
+// and bf16 GELU stays float GELU rounded.
 //
 // Edge values as the formula x / (1 + exp(-2u)) gives them: exp overflows to
 // inf (x very negative: -0), underflows to 0 (x large: x), x = -inf gives NaN
@@ -29,34 +33,37 @@
 
 namespace kiln::kernels::vm {
 
-/// exp(x) on 16 lanes, about 1 ulp; overflow to inf, underflow through the
-/// subnormals to 0, NaN kept.
-inline __m512 exp16(__m512 x) {
-  // max(lo, x) and min(hi, .) return their second operand for NaN: x passes.
-  const __m512 xc = _mm512_min_ps(_mm512_set1_ps(200.0f), _mm512_max_ps(_mm512_set1_ps(-120.0f), x));
-  const __m512 fn = _mm512_roundscale_ps(_mm512_mul_ps(xc, _mm512_set1_ps(1.44269504088896341f)),
-                                         _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-  __m512 r = _mm512_fnmadd_ps(fn, _mm512_set1_ps(0.693359375f), xc);
-  r = _mm512_fnmadd_ps(fn, _mm512_set1_ps(-2.12194440e-4f), r);
-  const __m512 r2 = _mm512_mul_ps(r, r);
-  __m512 y = _mm512_set1_ps(1.9875691500e-4f);
-  y = _mm512_fmadd_ps(y, r, _mm512_set1_ps(1.3981999507e-3f));
-  y = _mm512_fmadd_ps(y, r, _mm512_set1_ps(8.3334519073e-3f));
-  y = _mm512_fmadd_ps(y, r, _mm512_set1_ps(4.1665795894e-2f));
-  y = _mm512_fmadd_ps(y, r, _mm512_set1_ps(1.6666665459e-1f));
-  y = _mm512_fmadd_ps(y, r, _mm512_set1_ps(5.0000001201e-1f));
-  y = _mm512_fmadd_ps(y, r2, _mm512_add_ps(r, _mm512_set1_ps(1.0f)));
-  return _mm512_scalef_ps(y, fn);  // y 2^fn, rounded once
+/// 2^v on 16 lanes, about 1 ulp: v = n + f with n an integer and |f| <= 1/2
+/// (exact), 2^f by a degree-6 polynomial (fitted for relative error on
+/// [-1/2, 1/2]: 1.9e-9, 1.15 ulp as float32 Horner), scaled by 2^n with
+/// VSCALEFPS, so overflow gives inf and underflow passes through the
+/// subnormals to 0. NaN stays NaN.
+inline __m512 exp2_16(__m512 v) {
+  // max(lo, v) and min(hi, .) return their second operand for NaN: v passes.
+  const __m512 vc = _mm512_min_ps(_mm512_set1_ps(300.0f), _mm512_max_ps(_mm512_set1_ps(-200.0f), v));
+  const __m512 n = _mm512_roundscale_ps(vc, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  const __m512 f = _mm512_sub_ps(vc, n);
+  __m512 y = _mm512_set1_ps(1.5345810971e-4f);
+  y = _mm512_fmadd_ps(y, f, _mm512_set1_ps(1.3399930904e-3f));
+  y = _mm512_fmadd_ps(y, f, _mm512_set1_ps(9.6184890717e-3f));
+  y = _mm512_fmadd_ps(y, f, _mm512_set1_ps(5.5503286421e-2f));
+  y = _mm512_fmadd_ps(y, f, _mm512_set1_ps(2.4022646248e-1f));
+  y = _mm512_fmadd_ps(y, f, _mm512_set1_ps(6.9314718246e-1f));
+  y = _mm512_fmadd_ps(y, f, _mm512_set1_ps(1.0f));
+  return _mm512_scalef_ps(y, n);  // y 2^n, rounded once
 }
 
 constexpr float kGeluC = 0.79788456080286535588f;  // sqrt(2/pi)
 constexpr float kGeluK = 0.044715f;
+constexpr float kLog2E = 1.44269504088896341f;
 
-/// exp(-2u), u = sqrt(2/pi) (x + 0.044715 x^3): sigmoid(2u) = 1 / (1 + this).
+/// exp(-2u), u = sqrt(2/pi) (x + 0.044715 x^3), as 2^(x (a + b x^2)) with
+/// a = -2 sqrt(2/pi) log2(e) and b = a 0.044715: sigmoid(2u) = 1 / (1 + this).
+/// The exponent is rounded a few times, and 2^v multiplies that by |v| ln 2
+/// = |2u| (exp's condition number): the (4 + 4 |2u|) eps bound of the tests.
 inline __m512 gelu_exp(__m512 x, __m512 x_sq) {
-  const __m512 inner =
-      _mm512_mul_ps(_mm512_set1_ps(kGeluC), _mm512_fmadd_ps(_mm512_mul_ps(_mm512_set1_ps(kGeluK), x_sq), x, x));
-  return exp16(_mm512_mul_ps(_mm512_set1_ps(-2.0f), inner));
+  const __m512 a = _mm512_set1_ps(-2.0f * kGeluC * kLog2E), b = _mm512_set1_ps(-2.0f * kGeluC * kGeluK * kLog2E);
+  return exp2_16(_mm512_mul_ps(x, _mm512_fmadd_ps(b, x_sq, a)));
 }
 
 /// GELU(x), tanh form: x sigmoid(2u).
@@ -65,14 +72,16 @@ inline __m512 gelu_tanh16(__m512 x) {
   return _mm512_div_ps(x, _mm512_add_ps(_mm512_set1_ps(1.0f), e));
 }
 
-/// dy · GELU'(x), tanh form, with s = sigmoid(2u): dy (s + 2 x s (1 - s) u').
+/// dy · GELU'(x), tanh form, with s = sigmoid(2u): dy (s + x s (1 - s) 2u'),
+/// 2u' = 2 sqrt(2/pi) (1 + 3 0.044715 x^2). x s is taken first: where s is 0
+/// (x very negative) the term is 0 even once x^2 is huge.
 inline __m512 gelu_tanh_backward16(__m512 dy, __m512 x) {
   const __m512 one = _mm512_set1_ps(1.0f);
   const __m512 x_sq = _mm512_mul_ps(x, x);
   const __m512 s = _mm512_div_ps(one, _mm512_add_ps(one, gelu_exp(x, x_sq)));
-  const __m512 du = _mm512_mul_ps(_mm512_set1_ps(kGeluC), _mm512_fmadd_ps(_mm512_set1_ps(3 * kGeluK), x_sq, one));
-  const __m512 right = _mm512_mul_ps(_mm512_mul_ps(_mm512_mul_ps(_mm512_add_ps(x, x), s), _mm512_sub_ps(one, s)), du);
-  return _mm512_mul_ps(dy, _mm512_add_ps(s, right));
+  const __m512 du2 = _mm512_fmadd_ps(_mm512_set1_ps(6.0f * kGeluC * kGeluK), x_sq, _mm512_set1_ps(2.0f * kGeluC));
+  const __m512 t = _mm512_mul_ps(_mm512_mul_ps(x, s), _mm512_sub_ps(one, s));
+  return _mm512_mul_ps(dy, _mm512_fmadd_ps(t, du2, s));
 }
 
 /// out[i] = GELU(in[i]), i < n (out may equal in).
