@@ -5,11 +5,14 @@
 // Forward walks the query rows in blocks of `block_rows`: for each block it
 // forms S = q_blk kᵀ scale (+ mask, or the causal triangle), the row max m,
 // P = exp(S - m), the row sum l, out_blk = P v / l and the row log-sum-exp
-// lse = m + log l. Only q, k, v, out and lse [..., L, 1] are saved: O(T) beyond
-// the inputs and output, no [L, S] tensor outlives its block. Causal blocks
-// read only the keys a block can see (key j <= the block's last query row).
+// lse = m + log l. q, k, v, out and lse [..., L, 1] are saved: O(T) beyond
+// the inputs and output. The blocks' weights P are saved too while they take
+// no more than q, k, v and out (Note [Kept weights] in
+// kiln/kernels/attention.h: short sequences); beyond, no [L, S] tensor
+// outlives its block. Causal blocks read only the keys a block can see (key
+// j <= the block's last query row).
 //
-// Backward recomputes P = exp(S - lse) block by block:
+// Backward takes the kept P, or recomputes P = exp(S - lse), block by block:
 //   D = rowsum(dO ∘ out), dV += Pᵀ dO, dP = dO vᵀ, dS = P ∘ (dP - D),
 //   dQ = dS k scale, dK += dSᵀ q scale.
 // Under create_graph (grad mode on in backward) it instead differentiates the
@@ -225,13 +228,28 @@ std::optional<kernels::AttentionHeads> heads_args(const Tensor& q, const Tensor&
   return h;
 }
 
+// Whether backward gets the forward's weights rather than recomputing them
+// (Note [Kept weights] in kiln/kernels/attention.h): unmasked, q, k, v with
+// the same batch dims, and weights no larger than q, k, v and out.
+bool keeps_weights(const Tensor& q, const Tensor& k, const Tensor& v, const FusedArgs& a) {
+  if (a.mask.defined() || q.dim() != k.dim() || q.dim() != v.dim() || k.size(-2) == 0 ||
+      IntArrayRef(q.sizes().data(), q.dim() - 2) != IntArrayRef(k.sizes().data(), k.dim() - 2) ||
+      IntArrayRef(q.sizes().data(), q.dim() - 2) != IntArrayRef(v.sizes().data(), v.dim() - 2))
+    return false;
+  return kernels::attention_keeps_weights(q.size(-2), k.size(-2), q.size(-1), v.size(-1), a.causal, a.block_rows);
+}
+
 // The attention output, query rows in blocks; `lse`, when not null, gets the
-// per-row log-sum-exp [..., L, 1] that backward recomputes the weights from.
-Tensor attention_forward(const Tensor& q, const Tensor& k, const Tensor& v, const FusedArgs& a, Tensor* lse) {
+// per-row log-sum-exp [..., L, 1] that backward recomputes the weights from,
+// and `weights`, when not null and keeps_weights holds, each block's weights
+// [..., rows, keys seen] (views of one buffer on the heads path).
+Tensor attention_forward(const Tensor& q, const Tensor& k, const Tensor& v, const FusedArgs& a, Tensor* lse,
+                         std::vector<Tensor>* weights = nullptr) {
   const int64_t L = q.size(-2), S = k.size(-2);
   const double scale = 1.0 / std::sqrt(static_cast<double>(q.size(-1)));
   std::vector<Tensor> outs, lses;
   Tensor lse_all;
+  if (weights && !keeps_weights(q, k, v, a)) weights = nullptr;
   // Heads [B, H, L, E] (attention inside a transformer): the output is
   // allocated as [B, L, H, Ev] and returned as its [B, H, L, Ev] view, so the
   // caller's head merge (transpose(1, 2).reshape([B, L, H * Ev])) is a view,
@@ -246,7 +264,19 @@ Tensor attention_forward(const Tensor& q, const Tensor& k, const Tensor& v, cons
     if (lse) *lse = empty({q.size(0), q.size(1), L, 1}, TensorOptions(q.dtype()));
     h->out = head_operand(out_heads);
     h->lse = lse ? lse->data_ptr() : nullptr;
+    Tensor kept;
+    if (weights) {
+      kept = empty({kernels::attention_heads_weights_size(*h)}, TensorOptions(q.dtype()));
+      h->weights = kept.data_ptr();
+    }
     kernels::attention_heads_forward(*h);
+    if (weights) {  // block by block, each [B, H, n, kend] (what the block path below keeps)
+      for (int64_t r0 = 0; r0 < L; r0 += a.block_rows) {
+        const int64_t n = std::min(a.block_rows, L - r0), kend = keys_visible(a, r0, n, S);
+        const int64_t at = h->B * h->H * kernels::attention_weights_per_head(r0, S, a.causal, a.block_rows);
+        weights->push_back(kept.narrow(0, at, h->B * h->H * n * kend).view({h->B, h->H, n, kend}));
+      }
+    }
     return out_heads;
   }
   for (int64_t r0 = 0; r0 < L; r0 += a.block_rows) {
@@ -257,6 +287,7 @@ Tensor attention_forward(const Tensor& q, const Tensor& k, const Tensor& v, cons
       if (lse && !lse_all.defined()) lse_all = empty(with_tail(s, L, 1), TensorOptions(s.dtype()));
       kernels::attention_weights(block_of(s, a, scale, r0, n, kend, L), s.data_ptr(),
                                  lse ? row_ptr(lse_all, r0) : nullptr);
+      if (weights) weights->push_back(s);
       if (heads)
         block_product_into(s, v.narrow(-2, 0, kend), out_heads.narrow(-2, r0, n), a, Band::Kind::DepthUpTo, r0);
       else
@@ -294,12 +325,32 @@ bool fused_projection_heads(const Tensor& q, const Tensor& k, const Tensor& v) {
 
 double attention_flops(const Tensor& q, const Tensor& k, const Tensor& out, bool causal, bool fused);
 
+// The kept weights as the heads kernel's one buffer (AttentionHeads::weights):
+// the blocks' views must lie one after another from the first one's start, as
+// the heads path's forward leaves them; null (recompute) otherwise.
+void* kept_heads_weights(const kernels::AttentionHeads& h, const std::vector<Tensor>& kept, const FusedArgs& a) {
+  if (kept.empty()) return nullptr;
+  const auto* base = static_cast<const char*>(kept[0].data_ptr());
+  const int64_t es = element_size(h.dtype);
+  size_t j = 0;
+  for (int64_t r0 = 0; r0 < h.L; r0 += a.block_rows, ++j) {
+    const int64_t at = h.B * h.H * kernels::attention_weights_per_head(r0, h.S, a.causal, a.block_rows);
+    if (j >= kept.size() || !kept[j].is_contiguous() || kept[j].dtype() != h.dtype ||
+        static_cast<const char*>(kept[j].data_ptr()) != base + at * es)
+      return nullptr;
+  }
+  return j == kept.size() ? const_cast<char*>(base) : nullptr;
+}
+
 struct FusedSdpa : autograd::Function<FusedSdpa> {
   static Tensor forward(autograd::AutogradContext& ctx, const Tensor& q, const Tensor& k, const Tensor& v,
                         const FusedArgs& a) {
     Tensor lse;
-    Tensor out = attention_forward(q, k, v, a, &lse);
-    ctx.save_for_backward({q, k, v, out, lse});
+    std::vector<Tensor> weights;
+    Tensor out = attention_forward(q, k, v, a, &lse, &weights);
+    TensorList saved{q, k, v, out, lse};
+    saved.insert(saved.end(), weights.begin(), weights.end());
+    ctx.save_for_backward(saved);
     ctx.saved_data["args"] = a;
     return out;
   }
@@ -307,6 +358,7 @@ struct FusedSdpa : autograd::Function<FusedSdpa> {
   static TensorList backward(autograd::AutogradContext& ctx, TensorList grads) {
     TensorList saved = ctx.get_saved_variables();
     const Tensor &q = saved[0], &k = saved[1], &v = saved[2], &out = saved[3], &lse = saved[4];
+    const std::vector<Tensor> kept(saved.begin() + 5, saved.end());  // Note [Kept weights]: one per block
     const auto a = std::any_cast<FusedArgs>(ctx.saved_data["args"]);
     const Tensor& dout = grads[0];
     if (grad_mode_enabled()) {
@@ -329,6 +381,7 @@ struct FusedSdpa : autograd::Function<FusedSdpa> {
       const Tensor dq = g.select(2, 0).transpose(1, 2), dk = g.select(2, 1).transpose(1, 2),
                    dv = g.select(2, 2).transpose(1, 2);
       h->lse = lse.data_ptr();
+      h->weights = kept_heads_weights(*h, kept, a);
       h->dout = head_operand(dout);
       h->D = D.data_ptr();
       h->dq = head_operand(dq);
@@ -376,9 +429,11 @@ struct FusedSdpa : autograd::Function<FusedSdpa> {
       Tensor p, dqb, dkb, dvb;
       bool into_joint = false;  // this block's dk, dv go straight into the joint buffer's heads
       if (row_kernels(a, kend)) {
-        p = block_product(qb, kb.transpose(-2, -1), a, Band::Kind::Columns, r0);  // raw scores, then the weights
+        const bool recompute = kept.empty();
+        p = recompute ? block_product(qb, kb.transpose(-2, -1), a, Band::Kind::Columns, r0)  // raw scores
+                      : kept[static_cast<size_t>(r0 / a.block_rows)];
         const kernels::AttentionBlock blk = block_of(p, a, scale, r0, n, kend, L);
-        kernels::attention_recompute_weights(blk, p.data_ptr(), row_ptr(lse, r0));
+        if (recompute) kernels::attention_recompute_weights(blk, p.data_ptr(), row_ptr(lse, r0));
         Tensor dp = block_product(dob, vb.transpose(-2, -1), a, Band::Kind::Columns, r0);
         // The first block sees every key: its products are dk and dv.
         into_joint = joint && !dv.defined() && kend == S && dp.sizes() == p.sizes() && D.numel() == blk.batch * L;

@@ -91,6 +91,13 @@ void add_rows(DType dt, char* dst, int64_t ld, const char* src, int64_t rows, in
   add_rows<BFloat16>(dst, ld, src, rows, cols);
 }
 
+// Head hi's weights for the block of rows from r0 inside AttentionHeads::weights:
+// blocks one after another, each [B, H, n, kend].
+char* kept_weights(const AttentionHeads& a, int64_t hi, int64_t r0, int64_t n, int64_t kend) {
+  const int64_t before = attention_weights_per_head(std::min(r0, a.L), a.S, a.causal, a.block_rows);
+  return static_cast<char*>(a.weights) + (a.B * a.H * before + hi * n * kend) * element_size(a.dtype);
+}
+
 void forward_head(const AttentionHeads& a, int64_t b, int64_t h, Scratch& scratch) {
   const int64_t es = element_size(a.dtype);
   const int64_t hi = b * a.H + h;  // the head's index in lse
@@ -98,7 +105,7 @@ void forward_head(const AttentionHeads& a, int64_t b, int64_t h, Scratch& scratc
     const int64_t n = std::min(a.block_rows, a.L - r0), kend = keys_visible(a, r0, n);
     const Head q = head_of(a.q, b, h, r0, es), k = head_of(a.k, b, h, 0, es), v = head_of(a.v, b, h, 0, es);
     const Head o = head_of(a.out, b, h, r0, es);
-    char* s = Scratch::get(scratch.p, n * kend * es);
+    char* s = a.weights ? kept_weights(a, hi, r0, n, kend) : Scratch::get(scratch.p, n * kend * es);
     product(a.dtype, n, kend, a.E, matrix(q.p, q.row, 1), matrix(k.p, 1, k.row), s, kend,
             band_of(a, Band::Kind::Columns, r0));
     attention_weights(block_of(a, r0, n, kend), s, a.lse ? static_cast<char*>(a.lse) + (hi * a.L + r0) * es : nullptr);
@@ -120,11 +127,13 @@ void backward_head(const AttentionHeads& a, int64_t b, int64_t h, Scratch& scrat
     const bool first = r0 == last;
     const Head q = head_of(a.q, b, h, r0, es), dob = head_of(a.dout, b, h, r0, es), dq = head_of(a.dq, b, h, r0, es);
     const AttentionBlock blk = block_of(a, r0, n, kend);
-    char* p = Scratch::get(scratch.p, n * kend * es);
     char* ds = Scratch::get(scratch.ds, n * kend * es);
-    product(a.dtype, n, kend, a.E, matrix(q.p, q.row, 1), matrix(k.p, 1, k.row), p, kend,
-            band_of(a, Band::Kind::Columns, r0));
-    attention_recompute_weights(blk, p, static_cast<const char*>(a.lse) + (hi * a.L + r0) * es);
+    char* p = a.weights ? kept_weights(a, hi, r0, n, kend) : Scratch::get(scratch.p, n * kend * es);
+    if (!a.weights) {
+      product(a.dtype, n, kend, a.E, matrix(q.p, q.row, 1), matrix(k.p, 1, k.row), p, kend,
+              band_of(a, Band::Kind::Columns, r0));
+      attention_recompute_weights(blk, p, static_cast<const char*>(a.lse) + (hi * a.L + r0) * es);
+    }
     product(a.dtype, n, kend, a.Ev, matrix(dob.p, dob.row, 1), matrix(v.p, 1, v.row), ds, kend,
             band_of(a, Band::Kind::Columns, r0));
     // dst[0, kend) = (the first block) or += xᵀ y: dv from p and dO, dk from dS and q.
@@ -193,6 +202,23 @@ void attention_output_dots(DType dtype, int64_t B, int64_t H, int64_t L, int64_t
               dtype_name(dtype));
   if (dtype == kFloat32) return output_dots<float>(B, H, L, Ev, dout, out, static_cast<float*>(D));
   output_dots<BFloat16>(B, H, L, Ev, dout, out, static_cast<BFloat16*>(D));
+}
+
+int64_t attention_weights_per_head(int64_t L, int64_t S, bool causal, int64_t block_rows) {
+  int64_t total = 0;
+  for (int64_t r0 = 0; r0 < L; r0 += block_rows) {
+    const int64_t n = std::min(block_rows, L - r0);
+    total += n * (causal ? std::min(S, r0 + n) : S);
+  }
+  return total;
+}
+
+bool attention_keeps_weights(int64_t L, int64_t S, int64_t E, int64_t Ev, bool causal, int64_t block_rows) {
+  return block_rows > 0 && attention_weights_per_head(L, S, causal, block_rows) <= (L + S) * (E + Ev);
+}
+
+int64_t attention_heads_weights_size(const AttentionHeads& a) {
+  return a.B * a.H * attention_weights_per_head(a.L, a.S, a.causal, a.block_rows);
 }
 
 bool attention_heads_apply(const AttentionHeads& a) {

@@ -75,8 +75,13 @@ struct AttentionHeads {
   bool causal = false;
   int64_t block_rows = 64;
   HeadOperand q, k, v;
-  HeadOperand out;          // forward's output, backward's input is dout
-  void* lse = nullptr;      // forward: written when not null; backward: read
+  HeadOperand out;      // forward's output, backward's input is dout
+  void* lse = nullptr;  // forward: written when not null; backward: read
+  /// The attention weights of every block (Note [Kept weights]): forward
+  /// writes them here when not null, and backward reads them instead of
+  /// recomputing them from lse. attention_heads_weights_size elements, block
+  /// by block, each block [B, H, rows, keys it sees] contiguous.
+  void* weights = nullptr;
   HeadOperand dout;         // backward
   const void* D = nullptr;  // backward: the rows' Σ dO ∘ out
   HeadOperand dq, dk, dv;   // backward's outputs (written whole)
@@ -89,6 +94,27 @@ struct AttentionHeads {
 /// would round every bf16 product).
 void attention_output_dots(DType dtype, int64_t B, int64_t H, int64_t L, int64_t Ev, const HeadOperand& dout,
                            const HeadOperand& out, void* D);
+
+// Note [Kept weights]
+// Backward needs each block's weights P. Recomputing them (flash attention's
+// way) costs one of backward's five products, its pack of k transposed, and
+// an exp per score; keeping them costs memory: one weight per score the
+// causal blocks compute, against the T x E of each of q, k, v and out. At
+// gpt's shape (T 128, E 64, blocks of 64) the weights are 37 % of those four;
+// at T 1024 they are 2.1 times them and grow as T^2. So the weights are kept
+// when they take no more than q, k, v and out together
+// (attention_keeps_weights), and recomputed beyond: memory stays O(T) for
+// long sequences. The kept weights are the forward's own, so backward uses
+// the P that made the output (as torch's math path does), not exp(S - lse)
+// rounded again; the two differ by roundings. Measured in gpt's step
+// (1 thread, 2026-12-05): see docs/decisions.md (Ops).
+
+/// The weights one head's blocks compute: sum over blocks of rows x keys seen.
+int64_t attention_weights_per_head(int64_t L, int64_t S, bool causal, int64_t block_rows);
+/// Whether Note [Kept weights] keeps them: per head, at most L E + S E + S Ev + L Ev.
+bool attention_keeps_weights(int64_t L, int64_t S, int64_t E, int64_t Ev, bool causal, int64_t block_rows);
+/// Elements of AttentionHeads::weights: B H attention_weights_per_head.
+int64_t attention_heads_weights_size(const AttentionHeads& a);
 
 /// Whether this build and these sizes can run attention_heads_* (float32 or
 /// bfloat16 on the small-product kernel; a causal attention with L >= S, so
