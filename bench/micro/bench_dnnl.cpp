@@ -139,19 +139,21 @@ void BM_MaxPoolChannelsLast(benchmark::State& state) {
 // The mlp workload's products (batch 128, 784 -> 512 -> 512 -> 10), one
 // shape per run: 0 the first layer's forward (x · W1ᵀ), 1 the second's, 2 its
 // input gradient (g · W2), 3 its weight gradient (gᵀ · x), 4 the first
-// layer's weight gradient. state: shape, threads. At 2 threads these ran at
-// 1.4x their 1-thread speed where a 1024^3 product runs at 1.9x.
+// layer's weight gradient; and gpt's MLP over 2048 tokens: 5 c_fc's forward,
+// 6 its input gradient, 7 its weight gradient, 8 c_proj's weight gradient.
+// state: shape, threads. c_proj's weight gradient (256 x 1024 over 2048
+// tokens) gains least from a second thread: 1.48-1.71x against 1.96x for
+// c_fc's (2026-12-05).
 void BM_MlpProduct(benchmark::State& state) {
   const ThreadScope threads(static_cast<int>(state.range(1)));
   struct Shape {
     int64_t m, n, k;
     bool a_t, b_t;  // a stored [k, m], b stored [n, k]
   };
-  const Shape shapes[] = {{128, 512, 784, false, true},
-                          {128, 512, 512, false, true},
-                          {128, 512, 512, false, false},
-                          {512, 512, 128, true, false},
-                          {512, 784, 128, true, false}};
+  const Shape shapes[] = {
+      {128, 512, 784, false, true},    {128, 512, 512, false, true},   {128, 512, 512, false, false},
+      {512, 512, 128, true, false},    {512, 784, 128, true, false},   {2048, 1024, 256, false, true},
+      {2048, 256, 1024, false, false}, {1024, 256, 2048, true, false}, {256, 1024, 2048, true, false}};
   const Shape s = shapes[state.range(0)];
   kiln::Generator g(6);
   const Tensor a0 = s.a_t ? kiln::randn({s.k, s.m}, kiln::kFloat32, &g) : kiln::randn({s.m, s.k}, kiln::kFloat32, &g);
@@ -164,7 +166,7 @@ void BM_MlpProduct(benchmark::State& state) {
 
 }  // namespace
 
-BENCHMARK(BM_MlpProduct)->ArgsProduct({{0, 1, 2, 3, 4}, {1, 2}})->UseRealTime();
+BENCHMARK(BM_MlpProduct)->ArgsProduct({{0, 1, 2, 3, 4, 5, 6, 7, 8}, {1, 2}})->UseRealTime();
 BENCHMARK_CAPTURE(BM_DnnlMatmul, f32, kiln::kFloat32)->Arg(1)->Arg(2)->Unit(benchmark::kMillisecond)->UseRealTime();
 BENCHMARK_CAPTURE(BM_DnnlMatmul, bf16, kiln::kBFloat16)->Arg(1)->Arg(2)->Unit(benchmark::kMillisecond)->UseRealTime();
 BENCHMARK_CAPTURE(BM_DnnlConv2d, f32, kiln::kFloat32)->Arg(1)->Arg(2)->Unit(benchmark::kMillisecond)->UseRealTime();
