@@ -281,37 +281,41 @@ TEST(AttentionFused, KeepsTheWeightsOfShortSequencesAndRecomputesLongOnes) {
                                      {{6, 40, 32}, {6, 40, 24}, 16, true},
                                      {{1, 2, 200, 4}, {1, 2, 200, 4}, 16, false},
                                      {{2, 200, 4}, {2, 200, 4}, 16, false}};
-  for (const Shape& sh : shapes)
-    for (const bool causal : {true, false}) {
-      SCOPED_TRACE(::testing::Message() << sh.q.size() << "-D, T " << sh.q[sh.q.size() - 2]
-                                        << (causal ? " causal" : " full"));
-      const int64_t L = sh.q[sh.q.size() - 2], E = sh.q.back(), Ev = sh.v.back();
-      ASSERT_EQ(kernels::attention_keeps_weights(L, L, E, Ev, causal, sh.block), sh.keep);
-      int64_t batch = 1;
-      for (size_t d = 0; d + 2 < sh.q.size(); ++d) batch *= sh.q[d];
-      const int64_t weight_bytes = batch * kernels::attention_weights_per_head(L, L, causal, sh.block) * 4;
-      const Tensor q0 = randn(sh.q), k0 = randn(sh.q), v0 = randn(sh.v);
-      Tensor q = q0.clone().requires_grad_(), k = k0.clone().requires_grad_(), v = v0.clone().requires_grad_();
-      const int64_t before = memory::stats()[MemoryCategory::Activation].live_bytes;
-      Tensor out = F::detail::sdpa_fused(q, k, v, {}, causal, sh.block);
-      const int64_t held = memory::stats()[MemoryCategory::Activation].live_bytes - before;
-      const int64_t io = (q0.numel() + k0.numel() + v0.numel() + out.numel()) * 4;
-      if (sh.keep) {
-        EXPECT_GE(held, weight_bytes + out.numel() * 4) << "the weights are held with the output";
-        EXPECT_LE(weight_bytes, io) << "kept weights never exceed q, k, v and out";
-      } else {
-        EXPECT_LT(held, weight_bytes) << "no weights held";
+  for (const DType dt : {kFloat32, kFloat64})  // float64: the block path's row kernels (no heads kernel)
+    for (const Shape& sh : shapes)
+      for (const bool causal : {true, false}) {
+        SCOPED_TRACE(::testing::Message() << dtype_name(dt) << ", " << sh.q.size() << "-D, T "
+                                          << sh.q[sh.q.size() - 2] << (causal ? " causal" : " full"));
+        const TensorOptions o(dt);
+        const int64_t es = dt == kFloat32 ? 4 : 8;
+        const double tol = dt == kFloat32 ? 1e-5 : 1e-10;
+        const int64_t L = sh.q[sh.q.size() - 2], E = sh.q.back(), Ev = sh.v.back();
+        ASSERT_EQ(kernels::attention_keeps_weights(L, L, E, Ev, causal, sh.block), sh.keep);
+        int64_t batch = 1;
+        for (size_t d = 0; d + 2 < sh.q.size(); ++d) batch *= sh.q[d];
+        const int64_t weight_bytes = batch * kernels::attention_weights_per_head(L, L, causal, sh.block) * es;
+        const Tensor q0 = randn(sh.q, o), k0 = randn(sh.q, o), v0 = randn(sh.v, o);
+        Tensor q = q0.clone().requires_grad_(), k = k0.clone().requires_grad_(), v = v0.clone().requires_grad_();
+        const int64_t before = memory::stats()[MemoryCategory::Activation].live_bytes;
+        Tensor out = F::detail::sdpa_fused(q, k, v, {}, causal, sh.block);
+        const int64_t held = memory::stats()[MemoryCategory::Activation].live_bytes - before;
+        const int64_t io = (q0.numel() + k0.numel() + v0.numel() + out.numel()) * es;
+        if (sh.keep) {
+          EXPECT_GE(held, weight_bytes + out.numel() * es) << "the weights are held with the output";
+          EXPECT_LE(weight_bytes, io) << "kept weights never exceed q, k, v and out";
+        } else {
+          EXPECT_LT(held, weight_bytes) << "no weights held";
+        }
+        Tensor qc = q0.clone().requires_grad_(), kc = k0.clone().requires_grad_(), vc = v0.clone().requires_grad_();
+        Tensor ref = F::detail::sdpa_composite(qc, kc, vc, {}, 0.0, causal, true);
+        const Tensor g = randn(out.sizes(), o);
+        out.backward(g);
+        ref.backward(g);
+        EXPECT_TRUE(out.allclose(ref, tol, tol));
+        EXPECT_TRUE(q.grad().allclose(qc.grad(), tol, tol)) << "dq";
+        EXPECT_TRUE(k.grad().allclose(kc.grad(), tol, tol)) << "dk";
+        EXPECT_TRUE(v.grad().allclose(vc.grad(), tol, tol)) << "dv";
       }
-      Tensor qc = q0.clone().requires_grad_(), kc = k0.clone().requires_grad_(), vc = v0.clone().requires_grad_();
-      Tensor ref = F::detail::sdpa_composite(qc, kc, vc, {}, 0.0, causal, true);
-      const Tensor g = randn(out.sizes());
-      out.backward(g);
-      ref.backward(g);
-      EXPECT_TRUE(out.allclose(ref, 1e-5, 1e-5));
-      EXPECT_TRUE(q.grad().allclose(qc.grad(), 1e-5, 1e-5)) << "dq";
-      EXPECT_TRUE(k.grad().allclose(kc.grad(), 1e-5, 1e-5)) << "dk";
-      EXPECT_TRUE(v.grad().allclose(vc.grad(), 1e-5, 1e-5)) << "dv";
-    }
 }
 
 // Backward's D = Σ dO ∘ out per row (kernels::attention_output_dots) on head
