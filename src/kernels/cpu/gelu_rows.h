@@ -9,12 +9,13 @@
 // compute exp(-2u) inline with everything in registers, as 2^v: log2(e) and
 // GELU's constants fold into the exponent's two coefficients, so there is no
 // ln 2 reduction, and 2^f takes a degree-6 polynomial scaled by 2^n with
-// VSCALEFPS (about 1 ulp). The backward reuses x^2 and s = sigmoid(2u).
-// Per 16 lanes on 1 thread (L1-resident, 2026-12-05) this took the forward
-// from 0.24-0.26 to 0.18 ns per element and the backward from 0.34 to 0.23,
-// against the natural exp with Cephes' two-step ln 2 reduction before. Every float and bf16 GELU (tanh) goes through
-// them, contiguous or strided, vector body or tail (a masked vector), so a value's bits do not depend on where it sits,
-// and bf16 GELU stays float GELU rounded.
+// VSCALEFPS (about 1 ulp). The backward reuses x^2 and s = sigmoid(2u). Per
+// 16 lanes on 1 thread (L1-resident, 2026-12-05) this took the forward from
+// 0.24-0.26 to 0.18 ns per element and the backward from 0.34 to 0.23,
+// against the natural exp with Cephes' two-step ln 2 reduction before.
+// Every float and bf16 GELU (tanh) goes through these rows, contiguous or
+// strided, vector body or tail (a masked vector), so a value's bits do not
+// depend on where it sits, and bf16 GELU stays float GELU rounded.
 //
 // Edge values as the formula x / (1 + exp(-2u)) gives them: exp overflows to
 // inf (x very negative: -0), underflows to 0 (x large: x), x = -inf gives NaN
