@@ -326,20 +326,19 @@ bool fused_projection_heads(const Tensor& q, const Tensor& k, const Tensor& v) {
 double attention_flops(const Tensor& q, const Tensor& k, const Tensor& out, bool causal, bool fused);
 
 // The kept weights as the heads kernel's one buffer (AttentionHeads::weights):
-// the blocks' views must lie one after another from the first one's start, as
-// the heads path's forward leaves them; null (recompute) otherwise.
-void* kept_heads_weights(const kernels::AttentionHeads& h, const std::vector<Tensor>& kept, const FusedArgs& a) {
+// the blocks' views must lie one after another and fill the buffer the heads
+// kernel reads, as the heads path's forward leaves them; null (recompute)
+// otherwise.
+void* kept_heads_weights(const kernels::AttentionHeads& h, const std::vector<Tensor>& kept) {
   if (kept.empty()) return nullptr;
-  const auto* base = static_cast<const char*>(kept[0].data_ptr());
+  char* const base = static_cast<char*>(kept[0].data_ptr());
   const int64_t es = element_size(h.dtype);
-  size_t j = 0;
-  for (int64_t r0 = 0; r0 < h.L; r0 += a.block_rows, ++j) {
-    const int64_t at = h.B * h.H * kernels::attention_weights_per_head(r0, h.S, a.causal, a.block_rows);
-    if (j >= kept.size() || !kept[j].is_contiguous() || kept[j].dtype() != h.dtype ||
-        static_cast<const char*>(kept[j].data_ptr()) != base + at * es)
-      return nullptr;
+  char* next = base;
+  for (const Tensor& w : kept) {
+    if (!w.is_contiguous() || w.dtype() != h.dtype || static_cast<char*>(w.data_ptr()) != next) return nullptr;
+    next += w.numel() * es;
   }
-  return j == kept.size() ? const_cast<char*>(base) : nullptr;
+  return next - base == kernels::attention_heads_weights_size(h) * es ? base : nullptr;
 }
 
 struct FusedSdpa : autograd::Function<FusedSdpa> {
@@ -381,7 +380,7 @@ struct FusedSdpa : autograd::Function<FusedSdpa> {
       const Tensor dq = g.select(2, 0).transpose(1, 2), dk = g.select(2, 1).transpose(1, 2),
                    dv = g.select(2, 2).transpose(1, 2);
       h->lse = lse.data_ptr();
-      h->weights = kept_heads_weights(*h, kept, a);
+      h->weights = kept_heads_weights(*h, kept);
       h->dout = head_operand(dout);
       h->D = D.data_ptr();
       h->dq = head_operand(dq);
