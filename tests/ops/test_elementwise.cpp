@@ -466,8 +466,9 @@ TEST(ElementwiseValues, Float16RoundingAtTheEdges) {
 }
 
 TEST(ElementwiseValues, BFloat16RoundingMatchesTheScalarConversionBitForBit) {
-  // bfloat16 kernels compute in float and round 16 lanes at a time (not with
-  // VCVTNEPS2BF16, which flushes subnormals and keeps NaN payloads). Every sum
+  // bfloat16 kernels compute in float and round 16 or 32 lanes at a time,
+  // with VCVTNE2PS2BF16 only where no lane is NaN or subnormal (the instruction
+  // flushes subnormals and keeps NaN payloads). Every sum
   // and product of these pairs must round exactly as BFloat16(float) does:
   // ties to even, overflow to inf, results deep in the subnormals, NaN made
   // from inf - inf (sign bit set) to 0x7fc0, signed zeros; at every position
@@ -497,6 +498,38 @@ TEST(ElementwiseValues, BFloat16RoundingMatchesTheScalarConversionBitForBit) {
   EXPECT_EQ(BFloat16(std::bit_cast<float>(0x7f7fffffu)).bits, 0x7f80);  // FLT_MAX rounds to inf
   EXPECT_EQ(BFloat16(std::bit_cast<float>(0x00018000u)).bits, 0x0002);  // subnormal tie to even
   EXPECT_EQ(BFloat16(std::bit_cast<float>(0xffc12345u)).bits, 0x7fc0);  // any NaN
+}
+
+TEST(ElementwiseValues, BFloat16CastOfAnyFloatMatchesTheScalarConversionBitForBit) {
+  // float32 -> bfloat16 rounds 32 values at a time by VCVTNE2PS2BF16 unless
+  // one of them is NaN or subnormal (Note [bf16 rounding by VCVTNE2PS2BF16]).
+  // Random float bits (NaN with payloads of either sign, subnormals, inf,
+  // ties) mixed with runs of plain values, so that both the instruction and
+  // the exact fallback run, in the vector body and the scalar tail, must give
+  // BFloat16(float)'s bits.
+  Generator g(12);
+  const int64_t n = 4099;
+  const Tensor r = randint(0, int64_t{1} << 32, {n}, TensorOptions(kInt64), &g);
+  const Tensor plain = randn({n}, kFloat32, &g);
+  Tensor x = empty({n}, TensorOptions(kFloat32));
+  for (int64_t i = 0; i < n; ++i) {
+    // Blocks of 64 alternate between plain values and raw bit patterns.
+    const bool raw = (i / 64) % 2 == 1;
+    x.data_ptr<float>()[i] = raw ? std::bit_cast<float>(static_cast<uint32_t>(r.data_ptr<int64_t>()[i]))
+                                 : plain.data_ptr<float>()[i];
+  }
+  const std::vector<uint32_t> edges = {0x7f800001u, 0xffc12345u, 0x00000001u, 0x807fffffu, 0x00018000u,
+                                       0x3f808000u, 0x3f818000u, 0x7f7fffffu, 0xff800000u, 0x80000000u};
+  for (size_t e = 0; e < edges.size(); ++e) x.data_ptr<float>()[200 + 37 * e] = std::bit_cast<float>(edges[e]);
+  const Tensor y = x.to(kBFloat16);
+  int64_t special = 0;
+  for (int64_t i = 0; i < n; ++i) {
+    const float v = x.data_ptr<float>()[i];
+    special += std::isnan(v) || std::fpclassify(v) == FP_SUBNORMAL;
+    ASSERT_EQ(y.data_ptr<BFloat16>()[i].bits, BFloat16(v).bits)
+        << i << ": float bits 0x" << std::hex << std::bit_cast<uint32_t>(v);
+  }
+  EXPECT_GT(special, 10);  // the fallback ran
 }
 
 // ---- IEEE corner cases, as torch ----
