@@ -21,6 +21,7 @@
 #include "kiln/ops/factory.h"
 #include "kiln/core/generator.h"
 #include "kiln/core/guards.h"
+#include "kiln/core/threads.h"
 #include "kiln/nn/norm.h"
 #include "kiln/nn/transformer.h"
 #include "kiln/ops/layer_norm.h"
@@ -309,5 +310,28 @@ TEST(LayerNormFused, ARowHasTheSameBitsWhicheverRowsItIsNormalisedWith) {
       expect_same_bits(y.detach().narrow(0, r, 1), yr.detach(), "y row " + std::to_string(r) + " n " + std::to_string(n));
       expect_same_bits(gx.narrow(0, r, 1), gr, "grad row " + std::to_string(r) + " n " + std::to_string(n));
     }
+  }
+}
+
+TEST(LayerNormFused, AStreamedInputGradientHasTheBitsOfEachRowAlone) {
+  // An input gradient of 1 MiB or more leaves the kernel by streaming stores
+  // (Note [Streaming stores for fresh outputs]); a row alone is copied out.
+  // The values must not depend on the way out or on the thread count.
+  manual_seed(61);
+  auto ln = perturbed({256});
+  const Tensor x = (randn({2048, 256}) * 2.0 - 0.5).requires_grad_();
+  const Tensor g = randn({2048, 256});
+  const int before = get_num_threads();
+  std::vector<Tensor> grads;
+  for (const int threads : {1, 2}) {
+    set_num_threads(threads);
+    grads.push_back(autograd::grad({(*ln)(x)}, {x}, {g})[0]);
+  }
+  set_num_threads(before);
+  expect_same_bits(grads[0], grads[1], "input gradient at 1 and 2 threads");
+  for (int64_t r = 0; r < 2048; r += 97) {
+    const Tensor xr = x.detach().narrow(0, r, 1).clone().requires_grad_();
+    const Tensor gr = autograd::grad({(*ln)(xr)}, {xr}, {g.narrow(0, r, 1)})[0];
+    expect_same_bits(grads[1].narrow(0, r, 1), gr, "grad row " + std::to_string(r));
   }
 }

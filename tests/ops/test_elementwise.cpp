@@ -985,6 +985,32 @@ TEST(ElementwiseMixedDtypes, MatchesTorch) {
 // (4 + 4 |2u|) float32 epsilons of the value (u reaches -38 at x = -9; torch's
 // form is off by 100 % there) — of the sizes of its two terms for the gradient
 // — or 1e-35 absolute (deep in the subnormals).
+TEST(ElementwiseValues, AStreamedGeluGradientHasTheBitsOfSmallPieces) {
+  // GELU (tanh)'s gradient over a thread's share of 1 MiB or more is written
+  // by streaming stores (Note [Streaming stores for fresh outputs]); small
+  // tensors by plain ones. Same bits either way, at 1 and 2 threads.
+  Generator gen(13);
+  const int64_t n = (int64_t{1} << 19) + 37;
+  const Tensor x = (randn({n}, kFloat32, &gen) * 3.0).requires_grad_();
+  const Tensor g = randn({n}, kFloat32, &gen);
+  const int before = get_num_threads();
+  std::vector<Tensor> grads;
+  for (const int threads : {1, 2}) {
+    set_num_threads(threads);
+    grads.push_back(autograd::grad({x.gelu("tanh")}, {x}, {g})[0]);
+  }
+  set_num_threads(before);
+  for (int t = 0; t < 2; ++t) {
+    for (const int64_t at : {int64_t{0}, int64_t{4099}, n / 2 - 7, n - 300}) {
+      const Tensor xs = x.detach().narrow(0, at, 300).clone().requires_grad_();
+      const Tensor gs = autograd::grad({xs.gelu("tanh")}, {xs}, {g.narrow(0, at, 300)})[0];
+      const Tensor big = grads[static_cast<size_t>(t)].narrow(0, at, 300).contiguous();
+      ASSERT_EQ(std::memcmp(big.data_ptr<float>(), gs.data_ptr<float>(), 300 * sizeof(float)), 0)
+          << "threads " << t + 1 << ", elements from " << at;
+    }
+  }
+}
+
 TEST(ElementwiseValues, GeluTanhKeepsItsRelativeAccuracyWhereXIsVeryNegative) {
   std::vector<float> xs;
   for (int i = -900; i <= 900; ++i) xs.push_back(static_cast<float>(i) / 100.0f);

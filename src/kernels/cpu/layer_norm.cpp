@@ -148,6 +148,9 @@ void ln_backward(const G* g_in, const T* x, const T* w, const T* mean, const T* 
   // zeroed here, every other chunk's lines would first travel from this core
   // to the worker's (at 2 threads, backward took longer than at 1).
   std::unique_ptr<T[]> part(want_wb ? new T[static_cast<size_t>(chunks * 2 * n)] : nullptr);
+  // A large float input gradient goes out by streaming stores (Note [Streaming stores for fresh outputs]).
+  const bool stream =
+      std::is_same_v<T, float> && gx != nullptr && rows * n * static_cast<int64_t>(sizeof(T)) >= vm::kStreamBytes;
   parallel_for(chunks, 1, [&](int64_t c0, int64_t c1) {
     std::vector<T> xhat(static_cast<size_t>(n)), dxhat(static_cast<size_t>(n)),
         wide(kDirect ? 0 : static_cast<size_t>(n));
@@ -179,11 +182,20 @@ void ln_backward(const G* g_in, const T* x, const T* w, const T* mean, const T* 
           const T ma = detail::lane_sum<kLanes, T>(n, [&](int64_t j) { return dxhat[j]; }) / static_cast<T>(n);
           const T mb =
               detail::lane_sum<kLanes, T>(n, [&](int64_t j) { return dxhat[j] * xhat[j]; }) / static_cast<T>(n);
+          // Computed in place, then copied or streamed out: the same loop whichever way the row leaves.
+          for (int64_t j = 0; j < n; ++j) dxhat[j] = rs * (dxhat[j] - ma - xhat[j] * mb);
           T* out = gx + r * n;
-          for (int64_t j = 0; j < n; ++j) out[j] = rs * (dxhat[j] - ma - xhat[j] * mb);
+          if constexpr (std::is_same_v<T, float>) {
+            if (stream) {
+              vm::stream_row(out, dxhat.data(), n);
+              continue;
+            }
+          }
+          std::memcpy(out, dxhat.data(), static_cast<size_t>(n) * sizeof(T));
         }
       }
     }
+    if (stream) vm::stream_fence();
   });
   if (!want_wb) return;
   for (int64_t j = 0; j < n; ++j) {
