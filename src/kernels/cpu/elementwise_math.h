@@ -262,11 +262,14 @@ inline void float_to_bf16_row(BFloat16* dst, const float* src, int64_t n) {
 // waits on a cross-core transfer (106-444 ns a round trip on this machine,
 // bench "Parallel regions"). Layer norm's backward writes its [2048, 256]
 // input gradient that way and ran slower at 2 threads than at 1 (in gpt's
-// step, 4.3-4.7 ms against 3.0-4.3 ms per step). Non-temporal stores write
-// whole lines without reading them: 2.4-2.5 ms at 2 threads and 2.6-2.8 at 1
-// (KILN_COMPILE_PROFILE=1, three interleaved pairs each, 2026-12-05), while
-// the add that reads the gradient next did not slow down; GELU's backward
-// gained as much (gelu_rows.h). They bypass the cache, so they pay only for
+// step, 3.8-4.7 ms against 3.0-4.3 ms per step). Non-temporal stores write
+// whole lines without reading them: 2.1-2.6 ms at 2 threads, and GELU's
+// backward (gelu_rows.h) with the adds 5.5-6.4 -> 4.2-4.9 ms (gpt's float32
+// step, KILN_COMPILE_PROFILE=1, five interleaved pairs, 2026-12-05); the add
+// that reads the gradient next did not slow down. The machine has quieter
+// spells in which the plain stores' backward ran at 2.1 ms, and streaming
+// was then 0.2-0.5 ms slower in two pairs of three; at 1 thread the
+// difference was within +-0.3 ms. They bypass the cache, so they pay only for
 // outputs too large to stay there until read (kStreamBytes) and whose lines
 // are not already in cache: a forward output often lands in a block freed a
 // moment before, and streaming GELU's forward output was slower. A thread
