@@ -987,26 +987,30 @@ TEST(ElementwiseMixedDtypes, MatchesTorch) {
 // — or 1e-35 absolute (deep in the subnormals).
 TEST(ElementwiseValues, AStreamedGeluGradientHasTheBitsOfSmallPieces) {
   // GELU (tanh)'s gradient over a thread's share of 1 MiB or more is written
-  // by streaming stores (Note [Streaming stores for fresh outputs]); small
-  // tensors by plain ones. Same bits either way, at 1 and 2 threads.
+  // by streaming stores (Note [Streaming stores for fresh outputs]): float32
+  // from its rows, bf16 from the driver's rounded blocks; small tensors by
+  // plain ones. Same bits either way, at 1 and 2 threads.
   Generator gen(13);
-  const int64_t n = (int64_t{1} << 19) + 37;
-  const Tensor x = (randn({n}, kFloat32, &gen) * 3.0).requires_grad_();
-  const Tensor g = randn({n}, kFloat32, &gen);
-  const int before = get_num_threads();
-  std::vector<Tensor> grads;
-  for (const int threads : {1, 2}) {
-    set_num_threads(threads);
-    grads.push_back(autograd::grad({x.gelu("tanh")}, {x}, {g})[0]);
-  }
-  set_num_threads(before);
-  for (int t = 0; t < 2; ++t) {
-    for (const int64_t at : {int64_t{0}, int64_t{4099}, n / 2 - 7, n - 300}) {
-      const Tensor xs = x.detach().narrow(0, at, 300).clone().requires_grad_();
-      const Tensor gs = autograd::grad({xs.gelu("tanh")}, {xs}, {g.narrow(0, at, 300)})[0];
-      const Tensor big = grads[static_cast<size_t>(t)].narrow(0, at, 300).contiguous();
-      ASSERT_EQ(std::memcmp(big.data_ptr<float>(), gs.data_ptr<float>(), 300 * sizeof(float)), 0)
-          << "threads " << t + 1 << ", elements from " << at;
+  for (const DType dt : {kFloat32, kBFloat16}) {
+    const int64_t n = (int64_t{1} << (dt == kFloat32 ? 19 : 20)) + 37;
+    const Tensor x = (randn({n}, kFloat32, &gen) * 3.0).to(dt).requires_grad_();
+    const Tensor g = randn({n}, kFloat32, &gen).to(dt);
+    const int before = get_num_threads();
+    std::vector<Tensor> grads;
+    for (const int threads : {1, 2}) {
+      set_num_threads(threads);
+      grads.push_back(autograd::grad({x.gelu("tanh")}, {x}, {g})[0]);
+    }
+    set_num_threads(before);
+    const size_t es = static_cast<size_t>(element_size(dt));
+    for (int t = 0; t < 2; ++t) {
+      for (const int64_t at : {int64_t{0}, int64_t{4099}, n / 2 - 7, n - 300}) {
+        const Tensor xs = x.detach().narrow(0, at, 300).clone().requires_grad_();
+        const Tensor gs = autograd::grad({xs.gelu("tanh")}, {xs}, {g.narrow(0, at, 300)})[0];
+        const Tensor big = grads[static_cast<size_t>(t)].narrow(0, at, 300).contiguous();
+        ASSERT_EQ(std::memcmp(big.data_ptr(), gs.data_ptr(), 300 * es), 0)
+            << dtype_name(dt) << ", threads " << t + 1 << ", elements from " << at;
+      }
     }
   }
 }

@@ -223,13 +223,13 @@ inline __m256i float_to_bf16x16(__m512 f) {
 
 #if defined(__AVX512BF16__)
 /// 32 floats rounded as float_to_bf16x16 rounds them, into dst[0..32).
+inline __m512i float_to_bf16x32_vec(__m512 lo, __m512 hi) {
+  if (__builtin_expect(_kortestz_mask16_u8(bf16_special_lanes(lo), bf16_special_lanes(hi)), 1))
+    return reinterpret_cast<__m512i>(_mm512_cvtne2ps_pbh(hi, lo));
+  return _mm512_inserti64x4(_mm512_castsi256_si512(float_to_bf16x16_int(lo)), float_to_bf16x16_int(hi), 1);
+}
 inline void float_to_bf16x32(BFloat16* dst, __m512 lo, __m512 hi) {
-  if (__builtin_expect(_kortestz_mask16_u8(bf16_special_lanes(lo), bf16_special_lanes(hi)), 1)) {
-    _mm512_storeu_si512(dst, reinterpret_cast<__m512i>(_mm512_cvtne2ps_pbh(hi, lo)));
-  } else {
-    _mm256_storeu_si256(reinterpret_cast<__m256i*>(dst), float_to_bf16x16_int(lo));
-    _mm256_storeu_si256(reinterpret_cast<__m256i*>(dst + 16), float_to_bf16x16_int(hi));
-  }
+  _mm512_storeu_si512(dst, float_to_bf16x32_vec(lo, hi));
 }
 #endif
 #endif
@@ -269,7 +269,10 @@ inline void float_to_bf16_row(BFloat16* dst, const float* src, int64_t n) {
 // that reads the gradient next did not slow down. The machine has quieter
 // spells in which the plain stores' backward ran at 2.1 ms, and streaming
 // was then 0.2-0.5 ms slower in two pairs of three; at 1 thread the
-// difference was within +-0.3 ms. They bypass the cache, so they pay only for
+// difference was within +-0.3 ms. bf16 GELU's gradient streams from the
+// binary driver's blocks (an op with F::kStreamsOutput, elementwise_loop.h):
+// gpt's bf16 step at 2 threads, `binary` 4.4-7.6 -> 3.9-5.3 ms per step
+// (four interleaved pairs), mixed within +-1.5 ms at 1 thread. They bypass the cache, so they pay only for
 // outputs too large to stay there until read (kStreamBytes) and whose lines
 // are not already in cache: a forward output often lands in a block freed a
 // moment before, and streaming GELU's forward output was slower. A thread
@@ -298,6 +301,22 @@ inline void stream_fence() {
 #if defined(__SSE2__)
   _mm_sfence();
 #endif
+}
+
+/// float_to_bf16_row's values, the 64-byte lines lying wholly inside dst
+/// written by non-temporal stores.
+inline void float_to_bf16_row_stream(BFloat16* dst, const float* src, int64_t n) {
+  int64_t i = 0;
+#if defined(__AVX512BF16__) && defined(__AVX512F__)
+  if (reinterpret_cast<uintptr_t>(dst) % 2 == 0) {
+    i = std::min<int64_t>(n, ((64 - reinterpret_cast<uintptr_t>(dst) % 64) % 64) / 2);
+    float_to_bf16_row(dst, src, i);
+    for (; i + 32 <= n; i += 32)
+      _mm512_stream_si512(reinterpret_cast<__m512i*>(dst + i),
+                          float_to_bf16x32_vec(_mm512_loadu_ps(src + i), _mm512_loadu_ps(src + i + 16)));
+  }
+#endif
+  float_to_bf16_row(dst + i, src + i, n - i);
 }
 
 // Integer arithmetic that wraps modulo 2^bits, as torch's does, without the
