@@ -259,7 +259,7 @@ inline void float_to_bf16_row(BFloat16* dst, const float* src, int64_t n) {
 // A store to a line that is not in this core's cache first reads the line
 // (read for ownership), and a freshly allocated output's lines are usually
 // cold or, at 2 threads, dirty in the other core's cache: the store then
-// waits on a cross-core transfer (106-444 ns a round trip on this machine,
+// waits on a cross-core transfer (106-496 ns a round trip on this machine,
 // bench "Parallel regions"). Layer norm's backward writes its [2048, 256]
 // input gradient that way and ran slower at 2 threads than at 1 (in gpt's
 // step, 3.8-4.7 ms against 3.0-4.3 ms per step). Non-temporal stores write
@@ -272,12 +272,14 @@ inline void float_to_bf16_row(BFloat16* dst, const float* src, int64_t n) {
 // difference was within +-0.3 ms. bf16 GELU's gradient streams from the
 // binary driver's blocks (an op with F::kStreamsOutput, elementwise_loop.h):
 // gpt's bf16 step at 2 threads, `binary` 4.4-7.6 -> 3.9-5.3 ms per step
-// (four interleaved pairs), mixed within +-1.5 ms at 1 thread. They bypass the cache, so they pay only for
-// outputs too large to stay there until read (kStreamBytes) and whose lines
-// are not already in cache: a forward output often lands in a block freed a
-// moment before, and streaming GELU's forward output was slower. A thread
-// that streamed must fence (stream_fence) before another thread may read
-// what it wrote.
+// (four interleaved pairs), mixed within +-1.5 ms at 1 thread.
+//
+// Streaming stores bypass the cache, so they pay only for outputs too large
+// to stay there until read (a thread writing kStreamBytes or more) and whose
+// lines are not already in cache: a forward output often lands in a block
+// freed a moment before, and streaming GELU's forward output was slower. A
+// thread that streamed must fence (stream_fence) before another thread may
+// read what it wrote.
 inline constexpr int64_t kStreamBytes = int64_t{1} << 20;
 
 /// dst[0..n) = src[0..n), the 64-byte lines of dst that lie wholly inside it

@@ -148,10 +148,11 @@ void ln_backward(const G* g_in, const T* x, const T* w, const T* mean, const T* 
   // zeroed here, every other chunk's lines would first travel from this core
   // to the worker's (at 2 threads, backward took longer than at 1).
   std::unique_ptr<T[]> part(want_wb ? new T[static_cast<size_t>(chunks * 2 * n)] : nullptr);
-  // A large float input gradient goes out by streaming stores (Note [Streaming stores for fresh outputs]).
-  const bool stream =
-      std::is_same_v<T, float> && gx != nullptr && rows * n * static_cast<int64_t>(sizeof(T)) >= vm::kStreamBytes;
   parallel_for(chunks, 1, [&](int64_t c0, int64_t c1) {
+    // A thread writing a large float input gradient streams it out (Note [Streaming stores for fresh outputs]).
+    const int64_t my_rows = std::min(rows, c1 * per) - c0 * per;
+    const bool stream =
+        std::is_same_v<T, float> && gx != nullptr && my_rows * n * static_cast<int64_t>(sizeof(T)) >= vm::kStreamBytes;
     std::vector<T> xhat(static_cast<size_t>(n)), dxhat(static_cast<size_t>(n)),
         wide(kDirect ? 0 : static_cast<size_t>(n));
     for (int64_t c = c0; c < c1; ++c) {
