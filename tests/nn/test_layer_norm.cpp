@@ -54,6 +54,8 @@ TEST(LayerNormFused, ValuesAndGradientsMatchTorch) {
       {"two_dims", {5, 16}, randn({3, 5, 16}), "F.layer_norm(x0, (5, 16), x1, x2, 1e-5)"},
       {"transposed_input", {6}, randn({6, 7}).t(), "F.layer_norm(x0, (6,), x1, x2, 1e-5)"},
       {"many_rows", {256}, randn({2048, 256}), "F.layer_norm(x0, (256,), x1, x2, 1e-5)"},
+      // Two whole vectors and a short one per row (Note [Layer norm backward in two passes]).
+      {"odd_width", {37}, randn({300, 37}).mul(1.5).sub(0.25), "F.layer_norm(x0, (37,), x1, x2, 1e-5)"},
   };
   test::OracleBatch b;
   struct Got {
@@ -315,23 +317,30 @@ TEST(LayerNormFused, ARowHasTheSameBitsWhicheverRowsItIsNormalisedWith) {
 
 TEST(LayerNormFused, AStreamedInputGradientHasTheBitsOfEachRowAlone) {
   // An input gradient of 1 MiB or more leaves the kernel by streaming stores
-  // (Note [Streaming stores for fresh outputs]); a row alone is copied out.
-  // The values must not depend on the way out or on the thread count.
+  // (Note [Streaming stores for fresh outputs]); a row alone is stored
+  // plainly. Rows of 256 floats fill whole lines and stream straight from the
+  // registers; rows of 300 do not line up with lines and stream through a
+  // staging row (Note [Layer norm backward in two passes]). The values must
+  // not depend on the way out or on the thread count.
   manual_seed(61);
-  auto ln = perturbed({256});
-  const Tensor x = (randn({2048, 256}) * 2.0 - 0.5).requires_grad_();
-  const Tensor g = randn({2048, 256});
-  const int before = get_num_threads();
-  std::vector<Tensor> grads;
-  for (const int threads : {1, 2}) {
-    set_num_threads(threads);
-    grads.push_back(autograd::grad({(*ln)(x)}, {x}, {g})[0]);
-  }
-  set_num_threads(before);
-  expect_same_bits(grads[0], grads[1], "input gradient at 1 and 2 threads");
-  for (int64_t r = 0; r < 2048; r += 97) {
-    const Tensor xr = x.detach().narrow(0, r, 1).clone().requires_grad_();
-    const Tensor gr = autograd::grad({(*ln)(xr)}, {xr}, {g.narrow(0, r, 1)})[0];
-    expect_same_bits(grads[1].narrow(0, r, 1), gr, "grad row " + std::to_string(r));
+  for (const int64_t n : {256, 300}) {
+    const int64_t rows = n == 256 ? 2048 : 1100;
+    auto ln = perturbed({n});
+    const Tensor x = (randn({rows, n}) * 2.0 - 0.5).requires_grad_();
+    const Tensor g = randn({rows, n});
+    const int before = get_num_threads();
+    std::vector<Tensor> grads;
+    for (const int threads : {1, 2}) {
+      set_num_threads(threads);
+      grads.push_back(autograd::grad({(*ln)(x)}, {x}, {g})[0]);
+    }
+    set_num_threads(before);
+    const std::string w = " n " + std::to_string(n);
+    expect_same_bits(grads[0], grads[1], "input gradient at 1 and 2 threads" + w);
+    for (int64_t r = 0; r < rows; r += 97) {
+      const Tensor xr = x.detach().narrow(0, r, 1).clone().requires_grad_();
+      const Tensor gr = autograd::grad({(*ln)(xr)}, {xr}, {g.narrow(0, r, 1)})[0];
+      expect_same_bits(grads[1].narrow(0, r, 1), gr, "grad row " + std::to_string(r) + w);
+    }
   }
 }
