@@ -188,6 +188,17 @@ inline void float_to_half_row(Half* dst, const float* src, int64_t n) {
 /// on whole rows took bf16 GELU's forward on an L2-resident block from
 /// 29.8-40.4 to 25.4-35.8 us (best of 40, two interleaved pairs).
 #if defined(__AVX512F__)
+// Note [Whole vectors unmasked]
+// A loop that loaded every vector under a mask, full or not, ran slower in
+// gpt's step on this machine (AMD EPYC, family 26) than the same loop with
+// plain loads, though no slower in isolation, where its operands stay in
+// cache: layer norm's backward at 6.6 against 3.8 ms per float32 step
+// (Note [Layer norm backward in two passes]); the bf16 small products'
+// pair packing (pack_pairs_of_rows) at 1.4-1.6 % of the bf16 step's samples
+// against 0.8-1.2 %, and the float32 tile at 4.0-4.2 % against 3.5 % (perf at
+// 2 kHz, 1 thread, two interleaved pairs each, 2026-12-05). The cause was
+// not pinned down. Hot loops load whole vectors plainly and keep the mask
+// for a row's short last vector.
 /// The mask of the first n of 16 lanes (all 16 from n = 16 on): a row's last, partial vector.
 inline __mmask16 first_lanes16(int64_t n) { return n >= 16 ? __mmask16(0xffff) : __mmask16((1u << n) - 1); }
 

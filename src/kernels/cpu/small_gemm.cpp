@@ -144,19 +144,30 @@ template <int MR, int NV>
 void TileF32<MR, NV>::run(int64_t k, const float* a, int64_t a_rs, int64_t a_ks, const float* bp, int64_t ldb, float* c,
                           int64_t ldc, __mmask16 last) {
   Acc acc[MR][NV] = {};
-  for (int64_t p = 0; p < k; ++p) {
-    __m512 b[NV];
+  // The last vector of b unmasked where it is whole (Note [Whole vectors unmasked]).
+  const auto steps = [&]<bool kFull>() {
+    for (int64_t p = 0; p < k; ++p) {
+      __m512 b[NV];
 #pragma GCC unroll 4
-    for (int v = 0; v < NV - 1; ++v) b[v] = _mm512_loadu_ps(bp + p * ldb + v * 16);
-    b[NV - 1] = _mm512_maskz_loadu_ps(last, bp + p * ldb + (NV - 1) * 16);
+      for (int v = 0; v < NV - 1; ++v) b[v] = _mm512_loadu_ps(bp + p * ldb + v * 16);
+      if constexpr (kFull) {
+        b[NV - 1] = _mm512_loadu_ps(bp + p * ldb + (NV - 1) * 16);
+      } else {
+        b[NV - 1] = _mm512_maskz_loadu_ps(last, bp + p * ldb + (NV - 1) * 16);
+      }
 #pragma GCC unroll 6
-    for (int r = 0; r < MR; ++r) {
-      const __m512 ar = _mm512_set1_ps(a[r * a_rs + p * a_ks]);
+      for (int r = 0; r < MR; ++r) {
+        const __m512 ar = _mm512_set1_ps(a[r * a_rs + p * a_ks]);
 #pragma GCC unroll 4
-      for (int v = 0; v < NV; ++v)
-        acc[r][v] = reinterpret_cast<Acc>(_mm512_fmadd_ps(ar, b[v], reinterpret_cast<__m512>(acc[r][v])));
+        for (int v = 0; v < NV; ++v)
+          acc[r][v] = reinterpret_cast<Acc>(_mm512_fmadd_ps(ar, b[v], reinterpret_cast<__m512>(acc[r][v])));
+      }
     }
-  }
+  };
+  if (last == 0xffff)
+    steps.template operator()<true>();
+  else
+    steps.template operator()<false>();
 #pragma GCC unroll 6
   for (int r = 0; r < MR; ++r) {
 #pragma GCC unroll 4
@@ -190,8 +201,11 @@ void pack_pairs_of_rows(uint32_t* dst, int64_t ld, const uint16_t* x, int64_t rs
     for (int64_t j = 0; j < J; j += 32) {
       const int64_t left = std::min<int64_t>(32, J - j);
       const __mmask32 m = left == 32 ? ~__mmask32{0} : (__mmask32{1} << left) - 1;
-      const __m512i x0 = _mm512_maskz_loadu_epi16(m, r0 + j);
-      const __m512i x1 = has_r1 ? _mm512_maskz_loadu_epi16(m, r0 + rs + j) : _mm512_setzero_si512();
+      const bool full = left == 32;  // Note [Whole vectors unmasked]
+      const __m512i x0 = full ? _mm512_loadu_si512(r0 + j) : _mm512_maskz_loadu_epi16(m, r0 + j);
+      const __m512i x1 = !has_r1 ? _mm512_setzero_si512()
+                         : full  ? _mm512_loadu_si512(r0 + rs + j)
+                                 : _mm512_maskz_loadu_epi16(m, r0 + rs + j);
       _mm512_storeu_si512(d + j, _mm512_permutex2var_epi16(x0, lo_idx, x1));
       _mm512_storeu_si512(d + j + 16, _mm512_permutex2var_epi16(x0, hi_idx, x1));
     }
@@ -218,8 +232,13 @@ void pack_transposed_words(uint32_t* dst, int64_t ld, const char* y, int64_t row
       const int64_t w = std::min<int64_t>(16, words - k0);
       const __mmask16 m = vm::first_lanes16(w);
       __m512i r[16];
-      for (int i = 0; i < 16; ++i)
-        r[i] = i < rows ? _mm512_maskz_loadu_epi32(m, y + (j0 + i) * row_bytes + 4 * k0) : _mm512_setzero_si512();
+      if (w == 16) {  // Note [Whole vectors unmasked]
+        for (int i = 0; i < 16; ++i)
+          r[i] = i < rows ? _mm512_loadu_si512(y + (j0 + i) * row_bytes + 4 * k0) : _mm512_setzero_si512();
+      } else {
+        for (int i = 0; i < 16; ++i)
+          r[i] = i < rows ? _mm512_maskz_loadu_epi32(m, y + (j0 + i) * row_bytes + 4 * k0) : _mm512_setzero_si512();
+      }
       transpose16(r);
       for (int i = 0; i < w; ++i) _mm512_storeu_si512(dst + (k0 + i) * ld + j0, r[i]);
     }
