@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <vector>
 
+#include "elementwise_math.h"
 #include "kiln/core/capture.h"
 #include "kiln/core/error.h"
 #include "kiln/core/half.h"
@@ -180,15 +181,50 @@ void for_heads(const AttentionHeads& a, bool backward, const Body& body) {
   });
 }
 
+// 16 values of a row from p as floats (zeros past `count`).
+template <typename T>
+detail::Vec16f row16(const T* p, int64_t count) {
+#if defined(__AVX512F__)
+  if constexpr (std::is_same_v<T, float>) {
+    if (count >= 16) return reinterpret_cast<detail::Vec16f>(_mm512_loadu_ps(p));
+  } else {
+    if (count >= 16)
+      return reinterpret_cast<detail::Vec16f>(
+          vm::bf16x16_to_float(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p))));
+  }
+#endif
+  detail::Vec16f v = {};
+  for (int64_t e = 0; e < std::min<int64_t>(count, 16); ++e) v[e] = static_cast<float>(p[e]);
+  return v;
+}
+
+// Row (b, h, i)'s D: lane_sum<16>'s partials (lane k takes elements k,
+// k + 16, ..., each product added by one FMA) as whole vectors, whole ones
+// loaded plainly (Note [Whole vectors unmasked]), then the same fold. Rows
+// go in (b, i, h) order: [B, L, H, Ev] operands (a linear's output split
+// into heads) are then read straight through.
 template <typename T>
 void output_dots(int64_t B, int64_t H, int64_t L, int64_t Ev, const HeadOperand& dout, const HeadOperand& out, T* D) {
-  parallel_for(B * H * L, std::max<int64_t>(1, kGrainSize / std::max<int64_t>(1, 2 * Ev)), [&](int64_t lo, int64_t hi) {
+  parallel_for(B * L * H, std::max<int64_t>(1, kGrainSize / std::max<int64_t>(1, 2 * Ev)), [&](int64_t lo, int64_t hi) {
+    int64_t b = lo / (L * H), i = lo / H % L, h = lo % H;  // advanced row by row
     for (int64_t r = lo; r < hi; ++r) {
-      const int64_t b = r / (H * L), h = r / L % H, i = r % L;
       const T* g = static_cast<const T*>(dout.data) + b * dout.outer + h * dout.head + i * dout.row;
       const T* o = static_cast<const T*>(out.data) + b * out.outer + h * out.head + i * out.row;
-      D[r] = static_cast<T>(detail::lane_sum<16, float>(
-          Ev, [&](int64_t e) { return static_cast<float>(g[e]) * static_cast<float>(o[e]); }));
+      detail::Vec16f acc = {};
+      for (int64_t e = 0; e < Ev; e += 16) {
+#if defined(__AVX512F__)
+        acc = reinterpret_cast<detail::Vec16f>(_mm512_fmadd_ps(reinterpret_cast<__m512>(row16(g + e, Ev - e)),
+                                                               reinterpret_cast<__m512>(row16(o + e, Ev - e)),
+                                                               reinterpret_cast<__m512>(acc)));
+#else
+        acc += row16(g + e, Ev - e) * row16(o + e, Ev - e);
+#endif
+      }
+      D[(b * H + h) * L + i] = static_cast<T>(detail::sum_partials<16>(reinterpret_cast<float*>(&acc)));
+      if (++h == H) {
+        h = 0;
+        if (++i == L) i = 0, ++b;
+      }
     }
   });
 }
