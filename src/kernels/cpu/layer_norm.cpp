@@ -241,10 +241,11 @@ void ln_backward(const G* g_in, const T* x, const T* w, const T* mean, const T* 
   // to the worker's (at 2 threads, backward took longer than at 1).
   std::unique_ptr<T[]> part(want_wb ? new T[static_cast<size_t>(chunks * 2 * n)] : nullptr);
   parallel_for(chunks, 1, [&](int64_t c0, int64_t c1) {
-    // A thread writing a large float input gradient streams it out (Note [Streaming stores for fresh outputs]).
+    // A thread writing a large float input gradient streams it out (Note
+    // [Streaming stores for fresh outputs]); only the float row kernel streams.
     const int64_t my_rows = std::min(rows, c1 * per) - c0 * per;
     const bool stream =
-        std::is_same_v<T, float> && gx != nullptr && my_rows * n * static_cast<int64_t>(sizeof(T)) >= vm::kStreamBytes;
+        kRowKernel && gx != nullptr && my_rows * n * static_cast<int64_t>(sizeof(T)) >= vm::kStreamBytes;
     // The float row kernel needs only dxhat, whole vectors of it, to stage a
     // row whose lines it cannot stream straight from the registers.
     const auto padded = static_cast<size_t>((n + kLanes - 1) / kLanes * kLanes);
@@ -285,16 +286,8 @@ void ln_backward(const G* g_in, const T* x, const T* w, const T* mean, const T* 
           const T ma = detail::lane_sum<kLanes, T>(n, [&](int64_t j) { return dxhat[j]; }) / static_cast<T>(n);
           const T mb =
               detail::lane_sum<kLanes, T>(n, [&](int64_t j) { return dxhat[j] * xhat[j]; }) / static_cast<T>(n);
-          // Computed in place, then copied or streamed out: the same loop whichever way the row leaves.
-          for (int64_t j = 0; j < n; ++j) dxhat[j] = rs * (dxhat[j] - ma - xhat[j] * mb);
           T* out = gx + r * n;
-          if constexpr (std::is_same_v<T, float>) {
-            if (stream) {
-              vm::stream_row(out, dxhat.data(), n);
-              continue;
-            }
-          }
-          std::memcpy(out, dxhat.data(), static_cast<size_t>(n) * sizeof(T));
+          for (int64_t j = 0; j < n; ++j) out[j] = rs * (dxhat[j] - ma - xhat[j] * mb);
         }
       }
     }

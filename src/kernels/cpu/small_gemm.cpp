@@ -201,11 +201,12 @@ void pack_pairs_of_rows(uint32_t* dst, int64_t ld, const uint16_t* x, int64_t rs
     for (int64_t j = 0; j < J; j += 32) {
       const int64_t left = std::min<int64_t>(32, J - j);
       const __mmask32 m = left == 32 ? ~__mmask32{0} : (__mmask32{1} << left) - 1;
-      const bool full = left == 32;  // Note [Whole vectors unmasked]
-      const __m512i x0 = full ? _mm512_loadu_si512(r0 + j) : _mm512_maskz_loadu_epi16(m, r0 + j);
-      const __m512i x1 = !has_r1 ? _mm512_setzero_si512()
-                         : full  ? _mm512_loadu_si512(r0 + rs + j)
-                                 : _mm512_maskz_loadu_epi16(m, r0 + rs + j);
+      // Note [Whole vectors unmasked]
+      const auto load = [&](const uint16_t* p) {
+        return left == 32 ? _mm512_loadu_si512(p) : _mm512_maskz_loadu_epi16(m, p);
+      };
+      const __m512i x0 = load(r0 + j);
+      const __m512i x1 = has_r1 ? load(r0 + rs + j) : _mm512_setzero_si512();
       _mm512_storeu_si512(d + j, _mm512_permutex2var_epi16(x0, lo_idx, x1));
       _mm512_storeu_si512(d + j + 16, _mm512_permutex2var_epi16(x0, hi_idx, x1));
     }
@@ -232,12 +233,10 @@ void pack_transposed_words(uint32_t* dst, int64_t ld, const char* y, int64_t row
       const int64_t w = std::min<int64_t>(16, words - k0);
       const __mmask16 m = vm::first_lanes16(w);
       __m512i r[16];
-      if (w == 16) {  // Note [Whole vectors unmasked]
-        for (int i = 0; i < 16; ++i)
-          r[i] = i < rows ? _mm512_loadu_si512(y + (j0 + i) * row_bytes + 4 * k0) : _mm512_setzero_si512();
-      } else {
-        for (int i = 0; i < 16; ++i)
-          r[i] = i < rows ? _mm512_maskz_loadu_epi32(m, y + (j0 + i) * row_bytes + 4 * k0) : _mm512_setzero_si512();
+      for (int i = 0; i < 16; ++i) {
+        const char* p = y + (j0 + i) * row_bytes + 4 * k0;
+        // Note [Whole vectors unmasked]
+        r[i] = i >= rows ? _mm512_setzero_si512() : w == 16 ? _mm512_loadu_si512(p) : _mm512_maskz_loadu_epi32(m, p);
       }
       transpose16(r);
       for (int i = 0; i < w; ++i) _mm512_storeu_si512(dst + (k0 + i) * ld + j0, r[i]);
