@@ -141,9 +141,10 @@ void BM_MaxPoolChannelsLast(benchmark::State& state) {
 // input gradient (g · W2), 3 its weight gradient (gᵀ · x), 4 the first
 // layer's weight gradient; and gpt's MLP over 2048 tokens: 5 c_fc's forward,
 // 6 its input gradient, 7 its weight gradient, 8 c_proj's weight gradient.
-// state: shape, threads. c_proj's weight gradient (256 x 1024 over 2048
-// tokens) gains least from a second thread: 1.48-1.71x against 1.96x for
-// c_fc's (2026-12-05).
+// state: shape, threads, bf16 (0 float32, 1 bf16). c_proj's weight gradient
+// (256 x 1024 over 2048 tokens) gained least from a second thread: 1.48-1.71x
+// against 1.96x for c_fc's (2026-12-05), until it took a turned copy of its
+// first operand (Note [Transposed first operands], dnnl_matmul.cpp).
 void BM_MlpProduct(benchmark::State& state) {
   const ThreadScope threads(static_cast<int>(state.range(1)));
   struct Shape {
@@ -158,7 +159,8 @@ void BM_MlpProduct(benchmark::State& state) {
   kiln::Generator g(6);
   const Tensor a0 = s.a_t ? kiln::randn({s.k, s.m}, kiln::kFloat32, &g) : kiln::randn({s.m, s.k}, kiln::kFloat32, &g);
   const Tensor b0 = s.b_t ? kiln::randn({s.n, s.k}, kiln::kFloat32, &g) : kiln::randn({s.k, s.n}, kiln::kFloat32, &g);
-  const Tensor a = s.a_t ? a0.t() : a0, b = s.b_t ? b0.t() : b0;
+  const kiln::DType dt = state.range(2) ? kiln::kBFloat16 : kiln::kFloat32;
+  const Tensor a = s.a_t ? a0.to(dt).t() : a0.to(dt), b = s.b_t ? b0.to(dt).t() : b0.to(dt);
   benchmark::DoNotOptimize(kiln::mm(a, b));
   for (auto _ : state) benchmark::DoNotOptimize(kiln::mm(a, b));
   set_gflops(state, 2.0 * s.m * s.n * s.k);
@@ -166,7 +168,7 @@ void BM_MlpProduct(benchmark::State& state) {
 
 }  // namespace
 
-BENCHMARK(BM_MlpProduct)->ArgsProduct({{0, 1, 2, 3, 4, 5, 6, 7, 8}, {1, 2}})->UseRealTime();
+BENCHMARK(BM_MlpProduct)->ArgsProduct({{0, 1, 2, 3, 4, 5, 6, 7, 8}, {1, 2}, {0, 1}})->UseRealTime();
 BENCHMARK_CAPTURE(BM_DnnlMatmul, f32, kiln::kFloat32)->Arg(1)->Arg(2)->Unit(benchmark::kMillisecond)->UseRealTime();
 BENCHMARK_CAPTURE(BM_DnnlMatmul, bf16, kiln::kBFloat16)->Arg(1)->Arg(2)->Unit(benchmark::kMillisecond)->UseRealTime();
 BENCHMARK_CAPTURE(BM_DnnlConv2d, f32, kiln::kFloat32)->Arg(1)->Arg(2)->Unit(benchmark::kMillisecond)->UseRealTime();

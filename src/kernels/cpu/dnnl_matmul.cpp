@@ -8,9 +8,11 @@
 #include "dnnl_common.h"
 #include "gelu_rows.h"
 #include "kiln/core/capture.h"
+#include "kiln/core/threads.h"
 #include "kiln/kernels/blas.h"
 #include "kiln/kernels/dnnl.h"
 #include "small_gemm.h"
+#include "transpose_copy.h"
 
 namespace kiln::kernels {
 
@@ -199,10 +201,39 @@ MatmulEntry* get_entry(const MatmulArgs& g, const OperandLayout& la, const Opera
   return c.insert(key, std::move(e));
 }
 
+// Note [Transposed first operands]
+// A weight gradient dW = dYᵀ X reads its first operand transposed, along a
+// depth of every token (2048 in gpt). On two threads oneDNN 2.6 splits such a
+// product by columns of c and each thread turns the same rows of a for its
+// kernel again: gpt's c_proj weight gradient (256 x 1024 over 2048 tokens)
+// ran at 250-290 GFLOP/s in float32 against 320-370 with a stored row by row
+// (`BM_MlpProduct`, 2026-12-06). One turned copy of a (transpose_copy.h), m k
+// elements read and written once against the product's m n k multiply-adds,
+// pays for itself there. It does not on one thread, nor for c_fc's gradient
+// (1024 x 256: n = 256 columns share each row of a), where the copy cost
+// more than it saved in both dtypes. So a 2-D product on more than one thread
+// whose a is transposed, deep (k >= 1024) and wide (n >= 1024) copies a first.
+// float32 results keep their bits; bf16 ones may not, since oneDNN's two
+// kernels sum a row's pairs in different orders (DESIGN.md, Determinism:
+// same thread count, same bits).
+bool copy_a_first(const MatmulArgs& g, const OperandLayout& la) {
+  return la.l.trans && la.batch == 0 && la.outer == 0 && g.k >= 1024 && g.n >= 1024 && get_num_threads() > 1;
+}
+
 void dnnl_matmul(const MatmulArgs& g) {
   const SerialScope serial(g.outer * g.batch * g.m * g.n * g.k < kSerialMacs);
   const OperandLayout la = operand_layout(g.a, g, g.m, g.k);
   const OperandLayout lb = operand_layout(g.b, g, g.k, g.n);
+  if (copy_a_first(g, la)) {
+    ScratchBlock rows(static_cast<size_t>(g.m * g.k * element_size(g.dtype)));
+    detail::transpose_copy(g.dtype, g.a.data, la.l.ld, g.k, g.m, rows.data());
+    MatmulArgs h = g;
+    h.a = MatrixOperand{rows.data(), {0, g.k, 1}, 0};
+    const OperandLayout lh = operand_layout(h.a, h, h.m, h.k);
+    MatmulEntry* e = get_entry(h, lh, lb);
+    run_matmul_prim(e->prim, h, e->src, e->wei, h.b.data, e->bias, e->addend, e->dst, e->scratch, e->scratch_bytes);
+    return;
+  }
   MatmulEntry* e = get_entry(g, la, lb);
   run_matmul_prim(e->prim, g, e->src, e->wei, g.b.data, e->bias, e->addend, e->dst, e->scratch, e->scratch_bytes);
 }
@@ -227,6 +258,7 @@ bool record_direct(const capture::KernelScope& cap, std::shared_ptr<Entry> e, Ru
 bool record_dnnl_matmul(const capture::KernelScope& cap, const MatmulArgs& g) {
   const OperandLayout la = operand_layout(g.a, g, g.m, g.k);
   const OperandLayout lb = operand_layout(g.b, g, g.k, g.n);
+  if (copy_a_first(g, la)) return cap.record([g] { dnnl_matmul(g); });
   get_entry(g, la, lb);
   const bool serial = g.outer * g.batch * g.m * g.n * g.k < kSerialMacs;
   return record_direct(

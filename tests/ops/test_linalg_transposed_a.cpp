@@ -1,0 +1,112 @@
+// Products whose first operand is transposed (Note [Transposed first operands]
+// in src/kernels/cpu/dnnl_matmul.cpp): the turned copy moves every element's
+// bits (both element sizes, edges that fill no 16 x 16 block, a row stride
+// wider than the row, 1 and 2 threads), and a weight-gradient-shaped product
+// that takes the copy on two threads gives what the same product with a
+// stored row by row gives, bit for bit (without the copy the strided float32
+// case differs in its last bits, so the test sees the path), and agrees with
+// a float64 sum.
+//
+// Tolerances: float32, k fused multiply-adds each rounding once, so
+// |got - ref| <= (k + 1) 2^-23 sum_p |a_ip||b_pj|; bf16, products exact in
+// float32 and summed in float32, then rounded once: one bf16 ulp of |ref|
+// (2^-8) plus the float32 sum's (k + 1) 2^-23 sum_p |a_ip||b_pj|.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <vector>
+
+#include "kernels/cpu/transpose_copy.h"
+#include "kiln/kiln.h"
+
+using namespace kiln;
+
+namespace {
+
+struct ThreadCount {
+  int before = get_num_threads();
+  explicit ThreadCount(int n) { set_num_threads(n); }
+  ~ThreadCount() { set_num_threads(before); }
+};
+
+template <typename W>
+void check_turn(int64_t rows, int64_t cols, int64_t ld, int threads) {
+  const ThreadCount tc(threads);
+  std::vector<W> src(static_cast<size_t>(rows * ld)), dst(static_cast<size_t>(rows * cols), W{0});
+  uint64_t x = 0x9E3779B97F4A7C15ull;
+  for (W& w : src) {
+    x ^= x << 13;
+    x ^= x >> 7;
+    x ^= x << 17;
+    w = static_cast<W>(x);
+  }
+  const DType dt = sizeof(W) == 4 ? kFloat32 : kBFloat16;
+  kernels::detail::transpose_copy(dt, src.data(), ld, rows, cols, dst.data());
+  for (int64_t c = 0; c < cols; ++c)
+    for (int64_t r = 0; r < rows; ++r)
+      ASSERT_EQ(dst[c * rows + r], src[r * ld + c])
+          << "element (" << r << ", " << c << ") of a [" << rows << ", " << cols << "] source, ld " << ld << ", "
+          << threads << " threads";
+}
+
+TEST(TransposeCopy, MovesEveryElementsBits) {
+  const int64_t shapes[][3] = {{37, 45, 50}, {64, 32, 32}, {33, 17, 17}, {2048, 256, 256}, {96, 80, 128}, {5, 3, 3}};
+  for (int threads : {1, 2}) {
+    for (const auto& s : shapes) {
+      check_turn<uint32_t>(s[0], s[1], s[2], threads);
+      check_turn<uint16_t>(s[0], s[1], s[2], threads);
+    }
+  }
+}
+
+// a [k, m] stored row by row, read as aᵀ [m, k]; b [k, n]. Returns the worst
+// |got - ref| / bound over c = aᵀ b.
+double worst_against_float64(const Tensor& at, const Tensor& b, const Tensor& c, bool bf16) {
+  const Tensor a64 = at.to(kFloat64).contiguous(), b64 = b.to(kFloat64).contiguous();
+  const Tensor c64 = c.to(kFloat64).contiguous();
+  const int64_t m = at.size(0), k = at.size(1), n = b.size(1);
+  const double* pa = a64.data_ptr<double>();
+  const double* pb = b64.data_ptr<double>();
+  const double* pc = c64.data_ptr<double>();
+  double worst = 0;
+  std::vector<double> ref(static_cast<size_t>(n)), mag(static_cast<size_t>(n));
+  for (int64_t i = 0; i < m; ++i) {
+    std::fill(ref.begin(), ref.end(), 0.0);
+    std::fill(mag.begin(), mag.end(), 0.0);
+    for (int64_t p = 0; p < k; ++p) {
+      const double av = pa[i * k + p];
+      for (int64_t j = 0; j < n; ++j) {
+        ref[j] += av * pb[p * n + j];
+        mag[j] += std::fabs(av * pb[p * n + j]);
+      }
+    }
+    for (int64_t j = 0; j < n; ++j) {
+      const double bound = (bf16 ? std::ldexp(std::fabs(ref[j]), -8) : 0.0) + (k + 1) * std::ldexp(mag[j], -23);
+      worst = std::max(worst, std::fabs(pc[i * n + j] - ref[j]) / bound);
+    }
+  }
+  return worst;
+}
+
+TEST(TransposedFirstOperand, AWeightGradientShapedProductMatchesTheRowMajorOneAndFloat64) {
+  // k = 1024 tokens, m = 24 outputs, n = 1024 inputs: deep and wide enough for
+  // the copy on two threads; a also as a view narrower than its rows (ld 40).
+  const ThreadCount tc(2);
+  Generator g(11);
+  for (DType dt : {kFloat32, kBFloat16}) {
+    const Tensor wide = randn({1024, 40}, kFloat32, &g).to(dt);
+    const Tensor b = randn({1024, 1024}, kFloat32, &g).to(dt);
+    for (const Tensor& a : {wide.narrow(1, 0, 24).contiguous(), wide.narrow(1, 8, 24)}) {
+      const Tensor c = mm(a.t(), b);
+      const Tensor rows = mm(a.t().contiguous(), b);
+      ASSERT_EQ(c.dtype(), dt);
+      ASSERT_EQ(std::memcmp(c.data_ptr(), rows.data_ptr(), static_cast<size_t>(c.numel() * element_size(dt))), 0)
+          << "dtype " << dtype_name(dt) << ", a's row stride " << a.stride(0);
+      EXPECT_LE(worst_against_float64(a.t(), b, c, dt == kBFloat16), 1.0) << "dtype " << dtype_name(dt);
+    }
+  }
+}
+
+}  // namespace
