@@ -9,8 +9,11 @@
 //   ./build/release/bench/micro/kiln_micro_bench --benchmark_filter=Dnnl --benchmark_min_time=0.3
 #include <benchmark/benchmark.h>
 
+#include <vector>
 #include "bench_threads.h"
+
 #include "kiln/autograd/engine.h"
+#include "kiln/kernels/dnnl.h"
 #include "kiln/kiln.h"
 #include "kiln/ops/conv.h"
 #include "kiln/ops/linalg.h"
@@ -216,3 +219,50 @@ BENCHMARK(BM_MaxPoolChannelsLast)
     ->ArgNames({"threads", "shape"})
     ->Unit(benchmark::kMicrosecond)
     ->UseRealTime();
+namespace {
+// Note [Packing b first on two threads] (src/kernels/cpu/dnnl_matmul.cpp):
+// gpt's products over 2048 tokens. shape: 0 c_fc forward (b = Wᵀ, 1024
+// columns), 1 c_proj forward (256), 2 c_attn forward (768), 3 attn c_proj
+// forward (256), 4 c_proj's input gradient (b = W, 1024), 5 c_fc's (256),
+// 6 c_attn's (256). mode: 0 kernels::matmul, which packs b itself where the
+// Note says; 1 b packed once outside the loop (what packing could reach if it
+// were free); 2 b packed on every call, then the product on it. state:
+// threads, mode, shape, bf16.
+void BM_PackBFirst(benchmark::State& state) {
+  const ThreadScope threads(static_cast<int>(state.range(0)));
+  const int64_t mode = state.range(1);
+  const int64_t shapes[][3] = {{2048, 1024, 256}, {2048, 256, 1024}, {2048, 768, 256}, {2048, 256, 256},
+                               {2048, 1024, 256}, {2048, 256, 1024}, {2048, 256, 768}};
+  const int64_t* sh = shapes[state.range(2)];
+  const bool plain = state.range(2) >= 4;
+  const int64_t m = sh[0], n = sh[1], k = sh[2];
+  const kiln::DType dt = state.range(3) ? kiln::kBFloat16 : kiln::kFloat32;
+  kiln::Generator gen(7);
+  const Tensor x = kiln::randn({m, k}, kiln::kFloat32, &gen).to(dt);
+  const Tensor w =
+      kiln::randn(plain ? std::vector<int64_t>{k, n} : std::vector<int64_t>{n, k}, kiln::kFloat32, &gen).to(dt);
+  Tensor c = kiln::empty({m, n}, dt);
+  kiln::kernels::MatmulArgs g;
+  g.dtype = dt;
+  g.m = m;
+  g.n = n;
+  g.k = k;
+  g.a = {x.data_ptr(), {0, k, 1}, 0};
+  g.b = plain ? kiln::kernels::MatrixOperand{w.data_ptr(), {0, n, 1}, 0}
+              : kiln::kernels::MatrixOperand{w.data_ptr(), {0, 1, k}, 0};
+  g.c = c.data_ptr();
+  const kiln::kernels::PackedLayout layout = kiln::kernels::matmul_packed_layout(g);
+  Tensor packed = kiln::empty({static_cast<int64_t>(layout.bytes) + 64}, kiln::kUInt8);
+  if (layout.bytes > 0) kiln::kernels::matmul_pack_b(g, packed.data_ptr());
+  for (auto _ : state) {
+    if (mode == 0 || layout.bytes == 0) {
+      kiln::kernels::matmul(g);
+      continue;
+    }
+    if (mode == 2) kiln::kernels::matmul_pack_b(g, packed.data_ptr());
+    kiln::kernels::matmul_with_packed_b(g, packed.data_ptr());
+  }
+  set_gflops(state, 2.0 * m * n * k);
+}
+}  // namespace
+BENCHMARK(BM_PackBFirst)->ArgsProduct({{1, 2}, {0, 1, 2}, {0, 1, 2, 3, 4, 5, 6}, {0, 1}})->UseRealTime();

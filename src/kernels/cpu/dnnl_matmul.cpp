@@ -220,10 +220,30 @@ bool copy_a_first(const MatmulArgs& g, const OperandLayout& la) {
   return la.l.trans && la.batch == 0 && la.outer == 0 && g.k >= 1024 && g.n >= 1024 && get_num_threads() > 1;
 }
 
+// Note [Packing b first on two threads]
+// Given b as a plain or transposed matrix, oneDNN 2.6's kernels re-block it
+// into their own layout as they go. On two threads, for gpt's wide products
+// (n = 768 or 1024 columns over 2048 rows), that ran slower than packing b once
+// into oneDNN's layout (one jit reorder, Note [Packed weights] in
+// kiln/kernels/dnnl.h) and running the product on the packed b, the packing
+// counted (`BM_PackBFirst`, 2026-12-06, modes 0 against 2 before this rule):
+// bf16 6-22 %, float32 3-10 %. Narrow products (n = 256) lost as often as they
+// gained, and one thread gained nothing or lost, so only wide products with
+// many rows on more than one thread take it. In gpt's step at 2 threads (three
+// interleaved pairs, float32) the c_attn and c_fc forward products and c_proj's
+// input gradient went 11.0-12.1 -> 9.6-10.0, 14.4-16.0 -> 12.6-13.3 and
+// 14.3-16.4 -> 12.1-12.4 ms per step (four layers each); the bits did not move.
+bool pack_b_first(const MatmulArgs& g, const OperandLayout& la, const OperandLayout& lb) {
+  return la.batch == 0 && la.outer == 0 && lb.batch == 0 && g.m >= 1024 && g.n >= 768 && get_num_threads() > 1;
+}
+
+void packed_product(const MatmulArgs& g);  // below, with the packed entries
+
 void dnnl_matmul(const MatmulArgs& g) {
   const SerialScope serial(g.outer * g.batch * g.m * g.n * g.k < kSerialMacs);
   const OperandLayout la = operand_layout(g.a, g, g.m, g.k);
   const OperandLayout lb = operand_layout(g.b, g, g.k, g.n);
+  if (pack_b_first(g, la, lb)) return packed_product(g);
   if (copy_a_first(g, la)) {
     ScratchBlock rows(static_cast<size_t>(g.m * g.k * element_size(g.dtype)));
     detail::transpose_copy(g.dtype, g.a.data, la.l.ld, g.k, g.m, rows.data());
@@ -258,7 +278,7 @@ bool record_direct(const capture::KernelScope& cap, std::shared_ptr<Entry> e, Ru
 bool record_dnnl_matmul(const capture::KernelScope& cap, const MatmulArgs& g) {
   const OperandLayout la = operand_layout(g.a, g, g.m, g.k);
   const OperandLayout lb = operand_layout(g.b, g, g.k, g.n);
-  if (copy_a_first(g, la)) return cap.record([g] { dnnl_matmul(g); });
+  if (copy_a_first(g, la) || pack_b_first(g, la, lb)) return cap.record([g] { dnnl_matmul(g); });
   get_entry(g, la, lb);
   const bool serial = g.outer * g.batch * g.m * g.n * g.k < kSerialMacs;
   return record_direct(
@@ -322,6 +342,19 @@ PackedEntry* get_packed_entry(const MatmulArgs& g) {
   }
   note_created();
   return c.insert(key, std::move(e));
+}
+
+void packed_product(const MatmulArgs& g) {
+  PackedEntry* e = get_packed_entry(g);
+  if (e->layout.bytes == 0) {
+    run_matmul_prim(e->prim, g, e->src, e->wei_packed, g.b.data, e->bias, e->addend, e->dst, e->scratch,
+                    e->scratch_bytes);
+    return;
+  }
+  ScratchBlock packed(e->layout.bytes);
+  execute(e->pack, {{DNNL_ARG_FROM, &e->wei_plain, g.b.data}, {DNNL_ARG_TO, &e->wei_packed, packed.data()}});
+  run_matmul_prim(e->prim, g, e->src, e->wei_packed, packed.data(), e->bias, e->addend, e->dst, e->scratch,
+                  e->scratch_bytes);
 }
 
 }  // namespace

@@ -1,24 +1,33 @@
-// Products whose first operand is transposed (Note [Transposed first operands]
-// in src/kernels/cpu/dnnl_matmul.cpp): the turned copy moves every element's
-// bits (both element sizes, edges that fill no 16 x 16 block, a row stride
-// wider than the row, 1 and 2 threads), and a weight-gradient-shaped product
-// that takes the copy on two threads gives what the same product with a
-// stored row by row gives, bit for bit (without the copy the strided float32
-// case differs in its last bits, so the test sees the path), and agrees with
-// a float64 sum.
+// Products that rearrange an operand before oneDNN reads it, on two threads:
+// a transposed first operand copied row-major (Note [Transposed first
+// operands] in src/kernels/cpu/dnnl_matmul.cpp) and b packed into oneDNN's
+// layout first (Note [Packing b first on two threads]).
+//
+// The turned copy moves every element's bits (both element sizes, edges that
+// fill no 16 x 16 block, a row stride wider than the row, 1 and 2 threads), and
+// a weight-gradient-shaped product that takes the copy gives what the same
+// product with a stored row by row gives, bit for bit (without the copy the
+// strided float32 case differs in its last bits, so the test sees the path).
+// Products that pack b first (b plain or transposed, with a bias, a GELU
+// epilogue, an addend) agree with a float64 sum, and with the same product
+// on one thread, which does not pack.
 //
 // Tolerances: float32, k fused multiply-adds each rounding once, so
 // |got - ref| <= (k + 1) 2^-23 sum_p |a_ip||b_pj|; bf16, products exact in
 // float32 and summed in float32, then rounded once: one bf16 ulp of |ref|
-// (2^-8) plus the float32 sum's (k + 1) 2^-23 sum_p |a_ip||b_pj|.
+// (2^-8) plus the float32 sum's (k + 1) 2^-23 sum_p |a_ip||b_pj|. Against one
+// thread (the epilogue and addend cases): twice those bounds, for two results
+// each within one of them, taken over float64 sums of |a||b|.
 #include <gtest/gtest.h>
 
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <string>
 #include <vector>
 
 #include "kernels/cpu/transpose_copy.h"
+#include "kiln/kernels/dnnl.h"
 #include "kiln/kiln.h"
 
 using namespace kiln;
@@ -105,6 +114,60 @@ TEST(TransposedFirstOperand, AWeightGradientShapedProductMatchesTheRowMajorOneAn
       ASSERT_EQ(std::memcmp(c.data_ptr(), rows.data_ptr(), static_cast<size_t>(c.numel() * element_size(dt))), 0)
           << "dtype " << dtype_name(dt) << ", a's row stride " << a.stride(0);
       EXPECT_LE(worst_against_float64(a.t(), b, c, dt == kBFloat16), 1.0) << "dtype " << dtype_name(dt);
+    }
+  }
+}
+
+
+TEST(PackedBFirst, WideProductsOnTwoThreadsAgreeWithFloat64AndOneThread) {
+  // m = 1024 rows, n = 768 columns: many rows and wide, so two threads pack b.
+  const int64_t m = 1024, n = 768, k = 96;
+  Generator g(12);
+  for (DType dt : {kFloat32, kBFloat16}) {
+    const bool bf16 = dt == kBFloat16;
+    const Tensor a = randn({m, k}, kFloat32, &g).to(dt);
+    const Tensor w = randn({n, k}, kFloat32, &g).to(dt);  // b = wᵀ, as a linear's weight
+    const Tensor bp = randn({k, n}, kFloat32, &g).to(dt);  // b as given, as an input gradient's W
+    const Tensor bias = randn({n}, kFloat32, &g).to(dt);
+    const Tensor addend = randn({m, n}, kFloat32, &g).to(dt);
+    for (int variant = 0; variant < 5; ++variant) {
+      // 0 b plain; 1 b transposed; 2 with a bias; 3 bias and GELU; 4 bias and an addend.
+      const Tensor b = variant == 0 ? bp : w.t();
+      auto run = [&](int threads) {
+        const ThreadCount tc(threads);
+        Tensor c = empty({m, n}, dt);
+        kernels::MatmulArgs args;
+        args.dtype = dt;
+        args.m = m;
+        args.n = n;
+        args.k = k;
+        args.a = {a.data_ptr(), {0, k, 1}, 0};
+        args.b = {b.data_ptr(), {0, b.stride(0), b.stride(1)}, 0};
+        args.c = c.data_ptr();
+        if (variant >= 2) args.bias = bias.data_ptr();
+        if (variant == 3) args.epilogue = kernels::MatmulEpilogue::GeluTanh;
+        if (variant == 4) args.addend = addend.data_ptr();
+        kernels::matmul(args);
+        return c;
+      };
+      const Tensor two = run(2), one = run(1);
+      const std::string what = std::string(dtype_name(dt)) + ", variant " + std::to_string(variant);
+      // The float64 sum of a·b (+ bias): the whole result where there is no
+      // epilogue or addend, and the bound's scale everywhere.
+      const Tensor a64 = a.to(kFloat64), b64 = b.to(kFloat64);
+      Tensor ref = mm(a64, b64), mag = mm(a64.abs(), b64.abs());
+      if (variant >= 2) ref = ref + bias.to(kFloat64);
+      const Tensor bound = (bf16 ? ref.abs() * std::ldexp(1.0, -8) : zeros_like(ref)) + mag * ((k + 1) * std::ldexp(1.0, -23));
+      if (variant <= 2) {
+        const double worst = ((two.to(kFloat64) - ref).abs() / bound).max().item<double>();
+        EXPECT_LE(worst, 1.0) << what;
+      }
+      // GELU's slope is below 1.2 and the addend is added once more, rounded
+      // once: the two results stay within twice the bound plus that rounding.
+      const Tensor out = one.to(kFloat64).abs();
+      const Tensor slack = bound * 2.4 + out * (bf16 ? std::ldexp(1.0, -7) : std::ldexp(1.0, -22));
+      const double apart = ((two.to(kFloat64) - one.to(kFloat64)).abs() / slack).max().item<double>();
+      EXPECT_LE(apart, 1.0) << what << ": two threads against one";
     }
   }
 }
