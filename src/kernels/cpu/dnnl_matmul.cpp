@@ -203,11 +203,11 @@ MatmulEntry* get_entry(const MatmulArgs& g, const OperandLayout& la, const Opera
 
 // Note [Transposed first operands]
 // A weight gradient dW = dYᵀ X reads its first operand transposed, along a
-// depth of every token (2048 in gpt). On two threads oneDNN 2.6 splits such a
-// product by columns of c and each thread turns the same rows of a for its
-// kernel again: gpt's c_proj weight gradient (256 x 1024 over 2048 tokens)
-// ran at 250-290 GFLOP/s in float32 against 320-370 with a stored row by row
-// (`BM_MlpProduct`, 2026-12-06). One turned copy of a (transpose_copy.h), m k
+// depth of every token (2048 in gpt). On two threads oneDNN 2.6 ran gpt's
+// c_proj weight gradient (256 x 1024 over 2048 tokens) at 250-290 GFLOP/s in
+// float32 against 320-370 with a stored row by row (`BM_MlpProduct`,
+// 2026-12-06); the likely cause, not confirmed here, is that both threads
+// re-block the same rows of a transposed a for their share of the columns. One turned copy of a (transpose_copy.h), m k
 // elements read and written once against the product's m n k multiply-adds,
 // pays for itself there. It does not on one thread, nor for c_fc's gradient
 // (1024 x 256: n = 256 columns share each row of a), where the copy cost
