@@ -72,19 +72,10 @@ bool is_block_transpose(const LoopSpec& s, int64_t es) {
 // dst word (j, i) at dst[j * dj + i], from src word (i, j) at src[i * si + j]:
 // an n0 x n1 block (i < n0, j < n1).
 void transpose_block(uint32_t* dst, int64_t dj, const uint32_t* src, int64_t si, int64_t n0, int64_t n1) {
-  for (int64_t i0 = 0; i0 < n0; i0 += 16) {
-    const int64_t rows = std::min<int64_t>(16, n0 - i0);
-    const __mmask16 row_mask = vm::first_lanes16(rows);
-    for (int64_t j0 = 0; j0 < n1; j0 += 16) {
-      const int64_t cols = std::min<int64_t>(16, n1 - j0);
-      const __mmask16 col_mask = vm::first_lanes16(cols);
-      __m512i r[16];
-      for (int64_t i = 0; i < 16; ++i)
-        r[i] = i < rows ? _mm512_maskz_loadu_epi32(col_mask, src + (i0 + i) * si + j0) : _mm512_setzero_si512();
-      detail::transpose16(r);
-      for (int64_t j = 0; j < cols; ++j) _mm512_mask_storeu_epi32(dst + (j0 + j) * dj + i0, row_mask, r[j]);
-    }
-  }
+  for (int64_t i0 = 0; i0 < n0; i0 += 16)
+    for (int64_t j0 = 0; j0 < n1; j0 += 16)
+      detail::transpose16_block(dst + j0 * dj + i0, dj, src + i0 * si + j0, si, std::min<int64_t>(16, n0 - i0),
+                                std::min<int64_t>(16, n1 - j0));
 }
 
 void block_transpose_copy(const LoopSpec& s) {

@@ -1,10 +1,13 @@
 // A 16 x 16 transpose of 32-bit words in AVX-512 registers, for the kernels
 // that move a block between row-major and column-major order: the small
 // products' packing of a transposed operand (small_gemm.cpp) and the copy of
-// a channels-last tensor into NCHW order or back (copy.cpp).
+// a channels-last tensor into NCHW order or back (copy.cpp), and the
+// transposing copy of a product's operand (transpose_copy.cpp).
 #pragma once
 
 #include <immintrin.h>
+
+#include <cstdint>
 
 namespace kiln::kernels::detail {
 
@@ -31,6 +34,28 @@ inline void transpose16(__m512i r[16]) {
     r[4 + c] = _mm512_shuffle_i32x4(x01, y01, 0xDD);
     r[8 + c] = _mm512_shuffle_i32x4(x23, y23, 0x88);
     r[12 + c] = _mm512_shuffle_i32x4(x23, y23, 0xDD);
+  }
+}
+
+/// One block of up to 16 x 16 words: dst word (j, i) at dst[j * dj + i] from
+/// src word (i, j) at src[i * si + j], for i < rows, j < cols. A whole block
+/// loads and stores without masks (Note [Whole vectors unmasked] in
+/// elementwise_math.h); a partial one masks its short rows and columns.
+inline void transpose16_block(uint32_t* dst, int64_t dj, const uint32_t* src, int64_t si, int64_t rows, int64_t cols) {
+  const __mmask16 row_mask = rows >= 16 ? __mmask16(0xffff) : __mmask16((1u << rows) - 1);
+  const __mmask16 col_mask = cols >= 16 ? __mmask16(0xffff) : __mmask16((1u << cols) - 1);
+  __m512i r[16];
+  for (int64_t i = 0; i < 16; ++i)
+    r[i] = i >= rows    ? _mm512_setzero_si512()
+           : cols >= 16 ? _mm512_loadu_si512(src + i * si)
+                        : _mm512_maskz_loadu_epi32(col_mask, src + i * si);
+  transpose16(r);
+  for (int64_t j = 0; j < cols && j < 16; ++j) {
+    if (rows >= 16) {
+      _mm512_storeu_si512(dst + j * dj, r[j]);
+    } else {
+      _mm512_mask_storeu_epi32(dst + j * dj, row_mask, r[j]);
+    }
   }
 }
 

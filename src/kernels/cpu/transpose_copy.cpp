@@ -1,10 +1,10 @@
 // transpose_copy (transpose_copy.h): 16 x 16 blocks of 32-bit words turned
-// in registers (transpose16.h); 2-byte elements are widened to words for the
-// turn and narrowed back, which moves their bits unchanged.
+// in registers (transpose16.h, as the channels-last copies in copy.cpp do);
+// 2-byte elements are widened to words for the turn and narrowed back, which
+// moves their bits unchanged.
 #include "transpose_copy.h"
 
 #include <algorithm>
-#include <cstring>
 
 #include "kiln/core/error.h"
 #include "kiln/core/parallel.h"
@@ -26,14 +26,6 @@ void turn_scalar(const T* src, int64_t ld, int64_t rows, T* dst, int64_t c0, int
 }
 
 #if defined(__AVX512F__)
-// A 16 x 16 block: src rows r..r+15, columns c..c+15 -> dst rows c..c+15, columns r..r+15.
-inline void turn16_words(const uint32_t* src, int64_t ld, uint32_t* dst, int64_t rows, int64_t r, int64_t c) {
-  __m512i v[16];
-  for (int i = 0; i < 16; ++i) v[i] = _mm512_loadu_si512(src + (r + i) * ld + c);
-  transpose16(v);
-  for (int i = 0; i < 16; ++i) _mm512_storeu_si512(dst + (c + i) * rows + r, v[i]);
-}
-
 // 32 x 16 of 2-byte elements: src rows r..r+31, columns c..c+15 -> dst rows
 // c..c+15, columns r..r+31, so each dst row gets a whole 64-byte line.
 inline void turn32x16_halves(const uint16_t* src, int64_t ld, uint16_t* dst, int64_t rows, int64_t r, int64_t c) {
@@ -52,27 +44,33 @@ inline void turn32x16_halves(const uint16_t* src, int64_t ld, uint16_t* dst, int
 }
 #endif
 
-// dst rows [c0, c1): whole 16 x 16 blocks in registers, the edges one by one.
+// dst rows [c0, c1): 4-byte elements in blocks of up to 16 x 16 (transpose16.h,
+// each 64 bytes of a dst row at once); 2-byte ones in whole 32 x 16 blocks, the
+// edges one by one.
 template <typename T>
-void turn_rows(const T* src, int64_t ld, int64_t rows, int64_t cols, T* dst, int64_t c0, int64_t c1) {
-  int64_t c = c0;
+void turn_rows(const T* src, int64_t ld, int64_t rows, T* dst, int64_t c0, int64_t c1) {
 #if defined(__AVX512F__)
-  // Rows of src per block: 64 bytes of each dst row.
-  constexpr int64_t kRows = 64 / sizeof(T);
-  const int64_t whole = rows / kRows * kRows;
-  for (; c + 16 <= c1; c += 16) {
-    for (int64_t r = 0; r < whole; r += kRows) {
-      if constexpr (sizeof(T) == 4) {
-        turn16_words(reinterpret_cast<const uint32_t*>(src), ld, reinterpret_cast<uint32_t*>(dst), rows, r, c);
-      } else {
+  if constexpr (sizeof(T) == 4) {
+    const auto* s = reinterpret_cast<const uint32_t*>(src);
+    auto* d = reinterpret_cast<uint32_t*>(dst);
+    for (int64_t c = c0; c < c1; c += 16)
+      for (int64_t r = 0; r < rows; r += 16)
+        transpose16_block(d + c * rows + r, rows, s + r * ld + c, ld, std::min<int64_t>(16, rows - r),
+                          std::min<int64_t>(16, c1 - c));
+    return;
+  } else {
+    const int64_t whole = rows / 32 * 32;
+    int64_t c = c0;
+    for (; c + 16 <= c1; c += 16) {
+      for (int64_t r = 0; r < whole; r += 32)
         turn32x16_halves(reinterpret_cast<const uint16_t*>(src), ld, reinterpret_cast<uint16_t*>(dst), rows, r, c);
-      }
+      turn_scalar(src, ld, rows, dst, c, c + 16, whole);
     }
-    turn_scalar(src, ld, rows, dst, c, c + 16, whole);
+    turn_scalar(src, ld, rows, dst, c, c1, 0);
+    return;
   }
 #endif
-  (void)cols;
-  turn_scalar(src, ld, rows, dst, c, c1, 0);
+  turn_scalar(src, ld, rows, dst, c0, c1, 0);
 }
 
 template <typename T>
@@ -83,7 +81,7 @@ void transpose_as(const void* src, int64_t ld, int64_t rows, int64_t cols, void*
   // thread's share of src lines (64 bytes = 16 or 32 columns) its own.
   const int64_t units = (cols + 15) / 16;
   parallel_for(units, std::max<int64_t>(1, (int64_t{1} << 14) / std::max<int64_t>(1, 16 * rows)),
-               [&](int64_t lo, int64_t hi) { turn_rows(s, ld, rows, cols, d, lo * 16, std::min(cols, hi * 16)); });
+               [&](int64_t lo, int64_t hi) { turn_rows(s, ld, rows, d, lo * 16, std::min(cols, hi * 16)); });
 }
 
 }  // namespace
