@@ -12,6 +12,14 @@
 // epilogue, an addend) agree with a float64 sum, and with the same product
 // on one thread, which does not pack.
 //
+// Shares of a product on one thread each (Note [Shares of a product on one
+// thread each]): row-split products (plain and strided a, a c wider than its
+// rows, bias, GELU, addend, a row count that is no multiple of 16) and
+// depth-split bf16 weight gradients (a depth that is no multiple of 32, a
+// strided a) agree with a float64 sum; the row split gives what one thread
+// gives, bit for bit (each row of c is summed by the same kernel), and the
+// depth split gives the same bits on every call.
+//
 // Tolerances: float32, k fused multiply-adds each rounding once, so
 // |got - ref| <= (k + 1) 2^-23 sum_p |a_ip||b_pj|; bf16, products exact in
 // float32 and summed in float32, then rounded once: one bf16 ulp of |ref|
@@ -169,6 +177,92 @@ TEST(PackedBFirst, WideProductsOnTwoThreadsAgreeWithFloat64AndOneThread) {
       const double apart = ((two.to(kFloat64) - one.to(kFloat64)).abs() / slack).max().item<double>();
       EXPECT_LE(apart, 1.0) << what << ": two threads against one";
     }
+  }
+}
+
+// c = a b through kernels::matmul, a [m, k] (row stride lda), b [k, n] as
+// given, c [m, n] in a buffer with row stride ldc (the columns past n stay
+// as they were).
+Tensor run_product(const Tensor& a, int64_t m, int64_t k, const Tensor& b, int64_t n, int64_t ldc, int threads,
+                   const void* bias = nullptr, const void* addend = nullptr,
+                   kernels::MatmulEpilogue epilogue = kernels::MatmulEpilogue::None) {
+  const ThreadCount tc(threads);
+  Tensor c = full({m, ldc}, 7.0, a.dtype());
+  kernels::MatmulArgs args;
+  args.dtype = a.dtype();
+  args.m = m;
+  args.n = n;
+  args.k = k;
+  args.a = {a.data_ptr(), {0, a.stride(0), a.stride(1)}, 0};
+  args.b = {b.data_ptr(), {0, b.stride(0), b.stride(1)}, 0};
+  args.c = c.data_ptr();
+  args.c_stride[1] = ldc;
+  args.bias = bias;
+  args.addend = addend;
+  args.epilogue = epilogue;
+  kernels::matmul(args);
+  return c;
+}
+
+bool same_bits(const Tensor& x, const Tensor& y) {
+  return x.sizes() == y.sizes() && x.dtype() == y.dtype() &&
+         std::memcmp(x.contiguous().data_ptr(), y.contiguous().data_ptr(),
+                     static_cast<size_t>(x.numel() * element_size(x.dtype()))) == 0;
+}
+
+TEST(SharesOnEachThread, RowSplitProductsMatchFloat64AndOneThreadBitForBit) {
+  // 1037 rows (two shares of at least 512, not a multiple of 16), n = 200 < 768.
+  const int64_t m = 1037, n = 200, k = 136, ldc = 232;
+  Generator g(13);
+  for (DType dt : {kFloat32, kBFloat16}) {
+    const bool bf16 = dt == kBFloat16;
+    const Tensor wide = randn({m, k + 24}, kFloat32, &g).to(dt);
+    const Tensor w = randn({n, k}, kFloat32, &g).to(dt);
+    const Tensor bias = randn({n}, kFloat32, &g).to(dt);
+    const Tensor addend = randn({m, n}, kFloat32, &g).to(dt);
+    for (int variant = 0; variant < 5; ++variant) {
+      // 0 a contiguous; 1 a strided (row stride k + 24); 2 with a bias; 3 bias and GELU; 4 bias and an addend.
+      const Tensor a = variant == 1 ? wide.narrow(1, 8, k) : wide.narrow(1, 0, k).contiguous();
+      const Tensor b = w.t();
+      const void* bp = variant >= 2 ? bias.data_ptr() : nullptr;
+      const void* ap = variant == 4 ? addend.data_ptr() : nullptr;
+      const auto ep = variant == 3 ? kernels::MatmulEpilogue::GeluTanh : kernels::MatmulEpilogue::None;
+      const Tensor two = run_product(a, m, k, b, n, ldc, 2, bp, ap, ep);
+      const Tensor one = run_product(a, m, k, b, n, ldc, 1, bp, ap, ep);
+      const std::string what = std::string(dtype_name(dt)) + ", variant " + std::to_string(variant);
+      EXPECT_TRUE(same_bits(two, one)) << what << ": two threads against one";
+      EXPECT_TRUE(same_bits(two.narrow(1, n, ldc - n), full({m, ldc - n}, 7.0, dt)))
+          << what << ": the columns of c past n were written";
+      if (variant <= 2) {
+        const Tensor a64 = a.to(kFloat64), b64 = b.to(kFloat64);
+        Tensor ref = mm(a64, b64);
+        if (variant == 2) ref = ref + bias.to(kFloat64);
+        const Tensor mag = mm(a64.abs(), b64.abs());
+        const Tensor bound =
+            (bf16 ? ref.abs() * std::ldexp(1.0, -8) : zeros_like(ref)) + mag * ((k + 1) * std::ldexp(1.0, -23));
+        const double worst = ((two.narrow(1, 0, n).to(kFloat64) - ref).abs() / bound).max().item<double>();
+        EXPECT_LE(worst, 1.0) << what;
+      }
+    }
+  }
+}
+
+TEST(SharesOnEachThread, DepthSplitBf16WeightGradientsMatchFloat64AndRepeatTheirBits) {
+  // dW = dYᵀ X over 2085 tokens (two shares of at least 1024, no multiple of
+  // 32), m n = 264 x 256 >= 65536; dY also as a view narrower than its rows.
+  const int64_t k = 2085, m = 264, n = 256, ldc = 280;
+  Generator g(14);
+  const Tensor dy_wide = randn({k, m + 16}, kFloat32, &g).to(kBFloat16);
+  const Tensor x = randn({k, n}, kFloat32, &g).to(kBFloat16);
+  for (const Tensor& dy : {dy_wide.narrow(1, 0, m).contiguous(), dy_wide.narrow(1, 16, m)}) {
+    const Tensor at = dy.t();  // [m, k], a transposed
+    const Tensor two = run_product(at, m, k, x, n, ldc, 2);
+    const Tensor again = run_product(at, m, k, x, n, ldc, 2);
+    EXPECT_TRUE(same_bits(two, again)) << "dY's row stride " << dy.stride(0);
+    EXPECT_TRUE(same_bits(two.narrow(1, n, ldc - n), full({m, ldc - n}, 7.0, kBFloat16)))
+        << "the columns of c past n were written";
+    EXPECT_LE(worst_against_float64(at, x, two.narrow(1, 0, n).contiguous(), true), 1.0)
+        << "dY's row stride " << dy.stride(0);
   }
 }
 

@@ -1,13 +1,17 @@
 // kernels::matmul: oneDNN's matmul primitive for float32/bfloat16 (strided
 // operands are passed as strided memory descriptors, so a transposed operand
 // such as linear's Wᵀ is read in place), BLAS or loops for the rest.
+#include <omp.h>
+
 #include <cstring>
 #include <thread>
 #include <type_traits>
+#include <vector>
 
 #include "dnnl_common.h"
 #include "gelu_rows.h"
 #include "kiln/core/capture.h"
+#include "kiln/core/parallel.h"
 #include "kiln/core/threads.h"
 #include "kiln/kernels/blas.h"
 #include "kiln/kernels/dnnl.h"
@@ -78,10 +82,11 @@ dnnl::memory::desc c_desc(const MatmulArgs& g) {
   return {{g.m, g.n}, t, dims{g.c_row_stride(), 1}};
 }
 
-Key matmul_key(const MatmulArgs& g, const OperandLayout& la, const OperandLayout& lb, bool packed) {
+Key matmul_key(const MatmulArgs& g, const OperandLayout& la, const OperandLayout& lb, bool packed,
+               bool float_c = false) {
   Key key(PrimKind::Matmul);
   key.add_all(g.dtype, g.outer, g.batch, g.m, g.n, g.k, g.bias != nullptr, max_threads(), static_cast<int>(g.epilogue),
-              packed, g.addend != nullptr);
+              packed, g.addend != nullptr, float_c);
   key.add_all(la.l.trans, la.l.ld, la.batch, la.batch_stride, lb.l.trans, lb.l.ld, lb.batch, lb.batch_stride);
   key.add_all(la.outer, la.outer_stride, lb.outer, lb.outer_stride);
   key.add_all(g.c_batch_stride(), g.c_row_stride(), g.c_outer());
@@ -174,15 +179,17 @@ dnnl::matmul::primitive_desc matmul_pd(const MatmulArgs& g, const dnnl::memory::
   return {dnnl::matmul::desc(a_md, b_md, bias_md, c_md), matmul_attr(g), engine()};
 }
 
-MatmulEntry* get_entry(const MatmulArgs& g, const OperandLayout& la, const OperandLayout& lb) {
-  const Key key = matmul_key(g, la, lb, false);
+// float_c: c is float32 whatever a and b are (a bfloat16 product's partial sums).
+MatmulEntry* get_entry(const MatmulArgs& g, const OperandLayout& la, const OperandLayout& lb, bool float_c = false) {
+  const Key key = matmul_key(g, la, lb, false, float_c);
   auto& c = cache();
   if (MatmulEntry* e = c.find(key)) return e;
 
   const auto t = to_dnnl(g.dtype);
   const dnnl::memory::desc a_md = matrix_md(t, g.m, g.k, la);
   const dnnl::memory::desc b_md = matrix_md(t, g.k, g.n, lb);
-  const dnnl::memory::desc c_md = c_desc(g);
+  const dnnl::memory::desc c_md =
+      float_c ? dnnl::memory::desc({g.m, g.n}, dnnl::memory::data_type::f32, dims{g.c_row_stride(), 1}) : c_desc(g);
   auto e = std::make_unique<MatmulEntry>();
   try {
     const dnnl::matmul::primitive_desc pd = matmul_pd(g, a_md, b_md, c_md);
@@ -239,13 +246,139 @@ bool pack_b_first(const MatmulArgs& g, const OperandLayout& la, const OperandLay
   return la.batch == 0 && la.outer == 0 && lb.batch == 0 && g.m >= 1024 && g.n >= 768 && get_num_threads() > 1;
 }
 
+// Note [Shares of a product on one thread each]
+// On two threads oneDNN 2.6 splits a product's work its own way, and in gpt's
+// step that way often reads rows the other core has just written: the
+// previous op (GELU, layer norm, the attention rows, the elementwise loops)
+// split its rows by halves, so its first half of the tokens is in this core's
+// cache and its second half in the other's. Two rules hand each thread a share
+// of its own instead, run as a one-thread product (each thread's own
+// primitive, made and cached under a budget of one thread, as SerialScope's
+// are in dnnl_common.h):
+// - split_rows: a plain first operand with many rows, on a narrow b that
+//   pack_b_first leaves alone (n < 768): thread t takes rows [m t/T, m (t+1)/T)
+//   of a and c, rounded to 16. A row of c is summed by the same kernel either
+//   way, so gpt's losses keep their bits (14 steps, both dtypes). Per gpt step
+//   at 2 threads (`--profile table` per shape, six interleaved runs): bf16
+//   c_proj forward products 7.46 -> 6.68 and 2.13 -> 1.80 ms, c_fc's input
+//   gradient 7.64 -> 6.94; float32 the forward products 13.25 -> 12.53 and
+//   3.78 -> 3.33 ms, the input gradients unchanged. A few hundred rows gained
+//   nothing (mlp and gpt_infer at 128 rows were slower), so each share has at
+//   least 512 rows.
+// - split_depth: a bf16 weight gradient dW = dYᵀ X (a transposed, the depth k
+//   the tokens) gives thread t the tokens [k t/T, k (t+1)/T), rounded to 32, and
+//   its own float32 partial dW; the partials are added in thread order and
+//   rounded to bf16 once, as oneDNN rounds its float32 sum once. gpt's bf16
+//   weight gradients at 2 threads per step: c_fc 9.26 -> 7.96 ms, c_attn
+//   7.53 -> 6.23, attention's c_proj 3.65 -> 2.80, MLP's c_proj 8.16 -> 8.13
+//   (against its turned copy, Note [Transposed first operands]), and the casts
+//   of these gradients to float32 0.5 ms less (the halves of dW lie where the
+//   cast's threads read them). In isolation (`BM_MlpProduct/7-8/2/1`, data
+//   in cache) 582-663 -> 646-701 GFLOP/s. float32 weight gradients gained
+//   nothing measurable, in the step or in isolation, and keep oneDNN's split.
+//   The partial sums change the result's last bits against the one-call
+//   product (gpt's bf16 loss after 14 steps at 2 threads 3.64430714 ->
+//   3.64610744); DESIGN.md's determinism is per thread count, and the split
+//   depends on nothing else.
+// Neither rule applies on one thread, inside a parallel region, or to batched
+// products.
+constexpr int64_t kMinShareRows = 512;
+constexpr int64_t kMinShareDepth = 1024;
+constexpr int64_t kMaxSplitOutput = int64_t{1} << 20;  // m n of a depth-split product, each thread's partial 4 MB
+
+bool split_rows(const MatmulArgs& g, const OperandLayout& la, const OperandLayout& lb) {
+  const int nt = get_num_threads();
+  return nt > 1 && !la.l.trans && la.batch == 0 && la.outer == 0 && lb.batch == 0 && g.n < 768 &&
+         g.m >= kMinShareRows * nt && !omp_in_parallel();
+}
+
+bool split_depth(const MatmulArgs& g, const OperandLayout& la, const OperandLayout& lb) {
+  const int nt = get_num_threads();
+  return nt > 1 && g.dtype == DType::BFloat16 && la.l.trans && la.batch == 0 && la.outer == 0 && lb.batch == 0 &&
+         !g.bias && !g.addend && g.epilogue == MatmulEpilogue::None && g.k >= kMinShareDepth * nt &&
+         g.m * g.n >= 65536 && g.m * g.n <= kMaxSplitOutput && !omp_in_parallel();
+}
+
+// The start of thread t's share of n items, a multiple of `align` (the last share ends at n).
+int64_t share_start(int64_t n, int64_t t, int nt, int64_t align) { return t >= nt ? n : (n * t / nt) / align * align; }
+
+// Runs h as a one-thread product on the calling thread (inside a parallel region).
+void run_one_thread(const MatmulArgs& h, bool float_c) {
+  const OperandLayout la = operand_layout(h.a, h, h.m, h.k);
+  const OperandLayout lb = operand_layout(h.b, h, h.k, h.n);
+  MatmulEntry* e = get_entry(h, la, lb, float_c);
+  run_matmul_prim(e->prim, h, e->src, e->wei, h.b.data, e->bias, e->addend, e->dst, e->scratch, e->scratch_bytes);
+}
+
+// Calls fn(t) once for each thread t, on that thread, with OpenMP's budget at
+// one thread, so that the products inside plan for one thread.
+template <typename Fn>
+void on_each_thread(int nt, Fn&& fn) {
+  parallel_for(nt, 1, [&](int64_t b, int64_t e) {
+    const int saved = omp_get_max_threads();
+    omp_set_num_threads(1);
+    try {
+      for (int64_t t = b; t < e; ++t) fn(t);
+    } catch (...) {
+      omp_set_num_threads(saved);
+      throw;
+    }
+    omp_set_num_threads(saved);
+  });
+}
+
+void split_rows_product(const MatmulArgs& g) {
+  const int nt = get_num_threads();
+  const int64_t es = element_size(g.dtype);
+  on_each_thread(nt, [&](int64_t t) {
+    const int64_t r0 = share_start(g.m, t, nt, 16), r1 = share_start(g.m, t + 1, nt, 16);
+    MatmulArgs h = g;
+    h.m = r1 - r0;
+    h.a.data = static_cast<const char*>(g.a.data) + r0 * g.a.stride[1] * es;
+    h.c = static_cast<char*>(g.c) + r0 * g.c_row_stride() * es;
+    if (g.addend) h.addend = static_cast<const char*>(g.addend) + r0 * g.n * es;
+    run_one_thread(h, false);
+  });
+}
+
+void split_depth_product(const MatmulArgs& g) {
+  const int nt = get_num_threads();
+  const int64_t es = element_size(g.dtype);
+  const int64_t mn = g.m * g.n;
+  ScratchBlock parts(static_cast<size_t>(nt * mn) * sizeof(float));
+  float* part0 = reinterpret_cast<float*>(parts.data());
+  on_each_thread(nt, [&](int64_t t) {
+    const int64_t k0 = share_start(g.k, t, nt, 32), k1 = share_start(g.k, t + 1, nt, 32);
+    MatmulArgs h = g;
+    h.k = k1 - k0;
+    h.a.data = static_cast<const char*>(g.a.data) + k0 * g.a.stride[2] * es;
+    h.b.data = static_cast<const char*>(g.b.data) + k0 * g.b.stride[1] * es;
+    h.c = part0 + t * mn;
+    h.c_stride[1] = g.n;
+    run_one_thread(h, true);
+  });
+  parallel_for(g.m, 16, [&](int64_t r0, int64_t r1) {
+    std::vector<float> row(static_cast<size_t>(g.n));
+    for (int64_t i = r0; i < r1; ++i) {
+      std::memcpy(row.data(), part0 + i * g.n, static_cast<size_t>(g.n) * sizeof(float));
+      for (int t = 1; t < nt; ++t) {
+        const float* p = part0 + t * mn + i * g.n;
+        for (int64_t j = 0; j < g.n; ++j) row[j] += p[j];
+      }
+      vm::float_to_bf16_row(static_cast<BFloat16*>(g.c) + i * g.c_row_stride(), row.data(), g.n);
+    }
+  });
+}
+
 void packed_product(const MatmulArgs& g);  // below, with the packed entries
 
 void dnnl_matmul(const MatmulArgs& g) {
   const SerialScope serial(g.outer * g.batch * g.m * g.n * g.k < kSerialMacs);
   const OperandLayout la = operand_layout(g.a, g, g.m, g.k);
   const OperandLayout lb = operand_layout(g.b, g, g.k, g.n);
+  if (split_depth(g, la, lb)) return split_depth_product(g);
   if (pack_b_first(g, la, lb)) return packed_product(g);
+  if (split_rows(g, la, lb)) return split_rows_product(g);
   if (copy_a_first(g, la)) {
     ScratchBlock rows(static_cast<size_t>(g.m * g.k * element_size(g.dtype)));
     detail::transpose_copy(g.dtype, g.a.data, la.l.ld, g.k, g.m, rows.data());
@@ -280,7 +413,8 @@ bool record_direct(const capture::KernelScope& cap, std::shared_ptr<Entry> e, Ru
 bool record_dnnl_matmul(const capture::KernelScope& cap, const MatmulArgs& g) {
   const OperandLayout la = operand_layout(g.a, g, g.m, g.k);
   const OperandLayout lb = operand_layout(g.b, g, g.k, g.n);
-  if (copy_a_first(g, la) || pack_b_first(g, la, lb)) return cap.record([g] { dnnl_matmul(g); });
+  if (split_depth(g, la, lb) || pack_b_first(g, la, lb) || split_rows(g, la, lb) || copy_a_first(g, la))
+    return cap.record([g] { dnnl_matmul(g); });
   get_entry(g, la, lb);
   const bool serial = g.outer * g.batch * g.m * g.n * g.k < kSerialMacs;
   return record_direct(
