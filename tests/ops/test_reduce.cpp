@@ -465,6 +465,7 @@ TEST(Reduce, BitwiseIdenticalOnOneAndTwoThreads) {
   const Tensor rows = randn({2, 3, 200000});
   const Tensor cols = randn({4096, 1024});
   const Tensor narrow = randn({200000, 3});
+  const Tensor blocks3 = randn({2048, 768}), blocks3_bf16 = blocks3.to(kBFloat16);  // 3 column blocks x 4 row pieces
   auto run = [&] {
     return std::vector<Tensor>{flat.sum(),
                                flat.mean(),
@@ -479,6 +480,8 @@ TEST(Reduce, BitwiseIdenticalOnOneAndTwoThreads) {
                                cols.log_softmax(0),
                                narrow.sum({0}),
                                narrow.t().sum({1}),
+                               blocks3.sum({0}),
+                               blocks3_bf16.sum({0}),
                                flat.argmax(),
                                std::get<1>(cols.max(0))};
   };

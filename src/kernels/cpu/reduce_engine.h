@@ -406,6 +406,19 @@ void run_rows(const ReduceLayout& l, const Op& op, const typename Op::acc_t* par
 
 // Columns: kept dim 0 is contiguous; each unit is a block of up to kColWidth
 // outputs that accumulates whole input rows.
+//
+// Note [Column sums by row stretches]
+// When few column blocks are split into row pieces, the (block, piece) work
+// items go to the threads piece by piece: a thread takes every block of its
+// first rows, not every row of its first blocks. The input of such a sum is
+// usually a gradient that the previous op wrote with its rows split the same
+// way (the elementwise loops give each thread a contiguous stretch), so each
+// thread now reads rows its own core wrote instead of half its data from the
+// other core's cache. The tree is unchanged (each piece lands in the same slot
+// and pieces combine by index), so the bits are too. gpt's bias gradients at 2
+// threads, per step (`--profile table`, four interleaved runs of each binary):
+// bf16 [2048, 1024] 0.75 -> 0.55 ms and [2048, 768] 0.48 -> 0.38; float32
+// 0.96 -> 0.88 and 0.65 -> 0.56.
 template <typename Op, typename Store>
 void run_cols(const ReduceLayout& l, const Op& op, const typename Op::acc_t* param, Store& store) {
   using T = typename Op::in_t;
@@ -443,12 +456,15 @@ void run_cols(const ReduceLayout& l, const Op& op, const typename Op::acc_t* par
   } else if (P == 1 || U >= 4 * nthreads) {
     parallel_for(U, std::max<int64_t>(1, kGrainSize / (R * kColWidth)), [&](int64_t b, int64_t e) { units(b, e); });
   } else {
-    // Few column blocks over many rows: every (block, row piece) pair is a work item.
+    // Few column blocks over many rows: every (block, row piece) pair is a work
+    // item, handed out row piece by row piece, so that each thread reads whole
+    // rows from its own stretch of the input (Note [Column sums by row stretches]).
     auto buf = std::make_unique<A[]>(static_cast<size_t>(U * P * kColWidth));
     parallel_for(U * P, 1, [&](int64_t b, int64_t e) {
       for (int64_t i = b; i < e; ++i) {
-        const Unit un = unit(i / P);
-        col_piece(op, un.base, i % P, R, un.w, row_off, param ? param + un.o0 : zeros, buf.get() + i * kColWidth);
+        const int64_t u = i % U, c = i / U;
+        const Unit un = unit(u);
+        col_piece(op, un.base, c, R, un.w, row_off, param ? param + un.o0 : zeros, buf.get() + (u * P + c) * kColWidth);
       }
     });
     A acc[kColWidth];
