@@ -16,9 +16,9 @@
 // thread each]): row-split products (plain and strided a, a c wider than its
 // rows, bias, GELU, addend, a row count that is no multiple of 16) and
 // depth-split bf16 weight gradients (a depth that is no multiple of 32, a
-// strided a) agree with a float64 sum; the row split gives what one thread
-// gives, bit for bit (each row of c is summed by the same kernel), and the
-// depth split gives the same bits on every call.
+// strided a) agree with a float64 sum, on two and three threads; the row
+// split gives what one thread gives, bit for bit (each row of c is summed by
+// the same kernel), and the depth split gives the same bits on every call.
 //
 // Tolerances: float32, k fused multiply-adds each rounding once, so
 // |got - ref| <= (k + 1) 2^-23 sum_p |a_ip||b_pj|; bf16, products exact in
@@ -211,8 +211,8 @@ bool same_bits(const Tensor& x, const Tensor& y) {
 }
 
 TEST(SharesOnEachThread, RowSplitProductsMatchFloat64AndOneThreadBitForBit) {
-  // 1037 rows (two shares of at least 512, not a multiple of 16), n = 200 < 768.
-  const int64_t m = 1037, n = 200, k = 136, ldc = 232;
+  // 1637 rows (two or three shares of at least 512, no multiple of 16), n = 200 < 768.
+  const int64_t m = 1637, n = 200, k = 136, ldc = 232;
   Generator g(13);
   for (DType dt : {kFloat32, kBFloat16}) {
     const bool bf16 = dt == kBFloat16;
@@ -228,9 +228,11 @@ TEST(SharesOnEachThread, RowSplitProductsMatchFloat64AndOneThreadBitForBit) {
       const void* ap = variant == 4 ? addend.data_ptr() : nullptr;
       const auto ep = variant == 3 ? kernels::MatmulEpilogue::GeluTanh : kernels::MatmulEpilogue::None;
       const Tensor two = run_product(a, m, k, b, n, ldc, 2, bp, ap, ep);
+      const Tensor three = run_product(a, m, k, b, n, ldc, 3, bp, ap, ep);
       const Tensor one = run_product(a, m, k, b, n, ldc, 1, bp, ap, ep);
       const std::string what = std::string(dtype_name(dt)) + ", variant " + std::to_string(variant);
       EXPECT_TRUE(same_bits(two, one)) << what << ": two threads against one";
+      EXPECT_TRUE(same_bits(three, one)) << what << ": three threads against one";
       EXPECT_TRUE(same_bits(two.narrow(1, n, ldc - n), full({m, ldc - n}, 7.0, dt)))
           << what << ": the columns of c past n were written";
       if (variant <= 2) {
@@ -248,21 +250,24 @@ TEST(SharesOnEachThread, RowSplitProductsMatchFloat64AndOneThreadBitForBit) {
 }
 
 TEST(SharesOnEachThread, DepthSplitBf16WeightGradientsMatchFloat64AndRepeatTheirBits) {
-  // dW = dYᵀ X over 2085 tokens (two shares of at least 1024, no multiple of
-  // 32), m n = 264 x 256 >= 65536; dY also as a view narrower than its rows.
-  const int64_t k = 2085, m = 264, n = 256, ldc = 280;
+  // dW = dYᵀ X over 3109 tokens (two or three shares of at least 1024, no
+  // multiple of 32), m n = 264 x 256 >= 65536; dY also as a view narrower
+  // than its rows.
+  const int64_t k = 3109, m = 264, n = 256, ldc = 280;
   Generator g(14);
   const Tensor dy_wide = randn({k, m + 16}, kFloat32, &g).to(kBFloat16);
   const Tensor x = randn({k, n}, kFloat32, &g).to(kBFloat16);
-  for (const Tensor& dy : {dy_wide.narrow(1, 0, m).contiguous(), dy_wide.narrow(1, 16, m)}) {
-    const Tensor at = dy.t();  // [m, k], a transposed
-    const Tensor two = run_product(at, m, k, x, n, ldc, 2);
-    const Tensor again = run_product(at, m, k, x, n, ldc, 2);
-    EXPECT_TRUE(same_bits(two, again)) << "dY's row stride " << dy.stride(0);
-    EXPECT_TRUE(same_bits(two.narrow(1, n, ldc - n), full({m, ldc - n}, 7.0, kBFloat16)))
-        << "the columns of c past n were written";
-    EXPECT_LE(worst_against_float64(at, x, two.narrow(1, 0, n).contiguous(), true), 1.0)
-        << "dY's row stride " << dy.stride(0);
+  for (int threads : {2, 3}) {
+    for (const Tensor& dy : {dy_wide.narrow(1, 0, m).contiguous(), dy_wide.narrow(1, 16, m)}) {
+      const std::string what = std::to_string(threads) + " threads, dY's row stride " + std::to_string(dy.stride(0));
+      const Tensor at = dy.t();  // [m, k], a transposed
+      const Tensor c = run_product(at, m, k, x, n, ldc, threads);
+      const Tensor again = run_product(at, m, k, x, n, ldc, threads);
+      EXPECT_TRUE(same_bits(c, again)) << what;
+      EXPECT_TRUE(same_bits(c.narrow(1, n, ldc - n), full({m, ldc - n}, 7.0, kBFloat16)))
+          << what << ": the columns of c past n were written";
+      EXPECT_LE(worst_against_float64(at, x, c.narrow(1, 0, n).contiguous(), true), 1.0) << what;
+    }
   }
 }
 
