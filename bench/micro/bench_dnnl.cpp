@@ -147,7 +147,9 @@ void BM_MaxPoolChannelsLast(benchmark::State& state) {
 // state: shape, threads, bf16 (0 float32, 1 bf16). c_proj's weight gradient
 // (256 x 1024 over 2048 tokens) gained least from a second thread: 1.48-1.71x
 // against 1.96x for c_fc's (2026-12-05), until it took a turned copy of its
-// first operand (Note [Transposed first operands], dnnl_matmul.cpp).
+// first operand (Note [Transposed first operands], dnnl_matmul.cpp). On two
+// threads shape 6 now runs as two one-thread row shares, and 7 and 8 in bf16
+// as two token shares (Note [Shares of a product on one thread each]).
 void BM_MlpProduct(benchmark::State& state) {
   const ThreadScope threads(static_cast<int>(state.range(1)));
   struct Shape {
