@@ -247,12 +247,13 @@ bool pack_b_first(const MatmulArgs& g, const OperandLayout& la, const OperandLay
 }
 
 // Note [Shares of a product on one thread each]
-// On two threads oneDNN 2.6 splits a product's work its own way, and in gpt's
-// step that way often reads rows the other core has just written: the
-// previous op (GELU, layer norm, the attention rows, the elementwise loops)
-// split its rows by halves, so its first half of the tokens is in this core's
-// cache and its second half in the other's. Two rules hand each thread a share
-// of its own instead, run as a one-thread product (each thread's own
+// In gpt's step on two threads the op before a product (GELU, layer norm, the
+// attention rows, the elementwise loops) splits its rows by halves, so the
+// first half of the tokens is in one core's cache and the second half in the
+// other's, while oneDNN 2.6 splits the product its own way. Handing each
+// thread a share of its own tokens made the products faster (the likely
+// cause, not confirmed: fewer reads from the other core's cache). Two rules
+// do that, each share run as a one-thread product (each thread's own
 // primitive, made and cached under a budget of one thread, as SerialScope's
 // are in dnnl_common.h):
 // - split_rows: a plain first operand with many rows, on a narrow b that
@@ -272,8 +273,7 @@ bool pack_b_first(const MatmulArgs& g, const OperandLayout& la, const OperandLay
 //   weight gradients at 2 threads per step: c_fc 9.26 -> 7.96 ms, c_attn
 //   7.53 -> 6.23, attention's c_proj 3.65 -> 2.80, MLP's c_proj 8.16 -> 8.13
 //   (against its turned copy, Note [Transposed first operands]), and the casts
-//   of these gradients to float32 0.5 ms less (the halves of dW lie where the
-//   cast's threads read them). In isolation (`BM_MlpProduct/7-8/2/1`, data
+//   of these gradients to float32 0.5 ms less. In isolation (`BM_MlpProduct/7-8/2/1`, data
 //   in cache) 582-663 -> 646-701 GFLOP/s. float32 weight gradients gained
 //   nothing measurable, in the step or in isolation, and keep oneDNN's split.
 //   The partial sums change the result's last bits against the one-call
