@@ -281,22 +281,26 @@ bool pack_b_first(const MatmulArgs& g, const OperandLayout& la, const OperandLay
 //   3.64610744); DESIGN.md's determinism is per thread count, and the split
 //   depends on nothing else.
 // Neither rule applies on one thread, inside a parallel region, or to batched
-// products.
+// products. Both were measured on two threads only. Up to four threads they
+// still apply (each thread re-blocks b for its share, at most four times);
+// more threads keep oneDNN's split: many threads each re-blocking b is
+// unmeasured here.
+constexpr int kMaxShareThreads = 4;
 constexpr int64_t kMinShareRows = 512;
 constexpr int64_t kMinShareDepth = 1024;
 constexpr int64_t kMaxSplitOutput = int64_t{1} << 20;  // m n of a depth-split product, each thread's partial 4 MB
 
 bool split_rows(const MatmulArgs& g, const OperandLayout& la, const OperandLayout& lb) {
   const int nt = get_num_threads();
-  return nt > 1 && !la.l.trans && la.batch == 0 && la.outer == 0 && lb.batch == 0 && g.n < 768 &&
-         g.m >= kMinShareRows * nt && !omp_in_parallel();
+  return nt > 1 && nt <= kMaxShareThreads && !la.l.trans && la.batch == 0 && la.outer == 0 && lb.batch == 0 &&
+         g.n < 768 && g.m >= kMinShareRows * nt && !omp_in_parallel();
 }
 
 bool split_depth(const MatmulArgs& g, const OperandLayout& la, const OperandLayout& lb) {
   const int nt = get_num_threads();
-  return nt > 1 && g.dtype == DType::BFloat16 && la.l.trans && la.batch == 0 && la.outer == 0 && lb.batch == 0 &&
-         !g.bias && !g.addend && g.epilogue == MatmulEpilogue::None && g.k >= kMinShareDepth * nt &&
-         g.m * g.n >= 65536 && g.m * g.n <= kMaxSplitOutput && !omp_in_parallel();
+  return nt > 1 && nt <= kMaxShareThreads && g.dtype == DType::BFloat16 && la.l.trans && la.batch == 0 &&
+         la.outer == 0 && lb.batch == 0 && !g.bias && !g.addend && g.epilogue == MatmulEpilogue::None &&
+         g.k >= kMinShareDepth * nt && g.m * g.n >= 65536 && g.m * g.n <= kMaxSplitOutput && !omp_in_parallel();
 }
 
 // The start of thread t's share of n items, a multiple of `align` (the last share ends at n).
