@@ -6,7 +6,6 @@
 #include <cstring>
 #include <thread>
 #include <type_traits>
-#include <vector>
 
 #include "dnnl_common.h"
 #include "gelu_rows.h"
@@ -256,8 +255,8 @@ bool pack_b_first(const MatmulArgs& g, const OperandLayout& la, const OperandLay
 // do that, each share run as a one-thread product (each thread's own
 // primitive, made and cached under a budget of one thread, as SerialScope's
 // are in dnnl_common.h):
-// - split_rows: a plain first operand with many rows, on a narrow b that
-//   pack_b_first leaves alone (n < 768): thread t takes rows [m t/T, m (t+1)/T)
+// - split_rows: a plain first operand with many rows, on a b that
+//   pack_b_first leaves alone (narrower than 768 columns): thread t takes rows [m t/T, m (t+1)/T)
 //   of a and c, rounded to 16. A row of c is summed by the same kernel either
 //   way, so gpt's losses keep their bits (14 steps, both dtypes). Per gpt step
 //   at 2 threads (`--profile table` per shape, six interleaved runs): bf16
@@ -293,7 +292,7 @@ constexpr int64_t kMaxSplitOutput = int64_t{1} << 20;  // m n of a depth-split p
 bool split_rows(const MatmulArgs& g, const OperandLayout& la, const OperandLayout& lb) {
   const int nt = get_num_threads();
   return nt > 1 && nt <= kMaxShareThreads && !la.l.trans && la.batch == 0 && la.outer == 0 && lb.batch == 0 &&
-         g.n < 768 && g.m >= kMinShareRows * nt && !omp_in_parallel();
+         !pack_b_first(g, la, lb) && g.m >= kMinShareRows * nt && !omp_in_parallel();
 }
 
 bool split_depth(const MatmulArgs& g, const OperandLayout& la, const OperandLayout& lb) {
@@ -314,20 +313,26 @@ void run_one_thread(const MatmulArgs& h, bool float_c) {
   run_matmul_prim(e->prim, h, e->src, e->wei, h.b.data, e->bias, e->addend, e->dst, e->scratch, e->scratch_bytes);
 }
 
+// OpenMP's budget for the calling thread at one thread while it lives (inside
+// a parallel region, where SerialScope does nothing).
+class OneThreadBudget {
+ public:
+  OneThreadBudget() : saved_(omp_get_max_threads()) { omp_set_num_threads(1); }
+  ~OneThreadBudget() { omp_set_num_threads(saved_); }
+  OneThreadBudget(const OneThreadBudget&) = delete;
+  OneThreadBudget& operator=(const OneThreadBudget&) = delete;
+
+ private:
+  int saved_;
+};
+
 // Calls fn(t) once for each thread t, on that thread, with OpenMP's budget at
 // one thread, so that the products inside plan for one thread.
 template <typename Fn>
 void on_each_thread(int nt, Fn&& fn) {
   parallel_for(nt, 1, [&](int64_t b, int64_t e) {
-    const int saved = omp_get_max_threads();
-    omp_set_num_threads(1);
-    try {
-      for (int64_t t = b; t < e; ++t) fn(t);
-    } catch (...) {
-      omp_set_num_threads(saved);
-      throw;
-    }
-    omp_set_num_threads(saved);
+    const OneThreadBudget one;
+    for (int64_t t = b; t < e; ++t) fn(t);
   });
 }
 
@@ -361,15 +366,15 @@ void split_depth_product(const MatmulArgs& g) {
     h.c_stride[1] = g.n;
     run_one_thread(h, true);
   });
+  // The later partials are added into the first, row by row, then rounded once.
   parallel_for(g.m, 16, [&](int64_t r0, int64_t r1) {
-    std::vector<float> row(static_cast<size_t>(g.n));
     for (int64_t i = r0; i < r1; ++i) {
-      std::memcpy(row.data(), part0 + i * g.n, static_cast<size_t>(g.n) * sizeof(float));
+      float* row = part0 + i * g.n;
       for (int t = 1; t < nt; ++t) {
         const float* p = part0 + t * mn + i * g.n;
         for (int64_t j = 0; j < g.n; ++j) row[j] += p[j];
       }
-      vm::float_to_bf16_row(static_cast<BFloat16*>(g.c) + i * g.c_row_stride(), row.data(), g.n);
+      vm::float_to_bf16_row(static_cast<BFloat16*>(g.c) + i * g.c_row_stride(), row, g.n);
     }
   });
 }
