@@ -10,7 +10,18 @@ twin with --amp bf16 (torch.autocast("cpu", dtype=torch.bfloat16), the
 
 Goals (the issue's): kiln bf16 at least 1.8x kiln float32 on gpt and 1.4x on
 resnet and cnn (speedup = float32 step / bf16 step), and kiln bf16 at most 0.6x
-PyTorch's bf16 step, same threads. Times are never judged; the first-step
+PyTorch's bf16 step, same threads.
+
+The ceiling: bf16 autocast speeds up the products (matmuls, convolutions,
+attention's products) and keeps the rest in float32, as PyTorch's does (layer
+norm, the residual adds, the loss, the optimizer). So the speedup cannot pass
+float32 step / (the float32 step's rest + the products' FLOPs at the bf16
+matmul peak), where the rest is the float32 step less its products' time
+(kiln_bench's product_ms_per_step: the profiler's rows that count FLOPs on the
+last warm-up steps) and the bf16 peak is the best of kiln_bench --workload
+peak --amp bf16, probed before each workload and after each of its rounds (a
+busy machine only lowers a probe). A goal above the ceiling cannot be met by
+faster bf16 kernels: it needs the float32 rest to shrink too. Times are never judged; the first-step
 losses of kiln bf16 and PyTorch bf16 must agree within 1e-2 relative (their
 autocast op lists differ, so bf16 rounding lands on different ops), else the
 two sides compute different models and the run fails.
@@ -26,15 +37,30 @@ VARIANTS = ["kiln_f32", "kiln_bf16", "torch_bf16"]
 LABEL = {"kiln_f32": "kiln float32", "kiln_bf16": "kiln bf16", "torch_bf16": "PyTorch bf16 autocast"}
 
 
+def probe_peaks(run_process, env_for, kiln_bin, threads, quick_steps, peaks):
+    """Appends kiln's matmul probes (best GFLOP/s) to peaks["bf16"] and peaks["float32"]."""
+    for dtype in ("bf16", "float32"):
+        cmd = [kiln_bin, "--workload", "peak", "--threads", str(threads), "--steps", "3" if quick_steps else "10",
+               "--amp", "bf16" if dtype == "bf16" else "off"]
+        if quick_steps:
+            cmd += ["--size", "512"]
+        recs, _ = run_process(cmd, env_for("kiln", "installed", threads))
+        peaks[dtype].append(recs[0]["gflops_best"])
+
+
 def measure(run_process, env_for, command, kiln_bin, threads, workloads, pairs, quick_steps, log):
-    """{threads: {workload: {variant: {"steps": [...], "round_medians": [...], "loss_first": x}}}}."""
+    """{threads: {workload: {variant: {"steps": [...], "round_medians": [...], "loss_first": x,
+    "product_ms": [...], "product_flops": x}, "peaks": {"bf16": [...], "float32": [...]}}}}."""
     out = {}
-    warmup = 1 if quick_steps else 10
+    warmup = 2 if quick_steps else 10  # quick: one warm-up step still counts the products (the ceiling's code runs)
     for t in threads:
         for w in [w for w in WORKLOADS if w in workloads]:
             steps = quick_steps or STEPS[w]
-            cells = out.setdefault(t, {}).setdefault(w, {v: {"steps": [], "round_medians": [], "loss_first": None}
+            cells = out.setdefault(t, {}).setdefault(w, {v: {"steps": [], "round_medians": [], "loss_first": None,
+                                                             "product_ms": [], "product_flops": 0.0}
                                                          for v in VARIANTS})
+            peaks = cells.setdefault("peaks", {"bf16": [], "float32": []})
+            probe_peaks(run_process, env_for, kiln_bin, t, quick_steps, peaks)
             for r in range(pairs):
                 for v in VARIANTS:
                     framework = "kiln" if v.startswith("kiln") else "torch"
@@ -47,6 +73,10 @@ def measure(run_process, env_for, command, kiln_bin, threads, workloads, pairs, 
                     c["round_medians"].append(rec["median_ms"])
                     if c["loss_first"] is None:
                         c["loss_first"] = rec["loss_first"]
+                    if rec.get("product_ms_per_step"):
+                        c["product_ms"].append(rec["product_ms_per_step"])
+                        c["product_flops"] = rec["product_flops_per_step"]
+                probe_peaks(run_process, env_for, kiln_bin, t, quick_steps, peaks)
                 log("[bf16] threads %d %-6s round %d/%d  %s" % (t, w, r + 1, pairs, "  ".join(
                     "%s %.2f ms" % (v, cells[v]["round_medians"][-1]) for v in VARIANTS)))
     return out
@@ -68,10 +98,32 @@ def rows(results):
             row["goal_vs_torch"] = GOAL_VS_TORCH
             a, b = row["kiln_bf16"]["loss_first"], row["torch_bf16"]["loss_first"]
             row["loss_rel_diff"] = abs(a - b) / max(abs(b), 1e-12)
+            row.update(ceiling(cells))
             if not row["loss_rel_diff"] <= LOSS_TOL:
                 problems.append("bf16 %s (threads %d): first-step loss kiln %.6g vs PyTorch %.6g" % (w, t, a, b))
             table.append(row)
     return table, problems
+
+
+def ceiling(cells):
+    """The ceiling's figures for one row (module docstring); {} without a product count or a probe."""
+    f32, bf16, peaks = cells["kiln_f32"], cells["kiln_bf16"], cells.get("peaks", {})
+    if not f32["product_ms"] or not bf16["product_ms"] or not f32["product_flops"] or not peaks.get("bf16"):
+        return {}
+    t32 = statistics.median(f32["steps"])
+    t16 = statistics.median(bf16["steps"])
+    p32 = statistics.median(f32["product_ms"])
+    p16 = statistics.median(bf16["product_ms"])
+    if p32 >= t32 or p16 >= t16:  # products timed on steps slower than the timed ones (a quick run's first)
+        return {}
+    flops = f32["product_flops"]
+    peak16, peak32 = max(peaks["bf16"]), max(peaks["float32"])
+    at_peak16 = flops / (peak16 * 1e6)  # ms
+    return {"bf16_peak_gflops": peak16, "f32_peak_gflops": peak32, "product_gflop_per_step": flops / 1e9,
+            "f32_product_ms": p32, "f32_rest_ms": t32 - p32, "bf16_product_ms": p16, "bf16_rest_ms": t16 - p16,
+            "f32_products_fraction_of_peak": flops / (p32 * 1e6) / peak32,
+            "bf16_products_fraction_of_peak": flops / (p16 * 1e6) / peak16,
+            "bf16_products_at_peak_ms": at_peak16, "ceiling_speedup": t32 / (t32 - p32 + at_peak16)}
 
 
 def markdown(table, fmt_time, quick):
@@ -95,4 +147,26 @@ def markdown(table, fmt_time, quick):
             fmt_time(r["torch_bf16"]["median_ms"]), r["speedup_bf16_vs_f32"], r["ratio_kiln_to_torch_bf16"],
             fmt_time(r["kiln_f32"]["min_ms"]), fmt_time(r["kiln_bf16"]["min_ms"]), fmt_time(r["torch_bf16"]["min_ms"]),
             r["loss_rel_diff"]))
+    ceil = [r for r in table if "ceiling_speedup" in r]
+    if ceil:
+        out += ["", "Ceiling: bf16 speeds up the products and autocast keeps the rest in float32, so speedup ≤ "
+                "float32 step / (float32 rest + the products' FLOPs at the bf16 matmul peak). products = the "
+                "profiler's rows that count FLOPs (matmuls, convolutions, attention's backward), median of the "
+                "last three warm-up steps of each run; rest = step median − products; % of peak = the products' "
+                "GFLOP/s over kiln's matmul probe of that dtype in this run (best of the probes before the "
+                "workload and after each round).", "",
+                "| workload | threads | product GFLOP / step | peak f32 / bf16 GFLOP/s | float32: products + rest | "
+                "bf16: products + rest | products % of peak f32 / bf16 | bf16 products at peak | ceiling | "
+                "speedup | goal |",
+                "|---|---|---|---|---|---|---|---|---|---|---|"]
+        for r in ceil:
+            goal = r["goal_speedup"]
+            out.append("| %s | %d | %.2f | %.0f / %.0f | %s + %s | %s + %s | %.0f%% / %.0f%% | %s | %.2f× | %.2f× | "
+                       "%s%s |" % (
+                           r["workload"], r["threads"], r["product_gflop_per_step"], r["f32_peak_gflops"],
+                           r["bf16_peak_gflops"], fmt_time(r["f32_product_ms"]), fmt_time(r["f32_rest_ms"]),
+                           fmt_time(r["bf16_product_ms"]), fmt_time(r["bf16_rest_ms"]),
+                           100 * r["f32_products_fraction_of_peak"], 100 * r["bf16_products_fraction_of_peak"],
+                           fmt_time(r["bf16_products_at_peak_ms"]), r["ceiling_speedup"], r["speedup_bf16_vs_f32"],
+                           "≥ %.1f×" % goal, " (above the ceiling)" if goal > r["ceiling_speedup"] else ""))
     return "\n".join(out) + "\n"

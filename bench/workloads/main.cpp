@@ -12,7 +12,8 @@
 //   kiln_bench --workload cnn --compile plain (compiled without graph rewrites: what they save)
 //
 // "peak" is the f32 matmul ceiling probe: kiln::mm of two size x size float32
-// matrices (oneDNN sgemm underneath), GFLOP/s of the best and the median call;
+// matrices (oneDNN sgemm underneath), GFLOP/s of the best and the median call
+// (with --amp bf16, of two bf16 matrices: the bf16 ceiling);
 // at 2+ threads it also times an empty parallel region and a cache line's
 // round trip between two threads ("fork_join_us", "core_round_trip_ns"), and a
 // workload counts its multi-threaded regions per timed step
@@ -29,6 +30,12 @@
 // eager step runs, as the profiler counts them on the last warm-up step (0 for
 // a compiled run, whose replays the profiler does not see, or with one warm-up
 // step): the float32 floor of workloads without an analytic count (cnn, resnet).
+// "product_ms_per_step": the time those products and convolutions took, the
+// self time of the profiler's rows that count FLOPs, median over the last
+// warm-up steps (up to three; 0 where product_flops_per_step is): with a
+// matmul peak it says how much of a step could go faster with faster
+// products, the bf16 rows' ceiling (bench/bf16_bench.py).
+// --workload peak --amp bf16 probes the bf16 matmul peak the same way.
 #include <sys/resource.h>
 
 #include <algorithm>
@@ -214,7 +221,9 @@ double core_round_trip_ns() {
 void run_peak(const Args& a) {
   kiln::Generator g(7);
   const int64_t n = a.size;
-  const kiln::Tensor x = kiln::randn({n, n}, kiln::kFloat32, &g), y = kiln::randn({n, n}, kiln::kFloat32, &g);
+  const kiln::DType dt = a.amp == "bf16" ? kiln::kBFloat16 : kiln::kFloat32;
+  const kiln::Tensor x = kiln::randn({n, n}, kiln::kFloat32, &g).to(dt),
+                     y = kiln::randn({n, n}, kiln::kFloat32, &g).to(dt);
   for (int i = 0; i < 2; ++i) kiln::mm(x, y);  // primitive creation, output blocks, first touch
   std::vector<double> gflops;
   for (int i = 0; i < a.steps; ++i) {
@@ -223,11 +232,12 @@ void run_peak(const Args& a) {
     gflops.push_back(2.0 * n * n * n / (ms_since(t0) * 1e6));
   }
   std::printf(
-      "{\"framework\": \"kiln\", \"workload\": \"peak\", \"threads\": %d, \"size\": %lld, "
+      "{\"framework\": \"kiln\", \"workload\": \"peak\", \"dtype\": \"%s\", \"threads\": %d, \"size\": %lld, "
       "\"gflops_best\": %s, \"gflops_median\": %s, \"fork_join_us\": %s, \"core_round_trip_ns\": %s, "
       "\"maxrss_kib\": %ld}\n",
-      kiln::get_num_threads(), static_cast<long long>(n), num(*std::max_element(gflops.begin(), gflops.end())).c_str(),
-      num(median(gflops)).c_str(), num(kiln::get_num_threads() > 1 ? fork_join_us() : 0.0).c_str(),
+      dt == kiln::kBFloat16 ? "bf16" : "float32", kiln::get_num_threads(), static_cast<long long>(n),
+      num(*std::max_element(gflops.begin(), gflops.end())).c_str(), num(median(gflops)).c_str(),
+      num(kiln::get_num_threads() > 1 ? fork_join_us() : 0.0).c_str(),
       num(kiln::get_num_threads() > 1 ? core_round_trip_ns() : std::numeric_limits<double>::quiet_NaN()).c_str(),
       maxrss_kib());
   std::fflush(stdout);
@@ -254,18 +264,24 @@ void run_workload(const std::string& name, const Args& a) {
   const auto tc = Clock::now();
   const double loss_first = step(true);
   const double first_ms = ms_since(tc);
-  for (int i = 1; i + 1 < a.warmup; ++i) step(false);
+  // The last warm-up steps (up to three) count the products' FLOPs and time.
+  const int counted = compiled ? 0 : std::min(3, a.warmup - 1);
+  for (int i = 1; i + counted < a.warmup; ++i) step(false);
   double product_flops = 0;
-  if (a.warmup > 1) {
-    if (compiled) {
-      step(false);
-    } else {
-      kiln::profiler::Profiler counter;
-      counter.start();
-      step(false);
-      counter.stop();
-      for (const auto& row : counter.key_averages()) product_flops += row.flops;
+  std::vector<double> product_ms;
+  for (int i = 0; i < counted; ++i) {
+    kiln::profiler::Profiler counter;
+    counter.start();
+    step(false);
+    counter.stop();
+    double flops = 0, ns = 0;
+    for (const auto& row : counter.key_averages()) {
+      if (row.flops <= 0) continue;
+      flops += row.flops;
+      ns += static_cast<double>(row.self_ns);
     }
+    product_flops = flops;
+    product_ms.push_back(ns / 1e6);
   }
   std::vector<double> ms;
   ms.reserve(static_cast<size_t>(a.steps));
@@ -311,12 +327,14 @@ void run_workload(const std::string& name, const Args& a) {
       "{\"framework\": \"kiln\", \"workload\": \"%s\", \"amp\": \"%s\", \"threads\": %d, \"warmup\": %d, \"steps\": "
       "%d, "
       "\"median_ms\": %s, \"loss_first\": %s, \"loss_last\": %s, \"params\": %lld, \"flops_per_step\": %s, "
-      "\"product_flops_per_step\": %s, \"parallel_regions_per_step\": %s, \"dnnl_threaded_calls_per_step\": %s, "
+      "\"product_flops_per_step\": %s, \"product_ms_per_step\": %s, \"parallel_regions_per_step\": %s, "
+      "\"dnnl_threaded_calls_per_step\": %s, "
       "\"maxrss_kib\": %ld, \"profile\": %s, \"profile_events\": %zu, %s\"step_ms\": "
       "[%s]}\n",
       name.c_str(), a.amp.c_str(), kiln::get_num_threads(), a.warmup, a.steps, num(median(ms)).c_str(),
       num(loss_first).c_str(), num(loss_last).c_str(), static_cast<long long>(w->num_parameters()),
-      num(w->flops_per_step()).c_str(), num(product_flops).c_str(), num(regions_per_step).c_str(),
+      num(w->flops_per_step()).c_str(), num(product_flops).c_str(),
+      num(product_ms.empty() ? 0.0 : median(product_ms)).c_str(), num(regions_per_step).c_str(),
       num(dnnl_per_step).c_str(), maxrss_kib(), a.profile ? "true" : "false", events, compile_info.c_str(),
       steps.str().c_str());
   std::fflush(stdout);
