@@ -125,9 +125,6 @@ inline C gelu_tanh_backward(C dy, C x) {
 // Float rows of the tanh form's backward (Note [GELU rows]): the driver calls
 // `row`, which gets the operands' steps, never the element operator.
 struct GeluTanhBackwardRows {
-  // A gradient, written once and read by the next backward product: a large
-  // bf16 one streams out (the float32 rows stream by themselves, gelu_rows.h).
-  static constexpr bool kStreamsOutput = true;
   static void row(float* out, const float* dy, const float* x, int64_t n, bool dy_step, bool x_step) {
     vm::gelu_tanh_backward_row(out, dy, x, n, dy_step, x_step);
   }

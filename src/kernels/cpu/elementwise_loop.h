@@ -361,28 +361,13 @@ void run_binary(const LoopSpec& s, F f, const BinaryConverters<compute_t<T>, com
     const bool a_step = st[1] != 0, b_step = st[2] != 0;
     if (!a_step) a[0] = cast<C>(*reinterpret_cast<const T*>(p[1]));
     if (!b_step) b[0] = cast<C>(*reinterpret_cast<const T*>(p[2]));
-    // An op that asks for it (F::kStreamsOutput) writes a large contiguous bf16
-    // output by streaming stores (Note [Streaming stores for fresh outputs]).
-    constexpr bool kMayStream = [] {
-      if constexpr (requires { F::kStreamsOutput; }) return F::kStreamsOutput && std::is_same_v<O, BFloat16>;
-      return false;
-    }();
-    const bool stream = kMayStream && st[0] == static_cast<int64_t>(sizeof(O)) &&
-                        n * static_cast<int64_t>(sizeof(O)) >= vm::kStreamBytes && p[0] != p[1] && p[0] != p[2];
     for (int64_t i0 = 0; i0 < n; i0 += kBlock) {
       const int64_t m = std::min(kBlock, n - i0);
       if (a_step) load_block<C, T>(a, p[1] + i0 * st[1], st[1], m);
       if (b_step) load_block<C, T>(b, p[2] + i0 * st[2], st[2], m);
       call_binary_row<kPadded>(out, a, b, m, a_step, b_step, f);
-      if constexpr (kMayStream) {
-        if (stream) {
-          vm::float_to_bf16_row_stream(reinterpret_cast<BFloat16*>(p[0] + i0 * st[0]), out, m);
-          continue;
-        }
-      }
       store_block<O, OC>(p[0] + i0 * st[0], st[0], out, m);
     }
-    if (stream) vm::stream_fence();
   });
 }
 

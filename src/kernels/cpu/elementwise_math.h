@@ -280,10 +280,15 @@ inline void float_to_bf16_row(BFloat16* dst, const float* src, int64_t n) {
 // that reads the gradient next did not slow down. The machine has quieter
 // spells in which the plain stores' backward ran at 2.1 ms, and streaming
 // was then 0.2-0.5 ms slower in two pairs of three; at 1 thread the
-// difference was within +-0.3 ms. bf16 GELU's gradient streams from the
-// binary driver's blocks (an op with F::kStreamsOutput, elementwise_loop.h):
-// gpt's bf16 step at 2 threads, `binary` 4.4-7.6 -> 3.9-5.3 ms per step
-// (four interleaved pairs), mixed within +-1.5 ms at 1 thread.
+// difference was within +-0.3 ms. bf16 GELU's gradient (4 MB in gpt) is not
+// streamed: streaming it made `binary` itself faster at 2 threads (4.4-7.6 ->
+// 3.9-5.3 ms per step), but the three ops that read it next (c_fc's input and
+// weight gradient products and its bias gradient's sum) slower, and all four
+// together took 0.4-0.9 ms more per bf16 step at 2 threads and about as much
+// at 1 (`--profile table`, six and four interleaved pairs, 2026-12-06). The
+// float32 gradient (8 MB) still streams: at 1 thread GELU's backward alone
+// was 0.4-1.0 ms faster streaming, and the products after it gave back at
+// most about as much (four pairs); at 2 threads the pairs were too noisy to say.
 //
 // Streaming stores bypass the cache, so they pay only for outputs too large
 // to stay there until read (a thread writing kStreamBytes or more) and whose
@@ -314,22 +319,6 @@ inline void stream_fence() {
 #if defined(__SSE2__)
   _mm_sfence();
 #endif
-}
-
-/// float_to_bf16_row's values, the 64-byte lines lying wholly inside dst
-/// written by non-temporal stores.
-inline void float_to_bf16_row_stream(BFloat16* dst, const float* src, int64_t n) {
-  int64_t i = 0;
-#if defined(__AVX512BF16__) && defined(__AVX512F__)
-  if (reinterpret_cast<uintptr_t>(dst) % 2 == 0) {
-    i = std::min<int64_t>(n, ((64 - reinterpret_cast<uintptr_t>(dst) % 64) % 64) / 2);
-    float_to_bf16_row(dst, src, i);
-    for (; i + 32 <= n; i += 32)
-      _mm512_stream_si512(reinterpret_cast<__m512i*>(dst + i),
-                          float_to_bf16x32_vec(_mm512_loadu_ps(src + i), _mm512_loadu_ps(src + i + 16)));
-  }
-#endif
-  float_to_bf16_row(dst + i, src + i, n - i);
 }
 
 // Integer arithmetic that wraps modulo 2^bits, as torch's does, without the
