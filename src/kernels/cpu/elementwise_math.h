@@ -284,11 +284,12 @@ inline void float_to_bf16_row(BFloat16* dst, const float* src, int64_t n) {
 // streamed: streaming it made `binary` itself faster at 2 threads (4.4-7.6 ->
 // 3.9-5.3 ms per step), but the three ops that read it next (c_fc's input and
 // weight gradient products and its bias gradient's sum) slower, and all four
-// together took 0.4-0.9 ms more per bf16 step at 2 threads and about as much
-// at 1 (`--profile table`, six and four interleaved pairs, 2026-12-06). The
-// float32 gradient (8 MB) still streams: at 1 thread GELU's backward alone
-// was 0.4-1.0 ms faster streaming, and the products after it gave back at
-// most about as much (four pairs); at 2 threads the pairs were too noisy to say.
+// together took 0.6-1.3 ms more per bf16 step at 2 threads and 1.2 ms more at
+// 1 (`--profile table`, medians of two sets of six interleaved pairs and of
+// four pairs, 2026-12-06). The float32 gradient (8 MB) still streams: at 1
+// thread GELU's backward alone was 0.4-1.0 ms faster streaming, and the
+// products after it gave back at most about as much (four pairs); at 2
+// threads the pairs were too noisy to say.
 //
 // Streaming stores bypass the cache, so they pay only for outputs too large
 // to stay there until read (a thread writing kStreamBytes or more) and whose
