@@ -21,10 +21,12 @@ matmul peak), where the rest is the float32 step less its products' time
 last warm-up steps) and the bf16 peak is the best of kiln_bench --workload
 peak --amp bf16, probed before each workload and after each of its rounds (a
 busy machine only lowers a probe). A goal above the ceiling cannot be met by
-faster bf16 kernels: it needs the float32 rest to shrink too. Times are never judged; the first-step
-losses of kiln bf16 and PyTorch bf16 must agree within 1e-2 relative (their
-autocast op lists differ, so bf16 rounding lands on different ops), else the
-two sides compute different models and the run fails.
+faster bf16 kernels: it needs the float32 rest to shrink too.
+
+Times are never judged; the first-step losses of kiln bf16 and PyTorch bf16
+must agree within 1e-2 relative (their autocast op lists differ, so bf16
+rounding lands on different ops), else the two sides compute different models
+and the run fails.
 """
 import statistics
 
