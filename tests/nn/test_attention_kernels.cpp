@@ -98,6 +98,45 @@ TEST(AttentionKernels, MatchFloat64ReferenceFloat32) { check_kernels(kFloat32, 2
 TEST(AttentionKernels, MatchFloat64ReferenceFloat64) { check_kernels(kFloat64, 1e-13); }
 TEST(AttentionKernels, MatchFloat64ReferenceBFloat16) { check_kernels(kBFloat16, 1e-2); }
 
+// bf16 rows run in registers, NV vectors per row and two rows at a time
+// (attention_softmax.cpp), with a shortcut in exp for lanes in [-86, 88]; each
+// must give the bits of the float32 kernels on the widened row, rounded once.
+// Spread scores (x 60) put some vectors' exp below the shortcut's range and
+// into the subnormals; the shapes pair rows of different lengths and rows of
+// two batches, and rows shorter than a vector.
+TEST(AttentionKernels, BFloat16RowsGiveTheRoundedFloat32Bits) {
+  manual_seed(23);
+  for (const double spread : {3.0, 60.0})
+    for (const Shape& sh : shapes()) {
+      SCOPED_TRACE(::testing::Message() << "cols " << sh.cols << " row0 " << sh.row0 << " spread " << spread);
+      const Tensor raw = (randn({sh.batch, sh.rows, sh.cols}, TensorOptions(kFloat64)) * spread).to(kBFloat16);
+      const Tensor dp0 = randn({sh.batch, sh.rows, sh.cols}).to(kBFloat16);
+      const Tensor D = randn({sh.batch, sh.rows}).to(kBFloat16);
+      auto block = [&](DType dt) {
+        return kernels::AttentionBlock{.dtype = dt, .batch = sh.batch, .rows = sh.rows, .cols = sh.cols,
+                                       .scale = 0.37, .causal = sh.causal, .row0 = sh.row0,
+                                       .row_batch_stride = sh.rows};
+      };
+      Tensor w16 = raw.clone(), l16 = zeros({sh.batch, sh.rows}, TensorOptions(kBFloat16));
+      Tensor w32 = raw.to(kFloat32), l32 = zeros({sh.batch, sh.rows});
+      kernels::attention_weights(block(kBFloat16), w16.data_ptr(), l16.data_ptr());
+      kernels::attention_weights(block(kFloat32), w32.data_ptr(), l32.data_ptr());
+      EXPECT_TRUE(w16.equal(w32.to(kBFloat16))) << "weights";
+      EXPECT_TRUE(l16.equal(l32.to(kBFloat16))) << "log-sum-exp";
+      // Recomputed from the bf16 log-sum-exp, and the score gradient from the bf16 weights.
+      const Tensor l = l16.to(kFloat32);
+      Tensor r16 = raw.clone(), r32 = raw.to(kFloat32);
+      kernels::attention_recompute_weights(block(kBFloat16), r16.data_ptr(), l16.data_ptr());
+      kernels::attention_recompute_weights(block(kFloat32), r32.data_ptr(), l.data_ptr());
+      EXPECT_TRUE(r16.equal(r32.to(kBFloat16))) << "recomputed weights";
+      const Tensor w = w16.to(kFloat32), d = D.to(kFloat32);
+      Tensor g16 = dp0.clone(), g32 = dp0.to(kFloat32);
+      kernels::attention_scores_grad(block(kBFloat16), g16.data_ptr(), w16.data_ptr(), D.data_ptr());
+      kernels::attention_scores_grad(block(kFloat32), g32.data_ptr(), w.data_ptr(), d.data_ptr());
+      EXPECT_TRUE(g16.equal(g32.to(kBFloat16))) << "score gradient";
+    }
+}
+
 TEST(AttentionKernels, ThreadCountDoesNotChangeBits) {
   manual_seed(22);
   const Tensor raw = randn({8, 64, 128});

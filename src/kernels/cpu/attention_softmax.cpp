@@ -11,6 +11,7 @@
 // call holds enough elements (kRowGrain) that a second thread pays for its
 // start (~1 µs). At the gpt_infer shape (4 heads × 64 rows × 128 keys per
 // block) a call is 32K elements: two threads.
+#include <array>
 #include <cmath>
 #include <cstring>
 #include <limits>
@@ -85,6 +86,18 @@ KILN_VEC_INLINE VecF exp_v(VecF x) {
   const VecF hi = splat(88.7228317f), lo = splat(-103.972084f);
   VecF fn;
   const VecF y = exp_reduced(x, fn);
+#if defined(__AVX512F__)
+  // With every lane in [-86, 88] (no NaN), 2^fn, its halves below and y 2^fn
+  // are normal floats: scaling by the halves is exact twice, so one exact
+  // scaling by 2^fn (VSCALEFPS) gives the same bits, and neither clamp nor
+  // special case applies. A softmax row's x = s - max lies there unless its
+  // weights underflow: this skips a third of the instructions.
+  const __m512 xv = reinterpret_cast<__m512>(x);
+  const __mmask16 in = _mm512_cmp_ps_mask(xv, _mm512_set1_ps(-86.0f), _CMP_GE_OQ) &
+                       _mm512_cmp_ps_mask(xv, _mm512_set1_ps(88.0f), _CMP_LE_OQ);
+  if (__builtin_expect(in == 0xffff, 1))
+    return reinterpret_cast<VecF>(_mm512_scalef_ps(reinterpret_cast<__m512>(y), reinterpret_cast<__m512>(fn)));
+#endif
   const VecI n = __builtin_convertvector(fn, VecI);
   const VecI n1 = n >> 1;
   const VecI n2 = n - n1;
@@ -186,88 +199,150 @@ void narrow(const float* f, int64_t n, T* y) {
 // second and third sweep through memory. The arithmetic is the float code's,
 // vector for vector and partial for partial (the max over the same visible
 // scores, exp_v, the sum in the same lanes and order, the same fold, the
-// same reciprocal), so the bits are those of the float copy path.
+// same reciprocal), so the bits are those of the float copy path; rows of
+// fewer than kW visible keys get the plain loops' bits (one partial per
+// lane, hidden lanes adding 0 to the same fold).
+//
+// Each kernel is instantiated for the NV = ceil(n / kW) vectors that hold a
+// row's visible keys, so its loops unroll and the vectors stay in registers.
+// One loop over kRegVectors with a test per vector kept them on the stack:
+// gpt's bf16 forward spent 43 % of its time in the row kernel and the plain
+// loops of the rows shorter than a vector (perf, BM_SdpaGptHeadsBf16/1/0,
+// 2026-12-06).
 constexpr int kRegVectors = 8;
 
-struct RegRow {
-  VecF v[kRegVectors];
-};
-
-// Elements [0, n) of a bf16 row as floats (lanes past n: 0).
-KILN_VEC_INLINE void load_row(const BFloat16* y, int64_t n, RegRow& r) {
-  for (int j = 0; j < kRegVectors; ++j) {
-    if (j * kW >= n) break;
-    const __m256i h = _mm256_maskz_loadu_epi16(vm::first_lanes16(n - j * kW), y + j * kW);
-    r.v[j] = reinterpret_cast<VecF>(vm::bf16x16_to_float(h));
-  }
+// The n visible keys of a bf16 row as NV vectors of floats (lanes past n: 0).
+template <int NV>
+KILN_VEC_INLINE void load_visible(const BFloat16* y, int64_t n, VecF* v) {
+#pragma GCC unroll 8
+  for (int j = 0; j < NV - 1; ++j)  // whole vectors unmasked (Note [Whole vectors unmasked])
+    v[j] =
+        reinterpret_cast<VecF>(vm::bf16x16_to_float(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(y + j * kW))));
+  const __m256i h = _mm256_maskz_loadu_epi16(vm::first_lanes16(n - (NV - 1) * kW), y + (NV - 1) * kW);
+  v[NV - 1] = reinterpret_cast<VecF>(vm::bf16x16_to_float(h));
 }
 
-// Stores lanes [0, n) rounded to bf16 and 0 for [n, cols).
-KILN_VEC_INLINE void store_row(BFloat16* y, int64_t n, int64_t cols, const RegRow& r) {
-  for (int j = 0; j < kRegVectors; ++j) {
-    if (j * kW >= cols) break;
-    const __m512 f = j * kW < n ? _mm512_maskz_mov_ps(vm::first_lanes16(n - j * kW), reinterpret_cast<__m512>(r.v[j]))
-                                : _mm512_setzero_ps();
-    _mm256_mask_storeu_epi16(y + j * kW, vm::first_lanes16(cols - j * kW), vm::float_to_bf16x16(f));
-  }
+// Stores lanes [0, n) of v rounded to bf16, and 0 for the hidden keys [n, cols).
+template <int NV>
+KILN_VEC_INLINE void store_visible(BFloat16* y, int64_t n, int64_t cols, const VecF* v) {
+#pragma GCC unroll 8
+  for (int j = 0; j < NV - 1; ++j)
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(y + j * kW), vm::float_to_bf16x16(reinterpret_cast<__m512>(v[j])));
+  const __m512 last = _mm512_maskz_mov_ps(vm::first_lanes16(n - (NV - 1) * kW), reinterpret_cast<__m512>(v[NV - 1]));
+  _mm256_mask_storeu_epi16(y + (NV - 1) * kW, vm::first_lanes16(cols - (NV - 1) * kW), vm::float_to_bf16x16(last));
+  for (int64_t c = NV * kW; c < cols; c += kW)
+    _mm256_mask_storeu_epi16(y + c, vm::first_lanes16(cols - c), _mm256_setzero_si256());
 }
 
-// softmax_row on a bf16 row of n >= kW visible keys out of cols <= 8 kW.
-std::pair<float, float> softmax_row_bf16(BFloat16* y, int64_t n, int64_t cols, float scale) {
-  RegRow r{};
-  load_row(y, n, r);
-  const int64_t full = n / kW, tail = n % kW;
-  VecF mx = r.v[0];
-  for (int j = 1; j < kRegVectors; ++j)
-    if (j < full) mx = r.v[j] > mx ? r.v[j] : mx;
-  if (tail) {  // the visible lanes of the last vector (softmax_row's overlapping load sees the same set)
-    const VecI keep = lanes_below(tail);
-    const VecF t = r.v[full];
-    mx = (keep & (t > mx)) ? t : mx;
+// softmax_row on R consecutive bf16 rows (row k at y + k cols) of n[k]
+// visible keys, NV = ceil(max n / kW): the max, m[k], and the sum, sum[k].
+// A row's work is one chain (max, exp, sum, reciprocal) whose latency
+// exceeds its arithmetic; two rows side by side overlap their chains. A row
+// with fewer vectors than NV gets wholly hidden ones: -inf in the max, 0
+// added to its sum, zeros stored, so its bits are its own kernel's.
+template <int R, int NV>
+void softmax_rows_bf16(BFloat16* y, const int64_t* n, int64_t cols, float scale, float* m, float* sum) {
+  VecF v[R][NV];
+  __mmask16 keep[R];
+  VecF mx[R];
+#pragma GCC unroll 2
+  for (int k = 0; k < R; ++k) {
+    load_visible<NV>(y + k * cols, n[k], v[k]);
+    const int64_t tail = n[k] - (NV - 1) * kW;
+    keep[k] = tail > 0 ? vm::first_lanes16(tail) : __mmask16(0);
+    // The last vector's hidden lanes out of the max; the max is exact in any order.
+    mx[k] = reinterpret_cast<VecF>(_mm512_mask_blend_ps(
+        keep[k], _mm512_set1_ps(-std::numeric_limits<float>::infinity()), reinterpret_cast<__m512>(v[k][NV - 1])));
   }
-  const float m = hmax(mx) * scale;
-  const VecF vs = splat(scale), vm_ = splat(m);
-  VecF acc = splat(0.0f);
-  for (int j = 0; j < kRegVectors; ++j) {
-    if (j < full) {
-      r.v[j] = exp_v(r.v[j] * vs - vm_);
-      acc += r.v[j];
+#pragma GCC unroll 8
+  for (int j = 0; j < NV - 1; ++j)
+#pragma GCC unroll 2
+    for (int k = 0; k < R; ++k) mx[k] = v[k][j] > mx[k] ? v[k][j] : mx[k];
+  const VecF vs = splat(scale);
+  VecF vm_[R], acc[R];
+#pragma GCC unroll 2
+  for (int k = 0; k < R; ++k) {
+    m[k] = hmax(mx[k]) * scale;  // scale > 0 keeps the order
+    vm_[k] = splat(m[k]);
+    acc[k] = splat(0.0f);
+  }
+#pragma GCC unroll 8
+  for (int j = 0; j < NV - 1; ++j)
+#pragma GCC unroll 2
+    for (int k = 0; k < R; ++k) {
+      v[k][j] = exp_v(v[k][j] * vs - vm_[k]);
+      acc[k] += v[k][j];
     }
+#pragma GCC unroll 2
+  for (int k = 0; k < R; ++k) {
+    v[k][NV - 1] = reinterpret_cast<VecF>(
+        _mm512_maskz_mov_ps(keep[k], reinterpret_cast<__m512>(exp_v(v[k][NV - 1] * vs - vm_[k]))));
+    acc[k] += v[k][NV - 1];
+    sum[k] = hsum(acc[k]);
+    const VecF vi = splat(1.0f / sum[k]);
+#pragma GCC unroll 8
+    for (int j = 0; j < NV; ++j) v[k][j] *= vi;
+    store_visible<NV>(y + k * cols, std::max<int64_t>(n[k], 0), cols, v[k]);
   }
-  if (tail) {
-    const VecI keep = lanes_below(tail);
-    const VecF e = keep ? exp_v(r.v[full] * vs - vm_) : splat(0.0f);
-    r.v[full] = e;
-    acc += e;
-  }
-  const float sum = hsum(acc), inv = 1.0f / sum;
-  const VecF vi = splat(inv);
-  for (int j = 0; j < kRegVectors; ++j)
-    if (j * kW < n) r.v[j] *= vi;  // lanes past n are dropped by the store
-  store_row(y, n, cols, r);
-  return {m, sum};
 }
 
 // recompute's row: exp(y · scale - l) on the n visible keys, 0 after.
+template <int NV>
 void recompute_row_bf16(BFloat16* y, int64_t n, int64_t cols, float scale, float l) {
-  RegRow r{};
-  load_row(y, n, r);
+  VecF v[NV];
+  load_visible<NV>(y, n, v);
   const VecF vs = splat(scale), vl = splat(l);
-  for (int j = 0; j < kRegVectors; ++j)
-    if (j * kW < n) r.v[j] = exp_v(r.v[j] * vs - vl);
-  store_row(y, n, cols, r);
+#pragma GCC unroll 8
+  for (int j = 0; j < NV; ++j) v[j] = exp_v(v[j] * vs - vl);
+  store_visible<NV>(y, n, cols, v);
 }
 
 // scores_grad's row: p (dp - d) scale on the n visible keys, 0 after.
+template <int NV>
 void scores_grad_row_bf16(BFloat16* g, const BFloat16* p, int64_t n, int64_t cols, float d, float scale) {
-  RegRow dp{}, pr{};
-  load_row(g, n, dp);
-  load_row(p, n, pr);
+  VecF dp[NV], pr[NV];
+  load_visible<NV>(g, n, dp);
+  load_visible<NV>(p, n, pr);
   const VecF vd = splat(d), vs = splat(scale);
-  for (int j = 0; j < kRegVectors; ++j)
-    if (j * kW < n) dp.v[j] = pr.v[j] * (dp.v[j] - vd) * vs;
-  store_row(g, n, cols, dp);
+#pragma GCC unroll 8
+  for (int j = 0; j < NV; ++j) dp[j] = pr[j] * (dp[j] - vd) * vs;
+  store_visible<NV>(g, n, cols, dp);
 }
+
+// Each kernel's instances by NV - 1.
+template <template <int> typename K>
+struct ByVectors {
+  template <int... I>
+  static constexpr auto table(std::integer_sequence<int, I...>) {
+    return std::array{&K<I + 1>::run...};
+  }
+  static constexpr auto kTable = table(std::make_integer_sequence<int, kRegVectors>{});
+};
+template <int NV>
+struct SoftmaxK {
+  static void run(BFloat16* y, const int64_t* n, int64_t cols, float scale, float* m, float* sum) {
+    softmax_rows_bf16<1, NV>(y, n, cols, scale, m, sum);
+  }
+};
+template <int NV>
+struct Softmax2K {
+  static void run(BFloat16* y, const int64_t* n, int64_t cols, float scale, float* m, float* sum) {
+    softmax_rows_bf16<2, NV>(y, n, cols, scale, m, sum);
+  }
+};
+template <int NV>
+struct RecomputeK {
+  static void run(BFloat16* y, int64_t n, int64_t cols, float scale, float l) {
+    recompute_row_bf16<NV>(y, n, cols, scale, l);
+  }
+};
+template <int NV>
+struct ScoresGradK {
+  static void run(BFloat16* g, const BFloat16* p, int64_t n, int64_t cols, float d, float scale) {
+    scores_grad_row_bf16<NV>(g, p, n, cols, d, scale);
+  }
+};
+int vectors_of(int64_t n) { return static_cast<int>((n + kW - 1) / kW); }
 
 template <typename T>
 constexpr bool kRegRows = std::is_same_v<T, BFloat16>;
@@ -279,23 +354,61 @@ constexpr bool kRegRows = false;
 // Keys row i of a block sees.
 int64_t visible(const AttentionBlock& a, int64_t i) { return a.causal ? std::min(a.cols, a.row0 + i + 1) : a.cols; }
 
-// body(b, i, row) over every row (b, i) of the call, split across threads.
-template <typename Body>
-void for_rows(const AttentionBlock& a, const Body& body) {
+// range(r0, r1) over the call's rows (row r is (b, i) = (r / rows, r % rows)), split across threads.
+template <typename Range>
+void for_row_ranges(const AttentionBlock& a, const Range& range) {
   const int64_t total = a.batch * a.rows;
-  auto range = [&](int64_t r0, int64_t r1) {
-    for (int64_t r = r0; r < r1; ++r) body(r / a.rows, r % a.rows, r);
-  };
   if (get_num_threads() == 1 || total * a.cols < 2 * kRowGrain) {
-    range(0, total);
+    range(int64_t{0}, total);
     return;
   }
   parallel_for(total, std::max<int64_t>(1, kRowGrain / std::max<int64_t>(a.cols, 1)), range);
 }
 
+// body(b, i, row) over every row (b, i) of the call, split across threads.
+template <typename Body>
+void for_rows(const AttentionBlock& a, const Body& body) {
+  for_row_ranges(a, [&](int64_t r0, int64_t r1) {
+    for (int64_t r = r0; r < r1; ++r) body(r / a.rows, r % a.rows, r);
+  });
+}
+
+#if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VL__)
+// weights() on bf16 rows of at most kRegVectors vectors: two rows at a time
+// where both take the same number of vectors (neighbours in a causal block
+// but at every kW-th row), else one.
+void weights_reg_rows(const AttentionBlock& a, BFloat16* s, BFloat16* lse) {
+  for_row_ranges(a, [&](int64_t r0, int64_t r1) {
+    const float scale = static_cast<float>(a.scale);
+    const int64_t cols = a.cols;
+    for (int64_t r = r0; r < r1;) {
+      int64_t n[2] = {visible(a, r % a.rows), 0};
+      const int nv = vectors_of(n[0]);
+      int rows = 1;
+      if (r + 1 < r1) {
+        n[1] = visible(a, (r + 1) % a.rows);
+        if (vectors_of(n[1]) == nv) rows = 2;
+      }
+      float m[2], sum[2];
+      (rows == 2 ? ByVectors<Softmax2K>::kTable : ByVectors<SoftmaxK>::kTable)[nv - 1](s + r * cols, n, cols, scale, m,
+                                                                                       sum);
+      if (lse)
+        for (int k = 0; k < rows; ++k)
+          lse[(r + k) / a.rows * a.row_batch_stride + (r + k) % a.rows] = BFloat16(m[k] + std::log(sum[k]));
+      r += rows;
+    }
+  });
+}
+#endif
+
 template <typename T>
 void weights(const AttentionBlock& a, T* s, T* lse) {
   using A = compute_t<T>;
+#if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VL__)
+  if constexpr (kRegRows<T>) {
+    if (a.cols <= kRegVectors * kW) return weights_reg_rows(a, s, lse);
+  }
+#endif
   // Everything the row loops read is a local of the row body: a store through
   // y could otherwise alias a captured value, which the loop would then reload
   // every element (and not vectorise).
@@ -312,13 +425,6 @@ void weights(const AttentionBlock& a, T* s, T* lse) {
       }
     }
 #if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VL__)
-    if constexpr (kRegRows<T>) {
-      if (n >= kW && cols <= kRegVectors * kW) {
-        std::tie(m, sum) = softmax_row_bf16(y, n, cols, scale);
-        if (lse) lse[b * a.row_batch_stride + i] = static_cast<T>(m + std::log(sum));
-        return;
-      }
-    }
 #endif
     if constexpr (kHalf<T>) {
       if (n >= kW) {
@@ -358,7 +464,7 @@ void recompute(const AttentionBlock& a, T* s, const T* lse) {
     const A l = static_cast<A>(lse[b * a.row_batch_stride + i]);
 #if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VL__)
     if constexpr (kRegRows<T>) {
-      if (n >= kW && cols <= kRegVectors * kW) return recompute_row_bf16(y, n, cols, scale, l);
+      if (cols <= kRegVectors * kW) return ByVectors<RecomputeK>::kTable[vectors_of(n) - 1](y, n, cols, scale, l);
     }
 #endif
     if constexpr (kHalf<T>) {
@@ -390,7 +496,7 @@ void scores_grad(const AttentionBlock& a, T* dp, const T* p, const T* D) {
     const A d = static_cast<A>(D[b * a.row_batch_stride + i]);
 #if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VL__)
     if constexpr (kRegRows<T>) {
-      if (n >= kW && cols <= kRegVectors * kW) return scores_grad_row_bf16(g, pr, n, cols, d, scale);
+      if (cols <= kRegVectors * kW) return ByVectors<ScoresGradK>::kTable[vectors_of(n) - 1](g, pr, n, cols, d, scale);
     }
 #endif
     if constexpr (kHalf<T>) {
