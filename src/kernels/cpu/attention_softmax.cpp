@@ -234,14 +234,32 @@ KILN_VEC_INLINE void store_visible(BFloat16* y, int64_t n, int64_t cols, const V
     _mm256_mask_storeu_epi16(y + c, vm::first_lanes16(cols - c), _mm256_setzero_si256());
 }
 
-// softmax_row on R consecutive bf16 rows (row k at y + k cols) of n[k]
+// The float32 forms of the two above.
+template <int NV>
+KILN_VEC_INLINE void load_visible(const float* y, int64_t n, VecF* v) {
+#pragma GCC unroll 8
+  for (int j = 0; j < NV - 1; ++j) v[j] = reinterpret_cast<VecF>(_mm512_loadu_ps(y + j * kW));
+  v[NV - 1] = reinterpret_cast<VecF>(_mm512_maskz_loadu_ps(vm::first_lanes16(n - (NV - 1) * kW), y + (NV - 1) * kW));
+}
+
+template <int NV>
+KILN_VEC_INLINE void store_visible(float* y, int64_t n, int64_t cols, const VecF* v) {
+#pragma GCC unroll 8
+  for (int j = 0; j < NV - 1; ++j) _mm512_storeu_ps(y + j * kW, reinterpret_cast<__m512>(v[j]));
+  const __m512 last = _mm512_maskz_mov_ps(vm::first_lanes16(n - (NV - 1) * kW), reinterpret_cast<__m512>(v[NV - 1]));
+  _mm512_mask_storeu_ps(y + (NV - 1) * kW, vm::first_lanes16(cols - (NV - 1) * kW), last);
+  for (int64_t c = NV * kW; c < cols; c += kW)
+    _mm512_mask_storeu_ps(y + c, vm::first_lanes16(cols - c), _mm512_setzero_ps());
+}
+
+// softmax_row on R consecutive rows (row k at y + k cols) of n[k]
 // visible keys, NV = ceil(max n / kW): the max, m[k], and the sum, sum[k].
 // A row's work is one chain (max, exp, sum, reciprocal) whose latency
 // exceeds its arithmetic; two rows side by side overlap their chains. A row
 // with fewer vectors than NV gets wholly hidden ones: -inf in the max, 0
 // added to its sum, zeros stored, so its bits are its own kernel's.
-template <int R, int NV>
-void softmax_rows_bf16(BFloat16* y, const int64_t* n, int64_t cols, float scale, float* m, float* sum) {
+template <typename T, int R, int NV>
+void softmax_rows(T* y, const int64_t* n, int64_t cols, float scale, float* m, float* sum) {
   VecF v[R][NV];
   __mmask16 keep[R];
   VecF mx[R];
@@ -318,17 +336,20 @@ struct ByVectors {
   }
   static constexpr auto kTable = table(std::make_integer_sequence<int, kRegVectors>{});
 };
-template <int NV>
-struct SoftmaxK {
-  static void run(BFloat16* y, const int64_t* n, int64_t cols, float scale, float* m, float* sum) {
-    softmax_rows_bf16<1, NV>(y, n, cols, scale, m, sum);
-  }
-};
-template <int NV>
-struct Softmax2K {
-  static void run(BFloat16* y, const int64_t* n, int64_t cols, float scale, float* m, float* sum) {
-    softmax_rows_bf16<2, NV>(y, n, cols, scale, m, sum);
-  }
+template <typename T>
+struct Softmax {
+  template <int NV>
+  struct K {
+    static void run(T* y, const int64_t* n, int64_t cols, float scale, float* m, float* sum) {
+      softmax_rows<T, 1, NV>(y, n, cols, scale, m, sum);
+    }
+  };
+  template <int NV>
+  struct K2 {
+    static void run(T* y, const int64_t* n, int64_t cols, float scale, float* m, float* sum) {
+      softmax_rows<T, 2, NV>(y, n, cols, scale, m, sum);
+    }
+  };
 };
 template <int NV>
 struct RecomputeK {
@@ -374,10 +395,11 @@ void for_rows(const AttentionBlock& a, const Body& body) {
 }
 
 #if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VL__)
-// weights() on bf16 rows of at most kRegVectors vectors: two rows at a time
-// where both take the same number of vectors (neighbours in a causal block
-// but at every kW-th row), else one.
-void weights_reg_rows(const AttentionBlock& a, BFloat16* s, BFloat16* lse) {
+// weights() on float32 or bf16 rows of at most kRegVectors vectors: two
+// rows at a time where both take the same number of vectors (neighbours in a
+// causal block but at every kW-th row), else one.
+template <typename T>
+void weights_reg_rows(const AttentionBlock& a, T* s, T* lse) {
   for_row_ranges(a, [&](int64_t r0, int64_t r1) {
     const float scale = static_cast<float>(a.scale);
     const int64_t cols = a.cols;
@@ -390,11 +412,11 @@ void weights_reg_rows(const AttentionBlock& a, BFloat16* s, BFloat16* lse) {
         if (vectors_of(n[1]) == nv) rows = 2;
       }
       float m[2], sum[2];
-      (rows == 2 ? ByVectors<Softmax2K>::kTable : ByVectors<SoftmaxK>::kTable)[nv - 1](s + r * cols, n, cols, scale, m,
-                                                                                       sum);
+      (rows == 2 ? ByVectors<Softmax<T>::template K2>::kTable : ByVectors<Softmax<T>::template K>::kTable)[nv - 1](
+          s + r * cols, n, cols, scale, m, sum);
       if (lse)
         for (int k = 0; k < rows; ++k)
-          lse[(r + k) / a.rows * a.row_batch_stride + (r + k) % a.rows] = BFloat16(m[k] + std::log(sum[k]));
+          lse[(r + k) / a.rows * a.row_batch_stride + (r + k) % a.rows] = static_cast<T>(m[k] + std::log(sum[k]));
       r += rows;
     }
   });
@@ -405,7 +427,7 @@ template <typename T>
 void weights(const AttentionBlock& a, T* s, T* lse) {
   using A = compute_t<T>;
 #if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VL__)
-  if constexpr (kRegRows<T>) {
+  if constexpr (kRegRows<T> || std::is_same_v<T, float>) {
     if (a.cols <= kRegVectors * kW) return weights_reg_rows(a, s, lse);
   }
 #endif
