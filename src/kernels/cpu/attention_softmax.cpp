@@ -194,14 +194,14 @@ void narrow(const float* f, int64_t n, T* y) {
 }
 
 #if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VL__)
-// bf16 rows of up to kRegVectors * kW keys (gpt's blocks: 64 and 128) are
-// held in registers from the load to the store: no float copy of the row, no
-// second and third sweep through memory. The arithmetic is the float code's,
-// vector for vector and partial for partial (the max over the same visible
-// scores, exp_v, the sum in the same lanes and order, the same fold, the
-// same reciprocal), so the bits are those of the float copy path; rows of
-// fewer than kW visible keys get the plain loops' bits (one partial per
-// lane, hidden lanes adding 0 to the same fold).
+// bf16 and float32 rows of up to kRegVectors * kW keys (gpt's blocks: 64
+// and 128) are held in registers from the load to the store: no float copy
+// of the row, no second and third sweep through memory. The arithmetic is
+// softmax_row's, vector for vector and partial for partial (the max over the
+// same visible scores, exp_v, the sum in the same lanes and order, the same
+// fold, the same reciprocal), so the bits are those of the float copy path;
+// rows of fewer than kW visible keys get the plain loops' bits (one partial
+// per lane, hidden lanes adding 0 to the same fold).
 //
 // Each kernel is instantiated for the NV = ceil(n / kW) vectors that hold a
 // row's visible keys, so its loops unroll and the vectors stay in registers.
