@@ -137,6 +137,43 @@ TEST(AttentionKernels, BFloat16RowsGiveTheRoundedFloat32Bits) {
     }
 }
 
+// Rows of up to 128 keys take the register kernels (and exp_v's one-step
+// scaling); wider rows take softmax_row, the float copies and the plain
+// loops with scalar exp_vec (rows shorter than a vector). A causal block
+// from row 0 shows each row the same visible keys at 130 columns as at 64,
+// so the two must give the same bits on every visible key, spread scores
+// included (exp's slow path and its subnormals).
+TEST(AttentionKernels, RegisterRowsGiveTheBitsOfTheWideRowPaths) {
+  manual_seed(24);
+  for (const DType dt : {kFloat32, kBFloat16})
+    for (const double spread : {3.0, 60.0}) {
+      SCOPED_TRACE(::testing::Message() << dtype_name(dt) << " spread " << spread);
+      const int64_t batch = 2, rows = 40;
+      const Tensor wide = (randn({batch, rows, 130}, TensorOptions(kFloat64)) * spread).to(dt);
+      const Tensor dp_wide = randn({batch, rows, 130}).to(dt);
+      const Tensor D = randn({batch, rows}).to(dt);
+      auto narrow64 = [](const Tensor& t) { return t.narrow(2, 0, 64).contiguous(); };
+      auto block = [&](int64_t cols) {
+        return kernels::AttentionBlock{.dtype = dt, .batch = batch, .rows = rows, .cols = cols, .scale = 0.37,
+                                       .causal = true, .row0 = 0, .row_batch_stride = rows};
+      };
+      Tensor w130 = wide.clone(), l130 = zeros({batch, rows}, TensorOptions(dt));
+      Tensor w64 = narrow64(wide), l64 = zeros({batch, rows}, TensorOptions(dt));
+      kernels::attention_weights(block(130), w130.data_ptr(), l130.data_ptr());
+      kernels::attention_weights(block(64), w64.data_ptr(), l64.data_ptr());
+      EXPECT_TRUE(narrow64(w130).equal(w64)) << "weights";
+      EXPECT_TRUE(l130.equal(l64)) << "log-sum-exp";
+      Tensor r130 = wide.clone(), r64 = narrow64(wide);
+      kernels::attention_recompute_weights(block(130), r130.data_ptr(), l64.data_ptr());
+      kernels::attention_recompute_weights(block(64), r64.data_ptr(), l64.data_ptr());
+      EXPECT_TRUE(narrow64(r130).equal(r64)) << "recomputed weights";
+      Tensor g130 = dp_wide.clone(), g64 = narrow64(dp_wide);
+      kernels::attention_scores_grad(block(130), g130.data_ptr(), w130.data_ptr(), D.data_ptr());
+      kernels::attention_scores_grad(block(64), g64.data_ptr(), w64.data_ptr(), D.data_ptr());
+      EXPECT_TRUE(narrow64(g130).equal(g64)) << "score gradient";
+    }
+}
+
 TEST(AttentionKernels, ThreadCountDoesNotChangeBits) {
   manual_seed(22);
   const Tensor raw = randn({8, 64, 128});

@@ -252,12 +252,11 @@ KILN_VEC_INLINE void store_visible(float* y, int64_t n, int64_t cols, const VecF
     _mm512_mask_storeu_ps(y + c, vm::first_lanes16(cols - c), _mm512_setzero_ps());
 }
 
-// softmax_row on R consecutive rows (row k at y + k cols) of n[k]
-// visible keys, NV = ceil(max n / kW): the max, m[k], and the sum, sum[k].
-// A row's work is one chain (max, exp, sum, reciprocal) whose latency
-// exceeds its arithmetic; two rows side by side overlap their chains. A row
-// with fewer vectors than NV gets wholly hidden ones: -inf in the max, 0
-// added to its sum, zeros stored, so its bits are its own kernel's.
+// softmax_row on R consecutive rows (row k at y + k cols) of n[k] visible
+// keys, each filling NV = ceil(n[k] / kW) vectors (the caller pairs only such
+// rows, so only a row's last vector is partial): the max, m[k], and the sum,
+// sum[k]. A row's work is one chain (max, exp, sum, reciprocal) whose latency
+// exceeds its arithmetic; two rows side by side overlap their chains.
 template <typename T, int R, int NV>
 void softmax_rows(T* y, const int64_t* n, int64_t cols, float scale, float* m, float* sum) {
   VecF v[R][NV];
@@ -266,8 +265,7 @@ void softmax_rows(T* y, const int64_t* n, int64_t cols, float scale, float* m, f
 #pragma GCC unroll 2
   for (int k = 0; k < R; ++k) {
     load_visible<NV>(y + k * cols, n[k], v[k]);
-    const int64_t tail = n[k] - (NV - 1) * kW;
-    keep[k] = tail > 0 ? vm::first_lanes16(tail) : __mmask16(0);
+    keep[k] = vm::first_lanes16(n[k] - (NV - 1) * kW);
     // The last vector's hidden lanes out of the max; the max is exact in any order.
     mx[k] = reinterpret_cast<VecF>(_mm512_mask_blend_ps(
         keep[k], _mm512_set1_ps(-std::numeric_limits<float>::infinity()), reinterpret_cast<__m512>(v[k][NV - 1])));
@@ -300,7 +298,7 @@ void softmax_rows(T* y, const int64_t* n, int64_t cols, float scale, float* m, f
     const VecF vi = splat(1.0f / sum[k]);
 #pragma GCC unroll 8
     for (int j = 0; j < NV; ++j) v[k][j] *= vi;
-    store_visible<NV>(y + k * cols, std::max<int64_t>(n[k], 0), cols, v[k]);
+    store_visible<NV>(y + k * cols, n[k], cols, v[k]);
   }
 }
 
@@ -446,8 +444,6 @@ void weights(const AttentionBlock& a, T* s, T* lse) {
         return;
       }
     }
-#if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VL__)
-#endif
     if constexpr (kHalf<T>) {
       if (n >= kW) {
         float* f = float_row(cols);
