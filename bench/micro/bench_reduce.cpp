@@ -74,6 +74,12 @@ void BM_SumDim0(benchmark::State& state) {
   run(state, x.nbytes(), [&] { return x.sum({0}); });
 }
 
+// gpt's bf16 bias gradients: [2048, cols] over the rows, cols = range(1).
+void BM_SumDim0Bf16(benchmark::State& state) {
+  const Tensor x = randn({2048, state.range(1)}).to(kBFloat16);
+  run(state, x.nbytes(), [&] { return x.sum({0}); });
+}
+
 void BM_SumDim1(benchmark::State& state) {
   const Tensor x = randn({4096, 1024});
   run(state, x.nbytes(), [&] { return x.sum({1}); });
@@ -114,6 +120,7 @@ BENCHMARK(BM_LogSoftmaxBackwardRows)->Arg(1)->Arg(2)->MinTime(0.3)->UseRealTime(
 BENCHMARK(BM_SoftmaxBackwardRowsComposite)->Arg(1)->Arg(2)->MinTime(0.3)->UseRealTime();
 BENCHMARK(BM_SoftmaxDim0)->Arg(1)->Arg(2)->MinTime(0.3)->UseRealTime();
 BENCHMARK(BM_SumDim0)->Arg(1)->Arg(2)->MinTime(0.3)->UseRealTime();
+BENCHMARK(BM_SumDim0Bf16)->ArgsProduct({{1, 2}, {256, 768, 1024}})->MinTime(0.3)->UseRealTime();
 BENCHMARK(BM_SumDim1)->Arg(1)->Arg(2)->MinTime(0.3)->UseRealTime();
 BENCHMARK(BM_ArgmaxRows)->Arg(1)->Arg(2)->MinTime(0.3)->UseRealTime();
 BENCHMARK(BM_VarRows)->Arg(1)->Arg(2)->MinTime(0.3)->UseRealTime();

@@ -9,6 +9,7 @@
 #include <limits>
 #include <vector>
 
+#include "kiln/kernels/reduce.h"
 #include "kiln/kiln.h"
 #include "kiln/ops/reduce.h"
 #include "support/test_util.h"
@@ -489,6 +490,62 @@ TEST(Reduce, BitwiseIdenticalOnOneAndTwoThreads) {
   const auto two = with_threads(2, run);
   ASSERT_EQ(one.size(), two.size());
   for (size_t i = 0; i < one.size(); ++i) EXPECT_TRUE(bitwise_equal(one[i], two[i])) << "result " << i;
+}
+
+// A column sum's value is fixed by Note [Deterministic reductions]: each
+// column is cut into pieces of kReduceColPiece rows and those into leaves of
+// 16 rows (the engine's kColLeaf); a leaf adds its rows in order from 0, in
+// float for 16-bit inputs; leaves, then pieces, combine pairwise, splitting at
+// the middle. This reference follows that order, so every kernel behind the
+// column path (Note [Column sums in registers]: 256 columns in registers,
+// then masked blocks of 64) must give its bits, for every width, row count
+// and row stride here.
+TEST(Reduce, ColumnSumsFollowTheDocumentedTree) {
+  constexpr int64_t kLeafRows = 16;
+  auto tree = [](auto&& self, const std::vector<float>& v, size_t a, size_t b) -> float {
+    if (b - a == 1) return v[a];
+    const size_t mid = a + (b - a) / 2;
+    return self(self, v, a, mid) + self(self, v, mid, b);
+  };
+  auto column = [&](const std::vector<float>& x, int64_t rows, int64_t ld, int64_t j) {
+    std::vector<float> pieces;
+    for (int64_t p0 = 0; p0 < rows; p0 += kernels::kReduceColPiece) {
+      const int64_t p1 = std::min(rows, p0 + kernels::kReduceColPiece);
+      std::vector<float> leaves;
+      for (int64_t l0 = p0; l0 < p1; l0 += kLeafRows) {
+        float acc = 0.0f;
+        for (int64_t r = l0; r < std::min(p1, l0 + kLeafRows); ++r) acc += x[static_cast<size_t>(r * ld + j)];
+        leaves.push_back(acc);
+      }
+      pieces.push_back(tree(tree, leaves, 0, leaves.size()));
+    }
+    return tree(tree, pieces, 0, pieces.size());
+  };
+  for (const DType dt : {kFloat32, kBFloat16, kFloat16}) {
+    for (const int64_t rows : {1, 15, 17, 100, 1100}) {
+      for (const int64_t width : {2, 15, 16, 17, 64, 65, 200, 256, 257, 300, 768, 1000}) {
+        for (const int64_t pad : {0, 5}) {  // pad: columns past the view, so rows are further apart than width
+          const Tensor wide = randn({rows, width + pad}).to(dt);
+          const Tensor x = wide.narrow(1, 0, width);
+          const std::vector<double> stored = to_doubles(wide);  // exact: every stored value is a float
+          const std::vector<float> xs(stored.begin(), stored.end());
+          std::vector<double> want(static_cast<size_t>(width));
+          for (int64_t j = 0; j < width; ++j) {
+            // Rounded to dt, as the op stores its float sum.
+            want[static_cast<size_t>(j)] =
+                to_doubles(full({1}, column(xs, rows, width + pad, j), kFloat32).to(dt))[0];
+          }
+          SCOPED_TRACE(std::string(dtype_name(dt)) + " rows " + std::to_string(rows) + " width " +
+                       std::to_string(width) + " pad " + std::to_string(pad));
+          const std::vector<double> got = to_doubles(x.sum({0}));
+          ASSERT_EQ(got.size(), want.size());
+          int64_t differ = 0;
+          for (size_t j = 0; j < want.size(); ++j) differ += got[j] != want[j];
+          EXPECT_EQ(differ, 0) << "columns whose sum is not the tree's";
+        }
+      }
+    }
+  }
 }
 
 TEST(Reduce, LongFloatSumIsAccurate) {

@@ -20,6 +20,7 @@
 #include <memory>
 #include <type_traits>
 
+#include "intrinsics.h"
 #include "kiln/core/dtype.h"
 #include "kiln/core/threads.h"
 #include "kiln/kernels/loop.h"
@@ -296,12 +297,81 @@ void vec_tree(int64_t a, int64_t b, int64_t w, const Leaf& leaf, const Comb& com
   for (int64_t j = 0; j < w; ++j) out[j] = comb(out[j], right[j]);
 }
 
+#if defined(__AVX512F__)
+// Note [Column sums in registers]
+// A column leaf sums each of its w <= kColWidth columns over kColLeaf rows in
+// row order, starting from 0. The generic leaf below walks 64 columns down
+// the rows, then the next 64 down the same rows: each row is visited four
+// times, 128 bytes at a time, and the loads wait on memory (gpt's bias
+// gradients, bf16 [2048, 1024] read from L3, ran at 33 GB/s on 1 thread).
+// For float sums of float, bf16 and float16 this leaf keeps up to 256 column
+// sums in 16 vector registers and reads each row once, front to back. Each
+// column's additions are the same, in the same order, so the bits are too.
+// Standalone, 2048 rows from cache on 1 thread (2026-12-06): 768 columns
+// 113 -> 57 us, 1024 columns 119 -> 68 us.
+
+/// 16 values of T at p (kMasked: the lanes of m; the others 0) widened to float: exact.
+template <bool kMasked, typename T>
+inline __m512 load_as_float16(const T* p, __mmask16 m) {
+  if constexpr (std::is_same_v<T, float>) {
+    return kMasked ? _mm512_maskz_loadu_ps(m, p) : _mm512_loadu_ps(p);
+  } else {
+    const __m256i h =
+        kMasked ? _mm256_maskz_loadu_epi16(m, p) : _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
+    if constexpr (std::is_same_v<T, BFloat16>)
+      return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
+    else
+      return _mm512_cvtph_ps(h);
+  }
+}
+
+/// Columns [0, 16 NV) of rows [r0, r1) (masked: the first w of them, w <= 16 NV), each summed from 0 in row order into
+/// acc.
+template <int NV, bool kMasked, typename T, typename RowOff>
+void sum_col_leaf_vectors(const char* base, int64_t r0, int64_t r1, int64_t w, const RowOff& row_off, float* acc) {
+  __mmask16 m[NV];
+  __m512 a[NV];
+  for (int v = 0; v < NV; ++v) {
+    const int64_t left = kMasked ? w - 16 * v : 16;
+    m[v] = left >= 16 ? __mmask16(0xffff) : left <= 0 ? __mmask16(0) : __mmask16((1u << left) - 1);
+    a[v] = _mm512_setzero_ps();
+  }
+  for (int64_t r = r0; r < r1; ++r) {
+    const T* x = reinterpret_cast<const T*>(base + row_off(r));
+    // One row pointer with constant offsets: otherwise GCC 12 strength-reduces
+    // each of the NV addresses on its own and spills them to vector registers.
+    asm("" : "+r"(x));
+#pragma GCC unroll 16
+    for (int v = 0; v < NV; ++v) a[v] = _mm512_add_ps(a[v], load_as_float16<kMasked>(x + 16 * v, m[v]));
+  }
+  for (int v = 0; v < NV; ++v) _mm512_mask_storeu_ps(acc + 16 * v, m[v], a[v]);
+}
+
+template <typename Op>
+inline constexpr bool kFloatSumLeaf = requires {
+  Op::kAddsPartials;
+}
+&&std::is_same_v<typename Op::acc_t, float> &&
+    (std::is_same_v<typename Op::in_t, float> || std::is_same_v<typename Op::in_t, BFloat16> ||
+     std::is_same_v<typename Op::in_t, Half>);
+#endif
+
 /// Reduces rows [r0, r1) of w contiguous columns into acc; row r starts at base + row_off(r).
 template <typename Op, typename RowOff>
 void col_leaf(const Op& op, const char* base, int64_t r0, int64_t r1, int64_t w, const RowOff& row_off,
               const typename Op::acc_t* param, typename Op::acc_t* acc) {
   using T = typename Op::in_t;
   using A = typename Op::acc_t;
+#if defined(__AVX512F__)
+  if constexpr (kFloatSumLeaf<Op>) {  // Note [Column sums in registers]
+    int64_t j = 0;
+    for (; w - j >= 256; j += 256)
+      sum_col_leaf_vectors<16, false, T>(base + j * static_cast<int64_t>(sizeof(T)), r0, r1, 256, row_off, acc + j);
+    for (; j < w; j += 64)
+      sum_col_leaf_vectors<4, true, T>(base + j * static_cast<int64_t>(sizeof(T)), r0, r1, w - j, row_off, acc + j);
+    return;
+  }
+#endif
   // Blocks of 256 bytes of outputs (four AVX-512 registers: four independent
   // add chains) in a fixed-size local array the compiler keeps in registers
   // across the rows.
