@@ -20,7 +20,7 @@
 #include <memory>
 #include <type_traits>
 
-#include "intrinsics.h"
+#include "elementwise_math.h"
 #include "kiln/core/dtype.h"
 #include "kiln/core/threads.h"
 #include "kiln/kernels/loop.h"
@@ -319,7 +319,7 @@ inline __m512 load_as_float16(const T* p, __mmask16 m) {
     const __m256i h =
         kMasked ? _mm256_maskz_loadu_epi16(m, p) : _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
     if constexpr (std::is_same_v<T, BFloat16>)
-      return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
+      return vm::bf16x16_to_float(h);
     else
       return _mm512_cvtph_ps(h);
   }
@@ -333,7 +333,7 @@ void sum_col_leaf_vectors(const char* base, int64_t r0, int64_t r1, int64_t w, c
   __m512 a[NV];
   for (int v = 0; v < NV; ++v) {
     const int64_t left = kMasked ? w - 16 * v : 16;
-    m[v] = left >= 16 ? __mmask16(0xffff) : left <= 0 ? __mmask16(0) : __mmask16((1u << left) - 1);
+    m[v] = left <= 0 ? __mmask16(0) : vm::first_lanes16(left);
     a[v] = _mm512_setzero_ps();
   }
   for (int64_t r = r0; r < r1; ++r) {
