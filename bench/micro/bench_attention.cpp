@@ -71,15 +71,15 @@ void run_sdpa_forward(benchmark::State& state, Attn attn) {
 void BM_SdpaFusedCausalForward(benchmark::State& s) { run_sdpa_forward(s, fused); }
 void BM_SdpaCompositeCausalForward(benchmark::State& s) { run_sdpa_forward(s, composite); }
 
-// bf16 forward and backward as gpt's step runs them: q, k, v the heads of one
+// Forward and backward as gpt's step runs them: q, k, v the heads of one
 // fused [B, T, 3C] projection (row stride 3C), the weights kept for backward.
 // Second argument: 0 forward alone, 1 forward + backward.
-void BM_SdpaGptHeadsBf16(benchmark::State& state) {
+void run_gpt_heads(benchmark::State& state, kiln::DType dt) {
   const int before = kiln::get_num_threads();
   kiln::set_num_threads(static_cast<int>(state.range(0)));
   const int64_t B = 16, H = 4, T = 128, E = 64, C = H * E;
-  const kiln::Tensor x = kiln::randn({B, T, 3 * C}).to(kiln::kBFloat16).requires_grad_();
-  const kiln::Tensor g = kiln::randn({B, H, T, E}).to(kiln::kBFloat16);
+  const kiln::Tensor x = kiln::randn({B, T, 3 * C}).to(dt).requires_grad_();
+  const kiln::Tensor g = kiln::randn({B, H, T, E}).to(dt);
   auto heads = [&](const kiln::Tensor& t) { return t.view({B, T, H, E}).transpose(1, 2); };
   for (auto _ : state) {
     auto parts = x.split(C, 2);
@@ -89,9 +89,13 @@ void BM_SdpaGptHeadsBf16(benchmark::State& state) {
   }
   kiln::set_num_threads(before);
 }
+void BM_SdpaGptHeadsBf16(benchmark::State& state) { run_gpt_heads(state, kiln::kBFloat16); }
+// The same in float32 (gpt's float32 step).
+void BM_SdpaGptHeadsF32(benchmark::State& state) { run_gpt_heads(state, kiln::kFloat32); }
 }  // namespace
 
 BENCHMARK(BM_SdpaGptHeadsBf16)->ArgsProduct({{1, 2}, {0, 1}})->UseRealTime()->Unit(benchmark::kMicrosecond);
+BENCHMARK(BM_SdpaGptHeadsF32)->ArgsProduct({{1, 2}, {0, 1}})->UseRealTime()->Unit(benchmark::kMicrosecond);
 
 BENCHMARK(BM_SdpaFusedCausalForward)->Arg(1)->UseRealTime()->Unit(benchmark::kMillisecond);
 BENCHMARK(BM_SdpaCompositeCausalForward)->Arg(1)->UseRealTime()->Unit(benchmark::kMillisecond);

@@ -580,13 +580,19 @@ struct CompiledFunction::Impl {
       e->kept = std::move(rec.kept);
       stats.pool_bytes = e->pool->reserved_bytes();
       stats.fused_loops = stats.fused_kernels = stats.unwritten_bytes = 0;
-      stats.rewrites = stats.rewrite_unwritten_bytes = 0;
+      stats.rewrites = stats.rewrite_unwritten_bytes = stats.pool_weight_grad_rewrites = 0;
       if (opts.rewrite && watches_complete) {
+        const size_t recorded = e->ops.size();
         const compile_detail::RewriteReport rr =
             compile_detail::rewrite_relu_pooling(e->ops, rec.watches, freed_at_end);
         stats.rewrites = rr.relu_pools;
         stats.rewrite_unwritten_bytes = rr.unwritten_bytes;
         for (const std::string& line : rr.lines) log(line);
+        const compile_detail::RewriteReport pw = compile_detail::rewrite_pool_weight_grads(
+            e->ops, compile_detail::remap_watches(rec.watches, rr.map, recorded), freed_at_end);
+        stats.pool_weight_grad_rewrites = pw.pool_weight_grads;
+        stats.rewrite_unwritten_bytes += pw.unwritten_bytes;
+        for (const std::string& line : pw.lines) log(line);
       }
       if (opts.fuse) {
         const compile_detail::FusionReport fr = compile_detail::fuse_elementwise(e->ops, freed_at_end);
@@ -699,10 +705,16 @@ std::string CompiledFunction::explain() const {
       os << ", " << format_bytes(s.unwritten_bytes) << " of intermediates not written per call";
     os << "\n";
   }
-  if (s.rewrites > 0)
-    os << "  rewrites: " << s.rewrites << " relu -> max_pool2d " << (s.rewrites == 1 ? "pair" : "pairs")
-       << " run as max_pool2d(relu), " << format_bytes(s.rewrite_unwritten_bytes)
-       << " of full-size activations and gradients not written per call\n";
+  if (s.rewrites > 0 || s.pool_weight_grad_rewrites > 0) {
+    os << "  rewrites: ";
+    if (s.rewrites > 0)
+      os << s.rewrites << " relu -> max_pool2d " << (s.rewrites == 1 ? "pair" : "pairs")
+         << " run as max_pool2d(relu), ";
+    if (s.pool_weight_grad_rewrites > 0)
+      os << s.pool_weight_grad_rewrites << " max_pool2d backward" << (s.pool_weight_grad_rewrites == 1 ? "" : "s")
+         << " read through by the conv2d weight gradient after it, ";
+    os << format_bytes(s.rewrite_unwritten_bytes) << " of full-size activations and gradients not written per call\n";
+  }
   if (!s.ops_in_graph.empty()) {
     os << "   ";
     for (const auto& [name, n] : s.ops_in_graph) os << " " << name << " x" << n;

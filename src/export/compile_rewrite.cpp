@@ -36,6 +36,7 @@
 #include <sstream>
 
 #include "kiln/core/capture.h"
+#include "kiln/kernels/dnnl.h"
 
 namespace kiln::compile_detail {
 
@@ -84,6 +85,30 @@ Recorded operands_event(const char* name, const Recorded& like, const capture::O
   auto rec = std::make_shared<const OperandsRecord>(OperandsRecord{o, like.operands->run});
   Recorded r{name, false, [rec] { rec->run(rec->ops); }, nullptr, nullptr, {}, {}, rec, std::nullopt, like.origin};
   return r;
+}
+
+// Removes the dropped events, each one's frees carried to the next event kept
+// (or to the end); returns each old event's new index.
+std::vector<size_t> drop_events(std::vector<Recorded>& ops, const std::vector<char>& dropped,
+                                std::vector<std::pair<void*, size_t>>& freed_at_end) {
+  std::vector<size_t> map(ops.size(), RewriteReport::kDropped);
+  std::vector<Recorded> out;
+  out.reserve(ops.size());
+  std::vector<std::pair<void*, size_t>> carried;  // frees of a dropped event, due before the next one
+  for (size_t i = 0; i < ops.size(); ++i) {
+    if (dropped[i]) {
+      carried.insert(carried.end(), ops[i].freed_before.begin(), ops[i].freed_before.end());
+      continue;
+    }
+    Recorded r = std::move(ops[i]);
+    r.freed_before.insert(r.freed_before.begin(), carried.begin(), carried.end());
+    carried.clear();
+    map[i] = out.size();
+    out.push_back(std::move(r));
+  }
+  freed_at_end.insert(freed_at_end.begin(), carried.begin(), carried.end());
+  ops = std::move(out);
+  return map;
 }
 
 struct Match {
@@ -222,21 +247,104 @@ RewriteReport rewrite_relu_pooling(std::vector<Recorded>& ops, const std::vector
     dropped[m.pool] = dropped[m.relu_bwd] = 1;
   }
 
-  std::vector<Recorded> out;
-  out.reserve(ops.size());
-  std::vector<std::pair<void*, size_t>> carried;  // frees of a dropped event, due before the next one
-  for (size_t i = 0; i < ops.size(); ++i) {
-    if (dropped[i]) {
-      carried.insert(carried.end(), ops[i].freed_before.begin(), ops[i].freed_before.end());
-      continue;
-    }
-    Recorded r = std::move(ops[i]);
-    r.freed_before.insert(r.freed_before.begin(), carried.begin(), carried.end());
-    carried.clear();
+  report.map = drop_events(ops, dropped, freed_at_end);
+  return report;
+}
+
+std::vector<WatchRecord> remap_watches(const std::vector<WatchRecord>& watches, const std::vector<size_t>& map,
+                                       size_t old_events) {
+  if (map.empty()) return watches;
+  // A position p (before event p) becomes the count of kept events before it.
+  std::vector<size_t> at(old_events + 1, 0);
+  for (size_t i = 0; i < old_events; ++i) at[i + 1] = at[i] + (map[i] != RewriteReport::kDropped ? 1 : 0);
+  std::vector<WatchRecord> out;
+  out.reserve(watches.size());
+  for (const WatchRecord& w : watches) {
+    WatchRecord r{w.id, w.data, w.role, at[std::min(w.at, old_events)], {}};
+    for (size_t a : w.accesses)
+      if (a >= old_events || map[a] != RewriteReport::kDropped) r.accesses.push_back(at[std::min(a, old_events)]);
     out.push_back(std::move(r));
   }
-  freed_at_end.insert(freed_at_end.begin(), carried.begin(), carried.end());
-  ops = std::move(out);
+  return out;
+}
+
+// Note [Pool backward into the weight gradient]
+// A convolution whose input needs no gradient (a network's first layer: its
+// input is the data) has only a weight gradient in backward, and when a max
+// pool read its output (through the ReLU-pooling rewrite's pool or not), the
+// gradient it reads is the pool's backward's full-size output: the pool's
+// output gradient at each window's maximum, zero elsewhere. Where that weight
+// gradient takes the direct sum (Note [Few-channel weight gradient] in
+// src/kernels/cpu/conv_weight_direct.cpp), the kernels layer has a form that
+// builds each pixel's gradient vector from the pool's output gradient and
+// workspace as the pool's backward would and adds it in the same order, so
+// the full-size gradient is neither written nor read back, with the same
+// bits. The record shows when that is safe: the pool's backward watches its
+// output, and the rewrite applies only when the weight gradient is the event
+// right after the pool's backward (so the pool's inputs are as it left them),
+// reads that output, nothing else reads it, and it is freed inside the step.
+RewriteReport rewrite_pool_weight_grads(std::vector<Recorded>& ops, const std::vector<WatchRecord>& watches,
+                                        std::vector<std::pair<void*, size_t>>& freed_at_end) {
+  RewriteReport report;
+  std::vector<char> dropped(ops.size(), 0);
+  for (size_t a = 0; a + 1 < ops.size(); ++a) {
+    const Recorded& pb = ops[a];
+    if (dropped[a] || !is_operands(pb, "max_pool_nhwc_backward")) continue;
+    const size_t b = a + 1;
+    const Recorded& wg = ops[b];
+    if (!is_operands(wg, "conv2d_backward_weight")) continue;
+    auto fused = kernels::conv2d_backward_weight_pooled_fusion(pb.operands->ops, wg.operands->ops);
+    auto no = [&](const std::string& why) {
+      report.lines.push_back("not rewritten: the max_pool2d backward at event " + std::to_string(a) +
+                             " into the weight gradient at event " + std::to_string(b) + ": " + why);
+    };
+    if (!fused) {
+      no("the convolution or the pool is not one the pooled weight gradient takes");
+      continue;
+    }
+    void* grad = pb.operands->ops.ptr[2];
+    const WatchRecord* g = nullptr;
+    for (const WatchRecord& w : watches)
+      if (w.role == "max_pool2d grad_input" && w.data == grad && w.at == a + 1) g = &w;
+    if (!g) {
+      no("the pool's gradient was not watched");
+      continue;
+    }
+    bool others = false;
+    for (size_t acc : g->accesses) others = others || acc != b;
+    if (others) {
+      no("its gradient is read by another op");
+      continue;
+    }
+    if (!freed_after(ops, b, freed_at_end, grad)) {
+      no("its gradient outlives the step");
+      continue;
+    }
+    const int64_t bytes = pb.operands->ops.bytes[2];
+    std::ostringstream os;
+    os << "rewritten: max_pool2d backward -> conv2d weight gradient run as one, reading the pooled gradient (" << bytes
+       << " bytes of full-size gradient not written; events " << a << ", " << b << ")";
+    report.lines.push_back(os.str());
+    report.pool_weight_grads += 1;
+    report.unwritten_bytes += bytes;
+    auto rec = std::make_shared<const OperandsRecord>(OperandsRecord{fused->first, std::move(fused->second)});
+    Recorded r{"conv2d_backward_weight_pooled",
+               false,
+               [rec] { rec->run(rec->ops); },
+               nullptr,
+               nullptr,
+               {},
+               {},
+               rec,
+               std::nullopt,
+               wg.origin};
+    r.freed_before = pb.freed_before;
+    r.freed_before.insert(r.freed_before.end(), wg.freed_before.begin(), wg.freed_before.end());
+    ops[b] = std::move(r);
+    ops[a].freed_before.clear();
+    dropped[a] = 1;
+  }
+  if (report.pool_weight_grads > 0) report.map = drop_events(ops, dropped, freed_at_end);
   return report;
 }
 

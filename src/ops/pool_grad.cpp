@@ -141,7 +141,8 @@ struct MaxPoolBackward final : autograd::Node {
     const Tensor gk = contiguous(g.dtype() == p.dtype ? g : g.to(p.dtype), fmt);
     Tensor gi = new_output(input_shape(p, unbatched), p.dtype, fmt);
     kernels::max_pool2d_backward_workspace(q, gk.data_ptr(), workspace.data_ptr(), gi.data_ptr());
-    // The ReLU-pooling rewrite of kiln::compile (docs/compile.md, "Rewrites") never writes this gradient.
+    // kiln::compile's rewrites (docs/compile.md, "Rewrites") may never write this gradient: the ReLU-pooling
+    // one, and the one that reads it through the pool in the weight gradient after it.
     if (capture::recording()) capture::watch(*gi.storage(), "max_pool2d grad_input");
     return {in_dtype(gi, g.dtype())};
   }

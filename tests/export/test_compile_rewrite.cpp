@@ -5,7 +5,10 @@
 // zeros for the sign-of-zero difference);
 // NaN in the input propagates to the same values and gradients; a ReLU output
 // that anything else reads (through a view too), that outlives the step, or
-// whose gradient a hook reads, is left alone.
+// whose gradient a hook reads, is left alone. And the pool backward read
+// through by the first convolution's weight gradient (Note [Pool backward
+// into the weight gradient]): the same bits, only where that convolution's
+// input needs no gradient.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -91,8 +94,13 @@ TEST(CompileRewrite, ACNNTrainingStepPoolsBeforeItsReLUsAndMatchesEagerBitwise) 
     EXPECT_EQ(step.stats().replays, 4);
     // Both ReLU → pool pairs; fc1's ReLU feeds no pool and stays.
     EXPECT_EQ(step.stats().rewrites, 2) << step.explain();
-    // Each pair no longer writes its ReLU's output nor that output's gradient (float32, 8 × C × 12² and 6²).
-    EXPECT_EQ(step.stats().rewrite_unwritten_bytes, 2 * 4 * 8 * (8 * 144 + 16 * 36));
+    // conv1's weight gradient reads the first pool's gradient through the pool (its input needs no gradient).
+    EXPECT_EQ(step.stats().pool_weight_grad_rewrites, 1) << step.explain();
+    // Each pair no longer writes its ReLU's output nor that output's gradient (float32, 8 × C × 12² and 6²),
+    // nor the first pool's backward its full-size gradient.
+    EXPECT_EQ(step.stats().rewrite_unwritten_bytes, 2 * 4 * 8 * (8 * 144 + 16 * 36) + 4 * 8 * 8 * 144);
+    EXPECT_NE(step.explain().find("read through by the conv2d weight gradient"), std::string::npos)
+        << step.explain();
     EXPECT_NE(step.explain().find("run as max_pool2d(relu)"), std::string::npos) << step.explain();
     expect_same_model(eager, comp, /*bitwise=*/true);
 
@@ -102,6 +110,7 @@ TEST(CompileRewrite, ACNNTrainingStepPoolsBeforeItsReLUsAndMatchesEagerBitwise) 
         compile(train_step(plain, x, y), {.name = "cnn step", .modules = {plain.model.get()}, .rewrite = false});
     for (int i = 0; i < 5; ++i) unrewritten();
     EXPECT_EQ(unrewritten.stats().rewrites, 0);
+    EXPECT_EQ(unrewritten.stats().pool_weight_grad_rewrites, 0);
     expect_same_model(plain, comp, /*bitwise=*/true);
   }
   set_num_threads(before);
@@ -129,7 +138,22 @@ TEST(CompileRewrite, UnderBfloat16AutocastTheStepMatchesEagerBitwise) {
   auto step = compile(amp_step(comp), {.name = "bf16 cnn step", .modules = {comp.model.get()}});
   for (int i = 0; i < 4; ++i) EXPECT_TRUE(bitwise_equal(eager_step(), step()[0])) << "loss of step " << i;
   EXPECT_EQ(step.stats().rewrites, 2) << step.explain();
-  EXPECT_EQ(step.stats().rewrite_unwritten_bytes, 2 * 2 * 8 * (8 * 144 + 16 * 36));
+  EXPECT_EQ(step.stats().pool_weight_grad_rewrites, 1) << step.explain();
+  EXPECT_EQ(step.stats().rewrite_unwritten_bytes, 2 * 2 * 8 * (8 * 144 + 16 * 36) + 2 * 8 * 8 * 144);
+  expect_same_model(eager, comp, /*bitwise=*/true);
+}
+
+// Where the first convolution's input needs a gradient, its backward computes
+// both gradients from the pool's full-size one: the pool's backward stays.
+TEST(CompileRewrite, AFirstConvolutionWhoseInputNeedsAGradientKeepsThePoolBackward) {
+  Twin eager = make_cnn(), comp = make_cnn();
+  manual_seed(5);
+  const Tensor x = randn({8, 1, 12, 12}).requires_grad_(), y = randint(0, 10, {8});
+  auto eager_step = train_step(eager, x, y);
+  auto step = compile(train_step(comp, x, y), {.name = "cnn step", .modules = {comp.model.get()}});
+  for (int i = 0; i < 3; ++i) EXPECT_TRUE(bitwise_equal(eager_step(), step()[0])) << "loss of step " << i;
+  EXPECT_EQ(step.stats().rewrites, 2) << step.explain();
+  EXPECT_EQ(step.stats().pool_weight_grad_rewrites, 0) << step.explain();
   expect_same_model(eager, comp, /*bitwise=*/true);
 }
 

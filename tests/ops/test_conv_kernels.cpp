@@ -13,6 +13,7 @@
 #include <gtest/gtest.h>
 
 #include <iterator>
+#include <utility>
 #include <string>
 #include <vector>
 
@@ -141,12 +142,14 @@ TEST(ConvWeightGrad, ProductMatchesTorchAndThePrimitive) {
   set_num_threads(saved);
 }
 
-// A float32 convolution over one input channel takes oneDNN's blocked
-// backward-weights kernel at 2 threads and sums its bias gradient in double
-// (Note [Single-channel weight gradient] in src/kernels/cpu/dnnl_conv.cpp):
-// against torch within 1e-5 of the largest element, NHWC and NCHW, with and
-// without a bias, at 1 and 2 threads; at 2 the bias also against the float64
-// sum of grad_output rounded once, to float32's own rounding.
+// A float32 convolution over one input channel takes the direct sum for NHWC
+// grad_output (Note [Few-channel weight gradient] in
+// src/kernels/cpu/conv_weight_direct.cpp) and, for NCHW at 2 threads, oneDNN's
+// blocked backward-weights kernel; both sum the bias gradient in double (Note
+// [Single-channel weight gradient] in src/kernels/cpu/dnnl_conv.cpp): against
+// torch within 1e-5 of the largest element, NHWC and NCHW, with and without a
+// bias, at 1 and 2 threads; the bias also against the float64 sum of
+// grad_output rounded once, to float32's own rounding.
 TEST(ConvWeightGrad, SingleInputChannelMatchesTorch) {
   const int saved = get_num_threads();
   const Case cases[] = {{4, 1, 28, 28, 32, 3, 3, 1, 1, 1, true, "padding=1"},
@@ -178,7 +181,10 @@ TEST(ConvWeightGrad, SingleInputChannelMatchesTorch) {
           continue;
         }
         expect_close(b.grad(), r.outputs[1], 1e-5, what + ": bias gradient vs torch");
-        if (threads == 1) continue;  // oneDNN's NHWC kernel sums the bias itself
+        // NHWC takes the direct sum (its bias summed in double) at any thread
+        // count; NCHW oneDNN's blocked kernel at 2 threads, its own NCHW kernel
+        // (which sums the bias itself) at 1.
+        if (threads == 1 && !nhwc) continue;
         const Tensor exact = gs[i].to(kFloat64).sum({0, 2, 3}).to(kFloat32);
         const test::Comparison c = test::compare_tensors(b.grad(), exact, 1.2e-7, 0);
         EXPECT_TRUE(c.ok) << what << ": bias gradient vs the float64 sum: " << c.message;
@@ -240,6 +246,140 @@ TEST(ConvForward, BothKernelsMatchTorch) {
       const Tensor xb = x.to(kBFloat16), wb = ws[i].to(kBFloat16), bb = bs[i].to(kBFloat16);
       const Tensor exact = conv2d(xb.to(kFloat32), wb.to(kFloat32), bb.to(kFloat32), {2, 2}, {1, 1});
       expect_close(conv2d(xb, wb, bb, {2, 2}, {1, 1}), exact, 1.0 / 256, what + ": bf16 vs float32 of its values");
+    }
+  }
+  set_num_threads(saved);
+}
+
+// The direct sum over few input channels (Note [Few-channel weight gradient]
+// in src/kernels/cpu/conv_weight_direct.cpp), forced for 1 to 4 channels:
+// strides, dilation, padding, windows of 2x2 to 5x3, 5 to 64 output channels
+// (the last vector partial at 5, 20 and 33), with and without a bias. float32
+// against torch within 1e-5 of the largest element; bfloat16 against the
+// float32 gradient of the same bf16 values within 2^-8 of it; the same bits
+// at 1, 2 and 3 threads.
+TEST(ConvWeightGrad, DirectSumMatchesTorchAtEveryThreadCount) {
+  const int saved = get_num_threads();
+  const Case cases[] = {{4, 1, 28, 28, 32, 3, 3, 1, 1, 1, true, "padding=1"},
+                        {3, 1, 9, 8, 5, 3, 3, 2, 1, 1, true, "stride=2, padding=1"},
+                        {2, 3, 10, 10, 16, 3, 3, 1, 1, 1, false, "padding=1"},
+                        {2, 3, 11, 9, 20, 5, 3, 2, 2, 1, true, "stride=2, padding=2"},
+                        {2, 2, 10, 10, 40, 3, 3, 1, 2, 2, true, "stride=1, padding=2, dilation=2"},
+                        {1, 4, 7, 7, 64, 2, 2, 1, 0, 1, true, ""},
+                        {2, 3, 9, 9, 33, 3, 3, 1, 1, 1, true, "padding=1"}};
+  manual_seed(25);
+  test::OracleBatch oracle;
+  const Inputs in = queue_cases(oracle, cases, std::size(cases), "direct");
+  oracle.run();
+  const PathScope path(ConvWeightGradPath::Direct);
+  for (size_t i = 0; i < in.ids.size(); ++i) {
+    const Case& k = cases[i];
+    const test::OracleOutcome& r = oracle.outcome(in.ids[i]);
+    ASSERT_TRUE(r.ok) << r.error;
+    Grads by_threads[3], bf16, bf16_as_f32;
+    for (int threads : {1, 2, 3}) {
+      set_num_threads(threads);
+      by_threads[threads - 1] = grads(k, in.xs[i], in.ws[i], in.bs[i], in.gs[i], kFloat32);
+    }
+    set_num_threads(1);
+    bf16 = grads(k, in.xs[i], in.ws[i], in.bs[i], in.gs[i], kBFloat16);
+    bf16_as_f32 = grads(k, in.xs[i].to(kBFloat16), in.ws[i].to(kBFloat16), in.bs[i].to(kBFloat16),
+                        in.gs[i].to(kBFloat16), kFloat32);
+    const std::string what = "case " + std::to_string(i) + " (" + k.torch_args + ", " + std::to_string(k.c) + " -> " +
+                             std::to_string(k.o) + " channels)";
+    expect_close(by_threads[0].w, r.outputs[0], 1e-5, what + ": float32 weight gradient vs torch");
+    expect_close(bf16.w, bf16_as_f32.w, 1.0 / 256, what + ": bf16 weight gradient vs float32");
+    for (int t : {1, 2}) {
+      EXPECT_TRUE(equal(by_threads[t].w, by_threads[0].w)) << what << ": weight gradient at " << t + 1 << " threads";
+      if (k.bias) {
+        EXPECT_TRUE(equal(by_threads[t].b, by_threads[0].b)) << what << ": bias at " << t + 1 << " threads";
+      }
+    }
+    if (k.bias) {
+      expect_close(by_threads[0].b, r.outputs[1], 1e-5, what + ": float32 bias gradient vs torch");
+      expect_close(bf16.b, bf16_as_f32.b, 1.0 / 256, what + ": bf16 bias gradient vs float32");
+    }
+  }
+  set_num_threads(saved);
+}
+
+// The direct sum reads an NCHW input (a 3-channel image) with the bits of the
+// same values in NHWC, and Auto takes it for one input channel only.
+TEST(ConvWeightGrad, DirectSumReadsEitherInputLayoutAndAutoTakesOneChannel) {
+  manual_seed(26);
+  kernels::Conv2dParams p;
+  p.n = 2, p.c = 3, p.h = p.w = 9, p.o = 24, p.kh = p.kw = 3, p.oh = p.ow = 9;
+  p.pad_l[0] = p.pad_l[1] = p.pad_r[0] = p.pad_r[1] = 1;
+  p.output_nhwc = true;
+  const Tensor x = randn({p.n, p.c, p.h, p.w}), dy = randn({p.n, p.oh, p.ow, p.o});
+  const Tensor x_nhwc = x.permute({0, 2, 3, 1}).contiguous();
+  auto run = [&](bool nhwc, ConvWeightGradPath path) {
+    const PathScope scope(path);
+    kernels::Conv2dParams q = p;
+    q.input_nhwc = nhwc;
+    Tensor dw = empty({p.o, p.c, p.kh, p.kw}), db = empty({p.o});
+    kernels::conv2d_backward_weight(q, dy.data_ptr(), (nhwc ? x_nhwc : x).data_ptr(), dw.data_ptr(), db.data_ptr());
+    return std::make_pair(dw, db);
+  };
+  const auto nchw = run(false, ConvWeightGradPath::Direct), nhwc = run(true, ConvWeightGradPath::Direct);
+  EXPECT_TRUE(equal(nchw.first, nhwc.first));
+  EXPECT_TRUE(equal(nchw.second, nhwc.second));
+  kernels::Conv2dParams one = p;
+  one.c = 1;
+  const PathScope automatic(ConvWeightGradPath::Auto);
+  EXPECT_TRUE(kernels::conv2d_backward_weight_direct(one));
+  EXPECT_FALSE(kernels::conv2d_backward_weight_direct(p));
+  one.output_nhwc = false;  // the direct sum reads grad_output's channels as vectors
+  EXPECT_FALSE(kernels::conv2d_backward_weight_direct(one));
+}
+
+// kiln::compile's pooled form (conv2d_backward_weight_pooled) has the bits of
+// the max pool's backward followed by the direct weight gradient: 2x2 windows
+// of stride 2 over an odd size (a row and column no window covers), 3x3 of
+// stride 3 with padding, windows the ReLU-pooling rewrite marked (bit 7), float32
+// and bfloat16, with and without a bias, at 1 and 2 threads.
+TEST(ConvWeightGrad, PooledFormHasTheBitsOfThePoolBackwardThenTheWeightGradient) {
+  const int saved = get_num_threads();
+  manual_seed(27);
+  for (int64_t window : {2, 3}) {
+    for (DType dt : {kFloat32, kBFloat16}) {
+      for (bool bias : {true, false}) {
+        kernels::Conv2dParams p;
+        p.dtype = dt;
+        p.n = 3, p.c = 1, p.h = p.w = 9, p.o = 20, p.kh = p.kw = 3, p.oh = p.ow = 9;
+        p.pad_l[0] = p.pad_l[1] = p.pad_r[0] = p.pad_r[1] = 1;
+        p.input_nhwc = p.output_nhwc = true;
+        kernels::Pool2dParams q;
+        q.dtype = dt;
+        q.n = p.n, q.c = p.o, q.h = p.oh, q.w = p.ow;
+        q.kernel[0] = q.kernel[1] = q.stride[0] = q.stride[1] = window;
+        q.pad[0] = q.pad[1] = window == 3 ? 1 : 0;
+        q.oh = q.ow = (p.oh + 2 * q.pad[0] - window) / window + 1;
+        q.nhwc = true;
+        ASSERT_TRUE(kernels::conv2d_backward_weight_pooled_applies(p, q));
+        const Tensor x = randn({p.n, p.h, p.w, 1}).to(dt), y = randn({p.n, p.oh, p.ow, p.o}).to(dt);
+        const Tensor gp = randn({p.n, q.oh, q.ow, p.o}).to(dt), pooled = empty({p.n, q.oh, q.ow, p.o}, dt);
+        std::vector<uint8_t> ws(kernels::pool2d_workspace_bytes(q));
+        ASSERT_TRUE(kernels::pool2d_forward(q, y.data_ptr(), pooled.data_ptr(), ws.data()));
+        for (size_t i = 0; i < ws.size(); i += 7) ws[i] |= 0x80;  // windows a ReLU's backward masks
+        for (int threads : {1, 2}) {
+          set_num_threads(threads);
+          const std::string what = std::to_string(window) + "x" + std::to_string(window) + " windows, " +
+                                   std::string(dtype_name(dt)) + (bias ? ", bias" : "") + ", threads " +
+                                   std::to_string(threads);
+          Tensor gi = empty({p.n, p.oh, p.ow, p.o}, dt);
+          Tensor dw = empty({p.o, 1, 3, 3}, dt), db = empty({p.o}, dt);
+          Tensor fw = empty({p.o, 1, 3, 3}, dt), fb = empty({p.o}, dt);
+          kernels::max_pool2d_backward_workspace(q, gp.data_ptr(), ws.data(), gi.data_ptr());
+          kernels::conv2d_backward_weight(p, gi.data_ptr(), x.data_ptr(), dw.data_ptr(), bias ? db.data_ptr() : nullptr);
+          kernels::conv2d_backward_weight_pooled(p, q, gp.data_ptr(), ws.data(), x.data_ptr(), fw.data_ptr(),
+                                                 bias ? fb.data_ptr() : nullptr);
+          EXPECT_TRUE(equal(fw, dw)) << what;
+          if (bias) {
+            EXPECT_TRUE(equal(fb, db)) << what;
+          }
+        }
+      }
     }
   }
   set_num_threads(saved);

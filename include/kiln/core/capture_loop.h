@@ -19,6 +19,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <memory>
 
 namespace kiln::capture {
 
@@ -82,7 +83,7 @@ struct Reduction {
 /// rewrites (docs/compile.md, "Rewrites"): what it computes, the buffers it
 /// reads and writes, and a function that runs the same kernel on other
 /// buffers of the same sizes.
-inline constexpr int kKernelOperands = 4;
+inline constexpr int kKernelOperands = 5;
 struct Operands {
   const char* what = nullptr;  // a literal naming the computation ("max_pool_nhwc_forward")
   int n = 0;
@@ -92,6 +93,10 @@ struct Operands {
   // fused ReLU: its backward's threshold); what it means is the kernel's to say.
   bool has_scalar = false;
   double scalar = 0;
+  // The kernel's own parameters (shapes, strides), opaque above the kernels
+  // layer: a rewrite that joins two kernels hands both Operands back to the
+  // kernels layer, which reads them.
+  std::shared_ptr<const void> params = nullptr;
 };
 using OperandsRun = std::function<void(const Operands&)>;
 

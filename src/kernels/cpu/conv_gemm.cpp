@@ -9,6 +9,7 @@
 #include <cstring>
 #include <type_traits>
 
+#include "conv_weight_direct.h"
 #include "dnnl_common.h"
 #include "kiln/core/capture.h"
 #include "kiln/kernels/blas.h"
@@ -264,6 +265,9 @@ void conv2d_backward_weight(const Conv2dParams& p, const void* grad_output, cons
                             void* grad_bias) {
   KILN_CAPTURE_KERNEL("conv2d_backward_weight", conv2d_backward_weight(p, grad_output, input, grad_weight, grad_bias));
   const int64_t es = element_size(p.dtype);
+  // For kiln::compile's rewrite of a max pool's backward into it (conv2d_backward_weight_pooled).
+  if (kiln_capture_.recording() && conv2d_backward_weight_direct(p))
+    detail::note_weight_grad_operands(p, grad_output, input, grad_weight, grad_bias);
   if (p.n == 0 || p.c == 0 || p.o == 0) {  // nothing to multiply: zero weights, the bias sums what there is
     std::memset(grad_weight, 0, static_cast<size_t>(p.o * (p.c / p.groups) * p.kh * p.kw * es));
     if (grad_bias) bias_grad_loop(p, grad_output, grad_bias);

@@ -17,6 +17,7 @@
 #include <cstring>
 #include <vector>
 
+#include "conv_weight_direct.h"
 #include "dnnl_common.h"
 #include "kiln/core/half.h"
 #include "kiln/core/parallel.h"
@@ -138,6 +139,12 @@ void conv_weight_grad_product(const Conv2dParams& p, const void* grad_output, co
 }  // namespace kiln::kernels::detail
 
 namespace kiln::kernels {
+
+bool conv2d_backward_weight_direct(const Conv2dParams& p) {
+  const ConvWeightGradPath path = detail::g_path.load(std::memory_order_relaxed);
+  if (path == ConvWeightGradPath::Primitive || path == ConvWeightGradPath::Product) return false;
+  return detail::conv_weight_direct_fits(p) && (path == ConvWeightGradPath::Direct || p.c == 1);
+}
 
 void set_conv_weight_grad_path(ConvWeightGradPath path) { detail::g_path.store(path, std::memory_order_relaxed); }
 ConvWeightGradPath conv_weight_grad_path() { return detail::g_path.load(std::memory_order_relaxed); }

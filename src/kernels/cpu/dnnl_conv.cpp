@@ -22,6 +22,7 @@
 #include <string_view>
 #include <vector>
 
+#include "conv_weight_direct.h"
 #include "conv_weight_gemm.h"
 #include "dnnl_common.h"
 #include "kiln/core/parallel.h"
@@ -171,6 +172,10 @@ bool nhwc_bwd_weights_safe(const Conv2dParams& p) {
 // pass cost what the kernel saves (0.75 -> 0.55 ms before the sum), so it
 // keeps NHWC. Not for bfloat16 (0.30 -> 0.41 ms) nor for 3 channels (resnet's
 // stem: 0.16 -> 0.30 ms), where the reorder costs more than the kernel saves.
+// Where grad_output is NHWC (cnn's, and any convolution kiln chose
+// channels-last for) the direct sum takes the single channel instead (Note
+// [Few-channel weight gradient] in conv_weight_direct.cpp): this path is left
+// for NCHW grad_output.
 bool single_channel_blocked(const Conv2dParams& p) {
   return p.dtype == DType::Float32 && p.c == 1 && p.groups == 1 && max_threads() >= 2;
 }
@@ -451,6 +456,8 @@ void dnnl_conv2d_backward_input(const Conv2dParams& p, const void* grad_output, 
 
 void dnnl_conv2d_backward_weight(const Conv2dParams& p, const void* grad_output, const void* input, void* grad_weight,
                                  void* grad_bias) {
+  if (conv2d_backward_weight_direct(p))
+    return detail::conv_weight_direct(p, grad_output, input, grad_weight, grad_bias);
   if (detail::conv_weight_grad_by_product(p))
     return detail::conv_weight_grad_product(p, grad_output, input, grad_weight, grad_bias);
   if (single_channel_blocked(p)) {
@@ -468,7 +475,7 @@ void dnnl_conv2d_backward(const Conv2dParams& p, const void* grad_output, const 
                           void* grad_input, void* grad_weight, void* grad_bias) {
   // The weight gradients that do not run on the primitive below share no
   // reorder of grad_output with the data gradient.
-  if (detail::conv_weight_grad_by_product(p) || single_channel_blocked(p)) {
+  if (conv2d_backward_weight_direct(p) || detail::conv_weight_grad_by_product(p) || single_channel_blocked(p)) {
     run_bwd_data(bwd_data_entry(p), grad_output, nullptr, weight, grad_input);
     dnnl_conv2d_backward_weight(p, grad_output, input, grad_weight, grad_bias);
     return;

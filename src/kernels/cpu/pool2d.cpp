@@ -430,6 +430,7 @@ void max_pool2d_backward_workspace(const Pool2dParams& p, const void* grad_outpu
     o.bytes[0] = pool_bytes(p, true);
     o.bytes[1] = static_cast<int64_t>(detail::max_pool_nhwc_workspace_bytes(p));
     o.bytes[2] = pool_bytes(p, false);
+    o.params = std::make_shared<const Pool2dParams>(p);
     capture::note_operands(o, [p](const capture::Operands& t) {
       detail::max_pool_nhwc_backward(p, t.ptr[0], static_cast<const uint8_t*>(t.ptr[1]), t.ptr[2]);
     });

@@ -22,7 +22,10 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <optional>
+#include <utility>
 
+#include "kiln/core/capture_loop.h"
 #include "kiln/core/dtype.h"
 
 namespace kiln::kernels {
@@ -185,9 +188,10 @@ void conv2d_backward_input(const Conv2dParams& p, const void* grad_output, const
 /// is not null, the bias [o] (both overwritten), from grad_output and the
 /// input. float32/bfloat16: oneDNN convolution_backward_weights, which sums the
 /// bias gradient in the same pass, except where ConvWeightGradPath::Auto picks
-/// the product, and for a float32 convolution over one input channel at 2+
-/// threads, whose bias gradient is summed apart (Note [Single-channel weight
-/// gradient] in src/kernels/cpu/dnnl_conv.cpp); float64: im2col + gemm.
+/// the product or the direct sum, and for a float32 convolution over one input
+/// channel into NCHW grad_output at 2+ threads, whose bias gradient is summed
+/// apart (Note [Single-channel weight gradient] in
+/// src/kernels/cpu/dnnl_conv.cpp); float64: im2col + gemm.
 void conv2d_backward_weight(const Conv2dParams& p, const void* grad_output, const void* input, void* grad_weight,
                             void* grad_bias);
 
@@ -199,10 +203,19 @@ void conv2d_backward_weight(const Conv2dParams& p, const void* grad_output, cons
 /// larger than 1x1 over 32 channels or more (16 at 2 threads or more), whose
 /// unfolded input fits in 64 MiB: where oneDNN 2.6's primitive is slowest.
 /// The two differ only in the order each gradient element's terms are summed.
-/// Process-wide; for tests and benchmarks, which compare the two.
-enum class ConvWeightGradPath : uint8_t { Auto, Primitive, Product };
+/// Direct sums grad_output's channel vectors times each tap's input value
+/// (Note [Few-channel weight gradient] in src/kernels/cpu/conv_weight_direct.cpp),
+/// for convolutions over at most 4 input channels into at most 64, NHWC
+/// grad_output, groups 1; Auto takes it for those over one input channel (a
+/// grayscale stem; resnet's 3-channel stem ran faster on the primitive).
+/// Where a path does not take a convolution, Auto's choice runs.
+/// Process-wide; for tests and benchmarks, which compare them.
+enum class ConvWeightGradPath : uint8_t { Auto, Primitive, Product, Direct };
 void set_conv_weight_grad_path(ConvWeightGradPath path);
 ConvWeightGradPath conv_weight_grad_path();
+
+/// Whether conv2d_backward_weight runs p on the direct sum.
+bool conv2d_backward_weight_direct(const Conv2dParams& p);
 
 /// Both of the above in one call: oneDNN then reorders grad_output into its
 /// layout once for both primitives (when it needs reordering at all).
@@ -278,6 +291,26 @@ void avg_pool2d_backward(const Pool2dParams& p, const void* grad_output, void* g
 /// (only valid when it returned true).
 void max_pool2d_backward_workspace(const Pool2dParams& p, const void* grad_output, const void* workspace,
                                    void* grad_input);
+
+/// kiln::compile's rewrite of a max pool's backward followed by the weight
+/// gradient of the convolution whose output the pool read (docs/compile.md,
+/// "Rewrites"): the weight (and bias) gradient of `conv` read through the
+/// channels-last pool `pool` (disjoint windows) from its output gradient and
+/// workspace, with the bits of max_pool2d_backward_workspace then
+/// conv2d_backward_weight and without the full-size gradient between them.
+/// Applies where the convolution's weight gradient takes the direct sum.
+bool conv2d_backward_weight_pooled_applies(const Conv2dParams& conv, const Pool2dParams& pool);
+void conv2d_backward_weight_pooled(const Conv2dParams& conv, const Pool2dParams& pool, const void* grad_pooled,
+                                   const uint8_t* workspace, const void* input, void* grad_weight, void* grad_bias);
+
+/// The same for kiln::compile, from what the two kernels noted in a capture
+/// (capture::Operands "max_pool_nhwc_backward" and "conv2d_backward_weight"):
+/// the pooled kernel's operands (the pool's output gradient, its workspace,
+/// the convolution's input, grad_weight, grad_bias) and how to run it, or
+/// nothing where the pair does not fuse (conv2d_backward_weight_pooled_applies,
+/// and the weight gradient reading the gradient the pool's backward writes).
+std::optional<std::pair<capture::Operands, capture::OperandsRun>> conv2d_backward_weight_pooled_fusion(
+    const capture::Operands& pool_backward, const capture::Operands& weight_grad);
 
 /// Max pooling backward from max_pool2d_with_indices' indices: each
 /// grad_output element is added to grad_input at its index (overlapping
