@@ -100,3 +100,38 @@ void BM_ConvWeightGradPooled(benchmark::State& state) {
 BENCHMARK(BM_ConvWeightGradPooled)->ArgsProduct({{1, 2}, {0, 1}})->UseRealTime()->Unit(benchmark::kMicrosecond);
 
 }  // namespace
+
+namespace {
+
+// cnn's first layer forward (64 images, 1 -> 32 channels, 3x3 over 28x28,
+// then a 2x2 max pool): the convolution then the pool (0), or the two as one
+// (1, kiln::compile's rewrite, conv2d_forward_pooled). state: threads, form.
+void BM_ConvForwardPooled(benchmark::State& state) {
+  ThreadScope threads(static_cast<int>(state.range(0)));
+  kernels::Conv2dParams p;
+  p.n = 64, p.c = 1, p.h = p.w = 28, p.o = 32, p.kh = p.kw = 3, p.oh = p.ow = 28;
+  p.pad_l[0] = p.pad_l[1] = p.pad_r[0] = p.pad_r[1] = 1;
+  p.input_nhwc = p.output_nhwc = true;
+  kernels::Pool2dParams q;
+  q.n = 64, q.c = 32, q.h = q.w = 28, q.oh = q.ow = 14;
+  q.kernel[0] = q.kernel[1] = q.stride[0] = q.stride[1] = 2;
+  q.nhwc = true;
+  Generator g(5);
+  const Tensor x = randn({64 * 28 * 28}, kFloat32, &g), w = randn({32 * 9}, kFloat32, &g),
+               b = randn({32}, kFloat32, &g);
+  Tensor y = empty({64 * 28 * 28 * 32}, kFloat32), pooled = empty({64 * 14 * 14 * 32}, kFloat32);
+  std::vector<uint8_t> ws(kernels::pool2d_workspace_bytes(q));
+  for (auto _ : state) {
+    if (state.range(1)) {
+      kernels::conv2d_forward_pooled(p, q, x.data_ptr(), w.data_ptr(), b.data_ptr(), pooled.data_ptr(), ws.data(),
+                                     nullptr);
+    } else {
+      kernels::conv2d_forward(p, x.data_ptr(), w.data_ptr(), b.data_ptr(), y.data_ptr());
+      kernels::pool2d_forward(q, y.data_ptr(), pooled.data_ptr(), ws.data());
+    }
+    benchmark::ClobberMemory();
+  }
+}
+BENCHMARK(BM_ConvForwardPooled)->ArgsProduct({{1, 2}, {0, 1}})->UseRealTime()->Unit(benchmark::kMicrosecond);
+
+}  // namespace

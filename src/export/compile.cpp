@@ -580,7 +580,7 @@ struct CompiledFunction::Impl {
       e->kept = std::move(rec.kept);
       stats.pool_bytes = e->pool->reserved_bytes();
       stats.fused_loops = stats.fused_kernels = stats.unwritten_bytes = 0;
-      stats.rewrites = stats.rewrite_unwritten_bytes = stats.pool_weight_grad_rewrites = 0;
+      stats.rewrites = stats.rewrite_unwritten_bytes = stats.pool_weight_grad_rewrites = stats.conv_pool_rewrites = 0;
       if (opts.rewrite && watches_complete) {
         const size_t recorded = e->ops.size();
         const compile_detail::RewriteReport rr =
@@ -588,8 +588,15 @@ struct CompiledFunction::Impl {
         stats.rewrites = rr.relu_pools;
         stats.rewrite_unwritten_bytes = rr.unwritten_bytes;
         for (const std::string& line : rr.lines) log(line);
-        const compile_detail::RewriteReport pw = compile_detail::rewrite_pool_weight_grads(
-            e->ops, compile_detail::remap_watches(rec.watches, rr.map, recorded), freed_at_end);
+        std::vector<compile_detail::WatchRecord> watches = compile_detail::remap_watches(rec.watches, rr.map, recorded);
+        const size_t after_relu = e->ops.size();
+        const compile_detail::RewriteReport cp = compile_detail::rewrite_conv_pools(e->ops, watches, freed_at_end);
+        stats.conv_pool_rewrites = cp.conv_pools;
+        stats.rewrite_unwritten_bytes += cp.unwritten_bytes;
+        for (const std::string& line : cp.lines) log(line);
+        watches = compile_detail::remap_watches(watches, cp.map, after_relu);
+        const compile_detail::RewriteReport pw =
+            compile_detail::rewrite_pool_weight_grads(e->ops, watches, freed_at_end);
         stats.pool_weight_grad_rewrites = pw.pool_weight_grads;
         stats.rewrite_unwritten_bytes += pw.unwritten_bytes;
         for (const std::string& line : pw.lines) log(line);
@@ -705,8 +712,11 @@ std::string CompiledFunction::explain() const {
       os << ", " << format_bytes(s.unwritten_bytes) << " of intermediates not written per call";
     os << "\n";
   }
-  if (s.rewrites > 0 || s.pool_weight_grad_rewrites > 0) {
+  if (s.rewrites > 0 || s.pool_weight_grad_rewrites > 0 || s.conv_pool_rewrites > 0) {
     os << "  rewrites: ";
+    if (s.conv_pool_rewrites > 0)
+      os << s.conv_pool_rewrites << " conv2d -> max_pool2d " << (s.conv_pool_rewrites == 1 ? "pair" : "pairs")
+         << " run as one, ";
     if (s.rewrites > 0)
       os << s.rewrites << " relu -> max_pool2d " << (s.rewrites == 1 ? "pair" : "pairs")
          << " run as max_pool2d(relu), ";

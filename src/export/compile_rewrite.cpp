@@ -36,7 +36,6 @@
 #include <sstream>
 
 #include "kiln/core/capture.h"
-#include "kiln/kernels/dnnl.h"
 
 namespace kiln::compile_detail {
 
@@ -268,6 +267,83 @@ std::vector<WatchRecord> remap_watches(const std::vector<WatchRecord>& watches, 
   return out;
 }
 
+// Note [Convolution inside the pool]
+// The same first convolution's output (one input channel, kiln's direct
+// forward) is read by the max pool after it and by nothing else once the
+// ReLU-pooling rewrite has run the ReLU inside the pool: the convolution
+// writes a full-size output for the pool to read back. The kernels layer's
+// pooled forward computes the convolution rows each band of windows reads
+// into a small scratch and pools them with the pool's own kernel, so the
+// pooled values and workspace bytes are those of the two kernels in turn. The
+// convolution's op watches its output; the rewrite applies only when the pool
+// is the event right after the convolution, reads that output, nothing else
+// does, and it is freed inside the step.
+RewriteReport rewrite_conv_pools(std::vector<Recorded>& ops, const std::vector<WatchRecord>& watches,
+                                 std::vector<std::pair<void*, size_t>>& freed_at_end) {
+  RewriteReport report;
+  std::vector<char> dropped(ops.size(), 0);
+  for (size_t a = 0; a + 1 < ops.size(); ++a) {
+    const Recorded& cv = ops[a];
+    if (dropped[a] || !is_operands(cv, "conv2d_forward_direct")) continue;
+    const size_t b = a + 1;
+    const Recorded& pl = ops[b];
+    if (!is_operands(pl, "max_pool_nhwc_forward")) continue;
+    auto no = [&](const std::string& why) {
+      report.lines.push_back("not rewritten: the conv2d at event " + std::to_string(a) +
+                             " into the max_pool2d at event " + std::to_string(b) + ": " + why);
+    };
+    const capture::OperandsJoin join = cv.operands->ops.join_next;
+    auto fused = join ? join(cv.operands->ops, pl.operands->ops) : std::nullopt;
+    if (!fused) {
+      no("the convolution or the pool is not one the pooled forward takes");
+      continue;
+    }
+    void* out = cv.operands->ops.ptr[3];
+    const WatchRecord* w = nullptr;
+    for (const WatchRecord& r : watches)
+      if (r.role == "conv2d output" && r.data == out && r.at == a + 1) w = &r;
+    if (!w) {
+      no("its output was not watched");
+      continue;
+    }
+    bool others = false;
+    for (size_t acc : w->accesses) others = others || acc != b;
+    if (others) {
+      no("its output is read by another op");
+      continue;
+    }
+    if (!freed_after(ops, b, freed_at_end, out)) {
+      no("its output outlives the step");
+      continue;
+    }
+    const int64_t bytes = cv.operands->ops.bytes[3];
+    std::ostringstream os;
+    os << "rewritten: conv2d -> max_pool2d run as one, pooling each band of rows as it is computed (" << bytes
+       << " bytes of full-size output not written; events " << a << ", " << b << ")";
+    report.lines.push_back(os.str());
+    report.conv_pools += 1;
+    report.unwritten_bytes += bytes;
+    auto rec = std::make_shared<const OperandsRecord>(OperandsRecord{fused->first, std::move(fused->second)});
+    Recorded r{"conv2d_forward_pooled",
+               false,
+               [rec] { rec->run(rec->ops); },
+               nullptr,
+               nullptr,
+               {},
+               {},
+               rec,
+               std::nullopt,
+               cv.origin};
+    r.freed_before = cv.freed_before;
+    r.freed_before.insert(r.freed_before.end(), pl.freed_before.begin(), pl.freed_before.end());
+    ops[b] = std::move(r);
+    ops[a].freed_before.clear();
+    dropped[a] = 1;
+  }
+  if (report.conv_pools > 0) report.map = drop_events(ops, dropped, freed_at_end);
+  return report;
+}
+
 // Note [Pool backward into the weight gradient]
 // A convolution whose input needs no gradient (a network's first layer: its
 // input is the data) has only a weight gradient in backward, and when a max
@@ -275,7 +351,7 @@ std::vector<WatchRecord> remap_watches(const std::vector<WatchRecord>& watches, 
 // gradient it reads is the pool's backward's full-size output: the pool's
 // output gradient at each window's maximum, zero elsewhere. Where that weight
 // gradient takes the direct sum (Note [Few-channel weight gradient] in
-// src/kernels/cpu/conv_weight_direct.cpp), the kernels layer has a form that
+// src/kernels/cpu/conv_direct.cpp), the kernels layer has a form that
 // builds each pixel's gradient vector from the pool's output gradient and
 // workspace as the pool's backward would and adds it in the same order, so
 // the full-size gradient is neither written nor read back, with the same
@@ -293,7 +369,8 @@ RewriteReport rewrite_pool_weight_grads(std::vector<Recorded>& ops, const std::v
     const size_t b = a + 1;
     const Recorded& wg = ops[b];
     if (!is_operands(wg, "conv2d_backward_weight")) continue;
-    auto fused = kernels::conv2d_backward_weight_pooled_fusion(pb.operands->ops, wg.operands->ops);
+    const capture::OperandsJoin join = pb.operands->ops.join_next;
+    auto fused = join ? join(pb.operands->ops, wg.operands->ops) : std::nullopt;
     auto no = [&](const std::string& why) {
       report.lines.push_back("not rewritten: the max_pool2d backward at event " + std::to_string(a) +
                              " into the weight gradient at event " + std::to_string(b) + ": " + why);

@@ -28,6 +28,7 @@ struct WatchRecord {
 struct RewriteReport {
   int64_t relu_pools = 0;          // ReLU → max pool pairs run as one pool that applies the ReLU
   int64_t pool_weight_grads = 0;   // max pool backwards read through by the weight gradient after them
+  int64_t conv_pools = 0;          // convolutions run inside the max pool after them
   int64_t unwritten_bytes = 0;     // per call: the full-size ReLU outputs and gradients no longer written
   std::vector<std::string> lines;  // one per rewrite, for the log
   // Where each event of the record went: map[i] is the event's new index, or
@@ -52,6 +53,13 @@ std::vector<WatchRecord> remap_watches(const std::vector<WatchRecord>& watches, 
 /// the last event.
 RewriteReport rewrite_relu_pooling(std::vector<Recorded>& ops, const std::vector<WatchRecord>& watches,
                                    std::vector<std::pair<void*, size_t>>& freed_at_end);
+
+/// Runs a convolution that the direct forward takes and the max pool that
+/// alone reads its output as one kernel that pools each band of output rows
+/// as it computes them (Note [Convolution inside the pool]). Same bits. Run
+/// after rewrite_relu_pooling, with the watches remapped to its result.
+RewriteReport rewrite_conv_pools(std::vector<Recorded>& ops, const std::vector<WatchRecord>& watches,
+                                 std::vector<std::pair<void*, size_t>>& freed_at_end);
 
 /// Runs a channels-last max pool's backward and the weight gradient of the
 /// convolution before the pool, which reads the full-size gradient the pool's

@@ -8,6 +8,7 @@
 
 #include "iter.h"
 #include "kiln/autograd/functions.h"
+#include "kiln/core/capture.h"
 #include "kiln/core/guards.h"
 #include "kiln/ops/factory.h"
 #include "op_record.h"
@@ -234,6 +235,9 @@ Tensor conv2d(const Tensor& input, const Tensor& weight, const Tensor& bias, con
     q.output_nhwc = path;  // docs/decisions.md: conv2d returns channels-last
     out = new_output(output_shape(p, unbatched), p.dtype, result_format(q.output_nhwc));
     kernels::conv2d_forward(q, x.data_ptr(), w.data_ptr(), b.defined() ? b.data_ptr() : nullptr, out.data_ptr());
+    // kiln::compile's rewrite of a convolution and the max pool after it (docs/compile.md, "Rewrites") may never
+    // write this output.
+    if (capture::recording()) capture::watch(*out.storage(), "conv2d output");
     out = in_dtype(out, input.dtype());
   }
   if (autograd::compute_requires_grad({&input, &weight, &bias})) {

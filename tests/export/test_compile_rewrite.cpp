@@ -8,7 +8,8 @@
 // whose gradient a hook reads, is left alone. And the pool backward read
 // through by the first convolution's weight gradient (Note [Pool backward
 // into the weight gradient]): the same bits, only where that convolution's
-// input needs no gradient.
+// input needs no gradient; and that convolution run inside the pool (Note
+// [Convolution inside the pool]).
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -94,11 +95,14 @@ TEST(CompileRewrite, ACNNTrainingStepPoolsBeforeItsReLUsAndMatchesEagerBitwise) 
     EXPECT_EQ(step.stats().replays, 4);
     // Both ReLU → pool pairs; fc1's ReLU feeds no pool and stays.
     EXPECT_EQ(step.stats().rewrites, 2) << step.explain();
-    // conv1's weight gradient reads the first pool's gradient through the pool (its input needs no gradient).
+    // conv1 (one input channel) runs inside the first pool, and its weight gradient reads the first pool's
+    // gradient through the pool (its input needs no gradient).
+    EXPECT_EQ(step.stats().conv_pool_rewrites, 1) << step.explain();
     EXPECT_EQ(step.stats().pool_weight_grad_rewrites, 1) << step.explain();
     // Each pair no longer writes its ReLU's output nor that output's gradient (float32, 8 × C × 12² and 6²),
-    // nor the first pool's backward its full-size gradient.
-    EXPECT_EQ(step.stats().rewrite_unwritten_bytes, 2 * 4 * 8 * (8 * 144 + 16 * 36) + 4 * 8 * 8 * 144);
+    // nor conv1 its output, nor the first pool's backward its full-size gradient.
+    EXPECT_EQ(step.stats().rewrite_unwritten_bytes, 2 * 4 * 8 * (8 * 144 + 16 * 36) + 2 * 4 * 8 * 8 * 144);
+    EXPECT_NE(step.explain().find("conv2d -> max_pool2d pair run as one"), std::string::npos) << step.explain();
     EXPECT_NE(step.explain().find("read through by the conv2d weight gradient"), std::string::npos)
         << step.explain();
     EXPECT_NE(step.explain().find("run as max_pool2d(relu)"), std::string::npos) << step.explain();
@@ -111,6 +115,7 @@ TEST(CompileRewrite, ACNNTrainingStepPoolsBeforeItsReLUsAndMatchesEagerBitwise) 
     for (int i = 0; i < 5; ++i) unrewritten();
     EXPECT_EQ(unrewritten.stats().rewrites, 0);
     EXPECT_EQ(unrewritten.stats().pool_weight_grad_rewrites, 0);
+    EXPECT_EQ(unrewritten.stats().conv_pool_rewrites, 0);
     expect_same_model(plain, comp, /*bitwise=*/true);
   }
   set_num_threads(before);
@@ -139,7 +144,8 @@ TEST(CompileRewrite, UnderBfloat16AutocastTheStepMatchesEagerBitwise) {
   for (int i = 0; i < 4; ++i) EXPECT_TRUE(bitwise_equal(eager_step(), step()[0])) << "loss of step " << i;
   EXPECT_EQ(step.stats().rewrites, 2) << step.explain();
   EXPECT_EQ(step.stats().pool_weight_grad_rewrites, 1) << step.explain();
-  EXPECT_EQ(step.stats().rewrite_unwritten_bytes, 2 * 2 * 8 * (8 * 144 + 16 * 36) + 2 * 8 * 8 * 144);
+  EXPECT_EQ(step.stats().conv_pool_rewrites, 1) << step.explain();
+  EXPECT_EQ(step.stats().rewrite_unwritten_bytes, 2 * 2 * 8 * (8 * 144 + 16 * 36) + 2 * 2 * 8 * 8 * 144);
   expect_same_model(eager, comp, /*bitwise=*/true);
 }
 
@@ -154,6 +160,7 @@ TEST(CompileRewrite, AFirstConvolutionWhoseInputNeedsAGradientKeepsThePoolBackwa
   for (int i = 0; i < 3; ++i) EXPECT_TRUE(bitwise_equal(eager_step(), step()[0])) << "loss of step " << i;
   EXPECT_EQ(step.stats().rewrites, 2) << step.explain();
   EXPECT_EQ(step.stats().pool_weight_grad_rewrites, 0) << step.explain();
+  EXPECT_EQ(step.stats().conv_pool_rewrites, 1) << step.explain();  // the forward is the same either way
   expect_same_model(eager, comp, /*bitwise=*/true);
 }
 

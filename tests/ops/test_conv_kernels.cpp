@@ -144,7 +144,7 @@ TEST(ConvWeightGrad, ProductMatchesTorchAndThePrimitive) {
 
 // A float32 convolution over one input channel takes the direct sum for NHWC
 // grad_output (Note [Few-channel weight gradient] in
-// src/kernels/cpu/conv_weight_direct.cpp) and, for NCHW at 2 threads, oneDNN's
+// src/kernels/cpu/conv_direct.cpp) and, for NCHW at 2 threads, oneDNN's
 // blocked backward-weights kernel; both sum the bias gradient in double (Note
 // [Single-channel weight gradient] in src/kernels/cpu/dnnl_conv.cpp): against
 // torch within 1e-5 of the largest element, NHWC and NCHW, with and without a
@@ -219,11 +219,12 @@ TEST(ConvWeightGrad, AutoFollowsTheRule) {
   }
 }
 
-// Both forward kernels, float32 and bfloat16, at 1 and 2 threads.
+// Both forward kernels, and kiln's direct one for one input channel, float32
+// and bfloat16, at 1 and 2 threads.
 TEST(ConvForward, BothKernelsMatchTorch) {
   const int saved = get_num_threads();
   manual_seed(23);
-  const int64_t channels[] = {3, 16, 64, 96};
+  const int64_t channels[] = {1, 3, 16, 64, 96};  // 1: the direct forward (Note [Few-channel convolution])
   std::vector<Tensor> xs, ws, bs;
   test::OracleBatch oracle;
   std::vector<size_t> ids;
@@ -252,7 +253,7 @@ TEST(ConvForward, BothKernelsMatchTorch) {
 }
 
 // The direct sum over few input channels (Note [Few-channel weight gradient]
-// in src/kernels/cpu/conv_weight_direct.cpp), forced for 1 to 4 channels:
+// in src/kernels/cpu/conv_direct.cpp), forced for 1 to 4 channels:
 // strides, dilation, padding, windows of 2x2 to 5x3, 5 to 64 output channels
 // (the last vector partial at 5, 20 and 33), with and without a bias. float32
 // against torch within 1e-5 of the largest element; bfloat16 against the
@@ -378,6 +379,50 @@ TEST(ConvWeightGrad, PooledFormHasTheBitsOfThePoolBackwardThenTheWeightGradient)
           if (bias) {
             EXPECT_TRUE(equal(fb, db)) << what;
           }
+        }
+      }
+    }
+  }
+  set_num_threads(saved);
+}
+
+// kiln::compile's pooled forward (conv2d_forward_pooled) has the bits of the
+// direct forward followed by the max pool: 2x2 windows of stride 2 over an odd
+// size (a row and column no window reads), 3x3 of stride 3, float32 and
+// bfloat16, with and without a bias, at 1 and 2 threads.
+TEST(ConvForward, PooledFormHasTheBitsOfTheConvolutionThenThePool) {
+  const int saved = get_num_threads();
+  manual_seed(28);
+  for (int64_t window : {2, 3}) {
+    for (DType dt : {kFloat32, kBFloat16}) {
+      for (bool bias : {true, false}) {
+        kernels::Conv2dParams p;
+        p.dtype = dt;
+        p.n = 3, p.c = 1, p.h = p.w = 11, p.o = 20, p.kh = p.kw = 3, p.oh = p.ow = 11;
+        p.pad_l[0] = p.pad_l[1] = p.pad_r[0] = p.pad_r[1] = 1;
+        p.input_nhwc = p.output_nhwc = true;
+        kernels::Pool2dParams q;
+        q.dtype = dt;
+        q.n = p.n, q.c = p.o, q.h = p.oh, q.w = p.ow;
+        q.kernel[0] = q.kernel[1] = q.stride[0] = q.stride[1] = window;
+        q.oh = q.ow = (p.oh - window) / window + 1;
+        q.nhwc = true;
+        ASSERT_TRUE(kernels::conv2d_forward_pooled_applies(p, q));
+        const Tensor x = randn({p.n, p.h, p.w, 1}).to(dt), w = randn({p.o, 1, 3, 3}).to(dt), b = randn({p.o}).to(dt);
+        for (int threads : {1, 2}) {
+          set_num_threads(threads);
+          const std::string what = std::to_string(window) + "x" + std::to_string(window) + " windows, " +
+                                   std::string(dtype_name(dt)) + (bias ? ", bias" : "") + ", threads " +
+                                   std::to_string(threads);
+          Tensor y = empty({p.n, p.oh, p.ow, p.o}, dt), pooled = empty({p.n, q.oh, q.ow, p.o}, dt);
+          Tensor fused = empty({p.n, q.oh, q.ow, p.o}, dt);
+          std::vector<uint8_t> ws(kernels::pool2d_workspace_bytes(q)), fws(ws.size());
+          kernels::conv2d_forward(p, x.data_ptr(), w.data_ptr(), bias ? b.data_ptr() : nullptr, y.data_ptr());
+          ASSERT_TRUE(kernels::pool2d_forward(q, y.data_ptr(), pooled.data_ptr(), ws.data()));
+          kernels::conv2d_forward_pooled(p, q, x.data_ptr(), w.data_ptr(), bias ? b.data_ptr() : nullptr,
+                                         fused.data_ptr(), fws.data(), nullptr);
+          EXPECT_TRUE(equal(fused, pooled)) << what;
+          EXPECT_EQ(fws, ws) << what;
         }
       }
     }

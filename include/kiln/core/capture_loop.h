@@ -20,6 +20,8 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <optional>
+#include <utility>
 
 namespace kiln::capture {
 
@@ -84,6 +86,13 @@ struct Reduction {
 /// reads and writes, and a function that runs the same kernel on other
 /// buffers of the same sizes.
 inline constexpr int kKernelOperands = 5;
+struct Operands;
+using OperandsRun = std::function<void(const Operands&)>;
+/// Set by a kernel that can run joined with the kernel recorded right after
+/// it (a rewrite of kiln::compile): given its own Operands and the next
+/// kernel's, the joined kernel's operands and how to run it, or nothing where
+/// the two do not join. The kernels layer decides, from both kernels' params.
+using OperandsJoin = std::optional<std::pair<Operands, OperandsRun>> (*)(const Operands& self, const Operands& next);
 struct Operands {
   const char* what = nullptr;  // a literal naming the computation ("max_pool_nhwc_forward")
   int n = 0;
@@ -97,8 +106,8 @@ struct Operands {
   // layer: a rewrite that joins two kernels hands both Operands back to the
   // kernels layer, which reads them.
   std::shared_ptr<const void> params = nullptr;
+  OperandsJoin join_next = nullptr;
 };
-using OperandsRun = std::function<void(const Operands&)>;
 
 /// Implemented by the compiler: describes the kernel it was just handed.
 class LoopSink {

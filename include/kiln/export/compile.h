@@ -118,6 +118,7 @@ struct CompileStats {
   int64_t unwritten_bytes = 0;                  // intermediates a replay keeps in cache instead of memory
   int64_t rewrites = 0;                         // graph rewrites applied to it (ReLU-pooling pairs)
   int64_t pool_weight_grad_rewrites = 0;        // max pool backwards read through by a conv weight gradient
+  int64_t conv_pool_rewrites = 0;               // convolutions run inside the max pool after them
   int64_t rewrite_unwritten_bytes = 0;          // full-size tensors the rewrites no longer write, per call
   std::vector<GraphBreak> graph_breaks;
   std::vector<std::string> recompile_reasons;  // the failed guard of each recompile

@@ -9,7 +9,7 @@
 #include <cstring>
 #include <type_traits>
 
-#include "conv_weight_direct.h"
+#include "conv_direct.h"
 #include "dnnl_common.h"
 #include "kiln/core/capture.h"
 #include "kiln/kernels/blas.h"
@@ -218,6 +218,11 @@ void bias_grad_loop(const Conv2dParams& p, const void* grad_output, void* grad_b
 void conv2d_forward(const Conv2dParams& p, const void* input, const void* weight, const void* bias, void* output) {
   KILN_CAPTURE_KERNEL("conv2d_forward", conv2d_forward(p, input, weight, bias, output));
   if (p.n == 0 || p.o == 0 || p.oh == 0 || p.ow == 0) return;
+  if (detail::conv_forward_direct(p)) {
+    // For kiln::compile's rewrite of it and the max pool after it (conv2d_forward_pooled).
+    if (kiln_capture_.recording()) detail::note_forward_operands(p, input, weight, bias, output);
+    return detail::conv_forward_direct_run(p, input, weight, bias, output);
+  }
   const bool done = visit_dtype<kConvTypes>(p.dtype, "conv2d_forward", [&]<typename T>() {
     if constexpr (on_dnnl<T>) {
       if (p.c == 0) return false;  // oneDNN cannot take empty channels; the result is the bias

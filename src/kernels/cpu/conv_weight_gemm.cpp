@@ -17,7 +17,7 @@
 #include <cstring>
 #include <vector>
 
-#include "conv_weight_direct.h"
+#include "conv_direct.h"
 #include "dnnl_common.h"
 #include "kiln/core/half.h"
 #include "kiln/core/parallel.h"

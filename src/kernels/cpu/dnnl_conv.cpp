@@ -22,7 +22,7 @@
 #include <string_view>
 #include <vector>
 
-#include "conv_weight_direct.h"
+#include "conv_direct.h"
 #include "conv_weight_gemm.h"
 #include "dnnl_common.h"
 #include "kiln/core/parallel.h"
@@ -174,7 +174,7 @@ bool nhwc_bwd_weights_safe(const Conv2dParams& p) {
 // stem: 0.16 -> 0.30 ms), where the reorder costs more than the kernel saves.
 // Where grad_output is NHWC (cnn's, and any convolution kiln chose
 // channels-last for) the direct sum takes the single channel instead (Note
-// [Few-channel weight gradient] in conv_weight_direct.cpp): this path is left
+// [Few-channel weight gradient] in conv_direct.cpp): this path is left
 // for NCHW grad_output.
 bool single_channel_blocked(const Conv2dParams& p) {
   return p.dtype == DType::Float32 && p.c == 1 && p.groups == 1 && max_threads() >= 2;

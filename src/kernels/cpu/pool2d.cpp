@@ -377,6 +377,7 @@ bool pool2d_forward(const Pool2dParams& p, const void* input, void* output, void
       o.bytes[0] = pool_bytes(p, false);
       o.bytes[1] = pool_bytes(p, true);
       o.bytes[2] = static_cast<int64_t>(detail::max_pool_nhwc_workspace_bytes(p));
+      o.params = std::make_shared<const Pool2dParams>(p);
       capture::note_operands(o, [p](const capture::Operands& t) {
         const float relu = static_cast<float>(t.scalar);
         detail::max_pool_nhwc_forward(p, t.ptr[0], t.ptr[1], static_cast<uint8_t*>(t.ptr[2]),
@@ -431,6 +432,7 @@ void max_pool2d_backward_workspace(const Pool2dParams& p, const void* grad_outpu
     o.bytes[1] = static_cast<int64_t>(detail::max_pool_nhwc_workspace_bytes(p));
     o.bytes[2] = pool_bytes(p, false);
     o.params = std::make_shared<const Pool2dParams>(p);
+    o.join_next = &conv2d_backward_weight_pooled_fusion;
     capture::note_operands(o, [p](const capture::Operands& t) {
       detail::max_pool_nhwc_backward(p, t.ptr[0], static_cast<const uint8_t*>(t.ptr[1]), t.ptr[2]);
     });

@@ -204,7 +204,7 @@ void conv2d_backward_weight(const Conv2dParams& p, const void* grad_output, cons
 /// unfolded input fits in 64 MiB: where oneDNN 2.6's primitive is slowest.
 /// The two differ only in the order each gradient element's terms are summed.
 /// Direct sums grad_output's channel vectors times each tap's input value
-/// (Note [Few-channel weight gradient] in src/kernels/cpu/conv_weight_direct.cpp),
+/// (Note [Few-channel weight gradient] in src/kernels/cpu/conv_direct.cpp),
 /// for convolutions over at most 4 input channels into at most 64, NHWC
 /// grad_output, groups 1; Auto takes it for those over one input channel (a
 /// grayscale stem; resnet's 3-channel stem ran faster on the primitive).
@@ -302,6 +302,22 @@ void max_pool2d_backward_workspace(const Pool2dParams& p, const void* grad_outpu
 bool conv2d_backward_weight_pooled_applies(const Conv2dParams& conv, const Pool2dParams& pool);
 void conv2d_backward_weight_pooled(const Conv2dParams& conv, const Pool2dParams& pool, const void* grad_pooled,
                                    const uint8_t* workspace, const void* input, void* grad_weight, void* grad_bias);
+
+/// kiln::compile's rewrite of the same convolution's forward and the max pool
+/// after it (disjoint windows, no padding; with the ReLU-pooling rewrite's
+/// threshold when not null): the pooled output and workspace, with the bits of
+/// conv2d_forward then pool2d_forward (max_pool_nhwc_forward with the
+/// threshold) and without the convolution's full-size output. Applies where the
+/// forward takes the direct sum (one input channel, NHWC output).
+bool conv2d_forward_pooled_applies(const Conv2dParams& conv, const Pool2dParams& pool);
+void conv2d_forward_pooled(const Conv2dParams& conv, const Pool2dParams& pool, const void* input, const void* weight,
+                           const void* bias, void* pooled, uint8_t* workspace, const float* relu_threshold);
+/// The same from what the two kernels noted in a capture ("conv2d_forward_direct",
+/// "max_pool_nhwc_forward"): the pooled kernel's operands (input, weight, bias,
+/// pooled output, workspace; the pool's threshold as its scalar) and how to run
+/// it, or nothing where the pair does not fuse.
+std::optional<std::pair<capture::Operands, capture::OperandsRun>> conv2d_forward_pooled_fusion(
+    const capture::Operands& conv_forward, const capture::Operands& pool_forward);
 
 /// The same for kiln::compile, from what the two kernels noted in a capture
 /// (capture::Operands "max_pool_nhwc_backward" and "conv2d_backward_weight"):
