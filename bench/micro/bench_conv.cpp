@@ -6,6 +6,7 @@
 //   ./build/release/bench/micro/kiln_micro_bench --benchmark_filter=ConvWeightGrad
 #include <benchmark/benchmark.h>
 
+#include <utility>
 #include <vector>
 
 #include "bench_threads.h"
@@ -69,8 +70,8 @@ namespace {
 // then a 2x2 max pool): the pool's backward then the weight gradient (0), or
 // the weight gradient read through the pool (1, kiln::compile's rewrite,
 // conv2d_backward_weight_pooled). state: threads, form.
-void BM_ConvWeightGradPooled(benchmark::State& state) {
-  ThreadScope threads(static_cast<int>(state.range(0)));
+// cnn's conv1 (64 images, 1 -> 32 channels, 3x3 over 28x28, NHWC) and the 2x2 max pool after it.
+std::pair<kernels::Conv2dParams, kernels::Pool2dParams> cnn_first_layer() {
   kernels::Conv2dParams p;
   p.n = 64, p.c = 1, p.h = p.w = 28, p.o = 32, p.kh = p.kw = 3, p.oh = p.ow = 28;
   p.pad_l[0] = p.pad_l[1] = p.pad_r[0] = p.pad_r[1] = 1;
@@ -79,6 +80,12 @@ void BM_ConvWeightGradPooled(benchmark::State& state) {
   q.n = 64, q.c = 32, q.h = q.w = 28, q.oh = q.ow = 14;
   q.kernel[0] = q.kernel[1] = q.stride[0] = q.stride[1] = 2;
   q.nhwc = true;
+  return {p, q};
+}
+
+void BM_ConvWeightGradPooled(benchmark::State& state) {
+  ThreadScope threads(static_cast<int>(state.range(0)));
+  const auto [p, q] = cnn_first_layer();
   Generator g(4);
   const Tensor x = randn({64 * 28 * 28}, kFloat32, &g);
   const Tensor y = randn({64 * 28 * 28 * 32}, kFloat32, &g);
@@ -108,14 +115,7 @@ namespace {
 // (1, kiln::compile's rewrite, conv2d_forward_pooled). state: threads, form.
 void BM_ConvForwardPooled(benchmark::State& state) {
   ThreadScope threads(static_cast<int>(state.range(0)));
-  kernels::Conv2dParams p;
-  p.n = 64, p.c = 1, p.h = p.w = 28, p.o = 32, p.kh = p.kw = 3, p.oh = p.ow = 28;
-  p.pad_l[0] = p.pad_l[1] = p.pad_r[0] = p.pad_r[1] = 1;
-  p.input_nhwc = p.output_nhwc = true;
-  kernels::Pool2dParams q;
-  q.n = 64, q.c = 32, q.h = q.w = 28, q.oh = q.ow = 14;
-  q.kernel[0] = q.kernel[1] = q.stride[0] = q.stride[1] = 2;
-  q.nhwc = true;
+  const auto [p, q] = cnn_first_layer();
   Generator g(5);
   const Tensor x = randn({64 * 28 * 28}, kFloat32, &g), w = randn({32 * 9}, kFloat32, &g),
                b = randn({32}, kFloat32, &g);

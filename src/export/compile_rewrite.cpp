@@ -267,6 +267,81 @@ std::vector<WatchRecord> remap_watches(const std::vector<WatchRecord>& watches, 
   return out;
 }
 
+namespace {
+
+// A rewrite that runs a kernel and the one recorded right after it as one
+// (the first's Operands::join_next decides whether they join and how), where
+// the buffer the first writes is read by the second alone, as its watch
+// shows, and dies inside the step.
+struct Join {
+  const char* first;  // the two kernels' Operands::what
+  const char* second;
+  int written;              // the first's operand that the second reads
+  const char* role;         // the watch on that buffer
+  const char* name;         // the joined event's
+  bool first_origin;        // the joined event reports the first kernel's op and line (else the second's)
+  const char* first_label;  // for the log
+  const char* second_label;
+  const char* buffer;  // "output", "gradient"
+  const char* how;
+  const char* refused;
+};
+
+RewriteReport join_adjacent(std::vector<Recorded>& ops, const std::vector<WatchRecord>& watches,
+                            std::vector<std::pair<void*, size_t>>& freed_at_end, const Join& j,
+                            int64_t RewriteReport::*count) {
+  RewriteReport report;
+  std::vector<char> dropped(ops.size(), 0);
+  for (size_t a = 0; a + 1 < ops.size(); ++a) {
+    const size_t b = a + 1;
+    if (dropped[a] || !is_operands(ops[a], j.first) || !is_operands(ops[b], j.second)) continue;
+    const Recorded &x = ops[a], &y = ops[b];
+    auto no = [&](const std::string& why) {
+      report.lines.push_back(std::string("not rewritten: the ") + j.first_label + " at event " + std::to_string(a) +
+                             " into the " + j.second_label + " at event " + std::to_string(b) + ": " + why);
+    };
+    const capture::OperandsJoin join = x.operands->ops.join_next;
+    auto joined = join ? join(x.operands->ops, y.operands->ops) : std::nullopt;
+    if (!joined) {
+      no(j.refused);
+      continue;
+    }
+    void* buf = x.operands->ops.ptr[j.written];
+    const WatchRecord* w = nullptr;
+    for (const WatchRecord& r : watches)
+      if (r.role == j.role && r.data == buf && r.at == a + 1) w = &r;
+    bool others = false;
+    if (w)
+      for (size_t acc : w->accesses) others = others || acc != b;
+    if (!w || others || !freed_after(ops, b, freed_at_end, buf)) {
+      no(std::string("its ") + j.buffer +
+         (!w       ? " was not watched"
+          : others ? " is read by another op"
+                   : " outlives the step"));
+      continue;
+    }
+    const int64_t bytes = x.operands->ops.bytes[j.written];
+    std::ostringstream os;
+    os << "rewritten: " << j.how << " (" << bytes << " bytes of full-size " << j.buffer << " not written; events " << a
+       << ", " << b << ")";
+    report.lines.push_back(os.str());
+    report.*count += 1;
+    report.unwritten_bytes += bytes;
+    auto rec = std::make_shared<const OperandsRecord>(OperandsRecord{joined->first, std::move(joined->second)});
+    Recorded r{j.name, false,        [rec] { rec->run(rec->ops); },       nullptr, nullptr, {}, {},
+               rec,    std::nullopt, j.first_origin ? x.origin : y.origin};
+    r.freed_before = x.freed_before;
+    r.freed_before.insert(r.freed_before.end(), y.freed_before.begin(), y.freed_before.end());
+    ops[b] = std::move(r);
+    ops[a].freed_before.clear();
+    dropped[a] = 1;
+  }
+  if (report.*count > 0) report.map = drop_events(ops, dropped, freed_at_end);
+  return report;
+}
+
+}  // namespace
+
 // Note [Convolution inside the pool]
 // The same first convolution's output (one input channel, kiln's direct
 // forward) is read by the max pool after it and by nothing else once the
@@ -280,68 +355,12 @@ std::vector<WatchRecord> remap_watches(const std::vector<WatchRecord>& watches, 
 // does, and it is freed inside the step.
 RewriteReport rewrite_conv_pools(std::vector<Recorded>& ops, const std::vector<WatchRecord>& watches,
                                  std::vector<std::pair<void*, size_t>>& freed_at_end) {
-  RewriteReport report;
-  std::vector<char> dropped(ops.size(), 0);
-  for (size_t a = 0; a + 1 < ops.size(); ++a) {
-    const Recorded& cv = ops[a];
-    if (dropped[a] || !is_operands(cv, "conv2d_forward_direct")) continue;
-    const size_t b = a + 1;
-    const Recorded& pl = ops[b];
-    if (!is_operands(pl, "max_pool_nhwc_forward")) continue;
-    auto no = [&](const std::string& why) {
-      report.lines.push_back("not rewritten: the conv2d at event " + std::to_string(a) +
-                             " into the max_pool2d at event " + std::to_string(b) + ": " + why);
-    };
-    const capture::OperandsJoin join = cv.operands->ops.join_next;
-    auto fused = join ? join(cv.operands->ops, pl.operands->ops) : std::nullopt;
-    if (!fused) {
-      no("the convolution or the pool is not one the pooled forward takes");
-      continue;
-    }
-    void* out = cv.operands->ops.ptr[3];
-    const WatchRecord* w = nullptr;
-    for (const WatchRecord& r : watches)
-      if (r.role == "conv2d output" && r.data == out && r.at == a + 1) w = &r;
-    if (!w) {
-      no("its output was not watched");
-      continue;
-    }
-    bool others = false;
-    for (size_t acc : w->accesses) others = others || acc != b;
-    if (others) {
-      no("its output is read by another op");
-      continue;
-    }
-    if (!freed_after(ops, b, freed_at_end, out)) {
-      no("its output outlives the step");
-      continue;
-    }
-    const int64_t bytes = cv.operands->ops.bytes[3];
-    std::ostringstream os;
-    os << "rewritten: conv2d -> max_pool2d run as one, pooling each band of rows as it is computed (" << bytes
-       << " bytes of full-size output not written; events " << a << ", " << b << ")";
-    report.lines.push_back(os.str());
-    report.conv_pools += 1;
-    report.unwritten_bytes += bytes;
-    auto rec = std::make_shared<const OperandsRecord>(OperandsRecord{fused->first, std::move(fused->second)});
-    Recorded r{"conv2d_forward_pooled",
-               false,
-               [rec] { rec->run(rec->ops); },
-               nullptr,
-               nullptr,
-               {},
-               {},
-               rec,
-               std::nullopt,
-               cv.origin};
-    r.freed_before = cv.freed_before;
-    r.freed_before.insert(r.freed_before.end(), pl.freed_before.begin(), pl.freed_before.end());
-    ops[b] = std::move(r);
-    ops[a].freed_before.clear();
-    dropped[a] = 1;
-  }
-  if (report.conv_pools > 0) report.map = drop_events(ops, dropped, freed_at_end);
-  return report;
+  return join_adjacent(
+      ops, watches, freed_at_end,
+      {"conv2d_forward_direct", "max_pool_nhwc_forward", 3, "conv2d output", "conv2d_forward_pooled", true, "conv2d",
+       "max_pool2d", "output", "conv2d -> max_pool2d run as one, pooling each band of rows as it is computed",
+       "the convolution or the pool is not one the pooled forward takes"},
+      &RewriteReport::conv_pools);
 }
 
 // Note [Pool backward into the weight gradient]
@@ -361,68 +380,12 @@ RewriteReport rewrite_conv_pools(std::vector<Recorded>& ops, const std::vector<W
 // reads that output, nothing else reads it, and it is freed inside the step.
 RewriteReport rewrite_pool_weight_grads(std::vector<Recorded>& ops, const std::vector<WatchRecord>& watches,
                                         std::vector<std::pair<void*, size_t>>& freed_at_end) {
-  RewriteReport report;
-  std::vector<char> dropped(ops.size(), 0);
-  for (size_t a = 0; a + 1 < ops.size(); ++a) {
-    const Recorded& pb = ops[a];
-    if (dropped[a] || !is_operands(pb, "max_pool_nhwc_backward")) continue;
-    const size_t b = a + 1;
-    const Recorded& wg = ops[b];
-    if (!is_operands(wg, "conv2d_backward_weight")) continue;
-    const capture::OperandsJoin join = pb.operands->ops.join_next;
-    auto fused = join ? join(pb.operands->ops, wg.operands->ops) : std::nullopt;
-    auto no = [&](const std::string& why) {
-      report.lines.push_back("not rewritten: the max_pool2d backward at event " + std::to_string(a) +
-                             " into the weight gradient at event " + std::to_string(b) + ": " + why);
-    };
-    if (!fused) {
-      no("the convolution or the pool is not one the pooled weight gradient takes");
-      continue;
-    }
-    void* grad = pb.operands->ops.ptr[2];
-    const WatchRecord* g = nullptr;
-    for (const WatchRecord& w : watches)
-      if (w.role == "max_pool2d grad_input" && w.data == grad && w.at == a + 1) g = &w;
-    if (!g) {
-      no("the pool's gradient was not watched");
-      continue;
-    }
-    bool others = false;
-    for (size_t acc : g->accesses) others = others || acc != b;
-    if (others) {
-      no("its gradient is read by another op");
-      continue;
-    }
-    if (!freed_after(ops, b, freed_at_end, grad)) {
-      no("its gradient outlives the step");
-      continue;
-    }
-    const int64_t bytes = pb.operands->ops.bytes[2];
-    std::ostringstream os;
-    os << "rewritten: max_pool2d backward -> conv2d weight gradient run as one, reading the pooled gradient (" << bytes
-       << " bytes of full-size gradient not written; events " << a << ", " << b << ")";
-    report.lines.push_back(os.str());
-    report.pool_weight_grads += 1;
-    report.unwritten_bytes += bytes;
-    auto rec = std::make_shared<const OperandsRecord>(OperandsRecord{fused->first, std::move(fused->second)});
-    Recorded r{"conv2d_backward_weight_pooled",
-               false,
-               [rec] { rec->run(rec->ops); },
-               nullptr,
-               nullptr,
-               {},
-               {},
-               rec,
-               std::nullopt,
-               wg.origin};
-    r.freed_before = pb.freed_before;
-    r.freed_before.insert(r.freed_before.end(), wg.freed_before.begin(), wg.freed_before.end());
-    ops[b] = std::move(r);
-    ops[a].freed_before.clear();
-    dropped[a] = 1;
-  }
-  if (report.pool_weight_grads > 0) report.map = drop_events(ops, dropped, freed_at_end);
-  return report;
+  return join_adjacent(ops, watches, freed_at_end,
+                       {"max_pool_nhwc_backward", "conv2d_backward_weight", 2, "max_pool2d grad_input",
+                        "conv2d_backward_weight_pooled", false, "max_pool2d backward", "weight gradient", "gradient",
+                        "max_pool2d backward -> conv2d weight gradient run as one, reading the pooled gradient",
+                        "the convolution or the pool is not one the pooled weight gradient takes"},
+                       &RewriteReport::pool_weight_grads);
 }
 
 }  // namespace kiln::compile_detail

@@ -334,6 +334,29 @@ TEST(ConvWeightGrad, DirectSumReadsEitherInputLayoutAndAutoTakesOneChannel) {
   EXPECT_FALSE(kernels::conv2d_backward_weight_direct(one));
 }
 
+namespace {
+
+// A first layer as cnn's: 3 images of size x size, 1 -> 20 channels, 3x3 with
+// padding 1 (NHWC), then a max pool of window x window, stride window.
+std::pair<kernels::Conv2dParams, kernels::Pool2dParams> first_layer(DType dt, int64_t size, int64_t window,
+                                                                    int64_t pool_pad) {
+  kernels::Conv2dParams p;
+  p.dtype = dt;
+  p.n = 3, p.c = 1, p.h = p.w = size, p.o = 20, p.kh = p.kw = 3, p.oh = p.ow = size;
+  p.pad_l[0] = p.pad_l[1] = p.pad_r[0] = p.pad_r[1] = 1;
+  p.input_nhwc = p.output_nhwc = true;
+  kernels::Pool2dParams q;
+  q.dtype = dt;
+  q.n = p.n, q.c = p.o, q.h = p.oh, q.w = p.ow;
+  q.kernel[0] = q.kernel[1] = q.stride[0] = q.stride[1] = window;
+  q.pad[0] = q.pad[1] = pool_pad;
+  q.oh = q.ow = (p.oh + 2 * pool_pad - window) / window + 1;
+  q.nhwc = true;
+  return {p, q};
+}
+
+}  // namespace
+
 // kiln::compile's pooled form (conv2d_backward_weight_pooled) has the bits of
 // the max pool's backward followed by the direct weight gradient: 2x2 windows
 // of stride 2 over an odd size (a row and column no window covers), 3x3 of
@@ -345,18 +368,7 @@ TEST(ConvWeightGrad, PooledFormHasTheBitsOfThePoolBackwardThenTheWeightGradient)
   for (int64_t window : {2, 3}) {
     for (DType dt : {kFloat32, kBFloat16}) {
       for (bool bias : {true, false}) {
-        kernels::Conv2dParams p;
-        p.dtype = dt;
-        p.n = 3, p.c = 1, p.h = p.w = 9, p.o = 20, p.kh = p.kw = 3, p.oh = p.ow = 9;
-        p.pad_l[0] = p.pad_l[1] = p.pad_r[0] = p.pad_r[1] = 1;
-        p.input_nhwc = p.output_nhwc = true;
-        kernels::Pool2dParams q;
-        q.dtype = dt;
-        q.n = p.n, q.c = p.o, q.h = p.oh, q.w = p.ow;
-        q.kernel[0] = q.kernel[1] = q.stride[0] = q.stride[1] = window;
-        q.pad[0] = q.pad[1] = window == 3 ? 1 : 0;
-        q.oh = q.ow = (p.oh + 2 * q.pad[0] - window) / window + 1;
-        q.nhwc = true;
+        const auto [p, q] = first_layer(dt, 9, window, window == 3 ? 1 : 0);
         ASSERT_TRUE(kernels::conv2d_backward_weight_pooled_applies(p, q));
         const Tensor x = randn({p.n, p.h, p.w, 1}).to(dt), y = randn({p.n, p.oh, p.ow, p.o}).to(dt);
         const Tensor gp = randn({p.n, q.oh, q.ow, p.o}).to(dt), pooled = empty({p.n, q.oh, q.ow, p.o}, dt);
@@ -396,17 +408,7 @@ TEST(ConvForward, PooledFormHasTheBitsOfTheConvolutionThenThePool) {
   for (int64_t window : {2, 3}) {
     for (DType dt : {kFloat32, kBFloat16}) {
       for (bool bias : {true, false}) {
-        kernels::Conv2dParams p;
-        p.dtype = dt;
-        p.n = 3, p.c = 1, p.h = p.w = 11, p.o = 20, p.kh = p.kw = 3, p.oh = p.ow = 11;
-        p.pad_l[0] = p.pad_l[1] = p.pad_r[0] = p.pad_r[1] = 1;
-        p.input_nhwc = p.output_nhwc = true;
-        kernels::Pool2dParams q;
-        q.dtype = dt;
-        q.n = p.n, q.c = p.o, q.h = p.oh, q.w = p.ow;
-        q.kernel[0] = q.kernel[1] = q.stride[0] = q.stride[1] = window;
-        q.oh = q.ow = (p.oh - window) / window + 1;
-        q.nhwc = true;
+        const auto [p, q] = first_layer(dt, 11, window, 0);
         ASSERT_TRUE(kernels::conv2d_forward_pooled_applies(p, q));
         const Tensor x = randn({p.n, p.h, p.w, 1}).to(dt), w = randn({p.o, 1, 3, 3}).to(dt), b = randn({p.o}).to(dt);
         for (int threads : {1, 2}) {

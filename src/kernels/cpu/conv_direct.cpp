@@ -48,6 +48,7 @@
 #include <algorithm>
 #include <array>
 #include <cstring>
+#include <initializer_list>
 #include <type_traits>
 #include <utility>
 #include <vector>
@@ -610,23 +611,45 @@ void note_weight_grad_operands(const Conv2dParams& p, const void* grad_output, c
 
 namespace kiln::kernels {
 
+namespace {
+
+// The two kernels' parameters when `first` and `second` are the kernels named
+// and `second` reads exactly `first`'s operand `written` as its operand `read`.
+template <typename A, typename B>
+std::optional<std::pair<const A*, const B*>> joinable(const capture::Operands& first, const char* first_what,
+                                                      int written, const capture::Operands& second,
+                                                      const char* second_what, int read) {
+  if (!first.what || !second.what || std::strcmp(first.what, first_what) != 0 ||
+      std::strcmp(second.what, second_what) != 0 || !first.params || !second.params ||
+      second.ptr[read] != first.ptr[written] || second.bytes[read] != first.bytes[written])
+    return std::nullopt;
+  return std::make_pair(static_cast<const A*>(first.params.get()), static_cast<const B*>(second.params.get()));
+}
+
+// An Operands of the buffers picked, in order, from the two kernels'.
+capture::Operands pick(const char* what, std::initializer_list<std::pair<const capture::Operands*, int>> from) {
+  capture::Operands o;
+  o.what = what;
+  for (const auto& [ops, i] : from) {
+    o.ptr[o.n] = ops->ptr[i];
+    o.bytes[o.n] = ops->bytes[i];
+    ++o.n;
+  }
+  return o;
+}
+
+}  // namespace
+
 std::optional<std::pair<capture::Operands, capture::OperandsRun>> conv2d_backward_weight_pooled_fusion(
     const capture::Operands& pool_backward, const capture::Operands& weight_grad) {
-  if (!pool_backward.what || !weight_grad.what || std::strcmp(pool_backward.what, "max_pool_nhwc_backward") != 0 ||
-      std::strcmp(weight_grad.what, "conv2d_backward_weight") != 0 || !pool_backward.params || !weight_grad.params)
-    return std::nullopt;
-  const auto& pool = *static_cast<const Pool2dParams*>(pool_backward.params.get());
-  const auto& conv = *static_cast<const Conv2dParams*>(weight_grad.params.get());
-  // The weight gradient must read exactly the gradient the pool's backward writes.
-  if (weight_grad.ptr[0] != pool_backward.ptr[2] || weight_grad.bytes[0] != pool_backward.bytes[2] ||
-      !conv2d_backward_weight_pooled_applies(conv, pool))
-    return std::nullopt;
-  capture::Operands o{
-      "conv2d_backward_weight_pooled",
-      5,
-      {pool_backward.ptr[0], pool_backward.ptr[1], weight_grad.ptr[1], weight_grad.ptr[2], weight_grad.ptr[3]},
-      {pool_backward.bytes[0], pool_backward.bytes[1], weight_grad.bytes[1], weight_grad.bytes[2],
-       weight_grad.bytes[3]}};
+  const auto params = joinable<Pool2dParams, Conv2dParams>(pool_backward, "max_pool_nhwc_backward", 2, weight_grad,
+                                                           "conv2d_backward_weight", 0);
+  if (!params || !conv2d_backward_weight_pooled_applies(*params->second, *params->first)) return std::nullopt;
+  const Pool2dParams pool = *params->first;
+  const Conv2dParams conv = *params->second;
+  capture::Operands o =
+      pick("conv2d_backward_weight_pooled",
+           {{&pool_backward, 0}, {&pool_backward, 1}, {&weight_grad, 1}, {&weight_grad, 2}, {&weight_grad, 3}});
   o.params = weight_grad.params;
   capture::OperandsRun run = [conv, pool](const capture::Operands& t) {
     conv2d_backward_weight_pooled(conv, pool, t.ptr[0], static_cast<const uint8_t*>(t.ptr[1]), t.ptr[2], t.ptr[3],
@@ -696,21 +719,14 @@ void conv2d_forward_pooled(const Conv2dParams& conv, const Pool2dParams& pool, c
 
 std::optional<std::pair<capture::Operands, capture::OperandsRun>> conv2d_forward_pooled_fusion(
     const capture::Operands& conv_forward, const capture::Operands& pool_forward) {
-  if (!conv_forward.what || !pool_forward.what || std::strcmp(conv_forward.what, "conv2d_forward_direct") != 0 ||
-      std::strcmp(pool_forward.what, "max_pool_nhwc_forward") != 0 || !conv_forward.params || !pool_forward.params)
-    return std::nullopt;
-  const auto& conv = *static_cast<const Conv2dParams*>(conv_forward.params.get());
-  const auto& pool = *static_cast<const Pool2dParams*>(pool_forward.params.get());
-  // The pool must read exactly what the convolution writes.
-  if (pool_forward.ptr[0] != conv_forward.ptr[3] || pool_forward.bytes[0] != conv_forward.bytes[3] ||
-      !conv2d_forward_pooled_applies(conv, pool))
-    return std::nullopt;
-  capture::Operands o{
-      "conv2d_forward_pooled",
-      5,
-      {conv_forward.ptr[0], conv_forward.ptr[1], conv_forward.ptr[2], pool_forward.ptr[1], pool_forward.ptr[2]},
-      {conv_forward.bytes[0], conv_forward.bytes[1], conv_forward.bytes[2], pool_forward.bytes[1],
-       pool_forward.bytes[2]}};
+  const auto params = joinable<Conv2dParams, Pool2dParams>(conv_forward, "conv2d_forward_direct", 3, pool_forward,
+                                                           "max_pool_nhwc_forward", 0);
+  if (!params || !conv2d_forward_pooled_applies(*params->first, *params->second)) return std::nullopt;
+  const Conv2dParams conv = *params->first;
+  const Pool2dParams pool = *params->second;
+  capture::Operands o =
+      pick("conv2d_forward_pooled",
+           {{&conv_forward, 0}, {&conv_forward, 1}, {&conv_forward, 2}, {&pool_forward, 1}, {&pool_forward, 2}});
   o.has_scalar = pool_forward.has_scalar;
   o.scalar = pool_forward.scalar;
   o.params = conv_forward.params;
