@@ -280,5 +280,51 @@ TEST(CompileRewrite, AReLUOutputReadByAnotherOpOrKeptIsLeftAlone) {
   EXPECT_EQ(step.stats().rewrites, 1) << step.explain();
 }
 
+// The first convolution's rewrites watch what they stop writing: a convolution
+// output that a second op reads keeps the convolution out of the pool (and its
+// gradient, summed from both branches, keeps the pool's backward), and a hook
+// that reads the convolution output's gradient keeps the pool's backward,
+// while the forward still joins. The same bits as eager in each.
+TEST(CompileRewrite, TheFirstConvolutionsRewritesLeaveWhatAnotherOpReads) {
+  manual_seed(6);
+  auto conv = std::make_shared<nn::Conv2d>(
+      nn::Conv2dOptions{.in_channels = 1, .out_channels = 8, .kernel_size = {3}, .padding = {1}});
+  const Tensor x = randn({4, 1, 8, 8});
+  Tensor kept;
+  auto step_of = [&](int variant) {
+    return [&, variant] {
+      conv->zero_grad();
+      const Tensor y = (*conv)(x);
+      Tensor loss = max_pool2d(y.relu(), {2}).mean();
+      if (variant == 0) loss = loss + y.mean();  // a second reader of the convolution's output
+      if (variant == 1)                          // a hook that reads the gradient the pool's backward writes
+        y.register_hook([&kept](const Tensor& g) {
+          kept = g.sum();
+          return Tensor();
+        });
+      loss.backward();
+      return loss;
+    };
+  };
+  struct Want {
+    int64_t conv_pools, pool_weight_grads;
+  };
+  const Want wants[] = {{0, 0}, {1, 0}, {1, 1}};  // variant 2: neither, both rewrites
+  for (int variant : {0, 1, 2}) {
+    const Tensor want = step_of(variant)();
+    const Tensor want_grad = conv->weight.grad().clone(), want_bias = conv->bias.grad().clone();
+    auto step = compile(step_of(variant), {.name = "conv", .modules = {conv.get()}});
+    step();
+    EXPECT_TRUE(bitwise_equal(want, step()[0])) << "variant " << variant;
+    EXPECT_TRUE(bitwise_equal(want_grad, conv->weight.grad())) << "variant " << variant;
+    EXPECT_TRUE(bitwise_equal(want_bias, conv->bias.grad())) << "variant " << variant;
+    EXPECT_EQ(step.stats().conv_pool_rewrites, wants[variant].conv_pools) << "variant " << variant << "\n"
+                                                                          << step.explain();
+    EXPECT_EQ(step.stats().pool_weight_grad_rewrites, wants[variant].pool_weight_grads)
+        << "variant " << variant << "\n"
+        << step.explain();
+  }
+}
+
 }  // namespace
 }  // namespace kiln::test

@@ -4,7 +4,7 @@
 // output pixels of dY[n, y, x, o] · X[n, c, y s + i d - pad, x s + j d - pad]
 // has few terms per output pixel but a full-size grad_output to read. oneDNN
 // 2.6 runs it at a fraction of its speed elsewhere: cnn's first layer
-// (1 → 32 channels, 3x3, 64 images of 28x28, float32) took 0.75-0.86 ms at 1
+// (1 → 32 channels, 3x3, 64 images of 28x28, float32) took 0.56-0.86 ms at 1
 // thread for 29 MFLOP, where reading its 6.4 MB grad_output takes about a
 // third of that. Here each output pixel loads its grad_output channels as
 // vectors once and adds them, times each tap's input value (a broadcast),
@@ -32,6 +32,7 @@
 // The pooled form forms each pixel's vector from the pool's output gradient
 // and workspace instead (the same masking, the same bits: the vector the
 // pool's backward would have written), and adds it exactly as above.
+//
 // Note [Few-channel convolution]
 // The forward of the same convolutions (one input channel, NHWC output,
 // conv_forward_direct): per output pixel the bias, then each tap's 16-channel
@@ -123,9 +124,7 @@ struct PooledSource {
   const int64_t* col_j;
   // This row's window row and offset in it (py < 0: no window covers the row).
   int64_t py = -1, i = 0;
-  int64_t n_ = 0;
   void row(int64_t n, int64_t y) {
-    n_ = n;
     const int64_t ty = y + pool->pad[0];
     py = ty / pool->stride[0];
     i = ty % pool->stride[0];
@@ -134,7 +133,7 @@ struct PooledSource {
     // read long after the forward wrote them, they come from memory.
     if (py >= 0 && i == 0) {
       for (int64_t ahead = 1; ahead <= 2 && py + ahead < pool->oh; ++ahead) {
-        const int64_t at = ((n_ * pool->oh + py + ahead) * pool->ow) * pool->c;
+        const int64_t at = ((n * pool->oh + py + ahead) * pool->ow) * pool->c;
         const char* g = reinterpret_cast<const char*>(go + at);
         const char* w = reinterpret_cast<const char*>(ws + at);
         const int64_t row_elems = pool->ow * pool->c;
@@ -259,6 +258,29 @@ Plane plane_of(const Conv2dParams& p) {
           std::max(p.w + p.pad_l[1], (p.ow - 1) * p.stride[1] + (p.kw - 1) * p.dilation[1] + 1)};
 }
 
+// What both directions derive from p: the plane, the 16-channel vectors of
+// output channels (the last masked by `last`), and each tap's offset in the
+// plane from its window's origin, taps in weight order (c, kh, kw).
+struct Layout {
+  Plane pl;
+  int nv;
+  int64_t taps;
+  std::vector<int64_t> tap_off;
+  __mmask16 last;
+};
+
+Layout layout_of(const Conv2dParams& p) {
+  Layout l{plane_of(p), static_cast<int>((p.o + 15) / 16), p.c * p.kh * p.kw, {}, 0};
+  l.tap_off.resize(static_cast<size_t>(l.taps));
+  for (int64_t ci = 0; ci < p.c; ++ci)
+    for (int64_t i = 0; i < p.kh; ++i)
+      for (int64_t j = 0; j < p.kw; ++j)
+        l.tap_off[static_cast<size_t>((ci * p.kh + i) * p.kw + j)] =
+            (ci * l.pl.hp + i * p.dilation[0]) * l.pl.wp + j * p.dilation[1];
+  l.last = vm::first_lanes16(p.o - 16 * (l.nv - 1));
+  return l;
+}
+
 template <typename T>
 void fill_plane(const Conv2dParams& p, const Plane& pl, const T* x, int64_t n, float* plane) {
   std::fill(plane, plane + p.c * pl.hp * pl.wp, 0.0f);
@@ -275,18 +297,12 @@ void fill_plane(const Conv2dParams& p, const Plane& pl, const T* x, int64_t n, f
 // Every image's partials, then their double sums rounded into the gradients.
 template <typename T, typename Src>
 void run(const Conv2dParams& p, const T* x, Src src, T* grad_weight, T* grad_bias) {
-  const Plane pl = plane_of(p);
-  const int nv = static_cast<int>((p.o + 15) / 16);
-  const int64_t taps = p.c * p.kh * p.kw, width = 16 * nv;
+  const Layout l = layout_of(p);
+  const Plane pl = l.pl;
+  const int nv = l.nv;
+  const int64_t taps = l.taps, width = 16 * nv;
   const int max_tg = taps_per_group(nv);
   const int64_t groups = (taps + max_tg - 1) / max_tg;
-  std::vector<int64_t> tap_off(static_cast<size_t>(taps));
-  for (int64_t ci = 0; ci < p.c; ++ci)
-    for (int64_t i = 0; i < p.kh; ++i)
-      for (int64_t j = 0; j < p.kw; ++j)
-        tap_off[static_cast<size_t>((ci * p.kh + i) * p.kw + j)] =
-            (ci * pl.hp + i * p.dilation[0]) * pl.wp + j * p.dilation[1];
-  const __mmask16 last = vm::first_lanes16(p.o - 16 * (nv - 1));
   const bool bias = grad_bias != nullptr;
   // Kept between calls: 164 KiB at cnn's shape, which a fresh allocation would map and zero every step.
   // (A thread_local: the worker threads below reach it through this pointer, not by name.)
@@ -301,8 +317,8 @@ void run(const Conv2dParams& p, const T* x, Src src, T* grad_weight, T* grad_bia
       double* part = parts + n * (taps + 1) * width;
       for (int64_t g = 0; g < groups; ++g) {
         const int64_t t0 = g * taps / groups, t1 = (g + 1) * taps / groups;
-        group_fn<Src>(nv, static_cast<int>(t1 - t0), bias && g == 0)(src, n, plane.data(), tap_off.data() + t0, p.oh,
-                                                                     p.ow, p.stride[0], p.stride[1], pl.wp, last,
+        group_fn<Src>(nv, static_cast<int>(t1 - t0), bias && g == 0)(src, n, plane.data(), l.tap_off.data() + t0, p.oh,
+                                                                     p.ow, p.stride[0], p.stride[1], pl.wp, l.last,
                                                                      part + t0 * width, part + taps * width);
       }
     }
@@ -323,6 +339,23 @@ void run(const Conv2dParams& p, const T* x, Src src, T* grad_weight, T* grad_bia
 }
 
 // ---- forward (Note [Few-channel convolution]) ----
+
+// Stores PX pixels' NV vectors (the last under `last`), rounded to T.
+template <int NV, int PX, typename T>
+KILN_ALWAYS_INLINE_DIRECT void store_pixels(const Acc (&acc)[PX][NV], int64_t o, __mmask16 last, T* out) {
+#pragma GCC unroll 4
+  for (int q = 0; q < PX; ++q)
+#pragma GCC unroll 4
+    for (int v = 0; v < NV; ++v) {
+      const __mmask16 m = v == NV - 1 ? last : __mmask16(0xffff);
+      T* dst = out + q * o + 16 * v;
+      if constexpr (std::is_same_v<T, float>) {
+        _mm512_mask_storeu_ps(dst, m, reinterpret_cast<__m512>(acc[q][v]));
+      } else {
+        _mm256_mask_storeu_epi16(dst, m, vm::float_to_bf16x16(reinterpret_cast<__m512>(acc[q][v])));
+      }
+    }
+}
 
 // Output row y of image n (ow pixels of o channels, at dst): per pixel the
 // bias, then each tap's weight vectors times its input value, in tap order,
@@ -348,18 +381,7 @@ KILN_ALWAYS_INLINE_DIRECT void forward_pixels(const float* base, int64_t s1, con
             _mm512_fmadd_ps(xv, _mm512_loadu_ps(w + (t * NV + v) * 16), reinterpret_cast<__m512>(acc[q][v])));
     }
   }
-#pragma GCC unroll 4
-  for (int q = 0; q < PX; ++q)
-#pragma GCC unroll 4
-    for (int v = 0; v < NV; ++v) {
-      const __mmask16 m = v == NV - 1 ? last : __mmask16(0xffff);
-      T* dst = out + q * o + 16 * v;
-      if constexpr (std::is_same_v<T, float>) {
-        _mm512_mask_storeu_ps(dst, m, reinterpret_cast<__m512>(acc[q][v]));
-      } else {
-        _mm256_mask_storeu_epi16(dst, m, vm::float_to_bf16x16(reinterpret_cast<__m512>(acc[q][v])));
-      }
-    }
+  store_pixels<NV, PX>(acc, o, last, out);
 }
 
 // The same with TAPS known and the weights in registers (3x3 over one
@@ -382,18 +404,7 @@ KILN_ALWAYS_INLINE_DIRECT void forward_pixels_w(const float* base, int64_t s1, c
         acc[q][v] = reinterpret_cast<Acc>(_mm512_fmadd_ps(xv, wr[t * NV + v], reinterpret_cast<__m512>(acc[q][v])));
     }
   }
-#pragma GCC unroll 4
-  for (int q = 0; q < PX; ++q)
-#pragma GCC unroll 4
-    for (int v = 0; v < NV; ++v) {
-      const __mmask16 m = v == NV - 1 ? last : __mmask16(0xffff);
-      T* dst = out + q * o + 16 * v;
-      if constexpr (std::is_same_v<T, float>) {
-        _mm512_mask_storeu_ps(dst, m, reinterpret_cast<__m512>(acc[q][v]));
-      } else {
-        _mm256_mask_storeu_epi16(dst, m, vm::float_to_bf16x16(reinterpret_cast<__m512>(acc[q][v])));
-      }
-    }
+  store_pixels<NV, PX>(acc, o, last, out);
 }
 
 template <int NV, typename T>
@@ -440,46 +451,32 @@ RowFn<T> row_fn(int nv) {
   }
 }
 
-// The weights as taps x 16 NV floats (zeros past o) and the bias as 16 NV.
+// The layout, the weights as taps x 16 NV floats (zeros past o) and the bias as 16 NV.
 struct ForwardPlan {
-  Plane pl;
-  int nv;
-  int64_t taps;
-  std::vector<int64_t> tap_off;
+  Layout l;
   std::vector<float> w, bias;
-  __mmask16 last;
 };
 
 template <typename T>
 ForwardPlan forward_plan(const Conv2dParams& p, const T* weight, const T* bias) {
-  ForwardPlan f;
-  f.pl = plane_of(p);
-  f.nv = static_cast<int>((p.o + 15) / 16);
-  f.taps = p.c * p.kh * p.kw;
-  f.tap_off.resize(static_cast<size_t>(f.taps));
-  for (int64_t ci = 0; ci < p.c; ++ci)
-    for (int64_t i = 0; i < p.kh; ++i)
-      for (int64_t j = 0; j < p.kw; ++j)
-        f.tap_off[static_cast<size_t>((ci * p.kh + i) * p.kw + j)] =
-            (ci * f.pl.hp + i * p.dilation[0]) * f.pl.wp + j * p.dilation[1];
-  const int64_t width = 16 * f.nv;
-  f.w.assign(static_cast<size_t>(f.taps * width), 0.0f);
+  ForwardPlan f{layout_of(p), {}, {}};
+  const int64_t width = 16 * f.l.nv;
+  f.w.assign(static_cast<size_t>(f.l.taps * width), 0.0f);
   f.bias.assign(static_cast<size_t>(width), 0.0f);
   for (int64_t oc = 0; oc < p.o; ++oc) {
-    for (int64_t t = 0; t < f.taps; ++t)
-      f.w[static_cast<size_t>(t * width + oc)] = static_cast<float>(weight[oc * f.taps + t]);
+    for (int64_t t = 0; t < f.l.taps; ++t)
+      f.w[static_cast<size_t>(t * width + oc)] = static_cast<float>(weight[oc * f.l.taps + t]);
     if (bias) f.bias[static_cast<size_t>(oc)] = static_cast<float>(bias[oc]);
   }
-  f.last = vm::first_lanes16(p.o - 16 * (f.nv - 1));
   return f;
 }
 
 template <typename T>
 void forward_rows(const Conv2dParams& p, const ForwardPlan& f, const float* plane, int64_t y0, int64_t y1, T* dst) {
-  const RowFn<T> fn = row_fn<T>(f.nv);
+  const RowFn<T> fn = row_fn<T>(f.l.nv);
   for (int64_t y = y0; y < y1; ++y)
-    fn(plane, f.tap_off.data(), f.taps, f.w.data(), f.bias.data(), y, p.ow, p.stride[0], p.stride[1], f.pl.wp, p.o,
-       f.last, dst + (y - y0) * p.ow * p.o);
+    fn(plane, f.l.tap_off.data(), f.l.taps, f.w.data(), f.bias.data(), y, p.ow, p.stride[0], p.stride[1], f.l.pl.wp,
+       p.o, f.l.last, dst + (y - y0) * p.ow * p.o);
 }
 
 template <typename T>
@@ -487,9 +484,9 @@ void forward(const Conv2dParams& p, const T* input, const T* weight, const T* bi
   const ForwardPlan f = forward_plan(p, weight, bias);
   parallel_for(p.n, 1, [&](int64_t n0, int64_t n1) {
     thread_local std::vector<float> plane;
-    plane.resize(static_cast<size_t>(p.c * f.pl.hp * f.pl.wp));
+    plane.resize(static_cast<size_t>(p.c * f.l.pl.hp * f.l.pl.wp));
     for (int64_t n = n0; n < n1; ++n) {
-      fill_plane(p, f.pl, input, n, plane.data());
+      fill_plane(p, f.l.pl, input, n, plane.data());
       forward_rows(p, f, plane.data(), 0, p.oh, output + n * p.oh * p.ow * p.o);
     }
   });
@@ -507,14 +504,14 @@ void forward_pooled(const Conv2dParams& p, const Pool2dParams& q, const T* input
   parallel_for(p.n, 1, [&](int64_t n0, int64_t n1) {
     thread_local std::vector<float> plane;
     thread_local std::vector<T> rows;
-    plane.resize(static_cast<size_t>(p.c * f.pl.hp * f.pl.wp));
+    plane.resize(static_cast<size_t>(p.c * f.l.pl.hp * f.l.pl.wp));
     rows.resize(static_cast<size_t>(kh * p.ow * p.o));
     Pool2dParams one = q;
     one.n = 1;
     one.h = kh;
     one.oh = 1;
     for (int64_t n = n0; n < n1; ++n) {
-      fill_plane(p, f.pl, input, n, plane.data());
+      fill_plane(p, f.l.pl, input, n, plane.data());
       for (int64_t py = 0; py < q.oh; ++py) {
         forward_rows(p, f, plane.data(), py * sh, py * sh + kh, rows.data());
         const int64_t at = (n * q.oh + py) * q.ow * q.c;
