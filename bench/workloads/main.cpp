@@ -70,6 +70,7 @@ struct Args {
   std::string amp = "off";     // --amp bf16: forward and loss under bf16 autocast
   bool profile = false;        // --profile on: the timed steps under a recording Profiler
   bool profile_table = false;  // --profile table: that, and its op table (self time first) on stderr
+  bool profile_shapes = false;  // --profile shapes: the table with a row per op and input shapes
   bool compile = false;        // --compile on: every step through kiln::compile (the "compiled" rows)
   bool split = false;          // --compile split: that, with a graph break inside the step
   bool rewrite = true;         // --compile plain: compiled without graph rewrites
@@ -78,7 +79,7 @@ struct Args {
 [[noreturn]] void usage(const std::string& why) {
   std::cerr << "kiln_bench: " << why
             << "\nusage: kiln_bench --workload NAME[,NAME...] [--threads N] [--warmup N] [--steps N] [--size N] [--amp "
-               "bf16|off] [--profile on|off|table] [--compile on|off|split|plain]\n"
+               "bf16|off] [--profile on|off|table|shapes] [--compile on|off|split|plain]\n"
                "workloads: tiny mlp cnn resnet gpt gpt_infer, and peak (f32 matmul probe)\n";
   std::exit(2);
 }
@@ -120,9 +121,11 @@ Args parse(int argc, char** argv) {
       if (v != "bf16" && v != "off") usage("--amp expects bf16 or off (fp16 needs a GradScaler), got '" + v + "'");
       a.amp = v;
     } else if (flag == "--profile") {
-      if (v != "on" && v != "off" && v != "table") usage("--profile expects on, off or table, got '" + v + "'");
+      if (v != "on" && v != "off" && v != "table" && v != "shapes")
+        usage("--profile expects on, off, table or shapes, got '" + v + "'");
       a.profile = v != "off";
-      a.profile_table = v == "table";
+      a.profile_table = v == "table" || v == "shapes";
+      a.profile_shapes = v == "shapes";
     } else if (flag == "--compile") {
       if (v != "on" && v != "off" && v != "split" && v != "plain")
         usage("--compile expects on, off, split or plain, got '" + v + "'");
@@ -304,7 +307,8 @@ void run_workload(const std::string& name, const Args& a) {
     prof->stop();
     events = prof->num_events();
     if (a.profile_table)
-      std::fprintf(stderr, "%s, %d steps:\n%s\n", name.c_str(), a.steps, prof->table("self", 25).c_str());
+      std::fprintf(stderr, "%s, %d steps:\n%s\n", name.c_str(), a.steps, 
+                   prof->table("self", a.profile_shapes ? 60 : 25, a.profile_shapes).c_str());
     prof.reset();
   }
   const double loss_last = step(true);
