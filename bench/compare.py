@@ -496,8 +496,7 @@ def main():
         bf16_rows, bf16_problems = bf16_bench.rows(bf16_results)
         if not a.infer_only and not a.no_bf16:
             text += bf16_bench.markdown(bf16_rows, fmt_time, a.quick)
-        floors = {(r["workload"], r["threads"]): r["f32_floor_ms"] for r in rows if "f32_floor_ms" in r}
-        compiled_rows, compiled_problems = compiled_bench.rows(compiled_results, floors)
+        compiled_rows, compiled_problems = compiled_bench.rows(compiled_results)
         if not a.infer_only and not a.no_compiled:
             text += compiled_bench.markdown(compiled_rows, fmt_time, a.quick)
         infer_rows, infer_problems = infer_bench.rows(infer_results)

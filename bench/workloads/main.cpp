@@ -67,19 +67,20 @@ struct Args {
   int warmup = 10;
   int steps = 50;
   int64_t size = 2048;
-  std::string amp = "off";     // --amp bf16: forward and loss under bf16 autocast
-  bool profile = false;        // --profile on: the timed steps under a recording Profiler
-  bool profile_table = false;  // --profile table: that, and its op table (self time first) on stderr
+  std::string amp = "off";      // --amp bf16: forward and loss under bf16 autocast
+  bool profile = false;         // --profile on: the timed steps under a recording Profiler
+  bool profile_table = false;   // --profile table: that, and its op table (self time first) on stderr
   bool profile_shapes = false;  // --profile shapes: the table with a row per op and input shapes
-  bool compile = false;        // --compile on: every step through kiln::compile (the "compiled" rows)
-  bool split = false;          // --compile split: that, with a graph break inside the step
-  bool rewrite = true;         // --compile plain: compiled without graph rewrites
+  bool compile = false;         // --compile on: every step through kiln::compile (the "compiled" rows)
+  bool split = false;           // --compile split: that, with a graph break inside the step
+  bool rewrite = true;          // --compile plain: compiled without graph rewrites
+  bool ab = false;              // --compile ab: eager and compiled side by side in this process
 };
 
 [[noreturn]] void usage(const std::string& why) {
   std::cerr << "kiln_bench: " << why
             << "\nusage: kiln_bench --workload NAME[,NAME...] [--threads N] [--warmup N] [--steps N] [--size N] [--amp "
-               "bf16|off] [--profile on|off|table|shapes] [--compile on|off|split|plain]\n"
+               "bf16|off] [--profile on|off|table|shapes] [--compile on|off|split|plain|ab]\n"
                "workloads: tiny mlp cnn resnet gpt gpt_infer, and peak (f32 matmul probe)\n";
   std::exit(2);
 }
@@ -127,9 +128,10 @@ Args parse(int argc, char** argv) {
       a.profile_table = v == "table" || v == "shapes";
       a.profile_shapes = v == "shapes";
     } else if (flag == "--compile") {
-      if (v != "on" && v != "off" && v != "split" && v != "plain")
-        usage("--compile expects on, off, split or plain, got '" + v + "'");
-      a.compile = v != "off";
+      if (v != "on" && v != "off" && v != "split" && v != "plain" && v != "ab")
+        usage("--compile expects on, off, split, plain or ab, got '" + v + "'");
+      a.compile = v != "off" && v != "ab";
+      a.ab = v == "ab";
       a.split = v == "split";
       a.rewrite = v != "plain";
     } else
@@ -221,19 +223,25 @@ double core_round_trip_ns() {
   return ns;
 }
 
-void run_peak(const Args& a) {
+// GFLOP/s of `reps` products of two n x n matrices of dtype dt: the matmul probe.
+std::vector<double> probe_gflops(int64_t n, kiln::DType dt, int reps) {
   kiln::Generator g(7);
-  const int64_t n = a.size;
-  const kiln::DType dt = a.amp == "bf16" ? kiln::kBFloat16 : kiln::kFloat32;
   const kiln::Tensor x = kiln::randn({n, n}, kiln::kFloat32, &g).to(dt),
                      y = kiln::randn({n, n}, kiln::kFloat32, &g).to(dt);
   for (int i = 0; i < 2; ++i) kiln::mm(x, y);  // primitive creation, output blocks, first touch
   std::vector<double> gflops;
-  for (int i = 0; i < a.steps; ++i) {
+  for (int i = 0; i < reps; ++i) {
     const auto t0 = Clock::now();
     kiln::Tensor z = kiln::mm(x, y);
     gflops.push_back(2.0 * n * n * n / (ms_since(t0) * 1e6));
   }
+  return gflops;
+}
+
+void run_peak(const Args& a) {
+  const int64_t n = a.size;
+  const kiln::DType dt = a.amp == "bf16" ? kiln::kBFloat16 : kiln::kFloat32;
+  const std::vector<double> gflops = probe_gflops(n, dt, a.steps);
   std::printf(
       "{\"framework\": \"kiln\", \"workload\": \"peak\", \"dtype\": \"%s\", \"threads\": %d, \"size\": %lld, "
       "\"gflops_best\": %s, \"gflops_median\": %s, \"fork_join_us\": %s, \"core_round_trip_ns\": %s, "
@@ -246,7 +254,103 @@ void run_peak(const Args& a) {
   std::fflush(stdout);
 }
 
+// The products' FLOPs and self time of one step, from the profiler's rows
+// that count FLOPs (matmuls, convolutions, attention's backward).
+std::pair<double, double> profiled_products(const std::function<void()>& step) {
+  kiln::profiler::Profiler counter;
+  counter.start();
+  step();
+  counter.stop();
+  double flops = 0, ns = 0;
+  for (const auto& row : counter.key_averages()) {
+    if (row.flops <= 0) continue;
+    flops += row.flops;
+    ns += static_cast<double>(row.self_ns);
+  }
+  return {flops, ns / 1e6};
+}
+
+// Note [Eager and compiled in one process]
+// On this machine a process runs in one of two speeds for its whole life
+// (docs/compile.md, "the slow state"): every kernel 10-40 % slower in the slow
+// one, eager or replayed alike. Two processes, one per mode, then compare the
+// machine's states as much as the modes. --compile ab builds the workload
+// twice from the same synthetic weights, compiles one, and alternates blocks
+// of steps between them, so both modes share the process's state: the ratio
+// of one process is a pairing, and the harness takes the median over
+// processes. The first step of each block is left out (it follows the other
+// model's block, whose data evicted this one's), and the eager model's
+// warm-up steps count its products' time, the part of the step a replay runs
+// with the same kernels.
+void run_ab(const std::string& name, const Args& a) {
+  auto we = kiln_bench::make_workload(name), wc = kiln_bench::make_workload(name);
+  kiln::CompiledFunction compiled = kiln::compile(wc->step_fn(), {.name = name, .modules = {wc->module()}});
+  const auto eager_step = [&](bool want_loss) { return we->step(want_loss); };
+  const auto compiled_step = [&](bool want_loss) {
+    const kiln::Tensor out = compiled()[0];
+    return want_loss ? wc->loss_of(out) : std::numeric_limits<double>::quiet_NaN();
+  };
+  const double eager_first = eager_step(true);
+  const auto tc = Clock::now();
+  const double compiled_first = compiled_step(true);
+  const double compile_ms = ms_since(tc);
+  const int counted = std::min(3, a.warmup - 1);
+  for (int i = 1; i + counted < a.warmup; ++i) {
+    eager_step(false);
+    compiled_step(false);
+  }
+  double product_flops = 0;
+  std::vector<double> product_ms;
+  for (int i = 0; i < counted; ++i) {
+    const auto [flops, ms] = profiled_products([&] { eager_step(false); });
+    product_flops = flops;
+    product_ms.push_back(ms);
+    compiled_step(false);
+  }
+  const int block = std::clamp(a.steps / 8, 2, 10);
+  std::vector<double> eager_ms, compiled_ms;
+  while (static_cast<int>(compiled_ms.size()) < a.steps) {
+    for (int mode = 0; mode < 2; ++mode) {
+      std::vector<double>& out = mode ? compiled_ms : eager_ms;
+      for (int i = 0; i < block + 1; ++i) {
+        const auto t0 = Clock::now();
+        if (mode)
+          compiled_step(false);
+        else
+          eager_step(false);
+        if (i > 0 && static_cast<int>(out.size()) < a.steps) out.push_back(ms_since(t0));
+      }
+    }
+  }
+  const double eager_last = eager_step(true), compiled_last = compiled_step(true);
+  // The float32 floor of this process: its products' FLOPs at its own matmul peak.
+  const std::vector<double> peak = probe_gflops(a.size, kiln::kFloat32, 10);
+  const auto& st = compiled.stats();
+  const auto list = [](const std::vector<double>& v) {
+    std::ostringstream o;
+    for (size_t i = 0; i < v.size(); ++i) o << (i ? ", " : "") << num(v[i]);
+    return o.str();
+  };
+  std::printf(
+      "{\"framework\": \"kiln\", \"workload\": \"%s\", \"amp\": \"%s\", \"threads\": %d, \"warmup\": %d, "
+      "\"steps\": %d, \"ab\": true, \"block\": %d, \"eager_median_ms\": %s, \"compiled_median_ms\": %s, "
+      "\"eager_loss_first\": %s, \"eager_loss_last\": %s, \"compiled_loss_first\": %s, \"compiled_loss_last\": %s, "
+      "\"compile_ms\": %s, \"replays\": %lld, \"graph_breaks\": %zu, \"rewrites\": %lld, "
+      "\"product_flops_per_step\": %s, \"product_ms_per_step\": %s, \"f32_peak_gflops\": %s, "
+      "\"maxrss_kib\": %ld, "
+      "\"eager_step_ms\": [%s], \"compiled_step_ms\": [%s]}\n",
+      name.c_str(), a.amp.c_str(), kiln::get_num_threads(), a.warmup, a.steps, block, num(median(eager_ms)).c_str(),
+      num(median(compiled_ms)).c_str(), num(eager_first).c_str(), num(eager_last).c_str(), num(compiled_first).c_str(),
+      num(compiled_last).c_str(), num(compile_ms).c_str(), static_cast<long long>(st.replays), st.graph_breaks.size(),
+      static_cast<long long>(st.rewrites), num(product_flops).c_str(),
+      num(product_ms.empty() ? 0.0 : median(product_ms)).c_str(),
+      num(*std::max_element(peak.begin(), peak.end())).c_str(), maxrss_kib(), list(eager_ms).c_str(),
+      list(compiled_ms).c_str());
+  std::fflush(stdout);
+}
+
 void run_workload(const std::string& name, const Args& a) {
+  if (a.ab) return run_ab(name, a);
   auto w = kiln_bench::make_workload(name);
   // --compile on: the first step captures (its time is compile_ms), the rest replay.
   std::optional<kiln::CompiledFunction> compiled;
@@ -273,18 +377,9 @@ void run_workload(const std::string& name, const Args& a) {
   double product_flops = 0;
   std::vector<double> product_ms;
   for (int i = 0; i < counted; ++i) {
-    kiln::profiler::Profiler counter;
-    counter.start();
-    step(false);
-    counter.stop();
-    double flops = 0, ns = 0;
-    for (const auto& row : counter.key_averages()) {
-      if (row.flops <= 0) continue;
-      flops += row.flops;
-      ns += static_cast<double>(row.self_ns);
-    }
+    const auto [flops, ms] = profiled_products([&] { step(false); });
     product_flops = flops;
-    product_ms.push_back(ns / 1e6);
+    product_ms.push_back(ms);
   }
   std::vector<double> ms;
   ms.reserve(static_cast<size_t>(a.steps));
@@ -307,7 +402,7 @@ void run_workload(const std::string& name, const Args& a) {
     prof->stop();
     events = prof->num_events();
     if (a.profile_table)
-      std::fprintf(stderr, "%s, %d steps:\n%s\n", name.c_str(), a.steps, 
+      std::fprintf(stderr, "%s, %d steps:\n%s\n", name.c_str(), a.steps,
                    prof->table("self", a.profile_shapes ? 60 : 25, a.profile_shapes).c_str());
     prof.reset();
   }
