@@ -80,7 +80,7 @@ struct Args {
 [[noreturn]] void usage(const std::string& why) {
   std::cerr << "kiln_bench: " << why
             << "\nusage: kiln_bench --workload NAME[,NAME...] [--threads N] [--warmup N] [--steps N] [--size N] [--amp "
-               "bf16|off] [--profile on|off|table|shapes] [--compile on|off|split|plain|ab]\n"
+               "bf16|off|ab] [--profile on|off|table|shapes] [--compile on|off|split|plain|ab]\n"
                "workloads: tiny mlp cnn resnet gpt gpt_infer, and peak (f32 matmul probe)\n";
   std::exit(2);
 }
@@ -119,7 +119,8 @@ Args parse(int argc, char** argv) {
     else if (flag == "--size")
       a.size = to_int(flag, v, 16);
     else if (flag == "--amp") {
-      if (v != "bf16" && v != "off") usage("--amp expects bf16 or off (fp16 needs a GradScaler), got '" + v + "'");
+      if (v != "bf16" && v != "off" && v != "ab")
+        usage("--amp expects bf16, off or ab (fp16 needs a GradScaler), got '" + v + "'");
       a.amp = v;
     } else if (flag == "--profile") {
       if (v != "on" && v != "off" && v != "table" && v != "shapes")
@@ -270,87 +271,120 @@ std::pair<double, double> profiled_products(const std::function<void()>& step) {
   return {flops, ns / 1e6};
 }
 
-// Note [Eager and compiled in one process]
+// Note [Two modes in one process]
 // On this machine a process runs in one of two speeds for its whole life
 // (docs/compile.md, "the slow state"): every kernel 10-40 % slower in the slow
-// one, eager or replayed alike. Two processes, one per mode, then compare the
-// machine's states as much as the modes. --compile ab builds the workload
-// twice from the same synthetic weights, compiles one, and alternates blocks
-// of steps between them, so both modes share the process's state: the ratio
-// of one process is a pairing, and the harness takes the median over
-// processes. The first step of each block is left out (it follows the other
-// model's block, whose data evicted this one's), and the eager model's
-// warm-up steps count its products' time, the part of the step a replay runs
-// with the same kernels.
-void run_ab(const std::string& name, const Args& a) {
-  auto we = kiln_bench::make_workload(name), wc = kiln_bench::make_workload(name);
-  kiln::CompiledFunction compiled = kiln::compile(wc->step_fn(), {.name = name, .modules = {wc->module()}});
-  const auto eager_step = [&](bool want_loss) { return we->step(want_loss); };
-  const auto compiled_step = [&](bool want_loss) {
-    const kiln::Tensor out = compiled()[0];
-    return want_loss ? wc->loss_of(out) : std::numeric_limits<double>::quiet_NaN();
-  };
-  const double eager_first = eager_step(true);
-  const auto tc = Clock::now();
-  const double compiled_first = compiled_step(true);
-  const double compile_ms = ms_since(tc);
-  const int counted = std::min(3, a.warmup - 1);
-  for (int i = 1; i + counted < a.warmup; ++i) {
-    eager_step(false);
-    compiled_step(false);
-  }
+// one, whatever the mode. Two processes, one per mode, then compare the
+// machine's states as much as the modes. --compile ab (eager against
+// compiled) and --amp ab (float32 against bf16 autocast) build the workload
+// twice from the same synthetic weights and alternate blocks of steps between
+// the copies, so both modes share the process's state: the ratio of one
+// process is a pairing, and the harness takes the median over processes.
+// The first step of each block is left out (it follows the other copy's
+// block, whose data evicted this one's), and each copy's last warm-up steps
+// count its products' time.
+
+// One copy of a workload in a paired run: its step and what it measured.
+struct Side {
+  explicit Side(std::function<double(bool)> f) : step(std::move(f)) {}
+  std::function<double(bool)> step;  // one step; the loss when asked
+  double loss_first = 0, loss_last = 0, first_ms = 0;
   double product_flops = 0;
-  std::vector<double> product_ms;
-  for (int i = 0; i < counted; ++i) {
-    const auto [flops, ms] = profiled_products([&] { eager_step(false); });
-    product_flops = flops;
-    product_ms.push_back(ms);
-    compiled_step(false);
+  std::vector<double> product_ms, ms;
+};
+
+std::string list(const std::vector<double>& v) {
+  std::ostringstream o;
+  for (size_t i = 0; i < v.size(); ++i) o << (i ? ", " : "") << num(v[i]);
+  return o.str();
+}
+
+// Warm-up (the last steps counting products) and a.steps timed steps of each
+// side in alternating blocks; returns the block length.
+int run_paired(const Args& a, Side& x, Side& y) {
+  for (Side* s : {&x, &y}) {
+    const auto t0 = Clock::now();
+    s->loss_first = s->step(true);
+    s->first_ms = ms_since(t0);
   }
+  const int counted = std::min(3, a.warmup - 1);
+  for (int i = 1; i + counted < a.warmup; ++i)
+    for (Side* s : {&x, &y}) s->step(false);
+  for (int i = 0; i < counted; ++i)
+    for (Side* s : {&x, &y}) {
+      const auto [flops, ms] = profiled_products([&] { s->step(false); });
+      s->product_flops = flops;
+      s->product_ms.push_back(ms);
+    }
   const int block = std::clamp(a.steps / 8, 2, 10);
-  std::vector<double> eager_ms, compiled_ms;
-  while (static_cast<int>(compiled_ms.size()) < a.steps) {
-    for (int mode = 0; mode < 2; ++mode) {
-      std::vector<double>& out = mode ? compiled_ms : eager_ms;
+  while (static_cast<int>(y.ms.size()) < a.steps)
+    for (Side* s : {&x, &y})
       for (int i = 0; i < block + 1; ++i) {
         const auto t0 = Clock::now();
-        if (mode)
-          compiled_step(false);
-        else
-          eager_step(false);
-        if (i > 0 && static_cast<int>(out.size()) < a.steps) out.push_back(ms_since(t0));
+        s->step(false);
+        if (i > 0 && static_cast<int>(s->ms.size()) < a.steps) s->ms.push_back(ms_since(t0));
       }
-    }
-  }
-  const double eager_last = eager_step(true), compiled_last = compiled_step(true);
-  // The float32 floor of this process: its products' FLOPs at its own matmul peak.
+  for (Side* s : {&x, &y}) s->loss_last = s->step(true);
+  return block;
+}
+
+// A side's fields of the JSON line, each key prefixed (`eager_median_ms`).
+std::string side_json(const std::string& prefix, const Side& s) {
+  return "\"" + prefix + "_median_ms\": " + num(median(s.ms)) + ", \"" + prefix +
+         "_loss_first\": " + num(s.loss_first) + ", \"" + prefix + "_loss_last\": " + num(s.loss_last) + ", \"" +
+         prefix + "_product_ms_per_step\": " + num(s.product_ms.empty() ? 0.0 : median(s.product_ms)) + ", \"" +
+         prefix + "_step_ms\": [" + list(s.ms) + "], ";
+}
+
+// --compile ab: eager against compiled (Note [Two modes in one process]), with
+// the process's own float32 matmul peak for the floor.
+void run_compile_ab(const std::string& name, const Args& a) {
+  auto we = kiln_bench::make_workload(name), wc = kiln_bench::make_workload(name);
+  kiln::CompiledFunction compiled = kiln::compile(wc->step_fn(), {.name = name, .modules = {wc->module()}});
+  Side eager([&](bool want_loss) { return we->step(want_loss); });
+  Side comp([&](bool want_loss) {
+    const kiln::Tensor out = compiled()[0];
+    return want_loss ? wc->loss_of(out) : std::numeric_limits<double>::quiet_NaN();
+  });
+  const int block = run_paired(a, eager, comp);
   const std::vector<double> peak = probe_gflops(a.size, kiln::kFloat32, 10);
   const auto& st = compiled.stats();
-  const auto list = [](const std::vector<double>& v) {
-    std::ostringstream o;
-    for (size_t i = 0; i < v.size(); ++i) o << (i ? ", " : "") << num(v[i]);
-    return o.str();
-  };
   std::printf(
       "{\"framework\": \"kiln\", \"workload\": \"%s\", \"amp\": \"%s\", \"threads\": %d, \"warmup\": %d, "
-      "\"steps\": %d, \"ab\": true, \"block\": %d, \"eager_median_ms\": %s, \"compiled_median_ms\": %s, "
-      "\"eager_loss_first\": %s, \"eager_loss_last\": %s, \"compiled_loss_first\": %s, \"compiled_loss_last\": %s, "
-      "\"compile_ms\": %s, \"replays\": %lld, \"graph_breaks\": %zu, \"rewrites\": %lld, "
-      "\"product_flops_per_step\": %s, \"product_ms_per_step\": %s, \"f32_peak_gflops\": %s, "
-      "\"maxrss_kib\": %ld, "
-      "\"eager_step_ms\": [%s], \"compiled_step_ms\": [%s]}\n",
-      name.c_str(), a.amp.c_str(), kiln::get_num_threads(), a.warmup, a.steps, block, num(median(eager_ms)).c_str(),
-      num(median(compiled_ms)).c_str(), num(eager_first).c_str(), num(eager_last).c_str(), num(compiled_first).c_str(),
-      num(compiled_last).c_str(), num(compile_ms).c_str(), static_cast<long long>(st.replays), st.graph_breaks.size(),
-      static_cast<long long>(st.rewrites), num(product_flops).c_str(),
-      num(product_ms.empty() ? 0.0 : median(product_ms)).c_str(),
-      num(*std::max_element(peak.begin(), peak.end())).c_str(), maxrss_kib(), list(eager_ms).c_str(),
-      list(compiled_ms).c_str());
+      "\"steps\": %d, \"ab\": \"compile\", \"block\": %d, %s%s\"compile_ms\": %s, \"replays\": %lld, "
+      "\"graph_breaks\": %zu, \"rewrites\": %lld, \"product_flops_per_step\": %s, \"f32_peak_gflops\": %s, "
+      "\"maxrss_kib\": %ld}\n",
+      name.c_str(), a.amp.c_str(), kiln::get_num_threads(), a.warmup, a.steps, block, side_json("eager", eager).c_str(),
+      side_json("compiled", comp).c_str(), num(comp.first_ms).c_str(), static_cast<long long>(st.replays),
+      st.graph_breaks.size(), static_cast<long long>(st.rewrites), num(eager.product_flops).c_str(),
+      num(*std::max_element(peak.begin(), peak.end())).c_str(), maxrss_kib());
+  std::fflush(stdout);
+}
+
+// --amp ab: float32 against bf16 autocast (Note [Two modes in one process]);
+// the workloads read the autocast setting at each step, so each side sets it.
+void run_amp_ab(const std::string& name, const Args& a) {
+  auto w32 = kiln_bench::make_workload(name), w16 = kiln_bench::make_workload(name);
+  Side f32([&](bool want_loss) {
+    kiln_bench::set_autocast(std::nullopt);
+    return w32->step(want_loss);
+  });
+  Side bf16([&](bool want_loss) {
+    kiln_bench::set_autocast(kiln::kBFloat16);
+    return w16->step(want_loss);
+  });
+  const int block = run_paired(a, f32, bf16);
+  std::printf(
+      "{\"framework\": \"kiln\", \"workload\": \"%s\", \"threads\": %d, \"warmup\": %d, \"steps\": %d, "
+      "\"ab\": \"amp\", \"block\": %d, %s%s\"product_flops_per_step\": %s, \"maxrss_kib\": %ld}\n",
+      name.c_str(), kiln::get_num_threads(), a.warmup, a.steps, block, side_json("f32", f32).c_str(),
+      side_json("bf16", bf16).c_str(), num(f32.product_flops).c_str(), maxrss_kib());
   std::fflush(stdout);
 }
 
 void run_workload(const std::string& name, const Args& a) {
-  if (a.ab) return run_ab(name, a);
+  if (a.ab) return run_compile_ab(name, a);
+  if (a.amp == "ab") return run_amp_ab(name, a);
   auto w = kiln_bench::make_workload(name);
   // --compile on: the first step captures (its time is compile_ms), the rest replay.
   std::optional<kiln::CompiledFunction> compiled;
