@@ -139,6 +139,9 @@ Args parse(int argc, char** argv) {
       usage("unknown flag " + flag);
   }
   if (a.workloads.empty()) usage("--workload is required");
+  // The paired runs time two copies of their own; nothing else applies to them.
+  if (a.amp == "ab" && (a.compile || a.ab)) usage("--amp ab pairs eager float32 and bf16 steps: no --compile with it");
+  if ((a.amp == "ab" || a.ab) && a.profile) usage("--amp ab and --compile ab time two copies: no --profile with them");
   return a;
 }
 
