@@ -124,10 +124,24 @@ def interrupt(signum, frame):
     raise KeyboardInterrupt
 
 
+# Note [One CPU for one-thread runs]
+# On this 2-vCPU machine the same one-thread step ran 5-10 % slower on cpu0
+# than on cpu1 in 12 of 12 pinned pairs (cnn 10.9-11.3 against 10.0-10.7 ms,
+# mlp 2.57-2.68 against 2.41-2.43; cpu0 takes more of the machine's
+# interrupts), and an unpinned process stays where it lands: one source of
+# the per-process "slow state" (docs/compile.md). So every one-thread process
+# of the harness, kiln's and PyTorch's alike, runs pinned to one CPU
+# (--pin-cpu, by default the last the harness may use; -1 pins nothing).
+# Runs of two threads or more keep every CPU.
+PIN = {"cpu": None}
+
+
 def run_process(cmd, env):
     """Runs cmd, returns (JSON records it printed, peak RSS in KiB from wait4)."""
+    cpu = PIN["cpu"] if env.get("OMP_NUM_THREADS") == "1" else None
+    pin = (lambda: os.sched_setaffinity(0, {cpu})) if cpu is not None else None
     with tempfile.TemporaryFile() as err:
-        p = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=err, cwd=ROOT)
+        p = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=err, cwd=ROOT, preexec_fn=pin)
         try:
             out = p.stdout.read()
             p.stdout.close()
@@ -329,6 +343,9 @@ def markdown(a, rows, results, info):
                                  info["kernel"], info["torch"], info["kiln_commit"], info["loadavg_start"][0],
                                  info["loadavg_end"][0]))
     out.append("Mode: %s." % mode)
+    if PIN["cpu"] is not None:
+        out.append("One-thread processes, kiln's and PyTorch's, ran pinned to cpu%d (Note [One CPU for one-thread "
+                   "runs] in bench/compare.py)." % PIN["cpu"])
     if a.note:
         out.append("Note: %s" % a.note)
     done = {(r["workload"], r["threads"]) for r in rows}
@@ -449,7 +466,13 @@ def main():
                     help="skip the profiler overhead rows (tiny and gpt, profiler off vs recording)")
     ap.add_argument("--no-under-load", action="store_true",
                     help="skip the under-load rows (mlp at 2+ threads next to busy processes)")
+    ap.add_argument("--pin-cpu", type=int, default=max(os.sched_getaffinity(0)),
+                    help="the CPU every one-thread process runs on (Note [One CPU for one-thread runs]); -1: none")
     a = ap.parse_args()
+    if a.pin_cpu >= 0 and a.pin_cpu not in os.sched_getaffinity(0):
+        ap.error("--pin-cpu %d is not among the CPUs this process may use (%s)" % (
+            a.pin_cpu, ",".join(map(str, sorted(os.sched_getaffinity(0))))))
+    PIN["cpu"] = a.pin_cpu if a.pin_cpu >= 0 else None
     a.workloads = [w for w in a.workloads.split(",") if w]
     unknown = [w for w in a.workloads if w not in WORKLOADS]
     if unknown:
@@ -511,7 +534,7 @@ def main():
         mismatches = mismatches + ["kiln_bench_ddp %s: replicas differ after training" % r["config"]
                                    for r in ddp_rows if not r["replicas_identical"]]
         with open(out_path, "w") as f:
-            json.dump({"machine": info, "quick": a.quick, "pairs": a.pairs, "threads": a.threads,
+            json.dump({"machine": info, "quick": a.quick, "pairs": a.pairs, "threads": a.threads, "pin_cpu": PIN["cpu"],
                        "complete": final and not info.get("interrupted"),
                        "torch_configs": {c: CONFIG_LABEL[c] for c in a.torch_configs},
                        "f32_matmul_peak_gflops": {str(t): max(r["peak"]) for t, r in results.items() if r["peak"]},

@@ -8,7 +8,7 @@
 #                    [--quick] [--pairs 3] [--torch-configs installed,tunables,avx512]
 #                    [--out FILE.json] [--note TEXT]
 #                    [--no-infer | --infer-only] [--infer-workloads cnn,resnet,gpt_infer]
-#                    [--no-profiler-overhead] [--no-ddp] [--no-bf16] [--no-compiled]
+#                    [--no-profiler-overhead] [--no-ddp] [--no-bf16] [--no-compiled] [--pin-cpu N]
 #
 # The "profiler overhead" table (tiny and gpt with the profiler off and with a
 # Profiler recording every step, alternately; bench/profiler_overhead.py)
