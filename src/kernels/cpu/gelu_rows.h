@@ -39,11 +39,23 @@ namespace kiln::kernels::vm {
 /// [-1/2, 1/2]: 1.9e-9, 1.15 ulp as float32 Horner), scaled by 2^n with
 /// VSCALEFPS, so overflow gives inf and underflow passes through the
 /// subnormals to 0. NaN stays NaN.
+///
+/// With AVX512DQ, VREDUCEPS gives f = v - n in one instruction and takes
+/// v = +-inf to f = 0 (VSCALEFPS by n = +-inf then gives inf or 0), where the
+/// form without it clamps v to [-200, 300] first so that v - n is never
+/// inf - inf. The two give the same bits for every one of the 2^32 float
+/// inputs (checked exhaustively, 2026-12-06), and the GELU rows ran 8-10 %
+/// faster for the two instructions saved (gpt's [16, 128, 1024], 1 thread).
 inline __m512 exp2_16(__m512 v) {
+#if defined(__AVX512DQ__)
+  const __m512 n = _mm512_roundscale_ps(v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  const __m512 f = _mm512_reduce_ps(v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+#else
   // max(lo, v) and min(hi, .) return their second operand for NaN: v passes.
   const __m512 vc = _mm512_min_ps(_mm512_set1_ps(300.0f), _mm512_max_ps(_mm512_set1_ps(-200.0f), v));
   const __m512 n = _mm512_roundscale_ps(vc, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
   const __m512 f = _mm512_sub_ps(vc, n);
+#endif
   __m512 y = _mm512_set1_ps(1.5345810971e-4f);
   y = _mm512_fmadd_ps(y, f, _mm512_set1_ps(1.3399930904e-3f));
   y = _mm512_fmadd_ps(y, f, _mm512_set1_ps(9.6184890717e-3f));
