@@ -94,6 +94,34 @@ void block_transpose_copy(const LoopSpec& s) {
       std::max<int64_t>(1, kGrainSize / n0));
 }
 
+// Note [Casts by rows]
+// float32 <-> bfloat16 casts go through the vector rows of the elementwise
+// kernels (elementwise_math.h): VCVTNE2PS2BF16 where it rounds as
+// BFloat16(float) does, its integer form where not (NaN, subnormals), so the
+// bits are the element loop's, which left the rounding to the compiler. bf16
+// autocast casts every weight each step and each residual branch's gradient.
+// float16 keeps the element loop: F16C keeps a NaN's payload where Half(float)
+// may not.
+bool convert_by_rows(const LoopSpec& s, DType out, DType in) {
+  using Row = void (*)(char*, const char*, int64_t);
+  Row row = nullptr;
+  if (out == DType::BFloat16 && in == DType::Float32)
+    row = [](char* o, const char* i, int64_t n) {
+      vm::float_to_bf16_row(reinterpret_cast<BFloat16*>(o), reinterpret_cast<const float*>(i), n);
+    };
+  else if (out == DType::Float32 && in == DType::BFloat16)
+    row = [](char* o, const char* i, int64_t n) {
+      vm::bf16_to_float_row(reinterpret_cast<float*>(o), reinterpret_cast<const BFloat16*>(i), n);
+    };
+  if (!row) return false;
+  const int64_t so = element_size(out), si = element_size(in);
+  for_each_element_run(s, [&](char* const* p, const int64_t* st, int64_t n) {
+    if (st[0] == so && st[1] == si) return row(p[0], p[1], n);
+    for (int64_t k = 0; k < n; ++k) row(p[0] + k * st[0], p[1] + k * st[1], 1);
+  });
+  return true;
+}
+
 }  // namespace
 
 void copy_cast(const LoopSpec& s, DType out, DType in) {
@@ -112,6 +140,7 @@ void copy_cast(const LoopSpec& s, DType out, DType in) {
     });
     return;
   }
+  if (convert_by_rows(s, out, in)) return;
   visit_dtype(out, [&]<typename O>() {
     visit_dtype(in, [&]<typename I>() { map_elements<O, I>(s, [](I v) { return convert<O>(v); }); });
   });
