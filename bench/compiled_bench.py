@@ -4,7 +4,7 @@ kiln's eager step, one run.
 For each thread count and training workload (tiny, mlp, cnn, resnet, gpt) and
 gpt_infer, it runs --pairs processes of kiln_bench --compile ab: each builds
 the workload twice from the same synthetic weights, compiles one copy, and
-alternates blocks of steps between the two (Note [Eager and compiled in one
+alternates blocks of steps between the two (Note [Two modes in one
 process] in bench/workloads/main.cpp). On this machine a whole process runs
 fast or slow, eager and replayed alike, so a ratio of two processes mixes the
 machine's states into the modes; within one process both modes share its

@@ -74,7 +74,7 @@ struct Args {
   bool compile = false;         // --compile on: every step through kiln::compile (the "compiled" rows)
   bool split = false;           // --compile split: that, with a graph break inside the step
   bool rewrite = true;          // --compile plain: compiled without graph rewrites
-  bool ab = false;              // --compile ab: eager and compiled side by side in this process
+  bool compile_ab = false;      // --compile ab: eager and compiled side by side in this process
 };
 
 [[noreturn]] void usage(const std::string& why) {
@@ -132,7 +132,7 @@ Args parse(int argc, char** argv) {
       if (v != "on" && v != "off" && v != "split" && v != "plain" && v != "ab")
         usage("--compile expects on, off, split, plain or ab, got '" + v + "'");
       a.compile = v != "off" && v != "ab";
-      a.ab = v == "ab";
+      a.compile_ab = v == "ab";
       a.split = v == "split";
       a.rewrite = v != "plain";
     } else
@@ -140,8 +140,10 @@ Args parse(int argc, char** argv) {
   }
   if (a.workloads.empty()) usage("--workload is required");
   // The paired runs time two copies of their own; nothing else applies to them.
-  if (a.amp == "ab" && (a.compile || a.ab)) usage("--amp ab pairs eager float32 and bf16 steps: no --compile with it");
-  if ((a.amp == "ab" || a.ab) && a.profile) usage("--amp ab and --compile ab time two copies: no --profile with them");
+  if (a.amp == "ab" && (a.compile || a.compile_ab))
+    usage("--amp ab pairs eager float32 and bf16 steps: no --compile with it");
+  if ((a.amp == "ab" || a.compile_ab) && a.profile)
+    usage("--amp ab and --compile ab time two copies: no --profile with them");
   return a;
 }
 
@@ -386,7 +388,7 @@ void run_amp_ab(const std::string& name, const Args& a) {
 }
 
 void run_workload(const std::string& name, const Args& a) {
-  if (a.ab) return run_compile_ab(name, a);
+  if (a.compile_ab) return run_compile_ab(name, a);
   if (a.amp == "ab") return run_amp_ab(name, a);
   auto w = kiln_bench::make_workload(name);
   // --compile on: the first step captures (its time is compile_ms), the rest replay.

@@ -530,6 +530,18 @@ TEST(ElementwiseValues, BFloat16CastOfAnyFloatMatchesTheScalarConversionBitForBi
         << i << ": float bits 0x" << std::hex << std::bit_cast<uint32_t>(v);
   }
   EXPECT_GT(special, 10);  // the fallback ran
+  // A strided source takes the element loop (Note [Casts by rows]): the same bits.
+  const Tensor strided = x.unsqueeze(1).expand({n, 2}).contiguous().select(1, 1);
+  const Tensor ys = strided.to(kBFloat16);
+  for (int64_t i = 0; i < n; ++i)
+    ASSERT_EQ(ys.data_ptr<BFloat16>()[i].bits, y.data_ptr<BFloat16>()[i].bits) << i << " (strided)";
+  // And back: widening is exact, contiguous or strided.
+  const Tensor wide = y.to(kFloat32), wide_strided = y.unsqueeze(1).expand({n, 2}).contiguous().select(1, 0).to(kFloat32);
+  for (int64_t i = 0; i < n; ++i) {
+    ASSERT_EQ(std::bit_cast<uint32_t>(wide.data_ptr<float>()[i]), uint32_t{y.data_ptr<BFloat16>()[i].bits} << 16) << i;
+    ASSERT_EQ(std::bit_cast<uint32_t>(wide_strided.data_ptr<float>()[i]), uint32_t{y.data_ptr<BFloat16>()[i].bits} << 16)
+        << i << " (strided)";
+  }
 }
 
 // ---- IEEE corner cases, as torch ----

@@ -102,24 +102,27 @@ void block_transpose_copy(const LoopSpec& s) {
 // autocast casts every weight each step and each residual branch's gradient.
 // float16 keeps the element loop: F16C keeps a NaN's payload where Half(float)
 // may not.
-bool convert_by_rows(const LoopSpec& s, DType out, DType in) {
-  using Row = void (*)(char*, const char*, int64_t);
-  Row row = nullptr;
-  if (out == DType::BFloat16 && in == DType::Float32)
-    row = [](char* o, const char* i, int64_t n) {
-      vm::float_to_bf16_row(reinterpret_cast<BFloat16*>(o), reinterpret_cast<const float*>(i), n);
-    };
-  else if (out == DType::Float32 && in == DType::BFloat16)
-    row = [](char* o, const char* i, int64_t n) {
-      vm::bf16_to_float_row(reinterpret_cast<float*>(o), reinterpret_cast<const BFloat16*>(i), n);
-    };
-  if (!row) return false;
-  const int64_t so = element_size(out), si = element_size(in);
+// Contiguous runs by `row`, strided ones element by element (convert).
+template <typename O, typename I, typename Row>
+void cast_runs(const LoopSpec& s, Row row) {
   for_each_element_run(s, [&](char* const* p, const int64_t* st, int64_t n) {
-    if (st[0] == so && st[1] == si) return row(p[0], p[1], n);
-    for (int64_t k = 0; k < n; ++k) row(p[0] + k * st[0], p[1] + k * st[1], 1);
+    if (st[0] == static_cast<int64_t>(sizeof(O)) && st[1] == static_cast<int64_t>(sizeof(I)))
+      return row(reinterpret_cast<O*>(p[0]), reinterpret_cast<const I*>(p[1]), n);
+    for (int64_t k = 0; k < n; ++k)
+      *reinterpret_cast<O*>(p[0] + k * st[0]) = convert<O>(*reinterpret_cast<const I*>(p[1] + k * st[1]));
   });
-  return true;
+}
+
+bool convert_by_rows(const LoopSpec& s, DType out, DType in) {
+  if (out == DType::BFloat16 && in == DType::Float32) {
+    cast_runs<BFloat16, float>(s, vm::float_to_bf16_row);
+    return true;
+  }
+  if (out == DType::Float32 && in == DType::BFloat16) {
+    cast_runs<float, BFloat16>(s, vm::bf16_to_float_row);
+    return true;
+  }
+  return false;
 }
 
 }  // namespace
