@@ -73,7 +73,8 @@ void BM_SdpaCompositeCausalForward(benchmark::State& s) { run_sdpa_forward(s, co
 
 // Forward and backward as gpt's step runs them: q, k, v the heads of one
 // fused [B, T, 3C] projection (row stride 3C), the weights kept for backward.
-// Second argument: 0 forward alone, 1 forward + backward.
+// Arguments: threads; 0 forward alone, 1 forward + backward; query rows per
+// block (Note [Query blocks for bf16 training] in src/ops/attention.cpp).
 void run_gpt_heads(benchmark::State& state, kiln::DType dt) {
   const int before = kiln::get_num_threads();
   kiln::set_num_threads(static_cast<int>(state.range(0)));
@@ -83,7 +84,8 @@ void run_gpt_heads(benchmark::State& state, kiln::DType dt) {
   auto heads = [&](const kiln::Tensor& t) { return t.view({B, T, H, E}).transpose(1, 2); };
   for (auto _ : state) {
     auto parts = x.split(C, 2);
-    kiln::Tensor o = FN::detail::sdpa_fused(heads(parts[0]), heads(parts[1]), heads(parts[2]), {}, true);
+    kiln::Tensor o =
+        FN::detail::sdpa_fused(heads(parts[0]), heads(parts[1]), heads(parts[2]), {}, true, state.range(2));
     if (state.range(1)) benchmark::DoNotOptimize(kiln::autograd::grad({o}, {x}, {g}));
     benchmark::DoNotOptimize(o);
   }
@@ -94,8 +96,8 @@ void BM_SdpaGptHeadsBf16(benchmark::State& state) { run_gpt_heads(state, kiln::k
 void BM_SdpaGptHeadsF32(benchmark::State& state) { run_gpt_heads(state, kiln::kFloat32); }
 }  // namespace
 
-BENCHMARK(BM_SdpaGptHeadsBf16)->ArgsProduct({{1, 2}, {0, 1}})->UseRealTime()->Unit(benchmark::kMicrosecond);
-BENCHMARK(BM_SdpaGptHeadsF32)->ArgsProduct({{1, 2}, {0, 1}})->UseRealTime()->Unit(benchmark::kMicrosecond);
+BENCHMARK(BM_SdpaGptHeadsBf16)->ArgsProduct({{1, 2}, {0, 1}, {64, 128}})->UseRealTime()->Unit(benchmark::kMicrosecond);
+BENCHMARK(BM_SdpaGptHeadsF32)->ArgsProduct({{1, 2}, {0, 1}, {64, 128}})->UseRealTime()->Unit(benchmark::kMicrosecond);
 
 BENCHMARK(BM_SdpaFusedCausalForward)->Arg(1)->UseRealTime()->Unit(benchmark::kMillisecond);
 BENCHMARK(BM_SdpaCompositeCausalForward)->Arg(1)->UseRealTime()->Unit(benchmark::kMillisecond);

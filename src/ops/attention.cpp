@@ -515,6 +515,27 @@ double attention_flops(const Tensor& q, const Tensor& k, const Tensor& out, bool
   return 2.0 * batch * scores * static_cast<double>(E + Ev);
 }
 
+// Note [Query blocks for bf16 training]
+// The fused path walks the query rows in blocks (attention_fused's
+// block_rows, 64 by default). Backward runs the products that sum over a
+// block's rows (dV = Pᵀ dO and dK = dSᵀ Q) once per block and adds each
+// later block's into the first's. When every query row fits one block of
+// 128, those products get twice the depth and the additions go. For bf16
+// with a gradient to compute that pays: gpt's heads (`BM_SdpaGptHeadsBf16`,
+// B 16, H 4, T 128, E 64, causal; interleaved repetitions, 2026-12-06) took
+// 2628 -> 2448 us forward + backward at 1 thread and 1165 -> 1097 at 2,
+// though the forward alone went 917 -> 959 us. float32 lost at 1 thread
+// (3994 -> 4155 us) and inference (forward only) loses, so they keep 64, as
+// do longer sequences, which were not measured. The summation order changes
+// with the blocks, so bf16 gradients move in their last bits against 64-row
+// blocks; the same inputs and thread count still give the same bits
+// (DESIGN.md's determinism).
+int64_t fused_block_rows(const Tensor& q, const Tensor& k, const Tensor& v) {
+  constexpr int64_t kDefault = 64, kWhole = 128;
+  const bool backward = grad_mode_enabled() && (q.requires_grad() || k.requires_grad() || v.requires_grad());
+  return backward && q.dtype() == kBFloat16 && q.size(-2) > kDefault && q.size(-2) <= kWhole ? kWhole : kDefault;
+}
+
 }  // namespace
 
 Tensor scaled_dot_product_attention(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& attn_mask,
@@ -525,8 +546,7 @@ Tensor scaled_dot_product_attention(const Tensor& q, const Tensor& k, const Tens
   const bool dropout_active = training && dropout_p > 0.0;
   const bool mask_needs_grad = attn_mask.defined() && attn_mask.requires_grad() && grad_mode_enabled();
   const bool fused = !dropout_active && !mask_needs_grad;
-  constexpr int64_t kBlockRows = 64;  // attention_fused's default
-  Tensor out = fused ? attention_fused(q, k, v, attn_mask, is_causal, kBlockRows, loc)
+  Tensor out = fused ? attention_fused(q, k, v, attn_mask, is_causal, fused_block_rows(q, k, v), loc)
                      : attention_composite(q, k, v, attn_mask, dropout_p, is_causal, training);
   if (rs.recording()) rs.set_flops(attention_flops(q, k, out, is_causal, fused));
   return out;

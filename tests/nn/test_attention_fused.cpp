@@ -48,6 +48,8 @@ std::vector<Case> cases(DType dt) {
   cs.push_back({"single_block", {2, 3, 40, 8}, {2, 3, 40, 8}, {2, 3, 40, 8}, {}, false, 64});
   cs.push_back({"single_block_causal_broadcast", {2, 3, 40, 8}, {3, 40, 8}, {1, 40, 8}, {}, true, 40});
   cs.push_back({"single_block_mask", {3, 40, 8}, {3, 50, 8}, {3, 50, 8}, randn({3, 40, 50}, o), false, 40});
+  // bf16 training's one block of up to 128 rows (Note [Query blocks for bf16 training]).
+  cs.push_back({"causal_one_block_of_128", {2, 2, 100, 16}, {2, 2, 100, 16}, {2, 2, 100, 16}, {}, true, 128});
   return cs;
 }
 
@@ -144,6 +146,44 @@ TEST(AttentionFused, DispatchSelectsPathAtCallTime) {
   Tensor fmask = randn({5, 5}).requires_grad_();
   EXPECT_STRNE(F::scaled_dot_product_attention(q, k, v, fmask).grad_fn()->name(), "FusedSdpaBackward");
   EXPECT_THROW(F::detail::sdpa_fused(q, k, v, fmask, false), ValueError);
+}
+
+// Note [Query blocks for bf16 training]: bf16 with a gradient to compute and
+// at most 128 query rows runs one block of all of them; float32, inference
+// and longer sequences keep blocks of 64. Each call's bits are those of
+// sdpa_fused with that block size.
+TEST(AttentionFused, DispatchTakesOneBlockOfRowsForBf16Training) {
+  manual_seed(8);
+  struct Want {
+    DType dt;
+    int64_t T;
+    bool grad;
+    int64_t block;
+  };
+  for (const Want w : {Want{kBFloat16, 128, true, 128}, Want{kBFloat16, 100, true, 128}, Want{kBFloat16, 64, true, 64},
+                       Want{kBFloat16, 200, true, 64}, Want{kBFloat16, 128, false, 64}, Want{kFloat32, 128, true, 64}}) {
+    const std::string id = std::string(dtype_name(w.dt)) + " T=" + std::to_string(w.T) + (w.grad ? " grad" : "");
+    const TensorOptions o(w.dt);
+    const Tensor q0 = randn({2, 3, w.T, 16}, o), k0 = randn({2, 3, w.T, 16}, o), v0 = randn({2, 3, w.T, 16}, o);
+    const Tensor g = randn({2, 3, w.T, 16}, o);
+    auto run = [&](int64_t block) {  // 0: the dispatch's choice
+      Tensor q = q0.clone().requires_grad_(w.grad), k = k0.clone().requires_grad_(w.grad),
+             v = v0.clone().requires_grad_(w.grad);
+      const Tensor out = block == 0 ? F::scaled_dot_product_attention(q, k, v, {}, 0.0, true)
+                                    : F::detail::sdpa_fused(q, k, v, {}, true, block);
+      if (!w.grad) return TensorList{out};
+      out.backward(g);
+      return TensorList{out, q.grad(), k.grad(), v.grad()};
+    };
+    const TensorList got = run(0), want = run(w.block);
+    for (size_t i = 0; i < got.size(); ++i) EXPECT_TRUE(got[i].equal(want[i])) << id << " tensor " << i;
+    if (w.block == 128) {  // the choice shows: 64-row blocks sum the key gradients in another order
+      const TensorList other = run(64);
+      bool differs = false;
+      for (size_t i = 0; i < got.size(); ++i) differs = differs || !got[i].equal(other[i]);
+      EXPECT_TRUE(differs) << id;
+    }
+  }
 }
 
 TEST(AttentionFused, GraphHoldsOrderTNotTSquared) {
