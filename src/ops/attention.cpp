@@ -93,7 +93,7 @@ constexpr double kNegInf = -std::numeric_limits<double>::infinity();
 struct FusedArgs {
   Tensor mask;  // undefined, bool (true = may attend) or floating (added); never requires grad here
   bool causal = false;
-  int64_t block_rows = 64;
+  int64_t block_rows = kAttentionBlockRows;
 };
 
 // Number of keys rows [r0, r0 + n) may see.
@@ -531,9 +531,10 @@ double attention_flops(const Tensor& q, const Tensor& k, const Tensor& out, bool
 // blocks; the same inputs and thread count still give the same bits
 // (DESIGN.md's determinism).
 int64_t fused_block_rows(const Tensor& q, const Tensor& k, const Tensor& v) {
-  constexpr int64_t kDefault = 64, kWhole = 128;
+  constexpr int64_t kWhole = 128;
   const bool backward = grad_mode_enabled() && (q.requires_grad() || k.requires_grad() || v.requires_grad());
-  return backward && q.dtype() == kBFloat16 && q.size(-2) > kDefault && q.size(-2) <= kWhole ? kWhole : kDefault;
+  const int64_t L = q.size(-2);
+  return backward && q.dtype() == kBFloat16 && L > kAttentionBlockRows && L <= kWhole ? kWhole : kAttentionBlockRows;
 }
 
 }  // namespace

@@ -19,6 +19,7 @@
 #include "kiln/core/tensor.h"
 #include "kiln/nn/layers.h"
 #include "kiln/nn/module.h"
+#include "kiln/ops/attention.h"
 
 namespace kiln::nn::functional {
 
@@ -40,7 +41,7 @@ Tensor sdpa_composite(const Tensor& q, const Tensor& k, const Tensor& v, const T
 /// The fused form (no dropout): query rows in blocks of block_rows, only the per-row
 /// log-sum-exp saved beyond q, k, v and the output. attn_mask must not require grad.
 Tensor sdpa_fused(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& attn_mask, bool is_causal,
-                  int64_t block_rows = 64);
+                  int64_t block_rows = ops::kAttentionBlockRows);
 }  // namespace detail
 
 }  // namespace kiln::nn::functional

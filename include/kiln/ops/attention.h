@@ -24,6 +24,11 @@ Tensor scaled_dot_product_attention(const Tensor& q, const Tensor& k, const Tens
                                     double dropout_p = 0.0, bool is_causal = false, bool training = true,
                                     std::source_location loc = std::source_location::current());
 
+/// attention_fused's query rows per block unless told otherwise
+/// (scaled_dot_product_attention picks its own: Note [Query blocks for bf16
+/// training] in src/ops/attention.cpp).
+inline constexpr int64_t kAttentionBlockRows = 64;
+
 /// The fused, memory-efficient form (no dropout): query rows in blocks of
 /// block_rows; only q, k, v, the output and the per-row log-sum-exp are kept
 /// for backward (a FusedSdpaBackward node, which recomputes the weights block
@@ -31,7 +36,7 @@ Tensor scaled_dot_product_attention(const Tensor& q, const Tensor& k, const Tens
 /// must not require grad. Without anything to differentiate no node is
 /// recorded and no log-sum-exp computed.
 Tensor attention_fused(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& attn_mask = {},
-                       bool is_causal = false, int64_t block_rows = 64,
+                       bool is_causal = false, int64_t block_rows = kAttentionBlockRows,
                        std::source_location loc = std::source_location::current());
 
 /// The composite form (matmul, softmax, masked_fill, dropout as kiln ops):
