@@ -530,7 +530,7 @@ def main():
             text += ddp_bench.markdown(ddp_rows, info.get("ddp_skipped"))
         mismatches = mismatches + infer_problems + bf16_problems + compiled_problems
         if info.get("ddp_failed"):
-            mismatches = mismatches + ["kiln_bench_ddp: " + info["ddp_failed"].splitlines()[0]]
+            mismatches = mismatches + ["kiln_bench_ddp: " + info["ddp_failed"]]
         mismatches = mismatches + ["kiln_bench_ddp %s: replicas differ after training" % r["config"]
                                    for r in ddp_rows if not r["replicas_identical"]]
         with open(out_path, "w") as f:

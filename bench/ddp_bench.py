@@ -64,7 +64,10 @@ def unavailable(ddp_bin):
 
 def parse(cmd, p):
     if p.returncode != 0:
-        raise RuntimeError("%s failed (%d):\n%s" % (" ".join(cmd), p.returncode, p.stderr[-2000:]))
+        # Both streams: Open MPI reports some launch failures on stdout, and an
+        # empty stderr alone says nothing (CI once showed just "failed (1):").
+        raise RuntimeError("%s failed (%d):\nstderr: %s\nstdout: %s" % (
+            " ".join(cmd), p.returncode, p.stderr[-2000:].strip() or "(empty)", p.stdout[-2000:].strip() or "(empty)"))
     return json.loads([ln for ln in p.stdout.splitlines() if ln.startswith("{")][-1])
 
 
@@ -73,6 +76,16 @@ def run_one(ddp_bin, ranks, extra, steps, warmup, timeout=600, extra_env=None):
     env.update(MPI_ENV)
     env.update(extra_env or {})
     cmd = [ddp_bin, "--steps", str(steps), "--warmup", str(warmup)] + extra
+    forward = ["-x", "OMP_NUM_THREADS", "-x", "GLIBC_TUNABLES"] + (
+        ["-x", "KILN_DIST_PROGRESS"] if "KILN_DIST_PROGRESS" in env else []) + (
+        ["-x", "KILN_DIST_SHM"] if "KILN_DIST_SHM" in env else [])
+    if ranks <= 1:
+        # One rank goes through mpirun like the others rather than as an MPI
+        # singleton (whose MPI_Init forks its own daemon, a path nothing else
+        # here takes), unbound as a plain process would be.
+        cmd = ["mpirun", "-np", "1", "--bind-to", "none"] + forward + cmd
+    else:
+        cmd = ["mpirun", "-np", str(ranks)] + forward + cmd
     load_before = os.getloadavg()[0]
     if ranks == 0:
         # Two plain 1-rank runs at once; the result is the slower one (a step of
@@ -85,10 +98,6 @@ def run_one(ddp_bin, ranks, extra, steps, warmup, timeout=600, extra_env=None):
             outs.append(parse(cmd, subprocess.CompletedProcess(cmd, q.returncode, out, err)))
         r = max(outs, key=lambda x: x["step_ms"])
     else:
-        if ranks > 1:
-            cmd = ["mpirun", "-np", str(ranks), "-x", "OMP_NUM_THREADS", "-x", "GLIBC_TUNABLES"] + (
-                ["-x", "KILN_DIST_PROGRESS"] if "KILN_DIST_PROGRESS" in env else []) + (
-                ["-x", "KILN_DIST_SHM"] if "KILN_DIST_SHM" in env else []) + cmd
         r = parse(cmd, subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout))
     r["load"] = (load_before + os.getloadavg()[0]) / 2
     return r
