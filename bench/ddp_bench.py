@@ -33,6 +33,7 @@ import shutil
 import statistics
 import subprocess
 import sys
+import tempfile
 
 CONFIGS = [  # name, ranks, arguments, environment
     ("1x1", 1, [], {}),
@@ -89,13 +90,17 @@ def run_one(ddp_bin, ranks, extra, steps, warmup, timeout=600, extra_env=None):
     load_before = os.getloadavg()[0]
     if ranks == 0:
         # Two plain 1-rank runs at once; the result is the slower one (a step of
-        # weak scaling ends when both replicas have finished theirs).
-        procs = [subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-                 for _ in range(2)]
-        outs = []
-        for q in procs:
-            out, err = q.communicate(timeout=timeout)
-            outs.append(parse(cmd, subprocess.CompletedProcess(cmd, q.returncode, out, err)))
+        # weak scaling ends when both replicas have finished theirs). Each job
+        # keeps its Open MPI session directory under a tree of its own: two
+        # jobs sharing /tmp/ompi.<host>.<uid> race when the first to finish
+        # removes it (open-mpi/ompi#8510).
+        with tempfile.TemporaryDirectory() as d0, tempfile.TemporaryDirectory() as d1:
+            procs = [subprocess.Popen(cmd, env=dict(env, OMPI_MCA_orte_tmpdir_base=d), stdout=subprocess.PIPE,
+                                      stderr=subprocess.PIPE, text=True) for d in (d0, d1)]
+            outs = []
+            for q in procs:
+                out, err = q.communicate(timeout=timeout)
+                outs.append(parse(cmd, subprocess.CompletedProcess(cmd, q.returncode, out, err)))
         r = max(outs, key=lambda x: x["step_ms"])
     else:
         r = parse(cmd, subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout))
