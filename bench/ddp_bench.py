@@ -72,10 +72,8 @@ def parse(cmd, p):
     return json.loads([ln for ln in p.stdout.splitlines() if ln.startswith("{")][-1])
 
 
-def run_one(ddp_bin, ranks, extra, steps, warmup, timeout=600, extra_env=None):
-    env = dict(os.environ)
-    env.update(MPI_ENV)
-    env.update(extra_env or {})
+def launch_command(ddp_bin, ranks, extra, steps, warmup, env):
+    """The mpirun line of one job (ranks 0: one of the two 1-rank jobs of "1x1 twice")."""
     cmd = [ddp_bin, "--steps", str(steps), "--warmup", str(warmup)] + extra
     forward = ["-x", "OMP_NUM_THREADS", "-x", "GLIBC_TUNABLES"] + (
         ["-x", "KILN_DIST_PROGRESS"] if "KILN_DIST_PROGRESS" in env else []) + (
@@ -84,12 +82,18 @@ def run_one(ddp_bin, ranks, extra, steps, warmup, timeout=600, extra_env=None):
         # One rank goes through mpirun like the others rather than as an MPI
         # singleton (whose MPI_Init forks its own daemon, a path nothing else
         # here takes), unbound as a plain process would be.
-        cmd = ["mpirun", "-np", "1", "--bind-to", "none"] + forward + cmd
-    else:
-        cmd = ["mpirun", "-np", str(ranks)] + forward + cmd
+        return ["mpirun", "-np", "1", "--bind-to", "none"] + forward + cmd
+    return ["mpirun", "-np", str(ranks)] + forward + cmd
+
+
+def run_one(ddp_bin, ranks, extra, steps, warmup, timeout=600, extra_env=None):
+    env = dict(os.environ)
+    env.update(MPI_ENV)
+    env.update(extra_env or {})
+    cmd = launch_command(ddp_bin, ranks, extra, steps, warmup, env)
     load_before = os.getloadavg()[0]
     if ranks == 0:
-        # Two plain 1-rank runs at once; the result is the slower one (a step of
+        # Two 1-rank jobs at once; the result is the slower one (a step of
         # weak scaling ends when both replicas have finished theirs). Each job
         # keeps its Open MPI session directory under a tree of its own: two
         # jobs sharing /tmp/ompi.<host>.<uid> race when the first to finish
@@ -174,14 +178,36 @@ def markdown(table_rows, skipped=None):
     return text
 
 
+def self_test():
+    """How jobs are launched and how a failed one is reported (scripts/test.sh runs this)."""
+    one = launch_command("b", 1, [], 3, 1, {})
+    assert one[:6] == ["mpirun", "-np", "1", "--bind-to", "none", "-x"], one
+    assert one[-5:] == ["b", "--steps", "3", "--warmup", "1"], one
+    two = launch_command("b", 2, ["--bucket-mb", "2"], 3, 1, {"KILN_DIST_SHM": "0"})
+    assert two[:3] == ["mpirun", "-np", "2"] and "--bind-to" not in two, two
+    assert two[two.index("KILN_DIST_SHM") - 1] == "-x" and two[-2:] == ["--bucket-mb", "2"], two
+    assert "KILN_DIST_SHM" not in launch_command("b", 2, [], 3, 1, {}), "forwarded a variable that is not set"
+    try:
+        parse(["b"], subprocess.CompletedProcess(["b"], 1, "orte: launch failed\n", ""))
+        raise AssertionError("a failed run parsed")
+    except RuntimeError as e:
+        assert "failed (1)" in str(e) and "stderr: (empty)" in str(e) and "orte: launch failed" in str(e), str(e)
+    assert parse(["b"], subprocess.CompletedProcess(["b"], 0, 'x\n{"step_ms": 1}\n', ""))["step_ms"] == 1
+    print("ddp_bench.py: self-test passed")
+    return 0
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--self-test", action="store_true", help="check the launch lines and failure reports, run nothing")
     ap.add_argument("--bin", default="build/release/bench/kiln_bench_ddp")
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--steps", type=int, default=20)
     ap.add_argument("--warmup", type=int, default=3)
     ap.add_argument("--json", default=None, help="also write the rows and every run here")
     a = ap.parse_args()
+    if a.self_test:
+        return self_test()
     why = unavailable(a.bin)
     if why:
         print(markdown([], why), end="")
