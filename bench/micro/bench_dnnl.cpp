@@ -171,9 +171,41 @@ void BM_MlpProduct(benchmark::State& state) {
   set_gflops(state, 2.0 * s.m * s.n * s.k);
 }
 
+// gpt's bf16 weight gradients dW = dYᵀ X (2048 tokens deep) three ways:
+// mode 0 the bf16 product alone, 1 the bf16 product widened to float32
+// after (torch's autocast: the cast's backward), 2 the product with a
+// float32 c (Note [Float32 weight gradients under autocast] in
+// src/ops/linalg.cpp). Shapes: c_fc [1024, 256], c_proj [256, 1024],
+// c_attn [768, 256].
+void BM_WeightGradOut(benchmark::State& state) {
+  const ThreadScope threads(static_cast<int>(state.range(1)));
+  const int64_t shapes[][2] = {{1024, 256}, {256, 1024}, {768, 256}};
+  const int64_t m = shapes[state.range(0)][0], n = shapes[state.range(0)][1], k = 2048;
+  const int mode = static_cast<int>(state.range(2));
+  kiln::Generator g(7);
+  const Tensor dy = kiln::randn({k, m}, kiln::kFloat32, &g).to(kiln::kBFloat16);
+  const Tensor x = kiln::randn({k, n}, kiln::kFloat32, &g).to(kiln::kBFloat16);
+  const Tensor c = kiln::empty({m, n}, mode == 2 ? kiln::kFloat32 : kiln::kBFloat16);
+  kiln::kernels::MatmulArgs a;
+  a.dtype = kiln::kBFloat16;
+  a.m = m;
+  a.n = n;
+  a.k = k;
+  a.a = {dy.data_ptr(), {0, 1, m}, 0};  // dYᵀ: [m, k] read from [k, m]
+  a.b = {x.data_ptr(), {0, n, 1}, 0};
+  a.c = c.data_ptr();
+  a.float_c = mode == 2;
+  for (auto _ : state) {
+    kiln::kernels::matmul(a);
+    if (mode == 1) benchmark::DoNotOptimize(c.to(kiln::kFloat32));
+  }
+  set_gflops(state, 2.0 * m * n * k);
+}
+
 }  // namespace
 
 BENCHMARK(BM_MlpProduct)->ArgsProduct({{0, 1, 2, 3, 4, 5, 6, 7, 8}, {1, 2}, {0, 1}})->UseRealTime();
+BENCHMARK(BM_WeightGradOut)->ArgsProduct({{0, 1, 2}, {1, 2}, {0, 1, 2}})->UseRealTime();
 BENCHMARK_CAPTURE(BM_DnnlMatmul, f32, kiln::kFloat32)->Arg(1)->Arg(2)->Unit(benchmark::kMillisecond)->UseRealTime();
 BENCHMARK_CAPTURE(BM_DnnlMatmul, bf16, kiln::kBFloat16)->Arg(1)->Arg(2)->Unit(benchmark::kMillisecond)->UseRealTime();
 BENCHMARK_CAPTURE(BM_DnnlConv2d, f32, kiln::kFloat32)->Arg(1)->Arg(2)->Unit(benchmark::kMillisecond)->UseRealTime();

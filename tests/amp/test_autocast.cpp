@@ -3,9 +3,11 @@
 // gradients reach float32 parameters, and docs/amp.md lists the same table.
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <functional>
 #include <map>
 #include <string>
+#include <utility>
 
 #include "kiln/kiln.h"
 #include "kiln/ops/autocast.h"
@@ -218,6 +220,107 @@ TEST(AutocastGrad, GradientsReachFloat32ParametersAndMatchFloat32) {
   EXPECT_LT(rel1, 0.03);
   EXPECT_LT(rel2, 0.03);
   EXPECT_GT(rel1 + rel2, 0.0);  // the bf16 path really ran (it rounds)
+}
+
+// Note [Float32 weight gradients under autocast] (src/ops/linalg.cpp): under
+// bf16 autocast a linear records its node against the float32 weight and bias,
+// and the weight gradient is the bf16 product's float32 sums, not rounded.
+TEST(AutocastGrad, Bf16LinearGivesTheWeightItsUnroundedFloat32Gradient) {
+  const Tensor x = data({24, 40}, 1);
+  Tensor w = param({12, 40}, 2), b = param({12}, 3);
+  const Tensor gout = data({24, 12}, 4, kBFloat16);
+  Tensor y;
+  {
+    const AutocastGuard amp(kBFloat16);
+    y = linear(x, w, b);
+  }
+  ASSERT_EQ(y.dtype(), kBFloat16);
+  ASSERT_NE(y.grad_fn(), nullptr);
+  EXPECT_STREQ(y.grad_fn()->name(), "LinearBackward0");
+  // The weight and bias edges lead straight to their accumulators: no cast node between.
+  ASSERT_EQ(y.grad_fn()->next_edges().size(), 3u);
+  EXPECT_STREQ(y.grad_fn()->next_edges()[1].function->name(), "AccumulateGrad");
+  EXPECT_STREQ(y.grad_fn()->next_edges()[2].function->name(), "AccumulateGrad");
+  y.backward(gout);
+  ASSERT_EQ(w.grad().dtype(), kFloat32);
+  ASSERT_EQ(b.grad().dtype(), kFloat32);
+  // The reference: the exact products of the bf16 operands summed in float64.
+  // 24 float32 additions of terms of size <= max|g| max|x| bound the error.
+  const NoGradGuard ng;
+  const Tensor g64 = gout.to(kFloat64), x64 = x.to(kBFloat16).to(kFloat64);
+  const Tensor want = g64.t().matmul(x64);
+  const double bound = 24 * std::ldexp(1.0, -24) * g64.abs().max().item<double>() * x64.abs().max().item<double>() * 24;
+  EXPECT_LE((w.grad().to(kFloat64) - want).abs().max().item<double>(), bound);
+  // Not rounded to bf16: some entries carry bits a bf16 cannot hold.
+  EXPECT_FALSE(w.grad().equal(w.grad().to(kBFloat16).to(kFloat32)));
+  // The bias gradient is torch's: the bf16 row sum, widened.
+  EXPECT_TRUE(test::bitwise_equal(b.grad(), gout.sum(0).to(kFloat32)));
+}
+
+TEST(AutocastGrad, Bf16LinearGradientsMatchWhereTheInputIsBf16AndTheThreadsDiffer) {
+  // A bf16 input (an earlier op's output) takes the same path; the weight
+  // gradient of a deep product (split across threads on two) agrees within
+  // float32 rounding whatever the thread count.
+  // [256, 256] over 2048 rows: on two threads each thread sums its half of
+  // the rows (Note [Shares of a product on one thread each]).
+  const Tensor x = data({2048, 256}, 5, kBFloat16).requires_grad_();
+  Tensor w = param({256, 256}, 6);
+  const Tensor gout = data({2048, 256}, 7, kBFloat16);
+  auto grads = [&](int threads) {
+    const int saved = get_num_threads();
+    set_num_threads(threads);
+    w.mutable_grad() = {};
+    x.mutable_grad() = {};
+    Tensor y;
+    {
+      const AutocastGuard amp(kBFloat16);
+      y = linear(x, w);
+    }
+    y.backward(gout);
+    set_num_threads(saved);
+    return std::pair{w.grad().clone(), x.grad().clone()};
+  };
+  const auto [w1, x1] = grads(1);
+  const auto [w2, x2] = grads(2);
+  ASSERT_EQ(w1.dtype(), kFloat32);
+  ASSERT_EQ(x1.dtype(), kBFloat16);
+  EXPECT_LT(rel_max(w2, w1), 1e-5);
+  const NoGradGuard ng;
+  const Tensor want = gout.to(kFloat64).t().matmul(x.to(kFloat64));
+  EXPECT_LT(rel_max(w1.to(kFloat64), want), 1e-5);
+}
+
+TEST(AutocastGrad, Float16LinearKeepsTheCastNodes) {
+  const Tensor x = data({4, 8}, 1);
+  Tensor w = param({3, 8}, 2);
+  Tensor y;
+  {
+    const AutocastGuard amp(kFloat16);
+    y = linear(x, w);
+  }
+  ASSERT_EQ(y.dtype(), kFloat16);
+  ASSERT_NE(y.grad_fn(), nullptr);
+  EXPECT_STREQ(y.grad_fn()->next_edges()[1].function->name(), "ToCopyBackward0");
+  y.sum().backward();
+  EXPECT_EQ(w.grad().dtype(), kFloat32);
+}
+
+TEST(AutocastGrad, Bf16LinearDifferentiatesTwice) {
+  // create_graph: the weight gradient is the differentiable bf16 product, widened.
+  const Tensor x = data({6, 5}, 1);
+  Tensor w = param({4, 5}, 2);
+  Tensor y;
+  {
+    const AutocastGuard amp(kBFloat16);
+    y = linear(x, w);
+  }
+  const Tensor gw = autograd::grad({y.to(kFloat32).pow(2).sum()}, {w}, {}, std::nullopt, /*create_graph=*/true)[0];
+  ASSERT_EQ(gw.dtype(), kFloat32);
+  ASSERT_TRUE(gw.requires_grad());
+  gw.sum().backward();
+  ASSERT_TRUE(w.grad().defined());
+  EXPECT_EQ(w.grad().dtype(), kFloat32);
+  EXPECT_GT(w.grad().abs().sum().item<double>(), 0.0);
 }
 
 // Calling backward() inside the autocast region (a common PyTorch habit) must not

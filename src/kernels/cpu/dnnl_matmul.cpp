@@ -85,7 +85,7 @@ Key matmul_key(const MatmulArgs& g, const OperandLayout& la, const OperandLayout
                bool float_c = false) {
   Key key(PrimKind::Matmul);
   key.add_all(g.dtype, g.outer, g.batch, g.m, g.n, g.k, g.bias != nullptr, max_threads(), static_cast<int>(g.epilogue),
-              packed, g.addend != nullptr, float_c);
+              packed, g.addend != nullptr, float_c || g.float_c);
   key.add_all(la.l.trans, la.l.ld, la.batch, la.batch_stride, lb.l.trans, lb.l.ld, lb.batch, lb.batch_stride);
   key.add_all(la.outer, la.outer_stride, lb.outer, lb.outer_stride);
   key.add_all(g.c_batch_stride(), g.c_row_stride(), g.c_outer());
@@ -178,8 +178,10 @@ dnnl::matmul::primitive_desc matmul_pd(const MatmulArgs& g, const dnnl::memory::
   return {dnnl::matmul::desc(a_md, b_md, bias_md, c_md), matmul_attr(g), engine()};
 }
 
-// float_c: c is float32 whatever a and b are (a bfloat16 product's partial sums).
+// float_c: c is float32 whatever a and b are (a bfloat16 product's partial
+// sums); g.float_c asks the same.
 MatmulEntry* get_entry(const MatmulArgs& g, const OperandLayout& la, const OperandLayout& lb, bool float_c = false) {
+  float_c = float_c || g.float_c;
   const Key key = matmul_key(g, la, lb, false, float_c);
   auto& c = cache();
   if (MatmulEntry* e = c.find(key)) return e;
@@ -242,7 +244,8 @@ bool copy_a_first(const MatmulArgs& g, const OperandLayout& la) {
 // 14.3-16.4 -> 12.1-12.4 ms per step (four layers each); the bits did not move
 // (gpt's losses over 14 steps, both dtypes).
 bool pack_b_first(const MatmulArgs& g, const OperandLayout& la, const OperandLayout& lb) {
-  return la.batch == 0 && la.outer == 0 && lb.batch == 0 && g.m >= 1024 && g.n >= 768 && get_num_threads() > 1;
+  return !g.float_c && la.batch == 0 && la.outer == 0 && lb.batch == 0 && g.m >= 1024 && g.n >= 768 &&
+         get_num_threads() > 1;
 }
 
 // Note [Shares of a product on one thread each]
@@ -291,8 +294,8 @@ constexpr int64_t kMaxSplitOutput = int64_t{1} << 20;  // m n of a depth-split p
 
 bool split_rows(const MatmulArgs& g, const OperandLayout& la, const OperandLayout& lb) {
   const int nt = get_num_threads();
-  return nt > 1 && nt <= kMaxShareThreads && !la.l.trans && la.batch == 0 && la.outer == 0 && lb.batch == 0 &&
-         !pack_b_first(g, la, lb) && g.m >= kMinShareRows * nt && !omp_in_parallel();
+  return nt > 1 && nt <= kMaxShareThreads && !g.float_c && !la.l.trans && la.batch == 0 && la.outer == 0 &&
+         lb.batch == 0 && !pack_b_first(g, la, lb) && g.m >= kMinShareRows * nt && !omp_in_parallel();
 }
 
 bool split_depth(const MatmulArgs& g, const OperandLayout& la, const OperandLayout& lb) {
@@ -366,7 +369,8 @@ void split_depth_product(const MatmulArgs& g) {
     h.c_stride[1] = g.n;
     run_one_thread(h, true);
   });
-  // The later partials are added into the first, row by row, then rounded once.
+  // The later partials are added into the first, row by row, then rounded
+  // once (or stored as they are for a float32 c).
   parallel_for(g.m, 16, [&](int64_t r0, int64_t r1) {
     for (int64_t i = r0; i < r1; ++i) {
       float* row = part0 + i * g.n;
@@ -374,7 +378,10 @@ void split_depth_product(const MatmulArgs& g) {
         const float* p = part0 + t * mn + i * g.n;
         for (int64_t j = 0; j < g.n; ++j) row[j] += p[j];
       }
-      vm::float_to_bf16_row(static_cast<BFloat16*>(g.c) + i * g.c_row_stride(), row, g.n);
+      if (g.float_c)
+        std::memcpy(static_cast<float*>(g.c) + i * g.c_row_stride(), row, static_cast<size_t>(g.n) * sizeof(float));
+      else
+        vm::float_to_bf16_row(static_cast<BFloat16*>(g.c) + i * g.c_row_stride(), row, g.n);
     }
   });
 }
@@ -565,6 +572,9 @@ void matmul(const MatmulArgs& g) {
   const capture::KernelScope cap("matmul", capture::kDeferrable);
   KILN_ASSERT(g.band.kind == MatmulBand::Kind::None || (!g.bias && !g.addend && g.epilogue == MatmulEpilogue::None),
               "kernels::matmul: a band with a bias, addend or epilogue");
+  KILN_ASSERT(!g.float_c || (g.dtype == kBFloat16 && g.outer == 1 && g.batch == 1 && !g.bias && !g.addend &&
+                             g.epilogue == MatmulEpilogue::None && g.band.kind == MatmulBand::Kind::None),
+              "kernels::matmul: a float32 c needs one bfloat16 product without bias, addend, epilogue or band");
   if (cap.recording()) {
     // The products dnnl_matmul runs below (the others' records call matmul again).
     const bool on_dnnl = (g.dtype == kFloat32 || g.dtype == kBFloat16) && g.k > 0 &&
@@ -604,8 +614,8 @@ void matmul(const MatmulArgs& g) {
   if (g.k == 0) {
     // An empty sum: the bias (or zero) everywhere. oneDNN cannot take k = 0.
     KILN_ASSERT(g.epilogue == MatmulEpilogue::None && !g.addend, "kernels::matmul: k = 0 with an epilogue or addend");
-    const size_t row = static_cast<size_t>(g.n * element_size(g.dtype));
-    const int64_t es = element_size(g.dtype);
+    const int64_t es = g.float_c ? int64_t{4} : element_size(g.dtype);
+    const size_t row = static_cast<size_t>(g.n * es);
     for (int64_t bi = 0; bi < g.batch; ++bi) {
       for (int64_t i = 0; i < g.m; ++i) {
         char* c = static_cast<char*>(g.c) + (bi * g.c_batch_stride() + i * g.c_row_stride()) * es;

@@ -120,6 +120,10 @@ struct MatmulArgs {
   /// The causal triangle to skip, if any (Note [Causal products]); no bias,
   /// epilogue or addend with a band.
   MatmulBand band;
+  /// c is float32 while a and b are bfloat16: the float32 sums unrounded
+  /// (Note [Float32 weight gradients under autocast] in src/ops/linalg.cpp).
+  /// One 2-D product (batch and outer 1) without bias, epilogue, addend or band.
+  bool float_c = false;
 };
 
 /// float32, bfloat16: oneDNN. float64: cblas_dgemm. int64, int32, uint8: a
