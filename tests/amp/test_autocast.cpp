@@ -222,6 +222,12 @@ TEST(AutocastGrad, GradientsReachFloat32ParametersAndMatchFloat32) {
   EXPECT_GT(rel1 + rel2, 0.0);  // the bf16 path really ran (it rounds)
 }
 
+// linear(x, w, b) inside an autocast region to `dt`.
+Tensor linear_under(DType dt, const Tensor& x, const Tensor& w, const Tensor& b = {}) {
+  const AutocastGuard amp(dt);
+  return linear(x, w, b);
+}
+
 // Note [Float32 weight gradients under autocast] (src/ops/linalg.cpp): under
 // bf16 autocast a linear records its node against the float32 weight and bias,
 // and the weight gradient is the bf16 product's float32 sums, not rounded.
@@ -229,11 +235,7 @@ TEST(AutocastGrad, Bf16LinearGivesTheWeightItsUnroundedFloat32Gradient) {
   const Tensor x = data({24, 40}, 1);
   Tensor w = param({12, 40}, 2), b = param({12}, 3);
   const Tensor gout = data({24, 12}, 4, kBFloat16);
-  Tensor y;
-  {
-    const AutocastGuard amp(kBFloat16);
-    y = linear(x, w, b);
-  }
+  const Tensor y = linear_under(kBFloat16, x, w, b);
   ASSERT_EQ(y.dtype(), kBFloat16);
   ASSERT_NE(y.grad_fn(), nullptr);
   EXPECT_STREQ(y.grad_fn()->name(), "LinearBackward0");
@@ -271,12 +273,7 @@ TEST(AutocastGrad, Bf16LinearGradientsMatchWhereTheInputIsBf16AndTheThreadsDiffe
     set_num_threads(threads);
     w.mutable_grad() = {};
     x.mutable_grad() = {};
-    Tensor y;
-    {
-      const AutocastGuard amp(kBFloat16);
-      y = linear(x, w);
-    }
-    y.backward(gout);
+    linear_under(kBFloat16, x, w).backward(gout);
     set_num_threads(saved);
     return std::pair{w.grad().clone(), x.grad().clone()};
   };
@@ -291,13 +288,8 @@ TEST(AutocastGrad, Bf16LinearGradientsMatchWhereTheInputIsBf16AndTheThreadsDiffe
 }
 
 TEST(AutocastGrad, Float16LinearKeepsTheCastNodes) {
-  const Tensor x = data({4, 8}, 1);
   Tensor w = param({3, 8}, 2);
-  Tensor y;
-  {
-    const AutocastGuard amp(kFloat16);
-    y = linear(x, w);
-  }
+  const Tensor y = linear_under(kFloat16, data({4, 8}, 1), w);
   ASSERT_EQ(y.dtype(), kFloat16);
   ASSERT_NE(y.grad_fn(), nullptr);
   EXPECT_STREQ(y.grad_fn()->next_edges()[1].function->name(), "ToCopyBackward0");
@@ -307,13 +299,8 @@ TEST(AutocastGrad, Float16LinearKeepsTheCastNodes) {
 
 TEST(AutocastGrad, Bf16LinearDifferentiatesTwice) {
   // create_graph: the weight gradient is the differentiable bf16 product, widened.
-  const Tensor x = data({6, 5}, 1);
   Tensor w = param({4, 5}, 2);
-  Tensor y;
-  {
-    const AutocastGuard amp(kBFloat16);
-    y = linear(x, w);
-  }
+  const Tensor y = linear_under(kBFloat16, data({6, 5}, 1), w);
   const Tensor gw = autograd::grad({y.to(kFloat32).pow(2).sum()}, {w}, {}, std::nullopt, /*create_graph=*/true)[0];
   ASSERT_EQ(gw.dtype(), kFloat32);
   ASSERT_TRUE(gw.requires_grad());
