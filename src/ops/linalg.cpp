@@ -637,9 +637,10 @@ Tensor linear_vector_weight(const Tensor& input, const Tensor& weight, const Ten
 // In gpt's bf16 step the casts went 1.6-2.1 -> 1.2-1.7 ms per step (1
 // thread), and the step moved by less than its noise: 16 interleaved pairs of
 // processes read -0.66 % (median of the pairs' ratios) at 1 thread and -0.11 %
-// at 2, the new form faster in 10 of 16 at each (2026-12-06). It applies to float32 weights that require grad
-// when the autocast dtype is bf16 and grad mode is on; float16 keeps torch's
-// path, whose overflow reports name the casts.
+// at 2, the new form faster in 10 of 16 at each (2026-12-06). It applies to
+// float32 weights that require grad when the autocast dtype is bf16 and grad
+// mode is on; float16 keeps torch's path, whose overflow reports name the
+// casts.
 bool float32_param_linear(const Tensor& input, const Tensor& weight, const Tensor& bias) {
   return grad_mode_enabled() && autocast_dtype() == kBFloat16 && weight.defined() && weight.dim() == 2 &&
          weight.dtype() == kFloat32 && weight.requires_grad() && input.defined() &&
