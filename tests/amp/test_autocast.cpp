@@ -11,6 +11,7 @@
 
 #include "kiln/kiln.h"
 #include "kiln/ops/autocast.h"
+#include "support/oracle.h"
 #include "support/test_util.h"
 
 namespace kiln {
@@ -257,6 +258,38 @@ TEST(AutocastGrad, Bf16LinearGivesTheWeightItsUnroundedFloat32Gradient) {
   EXPECT_FALSE(w.grad().equal(w.grad().to(kBFloat16).to(kFloat32)));
   // The bias gradient is torch's: the bf16 row sum, widened.
   EXPECT_TRUE(test::bitwise_equal(b.grad(), gout.sum(0).to(kFloat32)));
+}
+
+// Against torch's autocast (the oracle): torch casts x, w and b to bf16, its
+// weight gradient is the bf16 product rounded to bf16 and widened by the
+// cast's backward. kiln's differs from it by at most half a bf16 ulp (plus
+// float32 summation order), is closer to the float64 sum of the same bf16
+// operands, and the bias gradient is torch's.
+TEST(AutocastGrad, Bf16LinearGradientsAgainstTorchAutocast) {
+  const Tensor x = data({64, 48}, 11);
+  Tensor w = param({20, 48}, 12), b = param({20}, 13);
+  const Tensor gout = data({64, 20}, 14, kBFloat16);
+  linear_under(kBFloat16, x, w, b).backward(gout);
+  test::OracleBatch batch;
+  batch.add_grad("autocast_linear",
+                 "F.linear(x0.to(torch.bfloat16), x1.to(torch.bfloat16), x2.to(torch.bfloat16))",
+                 {x, w.detach(), b.detach()}, {1, 2}, {gout});
+  batch.run();
+  const test::OracleOutcome& r = batch.outcome(0);
+  ASSERT_TRUE(r.ok) << r.error;
+  ASSERT_EQ(r.outputs.size(), 2u);
+  const Tensor torch_gw = r.outputs[0].to(kFloat64), torch_gb = r.outputs[1];
+  ASSERT_EQ(r.outputs[0].dtype(), kFloat32);
+  const NoGradGuard ng;
+  const Tensor got = w.grad().to(kFloat64);
+  const double scale = torch_gw.abs().max().item<double>();
+  // Half a bf16 ulp of each torch element (2^-8 of its magnitude bounds it), and float32 order.
+  const Tensor allowed = torch_gw.abs() * std::ldexp(1.0, -8) + 1e-6 * scale;
+  EXPECT_TRUE((got - torch_gw).abs().le(allowed).all().item<bool>())
+      << "max |kiln - torch| " << (got - torch_gw).abs().max().item<double>();
+  const Tensor want = gout.to(kFloat64).t().matmul(x.to(kBFloat16).to(kFloat64));
+  EXPECT_LT((got - want).abs().max().item<double>(), (torch_gw - want).abs().max().item<double>());
+  EXPECT_TRUE(test::bitwise_equal(b.grad(), torch_gb)) << "the bias gradient is torch's bf16 row sum, widened";
 }
 
 TEST(AutocastGrad, Bf16LinearGradientsMatchWhereTheInputIsBf16AndTheThreadsDiffer) {
