@@ -320,6 +320,17 @@ TEST(AutocastGrad, Bf16LinearGradientsMatchWhereTheInputIsBf16AndTheThreadsDiffe
   EXPECT_LT(rel_max(w1.to(kFloat64), want), 1e-5);
 }
 
+TEST(AutocastGrad, Bf16LinearOverAnEmptyBatchGivesAZeroFloat32WeightGradient) {
+  // No rows: the weight gradient is an empty sum, written as float32 zeros.
+  Tensor w = param({5, 7}, 2);
+  const Tensor y = linear_under(kBFloat16, data({0, 7}, 1), w);
+  // A freed block of nonzero floats of the gradient's size, which the allocator may hand back.
+  for (int i = 0; i < 4; ++i) full({5, 7}, 3.0).sum();
+  y.backward(zeros({0, 5}, TensorOptions(kBFloat16)));
+  ASSERT_EQ(w.grad().dtype(), kFloat32);
+  EXPECT_TRUE(w.grad().equal(zeros({5, 7})));
+}
+
 TEST(AutocastGrad, Float16LinearKeepsTheCastNodes) {
   Tensor w = param({3, 8}, 2);
   const Tensor y = linear_under(kFloat16, data({4, 8}, 1), w);
