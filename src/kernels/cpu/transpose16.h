@@ -3,13 +3,22 @@
 // products' packing of a transposed operand (small_gemm.cpp) and the copy of
 // a channels-last tensor into NCHW order or back (copy.cpp), and the
 // transposing copy of a product's operand (transpose_copy.cpp).
+//
+// Without AVX-512 (an AVX2-only x86 such as many Zen 2/3 and client chips,
+// or another architecture) only transpose16_block exists, as plain loops:
+// kiln is built with -march=native, so each kernel must compile for whatever
+// CPU builds it (Note [Kernels without AVX-512] in docs/decisions.md).
 #pragma once
-
-#include <immintrin.h>
 
 #include <cstdint>
 
+#if defined(__AVX512F__)
+#include <immintrin.h>
+#endif
+
 namespace kiln::kernels::detail {
+
+#if defined(__AVX512F__)
 
 /// Transposes a 16 x 16 block of 32-bit words in registers: r[i] holds row i
 /// before, column i after.
@@ -58,5 +67,16 @@ inline void transpose16_block(uint32_t* dst, int64_t dj, const uint32_t* src, in
     }
   }
 }
+
+#else
+
+/// One block of up to 16 x 16 words, as above: a block's 16 source rows are
+/// 16 lines that stay in L1 while its columns are written out.
+inline void transpose16_block(uint32_t* dst, int64_t dj, const uint32_t* src, int64_t si, int64_t rows, int64_t cols) {
+  for (int64_t j = 0; j < cols && j < 16; ++j)
+    for (int64_t i = 0; i < rows && i < 16; ++i) dst[j * dj + i] = src[i * si + j];
+}
+
+#endif
 
 }  // namespace kiln::kernels::detail
