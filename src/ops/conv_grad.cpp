@@ -218,6 +218,10 @@ std::tuple<Tensor, Tensor> conv2d_weight_grad(const Tensor& grad_output, const T
 
 }  // namespace
 
+DType kernel_dtype(DType dt) {
+  return dt == kFloat16 || (dt == kBFloat16 && !kernels::dnnl_supports(kBFloat16)) ? kFloat32 : dt;
+}
+
 Tensor kernel_operand(const Tensor& t, DType kernel_dtype) {
   return (t.dtype() == kernel_dtype ? t : t.to(kernel_dtype)).contiguous();
 }

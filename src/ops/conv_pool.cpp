@@ -34,9 +34,6 @@ void check_input_4d(const Tensor& input, const char* op) {
              ": expected a 3-D [C, H, W] (unbatched) or 4-D [N, C, H, W] input, got shape ", input.sizes());
 }
 
-// float16 runs its kernels in float32 (oneDNN has no float16 on this CPU).
-DType kernel_dtype(DType dt) { return dt == kFloat16 ? kFloat32 : dt; }
-
 // ---- conv2d ----
 
 Tensor conv2d_impl(const Tensor& input, const Tensor& weight, const Tensor& bias, Pair stride, Pair pad_l, Pair pad_r,
@@ -76,7 +73,7 @@ Tensor conv2d_impl(const Tensor& input, const Tensor& weight, const Tensor& bias
   KILN_CHECK(!bias.defined() || (bias.dim() == 1 && bias.size(0) == o), ShapeError, op, ": expected bias of shape [", o,
              "] (one per out channel of weight ", weight.sizes(), "), got ", bias.sizes());
   kernels::Conv2dParams p;
-  p.dtype = kernel_dtype(input.dtype());
+  p.dtype = ops::conv_detail::kernel_dtype(input.dtype());
   p.n = input.dim() == 4 ? input.size(0) : 1;
   p.c = c;
   p.h = input.size(-2);
@@ -147,7 +144,7 @@ kernels::Pool2dParams pool_params(const char* op, const Tensor& input, const Poo
   KILN_CHECK(input.size(-3) > 0 && input.size(-2) > 0 && input.size(-1) > 0, ShapeError, op,
              ": expected non-empty channel and spatial dims (only the batch may be empty), got shape ", input.sizes());
   kernels::Pool2dParams p;
-  p.dtype = kernel_dtype(input.dtype());
+  p.dtype = ops::conv_detail::kernel_dtype(input.dtype());
   p.kind = kind;
   p.n = input.dim() == 4 ? input.size(0) : 1;
   p.c = input.size(-3);

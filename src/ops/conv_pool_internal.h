@@ -14,8 +14,9 @@
 //             average pool of gg, or a gather of gg at the argmax indices.
 //             Their derivative in the pooled input is zero (almost
 //             everywhere for max pooling), as in torch.
-// Every op here takes an input of dtype float16 where its kernel dtype
-// (p.dtype) is float32: it converts around the kernel and returns float16.
+// Every op here takes an input of dtype float16 (or bfloat16) where its
+// kernel dtype (p.dtype) is float32: it converts around the kernel and
+// returns the input's dtype.
 #pragma once
 
 #include <tuple>
@@ -24,6 +25,12 @@
 #include "kiln/kernels/dnnl.h"
 
 namespace kiln::ops::conv_detail {
+
+/// The dtype a convolution or pooling kernel computes in for a floating input
+/// of dtype `dt`: float16 in float32, and bfloat16 too where oneDNN has no
+/// bfloat16 kernels on this CPU (kernels::dnnl_supports; Note [Kernels
+/// without AVX-512] in docs/decisions.md).
+DType kernel_dtype(DType dt);
 
 /// The tensor a kernel reads: contiguous, in the kernel's dtype (call under a NoGradGuard).
 Tensor kernel_operand(const Tensor& t, DType kernel_dtype);

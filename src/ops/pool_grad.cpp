@@ -233,9 +233,6 @@ Tensor adaptive_backward(const Tensor& grad_output, const Pool2dParams& p, bool 
   return gi;
 }
 
-// The kernel dtype for a floating input (float16 computes in float32).
-DType kernel_dtype(DType dt) { return dt == kFloat16 ? kFloat32 : dt; }
-
 }  // namespace
 
 // A channels-last input stays channels-last (a conv's output on its way to

@@ -24,6 +24,7 @@
 
 #include "kiln/core/dtype.h"
 #include "kiln/core/error.h"
+#include "kiln/kernels/dnnl.h"
 
 namespace kiln::kernels::dnnl_detail {
 
@@ -182,5 +183,10 @@ class SerialScope {
 
 /// Multiply-adds below which a matmul or convolution runs serially.
 inline constexpr int64_t kSerialMacs = int64_t{1} << 17;
+
+/// A bfloat16 product where oneDNN has none (dnnl_supports(kBFloat16) is
+/// false): its operands widened to float32, the float32 product, c rounded
+/// once (matmul_through_float32.cpp).
+void matmul_through_float32(const MatmulArgs& g);
 
 }  // namespace kiln::kernels::dnnl_detail

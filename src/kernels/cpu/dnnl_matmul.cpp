@@ -511,7 +511,10 @@ void packed_product(const MatmulArgs& g) {
 
 }  // namespace
 
-PackedLayout matmul_packed_layout(const MatmulArgs& g) { return get_packed_entry(g)->layout; }
+PackedLayout matmul_packed_layout(const MatmulArgs& g) {
+  if (g.dtype == kBFloat16 && !dnnl_supports(kBFloat16)) return {};  // read as given, through float32
+  return get_packed_entry(g)->layout;
+}
 
 void matmul_pack_b(const MatmulArgs& g, void* packed) {
   KILN_CAPTURE_KERNEL("matmul_pack_b", matmul_pack_b(g, packed));
@@ -577,7 +580,7 @@ void matmul(const MatmulArgs& g) {
               "kernels::matmul: a float32 c needs one bfloat16 product without bias, addend, epilogue or band");
   if (cap.recording()) {
     // The products dnnl_matmul runs below (the others' records call matmul again).
-    const bool on_dnnl = (g.dtype == kFloat32 || g.dtype == kBFloat16) && g.k > 0 &&
+    const bool on_dnnl = (g.dtype == kFloat32 || (g.dtype == kBFloat16 && dnnl_supports(kBFloat16))) && g.k > 0 &&
                          g.band.kind == MatmulBand::Kind::None && !detail::small_matmul_applies(g);
     bool deferred;
     if (detail::tiny_matmul_applies(g)) {
@@ -590,6 +593,8 @@ void matmul(const MatmulArgs& g) {
     if (deferred) return;
   }
   if (g.outer <= 0 || g.batch <= 0 || g.m <= 0 || g.n <= 0) return;
+  if (g.dtype == kBFloat16 && !dnnl_supports(kBFloat16) && !detail::small_matmul_applies(g))
+    return matmul_through_float32(g);
   if (g.band.kind != MatmulBand::Kind::None && !detail::small_matmul_applies(g)) {
     // Whole, then the hidden columns' zeros; the depth bands' left-out terms are 0 (Note [Causal products]).
     MatmulArgs whole = g;

@@ -355,8 +355,12 @@ void adaptive_avg_pool2d_backward(DType dtype, int64_t planes, int64_t h, int64_
 int64_t dnnl_primitives_created();
 /// Drops this thread's cached primitives.
 void dnnl_clear_cache();
-/// True when oneDNN can run `dt` natively on this CPU (float32 always;
-/// bfloat16 with AVX512_BF16 or emulation; float16 not on CPUs without AVX512_FP16).
+/// True when oneDNN can run `dt` with a real kernel on this CPU (float32
+/// always; bfloat16 from AVX-512 on, natively with AVX512_BF16, not on an
+/// AVX2-only CPU; float16 not on CPUs without AVX512_FP16). Where it cannot,
+/// the products, convolutions and pooling of that dtype compute in float32
+/// and round once (Note [Kernels without AVX-512] in docs/decisions.md).
+/// KILN_ONEDNN_BF16=0 says no for bfloat16 on any CPU (the tests' switch).
 bool dnnl_supports(DType dt);
 
 /// oneDNN primitives run so far with more than one thread allowed. Each may
