@@ -282,12 +282,19 @@ TEST(AutocastGrad, Bf16LinearGradientsAgainstTorchAutocast) {
   ASSERT_EQ(r.outputs[0].dtype(), kFloat32);
   const NoGradGuard ng;
   const Tensor got = w.grad().to(kFloat64);
-  const double scale = torch_gw.abs().max().item<double>();
-  // Half a bf16 ulp of each torch element (2^-8 of its magnitude bounds it), and float32 order.
-  const Tensor allowed = torch_gw.abs() * std::ldexp(1.0, -8) + 1e-6 * scale;
-  EXPECT_TRUE((got - torch_gw).abs().le(allowed).all().item<bool>())
-      << "max |kiln - torch| " << (got - torch_gw).abs().max().item<double>();
   const Tensor want = gout.to(kFloat64).t().matmul(x.to(kBFloat16).to(kFloat64));
+  const double scale = torch_gw.abs().max().item<double>();
+  // Half a bf16 ulp of each element (2^-8 of its magnitude bounds it), and float32 order.
+  auto within_half_ulp = [&](const Tensor& t, const Tensor& ref) {
+    return (t - ref).abs().le(ref.abs() * std::ldexp(1.0, -8) + 1e-6 * scale).all().item<bool>();
+  };
+  // torch sums in float32 where oneDNN has bf16 kernels (AVX-512); on an
+  // AVX2-only CPU torch 1.13's own bf16 gemm adds in bf16, and its gradient is
+  // then further from the float64 sum than half an ulp: only float64 judges.
+  if (within_half_ulp(torch_gw, want)) {
+    EXPECT_TRUE(within_half_ulp(got, torch_gw)) << "max |kiln - torch| " << (got - torch_gw).abs().max().item<double>();
+  }
+  EXPECT_TRUE(within_half_ulp(got, want)) << "max |kiln - float64| " << (got - want).abs().max().item<double>();
   EXPECT_LT((got - want).abs().max().item<double>(), (torch_gw - want).abs().max().item<double>());
   EXPECT_TRUE(test::bitwise_equal(b.grad(), torch_gb)) << "the bias gradient is torch's bf16 row sum, widened";
 }

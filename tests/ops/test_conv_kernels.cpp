@@ -17,6 +17,7 @@
 #include <string>
 #include <vector>
 
+#include "kernels/cpu/conv_direct.h"
 #include "kiln/kernels/dnnl.h"
 #include "kiln/kiln.h"
 #include "kiln/ops/memory_format.h"
@@ -27,6 +28,18 @@ using namespace kiln;
 using kernels::ConvWeightGradPath;
 
 namespace {
+
+// The direct kernels (conv_direct.cpp) are AVX-512 code; a build for a CPU
+// without it has none, and Auto takes oneDNN's primitive where they would run.
+bool direct_kernels_built() {
+  kernels::Conv2dParams p;
+  p.n = 1, p.c = 1, p.h = p.w = 8, p.o = 8, p.kh = p.kw = 3, p.oh = p.ow = 6;
+  p.output_nhwc = true;
+  return kernels::detail::conv_weight_direct_fits(p);
+}
+
+#define SKIP_WITHOUT_DIRECT_KERNELS() \
+  if (!direct_kernels_built()) GTEST_SKIP() << "this build has no direct convolution kernels (they need AVX-512)"
 
 struct Case {
   int64_t n, c, h, w, o, kh, kw, stride, pad, dilation;
@@ -184,7 +197,9 @@ TEST(ConvWeightGrad, SingleInputChannelMatchesTorch) {
         // NHWC takes the direct sum (its bias summed in double) at any thread
         // count; NCHW oneDNN's blocked kernel at 2 threads, its own NCHW kernel
         // (which sums the bias itself) at 1.
+        // Without the direct kernels NHWC takes oneDNN's kernels too.
         if (threads == 1 && !nhwc) continue;
+        if (nhwc && !direct_kernels_built()) continue;
         const Tensor exact = gs[i].to(kFloat64).sum({0, 2, 3}).to(kFloat32);
         const test::Comparison c = test::compare_tensors(b.grad(), exact, 1.2e-7, 0);
         EXPECT_TRUE(c.ok) << what << ": bias gradient vs the float64 sum: " << c.message;
@@ -260,6 +275,7 @@ TEST(ConvForward, BothKernelsMatchTorch) {
 // float32 gradient of the same bf16 values within 2^-8 of it; the same bits
 // at 1, 2 and 3 threads.
 TEST(ConvWeightGrad, DirectSumMatchesTorchAtEveryThreadCount) {
+  SKIP_WITHOUT_DIRECT_KERNELS();
   const int saved = get_num_threads();
   const Case cases[] = {{4, 1, 28, 28, 32, 3, 3, 1, 1, 1, true, "padding=1"},
                         {3, 1, 9, 8, 5, 3, 3, 2, 1, 1, true, "stride=2, padding=1"},
@@ -307,6 +323,7 @@ TEST(ConvWeightGrad, DirectSumMatchesTorchAtEveryThreadCount) {
 // The direct sum reads an NCHW input (a 3-channel image) with the bits of the
 // same values in NHWC, and Auto takes it for one input channel only.
 TEST(ConvWeightGrad, DirectSumReadsEitherInputLayoutAndAutoTakesOneChannel) {
+  SKIP_WITHOUT_DIRECT_KERNELS();
   manual_seed(26);
   kernels::Conv2dParams p;
   p.n = 2, p.c = 3, p.h = p.w = 9, p.o = 24, p.kh = p.kw = 3, p.oh = p.ow = 9;
@@ -363,6 +380,7 @@ std::pair<kernels::Conv2dParams, kernels::Pool2dParams> first_layer(DType dt, in
 // stride 3 with padding, windows the ReLU-pooling rewrite marked (bit 7), float32
 // and bfloat16, with and without a bias, at 1 and 2 threads.
 TEST(ConvWeightGrad, PooledFormHasTheBitsOfThePoolBackwardThenTheWeightGradient) {
+  SKIP_WITHOUT_DIRECT_KERNELS();
   const int saved = get_num_threads();
   manual_seed(27);
   for (int64_t window : {2, 3}) {
@@ -403,6 +421,7 @@ TEST(ConvWeightGrad, PooledFormHasTheBitsOfThePoolBackwardThenTheWeightGradient)
 // size (a row and column no window reads), 3x3 of stride 3, float32 and
 // bfloat16, with and without a bias, at 1 and 2 threads.
 TEST(ConvForward, PooledFormHasTheBitsOfTheConvolutionThenThePool) {
+  SKIP_WITHOUT_DIRECT_KERNELS();
   const int saved = get_num_threads();
   manual_seed(28);
   for (int64_t window : {2, 3}) {

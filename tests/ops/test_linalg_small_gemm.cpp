@@ -160,10 +160,14 @@ void check_every_layout() {
         expect_matches<V>(c, "both transposed");
       }
   // Neither dim contiguous (every other element), and a broadcast b.
+  // Only the small kernel takes such operands: oneDNN needs a unit stride,
+  // and the ops layer makes one before any other kernel (a build for a CPU
+  // without AVX512-BF16 has no small kernel).
   Case strided{.outer = 1, .batch = 3, .m = 9, .n = 33, .k = 20};
   strided.a = {2 * 9 * 20 * 2, 2 * 20 * 2, 2};
   strided.b = {0, 2 * 33 * 2, 2};
-  expect_matches<V>(strided, "strided a, broadcast strided b");
+  if (kernels::detail::small_matmul_applies(args_of<V>(strided)))
+    expect_matches<V>(strided, "strided a, broadcast strided b");
   // The largest sizes the kernel takes, and one past them (oneDNN).
   Case big{.outer = 1, .batch = 2, .m = 512, .n = 512, .k = 512};
   big.a = rows_contiguous(512, 512);

@@ -40,6 +40,41 @@ except Exception as e:  # noqa: BLE001 - any import failure means the same fix
 
 torch.set_num_threads(1)
 
+
+def cpu_flags():
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("flags"):
+                    return set(line.split(":", 1)[1].split())
+    except OSError:
+        pass
+    return set()
+
+
+def float32_sums(fn):
+    """fn on bfloat16 tensors computed in float32 and rounded once.
+
+    torch convolves bfloat16 with oneDNN's kernels (float32 sums, one rounding)
+    only where the CPU has AVX-512 (avx512bw, vl and dq); elsewhere (an
+    AVX2-only CPU) its fallback adds in bfloat16, up to 0.1 off for a 27-term
+    sum. The oracle stands for torch on the CPUs it is accurate on, which is
+    also what kiln computes on every CPU (docs/decisions.md, Note [Kernels
+    without AVX-512]).
+    """
+    def widen(a):
+        return a.float() if isinstance(a, torch.Tensor) and a.dtype == torch.bfloat16 else a
+
+    def wrapped(*args, **kwargs):
+        if not any(isinstance(a, torch.Tensor) and a.dtype == torch.bfloat16 for a in list(args) + list(kwargs.values())):
+            return fn(*args, **kwargs)
+        return fn(*[widen(a) for a in args], **{k: widen(v) for k, v in kwargs.items()}).bfloat16()
+    return wrapped
+
+
+if not {"avx512bw", "avx512vl", "avx512dq"} <= cpu_flags():
+    F.conv2d = float32_sums(F.conv2d)
+
 NP = {"F32": np.float32, "F64": np.float64, "F16": np.float16, "BF16": np.int16,
       "I64": np.int64, "I32": np.int32, "U8": np.uint8, "BOOL": np.bool_}
 TORCH_TO_ST = {torch.float32: "F32", torch.float64: "F64", torch.float16: "F16", torch.bfloat16: "BF16",
