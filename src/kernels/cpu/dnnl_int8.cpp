@@ -47,6 +47,29 @@ dnnl::primitive_attr int8_attr(const Int8Epilogue& e, int scale_mask, const dnnl
 
 constexpr int kResidualArg = DNNL_ARG_ATTR_MULTIPLE_POST_OP(0) | DNNL_ARG_SRC_1;
 
+// Note [Int8 sums without VNNI]
+// Without VNNI (AVX2-only CPUs, AVX-512 before Cascade Lake) oneDNN's jit
+// int8 kernels multiply u8 x s8 with vpmaddubsw, which adds each pair of
+// products into a saturating int16: 255 * 127 * 2 overflows it, so an
+// accumulator can be off by thousands, and a requantized output by several
+// steps (seen: 3-4 on an AVX2 EPYC, against the integer reference). torch's
+// fbgemm avoids it by quantizing activations to 7 bits (reduce_range). kiln
+// keeps the full range and exact int32 sums: there it takes oneDNN's
+// reference kernel (exact, and slower), the next implementation oneDNN lists.
+bool int8_jit_is_exact() {
+  static const bool vnni = __builtin_cpu_supports("avx512vnni") || __builtin_cpu_supports("avxvnni");
+  return vnni;
+}
+
+template <typename PD>
+void take_exact_impl(PD& pd, const char* what) {
+  if (int8_jit_is_exact()) return;
+  while (std::strncmp(pd.impl_info_str(), "ref", 3) != 0) {
+    if (!pd.next_impl())
+      throw dnnl::error(dnnl_unimplemented, what);  // rethrow() names the op; oneDNN always lists a reference kernel
+  }
+}
+
 constexpr int kSrcZeroPointArg = DNNL_ARG_ATTR_ZERO_POINTS | DNNL_ARG_SRC;
 
 struct Entry {
@@ -85,7 +108,8 @@ Entry* conv_entry(const Int8ConvArgs& a) {
         a.e.bias
             ? dnnl::convolution_forward::desc(kInfer, kDirect, src_md, wei_any, bias_md, dst_md, strides, dil, pl, pr)
             : dnnl::convolution_forward::desc(kInfer, kDirect, src_md, wei_any, dst_md, strides, dil, pl, pr);
-    const dnnl::convolution_forward::primitive_desc pd(desc, int8_attr(a.e, 1 << 1, res_md), engine());
+    dnnl::convolution_forward::primitive_desc pd(desc, int8_attr(a.e, 1 << 1, res_md), engine());
+    take_exact_impl(pd, "no exact int8 convolution without VNNI");
     e->impl = pd.impl_info_str();
     e->prim = dnnl::convolution_forward(pd);
     note_created();
@@ -123,7 +147,8 @@ Entry* linear_entry(const Int8LinearArgs& a) {
   try {
     const auto desc =
         a.e.bias ? dnnl::matmul::desc(src_md, wei_any, bias_md, dst_md) : dnnl::matmul::desc(src_md, wei_any, dst_md);
-    const dnnl::matmul::primitive_desc pd(desc, int8_attr(a.e, 1 << 1, res_md), engine());
+    dnnl::matmul::primitive_desc pd(desc, int8_attr(a.e, 1 << 1, res_md), engine());
+    take_exact_impl(pd, "no exact int8 matmul without VNNI");
     e->impl = pd.impl_info_str();
     e->prim = dnnl::matmul(pd);
     note_created();
