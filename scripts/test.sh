@@ -25,6 +25,8 @@ echo "== layer check (docs/architecture.md)"
 echo "== format check (.clang-format; tests/ lays out its tables by hand and is exempt)"
 find src include tools examples bench \( -name '*.cpp' -o -name '*.h' \) -print0 \
   | xargs -0 clang-format-14 --dry-run -Werror
+echo "== portable kernels: src/kernels compiles for an AVX2-only x86-64 too (docs/decisions.md, Note [Kernels without AVX-512])"
+/usr/bin/python3 scripts/check_portable_kernels.py build/release
 echo "== release tests"
 ctest --test-dir build/release --output-on-failure
 

@@ -63,7 +63,9 @@ TEST(CliInt8, EvalAndExportTheQuantizedModel) {
     const auto consumers = run_onnx_consumers(onnx, {x}, /*opencv=*/false, dir.path().string());
     EXPECT_TRUE(consumers.checker_ok) << consumers.checker_error;
     ASSERT_TRUE(consumers.outputs.count("onnxruntime")) << consumers.log;
-    EXPECT_LE(scaled_max_diff(consumers.outputs.at("onnxruntime")[0], exporter::Session(g).run({x})[0]), 1e-2);
+    // Without VNNI ONNX Runtime's u8 x s8 kernels saturate in int16 (7.4e-2 on an AVX2 EPYC); test_qdq.cpp.
+    EXPECT_LE(scaled_max_diff(consumers.outputs.at("onnxruntime")[0], exporter::Session(g).run({x})[0]),
+              test::cpu_has_vnni() ? 1e-2 : 2e-1);
   }
 }
 

@@ -162,7 +162,10 @@ TEST_P(QdqExport, KilnRuntimeMatchesEagerAndOnnxRuntimeAgrees) {
   // ONNX Runtime rewrites the pattern into its own int8 ops (QLinearConv, QGemm) and in doing so rounds
   // each bias to int32 at scale sx * sw and requantizes between layers: half a step here and there,
   // which moves the logits by about 1e-3 of their range (measured 1.9e-3 and 3.9e-3 on the cnn).
-  EXPECT_LE(d_ort, 1e-2);
+  // Without VNNI ONNX Runtime's u8 x s8 kernels saturate pairs of products in int16 (its quantization docs
+  // advise reduce_range there): 4.4e-2 and 5.4e-2 on an AVX2 EPYC, where kiln's runtime stays exact. There
+  // ONNX Runtime is held to the argmax and a bound of 0.1.
+  EXPECT_LE(d_ort, kiln::test::cpu_has_vnni() ? 1e-2 : 1e-1);
   EXPECT_GE(agree, 0.98);
 }
 

@@ -17,29 +17,20 @@
 #include <string>
 #include <vector>
 
-#include "kernels/cpu/conv_direct.h"
 #include "kiln/kernels/dnnl.h"
 #include "kiln/kiln.h"
 #include "kiln/ops/memory_format.h"
 #include "support/compare.h"
 #include "support/oracle.h"
+#include "support/test_util.h"
 
 using namespace kiln;
 using kernels::ConvWeightGradPath;
 
 namespace {
 
-// The direct kernels (conv_direct.cpp) are AVX-512 code; a build for a CPU
-// without it has none, and Auto takes oneDNN's primitive where they would run.
-bool direct_kernels_built() {
-  kernels::Conv2dParams p;
-  p.n = 1, p.c = 1, p.h = p.w = 8, p.o = 8, p.kh = p.kw = 3, p.oh = p.ow = 6;
-  p.output_nhwc = true;
-  return kernels::detail::conv_weight_direct_fits(p);
-}
-
 #define SKIP_WITHOUT_DIRECT_KERNELS() \
-  if (!direct_kernels_built()) GTEST_SKIP() << "this build has no direct convolution kernels (they need AVX-512)"
+  if (!test::direct_conv_kernels_built()) GTEST_SKIP() << "this build has no direct convolution kernels (they need AVX-512)"
 
 struct Case {
   int64_t n, c, h, w, o, kh, kw, stride, pad, dilation;
@@ -199,7 +190,7 @@ TEST(ConvWeightGrad, SingleInputChannelMatchesTorch) {
         // (which sums the bias itself) at 1.
         // Without the direct kernels NHWC takes oneDNN's kernels too.
         if (threads == 1 && !nhwc) continue;
-        if (nhwc && !direct_kernels_built()) continue;
+        if (nhwc && !test::direct_conv_kernels_built()) continue;
         const Tensor exact = gs[i].to(kFloat64).sum({0, 2, 3}).to(kFloat32);
         const test::Comparison c = test::compare_tensors(b.grad(), exact, 1.2e-7, 0);
         EXPECT_TRUE(c.ok) << what << ": bias gradient vs the float64 sum: " << c.message;

@@ -1,5 +1,7 @@
 #include "support/test_util.h"
 
+#include "kernels/cpu/conv_direct.h"
+
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -93,6 +95,15 @@ std::vector<uint8_t> contiguous_bytes(const Tensor& t) {
   if (!out.empty()) std::memcpy(out.data(), c.data_ptr(), out.size());
   return out;
 }
+
+bool direct_conv_kernels_built() {
+  kernels::Conv2dParams p;
+  p.n = 1, p.c = 1, p.h = p.w = 8, p.o = 8, p.kh = p.kw = 3, p.oh = p.ow = 6;
+  p.output_nhwc = true;
+  return kernels::detail::conv_weight_direct_fits(p);
+}
+
+bool cpu_has_vnni() { return __builtin_cpu_supports("avx512vnni") || __builtin_cpu_supports("avxvnni"); }
 
 bool bitwise_equal(const Tensor& a, const Tensor& b) {
   if (a.defined() != b.defined()) return false;

@@ -90,4 +90,14 @@ std::vector<uint8_t> contiguous_bytes(const Tensor& t);
 /// Reads a whole file (throws std::runtime_error if it cannot).
 std::string read_file(const std::string& path);
 
+/// Whether this build has kiln's direct convolution kernels (conv_direct.cpp:
+/// AVX-512 code, absent from a build for an AVX2-only CPU, where oneDNN's
+/// primitives run those convolutions instead).
+bool direct_conv_kernels_built();
+
+/// Whether the CPU multiplies u8 x s8 with VNNI. Without it, int8 kernels
+/// built on vpmaddubsw (ONNX Runtime's, oneDNN's jit ones) add each pair of
+/// products into a saturating int16 and can be several steps off.
+bool cpu_has_vnni();
+
 }  // namespace kiln::test
