@@ -21,7 +21,8 @@ file. kiln's runtime must equal the int8 eager model within 1e-3 (a requantized
 activation may land one code away);
 ONNX Runtime rewrites the QDQ nodes into its own int8 ops, rounding biases to
 int32 and requantizing between layers, so it is held to 5e-2 of the output's
-scale (docs/quantization.md, "QDQ export and int8 inference").
+scale (docs/quantization.md, "QDQ export and int8 inference"); to 0.5 on a CPU
+without VNNI, where its kernels saturate.
 
 gpt_infer_int8 gives the "Inference int8, gpt" table: the gpt_infer model and
 sequence as float32 eager and optimised, then with the blocks' linears made
@@ -52,6 +53,22 @@ GPT_INT8 = "gpt_infer_int8"
 # an activation one code away from the eager model's (SessionOptions::uint8_between_layers).
 INT8_RUNTIME_TOL = 1e-3
 INT8_ORT_TOL = 5e-2
+
+
+def cpu_has_vnni():
+    try:
+        with open("/proc/cpuinfo") as f:
+            flags = next((line.split(":", 1)[1].split() for line in f if line.startswith("flags")), [])
+    except OSError:
+        return True
+    return "avx512_vnni" in flags or "avx_vnni" in flags
+
+
+# Without VNNI ONNX Runtime's u8 x s8 kernels add pairs of products in a saturating int16 (its quantization
+# docs advise reduce_range there): its cnn_int8 output was 0.20 of the scale off on an AVX2 EPYC, where
+# kiln's runtime stayed within 1e-3 of its eager model (docs/decisions.md, Note [Kernels without AVX-512]).
+if not cpu_has_vnni():
+    INT8_ORT_TOL = 0.5
 
 
 def is_int8(workload):

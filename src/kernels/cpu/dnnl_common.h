@@ -25,6 +25,7 @@
 #include "kiln/core/dtype.h"
 #include "kiln/core/error.h"
 #include "kiln/kernels/dnnl.h"
+#include "kiln/kernels/int8.h"
 
 namespace kiln::kernels::dnnl_detail {
 
@@ -188,5 +189,16 @@ inline constexpr int64_t kSerialMacs = int64_t{1} << 17;
 /// false): its operands widened to float32, the float32 product, c rounded
 /// once (matmul_through_float32.cpp).
 void matmul_through_float32(const MatmulArgs& g);
+
+/// Whether oneDNN's jit int8 kernels sum exactly on this CPU (it has VNNI);
+/// where not, int8 runs through float32 (Note [Int8 sums without VNNI] in
+/// dnnl_int8.cpp; int8_through_float32.cpp).
+bool int8_jit_is_exact();
+/// out[i] = weight[i], int8 to float32: the packed form of a weight there.
+void int8_widen_weight(const void* weight, int64_t n, float* out);
+/// int8_linear_forward and int8_conv_forward with float32-packed weights.
+void int8_linear_through_float32(const Int8LinearArgs& a, const void* x, const float* w, const void* bias, void* y);
+void int8_conv_through_float32(const Int8ConvArgs& a, const void* input, const float* w, const void* bias, void* output,
+                               const void* residual);
 
 }  // namespace kiln::kernels::dnnl_detail

@@ -53,22 +53,12 @@ constexpr int kResidualArg = DNNL_ARG_ATTR_MULTIPLE_POST_OP(0) | DNNL_ARG_SRC_1;
 // products into a saturating int16: 255 * 127 * 2 overflows it, so an
 // accumulator can be off by thousands, and a requantized output by several
 // steps (seen: 3-4 on an AVX2 EPYC, against the integer reference). torch's
-// fbgemm avoids it by quantizing activations to 7 bits (reduce_range). kiln
-// keeps the full range and exact int32 sums: there it takes oneDNN's
-// reference kernel (exact, and slower), the next implementation oneDNN lists.
-bool int8_jit_is_exact() {
-  static const bool vnni = __builtin_cpu_supports("avx512vnni") || __builtin_cpu_supports("avxvnni");
-  return vnni;
-}
-
-template <typename PD>
-void take_exact_impl(PD& pd, const char* what) {
-  if (int8_jit_is_exact()) return;
-  while (std::strncmp(pd.impl_info_str(), "ref", 3) != 0) {
-    if (!pd.next_impl())
-      throw dnnl::error(dnnl_unimplemented, what);  // rethrow() names the op; oneDNN always lists a reference kernel
-  }
-}
+// fbgemm avoids it by quantizing activations to 7 bits (reduce_range), which
+// would change every scale kiln computes; oneDNN's reference kernels are
+// exact but ran gpt's dynamic int8 linears 800 times slower than float32.
+// So there the weights are packed as float32 and the sums run as a float32
+// product or convolution, exact for the integers involved
+// (int8_through_float32.cpp): within 2x of the float32 model's time.
 
 constexpr int kSrcZeroPointArg = DNNL_ARG_ATTR_ZERO_POINTS | DNNL_ARG_SRC;
 
@@ -108,8 +98,7 @@ Entry* conv_entry(const Int8ConvArgs& a) {
         a.e.bias
             ? dnnl::convolution_forward::desc(kInfer, kDirect, src_md, wei_any, bias_md, dst_md, strides, dil, pl, pr)
             : dnnl::convolution_forward::desc(kInfer, kDirect, src_md, wei_any, dst_md, strides, dil, pl, pr);
-    dnnl::convolution_forward::primitive_desc pd(desc, int8_attr(a.e, 1 << 1, res_md), engine());
-    take_exact_impl(pd, "no exact int8 convolution without VNNI");
+    const dnnl::convolution_forward::primitive_desc pd(desc, int8_attr(a.e, 1 << 1, res_md), engine());
     e->impl = pd.impl_info_str();
     e->prim = dnnl::convolution_forward(pd);
     note_created();
@@ -147,8 +136,7 @@ Entry* linear_entry(const Int8LinearArgs& a) {
   try {
     const auto desc =
         a.e.bias ? dnnl::matmul::desc(src_md, wei_any, bias_md, dst_md) : dnnl::matmul::desc(src_md, wei_any, dst_md);
-    dnnl::matmul::primitive_desc pd(desc, int8_attr(a.e, 1 << 1, res_md), engine());
-    take_exact_impl(pd, "no exact int8 matmul without VNNI");
+    const dnnl::matmul::primitive_desc pd(desc, int8_attr(a.e, 1 << 1, res_md), engine());
     e->impl = pd.impl_info_str();
     e->prim = dnnl::matmul(pd);
     note_created();
@@ -194,15 +182,22 @@ bool serial(const Int8ConvArgs& a) {
 }
 bool serial(const Int8LinearArgs& a) { return a.m * a.n * a.k < kSerialMacs; }
 
+constexpr uint64_t kFloat32WeightsId = 0x6b696c6e66333277;  // the layout id of float32-packed weights
+constexpr const char* kFloat32Impl = "kiln float32 sums (no VNNI)";
+
+int64_t weight_count(const Int8ConvArgs& a) { return a.p.o * (a.p.c / a.p.groups) * a.p.kh * a.p.kw; }
+
 }  // namespace
 
 FusedWeightLayout int8_conv_weight_layout(const Int8ConvArgs& a) {
+  if (!int8_jit_is_exact()) return {static_cast<size_t>(weight_count(a)) * 4, kFloat32WeightsId};
   const SerialScope scope(serial(a));
   return conv_entry(a)->layout;
 }
 
 void int8_conv_pack_weight(const Int8ConvArgs& a, const void* weight, void* packed) {
   KILN_CAPTURE_KERNEL("int8_conv_pack_weight", int8_conv_pack_weight(a, weight, packed));
+  if (!int8_jit_is_exact()) return int8_widen_weight(weight, weight_count(a), static_cast<float*>(packed));
   const SerialScope scope(serial(a));
   Entry* e = conv_entry(a);
   execute(e->pack, {{DNNL_ARG_FROM, &e->wei_plain, weight}, {DNNL_ARG_TO, &e->wei_packed, packed}});
@@ -211,22 +206,27 @@ void int8_conv_pack_weight(const Int8ConvArgs& a, const void* weight, void* pack
 void int8_conv_forward(const Int8ConvArgs& a, const void* input, const void* packed, const void* bias, void* output,
                        const void* residual) {
   KILN_CAPTURE_KERNEL("int8_conv_forward", int8_conv_forward(a, input, packed, bias, output, residual));
+  if (!int8_jit_is_exact())
+    return int8_conv_through_float32(a, input, static_cast<const float*>(packed), bias, output, residual);
   const SerialScope scope(serial(a));
   run(conv_entry(a), a.e, input, packed, bias, output, residual);
 }
 
 const char* int8_conv_impl(const Int8ConvArgs& a) {
+  if (!int8_jit_is_exact()) return kFloat32Impl;
   const SerialScope scope(serial(a));
   return conv_entry(a)->impl.c_str();
 }
 
 FusedWeightLayout int8_linear_weight_layout(const Int8LinearArgs& a) {
+  if (!int8_jit_is_exact()) return {static_cast<size_t>(a.n * a.k) * 4, kFloat32WeightsId};
   const SerialScope scope(serial(a));
   return linear_entry(a)->layout;
 }
 
 void int8_linear_pack_weight(const Int8LinearArgs& a, const void* weight, void* packed) {
   KILN_CAPTURE_KERNEL("int8_linear_pack_weight", int8_linear_pack_weight(a, weight, packed));
+  if (!int8_jit_is_exact()) return int8_widen_weight(weight, a.n * a.k, static_cast<float*>(packed));
   const SerialScope scope(serial(a));
   Entry* e = linear_entry(a);
   execute(e->pack, {{DNNL_ARG_FROM, &e->wei_plain, weight}, {DNNL_ARG_TO, &e->wei_packed, packed}});
@@ -234,11 +234,13 @@ void int8_linear_pack_weight(const Int8LinearArgs& a, const void* weight, void* 
 
 void int8_linear_forward(const Int8LinearArgs& a, const void* x, const void* packed, const void* bias, void* y) {
   KILN_CAPTURE_KERNEL("int8_linear_forward", int8_linear_forward(a, x, packed, bias, y));
+  if (!int8_jit_is_exact()) return int8_linear_through_float32(a, x, static_cast<const float*>(packed), bias, y);
   const SerialScope scope(serial(a));
   run(linear_entry(a), a.e, x, packed, bias, y);
 }
 
 const char* int8_linear_impl(const Int8LinearArgs& a) {
+  if (!int8_jit_is_exact()) return kFloat32Impl;
   const SerialScope scope(serial(a));
   return linear_entry(a)->impl.c_str();
 }
