@@ -1,6 +1,7 @@
 #include "support/test_util.h"
 
 #include "kernels/cpu/conv_direct.h"
+#include "kernels/cpu/dnnl_common.h"
 
 #include <sys/wait.h>
 #include <unistd.h>
@@ -103,7 +104,7 @@ bool direct_conv_kernels_built() {
   return kernels::detail::conv_weight_direct_fits(p);
 }
 
-bool cpu_has_vnni() { return __builtin_cpu_supports("avx512vnni") || __builtin_cpu_supports("avxvnni"); }
+bool cpu_has_vnni() { return kernels::dnnl_detail::int8_jit_is_exact(); }
 
 bool bitwise_equal(const Tensor& a, const Tensor& b) {
   if (a.defined() != b.defined()) return false;
