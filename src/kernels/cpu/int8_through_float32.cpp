@@ -10,7 +10,6 @@
 // requantization step). oneDNN's reference int8 kernels are exact too, but
 // ran gpt's dynamic int8 linears 800 times slower than float32 here.
 #include <cmath>
-#include <vector>
 
 #include "dnnl_common.h"
 #include "kiln/core/parallel.h"

@@ -8,7 +8,6 @@
 // bf16 x bf16 products, the bias, epilogue and addend applied in float32,
 // one rounding at the store), so a result differs from theirs only by the
 // order of the sums; torch's CPU fallback for bfloat16 does the same.
-#include <cstring>
 
 #include "dnnl_common.h"
 #include "kiln/core/half.h"
