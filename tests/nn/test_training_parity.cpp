@@ -11,7 +11,10 @@
 // Tolerances (float32 throughout; measured worst cases in the comments of each test):
 //   per-step loss:  |kiln - torch| <= 1e-4 * |torch|  (relative 1e-4, every step)
 //   learning rate:  |kiln - torch| <= 1e-12 * |torch| (schedulers compute in double)
-//   final state and eval output: |kiln - torch| <= 1e-5 + 1e-4 * |torch| elementwise.
+//   final state and eval output: |kiln - torch| <= 1e-5 + 1e-4 * |torch| elementwise; where a test
+//   sets float64_reference, an element may instead be no further from torch's float64 run than
+//   torch's float32 run is, plus that tolerance (runs whose ReLU or pooling decisions flip with
+//   rounding; the test says what was measured).
 // The one exception is the resnet workload at its lr 0.1, whose training is chaotic in float32 (its
 // test gives PyTorch's own float32 vs float64 drift): later steps' losses are held to 1e-2 and its
 // final state is compared on an lr 0.001 run instead. Each test prints its measured differences.
@@ -178,7 +181,9 @@ Measured train_against_twin(nn::Module& model, const TrainRun& r, const Tensor& 
     Tensor e = model(eval_x);
     auto a = test::to_doubles(e), b = test::to_doubles(ref.at("eval_out"));
     for (size_t i = 0; i < std::min(a.size(), b.size()); ++i) eval_diff = std::max(eval_diff, std::abs(a[i] - b[i]));
-    if (r.compare_state) {
+    if (r.compare_state && r.float64_reference) {
+      EXPECT_EQ(mismatch_or_float64(e, ref.at("eval_out"), ref.at("eval_out64"), r.atol), "") << "eval output";
+    } else if (r.compare_state) {
       EXPECT_EQ(mismatch(e, ref.at("eval_out"), r.atol), "") << "eval output";
     }
   }
@@ -195,6 +200,13 @@ Tensor labels_for(int64_t n, int64_t classes) { return randint(0, classes, {n}, 
 
 // ---- The workloads of bench/WORKLOADS.md ----
 
+// The final state and eval() output are held to torch's float32 run or its float64 one
+// (mismatch_or_float64). A ReLU input within rounding of zero flips one way or the other with
+// the product kernel's order of sums, and the run that flips drifts from float64 by 1e-5 in 20
+// steps: torch alone, float32 against float64, on 3 seeds of this model (2026-12-07, an Intel Xeon
+// with AVX-512): 1.8e-5, 2.1e-8, 2.3e-8. On that machine this seed's torch float32 run flipped
+// (2.3e-5 from float64) while kiln's stayed within 2.1e-8 of float64; on the AMD machines
+// before it both stayed close.
 TEST(TrainingParity, MLPWorkloadSGDMomentum) {
   manual_seed(101);
   models::MLP m({.in_features = 784, .hidden = {512, 512}, .out_features = 10});
@@ -206,6 +218,7 @@ TEST(TrainingParity, MLPWorkloadSGDMomentum) {
         .make_optimizer = [](optim::NamedParams p) {
           return std::make_unique<optim::SGD>(std::move(p), optim::SGDOptions{.lr = 0.01, .momentum = 0.9});
         }};
+  r.float64_reference = true;
   Tensor x = randn({r.steps * r.batch, 1, 28, 28});
   train_against_twin(m, r, x, labels_for(r.steps * r.batch, 10), randn({16, 1, 28, 28}));
 }

@@ -19,7 +19,8 @@ and "lrs" [steps] (float64; lrs[i] is the learning rate step i used),
 "state.<name>" for every state_dict entry after training (BatchNorm running
 statistics included) and "eval_out" = model(__eval_input__) in eval mode.
 With metadata "reference64" = "1" the same run is repeated in float64 from
-the same start and its final state is added as "state64.<name>": the rounding
+the same start and its final state is added as "state64.<name>" (and its
+eval() output as "eval_out64"): the rounding
 noise of float32 itself, for elements that a noise-level gradient decides
 (Adam turns a gradient of 1e-9 into a step of lr times a ratio that the
 gradient's last bits set). Prints OK or why not.
@@ -71,6 +72,7 @@ def main():
         for name in list(ref):
             if name.startswith("state."):
                 out["state64." + name[len("state."):]] = ref[name]
+        out["eval_out64"] = ref["eval_out"]
     write(sys.argv[2], out)
     print("OK")
     return 0
