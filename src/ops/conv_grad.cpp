@@ -219,7 +219,7 @@ std::tuple<Tensor, Tensor> conv2d_weight_grad(const Tensor& grad_output, const T
 }  // namespace
 
 DType kernel_dtype(DType dt) {
-  return dt == kFloat16 || (dt == kBFloat16 && !kernels::dnnl_supports(kBFloat16)) ? kFloat32 : dt;
+  return dt == kFloat16 || (dt == kBFloat16 && !kernels::bf16_products_on_dnnl()) ? kFloat32 : dt;
 }
 
 Tensor kernel_operand(const Tensor& t, DType kernel_dtype) {

@@ -27,9 +27,9 @@
 namespace kiln::ops::conv_detail {
 
 /// The dtype a convolution or pooling kernel computes in for a floating input
-/// of dtype `dt`: float16 in float32, and bfloat16 too where oneDNN has no
-/// bfloat16 kernels on this CPU (kernels::dnnl_supports; Note [Kernels
-/// without AVX-512] in docs/decisions.md).
+/// of dtype `dt`: float16 in float32, and bfloat16 too where oneDNN's
+/// bfloat16 kernels are missing or slower than float32 on this CPU
+/// (kernels::bf16_products_on_dnnl; Note [bf16 products where bf16 is slow]).
 DType kernel_dtype(DType dt);
 
 /// The tensor a kernel reads: contiguous, in the kernel's dtype (call under a NoGradGuard).

@@ -10,6 +10,7 @@
 
 #include <cmath>
 #include <cstdlib>
+#include <iostream>
 #include <string>
 #include <vector>
 
@@ -327,6 +328,40 @@ TEST(Linalg, Float16ComputesInFloat32) {
                            __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq");
   EXPECT_EQ(kernels::dnnl_supports(kBFloat16), avx512_core && !(off != nullptr && std::string(off) == "0"));
   EXPECT_TRUE(kernels::dnnl_supports(kFloat32));
+}
+
+// Note [bf16 products where bf16 is slow] (src/kernels/cpu/bf16_products.cpp): bfloat16 products
+// run on oneDNN's kernels only where the CPU's bf16 dot product pays. The rule, as this CPU reads it.
+TEST(Linalg, Bfloat16ProductsRunNativelyOnlyWhereBf16Pays) {
+  const char* env = std::getenv("KILN_ONEDNN_BF16");
+  const std::string forced = env != nullptr ? env : "";
+  const bool avx512_bf16 = __builtin_cpu_supports("avx512bf16");
+  const double rate = kernels::bf16_dot_flop_rate_vs_fma();
+  std::cout << "[ measured ] vdpbf16ps flops per second / vfmadd231ps's: " << rate << "\n";
+  if (!avx512_bf16) {
+    EXPECT_EQ(rate, 0);  // not measured: no such instruction
+  } else {
+    EXPECT_GT(rate, 0.1);
+    EXPECT_LT(rate, 10.0);
+  }
+  const bool native = kernels::bf16_products_on_dnnl();
+  EXPECT_EQ(native, kernels::bf16_products_on_dnnl());  // decided once per process
+  if (!kernels::dnnl_supports(kBFloat16) || forced == "0") {
+    EXPECT_FALSE(native);
+  } else if (forced == "1") {
+    EXPECT_TRUE(native);
+  } else if (!avx512_bf16) {
+    EXPECT_FALSE(native) << "oneDNN would emulate the bf16 dot product here";
+  } else if (rate < 0.6 * kernels::kBf16NativeRate || rate > 1.4 * kernels::kBf16NativeRate) {
+    // Far from the line the rule draws, a measurement now must agree with the one the process made.
+    EXPECT_EQ(native, rate >= kernels::kBf16NativeRate) << "rate " << rate;
+  }
+  // Either path sums exact products in float32 and rounds once. These inputs (multiples of 1/4)
+  // sum exactly in float32 in any order, so each path gives the float64 product rounded to bf16.
+  const Tensor a = seq({33, 70}, 7, 3, kBFloat16), b = seq({70, 19}, 5, 2, kBFloat16);
+  const Tensor got = mm(a, b);
+  EXPECT_EQ(got.dtype(), kBFloat16);
+  expect_close(got, mm(a.to(kFloat64), b.to(kFloat64)).to(kBFloat16), 0, 0, "bf16 mm");
 }
 
 TEST(Linalg, ErrorsNameOpShapesAndDtypes) {

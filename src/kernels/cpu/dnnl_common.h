@@ -185,9 +185,9 @@ class SerialScope {
 /// Multiply-adds below which a matmul or convolution runs serially.
 inline constexpr int64_t kSerialMacs = int64_t{1} << 17;
 
-/// A bfloat16 product where oneDNN has none (dnnl_supports(kBFloat16) is
-/// false): its operands widened to float32, the float32 product, c rounded
-/// once (matmul_through_float32.cpp).
+/// A bfloat16 product where oneDNN has no bfloat16 kernel or a slower one
+/// than float32's (bf16_products_on_dnnl() is false): its operands widened to
+/// float32, the float32 product, c rounded once (matmul_through_float32.cpp).
 void matmul_through_float32(const MatmulArgs& g);
 
 /// Whether oneDNN's jit int8 kernels sum exactly on this CPU (it has VNNI);

@@ -512,7 +512,7 @@ void packed_product(const MatmulArgs& g) {
 }  // namespace
 
 PackedLayout matmul_packed_layout(const MatmulArgs& g) {
-  if (g.dtype == kBFloat16 && !dnnl_supports(kBFloat16)) return {};  // read as given, through float32
+  if (g.dtype == kBFloat16 && !bf16_products_on_dnnl()) return {};  // read as given, through float32
   return get_packed_entry(g)->layout;
 }
 
@@ -580,7 +580,7 @@ void matmul(const MatmulArgs& g) {
               "kernels::matmul: a float32 c needs one bfloat16 product without bias, addend, epilogue or band");
   if (cap.recording()) {
     // The products dnnl_matmul runs below (the others' records call matmul again).
-    const bool on_dnnl = (g.dtype == kFloat32 || (g.dtype == kBFloat16 && dnnl_supports(kBFloat16))) && g.k > 0 &&
+    const bool on_dnnl = (g.dtype == kFloat32 || (g.dtype == kBFloat16 && bf16_products_on_dnnl())) && g.k > 0 &&
                          g.band.kind == MatmulBand::Kind::None && !detail::small_matmul_applies(g);
     bool deferred;
     if (detail::tiny_matmul_applies(g)) {
@@ -593,7 +593,7 @@ void matmul(const MatmulArgs& g) {
     if (deferred) return;
   }
   if (g.outer <= 0 || g.batch <= 0 || g.m <= 0 || g.n <= 0) return;
-  if (g.dtype == kBFloat16 && !dnnl_supports(kBFloat16) && !detail::small_matmul_applies(g))
+  if (g.dtype == kBFloat16 && !bf16_products_on_dnnl() && !detail::small_matmul_applies(g))
     return matmul_through_float32(g);
   if (g.band.kind != MatmulBand::Kind::None && !detail::small_matmul_applies(g)) {
     // Whole, then the hidden columns' zeros; the depth bands' left-out terms are 0 (Note [Causal products]).

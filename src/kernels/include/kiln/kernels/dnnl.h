@@ -363,6 +363,19 @@ void dnnl_clear_cache();
 /// KILN_ONEDNN_BF16=0 says no for bfloat16 on any CPU (the tests' switch).
 bool dnnl_supports(DType dt);
 
+/// Whether bfloat16 products (matmuls, convolutions, pooling) run on oneDNN's
+/// bfloat16 kernels (true) or widened to float32 and rounded once (false):
+/// native with AMX, or where the CPU's bf16 dot product does at least
+/// kBf16NativeRate of float32's flops per second (timed once per process);
+/// not where oneDNN would emulate it (Note [bf16 products where bf16 is slow]
+/// in src/kernels/cpu/bf16_products.cpp). KILN_ONEDNN_BF16=1 forces native
+/// where a kernel exists, =0 forces float32.
+bool bf16_products_on_dnnl();
+/// vdpbf16ps's flops per second over vfmadd231ps's on this core, measured
+/// now (0 without AVX512_BF16).
+double bf16_dot_flop_rate_vs_fma();
+inline constexpr double kBf16NativeRate = 0.75;
+
 /// oneDNN primitives run so far with more than one thread allowed. Each may
 /// open a parallel region (oneDNN runs a small problem on one thread, so this
 /// counts an upper bound); a benchmark reads it beside parallel_regions()
