@@ -47,23 +47,24 @@ double now_seconds() {
 // latency on both ports: the loop measures throughput, not a dependency chain.
 // The operands are set to 1.0 first: whatever a register held before might be
 // a denormal, which slows an FMA many times and not vdpbf16ps (it flushes
-// them). Inline assembly, so that this file builds for any x86-64; it runs
-// only where oneDNN found AVX512_BF16.
+// them). Inline assembly on registers 0-13, so that this file builds for any
+// x86-64 (a build without AVX-512 may not name registers 16-31); it runs only
+// where oneDNN found AVX512_BF16.
 #define KILN_TWELVE(OP)                                                                                       \
-  OP " %%zmm30, %%zmm31, %%zmm0\n\t" OP " %%zmm30, %%zmm31, %%zmm1\n\t" OP " %%zmm30, %%zmm31, %%zmm2\n\t" OP \
-     " %%zmm30, %%zmm31, %%zmm3\n\t" OP " %%zmm30, %%zmm31, %%zmm4\n\t" OP " %%zmm30, %%zmm31, %%zmm5\n\t" OP \
-     " %%zmm30, %%zmm31, %%zmm6\n\t" OP " %%zmm30, %%zmm31, %%zmm7\n\t" OP " %%zmm30, %%zmm31, %%zmm8\n\t" OP \
-     " %%zmm30, %%zmm31, %%zmm9\n\t" OP " %%zmm30, %%zmm31, %%zmm10\n\t" OP " %%zmm30, %%zmm31, %%zmm11\n\t"
+  OP " %%zmm12, %%zmm13, %%zmm0\n\t" OP " %%zmm12, %%zmm13, %%zmm1\n\t" OP " %%zmm12, %%zmm13, %%zmm2\n\t" OP \
+     " %%zmm12, %%zmm13, %%zmm3\n\t" OP " %%zmm12, %%zmm13, %%zmm4\n\t" OP " %%zmm12, %%zmm13, %%zmm5\n\t" OP \
+     " %%zmm12, %%zmm13, %%zmm6\n\t" OP " %%zmm12, %%zmm13, %%zmm7\n\t" OP " %%zmm12, %%zmm13, %%zmm8\n\t" OP \
+     " %%zmm12, %%zmm13, %%zmm9\n\t" OP " %%zmm12, %%zmm13, %%zmm10\n\t" OP " %%zmm12, %%zmm13, %%zmm11\n\t"
 #define KILN_TIMED_LOOP(OP)                                                                                     \
   do {                                                                                                          \
     long n = kIterations;                                                                                       \
     const float one = 1.0f;                                                                                     \
-    __asm__ volatile("vbroadcastss %1, %%zmm30\n\tvbroadcastss %1, %%zmm31\n\t" KILN_TWELVE(                    \
+    __asm__ volatile("vbroadcastss %1, %%zmm12\n\tvbroadcastss %1, %%zmm13\n\t" KILN_TWELVE(                    \
                          "vpxord") "1:\n\t" KILN_TWELVE(OP) "dec %0\n\tjnz 1b\n\t"                              \
                      : "+r"(n)                                                                                  \
                      : "m"(one)                                                                                 \
                      : "xmm0", "xmm1", "xmm2", "xmm3", "xmm4", "xmm5", "xmm6", "xmm7", "xmm8", "xmm9", "xmm10", \
-                       "xmm11", "xmm30", "xmm31", "cc");                                                        \
+                       "xmm11", "xmm12", "xmm13", "cc");                                                        \
   } while (false)
 
 constexpr long kIterations = 20000;  // 240,000 instructions: about 0.1 ms of FMAs
