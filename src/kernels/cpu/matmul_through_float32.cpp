@@ -10,6 +10,7 @@
 // order of the sums; torch's CPU fallback for bfloat16 does the same.
 
 #include "dnnl_common.h"
+#include "elementwise_math.h"
 #include "kiln/core/half.h"
 #include "kiln/core/parallel.h"
 #include "kiln/kernels/dnnl.h"
@@ -20,18 +21,32 @@ namespace {
 
 constexpr int64_t kRowGrain = 64;  // rows of a widening or rounding pass per thread at least
 
-// An operand's [outer, batch, rows, cols] elements, read through its strides
-// (a broadcast batch, stride 0, is copied out whole), into contiguous float32.
-void widen_operand(const MatrixOperand& o, int64_t outer, int64_t batch, int64_t rows, int64_t cols, float* out) {
+// An operand's [outer, batch, rows, cols] elements widened into `out` in the
+// order they lie: row-major, or column-major where the source's columns are
+// contiguous (a transposed view, as a weight gradient's dYᵀ). Read across its
+// rows, a transposed operand costs a cache line per element. A broadcast batch
+// (stride 0) is copied out whole. Returns the float32 operand over `out`.
+MatrixOperand widen_operand(const MatrixOperand& o, int64_t outer, int64_t batch, int64_t rows, int64_t cols,
+                            float* out) {
+  const bool by_columns = o.stride[2] != 1 && o.stride[1] == 1;
+  const int64_t lines = by_columns ? cols : rows, len = by_columns ? rows : cols;
+  const int64_t line_stride = by_columns ? o.stride[2] : o.stride[1], step = by_columns ? o.stride[1] : o.stride[2];
   const auto* base = static_cast<const BFloat16*>(o.data);
-  parallel_for(outer * batch * rows, kRowGrain, [&](int64_t lo, int64_t hi) {
+  parallel_for(outer * batch * lines, kRowGrain, [&](int64_t lo, int64_t hi) {
     for (int64_t r = lo; r < hi; ++r) {
-      const int64_t i = r % rows, bi = (r / rows) % batch, oi = r / (rows * batch);
-      const BFloat16* src = base + oi * o.outer_stride + bi * o.stride[0] + i * o.stride[1];
-      float* dst = out + r * cols;
-      for (int64_t j = 0; j < cols; ++j) dst[j] = static_cast<float>(src[j * o.stride[2]]);
+      const int64_t i = r % lines, bi = (r / lines) % batch, oi = r / (lines * batch);
+      const BFloat16* src = base + oi * o.outer_stride + bi * o.stride[0] + i * line_stride;
+      float* dst = out + r * len;
+      if (step == 1) {
+        vm::bf16_to_float_row(dst, src, len);
+      } else {
+        for (int64_t j = 0; j < len; ++j) dst[j] = static_cast<float>(src[j * step]);
+      }
     }
   });
+  const int64_t size = rows * cols;
+  if (by_columns) return MatrixOperand{out, {size, 1, rows}, batch * size};
+  return MatrixOperand{out, {size, cols, 1}, batch * size};
 }
 
 void widen_contiguous(const void* src, int64_t n, float* out) {
@@ -60,16 +75,16 @@ void matmul_through_float32(const MatmulArgs& g) {
   float* bias = carve(bias_n);
   float* addend = carve(add_n);
 
-  widen_operand(g.a, g.outer, g.batch, g.m, g.k, a);
-  widen_operand(g.b, g.outer, g.batch, g.k, g.n, b);
+  const MatrixOperand wide_a = widen_operand(g.a, g.outer, g.batch, g.m, g.k, a);
+  const MatrixOperand wide_b = widen_operand(g.b, g.outer, g.batch, g.k, g.n, b);
   if (g.bias) widen_contiguous(g.bias, g.n, bias);
   if (g.addend) widen_contiguous(g.addend, g.m * g.n, addend);
 
   MatmulArgs h = g;
   h.dtype = kFloat32;
   h.float_c = false;
-  h.a = MatrixOperand{a, {g.m * g.k, g.k, 1}, g.batch * g.m * g.k};
-  h.b = MatrixOperand{b, {g.k * g.n, g.n, 1}, g.batch * g.k * g.n};
+  h.a = wide_a;
+  h.b = wide_b;
   h.bias = g.bias ? bias : nullptr;
   h.addend = g.addend ? addend : nullptr;
   if (g.float_c) {
@@ -86,8 +101,7 @@ void matmul_through_float32(const MatmulArgs& g) {
     for (int64_t r = lo; r < hi; ++r) {
       const int64_t i = r % g.m, bi = (r / g.m) % g.batch, oi = r / (g.m * g.batch);
       BFloat16* dst = out + oi * g.c_outer() + bi * g.c_batch_stride() + i * g.c_row_stride();
-      const float* src = c + r * g.n;
-      for (int64_t j = 0; j < g.n; ++j) dst[j] = BFloat16(src[j]);
+      vm::float_to_bf16_row(dst, c + r * g.n, g.n);
     }
   });
 }
