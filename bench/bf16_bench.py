@@ -83,6 +83,9 @@ def measure(run_process, env_for, command, kiln_bin, threads, workloads, pairs, 
                         c["product_ms"].append(rec[side + "_product_ms_per_step"])
                         c["product_flops"] = rec["product_flops_per_step"]
                 speedups.append(rec["f32_median_ms"] / rec["bf16_median_ms"])
+                if "bf16_products" in rec:
+                    cells["bf16_products"] = rec["bf16_products"]
+                    cells.setdefault("bf16_dot_vs_fma", []).append(rec.get("bf16_dot_vs_fma", 0))
                 recs, _ = run_process(command("torch", kiln_bin, [w], t, warmup, steps) + ["--amp", "bf16"],
                                       env_for("torch", "tunables", t))
                 rec = recs[0]
@@ -108,6 +111,9 @@ def rows(results):
                 row[v] = {"median_ms": statistics.median(cells[v]["steps"]), "min_ms": min(cells[v]["steps"]),
                           "round_medians_ms": cells[v]["round_medians"], "loss_first": cells[v]["loss_first"]}
             row["process_speedups"] = cells.get("process_speedups", [])
+            if "bf16_products" in cells:
+                row["bf16_products"] = cells["bf16_products"]
+                row["bf16_dot_vs_fma"] = cells["bf16_dot_vs_fma"]
             row["speedup_bf16_vs_f32"] = statistics.median(row["process_speedups"])
             row["ratio_kiln_to_torch_bf16"] = row["kiln_bf16"]["median_ms"] / row["torch_bf16"]["median_ms"]
             row["goal_speedup"] = GOAL_SPEEDUP[w]
@@ -166,6 +172,16 @@ def markdown(table, fmt_time, quick):
             " ".join("%.3f" % x for x in r["process_speedups"]), r["ratio_kiln_to_torch_bf16"],
             fmt_time(r["kiln_f32"]["min_ms"]), fmt_time(r["kiln_bf16"]["min_ms"]), fmt_time(r["torch_bf16"]["min_ms"]),
             r["loss_rel_diff"]))
+    paths = sorted({r["bf16_products"] for r in table if "bf16_products" in r})
+    if paths:
+        rates = [x for r in table for x in r.get("bf16_dot_vs_fma", []) if x > 0]
+        where = {"onednn_bf16": "on oneDNN's bf16 kernels", "float32": "through float32 (operands widened, "
+                 "the float32 product, one rounding)"}
+        out += ["", "kiln's bf16 products ran %s (Note [bf16 products where bf16 is slow]: native with AMX, or where "
+                "the CPU's bf16 dot product does at least 0.75 of float32's flops per second)%s." % (
+                    " and ".join(where.get(p, p) for p in paths),
+                    "; this CPU's vdpbf16ps / vfmadd231ps flop rate %.2f–%.2f" % (min(rates), max(rates))
+                    if rates else "; this CPU has no AVX512_BF16 instruction")]
     ceil = [r for r in table if "ceiling_speedup" in r]
     if ceil:
         out += ["", "Ceiling: bf16 speeds up the products and autocast keeps the rest in float32, so speedup ≤ "

@@ -379,11 +379,16 @@ void run_amp_ab(const std::string& name, const Args& a) {
     return w16->step(want_loss);
   });
   const int block = run_paired(a, f32, bf16);
+  // Where bf16's products ran (Note [bf16 products where bf16 is slow]), so a table can say why
+  // bf16 is or is not faster on this CPU.
+  const char* path = kiln::kernels::bf16_products_on_dnnl() ? "onednn_bf16" : "float32";
   std::printf(
       "{\"framework\": \"kiln\", \"workload\": \"%s\", \"threads\": %d, \"warmup\": %d, \"steps\": %d, "
-      "\"ab\": \"amp\", \"block\": %d, %s%s\"product_flops_per_step\": %s, \"maxrss_kib\": %ld}\n",
+      "\"ab\": \"amp\", \"block\": %d, %s%s\"product_flops_per_step\": %s, \"bf16_products\": \"%s\", "
+      "\"bf16_dot_vs_fma\": %s, \"maxrss_kib\": %ld}\n",
       name.c_str(), kiln::get_num_threads(), a.warmup, a.steps, block, side_json("f32", f32).c_str(),
-      side_json("bf16", bf16).c_str(), num(f32.product_flops).c_str(), maxrss_kib());
+      side_json("bf16", bf16).c_str(), num(f32.product_flops).c_str(), path,
+      num(kiln::kernels::bf16_dot_flop_rate_vs_fma()).c_str(), maxrss_kib());
   std::fflush(stdout);
 }
 
