@@ -85,6 +85,7 @@ def measure(run_process, env_for, command, kiln_bin, threads, workloads, pairs, 
                 speedups.append(rec["f32_median_ms"] / rec["bf16_median_ms"])
                 if "bf16_products" in rec:
                     cells["bf16_products"] = rec["bf16_products"]
+                    cells["bf16_native_from"] = rec.get("bf16_native_from")
                     cells.setdefault("bf16_dot_vs_fma", []).append(rec.get("bf16_dot_vs_fma", 0))
                 recs, _ = run_process(command("torch", kiln_bin, [w], t, warmup, steps) + ["--amp", "bf16"],
                                       env_for("torch", "tunables", t))
@@ -113,6 +114,7 @@ def rows(results):
             row["process_speedups"] = cells.get("process_speedups", [])
             if "bf16_products" in cells:
                 row["bf16_products"] = cells["bf16_products"]
+                row["bf16_native_from"] = cells["bf16_native_from"]
                 row["bf16_dot_vs_fma"] = cells["bf16_dot_vs_fma"]
             row["speedup_bf16_vs_f32"] = statistics.median(row["process_speedups"])
             row["ratio_kiln_to_torch_bf16"] = row["kiln_bf16"]["median_ms"] / row["torch_bf16"]["median_ms"]
@@ -177,9 +179,10 @@ def markdown(table, fmt_time, quick):
         rates = [x for r in table for x in r.get("bf16_dot_vs_fma", []) if x > 0]
         where = {"onednn_bf16": "on oneDNN's bf16 kernels", "float32": "through float32 (operands widened, "
                  "the float32 product, one rounding)"}
+        line = {r["bf16_native_from"] for r in table if r.get("bf16_native_from") is not None}
         out += ["", "kiln's bf16 products ran %s (Note [bf16 products where bf16 is slow]: native with AMX, or where "
-                "the CPU's bf16 dot product does at least 0.75 of float32's flops per second)%s." % (
-                    " and ".join(where.get(p, p) for p in paths),
+                "the CPU's bf16 dot product does at least %s of float32's flops per second)%s." % (
+                    " and ".join(where.get(p, p) for p in paths), "/".join("%g" % x for x in sorted(line)) or "?",
                     "; this CPU's vdpbf16ps / vfmadd231ps flop rate %.2f–%.2f" % (min(rates), max(rates))
                     if rates else "; this CPU has no AVX512_BF16 instruction")]
     ceil = [r for r in table if "ceiling_speedup" in r]

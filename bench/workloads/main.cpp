@@ -385,10 +385,11 @@ void run_amp_ab(const std::string& name, const Args& a) {
   std::printf(
       "{\"framework\": \"kiln\", \"workload\": \"%s\", \"threads\": %d, \"warmup\": %d, \"steps\": %d, "
       "\"ab\": \"amp\", \"block\": %d, %s%s\"product_flops_per_step\": %s, \"bf16_products\": \"%s\", "
-      "\"bf16_dot_vs_fma\": %s, \"maxrss_kib\": %ld}\n",
+      "\"bf16_dot_vs_fma\": %s, \"bf16_native_from\": %s, \"maxrss_kib\": %ld}\n",
       name.c_str(), kiln::get_num_threads(), a.warmup, a.steps, block, side_json("f32", f32).c_str(),
       side_json("bf16", bf16).c_str(), num(f32.product_flops).c_str(), path,
-      num(kiln::kernels::bf16_dot_flop_rate_vs_fma()).c_str(), maxrss_kib());
+      num(kiln::kernels::bf16_dot_flop_rate_vs_fma()).c_str(), num(kiln::kernels::kBf16NativeRate).c_str(),
+      maxrss_kib());
   std::fflush(stdout);
 }
 

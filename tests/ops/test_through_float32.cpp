@@ -52,6 +52,43 @@ TEST(ThroughFloat32, Bf16ProductsRoundTheFloat32SumOnce) {
   EXPECT_FALSE(cw.equal(cw.to(kBFloat16).to(kFloat32)));
 }
 
+// The first operand in each layout the widening reads differently: rows
+// contiguous, columns contiguous (a transposed view, as a weight gradient's
+// dYᵀ: widened column by column) and neither (every other element). The same
+// values in each, so the same float32 sums of exact products.
+TEST(ThroughFloat32, EveryLayoutOfTheFirstOperandWidensToTheSameProduct) {
+  const int64_t batch = 2, m = 19, n = 21, k = 37;
+  manual_seed(72);
+  const Tensor a = randn({batch, m, k}).to(kBFloat16), b = randn({batch, k, n}).to(kBFloat16);
+  const Tensor at = a.transpose(1, 2).contiguous();  // [batch, k, m]
+  const Tensor spaced = empty({batch, m, k, 2}, TensorOptions(kBFloat16));
+  spaced.select(3, 0).copy_(a);
+  spaced.select(3, 1).fill_(0.0);
+  const Tensor ref = a.to(kFloat64).matmul(b.to(kFloat64)),
+               mag = a.to(kFloat64).abs().matmul(b.to(kFloat64).abs());
+  struct Layout {
+    const char* name;
+    const void* data;
+    int64_t stride[3];
+  };
+  const Layout layouts[] = {{"rows contiguous", a.data_ptr(), {m * k, k, 1}},
+                            {"columns contiguous", at.data_ptr(), {k * m, 1, m}},
+                            {"every other element", spaced.data_ptr(), {2 * m * k, 2 * k, 2}}};
+  for (const Layout& l : layouts) {
+    kernels::MatmulArgs g;
+    g.dtype = kBFloat16;
+    g.batch = batch, g.m = m, g.n = n, g.k = k;
+    g.a = {l.data, {l.stride[0], l.stride[1], l.stride[2]}, 0};
+    g.b = {b.data_ptr(), {k * n, n, 1}, 0};
+    const Tensor c = empty({batch, m, n}, TensorOptions(kBFloat16));
+    g.c = c.data_ptr();
+    kernels::dnnl_detail::matmul_through_float32(g);
+    const Tensor bound = ref.abs() * std::ldexp(1.0, -8) + mag * ((k + 1) * std::ldexp(1.0, -24));
+    EXPECT_TRUE((c.to(kFloat64) - ref).abs().le(bound).all().item<bool>())
+        << l.name << ": max error " << (c.to(kFloat64) - ref).abs().max().item<double>();
+  }
+}
+
 // y = scale[o] · (Σ (x − zx) w[o] + bias[o]) against the integer sum, over 600
 // terms (past the 514 whose sums float32 holds exactly); and requantized to
 // uint8 with a ReLU and a zero point, within one code.

@@ -84,12 +84,10 @@ double dpbf16_seconds() {
 #undef KILN_TIMED_LOOP
 #undef KILN_TWELVE
 
-bool isa_has(unsigned bits) { return (static_cast<unsigned>(dnnl::get_effective_cpu_isa()) & bits) == bits; }
-
 }  // namespace
 
 double bf16_dot_flop_rate_vs_fma() {
-  if (!isa_has(dnnl_cpu_isa_avx512_core_bf16)) return 0;
+  if (!dnnl_detail::isa_has(dnnl_cpu_isa_avx512_core_bf16)) return 0;
   fma_seconds();  // the first 512-bit work of a process may run at a lower clock
   dpbf16_seconds();
   double fma = 1e30, dot = 1e30;
@@ -105,7 +103,7 @@ bool bf16_products_on_dnnl() {
     if (!dnnl_supports(kBFloat16)) return false;
     const char* v = std::getenv("KILN_ONEDNN_BF16");
     if (v != nullptr && std::string_view(v) == "1") return true;
-    if (isa_has(dnnl_cpu_isa_avx512_core_amx)) return true;
+    if (dnnl_detail::isa_has(dnnl_cpu_isa_avx512_core_amx)) return true;
     return bf16_dot_flop_rate_vs_fma() >= kBf16NativeRate;
   }();
   return native;

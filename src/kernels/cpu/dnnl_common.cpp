@@ -139,6 +139,8 @@ uint64_t fnv1a(const void* p, size_t n) {
 
 uint64_t desc_hash(const dnnl::memory::desc& md) { return fnv1a(&md.data, sizeof(md.data)); }
 
+bool isa_has(unsigned bits) { return (static_cast<unsigned>(dnnl::get_effective_cpu_isa()) & bits) == bits; }
+
 }  // namespace kiln::kernels::dnnl_detail
 
 namespace kiln::kernels {

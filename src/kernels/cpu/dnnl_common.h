@@ -190,6 +190,11 @@ inline constexpr int64_t kSerialMacs = int64_t{1} << 17;
 /// float32, the float32 product, c rounded once (matmul_through_float32.cpp).
 void matmul_through_float32(const MatmulArgs& g);
 
+/// Whether the ISA oneDNN's kernels run with (ONEDNN_MAX_CPU_ISA may lower
+/// it) includes `bits`, a dnnl_cpu_isa_t value: each holds the bits of the
+/// ISAs it includes.
+bool isa_has(unsigned bits);
+
 /// Whether oneDNN's jit int8 kernels sum exactly on this CPU (it has VNNI);
 /// where not, int8 runs through float32 (Note [Int8 sums without VNNI] in
 /// dnnl_int8.cpp; int8_through_float32.cpp).

@@ -53,14 +53,8 @@ void epilogue(const Int8Epilogue& e, const float* acc, int64_t rows, int64_t o, 
 
 }  // namespace
 
-// The ISA oneDNN's kernels run with (ONEDNN_MAX_CPU_ISA may lower it): each
-// ISA value holds the bits of those it includes.
 bool int8_jit_is_exact() {
-  static const bool vnni = [] {
-    const auto isa = static_cast<unsigned>(dnnl::get_effective_cpu_isa());
-    auto has = [isa](unsigned bits) { return (isa & bits) == bits; };
-    return has(dnnl_cpu_isa_avx512_core_vnni) || has(dnnl_cpu_isa_avx2_vnni);
-  }();
+  static const bool vnni = isa_has(dnnl_cpu_isa_avx512_core_vnni) || isa_has(dnnl_cpu_isa_avx2_vnni);
   return vnni;
 }
 
