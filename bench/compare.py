@@ -53,6 +53,7 @@ import tempfile
 
 import bf16_bench
 import compiled_bench
+import floor_bench
 import ddp_bench
 import infer_bench
 import profiler_overhead
@@ -450,6 +451,8 @@ def main():
     ap.add_argument("--no-ddp", action="store_true", help="skip the DDP weak-scaling rows (kiln_bench_ddp, mpirun)")
     ap.add_argument("--no-bf16", action="store_true", help="skip the bf16 rows (kiln bf16 vs float32 vs PyTorch bf16)")
     ap.add_argument("--no-compiled", action="store_true", help="skip the compiled rows (kiln::compile vs kiln eager)")
+    ap.add_argument("--no-floor", action="store_true",
+                    help="skip the same-phase floor rows (kiln eager vs the matmul probe, alternating)")
     ap.add_argument("--kiln-ddp", default=None,
                     help="path to kiln_bench_ddp (default: beside kiln_bench)")
     ap.add_argument("--infer-only", action="store_true", help="only the inference rows")
@@ -506,6 +509,7 @@ def main():
     ddp_results = {}
     bf16_results = {}
     compiled_results = {}
+    floor_results = {}
 
     def save(final):
         """Writes the JSON and the table for what has finished (all of it when final)."""
@@ -522,6 +526,9 @@ def main():
         compiled_rows, compiled_problems = compiled_bench.rows(compiled_results)
         if not a.infer_only and not a.no_compiled:
             text += compiled_bench.markdown(compiled_rows, fmt_time, a.quick)
+        floor_rows = floor_bench.rows(floor_results, MATMUL_FLOPS)
+        if not a.infer_only and not a.no_floor:
+            text += floor_bench.markdown(floor_rows, fmt_time, a.quick)
         infer_rows, infer_problems = infer_bench.rows(infer_results)
         if not a.no_infer:
             text += infer_bench.markdown(infer_rows, fmt_time, a.quick, info.get("infer_skipped"))
@@ -540,7 +547,7 @@ def main():
                        "f32_matmul_peak_gflops": {str(t): max(r["peak"]) for t, r in results.items() if r["peak"]},
                        "note": a.note, "rows": rows, "profiler_overhead_rows": overhead_rows,
                        "infer_rows": infer_rows, "ddp_rows": ddp_rows, "bf16_rows": bf16_rows,
-                       "compiled_rows": compiled_rows,
+                       "compiled_rows": compiled_rows, "floor_rows": floor_rows,
                        "infer_skipped": info.get("infer_skipped")}, f, indent=1)
             f.write("\n")
         with open(os.path.splitext(out_path)[0] + ".md", "w") as f:
@@ -564,6 +571,11 @@ def main():
             compiled_results.update(compiled_bench.measure(run_process, env_for, command, os.path.abspath(a.kiln),
                                                            a.threads, a.workloads, a.pairs,
                                                            QUICK_STEPS if a.quick else 0, log))
+            save(False)
+        if not a.no_floor and not a.under_load_only and not a.infer_only:
+            floor_results.update(floor_bench.measure(run_process, env_for, command, os.path.abspath(a.kiln),
+                                                     a.threads, a.workloads, a.pairs,
+                                                     QUICK_STEPS if a.quick else 0, log))
             save(False)
         if not a.no_infer and not a.under_load_only:
             why = infer_bench.unavailable(a.kiln_infer)

@@ -8,7 +8,8 @@
 #                    [--quick] [--pairs 3] [--torch-configs installed,tunables,avx512]
 #                    [--out FILE.json] [--note TEXT]
 #                    [--no-infer | --infer-only] [--infer-workloads cnn,resnet,gpt_infer]
-#                    [--no-profiler-overhead] [--no-ddp] [--no-bf16] [--no-compiled] [--pin-cpu N]
+#                    [--no-profiler-overhead] [--no-ddp] [--no-bf16] [--no-compiled] [--no-floor]
+#                    [--pin-cpu N]
 #
 # The "profiler overhead" table (tiny and gpt with the profiler off and with a
 # Profiler recording every step, alternately; bench/profiler_overhead.py)
@@ -22,7 +23,9 @@
 # PyTorch's CPU bf16 autocast; bench/bf16_bench.py) follows the profiler
 # overhead rows; --no-bf16 skips it. The compiled table (every workload
 # through kiln::compile vs kiln eager; bench/compiled_bench.py) follows it;
-# --no-compiled skips it.
+# --no-compiled skips it. The same-phase floor table (mlp, gpt_infer, gpt:
+# kiln's eager step beside the matmul probe in one process;
+# bench/floor_bench.py) follows that; --no-floor skips it.
 # --quick: one round of a few steps, every workload of a framework in one
 # process, 1 thread unless --threads: proves the harness works in seconds; its
 # figures are not a measurement. Benchmarks never fail on a time; the run exits
@@ -35,7 +38,7 @@ cd "$(dirname "$0")/.."
 
 for arg in "$@"; do
   if [[ $arg == -h || $arg == --help ]]; then
-    sed -n '2,30p' "$0" | sed 's/^# \{0,1\}//'
+    sed -n '2,35p' "$0" | sed 's/^# \{0,1\}//'
     exit 0
   fi
 done

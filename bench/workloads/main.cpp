@@ -10,6 +10,8 @@
 //   kiln_bench --workload mlp --compile split (the same, with the loss read by item() inside the step:
 //                                              a graph break, so every step runs split at it)
 //   kiln_bench --workload cnn --compile plain (compiled without graph rewrites: what they save)
+//   kiln_bench --workload mlp --floor ab      (eager steps and matmul probes in alternating blocks:
+//                                              the floor in the step's own phase, bench/floor_bench.py)
 //
 // "peak" is the f32 matmul ceiling probe: kiln::mm of two size x size float32
 // matrices (oneDNN sgemm underneath), GFLOP/s of the best and the median call
@@ -75,12 +77,13 @@ struct Args {
   bool split = false;           // --compile split: that, with a graph break inside the step
   bool rewrite = true;          // --compile plain: compiled without graph rewrites
   bool compile_ab = false;      // --compile ab: eager and compiled side by side in this process
+  bool floor_ab = false;        // --floor ab: the eager step and the matmul probe side by side
 };
 
 [[noreturn]] void usage(const std::string& why) {
   std::cerr << "kiln_bench: " << why
             << "\nusage: kiln_bench --workload NAME[,NAME...] [--threads N] [--warmup N] [--steps N] [--size N] [--amp "
-               "bf16|off|ab] [--profile on|off|table|shapes] [--compile on|off|split|plain|ab]\n"
+               "bf16|off|ab] [--profile on|off|table|shapes] [--compile on|off|split|plain|ab] [--floor ab]\n"
                "workloads: tiny mlp cnn resnet gpt gpt_infer, and peak (f32 matmul probe)\n";
   std::exit(2);
 }
@@ -135,6 +138,9 @@ Args parse(int argc, char** argv) {
       a.compile_ab = v == "ab";
       a.split = v == "split";
       a.rewrite = v != "plain";
+    } else if (flag == "--floor") {
+      if (v != "ab") usage("--floor expects ab, got '" + v + "'");
+      a.floor_ab = true;
     } else
       usage("unknown flag " + flag);
   }
@@ -144,6 +150,8 @@ Args parse(int argc, char** argv) {
     usage("--amp ab pairs eager float32 and bf16 steps: no --compile with it");
   if ((a.amp == "ab" || a.compile_ab) && a.profile)
     usage("--amp ab and --compile ab time two copies: no --profile with them");
+  if (a.floor_ab && (a.amp == "ab" || a.compile || a.compile_ab || a.profile))
+    usage("--floor ab pairs the eager step with the matmul probe: no --amp ab, --compile or --profile with it");
   return a;
 }
 
@@ -289,6 +297,16 @@ std::pair<double, double> profiled_products(const std::function<void()>& step) {
 // block, whose data evicted this one's), and each copy's last warm-up steps
 // count its products' time.
 
+// Note [The floor in the step's own phase]
+// A float32 floor is a step's product FLOPs at the matmul probe's rate, and
+// on a shared machine that rate moves by half within minutes (2026-12-07, an
+// Intel Xeon VM: 1-thread probes 118-166 GFLOP/s, 2-thread 166-320 in one
+// run), so a step timed in one spell over a probe taken in another measures
+// the spells. --floor ab alternates blocks of steps with blocks of probe
+// products (a --size square float32 mm each), the scheme of the two modes
+// above, so that the step's times and the probe's rates come from the same
+// spells; bench/floor_bench.py divides medians by medians and bests by bests.
+
 // One copy of a workload in a paired run: its step and what it measured.
 struct Side {
   explicit Side(std::function<double(bool)> f) : step(std::move(f)) {}
@@ -393,7 +411,33 @@ void run_amp_ab(const std::string& name, const Args& a) {
   std::fflush(stdout);
 }
 
+// --floor ab: the eager step against the float32 matmul probe (Note [The floor
+// in the step's own phase]).
+void run_floor_ab(const std::string& name, const Args& a) {
+  auto w = kiln_bench::make_workload(name);
+  kiln::Generator g(7);
+  const kiln::Tensor x = kiln::randn({a.size, a.size}, kiln::kFloat32, &g),
+                     y = kiln::randn({a.size, a.size}, kiln::kFloat32, &g);
+  Side step([&](bool want_loss) { return w->step(want_loss); });
+  Side probe([&](bool) {
+    kiln::Tensor z = kiln::mm(x, y);
+    return std::numeric_limits<double>::quiet_NaN();
+  });
+  const int block = run_paired(a, step, probe);
+  std::vector<double> gflops;
+  const double n = static_cast<double>(a.size);
+  for (double ms : probe.ms) gflops.push_back(2.0 * n * n * n / (ms * 1e6));
+  std::printf(
+      "{\"framework\": \"kiln\", \"workload\": \"%s\", \"amp\": \"%s\", \"threads\": %d, \"warmup\": %d, "
+      "\"steps\": %d, \"ab\": \"floor\", \"block\": %d, %s\"product_flops_per_step\": %s, \"probe_size\": %lld, "
+      "\"probe_gflops\": [%s], \"maxrss_kib\": %ld}\n",
+      name.c_str(), a.amp.c_str(), kiln::get_num_threads(), a.warmup, a.steps, block, side_json("step", step).c_str(),
+      num(step.product_flops).c_str(), static_cast<long long>(a.size), list(gflops).c_str(), maxrss_kib());
+  std::fflush(stdout);
+}
+
 void run_workload(const std::string& name, const Args& a) {
+  if (a.floor_ab) return run_floor_ab(name, a);
   if (a.compile_ab) return run_compile_ab(name, a);
   if (a.amp == "ab") return run_amp_ab(name, a);
   auto w = kiln_bench::make_workload(name);

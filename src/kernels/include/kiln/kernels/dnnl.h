@@ -372,7 +372,8 @@ bool dnnl_supports(DType dt);
 /// where a kernel exists, =0 forces float32.
 bool bf16_products_on_dnnl();
 /// vdpbf16ps's flops per second over vfmadd231ps's on this core, measured
-/// now (0 without AVX512_BF16).
+/// now (0 where oneDNN may not use AVX512_BF16: the CPU lacks it, or
+/// ONEDNN_MAX_CPU_ISA caps oneDNN below it).
 double bf16_dot_flop_rate_vs_fma();
 inline constexpr double kBf16NativeRate = 0.75;
 

@@ -1,0 +1,89 @@
+"""The "floor, same phase" rows of scripts/bench.sh (issue 26 §3): kiln's eager
+float32 step against the float32 floor measured beside it, one run.
+
+The float32 table's floor is a step's product FLOPs at the run's best matmul
+probe, and its kiln time is the median over rounds: on a shared machine the
+probe's rate moves by half within minutes, so that ratio mixes spells of the
+machine into the step's speed. Here each process is kiln_bench --floor ab,
+which alternates blocks of eager steps with blocks of probe products (a
+2048 x 2048 float32 mm, the float32 table's probe) so that both are timed in
+the same spells (Note [The floor in the step's own phase] in
+bench/workloads/main.cpp). Per process, step / floor is taken two ways: the
+median step over the floor at the median probe rate, and the best step over
+the floor at the best probe rate. The row's ratio is the median over
+processes of the first. The FLOPs are the float32 table's (MATMUL_FLOPS:
+gpt's counting the attention a causal kernel must do).
+
+Goals (issue 26 §3, at 1 and 2 threads): gpt at most 1.08x its floor, mlp and
+gpt_infer at most 1.05x. Times are never judged.
+"""
+import statistics
+
+WORKLOADS = ["mlp", "gpt_infer", "gpt"]
+STEPS = {"mlp": 100, "gpt_infer": 100, "gpt": 20}
+GOAL = {"mlp": 1.05, "gpt_infer": 1.05, "gpt": 1.08}
+PROBE_SIZE = 2048
+
+
+def measure(run_process, env_for, command, kiln_bin, threads, workloads, pairs, quick_steps, log):
+    """{threads: {workload: [kiln_bench --floor ab record of each process]}}."""
+    out = {}
+    warmup = 2 if quick_steps else 10
+    for t in threads:
+        for w in [w for w in WORKLOADS if w in workloads]:
+            steps = quick_steps or STEPS[w]
+            records = out.setdefault(t, {}).setdefault(w, [])
+            for r in range(pairs):
+                cmd = command("kiln", kiln_bin, [w], t, warmup, steps) + [
+                    "--floor", "ab", "--size", str(256 if quick_steps else PROBE_SIZE)]
+                recs, _ = run_process(cmd, env_for("kiln", "tunables", t))
+                rec = recs[0]
+                records.append(rec)
+                log("[floor] threads %d %-9s process %d/%d  step %.3f ms  probe %.1f GFLOP/s (median)" % (
+                    t, w, r + 1, pairs, rec["step_median_ms"], statistics.median(rec["probe_gflops"])))
+    return out
+
+
+def rows(results, flops):
+    """flops: {workload: product FLOPs of one step} (the float32 table's count)."""
+    table = []
+    for t, by_w in results.items():
+        for w, recs in by_w.items():
+            if not recs or w not in flops:
+                continue
+            med, best = [], []
+            for r in recs:
+                probe_med, probe_best = statistics.median(r["probe_gflops"]), max(r["probe_gflops"])
+                med.append(r["step_median_ms"] / (flops[w] / (probe_med * 1e6)))
+                best.append(min(r["step_step_ms"]) / (flops[w] / (probe_best * 1e6)))
+            steps = [x for r in recs for x in r["step_step_ms"]]
+            probes = [x for r in recs for x in r["probe_gflops"]]
+            table.append({"workload": w, "threads": t, "goal": GOAL[w], "processes": len(recs),
+                          "product_gflop": flops[w] / 1e9, "step_median_ms": statistics.median(steps),
+                          "probe_size": recs[0]["probe_size"],
+                          "probe_median_gflops": statistics.median(probes), "probe_best_gflops": max(probes),
+                          "process_ratios": med, "ratio": statistics.median(med), "best_ratio": statistics.median(best)})
+    return table
+
+
+def markdown(table, fmt_time, quick):
+    if not table:
+        return ""
+    out = ["", "### float32 floor, same phase: kiln eager vs the matmul probe beside it%s" % (
+        " (QUICK: not a measurement)" if quick else ""), ""]
+    out.append("Each process alternates blocks of kiln's eager float32 step with blocks of the float32 matmul probe "
+               "(kiln_bench --floor ab; a %d² float32 mm), so both are timed in the same spells of the machine. "
+               "floor = the step's product GFLOP at the probe's rate; ratio = median step / floor at the median "
+               "probe rate, the median over processes (each process's beside it); best = best step / floor at the "
+               "best probe rate (median over processes). Goal (issue 26 §3): gpt ≤ 1.08, mlp and gpt_infer ≤ 1.05."
+               % table[0]["probe_size"])
+    out.append("")
+    out.append("| workload | threads | product GFLOP | step | probe GFLOP/s (median / best) | ratio | per process "
+               "| best | goal |")
+    out.append("|---|---|---|---|---|---|---|---|---|")
+    for r in table:
+        out.append("| %s | %d | %.3f | %s | %.0f / %.0f | %.3f | %s | %.3f | ≤ %.2f |" % (
+            r["workload"], r["threads"], r["product_gflop"], fmt_time(r["step_median_ms"]),
+            r["probe_median_gflops"], r["probe_best_gflops"], r["ratio"],
+            " ".join("%.3f" % x for x in r["process_ratios"]), r["best_ratio"], r["goal"]))
+    return "\n".join(out) + "\n"
