@@ -65,6 +65,7 @@
 #include "kiln/dist/traffic.h"
 #include "kiln/export/compile.h"
 #include "kiln/io/safetensors.h"
+#include "kiln/ops/autocast.h"
 #include "kiln/ops/factory.h"
 #include "kiln/optim/clip_grad.h"
 #include "kiln/train/checkpoint.h"
@@ -547,6 +548,12 @@ class TrainLoop {
                       " per epoch, steps " + std::to_string(L_.step) + " -> " + std::to_string(stop_at_) + " of " +
                       std::to_string(total_) + ", run directory " + L_.run_dir.string() +
                       (accum_ > 1 ? ", " + std::to_string(accum_) + " batches per step" : std::string()));
+    // Where bf16 autocast cannot be faster than float32 (its products compute in float32 here),
+    // the run says so before the user wonders why its throughput did not move.
+    if (t_.amp.dtype == kBFloat16) {
+      const Bf16ProductPath bf16 = bf16_product_path();
+      if (!bf16.native) progress_.message("amp = \"bf16\": " + bf16.describe());
+    }
     if (!t_.finetune_note.empty()) progress_.message(t_.finetune_note);
     if (t_.distill) progress_.message(distill_note(*t_.distill, t_, c_));
     if (t_.mesh_gpt) progress_.message("rank 0: " + t_.mesh_gpt->describe());

@@ -2,7 +2,11 @@
 // and the parameter-cast cache. The mode itself lives in core (core/autocast.cpp).
 #include "kiln/ops/autocast.h"
 
+#include <cstdio>
+#include <cstdlib>
+
 #include "kiln/core/error.h"
+#include "kiln/kernels/dnnl.h"
 #include "kiln/ops/promotion.h"
 
 namespace kiln {
@@ -14,6 +18,45 @@ std::string_view autocast_policy_name(AutocastPolicy p) {
     case AutocastPolicy::Promote: return "promote";
   }
   return "?";
+}
+
+Bf16ProductPath bf16_product_path() {
+  Bf16ProductPath p;
+  p.native = kernels::bf16_products_on_dnnl();
+  // Forced where the switch says what happened (=1 on a CPU without bf16 kernels still runs float32).
+  const char* env = std::getenv("KILN_ONEDNN_BF16");
+  const std::string_view v = env != nullptr ? env : "";
+  p.forced = (v == "0" && !p.native) || (v == "1" && p.native);
+  p.amx = kernels::dnnl_has_amx();
+  p.dot_vs_fma = kernels::bf16_dot_flop_rate_vs_fma();
+  p.native_from = kernels::kBf16NativeRate;
+  return p;
+}
+
+std::string Bf16ProductPath::describe() const {
+  char rate[200] = "";
+  if (dot_vs_fma > 0)
+    std::snprintf(rate, sizeof rate,
+                  "this CPU's bf16 dot product (vdpbf16ps) does %.2f of float32 FMA's flops per "
+                  "second (the bf16 kernels are used from %.2f)",
+                  dot_vs_fma, native_from);
+  std::string s;
+  if (native) {
+    s = "bf16 products run on oneDNN's bf16 kernels: ";
+    s += forced ? "KILN_ONEDNN_BF16=1 asks for them" : amx ? "this CPU has AMX" : rate;
+    return s;
+  }
+  s = "bf16 products compute in float32 and round once to bf16: ";
+  if (forced) {
+    s += "KILN_ONEDNN_BF16=0 asks for that";
+  } else if (dot_vs_fma > 0) {
+    s += rate;
+    s += ", so bf16 autocast saves activation memory here, not time";
+  } else {
+    s += "this CPU has no bf16 dot product that oneDNN may use (no AVX512_BF16 or AMX), and emulating one is "
+         "slower, so bf16 autocast saves activation memory here, not time";
+  }
+  return s;
 }
 
 // The table is indexed by the enum: a row out of order would give an op

@@ -4,7 +4,11 @@
 // metrics.jsonl. bf16 needs no scaler and logs none.
 #include <gtest/gtest.h>
 
+#include <cmath>
+#include <iostream>
+
 #include "cli/cli_util.h"
+#include "kiln/ops/autocast.h"
 #include "support/test_util.h"
 
 namespace kiln::test {
@@ -56,6 +60,39 @@ TEST(CliAmp, Bf16RunTrainsWithoutAScaler) {
   EXPECT_NE(lf.back(), lb.back());
   EXPECT_NEAR(lb.back(), lf.back(), 0.05 * std::abs(lf.back()) + 0.02);
   for (const auto& j : metrics_lines(bf16, "train")) EXPECT_FALSE(j.contains("amp_scale")) << j.dump();
+}
+
+// A bf16 run on a CPU where bf16 products compute in float32 (Note [bf16 products where bf16 is
+// slow]) says so when it starts, naming the measured rate; where they run natively it says nothing.
+TEST(CliAmp, Bf16RunSaysWhenItsProductsComputeInFloat32) {
+  TempDir dir;
+  write_text(dir.path() / "tiny.toml", tiny_mlp_config());
+  const std::string train = "train " + dir.file("tiny.toml") + " --set amp=bf16 --set train.max_steps=2 --out ";
+  const std::string said = "amp = \"bf16\": bf16 products compute in float32";
+  CliResult forced;
+  forced.rc = run_command("KILN_ONEDNN_BF16=0 OMP_NUM_THREADS=2 " + std::string(KILN_CLI_BINARY) + " " + train +
+                              dir.file("forced"),
+                          forced.output);
+  ASSERT_EQ(forced.rc, 0) << forced.output;
+  EXPECT_NE(forced.output.find(said + " and round once to bf16: KILN_ONEDNN_BF16=0 asks for that"),
+            std::string::npos)
+      << forced.output;
+
+  auto plain = kiln_cli(train + dir.file("plain"));
+  ASSERT_EQ(plain.rc, 0) << plain.output;
+  const Bf16ProductPath here = bf16_product_path();
+  std::cout << "[ this CPU ] " << here.describe() << "\n";
+  // The child decides by its own timing: judged where this one is far from the line the rule draws.
+  if (here.amx || here.dot_vs_fma == 0 || std::abs(here.dot_vs_fma - here.native_from) > 0.3 * here.native_from) {
+    EXPECT_EQ(plain.output.find(said) != std::string::npos, !here.native) << plain.output;
+    if (!here.native && here.dot_vs_fma > 0) {
+      EXPECT_NE(plain.output.find("vdpbf16ps) does "), std::string::npos) << plain.output;
+    }
+  }
+  // float32 runs say nothing of bf16.
+  auto f32 = kiln_cli("train " + dir.file("tiny.toml") + " --set train.max_steps=2 --out " + dir.file("f32"));
+  ASSERT_EQ(f32.rc, 0) << f32.output;
+  EXPECT_EQ(f32.output.find("bf16"), std::string::npos) << f32.output;
 }
 
 TEST(CliAmp, UnknownModeIsAConfigError) {

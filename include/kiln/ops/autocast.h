@@ -16,6 +16,7 @@
 #pragma once
 
 #include <array>
+#include <string>
 #include <string_view>
 #include <utility>
 #include <vector>
@@ -114,6 +115,25 @@ inline constexpr std::array<AutocastRule, kAutocastOpCount> kAutocastPolicy{{
 
 constexpr const AutocastRule& autocast_rule(AutocastOp op) { return kAutocastPolicy[static_cast<int>(op)]; }
 std::string_view autocast_policy_name(AutocastPolicy p);
+
+/// How this CPU computes bf16 autocast's matrix products and convolutions, so
+/// that a run can say why bf16 is or is not faster than float32 here (docs/amp.md,
+/// "bf16 against float32"). They run on oneDNN's bf16 kernels where the CPU's
+/// bf16 dot product pays: with AMX, or where vdpbf16ps does at least
+/// native_from of float32 FMA's flops per second (timed once per process).
+/// Elsewhere each is widened to float32 and rounded once: the values are
+/// bf16's, and bf16 then saves activation memory, not product time.
+/// KILN_ONEDNN_BF16=1 or 0 forces either path.
+struct Bf16ProductPath {
+  bool native = false;     // oneDNN's bf16 kernels; false: through float32
+  bool forced = false;     // KILN_ONEDNN_BF16 chose the path
+  bool amx = false;        // oneDNN may use AMX here
+  double dot_vs_fma = 0;   // vdpbf16ps / vfmadd231ps flops per second, measured now (0: none oneDNN may use)
+  double native_from = 0;  // the rate from which the bf16 kernels are used
+  /// One sentence for a user: which path, and why.
+  std::string describe() const;
+};
+Bf16ProductPath bf16_product_path();
 
 namespace ops {
 

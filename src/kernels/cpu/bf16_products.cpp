@@ -98,12 +98,14 @@ double bf16_dot_flop_rate_vs_fma() {
   return 2.0 * fma / dot;  // vdpbf16ps does twice the flops of vfmadd231ps
 }
 
+bool dnnl_has_amx() { return dnnl_detail::isa_has(dnnl_cpu_isa_avx512_core_amx); }
+
 bool bf16_products_on_dnnl() {
   static const bool native = [] {
     if (!dnnl_supports(kBFloat16)) return false;
     const char* v = std::getenv("KILN_ONEDNN_BF16");
     if (v != nullptr && std::string_view(v) == "1") return true;
-    if (dnnl_detail::isa_has(dnnl_cpu_isa_avx512_core_amx)) return true;
+    if (dnnl_has_amx()) return true;
     return bf16_dot_flop_rate_vs_fma() >= kBf16NativeRate;
   }();
   return native;

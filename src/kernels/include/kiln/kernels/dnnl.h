@@ -376,6 +376,9 @@ bool bf16_products_on_dnnl();
 /// ONEDNN_MAX_CPU_ISA caps oneDNN below it).
 double bf16_dot_flop_rate_vs_fma();
 inline constexpr double kBf16NativeRate = 0.75;
+/// Whether oneDNN may use AMX on this CPU (the CPU has it and
+/// ONEDNN_MAX_CPU_ISA does not cap it).
+bool dnnl_has_amx();
 
 /// oneDNN primitives run so far with more than one thread allowed. Each may
 /// open a parallel region (oneDNN runs a small problem on one thread, so this
