@@ -361,4 +361,6 @@ std::string Int8DynamicLinear::implementation(const Tensor& input) const {
   return kernels::int8_linear_impl(dynamic_args(*state_, input));
 }
 
+bool int8_products_native() { return kernels::int8_products_native(); }
+
 }  // namespace kiln::ops

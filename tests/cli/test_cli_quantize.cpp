@@ -7,6 +7,7 @@
 
 #include "cli/cli_util.h"
 #include "kiln/io/safetensors.h"
+#include "kiln/ops/int8.h"
 
 using namespace kiln;
 using namespace kiln::test;
@@ -56,6 +57,30 @@ TEST(CliQuantize, CnnAndResnetToInt8) {
   ASSERT_EQ(r.rc, 0) << r.output;
   EXPECT_NE(r.output.find("kept in float (keep_float)"), std::string::npos) << r.output;
   EXPECT_NE(r.output.find(", as the int8 model"), std::string::npos) << r.output;
+}
+
+// Where int8 products sum in float32 (no VNNI oneDNN may use; ONEDNN_MAX_CPU_ISA=AVX512_CORE stands
+// in for such a CPU here), int8 runs slower than float32, and the command says why under its timing.
+TEST(CliQuantize, SaysWhenInt8SumsInFloat32) {
+  TempDir dir;
+  write_text(dir.path() / "mlp.toml", tiny_mlp_config());
+  const std::string run = dir.file("run");
+  auto r = kiln_cli("train " + dir.file("mlp.toml") + " --out " + run);
+  ASSERT_EQ(r.rc, 0) << r.output;
+  const std::string quantize = " quantize " + run + " --calib-batches 1 --bench-batch 4 --bench-iters 1 --out ";
+  const std::string said = "int8 products sum in float32 on this CPU";
+  CliResult capped;
+  capped.rc = run_command("ONEDNN_MAX_CPU_ISA=AVX512_CORE OMP_NUM_THREADS=2 " + std::string(KILN_CLI_BINARY) +
+                              quantize + dir.file("capped.safetensors"),
+                          capped.output);
+  ASSERT_EQ(capped.rc, 0) << capped.output;
+  EXPECT_NE(capped.output.find("kiln float32 sums (no VNNI)"), std::string::npos) << capped.output;
+  EXPECT_NE(capped.output.find(said), std::string::npos) << capped.output;
+
+  r = kiln_cli(quantize + dir.file("plain.safetensors"));
+  ASSERT_EQ(r.rc, 0) << r.output;
+  EXPECT_EQ(r.output.find(said) != std::string::npos, !ops::int8_products_native()) << r.output;
+  EXPECT_EQ(r.output.find("no VNNI") != std::string::npos, !ops::int8_products_native()) << r.output;
 }
 
 TEST(CliQuantize, WhatItDoesNotCoverExitsWithAMessage) {

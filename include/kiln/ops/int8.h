@@ -101,4 +101,10 @@ class Int8DynamicLinear {
   std::shared_ptr<State> state_;
 };
 
+/// Whether this CPU runs int8 products on oneDNN's integer kernels (VNNI);
+/// else they widen to float32 and sum there, exactly, and more slowly than
+/// float32 layers: a run can then say that int8 saves weight memory here, not
+/// time. implementation() names the path per layer.
+bool int8_products_native();
+
 }  // namespace kiln::ops

@@ -14,6 +14,7 @@
 #include "dnnl_common.h"
 #include "kiln/core/parallel.h"
 #include "kiln/kernels/dnnl.h"
+#include "kiln/kernels/int8.h"
 
 namespace kiln::kernels::dnnl_detail {
 
@@ -95,3 +96,9 @@ void int8_conv_through_float32(const Int8ConvArgs& a, const void* input, const f
 }
 
 }  // namespace kiln::kernels::dnnl_detail
+
+namespace kiln::kernels {
+
+bool int8_products_native() { return dnnl_detail::int8_jit_is_exact(); }
+
+}  // namespace kiln::kernels

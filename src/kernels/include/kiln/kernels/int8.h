@@ -51,6 +51,11 @@ void int8_conv_forward(const Int8ConvArgs& a, const void* input, const void* pac
 /// oneDNN's name for the implementation it chose ("brg:avx512_core_vnni", ...).
 const char* int8_conv_impl(const Int8ConvArgs& a);
 
+/// Whether int8 products run on oneDNN's integer kernels (u8 x s8 multiplied
+/// and summed in int32 with VNNI) or widen to float32 and sum there (exact as
+/// well, and slower: oneDNN may use no VNNI on this CPU).
+bool int8_products_native();
+
 /// Linear: y[m, n] from x[m, k] uint8 (contiguous rows) and W [n, k] int8.
 struct Int8LinearArgs {
   int64_t m = 0, n = 0, k = 0;
