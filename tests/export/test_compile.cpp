@@ -554,6 +554,17 @@ TEST(Compile, AProfiledReplayNamesEachEventsOpAndLine) {
     const std::string ex = step.explain();
     EXPECT_NE(ex.find("Slowest events"), std::string::npos) << ex;
     EXPECT_NE(ex.find("GeluBackward0"), std::string::npos) << ex;
+    // The products' share, which replay and fusion leave as it is: the bound on what fusion could still save.
+    double products = 0;
+    for (const auto& [name, ms] : s.replay_ms)
+      if (name.rfind("matmul", 0) == 0 || name.rfind("conv2d", 0) == 0) products += ms;
+    ASSERT_GT(products, 0) << ex;
+    const std::string key = "products (matmul*, conv2d*) ";
+    const size_t at = ex.find(key);
+    ASSERT_NE(at, std::string::npos) << ex;
+    const double shown = std::stod(ex.substr(at + key.size()));
+    EXPECT_NEAR(shown, 100 * products / by_name, 0.051) << ex;
+    EXPECT_NE(ex.find("bounds what further fusion could save", at), std::string::npos) << ex;
   }
 
   // Without the option (and without KILN_COMPILE_PROFILE) nothing is timed.
