@@ -670,6 +670,18 @@ void check_frozen(const Run& r, Findings& out) {
 }
 
 void check_amp(const Run& r, Findings& out) {
+  // bf16 autocast on a CPU where its products computed in float32: no speed to gain from it there.
+  for (const json& s : r.starts) {
+    if (!s.contains("bf16_products") || s["bf16_products"].value("native", true)) continue;
+    add(out, Severity::Info, "bf16_through_float32",
+        "amp = \"bf16\" could not make this run faster: its products computed in float32",
+        s["bf16_products"].value("why", std::string()),
+        "for speed on this CPU train with amp = \"off\" (bf16 still halves activation memory); bf16 products run "
+        "natively with AMX, or where the CPU's bf16 dot product does at least " +
+            num(s["bf16_products"].value("native_from", 0.0)) + " of float32 FMA's flops per second",
+        s.value("step", int64_t{-1}));
+    break;
+  }
   if (r.train.empty() || !r.train.back().contains("amp_scale")) return;
   const json& last = r.train.back();
   const double scale = get(last, "amp_scale"), skipped = get(last, "amp_skipped_steps");

@@ -498,6 +498,7 @@ class TrainLoop {
   TrainLoop& operator=(const TrainLoop&) = delete;
 
   int run() {
+    if (lead_ && t_.amp.dtype == kBFloat16) bf16_path_ = bf16_product_path();
     announce();
     t_start_ = Clock::now();
     window_start_ = Clock::now();
@@ -550,10 +551,7 @@ class TrainLoop {
                       (accum_ > 1 ? ", " + std::to_string(accum_) + " batches per step" : std::string()));
     // Where bf16 autocast cannot be faster than float32 (its products compute in float32 here),
     // the run says so before the user wonders why its throughput did not move.
-    if (t_.amp.dtype == kBFloat16) {
-      const Bf16ProductPath bf16 = bf16_product_path();
-      if (!bf16.native) progress_.message("amp = \"bf16\": " + bf16.describe());
-    }
+    if (bf16_path_ && !bf16_path_->native) progress_.message("amp = \"bf16\": " + bf16_path_->describe());
     if (!t_.finetune_note.empty()) progress_.message(t_.finetune_note);
     if (t_.distill) progress_.message(distill_note(*t_.distill, t_, c_));
     if (t_.mesh_gpt) progress_.message("rank 0: " + t_.mesh_gpt->describe());
@@ -572,17 +570,21 @@ class TrainLoop {
   }
 
   void record_start() {
-    if (lead_)  // Note [Run story]
-      metrics_ << json{{"kind", L_.resumed ? "resume" : "start"},
-                       {"step", L_.step},
-                       {"total_steps", total_},
-                       {"world_size", world_},
-                       {"parameters", t_.num_parameters},
-                       {"trainable_parameters", trainable_parameters()},
-                       {"time_s", L_.time_offset}}
-                      .dump()
-               << "\n"
-               << std::flush;
+    if (!lead_) return;
+    json start = {{"kind", L_.resumed ? "resume" : "start"},  // Note [Run story]
+                  {"step", L_.step},
+                  {"total_steps", total_},
+                  {"world_size", world_},
+                  {"parameters", t_.num_parameters},
+                  {"trainable_parameters", trainable_parameters()},
+                  {"time_s", L_.time_offset}};
+    // Where this process's bf16 products ran, for `kiln doctor` on any machine later.
+    if (bf16_path_)
+      start["bf16_products"] = {{"native", bf16_path_->native},
+                                {"dot_vs_fma", bf16_path_->dot_vs_fma},
+                                {"native_from", bf16_path_->native_from},
+                                {"why", bf16_path_->describe()}};
+    metrics_ << start.dump() << "\n" << std::flush;
   }
 
   // Note [Compiled steps]
@@ -1127,6 +1129,7 @@ class TrainLoop {
   Clock::time_point t_start_, window_start_;
   double window_wait_ = 0, steps_per_s_ = 0;
   int64_t window_samples_ = 0;
+  std::optional<Bf16ProductPath> bf16_path_;          // amp = "bf16" on the lead rank: where its products ran
   int64_t window_steps_ = 0, window_comm_bytes_ = 0;  // steps in the window and what they communicated
   bool stall_warned_ = false;
   Status status_ = Status::Completed;

@@ -77,6 +77,14 @@ TEST(CliAmp, Bf16RunSaysWhenItsProductsComputeInFloat32) {
   EXPECT_NE(forced.output.find(said + " and round once to bf16: KILN_ONEDNN_BF16=0 asks for that"),
             std::string::npos)
       << forced.output;
+  // The run's start line keeps it, so `kiln doctor` can say it later, on any machine.
+  const auto start = metrics_lines(dir.path() / "forced", "start");
+  ASSERT_EQ(start.size(), 1u);
+  ASSERT_TRUE(start[0].contains("bf16_products")) << start[0].dump();
+  EXPECT_FALSE(start[0]["bf16_products"]["native"].get<bool>());
+  auto doctor = kiln_cli("doctor " + dir.file("forced"));
+  EXPECT_NE(doctor.output.find("[bf16_through_float32]"), std::string::npos) << doctor.output;
+  EXPECT_NE(doctor.output.find("KILN_ONEDNN_BF16=0 asks for that"), std::string::npos) << doctor.output;
 
   auto plain = kiln_cli(train + dir.file("plain"));
   ASSERT_EQ(plain.rc, 0) << plain.output;
@@ -93,6 +101,9 @@ TEST(CliAmp, Bf16RunSaysWhenItsProductsComputeInFloat32) {
   auto f32 = kiln_cli("train " + dir.file("tiny.toml") + " --set train.max_steps=2 --out " + dir.file("f32"));
   ASSERT_EQ(f32.rc, 0) << f32.output;
   EXPECT_EQ(f32.output.find("bf16"), std::string::npos) << f32.output;
+  EXPECT_FALSE(metrics_lines(dir.path() / "f32", "start").at(0).contains("bf16_products"));
+  doctor = kiln_cli("doctor " + dir.file("f32"));
+  EXPECT_EQ(doctor.output.find("bf16_through_float32"), std::string::npos) << doctor.output;
 }
 
 TEST(CliAmp, UnknownModeIsAConfigError) {
