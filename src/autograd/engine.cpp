@@ -9,6 +9,8 @@
 #include <queue>
 #include <unordered_map>
 #include <unordered_set>
+#include <utility>
+#include <vector>
 
 #include "kiln/autograd/anomaly.h"
 #include "kiln/autograd/autograd_meta.h"
@@ -80,17 +82,38 @@ void accumulate_into(Tensor& slot, const Tensor& g) {
   slot = slot.defined() ? grad_math().add(slot, g) : g;
 }
 
+// Whether t's elements fill a block of memory once each, in any order of
+// dimensions (row-major, channels-last, a transpose's): strides that, sorted,
+// are each the next one's times its size, ending in 1. Size-1 dimensions are
+// free to have any stride.
+bool dense_non_overlapping(const Tensor& t) {
+  std::vector<std::pair<int64_t, int64_t>> dims;  // (stride, size) of the dimensions that step
+  for (int64_t d = 0; d < t.dim(); ++d)
+    if (t.size(d) != 1) dims.emplace_back(t.stride(d), t.size(d));
+  std::sort(dims.begin(), dims.end());
+  int64_t expected = 1;
+  for (const auto& [stride, size] : dims) {
+    if (stride != expected) return false;
+    expected *= size;
+  }
+  return true;
+}
+
 // A node's input buffer receiving a second gradient: summed in place when the
 // buffer is the only reference to its tensor (torch's InputBuffer::accumulate),
 // so a tensor used twice (a residual connection) costs no fresh tensor per sum.
 // Not under create_graph, where the sum must be recorded; never into a tensor
 // another output, hook or saved variable can see (use counts), a view, or a
 // broadcast (each gradient is reduced to the input's shape before it gets here).
+// The buffer may be laid out in any dense order, as long as the incoming
+// gradient has the same strides: a channels-last network's residual gradients
+// (resnet's) are summed in place too, element by element as the fresh sum was.
 void accumulate_into_buffer(Tensor& slot, const Tensor& g, bool create_graph) {
   if (!g.defined()) return;
   const bool in_place = !create_graph && slot.defined() && slot.use_count() == 1 && slot.storage().use_count() == 1 &&
-                        slot.is_contiguous() && slot.storage()->owns_memory() && !slot.requires_grad() &&
-                        !g.requires_grad() && slot.dtype() == g.dtype() && slot.sizes() == g.sizes() &&
+                        slot.storage()->owns_memory() && !slot.requires_grad() && !g.requires_grad() &&
+                        slot.dtype() == g.dtype() && slot.sizes() == g.sizes() &&
+                        (slot.is_contiguous() || (slot.strides() == g.strides() && dense_non_overlapping(slot))) &&
                         !slot.is_alias_of(g);
   if (in_place) {
     const NoGradGuard no_grad;

@@ -104,6 +104,31 @@ TEST(EngineBuffer, SecondGradientIsSummedInPlace) {
   EXPECT_TRUE(x.grad().allclose(w * c * 4));
 }
 
+TEST(EngineBuffer, ChannelsLastGradientsAreSummedInPlaceToo) {
+  // A channels-last network's residual fan-out (resnet's blocks): both gradients are NHWC with the
+  // same strides, so the sum goes into the first one's buffer as for row-major ones.
+  scale2_outputs.clear();
+  auto nhwc = [](Tensor t) { return contiguous(t, MemoryFormat::ChannelsLast); };
+  Tensor x = nhwc(leaf({2, 3, 4, 5}).detach()).requires_grad_();
+  Tensor c = nhwc(leaf({2, 3, 4, 5}, -1.0).detach()), w = nhwc(leaf({2, 3, 4, 5}, 0.5).detach());
+  Tensor h = x * c;
+  ArrivalProbe at_h(h);
+  ((Scale2::apply(h) + Scale2::apply(h)) * w).sum().backward();
+  ASSERT_EQ(scale2_outputs.size(), 2u);
+  EXPECT_TRUE(at_h.ptr == scale2_outputs[0] || at_h.ptr == scale2_outputs[1]);
+  EXPECT_TRUE(x.grad().allclose(w * c * 4));
+
+  // Gradients in two layouts are summed into a fresh tensor, with the same values.
+  scale2_outputs.clear();
+  Tensor y = nhwc(leaf({2, 3, 4, 5}).detach()).requires_grad_();
+  Tensor hy = y * c;
+  ArrivalProbe at_hy(hy);
+  ((Scale2::apply(hy) * w).sum() + (Scale2::apply(hy) * w.contiguous()).sum()).backward();
+  ASSERT_EQ(scale2_outputs.size(), 2u);
+  EXPECT_TRUE(at_hy.ptr != scale2_outputs[0] && at_hy.ptr != scale2_outputs[1]);
+  EXPECT_TRUE(y.grad().allclose(w * c * 4));
+}
+
 TEST(EngineBuffer, SummedOutOfPlaceUnderCreateGraph) {
   Tensor x = leaf({5});
   Tensor h = x * x;
