@@ -87,3 +87,32 @@ def markdown(table, fmt_time, quick):
             r["probe_median_gflops"], r["probe_best_gflops"], r["ratio"],
             " ".join("%.3f" % x for x in r["process_ratios"]), r["best_ratio"], r["goal"]))
     return "\n".join(out) + "\n"
+
+
+def self_test():
+    """The ratios from synthetic records (scripts/test.sh runs this)."""
+    rec = {"probe_size": 2048, "step_median_ms": 11.0, "step_step_ms": [10.0, 12.0, 11.0],
+           "probe_gflops": [100.0, 200.0, 150.0]}
+    slow = dict(rec, step_median_ms=22.0, step_step_ms=[20.0, 24.0, 22.0], probe_gflops=[50.0, 100.0, 75.0])
+    table = rows({1: {"mlp": [rec, slow, rec]}}, {"mlp": 1e9})
+    assert len(table) == 1, table
+    r = table[0]
+    # 1 GFLOP at the median probe rate of 150 GFLOP/s: a 6.67 ms floor under an 11 ms step.
+    assert abs(r["process_ratios"][0] - 11.0 / (1e9 / 150e9 * 1e3)) < 1e-12, r
+    # A process whose machine ran at half speed, step and probe alike, reads the same ratio.
+    assert abs(r["process_ratios"][1] - r["process_ratios"][0]) < 1e-12, r
+    # best: the best step over the floor at the best probe rate, 10 ms over 5 ms.
+    assert abs(r["best_ratio"] - 2.0) < 1e-12, r
+    assert r["goal"] == GOAL["mlp"] and r["processes"] == 3 and r["probe_size"] == 2048, r
+    assert rows({1: {"tiny": [rec]}}, {"mlp": 1e9}) == [], "a workload without a FLOP count has no row"
+    text = markdown(table, lambda ms: "%.2f ms" % ms, False)
+    assert "| mlp | 1 | 1.000 | 12.00 ms | 100 / 200 | 1.650 | 1.650 1.650 1.650 | 2.000 | ≤ 1.05 |" in text, text
+    print("floor_bench.py: self-test passed")
+    return 0
+
+
+if __name__ == "__main__":
+    import sys
+    if sys.argv[1:] != ["--self-test"]:
+        sys.exit("usage: floor_bench.py --self-test (the table itself runs inside scripts/bench.sh)")
+    sys.exit(self_test())

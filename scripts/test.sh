@@ -32,6 +32,7 @@ ctest --test-dir build/release --output-on-failure
 
 echo "== benchmarks: build, then scripts/bench.sh --quick once (proves they run; no time is asserted)"
 /usr/bin/python3 bench/ddp_bench.py --self-test
+/usr/bin/python3 bench/floor_bench.py --self-test
 cmake --build build/release -j"$jobs" --target kiln_bench kiln_micro_bench
 build/release/bench/micro/kiln_micro_bench --benchmark_list_tests >/dev/null
 KILN_BENCH_BIN=build/release/bench/kiln_bench ./scripts/bench.sh --quick
