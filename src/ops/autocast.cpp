@@ -28,7 +28,7 @@ Bf16ProductPath bf16_product_path() {
   const std::string_view v = env != nullptr ? env : "";
   p.forced = (v == "0" && !p.native) || (v == "1" && p.native);
   p.amx = kernels::dnnl_has_amx();
-  p.dot_vs_fma = kernels::bf16_dot_flop_rate_vs_fma();
+  p.dot_vs_fma = kernels::bf16_products_decision_rate();
   p.native_from = kernels::kBf16NativeRate;
   return p;
 }

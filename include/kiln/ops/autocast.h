@@ -125,10 +125,11 @@ std::string_view autocast_policy_name(AutocastPolicy p);
 /// bf16's, and bf16 then saves activation memory, not product time.
 /// KILN_ONEDNN_BF16=1 or 0 forces either path.
 struct Bf16ProductPath {
-  bool native = false;     // oneDNN's bf16 kernels; false: through float32
-  bool forced = false;     // KILN_ONEDNN_BF16 chose the path
-  bool amx = false;        // oneDNN may use AMX here
-  double dot_vs_fma = 0;   // vdpbf16ps / vfmadd231ps flops per second, measured now (0: none oneDNN may use)
+  bool native = false;  // oneDNN's bf16 kernels; false: through float32
+  bool forced = false;  // KILN_ONEDNN_BF16 chose the path
+  bool amx = false;     // oneDNN may use AMX here
+  double dot_vs_fma =
+      0;  // vdpbf16ps / vfmadd231ps flops per second, as the path was chosen on (0: none oneDNN may use)
   double native_from = 0;  // the rate from which the bf16 kernels are used
   /// One sentence for a user: which path, and why.
   std::string describe() const;

@@ -27,6 +27,7 @@
 #include <time.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cstdlib>
 #include <string_view>
 
@@ -100,15 +101,30 @@ double bf16_dot_flop_rate_vs_fma() {
 
 bool dnnl_has_amx() { return dnnl_detail::isa_has(dnnl_cpu_isa_avx512_core_amx); }
 
+namespace {
+// The rate the decision below was made on (-1: it was made without one), so
+// that a run reports the figure that chose its path, not a second timing that
+// may fall on the other side of the line.
+std::atomic<double> g_decided_rate{-1.0};
+}  // namespace
+
 bool bf16_products_on_dnnl() {
   static const bool native = [] {
     if (!dnnl_supports(kBFloat16)) return false;
     const char* v = std::getenv("KILN_ONEDNN_BF16");
     if (v != nullptr && std::string_view(v) == "1") return true;
     if (dnnl_has_amx()) return true;
-    return bf16_dot_flop_rate_vs_fma() >= kBf16NativeRate;
+    const double rate = bf16_dot_flop_rate_vs_fma();
+    g_decided_rate.store(rate);
+    return rate >= kBf16NativeRate;
   }();
   return native;
+}
+
+double bf16_products_decision_rate() {
+  bf16_products_on_dnnl();
+  const double rate = g_decided_rate.load();
+  return rate >= 0 ? rate : bf16_dot_flop_rate_vs_fma();
 }
 
 }  // namespace kiln::kernels

@@ -376,6 +376,9 @@ bool bf16_products_on_dnnl();
 /// ONEDNN_MAX_CPU_ISA caps oneDNN below it).
 double bf16_dot_flop_rate_vs_fma();
 inline constexpr double kBf16NativeRate = 0.75;
+/// The rate bf16_products_on_dnnl() decided on, where it timed one; else
+/// bf16_dot_flop_rate_vs_fma() measured now.
+double bf16_products_decision_rate();
 /// Whether oneDNN may use AMX on this CPU (the CPU has it and
 /// ONEDNN_MAX_CPU_ISA does not cap it).
 bool dnnl_has_amx();
