@@ -150,8 +150,11 @@ Args parse(int argc, char** argv) {
     usage("--amp ab pairs eager float32 and bf16 steps: no --compile with it");
   if ((a.amp == "ab" || a.compile_ab) && a.profile)
     usage("--amp ab and --compile ab time two copies: no --profile with them");
-  if (a.floor_ab && (a.amp == "ab" || a.compile || a.compile_ab || a.profile))
-    usage("--floor ab pairs the eager step with the matmul probe: no --amp ab, --compile or --profile with it");
+  // The floor is float32's: under --amp bf16 autocast would turn the probe into a bf16 product.
+  if (a.floor_ab && (a.amp != "off" || a.compile || a.compile_ab || a.profile))
+    usage(
+        "--floor ab pairs the eager float32 step with the float32 matmul probe: no --amp, --compile or --profile "
+        "with it");
   return a;
 }
 
@@ -406,7 +409,7 @@ void run_amp_ab(const std::string& name, const Args& a) {
       "\"bf16_dot_vs_fma\": %s, \"bf16_native_from\": %s, \"maxrss_kib\": %ld}\n",
       name.c_str(), kiln::get_num_threads(), a.warmup, a.steps, block, side_json("f32", f32).c_str(),
       side_json("bf16", bf16).c_str(), num(f32.product_flops).c_str(), path,
-      num(kiln::kernels::bf16_dot_flop_rate_vs_fma()).c_str(), num(kiln::kernels::kBf16NativeRate).c_str(),
+      num(kiln::kernels::bf16_products_decision_rate()).c_str(), num(kiln::kernels::kBf16NativeRate).c_str(),
       maxrss_kib());
   std::fflush(stdout);
 }

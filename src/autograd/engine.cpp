@@ -9,8 +9,6 @@
 #include <queue>
 #include <unordered_map>
 #include <unordered_set>
-#include <utility>
-#include <vector>
 
 #include "kiln/autograd/anomaly.h"
 #include "kiln/autograd/autograd_meta.h"
@@ -87,14 +85,15 @@ void accumulate_into(Tensor& slot, const Tensor& g) {
 // are each the next one's times its size, ending in 1. Size-1 dimensions are
 // free to have any stride.
 bool dense_non_overlapping(const Tensor& t) {
-  std::vector<std::pair<int64_t, int64_t>> dims;  // (stride, size) of the dimensions that step
+  DimVector order;  // the dimensions that step, innermost (smallest stride) first
   for (int64_t d = 0; d < t.dim(); ++d)
-    if (t.size(d) != 1) dims.emplace_back(t.stride(d), t.size(d));
-  std::sort(dims.begin(), dims.end());
+    if (t.size(d) != 1) order.push_back(d);
+  std::sort(order.data(), order.data() + order.size(), [&](int64_t a, int64_t b) { return t.stride(a) < t.stride(b); });
   int64_t expected = 1;
-  for (const auto& [stride, size] : dims) {
-    if (stride != expected) return false;
-    expected *= size;
+  for (size_t i = 0; i < order.size(); ++i) {
+    const int64_t d = order.data()[i];
+    if (t.stride(d) != expected) return false;
+    expected *= t.size(d);
   }
   return true;
 }

@@ -1129,10 +1129,10 @@ class TrainLoop {
   Clock::time_point t_start_, window_start_;
   double window_wait_ = 0, steps_per_s_ = 0;
   int64_t window_samples_ = 0;
-  std::optional<Bf16ProductPath> bf16_path_;          // amp = "bf16" on the lead rank: where its products ran
   int64_t window_steps_ = 0, window_comm_bytes_ = 0;  // steps in the window and what they communicated
   bool stall_warned_ = false;
   Status status_ = Status::Completed;
+  std::optional<Bf16ProductPath> bf16_path_;  // amp = "bf16" on the lead rank: where its products ran
   json last_train_, last_eval_;
   std::optional<KeepBest> keep_best_;
   std::vector<StepValues> unlogged_;       // the steps since the last train line (Note [Run story])

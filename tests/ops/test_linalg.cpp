@@ -360,6 +360,13 @@ TEST(Linalg, Bfloat16ProductsRunNativelyOnlyWhereBf16Pays) {
     // Far from the line the rule draws, a measurement now must agree with the one the process made.
     EXPECT_EQ(native, rate >= kernels::kBf16NativeRate) << "rate " << rate;
   }
+  // Where the rule timed the instruction, a run reports that figure, the same on every call
+  // (a fresh timing would differ in its last bits, and may fall on the other side of the line).
+  if (kernels::dnnl_supports(kBFloat16) && forced.empty() && avx512_bf16 && !kernels::dnnl_has_amx()) {
+    const double decided = kernels::bf16_products_decision_rate();
+    EXPECT_EQ(decided, kernels::bf16_products_decision_rate());
+    EXPECT_EQ(native, decided >= kernels::kBf16NativeRate) << "decided on " << decided;
+  }
   // Either path sums exact products in float32 and rounds once. These inputs (multiples of 1/4)
   // sum exactly in float32 in any order, so each path gives the float64 product rounded to bf16.
   const Tensor a = seq({33, 70}, 7, 3, kBFloat16), b = seq({70, 19}, 5, 2, kBFloat16);

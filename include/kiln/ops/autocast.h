@@ -128,8 +128,8 @@ struct Bf16ProductPath {
   bool native = false;  // oneDNN's bf16 kernels; false: through float32
   bool forced = false;  // KILN_ONEDNN_BF16 chose the path
   bool amx = false;     // oneDNN may use AMX here
-  double dot_vs_fma =
-      0;  // vdpbf16ps / vfmadd231ps flops per second, as the path was chosen on (0: none oneDNN may use)
+  // vdpbf16ps / vfmadd231ps flops per second that the path was chosen on (0: none oneDNN may use)
+  double dot_vs_fma = 0;
   double native_from = 0;  // the rate from which the bf16 kernels are used
   /// One sentence for a user: which path, and why.
   std::string describe() const;
