@@ -4,6 +4,7 @@
 #include <mpi.h>
 
 #include <algorithm>
+#include <functional>
 #include <mutex>
 #include <sstream>
 #include <string>
@@ -11,6 +12,7 @@
 #include <vector>
 
 #include "kiln/core/error.h"
+#include "kiln/core/half.h"
 #include "kiln/dist/dist.h"
 #include "mpi_process_group.h"
 
@@ -26,9 +28,58 @@ std::string ProcessGroup::describe() const {
   return backend() + " group of " + std::to_string(size()) + (size() == 1 ? " rank" : " ranks");
 }
 
+void ProcessGroup::check_compressed(const Tensor& t, DType wire, ReduceOp op) {
+  KILN_CHECK(t.defined() && t.dtype() == DType::Float32, DTypeError,
+             "dist::allreduce_compressed: expected a float32 tensor (the values to compress), got ",
+             t.defined() ? dtype_name(t.dtype()) : "an undefined tensor");
+  KILN_CHECK(wire == DType::BFloat16 || wire == DType::Float16, DTypeError,
+             "dist::allreduce_compressed: the wire type must be bfloat16 or float16, got ", dtype_name(wire));
+  KILN_CHECK(op == ReduceOp::Sum || op == ReduceOp::Avg, ValueError,
+             "dist::allreduce_compressed: expected ReduceOp::Sum or ReduceOp::Avg (a compressed sum), got Max or Min");
+}
+
 namespace {
 thread_local std::string t_collective_label;
+
+// Rounds every value of float32 `t` to `wire` and back.
+void round_through(Tensor& t, DType wire) {
+  auto* p = static_cast<float*>(t.data_ptr());
+  for (int64_t i = 0; i < t.numel(); ++i)
+    p[i] = wire == DType::BFloat16 ? static_cast<float>(BFloat16(p[i])) : static_cast<float>(Half(p[i]));
+}
+
+// A collective whose result needs one more step on the caller's thread when it is waited.
+class ThenWork final : public Work {
+ public:
+  ThenWork(WorkPtr inner, std::function<void()> then) : inner_(std::move(inner)), then_(std::move(then)) {}
+  void wait() override {
+    inner_->wait();
+    if (then_) std::exchange(then_, nullptr)();
+  }
+  bool is_completed() override { return !then_ && inner_->is_completed(); }
+  uint64_t sequence() const override { return inner_->sequence(); }
+
+ private:
+  WorkPtr inner_;
+  std::function<void()> then_;
+};
 }  // namespace
+
+WorkPtr ProcessGroup::allreduce_compressed(Tensor& t, DType wire, ReduceOp op, Loc loc) {
+  check_compressed(t, wire, op);
+  KILN_CHECK(t.is_contiguous(), ValueError, "dist::allreduce_compressed: expected a contiguous tensor, got shape ",
+             t.shape_string());
+  round_through(t, wire);
+  Tensor keep = t;
+  const int by = size();
+  return std::make_shared<ThenWork>(allreduce(t, ReduceOp::Sum, loc), [keep, wire, op, by]() mutable {
+    if (op == ReduceOp::Avg) {
+      auto* p = static_cast<float*>(keep.data_ptr());
+      for (int64_t i = 0; i < keep.numel(); ++i) p[i] /= static_cast<float>(by);
+    }
+    round_through(keep, wire);
+  });
+}
 
 CollectiveLabel::CollectiveLabel(std::string label) : previous_(std::move(t_collective_label)) {
   t_collective_label = std::move(label);

@@ -35,6 +35,7 @@ const char* kind_name(int32_t k) {
     case OpKind::ReduceScatterTensor: return "reduce_scatter_tensor";
     case OpKind::AllToAll: return "alltoall";
     case OpKind::AllToAllSplit: return "alltoall(splits)";
+    case OpKind::AllReduceCompressed: return "allreduce_compressed";
   }
   return "?";
 }
@@ -53,6 +54,7 @@ const char* wait_name(int32_t k) {
     case OpKind::ReduceScatterTensor: return "reduce_scatter_tensor.wait";
     case OpKind::AllToAll: return "alltoall.wait";
     case OpKind::AllToAllSplit: return "alltoall(splits).wait";
+    case OpKind::AllReduceCompressed: return "allreduce_compressed.wait";
   }
   return "?.wait";
 }
@@ -443,6 +445,14 @@ WorkPtr MPIProcessGroup::allreduce(Tensor& t, ReduceOp op, Loc loc) {
     // data comes out (for bfloat16, in the conversion back), so the caller's
     // thread never makes a pass over the buffer for it.
     if (keep.dtype() == DType::BFloat16) {
+      // Through shared memory as 16 bits, with the bits of the float32 path below.
+      if (op == ReduceOp::Sum || op == ReduceOp::Avg) {
+        if (ShmAllreduce* shm = shm_for(static_cast<size_t>(n))) {
+          shm->run16(static_cast<uint16_t*>(keep.data_ptr()), static_cast<size_t>(n), DType::BFloat16,
+                     op == ReduceOp::Avg, progress_mode_ == ProgressMode::Spin);
+          return;
+        }
+      }
       auto f = to_float(keep);
       const bool divided = reduce(f.data(), MPI_FLOAT);
       if (op == ReduceOp::Avg && !divided) divide(f.data(), f.size(), size);
@@ -451,6 +461,42 @@ WorkPtr MPIProcessGroup::allreduce(Tensor& t, ReduceOp op, Loc loc) {
     }
     const bool divided = reduce(keep.data_ptr(), mpi_type(keep.dtype()));
     if (op == ReduceOp::Avg && !divided) divide(static_cast<float*>(keep.data_ptr()), static_cast<size_t>(n), size);
+  });
+}
+
+WorkPtr MPIProcessGroup::allreduce_compressed(Tensor& t, DType wire, ReduceOp op, Loc loc) {
+  capture::graph_break_if_recording("collective all_reduce (compressed)");
+  check_compressed(t, wire, op);
+  check_tensor(t, "allreduce_compressed", "tensor");
+  // The signature carries the wire type: a rank that sends bfloat16 where its
+  // peer sends float32 is a mismatch, and the traffic counts the bytes moved.
+  auto sig = make_signature(OpKind::AllReduceCompressed, static_cast<int>(op), -1, &t, loc);
+  sig.dtype = static_cast<int32_t>(wire);
+  Tensor keep = t;
+  return enqueue(sig, [this, keep, wire, op] {
+    const size_t n = static_cast<size_t>(keep.numel());
+    auto* data = static_cast<float*>(keep.data_ptr());
+    if (ShmAllreduce* shm = shm_for(n)) {
+      shm->run_compressed(data, n, wire, op == ReduceOp::Avg, progress_mode_ == ProgressMode::Spin);
+      return;
+    }
+    // Across nodes: the same roundings (each input to the wire type, the
+    // float32 sum's result once), the sum through MPI in float32.
+    auto round_trip = [wire](float* p, size_t count) {
+      for (size_t i = 0; i < count; ++i)
+        p[i] = wire == DType::BFloat16 ? static_cast<float>(BFloat16(p[i])) : static_cast<float>(Half(p[i]));
+    };
+    round_trip(data, n);
+    const int count = static_cast<int>(n);
+    if (progress_mode_ == ProgressMode::Spin) {
+      check_mpi(MPI_Allreduce(MPI_IN_PLACE, data, count, MPI_FLOAT, MPI_SUM, comm_), "MPI_Allreduce");
+    } else {
+      MPI_Request req = MPI_REQUEST_NULL;
+      check_mpi(MPI_Iallreduce(MPI_IN_PLACE, data, count, MPI_FLOAT, MPI_SUM, comm_, &req), "MPI_Iallreduce");
+      wait_with_backoff(req, "MPI_Iallreduce");
+    }
+    if (op == ReduceOp::Avg) divide(data, n, size_);
+    round_trip(data, n);
   });
 }
 

@@ -38,6 +38,7 @@ enum class OpKind : int32_t {
   ReduceScatterTensor,
   AllToAll,
   AllToAllSplit,
+  AllReduceCompressed,
 };
 
 /// What a rank called: fixed-size so that ranks can exchange it with one
@@ -152,6 +153,7 @@ class MPIProcessGroup final : public ProcessGroup {
   std::string shm_status() const;
 
   WorkPtr allreduce(Tensor& t, ReduceOp op, Loc loc) override;
+  WorkPtr allreduce_compressed(Tensor& t, DType wire, ReduceOp op, Loc loc) override;
   WorkPtr broadcast(Tensor& t, int root, Loc loc) override;
   WorkPtr allgather(std::vector<Tensor>& out, const Tensor& in, Loc loc) override;
   WorkPtr allgather_into_tensor(Tensor& out, const Tensor& in, Loc loc) override;

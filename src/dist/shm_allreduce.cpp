@@ -27,8 +27,10 @@
 #include <cstdio>
 #include <cstring>
 #include <ctime>
+#include <type_traits>
 
 #include "kiln/core/error.h"
+#include "kiln/core/half.h"
 
 namespace kiln::dist::detail {
 
@@ -190,46 +192,126 @@ std::unique_ptr<ShmAllreduce> ShmAllreduce::create(MPI_Comm comm, std::string* w
   return std::unique_ptr<ShmAllreduce>(new ShmAllreduce(rank, size, base, bytes));
 }
 
-void ShmAllreduce::run(float* data, size_t n, bool average, bool spin) {
+namespace {
+
+// How an element type goes to and from the segment, where values travel as
+// `W` (float, or a 16-bit wire type held as bits) and are summed in float.
+template <typename W>
+struct Wire;
+template <>
+struct Wire<float> {
+  using Bits = float;
+  static float widen(float x) { return x; }
+  static float narrow(float x) { return x; }
+};
+template <>
+struct Wire<BFloat16> {
+  using Bits = uint16_t;
+  static float widen(uint16_t b) { return static_cast<float>(BFloat16::from_bits(b)); }
+  static uint16_t narrow(float x) { return BFloat16::from_float(x); }
+};
+template <>
+struct Wire<Half> {
+  using Bits = uint16_t;
+  static float widen(uint16_t b) { return Half::to_float(b); }
+  static uint16_t narrow(float x) { return Half::from_float(x); }
+};
+
+// n values of type From into To: a copy when they are the same, else each
+// rounded to (or widened from) the wire type W. float16 uses F16C where the
+// build has it (round to nearest even, as Half::from_float; only a NaN's
+// payload may differ).
+template <typename W, typename To, typename From>
+void convert(To* dst, const From* src, size_t n) {
+  if constexpr (std::is_same_v<To, From>) {
+    std::memcpy(dst, src, n * sizeof(To));
+  } else if constexpr (std::is_same_v<To, float>) {
+    size_t i = 0;
+#if defined(__F16C__) && defined(__AVX__)
+    if constexpr (std::is_same_v<W, Half>) {
+      for (; i + 8 <= n; i += 8)
+        _mm256_storeu_ps(dst + i, _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(src + i))));
+    }
+#endif
+    for (; i < n; ++i) dst[i] = Wire<W>::widen(src[i]);
+  } else {
+    size_t i = 0;
+#if defined(__F16C__) && defined(__AVX__)
+    if constexpr (std::is_same_v<W, Half>) {
+      for (; i + 8 <= n; i += 8)
+        _mm_storeu_si128(reinterpret_cast<__m128i*>(dst + i),
+                         _mm256_cvtps_ph(_mm256_loadu_ps(src + i), _MM_FROUND_TO_NEAREST_INT));
+    }
+#endif
+    for (; i < n; ++i) dst[i] = Wire<W>::narrow(src[i]);
+  }
+}
+
+}  // namespace
+
+// The all-reduce with values of type T in `data` (float, or 16-bit bits) and
+// W on the wire. Whatever W, a slice is summed in float in rank order, divided
+// and rounded to W once, so a 16-bit all-reduce has the bits of widening,
+// the float32 all-reduce and one rounding.
+template <typename W, typename T>
+void ShmAllreduce::run_as(T* data, size_t n, bool average, bool spin) {
+  using Bits = typename Wire<W>::Bits;
   const int P = size_, r = rank_;
   const float by = static_cast<float>(P);
-  constexpr size_t kBlock = 1024;  // the sum of a slice, block by block, stays in L1
+  const size_t chunk = kChunk * sizeof(float) / sizeof(Bits);  // elements per slot
+  constexpr size_t kBlock = 1024;                              // the sum of a slice, block by block, stays in L1
   float acc[kBlock];
-  count_call(n, kChunk);
-  for (size_t off = 0; off < n; off += kChunk) {
-    const size_t m = std::min(kChunk, n - off);
+  Bits rounded[kBlock];
+  count_call(n, chunk);
+  auto slot_of = [&](int set, int q) { return reinterpret_cast<Bits*>(slot(set, q)); };
+  for (size_t off = 0; off < n; off += chunk) {
+    const size_t m = std::min(chunk, n - off);
     const uint64_t g = next_chunk(spin);
     const int set = static_cast<int>(g & 1);
-    float* out = data + off;
-    std::memcpy(slot(set, r), out, m * sizeof(float));
+    T* out = data + off;
+    convert<W>(slot_of(set, r), out, m);
     publish(arrived_[r], g);
     wait_all(arrived_, P, g, spin);
 
     auto lo = [&](int q) { return m * static_cast<size_t>(q) / static_cast<size_t>(P); };
-    float* mine = slot(set, r);
+    Bits* mine = slot_of(set, r);
     for (size_t b = lo(r); b < lo(r + 1); b += kBlock) {
       const size_t k = std::min(kBlock, lo(r + 1) - b);
-      const float* s0 = slot(set, 0) + b;
-      for (size_t i = 0; i < k; ++i) acc[i] = s0[i];
+      convert<W>(acc, slot_of(set, 0) + b, k);
       for (int q = 1; q < P; ++q) {
-        const float* sq = slot(set, q) + b;
-        for (size_t i = 0; i < k; ++i) acc[i] += sq[i];
+        const Bits* sq = slot_of(set, q) + b;
+        for (size_t i = 0; i < k; ++i) acc[i] += Wire<W>::widen(sq[i]);
       }
       if (average) {
         for (size_t i = 0; i < k; ++i) acc[i] /= by;
       }
-      std::memcpy(out + b, acc, k * sizeof(float));
-      std::memcpy(mine + b, acc, k * sizeof(float));
+      convert<W>(rounded, acc, k);
+      std::memcpy(mine + b, rounded, k * sizeof(Bits));
+      convert<W>(out + b, rounded, k);
     }
     publish(reduced_[r], g);
 
     for (int step = 1; step < P; ++step) {
       const int q = (r + step) % P;  // start with the next rank's slice: ranks do not all read one slot at once
       wait_all(reduced_ + q, 1, g, spin);
-      std::memcpy(out + lo(q), slot(set, q) + lo(q), (lo(q + 1) - lo(q)) * sizeof(float));
+      convert<W>(out + lo(q), slot_of(set, q) + lo(q), lo(q + 1) - lo(q));
     }
     publish(read_[r], g);
   }
+}
+
+void ShmAllreduce::run(float* data, size_t n, bool average, bool spin) { run_as<float>(data, n, average, spin); }
+
+void ShmAllreduce::run16(uint16_t* data, size_t n, DType dtype, bool average, bool spin) {
+  KILN_ASSERT(dtype == DType::BFloat16 || dtype == DType::Float16, "ShmAllreduce::run16: a 16-bit float dtype");
+  if (dtype == DType::BFloat16) return run_as<BFloat16>(data, n, average, spin);
+  run_as<Half>(data, n, average, spin);
+}
+
+void ShmAllreduce::run_compressed(float* data, size_t n, DType wire, bool average, bool spin) {
+  KILN_ASSERT(wire == DType::BFloat16 || wire == DType::Float16, "ShmAllreduce::run_compressed: a 16-bit wire");
+  if (wire == DType::BFloat16) return run_as<BFloat16>(data, n, average, spin);
+  run_as<Half>(data, n, average, spin);
 }
 
 void ShmAllreduce::reduce_scatter(const float* send, float* out, size_t count, bool average, bool spin) {

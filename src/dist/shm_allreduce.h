@@ -1,6 +1,6 @@
 #pragma once
-// A float32 sum/average all-reduce (and the reduce-scatter that shares its
-// segment) through shared memory, for the MPI backend when
+// A float32 (or 16-bit) sum/average all-reduce (and the float32 reduce-scatter
+// that shares its segment) through shared memory, for the MPI backend when
 // every rank of a group runs on one machine (internal to src/dist).
 //
 // Why: Open MPI moves a large allreduce between processes of one node at
@@ -28,6 +28,8 @@
 #include <memory>
 #include <string>
 
+#include "kiln/core/dtype.h"
+
 namespace kiln::dist::detail {
 
 class ShmAllreduce {
@@ -49,6 +51,18 @@ class ShmAllreduce {
   /// busy-polling only (ProgressMode::Spin).
   void run(float* data, size_t n, bool average, bool spin);
 
+  /// The same over `n` bfloat16 or float16 values (their bits at `data`):
+  /// they travel as 16 bits, each slice is summed in float32 in rank order,
+  /// divided and rounded once, so the result has the bits of widening, the
+  /// float32 all-reduce and one rounding, with half its bytes moved.
+  void run16(uint16_t* data, size_t n, DType dtype, bool average, bool spin);
+
+  /// `n` float32 values sent as `wire` (bfloat16 or float16): each rank's
+  /// values are rounded to `wire` as they enter the segment, summed in float32,
+  /// divided, rounded to `wire` once and widened back into `data` (DDP's
+  /// compression hooks, Note [Compressed gradients] in ddp.cpp).
+  void run_compressed(float* data, size_t n, DType wire, bool average, bool spin);
+
   /// `send` holds one shard of `count` floats per rank; `out` gets this
   /// rank's shard summed over ranks in rank order (the all-reduce's order, so
   /// a reduce-scatter and an all-reduce of the same data agree bit for bit),
@@ -68,6 +82,9 @@ class ShmAllreduce {
   /// The next chunk's generation; its set of slots (generation & 1) may be
   /// filled once every rank has read that set's previous chunk.
   uint64_t next_chunk(bool spin);
+  /// run's steps for values of type T in `data`, travelling as W.
+  template <typename W, typename T>
+  void run_as(T* data, size_t n, bool average, bool spin);
 
   int rank_, size_;
   void* base_;

@@ -27,6 +27,7 @@
 #include "dist/shm_allreduce.h"
 #include "kiln/core/half.h"
 #include "kiln/dist/dist.h"
+#include "kiln/dist/traffic.h"
 #include "kiln/ops/factory.h"
 
 using namespace kiln;
@@ -116,6 +117,75 @@ TEST_F(ShmAllreduceMpi, BFloat16AveragesInFloatThenRounds) {
     for (int r = 0; r < P; ++r) sum += exact_value(r, i);
     ASSERT_EQ(static_cast<float>(t.data_ptr<BFloat16>()[i]), static_cast<float>(BFloat16(sum / P))) << i;
   }
+}
+
+// allreduce_compressed (DDP's compression hooks): float32 values travel as
+// bfloat16 or float16 through shared memory, half the bytes, and arrive as
+// round(sum over ranks of round(v_r) / P), one rounding in and one out. The
+// values are multiples of 2^-12 below 4 in magnitude: float16 must round them
+// (11 significant bits), and the sums of rounded values are exact in float32,
+// so MPI's order of summation (KILN_DIST_SHM=0) gives the same bits too.
+float compressible(int r, int64_t i) {
+  uint32_t h = static_cast<uint32_t>(r) * 2654435761u ^ static_cast<uint32_t>(i) * 40503u;
+  h ^= h >> 13;
+  h *= 0x5bd1e995u;
+  h ^= h >> 15;
+  return static_cast<float>(static_cast<int32_t>(h % 32768u) - 16384) / 4096.0f;
+}
+
+float round_to(DType wire, float x) {
+  return wire == DType::BFloat16 ? static_cast<float>(BFloat16(x)) : static_cast<float>(Half(x));
+}
+
+TEST_F(ShmAllreduceMpi, CompressedAllreduceRoundsOnceInAndOnceOut) {
+  const int P = pg->size(), rank = pg->rank();
+  auto mpi = group_with("0", "no-shm-compressed");
+  // Three chunks of 16-bit values (2 * kChunk per slot), the last uneven.
+  const int64_t n = 4 * static_cast<int64_t>(ShmAllreduce::kChunk) + 4097;
+  for (DType wire : {DType::BFloat16, DType::Float16}) {
+    for (ReduceOp op : {ReduceOp::Avg, ReduceOp::Sum}) {
+      Tensor t = empty({n}), u = empty({n});
+      for (int64_t i = 0; i < n; ++i) t.data_ptr<float>()[i] = u.data_ptr<float>()[i] = compressible(rank, i);
+      const auto before = shm_counters();
+      const auto traffic_before = dist::traffic();
+      pg->allreduce_compressed(t, wire, op)->wait();
+      EXPECT_EQ(shm_counters().calls - before.calls, 1);
+      EXPECT_EQ(shm_counters().chunks - before.chunks, 3) << "2 * kChunk 16-bit values per chunk";
+      EXPECT_EQ(dist::traffic().bytes - traffic_before.bytes, 2 * n) << "two bytes a value";
+      mpi->allreduce_compressed(u, wire, op)->wait();
+      for (int64_t i = 0; i < n; ++i) {
+        float sum = 0;
+        for (int r = 0; r < P; ++r) sum += round_to(wire, compressible(r, i));
+        const float want = round_to(wire, op == ReduceOp::Avg ? sum / static_cast<float>(P) : sum);
+        ASSERT_EQ(t.data_ptr<float>()[i], want) << dtype_name(wire) << " element " << i << " rank " << rank;
+        ASSERT_EQ(u.data_ptr<float>()[i], want) << dtype_name(wire) << " (MPI) element " << i << " rank " << rank;
+      }
+    }
+  }
+}
+
+// float16's range is float16's: a value above 65504 becomes inf on the way in,
+// as in torch's fp16_compress_hook, and a NaN stays a NaN; bfloat16 keeps
+// float32's range. Wrong arguments are refused before anything is sent.
+TEST_F(ShmAllreduceMpi, CompressedAllreduceKeepsTheWireTypesRange) {
+  const int rank = pg->rank();
+  Tensor t = full({4}, 1.0), b = full({4}, 1.0);
+  if (rank == 0) {
+    t.data_ptr<float>()[0] = b.data_ptr<float>()[0] = 70000.0f;
+    t.data_ptr<float>()[1] = b.data_ptr<float>()[1] = std::numeric_limits<float>::quiet_NaN();
+  }
+  pg->allreduce_compressed(t, DType::Float16, ReduceOp::Avg)->wait();
+  pg->allreduce_compressed(b, DType::BFloat16, ReduceOp::Avg)->wait();
+  EXPECT_TRUE(std::isinf(t.data_ptr<float>()[0]));
+  EXPECT_TRUE(std::isnan(t.data_ptr<float>()[1]));
+  EXPECT_EQ(t.data_ptr<float>()[2], 1.0f);
+  EXPECT_TRUE(std::isfinite(b.data_ptr<float>()[0]));
+  EXPECT_TRUE(std::isnan(b.data_ptr<float>()[1]));
+
+  Tensor half = full({4}, 1.0, TensorOptions().dtype(DType::BFloat16));
+  EXPECT_THROW(pg->allreduce_compressed(half, DType::BFloat16), DTypeError);
+  EXPECT_THROW(pg->allreduce_compressed(t, DType::Float32), DTypeError);
+  EXPECT_THROW(pg->allreduce_compressed(t, DType::BFloat16, ReduceOp::Max), ValueError);
 }
 
 TEST_F(ShmAllreduceMpi, EveryRankGetsTheSameBitsAsMpi) {

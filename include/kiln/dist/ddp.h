@@ -22,6 +22,22 @@
 
 namespace kiln::dist {
 
+/// What a bucket's communication is (torch's DDP communication hooks, the
+/// built-in ones). Allreduce: the float32 average. Bf16Compress and
+/// Fp16Compress (torch's bf16_compress_hook and fp16_compress_hook): each
+/// float32 bucket travels as bfloat16 or float16, half the bytes; every
+/// gradient is rounded to it once on the way in and the average once on the
+/// way out (summed in float32 in between), so .grad holds bfloat16- or
+/// float16-representable values. float16 keeps 3 more mantissa bits but
+/// overflows above 65504 (a gradient that large arrives as inf, which
+/// GradScaler or the anomaly checks then report); bfloat16 keeps float32's
+/// range. Buckets of bfloat16 parameters are already 16-bit and are averaged
+/// as they are. docs/ddp.md, "Compressed gradients".
+enum class CommHook { Allreduce, Bf16Compress, Fp16Compress };
+
+/// "allreduce", "bf16_compress", "fp16_compress" (the names torch's hooks go by).
+const char* comm_hook_name(CommHook hook);
+
 struct DDPOptions {
   /// A bucket holds parameters while their gradients fit in this many MiB; a
   /// single larger parameter gets a bucket of its own.
@@ -49,6 +65,8 @@ struct DDPOptions {
   bool gradient_as_bucket_view = true;
   /// Broadcast buffers (BatchNorm's running statistics) from rank 0 before each forward.
   bool broadcast_buffers = true;
+  /// How buckets are communicated; register_comm_hook() sets it after construction.
+  CommHook comm_hook = CommHook::Allreduce;
 };
 
 /// Parameters in one bucket: indices into parameters() order, in the order
@@ -67,6 +85,8 @@ struct DDPStats {
   double last_gradient_ready = -1;    // the last hook: backward's compute has ended
   double backward_end = -1;           // the end-of-backward callback began
   double exposed_comm_seconds = 0;    // time the callback spent waiting on allreduces
+  /// Bytes of gradients each rank handed to the allreduces (2 per value when compressed).
+  int64_t wire_bytes = 0;
   /// Parameters whose gradients were still pending when the first bucket
   /// launched: > 0 means that allreduce overlapped the rest of backward.
   int64_t pending_at_first_allreduce = 0;
@@ -92,6 +112,11 @@ class DistributedDataParallel : public nn::Module {
   /// The wrapped module's parameter names in parameters() order (BucketInfo indexes them).
   const std::vector<std::string>& parameter_names() const { return names_; }
   const DDPStats& stats() const { return stats_; }
+  /// torch's register_comm_hook with one of its built-in hooks: from the next
+  /// backward on, buckets are communicated as `hook` says. Every rank must
+  /// register the same hook (KILN_DIST_DEBUG=1 names a rank that did not);
+  /// not while a backward is running.
+  void register_comm_hook(CommHook hook);
   /// Whether the buckets were rebuilt in the order gradients became ready
   /// (rebuild_buckets; happens at the second synced forward).
   bool buckets_rebuilt() const { return rebuilt_; }

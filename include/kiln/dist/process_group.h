@@ -57,6 +57,13 @@ class ProcessGroup {
 
   /// In place: every rank ends with the reduction of all ranks' `t`.
   virtual WorkPtr allreduce(Tensor& t, ReduceOp op = ReduceOp::Sum, Loc loc = Loc::current()) = 0;
+  /// In place, float32 `t` sent as `wire` (bfloat16 or float16) to move half
+  /// the bytes: each rank's values are rounded to `wire`, summed in float32,
+  /// divided by size() for Avg, rounded to `wire` once and widened back into
+  /// `t`. DDP's compression hooks run on it (torch's bf16_compress_hook and
+  /// fp16_compress_hook; docs/ddp.md). The default runs a float32 allreduce
+  /// between the roundings, with the same result.
+  virtual WorkPtr allreduce_compressed(Tensor& t, DType wire, ReduceOp op = ReduceOp::Avg, Loc loc = Loc::current());
   /// In place: every rank ends with `root`'s `t`.
   virtual WorkPtr broadcast(Tensor& t, int root = 0, Loc loc = Loc::current()) = 0;
   /// out[r] receives rank r's `in`; out has size() tensors of in's dtype.
@@ -88,6 +95,10 @@ class ProcessGroup {
   /// so the debug cross-check leaves them out.
   virtual WorkPtr send(const Tensor& t, int dst, int tag = 0, Loc loc = Loc::current()) = 0;
   virtual WorkPtr recv(Tensor& t, int src, int tag = 0, Loc loc = Loc::current()) = 0;
+
+ protected:
+  /// allreduce_compressed's arguments: float32 `t`, a 16-bit float `wire`, Sum or Avg.
+  static void check_compressed(const Tensor& t, DType wire, ReduceOp op);
 };
 using ProcessGroupPtr = std::shared_ptr<ProcessGroup>;
 
