@@ -17,6 +17,8 @@
 //
 // Options: --steps N --warmup W --batch-per-rank B --bucket-mb M --first-bucket-mb M --last-bucket-mb M
 //          --no-rebuild (keep the registration-order buckets)
+//          --comm-hook allreduce|bf16_compress|fp16_compress (DDP's communication hook; the
+//          allreduces alone then run compressed as well)
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -73,10 +75,18 @@ Args parse(int argc, char** argv) {
       a.ddp.first_bucket_cap_mb = std::atof(v);
     } else if (k == "--last-bucket-mb") {
       a.ddp.last_bucket_cap_mb = std::atof(v);
+    } else if (k == "--comm-hook") {
+      const std::string h = v;
+      bool known = false;
+      for (auto hook : {dist::CommHook::Allreduce, dist::CommHook::Bf16Compress, dist::CommHook::Fp16Compress}) {
+        if (h == dist::comm_hook_name(hook)) a.ddp.comm_hook = hook, known = true;
+      }
+      KILN_CHECK(known, ValueError, "kiln_bench_ddp: --comm-hook ", h,
+                 ": expected allreduce, bf16_compress or fp16_compress");
     } else {
       throw ValueError("kiln_bench_ddp: unknown option " + k +
                        " (expected --steps, --warmup, --batch-per-rank, --bucket-mb, --first-bucket-mb, "
-                       "--last-bucket-mb, --no-rebuild)");
+                       "--last-bucket-mb, --comm-hook, --no-rebuild)");
     }
   }
   KILN_CHECK(a.steps > 0 && a.warmup >= 0 && a.batch > 0, ValueError,
@@ -135,7 +145,14 @@ int main(int argc, char** argv) {
         pg->barrier()->wait();
         const auto t0 = std::chrono::steady_clock::now();
         std::vector<dist::WorkPtr> works;
-        for (auto& f : flats) works.push_back(pg->allreduce(f, dist::ReduceOp::Avg));
+        for (auto& f : flats) {
+          if (a.ddp.comm_hook == dist::CommHook::Allreduce) {
+            works.push_back(pg->allreduce(f, dist::ReduceOp::Avg));
+          } else {
+            const DType wire = a.ddp.comm_hook == dist::CommHook::Bf16Compress ? kBFloat16 : kFloat16;
+            works.push_back(pg->allreduce_compressed(f, wire, dist::ReduceOp::Avg));
+          }
+        }
         for (auto& w : works) w->wait();
         if (s >= a.warmup) comm_s.push_back(seconds_since(t0));
       }
@@ -154,14 +171,14 @@ int main(int argc, char** argv) {
     std::printf(
         "{\"ranks\": %d, \"threads\": %d, \"batch_per_rank\": %lld, \"bucket_cap_mb\": %g, "
         "\"first_bucket_cap_mb\": %g, \"last_bucket_cap_mb\": %g, \"buckets\": %zu, \"rebuilt\": %s, \"progress\": "
-        "\"%s\", "
+        "\"%s\", \"comm_hook\": \"%s\", "
         "\"step_ms\": %.3f, \"step_max_rank_ms\": %.3f, \"backward_ms\": %.3f, \"first_allreduce_ms\": %.3f, "
         "\"exposed_ms\": %.3f, \"exposed_max_ms\": %.3f, \"allreduce_ms\": %.3f, \"replicas_identical\": %s}\n",
         n, get_num_threads(), static_cast<long long>(B), a.ddp.bucket_cap_mb, a.ddp.first_bucket_cap_mb,
         a.ddp.last_bucket_cap_mb, ddp.buckets().size(), ddp.buckets_rebuilt() ? "true" : "false",
-        progress && *progress ? progress : "backoff", 1e3 * median(step_s), 1e3 * step_hi.item<float>(),
-        1e3 * median(backward_s), 1e3 * median(first_start_s), 1e3 * lo.item<float>(), 1e3 * hi.item<float>(),
-        1e3 * median(comm_s), sum_lo.item<float>() == sum_hi.item<float>() ? "true" : "false");
+        progress && *progress ? progress : "backoff", dist::comm_hook_name(a.ddp.comm_hook), 1e3 * median(step_s),
+        1e3 * step_hi.item<float>(), 1e3 * median(backward_s), 1e3 * median(first_start_s), 1e3 * lo.item<float>(),
+        1e3 * hi.item<float>(), 1e3 * median(comm_s), sum_lo.item<float>() == sum_hi.item<float>() ? "true" : "false");
     std::fflush(stdout);
   });
 }

@@ -10,6 +10,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <mutex>
 #include <sstream>
 #include <vector>
 
@@ -464,6 +465,29 @@ WorkPtr MPIProcessGroup::allreduce(Tensor& t, ReduceOp op, Loc loc) {
   });
 }
 
+namespace {
+// MPI reduction ops over 16-bit floats moved as MPI_UINT16_T: each pair
+// widened, added in float32 and rounded back. Made once, on first use (after
+// MPI_Init), and kept for the process.
+template <typename W>
+void half_sum(void* in, void* inout, int* len, MPI_Datatype*) {
+  const auto* a = static_cast<const uint16_t*>(in);
+  auto* b = static_cast<uint16_t*>(inout);
+  for (int i = 0; i < *len; ++i)
+    b[i] = W(static_cast<float>(W::from_bits(a[i])) + static_cast<float>(W::from_bits(b[i]))).bits;
+}
+
+MPI_Op half_sum_op(DType wire) {
+  static MPI_Op ops[2] = {MPI_OP_NULL, MPI_OP_NULL};
+  static std::once_flag once;
+  std::call_once(once, [] {
+    check_mpi(MPI_Op_create(&half_sum<BFloat16>, 1, &ops[0]), "MPI_Op_create (bfloat16 sum)");
+    check_mpi(MPI_Op_create(&half_sum<Half>, 1, &ops[1]), "MPI_Op_create (float16 sum)");
+  });
+  return ops[wire == DType::BFloat16 ? 0 : 1];
+}
+}  // namespace
+
 WorkPtr MPIProcessGroup::allreduce_compressed(Tensor& t, DType wire, ReduceOp op, Loc loc) {
   capture::graph_break_if_recording("collective all_reduce (compressed)");
   check_compressed(t, wire, op);
@@ -480,23 +504,29 @@ WorkPtr MPIProcessGroup::allreduce_compressed(Tensor& t, DType wire, ReduceOp op
       shm->run_compressed(data, n, wire, op == ReduceOp::Avg, progress_mode_ == ProgressMode::Spin);
       return;
     }
-    // Across nodes: the same roundings (each input to the wire type, the
-    // float32 sum's result once), the sum through MPI in float32.
-    auto round_trip = [wire](float* p, size_t count) {
-      for (size_t i = 0; i < count; ++i)
-        p[i] = wire == DType::BFloat16 ? static_cast<float>(BFloat16(p[i])) : static_cast<float>(Half(p[i]));
-    };
-    round_trip(data, n);
+    // Across nodes, through MPI as 16 bits. MPI's reduction rounds each
+    // partial sum to the wire type (as NCCL's reduction of bf16 / fp16 does),
+    // so Avg divides first, as torch's hooks do, keeping a float16 sum of
+    // large gradients in range. On 2 ranks (any power of two, without
+    // underflow) the division is exact and the result has the bits of the
+    // shared-memory path.
+    const int P = size_;
+    std::vector<uint16_t> bits(n);
+    for (size_t i = 0; i < n; ++i) {
+      const float v = op == ReduceOp::Avg ? data[i] / static_cast<float>(P) : data[i];
+      bits[i] = wire == DType::BFloat16 ? BFloat16::from_float(v) : Half::from_float(v);
+    }
     const int count = static_cast<int>(n);
+    const MPI_Op sum = half_sum_op(wire);
     if (progress_mode_ == ProgressMode::Spin) {
-      check_mpi(MPI_Allreduce(MPI_IN_PLACE, data, count, MPI_FLOAT, MPI_SUM, comm_), "MPI_Allreduce");
+      check_mpi(MPI_Allreduce(MPI_IN_PLACE, bits.data(), count, MPI_UINT16_T, sum, comm_), "MPI_Allreduce");
     } else {
       MPI_Request req = MPI_REQUEST_NULL;
-      check_mpi(MPI_Iallreduce(MPI_IN_PLACE, data, count, MPI_FLOAT, MPI_SUM, comm_, &req), "MPI_Iallreduce");
+      check_mpi(MPI_Iallreduce(MPI_IN_PLACE, bits.data(), count, MPI_UINT16_T, sum, comm_, &req), "MPI_Iallreduce");
       wait_with_backoff(req, "MPI_Iallreduce");
     }
-    if (op == ReduceOp::Avg) divide(data, n, size_);
-    round_trip(data, n);
+    for (size_t i = 0; i < n; ++i)
+      data[i] = wire == DType::BFloat16 ? static_cast<float>(BFloat16::from_bits(bits[i])) : Half::to_float(bits[i]);
   });
 }
 
