@@ -3,6 +3,7 @@
 // The watchdog is in watchdog.cpp.
 #include "mpi_process_group.h"
 #include "rank_status.h"
+#include "wire16.h"
 
 #include <algorithm>
 #include <atomic>
@@ -473,8 +474,15 @@ template <typename W>
 void half_sum(void* in, void* inout, int* len, MPI_Datatype*) {
   const auto* a = static_cast<const uint16_t*>(in);
   auto* b = static_cast<uint16_t*>(inout);
-  for (int i = 0; i < *len; ++i)
-    b[i] = W(static_cast<float>(W::from_bits(a[i])) + static_cast<float>(W::from_bits(b[i]))).bits;
+  constexpr int kBlock = 1024;
+  float x[kBlock], y[kBlock];
+  for (int at = 0; at < *len; at += kBlock) {
+    const size_t k = static_cast<size_t>(std::min(kBlock, *len - at));
+    convert<W>(x, a + at, k);
+    convert<W>(y, b + at, k);
+    for (size_t i = 0; i < k; ++i) x[i] += y[i];
+    convert<W>(b + at, x, k);
+  }
 }
 
 MPI_Op half_sum_op(DType wire) {
@@ -512,10 +520,8 @@ WorkPtr MPIProcessGroup::allreduce_compressed(Tensor& t, DType wire, ReduceOp op
     // shared-memory path.
     const int P = size_;
     std::vector<uint16_t> bits(n);
-    for (size_t i = 0; i < n; ++i) {
-      const float v = op == ReduceOp::Avg ? data[i] / static_cast<float>(P) : data[i];
-      bits[i] = wire == DType::BFloat16 ? BFloat16::from_float(v) : Half::from_float(v);
-    }
+    if (op == ReduceOp::Avg) divide(data, n, P);
+    wire == DType::BFloat16 ? convert<BFloat16>(bits.data(), data, n) : convert<Half>(bits.data(), data, n);
     const int count = static_cast<int>(n);
     const MPI_Op sum = half_sum_op(wire);
     if (progress_mode_ == ProgressMode::Spin) {
@@ -525,8 +531,7 @@ WorkPtr MPIProcessGroup::allreduce_compressed(Tensor& t, DType wire, ReduceOp op
       check_mpi(MPI_Iallreduce(MPI_IN_PLACE, bits.data(), count, MPI_UINT16_T, sum, comm_, &req), "MPI_Iallreduce");
       wait_with_backoff(req, "MPI_Iallreduce");
     }
-    for (size_t i = 0; i < n; ++i)
-      data[i] = wire == DType::BFloat16 ? static_cast<float>(BFloat16::from_bits(bits[i])) : Half::to_float(bits[i]);
+    wire == DType::BFloat16 ? convert<BFloat16>(data, bits.data(), n) : convert<Half>(data, bits.data(), n);
   });
 }
 
