@@ -14,6 +14,8 @@ alike (a shared machine: the load average is recorded beside every run):
   2x1 cap2     2 ranks, a 2 MiB bucket cap
   2x1 mpi      2 ranks, the default buckets, all-reduced by Open MPI
                (KILN_DIST_SHM=0) instead of kiln's shared-memory all-reduce
+  2x1 bf16     2 ranks, the default buckets sent as bfloat16 (DDP's
+               bf16_compress hook, --comm-hook bf16_compress)
   1x1 twice    two independent 1-rank processes started together, no
                communication at all: the machine's own bound on weak scaling
                (two single-threaded trainings on its 2 cores share caches,
@@ -41,6 +43,7 @@ CONFIGS = [  # name, ranks, arguments, environment
     ("2x1 torch", 2, ["--last-bucket-mb", "0"], {}),
     ("2x1 cap2", 2, ["--bucket-mb", "2"], {}),
     ("2x1 mpi", 2, [], {"KILN_DIST_SHM": "0"}),
+    ("2x1 bf16", 2, ["--comm-hook", "bf16_compress"], {}),  # DDP's bf16 compression hook (docs/ddp.md)
     ("1x1 twice", 0, [], {}),  # ranks 0: two 1-rank processes side by side
 ]
 MPI_ENV = {

@@ -116,6 +116,7 @@ constexpr Key kSchema[] = {
     {"train.activation_checkpointing", Kind::IntOrChoice, "\"none\"", "model.type=gpt|vit|resnet", "none|blocks"},
 
     {"dist.strategy", Kind::String, "\"ddp\"", "", "ddp|zero1|zero2|zero3"},
+    {"dist.comm_hook", Kind::String, "\"allreduce\"", "", "allreduce|bf16_compress|fp16_compress"},
 
     // Model parallelism (docs/parallel.md): dp x tp x pp must be the process count.
     {"parallel.dp", Kind::Int, "0", "model.type=gpt", ""},  // 0: the processes left over by tp x pp
@@ -240,6 +241,7 @@ constexpr ResumeRule kResume[] = {
      "the schedule's horizon and the loader position were counted in steps of the old number of batches"},
     {"train.", OnResume::Applies, ""},
     {"dist.strategy", OnResume::Applies, ""},  // checkpoints hold the unsharded optimizer state whatever the strategy
+    {"dist.comm_hook", OnResume::Applies, ""},  // how gradients travel, from the resume step on
     {"parallel.", OnResume::Applies, ""},      // and the unsharded model whatever the layout
     {"profile.", OnResume::Applies, ""},       // what is recorded, not what is computed
     {"distill.", OnResume::Applies, ""},       // the loss from the resume step on; the teacher is loaded again

@@ -336,6 +336,9 @@ int64_t check_mesh_config(const Config& c, int world) {
   if (strategy == "zero2" || strategy == "zero3")
     bad.push_back("dist.strategy = \"" + strategy +
                   "\" is not supported with tp or pp (the dp dimension takes \"ddp\" or \"zero1\")");
+  if (c.string("dist.comm_hook") != "allreduce")
+    bad.push_back("dist.comm_hook = \"" + c.string("dist.comm_hook") +
+                  "\" is not supported with tp or pp yet (the mesh averages its dp gradients without DDP's buckets)");
   if (bad.empty()) return dp;
   std::string msg = c.source() + ": [parallel] tp = " + std::to_string(tp) + ", pp = " + std::to_string(pp) + ":";
   for (const auto& b : bad) msg += "\n  " + b;
@@ -466,7 +469,19 @@ Task build_task(const Config& c, Purpose purpose, dist::ProcessGroupPtr group) {
                       ": dist.strategy = \"zero3\" does not work with train.activation_checkpointing yet (a "
                       "checkpointed block runs its forward again in backward, and FSDP gathers a unit once per "
                       "iteration); use train.activation_checkpointing = \"none\" or dist.strategy = \"zero2\"");
-  if (distributed && stage < 2) t.ddp = std::make_shared<dist::DistributedDataParallel>(t.model, group);
+  const std::string hook = c.string("dist.comm_hook");
+  if (stage >= 2 && hook != "allreduce")
+    throw ConfigError(c.origin("dist.comm_hook") + ": dist.comm_hook = \"" + hook +
+                      "\" compresses DDP's gradient buckets, and dist.strategy = \"" + strategy +
+                      "\" runs without DDP (its gradients are reduce-scattered); use dist.strategy = \"ddp\" or "
+                      "\"zero1\", or dist.comm_hook = \"allreduce\"");
+  if (distributed && stage < 2) {
+    dist::DDPOptions o;
+    o.comm_hook = hook == "bf16_compress"   ? dist::CommHook::Bf16Compress
+                  : hook == "fp16_compress" ? dist::CommHook::Fp16Compress
+                                            : dist::CommHook::Allreduce;
+    t.ddp = std::make_shared<dist::DistributedDataParallel>(t.model, group, o);
+  }
   if (stage == 3) {
     // The param groups are read while the parameters have their full shapes
     // (AdamW's decay split looks at their dims); FSDP then turns each one, in

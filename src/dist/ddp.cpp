@@ -31,6 +31,18 @@ namespace {
 std::string bucket_label(size_t bucket) { return "DDP gradient bucket " + std::to_string(bucket); }
 }  // namespace
 
+// Note [Compressed gradients]
+// A compression hook (torch's bf16_compress_hook / fp16_compress_hook) halves
+// what a bucket's allreduce moves. torch casts the bucket on the caller's
+// stream and copies the result back in a future's callback; here both happen
+// inside the process group's allreduce_compressed, on its communication
+// thread: the shared-memory path rounds each value to 16 bits as it copies it
+// into the segment and widens it as it copies it out, so compressing adds no
+// pass over the bucket, and the backward thread, which launches the buckets,
+// does no more than for a float32 allreduce. The sum stays in float32 between
+// the two roundings (torch's sums in the wire type on NCCL's ring), so .grad
+// is a function of the ranks' rounded gradients alone: the same bits on every
+// rank, and on 2 ranks through MPI too (docs/ddp.md, "Compressed gradients").
 const char* comm_hook_name(CommHook hook) {
   switch (hook) {
     case CommHook::Allreduce: return "allreduce";

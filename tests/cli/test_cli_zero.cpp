@@ -7,6 +7,8 @@
 // ddp checkpoint does). Jobs are bounded by timeout(1) as in test_cli_dist.cpp.
 #include <gtest/gtest.h>
 
+#include <cmath>
+
 #include "cli/cli_util.h"
 
 namespace kiln::test {
@@ -63,6 +65,38 @@ TEST(CliZero, SgdWithMomentumShardedTrainsAsDdp) {
   const auto ddp = train_losses(train2(dir, "ddp", sgd));
   ASSERT_EQ(ddp.size(), 20u);
   EXPECT_EQ(train_losses(train2(dir, "zero2", sgd)), ddp);
+}
+
+// dist.comm_hook (torch's DDP compression hooks): the gradients travel as
+// bfloat16 or float16, so the losses leave ddp's bits but stay within the
+// rounding of 16-bit gradients over 20 steps; without DDP (zero2) the key is a
+// config error naming both keys.
+TEST(CliZero, CompressionHooksTrainCloseToDdp) {
+  TempDir dir;
+  write_text(dir.path() / "tiny.toml", tiny_mlp_config());
+  const auto ddp = train_losses(train2(dir, "ddp"));
+  ASSERT_EQ(ddp.size(), 20u);
+  for (const std::string hook : {"bf16_compress", "fp16_compress"}) {
+    SCOPED_TRACE(hook);
+    const fs::path run = dir.path() / ("run-" + hook);
+    auto r = launch2("train " + dir.file("tiny.toml") + " --out " + run.string() + kSets +
+                     " --set dist.comm_hook=" + hook);
+    ASSERT_EQ(r.rc, 0) << r.output;
+    const auto losses = train_losses(run);
+    ASSERT_EQ(losses.size(), ddp.size());
+    bool differs = false;
+    for (size_t i = 0; i < ddp.size(); ++i) {
+      differs = differs || losses[i] != ddp[i];
+      // bfloat16 keeps 8 significant bits: a step's update moves by at most 2^-8 of itself.
+      EXPECT_NEAR(losses[i], ddp[i], 0.02 * std::fabs(ddp[i])) << "step " << i + 1;
+    }
+    EXPECT_TRUE(differs) << "the hook changed nothing: were the gradients compressed?";
+  }
+  auto bad = launch2("train " + dir.file("tiny.toml") + " --out " + (dir.path() / "bad").string() + kSets +
+                     " --set dist.strategy=zero2 --set dist.comm_hook=bf16_compress");
+  EXPECT_NE(bad.rc, 0);
+  EXPECT_NE(bad.output.find("dist.comm_hook"), std::string::npos) << bad.output;
+  EXPECT_NE(bad.output.find("zero2"), std::string::npos) << bad.output;
 }
 
 TEST(CliZero, OneProcessTrainsAsToday) {
