@@ -116,7 +116,9 @@ constexpr Key kSchema[] = {
     {"train.activation_checkpointing", Kind::IntOrChoice, "\"none\"", "model.type=gpt|vit|resnet", "none|blocks"},
 
     {"dist.strategy", Kind::String, "\"ddp\"", "", "ddp|zero1|zero2|zero3"},
-    {"dist.comm_hook", Kind::String, "\"allreduce\"", "", "allreduce|bf16_compress|fp16_compress"},
+    {"dist.comm_hook", Kind::String, "\"allreduce\"", "", "allreduce|bf16_compress|fp16_compress|powersgd"},
+    {"dist.powersgd_rank", Kind::Int, "1", "", ""},
+    {"dist.powersgd_start_iter", Kind::Int, "1000", "", ""},
 
     // Model parallelism (docs/parallel.md): dp x tp x pp must be the process count.
     {"parallel.dp", Kind::Int, "0", "model.type=gpt", ""},  // 0: the processes left over by tp x pp
@@ -242,6 +244,8 @@ constexpr ResumeRule kResume[] = {
     {"train.", OnResume::Applies, ""},
     {"dist.strategy", OnResume::Applies, ""},  // checkpoints hold the unsharded optimizer state whatever the strategy
     {"dist.comm_hook", OnResume::Applies, ""},  // how gradients travel, from the resume step on
+    {"dist.powersgd_rank", OnResume::Applies, ""},  // PowerSGD starts afresh: its error and Qs are not checkpointed
+    {"dist.powersgd_start_iter", OnResume::Applies, ""},
     {"parallel.", OnResume::Applies, ""},      // and the unsharded model whatever the layout
     {"profile.", OnResume::Applies, ""},       // what is recorded, not what is computed
     {"distill.", OnResume::Applies, ""},       // the loss from the resume step on; the teacher is loaded again

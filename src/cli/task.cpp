@@ -481,6 +481,16 @@ Task build_task(const Config& c, Purpose purpose, dist::ProcessGroupPtr group) {
                   : hook == "fp16_compress" ? dist::CommHook::Fp16Compress
                                             : dist::CommHook::Allreduce;
     t.ddp = std::make_shared<dist::DistributedDataParallel>(t.model, group, o);
+    if (hook == "powersgd") {
+      const int64_t rank = c.integer("dist.powersgd_rank"), start = c.integer("dist.powersgd_start_iter");
+      if (rank < 1)
+        throw ConfigError(c.origin("dist.powersgd_rank") + ": dist.powersgd_rank must be >= 1, got " +
+                          std::to_string(rank));
+      if (start < 0)
+        throw ConfigError(c.origin("dist.powersgd_start_iter") + ": dist.powersgd_start_iter must be >= 0, got " +
+                          std::to_string(start));
+      t.ddp->register_comm_hook(dist::PowerSGDOptions{.matrix_approximation_rank = rank, .start_powerSGD_iter = start});
+    }
   }
   if (stage == 3) {
     // The param groups are read while the parameters have their full shapes

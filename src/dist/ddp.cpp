@@ -8,6 +8,7 @@
 #include <unordered_set>
 #include <utility>
 
+#include "ddp_powersgd.h"
 #include "ddp_verify.h"
 #include "kiln/autograd/engine.h"
 #include "kiln/autograd/functions.h"
@@ -25,6 +26,7 @@ struct DistributedDataParallel::Bucket {
   std::vector<Tensor> views;  // parameter-shaped, in BucketInfo::params order
   int64_t pending = 0;        // gradients not yet ready in this backward
   WorkPtr work;
+  std::unique_ptr<detail::PowerSgdBucket> powersgd;  // CommHook::PowerSGD's state, made at its first use
 };
 
 namespace {
@@ -48,6 +50,7 @@ const char* comm_hook_name(CommHook hook) {
     case CommHook::Allreduce: return "allreduce";
     case CommHook::Bf16Compress: return "bf16_compress";
     case CommHook::Fp16Compress: return "fp16_compress";
+    case CommHook::PowerSGD: return "powersgd";
   }
   return "?";
 }
@@ -56,6 +59,22 @@ void DistributedDataParallel::register_comm_hook(CommHook hook) {
   KILN_CHECK(!in_backward_, ValueError, "DistributedDataParallel::register_comm_hook(", comm_hook_name(hook),
              "): called during backward; register the hook between iterations");
   options_.comm_hook = hook;
+}
+
+void DistributedDataParallel::register_comm_hook(const PowerSGDOptions& powersgd) {
+  KILN_CHECK(powersgd.matrix_approximation_rank >= 1, ValueError,
+             "DistributedDataParallel::register_comm_hook(PowerSGD): matrix_approximation_rank must be >= 1, got ",
+             powersgd.matrix_approximation_rank);
+  KILN_CHECK(powersgd.start_powerSGD_iter >= 0 && powersgd.min_compression_rate >= 0 &&
+                 powersgd.orthogonalization_epsilon >= 0,
+             ValueError,
+             "DistributedDataParallel::register_comm_hook(PowerSGD): start_powerSGD_iter, min_compression_rate and "
+             "orthogonalization_epsilon must be >= 0, got ",
+             powersgd.start_powerSGD_iter, ", ", powersgd.min_compression_rate, " and ",
+             powersgd.orthogonalization_epsilon);
+  register_comm_hook(CommHook::PowerSGD);
+  options_.powersgd = powersgd;
+  powersgd_rng_.manual_seed(powersgd.random_seed);
 }
 
 DistributedDataParallel::DistributedDataParallel(std::shared_ptr<nn::Module> module, ProcessGroupPtr group,
@@ -71,6 +90,7 @@ DistributedDataParallel::DistributedDataParallel(std::shared_ptr<nn::Module> mod
              group_->describe(), "; wrap the model only on the group's ranks (test group->is_member())");
   KILN_CHECK(options_.bucket_cap_mb > 0, ValueError, "DistributedDataParallel: bucket_cap_mb must be > 0, got ",
              options_.bucket_cap_mb);
+  powersgd_rng_.manual_seed(options_.powersgd.random_seed);
   // As torch: state_dict() keys of the wrapper start with "module.".
   register_module("module", module_);
   for (auto& [name, p] : module_->named_parameters()) {
@@ -331,6 +351,9 @@ void DistributedDataParallel::on_gradient_ready(size_t index) {
     }
     stats_ = DDPStats{};
     stats_.ready_order.reserve(params_.size());
+    powersgd_now_ = options_.comm_hook == CommHook::PowerSGD && group_->size() > 1 &&
+                    powersgd_iter_ >= options_.powersgd.start_powerSGD_iter;
+    stats_.powersgd = powersgd_now_;
     std::fill(had_grad_.begin(), had_grad_.end(), 1);
     synced_backward_seen_ = true;
     autograd::queue_callback([this] { finalize_backward(); });
@@ -375,8 +398,15 @@ void DistributedDataParallel::launch_ready_buckets() {
       // hook is rounded to 16 bits as it enters the shared segment and widened
       // as it leaves, by the communication thread, so compressing costs this
       // thread nothing and the wire half the bytes.
-      const bool compress = options_.comm_hook != CommHook::Allreduce && b.flat.dtype() == kFloat32;
-      if (compress) {
+      const bool compress =
+          (options_.comm_hook == CommHook::Bf16Compress || options_.comm_hook == CommHook::Fp16Compress) &&
+          b.flat.dtype() == kFloat32;
+      if (powersgd_now_ && b.flat.dtype() == kFloat32) {
+        if (!b.powersgd)
+          b.powersgd = std::make_unique<detail::PowerSgdBucket>(detail::plan_powersgd(b.views, options_.powersgd));
+        detail::powersgd_launch(*b.powersgd, b.flat, b.views, *group_, options_.powersgd, powersgd_rng_,
+                                stats_.wire_bytes);
+      } else if (compress) {
         const DType wire = options_.comm_hook == CommHook::Bf16Compress ? kBFloat16 : kFloat16;
         b.work = group_->allreduce_compressed(b.flat, wire, ReduceOp::Avg);
         stats_.wire_bytes += b.flat.numel() * 2;
@@ -402,15 +432,28 @@ void DistributedDataParallel::finalize_backward() {
   for (size_t i = 0; i < params_.size(); ++i) {
     if (!ready_[i]) unused.push_back(i);
   }
-  auto wait_all = [&] {
+  // PowerSGD buckets exchange Q after backward (Note [PowerSGD in three
+  // exchanges]); on the error path below they are only drained.
+  auto wait_all = [&](bool complete = true) {
     const double t0 = now();
     for (auto& b : state_) {
+      if (b->powersgd && powersgd_now_ && complete)
+        detail::powersgd_exchange_q(*b->powersgd, b->views, *group_, options_.powersgd, stats_.wire_bytes);
+    }
+    for (auto& b : state_) {
       if (b->work) b->work->wait();
+      if (b->powersgd && powersgd_now_) {
+        if (complete) {
+          detail::powersgd_finish(*b->powersgd, b->flat, b->views, options_.powersgd);
+        } else {
+          detail::powersgd_drain(*b->powersgd);
+        }
+      }
     }
     stats_.exposed_comm_seconds = now() - t0;
   };
   if (!unused.empty() && !options_.find_unused_parameters) {
-    wait_all();  // leave no collective of ours in flight
+    wait_all(false);  // leave no collective of ours in flight
     std::ostringstream os;
     os << "DistributedDataParallel: " << unused.size() << " of " << params_.size()
        << " parameters got no gradient in this backward pass, so their gradients cannot be averaged across "
@@ -452,6 +495,7 @@ void DistributedDataParallel::finalize_backward() {
       grad = view.clone();
     }
   }
+  if (options_.comm_hook == CommHook::PowerSGD) ++powersgd_iter_;  // torch counts the plain steps too
   // rebuild_buckets: this backward's order, if it is the first one that completed.
   if (options_.rebuild_buckets && !options_.find_unused_parameters && !rebuild_decided_ && first_ready_order_.empty()) {
     first_ready_order_ = stats_.ready_order;

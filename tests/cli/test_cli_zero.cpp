@@ -99,6 +99,33 @@ TEST(CliZero, CompressionHooksTrainCloseToDdp) {
   EXPECT_NE(bad.output.find("zero2"), std::string::npos) << bad.output;
 }
 
+// dist.comm_hook = "powersgd": the first powersgd_start_iter steps average
+// plainly (ddp's losses, bitwise), then each weight's gradient arrives as a
+// rank-1 approximation with error feedback and the run keeps learning.
+TEST(CliZero, PowerSgdStartsAfterItsPlainSteps) {
+  TempDir dir;
+  write_text(dir.path() / "tiny.toml", tiny_mlp_config());
+  const auto ddp = train_losses(train2(dir, "ddp"));
+  ASSERT_EQ(ddp.size(), 20u);
+  const fs::path run = dir.path() / "run-powersgd";
+  auto r = launch2("train " + dir.file("tiny.toml") + " --out " + run.string() + kSets +
+                   " --set dist.comm_hook=powersgd --set dist.powersgd_start_iter=5");
+  ASSERT_EQ(r.rc, 0) << r.output;
+  const auto losses = train_losses(run);
+  ASSERT_EQ(losses.size(), ddp.size());
+  // Step k's loss comes before its update: the first compressed update shows from step 7.
+  for (size_t i = 0; i < 6; ++i) EXPECT_EQ(losses[i], ddp[i]) << "step " << i + 1;
+  bool differs = false;
+  for (size_t i = 6; i < ddp.size(); ++i) differs = differs || losses[i] != ddp[i];
+  EXPECT_TRUE(differs) << "PowerSGD changed nothing after its start";
+  EXPECT_LT(losses.back(), losses.front());
+
+  auto bad = launch2("train " + dir.file("tiny.toml") + " --out " + (dir.path() / "bad").string() + kSets +
+                     " --set dist.comm_hook=powersgd --set dist.powersgd_rank=0");
+  EXPECT_NE(bad.rc, 0);
+  EXPECT_NE(bad.output.find("dist.powersgd_rank must be >= 1, got 0"), std::string::npos) << bad.output;
+}
+
 TEST(CliZero, OneProcessTrainsAsToday) {
   TempDir dir;
   write_text(dir.path() / "tiny.toml", tiny_mlp_config());

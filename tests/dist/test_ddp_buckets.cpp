@@ -277,6 +277,89 @@ TEST(DDPBuckets, CompressionHooksOnTheFakeGroup) {
   }
 }
 
+// PowerSGD (torch's powerSGD_hook) against each rank's local gradients
+// gathered here:
+// - at full rank (r at least every dimension, min_compression_rate 0 so that
+//   every gradient, biases as [k, 1], is compressed) P Qᵀ spans the average
+//   exactly: equal to it within float32 rounding of the factors;
+// - at rank 1 the first backward (before start_powerSGD_iter) is the plain
+//   average, the next one gives every matrix rank 1 (all 2 x 2 minors vanish),
+//   the same bits on every rank, and fewer bytes than the plain allreduce.
+void check_powersgd(const dist::ProcessGroupPtr& pg) {
+  const int n = pg->size(), rank = pg->rank();
+  static std::mutex draw;
+  std::unique_lock lock(draw);
+  auto plain = test::make_net(5);
+  auto full = test::make_net(5);
+  auto low = test::make_net(5);
+  lock.unlock();
+  plain->use_never = full->use_never = low->use_never = true;
+  const DDPOptions o{.bucket_cap_mb = 1024 / kMiB, .first_bucket_cap_mb = 300 / kMiB};
+  DistributedDataParallel ddp_full(full, pg, o), ddp_low(low, pg, o);
+  ddp_full.register_comm_hook(dist::PowerSGDOptions{
+      .matrix_approximation_rank = 64, .start_powerSGD_iter = 0, .min_compression_rate = 0, .use_error_feedback = false});
+  ddp_low.register_comm_hook(
+      dist::PowerSGDOptions{.matrix_approximation_rank = 1, .start_powerSGD_iter = 1, .min_compression_rate = 0});
+  int64_t values = 0;
+  for (const auto& p : plain->parameters()) values += p.numel();
+  for (int it = 0; it < 2; ++it) {
+    lock.lock();
+    manual_seed(500 + static_cast<uint64_t>(10 * it + rank));
+    Tensor x = randn({4, 6}), y = randn({4, 3});
+    lock.unlock();
+    for (auto* m : {static_cast<nn::Module*>(plain.get()), static_cast<nn::Module*>(full.get()),
+                    static_cast<nn::Module*>(low.get())}) {
+      for (auto& p : m->parameters()) p.mutable_grad() = Tensor();
+    }
+    mse((*plain)(x), y).backward();
+    mse(ddp_full(x), y).backward();
+    EXPECT_TRUE(ddp_full.stats().powersgd);
+    mse(ddp_low(x), y).backward();
+    EXPECT_EQ(ddp_low.stats().powersgd, it == 1);
+    if (it == 1) EXPECT_LT(ddp_low.stats().wire_bytes, 4 * values) << "rank-1 factors are smaller than the gradients";
+    auto pp = plain->named_parameters();
+    auto fp = full->named_parameters();
+    auto lp = low->named_parameters();
+    for (size_t k = 0; k < pp.size(); ++k) {
+      const std::string what = pp[k].first + " iteration " + std::to_string(it);
+      const Tensor local = pp[k].second.grad().contiguous();
+      std::vector<Tensor> all(static_cast<size_t>(n));
+      for (auto& a : all) a = empty(local.sizes());
+      pg->allgather(all, local)->wait();
+      Tensor avg = zeros(local.sizes());
+      for (const auto& a : all) avg.add_(a);
+      avg.div_(static_cast<double>(n));
+      const float scale = avg.abs().max().item<float>();
+      const Tensor got_full = fp[k].second.grad().contiguous();
+      EXPECT_LE((got_full - avg).abs().max().item<float>(), 1e-4f * scale + 1e-12f) << "full rank, " << what;
+
+      const Tensor got = lp[k].second.grad().contiguous();
+      if (it == 0) {
+        EXPECT_LE((got - avg).abs().max().item<float>(), 4e-7f * scale + 1e-12f) << "plain step, " << what;
+        continue;
+      }
+      std::vector<Tensor> seen(static_cast<size_t>(n));
+      for (auto& a : seen) a = empty(got.sizes());
+      pg->allgather(seen, got)->wait();
+      for (const auto& a : seen) EXPECT_TRUE(a.equal(got)) << "every rank has the same approximation, " << what;
+      const int64_t rows = got.size(0), cols = got.numel() / rows;
+      const float* g = got.data_ptr<float>();
+      const float gmax = got.abs().max().item<float>();
+      for (int64_t i = 1; i < rows; ++i) {
+        for (int64_t j = 1; j < cols; ++j) {
+          const float minor = g[0] * g[i * cols + j] - g[j] * g[i * cols];
+          ASSERT_LE(std::fabs(minor), 1e-5f * gmax * gmax) << "rank 1: minor (" << i << ", " << j << "), " << what;
+        }
+      }
+    }
+  }
+}
+
+TEST(DDPBuckets, PowerSgdOnTheFakeGroup) {
+  auto world = std::make_shared<FakeWorld>(2);
+  world->run([&](int r) { check_powersgd(std::make_shared<FakeGroup>(world, r)); });
+}
+
 class DDPBucketsMpi : public ::testing::Test {
  protected:
   void SetUp() override {
@@ -352,6 +435,8 @@ TEST_F(DDPBucketsMpi, GradientsEqualThePlainAllreduceAverage) {
 TEST_F(DDPBucketsMpi, CompressionHooksAverageRoundedGradients) {
   for (auto hook : {dist::CommHook::Bf16Compress, dist::CommHook::Fp16Compress}) check_compressed_gradients(pg, hook);
 }
+
+TEST_F(DDPBucketsMpi, PowerSgdApproximatesTheAverage) { check_powersgd(pg); }
 
 // Groups made with KILN_DIST_PROGRESS=backoff complete their allreduces and
 // broadcasts through MPI_Iallreduce / MPI_Ibcast tested with back-off: a rank

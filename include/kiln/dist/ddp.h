@@ -17,6 +17,7 @@
 #include <string>
 #include <vector>
 
+#include "kiln/core/generator.h"
 #include "kiln/dist/process_group.h"
 #include "kiln/nn/module.h"
 
@@ -33,10 +34,33 @@ namespace kiln::dist {
 /// GradScaler or the anomaly checks then report); bfloat16 keeps float32's
 /// range. Buckets of bfloat16 parameters are already 16-bit and are averaged
 /// as they are. docs/ddp.md, "Compressed gradients".
-enum class CommHook { Allreduce, Bf16Compress, Fp16Compress };
+/// PowerSGD (torch's powerSGD_hook): each gradient matrix worth it travels
+/// as two rank-r factors and arrives as a rank-r approximation of the
+/// average, with error feedback; see PowerSGDOptions and docs/ddp.md.
+enum class CommHook { Allreduce, Bf16Compress, Fp16Compress, PowerSGD };
 
-/// "allreduce", "bf16_compress", "fp16_compress" (the names torch's hooks go by).
+/// "allreduce", "bf16_compress", "fp16_compress", "powersgd" (the names torch's hooks go by).
 const char* comm_hook_name(CommHook hook);
+
+/// torch's PowerSGDState hyperparameters, with its defaults, for CommHook::PowerSGD.
+struct PowerSGDOptions {
+  /// r: a compressed [n, m] gradient travels as P [n, r] and Q [m, r].
+  int64_t matrix_approximation_rank = 1;
+  /// Synced backwards that average plainly before compression starts: early
+  /// gradients change fast and an approximation slows training most there.
+  int64_t start_powerSGD_iter = 1000;
+  /// A gradient (viewed as [shape[0], rest]) is compressed when n·m exceeds
+  /// (n + m)·r times this; vectors and small or thin matrices are averaged as they are.
+  double min_compression_rate = 2;
+  /// Each step adds back what the last approximation left out of this rank's gradient.
+  bool use_error_feedback = true;
+  /// Each step's power iteration starts from the last step's Q.
+  bool warm_start = true;
+  /// Added to a column's norm in Gram-Schmidt (0, torch's default: exact normalisation).
+  double orthogonalization_epsilon = 0;
+  /// Seeds the first Qs, the same on every rank.
+  uint64_t random_seed = 0;
+};
 
 struct DDPOptions {
   /// A bucket holds parameters while their gradients fit in this many MiB; a
@@ -67,6 +91,8 @@ struct DDPOptions {
   bool broadcast_buffers = true;
   /// How buckets are communicated; register_comm_hook() sets it after construction.
   CommHook comm_hook = CommHook::Allreduce;
+  /// CommHook::PowerSGD's settings.
+  PowerSGDOptions powersgd;
 };
 
 /// Parameters in one bucket: indices into parameters() order, in the order
@@ -87,6 +113,8 @@ struct DDPStats {
   double exposed_comm_seconds = 0;    // time the callback spent waiting on allreduces
   /// Bytes of gradients each rank handed to the allreduces (2 per value when compressed).
   int64_t wire_bytes = 0;
+  /// The buckets of this backward went through PowerSGD (CommHook::PowerSGD past start_powerSGD_iter).
+  bool powersgd = false;
   /// Parameters whose gradients were still pending when the first bucket
   /// launched: > 0 means that allreduce overlapped the rest of backward.
   int64_t pending_at_first_allreduce = 0;
@@ -117,6 +145,9 @@ class DistributedDataParallel : public nn::Module {
   /// register the same hook (KILN_DIST_DEBUG=1 names a rank that did not);
   /// not while a backward is running.
   void register_comm_hook(CommHook hook);
+  /// register_comm_hook(CommHook::PowerSGD) with these settings (torch's
+  /// register_comm_hook(PowerSGDState(...), powerSGD_hook)).
+  void register_comm_hook(const PowerSGDOptions& powersgd);
   /// Whether the buckets were rebuilt in the order gradients became ready
   /// (rebuild_buckets; happens at the second synced forward).
   bool buckets_rebuilt() const { return rebuilt_; }
@@ -176,6 +207,11 @@ class DistributedDataParallel : public nn::Module {
   bool rebuilt_ = false;
   std::chrono::steady_clock::time_point epoch_;
   DDPStats stats_;
+  // CommHook::PowerSGD: synced backwards so far, whether this one compresses,
+  // and the generator of the first Qs (seeded alike on every rank).
+  int64_t powersgd_iter_ = 0;
+  bool powersgd_now_ = false;
+  Generator powersgd_rng_;
 };
 
 }  // namespace kiln::dist

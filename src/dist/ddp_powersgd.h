@@ -1,0 +1,62 @@
+#pragma once
+// PowerSGD for DDP's buckets (internal to src/dist; CommHook::PowerSGD in
+// kiln/dist/ddp.h, torch's powerSGD_hook). A bucket's matrices (each gradient
+// viewed as [shape[0], rest]) that compress well travel as two thin factors:
+// P = M Q is summed over ranks and orthonormalised, Q = Mᵀ P averaged, and
+// the gradient becomes P Qᵀ, a rank-r approximation of the average. With error
+// feedback each rank adds back what the last approximation left out of its own
+// gradient. Vectors and matrices that would not shrink by min_compression_rate
+// are averaged as they are. Note [PowerSGD in three exchanges] in ddp_powersgd.cpp.
+#include <cstdint>
+#include <vector>
+
+#include "kiln/core/generator.h"
+#include "kiln/core/tensor.h"
+#include "kiln/dist/ddp.h"
+#include "kiln/dist/process_group.h"
+
+namespace kiln::dist::detail {
+
+struct PowerSgdBucket {
+  /// A compressed gradient: the bucket view `slot` as an n x m matrix, its
+  /// factors P [n, r] and Q [m, r] at these offsets of p and q.
+  struct Matrix {
+    size_t slot;
+    int64_t n, m, r, p_off, q_off;
+  };
+  std::vector<Matrix> matrices;
+  std::vector<size_t> plain_slots;  // averaged as they are, packed into `plain`
+  Tensor p, q, plain;               // flat float32 buffers, exchanged whole
+  Tensor error;                     // error feedback: what the last step left out, per value of the bucket
+  Tensor input;                     // this step's gradient plus error, kept until decompressed
+  bool q_ready = false;             // warm start: Q holds the last step's
+  WorkPtr plain_work, p_work, q_work;
+};
+
+/// The layout of a bucket whose parameter-shaped views are `views`.
+PowerSgdBucket plan_powersgd(const std::vector<Tensor>& views, const PowerSGDOptions& o);
+
+/// When the bucket's gradients are ready: error feedback in, P = M Q, and the
+/// exchanges of P (sum) and of the plain gradients (average) launched.
+/// Adds the bytes handed to them to `wire_bytes`.
+void powersgd_launch(PowerSgdBucket& b, Tensor& flat, const std::vector<Tensor>& views, ProcessGroup& g,
+                     const PowerSGDOptions& o, Generator& rng, int64_t& wire_bytes);
+
+/// After backward: the plain gradients back in place, P orthonormalised,
+/// Q = Mᵀ P computed and its average launched.
+void powersgd_exchange_q(PowerSgdBucket& b, const std::vector<Tensor>& views, ProcessGroup& g, const PowerSGDOptions& o,
+                         int64_t& wire_bytes);
+
+/// The gradients as P Qᵀ, and the new error.
+void powersgd_finish(PowerSgdBucket& b, Tensor& flat, const std::vector<Tensor>& views, const PowerSGDOptions& o);
+
+/// Waits for whatever the bucket has in flight, without starting more (an error path).
+void powersgd_drain(PowerSgdBucket& b);
+
+/// Gram-Schmidt over the r columns of the row-major [n, r] matrix at `a`
+/// (each normalised by its norm + eps, then removed from the later ones), as
+/// torch's PowerSGD does for ranks up to 2; sums in double, two passes above
+/// rank 1, and a column of zeros left zero.
+void orthogonalize_columns(float* a, int64_t n, int64_t r, double eps);
+
+}  // namespace kiln::dist::detail
