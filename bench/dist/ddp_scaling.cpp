@@ -17,8 +17,11 @@
 //
 // Options: --steps N --warmup W --batch-per-rank B --bucket-mb M --first-bucket-mb M --last-bucket-mb M
 //          --no-rebuild (keep the registration-order buckets)
-//          --comm-hook allreduce|bf16_compress|fp16_compress (DDP's communication hook; the
-//          allreduces alone then run compressed as well)
+//          --comm-hook allreduce|bf16_compress|fp16_compress|powersgd (DDP's communication
+//          hook; the allreduces alone then run compressed as well, except under powersgd,
+//          whose exchanges are not one allreduce: there they are the float32 ones)
+//          --powersgd-rank R (powersgd's matrix_approximation_rank, 1 by default; it
+//          compresses from the first step here, start_powerSGD_iter 0)
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -78,15 +81,18 @@ Args parse(int argc, char** argv) {
     } else if (k == "--comm-hook") {
       const std::string h = v;
       bool known = false;
-      for (auto hook : {dist::CommHook::Allreduce, dist::CommHook::Bf16Compress, dist::CommHook::Fp16Compress}) {
+      for (auto hook : {dist::CommHook::Allreduce, dist::CommHook::Bf16Compress, dist::CommHook::Fp16Compress,
+                        dist::CommHook::PowerSGD}) {
         if (h == dist::comm_hook_name(hook)) a.ddp.comm_hook = hook, known = true;
       }
       KILN_CHECK(known, ValueError, "kiln_bench_ddp: --comm-hook ", h,
-                 ": expected allreduce, bf16_compress or fp16_compress");
+                 ": expected allreduce, bf16_compress, fp16_compress or powersgd");
+    } else if (k == "--powersgd-rank") {
+      a.ddp.powersgd.matrix_approximation_rank = std::atoll(v);
     } else {
       throw ValueError("kiln_bench_ddp: unknown option " + k +
                        " (expected --steps, --warmup, --batch-per-rank, --bucket-mb, --first-bucket-mb, "
-                       "--last-bucket-mb, --comm-hook, --no-rebuild)");
+                       "--last-bucket-mb, --comm-hook, --powersgd-rank, --no-rebuild)");
     }
   }
   KILN_CHECK(a.steps > 0 && a.warmup >= 0 && a.batch > 0, ValueError,
@@ -111,6 +117,7 @@ int main(int argc, char** argv) {
     const int64_t B = a.batch, T = 128;
     manual_seed(1234 + rank);  // ranks start apart: DDP's broadcast makes them equal
     auto model = std::make_shared<models::GPT>(models::GPTOptions{});
+    if (a.ddp.comm_hook == dist::CommHook::PowerSGD) a.ddp.powersgd.start_powerSGD_iter = 0;
     dist::DistributedDataParallel ddp(model, pg, a.ddp);
     optim::AdamW opt(model->named_parameters(), {.lr = 3e-4, .weight_decay = 0.1});
     manual_seed(7 + rank);
@@ -146,7 +153,7 @@ int main(int argc, char** argv) {
         const auto t0 = std::chrono::steady_clock::now();
         std::vector<dist::WorkPtr> works;
         for (auto& f : flats) {
-          if (a.ddp.comm_hook == dist::CommHook::Allreduce) {
+          if (a.ddp.comm_hook == dist::CommHook::Allreduce || a.ddp.comm_hook == dist::CommHook::PowerSGD) {
             works.push_back(pg->allreduce(f, dist::ReduceOp::Avg));
           } else {
             const DType wire = a.ddp.comm_hook == dist::CommHook::Bf16Compress ? kBFloat16 : kFloat16;
@@ -171,14 +178,15 @@ int main(int argc, char** argv) {
     std::printf(
         "{\"ranks\": %d, \"threads\": %d, \"batch_per_rank\": %lld, \"bucket_cap_mb\": %g, "
         "\"first_bucket_cap_mb\": %g, \"last_bucket_cap_mb\": %g, \"buckets\": %zu, \"rebuilt\": %s, \"progress\": "
-        "\"%s\", \"comm_hook\": \"%s\", "
+        "\"%s\", \"comm_hook\": \"%s\", \"wire_bytes\": %lld, "
         "\"step_ms\": %.3f, \"step_max_rank_ms\": %.3f, \"backward_ms\": %.3f, \"first_allreduce_ms\": %.3f, "
         "\"exposed_ms\": %.3f, \"exposed_max_ms\": %.3f, \"allreduce_ms\": %.3f, \"replicas_identical\": %s}\n",
         n, get_num_threads(), static_cast<long long>(B), a.ddp.bucket_cap_mb, a.ddp.first_bucket_cap_mb,
         a.ddp.last_bucket_cap_mb, ddp.buckets().size(), ddp.buckets_rebuilt() ? "true" : "false",
-        progress && *progress ? progress : "backoff", dist::comm_hook_name(a.ddp.comm_hook), 1e3 * median(step_s),
-        1e3 * step_hi.item<float>(), 1e3 * median(backward_s), 1e3 * median(first_start_s), 1e3 * lo.item<float>(),
-        1e3 * hi.item<float>(), 1e3 * median(comm_s), sum_lo.item<float>() == sum_hi.item<float>() ? "true" : "false");
+        progress && *progress ? progress : "backoff", dist::comm_hook_name(a.ddp.comm_hook),
+        static_cast<long long>(ddp.stats().wire_bytes), 1e3 * median(step_s), 1e3 * step_hi.item<float>(),
+        1e3 * median(backward_s), 1e3 * median(first_start_s), 1e3 * lo.item<float>(), 1e3 * hi.item<float>(),
+        1e3 * median(comm_s), sum_lo.item<float>() == sum_hi.item<float>() ? "true" : "false");
     std::fflush(stdout);
   });
 }

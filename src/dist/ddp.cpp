@@ -61,17 +61,23 @@ void DistributedDataParallel::register_comm_hook(CommHook hook) {
   options_.comm_hook = hook;
 }
 
-void DistributedDataParallel::register_comm_hook(const PowerSGDOptions& powersgd) {
+namespace {
+void check_powersgd(const PowerSGDOptions& powersgd) {
   KILN_CHECK(powersgd.matrix_approximation_rank >= 1, ValueError,
-             "DistributedDataParallel::register_comm_hook(PowerSGD): matrix_approximation_rank must be >= 1, got ",
+             "DistributedDataParallel (PowerSGD): matrix_approximation_rank must be >= 1, got ",
              powersgd.matrix_approximation_rank);
   KILN_CHECK(powersgd.start_powerSGD_iter >= 0 && powersgd.min_compression_rate >= 0 &&
                  powersgd.orthogonalization_epsilon >= 0,
              ValueError,
-             "DistributedDataParallel::register_comm_hook(PowerSGD): start_powerSGD_iter, min_compression_rate and "
+             "DistributedDataParallel (PowerSGD): start_powerSGD_iter, min_compression_rate and "
              "orthogonalization_epsilon must be >= 0, got ",
              powersgd.start_powerSGD_iter, ", ", powersgd.min_compression_rate, " and ",
              powersgd.orthogonalization_epsilon);
+}
+}  // namespace
+
+void DistributedDataParallel::register_comm_hook(const PowerSGDOptions& powersgd) {
+  check_powersgd(powersgd);
   register_comm_hook(CommHook::PowerSGD);
   options_.powersgd = powersgd;
   powersgd_rng_.manual_seed(powersgd.random_seed);
@@ -90,6 +96,7 @@ DistributedDataParallel::DistributedDataParallel(std::shared_ptr<nn::Module> mod
              group_->describe(), "; wrap the model only on the group's ranks (test group->is_member())");
   KILN_CHECK(options_.bucket_cap_mb > 0, ValueError, "DistributedDataParallel: bucket_cap_mb must be > 0, got ",
              options_.bucket_cap_mb);
+  if (options_.comm_hook == CommHook::PowerSGD) check_powersgd(options_.powersgd);
   powersgd_rng_.manual_seed(options_.powersgd.random_seed);
   // As torch: state_dict() keys of the wrapper start with "module.".
   register_module("module", module_);
