@@ -213,6 +213,24 @@ TEST(DDPBuckets, FindUnusedParametersAndRebuildOffKeepTheirBuckets) {
   }
 }
 
+// Every rank's `t`, in rank order.
+std::vector<Tensor> gathered(const dist::ProcessGroupPtr& pg, const Tensor& t) {
+  std::vector<Tensor> all(static_cast<size_t>(pg->size()));
+  for (auto& a : all) a = empty(t.sizes());
+  pg->allgather(all, t)->wait();
+  return all;
+}
+
+// A batch for `rank` at iteration `it`: the fake group's ranks are threads
+// sharing one generator, so they draw under `lock`.
+std::pair<Tensor, Tensor> batch(std::unique_lock<std::mutex>& lock, uint64_t seed) {
+  lock.lock();
+  manual_seed(seed);
+  Tensor x = randn({4, 6}), y = randn({4, 3});
+  lock.unlock();
+  return {x, y};
+}
+
 // DDP under a compression hook against each rank's local gradients gathered
 // here: every gradient rounded to the wire type, the rounded values averaged in
 // float32 and rounded once more (Note [Compressed gradients] in ddp.cpp). Bit
@@ -237,10 +255,7 @@ void check_compressed_gradients(const dist::ProcessGroupPtr& pg, dist::CommHook 
   int64_t values = 0;
   for (const auto& p : net->parameters()) values += p.numel();
   for (int it = 0; it < 2; ++it) {
-    lock.lock();
-    manual_seed(300 + static_cast<uint64_t>(10 * it + rank));
-    Tensor x = randn({4, 6}), y = randn({4, 3});
-    lock.unlock();
+    const auto [x, y] = batch(lock, 300 + static_cast<uint64_t>(10 * it + rank));
     for (auto& p : plain->parameters()) p.mutable_grad() = Tensor();
     for (auto& p : net->parameters()) p.mutable_grad() = Tensor();
     mse((*plain)(x), y).backward();
@@ -250,9 +265,7 @@ void check_compressed_gradients(const dist::ProcessGroupPtr& pg, dist::CommHook 
     auto dp = net->named_parameters();
     for (size_t k = 0; k < pp.size(); ++k) {
       const Tensor local = pp[k].second.grad().contiguous();
-      std::vector<Tensor> all(static_cast<size_t>(n));
-      for (auto& a : all) a = empty(local.sizes());
-      pg->allgather(all, local)->wait();
+      const std::vector<Tensor> all = gathered(pg, local);
       const float* g = dp[k].second.grad().contiguous().data_ptr<float>();
       for (int64_t i = 0; i < local.numel(); ++i) {
         float sum = 0;
@@ -303,10 +316,7 @@ void check_powersgd(const dist::ProcessGroupPtr& pg) {
   int64_t values = 0;
   for (const auto& p : plain->parameters()) values += p.numel();
   for (int it = 0; it < 2; ++it) {
-    lock.lock();
-    manual_seed(500 + static_cast<uint64_t>(10 * it + rank));
-    Tensor x = randn({4, 6}), y = randn({4, 3});
-    lock.unlock();
+    const auto [x, y] = batch(lock, 500 + static_cast<uint64_t>(10 * it + rank));
     for (auto* m : {static_cast<nn::Module*>(plain.get()), static_cast<nn::Module*>(full.get()),
                     static_cast<nn::Module*>(low.get())}) {
       for (auto& p : m->parameters()) p.mutable_grad() = Tensor();
@@ -323,9 +333,7 @@ void check_powersgd(const dist::ProcessGroupPtr& pg) {
     for (size_t k = 0; k < pp.size(); ++k) {
       const std::string what = pp[k].first + " iteration " + std::to_string(it);
       const Tensor local = pp[k].second.grad().contiguous();
-      std::vector<Tensor> all(static_cast<size_t>(n));
-      for (auto& a : all) a = empty(local.sizes());
-      pg->allgather(all, local)->wait();
+      const std::vector<Tensor> all = gathered(pg, local);
       Tensor avg = zeros(local.sizes());
       for (const auto& a : all) avg.add_(a);
       avg.div_(static_cast<double>(n));
@@ -338,9 +346,7 @@ void check_powersgd(const dist::ProcessGroupPtr& pg) {
         EXPECT_LE((got - avg).abs().max().item<float>(), 4e-7f * scale + 1e-12f) << "plain step, " << what;
         continue;
       }
-      std::vector<Tensor> seen(static_cast<size_t>(n));
-      for (auto& a : seen) a = empty(got.sizes());
-      pg->allgather(seen, got)->wait();
+      const std::vector<Tensor> seen = gathered(pg, got);
       for (const auto& a : seen) EXPECT_TRUE(a.equal(got)) << "every rank has the same approximation, " << what;
       const int64_t rows = got.size(0), cols = got.numel() / rows;
       const float* g = got.data_ptr<float>();
@@ -408,9 +414,7 @@ TEST_F(DDPBucketsMpi, GradientsEqualThePlainAllreduceAverage) {
     auto dp = net->named_parameters();
     for (size_t k = 0; k < pp.size(); ++k) {
       const Tensor local = pp[k].second.grad().contiguous();
-      std::vector<Tensor> all(static_cast<size_t>(n));
-      for (auto& a : all) a = empty(local.sizes());
-      pg->allgather(all, local)->wait();
+      const std::vector<Tensor> all = gathered(pg, local);
       const Tensor got = dp[k].second.grad().contiguous();
       const float* g = got.data_ptr<float>();
       for (int64_t i = 0; i < local.numel(); ++i) {
