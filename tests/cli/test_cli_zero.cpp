@@ -91,6 +91,13 @@ TEST(CliZero, CompressionHooksTrainCloseToDdp) {
       EXPECT_NEAR(losses[i], ddp[i], 0.02 * std::fabs(ddp[i])) << "step " << i + 1;
     }
     EXPECT_TRUE(differs) << "the hook changed nothing: were the gradients compressed?";
+    // The train lines' comm_bytes_per_step: two bytes a gradient value instead of four.
+    const auto lines = metrics_lines(run, "train");
+    const auto plain = metrics_lines(dir.path() / "run-ddp", "train");
+    const double ratio =
+        lines.back()["comm_bytes_per_step"].get<double>() / plain.back()["comm_bytes_per_step"].get<double>();
+    EXPECT_GT(ratio, 0.45) << ratio;
+    EXPECT_LT(ratio, 0.55) << ratio;
   }
   auto bad = launch2("train " + dir.file("tiny.toml") + " --out " + (dir.path() / "bad").string() + kSets +
                      " --set dist.strategy=zero2 --set dist.comm_hook=bf16_compress");
@@ -119,6 +126,11 @@ TEST(CliZero, PowerSgdStartsAfterItsPlainSteps) {
   for (size_t i = 6; i < ddp.size(); ++i) differs = differs || losses[i] != ddp[i];
   EXPECT_TRUE(differs) << "PowerSGD changed nothing after its start";
   EXPECT_LT(losses.back(), losses.front());
+  // Rank-1 factors instead of the weights' gradients: the train lines' bytes fall from the first compressed step.
+  const auto lines = metrics_lines(run, "train");
+  const double plain_bytes = lines[4]["comm_bytes_per_step"].get<double>();
+  const double compressed_bytes = lines.back()["comm_bytes_per_step"].get<double>();
+  EXPECT_LT(compressed_bytes, 0.2 * plain_bytes) << compressed_bytes << " against " << plain_bytes;
 
   auto bad = launch2("train " + dir.file("tiny.toml") + " --out " + (dir.path() / "bad").string() + kSets +
                      " --set dist.comm_hook=powersgd --set dist.powersgd_rank=0");
