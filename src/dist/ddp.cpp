@@ -445,7 +445,7 @@ void DistributedDataParallel::finalize_backward() {
     const double t0 = now();
     for (auto& b : state_) {
       if (b->powersgd && powersgd_now_ && complete)
-        detail::powersgd_exchange_q(*b->powersgd, b->views, *group_, options_.powersgd, stats_.wire_bytes);
+        detail::powersgd_exchange_q(*b->powersgd, b->flat, b->views, *group_, options_.powersgd, stats_.wire_bytes);
     }
     for (auto& b : state_) {
       if (b->work) b->work->wait();

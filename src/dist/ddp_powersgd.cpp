@@ -24,6 +24,7 @@
 #include <cmath>
 #include <cstring>
 #include <utility>
+#include <vector>
 
 #include "kiln/core/error.h"
 #include "kiln/core/guards.h"
@@ -39,7 +40,10 @@ Tensor matrix_at(const Tensor& flat, int64_t off, int64_t rows, int64_t cols) {
   return flat.narrow(0, off, rows * cols).view({rows, cols});
 }
 
-Tensor as_matrix(const Tensor& view, int64_t n, int64_t m) { return view.view({n, m}); }
+// Where a parameter's view starts in its bucket, in elements.
+int64_t offset_in(const Tensor& flat, const Tensor& view) {
+  return static_cast<const float*>(view.data_ptr()) - static_cast<const float*>(flat.data_ptr());
+}
 
 // One modified Gram-Schmidt pass over the columns of row-major [n, r] `a`.
 void gram_schmidt(float* a, int64_t n, int64_t r, double eps) {
@@ -54,6 +58,32 @@ void gram_schmidt(float* a, int64_t n, int64_t r, double eps) {
       double dot = 0;
       for (int64_t k = 0; k < n; ++k) dot += static_cast<double>(a[k * r + i]) * a[k * r + j];
       for (int64_t k = 0; k < n; ++k) a[k * r + j] = static_cast<float>(a[k * r + j] - dot * a[k * r + i]);
+    }
+  }
+}
+
+// The gradient as P Qᵀ ([n, r] by [m, r], row-major) into g [n, m], and, with
+// error feedback, e = in − g in the same pass: row by row, each row of g the
+// sum of Qᵀ's r rows scaled by P's, so the loop runs along contiguous memory.
+void decompress(float* g, float* e, const float* in, const float* p, const float* q, int64_t n, int64_t m, int64_t r) {
+  std::vector<float> qt(static_cast<size_t>(r * m));
+  for (int64_t j = 0; j < m; ++j) {
+    for (int64_t k = 0; k < r; ++k) qt[static_cast<size_t>(k * m + j)] = q[j * r + k];
+  }
+  for (int64_t i = 0; i < n; ++i) {
+    float* gi = g + i * m;
+    const float p0 = p[i * r];
+    const float* q0 = qt.data();
+    for (int64_t j = 0; j < m; ++j) gi[j] = p0 * q0[j];
+    for (int64_t k = 1; k < r; ++k) {
+      const float pk = p[i * r + k];
+      const float* qk = qt.data() + k * m;
+      for (int64_t j = 0; j < m; ++j) gi[j] += pk * qk[j];
+    }
+    if (e) {
+      float* ei = e + i * m;
+      const float* ii = in + i * m;
+      for (int64_t j = 0; j < m; ++j) ei[j] = ii[j] - gi[j];
     }
   }
 }
@@ -97,10 +127,10 @@ PowerSgdBucket plan_powersgd(const std::vector<Tensor>& views, const PowerSGDOpt
 void powersgd_launch(PowerSgdBucket& b, Tensor& flat, const std::vector<Tensor>& views, ProcessGroup& g,
                      const PowerSGDOptions& o, Generator& rng, int64_t& wire_bytes) {
   NoGradGuard no_grad;
-  if (o.use_error_feedback) {
-    if (b.error.defined()) flat.add_(b.error);
-    b.input = flat.clone();
-  }
+  // With error feedback the matrices compressed are this step's gradients
+  // plus the error, kept in `input` (one pass) until finish() takes the new error from it.
+  if (o.use_error_feedback) b.input = b.error.defined() ? flat + b.error : flat.clone();
+  const Tensor& m_of = o.use_error_feedback ? b.input : flat;
   // Q: fresh at the first step (or every step without warm start), then orthonormal columns.
   if (!b.q_ready || !o.warm_start) {
     for (const auto& mt : b.matrices) matrix_at(b.q, mt.q_off, mt.m, mt.r).copy_(randn({mt.m, mt.r}, {}, &rng));
@@ -110,11 +140,11 @@ void powersgd_launch(PowerSgdBucket& b, Tensor& flat, const std::vector<Tensor>&
     orthogonalize_columns(b.q.data_ptr<float>() + mt.q_off, mt.m, mt.r, o.orthogonalization_epsilon);
   for (const auto& mt : b.matrices) {
     Tensor p = matrix_at(b.p, mt.p_off, mt.n, mt.r);
-    p.copy_(mm(as_matrix(views[mt.slot], mt.n, mt.m), matrix_at(b.q, mt.q_off, mt.m, mt.r)));
+    p.copy_(mm(matrix_at(m_of, offset_in(flat, views[mt.slot]), mt.n, mt.m), matrix_at(b.q, mt.q_off, mt.m, mt.r)));
   }
   int64_t at = 0;
   for (size_t s : b.plain_slots) {
-    b.plain.narrow(0, at, views[s].numel()).copy_(views[s].reshape({-1}));
+    b.plain.narrow(0, at, views[s].numel()).copy_(m_of.narrow(0, offset_in(flat, views[s]), views[s].numel()));
     at += views[s].numel();
   }
   if (b.plain.numel() > 0) {
@@ -127,8 +157,8 @@ void powersgd_launch(PowerSgdBucket& b, Tensor& flat, const std::vector<Tensor>&
   }
 }
 
-void powersgd_exchange_q(PowerSgdBucket& b, const std::vector<Tensor>& views, ProcessGroup& g, const PowerSGDOptions& o,
-                         int64_t& wire_bytes) {
+void powersgd_exchange_q(PowerSgdBucket& b, const Tensor& flat, const std::vector<Tensor>& views, ProcessGroup& g,
+                         const PowerSGDOptions& o, int64_t& wire_bytes) {
   NoGradGuard no_grad;
   if (b.plain_work) {
     std::exchange(b.plain_work, nullptr)->wait();
@@ -145,7 +175,8 @@ void powersgd_exchange_q(PowerSgdBucket& b, const std::vector<Tensor>& views, Pr
     orthogonalize_columns(b.p.data_ptr<float>() + mt.p_off, mt.n, mt.r, o.orthogonalization_epsilon);
   for (const auto& mt : b.matrices) {
     Tensor q = matrix_at(b.q, mt.q_off, mt.m, mt.r);
-    q.copy_(mm(as_matrix(views[mt.slot], mt.n, mt.m).t(), matrix_at(b.p, mt.p_off, mt.n, mt.r)));
+    const Tensor& m_of = o.use_error_feedback ? b.input : flat;
+    q.copy_(mm(matrix_at(m_of, offset_in(flat, views[mt.slot]), mt.n, mt.m).t(), matrix_at(b.p, mt.p_off, mt.n, mt.r)));
   }
   b.q_work = g.allreduce(b.q, ReduceOp::Avg);
   wire_bytes += b.q.nbytes();
@@ -155,17 +186,14 @@ void powersgd_finish(PowerSgdBucket& b, Tensor& flat, const std::vector<Tensor>&
   NoGradGuard no_grad;
   if (!b.q_work) return;
   std::exchange(b.q_work, nullptr)->wait();
-  for (const auto& mt : b.matrices) {
-    Tensor v = views[mt.slot];
-    v.copy_(mm(matrix_at(b.p, mt.p_off, mt.n, mt.r), matrix_at(b.q, mt.q_off, mt.m, mt.r).t()).view(v.sizes()));
-  }
-  if (!o.use_error_feedback) return;
-  if (!b.error.defined()) b.error = zeros({flat.numel()});
+  const bool feedback = o.use_error_feedback;
+  if (feedback && !b.error.defined()) b.error = zeros({flat.numel()});
   // The compressed matrices' error; the averaged ones keep none (Note [PowerSGD in three exchanges]).
   for (const auto& mt : b.matrices) {
-    const int64_t off = (static_cast<const float*>(views[mt.slot].data_ptr()) - flat.data_ptr<float>());
-    const int64_t len = mt.n * mt.m;
-    b.error.narrow(0, off, len).copy_(b.input.narrow(0, off, len) - flat.narrow(0, off, len));
+    const int64_t off = offset_in(flat, views[mt.slot]);
+    decompress(flat.data_ptr<float>() + off, feedback ? b.error.data_ptr<float>() + off : nullptr,
+               feedback ? b.input.data_ptr<float>() + off : nullptr, b.p.data_ptr<float>() + mt.p_off,
+               b.q.data_ptr<float>() + mt.q_off, mt.n, mt.m, mt.r);
   }
   b.input = Tensor();
 }

@@ -44,8 +44,8 @@ void powersgd_launch(PowerSgdBucket& b, Tensor& flat, const std::vector<Tensor>&
 
 /// After backward: the plain gradients back in place, P orthonormalised,
 /// Q = Mᵀ P computed and its average launched.
-void powersgd_exchange_q(PowerSgdBucket& b, const std::vector<Tensor>& views, ProcessGroup& g, const PowerSGDOptions& o,
-                         int64_t& wire_bytes);
+void powersgd_exchange_q(PowerSgdBucket& b, const Tensor& flat, const std::vector<Tensor>& views, ProcessGroup& g,
+                         const PowerSGDOptions& o, int64_t& wire_bytes);
 
 /// The gradients as P Qᵀ, and the new error.
 void powersgd_finish(PowerSgdBucket& b, Tensor& flat, const std::vector<Tensor>& views, const PowerSGDOptions& o);

@@ -80,7 +80,7 @@ TEST(PowerSgd, TwoStepsMatchTorchsHook) {
         }
         int64_t bytes = 0;
         dist::detail::powersgd_launch(b, flat, views, *group, o, unused, bytes);
-        dist::detail::powersgd_exchange_q(b, views, *group, o, bytes);
+        dist::detail::powersgd_exchange_q(b, flat, views, *group, o, bytes);
         dist::detail::powersgd_finish(b, flat, views, o);
         const auto& want = torch_out.at(name + "_step" + std::to_string(step));
         ASSERT_EQ(static_cast<int64_t>(want.size()), flat.numel());
