@@ -358,6 +358,15 @@ void DistributedDataParallel::on_gradient_ready(size_t index) {
     }
     stats_ = DDPStats{};
     stats_.ready_order.reserve(params_.size());
+    if (!hook_verified_) {
+      // Once, at the first synced backward, which every rank runs: a rank
+      // whose hook differs would otherwise exchange its buckets in another form.
+      hook_verified_ = true;
+      detail::verify_same_hook(
+          *group_, static_cast<int>(options_.comm_hook), [](int h) { return comm_hook_name(static_cast<CommHook>(h)); },
+          options_.comm_hook == CommHook::PowerSGD ? options_.powersgd.matrix_approximation_rank : 0,
+          options_.comm_hook == CommHook::PowerSGD ? options_.powersgd.start_powerSGD_iter : 0);
+    }
     powersgd_now_ = options_.comm_hook == CommHook::PowerSGD && group_->size() > 1 &&
                     powersgd_iter_ >= options_.powersgd.start_powerSGD_iter;
     stats_.powersgd = powersgd_now_;

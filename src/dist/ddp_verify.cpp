@@ -101,4 +101,36 @@ void verify_same_model(ProcessGroup& group, const std::vector<std::pair<std::str
   }
 }
 
+void verify_same_hook(ProcessGroup& group, int hook, const char* (*hook_name)(int), int64_t powersgd_rank,
+                      int64_t powersgd_start) {
+  const int world = group.size();
+  if (world < 2) return;
+  Tensor mine = empty({3}, kInt64);
+  int64_t* m = mine.data_ptr<int64_t>();
+  m[0] = hook;
+  m[1] = powersgd_rank;
+  m[2] = powersgd_start;
+  std::vector<Tensor> all(static_cast<size_t>(world));
+  for (auto& a : all) a = empty({3}, kInt64);
+  {
+    CollectiveLabel label("DDP communication hook check");
+    group.allgather(all, mine)->wait();
+  }
+  auto same = [&](int r) { return all[static_cast<size_t>(r)].equal(all[0]); };
+  bool agree = true;
+  for (int r = 1; r < world; ++r) agree = agree && same(r);
+  if (agree) return;
+  std::ostringstream os;
+  os << "DistributedDataParallel: the ranks' communication hooks differ:";
+  for (int r = 0; r < world; ++r) {
+    const int64_t* a = all[static_cast<size_t>(r)].data_ptr<int64_t>();
+    os << (r ? "," : "") << " rank " << r << " " << hook_name(static_cast<int>(a[0]));
+    if (hook_name(static_cast<int>(a[0])) == std::string("powersgd"))
+      os << " (matrix_approximation_rank " << a[1] << ", start_powerSGD_iter " << a[2] << ")";
+  }
+  os << "; every rank must register the same hook (DDPOptions::comm_hook or register_comm_hook) before its first "
+        "backward, or the ranks exchange their buckets differently";
+  throw DistributedError(os.str());
+}
+
 }  // namespace kiln::dist::detail

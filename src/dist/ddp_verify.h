@@ -1,5 +1,6 @@
 #pragma once
-// Internal to src/dist: DDP's wrap-time comparison of the model across ranks.
+// Internal to src/dist: DDP's comparisons across ranks of the model (at wrap
+// time) and of the communication hook (at the first synced backward).
 #include <string>
 #include <utility>
 #include <vector>
@@ -13,5 +14,11 @@ namespace kiln::dist::detail {
 /// and the ranks that differ, when the ranks do not hold the same model.
 void verify_same_model(ProcessGroup& group, const std::vector<std::pair<std::string, Tensor>>& params,
                        const std::vector<std::pair<std::string, Tensor>>& buffers);
+
+/// Gathers every rank's communication hook (and PowerSGD's rank and start)
+/// and throws DistributedError on every rank, naming each rank's, when they
+/// differ: ranks that exchange buckets differently pair unrelated bytes.
+void verify_same_hook(ProcessGroup& group, int hook, const char* (*hook_name)(int), int64_t powersgd_rank,
+                      int64_t powersgd_start);
 
 }  // namespace kiln::dist::detail

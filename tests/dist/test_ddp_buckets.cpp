@@ -366,6 +366,32 @@ TEST(DDPBuckets, PowerSgdOnTheFakeGroup) {
   world->run([&](int r) { check_powersgd(std::make_shared<FakeGroup>(world, r)); });
 }
 
+// Ranks whose hooks differ would pair unrelated bytes; the first synced
+// backward compares them and every rank throws, naming each rank's hook.
+TEST(DDPBuckets, RanksWithDifferentHooksAreRefusedAtTheFirstBackward) {
+  auto world = std::make_shared<FakeWorld>(2);
+  std::vector<std::string> errors(2);
+  world->run([&](int r) {
+    auto g = std::make_shared<FakeGroup>(world, r);
+    static std::mutex draw;
+    std::unique_lock lock(draw);
+    auto net = test::make_net(5);
+    lock.unlock();
+    DistributedDataParallel ddp(net, g);
+    if (r == 0) ddp.register_comm_hook(dist::PowerSGDOptions{.matrix_approximation_rank = 2});
+    try {
+      mse(ddp(ones({2, 6})), zeros({2, 3})).backward();
+    } catch (const DistributedError& e) {
+      errors[static_cast<size_t>(r)] = e.what();
+    }
+  });
+  for (const auto& e : errors) {
+    EXPECT_NE(e.find("rank 0 powersgd (matrix_approximation_rank 2, start_powerSGD_iter 1000), rank 1 allreduce"),
+              std::string::npos)
+        << e;
+  }
+}
+
 class DDPBucketsMpi : public ::testing::Test {
  protected:
   void SetUp() override {

@@ -209,6 +209,7 @@ class DistributedDataParallel : public nn::Module {
   DDPStats stats_;
   // CommHook::PowerSGD: synced backwards so far, whether this one compresses,
   // and the generator of the first Qs (seeded alike on every rank).
+  bool hook_verified_ = false;  // the ranks' hooks were compared (at the first synced backward)
   int64_t powersgd_iter_ = 0;
   bool powersgd_now_ = false;
   Generator powersgd_rng_;
