@@ -204,6 +204,11 @@ int dispatch(int argc, char** argv) {
                    "op=name,op=name")
       ->capture_default_str();
   commbench->add_option("--json", cbo.json, "Also write the results to this file (rank 0)");
+  commbench
+      ->add_option("--wire", cbo.wire,
+                   "float32 | bf16 | fp16: allreduce's float32 buffers sent as 16 bits (DDP's compression hooks; "
+                   "with --ops allreduce)")
+      ->capture_default_str();
 
   bool doctor_json = false;
   auto* doctor = app.add_subcommand(

@@ -18,6 +18,7 @@
 
 #include "cli/config.h"
 #include "cli/plan_model.h"
+#include "kiln/core/half.h"
 #include "kiln/dist/dist.h"
 #include "kiln/dist/mpi_tuning.h"
 #include "kiln/ops/factory.h"
@@ -124,6 +125,27 @@ std::map<Collective, std::string> parse_algorithm(const std::string& text, const
   return out;
 }
 
+// --wire: float32, or allreduce's buffers sent as 16 bits (allreduce alone has it).
+DType parse_wire(const std::string& text, const std::vector<Collective>& ops) {
+  DType wire;
+  if (text == "float32") {
+    return DType::Float32;
+  } else if (text == "bf16" || text == "bfloat16") {
+    wire = DType::BFloat16;
+  } else if (text == "fp16" || text == "float16") {
+    wire = DType::Float16;
+  } else {
+    flag_error("--wire", text, "float32, bf16 or fp16");
+  }
+  for (Collective c : ops) {
+    if (c != Collective::AllReduce)
+      flag_error("--wire", text,
+                 std::string("float32 with ") + dist::collective_name(c) +
+                     " (16-bit sending is allreduce's, as DDP's compression hooks use it: --ops allreduce)");
+  }
+  return wire;
+}
+
 // nccl-tests' bus-bandwidth factors: the bytes each rank's busiest link
 // carries per byte of the message, for the optimal (ring) algorithm.
 double bus_factor(Collective c, int n) {
@@ -152,7 +174,8 @@ float value(int rank, int64_t i) { return static_cast<float>((rank + 1) * 64 + i
 // One collective at one size: its buffers, its call, and the check of its result.
 class Case {
  public:
-  Case(Collective c, int64_t count, const dist::ProcessGroupPtr& g) : c_(c), count_(count), g_(g) {
+  Case(Collective c, int64_t count, const dist::ProcessGroupPtr& g, DType wire = DType::Float32)
+      : c_(c), count_(count), g_(g), wire_(wire) {
     n_ = g->size();
     me_ = g->rank();
     const TensorOptions f32 = TensorOptions().dtype(DType::Float32);
@@ -177,7 +200,8 @@ class Case {
 
   dist::WorkPtr issue() {
     switch (c_) {
-      case Collective::AllReduce: return g_->allreduce(a_);
+      case Collective::AllReduce:
+        return wire_ == DType::Float32 ? g_->allreduce(a_) : g_->allreduce_compressed(a_, wire_, dist::ReduceOp::Sum);
       case Collective::ReduceScatter: return g_->reduce_scatter_tensor(b_, a_);
       case Collective::AllGather: return g_->allgather_into_tensor(b_, a_);
       case Collective::AllToAll: return g_->alltoall(b_, a_);
@@ -200,7 +224,8 @@ class Case {
       float want = 0;
       switch (c_) {
         case Collective::AllReduce:
-          for (int r = 0; r < n_; ++r) want += value(r, i);
+          for (int r = 0; r < n_; ++r) want += rounded(value(r, i));
+          want = rounded(want);
           break;
         case Collective::ReduceScatter:
           for (int r = 0; r < n_; ++r) want += value(r, me_ * shard + i);
@@ -209,7 +234,17 @@ class Case {
         case Collective::AllToAll: want = value(static_cast<int>(i / shard), me_ * shard + i % shard); break;
         case Collective::Broadcast: want = value(0, i); break;
       }
-      wrong += out[i] != want;
+      if (c_ == Collective::AllReduce && wire_ != DType::Float32) {
+        // Sent as 16 bits: each value rounded in and the sum once out, bitwise
+        // through shared memory; MPI's reduction also rounds each partial sum,
+        // so within one rounding per rank of the magnitudes summed.
+        float mag = 0;
+        for (int r = 0; r < n_; ++r) mag += std::fabs(rounded(value(r, i)));
+        const float unit = wire_ == DType::BFloat16 ? 0x1p-8f : 0x1p-11f;
+        wrong += !(std::fabs(out[i] - want) <= static_cast<float>(n_) * unit * mag);
+      } else {
+        wrong += out[i] != want;
+      }
     }
     return wrong;
   }
@@ -218,7 +253,15 @@ class Case {
   Collective c_;
   int64_t count_;
   dist::ProcessGroupPtr g_;
+  DType wire_;
   int n_ = 1, me_ = 0;
+
+  // A value as the wire carries it (itself in float32).
+  float rounded(float x) const {
+    if (wire_ == DType::BFloat16) return static_cast<float>(BFloat16(x));
+    if (wire_ == DType::Float16) return static_cast<float>(Half(x));
+    return x;
+  }
   Tensor a_, b_;  // a_: the input (in place: also the output); b_: the output
 };
 
@@ -239,8 +282,8 @@ int64_t count_for(Collective c, int64_t bytes, int n) {
   return count;
 }
 
-Row measure(Collective c, int64_t count, int iters, int warmup, const dist::ProcessGroupPtr& g) {
-  Case k(c, count, g);
+Row measure(Collective c, int64_t count, int iters, int warmup, const dist::ProcessGroupPtr& g, DType wire) {
+  Case k(c, count, g, wire);
   std::vector<dist::WorkPtr> works;
   for (int i = 0; i < warmup; ++i) works.push_back(k.issue());
   for (auto& w : works) w->wait();
@@ -308,6 +351,7 @@ int run_commbench(const CommbenchOptions& o) {
     const auto dir = std::filesystem::absolute(o.json).parent_path();
     if (!std::filesystem::is_directory(dir)) flag_error("--json", o.json, "a file in an existing directory");
   }
+  const DType wire = parse_wire(o.wire, ops);
   const std::map<Collective, std::string> forced = parse_algorithm(o.algorithm, ops);
   // Open MPI reads the choice in MPI_Init, so it goes into the environment first.
   for (const auto& [c, name] : forced) dist::force_tuned_algorithm(c, name);
@@ -322,9 +366,11 @@ int run_commbench(const CommbenchOptions& o) {
     json algorithms = json::object();
     if (lead) {
       std::printf(
-          "# kiln commbench: %d rank%s, float32, %d iteration%s after %d warm-up; time: the mean per call "
+          "# kiln commbench: %d rank%s, float32%s, %d iteration%s after %d warm-up; time: the mean per call "
           "on the slowest rank\n",
-          n, n == 1 ? "" : "s", o.iters, o.iters == 1 ? "" : "s", o.warmup);
+          n, n == 1 ? "" : "s",
+          wire == DType::Float32 ? "" : (wire == DType::BFloat16 ? " sent as bf16" : " sent as fp16"), o.iters,
+          o.iters == 1 ? "" : "s", o.warmup);
       if (n == 1)
         std::printf("# one rank moves nothing between processes: run under kiln launch -n N -- kiln commbench\n");
       std::printf("# algbw = size / time; busbw = algbw x factor (docs/distributed.md):");
@@ -354,14 +400,14 @@ int run_commbench(const CommbenchOptions& o) {
     // The first call between two processes sets up their connection (shared
     // memory segments, ~1 ms): one untimed call of each collective first, so
     // that it is not charged to the first size.
-    for (Collective c : ops) Case(c, count_for(c, min_bytes, n), world).issue()->wait();
+    for (Collective c : ops) Case(c, count_for(c, min_bytes, n), world, wire).issue()->wait();
     for (Collective c : ops) {
       int64_t last = -1;
       for (int64_t bytes = min_bytes; bytes <= max_bytes; bytes *= 2) {
         const int64_t count = count_for(c, bytes, n);
         if (count == last) continue;  // rounded to the same message as the size before
         last = count;
-        const Row r = measure(c, count, o.iters, o.warmup, world);
+        const Row r = measure(c, count, o.iters, o.warmup, world, wire);
         rows.push_back(r);
         if (lead) {
           std::printf("  %14s %12lld %12lld %12.2f %12.4f %12.4f %7lld\n", dist::collective_name(c),
@@ -390,6 +436,7 @@ int run_commbench(const CommbenchOptions& o) {
       json j;
       j["ranks"] = n;
       j["dtype"] = "float32";
+      j["wire"] = wire == DType::Float32 ? "float32" : (wire == DType::BFloat16 ? "bf16" : "fp16");
       j["iters"] = o.iters;
       j["warmup"] = o.warmup;
       j["algorithms"] = algorithms;

@@ -21,6 +21,9 @@ struct CommbenchOptions {
   /// recursive_doubling, ...) | op=name,op=name (Open MPI's coll/tuned names).
   std::string algorithm = "default";
   std::string json;  // write the results there too (rank 0)
+  /// float32 | bf16 | fp16: allreduce's float32 buffers sent as 16 bits
+  /// (ProcessGroup::allreduce_compressed, DDP's compression hooks); allreduce only.
+  std::string wire = "float32";
 };
 
 /// Initialises dist (after forcing the algorithm, which MPI_Init must see),

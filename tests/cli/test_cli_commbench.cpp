@@ -114,6 +114,28 @@ TEST(CliCommbench, AlgorithmChoiceReachesOpenMpi) {
   EXPECT_NE(r.output.find("allreduce recursive_doubling; broadcast binomial;"), std::string::npos) << r.output;
 }
 
+// --wire: allreduce's float32 buffers sent as bf16 or fp16 (DDP's
+// compression hooks); the sizes stay the float32 buffer's, and every result is
+// checked against the roundings (each value in, the sum out).
+TEST(CliCommbench, AllreduceSentAs16BitsIsCheckedAgainstItsRoundings) {
+  for (const std::string wire : {"bf16", "fp16"}) {
+    TempDir dir;
+    const std::string json_path = dir.file("wire.json");
+    auto r = launch2("commbench --ops allreduce --min-bytes 1K --max-bytes 1M --iters 2 --warmup 1 --wire " + wire +
+                     " --json " + json_path);
+    ASSERT_EQ(r.rc, 0) << r.output;
+    EXPECT_NE(r.output.find("# kiln commbench: 2 ranks, float32 sent as " + wire + ", 2 iterations"), std::string::npos)
+        << r.output;
+    const auto rows = table_rows(r.output);
+    ASSERT_EQ(rows.size(), 11u) << "1 KiB .. 1 MiB\n" << r.output;
+    for (const auto& row : rows) {
+      EXPECT_EQ(row.count * 4, row.bytes) << "the float32 buffer's size";
+      EXPECT_EQ(row.wrong, 0) << wire << " " << row.bytes;
+    }
+    EXPECT_EQ(read_json(json_path)["wire"].get<std::string>(), wire);
+  }
+}
+
 TEST(CliCommbench, OneProcessRunsWithoutMpirun) {
   auto r = kiln_cli("commbench --ops allreduce,broadcast --max-bytes 32 --iters 2 --warmup 1");
   ASSERT_EQ(r.rc, 0) << r.output;
@@ -145,7 +167,10 @@ TEST(CliCommbench, BadFlagsAreRefusedOnce) {
                         Case{"--ops allreduce,scan", "--ops allreduce,scan: expected a comma-separated list of"},
                         Case{"--min-bytes 1K --max-bytes 512", "--max-bytes 512: expected at least --min-bytes (1K)"},
                         Case{"--max-bytes 3.5", "--max-bytes 3.5: expected a whole number of bytes"},
-                        Case{"--iters 0", "--iters 0: expected an integer >= 1"}}) {
+                        Case{"--iters 0", "--iters 0: expected an integer >= 1"},
+                        Case{"--wire int8", "--wire int8: expected float32, bf16 or fp16"},
+                        Case{"--wire bf16", "--wire bf16: expected float32 with reduce_scatter (16-bit sending is "
+                                            "allreduce's"}}) {
     auto one = kiln_cli("commbench " + c.args);
     EXPECT_EQ(one.rc, 2) << c.args << "\n" << one.output;
     EXPECT_NE(one.output.find(c.want), std::string::npos) << c.args << "\n" << one.output;
