@@ -15,6 +15,7 @@
 #include "kiln/autograd/node.h"
 #include "kiln/core/error.h"
 #include "kiln/core/guards.h"
+#include "kiln/dist/traffic.h"
 #include "kiln/ops/factory.h"
 
 namespace kiln::dist {
@@ -51,11 +52,26 @@ const char* comm_hook_name(CommHook hook) {
     case CommHook::Bf16Compress: return "bf16_compress";
     case CommHook::Fp16Compress: return "fp16_compress";
     case CommHook::PowerSGD: return "powersgd";
+    case CommHook::Custom: return "custom";
   }
   return "?";
 }
 
+void DistributedDataParallel::register_comm_hook(CommHookFn hook) {
+  KILN_CHECK(hook != nullptr, ValueError,
+             "DistributedDataParallel::register_comm_hook: expected a hook, got an empty "
+             "function");
+  KILN_CHECK(!in_backward_, ValueError,
+             "DistributedDataParallel::register_comm_hook(custom): called during backward; register the hook between "
+             "iterations");
+  options_.comm_hook = CommHook::Custom;
+  custom_hook_ = std::move(hook);
+}
+
 void DistributedDataParallel::register_comm_hook(CommHook hook) {
+  KILN_CHECK(hook != CommHook::Custom, ValueError,
+             "DistributedDataParallel::register_comm_hook(CommHook::Custom): a custom hook is its function; pass it "
+             "(register_comm_hook(CommHookFn))");
   KILN_CHECK(!in_backward_, ValueError, "DistributedDataParallel::register_comm_hook(", comm_hook_name(hook),
              "): called during backward; register the hook between iterations");
   options_.comm_hook = hook;
@@ -97,6 +113,9 @@ DistributedDataParallel::DistributedDataParallel(std::shared_ptr<nn::Module> mod
   KILN_CHECK(options_.bucket_cap_mb > 0, ValueError, "DistributedDataParallel: bucket_cap_mb must be > 0, got ",
              options_.bucket_cap_mb);
   if (options_.comm_hook == CommHook::PowerSGD) check_powersgd(options_.powersgd);
+  KILN_CHECK(options_.comm_hook != CommHook::Custom, ValueError,
+             "DistributedDataParallel: DDPOptions::comm_hook = CommHook::Custom needs its function; construct with "
+             "another hook and call register_comm_hook(CommHookFn)");
   powersgd_rng_.manual_seed(options_.powersgd.random_seed);
   // As torch: state_dict() keys of the wrapper start with "module.".
   register_module("module", module_);
@@ -417,7 +436,17 @@ void DistributedDataParallel::launch_ready_buckets() {
       const bool compress =
           (options_.comm_hook == CommHook::Bf16Compress || options_.comm_hook == CommHook::Fp16Compress) &&
           b.flat.dtype() == kFloat32;
-      if (powersgd_now_ && b.flat.dtype() == kFloat32) {
+      if (options_.comm_hook == CommHook::Custom) {
+        GradBucket gb;
+        gb.index = next_launch_;
+        gb.is_last = next_launch_ + 1 == state_.size();
+        gb.buffer = b.flat;
+        gb.gradients = b.views;
+        gb.parameters = buckets_[next_launch_].params;
+        const int64_t before = traffic().bytes;
+        b.work = custom_hook_(*group_, gb);
+        stats_.wire_bytes += traffic().bytes - before;  // what the hook handed to collectives as it ran
+      } else if (powersgd_now_ && b.flat.dtype() == kFloat32) {
         if (!b.powersgd)
           b.powersgd = std::make_unique<detail::PowerSgdBucket>(detail::plan_powersgd(b.views, options_.powersgd));
         detail::powersgd_launch(*b.powersgd, b.flat, b.views, *group_, options_.powersgd, powersgd_rng_,

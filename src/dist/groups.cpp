@@ -53,17 +53,21 @@ class ThenWork final : public Work {
  public:
   ThenWork(WorkPtr inner, std::function<void()> then) : inner_(std::move(inner)), then_(std::move(then)) {}
   void wait() override {
-    inner_->wait();
+    if (inner_) inner_->wait();
     if (then_) std::exchange(then_, nullptr)();
   }
-  bool is_completed() override { return !then_ && inner_->is_completed(); }
-  uint64_t sequence() const override { return inner_->sequence(); }
+  bool is_completed() override { return !then_ && (!inner_ || inner_->is_completed()); }
+  uint64_t sequence() const override { return inner_ ? inner_->sequence() : 0; }
 
  private:
   WorkPtr inner_;
   std::function<void()> then_;
 };
 }  // namespace
+
+WorkPtr then(WorkPtr inner, std::function<void()> step) {
+  return std::make_shared<ThenWork>(std::move(inner), std::move(step));
+}
 
 WorkPtr ProcessGroup::allreduce_compressed(Tensor& t, DType wire, ReduceOp op, Loc loc) {
   check_compressed(t, wire, op);
@@ -72,7 +76,7 @@ WorkPtr ProcessGroup::allreduce_compressed(Tensor& t, DType wire, ReduceOp op, L
   round_through(t, wire);
   Tensor keep = t;
   const int by = size();
-  return std::make_shared<ThenWork>(allreduce(t, ReduceOp::Sum, loc), [keep, wire, op, by]() mutable {
+  return then(allreduce(t, ReduceOp::Sum, loc), [keep, wire, op, by]() mutable {
     if (op == ReduceOp::Avg) {
       auto* p = static_cast<float*>(keep.data_ptr());
       for (int64_t i = 0; i < keep.numel(); ++i) p[i] /= static_cast<float>(by);

@@ -6,6 +6,7 @@
 // in-process fake group; DDPBucketsMpi.* under mpirun (ctest dist_2, dist_4).
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstdlib>
@@ -366,6 +367,78 @@ TEST(DDPBuckets, PowerSgdOnTheFakeGroup) {
   world->run([&](int r) { check_powersgd(std::make_shared<FakeGroup>(world, r)); });
 }
 
+// A hook of one's own (CommHookFn, torch's register_comm_hook with a user
+// hook): a sum, then the division chained with dist::then, trains as DDP's
+// own average (bitwise on 2 ranks: halving is exact); every bucket is handed
+// over once per backward, in order, with its parameters, the last one marked;
+// a hook that finishes its work before returning may return null.
+void check_custom_hook(const dist::ProcessGroupPtr& pg, bool synchronous) {
+  const int n = pg->size(), rank = pg->rank();
+  static std::mutex draw;
+  std::unique_lock lock(draw);
+  auto plain = test::make_net(5);
+  auto net = test::make_net(5);
+  lock.unlock();
+  plain->use_never = net->use_never = true;
+  DistributedDataParallel ddp(net, pg, {.bucket_cap_mb = 1024 / kMiB, .first_bucket_cap_mb = 300 / kMiB});
+  std::vector<size_t> seen, params;
+  std::vector<bool> last;
+  ddp.register_comm_hook([&](dist::ProcessGroup& g, dist::GradBucket& b) -> dist::WorkPtr {
+    seen.push_back(b.index);
+    last.push_back(b.is_last);
+    params.insert(params.end(), b.parameters.begin(), b.parameters.end());
+    EXPECT_EQ(b.gradients.size(), b.parameters.size());
+    Tensor buf = b.buffer;
+    const double by = g.size();
+    if (synchronous) {
+      g.allreduce(buf, dist::ReduceOp::Sum)->wait();
+      buf.div_(by);
+      return nullptr;
+    }
+    return dist::then(g.allreduce(buf, dist::ReduceOp::Sum), [buf, by]() mutable { buf.div_(by); });
+  });
+  EXPECT_EQ(ddp.options().comm_hook, dist::CommHook::Custom);
+  for (int it = 0; it < 2; ++it) {
+    const auto [x, y] = batch(lock, 700 + static_cast<uint64_t>(10 * it + rank));
+    for (auto& p : plain->parameters()) p.mutable_grad() = Tensor();
+    for (auto& p : net->parameters()) p.mutable_grad() = Tensor();
+    seen.clear(), last.clear(), params.clear();
+    mse((*plain)(x), y).backward();
+    mse(ddp(x), y).backward();
+    ASSERT_EQ(seen.size(), ddp.buckets().size());
+    for (size_t b = 0; b < seen.size(); ++b) {
+      EXPECT_EQ(seen[b], b);
+      EXPECT_EQ(last[b], b + 1 == seen.size());
+    }
+    std::sort(params.begin(), params.end());
+    for (size_t i = 0; i < params.size(); ++i) EXPECT_EQ(params[i], i) << "every parameter once";
+    // The bytes the hook handed to collectives, as dist::traffic() counts them (the fake group counts none).
+    if (!dynamic_cast<FakeGroup*>(pg.get())) EXPECT_GT(ddp.stats().wire_bytes, 0);
+    auto pp = plain->named_parameters();
+    auto dp = net->named_parameters();
+    for (size_t k = 0; k < pp.size(); ++k) {
+      const std::vector<Tensor> all = gathered(pg, pp[k].second.grad().contiguous());
+      Tensor avg = zeros(all[0].sizes());
+      for (const auto& a : all) avg.add_(a);
+      avg.div_(static_cast<double>(n));
+      const Tensor got = dp[k].second.grad().contiguous();
+      if (n == 2) {
+        EXPECT_TRUE(got.equal(avg)) << pp[k].first;
+      } else {
+        EXPECT_LE((got - avg).abs().max().item<float>(), 1e-6f * (avg.abs().max().item<float>() + 1e-30f))
+            << pp[k].first;
+      }
+    }
+  }
+}
+
+TEST(DDPBuckets, CustomHooksOnTheFakeGroup) {
+  for (bool synchronous : {false, true}) {
+    auto world = std::make_shared<FakeWorld>(2);
+    world->run([&](int r) { check_custom_hook(std::make_shared<FakeGroup>(world, r), synchronous); });
+  }
+}
+
 // Ranks whose hooks differ would pair unrelated bytes; the first synced
 // backward compares them and every rank throws, naming each rank's hook.
 TEST(DDPBuckets, RanksWithDifferentHooksAreRefusedAtTheFirstBackward) {
@@ -467,6 +540,10 @@ TEST_F(DDPBucketsMpi, CompressionHooksAverageRoundedGradients) {
 }
 
 TEST_F(DDPBucketsMpi, PowerSgdApproximatesTheAverage) { check_powersgd(pg); }
+
+TEST_F(DDPBucketsMpi, CustomHooksAverageAsDdp) {
+  for (bool synchronous : {false, true}) check_custom_hook(pg, synchronous);
+}
 
 // Groups made with KILN_DIST_PROGRESS=backoff complete their allreduces and
 // broadcasts through MPI_Iallreduce / MPI_Ibcast tested with back-off: a rank

@@ -13,6 +13,7 @@
 // on every rank alike.
 #include <chrono>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -37,10 +38,29 @@ namespace kiln::dist {
 /// PowerSGD (torch's powerSGD_hook): each gradient matrix worth it travels
 /// as two rank-r factors and arrives as a rank-r approximation of the
 /// average, with error feedback; see PowerSGDOptions and docs/ddp.md.
-enum class CommHook { Allreduce, Bf16Compress, Fp16Compress, PowerSGD };
+/// Custom: a function of the user's (CommHookFn), registered with register_comm_hook.
+enum class CommHook { Allreduce, Bf16Compress, Fp16Compress, PowerSGD, Custom };
 
-/// "allreduce", "bf16_compress", "fp16_compress", "powersgd" (the names torch's hooks go by).
+/// "allreduce", "bf16_compress", "fp16_compress", "powersgd" (the names torch's hooks go by), "custom".
 const char* comm_hook_name(CommHook hook);
+
+/// What a custom communication hook sees of a bucket (torch's dist.GradBucket).
+struct GradBucket {
+  size_t index = 0;                // in launch order: 0 is the bucket whose gradients backward makes first
+  bool is_last = false;            // the last bucket of this backward
+  Tensor buffer;                   // the bucket's gradients, flat (float32, or bfloat16 for bf16 parameters)
+  std::vector<Tensor> gradients;   // parameter-shaped views into buffer
+  std::vector<size_t> parameters;  // their indices into parameter_names()
+};
+
+/// A custom communication hook (torch's register_comm_hook(state, hook) with
+/// a hook of one's own): called on the backward thread when a bucket's
+/// gradients are ready, in bucket order and on every rank alike; it starts the
+/// bucket's communication over `group` and returns its Work (null when it is
+/// already done). When that Work's wait() returns, `bucket.buffer` must hold
+/// what .grad should be: for training as DDP does, the average over ranks.
+/// dist::then(work, fn) chains a last step, as torch's fut.then.
+using CommHookFn = std::function<WorkPtr(ProcessGroup& group, GradBucket& bucket)>;
 
 /// torch's PowerSGDState hyperparameters, with its defaults, for CommHook::PowerSGD.
 struct PowerSGDOptions {
@@ -148,6 +168,8 @@ class DistributedDataParallel : public nn::Module {
   /// register_comm_hook(CommHook::PowerSGD) with these settings (torch's
   /// register_comm_hook(PowerSGDState(...), powerSGD_hook)).
   void register_comm_hook(const PowerSGDOptions& powersgd);
+  /// A hook of one's own (CommHook::Custom); every rank must register one.
+  void register_comm_hook(CommHookFn hook);
   /// Whether the buckets were rebuilt in the order gradients became ready
   /// (rebuild_buckets; happens at the second synced forward).
   bool buckets_rebuilt() const { return rebuilt_; }
@@ -209,6 +231,7 @@ class DistributedDataParallel : public nn::Module {
   DDPStats stats_;
   // CommHook::PowerSGD: synced backwards so far, whether this one compresses,
   // and the generator of the first Qs (seeded alike on every rank).
+  CommHookFn custom_hook_;      // CommHook::Custom's function
   bool hook_verified_ = false;  // the ranks' hooks were compared (at the first synced backward)
   int64_t powersgd_iter_ = 0;
   bool powersgd_now_ = false;

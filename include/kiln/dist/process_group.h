@@ -14,6 +14,7 @@
 // src) and rank() itself are ranks within that group, 0 .. size() - 1, as in
 // torch.distributed's ProcessGroup objects; ranks() maps them to world ranks.
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <source_location>
 #include <string>
@@ -36,6 +37,11 @@ class Work {
   virtual uint64_t sequence() const = 0;
 };
 using WorkPtr = std::shared_ptr<Work>;
+
+/// torch's fut.then(...): a Work that waits for `inner` and then runs `step`
+/// once, on the thread that waits (e.g. to divide a sum or copy a result
+/// into place). A null `inner` stands for a collective already done.
+WorkPtr then(WorkPtr inner, std::function<void()> step);
 
 /// A set of ranks that run collectives together. Tensors must be contiguous
 /// float32, bfloat16 or int64 and stay alive and unmodified until wait().
