@@ -222,6 +222,26 @@ std::vector<Tensor> gathered(const dist::ProcessGroupPtr& pg, const Tensor& t) {
   return all;
 }
 
+// The fake group's ranks are threads sharing one generator: they draw under this.
+std::mutex& draw_mutex() {
+  static std::mutex m;
+  return m;
+}
+
+// Two copies of the test MLP from one seed (every parameter used): one for
+// the local reference, one for DDP.
+std::pair<std::shared_ptr<test::Net>, std::shared_ptr<test::Net>> twin_nets(std::unique_lock<std::mutex>& lock) {
+  lock.lock();
+  auto plain = test::make_net(5);
+  auto net = test::make_net(5);
+  lock.unlock();
+  plain->use_never = net->use_never = true;
+  return {plain, net};
+}
+
+// Buckets of at most 1 KiB after a 300 B first one: several per backward.
+const DDPOptions kTwoBuckets{.bucket_cap_mb = 1024 / kMiB, .first_bucket_cap_mb = 300 / kMiB};
+
 // A batch for `rank` at iteration `it`: the fake group's ranks are threads
 // sharing one generator, so they draw under `lock`.
 std::pair<Tensor, Tensor> batch(std::unique_lock<std::mutex>& lock, uint64_t seed) {
@@ -243,14 +263,9 @@ void check_compressed_gradients(const dist::ProcessGroupPtr& pg, dist::CommHook 
   auto round_to = [wire](float x) {
     return wire == kBFloat16 ? static_cast<float>(BFloat16(x)) : static_cast<float>(Half(x));
   };
-  // The fake group's ranks are threads sharing one generator: draw under a lock.
-  static std::mutex draw;
-  std::unique_lock lock(draw);
-  auto plain = test::make_net(5);
-  auto net = test::make_net(5);
-  lock.unlock();
-  plain->use_never = net->use_never = true;
-  DistributedDataParallel ddp(net, pg, {.bucket_cap_mb = 1024 / kMiB, .first_bucket_cap_mb = 300 / kMiB});
+  std::unique_lock lock(draw_mutex(), std::defer_lock);
+  auto [plain, net] = twin_nets(lock);
+  DistributedDataParallel ddp(net, pg, kTwoBuckets);
   ddp.register_comm_hook(hook);
   EXPECT_EQ(ddp.options().comm_hook, hook);
   int64_t values = 0;
@@ -301,15 +316,10 @@ TEST(DDPBuckets, CompressionHooksOnTheFakeGroup) {
 //   the same bits on every rank, and fewer bytes than the plain allreduce.
 void check_powersgd(const dist::ProcessGroupPtr& pg) {
   const int n = pg->size(), rank = pg->rank();
-  static std::mutex draw;
-  std::unique_lock lock(draw);
-  auto plain = test::make_net(5);
-  auto full = test::make_net(5);
-  auto low = test::make_net(5);
-  lock.unlock();
-  plain->use_never = full->use_never = low->use_never = true;
-  const DDPOptions o{.bucket_cap_mb = 1024 / kMiB, .first_bucket_cap_mb = 300 / kMiB};
-  DistributedDataParallel ddp_full(full, pg, o), ddp_low(low, pg, o);
+  std::unique_lock lock(draw_mutex(), std::defer_lock);
+  auto [plain, full] = twin_nets(lock);
+  auto low = twin_nets(lock).second;
+  DistributedDataParallel ddp_full(full, pg, kTwoBuckets), ddp_low(low, pg, kTwoBuckets);
   ddp_full.register_comm_hook(dist::PowerSGDOptions{
       .matrix_approximation_rank = 64, .start_powerSGD_iter = 0, .min_compression_rate = 0, .use_error_feedback = false});
   ddp_low.register_comm_hook(
@@ -374,13 +384,9 @@ TEST(DDPBuckets, PowerSgdOnTheFakeGroup) {
 // a hook that finishes its work before returning may return null.
 void check_custom_hook(const dist::ProcessGroupPtr& pg, bool synchronous) {
   const int n = pg->size(), rank = pg->rank();
-  static std::mutex draw;
-  std::unique_lock lock(draw);
-  auto plain = test::make_net(5);
-  auto net = test::make_net(5);
-  lock.unlock();
-  plain->use_never = net->use_never = true;
-  DistributedDataParallel ddp(net, pg, {.bucket_cap_mb = 1024 / kMiB, .first_bucket_cap_mb = 300 / kMiB});
+  std::unique_lock lock(draw_mutex(), std::defer_lock);
+  auto [plain, net] = twin_nets(lock);
+  DistributedDataParallel ddp(net, pg, kTwoBuckets);
   std::vector<size_t> seen, params;
   std::vector<bool> last;
   ddp.register_comm_hook([&](dist::ProcessGroup& g, dist::GradBucket& b) -> dist::WorkPtr {
@@ -446,10 +452,8 @@ TEST(DDPBuckets, RanksWithDifferentHooksAreRefusedAtTheFirstBackward) {
   std::vector<std::string> errors(2);
   world->run([&](int r) {
     auto g = std::make_shared<FakeGroup>(world, r);
-    static std::mutex draw;
-    std::unique_lock lock(draw);
-    auto net = test::make_net(5);
-    lock.unlock();
+    std::unique_lock lock(draw_mutex(), std::defer_lock);
+    auto net = twin_nets(lock).second;
     DistributedDataParallel ddp(net, g);
     if (r == 0) ddp.register_comm_hook(dist::PowerSGDOptions{.matrix_approximation_rank = 2});
     try {
