@@ -146,6 +146,10 @@ DType parse_wire(const std::string& text, const std::vector<Collective>& ops) {
   return wire;
 }
 
+const char* wire_name(DType wire) {
+  return wire == DType::Float32 ? "float32" : wire == DType::BFloat16 ? "bf16" : "fp16";
+}
+
 // nccl-tests' bus-bandwidth factors: the bytes each rank's busiest link
 // carries per byte of the message, for the optimal (ring) algorithm.
 double bus_factor(Collective c, int n) {
@@ -366,11 +370,10 @@ int run_commbench(const CommbenchOptions& o) {
     json algorithms = json::object();
     if (lead) {
       std::printf(
-          "# kiln commbench: %d rank%s, float32%s, %d iteration%s after %d warm-up; time: the mean per call "
+          "# kiln commbench: %d rank%s, float32%s%s, %d iteration%s after %d warm-up; time: the mean per call "
           "on the slowest rank\n",
-          n, n == 1 ? "" : "s",
-          wire == DType::Float32 ? "" : (wire == DType::BFloat16 ? " sent as bf16" : " sent as fp16"), o.iters,
-          o.iters == 1 ? "" : "s", o.warmup);
+          n, n == 1 ? "" : "s", wire == DType::Float32 ? "" : " sent as ",
+          wire == DType::Float32 ? "" : wire_name(wire), o.iters, o.iters == 1 ? "" : "s", o.warmup);
       if (n == 1)
         std::printf("# one rank moves nothing between processes: run under kiln launch -n N -- kiln commbench\n");
       std::printf("# algbw = size / time; busbw = algbw x factor (docs/distributed.md):");
@@ -436,7 +439,7 @@ int run_commbench(const CommbenchOptions& o) {
       json j;
       j["ranks"] = n;
       j["dtype"] = "float32";
-      j["wire"] = wire == DType::Float32 ? "float32" : (wire == DType::BFloat16 ? "bf16" : "fp16");
+      j["wire"] = wire_name(wire);
       j["iters"] = o.iters;
       j["warmup"] = o.warmup;
       j["algorithms"] = algorithms;

@@ -96,7 +96,11 @@ void DistributedDataParallel::register_comm_hook(const PowerSGDOptions& powersgd
   check_powersgd(powersgd);
   register_comm_hook(CommHook::PowerSGD);
   options_.powersgd = powersgd;
+  // A new state, as torch's new PowerSGDState: its count of plain steps, Qs
+  // and errors start over (an old layout may have another rank).
   powersgd_rng_.manual_seed(powersgd.random_seed);
+  powersgd_iter_ = 0;
+  for (auto& b : state_) b->powersgd.reset();
 }
 
 DistributedDataParallel::DistributedDataParallel(std::shared_ptr<nn::Module> module, ProcessGroupPtr group,
@@ -381,10 +385,7 @@ void DistributedDataParallel::on_gradient_ready(size_t index) {
       // Once, at the first synced backward, which every rank runs: a rank
       // whose hook differs would otherwise exchange its buckets in another form.
       hook_verified_ = true;
-      detail::verify_same_hook(
-          *group_, static_cast<int>(options_.comm_hook), [](int h) { return comm_hook_name(static_cast<CommHook>(h)); },
-          options_.comm_hook == CommHook::PowerSGD ? options_.powersgd.matrix_approximation_rank : 0,
-          options_.comm_hook == CommHook::PowerSGD ? options_.powersgd.start_powerSGD_iter : 0);
+      detail::verify_same_hook(*group_, options_.comm_hook, options_.powersgd);
     }
     powersgd_now_ = options_.comm_hook == CommHook::PowerSGD && group_->size() > 1 &&
                     powersgd_iter_ >= options_.powersgd.start_powerSGD_iter;
@@ -448,9 +449,9 @@ void DistributedDataParallel::launch_ready_buckets() {
         stats_.wire_bytes += traffic().bytes - before;  // what the hook handed to collectives as it ran
       } else if (powersgd_now_ && b.flat.dtype() == kFloat32) {
         if (!b.powersgd)
-          b.powersgd = std::make_unique<detail::PowerSgdBucket>(detail::plan_powersgd(b.views, options_.powersgd));
-        detail::powersgd_launch(*b.powersgd, b.flat, b.views, *group_, options_.powersgd, powersgd_rng_,
-                                stats_.wire_bytes);
+          b.powersgd =
+              std::make_unique<detail::PowerSgdBucket>(detail::plan_powersgd(b.flat, b.views, options_.powersgd));
+        detail::powersgd_launch(*b.powersgd, b.flat, *group_, options_.powersgd, powersgd_rng_, stats_.wire_bytes);
       } else if (compress) {
         const DType wire = options_.comm_hook == CommHook::Bf16Compress ? kBFloat16 : kFloat16;
         b.work = group_->allreduce_compressed(b.flat, wire, ReduceOp::Avg);
@@ -483,13 +484,13 @@ void DistributedDataParallel::finalize_backward() {
     const double t0 = now();
     for (auto& b : state_) {
       if (b->powersgd && powersgd_now_ && complete)
-        detail::powersgd_exchange_q(*b->powersgd, b->flat, b->views, *group_, options_.powersgd, stats_.wire_bytes);
+        detail::powersgd_exchange_q(*b->powersgd, b->flat, *group_, options_.powersgd, stats_.wire_bytes);
     }
     for (auto& b : state_) {
       if (b->work) b->work->wait();
       if (b->powersgd && powersgd_now_) {
         if (complete) {
-          detail::powersgd_finish(*b->powersgd, b->flat, b->views, options_.powersgd);
+          detail::powersgd_finish(*b->powersgd, b->flat, options_.powersgd);
         } else {
           detail::powersgd_drain(*b->powersgd);
         }

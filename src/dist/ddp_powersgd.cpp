@@ -40,11 +40,6 @@ Tensor matrix_at(const Tensor& flat, int64_t off, int64_t rows, int64_t cols) {
   return flat.narrow(0, off, rows * cols).view({rows, cols});
 }
 
-// Where a parameter's view starts in its bucket, in elements.
-int64_t offset_in(const Tensor& flat, const Tensor& view) {
-  return static_cast<const float*>(view.data_ptr()) - static_cast<const float*>(flat.data_ptr());
-}
-
 // One modified Gram-Schmidt pass over the columns of row-major [n, r] `a`.
 void gram_schmidt(float* a, int64_t n, int64_t r, double eps) {
   for (int64_t i = 0; i < r; ++i) {
@@ -98,11 +93,11 @@ void orthogonalize_columns(float* a, int64_t n, int64_t r, double eps) {
   for (int pass = 0; pass < (r > 1 ? 2 : 1); ++pass) gram_schmidt(a, n, r, eps);
 }
 
-PowerSgdBucket plan_powersgd(const std::vector<Tensor>& views, const PowerSGDOptions& o) {
+PowerSgdBucket plan_powersgd(const Tensor& flat, const std::vector<Tensor>& views, const PowerSGDOptions& o) {
   PowerSgdBucket b;
   int64_t p_len = 0, q_len = 0, plain_len = 0;
-  for (size_t s = 0; s < views.size(); ++s) {
-    const Tensor& v = views[s];
+  for (const Tensor& v : views) {
+    const int64_t off = static_cast<const float*>(v.data_ptr()) - static_cast<const float*>(flat.data_ptr());
     const int64_t n = v.dim() == 0 ? 1 : v.size(0);
     const int64_t m = n == 0 ? 0 : v.numel() / n;
     const int64_t r = std::min({n, m, o.matrix_approximation_rank});
@@ -110,11 +105,11 @@ PowerSgdBucket plan_powersgd(const std::vector<Tensor>& views, const PowerSGDOpt
     const bool compress =
         r > 0 && static_cast<double>(n * m) > static_cast<double>((n + m) * r) * o.min_compression_rate;
     if (compress) {
-      b.matrices.push_back({s, n, m, r, p_len, q_len});
+      b.matrices.push_back({off, n, m, r, p_len, q_len});
       p_len += n * r;
       q_len += m * r;
     } else {
-      b.plain_slots.push_back(s);
+      b.plain_spans.push_back({off, v.numel()});
       plain_len += v.numel();
     }
   }
@@ -124,8 +119,8 @@ PowerSgdBucket plan_powersgd(const std::vector<Tensor>& views, const PowerSGDOpt
   return b;
 }
 
-void powersgd_launch(PowerSgdBucket& b, Tensor& flat, const std::vector<Tensor>& views, ProcessGroup& g,
-                     const PowerSGDOptions& o, Generator& rng, int64_t& wire_bytes) {
+void powersgd_launch(PowerSgdBucket& b, const Tensor& flat, ProcessGroup& g, const PowerSGDOptions& o, Generator& rng,
+                     int64_t& wire_bytes) {
   NoGradGuard no_grad;
   // With error feedback the matrices compressed are this step's gradients
   // plus the error, kept in `input` (one pass) until finish() takes the new error from it.
@@ -140,12 +135,12 @@ void powersgd_launch(PowerSgdBucket& b, Tensor& flat, const std::vector<Tensor>&
     orthogonalize_columns(b.q.data_ptr<float>() + mt.q_off, mt.m, mt.r, o.orthogonalization_epsilon);
   for (const auto& mt : b.matrices) {
     Tensor p = matrix_at(b.p, mt.p_off, mt.n, mt.r);
-    p.copy_(mm(matrix_at(m_of, offset_in(flat, views[mt.slot]), mt.n, mt.m), matrix_at(b.q, mt.q_off, mt.m, mt.r)));
+    p.copy_(mm(matrix_at(m_of, mt.off, mt.n, mt.m), matrix_at(b.q, mt.q_off, mt.m, mt.r)));
   }
   int64_t at = 0;
-  for (size_t s : b.plain_slots) {
-    b.plain.narrow(0, at, views[s].numel()).copy_(m_of.narrow(0, offset_in(flat, views[s]), views[s].numel()));
-    at += views[s].numel();
+  for (const auto& sp : b.plain_spans) {
+    b.plain.narrow(0, at, sp.len).copy_(m_of.narrow(0, sp.off, sp.len));
+    at += sp.len;
   }
   if (b.plain.numel() > 0) {
     b.plain_work = g.allreduce(b.plain, ReduceOp::Avg);
@@ -157,32 +152,31 @@ void powersgd_launch(PowerSgdBucket& b, Tensor& flat, const std::vector<Tensor>&
   }
 }
 
-void powersgd_exchange_q(PowerSgdBucket& b, const Tensor& flat, const std::vector<Tensor>& views, ProcessGroup& g,
-                         const PowerSGDOptions& o, int64_t& wire_bytes) {
+void powersgd_exchange_q(PowerSgdBucket& b, Tensor& flat, ProcessGroup& g, const PowerSGDOptions& o,
+                         int64_t& wire_bytes) {
   NoGradGuard no_grad;
   if (b.plain_work) {
     std::exchange(b.plain_work, nullptr)->wait();
     int64_t at = 0;
-    for (size_t s : b.plain_slots) {
-      Tensor v = views[s];
-      v.copy_(b.plain.narrow(0, at, v.numel()).view(v.sizes()));
-      at += v.numel();
+    for (const auto& sp : b.plain_spans) {
+      flat.narrow(0, sp.off, sp.len).copy_(b.plain.narrow(0, at, sp.len));
+      at += sp.len;
     }
   }
   if (!b.p_work) return;
   std::exchange(b.p_work, nullptr)->wait();
   for (const auto& mt : b.matrices)
     orthogonalize_columns(b.p.data_ptr<float>() + mt.p_off, mt.n, mt.r, o.orthogonalization_epsilon);
+  const Tensor& m_of = o.use_error_feedback ? b.input : flat;
   for (const auto& mt : b.matrices) {
     Tensor q = matrix_at(b.q, mt.q_off, mt.m, mt.r);
-    const Tensor& m_of = o.use_error_feedback ? b.input : flat;
-    q.copy_(mm(matrix_at(m_of, offset_in(flat, views[mt.slot]), mt.n, mt.m).t(), matrix_at(b.p, mt.p_off, mt.n, mt.r)));
+    q.copy_(mm(matrix_at(m_of, mt.off, mt.n, mt.m).t(), matrix_at(b.p, mt.p_off, mt.n, mt.r)));
   }
   b.q_work = g.allreduce(b.q, ReduceOp::Avg);
   wire_bytes += b.q.nbytes();
 }
 
-void powersgd_finish(PowerSgdBucket& b, Tensor& flat, const std::vector<Tensor>& views, const PowerSGDOptions& o) {
+void powersgd_finish(PowerSgdBucket& b, Tensor& flat, const PowerSGDOptions& o) {
   NoGradGuard no_grad;
   if (!b.q_work) return;
   std::exchange(b.q_work, nullptr)->wait();
@@ -190,9 +184,8 @@ void powersgd_finish(PowerSgdBucket& b, Tensor& flat, const std::vector<Tensor>&
   if (feedback && !b.error.defined()) b.error = zeros({flat.numel()});
   // The compressed matrices' error; the averaged ones keep none (Note [PowerSGD in three exchanges]).
   for (const auto& mt : b.matrices) {
-    const int64_t off = offset_in(flat, views[mt.slot]);
-    decompress(flat.data_ptr<float>() + off, feedback ? b.error.data_ptr<float>() + off : nullptr,
-               feedback ? b.input.data_ptr<float>() + off : nullptr, b.p.data_ptr<float>() + mt.p_off,
+    decompress(flat.data_ptr<float>() + mt.off, feedback ? b.error.data_ptr<float>() + mt.off : nullptr,
+               feedback ? b.input.data_ptr<float>() + mt.off : nullptr, b.p.data_ptr<float>() + mt.p_off,
                b.q.data_ptr<float>() + mt.q_off, mt.n, mt.m, mt.r);
   }
   b.input = Tensor();

@@ -18,37 +18,40 @@
 namespace kiln::dist::detail {
 
 struct PowerSgdBucket {
-  /// A compressed gradient: the bucket view `slot` as an n x m matrix, its
-  /// factors P [n, r] and Q [m, r] at these offsets of p and q.
+  /// A compressed gradient: the n x m matrix at element `off` of the bucket,
+  /// its factors P [n, r] and Q [m, r] at these offsets of p and q.
   struct Matrix {
-    size_t slot;
-    int64_t n, m, r, p_off, q_off;
+    int64_t off, n, m, r, p_off, q_off;
+  };
+  /// A gradient averaged as it is: `len` elements at `off` of the bucket, packed into `plain`.
+  struct Span {
+    int64_t off, len;
   };
   std::vector<Matrix> matrices;
-  std::vector<size_t> plain_slots;  // averaged as they are, packed into `plain`
-  Tensor p, q, plain;               // flat float32 buffers, exchanged whole
-  Tensor error;                     // error feedback: what the last step left out, per value of the bucket
-  Tensor input;                     // this step's gradient plus error, kept until decompressed
-  bool q_ready = false;             // warm start: Q holds the last step's
+  std::vector<Span> plain_spans;
+  Tensor p, q, plain;    // flat float32 buffers, exchanged whole
+  Tensor error;          // error feedback: what the last step left out, per value of the bucket
+  Tensor input;          // this step's gradient plus error, kept until decompressed
+  bool q_ready = false;  // warm start: Q holds the last step's
   WorkPtr plain_work, p_work, q_work;
 };
 
-/// The layout of a bucket whose parameter-shaped views are `views`.
-PowerSgdBucket plan_powersgd(const std::vector<Tensor>& views, const PowerSGDOptions& o);
+/// The layout of bucket `flat`, whose parameter-shaped views are `views`.
+PowerSgdBucket plan_powersgd(const Tensor& flat, const std::vector<Tensor>& views, const PowerSGDOptions& o);
 
 /// When the bucket's gradients are ready: error feedback in, P = M Q, and the
 /// exchanges of P (sum) and of the plain gradients (average) launched.
 /// Adds the bytes handed to them to `wire_bytes`.
-void powersgd_launch(PowerSgdBucket& b, Tensor& flat, const std::vector<Tensor>& views, ProcessGroup& g,
-                     const PowerSGDOptions& o, Generator& rng, int64_t& wire_bytes);
+void powersgd_launch(PowerSgdBucket& b, const Tensor& flat, ProcessGroup& g, const PowerSGDOptions& o, Generator& rng,
+                     int64_t& wire_bytes);
 
 /// After backward: the plain gradients back in place, P orthonormalised,
 /// Q = Mᵀ P computed and its average launched.
-void powersgd_exchange_q(PowerSgdBucket& b, const Tensor& flat, const std::vector<Tensor>& views, ProcessGroup& g,
-                         const PowerSGDOptions& o, int64_t& wire_bytes);
+void powersgd_exchange_q(PowerSgdBucket& b, Tensor& flat, ProcessGroup& g, const PowerSGDOptions& o,
+                         int64_t& wire_bytes);
 
 /// The gradients as P Qᵀ, and the new error.
-void powersgd_finish(PowerSgdBucket& b, Tensor& flat, const std::vector<Tensor>& views, const PowerSGDOptions& o);
+void powersgd_finish(PowerSgdBucket& b, Tensor& flat, const PowerSGDOptions& o);
 
 /// Waits for whatever the bucket has in flight, without starting more (an error path).
 void powersgd_drain(PowerSgdBucket& b);

@@ -101,15 +101,16 @@ void verify_same_model(ProcessGroup& group, const std::vector<std::pair<std::str
   }
 }
 
-void verify_same_hook(ProcessGroup& group, int hook, const char* (*hook_name)(int), int64_t powersgd_rank,
-                      int64_t powersgd_start) {
+void verify_same_hook(ProcessGroup& group, CommHook hook, const PowerSGDOptions& powersgd) {
   const int world = group.size();
   if (world < 2) return;
+  // [hook, PowerSGD's rank, its start]: the last two are 0 for the other hooks (PowerSGD's rank is >= 1).
+  const bool psgd = hook == CommHook::PowerSGD;
   Tensor mine = empty({3}, kInt64);
   int64_t* m = mine.data_ptr<int64_t>();
-  m[0] = hook;
-  m[1] = powersgd_rank;
-  m[2] = powersgd_start;
+  m[0] = static_cast<int64_t>(hook);
+  m[1] = psgd ? powersgd.matrix_approximation_rank : 0;
+  m[2] = psgd ? powersgd.start_powerSGD_iter : 0;
   std::vector<Tensor> all(static_cast<size_t>(world));
   for (auto& a : all) a = empty({3}, kInt64);
   {
@@ -124,9 +125,8 @@ void verify_same_hook(ProcessGroup& group, int hook, const char* (*hook_name)(in
   os << "DistributedDataParallel: the ranks' communication hooks differ:";
   for (int r = 0; r < world; ++r) {
     const int64_t* a = all[static_cast<size_t>(r)].data_ptr<int64_t>();
-    os << (r ? "," : "") << " rank " << r << " " << hook_name(static_cast<int>(a[0]));
-    if (hook_name(static_cast<int>(a[0])) == std::string("powersgd"))
-      os << " (matrix_approximation_rank " << a[1] << ", start_powerSGD_iter " << a[2] << ")";
+    os << (r ? "," : "") << " rank " << r << " " << comm_hook_name(static_cast<CommHook>(a[0]));
+    if (a[1] > 0) os << " (matrix_approximation_rank " << a[1] << ", start_powerSGD_iter " << a[2] << ")";
   }
   os << "; every rank must register the same hook (DDPOptions::comm_hook or register_comm_hook) before its first "
         "backward, or the ranks exchange their buckets differently";

@@ -5,6 +5,7 @@
 #include <utility>
 #include <vector>
 
+#include "kiln/dist/ddp.h"
 #include "kiln/dist/process_group.h"
 
 namespace kiln::dist::detail {
@@ -18,7 +19,6 @@ void verify_same_model(ProcessGroup& group, const std::vector<std::pair<std::str
 /// Gathers every rank's communication hook (and PowerSGD's rank and start)
 /// and throws DistributedError on every rank, naming each rank's, when they
 /// differ: ranks that exchange buckets differently pair unrelated bytes.
-void verify_same_hook(ProcessGroup& group, int hook, const char* (*hook_name)(int), int64_t powersgd_rank,
-                      int64_t powersgd_start);
+void verify_same_hook(ProcessGroup& group, CommHook hook, const PowerSGDOptions& powersgd);
 
 }  // namespace kiln::dist::detail

@@ -205,7 +205,6 @@ void ShmAllreduce::run_as(T* data, size_t n, bool average, bool spin) {
   const size_t chunk = kChunk * sizeof(float) / sizeof(Bits);  // elements per slot
   constexpr size_t kBlock = 1024;                              // the sum of a slice, block by block, stays in L1
   float acc[kBlock], wide[kBlock];
-  Bits rounded[kBlock];
   count_call(n, chunk);
   auto slot_of = [&](int set, int q) { return reinterpret_cast<Bits*>(slot(set, q)); };
   for (size_t off = 0; off < n; off += chunk) {
@@ -234,9 +233,10 @@ void ShmAllreduce::run_as(T* data, size_t n, bool average, bool spin) {
       if (average) {
         for (size_t i = 0; i < k; ++i) acc[i] /= by;
       }
-      convert<W>(rounded, acc, k);
-      std::memcpy(mine + b, rounded, k * sizeof(Bits));
-      convert<W>(out + b, rounded, k);
+      // Rounded once into this rank's slot, where the others read it, and
+      // taken from there into its own data.
+      convert<W>(mine + b, acc, k);
+      convert<W>(out + b, mine + b, k);
     }
     publish(reduced_[r], g);
 

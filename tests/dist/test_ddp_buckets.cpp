@@ -372,6 +372,36 @@ void check_powersgd(const dist::ProcessGroupPtr& pg) {
   }
 }
 
+// Registering PowerSGD again is a new state, as torch's new PowerSGDState:
+// its plain steps count again and its factors take the new rank.
+TEST(DDPBuckets, RegisteringPowerSgdAgainStartsAFreshState) {
+  auto world = std::make_shared<FakeWorld>(2);
+  world->run([&](int r) {
+    auto g = std::make_shared<FakeGroup>(world, r);
+    std::unique_lock lock(draw_mutex(), std::defer_lock);
+    auto net = twin_nets(lock).second;
+    DistributedDataParallel ddp(net, g, kTwoBuckets);
+    const dist::PowerSGDOptions rank1{.matrix_approximation_rank = 1, .start_powerSGD_iter = 1, .min_compression_rate = 0};
+    ddp.register_comm_hook(rank1);
+    auto step = [&] {
+      for (auto& p : net->parameters()) p.mutable_grad() = Tensor();
+      mse(ddp(ones({2, 6})), zeros({2, 3})).backward();
+      return ddp.stats();
+    };
+    EXPECT_FALSE(step().powersgd);
+    const int64_t rank1_bytes = step().wire_bytes;
+    ddp.register_comm_hook(rank1);
+    EXPECT_FALSE(step().powersgd) << "start_powerSGD_iter counts again";
+    auto rank2 = rank1;
+    rank2.matrix_approximation_rank = 2;
+    ddp.register_comm_hook(rank2);
+    EXPECT_FALSE(step().powersgd);
+    const dist::DDPStats s = step();
+    EXPECT_TRUE(s.powersgd);
+    EXPECT_GT(s.wire_bytes, rank1_bytes) << "rank-2 factors, not the rank-1 layout of before";
+  });
+}
+
 TEST(DDPBuckets, PowerSgdOnTheFakeGroup) {
   auto world = std::make_shared<FakeWorld>(2);
   world->run([&](int r) { check_powersgd(std::make_shared<FakeGroup>(world, r)); });
