@@ -101,6 +101,86 @@ void DistributedDataParallel::register_comm_hook(const PowerSGDOptions& powersgd
   powersgd_rng_.manual_seed(powersgd.random_seed);
   powersgd_iter_ = 0;
   for (auto& b : state_) b->powersgd.reset();
+  powersgd_kept_.clear();
+}
+
+// Note [PowerSGD state by parameter]
+// A bucket's PowerSGD buffers hold its gradients' Qs and errors side by side;
+// outside a bucket the state is kept by parameter, since the same gradient
+// lands in another bucket after the rebuild, and in another again when a
+// resumed run's fresh wrapper lays out its first buckets. Each gradient's
+// values are computed alone (its P and Q are its own; a sum over ranks is
+// the same for a value wherever it sits in the buffer), so a state carried
+// over into another layout gives the bits the old layout would have.
+// Before, a rebuild started PowerSGD afresh for every bucket.
+void DistributedDataParallel::keep_powersgd_state() {
+  for (size_t b = 0; b < state_.size(); ++b) {
+    const detail::PowerSgdBucket* pb = state_[b]->powersgd.get();
+    if (pb == nullptr) continue;
+    for (const auto& mt : pb->matrices) {
+      detail::PowerSgdMatrixState st = detail::powersgd_matrix_state(*pb, mt.slot);
+      if (st.q.defined() || st.error.defined())
+        powersgd_kept_[buckets_[b].params[mt.slot]] = {std::move(st.q), std::move(st.error)};
+    }
+  }
+}
+
+PowerSGDState DistributedDataParallel::powersgd_state() const {
+  KILN_CHECK(options_.comm_hook == CommHook::PowerSGD, ValueError,
+             "DistributedDataParallel::powersgd_state: the communication hook is '", comm_hook_name(options_.comm_hook),
+             "', not 'powersgd'");
+  PowerSGDState s;
+  s.iter = powersgd_iter_;
+  s.rng = powersgd_rng_.get_state();
+  for (const auto& [i, qe] : powersgd_kept_) {
+    if (qe.first.defined()) s.q[names_[i]] = qe.first.clone();
+    if (qe.second.defined()) s.error[names_[i]] = qe.second.clone();
+  }
+  for (size_t b = 0; b < state_.size(); ++b) {
+    const detail::PowerSgdBucket* pb = state_[b]->powersgd.get();
+    if (pb == nullptr) continue;
+    for (const auto& mt : pb->matrices) {
+      detail::PowerSgdMatrixState st = detail::powersgd_matrix_state(*pb, mt.slot);
+      const std::string& name = names_[buckets_[b].params[mt.slot]];
+      if (st.q.defined()) s.q[name] = std::move(st.q);
+      if (st.error.defined()) s.error[name] = std::move(st.error);
+    }
+  }
+  return s;
+}
+
+void DistributedDataParallel::load_powersgd_state(const PowerSGDState& state) {
+  KILN_CHECK(options_.comm_hook == CommHook::PowerSGD, ValueError,
+             "DistributedDataParallel::load_powersgd_state: the communication hook is '",
+             comm_hook_name(options_.comm_hook), "', not 'powersgd'; register_comm_hook(PowerSGDOptions) first");
+  KILN_CHECK(!in_backward_, ValueError, "DistributedDataParallel::load_powersgd_state: not during a backward");
+  std::map<std::string, size_t> index;
+  for (size_t i = 0; i < names_.size(); ++i) index[names_[i]] = i;
+  std::map<size_t, std::pair<Tensor, Tensor>> kept;
+  auto take = [&](const std::map<std::string, Tensor>& part, bool is_q) {
+    for (const auto& [name, t] : part) {
+      const auto it = index.find(name);
+      KILN_CHECK(it != index.end(), ValueError, "DistributedDataParallel::load_powersgd_state: '", name,
+                 "' is not a parameter of the wrapped module");
+      const detail::PowerSgdShape sh = detail::powersgd_shape(params_[it->second].sizes(), options_.powersgd);
+      KILN_CHECK(sh.compress, ValueError, "DistributedDataParallel::load_powersgd_state: '", name, "' (shape ",
+                 params_[it->second].sizes(), ") is averaged as it is under matrix_approximation_rank ",
+                 options_.powersgd.matrix_approximation_rank, " and min_compression_rate ",
+                 options_.powersgd.min_compression_rate, ", so it has no PowerSGD state");
+      const DimVector want = is_q ? DimVector{sh.m, sh.r} : DimVector{sh.n, sh.m};
+      KILN_CHECK(t.defined() && t.dtype() == kFloat32 && t.sizes() == IntArrayRef(want), ValueError,
+                 "DistributedDataParallel::load_powersgd_state: ", is_q ? "Q" : "error", " of '", name,
+                 "' must be float32 ", want, ", got ", t.defined() ? dtype_name(t.dtype()) : "undefined", " ",
+                 t.defined() ? t.sizes() : IntArrayRef{});
+      (is_q ? kept[it->second].first : kept[it->second].second) = t.contiguous().clone();
+    }
+  };
+  take(state.q, true);
+  take(state.error, false);
+  powersgd_iter_ = state.iter;
+  powersgd_rng_.set_state(state.rng);
+  for (auto& b : state_) b->powersgd.reset();
+  powersgd_kept_ = std::move(kept);
 }
 
 DistributedDataParallel::DistributedDataParallel(std::shared_ptr<nn::Module> module, ProcessGroupPtr group,
@@ -292,6 +372,7 @@ void DistributedDataParallel::maybe_rebuild_buckets() {
     order[static_cast<size_t>(i)] = static_cast<size_t>(k);
   }
   NoGradGuard no_grad;
+  keep_powersgd_state();  // Note [PowerSGD state by parameter]
   assign_buckets(order);
   for (size_t i = 0; i < params_.size(); ++i) {
     Tensor& grad = params_[i].mutable_grad();
@@ -448,9 +529,16 @@ void DistributedDataParallel::launch_ready_buckets() {
         b.work = custom_hook_(*group_, gb);
         stats_.wire_bytes += traffic().bytes - before;  // what the hook handed to collectives as it ran
       } else if (powersgd_now_ && b.flat.dtype() == kFloat32) {
-        if (!b.powersgd)
+        if (!b.powersgd) {
           b.powersgd =
               std::make_unique<detail::PowerSgdBucket>(detail::plan_powersgd(b.flat, b.views, options_.powersgd));
+          for (const auto& mt : b.powersgd->matrices) {  // Note [PowerSGD state by parameter]
+            const auto kept = powersgd_kept_.find(buckets_[next_launch_].params[mt.slot]);
+            if (kept == powersgd_kept_.end()) continue;
+            detail::powersgd_restore(*b.powersgd, mt.slot, {kept->second.first, kept->second.second}, b.flat.numel());
+            powersgd_kept_.erase(kept);
+          }
+        }
         detail::powersgd_launch(*b.powersgd, b.flat, *group_, options_.powersgd, powersgd_rng_, stats_.wire_bytes);
       } else if (compress) {
         const DType wire = options_.comm_hook == CommHook::Bf16Compress ? kBFloat16 : kFloat16;

@@ -93,19 +93,26 @@ void orthogonalize_columns(float* a, int64_t n, int64_t r, double eps) {
   for (int pass = 0; pass < (r > 1 ? 2 : 1); ++pass) gram_schmidt(a, n, r, eps);
 }
 
+PowerSgdShape powersgd_shape(IntArrayRef shape, const PowerSGDOptions& o) {
+  int64_t numel = 1;
+  for (int64_t d : shape) numel *= d;
+  const int64_t n = shape.empty() ? 1 : shape[0];
+  const int64_t m = n == 0 ? 0 : numel / n;
+  const int64_t r = std::min({n, m, o.matrix_approximation_rank});
+  // torch's _should_compress: worth it when the factors are min_compression_rate times smaller.
+  const bool compress = r > 0 && static_cast<double>(n * m) > static_cast<double>((n + m) * r) * o.min_compression_rate;
+  return {n, m, r, compress};
+}
+
 PowerSgdBucket plan_powersgd(const Tensor& flat, const std::vector<Tensor>& views, const PowerSGDOptions& o) {
   PowerSgdBucket b;
   int64_t p_len = 0, q_len = 0, plain_len = 0;
-  for (const Tensor& v : views) {
+  for (size_t slot = 0; slot < views.size(); ++slot) {
+    const Tensor& v = views[slot];
     const int64_t off = static_cast<const float*>(v.data_ptr()) - static_cast<const float*>(flat.data_ptr());
-    const int64_t n = v.dim() == 0 ? 1 : v.size(0);
-    const int64_t m = n == 0 ? 0 : v.numel() / n;
-    const int64_t r = std::min({n, m, o.matrix_approximation_rank});
-    // torch's _should_compress: worth it when the factors are min_compression_rate times smaller.
-    const bool compress =
-        r > 0 && static_cast<double>(n * m) > static_cast<double>((n + m) * r) * o.min_compression_rate;
+    const auto [n, m, r, compress] = powersgd_shape(v.sizes(), o);
     if (compress) {
-      b.matrices.push_back({off, n, m, r, p_len, q_len});
+      b.matrices.push_back({off, n, m, r, p_len, q_len, slot});
       p_len += n * r;
       q_len += m * r;
     } else {
@@ -126,10 +133,12 @@ void powersgd_launch(PowerSgdBucket& b, const Tensor& flat, ProcessGroup& g, con
   // plus the error, kept in `input` (one pass) until finish() takes the new error from it.
   if (o.use_error_feedback) b.input = b.error.defined() ? flat + b.error : flat.clone();
   const Tensor& m_of = o.use_error_feedback ? b.input : flat;
-  // Q: fresh at the first step (or every step without warm start), then orthonormal columns.
-  if (!b.q_ready || !o.warm_start) {
-    for (const auto& mt : b.matrices) matrix_at(b.q, mt.q_off, mt.m, mt.r).copy_(randn({mt.m, mt.r}, {}, &rng));
-    b.q_ready = true;
+  // Q: fresh at a matrix's first step (or every step without warm start), in
+  // the bucket's order, then orthonormal columns.
+  for (auto& mt : b.matrices) {
+    if (mt.has_q && o.warm_start) continue;
+    matrix_at(b.q, mt.q_off, mt.m, mt.r).copy_(randn({mt.m, mt.r}, {}, &rng));
+    mt.has_q = true;
   }
   for (const auto& mt : b.matrices)
     orthogonalize_columns(b.q.data_ptr<float>() + mt.q_off, mt.m, mt.r, o.orthogonalization_epsilon);
@@ -189,6 +198,31 @@ void powersgd_finish(PowerSgdBucket& b, Tensor& flat, const PowerSGDOptions& o) 
                b.q.data_ptr<float>() + mt.q_off, mt.n, mt.m, mt.r);
   }
   b.input = Tensor();
+}
+
+PowerSgdMatrixState powersgd_matrix_state(const PowerSgdBucket& b, size_t slot) {
+  PowerSgdMatrixState st;
+  for (const auto& mt : b.matrices) {
+    if (mt.slot != slot) continue;
+    if (mt.has_q) st.q = matrix_at(b.q, mt.q_off, mt.m, mt.r).clone();
+    if (b.error.defined()) st.error = matrix_at(b.error, mt.off, mt.n, mt.m).clone();
+  }
+  return st;
+}
+
+void powersgd_restore(PowerSgdBucket& b, size_t slot, const PowerSgdMatrixState& st, int64_t bucket_numel) {
+  NoGradGuard no_grad;
+  for (auto& mt : b.matrices) {
+    if (mt.slot != slot) continue;
+    if (st.q.defined()) {
+      matrix_at(b.q, mt.q_off, mt.m, mt.r).copy_(st.q);
+      mt.has_q = true;
+    }
+    if (st.error.defined()) {
+      if (!b.error.defined()) b.error = zeros({bucket_numel});
+      matrix_at(b.error, mt.off, mt.n, mt.m).copy_(st.error);
+    }
+  }
 }
 
 void powersgd_drain(PowerSgdBucket& b) {

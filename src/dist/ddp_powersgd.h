@@ -22,6 +22,8 @@ struct PowerSgdBucket {
   /// its factors P [n, r] and Q [m, r] at these offsets of p and q.
   struct Matrix {
     int64_t off, n, m, r, p_off, q_off;
+    size_t slot;         // its gradient's index among the bucket's views
+    bool has_q = false;  // Q holds a last step's (or a restored) value: warm start may use it
   };
   /// A gradient averaged as it is: `len` elements at `off` of the bucket, packed into `plain`.
   struct Span {
@@ -29,12 +31,32 @@ struct PowerSgdBucket {
   };
   std::vector<Matrix> matrices;
   std::vector<Span> plain_spans;
-  Tensor p, q, plain;    // flat float32 buffers, exchanged whole
-  Tensor error;          // error feedback: what the last step left out, per value of the bucket
-  Tensor input;          // this step's gradient plus error, kept until decompressed
-  bool q_ready = false;  // warm start: Q holds the last step's
+  Tensor p, q, plain;  // flat float32 buffers, exchanged whole
+  Tensor error;        // error feedback: what the last step left out, per value of the bucket
+  Tensor input;        // this step's gradient plus error, kept until decompressed
   WorkPtr plain_work, p_work, q_work;
 };
+
+/// One gradient's PowerSGD state outside a bucket (kept across a bucket
+/// rebuild, or loaded from a checkpoint): its last Q [m, r] and this rank's
+/// error [n, m], each undefined when there is none yet.
+struct PowerSgdMatrixState {
+  Tensor q, error;
+};
+
+/// The state of the bucket's gradient at view `slot` (undefined tensors when it is averaged plainly).
+PowerSgdMatrixState powersgd_matrix_state(const PowerSgdBucket& b, size_t slot);
+/// Puts a gradient's saved state into a freshly planned bucket (its Q marked
+/// usable by warm start). Shapes must be the plan's (the caller checked them).
+void powersgd_restore(PowerSgdBucket& b, size_t slot, const PowerSgdMatrixState& st, int64_t bucket_numel);
+
+/// How PowerSGD takes a gradient of `shape`: viewed as [n, m] (n = shape[0]),
+/// compressed to rank r when that shrinks it min_compression_rate times (torch's _should_compress).
+struct PowerSgdShape {
+  int64_t n, m, r;
+  bool compress;
+};
+PowerSgdShape powersgd_shape(IntArrayRef shape, const PowerSGDOptions& o);
 
 /// The layout of bucket `flat`, whose parameter-shaped views are `views`.
 PowerSgdBucket plan_powersgd(const Tensor& flat, const std::vector<Tensor>& views, const PowerSGDOptions& o);

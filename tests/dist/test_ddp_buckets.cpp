@@ -407,6 +407,73 @@ TEST(DDPBuckets, PowerSgdOnTheFakeGroup) {
   world->run([&](int r) { check_powersgd(std::make_shared<FakeGroup>(world, r)); });
 }
 
+// Note [PowerSGD state by parameter]: PowerSGD's Qs and errors follow each
+// gradient, not its bucket. A wrapper that rebuilds its buckets computes the
+// bits of one that does not; a fresh wrapper given powersgd_state() of
+// another after three backwards (a resumed run) computes that one's next
+// gradients bit for bit, where a fresh state does not.
+void check_powersgd_state(const dist::ProcessGroupPtr& pg) {
+  const int rank = pg->rank();
+  const dist::PowerSGDOptions o{.matrix_approximation_rank = 1, .start_powerSGD_iter = 0, .min_compression_rate = 0};
+  std::unique_lock lock(draw_mutex(), std::defer_lock);
+  auto [a_net, b_net] = twin_nets(lock);
+  auto [c_net, d_net] = twin_nets(lock);
+  DDPOptions no_rebuild = kTwoBuckets;
+  no_rebuild.rebuild_buckets = false;
+  DistributedDataParallel a(a_net, pg, kTwoBuckets), b(b_net, pg, no_rebuild);
+  a.register_comm_hook(o);
+  b.register_comm_hook(o);
+  std::unique_ptr<DistributedDataParallel> c, d;
+  auto grads = [&](DistributedDataParallel& ddp, int it) {
+    const auto [x, y] = batch(lock, 700 + static_cast<uint64_t>(10 * it + rank));
+    for (auto& p : ddp.module()->parameters()) p.mutable_grad() = Tensor();
+    mse(ddp(x), y).backward();
+    EXPECT_TRUE(ddp.stats().powersgd);
+    std::vector<Tensor> out;
+    for (auto& p : ddp.module()->parameters()) out.push_back(p.grad().clone());
+    return out;
+  };
+  for (int it = 0; it < 5; ++it) {
+    if (it == 3) {
+      const dist::PowerSGDState s = a.powersgd_state();
+      EXPECT_EQ(s.iter, 3);
+      EXPECT_EQ(s.q.size(), a_net->parameters().size()) << "every gradient is compressed at rate 0";
+      EXPECT_EQ(s.error.size(), s.q.size());
+      c = std::make_unique<DistributedDataParallel>(c_net, pg, kTwoBuckets);
+      c->register_comm_hook(o);
+      // A state that does not fit is refused whole.
+      dist::PowerSGDState bad = s;
+      bad.q.begin()->second = zeros({7, 5});  // no gradient of the test net has a Q of this shape
+      EXPECT_THROW(c->load_powersgd_state(bad), ValueError);
+      bad = s;
+      bad.error["no.such.parameter"] = zeros({1, 1});
+      EXPECT_THROW(c->load_powersgd_state(bad), ValueError);
+      EXPECT_EQ(c->powersgd_state().iter, 0) << "nothing changed";
+      c->load_powersgd_state(s);
+      EXPECT_EQ(c->powersgd_state().q.size(), s.q.size());
+      d = std::make_unique<DistributedDataParallel>(d_net, pg, kTwoBuckets);
+      d->register_comm_hook(o);
+    }
+    const auto ga = grads(a, it), gb = grads(b, it);
+    for (size_t k = 0; k < ga.size(); ++k) ASSERT_TRUE(ga[k].equal(gb[k])) << "rebuilt, parameter " << k << ", " << it;
+    if (it < 3) continue;
+    const auto gc = grads(*c, it), gd = grads(*d, it);
+    bool fresh_differs = false;
+    for (size_t k = 0; k < ga.size(); ++k) {
+      ASSERT_TRUE(ga[k].equal(gc[k])) << "loaded state, parameter " << k << ", iteration " << it;
+      fresh_differs = fresh_differs || !ga[k].equal(gd[k]);
+    }
+    EXPECT_TRUE(fresh_differs) << "a fresh state gives other gradients, iteration " << it;
+  }
+  EXPECT_TRUE(a.buckets_rebuilt());
+  EXPECT_TRUE(c->buckets_rebuilt());
+}
+
+TEST(DDPBuckets, PowerSgdStateFollowsItsGradientsAndLoads) {
+  auto world = std::make_shared<FakeWorld>(2);
+  world->run([&](int r) { check_powersgd_state(std::make_shared<FakeGroup>(world, r)); });
+}
+
 // A hook of one's own (CommHookFn, torch's register_comm_hook with a user
 // hook): a sum, then the division chained with dist::then, trains as DDP's
 // own average (bitwise on 2 ranks: halving is exact); every bucket is handed
@@ -574,6 +641,7 @@ TEST_F(DDPBucketsMpi, CompressionHooksAverageRoundedGradients) {
 }
 
 TEST_F(DDPBucketsMpi, PowerSgdApproximatesTheAverage) { check_powersgd(pg); }
+TEST_F(DDPBucketsMpi, PowerSgdStateFollowsItsGradientsAndLoads) { check_powersgd_state(pg); }
 
 TEST_F(DDPBucketsMpi, CustomHooksAverageAsDdp) {
   for (bool synchronous : {false, true}) check_custom_hook(pg, synchronous);

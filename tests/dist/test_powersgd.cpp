@@ -67,12 +67,12 @@ TEST(PowerSgd, TwoStepsMatchTorchsHook) {
       ASSERT_EQ(b.matrices.size(), kShapes.size()) << "min_compression_rate 0 compresses every gradient";
       // The twin's first Q: q[i] = cos(0.11 i + k) over each matrix's [m, r].
       for (size_t k = 0; k < b.matrices.size(); ++k) {
-        const auto& mt = b.matrices[k];
+        auto& mt = b.matrices[k];
         float* q = b.q.data_ptr<float>() + mt.q_off;
         for (int64_t i = 0; i < mt.m * mt.r; ++i)
           q[i] = static_cast<float>(std::cos(0.11 * static_cast<double>(i) + static_cast<double>(k)));
+        mt.has_q = true;
       }
-      b.q_ready = true;
       Generator unused(0);
       for (int step = 0; step < 2; ++step) {
         if (step > 0) {

@@ -14,8 +14,10 @@
 #include <chrono>
 #include <cstdint>
 #include <functional>
+#include <map>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "kiln/core/generator.h"
@@ -80,6 +82,17 @@ struct PowerSGDOptions {
   double orthogonalization_epsilon = 0;
   /// Seeds the first Qs, the same on every rank.
   uint64_t random_seed = 0;
+};
+
+/// CommHook::PowerSGD's state between steps: what torch's PowerSGDState
+/// holds and a checkpoint must keep for a resumed run to compute what the
+/// uninterrupted run does. Gradients are named as parameter_names(); only
+/// those PowerSGD compresses appear, and only once they have a Q or an error.
+struct PowerSGDState {
+  int64_t iter = 0;                     // synced backwards so far, the plain ones included
+  GeneratorState rng;                   // the generator of new Qs, the same on every rank
+  std::map<std::string, Tensor> q;      // each compressed gradient's last Q [m, r]: the same on every rank
+  std::map<std::string, Tensor> error;  // this rank's error feedback [n, m], its own
 };
 
 struct DDPOptions {
@@ -170,6 +183,14 @@ class DistributedDataParallel : public nn::Module {
   void register_comm_hook(const PowerSGDOptions& powersgd);
   /// A hook of one's own (CommHook::Custom); every rank must register one.
   void register_comm_hook(CommHookFn hook);
+  /// CommHook::PowerSGD's state now, as copies (ValueError under another hook).
+  PowerSGDState powersgd_state() const;
+  /// Replaces the PowerSGD state with one that powersgd_state() gave on this
+  /// rank (errors are a rank's own) under the same options; each gradient's Q
+  /// and error go back into its bucket when it next compresses. ValueError,
+  /// with nothing changed, for a name that is not a compressed gradient or a
+  /// tensor that is not its [m, r] Q or [n, m] error; not during a backward.
+  void load_powersgd_state(const PowerSGDState& state);
   /// Whether the buckets were rebuilt in the order gradients became ready
   /// (rebuild_buckets; happens at the second synced forward).
   bool buckets_rebuilt() const { return rebuilt_; }
@@ -236,6 +257,10 @@ class DistributedDataParallel : public nn::Module {
   int64_t powersgd_iter_ = 0;
   bool powersgd_now_ = false;
   Generator powersgd_rng_;
+  // Parameter -> (Q, error) held outside the buckets: kept over a bucket
+  // rebuild or loaded, put back when the parameter's bucket next compresses.
+  std::map<size_t, std::pair<Tensor, Tensor>> powersgd_kept_;
+  void keep_powersgd_state();
 };
 
 }  // namespace kiln::dist
