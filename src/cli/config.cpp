@@ -244,7 +244,7 @@ constexpr ResumeRule kResume[] = {
     {"train.", OnResume::Applies, ""},
     {"dist.strategy", OnResume::Applies, ""},  // checkpoints hold the unsharded optimizer state whatever the strategy
     {"dist.comm_hook", OnResume::Applies, ""},  // how gradients travel, from the resume step on
-    {"dist.powersgd_rank", OnResume::Applies, ""},  // PowerSGD starts afresh: its error and Qs are not checkpointed
+    {"dist.powersgd_rank", OnResume::Applies, ""},  // another rank: the checkpoint's Qs do not fit, PowerSGD starts afresh
     {"dist.powersgd_start_iter", OnResume::Applies, ""},
     {"parallel.", OnResume::Applies, ""},      // and the unsharded model whatever the layout
     {"profile.", OnResume::Applies, ""},       // what is recorded, not what is computed

@@ -50,6 +50,7 @@
 #include "cli/distill.h"
 #include "cli/finetune.h"
 #include "cli/health_log.h"
+#include "cli/powersgd_checkpoint.h"
 #include "cli/profile_run.h"
 #include "cli/progress.h"
 #include "cli/report.h"
@@ -204,7 +205,24 @@ struct Loop {
   double time_offset = 0;  // time_s of the run before this process (resume)
   RunFacts facts;
   bool resumed = false;
+  // dist.comm_hook = "powersgd" (or a resumed checkpoint that holds its state): the checkpoint object "powersgd".
+  std::unique_ptr<PowerSgdCheckpoint> powersgd;
 };
+
+/// Makes L.powersgd when the run uses PowerSGD or the checkpoint it resumes holds its state.
+void make_powersgd_checkpoint(Loop& L, bool checkpoint_has_it) {
+  dist::DistributedDataParallel* ddp = L.task.ddp.get();
+  std::string why;
+  if (ddp == nullptr) {
+    why = L.group && L.group->size() > 1
+              ? "this run's dist.strategy (\"" + L.config.string("dist.strategy") + "\") runs without DDP"
+              : "a single process exchanges no gradients";
+  } else if (ddp->options().comm_hook != dist::CommHook::PowerSGD) {
+    why = "this run's dist.comm_hook is \"" + L.config.string("dist.comm_hook") + "\"";
+    ddp = nullptr;
+  }
+  if (ddp != nullptr || checkpoint_has_it) L.powersgd = std::make_unique<PowerSgdCheckpoint>(ddp, L.group, why);
+}
 
 // A step's own values, kept until a train line is written (Note [Run story]).
 struct StepValues {
@@ -292,6 +310,7 @@ Consolidated consolidate(Loop& L) {
 
 void save_checkpoint(Loop& L, const Consolidated& full = {}) {
   train::CheckpointRefs refs = checkpoint_refs(L, true, full.optimizer.get(), full.model.get());
+  if (L.powersgd && L.powersgd->active()) refs.objects["powersgd"] = L.powersgd.get();  // gathered by every rank
   L.ckpts->save(refs, {.step = L.step, .loader = L.task.train_loader->state(), .config = L.config.to_toml()});
   // The report of a run in progress, so a long run can be looked at while it trains (a few ms).
   write_report(L.run_dir);
@@ -965,6 +984,7 @@ class TrainLoop {
       record_memory_peak();
       // Every rank reaches this alike (stop_now is agreed on): a sharded optimizer's state is gathered here.
       const Consolidated full = consolidate(L_);
+      if (L_.powersgd) L_.powersgd->gather();  // every rank's error feedback (Note [PowerSGD in checkpoints])
       if (lead_) save_checkpoint(L_, full);
     }
     if (Clock::now() - pause_start > std::chrono::milliseconds(1)) {
@@ -1201,6 +1221,7 @@ int train(const Config& config, const fs::path& run_dir, const std::string& conf
          0,      0,       RunFacts{}};
   L.facts.world_size = group ? group->size() : 1;
   L.facts.threads = get_num_threads();
+  make_powersgd_checkpoint(L, false);
   if (lead) {
     fs::create_directories(run_dir);
     write_text(run_dir / "config.toml", config.to_toml());
@@ -1391,6 +1412,11 @@ int resume(const fs::path& run_dir, const ResumeOptions& o, dist::ProcessGroupPt
                                                : nullptr;
   train::CheckpointRefs refs = checkpoint_refs(L, /*with_facts=*/false, full.get(), full_model.get());
   if (then) refs.objects["run"] = &loaded;
+  auto objects = header.metadata.find("state.objects");
+  const bool has_powersgd =
+      objects != header.metadata.end() && ("\n" + objects->second + "\n").find("\npowersgd\n") != std::string::npos;
+  make_powersgd_checkpoint(L, has_powersgd);
+  if (has_powersgd) refs.objects["powersgd"] = L.powersgd.get();
   // A changed schedule is recomputed (replay_schedule), so the file's scheduler state is not loaded.
   if (changes.replay) refs.scheduler = nullptr;
   train::CheckpointInfo info;
@@ -1429,11 +1455,13 @@ int resume(const fs::path& run_dir, const ResumeOptions& o, dist::ProcessGroupPt
   }
   L.step = info.step;
   L.resumed = true;
+  const std::string powersgd_said = L.powersgd ? L.powersgd->apply() : "";
   if (info.loader) L.task.train_loader->load_state(*info.loader);
   if (changes.replay) replay_schedule(L.task, config, L.step);
   if (lead) {
     L.time_offset = truncate_metrics(run_dir / "metrics.jsonl", L.step);
     std::printf("resuming %s from step %lld\n", run_dir.string().c_str(), static_cast<long long>(L.step));
+    if (!powersgd_said.empty()) std::printf("%s\n", powersgd_said.c_str());
     if (!changes.lines.empty()) {
       std::string list;
       for (const auto& l : changes.lines) list += (list.empty() ? "" : ", ") + l;

@@ -138,6 +138,36 @@ TEST(CliZero, PowerSgdStartsAfterItsPlainSteps) {
   EXPECT_NE(bad.output.find("dist.powersgd_rank must be >= 1, got 0"), std::string::npos) << bad.output;
 }
 
+// Note [PowerSGD in checkpoints]: the checkpoint holds PowerSGD's Qs, step
+// count and every rank's error feedback, so a run stopped at step 10 and
+// resumed on 2 ranks computes the straight run's losses bit for bit (PowerSGD
+// from step 3 on, so seven steps' error feedback is carried over).
+TEST(CliZero, PowerSgdRunResumesBitwise) {
+  TempDir dir;
+  write_text(dir.path() / "tiny.toml", tiny_mlp_config());
+  const std::string psgd = kSets + " --set dist.comm_hook=powersgd --set dist.powersgd_start_iter=2";
+  const fs::path straight = dir.path() / "straight", stopped = dir.path() / "stopped";
+  auto s = launch2("train " + dir.file("tiny.toml") + " --out " + straight.string() + psgd);
+  ASSERT_EQ(s.rc, 0) << s.output;
+  auto a = launch2("train " + dir.file("tiny.toml") + " --out " + stopped.string() + psgd +
+                   " --set train.max_steps=10");
+  ASSERT_EQ(a.rc, 0) << a.output;
+  auto b = launch2("resume " + stopped.string());
+  ASSERT_EQ(b.rc, 0) << b.output;
+  EXPECT_NE(b.output.find("PowerSGD: its state restored (step 10, "), std::string::npos) << b.output;
+  EXPECT_NE(b.output.find("with their error feedback"), std::string::npos) << b.output;
+  const auto ls = train_losses(straight), lr = train_losses(stopped);
+  ASSERT_EQ(ls.size(), 20u);
+  ASSERT_EQ(lr.size(), 20u);
+  for (size_t i = 0; i < ls.size(); ++i) EXPECT_EQ(ls[i], lr[i]) << "step " << i + 1;
+  // One process exchanges no gradients: the state is left unused, and the run says why.
+  auto one = kiln_cli("resume " + stopped.string() + " --allow-world-size-change --set train.max_steps=22");
+  ASSERT_EQ(one.rc, 0) << one.output;
+  EXPECT_NE(one.output.find("PowerSGD state is left unused: a single process exchanges no gradients"),
+            std::string::npos)
+      << one.output;
+}
+
 TEST(CliZero, OneProcessTrainsAsToday) {
   TempDir dir;
   write_text(dir.path() / "tiny.toml", tiny_mlp_config());

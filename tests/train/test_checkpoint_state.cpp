@@ -151,6 +151,33 @@ TEST(CheckpointState, MismatchesAreReportedTogetherAndChangeNothing) {
   EXPECT_EQ(default_generator().get_state(), default_before);
 }
 
+// An object whose saved state depends on the run that saved it
+// (loads_any_saved_state: PowerSGD's per-rank errors, docs/ddp.md) is handed
+// what the file holds, whatever its keys and shapes, and decides itself.
+class AnyState : public io::Stateful {
+ public:
+  ObjectState state_dict() const override { return {}; }
+  void load_state_dict(const ObjectState& s) override { got = s; }
+  bool loads_any_saved_state() const override { return true; }
+  ObjectState got;
+};
+
+TEST(CheckpointState, AnObjectThatLoadsAnySavedStateGetsWhatTheFileHolds) {
+  test::TempDir dir;
+  const std::string path = dir.file("c.safetensors");
+  auto model = linear(1);
+  OtherScaler saved;
+  train::save_checkpoint(path, {.model = model.get(), .objects = {{"s", &saved}}}, {});
+  AnyState any;
+  train::load_checkpoint(path, {.model = model.get(), .objects = {{"s", &any}}});
+  ASSERT_EQ(any.got.tensors.size(), 2u);
+  EXPECT_EQ(any.got.tensors.at("history").sizes(), IntArrayRef({3}));
+  EXPECT_EQ(std::get<double>(any.got.values.at("growth_tracker")), 1.5);
+  // Still named: an object the file lacks is missing, as any other.
+  EXPECT_THROW(train::load_checkpoint(path, {.model = model.get(), .objects = {{"s", &any}, {"t", &any}}}),
+               ValueError);
+}
+
 TEST(CheckpointState, BadNamesAreRejectedOnSave) {
   test::TempDir dir;
   auto model = linear(1);

@@ -33,6 +33,11 @@ class Stateful {
   virtual ~Stateful() = default;
   virtual ObjectState state_dict() const = 0;
   virtual void load_state_dict(const ObjectState& state) = 0;
+  /// True for an object whose saved keys and shapes depend on the run that
+  /// saved it (a per-rank state saved at another world size): a checkpoint
+  /// then hands load_state_dict whatever was saved under its name without
+  /// comparing it with state_dict(), and the object decides what it can use.
+  virtual bool loads_any_saved_state() const { return false; }
 };
 
 }  // namespace kiln::io
