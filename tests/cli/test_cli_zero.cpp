@@ -160,8 +160,21 @@ TEST(CliZero, PowerSgdRunResumesBitwise) {
   ASSERT_EQ(ls.size(), 20u);
   ASSERT_EQ(lr.size(), 20u);
   for (size_t i = 0; i < ls.size(); ++i) EXPECT_EQ(ls[i], lr[i]) << "step " << i + 1;
-  // One process exchanges no gradients: the state is left unused, and the run says why.
-  auto one = kiln_cli("resume " + stopped.string() + " --allow-world-size-change --set train.max_steps=22");
+  // What does not carry over is said. On 3 ranks the errors have no owner (the Qs and count are kept);
+  // at another powersgd_rank nothing fits; one process exchanges no gradients.
+  const std::string again = "resume " + stopped.string() + " --allow-world-size-change --set train.max_steps=";
+  auto three = launch(3, again + "22");
+  ASSERT_EQ(three.rc, 0) << three.output;
+  EXPECT_NE(three.output.find("PowerSGD: its Qs and step count restored (step 20); its error feedback was saved on 2 "
+                              "ranks and this run has 3, so it starts from zero"),
+            std::string::npos)
+      << three.output;
+  auto rank2 = launch(3, again + "24 --set dist.powersgd_rank=2");
+  ASSERT_EQ(rank2.rc, 0) << rank2.output;
+  EXPECT_NE(rank2.output.find("PowerSGD starts afresh: the checkpoint's state does not fit this run's settings"),
+            std::string::npos)
+      << rank2.output;
+  auto one = kiln_cli(again + "26");
   ASSERT_EQ(one.rc, 0) << one.output;
   EXPECT_NE(one.output.find("PowerSGD state is left unused: a single process exchanges no gradients"),
             std::string::npos)
