@@ -51,18 +51,22 @@ def rows(results, flops):
         for w, recs in by_w.items():
             if not recs or w not in flops:
                 continue
-            med, best = [], []
+            med, best, products = [], [], []
             for r in recs:
                 probe_med, probe_best = statistics.median(r["probe_gflops"]), max(r["probe_gflops"])
-                med.append(r["step_median_ms"] / (flops[w] / (probe_med * 1e6)))
+                floor_ms = flops[w] / (probe_med * 1e6)
+                med.append(r["step_median_ms"] / floor_ms)
                 best.append(min(r["step_step_ms"]) / (flops[w] / (probe_best * 1e6)))
+                if r.get("step_product_ms_per_step", 0) > 0:
+                    products.append(r["step_product_ms_per_step"] / floor_ms)
             steps = [x for r in recs for x in r["step_step_ms"]]
             probes = [x for r in recs for x in r["probe_gflops"]]
             table.append({"workload": w, "threads": t, "goal": GOAL[w], "processes": len(recs),
                           "product_gflop": flops[w] / 1e9, "step_median_ms": statistics.median(steps),
                           "probe_size": recs[0]["probe_size"],
                           "probe_median_gflops": statistics.median(probes), "probe_best_gflops": max(probes),
-                          "process_ratios": med, "ratio": statistics.median(med), "best_ratio": statistics.median(best)})
+                          "process_ratios": med, "ratio": statistics.median(med), "best_ratio": statistics.median(best),
+                          "product_ratio": statistics.median(products) if products else None})
     return table
 
 
@@ -75,24 +79,28 @@ def markdown(table, fmt_time, quick):
                "(kiln_bench --floor ab; a %d² float32 mm), so both are timed in the same spells of the machine. "
                "floor = the step's product GFLOP at the probe's rate; ratio = median step / floor at the median "
                "probe rate, the median over processes (each process's beside it); best = best step / floor at the "
-               "best probe rate (median over processes). Goal (issue 26 §3): gpt ≤ 1.08, mlp and gpt_infer ≤ 1.05."
+               "best probe rate (median over processes); products = the step's products alone, as the profiler "
+               "times them on the last warm-up steps (matmuls, convolutions and the attention rows that count FLOPs), "
+               "over the same floor: what the kernels deliver on this step's shapes, so ratio − products is what the "
+               "rest of the step adds. Goal (issue 26 §3): gpt ≤ 1.08, mlp and gpt_infer ≤ 1.05."
                % table[0]["probe_size"])
     out.append("")
     out.append("| workload | threads | product GFLOP | step | probe GFLOP/s (median / best) | ratio | per process "
-               "| best | goal |")
-    out.append("|---|---|---|---|---|---|---|---|---|")
+               "| best | products | goal |")
+    out.append("|---|---|---|---|---|---|---|---|---|---|")
     for r in table:
-        out.append("| %s | %d | %.3f | %s | %.0f / %.0f | %.3f | %s | %.3f | ≤ %.2f |" % (
+        out.append("| %s | %d | %.3f | %s | %.0f / %.0f | %.3f | %s | %.3f | %s | ≤ %.2f |" % (
             r["workload"], r["threads"], r["product_gflop"], fmt_time(r["step_median_ms"]),
             r["probe_median_gflops"], r["probe_best_gflops"], r["ratio"],
-            " ".join("%.3f" % x for x in r["process_ratios"]), r["best_ratio"], r["goal"]))
+            " ".join("%.3f" % x for x in r["process_ratios"]), r["best_ratio"],
+            "—" if r["product_ratio"] is None else "%.3f" % r["product_ratio"], r["goal"]))
     return "\n".join(out) + "\n"
 
 
 def self_test():
     """The ratios from synthetic records (scripts/test.sh runs this)."""
     rec = {"probe_size": 2048, "step_median_ms": 11.0, "step_step_ms": [10.0, 12.0, 11.0],
-           "probe_gflops": [100.0, 200.0, 150.0]}
+           "probe_gflops": [100.0, 200.0, 150.0], "step_product_ms_per_step": 8.0}
     slow = dict(rec, step_median_ms=22.0, step_step_ms=[20.0, 24.0, 22.0], probe_gflops=[50.0, 100.0, 75.0])
     table = rows({1: {"mlp": [rec, slow, rec]}}, {"mlp": 1e9})
     assert len(table) == 1, table
@@ -104,9 +112,13 @@ def self_test():
     # best: the best step over the floor at the best probe rate, 10 ms over 5 ms.
     assert abs(r["best_ratio"] - 2.0) < 1e-12, r
     assert r["goal"] == GOAL["mlp"] and r["processes"] == 3 and r["probe_size"] == 2048, r
+    # products: 8 ms of products over the 6.67 ms floor (the slow process: 16 ms over 13.3 ms, the same).
+    slow["step_product_ms_per_step"] = 16.0
+    assert abs(rows({1: {"mlp": [rec, slow, rec]}}, {"mlp": 1e9})[0]["product_ratio"] - 1.2) < 1e-12
+    assert rows({1: {"mlp": [dict(rec, step_product_ms_per_step=0)]}}, {"mlp": 1e9})[0]["product_ratio"] is None
     assert rows({1: {"tiny": [rec]}}, {"mlp": 1e9}) == [], "a workload without a FLOP count has no row"
     text = markdown(table, lambda ms: "%.2f ms" % ms, False)
-    assert "| mlp | 1 | 1.000 | 12.00 ms | 100 / 200 | 1.650 | 1.650 1.650 1.650 | 2.000 | ≤ 1.05 |" in text, text
+    assert "| mlp | 1 | 1.000 | 12.00 ms | 100 / 200 | 1.650 | 1.650 1.650 1.650 | 2.000 | 1.200 | ≤ 1.05 |" in text, text
     print("floor_bench.py: self-test passed")
     return 0
 

@@ -297,8 +297,10 @@ std::pair<double, double> profiled_products(const std::function<void()>& step) {
 // the copies, so both modes share the process's state: the ratio of one
 // process is a pairing, and the harness takes the median over processes.
 // The first step of each block is left out (it follows the other copy's
-// block, whose data evicted this one's), and each copy's last warm-up steps
-// count its products' time.
+// block, whose data evicted this one's). Each copy's last warm-up steps
+// count its products, each after a step of its own for the same reason, and
+// one more step after each block times them again in that block's spell
+// (the median of all of those is the copy's product_ms_per_step).
 
 // Note [The floor in the step's own phase]
 // A float32 floor is a step's product FLOPs at the matmul probe's rate, and
@@ -338,18 +340,24 @@ int run_paired(const Args& a, Side& x, Side& y) {
     for (Side* s : {&x, &y}) s->step(false);
   for (int i = 0; i < counted; ++i)
     for (Side* s : {&x, &y}) {
+      // After one step of its own, as a timed step runs after the one its
+      // block leaves out: the other side's step has evicted this one's data.
+      s->step(false);
       const auto [flops, ms] = profiled_products([&] { s->step(false); });
       s->product_flops = flops;
       s->product_ms.push_back(ms);
     }
   const int block = std::clamp(a.steps / 8, 2, 10);
   while (static_cast<int>(y.ms.size()) < a.steps)
-    for (Side* s : {&x, &y})
+    for (Side* s : {&x, &y}) {
       for (int i = 0; i < block + 1; ++i) {
         const auto t0 = Clock::now();
         s->step(false);
         if (i > 0 && static_cast<int>(s->ms.size()) < a.steps) s->ms.push_back(ms_since(t0));
       }
+      // One more step, profiled: its products' time in the spell its block was timed in.
+      s->product_ms.push_back(profiled_products([&] { s->step(false); }).second);
+    }
   for (Side* s : {&x, &y}) s->loss_last = s->step(true);
   return block;
 }
