@@ -160,6 +160,15 @@ TEST(CliZero, PowerSgdRunResumesBitwise) {
   ASSERT_EQ(ls.size(), 20u);
   ASSERT_EQ(lr.size(), 20u);
   for (size_t i = 0; i < ls.size(); ++i) EXPECT_EQ(ls[i], lr[i]) << "step " << i + 1;
+  // zero1 (DDP with the optimizer state sharded) saves and restores PowerSGD's state alike.
+  const fs::path z = dir.path() / "zero1";
+  auto za = launch2("train " + dir.file("tiny.toml") + " --out " + z.string() + psgd +
+                    " --set dist.strategy=zero1 --set train.max_steps=10");
+  ASSERT_EQ(za.rc, 0) << za.output;
+  auto zb = launch2("resume " + z.string());
+  ASSERT_EQ(zb.rc, 0) << zb.output;
+  EXPECT_NE(zb.output.find("PowerSGD: its state restored (step 10, "), std::string::npos) << zb.output;
+  EXPECT_EQ(train_losses(z), ls) << "zero1 trains as ddp, resumed or not";
   // What does not carry over is said. On 3 ranks the errors have no owner (the Qs and count are kept);
   // at another powersgd_rank nothing fits; one process exchanges no gradients.
   const std::string again = "resume " + stopped.string() + " --allow-world-size-change --set train.max_steps=";
