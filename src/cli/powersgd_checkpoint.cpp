@@ -70,7 +70,11 @@ void PowerSgdCheckpoint::load_state_dict(const io::ObjectState& state) {
 }
 
 std::string PowerSgdCheckpoint::apply() {
-  if (!has_loaded_) return "";
+  if (!has_loaded_)
+    return ddp_ == nullptr ? ""
+                           : "PowerSGD starts afresh: the checkpoint holds no PowerSGD state (its run did not use "
+                             "PowerSGD, or kept no state for it), so the resumed run's gradients leave the ones an "
+                             "uninterrupted run would have had";
   if (ddp_ == nullptr) return "the checkpoint's PowerSGD state is left unused: " + unused_because_;
   const auto value = [&](const char* key) -> int64_t {
     const auto it = loaded_.values.find(key);

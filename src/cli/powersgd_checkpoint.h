@@ -34,7 +34,7 @@ class PowerSgdCheckpoint final : public io::Stateful {
 
   /// After a resume has loaded the checkpoint on every rank: this rank's share
   /// of the loaded state into the wrapper. Returns what happened, for rank 0 to
-  /// print (empty when the checkpoint held no PowerSGD state).
+  /// print (empty only when neither the run nor the checkpoint has PowerSGD).
   std::string apply();
 
  private:

@@ -188,6 +188,14 @@ TEST(CliZero, PowerSgdRunResumesBitwise) {
   EXPECT_NE(one.output.find("PowerSGD state is left unused: a single process exchanges no gradients"),
             std::string::npos)
       << one.output;
+  // A plain run resumed under PowerSGD has no state to take, and says so.
+  const fs::path plain = dir.path() / "plain";
+  auto p = launch2("train " + dir.file("tiny.toml") + " --out " + plain.string() + kSets + " --set train.max_steps=4");
+  ASSERT_EQ(p.rc, 0) << p.output;
+  auto pr = launch2("resume " + plain.string() + " --set dist.comm_hook=powersgd --set train.max_steps=6");
+  ASSERT_EQ(pr.rc, 0) << pr.output;
+  EXPECT_NE(pr.output.find("PowerSGD starts afresh: the checkpoint holds no PowerSGD state"), std::string::npos)
+      << pr.output;
 }
 
 TEST(CliZero, OneProcessTrainsAsToday) {
