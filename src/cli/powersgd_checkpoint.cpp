@@ -61,7 +61,7 @@ void PowerSgdCheckpoint::gather() {
     }
     o.tensors[kError + name] = stack(all);
   }
-  gathered_ = std::move(o);
+  if (!group_ || group_->rank() == 0) gathered_ = std::move(o);  // the rank that writes the file
 }
 
 void PowerSgdCheckpoint::load_state_dict(const io::ObjectState& state) {

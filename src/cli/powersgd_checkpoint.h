@@ -24,8 +24,10 @@ class PowerSgdCheckpoint final : public io::Stateful {
   /// Whether the run uses PowerSGD (its checkpoints then hold the object).
   bool active() const { return ddp_ != nullptr; }
   /// A collective over the run's ranks (every rank calls it before rank 0
-  /// saves): the state now, with every rank's errors.
+  /// saves): the state now, with every rank's errors, kept on rank 0 only.
   void gather();
+  /// Lets go of what gather() kept (every rank's errors), once saved.
+  void release() { gathered_ = {}; }
 
   io::ObjectState state_dict() const override { return gathered_; }
   void load_state_dict(const io::ObjectState& state) override;

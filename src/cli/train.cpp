@@ -986,6 +986,7 @@ class TrainLoop {
       const Consolidated full = consolidate(L_);
       if (L_.powersgd) L_.powersgd->gather();  // every rank's error feedback (Note [PowerSGD in checkpoints])
       if (lead_) save_checkpoint(L_, full);
+      if (L_.powersgd) L_.powersgd->release();
     }
     if (Clock::now() - pause_start > std::chrono::milliseconds(1)) {
       window_start_ += Clock::now() - pause_start;  // throughput and data wait count training time only
