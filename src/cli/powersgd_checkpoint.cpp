@@ -14,7 +14,10 @@
 // starts afresh, which the run says too.
 #include "cli/powersgd_checkpoint.h"
 
+#include <string>
+#include <string_view>
 #include <utility>
+#include <variant>
 #include <vector>
 
 #include "kiln/core/error.h"
@@ -25,10 +28,8 @@ namespace kiln::cli {
 
 namespace {
 
-constexpr const char* kQ = "q.";
-constexpr const char* kError = "error.";
-
-bool starts_with(const std::string& s, const char* prefix) { return s.rfind(prefix, 0) == 0; }
+constexpr std::string_view kQ = "q.";  // tensor keys: "q.<parameter>", "error.<parameter>"
+constexpr std::string_view kError = "error.";
 
 }  // namespace
 
@@ -47,7 +48,7 @@ void PowerSgdCheckpoint::gather() {
   o.values["rng_offset"] = static_cast<int64_t>(s.rng.offset);
   o.values["world_size"] = static_cast<int64_t>(world);
   o.values["matrix_approximation_rank"] = ddp_->options().powersgd.matrix_approximation_rank;
-  for (const auto& [name, q] : s.q) o.tensors[kQ + name] = q;
+  for (const auto& [name, q] : s.q) o.tensors[std::string(kQ) + name] = q;
   // Every rank has errors for the same gradients (all compress the same
   // matrices at the same steps), so the allgathers pair up across ranks.
   for (const auto& [name, e] : s.error) {
@@ -59,7 +60,7 @@ void PowerSgdCheckpoint::gather() {
       const dist::CollectiveLabel label("PowerSGD state for the checkpoint");
       group_->allgather(all, e.contiguous())->wait();
     }
-    o.tensors[kError + name] = stack(all);
+    o.tensors[std::string(kError) + name] = stack(all);
   }
   if (!group_ || group_->rank() == 0) gathered_ = std::move(o);  // the rank that writes the file
 }
@@ -92,13 +93,13 @@ std::string PowerSgdCheckpoint::apply() {
     const bool errors_fit = saved_world == world;
     bool had_errors = false;
     for (const auto& [key, t] : loaded_.tensors) {
-      if (starts_with(key, kQ)) {
-        s.q[key.substr(2)] = t;
-      } else if (starts_with(key, kError)) {
+      if (key.starts_with(kQ)) {
+        s.q[key.substr(kQ.size())] = t;
+      } else if (key.starts_with(kError)) {
         had_errors = true;
         KILN_CHECK(t.dim() >= 1 && t.size(0) == saved_world, ValueError, "the checkpoint's PowerSGD error '", key,
-                   "' has shape ", t.sizes(), ", not one row per each of its ", saved_world, " ranks");
-        if (errors_fit) s.error[key.substr(6)] = t.select(0, rank).contiguous();
+                   "' has shape ", t.sizes(), ", not one row for each of its ", saved_world, " ranks");
+        if (errors_fit) s.error[key.substr(kError.size())] = t.select(0, rank).contiguous();
       }
     }
     ddp_->load_powersgd_state(s);
