@@ -80,7 +80,8 @@ def markdown(table, fmt_time, quick):
                "floor = the step's product GFLOP at the probe's rate; ratio = median step / floor at the median "
                "probe rate, the median over processes (each process's beside it); best = best step / floor at the "
                "best probe rate (median over processes); products = the step's products alone, as the profiler "
-               "times them on the last warm-up steps (matmuls, convolutions and the attention rows that count FLOPs), "
+               "times them on one step after each timed block (and the last warm-up steps: matmuls, convolutions and "
+               "the attention rows that count FLOPs), "
                "over the same floor: what the kernels deliver on this step's shapes, so ratio − products is what the "
                "rest of the step adds. Goal (issue 26 §3): gpt ≤ 1.08, mlp and gpt_infer ≤ 1.05."
                % table[0]["probe_size"])

@@ -206,7 +206,7 @@ struct Loop {
   RunFacts facts;
   bool resumed = false;
   // dist.comm_hook = "powersgd" (or a resumed checkpoint that holds its state): the checkpoint object "powersgd".
-  std::unique_ptr<PowerSgdCheckpoint> powersgd;
+  std::unique_ptr<PowerSgdCheckpoint> powersgd = nullptr;
 };
 
 /// Makes L.powersgd when the run uses PowerSGD or the checkpoint it resumes holds its state.
@@ -1413,9 +1413,8 @@ int resume(const fs::path& run_dir, const ResumeOptions& o, dist::ProcessGroupPt
                                                : nullptr;
   train::CheckpointRefs refs = checkpoint_refs(L, /*with_facts=*/false, full.get(), full_model.get());
   if (then) refs.objects["run"] = &loaded;
-  auto objects = header.metadata.find("state.objects");
-  const bool has_powersgd =
-      objects != header.metadata.end() && ("\n" + objects->second + "\n").find("\npowersgd\n") != std::string::npos;
+  // The object's scalars sit in the metadata, as the run facts' do (facts_of): "iter" is always among them.
+  const bool has_powersgd = header.metadata.count("state.powersgd.iter") > 0;
   make_powersgd_checkpoint(L, has_powersgd);
   if (has_powersgd) refs.objects["powersgd"] = L.powersgd.get();
   // A changed schedule is recomputed (replay_schedule), so the file's scheduler state is not loaded.

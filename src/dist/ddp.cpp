@@ -113,16 +113,18 @@ void DistributedDataParallel::register_comm_hook(const PowerSGDOptions& powersgd
 // the same for a value wherever it sits in the buffer), so a state carried
 // over into another layout gives the bits the old layout would have.
 // Before, a rebuild started PowerSGD afresh for every bucket.
-void DistributedDataParallel::keep_powersgd_state() {
+std::map<size_t, std::pair<Tensor, Tensor>> DistributedDataParallel::bucket_powersgd_state() const {
+  std::map<size_t, std::pair<Tensor, Tensor>> out;
   for (size_t b = 0; b < state_.size(); ++b) {
     const detail::PowerSgdBucket* pb = state_[b]->powersgd.get();
     if (pb == nullptr) continue;
     for (const auto& mt : pb->matrices) {
-      detail::PowerSgdMatrixState st = detail::powersgd_matrix_state(*pb, mt.slot);
+      detail::PowerSgdMatrixState st = detail::powersgd_matrix_state(*pb, mt);
       if (st.q.defined() || st.error.defined())
-        powersgd_kept_[buckets_[b].params[mt.slot]] = {std::move(st.q), std::move(st.error)};
+        out[buckets_[b].params[mt.slot]] = {std::move(st.q), std::move(st.error)};
     }
   }
+  return out;
 }
 
 PowerSGDState DistributedDataParallel::powersgd_state() const {
@@ -132,19 +134,14 @@ PowerSGDState DistributedDataParallel::powersgd_state() const {
   PowerSGDState s;
   s.iter = powersgd_iter_;
   s.rng = powersgd_rng_.get_state();
-  for (const auto& [i, qe] : powersgd_kept_) {
-    if (qe.first.defined()) s.q[names_[i]] = qe.first.clone();
-    if (qe.second.defined()) s.error[names_[i]] = qe.second.clone();
-  }
-  for (size_t b = 0; b < state_.size(); ++b) {
-    const detail::PowerSgdBucket* pb = state_[b]->powersgd.get();
-    if (pb == nullptr) continue;
-    for (const auto& mt : pb->matrices) {
-      detail::PowerSgdMatrixState st = detail::powersgd_matrix_state(*pb, mt.slot);
-      const std::string& name = names_[buckets_[b].params[mt.slot]];
-      if (st.q.defined()) s.q[name] = std::move(st.q);
-      if (st.error.defined()) s.error[name] = std::move(st.error);
-    }
+  // A parameter's state is kept outside the buckets until its bucket next compresses, and then only inside.
+  std::map<size_t, std::pair<Tensor, Tensor>> all = bucket_powersgd_state();
+  for (const auto& [i, qe] : powersgd_kept_)
+    all.try_emplace(i, qe.first.defined() ? qe.first.clone() : Tensor(),
+                    qe.second.defined() ? qe.second.clone() : Tensor());
+  for (auto& [i, qe] : all) {
+    if (qe.first.defined()) s.q[names_[i]] = std::move(qe.first);
+    if (qe.second.defined()) s.error[names_[i]] = std::move(qe.second);
   }
   return s;
 }
@@ -372,7 +369,8 @@ void DistributedDataParallel::maybe_rebuild_buckets() {
     order[static_cast<size_t>(i)] = static_cast<size_t>(k);
   }
   NoGradGuard no_grad;
-  keep_powersgd_state();  // Note [PowerSGD state by parameter]
+  for (auto& [i, qe] : bucket_powersgd_state())
+    powersgd_kept_[i] = std::move(qe);  // Note [PowerSGD state by parameter]
   assign_buckets(order);
   for (size_t i = 0; i < params_.size(); ++i) {
     Tensor& grad = params_[i].mutable_grad();
@@ -532,10 +530,10 @@ void DistributedDataParallel::launch_ready_buckets() {
         if (!b.powersgd) {
           b.powersgd =
               std::make_unique<detail::PowerSgdBucket>(detail::plan_powersgd(b.flat, b.views, options_.powersgd));
-          for (const auto& mt : b.powersgd->matrices) {  // Note [PowerSGD state by parameter]
+          for (auto& mt : b.powersgd->matrices) {  // Note [PowerSGD state by parameter]
             const auto kept = powersgd_kept_.find(buckets_[next_launch_].params[mt.slot]);
             if (kept == powersgd_kept_.end()) continue;
-            detail::powersgd_restore(*b.powersgd, mt.slot, {kept->second.first, kept->second.second}, b.flat.numel());
+            detail::powersgd_restore(*b.powersgd, mt, {kept->second.first, kept->second.second}, b.flat.numel());
             powersgd_kept_.erase(kept);
           }
         }

@@ -200,28 +200,23 @@ void powersgd_finish(PowerSgdBucket& b, Tensor& flat, const PowerSGDOptions& o) 
   b.input = Tensor();
 }
 
-PowerSgdMatrixState powersgd_matrix_state(const PowerSgdBucket& b, size_t slot) {
+PowerSgdMatrixState powersgd_matrix_state(const PowerSgdBucket& b, const PowerSgdBucket::Matrix& mt) {
   PowerSgdMatrixState st;
-  for (const auto& mt : b.matrices) {
-    if (mt.slot != slot) continue;
-    if (mt.has_q) st.q = matrix_at(b.q, mt.q_off, mt.m, mt.r).clone();
-    if (b.error.defined()) st.error = matrix_at(b.error, mt.off, mt.n, mt.m).clone();
-  }
+  if (mt.has_q) st.q = matrix_at(b.q, mt.q_off, mt.m, mt.r).clone();
+  if (b.error.defined()) st.error = matrix_at(b.error, mt.off, mt.n, mt.m).clone();
   return st;
 }
 
-void powersgd_restore(PowerSgdBucket& b, size_t slot, const PowerSgdMatrixState& st, int64_t bucket_numel) {
+void powersgd_restore(PowerSgdBucket& b, PowerSgdBucket::Matrix& mt, const PowerSgdMatrixState& st,
+                      int64_t bucket_numel) {
   NoGradGuard no_grad;
-  for (auto& mt : b.matrices) {
-    if (mt.slot != slot) continue;
-    if (st.q.defined()) {
-      matrix_at(b.q, mt.q_off, mt.m, mt.r).copy_(st.q);
-      mt.has_q = true;
-    }
-    if (st.error.defined()) {
-      if (!b.error.defined()) b.error = zeros({bucket_numel});
-      matrix_at(b.error, mt.off, mt.n, mt.m).copy_(st.error);
-    }
+  if (st.q.defined()) {
+    matrix_at(b.q, mt.q_off, mt.m, mt.r).copy_(st.q);
+    mt.has_q = true;
+  }
+  if (st.error.defined()) {
+    if (!b.error.defined()) b.error = zeros({bucket_numel});
+    matrix_at(b.error, mt.off, mt.n, mt.m).copy_(st.error);
   }
 }
 

@@ -44,11 +44,12 @@ struct PowerSgdMatrixState {
   Tensor q, error;
 };
 
-/// The state of the bucket's gradient at view `slot` (undefined tensors when it is averaged plainly).
-PowerSgdMatrixState powersgd_matrix_state(const PowerSgdBucket& b, size_t slot);
-/// Puts a gradient's saved state into a freshly planned bucket (its Q marked
+/// Copies of compressed gradient `mt`'s state in bucket b.
+PowerSgdMatrixState powersgd_matrix_state(const PowerSgdBucket& b, const PowerSgdBucket::Matrix& mt);
+/// Puts a gradient's saved state into b, whose matrix it is (its Q then
 /// usable by warm start). Shapes must be the plan's (the caller checked them).
-void powersgd_restore(PowerSgdBucket& b, size_t slot, const PowerSgdMatrixState& st, int64_t bucket_numel);
+void powersgd_restore(PowerSgdBucket& b, PowerSgdBucket::Matrix& mt, const PowerSgdMatrixState& st,
+                      int64_t bucket_numel);
 
 /// How PowerSGD takes a gradient of `shape`: viewed as [n, m] (n = shape[0]),
 /// compressed to rank r when that shrinks it min_compression_rate times (torch's _should_compress).

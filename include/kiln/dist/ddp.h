@@ -125,7 +125,7 @@ struct DDPOptions {
   /// How buckets are communicated; register_comm_hook() sets it after construction.
   CommHook comm_hook = CommHook::Allreduce;
   /// CommHook::PowerSGD's settings.
-  PowerSGDOptions powersgd;
+  PowerSGDOptions powersgd = {};
 };
 
 /// Parameters in one bucket: indices into parameters() order, in the order
@@ -260,7 +260,8 @@ class DistributedDataParallel : public nn::Module {
   // Parameter -> (Q, error) held outside the buckets: kept over a bucket
   // rebuild or loaded, put back when the parameter's bucket next compresses.
   std::map<size_t, std::pair<Tensor, Tensor>> powersgd_kept_;
-  void keep_powersgd_state();
+  /// Copies of the (Q, error) of every compressed gradient in the buckets, by parameter index.
+  std::map<size_t, std::pair<Tensor, Tensor>> bucket_powersgd_state() const;
 };
 
 }  // namespace kiln::dist
