@@ -73,13 +73,14 @@ void BM_SdpaCompositeCausalForward(benchmark::State& s) { run_sdpa_forward(s, co
 
 // Forward and backward as gpt's step runs them: q, k, v the heads of one
 // fused [B, T, 3C] projection (row stride 3C), the weights kept for backward.
-// Arguments: threads; 0 forward alone, 1 forward + backward; query rows per
-// block (Note [Query blocks for bf16 training] in src/ops/attention.cpp).
+// Arguments: threads; 0 forward alone (no graph), 1 forward + backward; query
+// rows per block (Note [Query blocks for bf16 training] in
+// src/ops/attention.cpp); the batch.
 void run_gpt_heads(benchmark::State& state, kiln::DType dt) {
   const int before = kiln::get_num_threads();
   kiln::set_num_threads(static_cast<int>(state.range(0)));
-  const int64_t B = 16, H = 4, T = 128, E = 64, C = H * E;
-  const kiln::Tensor x = kiln::randn({B, T, 3 * C}).to(dt).requires_grad_();
+  const int64_t B = state.range(3), H = 4, T = 128, E = 64, C = H * E;
+  const kiln::Tensor x = kiln::randn({B, T, 3 * C}).to(dt).requires_grad_(state.range(1) != 0);
   const kiln::Tensor g = kiln::randn({B, H, T, E}).to(dt);
   auto heads = [&](const kiln::Tensor& t) { return t.view({B, T, H, E}).transpose(1, 2); };
   for (auto _ : state) {
@@ -96,8 +97,16 @@ void BM_SdpaGptHeadsBf16(benchmark::State& state) { run_gpt_heads(state, kiln::k
 void BM_SdpaGptHeadsF32(benchmark::State& state) { run_gpt_heads(state, kiln::kFloat32); }
 }  // namespace
 
-BENCHMARK(BM_SdpaGptHeadsBf16)->ArgsProduct({{1, 2}, {0, 1}, {64, 128}})->UseRealTime()->Unit(benchmark::kMicrosecond);
-BENCHMARK(BM_SdpaGptHeadsF32)->ArgsProduct({{1, 2}, {0, 1}, {64, 128}})->UseRealTime()->Unit(benchmark::kMicrosecond);
+BENCHMARK(BM_SdpaGptHeadsBf16)
+    ->ArgsProduct({{1, 2}, {0, 1}, {64, 128}, {16}})
+    ->UseRealTime()
+    ->Unit(benchmark::kMicrosecond);
+BENCHMARK(BM_SdpaGptHeadsF32)
+    ->ArgsProduct({{1, 2}, {0, 1}, {64, 128}, {16}})
+    ->UseRealTime()
+    ->Unit(benchmark::kMicrosecond);
+// gpt_infer's attention: one sequence, forward alone, no graph.
+BENCHMARK(BM_SdpaGptHeadsF32)->ArgsProduct({{1, 2}, {0}, {64, 128}, {1}})->UseRealTime()->Unit(benchmark::kMicrosecond);
 
 BENCHMARK(BM_SdpaFusedCausalForward)->Arg(1)->UseRealTime()->Unit(benchmark::kMillisecond);
 BENCHMARK(BM_SdpaCompositeCausalForward)->Arg(1)->UseRealTime()->Unit(benchmark::kMillisecond);

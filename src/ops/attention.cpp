@@ -239,6 +239,8 @@ bool keeps_weights(const Tensor& q, const Tensor& k, const Tensor& v, const Fuse
   return kernels::attention_keeps_weights(q.size(-2), k.size(-2), q.size(-1), v.size(-1), a.causal, a.block_rows);
 }
 
+double attention_flops(const Tensor& q, const Tensor& k, const Tensor& out, bool causal);
+
 // The attention output, query rows in blocks; `lse`, when not null, gets the
 // per-row log-sum-exp [..., L, 1] that backward recomputes the weights from,
 // and `weights`, when not null and keeps_weights holds, each block's weights
@@ -269,7 +271,13 @@ Tensor attention_forward(const Tensor& q, const Tensor& k, const Tensor& v, cons
       kept = empty({kernels::attention_heads_weights_size(*h)}, TensorOptions(q.dtype()));
       h->weights = kept.data_ptr();
     }
-    kernels::attention_heads_forward(*h);
+    {
+      // Its two products run inside the kernel, not as matmul events: they are
+      // counted here, where their time is (Note [Attention FLOPs where they run]).
+      OpScope rs("attention_fused_forward", {&q, &k, &v});
+      if (rs.recording()) rs.set_flops(attention_flops(q, k, out_heads, a.causal));
+      kernels::attention_heads_forward(*h);
+    }
     if (weights) {  // block by block, each [B, H, n, kend] (what the block path below keeps)
       for (int64_t r0 = 0; r0 < L; r0 += a.block_rows) {
         const int64_t n = std::min(a.block_rows, L - r0), kend = keys_visible(a, r0, n, S);
@@ -322,8 +330,6 @@ bool fused_projection_heads(const Tensor& q, const Tensor& k, const Tensor& v) {
   const int64_t piece = C * q.element_size();
   return static_cast<const char*>(k.data_ptr()) == p + piece && static_cast<const char*>(v.data_ptr()) == p + 2 * piece;
 }
-
-double attention_flops(const Tensor& q, const Tensor& k, const Tensor& out, bool causal, bool fused);
 
 // The kept weights as the heads kernel's one buffer (AttentionHeads::weights):
 // the blocks' views must lie one after another and fill the buffer the heads
@@ -391,7 +397,7 @@ struct FusedSdpa : autograd::Function<FusedSdpa> {
       // the forward computed (attention_flops counts two of them).
       OpScope rs("attention_fused_backward", {&dout, &q, &k, &v});
       if (rs.recording())
-        rs.set_flops(attention_flops(q, k, out, a.causal, true) * static_cast<double>(3 * E + 2 * v.size(3)) /
+        rs.set_flops(attention_flops(q, k, out, a.causal) * static_cast<double>(3 * E + 2 * v.size(3)) /
                      static_cast<double>(E + v.size(3)));
       kernels::attention_heads_backward(*h);
       return {dq, dk, dv};
@@ -497,18 +503,28 @@ struct FusedSdpa : autograd::Function<FusedSdpa> {
   }
 };
 
-// The FLOPs of attention's two products, q·kᵀ and weights·v, for the scores
-// the path computes: 2·batch·(E + Ev) per score (4·B·H·L·S·D when E = Ev).
-// The fused path computes only the scores a causal mask leaves (the lower
-// triangle, diagonal included: blocks of rows skip the keys past their last
-// row, and the banded products the rest, Note [Causal products]); the
-// composite computes (then masks) every score and counts them all.
-double attention_flops(const Tensor& q, const Tensor& k, const Tensor& out, bool causal, bool fused) {
+// Note [Attention FLOPs where they run]
+// The profiler counts a product's FLOPs on the event whose self time holds
+// its arithmetic, so GFLOP/s is a rate and the FLOPs of nested events add up
+// once. The heads kernel runs attention's products inside itself: its
+// forward counts them on "attention_fused_forward" and its backward on
+// "attention_fused_backward". Every other path (the blocks of rows, the
+// composite) runs them as matmul events, which count their own. The count
+// once sat on scaled_dot_product_attention, whose self time leaves the kernel
+// out (gpt's attention read as free beside its FLOPs) and whose count the
+// blocks' matmul events then repeated.
+//
+// The FLOPs of the heads kernel's two products, q·kᵀ and weights·v: 2·batch·
+// (E + Ev) per score it computes (4·B·H·L·S·D when E = Ev), and under a
+// causal mask only the scores it leaves (the lower triangle, diagonal
+// included: blocks of rows skip the keys past their last row, and the banded
+// products the rest, Note [Causal products]).
+double attention_flops(const Tensor& q, const Tensor& k, const Tensor& out, bool causal) {
   const int64_t L = q.size(-2), S = k.size(-2), E = q.size(-1), Ev = out.size(-1);
   if (L == 0 || Ev == 0) return 0;
   const double batch = static_cast<double>(out.numel() / (L * Ev));
   double scores = static_cast<double>(L) * static_cast<double>(S);
-  if (causal && fused) {
+  if (causal) {
     scores = 0;
     for (int64_t i = 0; i < L; ++i) scores += static_cast<double>(std::min(S, i + 1));
   }
@@ -547,10 +563,8 @@ Tensor scaled_dot_product_attention(const Tensor& q, const Tensor& k, const Tens
   const bool dropout_active = training && dropout_p > 0.0;
   const bool mask_needs_grad = attn_mask.defined() && attn_mask.requires_grad() && grad_mode_enabled();
   const bool fused = !dropout_active && !mask_needs_grad;
-  Tensor out = fused ? attention_fused(q, k, v, attn_mask, is_causal, fused_block_rows(q, k, v), loc)
-                     : attention_composite(q, k, v, attn_mask, dropout_p, is_causal, training);
-  if (rs.recording()) rs.set_flops(attention_flops(q, k, out, is_causal, fused));
-  return out;
+  return fused ? attention_fused(q, k, v, attn_mask, is_causal, fused_block_rows(q, k, v), loc)
+               : attention_composite(q, k, v, attn_mask, dropout_p, is_causal, training);
 }
 
 // The composite form: autograd records matmul, softmax and masked_fill, so

@@ -241,36 +241,56 @@ TEST(OpRecord, ConvolutionFlopsAreAnalytic) {
   EXPECT_EQ(grad.flops, 2 * one);
 }
 
-TEST(OpRecord, AttentionFlopsCountTheProductsTheKernelRuns) {
+// Note [Attention FLOPs where they run] (src/ops/attention.cpp): each
+// product's FLOPs once, on the event whose self time runs it.
+TEST(OpRecord, AttentionFlopsCountTheProductsWhereTheyRun) {
   const int64_t Bt = 2, Hd = 3, L = 100, E = 8;
+  const double causal_scores = 100.0 * 101 / 2;  // the lower triangle, diagonal included
+  // The FLOPs of every event, and of those named `name`.
+  const auto flops = [](const Collector& c, const std::string& name = "") {
+    double sum = 0;
+    for (const Seen& e : c.of(record::Kind::Op, name)) sum += e.flops;
+    return sum;
+  };
+  // Run block by block over all heads (3-D operands): its products are matmul
+  // events, which count the banded products' FLOPs, and nothing else does.
   const Tensor q = randn({Bt, Hd, L, E}), k = randn({Bt, Hd, L, E}), v = randn({Bt, Hd, L, E});
-  Collector c;
-  ops::scaled_dot_product_attention(q, k, v, {}, 0.0, /*is_causal=*/false);
-  ops::scaled_dot_product_attention(q, k, v, {}, 0.0, /*is_causal=*/true);
-  c.stop();
-  const std::vector<Seen> sdpa = c.of(record::Kind::Op, "scaled_dot_product_attention");
-  ASSERT_EQ(sdpa.size(), 2u);
-  EXPECT_EQ(sdpa[0].flops, 4.0 * Bt * Hd * L * L * E);
-  // Causal: the lower triangle, diagonal included (the banded products skip the rest).
-  const double causal_scores = 100.0 * 101 / 2;
-  EXPECT_EQ(sdpa[1].flops, 4.0 * Bt * Hd * causal_scores * E);
-  // Run block by block over all heads (3-D operands), its products, as their
-  // own "matmul" events, add up to the same count.
-  Collector inner;
   const Tensor q3 = q.view({Bt * Hd, L, E}), k3 = k.view({Bt * Hd, L, E}), v3 = v.view({Bt * Hd, L, E});
-  ops::scaled_dot_product_attention(q3, k3, v3, {}, 0.0, /*is_causal=*/true);
-  inner.stop();
-  double products = 0;
-  for (const Seen& e : inner.of(record::Kind::Op, "matmul")) products += e.flops;
-  EXPECT_EQ(products, sdpa[1].flops);
-  // Heads of one projection take the one-head-at-a-time kernel both ways; its
-  // backward's five products (scores again, dP, dv, dq, dk) are counted on
-  // "attention_fused_backward". That kernel runs on the small products'
-  // kernel, which a build for a CPU without AVX512-BF16 does not have.
+  {
+    Collector c;
+    ops::scaled_dot_product_attention(q3, k3, v3, {}, 0.0, /*is_causal=*/true);
+    c.stop();
+    EXPECT_EQ(flops(c, "matmul"), 4.0 * Bt * Hd * causal_scores * E);
+    EXPECT_EQ(flops(c), flops(c, "matmul")) << "the products counted once";
+  }
+  // The composite (dropout in training): its matmuls count every score.
+  {
+    Collector c;
+    ops::scaled_dot_product_attention(q3, k3, v3, {}, 0.5, /*is_causal=*/true, /*training=*/true);
+    c.stop();
+    EXPECT_EQ(flops(c), 4.0 * Bt * Hd * L * L * E);
+    EXPECT_EQ(flops(c), flops(c, "matmul"));
+  }
+  // Heads take the one-head-at-a-time kernel, whose products run inside it:
+  // the forward's two on "attention_fused_forward", the backward's five
+  // (scores again, dP, dv, dq, dk) on "attention_fused_backward". That kernel
+  // runs on the small products' kernel, which a build for a CPU without
+  // AVX512-BF16 does not have.
   kernels::MatmulArgs head_product;
   head_product.m = head_product.n = head_product.k = L;
   if (!kernels::detail::small_matmul_fits(head_product))
     GTEST_SKIP() << "the rest needs the small products' kernel, which this build has not (it needs AVX512-BF16)";
+  {
+    Collector c;
+    ops::scaled_dot_product_attention(q, k, v, {}, 0.0, /*is_causal=*/false);
+    ops::scaled_dot_product_attention(q, k, v, {}, 0.0, /*is_causal=*/true);
+    c.stop();
+    const std::vector<Seen> fwd = c.of(record::Kind::Op, "attention_fused_forward");
+    ASSERT_EQ(fwd.size(), 2u);
+    EXPECT_EQ(fwd[0].flops, 4.0 * Bt * Hd * L * L * E);
+    EXPECT_EQ(fwd[1].flops, 4.0 * Bt * Hd * causal_scores * E);
+    EXPECT_EQ(flops(c), fwd[0].flops + fwd[1].flops) << "scaled_dot_product_attention counts none of them again";
+  }
   const Tensor x = randn({Bt, L, 3 * Hd * E}).requires_grad_();
   auto parts = (x * 1.0).split(Hd * E, 2);
   auto heads = [&](const Tensor& t) { return t.view({Bt, L, Hd, E}).transpose(1, 2); };
