@@ -89,15 +89,10 @@ constexpr A highest_value() {
     return std::numeric_limits<A>::max();
 }
 
-/// The shared steps of exp for a float or a vector of floats (GCC vector
-/// extensions; exp_vec below and the attention kernel's vector form): clamp
-/// x, fn = round(x / ln2) as a float, r = x - fn ln2 in two steps, and exp(r)
-/// by Cephes' degree-6 polynomial. The caller scales by 2^fn in its own type.
+/// exp_reduced's steps after its clamp, for an x already inside the clamp's
+/// bounds (the attention kernel's vector form tests its lanes first).
 template <typename V>
-[[gnu::always_inline]] inline V exp_reduced(V x, V& fn) {
-  const V hi = V{} + 88.7228317f;   // just below log(FLT_MAX)
-  const V lo = V{} + -103.972084f;  // exp rounds to 0 below this
-  const V xc = x < lo ? lo : (x > hi ? hi : x);
+[[gnu::always_inline]] inline V exp_reduced_in_range(V xc, V& fn) {
   // Round to nearest by adding 1.5 * 2^23 (std::floor does not vectorise here).
   constexpr float kRound = 12582912.0f;
   fn = (xc * 1.44269504088896341f + kRound) - kRound;
@@ -111,6 +106,17 @@ template <typename V>
   y = y * r + 1.6666665459e-1f;
   y = y * r + 5.0000001201e-1f;
   return y * r2 + r + 1.0f;
+}
+
+/// The shared steps of exp for a float or a vector of floats (GCC vector
+/// extensions; exp_vec below and the attention kernel's vector form): clamp
+/// x, fn = round(x / ln2) as a float, r = x - fn ln2 in two steps, and exp(r)
+/// by Cephes' degree-6 polynomial. The caller scales by 2^fn in its own type.
+template <typename V>
+[[gnu::always_inline]] inline V exp_reduced(V x, V& fn) {
+  const V hi = V{} + 88.7228317f;   // just below log(FLT_MAX)
+  const V lo = V{} + -103.972084f;  // exp rounds to 0 below this
+  return exp_reduced_in_range(x < lo ? lo : (x > hi ? hi : x), fn);
 }
 
 /// exp(x) for float in a branch-free form the compiler vectorises: x = n ln2 + r,
