@@ -107,4 +107,25 @@ BENCHMARK(BM_ActivationGeluTanhForward)
     ->UseRealTime()
     ->Unit(benchmark::kMicrosecond);
 
+// GELU (tanh) on an L2-resident [16, 128, 64] float32 block whose values are
+// randn times `scale` (range 0): 1 as a normalised layer's inputs, 12 as
+// large ones (an unnormalised pre-activation), where exp(-2u) passes through
+// the subnormals; forward alone or with backward (range 1), 1 thread.
+void BM_ActivationGeluTanhLarge(benchmark::State& state) {
+  const ThreadScope threads(1);
+  const Tensor x = (randn({16, 128, 64}) * static_cast<double>(state.range(0))).requires_grad_(state.range(1) != 0);
+  const Tensor g = randn({16, 128, 64});
+  for (auto _ : state) {
+    Tensor y = x.gelu("tanh");
+    if (state.range(1)) benchmark::DoNotOptimize(autograd::grad({y}, {x}, {g}));
+    benchmark::DoNotOptimize(y);
+  }
+  state.SetItemsProcessed(state.iterations() * x.numel());
+}
+BENCHMARK(BM_ActivationGeluTanhLarge)
+    ->ArgsProduct({{1, 12}, {0, 1}})
+    ->ArgNames({"scale", "backward"})
+    ->UseRealTime()
+    ->Unit(benchmark::kMicrosecond);
+
 }  // namespace

@@ -1047,6 +1047,27 @@ TEST(ElementwiseValues, GeluTanhKeepsItsRelativeAccuracyWhereXIsVeryNegative) {
   }
 }
 
+// Note [GELU's exponent floor]: where x is large, sigmoid(2u) = 1 / (1 +
+// 2^v) is exactly 1, so GELU(x) is x and its gradient dy, whatever 2^v is
+// once it is below 2^-24; the floor keeps 2^v a normal float there. Through
+// and past the band where 2^v used to be subnormal (x from about 10 to 10.7)
+// up to infinity; NaN stays NaN.
+TEST(ElementwiseValues, GeluTanhOfLargeXIsXAndItsGradientDy) {
+  std::vector<float> xs;
+  for (float v = 5.0f; v < 12.0f; v += 0.0625f) xs.push_back(v);
+  for (float v : {20.0f, 100.0f, 1e10f, 3e38f, INFINITY}) xs.push_back(v);
+  const Tensor x = tensor(xs).requires_grad_(true);
+  const Tensor y = x.gelu("tanh");
+  const Tensor dy = full({static_cast<int64_t>(xs.size())}, 0.37);
+  y.backward(dy);
+  for (size_t i = 0; i < xs.size(); ++i) {
+    EXPECT_EQ(y.data_ptr<float>()[i], xs[i]) << "gelu_tanh(" << xs[i] << ")";
+    if (std::isfinite(xs[i]) && xs[i] < 1e10f)  // the gradient's x s (1 - s) term: x times 0 (inf or huge x^2: NaN, as before)
+      EXPECT_EQ(x.grad().data_ptr<float>()[i], 0.37f) << "its gradient at " << xs[i];
+  }
+  EXPECT_TRUE(std::isnan(tensor(std::vector<float>{std::nanf("")}).gelu("tanh").item<float>()));
+}
+
 // A cast or copy of one long contiguous run (which the loop coalesces into a
 // single row) is split across threads at multiples of 64 elements
 // (for_each_element_run): the same bytes at 1 and 2 threads, and at 2 threads
