@@ -14,6 +14,12 @@ the floor at the best probe rate. The row's ratio is the median over
 processes of the first. The FLOPs are the float32 table's (MATMUL_FLOPS:
 gpt's counting the attention a causal kernel must do).
 
+Each process also times a pass that reads and writes the parameters and the
+optimizer's state once, after each probe block (Note [The optimizer's state in
+the floor] in bench/workloads/main.cpp): memory traffic every update pays and
+no FLOP count sees. Over the same floor it is the row's "state", and 1 + state
+its "limit": a goal below the limit is below what the machine can do.
+
 Goals (issue 26 §3, at 1 and 2 threads): gpt at most 1.08x its floor, mlp and
 gpt_infer at most 1.05x. Times are never judged.
 """
@@ -51,7 +57,7 @@ def rows(results, flops):
         for w, recs in by_w.items():
             if not recs or w not in flops:
                 continue
-            med, best, products = [], [], []
+            med, best, products, state = [], [], [], []
             for r in recs:
                 probe_med, probe_best = statistics.median(r["probe_gflops"]), max(r["probe_gflops"])
                 floor_ms = flops[w] / (probe_med * 1e6)
@@ -59,6 +65,9 @@ def rows(results, flops):
                 best.append(min(r["step_step_ms"]) / (flops[w] / (probe_best * 1e6)))
                 if r.get("step_product_ms_per_step", 0) > 0:
                     products.append(r["step_product_ms_per_step"] / floor_ms)
+                # The optimizer's state pass (Note [The optimizer's state in the floor] in
+                # bench/workloads/main.cpp): 0 for inference and for records without it.
+                state.append(statistics.median(r["state_pass_ms"]) / floor_ms if r.get("state_pass_ms") else 0.0)
             steps = [x for r in recs for x in r["step_step_ms"]]
             probes = [x for r in recs for x in r["probe_gflops"]]
             table.append({"workload": w, "threads": t, "goal": GOAL[w], "processes": len(recs),
@@ -66,7 +75,9 @@ def rows(results, flops):
                           "probe_size": recs[0]["probe_size"],
                           "probe_median_gflops": statistics.median(probes), "probe_best_gflops": max(probes),
                           "process_ratios": med, "ratio": statistics.median(med), "best_ratio": statistics.median(best),
-                          "product_ratio": statistics.median(products) if products else None})
+                          "product_ratio": statistics.median(products) if products else None,
+                          "state_bytes": recs[0].get("optimizer_state_bytes", 0),
+                          "state_ratio": statistics.median(state)})
     return table
 
 
@@ -83,18 +94,26 @@ def markdown(table, fmt_time, quick):
                "times them on one step after each timed block (and the last warm-up steps: matmuls, convolutions and "
                "the attention rows that count FLOPs), "
                "over the same floor: what the kernels deliver on this step's shapes, so ratio − products is what the "
-               "rest of the step adds. Goal (issue 26 §3): gpt ≤ 1.08, mlp and gpt_infer ≤ 1.05."
+               "rest of the step adds. state = one pass reading and writing the parameters and the optimizer's state "
+               "once (their bytes beside it), timed after each probe block, over the same floor: the memory traffic "
+               "an update cannot avoid, which no product FLOP count sees; limit = 1 + state, the floor with it. "
+               "A goal below its limit is below what this machine can do. "
+               "Goal (issue 26 §3): gpt ≤ 1.08, mlp and gpt_infer ≤ 1.05."
                % table[0]["probe_size"])
     out.append("")
     out.append("| workload | threads | product GFLOP | step | probe GFLOP/s (median / best) | ratio | per process "
-               "| best | products | goal |")
-    out.append("|---|---|---|---|---|---|---|---|---|---|")
+               "| best | products | state (MB) | limit | goal |")
+    out.append("|---|---|---|---|---|---|---|---|---|---|---|---|")
     for r in table:
-        out.append("| %s | %d | %.3f | %s | %.0f / %.0f | %.3f | %s | %.3f | %s | ≤ %.2f |" % (
+        state = r.get("state_ratio", 0.0)
+        limit = 1.0 + state
+        out.append("| %s | %d | %.3f | %s | %.0f / %.0f | %.3f | %s | %.3f | %s | %s | %s | ≤ %.2f%s |" % (
             r["workload"], r["threads"], r["product_gflop"], fmt_time(r["step_median_ms"]),
             r["probe_median_gflops"], r["probe_best_gflops"], r["ratio"],
             " ".join("%.3f" % x for x in r["process_ratios"]), r["best_ratio"],
-            "—" if r["product_ratio"] is None else "%.3f" % r["product_ratio"], r["goal"]))
+            "—" if r["product_ratio"] is None else "%.3f" % r["product_ratio"],
+            "%.3f (%.1f)" % (state, r.get("state_bytes", 0) / 1e6) if state > 0 else "—",
+            "%.3f" % limit, r["goal"], " (below the limit)" if limit > r["goal"] else ""))
     return "\n".join(out) + "\n"
 
 
@@ -119,7 +138,15 @@ def self_test():
     assert rows({1: {"mlp": [dict(rec, step_product_ms_per_step=0)]}}, {"mlp": 1e9})[0]["product_ratio"] is None
     assert rows({1: {"tiny": [rec]}}, {"mlp": 1e9}) == [], "a workload without a FLOP count has no row"
     text = markdown(table, lambda ms: "%.2f ms" % ms, False)
-    assert "| mlp | 1 | 1.000 | 12.00 ms | 100 / 200 | 1.650 | 1.650 1.650 1.650 | 2.000 | 1.200 | ≤ 1.05 |" in text, text
+    assert "| mlp | 1 | 1.000 | 12.00 ms | 100 / 200 | 1.650 | 1.650 1.650 1.650 | 2.000 | 1.200 | — | 1.000 | ≤ 1.05 |" \
+        in text, text
+    # state: the median state pass over the floor, 0.6 ms over 6.67 ms (the slow process: 1.2 over 13.3);
+    # with it the limit, 1.09, is above the goal.
+    timed = dict(rec, state_pass_ms=[0.5, 0.6, 0.7], optimizer_state_bytes=5357648)
+    table = rows({1: {"mlp": [timed, dict(slow, state_pass_ms=[1.2]), timed]}}, {"mlp": 1e9})
+    assert abs(table[0]["state_ratio"] - 0.09) < 1e-12, table
+    text = markdown(table, lambda ms: "%.2f ms" % ms, False)
+    assert "| 0.090 (5.4) | 1.090 | ≤ 1.05 (below the limit) |" in text, text
     print("floor_bench.py: self-test passed")
     return 0
 

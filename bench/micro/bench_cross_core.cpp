@@ -58,7 +58,7 @@ void BM_CrossCoreRead(benchmark::State& state) {
   state.SetBytesProcessed(state.iterations() * n * 4);
 }
 BENCHMARK(BM_CrossCoreRead)
-    ->ArgsProduct({{0, 1}, {384, 1536}})
+    ->ArgsProduct({{0, 1}, {384, 1536, 8192}})
     ->ArgNames({"writer", "KiB"})
     ->UseManualTime()
     ->Unit(benchmark::kMicrosecond);

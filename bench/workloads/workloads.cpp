@@ -65,6 +65,14 @@ void synthetic_init(kiln::nn::Module& model) {
   }
 }
 
+int64_t parameter_and_state_bytes(kiln::nn::Module& model, const kiln::optim::Optimizer& opt) {
+  int64_t bytes = 0;
+  for (const auto& [name, p] : model.named_parameters()) bytes += p.numel() * p.element_size();
+  for (const auto& [name, st] : opt.state())
+    for (const auto& [key, t] : st.tensors) bytes += t.numel() * t.element_size();
+  return bytes;
+}
+
 double gpt_train_flops(int64_t params, int64_t batch, int64_t seq, int64_t layers, int64_t d_model) {
   return 6.0 * static_cast<double>(params) * static_cast<double>(batch * seq) +
          12.0 * static_cast<double>(layers) * static_cast<double>(seq * seq) * static_cast<double>(d_model) *
@@ -113,6 +121,7 @@ class Classifier : public Workload {
   double step(bool want_loss) override { return read_loss(step_fn()(), want_loss); }
   kiln::nn::Module* module() override { return model_.get(); }
   int64_t num_parameters() const override { return model_->num_parameters(); }
+  int64_t optimizer_state_bytes() const override { return parameter_and_state_bytes(*model_, *opt_); }
 
  private:
   std::shared_ptr<Model> model_;
@@ -157,6 +166,7 @@ class GptTrain : public Workload {
   double step(bool want_loss) override { return read_loss(step_fn()(), want_loss); }
   kiln::nn::Module* module() override { return model_.get(); }
   int64_t num_parameters() const override { return model_->num_parameters(); }
+  int64_t optimizer_state_bytes() const override { return parameter_and_state_bytes(*model_, *opt_); }
   double flops_per_step() const override {
     const auto& o = model_->options;
     return gpt_train_flops(num_parameters(), kGptBatch, kGptSeq, o.n_layer, o.n_embd);

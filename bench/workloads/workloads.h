@@ -19,6 +19,7 @@
 #include <vector>
 
 #include "kiln/kiln.h"
+#include "kiln/optim/optimizer.h"
 
 namespace kiln_bench {
 
@@ -56,7 +57,15 @@ class Workload {
   virtual int64_t num_parameters() const = 0;
   /// Model FLOPs per step when known (gpt: 6 N D + attention), else 0.
   virtual double flops_per_step() const { return 0; }
+  /// Bytes an optimizer step must read and write back at least once: the
+  /// float32 parameters and the optimizer's state tensors (momentum, Adam's
+  /// moments) once a step has made them; 0 for inference (the floor table's
+  /// state column, bench/floor_bench.py).
+  virtual int64_t optimizer_state_bytes() const { return 0; }
 };
+
+/// The bytes of `model`'s parameters and of `opt`'s state tensors.
+int64_t parameter_and_state_bytes(kiln::nn::Module& model, const kiln::optim::Optimizer& opt);
 
 /// Runs the workloads' forward and loss under autocast to `dtype` (bf16 mixed
 /// precision; parameters and optimizer stay float32), or in float32 when empty.
