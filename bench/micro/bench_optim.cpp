@@ -13,6 +13,7 @@
 
 #include <memory>
 
+#include "kiln/core/threads.h"
 #include "kiln/ops/factory.h"
 #include "kiln/optim/optimizer.h"
 
@@ -55,4 +56,36 @@ BENCHMARK(BM_OptimStep)
     ->ArgNames({"kind", "n"})
     ->Unit(benchmark::kMillisecond);
 
+}  // namespace
+
+namespace {
+// AdamW over 1 M values whose gradients are 0 and whose moments have decayed
+// into the subnormals (an embedding row no batch uses: exp_avg passes through
+// them for about 130 steps, exp_avg_sq for about 16,000), against moments of
+// ordinary size (range 0: 0 ordinary, 1 subnormal), with kiln's IEEE default
+// or with set_flush_denormal(true) (range 1), 1 thread (Note [Flushing
+// subnormals] in src/core/threads.cpp).
+void BM_OptimStepSubnormal(benchmark::State& state) {
+  const int threads = get_num_threads();
+  set_num_threads(1);
+  const bool flush = state.range(1) != 0;
+  const int64_t n = int64_t{1} << 20;
+  Tensor w = randn({n}).requires_grad_();
+  w.mutable_grad() = zeros({n});
+  optim::AdamW opt(optim::NamedParams{{"w", w}}, optim::AdamWOptions{.lr = 1e-3});
+  opt.step();  // allocates the state
+  const bool sub = state.range(0) != 0;
+  for (const auto& [name, st] : opt.state())
+    for (const auto& [key, t] : st.tensors)
+      if (t.numel() == n) Tensor(t).fill_(key == "exp_avg" ? (sub ? 1e-39 : 1e-3) : (sub ? 1e-41 : 1e-6));
+  set_flush_denormal(flush);
+  for (auto _ : state) opt.step();
+  set_flush_denormal(false);
+  set_num_threads(threads);
+}
+BENCHMARK(BM_OptimStepSubnormal)
+    ->ArgsProduct({{0, 1}, {0, 1}})
+    ->ArgNames({"subnormal", "flush"})
+    ->UseRealTime()
+    ->Unit(benchmark::kMicrosecond);
 }  // namespace

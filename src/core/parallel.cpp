@@ -31,6 +31,7 @@ void parallel_for(int64_t n, int64_t grain, void (*fn)(int64_t, int64_t, void*),
   std::mutex error_mu;
 #pragma omp parallel num_threads(nthreads)
   {
+    detail::sync_flush_denormal();
     const int tid = omp_get_thread_num();
     const int nt = omp_get_num_threads();
     const int64_t chunk = (n + nt - 1) / nt;

@@ -5,6 +5,8 @@
 #include <gtest/gtest.h>
 
 #include <atomic>
+#include <bit>
+#include <cstdint>
 #include <cstdio>
 #include <string>
 
@@ -91,4 +93,40 @@ TEST(ParallelRegions, CountOnlyWorkThatMayRunOnMoreThanOneThread) {
   EXPECT_EQ(kiln::kernels::dnnl_threaded_calls() - calls, 0);
   EXPECT_EQ(seen.load(), 2010);
   kiln::set_num_threads(prev);
+}
+
+// set_flush_denormal (Note [Flushing subnormals] in src/core/threads.cpp):
+// a subnormal times 3 stays the subnormal it is by default, and is 0 with
+// the flush on, in every thread's share of a 2-thread loop (each thread sets
+// its own MXCSR); off again, the subnormal comes back.
+TEST(Threads, FlushDenormalReachesEveryThreadOfALoop) {
+  using namespace kiln;
+  const int threads = get_num_threads();
+  set_num_threads(2);
+  const float tiny = 1e-40f;  // subnormal
+  volatile float three = 3.0f;
+  const float kept = tiny * three;
+  ASSERT_NE(kept, 0.0f);
+  const int64_t n = int64_t{1} << 20;  // two threads' worth
+  const Tensor x = full({n}, static_cast<double>(tiny));
+  auto zeros_and_kept = [&] {
+    const Tensor y = x * 3.0;
+    // Bits, not float compares: with DAZ on, this thread would read a subnormal as 0 too.
+    int64_t zeros = 0, same = 0;
+    for (int64_t i = 0; i < n; ++i) {
+      const uint32_t v = std::bit_cast<uint32_t>(y.data_ptr<float>()[i]);
+      zeros += v == 0u;
+      same += v == std::bit_cast<uint32_t>(kept);
+    }
+    return std::make_pair(zeros, same);
+  };
+  EXPECT_FALSE(flush_denormal());
+  EXPECT_EQ(zeros_and_kept(), std::make_pair(int64_t{0}, n));
+  ASSERT_TRUE(set_flush_denormal(true)) << "x86: supported";
+  EXPECT_TRUE(flush_denormal());
+  EXPECT_EQ(zeros_and_kept(), std::make_pair(n, int64_t{0}));
+  set_flush_denormal(false);
+  EXPECT_FALSE(flush_denormal());
+  EXPECT_EQ(zeros_and_kept(), std::make_pair(int64_t{0}, n));
+  set_num_threads(threads);
 }
