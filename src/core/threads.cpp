@@ -93,9 +93,9 @@ int get_num_threads() { return thread_setting().load(std::memory_order_relaxed);
 // (an embedding row no batch uses) pass through the subnormals for about 130
 // steps (exp_avg) and 16,000 steps (exp_avg_sq), and AdamW over 1 M such
 // values took 15.6 ms a step against 0.74 ms for ordinary ones, and 0.73 ms
-// with the flush (BM_OptimStepSubnormal, 1 thread, 2026-12-07). kiln keeps IEEE results by default, as torch does;
-// set_flush_denormal(true) trades them for speed by setting DAZ and FTZ in
-// MXCSR. MXCSR is per thread: the caller sets its own, then every thread of a
+// with the flush (BM_OptimStepSubnormal, 1 thread, 2026-12-07). kiln keeps
+// IEEE results by default, as torch does; set_flush_denormal(true) trades
+// them for speed by setting DAZ and FTZ in MXCSR. MXCSR is per thread: the caller sets its own, then every thread of a
 // parallel region sets its own when the generation it last applied is old,
 // so threads made later (a larger set_num_threads) follow too.
 namespace {

@@ -21,7 +21,7 @@ inline constexpr int64_t kGrainSize = 32768;
 /// which oneDNN shares (torch sets only the calling thread). Off by default:
 /// kiln keeps IEEE subnormals, whose arithmetic costs a microcode assist per
 /// vector on x86 (Note [Flushing subnormals] in src/core/threads.cpp: AdamW
-/// runs 23x slower on moments that decayed into them). Other threads (data
+/// runs 21x slower on moments that decayed into them). Other threads (data
 /// loaders, communication) keep their own mode. Returns whether this CPU
 /// supports it (x86), as torch's does; on another CPU nothing changes.
 bool set_flush_denormal(bool on);

@@ -88,13 +88,12 @@ KILN_VEC_INLINE VecF exp_v(VecF x) {
 #if defined(__AVX512F__)
   // With every lane in [-86, 88] (no NaN), 2^fn, its halves below and y 2^fn
   // are normal floats: scaling by the halves is exact twice, so one exact
-  // scaling by 2^fn (VSCALEFPS) gives the same bits, and neither clamp nor
-  // special case applies; nor does the clamp, which leaves such lanes as they
-  // are. A softmax row's x = s - max lies there unless its weights
-  // underflow: this skips a third of the instructions, and leaving the clamp
-  // out too took the row kernels from 0.38 to 0.30 of the products' time in
-  // gpt_infer's float32 attention (perf, BM_SdpaGptHeadsF32/1/0/64/1,
-  // 2026-12-07).
+  // scaling by 2^fn (VSCALEFPS) gives the same bits, and neither the clamp
+  // (which leaves such lanes as they are) nor a special case applies, so
+  // neither runs. A softmax row's x = s - max lies there unless its weights
+  // underflow. Skipping the clamp too took the row kernels from 0.38 to 0.30
+  // of the products' time in gpt_infer's float32 attention (perf,
+  // BM_SdpaGptHeadsF32/1/0/64/1, 2026-12-07).
   const __m512 xv = reinterpret_cast<__m512>(x);
   const __mmask16 in = _mm512_cmp_ps_mask(xv, _mm512_set1_ps(-86.0f), _CMP_GE_OQ) &
                        _mm512_cmp_ps_mask(xv, _mm512_set1_ps(88.0f), _CMP_LE_OQ);
