@@ -217,6 +217,51 @@ TEST(SmallProducts, RunOnTheirOwnKernelWithBitsIndependentOfThreads) {
   check_own_kernel_and_threads<float>();
 }
 
+// Note [Prefetching inside the tiles]: the tiles of a product handed cache
+// lines ask for them as they go, as many as their depth steps allow, and the
+// product's bits are those of the product without them.
+template <typename E>
+void check_prefetch_lines() {
+  SCOPED_TRACE(dtype_name(dtype_of_v<E>));
+  Case c{.outer = 1, .batch = 1, .m = 64, .n = 128, .k = 64};
+  c.a = {0, 768, 1};  // gpt's head views: q kᵀ
+  c.b = {0, 1, 768};
+  const auto a = random_values<E>(extent(c, c.a, 0, c.m, c.k), 5);
+  const auto b = random_values<E>(extent(c, c.b, 0, c.k, c.n), 6);
+  kernels::MatmulArgs g = args_of<E>(c);
+  g.a.data = a.data();
+  g.b.data = b.data();
+  if (!kernels::detail::small_matmul_fits(g)) {
+#if defined(__AVX512BF16__)
+    ADD_FAILURE() << "a build for AVX-512 with BF16 must take kiln's kernel";
+#endif
+    return;
+  }
+  std::vector<E> plain(static_cast<size_t>(c.m * c.n)), asked(plain.size());
+  g.c = plain.data();
+  kernels::detail::small_matmul_here(g);
+  const std::vector<char> target(1 << 20);
+  std::vector<const char*> lines;
+  for (size_t off = 0; off < target.size(); off += 64) lines.push_back(target.data() + off);
+  kernels::detail::PrefetchLines many{lines.data(), static_cast<int64_t>(lines.size()), 0};
+  g.c = asked.data();
+  kernels::detail::small_matmul_here(g, &many);
+  EXPECT_EQ(std::memcmp(plain.data(), asked.data(), plain.size() * sizeof(E)), 0);
+  // 11 row tiles x 2 column tiles, each over 64 depth steps (32 bf16 pairs),
+  // one line every 2 steps.
+  const int64_t steps = std::is_same_v<E, float> ? 64 : 32;
+  EXPECT_EQ(many.next, 11 * 2 * ((steps + 1) / 2));
+  kernels::detail::PrefetchLines few{lines.data(), 10, 0};
+  kernels::detail::small_matmul_here(g, &few);
+  EXPECT_EQ(few.next, 10) << "every line asked for when the tiles have steps to spare";
+  EXPECT_EQ(std::memcmp(plain.data(), asked.data(), plain.size() * sizeof(E)), 0);
+}
+
+TEST(SmallProducts, PrefetchLinesAreAskedForAsTheTilesGoAndChangeNoBit) {
+  check_prefetch_lines<BFloat16>();
+  check_prefetch_lines<float>();
+}
+
 TEST(SmallProducts, NaNAndInfinityPropagateToTheirRowsOnly) {
   Case c{.outer = 1, .batch = 2, .m = 8, .n = 20, .k = 10};
   c.a = rows_contiguous(8, 10);

@@ -35,9 +35,10 @@ Head head_of(const HeadOperand& o, int64_t b, int64_t h, int64_t row, int64_t es
 // A matrix at p with row and column strides (elements).
 MatrixOperand matrix(const void* p, int64_t rs, int64_t cs) { return {p, {0, rs, cs}, 0}; }
 
-// c [m, n] (row stride ldc) = a · b under `band`, on this thread.
+// c [m, n] (row stride ldc) = a · b under `band`, on this thread, its tiles
+// asking for `prefetch`'s lines as they go.
 void product(DType dt, int64_t m, int64_t n, int64_t k, MatrixOperand a, MatrixOperand b, void* c, int64_t ldc,
-             Band band) {
+             Band band, detail::PrefetchLines* prefetch) {
   MatmulArgs g;
   g.dtype = dt;
   g.m = m;
@@ -48,7 +49,7 @@ void product(DType dt, int64_t m, int64_t n, int64_t k, MatrixOperand a, MatrixO
   g.c = c;
   g.c_stride[1] = ldc;
   g.band = band;
-  detail::small_matmul_here(g);
+  detail::small_matmul_here(g, prefetch);
 }
 
 int64_t keys_visible(const AttentionHeads& a, int64_t r0, int64_t n) { return a.causal ? std::min(a.S, r0 + n) : a.S; }
@@ -67,9 +68,13 @@ AttentionBlock block_of(const AttentionHeads& a, int64_t r0, int64_t n, int64_t 
 }
 
 // This thread's scratch: a block's weights, its score gradient, and one
-// block's dk or dv before it is added in.
+// block's dk or dv before it is added in; and the next head's cache lines,
+// which this head's products ask for (Note [Prefetching inside the tiles] in
+// small_gemm.h).
 struct Scratch {
   std::vector<char> p, ds, part;
+  std::vector<const char*> lines;
+  detail::PrefetchLines next;
   static char* get(std::vector<char>& v, int64_t bytes) {
     if (static_cast<int64_t>(v.size()) < bytes) v.resize(static_cast<size_t>(bytes));
     return v.data();
@@ -129,10 +134,10 @@ void forward_head(const AttentionHeads& a, int64_t b, int64_t h, Scratch& scratc
     const Head o = head_of(a.out, b, h, r0, es);
     char* s = a.weights ? kept_weights(a, hi, r0, n, kend) : Scratch::get(scratch.p, n * kend * es);
     product(a.dtype, n, kend, a.E, matrix(q.p, q.row, 1), matrix(k.p, 1, k.row), s, kend,
-            band_of(a, Band::Kind::Columns, r0));
+            band_of(a, Band::Kind::Columns, r0), &scratch.next);
     attention_weights(block_of(a, r0, n, kend), s, a.lse ? static_cast<char*>(a.lse) + (hi * a.L + r0) * es : nullptr);
     product(a.dtype, n, a.Ev, kend, matrix(s, kend, 1), matrix(v.p, v.row, 1), o.p, o.row,
-            band_of(a, Band::Kind::DepthUpTo, r0));
+            band_of(a, Band::Kind::DepthUpTo, r0), &scratch.next);
   }
 }
 
@@ -153,51 +158,60 @@ void backward_head(const AttentionHeads& a, int64_t b, int64_t h, Scratch& scrat
     char* p = a.weights ? kept_weights(a, hi, r0, n, kend) : Scratch::get(scratch.p, n * kend * es);
     if (!a.weights) {
       product(a.dtype, n, kend, a.E, matrix(q.p, q.row, 1), matrix(k.p, 1, k.row), p, kend,
-              band_of(a, Band::Kind::Columns, r0));
+              band_of(a, Band::Kind::Columns, r0), &scratch.next);
       attention_recompute_weights(blk, p, static_cast<const char*>(a.lse) + (hi * a.L + r0) * es);
     }
     product(a.dtype, n, kend, a.Ev, matrix(dob.p, dob.row, 1), matrix(v.p, 1, v.row), ds, kend,
-            band_of(a, Band::Kind::Columns, r0));
+            band_of(a, Band::Kind::Columns, r0), &scratch.next);
     // dst[0, kend) = (the first block) or += xᵀ y: dv from p and dO, dk from dS and q.
     const Band from = band_of(a, Band::Kind::DepthFrom, r0);
     auto key_rows = [&](const Head& dst, const char* x, const Head& y, int64_t cols) {
       const MatrixOperand xt = matrix(x, 1, kend), ym = matrix(y.p, y.row, 1);
-      if (first) return product(a.dtype, kend, cols, n, xt, ym, dst.p, dst.row, from);
+      if (first) return product(a.dtype, kend, cols, n, xt, ym, dst.p, dst.row, from, &scratch.next);
       char* part = Scratch::get(scratch.part, kend * cols * es);
-      product(a.dtype, kend, cols, n, xt, ym, part, cols, from);
+      product(a.dtype, kend, cols, n, xt, ym, part, cols, from, &scratch.next);
       add_rows(a.dtype, dst.p, dst.row, part, kend, cols);
     };
     key_rows(dv, p, dob, a.Ev);
     attention_scores_grad(blk, ds, p, static_cast<const char*>(a.D) + (hi * a.L + r0) * es);
     product(a.dtype, n, a.E, kend, matrix(ds, kend, 1), matrix(k.p, k.row, 1), dq.p, dq.row,
-            band_of(a, Band::Kind::DepthUpTo, r0));
+            band_of(a, Band::Kind::DepthUpTo, r0), &scratch.next);
     key_rows(dk, ds, q, a.E);
   }
 }
 
-// Asks for `rows` rows of `cols` elements of head (b, h) of `o` to be brought
-// into L2 (the next head's operands, while this one computes).
-void prefetch_head(const HeadOperand& o, int64_t b, int64_t h, int64_t rows, int64_t cols, int64_t es) {
+// Adds the cache lines of `rows` rows of `cols` elements of head (b, h) of
+// `o` to `lines`.
+void head_lines(std::vector<const char*>& lines, const HeadOperand& o, int64_t b, int64_t h, int64_t rows, int64_t cols,
+                int64_t es) {
   if (o.data == nullptr) return;
   const char* p = static_cast<const char*>(o.data) + (b * o.outer + h * o.head) * es;
-  for (int64_t r = 0; r < rows; ++r)
-    for (int64_t off = 0; off < cols * es; off += 64) __builtin_prefetch(p + r * o.row * es + off, 0, 2);
+  for (int64_t r = 0; r < rows; ++r) {
+    const auto first = reinterpret_cast<uintptr_t>(p + r * o.row * es) & ~uintptr_t{63};
+    const auto end = reinterpret_cast<uintptr_t>(p + r * o.row * es + cols * es);
+    for (uintptr_t line = first; line < end; line += 64) lines.push_back(reinterpret_cast<const char*>(line));
+  }
 }
 
+// Runs body over this thread's heads, each head's products bringing the next
+// head's operands into L2 as they go (Note [Prefetching inside the tiles]).
 template <typename Body>
 void for_heads(const AttentionHeads& a, bool backward, const Body& body) {
   const int64_t es = element_size(a.dtype);
   parallel_for(a.B * a.H, 1, [&](int64_t lo, int64_t hi) {
     thread_local Scratch scratch;
     for (int64_t i = lo; i < hi; ++i) {
+      scratch.lines.clear();
       if (i + 1 < hi) {
         const int64_t b = (i + 1) / a.H, h = (i + 1) % a.H;
-        prefetch_head(a.k, b, h, a.S, a.E, es);
-        prefetch_head(a.v, b, h, a.S, a.Ev, es);
-        prefetch_head(a.q, b, h, a.L, a.E, es);
-        if (backward) prefetch_head(a.dout, b, h, a.L, a.Ev, es);
+        head_lines(scratch.lines, a.k, b, h, a.S, a.E, es);
+        head_lines(scratch.lines, a.v, b, h, a.S, a.Ev, es);
+        head_lines(scratch.lines, a.q, b, h, a.L, a.E, es);
+        if (backward) head_lines(scratch.lines, a.dout, b, h, a.L, a.Ev, es);
       }
+      scratch.next = {scratch.lines.data(), static_cast<int64_t>(scratch.lines.size()), 0};
       body(i / a.H, i % a.H, scratch);
+      for (int64_t l = scratch.next.next; l < scratch.next.count; ++l) __builtin_prefetch(scratch.lines[l], 0, 2);
     }
   });
 }

@@ -61,6 +61,9 @@ namespace {
 
 constexpr int kRows = 6;     // rows of c per register tile
 constexpr int kVectors = 4;  // 16-column vectors of c per register tile: 24 accumulators
+// A tile issues one of its PrefetchLines every this many depth steps (Note
+// [Prefetching inside the tiles] in small_gemm.h).
+constexpr int64_t kPrefetchEvery = 2;
 
 int64_t round_up(int64_t x, int64_t m) { return (x + m - 1) / m * m; }
 
@@ -78,16 +81,18 @@ uint32_t pair(uint16_t lo, uint16_t hi) { return static_cast<uint32_t>(lo) | (st
 template <int MR, int NV>
 struct TileBf16 {
   static void run(int64_t kp, const uint16_t* a, int64_t a_rs, int64_t a_ks, const uint32_t* bp, int64_t ldb,
-                  uint16_t* c, int64_t ldc, __mmask16 last);
+                  uint16_t* c, int64_t ldc, __mmask16 last, const char* const* pf, int64_t pf_n);
 };
 
 template <int MR, int NV>
 void TileBf16<MR, NV>::run(int64_t kp, const uint16_t* a, int64_t a_rs, int64_t a_ks, const uint32_t* bp, int64_t ldb,
-                           uint16_t* c, int64_t ldc, __mmask16 last) {
+                           uint16_t* c, int64_t ldc, __mmask16 last, const char* const* pf, int64_t pf_n) {
   __m512 acc[MR][NV];
   for (int r = 0; r < MR; ++r)
     for (int v = 0; v < NV; ++v) acc[r][v] = _mm512_setzero_ps();
+  const int64_t pf_steps = pf_n * kPrefetchEvery;
   for (int64_t kk = 0; kk < kp; ++kk) {
+    if (kk < pf_steps && kk % kPrefetchEvery == 0) _mm_prefetch(pf[kk / kPrefetchEvery], _MM_HINT_T1);
     __m512bh b[NV];
     for (int v = 0; v < NV; ++v) b[v] = reinterpret_cast<__m512bh>(_mm512_loadu_si512(bp + kk * ldb + v * 16));
     for (int r = 0; r < MR; ++r) {
@@ -124,7 +129,7 @@ struct TileTable {
 };
 
 using TileFn = void (*)(int64_t, const uint16_t*, int64_t, int64_t, const uint32_t*, int64_t, uint16_t*, int64_t,
-                        __mmask16);
+                        __mmask16, const char* const*, int64_t);
 constexpr auto kTiles = TileTable<TileFn, TileBf16>::table;
 
 // The float32 tile: c[0..MR) x [0..16 NV) = a · b, one FMA per lane and k;
@@ -137,16 +142,18 @@ using Acc = float __attribute__((vector_size(64)));
 template <int MR, int NV>
 struct TileF32 {
   static void run(int64_t k, const float* a, int64_t a_rs, int64_t a_ks, const float* bp, int64_t ldb, float* c,
-                  int64_t ldc, __mmask16 last);
+                  int64_t ldc, __mmask16 last, const char* const* pf, int64_t pf_n);
 };
 
 template <int MR, int NV>
 void TileF32<MR, NV>::run(int64_t k, const float* a, int64_t a_rs, int64_t a_ks, const float* bp, int64_t ldb, float* c,
-                          int64_t ldc, __mmask16 last) {
+                          int64_t ldc, __mmask16 last, const char* const* pf, int64_t pf_n) {
   Acc acc[MR][NV] = {};
+  const int64_t pf_steps = pf_n * kPrefetchEvery;
   // The last vector of b unmasked where it is whole (Note [Whole vectors unmasked]).
   const auto steps = [&]<bool kFull>() {
     for (int64_t p = 0; p < k; ++p) {
+      if (p < pf_steps && p % kPrefetchEvery == 0) _mm_prefetch(pf[p / kPrefetchEvery], _MM_HINT_T1);
       __m512 b[NV];
 #pragma GCC unroll 4
       for (int v = 0; v < NV - 1; ++v) b[v] = _mm512_loadu_ps(bp + p * ldb + v * 16);
@@ -182,7 +189,8 @@ void TileF32<MR, NV>::run(int64_t k, const float* a, int64_t a_rs, int64_t a_ks,
   }
 }
 
-using TileF32Fn = void (*)(int64_t, const float*, int64_t, int64_t, const float*, int64_t, float*, int64_t, __mmask16);
+using TileF32Fn = void (*)(int64_t, const float*, int64_t, int64_t, const float*, int64_t, float*, int64_t, __mmask16,
+                           const char* const*, int64_t);
 constexpr auto kF32Tiles = TileTable<TileF32Fn, TileF32>::table;
 
 // Packs rows 2kk and 2kk+1 of x (x[k * rs + j], j contiguous, k < K, j < J)
@@ -271,7 +279,8 @@ TileSpan tile_span(const MatmulBand& band, int64_t i0, int64_t rows, int64_t n, 
 // hidden entries are then written 0.
 template <typename Table, typename A, typename B, typename C>
 void sweep_tiles(const Table& tiles, int64_t m, int64_t n, int64_t k, int64_t per_step, const MatmulBand& band,
-                 const A* a, int64_t a_rs, int64_t a_ks, const B* bp, int64_t ldb, C* c, int64_t ldc) {
+                 const A* a, int64_t a_rs, int64_t a_ks, const B* bp, int64_t ldb, C* c, int64_t ldc,
+                 PrefetchLines* prefetch) {
   for (int64_t j0 = 0; j0 < n; j0 += 16 * kVectors) {
     for (int64_t i0 = 0; i0 < m; i0 += kRows) {
       const int64_t rows = std::min<int64_t>(kRows, m - i0);
@@ -280,8 +289,16 @@ void sweep_tiles(const Table& tiles, int64_t m, int64_t n, int64_t k, int64_t pe
       if (cols <= 0) continue;  // every entry hidden: zeroed below
       const int64_t vectors = (cols + 15) / 16;
       const __mmask16 last = vm::first_lanes16(cols - 16 * (vectors - 1));
-      tiles[rows - 1][vectors - 1](std::max<int64_t>(span.hi - span.lo, 0), a + i0 * a_rs + span.lo * a_ks, a_rs, a_ks,
-                                   bp + span.lo * ldb + j0, ldb, c + i0 * ldc + j0, ldc, last);
+      const int64_t steps = std::max<int64_t>(span.hi - span.lo, 0);
+      const char* const* pf = nullptr;
+      int64_t pf_n = 0;
+      if (prefetch && prefetch->next < prefetch->count) {
+        pf = prefetch->lines + prefetch->next;
+        pf_n = std::min((steps + kPrefetchEvery - 1) / kPrefetchEvery, prefetch->count - prefetch->next);
+        prefetch->next += pf_n;
+      }
+      tiles[rows - 1][vectors - 1](steps, a + i0 * a_rs + span.lo * a_ks, a_rs, a_ks, bp + span.lo * ldb + j0, ldb,
+                                   c + i0 * ldc + j0, ldc, last, pf, pf_n);
     }
   }
   if (band.kind != MatmulBand::Kind::Columns) return;
@@ -318,7 +335,8 @@ struct Buffers {
 };
 
 // One product c[m, n] = a[m, k] · b[k, n] (strides in elements).
-void product(const MatmulArgs& g, const uint16_t* a, const uint16_t* b, uint16_t* c, Buffers& buf) {
+void product(const MatmulArgs& g, const uint16_t* a, const uint16_t* b, uint16_t* c, Buffers& buf,
+             PrefetchLines* prefetch) {
   const int64_t m = g.m, n = g.n, k = g.k, kp = (k + 1) / 2;
   const int64_t a_rs = g.a.stride[1], a_cs = g.a.stride[2], b_rs = g.b.stride[1], b_cs = g.b.stride[2];
   const int64_t ldb = round_up(n, 32);
@@ -349,12 +367,12 @@ void product(const MatmulArgs& g, const uint16_t* a, const uint16_t* b, uint16_t
     ap_rs = 2 * kp;
     ap_ks = 2;
   }
-  sweep_tiles(kTiles, m, n, k, 2, g.band, ap, ap_rs, ap_ks, bp, ldb, c, g.c_row_stride());
+  sweep_tiles(kTiles, m, n, k, 2, g.band, ap, ap_rs, ap_ks, bp, ldb, c, g.c_row_stride(), prefetch);
 }
 
 // One float32 product: a is read in place (any strides: each tile broadcasts
 // single elements), b in place when its rows are contiguous, else packed.
-void product_f32(const MatmulArgs& g, const float* a, const float* b, float* c, Buffers& buf) {
+void product_f32(const MatmulArgs& g, const float* a, const float* b, float* c, Buffers& buf, PrefetchLines* prefetch) {
   const int64_t m = g.m, n = g.n, k = g.k;
   const int64_t b_rs = g.b.stride[1], b_cs = g.b.stride[2];
   const float* bp = b;
@@ -371,12 +389,12 @@ void product_f32(const MatmulArgs& g, const float* a, const float* b, float* c, 
     }
     bp = reinterpret_cast<const float*>(packed);
   }
-  sweep_tiles(kF32Tiles, m, n, k, 1, g.band, a, g.a.stride[1], g.a.stride[2], bp, ldb, c, g.c_row_stride());
+  sweep_tiles(kF32Tiles, m, n, k, 1, g.band, a, g.a.stride[1], g.a.stride[2], bp, ldb, c, g.c_row_stride(), prefetch);
 }
 
 // Runs every product of g, in ranges of the outer x batch index across threads.
 template <typename E, typename Product>
-void run_products(const MatmulArgs& g, Product product, bool here) {
+void run_products(const MatmulArgs& g, Product product, bool here, PrefetchLines* prefetch = nullptr) {
   const int64_t total = g.outer * g.batch;
   const auto* a0 = static_cast<const E*>(g.a.data);
   const auto* b0 = static_cast<const E*>(g.b.data);
@@ -394,7 +412,7 @@ void run_products(const MatmulArgs& g, Product product, bool here) {
         prefetch_matrix(a0 + o1 * g.a.outer_stride + b1 * g.a.stride[0], g.m, g.k, g.a.stride[1], g.a.stride[2]);
         prefetch_matrix(b0 + o1 * g.b.outer_stride + b1 * g.b.stride[0], g.k, g.n, g.b.stride[1], g.b.stride[2]);
       }
-      product(g, a, b, c, buf);
+      product(g, a, b, c, buf, prefetch);
     }
   };
   if (here) {
@@ -411,15 +429,15 @@ void small_matmul(const MatmulArgs& g) {
   run_products<uint16_t>(g, product, false);
 }
 
-void small_matmul_here(const MatmulArgs& g) {
-  if (g.dtype == kFloat32) return run_products<float>(g, product_f32, true);
-  run_products<uint16_t>(g, product, true);
+void small_matmul_here(const MatmulArgs& g, PrefetchLines* prefetch) {
+  if (g.dtype == kFloat32) return run_products<float>(g, product_f32, true, prefetch);
+  run_products<uint16_t>(g, product, true, prefetch);
 }
 
 void tiny_matmul(const MatmulArgs& g) {
   thread_local Buffers buf;
   auto* c = static_cast<float*>(g.c);
-  product_f32(g, static_cast<const float*>(g.a.data), static_cast<const float*>(g.b.data), c, buf);
+  product_f32(g, static_cast<const float*>(g.a.data), static_cast<const float*>(g.b.data), c, buf, nullptr);
   if (!g.bias) return;
   const auto* bias = static_cast<const float*>(g.bias);
   const int64_t ldc = g.c_row_stride();
@@ -430,7 +448,9 @@ void tiny_matmul(const MatmulArgs& g) {
 #else
 
 void small_matmul(const MatmulArgs&) { KILN_ASSERT(false, "small_matmul: not built for this CPU"); }
-void small_matmul_here(const MatmulArgs&) { KILN_ASSERT(false, "small_matmul_here: not built for this CPU"); }
+void small_matmul_here(const MatmulArgs&, PrefetchLines*) {
+  KILN_ASSERT(false, "small_matmul_here: not built for this CPU");
+}
 void tiny_matmul(const MatmulArgs&) { KILN_ASSERT(false, "tiny_matmul: not built for this CPU"); }
 
 #endif

@@ -37,6 +37,19 @@
 // against keys 0-63 and rows 64-127 against 0-127) the products took
 // 14-40 % less time (bench/micro BM_AttentionBlockProducts).
 //
+// Note [Prefetching inside the tiles]
+// Attention's heads are views with rows 3 KiB apart (q, k and v side by side
+// in the fused projection), which the hardware prefetcher does not follow, so
+// the next head's rows are asked for while this head computes. Asked for all
+// at once (1,536 lines a head in gpt's forward) the prefetches stall: each
+// holds one of the core's few line fill buffers until its line arrives from
+// L3, and the burst waits for them as a load would (perf put 11 % of the
+// float32 forward on the instruction after the prefetch). So the lines are
+// handed to the products instead, and each tile issues one every
+// kPrefetchEvery depth steps among its multiply-adds, which keeps a dozen in
+// flight; what the products have no steps left for goes out at the head's end.
+// Prefetches change no value.
+//
 // Note [Tiny products]
 // A single float32 product of a few thousand multiply-adds (the tiny MLP's
 // [8, 32] x [32, 64]) costs oneDNN more in its call than in its arithmetic:
@@ -64,8 +77,16 @@ void small_matmul(const MatmulArgs& g);
 /// without the batch of two): one head's product inside a kernel that runs
 /// its heads across threads itself (attention_heads.cpp).
 bool small_matmul_fits(const MatmulArgs& g);
-/// Runs every product of g on the calling thread (small_matmul_fits(g) must hold).
-void small_matmul_here(const MatmulArgs& g);
+/// Cache lines for the tiles to prefetch while they compute (Note [Prefetching
+/// inside the tiles]): lines[next, count) are still to be asked for.
+struct PrefetchLines {
+  const char* const* lines = nullptr;
+  int64_t count = 0;
+  int64_t next = 0;
+};
+/// Runs every product of g on the calling thread (small_matmul_fits(g) must
+/// hold), its tiles asking for `prefetch`'s lines as they go when given.
+void small_matmul_here(const MatmulArgs& g, PrefetchLines* prefetch = nullptr);
 /// Whether g is one float32 product small enough for Note [Tiny products]:
 /// batch 1, no band, epilogue or addend (a bias is fine).
 bool tiny_matmul_applies(const MatmulArgs& g);
