@@ -29,6 +29,7 @@ constexpr Key kSchema[] = {
     {"name", Kind::String, "\"run\"", "", ""},
     {"seed", Kind::Int, "0", "", ""},
     {"threads", Kind::Int, "0", "", ""},
+    {"flush_denormal", Kind::Bool, "false", "", ""},
     {"amp", Kind::String, "\"off\"", "", "off|bf16|fp16"},
     // Fine-tuning (src/cli/finetune.h): start from a run's or a file's weights.
     {"init_from", Kind::String, "\"\"", "", ""},
@@ -220,6 +221,7 @@ constexpr ResumeRule kResume[] = {
     {"name", OnResume::Applies, ""},
     {"seed", OnResume::Refused, "the generator state comes from the checkpoint, so a new seed would not be used"},
     {"threads", OnResume::Applies, ""},
+    {"flush_denormal", OnResume::Applies, ""},
     {"amp", OnResume::Refused, "the precision (and the GradScaler's state) is part of the checkpoint"},
     {"model.", OnResume::Refused, "the architecture is fixed by the checkpoint's weights"},
     {"init_from", OnResume::Refused, "the weights come from the checkpoint; init_from only starts a new run"},

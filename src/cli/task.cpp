@@ -2,6 +2,7 @@
 #include "cli/task.h"
 
 #include <cmath>
+#include <cstdio>
 #include <functional>
 #include <numeric>
 #include <optional>
@@ -402,6 +403,10 @@ void build_mesh_training(const Config& c, Task& t, const dist::ProcessGroupPtr& 
 
 Task build_task(const Config& c, Purpose purpose, dist::ProcessGroupPtr group) {
   if (c.integer("threads") > 0) set_num_threads(static_cast<int>(c.integer("threads")));
+  // torch.set_flush_denormal(True) at the top of a script; a CPU without
+  // the modes says so and the run goes on with subnormals kept.
+  if (c.boolean("flush_denormal") && !set_flush_denormal(true))
+    std::fprintf(stderr, "kiln: warning: flush_denormal: this CPU cannot flush subnormals to zero; they are kept\n");
   manual_seed(static_cast<uint64_t>(c.integer("seed")));
   Task t;
   t.amp = amp::parse_amp_mode(c.string("amp"));

@@ -1102,9 +1102,10 @@ class TrainLoop {
       for (const char* k : {"accuracy", "bits_per_char"})
         if (last_eval_.contains(k)) final_metrics[k] = last_eval_[k];
     }
-    json summary = {{"name", c_.name()},     {"config_path", L_.config_path}, {"steps", L_.step},
-                    {"total_steps", total_}, {"wall_s", elapsed()},           {"status", status_name(status_)},
-                    {"final", final_metrics}};
+    json summary = {{"name", c_.name()},      {"config_path", L_.config_path},
+                    {"steps", L_.step},       {"total_steps", total_},
+                    {"wall_s", elapsed()},    {"status", status_name(status_)},
+                    {"final", final_metrics}, {"flush_denormal", flush_denormal()}};
     write_text(L_.run_dir / "summary.json", summary.dump(2) + "\n");
     write_report(L_.run_dir);
     return final_metrics;

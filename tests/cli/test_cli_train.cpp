@@ -71,6 +71,7 @@ TEST(CliTrain, RunDirectoryHoldsConfigMetricsCheckpointsAndSummary) {
   EXPECT_GT(s["wall_s"].get<double>(), 0.0);
   EXPECT_EQ(s["final"]["loss"], train.back()["loss"]);
   EXPECT_EQ(s["final"]["accuracy"], eval.back()["accuracy"]);
+  EXPECT_EQ(s["flush_denormal"], false);  // subnormals kept, as torch keeps them by default
 
   // A second train into the same directory is refused, pointing at resume.
   auto again = kiln_cli("train " + dir.file("tiny.toml") + " --out " + run.string());
@@ -78,6 +79,26 @@ TEST(CliTrain, RunDirectoryHoldsConfigMetricsCheckpointsAndSummary) {
   EXPECT_NE(again.output.find("kiln resume"), std::string::npos) << again.output;
 }
 
+
+// flush_denormal = true is torch.set_flush_denormal(True) for the run: in
+// effect for its math, written to its resolved config, and read back from the
+// process into summary.json.
+TEST(CliTrain, FlushDenormalIsInEffectForTheRunWhenAsked) {
+  TempDir dir;
+  write_text(dir.path() / "tiny.toml", tiny_mlp_config());
+  const fs::path run = dir.path() / "run";
+  auto r = kiln_cli("train " + dir.file("tiny.toml") + " --out " + run.string() +
+                    " --set flush_denormal=true --set train.steps=6 --set train.eval_every=3");
+  ASSERT_EQ(r.rc, 0) << r.output;
+  EXPECT_TRUE(cli::Config::from_file(run / "config.toml").boolean("flush_denormal"));
+  const auto s = read_json(run / "summary.json");
+  EXPECT_EQ(s["status"], "completed");
+#if defined(__x86_64__)
+  EXPECT_EQ(s["flush_denormal"], true) << r.output;
+#else
+  EXPECT_NE(r.output.find("cannot flush subnormals"), std::string::npos) << r.output;
+#endif
+}
 
 TEST(CliTrain, ResumeAfterMaxStepsContinuesBitwise) {
   TempDir dir;
