@@ -348,6 +348,50 @@ void check_dead_units(const Run& r, Findings& out) {
       static_cast<int64_t>(get(r.health.back(), "step")));
 }
 
+// Note [Subnormal optimizer state] in cli/health_log.cpp: state values in the
+// subnormals cost a microcode assist each time they are touched.
+void check_subnormal_state(const Run& r, Findings& out) {
+  constexpr double kShare = 0.01;  // of the state's values
+  const json* at = nullptr;
+  double share = 0;
+  for (const auto& h : r.health) {
+    const auto it = h.find("subnormal_state");
+    if (it == h.end() || get(*it, "values") <= 0) continue;
+    const double f = get(*it, "subnormal") / get(*it, "values");
+    if (f > share) share = f, at = &h;
+  }
+  if (!at || share < kShare || (r.config && r.config->boolean("flush_denormal"))) return;
+  const json& s = (*at)["subnormal_state"];
+  const auto step = static_cast<int64_t>(get(*at, "step"));
+  std::string ev = "at step " + std::to_string(step) + ", " + num(100 * share) + "% of the optimizer's " +
+                   num(get(s, "values")) + " state values were subnormal (nonzero, below 1.18e-38 in float32)";
+  std::string most;
+  for (const auto& w : s.value("worst", json::array()))
+    most += (most.empty() ? "" : ", ") + w.value("param", std::string("?")) + "'s " +
+            w.value("state", std::string("?")) + " (" + num(get(w, "subnormal")) + " of " + num(get(w, "values")) + ")";
+  if (!most.empty()) ev += "; the most in " + most;
+  // Throughput before and after, when the run has enough steps to say.
+  std::vector<double> speed;
+  for (const auto& t : r.train)
+    if (t.contains("samples_per_s")) speed.push_back(get(t, "samples_per_s"));
+  if (speed.size() >= 8) {
+    const size_t q = speed.size() / 4;
+    const double first = median({speed.begin(), speed.begin() + static_cast<std::ptrdiff_t>(q)});
+    const double last = median({speed.end() - static_cast<std::ptrdiff_t>(q), speed.end()});
+    if (first > 0 && last < 0.9 * first)
+      ev += "; samples/s fell from " + num(first) + " (first quarter of the steps) to " + num(last) + " (last quarter)";
+  }
+  add(out, Severity::Warning, "subnormal_state",
+      "optimizer state in the subnormals: " + num(100 * share) +
+          "% of it, where each operation runs tens of times slower on x86",
+      ev,
+      "set flush_denormal = true (torch.set_flush_denormal(True)): subnormal inputs and results then count as zero, "
+      "which changes no value above 1.18e-38 (AdamW's step over subnormal moments ran 21x slower without it). "
+      "Such moments belong to parameters whose gradient went to zero and stayed there (a ReLU unit that died, an "
+      "embedding row no batch uses); the dead_relu and no_grad findings look at those",
+      step);
+}
+
 void check_update_ratio(const Run& r, Findings& out) {
   if (r.health.empty() || r.lr.empty()) return;
   // Only where the lr is near its peak: a schedule's warm-up and tail shrink the updates on purpose.
@@ -728,6 +772,7 @@ std::vector<Finding> diagnose(const fs::path& run_dir) {
   check_grad_accumulation(r, out);
   check_input_scale(r, out);
   check_dead_units(r, out);
+  check_subnormal_state(r, out);
   check_update_ratio(r, out);
   check_overfitting(r, out);
   check_chance(r, out);

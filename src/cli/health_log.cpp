@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 
 namespace kiln::cli {
 using json = nlohmann::json;
@@ -35,17 +36,72 @@ json health_json(const train::HealthRecord& r) {
   return j;
 }
 
+// Note [Subnormal optimizer state]
+// A parameter whose gradient stays zero (an embedding row no batch uses any
+// more, a ReLU unit that died) keeps its Adam moments decaying by beta1 and
+// beta2 each step, into the subnormals: exp_avg for about 130 steps on its
+// way to zero, exp_avg_sq (beta2 0.999) for about 16,000. x86 takes a
+// microcode assist for every subnormal input or result, and AdamW's step
+// over such moments ran 21x slower (bench/micro BM_OptimStepSubnormal): the
+// run slows down for no visible reason, and torch says nothing. The health
+// line counts them (a pass over the state every log_every steps, a bit test
+// per value), and `kiln doctor` names the tensors and the cure,
+// flush_denormal = true.
+namespace {
+template <typename Bits>
+int64_t count_subnormal(const void* data, int64_t n, Bits exponent, Bits mantissa) {
+  int64_t count = 0;
+  const auto* p = static_cast<const unsigned char*>(data);
+  for (int64_t i = 0; i < n; ++i) {
+    Bits b;
+    std::memcpy(&b, p + i * static_cast<int64_t>(sizeof(Bits)), sizeof b);
+    count += (b & exponent) == 0 && (b & mantissa) != 0;
+  }
+  return count;
+}
+}  // namespace
+
+SubnormalState subnormal_state(const optim::Optimizer& optimizer) {
+  SubnormalState out;
+  for (const auto& [param, st] : optimizer.state()) {
+    for (const auto& [key, t] : st.tensors) {
+      if (!t.defined() || !t.is_contiguous() || t.numel() == 0) continue;
+      int64_t sub = 0;
+      if (t.dtype() == kFloat32)
+        sub = count_subnormal<uint32_t>(t.data_ptr(), t.numel(), 0x7f800000u, 0x007fffffu);
+      else if (t.dtype() == kFloat64)
+        sub = count_subnormal<uint64_t>(t.data_ptr(), t.numel(), 0x7ff0000000000000ull, 0x000fffffffffffffull);
+      else
+        continue;
+      out.subnormal += sub;
+      out.values += t.numel();
+      if (sub > 0) out.worst.push_back({param, key, sub, t.numel()});
+    }
+  }
+  std::stable_sort(out.worst.begin(), out.worst.end(),
+                   [](const auto& a, const auto& b) { return a.subnormal > b.subnormal; });
+  if (out.worst.size() > 3) out.worst.resize(3);
+  return out;
+}
+
 void HealthLog::begin(int64_t step) {
   const auto t = Clock::now();
   monitor_.begin_step(step);
   begin_ms_ = ms_since(t);
 }
 
-void HealthLog::end(std::ostream& metrics) {
+void HealthLog::end(std::ostream& metrics, const optim::Optimizer* optimizer) {
   const auto t = Clock::now();
   const std::optional<train::HealthRecord> r = monitor_.end_step();
   if (!r) return;
   json j = health_json(*r);
+  if (optimizer) {
+    const SubnormalState s = subnormal_state(*optimizer);
+    json worst = json::array();
+    for (const auto& w : s.worst)
+      worst.push_back({{"param", w.param}, {"state", w.state}, {"subnormal", w.subnormal}, {"values", w.values}});
+    j["subnormal_state"] = {{"subnormal", s.subnormal}, {"values", s.values}, {"worst", worst}};
+  }
   j["cost_ms"] = begin_ms_ + ms_since(t);
   metrics << j.dump() << "\n" << std::flush;
 }

@@ -728,7 +728,7 @@ class TrainLoop {
     ++window_steps_;
     if (t_.scheduler) t_.scheduler->step();
     ++L_.step;
-    if (health_) health_->end(metrics_);
+    if (health_) health_->end(metrics_, t_.optimizer);
     unlogged_.push_back({L_.step, t_.train_loader->state().epoch, a.loss, lr, *gnorm, elapsed()});
     if (world_ == 1) a.stop_requested = signals_.requested();
     log_step(batch.target.size(0) * replicas_ * accum_, a.loss, lr, *gnorm, epoch);

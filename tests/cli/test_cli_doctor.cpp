@@ -3,7 +3,14 @@
 // short run of every shipped config must give no finding above "info".
 #include <gtest/gtest.h>
 
+#include <cmath>
+#include <cstring>
+#include <limits>
+
 #include "cli/cli_util.h"
+#include "cli/health_log.h"
+#include "kiln/kiln.h"
+#include "kiln/optim/optimizer.h"
 
 namespace kiln::test {
 namespace {
@@ -42,6 +49,11 @@ TEST(CliHealth, TrainWritesHealthLinesEveryLogEvery) {
   ASSERT_EQ(h["blocks"].size(), 2u);
   EXPECT_GT(h["blocks"][0]["grad_rms"].get<double>(), 0.0);
   EXPECT_GE(h["cost_ms"].get<double>(), 0.0);
+  // AdamW's two moments of every parameter value, none of them subnormal in a healthy run.
+  const int64_t params = metrics_lines(run, "start").at(0)["parameters"].get<int64_t>();
+  EXPECT_EQ(h["subnormal_state"]["values"].get<int64_t>(), 2 * params) << h["subnormal_state"].dump();
+  EXPECT_EQ(h["subnormal_state"]["subnormal"].get<int64_t>(), 0);
+  EXPECT_TRUE(h["subnormal_state"]["worst"].empty());
   // The start line counts what trains (kiln doctor's frozen_model): here, everything.
   const json start = metrics_lines(run, "start").at(0);
   EXPECT_GT(start["parameters"].get<int64_t>(), 0);
@@ -182,6 +194,90 @@ TEST(CliDoctor, RankSkewNamesTheSlowRankItsRatioAndTheSteps) {
   EXPECT_NE((*skew)["evidence"].get<std::string>().find("20 ms per step against a median of 10 ms"), std::string::npos)
       << skew->dump(2);
   EXPECT_NE((*skew)["fix"].get<std::string>().find("straggler transform"), std::string::npos) << skew->dump(2);
+}
+
+// Note [Subnormal optimizer state] in src/cli/health_log.cpp: the count
+// over an optimizer's state, planted values at the float32 and float64
+// boundaries.
+TEST(CliHealth, SubnormalStateCountsEveryStateTensorsSubnormalValues) {
+  auto w = kiln::zeros({4, 8}).requires_grad_(), b = kiln::zeros({8}).requires_grad_();
+  kiln::optim::AdamW opt(kiln::optim::NamedParams{{"w", w}, {"b", b}}, {.lr = 1e-3});
+  (kiln::ones({2, 4}).mm(w) + b).sum().backward();
+  opt.step();  // creates exp_avg and exp_avg_sq for both
+  kiln::optim::OptimizerStateDict sd = opt.state_dict();
+  const float tiny = std::numeric_limits<float>::denorm_min(), least = std::numeric_limits<float>::min();
+  // w's exp_avg_sq: 5 subnormals (both ends of the range, negative ones too), the smallest normal
+  // (not counted) and a zero; b's exp_avg: 1.
+  float* v = sd.state.at("w").tensors.at("exp_avg_sq").data_ptr<float>();
+  v[0] = tiny;
+  v[1] = -tiny;
+  v[2] = std::nextafter(least, 0.f);
+  v[3] = least / 2;
+  v[4] = -std::nextafter(least, 0.f);
+  v[5] = least;
+  v[6] = 0.f;
+  sd.state.at("b").tensors.at("exp_avg").data_ptr<float>()[7] = tiny;
+  opt.load_state_dict(sd);
+  const kiln::cli::SubnormalState s = kiln::cli::subnormal_state(opt);
+  EXPECT_EQ(s.values, 2 * (32 + 8));
+  EXPECT_EQ(s.subnormal, 6);
+  ASSERT_EQ(s.worst.size(), 2u);
+  EXPECT_EQ(s.worst[0].param, "w");
+  EXPECT_EQ(s.worst[0].state, "exp_avg_sq");
+  EXPECT_EQ(s.worst[0].subnormal, 5);
+  EXPECT_EQ(s.worst[0].values, 32);
+  EXPECT_EQ(s.worst[1].param, "b");
+  EXPECT_EQ(s.worst[1].state, "exp_avg");
+  EXPECT_EQ(s.worst[1].subnormal, 1);
+}
+
+// A run whose health lines found a third of the optimizer's state subnormal
+// while its throughput fell: the finding names the share, the tensors and the
+// fall, and points at flush_denormal; a run with the flush on gets none.
+TEST(CliDoctor, SubnormalStateNamesTheTensorsTheSlowdownAndTheFlush) {
+  for (const bool flushed : {false, true}) {
+    SCOPED_TRACE(flushed ? "flush_denormal on" : "flush_denormal off");
+    TempDir dir;
+    const fs::path run = dir.path() / "run";
+    fs::create_directories(run);
+    write_text(run / "config.toml", (flushed ? "flush_denormal = true\n" : "") + tiny_mlp_config());
+    std::string lines = json{{"kind", "start"}, {"step", 0}, {"total_steps", 40}}.dump() + "\n";
+    for (int step = 1; step <= 40; ++step) {
+      lines += json{{"kind", "train"},  {"step", step},    {"loss", 2.0 - step * 0.01}, {"lr", 1e-3},
+                    {"grad_norm", 1.0}, {"data_wait", 0.0}, {"samples_per_s", step <= 20 ? 1000.0 : 400.0}}
+                   .dump() +
+               "\n";
+      if (step % 10 == 0) {
+        const int64_t sub = step >= 30 ? 3000 : 0;
+        json worst = json::array();
+        if (sub) worst.push_back({{"param", "layers.0.weight"}, {"state", "exp_avg_sq"}, {"subnormal", sub}, {"values", 4096}});
+        lines += json{{"kind", "health"},
+                      {"step", step},
+                      {"grad_norm", 1.0},
+                      {"subnormal_state", {{"subnormal", sub}, {"values", 9000}, {"worst", worst}}}}
+                     .dump() +
+                 "\n";
+      }
+    }
+    write_text(run / "metrics.jsonl", lines);
+    write_text(run / "summary.json", R"({"status": "completed", "steps": 40, "total_steps": 40})");
+    const json d = doctor_json(run);
+    const json* f = nullptr;
+    for (const auto& x : d["findings"])
+      if (x["code"] == "subnormal_state") f = &x;
+    if (flushed) {
+      EXPECT_EQ(f, nullptr) << d.dump(2);
+      continue;
+    }
+    ASSERT_NE(f, nullptr) << d.dump(2);
+    EXPECT_EQ((*f)["severity"], "warning");
+    EXPECT_EQ((*f)["step"].get<int64_t>(), 30);
+    const std::string title = (*f)["title"], evidence = (*f)["evidence"], fix = (*f)["fix"];
+    EXPECT_NE(title.find("33.3%"), std::string::npos) << title;
+    EXPECT_NE(evidence.find("layers.0.weight's exp_avg_sq (3e+03 of 4.1e+03)"), std::string::npos) << evidence;
+    EXPECT_NE(evidence.find("samples/s fell from 1e+03"), std::string::npos) << evidence;
+    EXPECT_NE(fix.find("flush_denormal = true"), std::string::npos) << fix;
+  }
 }
 
 // ---- the gallery ----
