@@ -37,15 +37,17 @@ json health_json(const train::HealthRecord& r) {
 }
 
 // Note [Subnormal optimizer state]
-// A parameter whose gradient stays zero (an embedding row no batch uses any
-// more, a ReLU unit that died) keeps its Adam moments decaying by beta1 and
-// beta2 each step, into the subnormals: exp_avg for about 130 steps on its
-// way to zero, exp_avg_sq (beta2 0.999) for about 16,000. x86 takes a
-// microcode assist for every subnormal input or result, and AdamW's step
-// over such moments ran 21x slower (bench/micro BM_OptimStepSubnormal): the
-// run slows down for no visible reason, and torch says nothing. The health
-// line counts them (a pass over the state every log_every steps, a bit test
-// per value), and `kiln doctor` names the tensors and the cure,
+// A parameter whose gradient stays zero (a ReLU unit that died, an embedding
+// row no batch uses any more) keeps its momentum or Adam moments decaying by
+// beta each step, into the subnormals, and there they stay: k * 2^-149 times
+// 0.9 rounds back to itself for k <= 4 (times 0.999, for k < 500). x86
+// takes a microcode assist for every subnormal input or result: AdamW's step
+// over such moments ran 21x slower (bench/micro BM_OptimStepSubnormal), and
+// examples/scenarios/subnormal_slowdown.toml, whose units all die, runs 20 %
+// fewer samples a second once 64 % of its momentum is subnormal. The run
+// slows down for no visible reason, and torch says nothing. The health line
+// counts them (a pass over the state every log_every steps, a bit test per
+// value), and `kiln doctor` names the tensors and the cure,
 // flush_denormal = true.
 namespace {
 template <typename Bits>

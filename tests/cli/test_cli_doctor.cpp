@@ -340,6 +340,9 @@ INSTANTIATE_TEST_SUITE_P(
         Expected{"shuffled_labels", {"[chance_accuracy]", "labels do not belong to their inputs"}},
         Expected{"unnormalised_inputs", {"[input_scale]", "input mean 253, standard deviation 255"}},
         Expected{"slow_transform", {"[data_stall] the input pipeline is the bottleneck"}},
+        Expected{"subnormal_slowdown",
+                 {"[subnormal_state] optimizer state in the subnormals", "layers.0.weight's momentum_buffer",
+                  "flush_denormal = true"}},
         Expected{"eval_without_eval_mode",
                  {"[eval_train_mode] the evaluation ran in training mode: BatchNorm statistics changed and dropout was "
                   "active during evaluation",
