@@ -25,6 +25,18 @@ json doctor_json(const fs::path& run) {
   return json::parse(r.output);
 }
 
+/// `kiln doctor --json` on a run directory holding these metrics lines and a
+/// completed summary of `steps` steps; returns its finding `code` (null when none).
+json finding_for(const fs::path& run, const std::string& metrics, int steps, const std::string& code, json* all) {
+  write_text(run / "metrics.jsonl", metrics);
+  const std::string n = std::to_string(steps);
+  write_text(run / "summary.json", R"({"status": "completed", "steps": )" + n + R"(, "total_steps": )" + n + "}");
+  *all = doctor_json(run);
+  for (const auto& f : (*all)["findings"])
+    if (f["code"] == code) return f;
+  return nullptr;
+}
+
 TEST(CliHealth, TrainWritesHealthLinesEveryLogEvery) {
   TempDir dir;
   write_text(dir.path() / "tiny.toml", tiny_mlp_config());
@@ -181,19 +193,15 @@ TEST(CliDoctor, RankSkewNamesTheSlowRankItsRatioAndTheSteps) {
                  .dump() +
              "\n";
   }
-  write_text(run / "metrics.jsonl", lines);
-  write_text(run / "summary.json", R"({"status": "completed", "steps": 60, "total_steps": 60})");
-  const json d = doctor_json(run);
-  const json* skew = nullptr;
-  for (const auto& f : d["findings"])
-    if (f["code"] == "rank_skew") skew = &f;
-  ASSERT_NE(skew, nullptr) << d.dump(2);
-  EXPECT_EQ((*skew)["severity"], "warning");
-  EXPECT_EQ((*skew)["title"].get<std::string>().rfind("rank 2 is 2x slower than the median over steps 20-60", 0), 0u)
-      << skew->dump(2);
-  EXPECT_NE((*skew)["evidence"].get<std::string>().find("20 ms per step against a median of 10 ms"), std::string::npos)
-      << skew->dump(2);
-  EXPECT_NE((*skew)["fix"].get<std::string>().find("straggler transform"), std::string::npos) << skew->dump(2);
+  json d;
+  const json skew = finding_for(run, lines, 60, "rank_skew", &d);
+  ASSERT_FALSE(skew.is_null()) << d.dump(2);
+  EXPECT_EQ(skew["severity"], "warning");
+  EXPECT_EQ(skew["title"].get<std::string>().rfind("rank 2 is 2x slower than the median over steps 20-60", 0), 0u)
+      << skew.dump(2);
+  EXPECT_NE(skew["evidence"].get<std::string>().find("20 ms per step against a median of 10 ms"), std::string::npos)
+      << skew.dump(2);
+  EXPECT_NE(skew["fix"].get<std::string>().find("straggler transform"), std::string::npos) << skew.dump(2);
 }
 
 // Note [Subnormal optimizer state] in src/cli/health_log.cpp: the count
@@ -259,20 +267,16 @@ TEST(CliDoctor, SubnormalStateNamesTheTensorsTheSlowdownAndTheFlush) {
                  "\n";
       }
     }
-    write_text(run / "metrics.jsonl", lines);
-    write_text(run / "summary.json", R"({"status": "completed", "steps": 40, "total_steps": 40})");
-    const json d = doctor_json(run);
-    const json* f = nullptr;
-    for (const auto& x : d["findings"])
-      if (x["code"] == "subnormal_state") f = &x;
+    json d;
+    const json f = finding_for(run, lines, 40, "subnormal_state", &d);
     if (flushed) {
-      EXPECT_EQ(f, nullptr) << d.dump(2);
+      EXPECT_TRUE(f.is_null()) << d.dump(2);
       continue;
     }
-    ASSERT_NE(f, nullptr) << d.dump(2);
-    EXPECT_EQ((*f)["severity"], "warning");
-    EXPECT_EQ((*f)["step"].get<int64_t>(), 30);
-    const std::string title = (*f)["title"], evidence = (*f)["evidence"], fix = (*f)["fix"];
+    ASSERT_FALSE(f.is_null()) << d.dump(2);
+    EXPECT_EQ(f["severity"], "warning");
+    EXPECT_EQ(f["step"].get<int64_t>(), 30);
+    const std::string title = f["title"], evidence = f["evidence"], fix = f["fix"];
     EXPECT_NE(title.find("33.3%"), std::string::npos) << title;
     EXPECT_NE(evidence.find("layers.0.weight's exp_avg_sq (3e+03 of 4.1e+03)"), std::string::npos) << evidence;
     EXPECT_NE(evidence.find("samples/s fell from 1e+03"), std::string::npos) << evidence;
