@@ -131,5 +131,10 @@ inline Tensor old_value(const Tensor& self) { return self.clone(); }
 /// gelu's backward: grad * gelu'(self), "none" (erf) or "tanh" form. Records
 /// GeluBackwardBackward0 when an input requires grad (double backward).
 Tensor gelu_backward(const Tensor& grad, const Tensor& self, bool tanh_form);
+/// The same, written into `grad` itself when nothing else refers to it (the
+/// engine hands each node its own incoming buffer): no fresh output, and the
+/// gradient stays in the lines its producer just wrote (Note [GELU's gradient
+/// over its incoming buffer] in unary.cpp).
+Tensor gelu_backward(Tensor&& grad, const Tensor& self, bool tanh_form);
 
 }  // namespace kiln::ops::ew

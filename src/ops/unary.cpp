@@ -136,7 +136,7 @@ struct UnaryBackward final : autograd::Node {
       case Formula::Tanh: return {g * (1 - v * v)};
       case Formula::Sigmoid: return {g * (1 - v) * v};
       case Formula::Relu: return {threshold_backward(std::move(grads[0]), v, Scalar(0))};
-      case Formula::Gelu: return {ops::ew::gelu_backward(g, v, gelu_tanh)};
+      case Formula::Gelu: return {ops::ew::gelu_backward(std::move(grads[0]), v, gelu_tanh)};
       case Formula::Silu: {
         const Tensor s = v.sigmoid();
         return {g * s * (1 + v * (1 - s))};
@@ -440,6 +440,33 @@ Tensor gelu_backward(const Tensor& grad, const Tensor& self, bool tanh_form) {
     node->self = SavedVariable(self, false);
     if (self.requires_grad()) node->grad = SavedVariable(grad, false);
     autograd::set_history(out, node, {&grad, &self});
+  }
+  return out;
+}
+
+// Note [GELU's gradient over its incoming buffer]
+// As threshold_backward does for ReLU: when the engine's buffer is the only
+// reference to the incoming gradient, GELU's backward writes dy * GELU'(x)
+// over it. In gpt's step that gradient is the [2048, 1024] product c_proj's
+// backward has just written, so the 8 MB result lands in lines the loop has
+// just read, where a fresh output is a block last touched a step ago, whose
+// lines each cost a read from memory before the write (or, streamed, a trip
+// to memory and back for the three ops that read it next); and the step's
+// backward holds one 8 MB tensor less per block. A gradient kept elsewhere (a
+// hook's, retain_grad's, a buffer two nodes share) has more references and is
+// left alone; under create_graph the op records GeluBackwardBackward instead.
+Tensor gelu_backward(Tensor&& grad, const Tensor& self, bool tanh_form) {
+  const bool reuse = !grad_mode_enabled() && grad.use_count() == 1 && grad.storage().use_count() == 1 &&
+                     grad.is_contiguous() && grad.storage()->owns_memory() && is_floating_point(grad.dtype()) &&
+                     grad.dtype() == self.dtype() && grad.sizes() == self.sizes() && !grad.is_alias_of(self);
+  if (!reuse) return gelu_backward(static_cast<const Tensor&>(grad), self, tanh_form);
+  Tensor out = std::move(grad);
+  {
+    // The scope closes before `out` is moved into the result (see threshold_backward).
+    OpScope rs("gelu_backward", {&out, &self});
+    run_binary_inplace("gelu_backward",
+                       tanh_form ? kernels::BinaryOp::GeluTanhBackward : kernels::BinaryOp::GeluErfBackward, out,
+                       Arg(self), out.dtype(), nullptr);
   }
   return out;
 }
