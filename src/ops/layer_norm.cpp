@@ -84,12 +84,29 @@ struct FusedLayerNorm : autograd::Function<FusedLayerNorm> {
     const auto& need = ctx.needs_input_grad();
     const Tensor x = saved[0].contiguous(), w = saved[1].contiguous(), b = saved[2];
     const Tensor &mean = saved[3], &rstd = saved[4];
-    // The gradient of a bf16 y (layer_norm_to) is read as bf16 and widened in
-    // the kernel; any other pair the kernel does not read is widened first.
-    Tensor g = grads[0].contiguous();
-    if (g.dtype() != x.dtype() && !(x.dtype() == kFloat32 && g.dtype() == kBFloat16)) g = g.to(x.dtype());
+    // Note [Layer norm's input gradient over its incoming buffer]
+    // dx is written over dy when the engine's buffer is the only reference to
+    // it, as batch norm's and GELU's backwards do (Note [GELU's gradient over
+    // its incoming buffer] in unary.cpp): dy is a linear's input gradient just
+    // written, so dx lands in lines still in cache and is not streamed out,
+    // where a fresh output is a block last touched a step ago. The kernel
+    // reads a row's dy whole before it writes the row's dx.
+    const bool reuse = need[0] && grads[0].use_count() == 1 && grads[0].storage().use_count() == 1 &&
+                       grads[0].storage()->owns_memory() && grads[0].is_contiguous() && grads[0].dtype() == x.dtype() &&
+                       grads[0].sizes() == x.sizes() && !grads[0].is_alias_of(x);
+    Tensor g, gx;
+    if (reuse) {
+      gx = std::move(grads[0]);
+      gx.bump_version();
+      g = gx;
+    } else {
+      // The gradient of a bf16 y (layer_norm_to) is read as bf16 and widened in
+      // the kernel; any other pair the kernel does not read is widened first.
+      g = grads[0].contiguous();
+      if (g.dtype() != x.dtype() && !(x.dtype() == kFloat32 && g.dtype() == kBFloat16)) g = g.to(x.dtype());
+      if (need[0]) gx = empty(x.sizes(), TensorOptions(x.dtype()));
+    }
     const int64_t n = w.numel(), rows = x.numel() / n;
-    Tensor gx = need[0] ? empty(x.sizes(), TensorOptions(x.dtype())) : Tensor();
     const bool want_wb = need[1] || need[2];
     Tensor gw = want_wb ? empty(w.sizes(), TensorOptions(w.dtype())) : Tensor();
     Tensor gb = want_wb ? empty(b.sizes(), TensorOptions(b.dtype())) : Tensor();

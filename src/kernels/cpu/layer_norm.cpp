@@ -244,8 +244,11 @@ void ln_backward(const G* g_in, const T* x, const T* w, const T* mean, const T* 
     // A thread writing a large float input gradient streams it out (Note
     // [Streaming stores for fresh outputs]); only the float row kernel streams.
     const int64_t my_rows = std::min(rows, c1 * per) - c0 * per;
+    // Written over the incoming gradient (the ops layer's Note [Layer norm's
+    // input gradient over its incoming buffer]), the lines are in cache already.
+    const bool in_place = static_cast<const void*>(gx) == static_cast<const void*>(g_in);
     const bool stream =
-        kRowKernel && gx != nullptr && my_rows * n * static_cast<int64_t>(sizeof(T)) >= vm::kStreamBytes;
+        kRowKernel && gx != nullptr && !in_place && my_rows * n * static_cast<int64_t>(sizeof(T)) >= vm::kStreamBytes;
     // The float row kernel needs only dxhat, whole vectors of it, to stage a
     // row whose lines it cannot stream straight from the registers.
     const auto padded = static_cast<size_t>((n + kLanes - 1) / kLanes * kLanes);
