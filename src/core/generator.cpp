@@ -1,5 +1,11 @@
 #include "kiln/core/generator.h"
 
+#include <cmath>
+
+#if defined(__AVX512F__)
+#include <immintrin.h>
+#endif
+
 #include "kiln/core/capture.h"
 
 namespace kiln {
@@ -24,6 +30,93 @@ std::array<uint32_t, 4> philox4x32(uint64_t key, uint64_t counter_hi, uint64_t c
   }
   return {c0, c1, c2, c3};
 }
+
+namespace detail {
+
+namespace {
+float uniform_of(uint32_t w, float a, float span) {
+  const float u = static_cast<float>(w >> 8) * (1.0f / 16777216.0f);  // exact
+  return std::fma(span, u, a);
+}
+}  // namespace
+
+// Note [Philox sixteen at a time]
+// One Philox block a step costs about 25 integer operations per float32
+// value, and rand's fill ran at about 1 ns a value at 2 threads: with dropout
+// 0.1, configs/gpt_mobydick.toml spent 15 % of its step drawing the masks.
+// AVX-512 runs sixteen counters' rounds side by side: each 32 x 32 -> 64-bit
+// product of a round is VPMULUDQ on the even lanes and on the odd lanes
+// shifted down, whose high and low halves blend back into sixteen lanes. The
+// four words of sixteen blocks are then turned into 64 consecutive values
+// (a 4 x 4 transpose within 128-bit lanes, then one across them). The words
+// are Philox's own and a + span * u is one fused multiply-add, as the scalar
+// code computes it (GCC contracts it there), so every value has the scalar
+// loop's bits (GeneratorTest.PhiloxUniformFloatsHaveTheScalarBits).
+void philox_uniform_floats(float* out, int64_t n, uint64_t key, uint64_t first_block, float a, float span) {
+  int64_t i = 0;
+#if defined(__AVX512F__)
+  constexpr uint32_t kM0 = 0xD2511F53u, kM1 = 0xCD9E8D57u;
+  constexpr uint32_t kW0 = 0x9E3779B9u, kW1 = 0xBB67AE85u;
+  const __m512i m0 = _mm512_set1_epi32(static_cast<int>(kM0)), m1 = _mm512_set1_epi32(static_cast<int>(kM1));
+  const __m512i step8 = _mm512_setr_epi64(0, 1, 2, 3, 4, 5, 6, 7);
+  const __m512 scale = _mm512_set1_ps(1.0f / 16777216.0f), va = _mm512_set1_ps(a), vspan = _mm512_set1_ps(span);
+  // The high and low 32-bit halves of x * m in each of sixteen lanes.
+  const auto mul_hi_lo = [](__m512i x, __m512i m, __m512i& hi, __m512i& lo) {
+    const __m512i even = _mm512_mul_epu32(x, m), odd = _mm512_mul_epu32(_mm512_srli_epi64(x, 32), m);
+    hi = _mm512_mask_blend_epi32(0xAAAA, _mm512_srli_epi64(even, 32), odd);
+    lo = _mm512_mask_blend_epi32(0xAAAA, even, _mm512_slli_epi64(odd, 32));
+  };
+  for (; i + 64 <= n; i += 64) {
+    const uint64_t base = first_block + static_cast<uint64_t>(i / 4);
+    const __m512i lo8 = _mm512_add_epi64(_mm512_set1_epi64(static_cast<long long>(base)), step8);
+    const __m512i hi8 = _mm512_add_epi64(lo8, _mm512_set1_epi64(8));
+    // Counter words: c0, c1 the counter's low and high 32 bits, c2 = c3 = 0.
+    __m512i c0 = _mm512_inserti64x4(_mm512_castsi256_si512(_mm512_cvtepi64_epi32(lo8)), _mm512_cvtepi64_epi32(hi8), 1);
+    __m512i c1 = _mm512_inserti64x4(_mm512_castsi256_si512(_mm512_cvtepi64_epi32(_mm512_srli_epi64(lo8, 32))),
+                                    _mm512_cvtepi64_epi32(_mm512_srli_epi64(hi8, 32)), 1);
+    __m512i c2 = _mm512_setzero_si512(), c3 = _mm512_setzero_si512();
+    uint32_t k0 = static_cast<uint32_t>(key), k1 = static_cast<uint32_t>(key >> 32);
+    for (int round = 0; round < 10; ++round) {
+      __m512i hi0, lo0, hi1, lo1;
+      mul_hi_lo(c0, m0, hi0, lo0);
+      mul_hi_lo(c2, m1, hi1, lo1);
+      c0 = _mm512_xor_si512(_mm512_xor_si512(hi1, c1), _mm512_set1_epi32(static_cast<int>(k0)));
+      c1 = lo1;
+      c2 = _mm512_xor_si512(_mm512_xor_si512(hi0, c3), _mm512_set1_epi32(static_cast<int>(k1)));
+      c3 = lo0;
+      k0 += kW0;
+      k1 += kW1;
+    }
+    __m512 f[4];
+    const __m512i words[4] = {c0, c1, c2, c3};
+    for (int w = 0; w < 4; ++w)
+      f[w] = _mm512_fmadd_ps(vspan, _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_srli_epi32(words[w], 8)), scale), va);
+    // f[w] lane b is block b's word w; out wants block 0's four words, then block 1's...
+    const __m512 t0 = _mm512_unpacklo_ps(f[0], f[1]), t1 = _mm512_unpackhi_ps(f[0], f[1]);
+    const __m512 t2 = _mm512_unpacklo_ps(f[2], f[3]), t3 = _mm512_unpackhi_ps(f[2], f[3]);
+    const auto lo_pd = [](__m512 x, __m512 y) {
+      return _mm512_castpd_ps(_mm512_unpacklo_pd(_mm512_castps_pd(x), _mm512_castps_pd(y)));
+    };
+    const auto hi_pd = [](__m512 x, __m512 y) {
+      return _mm512_castpd_ps(_mm512_unpackhi_pd(_mm512_castps_pd(x), _mm512_castps_pd(y)));
+    };
+    // u[j]'s 128-bit lane l holds block 4 l + j.
+    const __m512 u0 = lo_pd(t0, t2), u1 = hi_pd(t0, t2), u2 = lo_pd(t1, t3), u3 = hi_pd(t1, t3);
+    const __m512 v01lo = _mm512_shuffle_f32x4(u0, u1, 0x44), v23lo = _mm512_shuffle_f32x4(u2, u3, 0x44);
+    const __m512 v01hi = _mm512_shuffle_f32x4(u0, u1, 0xEE), v23hi = _mm512_shuffle_f32x4(u2, u3, 0xEE);
+    _mm512_storeu_ps(out + i, _mm512_shuffle_f32x4(v01lo, v23lo, 0x88));
+    _mm512_storeu_ps(out + i + 16, _mm512_shuffle_f32x4(v01lo, v23lo, 0xDD));
+    _mm512_storeu_ps(out + i + 32, _mm512_shuffle_f32x4(v01hi, v23hi, 0x88));
+    _mm512_storeu_ps(out + i + 48, _mm512_shuffle_f32x4(v01hi, v23hi, 0xDD));
+  }
+#endif
+  for (; i < n; ++i) {
+    const auto w = philox4x32(key, 0, first_block + static_cast<uint64_t>(i / 4));
+    out[i] = uniform_of(w[static_cast<size_t>(i % 4)], a, span);
+  }
+}
+
+}  // namespace detail
 
 void Generator::manual_seed(uint64_t seed) {
   std::lock_guard<std::mutex> lock(mu_);

@@ -7,6 +7,7 @@
 // number of blocks.
 #include "kiln/ops/factory.h"
 
+#include <algorithm>
 #include <cmath>
 #include <numbers>
 
@@ -95,6 +96,25 @@ void fill_random(Tensor& t, Generator* gen, int64_t per_block, F f) {
   });
 }
 
+// fill_random's float32 uniforms, a + span * u01_24(word), filled by
+// detail::philox_uniform_floats (Note [Philox sixteen at a time] in
+// src/core/generator.cpp): the same blocks of the same generator, the same bits.
+void fill_uniform_float(Tensor& t, Generator* gen, float a, float span) {
+  const int64_t n = t.numel();
+  if (n == 0) return;
+  Generator* g = &gen_or_default(gen);
+  const int64_t blocks = (n + 3) / 4;
+  float* out = t.data_ptr<float>();
+  capture::host_write("random", [g, out, n, blocks, a, span] {
+    const uint64_t seed = g->get_state().seed;
+    const uint64_t first = g->reserve(static_cast<uint64_t>(blocks));
+    parallel_for(blocks, 4096, [&](int64_t b, int64_t e) {
+      const int64_t lo = b * 4, hi = std::min(n, e * 4);
+      detail::philox_uniform_floats(out + lo, hi - lo, seed, first + static_cast<uint64_t>(b), a, span);
+    });
+  });
+}
+
 inline double u01_53(uint32_t hi, uint32_t lo) {
   const uint64_t bits = ((static_cast<uint64_t>(hi) << 32) | lo) >> 11;
   return static_cast<double>(bits) * (1.0 / 9007199254740992.0);
@@ -119,11 +139,7 @@ void uniform_fill(Tensor& t, double from, double to, Generator* gen) {
       return from + (to - from) * u01_53(w[2 * lane], w[2 * lane + 1]);
     });
   } else {
-    const float a = static_cast<float>(from), span = static_cast<float>(to - from);
-    fill_random<float>(t, gen, 4, [=](const std::array<uint32_t, 4>& w, int64_t lane) {
-      float v = a + span * u01_24(w[lane]);
-      return v;
-    });
+    fill_uniform_float(t, gen, static_cast<float>(from), static_cast<float>(to - from));
   }
 }
 

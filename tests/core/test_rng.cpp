@@ -5,7 +5,10 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <numeric>
+#include <utility>
+#include <vector>
 
 #include "kiln/kiln.h"
 #include "support/test_util.h"
@@ -51,6 +54,32 @@ TEST(Philox, Random123KnownAnswers) {
   // counter 243f6a88 85a308d3 13198a2e 03707344, key a4093822 299f31d0 (the digits of pi).
   EXPECT_EQ(philox4x32(0x299f31d0a4093822ULL, 0x0370734413198a2eULL, 0x85a308d3243f6a88ULL),
             (std::array<uint32_t, 4>{0xd16cfe09, 0x94fdcceb, 0x5001e420, 0x24126ea1}));
+}
+
+// Note [Philox sixteen at a time]: the vectorised fill gives each value the
+// scalar loop's bits, a + span * u01_24(word) with one rounding, across 64-value
+// steps, their tails, and counters whose low 32 bits wrap.
+TEST(Philox, UniformFloatsHaveTheScalarBits) {
+  const uint64_t keys[] = {0, 67280421310721ULL, 0xFFFFFFFFFFFFFFFFULL};
+  const uint64_t firsts[] = {0, 12345, 0xFFFFFFFFULL - 5, 0xFFFFFFFFFFFFFFF0ULL};
+  const int64_t sizes[] = {0, 1, 3, 63, 64, 65, 130, 1000};
+  const std::pair<float, float> ranges[] = {{0.f, 1.f}, {-2.f, 4.f}, {0.5f, 1e-3f}};
+  for (uint64_t key : keys)
+    for (uint64_t first : firsts)
+      for (int64_t n : sizes)
+        for (const auto& [a, span] : ranges) {
+          std::vector<float> got(static_cast<size_t>(n) + 1, -7.f);
+          detail::philox_uniform_floats(got.data(), n, key, first, a, span);
+          int64_t bad = 0;
+          for (int64_t i = 0; i < n; ++i) {
+            const auto w = philox4x32(key, 0, first + static_cast<uint64_t>(i / 4));
+            const float u = static_cast<float>(w[static_cast<size_t>(i % 4)] >> 8) * (1.0f / 16777216.0f);
+            const float want = std::fma(span, u, a);
+            bad += std::memcmp(&want, &got[static_cast<size_t>(i)], sizeof want) != 0;
+          }
+          EXPECT_EQ(bad, 0) << "key " << key << " first " << first << " n " << n << " a " << a << " span " << span;
+          EXPECT_EQ(got[static_cast<size_t>(n)], -7.f) << "wrote past n";
+        }
 }
 
 TEST(Generator, SameSeedSameTensors) {

@@ -18,6 +18,15 @@ namespace kiln {
 /// Philox4x32-10: 4 random 32-bit words for (key, counter).
 std::array<uint32_t, 4> philox4x32(uint64_t key, uint64_t counter_hi, uint64_t counter_lo);
 
+namespace detail {
+/// out[i] = a + span * u, i in [0, n), u = (w >> 8) * 2^-24 for w word i % 4
+/// of philox4x32(key, 0, first_block + i / 4), with one rounding (a fused
+/// multiply-add): what torch.rand's float32 values are in kiln (uniform_ and
+/// rand in ops/factory.cpp, dropout's masks), sixteen counters at a time where
+/// the CPU has AVX-512 (Note [Philox sixteen at a time] in generator.cpp).
+void philox_uniform_floats(float* out, int64_t n, uint64_t key, uint64_t first_block, float a, float span);
+}  // namespace detail
+
 struct GeneratorState {
   uint64_t seed = 0;
   uint64_t offset = 0;  // in units of 128-bit Philox blocks
