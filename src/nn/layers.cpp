@@ -9,6 +9,7 @@
 #include "kiln/nn/functional.h"
 #include "kiln/nn/init.h"
 #include "kiln/ops/conv.h"
+#include "kiln/ops/dropout.h"
 #include "kiln/ops/factory.h"
 #include "kiln/ops/index.h"
 #include "kiln/ops/linalg.h"
@@ -138,8 +139,7 @@ Tensor functional::dropout(const Tensor& x, double p, bool training) {
   KILN_CHECK(p >= 0.0 && p <= 1.0, ValueError, "dropout: expected a probability p in [0, 1], got ", p);
   if (!training || p == 0.0) return x;
   if (p == 1.0) return x * zeros_like(x);
-  Tensor keep = rand(x.sizes(), TensorOptions(x.dtype())).lt(1.0 - p).to(x.dtype());
-  return x * keep.mul(1.0 / (1.0 - p));
+  return ops::dropout_train(x, p);
 }
 
 Tensor Dropout::forward(const Tensor& x) { return functional::dropout(x, p, is_training()); }

@@ -26,6 +26,7 @@
 // Without anything to differentiate (inference) no node is recorded and no
 // lse is computed.
 #include "kiln/ops/attention.h"
+#include "kiln/ops/dropout.h"
 
 #include <algorithm>
 #include <cmath>
@@ -598,8 +599,7 @@ Tensor attention_composite(const Tensor& q, const Tensor& k, const Tensor& v, co
     if (dropout_p == 1.0) {
       weights = weights * zeros_like(weights);
     } else {
-      Tensor keep = rand(weights.sizes(), TensorOptions(weights.dtype())).lt(1.0 - dropout_p).to(weights.dtype());
-      weights = weights * keep.mul(1.0 / (1.0 - dropout_p));
+      weights = dropout_train(weights, dropout_p);  // Note [Dropout in one pass] in dropout.cpp
     }
   }
   return weights.matmul(v);
