@@ -102,12 +102,8 @@ TEST(BatchNormGradBuffer, SharedOrKeptIncomingGradientIsLeftAlone) {
   // A hook that keeps the incoming gradient sees it unchanged.
   const Tensor x = to_cl(randn({4, 16, 5, 5})).requires_grad_();
   const Tensor y = ops::batch_norm_relu_train(x, w, b, 1e-5).output;
-  Tensor kept;
-  HookHandle h = y.register_hook([&kept](const Tensor& g) {
-    kept = g;
-    return Tensor();
-  });
+  test::GradKeeper keeper(y);
   (y * u).sum().backward();
-  EXPECT_TRUE(kept.equal(u));
+  EXPECT_TRUE(keeper.kept.equal(u));
   EXPECT_TRUE(x.grad().equal(alone(x)));
 }

@@ -128,13 +128,9 @@ TEST(ThresholdBackward, SharedOrKeptIncomingGradientIsLeftAlone) {
   // A hook that keeps the incoming gradient sees it unchanged.
   Tensor x = values(40, 64, kFloat32).requires_grad_();
   Tensor y = x.relu();
-  Tensor kept;
-  HookHandle h = y.register_hook([&kept](const Tensor& g) {
-    kept = g;
-    return Tensor();
-  });
+  test::GradKeeper keeper(y);
   (y * w).sum().backward();
-  EXPECT_TRUE(kept.equal(w));
+  EXPECT_TRUE(keeper.kept.equal(w));
   EXPECT_TRUE(x.grad().equal(reference(x, w)));
 }
 

@@ -39,6 +39,20 @@ struct ArrivalProbe {
   ArrivalProbe& operator=(const ArrivalProbe&) = delete;
 };
 
+/// Keeps the gradient that reaches `t`, as a hook that stores it would: a
+/// second reference to the engine's buffer, which no backward may write over.
+struct GradKeeper {
+  Tensor kept;
+  HookHandle handle;
+  explicit GradKeeper(const Tensor& t)
+      : handle(t.register_hook([this](const Tensor& g) {
+          kept = g;
+          return Tensor();
+        })) {}
+  GradKeeper(const GradKeeper&) = delete;  // the hook holds `this`
+  GradKeeper& operator=(const GradKeeper&) = delete;
+};
+
 /// The interpreter with torch 1.13 (Debian's python3-torch); NOT `python3` on PATH.
 inline constexpr const char* kPython = "/usr/bin/python3";
 
