@@ -51,7 +51,7 @@ float uniform_of(uint32_t w, float a, float span) {
 // (a 4 x 4 transpose within 128-bit lanes, then one across them). The words
 // are Philox's own and a + span * u is one fused multiply-add, as the scalar
 // code computes it (GCC contracts it there), so every value has the scalar
-// loop's bits (GeneratorTest.PhiloxUniformFloatsHaveTheScalarBits).
+// loop's bits (Philox.UniformFloatsHaveTheScalarBits in tests/core/test_rng.cpp).
 void philox_uniform_floats(float* out, int64_t n, uint64_t key, uint64_t first_block, float a, float span) {
   int64_t i = 0;
 #if defined(__AVX512F__)
@@ -110,9 +110,10 @@ void philox_uniform_floats(float* out, int64_t n, uint64_t key, uint64_t first_b
     _mm512_storeu_ps(out + i + 48, _mm512_shuffle_f32x4(v01hi, v23hi, 0xDD));
   }
 #endif
-  for (; i < n; ++i) {
+  // One block for each four values (i is a multiple of 4 here).
+  for (; i < n; i += 4) {
     const auto w = philox4x32(key, 0, first_block + static_cast<uint64_t>(i / 4));
-    out[i] = uniform_of(w[static_cast<size_t>(i % 4)], a, span);
+    for (int64_t l = 0; l < 4 && i + l < n; ++l) out[i + l] = uniform_of(w[static_cast<size_t>(l)], a, span);
   }
 }
 

@@ -103,9 +103,8 @@ struct NativeBatchNormBackward final : autograd::Node {
     // writes that element's dx, and the residual's gradient (a buffer of its
     // own) from the same read. A gradient kept elsewhere has more references
     // and is left alone.
-    const bool reuse = want_x && g.use_count() == 1 && g.storage().use_count() == 1 && g.storage()->owns_memory() &&
-                       g.dtype() == dt && is_contiguous(g, fmt) && g.sizes() == xv.sizes() && !g.is_alias_of(xv) &&
-                       !(rv.defined() && g.is_alias_of(rv));
+    const bool reuse = want_x && writable_incoming_grad(g) && g.dtype() == dt && is_contiguous(g, fmt) &&
+                       g.sizes() == xv.sizes() && !g.is_alias_of(xv) && !(rv.defined() && g.is_alias_of(rv));
     Tensor gc;
     if (reuse) {
       out[0] = std::move(grads[0]);

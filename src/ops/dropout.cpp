@@ -52,8 +52,7 @@ struct NativeDropoutBackward final : autograd::Node {
     }
     Tensor g = std::move(grads[0]);
     if (!g.is_contiguous() || g.dtype() != kFloat32) g = g.contiguous().to(kFloat32);
-    const bool reuse = g.use_count() == 1 && g.storage().use_count() == 1 && g.storage()->owns_memory() &&
-                       g.dtype() == kFloat32 && g.sizes() == keep.sizes();
+    const bool reuse = writable_incoming_grad(g) && g.sizes() == keep.sizes();
     Tensor gx = reuse ? g : empty(keep.sizes(), TensorOptions(kFloat32));
     if (reuse) gx.bump_version();
     if (gx.numel() > 0)

@@ -79,6 +79,11 @@ Tensor new_output(IntArrayRef shape, DType dtype, MemoryFormat f) {
   return t;
 }
 
+bool writable_incoming_grad(const Tensor& grad) {
+  return !grad_mode_enabled() && grad.defined() && grad.use_count() == 1 && grad.storage().use_count() == 1 &&
+         grad.storage()->owns_memory();
+}
+
 Tensor new_output_like(IntArrayRef shape, DType dtype, std::initializer_list<const Tensor*> operands) {
   if (shape.size() == 4) {
     for (const Tensor* t : operands) {

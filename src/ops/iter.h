@@ -28,6 +28,15 @@ Tensor new_output(IntArrayRef shape, DType dtype, MemoryFormat f);
 /// kept to the one non-contiguous format kiln produces itself), else contiguous.
 Tensor new_output_like(IntArrayRef shape, DType dtype, std::initializer_list<const Tensor*> operands);
 
+/// Whether a backward may write its result over `grad`, the incoming
+/// gradient the engine handed it: nothing else refers to the tensor or its
+/// storage (no hook kept it, retain_grad did not store it, the caller did not
+/// pass it, two nodes do not share it), the storage owns its memory, and no
+/// gradient is being recorded (create_graph). The caller still checks the
+/// layout, dtype and shape its kernel writes, and that grad is not an alias
+/// of what it reads. Note [GELU's gradient over its incoming buffer] in unary.cpp.
+bool writable_incoming_grad(const Tensor& grad);
+
 /// Raises ValueError when `value` cannot be stored in `dt` without overflow, as
 /// PyTorch's checked scalar conversion does for fill values (full, fill_):
 /// integers outside the type's range (negative integers may wrap into uint8

@@ -14,6 +14,7 @@
 #include <optional>
 #include <vector>
 
+#include "iter.h"
 #include "kiln/autograd/custom_function.h"
 #include "kiln/core/error.h"
 #include "kiln/core/guards.h"
@@ -91,9 +92,8 @@ struct FusedLayerNorm : autograd::Function<FusedLayerNorm> {
     // written, so dx lands in lines still in cache and is not streamed out,
     // where a fresh output is a block last touched a step ago. The kernel
     // reads a row's dy whole before it writes the row's dx.
-    const bool reuse = need[0] && grads[0].use_count() == 1 && grads[0].storage().use_count() == 1 &&
-                       grads[0].storage()->owns_memory() && grads[0].is_contiguous() && grads[0].dtype() == x.dtype() &&
-                       grads[0].sizes() == x.sizes() && !grads[0].is_alias_of(x);
+    const bool reuse = need[0] && writable_incoming_grad(grads[0]) && grads[0].is_contiguous() &&
+                       grads[0].dtype() == x.dtype() && grads[0].sizes() == x.sizes() && !grads[0].is_alias_of(x);
     Tensor g, gx;
     if (reuse) {
       gx = std::move(grads[0]);

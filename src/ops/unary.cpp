@@ -279,10 +279,9 @@ Tensor threshold_backward(const Tensor& grad, const Tensor& self, const Scalar& 
 
 Tensor threshold_backward(Tensor&& grad, const Tensor& self, const Scalar& threshold) {
   // Dense in either format: a channels-last gradient (a convolution's) is written over as well.
-  const bool reuse = !grad_mode_enabled() && grad.use_count() == 1 && grad.storage().use_count() == 1 &&
-                     (grad.is_contiguous() || is_contiguous(grad, MemoryFormat::ChannelsLast)) &&
-                     grad.storage()->owns_memory() && grad.dtype() == self.dtype() && grad.dtype() != kBool &&
-                     grad.sizes() == self.sizes() && !grad.is_alias_of(self);
+  const bool reuse =
+      ops::writable_incoming_grad(grad) && (grad.is_contiguous() || is_contiguous(grad, MemoryFormat::ChannelsLast)) &&
+      grad.dtype() == self.dtype() && grad.dtype() != kBool && grad.sizes() == self.sizes() && !grad.is_alias_of(self);
   if (!reuse) return threshold_backward(static_cast<const Tensor&>(grad), self, threshold);
   Tensor out = std::move(grad);
   {
@@ -456,8 +455,7 @@ Tensor gelu_backward(const Tensor& grad, const Tensor& self, bool tanh_form) {
 // hook's, retain_grad's, a buffer two nodes share) has more references and is
 // left alone; under create_graph the op records GeluBackwardBackward instead.
 Tensor gelu_backward(Tensor&& grad, const Tensor& self, bool tanh_form) {
-  const bool reuse = !grad_mode_enabled() && grad.use_count() == 1 && grad.storage().use_count() == 1 &&
-                     grad.is_contiguous() && grad.storage()->owns_memory() && is_floating_point(grad.dtype()) &&
+  const bool reuse = writable_incoming_grad(grad) && grad.is_contiguous() && is_floating_point(grad.dtype()) &&
                      grad.dtype() == self.dtype() && grad.sizes() == self.sizes() && !grad.is_alias_of(self);
   if (!reuse) return gelu_backward(static_cast<const Tensor&>(grad), self, tanh_form);
   Tensor out = std::move(grad);
