@@ -108,6 +108,38 @@ BENCHMARK(BM_SdpaGptHeadsF32)
 // gpt_infer's attention: one sequence, forward alone, no graph.
 BENCHMARK(BM_SdpaGptHeadsF32)->ArgsProduct({{1, 2}, {0}, {64, 128}, {1}})->UseRealTime()->Unit(benchmark::kMicrosecond);
 
+namespace {
+// configs/gpt_mobydick.toml's attention (B 32, H 4, T 128, E 32, causal, heads
+// of one projection) with dropout on its weights, as the step runs it
+// (Note [Dropout inside the heads] in kiln/kernels/attention.h). Arguments:
+// threads; 0 forward alone, 1 forward + backward; dropout in percent; 0
+// scaled_dot_product_attention's choice, 1 the composite.
+void BM_SdpaDropoutHeads(benchmark::State& state) {
+  const int before = kiln::get_num_threads();
+  kiln::set_num_threads(static_cast<int>(state.range(0)));
+  const int64_t B = 32, H = 4, T = 128, E = 32, C = H * E;
+  const double p = static_cast<double>(state.range(2)) / 100.0;
+  const kiln::Tensor x = kiln::randn({B, T, 3 * C}).requires_grad_(state.range(1) != 0);
+  const kiln::Tensor g = kiln::randn({B, H, T, E});
+  auto heads = [&](const kiln::Tensor& t) { return t.view({B, T, H, E}).transpose(1, 2); };
+  for (auto _ : state) {
+    auto parts = x.split(C, 2);
+    kiln::Tensor o =
+        state.range(3)
+            ? FN::detail::sdpa_composite(heads(parts[0]), heads(parts[1]), heads(parts[2]), {}, p, true, true)
+            : FN::scaled_dot_product_attention(heads(parts[0]), heads(parts[1]), heads(parts[2]), {}, p, true, true);
+    if (state.range(1)) benchmark::DoNotOptimize(kiln::autograd::grad({o}, {x}, {g}));
+    benchmark::DoNotOptimize(o);
+  }
+  kiln::set_num_threads(before);
+}
+}  // namespace
+BENCHMARK(BM_SdpaDropoutHeads)
+    ->ArgsProduct({{1, 2}, {0, 1}, {0, 10}, {0, 1}})
+    ->ArgNames({"threads", "backward", "dropout_pct", "composite"})
+    ->UseRealTime()
+    ->Unit(benchmark::kMicrosecond);
+
 BENCHMARK(BM_SdpaFusedCausalForward)->Arg(1)->UseRealTime()->Unit(benchmark::kMillisecond);
 BENCHMARK(BM_SdpaCompositeCausalForward)->Arg(1)->UseRealTime()->Unit(benchmark::kMillisecond);
 

@@ -1,6 +1,7 @@
 // scaled_dot_product_attention and MultiheadAttention. The attention itself is
-// the op of kiln/ops/attention.h (fused, memory-efficient form without active
-// dropout; the composite of kiln ops otherwise); this file adds autocast and
+// the op of kiln/ops/attention.h (the fused, memory-efficient form, with
+// dropout where its heads kernel takes it; the composite of kiln ops
+// otherwise); this file adds autocast and
 // the module's projections and head split around it.
 #include "kiln/nn/attention.h"
 

@@ -1,6 +1,7 @@
 // Scaled dot-product attention (include/kiln/ops/attention.h): the argument
-// checks, the composite form, and the fused, memory-efficient form (no
-// dropout) with its backward beside the forward.
+// checks, the composite form, and the fused, memory-efficient form (dropout
+// only on the heads kernel: Note [Dropout inside the heads] in
+// kiln/kernels/attention.h) with its backward beside the forward.
 //
 // Forward walks the query rows in blocks of `block_rows`: for each block it
 // forms S = q_blk kᵀ scale (+ mask, or the causal triangle), the row max m,
@@ -37,7 +38,9 @@
 #include "banded_matmul.h"
 #include "kiln/autograd/custom_function.h"
 #include "kiln/core/allocator.h"
+#include "kiln/core/capture.h"
 #include "kiln/core/error.h"
+#include "kiln/core/generator.h"
 #include "kiln/core/guards.h"
 #include "kiln/kernels/attention.h"
 #include "kiln/ops/factory.h"
@@ -95,6 +98,10 @@ struct FusedArgs {
   Tensor mask;  // undefined, bool (true = may attend) or floating (added); never requires grad here
   bool causal = false;
   int64_t block_rows = kAttentionBlockRows;
+  /// Dropout on the weights, on the heads kernel only (dropout_on_heads): in
+  /// (0, 1), or 0 for none. Backward finds forward's mask bytes in `keep`.
+  double dropout_p = 0.0;
+  Tensor keep;
 };
 
 // Number of keys rows [r0, r0 + n) may see.
@@ -247,7 +254,7 @@ double attention_flops(const Tensor& q, const Tensor& k, const Tensor& out, bool
 // and `weights`, when not null and keeps_weights holds, each block's weights
 // [..., rows, keys seen] (views of one buffer on the heads path).
 Tensor attention_forward(const Tensor& q, const Tensor& k, const Tensor& v, const FusedArgs& a, Tensor* lse,
-                         std::vector<Tensor>* weights = nullptr) {
+                         std::vector<Tensor>* weights = nullptr, Tensor* keep = nullptr) {
   const int64_t L = q.size(-2), S = k.size(-2);
   const double scale = 1.0 / std::sqrt(static_cast<double>(q.size(-1)));
   std::vector<Tensor> outs, lses;
@@ -272,12 +279,30 @@ Tensor attention_forward(const Tensor& q, const Tensor& k, const Tensor& v, cons
       kept = empty({kernels::attention_heads_weights_size(*h)}, TensorOptions(q.dtype()));
       h->weights = kept.data_ptr();
     }
+    Tensor mask_bytes;
+    if (a.dropout_p > 0.0) {
+      // dropout_train's scalars and Philox elements (Note [Dropout inside the heads]).
+      mask_bytes = empty({h->B, h->H, L, S}, TensorOptions(kUInt8));
+      h->keep = mask_bytes.data_ptr<uint8_t>();
+      h->keep_below = static_cast<float>(1.0 - a.dropout_p);
+      h->dropout_scale = static_cast<float>(1.0 / (1.0 - a.dropout_p));
+      if (keep) *keep = mask_bytes;
+    }
     {
       // Its two products run inside the kernel, not as matmul events: they are
       // counted here, where their time is (Note [Attention FLOPs where they run]).
       OpScope rs("attention_fused_forward", {&q, &k, &v});
       if (rs.recording()) rs.set_flops(attention_flops(q, k, out_heads, a.causal));
-      kernels::attention_heads_forward(*h);
+      if (h->keep) {
+        // Recorded whole under kiln::compile, as dropout_train is: a replay reserves fresh blocks.
+        capture::host_write("attention_fused_forward", [h = *h, g = &default_generator()]() mutable {
+          h.seed = g->get_state().seed;
+          h.first_block = g->reserve(static_cast<uint64_t>((h.B * h.H * h.L * h.S + 3) / 4));
+          kernels::attention_heads_forward(h);
+        });
+      } else {
+        kernels::attention_heads_forward(*h);
+      }
     }
     if (weights) {  // block by block, each [B, H, n, kend] (what the block path below keeps)
       for (int64_t r0 = 0; r0 < L; r0 += a.block_rows) {
@@ -288,6 +313,7 @@ Tensor attention_forward(const Tensor& q, const Tensor& k, const Tensor& v, cons
     }
     return out_heads;
   }
+  KILN_ASSERT(a.dropout_p == 0.0, "sdpa_fused: dropout off the heads kernel");
   for (int64_t r0 = 0; r0 < L; r0 += a.block_rows) {
     const int64_t n = std::min(a.block_rows, L - r0), kend = keys_visible(a, r0, n, S);
     if (row_kernels(a, kend)) {
@@ -348,16 +374,33 @@ void* kept_heads_weights(const kernels::AttentionHeads& h, const std::vector<Ten
   return next - base == kernels::attention_heads_weights_size(h) * es ? base : nullptr;
 }
 
+// The composite form with forward's dropout mask (a.keep) as a constant
+// factor: what a create_graph backward differentiates after a dropped forward.
+Tensor dropped_composite(const Tensor& q, const Tensor& k, const Tensor& v, const FusedArgs& a) {
+  const int64_t L = q.size(-2), S = k.size(-2);
+  const double scale = 1.0 / std::sqrt(static_cast<double>(q.size(-1)));
+  Tensor factor;
+  {
+    const NoGradGuard no_grad;
+    factor = a.keep.to(q.dtype()).mul(1.0 / (1.0 - a.dropout_p));
+  }
+  Tensor scores = q.matmul(k.transpose(-2, -1)).mul(scale);
+  if (a.causal) scores = scores.masked_fill(causal_hidden(L, S), kNegInf);
+  return (scores.softmax(-1) * factor).matmul(v);
+}
+
 struct FusedSdpa : autograd::Function<FusedSdpa> {
   static Tensor forward(autograd::AutogradContext& ctx, const Tensor& q, const Tensor& k, const Tensor& v,
                         const FusedArgs& a) {
-    Tensor lse;
+    Tensor lse, keep;
     std::vector<Tensor> weights;
-    Tensor out = attention_forward(q, k, v, a, &lse, &weights);
+    Tensor out = attention_forward(q, k, v, a, &lse, &weights, &keep);
     TensorList saved{q, k, v, out, lse};
     saved.insert(saved.end(), weights.begin(), weights.end());
     ctx.save_for_backward(saved);
-    ctx.saved_data["args"] = a;
+    FusedArgs kept_args = a;
+    kept_args.keep = keep;
+    ctx.saved_data["args"] = kept_args;
     return out;
   }
 
@@ -372,6 +415,7 @@ struct FusedSdpa : autograd::Function<FusedSdpa> {
       // carry their own history, for only the arguments that want one, and
       // through an alias each (self-attention passes one tensor as q, k, v).
       return ctx.differentiate_composite({q, k, v}, grads, [&](const TensorList& in) {
+        if (a.keep.defined()) return TensorList{dropped_composite(in[0], in[1], in[2], a)};
         return TensorList{attention_composite(in[0], in[1], in[2], a.mask, 0.0, a.causal, false)};
       });
     }
@@ -379,16 +423,33 @@ struct FusedSdpa : autograd::Function<FusedSdpa> {
     const double scale = 1.0 / std::sqrt(static_cast<double>(q.size(-1)));
     const Tensor D = output_dots(dout, out);  // [..., L, 1]
     std::optional<kernels::AttentionHeads> h = heads_args(q, k, v, a);
-    if (h && fused_projection_heads(q, k, v) && dout.sizes() == out.sizes() && dout.stride(3) == 1 &&
-        D.is_contiguous()) {
-      // One [B, T, 3C] buffer for the three gradients, as below.
-      const int64_t B = q.size(0), H = q.size(1), E = q.size(3);
-      const Tensor g = empty({B, L, 3, H, E}, TensorOptions(q.dtype()));
-      const Tensor dq = g.select(2, 0).transpose(1, 2), dk = g.select(2, 1).transpose(1, 2),
-                   dv = g.select(2, 2).transpose(1, 2);
+    const bool dropped = a.keep.defined();
+    KILN_ASSERT(!dropped || (h && dout.sizes() == out.sizes() && D.is_contiguous()),
+                "sdpa_fused: dropout's backward off the heads kernel");
+    if (h && (dropped || fused_projection_heads(q, k, v)) && dout.sizes() == out.sizes() &&
+        (dout.stride(3) == 1 || dropped) && D.is_contiguous()) {
+      Tensor dq, dk, dv;
+      if (fused_projection_heads(q, k, v)) {
+        // One [B, T, 3C] buffer for the three gradients, as below.
+        const int64_t B = q.size(0), H = q.size(1), E = q.size(3);
+        const Tensor g = empty({B, L, 3, H, E}, TensorOptions(q.dtype()));
+        dq = g.select(2, 0).transpose(1, 2);
+        dk = g.select(2, 1).transpose(1, 2);
+        dv = g.select(2, 2).transpose(1, 2);
+      } else {
+        dq = empty(q.sizes(), TensorOptions(q.dtype()));
+        dk = empty(k.sizes(), TensorOptions(k.dtype()));
+        dv = empty(v.sizes(), TensorOptions(v.dtype()));
+      }
+      if (dropped) {
+        h->keep = a.keep.data_ptr<uint8_t>();
+        h->keep_below = static_cast<float>(1.0 - a.dropout_p);
+        h->dropout_scale = static_cast<float>(1.0 / (1.0 - a.dropout_p));
+      }
+      const Tensor dO = dout.stride(3) == 1 ? dout : dout.contiguous();
       h->lse = lse.data_ptr();
       h->weights = kept_heads_weights(*h, kept);
-      h->dout = head_operand(dout);
+      h->dout = head_operand(dO);
       h->D = D.data_ptr();
       h->dq = head_operand(dq);
       h->dk = head_operand(dk);
@@ -396,10 +457,10 @@ struct FusedSdpa : autograd::Function<FusedSdpa> {
       // Its five products run inside one kernel, not as matmul events: the
       // scores again (E), dP (Ev), dv (Ev), dq and dk (E), each over the scores
       // the forward computed (attention_flops counts two of them).
-      OpScope rs("attention_fused_backward", {&dout, &q, &k, &v});
+      OpScope rs("attention_fused_backward", {&dO, &q, &k, &v});
       if (rs.recording())
-        rs.set_flops(attention_flops(q, k, out, a.causal) * static_cast<double>(3 * E + 2 * v.size(3)) /
-                     static_cast<double>(E + v.size(3)));
+        rs.set_flops(attention_flops(q, k, out, a.causal) * static_cast<double>(3 * q.size(3) + 2 * v.size(3)) /
+                     static_cast<double>(q.size(3) + v.size(3)));
       kernels::attention_heads_backward(*h);
       return {dq, dk, dv};
     }
@@ -554,6 +615,39 @@ int64_t fused_block_rows(const Tensor& q, const Tensor& k, const Tensor& v) {
   return backward && q.dtype() == kBFloat16 && L > kAttentionBlockRows && L <= kWhole ? kWhole : kAttentionBlockRows;
 }
 
+// Whether the heads kernel runs this attention's dropout (Note [Dropout
+// inside the heads] in kiln/kernels/attention.h): float32 heads [B, H, L, E]
+// that it takes, no mask, 0 < p < 1 (p = 1 stays the composite's zeros).
+bool dropout_on_heads(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& attn_mask, double p,
+                      bool is_causal) {
+  if (!(p > 0.0 && p < 1.0) || attn_mask.defined() || q.dtype() != kFloat32) return false;
+  FusedArgs a;
+  a.causal = is_causal;
+  return heads_args(q, k, v, a).has_value();
+}
+
+// attention_fused, with dropout_p on the heads kernel when dropout_on_heads
+// says it takes it (0: none).
+Tensor fused_attention(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& attn_mask, bool is_causal,
+                       int64_t block_rows, double dropout_p, std::source_location loc) {
+  OpScope rs("attention_fused", {&q, &k, &v, &attn_mask});
+  const autograd::CallSite site = autograd::CallSite::from(loc);
+  check_args(q, k, v, attn_mask, 0.0, is_causal);
+  KILN_CHECK(block_rows > 0, ValueError, "sdpa_fused: expected block_rows > 0, got ", block_rows);
+  KILN_CHECK(!(attn_mask.defined() && attn_mask.requires_grad() && grad_mode_enabled()), ValueError,
+             "sdpa_fused: expected an attn_mask that does not require grad (the composite path differentiates "
+             "the mask), got one that does");
+  const FusedArgs args{.mask = attn_mask.defined() ? attn_mask.detach() : Tensor(),
+                       .causal = is_causal,
+                       .block_rows = block_rows,
+                       .dropout_p = dropout_p,
+                       .keep = Tensor()};
+  // Nothing to differentiate (inference): no graph node, no log-sum-exp.
+  if (!grad_mode_enabled() || !(q.requires_grad() || k.requires_grad() || v.requires_grad()))
+    return attention_forward(q, k, v, args, nullptr);
+  return FusedSdpa::apply_at(site, q, k, v, args);
+}
+
 }  // namespace
 
 Tensor scaled_dot_product_attention(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& attn_mask,
@@ -563,8 +657,10 @@ Tensor scaled_dot_product_attention(const Tensor& q, const Tensor& k, const Tens
   check_args(q, k, v, attn_mask, dropout_p, is_causal);
   const bool dropout_active = training && dropout_p > 0.0;
   const bool mask_needs_grad = attn_mask.defined() && attn_mask.requires_grad() && grad_mode_enabled();
-  const bool fused = !dropout_active && !mask_needs_grad;
-  return fused ? attention_fused(q, k, v, attn_mask, is_causal, fused_block_rows(q, k, v), loc)
+  const bool dropout_fused = dropout_active && dropout_on_heads(q, k, v, attn_mask, dropout_p, is_causal);
+  const bool fused = (!dropout_active || dropout_fused) && !mask_needs_grad;
+  return fused ? fused_attention(q, k, v, attn_mask, is_causal, fused_block_rows(q, k, v),
+                                 dropout_fused ? dropout_p : 0.0, loc)
                : attention_composite(q, k, v, attn_mask, dropout_p, is_causal, training);
 }
 
@@ -607,19 +703,7 @@ Tensor attention_composite(const Tensor& q, const Tensor& k, const Tensor& v, co
 
 Tensor attention_fused(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& attn_mask, bool is_causal,
                        int64_t block_rows, std::source_location loc) {
-  OpScope rs("attention_fused", {&q, &k, &v, &attn_mask});
-  const autograd::CallSite site = autograd::CallSite::from(loc);
-  check_args(q, k, v, attn_mask, 0.0, is_causal);
-  KILN_CHECK(block_rows > 0, ValueError, "sdpa_fused: expected block_rows > 0, got ", block_rows);
-  KILN_CHECK(!(attn_mask.defined() && attn_mask.requires_grad() && grad_mode_enabled()), ValueError,
-             "sdpa_fused: expected an attn_mask that does not require grad (the composite path differentiates "
-             "the mask), got one that does");
-  const FusedArgs args{
-      .mask = attn_mask.defined() ? attn_mask.detach() : Tensor(), .causal = is_causal, .block_rows = block_rows};
-  // Nothing to differentiate (inference): no graph node, no log-sum-exp.
-  if (!grad_mode_enabled() || !(q.requires_grad() || k.requires_grad() || v.requires_grad()))
-    return attention_forward(q, k, v, args, nullptr);
-  return FusedSdpa::apply_at(site, q, k, v, args);
+  return fused_attention(q, k, v, attn_mask, is_causal, block_rows, 0.0, loc);
 }
 
 }  // namespace kiln::ops

@@ -8,6 +8,7 @@
 #include "elementwise_math.h"
 #include "kiln/core/capture.h"
 #include "kiln/core/error.h"
+#include "kiln/core/generator.h"
 #include "kiln/core/half.h"
 #include "kiln/core/parallel.h"
 #include "kiln/kernels/attention.h"
@@ -72,7 +73,8 @@ AttentionBlock block_of(const AttentionHeads& a, int64_t r0, int64_t n, int64_t 
 // which this head's products ask for (Note [Prefetching inside the tiles] in
 // small_gemm.h).
 struct Scratch {
-  std::vector<char> p, ds, part;
+  std::vector<char> p, ds, part, dropped;
+  std::vector<float> u;
   std::vector<const char*> lines;
   detail::PrefetchLines next;
   static char* get(std::vector<char>& v, int64_t bytes) {
@@ -125,6 +127,63 @@ char* kept_weights(const AttentionHeads& a, int64_t hi, int64_t r0, int64_t n, i
   return static_cast<char*>(a.weights) + (a.B * a.H * before + hi * n * kend) * element_size(a.dtype);
 }
 
+// A block's weights p [n, kend] times the dropout factor (keep ? scale : 0)
+// into scratch (Note [Dropout inside the heads]); forward first draws the
+// rows' keep bytes. With `dp` not null (backward) dO vᵀ there is multiplied
+// by the same factor in place. The factor's product is x * (+0 or scale), as
+// dropout_train's.
+const float* drop_block(const AttentionHeads& a, int64_t hi, int64_t r0, int64_t n, int64_t kend, const float* p,
+                        float* dp, bool draw, Scratch& scratch) {
+  auto* out = reinterpret_cast<float*>(Scratch::get(scratch.dropped, n * kend * 4));
+  if (draw && static_cast<int64_t>(scratch.u.size()) < kend + 3) scratch.u.resize(static_cast<size_t>(kend + 3));
+  for (int64_t i = 0; i < n; ++i) {
+    const int64_t e0 = (hi * a.L + r0 + i) * a.S;
+    uint8_t* keep = a.keep + e0;
+    const float* pr = p + i * kend;
+    float* o = out + i * kend;
+    float* g = dp ? dp + i * kend : nullptr;
+    if (draw) {
+      const int64_t skip = e0 % 4;
+      float* u = scratch.u.data();
+      kiln::detail::philox_uniform_floats(u, kend + skip, a.seed, a.first_block + static_cast<uint64_t>(e0 / 4), 0.0f,
+                                          1.0f);
+      u += skip;
+      int64_t j = 0;
+#if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VL__)
+      const __m512 below = _mm512_set1_ps(a.keep_below), vscale = _mm512_set1_ps(a.dropout_scale);
+      for (; j + 16 <= kend; j += 16) {
+        const __mmask16 k = _mm512_cmp_ps_mask(_mm512_loadu_ps(u + j), below, _CMP_LT_OQ);
+        _mm_storeu_si128(reinterpret_cast<__m128i*>(keep + j), _mm_maskz_set1_epi8(k, 1));
+        _mm512_storeu_ps(o + j, _mm512_mul_ps(_mm512_loadu_ps(pr + j), _mm512_maskz_mov_ps(k, vscale)));
+      }
+#endif
+      for (; j < kend; ++j) {
+        keep[j] = u[j] < a.keep_below;
+        o[j] = pr[j] * (keep[j] ? a.dropout_scale : 0.0f);
+      }
+      std::fill(keep + kend, keep + a.S, uint8_t{0});
+      continue;
+    }
+    int64_t j = 0;
+#if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VL__)
+    const __m512 vscale = _mm512_set1_ps(a.dropout_scale);
+    for (; j + 16 <= kend; j += 16) {
+      const __mmask16 k = _mm_test_epi8_mask(_mm_loadu_si128(reinterpret_cast<const __m128i*>(keep + j)),
+                                             _mm_set1_epi8(static_cast<char>(0xff)));
+      const __m512 f = _mm512_maskz_mov_ps(k, vscale);
+      _mm512_storeu_ps(o + j, _mm512_mul_ps(_mm512_loadu_ps(pr + j), f));
+      if (g) _mm512_storeu_ps(g + j, _mm512_mul_ps(_mm512_loadu_ps(g + j), f));
+    }
+#endif
+    for (; j < kend; ++j) {
+      const float f = keep[j] ? a.dropout_scale : 0.0f;
+      o[j] = pr[j] * f;
+      if (g) g[j] *= f;
+    }
+  }
+  return out;
+}
+
 void forward_head(const AttentionHeads& a, int64_t b, int64_t h, Scratch& scratch) {
   const int64_t es = element_size(a.dtype);
   const int64_t hi = b * a.H + h;  // the head's index in lse
@@ -136,7 +195,9 @@ void forward_head(const AttentionHeads& a, int64_t b, int64_t h, Scratch& scratc
     product(a.dtype, n, kend, a.E, matrix(q.p, q.row, 1), matrix(k.p, 1, k.row), s, kend,
             band_of(a, Band::Kind::Columns, r0), &scratch.next);
     attention_weights(block_of(a, r0, n, kend), s, a.lse ? static_cast<char*>(a.lse) + (hi * a.L + r0) * es : nullptr);
-    product(a.dtype, n, a.Ev, kend, matrix(s, kend, 1), matrix(v.p, v.row, 1), o.p, o.row,
+    const void* w = s;
+    if (a.keep) w = drop_block(a, hi, r0, n, kend, reinterpret_cast<const float*>(s), nullptr, true, scratch);
+    product(a.dtype, n, a.Ev, kend, matrix(w, kend, 1), matrix(v.p, v.row, 1), o.p, o.row,
             band_of(a, Band::Kind::DepthUpTo, r0), &scratch.next);
   }
 }
@@ -172,7 +233,11 @@ void backward_head(const AttentionHeads& a, int64_t b, int64_t h, Scratch& scrat
       product(a.dtype, kend, cols, n, xt, ym, part, cols, from, &scratch.next);
       add_rows(a.dtype, dst.p, dst.row, part, kend, cols);
     };
-    key_rows(dv, p, dob, a.Ev);
+    const char* w = p;  // the weights dV is formed from: with dropout, p times the mask's factor
+    if (a.keep)
+      w = reinterpret_cast<const char*>(drop_block(a, hi, r0, n, kend, reinterpret_cast<const float*>(p),
+                                                   reinterpret_cast<float*>(ds), false, scratch));
+    key_rows(dv, w, dob, a.Ev);
     attention_scores_grad(blk, ds, p, static_cast<const char*>(a.D) + (hi * a.L + r0) * es);
     product(a.dtype, n, a.E, kend, matrix(ds, kend, 1), matrix(k.p, k.row, 1), dq.p, dq.row,
             band_of(a, Band::Kind::DepthUpTo, r0), &scratch.next);
@@ -318,8 +383,8 @@ int64_t attention_heads_weights_size(const AttentionHeads& a) {
 }
 
 bool attention_heads_apply(const AttentionHeads& a) {
-  if ((a.dtype != kFloat32 && a.dtype != kBFloat16) || a.B <= 0 || a.H <= 0 || a.L <= 0 || a.S <= 0 || a.E <= 0 ||
-      a.Ev <= 0 || a.block_rows <= 0 || (a.causal && a.L < a.S))
+  if ((a.dtype != kFloat32 && a.dtype != kBFloat16) || (a.keep && a.dtype != kFloat32) || a.B <= 0 || a.H <= 0 ||
+      a.L <= 0 || a.S <= 0 || a.E <= 0 || a.Ev <= 0 || a.block_rows <= 0 || (a.causal && a.L < a.S))
     return false;
   // The largest products a head runs: [rows, S] x [S, E] and [S, rows] x [rows, E].
   MatmulArgs g;

@@ -85,7 +85,31 @@ struct AttentionHeads {
   HeadOperand dout;         // backward
   const void* D = nullptr;  // backward: the rows' Σ dO ∘ out
   HeadOperand dq, dk, dv;   // backward's outputs (written whole)
+  /// Dropout on the weights (float32 only; Note [Dropout inside the heads]):
+  /// when not null, [B, H, L, S] bytes. Forward writes keep = u < keep_below
+  /// for the keys each row sees (0 for the others), u being the uniform that
+  /// philox_uniform_floats gives element ((b H + h) L + i) S + j of the
+  /// stream (seed, first_block), and multiplies the weights by keep ·
+  /// dropout_scale before the product with v; backward reads keep.
+  uint8_t* keep = nullptr;
+  float keep_below = 1.0f, dropout_scale = 1.0f;
+  uint64_t seed = 0, first_block = 0;
 };
+
+// Note [Dropout inside the heads]
+// Dropout on the attention weights made every training step with dropout take
+// the composite path (matmul, scale, masked_fill, softmax, dropout, matmul,
+// each over all [B, H, L, S] weights, four of them kept for backward):
+// configs/gpt_mobydick.toml spent about 75 ms of a 270 ms step there. The heads
+// kernel now drops a block's weights while they are in cache: forward keeps
+// P (the weights the backward needs) and multiplies a copy by the mask factor
+// for the product with v; backward forms that copy again for dV = (P Z)ᵀ dO,
+// multiplies dO vᵀ by Z, and goes on as without dropout (D = Σ dO ∘ out is
+// still Σ P ∘ dP). The mask bytes are drawn from the Philox elements that
+// dropout_train would draw over the whole [B, H, L, S] weights, and the
+// generator advances as much, so a seed keeps the masks the composite drew.
+// The keys a causal row does not see are not drawn (their weight is 0 either
+// way).
 
 /// Backward's per-row D = Σ_e dO[r, e] · out[r, e] for heads [B, H, L, Ev]
 /// (a 3-D batch is B = 1; rows contiguous in e), into D contiguous [B, H, L]:
