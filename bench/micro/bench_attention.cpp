@@ -113,14 +113,15 @@ namespace {
 // of one projection) with dropout on its weights, as the step runs it
 // (Note [Dropout inside the heads] in kiln/kernels/attention.h). Arguments:
 // threads; 0 forward alone, 1 forward + backward; dropout in percent; 0
-// scaled_dot_product_attention's choice, 1 the composite.
+// scaled_dot_product_attention's choice, 1 the composite; 0 float32, 1 bf16.
 void BM_SdpaDropoutHeads(benchmark::State& state) {
   const int before = kiln::get_num_threads();
   kiln::set_num_threads(static_cast<int>(state.range(0)));
   const int64_t B = 32, H = 4, T = 128, E = 32, C = H * E;
   const double p = static_cast<double>(state.range(2)) / 100.0;
-  const kiln::Tensor x = kiln::randn({B, T, 3 * C}).requires_grad_(state.range(1) != 0);
-  const kiln::Tensor g = kiln::randn({B, H, T, E});
+  const kiln::DType dt = state.range(4) ? kiln::kBFloat16 : kiln::kFloat32;
+  const kiln::Tensor x = kiln::randn({B, T, 3 * C}).to(dt).requires_grad_(state.range(1) != 0);
+  const kiln::Tensor g = kiln::randn({B, H, T, E}).to(dt);
   auto heads = [&](const kiln::Tensor& t) { return t.view({B, T, H, E}).transpose(1, 2); };
   for (auto _ : state) {
     auto parts = x.split(C, 2);
@@ -135,8 +136,8 @@ void BM_SdpaDropoutHeads(benchmark::State& state) {
 }
 }  // namespace
 BENCHMARK(BM_SdpaDropoutHeads)
-    ->ArgsProduct({{1, 2}, {0, 1}, {0, 10}, {0, 1}})
-    ->ArgNames({"threads", "backward", "dropout_pct", "composite"})
+    ->ArgsProduct({{1, 2}, {0, 1}, {0, 10}, {0, 1}, {0, 1}})
+    ->ArgNames({"threads", "backward", "dropout_pct", "composite", "bf16"})
     ->UseRealTime()
     ->Unit(benchmark::kMicrosecond);
 

@@ -77,3 +77,26 @@ void BM_InferModel(benchmark::State& state) {
 BENCHMARK(BM_InferModel)->Arg(1)->Arg(2)->ArgName("threads")->UseRealTime()->Unit(benchmark::kMillisecond);
 
 }  // namespace
+
+namespace {
+// gpt_infer's c_fc product ([128, 256] x [256, 1024]) with its weights cold:
+// `count` distinct Linears (1 MiB of weights each) taken in turn, so that at
+// 12 a product finds its weights where the whole model's forward leaves them,
+// past the L2. Time per product. Arguments: threads; count.
+void BM_InferColdWeights(benchmark::State& state) {
+  const ThreadScope threads(static_cast<int>(state.range(0)));
+  const NoGradGuard no_grad;
+  std::vector<std::shared_ptr<nn::Linear>> fcs;
+  for (int64_t i = 0; i < state.range(1); ++i)
+    fcs.push_back(std::make_shared<nn::Linear>(nn::LinearOptions{.in_features = 256, .out_features = 1024}));
+  const Tensor x = randn({1, 128, 256});
+  size_t i = 0;
+  for (auto _ : state) {
+    benchmark::DoNotOptimize((*fcs[i])(x));
+    i = (i + 1) % fcs.size();
+  }
+  state.counters["GFLOP/s"] = benchmark::Counter(static_cast<double>(state.iterations()) * 2.0 * 128 * 256 * 1024 / 1e9,
+                                                 benchmark::Counter::kIsRate);
+}
+BENCHMARK(BM_InferColdWeights)->ArgsProduct({{1, 2}, {1, 12}})->ArgNames({"threads", "count"})->UseRealTime()->Unit(benchmark::kMicrosecond);
+}  // namespace

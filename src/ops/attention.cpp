@@ -42,6 +42,7 @@
 #include "kiln/core/error.h"
 #include "kiln/core/generator.h"
 #include "kiln/core/guards.h"
+#include "kiln/core/half.h"
 #include "kiln/kernels/attention.h"
 #include "kiln/ops/factory.h"
 #include "kiln/ops/index.h"
@@ -249,6 +250,18 @@ bool keeps_weights(const Tensor& q, const Tensor& k, const Tensor& v, const Fuse
 
 double attention_flops(const Tensor& q, const Tensor& k, const Tensor& out, bool causal);
 
+// The heads kernel's dropout (Note [Dropout inside the heads]) with
+// dropout_train's scalars as its composite uses them on the heads' dtype:
+// `u < 1 - p` and `keep * (1 / (1 - p))` round both scalars to it.
+void set_dropout(kernels::AttentionHeads& h, const Tensor& keep, double p) {
+  const auto in_dtype = [&](double x) {
+    return h.dtype == kBFloat16 ? static_cast<float>(BFloat16(static_cast<float>(x))) : static_cast<float>(x);
+  };
+  h.keep = keep.data_ptr<uint8_t>();
+  h.keep_below = in_dtype(1.0 - p);
+  h.dropout_scale = in_dtype(1.0 / (1.0 - p));
+}
+
 // The attention output, query rows in blocks; `lse`, when not null, gets the
 // per-row log-sum-exp [..., L, 1] that backward recomputes the weights from,
 // and `weights`, when not null and keeps_weights holds, each block's weights
@@ -283,9 +296,7 @@ Tensor attention_forward(const Tensor& q, const Tensor& k, const Tensor& v, cons
     if (a.dropout_p > 0.0) {
       // dropout_train's scalars and Philox elements (Note [Dropout inside the heads]).
       mask_bytes = empty({h->B, h->H, L, S}, TensorOptions(kUInt8));
-      h->keep = mask_bytes.data_ptr<uint8_t>();
-      h->keep_below = static_cast<float>(1.0 - a.dropout_p);
-      h->dropout_scale = static_cast<float>(1.0 / (1.0 - a.dropout_p));
+      set_dropout(*h, mask_bytes, a.dropout_p);
       if (keep) *keep = mask_bytes;
     }
     {
@@ -441,11 +452,7 @@ struct FusedSdpa : autograd::Function<FusedSdpa> {
         dk = empty(k.sizes(), TensorOptions(k.dtype()));
         dv = empty(v.sizes(), TensorOptions(v.dtype()));
       }
-      if (dropped) {
-        h->keep = a.keep.data_ptr<uint8_t>();
-        h->keep_below = static_cast<float>(1.0 - a.dropout_p);
-        h->dropout_scale = static_cast<float>(1.0 / (1.0 - a.dropout_p));
-      }
+      if (dropped) set_dropout(*h, a.keep, a.dropout_p);
       const Tensor dO = dout.stride(3) == 1 ? dout : dout.contiguous();
       h->lse = lse.data_ptr();
       h->weights = kept_heads_weights(*h, kept);
@@ -616,11 +623,12 @@ int64_t fused_block_rows(const Tensor& q, const Tensor& k, const Tensor& v) {
 }
 
 // Whether the heads kernel runs this attention's dropout (Note [Dropout
-// inside the heads] in kiln/kernels/attention.h): float32 heads [B, H, L, E]
-// that it takes, no mask, 0 < p < 1 (p = 1 stays the composite's zeros).
+// inside the heads] in kiln/kernels/attention.h): float32 or bf16 heads
+// [B, H, L, E] that it takes, no mask, 0 < p < 1 (p = 1 stays the
+// composite's zeros).
 bool dropout_on_heads(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& attn_mask, double p,
                       bool is_causal) {
-  if (!(p > 0.0 && p < 1.0) || attn_mask.defined() || q.dtype() != kFloat32) return false;
+  if (!(p > 0.0 && p < 1.0) || attn_mask.defined() || (q.dtype() != kFloat32 && q.dtype() != kBFloat16)) return false;
   FusedArgs a;
   a.causal = is_causal;
   return heads_args(q, k, v, a).has_value();

@@ -186,11 +186,52 @@ TEST(AttentionDropout, CreateGraphDifferentiatesTheSameMask) {
   EXPECT_TRUE(ddx.to(kFloat64).allclose(ddxr, 1e-4, 1e-4));
 }
 
+// With q = 0 every row's weights are 1 / (keys it sees), and with v the
+// identity out[i, j] = keep[i, j] · scale / keys: the output shows the mask.
+// The heads kernel's masks are the composite's bit for bit, float32 and bf16
+// (whose rand rounds the uniforms to bf16 before `< 1 - p`), causal or not.
+TEST(AttentionDropout, TheMaskIsTheCompositesInFloat32AndBf16) {
+  const int64_t B = 2, H = 3, T = 45;
+  for (DType dt : {kFloat32, kBFloat16})
+    for (bool causal : {true, false}) {
+      SCOPED_TRACE(std::string(dtype_name(dt)) + (causal ? " causal" : " full"));
+      TensorOptions o(dt);
+      const Tensor q = zeros({B, H, T, 8}, o), k = randn({B, H, T, 8}).to(dt);
+      const Tensor v = eye(T).to(dt).expand({B, H, T, T}).contiguous();
+      auto masks = [&](bool composite) {
+        manual_seed(29);
+        const Tensor out = composite ? F::detail::sdpa_composite(q, k, v, {}, 0.3, causal, true)
+                                     : F::scaled_dot_product_attention(q, k, v, {}, 0.3, causal, true);
+        return std::make_pair(out.ne(0), out);
+      };
+      const auto [fused_mask, fused] = masks(false);
+      const auto [composite_mask, composite] = masks(true);
+      EXPECT_TRUE(fused_mask.equal(composite_mask));
+      EXPECT_TRUE(fused.equal(composite)) << "the kept weights are 1 / keys times the same scale";
+      const double kept = fused_mask.to(kFloat64).sum().item<double>();
+      const double seen = causal ? static_cast<double>(B * H * T * (T + 1) / 2) : static_cast<double>(B * H * T * T);
+      EXPECT_NEAR(kept / seen, 0.7, 0.03);
+    }
+}
+
+TEST(AttentionDropout, Bf16FollowsTheCompositeAndFloat32) {
+  const Shape s = shapes()[0];
+  const Tensor x0 = input(s, kBFloat16);
+  const Tensor g = randn(IntArrayRef({s.B, s.H, s.T, s.E})).to(kBFloat16);
+  const Outcome fused = run(s, x0, g, 0.2, false, 37);
+  EXPECT_EQ(fused.node, "FusedSdpaBackward");
+  const Outcome composite = run(s, x0, g, 0.2, true, 37);
+  EXPECT_EQ(fused.advanced, composite.advanced);
+  // bf16 rounds every step differently in the two forms: 2^-6 relative plus a small absolute floor.
+  EXPECT_TRUE(fused.out.to(kFloat32).allclose(composite.out.to(kFloat32), 1.6e-2, 1e-2));
+  EXPECT_TRUE(fused.dx.to(kFloat32).allclose(composite.dx.to(kFloat32), 1.6e-2, 2e-2));
+}
+
 TEST(AttentionDropout, OtherCasesKeepTheComposite) {
   manual_seed(2);
   Tensor q = randn({2, 2, 10, 8}).requires_grad_(), k = randn({2, 2, 10, 8}), v = randn({2, 2, 10, 8});
-  // bf16, a mask, 3-D operands and p = 1 draw as the composite does.
-  EXPECT_STRNE(F::scaled_dot_product_attention(q.to(kBFloat16), k.to(kBFloat16), v.to(kBFloat16), {}, 0.1)
+  // float64, a mask, 3-D operands and p = 1 draw as the composite does.
+  EXPECT_STRNE(F::scaled_dot_product_attention(q.to(kFloat64), k.to(kFloat64), v.to(kFloat64), {}, 0.1)
                    .grad_fn()
                    ->name(),
                "FusedSdpaBackward");

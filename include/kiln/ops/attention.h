@@ -18,8 +18,8 @@ namespace kiln::ops {
 /// added to the scores. is_causal hides key j > query i (aligned top-left) and
 /// excludes attn_mask. Dropout with probability dropout_p on the weights only
 /// when `training`. Without a mask that requires grad this is attention_fused,
-/// and so is active dropout where the heads kernel takes it (float32 heads
-/// [B, H, L, E], no mask, dropout_p < 1: Note [Dropout inside the heads] in
+/// and so is active dropout where the heads kernel takes it (float32 or bf16
+/// heads [B, H, L, E], no mask, dropout_p < 1: Note [Dropout inside the heads] in
 /// kiln/kernels/attention.h, the composite's mask bits); otherwise
 /// attention_composite. Differentiable to any order either way.
 Tensor scaled_dot_product_attention(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& attn_mask = {},

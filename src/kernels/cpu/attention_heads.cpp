@@ -3,6 +3,7 @@
 // (small_gemm.h) on one head each, the row kernels those of
 // attention_softmax.cpp on one head's block.
 #include <algorithm>
+#include <type_traits>
 #include <vector>
 
 #include "elementwise_math.h"
@@ -127,61 +128,76 @@ char* kept_weights(const AttentionHeads& a, int64_t hi, int64_t r0, int64_t n, i
   return static_cast<char*>(a.weights) + (a.B * a.H * before + hi * n * kend) * element_size(a.dtype);
 }
 
+#if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VL__)
+// Lanes m of 16 values at p as floats, and back (bf16 rounded as BFloat16(float) rounds).
+__m512 load16(const float* p, __mmask16 m) { return _mm512_maskz_loadu_ps(m, p); }
+__m512 load16(const BFloat16* p, __mmask16 m) { return vm::bf16x16_to_float(_mm256_maskz_loadu_epi16(m, p)); }
+void store16(float* p, __mmask16 m, __m512 x) { _mm512_mask_storeu_ps(p, m, x); }
+void store16(BFloat16* p, __mmask16 m, __m512 x) { _mm256_mask_storeu_epi16(p, m, vm::float_to_bf16x16(x)); }
+#endif
+
 // A block's weights p [n, kend] times the dropout factor (keep ? scale : 0)
 // into scratch (Note [Dropout inside the heads]); forward first draws the
-// rows' keep bytes. With `dp` not null (backward) dO vᵀ there is multiplied
-// by the same factor in place. The factor's product is x * (+0 or scale), as
-// dropout_train's.
-const float* drop_block(const AttentionHeads& a, int64_t hi, int64_t r0, int64_t n, int64_t kend, const float* p,
-                        float* dp, bool draw, Scratch& scratch) {
-  auto* out = reinterpret_cast<float*>(Scratch::get(scratch.dropped, n * kend * 4));
+// rows' keep bytes from the uniforms as a T tensor holds them (bf16 rounds
+// them, as rand's bf16 values are). With `dp` not null (backward) dO vᵀ there
+// is multiplied by the same factor in place. Each product is x * (+0 or
+// scale) rounded to T once, as dropout's multiply computes it.
+template <typename T>
+const T* drop_block(const AttentionHeads& a, int64_t hi, int64_t r0, int64_t n, int64_t kend, const T* p, T* dp,
+                    bool draw, Scratch& scratch) {
+  auto* out = reinterpret_cast<T*>(Scratch::get(scratch.dropped, n * kend * static_cast<int64_t>(sizeof(T))));
   if (draw && static_cast<int64_t>(scratch.u.size()) < kend + 3) scratch.u.resize(static_cast<size_t>(kend + 3));
   for (int64_t i = 0; i < n; ++i) {
     const int64_t e0 = (hi * a.L + r0 + i) * a.S;
     uint8_t* keep = a.keep + e0;
-    const float* pr = p + i * kend;
-    float* o = out + i * kend;
-    float* g = dp ? dp + i * kend : nullptr;
+    const T* pr = p + i * kend;
+    T* o = out + i * kend;
+    T* g = dp ? dp + i * kend : nullptr;
+    const float* u = nullptr;
     if (draw) {
       const int64_t skip = e0 % 4;
-      float* u = scratch.u.data();
-      kiln::detail::philox_uniform_floats(u, kend + skip, a.seed, a.first_block + static_cast<uint64_t>(e0 / 4), 0.0f,
-                                          1.0f);
-      u += skip;
-      int64_t j = 0;
-#if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VL__)
-      const __m512 below = _mm512_set1_ps(a.keep_below), vscale = _mm512_set1_ps(a.dropout_scale);
-      for (; j + 16 <= kend; j += 16) {
-        const __mmask16 k = _mm512_cmp_ps_mask(_mm512_loadu_ps(u + j), below, _CMP_LT_OQ);
-        _mm_storeu_si128(reinterpret_cast<__m128i*>(keep + j), _mm_maskz_set1_epi8(k, 1));
-        _mm512_storeu_ps(o + j, _mm512_mul_ps(_mm512_loadu_ps(pr + j), _mm512_maskz_mov_ps(k, vscale)));
-      }
-#endif
-      for (; j < kend; ++j) {
-        keep[j] = u[j] < a.keep_below;
-        o[j] = pr[j] * (keep[j] ? a.dropout_scale : 0.0f);
-      }
-      std::fill(keep + kend, keep + a.S, uint8_t{0});
-      continue;
+      kiln::detail::philox_uniform_floats(scratch.u.data(), kend + skip, a.seed,
+                                          a.first_block + static_cast<uint64_t>(e0 / 4), 0.0f, 1.0f);
+      u = scratch.u.data() + skip;
     }
-    int64_t j = 0;
 #if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VL__)
-    const __m512 vscale = _mm512_set1_ps(a.dropout_scale);
-    for (; j + 16 <= kend; j += 16) {
-      const __mmask16 k = _mm_test_epi8_mask(_mm_loadu_si128(reinterpret_cast<const __m128i*>(keep + j)),
-                                             _mm_set1_epi8(static_cast<char>(0xff)));
+    const __m512 below = _mm512_set1_ps(a.keep_below), vscale = _mm512_set1_ps(a.dropout_scale);
+    for (int64_t j = 0; j < kend; j += 16) {
+      const __mmask16 m = vm::first_lanes16(kend - j);
+      __mmask16 k;
+      if (draw) {
+        __m512 uj = _mm512_maskz_loadu_ps(m, u + j);
+        if constexpr (!std::is_same_v<T, float>) uj = vm::bf16x16_to_float(vm::float_to_bf16x16(uj));
+        k = _mm512_mask_cmp_ps_mask(m, uj, below, _CMP_LT_OQ);
+        _mm_mask_storeu_epi8(keep + j, m, _mm_maskz_set1_epi8(k, 1));
+      } else {
+        k = _mm_mask_test_epi8_mask(m, _mm_maskz_loadu_epi8(m, keep + j), _mm_set1_epi8(static_cast<char>(0xff)));
+      }
       const __m512 f = _mm512_maskz_mov_ps(k, vscale);
-      _mm512_storeu_ps(o + j, _mm512_mul_ps(_mm512_loadu_ps(pr + j), f));
-      if (g) _mm512_storeu_ps(g + j, _mm512_mul_ps(_mm512_loadu_ps(g + j), f));
+      store16(o + j, m, _mm512_mul_ps(load16(pr + j, m), f));
+      if (g) store16(g + j, m, _mm512_mul_ps(load16(g + j, m), f));
+    }
+#else
+    for (int64_t j = 0; j < kend; ++j) {
+      if (draw) keep[j] = static_cast<float>(static_cast<T>(u[j])) < a.keep_below;
+      const float f = keep[j] ? a.dropout_scale : 0.0f;
+      o[j] = static_cast<T>(static_cast<float>(pr[j]) * f);
+      if (g) g[j] = static_cast<T>(static_cast<float>(g[j]) * f);
     }
 #endif
-    for (; j < kend; ++j) {
-      const float f = keep[j] ? a.dropout_scale : 0.0f;
-      o[j] = pr[j] * f;
-      if (g) g[j] *= f;
-    }
+    if (draw) std::fill(keep + kend, keep + a.S, uint8_t{0});
   }
   return out;
+}
+
+// drop_block for the heads' dtype.
+const char* drop_block(const AttentionHeads& a, int64_t hi, int64_t r0, int64_t n, int64_t kend, const char* p,
+                       char* dp, bool draw, Scratch& scratch) {
+  if (a.dtype == kFloat32)
+    return reinterpret_cast<const char*>(
+        drop_block(a, hi, r0, n, kend, reinterpret_cast<const float*>(p), reinterpret_cast<float*>(dp), draw, scratch));
+  return reinterpret_cast<const char*>(drop_block(a, hi, r0, n, kend, reinterpret_cast<const BFloat16*>(p),
+                                                  reinterpret_cast<BFloat16*>(dp), draw, scratch));
 }
 
 void forward_head(const AttentionHeads& a, int64_t b, int64_t h, Scratch& scratch) {
@@ -196,7 +212,7 @@ void forward_head(const AttentionHeads& a, int64_t b, int64_t h, Scratch& scratc
             band_of(a, Band::Kind::Columns, r0), &scratch.next);
     attention_weights(block_of(a, r0, n, kend), s, a.lse ? static_cast<char*>(a.lse) + (hi * a.L + r0) * es : nullptr);
     const void* w = s;
-    if (a.keep) w = drop_block(a, hi, r0, n, kend, reinterpret_cast<const float*>(s), nullptr, true, scratch);
+    if (a.keep) w = drop_block(a, hi, r0, n, kend, s, nullptr, true, scratch);
     product(a.dtype, n, a.Ev, kend, matrix(w, kend, 1), matrix(v.p, v.row, 1), o.p, o.row,
             band_of(a, Band::Kind::DepthUpTo, r0), &scratch.next);
   }
@@ -234,9 +250,7 @@ void backward_head(const AttentionHeads& a, int64_t b, int64_t h, Scratch& scrat
       add_rows(a.dtype, dst.p, dst.row, part, kend, cols);
     };
     const char* w = p;  // the weights dV is formed from: with dropout, p times the mask's factor
-    if (a.keep)
-      w = reinterpret_cast<const char*>(drop_block(a, hi, r0, n, kend, reinterpret_cast<const float*>(p),
-                                                   reinterpret_cast<float*>(ds), false, scratch));
+    if (a.keep) w = drop_block(a, hi, r0, n, kend, p, ds, false, scratch);
     key_rows(dv, w, dob, a.Ev);
     attention_scores_grad(blk, ds, p, static_cast<const char*>(a.D) + (hi * a.L + r0) * es);
     product(a.dtype, n, a.E, kend, matrix(ds, kend, 1), matrix(k.p, k.row, 1), dq.p, dq.row,
@@ -383,8 +397,8 @@ int64_t attention_heads_weights_size(const AttentionHeads& a) {
 }
 
 bool attention_heads_apply(const AttentionHeads& a) {
-  if ((a.dtype != kFloat32 && a.dtype != kBFloat16) || (a.keep && a.dtype != kFloat32) || a.B <= 0 || a.H <= 0 ||
-      a.L <= 0 || a.S <= 0 || a.E <= 0 || a.Ev <= 0 || a.block_rows <= 0 || (a.causal && a.L < a.S))
+  if ((a.dtype != kFloat32 && a.dtype != kBFloat16) || a.B <= 0 || a.H <= 0 || a.L <= 0 || a.S <= 0 || a.E <= 0 ||
+      a.Ev <= 0 || a.block_rows <= 0 || (a.causal && a.L < a.S))
     return false;
   // The largest products a head runs: [rows, S] x [S, E] and [S, rows] x [rows, E].
   MatmulArgs g;

@@ -85,12 +85,13 @@ struct AttentionHeads {
   HeadOperand dout;         // backward
   const void* D = nullptr;  // backward: the rows' Σ dO ∘ out
   HeadOperand dq, dk, dv;   // backward's outputs (written whole)
-  /// Dropout on the weights (float32 only; Note [Dropout inside the heads]):
-  /// when not null, [B, H, L, S] bytes. Forward writes keep = u < keep_below
-  /// for the keys each row sees (0 for the others), u being the uniform that
+  /// Dropout on the weights (Note [Dropout inside the heads]): when not
+  /// null, [B, H, L, S] bytes. Forward writes keep = u < keep_below for the
+  /// keys each row sees (0 for the others), u being the uniform that
   /// philox_uniform_floats gives element ((b H + h) L + i) S + j of the
-  /// stream (seed, first_block), and multiplies the weights by keep ·
-  /// dropout_scale before the product with v; backward reads keep.
+  /// stream (seed, first_block), rounded to bf16 for bf16 heads, and
+  /// multiplies the weights by keep · dropout_scale before the product with
+  /// v; backward reads keep.
   uint8_t* keep = nullptr;
   float keep_below = 1.0f, dropout_scale = 1.0f;
   uint64_t seed = 0, first_block = 0;
@@ -106,8 +107,10 @@ struct AttentionHeads {
 // for the product with v; backward forms that copy again for dV = (P Z)ᵀ dO,
 // multiplies dO vᵀ by Z, and goes on as without dropout (D = Σ dO ∘ out is
 // still Σ P ∘ dP). The mask bytes are drawn from the Philox elements that
-// dropout_train would draw over the whole [B, H, L, S] weights, and the
-// generator advances as much, so a seed keeps the masks the composite drew.
+// dropout_train would draw over the whole [B, H, L, S] weights, compared as
+// the composite compares them (rand's values and 1 - p in the heads' dtype),
+// and the generator advances as much, so a seed keeps the masks the
+// composite drew, in float32 and in bf16.
 // The keys a causal row does not see are not drawn (their weight is 0 either
 // way).
 
