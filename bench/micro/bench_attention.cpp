@@ -76,21 +76,29 @@ void BM_SdpaCompositeCausalForward(benchmark::State& s) { run_sdpa_forward(s, co
 // Arguments: threads; 0 forward alone (no graph), 1 forward + backward; query
 // rows per block (Note [Query blocks for bf16 training] in
 // src/ops/attention.cpp); the batch.
-void run_gpt_heads(benchmark::State& state, kiln::DType dt) {
+// q, k, v heads of one fused [B, T, 3C] projection (T 128, H 4) through
+// `attend`, at state.range(0) threads, with backward when state.range(1).
+template <typename Attend>
+void run_projection_heads(benchmark::State& state, kiln::DType dt, int64_t B, int64_t E, Attend attend) {
   const int before = kiln::get_num_threads();
   kiln::set_num_threads(static_cast<int>(state.range(0)));
-  const int64_t B = state.range(3), H = 4, T = 128, E = 64, C = H * E;
+  const int64_t H = 4, T = 128, C = H * E;
   const kiln::Tensor x = kiln::randn({B, T, 3 * C}).to(dt).requires_grad_(state.range(1) != 0);
   const kiln::Tensor g = kiln::randn({B, H, T, E}).to(dt);
   auto heads = [&](const kiln::Tensor& t) { return t.view({B, T, H, E}).transpose(1, 2); };
   for (auto _ : state) {
     auto parts = x.split(C, 2);
-    kiln::Tensor o =
-        FN::detail::sdpa_fused(heads(parts[0]), heads(parts[1]), heads(parts[2]), {}, true, state.range(2));
+    kiln::Tensor o = attend(heads(parts[0]), heads(parts[1]), heads(parts[2]));
     if (state.range(1)) benchmark::DoNotOptimize(kiln::autograd::grad({o}, {x}, {g}));
     benchmark::DoNotOptimize(o);
   }
   kiln::set_num_threads(before);
+}
+void run_gpt_heads(benchmark::State& state, kiln::DType dt) {
+  run_projection_heads(state, dt, state.range(3), 64,
+                       [&](const kiln::Tensor& q, const kiln::Tensor& k, const kiln::Tensor& v) {
+                         return FN::detail::sdpa_fused(q, k, v, {}, true, state.range(2));
+                       });
 }
 void BM_SdpaGptHeadsBf16(benchmark::State& state) { run_gpt_heads(state, kiln::kBFloat16); }
 // The same in float32 (gpt's float32 step).
@@ -115,24 +123,12 @@ namespace {
 // threads; 0 forward alone, 1 forward + backward; dropout in percent; 0
 // scaled_dot_product_attention's choice, 1 the composite; 0 float32, 1 bf16.
 void BM_SdpaDropoutHeads(benchmark::State& state) {
-  const int before = kiln::get_num_threads();
-  kiln::set_num_threads(static_cast<int>(state.range(0)));
-  const int64_t B = 32, H = 4, T = 128, E = 32, C = H * E;
   const double p = static_cast<double>(state.range(2)) / 100.0;
-  const kiln::DType dt = state.range(4) ? kiln::kBFloat16 : kiln::kFloat32;
-  const kiln::Tensor x = kiln::randn({B, T, 3 * C}).to(dt).requires_grad_(state.range(1) != 0);
-  const kiln::Tensor g = kiln::randn({B, H, T, E}).to(dt);
-  auto heads = [&](const kiln::Tensor& t) { return t.view({B, T, H, E}).transpose(1, 2); };
-  for (auto _ : state) {
-    auto parts = x.split(C, 2);
-    kiln::Tensor o =
-        state.range(3)
-            ? FN::detail::sdpa_composite(heads(parts[0]), heads(parts[1]), heads(parts[2]), {}, p, true, true)
-            : FN::scaled_dot_product_attention(heads(parts[0]), heads(parts[1]), heads(parts[2]), {}, p, true, true);
-    if (state.range(1)) benchmark::DoNotOptimize(kiln::autograd::grad({o}, {x}, {g}));
-    benchmark::DoNotOptimize(o);
-  }
-  kiln::set_num_threads(before);
+  run_projection_heads(state, state.range(4) ? kiln::kBFloat16 : kiln::kFloat32, 32, 32,
+                       [&](const kiln::Tensor& q, const kiln::Tensor& k, const kiln::Tensor& v) {
+                         return state.range(3) ? FN::detail::sdpa_composite(q, k, v, {}, p, true, true)
+                                               : FN::scaled_dot_product_attention(q, k, v, {}, p, true, true);
+                       });
 }
 }  // namespace
 BENCHMARK(BM_SdpaDropoutHeads)
