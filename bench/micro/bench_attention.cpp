@@ -71,11 +71,6 @@ void run_sdpa_forward(benchmark::State& state, Attn attn) {
 void BM_SdpaFusedCausalForward(benchmark::State& s) { run_sdpa_forward(s, fused); }
 void BM_SdpaCompositeCausalForward(benchmark::State& s) { run_sdpa_forward(s, composite); }
 
-// Forward and backward as gpt's step runs them: q, k, v the heads of one
-// fused [B, T, 3C] projection (row stride 3C), the weights kept for backward.
-// Arguments: threads; 0 forward alone (no graph), 1 forward + backward; query
-// rows per block (Note [Query blocks for bf16 training] in
-// src/ops/attention.cpp); the batch.
 // q, k, v heads of one fused [B, T, 3C] projection (T 128, H 4) through
 // `attend`, at state.range(0) threads, with backward when state.range(1).
 template <typename Attend>
@@ -94,6 +89,11 @@ void run_projection_heads(benchmark::State& state, kiln::DType dt, int64_t B, in
   }
   kiln::set_num_threads(before);
 }
+// Forward and backward as gpt's step runs them: q, k, v the heads of one
+// fused [B, T, 3C] projection (row stride 3C), the weights kept for backward.
+// Arguments: threads; 0 forward alone (no graph), 1 forward + backward; query
+// rows per block (Note [Query blocks for bf16 training] in
+// src/ops/attention.cpp); the batch.
 void run_gpt_heads(benchmark::State& state, kiln::DType dt) {
   run_projection_heads(state, dt, state.range(3), 64,
                        [&](const kiln::Tensor& q, const kiln::Tensor& k, const kiln::Tensor& v) {
