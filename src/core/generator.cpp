@@ -58,29 +58,34 @@ void philox_uniform_floats(float* out, int64_t n, uint64_t key, uint64_t first_b
   constexpr uint32_t kM0 = 0xD2511F53u, kM1 = 0xCD9E8D57u;
   constexpr uint32_t kW0 = 0x9E3779B9u, kW1 = 0xBB67AE85u;
   const __m512i m0 = _mm512_set1_epi32(static_cast<int>(kM0)), m1 = _mm512_set1_epi32(static_cast<int>(kM1));
-  const __m512i step8 = _mm512_setr_epi64(0, 1, 2, 3, 4, 5, 6, 7);
+  const __m512i step16 = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
   const __m512 scale = _mm512_set1_ps(1.0f / 16777216.0f), va = _mm512_set1_ps(a), vspan = _mm512_set1_ps(span);
   // The high and low 32-bit halves of x * m in each of sixteen lanes.
-  const auto mul_hi_lo = [](__m512i x, __m512i m, __m512i& hi, __m512i& lo) {
+  // Word picks from (even, odd) products: lane i takes the high (low) half of
+  // its own product, which lies in `even` for even i and in `odd` (16 + ...)
+  // for odd i. One permute each, on another port than the multiplies.
+  const __m512i pick_hi = _mm512_setr_epi32(1, 17, 3, 19, 5, 21, 7, 23, 9, 25, 11, 27, 13, 29, 15, 31);
+  const __m512i pick_lo = _mm512_setr_epi32(0, 16, 2, 18, 4, 20, 6, 22, 8, 24, 10, 26, 12, 28, 14, 30);
+  const auto mul_hi_lo = [&](__m512i x, __m512i m, __m512i& hi, __m512i& lo) {
     const __m512i even = _mm512_mul_epu32(x, m), odd = _mm512_mul_epu32(_mm512_srli_epi64(x, 32), m);
-    hi = _mm512_mask_blend_epi32(0xAAAA, _mm512_srli_epi64(even, 32), odd);
-    lo = _mm512_mask_blend_epi32(0xAAAA, even, _mm512_slli_epi64(odd, 32));
+    hi = _mm512_permutex2var_epi32(even, pick_hi, odd);
+    lo = _mm512_permutex2var_epi32(even, pick_lo, odd);
   };
   // Counter words of the sixteen blocks from `base`: c0, c1 the counter's low and high 32 bits, c2 = c3 = 0.
   const auto counters = [&](uint64_t base, __m512i& c0, __m512i& c1) {
-    const __m512i lo8 = _mm512_add_epi64(_mm512_set1_epi64(static_cast<long long>(base)), step8);
-    const __m512i hi8 = _mm512_add_epi64(lo8, _mm512_set1_epi64(8));
-    c0 = _mm512_inserti64x4(_mm512_castsi256_si512(_mm512_cvtepi64_epi32(lo8)), _mm512_cvtepi64_epi32(hi8), 1);
-    c1 = _mm512_inserti64x4(_mm512_castsi256_si512(_mm512_cvtepi64_epi32(_mm512_srli_epi64(lo8, 32))),
-                            _mm512_cvtepi64_epi32(_mm512_srli_epi64(hi8, 32)), 1);
+    const __m512i lo = _mm512_set1_epi32(static_cast<int>(static_cast<uint32_t>(base)));
+    const __m512i hi = _mm512_set1_epi32(static_cast<int>(static_cast<uint32_t>(base >> 32)));
+    c0 = _mm512_add_epi32(lo, step16);
+    // A low word that wrapped past 2^32 carries into the high word.
+    c1 = _mm512_mask_add_epi32(hi, _mm512_cmplt_epu32_mask(c0, lo), hi, _mm512_set1_epi32(1));
   };
   const auto round = [&](__m512i* c, __m512i k0, __m512i k1) {
     __m512i hi0, lo0, hi1, lo1;
     mul_hi_lo(c[0], m0, hi0, lo0);
     mul_hi_lo(c[2], m1, hi1, lo1);
-    c[0] = _mm512_xor_si512(_mm512_xor_si512(hi1, c[1]), k0);
+    c[0] = _mm512_ternarylogic_epi32(hi1, c[1], k0, 0x96);  // three-way xor
     c[1] = lo1;
-    c[2] = _mm512_xor_si512(_mm512_xor_si512(hi0, c[3]), k1);
+    c[2] = _mm512_ternarylogic_epi32(hi0, c[3], k1, 0x96);
     c[3] = lo0;
   };
   // The 64 values of sixteen blocks' words c into out.
