@@ -98,5 +98,9 @@ void BM_InferColdWeights(benchmark::State& state) {
   state.counters["GFLOP/s"] = benchmark::Counter(static_cast<double>(state.iterations()) * 2.0 * 128 * 256 * 1024 / 1e9,
                                                  benchmark::Counter::kIsRate);
 }
-BENCHMARK(BM_InferColdWeights)->ArgsProduct({{1, 2}, {1, 12}})->ArgNames({"threads", "count"})->UseRealTime()->Unit(benchmark::kMicrosecond);
+BENCHMARK(BM_InferColdWeights)
+    ->ArgsProduct({{1, 2}, {1, 12}})
+    ->ArgNames({"threads", "count"})
+    ->UseRealTime()
+    ->Unit(benchmark::kMicrosecond);
 }  // namespace
