@@ -17,11 +17,11 @@ namespace kiln::ops {
 /// attn_mask (broadcast to [..., L, S]): bool, true = may attend, or floating,
 /// added to the scores. is_causal hides key j > query i (aligned top-left) and
 /// excludes attn_mask. Dropout with probability dropout_p on the weights only
-/// when `training`. Without a mask that requires grad this is attention_fused,
-/// and so is active dropout where the heads kernel takes it (float32 or bf16
-/// heads [B, H, L, E], no mask, dropout_p < 1: Note [Dropout inside the heads] in
-/// kiln/kernels/attention.h, the composite's mask bits); otherwise
-/// attention_composite. Differentiable to any order either way.
+/// when `training`. Without active dropout and without a mask that requires
+/// grad this is attention_fused; active dropout is fused too where the heads
+/// kernel takes it (float32 or bf16 heads [B, H, L, E], no mask, dropout_p < 1,
+/// drawing the composite's mask bits: Note [Dropout inside the heads]);
+/// otherwise attention_composite. Differentiable to any order either way.
 Tensor scaled_dot_product_attention(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& attn_mask = {},
                                     double dropout_p = 0.0, bool is_causal = false, bool training = true,
                                     std::source_location loc = std::source_location::current());
