@@ -627,10 +627,11 @@ int64_t fused_block_rows(const Tensor& q, const Tensor& k, const Tensor& v) {
 // [B, H, L, E] that it takes, no mask, 0 < p < 1 (p = 1 stays the
 // composite's zeros).
 bool dropout_on_heads(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& attn_mask, double p,
-                      bool is_causal) {
+                      bool is_causal, int64_t block_rows) {
   if (!(p > 0.0 && p < 1.0) || attn_mask.defined() || (q.dtype() != kFloat32 && q.dtype() != kBFloat16)) return false;
   FusedArgs a;
   a.causal = is_causal;
+  a.block_rows = block_rows;
   return heads_args(q, k, v, a).has_value();
 }
 
@@ -665,10 +666,10 @@ Tensor scaled_dot_product_attention(const Tensor& q, const Tensor& k, const Tens
   check_args(q, k, v, attn_mask, dropout_p, is_causal);
   const bool dropout_active = training && dropout_p > 0.0;
   const bool mask_needs_grad = attn_mask.defined() && attn_mask.requires_grad() && grad_mode_enabled();
-  const bool dropout_fused = dropout_active && dropout_on_heads(q, k, v, attn_mask, dropout_p, is_causal);
+  const int64_t block_rows = fused_block_rows(q, k, v);
+  const bool dropout_fused = dropout_active && dropout_on_heads(q, k, v, attn_mask, dropout_p, is_causal, block_rows);
   const bool fused = (!dropout_active || dropout_fused) && !mask_needs_grad;
-  return fused ? fused_attention(q, k, v, attn_mask, is_causal, fused_block_rows(q, k, v),
-                                 dropout_fused ? dropout_p : 0.0, loc)
+  return fused ? fused_attention(q, k, v, attn_mask, is_causal, block_rows, dropout_fused ? dropout_p : 0.0, loc)
                : attention_composite(q, k, v, attn_mask, dropout_p, is_causal, training);
 }
 
