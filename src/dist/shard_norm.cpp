@@ -9,6 +9,7 @@
 #include "kiln/core/error.h"
 #include "kiln/core/guards.h"
 #include "kiln/ops/factory.h"
+#include "kiln/optim/clip_grad.h"
 
 namespace kiln::dist::detail {
 
@@ -59,8 +60,7 @@ double clip_sharded_grad_norm(ProcessGroup& group, size_t num_params, const std:
                                  ? std::numeric_limits<double>::quiet_NaN()
                                  : std::max(partial[piece.param], s);
     } else {
-      for (int64_t j = 0; j < g.numel(); ++j) s += static_cast<double>(x[j]) * static_cast<double>(x[j]);
-      partial[piece.param] += s;
+      partial[piece.param] += optim::detail::sum_of_squares(x, g.numel());
     }
     has[piece.param] = 1;
   }

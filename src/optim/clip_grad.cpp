@@ -14,6 +14,25 @@ namespace kiln::optim {
 
 namespace {
 
+// Sixteen running sums (lane l takes elements l, l + 16, ...), added in a
+// fixed order at the end: one chain of dependent double additions ran at one
+// element per add's latency (1.4 ms a step for configs/gpt_mobydick's 842k
+// gradients), where independent lanes vectorise. A float32 square is exact in
+// double, so only the sums' order changes, far below the float32 rounding of
+// a norm.
+template <typename T>
+double squares(const T* x, int64_t n) {
+  constexpr int64_t kLanes = 16;
+  double lanes[kLanes] = {};
+  double s = 0;
+  int64_t i = 0;
+  for (; i + kLanes <= n; i += kLanes)
+    for (int64_t l = 0; l < kLanes; ++l) lanes[l] += static_cast<double>(x[i + l]) * static_cast<double>(x[i + l]);
+  for (; i < n; ++i) s += static_cast<double>(x[i]) * static_cast<double>(x[i]);
+  for (const double l : lanes) s += l;
+  return s;
+}
+
 template <typename T>
 double norm_of(const T* x, int64_t n, double p) {
   if (std::isinf(p)) {
@@ -31,22 +50,7 @@ double norm_of(const T* x, int64_t n, double p) {
     for (int64_t i = 0; i < n; ++i) s += x[i] != T(0);
     return s;
   }
-  if (p == 2) {
-    // Sixteen running sums (lane l takes elements l, l + 16, ...), added in a
-    // fixed order at the end: one chain of dependent double additions ran at
-    // one element per add's latency (1.4 ms a step for configs/gpt_mobydick's
-    // 842k gradients), where independent lanes vectorise. A float32 square is
-    // exact in double, so only the sums' order changes, far below the
-    // float32 rounding of the result.
-    constexpr int64_t kLanes = 16;
-    double lanes[kLanes] = {};
-    int64_t i = 0;
-    for (; i + kLanes <= n; i += kLanes)
-      for (int64_t l = 0; l < kLanes; ++l) lanes[l] += static_cast<double>(x[i + l]) * static_cast<double>(x[i + l]);
-    for (; i < n; ++i) s += static_cast<double>(x[i]) * static_cast<double>(x[i]);
-    for (const double l : lanes) s += l;
-    return std::sqrt(s);
-  }
+  if (p == 2) return std::sqrt(squares(x, n));
   if (p == 1) {
     for (int64_t i = 0; i < n; ++i) s += std::abs(static_cast<double>(x[i]));
     return s;
@@ -69,6 +73,8 @@ double norm_of_values(const std::vector<double>& v, double p, bool f32) {
 }
 
 }  // namespace
+
+double detail::sum_of_squares(const float* x, int64_t n) { return squares(x, n); }
 
 double clip_grad_norm_(const NamedParams& params, double max_norm, double norm_type, bool error_if_nonfinite) {
   const record::Scope rs(record::Kind::Op, "clip_grad_norm_");

@@ -3,6 +3,7 @@
 // Parameters without a gradient are skipped.
 #pragma once
 
+#include <cstdint>
 #include <limits>
 #include <vector>
 
@@ -21,6 +22,12 @@ double clip_grad_norm_(const NamedParams& params, double max_norm, double norm_t
                        bool error_if_nonfinite = false);
 double clip_grad_norm_(const std::vector<Tensor>& params, double max_norm, double norm_type = 2.0,
                        bool error_if_nonfinite = false);
+
+namespace detail {
+/// Σ x² in double, in the order clip_grad_norm_'s 2-norm sums it (sixteen
+/// lanes, folded in a fixed order), for the sharded norms to sum alike.
+double sum_of_squares(const float* x, int64_t n);
+}  // namespace detail
 
 /// Clamps every gradient to [-clip_value, clip_value] in place.
 void clip_grad_value_(const NamedParams& params, double clip_value);
