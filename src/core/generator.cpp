@@ -1,6 +1,7 @@
 #include "kiln/core/generator.h"
 
 #include <cmath>
+#include <type_traits>
 
 #if defined(__AVX512F__)
 #include <immintrin.h>
@@ -44,9 +45,12 @@ float uniform_of(uint32_t w, float a, float span) {
 // One Philox block a step costs about 25 integer operations per float32
 // value, and rand's fill ran at about 1 ns a value at 2 threads: with dropout
 // 0.1, configs/gpt_mobydick.toml spent 15 % of its step drawing the masks.
-// AVX-512 runs sixteen counters' rounds side by side: each 32 x 32 -> 64-bit
-// product of a round is VPMULUDQ on the even lanes and on the odd lanes
-// shifted down, whose high and low halves blend back into sixteen lanes. The
+// AVX-512 runs sixteen counters' rounds side by side, two such groups at once
+// (a round waits on the one before, so one group left the multiplier idle):
+// each 32 x 32 -> 64-bit product of a round is VPMULUDQ on the even lanes and
+// on the odd lanes shifted down, whose high and low halves one permute each
+// picks back into sixteen lanes (on another port than the multiplies), and
+// the key goes in with one three-way xor. The
 // four words of sixteen blocks are then turned into 64 consecutive values
 // (a 4 x 4 transpose within 128-bit lanes, then one across them). The words
 // are Philox's own and a + span * u is one fused multiply-add, as the scalar
@@ -60,10 +64,9 @@ void philox_uniform_floats(float* out, int64_t n, uint64_t key, uint64_t first_b
   const __m512i m0 = _mm512_set1_epi32(static_cast<int>(kM0)), m1 = _mm512_set1_epi32(static_cast<int>(kM1));
   const __m512i step16 = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
   const __m512 scale = _mm512_set1_ps(1.0f / 16777216.0f), va = _mm512_set1_ps(a), vspan = _mm512_set1_ps(span);
-  // The high and low 32-bit halves of x * m in each of sixteen lanes.
-  // Word picks from (even, odd) products: lane i takes the high (low) half of
-  // its own product, which lies in `even` for even i and in `odd` (16 + ...)
-  // for odd i. One permute each, on another port than the multiplies.
+  // The high and low 32-bit halves of x * m in each of sixteen lanes: lane i
+  // takes them from its own product, in `even` for even i and in `odd`
+  // (indices 16 + ...) for odd i.
   const __m512i pick_hi = _mm512_setr_epi32(1, 17, 3, 19, 5, 21, 7, 23, 9, 25, 11, 27, 13, 29, 15, 31);
   const __m512i pick_lo = _mm512_setr_epi32(0, 16, 2, 18, 4, 20, 6, 22, 8, 24, 10, 26, 12, 28, 14, 30);
   const auto mul_hi_lo = [&](__m512i x, __m512i m, __m512i& hi, __m512i& lo) {
@@ -111,38 +114,27 @@ void philox_uniform_floats(float* out, int64_t n, uint64_t key, uint64_t first_b
     _mm512_storeu_ps(o + 32, _mm512_shuffle_f32x4(v01hi, v23hi, 0x88));
     _mm512_storeu_ps(o + 48, _mm512_shuffle_f32x4(v01hi, v23hi, 0xDD));
   };
-  const uint32_t key0 = static_cast<uint32_t>(key), key1 = static_cast<uint32_t>(key >> 32);
-  // Two groups of sixteen blocks side by side: a round's products wait on the
-  // round before, so one group leaves the multiplier idle most of the time.
-  for (; i + 128 <= n; i += 128) {
-    const uint64_t base = first_block + static_cast<uint64_t>(i / 4);
-    __m512i a[4], b[4];
-    counters(base, a[0], a[1]);
-    counters(base + 16, b[0], b[1]);
-    a[2] = a[3] = b[2] = b[3] = _mm512_setzero_si512();
-    uint32_t k0 = key0, k1 = key1;
+  // G groups of sixteen blocks from `base`, their 64 G values into o.
+  const auto draw = [&](auto groups, uint64_t base, float* o) {
+    constexpr int G = decltype(groups)::value;
+    __m512i c[G][4];
+    for (int g = 0; g < G; ++g) {
+      counters(base + static_cast<uint64_t>(16 * g), c[g][0], c[g][1]);
+      c[g][2] = c[g][3] = _mm512_setzero_si512();
+    }
+    uint32_t k0 = static_cast<uint32_t>(key), k1 = static_cast<uint32_t>(key >> 32);
     for (int r = 0; r < 10; ++r) {
       const __m512i vk0 = _mm512_set1_epi32(static_cast<int>(k0)), vk1 = _mm512_set1_epi32(static_cast<int>(k1));
-      round(a, vk0, vk1);
-      round(b, vk0, vk1);
+      for (int g = 0; g < G; ++g) round(c[g], vk0, vk1);
       k0 += kW0;
       k1 += kW1;
     }
-    emit(a, out + i);
-    emit(b, out + i + 64);
-  }
-  for (; i + 64 <= n; i += 64) {
-    __m512i a[4];
-    counters(first_block + static_cast<uint64_t>(i / 4), a[0], a[1]);
-    a[2] = a[3] = _mm512_setzero_si512();
-    uint32_t k0 = key0, k1 = key1;
-    for (int r = 0; r < 10; ++r) {
-      round(a, _mm512_set1_epi32(static_cast<int>(k0)), _mm512_set1_epi32(static_cast<int>(k1)));
-      k0 += kW0;
-      k1 += kW1;
-    }
-    emit(a, out + i);
-  }
+    for (int g = 0; g < G; ++g) emit(c[g], o + 64 * g);
+  };
+  for (; i + 128 <= n; i += 128)
+    draw(std::integral_constant<int, 2>{}, first_block + static_cast<uint64_t>(i / 4), out + i);
+  for (; i + 64 <= n; i += 64)
+    draw(std::integral_constant<int, 1>{}, first_block + static_cast<uint64_t>(i / 4), out + i);
 #endif
   // One block for each four values (i is a multiple of 4 here).
   for (; i < n; i += 4) {
