@@ -385,19 +385,38 @@ void* kept_heads_weights(const kernels::AttentionHeads& h, const std::vector<Ten
   return next - base == kernels::attention_heads_weights_size(h) * es ? base : nullptr;
 }
 
+// The composite's weights softmax(q kᵀ scale + mask or causal triangle), as kiln ops autograd records.
+Tensor composite_weights(const Tensor& q, const Tensor& k, const Tensor& attn_mask, bool is_causal) {
+  const int64_t L = q.size(-2), S = k.size(-2);
+  const double scale = 1.0 / std::sqrt(static_cast<double>(q.size(-1)));
+  Tensor scores = q.matmul(k.transpose(-2, -1)).mul(scale);  // [..., L, S]
+  if (is_causal) scores = scores.masked_fill(causal_hidden(L, S), kNegInf);
+  if (attn_mask.defined()) {
+    KILN_CHECK(attn_mask.dim() >= 1 && attn_mask.size(-1) == S &&
+                   (attn_mask.dim() < 2 || attn_mask.size(-2) == L || attn_mask.size(-2) == 1),
+               ShapeError, "scaled_dot_product_attention: expected attn_mask broadcastable to [..., ", L, ", ", S,
+               "], got ", attn_mask.shape_string());
+    if (attn_mask.dtype() == kBool) {
+      scores = scores.masked_fill(attn_mask.logical_not(), kNegInf);
+    } else {
+      KILN_CHECK(attn_mask.is_floating_point(), DTypeError,
+                 "scaled_dot_product_attention: expected a bool or floating attn_mask, got ",
+                 dtype_name(attn_mask.dtype()));
+      scores = scores + attn_mask;
+    }
+  }
+  return scores.softmax(-1);
+}
+
 // The composite form with forward's dropout mask (a.keep) as a constant
 // factor: what a create_graph backward differentiates after a dropped forward.
 Tensor dropped_composite(const Tensor& q, const Tensor& k, const Tensor& v, const FusedArgs& a) {
-  const int64_t L = q.size(-2), S = k.size(-2);
-  const double scale = 1.0 / std::sqrt(static_cast<double>(q.size(-1)));
   Tensor factor;
   {
     const NoGradGuard no_grad;
     factor = a.keep.to(q.dtype()).mul(1.0 / (1.0 - a.dropout_p));
   }
-  Tensor scores = q.matmul(k.transpose(-2, -1)).mul(scale);
-  if (a.causal) scores = scores.masked_fill(causal_hidden(L, S), kNegInf);
-  return (scores.softmax(-1) * factor).matmul(v);
+  return (composite_weights(q, k, Tensor(), a.causal) * factor).matmul(v);
 }
 
 struct FusedSdpa : autograd::Function<FusedSdpa> {
@@ -679,27 +698,7 @@ Tensor scaled_dot_product_attention(const Tensor& q, const Tensor& k, const Tens
 Tensor attention_composite(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& attn_mask, double dropout_p,
                            bool is_causal, bool training) {
   OpScope rs("attention_composite", {&q, &k, &v, &attn_mask});
-  const int64_t L = q.size(-2), S = k.size(-2);
-  const double scale = 1.0 / std::sqrt(static_cast<double>(q.size(-1)));
-  const double neg_inf = -std::numeric_limits<double>::infinity();
-
-  Tensor scores = q.matmul(k.transpose(-2, -1)).mul(scale);  // [..., L, S]
-  if (is_causal) scores = scores.masked_fill(causal_hidden(L, S), neg_inf);
-  if (attn_mask.defined()) {
-    KILN_CHECK(attn_mask.dim() >= 1 && attn_mask.size(-1) == S &&
-                   (attn_mask.dim() < 2 || attn_mask.size(-2) == L || attn_mask.size(-2) == 1),
-               ShapeError, "scaled_dot_product_attention: expected attn_mask broadcastable to [..., ", L, ", ", S,
-               "], got ", attn_mask.shape_string());
-    if (attn_mask.dtype() == kBool) {
-      scores = scores.masked_fill(attn_mask.logical_not(), neg_inf);
-    } else {
-      KILN_CHECK(attn_mask.is_floating_point(), DTypeError,
-                 "scaled_dot_product_attention: expected a bool or floating attn_mask, got ",
-                 dtype_name(attn_mask.dtype()));
-      scores = scores + attn_mask;
-    }
-  }
-  Tensor weights = scores.softmax(-1);
+  Tensor weights = composite_weights(q, k, attn_mask, is_causal);
   if (training && dropout_p > 0.0) {
     if (dropout_p == 1.0) {
       weights = weights * zeros_like(weights);
