@@ -1,6 +1,7 @@
 // conv2d's kernel choices on oneDNN against PyTorch. The forward runs
-// oneDNN's direct jit kernel below 64 input channels and brgconv from 64 on
-// (Note [Forward convolution kernel] in src/kernels/cpu/dnnl_conv.cpp): both
+// oneDNN's direct jit kernel below 64 input channels and brgconv from 64 on,
+// and for float32 rows wider than 28 columns with at most 16 output channels
+// (Note [Forward convolution kernel] in src/kernels/cpu/dnnl_conv.cpp): each
 // against torch. The weight gradient runs as the unfolded input times
 // grad_output (Note [Weight gradient by unfolding] in
 // src/kernels/cpu/conv_weight_gemm.cpp) against PyTorch's and against
@@ -253,6 +254,50 @@ TEST(ConvForward, BothKernelsMatchTorch) {
       const Tensor xb = x.to(kBFloat16), wb = ws[i].to(kBFloat16), bb = bs[i].to(kBFloat16);
       const Tensor exact = conv2d(xb.to(kFloat32), wb.to(kFloat32), bb.to(kFloat32), {2, 2}, {1, 1});
       expect_close(conv2d(xb, wb, bb, {2, 2}, {1, 1}), exact, 1.0 / 256, what + ": bf16 vs float32 of its values");
+    }
+  }
+  set_num_threads(saved);
+}
+
+// Rows wider than 28 columns with at most 16 output channels take brgconv in
+// float32 (Note [Forward convolution kernel]): 16 and 8 output channels over
+// rows of 33 and 64, against torch within 1e-5 of the largest element, with
+// the backward that takes the forward as its hint, at 1 and 2 threads.
+TEST(ConvForward, WideRowsWithOneOutputBlockMatchTorch) {
+  const int saved = get_num_threads();
+  manual_seed(29);
+  struct Wide {
+    int64_t c, o, h, w;
+  };
+  const Wide cases[] = {{16, 16, 5, 33}, {8, 16, 4, 64}, {32, 8, 3, 40}};
+  std::vector<Tensor> xs, ws, gs;
+  test::OracleBatch oracle;
+  std::vector<size_t> ids, grad_ids;
+  const std::string expr = "torch.nn.functional.conv2d(x0, x1, padding=1)";
+  for (const Wide& k : cases) {
+    xs.push_back(randn({2, k.c, k.h, k.w}));
+    ws.push_back(randn({k.o, k.c, 3, 3}));
+    gs.push_back(randn({2, k.o, k.h, k.w}));
+    const std::string id = "wide" + std::to_string(ids.size());
+    ids.push_back(oracle.add(id, expr, {xs.back(), ws.back()}));
+    grad_ids.push_back(oracle.add_grad(id + "_grad", expr, {xs.back(), ws.back()}, {0, 1}, {gs.back()}));
+  }
+  oracle.run();
+  for (int threads : {1, 2}) {
+    set_num_threads(threads);
+    for (size_t i = 0; i < ids.size(); ++i) {
+      const std::string what = "case " + std::to_string(i) + ", threads " + std::to_string(threads);
+      const test::OracleOutcome& r = oracle.outcome(ids[i]);
+      const test::OracleOutcome& rg = oracle.outcome(grad_ids[i]);
+      ASSERT_TRUE(r.ok) << r.error;
+      ASSERT_TRUE(rg.ok) << rg.error;
+      const Tensor x = contiguous(xs[i], MemoryFormat::ChannelsLast).detach().requires_grad_(true);
+      const Tensor w = ws[i].detach().requires_grad_(true);
+      const Tensor y = conv2d(x, w, Tensor(), {1, 1}, {1, 1});
+      expect_close(y, r.outputs[0], 1e-5, what + ": output");
+      y.backward(contiguous(gs[i], MemoryFormat::ChannelsLast));
+      expect_close(x.grad(), rg.outputs[0], 1e-5, what + ": input gradient");
+      expect_close(w.grad(), rg.outputs[1], 1e-5, what + ": weight gradient");
     }
   }
   set_num_threads(saved);

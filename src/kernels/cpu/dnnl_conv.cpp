@@ -241,7 +241,28 @@ Pd make_pd(Make&& make, bool nhwc_ok = true) {
 // path's timing of candidates (Note [Fused conv implementation by
 // measurement] in dnnl_fused_inference.cpp): a training run with the same
 // seed and thread count must give the same bits every time (DESIGN.md).
-bool prefer_direct_forward(const Conv2dParams& p) { return p.c / p.groups < 64; }
+//
+// One exception, from the direct kernel's own blocking: a float32 row of
+// output columns is cut into blocks of at most 28 (one accumulator register
+// each, for one 16-channel output block), so a row wider than 28 runs a block
+// of 28 and a short remainder block, and the padded first and last blocks
+// apart. With at most 16 output channels per group every multiply-add is in
+// such blocks, and brgconv is ahead (AMD EPYC family 25, 1 thread, N=32,
+// brgconv against jit, the two interleaved, ms per call):
+//   16 -> 16 3x3 32x32  1.33 vs 1.72 (2 threads 0.71 vs 0.87);  32x32 is
+//   resnet's first stage;  8 -> 16 32x32  0.71 vs 0.85;  32 -> 16 32x32  2.79
+//   vs 3.62;  16 -> 16 rows of 29, 30, 31, 33, 40, 48, 64: brgconv 19-22 %
+//   faster every time;  rows of 8, 16, 24, 28: jit 7-22 % faster.
+// With 32 output channels (two blocks of 14 columns) jit is level or ahead
+// (32 -> 32 rows of 16, 32, 48, 64: 1-5 %; 16 -> 32 at 32: 2 %). The
+// bf16 kernel blocks otherwise and is level with brgconv at 16 -> 16 32x32
+// (0.70 vs 0.71 ms), and first layers (fewer than 8 input channels) have a
+// kernel of their own (3 -> 16 32x32: jit 0.34, brgconv 0.39).
+bool prefer_direct_forward(const Conv2dParams& p) {
+  const int64_t in = p.c / p.groups, out = p.o / p.groups;
+  const bool split_rows = p.dtype == DType::Float32 && out <= 16 && in >= 8 && p.ow > 28 && p.kh * p.kw > 1;
+  return in < 64 && !split_rows;
+}
 
 bool is_brgconv(const char* impl) { return std::string_view(impl).substr(0, 7) == "brgconv"; }
 
