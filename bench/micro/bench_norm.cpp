@@ -14,6 +14,8 @@
 //   ./build/release/bench/micro/kiln_micro_bench --benchmark_filter=Norm
 #include <benchmark/benchmark.h>
 
+#include <optional>
+
 #include "bench_threads.h"
 #include "kiln/autograd/engine.h"
 #include "kiln/kiln.h"
@@ -99,13 +101,18 @@ BENCHMARK(BM_NormBatchNorm2dTrainForwardBackward)
     ->UseRealTime()
     ->Unit(benchmark::kMicrosecond);
 
-// state: channels (16, 32, 64: the spatial size is resnet's for that stage), backward (0, 1).
+// state: channels (16, 32, 64: the spatial size is resnet's for that stage), backward (0, 1),
+// bf16 (0, 1: bf16 activations under autocast, the parameters float32).
 void BM_NormBatchNorm2dChannelsLast(benchmark::State& state) {
   const ThreadScope threads(1);
   const int64_t c = state.range(0), hw = 32 * 16 / c;
+  const bool bf16 = state.range(2) == 1;
+  const DType dt = bf16 ? kBFloat16 : kFloat32;
+  std::optional<AutocastGuard> amp;
+  if (bf16) amp.emplace(kBFloat16);
   nn::BatchNorm2d bn({.num_features = c});
-  const Tensor x = contiguous(randn({32, c, hw, hw}), MemoryFormat::ChannelsLast).requires_grad_();
-  const Tensor g = contiguous(randn({32, c, hw, hw}), MemoryFormat::ChannelsLast);
+  const Tensor x = contiguous(randn({32, c, hw, hw}).to(dt), MemoryFormat::ChannelsLast).requires_grad_();
+  const Tensor g = contiguous(randn({32, c, hw, hw}).to(dt), MemoryFormat::ChannelsLast);
   const bool backward = state.range(1) == 1;
   for (auto _ : state) {
     if (!backward) {
@@ -116,11 +123,11 @@ void BM_NormBatchNorm2dChannelsLast(benchmark::State& state) {
     Tensor y = bn(x);
     benchmark::DoNotOptimize(autograd::grad({y}, {x, bn.weight, bn.bias}, {g}));
   }
-  state.SetBytesProcessed(state.iterations() * x.numel() * 4 * (backward ? 5 : 2));
+  state.SetBytesProcessed(state.iterations() * x.numel() * (bf16 ? 2 : 4) * (backward ? 5 : 2));
 }
 BENCHMARK(BM_NormBatchNorm2dChannelsLast)
-    ->ArgsProduct({{16, 32, 64}, {0, 1}})
-    ->ArgNames({"channels", "backward"})
+    ->ArgsProduct({{16, 32, 64}, {0, 1}, {0, 1}})
+    ->ArgNames({"channels", "backward", "bf16"})
     ->UseRealTime()
     ->Unit(benchmark::kMicrosecond);
 
