@@ -253,7 +253,7 @@ Pd make_pd(Make&& make, bool nhwc_ok = true) {
 //   resnet's first stage;  8 -> 16 32x32  0.71 vs 0.85;  32 -> 16 32x32  2.79
 //   vs 3.62;  16 -> 16 rows of 29, 30, 31, 33, 40, 48, 64: brgconv 19-22 %
 //   faster every time;  rows of 8, 16, 24, 28: jit 7-22 % faster.
-// With 32 output channels (two blocks of 14 columns) jit is level or ahead
+// With 32 output channels (two 16-channel blocks) jit is level or ahead
 // (32 -> 32 rows of 16, 32, 48, 64: 1-5 %; 16 -> 32 at 32: 2 %). The
 // bf16 kernel blocks otherwise and is level with brgconv at 16 -> 16 32x32
 // (0.70 vs 0.71 ms), and first layers (fewer than 8 input channels) have a
