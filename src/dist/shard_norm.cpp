@@ -47,8 +47,8 @@ double clip_sharded_grad_norm(ProcessGroup& group, size_t num_params, const std:
     KILN_CHECK(g.dtype() == kFloat32 && g.is_contiguous(), DTypeError, who,
                ": expected contiguous float32 gradient shards, got ", dtype_name(g.dtype()));
     const float* x = g.data_ptr<float>();
-    double s = 0;
     if (inf) {
+      double s = 0;
       bool nan = false;
       for (int64_t j = 0; j < g.numel(); ++j) {
         const double a = std::abs(static_cast<double>(x[j]));

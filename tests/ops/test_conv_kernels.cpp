@@ -260,9 +260,33 @@ TEST(ConvForward, BothKernelsMatchTorch) {
 }
 
 // Rows wider than 28 columns with at most 16 output channels take brgconv in
-// float32 (Note [Forward convolution kernel]): 16 and 8 output channels over
-// rows of 33 and 64, against torch within 1e-5 of the largest element, with
-// the backward that takes the forward as its hint, at 1 and 2 threads.
+// float32 (Note [Forward convolution kernel]); rows of 28, more output
+// channels, bfloat16 and first layers keep the direct kernel.
+TEST(ConvForward, WideRowsWithOneOutputBlockTakeBrgconv) {
+  SKIP_WITHOUT_DIRECT_KERNELS();
+  auto impl = [](DType dt, int64_t c, int64_t o, int64_t w) {
+    kernels::Conv2dParams p;
+    p.dtype = dt;
+    p.n = 2;
+    p.c = c;
+    p.o = o;
+    p.h = p.oh = 4;
+    p.w = p.ow = w;
+    p.kh = p.kw = 3;
+    p.pad_l[0] = p.pad_l[1] = p.pad_r[0] = p.pad_r[1] = 1;
+    p.input_nhwc = p.output_nhwc = true;
+    return kernels::conv2d_forward_impl(p);
+  };
+  EXPECT_EQ(impl(kFloat32, 16, 16, 32).rfind("brgconv", 0), 0u) << impl(kFloat32, 16, 16, 32);
+  EXPECT_EQ(impl(kFloat32, 32, 8, 40).rfind("brgconv", 0), 0u) << impl(kFloat32, 32, 8, 40);
+  for (const std::string& direct : {impl(kFloat32, 16, 16, 28), impl(kFloat32, 16, 32, 32),
+                                    impl(kBFloat16, 16, 16, 32), impl(kFloat32, 3, 16, 32)})
+    EXPECT_EQ(direct.rfind("jit", 0), 0u) << direct;
+}
+
+// The brgconv path's values: 16 and 8 output channels over rows of 33, 64 and
+// 40, against torch within 1e-5 of the largest element, with the backward that
+// takes the forward as its hint, at 1 and 2 threads.
 TEST(ConvForward, WideRowsWithOneOutputBlockMatchTorch) {
   const int saved = get_num_threads();
   manual_seed(29);

@@ -431,6 +431,12 @@ void dnnl_conv2d_forward(const Conv2dParams& p, const void* input, const void* w
   b.finish(e->dst, output);
 }
 
+std::string conv2d_forward_impl(const Conv2dParams& p) {
+  KILN_ASSERT(p.dtype == DType::Float32 || p.dtype == DType::BFloat16,
+              "conv2d_forward_impl: expected a float32 or bfloat16 convolution, got ", dtype_name(p.dtype));
+  return fwd_entry(p, false)->pd.impl_info_str();
+}
+
 namespace {
 
 // The backward primitives' bodies. `diff_dst`, when not null, is grad_output

@@ -23,6 +23,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <optional>
+#include <string>
 #include <utility>
 
 #include "kiln/core/capture_loop.h"
@@ -181,6 +182,11 @@ struct Conv2dParams {
 /// nChw16c, and no reorder when the tensors are channels-last already);
 /// float64 and integers run im2col + gemm.
 void conv2d_forward(const Conv2dParams& p, const void* input, const void* weight, const void* bias, void* output);
+
+/// The oneDNN implementation (its name, e.g. "brgconv:avx512_core") that the
+/// float32 or bfloat16 forward primitive for p without a bias runs: which
+/// kernel Note [Forward convolution kernel] picked, for checks and diagnostics.
+std::string conv2d_forward_impl(const Conv2dParams& p);
 
 /// The gradient w.r.t. the input: grad_input [n, c, h, w] (overwritten; rows
 /// and columns no window reads get 0) from grad_output [n, o, oh, ow] and the
