@@ -2,6 +2,7 @@
 scripts/bench.sh (bench/compare.py; --no-ddp skips it), or on its own:
 
     /usr/bin/python3 bench/ddp_bench.py --bin build/release/bench/kiln_bench_ddp [--rounds 3] [--steps 20]
+                                        [--cap MB ...]
 
 Configurations, each rank one thread and the same per-rank batch, run
 alternately for --rounds rounds so that drift in the machine's load hits all
@@ -12,6 +13,7 @@ alike (a shared machine: the load average is recorded beside every run):
   2x1 torch    2 ranks, PyTorch's layout: as 2x1 without a last-bucket cap
                (--last-bucket-mb 0), so the last bucket holds all that is left
   2x1 cap2     2 ranks, a 2 MiB bucket cap
+  2x1 capMB    2 ranks, an MB MiB bucket cap, one row for each --cap MB
   2x1 mpi      2 ranks, the default buckets, all-reduced by Open MPI
                (KILN_DIST_SHM=0) instead of kiln's shared-memory all-reduce
   2x1 bf16     2 ranks, the default buckets sent as bfloat16 (DDP's
@@ -115,11 +117,20 @@ def run_one(ddp_bin, ranks, extra, steps, warmup, timeout=600, extra_env=None):
     return r
 
 
-def measure(ddp_bin, rounds, steps, warmup=3):
+def with_caps(caps, configs=None):
+    """The configurations with a "2x1 capMB" row for each cap, after the 2 MiB one."""
+    configs = list(CONFIGS if configs is None else configs)
+    at = next(i for i, c in enumerate(configs) if c[0] == "2x1 cap2") + 1
+    rows_ = [("2x1 cap%g" % mb, 2, ["--bucket-mb", "%g" % mb], {}) for mb in caps]
+    return configs[:at] + rows_ + configs[at:]
+
+
+def measure(ddp_bin, rounds, steps, warmup=3, configs=None):
     """{config: [result per round]}."""
-    out = {name: [] for name, _, _, _ in CONFIGS}
+    configs = CONFIGS if configs is None else configs
+    out = {name: [] for name, _, _, _ in configs}
     for k in range(rounds):
-        for name, ranks, extra, extra_env in CONFIGS:
+        for name, ranks, extra, extra_env in configs:
             r = run_one(ddp_bin, ranks, extra, steps, warmup, extra_env=extra_env)
             log("ddp_bench: round %d %-9s step %.1f ms  exposed %.2f ms  allreduce %.2f ms  load %.1f" %
                 (k + 1, name, r["step_ms"], r["exposed_ms"], r["allreduce_ms"], r["load"]))
@@ -127,12 +138,13 @@ def measure(ddp_bin, rounds, steps, warmup=3):
     return out
 
 
-def rows(results):
+def rows(results, configs=None):
     """One row per configuration: medians over rounds, and the figures against 1x1."""
+    configs = CONFIGS if configs is None else configs
     med = lambda rs, key: statistics.median(r[key] for r in rs) if rs else None
     ref = results.get("1x1") or []
     out = []
-    for name, ranks, _, _ in CONFIGS:
+    for name, ranks, _, _ in configs:
         rs = results.get(name) or []
         if not rs:
             continue
@@ -196,6 +208,10 @@ def self_test():
     except RuntimeError as e:
         assert "failed (1)" in str(e) and "stderr: (empty)" in str(e) and "orte: launch failed" in str(e), str(e)
     assert parse(["b"], subprocess.CompletedProcess(["b"], 0, 'x\n{"step_ms": 1}\n', ""))["step_ms"] == 1
+    names = [c[0] for c in with_caps([4, 0.5])]
+    assert names[names.index("2x1 cap2") + 1:names.index("2x1 cap2") + 3] == ["2x1 cap4", "2x1 cap0.5"], names
+    assert with_caps([4])[names.index("2x1 cap4")][2] == ["--bucket-mb", "4"]
+    assert len(with_caps([])) == len(CONFIGS)
     print("ddp_bench.py: self-test passed")
     return 0
 
@@ -208,6 +224,8 @@ def main():
     ap.add_argument("--steps", type=int, default=20)
     ap.add_argument("--warmup", type=int, default=3)
     ap.add_argument("--json", default=None, help="also write the rows and every run here")
+    ap.add_argument("--cap", type=float, action="append", default=[], metavar="MB",
+                    help="also run 2 ranks with an MB MiB bucket cap (repeatable)")
     a = ap.parse_args()
     if a.self_test:
         return self_test()
@@ -215,8 +233,11 @@ def main():
     if why:
         print(markdown([], why), end="")
         return 1
-    results = measure(os.path.abspath(a.bin), a.rounds, a.steps, a.warmup)
-    table = rows(results)
+    if any(mb <= 0 for mb in a.cap):
+        ap.error("--cap expects a positive number of MiB, got %s" % ", ".join("%g" % mb for mb in a.cap))
+    configs = with_caps(a.cap)
+    results = measure(os.path.abspath(a.bin), a.rounds, a.steps, a.warmup, configs)
+    table = rows(results, configs)
     print(markdown(table), end="")
     if a.json:
         with open(a.json, "w") as f:
