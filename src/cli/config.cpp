@@ -120,6 +120,10 @@ constexpr Key kSchema[] = {
     {"dist.comm_hook", Kind::String, "\"allreduce\"", "", "allreduce|bf16_compress|fp16_compress|powersgd"},
     {"dist.powersgd_rank", Kind::Int, "1", "", ""},
     {"dist.powersgd_start_iter", Kind::Int, "1000", "", ""},
+    // DDP's bucket caps (dist::DDPOptions; a test checks these defaults against it).
+    {"dist.bucket_cap_mb", Kind::Float, "25.0", "", ""},
+    {"dist.first_bucket_cap_mb", Kind::Float, "1.0", "", ""},
+    {"dist.last_bucket_cap_mb", Kind::Float, "1.0", "", ""},
 
     // Model parallelism (docs/parallel.md): dp x tp x pp must be the process count.
     {"parallel.dp", Kind::Int, "0", "model.type=gpt", ""},  // 0: the processes left over by tp x pp
@@ -248,6 +252,9 @@ constexpr ResumeRule kResume[] = {
     {"dist.comm_hook", OnResume::Applies, ""},  // how gradients travel, from the resume step on
     {"dist.powersgd_rank", OnResume::Applies, ""},  // another rank: the checkpoint's Qs do not fit, PowerSGD starts afresh
     {"dist.powersgd_start_iter", OnResume::Applies, ""},
+    {"dist.bucket_cap_mb", OnResume::Applies, ""},  // how gradients are grouped, not what they average to
+    {"dist.first_bucket_cap_mb", OnResume::Applies, ""},
+    {"dist.last_bucket_cap_mb", OnResume::Applies, ""},
     {"parallel.", OnResume::Applies, ""},      // and the unsharded model whatever the layout
     {"profile.", OnResume::Applies, ""},       // what is recorded, not what is computed
     {"distill.", OnResume::Applies, ""},       // the loss from the resume step on; the teacher is loaded again

@@ -278,6 +278,43 @@ bool uses_mesh(const Config& c) {
 
 namespace {
 
+// DDP's bucket caps from [dist] (docs/config.md): each checked here, whatever
+// the strategy, so a bad value fails before any rank trains.
+struct BucketCaps {
+  double cap = 0, first = 0, last = 0;
+  const char* set_key = nullptr;  // the first key that differs from DDP's default, or null
+};
+
+std::string cap_text(double v) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%g", v);
+  return buf;
+}
+
+BucketCaps bucket_caps(const Config& c) {
+  const dist::DDPOptions d;
+  BucketCaps b{c.number("dist.bucket_cap_mb"), c.number("dist.first_bucket_cap_mb"),
+               c.number("dist.last_bucket_cap_mb")};
+  if (!(b.cap > 0))
+    throw ConfigError(c.origin("dist.bucket_cap_mb") +
+                      ": dist.bucket_cap_mb must be > 0 (MiB of gradients a bucket holds), got " + cap_text(b.cap));
+  if (!(b.first > 0))
+    throw ConfigError(c.origin("dist.first_bucket_cap_mb") + ": dist.first_bucket_cap_mb must be > 0 (MiB), got " +
+                      cap_text(b.first));
+  if (!(b.last >= 0))
+    throw ConfigError(c.origin("dist.last_bucket_cap_mb") +
+                      ": dist.last_bucket_cap_mb must be >= 0 (MiB; 0: PyTorch's layout, no cap of its own), got " +
+                      cap_text(b.last));
+  if (b.cap != d.bucket_cap_mb) {
+    b.set_key = "dist.bucket_cap_mb";
+  } else if (b.first != d.first_bucket_cap_mb) {
+    b.set_key = "dist.first_bucket_cap_mb";
+  } else if (b.last != d.last_bucket_cap_mb) {
+    b.set_key = "dist.last_bucket_cap_mb";
+  }
+  return b;
+}
+
 /// [parallel]: dp, the process count left over by tp x pp when parallel.dp is
 /// 0; or, when dp x tp x pp is not the process count, 0 and `problem` says so.
 int64_t data_parallel_size(const Config& c, int world, std::string* problem) {
@@ -340,6 +377,9 @@ int64_t check_mesh_config(const Config& c, int world) {
   if (c.string("dist.comm_hook") != "allreduce")
     bad.push_back("dist.comm_hook = \"" + c.string("dist.comm_hook") +
                   "\" is not supported with tp or pp yet (the mesh averages its dp gradients without DDP's buckets)");
+  if (const BucketCaps caps = bucket_caps(c); caps.set_key)
+    bad.push_back(std::string(caps.set_key) +
+                  " is not supported with tp or pp (the mesh averages its dp gradients without DDP's buckets)");
   if (bad.empty()) return dp;
   std::string msg = c.source() + ": [parallel] tp = " + std::to_string(tp) + ", pp = " + std::to_string(pp) + ":";
   for (const auto& b : bad) msg += "\n  " + b;
@@ -480,8 +520,16 @@ Task build_task(const Config& c, Purpose purpose, dist::ProcessGroupPtr group) {
                       "\" compresses DDP's gradient buckets, and dist.strategy = \"" + strategy +
                       "\" runs without DDP (its gradients are reduce-scattered); use dist.strategy = \"ddp\" or "
                       "\"zero1\", or dist.comm_hook = \"allreduce\"");
+  const BucketCaps caps = bucket_caps(c);
+  if (stage >= 2 && caps.set_key)
+    throw ConfigError(c.origin(caps.set_key) + ": " + caps.set_key + " lays out DDP's gradient buckets, and " +
+                      "dist.strategy = \"" + strategy + "\" runs without DDP (its gradients are reduce-scattered); " +
+                      "use dist.strategy = \"ddp\" or \"zero1\", or leave the bucket caps at their defaults");
   if (distributed && stage < 2) {
     dist::DDPOptions o;
+    o.bucket_cap_mb = caps.cap;
+    o.first_bucket_cap_mb = caps.first;
+    o.last_bucket_cap_mb = caps.last;
     o.comm_hook = hook == "bf16_compress"   ? dist::CommHook::Bf16Compress
                   : hook == "fp16_compress" ? dist::CommHook::Fp16Compress
                                             : dist::CommHook::Allreduce;

@@ -603,6 +603,16 @@ class TrainLoop {
                                 {"dot_vs_fma", bf16_path_->dot_vs_fma},
                                 {"native_from", bf16_path_->native_from},
                                 {"why", bf16_path_->describe()}};
+    // DDP's bucket caps and the buckets they made (registration order: they are
+    // laid out again in ready order after the first synced backward).
+    if (t_.ddp) {
+      const dist::DDPOptions& o = t_.ddp->options();
+      start["ddp"] = {{"bucket_cap_mb", o.bucket_cap_mb},
+                      {"first_bucket_cap_mb", o.first_bucket_cap_mb},
+                      {"last_bucket_cap_mb", o.last_bucket_cap_mb},
+                      {"buckets", t_.ddp->buckets().size()},
+                      {"comm_hook", dist::comm_hook_name(o.comm_hook)}};
+    }
     metrics_ << start.dump() << "\n" << std::flush;
   }
 

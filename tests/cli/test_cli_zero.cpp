@@ -8,8 +8,12 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <string>
+#include <utility>
+#include <vector>
 
 #include "cli/cli_util.h"
+#include "kiln/dist/ddp.h"
 
 namespace kiln::test {
 namespace {
@@ -104,6 +108,55 @@ TEST(CliZero, CompressionHooksTrainCloseToDdp) {
   EXPECT_NE(bad.rc, 0);
   EXPECT_NE(bad.output.find("dist.comm_hook"), std::string::npos) << bad.output;
   EXPECT_NE(bad.output.find("zero2"), std::string::npos) << bad.output;
+}
+
+// dist.bucket_cap_mb, first_bucket_cap_mb, last_bucket_cap_mb (DDP's caps,
+// docs/ddp.md): smaller buckets group the same gradients differently but
+// average each one alike, so the losses keep ddp's bits on 2 ranks; the start
+// line records the caps and the buckets they made. A cap out of range, or a
+// cap with zero2 (no DDP), is a config error naming the key.
+TEST(CliZero, BucketCapsLayOutDdpsBucketsAndKeepItsLosses) {
+  TempDir dir;
+  write_text(dir.path() / "tiny.toml", tiny_mlp_config());
+  auto run_with = [&](const std::string& name, const std::string& sets) {
+    const fs::path run = dir.path() / name;
+    auto r = launch2("train " + dir.file("tiny.toml") + " --out " + run.string() + kSets + sets);
+    EXPECT_EQ(r.rc, 0) << r.output;
+    return run;
+  };
+  const fs::path plain = run_with("run-default", "");
+  const fs::path small = run_with("run-small", " --set dist.bucket_cap_mb=0.001 --set dist.last_bucket_cap_mb=0");
+  const auto want = train_losses(plain);
+  ASSERT_EQ(want.size(), 20u);
+  EXPECT_EQ(train_losses(small), want) << "the same averages, bit for bit, whatever the buckets";
+
+  const auto start_plain = metrics_lines(plain, "start"), start_small = metrics_lines(small, "start");
+  ASSERT_EQ(start_plain.size(), 1u);
+  ASSERT_EQ(start_small.size(), 1u);
+  const auto& d = start_plain[0]["ddp"];
+  const dist::DDPOptions defaults;
+  EXPECT_EQ(d["bucket_cap_mb"].get<double>(), defaults.bucket_cap_mb) << "[dist]'s defaults are DDP's";
+  EXPECT_EQ(d["first_bucket_cap_mb"].get<double>(), defaults.first_bucket_cap_mb);
+  EXPECT_EQ(d["last_bucket_cap_mb"].get<double>(), defaults.last_bucket_cap_mb);
+  EXPECT_EQ(d["comm_hook"].get<std::string>(), "allreduce");
+  // The MLP's 2410 float32 gradients (9.4 KiB) fit one bucket; with a 1 KiB cap its
+  // 64 x 32 and 32 x 10 weights (8 and 1.25 KiB) each take one of their own.
+  EXPECT_EQ(d["buckets"].get<int64_t>(), 1) << d.dump();
+  const auto& s = start_small[0]["ddp"];
+  EXPECT_EQ(s["bucket_cap_mb"].get<double>(), 0.001);
+  EXPECT_EQ(s["last_bucket_cap_mb"].get<double>(), 0.0);
+  EXPECT_GE(s["buckets"].get<int64_t>(), 3) << s.dump();
+
+  for (const auto& [sets, key] : std::vector<std::pair<std::string, std::string>>{
+           {" --set dist.bucket_cap_mb=0", "dist.bucket_cap_mb must be > 0"},
+           {" --set dist.first_bucket_cap_mb=-1", "dist.first_bucket_cap_mb must be > 0"},
+           {" --set dist.last_bucket_cap_mb=-0.5", "dist.last_bucket_cap_mb must be >= 0"},
+           {" --set dist.strategy=zero2 --set dist.bucket_cap_mb=4", "dist.bucket_cap_mb lays out DDP's"}}) {
+    SCOPED_TRACE(sets);
+    auto bad = launch2("train " + dir.file("tiny.toml") + " --out " + (dir.path() / "bad").string() + kSets + sets);
+    EXPECT_NE(bad.rc, 0);
+    EXPECT_NE(bad.output.find(key), std::string::npos) << bad.output;
+  }
 }
 
 // dist.comm_hook = "powersgd": the first powersgd_start_iter steps average
