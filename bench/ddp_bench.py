@@ -118,10 +118,14 @@ def run_one(ddp_bin, ranks, extra, steps, warmup, timeout=600, extra_env=None):
 
 
 def with_caps(caps, configs=None):
-    """The configurations with a "2x1 capMB" row for each cap, after the 2 MiB one."""
+    """The configurations with a "2x1 capMB" row for each cap not already there, after the 2 MiB one."""
     configs = list(CONFIGS if configs is None else configs)
     at = next(i for i, c in enumerate(configs) if c[0] == "2x1 cap2") + 1
-    rows_ = [("2x1 cap%g" % mb, 2, ["--bucket-mb", "%g" % mb], {}) for mb in caps]
+    rows_ = []
+    for mb in caps:  # a row per name: results are kept by it
+        name = "2x1 cap%g" % mb
+        if all(c[0] != name for c in configs + rows_):
+            rows_.append((name, 2, ["--bucket-mb", "%g" % mb], {}))
     return configs[:at] + rows_ + configs[at:]
 
 
@@ -212,6 +216,7 @@ def self_test():
     assert names[names.index("2x1 cap2") + 1:names.index("2x1 cap2") + 3] == ["2x1 cap4", "2x1 cap0.5"], names
     assert with_caps([4])[names.index("2x1 cap4")][2] == ["--bucket-mb", "4"]
     assert len(with_caps([])) == len(CONFIGS)
+    assert len(with_caps([2, 4, 4])) == len(CONFIGS) + 1, "a cap already in the table, or twice, is one row"
     print("ddp_bench.py: self-test passed")
     return 0
 

@@ -6,6 +6,7 @@
 #include <functional>
 #include <numeric>
 #include <optional>
+#include <tuple>
 
 #include "cli/distill.h"
 #include "cli/finetune.h"
@@ -282,7 +283,10 @@ namespace {
 // the strategy, so a bad value fails before any rank trains.
 struct BucketCaps {
   double cap = 0, first = 0, last = 0;
-  const char* set_key = nullptr;  // the first key that differs from DDP's default, or null
+  // The first key set away from DDP's default, with its value and that
+  // default, for the refusals that name it (set_key null: none is).
+  const char* set_key = nullptr;
+  double set_value = 0, default_value = 0;
 };
 
 std::string cap_text(double v) {
@@ -305,12 +309,14 @@ BucketCaps bucket_caps(const Config& c) {
     throw ConfigError(c.origin("dist.last_bucket_cap_mb") +
                       ": dist.last_bucket_cap_mb must be >= 0 (MiB; 0: PyTorch's layout, no cap of its own), got " +
                       cap_text(b.last));
-  if (b.cap != d.bucket_cap_mb) {
-    b.set_key = "dist.bucket_cap_mb";
-  } else if (b.first != d.first_bucket_cap_mb) {
-    b.set_key = "dist.first_bucket_cap_mb";
-  } else if (b.last != d.last_bucket_cap_mb) {
-    b.set_key = "dist.last_bucket_cap_mb";
+  const std::tuple<const char*, double, double> keys[] = {{"dist.bucket_cap_mb", b.cap, d.bucket_cap_mb},
+                                                          {"dist.first_bucket_cap_mb", b.first, d.first_bucket_cap_mb},
+                                                          {"dist.last_bucket_cap_mb", b.last, d.last_bucket_cap_mb}};
+  for (const auto& [key, value, def] : keys) {
+    if (value != def) {
+      b.set_key = key, b.set_value = value, b.default_value = def;
+      break;
+    }
   }
   return b;
 }
@@ -378,8 +384,10 @@ int64_t check_mesh_config(const Config& c, int world) {
     bad.push_back("dist.comm_hook = \"" + c.string("dist.comm_hook") +
                   "\" is not supported with tp or pp yet (the mesh averages its dp gradients without DDP's buckets)");
   if (const BucketCaps caps = bucket_caps(c); caps.set_key)
-    bad.push_back(std::string(caps.set_key) +
-                  " is not supported with tp or pp (the mesh averages its dp gradients without DDP's buckets)");
+    bad.push_back(std::string(caps.set_key) + " = " + cap_text(caps.set_value) +
+                  " is not supported with tp or pp (the mesh averages its dp gradients without DDP's buckets); leave "
+                  "it at its default, " +
+                  cap_text(caps.default_value));
   if (bad.empty()) return dp;
   std::string msg = c.source() + ": [parallel] tp = " + std::to_string(tp) + ", pp = " + std::to_string(pp) + ":";
   for (const auto& b : bad) msg += "\n  " + b;
@@ -522,7 +530,8 @@ Task build_task(const Config& c, Purpose purpose, dist::ProcessGroupPtr group) {
                       "\"zero1\", or dist.comm_hook = \"allreduce\"");
   const BucketCaps caps = bucket_caps(c);
   if (stage >= 2 && caps.set_key)
-    throw ConfigError(c.origin(caps.set_key) + ": " + caps.set_key + " lays out DDP's gradient buckets, and " +
+    throw ConfigError(c.origin(caps.set_key) + ": " + caps.set_key + " lays out DDP's gradient buckets (" +
+                      cap_text(caps.set_value) + " here, default " + cap_text(caps.default_value) + "), and " +
                       "dist.strategy = \"" + strategy + "\" runs without DDP (its gradients are reduce-scattered); " +
                       "use dist.strategy = \"ddp\" or \"zero1\", or leave the bucket caps at their defaults");
   if (distributed && stage < 2) {

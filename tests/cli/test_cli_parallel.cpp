@@ -126,12 +126,13 @@ TEST(CliParallel, RefusesLayoutsThatDoNotFit) {
             std::string::npos)
       << b.output;
   auto c = kiln_cli("train " + f.config + " --out " + f.dir.file("c") + kGpt +
-                    " --set parallel.tp=3 --set train.grad_accum_steps=2");
+                    " --set parallel.tp=3 --set train.grad_accum_steps=2 --set dist.bucket_cap_mb=4");
   EXPECT_NE(c.rc, 0);
   EXPECT_NE(c.output.find("model.n_head = 4 must divide by parallel.tp = 3"), std::string::npos) << c.output;
   EXPECT_NE(c.output.find("needs a multiple of 3 processes, this run has 1"), std::string::npos) << c.output;
   EXPECT_NE(c.output.find("train.grad_accum_steps > 1 is not supported with tp or pp"), std::string::npos)
       << c.output;
+  EXPECT_NE(c.output.find("dist.bucket_cap_mb = 4 is not supported with tp or pp"), std::string::npos) << c.output;
   EXPECT_FALSE(fs::exists(f.dir.path() / "a") || fs::exists(f.dir.path() / "b") || fs::exists(f.dir.path() / "c"));
 }
 
